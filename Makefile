@@ -1,0 +1,35 @@
+# Thin wrapper over scripts/install-deps, CMake, ctest and pytest. All logic lives in
+# CMakeLists.txt and scripts/; see docs/development.md.
+#
+#   make            install missing packages, configure and build into build/
+#   make test       ... and run every test (ctest, including the kernel-safe check, and pytest)
+#   make test-asan  the same with AddressSanitizer + UndefinedBehaviorSanitizer, in build-asan/
+#   make clean      remove build directories
+
+JOBS ?= $(shell nproc)
+PY := /usr/bin/python3
+
+.PHONY: all deps build test test-asan clean
+
+all: build
+
+deps:
+	scripts/install-deps build test
+
+build: deps
+	cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build build -j$(JOBS)
+
+test: build
+	cd build && ctest -j$(JOBS) --output-on-failure
+	TIERFS_BUILD=$(CURDIR)/build $(PY) -m pytest
+
+test-asan: deps
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTIERFS_SANITIZE=ON
+	cmake --build build-asan -j$(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+		ctest -j$(JOBS) --output-on-failure
+	TIERFS_BUILD=$(CURDIR)/build-asan $(PY) -m pytest
+
+clean:
+	rm -rf build build-asan

@@ -1,0 +1,122 @@
+// BlockDevice: the one I/O interface between the core and a disk.
+//
+// Asynchronous and callback-based, like a bio: the caller fills an IoRequest,
+// Submit()s it, and the device calls `done` exactly once -- possibly on another
+// thread, possibly before Submit() returns, and in any order relative to other
+// requests. No ordering between requests is implied; a caller that needs write A on
+// media before write B waits for A's completion (and a flush) before submitting B.
+//
+// Every request carries an IoOrigin tag saying who asked for it. Devices and the
+// layers above count I/O by origin; the lab's edge inventory (which origins a slow
+// device saw during a foreground phase) is built on these tags, so a request must
+// never be submitted with a made-up origin.
+//
+// Implementations: userspace/platform/ (io_uring over a file or block device, an
+// in-memory device for tests), faultdevices/ (fault-injecting wrappers), and the
+// kernel module's bio-backed device.
+#ifndef TFS_PLATFORM_BLOCK_DEVICE_H_
+#define TFS_PLATFORM_BLOCK_DEVICE_H_
+
+#include "platform/types.h"
+#include "util/status.h"
+
+namespace tfs {
+
+enum class IoOp : u8 {
+  kRead = 0,
+  kWrite = 1,    // with IoRequest::kFua: durable when it completes
+  kFlush = 2,    // every write completed before Submit(flush) is durable when it completes
+  kDiscard = 3,  // the range's contents become unspecified (reads may return anything)
+};
+inline constexpr int kIoOpCount = 4;
+const char* IoOpName(IoOp op);
+
+enum class IoOrigin : u8 {
+  kForegroundRead = 0,
+  kForegroundWrite,
+  kJournal,
+  kBtree,
+  kReconcile,
+  kPromote,
+  kCopygc,
+  kReadahead,
+  kSuperblock,
+  kFsck,
+  kOther,
+};
+inline constexpr int kIoOriginCount = 11;
+// Stable lower-case names used in counters and JSON ("foreground_read", ...).
+const char* IoOriginName(IoOrigin origin);
+// Parses a name from IoOriginName(); kNotFound for anything else.
+Result<IoOrigin> IoOriginFromName(const char* name);
+
+struct IoRequest;
+using IoDoneFn = void (*)(IoRequest* req, Status status);
+
+// One I/O. Owned by the caller, who keeps it (and `buf`) alive and untouched from
+// Submit() until `done` has been called. `offset` and `length` are in bytes and must
+// be multiples of the device's LogicalBlockSize(); `buf` may have any alignment
+// (devices that need aligned memory bounce internally). For flush, offset, length
+// and buf are ignored.
+struct IoRequest {
+  static constexpr u8 kFua = 1;  // write: force unit access
+
+  IoOp op = IoOp::kRead;
+  u8 flags = 0;
+  IoOrigin origin = IoOrigin::kOther;
+  u64 offset = 0;
+  u64 length = 0;
+  void* buf = nullptr;
+  IoDoneFn done = nullptr;
+  void* caller_data = nullptr;  // for the caller; devices never touch it
+
+  // Scratch space for the device that currently owns the request (between Submit
+  // and done). A wrapper device that forwards work to another device must use its
+  // own IoRequest for that, not this one.
+  struct DevicePrivate {
+    IoRequest* next = nullptr;
+    void* ptr = nullptr;
+    u64 u0 = 0;
+    u64 u1 = 0;
+  } dev;
+};
+
+// Static facts about a device.
+struct BlockDeviceInfo {
+  u64 size = 0;                 // bytes, a multiple of logical_block_size
+  u32 logical_block_size = 0;   // smallest aligned unit for offset and length
+  bool read_only = false;       // writes and discards fail with kReadOnly
+  bool supports_fua = true;     // false: the device turns FUA into write + flush
+  bool supports_discard = false;
+};
+
+class BlockDevice {
+ public:
+  // Out of line and defined by each platform (so the vtable, and with it any
+  // reference to operator delete, is emitted there and never in the core).
+  virtual ~BlockDevice();
+
+  // Starts the request; never blocks waiting for I/O. Invalid requests (misaligned,
+  // past the end, write to a read-only device) complete with an error through `done`,
+  // just like failed I/O: callers have one error path.
+  virtual void Submit(IoRequest* req) = 0;
+
+  virtual const BlockDeviceInfo& Info() const = 0;
+  // A short human name ("/dev/sdb", "mem0", "hdd-7200(img.0)") for logs and stats.
+  virtual const char* Name() const = 0;
+
+  u64 Size() const { return Info().size; }
+  u32 LogicalBlockSize() const { return Info().logical_block_size; }
+
+ protected:
+  BlockDevice() = default;
+  BlockDevice(const BlockDevice&) = delete;
+  BlockDevice& operator=(const BlockDevice&) = delete;
+
+  // Shared validation for implementations: alignment, bounds, read-only.
+  Status CheckRequest(const IoRequest& req) const;
+};
+
+}  // namespace tfs
+
+#endif  // TFS_PLATFORM_BLOCK_DEVICE_H_

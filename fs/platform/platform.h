@@ -1,0 +1,158 @@
+// The platform seam: every OS service the core uses, and nothing else.
+//
+// The core (fs/) is kernel-safe C++ and must build unchanged as a userspace
+// library and inside a Linux kernel module. Everything that touches the OS goes
+// through the fifteen C functions below (plus the BlockDevice interface in
+// platform/block_device.h). They have C linkage with a `tfs_plat_` prefix so the
+// kernel side can implement them in plain C against kernel headers, and so the
+// kernel-safe check can tell seam symbols from anything else: an object in fs/ may
+// reference only `tfs_plat_*`, memcpy, memset, memmove, memcmp and
+// __stack_chk_fail.
+//
+// Implementations: userspace/platform/ (pthreads, futex, clock_gettime, SSE4.2
+// crc32c, libzstd, getrandom) and, later, fs/kernel/ (kmalloc, wait_var_event,
+// ktime, kthreads, printk, crc32c(), zstd_*, get_random_bytes).
+//
+// Conventions: functions that can fail return 0 or a negative Linux errno (the
+// kernel's convention; the C++ wrappers turn it into a Status). All functions are
+// thread-safe. Nothing here may be called with a btree node lock held if it can
+// block for device I/O -- none of them does device I/O.
+#ifndef TFS_PLATFORM_PLATFORM_H_
+#define TFS_PLATFORM_PLATFORM_H_
+
+#include "platform/types.h"
+#include "util/status.h"
+
+extern "C" {
+
+// --- memory -----------------------------------------------------------------
+// `align` is a power of two <= 4096; TFS_ALLOC_ZERO zero-fills. Returns null on
+// failure. Blocks for reclaim at most like GFP_KERNEL / malloc.
+enum { TFS_ALLOC_ZERO = 1 };
+void* tfs_plat_alloc(usize size, usize align, u32 flags);
+void tfs_plat_free(void* ptr);
+
+// --- wait and wake ------------------------------------------------------------
+// Sleep while *word == expected, until woken or `timeout_ns` passes (~0 = forever).
+// Returns 0 when woken (or the word already differed), -ETIMEDOUT on timeout.
+// Spurious wake-ups are allowed: callers re-check their condition.
+int tfs_plat_wait(const u32* word, u32 expected, u64 timeout_ns);
+// Wake up to `count` waiters on `word` (count <= 0: all of them).
+void tfs_plat_wake(const u32* word, int count);
+
+// --- time ---------------------------------------------------------------------
+u64 tfs_plat_now_ns(void);  // monotonic clock, nanoseconds
+void tfs_plat_sleep_ns(u64 ns);
+
+// --- threads ------------------------------------------------------------------
+// A thread runs fn(arg) once and ends when fn returns; join waits for that and
+// frees the handle. The core stops its threads itself (flag + wake), so the
+// platform never kills one.
+struct tfs_plat_thread;
+int tfs_plat_thread_start(struct tfs_plat_thread** out, void (*fn)(void*), void* arg,
+                          const char* name);
+void tfs_plat_thread_join(struct tfs_plat_thread* thread);
+
+// --- logging ------------------------------------------------------------------
+// Writes one already-formatted line (no trailing newline) at a level (LogLevel).
+void tfs_plat_log(int level, const char* line);
+// vsnprintf semantics (C99): returns the length the full output would have.
+int tfs_plat_vsnprintf(char* buf, usize size, const char* fmt, __builtin_va_list ap);
+
+// --- checksums and compression -------------------------------------------------
+// Raw CRC-32C (Castagnoli) update, no pre/post inversion (the kernel's crc32c()).
+u32 tfs_plat_crc32c(u32 crc, const void* data, usize len);
+usize tfs_plat_zstd_bound(usize src_len);
+// Return the output length or a negative errno (-ENOSPC: dst too small; -EBADMSG:
+// corrupt input for decompress).
+isize tfs_plat_zstd_compress(void* dst, usize dst_cap, const void* src, usize src_len,
+                             int level);
+isize tfs_plat_zstd_decompress(void* dst, usize dst_cap, const void* src, usize src_len);
+
+// --- randomness -----------------------------------------------------------------
+// Unpredictable bytes (uuids, seeds). Never fails.
+void tfs_plat_random_bytes(void* buf, usize len);
+
+}  // extern "C"
+
+namespace tfs::platform {
+
+// Memory. New/Delete replace operator new/delete, which the core may not use.
+inline void* Alloc(usize size, usize align = 16, bool zero = false) {
+  return tfs_plat_alloc(size, align, zero ? TFS_ALLOC_ZERO : 0);
+}
+inline void Free(void* p) { tfs_plat_free(p); }
+
+template <typename T, typename... Args>
+T* New(Args&&... args) {
+  void* mem = tfs_plat_alloc(sizeof(T), alignof(T) < 16 ? 16 : alignof(T), 0);
+  if (mem == nullptr) return nullptr;
+  return new (mem) T(Forward<Args>(args)...);
+}
+template <typename T>
+void Delete(T* p) {
+  if (p == nullptr) return;
+  p->~T();
+  tfs_plat_free(p);
+}
+
+// Time.
+inline u64 NowNs() { return tfs_plat_now_ns(); }
+inline void SleepNs(u64 ns) { tfs_plat_sleep_ns(ns); }
+constexpr u64 kNsPerUs = 1000;
+constexpr u64 kNsPerMs = 1000 * 1000;
+constexpr u64 kNsPerSec = 1000 * 1000 * 1000;
+constexpr u64 kForever = ~u64(0);
+
+// Logging. Messages below the current level are dropped before formatting.
+enum class LogLevel : int { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3, kFatal = 4 };
+void SetLogLevel(LogLevel level);
+LogLevel GetLogLevel();
+void Log(LogLevel level, const char* fmt, ...) TFS_PRINTF(2, 3);
+// Bounded formatting into a caller's buffer; always NUL-terminates (size > 0).
+int Format(char* buf, usize size, const char* fmt, ...) TFS_PRINTF(3, 4);
+
+// CRC-32C of a buffer (standard: initial ~0, final inversion). Extend continues a
+// checksum over more data: Crc32c(ab) == Crc32cExtend(Crc32c(a), b).
+inline u32 Crc32cExtend(u32 crc, const void* data, usize len) {
+  return ~tfs_plat_crc32c(~crc, data, len);
+}
+inline u32 Crc32c(const void* data, usize len) { return Crc32cExtend(0, data, len); }
+
+// zstd. Compress returns kNoSpace when the output would not fit in dst_cap (the
+// caller then stores the data uncompressed); Decompress returns kCorrupt for bad
+// input and kNoSpace when the output would not fit.
+inline usize ZstdBound(usize src_len) { return tfs_plat_zstd_bound(src_len); }
+Result<usize> ZstdCompress(void* dst, usize dst_cap, const void* src, usize src_len,
+                           int level = 3);
+Result<usize> ZstdDecompress(void* dst, usize dst_cap, const void* src, usize src_len);
+
+inline void RandomBytes(void* buf, usize len) { tfs_plat_random_bytes(buf, len); }
+
+// A joinable thread. Start() may fail (kNoMemory, kAgain); Join() must be called
+// before destruction if Start() succeeded.
+class Thread {
+ public:
+  Thread() = default;
+  Thread(const Thread&) = delete;
+  Thread& operator=(const Thread&) = delete;
+  ~Thread() { TFS_BUG_ON(handle_ != nullptr); }
+
+  Status Start(void (*fn)(void*), void* arg, const char* name) {
+    TFS_BUG_ON(handle_ != nullptr);
+    return Status::FromErrno(tfs_plat_thread_start(&handle_, fn, arg, name));
+  }
+  void Join() {
+    if (handle_ == nullptr) return;
+    tfs_plat_thread_join(handle_);
+    handle_ = nullptr;
+  }
+  bool running() const { return handle_ != nullptr; }
+
+ private:
+  tfs_plat_thread* handle_ = nullptr;
+};
+
+}  // namespace tfs::platform
+
+#endif  // TFS_PLATFORM_PLATFORM_H_

@@ -1,0 +1,147 @@
+// Locks and wait/wake for the core, built on two seam calls (tfs_plat_wait and
+// tfs_plat_wake: a futex in userspace, wait_var_event/wake_up_var in the kernel).
+//
+// Building the primitives here, once, instead of wrapping pthreads and kernel
+// mutexes separately gives both builds identical semantics and keeps the seam
+// small. All types are constant-initializable (no static constructors) and none is
+// recursive. None of them may be held across device I/O when it protects a btree
+// node: the btree drops its locks, does the I/O, and retries.
+//
+// Thread safety: every method is safe to call from any thread. Lifetime: a lock must
+// outlive all its users; destroying a held lock is a bug.
+#ifndef TFS_PLATFORM_SYNC_H_
+#define TFS_PLATFORM_SYNC_H_
+
+#include "platform/atomic.h"
+#include "platform/platform.h"
+
+namespace tfs {
+
+// A sleeping mutex (0 = free, 1 = held, 2 = held with possible waiters).
+class TFS_CAPABILITY("mutex") Mutex {
+ public:
+  constexpr Mutex() = default;
+  Mutex(const Mutex&) = delete;
+  Mutex& operator=(const Mutex&) = delete;
+
+  void Lock() TFS_ACQUIRE() {
+    u32 c = 0;
+    if (TFS_LIKELY(state_.CompareExchange(c, 1, MemOrder::kAcquire))) return;
+    LockSlow(c);
+  }
+  bool TryLock() TFS_TRY_ACQUIRE(true) {
+    u32 c = 0;
+    return state_.CompareExchange(c, 1, MemOrder::kAcquire);
+  }
+  void Unlock() TFS_RELEASE() {
+    if (TFS_UNLIKELY(state_.FetchSub(1, MemOrder::kRelease) != 1)) UnlockSlow();
+  }
+  bool held() const { return state_.Load(MemOrder::kRelaxed) != 0; }
+
+ private:
+  void LockSlow(u32 c);
+  void UnlockSlow();
+  Atomic<u32> state_{0};
+};
+
+class MutexLock {
+ public:
+  explicit MutexLock(Mutex& m) TFS_ACQUIRE(m) : m_(m) { m_.Lock(); }
+  ~MutexLock() TFS_RELEASE() { m_.Unlock(); }
+  MutexLock(const MutexLock&) = delete;
+  MutexLock& operator=(const MutexLock&) = delete;
+
+ private:
+  Mutex& m_;
+};
+
+// Condition variable for Mutex. Wait may return spuriously: loop on the predicate.
+class CondVar {
+ public:
+  constexpr CondVar() = default;
+  CondVar(const CondVar&) = delete;
+  CondVar& operator=(const CondVar&) = delete;
+
+  void Wait(Mutex& m) TFS_REQUIRES(m) { (void)WaitFor(m, platform::kForever); }
+  // Returns false if `timeout_ns` passed without a signal.
+  bool WaitFor(Mutex& m, u64 timeout_ns) TFS_REQUIRES(m);
+  void Signal();
+  void Broadcast();
+
+ private:
+  Atomic<u32> seq_{0};
+  Atomic<u32> waiters_{0};
+};
+
+// Reader-writer lock, writer-preferring (a waiting writer blocks new readers), not
+// recursive: a thread must not take a read lock it already holds while a writer
+// may be waiting.
+class TFS_CAPABILITY("rwlock") RwLock {
+ public:
+  constexpr RwLock() = default;
+  RwLock(const RwLock&) = delete;
+  RwLock& operator=(const RwLock&) = delete;
+
+  void ReadLock() TFS_ACQUIRE_SHARED();
+  bool TryReadLock() TFS_TRY_ACQUIRE(true);
+  void ReadUnlock() TFS_RELEASE_SHARED();
+  void WriteLock() TFS_ACQUIRE();
+  bool TryWriteLock() TFS_TRY_ACQUIRE(true);
+  void WriteUnlock() TFS_RELEASE();
+
+ private:
+  static constexpr u32 kWriter = 1u << 31;
+  bool TryRead();
+  void WakeWaiters();
+
+  Atomic<u32> state_{0};            // kWriter | reader count
+  Atomic<u32> writers_waiting_{0};  // blocks new readers while nonzero
+  Atomic<u32> waiters_{0};          // threads asleep on seq_
+  Atomic<u32> seq_{0};              // bumped on every release that may unblock
+};
+
+class ReadGuard {
+ public:
+  explicit ReadGuard(RwLock& l) TFS_ACQUIRE_SHARED(l) : l_(l) { l_.ReadLock(); }
+  ~ReadGuard() TFS_RELEASE() { l_.ReadUnlock(); }
+  ReadGuard(const ReadGuard&) = delete;
+  ReadGuard& operator=(const ReadGuard&) = delete;
+
+ private:
+  RwLock& l_;
+};
+
+class WriteGuard {
+ public:
+  explicit WriteGuard(RwLock& l) TFS_ACQUIRE(l) : l_(l) { l_.WriteLock(); }
+  ~WriteGuard() TFS_RELEASE() { l_.WriteUnlock(); }
+  WriteGuard(const WriteGuard&) = delete;
+  WriteGuard& operator=(const WriteGuard&) = delete;
+
+ private:
+  RwLock& l_;
+};
+
+// A countdown latch: Wait() returns once CountDown() has been called `count` times.
+// Used to wait for a batch of asynchronous completions.
+class Latch {
+ public:
+  constexpr explicit Latch(u32 count = 1) : count_(count) {}
+  Latch(const Latch&) = delete;
+  Latch& operator=(const Latch&) = delete;
+
+  void CountDown() {
+    if (count_.FetchSub(1, MemOrder::kAcqRel) == 1) tfs_plat_wake(count_.Address(), 0);
+  }
+  void Wait() { (void)WaitFor(platform::kForever); }
+  // Returns false on timeout.
+  bool WaitFor(u64 timeout_ns);
+  bool done() const { return count_.Load(MemOrder::kAcquire) == 0; }
+
+ private:
+  Atomic<u32> count_;
+};
+
+}  // namespace tfs
+
+#endif  // TFS_PLATFORM_SYNC_H_
