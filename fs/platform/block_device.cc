@@ -11,14 +11,6 @@ constexpr const char* kOriginNames[kIoOriginCount] = {
     "superblock",      "fsck",             "other",
 };
 
-bool StrEqual(const char* a, const char* b) {
-  while (*a != '\0' && *a == *b) {
-    a++;
-    b++;
-  }
-  return *a == *b;
-}
-
 }  // namespace
 
 const char* IoOpName(IoOp op) {

@@ -98,6 +98,13 @@ inline usize StrLen(const char* s) {
   while (s[n] != '\0') n++;
   return n;
 }
+inline bool StrEqual(const char* a, const char* b) {
+  while (*a != '\0' && *a == *b) {
+    a++;
+    b++;
+  }
+  return *a == *b;
+}
 
 }  // namespace tfs
 

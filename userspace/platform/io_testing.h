@@ -6,7 +6,10 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <deque>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "platform/block_device.h"
 #include "platform/sync.h"
@@ -63,6 +66,58 @@ class ScratchFile {
 
  private:
   std::string path_;
+};
+
+// A device that completes nothing until the test says so: requests pile up in
+// arrival order and CompleteNext()/CompleteAll() finish them (data is not moved;
+// reads return whatever is in the buffer). Lets queue tests hold slots busy.
+class ManualDevice final : public BlockDevice {
+ public:
+  explicit ManualDevice(uint64_t size = 1 << 20, bool supports_fua = true) {
+    info_.size = size;
+    info_.logical_block_size = 512;
+    info_.supports_fua = supports_fua;
+    info_.supports_discard = true;
+  }
+  void Submit(IoRequest* req) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back(req);
+    log_.push_back(*req);
+  }
+  const BlockDeviceInfo& Info() const override { return info_; }
+  const char* Name() const override { return "manual"; }
+
+  size_t pending() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return pending_.size();
+  }
+  // Completes the oldest pending request; false if none.
+  bool CompleteNext(Status st = Status::Ok()) {
+    IoRequest* req;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (pending_.empty()) return false;
+      req = pending_.front();
+      pending_.pop_front();
+    }
+    req->done(req, st);
+    return true;
+  }
+  void CompleteAll() {
+    while (CompleteNext()) {
+    }
+  }
+  // Copies of every request as submitted, in order.
+  std::vector<IoRequest> log() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return log_;
+  }
+
+ private:
+  BlockDeviceInfo info_;
+  std::mutex mu_;
+  std::deque<IoRequest*> pending_;
+  std::vector<IoRequest> log_;
 };
 
 }  // namespace tfs::userspace

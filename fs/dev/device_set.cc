@@ -1,0 +1,72 @@
+// Device set: member labels, groups and target resolution (see device_set.h).
+#include "dev/device_set.h"
+
+#include "platform/platform.h"
+
+namespace tfs::dev {
+Status ValidateLabel(const char* label) {
+  usize n = 0;
+  int dots = 0;
+  for (; label[n] != '\0'; n++) {
+    char c = label[n];
+    if (n + 1 >= kLabelMax) return Err::kInvalidArgument;
+    bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.';
+    if (!ok) return Err::kInvalidArgument;
+    if (c == '.') dots++;
+  }
+  if (n == 0 || dots > 1 || label[0] == '.' || label[n - 1] == '.') return Err::kInvalidArgument;
+  if (StrEqual(label, "none")) return Err::kInvalidArgument;
+  return Status::Ok();
+}
+
+DeviceSet::~DeviceSet() {
+  for (u32 i = 0; i < count_; i++) platform::Delete(members_[i]);
+}
+
+Result<Member*> DeviceSet::Add(BlockDevice* bdev, const char* label, const QueueConfig& qc) {
+  TFS_TRY(ValidateLabel(label));
+  if (count_ >= kMaxDevices) return Err::kNoSpace;
+  for (u32 i = 0; i < count_; i++) {
+    if (StrEqual(members_[i]->label_, label)) return Err::kInvalidArgument;
+  }
+  Member* m = platform::New<Member>();
+  if (m == nullptr) return Err::kNoMemory;
+  Status st = m->queue_.Init(bdev, qc);
+  if (!st.ok()) {
+    platform::Delete(m);
+    return st;
+  }
+  m->index_ = count_;
+  m->bdev_ = bdev;
+  usize n = StrLen(label);
+  MemCopy(m->label_, label, n + 1);
+  usize g = 0;
+  while (g < n && label[g] != '.') g++;
+  MemCopy(m->group_, label, g);
+  m->group_[g] = '\0';
+  members_[count_++] = m;
+  return m;
+}
+
+Result<DevMask> DeviceSet::ResolveTarget(const char* target) const {
+  if (target == nullptr || target[0] == '\0' || StrEqual(target, "none")) return DevMask(0);
+  DevMask mask = 0;
+  for (u32 i = 0; i < count_; i++) {
+    if (StrEqual(members_[i]->group_, target)) mask |= DevMask(1) << i;
+  }
+  if (mask != 0) return mask;
+  for (u32 i = 0; i < count_; i++) {
+    if (StrEqual(members_[i]->label_, target)) return DevMask(1) << i;
+  }
+  return Err::kNotFound;
+}
+
+DevMask DeviceSet::DebtMask() const {
+  DevMask mask = 0;
+  for (u32 i = 0; i < count_; i++) {
+    if (members_[i]->queue_.HasDurabilityDebt()) mask |= DevMask(1) << i;
+  }
+  return mask;
+}
+
+}  // namespace tfs::dev

@@ -1,0 +1,97 @@
+// DeviceSet: the members of one filesystem, their labels and groups, and target
+// resolution.
+//
+// A member has a label such as "ssd.nvme0"; the part before the first '.' is its
+// group ("ssd"). A target names either a group ("hdd": every member of it) or one
+// member ("ssd.nvme0") and resolves to a DevMask, a bit per member index. Each
+// member owns an IoQueue through which all of its core I/O goes.
+//
+// The set is built once at format or mount time (Add) and is then read-only, so
+// lookups need no lock. Members do not own their BlockDevice: the front end that
+// opened a device closes it after the set is gone.
+#ifndef TFS_DEV_DEVICE_SET_H_
+#define TFS_DEV_DEVICE_SET_H_
+
+#include "dev/io_queue.h"
+#include "platform/block_device.h"
+#include "util/status.h"
+
+namespace tfs::dev {
+
+inline constexpr u32 kMaxDevices = 32;
+inline constexpr u32 kLabelMax = 32;  // bytes including the terminating NUL
+using DevMask = u32;
+static_assert(kMaxDevices <= 32, "DevMask has one bit per member");
+
+// Checks a member label: 1..31 bytes of [a-z0-9_-], at most one '.', which must
+// not be first or last. kInvalidArgument otherwise.
+Status ValidateLabel(const char* label);
+
+class Member {
+ public:
+  u32 index() const { return index_; }
+  const char* label() const { return label_; }
+  // The group name: the label up to its first '.', or the whole label.
+  const char* group() const { return group_; }
+  BlockDevice* bdev() const { return bdev_; }
+  IoQueue& queue() { return queue_; }
+  const IoQueue& queue() const { return queue_; }
+
+ private:
+  friend class DeviceSet;
+  u32 index_ = 0;
+  char label_[kLabelMax] = {};
+  char group_[kLabelMax] = {};
+  BlockDevice* bdev_ = nullptr;
+  IoQueue queue_;
+};
+
+class DeviceSet {
+ public:
+  DeviceSet() = default;
+  ~DeviceSet();
+  DeviceSet(const DeviceSet&) = delete;
+  DeviceSet& operator=(const DeviceSet&) = delete;
+
+  // Adds a member with the next index. kInvalidArgument for a bad or duplicate
+  // label, kNoSpace past kMaxDevices, kNoMemory.
+  Result<Member*> Add(BlockDevice* bdev, const char* label, const QueueConfig& queue_config);
+
+  u32 size() const { return count_; }
+  Member* member(u32 index) const { return index < count_ ? members_[index] : nullptr; }
+  DevMask all() const { return count_ == 32 ? ~DevMask(0) : (DevMask(1) << count_) - 1; }
+
+  // A group name or a member label -> the members it names. kNotFound if it names
+  // nothing; "" or "none" resolve to 0 (no target).
+  Result<DevMask> ResolveTarget(const char* target) const;
+  // Members whose queues hold durability debt (writes not yet covered by a flush).
+  DevMask DebtMask() const;
+
+ private:
+  Member* members_[kMaxDevices] = {};
+  u32 count_ = 0;
+};
+
+// Iterates over the set bits of a mask: for (u32 i : Bits(mask)).
+class Bits {
+ public:
+  explicit Bits(u32 mask) : mask_(mask) {}
+  struct It {
+    u32 m;
+    u32 operator*() const { return u32(__builtin_ctz(m)); }
+    It& operator++() {
+      m &= m - 1;
+      return *this;
+    }
+    bool operator!=(const It& o) const { return m != o.m; }
+  };
+  It begin() const { return It{mask_}; }
+  It end() const { return It{0}; }
+
+ private:
+  u32 mask_;
+};
+
+}  // namespace tfs::dev
+
+#endif  // TFS_DEV_DEVICE_SET_H_

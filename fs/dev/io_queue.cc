@@ -1,0 +1,250 @@
+// Per-device I/O queue with priority classes, slot reservation, readahead
+// admission, origin accounting, stall detection and durability-debt tracking
+// (see io_queue.h and docs/design/io-queues.md).
+//
+// Invariants: in_flight_ <= max_in_flight; I/Os of classes below kForegroundAsync
+// never push in_flight_ past max_in_flight - reserved; a queued I/O never waits
+// while a slot its class may use is free (every completion and every submission
+// re-runs TakeRunnable). mu_ is dropped before calling the device or a callback.
+#include "dev/io_queue.h"
+
+#include "platform/platform.h"
+
+namespace tfs::dev {
+
+const char* IoClassName(IoClass c) {
+  switch (c) {
+    case IoClass::kForegroundSync: return "foreground_sync";
+    case IoClass::kJournal: return "journal";
+    case IoClass::kForegroundAsync: return "foreground_async";
+    case IoClass::kBtree: return "btree";
+    case IoClass::kBackground: return "background";
+    case IoClass::kReadahead: return "readahead";
+  }
+  return "unknown";
+}
+
+IoClass DefaultClass(IoOrigin origin) {
+  switch (origin) {
+    case IoOrigin::kForegroundRead:
+    case IoOrigin::kForegroundWrite:
+    case IoOrigin::kFsck:
+      return IoClass::kForegroundSync;
+    case IoOrigin::kJournal:
+      return IoClass::kJournal;
+    case IoOrigin::kBtree:
+    case IoOrigin::kSuperblock:
+      return IoClass::kBtree;
+    case IoOrigin::kReconcile:
+    case IoOrigin::kPromote:
+    case IoOrigin::kCopygc:
+      return IoClass::kBackground;
+    case IoOrigin::kReadahead:
+      return IoClass::kReadahead;
+    case IoOrigin::kOther:
+      return IoClass::kForegroundAsync;
+  }
+  return IoClass::kForegroundAsync;
+}
+
+IoQueue::~IoQueue() {
+  if (stats_ != nullptr) {
+    MutexLock lock(mu_);
+    TFS_BUG_ON(in_flight_ != 0 || queued_ != 0);
+  }
+  for (int i = 0; stats_ != nullptr && i < kIoOriginCount; i++) stats_[i].~OriginStats();
+  platform::Free(stats_);
+}
+
+Status IoQueue::Init(BlockDevice* bdev, const QueueConfig& config) {
+  if (bdev == nullptr || config.max_in_flight == 0 || config.reserved >= config.max_in_flight ||
+      config.readahead_max_in_flight == 0)
+    return Err::kInvalidArgument;
+  bdev_ = bdev;
+  config_ = config;
+  stats_ = static_cast<OriginStats*>(
+      platform::Alloc(sizeof(OriginStats) * kIoOriginCount, alignof(OriginStats)));
+  if (stats_ == nullptr) return Err::kNoMemory;
+  for (int i = 0; i < kIoOriginCount; i++) {
+    new (&stats_[i]) OriginStats();
+    MemSet(stats_[i].ops, 0, sizeof(stats_[i].ops));
+    MemSet(stats_[i].bytes, 0, sizeof(stats_[i].bytes));
+    stats_[i].errors = 0;
+  }
+  return Status::Ok();
+}
+
+bool IoQueue::SlotAvailable(IoClass c) const {
+  u32 limit = config_.max_in_flight;
+  if (c > IoClass::kForegroundAsync) limit -= config_.reserved;
+  return in_flight_ < limit;
+}
+
+void IoQueue::MarkDispatched(Io* io, u64 now) {
+  if (in_flight_ == 0) busy_since_ns_ = now;
+  in_flight_++;
+  io->dispatch_ns = now;
+  if (io->req.op == IoOp::kFlush) io->flush_gen = write_gen_.Load(MemOrder::kAcquire);
+  OriginStats& s = stats_[u8(io->req.origin) % kIoOriginCount];
+  s.queue_time.Record(now - io->enqueue_ns);
+}
+
+void IoQueue::TakeRunnable(IntrusiveList<Io, &Io::link>* out) {
+  u64 now = 0;
+  for (int c = 0; c < kIoClassCount; c++) {
+    while (!queues_[c].empty() && SlotAvailable(IoClass(c))) {
+      if (now == 0) now = platform::NowNs();
+      Io* io = queues_[c].PopFront();
+      queued_--;
+      MarkDispatched(io, now);
+      out->PushBack(io);
+    }
+  }
+}
+
+void IoQueue::Dispatch(IntrusiveList<Io, &Io::link>* ready) {
+  while (Io* io = ready->PopFront()) bdev_->Submit(&io->req);
+}
+
+void IoQueue::Submit(Io* io) {
+  io->queue = this;
+  io->req.done = OnComplete;
+  io->req.caller_data = io;
+  io->fua_phase = 0;
+  if (io->req.op == IoOp::kWrite && (io->req.flags & IoRequest::kFua) &&
+      !bdev_->Info().supports_fua) {
+    io->req.flags &= u8(~IoRequest::kFua);
+    io->fua_phase = 1;
+  }
+  IntrusiveList<Io, &Io::link> ready;
+  {
+    MutexLock lock(mu_);
+    io->enqueue_ns = platform::NowNs();
+    queues_[u8(io->cls) % kIoClassCount].PushBack(io);
+    queued_++;
+    TakeRunnable(&ready);
+  }
+  Dispatch(&ready);
+}
+
+Status IoQueue::SubmitReadahead(Io* io) {
+  io->cls = IoClass::kReadahead;
+  io->queue = this;
+  io->req.done = OnComplete;
+  io->req.caller_data = io;
+  io->fua_phase = 0;
+  {
+    MutexLock lock(mu_);
+    u64 now = platform::NowNs();
+    if (queued_ > 0 || in_flight_ >= config_.readahead_max_in_flight ||
+        !SlotAvailable(IoClass::kReadahead) || StalledLocked(now)) {
+      readahead_declined_++;
+      return Err::kNotAdmitted;
+    }
+    io->enqueue_ns = now;
+    MarkDispatched(io, now);
+  }
+  bdev_->Submit(&io->req);
+  return Status::Ok();
+}
+
+void IoQueue::OnComplete(IoRequest* req, Status st) {
+  Io* io = static_cast<Io*>(req->caller_data);
+  io->queue->Complete(io, st);
+}
+
+void IoQueue::Complete(Io* io, Status st) {
+  u64 now = platform::NowNs();
+  const IoOp op = io->req.op;
+  if (st.ok()) {
+    if (op == IoOp::kWrite && !(io->req.flags & IoRequest::kFua)) {
+      write_gen_.FetchAdd(1, MemOrder::kAcqRel);
+    } else if (op == IoOp::kFlush) {
+      // Covers every write that had completed when the flush was dispatched.
+      u64 covered = io->flush_gen;
+      u64 cur = flushed_gen_.Load(MemOrder::kAcquire);
+      while (cur < covered && !flushed_gen_.CompareExchange(cur, covered, MemOrder::kAcqRel)) {
+      }
+    }
+  }
+  bool continue_as_flush = st.ok() && io->fua_phase == 1;
+  IntrusiveList<Io, &Io::link> ready;
+  {
+    MutexLock lock(mu_);
+    u64 service = now - io->dispatch_ns;
+    OriginStats& s = stats_[u8(io->req.origin) % kIoOriginCount];
+    s.ops[u8(op) % kIoOpCount]++;
+    if (op != IoOp::kFlush) s.bytes[u8(op) % kIoOpCount] += io->req.length;
+    if (!st.ok()) s.errors++;
+    s.service_time.Record(service);
+    latency_ewma_ns_ = latency_ewma_ns_ == 0
+                           ? service
+                           : u64(i64(latency_ewma_ns_) + (i64(service) - i64(latency_ewma_ns_)) / 8);
+    last_completion_ns_ = now;
+    if (continue_as_flush) {
+      // Keep the slot: the same Io now flushes what it wrote.
+      io->fua_phase = 2;
+      io->req.op = IoOp::kFlush;
+      io->flush_gen = write_gen_.Load(MemOrder::kAcquire);
+      io->dispatch_ns = now;
+    } else {
+      in_flight_--;
+      TakeRunnable(&ready);
+    }
+  }
+  if (continue_as_flush) {
+    bdev_->Submit(&io->req);
+    return;
+  }
+  if (io->fua_phase == 2) {
+    io->req.op = IoOp::kWrite;
+    io->req.flags |= IoRequest::kFua;
+    io->fua_phase = 0;
+  }
+  Dispatch(&ready);
+  io->done(io, st);
+}
+
+bool IoQueue::StalledLocked(u64 now) const {
+  if (in_flight_ == 0) {
+    stall_seen_ = false;
+    return false;
+  }
+  u64 since = last_completion_ns_ > busy_since_ns_ ? last_completion_ns_ : busy_since_ns_;
+  bool stalled = now > since && now - since > config_.stall_threshold_ns;
+  if (stalled && !stall_seen_) stall_events_++;
+  stall_seen_ = stalled;
+  return stalled;
+}
+
+bool IoQueue::Stalled() const {
+  MutexLock lock(mu_);
+  return StalledLocked(platform::NowNs());
+}
+
+QueueState IoQueue::State() const {
+  MutexLock lock(mu_);
+  QueueState s;
+  s.in_flight = in_flight_;
+  s.queued = queued_;
+  s.latency_ewma_ns = latency_ewma_ns_;
+  s.stalled = StalledLocked(platform::NowNs());
+  s.durability_debt = HasDurabilityDebt();
+  s.readahead_declined = readahead_declined_;
+  s.stall_events = stall_events_;
+  return s;
+}
+
+void IoQueue::ReadStats(IoOrigin origin, OriginStats* out) const {
+  MutexLock lock(mu_);
+  const OriginStats& s = stats_[u8(origin) % kIoOriginCount];
+  MemCopy(out->ops, s.ops, sizeof(s.ops));
+  MemCopy(out->bytes, s.bytes, sizeof(s.bytes));
+  out->errors = s.errors;
+  out->queue_time.Reset();
+  out->queue_time.Merge(s.queue_time);
+  out->service_time.Reset();
+  out->service_time.Merge(s.service_time);
+}
+
+}  // namespace tfs::dev

@@ -1,0 +1,154 @@
+// IoQueue: the per-device queue every core I/O goes through.
+//
+// It exists to keep slow-device waits out of the foreground (docs/design/io-queues.md):
+//  - requests are served in class priority order (foreground sync, journal,
+//    foreground async, btree, background, readahead);
+//  - the device has a bounded number of in-flight slots, and the last `reserved`
+//    of them may only be taken by foreground and journal I/O, so background work
+//    can never fill the device's queue ahead of a foreground request;
+//  - readahead is *declined* (kNotAdmitted) rather than queued when the device is
+//    busy or stalled;
+//  - it counts I/O by origin (ops, bytes, queue and service time histograms), keeps
+//    a service-latency EWMA and detects a stall (requests outstanding, nothing
+//    completed for longer than a threshold);
+//  - it tracks durability debt: writes that completed but that no later flush has
+//    covered. A journal commit pre-flushes only devices with debt.
+//
+// Thread safety: all methods from any thread. `mu_` guards the queues, slot counts
+// and statistics; it is never held while calling into the BlockDevice or a
+// completion callback (both may re-enter the queue).
+#ifndef TFS_DEV_IO_QUEUE_H_
+#define TFS_DEV_IO_QUEUE_H_
+
+#include "platform/atomic.h"
+#include "platform/block_device.h"
+#include "platform/sync.h"
+#include "util/histogram.h"
+#include "util/list.h"
+#include "util/status.h"
+
+namespace tfs::dev {
+
+// Service classes, highest priority first.
+enum class IoClass : u8 {
+  kForegroundSync = 0,  // a user is waiting: reads, O_SYNC writes, fsck
+  kJournal,             // journal writes and their pre-flushes
+  kForegroundAsync,     // writeback of user data
+  kBtree,               // btree node writes (journal reclaim), superblock
+  kBackground,          // reconcile, copygc, promote
+  kReadahead,           // speculative reads: admitted or declined, never queued
+};
+inline constexpr int kIoClassCount = 6;
+const char* IoClassName(IoClass c);
+// The class an origin gets when the caller does not choose one.
+IoClass DefaultClass(IoOrigin origin);
+
+class IoQueue;
+
+// One queued I/O. The caller fills `req` (op, flags, origin, offset, length, buf),
+// `cls`, `done` and `caller_data`; `req.done` and `req.caller_data` belong to the
+// queue. The Io must stay valid until `done` runs (exactly once, any thread).
+struct Io {
+  IoRequest req;
+  IoClass cls = IoClass::kForegroundSync;
+  void (*done)(Io* io, Status st) = nullptr;
+  void* caller_data = nullptr;
+
+  // Queue-private.
+  ListNode link;
+  IoQueue* queue = nullptr;
+  u64 enqueue_ns = 0;
+  u64 dispatch_ns = 0;
+  u64 flush_gen = 0;  // flush: the write generation it covers
+  u8 fua_phase = 0;   // FUA on a device without FUA: 1 = write part, 2 = flush part
+};
+
+struct QueueConfig {
+  u32 max_in_flight = 32;          // slots at the device
+  u32 reserved = 4;                // of which only foreground and journal may use the last
+  u32 readahead_max_in_flight = 8;  // readahead admitted only below this many in flight
+  u64 stall_threshold_ns = 1000ull * 1000 * 1000;  // 1 s without a completion
+};
+
+// Counters for one origin. Histograms are in nanoseconds.
+struct OriginStats {
+  u64 ops[kIoOpCount];
+  u64 bytes[kIoOpCount];
+  u64 errors;
+  Histogram queue_time;    // enqueue -> dispatch to the device
+  Histogram service_time;  // dispatch -> completion
+};
+
+struct QueueState {
+  u32 in_flight;
+  u32 queued;
+  u64 latency_ewma_ns;
+  bool stalled;
+  bool durability_debt;
+  u64 readahead_declined;
+  u64 stall_events;  // times a stall was observed (see Stalled())
+};
+
+class IoQueue {
+ public:
+  IoQueue() = default;
+  ~IoQueue();
+  IoQueue(const IoQueue&) = delete;
+  IoQueue& operator=(const IoQueue&) = delete;
+
+  // kInvalidArgument for an unusable config (reserved >= max_in_flight, zeros);
+  // kNoMemory if the statistics cannot be allocated.
+  Status Init(BlockDevice* bdev, const QueueConfig& config);
+
+  // Starts `io` now if its class may take a slot, else queues it. Never blocks.
+  void Submit(Io* io);
+  // Readahead admission: starts `io` (class kReadahead) only if the device is idle
+  // enough; otherwise returns kNotAdmitted and `done` is never called.
+  Status SubmitReadahead(Io* io);
+
+  BlockDevice* bdev() const { return bdev_; }
+  QueueState State() const;
+  // True while requests are outstanding and none completed for stall_threshold_ns.
+  bool Stalled() const;
+  bool HasDurabilityDebt() const {
+    return write_gen_.Load(MemOrder::kAcquire) != flushed_gen_.Load(MemOrder::kAcquire);
+  }
+  // Copies the counters of one origin (histograms included) under the lock.
+  void ReadStats(IoOrigin origin, OriginStats* out) const;
+
+ private:
+  static void OnComplete(IoRequest* req, Status st);
+  void Complete(Io* io, Status st);
+  // Whether an I/O of class `c` may take a slot now. Requires mu_.
+  bool SlotAvailable(IoClass c) const;
+  // Moves queued I/Os that may run into `out` (in priority order). Requires mu_.
+  void TakeRunnable(IntrusiveList<Io, &Io::link>* out);
+  // Marks `io` dispatched (slot taken, timestamps). Requires mu_.
+  void MarkDispatched(Io* io, u64 now);
+  void Dispatch(IntrusiveList<Io, &Io::link>* ready);
+  bool StalledLocked(u64 now) const;
+
+  BlockDevice* bdev_ = nullptr;
+  QueueConfig config_;
+
+  mutable Mutex mu_;
+  IntrusiveList<Io, &Io::link> queues_[kIoClassCount] TFS_GUARDED_BY(mu_);
+  u32 in_flight_ TFS_GUARDED_BY(mu_) = 0;
+  u32 queued_ TFS_GUARDED_BY(mu_) = 0;
+  u64 busy_since_ns_ TFS_GUARDED_BY(mu_) = 0;
+  u64 last_completion_ns_ TFS_GUARDED_BY(mu_) = 0;
+  u64 latency_ewma_ns_ TFS_GUARDED_BY(mu_) = 0;
+  u64 readahead_declined_ TFS_GUARDED_BY(mu_) = 0;
+  mutable u64 stall_events_ TFS_GUARDED_BY(mu_) = 0;
+  mutable bool stall_seen_ TFS_GUARDED_BY(mu_) = false;
+  OriginStats* stats_ = nullptr;  // [kIoOriginCount], guarded by mu_
+
+  // Durability debt: generation of completed volatile writes vs. the newest
+  // generation a completed flush covered.
+  Atomic<u64> write_gen_{0};
+  Atomic<u64> flushed_gen_{0};
+};
+
+}  // namespace tfs::dev
+
+#endif  // TFS_DEV_IO_QUEUE_H_

@@ -1,0 +1,279 @@
+#include "dev/io_queue.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "dev/device_set.h"
+#include "userspace/platform/io_testing.h"
+#include "userspace/platform/mem_device.h"
+
+namespace tfs::dev {
+namespace {
+
+using userspace::ManualDevice;
+
+struct Tracker {
+  std::vector<int> completed;  // tags in completion order
+  std::vector<Status> status;
+};
+
+struct TestIo {
+  Io io;
+  int tag = 0;
+  Tracker* tracker = nullptr;
+  char buf[512] = {};
+};
+
+std::unique_ptr<TestIo> MakeIo(Tracker* t, int tag, IoOp op, IoOrigin origin, IoClass cls,
+                               u8 flags = 0) {
+  auto tio = std::make_unique<TestIo>();
+  tio->tag = tag;
+  tio->tracker = t;
+  tio->io.req.op = op;
+  tio->io.req.flags = flags;
+  tio->io.req.origin = origin;
+  tio->io.req.offset = 0;
+  tio->io.req.length = op == IoOp::kFlush ? 0 : 512;
+  tio->io.req.buf = op == IoOp::kFlush ? nullptr : tio->buf;
+  tio->io.cls = cls;
+  tio->io.caller_data = tio.get();
+  tio->io.done = [](Io* io, Status st) {
+    auto* t = static_cast<TestIo*>(io->caller_data);
+    t->tracker->completed.push_back(t->tag);
+    t->tracker->status.push_back(st);
+  };
+  return tio;
+}
+
+QueueConfig SmallConfig() {
+  QueueConfig c;
+  c.max_in_flight = 4;
+  c.reserved = 1;
+  c.readahead_max_in_flight = 2;
+  c.stall_threshold_ns = 50 * platform::kNsPerMs;
+  return c;
+}
+
+TEST(IoQueueTest, RejectsBadConfig) {
+  ManualDevice dev;
+  IoQueue q;
+  QueueConfig c = SmallConfig();
+  c.reserved = c.max_in_flight;
+  EXPECT_TRUE(q.Init(&dev, c).Is(ErrorClass::kInvalid));
+  EXPECT_TRUE(q.Init(nullptr, SmallConfig()).Is(ErrorClass::kInvalid));
+}
+
+TEST(IoQueueTest, BackgroundNeverTakesTheReservedSlot) {
+  ManualDevice dev;
+  IoQueue q;
+  ASSERT_TRUE(q.Init(&dev, SmallConfig()).ok());
+  Tracker t;
+  std::vector<std::unique_ptr<TestIo>> ios;
+  // Ten background reads: only max_in_flight - reserved = 3 reach the device.
+  for (int i = 0; i < 10; i++) {
+    ios.push_back(MakeIo(&t, 100 + i, IoOp::kRead, IoOrigin::kReconcile, IoClass::kBackground));
+    q.Submit(&ios.back()->io);
+  }
+  EXPECT_EQ(dev.pending(), 3u);
+  EXPECT_EQ(q.State().queued, 7u);
+  // A foreground read still gets a slot at once.
+  ios.push_back(MakeIo(&t, 1, IoOp::kRead, IoOrigin::kForegroundRead, IoClass::kForegroundSync));
+  q.Submit(&ios.back()->io);
+  EXPECT_EQ(dev.pending(), 4u);
+  EXPECT_EQ(q.State().in_flight, 4u);
+  // Now the device is full: a second foreground read queues ahead of the background.
+  ios.push_back(MakeIo(&t, 2, IoOp::kRead, IoOrigin::kForegroundRead, IoClass::kForegroundSync));
+  q.Submit(&ios.back()->io);
+  EXPECT_EQ(dev.pending(), 4u);
+  // Completing one background read dispatches the foreground read, not background.
+  ASSERT_TRUE(dev.CompleteNext());
+  auto log = dev.log();
+  EXPECT_EQ(log.back().origin, IoOrigin::kForegroundRead);
+  dev.CompleteAll();
+  while (q.State().in_flight > 0) dev.CompleteAll();
+  EXPECT_EQ(t.completed.size(), 12u);
+  for (const Status& st : t.status) EXPECT_TRUE(st.ok());
+}
+
+TEST(IoQueueTest, QueuedWorkRunsInClassPriorityOrder) {
+  ManualDevice dev;
+  IoQueue q;
+  QueueConfig c = SmallConfig();
+  c.max_in_flight = 2;
+  c.reserved = 0;
+  ASSERT_TRUE(q.Init(&dev, c).ok());
+  Tracker t;
+  std::vector<std::unique_ptr<TestIo>> ios;
+  auto submit = [&](int tag, IoOrigin o, IoClass cls) {
+    ios.push_back(MakeIo(&t, tag, IoOp::kRead, o, cls));
+    q.Submit(&ios.back()->io);
+  };
+  submit(90, IoOrigin::kOther, IoClass::kForegroundAsync);  // occupy both slots
+  submit(91, IoOrigin::kOther, IoClass::kForegroundAsync);
+  submit(5, IoOrigin::kCopygc, IoClass::kBackground);
+  submit(4, IoOrigin::kBtree, IoClass::kBtree);
+  submit(3, IoOrigin::kForegroundWrite, IoClass::kForegroundAsync);
+  submit(2, IoOrigin::kJournal, IoClass::kJournal);
+  submit(1, IoOrigin::kForegroundRead, IoClass::kForegroundSync);
+  // Complete one at a time; each completion dispatches the best queued I/O.
+  while (dev.CompleteNext()) {
+  }
+  ASSERT_EQ(t.completed.size(), 7u);
+  EXPECT_EQ(t.completed, (std::vector<int>{90, 91, 1, 2, 3, 4, 5}));
+}
+
+TEST(IoQueueTest, ReadaheadIsDeclinedNotQueuedWhenBusy) {
+  ManualDevice dev;
+  IoQueue q;
+  ASSERT_TRUE(q.Init(&dev, SmallConfig()).ok());
+  Tracker t;
+  auto ra1 = MakeIo(&t, 1, IoOp::kRead, IoOrigin::kReadahead, IoClass::kReadahead);
+  EXPECT_TRUE(q.SubmitReadahead(&ra1->io).ok());  // idle device: admitted
+  auto fg = MakeIo(&t, 2, IoOp::kRead, IoOrigin::kForegroundRead, IoClass::kForegroundSync);
+  q.Submit(&fg->io);
+  // Two in flight == readahead_max_in_flight: declined, not queued, no callback.
+  auto ra2 = MakeIo(&t, 3, IoOp::kRead, IoOrigin::kReadahead, IoClass::kReadahead);
+  EXPECT_EQ(q.SubmitReadahead(&ra2->io), Status(Err::kNotAdmitted));
+  EXPECT_EQ(dev.pending(), 2u);
+  EXPECT_EQ(q.State().queued, 0u);
+  EXPECT_EQ(q.State().readahead_declined, 1u);
+  dev.CompleteAll();
+  EXPECT_EQ(t.completed.size(), 2u);
+  // Idle again: admitted.
+  EXPECT_TRUE(q.SubmitReadahead(&ra2->io).ok());
+  dev.CompleteAll();
+  EXPECT_EQ(t.completed.size(), 3u);
+}
+
+TEST(IoQueueTest, DurabilityDebtIsClearedOnlyByAFlushThatCoversTheWrites) {
+  ManualDevice dev;
+  IoQueue q;
+  ASSERT_TRUE(q.Init(&dev, SmallConfig()).ok());
+  Tracker t;
+  EXPECT_FALSE(q.HasDurabilityDebt());
+  auto w1 = MakeIo(&t, 1, IoOp::kWrite, IoOrigin::kForegroundWrite, IoClass::kForegroundAsync);
+  q.Submit(&w1->io);
+  EXPECT_FALSE(q.HasDurabilityDebt());  // not acknowledged yet
+  dev.CompleteAll();
+  EXPECT_TRUE(q.HasDurabilityDebt());
+  // A flush submitted now covers w1; a write completing after it does not.
+  auto f = MakeIo(&t, 2, IoOp::kFlush, IoOrigin::kJournal, IoClass::kJournal);
+  q.Submit(&f->io);
+  auto w2 = MakeIo(&t, 3, IoOp::kWrite, IoOrigin::kForegroundWrite, IoClass::kForegroundAsync);
+  q.Submit(&w2->io);
+  // Complete w2 first, then the flush.
+  auto log = dev.log();
+  ASSERT_EQ(dev.pending(), 2u);
+  dev.CompleteNext();  // the flush (oldest)
+  EXPECT_FALSE(q.HasDurabilityDebt());
+  dev.CompleteNext();  // w2
+  EXPECT_TRUE(q.HasDurabilityDebt());
+  // FUA writes create no debt.
+  auto f2 = MakeIo(&t, 4, IoOp::kFlush, IoOrigin::kJournal, IoClass::kJournal);
+  q.Submit(&f2->io);
+  dev.CompleteAll();
+  EXPECT_FALSE(q.HasDurabilityDebt());
+  auto w3 = MakeIo(&t, 5, IoOp::kWrite, IoOrigin::kJournal, IoClass::kJournal, IoRequest::kFua);
+  q.Submit(&w3->io);
+  dev.CompleteAll();
+  EXPECT_FALSE(q.HasDurabilityDebt());
+}
+
+TEST(IoQueueTest, FuaIsEmulatedWithWriteAndFlush) {
+  ManualDevice dev(1 << 20, /*supports_fua=*/false);
+  IoQueue q;
+  ASSERT_TRUE(q.Init(&dev, SmallConfig()).ok());
+  Tracker t;
+  auto w = MakeIo(&t, 1, IoOp::kWrite, IoOrigin::kJournal, IoClass::kJournal, IoRequest::kFua);
+  q.Submit(&w->io);
+  ASSERT_TRUE(dev.CompleteNext());  // the write part
+  EXPECT_TRUE(t.completed.empty());
+  ASSERT_TRUE(dev.CompleteNext());  // the flush part
+  ASSERT_EQ(t.completed.size(), 1u);
+  auto log = dev.log();
+  ASSERT_EQ(log.size(), 2u);
+  EXPECT_EQ(log[0].op, IoOp::kWrite);
+  EXPECT_EQ(log[0].flags & IoRequest::kFua, 0);
+  EXPECT_EQ(log[1].op, IoOp::kFlush);
+  EXPECT_FALSE(q.HasDurabilityDebt());
+  // The caller gets its request back as it submitted it.
+  EXPECT_EQ(w->io.req.op, IoOp::kWrite);
+  EXPECT_NE(w->io.req.flags & IoRequest::kFua, 0);
+}
+
+TEST(IoQueueTest, StallDetectedWhileNothingCompletes) {
+  ManualDevice dev;
+  IoQueue q;
+  ASSERT_TRUE(q.Init(&dev, SmallConfig()).ok());
+  Tracker t;
+  EXPECT_FALSE(q.Stalled());  // idle is not stalled
+  auto r = MakeIo(&t, 1, IoOp::kRead, IoOrigin::kForegroundRead, IoClass::kForegroundSync);
+  q.Submit(&r->io);
+  EXPECT_FALSE(q.Stalled());
+  platform::SleepNs(80 * platform::kNsPerMs);
+  EXPECT_TRUE(q.Stalled());
+  // Readahead is declined on a stalled device even with free slots.
+  auto ra = MakeIo(&t, 2, IoOp::kRead, IoOrigin::kReadahead, IoClass::kReadahead);
+  EXPECT_EQ(q.SubmitReadahead(&ra->io), Status(Err::kNotAdmitted));
+  EXPECT_EQ(q.State().stall_events, 1u);
+  dev.CompleteAll();
+  EXPECT_FALSE(q.Stalled());
+  EXPECT_GE(q.State().latency_ewma_ns, 70 * platform::kNsPerMs);
+}
+
+TEST(IoQueueTest, CountsByOriginWithHistograms) {
+  userspace::MemDeviceOptions o;
+  o.size = 1 << 20;
+  userspace::MemDevice dev(o);
+  IoQueue q;
+  ASSERT_TRUE(q.Init(&dev, QueueConfig{}).ok());
+  Latch latch(20);
+  struct Ctx {
+    Io io;
+    char buf[4096];
+    Latch* latch;
+  };
+  std::vector<std::unique_ptr<Ctx>> ctxs;
+  for (int i = 0; i < 20; i++) {
+    auto c = std::make_unique<Ctx>();
+    c->latch = &latch;
+    c->io.req.op = i < 15 ? IoOp::kWrite : IoOp::kRead;
+    c->io.req.origin = i < 15 ? IoOrigin::kJournal : IoOrigin::kForegroundRead;
+    c->io.req.offset = u64(i) * 4096;
+    c->io.req.length = 4096;
+    c->io.req.buf = c->buf;
+    c->io.cls = DefaultClass(c->io.req.origin);
+    c->io.caller_data = c.get();
+    c->io.done = [](Io* io, Status st) {
+      EXPECT_TRUE(st.ok());
+      static_cast<Ctx*>(io->caller_data)->latch->CountDown();
+    };
+    q.Submit(&c->io);
+    ctxs.push_back(std::move(c));
+  }
+  ASSERT_TRUE(latch.WaitFor(10 * platform::kNsPerSec));
+  auto stats = std::make_unique<OriginStats>();
+  q.ReadStats(IoOrigin::kJournal, stats.get());
+  EXPECT_EQ(stats->ops[int(IoOp::kWrite)], 15u);
+  EXPECT_EQ(stats->bytes[int(IoOp::kWrite)], 15u * 4096);
+  EXPECT_EQ(stats->service_time.count(), 15u);
+  EXPECT_EQ(stats->queue_time.count(), 15u);
+  q.ReadStats(IoOrigin::kForegroundRead, stats.get());
+  EXPECT_EQ(stats->ops[int(IoOp::kRead)], 5u);
+  q.ReadStats(IoOrigin::kCopygc, stats.get());
+  EXPECT_EQ(stats->ops[int(IoOp::kRead)] + stats->ops[int(IoOp::kWrite)], 0u);
+  EXPECT_EQ(q.State().in_flight, 0u);
+}
+
+TEST(IoQueueTest, DefaultClasses) {
+  EXPECT_EQ(DefaultClass(IoOrigin::kForegroundRead), IoClass::kForegroundSync);
+  EXPECT_EQ(DefaultClass(IoOrigin::kJournal), IoClass::kJournal);
+  EXPECT_EQ(DefaultClass(IoOrigin::kReconcile), IoClass::kBackground);
+  EXPECT_EQ(DefaultClass(IoOrigin::kReadahead), IoClass::kReadahead);
+  EXPECT_STREQ(IoClassName(IoClass::kBtree), "btree");
+}
+
+}  // namespace
+}  // namespace tfs::dev
