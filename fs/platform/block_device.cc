@@ -2,6 +2,8 @@
 // implementation shares (so "misaligned" means the same thing on every platform).
 #include "platform/block_device.h"
 
+#include "platform/sync.h"
+
 namespace tfs {
 namespace {
 
@@ -48,6 +50,38 @@ Status BlockDevice::CheckRequest(const IoRequest& req) const {
   if (req.offset % lbs != 0 || req.length % lbs != 0) return Err::kMisaligned;
   if (req.offset > info.size || req.length > info.size - req.offset) return Err::kOutOfRange;
   return Status::Ok();
+}
+
+namespace {
+struct Waiter {
+  Latch latch{1};
+  Status status;
+};
+}  // namespace
+
+Status SubmitAndWait(BlockDevice& dev, IoRequest& req) {
+  Waiter w;
+  req.caller_data = &w;
+  req.done = [](IoRequest* r, Status st) {
+    auto* waiter = static_cast<Waiter*>(r->caller_data);
+    waiter->status = st;
+    waiter->latch.CountDown();
+  };
+  dev.Submit(&req);
+  w.latch.Wait();
+  return w.status;
+}
+
+Status SyncIo(BlockDevice& dev, IoOp op, u64 offset, void* buf, u64 length, u8 flags,
+              IoOrigin origin) {
+  IoRequest req;
+  req.op = op;
+  req.flags = flags;
+  req.origin = origin;
+  req.offset = offset;
+  req.length = length;
+  req.buf = buf;
+  return SubmitAndWait(dev, req);
 }
 
 }  // namespace tfs

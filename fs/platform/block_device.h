@@ -117,6 +117,14 @@ class BlockDevice {
   Status CheckRequest(const IoRequest& req) const;
 };
 
+// Submits `req` and sleeps until it completes; returns its status. For paths that
+// must wait anyway (format, mount, fsck, tests) -- never on a foreground path that
+// could be served asynchronously. Overwrites req.done and req.caller_data.
+Status SubmitAndWait(BlockDevice& dev, IoRequest& req);
+// One synchronous request built from its parts.
+Status SyncIo(BlockDevice& dev, IoOp op, u64 offset, void* buf, u64 length, u8 flags = 0,
+              IoOrigin origin = IoOrigin::kOther);
+
 }  // namespace tfs
 
 #endif  // TFS_PLATFORM_BLOCK_DEVICE_H_

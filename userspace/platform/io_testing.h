@@ -1,5 +1,5 @@
-// Helpers for tests that drive a BlockDevice: synchronous I/O on top of the
-// asynchronous interface, and a scratch file that removes itself.
+// Helpers for tests that drive a BlockDevice: a scratch file that removes itself
+// and a device that completes requests only when told to.
 #ifndef TFS_USERSPACE_PLATFORM_IO_TESTING_H_
 #define TFS_USERSPACE_PLATFORM_IO_TESTING_H_
 
@@ -12,36 +12,11 @@
 #include <vector>
 
 #include "platform/block_device.h"
-#include "platform/sync.h"
 
 namespace tfs::userspace {
 
-struct SyncIoWaiter {
-  Latch latch{1};
-  Status status;
-};
-
-// Submits one request and waits for its completion.
-inline Status SyncIo(BlockDevice& dev, IoOp op, uint64_t offset, void* buf, uint64_t len,
-                     uint8_t flags = 0, IoOrigin origin = IoOrigin::kOther) {
-  SyncIoWaiter w;
-  IoRequest req;
-  req.op = op;
-  req.flags = flags;
-  req.origin = origin;
-  req.offset = offset;
-  req.length = len;
-  req.buf = buf;
-  req.caller_data = &w;
-  req.done = [](IoRequest* r, Status st) {
-    auto* waiter = static_cast<SyncIoWaiter*>(r->caller_data);
-    waiter->status = st;
-    waiter->latch.CountDown();
-  };
-  dev.Submit(&req);
-  w.latch.Wait();
-  return w.status;
-}
+// SyncIo (submit and wait) is tfs::SyncIo from platform/block_device.h.
+using tfs::SyncIo;
 
 // A file of `size` bytes in $TMPDIR (or /tmp), deleted on destruction.
 class ScratchFile {

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "platform/sync.h"
 #include "userspace/platform/io_testing.h"
 
 namespace tfs::userspace {

@@ -1,0 +1,98 @@
+// On-disk superblock and device layout (documented in docs/format/superblock.md).
+//
+// Every member device starts with the same layout:
+//
+//   [0, 4 KiB)                 untouched (partition tables, boot code)
+//   [4 KiB, 12 KiB)            superblock, primary copy
+//   [512 KiB, 520 KiB)         superblock, backup copy
+//   [1 MiB, ...)               buckets of bucket_size bytes, bucket 0 first:
+//                              buckets [0, alloc_table_buckets) hold the allocation
+//                              table (alloc/format.h), then the journal ring on
+//                              members that carry one, then everything else.
+//
+// The two copies are identical; dev_idx records which member a copy lives on. All
+// integers little-endian; every struct has a fixed size checked by static_assert. The checksum is CRC-32C of the whole kSbSize
+// bytes with the csum field zeroed.
+#ifndef TFS_SB_FORMAT_H_
+#define TFS_SB_FORMAT_H_
+
+#include "platform/types.h"
+#include "util/endian.h"
+
+namespace tfs::sb {
+
+inline constexpr u64 kSbMagic = 0x3130734672656954ull;  // "TierFs01" read as LE bytes
+inline constexpr u16 kSbVersion = 1;
+inline constexpr u32 kSbSize = 8192;
+inline constexpr u64 kSbPrimaryOffset = 4096;
+inline constexpr u64 kSbBackupOffset = 512 * 1024;
+inline constexpr u64 kBucketsOffset = 1024 * 1024;  // where bucket 0 begins
+inline constexpr u32 kSbMaxMembers = 32;
+inline constexpr u32 kSbLabelLen = 32;   // including NUL
+inline constexpr u32 kSbTargetLen = 32;  // including NUL
+
+// Member flags: which kinds of data a member accepts.
+inline constexpr u8 kDataJournal = 1 << 0;
+inline constexpr u8 kDataBtree = 1 << 1;
+inline constexpr u8 kDataUser = 1 << 2;
+inline constexpr u8 kDataAll = kDataJournal | kDataBtree | kDataUser;
+
+// Superblock flags.
+inline constexpr u16 kSbClean = 1 << 0;  // unmounted cleanly: no journal replay needed
+
+enum class ChecksumType : u8 { kNone = 0, kCrc32c = 1 };
+enum class CompressionType : u8 { kNone = 0, kZstd = 1 };
+
+struct MemberFormat {         // 128 bytes
+  u8 uuid[16];
+  char label[kSbLabelLen];    // NUL-terminated, dev::ValidateLabel rules
+  Le64 size;                  // bytes usable on the device
+  Le64 nbuckets;              // buckets starting at kBucketsOffset
+  Le64 journal_first_bucket;  // journal ring: [first, first + nbuckets)
+  Le32 journal_nbuckets;      // 0 on members without a journal
+  Le32 alloc_table_buckets;   // buckets [0, n) hold the allocation table
+  u8 durability;              // copies this member counts as (0 = cache only)
+  u8 data_allowed;            // kData* bits
+  u8 state;                   // 0 = read-write (others reserved)
+  u8 reserved0[5];
+  u8 reserved1[40];
+};
+static_assert(sizeof(MemberFormat) == 128, "member entry size");
+
+struct SuperblockFormat {  // kSbSize bytes
+  Le64 magic;
+  Le32 csum;
+  Le16 version;
+  Le16 nr_members;
+  u8 fs_uuid[16];
+  Le64 seq;               // bumped on every superblock write; newest wins
+  Le16 dev_idx;           // the member this copy is on
+  Le16 flags;             // kSb* flags
+  Le32 bucket_size;       // bytes, power of two, kMinBucket..kMaxBucket
+  Le32 btree_node_size;   // bytes, power of two, 4 KiB..1 MiB
+  Le32 block_size;        // filesystem block size (4096)
+  Le64 journal_seq;       // at clean unmount: the next journal sequence number
+  char foreground_target[kSbTargetLen];
+  char background_target[kSbTargetLen];
+  char promote_target[kSbTargetLen];
+  char metadata_target[kSbTargetLen];
+  u8 data_replicas;
+  u8 metadata_replicas;
+  u8 checksum_type;       // ChecksumType
+  u8 compression_type;    // CompressionType
+  u8 reserved[1024 - 196];
+  MemberFormat members[kSbMaxMembers];
+  u8 tail[kSbSize - 1024 - kSbMaxMembers * sizeof(MemberFormat)];
+};
+static_assert(sizeof(SuperblockFormat) == kSbSize, "superblock size");
+static_assert(__builtin_offsetof(SuperblockFormat, reserved) == 196, "header layout");
+static_assert(__builtin_offsetof(SuperblockFormat, members) == 1024, "member table offset");
+
+inline constexpr u32 kMinBucket = 64 * 1024;
+inline constexpr u32 kMaxBucket = 64 * 1024 * 1024;
+inline constexpr u32 kMinBtreeNode = 4096;
+inline constexpr u32 kMaxBtreeNode = 1024 * 1024;
+
+}  // namespace tfs::sb
+
+#endif  // TFS_SB_FORMAT_H_
