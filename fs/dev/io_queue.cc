@@ -247,4 +247,37 @@ void IoQueue::ReadStats(IoOrigin origin, OriginStats* out) const {
   out->service_time.Merge(s.service_time);
 }
 
+namespace {
+struct SyncWaiter {
+  Latch latch{1};
+  Status status;
+};
+}  // namespace
+
+Status SubmitAndWait(IoQueue& queue, Io* io) {
+  SyncWaiter w;
+  io->caller_data = &w;
+  io->done = [](Io* done_io, Status st) {
+    auto* waiter = static_cast<SyncWaiter*>(done_io->caller_data);
+    waiter->status = st;
+    waiter->latch.CountDown();
+  };
+  queue.Submit(io);
+  w.latch.Wait();
+  return w.status;
+}
+
+Status QueueSyncIo(IoQueue& queue, IoOp op, u64 offset, void* buf, u64 length, u8 flags,
+                   IoOrigin origin) {
+  Io io;
+  io.req.op = op;
+  io.req.flags = flags;
+  io.req.origin = origin;
+  io.req.offset = offset;
+  io.req.length = length;
+  io.req.buf = buf;
+  io.cls = DefaultClass(origin);
+  return SubmitAndWait(queue, &io);
+}
+
 }  // namespace tfs::dev

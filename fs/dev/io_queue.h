@@ -149,6 +149,13 @@ class IoQueue {
   Atomic<u64> flushed_gen_{0};
 };
 
+// Submits one I/O through `queue` and sleeps until it completes (format, mount,
+// fsck and tests only). Fills io->done and io->caller_data.
+Status SubmitAndWait(IoQueue& queue, Io* io);
+// The same for a request built from its parts, with the origin's default class.
+Status QueueSyncIo(IoQueue& queue, IoOp op, u64 offset, void* buf, u64 length, u8 flags,
+                   IoOrigin origin);
+
 }  // namespace tfs::dev
 
 #endif  // TFS_DEV_IO_QUEUE_H_

@@ -4,11 +4,10 @@
 
 #include "dev/device_set.h"
 #include "platform/platform.h"
+#include "util/bits.h"
 
 namespace tfs::sb {
 namespace {
-
-bool IsPow2(u64 v) { return v != 0 && (v & (v - 1)) == 0; }
 
 // True if `s` has a NUL within `n` bytes.
 bool Terminated(const char* s, usize n) {
@@ -132,9 +131,9 @@ Status Decode(const void* buf, u64 device_size, Superblock* out, Diag* diag) {
   if (sb.nr_members == 0 || sb.nr_members > kSbMaxMembers) return corrupt("member count");
   if (sb.dev_idx >= sb.nr_members) return corrupt("dev_idx");
   if ((sb.flags & ~kSbClean) != 0) return corrupt("flags");
-  if (!IsPow2(sb.bucket_size) || sb.bucket_size < kMinBucket || sb.bucket_size > kMaxBucket)
+  if (!IsPowerOfTwo(sb.bucket_size) || sb.bucket_size < kMinBucket || sb.bucket_size > kMaxBucket)
     return corrupt("bucket_size");
-  if (!IsPow2(sb.btree_node_size) || sb.btree_node_size < kMinBtreeNode ||
+  if (!IsPowerOfTwo(sb.btree_node_size) || sb.btree_node_size < kMinBtreeNode ||
       sb.btree_node_size > kMaxBtreeNode || sb.btree_node_size > sb.bucket_size)
     return corrupt("btree_node_size");
   if (sb.block_size != 4096) return corrupt("block_size");

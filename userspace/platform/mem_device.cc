@@ -20,9 +20,14 @@ MemDevice::MemDevice(const MemDeviceOptions& o)
   info_.read_only = o.read_only;
   info_.supports_fua = o.supports_fua;
   info_.supports_discard = o.supports_discard;
-  current_.assign(o.size, 0);
+  if (!o.initial_image.empty()) {
+    TFS_BUG_ON(o.initial_image.size() != o.size);
+    current_ = o.initial_image;
+  } else {
+    current_.assign(o.size, 0);
+  }
   if (volatile_cache_) {
-    durable_.assign(o.size, 0);
+    durable_ = current_;
     dirty_.assign(o.size / o.logical_block_size, false);
   }
   if (threaded_) worker_ = std::thread([this] { WorkerLoop(); });
@@ -146,6 +151,11 @@ void MemDevice::Crash() {
     dirty_[b] = false;
   }
   dirty_count_ = 0;
+}
+
+std::vector<uint8_t> MemDevice::SnapshotDurable() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return volatile_cache_ ? durable_ : current_;
 }
 
 uint64_t MemDevice::dirty_blocks() const {

@@ -39,6 +39,7 @@ struct MemDeviceOptions {
   bool reorder = true;         // threaded only: complete in random order
   uint64_t seed = 1;
   bool volatile_cache = false;  // see Crash()
+  std::vector<uint8_t> initial_image;  // if not empty: the starting contents (size bytes)
 };
 
 class MemDevice final : public BlockDevice {
@@ -59,6 +60,9 @@ class MemDevice final : public BlockDevice {
   // device then reads back its durable contents. Waits for queued requests first;
   // the caller must not submit concurrently.
   void Crash();
+  // What a power cut at this instant would leave: the durable contents (all of
+  // them without a volatile cache). Safe to call while I/O is in flight.
+  std::vector<uint8_t> SnapshotDurable() const;
   // Blocks of logical_block_size that hold written-but-not-durable data.
   uint64_t dirty_blocks() const;
 

@@ -1,0 +1,61 @@
+// On-disk journal entry format (documented in docs/format/journal.md).
+//
+// The journal is a ring of buckets on each member that carries one. An entry is a
+// 64-byte header followed by keys, padded to a multiple of 4096 bytes; entries
+// start on 4 KiB boundaries and never cross a bucket boundary. Each key is an
+// 8-byte header (type, length) and `len` value bytes padded to 8. The journal does
+// not interpret keys: their owners do, at replay.
+//
+// `magic` is kJournalMagic xor the first 8 bytes of the filesystem uuid, so entries
+// left by another filesystem (or an earlier format) on the same disk never match.
+// `csum` covers the whole entry (header with csum zero, keys and padding).
+#ifndef TFS_JOURNAL_FORMAT_H_
+#define TFS_JOURNAL_FORMAT_H_
+
+#include "platform/types.h"
+#include "util/endian.h"
+
+namespace tfs::journal {
+
+inline constexpr u64 kJournalMagic = 0x4c4e524a53465454ull;  // "TTFSJRNL" as LE bytes
+inline constexpr u16 kJournalVersion = 1;
+inline constexpr u32 kJournalBlock = 4096;
+
+// Entry flags.
+inline constexpr u16 kEntryFlush = 1 << 0;  // written with FUA after the scoped pre-flush
+
+struct EntryHeader {  // 64 bytes
+  Le64 magic;
+  Le32 csum;
+  Le16 version;
+  Le16 flags;
+  Le64 seq;            // sequence number, consecutive across the filesystem
+  Le64 last_seq;       // oldest entry replay needs; older ones are persisted elsewhere
+  Le32 bytes;          // whole entry including padding: multiple of kJournalBlock
+  Le32 payload_bytes;  // key bytes after the header
+  Le32 nkeys;
+  Le32 reserved0;
+  u8 reserved[16];
+};
+static_assert(sizeof(EntryHeader) == 64, "journal entry header");
+
+struct KeyHeader {  // 8 bytes, then `len` bytes of value, padded to 8
+  Le16 type;
+  Le16 reserved;
+  Le32 len;
+};
+static_assert(sizeof(KeyHeader) == 8, "journal key header");
+
+inline constexpr u32 KeySpace(u32 len) { return u32(sizeof(KeyHeader)) + ((len + 7) & ~7u); }
+
+// Key types. 0 is never valid. Owners register their types here so numbers never
+// collide; the journal itself accepts any nonzero type.
+enum KeyType : u16 {
+  kKeyInvalid = 0,
+  kKeyAlloc = 1,          // alloc/format.h: AllocKey
+  kKeyTest = 0xff00,      // tests only
+};
+
+}  // namespace tfs::journal
+
+#endif  // TFS_JOURNAL_FORMAT_H_

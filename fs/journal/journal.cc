@@ -1,0 +1,529 @@
+// Journal writer: group commit, scoped pre-flush, ring placement, pins and reclaim
+// (see journal.h for the contract and docs/format/journal.md for the bytes).
+//
+// Invariants:
+//  - entries are written one at a time by the writer thread, in sequence order;
+//  - an entry is durable only if written with FUA after a pre-flush of every member
+//    in (pending deps | its deps | journal members with non-FUA entries) that holds
+//    durability debt; durable_seq_ only moves on such writes;
+//  - ring bucket b is overwritten only if bucket_seq[b] < durable_last_seq_, i.e. a
+//    durable entry has recorded that nothing in it is needed any more;
+//  - mu_ is dropped around device I/O and around the reclaim hook.
+#include "journal/journal.h"
+
+#include "util/bits.h"
+
+namespace tfs::journal {
+
+using dev::DevMask;
+using dev::Io;
+using dev::IoClass;
+
+struct Journal::Buf {
+  u8* data = nullptr;  // max_entry_bytes, 4 KiB aligned; header at the start
+  u32 used = 0;        // header + keys
+  u32 nkeys = 0;
+  u32 ncommits = 0;
+  u64 seq = 0;
+  bool need_flush = false;
+  bool full = false;  // a commit did not fit: write it now
+  DevMask deps = 0;
+  u64 first_commit_ns = 0;
+
+  void Reset(u64 s) {
+    used = sizeof(EntryHeader);
+    nkeys = 0;
+    ncommits = 0;
+    seq = s;
+    need_flush = false;
+    full = false;
+    deps = 0;
+    first_commit_ns = 0;
+  }
+  bool empty() const { return nkeys == 0 && !need_flush; }
+};
+
+namespace {
+
+u32 RoundUp(u32 v, u32 to) { return (v + to - 1) / to * to; }
+
+// Waits for a set of Ios submitted to device queues; records the first error.
+struct IoBatch {
+  explicit IoBatch(u32 n) : latch(n) {}
+  Latch latch;
+  Atomic<i32> first_error{0};
+
+  static void Done(Io* io, Status st) {
+    auto* b = static_cast<IoBatch*>(io->caller_data);
+    if (!st.ok()) {
+      i32 zero = 0;
+      b->first_error.CompareExchange(zero, i32(st.code()));
+    }
+    b->latch.CountDown();
+  }
+  Status Wait() {
+    latch.Wait();
+    return Status(Err(first_error.Load()));
+  }
+};
+
+void PrepareIo(Io* io, IoOp op, u64 offset, void* buf, u64 len, u8 flags, IoBatch* batch) {
+  io->req.op = op;
+  io->req.flags = flags;
+  io->req.origin = IoOrigin::kJournal;
+  io->req.offset = offset;
+  io->req.length = len;
+  io->req.buf = buf;
+  io->cls = IoClass::kJournal;
+  io->done = IoBatch::Done;
+  io->caller_data = batch;
+}
+
+}  // namespace
+
+Journal::~Journal() {
+  Stop().IgnoreError();  // errors were reported to committers already
+  for (Buf*& b : bufs_) {
+    if (b != nullptr) platform::Free(b->data);
+    platform::Delete(b);
+    b = nullptr;
+  }
+  for (Histogram*& h : latency_) {
+    platform::Delete(h);
+    h = nullptr;
+  }
+}
+
+Status Journal::Start(dev::DeviceSet* devs, const sb::Superblock& sb, u64 next_seq,
+                      const Config& config) {
+  if (started_ || next_seq == 0) return Err::kInvalidArgument;
+  devs_ = devs;
+  config_ = config;
+  bucket_size_ = sb.bucket_size;
+  if (config_.max_entry_bytes > bucket_size_) config_.max_entry_bytes = bucket_size_;
+  config_.max_entry_bytes = config_.max_entry_bytes / kJournalBlock * kJournalBlock;
+  if (config_.max_entry_bytes < kJournalBlock) return Err::kInvalidArgument;
+  u64 uuid_word = 0;
+  MemCopy(&uuid_word, sb.fs_uuid, 8);
+  magic_ = kJournalMagic ^ uuid_word;
+  replicas_ = sb.options.metadata_replicas;
+
+  for (u32 i = 0; i < sb.nr_members; i++) {
+    const sb::Member& m = sb.members[i];
+    if (m.journal_nbuckets == 0) continue;
+    if (devs->member(i) == nullptr) return Err::kInvalidArgument;
+    TFS_TRY(rings_.EmplaceBack());
+    Ring& r = rings_.back();
+    r.member = i;
+    r.first_bucket = m.journal_first_bucket;
+    r.nbuckets = m.journal_nbuckets;
+    TFS_TRY(r.bucket_seq.Resize(r.nbuckets));
+  }
+  if (rings_.empty()) return Err::kInvalidArgument;
+  for (const Ring& r : rings_) {
+    // A ring must hold the bucket being filled, the reserve and one more.
+    if (r.nbuckets < config_.reserve_buckets + 2) return Err::kInvalidArgument;
+  }
+  if (replicas_ > rings_.size()) replicas_ = u32(rings_.size());
+
+  for (Buf*& b : bufs_) {
+    b = platform::New<Buf>();
+    if (b == nullptr) return Err::kNoMemory;
+    b->data = static_cast<u8*>(platform::Alloc(config_.max_entry_bytes, 4096, true));
+    if (b->data == nullptr) return Err::kNoMemory;
+  }
+  for (Histogram*& h : latency_) {
+    h = platform::New<Histogram>();
+    if (h == nullptr) return Err::kNoMemory;
+  }
+  bufs_[0]->Reset(next_seq);
+  bufs_[1]->Reset(next_seq + 1);
+  open_ = 0;
+  written_seq_ = durable_seq_ = next_seq - 1;
+  durable_last_seq_ = next_seq;  // everything before next_seq is persisted elsewhere
+  pin_base_ = next_seq;
+  stop_ = false;
+  failed_ = Status::Ok();
+  TFS_TRY(writer_.Start(WriterMain, this, "tierfs-journal"));
+  started_ = true;
+  return Status::Ok();
+}
+
+Status Journal::Stop() {
+  if (!started_) return failed_;
+  {
+    MutexLock lock(mu_);
+    stop_ = true;
+    cv_.Signal();
+  }
+  writer_.Join();
+  started_ = false;
+  MutexLock lock(mu_);
+  done_cv_.Broadcast();
+  return failed_;
+}
+
+void Journal::SetReclaimHook(void (*fn)(void*, u64), void* ctx) {
+  MutexLock lock(mu_);
+  reclaim_fn_ = fn;
+  reclaim_ctx_ = ctx;
+}
+
+Result<u64> Journal::Commit(const Key* keys, u32 nkeys, DevMask deps, CommitMode mode, Pin* pin) {
+  u64 start = platform::NowNs();
+  u32 space = 0;
+  for (u32 i = 0; i < nkeys; i++) {
+    if (keys[i].type == kKeyInvalid) return Err::kInvalidArgument;
+    if (keys[i].len > config_.max_entry_bytes) return Err::kTooBig;
+    space += KeySpace(keys[i].len);
+    if (space > config_.max_entry_bytes - sizeof(EntryHeader)) return Err::kTooBig;
+  }
+  MutexLock lock(mu_);
+  if (!started_ || stop_) return Err::kInvalidArgument;
+  Buf* buf;
+  for (;;) {
+    if (!failed_.ok()) return failed_;
+    buf = bufs_[open_];
+    if (buf->used + space <= config_.max_entry_bytes) break;
+    // The open entry is full: the writer takes it as soon as it is free.
+    buf->full = true;
+    cv_.Signal();
+    done_cv_.Wait(mu_);
+  }
+  if (pin != nullptr) {
+    TFS_BUG_ON(pin->active);
+    TFS_TRY(PinAdd(buf->seq));
+    pin->seq = buf->seq;
+    pin->active = true;
+  }
+  u8* p = buf->data + buf->used;
+  for (u32 i = 0; i < nkeys; i++) {
+    auto* kh = reinterpret_cast<KeyHeader*>(p);
+    kh->type.set(keys[i].type);
+    kh->reserved.set(0);
+    kh->len.set(keys[i].len);
+    MemCopy(p + sizeof(KeyHeader), keys[i].val, keys[i].len);
+    u32 ks = KeySpace(keys[i].len);
+    MemSet(p + sizeof(KeyHeader) + keys[i].len, 0, ks - sizeof(KeyHeader) - keys[i].len);
+    p += ks;
+  }
+  if (buf->nkeys == 0 && buf->ncommits == 0) buf->first_commit_ns = start;
+  buf->used += space;
+  buf->nkeys += nkeys;
+  buf->ncommits++;
+  buf->deps |= deps;
+  u64 seq = buf->seq;
+  stats_.commits++;
+  stats_.keys += nkeys;
+  if (mode == CommitMode::kFlush) {
+    stats_.flush_commits++;
+    buf->need_flush = true;
+    cv_.Signal();
+    while (durable_seq_ < seq && failed_.ok()) done_cv_.Wait(mu_);
+    if (!failed_.ok()) return failed_;
+  } else if (buf->ncommits == 1 || buf->used > config_.max_entry_bytes / 2) {
+    cv_.Signal();
+  }
+  latency_[mode == CommitMode::kFlush]->Record(platform::NowNs() - start);
+  return seq;
+}
+
+Status Journal::Flush() {
+  MutexLock lock(mu_);
+  if (!started_) return failed_;
+  Buf* open = bufs_[open_];
+  // Everything committed lives in entries up to open->seq (if it has keys) or
+  // open->seq - 1; nothing to do if those are durable already.
+  u64 target = open->nkeys > 0 ? open->seq : open->seq - 1;
+  if (durable_seq_ >= target) return failed_;
+  // The open entry (empty or not) becomes a flush entry; its durability covers
+  // every entry before it, written or being written.
+  open->need_flush = true;
+  target = open->seq;
+  cv_.Signal();
+  while (durable_seq_ < target && failed_.ok()) done_cv_.Wait(mu_);
+  return failed_;
+}
+
+Status Journal::PinAdd(u64 seq) {
+  TFS_BUG_ON(seq < pin_base_);
+  u64 idx = seq - pin_base_;
+  // Sequence numbers are dense: the vector spans only the pinned window.
+  if (idx >= pin_counts_.size()) TFS_TRY(pin_counts_.Resize(usize(idx + 1)));
+  pin_counts_[usize(idx)]++;
+  return Status::Ok();
+}
+
+void Journal::PinRelease(u64 seq) {
+  TFS_BUG_ON(seq < pin_base_ || seq - pin_base_ >= pin_counts_.size());
+  u32& c = pin_counts_[usize(seq - pin_base_)];
+  TFS_BUG_ON(c == 0);
+  c--;
+  // Drop leading zero counts so the vector stays short.
+  usize zeros = 0;
+  while (zeros < pin_counts_.size() && pin_counts_[zeros] == 0) zeros++;
+  if (zeros > 0 && zeros * 2 >= pin_counts_.size()) {
+    for (usize i = zeros; i < pin_counts_.size(); i++) pin_counts_[i - zeros] = pin_counts_[i];
+    Status st = pin_counts_.Resize(pin_counts_.size() - zeros);
+    st.IgnoreError();  // shrinking never allocates
+    pin_base_ += zeros;
+  }
+}
+
+void Journal::PinDrop(Pin* pin) {
+  if (pin == nullptr || !pin->active) return;
+  MutexLock lock(mu_);
+  PinRelease(pin->seq);
+  pin->active = false;
+  done_cv_.Broadcast();
+  cv_.Signal();
+}
+
+Status Journal::PinAt(Pin* pin, u64 seq) {
+  MutexLock lock(mu_);
+  TFS_BUG_ON(pin->active);
+  if (seq < pin_base_) seq = pin_base_;
+  TFS_TRY(PinAdd(seq));
+  pin->seq = seq;
+  pin->active = true;
+  return Status::Ok();
+}
+
+u64 Journal::MinPinnedSeq() const {
+  for (usize i = 0; i < pin_counts_.size(); i++) {
+    if (pin_counts_[i] != 0) return pin_base_ + i;
+  }
+  return ~u64(0);
+}
+
+u64 Journal::next_seq() const {
+  MutexLock lock(mu_);
+  return bufs_[open_] != nullptr ? bufs_[open_]->seq : 0;
+}
+
+Stats Journal::GetStats() const {
+  MutexLock lock(mu_);
+  Stats s = stats_;
+  s.next_seq = bufs_[open_] != nullptr ? bufs_[open_]->seq : 0;
+  s.durable_seq = durable_seq_;
+  s.last_seq = durable_last_seq_;
+  return s;
+}
+
+void Journal::ReadLatency(CommitMode mode, Histogram* out) const {
+  MutexLock lock(mu_);
+  out->Reset();
+  if (latency_[mode == CommitMode::kFlush] != nullptr) out->Merge(*latency_[mode == CommitMode::kFlush]);
+}
+
+void Journal::WriterMain(void* arg) { static_cast<Journal*>(arg)->WriterLoop(); }
+
+bool Journal::ReadyToWrite(u64 now, u64* wait_ns) const {
+  const Buf* open = bufs_[open_];
+  *wait_ns = platform::kForever;
+  if (open->need_flush || open->full) return true;
+  bool nondurable = durable_seq_ < written_seq_;
+  if (stop_) return open->nkeys > 0 || nondurable;
+  if (open->nkeys > 0) {
+    if (open->used > config_.max_entry_bytes / 2) return true;
+    u64 age = now - open->first_commit_ns;
+    if (age >= config_.write_delay_ns) return true;
+    *wait_ns = config_.write_delay_ns - age;
+  }
+  if (nondurable) {
+    u64 age = now - oldest_nondurable_ns_;
+    if (age >= config_.flush_delay_ns) return true;
+    u64 left = config_.flush_delay_ns - age;
+    if (left < *wait_ns) *wait_ns = left;
+  }
+  return false;
+}
+
+void Journal::WriterLoop() {
+  MutexLock lock(mu_);
+  for (;;) {
+    u64 wait_ns;
+    if (failed_.ok() && ReadyToWrite(platform::NowNs(), &wait_ns)) {
+      Buf* buf = bufs_[open_];
+      // A timed flush (nothing durable for flush_delay) or stop makes this entry durable.
+      if (stop_ || (durable_seq_ < written_seq_ &&
+                    platform::NowNs() - oldest_nondurable_ns_ >= config_.flush_delay_ns))
+        buf->need_flush = true;
+      open_ ^= 1;
+      bufs_[open_]->Reset(buf->seq + 1);
+      writing_ = true;
+      Status st = WriteEntry(buf);  // drops and retakes mu_
+      writing_ = false;
+      if (!st.ok() && failed_.ok()) {
+        failed_ = st;
+        platform::Log(platform::LogLevel::kError, "journal: write of entry %llu failed: %s",
+                      (unsigned long long)buf->seq, st.Message());
+      }
+      done_cv_.Broadcast();
+      continue;
+    }
+    if (stop_ && (bufs_[open_]->empty() || !failed_.ok())) break;
+    if (!failed_.ok()) {
+      done_cv_.Broadcast();
+      if (stop_) break;
+      cv_.Wait(mu_);
+      continue;
+    }
+    (void)cv_.WaitFor(mu_, wait_ns);
+  }
+}
+
+u32 Journal::FreeBuckets(const Ring& r) const {
+  u32 n = 0;
+  for (u32 b = 0; b < r.nbuckets; b++) {
+    if (b != r.cur && r.bucket_seq[b] < durable_last_seq_) n++;
+  }
+  return n;
+}
+
+bool Journal::Place(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings, u64* offsets) {
+  // Prefer the rings with the most free space; an entry goes to `replicas_` rings.
+  // Only entries that advance last_seq (made durable) may use the reserve.
+  u32 chosen = 0;
+  bool used[dev::kMaxDevices] = {};
+  while (chosen < replicas_) {
+    i32 best = -1;
+    u32 best_free = 0;
+    for (u32 i = 0; i < rings_.size(); i++) {
+      if (used[i]) continue;
+      const Ring& r = rings_[i];
+      u32 free = FreeBuckets(r);
+      bool fits_here = r.offset + bytes <= bucket_size_;
+      u32 next = (r.cur + 1) % r.nbuckets;
+      bool next_ok = r.bucket_seq[next] < durable_last_seq_ &&
+                     (allow_reserve || free >= config_.reserve_buckets + 1);
+      if (!fits_here && !next_ok) continue;
+      if (best < 0 || free > best_free) {
+        best = i32(i);
+        best_free = free;
+      }
+    }
+    if (best < 0) return false;
+    used[best] = true;
+    ring_idx[chosen++] = u32(best);
+  }
+  for (u32 k = 0; k < chosen; k++) {
+    Ring& r = rings_[ring_idx[k]];
+    if (r.offset + bytes > bucket_size_) {
+      r.cur = (r.cur + 1) % r.nbuckets;
+      r.offset = 0;
+      r.bucket_seq[r.cur] = 0;
+    }
+    offsets[k] = sb::kBucketsOffset + (r.first_bucket + r.cur) * u64(bucket_size_) + r.offset;
+    r.offset += bytes;
+  }
+  *nrings = chosen;
+  return true;
+}
+
+Status Journal::PreFlush(DevMask mask) {
+  u32 n = PopCount(mask);
+  if (n == 0) return Status::Ok();
+  IoBatch batch(n);
+  u32 k = 0;
+  for (u32 i : dev::Bits(mask)) {
+    PrepareIo(&preflush_ios_[k], IoOp::kFlush, 0, nullptr, 0, 0, &batch);
+    devs_->member(i)->queue().Submit(&preflush_ios_[k]);
+    k++;
+  }
+  return batch.Wait();
+}
+
+Status Journal::WriteEntry(Buf* buf) {
+  // Called with mu_ held; drops it for I/O.
+  u32 bytes = RoundUp(buf->used, kJournalBlock);
+  u64 last_seq = MinPinnedSeq();
+  if (last_seq > buf->seq) last_seq = buf->seq;
+  u32 ring_idx[dev::kMaxDevices];
+  u64 offsets[dev::kMaxDevices];
+  u32 nrings = 0;
+  // Find ring space. When the rings are full, first try to make this entry a
+  // durable one that records a newer last_seq (it may use the reserve); if pins
+  // hold the space, ask owners to persist and drop them.
+  for (;;) {
+    if (Place(bytes, /*allow_reserve=*/false, ring_idx, &nrings, offsets)) break;
+    if (last_seq > durable_last_seq_) {
+      // This entry records a newer last_seq: made durable, it frees ring space, so
+      // it may use the reserve kept for exactly this.
+      buf->need_flush = true;
+      if (Place(bytes, /*allow_reserve=*/true, ring_idx, &nrings, offsets)) break;
+    }
+    stats_.space_waits++;
+    auto fn = reclaim_fn_;
+    void* ctx = reclaim_ctx_;
+    stats_.reclaim_calls++;
+    mu_.Unlock();
+    if (fn != nullptr) fn(ctx, buf->seq);
+    mu_.Lock();
+    u64 new_last = MinPinnedSeq();
+    if (new_last > buf->seq) new_last = buf->seq;
+    // Nothing released: wait for a pin drop (PinDrop wakes done_cv_) or a timeout.
+    if (new_last == last_seq) (void)done_cv_.WaitFor(mu_, 50 * platform::kNsPerMs);
+    last_seq = MinPinnedSeq();
+    if (last_seq > buf->seq) last_seq = buf->seq;
+  }
+
+  // Fill in the header; zero the padding; checksum.
+  auto* h = reinterpret_cast<EntryHeader*>(buf->data);
+  MemSet(h, 0, sizeof(*h));
+  h->magic.set(magic_);
+  h->version.set(kJournalVersion);
+  h->flags.set(buf->need_flush ? kEntryFlush : 0);
+  h->seq.set(buf->seq);
+  h->last_seq.set(last_seq);
+  h->bytes.set(bytes);
+  h->payload_bytes.set(buf->used - u32(sizeof(EntryHeader)));
+  h->nkeys.set(buf->nkeys);
+  MemSet(buf->data + buf->used, 0, bytes - buf->used);
+  h->csum.set(platform::Crc32c(buf->data, bytes));
+
+  const bool flush = buf->need_flush;
+  DevMask preflush = 0;
+  DevMask written = 0;
+  for (u32 k = 0; k < nrings; k++) written |= DevMask(1) << rings_[ring_idx[k]].member;
+  if (flush) preflush = (pending_deps_ | buf->deps | nonfua_written_) & devs_->DebtMask();
+  for (u32 i : dev::Bits(preflush)) stats_.preflushes[i]++;
+  mu_.Unlock();
+
+  Status st = PreFlush(preflush);
+  if (st.ok()) {
+    IoBatch batch(nrings);
+    for (u32 k = 0; k < nrings; k++) {
+      PrepareIo(&write_ios_[k], IoOp::kWrite, offsets[k], buf->data, bytes,
+                flush ? IoRequest::kFua : 0, &batch);
+      devs_->member(rings_[ring_idx[k]].member)->queue().Submit(&write_ios_[k]);
+    }
+    st = batch.Wait();
+  }
+
+  mu_.Lock();
+  if (!st.ok()) return st;
+  for (u32 k = 0; k < nrings; k++) {
+    Ring& r = rings_[ring_idx[k]];
+    r.bucket_seq[r.cur] = buf->seq;
+  }
+  written_seq_ = buf->seq;
+  stats_.entries++;
+  stats_.bytes += u64(bytes) * nrings;
+  if (buf->ncommits > stats_.max_group) stats_.max_group = buf->ncommits;
+  if (flush) {
+    stats_.flush_entries++;
+    durable_seq_ = buf->seq;
+    durable_last_seq_ = last_seq;
+    pending_deps_ = 0;
+    nonfua_written_ = 0;
+    oldest_nondurable_ns_ = 0;
+  } else {
+    pending_deps_ |= buf->deps;
+    nonfua_written_ |= written;
+    if (oldest_nondurable_ns_ == 0) oldest_nondurable_ns_ = platform::NowNs();
+  }
+  return Status::Ok();
+}
+
+}  // namespace tfs::journal

@@ -1,0 +1,206 @@
+// Journal: the ordered, checksummed log every metadata change commits through.
+//
+// Commit modes (docs/format/journal.md, docs/design/io-queues.md):
+//  - kNoFlush: the keys join the open entry and Commit() returns at once with the
+//    entry's sequence number; the entry is written soon after (write_delay), in
+//    order, but not made durable. Ordering only.
+//  - kFlush: Commit() returns when the entry holding the keys, and every entry
+//    before it, is durable. The writer first flushes -- in parallel -- only the
+//    devices that owe durability for what the entries depend on: the `deps`
+//    devices of their commits that hold durability debt, plus journal devices that
+//    received non-FUA entries since the last durable point. Then it writes the entry
+//    with FUA. A commit that depends only on SSD data never flushes an HDD.
+//
+// Group commit: commits accumulate in the open buffer while the previous entry is
+// being written; one write carries them all. One writer thread writes entries one
+// at a time, so entries reach disk in sequence order.
+//
+// Reclaim through pins: Commit() can pin the entry (JournalPin). An entry's ring
+// space is reused only once no pin at or before its sequence remains and a durable
+// entry has recorded that (its last_seq). When space runs low the writer calls the
+// reclaim hook, asking owners to persist their state and drop pins. A reserve of
+// ring space is kept for the small flush entries that advance last_seq (the space
+// watermark), so the journal can always make room once pins are released.
+//
+// An idle journal writes nothing: entries are written only when there are keys or a
+// flush was requested, and a timed flush happens only after non-durable entries.
+//
+// Thread safety: Commit/Flush/PinDrop from any thread; Start/Stop from one. `mu_`
+// guards all state; it is never held across device I/O or the reclaim hook.
+#ifndef TFS_JOURNAL_JOURNAL_H_
+#define TFS_JOURNAL_JOURNAL_H_
+
+#include "dev/device_set.h"
+#include "journal/format.h"
+#include "platform/atomic.h"
+#include "platform/platform.h"
+#include "platform/sync.h"
+#include "sb/superblock.h"
+#include "util/diag.h"
+#include "util/histogram.h"
+#include "util/status.h"
+#include "util/vector.h"
+
+namespace tfs::journal {
+
+struct Key {
+  u16 type;
+  u32 len;
+  const void* val;
+};
+
+enum class CommitMode : u8 { kNoFlush, kFlush };
+
+// Holds an entry's ring space until dropped. Owned by the caller; must be dropped
+// (PinDrop) before it is destroyed or reused.
+struct Pin {
+  u64 seq = 0;
+  bool active = false;
+};
+
+struct Config {
+  u32 max_entry_bytes = 256 * 1024;            // also the open buffer size
+  u64 write_delay_ns = 2 * 1000 * 1000;        // no-flush entries wait this long for company
+  u64 flush_delay_ns = 1000ull * 1000 * 1000;  // non-durable entries become durable within this
+  u32 reserve_buckets = 1;                     // ring space kept for last_seq-advancing entries
+};
+
+struct Stats {
+  u64 commits;
+  u64 flush_commits;
+  u64 entries;            // entries written
+  u64 flush_entries;      // of which durable (FUA after pre-flush)
+  u64 bytes;              // entry bytes written (per replica)
+  u64 keys;
+  u64 preflushes[dev::kMaxDevices];  // flushes issued per member before entries
+  u64 space_waits;        // times the writer waited for ring space
+  u64 reclaim_calls;
+  u64 max_group;          // most commits carried by one entry
+  u64 next_seq, durable_seq, last_seq;
+};
+
+// What replay found on the rings; input to Start().
+struct ReplayedEntry {
+  u64 seq;
+  u64 last_seq;
+  u32 nkeys;
+  Vector<u8> payload;  // the keys, validated
+};
+
+struct ReplayResult {
+  Vector<ReplayedEntry> entries;  // consecutive sequence numbers, oldest first
+  u64 next_seq = 1;               // first sequence number not seen on disk
+  u64 valid_entries = 0;          // valid entries found (all rings, replicas counted once)
+  u64 discarded_entries = 0;      // valid but after a gap (torn or missing entry)
+  u64 bad_headers = 0;            // blocks with our magic that failed validation
+  u64 gap_at = 0;                 // first missing sequence in the replay range, 0 if none
+};
+
+// Reads every journal ring of the filesystem (members in member order, already
+// checked) and returns the entries replay must apply: from the newest last_seq
+// (never below sb.journal_seq) up to the first missing, torn or corrupt entry.
+Status ReadForReplay(dev::DeviceSet& devs, const sb::Superblock& sb, ReplayResult* out,
+                     Diag* diag = nullptr);
+// Calls fn(ctx, seq, key) for each key of `entry`, in order.
+Status ForEachKey(const ReplayedEntry& entry, Status (*fn)(void* ctx, u64 seq, const Key& key),
+                  void* ctx);
+
+class Journal {
+ public:
+  Journal() = default;
+  ~Journal();
+  Journal(const Journal&) = delete;
+  Journal& operator=(const Journal&) = delete;
+
+  // Starts writing at sequence `next_seq` at the beginning of every ring (all older
+  // ring contents are reclaimable: the caller has persisted what replay applied).
+  Status Start(dev::DeviceSet* devs, const sb::Superblock& sb, u64 next_seq, const Config& config);
+  // Makes everything committed durable and stops the writer. Idempotent.
+  Status Stop();
+
+  // Copies `keys` into the journal. kNoFlush returns once they are in an entry;
+  // kFlush once that entry is durable. `deps` names the members whose completed
+  // writes these keys describe. With `pin`, the entry stays in the ring until
+  // PinDrop(pin). Errors: kTooBig (keys larger than an entry), kIo (the journal
+  // failed: the filesystem must go read-only), kInvalidArgument after Stop.
+  Result<u64> Commit(const Key* keys, u32 nkeys, dev::DevMask deps, CommitMode mode,
+                     Pin* pin = nullptr);
+  // Makes every commit so far durable; returns at once (no I/O) if it already is.
+  Status Flush();
+  void PinDrop(Pin* pin);
+  // Pins `pin` at `seq` (or the oldest still pinnable sequence if `seq` is older).
+  Status PinAt(Pin* pin, u64 seq);
+
+  // Called by the writer (never with mu_ held) when ring space runs low: persist
+  // state for entries up to `seq` and drop their pins.
+  void SetReclaimHook(void (*fn)(void* ctx, u64 seq), void* ctx);
+
+  Stats GetStats() const;
+  // The sequence number the next entry will get.
+  u64 next_seq() const;
+  // Latency histograms of Commit() by mode, in ns.
+  void ReadLatency(CommitMode mode, Histogram* out) const;
+
+ private:
+  struct Buf;
+  struct Ring {
+    u32 member;          // device index
+    u64 first_bucket;    // on the device
+    u32 nbuckets;
+    u32 cur = 0;         // ring bucket being filled
+    u32 offset = 0;      // bytes used in it
+    Vector<u64> bucket_seq;  // newest seq in each ring bucket (0: none)
+  };
+
+  static void WriterMain(void* arg);
+  void WriterLoop();
+  // True if the open buffer should be written now; sets *wait_ns otherwise.
+  bool ReadyToWrite(u64 now, u64* wait_ns) const;
+  Status WriteEntry(Buf* buf);
+  Status PreFlush(dev::DevMask mask);
+  // Chooses rings and positions for an entry of `bytes`; false if no space.
+  bool Place(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings, u64* offsets);
+  u32 FreeBuckets(const Ring& r) const;
+  u64 MinPinnedSeq() const;
+  Status PinAdd(u64 seq);
+  void PinRelease(u64 seq);
+
+  dev::DeviceSet* devs_ = nullptr;
+  Config config_;
+  u64 magic_ = 0;
+  u32 bucket_size_ = 0;
+  u32 replicas_ = 1;
+  Vector<Ring> rings_;
+
+  mutable Mutex mu_;
+  CondVar cv_;        // writer wake-ups
+  CondVar done_cv_;   // entry written / durable / pins dropped
+  Buf* bufs_[2] = {nullptr, nullptr};
+  u32 open_ = 0;               // index of the open buffer
+  bool writing_ = false;
+  bool stop_ = false;
+  bool started_ = false;
+  Status failed_;              // sticky journal error
+  u64 written_seq_ = 0;        // newest entry written
+  u64 durable_seq_ = 0;        // newest entry known durable
+  u64 durable_last_seq_ = 0;   // last_seq recorded by the newest durable entry
+  u64 oldest_nondurable_ns_ = 0;  // write time of the oldest written-not-durable entry
+  dev::DevMask pending_deps_ = 0;      // deps of entries not yet durable
+  dev::DevMask nonfua_written_ = 0;    // journal members with non-FUA entries since durable
+  // Pin counts per sequence number, starting at pin_base_.
+  u64 pin_base_ = 0;
+  Vector<u32> pin_counts_;
+  void (*reclaim_fn_)(void*, u64) = nullptr;
+  void* reclaim_ctx_ = nullptr;
+  Stats stats_{};
+  Histogram* latency_[2] = {nullptr, nullptr};
+  platform::Thread writer_;
+  // Requests the writer issues (one entry at a time), kept here rather than on the
+  // stack: they are large and the kernel stack is small.
+  dev::Io preflush_ios_[dev::kMaxDevices];
+  dev::Io write_ios_[dev::kMaxDevices];
+};
+
+}  // namespace tfs::journal
+
+#endif  // TFS_JOURNAL_JOURNAL_H_

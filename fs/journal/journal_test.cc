@@ -1,0 +1,419 @@
+#include "journal/journal.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <deque>
+#include <mutex>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "userspace/platform/mem_device.h"
+
+namespace tfs::journal {
+namespace {
+
+using userspace::MemDevice;
+using userspace::MemDeviceOptions;
+
+constexpr u32 kBucket = 64 * 1024;
+constexpr u64 kDevSize = 8ull << 20;  // 1 MiB reserved + 112 buckets
+
+// Two members: "ssd.a" (journal, volatile cache) and "hdd.b" (data only).
+struct Fixture {
+  explicit Fixture(u32 journal_buckets = 8, std::vector<std::vector<uint8_t>> images = {}) {
+    memset(&sb, 0, sizeof(sb));
+    sb::NewUuid(sb.fs_uuid);
+    sb.seq = 1;
+    sb.bucket_size = kBucket;
+    sb.btree_node_size = 4096;
+    sb.block_size = 4096;
+    sb.journal_seq = 1;
+    sb.options.data_replicas = sb.options.metadata_replicas = 1;
+    sb.nr_members = 2;
+    for (u32 i = 0; i < 2; i++) {
+      sb::Member& m = sb.members[i];
+      sb::NewUuid(m.uuid);
+      strcpy(m.label, i == 0 ? "ssd.a" : "hdd.b");
+      m.size = kDevSize;
+      m.nbuckets = (kDevSize - sb::kBucketsOffset) / kBucket;
+      m.alloc_table_buckets = 1;
+      m.journal_first_bucket = 1;
+      m.journal_nbuckets = i == 0 ? journal_buckets : 0;
+      m.data_allowed = i == 0 ? sb::kDataAll : sb::kDataUser;
+    }
+    Open(std::move(images));
+  }
+  void Open(std::vector<std::vector<uint8_t>> images) {
+    for (u32 i = 0; i < 2; i++) {
+      MemDeviceOptions o;
+      o.name = sb.members[i].label;
+      o.size = kDevSize;
+      o.volatile_cache = true;
+      if (!images.empty()) o.initial_image = std::move(images[i]);
+      mem[i] = std::make_unique<MemDevice>(o);
+      EXPECT_TRUE(devs.Add(mem[i].get(), sb.members[i].label, dev::QueueConfig{}).ok());
+    }
+  }
+  // A fresh fixture over what a power cut now would leave on both devices.
+  std::unique_ptr<Fixture> AfterPowerCut() const {
+    auto f = std::make_unique<Fixture>(*this, mem[0]->SnapshotDurable(), mem[1]->SnapshotDurable());
+    return f;
+  }
+  Fixture(const Fixture& o, std::vector<uint8_t> a, std::vector<uint8_t> b) : sb(o.sb) {
+    std::vector<std::vector<uint8_t>> imgs;
+    imgs.push_back(std::move(a));
+    imgs.push_back(std::move(b));
+    Open(std::move(imgs));
+  }
+
+  sb::Superblock sb;
+  std::unique_ptr<MemDevice> mem[2];
+  dev::DeviceSet devs;
+};
+
+Config FastConfig() {
+  Config c;
+  c.write_delay_ns = 1 * platform::kNsPerMs;
+  c.flush_delay_ns = 50 * platform::kNsPerMs;
+  return c;
+}
+
+// Keys stay needed for replay only while pinned (an unpinned entry is reclaimable
+// as soon as a later durable entry records that). Tests that expect replay keep
+// every pin until the end, like an owner that never persisted anything.
+struct Pins {
+  std::mutex mu;
+  std::deque<Pin> pins;
+  Pin* New() {
+    std::lock_guard<std::mutex> lock(mu);
+    pins.emplace_back();
+    return &pins.back();
+  }
+};
+Result<u64> CommitValue(Journal& j, u64 v, CommitMode mode, dev::DevMask deps = 0,
+                        Pin* pin = nullptr, Pins* pins = nullptr) {
+  Key k{kKeyTest, sizeof(v), &v};
+  if (pin == nullptr && pins != nullptr) pin = pins->New();
+  return j.Commit(&k, 1, deps, mode, pin);
+}
+
+// All kKeyTest values replay would apply, in order.
+std::vector<u64> Replayed(Fixture& f, ReplayResult* rr = nullptr) {
+  ReplayResult local;
+  ReplayResult& r = rr ? *rr : local;
+  Diag d;
+  Status st = ReadForReplay(f.devs, f.sb, &r, &d);
+  EXPECT_TRUE(st.ok()) << d.text;
+  std::vector<u64> values;
+  for (const ReplayedEntry& e : r.entries) {
+    Status s = ForEachKey(e, [](void* ctx, u64, const Key& k) -> Status {
+      EXPECT_EQ(k.type, kKeyTest);
+      EXPECT_EQ(k.len, 8u);
+      u64 v;
+      memcpy(&v, k.val, 8);
+      static_cast<std::vector<u64>*>(ctx)->push_back(v);
+      return Status::Ok();
+    }, &values);
+    EXPECT_TRUE(s.ok());
+  }
+  return values;
+}
+
+TEST(JournalTest, CommitStopReplayRoundTrip) {
+  Fixture f;
+  Pins pins;
+  {
+    Journal j;
+    ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, FastConfig()).ok());
+    for (u64 i = 0; i < 500; i++) {
+      ASSERT_TRUE(CommitValue(j, i, i % 50 == 49 ? CommitMode::kFlush : CommitMode::kNoFlush, 0,
+                              nullptr, &pins).ok());
+    }
+    ASSERT_TRUE(j.Stop().ok());
+    Stats s = j.GetStats();
+    EXPECT_EQ(s.commits, 500u);
+    EXPECT_EQ(s.keys, 500u);
+    EXPECT_GE(s.flush_entries, 10u);
+    EXPECT_EQ(s.durable_seq + 1, s.next_seq);
+  }
+  // Stop made everything durable: a power cut now loses nothing.
+  auto after = f.AfterPowerCut();
+  ReplayResult rr;
+  std::vector<u64> values = Replayed(*after, &rr);
+  ASSERT_EQ(values.size(), 500u);
+  for (u64 i = 0; i < 500; i++) EXPECT_EQ(values[i], i);
+  EXPECT_EQ(rr.gap_at, 0u);
+  EXPECT_EQ(rr.discarded_entries, 0u);
+}
+
+TEST(JournalTest, ScopedPreFlushSkipsDevicesTheEntryDoesNotDependOn) {
+  Fixture f;
+  Journal j;
+  ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, FastConfig()).ok());
+  dev::Member* ssd = f.devs.member(0);
+  dev::Member* hdd = f.devs.member(1);
+  std::vector<u8> data(4096, 0x11);
+  // Background work leaves the HDD with unflushed writes (durability debt).
+  ASSERT_TRUE(dev::QueueSyncIo(hdd->queue(), IoOp::kWrite, 4 << 20, data.data(), 4096, 0,
+                               IoOrigin::kReconcile).ok());
+  ASSERT_EQ(f.devs.DebtMask(), 0b10u);
+  // A foreground write to the SSD, then a durable commit that depends on it.
+  ASSERT_TRUE(dev::QueueSyncIo(ssd->queue(), IoOp::kWrite, 4 << 20, data.data(), 4096, 0,
+                               IoOrigin::kForegroundWrite).ok());
+  f.mem[0]->ResetCounters();
+  f.mem[1]->ResetCounters();
+  ASSERT_TRUE(CommitValue(j, 1, CommitMode::kFlush, /*deps=*/0b01).ok());
+  EXPECT_EQ(f.mem[1]->ops(IoOp::kFlush), 0u) << "an SSD-only commit flushed the HDD";
+  EXPECT_EQ(f.mem[0]->ops(IoOp::kFlush), 1u);  // the SSD owed the data write
+  EXPECT_TRUE(f.devs.DebtMask() & 0b10u);       // the HDD still owes its write
+
+  // A commit with no SSD debt and no deps: FUA alone, no flush anywhere.
+  ASSERT_TRUE(CommitValue(j, 2, CommitMode::kFlush, 0).ok());
+  EXPECT_EQ(f.mem[0]->ops(IoOp::kFlush), 1u);
+  EXPECT_EQ(f.mem[1]->ops(IoOp::kFlush), 0u);
+
+  // A commit that depends on the HDD data flushes the HDD, once.
+  ASSERT_TRUE(CommitValue(j, 3, CommitMode::kFlush, 0b10).ok());
+  EXPECT_EQ(f.mem[1]->ops(IoOp::kFlush), 1u);
+  EXPECT_EQ(f.devs.DebtMask(), 0u);
+  Stats s = j.GetStats();
+  EXPECT_EQ(s.preflushes[1], 1u);
+  ASSERT_TRUE(j.Stop().ok());
+}
+
+TEST(JournalTest, NoFlushEntriesBeforeAFlushAreMadeDurableByIt) {
+  Fixture f;
+  Config c = FastConfig();
+  c.flush_delay_ns = 60 * platform::kNsPerSec;  // no timed flush during the test
+  Journal j;
+  Pins pins;
+  ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, c).ok());
+  for (u64 i = 0; i < 20; i++) {
+    ASSERT_TRUE(CommitValue(j, i, CommitMode::kNoFlush, 0, nullptr, &pins).ok());
+    platform::SleepNs(2 * platform::kNsPerMs);  // let several no-flush entries be written
+  }
+  EXPECT_GE(j.GetStats().entries, 2u);
+  // Not durable yet: a power cut now replays nothing (non-flush entries are not
+  // applied).
+  EXPECT_TRUE(Replayed(*f.AfterPowerCut()).empty());
+  ASSERT_TRUE(j.Flush().ok());
+  // The flush pre-flushed the journal device, which held the non-FUA entries.
+  EXPECT_GE(j.GetStats().preflushes[0], 1u);
+  std::vector<u64> v = Replayed(*f.AfterPowerCut());
+  ASSERT_EQ(v.size(), 20u);
+  // Flush() with nothing new issues no I/O.
+  u64 writes = f.mem[0]->ops(IoOp::kWrite);
+  ASSERT_TRUE(j.Flush().ok());
+  EXPECT_EQ(f.mem[0]->ops(IoOp::kWrite), writes);
+  ASSERT_TRUE(j.Stop().ok());
+}
+
+TEST(JournalTest, IdleJournalWritesNothing) {
+  Fixture f;
+  Journal j;
+  ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, FastConfig()).ok());
+  ASSERT_TRUE(CommitValue(j, 7, CommitMode::kNoFlush).ok());
+  platform::SleepNs(150 * platform::kNsPerMs);  // > write delay and flush delay
+  u64 w = f.mem[0]->ops(IoOp::kWrite), fl = f.mem[0]->ops(IoOp::kFlush);
+  EXPECT_GE(w, 1u);
+  EXPECT_GE(j.GetStats().durable_seq, 1u);  // the timed flush made it durable
+  platform::SleepNs(200 * platform::kNsPerMs);
+  EXPECT_EQ(f.mem[0]->ops(IoOp::kWrite), w);
+  EXPECT_EQ(f.mem[0]->ops(IoOp::kFlush), fl);
+  ASSERT_TRUE(j.Stop().ok());
+  EXPECT_EQ(f.mem[0]->ops(IoOp::kWrite), w);  // stopping an idle journal writes nothing
+}
+
+TEST(JournalTest, GroupCommitPacksManyCommitsIntoOneEntry) {
+  Fixture f;
+  Config c = FastConfig();
+  c.write_delay_ns = 200 * platform::kNsPerMs;
+  Journal j;
+  ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, c).ok());
+  for (u64 i = 0; i < 100; i++) ASSERT_TRUE(CommitValue(j, i, CommitMode::kNoFlush).ok());
+  ASSERT_TRUE(CommitValue(j, 100, CommitMode::kFlush).ok());
+  Stats s = j.GetStats();
+  EXPECT_LE(s.entries, 3u);
+  EXPECT_GE(s.max_group, 50u);
+  ASSERT_TRUE(j.Stop().ok());
+}
+
+TEST(JournalTest, ConcurrentFlushCommitsAllReplayed) {
+  Fixture f(100);  // room for every commit in its own entry: pins are never dropped
+  Journal j;
+  Pins pins;
+  ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, FastConfig()).ok());
+  std::vector<std::thread> threads;
+  for (u64 t = 0; t < 2; t++) {
+    threads.emplace_back([&, t] {
+      for (u64 i = 0; i < 300; i++) {
+        Result<u64> r = CommitValue(j, t * 1000 + i, CommitMode::kFlush, 0, nullptr, &pins);
+        EXPECT_TRUE(r.ok());
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  Stats s = j.GetStats();
+  EXPECT_LE(s.entries, s.commits);
+  ASSERT_TRUE(j.Stop().ok());
+  std::vector<u64> v = Replayed(*f.AfterPowerCut());
+  ASSERT_EQ(v.size(), 600u);
+  // Each thread's values appear in its own commit order.
+  u64 last[2] = {0, 0};
+  bool first[2] = {true, true};
+  for (u64 x : v) {
+    u64 t = x / 1000;
+    if (!first[t]) {
+      EXPECT_GT(x, last[t]);
+    }
+    first[t] = false;
+    last[t] = x;
+  }
+}
+
+TEST(JournalTest, PowerCutsReplayExactlyACommittedPrefix) {
+  Fixture f(100);  // room for every commit in its own entry: pins are never dropped
+  Journal j;
+  Pins pins;
+  ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, FastConfig()).ok());
+  std::atomic<u64> acked_flush{0};  // values [0, acked_flush) were flush-acknowledged
+  std::atomic<bool> done{false};
+  struct Snap {
+    u64 acked;
+    std::vector<uint8_t> a;  // the journal device; the other one holds no journal
+  };
+  std::vector<Snap> snaps;
+  std::thread cutter([&] {
+    std::mt19937 rng(42);
+    while (!done.load() && snaps.size() < 25) {
+      platform::SleepNs((1 + rng() % 8) * platform::kNsPerMs);
+      Snap s;
+      s.acked = acked_flush.load();
+      s.a = f.mem[0]->SnapshotDurable();
+      snaps.push_back(std::move(s));
+    }
+  });
+  std::mt19937 rng(7);
+  const u64 kN = 1500;
+  for (u64 i = 0; i < kN; i++) {
+    CommitMode mode = rng() % 20 == 0 ? CommitMode::kFlush : CommitMode::kNoFlush;
+    ASSERT_TRUE(CommitValue(j, i, mode, 0, nullptr, &pins).ok());
+    if (mode == CommitMode::kFlush) acked_flush.store(i + 1);
+    if (i % 100 == 0) platform::SleepNs(platform::kNsPerMs);
+  }
+  done = true;
+  cutter.join();
+  ASSERT_TRUE(j.Stop().ok());
+  ASSERT_GE(snaps.size(), 3u);
+  u64 nonempty = 0;
+  for (Snap& s : snaps) {
+    Fixture g(f, std::move(s.a), std::vector<uint8_t>(kDevSize));
+    std::vector<u64> v = Replayed(g);
+    ASSERT_GE(v.size(), s.acked) << "a flush-acknowledged commit was lost";
+    for (u64 i = 0; i < v.size(); i++) ASSERT_EQ(v[i], i) << "replay is not a prefix";
+    if (!v.empty()) nonempty++;
+  }
+  EXPECT_GE(nonempty, 1u);
+}
+
+TEST(JournalTest, TornOrCorruptEntryEndsReplayCleanly) {
+  Fixture f;
+  Pins pins;
+  {
+    Journal j;
+    ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, FastConfig()).ok());
+    for (u64 i = 0; i < 30; i++) {
+      ASSERT_TRUE(CommitValue(j, i, CommitMode::kFlush, 0, nullptr, &pins).ok());
+    }
+    ASSERT_TRUE(j.Stop().ok());
+  }
+  // Entries are 4 KiB each, consecutive from the ring's first bucket: corrupt the
+  // 11th (seq 11) by flipping a byte of its payload on the durable image.
+  auto img = f.mem[0]->SnapshotDurable();
+  u64 ring = sb::kBucketsOffset + f.sb.members[0].journal_first_bucket * kBucket;
+  img[ring + 10 * 4096 + 70] ^= 0xff;
+  Fixture g(f, std::move(img), f.mem[1]->SnapshotDurable());
+  ReplayResult rr;
+  std::vector<u64> v = Replayed(g, &rr);
+  ASSERT_EQ(v.size(), 10u);
+  for (u64 i = 0; i < 10; i++) EXPECT_EQ(v[i], i);
+  EXPECT_EQ(rr.gap_at, 11u);
+  EXPECT_EQ(rr.bad_headers, 1u);
+  EXPECT_EQ(rr.discarded_entries, 19u);  // seqs 12..30
+  EXPECT_EQ(rr.next_seq, 31u);
+}
+
+TEST(JournalTest, EntriesOfAnotherFilesystemAreIgnored) {
+  Fixture f;
+  Pins pins;
+  {
+    Journal j;
+    ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, FastConfig()).ok());
+    ASSERT_TRUE(CommitValue(j, 5, CommitMode::kFlush, 0, nullptr, &pins).ok());
+    ASSERT_TRUE(j.Stop().ok());
+  }
+  Fixture g(f, f.mem[0]->SnapshotDurable(), f.mem[1]->SnapshotDurable());
+  sb::NewUuid(g.sb.fs_uuid);  // "reformatted": same bytes, new filesystem
+  ReplayResult rr;
+  EXPECT_TRUE(Replayed(g, &rr).empty());
+  EXPECT_EQ(rr.valid_entries, 0u);
+}
+
+TEST(JournalTest, PinsHoldRingSpaceUntilReclaimDropsThem) {
+  Fixture f(4);  // 4 buckets x 64 KiB: fills after ~60 entries
+  Journal j;
+  ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, FastConfig()).ok());
+  struct Owner {
+    Journal* j = nullptr;
+    std::mutex mu;
+    std::vector<std::unique_ptr<Pin>> pins;
+    std::atomic<int> calls{0};
+  } owner;
+  owner.j = &j;
+  j.SetReclaimHook([](void* ctx, u64) {
+    auto* o = static_cast<Owner*>(ctx);
+    o->calls++;
+    std::lock_guard<std::mutex> lock(o->mu);
+    for (auto& p : o->pins) o->j->PinDrop(p.get());  // "state persisted"
+    o->pins.clear();
+  }, &owner);
+  for (u64 i = 0; i < 400; i++) {
+    auto pin = std::make_unique<Pin>();
+    ASSERT_TRUE(CommitValue(j, i, CommitMode::kFlush, 0, pin.get()).ok());
+    std::lock_guard<std::mutex> lock(owner.mu);
+    owner.pins.push_back(std::move(pin));
+  }
+  EXPECT_GE(owner.calls.load(), 1);
+  EXPECT_GE(j.GetStats().reclaim_calls, 1u);
+  {
+    std::lock_guard<std::mutex> lock(owner.mu);
+    for (auto& p : owner.pins) j.PinDrop(p.get());
+  }
+  ASSERT_TRUE(j.Stop().ok());
+  // Replay returns the tail the ring still holds, ending at the last commit.
+  std::vector<u64> v = Replayed(*f.AfterPowerCut());
+  ASSERT_FALSE(v.empty());
+  EXPECT_EQ(v.back(), 399u);
+  for (u64 i = 1; i < v.size(); i++) EXPECT_EQ(v[i], v[i - 1] + 1);
+}
+
+TEST(JournalTest, BadRequests) {
+  Fixture f;
+  Journal j;
+  EXPECT_FALSE(CommitValue(j, 1, CommitMode::kNoFlush).ok());  // not started
+  ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, FastConfig()).ok());
+  std::vector<u8> huge(300 * 1024);
+  Key big{kKeyTest, u32(huge.size()), huge.data()};
+  EXPECT_EQ(j.Commit(&big, 1, 0, CommitMode::kNoFlush).status(), Status(Err::kTooBig));
+  Key zero{kKeyInvalid, 0, nullptr};
+  EXPECT_EQ(j.Commit(&zero, 1, 0, CommitMode::kNoFlush).status(), Status(Err::kInvalidArgument));
+  ASSERT_TRUE(j.Stop().ok());
+  EXPECT_EQ(CommitValue(j, 1, CommitMode::kNoFlush).status(), Status(Err::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace tfs::journal

@@ -1,0 +1,23 @@
+// Bit operations that compile to plain instructions in both builds. (GCC lowers
+// __builtin_popcount to a libgcc call without -mpopcnt, which a kernel module
+// cannot link; the kernel-safe check catches that.)
+#ifndef TFS_UTIL_BITS_H_
+#define TFS_UTIL_BITS_H_
+
+#include "platform/types.h"
+
+namespace tfs {
+
+constexpr u32 PopCount(u64 v) {
+  v = v - ((v >> 1) & 0x5555555555555555ull);
+  v = (v & 0x3333333333333333ull) + ((v >> 2) & 0x3333333333333333ull);
+  v = (v + (v >> 4)) & 0x0f0f0f0f0f0f0f0full;
+  return u32((v * 0x0101010101010101ull) >> 56);
+}
+static_assert(PopCount(0) == 0 && PopCount(0xff) == 8 && PopCount(~0ull) == 64, "PopCount");
+
+constexpr bool IsPowerOfTwo(u64 v) { return v != 0 && (v & (v - 1)) == 0; }
+
+}  // namespace tfs
+
+#endif  // TFS_UTIL_BITS_H_
