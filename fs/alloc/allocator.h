@@ -1,0 +1,145 @@
+// Allocator: buckets per member, their states, generations and live counts, free
+// lists, allocation by target with fallback, and reserves by watermark.
+//
+// Reserves keep background work from taking the space the foreground needs (see
+// docs/design/io-queues.md): on each member, an allocation at watermark W succeeds
+// only while the member keeps more free buckets than W's floor:
+//
+//   kBackground (reconcile, promote)   floor = foreground + copygc + btree reserves
+//   kForeground (user writes)          floor = copygc + btree reserves
+//   kCopygc (evacuation, frees space)  floor = btree reserve
+//   kBtree, kJournal                   floor = 0
+//
+// Targets are tried first; the fallback mask only when no target member can serve
+// the request at its watermark (the fast tier is genuinely full).
+//
+// Persistence (docs/format/alloc.md): every change is journaled (no-flush) as an
+// AllocKey with the bucket's new change version; Checkpoint() writes every member's
+// table to the slot not used last time and then drops the journal pin that kept
+// those keys in the ring. Load() + Apply() of replayed keys rebuild the state
+// without scanning any other metadata.
+//
+// Thread safety: all methods from any thread. `mu_` guards the bucket arrays and
+// free lists; it is never held across journal commits or device I/O.
+#ifndef TFS_ALLOC_ALLOCATOR_H_
+#define TFS_ALLOC_ALLOCATOR_H_
+
+#include "alloc/format.h"
+#include "dev/device_set.h"
+#include "journal/journal.h"
+#include "platform/sync.h"
+#include "sb/superblock.h"
+#include "util/diag.h"
+#include "util/vector.h"
+
+namespace tfs::alloc {
+
+enum class Watermark : u8 { kBackground = 0, kForeground, kCopygc, kBtree, kJournal };
+const char* WatermarkName(Watermark w);
+
+struct BucketRef {
+  u32 dev = 0;
+  u64 bucket = 0;
+  u8 gen = 0;
+};
+
+struct Bucket {
+  u8 gen = 0;
+  BucketState state = BucketState::kFree;
+  u32 live_sectors = 0;
+  u32 version = 0;
+};
+
+struct Reserves {
+  u64 foreground = 0;
+  u64 copygc = 0;
+  u64 btree = 0;
+};
+
+struct DeviceUsage {
+  u64 nbuckets = 0;
+  u64 by_state[kBucketStateCount] = {};
+  u64 live_sectors = 0;
+  Reserves reserves;
+};
+
+struct AllocStats {
+  u64 allocs[5];          // by watermark
+  u64 refused[5];         // kNoSpace by watermark (after fallback)
+  u64 fallbacks;          // served outside the target
+  u64 frees;
+  u64 checkpoints;
+};
+
+class Allocator {
+ public:
+  Allocator() = default;
+  Allocator(const Allocator&) = delete;
+  Allocator& operator=(const Allocator&) = delete;
+
+  // Sets up empty bucket arrays for every member of `sb`. The journal may be null
+  // (format, fsck); then changes are not journaled.
+  Status Init(dev::DeviceSet* devs, const sb::Superblock& sb, journal::Journal* journal);
+  // A new filesystem: table and journal buckets marked, everything else free.
+  void InitFresh();
+  // Reads every member's newest valid table slot. kCorrupt (with Diag) if a member
+  // has none.
+  Status Load(Diag* diag = nullptr);
+  // Applies one replayed kKeyAlloc key (newer versions win; order-independent).
+  Status Apply(const journal::Key& key);
+  // Rebuilds free lists after Load/Apply.
+  Status Finish();
+
+  // Allocates a free bucket on a member of `target` (else of `fallback`) that
+  // accepts `purpose` data, at watermark `wm`. kNoSpace if none can.
+  Result<BucketRef> Allocate(dev::DevMask target, dev::DevMask fallback, BucketState purpose,
+                             Watermark wm);
+  // Frees a bucket (its generation is bumped). kInvalidArgument for a stale ref.
+  Status Free(const BucketRef& ref);
+  Status SetLiveSectors(const BucketRef& ref, u32 live_sectors);
+
+  // Writes all tables (durably) and releases the journal space their changes held.
+  Status Checkpoint();
+  // The journal's reclaim hook: checkpoint.
+  static void ReclaimHook(void* self, u64 seq);
+
+  Bucket Get(u32 dev, u64 bucket) const;
+  DeviceUsage Usage(u32 dev) const;
+  AllocStats Stats() const;
+  u64 FreeFloor(u32 dev, Watermark wm) const;
+  u32 members() const { return nr_; }
+  u64 nbuckets(u32 dev) const { return dev < nr_ ? devices_[dev].buckets.size() : 0; }
+
+ private:
+  struct Dev {
+    Vector<Bucket> buckets;
+    Vector<u64> free_list;  // free bucket numbers; allocation pops from the back
+    u64 free_count = 0;
+    Reserves reserves;
+    u8 data_allowed = 0;
+    u32 table_buckets = 0;
+    u64 checkpoint = 0;     // number of the newest valid slot on disk
+    u32 last_slot = 1;      // slot written last (the next checkpoint uses the other)
+  };
+
+  // Journals one bucket change and keeps the allocator's pin armed.
+  Status JournalChange(u32 dev, u64 bucket, const Bucket& b);
+  Status WriteTable(u32 dev, const Bucket* snapshot, u64 nbuckets, u64 checkpoint, u32 slot,
+                    u64 journal_seq);
+  bool Usable(u32 dev, BucketState purpose, Watermark wm) const;
+
+  dev::DeviceSet* devs_ = nullptr;
+  journal::Journal* journal_ = nullptr;
+  sb::Superblock sb_{};
+  u32 nr_ = 0;
+  Dev devices_[dev::kMaxDevices];
+
+  mutable Mutex mu_;
+  journal::Pin pin_;     // oldest journaled change not yet checkpointed
+  Mutex checkpoint_mu_;  // one checkpoint at a time
+  AllocStats stats_{};
+};
+
+}  // namespace tfs::alloc
+
+#endif  // TFS_ALLOC_ALLOCATOR_H_

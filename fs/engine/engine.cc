@@ -1,0 +1,237 @@
+// Format, open (with replay) and close of the engine (see engine.h).
+#include "engine/engine.h"
+
+#include "alloc/format.h"
+#include "platform/platform.h"
+#include "util/bits.h"
+
+namespace tfs::engine {
+namespace {
+
+constexpr u64 kMinDataBuckets = 8;
+
+void CopyTarget(char* dst, const char* src) {
+  usize n = src == nullptr ? 0 : StrLen(src);
+  if (n >= sb::kSbTargetLen) n = sb::kSbTargetLen - 1;
+  MemCopy(dst, src, n);
+  MemSet(dst + n, 0, sb::kSbTargetLen - n);
+}
+
+// An array of superblocks on the heap (each is ~4.5 KiB: too big for a kernel stack).
+struct SbArray {
+  explicit SbArray(u32 n)
+      : p(static_cast<sb::Superblock*>(platform::Alloc(sizeof(sb::Superblock) * (n ? n : 1), 16))) {}
+  ~SbArray() { platform::Free(p); }
+  SbArray(const SbArray&) = delete;
+  SbArray& operator=(const SbArray&) = delete;
+  sb::Superblock* p;
+};
+
+}  // namespace
+
+Status Format(const FormatMember* members, u32 count, const FormatOptions& o, Diag* diag) {
+  if (count == 0) return DiagError(diag, Err::kInvalidArgument, "format: no devices given");
+  if (count > sb::kSbMaxMembers)
+    return DiagError(diag, Err::kInvalidArgument, "format: at most %u devices", sb::kSbMaxMembers);
+  if (!IsPowerOfTwo(o.bucket_size) || o.bucket_size < sb::kMinBucket || o.bucket_size > sb::kMaxBucket)
+    return DiagError(diag, Err::kInvalidArgument,
+                     "format: bucket size %u must be a power of two from 64 KiB to 64 MiB", o.bucket_size);
+  if (!IsPowerOfTwo(o.btree_node_size) || o.btree_node_size < sb::kMinBtreeNode ||
+      o.btree_node_size > sb::kMaxBtreeNode || o.btree_node_size > o.bucket_size)
+    return DiagError(diag, Err::kInvalidArgument,
+                     "format: btree node size %u must be a power of two from 4 KiB to 1 MiB and at most the bucket size",
+                     o.btree_node_size);
+  if (o.data_replicas < 1 || o.data_replicas > 4 || o.metadata_replicas < 1 || o.metadata_replicas > 4)
+    return DiagError(diag, Err::kInvalidArgument, "format: replicas must be 1..4");
+
+  // A device set in member order: validates labels and resolves targets.
+  dev::DeviceSet devs;
+  for (u32 i = 0; i < count; i++) {
+    if (members[i].bdev == nullptr || members[i].label == nullptr)
+      return DiagError(diag, Err::kInvalidArgument, "format: device %u has no label", i + 1);
+    if (members[i].bdev->Info().read_only)
+      return DiagError(diag, Err::kReadOnly, "format: %s is read-only", members[i].bdev->Name());
+    Result<dev::Member*> m = devs.Add(members[i].bdev, members[i].label, dev::QueueConfig{});
+    if (!m.ok())
+      return DiagError(diag, m.status(), "format: %s: bad or duplicate label '%s' (use [a-z0-9_-], optionally group.name)",
+                       members[i].bdev->Name(), members[i].label);
+    if (members[i].durability > 4)
+      return DiagError(diag, Err::kInvalidArgument, "format: %s: durability must be 0..4", members[i].label);
+  }
+  const char* targets[] = {o.foreground_target, o.background_target, o.promote_target, o.metadata_target};
+  const char* names[] = {"foreground", "background", "promote", "metadata"};
+  dev::DevMask masks[4] = {};
+  for (int t = 0; t < 4; t++) {
+    if (targets[t] != nullptr && StrLen(targets[t]) >= sb::kSbTargetLen)
+      return DiagError(diag, Err::kNameTooLong, "format: %s target too long", names[t]);
+    Result<dev::DevMask> r = devs.ResolveTarget(targets[t] == nullptr ? "" : targets[t]);
+    if (!r.ok())
+      return DiagError(diag, Err::kNotFound, "format: %s target '%s' names no device or group", names[t], targets[t]);
+    masks[t] = *r;
+  }
+  dev::DevMask meta = masks[3] != 0 ? masks[3] : masks[0] != 0 ? masks[0] : devs.all();
+  if (u32(PopCount(meta)) < o.metadata_replicas)
+    return DiagError(diag, Err::kInvalidArgument, "format: %u metadata replicas need that many metadata devices",
+                     unsigned(o.metadata_replicas));
+
+  SbArray holder(1);
+  if (holder.p == nullptr) return Err::kNoMemory;
+  sb::Superblock& s = *holder.p;
+  MemSet(&s, 0, sizeof(s));
+  sb::NewUuid(s.fs_uuid);
+  s.seq = 1;
+  s.flags = sb::kSbClean;
+  s.bucket_size = o.bucket_size;
+  s.btree_node_size = o.btree_node_size;
+  s.block_size = 4096;
+  s.journal_seq = 1;
+  CopyTarget(s.options.foreground_target, o.foreground_target);
+  CopyTarget(s.options.background_target, o.background_target);
+  CopyTarget(s.options.promote_target, o.promote_target);
+  CopyTarget(s.options.metadata_target, o.metadata_target);
+  s.options.data_replicas = o.data_replicas;
+  s.options.metadata_replicas = o.metadata_replicas;
+  s.options.checksum = o.checksum;
+  s.options.compression = o.compression;
+  s.nr_members = count;
+
+  for (u32 i = 0; i < count; i++) {
+    sb::Member& m = s.members[i];
+    BlockDevice* bdev = members[i].bdev;
+    sb::NewUuid(m.uuid);
+    CopyTarget(m.label, members[i].label);
+    u64 size = bdev->Size();
+    u64 nbuckets = size > sb::kBucketsOffset ? (size - sb::kBucketsOffset) / o.bucket_size : 0;
+    u64 table = alloc::TableBuckets(nbuckets, o.bucket_size);
+    bool is_meta = (meta >> i) & 1;
+    u64 journal = 0;
+    if (is_meta) {
+      journal = o.journal_buckets != 0 ? o.journal_buckets : Min<u64>(Max<u64>(nbuckets / 64, 8), 256);
+    }
+    u64 need = table + journal + kMinDataBuckets;
+    if (nbuckets < need) {
+      u64 min_bytes = sb::kBucketsOffset + need * o.bucket_size;
+      return DiagError(diag, Err::kNoSpace, "format: %s is too small: %llu bytes, need at least %llu with %u KiB buckets",
+                       bdev->Name(), (unsigned long long)size, (unsigned long long)min_bytes,
+                       unsigned(o.bucket_size >> 10));
+    }
+    m.size = sb::kBucketsOffset + nbuckets * o.bucket_size;
+    m.nbuckets = nbuckets;
+    m.alloc_table_buckets = u32(table);
+    m.journal_first_bucket = is_meta ? table : 0;
+    m.journal_nbuckets = u32(journal);
+    m.durability = members[i].durability;
+    m.data_allowed = is_meta ? sb::kDataAll : sb::kDataUser;
+  }
+
+  // Allocation tables first, superblocks last: the superblock makes it a filesystem.
+  alloc::Allocator a;
+  TFS_TRY(a.Init(&devs, s, nullptr));
+  a.InitFresh();
+  Status st = a.Checkpoint();
+  if (!st.ok()) return DiagError(diag, st, "format: writing allocation tables: %s", st.Message());
+  for (u32 i = 0; i < count; i++) {
+    st = sb::Write(*members[i].bdev, s, u16(i));
+    if (!st.ok())
+      return DiagError(diag, st, "format: writing the superblock of %s: %s", members[i].bdev->Name(), st.Message());
+  }
+  return Status::Ok();
+}
+
+Engine::~Engine() {
+  Status st = Close();
+  if (!st.ok()) platform::Log(platform::LogLevel::kError, "engine: close failed: %s", st.Message());
+}
+
+Status Engine::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& options, Diag* diag,
+                    OpenReport* report) {
+  if (open_) return Err::kBusy;
+  if (count == 0 || count > sb::kSbMaxMembers)
+    return DiagError(diag, Err::kInvalidArgument, "open: need 1..%u devices", sb::kSbMaxMembers);
+  OpenReport local;
+  OpenReport& rep = report != nullptr ? *report : local;
+  SbArray sbs(count);
+  if (sbs.p == nullptr) return Err::kNoMemory;
+  for (u32 i = 0; i < count; i++) {
+    Result<sb::ReadResult> r = sb::Read(*bdevs[i], &sbs.p[i], diag);
+    if (!r.ok()) return r.status();
+    if (r->used_backup) rep.used_backup_sb++;
+  }
+  u32 order[sb::kSbMaxMembers];
+  TFS_TRY(sb::CheckMembers(sbs.p, count, order, diag));
+  u32 newest = 0;
+  for (u32 i = 1; i < count; i++) {
+    if (sbs.p[i].seq > sbs.p[newest].seq) newest = i;
+  }
+  sb_ = sbs.p[newest];
+  read_only_ = options.read_only;
+
+  for (u32 m = 0; m < sb_.nr_members; m++) {
+    Result<dev::Member*> r = devs_.Add(bdevs[order[m]], sb_.members[m].label, options.queue);
+    if (!r.ok()) return DiagError(diag, r.status(), "open: member %s: %s", sb_.members[m].label, r.status().Message());
+  }
+  TFS_TRY(alloc_.Init(&devs_, sb_, read_only_ ? nullptr : &journal_));
+  TFS_TRY(alloc_.Load(diag));
+  rep.was_clean = sb_.clean();
+  if (!rep.was_clean) {
+    TFS_TRY(journal::ReadForReplay(devs_, sb_, &rep.replay, diag));
+    for (const journal::ReplayedEntry& e : rep.replay.entries) {
+      Status st = journal::ForEachKey(e, ApplyKey, this);
+      if (!st.ok())
+        return DiagError(diag, st, "journal entry %llu: %s", (unsigned long long)e.seq, st.Message());
+      rep.replayed_keys += e.nkeys;
+    }
+  }
+  TFS_TRY(alloc_.Finish());
+  if (!read_only_) {
+    u64 next_seq = rep.was_clean ? sb_.journal_seq : Max(rep.replay.next_seq, sb_.journal_seq);
+    if (!rep.was_clean) {
+      Status st = alloc_.Checkpoint();  // persist what replay applied
+      if (!st.ok()) return DiagError(diag, st, "open: writing allocation tables: %s", st.Message());
+    }
+    sb_.journal_seq = next_seq;
+    sb_.flags &= u16(~sb::kSbClean);
+    sb_.seq++;
+    TFS_TRY(WriteSuperblocks());
+    TFS_TRY(journal_.Start(&devs_, sb_, next_seq, options.journal));
+    journal_started_ = true;
+    journal_.SetReclaimHook(alloc::Allocator::ReclaimHook, &alloc_);
+  }
+  open_ = true;
+  return Status::Ok();
+}
+
+Status Engine::ApplyKey(void* self, u64, const journal::Key& key) {
+  auto* e = static_cast<Engine*>(self);
+  switch (key.type) {
+    case journal::kKeyAlloc:
+      return e->alloc_.Apply(key);
+    default:
+      platform::Log(platform::LogLevel::kError, "journal: unknown key type %u", unsigned(key.type));
+      return Err::kCorrupt;
+  }
+}
+
+Status Engine::WriteSuperblocks() {
+  for (u32 m = 0; m < sb_.nr_members; m++) {
+    // Mount and unmount only: no other I/O is in flight, so this bypasses the queue.
+    TFS_TRY(sb::Write(*devs_.member(m)->bdev(), sb_, u16(m)));
+  }
+  return Status::Ok();
+}
+
+Status Engine::Close() {
+  if (!open_) return Status::Ok();
+  open_ = false;
+  if (read_only_) return Status::Ok();
+  Status st = journal_.Stop();
+  journal_started_ = false;
+  if (!st.ok()) return st;  // leave the superblock unclean: replay will sort it out
+  TFS_TRY(alloc_.Checkpoint());
+  sb_.journal_seq = journal_.next_seq();
+  sb_.flags |= sb::kSbClean;
+  sb_.seq++;
+  return WriteSuperblocks();
+}
+
+}  // namespace tfs::engine

@@ -1,0 +1,103 @@
+// Engine: formats a filesystem and brings one up and down -- the substrate the
+// btree and everything above run on (device set, superblock, allocator, journal).
+//
+// Open(): read every device's superblock (backup copy if the primary is bad),
+// refuse device sets that are not exactly one filesystem, build the device set in
+// member order, load the allocation tables, and -- unless the filesystem was
+// unmounted cleanly -- replay the journal's durable prefix into them. Then
+// checkpoint what replay applied, record the journal floor in the superblock, clear
+// the clean flag and start the journal. Close() makes everything durable, writes
+// the tables and marks the superblock clean.
+//
+// Replay applies keys by type; a key type this build does not know is a corrupt
+// journal (kCorrupt), never silently skipped.
+//
+// Thread safety: Open/Close from one thread; the subsystems it exposes are
+// thread-safe themselves. The caller owns the BlockDevices and keeps them open
+// until Close() returns (or the Engine is destroyed).
+#ifndef TFS_ENGINE_ENGINE_H_
+#define TFS_ENGINE_ENGINE_H_
+
+#include "alloc/allocator.h"
+#include "dev/device_set.h"
+#include "journal/journal.h"
+#include "platform/block_device.h"
+#include "sb/superblock.h"
+#include "util/diag.h"
+
+namespace tfs::engine {
+
+struct FormatMember {
+  BlockDevice* bdev = nullptr;
+  const char* label = nullptr;
+  u8 durability = 1;
+};
+
+struct FormatOptions {
+  const char* foreground_target = "";  // "" = no preference
+  const char* background_target = "";
+  const char* promote_target = "";
+  const char* metadata_target = "";    // "" = the foreground target, else every member
+  u32 bucket_size = 1 << 20;
+  u32 btree_node_size = 256 << 10;
+  u8 data_replicas = 1;
+  u8 metadata_replicas = 1;
+  sb::ChecksumType checksum = sb::ChecksumType::kCrc32c;
+  sb::CompressionType compression = sb::CompressionType::kNone;
+  u32 journal_buckets = 0;             // per journal member; 0 = automatic
+};
+
+// Writes a new filesystem over `members` (allocation tables, then superblocks).
+// Errors name the offending device or option in `diag`: bad or duplicate labels,
+// unresolvable targets, devices too small, bad sizes.
+Status Format(const FormatMember* members, u32 count, const FormatOptions& options, Diag* diag);
+
+struct OpenOptions {
+  bool read_only = false;  // no journal, no superblock or table writes (show, fsck -n)
+  dev::QueueConfig queue;
+  journal::Config journal;
+};
+
+struct OpenReport {
+  bool was_clean = false;
+  u32 used_backup_sb = 0;  // members whose primary superblock copy was unusable
+  journal::ReplayResult replay;
+  u64 replayed_keys = 0;
+};
+
+class Engine {
+ public:
+  Engine() = default;
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // `bdevs` in any order.
+  Status Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& options, Diag* diag,
+              OpenReport* report = nullptr);
+  // Durable shutdown: journal flushed and stopped, tables written, superblocks
+  // marked clean. Idempotent.
+  Status Close();
+
+  const sb::Superblock& sb() const { return sb_; }
+  dev::DeviceSet& devs() { return devs_; }
+  alloc::Allocator& alloc() { return alloc_; }
+  journal::Journal& journal() { return journal_; }
+  bool open() const { return open_; }
+
+ private:
+  Status WriteSuperblocks();
+  static Status ApplyKey(void* self, u64 seq, const journal::Key& key);
+
+  sb::Superblock sb_{};
+  dev::DeviceSet devs_;
+  alloc::Allocator alloc_;
+  journal::Journal journal_;
+  bool open_ = false;
+  bool read_only_ = false;
+  bool journal_started_ = false;
+};
+
+}  // namespace tfs::engine
+
+#endif  // TFS_ENGINE_ENGINE_H_

@@ -1,0 +1,288 @@
+// Engine and allocator tests: format/open/close round trips, replay after power
+// cuts, watermark reserves under concurrent allocation, bad device sets.
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "userspace/platform/mem_device.h"
+
+namespace tfs::engine {
+namespace {
+
+using alloc::BucketState;
+using alloc::Watermark;
+using userspace::MemDevice;
+using userspace::MemDeviceOptions;
+
+constexpr u64 kSsdSize = 48ull << 20;
+constexpr u64 kHddSize = 64ull << 20;
+
+std::unique_ptr<MemDevice> Dev(const char* name, u64 size, std::vector<uint8_t> image = {}) {
+  MemDeviceOptions o;
+  o.name = name;
+  o.size = size;
+  o.volatile_cache = true;
+  o.initial_image = std::move(image);
+  return std::make_unique<MemDevice>(o);
+}
+
+FormatOptions SmallOptions() {
+  FormatOptions o;
+  o.foreground_target = "ssd";
+  o.background_target = "hdd";
+  o.metadata_target = "ssd";
+  o.bucket_size = 256 * 1024;
+  o.btree_node_size = 64 * 1024;
+  return o;
+}
+
+struct Disks {
+  std::unique_ptr<MemDevice> ssd = Dev("ssd0", kSsdSize);
+  std::unique_ptr<MemDevice> hdd = Dev("hdd0", kHddSize);
+
+  Status Format(const FormatOptions& o = SmallOptions(), Diag* d = nullptr) {
+    FormatMember m[2] = {{ssd.get(), "ssd.a", 1}, {hdd.get(), "hdd.b", 1}};
+    return engine::Format(m, 2, o, d);
+  }
+  std::vector<BlockDevice*> List(bool reversed = false) {
+    if (reversed) return {hdd.get(), ssd.get()};
+    return {ssd.get(), hdd.get()};
+  }
+  // What a power cut now leaves.
+  Disks AfterPowerCut() const {
+    Disks d;
+    d.ssd = Dev("ssd0", kSsdSize, ssd->SnapshotDurable());
+    d.hdd = Dev("hdd0", kHddSize, hdd->SnapshotDurable());
+    return d;
+  }
+};
+
+TEST(EngineTest, FormatOpenCloseRoundTrip) {
+  Disks d;
+  Diag diag;
+  ASSERT_TRUE(d.Format(SmallOptions(), &diag).ok()) << diag.text;
+  std::vector<u64> allocated;
+  {
+    Engine e;
+    OpenReport rep;
+    ASSERT_TRUE(e.Open(d.List(true).data(), 2, OpenOptions{}, &diag, &rep).ok()) << diag.text;
+    EXPECT_TRUE(rep.was_clean);
+    EXPECT_EQ(e.sb().nr_members, 2u);
+    EXPECT_STREQ(e.devs().member(0)->label(), "ssd.a");  // member order, not argument order
+    EXPECT_EQ(e.devs().member(0)->bdev(), d.ssd.get());
+    EXPECT_GT(e.sb().members[0].journal_nbuckets, 0u);
+    EXPECT_EQ(e.sb().members[1].journal_nbuckets, 0u);
+    dev::DevMask ssd = *e.devs().ResolveTarget("ssd");
+    for (int i = 0; i < 10; i++) {
+      Result<alloc::BucketRef> r = e.alloc().Allocate(ssd, 0, BucketState::kUser, Watermark::kForeground);
+      ASSERT_TRUE(r.ok());
+      EXPECT_EQ(r->dev, 0u);
+      allocated.push_back(r->bucket);
+    }
+    ASSERT_TRUE(e.Close().ok());
+  }
+  // Clean reopen: no replay, the allocations are in the tables.
+  Engine e;
+  OpenReport rep;
+  ASSERT_TRUE(e.Open(d.List().data(), 2, OpenOptions{}, &diag, &rep).ok()) << diag.text;
+  EXPECT_TRUE(rep.was_clean);
+  EXPECT_EQ(rep.replayed_keys, 0u);
+  for (u64 b : allocated) EXPECT_EQ(e.alloc().Get(0, b).state, BucketState::kUser);
+  alloc::DeviceUsage u = e.alloc().Usage(0);
+  EXPECT_EQ(u.by_state[u8(BucketState::kUser)], 10u);
+  EXPECT_EQ(u.by_state[u8(BucketState::kJournal)], e.sb().members[0].journal_nbuckets);
+  EXPECT_EQ(u.by_state[u8(BucketState::kMeta)], e.sb().members[0].alloc_table_buckets);
+}
+
+TEST(EngineTest, ReplayAfterPowerCutKeepsDurableAllocations) {
+  Disks d;
+  ASSERT_TRUE(d.Format().ok());
+  Engine e;
+  Diag diag;
+  ASSERT_TRUE(e.Open(d.List().data(), 2, OpenOptions{}, &diag).ok()) << diag.text;
+  std::vector<alloc::BucketRef> durable;
+  for (int i = 0; i < 20; i++) {
+    Result<alloc::BucketRef> r = e.alloc().Allocate(0b11, 0, BucketState::kUser, Watermark::kForeground);
+    ASSERT_TRUE(r.ok());
+    durable.push_back(*r);
+  }
+  ASSERT_TRUE(e.alloc().Free(durable[0]).ok());
+  ASSERT_TRUE(e.alloc().SetLiveSectors(durable[1], 100).ok());
+  ASSERT_TRUE(e.journal().Flush().ok());
+  Disks cut = d.AfterPowerCut();  // the engine was never closed
+
+  Engine e2;
+  OpenReport rep;
+  ASSERT_TRUE(e2.Open(cut.List().data(), 2, OpenOptions{}, &diag, &rep).ok()) << diag.text;
+  EXPECT_FALSE(rep.was_clean);
+  EXPECT_EQ(rep.replayed_keys, 22u);
+  EXPECT_EQ(e2.alloc().Get(durable[0].dev, durable[0].bucket).state, BucketState::kFree);
+  EXPECT_EQ(e2.alloc().Get(durable[0].dev, durable[0].bucket).gen, u8(durable[0].gen + 1));
+  EXPECT_EQ(e2.alloc().Get(durable[1].dev, durable[1].bucket).live_sectors, 100u);
+  for (int i = 1; i < 20; i++) {
+    EXPECT_EQ(e2.alloc().Get(durable[i].dev, durable[i].bucket).state, BucketState::kUser) << i;
+  }
+  ASSERT_TRUE(e2.Close().ok());
+  ASSERT_TRUE(e.Close().ok());  // the original engine still closes on its own disks
+
+  // The replayed state was checkpointed at open: a later crash does not need it.
+  Disks cut2 = cut.AfterPowerCut();
+  Engine e3;
+  ASSERT_TRUE(e3.Open(cut2.List().data(), 2, OpenOptions{}, &diag, &rep).ok()) << diag.text;
+  EXPECT_EQ(e3.alloc().Get(durable[1].dev, durable[1].bucket).live_sectors, 100u);
+}
+
+TEST(EngineTest, JournalReclaimCheckpointsAllocator) {
+  Disks d;
+  FormatOptions o = SmallOptions();
+  o.journal_buckets = 4;  // 4 x 256 KiB: fills quickly
+  ASSERT_TRUE(d.Format(o).ok());
+  Engine e;
+  Diag diag;
+  OpenOptions oo;
+  oo.journal.write_delay_ns = 0;
+  ASSERT_TRUE(e.Open(d.List().data(), 2, oo, &diag).ok()) << diag.text;
+  // Each allocate/free pair is two journaled changes; flush often so entries are
+  // many and small.
+  for (int i = 0; i < 600; i++) {
+    Result<alloc::BucketRef> r = e.alloc().Allocate(0b10, 0, BucketState::kUser, Watermark::kForeground);
+    ASSERT_TRUE(r.ok());
+    ASSERT_TRUE(e.alloc().Free(*r).ok());
+    ASSERT_TRUE(e.journal().Flush().ok());
+  }
+  EXPECT_GE(e.alloc().Stats().checkpoints, 1u);
+  EXPECT_GE(e.journal().GetStats().reclaim_calls, 1u);
+  Disks cut = d.AfterPowerCut();
+  Engine e2;
+  ASSERT_TRUE(e2.Open(cut.List().data(), 2, OpenOptions{}, &diag).ok()) << diag.text;
+  alloc::DeviceUsage u = e2.alloc().Usage(1);
+  EXPECT_EQ(u.by_state[u8(BucketState::kUser)], 0u);  // every pair ended freed
+}
+
+TEST(EngineTest, WatermarksHoldUnderConcurrentForegroundAndBackground) {
+  Disks d;
+  ASSERT_TRUE(d.Format().ok());
+  Engine e;
+  Diag diag;
+  ASSERT_TRUE(e.Open(d.List().data(), 2, OpenOptions{}, &diag).ok()) << diag.text;
+  const u32 ssd = 0;
+  u64 fg_floor = e.alloc().FreeFloor(ssd, Watermark::kForeground);
+  u64 bg_floor = e.alloc().FreeFloor(ssd, Watermark::kBackground);
+  ASSERT_GT(bg_floor, fg_floor);
+  std::atomic<u64> bg_got{0}, fg_got{0};
+  // Background keeps allocating on the SSD (no fallback) until refused; so does a
+  // foreground thread, at the same time.
+  std::thread bg([&] {
+    while (e.alloc().Allocate(1u << ssd, 0, BucketState::kUser, Watermark::kBackground).ok()) bg_got++;
+  });
+  std::thread fg([&] {
+    while (e.alloc().Allocate(1u << ssd, 0, BucketState::kUser, Watermark::kForeground).ok()) fg_got++;
+  });
+  bg.join();
+  fg.join();
+  alloc::DeviceUsage u = e.alloc().Usage(ssd);
+  u64 free_left = u.by_state[u8(BucketState::kFree)];
+  EXPECT_EQ(free_left, fg_floor);  // foreground stopped at its floor
+  EXPECT_GT(fg_got.load(), 0u);
+  // Background never went below its floor: whatever it took, foreground still had
+  // bg_floor - fg_floor buckets to itself.
+  EXPECT_GE(fg_got.load(), bg_floor - fg_floor);
+  // Now background is refused, foreground too; copygc and btree still get theirs.
+  EXPECT_FALSE(e.alloc().Allocate(1u << ssd, 0, BucketState::kUser, Watermark::kBackground).ok());
+  EXPECT_FALSE(e.alloc().Allocate(1u << ssd, 0, BucketState::kUser, Watermark::kForeground).ok());
+  EXPECT_TRUE(e.alloc().Allocate(1u << ssd, 0, BucketState::kUser, Watermark::kCopygc).ok());
+  EXPECT_TRUE(e.alloc().Allocate(1u << ssd, 0, BucketState::kBtree, Watermark::kBtree).ok());
+  // A full fast tier makes foreground fall back to the fallback mask (the HDD).
+  Result<alloc::BucketRef> r =
+      e.alloc().Allocate(1u << ssd, 0b10, BucketState::kUser, Watermark::kForeground);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->dev, 1u);
+  EXPECT_GE(e.alloc().Stats().fallbacks, 1u);
+}
+
+TEST(EngineTest, AllocatorRefusesWrongPurposeAndStaleRefs) {
+  Disks d;
+  ASSERT_TRUE(d.Format().ok());
+  Engine e;
+  Diag diag;
+  ASSERT_TRUE(e.Open(d.List().data(), 2, OpenOptions{}, &diag).ok()) << diag.text;
+  // The HDD accepts only user data.
+  EXPECT_EQ(e.alloc().Allocate(0b10, 0, BucketState::kBtree, Watermark::kBtree).status(),
+            Status(Err::kNoSpace));
+  Result<alloc::BucketRef> r = e.alloc().Allocate(0b10, 0, BucketState::kUser, Watermark::kForeground);
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(e.alloc().Free(*r).ok());
+  EXPECT_EQ(e.alloc().Free(*r), Status(Err::kInvalidArgument));  // stale generation
+  alloc::BucketRef journal_bucket{0, e.sb().members[0].journal_first_bucket, 0};
+  EXPECT_EQ(e.alloc().Free(journal_bucket), Status(Err::kInvalidArgument));
+}
+
+TEST(EngineTest, FormatRejectsBadInput) {
+  Diag diag;
+  Disks d;
+  FormatOptions o = SmallOptions();
+  o.bucket_size = 3000;
+  EXPECT_TRUE(d.Format(o, &diag).Is(ErrorClass::kInvalid));
+  EXPECT_NE(std::string(diag.text).find("bucket size"), std::string::npos) << diag.text;
+  o = SmallOptions();
+  o.background_target = "tape";
+  EXPECT_TRUE(d.Format(o, &diag).Is(ErrorClass::kNotFound));
+  EXPECT_NE(std::string(diag.text).find("tape"), std::string::npos) << diag.text;
+  auto tiny = Dev("tiny", 2 << 20);
+  FormatMember m[1] = {{tiny.get(), "ssd", 1}};
+  FormatOptions plain;
+  plain.bucket_size = 256 * 1024;
+  EXPECT_TRUE(Format(m, 1, plain, &diag).Is(ErrorClass::kNoSpace));
+  EXPECT_NE(std::string(diag.text).find("too small"), std::string::npos) << diag.text;
+  FormatMember bad[1] = {{d.ssd.get(), "Bad Label", 1}};
+  EXPECT_TRUE(Format(bad, 1, FormatOptions{}, &diag).Is(ErrorClass::kInvalid));
+}
+
+TEST(EngineTest, OpenRefusesIncompleteOrMixedSetsAndUsesBackupSuperblock) {
+  Disks a, b;
+  ASSERT_TRUE(a.Format().ok());
+  ASSERT_TRUE(b.Format().ok());
+  Diag diag;
+  {
+    Engine e;
+    BlockDevice* only_ssd[1] = {a.ssd.get()};
+    EXPECT_EQ(e.Open(only_ssd, 1, OpenOptions{}, &diag), Status(Err::kNotFound));
+    EXPECT_NE(std::string(diag.text).find("hdd.b"), std::string::npos) << diag.text;
+  }
+  {
+    Engine e;
+    BlockDevice* mixed[2] = {a.ssd.get(), b.hdd.get()};
+    EXPECT_TRUE(e.Open(mixed, 2, OpenOptions{}, &diag).Is(ErrorClass::kInvalid));
+    EXPECT_NE(std::string(diag.text).find("different filesystems"), std::string::npos) << diag.text;
+  }
+  {
+    auto blank = Dev("blank", kHddSize);
+    Engine e;
+    BlockDevice* with_blank[2] = {a.ssd.get(), blank.get()};
+    EXPECT_EQ(e.Open(with_blank, 2, OpenOptions{}, &diag), Status(Err::kBadMagic));
+    EXPECT_NE(std::string(diag.text).find("not a tierfs device"), std::string::npos) << diag.text;
+  }
+  // Corrupt the SSD's primary superblock: open uses the backup, and rewrites both.
+  u8 junk[16];
+  memset(junk, 0x5a, sizeof(junk));
+  a.ssd->WriteRaw(sb::kSbPrimaryOffset + 64, junk, sizeof(junk));
+  Engine e;
+  OpenReport rep;
+  ASSERT_TRUE(e.Open(a.List().data(), 2, OpenOptions{}, &diag, &rep).ok()) << diag.text;
+  EXPECT_EQ(rep.used_backup_sb, 1u);
+  ASSERT_TRUE(e.Close().ok());
+  sb::Superblock s;
+  Result<sb::ReadResult> rr = sb::Read(*a.ssd, &s);
+  ASSERT_TRUE(rr.ok());
+  EXPECT_FALSE(rr->used_backup);
+}
+
+}  // namespace
+}  // namespace tfs::engine
