@@ -28,6 +28,27 @@ class JsonWriter {
   void Double(double v);
   void Bool(bool v);
   void Null();
+  // Key and value in one call, for the common flat fields of a document.
+  void StringField(std::string_view key, std::string_view v) {
+    Key(key);
+    String(v);
+  }
+  void UintField(std::string_view key, uint64_t v) {
+    Key(key);
+    Uint(v);
+  }
+  void IntField(std::string_view key, int64_t v) {
+    Key(key);
+    Int(v);
+  }
+  void DoubleField(std::string_view key, double v) {
+    Key(key);
+    Double(v);
+  }
+  void BoolField(std::string_view key, bool v) {
+    Key(key);
+    Bool(v);
+  }
 
   const std::string& str() const { return out_; }
 

@@ -20,52 +20,37 @@ void WriteOptionalInt(JsonWriter& w, const std::optional<int64_t>& v) {
 void WriteManifest(JsonWriter& w, const ProbeSpec& spec, const RunMeta& meta,
                    const HostInfo& host, const MountInfo& mount, const RunResult& r) {
   w.BeginObject();
-  w.Key("producer");
-  w.String("tierprobe");
-  w.Key("workload");
-  w.String("tierprobe");
+  w.StringField("producer", "tierprobe");
+  w.StringField("workload", "tierprobe");
   w.Key("tool_versions");
   w.BeginObject();
-  w.Key("tierprobe");
-  w.String(kTierprobeVersion);
+  w.StringField("tierprobe", kTierprobeVersion);
   w.EndObject();
-  w.Key("git_commit");
-  w.String(kTierfsGitCommit);
-  w.Key("git_dirty");
-  w.Bool(kTierfsGitDirty);
+  w.StringField("git_commit", kTierfsGitCommit);
+  w.BoolField("git_dirty", kTierfsGitDirty);
   w.Key("host");
   w.BeginObject();
-  w.Key("hostname");
-  w.String(host.hostname);
-  w.Key("cpus");
-  w.Uint(host.cpus);
-  w.Key("memory_bytes");
-  w.Uint(host.memory_bytes);
+  w.StringField("hostname", host.hostname);
+  w.UintField("cpus", host.cpus);
+  w.UintField("memory_bytes", host.memory_bytes);
   w.EndObject();
   w.Key("kernel");
   w.BeginObject();
-  w.Key("release");
-  w.String(host.kernel_release);
-  w.Key("version");
-  w.String(host.kernel_version);
-  w.Key("machine");
-  w.String(host.machine);
+  w.StringField("release", host.kernel_release);
+  w.StringField("version", host.kernel_version);
+  w.StringField("machine", host.machine);
   w.EndObject();
   w.Key("filesystem");
   w.BeginObject();
-  w.Key("path");
-  w.String(spec.dir);
-  w.Key("mount_point");
-  w.String(mount.mount_point);
-  w.Key("type");
-  w.String(mount.fstype);
-  w.Key("source");
-  w.String(mount.source);
-  w.Key("options");
-  w.String(mount.options.empty() ? mount.super_options
-                                 : mount.options + (mount.super_options.empty()
-                                                        ? ""
-                                                        : "," + mount.super_options));
+  w.StringField("path", spec.dir);
+  w.StringField("mount_point", mount.mount_point);
+  w.StringField("type", mount.fstype);
+  w.StringField("source", mount.source);
+  std::string options = mount.options;
+  if (!mount.super_options.empty()) {
+    options += (options.empty() ? "" : ",") + mount.super_options;
+  }
+  w.StringField("options", options);
   w.EndObject();
   w.Key("device_layout");
   if (meta.device_layout.empty()) {
@@ -73,16 +58,11 @@ void WriteManifest(JsonWriter& w, const ProbeSpec& spec, const RunMeta& meta,
   } else {
     w.String(meta.device_layout);
   }
-  w.Key("fault_profile");
-  w.String(meta.fault_profile);
-  w.Key("seed");
-  w.Uint(spec.seed);
-  w.Key("start");
-  w.String(IsoTime(r.start_unix_ns));
-  w.Key("end");
-  w.String(IsoTime(r.end_unix_ns));
-  w.Key("arm");
-  w.String(meta.arm);
+  w.StringField("fault_profile", meta.fault_profile);
+  w.UintField("seed", spec.seed);
+  w.StringField("start", IsoTime(r.start_unix_ns));
+  w.StringField("end", IsoTime(r.end_unix_ns));
+  w.StringField("arm", meta.arm);
   w.Key("pair");
   WriteOptionalInt(w, meta.pair);
   w.Key("boot");
@@ -93,35 +73,22 @@ void WriteManifest(JsonWriter& w, const ProbeSpec& spec, const RunMeta& meta,
   w.EndArray();
   w.Key("parameters");
   w.BeginObject();
-  w.Key("rate");
-  w.Double(spec.rate);
-  w.Key("duration_s");
-  w.Double(double(spec.duration_ns) / 1e9);
-  w.Key("warmup_s");
-  w.Double(double(spec.warmup_ns) / 1e9);
-  w.Key("threads");
-  w.Int(spec.threads);
-  w.Key("mix");
-  w.String(MixToString(spec.mix));
-  w.Key("schedule");
-  w.String(spec.arrivals == Arrivals::kPoisson ? "poisson" : "constant");
-  w.Key("working_set");
-  w.Uint(spec.working_set);
-  w.Key("files");
-  w.Int(spec.small_files);
-  w.Key("dir_entries");
-  w.Int(spec.dir_entries);
-  w.Key("direct");
-  w.Bool(spec.direct);
-  w.Key("spin_ns");
-  w.Uint(spec.spin_ns);
+  w.DoubleField("rate", spec.rate);
+  w.DoubleField("duration_s", double(spec.duration_ns) / 1e9);
+  w.DoubleField("warmup_s", double(spec.warmup_ns) / 1e9);
+  w.IntField("threads", spec.threads);
+  w.StringField("mix", MixToString(spec.mix));
+  w.StringField("schedule", spec.arrivals == Arrivals::kPoisson ? "poisson" : "constant");
+  w.UintField("working_set", spec.working_set);
+  w.IntField("files", spec.small_files);
+  w.IntField("dir_entries", spec.dir_entries);
+  w.BoolField("direct", spec.direct);
+  w.UintField("spin_ns", spec.spin_ns);
   w.Key("inject_delay");
   if (spec.inject_delay) {
     w.BeginObject();
-    w.Key("delay_ns");
-    w.Uint(spec.inject_delay->delay_ns);
-    w.Key("fraction");
-    w.Double(spec.inject_delay->fraction);
+    w.UintField("delay_ns", spec.inject_delay->delay_ns);
+    w.DoubleField("fraction", spec.inject_delay->fraction);
     w.EndObject();
   } else {
     w.Null();
@@ -129,10 +96,8 @@ void WriteManifest(JsonWriter& w, const ProbeSpec& spec, const RunMeta& meta,
   w.Key("inject_stall");
   if (spec.inject_stall) {
     w.BeginObject();
-    w.Key("at_ns");
-    w.Uint(spec.inject_stall->at_ns);
-    w.Key("length_ns");
-    w.Uint(spec.inject_stall->length_ns);
+    w.UintField("at_ns", spec.inject_stall->at_ns);
+    w.UintField("length_ns", spec.inject_stall->length_ns);
     w.EndObject();
   } else {
     w.Null();
@@ -179,52 +144,35 @@ void WriteMeasurements(JsonWriter& w, const ProbeSpec& spec, const RunResult& r)
   w.BeginArray();
   if (spec.warmup_ns > 0) {
     w.BeginObject();
-    w.Key("name");
-    w.String("warmup");
-    w.Key("start_s");
-    w.Double(0);
-    w.Key("end_s");
-    w.Double(double(spec.warmup_ns) / 1e9);
-    w.Key("measured");
-    w.Bool(false);
+    w.StringField("name", "warmup");
+    w.DoubleField("start_s", 0);
+    w.DoubleField("end_s", double(spec.warmup_ns) / 1e9);
+    w.BoolField("measured", false);
     w.EndObject();
   }
   w.BeginObject();
-  w.Key("name");
-  w.String("measure");
-  w.Key("start_s");
-  w.Double(double(spec.warmup_ns) / 1e9);
-  w.Key("end_s");
-  w.Double(double(spec.warmup_ns + spec.duration_ns) / 1e9);
-  w.Key("measured");
-  w.Bool(true);
+  w.StringField("name", "measure");
+  w.DoubleField("start_s", double(spec.warmup_ns) / 1e9);
+  w.DoubleField("end_s", double(spec.warmup_ns + spec.duration_ns) / 1e9);
+  w.BoolField("measured", true);
   w.EndObject();
   w.EndArray();
 
   w.Key("timeseries");
   w.BeginObject();
-  w.Key("interval_s");
-  w.Double(1);
-  w.Key("of");
-  w.String("latency");
+  w.DoubleField("interval_s", 1);
+  w.StringField("of", "latency");
   w.Key("points");
   w.BeginArray();
   for (const SeriesPoint& p : r.series) {
     w.BeginObject();
-    w.Key("t");
-    w.Uint(p.second);
-    w.Key("phase");
-    w.String(p.second * kSecond < spec.warmup_ns ? "warmup" : "measure");
-    w.Key("count");
-    w.Uint(p.count);
-    w.Key("p50_ns");
-    w.Uint(p.p50_ns);
-    w.Key("p99_ns");
-    w.Uint(p.p99_ns);
-    w.Key("p999_ns");
-    w.Uint(p.p999_ns);
-    w.Key("max_ns");
-    w.Uint(p.max_ns);
+    w.UintField("t", p.second);
+    w.StringField("phase", p.second * kSecond < spec.warmup_ns ? "warmup" : "measure");
+    w.UintField("count", p.count);
+    w.UintField("p50_ns", p.p50_ns);
+    w.UintField("p99_ns", p.p99_ns);
+    w.UintField("p999_ns", p.p999_ns);
+    w.UintField("max_ns", p.max_ns);
     w.EndObject();
   }
   w.EndArray();
@@ -232,37 +180,24 @@ void WriteMeasurements(JsonWriter& w, const ProbeSpec& spec, const RunResult& r)
 
   w.Key("throughput");
   w.BeginObject();
-  w.Key("ops");
-  w.Uint(r.ops_measured);
-  w.Key("seconds");
-  w.Double(double(r.measured_elapsed_ns) / 1e9);
-  w.Key("ops_per_s");
-  w.Double(r.achieved_rate);
-  w.Key("target_ops_per_s");
-  w.Double(spec.rate);
+  w.UintField("ops", r.ops_measured);
+  w.DoubleField("seconds", double(r.measured_elapsed_ns) / 1e9);
+  w.DoubleField("ops_per_s", r.achieved_rate);
+  w.DoubleField("target_ops_per_s", spec.rate);
   w.EndObject();
 
   bool behind = r.achieved_rate < 0.95 * spec.rate;
   w.Key("counters");
   w.BeginObject();
-  w.Key("ops_warmup");
-  w.Uint(r.ops_warmup);
-  w.Key("ops_measured");
-  w.Uint(r.ops_measured);
-  w.Key("lag_p50_ns");
-  w.Uint(r.lag->Quantile(50, 100));
-  w.Key("lag_p99_ns");
-  w.Uint(r.lag->Quantile(99, 100));
-  w.Key("late_ops");
-  w.Uint(r.late_ops);
-  w.Key("max_lag_ns");
-  w.Uint(r.max_lag_ns);
-  w.Key("injected_delays");
-  w.Uint(r.injected_delays);
-  w.Key("stalled_threads");
-  w.Uint(r.stalled_threads);
-  w.Key("fell_behind");
-  w.Uint(behind ? 1 : 0);
+  w.UintField("ops_warmup", r.ops_warmup);
+  w.UintField("ops_measured", r.ops_measured);
+  w.UintField("lag_p50_ns", r.lag->Quantile(50, 100));
+  w.UintField("lag_p99_ns", r.lag->Quantile(99, 100));
+  w.UintField("late_ops", r.late_ops);
+  w.UintField("max_lag_ns", r.max_lag_ns);
+  w.UintField("injected_delays", r.injected_delays);
+  w.UintField("stalled_threads", r.stalled_threads);
+  w.UintField("fell_behind", behind ? 1 : 0);
   w.EndObject();
   w.EndObject();
 }
@@ -271,24 +206,15 @@ void WriteMeasurements(JsonWriter& w, const ProbeSpec& spec, const RunResult& r)
 
 void WriteHistogram(JsonWriter& w, const Histogram& h) {
   w.BeginObject();
-  w.Key("unit");
-  w.String("ns");
-  w.Key("count");
-  w.Uint(h.count());
-  w.Key("min");
-  w.Uint(h.min());
-  w.Key("max");
-  w.Uint(h.max());
-  w.Key("sum");
-  w.Uint(h.sum());
-  w.Key("p50");
-  w.Uint(h.Quantile(50, 100));
-  w.Key("p90");
-  w.Uint(h.Quantile(90, 100));
-  w.Key("p99");
-  w.Uint(h.Quantile(99, 100));
-  w.Key("p999");
-  w.Uint(h.Quantile(999, 1000));
+  w.StringField("unit", "ns");
+  w.UintField("count", h.count());
+  w.UintField("min", h.min());
+  w.UintField("max", h.max());
+  w.UintField("sum", h.sum());
+  w.UintField("p50", h.Quantile(50, 100));
+  w.UintField("p90", h.Quantile(90, 100));
+  w.UintField("p99", h.Quantile(99, 100));
+  w.UintField("p999", h.Quantile(999, 1000));
   w.Key("buckets");
   w.BeginArray();
   for (u32 i = 0; i < Histogram::kBuckets; i++) {
@@ -307,10 +233,8 @@ std::string RenderResults(const ProbeSpec& spec, const RunMeta& meta, const Host
                           const MountInfo& mount, const RunResult& result) {
   JsonWriter w;
   w.BeginObject();
-  w.Key("format");
-  w.String("tierfs-results");
-  w.Key("version");
-  w.Uint(1);
+  w.StringField("format", "tierfs-results");
+  w.UintField("version", 1);
   w.Key("manifest");
   WriteManifest(w, spec, meta, host, mount, result);
   w.Key("measurements");

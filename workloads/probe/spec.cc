@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 
 namespace tfs::probe {
 namespace {
@@ -115,66 +116,78 @@ bool ParseMix(std::string_view text, Mix* mix, std::string* error) {
   return true;
 }
 
-bool ParseDuration(std::string_view text, uint64_t* ns, std::string* error) {
+namespace {
+
+struct Unit {
+  std::string_view name;
+  double scale;
+};
+
+// "<number><unit>" with the unit from `units` (the first entry is also the bare
+// number's unit); `what` names the quantity in errors, `example` shows the syntax.
+bool ParseScaled(std::string_view text, std::initializer_list<Unit> units, const char* what,
+                 const char* example, uint64_t* out, std::string* error) {
   double v = 0;
   std::string_view unit;
   if (!SplitUnit(text, &v, &unit)) {
-    *error = "bad duration '" + std::string(text) + "' (e.g. 10s, 250ms, 40us)";
+    *error = std::string("bad ") + what + " '" + std::string(text) + "' (e.g. " + example + ")";
     return false;
   }
-  double scale = 0;
-  if (unit.empty() || unit == "s") scale = 1e9;
-  else if (unit == "ms") scale = 1e6;
-  else if (unit == "us") scale = 1e3;
-  else if (unit == "ns") scale = 1;
-  else if (unit == "m" || unit == "min") scale = 60e9;
-  else {
-    *error = "bad duration unit in '" + std::string(text) + "' (s, ms, us, ns, min)";
+  double scale = unit.empty() ? units.begin()->scale : 0;
+  for (const Unit& u : units) {
+    if (u.name == unit) scale = u.scale;
+  }
+  if (scale == 0) {
+    *error = std::string("bad ") + what + " unit in '" + std::string(text) + "' (e.g. " +
+             example + ")";
     return false;
   }
   double r = v * scale;
   if (r > 1e18) {
-    *error = "duration '" + std::string(text) + "' is too long";
+    *error = std::string(what) + " '" + std::string(text) + "' is too large";
     return false;
   }
-  *ns = static_cast<uint64_t>(std::llround(r));
+  *out = static_cast<uint64_t>(std::llround(r));
   return true;
+}
+
+// Splits "LEFT:RIGHT" for the option `option`, whose syntax is `want`.
+bool SplitColon(std::string_view text, const char* option, const char* want,
+                std::string_view* left, std::string_view* right, std::string* error) {
+  size_t colon = text.find(':');
+  if (colon == std::string_view::npos) {
+    *error = std::string("bad ") + option + " '" + std::string(text) + "' (want " + want + ")";
+    return false;
+  }
+  *left = text.substr(0, colon);
+  *right = text.substr(colon + 1);
+  return true;
+}
+
+}  // namespace
+
+bool ParseDuration(std::string_view text, uint64_t* ns, std::string* error) {
+  return ParseScaled(text, {{"s", 1e9}, {"ms", 1e6}, {"us", 1e3}, {"ns", 1}, {"min", 60e9}},
+                     "duration", "10s, 250ms, 40us, 2min", ns, error);
 }
 
 bool ParseSize(std::string_view text, uint64_t* bytes, std::string* error) {
-  double v = 0;
-  std::string_view unit;
-  if (!SplitUnit(text, &v, &unit)) {
-    *error = "bad size '" + std::string(text) + "' (e.g. 4096, 64K, 64M, 1G)";
-    return false;
-  }
-  double scale = 0;
-  if (unit.empty() || unit == "B") scale = 1;
-  else if (unit == "K" || unit == "k" || unit == "KiB") scale = 1024.0;
-  else if (unit == "M" || unit == "MiB") scale = 1024.0 * 1024;
-  else if (unit == "G" || unit == "GiB") scale = 1024.0 * 1024 * 1024;
-  else {
-    *error = "bad size unit in '" + std::string(text) + "' (K, M, G)";
-    return false;
-  }
-  double r = v * scale;
-  if (r > 1e18) {
-    *error = "size '" + std::string(text) + "' is too large";
-    return false;
-  }
-  *bytes = static_cast<uint64_t>(std::llround(r));
-  return true;
+  return ParseScaled(text,
+                     {{"B", 1}, {"K", 1024.0}, {"k", 1024.0}, {"KiB", 1024.0},
+                      {"M", 1024.0 * 1024}, {"MiB", 1024.0 * 1024},
+                      {"G", 1024.0 * 1024 * 1024}, {"GiB", 1024.0 * 1024 * 1024}},
+                     "size", "4096, 64K, 64M, 1G", bytes, error);
 }
 
 bool ParseInjectDelay(std::string_view text, InjectDelay* out, std::string* error) {
-  size_t colon = text.find(':');
-  if (colon == std::string_view::npos) {
-    *error = "bad --inject-delay '" + std::string(text) + "' (want DELAY:FRACTION, e.g. 2ms:0.01)";
+  std::string_view delay, fraction;
+  if (!SplitColon(text, "--inject-delay", "DELAY:FRACTION, e.g. 2ms:0.01", &delay, &fraction,
+                  error)) {
     return false;
   }
   InjectDelay d;
-  if (!ParseDuration(text.substr(0, colon), &d.delay_ns, error)) return false;
-  if (!ParseNumber(text.substr(colon + 1), &d.fraction) || d.fraction > 1) {
+  if (!ParseDuration(delay, &d.delay_ns, error)) return false;
+  if (!ParseNumber(fraction, &d.fraction) || d.fraction > 1) {
     *error = "bad fraction in --inject-delay '" + std::string(text) + "' (want 0..1)";
     return false;
   }
@@ -183,14 +196,14 @@ bool ParseInjectDelay(std::string_view text, InjectDelay* out, std::string* erro
 }
 
 bool ParseInjectStall(std::string_view text, InjectStall* out, std::string* error) {
-  size_t colon = text.find(':');
-  if (colon == std::string_view::npos) {
-    *error = "bad --inject-stall '" + std::string(text) + "' (want AT:LENGTH, e.g. 5s:1s)";
+  std::string_view at, length;
+  if (!SplitColon(text, "--inject-stall", "AT:LENGTH, e.g. 5s:1s", &at, &length, error)) {
     return false;
   }
   InjectStall s;
-  if (!ParseDuration(text.substr(0, colon), &s.at_ns, error)) return false;
-  if (!ParseDuration(text.substr(colon + 1), &s.length_ns, error)) return false;
+  if (!ParseDuration(at, &s.at_ns, error) || !ParseDuration(length, &s.length_ns, error)) {
+    return false;
+  }
   *out = s;
   return true;
 }

@@ -79,7 +79,7 @@ struct ProbeSpec {
 
 // "read=40,write=20,fsync=5": weights by op name; omitted ops get 0.
 bool ParseMix(std::string_view text, Mix* mix, std::string* error);
-// "1.5s", "250ms", "40us", "100ns"; a bare number is seconds.
+// "1.5s", "250ms", "40us", "100ns", "2min"; a bare number is seconds.
 bool ParseDuration(std::string_view text, uint64_t* ns, std::string* error);
 // "4096", "64K", "64M", "2G" (powers of 1024).
 bool ParseSize(std::string_view text, uint64_t* bytes, std::string* error);
