@@ -172,7 +172,7 @@ int Main(int argc, char** argv) {
                  Micros(all->Quantile(50, 100)).c_str(), Micros(all->Quantile(99, 100)).c_str(),
                  Micros(all->max()).c_str(), json_path.c_str());
   }
-  if (result.achieved_rate < 0.95 * spec.rate) {
+  if (FellBehind(result, spec.rate)) {
     std::fprintf(stderr,
                  "tierprobe: warning: achieved %.1f ops/s of %.1f target: the probe fell behind "
                  "(max lag %s); latencies are still charged from the intended start\n",

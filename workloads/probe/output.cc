@@ -186,7 +186,7 @@ void WriteMeasurements(JsonWriter& w, const ProbeSpec& spec, const RunResult& r)
   w.DoubleField("target_ops_per_s", spec.rate);
   w.EndObject();
 
-  bool behind = r.achieved_rate < 0.95 * spec.rate;
+  bool behind = FellBehind(r, spec.rate);
   w.Key("counters");
   w.BeginObject();
   w.UintField("ops_warmup", r.ops_warmup);

@@ -51,6 +51,15 @@ struct RunResult {
   uint64_t end_unix_ns = 0;
 };
 
+// A run "fell behind" when it achieved less than this fraction of its target rate:
+// a backlog was left at the end, so for part of the run the probe was closed-loop.
+inline constexpr double kKeptRateFraction = 0.99;
+
+// True when `result` missed its target rate (see kKeptRateFraction).
+inline bool FellBehind(const RunResult& result, double target_rate) {
+  return result.achieved_rate < kKeptRateFraction * target_rate;
+}
+
 // Runs the probe. False with a one-line error when an operation fails (the run
 // stops at the first failure: results with failed operations are not latency data).
 bool RunProbe(const ProbeSpec& spec, Workspace& ws, RunResult* result, std::string* error);

@@ -155,3 +155,16 @@ def test_output_round_trips_through_json(tmp_path: Path) -> None:
     doc = probe(tmp_path, "--rate", "100", "--duration", "0.5s", "--mix", "create=1,readdir=1")
     assert json.loads(json.dumps(doc)) == doc
     assert set(doc["measurements"]["ops"]) == {"readdir", "create", "all"}
+
+
+def test_a_probe_that_falls_behind_says_so(tmp_path: Path) -> None:
+    # 200k stats/s is beyond one thread here: the backlog is charged, and flagged.
+    out = tmp_path / "behind.json"
+    proc = run([tool("tierprobe"), "--dir", tmp_path, "--json", out, "--rate", "200000",
+                "--duration", "0.2s", "--mix", "stat=1", "--files", "4"])
+    assert proc.returncode == 0, proc.stderr
+    assert "fell behind" in proc.stderr
+    meas = schema.load(out)["measurements"]
+    assert meas["counters"]["fell_behind"] == 1
+    assert meas["throughput"]["ops_per_s"] < 0.99 * 200000
+    assert meas["counters"]["ops_measured"] == 40000  # nothing skipped
