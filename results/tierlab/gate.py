@@ -1,0 +1,82 @@
+"""Gate bounds for `tierlab report`: what "B passes against A" means.
+
+Bounds come from a small file (one `key = value` per line, `#` comments) and/or
+command-line options, options winning:
+
+    p99_ratio_max = 1.10         # p99 latency B/A (point estimate) at most this
+    p999_ratio_max = 1.50        # optional; do not gate on p99.9 of a few thousand ops
+    throughput_ratio_min = 0.90  # throughput B/A at least this
+    max_latency = 2s             # no operation of arm B above this
+    op = all                     # which op the latency criteria look at
+
+Whenever a gate is given, one more criterion is always added: every run kept its
+target rate (a probe that fell behind became closed-loop and hid stalls)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tierlab import LabError
+
+_UNITS = {"ns": 1, "us": 1e3, "ms": 1e6, "s": 1e9, "": 1e9}
+
+
+def parse_duration_ns(text: str) -> int:
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ns|us|ms|s|)\s*", text)
+    if not m:
+        raise LabError(f"bad duration '{text}' (e.g. 2s, 250ms, 40us)")
+    return int(round(float(m.group(1)) * _UNITS[m.group(2)]))
+
+
+@dataclass
+class Gate:
+    p99_ratio_max: float | None = None
+    p999_ratio_max: float | None = None
+    throughput_ratio_min: float | None = None
+    max_latency_ns: int | None = None
+    op: str = "all"
+    source: list[str] = field(default_factory=list)
+
+    @property
+    def active(self) -> bool:
+        return any(v is not None for v in (self.p99_ratio_max, self.p999_ratio_max,
+                                           self.throughput_ratio_min, self.max_latency_ns))
+
+    def set(self, key: str, value: str, where: str) -> None:
+        try:
+            if key in ("p99_ratio_max", "p999_ratio_max", "throughput_ratio_min"):
+                v = float(value)
+                if not v > 0:
+                    raise ValueError
+                setattr(self, key, v)
+            elif key == "max_latency":
+                self.max_latency_ns = parse_duration_ns(value)
+            elif key == "op":
+                self.op = value.strip()
+            else:
+                raise LabError(f"{where}: unknown gate key '{key}' (p99_ratio_max, "
+                               "p999_ratio_max, throughput_ratio_min, max_latency, op)")
+        except ValueError:
+            raise LabError(f"{where}: bad value '{value}' for {key}") from None
+
+
+def load(path: str | None) -> Gate:
+    g = Gate()
+    if path is None:
+        return g
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as e:
+        raise LabError(f"--gate {path}: {e.strerror}") from None
+    for n, line in enumerate(lines, 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        key, eq, value = line.partition("=")
+        if not eq:
+            raise LabError(f"{path}:{n}: want KEY = VALUE, got '{line}'")
+        g.set(key.strip(), value.strip(), f"{path}:{n}")
+    g.source.append(str(path))
+    return g

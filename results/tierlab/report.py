@@ -1,0 +1,286 @@
+"""`tierlab report`: compare two arms of runs and write report.md, a
+self-contained report.html (plots embedded as data: URIs), the plots as PNG
+files, and summary.json (every number of the report, for scripts).
+
+    tierlab report --a runs/control/*.json --b runs/active/*.json -o out/ [--gate FILE]
+
+A is the baseline and B the candidate: ratios are B/A, so above 1 means B is
+slower (or, for throughput, faster). For the lab's gate pass the control runs as
+A and the active runs as B. Per op and statistic (p50, p99, p99.9, max) the table
+gives each arm's geometric mean over runs, the ratio and its bootstrap 95% CI
+(stats.py says how runs are resampled). With a gate, one pass/fail line per
+criterion; the exit status is 1 when any criterion fails, 0 otherwise, 2 on bad
+input. Works on histograms only, so runs of millions of operations stay fast."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tierlab import LabError
+from tierlab import gate as gate_mod
+from tierlab import schema
+from tierlab.hist import Histogram
+from tierlab.stats import Ratio, choose_method, compare_quantiles, compare_values, geomean
+
+STATS = (("p50", 0.5), ("p99", 0.99), ("p99.9", 0.999), ("max", 1.0))
+METHOD_TEXT = {
+    "pairs": "bootstrap over pairs (geometric mean of per-pair ratios)",
+    "runs": "bootstrap over runs (each arm resampled independently)",
+    "operations": "bootstrap over operations (one run in an arm: covers sampling noise only, "
+                  "not run-to-run drift)",
+}
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("report", help="compare runs of two arms (report.md + report.html)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--a", nargs="+", required=True, metavar="RUN.json", help="baseline runs")
+    p.add_argument("--b", nargs="+", required=True, metavar="RUN.json", help="candidate runs")
+    p.add_argument("-o", "--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--label-a", help="name of arm A (default: its runs' arm, else 'A')")
+    p.add_argument("--label-b", help="name of arm B (default: its runs' arm, else 'B')")
+    p.add_argument("--gate", metavar="FILE", help="gate bounds file (see gate.py)")
+    p.add_argument("--max-p99-ratio", type=float, help="gate: p99 B/A at most this")
+    p.add_argument("--max-p999-ratio", type=float, help="gate: p99.9 B/A at most this")
+    p.add_argument("--min-throughput-ratio", type=float, help="gate: throughput B/A at least this")
+    p.add_argument("--max-latency", help="gate: no op of arm B above this (e.g. 2s)")
+    p.add_argument("--gate-op", help="gate: op the latency criteria use (default all)")
+    p.set_defaults(run=run)
+
+
+@dataclass
+class Run:
+    path: str
+    doc: dict[str, Any]
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        return self.doc["manifest"]
+
+    @property
+    def meas(self) -> dict[str, Any]:
+        return self.doc["measurements"]
+
+    def hist(self, op: str) -> Histogram:
+        return Histogram.from_json(self.meas["ops"][op]["latency"])
+
+    @property
+    def fell_behind(self) -> bool:
+        return bool(self.meas["counters"].get("fell_behind", 0))
+
+
+def _load_arm(paths: list[str]) -> list[Run]:
+    return [Run(p, schema.load(p)) for p in paths]
+
+
+def _label(given: str | None, runs: list[Run], default: str) -> str:
+    if given:
+        return given
+    arms = {r.manifest["arm"] for r in runs}
+    return arms.pop() if len(arms) == 1 and "other" not in arms else default
+
+
+def fmt_ns(ns: float) -> str:
+    if ns >= 1e9:
+        return f"{ns / 1e9:.3g} s"
+    if ns >= 1e6:
+        return f"{ns / 1e6:.3g} ms"
+    if ns >= 1e3:
+        return f"{ns / 1e3:.3g} µs"
+    return f"{ns:.0f} ns"
+
+
+def fmt_ratio(r: Ratio) -> dict[str, Any]:
+    ci = f"[{r.lo:.3f}, {r.hi:.3f}]" if r.lo is not None else "n/a"
+    return {"value": f"{r.value:.3f}", "ci": ci, "significant": r.significant}
+
+
+def _gate_from_args(args: argparse.Namespace) -> gate_mod.Gate:
+    g = gate_mod.load(args.gate)
+    for key, val in (("p99_ratio_max", args.max_p99_ratio),
+                     ("p999_ratio_max", args.max_p999_ratio),
+                     ("throughput_ratio_min", args.min_throughput_ratio),
+                     ("max_latency", args.max_latency), ("op", args.gate_op)):
+        if val is not None:
+            g.set(key, str(val), "command line")
+    return g
+
+
+def compare(runs_a: list[Run], runs_b: list[Run], g: gate_mod.Gate) -> dict[str, Any]:
+    """Every number of the report, as plain data (also written as summary.json)."""
+    ops = [op for op in runs_a[0].meas["ops"]
+           if all(op in r.meas["ops"] for r in runs_a + runs_b)]
+    if not ops:
+        raise LabError("the two arms have no op in common: are they runs of the same workload?")
+    if g.op not in ops:
+        if g.active:
+            raise LabError(f"gate op '{g.op}' is not in every run (ops: {', '.join(ops)})")
+    pairs_a = [r.manifest["pair"] for r in runs_a]
+    pairs_b = [r.manifest["pair"] for r in runs_b]
+    method = choose_method(pairs_a, pairs_b)
+    table = []
+    for op in ops:
+        ha, hb = [r.hist(op) for r in runs_a], [r.hist(op) for r in runs_b]
+        ratios = compare_quantiles(ha, hb, [q for _n, q in STATS], method, pairs_a, pairs_b)
+        for name, q in STATS:
+            va = [float(h.max if q >= 1 else h.quantile(q)) for h in ha]
+            vb = [float(h.max if q >= 1 else h.quantile(q)) for h in hb]
+            r = ratios[q]
+            table.append({"op": op, "stat": name, "a_ns": float(geomean(va)),
+                          "b_ns": float(geomean(vb)), "ratio": r.value, "lo": r.lo, "hi": r.hi,
+                          "method": r.method, "significant": r.significant,
+                          "a_runs": va, "b_runs": vb})
+    tp_a = [float(r.meas["throughput"]["ops_per_s"]) for r in runs_a]
+    tp_b = [float(r.meas["throughput"]["ops_per_s"]) for r in runs_b]
+    tp = compare_values(tp_a, tp_b, method if method != "operations" else "none", pairs_a, pairs_b)
+    throughput = {"a": sum(tp_a) / len(tp_a), "b": sum(tp_b) / len(tp_b), "ratio": tp.value,
+                  "lo": tp.lo, "hi": tp.hi, "method": tp.method, "significant": tp.significant}
+    behind = [r.path for r in runs_a + runs_b if r.fell_behind]
+    criteria = _evaluate_gate(g, table, throughput, runs_b, behind) if g.active else []
+    return {"ops": ops, "method": method, "table": table, "throughput": throughput,
+            "fell_behind": behind, "gate": criteria,
+            "gate_passed": all(c["passed"] for c in criteria) if criteria else None}
+
+
+def _row(table: list[dict[str, Any]], op: str, stat: str) -> dict[str, Any]:
+    return next(r for r in table if r["op"] == op and r["stat"] == stat)
+
+
+def _ci(lo: float | None, hi: float | None) -> str:
+    return f", 95% CI [{lo:.3f}, {hi:.3f}]" if lo is not None else ""
+
+
+def _evaluate_gate(g: gate_mod.Gate, table: list[dict[str, Any]], throughput: dict[str, Any],
+                   runs_b: list[Run], behind: list[str]) -> list[dict[str, Any]]:
+    out = []
+
+    def add(name: str, passed: bool, text: str) -> None:
+        out.append({"criterion": name, "passed": passed, "text": text})
+
+    for stat, bound in (("p99", g.p99_ratio_max), ("p99.9", g.p999_ratio_max)):
+        if bound is not None:
+            r = _row(table, g.op, stat)
+            add(f"{stat} ratio", r["ratio"] <= bound,
+                f"{g.op} {stat} B/A = {r['ratio']:.3f}{_ci(r['lo'], r['hi'])} "
+                f"(A {fmt_ns(r['a_ns'])}, B {fmt_ns(r['b_ns'])}); bound ≤ {bound:.3f}")
+    if g.throughput_ratio_min is not None:
+        t = throughput
+        add("throughput ratio", t["ratio"] >= g.throughput_ratio_min,
+            f"throughput B/A = {t['ratio']:.3f}{_ci(t['lo'], t['hi'])} "
+            f"(A {t['a']:.1f}/s, B {t['b']:.1f}/s); bound ≥ {g.throughput_ratio_min:.3f}")
+    if g.max_latency_ns is not None:
+        worst = max(runs_b, key=lambda r: r.hist(g.op).max)
+        m = worst.hist(g.op).max
+        add("max latency", m <= g.max_latency_ns,
+            f"{g.op} max of B = {fmt_ns(m)} ({worst.path}); bound ≤ {fmt_ns(g.max_latency_ns)}")
+    add("rate kept", not behind,
+        "every run kept its target rate" if not behind else
+        f"{len(behind)} run(s) fell behind their target rate (closed-loop, hides stalls): "
+        + ", ".join(behind))
+    return out
+
+
+def _run_rows(runs: list[Run], op: str) -> list[dict[str, Any]]:
+    rows = []
+    for r in runs:
+        h = r.hist(op) if op in r.meas["ops"] else Histogram()
+        tp = r.meas["throughput"]
+        target = tp.get("target_ops_per_s")
+        rows.append({"path": r.path, "start": r.manifest["start"], "pair": r.manifest["pair"],
+                     "fs": f"{r.manifest['filesystem']['type']} {r.manifest['filesystem']['path']}",
+                     "ops": h.count, "p99": fmt_ns(h.quantile(0.99)), "max": fmt_ns(h.max),
+                     "rate": f"{tp['ops_per_s']:.1f}" + (f" / {target:.1f}" if target else ""),
+                     "behind": r.fell_behind})
+    return rows
+
+
+def render(summary: dict[str, Any], runs_a: list[Run], runs_b: list[Run], labels: tuple[str, str],
+           images: dict[str, bytes], g: gate_mod.Gate) -> tuple[str, str]:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(Path(__file__).parent / "templates")),
+        autoescape=jinja2.select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True,
+        undefined=jinja2.StrictUndefined)
+    table = [dict(row, a=fmt_ns(row["a_ns"]), b=fmt_ns(row["b_ns"]),
+                  r=fmt_ratio(Ratio(row["ratio"], row["lo"], row["hi"], row["method"])))
+             for row in summary["table"]]
+    t = summary["throughput"]
+    ctx = {
+        "label_a": labels[0], "label_b": labels[1], "n_a": len(runs_a), "n_b": len(runs_b),
+        "method": METHOD_TEXT[summary["method"]], "table": table,
+        "throughput": dict(t, r=fmt_ratio(Ratio(t["ratio"], t["lo"], t["hi"], t["method"]))),
+        "gate": summary["gate"], "gate_passed": summary["gate_passed"], "gate_op": g.op,
+        "fell_behind": summary["fell_behind"],
+        "runs_a": _run_rows(runs_a, g.op if g.op in summary["ops"] else summary["ops"][0]),
+        "runs_b": _run_rows(runs_b, g.op if g.op in summary["ops"] else summary["ops"][0]),
+        "workload": runs_a[0].manifest["workload"],
+        "images": [(name, title, base64.b64encode(data).decode("ascii"))
+                   for name, title, data in images_list(images)],
+    }
+    return env.get_template("report.md.j2").render(ctx), env.get_template("report.html.j2").render(ctx)
+
+
+TITLES = {"cdf": "Latency CDFs", "p99_runs": "p99 per run", "timeseries": "Latency over time"}
+
+
+def images_list(images: dict[str, bytes]) -> list[tuple[str, str, bytes]]:
+    return [(name, TITLES[name], data) for name, data in images.items()]
+
+
+def make_images(summary: dict[str, Any], runs_a: list[Run], runs_b: list[Run],
+                labels: tuple[str, str]) -> dict[str, bytes]:
+    from tierlab import plots
+
+    ops = summary["ops"]
+    merged = [(lab, {op: Histogram.merged(r.hist(op) for r in runs) for op in ops})
+              for lab, runs in zip(labels, (runs_a, runs_b))]
+    p99 = [(lab, {op: _row(summary["table"], op, "p99")[key] for op in ops})
+           for lab, key in zip(labels, ("a_runs", "b_runs"))]
+    images = {"cdf": plots.cdf(ops, merged), "p99_runs": plots.p99_runs(ops, p99)}
+    series = [(lab, [r.meas["timeseries"] for r in runs if r.meas.get("timeseries")])
+              for lab, runs in zip(labels, (runs_a, runs_b))]
+    if any(s for _lab, s in series):
+        images["timeseries"] = plots.timeseries(series)
+    return images
+
+
+def run(args: argparse.Namespace) -> int:
+    g = _gate_from_args(args)
+    runs_a, runs_b = _load_arm(args.a), _load_arm(args.b)
+    labels = (_label(args.label_a, runs_a, "A"), _label(args.label_b, runs_b, "B"))
+    if labels[0] == labels[1]:
+        labels = (f"{labels[0]} (A)", f"{labels[1]} (B)")
+    summary = compare(runs_a, runs_b, g)
+    images = make_images(summary, runs_a, runs_b, labels)
+    md, html = render(summary, runs_a, runs_b, labels, images, g)
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, data in images.items():
+            (out / f"{name}.png").write_bytes(data)
+        (out / "report.md").write_text(md)
+        (out / "report.html").write_text(html)
+        (out / "summary.json").write_text(json.dumps(
+            dict(summary, labels=list(labels), a=args.a, b=args.b), indent=1) + "\n")
+    except OSError as e:
+        raise LabError(f"-o {out}: {e.strerror}") from None
+    _print_summary(summary, labels, out)
+    return 1 if summary["gate_passed"] is False else 0
+
+
+def _print_summary(summary: dict[str, Any], labels: tuple[str, str], out: Path) -> None:
+    op = "all" if "all" in summary["ops"] else summary["ops"][0]
+    r = _row(summary["table"], op, "p99")
+    print(f"tierlab report: {op} p99 {labels[1]}/{labels[0]} = {r['ratio']:.3f}"
+          f"{_ci(r['lo'], r['hi'])}{' (significant)' if r['significant'] else ''} -> "
+          f"{out / 'report.html'}")
+    for c in summary["gate"]:
+        print(f"  {'PASS' if c['passed'] else 'FAIL'} {c['criterion']}: {c['text']}")
+    if summary["gate_passed"] is not None:
+        print(f"gate: {'PASS' if summary['gate_passed'] else 'FAIL'}")

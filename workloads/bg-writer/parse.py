@@ -1,0 +1,12 @@
+#!/usr/bin/python3
+"""Parser of bg-writer: fio json+ output -> results document (op write, 1 MiB)."""
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent.parent / "results"))
+from tierlab import fio  # noqa: E402
+
+if __name__ == "__main__":
+    fio.parse_main(prog="bg-writer/parse.py", folder=HERE, op_names={"write": "write"})
