@@ -268,6 +268,22 @@ Status Allocator::SetLiveSectors(const BucketRef& ref, u32 live_sectors) {
   return JournalChange(ref.dev, ref.bucket, snapshot);
 }
 
+Status Allocator::RepairState(u32 dev, u64 bucket, BucketState state) {
+  Bucket snapshot;
+  {
+    MutexLock lock(mu_);
+    if (dev >= nr_ || bucket >= devices_[dev].buckets.size()) return Err::kInvalidArgument;
+    Bucket& bk = devices_[dev].buckets[bucket];
+    if (bk.state == BucketState::kFree) bk.gen++;
+    bk.state = state;
+    bk.live_sectors = 0;
+    bk.version++;
+    snapshot = bk;
+  }
+  TFS_TRY(Finish());
+  return JournalChange(dev, bucket, snapshot);
+}
+
 Status Allocator::JournalChange(u32 dev, u64 bucket, const Bucket& b) {
   if (journal_ == nullptr) return Status::Ok();
   AllocKey k;

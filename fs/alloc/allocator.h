@@ -98,6 +98,10 @@ class Allocator {
   Status Free(const BucketRef& ref);
   Status SetLiveSectors(const BucketRef& ref, u32 live_sectors);
 
+  // fsck repair: force a bucket's state (journaled like any change; free lists
+  // are rebuilt). Not for normal operation.
+  Status RepairState(u32 dev, u64 bucket, BucketState state);
+
   // Writes all tables (durably) and releases the journal space their changes held.
   Status Checkpoint();
   // The journal's reclaim hook: checkpoint.

@@ -41,15 +41,6 @@ struct SbBuffer {
   u8* p;
 };
 
-Status ReadCopy(BlockDevice& dev, u64 offset, Superblock* out, Diag* diag) {
-  SbBuffer buf;
-  if (buf.p == nullptr) return Err::kNoMemory;
-  Status st = SyncIo(dev, IoOp::kRead, offset, buf.p, kSbSize, 0, IoOrigin::kSuperblock);
-  if (!st.ok()) return DiagError(diag, st, "%s: reading superblock at %llu: %s", dev.Name(),
-                                 (unsigned long long)offset, st.Message());
-  return Decode(buf.p, dev.Size(), out, diag);
-}
-
 }  // namespace
 
 void NewUuid(u8 out[16]) {
@@ -201,6 +192,15 @@ Status Decode(const void* buf, u64 device_size, Superblock* out, Diag* diag) {
   }
   if (!any_journal) return corrupt("member table (no member holds a journal)");
   return Status::Ok();
+}
+
+Status ReadCopy(BlockDevice& dev, u64 offset, Superblock* out, Diag* diag) {
+  SbBuffer buf;
+  if (buf.p == nullptr) return Err::kNoMemory;
+  Status st = SyncIo(dev, IoOp::kRead, offset, buf.p, kSbSize, 0, IoOrigin::kSuperblock);
+  if (!st.ok()) return DiagError(diag, st, "%s: reading superblock at %llu: %s", dev.Name(),
+                                 (unsigned long long)offset, st.Message());
+  return Decode(buf.p, dev.Size(), out, diag);
 }
 
 Result<ReadResult> Read(BlockDevice& dev, Superblock* out, Diag* diag) {

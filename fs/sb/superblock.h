@@ -79,6 +79,10 @@ struct ReadResult {
 // with no tierfs magic in either copy gets kBadMagic ("not a tierfs device").
 Result<ReadResult> Read(BlockDevice& dev, Superblock* out, Diag* diag = nullptr);
 
+// Reads and decodes one copy (kSbPrimaryOffset or kSbBackupOffset) without
+// fallback, for fsck, which checks both.
+Status ReadCopy(BlockDevice& dev, u64 offset, Superblock* out, Diag* diag = nullptr);
+
 // Writes both copies to one device (primary, then backup, each with FUA), as the
 // copy for member `dev_idx`.
 Status Write(BlockDevice& dev, const Superblock& sb, u16 dev_idx);
