@@ -17,11 +17,13 @@
 
 #include "util/histogram.h"
 #include "workloads/probe/host.h"
-#include "workloads/probe/json.h"
+#include "userspace/util/json.h"
 #include "workloads/probe/runner.h"
 #include "workloads/probe/spec.h"
 
 namespace tfs::probe {
+
+using userspace::JsonWriter;
 
 // Manifest fields that come from the caller, not from the run itself.
 struct RunMeta {

@@ -1,40 +1,11 @@
-// JSON writer and mountinfo parsing: the two pieces of the results document that
-// are easy to get subtly wrong (commas and escapes; longest-prefix mount lookup).
-#include "workloads/probe/json.h"
+// Mountinfo parsing (longest-prefix mount lookup) and time formatting for the
+// results manifest.
+#include "workloads/probe/host.h"
 
 #include <gtest/gtest.h>
 
-#include <cmath>
-
-#include "workloads/probe/host.h"
-
 namespace tfs::probe {
 namespace {
-
-TEST(JsonWriterTest, NestsAndEscapes) {
-  JsonWriter w;
-  w.BeginObject();
-  w.Key("a");
-  w.BeginArray();
-  w.Uint(1);
-  w.Int(-2);
-  w.Double(0.5);
-  w.Double(NAN);
-  w.EndArray();
-  w.Key("s\"");
-  w.String("x\\y\n\t\x01");
-  w.Key("o");
-  w.BeginObject();
-  w.EndObject();
-  w.Key("b");
-  w.Bool(true);
-  w.Key("n");
-  w.Null();
-  w.EndObject();
-  EXPECT_EQ(w.str(),
-            "{\"a\":[1,-2,0.5,null],\"s\\\"\":\"x\\\\y\\n\\t\\u0001\",\"o\":{},\"b\":true,"
-            "\"n\":null}");
-}
 
 constexpr const char* kMountinfo =
     "22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"

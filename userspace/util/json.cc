@@ -1,11 +1,11 @@
 // JSON writer (see json.h). Strings are escaped per RFC 8259: quote, backslash and
 // control characters; other bytes pass through (callers give UTF-8).
-#include "workloads/probe/json.h"
+#include "userspace/util/json.h"
 
 #include <cmath>
 #include <cstdio>
 
-namespace tfs::probe {
+namespace tfs::userspace {
 
 void JsonWriter::BeforeValue() {
   if (after_key_) {
@@ -105,4 +105,4 @@ void JsonWriter::Null() {
   out_ += "null";
 }
 
-}  // namespace tfs::probe
+}  // namespace tfs::userspace

@@ -1,19 +1,20 @@
-// A minimal streaming JSON writer for the probe's results document.
+// A minimal streaming JSON writer for the tools' JSON output (results documents,
+// `tierfs show --json`, benchmark reports).
 //
 // It emits exactly what the results schema needs (objects, arrays, strings,
 // integers, finite doubles, booleans, null) with correct string escaping, and
 // inserts commas itself so callers cannot produce a malformed document by
 // forgetting one. Non-finite doubles are written as null (JSON has no NaN).
 // Not thread-safe; one writer per document.
-#ifndef TFS_WORKLOADS_PROBE_JSON_H_
-#define TFS_WORKLOADS_PROBE_JSON_H_
+#ifndef TFS_USERSPACE_UTIL_JSON_H_
+#define TFS_USERSPACE_UTIL_JSON_H_
 
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
-namespace tfs::probe {
+namespace tfs::userspace {
 
 class JsonWriter {
  public:
@@ -61,6 +62,6 @@ class JsonWriter {
   bool after_key_ = false;
 };
 
-}  // namespace tfs::probe
+}  // namespace tfs::userspace
 
-#endif  // TFS_WORKLOADS_PROBE_JSON_H_
+#endif  // TFS_USERSPACE_UTIL_JSON_H_
