@@ -1,0 +1,45 @@
+// tierfs fsck / fsck.tierfs: check (-n, the default) or repair (-y). Exit codes
+// follow fsck(8): 0 clean, 1 errors corrected, 4 errors left, 8 operational error.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+
+#include "fsck/fsck.h"
+#include "userspace/tools/common.h"
+
+namespace tfs::tools {
+
+int CmdFsck(int argc, char** argv) {
+  CLI::App app("Check a tierfs filesystem; -y repairs what it can.", "tierfs fsck");
+  std::vector<std::string> devices;
+  bool no = false, yes = false;
+  app.add_option("devices", devices, "every member device of the filesystem")->required();
+  app.add_flag("-n", no, "check only, change nothing (default)");
+  app.add_flag("-y", yes, "repair");
+  app.footer("exit codes: 0 clean, 1 errors corrected, 4 errors left uncorrected, 8 operational error");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : fsck::kExitOperational;
+  }
+  if (no && yes) {
+    PrintError("fsck", "-n and -y exclude each other");
+    return fsck::kExitOperational;
+  }
+  auto devs = OpenDevices("fsck", devices, /*read_only=*/!yes);
+  if (devs.empty()) return fsck::kExitOperational;
+  std::vector<BlockDevice*> raw = Raw(devs);
+  fsck::Options o;
+  o.repair = yes;
+  fsck::Report r = fsck::Check(raw.data(), uint32_t(raw.size()), o,
+                               [](void*, const char* line) { printf("%s\n", line); }, nullptr);
+  printf("fsck: %u error(s), %u repaired, %u note(s): %s\n", r.errors, r.repaired, r.notes,
+         r.exit_code == fsck::kExitClean       ? "clean"
+         : r.exit_code == fsck::kExitRepaired  ? "repaired"
+         : r.exit_code == fsck::kExitUncorrected ? "errors left uncorrected"
+                                                 : "could not complete");
+  return r.exit_code;
+}
+
+}  // namespace tfs::tools

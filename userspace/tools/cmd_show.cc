@@ -1,0 +1,120 @@
+// tierfs show: superblock, members and per-device usage, as text or JSON. Opens the
+// filesystem read-only (an unclean journal is replayed in memory, not written).
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+
+#include "engine/engine.h"
+#include "userspace/tools/common.h"
+#include "userspace/util/json.h"
+
+namespace tfs::tools {
+
+int CmdShow(int argc, char** argv) {
+  CLI::App app("Show a tierfs filesystem: superblock, members, usage by bucket state.", "tierfs show");
+  std::vector<std::string> devices;
+  bool json = false;
+  app.add_option("devices", devices, "every member device of the filesystem")->required();
+  app.add_flag("--json", json, "print JSON");
+  CLI11_PARSE(app, argc, argv);
+
+  auto devs = OpenDevices("show", devices, /*read_only=*/true);
+  if (devs.empty()) return 1;
+  std::vector<BlockDevice*> raw = Raw(devs);
+  engine::Engine e;
+  engine::OpenOptions oo;
+  oo.read_only = true;
+  engine::OpenReport rep;
+  Diag diag;
+  Status st = e.Open(raw.data(), uint32_t(raw.size()), oo, &diag, &rep);
+  if (!st.ok()) {
+    PrintError("show", diag.empty() ? st.Message() : diag.text);
+    return 1;
+  }
+  const sb::Superblock& s = e.sb();
+  const char* state_names[alloc::kBucketStateCount];
+  for (int i = 0; i < alloc::kBucketStateCount; i++) state_names[i] = alloc::BucketStateName(alloc::BucketState(i));
+
+  if (json) {
+    userspace::JsonWriter w;
+    w.BeginObject();
+    w.StringField("uuid", UuidString(s.fs_uuid));
+    w.UintField("seq", s.seq);
+    w.BoolField("clean", rep.was_clean);
+    w.UintField("bucket_size", s.bucket_size);
+    w.UintField("btree_node_size", s.btree_node_size);
+    w.UintField("journal_seq", s.journal_seq);
+    w.Key("options");
+    w.BeginObject();
+    w.StringField("foreground_target", s.options.foreground_target);
+    w.StringField("background_target", s.options.background_target);
+    w.StringField("promote_target", s.options.promote_target);
+    w.StringField("metadata_target", s.options.metadata_target);
+    w.UintField("data_replicas", s.options.data_replicas);
+    w.UintField("metadata_replicas", s.options.metadata_replicas);
+    w.StringField("checksum", s.options.checksum == sb::ChecksumType::kCrc32c ? "crc32c" : "none");
+    w.StringField("compression", s.options.compression == sb::CompressionType::kZstd ? "zstd" : "none");
+    w.EndObject();
+    w.Key("members");
+    w.BeginArray();
+    for (uint32_t i = 0; i < s.nr_members; i++) {
+      const sb::Member& m = s.members[i];
+      alloc::DeviceUsage u = e.alloc().Usage(i);
+      w.BeginObject();
+      w.UintField("index", i);
+      w.StringField("label", m.label);
+      w.StringField("group", e.devs().member(i)->group());
+      w.StringField("device", e.devs().member(i)->bdev()->Name());
+      w.StringField("uuid", UuidString(m.uuid));
+      w.UintField("size", m.size);
+      w.UintField("nbuckets", m.nbuckets);
+      w.UintField("durability", m.durability);
+      w.Key("data_allowed");
+      w.BeginArray();
+      if (m.data_allowed & sb::kDataJournal) w.String("journal");
+      if (m.data_allowed & sb::kDataBtree) w.String("btree");
+      if (m.data_allowed & sb::kDataUser) w.String("user");
+      w.EndArray();
+      w.UintField("journal_buckets", m.journal_nbuckets);
+      w.Key("buckets");
+      w.BeginObject();
+      for (int k = 0; k < alloc::kBucketStateCount; k++) w.UintField(state_names[k], u.by_state[k]);
+      w.EndObject();
+      w.UintField("live_sectors", u.live_sectors);
+      w.Key("reserves");
+      w.BeginObject();
+      w.UintField("foreground", u.reserves.foreground);
+      w.UintField("copygc", u.reserves.copygc);
+      w.UintField("btree", u.reserves.btree);
+      w.EndObject();
+      w.EndObject();
+    }
+    w.EndArray();
+    w.EndObject();
+    printf("%s\n", w.str().c_str());
+    return 0;
+  }
+
+  printf("uuid:            %s\n", UuidString(s.fs_uuid).c_str());
+  printf("state:           %s\n", rep.was_clean ? "clean" : "not cleanly unmounted (journal replayed in memory)");
+  printf("bucket size:     %u KiB\n", s.bucket_size >> 10);
+  printf("btree node size: %u KiB\n", s.btree_node_size >> 10);
+  printf("targets:         foreground=%s background=%s promote=%s metadata=%s\n",
+         *s.options.foreground_target ? s.options.foreground_target : "-",
+         *s.options.background_target ? s.options.background_target : "-",
+         *s.options.promote_target ? s.options.promote_target : "-",
+         *s.options.metadata_target ? s.options.metadata_target : "-");
+  printf("replicas:        data %u, metadata %u\n", s.options.data_replicas, s.options.metadata_replicas);
+  printf("\n%-3s %-14s %-24s %9s %7s %7s %7s %7s %7s %7s\n", "#", "label", "device", "buckets", "free",
+         "meta", "journal", "btree", "user", "cached");
+  for (uint32_t i = 0; i < s.nr_members; i++) {
+    alloc::DeviceUsage u = e.alloc().Usage(i);
+    printf("%-3u %-14s %-24s %9llu", i, s.members[i].label, e.devs().member(i)->bdev()->Name(),
+           (unsigned long long)u.nbuckets);
+    for (int k = 0; k < alloc::kBucketStateCount; k++) printf(" %7llu", (unsigned long long)u.by_state[k]);
+    printf("\n");
+  }
+  return 0;
+}
+
+}  // namespace tfs::tools

@@ -1,0 +1,122 @@
+"""The tierfs command line end to end on image files: format, show, fsck and their
+errors, fsck's exit codes on a damaged image, and the journal benchmark's output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tierlab.testing import assert_one_line_error, run, tool
+
+SB_PRIMARY = 4096
+
+
+def image(path: Path, mib: int) -> Path:
+    with open(path, "wb") as f:
+        f.truncate(mib << 20)
+    return path
+
+
+@pytest.fixture
+def fs(tmp_path: Path) -> list[Path]:
+    ssd, hdd = image(tmp_path / "ssd.img", 64), image(tmp_path / "hdd.img", 96)
+    proc = run([tool("tierfs"), "format", "--label", "ssd.a", ssd, "--label", "hdd.b", hdd,
+                "--foreground-target", "ssd", "--background-target", "hdd", "--bucket-size", "256K"])
+    assert proc.returncode == 0, proc.stderr
+    assert "formatted 2 device(s)" in proc.stdout
+    return [ssd, hdd]
+
+
+def test_format_show_fsck_round_trip(fs: list[Path]) -> None:
+    proc = run([tool("tierfs"), "show", "--json", fs[1], fs[0]])  # any order
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["clean"] is True
+    assert doc["bucket_size"] == 256 << 10
+    assert doc["options"]["foreground_target"] == "ssd"
+    labels = [m["label"] for m in doc["members"]]
+    assert labels == ["ssd.a", "hdd.b"]
+    ssd, hdd = doc["members"]
+    assert ssd["journal_buckets"] > 0 and hdd["journal_buckets"] == 0
+    assert ssd["data_allowed"] == ["journal", "btree", "user"] and hdd["data_allowed"] == ["user"]
+    assert ssd["buckets"]["journal"] == ssd["journal_buckets"]
+    assert sum(ssd["buckets"].values()) == ssd["nbuckets"]
+    text = run([tool("tierfs"), "show", *fs])
+    assert "ssd.a" in text.stdout and "clean" in text.stdout
+    proc = run([tool("tierfs"), "fsck", *fs])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "clean" in proc.stdout
+
+
+def test_fsck_exit_codes_on_a_damaged_superblock(fs: list[Path]) -> None:
+    with open(fs[1], "r+b") as f:  # flip bytes in the HDD's primary superblock copy
+        f.seek(SB_PRIMARY + 200)
+        f.write(b"\xde\xad\xbe\xef")
+    proc = run([tool("tierfs"), "fsck", "-n", *fs])
+    assert proc.returncode == 4, proc.stdout
+    assert "superblock copies disagree" in proc.stdout
+    proc = run([tool("fsck.tierfs"), "-y", *fs])
+    assert proc.returncode == 1, proc.stdout
+    proc = run([tool("tierfs"), "fsck", *fs])
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_format_refuses_formatted_devices_without_force(fs: list[Path]) -> None:
+    proc = run([tool("mkfs.tierfs"), fs[0]])
+    assert_one_line_error(proc, 1, "already holds a tierfs filesystem", "--force")
+    proc = run([tool("mkfs.tierfs"), "--force", fs[0]])
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["format", "/nonexistent/dev.img"], "no such file"),
+    (["format", "--bucket-size", "3Q", "X"], "bad bucket size"),
+    (["format", "--label", "ssd.a"], "not followed by a device"),
+])
+def test_format_bad_input(tmp_path: Path, args: list[str], needle: str) -> None:
+    proc = run([tool("tierfs"), *args])
+    assert proc.returncode != 0
+    assert needle in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_format_too_small_and_bad_target(tmp_path: Path) -> None:
+    small = image(tmp_path / "small.img", 2)
+    assert_one_line_error(run([tool("tierfs"), "format", small]), 1, "too small")
+    ok = image(tmp_path / "ok.img", 64)
+    assert_one_line_error(run([tool("tierfs"), "format", "--label", "ssd", ok,
+                               "--background-target", "hdd"]), 1, "background target 'hdd'")
+
+
+def test_show_and_fsck_refuse_foreign_devices(tmp_path: Path, fs: list[Path]) -> None:
+    blank = image(tmp_path / "blank.img", 64)
+    assert_one_line_error(run([tool("tierfs"), "show", blank]), 1, "not a tierfs device")
+    proc = run([tool("tierfs"), "show", fs[0]])  # a member missing
+    assert_one_line_error(proc, 1, "missing: hdd.b")
+    proc = run([tool("tierfs"), "fsck", fs[0]])
+    assert proc.returncode == 4
+
+
+def test_unknown_command() -> None:
+    proc = run([tool("tierfs"), "frobnicate"])
+    assert proc.returncode == 2 and "unknown command" in proc.stderr
+
+
+def test_bench_journal_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = run([tool("tierfs"), "bench", "journal", "--commits", "300", "--threads", "1,2",
+                "--dir", tmp_path, "--image-size", "64M", "--json", out])
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    phases = {(p["mode"], p["threads"]): p for p in doc["phases"]}
+    assert set(phases) == {("noflush", 1), ("noflush", 2), ("flush", 1), ("flush", 2)}
+    for p in phases.values():
+        assert p["commits"] == 300 and p["commits_per_sec"] > 0
+        assert p["latency_p50_us"] <= p["latency_p99_us"] <= p["latency_max_us"]
+    # Every flush commit is durable: one flush entry at most per commit; no-flush
+    # commits are grouped into far fewer entries than commits.
+    assert 0 < phases[("flush", 1)]["flush_entries"] <= 300
+    assert phases[("noflush", 1)]["entries"] < 300
+    assert not list(tmp_path.glob("tierfs-bench-journal-*.img"))  # cleaned up
