@@ -347,6 +347,35 @@ TEST(JournalTest, TornOrCorruptEntryEndsReplayCleanly) {
   EXPECT_EQ(rr.next_seq, 31u);
 }
 
+TEST(JournalTest, TornLastEntryIsIgnored) {
+  Fixture f;
+  Pins pins;
+  {
+    Journal j;
+    ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, FastConfig()).ok());
+    for (u64 i = 0; i < 5; i++) {
+      ASSERT_TRUE(CommitValue(j, i, CommitMode::kFlush, 0, nullptr, &pins).ok());
+    }
+    // A last entry of several blocks (one big key) ...
+    std::vector<u8> big(10000, 0x42);
+    Key k{kKeyTest, u32(big.size()), big.data()};
+    ASSERT_TRUE(j.Commit(&k, 1, 0, CommitMode::kFlush, pins.New()).ok());
+    ASSERT_TRUE(j.Stop().ok());
+  }
+  // ... of which only the first block reached the platter before the power cut.
+  auto img = f.mem[0]->SnapshotDurable();
+  u64 ring = sb::kBucketsOffset + f.sb.members[0].journal_first_bucket * kBucket;
+  memset(&img[ring + 5 * 4096 + 4096], 0, 2 * 4096);
+  Fixture g(f, std::move(img), f.mem[1]->SnapshotDurable());
+  ReplayResult rr;
+  std::vector<u64> v = Replayed(g, &rr);
+  ASSERT_EQ(v.size(), 5u);
+  EXPECT_EQ(v.back(), 4u);
+  EXPECT_EQ(rr.bad_headers, 1u);
+  EXPECT_EQ(rr.gap_at, 0u);  // nothing after the torn entry
+  EXPECT_EQ(rr.next_seq, 6u);
+}
+
 TEST(JournalTest, EntriesOfAnotherFilesystemAreIgnored) {
   Fixture f;
   Pins pins;
