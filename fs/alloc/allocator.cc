@@ -25,10 +25,7 @@ u8 DataBit(BucketState purpose) {
 }
 
 u32 TableCsum(const u8* slot, u64 bytes) {
-  static const u8 kZero[4] = {0, 0, 0, 0};
-  u32 crc = platform::Crc32c(slot, 8);
-  crc = platform::Crc32cExtend(crc, kZero, 4);
-  return platform::Crc32cExtend(crc, slot + 12, bytes - 12);
+  return platform::Crc32cSkippingField(slot, bytes, __builtin_offsetof(TableHeader, csum));
 }
 
 }  // namespace

@@ -480,7 +480,7 @@ Status Journal::WriteEntry(Buf* buf) {
   h->payload_bytes.set(buf->used - u32(sizeof(EntryHeader)));
   h->nkeys.set(buf->nkeys);
   MemSet(buf->data + buf->used, 0, bytes - buf->used);
-  h->csum.set(platform::Crc32c(buf->data, bytes));
+  h->csum.set(platform::Crc32cSkippingField(buf->data, bytes, __builtin_offsetof(EntryHeader, csum)));
 
   const bool flush = buf->need_flush;
   DevMask preflush = 0;

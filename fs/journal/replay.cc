@@ -53,11 +53,7 @@ Status ScanBucket(const u8* data, u32 bucket_size, u64 magic, u64 floor, Vector<
                 payload <= bytes - sizeof(EntryHeader) && h->seq.get() != 0 &&
                 h->last_seq.get() <= h->seq.get() && (h->flags.get() & ~kEntryFlush) == 0;
     if (sane) {
-      // Checksum with the csum field as zero.
-      static const u8 kZero[4] = {0, 0, 0, 0};
-      u32 crc = platform::Crc32c(data + pos, 8);
-      crc = platform::Crc32cExtend(crc, kZero, 4);
-      crc = platform::Crc32cExtend(crc, data + pos + 12, bytes - 12);
+      u32 crc = platform::Crc32cSkippingField(data + pos, bytes, __builtin_offsetof(EntryHeader, csum));
       sane = crc == h->csum.get() &&
              KeysValid(data + pos + sizeof(EntryHeader), payload, h->nkeys.get());
     }

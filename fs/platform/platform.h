@@ -118,6 +118,15 @@ inline u32 Crc32cExtend(u32 crc, const void* data, usize len) {
   return ~tfs_plat_crc32c(~crc, data, len);
 }
 inline u32 Crc32c(const void* data, usize len) { return Crc32cExtend(0, data, len); }
+// CRC-32C of a block that stores its own checksum in the 4 bytes at `csum_offset`:
+// computed as if those bytes were zero (how every on-disk structure is summed).
+inline u32 Crc32cSkippingField(const void* data, usize len, usize csum_offset) {
+  static const u8 kZero[4] = {0, 0, 0, 0};
+  const u8* p = static_cast<const u8*>(data);
+  u32 crc = Crc32c(p, csum_offset);
+  crc = Crc32cExtend(crc, kZero, 4);
+  return Crc32cExtend(crc, p + csum_offset + 4, len - csum_offset - 4);
+}
 
 // zstd. Compress returns kNoSpace when the output would not fit in dst_cap (the
 // caller then stores the data uncompressed); Decompress returns kCorrupt for bad

@@ -24,12 +24,7 @@ void CopyString(char* dst, const char* src, usize n) {
 }
 
 u32 SbCsum(const void* buf) {
-  // CRC over the block with the csum field (bytes 8..11) treated as zero.
-  const u8* p = static_cast<const u8*>(buf);
-  static const u8 kZero[4] = {0, 0, 0, 0};
-  u32 crc = platform::Crc32c(p, 8);
-  crc = platform::Crc32cExtend(crc, kZero, 4);
-  return platform::Crc32cExtend(crc, p + 12, kSbSize - 12);
+  return platform::Crc32cSkippingField(buf, kSbSize, __builtin_offsetof(SuperblockFormat, csum));
 }
 
 // A buffer for one superblock copy, aligned for any device.
