@@ -217,10 +217,13 @@ TEST(JournalTest, IdleJournalWritesNothing) {
   Journal j;
   ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, FastConfig()).ok());
   ASSERT_TRUE(CommitValue(j, 7, CommitMode::kNoFlush).ok());
-  platform::SleepNs(150 * platform::kNsPerMs);  // > write delay and flush delay
+  // The entry is written after write_delay and made durable by the timed flush
+  // after flush_delay (50 ms); allow a loaded machine much longer.
+  for (int i = 0; i < 500 && j.GetStats().durable_seq < 1; i++) platform::SleepNs(10 * platform::kNsPerMs);
+  ASSERT_GE(j.GetStats().durable_seq, 1u);
   u64 w = f.mem[0]->ops(IoOp::kWrite), fl = f.mem[0]->ops(IoOp::kFlush);
   EXPECT_GE(w, 1u);
-  EXPECT_GE(j.GetStats().durable_seq, 1u);  // the timed flush made it durable
+  // Idle now: nothing more is written, however long we wait.
   platform::SleepNs(200 * platform::kNsPerMs);
   EXPECT_EQ(f.mem[0]->ops(IoOp::kWrite), w);
   EXPECT_EQ(f.mem[0]->ops(IoOp::kFlush), fl);
@@ -237,8 +240,10 @@ TEST(JournalTest, GroupCommitPacksManyCommitsIntoOneEntry) {
   for (u64 i = 0; i < 100; i++) ASSERT_TRUE(CommitValue(j, i, CommitMode::kNoFlush).ok());
   ASSERT_TRUE(CommitValue(j, 100, CommitMode::kFlush).ok());
   Stats s = j.GetStats();
-  EXPECT_LE(s.entries, 3u);
-  EXPECT_GE(s.max_group, 50u);
+  // 101 commits in far fewer entries (exactly 1-2 unless the machine stalls the
+  // committing thread for longer than the 200 ms write delay).
+  EXPECT_LE(s.entries, 5u);
+  EXPECT_GE(s.max_group, 20u);
   ASSERT_TRUE(j.Stop().ok());
 }
 
@@ -289,7 +294,7 @@ TEST(JournalTest, PowerCutsReplayExactlyACommittedPrefix) {
   std::vector<Snap> snaps;
   std::thread cutter([&] {
     std::mt19937 rng(42);
-    while (!done.load() && snaps.size() < 25) {
+    while ((!done.load() || snaps.size() < 3) && snaps.size() < 25) {
       platform::SleepNs((1 + rng() % 8) * platform::kNsPerMs);
       Snap s;
       s.acked = acked_flush.load();
