@@ -89,10 +89,18 @@ template <typename T> constexpr const T& Max(const T& a, const T& b) { return a 
 
 // The compiler lowers these to inline code or to memcpy/memset/memmove/memcmp, the
 // only C library symbols the core may reference.
-inline void MemCopy(void* dst, const void* src, usize n) { __builtin_memcpy(dst, src, n); }
-inline void MemMove(void* dst, const void* src, usize n) { __builtin_memmove(dst, src, n); }
-inline void MemSet(void* dst, int byte, usize n) { __builtin_memset(dst, byte, n); }
-inline int MemCompare(const void* a, const void* b, usize n) { return __builtin_memcmp(a, b, n); }
+// Zero lengths are allowed with null pointers (an empty Vector's data()), which the
+// C functions do not promise.
+inline void MemCopy(void* dst, const void* src, usize n) {
+  if (n != 0) __builtin_memcpy(dst, src, n);
+}
+inline void MemMove(void* dst, const void* src, usize n) {
+  if (n != 0) __builtin_memmove(dst, src, n);
+}
+inline void MemSet(void* dst, int byte, usize n) {
+  if (n != 0) __builtin_memset(dst, byte, n);
+}
+inline int MemCompare(const void* a, const void* b, usize n) { return n == 0 ? 0 : __builtin_memcmp(a, b, n); }
 inline usize StrLen(const char* s) {
   usize n = 0;
   while (s[n] != '\0') n++;
