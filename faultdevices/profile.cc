@@ -152,22 +152,9 @@ class Parser {
       if (*iv < 0) return Fail(*n, name, "must not be negative");
       bytes = uint64_t(*iv);
     } else if (std::optional<std::string> sv = n->value_exact<std::string>()) {
-      char* end = nullptr;
-      double num = std::strtod(sv->c_str(), &end);
-      std::string unit(end);
-      static const std::pair<const char*, double> kUnits[] = {
-          {"", 1},          {"B", 1},       {"K", 1024.0},        {"KiB", 1024.0},
-          {"M", 1 << 20},   {"MiB", 1 << 20}, {"G", 1 << 30},     {"GiB", 1 << 30},
-          {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6},
-          {"GB", 1e9},      {"TB", 1e12}};
-      double scale = -1;
-      for (const auto& [u, s] : kUnits) {
-        if (unit == u) scale = s;
-      }
-      if (end == sv->c_str() || scale < 0 || !std::isfinite(num) || num < 0 || num * scale > 1.8e19) {
-        return Fail(*n, name, "must be bytes or a size like \"64MiB\", got \"" + *sv + "\"");
-      }
-      bytes = uint64_t(num * scale);
+      std::optional<uint64_t> v = ParseSize(*sv);
+      if (!v) return Fail(*n, name, "must be bytes or a size like \"64MiB\", got \"" + *sv + "\"");
+      bytes = *v;
     } else {
       return Fail(*n, name, "must be bytes or a size like \"64MiB\"");
     }
@@ -527,6 +514,22 @@ std::optional<Profile> LoadProfile(const std::string& path, const std::vector<st
 }
 
 std::string ProfileDir() { return FAULTDEV_PROFILE_DIR; }
+
+std::optional<uint64_t> ParseSize(const std::string& text) {
+  char* end = nullptr;
+  double num = std::strtod(text.c_str(), &end);
+  std::string unit(end);
+  static const std::pair<const char*, double> kUnits[] = {
+      {"", 1},           {"B", 1},           {"K", 1024.0},      {"KiB", 1024.0},           {"M", 1 << 20},
+      {"MiB", 1 << 20},  {"G", 1 << 30},     {"GiB", 1 << 30},   {"T", 1099511627776.0},    {"TiB", 1099511627776.0},
+      {"KB", 1e3},       {"MB", 1e6},        {"GB", 1e9},        {"TB", 1e12}};
+  for (const auto& [u, scale] : kUnits) {
+    if (unit != u) continue;
+    if (end == text.c_str() || !std::isfinite(num) || num < 0 || num * scale > 1.8e19) return std::nullopt;
+    return uint64_t(num * scale);
+  }
+  return std::nullopt;
+}
 
 std::string FindProfile(const std::string& name_or_path) {
   std::error_code ec;

@@ -133,6 +133,8 @@ std::optional<Profile> ParseProfile(const std::string& text, const std::string& 
 // Finds a profile by name ("hdd-7200") or path: a path that exists wins, otherwise
 // NAME.toml in the shipped profile directory. Empty if neither exists.
 std::string FindProfile(const std::string& name_or_path);
+// "4096", "64MiB", "1.5G", "20GB" -> bytes (K/M/G/T and KiB.. binary, KB.. decimal).
+std::optional<uint64_t> ParseSize(const std::string& text);
 // The shipped profiles directory (source tree, baked in at build time).
 std::string ProfileDir();
 
