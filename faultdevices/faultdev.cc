@@ -111,7 +111,6 @@ int Run(const RunArgs& a) {
               << a.ops << " qd " << a.qd << "\n";
     LoadResult r = RunLoad(*dev, lo);
     if (a.flush_at_end && dev->powered()) {
-      lo.pattern = Pattern::kRandRead;  // unused: a single flush below
       tfs::IoRequest fl;
       struct W {
         std::mutex m;

@@ -494,7 +494,16 @@ std::optional<Profile> ParseProfile(const std::string& text, const std::string& 
       return std::nullopt;
     }
     std::optional<toml::table> t = ParseText(o, src, error);
-    if (!t) return std::nullopt;
+    if (!t) {
+      // A bare word that is not TOML (band=8MiB) is meant as a string.
+      size_t eq = o.find('=');
+      std::string value = o.substr(eq + 1);
+      if (value.find_first_of("\"'\\") == std::string::npos) {
+        std::string ignored;
+        t = ParseText(o.substr(0, eq) + "=\"" + value + "\"", src, &ignored);
+      }
+      if (!t) return std::nullopt;
+    }
     Merge(*root, *t, src + ":1", &origins);
   }
   Parser p(error, &origins);

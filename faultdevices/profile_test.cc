@@ -139,6 +139,9 @@ TEST(Profile, OverridesMergeAndReportTheirSource) {
   EXPECT_EQ(p->timeout.duration_ns, 500'000'000u);
   EXPECT_EQ(p->seed, 42u);
   EXPECT_EQ(p->timeout.after_requests, 1000u);  // untouched
+  auto smr = LoadProfile(FindProfile("hdd-smr-dm"), {"smr.band=8MiB"}, &error);  // bare word = string
+  ASSERT_TRUE(smr) << error;
+  EXPECT_EQ(smr->smr->band_bytes, 8u << 20);
   EXPECT_FALSE(LoadProfile(FindProfile("hdd-timeout"), {"timeout.duraton_s=1"}, &error));
   EXPECT_EQ(error, "--set 'timeout.duraton_s=1':1: timeout.duraton_s: unknown key");
   EXPECT_FALSE(LoadProfile(FindProfile("hdd-timeout"), {"nonsense"}, &error));
