@@ -50,9 +50,38 @@ struct FaultDevice::Op {
   Op* next = nullptr;
 };
 
+namespace {
+
+// A list that stays inline up to N entries: Actions are built on every request,
+// and two heap allocations per request were a measurable share of the engine's
+// overhead at 400k IOPS.
+template <typename T, size_t N>
+class SmallList {
+ public:
+  void push_back(const T& v) {
+    if (n_ < N) {
+      inline_[n_++] = v;
+    } else {
+      more_.push_back(v);
+    }
+  }
+  template <typename Fn>
+  void ForEach(Fn fn) {
+    for (size_t i = 0; i < n_; i++) fn(inline_[i]);
+    for (T& v : more_) fn(v);
+  }
+
+ private:
+  T inline_[N];
+  size_t n_ = 0;
+  std::vector<T> more_;
+};
+
+}  // namespace
+
 struct FaultDevice::Actions {
-  std::vector<std::pair<IoRequest*, Status>> callbacks;
-  std::vector<IoRequest*> backing;
+  SmallList<std::pair<IoRequest*, Status>, 4> callbacks;
+  SmallList<IoRequest*, 4> backing;
 };
 
 namespace {
@@ -155,11 +184,12 @@ FaultDevice::~FaultDevice() {
     idle_cv_.wait(lock, [this] { return live_ops_ == 0 && !wb_active_ && !cut_requested_; });
   }
   timer_.reset();  // drops idle-cleaning and power-cut events; no Op is left
+  for (Op* op : free_ops_) delete op;
 }
 
 void FaultDevice::Run(Actions& act) {
-  for (IoRequest* r : act.backing) backing_->Submit(r);
-  for (auto& [req, st] : act.callbacks) req->done(req, st);
+  act.backing.ForEach([this](IoRequest* r) { backing_->Submit(r); });
+  act.callbacks.ForEach([](std::pair<IoRequest*, Status>& c) { c.first->done(c.first, c.second); });
 }
 
 void FaultDevice::Submit(IoRequest* req) {
@@ -174,13 +204,20 @@ void FaultDevice::Submit(IoRequest* req) {
     req->done(req, st);
     return;
   }
-  Op* op = new Op;
-  op->dev = this;
-  op->req = req;
-  op->submit_ns = now;
   Actions act;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    Op* op;
+    if (!free_ops_.empty()) {
+      op = free_ops_.back();
+      free_ops_.pop_back();
+      *op = Op{};
+    } else {
+      op = new Op;
+    }
+    op->dev = this;
+    op->req = req;
+    op->submit_ns = now;
     live_ops_++;
     uint64_t bytes = req->op == IoOp::kFlush ? 0 : req->length;
     stats_.by_op[int(req->op)].ops++;
@@ -410,7 +447,12 @@ void FaultDevice::Force(Op* op, Status st, uint64_t now, Actions& act) {
 
 void FaultDevice::Unref(Op* op) {
   if (--op->refs > 0) return;
-  delete op;
+  if (free_ops_.size() < kMaxFreeOps) {
+    op->patches.clear();
+    free_ops_.push_back(op);
+  } else {
+    delete op;
+  }
   if (--live_ops_ == 0) idle_cv_.notify_all();
 }
 

@@ -166,7 +166,9 @@ class FaultDevice final : public tfs::BlockDevice {
   mutable std::mutex mu_;
   std::condition_variable idle_cv_;  // live_ops_ == 0 and no write-back; cut done
   std::mt19937_64 rng_;
-  uint64_t live_ops_ = 0;            // Op objects allocated
+  uint64_t live_ops_ = 0;            // Op objects in use
+  static constexpr size_t kMaxFreeOps = 1024;
+  std::vector<Op*> free_ops_;        // recycled Op objects
   uint64_t in_flight_ = 0;           // admitted, caller not yet called back
   Op* inflight_head_ = nullptr;      // admitted and not completed (for resets, power cut)
   std::deque<Op*> slot_queue_;       // waiting for a [queue] slot
