@@ -21,6 +21,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "userspace/platform/io_testing.h"  // SyncIo
 #include "userspace/platform/uring_device.h"
 
 namespace faultdev {
@@ -96,34 +97,6 @@ DriveModel::Kind DriveKind(IoOp op) {
     case IoOp::kDiscard: return DriveModel::Kind::kDiscard;
   }
   return DriveModel::Kind::kRead;
-}
-
-// Synchronous I/O on the backing device (power cut only; never from a backing
-// completion thread).
-Status SyncBacking(tfs::BlockDevice& dev, IoOp op, uint64_t offset, void* buf, uint64_t len) {
-  struct Wait {
-    std::mutex m;
-    std::condition_variable cv;
-    bool done = false;
-    Status st;
-  } w;
-  IoRequest req;
-  req.op = op;
-  req.offset = offset;
-  req.length = len;
-  req.buf = buf;
-  req.caller_data = &w;
-  req.done = [](IoRequest* r, Status st) {
-    auto* wait = static_cast<Wait*>(r->caller_data);
-    std::lock_guard<std::mutex> lock(wait->m);
-    wait->st = st;
-    wait->done = true;
-    wait->cv.notify_all();
-  };
-  dev.Submit(&req);
-  std::unique_lock<std::mutex> lock(w.m);
-  w.cv.wait(lock, [&] { return w.done; });
-  return w.st;
 }
 
 }  // namespace
@@ -742,11 +715,11 @@ CutOutcome FaultDevice::PowerCut(std::optional<uint64_t> seed) {
     const CacheModel& c = profile_.cache;
     out = PlanPowerCut(records, info_.logical_block_size, cut_seed, CutPolicy{c.keep, c.drop, c.tear});
     for (SectorRun& run : out.runs) {
-      SyncBacking(*backing_, IoOp::kWrite, run.offset, run.data.data(), run.data.size()).IgnoreError();
+      tfs::userspace::SyncIo(*backing_, IoOp::kWrite, run.offset, run.data.data(), run.data.size()).IgnoreError();
     }
     // Best effort: the backing image is what the cut left; its own durability is
     // the host's business.
-    SyncBacking(*backing_, IoOp::kFlush, 0, nullptr, 0).IgnoreError();
+    tfs::userspace::SyncIo(*backing_, IoOp::kFlush, 0, nullptr, 0).IgnoreError();
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

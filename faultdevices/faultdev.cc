@@ -27,6 +27,7 @@
 #include "faultdevices/device.h"
 #include "faultdevices/loadgen.h"
 #include "faultdevices/profile.h"
+#include "userspace/platform/io_testing.h"  // SyncIo
 #include "userspace/platform/uring_device.h"
 
 namespace faultdev {
@@ -111,23 +112,8 @@ int Run(const RunArgs& a) {
               << a.ops << " qd " << a.qd << "\n";
     LoadResult r = RunLoad(*dev, lo);
     if (a.flush_at_end && dev->powered()) {
-      tfs::IoRequest fl;
-      struct W {
-        std::mutex m;
-        std::condition_variable cv;
-        bool done = false;
-      } w;
-      fl.op = tfs::IoOp::kFlush;
-      fl.caller_data = &w;
-      fl.done = [](tfs::IoRequest* q, tfs::Status) {
-        auto* ww = static_cast<W*>(q->caller_data);
-        std::lock_guard<std::mutex> lock(ww->m);
-        ww->done = true;
-        ww->cv.notify_all();
-      };
-      dev->Submit(&fl);
-      std::unique_lock<std::mutex> lock(w.m);
-      w.cv.wait(lock, [&] { return w.done; });
+      tfs::Status st = tfs::userspace::SyncIo(*dev, tfs::IoOp::kFlush, 0, nullptr, 0);
+      if (!st.ok()) Die(1, std::string("final flush failed: ") + st.Message());
     }
     dev->Drain();
     std::string record = RecordPath(a.image);

@@ -18,7 +18,6 @@
 #include <nbdkit-plugin.h>
 
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -30,6 +29,7 @@
 #include "faultdevices/control.h"
 #include "faultdevices/device.h"
 #include "faultdevices/profile.h"
+#include "userspace/platform/io_testing.h"  // SyncIo
 
 #define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
 
@@ -141,34 +141,12 @@ int BlockSize(void*, uint32_t* minimum, uint32_t* preferred, uint32_t* maximum) 
   return 0;
 }
 
-// One synchronous request; -1 with nbdkit's error set on failure.
+// One synchronous request; -1 with nbdkit's error set on failure. NBD carries no
+// origin tag, so requests count as "other".
 int DoIo(tfs::IoOp op, void* buf, uint64_t len, uint64_t off, uint8_t flags) {
-  struct Wait {
-    std::mutex m;
-    std::condition_variable cv;
-    bool done = false;
-    tfs::Status st;
-  } w;
-  tfs::IoRequest req;
-  req.op = op;
-  req.flags = flags;
-  req.origin = tfs::IoOrigin::kOther;  // NBD carries no origin tag
-  req.offset = off;
-  req.length = len;
-  req.buf = buf;
-  req.caller_data = &w;
-  req.done = [](tfs::IoRequest* r, tfs::Status st) {
-    auto* wait = static_cast<Wait*>(r->caller_data);
-    std::lock_guard<std::mutex> lock(wait->m);
-    wait->st = st;
-    wait->done = true;
-    wait->cv.notify_all();
-  };
-  g->dev->Submit(&req);
-  std::unique_lock<std::mutex> lock(w.m);
-  w.cv.wait(lock, [&] { return w.done; });
-  if (w.st.ok()) return 0;
-  nbdkit_set_error(-w.st.ToErrno());
+  tfs::Status st = tfs::userspace::SyncIo(*g->dev, op, off, buf, len, flags);
+  if (st.ok()) return 0;
+  nbdkit_set_error(-st.ToErrno());
   return -1;
 }
 
