@@ -158,6 +158,18 @@ TEST(PowerCut, TriggeredAfterNWrites) {
   EXPECT_EQ(t.dev->Stats().power_cuts, 1u);
 }
 
+TEST(PowerCut, TriggeredAtATime) {
+  auto t = MakeDevice(MustParse(std::string(kCache) + "powercut_at_s = 0.2\n"));
+  Batch b(*t.dev);
+  EXPECT_TRUE(b.Sync(IoOp::kWrite, 0, 4096, 3).status.ok());
+  EXPECT_TRUE(t.dev->powered());
+  uint64_t deadline = NowNs() + 3'000'000'000ull;
+  while (t.dev->powered() && NowNs() < deadline) usleep(5000);
+  EXPECT_FALSE(t.dev->powered());
+  EXPECT_EQ(t.dev->Stats().power_cuts, 1u);
+  EXPECT_EQ(t.dev->Stats().cut_kept + t.dev->Stats().cut_dropped + t.dev->Stats().cut_torn, 1u);
+}
+
 TEST(PowerCut, RecordsRoundTripThroughAFile) {
   std::deque<CacheRecord> recs;
   recs.push_back({3, 4096, std::vector<uint8_t>(1024, 5)});

@@ -201,6 +201,13 @@ class FaultDevice final : public tfs::BlockDevice {
   std::unique_ptr<Timer> timer_;
 };
 
+// faultdev::Open(profile, backing): the device is its own control handle
+// (StallFor, PowerCut, PowerOn, ClearErrors, Stats).
+inline std::unique_ptr<FaultDevice> Open(const Profile& profile, std::unique_ptr<tfs::BlockDevice> backing,
+                                         std::string* error) {
+  return FaultDevice::Open(profile, std::move(backing), error);
+}
+
 // Opens `image` (a file or block device) with io_uring and wraps it.
 std::unique_ptr<FaultDevice> OpenFile(const Profile& profile, const std::string& image, bool direct,
                                       std::string* error);

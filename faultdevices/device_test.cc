@@ -160,6 +160,17 @@ TEST(FaultDevice, TimeoutByOffset) {
   EXPECT_TRUE(b.Sync(IoOp::kRead, 65536, 4096).status.ok());  // count = 1: only once
 }
 
+TEST(FaultDevice, TimeoutByTime) {
+  auto t = MakeDevice(MustParse("[timeout]\nat_s = 0.15\nduration_s = 0.2\n"));
+  Batch b(*t.dev);
+  EXPECT_TRUE(b.Sync(IoOp::kRead, 0, 4096).status.ok());
+  usleep(200'000);
+  testing::Pending& r = b.Sync(IoOp::kWrite, 0, 4096);
+  EXPECT_EQ(r.status, tfs::Status(Err::kIoTimeout));
+  EXPECT_GE(r.completed - r.submitted, 200'000'000u);
+  EXPECT_TRUE(b.Sync(IoOp::kRead, 0, 4096).status.ok());
+}
+
 TEST(FaultDevice, LinkResetFailsEverythingInFlight) {
   auto t = MakeDevice(MustParse("[delay]\nall_ms = 1500\n[timeout]\nafter_requests = 1\nduration_s = 0.3\n"
                                 "link_reset = true\n"));
