@@ -254,11 +254,16 @@ void UringDevice::Complete(IoRequest* req, Status st) {
     free(req->dev.ptr);
     req->dev.ptr = nullptr;
   }
+  {
+    // Counted before the callback: a caller woken by its last callback must see
+    // completed == submitted in Stats().
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.completed++;
+    if (!st.ok()) stats_.errors++;
+  }
   IoDoneFn done = req->done;
   done(req, st);  // `req` may be freed from here on
   std::lock_guard<std::mutex> lock(mu_);
-  stats_.completed++;
-  if (!st.ok()) stats_.errors++;
   if (--outstanding_ == 0) idle_cv_.notify_all();
 }
 

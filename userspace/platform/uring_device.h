@@ -39,7 +39,7 @@ struct UringOptions {
 
 struct UringStats {
   uint64_t submitted = 0;   // requests accepted by Submit()
-  uint64_t completed = 0;   // callbacks called
+  uint64_t completed = 0;   // callbacks called (counted just before each call)
   uint64_t errors = 0;      // callbacks called with an error
   uint64_t bounced = 0;     // requests that needed an aligned bounce buffer
   uint64_t resubmits = 0;   // short transfers continued

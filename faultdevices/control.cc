@@ -1,0 +1,160 @@
+// Control channel (see control.h). The server thread polls the listening socket
+// and a stop pipe, so Stop() never has to interrupt a blocking accept(). Each
+// connection is read up to a newline (bounded to 4 KiB), answered and closed.
+#include "faultdevices/control.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+
+namespace faultdev {
+namespace {
+
+bool FillAddr(const std::string& path, sockaddr_un* addr, std::string* error) {
+  memset(addr, 0, sizeof(*addr));
+  addr->sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr->sun_path)) {
+    *error = path + ": socket path too long";
+    return false;
+  }
+  memcpy(addr->sun_path, path.c_str(), path.size());
+  return true;
+}
+
+std::string ReadLine(int fd, size_t max) {
+  std::string line;
+  char c;
+  while (line.size() < max) {
+    ssize_t n = read(fd, &c, 1);
+    if (n <= 0 || c == '\n') break;
+    line += c;
+  }
+  return line;
+}
+
+void WriteAll(int fd, const std::string& s) {
+  size_t off = 0;
+  while (off < s.size()) {
+    ssize_t n = write(fd, s.data() + off, s.size() - off);
+    if (n <= 0) {
+      if (n < 0 && errno == EINTR) continue;
+      return;
+    }
+    off += size_t(n);
+  }
+}
+
+}  // namespace
+
+std::string HandleControl(FaultDevice& dev, const std::string& line) {
+  std::istringstream in(line);
+  std::string cmd;
+  in >> cmd;
+  if (cmd == "stall") {
+    double seconds = -1;
+    if (!(in >> seconds) || seconds < 0 || seconds > 1e6) return "error: usage: stall SECONDS";
+    dev.StallFor(uint64_t(seconds * 1e9));
+    return "ok stalled for " + std::to_string(seconds) + " s";
+  }
+  if (cmd == "powercut") {
+    std::optional<uint64_t> seed;
+    uint64_t s;
+    if (in >> s) seed = s;
+    CutOutcome out = dev.PowerCut(seed);
+    return "ok power cut: kept " + std::to_string(out.kept) + ", dropped " + std::to_string(out.dropped) +
+           ", torn " + std::to_string(out.torn);
+  }
+  if (cmd == "poweron") {
+    dev.PowerOn();
+    return "ok powered on";
+  }
+  if (cmd == "clear-errors") {
+    dev.ClearErrors();
+    return "ok errors cleared";
+  }
+  if (cmd == "stats") {
+    std::string json = dev.Stats().ToJson();
+    for (char& c : json) {
+      if (c == '\n') c = ' ';
+    }
+    return json;
+  }
+  return "error: unknown command '" + cmd + "' (stall, powercut, poweron, clear-errors, stats)";
+}
+
+bool ControlServer::Start(FaultDevice* dev, const std::string& path, std::string* error) {
+  dev_ = dev;
+  path_ = path;
+  sockaddr_un addr;
+  if (!FillAddr(path, &addr, error)) return false;
+  unlink(path.c_str());
+  listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (listen_fd_ < 0 || bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      listen(listen_fd_, 8) != 0 || pipe2(stop_pipe_, O_CLOEXEC) != 0) {
+    *error = path + ": cannot listen: " + strerror(errno);
+    Stop();
+    return false;
+  }
+  thread_ = std::thread([this] { Loop(); });
+  return true;
+}
+
+void ControlServer::Stop() {
+  if (thread_.joinable()) {
+    char c = 0;
+    if (write(stop_pipe_[1], &c, 1) < 0) {
+      // The loop also ends when the pipe closes below; nothing else to do.
+    }
+    thread_.join();
+  }
+  for (int* fd : {&listen_fd_, &stop_pipe_[0], &stop_pipe_[1]}) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+  }
+  if (!path_.empty()) {
+    unlink(path_.c_str());
+    path_.clear();
+  }
+}
+
+void ControlServer::Loop() {
+  for (;;) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {stop_pipe_[0], POLLIN, 0}};
+    int n = poll(fds, 2, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    if (fds[0].revents & POLLIN) {
+      int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0) continue;
+      std::string reply = HandleControl(*dev_, ReadLine(c, 4096));
+      WriteAll(c, reply + "\n");
+      close(c);
+    }
+  }
+}
+
+bool SendControl(const std::string& path, const std::string& command, std::string* reply, std::string* error) {
+  sockaddr_un addr;
+  if (!FillAddr(path, &addr, error)) return false;
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    *error = path + ": cannot connect: " + strerror(errno);
+    if (fd >= 0) close(fd);
+    return false;
+  }
+  WriteAll(fd, command + "\n");
+  *reply = ReadLine(fd, 16 << 20);
+  close(fd);
+  return true;
+}
+
+}  // namespace faultdev

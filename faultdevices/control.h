@@ -1,0 +1,51 @@
+// Control commands for a running fault device, as one-line text: the same handler
+// serves the nbdkit plugin's control socket and `faultdev ctl`.
+//
+//   stall SECONDS      nothing completes for SECONDS from now
+//   powercut [SEED]    power cut now (unflushed cached writes kept/dropped/torn)
+//   poweron            accept I/O again after a power cut
+//   clear-errors       disable every [[errors]] range
+//   stats              the device's stats as one JSON object
+//
+// Replies are one line: "ok ..." / JSON for stats / "error: ...".
+//
+// ControlServer listens on a unix socket with one thread that serves one client
+// line at a time (control traffic is rare and tiny); Stop() ends it.
+#ifndef TFS_FAULTDEVICES_CONTROL_H_
+#define TFS_FAULTDEVICES_CONTROL_H_
+
+#include <string>
+#include <thread>
+
+#include "faultdevices/device.h"
+
+namespace faultdev {
+
+// Runs one command line against `dev`; returns the one-line reply (no newline).
+std::string HandleControl(FaultDevice& dev, const std::string& line);
+
+class ControlServer {
+ public:
+  ControlServer() = default;
+  ~ControlServer() { Stop(); }
+  // Binds `path` (replacing a stale socket) and starts serving. False + *error on failure.
+  bool Start(FaultDevice* dev, const std::string& path, std::string* error);
+  void Stop();
+
+ private:
+  void Loop();
+
+  FaultDevice* dev_ = nullptr;
+  std::string path_;
+  int listen_fd_ = -1;
+  int stop_pipe_[2] = {-1, -1};
+  std::thread thread_;
+};
+
+// Client side: sends one command to a control socket and returns the reply line.
+// False + *error when the socket cannot be reached.
+bool SendControl(const std::string& path, const std::string& command, std::string* reply, std::string* error);
+
+}  // namespace faultdev
+
+#endif  // TFS_FAULTDEVICES_CONTROL_H_

@@ -1,0 +1,281 @@
+// FaultDevice in real time: each model's characteristic shape is visible to a
+// caller. Bounds are lower bounds plus generous upper bounds: the machine is shared.
+#include "faultdevices/device.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "faultdevices/loadgen.h"
+#include "faultdevices/testing.h"
+
+namespace faultdev {
+namespace {
+
+using testing::Batch;
+using testing::MakeDevice;
+using testing::Ms;
+using testing::MustParse;
+using tfs::Err;
+using tfs::IoOp;
+
+TEST(FaultDevice, PassThroughMovesData) {
+  auto t = MakeDevice(MustParse(""));
+  Batch b(*t.dev);
+  EXPECT_TRUE(b.Sync(IoOp::kWrite, 4096, 8192, 0xab).status.ok());
+  testing::Pending& r = b.Sync(IoOp::kRead, 4096, 8192);
+  EXPECT_TRUE(r.status.ok());
+  EXPECT_EQ(r.buf, std::vector<uint8_t>(8192, 0xab));
+  EXPECT_TRUE(b.Sync(IoOp::kFlush, 0, 0).status.ok());
+  EXPECT_EQ(b.Sync(IoOp::kRead, 100, 512).status, tfs::Status(Err::kMisaligned));
+  EXPECT_EQ(t.mem->ops(IoOp::kWrite), 1u);  // the backing device saw our own request
+}
+
+TEST(FaultDevice, FixedDelayMedianIsWithinAMillisecond) {
+  auto t = MakeDevice(MustParse("[delay]\nall_ms = 10\n"));
+  LoadOptions lo;
+  lo.pattern = Pattern::kRandRead;
+  lo.ops = 120;
+  lo.qd = 4;
+  LoadResult r = RunLoad(*t.dev, lo);
+  EXPECT_EQ(r.errors, 0u);
+  double p50 = Ms(r.latency_ns.Quantile(50, 100));
+  EXPECT_GE(p50, 10.0);
+  EXPECT_LE(p50, 11.0);
+  EXPECT_GE(Ms(r.latency_ns.min()), 10.0);  // never early
+}
+
+TEST(FaultDevice, JitterAddsWithinItsBound) {
+  auto t = MakeDevice(MustParse("[delay]\nall_ms = 2\njitter = \"uniform\"\njitter_ms = 4\n"));
+  LoadOptions lo;
+  lo.ops = 100;
+  lo.qd = 8;
+  LoadResult r = RunLoad(*t.dev, lo);
+  EXPECT_GE(Ms(r.latency_ns.min()), 2.0);
+  EXPECT_GT(Ms(r.latency_ns.Quantile(90, 100)) - Ms(r.latency_ns.Quantile(10, 100)), 1.5);
+}
+
+TEST(FaultDevice, HddRandomIsMuchSlowerThanSequential) {
+  std::string error;
+  std::optional<Profile> p = LoadProfile(FindProfile("hdd-7200"), {}, &error);
+  ASSERT_TRUE(p) << error;
+  auto t = MakeDevice(*p, 256 << 20);
+  LoadOptions lo;
+  lo.pattern = Pattern::kRandRead;
+  lo.ops = 40;
+  LoadResult rnd = RunLoad(*t.dev, lo);
+  lo.pattern = Pattern::kSeqRead;
+  lo.ops = 200;
+  LoadResult seq = RunLoad(*t.dev, lo);
+  double rnd_ms = Ms(rnd.latency_ns.Mean()), seq_ms = Ms(seq.latency_ns.Mean());
+  EXPECT_GT(rnd_ms, 8.0);
+  EXPECT_LT(rnd_ms, 40.0);
+  EXPECT_LT(seq_ms, 2.0);
+  EXPECT_GT(rnd_ms, 10 * seq_ms);
+  DeviceStats s = t.dev->Stats();
+  EXPECT_GT(s.drive.seeks, 30u);
+  EXPECT_GT(s.drive.sequential, 150u);
+}
+
+TEST(FaultDevice, SmrCollapsesAndCleansForReal) {
+  Profile p = MustParse(
+      "[hdd]\nwrite_cache = 0\n[smr]\nmedia_cache = \"1MiB\"\nband = \"256KiB\"\nhigh_water = 0.8\n"
+      "idle_clean_after_ms = 200\nclean_overhead_ms = 15\n");
+  auto t = MakeDevice(p, 64 << 20);
+  LoadOptions lo;
+  lo.pattern = Pattern::kRandWrite;
+  lo.ops = 300;  // ~205 fit under high water, the rest wait for cleaning
+  lo.qd = 4;
+  LoadResult r = RunLoad(*t.dev, lo);
+  EXPECT_EQ(r.errors, 0u);
+  DeviceStats s = t.dev->Stats();
+  EXPECT_GT(s.drive.bands_cleaned, 3u);
+  EXPECT_GE(s.drive.media_cache_peak, uint64_t(0.8 * (1 << 20)));
+  EXPECT_LT(Ms(r.latency_ns.Quantile(25, 100)), 5.0);  // the early writes were fast
+  EXPECT_GT(Ms(r.latency_ns.max()), 15.0);             // later ones waited for a band
+  // Cleaning goes on after the host stops (idle cleaning).
+  uint64_t cleaned = s.drive.bands_cleaned;
+  uint64_t deadline = NowNs() + 3'000'000'000ull;
+  while (t.dev->Stats().drive.bands_cleaned == cleaned && NowNs() < deadline) usleep(20'000);
+  EXPECT_GT(t.dev->Stats().drive.idle_cleans, 0u);
+}
+
+TEST(FaultDevice, StallCompletesNothingThenEverything) {
+  auto t = MakeDevice(MustParse("[delay]\nall_ms = 1\n"));
+  Batch b(*t.dev);
+  uint64_t start = NowNs();
+  t.dev->StallFor(300'000'000);
+  for (int i = 0; i < 16; i++) b.Add(IoOp::kRead, uint64_t(i) * 4096, 4096);
+  b.Submit();
+  b.Wait();
+  for (size_t i = 0; i < b.size(); i++) {
+    EXPECT_TRUE(b[i].status.ok());
+    EXPECT_GE(b[i].completed, start + 300'000'000) << "completed during the stall";
+    EXPECT_LT(b[i].completed, start + 1'500'000'000);
+  }
+  DeviceStats s = t.dev->Stats();
+  EXPECT_EQ(s.stalls, 1u);
+  EXPECT_GE(s.stalled_ns, 290'000'000u);
+}
+
+TEST(FaultDevice, ScriptedAndPeriodicStalls) {
+  auto t = MakeDevice(MustParse("[stall]\nscripted = [[0.2, 0.3]]\n"));
+  Batch b(*t.dev);
+  uint64_t open = NowNs();
+  EXPECT_TRUE(b.Sync(IoOp::kRead, 0, 4096).status.ok());
+  EXPECT_LT(b[0].completed - open, 150'000'000u);  // before the stall: immediate
+  usleep(250'000);
+  testing::Pending& r = b.Sync(IoOp::kRead, 0, 4096);
+  EXPECT_GE(r.completed, open + 500'000'000 - 20'000'000);  // held to the stall's end
+  auto p = MakeDevice(MustParse("[stall]\nperiod_s = 0.4\nduration_s = 0.2\n"));
+  Batch pb(*p.dev);
+  uint64_t s0 = NowNs();
+  testing::Pending& q = pb.Sync(IoOp::kRead, 0, 4096);  // t=0 is inside the first stall
+  EXPECT_GE(q.completed - s0, 180'000'000u);
+}
+
+TEST(FaultDevice, TimeoutFailsExactlyTheChosenRequest) {
+  auto t = MakeDevice(MustParse("[timeout]\nafter_requests = 4\nduration_s = 0.5\n"));
+  Batch b(*t.dev);
+  for (int i = 0; i < 8; i++) b.Sync(IoOp::kRead, uint64_t(i) * 4096, 4096);
+  for (int i = 0; i < 8; i++) {
+    if (i == 3) {
+      EXPECT_EQ(b[i].status, tfs::Status(Err::kIoTimeout));
+      EXPECT_TRUE(b[i].status.Is(tfs::ErrorClass::kIo));
+      EXPECT_GE(b[i].completed - b[i].submitted, 500'000'000u);
+      EXPECT_LT(b[i].completed - b[i].submitted, 2'000'000'000u);
+    } else {
+      EXPECT_TRUE(b[i].status.ok()) << i;
+      EXPECT_LT(b[i].completed - b[i].submitted, 100'000'000u) << i;
+    }
+  }
+  EXPECT_EQ(t.dev->Stats().timeouts_injected, 1u);
+}
+
+TEST(FaultDevice, TimeoutByOffset) {
+  auto t = MakeDevice(MustParse("[timeout]\noffset = 65536\nduration_s = 0.2\n"));
+  Batch b(*t.dev);
+  EXPECT_TRUE(b.Sync(IoOp::kRead, 0, 4096).status.ok());
+  EXPECT_EQ(b.Sync(IoOp::kRead, 65536 - 4096, 8192).status, tfs::Status(Err::kIoTimeout));
+  EXPECT_TRUE(b.Sync(IoOp::kRead, 65536, 4096).status.ok());  // count = 1: only once
+}
+
+TEST(FaultDevice, TimeoutByTime) {
+  auto t = MakeDevice(MustParse("[timeout]\nat_s = 0.15\nduration_s = 0.2\n"));
+  Batch b(*t.dev);
+  EXPECT_TRUE(b.Sync(IoOp::kRead, 0, 4096).status.ok());
+  usleep(200'000);
+  testing::Pending& r = b.Sync(IoOp::kWrite, 0, 4096);
+  EXPECT_EQ(r.status, tfs::Status(Err::kIoTimeout));
+  EXPECT_GE(r.completed - r.submitted, 200'000'000u);
+  EXPECT_TRUE(b.Sync(IoOp::kRead, 0, 4096).status.ok());
+}
+
+TEST(FaultDevice, LinkResetFailsEverythingInFlight) {
+  auto t = MakeDevice(MustParse("[delay]\nall_ms = 1500\n[timeout]\nafter_requests = 1\nduration_s = 0.3\n"
+                                "link_reset = true\n"));
+  Batch b(*t.dev);
+  for (int i = 0; i < 5; i++) b.Add(IoOp::kRead, uint64_t(i) * 4096, 4096);
+  b.Submit();
+  b.Wait();
+  for (int i = 0; i < 5; i++) {
+    EXPECT_EQ(b[i].status, tfs::Status(Err::kIoTimeout)) << i;
+    EXPECT_GE(b[i].completed - b[0].submitted, 300'000'000u);
+    EXPECT_LT(b[i].completed - b[0].submitted, 1'200'000'000u) << "should fail at the reset, not after 1.5 s";
+  }
+  DeviceStats s = t.dev->Stats();
+  EXPECT_EQ(s.link_resets, 1u);
+  EXPECT_EQ(s.reset_failures, 4u);
+}
+
+TEST(FaultDevice, ErrorsOnlyOnTheRange) {
+  auto t = MakeDevice(MustParse("[[errors]]\noffset = \"1MiB\"\nlength = \"64KiB\"\nops = \"read\"\n"));
+  Batch b(*t.dev);
+  EXPECT_EQ(b.Sync(IoOp::kRead, 1 << 20, 4096).status, tfs::Status(Err::kIo));
+  EXPECT_EQ(b.Sync(IoOp::kRead, (1 << 20) - 512, 1024).status, tfs::Status(Err::kIo));  // overlaps
+  EXPECT_EQ(b.Sync(IoOp::kRead, (1 << 20) + 60 * 1024, 4096).status, tfs::Status(Err::kIo));
+  EXPECT_TRUE(b.Sync(IoOp::kRead, (1 << 20) - 4096, 4096).status.ok());
+  EXPECT_TRUE(b.Sync(IoOp::kRead, (1 << 20) + 64 * 1024, 4096).status.ok());
+  EXPECT_TRUE(b.Sync(IoOp::kWrite, 1 << 20, 4096, 7).status.ok());  // reads only
+  EXPECT_EQ(b.Sync(IoOp::kRead, 1 << 20, 4096).status, tfs::Status(Err::kIo));  // persistent
+  EXPECT_EQ(t.dev->Stats().errors_injected, 4u);
+  t.dev->ClearErrors();
+  EXPECT_TRUE(b.Sync(IoOp::kRead, 1 << 20, 4096).status.ok());
+}
+
+TEST(FaultDevice, OneShotAndRateErrors) {
+  auto t = MakeDevice(MustParse("[[errors]]\noffset = 0\nlength = 4096\nops = \"write\"\nmode = \"once\"\n"
+                                "[[errors]]\noffset = 8192\nlength = 4096\nops = \"both\"\nmode = \"rate\"\n"
+                                "rate = 0.5\n"));
+  Batch b(*t.dev);
+  EXPECT_EQ(b.Sync(IoOp::kWrite, 0, 4096).status, tfs::Status(Err::kIo));
+  EXPECT_TRUE(b.Sync(IoOp::kWrite, 0, 4096).status.ok());
+  int failed = 0;
+  for (int i = 0; i < 200; i++) failed += !b.Sync(IoOp::kRead, 8192, 4096).status.ok();
+  EXPECT_GT(failed, 60);
+  EXPECT_LT(failed, 140);
+}
+
+TEST(FaultDevice, QueueSlotsBoundInFlight) {
+  auto t = MakeDevice(MustParse("[delay]\nall_ms = 20\n[queue]\nmax_in_flight = 2\n"));
+  Batch b(*t.dev);
+  for (int i = 0; i < 8; i++) b.Add(IoOp::kRead, uint64_t(i) * 4096, 4096);
+  uint64_t start = NowNs();
+  b.Submit();
+  b.Wait();
+  uint64_t last = 0;
+  for (size_t i = 0; i < b.size(); i++) last = std::max(last, b[i].completed);
+  EXPECT_GE(last - start, 80'000'000u);  // 8 requests, 2 at a time, 20 ms each
+  EXPECT_LT(last - start, 1'000'000'000u);
+  DeviceStats s = t.dev->Stats();
+  EXPECT_EQ(s.max_in_flight, 2u);
+  EXPECT_EQ(s.slot_waits, 6u);
+  EXPECT_GE(Ms(s.queue_ns.max()), 55.0);
+}
+
+TEST(FaultDevice, BandwidthCap) {
+  auto t = MakeDevice(MustParse("[bandwidth]\nmb_s = 10\n"));
+  Batch b(*t.dev);
+  for (int i = 0; i < 10; i++) b.Add(IoOp::kWrite, uint64_t(i) << 17, 128 << 10);
+  uint64_t start = NowNs();
+  b.Submit();
+  b.Wait();
+  uint64_t last = 0;
+  for (size_t i = 0; i < b.size(); i++) last = std::max(last, b[i].completed);
+  EXPECT_GE(last - start, 125'000'000u);  // 1.31 MB at 10 MB/s
+  EXPECT_LT(last - start, 2'000'000'000u);
+}
+
+TEST(FaultDevice, CountsByOpAndOrigin) {
+  auto t = MakeDevice(MustParse(""));
+  Batch b(*t.dev);
+  b.Add(IoOp::kWrite, 0, 4096, 1, 0, tfs::IoOrigin::kJournal);
+  b.Add(IoOp::kWrite, 4096, 8192, 1, 0, tfs::IoOrigin::kReconcile);
+  b.Add(IoOp::kRead, 0, 4096, 0, 0, tfs::IoOrigin::kForegroundRead);
+  b.Submit();
+  b.Wait();
+  DeviceStats s = t.dev->Stats();
+  EXPECT_EQ(s.by_op[int(IoOp::kWrite)].ops, 2u);
+  EXPECT_EQ(s.by_op[int(IoOp::kWrite)].bytes, 12288u);
+  EXPECT_EQ(s.by_origin[int(tfs::IoOrigin::kJournal)][int(IoOp::kWrite)].ops, 1u);
+  EXPECT_EQ(s.by_origin[int(tfs::IoOrigin::kReconcile)][int(IoOp::kWrite)].bytes, 8192u);
+  EXPECT_EQ(s.by_origin[int(tfs::IoOrigin::kForegroundRead)][int(IoOp::kRead)].ops, 1u);
+  std::string json = s.ToJson();
+  for (const char* key : {"\"seed\": 1", "\"journal\"", "\"reconcile\"", "\"p999\"", "\"max_in_flight\"",
+                          "\"stalled_s\"", "\"timeouts\"", "\"eio\""}) {
+    EXPECT_NE(json.find(key), std::string::npos) << key;
+  }
+}
+
+TEST(FaultDevice, ProfileMustFitTheDevice) {
+  tfs::userspace::MemDeviceOptions o;
+  o.size = 1 << 20;
+  std::string error;
+  auto dev = FaultDevice::Open(MustParse("[[errors]]\noffset = \"2MiB\"\nlength = 512\n"),
+                               std::make_unique<tfs::userspace::MemDevice>(o), &error);
+  EXPECT_EQ(dev, nullptr);
+  EXPECT_NE(error.find("beyond the device end"), std::string::npos) << error;
+}
+
+}  // namespace
+}  // namespace faultdev

@@ -1,0 +1,132 @@
+"""The faultdev command line: run, powercut, profiles, and its one-line errors.
+
+Needs the built binary: $TIERFS_BUILD/bin/faultdev (set by `make test`).
+"""
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+BUILD = os.environ.get("TIERFS_BUILD")
+FAULTDEV = Path(BUILD, "bin", "faultdev") if BUILD else None
+
+pytestmark = pytest.mark.skipif(not BUILD, reason="TIERFS_BUILD not set (run through make test)")
+
+
+def faultdev(*args, check=True):
+    r = subprocess.run([str(FAULTDEV), *map(str, args)], capture_output=True, text=True, timeout=120)
+    if check and r.returncode != 0:
+        raise AssertionError(f"faultdev {' '.join(map(str, args))} -> {r.returncode}: {r.stderr}")
+    return r
+
+
+def run_json(*args):
+    return json.loads(faultdev("run", *args).stdout)
+
+
+def one_line_error(r, code=2):
+    assert r.returncode == code, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("faultdev: ")
+    return lines[0]
+
+
+def test_run_fixed_delay_prints_stats_with_seed(tmp_path):
+    img = tmp_path / "d.img"
+    out = tmp_path / "stats.json"
+    s = run_json("--profile", "hdd-fixed-10ms", "--image", img, "--size", 8 << 20, "--pattern", "randread",
+                 "--ops", 60, "--qd", 4, "--seed", 1234, "--json", out)
+    assert s["seed"] == 1234 and s["device"]["seed"] == 1234
+    assert json.loads(out.read_text()) == s
+    assert s["load"]["completed"] == 60 and s["load"]["errors"] == 0
+    assert 10.0 <= s["load"]["latency_ms"]["p50"] <= 11.0
+    assert s["device"]["ops"]["read"]["ops"] == 60
+    assert s["device"]["origins"]["other"]["read"]["bytes"] == 60 * 4096
+    for k in ("p50", "p99", "p999", "max"):
+        assert k in s["device"]["latency_ms"]["service"]
+
+
+def test_run_hdd_random_vs_sequential(tmp_path):
+    img = tmp_path / "d.img"
+    rnd = run_json("--profile", "hdd-7200", "--image", img, "--size", 64 << 20, "--pattern", "randread", "--ops", 30)
+    seq = run_json("--profile", "hdd-7200", "--image", img, "--pattern", "seqread", "--ops", 200)
+    assert rnd["load"]["latency_ms"]["mean"] > 8.0
+    assert seq["load"]["latency_ms"]["mean"] < 2.0
+    assert rnd["device"]["drive"]["seeks"] >= 25
+
+
+def test_run_timeout_profile_with_overrides(tmp_path):
+    img = tmp_path / "d.img"
+    s = run_json("--profile", "hdd-timeout", "--image", img, "--size", 8 << 20, "--pattern", "seqread",
+                 "--ops", 20, "--set", "timeout.after_requests=10", "--set", "timeout.duration_s=0.5")
+    assert s["load"]["errors"] == 1
+    assert s["device"]["injected"]["timeouts"] == 1
+    assert s["load"]["latency_ms"]["max"] >= 500
+
+
+def test_bad_profile_one_line_error_names_file_line_key(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('description = "x"\n[hdd]\nrpm = 7200\nseek_ms = 3\n')
+    r = faultdev("run", "--profile", bad, "--image", tmp_path / "i", "--size", 1 << 20, check=False)
+    line = one_line_error(r)
+    assert f"{bad}:4: hdd.seek_ms: unknown key" in line
+    bad.write_text("[delay\nread_ms = 1\n")
+    line = one_line_error(faultdev("run", "--profile", bad, "--image", tmp_path / "i", check=False))
+    assert f"{bad}:1: syntax:" in line
+
+
+def test_usage_errors_are_one_line(tmp_path):
+    img = tmp_path / "d.img"
+    one_line_error(faultdev("run", "--profile", "nope", "--image", img, "--size", 4096, check=False))
+    one_line_error(faultdev("run", "--profile", "nvme", "--image", img, "--size", 1 << 20, "--pattern", "zigzag",
+                            check=False))
+    one_line_error(faultdev("run", "--profile", "nvme", "--image", tmp_path / "missing", check=False))
+    one_line_error(faultdev("run", "--profile", "nvme", "--image", img, "--ops", "-3", check=False))
+    one_line_error(faultdev("frobnicate", check=False))
+    one_line_error(faultdev("powercut", "--profile", "nvme", "--image", img, "--seed", 1, check=False))
+    assert faultdev("--help").returncode == 0
+
+
+def test_profiles_lists_every_shipped_profile():
+    out = faultdev("profiles").stdout
+    for name in ("nvme", "sata-ssd", "hdd-7200", "hdd-fixed-10ms", "hdd-smr-dm", "hdd-stall", "hdd-timeout",
+                 "hdd-flaky", "powercut"):
+        assert f"\n{name}\t" in "\n" + out
+    assert "BROKEN" not in out
+
+
+def test_powercut_replay(tmp_path):
+    """Same seed, same image byte for byte; different seed, different image;
+    flushed data survives."""
+    img = tmp_path / "base.img"
+    # Durable: the whole 4 MiB image written and flushed.
+    run_json("--profile", "powercut", "--image", img, "--size", 4 << 20, "--pattern", "seqwrite",
+             "--ops", 1024, "--qd", 8, "--flush-at-end", "--seed", 1)
+    assert not Path(str(img) + ".faultdev-cache").exists()
+    durable = img.read_bytes()
+    # Unflushed: random writes into the first MiB only.
+    s = run_json("--profile", "powercut", "--image", img, "--pattern", "randwrite", "--ops", 200, "--qd", 4,
+                 "--span", 1 << 20, "--seed", 2)
+    assert s["device"]["cache"]["records"] == 200
+    assert img.read_bytes() == durable  # nothing unflushed reached the image
+    record = Path(str(img) + ".faultdev-cache")
+    assert record.exists()
+    images = {}
+    for name, seed in (("a", 7), ("b", 7), ("c", 8)):
+        copy = tmp_path / f"{name}.img"
+        shutil.copy(img, copy)
+        shutil.copy(record, str(copy) + ".faultdev-cache")
+        out = json.loads(faultdev("powercut", "--profile", "powercut", "--image", copy, "--seed", seed).stdout)
+        assert out["seed"] == seed and out["records"] == 200
+        assert out["kept"] + out["dropped"] + out["torn"] == 200
+        assert not Path(str(copy) + ".faultdev-cache").exists()  # the cut is applied once
+        images[name] = copy.read_bytes()
+    assert images["a"] == images["b"]
+    assert images["a"] != images["c"]
+    for im in images.values():
+        assert im[1 << 20:] == durable[1 << 20:]  # flushed data untouched by the unflushed writes survives
+        assert im[: 1 << 20] != durable[: 1 << 20]  # some unflushed writes were kept
