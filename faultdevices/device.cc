@@ -21,7 +21,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "userspace/platform/io_testing.h"  // SyncIo
+#include "platform/block_device.h"  // SyncIo
 #include "userspace/platform/uring_device.h"
 
 namespace faultdev {
@@ -715,11 +715,11 @@ CutOutcome FaultDevice::PowerCut(std::optional<uint64_t> seed) {
     const CacheModel& c = profile_.cache;
     out = PlanPowerCut(records, info_.logical_block_size, cut_seed, CutPolicy{c.keep, c.drop, c.tear});
     for (SectorRun& run : out.runs) {
-      tfs::userspace::SyncIo(*backing_, IoOp::kWrite, run.offset, run.data.data(), run.data.size()).IgnoreError();
+      tfs::SyncIo(*backing_, IoOp::kWrite, run.offset, run.data.data(), run.data.size()).IgnoreError();
     }
     // Best effort: the backing image is what the cut left; its own durability is
     // the host's business.
-    tfs::userspace::SyncIo(*backing_, IoOp::kFlush, 0, nullptr, 0).IgnoreError();
+    tfs::SyncIo(*backing_, IoOp::kFlush, 0, nullptr, 0).IgnoreError();
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -27,7 +27,7 @@
 #include "faultdevices/device.h"
 #include "faultdevices/loadgen.h"
 #include "faultdevices/profile.h"
-#include "userspace/platform/io_testing.h"  // SyncIo
+#include "platform/block_device.h"  // SyncIo
 #include "userspace/platform/uring_device.h"
 
 namespace faultdev {
@@ -112,7 +112,7 @@ int Run(const RunArgs& a) {
               << a.ops << " qd " << a.qd << "\n";
     LoadResult r = RunLoad(*dev, lo);
     if (a.flush_at_end && dev->powered()) {
-      tfs::Status st = tfs::userspace::SyncIo(*dev, tfs::IoOp::kFlush, 0, nullptr, 0);
+      tfs::Status st = tfs::SyncIo(*dev, tfs::IoOp::kFlush, 0, nullptr, 0);
       if (!st.ok()) Die(1, std::string("final flush failed: ") + st.Message());
     }
     dev->Drain();

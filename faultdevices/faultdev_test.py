@@ -1,19 +1,17 @@
 """The faultdev command line: run, powercut, profiles, and its one-line errors.
 
-Needs the built binary: $TIERFS_BUILD/bin/faultdev (set by `make test`).
+Needs the built binary: $TIERFS_BUILD/bin/faultdev (default build/bin/faultdev).
 """
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
+from tierlab.testing import build_dir
 
-BUILD = os.environ.get("TIERFS_BUILD")
-FAULTDEV = Path(BUILD, "bin", "faultdev") if BUILD else None
-
-pytestmark = pytest.mark.skipif(not BUILD, reason="TIERFS_BUILD not set (run through make test)")
+# The build directory ($TIERFS_BUILD, else build/); a missing binary fails the test.
+BUILD = build_dir()
+FAULTDEV = BUILD / "bin" / "faultdev"
 
 
 def faultdev(*args, check=True):

@@ -29,7 +29,7 @@
 #include "faultdevices/control.h"
 #include "faultdevices/device.h"
 #include "faultdevices/profile.h"
-#include "userspace/platform/io_testing.h"  // SyncIo
+#include "platform/block_device.h"  // SyncIo
 
 #define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
 
@@ -144,7 +144,7 @@ int BlockSize(void*, uint32_t* minimum, uint32_t* preferred, uint32_t* maximum) 
 // One synchronous request; -1 with nbdkit's error set on failure. NBD carries no
 // origin tag, so requests count as "other".
 int DoIo(tfs::IoOp op, void* buf, uint64_t len, uint64_t off, uint8_t flags) {
-  tfs::Status st = tfs::userspace::SyncIo(*g->dev, op, off, buf, len, flags);
+  tfs::Status st = tfs::SyncIo(*g->dev, op, off, buf, len, flags);
   if (st.ok()) return 0;
   nbdkit_set_error(-st.ToErrno());
   return -1;

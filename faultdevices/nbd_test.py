@@ -1,7 +1,7 @@
 """The NBD export (faultdev serve = nbdkit + the faultdev plugin), driven by libnbd
 and nbdcopy: the same delays and errors as in process, and run-time control.
 
-Needs $TIERFS_BUILD (set by `make test`), nbdkit, nbdcopy and python3-libnbd.
+Needs the build ($TIERFS_BUILD, default build/), nbdkit, nbdcopy and python3-libnbd.
 """
 import json
 import os
@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-nbd = pytest.importorskip("nbd", reason="python3-libnbd is not installed (scripts/install-deps test)")
+from tierlab.testing import build_dir
 
-BUILD = os.environ.get("TIERFS_BUILD")
-FAULTDEV = Path(BUILD, "bin", "faultdev") if BUILD else None
+import nbd  # python3-libnbd, installed by scripts/install-deps (test group)
 
-pytestmark = pytest.mark.skipif(not BUILD, reason="TIERFS_BUILD not set (run through make test)")
+# The build directory ($TIERFS_BUILD, else build/); a missing binary fails the test.
+BUILD = build_dir()
+FAULTDEV = BUILD / "bin" / "faultdev"
 
 
 class Served:
