@@ -183,6 +183,8 @@ Result<u64> Journal::Commit(const Key* keys, u32 nkeys, DevMask deps, CommitMode
   Buf* buf;
   for (;;) {
     if (!failed_.ok()) return failed_;
+    // Stop() may have begun while we waited for room: the writer may be gone.
+    if (stop_) return Err::kInvalidArgument;
     buf = bufs_[open_];
     if (buf->used + space <= config_.max_entry_bytes) break;
     // The open entry is full: the writer takes it as soon as it is free.

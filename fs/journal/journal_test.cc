@@ -381,6 +381,37 @@ TEST(JournalTest, TornLastEntryIsIgnored) {
   EXPECT_EQ(rr.next_seq, 6u);
 }
 
+TEST(JournalTest, ReplicatedEntriesSurviveTheLossOfOneRing) {
+  Fixture f;
+  // Both members carry a ring; every entry goes to both.
+  f.sb.members[1].journal_nbuckets = 8;
+  f.sb.members[1].data_allowed = sb::kDataAll;
+  f.sb.options.metadata_replicas = 2;
+  Pins pins;
+  {
+    Journal j;
+    ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, FastConfig()).ok());
+    for (u64 i = 0; i < 40; i++) {
+      ASSERT_TRUE(CommitValue(j, i, i % 8 == 7 ? CommitMode::kFlush : CommitMode::kNoFlush, 0,
+                              nullptr, &pins).ok());
+    }
+    ASSERT_TRUE(j.Stop().ok());
+    EXPECT_EQ(j.GetStats().bytes, 2 * j.GetStats().entries * 4096);
+  }
+  EXPECT_EQ(f.mem[0]->bytes(IoOp::kWrite), f.mem[1]->bytes(IoOp::kWrite));
+  ReplayResult rr;
+  std::vector<u64> v = Replayed(*f.AfterPowerCut(), &rr);
+  ASSERT_EQ(v.size(), 40u);  // replicas are counted once
+  // Wipe the first member's ring: the second still has everything.
+  auto img = f.mem[0]->SnapshotDurable();
+  u64 ring = sb::kBucketsOffset + f.sb.members[0].journal_first_bucket * kBucket;
+  memset(&img[ring], 0, 8 * kBucket);
+  Fixture g(f, std::move(img), f.mem[1]->SnapshotDurable());
+  v = Replayed(g, &rr);
+  ASSERT_EQ(v.size(), 40u);
+  for (u64 i = 0; i < 40; i++) EXPECT_EQ(v[i], i);
+}
+
 TEST(JournalTest, EntriesOfAnotherFilesystemAreIgnored) {
   Fixture f;
   Pins pins;
