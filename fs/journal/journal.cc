@@ -261,9 +261,11 @@ void Journal::PinRelease(u64 seq) {
   u32& c = pin_counts_[usize(seq - pin_base_)];
   TFS_BUG_ON(c == 0);
   c--;
-  // Drop leading zero counts so the vector stays short.
+  // Drop leading zero counts so the vector stays short -- but only for sealed
+  // entries: the open entry can still gain pins, so pin_base_ never passes it.
+  const u64 open_seq = bufs_[open_]->seq;
   usize zeros = 0;
-  while (zeros < pin_counts_.size() && pin_counts_[zeros] == 0) zeros++;
+  while (zeros < pin_counts_.size() && pin_counts_[zeros] == 0 && pin_base_ + zeros < open_seq) zeros++;
   if (zeros > 0 && zeros * 2 >= pin_counts_.size()) {
     for (usize i = zeros; i < pin_counts_.size(); i++) pin_counts_[i - zeros] = pin_counts_[i];
     Status st = pin_counts_.Resize(pin_counts_.size() - zeros);
