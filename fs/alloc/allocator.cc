@@ -1,10 +1,10 @@
 // Bucket allocator with watermark reserves and journaled, checkpointed state (see
 // allocator.h and docs/format/alloc.md).
 //
-// Invariants: free_list holds exactly the buckets in state kFree (each once) and
-// free_count == free_list.size(); a bucket's version only grows; pin_, when active,
-// is at or before the journal sequence of every change made since the last
-// checkpoint snapshot.
+// Invariants: every bucket in state kFree is either on free_list (its free is
+// durable) or on pending (not yet), each once; free_count == free_list.size(); a
+// bucket's version only grows; pin_, when active, is at or before the journal
+// sequence of every change made since the last checkpoint snapshot.
 #include "alloc/allocator.h"
 
 #include "platform/platform.h"
@@ -63,6 +63,7 @@ Status Allocator::Init(dev::DeviceSet* devs, const sb::Superblock& sb, journal::
     Dev& d = devices_[i];
     TFS_TRY(d.buckets.Resize(m.nbuckets));
     TFS_TRY(d.free_list.Reserve(m.nbuckets));
+    TFS_TRY(d.pending.Reserve(m.nbuckets));
     d.data_allowed = m.data_allowed;
     d.table_buckets = m.alloc_table_buckets;
     d.reserves.btree = Max(1, m.nbuckets / 128);
@@ -99,6 +100,7 @@ Status Allocator::Finish() {
   for (u32 i = 0; i < nr_; i++) {
     Dev& d = devices_[i];
     d.free_list.Clear();
+    d.pending.Clear();  // after load or repair, every free bucket's state is on disk
     for (u64 b = d.buckets.size(); b-- > 0;) {
       if (d.buckets[b].state == BucketState::kFree) TFS_TRY(d.free_list.PushBack(b));
     }
@@ -190,14 +192,45 @@ bool Allocator::Usable(u32 dev, BucketState purpose, Watermark wm) const {
   return (d.data_allowed & DataBit(purpose)) != 0 && d.free_count > FreeFloor(dev, wm);
 }
 
+void Allocator::ReleasePending(Dev& d, u64 durable_seq) {
+  usize keep = 0;
+  for (usize i = 0; i < d.pending.size(); i++) {
+    if (d.pending[i].seq <= durable_seq) {
+      d.free_list.PushBack(d.pending[i].bucket).IgnoreError();  // capacity reserved at Init
+      d.free_count++;
+    } else {
+      d.pending[keep++] = d.pending[i];
+    }
+  }
+  d.pending.Resize(keep).IgnoreError();  // shrinking never allocates
+}
+
 Result<BucketRef> Allocator::Allocate(dev::DevMask target, dev::DevMask fallback,
                                       BucketState purpose, Watermark wm) {
   if (purpose == BucketState::kFree || purpose == BucketState::kMeta || u8(wm) > u8(Watermark::kJournal))
     return Err::kInvalidArgument;
+  bool pending_seen = false;
+  Result<BucketRef> r = TryAllocate(target, fallback, purpose, wm, &pending_seen);
+  if (r.ok() || !pending_seen || journal_ == nullptr) return r;
+  // Only buckets whose free is not yet durable are left: make it durable.
+  {
+    MutexLock lock(mu_);
+    stats_.flush_waits++;
+  }
+  TFS_TRY(journal_->Flush());
+  return TryAllocate(target, fallback, purpose, wm, &pending_seen);
+}
+
+Result<BucketRef> Allocator::TryAllocate(dev::DevMask target, dev::DevMask fallback,
+                                         BucketState purpose, Watermark wm, bool* pending_seen) {
+  u64 durable = journal_ != nullptr ? journal_->durable_seq() : ~u64(0);
   BucketRef ref;
   Bucket snapshot;
   {
     MutexLock lock(mu_);
+    for (u32 i = 0; i < nr_; i++) {
+      if (!devices_[i].pending.empty()) ReleasePending(devices_[i], durable);
+    }
     i32 best = -1;
     for (int pass = 0; pass < 2 && best < 0; pass++) {
       dev::DevMask mask = pass == 0 ? target : (fallback & ~target);
@@ -208,7 +241,12 @@ Result<BucketRef> Allocator::Allocate(dev::DevMask target, dev::DevMask fallback
       if (best >= 0 && pass == 1) stats_.fallbacks++;
     }
     if (best < 0) {
-      stats_.refused[u8(wm)]++;
+      for (u32 i : dev::Bits((target | fallback) & all_devices())) {
+        const Dev& d = devices_[i];
+        if ((d.data_allowed & DataBit(purpose)) != 0 && d.free_count + d.pending.size() > FreeFloor(i, wm))
+          *pending_seen = true;
+      }
+      if (!*pending_seen) stats_.refused[u8(wm)]++;
       return Err::kNoSpace;
     }
     Dev& d = devices_[u32(best)];
@@ -242,12 +280,19 @@ Status Allocator::Free(const BucketRef& ref) {
     bk.state = BucketState::kFree;
     bk.live_sectors = 0;
     bk.version++;
-    TFS_TRY(d.free_list.PushBack(ref.bucket));  // capacity reserved at Init
-    d.free_count++;
     stats_.frees++;
     snapshot = bk;
   }
-  return JournalChange(ref.dev, ref.bucket, snapshot);
+  u64 seq = TFS_TRY(JournalChange(ref.dev, ref.bucket, snapshot));
+  MutexLock lock(mu_);
+  Dev& d = devices_[ref.dev];
+  if (journal_ == nullptr) {
+    d.free_list.PushBack(ref.bucket).IgnoreError();  // capacity reserved at Init
+    d.free_count++;
+  } else {
+    d.pending.PushBack(Dev::Pending{ref.bucket, seq}).IgnoreError();  // capacity reserved at Init
+  }
+  return Status::Ok();
 }
 
 Status Allocator::SetLiveSectors(const BucketRef& ref, u32 live_sectors) {
@@ -262,7 +307,7 @@ Status Allocator::SetLiveSectors(const BucketRef& ref, u32 live_sectors) {
     bk.version++;
     snapshot = bk;
   }
-  return JournalChange(ref.dev, ref.bucket, snapshot);
+  return JournalChange(ref.dev, ref.bucket, snapshot).status();
 }
 
 Status Allocator::RepairState(u32 dev, u64 bucket, BucketState state) {
@@ -278,11 +323,11 @@ Status Allocator::RepairState(u32 dev, u64 bucket, BucketState state) {
     snapshot = bk;
   }
   TFS_TRY(Finish());
-  return JournalChange(dev, bucket, snapshot);
+  return JournalChange(dev, bucket, snapshot).status();
 }
 
-Status Allocator::JournalChange(u32 dev, u64 bucket, const Bucket& b) {
-  if (journal_ == nullptr) return Status::Ok();
+Result<u64> Allocator::JournalChange(u32 dev, u64 bucket, const Bucket& b) {
+  if (journal_ == nullptr) return u64(0);
   AllocKey k;
   MemSet(&k, 0, sizeof(k));
   k.dev.set(u16(dev));
@@ -293,7 +338,7 @@ Status Allocator::JournalChange(u32 dev, u64 bucket, const Bucket& b) {
   k.version.set(b.version);
   journal::Key key{journal::kKeyAlloc, sizeof(k), &k};
   journal::Pin local;
-  TFS_TRY(journal_->Commit(&key, 1, 0, journal::CommitMode::kNoFlush, &local));
+  u64 seq = TFS_TRY(journal_->Commit(&key, 1, 0, journal::CommitMode::kNoFlush, &local));
   journal::Pin drop;
   {
     MutexLock lock(mu_);
@@ -308,7 +353,7 @@ Status Allocator::JournalChange(u32 dev, u64 bucket, const Bucket& b) {
     }
   }
   journal_->PinDrop(&drop);
-  return Status::Ok();
+  return seq;
 }
 
 Status Allocator::WriteTable(u32 dev, const Bucket* snapshot, u64 n, u64 checkpoint, u32 slot,
@@ -390,6 +435,7 @@ DeviceUsage Allocator::Usage(u32 dev) const {
   if (dev >= nr_) return u;
   const Dev& d = devices_[dev];
   u.nbuckets = d.buckets.size();
+  u.pending_free = d.pending.size();
   for (const Bucket& b : d.buckets) {
     u.by_state[u8(b.state)]++;
     u.live_sectors += b.live_sectors;

@@ -13,6 +13,11 @@
 // Targets are tried first; the fallback mask only when no target member can serve
 // the request at its watermark (the fast tier is genuinely full).
 //
+// A freed bucket is not handed out again until the journal entry recording the
+// free is durable: otherwise new data could overwrite a bucket that, after a crash,
+// the old (still referenced) extent points at. Until then it waits on a pending
+// list; an allocation that finds nothing else forces a journal flush.
+//
 // Persistence (docs/format/alloc.md): every change is journaled (no-flush) as an
 // AllocKey with the bucket's new change version; Checkpoint() writes every member's
 // table to the slot not used last time and then drops the journal pin that kept
@@ -58,6 +63,7 @@ struct Reserves {
 
 struct DeviceUsage {
   u64 nbuckets = 0;
+  u64 pending_free = 0;  // freed, waiting for the free to be durable
   u64 by_state[kBucketStateCount] = {};
   u64 live_sectors = 0;
   Reserves reserves;
@@ -67,6 +73,7 @@ struct AllocStats {
   u64 allocs[5];          // by watermark
   u64 refused[5];         // kNoSpace by watermark (after fallback)
   u64 fallbacks;          // served outside the target
+  u64 flush_waits;        // allocations that flushed the journal to reuse freed buckets
   u64 frees;
   u64 checkpoints;
 };
@@ -117,8 +124,13 @@ class Allocator {
  private:
   struct Dev {
     Vector<Bucket> buckets;
-    Vector<u64> free_list;  // free bucket numbers; allocation pops from the back
+    Vector<u64> free_list;  // free (durably) bucket numbers; allocation pops from the back
     u64 free_count = 0;
+    struct Pending {
+      u64 bucket;
+      u64 seq;  // journal entry that records the free
+    };
+    Vector<Pending> pending;  // freed, not yet reusable
     Reserves reserves;
     u8 data_allowed = 0;
     u32 table_buckets = 0;
@@ -126,11 +138,19 @@ class Allocator {
     u32 last_slot = 1;      // slot written last (the next checkpoint uses the other)
   };
 
-  // Journals one bucket change and keeps the allocator's pin armed.
-  Status JournalChange(u32 dev, u64 bucket, const Bucket& b);
+  // Journals one bucket change and keeps the allocator's pin armed; returns the
+  // journal sequence (0 without a journal).
+  Result<u64> JournalChange(u32 dev, u64 bucket, const Bucket& b);
+  // Moves pending frees made durable by `durable_seq` to the free list. Requires mu_.
+  void ReleasePending(Dev& d, u64 durable_seq);
+  // One allocation attempt; kNoSpace with *pending_seen if only pending buckets
+  // could have served it.
+  Result<BucketRef> TryAllocate(dev::DevMask target, dev::DevMask fallback, BucketState purpose,
+                                Watermark wm, bool* pending_seen);
   Status WriteTable(u32 dev, const Bucket* snapshot, u64 nbuckets, u64 checkpoint, u32 slot,
                     u64 journal_seq);
   bool Usable(u32 dev, BucketState purpose, Watermark wm) const;
+  dev::DevMask all_devices() const { return nr_ >= 32 ? ~dev::DevMask(0) : (dev::DevMask(1) << nr_) - 1; }
 
   dev::DeviceSet* devs_ = nullptr;
   journal::Journal* journal_ = nullptr;

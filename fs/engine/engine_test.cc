@@ -322,6 +322,39 @@ TEST(EngineTest, WatermarksHoldUnderConcurrentForegroundAndBackground) {
   EXPECT_GE(e.alloc().Stats().fallbacks, 1u);
 }
 
+TEST(EngineTest, FreedBucketsAreReusedOnlyOnceTheFreeIsDurable) {
+  Disks d;
+  ASSERT_TRUE(d.Format().ok());
+  Engine e;
+  Diag diag;
+  OpenOptions oo;
+  oo.journal.write_delay_ns = 60 * platform::kNsPerSec;  // nothing durable on its own
+  oo.journal.flush_delay_ns = 60 * platform::kNsPerSec;
+  ASSERT_TRUE(e.Open(d.List().data(), 2, oo, &diag).ok()) << diag.text;
+  const dev::DevMask hdd = 0b10;
+  alloc::BucketRef a = *e.alloc().Allocate(hdd, 0, BucketState::kUser, Watermark::kForeground);
+  ASSERT_TRUE(e.alloc().Free(a).ok());
+  EXPECT_EQ(e.alloc().Usage(1).pending_free, 1u);
+  alloc::BucketRef b = *e.alloc().Allocate(hdd, 0, BucketState::kUser, Watermark::kForeground);
+  EXPECT_NE(b.bucket, a.bucket) << "reused a bucket whose free is not durable";
+  ASSERT_TRUE(e.journal().Flush().ok());
+  alloc::BucketRef c = *e.alloc().Allocate(hdd, 0, BucketState::kUser, Watermark::kForeground);
+  EXPECT_EQ(c.bucket, a.bucket);  // durable now: the most recently freed goes first
+  EXPECT_EQ(c.gen, u8(a.gen + 1));
+  EXPECT_EQ(e.alloc().Usage(1).pending_free, 0u);
+
+  // Exhaust the HDD; a free then makes the next allocation flush the journal.
+  while (e.alloc().Allocate(hdd, 0, BucketState::kUser, Watermark::kBtree).ok()) {
+  }
+  ASSERT_TRUE(e.alloc().Free(b).ok());
+  u64 durable = e.journal().durable_seq();
+  Result<alloc::BucketRef> r = e.alloc().Allocate(hdd, 0, BucketState::kUser, Watermark::kBtree);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->bucket, b.bucket);
+  EXPECT_GT(e.journal().durable_seq(), durable);
+  EXPECT_EQ(e.alloc().Stats().flush_waits, 1u);
+}
+
 TEST(EngineTest, AllocatorRefusesWrongPurposeAndStaleRefs) {
   Disks d;
   ASSERT_TRUE(d.Format().ok());

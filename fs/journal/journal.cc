@@ -305,6 +305,11 @@ u64 Journal::next_seq() const {
   return bufs_[open_] != nullptr ? bufs_[open_]->seq : 0;
 }
 
+u64 Journal::durable_seq() const {
+  MutexLock lock(mu_);
+  return durable_seq_;
+}
+
 Stats Journal::GetStats() const {
   MutexLock lock(mu_);
   Stats s = stats_;

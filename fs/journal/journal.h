@@ -138,6 +138,8 @@ class Journal {
   Stats GetStats() const;
   // The sequence number the next entry will get.
   u64 next_seq() const;
+  // Every entry up to this sequence number is durable.
+  u64 durable_seq() const;
   // Latency histograms of Commit() by mode, in ns.
   void ReadLatency(CommitMode mode, Histogram* out) const;
 
