@@ -11,6 +11,7 @@
 
 #include "btree/format.h"
 #include "platform/types.h"
+#include "util/endian.h"
 
 namespace tfs::btree {
 
@@ -22,6 +23,18 @@ struct Pos {
   static constexpr Pos Min(u8 btree_id) { return Pos{btree_id, 0, 0}; }
   static constexpr Pos Max(u8 btree_id) { return Pos{btree_id, ~u64(0), ~u64(0)}; }
 };
+
+// Positions are decoded on every search and iteration step, and GCC at -O2 keeps
+// Le64::get() as a byte loop; on little-endian hosts this is one load.
+inline u64 LoadLe64(const Le64& v) {
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  u64 x;
+  __builtin_memcpy(&x, v.bytes, sizeof(x));
+  return x;
+#else
+  return v.get();
+#endif
+}
 
 // <0, 0 or >0, like memcmp.
 constexpr int Compare(const Pos& a, const Pos& b) {
@@ -52,7 +65,7 @@ class KeyRef {
   explicit KeyRef(const KeyHeader* k) : k_(k) {}
 
   bool valid() const { return k_ != nullptr; }
-  Pos pos() const { return Pos{k_->btree_id, k_->inode.get(), k_->offset.get()}; }
+  Pos pos() const { return Pos{k_->btree_id, LoadLe64(k_->inode), LoadLe64(k_->offset)}; }
   u8 type() const { return k_->type; }
   bool is_whiteout() const { return k_->type == kKeyWhiteout; }
   u32 val_bytes() const { return k_->val_bytes.get(); }
