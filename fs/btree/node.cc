@@ -302,11 +302,14 @@ void NodeIter::SettleForward() {
       at_ = best;
       return;
     }
-    // Deleted: step every set past this position and look again.
-    for (u32 s = first_; s < nsets_; s++) {
-      const Set& set = node_->set(s);
-      if (cur_[s] < set.size() && set.KeyPos(cur_[s]) == pos_) cur_[s]++;
-    }
+    StepOverPos();  // deleted: look again after it
+  }
+}
+
+void NodeIter::StepOverPos() {
+  for (u32 s = first_; s < nsets_; s++) {
+    const Set& set = node_->set(s);
+    if (cur_[s] < set.size() && set.KeyPos(cur_[s]) == pos_) cur_[s]++;
   }
 }
 
@@ -372,10 +375,7 @@ void NodeIter::Next() {
       SettleForward();  // cursors are all at 0
       return;
     case State::kAt:
-      for (u32 s = first_; s < nsets_; s++) {
-        const Set& set = node_->set(s);
-        if (cur_[s] < set.size() && set.KeyPos(cur_[s]) == pos_) cur_[s]++;
-      }
+      StepOverPos();
       SettleForward();
       return;
   }

@@ -119,7 +119,11 @@ class NodeIter {
 
  private:
   enum class State : u8 { kAt, kBeforeBegin, kAfterEnd };
+  // Moves to the first visible key at or after the cursors.
   void SettleForward();
+  // Moves every cursor that is at pos_ past it.
+  void StepOverPos();
+  // Moves to the last visible key before the cursors.
   void StepBack();
 
   const Node* node_;
