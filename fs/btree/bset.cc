@@ -1,0 +1,132 @@
+// Sorted sets: the builder, and the Eytzinger index and search (see bset.h).
+//
+// The index is built by one in-order walk of the implicit tree (no recursion, so
+// no stack depth that grows with the set), and searched with the branch-light
+// Eytzinger lower_bound: descend k -> 2k + (entry[k] < key); the answer is the last
+// node where the walk went left, recovered from k by dropping its trailing one
+// bits and one more. The sets' keys themselves are touched only to return the
+// answer, never during the descent.
+#include "btree/bset.h"
+
+#include "platform/platform.h"
+
+namespace tfs::btree {
+
+Status CheckKeyInput(const KeyInput& key, u8 btree_id) {
+  if (key.pos.btree_id != btree_id) return Err::kInvalidArgument;
+  if (key.type == kKeyInvalid || key.type >= kNrKeyTypes) return Err::kInvalidArgument;
+  if (key.type == kKeyWhiteout && key.val_bytes != 0) return Err::kInvalidArgument;
+  if (key.val_bytes > kMaxValueBytes) return Err::kTooBig;
+  if (key.val_bytes != 0 && key.value == nullptr) return Err::kInvalidArgument;
+  return Status::Ok();
+}
+
+SetBuilder::SetBuilder(u8* dst, u32 cap, u8 btree_id, u64 node_seq, u64 journal_seq)
+    : dst_(dst), cap_(cap), btree_id_(btree_id), node_seq_(node_seq), journal_seq_(journal_seq),
+      used_(u32(sizeof(SetHeader))) {}
+
+Status SetBuilder::Add(const KeyInput& key) {
+  Status st = CheckKeyInput(key, btree_id_);
+  if (!st.ok()) return st;
+  if (nkeys_ > 0 && !(last_ < key.pos)) return Err::kInvalidArgument;
+  u32 space = KeySpace(key.val_bytes);
+  if (used_ > cap_ || cap_ - used_ < space) return Err::kNoSpace;
+  auto* k = reinterpret_cast<KeyHeader*>(dst_ + used_);
+  k->btree_id = key.pos.btree_id;
+  k->type = key.type;
+  k->val_bytes.set(u16(key.val_bytes));
+  k->reserved.set(0);
+  k->inode.set(key.pos.inode);
+  k->offset.set(key.pos.offset);
+  u8* val = reinterpret_cast<u8*>(k + 1);
+  MemCopy(val, key.value, key.val_bytes);
+  MemSet(val + key.val_bytes, 0, space - sizeof(KeyHeader) - key.val_bytes);
+  used_ += space;
+  nkeys_++;
+  last_ = key.pos;
+  return Status::Ok();
+}
+
+Status SetBuilder::Add(KeyRef key) {
+  KeyInput in;
+  in.pos = key.pos();
+  in.type = key.type();
+  in.value = key.value();
+  in.val_bytes = key.val_bytes();
+  return Add(in);
+}
+
+u32 SetBuilder::Finish() {
+  auto* h = reinterpret_cast<SetHeader*>(dst_);
+  h->magic.set(kSetMagic ^ node_seq_);
+  h->csum.set(0);
+  h->bytes.set(used_);
+  h->key_bytes.set(used_ - u32(sizeof(SetHeader)));
+  h->nkeys.set(nkeys_);
+  h->journal_seq.set(journal_seq_);
+  h->csum.set(platform::Crc32cSkippingField(dst_, used_, __builtin_offsetof(SetHeader, csum)));
+  return used_;
+}
+
+Status Set::Index(const SetHeader* hdr, u8 btree_id) {
+  hdr_ = hdr;
+  btree_id_ = btree_id;
+  nkeys_ = 0;
+  u32 n = hdr->nkeys.get();
+  Status st = offsets_.Resize(n);
+  if (st.ok()) st = eytz_.Resize(usize(n) + 1);
+  if (st.ok()) st = rank_.Resize(usize(n) + 1);
+  if (!st.ok()) {
+    offsets_.Resize(0).IgnoreError();  // shrinking never fails
+    eytz_.Resize(0).IgnoreError();
+    rank_.Resize(0).IgnoreError();
+    return st;
+  }
+  const u8* base = reinterpret_cast<const u8*>(hdr);
+  u32 off = u32(sizeof(SetHeader));
+  // k walks the implicit tree in order: start at the leftmost node.
+  u32 k = 1;
+  while (2 * k <= n) k *= 2;
+  for (u32 i = 0; i < n; i++) {
+    const auto* key = reinterpret_cast<const KeyHeader*>(base + off);
+    offsets_[i] = off;
+    off += KeySpace(key->val_bytes.get());
+    eytz_[k] = Entry{LoadLe64(key->inode), LoadLe64(key->offset)};
+    rank_[k] = i;
+    if (2 * k + 1 <= n) {  // successor: leftmost node of the right subtree
+      k = 2 * k + 1;
+      while (2 * k <= n) k *= 2;
+    } else {  // or the first ancestor whose left subtree we are in
+      while (k & 1) k >>= 1;
+      k >>= 1;
+    }
+  }
+  nkeys_ = n;
+  return Status::Ok();
+}
+
+u32 Set::LowerBound(const Pos& pos) const {
+  if (pos.btree_id != btree_id_) return pos.btree_id < btree_id_ ? 0 : nkeys_;
+  const Entry* e = eytz_.data();
+  const u64 n = nkeys_;
+  u64 k = 1;
+  while (k <= n) {
+    // Sixteen slots below k are k's descendants four levels down, contiguous in one
+    // 256-byte block. Prefetching past the array is harmless (never faults), but
+    // computed on integers so that no out-of-bounds pointer is ever formed.
+    __builtin_prefetch(reinterpret_cast<const void*>(uptr(e) + 16 * k * sizeof(Entry)));
+    const Entry& x = e[k];
+    const u64 less = u64(x.inode < pos.inode) | (u64(x.inode == pos.inode) & u64(x.offset < pos.offset));
+    k = 2 * k + less;
+  }
+  k >>= __builtin_ctzll(~k) + 1;
+  return k == 0 ? nkeys_ : rank_[k];
+}
+
+u32 Set::Find(const Pos& pos) const {
+  u32 i = LowerBound(pos);
+  if (i < nkeys_ && KeyPos(i) == pos) return i;
+  return nkeys_;
+}
+
+}  // namespace tfs::btree

@@ -1,0 +1,105 @@
+// Sorted sets: building one set of packed keys, and searching it fast.
+//
+// A set (btree/format.h) is an immutable run of keys, strictly increasing by
+// position, stored contiguously inside a node buffer. SetBuilder writes one from
+// sorted input. Set is the in-memory index over a written, validated set:
+//   - offsets_: the byte offset of every key in order, for O(1) random access and
+//     backward iteration (keys have variable size, so the bytes alone only support
+//     walking forward);
+//   - an Eytzinger-ordered copy of every key's (inode, offset): the implicit binary
+//     search tree laid out breadth-first, 1-based, so the first levels share cache
+//     lines, each step's children sit at 2k and 2k+1, and the search prefetches four
+//     levels ahead. A lower_bound is log2(n) predictable steps with no pointer
+//     chasing into the variable-sized keys;
+//   - rank_: Eytzinger slot -> in-order index, read once per search.
+// The index is derived data: never on disk, rebuilt whenever a set is (re)written.
+//
+// Thread safety: a Set is immutable after Index() and may be read from any number
+// of threads; SetBuilder is single-threaded. Neither owns the node buffer: the node
+// does, and must outlive (and not move) the sets that index it.
+#ifndef TFS_BTREE_BSET_H_
+#define TFS_BTREE_BSET_H_
+
+#include "btree/format.h"
+#include "btree/key.h"
+#include "platform/types.h"
+#include "util/status.h"
+#include "util/vector.h"
+
+namespace tfs::btree {
+
+// Writes one set into [dst, dst + cap): header first, keys as they are added.
+class SetBuilder {
+ public:
+  // `dst` must be 8-byte aligned. Nothing is valid until Finish().
+  SetBuilder(u8* dst, u32 cap, u8 btree_id, u64 node_seq, u64 journal_seq);
+
+  // Appends the next key. kInvalidArgument: wrong btree, not strictly after the
+  // previous key, bad type, a whiteout with a value, or a value over
+  // kMaxValueBytes. kNoSpace: the key does not fit in `cap`. Nothing is written on
+  // error.
+  [[nodiscard]] Status Add(const KeyInput& key);
+  [[nodiscard]] Status Add(KeyRef key);
+
+  u32 nkeys() const { return nkeys_; }
+  // Bytes the set occupies so far (header + keys), a multiple of 8.
+  u32 bytes() const { return used_; }
+  // Fills in the header and checksum; returns the set's size in bytes. A set with
+  // no keys is not a valid set: callers do not keep it.
+  u32 Finish();
+
+ private:
+  u8* dst_;
+  u32 cap_;
+  u8 btree_id_;
+  u64 node_seq_;
+  u64 journal_seq_;
+  u32 used_;
+  u32 nkeys_ = 0;
+  Pos last_{};
+};
+
+// Validates a key (type, value size, btree) as SetBuilder::Add does, without order.
+Status CheckKeyInput(const KeyInput& key, u8 btree_id);
+
+class Set {
+ public:
+  Set() = default;
+  Set(Set&&) = default;
+  Set& operator=(Set&&) = default;
+  Set(const Set&) = delete;
+  Set& operator=(const Set&) = delete;
+
+  // Builds the index of a set that has been validated (or just built). kNoMemory
+  // on allocation failure (the Set is then empty).
+  [[nodiscard]] Status Index(const SetHeader* hdr, u8 btree_id);
+
+  const SetHeader* header() const { return hdr_; }
+  u32 size() const { return nkeys_; }
+  u64 journal_seq() const { return hdr_->journal_seq.get(); }
+  // The i-th key in order, i < size().
+  KeyRef Key(u32 i) const {
+    return KeyRef(reinterpret_cast<const KeyHeader*>(reinterpret_cast<const u8*>(hdr_) + offsets_[i]));
+  }
+  Pos KeyPos(u32 i) const { return Key(i).pos(); }
+  // Index of the first key >= pos, or size() if there is none.
+  u32 LowerBound(const Pos& pos) const;
+  // Index of the key at exactly pos, or size().
+  u32 Find(const Pos& pos) const;
+
+ private:
+  struct Entry {  // 16 bytes: four per cache line
+    u64 inode;
+    u64 offset;
+  };
+  const SetHeader* hdr_ = nullptr;
+  u8 btree_id_ = 0;
+  u32 nkeys_ = 0;
+  Vector<u32> offsets_;  // in-order key offsets from hdr_
+  Vector<Entry> eytz_;   // [1, nkeys_] in Eytzinger order; [0] unused
+  Vector<u32> rank_;     // Eytzinger slot -> in-order index
+};
+
+}  // namespace tfs::btree
+
+#endif  // TFS_BTREE_BSET_H_

@@ -1,0 +1,111 @@
+// Sorted sets: the builder's input checks and the Eytzinger search, checked
+// against std::lower_bound over the same positions for every set size up to a few
+// hundred keys (every tree shape: perfect, one short, one over) and random larger
+// sets, with probes at, between, before and after the keys.
+#include "btree/bset.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+namespace tfs::btree {
+namespace {
+
+struct Built {
+  std::vector<u8> buf;
+  Set set;
+};
+
+// A set of `positions` (sorted, unique) with values of `val_bytes` bytes.
+void Build(const std::vector<Pos>& positions, u32 val_bytes, Built* out) {
+  out->buf.assign(sizeof(SetHeader) + positions.size() * KeySpace(val_bytes) + 8, 0xee);
+  SetBuilder b(out->buf.data(), u32(out->buf.size()), kBtreeTest, 42, 7);
+  std::vector<u8> val(val_bytes);
+  for (const Pos& p : positions) {
+    for (u32 i = 0; i < val_bytes; i++) val[i] = u8(p.offset + i);
+    KeyInput k{p, kKeyValue, val.data(), val_bytes};
+    ASSERT_TRUE(b.Add(k).ok());
+  }
+  b.Finish();
+  ASSERT_TRUE(out->set.Index(reinterpret_cast<const SetHeader*>(out->buf.data()), kBtreeTest).ok());
+}
+
+void CheckAgainstModel(const std::vector<Pos>& positions, const Set& set, const std::vector<Pos>& probes) {
+  ASSERT_EQ(set.size(), positions.size());
+  for (u32 i = 0; i < set.size(); i++) ASSERT_EQ(set.KeyPos(i), positions[i]);
+  for (const Pos& q : probes) {
+    u32 want = u32(std::lower_bound(positions.begin(), positions.end(), q) - positions.begin());
+    ASSERT_EQ(set.LowerBound(q), want) << "probe " << q.inode << ":" << q.offset << " n=" << positions.size();
+    bool present = want < positions.size() && positions[want] == q;
+    ASSERT_EQ(set.Find(q), present ? want : set.size());
+  }
+}
+
+TEST(SetTest, LowerBoundMatchesModelForEverySmallSize) {
+  for (u32 n = 1; n <= 300; n++) {
+    std::vector<Pos> positions;
+    for (u32 i = 0; i < n; i++) positions.push_back(Pos{kBtreeTest, i / 3, 10 * u64(i)});
+    std::vector<Pos> probes;
+    for (const Pos& p : positions) {
+      probes.push_back(p);
+      probes.push_back(Pos{kBtreeTest, p.inode, p.offset + 1});
+      if (p.offset > 0) probes.push_back(Pos{kBtreeTest, p.inode, p.offset - 1});
+    }
+    probes.push_back(Pos::Min(kBtreeTest));
+    probes.push_back(Pos::Max(kBtreeTest));
+    probes.push_back(Pos::Max(kBtreeTest - 1));  // before every key: another btree
+    probes.push_back(Pos::Min(kBtreeTest + 1));  // after every key
+    Built b;
+    Build(positions, n % 17, &b);
+    CheckAgainstModel(positions, b.set, probes);
+  }
+}
+
+TEST(SetTest, LowerBoundMatchesModelOnRandomSets) {
+  std::mt19937_64 rng(5);
+  for (int round = 0; round < 20; round++) {
+    u32 n = u32(rng() % 20000) + 1;
+    std::vector<Pos> positions;
+    for (u32 i = 0; i < n; i++) positions.push_back(Pos{kBtreeTest, rng() % 64, rng() % 1000});
+    std::sort(positions.begin(), positions.end());
+    positions.erase(std::unique(positions.begin(), positions.end()), positions.end());
+    std::vector<Pos> probes;
+    for (int i = 0; i < 2000; i++) probes.push_back(Pos{kBtreeTest, rng() % 66, rng() % 1002});
+    Built b;
+    Build(positions, 8, &b);
+    CheckAgainstModel(positions, b.set, probes);
+  }
+}
+
+TEST(SetTest, ExtremePositions) {
+  std::vector<Pos> positions = {Pos::Min(kBtreeTest), Pos{kBtreeTest, 0, ~u64(0)},
+                                Pos{kBtreeTest, ~u64(0), 0}, Pos::Max(kBtreeTest)};
+  Built b;
+  Build(positions, 0, &b);
+  CheckAgainstModel(positions, b.set, positions);
+}
+
+TEST(SetTest, BuilderRejectsBadInput) {
+  std::vector<u8> buf(4096);
+  SetBuilder b(buf.data(), u32(buf.size()), kBtreeTest, 1, 0);
+  u8 v[kMaxValueBytes + 1] = {};
+  EXPECT_EQ(b.Add(KeyInput{Pos{kBtreeTest, 1, 1}, kKeyValue, v, kMaxValueBytes + 1}).code(), Err::kTooBig);
+  EXPECT_EQ(b.Add(KeyInput{Pos{kBtreeInodes, 1, 1}, kKeyValue, v, 1}).code(), Err::kInvalidArgument);
+  EXPECT_EQ(b.Add(KeyInput{Pos{kBtreeTest, 1, 1}, kKeyInvalid, v, 1}).code(), Err::kInvalidArgument);
+  EXPECT_EQ(b.Add(KeyInput{Pos{kBtreeTest, 1, 1}, kNrKeyTypes, v, 1}).code(), Err::kInvalidArgument);
+  EXPECT_EQ(b.Add(KeyInput{Pos{kBtreeTest, 1, 1}, kKeyWhiteout, v, 1}).code(), Err::kInvalidArgument);
+  ASSERT_TRUE(b.Add(KeyInput{Pos{kBtreeTest, 1, 1}, kKeyValue, v, 5}).ok());
+  EXPECT_EQ(b.Add(KeyInput{Pos{kBtreeTest, 1, 1}, kKeyValue, v, 5}).code(), Err::kInvalidArgument);  // equal
+  EXPECT_EQ(b.Add(KeyInput{Pos{kBtreeTest, 0, 9}, kKeyValue, v, 5}).code(), Err::kInvalidArgument);  // smaller
+  ASSERT_TRUE(b.Add(KeyInput{Pos{kBtreeTest, 1, 2}, kKeyWhiteout, nullptr, 0}).ok());
+  EXPECT_EQ(b.Add(KeyInput{Pos{kBtreeTest, 2, 0}, kKeyValue, v, kMaxValueBytes}).ok(), true);
+  // Full: header 32 + key 32 + whiteout 24 + max key 2072 = 2160; another needs 2072.
+  EXPECT_EQ(b.Add(KeyInput{Pos{kBtreeTest, 3, 0}, kKeyValue, v, kMaxValueBytes}).code(), Err::kNoSpace);
+  EXPECT_EQ(b.nkeys(), 3u);
+  EXPECT_EQ(b.Finish(), 32u + 32 + 24 + 2072);
+}
+
+}  // namespace
+}  // namespace tfs::btree

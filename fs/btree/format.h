@@ -1,0 +1,113 @@
+// On-disk btree node format (documented in docs/format/btree.md).
+//
+// A btree node is one buffer of node_size bytes (a power of two, 4 KiB..1 MiB):
+//
+//   [0, 96)            NodeHeader: identity (btree id, level, seq), key bounds,
+//                      how many sets and bytes are in use, and a CRC-32C of itself
+//   [96, used_bytes)   nsets sorted sets, oldest first, each 8-byte aligned: a
+//                      32-byte SetHeader with its own CRC-32C, then keys, then zero
+//                      padding up to SetHeader.bytes
+//   [used_bytes, end)  not part of the node (never read, never checksummed)
+//
+// A key is a 24-byte KeyHeader (btree id, type, value length, inode, offset)
+// followed by val_bytes of value padded to 8. Keys within a set are strictly
+// increasing by position; a newer set's key shadows an older set's key at the same
+// position, and a whiteout (kKeyWhiteout) hides it. Sets carry their own checksum so
+// that a later set can be appended (and written) without touching earlier ones; the
+// set magic is derived from the node's seq so that a stale set left in the buffer by
+// an earlier node never validates. All integers little-endian; sizes checked below.
+#ifndef TFS_BTREE_FORMAT_H_
+#define TFS_BTREE_FORMAT_H_
+
+#include "platform/types.h"
+#include "util/endian.h"
+
+namespace tfs::btree {
+
+inline constexpr u64 kNodeMagic = 0x4245455254534654ull;  // "TFSTREEB" as LE bytes
+inline constexpr u64 kSetMagic = 0x5445534e53465454ull;                    // "TTFSNSET" as LE bytes
+inline constexpr u16 kNodeVersion = 1;
+
+inline constexpr u32 kMinNodeSize = 4096;
+inline constexpr u32 kMaxNodeSize = 1024 * 1024;
+inline constexpr u32 kDefaultNodeSize = 256 * 1024;
+// Sets per node: a bound on merge work per lookup. The in-memory node compacts
+// before it would exceed it.
+inline constexpr u32 kMaxSets = 16;
+// Largest value of one key, in bytes. A 4 KiB node holds exactly one key of this
+// size (96 + 32 + 24 + 2048 = 2200 bytes; two would need 4272).
+inline constexpr u32 kMaxValueBytes = 2048;
+
+// Btree ids. A node holds keys of one btree only. Numbers are on disk: never reuse.
+enum BtreeId : u8 {
+  kBtreeInodes = 0,
+  kBtreeDirents = 1,
+  kBtreeExtents = 2,
+  kBtreeXattrs = 3,
+  kBtreeAlloc = 4,
+  kBtreeBackpointers = 5,
+  kBtreeReconcile = 6,
+  kBtreeTest = 7,  // tests and benchmarks only
+  kNrBtreeIds = 8,
+};
+
+// Key types. 0 is never valid. Numbers are on disk: never reuse.
+enum KeyType : u8 {
+  kKeyInvalid = 0,
+  kKeyWhiteout = 1,  // deleted: hides older versions at this position; no value
+  kKeyValue = 2,     // opaque value bytes (generic; owners add typed keys later)
+  kNrKeyTypes = 3,
+};
+
+struct NodeHeader {  // 96 bytes
+  Le64 magic;        // kNodeMagic
+  Le32 csum;         // CRC-32C of these 96 bytes with this field zero
+  Le16 version;      // kNodeVersion
+  u8 btree_id;       // BtreeId
+  u8 level;          // 0 = leaf
+  Le64 seq;          // identity of this node's contents; set magic = kSetMagic ^ seq
+  Le32 node_size;    // bytes of the whole buffer, power of two, kMinNodeSize..kMaxNodeSize
+  Le32 used_bytes;   // header + sets, multiple of 8, <= node_size
+  Le16 nsets;        // 1..kMaxSets
+  Le16 flags;        // 0 (reserved)
+  Le32 reserved0;    // 0
+  Le64 min_inode;    // smallest position a key may have (inclusive)
+  Le64 min_offset;
+  Le64 max_inode;    // largest position a key may have (inclusive)
+  Le64 max_offset;
+  u8 reserved[24];   // 0
+};
+static_assert(sizeof(NodeHeader) == 96, "node header size");
+static_assert(__builtin_offsetof(NodeHeader, csum) == 8, "node csum offset");
+static_assert(__builtin_offsetof(NodeHeader, min_inode) == 40, "node bounds offset");
+
+struct SetHeader {   // 32 bytes, 8-byte aligned within the node
+  Le64 magic;        // kSetMagic ^ node seq
+  Le32 csum;         // CRC-32C of the whole set (`bytes`) with this field zero
+  Le32 bytes;        // header + keys + zero padding, multiple of 8
+  Le32 key_bytes;    // bytes of keys after the header
+  Le32 nkeys;        // keys in this set (>= 1)
+  Le64 journal_seq;  // newest journal entry whose updates this set holds (0 = none)
+};
+static_assert(sizeof(SetHeader) == 32, "set header size");
+static_assert(__builtin_offsetof(SetHeader, csum) == 8, "set csum offset");
+
+struct KeyHeader {   // 24 bytes, then val_bytes of value padded to 8
+  u8 btree_id;       // equals the node's
+  u8 type;           // KeyType
+  Le16 val_bytes;    // 0..kMaxValueBytes; 0 for whiteouts
+  Le32 reserved;     // 0
+  Le64 inode;
+  Le64 offset;
+};
+static_assert(sizeof(KeyHeader) == 24, "key header size");
+
+// Bytes one key occupies in a set.
+inline constexpr u32 KeySpace(u32 val_bytes) { return u32(sizeof(KeyHeader)) + ((val_bytes + 7) & ~7u); }
+inline constexpr u32 kMaxKeySpace = KeySpace(kMaxValueBytes);
+static_assert(sizeof(NodeHeader) + sizeof(SetHeader) + kMaxKeySpace <= kMinNodeSize,
+              "the smallest node holds one key of the largest size");
+
+}  // namespace tfs::btree
+
+#endif  // TFS_BTREE_FORMAT_H_

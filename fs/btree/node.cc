@@ -1,0 +1,389 @@
+// Btree node parsing, validation, set append, compaction and the merge iterator
+// (see node.h and docs/format/btree.md).
+//
+// Validation runs on the Node's own copy of the bytes, so nothing can change them
+// between check and use, and it checks every length against what is left of the
+// buffer before reading through it: a hostile node can make Parse fail, never read
+// out of bounds. After Parse succeeds the rest of the code trusts the buffer
+// (KeyRef, Set::Index do no checking). Invariants kept by every mutation: the
+// header's used_bytes/nsets/csum describe exactly the sets in sets_, each set's
+// csum is current, and every key is within [min, max] and in order within its set.
+#include "btree/node.h"
+
+#include "platform/platform.h"
+#include "util/bits.h"
+
+namespace tfs::btree {
+namespace {
+
+constexpr u32 kNodeAlign = 4096;
+
+bool ValidBounds(const NodeInfo& info) {
+  return info.btree_id < kNrBtreeIds && info.level <= kMaxLevel && info.min.btree_id == info.btree_id &&
+         info.max.btree_id == info.btree_id && info.min <= info.max;
+}
+
+bool SameInfo(const NodeInfo& a, const NodeInfo& b) {
+  return a.btree_id == b.btree_id && a.level == b.level && a.seq == b.seq && a.min == b.min && a.max == b.max;
+}
+
+bool AllZero(const u8* p, usize n) {
+  for (usize i = 0; i < n; i++) {
+    if (p[i] != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Node::~Node() { Reset(); }
+
+void Node::Reset() {
+  sets_.Clear();
+  platform::Free(buf_);
+  buf_ = nullptr;
+  node_size_ = used_ = 0;
+  info_ = NodeInfo{};
+}
+
+void Node::SealHeader() {
+  auto* h = reinterpret_cast<NodeHeader*>(buf_);
+  h->used_bytes.set(used_);
+  h->nsets.set(u16(sets_.size()));
+  h->csum.set(platform::Crc32cSkippingField(buf_, sizeof(NodeHeader), __builtin_offsetof(NodeHeader, csum)));
+}
+
+Status Node::IndexSets(u32 from) {
+  // Sets [from, ...) start after the previous set; their count comes from the header.
+  u32 nsets = reinterpret_cast<const NodeHeader*>(buf_)->nsets.get();
+  u32 off = u32(sizeof(NodeHeader));
+  for (u32 i = 0; i < from; i++) off += sets_[i].header()->bytes.get();
+  while (sets_.size() > from) sets_.PopBack();
+  for (u32 i = from; i < nsets; i++) {
+    const auto* sh = reinterpret_cast<const SetHeader*>(buf_ + off);
+    Set s;
+    Status st = s.Index(sh, info_.btree_id);
+    if (!st.ok()) return st;
+    st = sets_.PushBack(Move(s));
+    if (!st.ok()) return st;
+    off += sh->bytes.get();
+  }
+  return Status::Ok();
+}
+
+Status Node::Init(u32 node_size, const NodeInfo& info) {
+  Reset();
+  if (!IsPowerOfTwo(node_size) || node_size < kMinNodeSize || node_size > kMaxNodeSize || !ValidBounds(info))
+    return Err::kInvalidArgument;
+  Status st = sets_.Reserve(kMaxSets);
+  if (!st.ok()) return st;
+  buf_ = static_cast<u8*>(platform::Alloc(node_size, kNodeAlign, true));
+  if (buf_ == nullptr) return Err::kNoMemory;
+  node_size_ = node_size;
+  used_ = u32(sizeof(NodeHeader));
+  info_ = info;
+  auto* h = reinterpret_cast<NodeHeader*>(buf_);
+  h->magic.set(kNodeMagic);
+  h->version.set(kNodeVersion);
+  h->btree_id = info.btree_id;
+  h->level = info.level;
+  h->seq.set(info.seq);
+  h->node_size.set(node_size);
+  h->min_inode.set(info.min.inode);
+  h->min_offset.set(info.min.offset);
+  h->max_inode.set(info.max.inode);
+  h->max_offset.set(info.max.offset);
+  SealHeader();
+  return Status::Ok();
+}
+
+Status Node::Parse(const void* src, usize len, const NodeInfo* expect, Diag* diag) {
+  Reset();
+  if (len < kMinNodeSize || len > kMaxNodeSize || !IsPowerOfTwo(len))
+    return DiagError(diag, Err::kInvalidArgument, "btree node: buffer of %llu bytes is not a node size",
+                     (unsigned long long)len);
+  Status st = sets_.Reserve(kMaxSets);
+  if (!st.ok()) return st;
+  buf_ = static_cast<u8*>(platform::Alloc(len, kNodeAlign, false));
+  if (buf_ == nullptr) return Err::kNoMemory;
+  MemCopy(buf_, src, len);
+  node_size_ = u32(len);
+
+  st = [&]() -> Status {
+    const auto* h = reinterpret_cast<const NodeHeader*>(buf_);
+    if (h->magic.get() != kNodeMagic) return DiagError(diag, Err::kBadMagic, "btree node: bad magic");
+    if (h->csum.get() != platform::Crc32cSkippingField(buf_, sizeof(NodeHeader), __builtin_offsetof(NodeHeader, csum)))
+      return DiagError(diag, Err::kBadChecksum, "btree node: header checksum mismatch");
+    if (h->version.get() != kNodeVersion)
+      return DiagError(diag, Err::kBadVersion, "btree node: version %u not supported (this build reads %u)",
+                       unsigned(h->version.get()), unsigned(kNodeVersion));
+    NodeInfo info;
+    info.btree_id = h->btree_id;
+    info.level = h->level;
+    info.seq = h->seq.get();
+    info.min = Pos{h->btree_id, h->min_inode.get(), h->min_offset.get()};
+    info.max = Pos{h->btree_id, h->max_inode.get(), h->max_offset.get()};
+    const unsigned long long seq = (unsigned long long)info.seq;
+    auto bad = [&](const char* what) {
+      return DiagError(diag, Err::kCorrupt, "btree node seq %llu: bad %s", seq, what);
+    };
+    if (h->node_size.get() != len) return bad("node_size (does not match the buffer)");
+    const u32 used = h->used_bytes.get();
+    if (used < sizeof(NodeHeader) || used > len || used % 8 != 0) return bad("used_bytes");
+    const u32 nsets = h->nsets.get();
+    if (nsets > kMaxSets) return bad("set count");
+    if (h->flags.get() != 0 || h->reserved0.get() != 0 || !AllZero(h->reserved, sizeof(h->reserved)))
+      return bad("reserved fields (not zero)");
+    if (!ValidBounds(info)) return bad("btree id, level or key range");
+    if (expect != nullptr && !SameInfo(info, *expect))
+      return DiagError(diag, Err::kCorrupt,
+                       "btree node seq %llu: not the node the parent points to (expected seq %llu, btree %u, "
+                       "level %u and its key range)",
+                       seq, (unsigned long long)expect->seq, unsigned(expect->btree_id), unsigned(expect->level));
+
+    u32 off = u32(sizeof(NodeHeader));
+    for (u32 si = 0; si < nsets; si++) {
+      auto bad_set = [&](Err e, const char* what) {
+        return DiagError(diag, e, "btree node seq %llu: set %u at byte %u: %s", seq, si, off, what);
+      };
+      if (used - off < sizeof(SetHeader)) return bad_set(Err::kCorrupt, "set header beyond used_bytes");
+      const auto* sh = reinterpret_cast<const SetHeader*>(buf_ + off);
+      if (sh->magic.get() != (kSetMagic ^ info.seq)) return bad_set(Err::kCorrupt, "bad set magic");
+      const u32 bytes = sh->bytes.get();
+      if (bytes < sizeof(SetHeader) || bytes % 8 != 0 || bytes > used - off)
+        return bad_set(Err::kCorrupt, "bad set size");
+      if (sh->csum.get() != platform::Crc32cSkippingField(sh, bytes, __builtin_offsetof(SetHeader, csum)))
+        return bad_set(Err::kBadChecksum, "set checksum mismatch");
+      const u32 key_bytes = sh->key_bytes.get();
+      const u32 nkeys = sh->nkeys.get();
+      if (key_bytes > bytes - sizeof(SetHeader)) return bad_set(Err::kCorrupt, "keys extend past the set");
+      if (nkeys == 0) return bad_set(Err::kCorrupt, "empty set");
+      const u8* p = buf_ + off + sizeof(SetHeader);
+      u32 left = key_bytes;
+      Pos prev{};
+      for (u32 ki = 0; ki < nkeys; ki++) {
+        auto bad_key = [&](const char* what) {
+          return DiagError(diag, Err::kCorrupt, "btree node seq %llu: set %u key %u: %s", seq, si, ki, what);
+        };
+        if (left < sizeof(KeyHeader)) return bad_key("key header past the end of the set's keys");
+        const auto* k = reinterpret_cast<const KeyHeader*>(p);
+        const u32 val = k->val_bytes.get();
+        if (val > kMaxValueBytes) return bad_key("value larger than the maximum");
+        if (KeySpace(val) > left) return bad_key("value past the end of the set's keys");
+        if (k->btree_id != info.btree_id) return bad_key("key of another btree");
+        if (k->type == kKeyInvalid || k->type >= kNrKeyTypes) return bad_key("unknown key type");
+        if (k->type == kKeyWhiteout && val != 0) return bad_key("whiteout with a value");
+        if (k->reserved.get() != 0) return bad_key("reserved field not zero");
+        const Pos pos = KeyRef(k).pos();
+        if (pos < info.min || pos > info.max) return bad_key("position outside the node's range");
+        if (ki > 0 && !(prev < pos)) return bad_key("keys out of order");
+        prev = pos;
+        p += KeySpace(val);
+        left -= KeySpace(val);
+      }
+      if (left != 0) return bad_set(Err::kCorrupt, "key bytes do not match the key count");
+      off += bytes;
+    }
+    if (off != used) return bad("used_bytes (does not end at the last set)");
+    info_ = info;
+    used_ = used;
+    return Status::Ok();
+  }();
+  if (st.ok()) st = IndexSets(0);
+  if (!st.ok()) Reset();
+  return st;
+}
+
+Status Node::AppendSet(const KeyInput* keys, usize n, u64 journal_seq) {
+  if (n == 0) return Status::Ok();
+  if (buf_ == nullptr) return Err::kInvalidArgument;
+  // Check everything before writing, so a failure leaves the node as it was.
+  usize need = sizeof(SetHeader);
+  for (usize i = 0; i < n; i++) {
+    Status st = CheckKeyInput(keys[i], info_.btree_id);
+    if (!st.ok()) return st;
+    if (keys[i].pos < info_.min || keys[i].pos > info_.max) return Err::kInvalidArgument;
+    if (i > 0 && !(keys[i - 1].pos < keys[i].pos)) return Err::kInvalidArgument;
+    need += KeySpace(keys[i].val_bytes);
+  }
+  if (sets_.size() >= kMaxSets || need > free_bytes()) return Err::kNoSpace;
+  SetBuilder b(buf_ + used_, u32(need), info_.btree_id, info_.seq, journal_seq);
+  for (usize i = 0; i < n; i++) {
+    Status st = b.Add(keys[i]);
+    TFS_BUG_ON(!st.ok());  // checked above
+  }
+  u32 bytes = b.Finish();
+  Set s;
+  Status st = s.Index(reinterpret_cast<const SetHeader*>(buf_ + used_), info_.btree_id);
+  if (!st.ok()) return st;
+  TFS_BUG_ON(!sets_.PushBack(Move(s)).ok());  // capacity reserved for kMaxSets
+  used_ += bytes;
+  SealHeader();
+  return Status::Ok();
+}
+
+Status Node::Compact(u32 first) {
+  const u32 nsets = u32(sets_.size());
+  if (first >= nsets || (first + 1 == nsets && first != 0)) return Status::Ok();  // nothing to merge
+  const u32 start = u32(reinterpret_cast<const u8*>(sets_[first].header()) - buf_);
+  const u32 span = used_ - start;  // the merged set is never larger than its inputs
+  u8* tmp = static_cast<u8*>(platform::Alloc(span, 16, false));
+  if (tmp == nullptr) return Err::kNoMemory;
+  u64 journal_seq = 0;
+  for (u32 i = first; i < nsets; i++) journal_seq = Max(journal_seq, sets_[i].journal_seq());
+  SetBuilder b(tmp, span, info_.btree_id, info_.seq, journal_seq);
+  NodeIter it(*this, /*include_whiteouts=*/first != 0, first);
+  for (it.SeekToFirst(); it.Valid(); it.Next()) {
+    Status st = b.Add(it.key());
+    TFS_BUG_ON(!st.ok());  // in order, within bounds, fits: the inputs were valid
+  }
+  // Build the new indexes before touching the buffer, so kNoMemory changes nothing.
+  u32 bytes = b.nkeys() == 0 ? 0 : b.Finish();
+  Set merged;
+  if (bytes != 0) {
+    Status st = merged.Index(reinterpret_cast<const SetHeader*>(tmp), info_.btree_id);
+    if (!st.ok()) {
+      platform::Free(tmp);
+      return st;
+    }
+  }
+  while (sets_.size() > first) sets_.PopBack();
+  MemCopy(buf_ + start, tmp, bytes);
+  MemSet(buf_ + start + bytes, 0, span - bytes);
+  platform::Free(tmp);
+  used_ = start + bytes;
+  if (bytes != 0) {
+    // Same bytes, new address: re-point the index (offsets and entries are relative).
+    TFS_BUG_ON(!merged.Index(reinterpret_cast<const SetHeader*>(buf_ + start), info_.btree_id).ok() ||
+               !sets_.PushBack(Move(merged)).ok());
+  }
+  SealHeader();
+  return Status::Ok();
+}
+
+KeyRef Node::Find(const Pos& pos) const {
+  for (u32 i = u32(sets_.size()); i-- > 0;) {
+    const Set& s = sets_[i];
+    u32 j = s.Find(pos);
+    if (j == s.size()) continue;
+    KeyRef k = s.Key(j);
+    return k.is_whiteout() ? KeyRef() : k;
+  }
+  return KeyRef();
+}
+
+NodeIter::NodeIter(const Node& node, bool include_whiteouts, u32 first_set)
+    : node_(&node), whiteouts_(include_whiteouts), first_(first_set), nsets_(node.nsets()) {
+  for (u32 s = 0; s < kMaxSets; s++) cur_[s] = 0;
+}
+
+void NodeIter::SettleForward() {
+  for (;;) {
+    bool found = false;
+    u32 best = 0;
+    Pos best_pos{};
+    for (u32 s = first_; s < nsets_; s++) {
+      const Set& set = node_->set(s);
+      if (cur_[s] >= set.size()) continue;
+      Pos p = set.KeyPos(cur_[s]);
+      if (!found || p <= best_pos) {  // ties go to the newer set
+        found = true;
+        best = s;
+        best_pos = p;
+      }
+    }
+    if (!found) {
+      state_ = State::kAfterEnd;
+      return;
+    }
+    pos_ = best_pos;
+    if (whiteouts_ || !node_->set(best).Key(cur_[best]).is_whiteout()) {
+      state_ = State::kAt;
+      at_ = best;
+      return;
+    }
+    StepOverPos();  // deleted: look again after it
+  }
+}
+
+void NodeIter::StepOverPos() {
+  for (u32 s = first_; s < nsets_; s++) {
+    const Set& set = node_->set(s);
+    if (cur_[s] < set.size() && set.KeyPos(cur_[s]) == pos_) cur_[s]++;
+  }
+}
+
+void NodeIter::StepBack() {
+  for (;;) {
+    bool found = false;
+    u32 best = 0;
+    Pos best_pos{};
+    for (u32 s = first_; s < nsets_; s++) {
+      if (cur_[s] == 0) continue;
+      Pos p = node_->set(s).KeyPos(cur_[s] - 1);
+      if (!found || p >= best_pos) {  // ties go to the newer set
+        found = true;
+        best = s;
+        best_pos = p;
+      }
+    }
+    if (!found) {
+      state_ = State::kBeforeBegin;
+      return;
+    }
+    pos_ = best_pos;
+    // Every set's cursor moves to its lower bound of the new position.
+    for (u32 s = first_; s < nsets_; s++) {
+      if (cur_[s] > 0 && node_->set(s).KeyPos(cur_[s] - 1) == pos_) cur_[s]--;
+    }
+    if (whiteouts_ || !node_->set(best).Key(cur_[best]).is_whiteout()) {
+      state_ = State::kAt;
+      at_ = best;
+      return;
+    }
+  }
+}
+
+void NodeIter::SeekToFirst() {
+  for (u32 s = first_; s < nsets_; s++) cur_[s] = 0;
+  SettleForward();
+}
+
+void NodeIter::SeekToLast() {
+  for (u32 s = first_; s < nsets_; s++) cur_[s] = node_->set(s).size();
+  StepBack();
+}
+
+void NodeIter::Seek(const Pos& pos) {
+  for (u32 s = first_; s < nsets_; s++) cur_[s] = node_->set(s).LowerBound(pos);
+  SettleForward();
+}
+
+void NodeIter::SeekForPrev(const Pos& pos) {
+  Seek(pos);
+  if (state_ == State::kAt && pos_ == pos) return;
+  // Nothing visible in [pos, pos_): the answer is the last visible key before pos_
+  // (or before the end when Seek ran off it; then every cursor is at its set's end).
+  StepBack();
+}
+
+void NodeIter::Next() {
+  switch (state_) {
+    case State::kAfterEnd:
+      return;
+    case State::kBeforeBegin:
+      SettleForward();  // cursors are all at 0
+      return;
+    case State::kAt:
+      StepOverPos();
+      SettleForward();
+      return;
+  }
+}
+
+void NodeIter::Prev() {
+  if (state_ == State::kBeforeBegin) return;
+  StepBack();
+}
+
+}  // namespace tfs::btree

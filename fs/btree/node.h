@@ -1,0 +1,141 @@
+// An in-memory btree node: one node buffer, its validated sets and their indexes.
+//
+// Parse() takes bytes read from a device as hostile: it copies them, then checks
+// every header field, each set's bounds, magic and checksum, every key's size,
+// btree, type and order, and that every key lies inside the node's [min, max];
+// anything wrong is a kCorrupt-class Status (kBadMagic, kBadChecksum, kBadVersion
+// or kCorrupt) with a Diag naming the set and key, never a crash or a read outside
+// the buffer. Updates append a new sorted set (AppendSet), so one batch of updates
+// costs a copy of those keys only, not a memmove of the node; Compact() merges sets
+// into one when the node runs out of sets or space. Lookups and iteration see the
+// newest version of each position: a newer set shadows older ones, and a whiteout
+// hides every older version.
+//
+// Ownership: a Node owns its buffer (platform::Alloc, node_size bytes, 4 KiB
+// aligned). Thread safety: none inside; readers may share a Node while nobody
+// modifies it (the btree's node locks, planned, provide that). KeyRefs and
+// NodeIters are invalidated by AppendSet, Compact and destruction.
+#ifndef TFS_BTREE_NODE_H_
+#define TFS_BTREE_NODE_H_
+
+#include "btree/bset.h"
+#include "btree/format.h"
+#include "btree/key.h"
+#include "platform/types.h"
+#include "util/diag.h"
+#include "util/status.h"
+#include "util/vector.h"
+
+namespace tfs::btree {
+
+inline constexpr u8 kMaxLevel = 7;  // leaf = 0; eight levels of 256 KiB nodes is ample
+
+// Identity and key range of a node (the bounds are inclusive and share the btree).
+struct NodeInfo {
+  u8 btree_id = 0;
+  u8 level = 0;
+  u64 seq = 0;
+  Pos min{};
+  Pos max{};
+};
+
+class Node {
+ public:
+  Node() = default;
+  ~Node();
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  // A node with no keys. kInvalidArgument: node_size not a power of two in
+  // [kMinNodeSize, kMaxNodeSize], a bad btree id or level, min > max or bounds
+  // of another btree. kNoMemory.
+  [[nodiscard]] Status Init(u32 node_size, const NodeInfo& info);
+
+  // Copies and validates a node read from disk; `len` is the node size. When
+  // `expect` is not null the node must have exactly that identity and range (what
+  // the parent's pointer recorded). On error the Node is left empty.
+  [[nodiscard]] Status Parse(const void* buf, usize len, const NodeInfo* expect, Diag* diag);
+
+  // Appends a set of `n` keys strictly increasing by position, all inside
+  // [min, max]. kInvalidArgument / kTooBig for bad input; kNoSpace when the keys do
+  // not fit or the node already has kMaxSets sets (compact first); kNoMemory.
+  // Nothing changes on error. n == 0 is a no-op.
+  [[nodiscard]] Status AppendSet(const KeyInput* keys, usize n, u64 journal_seq);
+
+  // Merges sets [first, nsets()) into one set holding the newest version of each
+  // position. With first == 0 the whole node is rewritten and whiteouts are dropped
+  // (nothing older remains for them to hide); otherwise whiteouts are kept. kNoMemory
+  // leaves the node unchanged.
+  [[nodiscard]] Status Compact(u32 first = 0);
+
+  // The newest visible key at exactly pos; an invalid KeyRef if there is none or
+  // it was deleted.
+  KeyRef Find(const Pos& pos) const;
+
+  const NodeInfo& info() const { return info_; }
+  const u8* data() const { return buf_; }
+  u32 node_size() const { return node_size_; }
+  u32 used_bytes() const { return used_; }
+  u32 free_bytes() const { return node_size_ - used_; }
+  u32 nsets() const { return u32(sets_.size()); }
+  const Set& set(u32 i) const { return sets_[i]; }
+
+ private:
+  void Reset();
+  void SealHeader();
+  Status IndexSets(u32 from);
+
+  u8* buf_ = nullptr;
+  u32 node_size_ = 0;
+  u32 used_ = 0;
+  NodeInfo info_{};
+  Vector<Set> sets_;  // oldest first
+};
+
+// Merge iterator over sets [first_set, nsets) of one node: yields each position
+// once, the version from the newest set holding it, skipping positions whose
+// newest version is a whiteout unless `include_whiteouts`. Moves both ways; after
+// running off either end, Next/Prev from there resume at the nearest key. Holds
+// per-set cursors: small, no allocation, safe on a kernel stack.
+class NodeIter {
+ public:
+  explicit NodeIter(const Node& node, bool include_whiteouts = false, u32 first_set = 0);
+
+  void SeekToFirst();
+  void SeekToLast();
+  // First key >= pos.
+  void Seek(const Pos& pos);
+  // Last key <= pos.
+  void SeekForPrev(const Pos& pos);
+  void Next();
+  void Prev();
+
+  bool Valid() const { return state_ == State::kAt; }
+  // The current key and its position; only while Valid().
+  KeyRef key() const { return node_->set(at_).Key(cur_[at_]); }
+  Pos pos() const { return pos_; }
+  // The set the current key comes from.
+  u32 set_index() const { return at_; }
+
+ private:
+  enum class State : u8 { kAt, kBeforeBegin, kAfterEnd };
+  // Moves to the first visible key at or after the cursors.
+  void SettleForward();
+  // Moves every cursor that is at pos_ past it.
+  void StepOverPos();
+  // Moves to the last visible key before the cursors.
+  void StepBack();
+
+  const Node* node_;
+  bool whiteouts_;
+  u32 first_;
+  u32 nsets_;
+  State state_ = State::kAfterEnd;
+  u32 at_ = 0;
+  Pos pos_{};
+  u32 cur_[kMaxSets];  // per set: index of its first key >= pos_ (lower bound)
+};
+
+}  // namespace tfs::btree
+
+#endif  // TFS_BTREE_NODE_H_
