@@ -91,7 +91,7 @@ Status Set::Index(const SetHeader* hdr, u8 btree_id) {
     const auto* key = reinterpret_cast<const KeyHeader*>(base + off);
     offsets_[i] = off;
     off += KeySpace(key->val_bytes.get());
-    eytz_[k] = Entry{LoadLe64(key->inode), LoadLe64(key->offset)};
+    eytz_[k] = Entry{key->inode.get(), key->offset.get()};
     rank_[k] = i;
     if (2 * k + 1 <= n) {  // successor: leftmost node of the right subtree
       k = 2 * k + 1;

@@ -2,8 +2,7 @@
 //
 // Every multi-byte integer in a *_format.h struct is an Le16/Le32/Le64: the
 // structs are then byte-exact on any host, and reading a field is an explicit
-// get(), so code cannot silently use host byte order. On x86-64 get/set compile to
-// plain loads and stores.
+// get(), so code cannot silently use host byte order.
 #ifndef TFS_UTIL_ENDIAN_H_
 #define TFS_UTIL_ENDIAN_H_
 
@@ -15,13 +14,25 @@ template <typename T>
 struct Le {
   u8 bytes[sizeof(T)];
 
+  // On little-endian hosts one (unaligned) load or store: GCC does not turn the
+  // byte loop below into one, and positions are decoded on every btree step.
   T get() const {
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    T v;
+    __builtin_memcpy(&v, bytes, sizeof(T));
+    return v;
+#else
     T v = 0;
     for (usize i = 0; i < sizeof(T); i++) v |= T(bytes[i]) << (8 * i);
     return v;
+#endif
   }
   void set(T v) {
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    __builtin_memcpy(bytes, &v, sizeof(T));
+#else
     for (usize i = 0; i < sizeof(T); i++) bytes[i] = u8(v >> (8 * i));
+#endif
   }
 };
 
