@@ -71,6 +71,8 @@ def load(path: str | None) -> Gate:
         lines = Path(path).read_text().splitlines()
     except OSError as e:
         raise LabError(f"--gate {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise LabError(f"--gate {path}: not a gate file: byte {e.start} is not UTF-8") from None
     for n, line in enumerate(lines, 1):
         line = line.split("#", 1)[0].strip()
         if not line:

@@ -270,3 +270,24 @@ def test_an_op_without_operations_in_an_arm(tmp_path: Path) -> None:
     assert_one_line_error(run([t, "report", "--a", *a, "--b", *b, "-o", tmp_path / "g",
                                "--gate-op", "write", "--max-p99-ratio", "2"]), 2,
                           "gate op 'write' has no operations in any run of arm B")
+
+
+def test_binary_and_deeply_nested_input_is_one_line(slow_b: Any, tmp_path: Path) -> None:
+    a, b, _ = slow_b
+    t = tool("tierlab")
+    assert_one_line_error(run([t, "report", "--a", "/bin/true", "--b", *b, "-o", tmp_path]), 2,
+                          "/bin/true: not JSON", "UTF-8")
+    assert_one_line_error(run([t, "validate", "/bin/true"]), 1, "not JSON", "UTF-8")
+    gate = tmp_path / "gate.bin"
+    gate.write_bytes(b"p99_ratio_max = 1.1\n\xff\xfe\x00\x01")
+    assert_one_line_error(run([t, "report", "--a", *a, "--b", *b, "-o", tmp_path, "--gate",
+                               gate]), 2, "--gate", "not a gate file")
+    for depth, where in ((100_000, "top"), (950, "manifest")):
+        deep = tmp_path / f"deep{depth}.json"
+        nested = "[" * depth + "]" * depth
+        deep.write_text(nested if where == "top" else
+                        '{"format": "tierfs-results", "version": 1, "manifest": ' + nested
+                        + ', "measurements": {}}')
+        assert_one_line_error(run([t, "report", "--a", deep, "--b", *b, "-o", tmp_path]), 2,
+                              str(deep))
+        assert_one_line_error(run([t, "validate", deep]), 1, str(deep))

@@ -52,11 +52,14 @@ def _check_histogram(h: dict[str, Any], where: str) -> None:
 
 def validate(doc: Any, name: str = "document") -> None:
     """Raises LabError naming the first problem; returns None when `doc` is valid."""
-    errors = sorted(_validator().iter_errors(doc), key=lambda e: list(e.absolute_path))
-    if errors:
-        e = errors[0]
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise LabError(f"{name}: {_where(e.absolute_path)}: {e.message}{more}"[:400])
+    try:
+        errors = sorted(_validator().iter_errors(doc), key=lambda e: list(e.absolute_path))
+        if errors:
+            e = errors[0]
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            raise LabError(f"{name}: {_where(e.absolute_path)}: {e.message}{more}"[:400])
+    except RecursionError:  # the message quotes the offending value
+        raise LabError(f"{name}: nested too deeply to be a results document") from None
     for op, stats in doc["measurements"]["ops"].items():
         for kind, h in stats.items():
             _check_histogram(h, f"{name}: measurements/ops/{op}/{kind}")
@@ -74,10 +77,14 @@ def load(path: str | Path) -> dict[str, Any]:
         raise LabError(f"{p}: no such file") from None
     except OSError as e:
         raise LabError(f"{p}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise LabError(f"{p}: not JSON: byte {e.start} is not UTF-8") from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise LabError(f"{p}: not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise LabError(f"{p}: JSON nested too deeply to be a results document") from None
     validate(doc, str(p))
     return doc
 
