@@ -200,3 +200,15 @@ def test_poisson_arrivals_below_the_rate_are_not_falling_behind(tmp_path: Path,
     assert counters["fell_behind"] == 0, counters
     assert counters["backlog_at_end"] <= 0.01 * counters["ops_measured"], counters
 
+
+def test_a_directory_name_that_is_not_utf8_still_gives_valid_json(tmp_path: Path) -> None:
+    # JSON must be UTF-8; a Latin-1 directory name used to end up raw in the document.
+    target = Path(os.fsdecode(bytes(tmp_path) + b"/caf\xe9"))
+    target.mkdir()
+    out = tmp_path / "out.json"
+    proc = run([tool("tierprobe"), "--dir", target, "--json", out, "--rate", "100",
+                "--duration", "0.2s", "--mix", "stat=1", "--files", "4", "--quiet"])
+    assert proc.returncode == 0, proc.stderr
+    out.read_bytes().decode("utf-8")  # strict
+    doc = schema.load(out)
+    assert doc["manifest"]["filesystem"]["path"].endswith("/caf\u00e9")
