@@ -201,6 +201,22 @@ def test_poisson_arrivals_below_the_rate_are_not_falling_behind(tmp_path: Path,
     assert counters["backlog_at_end"] <= 0.01 * counters["ops_measured"], counters
 
 
+
+def test_a_slow_last_operation_is_not_falling_behind(tmp_path: Path) -> None:
+    # Seed 59 plants the one 200 ms delay in the last of the 10 operations: the run
+    # ends 0.15 s late (achieved 15/s of 20/s), but every operation started on time.
+    out = tmp_path / "last.json"
+    proc = run([tool("tierprobe"), "--dir", tmp_path, "--json", out, "--rate", "20",
+                "--duration", "0.5s", "--mix", "stat=1", "--files", "4", "--working-set", "1M",
+                "--inject-delay", "200ms:0.1", "--seed", "59"])
+    assert proc.returncode == 0, proc.stderr
+    meas = schema.load(out)["measurements"]
+    c = meas["counters"]
+    # A delay before the last operation would have made the next one start >= 150 ms late.
+    assert c["injected_delays"] == 1 and c["max_lag_ns"] < 100_000_000, c
+    assert meas["throughput"]["ops_per_s"] < 0.99 * 20
+    assert c["fell_behind"] == 0 and "fell behind" not in proc.stderr, c
+
 def test_a_directory_name_that_is_not_utf8_still_gives_valid_json(tmp_path: Path) -> None:
     # JSON must be UTF-8; a Latin-1 directory name used to end up raw in the document.
     target = Path(os.fsdecode(bytes(tmp_path) + b"/caf\xe9"))
