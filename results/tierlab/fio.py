@@ -54,10 +54,26 @@ def _summary(d: dict[str, Any], lat_key: str) -> dict[str, Any]:
     }
 
 
+# What malformed fio JSON raises on the way in (a string where a number belongs, a
+# missing key, a list where an object belongs); parse() turns them into LabError.
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, OverflowError)
+
+
 def parse(fio_doc: dict[str, Any], op_names: dict[str, str]) -> dict[str, Any]:
     """Parsed pieces of one fio json+ document: `ops` (name -> Histogram), seconds,
     counters and the fio summary. `op_names` maps fio's "read"/"write"/"trim"/"sync"
-    to the op names this workload reports (unmapped sections are left out)."""
+    to the op names this workload reports (unmapped sections are left out).
+    Malformed input raises LabError."""
+    if not isinstance(fio_doc, dict):
+        raise LabError(f"fio output is a JSON {type(fio_doc).__name__}, not an object "
+                       "(was it run with --output-format=json+?)")
+    try:
+        return _parse(fio_doc, op_names)
+    except MALFORMED as e:
+        raise LabError(f"fio output is malformed ({type(e).__name__}: {e})"[:300]) from None
+
+
+def _parse(fio_doc: dict[str, Any], op_names: dict[str, str]) -> dict[str, Any]:
     jobs = fio_doc.get("jobs")
     if not isinstance(jobs, list) or not jobs:
         raise LabError("fio output has no jobs (was it run with --output-format=json+?)")
@@ -115,12 +131,16 @@ def load_output(path: str | Path) -> dict[str, Any]:
         text = Path(path).read_text()
     except OSError as e:
         raise LabError(f"{path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise LabError(f"{path}: not fio JSON output: byte {e.start} is not UTF-8") from None
     # fio may print notices before the JSON (e.g. "fio: file hash not empty").
     start = text.find("{")
     try:
         return json.loads(text[start:] if start >= 0 else text)
     except json.JSONDecodeError as e:
         raise LabError(f"{path}: not fio JSON output: {e.msg} at line {e.lineno}") from None
+    except RecursionError:
+        raise LabError(f"{path}: not fio JSON output: nested too deeply") from None
 
 
 def run_job(job_file: Path, env: dict[str, str], raw_out: Path) -> tuple[str, str]:
@@ -181,9 +201,13 @@ def parse_main(*, prog: str, folder: Path, op_names: dict[str, str]) -> None:
     def body() -> int:
         args = p.parse_args()
         doc_in = load_output(args.fio_json)
+        parse(doc_in, op_names)  # malformed input ends here, as one line
         # fio stamps its output when the run ends; the longest job says when it began.
-        end_s = float(doc_in.get("timestamp_ms", 0)) / 1000.0
-        elapsed = max((float(j.get("elapsed", 0)) for j in doc_in.get("jobs", [])), default=0)
+        try:
+            end_s = float(doc_in.get("timestamp_ms", 0)) / 1000.0
+            elapsed = max((float(j.get("elapsed", 0)) for j in doc_in["jobs"]), default=0)
+        except MALFORMED as e:
+            raise LabError(f"fio output is malformed ({type(e).__name__}: {e})"[:300]) from None
         doc = to_document(doc_in, args, workload=folder.name, directory=args.dir,
                           op_names=op_names, start=manifest.iso_from_unix(end_s - elapsed),
                           end=manifest.iso_from_unix(end_s),

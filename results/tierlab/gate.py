@@ -9,8 +9,9 @@ command-line options, options winning:
     max_latency = 2s             # no operation of arm B above this
     op = all                     # which op the latency criteria look at
 
-Whenever a gate is given, one more criterion is always added: every run kept its
-target rate (a probe that fell behind became closed-loop and hid stalls)."""
+Whenever a gate is given, one more criterion is always added ("rate kept"): no
+run fell behind its schedule (a probe that fell behind became closed-loop and hid
+stalls; the producer decides and says so in the counter fell_behind)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,8 @@ def load(path: str | None) -> Gate:
         lines = Path(path).read_text().splitlines()
     except OSError as e:
         raise LabError(f"--gate {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise LabError(f"--gate {path}: not a gate file: byte {e.start} is not UTF-8") from None
     for n, line in enumerate(lines, 1):
         line = line.split("#", 1)[0].strip()
         if not line:

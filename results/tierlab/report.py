@@ -111,6 +111,19 @@ def _gate_from_args(args: argparse.Namespace) -> gate_mod.Gate:
     return g
 
 
+def _with_data(op: str, runs_a: list[Run], runs_b: list[Run], method: str,
+               ) -> tuple[list[Run], list[Run]]:
+    """The runs of each arm that hold operations of `op`. A run with none has no
+    quantile (0 would make absurd ratios); with pairs, the pair is left out whole."""
+    keep_a = [r for r in runs_a if r.hist(op).count > 0]
+    keep_b = [r for r in runs_b if r.hist(op).count > 0]
+    if method == "pairs":
+        both = {r.manifest["pair"] for r in keep_a} & {r.manifest["pair"] for r in keep_b}
+        keep_a = [r for r in keep_a if r.manifest["pair"] in both]
+        keep_b = [r for r in keep_b if r.manifest["pair"] in both]
+    return keep_a, keep_b
+
+
 def compare(runs_a: list[Run], runs_b: list[Run], g: gate_mod.Gate) -> dict[str, Any]:
     """Every number of the report, as plain data (also written as summary.json)."""
     ops = [op for op in runs_a[0].meas["ops"]
@@ -124,9 +137,23 @@ def compare(runs_a: list[Run], runs_b: list[Run], g: gate_mod.Gate) -> dict[str,
     pairs_b = [r.manifest["pair"] for r in runs_b]
     method = choose_method(pairs_a, pairs_b)
     table = []
+    no_data = []
     for op in ops:
-        ha, hb = [r.hist(op) for r in runs_a], [r.hist(op) for r in runs_b]
-        ratios = compare_quantiles(ha, hb, [q for _n, q in STATS], method, pairs_a, pairs_b)
+        keep_a, keep_b = _with_data(op, runs_a, runs_b, method)
+        if not keep_a or not keep_b:
+            if g.active and op == g.op:
+                empty = [arm for arm, runs in (("A", runs_a), ("B", runs_b))
+                         if all(r.hist(op).count == 0 for r in runs)]
+                raise LabError(f"gate op '{op}' has no operations in any run of arm {empty[0]}"
+                               if empty else
+                               f"gate op '{op}' has operations in both arms of no pair")
+            no_data.append(op)
+            continue
+        ka = [r.manifest["pair"] for r in keep_a]
+        kb = [r.manifest["pair"] for r in keep_b]
+        op_method = choose_method(ka, kb)  # fewer runs left may mean a weaker method
+        ha, hb = [r.hist(op) for r in keep_a], [r.hist(op) for r in keep_b]
+        ratios = compare_quantiles(ha, hb, [q for _n, q in STATS], op_method, ka, kb)
         for name, q in STATS:
             va = [float(h.max if q >= 1 else h.quantile(q)) for h in ha]
             vb = [float(h.max if q >= 1 else h.quantile(q)) for h in hb]
@@ -135,6 +162,9 @@ def compare(runs_a: list[Run], runs_b: list[Run], g: gate_mod.Gate) -> dict[str,
                           "b_ns": float(geomean(vb)), "ratio": r.value, "lo": r.lo, "hi": r.hi,
                           "method": r.method, "significant": r.significant,
                           "a_runs": va, "b_runs": vb})
+    ops = [op for op in ops if op not in no_data]
+    if not ops:
+        raise LabError("no op has operations in both arms")
     tp_a = [float(r.meas["throughput"]["ops_per_s"]) for r in runs_a]
     tp_b = [float(r.meas["throughput"]["ops_per_s"]) for r in runs_b]
     tp = compare_values(tp_a, tp_b, method if method != "operations" else "none", pairs_a, pairs_b)
@@ -143,7 +173,7 @@ def compare(runs_a: list[Run], runs_b: list[Run], g: gate_mod.Gate) -> dict[str,
     behind = [r.path for r in runs_a + runs_b if r.fell_behind]
     criteria = _evaluate_gate(g, table, throughput, runs_b, behind) if g.active else []
     return {"ops": ops, "method": method, "table": table, "throughput": throughput,
-            "fell_behind": behind, "gate": criteria,
+            "no_data": no_data, "fell_behind": behind, "gate": criteria,
             "gate_passed": all(c["passed"] for c in criteria) if criteria else None}
 
 
@@ -179,8 +209,8 @@ def _evaluate_gate(g: gate_mod.Gate, table: list[dict[str, Any]], throughput: di
         add("max latency", m <= g.max_latency_ns,
             f"{g.op} max of B = {fmt_ns(m)} ({worst.path}); bound ≤ {fmt_ns(g.max_latency_ns)}")
     add("rate kept", not behind,
-        "every run kept its target rate" if not behind else
-        f"{len(behind)} run(s) fell behind their target rate (closed-loop, hides stalls): "
+        "every run kept its schedule" if not behind else
+        f"{len(behind)} run(s) fell behind their schedule (closed-loop, hides stalls): "
         + ", ".join(behind))
     return out
 
@@ -216,7 +246,7 @@ def render(summary: dict[str, Any], runs_a: list[Run], runs_b: list[Run], labels
         "method": METHOD_TEXT[summary["method"]], "table": table,
         "throughput": dict(t, r=fmt_ratio(Ratio(t["ratio"], t["lo"], t["hi"], t["method"]))),
         "gate": summary["gate"], "gate_passed": summary["gate_passed"], "gate_op": g.op,
-        "fell_behind": summary["fell_behind"],
+        "fell_behind": summary["fell_behind"], "no_data": summary["no_data"],
         "runs_a": _run_rows(runs_a, g.op if g.op in summary["ops"] else summary["ops"][0]),
         "runs_b": _run_rows(runs_b, g.op if g.op in summary["ops"] else summary["ops"][0]),
         "workload": runs_a[0].manifest["workload"],

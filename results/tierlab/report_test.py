@@ -215,3 +215,79 @@ def test_validate_subcommand(slow_b: Any, tmp_path: Path) -> None:
     bad.write_text("[]")
     proc = run([tool("tierlab"), "validate", bad])
     assert proc.returncode == 1 and "is not of type 'object'" in proc.stderr
+
+
+def _empty_op(path: Path, op: str) -> None:
+    """Rewrites a run so that `op` had no operations in it (a valid document)."""
+    doc = json.loads(path.read_text())
+    empty = {"unit": "ns", "count": 0, "min": 0, "max": 0, "sum": 0, "p50": 0, "p90": 0,
+             "p99": 0, "p999": 0, "buckets": []}
+    doc["measurements"]["ops"][op] = {"latency": dict(empty), "service": dict(empty)}
+    schema.write(doc, path)
+
+
+def test_runs_without_operations_of_an_op_are_left_out(tmp_path: Path) -> None:
+    # Pair 1 of arm B did no writes: its write quantiles are not 0 (a ratio of
+    # tens of thousands), it is left out with its pair.
+    a = write_runs(tmp_path / "a", "a", 3, 1.0, "control")
+    b = write_runs(tmp_path / "b", "b", 3, 1.0, "active")
+    _empty_op(b[1], "write")
+    proc = run([tool("tierlab"), "report", "--a", *a, "--b", *b, "-o", tmp_path / "o",
+                "--gate-op", "write", "--max-p99-ratio", "1.5"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    for row in s["table"]:
+        if row["op"] == "write":
+            assert 0.7 < row["ratio"] < 1.4, row
+            assert len(row["a_runs"]) == len(row["b_runs"]) == 2 and row["method"] == "pairs"
+        else:
+            assert len(row["a_runs"]) == len(row["b_runs"]) == 3
+    # Unpaired runs: only the empty run is left out.
+    for p in a + b:
+        doc = json.loads(p.read_text())
+        doc["manifest"]["pair"] = None
+        p.write_text(json.dumps(doc))
+    proc = run([tool("tierlab"), "report", "--a", *a, "--b", *b, "-o", tmp_path / "u"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    s = json.loads((tmp_path / "u" / "summary.json").read_text())
+    row = next(r for r in s["table"] if r["op"] == "write" and r["stat"] == "p99")
+    assert (len(row["a_runs"]), len(row["b_runs"])) == (3, 2) and 0.7 < row["ratio"] < 1.4
+
+
+def test_an_op_without_operations_in_an_arm(tmp_path: Path) -> None:
+    a = write_runs(tmp_path / "a", "a", 2, 1.0, "control")
+    b = write_runs(tmp_path / "b", "b", 2, 1.0, "active")
+    for p in b:
+        _empty_op(p, "write")
+    t = tool("tierlab")
+    # Without a gate on it, the op is left out of the comparison ...
+    proc = run([t, "report", "--a", *a, "--b", *b, "-o", tmp_path / "o", "--max-p99-ratio", "2"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert s["no_data"] == ["write"] and "write" not in s["ops"]
+    assert {row["op"] for row in s["table"]} == {"read", "all"}
+    # ... and a gate on it cannot be decided: one line, exit 2.
+    assert_one_line_error(run([t, "report", "--a", *a, "--b", *b, "-o", tmp_path / "g",
+                               "--gate-op", "write", "--max-p99-ratio", "2"]), 2,
+                          "gate op 'write' has no operations in any run of arm B")
+
+
+def test_binary_and_deeply_nested_input_is_one_line(slow_b: Any, tmp_path: Path) -> None:
+    a, b, _ = slow_b
+    t = tool("tierlab")
+    assert_one_line_error(run([t, "report", "--a", "/bin/true", "--b", *b, "-o", tmp_path]), 2,
+                          "/bin/true: not JSON", "UTF-8")
+    assert_one_line_error(run([t, "validate", "/bin/true"]), 1, "not JSON", "UTF-8")
+    gate = tmp_path / "gate.bin"
+    gate.write_bytes(b"p99_ratio_max = 1.1\n\xff\xfe\x00\x01")
+    assert_one_line_error(run([t, "report", "--a", *a, "--b", *b, "-o", tmp_path, "--gate",
+                               gate]), 2, "--gate", "not a gate file")
+    for depth, where in ((100_000, "top"), (950, "manifest")):
+        deep = tmp_path / f"deep{depth}.json"
+        nested = "[" * depth + "]" * depth
+        deep.write_text(nested if where == "top" else
+                        '{"format": "tierfs-results", "version": 1, "manifest": ' + nested
+                        + ', "measurements": {}}')
+        assert_one_line_error(run([t, "report", "--a", deep, "--b", *b, "-o", tmp_path]), 2,
+                              str(deep))
+        assert_one_line_error(run([t, "validate", deep]), 1, str(deep))

@@ -9,6 +9,9 @@ output), so a report never has to second-guess its input."""
 from __future__ import annotations
 
 import json
+import re
+from datetime import datetime
+from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -50,18 +53,40 @@ def _check_histogram(h: dict[str, Any], where: str) -> None:
         raise LabError(f"{where}: min {h['min']} > max {h['max']}")
 
 
+TIMESTAMP = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?Z")
+
+
+def _instant(ts: str, where: str) -> tuple[datetime, Fraction]:
+    """A schema timestamp as a comparable value: whole seconds and the exact
+    fraction (the fraction's digits are optional and of any number, so the
+    strings do not sort as times: "05.5Z" < "05Z")."""
+    m = TIMESTAMP.fullmatch(ts)
+    if m is None:
+        raise LabError(f"{where}: '{ts}' is not a UTC timestamp")
+    try:
+        whole = datetime(*(int(g) for g in m.groups()[:6]))
+    except ValueError as e:
+        raise LabError(f"{where}: '{ts}' is not a valid time: {e}") from None
+    digits = m.group(7) or "0"
+    return whole, Fraction(int(digits), 10 ** len(digits))
+
+
 def validate(doc: Any, name: str = "document") -> None:
     """Raises LabError naming the first problem; returns None when `doc` is valid."""
-    errors = sorted(_validator().iter_errors(doc), key=lambda e: list(e.absolute_path))
-    if errors:
-        e = errors[0]
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise LabError(f"{name}: {_where(e.absolute_path)}: {e.message}{more}"[:400])
+    try:
+        errors = sorted(_validator().iter_errors(doc), key=lambda e: list(e.absolute_path))
+        if errors:
+            e = errors[0]
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            raise LabError(f"{name}: {_where(e.absolute_path)}: {e.message}{more}"[:400])
+    except RecursionError:  # the message quotes the offending value
+        raise LabError(f"{name}: nested too deeply to be a results document") from None
     for op, stats in doc["measurements"]["ops"].items():
         for kind, h in stats.items():
             _check_histogram(h, f"{name}: measurements/ops/{op}/{kind}")
     m = doc["manifest"]
-    if m["start"] > m["end"]:
+    if (_instant(m["start"], f"{name}: manifest/start")
+            > _instant(m["end"], f"{name}: manifest/end")):
         raise LabError(f"{name}: manifest/start {m['start']} is after end {m['end']}")
 
 
@@ -74,10 +99,14 @@ def load(path: str | Path) -> dict[str, Any]:
         raise LabError(f"{p}: no such file") from None
     except OSError as e:
         raise LabError(f"{p}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise LabError(f"{p}: not JSON: byte {e.start} is not UTF-8") from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise LabError(f"{p}: not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise LabError(f"{p}: JSON nested too deeply to be a results document") from None
     validate(doc, str(p))
     return doc
 

@@ -33,6 +33,11 @@ def test_synthetic_document_is_valid() -> None:
     (lambda d: d["measurements"]["ops"]["read"]["latency"]["buckets"][0].__setitem__(1, 10**6),
      "is not a tfs::Histogram bucket"),
     (lambda d: d["manifest"].update(end="2025-01-01T00:00:00Z"), "is after end"),
+    (lambda d: d["manifest"].update(start="2026-01-01T00:00:05.5Z", end="2026-01-01T00:00:05Z"),
+     "is after end"),
+    (lambda d: d["manifest"].update(start="2026-01-01T00:00:05.25Z",
+                                    end="2026-01-01T00:00:05.2Z"), "is after end"),
+    (lambda d: d["manifest"].update(end="2026-13-01T00:00:00Z"), "manifest/end"),
     (lambda d: d["measurements"]["ops"].update({"Bad Op": {}}), "measurements/ops"),
 ])
 def test_broken_documents_are_rejected(breakage, message: str) -> None:  # type: ignore[no-untyped-def]
@@ -42,6 +47,18 @@ def test_broken_documents_are_rejected(breakage, message: str) -> None:  # type:
         schema.validate(doc, "x.json")
     text = str(e.value)
     assert message in text and "\n" not in text, text
+
+
+@pytest.mark.parametrize("start, end", [
+    ("2026-01-01T00:00:05Z", "2026-01-01T00:00:05.5Z"),      # "05.5Z" < "05Z" as strings
+    ("2026-01-01T00:00:05.5Z", "2026-01-01T00:00:05.50001Z"),
+    ("2026-01-01T00:00:05.9Z", "2026-01-01T00:00:05.900Z"),   # the same instant
+    ("2026-01-01T00:00:05.999999999Z", "2026-01-01T00:00:06Z"),
+])
+def test_start_and_end_compare_as_times(start: str, end: str) -> None:
+    doc = synthetic_run(seed=2)
+    doc["manifest"].update(start=start, end=end)
+    schema.validate(doc)
 
 
 def test_load_errors_are_one_line(tmp_path: Path) -> None:

@@ -181,6 +181,10 @@ def parse_main(prog: str, producer: str) -> None:
             raw = json.loads(Path(args.raw).read_text())
         except json.JSONDecodeError as e:
             raise LabError(f"{args.raw}: not JSON: {e.msg} at line {e.lineno}") from None
+        except UnicodeDecodeError as e:
+            raise LabError(f"{args.raw}: not JSON: byte {e.start} is not UTF-8") from None
+        except RecursionError:
+            raise LabError(f"{args.raw}: not JSON of a workload: nested too deeply") from None
         write(parse_raw(raw, args, producer), args.out)
         return 0
 

@@ -5,6 +5,9 @@
 // integers, finite doubles, booleans, null) with correct string escaping, and
 // inserts commas itself so callers cannot produce a malformed document by
 // forgetting one. Non-finite doubles are written as null (JSON has no NaN).
+// Strings are bytes: valid UTF-8 is copied, and every byte that is not part of a
+// valid UTF-8 sequence is written as \u00XX (its Latin-1 reading), so the output
+// is always valid UTF-8 JSON (such a string does not round-trip to its bytes).
 // Not thread-safe; one writer per document.
 #ifndef TFS_USERSPACE_UTIL_JSON_H_
 #define TFS_USERSPACE_UTIL_JSON_H_

@@ -172,11 +172,14 @@ int Main(int argc, char** argv) {
                  Micros(all->Quantile(50, 100)).c_str(), Micros(all->Quantile(99, 100)).c_str(),
                  Micros(all->max()).c_str(), json_path.c_str());
   }
-  if (FellBehind(result, spec.rate)) {
+  if (FellBehind(result)) {
     std::fprintf(stderr,
-                 "tierprobe: warning: achieved %.1f ops/s of %.1f target: the probe fell behind "
-                 "(max lag %s); latencies are still charged from the intended start\n",
-                 result.achieved_rate, spec.rate, Micros(result.max_lag_ns).c_str());
+                 "tierprobe: warning: the probe fell behind its schedule: %llu of %llu operations "
+                 "were still waiting to start when it ended (max lag %s); latencies are still "
+                 "charged from the intended start\n",
+                 static_cast<unsigned long long>(result.backlog_at_end),
+                 static_cast<unsigned long long>(result.ops_measured),
+                 Micros(result.max_lag_ns).c_str());
   }
   return 0;
 }

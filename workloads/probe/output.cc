@@ -186,7 +186,7 @@ void WriteMeasurements(JsonWriter& w, const ProbeSpec& spec, const RunResult& r)
   w.DoubleField("target_ops_per_s", spec.rate);
   w.EndObject();
 
-  bool behind = FellBehind(r, spec.rate);
+  bool behind = FellBehind(r);
   w.Key("counters");
   w.BeginObject();
   w.UintField("ops_warmup", r.ops_warmup);
@@ -195,6 +195,7 @@ void WriteMeasurements(JsonWriter& w, const ProbeSpec& spec, const RunResult& r)
   w.UintField("lag_p99_ns", r.lag->Quantile(99, 100));
   w.UintField("late_ops", r.late_ops);
   w.UintField("max_lag_ns", r.max_lag_ns);
+  w.UintField("backlog_at_end", r.backlog_at_end);
   w.UintField("injected_delays", r.injected_delays);
   w.UintField("stalled_threads", r.stalled_threads);
   w.UintField("fell_behind", behind ? 1 : 0);

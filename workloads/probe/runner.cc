@@ -43,6 +43,7 @@ struct ThreadOut {
   uint64_t last_measured_done = 0;  // monotonic ns
   std::unique_ptr<Histogram> lag = std::make_unique<Histogram>();
   uint64_t late_ops = 0;
+  uint64_t backlog_at_end = 0;
   uint64_t injected_delays = 0;
   bool stalled = false;
 };
@@ -115,6 +116,7 @@ void ProbeThread(Shared& sh, int index, ThreadOut& out) {
     uint64_t lag = actual > intended ? actual - intended : 0;
     out.lag->Record(lag);
     if (lag > kLateNs) out.late_ops++;
+    if (actual > sh.start + end + kLateNs) out.backlog_at_end++;
 
     uint64_t second = t / kSecond;
     if (second != cur_second) {
@@ -176,6 +178,7 @@ bool RunProbe(const ProbeSpec& spec, Workspace& ws, RunResult* result, std::stri
     result->ops_measured += o.ops_measured;
     result->lag->Merge(*o.lag);
     result->late_ops += o.late_ops;
+    result->backlog_at_end += o.backlog_at_end;
     result->injected_delays += o.injected_delays;
     result->stalled_threads += o.stalled ? 1 : 0;
     last_done = std::max(last_done, o.last_measured_done);

@@ -10,8 +10,9 @@
 // during the warm-up go to the time series only.
 //
 // The engine reports how far behind schedule it fell: a probe that cannot keep up
-// has become closed-loop and would understate stalls, so achieved rate and maximum
-// lag are part of the result, and the caller warns when the target was missed.
+// has become closed-loop and would understate stalls, so the start lags, the
+// backlog left at the end of the schedule and the achieved rate are part of the
+// result, and the caller warns when the probe fell behind (see FellBehind).
 #ifndef TFS_WORKLOADS_PROBE_RUNNER_H_
 #define TFS_WORKLOADS_PROBE_RUNNER_H_
 
@@ -45,19 +46,29 @@ struct RunResult {
   // probe's own wake-up overhead when on time, the backlog when behind.
   std::unique_ptr<Histogram> lag = std::make_unique<Histogram>();
   uint64_t late_ops = 0;             // operations issued more than 1 ms late
+  // Operations scheduled before the end of the schedule (warm-up + duration) but
+  // issued more than 1 ms after it: the backlog the probe had not worked off.
+  uint64_t backlog_at_end = 0;
   uint64_t injected_delays = 0;
   uint64_t stalled_threads = 0;      // threads that served the injected stall
   uint64_t start_unix_ns = 0;        // wall clock at the schedule's time zero
   uint64_t end_unix_ns = 0;
 };
 
-// A run "fell behind" when it achieved less than this fraction of its target rate:
-// a backlog was left at the end, so for part of the run the probe was closed-loop.
-inline constexpr double kKeptRateFraction = 0.99;
+// A run "fell behind" when, at the end of its schedule, more than this fraction of
+// its measured operations were still waiting to be issued (backlog_at_end): the
+// probe could not keep up with its arrivals and was, for part of the run,
+// closed-loop. This asks about start times, not throughput: the number of Poisson
+// arrivals is itself random (about +-2% at 2000 operations), and the last
+// operation's duration stretches the elapsed time, so an achieved rate below the
+// target says nothing about keeping the schedule. A stall the probe recovers from
+// before the end is not falling behind (its wait is charged to every operation
+// it delayed, and shows in late_ops and max_lag_ns).
+inline constexpr double kMaxBacklogFraction = 0.01;
 
-// True when `result` missed its target rate (see kKeptRateFraction).
-inline bool FellBehind(const RunResult& result, double target_rate) {
-  return result.achieved_rate < kKeptRateFraction * target_rate;
+// True when `result` fell behind its schedule (see kMaxBacklogFraction).
+inline bool FellBehind(const RunResult& result) {
+  return double(result.backlog_at_end) > kMaxBacklogFraction * double(result.ops_measured);
 }
 
 // Runs the probe. False with a one-line error when an operation fails (the run

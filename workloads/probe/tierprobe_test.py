@@ -86,6 +86,8 @@ def test_open_loop_charges_a_stall_to_every_delayed_operation(tmp_path: Path) ->
     assert pts[0]["max_ns"] < 0.5e9 and pts[2]["max_ns"] < 0.5e9
     assert meas["counters"]["stalled_threads"] == 1
     assert meas["counters"]["late_ops"] >= 170
+    # The probe caught up long before the end: a stall is charged, not "fell behind".
+    assert meas["counters"]["fell_behind"] == 0
 
 
 def test_planted_delay_hits_the_requested_fraction(tmp_path: Path) -> None:
@@ -166,5 +168,63 @@ def test_a_probe_that_falls_behind_says_so(tmp_path: Path) -> None:
     assert "fell behind" in proc.stderr
     meas = schema.load(out)["measurements"]
     assert meas["counters"]["fell_behind"] == 1
-    assert meas["throughput"]["ops_per_s"] < 0.99 * 200000
+    assert meas["counters"]["backlog_at_end"] > 0.01 * 40000
     assert meas["counters"]["ops_measured"] == 40000  # nothing skipped
+
+
+def test_operations_slower_than_the_interval_fall_behind(tmp_path: Path) -> None:
+    # Every operation takes >= 10 ms at 200 ops/s (one thread): it can do at most
+    # 100/s, so about half the schedule is still waiting at the end.
+    out = tmp_path / "slow.json"
+    proc = run([tool("tierprobe"), "--dir", tmp_path, "--json", out, "--rate", "200",
+                "--duration", "1s", "--mix", "stat=1", "--files", "4",
+                "--inject-delay", "10ms:1"])
+    assert proc.returncode == 0, proc.stderr
+    assert "fell behind" in proc.stderr
+    meas = schema.load(out)["measurements"]
+    assert meas["counters"]["fell_behind"] == 1
+    assert meas["counters"]["backlog_at_end"] >= 50, meas["counters"]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_poisson_arrivals_below_the_rate_are_not_falling_behind(tmp_path: Path,
+                                                                 seed: int) -> None:
+    # With Poisson arrivals the number of operations is itself random (+-2% at
+    # 2000): seeds 1 and 3 schedule fewer than 99% of rate x duration. The probe
+    # kept every intended start, so it did not fall behind.
+    doc = probe(tmp_path, "--rate", "1000", "--duration", "2s", "--schedule", "poisson",
+                "--mix", "stat=1", "--seed", str(seed))
+    counters = doc["measurements"]["counters"]
+    if seed in (1, 3):
+        assert counters["ops_measured"] < 0.99 * 2000, counters
+    assert counters["fell_behind"] == 0, counters
+    assert counters["backlog_at_end"] <= 0.01 * counters["ops_measured"], counters
+
+
+
+def test_a_slow_last_operation_is_not_falling_behind(tmp_path: Path) -> None:
+    # Seed 59 plants the one 200 ms delay in the last of the 10 operations: the run
+    # ends 0.15 s late (achieved 15/s of 20/s), but every operation started on time.
+    out = tmp_path / "last.json"
+    proc = run([tool("tierprobe"), "--dir", tmp_path, "--json", out, "--rate", "20",
+                "--duration", "0.5s", "--mix", "stat=1", "--files", "4", "--working-set", "1M",
+                "--inject-delay", "200ms:0.1", "--seed", "59"])
+    assert proc.returncode == 0, proc.stderr
+    meas = schema.load(out)["measurements"]
+    c = meas["counters"]
+    # A delay before the last operation would have made the next one start >= 150 ms late.
+    assert c["injected_delays"] == 1 and c["max_lag_ns"] < 100_000_000, c
+    assert meas["throughput"]["ops_per_s"] < 0.99 * 20
+    assert c["fell_behind"] == 0 and "fell behind" not in proc.stderr, c
+
+def test_a_directory_name_that_is_not_utf8_still_gives_valid_json(tmp_path: Path) -> None:
+    # JSON must be UTF-8; a Latin-1 directory name used to end up raw in the document.
+    target = Path(os.fsdecode(bytes(tmp_path) + b"/caf\xe9"))
+    target.mkdir()
+    out = tmp_path / "out.json"
+    proc = run([tool("tierprobe"), "--dir", target, "--json", out, "--rate", "100",
+                "--duration", "0.2s", "--mix", "stat=1", "--files", "4", "--quiet"])
+    assert proc.returncode == 0, proc.stderr
+    out.read_bytes().decode("utf-8")  # strict
+    doc = schema.load(out)
+    assert doc["manifest"]["filesystem"]["path"].endswith("/caf\u00e9")
