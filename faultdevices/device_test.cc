@@ -4,11 +4,16 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
+#include <future>
 
+#include "faultdevices/control.h"
 #include "faultdevices/loadgen.h"
 #include "faultdevices/testing.h"
 
@@ -367,6 +372,63 @@ TEST(FaultDevice, PowerCutWithALongSlotQueueDoesNotRecurse) {
   b.Wait();
   for (size_t i = 0; i < b.size(); i++) ASSERT_EQ(b[i].status, tfs::Status(Err::kIo)) << i;
   EXPECT_EQ(t.dev->Stats().powered_off_failures, uint64_t(kQueued));
+}
+
+// Connects to a unix socket and stays silent; returns the fd (-1 on failure).
+int SilentClient(const std::string& path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  memcpy(addr.sun_path, path.c_str(), std::min(path.size(), sizeof(addr.sun_path) - 1));
+  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Regression: the control server read a client's line with no timeout, so a client
+// that connected and said nothing blocked every other client and Stop() (nbdkit
+// could not exit).
+TEST(ControlServer, SilentClientNeitherBlocksOthersNorStop) {
+  auto t = MakeDevice(MustParse(""));
+  std::string path = "/tmp/faultdev-ctl-test-" + std::to_string(getpid()) + ".sock";
+  {
+    ControlServer server(300);
+    std::string error;
+    ASSERT_TRUE(server.Start(t.dev.get(), path, &error)) << error;
+    int silent = SilentClient(path);
+    ASSERT_GE(silent, 0);
+    auto reply = std::async(std::launch::async, [&] {
+      std::string r, e;
+      return SendControl(path, "poweron", &r, &e) ? r : e;
+    });
+    if (reply.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+      ADD_FAILURE() << "a silent client blocked the control socket";
+      std::_Exit(1);
+    }
+    EXPECT_EQ(reply.get(), "ok powered on");
+    char buf[128] = {};
+    EXPECT_GT(read(silent, buf, sizeof(buf) - 1), 0);  // told why, then dropped
+    EXPECT_EQ(std::string(buf).rfind("error: no command", 0), 0u) << buf;
+    close(silent);
+  }
+  {
+    ControlServer server;  // default 5 s read timeout
+    std::string error;
+    ASSERT_TRUE(server.Start(t.dev.get(), path, &error)) << error;
+    int silent = SilentClient(path);
+    ASSERT_GE(silent, 0);
+    usleep(50'000);  // the server is now reading from the silent client
+    uint64_t start = NowNs();
+    auto stopped = std::async(std::launch::async, [&] { server.Stop(); });
+    if (stopped.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+      ADD_FAILURE() << "Stop() blocked on a silent client";
+      std::_Exit(1);
+    }
+    EXPECT_LT(NowNs() - start, 2'000'000'000u) << "Stop() waited for the silent client";
+    close(silent);
+  }
 }
 
 }  // namespace
