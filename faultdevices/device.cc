@@ -116,6 +116,12 @@ std::unique_ptr<FaultDevice> FaultDevice::Open(const Profile& profile, std::uniq
       return nullptr;
     }
   }
+  if (profile.smr && profile.smr->band_bytes > bi.size) {
+    // Bands beyond the device make no sense, and (band + 1) * band_bytes could overflow.
+    *error = "profile " + profile.name + ": smr.band (" + std::to_string(profile.smr->band_bytes) +
+             " bytes) is larger than the device (" + std::to_string(bi.size) + " bytes)";
+    return nullptr;
+  }
   if (profile.timeout.offset && *profile.timeout.offset >= bi.size) {
     *error = "profile " + profile.name + ": timeout.offset is beyond the device end (" + std::to_string(bi.size) +
              " bytes)";

@@ -296,6 +296,11 @@ TEST(FaultDevice, ProfileMustFitTheDevice) {
                                std::make_unique<tfs::userspace::MemDevice>(o), &error);
   EXPECT_EQ(dev, nullptr);
   EXPECT_NE(error.find("beyond the device end"), std::string::npos) << error;
+  // Regression: a huge smr.band overflowed the drive model's band arithmetic.
+  dev = FaultDevice::Open(MustParse("[hdd]\n[smr]\nmedia_cache = \"1MiB\"\nband = \"16000000TB\"\n"),
+                          std::make_unique<tfs::userspace::MemDevice>(o), &error);
+  EXPECT_EQ(dev, nullptr);
+  EXPECT_NE(error.find("smr.band"), std::string::npos) << error;
 }
 
 // Regression: a link reset used to force its victims first (which admits requests
