@@ -179,17 +179,30 @@ bool LoadRecords(const std::string& path, uint32_t* sector, std::deque<CacheReco
     *error = path + ": cannot open: " + strerror(errno);
     return false;
   }
+  // Lengths in the file are checked against the bytes it actually holds before
+  // anything is allocated: a short hostile file must not make us allocate gigabytes.
+  uint64_t left = 0;
+  if (fseeko(f, 0, SEEK_END) == 0) {
+    off_t end = ftello(f);
+    if (end > 0) left = uint64_t(end);
+  }
+  rewind(f);
   char magic[8];
   uint32_t zero = 0;
   uint64_t count = 0;
-  bool ok = Get(f, magic, 8) && memcmp(magic, kMagic, 8) == 0 && Get(f, sector, 4) && Get(f, &zero, 4) &&
-            Get(f, &count, 8) && *sector != 0 && (*sector & (*sector - 1)) == 0;
+  constexpr uint64_t kHeader = 24, kRecordHeader = 24;
+  bool ok = left >= kHeader && Get(f, magic, 8) && memcmp(magic, kMagic, 8) == 0 && Get(f, sector, 4) &&
+            Get(f, &zero, 4) && Get(f, &count, 8) && *sector != 0 && (*sector & (*sector - 1)) == 0;
+  if (ok) left -= kHeader;
+  ok = ok && count <= left / kRecordHeader;
   for (uint64_t i = 0; ok && i < count; i++) {
     CacheRecord r;
     uint64_t len = 0;
-    ok = Get(f, &r.seq, 8) && Get(f, &r.offset, 8) && Get(f, &len, 8) && len % *sector == 0 &&
-         r.offset % *sector == 0 && len <= (1ull << 32);
+    ok = left >= kRecordHeader && Get(f, &r.seq, 8) && Get(f, &r.offset, 8) && Get(f, &len, 8);
+    if (ok) left -= kRecordHeader;
+    ok = ok && len % *sector == 0 && r.offset % *sector == 0 && len <= left && r.offset <= UINT64_MAX - len;
     if (ok) {
+      left -= len;
       r.data.resize(len);
       ok = Get(f, r.data.data(), len);
     }

@@ -194,5 +194,20 @@ TEST(PowerCut, RecordsRoundTripThroughAFile) {
   unlink(path.c_str());
 }
 
+// Regression: a write parked while the cache held at most half its size planned an
+// empty write-back, which finished at once and started another: endless recursion.
+TEST(VolatileCache, ParkedWriteInASmallCacheCompletes) {
+  auto t = MakeDevice(MustParse("[cache]\nsize = 8192\n"));
+  Batch b(*t.dev);
+  EXPECT_TRUE(b.Sync(IoOp::kWrite, 0, 512, 1).status.ok());
+  EXPECT_TRUE(b.Sync(IoOp::kWrite, 4096, 8192, 2).status.ok());  // does not fit beside the first
+  EXPECT_TRUE(b.Sync(IoOp::kWrite, 65536, 32768, 3).status.ok());  // larger than the whole cache
+  EXPECT_TRUE(b.Sync(IoOp::kFlush, 0, 0).status.ok());
+  t.dev->Drain();
+  EXPECT_EQ(Raw(t.mem, 0, 512), std::vector<uint8_t>(512, 1));
+  EXPECT_EQ(Raw(t.mem, 4096, 8192), std::vector<uint8_t>(8192, 2));
+  EXPECT_EQ(Raw(t.mem, 65536, 32768), std::vector<uint8_t>(32768, 3));
+}
+
 }  // namespace
 }  // namespace faultdev

@@ -1,6 +1,9 @@
 // Control channel (see control.h). The server thread polls the listening socket
 // and a stop pipe, so Stop() never has to interrupt a blocking accept(). Each
-// connection is read up to a newline (bounded to 4 KiB), answered and closed.
+// connection is read up to a newline (bounded to 4 KiB and to the read timeout,
+// polling the stop pipe too), answered and closed: a client that connects and
+// says nothing can neither block other clients for long nor keep Stop() (and so
+// nbdkit) from returning.
 #include "faultdevices/control.h"
 
 #include <fcntl.h>
@@ -9,9 +12,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <sstream>
+
+#include "faultdevices/timer.h"  // NowNs
 
 namespace faultdev {
 namespace {
@@ -34,6 +41,36 @@ std::string ReadLine(int fd, size_t max) {
     ssize_t n = read(fd, &c, 1);
     if (n <= 0 || c == '\n') break;
     line += c;
+  }
+  return line;
+}
+
+// Server side: reads one line from a client, giving up after `timeout_ms` in all
+// or as soon as `stop_fd` becomes readable. nullopt when no full command arrived.
+std::optional<std::string> ReadCommand(int fd, size_t max, int stop_fd, int timeout_ms) {
+  std::string line;
+  uint64_t deadline = NowNs() + uint64_t(timeout_ms) * 1'000'000;
+  char buf[512];
+  while (line.size() < max) {
+    uint64_t now = NowNs();
+    if (now >= deadline) return std::nullopt;
+    pollfd fds[2] = {{fd, POLLIN, 0}, {stop_fd, POLLIN, 0}};
+    int n = poll(fds, 2, int((deadline - now + 999'999) / 1'000'000));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return std::nullopt;
+    }
+    if (fds[1].revents != 0) return std::nullopt;
+    if (n == 0) continue;  // the deadline check above ends it
+    // Read only what is there, up to the newline's chunk; a command is one line and
+    // the connection is closed after the reply, so bytes past it are ignored.
+    ssize_t got = read(fd, buf, std::min(sizeof(buf), max - line.size()));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return line.empty() ? std::nullopt : std::optional<std::string>(line);  // EOF ends a line
+    for (ssize_t i = 0; i < got; i++) {
+      if (buf[i] == '\n') return line;
+      line += buf[i];
+    }
   }
   return line;
 }
@@ -135,8 +172,12 @@ void ControlServer::Loop() {
     if (fds[0].revents & POLLIN) {
       int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
       if (c < 0) continue;
-      std::string reply = HandleControl(*dev_, ReadLine(c, 4096));
-      WriteAll(c, reply + "\n");
+      std::optional<std::string> line = ReadCommand(c, 4096, stop_pipe_[0], read_timeout_ms_);
+      if (line) {
+        WriteAll(c, HandleControl(*dev_, *line) + "\n");
+      } else {
+        WriteAll(c, "error: no command received within " + std::to_string(read_timeout_ms_) + " ms\n");
+      }
       close(c);
     }
   }

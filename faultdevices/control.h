@@ -10,7 +10,9 @@
 // Replies are one line: "ok ..." / JSON for stats / "error: ...".
 //
 // ControlServer listens on a unix socket with one thread that serves one client
-// line at a time (control traffic is rare and tiny); Stop() ends it.
+// line at a time (control traffic is rare and tiny); Stop() ends it. A client gets
+// `read_timeout_ms` (default 5 s) to send its command line; one that stays silent
+// is answered "error: ..." and dropped, so it delays others by at most that long.
 #ifndef TFS_FAULTDEVICES_CONTROL_H_
 #define TFS_FAULTDEVICES_CONTROL_H_
 
@@ -26,7 +28,7 @@ std::string HandleControl(FaultDevice& dev, const std::string& line);
 
 class ControlServer {
  public:
-  ControlServer() = default;
+  explicit ControlServer(int read_timeout_ms = 5000) : read_timeout_ms_(read_timeout_ms) {}
   ~ControlServer() { Stop(); }
   // Binds `path` (replacing a stale socket) and starts serving. False + *error on failure.
   bool Start(FaultDevice* dev, const std::string& path, std::string* error);
@@ -35,6 +37,7 @@ class ControlServer {
  private:
   void Loop();
 
+  int read_timeout_ms_;
   FaultDevice* dev_ = nullptr;
   std::string path_;
   int listen_fd_ = -1;

@@ -46,6 +46,8 @@ struct FaultDevice::Op {
   bool forced = false;
   bool completed = false;
   bool stall_wait = false;
+  bool timeout_armed = false;  // its timeout event is scheduled and has not started
+  uint64_t timeout_event = 0;  // that event's Timer id
   std::vector<SectorRun> patches;  // cached read: newest cached data at admission
   Op* prev = nullptr;  // in-flight list
   Op* next = nullptr;
@@ -113,6 +115,12 @@ std::unique_ptr<FaultDevice> FaultDevice::Open(const Profile& profile, std::uniq
                std::to_string(e.length) + ") is beyond the device end (" + std::to_string(bi.size) + " bytes)";
       return nullptr;
     }
+  }
+  if (profile.smr && profile.smr->band_bytes > bi.size) {
+    // Bands beyond the device make no sense, and (band + 1) * band_bytes could overflow.
+    *error = "profile " + profile.name + ": smr.band (" + std::to_string(profile.smr->band_bytes) +
+             " bytes) is larger than the device (" + std::to_string(bi.size) + " bytes)";
+    return nullptr;
   }
   if (profile.timeout.offset && *profile.timeout.offset >= bi.size) {
     *error = "profile " + profile.name + ": timeout.offset is beyond the device end (" + std::to_string(bi.size) +
@@ -227,8 +235,11 @@ void FaultDevice::Admit(Op* op, uint64_t now, Actions& act) {
   if (TimeoutVictim(r, now)) {
     stats_.timeouts_injected++;
     op->status = Err::kIoTimeout;
-    ScheduleOp(now + profile_.timeout.duration_ns, op,
-               [](FaultDevice* d, Op* o, uint64_t when, Actions& a) { d->OnTimeoutExpired(o, when, a); });
+    op->timeout_event = ScheduleOp(
+        now + profile_.timeout.duration_ns, op,
+        [](FaultDevice* d, Op* o, uint64_t when, Actions& a) { d->OnTimeoutExpired(o, when, a); },
+        /*cancellable=*/true);
+    op->timeout_armed = true;
     return;
   }
   if (InjectError(r)) {
@@ -287,9 +298,9 @@ void FaultDevice::StartTiming(Op* op, uint64_t t, uint64_t now, Actions& act) {
   ModelDoneAt(op, t, now, act);
 }
 
-void FaultDevice::ScheduleOp(uint64_t when, Op* op, EventFn fn) {
+uint64_t FaultDevice::ScheduleOp(uint64_t when, Op* op, EventFn fn, bool cancellable) {
   op->refs++;
-  timer_->At(when, [this, op, when, fn] {
+  auto event = [this, op, when, fn] {
     Actions act;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -297,7 +308,10 @@ void FaultDevice::ScheduleOp(uint64_t when, Op* op, EventFn fn) {
       Unref(op);
     }
     Run(act);
-  });
+  };
+  if (cancellable) return timer_->AtCancellable(when, std::move(event));
+  timer_->At(when, std::move(event));
+  return 0;
 }
 
 void FaultDevice::ModelDoneAt(Op* op, uint64_t t, uint64_t now, Actions& act) {
@@ -402,13 +416,29 @@ void FaultDevice::TryComplete(Op* op, uint64_t now, Actions& act) {
   stats_.service_ns.Record(now - start);
   stats_.total_ns.Record(now - op->submit_ns);
   act.callbacks.push_back({op->req, op->status});
+  if (op->timeout_armed) {
+    // Failed before its timeout (power cut): drop the event and its reference, so
+    // Drain() and the destructor need not wait out the timeout.
+    op->timeout_armed = false;
+    if (timer_->Cancel(op->timeout_event)) Unref(op);
+  }
   Unref(op);
+  AdmitFromSlotQueue(now, act);
+}
+
+void FaultDevice::AdmitFromSlotQueue(uint64_t now, Actions& act) {
+  // A request admitted here may complete at once (powered off, no delay) and call
+  // back into TryComplete: only the outermost call drains the queue, so the stack
+  // stays flat however long the queue is.
+  if (admitting_) return;
+  admitting_ = true;
   uint32_t slots = profile_.queue.max_in_flight;
   while (!slot_queue_.empty() && (slots == 0 || in_flight_ < slots)) {
     Op* next = slot_queue_.front();
     slot_queue_.pop_front();
     Admit(next, now, act);
   }
+  admitting_ = false;
 }
 
 void FaultDevice::Force(Op* op, Status st, uint64_t now, Actions& act) {
@@ -466,9 +496,19 @@ bool FaultDevice::TimeoutVictim(const IoRequest& r, uint64_t now) {
 }
 
 void FaultDevice::OnTimeoutExpired(Op* op, uint64_t, Actions& act) {
+  // Already failed (by a power cut): the timeout has nothing left to time out, and
+  // a link reset now would fail requests submitted after the cut.
+  op->timeout_armed = false;
+  if (op->completed) return;
   uint64_t now = NowNs();
   if (profile_.timeout.link_reset) {
     stats_.link_resets++;
+    // Empty the drive's queue before failing anything: each failure frees a [queue]
+    // slot and admits a waiting request, which may enter the drive and must not be
+    // thrown away with the requests the reset kills (as in PowerOffLocked).
+    if (drive_) {
+      for (void* tag : drive_->Abort()) Unref(static_cast<Op*>(tag));
+    }
     std::vector<Op*> victims;
     for (Op* o = inflight_head_; o != nullptr; o = o->next) {
       if (o != op) victims.push_back(o);
@@ -476,9 +516,6 @@ void FaultDevice::OnTimeoutExpired(Op* op, uint64_t, Actions& act) {
     for (Op* o : victims) {
       stats_.reset_failures++;
       Force(o, Err::kIoTimeout, now, act);
-    }
-    if (drive_) {
-      for (void* tag : drive_->Abort()) Unref(static_cast<Op*>(tag));
     }
   }
   op->model_done = true;
@@ -581,7 +618,20 @@ void FaultDevice::MaybeStartWriteback(Actions& act) {
     for (const FlushWait& w : flush_waiters_) upto = std::max(upto, w.upto);
     flush = true;
   } else if (cache_->bytes() > profile_.cache.size_bytes || !parked_writes_.empty()) {
-    upto = cache_->SeqToShrinkTo(profile_.cache.size_bytes / 2);
+    uint64_t size = profile_.cache.size_bytes;
+    uint64_t target = size / 2;
+    if (!parked_writes_.empty()) {
+      // Make room for the oldest parked write, not just down to half: with the cache
+      // already at most half full, "half" would retire nothing and the parked write
+      // would never fit. A write larger than the whole cache waits for an empty
+      // cache and then goes in alone (and straight back out).
+      uint64_t want = parked_writes_.front()->req->length;
+      target = std::min(target, want >= size ? 0 : size - want);
+    }
+    upto = cache_->SeqToShrinkTo(target);
+    // Nothing to retire: starting an empty write-back would finish at once and call
+    // us again, forever.
+    if (cache_->empty() || upto < cache_->records().front().seq) return;
   } else {
     return;
   }

@@ -134,6 +134,7 @@ class FaultDevice final : public tfs::BlockDevice {
   void EnterDrive(Op* op, uint64_t t, Actions& act);
   void KickDrive(uint64_t t);
   void TryComplete(Op* op, uint64_t now, Actions& act);
+  void AdmitFromSlotQueue(uint64_t now, Actions& act);
   void Force(Op* op, tfs::Status st, uint64_t now, Actions& act);
   void Unref(Op* op);
   void OnTimeoutExpired(Op* op, uint64_t now, Actions& act);
@@ -146,8 +147,9 @@ class FaultDevice final : public tfs::BlockDevice {
   uint64_t StalledNs(uint64_t now) const;
   void PowerOffLocked(uint64_t now, Actions& act);
   // Runs fn(this, op, when, act) at `when` under mu_, holding a reference on op.
+  // With `cancellable`, returns the Timer id for Timer::Cancel (else 0).
   using EventFn = void (*)(FaultDevice*, Op*, uint64_t, Actions&);
-  void ScheduleOp(uint64_t when, Op* op, EventFn fn);
+  uint64_t ScheduleOp(uint64_t when, Op* op, EventFn fn, bool cancellable = false);
 
   // Runs collected work with mu_ released.
   void Run(Actions& act);
@@ -172,6 +174,7 @@ class FaultDevice final : public tfs::BlockDevice {
   uint64_t in_flight_ = 0;           // admitted, caller not yet called back
   Op* inflight_head_ = nullptr;      // admitted and not completed (for resets, power cut)
   std::deque<Op*> slot_queue_;       // waiting for a [queue] slot
+  bool admitting_ = false;           // AdmitFromSlotQueue() is draining slot_queue_
   uint64_t admitted_ = 0;
   uint32_t victims_left_ = 0;
   std::vector<bool> error_active_;

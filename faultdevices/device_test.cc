@@ -4,8 +4,16 @@
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+
+#include "faultdevices/control.h"
 #include "faultdevices/loadgen.h"
 #include "faultdevices/testing.h"
 
@@ -18,6 +26,19 @@ using testing::Ms;
 using testing::MustParse;
 using tfs::Err;
 using tfs::IoOp;
+
+// Waits up to `ms` for every request of `b`; returns how many are still pending.
+// For tests of requests that used to be lost: Batch::Wait() would hang forever.
+int WaitFor(Batch& b, int ms) {
+  int left = 0;
+  for (int i = 0; i <= ms / 10; i++) {
+    left = 0;
+    for (size_t k = 0; k < b.size(); k++) left += !b[k].done;  // a racy probe is fine here
+    if (left == 0) return 0;
+    usleep(10000);
+  }
+  return left;
+}
 
 TEST(FaultDevice, PassThroughMovesData) {
   auto t = MakeDevice(MustParse(""));
@@ -275,6 +296,144 @@ TEST(FaultDevice, ProfileMustFitTheDevice) {
                                std::make_unique<tfs::userspace::MemDevice>(o), &error);
   EXPECT_EQ(dev, nullptr);
   EXPECT_NE(error.find("beyond the device end"), std::string::npos) << error;
+  // Regression: a huge smr.band overflowed the drive model's band arithmetic.
+  dev = FaultDevice::Open(MustParse("[hdd]\n[smr]\nmedia_cache = \"1MiB\"\nband = \"16000000TB\"\n"),
+                          std::make_unique<tfs::userspace::MemDevice>(o), &error);
+  EXPECT_EQ(dev, nullptr);
+  EXPECT_NE(error.find("smr.band"), std::string::npos) << error;
+}
+
+// Regression: a link reset used to force its victims first (which admits requests
+// waiting for a [queue] slot into the drive) and abort the drive after, throwing
+// away the newly admitted requests: they never completed and Drain() hung.
+TEST(FaultDevice, LinkResetKeepsRequestsAdmittedFromTheSlotQueue) {
+  auto t = MakeDevice(MustParse("[hdd]\n[queue]\nmax_in_flight = 2\n"
+                                "[timeout]\nafter_requests = 1\nduration_s = 0.2\nlink_reset = true\n"),
+                      256 << 20);
+  Batch b(*t.dev);
+  b.Add(IoOp::kRead, 0, 4096);              // the timeout victim
+  b.Add(IoOp::kRead, 128 << 20, 96 << 20);  // a drive job of ~0.4 s, failed by the reset
+  b.Add(IoOp::kRead, 64 << 20, 4096);       // waits for a slot
+  b.Add(IoOp::kRead, 200 << 20, 4096);      // waits for a slot
+  b.Submit();
+  int left = WaitFor(b, 5000);
+  EXPECT_EQ(left, 0) << "requests never completed";
+  if (left != 0) {
+    (void)t.dev.release();  // its destructor would wait forever
+    std::_Exit(1);
+  }
+  EXPECT_EQ(b[0].status, tfs::Status(Err::kIoTimeout));
+  EXPECT_EQ(b[1].status, tfs::Status(Err::kIoTimeout));
+  EXPECT_TRUE(b[2].status.ok()) << b[2].status.Message();  // admitted after the reset
+  EXPECT_TRUE(b[3].status.ok()) << b[3].status.Message();
+}
+
+// Regression: a timeout victim failed early by a power cut kept its timeout event,
+// which later link-reset unrelated requests submitted after PowerOn().
+TEST(FaultDevice, PowerCutCancelsThePendingTimeout) {
+  auto t = MakeDevice(MustParse("[delay]\nall_ms = 1000\n"
+                                "[timeout]\nafter_requests = 1\nduration_s = 0.5\nlink_reset = true\n"));
+  Batch b(*t.dev);
+  b.Add(IoOp::kRead, 0, 4096);  // the timeout victim
+  b.Submit();
+  usleep(50'000);
+  t.dev->PowerCut();
+  t.dev->PowerOn();
+  ASSERT_EQ(WaitFor(b, 1000), 0);
+  EXPECT_EQ(b[0].status, tfs::Status(Err::kIo));
+  b.Add(IoOp::kRead, 4096, 4096);  // after power-on: succeeds after its 1 s delay
+  b.Submit();
+  ASSERT_EQ(WaitFor(b, 5000), 0);
+  EXPECT_TRUE(b[1].status.ok()) << b[1].status.Message();
+  EXPECT_GE(b[1].completed - b[1].submitted, 1'000'000'000u);
+  EXPECT_EQ(t.dev->Stats().link_resets, 0u);
+}
+
+// Regression: the cancelled victim's timeout event kept a reference, so Drain() (and
+// the destructor) waited out the whole timeout after a power cut.
+TEST(FaultDevice, DrainAfterPowerCutDoesNotWaitForTheTimeout) {
+  auto t = MakeDevice(MustParse("[timeout]\nafter_requests = 1\nduration_s = 3\n"));
+  Batch b(*t.dev);
+  b.Add(IoOp::kRead, 0, 4096);  // the timeout victim
+  b.Submit();
+  usleep(50'000);
+  t.dev->PowerCut();
+  uint64_t start = NowNs();
+  t.dev->Drain();
+  EXPECT_LT(NowNs() - start, 1'500'000'000u) << "Drain() waited for the cancelled timeout";
+  ASSERT_EQ(WaitFor(b, 1000), 0);
+  EXPECT_EQ(b[0].status, tfs::Status(Err::kIo));
+}
+
+// Regression: each request failed at admission (powered off) admitted the next one
+// from the slot queue recursively; a long backlog overflowed the stack.
+TEST(FaultDevice, PowerCutWithALongSlotQueueDoesNotRecurse) {
+  auto t = MakeDevice(MustParse("[delay]\nall_ms = 300\n[queue]\nmax_in_flight = 1\n"));
+  Batch b(*t.dev);
+  constexpr int kQueued = 100000;
+  for (int i = 0; i < kQueued; i++) b.Add(IoOp::kRead, 0, 512);
+  b.Submit();
+  t.dev->PowerCut();
+  b.Wait();
+  for (size_t i = 0; i < b.size(); i++) ASSERT_EQ(b[i].status, tfs::Status(Err::kIo)) << i;
+  EXPECT_EQ(t.dev->Stats().powered_off_failures, uint64_t(kQueued));
+}
+
+// Connects to a unix socket and stays silent; returns the fd (-1 on failure).
+int SilentClient(const std::string& path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  memcpy(addr.sun_path, path.c_str(), std::min(path.size(), sizeof(addr.sun_path) - 1));
+  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Regression: the control server read a client's line with no timeout, so a client
+// that connected and said nothing blocked every other client and Stop() (nbdkit
+// could not exit).
+TEST(ControlServer, SilentClientNeitherBlocksOthersNorStop) {
+  auto t = MakeDevice(MustParse(""));
+  std::string path = "/tmp/faultdev-ctl-test-" + std::to_string(getpid()) + ".sock";
+  {
+    ControlServer server(300);
+    std::string error;
+    ASSERT_TRUE(server.Start(t.dev.get(), path, &error)) << error;
+    int silent = SilentClient(path);
+    ASSERT_GE(silent, 0);
+    auto reply = std::async(std::launch::async, [&] {
+      std::string r, e;
+      return SendControl(path, "poweron", &r, &e) ? r : e;
+    });
+    if (reply.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+      ADD_FAILURE() << "a silent client blocked the control socket";
+      std::_Exit(1);
+    }
+    EXPECT_EQ(reply.get(), "ok powered on");
+    char buf[128] = {};
+    EXPECT_GT(read(silent, buf, sizeof(buf) - 1), 0);  // told why, then dropped
+    EXPECT_EQ(std::string(buf).rfind("error: no command", 0), 0u) << buf;
+    close(silent);
+  }
+  {
+    ControlServer server;  // default 5 s read timeout
+    std::string error;
+    ASSERT_TRUE(server.Start(t.dev.get(), path, &error)) << error;
+    int silent = SilentClient(path);
+    ASSERT_GE(silent, 0);
+    usleep(50'000);  // the server is now reading from the silent client
+    uint64_t start = NowNs();
+    auto stopped = std::async(std::launch::async, [&] { server.Stop(); });
+    if (stopped.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+      ADD_FAILURE() << "Stop() blocked on a silent client";
+      std::_Exit(1);
+    }
+    EXPECT_LT(NowNs() - start, 2'000'000'000u) << "Stop() waited for the silent client";
+    close(silent);
+  }
 }
 
 }  // namespace

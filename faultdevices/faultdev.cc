@@ -64,6 +64,11 @@ void WriteJson(const std::string& path, const std::string& json) {
   if (!out) Die(1, path + ": cannot write stats");
 }
 
+// Load buffers are allocated up front (one --block per request in flight): bound
+// them so a typo fails with a message instead of the OOM killer.
+constexpr uint64_t kMaxBlock = 64ull << 20;
+constexpr uint64_t kMaxLoadBuffers = 1ull << 30;
+
 struct RunArgs {
   std::string profile, image, pattern = "randread", json;
   std::vector<std::string> sets;
@@ -74,10 +79,23 @@ struct RunArgs {
   bool no_direct = false, raw = false, flush_at_end = false;
 };
 
+// One-line error unless --block suits the image.
+void CheckBlock(const RunArgs& a, uint64_t image_size, uint32_t logical_block) {
+  if (a.block % logical_block != 0) Die(2, "--block must be a multiple of the image's block size");
+  if (a.block > image_size) {
+    Die(2, "--block " + std::to_string(a.block) + " is larger than the image (" + std::to_string(image_size) +
+               " bytes)");
+  }
+}
+
 int Run(const RunArgs& a) {
   std::optional<Pattern> pattern = ParsePattern(a.pattern);
   if (!pattern) Die(2, "unknown pattern '" + a.pattern + "' (randread, randwrite, seqread, seqwrite, mixed)");
   if (a.block == 0 || a.block % 512 != 0) Die(2, "--block must be a positive multiple of 512");
+  if (a.block > kMaxBlock) Die(2, "--block must be at most 64 MiB");
+  if (uint64_t(a.block) * std::min<uint64_t>(a.qd, a.ops) > kMaxLoadBuffers) {
+    Die(2, "--block x --qd must be at most 1 GiB (the load's buffers)");
+  }
   std::optional<uint64_t> size = ParseSize(a.size), span = ParseSize(a.span);
   if (!size) Die(2, "--size: not a size: '" + a.size + "' (bytes, or like 64MiB, 1G)");
   if (!span) Die(2, "--span: not a size: '" + a.span + "' (bytes, or like 64MiB, 1G)");
@@ -97,7 +115,7 @@ int Run(const RunArgs& a) {
     uo.try_direct = !a.no_direct;
     auto dev = tfs::userspace::UringDevice::Open(a.image, uo);
     if (!dev.ok()) Die(1, a.image + ": cannot open: " + dev.status().Message());
-    if (a.block % (*dev)->LogicalBlockSize() != 0) Die(2, "--block must be a multiple of the image's block size");
+    CheckBlock(a, (*dev)->Size(), (*dev)->LogicalBlockSize());
     LoadResult r = RunLoad(**dev, lo);
     json = "{\"raw\": true, \"image\": \"" + a.image + "\", \"pattern\": \"" + a.pattern + "\", \"qd\": " +
            std::to_string(a.qd) + ", \"seed\": " + std::to_string(lo.seed) + ",\n \"load\": " + r.ToJson() + "}\n";
@@ -107,7 +125,7 @@ int Run(const RunArgs& a) {
     lo.seed = p.seed;
     std::unique_ptr<FaultDevice> dev = OpenFile(p, a.image, !a.no_direct, &error);
     if (!dev) Die(1, error);
-    if (a.block % dev->LogicalBlockSize() != 0) Die(2, "--block must be a multiple of the image's block size");
+    CheckBlock(a, dev->Size(), dev->LogicalBlockSize());
     std::cerr << "faultdev: run profile " << p.name << " seed " << p.seed << " pattern " << a.pattern << " ops "
               << a.ops << " qd " << a.qd << "\n";
     LoadResult r = RunLoad(*dev, lo);
@@ -146,6 +164,21 @@ int PowerCutCmd(const std::string& profile, const std::string& image, uint64_t s
   CutOutcome out = PlanPowerCut(records, sector, seed, CutPolicy{p.cache.keep, p.cache.drop, p.cache.tear});
   int fd = open(image.c_str(), O_WRONLY | O_CLOEXEC);
   if (fd < 0) Die(1, image + ": cannot open: " + strerror(errno));
+  // Nothing is written unless every record lies inside the image: a stale or foreign
+  // record file must not grow the image or scribble past its end.
+  struct stat st;
+  if (fstat(fd, &st) != 0) Die(1, image + ": cannot stat: " + strerror(errno));
+  uint64_t image_size = uint64_t(st.st_size);
+  if (S_ISBLK(st.st_mode)) {
+    off_t end = lseek(fd, 0, SEEK_END);
+    image_size = end > 0 ? uint64_t(end) : 0;
+  }
+  for (const CacheRecord& r : records) {
+    if (r.offset > image_size || r.data.size() > image_size - r.offset) {
+      Die(2, record + ": record at offset " + std::to_string(r.offset) + " (+" + std::to_string(r.data.size()) +
+                 ") is beyond the end of " + image + " (" + std::to_string(image_size) + " bytes)");
+    }
+  }
   for (const SectorRun& run : out.runs) {
     if (pwrite(fd, run.data.data(), run.data.size(), off_t(run.offset)) != ssize_t(run.data.size()))
       Die(1, image + ": write failed: " + strerror(errno));
@@ -231,7 +264,8 @@ int main(int argc, char** argv) {
   run->add_option("--seed", ra.seed, "seed (overrides the profile's)");
   run->add_option("--json", ra.json, "also write the stats to this file");
   run->add_option("--set", ra.sets, "override a profile key, e.g. timeout.duration_s=1 (repeatable)");
-  run->add_option("--block", ra.block, "request size in bytes")->capture_default_str();
+  run->add_option("--block", ra.block, "request size in bytes (at most 64 MiB and the image size)")
+      ->capture_default_str();
   run->add_option("--span", ra.span, "bytes of the image to touch, e.g. 1GiB (0 = all)")->capture_default_str();
   run->add_option("--size", ra.size, "create the image with this size (e.g. 1G) if it does not exist");
   run->add_flag("--no-direct", ra.no_direct, "do not use O_DIRECT on the image");
@@ -292,9 +326,11 @@ int main(int argc, char** argv) {
   }
   if (*list) {
     std::vector<std::string> names;
-    for (const auto& e : std::filesystem::directory_iterator(ProfileDir())) {
-      if (e.path().extension() == ".toml") names.push_back(e.path().stem().string());
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(ProfileDir(), ec), end; !ec && it != end; it.increment(ec)) {
+      if (it->path().extension() == ".toml") names.push_back(it->path().stem().string());
     }
+    if (ec) Die(1, ProfileDir() + ": cannot list profiles: " + ec.message());
     std::sort(names.begin(), names.end());
     for (const std::string& n : names) {
       std::string error;

@@ -4,7 +4,9 @@ Needs the built binary: $TIERFS_BUILD/bin/faultdev (default build/bin/faultdev).
 """
 import json
 import shutil
+import struct
 import subprocess
+import sys
 from pathlib import Path
 
 from tierlab.testing import build_dir
@@ -128,3 +130,63 @@ def test_powercut_replay(tmp_path):
     for im in images.values():
         assert im[1 << 20:] == durable[1 << 20:]  # flushed data untouched by the unflushed writes survives
         assert im[: 1 << 20] != durable[: 1 << 20]  # some unflushed writes were kept
+
+
+def test_run_block_is_bounded(tmp_path):
+    """Regression: --block 2 GiB with --qd 4096 allocated 8 TiB of buffers (OOM kill)."""
+    img = tmp_path / "d.img"
+    line = one_line_error(faultdev("run", "--profile", "nvme", "--image", img, "--size", 64 << 20,
+                                   "--block", 2147483648, "--qd", 4096, check=False))
+    assert "--block" in line
+    line = one_line_error(faultdev("run", "--profile", "nvme", "--image", img, "--block", 128 << 20, check=False))
+    assert "at most 64 MiB" in line
+    line = one_line_error(faultdev("run", "--profile", "nvme", "--image", img, "--block", 32 << 20, "--qd", 64,
+                                   "--ops", 1000, check=False))
+    assert "--qd" in line
+    small = tmp_path / "small.img"
+    line = one_line_error(faultdev("run", "--profile", "nvme", "--image", small, "--size", 4 << 20,
+                                   "--block", 8 << 20, check=False))
+    assert "larger than the image" in line
+    line = one_line_error(faultdev("run", "--raw", "--image", small, "--block", 8 << 20, check=False))
+    assert "larger than the image" in line
+    s = run_json("--profile", "nvme", "--image", small, "--block", 4 << 20, "--ops", 2)  # the whole image is fine
+    assert s["load"]["completed"] == 2 and s["load"]["errors"] == 0
+
+
+def record_file(path, records, sector=512, count=None):
+    """A cache record file (cache.h): header, then (seq, offset, length, data) per record."""
+    out = b"TFSFDC01" + struct.pack("<IIQ", sector, 0, len(records) if count is None else count)
+    for seq, offset, length, data in records:
+        out += struct.pack("<QQQ", seq, offset, length) + data
+    path.write_bytes(out)
+
+
+def test_powercut_rejects_hostile_record_files(tmp_path):
+    """Regression: a 60-byte record file declaring a 4 GiB record made powercut allocate 4 GiB."""
+    img = tmp_path / "d.img"
+    img.write_bytes(bytes(1 << 20))
+    record = Path(str(img) + ".faultdev-cache")
+
+    def cut():
+        return faultdev("powercut", "--profile", "powercut", "--image", img, "--seed", 1, check=False)
+
+    record_file(record, [(1, 0, 4 << 30, b"\0" * 12)])
+    assert record.stat().st_size == 60
+    assert "not a faultdev cache record file" in one_line_error(cut())
+    # ... and without allocating the declared 4 GiB first (peak RSS of a fresh child).
+    probe = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], capture_output=True); "
+             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    r = subprocess.run([sys.executable, "-c", probe, str(FAULTDEV), "powercut", "--profile", "powercut", "--image",
+                        str(img), "--seed", "1"], capture_output=True, text=True, timeout=120, check=True)
+    assert int(r.stdout) < 1 << 20, f"peak RSS {r.stdout.strip()} KiB"
+    record_file(record, [(1, 0, 512, b"\1" * 512)], count=1 << 60)  # absurd record count
+    assert "not a faultdev cache record file" in one_line_error(cut())
+    record_file(record, [(1, 1 << 20, 512, b"\1" * 512)])  # just past the end of the image
+    assert "beyond the end" in one_line_error(cut())
+    record_file(record, [(1, (1 << 64) - 512, 512, b"\1" * 512)])  # offset + length wraps
+    one_line_error(cut())
+    assert img.read_bytes() == bytes(1 << 20)  # nothing was written
+    assert img.stat().st_size == 1 << 20
+    record_file(record, [(1, (1 << 20) - 512, 512, b"\1" * 512)])  # the last sector: fine
+    out = json.loads(faultdev("powercut", "--profile", "powercut", "--image", img, "--seed", 1).stdout)
+    assert out["records"] == 1

@@ -395,7 +395,11 @@ std::optional<Profile> FromTable(Parser& p, const toml::table& root, const std::
     if (ParseSmr(p, *t, &*prof.smr) && !prof.hdd) p.Fail(*root.get("smr"), "smr", "needs an [hdd] section");
   }
   if (const toml::table* t = p.Section(root, "bandwidth")) {
-    if (p.OnlyKeys(*t, "bandwidth", {"mb_s"})) p.Number(*t, "bandwidth", "mb_s", &prof.bandwidth.mb_s, 0, 1e6);
+    if (p.OnlyKeys(*t, "bandwidth", {"mb_s"}) && p.Number(*t, "bandwidth", "mb_s", &prof.bandwidth.mb_s, 0, 1e6) &&
+        prof.bandwidth.mb_s > 0 && prof.bandwidth.mb_s < 0.001) {
+      // A transfer time of length / mb_s must fit in 64-bit nanoseconds.
+      p.Fail(*t->get("mb_s"), "bandwidth.mb_s", "must be 0 (unlimited) or at least 0.001");
+    }
   }
   if (const toml::table* t = p.Section(root, "queue")) {
     uint64_t slots = 0;

@@ -53,10 +53,32 @@ void Timer::Arm(uint64_t when_ns) {
   armed_ = when_ns;
 }
 
+uint64_t Timer::Push(uint64_t when_ns, Fn fn) {
+  uint64_t order = next_order_++;
+  heap_.push(Event{when_ns, order, std::move(fn)});
+  if (when_ns < armed_) Arm(when_ns);
+  return order;
+}
+
 void Timer::At(uint64_t when_ns, Fn fn) {
   std::lock_guard<std::mutex> lock(mu_);
-  heap_.push(Event{when_ns, next_order_++, std::move(fn)});
-  if (when_ns < armed_) Arm(when_ns);
+  Push(when_ns, std::move(fn));
+}
+
+uint64_t Timer::AtCancellable(uint64_t when_ns, Fn fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t id = Push(when_ns, std::move(fn));
+  cancellable_.insert(id);
+  return id;
+}
+
+bool Timer::Cancel(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cancellable_.erase(id) == 0) return false;
+  // The heap cannot remove from the middle: the event stays until due, then is
+  // dropped unrun.
+  cancelled_.insert(id);
+  return true;
 }
 
 size_t Timer::pending() const {
@@ -88,6 +110,12 @@ void Timer::Loop() {
       uint64_t now = NowNs();
       while (!heap_.empty() && heap_.top().when <= now) {
         // priority_queue::top is const; the event is popped right after the move.
+        uint64_t order = heap_.top().order;
+        if (!cancelled_.empty() && cancelled_.erase(order) != 0) {
+          heap_.pop();
+          continue;
+        }
+        if (!cancellable_.empty()) cancellable_.erase(order);  // started: too late to cancel
         due.push_back(std::move(const_cast<Event&>(heap_.top())));
         heap_.pop();
       }

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <queue>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 namespace faultdev {
@@ -40,6 +41,12 @@ class Timer {
 
   // Runs `fn` on the timer thread at `when_ns` (NowNs() clock); at once if past.
   void At(uint64_t when_ns, Fn fn);
+  // Same, but the event can be cancelled with the returned id.
+  uint64_t AtCancellable(uint64_t when_ns, Fn fn);
+  // Drops an AtCancellable event. True if it had not started and now never will
+  // (its owner may release what it holds for it); false if it has run or is
+  // about to run (it will run to the end). Never waits for a running event.
+  bool Cancel(uint64_t id);
   // Runs `fn` on the timer thread as soon as possible.
   void Post(Fn fn) { At(0, std::move(fn)); }
   // Events scheduled and not yet run.
@@ -63,12 +70,17 @@ class Timer {
   void Arm(uint64_t when_ns);  // caller holds mu_
 
   int tfd_ = -1;
-  // mu_ guards heap_, next_order_, armed_ and stop_; never held while an event runs.
+  uint64_t Push(uint64_t when_ns, Fn fn);  // caller holds mu_; returns the order
+
+  // mu_ guards heap_, next_order_, armed_, stop_ and the two id sets; never held
+  // while an event runs.
   mutable std::mutex mu_;
   std::priority_queue<Event, std::vector<Event>, Later> heap_;
   uint64_t next_order_ = 0;
   uint64_t armed_ = UINT64_MAX;
   bool stop_ = false;
+  std::unordered_set<uint64_t> cancellable_;  // AtCancellable events still in heap_
+  std::unordered_set<uint64_t> cancelled_;    // cancelled, still in heap_ until due
   std::thread thread_;
 };
 

@@ -77,5 +77,19 @@ TEST(Timer, DestructorDropsFutureEvents) {
   EXPECT_EQ(ran.load(), 0);
 }
 
+TEST(Timer, CancelDropsOnlyEventsNotYetStarted) {
+  Timer t;
+  std::atomic<int> ran{0};
+  uint64_t a = t.AtCancellable(NowNs() + 50'000'000, [&] { ran += 1; });
+  uint64_t b = t.AtCancellable(NowNs(), [&] { ran += 10; });
+  t.Sync();  // b has run
+  EXPECT_TRUE(t.Cancel(a));
+  EXPECT_FALSE(t.Cancel(a));  // already cancelled
+  EXPECT_FALSE(t.Cancel(b));  // already ran
+  t.At(NowNs() + 60'000'000, [] {});
+  while (t.pending() != 0) t.Sync();
+  EXPECT_EQ(ran.load(), 10);
+}
+
 }  // namespace
 }  // namespace faultdev
