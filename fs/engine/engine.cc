@@ -10,13 +10,6 @@ namespace {
 
 constexpr u64 kMinDataBuckets = 8;
 
-void CopyTarget(char* dst, const char* src) {
-  usize n = src == nullptr ? 0 : StrLen(src);
-  if (n >= sb::kSbTargetLen) n = sb::kSbTargetLen - 1;
-  MemCopy(dst, src, n);
-  MemSet(dst + n, 0, sb::kSbTargetLen - n);
-}
-
 // An array of superblocks on the heap (each is ~4.5 KiB: too big for a kernel stack).
 struct SbArray {
   explicit SbArray(u32 n)
@@ -85,10 +78,10 @@ Status Format(const FormatMember* members, u32 count, const FormatOptions& o, Di
   s.btree_node_size = o.btree_node_size;
   s.block_size = 4096;
   s.journal_seq = 1;
-  CopyTarget(s.options.foreground_target, o.foreground_target);
-  CopyTarget(s.options.background_target, o.background_target);
-  CopyTarget(s.options.promote_target, o.promote_target);
-  CopyTarget(s.options.metadata_target, o.metadata_target);
+  StrCopyPadded(s.options.foreground_target, o.foreground_target, sb::kSbTargetLen);
+  StrCopyPadded(s.options.background_target, o.background_target, sb::kSbTargetLen);
+  StrCopyPadded(s.options.promote_target, o.promote_target, sb::kSbTargetLen);
+  StrCopyPadded(s.options.metadata_target, o.metadata_target, sb::kSbTargetLen);
   s.options.data_replicas = o.data_replicas;
   s.options.metadata_replicas = o.metadata_replicas;
   s.options.checksum = o.checksum;
@@ -99,7 +92,7 @@ Status Format(const FormatMember* members, u32 count, const FormatOptions& o, Di
     sb::Member& m = s.members[i];
     BlockDevice* bdev = members[i].bdev;
     sb::NewUuid(m.uuid);
-    CopyTarget(m.label, members[i].label);
+    StrCopyPadded(m.label, members[i].label, sb::kSbLabelLen);
     u64 size = bdev->Size();
     u64 nbuckets = size > sb::kBucketsOffset ? (size - sb::kBucketsOffset) / o.bucket_size : 0;
     u64 table = alloc::TableBuckets(nbuckets, o.bucket_size);

@@ -106,6 +106,13 @@ inline usize StrLen(const char* s) {
   while (s[n] != '\0') n++;
   return n;
 }
+// Copies `src` (null counts as "") into a fixed field of `n` bytes: truncated to
+// n - 1 bytes, always NUL-terminated, the rest zero (on-disk strings).
+inline void StrCopyPadded(char* dst, const char* src, usize n) {
+  usize i = 0;
+  for (; src != nullptr && i + 1 < n && src[i] != '\0'; i++) dst[i] = src[i];
+  for (; i < n; i++) dst[i] = '\0';
+}
 inline bool StrEqual(const char* a, const char* b) {
   while (*a != '\0' && *a == *b) {
     a++;

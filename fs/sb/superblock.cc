@@ -17,12 +17,6 @@ bool Terminated(const char* s, usize n) {
   return false;
 }
 
-void CopyString(char* dst, const char* src, usize n) {
-  usize i = 0;
-  for (; i + 1 < n && src[i] != '\0'; i++) dst[i] = src[i];
-  for (; i < n; i++) dst[i] = '\0';
-}
-
 u32 SbCsum(const void* buf) {
   return platform::Crc32cSkippingField(buf, kSbSize, __builtin_offsetof(SuperblockFormat, csum));
 }
@@ -69,10 +63,10 @@ void Encode(const Superblock& sb, u16 dev_idx, void* out) {
   f->btree_node_size.set(sb.btree_node_size);
   f->block_size.set(sb.block_size);
   f->journal_seq.set(sb.journal_seq);
-  CopyString(f->foreground_target, sb.options.foreground_target, kSbTargetLen);
-  CopyString(f->background_target, sb.options.background_target, kSbTargetLen);
-  CopyString(f->promote_target, sb.options.promote_target, kSbTargetLen);
-  CopyString(f->metadata_target, sb.options.metadata_target, kSbTargetLen);
+  StrCopyPadded(f->foreground_target, sb.options.foreground_target, kSbTargetLen);
+  StrCopyPadded(f->background_target, sb.options.background_target, kSbTargetLen);
+  StrCopyPadded(f->promote_target, sb.options.promote_target, kSbTargetLen);
+  StrCopyPadded(f->metadata_target, sb.options.metadata_target, kSbTargetLen);
   f->data_replicas = sb.options.data_replicas;
   f->metadata_replicas = sb.options.metadata_replicas;
   f->checksum_type = u8(sb.options.checksum);
@@ -81,7 +75,7 @@ void Encode(const Superblock& sb, u16 dev_idx, void* out) {
     const Member& m = sb.members[i];
     MemberFormat& mf = f->members[i];
     MemCopy(mf.uuid, m.uuid, 16);
-    CopyString(mf.label, m.label, kSbLabelLen);
+    StrCopyPadded(mf.label, m.label, kSbLabelLen);
     mf.size.set(m.size);
     mf.nbuckets.set(m.nbuckets);
     mf.journal_first_bucket.set(m.journal_first_bucket);
@@ -130,7 +124,7 @@ Status Decode(const void* buf, u64 device_size, Superblock* out, Diag* diag) {
                  sb.options.promote_target, sb.options.metadata_target};
   for (int i = 0; i < 4; i++) {
     if (!Terminated(targets[i], kSbTargetLen)) return corrupt("target string");
-    CopyString(dst[i], targets[i], kSbTargetLen);
+    StrCopyPadded(dst[i], targets[i], kSbTargetLen);
   }
   sb.options.data_replicas = f->data_replicas;
   sb.options.metadata_replicas = f->metadata_replicas;
@@ -149,7 +143,7 @@ Status Decode(const void* buf, u64 device_size, Superblock* out, Diag* diag) {
     if (!Terminated(mf.label, kSbLabelLen) || !dev::ValidateLabel(mf.label).ok())
       return DiagError(diag, Err::kCorrupt, "superblock: member %u: bad label", i);
     MemCopy(m.uuid, mf.uuid, 16);
-    CopyString(m.label, mf.label, kSbLabelLen);
+    StrCopyPadded(m.label, mf.label, kSbLabelLen);
     m.size = mf.size.get();
     m.nbuckets = mf.nbuckets.get();
     m.journal_first_bucket = mf.journal_first_bucket.get();
