@@ -247,24 +247,26 @@ void IoQueue::ReadStats(IoOrigin origin, OriginStats* out) const {
   out->service_time.Merge(s.service_time);
 }
 
-namespace {
-struct SyncWaiter {
-  Latch latch{1};
-  Status status;
-};
-}  // namespace
+void IoBatch::Done(Io* io, Status st) {
+  auto* b = static_cast<IoBatch*>(io->caller_data);
+  if (!st.ok()) {
+    i32 zero = 0;
+    b->first_error.CompareExchange(zero, i32(st.code()));
+  }
+  b->latch.CountDown();
+}
+
+Status IoBatch::Wait() {
+  latch.Wait();
+  return Status(Err(first_error.Load()));
+}
 
 Status SubmitAndWait(IoQueue& queue, Io* io) {
-  SyncWaiter w;
-  io->caller_data = &w;
-  io->done = [](Io* done_io, Status st) {
-    auto* waiter = static_cast<SyncWaiter*>(done_io->caller_data);
-    waiter->status = st;
-    waiter->latch.CountDown();
-  };
+  IoBatch batch(1);
+  io->caller_data = &batch;
+  io->done = IoBatch::Done;
   queue.Submit(io);
-  w.latch.Wait();
-  return w.status;
+  return batch.Wait();
 }
 
 Status QueueSyncIo(IoQueue& queue, IoOp op, u64 offset, void* buf, u64 length, u8 flags,

@@ -149,6 +149,17 @@ class IoQueue {
   Atomic<u64> flushed_gen_{0};
 };
 
+// Waits for a batch of Ios (on any queues) and keeps the first error: set each
+// Io's done = IoBatch::Done and caller_data = the batch, submit them, Wait().
+struct IoBatch {
+  explicit IoBatch(u32 n) : latch(n) {}
+  Latch latch;
+  Atomic<i32> first_error{0};
+
+  static void Done(Io* io, Status st);
+  Status Wait();
+};
+
 // Submits one I/O through `queue` and sleeps until it completes (format, mount,
 // fsck and tests only). Fills io->done and io->caller_data.
 Status SubmitAndWait(IoQueue& queue, Io* io);

@@ -16,6 +16,7 @@
 namespace tfs::journal {
 
 using dev::DevMask;
+using dev::IoBatch;
 using dev::Io;
 using dev::IoClass;
 
@@ -46,26 +47,6 @@ struct Journal::Buf {
 namespace {
 
 u32 RoundUp(u32 v, u32 to) { return (v + to - 1) / to * to; }
-
-// Waits for a set of Ios submitted to device queues; records the first error.
-struct IoBatch {
-  explicit IoBatch(u32 n) : latch(n) {}
-  Latch latch;
-  Atomic<i32> first_error{0};
-
-  static void Done(Io* io, Status st) {
-    auto* b = static_cast<IoBatch*>(io->caller_data);
-    if (!st.ok()) {
-      i32 zero = 0;
-      b->first_error.CompareExchange(zero, i32(st.code()));
-    }
-    b->latch.CountDown();
-  }
-  Status Wait() {
-    latch.Wait();
-    return Status(Err(first_error.Load()));
-  }
-};
 
 void PrepareIo(Io* io, IoOp op, u64 offset, void* buf, u64 len, u8 flags, IoBatch* batch) {
   io->req.op = op;
