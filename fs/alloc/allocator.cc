@@ -12,8 +12,6 @@
 namespace tfs::alloc {
 namespace {
 
-u64 Max(u64 a, u64 b) { return a > b ? a : b; }
-
 u8 DataBit(BucketState purpose) {
   switch (purpose) {
     case BucketState::kBtree: return sb::kDataBtree;
@@ -42,6 +40,14 @@ const char* BucketStateName(BucketState s) {
   return "unknown";
 }
 
+BucketState LayoutState(const sb::Member& m, u64 b) {
+  if (b < m.alloc_table_buckets) return BucketState::kMeta;
+  if (m.journal_nbuckets > 0 && b >= m.journal_first_bucket &&
+      b < m.journal_first_bucket + m.journal_nbuckets)
+    return BucketState::kJournal;
+  return BucketState::kFree;
+}
+
 const char* WatermarkName(Watermark w) {
   switch (w) {
     case Watermark::kBackground: return "background";
@@ -66,9 +72,9 @@ Status Allocator::Init(dev::DeviceSet* devs, const sb::Superblock& sb, journal::
     TFS_TRY(d.pending.Reserve(m.nbuckets));
     d.data_allowed = m.data_allowed;
     d.table_buckets = m.alloc_table_buckets;
-    d.reserves.btree = Max(1, m.nbuckets / 128);
-    d.reserves.copygc = Max(1, m.nbuckets / 128);
-    d.reserves.foreground = Max(2, m.nbuckets / 64);
+    d.reserves.btree = Max<u64>(1, m.nbuckets / 128);
+    d.reserves.copygc = Max<u64>(1, m.nbuckets / 128);
+    d.reserves.foreground = Max<u64>(2, m.nbuckets / 64);
   }
   return Status::Ok();
 }
@@ -80,14 +86,8 @@ void Allocator::InitFresh() {
     for (u64 b = 0; b < d.buckets.size(); b++) {
       Bucket& bk = d.buckets[b];
       bk = Bucket();
-      if (b < m.alloc_table_buckets) {
-        bk.state = BucketState::kMeta;
-        bk.version = 1;
-      } else if (m.journal_nbuckets > 0 && b >= m.journal_first_bucket &&
-                 b < m.journal_first_bucket + m.journal_nbuckets) {
-        bk.state = BucketState::kJournal;
-        bk.version = 1;
-      }
+      bk.state = LayoutState(m, b);
+      if (bk.state != BucketState::kFree) bk.version = 1;
     }
     d.checkpoint = 0;
     d.last_slot = 1;

@@ -42,6 +42,11 @@ namespace tfs::alloc {
 enum class Watermark : u8 { kBackground = 0, kForeground, kCopygc, kBtree, kJournal };
 const char* WatermarkName(Watermark w);
 
+// The state the device layout fixes for bucket `b` of member `m` (allocation table
+// or journal ring), or kFree for a bucket the layout leaves to the allocator.
+// Format sets these; fsck checks them.
+BucketState LayoutState(const sb::Member& m, u64 b);
+
 struct BucketRef {
   u32 dev = 0;
   u64 bucket = 0;

@@ -74,17 +74,11 @@ void CheckAllocator(engine::Engine& e, const Options& opt, Ctx& c) {
     u64 bad = 0;
     for (u64 b = 0; b < mem.nbuckets; b++) {
       alloc::Bucket bk = a.Get(m, b);
-      alloc::BucketState want;
-      if (b < mem.alloc_table_buckets) {
-        want = alloc::BucketState::kMeta;
-      } else if (mem.journal_nbuckets > 0 && b >= mem.journal_first_bucket &&
-                 b < mem.journal_first_bucket + mem.journal_nbuckets) {
-        want = alloc::BucketState::kJournal;
-      } else {
-        want = bk.state;
-        if (bk.state == alloc::BucketState::kMeta || bk.state == alloc::BucketState::kJournal) {
-          want = alloc::BucketState::kFree;
-        }
+      alloc::BucketState want = alloc::LayoutState(mem, b);
+      if (want == alloc::BucketState::kFree) {
+        // Not reserved by the layout: any state but the reserved ones is fine.
+        bool reserved = bk.state == alloc::BucketState::kMeta || bk.state == alloc::BucketState::kJournal;
+        want = reserved ? alloc::BucketState::kFree : bk.state;
       }
       bool live_bad = u64(bk.live_sectors) * 512 > s.bucket_size;
       if (bk.state == want && !live_bad) continue;
