@@ -108,6 +108,52 @@ inline constexpr u32 kMaxKeySpace = KeySpace(kMaxValueBytes);
 static_assert(sizeof(NodeHeader) + sizeof(SetHeader) + kMaxKeySpace <= kMinNodeSize,
               "the smallest node holds one key of the largest size");
 
+// ---------------------------------------------------------------------------
+// Tree structure (docs/format/btree.md, "Pointers and roots").
+
+// Where a node lives: the value of every key in an interior node (the key's
+// position is the child's max), and of each root. 48 bytes.
+inline constexpr u8 kNoMember = 0xff;  // member of a pointer to "no node" (an empty tree)
+
+struct NodePtrFormat {
+  u8 member;         // device index, or kNoMember for an empty tree's root
+  u8 level;          // the child's level (parent level - 1)
+  u8 btree_id;       // the child's btree
+  u8 reserved0[5];   // 0
+  Le64 offset;       // byte offset of the node on the member (node_size aligned)
+  Le64 seq;          // the child's NodeHeader.seq: a unique id of this node version
+  Le64 min_inode;    // the child's min position (its max is the key's position)
+  Le64 min_offset;
+  Le64 reserved1;    // 0
+};
+static_assert(sizeof(NodePtrFormat) == 48, "node pointer size");
+
+// The roots block: two 4 KiB slots on every member that may hold btree nodes,
+// written alternately (FUA) at the end of each btree checkpoint. Mount uses the
+// valid slot with the highest `gen` across all members.
+inline constexpr u64 kRootsMagic = 0x53544f4f52534654ull;  // "TFSROOTS" as LE bytes
+inline constexpr u64 kRootsOffset = 64 * 1024;             // slot 0; slot 1 follows
+inline constexpr u32 kRootsSlotSize = 4096;
+
+struct RootsFormat {  // kRootsSlotSize bytes
+  Le64 magic;         // kRootsMagic
+  Le32 csum;          // CRC-32C of the whole slot with this field zero
+  Le16 version;       // kNodeVersion
+  Le16 nroots;        // kNrBtreeIds
+  u8 fs_uuid[16];     // the filesystem's uuid: a stale block of another fs never matches
+  Le64 gen;           // bumped by every checkpoint; the newest valid slot wins
+  Le64 journal_seq;   // every journal entry up to this one is contained in the trees
+  Le64 node_seq_hi;   // node seqs below this may exist on disk; new ones start above
+  u8 reserved0[8];    // 0
+  NodePtrFormat roots[kNrBtreeIds];
+  u8 reserved[kRootsSlotSize - 64 - kNrBtreeIds * sizeof(NodePtrFormat)];
+};
+static_assert(sizeof(RootsFormat) == kRootsSlotSize, "roots slot size");
+static_assert(__builtin_offsetof(RootsFormat, roots) == 64, "roots layout");
+
+// The journal key of a btree update (journal key type kKeyBtree): one KeyHeader
+// exactly as in a node (btree id, type, value length, position), then the value.
+
 }  // namespace tfs::btree
 
 #endif  // TFS_BTREE_FORMAT_H_

@@ -53,6 +53,7 @@ inline constexpr u32 KeySpace(u32 len) { return u32(sizeof(KeyHeader)) + ((len +
 enum KeyType : u16 {
   kKeyInvalid = 0,
   kKeyAlloc = 1,          // alloc/format.h: AllocKey
+  kKeyBtree = 2,          // btree/format.h: one btree key (KeyHeader + value)
   kKeyTest = 0xff00,      // tests only
 };
 

@@ -1,0 +1,232 @@
+// The btrees of one filesystem: node cache, descent, transactions, iterators,
+// splits and merges, write-out (checkpoints) and mount (docs/design/btree.md).
+//
+// Structure. One tree per BtreeId. Leaves (level 0) hold the keys; an interior
+// node holds one key per child, at the child's max position, whose value is a
+// NodePtrFormat (where the child lives, its seq and its min). Every node covers
+// [min, max]; the children of a node partition its range exactly.
+//
+// Updates. A Transaction collects updates (set / delete) across btrees and commits
+// them as one journal commit, then applies them to the in-memory leaves; a
+// crash either replays the whole commit or none of it. Leaves take the keys into
+// their open set (btree/node.h); the nodes are written later.
+//
+// Write-out (Checkpoint). Dirty nodes are written copy-on-write to fresh slots in
+// btree buckets, children before parents; then the journal is made durable up to
+// everything the written nodes contain (write-ahead rule), the devices written are
+// flushed, and a roots block (btree/format.h) naming the new roots and the journal
+// sequence they contain is written with FUA. Only then are the old slots released
+// and the journal pin moved. A crash at any point leaves the previous roots block
+// and every node it reaches intact; mount replays the journal from there.
+// Checkpoints run on the btree writer thread: when the journal asks for space
+// (reclaim hook), when dirty bytes pass half the cache, or on request.
+//
+// Concurrency and lock order (never reversed):
+//   commit_mu_      one transaction commit + apply at a time (orders the apply of
+//                   updates to the same position exactly as the journal orders them)
+//   tree lock       per btree RwLock: shared for lookups, iterators and leaf updates;
+//                   exclusive for structure changes (split, merge, root change) and
+//                   for installing the new pointers a checkpoint wrote
+//   leaf lock       per cached leaf RwLock: shared to read, exclusive to update;
+//                   at most one leaf lock is held at a time
+//   cache_mu_       the node cache's hash table and LRU (innermost, never held while
+//                   taking another lock)
+// Interior nodes change only under the exclusive tree lock, so readers holding it
+// shared walk them without node locks. **No lock is ever held across device I/O**:
+// a lookup that needs a node not in the cache drops every lock, reads and verifies
+// the node with none held, inserts it into the cache and restarts (counted in
+// Stats::restarts); a checkpoint snapshots a node under its lock and writes the
+// copy with no lock held. The one exception is commit_mu_, which is not a node
+// lock: it is held across the journal commit (which may wait for journal buffer
+// space) so that apply order equals journal order; readers never take it.
+//
+// Node cache. Bounded by Options::cache_bytes. Clean, unreferenced nodes are
+// evicted least-recently-used first; dirty nodes are never evicted (the writer is
+// woken to clean them). Nodes read from disk are checksum-verified and must be
+// exactly the node the parent points to: a bad node is a kCorrupt-class error for
+// the operation (Stats::corrupt_reads), never a crash.
+#ifndef TFS_BTREE_TREE_H_
+#define TFS_BTREE_TREE_H_
+
+#include "alloc/allocator.h"
+#include "btree/format.h"
+#include "btree/key.h"
+#include "btree/node.h"
+#include "dev/device_set.h"
+#include "journal/journal.h"
+#include "platform/atomic.h"
+#include "platform/platform.h"
+#include "platform/sync.h"
+#include "sb/superblock.h"
+#include "util/diag.h"
+#include "util/status.h"
+#include "util/vector.h"
+
+namespace tfs::btree {
+
+struct CachedNode;
+class Btrees;
+
+struct Options {
+  u64 cache_bytes = 256ull << 20;  // node cache bound (dirty nodes may exceed it briefly)
+  u32 node_size = 0;               // 0 = the superblock's btree_node_size
+  bool writer_thread = true;       // false: checkpoints only when called (tests)
+};
+
+struct Stats {
+  u64 lookups, inserts, deletes;       // keys read / set / deleted
+  u64 commits;                         // transactions committed
+  u64 restarts;                        // descents restarted (node read, structure change)
+  u64 splits, merges, root_grows, root_shrinks, compactions;
+  u64 cache_hits, cache_misses, evictions;
+  u64 node_reads, node_read_bytes, corrupt_reads;
+  u64 node_writes, node_write_bytes;
+  u64 checkpoints;
+  u64 cached_nodes, cached_bytes, dirty_nodes, dirty_bytes;  // now
+  u64 depth[kNrBtreeIds];              // levels per tree now (0 = empty)
+};
+
+// Where the trees are on disk: what a roots block holds.
+struct Roots {
+  u64 gen = 0;
+  u64 journal_seq = 0;  // journal entries <= this are contained in the trees
+  u64 node_seq_hi = 0;
+  NodePtrFormat roots[kNrBtreeIds];
+};
+
+// Reads the newest valid roots block of the filesystem (every member that may
+// hold btree nodes). kCorrupt with a Diag if none is valid.
+Status ReadRoots(dev::DeviceSet& devs, const sb::Superblock& sb, Roots* out, Diag* diag = nullptr);
+// Writes the roots block of a new filesystem (every tree empty) to every member
+// that may hold btree nodes (Format).
+Status FormatRoots(dev::DeviceSet& devs, const sb::Superblock& sb);
+
+// A set of updates to commit atomically. Not thread-safe; one per thread.
+class Transaction {
+ public:
+  explicit Transaction(Btrees* trees) : trees_(trees) {}
+  ~Transaction();
+  Transaction(const Transaction&) = delete;
+  Transaction& operator=(const Transaction&) = delete;
+
+  // Queues a value (kKeyValue) at pos; len <= kMaxValueBytes. kInvalidArgument /
+  // kTooBig for bad input (nothing queued); kTooBig also when the transaction would
+  // not fit in one journal entry.
+  [[nodiscard]] Status Set(const Pos& pos, const void* value, u32 len);
+  // Queues a deletion (a whiteout): deleting an absent key is not an error.
+  [[nodiscard]] Status Delete(const Pos& pos);
+  // Journals every queued update in one commit and applies them; returns the
+  // journal sequence. kFlush returns once that commit is durable. The queue is
+  // empty afterwards, whatever the result. Errors: kIo from the journal (the
+  // filesystem must go read-only), kCorrupt / kIo reading a leaf that must be
+  // updated (nothing was journaled or applied then).
+  Result<u64> Commit(journal::CommitMode mode = journal::CommitMode::kNoFlush);
+  void Reset();
+  u32 size() const { return n_; }
+
+ private:
+  friend class Btrees;
+  Btrees* trees_;
+  Vector<u8> keys_;  // journal keys: KeyHeader + padded value, back to back
+  u32 n_ = 0;
+};
+
+// A cursor over one btree. Holds no lock between calls (it remembers a position
+// and a reference to its leaf), so threads may insert while it moves; each call
+// sees every commit applied before it started. Not thread-safe; one per thread.
+class Iterator {
+ public:
+  Iterator(Btrees* trees, u8 btree_id);
+  ~Iterator();
+  Iterator(const Iterator&) = delete;
+  Iterator& operator=(const Iterator&) = delete;
+
+  // First key >= pos / last key <= pos / first / last. Errors (kCorrupt, kIo) leave
+  // the iterator invalid.
+  [[nodiscard]] Status Seek(const Pos& pos);
+  [[nodiscard]] Status SeekForPrev(const Pos& pos);
+  [[nodiscard]] Status SeekToFirst();
+  [[nodiscard]] Status SeekToLast();
+  // Next key after / last key before the current one (only while Valid()).
+  [[nodiscard]] Status Next();
+  [[nodiscard]] Status Prev();
+
+  bool Valid() const { return valid_; }
+  Pos pos() const { return pos_; }
+  // The current value: a copy owned by the iterator, valid until it moves.
+  const u8* value() const { return value_.data(); }
+  u32 val_bytes() const { return u32(value_.size()); }
+
+ private:
+  enum class Dir : u8 { kSeek, kSeekForPrev, kNext, kPrev };
+  Status Move(Dir dir, const Pos& pos);
+
+  Btrees* trees_;
+  u8 id_;
+  bool valid_ = false;
+  Pos pos_{};
+  Vector<u8> value_;
+  CachedNode* leaf_ = nullptr;  // referenced: not evicted while we point at it
+  u64 leaf_version_ = 0;        // leaf modifications seen; a change means re-seek
+  Pos leaf_max_{};
+  Pos leaf_min_{};
+};
+
+class Btrees {
+ public:
+  Btrees();
+  ~Btrees();
+  Btrees(const Btrees&) = delete;
+  Btrees& operator=(const Btrees&) = delete;
+
+  // Attaches to a filesystem whose roots are `roots` (ReadRoots). `journal` may be
+  // null while replaying (updates are then applied without journaling). Reads every
+  // interior node to learn which btree buckets are in use and frees the allocator's
+  // btree buckets no tree reaches (left by a checkpoint a crash interrupted).
+  Status Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Superblock& sb,
+              const Roots& roots, const Options& options, Diag* diag = nullptr);
+  // Starts journaling updates (and the writer thread, unless disabled).
+  void AttachJournal(journal::Journal* journal);
+  // Replay: applies one journal key of entry `seq` (a kKeyBtree key) unless the
+  // trees already contain that entry (seq <= roots journal_seq).
+  Status ApplyReplayed(u64 seq, const journal::Key& key);
+  // Writes every dirty node and a new roots block. Safe to call concurrently with
+  // everything else; one checkpoint runs at a time.
+  Status Checkpoint();
+  // Stops the writer, checkpoints, detaches from the journal. Idempotent.
+  Status Close();
+
+  // Reads the value at pos into `value` (resized). kNotFound if absent.
+  Status Get(const Pos& pos, Vector<u8>* value);
+  // Reads the value at pos into buf (at most cap bytes); returns its length, which
+  // may exceed cap (then only cap bytes were copied). kNotFound if absent.
+  Result<u32> Get(const Pos& pos, void* buf, u32 cap);
+
+  // The journal's reclaim hook: wakes the writer to checkpoint (never blocks).
+  static void ReclaimHook(void* self, u64 seq);
+
+  Stats GetStats() const;
+  const Roots& roots() const { return roots_; }  // the last roots block written or read
+  u32 node_size() const { return node_size_; }
+
+  // For fsck: visits every node of every tree, top-down, reading nodes that are
+  // not cached. fn returns non-Ok to stop.
+  struct NodeVisit {
+    const Node* node;
+    const NodePtrFormat* ptr;  // how the parent (or the roots block) points to it
+  };
+  Status ForEachNode(Status (*fn)(void* ctx, const NodeVisit& v), void* ctx, Diag* diag = nullptr);
+
+ private:
+  friend class Transaction;
+  friend class Iterator;
+  struct Tree;
+  struct Impl;
+  Impl* impl_ = nullptr;
+  Roots roots_{};
+  u32 node_size_ = 0;
+};
+
+}  // namespace tfs::btree
+
+#endif  // TFS_BTREE_TREE_H_
