@@ -79,8 +79,10 @@ Status Node::Init(u32 node_size, const NodeInfo& info) {
     return Err::kInvalidArgument;
   Status st = sets_.Reserve(kMaxSets);
   if (!st.ok()) return st;
-  buf_ = static_cast<u8*>(platform::Alloc(node_size, kNodeAlign, true));
+  // Only [0, used_bytes) is ever read: zero the header, not the whole buffer.
+  buf_ = static_cast<u8*>(platform::Alloc(node_size, kNodeAlign, false));
   if (buf_ == nullptr) return Err::kNoMemory;
+  MemSet(buf_, 0, sizeof(NodeHeader));
   node_size_ = node_size;
   used_ = u32(sizeof(NodeHeader));
   info_ = info;
