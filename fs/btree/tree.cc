@@ -23,6 +23,7 @@ struct CachedNode {
   Atomic<u8> dead{0};             // replaced by a structure change
   bool dirty = false;             // changed since the last image (leaf lock / tree lock)
   u64 imaged = 0;                 // checkpoint number that last took an image
+  u64 compacted_version = ~u64(0);  // version at which a merge check compacted it
   ListNode lru;                   // on Impl::lru while in the tree (cache_mu)
   u32 charged = 0;                // bytes counted in the cache
 };
@@ -734,12 +735,29 @@ class TreeOps {
       } else {
         return;  // no cached sibling: a later update retries
       }
-      // Live bytes are at most the estimates: skip merges that cannot fit
-      // before building anything (each update of a nearly empty node next to a
-      // full one would otherwise rebuild both).
-      if (left->node.live_estimate() + right->node.live_estimate() > im->node_size / 4 * 3 + sizeof(NodeHeader))
-        return;
-      if (n->node.nsets() > 1 && !n->node.Compact(0).ok()) return;  // its real size
+      // Live bytes are at most the estimates (which miss overwritten versions):
+      // rule out merges that cannot fit before building anything, compacting a
+      // node to learn its real size only when that could change the answer --
+      // the sibling at most once per version of it, so that each update of a
+      // nearly empty node next to a full one does not rebuild the full one.
+      const u64 limit = im->node_size / 4 * 3 + sizeof(NodeHeader);
+      CachedNode* sib = left == n ? right : left;
+      u64 sib_live = sib->node.live_estimate();
+      if (sib_live > limit && sib->node.nsets() > 1 && sib->compacted_version != sib->version.Load()) {
+        if (!sib->node.Compact(0).ok()) return;
+        sib->compacted_version = sib->version.Load();
+        sib_live = sib->node.used_bytes();
+      }
+      if (sib_live > limit) return;
+      if (n->node.live_estimate() + sib_live > limit || n->node.nsets() > 1) {
+        if (n->node.nsets() > 1 && !n->node.Compact(0).ok()) return;
+        if (n->node.used_bytes() + sib_live > limit) {
+          if (sib->node.nsets() <= 1 || sib->compacted_version == sib->version.Load()) return;
+          if (!sib->node.Compact(0).ok()) return;
+          sib->compacted_version = sib->version.Load();
+          if (n->node.used_bytes() + sib->node.used_bytes() > limit) return;
+        }
+      }
       if (n->node.used_bytes() >= im->node_size / 4) return;
       const Node* src[] = {&left->node, &right->node};
       CachedNode* m = nullptr;
