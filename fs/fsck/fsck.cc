@@ -386,7 +386,7 @@ void CheckBtrees(engine::Engine& e, bool was_clean, Ctx& c, BtreeFindings* found
     const BtreeCheck::TreeStats& ts = bc->stats[id];
     if (ts.depth == 0) continue;
     char bad[40] = "";
-    if (ts.bad != 0) platform::Format(bad, sizeof(bad), ", %llu bad nodes", (unsigned long long)ts.bad);
+    if (ts.bad != 0) platform::Format(bad, sizeof(bad), ", %llu bad", (unsigned long long)ts.bad);
     c.Line("btree %s: %llu nodes (%llu leaves), %llu keys, depth %u%s", kBtreeNames[id],
            (unsigned long long)ts.nodes, (unsigned long long)ts.leaves, (unsigned long long)ts.keys, ts.depth, bad);
   }
