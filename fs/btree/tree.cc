@@ -443,6 +443,7 @@ class TreeOps {
           const Set& s = p->node.set(0);
           u32 i = s.LowerBound(miss.max);
           if (i < s.size() && p->children[i] == nullptr && ReadPtr(s.Key(i)).seq.get() == miss.ptr.seq.get()) {
+            n->accessed.Store(1, MemOrder::kRelaxed);
             p->children[i] = n;
             n->parent = p;
             linked = true;
@@ -455,8 +456,13 @@ class TreeOps {
       return Status::Ok();
     }
     Charge(im, n);
-    EvictIfNeeded(im);
+    // No eviction here: the caller restarts to use this node. Operations evict
+    // when they finish (MaybeEvict), and the clock bit spares it one pass.
     return Status::Ok();
+  }
+
+  static void MaybeEvict(Impl* im) {
+    if (im->cached_bytes.Load(MemOrder::kRelaxed) > im->opt.cache_bytes) EvictIfNeeded(im);
   }
 
   static bool StillPointsTo(Impl* im, Tree& t, const Miss& miss) {
@@ -492,7 +498,7 @@ class TreeOps {
       CachedNode* victims = nullptr;
       {
         MutexLock l(im->cache_mu);
-        usize budget = im->lru.size() * 2;
+        usize budget = im->lru.size();  // one pass: a node used since the last one survives
         CachedNode* n = im->lru.front();
         while (n != nullptr && budget-- > 0 && im->cached_bytes.Load(MemOrder::kRelaxed) > goal) {
           CachedNode* next = im->lru.Next(n);
@@ -1398,6 +1404,7 @@ Status Btrees::ApplyReplayed(u64 seq, const journal::Key& key) {
       (in.type == kKeyWhiteout && in.val_bytes != 0))
     return Err::kCorrupt;
   TFS_TRY(TreeOps::ApplyKey(im, in, seq));
+  TreeOps::MaybeEvict(im);
   MutexLock c(im->commit_mu);
   if (seq > im->applied_seq) im->applied_seq = seq;
   return Status::Ok();
@@ -1447,6 +1454,7 @@ Result<u32> Btrees::Get(const Pos& pos, void* buf, u32 cap) {
     }
     leaf->lock.ReadUnlock();
     t.lock.ReadUnlock();
+    TreeOps::MaybeEvict(im);
     if (!k.valid()) return Err::kNotFound;
     return len;
   }
@@ -1659,6 +1667,7 @@ Result<u64> Transaction::Commit(journal::CommitMode mode) {
     if (st.ok()) im->applied_seq = seq;
   }
   Reset();
+  TreeOps::MaybeEvict(im);
   if (!st.ok()) return st;
   im->c_commits.FetchAdd(1, MemOrder::kRelaxed);
   if (mode == journal::CommitMode::kFlush && im->journal != nullptr) TFS_TRY(im->journal->Flush());
@@ -1777,6 +1786,7 @@ Status Iterator::Fill(bool forward, Pos from) {
     leaf->lock.ReadUnlock();
     t.lock.ReadUnlock();
     TFS_TRY(st);
+    TreeOps::MaybeEvict(im);
     if (n > 0) {
       if (!forward) {  // keep the batch in ascending order
         for (u32 i = 0, j = n - 1; i < j; i++, j--) Swap(offsets_[i], offsets_[j]);
