@@ -1125,7 +1125,11 @@ bool IsCorrupt(Status st) { return st.Is(ErrorClass::kCorrupt); }
 TEST_P(BtreeCorruptionTest, DamagedLeafIsCorruptOthersReadable) {
   const Damage damage = GetParam();
   ASSERT_NO_FATAL_FAILURE(Build(3000));
-  const usize vi = leaves_.size() / 2;
+  usize vi = leaves_.size() / 2;
+  while (vi + 3 < leaves_.size() &&
+         (leaves_[vi].keys.size() < 2 || (damage == Damage::kUnusedTail && leaves_[vi].used_bytes >= kNode))) {
+    vi++;
+  }
   const Visited victim = leaves_[vi];
   ASSERT_GE(victim.keys.size(), 2u);
   const Visited& donor = leaves_[vi + 2];
