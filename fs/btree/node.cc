@@ -45,6 +45,7 @@ void Node::Reset() {
   node_size_ = used_ = 0;
   info_ = NodeInfo{};
   open_ = false;
+  dead_ = 0;
 }
 
 void Node::SealHeader() {
@@ -413,6 +414,18 @@ u32 Node::WriteImage(u8* dst, u64 new_seq) const {
   }
   h->csum.set(platform::Crc32cSkippingField(dst, sizeof(NodeHeader), __builtin_offsetof(NodeHeader, csum)));
   return bytes;
+}
+
+void Node::Swap(Node& o) {
+  tfs::Swap(buf_, o.buf_);
+  tfs::Swap(node_size_, o.node_size_);
+  tfs::Swap(used_, o.used_);
+  tfs::Swap(info_, o.info_);
+  tfs::Swap(open_, o.open_);
+  tfs::Swap(dead_, o.dead_);
+  Vector<Set> tmp(Move(sets_));
+  sets_ = Move(o.sets_);
+  o.sets_ = Move(tmp);
 }
 
 void Node::SetSeq(u64 seq) {

@@ -98,6 +98,8 @@ class Node {
   // aligned, zero-padded to a 4 KiB multiple) under a new seq: every set magic and
   // checksum and the header are recomputed in the copy. Returns the bytes to write.
   u32 WriteImage(u8* dst, u64 new_seq) const;
+  // Exchanges the contents of two nodes (a rebuilt node replaces a cached one).
+  void Swap(Node& other);
   // Renames the in-memory node to `seq` (after its image was written under it).
   void SetSeq(u64 seq);
   // Overwrites the value of a key of this node in place; the new value must have
@@ -107,6 +109,11 @@ class Node {
   // The newest visible key at exactly pos; an invalid KeyRef if there is none or
   // it was deleted.
   KeyRef Find(const Pos& pos) const;
+
+  // Bytes known to be dead (deleted versions and their whiteouts) since the last
+  // full compaction: the tree notes them to find underfull nodes cheaply.
+  void NoteDead(u32 bytes) { dead_ += bytes; }
+  u32 live_estimate() const { return used_ - Min(dead_, used_); }
 
   const NodeInfo& info() const { return info_; }
   const u8* data() const { return buf_; }
@@ -126,6 +133,7 @@ class Node {
   bool NewOpenSet(const KeyInput& key, u64 journal_seq);
 
   bool open_ = false;  // the newest set is the open set (its checksum is stale)
+  u32 dead_ = 0;       // see NoteDead
 
   u8* buf_ = nullptr;
   u32 node_size_ = 0;
