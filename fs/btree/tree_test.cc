@@ -23,10 +23,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <set>
@@ -93,6 +96,58 @@ std::string KeyStr(const MKey& k) { return PosStr(P(k)); }
 std::string Bytes(const u8* p, usize n) { return n == 0 ? std::string() : std::string(reinterpret_cast<const char*>(p), n); }
 std::string Val(const Iterator& it) { return Bytes(it.value(), it.val_bytes()); }
 std::string Val(const Vector<u8>& v) { return Bytes(v.data(), v.size()); }
+
+// Turns a hang into a failure: unless destroyed within `seconds`, prints what was
+// running and the watched btrees' counters, then aborts (ctest runs each test case
+// in its own process, so only that case fails).
+class Watchdog {
+ public:
+  Watchdog(std::string what, double seconds) : what_(std::move(what)) {
+    if (kSanitized) seconds *= 4;
+    th_ = std::thread([this, seconds] {
+      std::unique_lock<std::mutex> l(mu_);
+      if (cv_.wait_for(l, std::chrono::duration<double>(seconds), [this] { return done_; })) return;
+      fprintf(stderr, "\nWATCHDOG: %s did not finish within %.0f s (hang or livelock)\n", what_.c_str(), seconds);
+      if (trees_ != nullptr) {
+        Stats s = trees_->GetStats();
+        fprintf(stderr,
+                "  btree stats: node_reads %llu evictions %llu restarts %llu cache_misses %llu cached_nodes %llu "
+                "dirty_nodes %llu checkpoints %llu commits %llu\n",
+                (unsigned long long)s.node_reads, (unsigned long long)s.evictions, (unsigned long long)s.restarts,
+                (unsigned long long)s.cache_misses, (unsigned long long)s.cached_nodes,
+                (unsigned long long)s.dirty_nodes, (unsigned long long)s.checkpoints, (unsigned long long)s.commits);
+      }
+      fflush(stderr);
+      std::abort();
+    });
+  }
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    th_.join();
+  }
+  // The btrees whose counters to print on expiry (null: none).
+  void Watch(Btrees* t) {
+    std::lock_guard<std::mutex> l(mu_);
+    trees_ = t;
+  }
+
+ private:
+  std::string what_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  Btrees* trees_ = nullptr;
+  std::thread th_;
+};
+
+std::string CurrentTest() {
+  const ::testing::TestInfo* i = ::testing::UnitTest::GetInstance()->current_test_info();
+  return i == nullptr ? std::string("?") : std::string(i->test_suite_name()) + "." + i->name();
+}
 
 // ---------------------------------------------------------------------------
 // Filesystems on MemDevices.
@@ -349,6 +404,7 @@ class ModelRun {
     ASSERT_OK(fs_->Format(kNode));
     e_ = std::make_unique<Engine>();
     ASSERT_OK(OpenEngine(e_.get(), *fs_, opts_));
+    wd_.Watch(&e_->btrees());
     ASSERT_EQ(e_->btrees().node_size(), kNode);
 
     // Grow: mostly inserts, until the test tree is 3 levels deep or more.
@@ -372,9 +428,11 @@ class ModelRun {
     live_it_.reset();
     AddStats(&totals_, e_->btrees().GetStats());
     ASSERT_OK(e_->Close());
+    wd_.Watch(nullptr);
     e_ = std::make_unique<Engine>();
     engine::OpenReport rep;
     ASSERT_OK(OpenEngine(e_.get(), *fs_, opts_, &rep));
+    wd_.Watch(&e_->btrees());
     EXPECT_TRUE(rep.was_clean);
     EXPECT_EQ(rep.replayed_keys, 0u);
     Model got;
@@ -382,6 +440,7 @@ class ModelRun {
     ASSERT_NO_FATAL_FAILURE(ScanTree(e_->btrees(), kOther, &got));
     ASSERT_TRUE(got == model_) << "after a clean close and open: " << DescribeDiff(model_, got);
     AddStats(&totals_, e_->btrees().GetStats());
+    wd_.Watch(nullptr);
     ASSERT_OK(e_->Close());
     e_.reset();
 
@@ -419,6 +478,18 @@ class ModelRun {
   }
 
   usize Count(u8 id) const { return counts_[id]; }
+
+  // A commit's updates, with what the model held at each position before it.
+  std::string Describe(const CommitOps& c) const {
+    std::ostringstream o;
+    for (const Op& op : c) {
+      auto m = model_.find(op.key);
+      o << "\n  " << KeyStr(op.key) << (op.del ? " delete" : " set " + std::to_string(op.val.size()) + " bytes")
+        << " (was " << (m == model_.end() ? std::string("absent") : std::to_string(m->second.size()) + " bytes")
+        << ")";
+    }
+    return o.str();
+  }
 
   void ApplyCounted(const CommitOps& c) {
     for (const Op& op : c) {
@@ -492,7 +563,8 @@ class ModelRun {
     for (const Op& op : c) ASSERT_OK(Queue(tx, op));
     ASSERT_EQ(tx.size(), u32(c.size()));
     Result<u64> seq = tx.Commit(mode);
-    ASSERT_OK(seq.status());
+    ASSERT_TRUE(seq.ok()) << ToString() << ": commit " << log_.size() << " failed: " << Str(seq.status())
+                          << "; its updates:" << Describe(c);
     ASSERT_EQ(tx.size(), 0u);
     ASSERT_GE(*seq, last_seq_) << "journal sequence went backwards";
     last_seq_ = *seq;
@@ -681,17 +753,21 @@ class ModelRun {
     }
     live_it_.reset();
     AddStats(&totals_, e_->btrees().GetStats());
+    wd_.Watch(nullptr);
     ASSERT_OK(e_->Close());
     e_ = std::move(e2);
+    wd_.Watch(&e_->btrees());
     fs_ = std::move(cut);
     log_.resize(usize(k));
     durable_ = log_.size();  // open checkpointed what it replayed
+    last_seq_ = 0;           // the recovered journal may reuse sequences of lost entries
     model_.clear();
     for (usize i = 0; i < kNrBtreeIds; i++) counts_[i] = 0;
     for (const CommitOps& c : log_) ApplyCounted(c);
     ASSERT_TRUE(got == model_);
   }
 
+  Watchdog wd_{CurrentTest(), 150};
   ModelParams p_;
   std::mt19937_64 rng_;
   Options opts_;
@@ -758,18 +834,19 @@ bool ConcValueOk(const Pos& p, const u8* data, u32 len) {
 // f - ceil(f / 4) permanent keys.
 u64 PermanentBelow(u64 f) { return f - (f + 3) / 4; }
 
-TEST(BtreeTreeTest, ConcurrentWritersReadersCheckpointsAndEviction) {
-  const u64 kKeys = kSanitized ? 2000 : 6000;
+void RunConcurrent(u64 kKeys, u64 cache_nodes) {
   constexpr u32 kNode = 16384;
   Fs fs(2, 64ull << 20);
   ASSERT_OK(fs.Format(kNode));
   Options o;
-  o.cache_bytes = 8 * kNode;
+  o.cache_bytes = cache_nodes * kNode;
   o.node_size = 0;
   o.writer_thread = true;
+  Watchdog wd(CurrentTest(), 90);
   Engine e;
   ASSERT_OK(OpenEngine(&e, fs, o));
   Btrees& t = e.btrees();
+  wd.Watch(&t);
 
   std::atomic<u64> frontier[kWriters];
   for (auto& f : frontier) f.store(0);
@@ -931,9 +1008,10 @@ TEST(BtreeTreeTest, ConcurrentWritersReadersCheckpointsAndEviction) {
   for (auto& th : others) th.join();
   ASSERT_EQ(failures.load(), 0);
   Stats s = t.GetStats();
-  printf("[ concurrent ] %.2f s, %llu full scans, %llu checkpoints (%llu total), evictions %llu, node reads %llu, "
+  printf("[ concurrent ] %llu keys, cache %llu nodes: %.2f s, %llu full scans, %llu checkpoints (%llu total), evictions %llu, node reads %llu, "
          "restarts %llu, depth %llu\n",
-         double(platform::NowNs() - t0) / 1e9, (unsigned long long)scans.load(),
+         (unsigned long long)kKeys, (unsigned long long)cache_nodes, double(platform::NowNs() - t0) / 1e9,
+         (unsigned long long)scans.load(),
          (unsigned long long)checkpoints.load(), (unsigned long long)s.checkpoints,
          (unsigned long long)s.evictions, (unsigned long long)s.node_reads, (unsigned long long)s.restarts,
          (unsigned long long)s.depth[kBtreeTest]);
@@ -950,14 +1028,21 @@ TEST(BtreeTreeTest, ConcurrentWritersReadersCheckpointsAndEviction) {
   Model got;
   ASSERT_NO_FATAL_FAILURE(ScanTree(t, kBtreeTest, &got));
   ASSERT_TRUE(got == want) << DescribeDiff(want, got);
+  wd.Watch(nullptr);
   ASSERT_OK(e.Close());
 
   Engine e2;
   ASSERT_OK(OpenEngine(&e2, fs, o));
+  wd.Watch(&e2.btrees());
   got.clear();
   ASSERT_NO_FATAL_FAILURE(ScanTree(e2.btrees(), kBtreeTest, &got));
   ASSERT_TRUE(got == want) << "after reopen: " << DescribeDiff(want, got);
+  wd.Watch(nullptr);
   ASSERT_OK(e2.Close());
+}
+
+TEST(BtreeTreeTest, ConcurrentWritersReadersCheckpointsAndEviction) {
+  RunConcurrent(kSanitized ? 2000 : 6000, 8);
 }
 
 // ---------------------------------------------------------------------------
@@ -1041,6 +1126,9 @@ std::string CorruptValue(u64 i) { return std::string(60 + i % 90, char('a' + i %
 
 enum class Damage { kHeaderByte, kKeyByte, kZeroed, kOtherLeaf, kUnusedTail };
 
+const char* DamageName(Damage d);
+void PrintTo(Damage d, std::ostream* os) { *os << DamageName(d); }
+
 const char* DamageName(Damage d) {
   switch (d) {
     case Damage::kHeaderByte: return "HeaderByte";
@@ -1104,7 +1192,7 @@ class BtreeCorruption : public ::testing::Test {
 
   Options Opts() const {
     Options o;
-    o.cache_bytes = 4 * kNode;  // every leaf is read from the device
+    o.cache_bytes = 8 * kNode;  // every leaf is read from the device (TinyCache goes smaller)
     o.node_size = 0;
     o.writer_thread = false;
     return o;
@@ -1112,6 +1200,7 @@ class BtreeCorruption : public ::testing::Test {
 
   MemDevice& Dev(const Visited& n) { return *fs_->devs[n.member]; }
 
+  Watchdog wd_{CurrentTest(), 60};
   std::unique_ptr<Fs> fs_;
   Model model_;
   std::vector<Visited> nodes_;
@@ -1169,6 +1258,7 @@ TEST_P(BtreeCorruptionTest, DamagedLeafIsCorruptOthersReadable) {
   Engine e;
   ASSERT_OK(OpenEngine(&e, *fs_, Opts()));  // leaves are not read at open
   Btrees& t = e.btrees();
+  wd_.Watch(&t);
   Vector<u8> v;
   for (int pass = 0; pass < 2; pass++) {  // a bad leaf stays bad: never cached as good
     for (const auto& [k, want] : Slice(model_, kBtreeTest)) {
@@ -1287,6 +1377,7 @@ TEST_P(BtreeCorruptionTest, DamagedLeafIsCorruptOthersReadable) {
   } else {
     EXPECT_EQ(s.corrupt_reads, 0u);
   }
+  wd_.Watch(nullptr);
   EXPECT_OK(e.Close());
 }
 
@@ -1333,9 +1424,34 @@ TEST_F(BtreeCorruption, DamagedInteriorNode) {
   ASSERT_OK(e.Close());
 }
 
+// A node cache of a few nodes under a tree of ~100 leaves three levels deep: every
+// leaf is read from the device (and evicted) during a scan; scans and Gets must
+// still make progress and see every key.
+TEST_F(BtreeCorruption, TinyCache) {
+  ASSERT_NO_FATAL_FAILURE(Build(3000));
+  for (u64 nodes : {16, 8, 4, 3, 2}) {
+    Options o = Opts();
+    o.cache_bytes = nodes * kNode;
+    Engine e;
+    ASSERT_OK(OpenEngine(&e, *fs_, o));
+    wd_.Watch(&e.btrees());
+    Model got;
+    ASSERT_NO_FATAL_FAILURE(ScanTree(e.btrees(), kBtreeTest, &got)) << "cache of " << nodes << " nodes";
+    EXPECT_TRUE(got == Slice(model_, kBtreeTest)) << "cache of " << nodes << " nodes";
+    ASSERT_NO_FATAL_FAILURE(GetsMatch(e.btrees(), model_, kBtreeTest)) << "cache of " << nodes << " nodes";
+    Stats s = e.btrees().GetStats();
+    EXPECT_GE(s.depth[kBtreeTest], 3u);
+    EXPECT_GT(s.evictions, 0u);
+    EXPECT_LE(s.node_reads, 20 * leaves_.size()) << "cache of " << nodes << " nodes: reads thrash";
+    wd_.Watch(nullptr);
+    ASSERT_OK(e.Close());
+  }
+}
+
 // Roots blocks: ReadRoots finds the newest valid slot; with every slot damaged the
 // filesystem does not open (Corrupt class).
 TEST(BtreeTreeTest, RootsBlocks) {
+  Watchdog wd(CurrentTest(), 60);
   Fs fs(2, kDevSize);
   ASSERT_OK(fs.Format(4096));
   Options o;
@@ -1422,12 +1538,15 @@ class BtreeEdgeTest : public ::testing::Test {
     ASSERT_NO_FATAL_FAILURE(Reopen(true));
   }
   void TearDown() override {
+    wd_.Watch(nullptr);
     if (e_) EXPECT_OK(e_->Close());
   }
   void Reopen(bool first = false) {
+    wd_.Watch(nullptr);
     if (!first) ASSERT_OK(e_->Close());
     e_ = std::make_unique<Engine>();
     ASSERT_OK(OpenEngine(e_.get(), *fs_, opts_, &rep_));
+    wd_.Watch(&e_->btrees());
   }
   Btrees& t() { return e_->btrees(); }
   void Set(const Pos& p, const std::string& v, CommitMode m = CommitMode::kNoFlush) {
@@ -1449,6 +1568,7 @@ class BtreeEdgeTest : public ::testing::Test {
     return out;
   }
 
+  Watchdog wd_{CurrentTest(), 60};
   std::unique_ptr<Fs> fs_;
   Options opts_;
   std::unique_ptr<Engine> e_;
@@ -1560,19 +1680,57 @@ TEST_F(BtreeEdgeTest, MaxValuesOnePerNode) {
     }
   };
   ASSERT_NO_FATAL_FAILURE(check(0, false));
+  ASSERT_OK(t().Checkpoint());  // ForEachNode walks what the last roots block reaches
   std::vector<Visited> nodes;
   ASSERT_OK(CollectNodes(t(), &nodes));
   std::vector<Visited> leaves = LeavesOf(nodes, kBtreeTest);
   EXPECT_GE(leaves.size(), usize(kN));  // a 4 KiB node holds one such key
   for (const Visited& l : leaves) EXPECT_LE(l.keys.size(), 1u);
   EXPECT_GT(t().GetStats().splits, 0u);
-  // Overwrite the even ones (old and new versions cannot share a node), delete the odd.
-  for (int i = 0; i < kN; i += 2) Set(T(1, u64(i)), value(i, 1));
+  // Delete the odd ones: leaves empty out and merge.
   for (int i = 1; i < kN; i += 2) Del(T(1, u64(i)));
+  ASSERT_NO_FATAL_FAILURE(check(0, true));
+  ASSERT_OK(t().Checkpoint());
+  ASSERT_NO_FATAL_FAILURE(Reopen());
+  ASSERT_NO_FATAL_FAILURE(check(0, true));
+  // Overwrite the even ones (old and new versions cannot share a 4 KiB node).
+  for (int i = 0; i < kN; i += 2) ASSERT_NO_FATAL_FAILURE(Set(T(1, u64(i)), value(i, 1)));
   ASSERT_NO_FATAL_FAILURE(check(1, true));
   ASSERT_OK(t().Checkpoint());
   ASSERT_NO_FATAL_FAILURE(Reopen());
   ASSERT_NO_FATAL_FAILURE(check(1, true));
+}
+
+// A key of the largest size alone in its 4 KiB leaf gets a new value of the same
+// size (old and new cannot share the node). The commit must succeed, and the
+// filesystem must mount after a power cut that keeps the journal entry.
+TEST_F(BtreeEdgeTest, OverwriteMaxValueAloneInLeaf) {
+  std::string a(kMaxValueBytes, 'a'), b(kMaxValueBytes, 'b');
+  for (u64 i = 0; i < 3; i++) Set(T(1, i), a, CommitMode::kFlush);  // three leaves
+  Transaction tx(&t());
+  ASSERT_OK(tx.Set(T(1, 1), b.data(), u32(b.size())));
+  Result<u64> r = tx.Commit(CommitMode::kFlush);
+  EXPECT_OK(r.status());
+  Vector<u8> v;
+  ASSERT_OK(t().Get(T(1, 1), &v));
+  EXPECT_EQ(Val(v).substr(0, 4), r.ok() ? "bbbb" : "aaaa");
+  // The btrees still take commits.
+  Transaction tx2(&t());
+  ASSERT_OK(tx2.Set(T(2, 0), "x", 1));
+  EXPECT_OK(tx2.Commit(CommitMode::kFlush).status());
+  // Whatever the journal holds must be replayable.
+  EXPECT_OK(e_->journal().Flush());
+  std::unique_ptr<Fs> cut = fs_->AfterPowerCut();
+  Engine e2;
+  ASSERT_OK(OpenEngine(&e2, *cut, opts_));
+  ASSERT_OK(e2.btrees().Get(T(1, 1), &v));
+  EXPECT_EQ(Val(v).substr(0, 4), r.ok() ? "bbbb" : "aaaa");
+  EXPECT_OK(e2.Close());
+  // And a clean close keeps the same.
+  ASSERT_NO_FATAL_FAILURE(Reopen());
+  ASSERT_OK(t().Get(T(1, 1), &v));
+  EXPECT_EQ(Val(v).substr(0, 4), r.ok() ? "bbbb" : "aaaa");
+  EXPECT_OK(t().Get(T(2, 0), &v));
 }
 
 TEST_F(BtreeEdgeTest, BadInput) {
@@ -1602,7 +1760,7 @@ TEST_F(BtreeEdgeTest, TransactionLargerThanAJournalEntryIsTooBig) {
   std::string v(kMaxValueBytes, 'q');
   u32 queued = 0;
   Status st;
-  for (u32 i = 0; i < 10000; i++) {
+  for (u32 i = 0; i < 1000; i++) {  // 2 MiB: eight times the largest journal entry
     st = tx.Set(T(2, i), v.data(), u32(v.size()));
     if (!st.ok()) break;
     queued++;
@@ -1701,6 +1859,7 @@ TEST_F(BtreeEdgeTest, ExtremePositionsAndTreeBoundaries) {
 // journal); a commit that was never written does not; a replay is checkpointed at
 // open so a second cut needs no replay of it.
 TEST_F(BtreeEdgeTest, ReplayAfterPowerCut) {
+  wd_.Watch(nullptr);
   ASSERT_OK(e_->Close());
   e_.reset();
   engine::OpenOptions oo = EngineOptions(opts_);
@@ -1748,12 +1907,14 @@ Pos LargePos(u64 i) { return T(i >> 16, i & 0xffff); }
 
 TEST(BtreeTreeTest, MillionSequentialKeys) {
   const u64 n = kSanitized ? 200000 : 1000000;
+  Watchdog wd(CurrentTest(), 120);
   Fs fs(1, 256ull << 20, /*vcache=*/false);
   ASSERT_OK(fs.Format(kDefaultNodeSize, 1 << 20));
   Options o;  // defaults: 256 MiB cache, writer thread
   Engine e;
   ASSERT_OK(OpenEngine(&e, fs, o));
   Btrees& t = e.btrees();
+  wd.Watch(&t);
   ASSERT_EQ(t.node_size(), kDefaultNodeSize);
   u64 t0 = platform::NowNs();
   for (u64 i = 0; i < n;) {
@@ -1797,6 +1958,7 @@ TEST(BtreeTreeTest, MillionSequentialKeys) {
          (unsigned long long)n, double(t1 - t0) / 1e9, double(t2 - t1) / 1e9, double(t3 - t2) / 1e9,
          (unsigned long long)s.depth[kBtreeTest], (unsigned long long)s.splits,
          (unsigned long long)s.checkpoints, (unsigned long long)s.cached_nodes);
+  wd.Watch(nullptr);
   ASSERT_OK(e.Close());
 
   Engine e2;
