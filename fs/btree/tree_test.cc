@@ -1765,6 +1765,14 @@ TEST_F(BtreeEdgeTest, TransactionLargerThanAJournalEntryIsTooBig) {
     if (!st.ok()) break;
     queued++;
   }
+  if (st.ok()) {
+    ADD_FAILURE() << "Set queued " << queued << " keys of 2 KiB, more than one journal entry holds, without kTooBig";
+    // Then at least the commit must refuse it whole.
+    Result<u64> r = tx.Commit(CommitMode::kFlush);
+    EXPECT_EQ(r.status(), Status(Err::kTooBig)) << Str(r.status());
+    EXPECT_TRUE(All().empty()) << "a refused commit was applied";
+    return;
+  }
   ASSERT_EQ(st, Status(Err::kTooBig)) << "after " << queued << " keys of 2 KiB";
   EXPECT_EQ(tx.size(), queued);  // the refused one was not queued
   EXPECT_GT(queued, 10u);
@@ -1897,6 +1905,41 @@ TEST_F(BtreeEdgeTest, ReplayAfterPowerCut) {
   EXPECT_TRUE(got2 == got) << DescribeDiff(got, got2);
   ASSERT_OK(e3.Close());
   ASSERT_OK(e2.Close());
+}
+
+// The journal fills (a 1 MiB ring, several MiB of commits, nobody calls
+// Checkpoint): its reclaim hook must get the trees checkpointed so that commits
+// keep going; a power cut afterwards loses nothing that was flushed.
+TEST(BtreeTreeTest, FullJournalIsReclaimedByCheckpoints) {
+  Watchdog wd(CurrentTest(), 60);
+  Fs fs(1, kDevSize);
+  ASSERT_OK(fs.Format(16384, 256 * 1024, /*journal_buckets=*/4));
+  Engine e;
+  ASSERT_OK(OpenEngine(&e, fs, Options{}));
+  wd.Watch(&e.btrees());
+  const u64 n = 100000;  // ~5 MiB of journal keys
+  for (u64 i = 0; i < n;) {
+    Transaction tx(&e.btrees());
+    for (int j = 0; j < 256 && i < n; j++, i++) ASSERT_OK(tx.Set(T(1, i), &i, sizeof(i)));
+    ASSERT_OK(tx.Commit(i == n ? CommitMode::kFlush : CommitMode::kNoFlush).status());
+  }
+  EXPECT_GE(e.btrees().GetStats().checkpoints, 1u);
+  EXPECT_GE(e.journal().GetStats().reclaim_calls, 1u);
+  std::unique_ptr<Fs> cut = fs.AfterPowerCut();
+  Engine e2;
+  ASSERT_OK(OpenEngine(&e2, *cut, Options{}));
+  wd.Watch(&e2.btrees());
+  Iterator it(&e2.btrees(), kBtreeTest);
+  ASSERT_OK(it.SeekToFirst());
+  u64 count = 0;
+  for (; it.Valid(); count++) {
+    ASSERT_EQ(it.pos(), T(1, count));
+    ASSERT_OK(it.Next());
+  }
+  EXPECT_EQ(count, n);
+  wd.Watch(nullptr);
+  ASSERT_OK(e2.Close());
+  ASSERT_OK(e.Close());
 }
 
 // ---------------------------------------------------------------------------
