@@ -1,22 +1,28 @@
 // The btree tree layer (btree/tree.h) on a real engine over MemDevices.
 //
-//  - RandomizedModel: random transactions (values 0..300 bytes and kMaxValueBytes,
-//    overwrites, deletes, commits spanning two btrees) against a std::map model, in
-//    4 KiB nodes so that splits, merges, root growth and shrink all happen; iterator
-//    seeks and walks (also an iterator kept open across commits) and Gets compared
-//    with the model; power cuts (durable snapshots of the MemDevices) at random
-//    points, between random Checkpoint()s. After a cut the reopened trees must equal
-//    the model after some prefix of the commit sequence that contains every commit
-//    acknowledged durable (kFlush, or followed by a Checkpoint()): commits are
-//    atomic and the journal is ordered. Sometimes the test carries on from the
-//    recovered filesystem (crashes after recovery).
-//  - Concurrent: two writers on disjoint key ranges, two readers scanning and
-//    getting, a Checkpoint() loop and the writer thread, with a node cache of a few
-//    nodes under a much larger tree (evictions and re-reads while threads run).
-//  - Corruption: bytes of a written leaf edited in the image; the keys of that leaf
-//    give Corrupt-class errors (Get, iterators, commits), every other key is still
-//    read correctly. Also interior nodes and roots blocks.
-//  - Edge cases and a 1M-key sequential tree.
+//  - BtreeModelTest: random transactions (values 0..300 bytes and, 1 in 33, of
+//    kMaxValueBytes; overwrites, deletes, commits spanning two btrees) against a
+//    std::map model, in 4 KiB nodes so that splits, merges, root growth and shrink
+//    all happen (asserted through Stats); iterator seeks and walks (also an
+//    iterator kept open across commits) and Gets compared with the model; power
+//    cuts (durable snapshots of the MemDevices) at random points, between random
+//    Checkpoint()s. After a cut the reopened trees must equal the model after some
+//    prefix of the commit sequence that contains every commit acknowledged durable
+//    (kFlush, or followed by a Checkpoint()): commits are atomic and the journal
+//    is ordered. Half the time the test carries on from the recovered filesystem.
+//  - Concurrent*: two writers on disjoint key ranges, two readers scanning and
+//    getting (order, self-checking values, nothing committed before the scan
+//    missing), a Checkpoint() loop and the writer thread; once with the tree
+//    cached, once with a cache of 8 nodes under a tree of ~100 (evictions).
+//  - BtreeCorruption*: bytes of a written leaf edited in the image (header byte,
+//    key byte, zeroed, another valid leaf's bytes; a byte past used_bytes as the
+//    control): that leaf's keys give Corrupt-class errors (Get, iterators, commits,
+//    ForEachNode), every other key reads correctly. Also interior nodes, roots
+//    blocks, and scans with a cache of 2..16 nodes.
+//  - Edge cases (empty and one-key trees, Pos::Min/Max and btree boundaries, one
+//    kMaxValueBytes key per node, bad input, too-big transactions, replay, a full
+//    journal) and a 1M-key sequential tree.
+// A Watchdog turns a hang into a failure that prints the btree counters.
 #include "btree/tree.h"
 
 #include <gtest/gtest.h>
