@@ -1972,6 +1972,40 @@ TEST(BtreeTreeTest, FullJournalIsReclaimedByCheckpoints) {
   ASSERT_OK(e.Close());
 }
 
+// Mount replays more updates than the node cache holds as dirty nodes (no
+// checkpoint runs during replay): it must still finish and keep everything.
+TEST_F(BtreeEdgeTest, ReplayLargerThanTheCache) {
+  // ~300 KiB of keys in ~100 4 KiB leaves, checkpointed; then an update in every
+  // leaf, journaled only; then a power cut.
+  for (u64 i = 0; i < 3000;) {
+    Transaction tx(&t());
+    for (int j = 0; j < 100; j++, i++) {
+      std::string v(80, char('a' + i % 26));
+      ASSERT_OK(tx.Set(T(1, i), v.data(), u32(v.size())));
+    }
+    ASSERT_OK(tx.Commit(CommitMode::kFlush).status());
+  }
+  ASSERT_OK(t().Checkpoint());
+  for (u64 i = 0; i < 3000; i += 10) Set(T(1, i), "new", CommitMode::kFlush);
+  std::unique_ptr<Fs> cut = fs_->AfterPowerCut();
+  Options small = opts_;
+  small.cache_bytes = 16 * 4096;
+  Engine e2;
+  engine::OpenReport rep;
+  ASSERT_OK(OpenEngine(&e2, *cut, small, &rep));
+  EXPECT_GE(rep.replayed_keys, 300u);
+  wd_.Watch(&e2.btrees());
+  Model got;
+  ASSERT_NO_FATAL_FAILURE(ScanTree(e2.btrees(), kBtreeTest, &got));
+  EXPECT_EQ(got.size(), 3000u);
+  for (u64 i = 0; i < 3000; i++) {
+    EXPECT_EQ((got[MKey{kBtreeTest, 1, i}]), i % 10 == 0 ? std::string("new") : std::string(80, char('a' + i % 26)))
+        << i;
+  }
+  wd_.Watch(&e_->btrees());
+  ASSERT_OK(e2.Close());
+}
+
 // ---------------------------------------------------------------------------
 // 5. A large tree: 1M sequential keys with 8-byte values in 256 KiB nodes.
 
