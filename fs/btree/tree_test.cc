@@ -1458,7 +1458,10 @@ TEST_F(BtreeCorruption, TinyCache) {
     Stats s = e.btrees().GetStats();
     EXPECT_GE(s.depth[kBtreeTest], 3u);
     EXPECT_GT(s.evictions, 0u);
-    EXPECT_LE(s.node_reads, 20 * leaves_.size()) << "cache of " << nodes << " nodes: reads thrash";
+    // Two scans and one Get per key: a few reads per key at worst (a path of three
+    // nodes may not fit), not a thrash.
+    const usize keys = Slice(model_, kBtreeTest).size();
+    EXPECT_LE(s.node_reads, 4 * keys + 20 * leaves_.size()) << "cache of " << nodes << " nodes: reads thrash";
     wd_.Watch(nullptr);
     ASSERT_OK(e.Close());
   }
