@@ -23,6 +23,7 @@ struct CachedNode {
   Atomic<u8> dead{0};             // replaced by a structure change
   bool dirty = false;             // changed since the last image (leaf lock / tree lock)
   u64 imaged = 0;                 // checkpoint number that last took an image
+  u64 compacted_version = ~u64(0);  // version at which a merge check compacted it
   ListNode lru;                   // on Impl::lru while in the tree (cache_mu)
   u32 charged = 0;                // bytes counted in the cache
 };
@@ -131,7 +132,7 @@ struct Btrees::Impl {
   Atomic<u64> c_splits{0}, c_merges{0}, c_root_grows{0}, c_root_shrinks{0};
   Atomic<u64> c_hits{0}, c_misses{0}, c_evictions{0};
   Atomic<u64> c_reads{0}, c_read_bytes{0}, c_corrupt{0};
-  Atomic<u64> c_writes{0}, c_write_bytes{0}, c_checkpoints{0};
+  Atomic<u64> c_writes{0}, c_write_bytes{0}, c_checkpoints{0}, c_throttles{0};
 };
 
 // ---------------------------------------------------------------------------
@@ -722,8 +723,6 @@ class TreeOps {
       CachedNode* p = n->parent;
       if (p == nullptr) return;
       if (n->node.live_estimate() >= im->node_size / 4) return;
-      if (n->node.nsets() > 1 && !n->node.Compact(0).ok()) return;  // its real size
-      if (n->node.used_bytes() >= im->node_size / 4) return;
       const u32 i = ChildIndex(p, n);
       CachedNode* left = nullptr;
       CachedNode* right = nullptr;
@@ -736,6 +735,30 @@ class TreeOps {
       } else {
         return;  // no cached sibling: a later update retries
       }
+      // Live bytes are at most the estimates (which miss overwritten versions):
+      // rule out merges that cannot fit before building anything, compacting a
+      // node to learn its real size only when that could change the answer --
+      // the sibling at most once per version of it, so that each update of a
+      // nearly empty node next to a full one does not rebuild the full one.
+      const u64 limit = im->node_size / 4 * 3 + sizeof(NodeHeader);
+      CachedNode* sib = left == n ? right : left;
+      u64 sib_live = sib->node.live_estimate();
+      if (sib_live > limit && sib->node.nsets() > 1 && sib->compacted_version != sib->version.Load()) {
+        if (!sib->node.Compact(0).ok()) return;
+        sib->compacted_version = sib->version.Load();
+        sib_live = sib->node.used_bytes();
+      }
+      if (sib_live > limit) return;
+      if (n->node.live_estimate() + sib_live > limit || n->node.nsets() > 1) {
+        if (n->node.nsets() > 1 && !n->node.Compact(0).ok()) return;
+        if (n->node.used_bytes() + sib_live > limit) {
+          if (sib->node.nsets() <= 1 || sib->compacted_version == sib->version.Load()) return;
+          if (!sib->node.Compact(0).ok()) return;
+          sib->compacted_version = sib->version.Load();
+          if (n->node.used_bytes() + sib->node.used_bytes() > limit) return;
+        }
+      }
+      if (n->node.used_bytes() >= im->node_size / 4) return;
       const Node* src[] = {&left->node, &right->node};
       CachedNode* m = nullptr;
       const NodeInfo& li = left->node.info();
@@ -1125,8 +1148,23 @@ class TreeOps {
 
   // --- writer thread --------------------------------------------------------------
 
-  static bool WriterShouldRun(Impl* im) {
-    return im->wake || im->dirty_nodes.Load(MemOrder::kRelaxed) * im->node_size > im->opt.cache_bytes / 2;
+  // Journal ring space: checkpoint once half of it is held, throttle commits
+  // once three quarters are (so that the journal never fills with commits the
+  // checkpoint's write-ahead flush would need room for).
+  static bool JournalBelow(Impl* im, u32 num, u32 den) {
+    if (im->journal == nullptr) return false;
+    journal::Stats js = im->journal->GetStats();
+    return u64(js.free_buckets) * den < u64(js.ring_buckets) * num;
+  }
+
+  // Whether the journal needs room that the trees hold (their pin is set).
+  static bool JournalNeedsRoom(Impl* im) {
+    bool pinned;
+    {
+      MutexLock c(im->commit_mu);
+      pinned = im->pin.active;
+    }
+    return pinned && JournalBelow(im, 1, 2);
   }
 
   static void WriterMain(void* arg);
@@ -1265,19 +1303,28 @@ void TreeOps::WriterMain(void* arg) {
   Impl* im = self->impl_;
   MutexLock l(im->wmu);
   while (!im->stop) {
-    if (!WriterShouldRun(im)) {
+    const bool memory = im->dirty_nodes.Load(MemOrder::kRelaxed) * im->node_size > im->opt.cache_bytes / 2;
+    const bool room = JournalNeedsRoom(im);
+    if (!im->wake && !memory && !room) {
       (void)im->wcv.WaitFor(im->wmu, 100 * platform::kNsPerMs);
       continue;
     }
     im->wake = false;
     im->wmu.Unlock();
-    Status st = self->Checkpoint();
+    // The allocator's pin holds the journal too: checkpoint it as well when the
+    // journal needs room (journal reclaim would, once the ring is full).
+    Status st = room ? im->alloc->Checkpoint() : Status::Ok();
+    if (st.ok()) st = self->Checkpoint();
+    // Make the ring space the checkpoints released reusable at once.
+    if (st.ok() && im->journal != nullptr) st = im->journal->AdvanceLastSeq();
     if (!st.ok()) platform::Log(platform::LogLevel::kError, "btree: checkpoint failed: %s", st.Message());
     EvictIfNeeded(im);
     im->wmu.Lock();
     im->ckpt_done++;
     im->done_cv.Broadcast();
-    if (!st.ok()) (void)im->wcv.WaitFor(im->wmu, 1000 * platform::kNsPerMs);
+    // Do not spin when a checkpoint cannot help (or failed).
+    if (!st.ok() || (room && !memory && JournalBelow(im, 1, 2)))
+      (void)im->wcv.WaitFor(im->wmu, (st.ok() ? 100 : 1000) * platform::kNsPerMs);
   }
 }
 
@@ -1414,6 +1461,7 @@ Stats Btrees::GetStats() const {
   s.node_writes = L(im->c_writes);
   s.node_write_bytes = L(im->c_write_bytes);
   s.checkpoints = L(im->c_checkpoints);
+  s.throttles = L(im->c_throttles);
   s.cached_nodes = L(im->cached_nodes);
   s.cached_bytes = L(im->cached_bytes);
   s.dirty_nodes = L(im->dirty_nodes);
@@ -1501,15 +1549,22 @@ Result<u64> Transaction::Commit(journal::CommitMode mode) {
     return Err::kInvalidArgument;
   }
   if (n_ == 0) return u64(0);
-  // Memory bound: while dirty nodes fill the cache, wait for the writer.
-  if (im->writer_running && im->dirty_nodes.Load(MemOrder::kRelaxed) * im->node_size > im->opt.cache_bytes) {
-    MutexLock l(im->wmu);
-    const u64 seen = im->ckpt_done;
-    im->wake = true;
-    im->wcv.Signal();
-    while (im->ckpt_done == seen && !im->stop &&
-           im->dirty_nodes.Load(MemOrder::kRelaxed) * im->node_size > im->opt.cache_bytes)
-      (void)im->done_cv.WaitFor(im->wmu, 100 * platform::kNsPerMs);
+  // Throttle: while dirty nodes fill the cache, or the journal ring is three
+  // quarters held, wait for the writer's checkpoint (no lock held).
+  // (The journal's ring is looked at every 64 commits: it takes the journal lock.)
+  const bool check_journal = (im->c_commits.Load(MemOrder::kRelaxed) & 63) == 0;
+  if (im->writer_running) {
+    for (int round = 0; round < 50; round++) {
+      const bool memory = im->dirty_nodes.Load(MemOrder::kRelaxed) * im->node_size > im->opt.cache_bytes;
+      if (!memory && !(check_journal && TreeOps::JournalBelow(im, 1, 4))) break;
+      MutexLock l(im->wmu);
+      if (im->stop) break;
+      const u64 seen = im->ckpt_done;
+      im->wake = true;
+      im->wcv.Signal();
+      im->c_throttles.FetchAdd(1, MemOrder::kRelaxed);
+      while (im->ckpt_done == seen && !im->stop) (void)im->done_cv.WaitFor(im->wmu, 100 * platform::kNsPerMs);
+    }
   }
   // The leaves to update are read now, before the journal commit, with no lock held.
   Vector<journal::Key> jkeys;

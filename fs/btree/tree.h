@@ -83,6 +83,7 @@ struct Stats {
   u64 node_reads, node_read_bytes, corrupt_reads;
   u64 node_writes, node_write_bytes;
   u64 checkpoints;
+  u64 throttles;                       // commits that waited for a checkpoint (memory, journal)
   u64 cached_nodes, cached_bytes, dirty_nodes, dirty_bytes;  // now
   u64 depth[kNrBtreeIds];              // levels per tree now (0 = empty)
 };
