@@ -2016,7 +2016,7 @@ u64 LargeValue(u64 i) { return i * 0x9e3779b97f4a7c15ull ^ 0x1234; }
 Pos LargePos(u64 i) { return T(i >> 16, i & 0xffff); }
 
 TEST(BtreeTreeTest, MillionSequentialKeys) {
-  const u64 n = kSanitized ? 200000 : 1000000;
+  const u64 n = kSanitized ? 100000 : 1000000;
   Watchdog wd(CurrentTest(), 120);
   Fs fs(1, 256ull << 20, /*vcache=*/false);
   // A 64 MiB journal holds every commit: this test is about the tree (a full
