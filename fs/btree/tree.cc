@@ -924,6 +924,20 @@ class TreeOps {
     if (bk.state == alloc::BucketState::kBtree) im->alloc->Free(alloc::BucketRef{m, b, bk.gen}).IgnoreError();
   }
 
+  // At unmount: the bucket slots were being taken from is no longer "being
+  // filled"; freed if it holds no live node (a checkpoint's unused reserve),
+  // so that a clean filesystem has no btree bucket without nodes.
+  static void ReleaseOpenBucket(Impl* im) {
+    MutexLock l(im->slot_mu);
+    if (!im->open_valid) return;
+    im->open_valid = false;
+    const u32 m = im->open_bucket.dev;
+    const u64 b = im->open_bucket.bucket;
+    if (im->live[m][b] != 0) return;
+    alloc::Bucket bk = im->alloc->Get(m, b);
+    if (bk.state == alloc::BucketState::kBtree) im->alloc->Free(alloc::BucketRef{m, b, bk.gen}).IgnoreError();
+  }
+
   // Takes the image of n (which must not change meanwhile) into a new job.
   static Status TakeImage(Impl* im, Tree& t, CachedNode* n, Vector<Job>* jobs) {
     Job j;
@@ -1356,6 +1370,7 @@ Status Btrees::Close() {
   }
   Status st;
   if (!im->opt.read_only && im->opened) st = Checkpoint();
+  if (st.ok() && !im->opt.read_only) TreeOps::ReleaseOpenBucket(im);
   if (im->journal != nullptr && im->pin.active) im->journal->PinDrop(&im->pin);
   for (u32 id = 0; id < kNrBtreeIds; id++) {
     Tree& t = im->trees[id];
@@ -1501,6 +1516,38 @@ Status Btrees::ForEachNode(Status (*fn)(void* ctx, const NodeVisit& v), void* ct
     const NodePtrFormat& rp = roots_.roots[id];
     if (rp.member == kNoMember) continue;
     TFS_TRY(Walk::Visit(im, rp, Pos::Max(u8(id)), fn, ctx, diag));
+  }
+  return Status::Ok();
+}
+
+Status Btrees::ForEachNodeContinuing(Status (*fn)(void* ctx, const NodeVisit& v),
+                                     Status (*bad)(void* ctx, const NodeError& e), void* ctx) {
+  Impl* im = impl_;
+  if (im == nullptr) return Err::kInvalidArgument;
+  struct Walk {
+    static Status Visit(Impl* im, const NodePtrFormat& p, const Pos& max, Status (*fn)(void*, const NodeVisit&),
+                        Status (*bad)(void*, const NodeError&), void* ctx) {
+      CachedNode* n = nullptr;
+      Diag d;
+      Status st = TreeOps::ReadNode(im, p, max, &n, &d);
+      if (!st.ok()) return bad(ctx, NodeError{&p, max, st, d.empty() ? st.Message() : d.text});
+      NodeVisit v{&n->node, &p};
+      st = fn(ctx, v);
+      if (st.ok() && n->node.info().level > 0) {
+        const Set& s = n->node.set(0);
+        for (u32 i = 0; i < s.size() && st.ok(); i++) {
+          NodePtrFormat cp = ReadPtr(s.Key(i));
+          st = Visit(im, cp, s.Key(i).pos(), fn, bad, ctx);
+        }
+      }
+      platform::Delete(n);
+      return st;
+    }
+  };
+  for (u32 id = 0; id < kNrBtreeIds; id++) {
+    const NodePtrFormat& rp = roots_.roots[id];
+    if (rp.member == kNoMember) continue;
+    TFS_TRY(Walk::Visit(im, rp, Pos::Max(u8(id)), fn, bad, ctx));
   }
   return Status::Ok();
 }
