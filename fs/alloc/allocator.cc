@@ -59,6 +59,11 @@ const char* WatermarkName(Watermark w) {
   return "unknown";
 }
 
+void Allocator::SetJournal(journal::Journal* journal) {
+  MutexLock lock(mu_);
+  journal_ = journal;
+}
+
 Status Allocator::Init(dev::DeviceSet* devs, const sb::Superblock& sb, journal::Journal* journal) {
   devs_ = devs;
   journal_ = journal;

@@ -92,6 +92,9 @@ class Allocator {
   // Sets up empty bucket arrays for every member of `sb`. The journal may be null
   // (format, fsck); then changes are not journaled.
   Status Init(dev::DeviceSet* devs, const sb::Superblock& sb, journal::Journal* journal);
+  // Starts journaling changes (mount: after replay and the first checkpoint, once
+  // the journal runs). Until then changes are only in memory and the tables.
+  void SetJournal(journal::Journal* journal);
   // A new filesystem: table and journal buckets marked, everything else free.
   void InitFresh();
   // Reads every member's newest valid table slot. kCorrupt (with Diag) if a member

@@ -21,6 +21,19 @@ Status CheckKeyInput(const KeyInput& key, u8 btree_id) {
   return Status::Ok();
 }
 
+void PackKey(u8* dst, const KeyInput& key) {
+  auto* k = reinterpret_cast<KeyHeader*>(dst);
+  k->btree_id = key.pos.btree_id;
+  k->type = key.type;
+  k->val_bytes.set(u16(key.val_bytes));
+  k->reserved.set(0);
+  k->inode.set(key.pos.inode);
+  k->offset.set(key.pos.offset);
+  u8* val = reinterpret_cast<u8*>(k + 1);
+  MemCopy(val, key.value, key.val_bytes);
+  MemSet(val + key.val_bytes, 0, KeySpace(key.val_bytes) - sizeof(KeyHeader) - key.val_bytes);
+}
+
 SetBuilder::SetBuilder(u8* dst, u32 cap, u8 btree_id, u64 node_seq, u64 journal_seq)
     : dst_(dst), cap_(cap), btree_id_(btree_id), node_seq_(node_seq), journal_seq_(journal_seq),
       used_(u32(sizeof(SetHeader))) {}
@@ -31,16 +44,7 @@ Status SetBuilder::Add(const KeyInput& key) {
   if (nkeys_ > 0 && !(last_ < key.pos)) return Err::kInvalidArgument;
   u32 space = KeySpace(key.val_bytes);
   if (used_ > cap_ || cap_ - used_ < space) return Err::kNoSpace;
-  auto* k = reinterpret_cast<KeyHeader*>(dst_ + used_);
-  k->btree_id = key.pos.btree_id;
-  k->type = key.type;
-  k->val_bytes.set(u16(key.val_bytes));
-  k->reserved.set(0);
-  k->inode.set(key.pos.inode);
-  k->offset.set(key.pos.offset);
-  u8* val = reinterpret_cast<u8*>(k + 1);
-  MemCopy(val, key.value, key.val_bytes);
-  MemSet(val + key.val_bytes, 0, space - sizeof(KeyHeader) - key.val_bytes);
+  PackKey(dst_ + used_, key);
   used_ += space;
   nkeys_++;
   last_ = key.pos;
@@ -103,6 +107,12 @@ Status Set::Index(const SetHeader* hdr, u8 btree_id) {
   }
   nkeys_ = n;
   return Status::Ok();
+}
+
+Status Set::Reserve(u32 n) {
+  TFS_TRY(offsets_.Reserve(n));
+  TFS_TRY(eytz_.Reserve(usize(n) + 1));
+  return rank_.Reserve(usize(n) + 1);
 }
 
 u32 Set::LowerBound(const Pos& pos) const {

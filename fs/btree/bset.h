@@ -59,6 +59,9 @@ class SetBuilder {
   Pos last_{};
 };
 
+// Packs `key` (already checked) at dst: KeySpace(key.val_bytes) bytes.
+void PackKey(u8* dst, const KeyInput& key);
+
 // Validates a key (type, value size, btree) as SetBuilder::Add does, without order.
 Status CheckKeyInput(const KeyInput& key, u8 btree_id);
 
@@ -73,6 +76,9 @@ class Set {
   // Builds the index of a set that has been validated (or just built). kNoMemory
   // on allocation failure (the Set is then empty).
   [[nodiscard]] Status Index(const SetHeader* hdr, u8 btree_id);
+
+  // Makes room for indexing `n` keys without allocating (the open set's growth).
+  [[nodiscard]] Status Reserve(u32 n);
 
   const SetHeader* header() const { return hdr_; }
   u32 size() const { return nkeys_; }

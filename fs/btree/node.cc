@@ -44,6 +44,8 @@ void Node::Reset() {
   buf_ = nullptr;
   node_size_ = used_ = 0;
   info_ = NodeInfo{};
+  open_ = false;
+  dead_ = 0;
 }
 
 void Node::SealHeader() {
@@ -218,6 +220,7 @@ Status Node::AppendSet(const KeyInput* keys, usize n, u64 journal_seq) {
   if (!st.ok()) return st;
   TFS_BUG_ON(!sets_.PushBack(Move(s)).ok());  // capacity reserved for kMaxSets
   used_ += bytes;
+  open_ = false;
   SealHeader();
   return Status::Ok();
 }
@@ -257,8 +260,186 @@ Status Node::Compact(u32 first) {
     TFS_BUG_ON(!merged.Index(reinterpret_cast<const SetHeader*>(buf_ + start), info_.btree_id).ok() ||
                !sets_.PushBack(Move(merged)).ok());
   }
+  open_ = false;
   SealHeader();
   return Status::Ok();
+}
+
+bool Node::OpenSetInsert(const KeyInput& key, u64 journal_seq) {
+  Set& s = sets_.back();
+  auto* h = const_cast<SetHeader*>(s.header());
+  const u32 n = s.size();
+  const u32 i = s.LowerBound(key.pos);
+  const bool replace = i < n && s.KeyPos(i) == key.pos;
+  const u32 space = KeySpace(key.val_bytes);
+  const u32 old_space = replace ? s.Key(i).space() : 0;
+  const u32 key_bytes = h->key_bytes.get();
+  if (space > old_space) {
+    const u32 grow = space - old_space;
+    if (key_bytes + grow > kOpenSetBytes || grow > free_bytes()) return false;
+  }
+  if (!replace && !s.Reserve(n + 1).ok()) return false;
+  u8* base = reinterpret_cast<u8*>(h);
+  const u32 at = i < n ? u32(reinterpret_cast<const u8*>(s.Key(i).raw()) - base) : h->bytes.get();
+  u8* p = base + at;
+  u8* end = buf_ + used_;  // the open set is the last thing in the node
+  const usize tail = usize(end - (p + old_space));
+  MemMove(p + space, p + old_space, tail);
+  PackKey(p, key);
+  const u32 new_used = used_ + space - old_space;
+  if (new_used < used_) MemSet(buf_ + new_used, 0, used_ - new_used);
+  used_ = new_used;
+  h->bytes.set(h->bytes.get() + space - old_space);
+  h->key_bytes.set(key_bytes + space - old_space);
+  h->nkeys.set(replace ? n : n + 1);
+  if (journal_seq > h->journal_seq.get()) h->journal_seq.set(journal_seq);
+  TFS_BUG_ON(!s.Index(h, info_.btree_id).ok());  // capacity reserved above
+  reinterpret_cast<NodeHeader*>(buf_)->used_bytes.set(used_);
+  return true;
+}
+
+bool Node::NewOpenSet(const KeyInput& key, u64 journal_seq) {
+  const u32 need = u32(sizeof(SetHeader)) + KeySpace(key.val_bytes);
+  if (sets_.size() >= kMaxSets || need > free_bytes()) return false;
+  SetBuilder b(buf_ + used_, need, info_.btree_id, info_.seq, journal_seq);
+  if (!b.Add(key).ok()) return false;
+  const u32 bytes = b.Finish();
+  Set s;
+  if (!s.Reserve(kOpenSetBytes / sizeof(KeyHeader) + 1).ok() ||
+      !s.Index(reinterpret_cast<const SetHeader*>(buf_ + used_), info_.btree_id).ok())
+    return false;
+  TFS_BUG_ON(!sets_.PushBack(Move(s)).ok());  // capacity reserved for kMaxSets
+  used_ += bytes;
+  open_ = true;
+  auto* h = reinterpret_cast<NodeHeader*>(buf_);
+  h->used_bytes.set(used_);
+  h->nsets.set(u16(sets_.size()));
+  return true;
+}
+
+Status Node::Upsert(const KeyInput& key, u64 journal_seq) {
+  if (buf_ == nullptr) return Err::kInvalidArgument;
+  TFS_TRY(CheckKeyInput(key, info_.btree_id));
+  if (key.pos < info_.min || key.pos > info_.max) return Err::kInvalidArgument;
+  for (int attempt = 0;; attempt++) {
+    if (open_ && OpenSetInsert(key, journal_seq)) return Status::Ok();
+    if (NewOpenSet(key, journal_seq)) return Status::Ok();
+    if (attempt == 2) return Err::kNoSpace;
+    // Out of sets or space. Merge the newest sets while they are small next to
+    // set 0 (cheap: set 0 is not copied); otherwise rewrite the whole node, which
+    // also drops shadowed versions and whiteouts.
+    u32 rest = 0;
+    for (u32 i = 1; i < sets_.size(); i++) rest += sets_[i].header()->bytes.get();
+    const bool partial = attempt == 0 && sets_.size() >= kMaxSets && sets_.size() > 1 &&
+                         rest * 2 < sets_[0].header()->bytes.get();
+    TFS_TRY(Compact(partial ? 1 : 0));
+  }
+}
+
+Status Node::InitFrom(u32 node_size, const NodeInfo& info, const Node* const* srcs, u32 nsrcs) {
+  TFS_TRY(Init(node_size, info));
+  SetBuilder b(buf_ + used_, node_size_ - used_, info_.btree_id, info_.seq, 0);
+  u64 journal_seq = 0;
+  for (u32 i = 0; i < nsrcs; i++) {
+    const Node& src = *srcs[i];
+    for (u32 si = 0; si < src.nsets(); si++) journal_seq = Max(journal_seq, src.set(si).journal_seq());
+    NodeIter it(src);
+    for (it.Seek(info.min); it.Valid() && it.pos() <= info.max; it.Next()) {
+      Status st = b.Add(it.key());
+      if (!st.ok()) {
+        Reset();
+        return st;
+      }
+    }
+  }
+  if (b.nkeys() == 0) return Status::Ok();
+  auto* sh = reinterpret_cast<SetHeader*>(buf_ + used_);
+  const u32 bytes = b.Finish();
+  sh->journal_seq.set(journal_seq);
+  Set s;
+  Status st = s.Index(sh, info_.btree_id);
+  if (!st.ok()) {
+    Reset();
+    return st;
+  }
+  TFS_BUG_ON(!sets_.PushBack(Move(s)).ok());  // capacity reserved for kMaxSets
+  used_ += bytes;
+  SealHeader();
+  return Status::Ok();
+}
+
+u32 Node::CountKeys() const {
+  u32 n = 0;
+  NodeIter it(*this);
+  for (it.SeekToFirst(); it.Valid(); it.Next()) n++;
+  return n;
+}
+
+bool Node::SplitPoint(u32 num, u32 den, Pos* left_max) const {
+  u64 total = 0;
+  u32 keys = 0;
+  NodeIter it(*this);
+  for (it.SeekToFirst(); it.Valid(); it.Next()) {
+    total += it.key().space();
+    keys++;
+  }
+  if (keys < 2) return false;
+  const u64 want = total * num / den;
+  u64 acc = 0;
+  u32 i = 0;
+  for (it.SeekToFirst(); it.Valid(); it.Next(), i++) {
+    acc += it.key().space();
+    // At least one key on each side.
+    if ((acc >= want && i + 1 < keys) || i + 2 == keys) {
+      *left_max = it.pos();
+      return true;
+    }
+  }
+  return false;
+}
+
+u32 Node::WriteImage(u8* dst, u64 new_seq) const {
+  const u32 bytes = (used_ + 4095u) & ~4095u;
+  MemCopy(dst, buf_, used_);
+  MemSet(dst + used_, 0, bytes - used_);
+  auto* h = reinterpret_cast<NodeHeader*>(dst);
+  h->seq.set(new_seq);
+  h->used_bytes.set(used_);
+  h->nsets.set(u16(sets_.size()));
+  for (u32 i = 0; i < sets_.size(); i++) {
+    const u32 off = u32(reinterpret_cast<const u8*>(sets_[i].header()) - buf_);
+    auto* sh = reinterpret_cast<SetHeader*>(dst + off);
+    sh->magic.set(kSetMagic ^ new_seq);
+    sh->csum.set(platform::Crc32cSkippingField(sh, sh->bytes.get(), __builtin_offsetof(SetHeader, csum)));
+  }
+  h->csum.set(platform::Crc32cSkippingField(dst, sizeof(NodeHeader), __builtin_offsetof(NodeHeader, csum)));
+  return bytes;
+}
+
+void Node::Swap(Node& o) {
+  tfs::Swap(buf_, o.buf_);
+  tfs::Swap(node_size_, o.node_size_);
+  tfs::Swap(used_, o.used_);
+  tfs::Swap(info_, o.info_);
+  tfs::Swap(open_, o.open_);
+  tfs::Swap(dead_, o.dead_);
+  Vector<Set> tmp(Move(sets_));
+  sets_ = Move(o.sets_);
+  o.sets_ = Move(tmp);
+}
+
+void Node::SetSeq(u64 seq) {
+  info_.seq = seq;
+  reinterpret_cast<NodeHeader*>(buf_)->seq.set(seq);
+  for (u32 i = 0; i < sets_.size(); i++)
+    const_cast<SetHeader*>(sets_[i].header())->magic.set(kSetMagic ^ seq);
+  // Checksums in memory are not maintained (WriteImage recomputes them).
+}
+
+void Node::OverwriteValue(KeyRef key, const void* value) {
+  const u8* p = reinterpret_cast<const u8*>(key.raw());
+  TFS_BUG_ON(p < buf_ + sizeof(NodeHeader) || p + key.space() > buf_ + used_);
+  MemCopy(const_cast<u8*>(key.value()), value, key.val_bytes());
 }
 
 KeyRef Node::Find(const Pos& pos) const {

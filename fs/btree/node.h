@@ -29,6 +29,8 @@
 namespace tfs::btree {
 
 inline constexpr u8 kMaxLevel = 7;  // leaf = 0; eight levels of 256 KiB nodes is ample
+// Key bytes the open set takes before a new set is started (see Node::Upsert).
+inline constexpr u32 kOpenSetBytes = 2048;
 
 // Identity and key range of a node (the bounds are inclusive and share the btree).
 struct NodeInfo {
@@ -68,9 +70,50 @@ class Node {
   // leaves the node unchanged.
   [[nodiscard]] Status Compact(u32 first = 0);
 
+  // Sets one key (a value, or a whiteout to delete) in the node's *open set*: the
+  // newest set, kept small (kOpenSetBytes of keys) and updated in place, so a
+  // single update costs a memmove of at most that much plus re-indexing it, never
+  // a new set. When the open set is full a new one is started; when the node runs
+  // out of sets the newest sets are merged (Compact(1), or Compact(0) once they
+  // reach half of set 0); when it runs out of space it is compacted whole.
+  // kNoSpace: the key does not fit even then (the caller splits the node); the
+  // node's contents are unchanged (though it may have been compacted).
+  // kInvalidArgument / kTooBig for bad input. Checksums in memory go stale:
+  // WriteImage() computes them.
+  [[nodiscard]] Status Upsert(const KeyInput& key, u64 journal_seq);
+
+  // A new node with info `info` holding the newest visible version of every key
+  // of `srcs` (in order of their ranges) inside [info.min, info.max], whiteouts
+  // dropped: how splits and merges build nodes. kNoSpace if they do not fit.
+  [[nodiscard]] Status InitFrom(u32 node_size, const NodeInfo& info, const Node* const* srcs, u32 nsrcs);
+
+  // The position of the last key of the first part when this node's visible keys
+  // are split so that the first part holds about num/den of the bytes (at least
+  // one key on each side); false if the node has fewer than two keys.
+  bool SplitPoint(u32 num, u32 den, Pos* left_max) const;
+  // Visible keys (counts every set; O(keys)).
+  u32 CountKeys() const;
+
+  // Writes the node as it goes to disk into dst (at least used_bytes(), 4 KiB
+  // aligned, zero-padded to a 4 KiB multiple) under a new seq: every set magic and
+  // checksum and the header are recomputed in the copy. Returns the bytes to write.
+  u32 WriteImage(u8* dst, u64 new_seq) const;
+  // Exchanges the contents of two nodes (a rebuilt node replaces a cached one).
+  void Swap(Node& other);
+  // Renames the in-memory node to `seq` (after its image was written under it).
+  void SetSeq(u64 seq);
+  // Overwrites the value of a key of this node in place; the new value must have
+  // the key's current length (interior nodes: a child pointer moved).
+  void OverwriteValue(KeyRef key, const void* value);
+
   // The newest visible key at exactly pos; an invalid KeyRef if there is none or
   // it was deleted.
   KeyRef Find(const Pos& pos) const;
+
+  // Bytes known to be dead (deleted versions and their whiteouts) since the last
+  // full compaction: the tree notes them to find underfull nodes cheaply.
+  void NoteDead(u32 bytes) { dead_ += bytes; }
+  u32 live_estimate() const { return used_ - Min(dead_, used_); }
 
   const NodeInfo& info() const { return info_; }
   const u8* data() const { return buf_; }
@@ -84,6 +127,13 @@ class Node {
   void Reset();
   void SealHeader();
   Status IndexSets(u32 from);
+  // Inserts or replaces `key` in the open set; false if it has no room for it.
+  bool OpenSetInsert(const KeyInput& key, u64 journal_seq);
+  // Starts a new open set holding `key`; false if there is no set or space left.
+  bool NewOpenSet(const KeyInput& key, u64 journal_seq);
+
+  bool open_ = false;  // the newest set is the open set (its checksum is stale)
+  u32 dead_ = 0;       // see NoteDead
 
   u8* buf_ = nullptr;
   u32 node_size_ = 0;

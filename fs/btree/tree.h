@@ -71,6 +71,7 @@ struct Options {
   u64 cache_bytes = 256ull << 20;  // node cache bound (dirty nodes may exceed it briefly)
   u32 node_size = 0;               // 0 = the superblock's btree_node_size
   bool writer_thread = true;       // false: checkpoints only when called (tests)
+  bool read_only = false;          // no allocator changes, no writes (show, fsck -n)
 };
 
 struct Stats {
@@ -154,22 +155,32 @@ class Iterator {
   bool Valid() const { return valid_; }
   Pos pos() const { return pos_; }
   // The current value: a copy owned by the iterator, valid until it moves.
-  const u8* value() const { return value_.data(); }
-  u32 val_bytes() const { return u32(value_.size()); }
+  const u8* value() const { return value_ptr_; }
+  u32 val_bytes() const { return value_len_; }
 
  private:
-  enum class Dir : u8 { kSeek, kSeekForPrev, kNext, kPrev };
+  enum class Dir : u8 { kSeek, kSeekForPrev };
   Status Move(Dir dir, const Pos& pos);
+  // Copies up to batch_limit_ keys of the leaf holding `from`, moving to the
+  // neighbouring leaf while that side of it has none.
+  Status Fill(bool forward, Pos from);
+  void SetCurrent(u32 i);
 
   Btrees* trees_;
   u8 id_;
   bool valid_ = false;
   Pos pos_{};
-  Vector<u8> value_;
-  CachedNode* leaf_ = nullptr;  // referenced: not evicted while we point at it
-  u64 leaf_version_ = 0;        // leaf modifications seen; a change means re-seek
-  Pos leaf_max_{};
-  Pos leaf_min_{};
+  const u8* value_ptr_ = nullptr;
+  u32 value_len_ = 0;
+  // A batch of keys copied (packed, as in the node) from leaf_ while its version
+  // was leaf_version_: Next/Prev inside the batch cost no lock while the leaf is
+  // unchanged; any change to the leaf (or its replacement) sends them back to it.
+  Vector<u8> batch_;
+  Vector<u32> offsets_;
+  u32 idx_ = 0;
+  u32 batch_limit_ = 32;
+  CachedNode* leaf_ = nullptr;  // referenced: its version stays readable
+  u64 leaf_version_ = 0;
 };
 
 class Btrees {
@@ -220,6 +231,7 @@ class Btrees {
  private:
   friend class Transaction;
   friend class Iterator;
+  friend class TreeOps;
   struct Tree;
   struct Impl;
   Impl* impl_ = nullptr;

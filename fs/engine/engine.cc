@@ -123,6 +123,8 @@ Status Format(const FormatMember* members, u32 count, const FormatOptions& o, Di
   a.InitFresh();
   Status st = a.Checkpoint();
   if (!st.ok()) return DiagError(diag, st, "format: writing allocation tables: %s", st.Message());
+  st = btree::FormatRoots(devs, s);
+  if (!st.ok()) return DiagError(diag, st, "format: writing the btree roots: %s", st.Message());
   for (u32 i = 0; i < count; i++) {
     st = sb::Write(*members[i].bdev, s, u16(i));
     if (!st.ok())
@@ -163,46 +165,88 @@ Status Engine::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opt
     Result<dev::Member*> r = devs_.Add(bdevs[order[m]], sb_.members[m].label, options.queue);
     if (!r.ok()) return DiagError(diag, r.status(), "open: member %s: %s", sb_.members[m].label, r.status().Message());
   }
-  TFS_TRY(alloc_.Init(&devs_, sb_, read_only_ ? nullptr : &journal_));
+  // The journal is attached once it runs: replay and the mount checkpoint change
+  // the allocator only in memory and in its tables.
+  TFS_TRY(alloc_.Init(&devs_, sb_, nullptr));
   TFS_TRY(alloc_.Load(diag));
   rep.was_clean = sb_.clean();
   if (!rep.was_clean) {
     TFS_TRY(journal::ReadForReplay(devs_, sb_, &rep.replay, diag));
     for (const journal::ReplayedEntry& e : rep.replay.entries) {
-      Status st = journal::ForEachKey(e, ApplyKey, this);
+      Status st = journal::ForEachKey(e, ApplyAllocKey, this);
       if (!st.ok())
         return DiagError(diag, st, "journal entry %llu: %s", (unsigned long long)e.seq, st.Message());
       rep.replayed_keys += e.nkeys;
     }
   }
   TFS_TRY(alloc_.Finish());
+  btree::Roots roots;
+  TFS_TRY(btree::ReadRoots(devs_, sb_, &roots, diag));
+  btree::Options bopt = options.btree;
+  bopt.read_only = read_only_;
+  Status st = btrees_.Open(&devs_, &alloc_, sb_, roots, bopt, diag);
+  if (!st.ok()) {
+    btrees_.Close().IgnoreError();
+    return st;
+  }
+  for (const journal::ReplayedEntry& e : rep.replay.entries) {
+    st = journal::ForEachKey(e, ApplyBtreeKey, this);
+    if (!st.ok()) {
+      btrees_.Close().IgnoreError();
+      return DiagError(diag, st, "journal entry %llu: btree: %s", (unsigned long long)e.seq, st.Message());
+    }
+  }
   if (!read_only_) {
     u64 next_seq = rep.was_clean ? sb_.journal_seq : Max(rep.replay.next_seq, sb_.journal_seq);
     if (!rep.was_clean) {
-      Status st = alloc_.Checkpoint();  // persist what replay applied
-      if (!st.ok()) return DiagError(diag, st, "open: writing allocation tables: %s", st.Message());
+      // Persist what replay applied: the journal restarts at the ring starts.
+      st = btrees_.Checkpoint();
+      if (st.ok()) st = alloc_.Checkpoint();
+      if (!st.ok()) {
+        btrees_.Close().IgnoreError();
+        return DiagError(diag, st, "open: persisting replayed state: %s", st.Message());
+      }
     }
     sb_.journal_seq = next_seq;
     sb_.flags &= u16(~sb::kSbClean);
     sb_.seq++;
-    TFS_TRY(WriteSuperblocks());
-    TFS_TRY(journal_.Start(&devs_, sb_, next_seq, options.journal));
+    st = WriteSuperblocks();
+    if (st.ok()) st = journal_.Start(&devs_, sb_, next_seq, options.journal);
+    if (!st.ok()) {
+      btrees_.Close().IgnoreError();
+      return st;
+    }
     journal_started_ = true;
-    journal_.SetReclaimHook(alloc::Allocator::ReclaimHook, &alloc_);
+    alloc_.SetJournal(&journal_);
+    btrees_.AttachJournal(&journal_);
+    journal_.SetReclaimHook(ReclaimHook, this);
   }
   open_ = true;
   return Status::Ok();
 }
 
-Status Engine::ApplyKey(void* self, u64, const journal::Key& key) {
+void Engine::ReclaimHook(void* self, u64 seq) {
+  auto* e = static_cast<Engine*>(self);
+  btree::Btrees::ReclaimHook(&e->btrees_, seq);
+  alloc::Allocator::ReclaimHook(&e->alloc_, seq);
+}
+
+Status Engine::ApplyAllocKey(void* self, u64, const journal::Key& key) {
   auto* e = static_cast<Engine*>(self);
   switch (key.type) {
     case journal::kKeyAlloc:
       return e->alloc_.Apply(key);
+    case journal::kKeyBtree:
+      return Status::Ok();  // the second pass
     default:
       platform::Log(platform::LogLevel::kError, "journal: unknown key type %u", unsigned(key.type));
       return Err::kCorrupt;
   }
+}
+
+Status Engine::ApplyBtreeKey(void* self, u64 seq, const journal::Key& key) {
+  auto* e = static_cast<Engine*>(self);
+  return key.type == journal::kKeyBtree ? e->btrees_.ApplyReplayed(seq, key) : Status::Ok();
 }
 
 Status Engine::WriteSuperblocks() {
@@ -216,10 +260,13 @@ Status Engine::WriteSuperblocks() {
 Status Engine::Close() {
   if (!open_) return Status::Ok();
   open_ = false;
-  if (read_only_) return Status::Ok();
+  if (read_only_) return btrees_.Close();
+  // Trees first: their checkpoint commits through the running journal.
+  Status bst = btrees_.Close();
   Status st = journal_.Stop();
   journal_started_ = false;
   if (!st.ok()) return st;  // leave the superblock unclean: replay will sort it out
+  if (!bst.ok()) return bst;
   TFS_TRY(alloc_.Checkpoint());
   sb_.journal_seq = journal_.next_seq();
   sb_.flags |= sb::kSbClean;

@@ -9,6 +9,10 @@
 // the clean flag and start the journal. Close() makes everything durable, writes
 // the tables and marks the superblock clean.
 //
+// The btrees (btree/tree.h) come up after the allocator: their roots block is read,
+// journaled btree keys newer than it are replayed into them and checkpointed before
+// the journal restarts. Close() checkpoints them first.
+//
 // Replay applies keys by type; a key type this build does not know is a corrupt
 // journal (kCorrupt), never silently skipped.
 //
@@ -19,6 +23,7 @@
 #define TFS_ENGINE_ENGINE_H_
 
 #include "alloc/allocator.h"
+#include "btree/tree.h"
 #include "dev/device_set.h"
 #include "journal/journal.h"
 #include "platform/block_device.h"
@@ -56,6 +61,7 @@ struct OpenOptions {
   bool read_only = false;  // no journal, no superblock or table writes (show, fsck -n)
   dev::QueueConfig queue;
   journal::Config journal;
+  btree::Options btree;
 };
 
 struct OpenReport {
@@ -83,16 +89,21 @@ class Engine {
   dev::DeviceSet& devs() { return devs_; }
   alloc::Allocator& alloc() { return alloc_; }
   journal::Journal& journal() { return journal_; }
+  btree::Btrees& btrees() { return btrees_; }
   bool open() const { return open_; }
 
  private:
   Status WriteSuperblocks();
-  static Status ApplyKey(void* self, u64 seq, const journal::Key& key);
+  static Status ApplyAllocKey(void* self, u64 seq, const journal::Key& key);
+  static Status ApplyBtreeKey(void* self, u64 seq, const journal::Key& key);
+  // Journal reclaim: checkpoint the btrees (on their writer) and the allocator.
+  static void ReclaimHook(void* self, u64 seq);
 
   sb::Superblock sb_{};
   dev::DeviceSet devs_;
   alloc::Allocator alloc_;
   journal::Journal journal_;
+  btree::Btrees btrees_;
   bool open_ = false;
   bool read_only_ = false;
   bool journal_started_ = false;

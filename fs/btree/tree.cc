@@ -1,0 +1,1696 @@
+// The btrees: cache, descent, updates, structure changes, checkpoints, mount
+// (see tree.h for the model and the lock order, docs/design/btree.md for why).
+#include "btree/tree.h"
+
+#include "dev/io_queue.h"
+#include "sb/format.h"
+#include "util/list.h"
+
+namespace tfs::btree {
+
+// ---------------------------------------------------------------------------
+// Cached nodes.
+
+struct CachedNode {
+  Node node;
+  RwLock lock;                    // leaves: contents (interior nodes: the tree lock)
+  NodePtrFormat ptr{};            // where the node is on disk (kNoMember: never written)
+  CachedNode* parent = nullptr;   // null for the root
+  Vector<CachedNode*> children;   // interior: the cached child of each key, or null
+  Atomic<u32> refs{1};            // the tree's own reference + iterators + checkpoints
+  Atomic<u64> version{0};         // bumped by every change (iterators re-read)
+  Atomic<u8> accessed{0};         // clock bit for eviction
+  Atomic<u8> dead{0};             // replaced by a structure change
+  bool dirty = false;             // changed since the last image (leaf lock / tree lock)
+  u64 imaged = 0;                 // checkpoint number that last took an image
+  ListNode lru;                   // on Impl::lru while in the tree (cache_mu)
+  u32 charged = 0;                // bytes counted in the cache
+};
+
+namespace {
+
+constexpr u32 kIterBatchMin = 32;
+constexpr u32 kIterBatchMax = 1024;
+constexpr u32 kPtrKeySpace = KeySpace(sizeof(NodePtrFormat));
+
+u64 SplitMix(u64* state) {
+  u64 z = (*state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+bool IsMin(const Pos& p) { return p.inode == 0 && p.offset == 0; }
+bool IsMax(const Pos& p) { return p.inode == ~u64(0) && p.offset == ~u64(0); }
+Pos Succ(Pos p) {
+  if (++p.offset == 0) p.inode++;
+  return p;
+}
+Pos Pred(Pos p) {
+  if (p.offset-- == 0) p.inode--;
+  return p;
+}
+
+Pos PtrMin(const NodePtrFormat& p) { return Pos{p.btree_id, p.min_inode.get(), p.min_offset.get()}; }
+
+NodePtrFormat ReadPtr(KeyRef k) {
+  NodePtrFormat p;
+  MemCopy(&p, k.value(), sizeof(p));
+  return p;
+}
+
+NodePtrFormat EmptyPtr(u8 id) {
+  NodePtrFormat p;
+  MemSet(&p, 0, sizeof(p));
+  p.member = kNoMember;
+  p.btree_id = id;
+  return p;
+}
+
+bool StatusIsCorrupt(const Status& st) { return st.error_class() == ErrorClass::kCorrupt; }
+
+}  // namespace
+
+struct Btrees::Tree {
+  u8 id = 0;
+  RwLock lock;
+  CachedNode* root = nullptr;
+  Vector<NodePtrFormat> dead_slots;  // slots of replaced nodes (tree lock exclusive)
+};
+
+struct Btrees::Impl {
+  dev::DeviceSet* devs = nullptr;
+  alloc::Allocator* alloc = nullptr;
+  journal::Journal* journal = nullptr;
+  sb::Superblock sb{};
+  Options opt;
+  u32 node_size = 0;
+  u32 slots_per_bucket = 0;
+  dev::DevMask capable = 0;  // members that may hold btree nodes
+  dev::DevMask target = 0;   // where new nodes go first
+  Tree trees[kNrBtreeIds];
+
+  // Transactions.
+  Mutex commit_mu;
+  u64 applied_seq = 0;  // newest journal entry applied (commit_mu)
+  journal::Pin pin;     // oldest applied entry not yet in a checkpoint (commit_mu)
+  Status failed;        // sticky: an applied commit diverged (commit_mu)
+
+  // Cache.
+  Mutex cache_mu;
+  IntrusiveList<CachedNode, &CachedNode::lru> lru;
+  Atomic<u64> cached_bytes{0};
+  Atomic<u64> cached_nodes{0};
+  Atomic<u64> dirty_nodes{0};
+
+  // Node slots in btree buckets.
+  Mutex slot_mu;
+  Vector<u16> live[dev::kMaxDevices];  // live node slots per bucket
+  bool open_valid = false;
+  alloc::BucketRef open_bucket;
+  u32 open_next = 0;
+  u64 rng = 0;
+
+  // Checkpoints.
+  Mutex ckpt_mu;
+  u64 ckpt_no = 0;
+  bool opened = false;  // Open() finished: Close() checkpoints
+
+  // Writer thread.
+  Mutex wmu;
+  CondVar wcv;       // wakes the writer
+  CondVar done_cv;   // a checkpoint finished
+  bool wake = false;
+  bool stop = false;
+  bool writer_running = false;
+  u64 ckpt_done = 0;
+  platform::Thread writer;
+
+  // Stats (relaxed counters).
+  Atomic<u64> c_lookups{0}, c_inserts{0}, c_deletes{0}, c_commits{0}, c_restarts{0};
+  Atomic<u64> c_splits{0}, c_merges{0}, c_root_grows{0}, c_root_shrinks{0};
+  Atomic<u64> c_hits{0}, c_misses{0}, c_evictions{0};
+  Atomic<u64> c_reads{0}, c_read_bytes{0}, c_corrupt{0};
+  Atomic<u64> c_writes{0}, c_write_bytes{0}, c_checkpoints{0};
+};
+
+// ---------------------------------------------------------------------------
+// Roots blocks.
+
+namespace {
+
+bool HoldsBtree(const sb::Superblock& sb, u32 m) { return (sb.members[m].data_allowed & sb::kDataBtree) != 0; }
+
+Status CheckPtrShape(const NodePtrFormat& p, u8 id, u32 nr_members, Diag* diag, const char* what) {
+  if (p.btree_id != id || p.level > kMaxLevel || (p.member != kNoMember && p.member >= nr_members))
+    return DiagError(diag, Err::kCorrupt, "%s: bad node pointer (btree %u, level %u, member %u)", what,
+                     unsigned(p.btree_id), unsigned(p.level), unsigned(p.member));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ReadRoots(dev::DeviceSet& devs, const sb::Superblock& sb, Roots* out, Diag* diag) {
+  u8* buf = static_cast<u8*>(platform::Alloc(2 * kRootsSlotSize, 4096, false));
+  if (buf == nullptr) return Err::kNoMemory;
+  bool found = false;
+  u32 bad = 0;
+  for (u32 m = 0; m < sb.nr_members; m++) {
+    if (!HoldsBtree(sb, m)) continue;
+    Status st = dev::QueueSyncIo(devs.member(m)->queue(), IoOp::kRead, kRootsOffset, buf, 2 * kRootsSlotSize, 0,
+                                 IoOrigin::kBtree);
+    if (!st.ok()) {
+      bad++;
+      continue;
+    }
+    for (u32 slot = 0; slot < 2; slot++) {
+      const auto* r = reinterpret_cast<const RootsFormat*>(buf + slot * kRootsSlotSize);
+      if (r->magic.get() != kRootsMagic || r->version.get() != kNodeVersion || r->nroots.get() != kNrBtreeIds ||
+          MemCompare(r->fs_uuid, sb.fs_uuid, 16) != 0 ||
+          r->csum.get() != platform::Crc32cSkippingField(r, kRootsSlotSize, __builtin_offsetof(RootsFormat, csum))) {
+        bad++;
+        continue;
+      }
+      bool shape_ok = true;
+      for (u32 t = 0; t < kNrBtreeIds; t++) {
+        const NodePtrFormat& p = r->roots[t];
+        if (!CheckPtrShape(p, u8(t), sb.nr_members, nullptr, "roots").ok() ||
+            (p.member != kNoMember && !IsMin(PtrMin(p))))
+          shape_ok = false;
+      }
+      if (!shape_ok) {
+        bad++;
+        continue;
+      }
+      if (found && r->gen.get() <= out->gen) continue;
+      found = true;
+      out->gen = r->gen.get();
+      out->journal_seq = r->journal_seq.get();
+      out->node_seq_hi = r->node_seq_hi.get();
+      MemCopy(out->roots, r->roots, sizeof(out->roots));
+    }
+  }
+  platform::Free(buf);
+  if (!found)
+    return DiagError(diag, Err::kCorrupt, "btree roots: no valid roots block on any member (%u copies rejected)",
+                     bad);
+  return Status::Ok();
+}
+
+namespace {
+
+Status WriteRootsBlock(dev::DeviceSet& devs, const sb::Superblock& sb, const Roots& roots) {
+  auto* r = static_cast<RootsFormat*>(platform::Alloc(kRootsSlotSize, 4096, true));
+  if (r == nullptr) return Err::kNoMemory;
+  r->magic.set(kRootsMagic);
+  r->version.set(kNodeVersion);
+  r->nroots.set(kNrBtreeIds);
+  MemCopy(r->fs_uuid, sb.fs_uuid, 16);
+  r->gen.set(roots.gen);
+  r->journal_seq.set(roots.journal_seq);
+  r->node_seq_hi.set(roots.node_seq_hi);
+  MemCopy(r->roots, roots.roots, sizeof(r->roots));
+  r->csum.set(platform::Crc32cSkippingField(r, kRootsSlotSize, __builtin_offsetof(RootsFormat, csum)));
+  const u64 off = kRootsOffset + (roots.gen & 1) * kRootsSlotSize;
+  Status first;
+  for (u32 m = 0; m < sb.nr_members; m++) {
+    if (!HoldsBtree(sb, m)) continue;
+    Status st = dev::QueueSyncIo(devs.member(m)->queue(), IoOp::kWrite, off, r, kRootsSlotSize, IoRequest::kFua,
+                                 IoOrigin::kBtree);
+    if (!st.ok() && first.ok()) first = st;
+  }
+  platform::Free(r);
+  return first;
+}
+
+}  // namespace
+
+Status FormatRoots(dev::DeviceSet& devs, const sb::Superblock& sb) {
+  Roots roots;
+  roots.gen = 1;
+  for (u32 t = 0; t < kNrBtreeIds; t++) roots.roots[t] = EmptyPtr(u8(t));
+  // Both slots, so that no stale block from an earlier filesystem survives.
+  TFS_TRY(WriteRootsBlock(devs, sb, roots));
+  roots.gen = 2;
+  return WriteRootsBlock(devs, sb, roots);
+}
+
+// All the machinery lives in this class so that it can reach Btrees' privates.
+class TreeOps {
+ public:
+  using Tree = Btrees::Tree;
+  using Impl = Btrees::Impl;
+
+  // --- cache bookkeeping ---------------------------------------------------
+
+  static CachedNode* NewNode(Impl*) { return platform::New<CachedNode>(); }
+
+  static void Charge(Impl* im, CachedNode* n) {
+    n->charged = n->node.node_size();
+    im->cached_bytes.FetchAdd(n->charged, MemOrder::kRelaxed);
+    im->cached_nodes.FetchAdd(1, MemOrder::kRelaxed);
+    MutexLock l(im->cache_mu);
+    im->lru.PushBack(n);
+  }
+
+  static void Unref(CachedNode* n) {
+    if (n->refs.FetchSub(1, MemOrder::kAcqRel) == 1) platform::Delete(n);
+  }
+  static void Ref(CachedNode* n) { n->refs.FetchAdd(1, MemOrder::kRelaxed); }
+
+  static void SetDirty(Impl* im, CachedNode* n) {
+    if (!n->dirty) {
+      n->dirty = true;
+      im->dirty_nodes.FetchAdd(1, MemOrder::kRelaxed);
+    }
+  }
+  static void ClearDirty(Impl* im, CachedNode* n) {
+    if (n->dirty) {
+      n->dirty = false;
+      im->dirty_nodes.FetchSub(1, MemOrder::kRelaxed);
+    }
+  }
+
+  // Takes a node out of its tree (tree lock exclusive): its slot is released by
+  // the next checkpoint, its memory when the last reference goes.
+  static void Kill(Impl* im, Tree& t, CachedNode* n) {
+    if (n->ptr.member != kNoMember) t.dead_slots.PushBack(n->ptr).IgnoreError();  // see Reserve in callers
+    ClearDirty(im, n);
+    n->dead.Store(1, MemOrder::kRelease);
+    n->version.FetchAdd(1, MemOrder::kRelease);
+    {
+      MutexLock l(im->cache_mu);
+      if (n->lru.linked()) im->lru.Remove(n);
+    }
+    im->cached_bytes.FetchSub(n->charged, MemOrder::kRelaxed);
+    im->cached_nodes.FetchSub(1, MemOrder::kRelaxed);
+    n->charged = 0;
+    Unref(n);
+  }
+
+  static u64 NewSeq(Impl* im) {
+    MutexLock l(im->slot_mu);
+    u64 s;
+    do {
+      s = SplitMix(&im->rng);
+    } while (s == 0);
+    return s;
+  }
+
+  // Key index of child `c` in its parent (interior nodes hold one set).
+  static u32 ChildIndex(const CachedNode* p, const CachedNode* c) {
+    const Set& s = p->node.set(0);
+    u32 i = s.LowerBound(c->node.info().max);
+    TFS_BUG_ON(i >= s.size() || p->children[i] != c);
+    return i;
+  }
+
+  // --- descent ---------------------------------------------------------------
+
+  struct Miss {
+    NodePtrFormat ptr;
+    Pos max;
+  };
+
+  // Walks from the root to the node at `level` covering pos (tree lock held, any
+  // mode). Null with *miss set when a node on the way is not cached.
+  static CachedNode* Descend(Impl*, Tree& t, const Pos& pos, u8 level, Miss* miss) {
+    CachedNode* n = t.root;
+    while (n->node.info().level > level) {
+      const Set& s = n->node.set(0);
+      u32 i = s.LowerBound(pos);
+      TFS_BUG_ON(i >= s.size());  // the root covers everything; children partition it
+      CachedNode* c = n->children[i];
+      if (c == nullptr) {
+        KeyRef k = s.Key(i);
+        miss->ptr = ReadPtr(k);
+        miss->max = k.pos();
+        return nullptr;
+      }
+      if (c->accessed.Load(MemOrder::kRelaxed) == 0) c->accessed.Store(1, MemOrder::kRelaxed);
+      n = c;
+    }
+    return n;
+  }
+
+  // --- reading nodes -----------------------------------------------------------
+
+  // Checks an interior node read from disk: child pointers of the right btree and
+  // level, covering [min, max] exactly.
+  static Status CheckInterior(const Impl* im, const Node& node, Diag* diag) {
+    const NodeInfo& info = node.info();
+    if (node.nsets() != 1)
+      return DiagError(diag, Err::kCorrupt, "btree node seq %llu: interior node with %u sets",
+                       (unsigned long long)info.seq, node.nsets());
+    const Set& s = node.set(0);
+    Pos expect_min = info.min;
+    for (u32 i = 0; i < s.size(); i++) {
+      KeyRef k = s.Key(i);
+      if (k.type() != kKeyValue || k.val_bytes() != sizeof(NodePtrFormat))
+        return DiagError(diag, Err::kCorrupt, "btree node seq %llu: key %u is not a child pointer",
+                         (unsigned long long)info.seq, i);
+      NodePtrFormat p = ReadPtr(k);
+      if (p.member == kNoMember || p.member >= im->sb.nr_members || p.btree_id != info.btree_id ||
+          p.level + 1 != info.level || PtrMin(p) != expect_min)
+        return DiagError(diag, Err::kCorrupt,
+                         "btree node seq %llu: child %u has a bad pointer (member, btree, level or min)",
+                         (unsigned long long)info.seq, i);
+      if (IsMax(k.pos()) ? i + 1 != s.size() : false)
+        return DiagError(diag, Err::kCorrupt, "btree node seq %llu: keys after the max",
+                         (unsigned long long)info.seq);
+      expect_min = Succ(k.pos());
+    }
+    if (s.size() == 0 || s.Key(s.size() - 1).pos() != info.max)
+      return DiagError(diag, Err::kCorrupt, "btree node seq %llu: children do not cover the node's range",
+                       (unsigned long long)info.seq);
+    return Status::Ok();
+  }
+
+  // Reads and verifies the node `ptr` points to, with no lock held.
+  static Status ReadNode(Impl* im, const NodePtrFormat& ptr, const Pos& max, CachedNode** out, Diag* diag) {
+    const u32 ns = im->node_size;
+    const u64 off = ptr.offset.get();
+    if (ptr.member == kNoMember || ptr.member >= im->sb.nr_members || off % ns != 0 ||
+        off < sb::kBucketsOffset || off - sb::kBucketsOffset >= im->sb.members[ptr.member].nbuckets * im->sb.bucket_size)
+      return DiagError(diag, Err::kCorrupt, "btree: pointer to member %u offset %llu is outside the btree area",
+                       unsigned(ptr.member), (unsigned long long)off);
+    u8* buf = static_cast<u8*>(platform::Alloc(ns, 4096, false));
+    if (buf == nullptr) return Err::kNoMemory;
+    dev::Io io;
+    io.req.op = IoOp::kRead;
+    io.req.origin = IoOrigin::kBtree;
+    io.req.offset = off;
+    io.req.length = ns;
+    io.req.buf = buf;
+    io.cls = dev::IoClass::kForegroundSync;
+    Status st = dev::SubmitAndWait(im->devs->member(ptr.member)->queue(), &io);
+    im->c_reads.FetchAdd(1, MemOrder::kRelaxed);
+    im->c_read_bytes.FetchAdd(ns, MemOrder::kRelaxed);
+    if (!st.ok()) {
+      platform::Free(buf);
+      return DiagError(diag, st, "btree: reading node at member %u offset %llu: %s", unsigned(ptr.member),
+                       (unsigned long long)off, st.Message());
+    }
+    CachedNode* n = NewNode(im);
+    if (n == nullptr) {
+      platform::Free(buf);
+      return Err::kNoMemory;
+    }
+    NodeInfo expect;
+    expect.btree_id = ptr.btree_id;
+    expect.level = ptr.level;
+    expect.seq = ptr.seq.get();
+    expect.min = PtrMin(ptr);
+    expect.max = max;
+    st = n->node.Parse(buf, ns, &expect, diag);
+    platform::Free(buf);
+    if (st.ok() && ptr.level > 0) {
+      st = CheckInterior(im, n->node, diag);
+      if (st.ok()) st = n->children.Resize(n->node.set(0).size());
+      if (st.ok())
+        for (usize i = 0; i < n->children.size(); i++) n->children[i] = nullptr;
+    }
+    if (!st.ok()) {
+      platform::Delete(n);
+      if (StatusIsCorrupt(st)) im->c_corrupt.FetchAdd(1, MemOrder::kRelaxed);
+      return st;
+    }
+    n->ptr = ptr;
+    *out = n;
+    return Status::Ok();
+  }
+
+  // Reads the missing node and links it under its parent, if the parent still
+  // points to that very node. Called with no lock held.
+  static Status FetchMiss(Impl* im, Tree& t, const Miss& miss, Diag* diag = nullptr) {
+    im->c_misses.FetchAdd(1, MemOrder::kRelaxed);
+    im->c_restarts.FetchAdd(1, MemOrder::kRelaxed);
+    CachedNode* n = nullptr;
+    Status st = ReadNode(im, miss.ptr, miss.max, &n, diag);
+    if (!st.ok()) {
+      // A pointer that changed while we read is not corruption: retry the descent.
+      if (StatusIsCorrupt(st) && !StillPointsTo(im, t, miss)) return Status::Ok();
+      return st;
+    }
+    bool linked = false;
+    {
+      WriteGuard g(t.lock);
+      if (t.root != nullptr) {
+        Miss m2;
+        CachedNode* p = Descend(im, t, miss.max, u8(miss.ptr.level + 1), &m2);
+        if (p != nullptr && p->node.info().level == miss.ptr.level + 1) {
+          const Set& s = p->node.set(0);
+          u32 i = s.LowerBound(miss.max);
+          if (i < s.size() && p->children[i] == nullptr && ReadPtr(s.Key(i)).seq.get() == miss.ptr.seq.get()) {
+            p->children[i] = n;
+            n->parent = p;
+            linked = true;
+          }
+        }
+      }
+    }
+    if (!linked) {
+      platform::Delete(n);
+      return Status::Ok();
+    }
+    Charge(im, n);
+    EvictIfNeeded(im);
+    return Status::Ok();
+  }
+
+  static bool StillPointsTo(Impl* im, Tree& t, const Miss& miss) {
+    ReadGuard g(t.lock);
+    if (t.root == nullptr) return false;
+    Miss m2;
+    CachedNode* p = Descend(im, t, miss.max, u8(miss.ptr.level + 1), &m2);
+    if (p == nullptr || p->node.info().level != miss.ptr.level + 1) return false;
+    const Set& s = p->node.set(0);
+    u32 i = s.LowerBound(miss.max);
+    return i < s.size() && ReadPtr(s.Key(i)).seq.get() == miss.ptr.seq.get();
+  }
+
+  // --- eviction ----------------------------------------------------------------
+
+  static bool Evictable(const CachedNode* n) {
+    if (n->dirty || n->parent == nullptr || n->ptr.member == kNoMember) return false;
+    if (n->refs.Load(MemOrder::kAcquire) != 1) return false;
+    for (usize i = 0; i < n->children.size(); i++)
+      if (n->children[i] != nullptr) return false;
+    return true;
+  }
+
+  // Evicts clean nodes, least recently used first (clock), until the cache is
+  // within 90% of its bound. Takes each tree's lock exclusively in turn.
+  static void EvictIfNeeded(Impl* im) {
+    const u64 limit = im->opt.cache_bytes;
+    if (im->cached_bytes.Load(MemOrder::kRelaxed) <= limit) return;
+    const u64 goal = limit - limit / 10;
+    for (u32 id = 0; id < kNrBtreeIds; id++) {
+      Tree& t = im->trees[id];
+      WriteGuard g(t.lock);
+      CachedNode* victims = nullptr;
+      {
+        MutexLock l(im->cache_mu);
+        usize budget = im->lru.size() * 2;
+        CachedNode* n = im->lru.front();
+        while (n != nullptr && budget-- > 0 && im->cached_bytes.Load(MemOrder::kRelaxed) > goal) {
+          CachedNode* next = im->lru.Next(n);
+          if (n->node.info().btree_id == id && Evictable(n)) {
+            if (n->accessed.Load(MemOrder::kRelaxed) != 0) {
+              n->accessed.Store(0, MemOrder::kRelaxed);
+              im->lru.Remove(n);
+              im->lru.PushBack(n);
+            } else {
+              im->lru.Remove(n);
+              CachedNode* p = n->parent;
+              p->children[ChildIndex(p, n)] = nullptr;
+              im->cached_bytes.FetchSub(n->charged, MemOrder::kRelaxed);
+              im->cached_nodes.FetchSub(1, MemOrder::kRelaxed);
+              n->parent = victims;  // chain for freeing outside cache_mu
+              victims = n;
+              im->c_evictions.FetchAdd(1, MemOrder::kRelaxed);
+            }
+          }
+          n = next;
+        }
+      }
+      while (victims != nullptr) {
+        CachedNode* next = victims->parent;
+        Unref(victims);
+        victims = next;
+      }
+      if (im->cached_bytes.Load(MemOrder::kRelaxed) <= goal) return;
+    }
+  }
+
+  // --- structure changes (tree lock exclusive) -----------------------------------
+
+  struct Edit {
+    Pos pos;
+    const NodePtrFormat* ptr;  // null: remove the key
+    CachedNode* child;
+  };
+
+  // Rebuilds interior node p with `edits` (sorted by pos) applied, keeping its
+  // children array in step. kNoSpace if the result does not fit.
+  static Status RebuildInterior(Impl* im, CachedNode* p, const Edit* edits, u32 nedits) {
+    const Set* old = p->node.nsets() > 0 ? &p->node.set(0) : nullptr;  // a new root has none
+    const u32 n_old = old != nullptr ? old->size() : 0;
+    Vector<KeyInput> keys;
+    Vector<CachedNode*> kids;
+    TFS_TRY(keys.Reserve(n_old + nedits));
+    TFS_TRY(kids.Reserve(n_old + nedits));
+    u32 i = 0, e = 0;
+    while (i < n_old || e < nedits) {
+      KeyInput in;
+      if (e < nedits && (i == n_old || edits[e].pos <= old->KeyPos(i))) {
+        if (i < n_old && edits[e].pos == old->KeyPos(i)) i++;  // replaced or removed
+        if (edits[e].ptr != nullptr) {
+          in.pos = edits[e].pos;
+          in.type = kKeyValue;
+          in.value = edits[e].ptr;
+          in.val_bytes = sizeof(NodePtrFormat);
+          keys.PushBack(in).IgnoreError();
+          kids.PushBack(edits[e].child).IgnoreError();
+        }
+        e++;
+        continue;
+      }
+      KeyRef k = old->Key(i);
+      in.pos = k.pos();
+      in.type = k.type();
+      in.value = k.value();
+      in.val_bytes = k.val_bytes();
+      keys.PushBack(in).IgnoreError();
+      kids.PushBack(p->children[i]).IgnoreError();
+      i++;
+    }
+    Node fresh;
+    TFS_TRY(fresh.Init(im->node_size, p->node.info()));
+    TFS_TRY(fresh.AppendSet(keys.data(), keys.size(), 0));
+    p->node.Swap(fresh);
+    p->children = Move(kids);
+    for (usize j = 0; j < p->children.size(); j++)
+      if (p->children[j] != nullptr) p->children[j]->parent = p;
+    SetDirty(im, p);
+    p->version.FetchAdd(1, MemOrder::kRelease);
+    return Status::Ok();
+  }
+
+  static Status MakeNode(Impl* im, u8 id, u8 level, const Pos& min, const Pos& max, const Node* const* srcs,
+                         u32 nsrcs, CachedNode** out) {
+    CachedNode* n = NewNode(im);
+    if (n == nullptr) return Err::kNoMemory;
+    NodeInfo info;
+    info.btree_id = id;
+    info.level = level;
+    info.seq = NewSeq(im);
+    info.min = min;
+    info.max = max;
+    Status st = nsrcs == 0 ? n->node.Init(im->node_size, info) : n->node.InitFrom(im->node_size, info, srcs, nsrcs);
+    if (!st.ok()) {
+      platform::Delete(n);
+      return st;
+    }
+    n->ptr = EmptyPtr(id);
+    n->ptr.level = level;
+    n->ptr.seq.set(info.seq);
+    n->ptr.min_inode.set(min.inode);
+    n->ptr.min_offset.set(min.offset);
+    n->dirty = true;
+    im->dirty_nodes.FetchAdd(1, MemOrder::kRelaxed);
+    *out = n;
+    return Status::Ok();
+  }
+
+  // Gives `dst` the cached children of `src` whose keys fall in dst's range
+  // (split: part of src's; merge: all of each source's).
+  static Status TakeChildren(CachedNode* dst, const CachedNode* src) {
+    if (dst->node.info().level == 0) return Status::Ok();
+    const Set& s = dst->node.set(0);
+    const Set& from = src->node.set(0);
+    if (dst->children.size() != s.size()) {
+      TFS_TRY(dst->children.Resize(s.size()));
+      for (usize i = 0; i < s.size(); i++) dst->children[i] = nullptr;
+    }
+    u32 j = from.LowerBound(dst->node.info().min);
+    u32 i = j < from.size() ? s.LowerBound(from.KeyPos(j)) : s.size();
+    for (; j < from.size() && from.KeyPos(j) <= dst->node.info().max; i++, j++) {
+      TFS_BUG_ON(i >= s.size() || from.KeyPos(j) != s.KeyPos(i));
+      dst->children[i] = src->children[j];
+      if (dst->children[i] != nullptr) dst->children[i]->parent = dst;
+    }
+    return Status::Ok();
+  }
+
+  // Splits n in two (and its parent first if it has no room for another
+  // child). `append` favours a left node nearly full (sequential inserts).
+  static Status Split(Impl* im, Tree& t, CachedNode* n, bool append, const Pos& at) {
+    TFS_TRY(t.dead_slots.Reserve(t.dead_slots.size() + 2 * (kMaxLevel + 2)));
+    if (n->parent != nullptr && n->parent->node.free_bytes() < kPtrKeySpace)
+      TFS_TRY(Split(im, t, n->parent, false, at));
+    const NodeInfo info = n->node.info();
+    Pos mid;
+    if (!n->node.SplitPoint(append ? 9 : 1, append ? 10 : 2, &mid)) {
+      // One key (of the largest sizes): split the range around it so the new
+      // key lands in the other half.
+      NodeIter it(n->node);
+      it.SeekToFirst();
+      if (!it.Valid()) return Err::kNoSpace;
+      const Pos k = it.pos();
+      if (at > k) {
+        mid = k;
+      } else if (at < k && k != info.min) {
+        mid = Pred(k);
+      } else {
+        return Err::kNoSpace;
+      }
+      if (mid == info.max) return Err::kNoSpace;
+    }
+    const Node* src[] = {&n->node};
+    CachedNode* a = nullptr;
+    CachedNode* b = nullptr;
+    TFS_TRY(MakeNode(im, info.btree_id, info.level, info.min, mid, src, 1, &a));
+    Status st = MakeNode(im, info.btree_id, info.level, Succ(mid), info.max, src, 1, &b);
+    if (st.ok()) st = TakeChildren(a, n);
+    if (st.ok()) st = TakeChildren(b, n);
+    if (st.ok()) {
+      Edit edits[2] = {{mid, &a->ptr, a}, {info.max, &b->ptr, b}};
+      if (n->parent == nullptr) {
+        CachedNode* r = nullptr;
+        st = MakeNode(im, info.btree_id, u8(info.level + 1), Pos::Min(info.btree_id), Pos::Max(info.btree_id),
+                      nullptr, 0, &r);
+        if (st.ok()) {
+          st = RebuildInterior(im, r, edits, 2);
+          if (!st.ok()) {
+            ClearDirty(im, r);
+            platform::Delete(r);
+          } else {
+            t.root = r;
+            Charge(im, r);
+            im->c_root_grows.FetchAdd(1, MemOrder::kRelaxed);
+          }
+        }
+      } else {
+        st = RebuildInterior(im, n->parent, edits, 2);
+      }
+    }
+    if (!st.ok()) {
+      // Nothing was linked: give the children back and drop the new nodes.
+      CachedNode* made[2] = {a, b};
+      for (CachedNode* x : made) {
+        if (x == nullptr) continue;
+        for (usize i = 0; i < x->children.size(); i++)
+          if (x->children[i] != nullptr) x->children[i]->parent = n;
+        ClearDirty(im, x);
+        platform::Delete(x);
+      }
+      return st;
+    }
+    Charge(im, a);
+    Charge(im, b);
+    Kill(im, t, n);
+    im->c_splits.FetchAdd(1, MemOrder::kRelaxed);
+    return Status::Ok();
+  }
+
+  // Root shrink: an interior root with one (cached) child hands the tree to it
+  // (the child already covers the whole range).
+  static void ShrinkRoot(Impl* im, Tree& t) {
+    while (t.root != nullptr && t.root->node.info().level > 0 && t.root->node.set(0).size() == 1 &&
+           t.root->children[0] != nullptr) {
+      CachedNode* old = t.root;
+      CachedNode* c = old->children[0];
+      c->parent = nullptr;
+      old->children[0] = nullptr;
+      t.root = c;
+      Kill(im, t, old);
+      im->c_root_shrinks.FetchAdd(1, MemOrder::kRelaxed);
+    }
+  }
+
+  // Merges underfull n with a cached sibling when the result is at most 3/4 full,
+  // then its parent likewise; finally shrinks the root while it has one child.
+  static void TryMerge(Impl* im, Tree& t, CachedNode* n) {
+    MergeUp(im, t, n);
+    ShrinkRoot(im, t);
+  }
+
+  static void MergeUp(Impl* im, Tree& t, CachedNode* n) {
+    if (!t.dead_slots.Reserve(t.dead_slots.size() + 3 * (kMaxLevel + 2)).ok()) return;
+    for (;;) {
+      CachedNode* p = n->parent;
+      if (p == nullptr) return;
+      if (n->node.live_estimate() >= im->node_size / 4) return;
+      if (n->node.nsets() > 1 && !n->node.Compact(0).ok()) return;  // its real size
+      if (n->node.used_bytes() >= im->node_size / 4) return;
+      const u32 i = ChildIndex(p, n);
+      CachedNode* left = nullptr;
+      CachedNode* right = nullptr;
+      if (i + 1 < p->children.size() && p->children[i + 1] != nullptr) {
+        left = n;
+        right = p->children[i + 1];
+      } else if (i > 0 && p->children[i - 1] != nullptr) {
+        left = p->children[i - 1];
+        right = n;
+      } else {
+        return;  // no cached sibling: a later update retries
+      }
+      const Node* src[] = {&left->node, &right->node};
+      CachedNode* m = nullptr;
+      const NodeInfo& li = left->node.info();
+      const NodeInfo& ri = right->node.info();
+      if (!MakeNode(im, li.btree_id, li.level, li.min, ri.max, src, 2, &m).ok()) return;
+      if (m->node.used_bytes() > im->node_size / 4 * 3 || !TakeChildren(m, left).ok() ||
+          !TakeChildren(m, right).ok()) {
+        for (usize k = 0; k < m->children.size(); k++) {
+          CachedNode* c = m->children[k];
+          if (c != nullptr) c->parent = k < left->children.size() ? left : right;
+        }
+        ClearDirty(im, m);
+        platform::Delete(m);
+        return;
+      }
+      Edit edits[2] = {{li.max, nullptr, nullptr}, {ri.max, &m->ptr, m}};
+      if (!RebuildInterior(im, p, edits, 2).ok()) {
+        for (usize k = 0; k < m->children.size(); k++) {
+          CachedNode* c = m->children[k];
+          if (c != nullptr) c->parent = k < left->children.size() ? left : right;
+        }
+        ClearDirty(im, m);
+        platform::Delete(m);
+        return;
+      }
+      Charge(im, m);
+      left->children.Clear();
+      right->children.Clear();
+      Kill(im, t, left);
+      Kill(im, t, right);
+      im->c_merges.FetchAdd(1, MemOrder::kRelaxed);
+      n = p;
+    }
+  }
+
+  // --- applying one update -------------------------------------------------------
+
+  // Applies one key to its leaf (commit_mu held, or replay). May read nodes.
+  static Status ApplyKey(Impl* im, const KeyInput& key, u64 seq) {
+    Tree& t = im->trees[key.pos.btree_id];
+    const bool del = key.type == kKeyWhiteout;
+    for (;;) {
+      Miss miss;
+      t.lock.ReadLock();
+      if (t.root == nullptr) {
+        t.lock.ReadUnlock();
+        if (del) return Status::Ok();
+        WriteGuard g(t.lock);
+        if (t.root == nullptr) {
+          CachedNode* r = nullptr;
+          TFS_TRY(MakeNode(im, key.pos.btree_id, 0, Pos::Min(key.pos.btree_id), Pos::Max(key.pos.btree_id), nullptr,
+                           0, &r));
+          t.root = r;
+          Charge(im, r);
+        }
+        continue;
+      }
+      CachedNode* leaf = Descend(im, t, key.pos, 0, &miss);
+      if (leaf == nullptr) {
+        t.lock.ReadUnlock();
+        TFS_TRY(FetchMiss(im, t, miss));
+        continue;
+      }
+      leaf->lock.WriteLock();
+      Status st;
+      bool merge = false;
+      bool append = false;
+      KeyRef old = del ? leaf->node.Find(key.pos) : KeyRef();
+      if (del && !old.valid()) {
+        st = Status::Ok();  // nothing to delete
+      } else {
+        const u32 old_space = del ? old.space() : 0;
+        st = leaf->node.Upsert(key, seq);
+        if (st.ok()) {
+          SetDirty(im, leaf);
+          leaf->version.FetchAdd(1, MemOrder::kRelease);
+          if (del) leaf->node.NoteDead(old_space + KeySpace(0));
+          merge = del && leaf->parent != nullptr && leaf->node.live_estimate() < im->node_size / 4;
+        } else if (st.code() == Err::kNoSpace) {
+          NodeIter it(leaf->node);
+          it.SeekToLast();
+          append = !it.Valid() || it.pos() < key.pos;
+        }
+      }
+      leaf->lock.WriteUnlock();
+      t.lock.ReadUnlock();
+      if (st.ok()) {
+        if (merge) {
+          WriteGuard g(t.lock);
+          Miss m2;
+          CachedNode* l2 = t.root != nullptr ? Descend(im, t, key.pos, 0, &m2) : nullptr;
+          if (l2 != nullptr) TryMerge(im, t, l2);
+        }
+        return st;
+      }
+      if (st.code() != Err::kNoSpace) return st;
+      {
+        WriteGuard g(t.lock);
+        Miss m2;
+        CachedNode* l2 = Descend(im, t, key.pos, 0, &m2);
+        if (l2 == nullptr) continue;  // evicted meanwhile: re-read, retry
+        TFS_TRY(Split(im, t, l2, append, key.pos));
+      }
+      im->c_restarts.FetchAdd(1, MemOrder::kRelaxed);
+    }
+  }
+
+  // Makes sure the leaf for pos is cached (no lock held on return).
+  static Status Prefetch(Impl* im, const Pos& pos) {
+    Tree& t = im->trees[pos.btree_id];
+    for (;;) {
+      Miss miss;
+      {
+        ReadGuard g(t.lock);
+        if (t.root == nullptr || Descend(im, t, pos, 0, &miss) != nullptr) return Status::Ok();
+      }
+      TFS_TRY(FetchMiss(im, t, miss));
+    }
+  }
+
+  // --- checkpoints ------------------------------------------------------------------
+
+  struct Job {
+    CachedNode* node;
+    Tree* tree;
+    u8* img;
+    u32 bytes;
+    u64 seq;
+    NodePtrFormat dst;
+    bool installed;
+  };
+
+  static Status AllocSlot(Impl* im, NodePtrFormat* dst) {
+    MutexLock l(im->slot_mu);
+    if (!im->open_valid || im->open_next >= im->slots_per_bucket) {
+      auto r = im->alloc->Allocate(im->target, im->capable, alloc::BucketState::kBtree, alloc::Watermark::kBtree);
+      if (!r.ok()) return r.status();
+      im->open_bucket = r.value();
+      im->open_valid = true;
+      im->open_next = 0;
+    }
+    const u32 m = im->open_bucket.dev;
+    const u64 b = im->open_bucket.bucket;
+    dst->member = u8(m);
+    dst->offset.set(im->sb.BucketOffset(b) + u64(im->open_next) * im->node_size);
+    im->open_next++;
+    im->live[m][b]++;
+    return Status::Ok();
+  }
+
+  static void FreeSlot(Impl* im, const NodePtrFormat& p) {
+    if (p.member == kNoMember) return;
+    MutexLock l(im->slot_mu);
+    const u32 m = p.member;
+    const u64 b = (p.offset.get() - sb::kBucketsOffset) / im->sb.bucket_size;
+    if (m >= im->sb.nr_members || b >= im->live[m].size() || im->live[m][b] == 0) return;
+    if (--im->live[m][b] != 0) return;
+    if (im->open_valid && im->open_bucket.dev == m && im->open_bucket.bucket == b) {
+      if (im->open_next < im->slots_per_bucket) return;  // still filling it
+      im->open_valid = false;
+    }
+    alloc::Bucket bk = im->alloc->Get(m, b);
+    if (bk.state == alloc::BucketState::kBtree) im->alloc->Free(alloc::BucketRef{m, b, bk.gen}).IgnoreError();
+  }
+
+  // Takes the image of n (which must not change meanwhile) into a new job.
+  static Status TakeImage(Impl* im, Tree& t, CachedNode* n, Vector<Job>* jobs) {
+    Job j;
+    j.node = n;
+    j.tree = &t;
+    j.img = static_cast<u8*>(platform::Alloc(im->node_size, 4096, false));
+    if (j.img == nullptr) return Err::kNoMemory;
+    j.seq = NewSeq(im);
+    j.bytes = n->node.WriteImage(j.img, j.seq);
+    j.dst = n->ptr;
+    j.installed = false;
+    Status st = jobs->PushBack(j);
+    if (!st.ok()) {
+      platform::Free(j.img);
+      return st;
+    }
+    Ref(n);
+    ClearDirty(im, n);
+    return Status::Ok();
+  }
+
+  // Gives job j its slot and points the node (and its parent's key) at it.
+  // Tree lock exclusive.
+  static void Install(Impl* im, Job& j, const NodePtrFormat& slot, Vector<NodePtrFormat>* to_free) {
+    CachedNode* n = j.node;
+    j.dst.member = slot.member;
+    j.dst.offset = slot.offset;
+    j.dst.seq.set(j.seq);
+    j.installed = true;
+    if (n->dead.Load(MemOrder::kAcquire) != 0) {
+      to_free->PushBack(j.dst).IgnoreError();  // nobody points there
+      return;
+    }
+    if (n->ptr.member != kNoMember) to_free->PushBack(n->ptr).IgnoreError();
+    n->ptr = j.dst;
+    n->node.SetSeq(j.seq);
+    n->version.FetchAdd(1, MemOrder::kRelease);
+    if (n->parent != nullptr) {
+      CachedNode* p = n->parent;
+      p->node.OverwriteValue(p->node.set(0).Key(ChildIndex(p, n)), &n->ptr);
+      SetDirty(im, p);
+    }
+  }
+
+  // Post-order: collects the nodes the exclusive phase must image -- nodes never
+  // written, interior nodes that changed, and every ancestor of those (installing
+  // a child's new location changes its parent). True if n was collected.
+  static Result<bool> CollectExclusive(CachedNode* n, Vector<CachedNode*>* out) {
+    bool below = false;
+    for (usize i = 0; i < n->children.size(); i++) {
+      if (n->children[i] == nullptr) continue;
+      bool c = TFS_TRY(CollectExclusive(n->children[i], out));
+      below = below || c;
+    }
+    const bool need = below || n->ptr.member == kNoMember || (n->dirty && n->node.info().level > 0);
+    if (need) TFS_TRY(out->PushBack(n));
+    return need;
+  }
+
+  static void CollectDirtyLeaves(CachedNode* n, Vector<CachedNode*>* out, u64* interior) {
+    if (n->node.info().level == 0) {
+      if (n->dirty) out->PushBack(n).IgnoreError();
+      return;
+    }
+    (*interior)++;
+    for (usize i = 0; i < n->children.size(); i++)
+      if (n->children[i] != nullptr) CollectDirtyLeaves(n->children[i], out, interior);
+  }
+
+  static Status RunCheckpoint(Impl* im, Roots* roots_out) {
+    MutexLock ck(im->ckpt_mu);
+    const u64 ckpt = ++im->ckpt_no;
+    u64 covered;
+    {
+      MutexLock c(im->commit_mu);
+      covered = im->applied_seq;
+    }
+    Vector<Job> jobs;
+    Vector<NodePtrFormat> to_free;
+    Vector<NodePtrFormat> spare;  // slots allocated but not used
+    Status st;
+    Roots roots = *roots_out;
+    // Phase 1: dirty leaves, each under its own lock, the tree lock shared.
+    for (u32 id = 0; id < kNrBtreeIds && st.ok(); id++) {
+      Tree& t = im->trees[id];
+      Vector<CachedNode*> leaves;
+      u64 interior = 0;
+      {
+        ReadGuard g(t.lock);
+        if (t.root != nullptr) CollectDirtyLeaves(t.root, &leaves, &interior);
+        for (CachedNode* n : leaves) Ref(n);
+      }
+      for (CachedNode* n : leaves) {
+        if (st.ok()) {
+          ReadGuard g(t.lock);
+          if (n->dead.Load() == 0) {
+            n->lock.ReadLock();
+            if (n->dirty) {
+              st = TakeImage(im, t, n, &jobs);
+              if (st.ok()) n->imaged = ckpt;
+            }
+            n->lock.ReadUnlock();
+          }
+        }
+        Unref(n);
+      }
+    }
+    // Slots for the images taken, and a reserve for the exclusive phase.
+    for (usize i = 0; i < jobs.size() && st.ok(); i++) {
+      NodePtrFormat s = jobs[i].dst;
+      st = AllocSlot(im, &s);
+      if (st.ok()) {
+        jobs[i].dst.member = s.member;
+        jobs[i].dst.offset = s.offset;
+      }
+    }
+    // Phase 2: per tree, exclusive: install, then image interior and new nodes.
+    for (u32 id = 0; id < kNrBtreeIds && st.ok(); id++) {
+      Tree& t = im->trees[id];
+      for (;;) {
+        u64 need = 0;
+        {
+          ReadGuard g(t.lock);
+          if (t.root != nullptr) {
+            Vector<CachedNode*> v;
+            st = CollectExclusive(t.root, &v).status();
+            need = v.size() + 1 + 2 * kMaxLevel;  // structure may change before we lock
+          }
+        }
+        while (st.ok() && spare.size() < need) {
+          NodePtrFormat s = EmptyPtr(u8(id));
+          st = AllocSlot(im, &s);
+          if (st.ok()) st = spare.PushBack(s);
+        }
+        if (!st.ok()) break;
+        WriteGuard g(t.lock);
+        for (Job& j : jobs)
+          if (j.tree == &t && !j.installed) Install(im, j, j.dst, &to_free);
+        Vector<CachedNode*> v;
+        if (t.root != nullptr) st = CollectExclusive(t.root, &v).status();
+        if (!st.ok()) break;
+        if (v.size() > spare.size()) continue;  // grew meanwhile: reserve more
+        for (CachedNode* n : v) {
+          if (!st.ok()) break;
+          st = TakeImage(im, t, n, &jobs);
+          if (!st.ok()) break;
+          n->imaged = ckpt;
+          NodePtrFormat s = spare.back();
+          spare.PopBack();
+          Install(im, jobs.back(), s, &to_free);
+        }
+        for (const NodePtrFormat& d : t.dead_slots) to_free.PushBack(d).IgnoreError();
+        t.dead_slots.Clear();
+        roots.roots[id] = t.root != nullptr ? t.root->ptr : EmptyPtr(u8(id));
+        break;
+      }
+    }
+    // Phase 3, no locks: write-ahead (the journal holds everything the images
+    // contain), node writes, flush, roots block.
+    if (st.ok() && im->journal != nullptr) st = im->journal->Flush();
+    dev::DevMask written = 0;
+    if (st.ok() && !jobs.empty()) {
+      dev::Io* ios = static_cast<dev::Io*>(platform::Alloc(sizeof(dev::Io) * jobs.size(), 16, false));
+      if (ios == nullptr) st = Err::kNoMemory;
+      if (st.ok()) {
+        for (usize i = 0; i < jobs.size(); i++) new (&ios[i]) dev::Io();
+        dev::IoBatch batch(u32(jobs.size()));
+        for (usize i = 0; i < jobs.size(); i++) {
+          dev::Io& io = ios[i];
+          io.req.op = IoOp::kWrite;
+          io.req.origin = IoOrigin::kBtree;
+          io.req.offset = jobs[i].dst.offset.get();
+          io.req.length = jobs[i].bytes;
+          io.req.buf = jobs[i].img;
+          io.cls = dev::IoClass::kBtree;
+          io.done = dev::IoBatch::Done;
+          io.caller_data = &batch;
+          written |= dev::DevMask(1) << jobs[i].dst.member;
+          im->c_writes.FetchAdd(1, MemOrder::kRelaxed);
+          im->c_write_bytes.FetchAdd(jobs[i].bytes, MemOrder::kRelaxed);
+        }
+        for (usize i = 0; i < jobs.size(); i++) im->devs->member(jobs[i].dst.member)->queue().Submit(&ios[i]);
+        st = batch.Wait();
+        for (usize i = 0; i < jobs.size(); i++) ios[i].~Io();
+        platform::Free(ios);
+      }
+    }
+    for (u32 m = 0; m < im->sb.nr_members && st.ok(); m++) {
+      if ((written & (dev::DevMask(1) << m)) == 0) continue;
+      st = dev::QueueSyncIo(im->devs->member(m)->queue(), IoOp::kFlush, 0, nullptr, 0, 0, IoOrigin::kBtree);
+    }
+    if (st.ok()) {
+      roots.gen = roots_out->gen + 1;
+      roots.journal_seq = Max(covered, roots_out->journal_seq);
+      st = WriteRootsBlock(*im->devs, im->sb, roots);
+    }
+    for (Job& j : jobs) {
+      platform::Free(j.img);
+      Unref(j.node);
+    }
+    for (const NodePtrFormat& s : spare) FreeSlot(im, s);
+    if (!st.ok()) {
+      // The images are not durable; the previous roots block still stands. The
+      // nodes were marked clean: the filesystem must not go on as if they were.
+      MutexLock c(im->commit_mu);
+      if (im->failed.ok()) im->failed = st;
+      return st;
+    }
+    *roots_out = roots;
+    for (const NodePtrFormat& s : to_free) FreeSlot(im, s);
+    // The journal up to `covered` is no longer needed.
+    if (im->journal != nullptr) {
+      MutexLock c(im->commit_mu);
+      if (im->pin.active && im->pin.seq <= covered) {
+        im->journal->PinDrop(&im->pin);
+        if (im->applied_seq > covered) im->journal->PinAt(&im->pin, covered + 1).IgnoreError();
+      }
+    }
+    im->c_checkpoints.FetchAdd(1, MemOrder::kRelaxed);
+    return Status::Ok();
+  }
+
+  // --- writer thread --------------------------------------------------------------
+
+  static bool WriterShouldRun(Impl* im) {
+    return im->wake || im->dirty_nodes.Load(MemOrder::kRelaxed) * im->node_size > im->opt.cache_bytes / 2;
+  }
+
+  static void WriterMain(void* arg);
+};
+
+// ---------------------------------------------------------------------------
+// Btrees.
+
+Btrees::Btrees() = default;
+
+Btrees::~Btrees() {
+  Close().IgnoreError();
+}
+
+static void FreeSubtree(CachedNode* n) {
+  for (usize i = 0; i < n->children.size(); i++)
+    if (n->children[i] != nullptr) FreeSubtree(n->children[i]);
+  TreeOps::Unref(n);
+}
+
+Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Superblock& sb, const Roots& roots,
+                    const Options& options, Diag* diag) {
+  if (impl_ != nullptr) return Err::kInvalidArgument;
+  const u32 ns = sb.btree_node_size;
+  if (options.node_size != 0 && options.node_size != ns)
+    return DiagError(diag, Err::kInvalidArgument, "btree: node size %u does not match the filesystem's %u",
+                     options.node_size, ns);
+  if (ns < kMinNodeSize || ns > kMaxNodeSize || sb.bucket_size < ns)
+    return DiagError(diag, Err::kInvalidArgument, "btree: node size %u does not fit buckets of %u", ns,
+                     sb.bucket_size);
+  Impl* im = platform::New<Impl>();
+  if (im == nullptr) return Err::kNoMemory;
+  impl_ = im;
+  im->devs = devs;
+  im->alloc = alloc;
+  im->sb = sb;
+  im->opt = options;
+  im->node_size = ns;
+  node_size_ = ns;
+  im->slots_per_bucket = sb.bucket_size / ns;
+  platform::RandomBytes(&im->rng, sizeof(im->rng));
+  for (u32 m = 0; m < sb.nr_members; m++) {
+    if (HoldsBtree(sb, m)) im->capable |= dev::DevMask(1) << m;
+    Status st = im->live[m].Resize(sb.members[m].nbuckets);
+    if (!st.ok()) return st;
+    for (usize b = 0; b < im->live[m].size(); b++) im->live[m][b] = 0;
+  }
+  im->target = im->capable;
+  if (sb.options.metadata_target[0] != '\0') {
+    auto r = devs->ResolveTarget(sb.options.metadata_target);
+    if (r.ok() && (r.value() & im->capable) != 0) im->target = r.value() & im->capable;
+  }
+  roots_ = roots;
+  for (u32 id = 0; id < kNrBtreeIds; id++) {
+    Tree& t = im->trees[id];
+    t.id = u8(id);
+    const NodePtrFormat& rp = roots.roots[id];
+    if (rp.member == kNoMember) continue;
+    CachedNode* r = nullptr;
+    Status st = TreeOps::ReadNode(im, rp, Pos::Max(u8(id)), &r, diag);
+    if (!st.ok()) return DiagError(diag, st, "btree %u root: %s", id, diag != nullptr ? diag->text : st.Message());
+    t.root = r;
+    TreeOps::Charge(im, r);
+  }
+  // Every slot the trees use, reading interior nodes (they stay cached).
+  struct Walk {
+    static Status Visit(Impl* im, CachedNode* n, Diag* diag) {
+      const NodePtrFormat& p = n->ptr;
+      const u64 b = (p.offset.get() - sb::kBucketsOffset) / im->sb.bucket_size;
+      if (++im->live[p.member][b] > im->slots_per_bucket)
+        return DiagError(diag, Err::kCorrupt, "btree: more nodes than fit in bucket %llu of member %u",
+                         (unsigned long long)b, unsigned(p.member));
+      if (n->node.info().level == 0) return Status::Ok();
+      const Set& s = n->node.set(0);
+      for (u32 i = 0; i < s.size(); i++) {
+        NodePtrFormat cp = ReadPtr(s.Key(i));
+        if (cp.level == 0) {
+          const u64 cb = (cp.offset.get() - sb::kBucketsOffset) / im->sb.bucket_size;
+          const u64 off = cp.offset.get();
+          if (off < sb::kBucketsOffset || off % im->node_size != 0 || cb >= im->live[cp.member].size())
+            return DiagError(diag, Err::kCorrupt, "btree: leaf pointer outside the btree area");
+          if (++im->live[cp.member][cb] > im->slots_per_bucket)
+            return DiagError(diag, Err::kCorrupt, "btree: more nodes than fit in bucket %llu of member %u",
+                             (unsigned long long)cb, unsigned(cp.member));
+          continue;
+        }
+        CachedNode* c = nullptr;
+        TFS_TRY(TreeOps::ReadNode(im, cp, s.Key(i).pos(), &c, diag));
+        c->parent = n;
+        n->children[i] = c;
+        TreeOps::Charge(im, c);
+        TFS_TRY(Visit(im, c, diag));
+      }
+      return Status::Ok();
+    }
+  };
+  for (u32 id = 0; id < kNrBtreeIds; id++) {
+    if (im->trees[id].root != nullptr) TFS_TRY(Walk::Visit(im, im->trees[id].root, diag));
+  }
+  if (!options.read_only) {
+    // Buckets a crash left allocated to an unfinished checkpoint are freed; a
+    // bucket the trees use is marked as btree (replay already did, normally).
+    for (u32 m = 0; m < sb.nr_members; m++) {
+      for (u64 b = 0; b < im->live[m].size(); b++) {
+        alloc::Bucket bk = alloc->Get(m, b);
+        if (im->live[m][b] != 0 && bk.state != alloc::BucketState::kBtree) {
+          platform::Log(platform::LogLevel::kWarn, "btree: member %u bucket %llu holds nodes but was %s", m,
+                        (unsigned long long)b, alloc::BucketStateName(bk.state));
+          TFS_TRY(alloc->RepairState(m, b, alloc::BucketState::kBtree));
+        } else if (im->live[m][b] == 0 && bk.state == alloc::BucketState::kBtree) {
+          TFS_TRY(alloc->Free(alloc::BucketRef{m, b, bk.gen}));
+        }
+      }
+    }
+  }
+  {
+    MutexLock c(im->commit_mu);
+    im->applied_seq = roots.journal_seq;
+  }
+  im->opened = true;
+  return Status::Ok();
+}
+
+void Btrees::AttachJournal(journal::Journal* journal) {
+  Impl* im = impl_;
+  if (im == nullptr) return;
+  im->journal = journal;
+  if (im->opt.writer_thread && journal != nullptr && !im->writer_running) {
+    im->stop = false;
+    if (im->writer.Start(TreeOps::WriterMain, this, "tfs-btree-writer").ok()) im->writer_running = true;
+  }
+}
+
+void TreeOps::WriterMain(void* arg) {
+  auto* self = static_cast<Btrees*>(arg);
+  Impl* im = self->impl_;
+  MutexLock l(im->wmu);
+  while (!im->stop) {
+    if (!WriterShouldRun(im)) {
+      (void)im->wcv.WaitFor(im->wmu, 100 * platform::kNsPerMs);
+      continue;
+    }
+    im->wake = false;
+    im->wmu.Unlock();
+    Status st = self->Checkpoint();
+    if (!st.ok()) platform::Log(platform::LogLevel::kError, "btree: checkpoint failed: %s", st.Message());
+    EvictIfNeeded(im);
+    im->wmu.Lock();
+    im->ckpt_done++;
+    im->done_cv.Broadcast();
+    if (!st.ok()) (void)im->wcv.WaitFor(im->wmu, 1000 * platform::kNsPerMs);
+  }
+}
+
+void Btrees::ReclaimHook(void* self, u64) {
+  auto* b = static_cast<Btrees*>(self);
+  Impl* im = b->impl_;
+  if (im == nullptr) return;
+  MutexLock l(im->wmu);
+  im->wake = true;
+  im->wcv.Signal();
+}
+
+Status Btrees::Checkpoint() {
+  if (impl_ == nullptr) return Err::kInvalidArgument;
+  return TreeOps::RunCheckpoint(impl_, &roots_);
+}
+
+Status Btrees::Close() {
+  Impl* im = impl_;
+  if (im == nullptr) return Status::Ok();
+  if (im->writer_running) {
+    {
+      MutexLock l(im->wmu);
+      im->stop = true;
+      im->wcv.Signal();
+    }
+    im->writer.Join();
+    im->writer_running = false;
+  }
+  Status st;
+  if (!im->opt.read_only && im->opened) st = Checkpoint();
+  if (im->journal != nullptr && im->pin.active) im->journal->PinDrop(&im->pin);
+  for (u32 id = 0; id < kNrBtreeIds; id++) {
+    Tree& t = im->trees[id];
+    if (t.root != nullptr) FreeSubtree(t.root);
+    t.root = nullptr;
+  }
+  platform::Delete(im);
+  impl_ = nullptr;
+  return st;
+}
+
+Status Btrees::ApplyReplayed(u64 seq, const journal::Key& key) {
+  Impl* im = impl_;
+  if (im == nullptr) return Err::kInvalidArgument;
+  if (seq <= roots_.journal_seq) return Status::Ok();  // the trees already hold it
+  if (key.len < sizeof(KeyHeader)) return Err::kCorrupt;
+  const auto* h = static_cast<const KeyHeader*>(key.val);
+  KeyInput in;
+  in.pos = KeyRef(h).pos();
+  in.type = h->type;
+  in.val_bytes = h->val_bytes.get();
+  in.value = h + 1;
+  if (in.pos.btree_id >= kNrBtreeIds || (in.type != kKeyValue && in.type != kKeyWhiteout) ||
+      in.val_bytes > kMaxValueBytes || KeySpace(in.val_bytes) > key.len ||
+      (in.type == kKeyWhiteout && in.val_bytes != 0))
+    return Err::kCorrupt;
+  TFS_TRY(TreeOps::ApplyKey(im, in, seq));
+  MutexLock c(im->commit_mu);
+  if (seq > im->applied_seq) im->applied_seq = seq;
+  return Status::Ok();
+}
+
+Status Btrees::Get(const Pos& pos, Vector<u8>* value) {
+  for (;;) {
+    u8 small[64];
+    auto r = Get(pos, small, sizeof(small));
+    if (!r.ok()) return r.status();
+    TFS_TRY(value->Resize(r.value()));
+    if (r.value() <= sizeof(small)) {
+      MemCopy(value->data(), small, r.value());
+      return Status::Ok();
+    }
+    auto r2 = Get(pos, value->data(), u32(value->size()));
+    if (!r2.ok()) return r2.status();
+    if (r2.value() == value->size()) return Status::Ok();
+    // Changed size in between: again.
+  }
+}
+
+Result<u32> Btrees::Get(const Pos& pos, void* buf, u32 cap) {
+  Impl* im = impl_;
+  if (im == nullptr || pos.btree_id >= kNrBtreeIds) return Err::kInvalidArgument;
+  Tree& t = im->trees[pos.btree_id];
+  im->c_lookups.FetchAdd(1, MemOrder::kRelaxed);
+  for (;;) {
+    TreeOps::Miss miss;
+    t.lock.ReadLock();
+    if (t.root == nullptr) {
+      t.lock.ReadUnlock();
+      return Err::kNotFound;
+    }
+    CachedNode* leaf = TreeOps::Descend(im, t, pos, 0, &miss);
+    if (leaf == nullptr) {
+      t.lock.ReadUnlock();
+      TFS_TRY(TreeOps::FetchMiss(im, t, miss));
+      continue;
+    }
+    leaf->lock.ReadLock();
+    KeyRef k = leaf->node.Find(pos);
+    u32 len = 0;
+    if (k.valid()) {
+      len = k.val_bytes();
+      MemCopy(buf, k.value(), Min(len, cap));
+    }
+    leaf->lock.ReadUnlock();
+    t.lock.ReadUnlock();
+    if (!k.valid()) return Err::kNotFound;
+    return len;
+  }
+}
+
+Stats Btrees::GetStats() const {
+  Stats s;
+  MemSet(&s, 0, sizeof(s));
+  Impl* im = impl_;
+  if (im == nullptr) return s;
+  auto L = [](const Atomic<u64>& a) { return a.Load(MemOrder::kRelaxed); };
+  s.lookups = L(im->c_lookups);
+  s.inserts = L(im->c_inserts);
+  s.deletes = L(im->c_deletes);
+  s.commits = L(im->c_commits);
+  s.restarts = L(im->c_restarts);
+  s.splits = L(im->c_splits);
+  s.merges = L(im->c_merges);
+  s.root_grows = L(im->c_root_grows);
+  s.root_shrinks = L(im->c_root_shrinks);
+  s.cache_hits = L(im->c_lookups) - Min(L(im->c_lookups), L(im->c_misses));
+  s.cache_misses = L(im->c_misses);
+  s.evictions = L(im->c_evictions);
+  s.node_reads = L(im->c_reads);
+  s.node_read_bytes = L(im->c_read_bytes);
+  s.corrupt_reads = L(im->c_corrupt);
+  s.node_writes = L(im->c_writes);
+  s.node_write_bytes = L(im->c_write_bytes);
+  s.checkpoints = L(im->c_checkpoints);
+  s.cached_nodes = L(im->cached_nodes);
+  s.cached_bytes = L(im->cached_bytes);
+  s.dirty_nodes = L(im->dirty_nodes);
+  s.dirty_bytes = s.dirty_nodes * im->node_size;
+  for (u32 id = 0; id < kNrBtreeIds; id++) {
+    Tree& t = im->trees[id];
+    ReadGuard g(t.lock);
+    s.depth[id] = t.root != nullptr ? t.root->node.info().level + 1u : 0;
+  }
+  return s;
+}
+
+Status Btrees::ForEachNode(Status (*fn)(void* ctx, const NodeVisit& v), void* ctx, Diag* diag) {
+  Impl* im = impl_;
+  if (im == nullptr) return Err::kInvalidArgument;
+  // Reads every node from disk as the last checkpoint left it (fsck's view):
+  // walks the pointers of the roots block, not the cache.
+  struct Walk {
+    static Status Visit(Impl* im, const NodePtrFormat& p, const Pos& max, Status (*fn)(void*, const NodeVisit&),
+                        void* ctx, Diag* diag) {
+      CachedNode* n = nullptr;
+      TFS_TRY(TreeOps::ReadNode(im, p, max, &n, diag));
+      NodeVisit v{&n->node, &p};
+      Status st = fn(ctx, v);
+      if (st.ok() && n->node.info().level > 0) {
+        const Set& s = n->node.set(0);
+        for (u32 i = 0; i < s.size() && st.ok(); i++) {
+          NodePtrFormat cp = ReadPtr(s.Key(i));
+          st = Visit(im, cp, s.Key(i).pos(), fn, ctx, diag);
+        }
+      }
+      platform::Delete(n);
+      return st;
+    }
+  };
+  for (u32 id = 0; id < kNrBtreeIds; id++) {
+    const NodePtrFormat& rp = roots_.roots[id];
+    if (rp.member == kNoMember) continue;
+    TFS_TRY(Walk::Visit(im, rp, Pos::Max(u8(id)), fn, ctx, diag));
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------
+// Transactions.
+
+Transaction::~Transaction() = default;
+
+void Transaction::Reset() {
+  keys_.Clear();
+  n_ = 0;
+}
+
+Status Transaction::Set(const Pos& pos, const void* value, u32 len) {
+  KeyInput in;
+  in.pos = pos;
+  in.type = kKeyValue;
+  in.value = value;
+  in.val_bytes = len;
+  if (pos.btree_id >= kNrBtreeIds) return Err::kInvalidArgument;
+  TFS_TRY(CheckKeyInput(in, pos.btree_id));
+  const usize at = keys_.size();
+  TFS_TRY(keys_.Resize(at + KeySpace(len)));
+  PackKey(keys_.data() + at, in);
+  n_++;
+  return Status::Ok();
+}
+
+Status Transaction::Delete(const Pos& pos) {
+  if (pos.btree_id >= kNrBtreeIds) return Err::kInvalidArgument;
+  KeyInput in;
+  in.pos = pos;
+  in.type = kKeyWhiteout;
+  const usize at = keys_.size();
+  TFS_TRY(keys_.Resize(at + KeySpace(0)));
+  PackKey(keys_.data() + at, in);
+  n_++;
+  return Status::Ok();
+}
+
+Result<u64> Transaction::Commit(journal::CommitMode mode) {
+  Btrees::Impl* im = trees_->impl_;
+  if (im == nullptr) {
+    Reset();
+    return Err::kInvalidArgument;
+  }
+  if (n_ == 0) return u64(0);
+  // Memory bound: while dirty nodes fill the cache, wait for the writer.
+  if (im->writer_running && im->dirty_nodes.Load(MemOrder::kRelaxed) * im->node_size > im->opt.cache_bytes) {
+    MutexLock l(im->wmu);
+    const u64 seen = im->ckpt_done;
+    im->wake = true;
+    im->wcv.Signal();
+    while (im->ckpt_done == seen && !im->stop &&
+           im->dirty_nodes.Load(MemOrder::kRelaxed) * im->node_size > im->opt.cache_bytes)
+      (void)im->done_cv.WaitFor(im->wmu, 100 * platform::kNsPerMs);
+  }
+  // The leaves to update are read now, before the journal commit, with no lock held.
+  Vector<journal::Key> jkeys;
+  Status st = jkeys.Reserve(n_);
+  for (usize off = 0; st.ok() && off < keys_.size();) {
+    const auto* h = reinterpret_cast<const KeyHeader*>(keys_.data() + off);
+    const u32 space = KeySpace(h->val_bytes.get());
+    jkeys.PushBack(journal::Key{journal::kKeyBtree, space, h}).IgnoreError();
+    st = TreeOps::Prefetch(im, KeyRef(h).pos());
+    off += space;
+  }
+  if (!st.ok()) {
+    Reset();
+    return st;
+  }
+  u64 seq = 0;
+  {
+    MutexLock c(im->commit_mu);
+    if (!im->failed.ok()) {
+      st = im->failed;
+    } else if (im->journal != nullptr) {
+      journal::Pin local;
+      auto r = im->journal->Commit(jkeys.data(), u32(jkeys.size()), 0, journal::CommitMode::kNoFlush,
+                                   im->pin.active ? nullptr : &local);
+      if (!r.ok()) {
+        st = r.status();
+      } else {
+        seq = r.value();
+        if (local.active) im->pin = local;
+      }
+    } else {
+      seq = im->applied_seq + 1;  // no journal (replay-time or tests): order only
+    }
+    for (usize i = 0; st.ok() && i < jkeys.size(); i++) {
+      const auto* h = static_cast<const KeyHeader*>(jkeys[i].val);
+      KeyInput in;
+      in.pos = KeyRef(h).pos();
+      in.type = h->type;
+      in.val_bytes = h->val_bytes.get();
+      in.value = h + 1;
+      st = TreeOps::ApplyKey(im, in, seq);
+      if (!st.ok()) im->failed = st;  // journaled but not applied: stop here
+      (in.type == kKeyWhiteout ? im->c_deletes : im->c_inserts).FetchAdd(1, MemOrder::kRelaxed);
+    }
+    if (st.ok()) im->applied_seq = seq;
+  }
+  Reset();
+  if (!st.ok()) return st;
+  im->c_commits.FetchAdd(1, MemOrder::kRelaxed);
+  if (mode == journal::CommitMode::kFlush && im->journal != nullptr) TFS_TRY(im->journal->Flush());
+  return seq;
+}
+
+// ---------------------------------------------------------------------------
+// Iterators: batches of keys copied from one leaf.
+
+Iterator::Iterator(Btrees* trees, u8 btree_id) : trees_(trees), id_(btree_id) {}
+
+Iterator::~Iterator() {
+  if (leaf_ != nullptr) TreeOps::Unref(leaf_);
+}
+
+Status Iterator::Seek(const Pos& pos) { return Move(Dir::kSeek, pos); }
+Status Iterator::SeekForPrev(const Pos& pos) { return Move(Dir::kSeekForPrev, pos); }
+Status Iterator::SeekToFirst() { return Move(Dir::kSeek, Pos::Min(id_)); }
+Status Iterator::SeekToLast() { return Move(Dir::kSeekForPrev, Pos::Max(id_)); }
+
+Status Iterator::Next() {
+  if (!valid_) return Err::kInvalidArgument;
+  if (leaf_ != nullptr && idx_ + 1 < offsets_.size() &&
+      leaf_->version.Load(MemOrder::kAcquire) == leaf_version_) {
+    SetCurrent(idx_ + 1);
+    return Status::Ok();
+  }
+  if (IsMax(pos_)) {
+    valid_ = false;
+    return Status::Ok();
+  }
+  batch_limit_ = Min<u32>(batch_limit_ * 2, kIterBatchMax);
+  return Fill(true, Succ(pos_));
+}
+
+Status Iterator::Prev() {
+  if (!valid_) return Err::kInvalidArgument;
+  if (leaf_ != nullptr && idx_ > 0 && leaf_->version.Load(MemOrder::kAcquire) == leaf_version_) {
+    SetCurrent(idx_ - 1);
+    return Status::Ok();
+  }
+  if (IsMin(pos_)) {
+    valid_ = false;
+    return Status::Ok();
+  }
+  batch_limit_ = Min<u32>(batch_limit_ * 2, kIterBatchMax);
+  return Fill(false, Pred(pos_));
+}
+
+Status Iterator::Move(Dir dir, const Pos& pos) {
+  valid_ = false;
+  if (pos.btree_id != id_ || trees_->impl_ == nullptr) return Err::kInvalidArgument;
+  batch_limit_ = kIterBatchMin;
+  return Fill(dir == Dir::kSeek, pos);
+}
+
+void Iterator::SetCurrent(u32 i) {
+  idx_ = i;
+  KeyRef k(reinterpret_cast<const KeyHeader*>(batch_.data() + offsets_[i]));
+  pos_ = k.pos();
+  value_ptr_ = k.value();
+  value_len_ = k.val_bytes();
+  valid_ = true;
+}
+
+// Copies up to batch_limit_ keys from the leaf holding `from`: the first keys >= from
+// (forward) or the last keys <= from (backward), crossing to the next leaf while
+// one has none.
+Status Iterator::Fill(bool forward, Pos from) {
+  Btrees::Impl* im = trees_->impl_;
+  Btrees::Tree& t = im->trees[id_];
+  valid_ = false;
+  for (;;) {
+    TreeOps::Miss miss;
+    t.lock.ReadLock();
+    if (t.root == nullptr) {
+      t.lock.ReadUnlock();
+      return Status::Ok();
+    }
+    CachedNode* leaf = TreeOps::Descend(im, t, from, 0, &miss);
+    if (leaf == nullptr) {
+      t.lock.ReadUnlock();
+      TFS_TRY(TreeOps::FetchMiss(im, t, miss));
+      continue;
+    }
+    if (leaf != leaf_) {
+      TreeOps::Ref(leaf);
+      if (leaf_ != nullptr) TreeOps::Unref(leaf_);
+      leaf_ = leaf;
+    }
+    leaf->lock.ReadLock();
+    leaf_version_ = leaf->version.Load(MemOrder::kAcquire);
+    const NodeInfo info = leaf->node.info();
+    batch_.Clear();
+    offsets_.Clear();
+    Status st;
+    NodeIter it(leaf->node);
+    u32 n = 0;
+    if (forward) {
+      for (it.Seek(from); it.Valid() && n < batch_limit_ && st.ok(); it.Next(), n++) {
+        KeyRef k = it.key();
+        const usize at = batch_.size();
+        st = offsets_.PushBack(u32(at));
+        if (st.ok()) st = batch_.Resize(at + k.space());
+        if (st.ok()) MemCopy(batch_.data() + at, k.raw(), k.space());
+      }
+    } else {
+      for (it.SeekForPrev(from); it.Valid() && n < batch_limit_ && st.ok(); it.Prev(), n++) {
+        KeyRef k = it.key();
+        const usize at = batch_.size();
+        st = offsets_.PushBack(u32(at));
+        if (st.ok()) st = batch_.Resize(at + k.space());
+        if (st.ok()) MemCopy(batch_.data() + at, k.raw(), k.space());
+      }
+    }
+    leaf->lock.ReadUnlock();
+    t.lock.ReadUnlock();
+    TFS_TRY(st);
+    if (n > 0) {
+      if (!forward) {  // keep the batch in ascending order
+        for (u32 i = 0, j = n - 1; i < j; i++, j--) Swap(offsets_[i], offsets_[j]);
+      }
+      SetCurrent(forward ? 0 : n - 1);
+      return Status::Ok();
+    }
+    // Nothing in this leaf on that side: move to the neighbour.
+    if (forward) {
+      if (IsMax(info.max)) return Status::Ok();
+      from = Succ(info.max);
+    } else {
+      if (IsMin(info.min)) return Status::Ok();
+      from = Pred(info.min);
+    }
+  }
+}
+
+}  // namespace tfs::btree
