@@ -34,6 +34,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -224,6 +225,18 @@ std::string UtcNow() {
   gmtime_r(&t, &tm_utc);
   strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm_utc);
   return buf;
+}
+
+// An interrupted run (^C, timeout) still removes its image.
+char g_image_path[4096];
+void OnSignal(int sig) {
+  unlink(g_image_path);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+void UnlinkOnSignal(const std::string& path) {
+  snprintf(g_image_path, sizeof g_image_path, "%s", path.c_str());
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, OnSignal);
 }
 
 // ---- phases ----
@@ -442,6 +455,7 @@ int BenchBtree(int argc, char** argv) {
   uint64_t n = 1000000;
   unsigned threads = 1;
   uint64_t cache_mb = 0;
+  uint32_t journal_mb = 0;
   std::string dir = "/var/tmp", json_path, image_size;
   app.add_option("--workload", workloads, "phases to run, comma-separated (always run in the order listed in --help)")
       ->delimiter(',');
@@ -453,6 +467,8 @@ int BenchBtree(int argc, char** argv) {
   app.add_option("--cache-mb", cache_mb, "btree node cache in MiB (default: the engine's default)")
       ->check(CLI::Range(uint64_t(1), uint64_t(1) << 20));
   app.add_option("--image-size", image_size, "size of the SSD image (default: N*256 bytes + 256M)");
+  app.add_option("--journal-mb", journal_mb, "journal size in MiB, 1 MiB buckets (default: format's automatic size)")
+      ->check(CLI::Range(8u, 4096u));
   app.footer(
       "phases: seq_insert seq_lookup seq_delete rand_insert rand_lookup rand_mixed.\n"
       "Keys are at {kBtreeTest, inode 0, offset KEY} with 8-byte values; one key per transaction,\n"
@@ -506,6 +522,7 @@ int BenchBtree(int argc, char** argv) {
     std::string p;
     ~Cleanup() { unlink(p.c_str()); }
   } cleanup{path};
+  UnlinkOnSignal(path);
   if (rc != 0) {
     PrintError(kCmd, path + ": " + strerror(rc));
     return 1;
@@ -515,6 +532,7 @@ int BenchBtree(int argc, char** argv) {
   CountingDevice counted(devs[0].get());
   engine::FormatMember m{&counted, "ssd.0", 1};
   engine::FormatOptions fo;
+  fo.journal_buckets = journal_mb;  // 0: automatic
   Diag diag;
   Status st = engine::Format(&m, 1, fo, &diag);
   BlockDevice* raw[] = {&counted};
@@ -527,6 +545,7 @@ int BenchBtree(int argc, char** argv) {
     return 1;
   }
 
+  uint64_t journal_bytes = uint64_t(e.sb().members[0].journal_nbuckets) * e.sb().bucket_size;
   std::string started = UtcNow();
   double load_start = LoadAverage1();
   Bench bench(&e, {&counted}, n, threads);
@@ -567,9 +586,9 @@ int BenchBtree(int argc, char** argv) {
   }
 
   uint64_t cache_bytes = cache_mb != 0 ? cache_mb << 20 : btree::Options{}.cache_bytes;
-  printf("btree benchmark: N=%llu, %u thread(s), cache %llu MiB, node %u KiB, image %s (%s)\n",
-         (unsigned long long)n, threads, (unsigned long long)(cache_bytes >> 20), node_size >> 10, path.c_str(),
-         devs[0]->direct() ? "O_DIRECT" : "buffered");
+  printf("btree benchmark: N=%llu, %u thread(s), cache %llu MiB, node %u KiB, journal %llu MiB, image %s (%s)\n",
+         (unsigned long long)n, threads, (unsigned long long)(cache_bytes >> 20), node_size >> 10,
+         (unsigned long long)(journal_bytes >> 20), path.c_str(), devs[0]->direct() ? "O_DIRECT" : "buffered");
   printf("%-11s %9s %8s %9s %8s %7s %7s %9s %7s %8s %8s %10s %8s %8s %8s\n", "phase", "ops", "seconds", "ops/s",
          "ns/op", "cpu_s", "rss_MiB", "write_MiB", "splits", "node_rd", "node_wr", "hits", "misses", "evicts",
          "restarts");
@@ -597,6 +616,8 @@ int BenchBtree(int argc, char** argv) {
   w.UintField("node_size", node_size);
   w.UintField("bucket_size", fo.bucket_size);
   w.UintField("image_bytes", bytes);
+  w.UintField("journal_mb_option", journal_mb);  // 0: --journal-mb not given (automatic)
+  w.UintField("journal_bytes", journal_bytes);
   w.StringField("image", path);
   w.BoolField("direct", devs[0]->direct());
   w.StringField("key_layout", "pos {btree kBtreeTest, inode 0, offset key}, 8-byte little-endian value");
