@@ -6,7 +6,7 @@
 Each FILE is either a `tierfs bench btree --json` document or a kvbench `--json`
 document; any mix and any number. Results are grouped by engine and key count N
 (tierfs runs with --cache-mb are their own engine, "tierfs cache=64M"), and several
-runs of the same (engine, N, phase, threads) are shown as their median. One table per
+runs of the same (engine, N, phase, threads) are shown as their median ("x3": of 3). One table per
 thread count; the peers run their seq_* phases single-threaded only, so their seq
 cells in the other tables are empty. --target adds a column of targets to the
 one-thread table. Called by scripts/bench-btree-compare; also used to generate the
@@ -32,13 +32,16 @@ class Column:
 
     engine: str
     n: int
-    runs: int = 0
+    runs: dict[int, int] = field(default_factory=dict)  # per thread count
     rates: dict[tuple[str, int], list[float]] = field(default_factory=dict)
 
-    @property
-    def title(self) -> str:
-        runs = f" x{self.runs}" if self.runs > 1 else ""
-        return f"{self.engine} {count(self.n)}{runs}"
+    def add(self, phase: str, threads: int, ops_per_sec: float) -> None:
+        self.rates.setdefault((phase, threads), []).append(ops_per_sec)
+        self.runs[threads] = max(self.runs.get(threads, 0), len(self.rates[(phase, threads)]))
+
+    def title(self, threads: int) -> str:
+        runs = self.runs.get(threads, 0)
+        return f"{self.engine} {count(self.n)}" + (f" x{runs}" if runs > 1 else "")
 
 
 def count(n: float) -> str:
@@ -83,17 +86,15 @@ def load(paths: list[Path]) -> list[Column]:
             cfg = doc["config"]
             engine = "tierfs" if not cfg.get("cache_mb_option") else f"tierfs cache={cfg['cache_mb_option']}M"
             col = column(engine, int(cfg["n"]))
-            col.runs += 1
             for p in doc["phases"]:
-                col.rates.setdefault((p["phase"], int(p["threads"])), []).append(float(p["ops_per_sec"]))
+                col.add(p["phase"], int(p["threads"]), float(p["ops_per_sec"]))
         elif doc.get("tool") == "kvbench":
             for e in doc["engines"]:
                 if not e.get("ok"):
                     continue
                 col = column(e["name"], int(doc["n"]))
-                col.runs += 1
                 for p in e["phases"]:
-                    col.rates.setdefault((p["phase"], int(p["threads"])), []).append(float(p["ops_per_s"]))
+                    col.add(p["phase"], int(p["threads"]), float(p["ops_per_s"]))
         else:
             raise SystemExit(f"bench_btree_compare: {path}: neither a tierfs btree nor a kvbench document")
     tierfs_first = sorted(columns.values(), key=lambda c: (not c.engine.startswith("tierfs"), c.engine, c.n))
@@ -108,7 +109,7 @@ def tables(columns: list[Column], targets: dict[str, float], markdown: bool) -> 
     thread_counts = sorted({t for c in columns for (_, t) in c.rates})
     out: list[str] = []
     for threads in thread_counts:
-        header = ["phase"] + [c.title for c in columns]
+        header = ["phase"] + [c.title(threads) for c in columns]
         with_targets = bool(targets) and threads == 1
         if with_targets:
             header.append("target")
@@ -123,7 +124,8 @@ def tables(columns: list[Column], targets: dict[str, float], markdown: bool) -> 
             rows.append(row)
         if not rows:
             continue
-        out.append(f"{threads} thread{'s' if threads > 1 else ''} (ops/s{', median of runs' if any(c.runs > 1 for c in columns) else ''}):")
+        several = any(c.runs.get(threads, 0) > 1 for c in columns)
+        out.append(f"{threads} thread{'s' if threads > 1 else ''} (ops/s{', xR: median of R runs' if several else ''}):")
         if markdown:
             out.append("")
             out.append("| " + " | ".join(header) + " |")
