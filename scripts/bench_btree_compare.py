@@ -105,6 +105,15 @@ def median(values: list[float] | None) -> float | None:
     return statistics.median(values) if values else None
 
 
+def cell(c: Column, phase: str, threads: int) -> str:
+    """Median ops/s; '(xK)' when fewer runs than the column title says."""
+    values = c.rates.get((phase, threads))
+    text = rate(median(values))
+    if values and len(values) != c.runs.get(threads, 0):
+        text += f" (x{len(values)})"
+    return text
+
+
 def tables(columns: list[Column], targets: dict[str, float], markdown: bool) -> str:
     thread_counts = sorted({t for c in columns for (_, t) in c.rates})
     out: list[str] = []
@@ -115,8 +124,8 @@ def tables(columns: list[Column], targets: dict[str, float], markdown: bool) -> 
             header.append("target")
         rows = []
         for phase in PHASES:
-            cells = [rate(median(c.rates.get((phase, threads)))) for c in columns]
-            if all(cell == "-" for cell in cells):
+            cells = [cell(c, phase, threads) for c in columns]
+            if all(x == "-" for x in cells):
                 continue
             row = [phase] + cells
             if with_targets:

@@ -48,6 +48,12 @@ def test_medians_and_columns(tmp_path: Path) -> None:
     assert seq[1] == "2.00M" and seq[-1] == "2.00M"  # median of 1M, 3M, 2M; the target
     assert "900k" in seq and "4.00M" in seq
     assert "seq_get" not in proc.stdout  # not a tierfs phase
+    lookup = next(line for line in one.splitlines() if line.startswith("rand_lookup"))
+    assert "1.50M" in lookup and "(x" not in lookup
+    docs.append(tierfs_doc(10_000_000, 1, {"seq_insert": 2e6}))  # a 4th run of one phase only
+    proc = run(tmp_path, docs)
+    lookup = next(line for line in proc.stdout.splitlines() if line.startswith("rand_lookup"))
+    assert "1.50M (x3)" in lookup and " x4" in proc.stdout
     seq2 = next(line.split() for line in two.splitlines() if line.startswith("seq_insert"))
     assert seq2 == ["seq_insert", "500k", "-", "-"]  # peers run seq phases with one thread only
     assert "target" not in two and "x3" not in two  # one two-thread run
