@@ -79,8 +79,10 @@ Status Node::Init(u32 node_size, const NodeInfo& info) {
     return Err::kInvalidArgument;
   Status st = sets_.Reserve(kMaxSets);
   if (!st.ok()) return st;
-  buf_ = static_cast<u8*>(platform::Alloc(node_size, kNodeAlign, true));
+  // Only [0, used_bytes) is ever read: zero the header, not the whole buffer.
+  buf_ = static_cast<u8*>(platform::Alloc(node_size, kNodeAlign, false));
   if (buf_ == nullptr) return Err::kNoMemory;
+  MemSet(buf_, 0, sizeof(NodeHeader));
   node_size_ = node_size;
   used_ = u32(sizeof(NodeHeader));
   info_ = info;
@@ -265,7 +267,7 @@ Status Node::Compact(u32 first) {
   return Status::Ok();
 }
 
-bool Node::OpenSetInsert(const KeyInput& key, u64 journal_seq) {
+bool Node::OpenSetInsert(const KeyInput& key, u64 journal_seq, bool force) {
   Set& s = sets_.back();
   auto* h = const_cast<SetHeader*>(s.header());
   const u32 n = s.size();
@@ -276,7 +278,7 @@ bool Node::OpenSetInsert(const KeyInput& key, u64 journal_seq) {
   const u32 key_bytes = h->key_bytes.get();
   if (space > old_space) {
     const u32 grow = space - old_space;
-    if (key_bytes + grow > kOpenSetBytes || grow > free_bytes()) return false;
+    if ((!force && key_bytes + grow > kOpenSetBytes) || grow > free_bytes()) return false;
   }
   if (!replace && !s.Reserve(n + 1).ok()) return false;
   u8* base = reinterpret_cast<u8*>(h);
@@ -322,9 +324,17 @@ Status Node::Upsert(const KeyInput& key, u64 journal_seq) {
   TFS_TRY(CheckKeyInput(key, info_.btree_id));
   if (key.pos < info_.min || key.pos > info_.max) return Err::kInvalidArgument;
   for (int attempt = 0;; attempt++) {
-    if (open_ && OpenSetInsert(key, journal_seq)) return Status::Ok();
+    if (open_ && OpenSetInsert(key, journal_seq, false)) return Status::Ok();
     if (NewOpenSet(key, journal_seq)) return Status::Ok();
-    if (attempt == 2) return Err::kNoSpace;
+    if (attempt == 2) {
+      // Compacted whole and still full: a new version of a key the node holds
+      // may still replace the old one in place (the node's one set).
+      if (sets_.size() == 1 && sets_[0].Find(key.pos) < sets_[0].size() && OpenSetInsert(key, journal_seq, true)) {
+        open_ = true;
+        return Status::Ok();
+      }
+      return Err::kNoSpace;
+    }
     // Out of sets or space. Merge the newest sets while they are small next to
     // set 0 (cheap: set 0 is not copied); otherwise rewrite the whole node, which
     // also drops shadowed versions and whiteouts.

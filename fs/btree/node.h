@@ -127,8 +127,9 @@ class Node {
   void Reset();
   void SealHeader();
   Status IndexSets(u32 from);
-  // Inserts or replaces `key` in the open set; false if it has no room for it.
-  bool OpenSetInsert(const KeyInput& key, u64 journal_seq);
+  // Inserts or replaces `key` in the newest set; false if it has no room for it
+  // (`force`: ignore the open set's size limit, only the node's space counts).
+  bool OpenSetInsert(const KeyInput& key, u64 journal_seq, bool force);
   // Starts a new open set holding `key`; false if there is no set or space left.
   bool NewOpenSet(const KeyInput& key, u64 journal_seq);
 

@@ -612,3 +612,32 @@ TEST(NodeUpsertTest, RandomUpsertsMatchModelAndImageRoundTrips) {
 
 }  // namespace
 }  // namespace tfs::btree
+
+namespace tfs::btree {
+namespace {
+
+// A 4 KiB node holds one key of the largest size: replacing it with a new
+// version of the same size must succeed in place; a second such key must not fit.
+TEST(NodeUpsertTest, FullNodeReplacesItsOnlyLargestKey) {
+  Node node;
+  ASSERT_TRUE(node.Init(4096, Info(3)).ok());
+  std::vector<u8> v(kMaxValueBytes, 0xab);
+  KeyInput in;
+  in.pos = P(1, 1);
+  in.value = v.data();
+  in.val_bytes = kMaxValueBytes;
+  ASSERT_TRUE(node.Upsert(in, 1).ok());
+  for (int i = 0; i < 5; i++) {
+    v.assign(kMaxValueBytes, u8(i));
+    ASSERT_TRUE(node.Upsert(in, 2 + i).ok()) << i;
+    KeyRef k = node.Find(P(1, 1));
+    ASSERT_TRUE(k.valid());
+    ASSERT_EQ(k.value()[kMaxValueBytes - 1], u8(i));
+  }
+  in.pos = P(1, 2);
+  ASSERT_EQ(node.Upsert(in, 9).code(), Err::kNoSpace);
+  ASSERT_EQ(node.CountKeys(), 1u);
+}
+
+}  // namespace
+}  // namespace tfs::btree

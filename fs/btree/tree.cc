@@ -23,6 +23,7 @@ struct CachedNode {
   Atomic<u8> dead{0};             // replaced by a structure change
   bool dirty = false;             // changed since the last image (leaf lock / tree lock)
   u64 imaged = 0;                 // checkpoint number that last took an image
+  u64 compacted_version = ~u64(0);  // version at which a merge check compacted it
   ListNode lru;                   // on Impl::lru while in the tree (cache_mu)
   u32 charged = 0;                // bytes counted in the cache
 };
@@ -131,7 +132,7 @@ struct Btrees::Impl {
   Atomic<u64> c_splits{0}, c_merges{0}, c_root_grows{0}, c_root_shrinks{0};
   Atomic<u64> c_hits{0}, c_misses{0}, c_evictions{0};
   Atomic<u64> c_reads{0}, c_read_bytes{0}, c_corrupt{0};
-  Atomic<u64> c_writes{0}, c_write_bytes{0}, c_checkpoints{0};
+  Atomic<u64> c_writes{0}, c_write_bytes{0}, c_checkpoints{0}, c_throttles{0};
 };
 
 // ---------------------------------------------------------------------------
@@ -442,6 +443,7 @@ class TreeOps {
           const Set& s = p->node.set(0);
           u32 i = s.LowerBound(miss.max);
           if (i < s.size() && p->children[i] == nullptr && ReadPtr(s.Key(i)).seq.get() == miss.ptr.seq.get()) {
+            n->accessed.Store(1, MemOrder::kRelaxed);
             p->children[i] = n;
             n->parent = p;
             linked = true;
@@ -454,8 +456,13 @@ class TreeOps {
       return Status::Ok();
     }
     Charge(im, n);
-    EvictIfNeeded(im);
+    // No eviction here: the caller restarts to use this node. Operations evict
+    // when they finish (MaybeEvict), and the clock bit spares it one pass.
     return Status::Ok();
+  }
+
+  static void MaybeEvict(Impl* im) {
+    if (im->cached_bytes.Load(MemOrder::kRelaxed) > im->opt.cache_bytes) EvictIfNeeded(im);
   }
 
   static bool StillPointsTo(Impl* im, Tree& t, const Miss& miss) {
@@ -491,7 +498,7 @@ class TreeOps {
       CachedNode* victims = nullptr;
       {
         MutexLock l(im->cache_mu);
-        usize budget = im->lru.size() * 2;
+        usize budget = im->lru.size();  // one pass: a node used since the last one survives
         CachedNode* n = im->lru.front();
         while (n != nullptr && budget-- > 0 && im->cached_bytes.Load(MemOrder::kRelaxed) > goal) {
           CachedNode* next = im->lru.Next(n);
@@ -722,8 +729,6 @@ class TreeOps {
       CachedNode* p = n->parent;
       if (p == nullptr) return;
       if (n->node.live_estimate() >= im->node_size / 4) return;
-      if (n->node.nsets() > 1 && !n->node.Compact(0).ok()) return;  // its real size
-      if (n->node.used_bytes() >= im->node_size / 4) return;
       const u32 i = ChildIndex(p, n);
       CachedNode* left = nullptr;
       CachedNode* right = nullptr;
@@ -736,6 +741,30 @@ class TreeOps {
       } else {
         return;  // no cached sibling: a later update retries
       }
+      // Live bytes are at most the estimates (which miss overwritten versions):
+      // rule out merges that cannot fit before building anything, compacting a
+      // node to learn its real size only when that could change the answer --
+      // the sibling at most once per version of it, so that each update of a
+      // nearly empty node next to a full one does not rebuild the full one.
+      const u64 limit = im->node_size / 4 * 3 + sizeof(NodeHeader);
+      CachedNode* sib = left == n ? right : left;
+      u64 sib_live = sib->node.live_estimate();
+      if (sib_live > limit && sib->node.nsets() > 1 && sib->compacted_version != sib->version.Load()) {
+        if (!sib->node.Compact(0).ok()) return;
+        sib->compacted_version = sib->version.Load();
+        sib_live = sib->node.used_bytes();
+      }
+      if (sib_live > limit) return;
+      if (n->node.live_estimate() + sib_live > limit || n->node.nsets() > 1) {
+        if (n->node.nsets() > 1 && !n->node.Compact(0).ok()) return;
+        if (n->node.used_bytes() + sib_live > limit) {
+          if (sib->node.nsets() <= 1 || sib->compacted_version == sib->version.Load()) return;
+          if (!sib->node.Compact(0).ok()) return;
+          sib->compacted_version = sib->version.Load();
+          if (n->node.used_bytes() + sib->node.used_bytes() > limit) return;
+        }
+      }
+      if (n->node.used_bytes() >= im->node_size / 4) return;
       const Node* src[] = {&left->node, &right->node};
       CachedNode* m = nullptr;
       const NodeInfo& li = left->node.info();
@@ -897,6 +926,20 @@ class TreeOps {
       if (im->open_next < im->slots_per_bucket) return;  // still filling it
       im->open_valid = false;
     }
+    alloc::Bucket bk = im->alloc->Get(m, b);
+    if (bk.state == alloc::BucketState::kBtree) im->alloc->Free(alloc::BucketRef{m, b, bk.gen}).IgnoreError();
+  }
+
+  // At unmount: the bucket slots were being taken from is no longer "being
+  // filled"; freed if it holds no live node (a checkpoint's unused reserve),
+  // so that a clean filesystem has no btree bucket without nodes.
+  static void ReleaseOpenBucket(Impl* im) {
+    MutexLock l(im->slot_mu);
+    if (!im->open_valid) return;
+    im->open_valid = false;
+    const u32 m = im->open_bucket.dev;
+    const u64 b = im->open_bucket.bucket;
+    if (im->live[m][b] != 0) return;
     alloc::Bucket bk = im->alloc->Get(m, b);
     if (bk.state == alloc::BucketState::kBtree) im->alloc->Free(alloc::BucketRef{m, b, bk.gen}).IgnoreError();
   }
@@ -1125,8 +1168,23 @@ class TreeOps {
 
   // --- writer thread --------------------------------------------------------------
 
-  static bool WriterShouldRun(Impl* im) {
-    return im->wake || im->dirty_nodes.Load(MemOrder::kRelaxed) * im->node_size > im->opt.cache_bytes / 2;
+  // Journal ring space: checkpoint once half of it is held, throttle commits
+  // once three quarters are (so that the journal never fills with commits the
+  // checkpoint's write-ahead flush would need room for).
+  static bool JournalBelow(Impl* im, u32 num, u32 den) {
+    if (im->journal == nullptr) return false;
+    journal::Stats js = im->journal->GetStats();
+    return u64(js.free_buckets) * den < u64(js.ring_buckets) * num;
+  }
+
+  // Whether the journal needs room that the trees hold (their pin is set).
+  static bool JournalNeedsRoom(Impl* im) {
+    bool pinned;
+    {
+      MutexLock c(im->commit_mu);
+      pinned = im->pin.active;
+    }
+    return pinned && JournalBelow(im, 1, 2);
   }
 
   static void WriterMain(void* arg);
@@ -1265,19 +1323,28 @@ void TreeOps::WriterMain(void* arg) {
   Impl* im = self->impl_;
   MutexLock l(im->wmu);
   while (!im->stop) {
-    if (!WriterShouldRun(im)) {
+    const bool memory = im->dirty_nodes.Load(MemOrder::kRelaxed) * im->node_size > im->opt.cache_bytes / 2;
+    const bool room = JournalNeedsRoom(im);
+    if (!im->wake && !memory && !room) {
       (void)im->wcv.WaitFor(im->wmu, 100 * platform::kNsPerMs);
       continue;
     }
     im->wake = false;
     im->wmu.Unlock();
-    Status st = self->Checkpoint();
+    // The allocator's pin holds the journal too: checkpoint it as well when the
+    // journal needs room (journal reclaim would, once the ring is full).
+    Status st = room ? im->alloc->Checkpoint() : Status::Ok();
+    if (st.ok()) st = self->Checkpoint();
+    // Make the ring space the checkpoints released reusable at once.
+    if (st.ok() && im->journal != nullptr) st = im->journal->AdvanceLastSeq();
     if (!st.ok()) platform::Log(platform::LogLevel::kError, "btree: checkpoint failed: %s", st.Message());
     EvictIfNeeded(im);
     im->wmu.Lock();
     im->ckpt_done++;
     im->done_cv.Broadcast();
-    if (!st.ok()) (void)im->wcv.WaitFor(im->wmu, 1000 * platform::kNsPerMs);
+    // Do not spin when a checkpoint cannot help (or failed).
+    if (!st.ok() || (room && !memory && JournalBelow(im, 1, 2)))
+      (void)im->wcv.WaitFor(im->wmu, (st.ok() ? 100 : 1000) * platform::kNsPerMs);
   }
 }
 
@@ -1309,6 +1376,7 @@ Status Btrees::Close() {
   }
   Status st;
   if (!im->opt.read_only && im->opened) st = Checkpoint();
+  if (st.ok() && !im->opt.read_only) TreeOps::ReleaseOpenBucket(im);
   if (im->journal != nullptr && im->pin.active) im->journal->PinDrop(&im->pin);
   for (u32 id = 0; id < kNrBtreeIds; id++) {
     Tree& t = im->trees[id];
@@ -1336,6 +1404,7 @@ Status Btrees::ApplyReplayed(u64 seq, const journal::Key& key) {
       (in.type == kKeyWhiteout && in.val_bytes != 0))
     return Err::kCorrupt;
   TFS_TRY(TreeOps::ApplyKey(im, in, seq));
+  TreeOps::MaybeEvict(im);
   MutexLock c(im->commit_mu);
   if (seq > im->applied_seq) im->applied_seq = seq;
   return Status::Ok();
@@ -1385,6 +1454,7 @@ Result<u32> Btrees::Get(const Pos& pos, void* buf, u32 cap) {
     }
     leaf->lock.ReadUnlock();
     t.lock.ReadUnlock();
+    TreeOps::MaybeEvict(im);
     if (!k.valid()) return Err::kNotFound;
     return len;
   }
@@ -1414,6 +1484,7 @@ Stats Btrees::GetStats() const {
   s.node_writes = L(im->c_writes);
   s.node_write_bytes = L(im->c_write_bytes);
   s.checkpoints = L(im->c_checkpoints);
+  s.throttles = L(im->c_throttles);
   s.cached_nodes = L(im->cached_nodes);
   s.cached_bytes = L(im->cached_bytes);
   s.dirty_nodes = L(im->dirty_nodes);
@@ -1453,6 +1524,38 @@ Status Btrees::ForEachNode(Status (*fn)(void* ctx, const NodeVisit& v), void* ct
     const NodePtrFormat& rp = roots_.roots[id];
     if (rp.member == kNoMember) continue;
     TFS_TRY(Walk::Visit(im, rp, Pos::Max(u8(id)), fn, ctx, diag));
+  }
+  return Status::Ok();
+}
+
+Status Btrees::ForEachNodeContinuing(Status (*fn)(void* ctx, const NodeVisit& v),
+                                     Status (*bad)(void* ctx, const NodeError& e), void* ctx) {
+  Impl* im = impl_;
+  if (im == nullptr) return Err::kInvalidArgument;
+  struct Walk {
+    static Status Visit(Impl* im, const NodePtrFormat& p, const Pos& max, Status (*fn)(void*, const NodeVisit&),
+                        Status (*bad)(void*, const NodeError&), void* ctx) {
+      CachedNode* n = nullptr;
+      Diag d;
+      Status st = TreeOps::ReadNode(im, p, max, &n, &d);
+      if (!st.ok()) return bad(ctx, NodeError{&p, max, st, d.empty() ? st.Message() : d.text});
+      NodeVisit v{&n->node, &p};
+      st = fn(ctx, v);
+      if (st.ok() && n->node.info().level > 0) {
+        const Set& s = n->node.set(0);
+        for (u32 i = 0; i < s.size() && st.ok(); i++) {
+          NodePtrFormat cp = ReadPtr(s.Key(i));
+          st = Visit(im, cp, s.Key(i).pos(), fn, bad, ctx);
+        }
+      }
+      platform::Delete(n);
+      return st;
+    }
+  };
+  for (u32 id = 0; id < kNrBtreeIds; id++) {
+    const NodePtrFormat& rp = roots_.roots[id];
+    if (rp.member == kNoMember) continue;
+    TFS_TRY(Walk::Visit(im, rp, Pos::Max(u8(id)), fn, bad, ctx));
   }
   return Status::Ok();
 }
@@ -1501,15 +1604,22 @@ Result<u64> Transaction::Commit(journal::CommitMode mode) {
     return Err::kInvalidArgument;
   }
   if (n_ == 0) return u64(0);
-  // Memory bound: while dirty nodes fill the cache, wait for the writer.
-  if (im->writer_running && im->dirty_nodes.Load(MemOrder::kRelaxed) * im->node_size > im->opt.cache_bytes) {
-    MutexLock l(im->wmu);
-    const u64 seen = im->ckpt_done;
-    im->wake = true;
-    im->wcv.Signal();
-    while (im->ckpt_done == seen && !im->stop &&
-           im->dirty_nodes.Load(MemOrder::kRelaxed) * im->node_size > im->opt.cache_bytes)
-      (void)im->done_cv.WaitFor(im->wmu, 100 * platform::kNsPerMs);
+  // Throttle: while dirty nodes fill the cache, or the journal ring is three
+  // quarters held, wait for the writer's checkpoint (no lock held).
+  // (The journal's ring is looked at every 64 commits: it takes the journal lock.)
+  const bool check_journal = (im->c_commits.Load(MemOrder::kRelaxed) & 63) == 0;
+  if (im->writer_running) {
+    for (int round = 0; round < 50; round++) {
+      const bool memory = im->dirty_nodes.Load(MemOrder::kRelaxed) * im->node_size > im->opt.cache_bytes;
+      if (!memory && !(check_journal && TreeOps::JournalBelow(im, 1, 4))) break;
+      MutexLock l(im->wmu);
+      if (im->stop) break;
+      const u64 seen = im->ckpt_done;
+      im->wake = true;
+      im->wcv.Signal();
+      im->c_throttles.FetchAdd(1, MemOrder::kRelaxed);
+      while (im->ckpt_done == seen && !im->stop) (void)im->done_cv.WaitFor(im->wmu, 100 * platform::kNsPerMs);
+    }
   }
   // The leaves to update are read now, before the journal commit, with no lock held.
   Vector<journal::Key> jkeys;
@@ -1557,6 +1667,7 @@ Result<u64> Transaction::Commit(journal::CommitMode mode) {
     if (st.ok()) im->applied_seq = seq;
   }
   Reset();
+  TreeOps::MaybeEvict(im);
   if (!st.ok()) return st;
   im->c_commits.FetchAdd(1, MemOrder::kRelaxed);
   if (mode == journal::CommitMode::kFlush && im->journal != nullptr) TFS_TRY(im->journal->Flush());
@@ -1675,6 +1786,7 @@ Status Iterator::Fill(bool forward, Pos from) {
     leaf->lock.ReadUnlock();
     t.lock.ReadUnlock();
     TFS_TRY(st);
+    TreeOps::MaybeEvict(im);
     if (n > 0) {
       if (!forward) {  // keep the batch in ascending order
         for (u32 i = 0, j = n - 1; i < j; i++, j--) Swap(offsets_[i], offsets_[j]);

@@ -83,6 +83,7 @@ struct Stats {
   u64 node_reads, node_read_bytes, corrupt_reads;
   u64 node_writes, node_write_bytes;
   u64 checkpoints;
+  u64 throttles;                       // commits that waited for a checkpoint (memory, journal)
   u64 cached_nodes, cached_bytes, dirty_nodes, dirty_bytes;  // now
   u64 depth[kNrBtreeIds];              // levels per tree now (0 = empty)
 };
@@ -227,6 +228,18 @@ class Btrees {
     const NodePtrFormat* ptr;  // how the parent (or the roots block) points to it
   };
   Status ForEachNode(Status (*fn)(void* ctx, const NodeVisit& v), void* ctx, Diag* diag = nullptr);
+  // For fsck: like ForEachNode, but a node that cannot be read or fails
+  // verification (checksums, identity, interior structure) does not end the walk:
+  // `bad` is told which pointer led to it and why, its subtree is skipped and the
+  // walk goes on with the next sibling. fn or bad return non-Ok to stop.
+  struct NodeError {
+    const NodePtrFormat* ptr;  // the pointer (of the parent or the roots block)
+    Pos max;                   // the max that pointer implies
+    Status status;             // kCorrupt-class: a bad node; else e.g. kIo, kNoMemory
+    const char* text;          // the Diag: which node and what is wrong
+  };
+  Status ForEachNodeContinuing(Status (*fn)(void* ctx, const NodeVisit& v),
+                               Status (*bad)(void* ctx, const NodeError& e), void* ctx);
 
  private:
   friend class Transaction;

@@ -1,5 +1,5 @@
-// Offline check and repair of superblocks, member set, journal and allocation
-// state (see fsck.h). Reads through the same code mount uses, so every on-disk
+// Offline check and repair of superblocks, member set, journal, allocation state
+// and btrees (see fsck.h). Reads through the same code mount uses, so every on-disk
 // structure is validated exactly as strictly.
 #include "fsck/fsck.h"
 
@@ -95,6 +95,326 @@ void CheckAllocator(engine::Engine& e, const Options& opt, Ctx& c) {
   }
 }
 
+// ---------------------------------------------------------------------------
+// The btree pass. Every node the roots block reaches is read from disk and
+// verified as mount verifies it (checksums, identity against the parent's pointer,
+// interior structure); a node that fails does not end the walk: its subtree is
+// skipped and its siblings are still checked. Then the shape is checked again here
+// from what the walk saw (key order, bounds, each child's range = previous key + 1
+// .. its key), every node slot against the allocator, and statistics are printed.
+
+const char* const kBtreeNames[btree::kNrBtreeIds] = {"inodes", "dirents",      "extents",   "xattrs",
+                                                     "alloc",  "backpointers", "reconcile", "test"};
+constexpr u32 kMaxLines = 10;  // per kind of finding; the rest are counted
+
+// A bucket whose state the btrees contradict, and the state it should have.
+struct BucketFix {
+  u32 member;
+  u64 bucket;
+  alloc::BucketState want;
+};
+
+struct BtreeFindings {
+  Vector<BucketFix> fixes;
+};
+
+btree::Pos PtrMin(const btree::NodePtrFormat& p) {
+  return btree::Pos{p.btree_id, p.min_inode.get(), p.min_offset.get()};
+}
+
+btree::Pos Succ(btree::Pos p) {
+  if (++p.offset == 0) p.inode++;
+  return p;
+}
+
+struct BtreeCheck {
+  // What the parent said about one child: where it is and which range it covers.
+  struct Expect {
+    u8 member;
+    u64 offset;
+    u64 seq;
+    btree::Pos min, max;
+  };
+  struct TreeStats {
+    u64 nodes = 0, leaves = 0, keys = 0, bad = 0;  // bad: failed to read or verify
+    u32 depth = 0;
+  };
+
+  Ctx* c = nullptr;
+  const sb::Superblock* sb = nullptr;
+  u32 node_size = 0;
+  Vector<u64> slots[dev::kMaxDevices];  // bitmap: node slots referenced so far
+  Vector<u32> refs[dev::kMaxDevices];   // referenced node slots per bucket
+  // Children of the last interior node visited at level l + 1: the walk is
+  // depth-first with children in key order, so the next node at level l is child
+  // next[l] of it.
+  Vector<Expect> expect[btree::kMaxLevel + 1];
+  u32 next[btree::kMaxLevel + 1] = {};
+  bool root_seen[btree::kNrBtreeIds] = {};
+  TreeStats stats[btree::kNrBtreeIds];
+  u32 node_errors = 0, lines = 0;
+  u32 lost_subtrees = 0;  // interior nodes that could not be read: slots unknown
+  Status stop;            // an operational failure (out of memory)
+
+  void Error(const char* fmt, ...) TFS_PRINTF(2, 3) {
+    c->report->errors++;
+    node_errors++;
+    if (++lines > kMaxLines) return;
+    char buf[300];
+    __builtin_va_list ap;
+    __builtin_va_start(ap, fmt);
+    tfs_plat_vsnprintf(buf, sizeof(buf), fmt, ap);
+    __builtin_va_end(ap);
+    c->Line("btree: %s", buf);
+  }
+
+  Status Init() {
+    for (u32 m = 0; m < sb->nr_members; m++) {
+      const u64 nslots = sb->members[m].nbuckets * (sb->bucket_size / node_size);
+      TFS_TRY(slots[m].Resize((nslots + 63) / 64));
+      for (usize i = 0; i < slots[m].size(); i++) slots[m][i] = 0;
+      TFS_TRY(refs[m].Resize(sb->members[m].nbuckets));
+      for (usize i = 0; i < refs[m].size(); i++) refs[m][i] = 0;
+    }
+    return Status::Ok();
+  }
+
+  // Marks the slot a pointer names as referenced; a second reference is an error.
+  // Pointers outside the bucket area were already reported by the read.
+  void Reference(const btree::NodePtrFormat& p, const char* name) {
+    const u64 off = p.offset.get();
+    if (p.member >= sb->nr_members || off < sb::kBucketsOffset || off % node_size != 0) return;
+    const u64 slot = (off - sb::kBucketsOffset) / node_size;
+    const u64 bucket = (off - sb::kBucketsOffset) / sb->bucket_size;
+    if (bucket >= refs[p.member].size()) return;
+    u64& word = slots[p.member][slot / 64];
+    if (word & (u64(1) << (slot % 64))) {
+      Error("%s: node at member %s offset %llu is referenced twice", name, sb->members[p.member].label,
+            (unsigned long long)off);
+      return;
+    }
+    word |= u64(1) << (slot % 64);
+    refs[p.member][bucket]++;
+  }
+
+  // Where the node this pointer names must be and which range it must cover; false
+  // (after reporting) when the walk is not where its parent said it would be.
+  bool Expected(const btree::NodePtrFormat& p, Expect* out) {
+    const u8 id = p.btree_id;
+    if (!root_seen[id]) {
+      root_seen[id] = true;
+      for (u32 l = 0; l <= btree::kMaxLevel; l++) {
+        expect[l].Clear();
+        next[l] = 0;
+      }
+      stats[id].depth = p.level + 1u;
+      *out = Expect{p.member, p.offset.get(), p.seq.get(), btree::Pos::Min(id), btree::Pos::Max(id)};
+      return true;
+    }
+    const u8 l = p.level;
+    if (next[l] >= expect[l].size()) {
+      Error("%s: walk reached a level-%u node no parent names", kBtreeNames[id], unsigned(l));
+      return false;
+    }
+    *out = expect[l][next[l]++];
+    return true;
+  }
+
+  static Status OnNode(void* ctx, const btree::Btrees::NodeVisit& v) {
+    auto* self = static_cast<BtreeCheck*>(ctx);
+    self->Visit(*v.node, *v.ptr);
+    return self->stop;
+  }
+
+  static Status OnError(void* ctx, const btree::Btrees::NodeError& e) {
+    auto* self = static_cast<BtreeCheck*>(ctx);
+    if (e.status.Is(ErrorClass::kNoMemory)) return e.status;
+    const btree::NodePtrFormat& p = *e.ptr;
+    if (p.btree_id >= btree::kNrBtreeIds || p.level > btree::kMaxLevel) {  // checked by the parent's read
+      self->Error("bad node pointer: %s", e.text);
+      return Status::Ok();
+    }
+    Expect ex;
+    (void)self->Expected(p, &ex);  // keeps the walk's place among its siblings
+    self->Reference(p, kBtreeNames[p.btree_id]);
+    if (p.level > 0) self->lost_subtrees++;
+    self->stats[p.btree_id].bad++;
+    self->Error("%s: level-%u node at member %s offset %llu (seq %llu): %s", kBtreeNames[p.btree_id],
+                unsigned(p.level), p.member < self->sb->nr_members ? self->sb->members[p.member].label : "?",
+                (unsigned long long)p.offset.get(), (unsigned long long)p.seq.get(), e.text);
+    return Status::Ok();
+  }
+
+  void Visit(const btree::Node& node, const btree::NodePtrFormat& p) {
+    const btree::NodeInfo& info = node.info();
+    const char* name = kBtreeNames[info.btree_id];
+    const char* label = sb->members[p.member].label;
+    const unsigned long long off = p.offset.get();
+    Expect ex;
+    if (!Expected(p, &ex)) return;
+    Reference(p, name);
+    TreeStats& ts = stats[info.btree_id];
+    ts.nodes++;
+    // The node is the one its parent names, and covers the range the parent gave it.
+    if (ex.member != p.member || ex.offset != off || ex.seq != info.seq || info.min != ex.min ||
+        info.max != ex.max) {
+      Error("%s: node at member %s offset %llu is not the node or range its parent names", name, label, off);
+    }
+    if (info.level == 0) {
+      ts.leaves++;
+      // Visible keys in order, inside [min, max].
+      btree::NodeIter it(node);
+      bool first = true;
+      btree::Pos prev{};
+      for (it.SeekToFirst(); it.Valid(); it.Next()) {
+        const btree::Pos pos = it.pos();
+        if (pos < info.min || pos > info.max || (!first && pos <= prev)) {
+          Error("%s: leaf at member %s offset %llu: key out of order or outside the node's range", name, label,
+                off);
+          break;
+        }
+        prev = pos;
+        first = false;
+        ts.keys++;
+      }
+      return;
+    }
+    // Interior: child i covers (key i-1) + 1 .. key i; the first starts at the
+    // node's min, the last ends at its max.
+    const u8 cl = u8(info.level - 1);
+    expect[cl].Clear();
+    next[cl] = 0;
+    const btree::Set& s = node.set(0);
+    btree::Pos want_min = info.min;
+    for (u32 i = 0; i < s.size(); i++) {
+      btree::KeyRef k = s.Key(i);
+      btree::NodePtrFormat cp;
+      MemCopy(&cp, k.value(), sizeof(cp));
+      const btree::Pos key = k.pos();
+      // key >= want_min: after the previous key, so the range is not empty.
+      const bool wraps = key == btree::Pos::Max(info.btree_id) && i + 1 < s.size();
+      if (key < want_min || key > info.max || wraps || PtrMin(cp) != want_min || cp.level != cl ||
+          cp.btree_id != info.btree_id) {
+        Error("%s: interior node at member %s offset %llu: child %u does not cover (previous key + 1 .. its key)",
+              name, label, off, i);
+      }
+      Status st = expect[cl].PushBack(Expect{cp.member, cp.offset.get(), cp.seq.get(), PtrMin(cp), key});
+      if (!st.ok()) {
+        stop = st;
+        return;
+      }
+      want_min = Succ(key);
+    }
+    if (s.size() == 0 || s.Key(s.size() - 1).pos() != info.max)
+      Error("%s: interior node at member %s offset %llu: children end before the node's max", name, label, off);
+  }
+};
+
+// Walks the trees of an open engine and checks their slots against the allocator.
+// Problems with the allocator's btree buckets go to `found` (repaired by the caller).
+// After an unclean shutdown a btree bucket without nodes is expected (the bucket a
+// checkpoint was filling, or one an interrupted checkpoint wrote): a note, since
+// the next mount frees it.
+void CheckBtrees(engine::Engine& e, bool was_clean, Ctx& c, BtreeFindings* found) {
+  // 1. The roots block.
+  btree::Roots roots;
+  Diag d;
+  Status st = btree::ReadRoots(e.devs(), e.sb(), &roots, &d);
+  if (!st.ok()) {
+    c.report->errors++;
+    c.Line("btree: %s", d.empty() ? st.Message() : d.text);
+    return;
+  }
+  BtreeCheck* bc = platform::New<BtreeCheck>();  // ~1.5 KiB of arrays: not on a kernel stack
+  if (bc != nullptr) {
+    bc->c = &c;
+    bc->sb = &e.sb();
+    bc->node_size = e.btrees().node_size();
+    st = bc->Init();
+  }
+  if (bc == nullptr || !st.ok()) {
+    c.Line("btree: out of memory");
+    c.report->exit_code = kExitOperational;
+    platform::Delete(bc);
+    return;
+  }
+  // 2, 3. Every node, and the shape.
+  st = e.btrees().ForEachNodeContinuing(BtreeCheck::OnNode, BtreeCheck::OnError, bc);
+  if (!st.ok()) {
+    c.Line("btree: walking the trees failed: %s", st.Message());
+    c.report->exit_code = kExitOperational;
+    platform::Delete(bc);
+    return;
+  }
+  if (bc->lines > kMaxLines) c.Line("btree: %u more node errors", bc->lines - kMaxLines);
+  // 4. Slots against buckets, both ways. Unless a subtree was lost: its nodes'
+  // buckets would look unused, and freeing them would destroy what is left of it.
+  const sb::Superblock& s = e.sb();
+  u32 bad = 0;
+  for (u32 m = 0; m < s.nr_members && bc->lost_subtrees == 0; m++) {
+    for (u64 b = 0; b < s.members[m].nbuckets; b++) {
+      const alloc::BucketState state = e.alloc().Get(m, b).state;
+      const u32 used = bc->refs[m][b];
+      const bool is_btree = state == alloc::BucketState::kBtree;
+      if ((used != 0) == is_btree) continue;
+      if (used == 0 && !was_clean) {
+        c.report->notes++;
+        c.Line("btree: %s: bucket %llu holds no node (not cleanly unmounted: the next mount frees it)",
+               s.members[m].label, (unsigned long long)b);
+        continue;
+      }
+      c.report->errors++;
+      if (++bad <= kMaxLines) {
+        if (used != 0)
+          c.Line("btree: %s: bucket %llu holds %u nodes but is %s", s.members[m].label, (unsigned long long)b, used,
+                 alloc::BucketStateName(state));
+        else
+          c.Line("btree: %s: bucket %llu is %s but holds no node of any tree", s.members[m].label,
+                 (unsigned long long)b, alloc::BucketStateName(state));
+      }
+      if (!found->fixes
+               .PushBack(BucketFix{m, b, used != 0 ? alloc::BucketState::kBtree : alloc::BucketState::kFree})
+               .ok())
+        c.report->exit_code = kExitOperational;
+    }
+  }
+  if (bad > kMaxLines) c.Line("btree: %u more bucket errors", bad - kMaxLines);
+  if (bc->lost_subtrees != 0)
+    c.Line("btree: %u interior nodes unreadable: node slots not checked against the allocator", bc->lost_subtrees);
+  // 5. Statistics.
+  for (u32 id = 0; id < btree::kNrBtreeIds; id++) {
+    const BtreeCheck::TreeStats& ts = bc->stats[id];
+    if (ts.depth == 0) continue;
+    char bad[40] = "";
+    if (ts.bad != 0) platform::Format(bad, sizeof(bad), ", %llu bad", (unsigned long long)ts.bad);
+    c.Line("btree %s: %llu nodes (%llu leaves), %llu keys, depth %u%s", kBtreeNames[id],
+           (unsigned long long)ts.nodes, (unsigned long long)ts.leaves, (unsigned long long)ts.keys, ts.depth, bad);
+  }
+  platform::Delete(bc);
+}
+
+// Applies the bucket fixes the btree pass found (on a read-only open before this
+// writable one). Mounting writable already reconciles btree buckets (Btrees::Open
+// frees the ones no tree reaches and marks the ones that hold nodes), so a fix may
+// be done already; after an unclean mount its checkpoint may have reused a freed
+// bucket, so one still marked btree is then left alone.
+void RepairBtreeBuckets(engine::Engine& e, const BtreeFindings& found, bool was_clean, Ctx& c) {
+  for (const BucketFix& f : found.fixes) {
+    const alloc::BucketState now = e.alloc().Get(f.member, f.bucket).state;
+    const char* label = e.sb().members[f.member].label;
+    bool done = now == f.want;
+    if (!done && f.want == alloc::BucketState::kFree && now == alloc::BucketState::kBtree && !was_clean) {
+      c.Line("btree: %s: bucket %llu left as btree (replay may have reused it); run fsck again", label,
+             (unsigned long long)f.bucket);
+      continue;
+    }
+    if (!done) done = e.alloc().RepairState(f.member, f.bucket, f.want).ok();
+    if (!done) continue;
+    c.report->repaired++;
+    c.Line("btree: %s: bucket %llu is now %s", label, (unsigned long long)f.bucket, alloc::BucketStateName(f.want));
+  }
+}
+
 }  // namespace
 
 Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn emit, void* ctx) {
@@ -105,6 +425,21 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
   if (!copies_ok) {
     report.exit_code = kExitUncorrected;
     return report;
+  }
+
+  // With -y the btree pass runs on a read-only open first: a writable mount
+  // reconciles the btree buckets itself, which would hide what was wrong.
+  BtreeFindings btree_found;
+  if (opt.repair) {
+    engine::Engine ro;
+    engine::OpenOptions roo;
+    roo.read_only = true;
+    Diag rd;
+    engine::OpenReport rrep;
+    if (ro.Open(bdevs, count, roo, &rd, &rrep).ok()) {
+      CheckBtrees(ro, rrep.was_clean, c, &btree_found);
+      ro.Close().IgnoreError();
+    }  // else the writable open below reports why
   }
 
   engine::Engine e;
@@ -135,6 +470,11 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
     report.notes++;
   }
   CheckAllocator(e, opt, c);
+  if (opt.repair) {
+    RepairBtreeBuckets(e, btree_found, rep.was_clean, c);
+  } else {
+    CheckBtrees(e, rep.was_clean, c, &btree_found);
+  }
   if (opt.repair && report.repaired > 0) {
     Status cp = e.alloc().Checkpoint();
     if (!cp.ok()) {
@@ -148,7 +488,9 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
     report.exit_code = kExitOperational;
     return report;
   }
-  if (report.errors == 0) {
+  if (report.exit_code == kExitOperational) {
+    // keep it
+  } else if (report.errors == 0) {
     report.exit_code = kExitClean;
   } else if (report.repaired >= report.errors) {
     report.exit_code = kExitRepaired;

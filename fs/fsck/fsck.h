@@ -1,6 +1,6 @@
 // fsck: check (and optionally repair) a filesystem's devices offline.
 //
-// What is checked so far (the btree and filesystem issues add more):
+// What is checked so far (the filesystem issues add more):
 //  - each device's two superblock copies are valid and identical (repair: rewrite
 //    both from the newest valid copy);
 //  - the devices form exactly one complete filesystem (not repairable here);
@@ -8,7 +8,19 @@
 //    off by a gap (bad headers after an unclean shutdown are reported, not errors);
 //  - the allocation state, after replay, agrees with the layout: the table and
 //    journal buckets are marked as such and no other bucket is; live sector counts
-//    fit their buckets (repair: correct the states and write the tables).
+//    fit their buckets (repair: correct the states and write the tables);
+//  - the btrees: the roots block is readable; every node the roots reach reads and
+//    verifies (checksums, identity = the parent's pointer, interior structure) --
+//    a bad node is named (tree, level, member, offset, what is wrong), left
+//    uncorrected, and its siblings are still walked; keys are ordered and inside
+//    their node's range, and each child covers (previous key + 1 .. its key); no
+//    node slot is referenced twice; every slot is in a bucket marked btree and
+//    every btree bucket holds a referenced node (repair: free such a bucket, or
+//    mark one holding nodes as btree, and write the tables); a line of statistics
+//    per tree (nodes, leaves, keys, depth). With -y the btree pass runs on a
+//    read-only open before the writable one, since a writable mount reconciles
+//    btree buckets itself. A corrupt roots block or interior node already stops
+//    the mount: reported as "cannot open the filesystem" with the node named.
 //
 // Results follow fsck(8): 0 clean, 1 errors corrected, 4 errors left uncorrected,
 // 8 operational error (a device could not be read, out of memory).

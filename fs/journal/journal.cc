@@ -228,6 +228,20 @@ Status Journal::Flush() {
   return failed_;
 }
 
+Status Journal::AdvanceLastSeq() {
+  MutexLock lock(mu_);
+  if (!started_) return failed_;
+  Buf* open = bufs_[open_];
+  u64 last = MinPinnedSeq();
+  if (last > open->seq) last = open->seq;
+  if (last <= durable_last_seq_) return failed_;
+  open->need_flush = true;
+  const u64 target = open->seq;
+  cv_.Signal();
+  while (durable_seq_ < target && failed_.ok()) done_cv_.Wait(mu_);
+  return failed_;
+}
+
 Status Journal::PinAdd(u64 seq) {
   TFS_BUG_ON(seq < pin_base_);
   u64 idx = seq - pin_base_;
@@ -297,6 +311,13 @@ Stats Journal::GetStats() const {
   s.next_seq = bufs_[open_] != nullptr ? bufs_[open_]->seq : 0;
   s.durable_seq = durable_seq_;
   s.last_seq = durable_last_seq_;
+  s.ring_buckets = 0;
+  s.free_buckets = 0;
+  for (usize i = 0; i < rings_.size(); i++) {
+    const u32 f = FreeBuckets(rings_[i]);
+    if (i == 0 || rings_[i].nbuckets < s.ring_buckets) s.ring_buckets = rings_[i].nbuckets;
+    if (i == 0 || f < s.free_buckets) s.free_buckets = f;
+  }
   return s;
 }
 

@@ -77,6 +77,8 @@ struct Stats {
   u64 reclaim_calls;
   u64 max_group;          // most commits carried by one entry
   u64 next_seq, durable_seq, last_seq;
+  u32 ring_buckets;  // buckets of the smallest ring
+  u32 free_buckets;  // reusable buckets of the fullest ring (as of the last durable entry)
 };
 
 // What replay found on the rings; input to Start().
@@ -127,6 +129,10 @@ class Journal {
                      Pin* pin = nullptr);
   // Makes every commit so far durable; returns at once (no I/O) if it already is.
   Status Flush();
+  // Writes a durable entry if the pins allow a newer last_seq than the journal has
+  // recorded, so that ring space freed by dropped pins becomes reusable now rather
+  // than at the next flush; returns at once otherwise.
+  Status AdvanceLastSeq();
   void PinDrop(Pin* pin);
   // Pins `pin` at `seq` (or the oldest still pinnable sequence if `seq` is older).
   Status PinAt(Pin* pin, u64 seq);
