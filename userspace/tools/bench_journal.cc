@@ -86,10 +86,9 @@ Status RunPhase(engine::Engine& e, journal::CommitMode mode, unsigned threads, u
 
 }  // namespace
 
-int CmdBench(int argc, char** argv) {
-  CLI::App app("tierfs micro-benchmarks.", "tierfs bench");
-  app.require_subcommand(1);
-  CLI::App* j = app.add_subcommand("journal", "journal commits/s and commit latency");
+int BenchJournal(int argc, char** argv) {
+  CLI::App app("Journal commits/s and commit latency.", "tierfs bench journal");
+  CLI::App* j = &app;
   uint64_t commits = 20000;
   uint32_t size = 64;
   std::vector<unsigned> threads = {1, 2};

@@ -33,6 +33,9 @@ int CmdFormat(int argc, char** argv);
 int CmdShow(int argc, char** argv);
 int CmdFsck(int argc, char** argv);
 int CmdBench(int argc, char** argv);
+// The benchmarks behind `tierfs bench NAME` (argv[0] is NAME).
+int BenchJournal(int argc, char** argv);
+int BenchBtree(int argc, char** argv);
 
 }  // namespace tfs::tools
 

@@ -16,7 +16,7 @@ const char kUsage[] =
     "  format   create a filesystem on one or more devices (also: mkfs.tierfs)\n"
     "  show     print the superblock, members and per-device usage\n"
     "  fsck     check (-n) or repair (-y) a filesystem (also: fsck.tierfs)\n"
-    "  bench    micro-benchmarks (bench journal)\n"
+    "  bench    micro-benchmarks (bench journal, bench btree)\n"
     "\n"
     "'tierfs COMMAND --help' describes each command.\n";
 

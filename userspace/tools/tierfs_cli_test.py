@@ -1,5 +1,5 @@
 """The tierfs command line end to end on image files: format, show, fsck and their
-errors, fsck's exit codes on a damaged image, and the journal benchmark's output."""
+errors, fsck's exit codes on a damaged image, and the journal and btree benchmarks' output."""
 
 from __future__ import annotations
 
@@ -120,3 +120,78 @@ def test_bench_journal_writes_json(tmp_path: Path) -> None:
     assert 0 < phases[("flush", 1)]["flush_entries"] <= 300
     assert phases[("noflush", 1)]["entries"] < 300
     assert not list(tmp_path.glob("tierfs-bench-journal-*.img"))  # cleaned up
+
+
+BTREE_PHASES = ["seq_insert", "seq_lookup", "seq_delete", "rand_insert", "rand_lookup", "rand_mixed"]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bench_btree_writes_json(tmp_path: Path, threads: int) -> None:
+    n = 20000
+    out = tmp_path / "btree.json"
+    proc = run([tool("tierfs"), "bench", "btree", "--workload", ",".join(BTREE_PHASES), "--n", str(n),
+                "--threads", str(threads), "--dir", tmp_path, "--json", out], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "seq_insert" in proc.stdout and "rand_mixed" in proc.stdout
+    doc = json.loads(out.read_text())
+    assert doc["benchmark"] == "btree"
+    cfg = doc["config"]
+    assert cfg["n"] == n and cfg["threads"] == threads and cfg["rand_ops"] == n // 10
+    assert cfg["workloads"] == BTREE_PHASES and cfg["setup_phases"] == []
+    assert cfg["cache_bytes"] > 0 and cfg["node_size"] > 0
+    assert doc["machine"]["cpus"] >= 1 and doc["machine"]["kernel"]
+    phases = {p["phase"]: p for p in doc["phases"]}
+    assert list(phases) == BTREE_PHASES
+    for name, p in phases.items():
+        assert p["threads"] == threads
+        assert p["ops"] == (n if name in ("seq_insert", "seq_lookup", "seq_delete", "rand_insert") else n // 10)
+        assert p["seconds"] > 0 and p["ops_per_sec"] > 0 and p["ns_per_op"] > 0
+        assert abs(p["ops_per_sec"] * p["seconds"] - p["ops"]) < 1e-6 * p["ops"] + 1
+        assert p["cpu_seconds"] >= 0 and p["peak_rss_kib"] > 0
+        assert p["bytes_written"] == sum(d["bytes_written"] for d in p["devices"])
+        for key in ("splits", "node_reads", "node_writes", "cache_hits", "cache_misses", "evictions", "restarts",
+                    "commits", "depth", "cached_nodes", "dirty_bytes"):
+            assert key in p["btree"], (name, key)
+    # One transaction per update, and every writing phase ends durable in the journal.
+    assert phases["seq_insert"]["btree"]["commits"] == n
+    assert phases["seq_insert"]["btree"]["inserts"] == n
+    assert phases["seq_delete"]["btree"]["commits"] == n
+    assert phases["seq_delete"]["btree"]["deletes"] == n
+    assert phases["rand_insert"]["btree"]["commits"] == n
+    assert phases["rand_mixed"]["btree"]["commits"] == n // 10 // 4
+    assert phases["rand_lookup"]["btree"]["commits"] == 0
+    for name in ("seq_insert", "seq_delete", "rand_insert", "rand_mixed"):
+        assert phases[name]["devices"][0]["bytes_written_by_origin"].get("journal", 0) > 0, name
+    assert phases["rand_insert"]["btree"]["depth"] >= 1
+    assert not list(tmp_path.glob("tierfs-bench-btree-*.img"))  # cleaned up
+
+
+def test_bench_btree_runs_missing_setup(tmp_path: Path) -> None:
+    """A lookup phase alone first inserts its keys untimed, and reports only itself."""
+    out = tmp_path / "btree.json"
+    proc = run([tool("tierfs"), "bench", "btree", "--workload", "rand_lookup", "--n", "5000",
+                "--dir", tmp_path, "--json", out], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["config"]["setup_phases"] == ["rand_insert"]
+    assert [p["phase"] for p in doc["phases"]] == ["rand_lookup"]
+
+
+@pytest.mark.parametrize("args,code,needle", [
+    (["--n", "0"], 2, "--n"),
+    (["--n", "ten"], 2, "--n"),
+    (["--n", "1000", "--threads", "0"], 2, "--threads"),
+    (["--n", "1000", "--workload", "seq_insert,seq_frob"], 2, "unknown workload 'seq_frob'"),
+    (["--n", "1000", "--cache-mb", "-3"], 2, "--cache-mb"),
+    (["--n", "1000", "--image-size", "1M"], 2, "--image-size"),
+    (["--bogus"], 2, "--bogus"),
+    (["--n", "1000", "--dir", "/nonexistent/dir"], 1, "/nonexistent/dir"),
+    (["--n", "1000", "--json", "/nonexistent/dir/out.json"], 2, "cannot write"),
+])
+def test_bench_btree_bad_input(tmp_path: Path, args: list[str], code: int, needle: str) -> None:
+    proc = run([tool("tierfs"), "bench", "btree", *args], cwd=tmp_path)
+    assert_one_line_error(proc, code, needle)
+
+
+def test_bench_unknown_benchmark() -> None:
+    assert_one_line_error(run([tool("tierfs"), "bench", "frob"]), 2, "unknown benchmark 'frob'")
