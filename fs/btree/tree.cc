@@ -1513,34 +1513,21 @@ Stats Btrees::GetStats() const {
 }
 
 Status Btrees::ForEachNode(Status (*fn)(void* ctx, const NodeVisit& v), void* ctx, Diag* diag) {
-  Impl* im = impl_;
-  if (im == nullptr) return Err::kInvalidArgument;
-  // Reads every node from disk as the last checkpoint left it (fsck's view):
-  // walks the pointers of the roots block, not the cache.
-  struct Walk {
-    static Status Visit(Impl* im, const NodePtrFormat& p, const Pos& max, Status (*fn)(void*, const NodeVisit&),
-                        void* ctx, Diag* diag) {
-      CachedNode* n = nullptr;
-      TFS_TRY(TreeOps::ReadNode(im, p, max, &n, diag));
-      NodeVisit v{&n->node, &p};
-      Status st = fn(ctx, v);
-      if (st.ok() && n->node.info().level > 0) {
-        const Set& s = n->node.set(0);
-        for (u32 i = 0; i < s.size() && st.ok(); i++) {
-          NodePtrFormat cp = ReadPtr(s.Key(i));
-          st = Visit(im, cp, s.Key(i).pos(), fn, ctx, diag);
-        }
-      }
-      platform::Delete(n);
-      return st;
+  // The continuing walk, stopped by the first bad node.
+  struct Stop {
+    Status (*fn)(void*, const NodeVisit&);
+    void* ctx;
+    Diag* diag;
+    static Status Visit(void* c, const NodeVisit& v) {
+      auto* s = static_cast<Stop*>(c);
+      return s->fn(s->ctx, v);
+    }
+    static Status Bad(void* c, const NodeError& e) {
+      return DiagError(static_cast<Stop*>(c)->diag, e.status, "%s", e.text);
     }
   };
-  for (u32 id = 0; id < kNrBtreeIds; id++) {
-    const NodePtrFormat& rp = roots_.roots[id];
-    if (rp.member == kNoMember) continue;
-    TFS_TRY(Walk::Visit(im, rp, Pos::Max(u8(id)), fn, ctx, diag));
-  }
-  return Status::Ok();
+  Stop stop{fn, ctx, diag};
+  return ForEachNodeContinuing(Stop::Visit, Stop::Bad, &stop);
 }
 
 Status Btrees::ForEachNodeContinuing(Status (*fn)(void* ctx, const NodeVisit& v),
