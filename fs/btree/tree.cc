@@ -22,7 +22,6 @@ struct CachedNode {
   Atomic<u8> accessed{0};         // clock bit for eviction
   Atomic<u8> dead{0};             // replaced by a structure change
   bool dirty = false;             // changed since the last image (leaf lock / tree lock)
-  u64 imaged = 0;                 // checkpoint number that last took an image
   u64 compacted_version = ~u64(0);  // version at which a merge check compacted it
   ListNode lru;                   // on Impl::lru while in the tree (cache_mu)
   u32 charged = 0;                // bytes counted in the cache
@@ -114,8 +113,7 @@ struct Btrees::Impl {
   u64 rng = 0;
 
   // Checkpoints.
-  Mutex ckpt_mu;
-  u64 ckpt_no = 0;
+  Mutex ckpt_mu;  // one checkpoint at a time
   bool opened = false;  // Open() finished: Close() checkpoints
 
   // Writer thread.
@@ -1004,19 +1002,17 @@ class TreeOps {
     return need;
   }
 
-  static void CollectDirtyLeaves(CachedNode* n, Vector<CachedNode*>* out, u64* interior) {
+  static void CollectDirtyLeaves(CachedNode* n, Vector<CachedNode*>* out) {
     if (n->node.info().level == 0) {
       if (n->dirty) out->PushBack(n).IgnoreError();
       return;
     }
-    (*interior)++;
     for (usize i = 0; i < n->children.size(); i++)
-      if (n->children[i] != nullptr) CollectDirtyLeaves(n->children[i], out, interior);
+      if (n->children[i] != nullptr) CollectDirtyLeaves(n->children[i], out);
   }
 
   static Status RunCheckpoint(Impl* im, Roots* roots_out) {
     MutexLock ck(im->ckpt_mu);
-    const u64 ckpt = ++im->ckpt_no;
     u64 covered;
     {
       // Not commit_mu: a committer may be waiting for journal room while holding
@@ -1036,10 +1032,9 @@ class TreeOps {
     for (u32 id = 0; id < kNrBtreeIds && st.ok(); id++) {
       Tree& t = im->trees[id];
       Vector<CachedNode*> leaves;
-      u64 interior = 0;
       {
         ReadGuard g(t.lock);
-        if (t.root != nullptr) CollectDirtyLeaves(t.root, &leaves, &interior);
+        if (t.root != nullptr) CollectDirtyLeaves(t.root, &leaves);
         for (CachedNode* n : leaves) Ref(n);
       }
       for (CachedNode* n : leaves) {
@@ -1049,7 +1044,6 @@ class TreeOps {
             n->lock.ReadLock();
             if (n->dirty) {
               st = TakeImage(im, t, n, &jobs);
-              if (st.ok()) n->imaged = ckpt;
             }
             n->lock.ReadUnlock();
           }
@@ -1096,7 +1090,6 @@ class TreeOps {
           if (!st.ok()) break;
           st = TakeImage(im, t, n, &jobs);
           if (!st.ok()) break;
-          n->imaged = ckpt;
           NodePtrFormat s = spare.back();
           spare.PopBack();
           Install(im, jobs.back(), s, &to_free);
