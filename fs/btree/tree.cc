@@ -92,10 +92,11 @@ struct Btrees::Impl {
   Tree trees[kNrBtreeIds];
 
   // Transactions.
-  Mutex commit_mu;
-  u64 applied_seq = 0;  // newest journal entry applied (commit_mu)
-  journal::Pin pin;     // oldest applied entry not yet in a checkpoint (commit_mu)
-  Status failed;        // sticky: an applied commit diverged (commit_mu)
+  Mutex commit_mu;      // one commit + apply at a time
+  Mutex state_mu;       // the three below (never held while taking commit_mu)
+  u64 applied_seq = 0;  // newest journal entry applied
+  journal::Pin pin;     // oldest applied entry not yet in a checkpoint
+  Status failed;        // sticky: memory no longer matches the journal
 
   // Cache.
   Mutex cache_mu;
@@ -1018,7 +1019,12 @@ class TreeOps {
     const u64 ckpt = ++im->ckpt_no;
     u64 covered;
     {
-      MutexLock c(im->commit_mu);
+      // Not commit_mu: a committer may be waiting for journal room while holding
+      // it, and this checkpoint is what makes room.
+      MutexLock c(im->state_mu);
+      // After a failed apply the trees hold part of a transaction: never persist
+      // that (replay of the journal applies the whole of it instead).
+      if (!im->failed.ok()) return im->failed;
       covered = im->applied_seq;
     }
     Vector<Job> jobs;
@@ -1101,6 +1107,11 @@ class TreeOps {
         break;
       }
     }
+    // Nothing new since the last roots block: write nothing.
+    if (st.ok() && jobs.empty() && to_free.empty() && covered <= roots_out->journal_seq) {
+      for (const NodePtrFormat& sp : spare) FreeSlot(im, sp);
+      return Status::Ok();
+    }
     // Phase 3, no locks: write-ahead (the journal holds everything the images
     // contain), node writes, flush, roots block.
     if (st.ok() && im->journal != nullptr) st = im->journal->Flush();
@@ -1148,7 +1159,7 @@ class TreeOps {
     if (!st.ok()) {
       // The images are not durable; the previous roots block still stands. The
       // nodes were marked clean: the filesystem must not go on as if they were.
-      MutexLock c(im->commit_mu);
+      MutexLock c(im->state_mu);
       if (im->failed.ok()) im->failed = st;
       return st;
     }
@@ -1156,7 +1167,7 @@ class TreeOps {
     for (const NodePtrFormat& s : to_free) FreeSlot(im, s);
     // The journal up to `covered` is no longer needed.
     if (im->journal != nullptr) {
-      MutexLock c(im->commit_mu);
+      MutexLock c(im->state_mu);
       if (im->pin.active && im->pin.seq <= covered) {
         im->journal->PinDrop(&im->pin);
         if (im->applied_seq > covered) im->journal->PinAt(&im->pin, covered + 1).IgnoreError();
@@ -1168,23 +1179,27 @@ class TreeOps {
 
   // --- writer thread --------------------------------------------------------------
 
-  // Journal ring space: checkpoint once half of it is held, throttle commits
-  // once three quarters are (so that the journal never fills with commits the
-  // checkpoint's write-ahead flush would need room for).
-  static bool JournalBelow(Impl* im, u32 num, u32 den) {
+  // Journal ring room (lock-free hint): the writer checkpoints once half of the
+  // ring is held, commits wait once three quarters are -- and, on small rings,
+  // while fewer free buckets remain than a checkpoint's write-ahead flush entry
+  // could need beside the reserve -- so the journal never fills with commits
+  // that flush would need room for.
+  static bool JournalBelow(Impl* im, u32 num, u32 den, u32 min_free) {
     if (im->journal == nullptr) return false;
-    journal::Stats js = im->journal->GetStats();
-    return u64(js.free_buckets) * den < u64(js.ring_buckets) * num;
+    u32 free, ring;
+    im->journal->Room(&free, &ring);
+    if (ring == 0) return false;
+    return u64(free) * den < u64(ring) * num || free < min_free;
   }
 
   // Whether the journal needs room that the trees hold (their pin is set).
   static bool JournalNeedsRoom(Impl* im) {
     bool pinned;
     {
-      MutexLock c(im->commit_mu);
+      MutexLock c(im->state_mu);
       pinned = im->pin.active;
     }
-    return pinned && JournalBelow(im, 1, 2);
+    return pinned && JournalBelow(im, 1, 2, 4);
   }
 
   static void WriterMain(void* arg);
@@ -1301,7 +1316,7 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
     }
   }
   {
-    MutexLock c(im->commit_mu);
+    MutexLock c(im->state_mu);
     im->applied_seq = roots.journal_seq;
   }
   im->opened = true;
@@ -1343,7 +1358,7 @@ void TreeOps::WriterMain(void* arg) {
     im->ckpt_done++;
     im->done_cv.Broadcast();
     // Do not spin when a checkpoint cannot help (or failed).
-    if (!st.ok() || (room && !memory && JournalBelow(im, 1, 2)))
+    if (!st.ok() || (room && !memory && JournalBelow(im, 1, 2, 4)))
       (void)im->wcv.WaitFor(im->wmu, (st.ok() ? 100 : 1000) * platform::kNsPerMs);
   }
 }
@@ -1405,7 +1420,7 @@ Status Btrees::ApplyReplayed(u64 seq, const journal::Key& key) {
     return Err::kCorrupt;
   TFS_TRY(TreeOps::ApplyKey(im, in, seq));
   TreeOps::MaybeEvict(im);
-  MutexLock c(im->commit_mu);
+  MutexLock c(im->state_mu);
   if (seq > im->applied_seq) im->applied_seq = seq;
   return Status::Ok();
 }
@@ -1498,34 +1513,21 @@ Stats Btrees::GetStats() const {
 }
 
 Status Btrees::ForEachNode(Status (*fn)(void* ctx, const NodeVisit& v), void* ctx, Diag* diag) {
-  Impl* im = impl_;
-  if (im == nullptr) return Err::kInvalidArgument;
-  // Reads every node from disk as the last checkpoint left it (fsck's view):
-  // walks the pointers of the roots block, not the cache.
-  struct Walk {
-    static Status Visit(Impl* im, const NodePtrFormat& p, const Pos& max, Status (*fn)(void*, const NodeVisit&),
-                        void* ctx, Diag* diag) {
-      CachedNode* n = nullptr;
-      TFS_TRY(TreeOps::ReadNode(im, p, max, &n, diag));
-      NodeVisit v{&n->node, &p};
-      Status st = fn(ctx, v);
-      if (st.ok() && n->node.info().level > 0) {
-        const Set& s = n->node.set(0);
-        for (u32 i = 0; i < s.size() && st.ok(); i++) {
-          NodePtrFormat cp = ReadPtr(s.Key(i));
-          st = Visit(im, cp, s.Key(i).pos(), fn, ctx, diag);
-        }
-      }
-      platform::Delete(n);
-      return st;
+  // The continuing walk, stopped by the first bad node.
+  struct Stop {
+    Status (*fn)(void*, const NodeVisit&);
+    void* ctx;
+    Diag* diag;
+    static Status Visit(void* c, const NodeVisit& v) {
+      auto* s = static_cast<Stop*>(c);
+      return s->fn(s->ctx, v);
+    }
+    static Status Bad(void* c, const NodeError& e) {
+      return DiagError(static_cast<Stop*>(c)->diag, e.status, "%s", e.text);
     }
   };
-  for (u32 id = 0; id < kNrBtreeIds; id++) {
-    const NodePtrFormat& rp = roots_.roots[id];
-    if (rp.member == kNoMember) continue;
-    TFS_TRY(Walk::Visit(im, rp, Pos::Max(u8(id)), fn, ctx, diag));
-  }
-  return Status::Ok();
+  Stop stop{fn, ctx, diag};
+  return ForEachNodeContinuing(Stop::Visit, Stop::Bad, &stop);
 }
 
 Status Btrees::ForEachNodeContinuing(Status (*fn)(void* ctx, const NodeVisit& v),
@@ -1578,8 +1580,20 @@ Status Transaction::Set(const Pos& pos, const void* value, u32 len) {
   in.val_bytes = len;
   if (pos.btree_id >= kNrBtreeIds) return Err::kInvalidArgument;
   TFS_TRY(CheckKeyInput(in, pos.btree_id));
+  return Append(in);
+}
+
+Status Transaction::Append(const KeyInput& in) {
+  // One journal commit carries the whole transaction: it must fit in an entry
+  // (entry header, then an 8-byte journal key header per key).
+  const usize space = KeySpace(in.val_bytes);
+  const journal::Journal* j = trees_->impl_ != nullptr ? trees_->impl_->journal : nullptr;
+  const usize limit = j != nullptr ? j->max_entry_bytes() : journal::Config{}.max_entry_bytes;
+  const usize jbytes = keys_.size() + space + usize(n_ + 1) * sizeof(journal::KeyHeader) + sizeof(journal::EntryHeader);
+  if (jbytes > limit) return Err::kTooBig;
   const usize at = keys_.size();
-  TFS_TRY(keys_.Resize(at + KeySpace(len)));
+  if (keys_.capacity() < at + space) TFS_TRY(keys_.Reserve(Max<usize>(at + space, keys_.capacity() * 2)));
+  TFS_TRY(keys_.Resize(at + space));
   PackKey(keys_.data() + at, in);
   n_++;
   return Status::Ok();
@@ -1590,11 +1604,7 @@ Status Transaction::Delete(const Pos& pos) {
   KeyInput in;
   in.pos = pos;
   in.type = kKeyWhiteout;
-  const usize at = keys_.size();
-  TFS_TRY(keys_.Resize(at + KeySpace(0)));
-  PackKey(keys_.data() + at, in);
-  n_++;
-  return Status::Ok();
+  return Append(in);
 }
 
 Result<u64> Transaction::Commit(journal::CommitMode mode) {
@@ -1606,12 +1616,10 @@ Result<u64> Transaction::Commit(journal::CommitMode mode) {
   if (n_ == 0) return u64(0);
   // Throttle: while dirty nodes fill the cache, or the journal ring is three
   // quarters held, wait for the writer's checkpoint (no lock held).
-  // (The journal's ring is looked at every 64 commits: it takes the journal lock.)
-  const bool check_journal = (im->c_commits.Load(MemOrder::kRelaxed) & 63) == 0;
   if (im->writer_running) {
     for (int round = 0; round < 50; round++) {
       const bool memory = im->dirty_nodes.Load(MemOrder::kRelaxed) * im->node_size > im->opt.cache_bytes;
-      if (!memory && !(check_journal && TreeOps::JournalBelow(im, 1, 4))) break;
+      if (!memory && !TreeOps::JournalBelow(im, 1, 4, 3)) break;
       MutexLock l(im->wmu);
       if (im->stop) break;
       const u64 seen = im->ckpt_done;
@@ -1638,20 +1646,33 @@ Result<u64> Transaction::Commit(journal::CommitMode mode) {
   u64 seq = 0;
   {
     MutexLock c(im->commit_mu);
-    if (!im->failed.ok()) {
+    {
+      MutexLock sl(im->state_mu);
       st = im->failed;
-    } else if (im->journal != nullptr) {
+      seq = im->applied_seq + 1;  // without a journal (tests): order only
+    }
+    if (st.ok() && im->journal != nullptr) {
       journal::Pin local;
-      auto r = im->journal->Commit(jkeys.data(), u32(jkeys.size()), 0, journal::CommitMode::kNoFlush,
-                                   im->pin.active ? nullptr : &local);
+      auto r = im->journal->Commit(jkeys.data(), u32(jkeys.size()), 0, journal::CommitMode::kNoFlush, &local);
       if (!r.ok()) {
         st = r.status();
       } else {
         seq = r.value();
-        if (local.active) im->pin = local;
+        // Keep the oldest pin: it holds every newer entry in the ring too.
+        journal::Pin drop;
+        {
+          MutexLock sl(im->state_mu);
+          if (!im->pin.active) {
+            im->pin = local;
+          } else if (local.seq < im->pin.seq) {
+            drop = im->pin;
+            im->pin = local;
+          } else {
+            drop = local;
+          }
+        }
+        if (drop.active) im->journal->PinDrop(&drop);
       }
-    } else {
-      seq = im->applied_seq + 1;  // no journal (replay-time or tests): order only
     }
     for (usize i = 0; st.ok() && i < jkeys.size(); i++) {
       const auto* h = static_cast<const KeyHeader*>(jkeys[i].val);
@@ -1661,10 +1682,15 @@ Result<u64> Transaction::Commit(journal::CommitMode mode) {
       in.val_bytes = h->val_bytes.get();
       in.value = h + 1;
       st = TreeOps::ApplyKey(im, in, seq);
-      if (!st.ok()) im->failed = st;  // journaled but not applied: stop here
       (in.type == kKeyWhiteout ? im->c_deletes : im->c_inserts).FetchAdd(1, MemOrder::kRelaxed);
     }
-    if (st.ok()) im->applied_seq = seq;
+    MutexLock sl(im->state_mu);
+    if (st.ok()) {
+      im->applied_seq = seq;
+    } else if (seq != 0 && im->journal != nullptr && im->failed.ok() && st.code() != Err::kTooBig) {
+      // Journaled (or possibly journaled) but not fully applied: stop here.
+      im->failed = st;
+    }
   }
   Reset();
   TreeOps::MaybeEvict(im);

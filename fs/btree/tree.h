@@ -128,6 +128,7 @@ class Transaction {
 
  private:
   friend class Btrees;
+  Status Append(const KeyInput& in);
   Btrees* trees_;
   Vector<u8> keys_;  // journal keys: KeyHeader + padded value, back to back
   u32 n_ = 0;
@@ -221,8 +222,9 @@ class Btrees {
   const Roots& roots() const { return roots_; }  // the last roots block written or read
   u32 node_size() const { return node_size_; }
 
-  // For fsck: visits every node of every tree, top-down, reading nodes that are
-  // not cached. fn returns non-Ok to stop.
+  // For fsck: visits every node of every tree as the last roots block left them,
+  // top-down, reading each from disk (nodes changed since the last checkpoint are
+  // seen in their checkpointed version). fn returns non-Ok to stop.
   struct NodeVisit {
     const Node* node;
     const NodePtrFormat* ptr;  // how the parent (or the roots block) points to it

@@ -455,7 +455,14 @@ class ModelRun {
     EXPECT_GT(totals_.splits, 0u);
     EXPECT_GT(totals_.merges, 0u);
     EXPECT_GT(totals_.root_grows, 0u);
-    EXPECT_GT(totals_.root_shrinks, 0u);
+    // A root shrinks once merges bring it down to one child. Merges use only
+    // cached siblings (a merge never reads), and with 2 KiB values in 4 KiB nodes
+    // a leaf holding one merges with nothing non-empty: with a cache smaller
+    // than the tree, whether it happens depends on which keys and nodes
+    // survive. Required when the whole tree stays cached.
+    if (p_.cache_nodes >= 1024) {
+      EXPECT_GT(totals_.root_shrinks, 0u);
+    }
     EXPECT_GT(totals_.checkpoints, 0u);
     EXPECT_GE(max_depth_, 3u) << "the test tree never reached 3 levels";
     EXPECT_GE(crashes_, 8u);
@@ -1956,8 +1963,10 @@ TEST(BtreeTreeTest, FullJournalIsReclaimedByCheckpoints) {
     for (int j = 0; j < 256 && i < n; j++, i++) ASSERT_OK(tx.Set(T(1, i), &i, sizeof(i)));
     ASSERT_OK(tx.Commit(i == n ? CommitMode::kFlush : CommitMode::kNoFlush).status());
   }
-  EXPECT_GE(e.btrees().GetStats().checkpoints, 1u);
-  EXPECT_GE(e.journal().GetStats().reclaim_calls, 1u);
+  // The trees' writer checkpoints once half the ring is held and commits wait
+  // at three quarters, so the ring need never fill (the reclaim hook is the
+  // fallback): several checkpoints must have run.
+  EXPECT_GE(e.btrees().GetStats().checkpoints, 2u);
   std::unique_ptr<Fs> cut = fs.AfterPowerCut();
   Engine e2;
   ASSERT_OK(OpenEngine(&e2, *cut, Options{}));

@@ -127,6 +127,7 @@ Status Journal::Start(dev::DeviceSet* devs, const sb::Superblock& sb, u64 next_s
   failed_ = Status::Ok();
   TFS_TRY(writer_.Start(WriterMain, this, "tierfs-journal"));
   started_ = true;
+  PublishRoom();
   return Status::Ok();
 }
 
@@ -534,7 +535,24 @@ Status Journal::WriteEntry(Buf* buf) {
     nonfua_written_ |= written;
     if (oldest_nondurable_ns_ == 0) oldest_nondurable_ns_ = platform::NowNs();
   }
+  PublishRoom();
   return Status::Ok();
+}
+
+void Journal::PublishRoom() {
+  u32 ring = 0, free = 0;
+  for (usize i = 0; i < rings_.size(); i++) {
+    const u32 f = FreeBuckets(rings_[i]);
+    if (i == 0 || rings_[i].nbuckets < ring) ring = rings_[i].nbuckets;
+    if (i == 0 || f < free) free = f;
+  }
+  room_.Store((u64(ring) << 32) | free, MemOrder::kRelease);
+}
+
+void Journal::Room(u32* free_buckets, u32* ring_buckets) const {
+  const u64 v = room_.Load(MemOrder::kAcquire);
+  *ring_buckets = u32(v >> 32);
+  *free_buckets = u32(v);
 }
 
 }  // namespace tfs::journal

@@ -142,6 +142,10 @@ class Journal {
   void SetReclaimHook(void (*fn)(void* ctx, u64 seq), void* ctx);
 
   Stats GetStats() const;
+  // Ring room as of the last entry written, without taking the journal's lock
+  // (see Stats::free_buckets / ring_buckets); both 0 before the first entry.
+  void Room(u32* free_buckets, u32* ring_buckets) const;
+  u32 max_entry_bytes() const { return config_.max_entry_bytes; }
   // The sequence number the next entry will get.
   u64 next_seq() const;
   // Every entry up to this sequence number is durable.
@@ -170,6 +174,8 @@ class Journal {
   bool Place(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings, u64* offsets);
   u32 FreeBuckets(const Ring& r) const;
   u64 MinPinnedSeq() const;
+  // Publishes the ring room for Room(). Requires mu_.
+  void PublishRoom();
   Status PinAdd(u64 seq);
   void PinRelease(u64 seq);
 
@@ -201,6 +207,7 @@ class Journal {
   void (*reclaim_fn_)(void*, u64) = nullptr;
   void* reclaim_ctx_ = nullptr;
   Stats stats_{};
+  Atomic<u64> room_{0};  // ring buckets << 32 | free buckets (PublishRoom)
   Histogram* latency_[2] = {nullptr, nullptr};
   platform::Thread writer_;
   // Requests the writer issues (one entry at a time), kept here rather than on the
