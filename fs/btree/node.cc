@@ -263,6 +263,8 @@ Status Node::Compact(u32 first) {
                !sets_.PushBack(Move(merged)).ok());
   }
   open_ = false;
+  compactions_++;
+  if (first == 0) dead_ = 0;  // nothing dead is left
   SealHeader();
   return Status::Ok();
 }
@@ -433,6 +435,7 @@ void Node::Swap(Node& o) {
   tfs::Swap(info_, o.info_);
   tfs::Swap(open_, o.open_);
   tfs::Swap(dead_, o.dead_);
+  tfs::Swap(compactions_, o.compactions_);
   Vector<Set> tmp(Move(sets_));
   sets_ = Move(o.sets_);
   o.sets_ = Move(tmp);

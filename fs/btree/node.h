@@ -113,6 +113,8 @@ class Node {
   // Bytes known to be dead (deleted versions and their whiteouts) since the last
   // full compaction: the tree notes them to find underfull nodes cheaply.
   void NoteDead(u32 bytes) { dead_ += bytes; }
+  // Compactions this node has done (a counter for statistics).
+  u64 compactions() const { return compactions_; }
   u32 live_estimate() const { return used_ - Min(dead_, used_); }
 
   const NodeInfo& info() const { return info_; }
@@ -135,6 +137,7 @@ class Node {
 
   bool open_ = false;  // the newest set is the open set (its checksum is stale)
   u32 dead_ = 0;       // see NoteDead
+  u64 compactions_ = 0;
 
   u8* buf_ = nullptr;
   u32 node_size_ = 0;

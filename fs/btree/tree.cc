@@ -128,7 +128,7 @@ struct Btrees::Impl {
 
   // Stats (relaxed counters).
   Atomic<u64> c_lookups{0}, c_inserts{0}, c_deletes{0}, c_commits{0}, c_restarts{0};
-  Atomic<u64> c_splits{0}, c_merges{0}, c_root_grows{0}, c_root_shrinks{0};
+  Atomic<u64> c_splits{0}, c_merges{0}, c_root_grows{0}, c_root_shrinks{0}, c_compactions{0};
   Atomic<u64> c_hits{0}, c_misses{0}, c_evictions{0};
   Atomic<u64> c_reads{0}, c_read_bytes{0}, c_corrupt{0};
   Atomic<u64> c_writes{0}, c_write_bytes{0}, c_checkpoints{0}, c_throttles{0};
@@ -822,6 +822,7 @@ class TreeOps {
         continue;
       }
       CachedNode* leaf = Descend(im, t, key.pos, 0, &miss);
+      if (leaf != nullptr) im->c_hits.FetchAdd(1, MemOrder::kRelaxed);
       if (leaf == nullptr) {
         t.lock.ReadUnlock();
         TFS_TRY(FetchMiss(im, t, miss));
@@ -836,7 +837,9 @@ class TreeOps {
         st = Status::Ok();  // nothing to delete
       } else {
         const u32 old_space = del ? old.space() : 0;
+        const u64 compactions = leaf->node.compactions();
         st = leaf->node.Upsert(key, seq);
+        im->c_compactions.FetchAdd(leaf->node.compactions() - compactions, MemOrder::kRelaxed);
         if (st.ok()) {
           SetDirty(im, leaf);
           leaf->version.FetchAdd(1, MemOrder::kRelease);
@@ -1448,6 +1451,7 @@ Result<u32> Btrees::Get(const Pos& pos, void* buf, u32 cap) {
       return Err::kNotFound;
     }
     CachedNode* leaf = TreeOps::Descend(im, t, pos, 0, &miss);
+    if (leaf != nullptr) im->c_hits.FetchAdd(1, MemOrder::kRelaxed);
     if (leaf == nullptr) {
       t.lock.ReadUnlock();
       TFS_TRY(TreeOps::FetchMiss(im, t, miss));
@@ -1483,7 +1487,8 @@ Stats Btrees::GetStats() const {
   s.merges = L(im->c_merges);
   s.root_grows = L(im->c_root_grows);
   s.root_shrinks = L(im->c_root_shrinks);
-  s.cache_hits = L(im->c_lookups) - Min(L(im->c_lookups), L(im->c_misses));
+  s.cache_hits = L(im->c_hits);
+  s.compactions = L(im->c_compactions);
   s.cache_misses = L(im->c_misses);
   s.evictions = L(im->c_evictions);
   s.node_reads = L(im->c_reads);
@@ -1767,6 +1772,7 @@ Status Iterator::Fill(bool forward, Pos from) {
       return Status::Ok();
     }
     CachedNode* leaf = TreeOps::Descend(im, t, from, 0, &miss);
+    if (leaf != nullptr) im->c_hits.FetchAdd(1, MemOrder::kRelaxed);
     if (leaf == nullptr) {
       t.lock.ReadUnlock();
       TFS_TRY(TreeOps::FetchMiss(im, t, miss));

@@ -78,8 +78,10 @@ struct Stats {
   u64 lookups, inserts, deletes;       // keys read / set / deleted
   u64 commits;                         // transactions committed
   u64 restarts;                        // descents restarted (node read, structure change)
-  u64 splits, merges, root_grows, root_shrinks, compactions;
-  u64 cache_hits, cache_misses, evictions;
+  u64 splits, merges, root_grows, root_shrinks;
+  u64 compactions;                     // leaf compactions caused by updates
+  u64 cache_hits;                      // descents (lookup, iterator refill, update) that found every node cached
+  u64 cache_misses, evictions;         // nodes read on demand; nodes evicted
   u64 node_reads, node_read_bytes, corrupt_reads;
   u64 node_writes, node_write_bytes;
   u64 checkpoints;
