@@ -1712,33 +1712,23 @@ Status Iterator::SeekForPrev(const Pos& pos) { return Move(Dir::kSeekForPrev, po
 Status Iterator::SeekToFirst() { return Move(Dir::kSeek, Pos::Min(id_)); }
 Status Iterator::SeekToLast() { return Move(Dir::kSeekForPrev, Pos::Max(id_)); }
 
-Status Iterator::Next() {
-  if (!valid_) return Err::kInvalidArgument;
-  if (leaf_ != nullptr && idx_ + 1 < offsets_.size() &&
-      leaf_->version.Load(MemOrder::kAcquire) == leaf_version_) {
-    SetCurrent(idx_ + 1);
-    return Status::Ok();
-  }
-  if (IsMax(pos_)) {
-    valid_ = false;
-    return Status::Ok();
-  }
-  batch_limit_ = Min<u32>(batch_limit_ * 2, kIterBatchMax);
-  return Fill(true, Succ(pos_));
-}
+Status Iterator::Next() { return Step(true); }
+Status Iterator::Prev() { return Step(false); }
 
-Status Iterator::Prev() {
+Status Iterator::Step(bool forward) {
   if (!valid_) return Err::kInvalidArgument;
-  if (leaf_ != nullptr && idx_ > 0 && leaf_->version.Load(MemOrder::kAcquire) == leaf_version_) {
-    SetCurrent(idx_ - 1);
+  // Inside the batch, while the leaf is unchanged: no lock, no search.
+  const bool more = forward ? idx_ + 1 < offsets_.size() : idx_ > 0;
+  if (leaf_ != nullptr && more && leaf_->version.Load(MemOrder::kAcquire) == leaf_version_) {
+    SetCurrent(forward ? idx_ + 1 : idx_ - 1);
     return Status::Ok();
   }
-  if (IsMin(pos_)) {
+  if (forward ? IsMax(pos_) : IsMin(pos_)) {
     valid_ = false;
     return Status::Ok();
   }
   batch_limit_ = Min<u32>(batch_limit_ * 2, kIterBatchMax);
-  return Fill(false, Pred(pos_));
+  return Fill(forward, forward ? Succ(pos_) : Pred(pos_));
 }
 
 Status Iterator::Move(Dir dir, const Pos& pos) {
@@ -1792,20 +1782,20 @@ Status Iterator::Fill(bool forward, Pos from) {
     NodeIter it(leaf->node);
     u32 n = 0;
     if (forward) {
-      for (it.Seek(from); it.Valid() && n < batch_limit_ && st.ok(); it.Next(), n++) {
-        KeyRef k = it.key();
-        const usize at = batch_.size();
-        st = offsets_.PushBack(u32(at));
-        if (st.ok()) st = batch_.Resize(at + k.space());
-        if (st.ok()) MemCopy(batch_.data() + at, k.raw(), k.space());
-      }
+      it.Seek(from);
     } else {
-      for (it.SeekForPrev(from); it.Valid() && n < batch_limit_ && st.ok(); it.Prev(), n++) {
-        KeyRef k = it.key();
-        const usize at = batch_.size();
-        st = offsets_.PushBack(u32(at));
-        if (st.ok()) st = batch_.Resize(at + k.space());
-        if (st.ok()) MemCopy(batch_.data() + at, k.raw(), k.space());
+      it.SeekForPrev(from);
+    }
+    for (; it.Valid() && n < batch_limit_ && st.ok(); n++) {
+      KeyRef k = it.key();
+      const usize at = batch_.size();
+      st = offsets_.PushBack(u32(at));
+      if (st.ok()) st = batch_.Resize(at + k.space());
+      if (st.ok()) MemCopy(batch_.data() + at, k.raw(), k.space());
+      if (forward) {
+        it.Next();
+      } else {
+        it.Prev();
       }
     }
     leaf->lock.ReadUnlock();

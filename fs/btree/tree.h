@@ -169,6 +169,8 @@ class Iterator {
   // neighbouring leaf while that side of it has none.
   Status Fill(bool forward, Pos from);
   void SetCurrent(u32 i);
+  // Next (forward) or Prev.
+  Status Step(bool forward);
 
   Btrees* trees_;
   u8 id_;
