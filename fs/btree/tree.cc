@@ -94,6 +94,7 @@ struct Btrees::Impl {
   Mutex commit_mu;      // one commit + apply at a time
   Mutex state_mu;       // the three below (never held while taking commit_mu)
   u64 applied_seq = 0;  // newest journal entry applied
+  bool committing = false;  // a commit is between its journal commit and its apply
   journal::Pin pin;     // oldest applied entry not yet in a checkpoint
   Status failed;        // sticky: memory no longer matches the journal
 
@@ -1017,6 +1018,16 @@ class TreeOps {
   static Status RunCheckpoint(Impl* im, Roots* roots_out) {
     MutexLock ck(im->ckpt_mu);
     u64 covered;
+    if (im->journal != nullptr) {
+      // Close the open journal entry if it holds applied commits, so that it can
+      // be covered (below) rather than replayed at the next mount.
+      u64 applied;
+      {
+        MutexLock c(im->state_mu);
+        applied = im->applied_seq;
+      }
+      if (im->journal->next_seq() <= applied) TFS_TRY(im->journal->Flush());
+    }
     {
       // Not commit_mu: a committer may be waiting for journal room while holding
       // it, and this checkpoint is what makes room.
@@ -1024,7 +1035,17 @@ class TreeOps {
       // After a failed apply the trees hold part of a transaction: never persist
       // that (replay of the journal applies the whole of it instead).
       if (!im->failed.ok()) return im->failed;
+      // The roots block will claim every journal entry up to `covered`: each must
+      // be fully applied before the images below are taken, and no later commit
+      // may join it. Commits are serialized and their seqs never decrease, so
+      // entries before applied_seq are complete; entry applied_seq itself is only
+      // if no commit is in flight and the journal has moved past it (else a commit
+      // could still land in it after this snapshot and be skipped by replay).
+      // Claiming one entry less is always safe: replay applies it again, and
+      // applying an entry's updates again in order is idempotent.
       covered = im->applied_seq;
+      if (covered > 0 && im->journal != nullptr && (im->committing || im->journal->next_seq() <= covered))
+        covered--;
     }
     Vector<Job> jobs;
     Vector<NodePtrFormat> to_free;
@@ -1386,6 +1407,8 @@ Status Btrees::Close() {
     im->writer_running = false;
   }
   Status st;
+  // Nothing commits any more, so this checkpoint covers every journal entry (a
+  // clean filesystem is mounted without replay).
   if (!im->opt.read_only && im->opened) st = Checkpoint();
   if (st.ok() && !im->opt.read_only) TreeOps::ReleaseOpenBucket(im);
   if (im->journal != nullptr && im->pin.active) im->journal->PinDrop(&im->pin);
@@ -1648,6 +1671,7 @@ Result<u64> Transaction::Commit(journal::CommitMode mode) {
       MutexLock sl(im->state_mu);
       st = im->failed;
       seq = im->applied_seq + 1;  // without a journal (tests): order only
+      im->committing = true;      // see RunCheckpoint's `covered`
     }
     if (st.ok() && im->journal != nullptr) {
       journal::Pin local;
@@ -1683,6 +1707,7 @@ Result<u64> Transaction::Commit(journal::CommitMode mode) {
       (in.type == kKeyWhiteout ? im->c_deletes : im->c_inserts).FetchAdd(1, MemOrder::kRelaxed);
     }
     MutexLock sl(im->state_mu);
+    im->committing = false;
     if (st.ok()) {
       im->applied_seq = seq;
     } else if (seq != 0 && im->journal != nullptr && im->failed.ok() && st.code() != Err::kTooBig) {
