@@ -75,6 +75,7 @@ u32 SetBuilder::Finish() {
 Status Set::Index(const SetHeader* hdr, u8 btree_id) {
   hdr_ = hdr;
   btree_id_ = btree_id;
+  open_ = false;
   nkeys_ = 0;
   u32 n = hdr->nkeys.get();
   Status st = offsets_.Resize(n);
@@ -109,14 +110,90 @@ Status Set::Index(const SetHeader* hdr, u8 btree_id) {
   return Status::Ok();
 }
 
+Status Set::IndexOpen(const SetHeader* hdr, u8 btree_id) {
+  hdr_ = hdr;
+  btree_id_ = btree_id;
+  open_ = true;
+  nkeys_ = 0;
+  const u32 n = hdr->nkeys.get();
+  Status st = offsets_.Resize(n);
+  if (st.ok()) st = eytz_.Resize(n);
+  if (!st.ok()) {
+    offsets_.Resize(0).IgnoreError();
+    eytz_.Resize(0).IgnoreError();
+    return st;
+  }
+  rank_.Resize(0).IgnoreError();
+  const u8* base = reinterpret_cast<const u8*>(hdr);
+  u32 off = u32(sizeof(SetHeader));
+  for (u32 i = 0; i < n; i++) {
+    const auto* key = reinterpret_cast<const KeyHeader*>(base + off);
+    offsets_[i] = off;
+    eytz_[i] = Entry{key->inode.get(), key->offset.get()};
+    off += KeySpace(key->val_bytes.get());
+  }
+  nkeys_ = n;
+  return Status::Ok();
+}
+
 Status Set::Reserve(u32 n) {
-  TFS_TRY(offsets_.Reserve(n));
-  TFS_TRY(eytz_.Reserve(usize(n) + 1));
-  return rank_.Reserve(usize(n) + 1);
+  const usize want = Max<usize>(n, Max<usize>(2 * offsets_.capacity(), 16));
+  if (n > offsets_.capacity()) TFS_TRY(offsets_.Reserve(want));
+  if (n > eytz_.capacity()) TFS_TRY(eytz_.Reserve(want));
+  return Status::Ok();
+}
+
+void Set::Seal() {
+  if (!open_) return;
+  Set sealed;
+  if (sealed.Index(hdr_, btree_id_).ok()) *this = Move(sealed);
+}
+
+void Set::OpenUpdate(u32 i, const Pos& pos, u32 at, u32 space, u32 old_space, bool replace) {
+  TFS_BUG_ON(!open_ || i > nkeys_ || (replace && i == nkeys_));
+  if (!replace) {
+    TFS_BUG_ON(!offsets_.Resize(usize(nkeys_) + 1).ok() || !eytz_.Resize(usize(nkeys_) + 1).ok());  // reserved
+    MemMove(&offsets_[i + 1], &offsets_[i], (nkeys_ - i) * sizeof(u32));
+    MemMove(&eytz_[i + 1], &eytz_[i], (nkeys_ - i) * sizeof(Entry));
+    nkeys_++;
+    offsets_[i] = at;
+    eytz_[i] = Entry{pos.inode, pos.offset};
+  }
+  const u32 delta = space - old_space;  // mod 2^32: adds a negative change too
+  if (delta != 0)
+    for (u32 j = i + 1; j < nkeys_; j++) offsets_[j] += delta;
+}
+
+namespace {
+inline bool EntryLess(u64 inode, u64 offset, const Pos& pos) {
+  return inode < pos.inode || (inode == pos.inode && offset < pos.offset);
+}
+}  // namespace
+
+u32 Set::LowerBoundOpen(const Pos& pos) const {
+  const Entry* e = eytz_.data();
+  u32 lo = 0;
+  u32 len = nkeys_;
+  while (len > 0) {
+    const u32 half = len / 2;
+    if (EntryLess(e[lo + half].inode, e[lo + half].offset, pos)) {
+      lo += half + 1;
+      len -= half + 1;
+    } else {
+      len = half;
+    }
+  }
+  return lo;
 }
 
 u32 Set::LowerBound(const Pos& pos) const {
   if (pos.btree_id != btree_id_) return pos.btree_id < btree_id_ ? 0 : nkeys_;
+  if (open_) return LowerBoundOpen(pos);
+  const u64 k = LowerBoundSlot(pos);
+  return k == 0 ? nkeys_ : rank_[k];
+}
+
+u64 Set::LowerBoundSlot(const Pos& pos) const {
   const Entry* e = eytz_.data();
   const u64 n = nkeys_;
   u64 k = 1;
@@ -129,14 +206,17 @@ u32 Set::LowerBound(const Pos& pos) const {
     const u64 less = u64(x.inode < pos.inode) | (u64(x.inode == pos.inode) & u64(x.offset < pos.offset));
     k = 2 * k + less;
   }
-  k >>= __builtin_ctzll(~k) + 1;
-  return k == 0 ? nkeys_ : rank_[k];
+  return k >> (__builtin_ctzll(~k) + 1);
 }
 
 u32 Set::Find(const Pos& pos) const {
-  u32 i = LowerBound(pos);
-  if (i < nkeys_ && KeyPos(i) == pos) return i;
-  return nkeys_;
+  if (pos.btree_id != btree_id_) return nkeys_;
+  if (open_) {
+    const u32 i = LowerBoundOpen(pos);
+    return i < nkeys_ && eytz_[i].inode == pos.inode && eytz_[i].offset == pos.offset ? i : nkeys_;
+  }
+  const u64 k = LowerBoundSlot(pos);
+  return k != 0 && eytz_[k].inode == pos.inode && eytz_[k].offset == pos.offset ? rank_[k] : nkeys_;
 }
 
 }  // namespace tfs::btree

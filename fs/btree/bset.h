@@ -13,6 +13,10 @@
 //     chasing into the variable-sized keys;
 //   - rank_: Eytzinger slot -> in-order index, read once per search.
 // The index is derived data: never on disk, rebuilt whenever a set is (re)written.
+// A node's *open set* (btree/node.h), updated in place one key at a time, is
+// indexed in order instead (IndexOpen): entries sorted, searched by binary
+// search, so an insert costs a memmove of two small arrays (nothing for an
+// append) rather than a rebuild; Index() seals it into the Eytzinger form.
 //
 // Thread safety: a Set is immutable after Index() and may be read from any number
 // of threads; SetBuilder is single-threaded. Neither owns the node buffer: the node
@@ -77,8 +81,21 @@ class Set {
   // on allocation failure (the Set is then empty).
   [[nodiscard]] Status Index(const SetHeader* hdr, u8 btree_id);
 
-  // Makes room for indexing `n` keys without allocating (the open set's growth).
+  // Indexes a set in order (an open set: see above). kNoMemory as Index.
+  [[nodiscard]] Status IndexOpen(const SetHeader* hdr, u8 btree_id);
+  // Makes room for indexing `n` keys of an open set without allocating (grows
+  // geometrically, so appending key after key is amortized O(1)).
   [[nodiscard]] Status Reserve(u32 n);
+  // An open set's key changed in place (the node moved the bytes; `hdr` counts
+  // are already updated): key i, at byte offset `at` from the set header, now
+  // has `space` bytes; `replace`: it replaced a key of `old_space` bytes at the
+  // same position, else it was inserted before the old key i. Capacity must have
+  // been reserved (Reserve(size() + 1)).
+  void OpenUpdate(u32 i, const Pos& pos, u32 at, u32 space, u32 old_space, bool replace);
+  bool open() const { return open_; }
+  // Turns an open set's index into the Eytzinger form. Best effort: without
+  // memory for it the set keeps its in-order index, which is just as correct.
+  void Seal();
 
   const SetHeader* header() const { return hdr_; }
   u32 size() const { return nkeys_; }
@@ -90,7 +107,8 @@ class Set {
   Pos KeyPos(u32 i) const { return Key(i).pos(); }
   // Index of the first key >= pos, or size() if there is none.
   u32 LowerBound(const Pos& pos) const;
-  // Index of the key at exactly pos, or size().
+  // Index of the key at exactly pos, or size(). A miss reads only the index,
+  // never the keys.
   u32 Find(const Pos& pos) const;
 
  private:
@@ -98,12 +116,18 @@ class Set {
     u64 inode;
     u64 offset;
   };
+  // Eytzinger form: the slot of the first entry >= pos (0: none).
+  u64 LowerBoundSlot(const Pos& pos) const;
+  // Open form: the in-order index of the first entry >= pos.
+  u32 LowerBoundOpen(const Pos& pos) const;
+
   const SetHeader* hdr_ = nullptr;
   u8 btree_id_ = 0;
+  bool open_ = false;    // in-order index (IndexOpen) rather than Eytzinger
   u32 nkeys_ = 0;
   Vector<u32> offsets_;  // in-order key offsets from hdr_
-  Vector<Entry> eytz_;   // [1, nkeys_] in Eytzinger order; [0] unused
-  Vector<u32> rank_;     // Eytzinger slot -> in-order index
+  Vector<Entry> eytz_;   // Eytzinger: [1, nkeys_], [0] unused; open: [0, nkeys_) in order
+  Vector<u32> rank_;     // Eytzinger slot -> in-order index (empty while open)
 };
 
 }  // namespace tfs::btree

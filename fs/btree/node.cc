@@ -272,6 +272,7 @@ Status Node::Compact(u32 first) {
 bool Node::OpenSetInsert(const KeyInput& key, u64 journal_seq, bool force) {
   Set& s = sets_.back();
   auto* h = const_cast<SetHeader*>(s.header());
+  if (!s.open() && !s.IndexOpen(h, info_.btree_id).ok()) return false;  // a full node's one set
   const u32 n = s.size();
   const u32 i = s.LowerBound(key.pos);
   const bool replace = i < n && s.KeyPos(i) == key.pos;
@@ -280,7 +281,9 @@ bool Node::OpenSetInsert(const KeyInput& key, u64 journal_seq, bool force) {
   const u32 key_bytes = h->key_bytes.get();
   if (space > old_space) {
     const u32 grow = space - old_space;
-    if ((!force && key_bytes + grow > kOpenSetBytes) || grow > free_bytes()) return false;
+    // The size limit bounds the memmove of an insert; an append moves nothing,
+    // so ascending keys (sequential inserts, deletes) keep filling one set.
+    if ((!force && i < n && key_bytes + grow > kOpenSetBytes) || grow > free_bytes()) return false;
   }
   if (!replace && !s.Reserve(n + 1).ok()) return false;
   u8* base = reinterpret_cast<u8*>(h);
@@ -297,21 +300,23 @@ bool Node::OpenSetInsert(const KeyInput& key, u64 journal_seq, bool force) {
   h->key_bytes.set(key_bytes + space - old_space);
   h->nkeys.set(replace ? n : n + 1);
   if (journal_seq > h->journal_seq.get()) h->journal_seq.set(journal_seq);
-  TFS_BUG_ON(!s.Index(h, info_.btree_id).ok());  // capacity reserved above
+  s.OpenUpdate(i, key.pos, at, space, old_space, replace);
   reinterpret_cast<NodeHeader*>(buf_)->used_bytes.set(used_);
   return true;
 }
 
 bool Node::NewOpenSet(const KeyInput& key, u64 journal_seq) {
   const u32 need = u32(sizeof(SetHeader)) + KeySpace(key.val_bytes);
-  if (sets_.size() >= kMaxSets || need > free_bytes()) return false;
+  if (sets_.size() >= kMaxLiveSets || need > free_bytes()) return false;
   SetBuilder b(buf_ + used_, need, info_.btree_id, info_.seq, journal_seq);
   if (!b.Add(key).ok()) return false;
   const u32 bytes = b.Finish();
   Set s;
   if (!s.Reserve(kOpenSetBytes / sizeof(KeyHeader) + 1).ok() ||
-      !s.Index(reinterpret_cast<const SetHeader*>(buf_ + used_), info_.btree_id).ok())
+      !s.IndexOpen(reinterpret_cast<const SetHeader*>(buf_ + used_), info_.btree_id).ok())
     return false;
+  // The old open set is final now: it gets the Eytzinger index.
+  if (!sets_.empty()) sets_.back().Seal();
   TFS_BUG_ON(!sets_.PushBack(Move(s)).ok());  // capacity reserved for kMaxSets
   used_ += bytes;
   open_ = true;
@@ -321,6 +326,25 @@ bool Node::NewOpenSet(const KeyInput& key, u64 journal_seq) {
   return true;
 }
 
+bool Node::CompactionFrees(u32 need) const {
+  // Merging sets saves their headers; beyond that only shadowed versions and
+  // whiteouts are dropped. Shadowing needs two sets whose ranges overlap.
+  if (need <= free_bytes() + (nsets() - Min(nsets(), 1u)) * u32(sizeof(SetHeader))) return true;
+  for (u32 i = 0; i < nsets(); i++) {
+    const Set& a = sets_[i];
+    for (u32 j = i + 1; j < nsets(); j++) {
+      const Set& b = sets_[j];
+      if (!(a.KeyPos(a.size() - 1) < b.KeyPos(0) || b.KeyPos(b.size() - 1) < a.KeyPos(0))) return true;
+    }
+  }
+  // Disjoint sets: only whiteouts can go (a node that is full rarely gets here
+  // twice before the tree splits it, so the scan is cheap).
+  for (u32 i = 0; i < nsets(); i++)
+    for (u32 k = 0; k < sets_[i].size(); k++)
+      if (sets_[i].Key(k).is_whiteout()) return true;
+  return false;
+}
+
 Status Node::Upsert(const KeyInput& key, u64 journal_seq) {
   if (buf_ == nullptr) return Err::kInvalidArgument;
   TFS_TRY(CheckKeyInput(key, info_.btree_id));
@@ -328,9 +352,11 @@ Status Node::Upsert(const KeyInput& key, u64 journal_seq) {
   for (int attempt = 0;; attempt++) {
     if (open_ && OpenSetInsert(key, journal_seq, false)) return Status::Ok();
     if (NewOpenSet(key, journal_seq)) return Status::Ok();
-    if (attempt == 2) {
-      // Compacted whole and still full: a new version of a key the node holds
-      // may still replace the old one in place (the node's one set).
+    const bool short_of_space = u32(sizeof(SetHeader)) + KeySpace(key.val_bytes) > free_bytes();
+    if (attempt == 2 || (short_of_space && !CompactionFrees(u32(sizeof(SetHeader)) + KeySpace(key.val_bytes)))) {
+      // Compacted whole (or nothing to gain from it) and still full: a new
+      // version of a key the node holds may still replace the old one in place
+      // (the node's one set). Otherwise the tree splits the node.
       if (sets_.size() == 1 && sets_[0].Find(key.pos) < sets_[0].size() && OpenSetInsert(key, journal_seq, true)) {
         open_ = true;
         return Status::Ok();
@@ -342,7 +368,7 @@ Status Node::Upsert(const KeyInput& key, u64 journal_seq) {
     // also drops shadowed versions and whiteouts.
     u32 rest = 0;
     for (u32 i = 1; i < sets_.size(); i++) rest += sets_[i].header()->bytes.get();
-    const bool partial = attempt == 0 && sets_.size() >= kMaxSets && sets_.size() > 1 &&
+    const bool partial = attempt == 0 && sets_.size() >= kMaxLiveSets && sets_.size() > 1 &&
                          rest * 2 < sets_[0].header()->bytes.get();
     TFS_TRY(Compact(partial ? 1 : 0));
   }

@@ -31,6 +31,10 @@ namespace tfs::btree {
 inline constexpr u8 kMaxLevel = 7;  // leaf = 0; eight levels of 256 KiB nodes is ample
 // Key bytes the open set takes before a new set is started (see Node::Upsert).
 inline constexpr u32 kOpenSetBytes = 2048;
+// Sets a node keeps in memory before Upsert merges them (the format allows
+// kMaxSets): every lookup searches each set, so fewer sets make reads cheaper
+// and updates dearer (more merging).
+inline constexpr u32 kMaxLiveSets = 8;
 
 // Identity and key range of a node (the bounds are inclusive and share the btree).
 struct NodeInfo {
@@ -134,6 +138,9 @@ class Node {
   bool OpenSetInsert(const KeyInput& key, u64 journal_seq, bool force);
   // Starts a new open set holding `key`; false if there is no set or space left.
   bool NewOpenSet(const KeyInput& key, u64 journal_seq);
+  // Whether Compact(0) could leave `need` bytes free: false when the sets are
+  // disjoint and hold no whiteouts (then it would only copy the node).
+  bool CompactionFrees(u32 need) const;
 
   bool open_ = false;  // the newest set is the open set (its checksum is stale)
   u32 dead_ = 0;       // see NoteDead

@@ -515,9 +515,6 @@ TEST(NodeCorruptionTest, RandomGarbageUnderValidChecksumsNeverCrashes) {
   ::testing::Test::RecordProperty("accepted", accepted);
 }
 
-}  // namespace
-}  // namespace tfs::btree
-
 namespace tfs::btree {
 namespace {
 
@@ -637,6 +634,61 @@ TEST(NodeUpsertTest, FullNodeReplacesItsOnlyLargestKey) {
   in.pos = P(1, 2);
   ASSERT_EQ(node.Upsert(in, 9).code(), Err::kNoSpace);
   ASSERT_EQ(node.CountKeys(), 1u);
+}
+
+}  // namespace
+}  // namespace tfs::btree
+
+// Ascending keys are appends to the open set: it grows past kOpenSetBytes (an
+// append moves nothing), so a node fills without starting sets or compacting;
+// then an insert in the middle starts a new set and the big one is sealed
+// (Eytzinger-indexed) with every key still found.
+TEST(NodeUpsertTest, AscendingUpsertsFillOneOpenSet) {
+  Node node;
+  ASSERT_TRUE(node.Init(65536, Info(5)).ok());
+  u64 n = 0;
+  for (;; n++) {
+    u64 v = n * 3;
+    KeyInput in;
+    in.pos = P(1, 2 * n);
+    in.value = &v;
+    in.val_bytes = sizeof(v);
+    Status st = node.Upsert(in, n + 1);
+    if (st.code() == Err::kNoSpace) break;
+    ASSERT_TRUE(st.ok()) << st.Message();
+  }
+  EXPECT_GT(n * KeySpace(8), 20 * kOpenSetBytes);
+  EXPECT_EQ(node.nsets(), 1u);
+  EXPECT_EQ(node.compactions(), 0u) << "a node filled by appends has nothing to merge";
+  EXPECT_TRUE(node.set(0).open());
+  Model model;
+  for (u64 i = 0; i < n; i++) {
+    std::vector<u8> v(8);
+    u64 x = i * 3;
+    memcpy(v.data(), &x, 8);
+    model[{1, 2 * i}] = v;
+  }
+  ExpectEqualsModel(node, model);
+  // Deleting the last keys makes room; a key in the middle then goes to a new
+  // set (after a compaction drops the whiteouts), the old one sealed.
+  for (u64 i = n - 4; i < n; i++) {
+    KeyInput del;
+    del.pos = P(1, 2 * i);
+    del.type = kKeyWhiteout;
+    ASSERT_TRUE(node.Upsert(del, n + 1).ok());  // replaces the key in place
+    model.erase({1, 2 * i});
+  }
+  u64 v = 7;
+  KeyInput mid;
+  mid.pos = P(1, 1);
+  mid.value = &v;
+  mid.val_bytes = sizeof(v);
+  Status st = node.Upsert(mid, n + 2);
+  ASSERT_TRUE(st.ok()) << st.Message();
+  model[{1, 1}] = std::vector<u8>(reinterpret_cast<u8*>(&v), reinterpret_cast<u8*>(&v) + 8);
+  EXPECT_EQ(node.nsets(), 2u);
+  EXPECT_FALSE(node.set(0).open());
+  ExpectEqualsModel(node, model);
 }
 
 }  // namespace

@@ -1187,7 +1187,9 @@ class TreeOps {
       MutexLock c(im->state_mu);
       if (im->pin.active && im->pin.seq <= covered) {
         im->journal->PinDrop(&im->pin);
-        if (im->applied_seq > covered) im->journal->PinAt(&im->pin, covered + 1).IgnoreError();
+        // Entries after `covered` still matter: applied ones, and the entry of a
+        // commit in flight (which relied on this pin when it started).
+        if (im->applied_seq > covered || im->committing) im->journal->PinAt(&im->pin, covered + 1).IgnoreError();
       }
     }
     im->c_checkpoints.FetchAdd(1, MemOrder::kRelaxed);
@@ -1225,6 +1227,12 @@ class TreeOps {
 // ---------------------------------------------------------------------------
 // Btrees.
 
+u64 DefaultCacheBytes() {
+  const u64 mem = platform::MemoryBytes();
+  if (mem == 0) return 256ull << 20;
+  return Max<u64>(mem / 8, 64ull << 20);
+}
+
 Btrees::Btrees() = default;
 
 Btrees::~Btrees() {
@@ -1254,6 +1262,7 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
   im->alloc = alloc;
   im->sb = sb;
   im->opt = options;
+  if (im->opt.cache_bytes == 0) im->opt.cache_bytes = DefaultCacheBytes();
   im->node_size = ns;
   node_size_ = ns;
   im->slots_per_bucket = sb.bucket_size / ns;
@@ -1667,33 +1676,31 @@ Result<u64> Transaction::Commit(journal::CommitMode mode) {
   u64 seq = 0;
   {
     MutexLock c(im->commit_mu);
+    bool need_pin;
     {
       MutexLock sl(im->state_mu);
       st = im->failed;
       seq = im->applied_seq + 1;  // without a journal (tests): order only
-      im->committing = true;      // see RunCheckpoint's `covered`
+      im->committing = true;      // see RunCheckpoint's `covered` and pin
+      // The trees hold one pin, on the oldest entry not yet in a checkpoint; it
+      // keeps every newer entry in the ring too. Only without one does this
+      // commit pin its entry (a checkpoint that drops the pin while a commit is
+      // in flight re-pins past what it covered, see RunCheckpoint).
+      need_pin = !im->pin.active;
     }
     if (st.ok() && im->journal != nullptr) {
       journal::Pin local;
-      auto r = im->journal->Commit(jkeys.data(), u32(jkeys.size()), 0, journal::CommitMode::kNoFlush, &local);
+      auto r = im->journal->Commit(jkeys.data(), u32(jkeys.size()), 0, journal::CommitMode::kNoFlush,
+                                   need_pin ? &local : nullptr);
       if (!r.ok()) {
         st = r.status();
       } else {
         seq = r.value();
-        // Keep the oldest pin: it holds every newer entry in the ring too.
-        journal::Pin drop;
-        {
+        if (need_pin) {
           MutexLock sl(im->state_mu);
-          if (!im->pin.active) {
-            im->pin = local;
-          } else if (local.seq < im->pin.seq) {
-            drop = im->pin;
-            im->pin = local;
-          } else {
-            drop = local;
-          }
+          TFS_BUG_ON(im->pin.active);  // only this commit or a checkpoint sets it
+          im->pin = local;
         }
-        if (drop.active) im->journal->PinDrop(&drop);
       }
     }
     for (usize i = 0; st.ok() && i < jkeys.size(); i++) {

@@ -68,7 +68,8 @@ struct CachedNode;
 class Btrees;
 
 struct Options {
-  u64 cache_bytes = 256ull << 20;  // node cache bound (dirty nodes may exceed it briefly)
+  // Node cache bound (dirty nodes may exceed it briefly); 0: DefaultCacheBytes().
+  u64 cache_bytes = 0;
   u32 node_size = 0;               // 0 = the superblock's btree_node_size
   bool writer_thread = true;       // false: checkpoints only when called (tests)
   bool read_only = false;          // no allocator changes, no writes (show, fsck -n)
@@ -89,6 +90,12 @@ struct Stats {
   u64 cached_nodes, cached_bytes, dirty_nodes, dirty_bytes;  // now
   u64 depth[kNrBtreeIds];              // levels per tree now (0 = empty)
 };
+
+// The node cache bound when Options::cache_bytes is 0: an eighth of the machine's
+// memory (256 MiB if unknown), at least 64 MiB. Like a page cache, the btree is
+// fastest when its working set is cached; a smaller bound still works (nodes are
+// evicted and read again) and is what memory-tight deployments set.
+u64 DefaultCacheBytes();
 
 // Where the trees are on disk: what a roots block holds.
 struct Roots {

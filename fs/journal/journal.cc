@@ -205,7 +205,10 @@ Result<u64> Journal::Commit(const Key* keys, u32 nkeys, DevMask deps, CommitMode
     cv_.Signal();
     while (durable_seq_ < seq && failed_.ok()) done_cv_.Wait(mu_);
     if (!failed_.ok()) return failed_;
-  } else if (buf->ncommits == 1 || buf->used > config_.max_entry_bytes / 2) {
+  } else if (buf->ncommits == 1 || (buf->used > config_.max_entry_bytes / 2 && buf->used - space <= config_.max_entry_bytes / 2)) {
+    // The writer's clock starts with an entry's first commit, and an entry half
+    // full is written at once: only those two moments need the writer woken
+    // (waking it on every later commit cost a futex call per commit).
     cv_.Signal();
   }
   latency_[mode == CommitMode::kFlush]->Record(platform::NowNs() - start);
@@ -273,10 +276,14 @@ void Journal::PinRelease(u64 seq) {
 void Journal::PinDrop(Pin* pin) {
   if (pin == nullptr || !pin->active) return;
   MutexLock lock(mu_);
+  const u64 oldest = MinPinnedSeq();
   PinRelease(pin->seq);
   pin->active = false;
-  done_cv_.Broadcast();
-  cv_.Signal();
+  // Only a move of the oldest pin frees ring space: wake whoever waits for it.
+  if (MinPinnedSeq() != oldest) {
+    done_cv_.Broadcast();
+    cv_.Signal();
+  }
 }
 
 Status Journal::PinAt(Pin* pin, u64 seq) {

@@ -44,6 +44,9 @@ void tfs_plat_wake(const u32* word, int count);
 u64 tfs_plat_now_ns(void);  // monotonic clock, nanoseconds
 void tfs_plat_sleep_ns(u64 ns);
 
+// --- memory -------------------------------------------------------------------
+u64 tfs_plat_memory_bytes(void);  // physical memory of the machine, bytes (0: unknown)
+
 // --- threads ------------------------------------------------------------------
 // A thread runs fn(arg) once and ends when fn returns; join waits for that and
 // frees the handle. The core stops its threads itself (flag + wake), so the
@@ -95,6 +98,8 @@ void Delete(T* p) {
   p->~T();
   tfs_plat_free(p);
 }
+
+inline u64 MemoryBytes() { return tfs_plat_memory_bytes(); }
 
 // Time.
 inline u64 NowNs() { return tfs_plat_now_ns(); }

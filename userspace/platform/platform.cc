@@ -66,6 +66,12 @@ u64 tfs_plat_now_ns(void) {
   return u64(ts.tv_sec) * 1000000000ull + u64(ts.tv_nsec);
 }
 
+u64 tfs_plat_memory_bytes(void) {
+  long pages = sysconf(_SC_PHYS_PAGES);
+  long page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? u64(pages) * u64(page) : 0;
+}
+
 void tfs_plat_sleep_ns(u64 ns) {
   struct timespec ts = ToTimespec(ns);
   while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {

@@ -585,7 +585,7 @@ int BenchBtree(int argc, char** argv) {
     return 1;
   }
 
-  uint64_t cache_bytes = cache_mb != 0 ? cache_mb << 20 : btree::Options{}.cache_bytes;
+  uint64_t cache_bytes = cache_mb != 0 ? cache_mb << 20 : btree::DefaultCacheBytes();
   printf("btree benchmark: N=%llu, %u thread(s), cache %llu MiB, node %u KiB, journal %llu MiB, image %s (%s)\n",
          (unsigned long long)n, threads, (unsigned long long)(cache_bytes >> 20), node_size >> 10,
          (unsigned long long)(journal_bytes >> 20), path.c_str(), devs[0]->direct() ? "O_DIRECT" : "buffered");
