@@ -199,9 +199,15 @@ u64 Set::LowerBoundSlot(const Pos& pos) const {
   u64 k = 1;
   while (k <= n) {
     // Sixteen slots below k are k's descendants four levels down, contiguous in one
-    // 256-byte block. Prefetching past the array is harmless (never faults), but
-    // computed on integers so that no out-of-bounds pointer is ever formed.
-    __builtin_prefetch(reinterpret_cast<const void*>(uptr(e) + 16 * k * sizeof(Entry)));
+    // 256-byte block: all four of its cache lines are fetched, since the descent
+    // will use one entry of any of them. Prefetching past the array is harmless
+    // (never faults), but computed on integers so that no out-of-bounds pointer
+    // is ever formed.
+    const uptr block = uptr(e) + 16 * k * sizeof(Entry);
+    __builtin_prefetch(reinterpret_cast<const void*>(block));
+    __builtin_prefetch(reinterpret_cast<const void*>(block + 64));
+    __builtin_prefetch(reinterpret_cast<const void*>(block + 128));
+    __builtin_prefetch(reinterpret_cast<const void*>(block + 192));
     const Entry& x = e[k];
     const u64 less = u64(x.inode < pos.inode) | (u64(x.inode == pos.inode) & u64(x.offset < pos.offset));
     k = 2 * k + less;

@@ -482,6 +482,9 @@ void Node::OverwriteValue(KeyRef key, const void* value) {
 }
 
 KeyRef Node::Find(const Pos& pos) const {
+  // The sets are searched one after another, newest first: start loading the
+  // top of every set's index now, so those misses overlap.
+  for (u32 i = 0; i < sets_.size(); i++) sets_[i].PrefetchIndex();
   for (u32 i = u32(sets_.size()); i-- > 0;) {
     const Set& s = sets_[i];
     u32 j = s.Find(pos);

@@ -34,7 +34,7 @@ inline constexpr u32 kOpenSetBytes = 2048;
 // Sets a node keeps in memory before Upsert merges them (the format allows
 // kMaxSets): every lookup searches each set, so fewer sets make reads cheaper
 // and updates dearer (more merging).
-inline constexpr u32 kMaxLiveSets = 8;
+inline constexpr u32 kMaxLiveSets = 4;
 
 // Identity and key range of a node (the bounds are inclusive and share the btree).
 struct NodeInfo {
