@@ -149,6 +149,14 @@ void Set::Seal() {
   if (sealed.Index(hdr_, btree_id_).ok()) *this = Move(sealed);
 }
 
+Status Set::Unseal() {
+  if (open_) return Status::Ok();
+  Set unsealed;
+  TFS_TRY(unsealed.IndexOpen(hdr_, btree_id_));
+  *this = Move(unsealed);
+  return Status::Ok();
+}
+
 void Set::OpenUpdate(u32 i, const Pos& pos, u32 at, u32 space, u32 old_space, bool replace) {
   TFS_BUG_ON(!open_ || i > nkeys_ || (replace && i == nkeys_));
   if (!replace) {

@@ -105,6 +105,9 @@ class Set {
   // Turns an open set's index into the Eytzinger form. Best effort: without
   // memory for it the set keeps its in-order index, which is just as correct.
   void Seal();
+  // The reverse, for a sealed set that becomes a node's open set again.
+  // kNoMemory leaves the set (and its index) as it was.
+  [[nodiscard]] Status Unseal();
 
   const SetHeader* header() const { return hdr_; }
   u32 size() const { return nkeys_; }

@@ -63,6 +63,32 @@ TEST(SetTest, LowerBoundMatchesModelForEverySmallSize) {
   }
 }
 
+// The open (in-order) form answers exactly as the Eytzinger form, and Seal /
+// Unseal convert between them, for every small size and every probe.
+TEST(SetTest, OpenFormMatchesModelAndSealsAndUnseals) {
+  for (u32 n = 1; n <= 130; n++) {
+    std::vector<Pos> positions;
+    for (u32 i = 0; i < n; i++) positions.push_back(Pos{kBtreeTest, i / 5, 7 * u64(i)});
+    std::vector<Pos> probes;
+    for (const Pos& p : positions) {
+      probes.push_back(p);
+      probes.push_back(Pos{kBtreeTest, p.inode, p.offset + 1});
+    }
+    probes.push_back(Pos::Min(kBtreeTest));
+    probes.push_back(Pos::Max(kBtreeTest));
+    probes.push_back(Pos::Max(kBtreeTest - 1));
+    probes.push_back(Pos::Min(kBtreeTest + 1));
+    Built b;
+    Build(positions, n % 13, &b);
+    ASSERT_TRUE(b.set.Unseal().ok());
+    ASSERT_TRUE(b.set.open());
+    CheckAgainstModel(positions, b.set, probes);
+    b.set.Seal();
+    ASSERT_FALSE(b.set.open());
+    CheckAgainstModel(positions, b.set, probes);
+  }
+}
+
 TEST(SetTest, LowerBoundMatchesModelOnRandomSets) {
   std::mt19937_64 rng(5);
   for (int round = 0; round < 20; round++) {

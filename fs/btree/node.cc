@@ -272,7 +272,7 @@ Status Node::Compact(u32 first) {
 bool Node::OpenSetInsert(const KeyInput& key, u64 journal_seq, bool force) {
   Set& s = sets_.back();
   auto* h = const_cast<SetHeader*>(s.header());
-  if (!s.open() && !s.IndexOpen(h, info_.btree_id).ok()) return false;  // a full node's one set
+  if (!s.Unseal().ok()) return false;  // a full node's one set becomes the open set
   const u32 n = s.size();
   const u32 i = s.LowerBound(key.pos);
   const bool replace = i < n && s.KeyPos(i) == key.pos;

@@ -515,6 +515,9 @@ TEST(NodeCorruptionTest, RandomGarbageUnderValidChecksumsNeverCrashes) {
   ::testing::Test::RecordProperty("accepted", accepted);
 }
 
+}  // namespace
+}  // namespace tfs::btree
+
 namespace tfs::btree {
 namespace {
 
@@ -635,9 +638,6 @@ TEST(NodeUpsertTest, FullNodeReplacesItsOnlyLargestKey) {
   ASSERT_EQ(node.Upsert(in, 9).code(), Err::kNoSpace);
   ASSERT_EQ(node.CountKeys(), 1u);
 }
-
-}  // namespace
-}  // namespace tfs::btree
 
 // Ascending keys are appends to the open set: it grows past kOpenSetBytes (an
 // append moves nothing), so a node fills without starting sets or compacting;
