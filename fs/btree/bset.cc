@@ -80,11 +80,9 @@ Status Set::Index(const SetHeader* hdr, u8 btree_id) {
   u32 n = hdr->nkeys.get();
   Status st = offsets_.Resize(n);
   if (st.ok()) st = eytz_.Resize(usize(n) + 1);
-  if (st.ok()) st = rank_.Resize(usize(n) + 1);
   if (!st.ok()) {
     offsets_.Resize(0).IgnoreError();  // shrinking never fails
     eytz_.Resize(0).IgnoreError();
-    rank_.Resize(0).IgnoreError();
     return st;
   }
   const u8* base = reinterpret_cast<const u8*>(hdr);
@@ -94,10 +92,9 @@ Status Set::Index(const SetHeader* hdr, u8 btree_id) {
   while (2 * k <= n) k *= 2;
   for (u32 i = 0; i < n; i++) {
     const auto* key = reinterpret_cast<const KeyHeader*>(base + off);
+    eytz_[k] = Entry{key->inode.get(), key->offset.get(), off, i};
     offsets_[i] = off;
     off += KeySpace(key->val_bytes.get());
-    eytz_[k] = Entry{key->inode.get(), key->offset.get()};
-    rank_[k] = i;
     if (2 * k + 1 <= n) {  // successor: leftmost node of the right subtree
       k = 2 * k + 1;
       while (2 * k <= n) k *= 2;
@@ -123,13 +120,12 @@ Status Set::IndexOpen(const SetHeader* hdr, u8 btree_id) {
     eytz_.Resize(0).IgnoreError();
     return st;
   }
-  rank_.Resize(0).IgnoreError();
   const u8* base = reinterpret_cast<const u8*>(hdr);
   u32 off = u32(sizeof(SetHeader));
   for (u32 i = 0; i < n; i++) {
     const auto* key = reinterpret_cast<const KeyHeader*>(base + off);
     offsets_[i] = off;
-    eytz_[i] = Entry{key->inode.get(), key->offset.get()};
+    eytz_[i] = Entry{key->inode.get(), key->offset.get(), 0, 0};  // open form: offsets_ and i
     off += KeySpace(key->val_bytes.get());
   }
   nkeys_ = n;
@@ -165,7 +161,7 @@ void Set::OpenUpdate(u32 i, const Pos& pos, u32 at, u32 space, u32 old_space, bo
     MemMove(&eytz_[i + 1], &eytz_[i], (nkeys_ - i) * sizeof(Entry));
     nkeys_++;
     offsets_[i] = at;
-    eytz_[i] = Entry{pos.inode, pos.offset};
+    eytz_[i] = Entry{pos.inode, pos.offset, 0, 0};
   }
   const u32 delta = space - old_space;  // mod 2^32: adds a negative change too
   if (delta != 0)
@@ -198,7 +194,7 @@ u32 Set::LowerBound(const Pos& pos) const {
   if (pos.btree_id != btree_id_) return pos.btree_id < btree_id_ ? 0 : nkeys_;
   if (open_) return LowerBoundOpen(pos);
   const u64 k = LowerBoundSlot(pos);
-  return k == 0 ? nkeys_ : rank_[k];
+  return k == 0 ? nkeys_ : eytz_[k].rank;
 }
 
 u64 Set::LowerBoundSlot(const Pos& pos) const {
@@ -207,15 +203,13 @@ u64 Set::LowerBoundSlot(const Pos& pos) const {
   u64 k = 1;
   while (k <= n) {
     // Sixteen slots below k are k's descendants four levels down, contiguous in one
-    // 256-byte block: all four of its cache lines are fetched, since the descent
+    // 384-byte block: all six of its cache lines are fetched, since the descent
     // will use one entry of any of them. Prefetching past the array is harmless
     // (never faults), but computed on integers so that no out-of-bounds pointer
     // is ever formed.
     const uptr block = uptr(e) + 16 * k * sizeof(Entry);
-    __builtin_prefetch(reinterpret_cast<const void*>(block));
-    __builtin_prefetch(reinterpret_cast<const void*>(block + 64));
-    __builtin_prefetch(reinterpret_cast<const void*>(block + 128));
-    __builtin_prefetch(reinterpret_cast<const void*>(block + 192));
+    for (uptr line = 0; line < 16 * sizeof(Entry); line += 64)
+      __builtin_prefetch(reinterpret_cast<const void*>(block + line));
     const Entry& x = e[k];
     const u64 less = u64(x.inode < pos.inode) | (u64(x.inode == pos.inode) & u64(x.offset < pos.offset));
     k = 2 * k + less;
@@ -230,7 +224,18 @@ u32 Set::Find(const Pos& pos) const {
     return i < nkeys_ && eytz_[i].inode == pos.inode && eytz_[i].offset == pos.offset ? i : nkeys_;
   }
   const u64 k = LowerBoundSlot(pos);
-  return k != 0 && eytz_[k].inode == pos.inode && eytz_[k].offset == pos.offset ? rank_[k] : nkeys_;
+  return k != 0 && eytz_[k].inode == pos.inode && eytz_[k].offset == pos.offset ? eytz_[k].rank : nkeys_;
+}
+
+KeyRef Set::FindKey(const Pos& pos) const {
+  if (open_) {
+    const u32 i = Find(pos);
+    return i < nkeys_ ? Key(i) : KeyRef();
+  }
+  if (pos.btree_id != btree_id_) return KeyRef();
+  const u64 k = LowerBoundSlot(pos);
+  if (k == 0 || eytz_[k].inode != pos.inode || eytz_[k].offset != pos.offset) return KeyRef();
+  return KeyRef(reinterpret_cast<const KeyHeader*>(reinterpret_cast<const u8*>(hdr_) + eytz_[k].key_off));
 }
 
 }  // namespace tfs::btree

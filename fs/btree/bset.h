@@ -11,7 +11,9 @@
 //     lines, each step's children sit at 2k and 2k+1, and the search prefetches four
 //     levels ahead. A lower_bound is log2(n) predictable steps with no pointer
 //     chasing into the variable-sized keys;
-//   - rank_: Eytzinger slot -> in-order index, read once per search.
+//     Each entry also holds its key's in-order index and byte offset, so the
+//     answer of a search is in the entry the descent ended on: a hit reads the
+//     key next, with no rank or offset table in between.
 // The index is derived data: never on disk, rebuilt whenever a set is (re)written.
 // A node's *open set* (btree/node.h), updated in place one key at a time, is
 // indexed in order instead (IndexOpen): entries sorted, searched by binary
@@ -97,10 +99,8 @@ class Set {
   // Eytzinger tree's top four levels, or the open form's first three probes.
   void PrefetchIndex() const {
     const uptr e = uptr(eytz_.data());
-    __builtin_prefetch(reinterpret_cast<const void*>(e));
-    __builtin_prefetch(reinterpret_cast<const void*>(e + 64));
-    __builtin_prefetch(reinterpret_cast<const void*>(e + 128));
-    __builtin_prefetch(reinterpret_cast<const void*>(e + 192));
+    for (uptr line = 0; line < 16 * sizeof(Entry); line += 64)
+      __builtin_prefetch(reinterpret_cast<const void*>(e + line));
   }
   // Turns an open set's index into the Eytzinger form. Best effort: without
   // memory for it the set keeps its in-order index, which is just as correct.
@@ -122,11 +122,16 @@ class Set {
   // Index of the key at exactly pos, or size(). A miss reads only the index,
   // never the keys.
   u32 Find(const Pos& pos) const;
+  // The key at exactly pos, or an invalid KeyRef; reads only the index and,
+  // for a hit, the key.
+  KeyRef FindKey(const Pos& pos) const;
 
  private:
-  struct Entry {  // 16 bytes: four per cache line
+  struct Entry {  // 24 bytes
     u64 inode;
     u64 offset;
+    u32 key_off;  // sealed form: the key's byte offset from the header
+    u32 rank;     // sealed form: the key's in-order index
   };
   // Eytzinger form: the slot of the first entry >= pos (0: none).
   u64 LowerBoundSlot(const Pos& pos) const;
@@ -139,7 +144,6 @@ class Set {
   u32 nkeys_ = 0;
   Vector<u32> offsets_;  // in-order key offsets from hdr_
   Vector<Entry> eytz_;   // Eytzinger: [1, nkeys_], [0] unused; open: [0, nkeys_) in order
-  Vector<u32> rank_;     // Eytzinger slot -> in-order index (empty while open)
 };
 
 }  // namespace tfs::btree

@@ -40,6 +40,11 @@ void CheckAgainstModel(const std::vector<Pos>& positions, const Set& set, const 
     ASSERT_EQ(set.LowerBound(q), want) << "probe " << q.inode << ":" << q.offset << " n=" << positions.size();
     bool present = want < positions.size() && positions[want] == q;
     ASSERT_EQ(set.Find(q), present ? want : set.size());
+    KeyRef k = set.FindKey(q);
+    ASSERT_EQ(k.valid(), present);
+    if (present) {
+      ASSERT_EQ(k.raw(), set.Key(want).raw());
+    }
   }
 }
 

@@ -486,10 +486,8 @@ KeyRef Node::Find(const Pos& pos) const {
   // top of every set's index now, so those misses overlap.
   for (u32 i = 0; i < sets_.size(); i++) sets_[i].PrefetchIndex();
   for (u32 i = u32(sets_.size()); i-- > 0;) {
-    const Set& s = sets_[i];
-    u32 j = s.Find(pos);
-    if (j == s.size()) continue;
-    KeyRef k = s.Key(j);
+    KeyRef k = sets_[i].FindKey(pos);
+    if (!k.valid()) continue;
     return k.is_whiteout() ? KeyRef() : k;
   }
   return KeyRef();
