@@ -104,6 +104,10 @@ struct Btrees::Impl {
   Atomic<u64> cached_bytes{0};
   Atomic<u64> cached_nodes{0};
   Atomic<u64> dirty_nodes{0};
+  // Some node may not be cached: set for good once an interior node is read from
+  // disk (its children are not) or a node is evicted. Until then every node is
+  // in memory and commits skip their prefetch descent.
+  Atomic<u8> partial{0};
 
   // Node slots in btree buckets.
   Mutex slot_mu;
@@ -410,6 +414,7 @@ class TreeOps {
       if (st.ok()) st = n->children.Resize(n->node.set(0).size());
       if (st.ok())
         for (usize i = 0; i < n->children.size(); i++) n->children[i] = nullptr;
+      im->partial.Store(1, MemOrder::kRelaxed);
     }
     if (!st.ok()) {
       platform::Delete(n);
@@ -511,6 +516,7 @@ class TreeOps {
               im->lru.Remove(n);
               CachedNode* p = n->parent;
               p->children[ChildIndex(p, n)] = nullptr;
+              im->partial.Store(1, MemOrder::kRelaxed);
               im->cached_bytes.FetchSub(n->charged, MemOrder::kRelaxed);
               im->cached_nodes.FetchSub(1, MemOrder::kRelaxed);
               n->parent = victims;  // chain for freeing outside cache_mu
@@ -1659,14 +1665,19 @@ Result<u64> Transaction::Commit(journal::CommitMode mode) {
       while (im->ckpt_done == seen && !im->stop) (void)im->done_cv.WaitFor(im->wmu, 100 * platform::kNsPerMs);
     }
   }
-  // The leaves to update are read now, before the journal commit, with no lock held.
-  Vector<journal::Key> jkeys;
+  // The leaves to update are read now, before the journal commit, with no lock
+  // held -- unless every node is cached (then ApplyKey cannot miss; were one
+  // evicted meanwhile, ApplyKey would read it itself: slower, still correct).
+  // The journal's view of the keys (kept between commits: no allocation per commit).
+  Vector<journal::Key>& jkeys = jkeys_;
+  const bool prefetch = im->partial.Load(MemOrder::kRelaxed) != 0;
+  jkeys.Clear();
   Status st = jkeys.Reserve(n_);
   for (usize off = 0; st.ok() && off < keys_.size();) {
     const auto* h = reinterpret_cast<const KeyHeader*>(keys_.data() + off);
     const u32 space = KeySpace(h->val_bytes.get());
     jkeys.PushBack(journal::Key{journal::kKeyBtree, space, h}).IgnoreError();
-    st = TreeOps::Prefetch(im, KeyRef(h).pos());
+    if (prefetch) st = TreeOps::Prefetch(im, KeyRef(h).pos());
     off += space;
   }
   if (!st.ok()) {

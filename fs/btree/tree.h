@@ -140,6 +140,7 @@ class Transaction {
   Status Append(const KeyInput& in);
   Btrees* trees_;
   Vector<u8> keys_;  // journal keys: KeyHeader + padded value, back to back
+  Vector<journal::Key> jkeys_;  // Commit's list of them for the journal
   u32 n_ = 0;
 };
 

@@ -152,7 +152,9 @@ void Journal::SetReclaimHook(void (*fn)(void*, u64), void* ctx) {
 }
 
 Result<u64> Journal::Commit(const Key* keys, u32 nkeys, DevMask deps, CommitMode mode, Pin* pin) {
-  u64 start = platform::NowNs();
+  const bool timed =
+      mode == CommitMode::kFlush || nofl_commits_.FetchAdd(1, MemOrder::kRelaxed) % kNoFlushSample == 0;
+  const u64 start = timed ? platform::NowNs() : 0;
   u32 space = 0;
   for (u32 i = 0; i < nkeys; i++) {
     if (keys[i].type == kKeyInvalid) return Err::kInvalidArgument;
@@ -191,7 +193,7 @@ Result<u64> Journal::Commit(const Key* keys, u32 nkeys, DevMask deps, CommitMode
     MemSet(p + sizeof(KeyHeader) + keys[i].len, 0, ks - sizeof(KeyHeader) - keys[i].len);
     p += ks;
   }
-  if (buf->nkeys == 0 && buf->ncommits == 0) buf->first_commit_ns = start;
+  if (buf->nkeys == 0 && buf->ncommits == 0) buf->first_commit_ns = timed ? start : platform::NowNs();
   buf->used += space;
   buf->nkeys += nkeys;
   buf->ncommits++;
@@ -211,7 +213,7 @@ Result<u64> Journal::Commit(const Key* keys, u32 nkeys, DevMask deps, CommitMode
     // (waking it on every later commit cost a futex call per commit).
     cv_.Signal();
   }
-  latency_[mode == CommitMode::kFlush]->Record(platform::NowNs() - start);
+  if (timed) latency_[mode == CommitMode::kFlush]->Record(platform::NowNs() - start);
   return seq;
 }
 
