@@ -72,38 +72,71 @@ u32 SetBuilder::Finish() {
   return used_;
 }
 
+namespace {
+
+inline bool EntryLess(u64 inode, u64 offset, const Pos& pos) {
+  return inode < pos.inode || (inode == pos.inode && offset < pos.offset);
+}
+
+}  // namespace
+
+u16 Set::Fingerprint(u64 inode, u64 offset) {
+  u64 h = (inode * 0x9e3779b97f4a7c15ull) ^ offset;
+  h ^= h >> 31;
+  h *= 0xff51afd7ed558ccdull;
+  return u16(h >> 48);
+}
+
 Status Set::Index(const SetHeader* hdr, u8 btree_id) {
   hdr_ = hdr;
   btree_id_ = btree_id;
   open_ = false;
   nkeys_ = 0;
-  u32 n = hdr->nkeys.get();
+  const u32 n = hdr->nkeys.get();
+  const u32 m = (n + kBlockKeys - 1) / kBlockKeys;
   Status st = offsets_.Resize(n);
-  if (st.ok()) st = eytz_.Resize(usize(n) + 1);
+  if (st.ok()) st = eytz_.Resize(usize(m) + 1);
   if (!st.ok()) {
     offsets_.Resize(0).IgnoreError();  // shrinking never fails
     eytz_.Resize(0).IgnoreError();
+    sorted_.Resize(0).IgnoreError();
     return st;
   }
+  sorted_.Resize(0).IgnoreError();
   const u8* base = reinterpret_cast<const u8*>(hdr);
   u32 off = u32(sizeof(SetHeader));
-  // k walks the implicit tree in order: start at the leftmost node.
-  u32 k = 1;
-  while (2 * k <= n) k *= 2;
   for (u32 i = 0; i < n; i++) {
-    const auto* key = reinterpret_cast<const KeyHeader*>(base + off);
-    eytz_[k] = Entry{key->inode.get(), key->offset.get(), off, i};
     offsets_[i] = off;
-    off += KeySpace(key->val_bytes.get());
-    if (2 * k + 1 <= n) {  // successor: leftmost node of the right subtree
+    off += KeySpace(reinterpret_cast<const KeyHeader*>(base + off)->val_bytes.get());
+  }
+  // k walks the implicit tree of the m blocks in order: start at the leftmost node.
+  u32 k = 1;
+  while (2 * k <= m) k *= 2;
+  for (u32 b = 0; b < m; b++) {
+    Block& e = eytz_[k];
+    MemSet(&e, 0, sizeof(e));
+    e.first = b * kBlockKeys;
+    e.first_off = offsets_[e.first];
+    const u32 count = Min(kBlockKeys, n - e.first);
+    for (u32 j = 0; j < count; j++) {
+      const auto* key = reinterpret_cast<const KeyHeader*>(base + offsets_[e.first + j]);
+      if (j + 1 < count) {
+        e.fp[j] = Fingerprint(key->inode.get(), key->offset.get());
+      } else {
+        e.inode = key->inode.get();
+        e.offset = key->offset.get();
+      }
+    }
+    if (2 * k + 1 <= m) {  // successor: leftmost node of the right subtree
       k = 2 * k + 1;
-      while (2 * k <= n) k *= 2;
+      while (2 * k <= m) k *= 2;
     } else {  // or the first ancestor whose left subtree we are in
       while (k & 1) k >>= 1;
       k >>= 1;
     }
   }
   nkeys_ = n;
+  nblocks_ = m;
   return Status::Ok();
 }
 
@@ -112,20 +145,22 @@ Status Set::IndexOpen(const SetHeader* hdr, u8 btree_id) {
   btree_id_ = btree_id;
   open_ = true;
   nkeys_ = 0;
+  nblocks_ = 0;
   const u32 n = hdr->nkeys.get();
   Status st = offsets_.Resize(n);
-  if (st.ok()) st = eytz_.Resize(n);
+  if (st.ok()) st = sorted_.Resize(n);
   if (!st.ok()) {
     offsets_.Resize(0).IgnoreError();
-    eytz_.Resize(0).IgnoreError();
+    sorted_.Resize(0).IgnoreError();
     return st;
   }
+  eytz_.Resize(0).IgnoreError();
   const u8* base = reinterpret_cast<const u8*>(hdr);
   u32 off = u32(sizeof(SetHeader));
   for (u32 i = 0; i < n; i++) {
     const auto* key = reinterpret_cast<const KeyHeader*>(base + off);
     offsets_[i] = off;
-    eytz_[i] = Entry{key->inode.get(), key->offset.get(), 0, 0};  // open form: offsets_ and i
+    sorted_[i] = Entry{key->inode.get(), key->offset.get()};
     off += KeySpace(key->val_bytes.get());
   }
   nkeys_ = n;
@@ -135,7 +170,7 @@ Status Set::IndexOpen(const SetHeader* hdr, u8 btree_id) {
 Status Set::Reserve(u32 n) {
   const usize want = Max<usize>(n, Max<usize>(2 * offsets_.capacity(), 16));
   if (n > offsets_.capacity()) TFS_TRY(offsets_.Reserve(want));
-  if (n > eytz_.capacity()) TFS_TRY(eytz_.Reserve(want));
+  if (n > sorted_.capacity()) TFS_TRY(sorted_.Reserve(want));
   return Status::Ok();
 }
 
@@ -156,26 +191,20 @@ Status Set::Unseal() {
 void Set::OpenUpdate(u32 i, const Pos& pos, u32 at, u32 space, u32 old_space, bool replace) {
   TFS_BUG_ON(!open_ || i > nkeys_ || (replace && i == nkeys_));
   if (!replace) {
-    TFS_BUG_ON(!offsets_.Resize(usize(nkeys_) + 1).ok() || !eytz_.Resize(usize(nkeys_) + 1).ok());  // reserved
+    TFS_BUG_ON(!offsets_.Resize(usize(nkeys_) + 1).ok() || !sorted_.Resize(usize(nkeys_) + 1).ok());  // reserved
     MemMove(&offsets_[i + 1], &offsets_[i], (nkeys_ - i) * sizeof(u32));
-    MemMove(&eytz_[i + 1], &eytz_[i], (nkeys_ - i) * sizeof(Entry));
+    MemMove(&sorted_[i + 1], &sorted_[i], (nkeys_ - i) * sizeof(Entry));
     nkeys_++;
     offsets_[i] = at;
-    eytz_[i] = Entry{pos.inode, pos.offset, 0, 0};
+    sorted_[i] = Entry{pos.inode, pos.offset};
   }
   const u32 delta = space - old_space;  // mod 2^32: adds a negative change too
   if (delta != 0)
     for (u32 j = i + 1; j < nkeys_; j++) offsets_[j] += delta;
 }
 
-namespace {
-inline bool EntryLess(u64 inode, u64 offset, const Pos& pos) {
-  return inode < pos.inode || (inode == pos.inode && offset < pos.offset);
-}
-}  // namespace
-
 u32 Set::LowerBoundOpen(const Pos& pos) const {
-  const Entry* e = eytz_.data();
+  const Entry* e = sorted_.data();
   u32 lo = 0;
   u32 len = nkeys_;
   while (len > 0) {
@@ -190,52 +219,98 @@ u32 Set::LowerBoundOpen(const Pos& pos) const {
   return lo;
 }
 
-u32 Set::LowerBound(const Pos& pos) const {
-  if (pos.btree_id != btree_id_) return pos.btree_id < btree_id_ ? 0 : nkeys_;
-  if (open_) return LowerBoundOpen(pos);
-  const u64 k = LowerBoundSlot(pos);
-  return k == 0 ? nkeys_ : eytz_[k].rank;
-}
-
 u64 Set::LowerBoundSlot(const Pos& pos) const {
-  const Entry* e = eytz_.data();
-  const u64 n = nkeys_;
+  const Block* e = eytz_.data();
+  const u64 m = nblocks_;
   u64 k = 1;
-  while (k <= n) {
-    // Sixteen slots below k are k's descendants four levels down, contiguous in one
-    // 384-byte block: all six of its cache lines are fetched, since the descent
+  while (k <= m) {
+    // The eight slots three levels below k are k's descendants, contiguous in one
+    // 256-byte block: all four of its cache lines are fetched, since the descent
     // will use one entry of any of them. Prefetching past the array is harmless
     // (never faults), but computed on integers so that no out-of-bounds pointer
     // is ever formed.
-    const uptr block = uptr(e) + 16 * k * sizeof(Entry);
-    for (uptr line = 0; line < 16 * sizeof(Entry); line += 64)
+    const uptr block = uptr(e) + 8 * k * sizeof(Block);
+    for (uptr line = 0; line < 8 * sizeof(Block); line += 64)
       __builtin_prefetch(reinterpret_cast<const void*>(block + line));
-    const Entry& x = e[k];
+    const Block& x = e[k];
     const u64 less = u64(x.inode < pos.inode) | (u64(x.inode == pos.inode) & u64(x.offset < pos.offset));
     k = 2 * k + less;
   }
   return k >> (__builtin_ctzll(~k) + 1);
 }
 
+u32 Set::LowerBound(const Pos& pos) const {
+  if (pos.btree_id != btree_id_) return pos.btree_id < btree_id_ ? 0 : nkeys_;
+  if (open_) return LowerBoundOpen(pos);
+  const u64 k = LowerBoundSlot(pos);
+  if (k == 0) return nkeys_;
+  // The block's last key is >= pos: the answer is one of its keys, which lie
+  // one after another from first_off.
+  const Block& b = eytz_[k];
+  const u32 last = Min(kBlockKeys, nkeys_ - b.first) - 1;
+  const u8* p = reinterpret_cast<const u8*>(hdr_) + b.first_off;
+  for (u32 j = 0; j < last; j++) {
+    KeyRef key(reinterpret_cast<const KeyHeader*>(p));
+    if (key.pos() >= pos) return b.first + j;
+    p += key.space();
+  }
+  return b.first + last;
+}
+
+// In the block at slot k (whose last key is >= pos): the index of the key at
+// exactly pos, or size(). The last key is compared in the index; an earlier key
+// is read only when its fingerprint matches.
+u32 Set::FindInBlock(u64 k, const Pos& pos, KeyRef* out) const {
+  const Block& b = eytz_[k];
+  const u32 last = Min(kBlockKeys, nkeys_ - b.first) - 1;
+  const bool at_last = b.inode == pos.inode && b.offset == pos.offset;
+  const u16 fp = Fingerprint(pos.inode, pos.offset);
+  u32 want = last + 1;
+  if (at_last) {
+    want = last;
+  } else {
+    for (u32 j = 0; j < last; j++)
+      if (b.fp[j] == fp) {
+        want = j;
+        break;
+      }
+    if (want > last) return nkeys_;
+  }
+  const u8* p = reinterpret_cast<const u8*>(hdr_) + b.first_off;
+  for (u32 j = 0; j <= last; j++) {
+    KeyRef key(reinterpret_cast<const KeyHeader*>(p));
+    if (j >= want) {
+      const Pos kp = key.pos();
+      if (kp == pos) {
+        if (out != nullptr) *out = key;
+        return b.first + j;
+      }
+      if (kp > pos) return nkeys_;  // a fingerprint collision
+    }
+    p += key.space();
+  }
+  return nkeys_;
+}
+
 u32 Set::Find(const Pos& pos) const {
   if (pos.btree_id != btree_id_) return nkeys_;
   if (open_) {
     const u32 i = LowerBoundOpen(pos);
-    return i < nkeys_ && eytz_[i].inode == pos.inode && eytz_[i].offset == pos.offset ? i : nkeys_;
+    return i < nkeys_ && sorted_[i].inode == pos.inode && sorted_[i].offset == pos.offset ? i : nkeys_;
   }
   const u64 k = LowerBoundSlot(pos);
-  return k != 0 && eytz_[k].inode == pos.inode && eytz_[k].offset == pos.offset ? eytz_[k].rank : nkeys_;
+  return k == 0 ? nkeys_ : FindInBlock(k, pos, nullptr);
 }
 
 KeyRef Set::FindKey(const Pos& pos) const {
-  if (open_) {
+  if (open_ || pos.btree_id != btree_id_) {
     const u32 i = Find(pos);
     return i < nkeys_ ? Key(i) : KeyRef();
   }
-  if (pos.btree_id != btree_id_) return KeyRef();
   const u64 k = LowerBoundSlot(pos);
-  if (k == 0 || eytz_[k].inode != pos.inode || eytz_[k].offset != pos.offset) return KeyRef();
-  return KeyRef(reinterpret_cast<const KeyHeader*>(reinterpret_cast<const u8*>(hdr_) + eytz_[k].key_off));
+  KeyRef key;
+  if (k != 0) FindInBlock(k, pos, &key);
+  return key;
 }
 
 }  // namespace tfs::btree

@@ -6,14 +6,18 @@
 //   - offsets_: the byte offset of every key in order, for O(1) random access and
 //     backward iteration (keys have variable size, so the bytes alone only support
 //     walking forward);
-//   - an Eytzinger-ordered copy of every key's (inode, offset): the implicit binary
-//     search tree laid out breadth-first, 1-based, so the first levels share cache
-//     lines, each step's children sit at 2k and 2k+1, and the search prefetches four
-//     levels ahead. A lower_bound is log2(n) predictable steps with no pointer
-//     chasing into the variable-sized keys;
-//     Each entry also holds its key's in-order index and byte offset, so the
-//     answer of a search is in the entry the descent ended on: a hit reads the
-//     key next, with no rank or offset table in between.
+//   - a search index over *blocks* of kBlockKeys (4) consecutive keys, in
+//     Eytzinger order: the implicit binary search tree laid out breadth-first,
+//     1-based, so the first levels share cache lines, each step's children sit at
+//     2k and 2k+1, and the search prefetches three levels ahead. Each 32-byte
+//     block entry holds the block's last (inode, offset), the index and byte
+//     offset of its first key, and a 16-bit fingerprint of each other key. A
+//     lower_bound descends to the first block whose last key is >= pos (no pointer
+//     chasing into the variable-sized keys), then walks at most three keys of that
+//     block (contiguous bytes). An exact Find decides from the entry alone unless
+//     pos is the block's last key or a fingerprint matches, so a set that does not
+//     hold pos costs no key read, and one that does costs one. The index is 8
+//     bytes a key (a quarter of one entry per key), which keeps more of it cached.
 // The index is derived data: never on disk, rebuilt whenever a set is (re)written.
 // A node's *open set* (btree/node.h), updated in place one key at a time, is
 // indexed in order instead (IndexOpen): entries sorted, searched by binary
@@ -98,9 +102,8 @@ class Set {
   // Starts loading the first levels of the search into the cache (a hint): the
   // Eytzinger tree's top four levels, or the open form's first three probes.
   void PrefetchIndex() const {
-    const uptr e = uptr(eytz_.data());
-    for (uptr line = 0; line < 16 * sizeof(Entry); line += 64)
-      __builtin_prefetch(reinterpret_cast<const void*>(e + line));
+    const uptr e = open_ ? uptr(sorted_.data()) : uptr(eytz_.data());
+    for (uptr line = 0; line < 256; line += 64) __builtin_prefetch(reinterpret_cast<const void*>(e + line));
   }
   // Turns an open set's index into the Eytzinger form. Best effort: without
   // memory for it the set keeps its in-order index, which is just as correct.
@@ -127,14 +130,24 @@ class Set {
   KeyRef FindKey(const Pos& pos) const;
 
  private:
-  struct Entry {  // 24 bytes
+  static constexpr u32 kBlockKeys = 4;  // keys per block of the sealed index
+  struct Entry {  // open form: one per key, in order
     u64 inode;
     u64 offset;
-    u32 key_off;  // sealed form: the key's byte offset from the header
-    u32 rank;     // sealed form: the key's in-order index
   };
-  // Eytzinger form: the slot of the first entry >= pos (0: none).
+  struct Block {  // sealed form: one per kBlockKeys keys; 32 bytes, two per line
+    u64 inode;    // the block's last key
+    u64 offset;
+    u32 first;      // in-order index of its first key
+    u32 first_off;  // byte offset of its first key from the header
+    u16 fp[kBlockKeys - 1];  // Fingerprint() of each key before the last
+    u16 reserved;
+  };
+  static_assert(sizeof(Block) == 32, "two blocks per cache line");
+  static u16 Fingerprint(u64 inode, u64 offset);
+  // Sealed form: the slot of the first block whose last key is >= pos (0: none).
   u64 LowerBoundSlot(const Pos& pos) const;
+  u32 FindInBlock(u64 k, const Pos& pos, KeyRef* out) const;
   // Open form: the in-order index of the first entry >= pos.
   u32 LowerBoundOpen(const Pos& pos) const;
 
@@ -142,8 +155,10 @@ class Set {
   u8 btree_id_ = 0;
   bool open_ = false;    // in-order index (IndexOpen) rather than Eytzinger
   u32 nkeys_ = 0;
+  u32 nblocks_ = 0;      // sealed form: blocks in eytz_
   Vector<u32> offsets_;  // in-order key offsets from hdr_
-  Vector<Entry> eytz_;   // Eytzinger: [1, nkeys_], [0] unused; open: [0, nkeys_) in order
+  Vector<Block> eytz_;   // sealed form: [1, nblocks_] in Eytzinger order, [0] unused
+  Vector<Entry> sorted_;  // open form: [0, nkeys_) in order
 };
 
 }  // namespace tfs::btree

@@ -1833,8 +1833,7 @@ Status Iterator::Fill(bool forward, Pos from) {
       KeyRef k = it.key();
       const usize at = batch_.size();
       st = offsets_.PushBack(u32(at));
-      if (st.ok()) st = batch_.Resize(at + k.space());
-      if (st.ok()) MemCopy(batch_.data() + at, k.raw(), k.space());
+      if (st.ok()) st = batch_.Append(reinterpret_cast<const u8*>(k.raw()), k.space());
       if (forward) {
         it.Next();
       } else {

@@ -63,6 +63,21 @@ class Vector {
   }
   [[nodiscard]] Status PushBack(const T& v) { return EmplaceBack(v); }
   [[nodiscard]] Status PushBack(T&& v) { return EmplaceBack(Move(v)); }
+  // Appends copies of src[0, n) (src must not point into this vector), growing
+  // geometrically; trivially copyable elements are copied as one block.
+  [[nodiscard]] Status Append(const T* src, usize n) {
+    if (size_ + n > capacity_) {
+      Status st = Reserve(Max(size_ + n, capacity_ < 8 ? usize(8) : capacity_ * 2));
+      if (!st.ok()) return st;
+    }
+    if constexpr (__is_trivially_copyable(T)) {
+      MemCopy(data_ + size_, src, n * sizeof(T));
+    } else {
+      for (usize i = 0; i < n; i++) new (&data_[size_ + i]) T(src[i]);
+    }
+    size_ += n;
+    return Status::Ok();
+  }
 
   // Grows with value-initialized elements or shrinks.
   [[nodiscard]] Status Resize(usize n) {
@@ -73,7 +88,11 @@ class Vector {
     }
     Status st = Reserve(n);
     if (!st.ok()) return st;
-    for (usize i = size_; i < n; i++) new (&data_[i]) T();
+    if constexpr (__is_trivial(T)) {
+      MemSet(data_ + size_, 0, (n - size_) * sizeof(T));  // value-initialized = zero
+    } else {
+      for (usize i = size_; i < n; i++) new (&data_[i]) T();
+    }
     size_ = n;
     return Status::Ok();
   }

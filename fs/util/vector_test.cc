@@ -41,6 +41,25 @@ TEST(VectorTest, MovesNonTrivialTypesWithoutLeaks) {
   EXPECT_EQ(n, 5000);
 }
 
+TEST(VectorTest, AppendCopiesBlocksOfTrivialAndOtherTypes) {
+  Vector<u8> b;
+  const u8 chunk[5] = {1, 2, 3, 4, 5};
+  for (int i = 0; i < 300; i++) ASSERT_TRUE(b.Append(chunk, 1 + i % 5).ok());
+  usize at = 0;
+  for (int i = 0; i < 300; i++)
+    for (int j = 0; j < 1 + i % 5; j++) ASSERT_EQ(b[at++], chunk[j]);
+  EXPECT_EQ(b.size(), at);
+  ASSERT_TRUE(b.Append(nullptr, 0).ok());
+  EXPECT_EQ(b.size(), at);
+  Vector<std::string> s;
+  const std::string words[2] = {"alpha", "beta"};
+  ASSERT_TRUE(s.Append(words, 2).ok());
+  ASSERT_TRUE(s.Append(words, 1).ok());
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_EQ(s[1], "beta");
+  EXPECT_EQ(s[2], "alpha");
+}
+
 TEST(VectorTest, ReserveFailsCleanlyOnAbsurdSize) {
   Vector<u64> v;
   Status st = v.Reserve(usize(-1) / 4);
