@@ -21,6 +21,7 @@ struct CachedNode {
   Atomic<u64> version{0};         // bumped by every change (iterators re-read)
   Atomic<u8> accessed{0};         // clock bit for eviction
   Atomic<u8> dead{0};             // replaced by a structure change
+  Atomic<u32> reads{0};           // lookups since the last update (approximate; see ReadMostly)
   bool dirty = false;             // changed since the last image (leaf lock / tree lock)
   u64 compacted_version = ~u64(0);  // version at which a merge check compacted it
   ListNode lru;                   // on Impl::lru while in the tree (cache_mu)
@@ -30,6 +31,9 @@ struct CachedNode {
 namespace {
 
 constexpr u32 kIterBatchMin = 32;
+// Lookups of a leaf with several sets, without an update in between, after which
+// the leaf is merged into one set (TreeOps::ReadMostly).
+constexpr u32 kReadsBeforeMerge = 64;
 constexpr u32 kIterBatchMax = 1024;
 constexpr u32 kPtrKeySpace = KeySpace(sizeof(NodePtrFormat));
 
@@ -142,6 +146,7 @@ struct Btrees::Impl {
   // single-threaded replay), so they are bumped with a load and a store, not a
   // locked read-modify-write (each of those costs as much as a cache miss).
   Atomic<u64> c_apply_hits{0};
+  Atomic<u64> c_read_merges{0};  // leaves merged into one set by lookups (ReadMostly)
   Atomic<u64> c_reads{0}, c_read_bytes{0}, c_corrupt{0};
   Atomic<u64> c_writes{0}, c_write_bytes{0}, c_checkpoints{0}, c_throttles{0};
 };
@@ -857,6 +862,7 @@ class TreeOps {
         if (st.ok()) {
           SetDirty(im, leaf);
           leaf->version.FetchAdd(1, MemOrder::kRelease);
+          if (leaf->reads.Load(MemOrder::kRelaxed) != 0) leaf->reads.Store(0, MemOrder::kRelaxed);
           if (del) leaf->node.NoteDead(old_space + KeySpace(0));
           merge = del && leaf->parent != nullptr && leaf->node.live_estimate() < im->node_size / 4;
         } else if (st.code() == Err::kNoSpace) {
@@ -886,6 +892,25 @@ class TreeOps {
       }
       im->c_restarts.FetchAdd(1, MemOrder::kRelaxed);
     }
+  }
+
+  // A lookup in `leaf` just ended (tree lock shared, leaf lock not held). Every
+  // lookup searches each set of the leaf, newest first; a leaf that is read
+  // many times without being updated is merged into one set, so later lookups
+  // search one. Only the contents' layout changes (not the keys, so the node
+  // stays clean). The count is approximate (racing readers may lose an
+  // increment), and an update resets it.
+  static void ReadMostly(Impl* im, CachedNode* leaf) {
+    if (leaf->node.nsets() < 2) return;
+    const u32 r = leaf->reads.Load(MemOrder::kRelaxed) + 1;
+    leaf->reads.Store(r, MemOrder::kRelaxed);
+    if (r < kReadsBeforeMerge || !leaf->lock.TryWriteLock()) return;
+    if (leaf->node.nsets() >= 2 && leaf->node.Compact(0).ok()) {
+      leaf->version.FetchAdd(1, MemOrder::kRelease);
+      im->c_read_merges.FetchAdd(1, MemOrder::kRelaxed);
+    }
+    leaf->reads.Store(0, MemOrder::kRelaxed);
+    leaf->lock.WriteUnlock();
   }
 
   // Makes sure the leaf for pos is cached (no lock held on return).
@@ -1510,6 +1535,7 @@ Result<u32> Btrees::Get(const Pos& pos, void* buf, u32 cap) {
       MemCopy(buf, k.value(), Min(len, cap));
     }
     leaf->lock.ReadUnlock();
+    TreeOps::ReadMostly(im, leaf);
     t.lock.ReadUnlock();
     TreeOps::MaybeEvict(im);
     if (!k.valid()) return Err::kNotFound;
@@ -1534,6 +1560,7 @@ Stats Btrees::GetStats() const {
   s.root_shrinks = L(im->c_root_shrinks);
   s.cache_hits = L(im->c_hits) + L(im->c_apply_hits);
   s.compactions = L(im->c_compactions);
+  s.read_merges = L(im->c_read_merges);
   s.cache_misses = L(im->c_misses);
   s.evictions = L(im->c_evictions);
   s.node_reads = L(im->c_reads);

@@ -81,6 +81,7 @@ struct Stats {
   u64 restarts;                        // descents restarted (node read, structure change)
   u64 splits, merges, root_grows, root_shrinks;
   u64 compactions;                     // leaf compactions caused by updates
+  u64 read_merges;                     // leaves merged into one set after many lookups
   u64 cache_hits;                      // descents (lookup, iterator refill, update) that found every node cached
   u64 cache_misses, evictions;         // nodes read on demand; nodes evicted
   u64 node_reads, node_read_bytes, corrupt_reads;

@@ -2048,6 +2048,64 @@ TEST(BtreeTreeTest, CheckpointsRacingCommitsLoseNothing) {
   }
 }
 
+// A leaf read many times without an update is merged into one set by the
+// lookups themselves (TreeOps::ReadMostly): same answers, iterators and updates
+// unaffected, nothing written, and an update restarts the count.
+TEST(BtreeTreeTest, ReadMostlyLeavesAreMergedByLookups) {
+  Watchdog wd(CurrentTest(), 60);
+  Fs fs(1, kDevSize);
+  ASSERT_OK(fs.Format(65536));
+  Options bo;
+  bo.writer_thread = false;
+  Engine e;
+  ASSERT_OK(OpenEngine(&e, fs, bo));
+  wd.Watch(&e.btrees());
+  Btrees& t = e.btrees();
+  // Random order: the leaf collects several sets.
+  std::mt19937_64 rng(9);
+  std::vector<u64> keys;
+  for (u64 i = 0; i < 600; i++) keys.push_back(i * 7);
+  std::shuffle(keys.begin(), keys.end(), rng);
+  for (u64 k : keys) {
+    Transaction tx(&t);
+    ASSERT_OK(tx.Set(T(1, k), &k, sizeof(k)));
+    ASSERT_OK(tx.Commit().status());
+  }
+  ASSERT_OK(t.Checkpoint());
+  const Stats before = t.GetStats();
+  EXPECT_EQ(before.read_merges, 0u);
+  for (int round = 0; round < 100; round++) {
+    for (u64 k = 0; k < 600; k += 37) {
+      u64 v = 0;
+      auto r = t.Get(T(1, k * 7), &v, sizeof(v));
+      ASSERT_OK(r.status());
+      ASSERT_EQ(v, k * 7);
+      ASSERT_EQ(t.Get(T(1, k * 7 + 1), &v, sizeof(v)).status().code(), Err::kNotFound);
+    }
+  }
+  const Stats after = t.GetStats();
+  EXPECT_GE(after.read_merges, 1u) << "a read-only leaf with several sets was never merged";
+  EXPECT_EQ(after.dirty_nodes, 0u) << "merging a leaf for reads must not dirty it";
+  EXPECT_EQ(after.node_writes, before.node_writes);
+  Model m;
+  ASSERT_NO_FATAL_FAILURE(ScanTree(t, kBtreeTest, &m));
+  EXPECT_EQ(m.size(), 600u);
+  // Updates still land, and the merged leaf keeps answering.
+  {
+    Transaction tx(&t);
+    u64 v = 12345;
+    ASSERT_OK(tx.Set(T(1, 7), &v, sizeof(v)));
+    ASSERT_OK(tx.Delete(T(1, 14)));
+    ASSERT_OK(tx.Commit().status());
+  }
+  u64 v = 0;
+  ASSERT_OK(t.Get(T(1, 7), &v, sizeof(v)).status());
+  EXPECT_EQ(v, 12345u);
+  EXPECT_EQ(t.Get(T(1, 14), &v, sizeof(v)).status().code(), Err::kNotFound);
+  wd.Watch(nullptr);
+  ASSERT_OK(e.Close());
+}
+
 // Mount replays more updates than the node cache holds as dirty nodes (no
 // checkpoint runs during replay): it must still finish and keep everything.
 TEST_F(BtreeEdgeTest, ReplayLargerThanTheCache) {

@@ -164,6 +164,7 @@ constexpr StatField kCounters[] = {
     {"root_grows", &btree::Stats::root_grows},
     {"root_shrinks", &btree::Stats::root_shrinks},
     {"compactions", &btree::Stats::compactions},
+    {"read_merges", &btree::Stats::read_merges},
     {"cache_hits", &btree::Stats::cache_hits},
     {"cache_misses", &btree::Stats::cache_misses},
     {"evictions", &btree::Stats::evictions},
