@@ -122,11 +122,11 @@ class Set {
   Pos KeyPos(u32 i) const { return Key(i).pos(); }
   // Index of the first key >= pos, or size() if there is none.
   u32 LowerBound(const Pos& pos) const;
-  // Index of the key at exactly pos, or size(). A miss reads only the index,
-  // never the keys.
+  // Index of the key at exactly pos, or size(). A miss reads only the index
+  // (unless a 16-bit fingerprint collides: then one block of keys).
   u32 Find(const Pos& pos) const;
-  // The key at exactly pos, or an invalid KeyRef; reads only the index and,
-  // for a hit, the key.
+  // The key at exactly pos, or an invalid KeyRef; reads the index and, for a
+  // hit, the keys of its block up to it.
   KeyRef FindKey(const Pos& pos) const;
 
  private:

@@ -894,14 +894,14 @@ class TreeOps {
     }
   }
 
-  // A lookup in `leaf` just ended (tree lock shared, leaf lock not held). Every
+  // A lookup in `leaf`, which had several sets, just ended (tree lock shared,
+  // leaf lock not held). Every
   // lookup searches each set of the leaf, newest first; a leaf that is read
   // many times without being updated is merged into one set, so later lookups
   // search one. Only the contents' layout changes (not the keys, so the node
   // stays clean). The count is approximate (racing readers may lose an
   // increment), and an update resets it.
   static void ReadMostly(Impl* im, CachedNode* leaf) {
-    if (leaf->node.nsets() < 2) return;
     const u32 r = leaf->reads.Load(MemOrder::kRelaxed) + 1;
     leaf->reads.Store(r, MemOrder::kRelaxed);
     if (r < kReadsBeforeMerge || !leaf->lock.TryWriteLock()) return;
@@ -1534,8 +1534,9 @@ Result<u32> Btrees::Get(const Pos& pos, void* buf, u32 cap) {
       len = k.val_bytes();
       MemCopy(buf, k.value(), Min(len, cap));
     }
+    const bool several_sets = leaf->node.nsets() >= 2;
     leaf->lock.ReadUnlock();
-    TreeOps::ReadMostly(im, leaf);
+    if (several_sets) TreeOps::ReadMostly(im, leaf);
     t.lock.ReadUnlock();
     TreeOps::MaybeEvict(im);
     if (!k.valid()) return Err::kNotFound;
