@@ -895,12 +895,11 @@ class TreeOps {
   }
 
   // A lookup in `leaf`, which had several sets, just ended (tree lock shared,
-  // leaf lock not held). Every
-  // lookup searches each set of the leaf, newest first; a leaf that is read
-  // many times without being updated is merged into one set, so later lookups
-  // search one. Only the contents' layout changes (not the keys, so the node
-  // stays clean). The count is approximate (racing readers may lose an
-  // increment), and an update resets it.
+  // leaf lock not held). Every lookup searches each set of the leaf, newest
+  // first; a leaf read many times without being updated is merged into one set,
+  // so later lookups search one. Only the layout changes, not the keys, so the
+  // node stays clean. The count is approximate (racing readers may lose an
+  // increment); an update resets it.
   static void ReadMostly(Impl* im, CachedNode* leaf) {
     const u32 r = leaf->reads.Load(MemOrder::kRelaxed) + 1;
     leaf->reads.Store(r, MemOrder::kRelaxed);
