@@ -1223,10 +1223,21 @@ class TreeOps {
     if (im->journal != nullptr) {
       MutexLock c(im->state_mu);
       if (im->pin.active && im->pin.seq <= covered) {
-        im->journal->PinDrop(&im->pin);
         // Entries after `covered` still matter: applied ones, and the entry of a
-        // commit in flight (which relied on this pin when it started).
-        if (im->applied_seq > covered || im->committing) im->journal->PinAt(&im->pin, covered + 1).IgnoreError();
+        // commit in flight (which relied on this pin when it started). The new
+        // pin is taken before the old one is dropped: in between, an entry the
+        // journal writes would record a last_seq past them, and replay would
+        // start after them (CheckpointsRacingCommitsLoseNothing).
+        journal::Pin next;
+        const bool needed = im->applied_seq > covered || im->committing;
+        const Status pst = needed ? im->journal->PinAt(&next, covered + 1) : Status::Ok();
+        if (pst.ok()) {
+          im->journal->PinDrop(&im->pin);
+          im->pin = next;  // inactive if nothing after `covered` needs it
+        } else {
+          // Keep the old pin: it holds those entries too (and older ones).
+          platform::Log(platform::LogLevel::kWarn, "btree: journal pin not moved: %s", pst.Message());
+        }
       }
     }
     im->c_checkpoints.FetchAdd(1, MemOrder::kRelaxed);

@@ -2005,14 +2005,21 @@ TEST(BtreeTreeTest, CheckpointsRacingCommitsLoseNothing) {
     std::atomic<u64> committed{0};
     std::atomic<int> errors{0};
     const u64 base = u64(round) << 32;
+    std::vector<u64> seqs(400000);  // journal entry of each commit (diagnostics)
     std::thread writer([&] {
       for (u64 i = 0; !stop.load() && i < 400000; i++) {
         Transaction tx(&e.btrees());
         u64 v = base + i;
-        if (!tx.Set(T(1, base + i), &v, sizeof(v)).ok() || !tx.Commit().ok()) {
+        if (!tx.Set(T(1, base + i), &v, sizeof(v)).ok()) {
           errors++;
           return;
         }
+        auto r = tx.Commit();
+        if (!r.ok()) {
+          errors++;
+          return;
+        }
+        seqs[i] = r.value();
         committed.store(i + 1);
       }
     });
@@ -2031,17 +2038,28 @@ TEST(BtreeTreeTest, CheckpointsRacingCommitsLoseNothing) {
     }
     const u64 n = committed.load();
     std::unique_ptr<Fs> cut = fs.AfterPowerCut();
+    const Roots cut_roots = e.btrees().roots();  // the last roots block written (with FUA)
     Engine e2;
-    ASSERT_OK(OpenEngine(&e2, *cut, bo, nullptr, &oo));
+    engine::OpenReport rep;
+    ASSERT_OK(OpenEngine(&e2, *cut, bo, &rep, &oo));
     wd.Watch(&e2.btrees());
+    auto why = [&](u64 lost) {
+      std::ostringstream o;
+      o << "round " << round << ": commit " << lost << " of " << n << " (journal entry " << seqs[lost]
+        << ") lost; roots cover entries <= " << cut_roots.journal_seq << "; replay: " << rep.replay.entries.size()
+        << " entries from " << (rep.replay.entries.empty() ? 0 : rep.replay.entries[0].seq) << ", next_seq "
+        << rep.replay.next_seq << ", gap_at " << rep.replay.gap_at << ", discarded " << rep.replay.discarded_entries
+        << ", replayed keys " << rep.replayed_keys;
+      return o.str();
+    };
     Iterator it(&e2.btrees(), kBtreeTest);
     ASSERT_OK(it.Seek(T(1, base)));
     u64 count = 0;
     for (; it.Valid() && it.pos() < T(1, base + n); count++) {
-      ASSERT_EQ(it.pos(), T(1, base + count)) << "round " << round << ": commit " << count << " of " << n << " lost";
+      ASSERT_EQ(it.pos(), T(1, base + count)) << why(count);
       ASSERT_OK(it.Next());
     }
-    EXPECT_EQ(count, n) << "round " << round;
+    EXPECT_EQ(count, n) << (count < n ? why(count) : std::string("round ") + std::to_string(round));
     wd.Watch(nullptr);
     ASSERT_OK(e2.Close());
     ASSERT_OK(e.Close());

@@ -135,6 +135,9 @@ class Journal {
   Status AdvanceLastSeq();
   void PinDrop(Pin* pin);
   // Pins `pin` at `seq` (or the oldest still pinnable sequence if `seq` is older).
+  // To move a pin, take the new one before dropping the old: in between, an
+  // entry written would record a last_seq past the entries the old pin held,
+  // and replay would start after them.
   Status PinAt(Pin* pin, u64 seq);
 
   // Called by the writer (never with mu_ held) when ring space runs low: persist
