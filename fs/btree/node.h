@@ -29,7 +29,8 @@
 namespace tfs::btree {
 
 inline constexpr u8 kMaxLevel = 7;  // leaf = 0; eight levels of 256 KiB nodes is ample
-// Key bytes the open set takes before a new set is started (see Node::Upsert).
+// Key bytes the open set may hold and still take an insert in its middle (see
+// Node::Upsert; appends may grow it further).
 inline constexpr u32 kOpenSetBytes = 2048;
 // Sets a node keeps in memory before Upsert merges them (the format allows
 // kMaxSets): every lookup searches each set, so fewer sets make reads cheaper
@@ -75,11 +76,14 @@ class Node {
   [[nodiscard]] Status Compact(u32 first = 0);
 
   // Sets one key (a value, or a whiteout to delete) in the node's *open set*: the
-  // newest set, kept small (kOpenSetBytes of keys) and updated in place, so a
-  // single update costs a memmove of at most that much plus re-indexing it, never
-  // a new set. When the open set is full a new one is started; when the node runs
-  // out of sets the newest sets are merged (Compact(1), or Compact(0) once they
-  // reach half of set 0); when it runs out of space it is compacted whole.
+  // newest set, updated in place with an in-order index (bset.h), so a single
+  // update costs a memmove of at most kOpenSetBytes of keys and of its index
+  // entries, never a new set; an append (a key above all of the open set's) moves
+  // nothing and may grow it past that. When the open set is full a new one is
+  // started (the old one sealed); when the node has kMaxLiveSets sets the newest
+  // are merged (Compact(1), or Compact(0) once they reach half of set 0); when it
+  // runs out of space it is compacted whole if that can free room
+  // (CompactionFrees).
   // kNoSpace: the key does not fit even then (the caller splits the node); the
   // node's contents are unchanged (though it may have been compacted).
   // kInvalidArgument / kTooBig for bad input. Checksums in memory go stale:
