@@ -94,15 +94,14 @@ Status Set::Index(const SetHeader* hdr, u8 btree_id) {
   nkeys_ = 0;
   const u32 n = hdr->nkeys.get();
   const u32 m = (n + kBlockKeys - 1) / kBlockKeys;
+  sorted_.Resize(0).IgnoreError();  // the open form's (shrinking never fails)
   Status st = offsets_.Resize(n);
   if (st.ok()) st = eytz_.Resize(usize(m) + 1);
   if (!st.ok()) {
-    offsets_.Resize(0).IgnoreError();  // shrinking never fails
+    offsets_.Resize(0).IgnoreError();
     eytz_.Resize(0).IgnoreError();
-    sorted_.Resize(0).IgnoreError();
     return st;
   }
-  sorted_.Resize(0).IgnoreError();
   const u8* base = reinterpret_cast<const u8*>(hdr);
   u32 off = u32(sizeof(SetHeader));
   for (u32 i = 0; i < n; i++) {
@@ -147,6 +146,7 @@ Status Set::IndexOpen(const SetHeader* hdr, u8 btree_id) {
   nkeys_ = 0;
   nblocks_ = 0;
   const u32 n = hdr->nkeys.get();
+  eytz_.Resize(0).IgnoreError();  // the sealed form's
   Status st = offsets_.Resize(n);
   if (st.ok()) st = sorted_.Resize(n);
   if (!st.ok()) {
@@ -154,7 +154,6 @@ Status Set::IndexOpen(const SetHeader* hdr, u8 btree_id) {
     sorted_.Resize(0).IgnoreError();
     return st;
   }
-  eytz_.Resize(0).IgnoreError();
   const u8* base = reinterpret_cast<const u8*>(hdr);
   u32 off = u32(sizeof(SetHeader));
   for (u32 i = 0; i < n; i++) {
@@ -168,10 +167,8 @@ Status Set::IndexOpen(const SetHeader* hdr, u8 btree_id) {
 }
 
 Status Set::Reserve(u32 n) {
-  const usize want = Max<usize>(n, Max<usize>(2 * offsets_.capacity(), 16));
-  if (n > offsets_.capacity()) TFS_TRY(offsets_.Reserve(want));
-  if (n > sorted_.capacity()) TFS_TRY(sorted_.Reserve(want));
-  return Status::Ok();
+  TFS_TRY(offsets_.Grow(n));
+  return sorted_.Grow(n);
 }
 
 void Set::Seal() {

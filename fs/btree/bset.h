@@ -89,8 +89,8 @@ class Set {
 
   // Indexes a set in order (an open set: see above). kNoMemory as Index.
   [[nodiscard]] Status IndexOpen(const SetHeader* hdr, u8 btree_id);
-  // Makes room for indexing `n` keys of an open set without allocating (grows
-  // geometrically, so appending key after key is amortized O(1)).
+  // Makes room for indexing `n` keys of an open set (Vector::Grow: geometric,
+  // so appending key after key is amortized O(1)).
   [[nodiscard]] Status Reserve(u32 n);
   // An open set's key changed in place (the node moved the bytes; `hdr` counts
   // are already updated): key i, at byte offset `at` from the set header, now

@@ -352,8 +352,8 @@ Status Node::Upsert(const KeyInput& key, u64 journal_seq) {
   for (int attempt = 0;; attempt++) {
     if (open_ && OpenSetInsert(key, journal_seq, false)) return Status::Ok();
     if (NewOpenSet(key, journal_seq)) return Status::Ok();
-    const bool short_of_space = u32(sizeof(SetHeader)) + KeySpace(key.val_bytes) > free_bytes();
-    if (attempt == 2 || (short_of_space && !CompactionFrees(u32(sizeof(SetHeader)) + KeySpace(key.val_bytes)))) {
+    const u32 need = u32(sizeof(SetHeader)) + KeySpace(key.val_bytes);  // a new set of this key
+    if (attempt == 2 || (need > free_bytes() && !CompactionFrees(need))) {
       // Compacted whole (or nothing to gain from it) and still full: a new
       // version of a key the node holds may still replace the old one in place
       // (the node's one set). Otherwise the tree splits the node.

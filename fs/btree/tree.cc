@@ -1673,7 +1673,7 @@ Status Transaction::Append(const KeyInput& in) {
   const usize jbytes = keys_.size() + space + usize(n_ + 1) * sizeof(journal::KeyHeader) + sizeof(journal::EntryHeader);
   if (jbytes > limit) return Err::kTooBig;
   const usize at = keys_.size();
-  if (keys_.capacity() < at + space) TFS_TRY(keys_.Reserve(Max<usize>(at + space, keys_.capacity() * 2)));
+  TFS_TRY(keys_.Grow(at + space));
   TFS_TRY(keys_.Resize(at + space));
   PackKey(keys_.data() + at, in);
   n_++;

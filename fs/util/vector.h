@@ -51,12 +51,17 @@ class Vector {
     return Status::Ok();
   }
 
+  // Room for n elements, growing geometrically (at least doubling), so that
+  // adding elements one after another is amortized O(1).
+  [[nodiscard]] Status Grow(usize n) {
+    if (n <= capacity_) return Status::Ok();
+    return Reserve(Max(n, capacity_ < 8 ? usize(8) : capacity_ * 2));
+  }
+
   template <typename... Args>
   [[nodiscard]] Status EmplaceBack(Args&&... args) {
-    if (size_ == capacity_) {
-      Status st = Reserve(capacity_ < 8 ? 8 : capacity_ * 2);
-      if (!st.ok()) return st;
-    }
+    Status st = Grow(size_ + 1);
+    if (!st.ok()) return st;
     new (&data_[size_]) T(Forward<Args>(args)...);
     size_++;
     return Status::Ok();
@@ -66,10 +71,8 @@ class Vector {
   // Appends copies of src[0, n) (src must not point into this vector), growing
   // geometrically; trivially copyable elements are copied as one block.
   [[nodiscard]] Status Append(const T* src, usize n) {
-    if (size_ + n > capacity_) {
-      Status st = Reserve(Max(size_ + n, capacity_ < 8 ? usize(8) : capacity_ * 2));
-      if (!st.ok()) return st;
-    }
+    Status st = Grow(size_ + n);
+    if (!st.ok()) return st;
     if constexpr (__is_trivially_copyable(T)) {
       MemCopy(data_ + size_, src, n * sizeof(T));
     } else {

@@ -60,6 +60,20 @@ TEST(VectorTest, AppendCopiesBlocksOfTrivialAndOtherTypes) {
   EXPECT_EQ(s[2], "alpha");
 }
 
+TEST(VectorTest, GrowAtLeastDoubles) {
+  Vector<u32> v;
+  ASSERT_TRUE(v.Grow(1).ok());
+  EXPECT_GE(v.capacity(), 8u);
+  const usize cap = v.capacity();
+  ASSERT_TRUE(v.Grow(cap).ok());
+  EXPECT_EQ(v.capacity(), cap);  // enough room already: nothing allocated
+  ASSERT_TRUE(v.Grow(cap + 1).ok());
+  EXPECT_GE(v.capacity(), 2 * cap);
+  ASSERT_TRUE(v.Grow(10 * cap).ok());
+  EXPECT_GE(v.capacity(), 10 * cap);
+  EXPECT_TRUE(v.empty());
+}
+
 TEST(VectorTest, ReserveFailsCleanlyOnAbsurdSize) {
   Vector<u64> v;
   Status st = v.Reserve(usize(-1) / 4);
