@@ -267,12 +267,13 @@ Result<BucketRef> Allocator::TryAllocate(dev::DevMask target, dev::DevMask fallb
     ref = BucketRef{u32(best), b, bk.gen};
     snapshot = bk;
   }
-  TFS_TRY(JournalChange(ref.dev, ref.bucket, snapshot));
+  TFS_TRY(JournalChange(ref.dev, ref.bucket, snapshot, purpose));
   return ref;
 }
 
 Status Allocator::Free(const BucketRef& ref) {
   Bucket snapshot;
+  BucketState was;
   {
     MutexLock lock(mu_);
     if (ref.dev >= nr_ || ref.bucket >= devices_[ref.dev].buckets.size()) return Err::kInvalidArgument;
@@ -281,6 +282,7 @@ Status Allocator::Free(const BucketRef& ref) {
     if (bk.gen != ref.gen || bk.state == BucketState::kFree || bk.state == BucketState::kMeta ||
         bk.state == BucketState::kJournal)
       return Err::kInvalidArgument;
+    was = bk.state;
     bk.gen++;
     bk.state = BucketState::kFree;
     bk.live_sectors = 0;
@@ -288,7 +290,7 @@ Status Allocator::Free(const BucketRef& ref) {
     stats_.frees++;
     snapshot = bk;
   }
-  u64 seq = TFS_TRY(JournalChange(ref.dev, ref.bucket, snapshot));
+  u64 seq = TFS_TRY(JournalChange(ref.dev, ref.bucket, snapshot, was));
   MutexLock lock(mu_);
   Dev& d = devices_[ref.dev];
   if (journal_ == nullptr) {
@@ -312,7 +314,7 @@ Status Allocator::SetLiveSectors(const BucketRef& ref, u32 live_sectors) {
     bk.version++;
     snapshot = bk;
   }
-  return JournalChange(ref.dev, ref.bucket, snapshot).status();
+  return JournalChange(ref.dev, ref.bucket, snapshot, snapshot.state).status();
 }
 
 Status Allocator::RepairState(u32 dev, u64 bucket, BucketState state) {
@@ -328,10 +330,10 @@ Status Allocator::RepairState(u32 dev, u64 bucket, BucketState state) {
     snapshot = bk;
   }
   TFS_TRY(Finish());
-  return JournalChange(dev, bucket, snapshot).status();
+  return JournalChange(dev, bucket, snapshot, state).status();
 }
 
-Result<u64> Allocator::JournalChange(u32 dev, u64 bucket, const Bucket& b) {
+Result<u64> Allocator::JournalChange(u32 dev, u64 bucket, const Bucket& b, BucketState owner) {
   if (journal_ == nullptr) return u64(0);
   AllocKey k;
   MemSet(&k, 0, sizeof(k));
@@ -343,7 +345,10 @@ Result<u64> Allocator::JournalChange(u32 dev, u64 bucket, const Bucket& b) {
   k.version.set(b.version);
   journal::Key key{journal::kKeyAlloc, sizeof(k), &k};
   journal::Pin local;
-  u64 seq = TFS_TRY(journal_->Commit(&key, 1, 0, journal::CommitMode::kNoFlush, &local));
+  // Btree buckets change only in checkpoints, which journal reclaim waits for:
+  // those changes must not wait for journal room themselves.
+  const journal::Watermark wm = owner == BucketState::kBtree ? journal::Watermark::kReclaim : journal::Watermark::kNormal;
+  u64 seq = TFS_TRY(journal_->Commit(&key, 1, 0, journal::CommitMode::kNoFlush, &local, wm));
   journal::Pin drop;
   {
     MutexLock lock(mu_);

@@ -148,7 +148,9 @@ class Allocator {
 
   // Journals one bucket change and keeps the allocator's pin armed; returns the
   // journal sequence (0 without a journal).
-  Result<u64> JournalChange(u32 dev, u64 bucket, const Bucket& b);
+  // Journals bucket `bucket`'s new state `b`; `owner` is the state the change is
+  // made for (a free: the state it had), which decides its journal Room.
+  Result<u64> JournalChange(u32 dev, u64 bucket, const Bucket& b, BucketState owner);
   // Moves pending frees made durable by `durable_seq` to the free list. Requires mu_.
   void ReleasePending(Dev& d, u64 durable_seq);
   // One allocation attempt; kNoSpace with *pending_seen if only pending buckets

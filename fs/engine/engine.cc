@@ -99,6 +99,9 @@ Status Format(const FormatMember* members, u32 count, const FormatOptions& o, Di
     bool is_meta = (meta >> i) & 1;
     u64 journal = 0;
     if (is_meta) {
+      if (o.journal_buckets != 0 && o.journal_buckets < journal::kMinRingBuckets)
+        return DiagError(diag, Err::kInvalidArgument, "format: a journal needs at least %u buckets, not %u",
+                         journal::kMinRingBuckets, unsigned(o.journal_buckets));
       journal = o.journal_buckets != 0 ? o.journal_buckets : Min<u64>(Max<u64>(nbuckets / 64, 8), 256);
     }
     u64 need = table + journal + kMinDataBuckets;

@@ -383,6 +383,10 @@ TEST(EngineTest, FormatRejectsBadInput) {
   o.background_target = "tape";
   EXPECT_TRUE(d.Format(o, &diag).Is(ErrorClass::kNotFound));
   EXPECT_NE(std::string(diag.text).find("tape"), std::string::npos) << diag.text;
+  o = SmallOptions();
+  o.journal_buckets = journal::kMinRingBuckets - 1;  // no room for reserve and slack
+  EXPECT_TRUE(d.Format(o, &diag).Is(ErrorClass::kInvalid));
+  EXPECT_NE(std::string(diag.text).find("at least 4 buckets"), std::string::npos) << diag.text;
   auto tiny = Dev("tiny", 2 << 20);
   FormatMember m[1] = {{tiny.get(), "ssd", 1}};
   FormatOptions plain;

@@ -28,6 +28,8 @@ struct Journal::Buf {
   u64 seq = 0;
   bool need_flush = false;
   bool full = false;  // a commit did not fit: write it now
+  bool reclaim = false;  // holds a Watermark::kReclaim commit: may use the reserve
+  u32 admitted = 0;      // kNormal commits fit up to this size (Admits)
   DevMask deps = 0;
   u64 first_commit_ns = 0;
 
@@ -38,6 +40,8 @@ struct Journal::Buf {
     seq = s;
     need_flush = false;
     full = false;
+    reclaim = false;
+    admitted = 0;
     deps = 0;
     first_commit_ns = 0;
   }
@@ -102,8 +106,9 @@ Status Journal::Start(dev::DeviceSet* devs, const sb::Superblock& sb, u64 next_s
   }
   if (rings_.empty()) return Err::kInvalidArgument;
   for (const Ring& r : rings_) {
-    // A ring must hold the bucket being filled, the reserve and one more.
-    if (r.nbuckets < config_.reserve_buckets + 2) return Err::kInvalidArgument;
+    // A ring must hold the bucket being filled, the reserve, the slack commits
+    // leave (Admits) and one more.
+    if (r.nbuckets < config_.reserve_buckets + 3) return Err::kInvalidArgument;
   }
   if (replicas_ > rings_.size()) replicas_ = u32(rings_.size());
 
@@ -151,7 +156,8 @@ void Journal::SetReclaimHook(void (*fn)(void*, u64), void* ctx) {
   reclaim_ctx_ = ctx;
 }
 
-Result<u64> Journal::Commit(const Key* keys, u32 nkeys, DevMask deps, CommitMode mode, Pin* pin) {
+Result<u64> Journal::Commit(const Key* keys, u32 nkeys, DevMask deps, CommitMode mode, Pin* pin,
+                            Watermark wm) {
   const bool timed =
       mode == CommitMode::kFlush || nofl_commits_.FetchAdd(1, MemOrder::kRelaxed) % kNoFlushSample == 0;
   const u64 start = timed ? platform::NowNs() : 0;
@@ -165,16 +171,41 @@ Result<u64> Journal::Commit(const Key* keys, u32 nkeys, DevMask deps, CommitMode
   MutexLock lock(mu_);
   if (!started_ || stop_) return Err::kInvalidArgument;
   Buf* buf;
+  bool waited = false;
   for (;;) {
     if (!failed_.ok()) return failed_;
     // Stop() may have begun while we waited for room: the writer may be gone.
     if (stop_) return Err::kInvalidArgument;
     buf = bufs_[open_];
-    if (buf->used + space <= config_.max_entry_bytes) break;
-    // The open entry is full: the writer takes it as soon as it is free.
-    buf->full = true;
+    const u32 need = buf->used + space;
+    if (need > config_.max_entry_bytes) {
+      // The open entry is full: the writer takes it as soon as it is free.
+      buf->full = true;
+      cv_.Signal();
+      done_cv_.Wait(mu_);
+      continue;
+    }
+    if (wm == Watermark::kReclaim) {
+      buf->reclaim = true;
+      break;
+    }
+    if (need <= buf->admitted) break;
+    // Admitting the entry at its largest size once spares a check per commit.
+    if (Admits(config_.max_entry_bytes)) {
+      buf->admitted = config_.max_entry_bytes;
+      break;
+    }
+    if (Admits(need)) {
+      buf->admitted = need;
+      break;
+    }
+    // No ring room for it: the writer makes some (MakeRoom); wait.
+    if (!waited) stats_.room_waits++;
+    waited = true;
+    room_waiters_++;
     cv_.Signal();
-    done_cv_.Wait(mu_);
+    (void)done_cv_.WaitFor(mu_, 50 * platform::kNsPerMs);
+    room_waiters_--;
   }
   if (pin != nullptr) {
     TFS_BUG_ON(pin->active);
@@ -390,6 +421,11 @@ void Journal::WriterLoop() {
       cv_.Wait(mu_);
       continue;
     }
+    if (room_waiters_ > 0) {
+      MakeRoom();  // may drop mu_
+      if (bufs_[open_]->need_flush) continue;
+      if (wait_ns > 50 * platform::kNsPerMs) wait_ns = 50 * platform::kNsPerMs;
+    }
     (void)cv_.WaitFor(mu_, wait_ns);
   }
 }
@@ -402,9 +438,64 @@ u32 Journal::FreeBuckets(const Ring& r) const {
   return n;
 }
 
+void Journal::MakeRoom() {
+  Buf* open = bufs_[open_];
+  u64 last = MinPinnedSeq();
+  if (last > open->seq) last = open->seq;
+  if (last > durable_last_seq_) {
+    // Pins were dropped: the space is reusable once a durable entry records it.
+    open->need_flush = true;
+    return;
+  }
+  // Once per change of the recorded last_seq (a reclaim round), or every 50 ms.
+  const u64 now = platform::NowNs();
+  if (reclaim_fn_ == nullptr) return;
+  if (hook_last_seq_ == durable_last_seq_ && now - last_hook_ns_ < 50 * platform::kNsPerMs) return;
+  last_hook_ns_ = now;
+  hook_last_seq_ = durable_last_seq_;
+  stats_.reclaim_calls++;
+  auto fn = reclaim_fn_;
+  void* ctx = reclaim_ctx_;
+  const u64 seq = open->seq;
+  mu_.Unlock();
+  fn(ctx, seq);
+  mu_.Lock();
+}
+
+bool Journal::Admits(u32 open_bytes) const {
+  u32 sizes[2];
+  u32 n = 0;
+  if (unplaced_ != nullptr) sizes[n++] = RoundUp(unplaced_->used, kJournalBlock);
+  sizes[n++] = RoundUp(open_bytes, kJournalBlock);
+  // Place() opens a bucket for an ordinary entry while more than the reserve is
+  // free; commits are admitted only while one bucket more stays free, so that
+  // kReclaim keys joining their entries cannot push them into the reserve.
+  const u32 keep = config_.reserve_buckets + 1;
+  u32 fit = 0;
+  for (const Ring& r : rings_) {
+    u32 free = FreeBuckets(r);
+    u32 off = r.cur_reserve ? bucket_size_ : r.offset;
+    u32 b = r.cur;
+    bool ok = true;
+    for (u32 i = 0; i < n && ok; i++) {
+      if (off + sizes[i] <= bucket_size_) {
+        off += sizes[i];
+        continue;
+      }
+      b = (b + 1) % r.nbuckets;
+      ok = free > keep && r.bucket_seq[b] < durable_last_seq_;
+      free--;
+      off = sizes[i];
+    }
+    if (ok) fit++;
+  }
+  return fit >= replicas_;
+}
+
 bool Journal::Place(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings, u64* offsets) {
   // Prefer the rings with the most free space; an entry goes to `replicas_` rings.
-  // Only entries that advance last_seq (made durable) may use the reserve.
+  // Only the entries reclaim needs may use the reserve (see journal.h), and a
+  // bucket opened from the reserve takes no others.
   u32 chosen = 0;
   bool used[dev::kMaxDevices] = {};
   while (chosen < replicas_) {
@@ -414,7 +505,7 @@ bool Journal::Place(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings, u
       if (used[i]) continue;
       const Ring& r = rings_[i];
       u32 free = FreeBuckets(r);
-      bool fits_here = r.offset + bytes <= bucket_size_;
+      bool fits_here = r.offset + bytes <= bucket_size_ && (allow_reserve || !r.cur_reserve);
       u32 next = (r.cur + 1) % r.nbuckets;
       bool next_ok = r.bucket_seq[next] < durable_last_seq_ &&
                      (allow_reserve || free >= config_.reserve_buckets + 1);
@@ -430,7 +521,8 @@ bool Journal::Place(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings, u
   }
   for (u32 k = 0; k < chosen; k++) {
     Ring& r = rings_[ring_idx[k]];
-    if (r.offset + bytes > bucket_size_) {
+    if (r.offset + bytes > bucket_size_ || (!allow_reserve && r.cur_reserve)) {
+      r.cur_reserve = FreeBuckets(r) < config_.reserve_buckets + 1;
       r.cur = (r.cur + 1) % r.nbuckets;
       r.offset = 0;
       r.bucket_seq[r.cur] = 0;
@@ -463,16 +555,21 @@ Status Journal::WriteEntry(Buf* buf) {
   u32 ring_idx[dev::kMaxDevices];
   u64 offsets[dev::kMaxDevices];
   u32 nrings = 0;
-  // Find ring space. When the rings are full, first try to make this entry a
-  // durable one that records a newer last_seq (it may use the reserve); if pins
-  // hold the space, ask owners to persist and drop them.
+  // Find ring space. Commits were admitted only with room for their entries
+  // (Admits), so this normally succeeds at once. Entries reclaim needs may use
+  // the reserve: an empty (flush) entry, one with kReclaim commits, and one made
+  // durable to record a newer last_seq, which frees ring space. Otherwise, if
+  // pins hold the space, ask owners to persist and drop them.
+  unplaced_ = buf;
   for (;;) {
     if (Place(bytes, /*allow_reserve=*/false, ring_idx, &nrings, offsets)) break;
-    if (last_seq > durable_last_seq_) {
-      // This entry records a newer last_seq: made durable, it frees ring space, so
-      // it may use the reserve kept for exactly this.
-      buf->need_flush = true;
-      if (Place(bytes, /*allow_reserve=*/true, ring_idx, &nrings, offsets)) break;
+    const bool advances = last_seq > durable_last_seq_;
+    if (advances || buf->nkeys == 0 || buf->reclaim) {
+      if (advances) buf->need_flush = true;
+      if (Place(bytes, /*allow_reserve=*/true, ring_idx, &nrings, offsets)) {
+        stats_.reserve_entries++;
+        break;
+      }
     }
     stats_.space_waits++;
     auto fn = reclaim_fn_;
@@ -488,6 +585,7 @@ Status Journal::WriteEntry(Buf* buf) {
     last_seq = MinPinnedSeq();
     if (last_seq > buf->seq) last_seq = buf->seq;
   }
+  unplaced_ = nullptr;
 
   // Fill in the header; zero the padding; checksum.
   auto* h = reinterpret_cast<EntryHeader*>(buf->data);

@@ -18,9 +18,18 @@
 // Reclaim through pins: Commit() can pin the entry (JournalPin). An entry's ring
 // space is reused only once no pin at or before its sequence remains and a durable
 // entry has recorded that (its last_seq). When space runs low the writer calls the
-// reclaim hook, asking owners to persist their state and drop pins. A reserve of
-// ring space is kept for the small flush entries that advance last_seq (the space
-// watermark), so the journal can always make room once pins are released.
+// reclaim hook, asking owners to persist their state and drop pins.
+//
+// Room and watermarks (docs/format/journal.md): a kNormal commit joins the open entry only if
+// the entries not yet placed on the rings -- the one being written and the open
+// one with this commit -- fit while a reserve of `reserve_buckets` and one bucket
+// of slack stay free; otherwise it waits, and the writer calls the reclaim hook.
+// So an entry holding commits never waits for ring space, and reclaim -- which
+// must flush those entries (write-ahead) before it can drop pins -- cannot wait on
+// itself. The reserve is for the entries reclaim needs: empty flush entries,
+// entries that advance last_seq, and entries with kReclaim commits (changes made
+// by reclaim itself, e.g. the allocation of the buckets a checkpoint writes),
+// which never wait. A bucket opened from the reserve is used only by such entries.
 //
 // An idle journal writes nothing: entries are written only when there are keys or a
 // flush was requested, and a timed flush happens only after non-durable entries.
@@ -51,12 +60,20 @@ struct Key {
 
 enum class CommitMode : u8 { kNoFlush, kFlush };
 
+// Who commits: kNormal commits wait for ring room (see above); kReclaim commits
+// (made while reclaiming ring space) never do and may use the reserve.
+enum class Watermark : u8 { kNormal, kReclaim };
+
 // Holds an entry's ring space until dropped. Owned by the caller; must be dropped
 // (PinDrop) before it is destroyed or reused.
 struct Pin {
   u64 seq = 0;
   bool active = false;
 };
+
+// The smallest ring the default Config runs on: the bucket being filled, the
+// reserve, the slack commits leave (Admits) and one more.
+inline constexpr u32 kMinRingBuckets = 4;
 
 struct Config {
   u32 max_entry_bytes = 256 * 1024;            // also the open buffer size
@@ -73,7 +90,9 @@ struct Stats {
   u64 bytes;              // entry bytes written (per replica)
   u64 keys;
   u64 preflushes[dev::kMaxDevices];  // flushes issued per member before entries
-  u64 space_waits;        // times the writer waited for ring space
+  u64 space_waits;        // times the writer waited for ring space (room ran out anyway)
+  u64 room_waits;         // kNormal commits that waited for ring room
+  u64 reserve_entries;    // entries placed in the reserve
   u64 reclaim_calls;
   u64 max_group;          // most commits carried by one entry
   u64 next_seq, durable_seq, last_seq;
@@ -125,8 +144,10 @@ class Journal {
   // writes these keys describe. With `pin`, the entry stays in the ring until
   // PinDrop(pin). Errors: kTooBig (keys larger than an entry), kIo (the journal
   // failed: the filesystem must go read-only), kInvalidArgument after Stop.
+  // A kNormal commit may first wait for ring room (never hold anything reclaim
+  // needs while committing); kReclaim is for reclaim's own changes.
   Result<u64> Commit(const Key* keys, u32 nkeys, dev::DevMask deps, CommitMode mode,
-                     Pin* pin = nullptr);
+                     Pin* pin = nullptr, Watermark wm = Watermark::kNormal);
   // Makes every commit so far durable; returns at once (no I/O) if it already is.
   Status Flush();
   // Writes a durable entry if the pins allow a newer last_seq than the journal has
@@ -167,6 +188,7 @@ class Journal {
     u32 nbuckets;
     u32 cur = 0;         // ring bucket being filled
     u32 offset = 0;      // bytes used in it
+    bool cur_reserve = false;  // cur was opened from the reserve: only reserve entries use it
     Vector<u64> bucket_seq;  // newest seq in each ring bucket (0: none)
   };
 
@@ -178,6 +200,14 @@ class Journal {
   Status PreFlush(dev::DevMask mask);
   // Chooses rings and positions for an entry of `bytes`; false if no space.
   bool Place(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings, u64* offsets);
+  // Whether a kNormal commit may grow the open entry to `open_bytes`: the entries
+  // not yet placed fit the rings by Place's rules, leaving the reserve and one
+  // bucket of slack (for kReclaim keys joining admitted entries). Requires mu_.
+  bool Admits(u32 open_bytes) const;
+  // Called by the writer while commits wait for room: asks for an entry that
+  // advances last_seq, or calls the reclaim hook (once per reclaim round, else
+  // every 50 ms). Requires mu_ (dropped around the hook).
+  void MakeRoom();
   u32 FreeBuckets(const Ring& r) const;
   u64 MinPinnedSeq() const;
   // Publishes the ring room for Room(). Requires mu_.
@@ -198,6 +228,10 @@ class Journal {
   Buf* bufs_[2] = {nullptr, nullptr};
   u32 open_ = 0;               // index of the open buffer
   bool writing_ = false;
+  const Buf* unplaced_ = nullptr;  // the entry being written, until Place() found it room
+  u32 room_waiters_ = 0;           // kNormal commits waiting for room
+  u64 last_hook_ns_ = 0;           // when MakeRoom() last called the reclaim hook,
+  u64 hook_last_seq_ = 0;          // and durable_last_seq_ then
   bool stop_ = false;
   bool started_ = false;
   Status failed_;              // sticky journal error
