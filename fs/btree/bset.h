@@ -156,9 +156,10 @@ class Set {
   bool open_ = false;    // in-order index (IndexOpen) rather than Eytzinger
   u32 nkeys_ = 0;
   u32 nblocks_ = 0;      // sealed form: blocks in eytz_
-  Vector<u32> offsets_;  // in-order key offsets from hdr_
+  // What a lookup reads first (above, and the index) shares the Set's first line.
   Vector<Block> eytz_;   // sealed form: [1, nblocks_] in Eytzinger order, [0] unused
   Vector<Entry> sorted_;  // open form: [0, nkeys_) in order
+  Vector<u32> offsets_;  // in-order key offsets from hdr_
 };
 
 }  // namespace tfs::btree

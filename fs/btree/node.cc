@@ -66,7 +66,7 @@ Status Node::IndexSets(u32 from) {
     Set s;
     Status st = s.Index(sh, info_.btree_id);
     if (!st.ok()) return st;
-    st = sets_.PushBack(Move(s));
+    st = sets_.PushBack(Move(s));  // nsets <= kMaxSets was checked
     if (!st.ok()) return st;
     off += sh->bytes.get();
   }
@@ -77,8 +77,6 @@ Status Node::Init(u32 node_size, const NodeInfo& info) {
   Reset();
   if (!IsPowerOfTwo(node_size) || node_size < kMinNodeSize || node_size > kMaxNodeSize || !ValidBounds(info))
     return Err::kInvalidArgument;
-  Status st = sets_.Reserve(kMaxSets);
-  if (!st.ok()) return st;
   // Only [0, used_bytes) is ever read: zero the header, not the whole buffer.
   buf_ = static_cast<u8*>(platform::Alloc(node_size, kNodeAlign, false));
   if (buf_ == nullptr) return Err::kNoMemory;
@@ -106,14 +104,12 @@ Status Node::Parse(const void* src, usize len, const NodeInfo* expect, Diag* dia
   if (len < kMinNodeSize || len > kMaxNodeSize || !IsPowerOfTwo(len))
     return DiagError(diag, Err::kInvalidArgument, "btree node: buffer of %llu bytes is not a node size",
                      (unsigned long long)len);
-  Status st = sets_.Reserve(kMaxSets);
-  if (!st.ok()) return st;
   buf_ = static_cast<u8*>(platform::Alloc(len, kNodeAlign, false));
   if (buf_ == nullptr) return Err::kNoMemory;
   MemCopy(buf_, src, len);
   node_size_ = u32(len);
 
-  st = [&]() -> Status {
+  Status st = [&]() -> Status {
     const auto* h = reinterpret_cast<const NodeHeader*>(buf_);
     if (h->magic.get() != kNodeMagic) return DiagError(diag, Err::kBadMagic, "btree node: bad magic");
     if (h->csum.get() != platform::Crc32cSkippingField(buf_, sizeof(NodeHeader), __builtin_offsetof(NodeHeader, csum)))
@@ -462,9 +458,7 @@ void Node::Swap(Node& o) {
   tfs::Swap(open_, o.open_);
   tfs::Swap(dead_, o.dead_);
   tfs::Swap(compactions_, o.compactions_);
-  Vector<Set> tmp(Move(sets_));
-  sets_ = Move(o.sets_);
-  o.sets_ = Move(tmp);
+  sets_.Swap(o.sets_);
 }
 
 void Node::SetSeq(u64 seq) {

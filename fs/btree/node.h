@@ -146,15 +146,47 @@ class Node {
   // disjoint and hold no whiteouts (then it would only copy the node).
   bool CompactionFrees(u32 need) const;
 
+  // The sets, oldest first, held inline: a lookup reaches a set's index through
+  // the node itself, one dependent cache miss fewer than through an array of
+  // its own (the tree's leaves are mostly not in the CPU caches).
+  class SetArray {
+   public:
+    u32 size() const { return n_; }
+    bool empty() const { return n_ == 0; }
+    Set& operator[](u32 i) { return sets_[i]; }
+    const Set& operator[](u32 i) const { return sets_[i]; }
+    Set& back() { return sets_[n_ - 1]; }
+    [[nodiscard]] Status PushBack(Set&& s) {
+      if (n_ >= kMaxSets) return Err::kNoSpace;
+      sets_[n_++] = Move(s);
+      return Status::Ok();
+    }
+    void PopBack() { sets_[--n_] = Set(); }  // frees its index
+    void Clear() {
+      while (n_ > 0) PopBack();
+    }
+    void Swap(SetArray& o) {
+      for (u32 i = 0; i < Max(n_, o.n_); i++) {
+        Set tmp(Move(sets_[i]));
+        sets_[i] = Move(o.sets_[i]);
+        o.sets_[i] = Move(tmp);
+      }
+      tfs::Swap(n_, o.n_);
+    }
+
+   private:
+    u32 n_ = 0;
+    Set sets_[kMaxSets];
+  };
+
+  u8* buf_ = nullptr;
+  u32 used_ = 0;
+  u32 node_size_ = 0;
+  SetArray sets_;
   bool open_ = false;  // the newest set is the open set (its checksum is stale)
   u32 dead_ = 0;       // see NoteDead
   u64 compactions_ = 0;
-
-  u8* buf_ = nullptr;
-  u32 node_size_ = 0;
-  u32 used_ = 0;
   NodeInfo info_{};
-  Vector<Set> sets_;  // oldest first
 };
 
 // Merge iterator over sets [first_set, nsets) of one node: yields each position
