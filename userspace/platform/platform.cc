@@ -1,6 +1,6 @@
 // Userspace implementation of the platform seam (fs/platform/platform.h):
-// malloc, futex, clock_gettime(CLOCK_MONOTONIC), pthreads, stderr logging,
-// getrandom. crc32c and zstd live in their own files.
+// malloc and the huge-page arena, futex, clock_gettime(CLOCK_MONOTONIC), pthreads,
+// stderr logging, getrandom. crc32c and zstd live in their own files.
 #include <errno.h>
 #include <linux/futex.h>
 #include <pthread.h>
@@ -16,6 +16,7 @@
 
 #include "platform/block_device.h"
 #include "platform/platform.h"
+#include "userspace/platform/huge_arena.h"
 
 namespace tfs {
 // The BlockDevice vtable is emitted here, in the platform, never in the core.
@@ -24,16 +25,27 @@ BlockDevice::~BlockDevice() = default;
 
 extern "C" {
 
+// Blocks of 4 KiB and more (node buffers, search indexes, I/O buffers) come from
+// the huge-page arena (huge_arena.h); smaller ones, and everything when the arena
+// is off or out of address space, from malloc.
 void* tfs_plat_alloc(usize size, usize align, u32 flags) {
   if (align == 0 || (align & (align - 1)) != 0 || align > 4096) return nullptr;
   if (align < sizeof(void*)) align = sizeof(void*);
   void* p = nullptr;
+  if (size >= tfs::userspace::kHugeArenaMinSize && tfs::userspace::HugeArenaEnabled()) {
+    p = tfs::userspace::HugeArenaAlloc(size, align, (flags & TFS_ALLOC_ZERO) != 0);
+    if (p != nullptr) return p;
+  }
   if (posix_memalign(&p, align, size == 0 ? 1 : size) != 0) return nullptr;
   if (flags & TFS_ALLOC_ZERO) memset(p, 0, size);
   return p;
 }
 
-void tfs_plat_free(void* ptr) { free(ptr); }
+// The arena recognizes its own pointers (whether or not it is on now); anything
+// else is malloc's.
+void tfs_plat_free(void* ptr) {
+  if (!tfs::userspace::HugeArenaFree(ptr)) free(ptr);
+}
 
 static struct timespec ToTimespec(u64 ns) {
   struct timespec ts;
