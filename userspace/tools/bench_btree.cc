@@ -47,6 +47,7 @@
 
 #include "btree/tree.h"
 #include "engine/engine.h"
+#include "userspace/platform/huge_arena.h"
 #include "userspace/tools/common.h"
 #include "userspace/util/json.h"
 
@@ -252,6 +253,7 @@ struct Phase {
   uint64_t peak_rss_kib = 0;
   std::vector<DevCounters> devs;  // per device, the phase's increase
   btree::Stats before{}, after{};
+  userspace::HugeArenaStats arena_before{}, arena_after{};
 };
 
 class Bench {
@@ -290,6 +292,7 @@ class Bench {
     std::vector<DevCounters> dev0;
     for (CountingDevice* d : devs_) dev0.push_back(d->Get());
     p.before = e_->btrees().GetStats();
+    p.arena_before = userspace::HugeArenaGetStats();
     std::vector<std::string> errors(threads_);
     double cpu0 = CpuSeconds();
     auto t0 = std::chrono::steady_clock::now();
@@ -307,6 +310,7 @@ class Bench {
     p.seconds = std::chrono::duration<double>(t2 - t0).count();
     p.flush_seconds = std::chrono::duration<double>(t2 - t1).count();
     p.after = e_->btrees().GetStats();
+    p.arena_after = userspace::HugeArenaGetStats();
     p.peak_rss_kib = PeakRssKib();
     for (size_t i = 0; i < devs_.size(); i++) p.devs.push_back(Minus(devs_[i]->Get(), dev0[i]));
     for (const std::string& err : errors) {
@@ -687,6 +691,18 @@ int BenchBtree(int argc, char** argv) {
       w.EndObject();
     }
     w.EndArray();
+    // The huge-page arena (userspace/platform/huge_arena.h): its size at the end
+    // of the phase, and the chunks it mapped and returned during it.
+    w.Key("arena");
+    w.BeginObject();
+    w.BoolField("enabled", userspace::HugeArenaEnabled());
+    w.UintField("mapped_bytes", p.arena_after.mapped_bytes);
+    w.UintField("in_use_bytes", p.arena_after.in_use_bytes);
+    w.UintField("chunks", p.arena_after.chunks);
+    w.UintField("chunks_unmapped", p.arena_after.chunks_unmapped - p.arena_before.chunks_unmapped);
+    w.UintField("hugepage_advice_failures",
+                p.arena_after.hugepage_advice_failures - p.arena_before.hugepage_advice_failures);
+    w.EndObject();
     w.Key("btree");
     w.BeginObject();
     for (const StatField& f : kCounters) w.UintField(f.name, delta(f.field));
