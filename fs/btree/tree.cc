@@ -604,10 +604,15 @@ class TreeOps {
       kids.PushBack(p->children[i]).IgnoreError();
       i++;
     }
-    Node fresh;
-    TFS_TRY(fresh.Init(im->node_size, p->node.info()));
-    TFS_TRY(fresh.AppendSet(keys.data(), keys.size(), 0));
-    p->node.Swap(fresh);
+    // On the heap: a Node holds its sets inline (~1.6 KiB), too much for a
+    // kernel stack frame.
+    Node* fresh = platform::New<Node>();
+    if (fresh == nullptr) return Err::kNoMemory;
+    Status st = fresh->Init(im->node_size, p->node.info());
+    if (st.ok()) st = fresh->AppendSet(keys.data(), keys.size(), 0);
+    if (st.ok()) p->node.Swap(*fresh);
+    platform::Delete(fresh);
+    TFS_TRY(st);
     p->children = Move(kids);
     for (usize j = 0; j < p->children.size(); j++)
       if (p->children[j] != nullptr) p->children[j]->parent = p;
