@@ -269,7 +269,17 @@ class TreeOps {
 
   // --- cache bookkeeping ---------------------------------------------------
 
-  static CachedNode* NewNode(Impl*) { return platform::New<CachedNode>(); }
+  // Nodes of 64 KiB and more get a whole page for their CachedNode (~1.9 KiB):
+  // a lookup's first miss in a leaf is its CachedNode, and a page-sized
+  // allocation is one the userspace platform serves from huge pages (its arena
+  // starts at 4 KiB), which spares that miss a TLB walk; next to the node's
+  // buffer the extra 2 KiB is under 1%. Freed by platform::Delete as usual.
+  static CachedNode* NewNode(Impl* im) {
+    static_assert(alignof(CachedNode) <= 64, "allocated 64-byte aligned");
+    const usize bytes = im->node_size >= 64 * 1024 ? Max<usize>(sizeof(CachedNode), 4096) : sizeof(CachedNode);
+    void* mem = platform::Alloc(bytes, 64);
+    return mem == nullptr ? nullptr : new (mem) CachedNode();
+  }
 
   static void Charge(Impl* im, CachedNode* n) {
     n->charged = n->node.node_size();
