@@ -2067,11 +2067,10 @@ TEST(BtreeTreeTest, CheckpointsRacingCommitsLoseNothing) {
   }
 }
 
-// A leaf read many times without an update is merged into one set by the
-// lookups themselves (TreeOps::ReadMostly): same answers, iterators and updates
-// unaffected, nothing written, and an update restarts the count.
-// Lookups of a leaf with several sets and no update in between get it merged
-// into one set: by the writer thread when there is one, else by a reader.
+// A leaf read many times without an update is merged into one set
+// (TreeOps::ReadMostly) -- by the writer thread when there is one, else by the
+// lookup itself: same answers, iterators and updates unaffected, nothing
+// written, and an update restarts the count.
 void ReadMostlyLeavesAreMerged(bool writer_thread) {
   Watchdog wd(CurrentTest(), 60);
   Fs fs(1, kDevSize);
