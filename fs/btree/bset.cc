@@ -78,6 +78,11 @@ inline bool EntryLess(u64 inode, u64 offset, const Pos& pos) {
   return inode < pos.inode || (inode == pos.inode && offset < pos.offset);
 }
 
+// Bits needed to hold x (0 for 0).
+inline u32 BitsFor(u64 x) { return x == 0 ? 0 : 64 - u32(__builtin_clzll(x)); }
+// x << s for s up to 64 (a shift by 64 is 0, not undefined).
+inline u64 Shl(u64 x, u32 s) { return s >= 64 ? 0 : x << s; }
+
 }  // namespace
 
 u16 Set::Fingerprint(u64 inode, u64 offset) {
@@ -87,44 +92,79 @@ u16 Set::Fingerprint(u64 inode, u64 offset) {
   return u16(h >> 48);
 }
 
-Status Set::Index(const SetHeader* hdr, u8 btree_id) {
+Status Set::Index(const SetHeader* hdr, u8 btree_id, Form form) {
   hdr_ = hdr;
   btree_id_ = btree_id;
   open_ = false;
+  packed_ = false;
   nkeys_ = 0;
+  nblocks_ = 0;
   const u32 n = hdr->nkeys.get();
   const u32 m = (n + kBlockKeys - 1) / kBlockKeys;
   sorted_.Resize(0).IgnoreError();  // the open form's (shrinking never fails)
-  Status st = offsets_.Resize(n);
-  if (st.ok()) st = eytz_.Resize(usize(m) + 1);
-  if (!st.ok()) {
+  auto fail = [&](Status st) {
     offsets_.Resize(0).IgnoreError();
     eytz_.Resize(0).IgnoreError();
+    pblocks_.Resize(0).IgnoreError();
     return st;
-  }
+  };
+  Status st = offsets_.Resize(n);
+  if (!st.ok()) return fail(st);
   const u8* base = reinterpret_cast<const u8*>(hdr);
+  auto key_at = [&](u32 i) { return reinterpret_cast<const KeyHeader*>(base + offsets_[i]); };
   u32 off = u32(sizeof(SetHeader));
+  u64 min_off = ~u64(0);
+  u64 max_off = 0;
   for (u32 i = 0; i < n; i++) {
+    const auto* key = reinterpret_cast<const KeyHeader*>(base + off);
     offsets_[i] = off;
-    off += KeySpace(reinterpret_cast<const KeyHeader*>(base + off)->val_bytes.get());
+    min_off = Min(min_off, key->offset.get());
+    max_off = Max(max_off, key->offset.get());
+    off += KeySpace(key->val_bytes.get());
   }
+  // Keys are sorted, so the inodes run from the first key's to the last's.
+  const bool pack = form == Form::kAuto && n > 0 &&
+                    BitsFor(key_at(n - 1)->inode.get() - key_at(0)->inode.get()) + BitsFor(max_off - min_off) <= 64;
+  if (pack) {
+    base_inode_ = key_at(0)->inode.get();
+    base_offset_ = min_off;
+    obits_ = u8(BitsFor(max_off - min_off));
+    eytz_.Resize(0).IgnoreError();
+    st = pblocks_.Resize(usize(m) + 1);
+  } else {
+    base_inode_ = base_offset_ = 0;
+    obits_ = 0;
+    pblocks_.Resize(0).IgnoreError();
+    st = eytz_.Resize(usize(m) + 1);
+  }
+  if (!st.ok()) return fail(st);
+  packed_ = pack;
   // k walks the implicit tree of the m blocks in order: start at the leftmost node.
   u32 k = 1;
   while (2 * k <= m) k *= 2;
   for (u32 b = 0; b < m; b++) {
-    Block& e = eytz_[k];
-    MemSet(&e, 0, sizeof(e));
-    e.first = b * kBlockKeys;
-    e.first_off = offsets_[e.first];
-    const u32 count = Min(kBlockKeys, n - e.first);
-    for (u32 j = 0; j < count; j++) {
-      const auto* key = reinterpret_cast<const KeyHeader*>(base + offsets_[e.first + j]);
-      if (j + 1 < count) {
-        e.fp[j] = Fingerprint(key->inode.get(), key->offset.get());
-      } else {
-        e.inode = key->inode.get();
-        e.offset = key->offset.get();
-      }
+    const u32 first = b * kBlockKeys;
+    const u32 count = Min(kBlockKeys, n - first);
+    const KeyHeader* last = key_at(first + count - 1);
+    if (pack) {
+      PackedBlock& e = pblocks_[k];
+      MemSet(&e, 0, sizeof(e));
+      TFS_BUG_ON(!Pack(Pos{btree_id, last->inode.get(), last->offset.get()}, &e.key));
+      e.loc = offsets_[first] / 8 | (b << kLocBits);
+      const u32 stride = BlockStride(first, count);
+      e.stride8 = stride / 8 <= 0xff ? u8(stride / 8) : 0;
+      for (u32 j = 0; j + 1 < count; j++)
+        e.fp[j] = u8(Fingerprint(key_at(first + j)->inode.get(), key_at(first + j)->offset.get()));
+    } else {
+      Block& e = eytz_[k];
+      MemSet(&e, 0, sizeof(e));
+      e.first = first;
+      e.first_off = offsets_[first];
+      e.inode = last->inode.get();
+      e.offset = last->offset.get();
+      e.stride = u16(BlockStride(first, count));
+      for (u32 j = 0; j + 1 < count; j++)
+        e.fp[j] = Fingerprint(key_at(first + j)->inode.get(), key_at(first + j)->offset.get());
     }
     if (2 * k + 1 <= m) {  // successor: leftmost node of the right subtree
       k = 2 * k + 1;
@@ -139,6 +179,42 @@ Status Set::Index(const SetHeader* hdr, u8 btree_id) {
   return Status::Ok();
 }
 
+u32 Set::BlockStride(u32 first, u32 count) const {
+  const u32 stride = Key(first).space();
+  for (u32 j = 1; j < count; j++)
+    if (Key(first + j).space() != stride) return 0;
+  return stride;
+}
+
+bool Set::Pack(const Pos& pos, u64* out) const {
+  if (pos.inode < base_inode_ || pos.offset < base_offset_) return false;
+  const u64 ri = pos.inode - base_inode_;
+  const u64 ro = pos.offset - base_offset_;
+  const u64 imax = obits_ >= 64 ? 0 : ~u64(0) >> obits_;
+  if (ri > imax || (obits_ < 64 && (ro >> obits_) != 0)) return false;
+  *out = Shl(ri, obits_) | ro;
+  return true;
+}
+
+bool Set::PackLowerBound(const Pos& pos, u64* out) const {
+  const u64 ri = pos.inode - base_inode_;
+  const u64 imax = obits_ >= 64 ? 0 : ~u64(0) >> obits_;
+  if (ri > imax) return false;  // after every key's inode
+  if (pos.offset < base_offset_) {  // no key of inode pos.inode is before it
+    *out = Shl(ri, obits_);
+    return true;
+  }
+  const u64 ro = pos.offset - base_offset_;
+  if (obits_ >= 64 || (ro >> obits_) == 0) {
+    *out = Shl(ri, obits_) | ro;
+    return true;
+  }
+  // After every key of inode pos.inode: the bound is the next inode's first.
+  if (ri == imax) return false;
+  *out = Shl(ri + 1, obits_);
+  return true;
+}
+
 Status Set::IndexOpen(const SetHeader* hdr, u8 btree_id) {
   hdr_ = hdr;
   btree_id_ = btree_id;
@@ -146,7 +222,9 @@ Status Set::IndexOpen(const SetHeader* hdr, u8 btree_id) {
   nkeys_ = 0;
   nblocks_ = 0;
   const u32 n = hdr->nkeys.get();
-  eytz_.Resize(0).IgnoreError();  // the sealed form's
+  eytz_.Resize(0).IgnoreError();  // the sealed forms'
+  pblocks_.Resize(0).IgnoreError();
+  packed_ = false;
   Status st = offsets_.Resize(n);
   if (st.ok()) st = sorted_.Resize(n);
   if (!st.ok()) {
@@ -236,51 +314,75 @@ u64 Set::LowerBoundSlot(const Pos& pos) const {
   return k >> (__builtin_ctzll(~k) + 1);
 }
 
+u64 Set::LowerBoundSlotPacked(u64 key) const {
+  const PackedBlock* e = pblocks_.data();
+  const u64 m = nblocks_;
+  u64 k = 1;
+  while (k <= m) {
+    // As LowerBoundSlot: k's eight descendants three levels below are two lines
+    // here. (Four levels ahead, four lines, measured slower: btree_node_bench
+    // across 2048 nodes, 2.75M/s against 2.98M/s.)
+    const uptr block = uptr(e) + 8 * k * sizeof(PackedBlock);
+    for (uptr line = 0; line < 8 * sizeof(PackedBlock); line += 64)
+      __builtin_prefetch(reinterpret_cast<const void*>(block + line));
+    k = 2 * k + u64(e[k].key < key);
+  }
+  return k >> (__builtin_ctzll(~k) + 1);
+}
+
+void Set::BlockStart(u64 k, u32* first, u32* first_off) const {
+  if (packed_) {
+    const u32 loc = pblocks_[k].loc;
+    *first = (loc >> kLocBits) * kBlockKeys;
+    *first_off = (loc & ((1u << kLocBits) - 1)) * 8;
+  } else {
+    *first = eytz_[k].first;
+    *first_off = eytz_[k].first_off;
+  }
+}
+
 u32 Set::LowerBound(const Pos& pos) const {
   if (pos.btree_id != btree_id_) return pos.btree_id < btree_id_ ? 0 : nkeys_;
   if (open_) return LowerBoundOpen(pos);
-  const u64 k = LowerBoundSlot(pos);
+  u64 k;
+  if (packed_) {
+    if (pos.inode < base_inode_) return 0;
+    u64 key;
+    if (!PackLowerBound(pos, &key)) return nkeys_;
+    k = LowerBoundSlotPacked(key);
+  } else {
+    k = LowerBoundSlot(pos);
+  }
   if (k == 0) return nkeys_;
   // The block's last key is >= pos: the answer is one of its keys, which lie
-  // one after another from first_off.
-  const Block& b = eytz_[k];
-  const u32 last = Min(kBlockKeys, nkeys_ - b.first) - 1;
-  const u8* p = reinterpret_cast<const u8*>(hdr_) + b.first_off;
+  // one after another from its first.
+  u32 first;
+  u32 first_off;
+  BlockStart(k, &first, &first_off);
+  const u32 last = Min(kBlockKeys, nkeys_ - first) - 1;
+  const u8* p = reinterpret_cast<const u8*>(hdr_) + first_off;
   for (u32 j = 0; j < last; j++) {
     KeyRef key(reinterpret_cast<const KeyHeader*>(p));
-    if (key.pos() >= pos) return b.first + j;
+    if (key.pos() >= pos) return first + j;
     p += key.space();
   }
-  return b.first + last;
+  return first + last;
 }
 
-// In the block at slot k (whose last key is >= pos): the index of the key at
-// exactly pos, or size(). The last key is compared in the index; an earlier key
-// is read only when its fingerprint matches.
-u32 Set::FindInBlock(u64 k, const Pos& pos, KeyRef* out) const {
-  const Block& b = eytz_[k];
-  const u32 last = Min(kBlockKeys, nkeys_ - b.first) - 1;
-  const bool at_last = b.inode == pos.inode && b.offset == pos.offset;
-  const u16 fp = Fingerprint(pos.inode, pos.offset);
-  u32 want = last + 1;
-  if (at_last) {
-    want = last;
-  } else {
-    for (u32 j = 0; j < last; j++)
-      if (b.fp[j] == fp) {
-        want = j;
-        break;
-      }
-    if (want > last) return nkeys_;
+u32 Set::FindFromKey(u32 first, u32 first_off, u32 last, u32 want, u32 stride, const Pos& pos, KeyRef* out) const {
+  const u8* p = reinterpret_cast<const u8*>(hdr_) + first_off;
+  u32 j = 0;
+  if (stride != 0) {
+    p += want * stride;
+    j = want;
   }
-  const u8* p = reinterpret_cast<const u8*>(hdr_) + b.first_off;
-  for (u32 j = 0; j <= last; j++) {
+  for (; j <= last; j++) {
     KeyRef key(reinterpret_cast<const KeyHeader*>(p));
     if (j >= want) {
       const Pos kp = key.pos();
       if (kp == pos) {
         if (out != nullptr) *out = key;
-        return b.first + j;
+        return first + j;
       }
       if (kp > pos) return nkeys_;  // a fingerprint collision
     }
@@ -289,11 +391,50 @@ u32 Set::FindInBlock(u64 k, const Pos& pos, KeyRef* out) const {
   return nkeys_;
 }
 
+// In the block at slot k (whose last key is >= pos): the index of the key at
+// exactly pos, or size(). The last key is compared in the index; an earlier key
+// is read only when its fingerprint matches.
+u32 Set::FindInBlock(u64 k, const Pos& pos, KeyRef* out) const {
+  const Block& b = eytz_[k];
+  const u32 last = Min(kBlockKeys, nkeys_ - b.first) - 1;
+  u32 want = last;
+  if (b.inode != pos.inode || b.offset != pos.offset) {
+    const u16 fp = Fingerprint(pos.inode, pos.offset);
+    for (want = 0; want < last && b.fp[want] != fp; want++) {
+    }
+    if (want == last) return nkeys_;
+  }
+  return FindFromKey(b.first, b.first_off, last, want, b.stride, pos, out);
+}
+
+// The same for a packed block, `key` being pos packed.
+u32 Set::FindInPackedBlock(u64 k, u64 key, const Pos& pos, KeyRef* out) const {
+  const PackedBlock& b = pblocks_[k];
+  u32 first;
+  u32 first_off;
+  BlockStart(k, &first, &first_off);
+  const u32 last = Min(kBlockKeys, nkeys_ - first) - 1;
+  u32 want = last;
+  if (b.key != key) {
+    const u8 fp = u8(Fingerprint(pos.inode, pos.offset));
+    for (want = 0; want < last && b.fp[want] != fp; want++) {
+    }
+    if (want == last) return nkeys_;
+  }
+  return FindFromKey(first, first_off, last, want, u32(b.stride8) * 8, pos, out);
+}
+
 u32 Set::Find(const Pos& pos) const {
   if (pos.btree_id != btree_id_) return nkeys_;
   if (open_) {
     const u32 i = LowerBoundOpen(pos);
     return i < nkeys_ && sorted_[i].inode == pos.inode && sorted_[i].offset == pos.offset ? i : nkeys_;
+  }
+  if (packed_) {
+    u64 key;
+    if (!Pack(pos, &key)) return nkeys_;
+    const u64 k = LowerBoundSlotPacked(key);
+    return k == 0 ? nkeys_ : FindInPackedBlock(k, key, pos, nullptr);
   }
   const u64 k = LowerBoundSlot(pos);
   return k == 0 ? nkeys_ : FindInBlock(k, pos, nullptr);
@@ -304,8 +445,15 @@ KeyRef Set::FindKey(const Pos& pos) const {
     const u32 i = Find(pos);
     return i < nkeys_ ? Key(i) : KeyRef();
   }
-  const u64 k = LowerBoundSlot(pos);
   KeyRef key;
+  if (packed_) {
+    u64 packed;
+    if (!Pack(pos, &packed)) return key;
+    const u64 k = LowerBoundSlotPacked(packed);
+    if (k != 0) FindInPackedBlock(k, packed, pos, &key);
+    return key;
+  }
+  const u64 k = LowerBoundSlot(pos);
   if (k != 0) FindInBlock(k, pos, &key);
   return key;
 }

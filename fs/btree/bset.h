@@ -18,6 +18,15 @@
 //     pos is the block's last key or a fingerprint matches, so a set that does not
 //     hold pos costs no key read, and one that does costs one. The index is 8
 //     bytes a key (a quarter of one entry per key), which keeps more of it cached.
+//   - packed blocks, when they fit: if every key of the set maps to one 64-bit
+//     number, (inode - base inode) << obits | (offset - base offset), which keeps
+//     their order (bcachefs packs keys per node by the same idea, bkey_format),
+//     a block entry holds that number: 16 bytes, four per line, 4 bytes a key
+//     (half the wide form's memory, so more of it stays cached), and prefetching
+//     three levels ahead costs two lines rather than four. Sets whose keys share an inode (a file's extents, the
+//     benchmark's keys) or whose inodes and offsets are both narrow pack; others
+//     keep the wide 32-byte entries. A probe outside the set's packed range is
+//     answered without touching the index.
 // The index is derived data: never on disk, rebuilt whenever a set is (re)written.
 // A node's *open set* (btree/node.h), updated in place one key at a time, is
 // indexed in order instead (IndexOpen): entries sorted, searched by binary
@@ -83,9 +92,12 @@ class Set {
   Set(const Set&) = delete;
   Set& operator=(const Set&) = delete;
 
+  // Which sealed form Index builds: the packed one when the keys fit (kAuto), or
+  // always the wide one (kWide: for tests of that form on any keys).
+  enum class Form : u8 { kAuto, kWide };
   // Builds the index of a set that has been validated (or just built). kNoMemory
   // on allocation failure (the Set is then empty).
-  [[nodiscard]] Status Index(const SetHeader* hdr, u8 btree_id);
+  [[nodiscard]] Status Index(const SetHeader* hdr, u8 btree_id, Form form = Form::kAuto);
 
   // Indexes a set in order (an open set: see above). kNoMemory as Index.
   [[nodiscard]] Status IndexOpen(const SetHeader* hdr, u8 btree_id);
@@ -99,10 +111,13 @@ class Set {
   // been reserved (Reserve(size() + 1)).
   void OpenUpdate(u32 i, const Pos& pos, u32 at, u32 space, u32 old_space, bool replace);
   bool open() const { return open_; }
+  // Sealed with packed blocks (see above).
+  bool packed() const { return packed_; }
   // Starts loading the first levels of the search into the cache (a hint): the
-  // Eytzinger tree's top four levels, or the open form's first three probes.
+  // Eytzinger tree's top three (wide) or four (packed) levels, or the open
+  // form's first three probes.
   void PrefetchIndex() const {
-    const uptr e = open_ ? uptr(sorted_.data()) : uptr(eytz_.data());
+    const uptr e = open_ ? uptr(sorted_.data()) : packed_ ? uptr(pblocks_.data()) : uptr(eytz_.data());
     for (uptr line = 0; line < 256; line += 64) __builtin_prefetch(reinterpret_cast<const void*>(e + line));
   }
   // Turns an open set's index into the Eytzinger form. Best effort: without
@@ -141,22 +156,55 @@ class Set {
     u32 first;      // in-order index of its first key
     u32 first_off;  // byte offset of its first key from the header
     u16 fp[kBlockKeys - 1];  // Fingerprint() of each key before the last
-    u16 reserved;
+    u16 stride;  // every key of the block is this many bytes (0: they differ)
   };
   static_assert(sizeof(Block) == 32, "two blocks per cache line");
+  struct PackedBlock {  // packed sealed form; 16 bytes, four per line
+    u64 key;   // the block's last key, packed (Pack)
+    u32 loc;   // its first key's byte offset / 8, and the block's in-order index << kLocBits
+    u8 fp[kBlockKeys - 1];  // low byte of Fingerprint() of each key before the last
+    u8 stride8;  // every key of the block is this many bytes / 8 (0: they differ, or over 2040)
+  };
+  static_assert(sizeof(PackedBlock) == 16, "four packed blocks per cache line");
+  static constexpr u32 kLocBits = 17;  // byte offsets / 8 within the largest node
+  static_assert(kMaxNodeSize / 8 <= (1u << kLocBits), "a key offset / 8 fits kLocBits");
+  static_assert(kMaxNodeSize / (KeySpace(0) * kBlockKeys) < (1u << (32 - kLocBits)),
+                "a block index fits above kLocBits");
   static u16 Fingerprint(u64 inode, u64 offset);
-  // Sealed form: the slot of the first block whose last key is >= pos (0: none).
+  // Packed form: pos as the set's 64-bit number; false if no key of the set
+  // can be at pos (outside its inode or offset range).
+  bool Pack(const Pos& pos, u64* out) const;
+  // Packed form: the number whose lower bound among the keys is pos's, or false
+  // when every key is < pos. Only for pos of this btree at or after the first key's
+  // inode.
+  bool PackLowerBound(const Pos& pos, u64* out) const;
+  // Sealed forms: the slot of the first block whose last key is >= pos (0: none).
   u64 LowerBoundSlot(const Pos& pos) const;
+  u64 LowerBoundSlotPacked(u64 key) const;
+  // The in-order index and byte offset of the first key of the block at slot k.
+  void BlockStart(u64 k, u32* first, u32* first_off) const;
   u32 FindInBlock(u64 k, const Pos& pos, KeyRef* out) const;
+  u32 FindInPackedBlock(u64 k, u64 key, const Pos& pos, KeyRef* out) const;
+  // The key at exactly pos from the keys of one block, the one at index `want`
+  // (in the block) or later. With `stride` (bytes, the keys' common size) key
+  // `want` is found at once, without walking the keys before it (a line each).
+  u32 FindFromKey(u32 first, u32 first_off, u32 last, u32 want, u32 stride, const Pos& pos, KeyRef* out) const;
+  // The stride of the block of `count` keys from key `first` (0: sizes differ).
+  u32 BlockStride(u32 first, u32 count) const;
   // Open form: the in-order index of the first entry >= pos.
   u32 LowerBoundOpen(const Pos& pos) const;
 
   const SetHeader* hdr_ = nullptr;
   u8 btree_id_ = 0;
   bool open_ = false;    // in-order index (IndexOpen) rather than Eytzinger
+  bool packed_ = false;  // sealed, with pblocks_ rather than eytz_
+  u8 obits_ = 0;         // packed form: bits of the offset field (0..64)
   u32 nkeys_ = 0;
-  u32 nblocks_ = 0;      // sealed form: blocks in eytz_
+  u32 nblocks_ = 0;      // sealed form: blocks in eytz_ or pblocks_
+  u64 base_inode_ = 0;   // packed form: the first key's inode
+  u64 base_offset_ = 0;  // packed form: the smallest offset of any key
   // What a lookup reads first (above, and the index) shares the Set's first line.
+  Vector<PackedBlock> pblocks_;  // packed sealed form: as eytz_
   Vector<Block> eytz_;   // sealed form: [1, nblocks_] in Eytzinger order, [0] unused
   Vector<Entry> sorted_;  // open form: [0, nkeys_) in order
   Vector<u32> offsets_;  // in-order key offsets from hdr_
