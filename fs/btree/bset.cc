@@ -101,11 +101,9 @@ Status Set::Index(const SetHeader* hdr, u8 btree_id, Form form) {
   nblocks_ = 0;
   const u32 n = hdr->nkeys.get();
   const u32 m = (n + kBlockKeys - 1) / kBlockKeys;
-  sorted_.Resize(0).IgnoreError();  // the open form's (shrinking never fails)
   auto fail = [&](Status st) {
-    offsets_.Resize(0).IgnoreError();
-    eytz_.Resize(0).IgnoreError();
-    pblocks_.Resize(0).IgnoreError();
+    offsets_.Resize(0).IgnoreError();  // shrinking never fails
+    index_.Resize(0).IgnoreError();
     return st;
   };
   Status st = offsets_.Resize(n);
@@ -129,13 +127,11 @@ Status Set::Index(const SetHeader* hdr, u8 btree_id, Form form) {
     base_inode_ = key_at(0)->inode.get();
     base_offset_ = min_off;
     obits_ = u8(BitsFor(max_off - min_off));
-    eytz_.Resize(0).IgnoreError();
-    st = pblocks_.Resize(usize(m) + 1);
+    st = ResizeIndex<PackedBlock>(usize(m) + 1);
   } else {
     base_inode_ = base_offset_ = 0;
     obits_ = 0;
-    pblocks_.Resize(0).IgnoreError();
-    st = eytz_.Resize(usize(m) + 1);
+    st = ResizeIndex<Block>(usize(m) + 1);
   }
   if (!st.ok()) return fail(st);
   packed_ = pack;
@@ -147,7 +143,7 @@ Status Set::Index(const SetHeader* hdr, u8 btree_id, Form form) {
     const u32 count = Min(kBlockKeys, n - first);
     const KeyHeader* last = key_at(first + count - 1);
     if (pack) {
-      PackedBlock& e = pblocks_[k];
+      PackedBlock& e = As<PackedBlock>()[k];
       MemSet(&e, 0, sizeof(e));
       TFS_BUG_ON(!Pack(Pos{btree_id, last->inode.get(), last->offset.get()}, &e.key));
       e.loc = offsets_[first] / 8 | (b << kLocBits);
@@ -156,7 +152,7 @@ Status Set::Index(const SetHeader* hdr, u8 btree_id, Form form) {
       for (u32 j = 0; j + 1 < count; j++)
         e.fp[j] = u8(Fingerprint(key_at(first + j)->inode.get(), key_at(first + j)->offset.get()));
     } else {
-      Block& e = eytz_[k];
+      Block& e = As<Block>()[k];
       MemSet(&e, 0, sizeof(e));
       e.first = first;
       e.first_off = offsets_[first];
@@ -222,14 +218,12 @@ Status Set::IndexOpen(const SetHeader* hdr, u8 btree_id) {
   nkeys_ = 0;
   nblocks_ = 0;
   const u32 n = hdr->nkeys.get();
-  eytz_.Resize(0).IgnoreError();  // the sealed forms'
-  pblocks_.Resize(0).IgnoreError();
   packed_ = false;
   Status st = offsets_.Resize(n);
-  if (st.ok()) st = sorted_.Resize(n);
+  if (st.ok()) st = ResizeIndex<Entry>(n);
   if (!st.ok()) {
     offsets_.Resize(0).IgnoreError();
-    sorted_.Resize(0).IgnoreError();
+    index_.Resize(0).IgnoreError();
     return st;
   }
   const u8* base = reinterpret_cast<const u8*>(hdr);
@@ -237,7 +231,7 @@ Status Set::IndexOpen(const SetHeader* hdr, u8 btree_id) {
   for (u32 i = 0; i < n; i++) {
     const auto* key = reinterpret_cast<const KeyHeader*>(base + off);
     offsets_[i] = off;
-    sorted_[i] = Entry{key->inode.get(), key->offset.get()};
+    As<Entry>()[i] = Entry{key->inode.get(), key->offset.get()};
     off += KeySpace(key->val_bytes.get());
   }
   nkeys_ = n;
@@ -246,7 +240,7 @@ Status Set::IndexOpen(const SetHeader* hdr, u8 btree_id) {
 
 Status Set::Reserve(u32 n) {
   TFS_TRY(offsets_.Grow(n));
-  return sorted_.Grow(n);
+  return index_.Grow(usize(n) * sizeof(Entry));
 }
 
 void Set::Seal() {
@@ -266,12 +260,13 @@ Status Set::Unseal() {
 void Set::OpenUpdate(u32 i, const Pos& pos, u32 at, u32 space, u32 old_space, bool replace) {
   TFS_BUG_ON(!open_ || i > nkeys_ || (replace && i == nkeys_));
   if (!replace) {
-    TFS_BUG_ON(!offsets_.Resize(usize(nkeys_) + 1).ok() || !sorted_.Resize(usize(nkeys_) + 1).ok());  // reserved
+    TFS_BUG_ON(!offsets_.Resize(usize(nkeys_) + 1).ok() || !ResizeIndex<Entry>(usize(nkeys_) + 1).ok());  // reserved
+    Entry* sorted = As<Entry>();
     MemMove(&offsets_[i + 1], &offsets_[i], (nkeys_ - i) * sizeof(u32));
-    MemMove(&sorted_[i + 1], &sorted_[i], (nkeys_ - i) * sizeof(Entry));
+    MemMove(&sorted[i + 1], &sorted[i], (nkeys_ - i) * sizeof(Entry));
     nkeys_++;
     offsets_[i] = at;
-    sorted_[i] = Entry{pos.inode, pos.offset};
+    sorted[i] = Entry{pos.inode, pos.offset};
   }
   const u32 delta = space - old_space;  // mod 2^32: adds a negative change too
   if (delta != 0)
@@ -279,7 +274,7 @@ void Set::OpenUpdate(u32 i, const Pos& pos, u32 at, u32 space, u32 old_space, bo
 }
 
 u32 Set::LowerBoundOpen(const Pos& pos) const {
-  const Entry* e = sorted_.data();
+  const Entry* e = As<Entry>();
   u32 lo = 0;
   u32 len = nkeys_;
   while (len > 0) {
@@ -295,7 +290,7 @@ u32 Set::LowerBoundOpen(const Pos& pos) const {
 }
 
 u64 Set::LowerBoundSlot(const Pos& pos) const {
-  const Block* e = eytz_.data();
+  const Block* e = As<Block>();
   const u64 m = nblocks_;
   u64 k = 1;
   while (k <= m) {
@@ -315,7 +310,7 @@ u64 Set::LowerBoundSlot(const Pos& pos) const {
 }
 
 u64 Set::LowerBoundSlotPacked(u64 key) const {
-  const PackedBlock* e = pblocks_.data();
+  const PackedBlock* e = As<PackedBlock>();
   const u64 m = nblocks_;
   u64 k = 1;
   while (k <= m) {
@@ -332,12 +327,12 @@ u64 Set::LowerBoundSlotPacked(u64 key) const {
 
 void Set::BlockStart(u64 k, u32* first, u32* first_off) const {
   if (packed_) {
-    const u32 loc = pblocks_[k].loc;
+    const u32 loc = As<PackedBlock>()[k].loc;
     *first = (loc >> kLocBits) * kBlockKeys;
     *first_off = (loc & ((1u << kLocBits) - 1)) * 8;
   } else {
-    *first = eytz_[k].first;
-    *first_off = eytz_[k].first_off;
+    *first = As<Block>()[k].first;
+    *first_off = As<Block>()[k].first_off;
   }
 }
 
@@ -395,7 +390,7 @@ u32 Set::FindFromKey(u32 first, u32 first_off, u32 last, u32 want, u32 stride, c
 // exactly pos, or size(). The last key is compared in the index; an earlier key
 // is read only when its fingerprint matches.
 u32 Set::FindInBlock(u64 k, const Pos& pos, KeyRef* out) const {
-  const Block& b = eytz_[k];
+  const Block& b = As<Block>()[k];
   const u32 last = Min(kBlockKeys, nkeys_ - b.first) - 1;
   u32 want = last;
   if (b.inode != pos.inode || b.offset != pos.offset) {
@@ -409,7 +404,7 @@ u32 Set::FindInBlock(u64 k, const Pos& pos, KeyRef* out) const {
 
 // The same for a packed block, `key` being pos packed.
 u32 Set::FindInPackedBlock(u64 k, u64 key, const Pos& pos, KeyRef* out) const {
-  const PackedBlock& b = pblocks_[k];
+  const PackedBlock& b = As<PackedBlock>()[k];
   u32 first;
   u32 first_off;
   BlockStart(k, &first, &first_off);
@@ -428,7 +423,8 @@ u32 Set::Find(const Pos& pos) const {
   if (pos.btree_id != btree_id_) return nkeys_;
   if (open_) {
     const u32 i = LowerBoundOpen(pos);
-    return i < nkeys_ && sorted_[i].inode == pos.inode && sorted_[i].offset == pos.offset ? i : nkeys_;
+    const Entry* e = As<Entry>();
+    return i < nkeys_ && e[i].inode == pos.inode && e[i].offset == pos.offset ? i : nkeys_;
   }
   if (packed_) {
     u64 key;

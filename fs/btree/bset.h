@@ -117,7 +117,7 @@ class Set {
   // Eytzinger tree's top three (wide) or four (packed) levels, or the open
   // form's first three probes.
   void PrefetchIndex() const {
-    const uptr e = open_ ? uptr(sorted_.data()) : packed_ ? uptr(pblocks_.data()) : uptr(eytz_.data());
+    const uptr e = uptr(index_.data());
     for (uptr line = 0; line < 256; line += 64) __builtin_prefetch(reinterpret_cast<const void*>(e + line));
   }
   // Turns an open set's index into the Eytzinger form. Best effort: without
@@ -194,19 +194,31 @@ class Set {
   // Open form: the in-order index of the first entry >= pos.
   u32 LowerBoundOpen(const Pos& pos) const;
 
+  // The index of whichever form the set is in, one allocation: Entry[nkeys_]
+  // (open), Block[nblocks_ + 1] or PackedBlock[nblocks_ + 1] (sealed, [0]
+  // unused, [1..] in Eytzinger order). One vector rather than one per form keeps
+  // the Set small: a node's sets sit inline in the CachedNode, and the first
+  // ones (with their index pointers) in the lines a descent prefetches.
+  template <typename T>
+  T* As() const {
+    return reinterpret_cast<T*>(const_cast<u8*>(index_.data()));
+  }
+  template <typename T>
+  [[nodiscard]] Status ResizeIndex(usize n) {
+    return n > usize(-1) / sizeof(T) ? Status(Err::kNoMemory) : index_.Resize(n * sizeof(T));
+  }
+
+  // What a lookup reads first comes first.
   const SetHeader* hdr_ = nullptr;
   u8 btree_id_ = 0;
   bool open_ = false;    // in-order index (IndexOpen) rather than Eytzinger
-  bool packed_ = false;  // sealed, with pblocks_ rather than eytz_
+  bool packed_ = false;  // sealed, with packed blocks
   u8 obits_ = 0;         // packed form: bits of the offset field (0..64)
   u32 nkeys_ = 0;
-  u32 nblocks_ = 0;      // sealed form: blocks in eytz_ or pblocks_
+  u32 nblocks_ = 0;      // sealed form: blocks in the index
+  Vector<u8> index_;
   u64 base_inode_ = 0;   // packed form: the first key's inode
   u64 base_offset_ = 0;  // packed form: the smallest offset of any key
-  // What a lookup reads first (above, and the index) shares the Set's first line.
-  Vector<PackedBlock> pblocks_;  // packed sealed form: as eytz_
-  Vector<Block> eytz_;   // sealed form: [1, nblocks_] in Eytzinger order, [0] unused
-  Vector<Entry> sorted_;  // open form: [0, nkeys_) in order
   Vector<u32> offsets_;  // in-order key offsets from hdr_
 };
 

@@ -149,7 +149,7 @@ class Node {
   // The sets, oldest first, held inline: a lookup reaches a set's index through
   // the node itself, one dependent cache miss fewer than through an array of
   // its own (the tree's leaves are mostly not in the CPU caches). This makes a
-  // Node about 1.6 KiB: allocate it, do not put it on a (kernel) stack.
+  // Node about 1.5 KiB: allocate it, do not put it on a (kernel) stack.
   class SetArray {
    public:
     u32 size() const { return n_; }
