@@ -42,6 +42,7 @@ void tfs_plat_wake(const u32* word, int count);
 
 // --- time ---------------------------------------------------------------------
 u64 tfs_plat_now_ns(void);  // monotonic clock, nanoseconds
+i64 tfs_plat_realtime_ns(void);  // wall clock, nanoseconds since the Unix epoch (file times)
 void tfs_plat_sleep_ns(u64 ns);
 
 // --- memory -------------------------------------------------------------------
@@ -103,6 +104,7 @@ inline u64 MemoryBytes() { return tfs_plat_memory_bytes(); }
 
 // Time.
 inline u64 NowNs() { return tfs_plat_now_ns(); }
+inline i64 RealTimeNs() { return tfs_plat_realtime_ns(); }
 inline void SleepNs(u64 ns) { tfs_plat_sleep_ns(ns); }
 constexpr u64 kNsPerUs = 1000;
 constexpr u64 kNsPerMs = 1000 * 1000;

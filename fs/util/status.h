@@ -61,6 +61,10 @@ enum class ErrorClass : u8 {
   X(kReadOnly, kPermission, 30, "read-only device or filesystem")                      \
   X(kNotSupported, kNotSupported, 95, "operation not supported")                       \
   X(kBusy, kBusy, 16, "device or resource busy")                                       \
+  X(kNotDir, kInvalid, 20, "not a directory")                                          \
+  X(kIsDir, kInvalid, 21, "is a directory")                                            \
+  X(kTooManyLinks, kInvalid, 31, "too many links")                                     \
+  X(kRange, kInvalid, 34, "result does not fit the buffer")                            \
   X(kInternal, kInternal, 5, "internal error (a tierfs bug)")
 
 enum class Err : i32 {

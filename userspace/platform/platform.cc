@@ -78,6 +78,12 @@ u64 tfs_plat_now_ns(void) {
   return u64(ts.tv_sec) * 1000000000ull + u64(ts.tv_nsec);
 }
 
+i64 tfs_plat_realtime_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return i64(ts.tv_sec) * 1000000000ll + i64(ts.tv_nsec);
+}
+
 u64 tfs_plat_memory_bytes(void) {
   long pages = sysconf(_SC_PHYS_PAGES);
   long page = sysconf(_SC_PAGESIZE);

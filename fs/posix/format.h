@@ -1,0 +1,112 @@
+// On-disk format of the filesystem's namespace: inodes and directory entries as
+// btree keys (documented in docs/format/inodes-extents.md).
+//
+//   inode       kBtreeInodes  (ino, 0)        InodeFormat
+//   link target kBtreeInodes  (ino, 1 + i)    a symlink's target, bytes
+//                                             [2048 i, 2048 (i + 1)) (size: the inode's)
+//   orphan      kBtreeInodes  (0, ino)        Le64 ino: unlinked while open; freed
+//                                             at its last close or at the next mount
+//   dirent      kBtreeDirents (dir, slot)     DirentFormat, then the name
+//
+// A directory is a hash table laid over its key range: a name goes to slot
+// NameHash(dir's hash_seed and hash_bits, name) in [kFirstSlot, kSlotEnd) (its home
+// slot; hash_bits is 62 except in tests, which shrink it to force collisions), or, if that slot is
+// taken, the next free one (linear probing). A run of consecutive slots is one
+// probe chain; a lookup walks the chain from the name's home slot to the first
+// empty slot. Removing an entry whose next slot is in use leaves a tombstone
+// (a DirentFormat of type kDtTombstone, no name) so that the chains through it stay
+// intact; trailing tombstones are removed with the entry that ends a chain. A
+// slot number is the entry's readdir cookie: it never changes while the entry
+// exists, so a readdir resumed at a cookie neither skips nor repeats entries that
+// were not changed meanwhile.
+//
+// All integers little-endian. Values are parsed as hostile bytes: a wrong size,
+// version or field is kCorrupt, never trusted.
+#ifndef TFS_POSIX_FORMAT_H_
+#define TFS_POSIX_FORMAT_H_
+
+#include "btree/format.h"
+#include "platform/types.h"
+#include "util/endian.h"
+
+namespace tfs::posix {
+
+inline constexpr u16 kInodeVersion = 1;
+inline constexpr u64 kRootIno = 1;    // the root directory (FUSE's root node id too)
+inline constexpr u64 kFirstIno = 2;   // the first number a new inode gets
+inline constexpr u32 kNameMax = 255;  // bytes of one name (NAME_MAX)
+
+// Directory slots. 0..kFirstSlot-1 are readdir cookies for "." and ".." (and spare);
+// slots stay below 2^63 so that a cookie is a valid (signed) off_t.
+inline constexpr u64 kFirstSlot = 16;
+inline constexpr u64 kSlotEnd = u64(1) << 63;
+
+// File type and permission bits of a mode: the Linux values (the core has no
+// sys/stat.h).
+inline constexpr u32 kModeTypeMask = 0170000;
+inline constexpr u32 kModeSock = 0140000;
+inline constexpr u32 kModeLink = 0120000;
+inline constexpr u32 kModeReg = 0100000;
+inline constexpr u32 kModeBlock = 0060000;
+inline constexpr u32 kModeDir = 0040000;
+inline constexpr u32 kModeChar = 0020000;
+inline constexpr u32 kModeFifo = 0010000;
+inline constexpr u32 kModeSetuid = 04000;
+inline constexpr u32 kModeSetgid = 02000;
+inline constexpr u32 kModeSticky = 01000;
+inline constexpr u32 kModePermMask = 07777;
+
+// Directory entry types: the Linux DT_* values.
+enum DirentType : u8 {
+  kDtUnknown = 0,
+  kDtFifo = 1,
+  kDtChar = 2,
+  kDtDir = 4,
+  kDtBlock = 6,
+  kDtReg = 8,
+  kDtLink = 10,
+  kDtSock = 12,
+  kDtTombstone = 255,  // a removed entry that keeps a probe chain intact (no name)
+};
+
+// The DT_ type of a mode's file type (kDtUnknown for an invalid one).
+u8 DirentTypeOf(u32 mode);
+
+struct InodeFormat {
+  Le16 version;      // kInodeVersion
+  Le16 flags;        // none defined yet: must be 0
+  Le32 mode;         // type and permission bits
+  Le32 uid;
+  Le32 gid;
+  Le32 nlink;
+  Le32 generation;   // with ino, names this inode across reuse of the number
+  Le64 size;         // bytes; a symlink's target length; 0 for directories
+  Le64 sectors;      // 512-byte sectors of data allocated (st_blocks)
+  Le64 atime_ns;     // times: two's complement nanoseconds since the Unix epoch
+  Le64 mtime_ns;
+  Le64 ctime_ns;
+  Le64 btime_ns;     // creation
+  Le64 rdev;         // device number of a char or block device node
+  Le64 parent;       // directories: the parent directory (the root: itself); else 0
+  Le64 hash_seed;    // directories: keys the name hash of this directory's entries
+  u8 hash_bits;      // directories: home slots are kFirstSlot + hash >> (64 - hash_bits) (1..62)
+  u8 reserved0[7];   // 0
+  Le64 reserved[3];  // 0
+};
+static_assert(sizeof(InodeFormat) == 128, "inode value size");
+
+// The longest symlink target (PATH_MAX - 1), kept in keys (ino, 1), (ino, 2), ...
+// of up to btree::kMaxValueBytes each.
+inline constexpr u32 kSymlinkMax = 4095;
+
+struct DirentFormat {
+  Le64 ino;        // the inode it names (0 in a tombstone)
+  u8 type;         // DirentType: the target's file type, or kDtTombstone
+  u8 name_len;     // 1..kNameMax (0 in a tombstone); the name follows
+  u8 reserved[6];  // 0
+};
+static_assert(sizeof(DirentFormat) == 16, "dirent header size");
+
+}  // namespace tfs::posix
+
+#endif  // TFS_POSIX_FORMAT_H_

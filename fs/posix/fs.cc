@@ -1,0 +1,976 @@
+// The POSIX namespace over the btrees (see fs.h and docs/design/posix.md).
+#include "posix/fs.h"
+
+#include "platform/platform.h"
+
+namespace tfs::posix {
+
+using btree::Iterator;
+using btree::Pos;
+using btree::Transaction;
+
+namespace {
+
+constexpr u32 kLinkMax = 65000;  // links of one inode (EMLINK beyond)
+// A symlink's target is kept in keys (ino, 1), (ino, 2), ... of this many bytes.
+constexpr u32 kLinkChunk = btree::kMaxValueBytes;
+constexpr u32 kSymlinkTargetMax = kSymlinkMax;
+constexpr u32 kLinkChunks = (kSymlinkTargetMax + kLinkChunk - 1) / kLinkChunk;
+
+Pos InodePos(u64 ino) { return Pos{btree::kBtreeInodes, ino, 0}; }
+Pos LinkPos(u64 ino, u32 chunk) { return Pos{btree::kBtreeInodes, ino, 1 + u64(chunk)}; }
+Pos OrphanPos(u64 ino) { return Pos{btree::kBtreeInodes, 0, ino}; }
+Pos DirentPos(u64 dir, u64 slot) { return Pos{btree::kBtreeDirents, dir, slot}; }
+
+bool IsDir(const InodeFormat& f) { return (f.mode.get() & kModeTypeMask) == kModeDir; }
+
+u64 Mix(u64 h) {
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 33;
+  return h;
+}
+
+// Name rules shared by every operation: 1..kNameMax bytes, no '/' or NUL.
+Status CheckName(const char* name, u32 len) {
+  if (name == nullptr || len == 0) return Err::kInvalidArgument;
+  if (len > kNameMax) return Err::kNameTooLong;
+  for (u32 i = 0; i < len; i++)
+    if (name[i] == '/' || name[i] == '\0') return Err::kInvalidArgument;
+  return Status::Ok();
+}
+
+bool IsDot(const char* name, u32 len) { return len == 1 && name[0] == '.'; }
+bool IsDotDot(const char* name, u32 len) { return len == 2 && name[0] == '.' && name[1] == '.'; }
+
+void SetTime(Le64* f, i64 ns) { f->set(u64(ns)); }
+
+}  // namespace
+
+u8 DirentTypeOf(u32 mode) {
+  switch (mode & kModeTypeMask) {
+    case kModeReg: return kDtReg;
+    case kModeDir: return kDtDir;
+    case kModeLink: return kDtLink;
+    case kModeChar: return kDtChar;
+    case kModeBlock: return kDtBlock;
+    case kModeFifo: return kDtFifo;
+    case kModeSock: return kDtSock;
+    default: return kDtUnknown;
+  }
+}
+
+Status ParseInode(const u8* value, u32 len, InodeFormat* out) {
+  if (len != sizeof(InodeFormat)) return Err::kCorrupt;
+  MemCopy(out, value, sizeof(*out));
+  if (out->version.get() != kInodeVersion || out->flags.get() != 0) return Err::kCorrupt;
+  if (DirentTypeOf(out->mode.get()) == kDtUnknown || (out->mode.get() & ~(kModeTypeMask | kModePermMask)) != 0)
+    return Err::kCorrupt;
+  const bool dir = (out->mode.get() & kModeTypeMask) == kModeDir;
+  if (dir ? (out->hash_bits < 1 || out->hash_bits > 62) : out->hash_bits != 0) return Err::kCorrupt;
+  return Status::Ok();
+}
+
+Attr ToAttr(u64 ino, const InodeFormat& f) {
+  Attr a;
+  a.ino = ino;
+  a.generation = f.generation.get();
+  a.mode = f.mode.get();
+  a.uid = f.uid.get();
+  a.gid = f.gid.get();
+  a.nlink = f.nlink.get();
+  a.size = f.size.get();
+  a.sectors = f.sectors.get();
+  a.rdev = f.rdev.get();
+  a.atime_ns = i64(f.atime_ns.get());
+  a.mtime_ns = i64(f.mtime_ns.get());
+  a.ctime_ns = i64(f.ctime_ns.get());
+  a.btime_ns = i64(f.btime_ns.get());
+  return a;
+}
+
+u64 NameHash(u64 seed, u32 bits, const char* name, u32 len) {
+  u64 h = Mix(seed ^ (u64(len) * 0x9e3779b97f4a7c15ull));
+  u32 i = 0;
+  for (; i + 8 <= len; i += 8) {
+    u64 w;
+    MemCopy(&w, name + i, 8);
+    h = Mix(h ^ w);
+  }
+  u64 w = 0;
+  for (u32 j = 0; i + j < len; j++) w |= u64(u8(name[i + j])) << (8 * j);
+  h = Mix(h ^ w ^ 0x5bd1e995);
+  return kFirstSlot + (h >> (64 - Min(bits, 62u)));
+}
+
+// --- directory entries ---------------------------------------------------------
+
+// What FindEntry learns of one name's probe chain.
+struct Filesystem::Entry {
+  bool found = false;
+  u64 slot = 0;    // found: the entry's slot
+  u64 ino = 0;     // found: the inode it names
+  u8 type = 0;     // found: its DirentType
+  u64 free = 0;    // not found: where the name would go (0: the chain reached kSlotEnd)
+};
+
+namespace {
+
+// Parses a dirent value; a tombstone has name_len 0.
+Status ParseDirent(const u8* v, u32 len, DirentFormat* out, const char** name) {
+  if (len < sizeof(DirentFormat)) return Err::kCorrupt;
+  MemCopy(out, v, sizeof(*out));
+  *name = reinterpret_cast<const char*>(v + sizeof(DirentFormat));
+  if (out->type == kDtTombstone) {
+    if (out->name_len != 0 || out->ino.get() != 0 || len != sizeof(DirentFormat)) return Err::kCorrupt;
+    return Status::Ok();
+  }
+  if (out->name_len == 0 || len != sizeof(DirentFormat) + out->name_len || out->ino.get() == 0 ||
+      out->type == kDtUnknown)
+    return Err::kCorrupt;
+  return Status::Ok();
+}
+
+// A dirent value (header + name) in buf, which has room for kNameMax more bytes.
+u32 BuildDirent(u8* buf, u64 ino, u8 type, const char* name, u32 len) {
+  DirentFormat d;
+  MemSet(&d, 0, sizeof(d));
+  d.ino.set(ino);
+  d.type = type;
+  d.name_len = u8(len);
+  MemCopy(buf, &d, sizeof(d));
+  MemCopy(buf + sizeof(d), name, len);
+  return u32(sizeof(d)) + len;
+}
+
+constexpr u32 kDirentMax = u32(sizeof(DirentFormat)) + kNameMax;
+
+}  // namespace
+
+// Walks the probe chain of `name` from its home slot.
+Status Filesystem::FindEntry(u64 dir, const InodeFormat& dir_inode, const char* name, u32 len, Entry* out) {
+  *out = Entry{};
+  const u64 home = NameHash(dir_inode.hash_seed.get(), dir_inode.hash_bits, name, len);
+  Iterator it(trees_, btree::kBtreeDirents);
+  TFS_TRY(it.Seek(DirentPos(dir, home)));
+  for (u64 slot = home; slot < kSlotEnd; slot++) {
+    if (!it.Valid() || it.pos().inode != dir || it.pos().offset != slot) {
+      if (out->free == 0) out->free = slot;  // the gap that ends the chain
+      return Status::Ok();
+    }
+    DirentFormat d;
+    const char* n;
+    TFS_TRY(ParseDirent(it.value(), it.val_bytes(), &d, &n));
+    if (d.type == kDtTombstone) {
+      if (out->free == 0) out->free = slot;
+    } else if (d.name_len == len && MemCompare(n, name, len) == 0) {
+      out->found = true;
+      out->slot = slot;
+      out->ino = d.ino.get();
+      out->type = d.type;
+      return Status::Ok();
+    }
+    TFS_TRY(it.Next());
+  }
+  return Status::Ok();  // ran into kSlotEnd: free stays as found (maybe 0)
+}
+
+Status Filesystem::QueueRemoveEntry(Transaction* tx, u64 dir, const Entry& e) {
+  // Another chain may run on through the next slot: then keep this one occupied.
+  Iterator it(trees_, btree::kBtreeDirents);
+  TFS_TRY(it.Seek(DirentPos(dir, e.slot + 1)));
+  if (it.Valid() && it.pos().inode == dir && it.pos().offset == e.slot + 1) {
+    u8 buf[sizeof(DirentFormat)];
+    DirentFormat d;
+    MemSet(&d, 0, sizeof(d));
+    d.type = kDtTombstone;
+    MemCopy(buf, &d, sizeof(d));
+    return tx->Set(DirentPos(dir, e.slot), buf, sizeof(buf));
+  }
+  // The chain ends here: drop the entry and the tombstones right before it.
+  TFS_TRY(tx->Delete(DirentPos(dir, e.slot)));
+  TFS_TRY(it.SeekForPrev(DirentPos(dir, e.slot - 1)));
+  for (u64 slot = e.slot - 1; it.Valid() && it.pos().inode == dir && it.pos().offset == slot; slot--) {
+    DirentFormat d;
+    const char* n;
+    TFS_TRY(ParseDirent(it.value(), it.val_bytes(), &d, &n));
+    if (d.type != kDtTombstone) break;
+    TFS_TRY(tx->Delete(DirentPos(dir, slot)));
+    TFS_TRY(it.Prev());
+  }
+  return Status::Ok();
+}
+
+// --- inodes --------------------------------------------------------------------
+
+Filesystem::~Filesystem() {
+  for (u32 i = 0; i < kStripes; i++) open_[i].Resize(0).IgnoreError();
+}
+
+i64 Filesystem::Now() const { return platform::RealTimeNs(); }
+
+u64 Filesystem::AllocIno() { return next_ino_.FetchAdd(1, MemOrder::kRelaxed); }
+
+u32 Filesystem::NextGeneration() { return next_gen_.FetchAdd(1, MemOrder::kRelaxed); }
+
+Status Filesystem::ReadInode(u64 ino, InodeFormat* out, char* link, u32* link_len) {
+  if (ino == 0) return Err::kNotFound;
+  u8 buf[sizeof(InodeFormat) + 8];
+  auto r = trees_->Get(InodePos(ino), buf, sizeof(buf));
+  if (!r.ok()) return r.status();
+  TFS_TRY(ParseInode(buf, Min(r.value(), u32(sizeof(buf))), out));
+  if (link == nullptr) return Status::Ok();
+  // A symlink's target, chunk by chunk; its length is the inode's size.
+  const u64 size = out->size.get();
+  if ((out->mode.get() & kModeTypeMask) != kModeLink || size == 0 || size > kSymlinkTargetMax) return Err::kCorrupt;
+  u32 got = 0;
+  for (u32 c = 0; got < size; c++) {
+    auto rc = trees_->Get(LinkPos(ino, c), link + got, kSymlinkTargetMax - got);
+    if (!rc.ok()) return rc.status().Is(ErrorClass::kNotFound) ? Status(Err::kCorrupt) : rc.status();
+    const u32 want = Min(u32(size) - got, kLinkChunk);
+    if (rc.value() != want) return Err::kCorrupt;
+    got += want;
+  }
+  *link_len = got;
+  return Status::Ok();
+}
+
+Status Filesystem::ReadDirInode(u64 dir, InodeFormat* out) {
+  TFS_TRY(ReadInode(dir, out));
+  if (!IsDir(*out)) return Err::kNotDir;
+  if (out->nlink.get() == 0) return Err::kNotFound;  // removed, still open
+  return Status::Ok();
+}
+
+bool Filesystem::IsOpen(u64 ino) {
+  const u32 s = Stripe(ino);
+  MutexLock l(open_mu_[s]);
+  for (const OpenCount& o : open_[s])
+    if (o.ino == ino) return true;
+  return false;
+}
+
+Status Filesystem::QueueFree(Transaction* tx, u64 ino) {
+  InodeFormat f;
+  Status st = ReadInode(ino, &f);
+  if (st.ok() && (f.mode.get() & kModeTypeMask) == kModeLink)
+    for (u32 c = 0; c < kLinkChunks; c++) TFS_TRY(tx->Delete(LinkPos(ino, c)));
+  // (File data and xattrs join here with the data path.)
+  TFS_TRY(tx->Delete(InodePos(ino)));
+  return tx->Delete(OrphanPos(ino));
+}
+
+Status Filesystem::QueueUnlinked(Transaction* tx, u64 ino, InodeFormat* f, bool* freed) {
+  *freed = false;
+  if (f->nlink.get() > 0) return tx->Set(InodePos(ino), f, sizeof(*f));
+  if (!IsOpen(ino)) {
+    *freed = true;
+    return QueueFree(tx, ino);
+  }
+  TFS_TRY(tx->Set(InodePos(ino), f, sizeof(*f)));
+  u8 v[8];
+  Le64 le;
+  le.set(ino);
+  MemCopy(v, &le, 8);
+  return tx->Set(OrphanPos(ino), v, sizeof(v));
+}
+
+// Stripes held by one operation: up to four, taken in ascending order.
+struct Filesystem::Locked {
+  Locked(Filesystem* fs, const u64* inos, u32 n) : fs_(fs) {
+    for (u32 i = 0; i < n; i++) {
+      if (inos[i] == 0) continue;
+      const u32 s = fs->Stripe(inos[i]);
+      bool dup = false;
+      for (u32 j = 0; j < n_; j++) dup |= held_[j] == s;
+      if (!dup) held_[n_++] = s;
+    }
+    for (u32 i = 1; i < n_; i++)  // insertion sort: at most four
+      for (u32 j = i; j > 0 && held_[j - 1] > held_[j]; j--) Swap(held_[j - 1], held_[j]);
+    for (u32 i = 0; i < n_; i++) fs_->stripes_[held_[i]].Lock();
+  }
+  ~Locked() {
+    for (u32 i = n_; i-- > 0;) fs_->stripes_[held_[i]].Unlock();
+  }
+  Locked(const Locked&) = delete;
+  Locked& operator=(const Locked&) = delete;
+
+ private:
+  Filesystem* fs_;
+  u32 held_[4] = {};
+  u32 n_ = 0;
+};
+
+// --- mount ---------------------------------------------------------------------
+
+Status Filesystem::Mount(engine::Engine* engine, const Options& options) {
+  if (engine_ != nullptr || engine == nullptr || !engine->open()) return Err::kInvalidArgument;
+  if (options.dir_hash_bits < 1 || options.dir_hash_bits > 62) return Err::kInvalidArgument;
+  opt_ = options;
+  engine_ = engine;
+  trees_ = &engine->btrees();
+  next_gen_.Store(u32(u64(Now()) / platform::kNsPerSec), MemOrder::kRelaxed);
+  Status st = [&]() -> Status {
+    // Orphans a crash left: inodes unlinked while open.
+    Iterator it(trees_, btree::kBtreeInodes);
+    TFS_TRY(it.Seek(OrphanPos(1)));
+    Vector<u64> orphans;
+    for (; it.Valid() && it.pos().inode == 0; TFS_TRY(it.Next())) TFS_TRY(orphans.PushBack(it.pos().offset));
+    for (u64 ino : orphans) {
+      Transaction tx(trees_);
+      TFS_TRY(QueueFree(&tx, ino));
+      TFS_TRY(tx.Commit().status());
+      c_orphans_freed_.FetchAdd(1, MemOrder::kRelaxed);
+    }
+    // Inodes in use, and the next number (numbers are not reused within a mount).
+    u64 count = 0;
+    u64 last = kRootIno;
+    TFS_TRY(it.Seek(InodePos(1)));
+    for (; it.Valid(); TFS_TRY(it.Next())) {
+      if (it.pos().offset != 0) continue;  // a symlink's target
+      count++;
+      last = it.pos().inode;
+    }
+    next_ino_.Store(Max(last + 1, kFirstIno), MemOrder::kRelaxed);
+    InodeFormat root;
+    Status rs = ReadInode(kRootIno, &root);
+    if (rs.ok()) {
+      inodes_.Store(count, MemOrder::kRelaxed);
+      return IsDir(root) ? Status::Ok() : Status(Err::kCorrupt);
+    }
+    if (!rs.Is(ErrorClass::kNotFound)) return rs;
+    if (count != 0) return Err::kCorrupt;  // inodes but no root
+    // A new filesystem: its root directory.
+    MemSet(&root, 0, sizeof(root));
+    root.version.set(kInodeVersion);
+    root.mode.set(kModeDir | 0755);
+    root.uid.set(opt_.root_owner.uid);
+    root.gid.set(opt_.root_owner.gid);
+    root.nlink.set(2);
+    root.generation.set(NextGeneration());
+    const i64 now = Now();
+    SetTime(&root.atime_ns, now);
+    SetTime(&root.mtime_ns, now);
+    SetTime(&root.ctime_ns, now);
+    SetTime(&root.btime_ns, now);
+    root.parent.set(kRootIno);
+    root.hash_seed.set(Mix(u64(now) ^ 0x726f6f74));
+    root.hash_bits = u8(opt_.dir_hash_bits);
+    Transaction tx(trees_);
+    TFS_TRY(tx.Set(InodePos(kRootIno), &root, sizeof(root)));
+    TFS_TRY(tx.Commit().status());
+    inodes_.Store(1, MemOrder::kRelaxed);
+    return Status::Ok();
+  }();
+  if (!st.ok()) {
+    engine_ = nullptr;
+    trees_ = nullptr;
+  }
+  return st;
+}
+
+Status Filesystem::Unmount() {
+  if (engine_ == nullptr) return Status::Ok();
+  Status first;
+  for (u32 s = 0; s < kStripes; s++) {
+    Vector<OpenCount> open;
+    {
+      MutexLock l(open_mu_[s]);
+      Swap(open, open_[s]);
+    }
+    for (const OpenCount& o : open) {
+      InodeFormat f;
+      Status st = ReadInode(o.ino, &f);
+      if (st.ok() && f.nlink.get() == 0) {
+        Transaction tx(trees_);
+        st = QueueFree(&tx, o.ino);
+        if (st.ok()) st = tx.Commit().status();
+        if (st.ok()) {
+          c_freed_.FetchAdd(1, MemOrder::kRelaxed);
+          inodes_.FetchSub(1, MemOrder::kRelaxed);
+        }
+      } else if (st.Is(ErrorClass::kNotFound)) {
+        st = Status::Ok();
+      }
+      if (first.ok() && !st.ok()) first = st;
+    }
+  }
+  c_open_.Store(0, MemOrder::kRelaxed);
+  engine_ = nullptr;
+  trees_ = nullptr;
+  return first;
+}
+
+// --- lookups -------------------------------------------------------------------
+
+Result<Attr> Filesystem::GetAttr(u64 ino) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  InodeFormat f;
+  TFS_TRY(ReadInode(ino, &f));
+  return ToAttr(ino, f);
+}
+
+Result<Attr> Filesystem::Lookup(u64 dir, const char* name, u32 len) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  c_lookups_.FetchAdd(1, MemOrder::kRelaxed);
+  TFS_TRY(CheckName(name, len));
+  InodeFormat d;
+  TFS_TRY(ReadDirInode(dir, &d));
+  if (IsDot(name, len)) return ToAttr(dir, d);
+  if (IsDotDot(name, len)) return GetAttr(d.parent.get());
+  Entry e;
+  TFS_TRY(FindEntry(dir, d, name, len, &e));
+  if (!e.found) return Err::kNotFound;
+  InodeFormat f;
+  Status st = ReadInode(e.ino, &f);
+  if (st.Is(ErrorClass::kNotFound)) return Err::kCorrupt;  // an entry naming no inode
+  TFS_TRY(st);
+  if (DirentTypeOf(f.mode.get()) != e.type) return Err::kCorrupt;
+  return ToAttr(e.ino, f);
+}
+
+Result<u32> Filesystem::ReadLink(u64 ino, char* buf, u32 cap) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  InodeFormat f;
+  TFS_TRY(ReadInode(ino, &f));
+  if ((f.mode.get() & kModeTypeMask) != kModeLink) return Err::kInvalidArgument;
+  char* target = static_cast<char*>(platform::Alloc(kSymlinkTargetMax, 8));
+  if (target == nullptr) return Err::kNoMemory;
+  u32 len = 0;
+  Status st = ReadInode(ino, &f, target, &len);
+  if (st.ok()) MemCopy(buf, target, Min(len, cap));
+  platform::Free(target);
+  TFS_TRY(st);
+  return len;
+}
+
+Status Filesystem::ReadDir(u64 dir, u64 cookie, DirFiller fill, void* ctx) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  c_readdirs_.FetchAdd(1, MemOrder::kRelaxed);
+  InodeFormat d;
+  TFS_TRY(ReadInode(dir, &d));
+  if (!IsDir(d)) return Err::kNotDir;
+  if (cookie == 0 && !fill(ctx, ".", 1, dir, kDtDir, 1)) return Status::Ok();
+  if (cookie <= 1 && !fill(ctx, "..", 2, d.parent.get(), kDtDir, 2)) return Status::Ok();
+  Iterator it(trees_, btree::kBtreeDirents);
+  TFS_TRY(it.Seek(DirentPos(dir, Max(cookie, kFirstSlot))));
+  for (; it.Valid() && it.pos().inode == dir; TFS_TRY(it.Next())) {
+    DirentFormat e;
+    const char* name;
+    TFS_TRY(ParseDirent(it.value(), it.val_bytes(), &e, &name));
+    if (e.type == kDtTombstone) continue;
+    if (!fill(ctx, name, e.name_len, e.ino.get(), e.type, it.pos().offset + 1)) break;
+  }
+  return Status::Ok();
+}
+
+Status Filesystem::GetStatFs(StatFs* out) {
+  if (engine_ == nullptr) return Err::kInvalidArgument;
+  *out = StatFs{};
+  const sb::Superblock& sb = engine_->sb();
+  out->block_size = 4096;
+  const u64 per_bucket = sb.bucket_size / out->block_size;
+  for (u32 m = 0; m < sb.nr_members; m++) {
+    const alloc::DeviceUsage u = engine_->alloc().Usage(m);
+    const u64 free = u.by_state[u32(alloc::BucketState::kFree)];
+    const u64 reserved = Min(free, u.reserves.foreground + u.reserves.copygc + u.reserves.btree);
+    out->blocks += u.nbuckets * per_bucket;
+    out->blocks_free += free * per_bucket;
+    out->blocks_avail += (free - reserved) * per_bucket;
+  }
+  out->files = inodes_.Load(MemOrder::kRelaxed);
+  return Status::Ok();
+}
+
+// --- creating ------------------------------------------------------------------
+
+Result<Attr> Filesystem::Create(u64 dir, const char* name, u32 len, u32 mode, u64 rdev, const char* target,
+                                u32 target_len, const Caller& who) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  TFS_TRY(CheckName(name, len));
+  if (IsDot(name, len) || IsDotDot(name, len)) return Err::kExists;
+  const u8 type = DirentTypeOf(mode);
+  if (type == kDtUnknown || (mode & ~(kModeTypeMask | kModePermMask)) != 0) return Err::kInvalidArgument;
+  const bool is_dir = type == kDtDir;
+  const u64 lock[1] = {dir};
+  Locked locked(this, lock, 1);
+  InodeFormat d;
+  TFS_TRY(ReadDirInode(dir, &d));
+  if (is_dir && d.nlink.get() >= kLinkMax) return Err::kTooManyLinks;
+  Entry e;
+  TFS_TRY(FindEntry(dir, d, name, len, &e));
+  if (e.found) return Err::kExists;
+  if (e.free == 0) return Err::kNoSpace;  // the name's chain ran to the end of the slots
+  const u64 ino = AllocIno();
+  const i64 now = Now();
+  InodeFormat f;
+  MemSet(&f, 0, sizeof(f));
+  f.version.set(kInodeVersion);
+  u32 gid = who.gid;
+  if ((d.mode.get() & kModeSetgid) != 0) {  // BSD group semantics for setgid directories
+    gid = d.gid.get();
+    if (is_dir) mode |= kModeSetgid;
+  }
+  f.mode.set(mode);
+  f.uid.set(who.uid);
+  f.gid.set(gid);
+  f.nlink.set(is_dir ? 2 : 1);
+  f.generation.set(NextGeneration());
+  f.size.set(target != nullptr ? target_len : 0);
+  SetTime(&f.atime_ns, now);
+  SetTime(&f.mtime_ns, now);
+  SetTime(&f.ctime_ns, now);
+  SetTime(&f.btime_ns, now);
+  if (type == kDtChar || type == kDtBlock) f.rdev.set(rdev);
+  if (is_dir) {
+    f.parent.set(dir);
+    f.hash_seed.set(Mix(ino ^ u64(now) ^ 0x6469726563746f72ull));
+    f.hash_bits = u8(opt_.dir_hash_bits);
+  }
+  Transaction tx(trees_);
+  TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
+  for (u32 c = 0; target != nullptr && c * kLinkChunk < target_len; c++)
+    TFS_TRY(tx.Set(LinkPos(ino, c), target + c * kLinkChunk, Min(target_len - c * kLinkChunk, kLinkChunk)));
+  u8 dent[kDirentMax];
+  TFS_TRY(tx.Set(DirentPos(dir, e.free), dent, BuildDirent(dent, ino, type, name, len)));
+  if (is_dir) d.nlink.set(d.nlink.get() + 1);
+  SetTime(&d.mtime_ns, now);
+  SetTime(&d.ctime_ns, now);
+  TFS_TRY(tx.Set(InodePos(dir), &d, sizeof(d)));
+  TFS_TRY(tx.Commit().status());
+  c_creates_.FetchAdd(1, MemOrder::kRelaxed);
+  inodes_.FetchAdd(1, MemOrder::kRelaxed);
+  return ToAttr(ino, f);
+}
+
+Result<Attr> Filesystem::Mknod(u64 dir, const char* name, u32 len, u32 mode, u64 rdev, const Caller& who) {
+  const u32 type = mode & kModeTypeMask;
+  if (type == kModeDir || type == kModeLink) return Err::kInvalidArgument;  // Mkdir, Symlink
+  return Create(dir, name, len, type == 0 ? (mode | kModeReg) : mode, rdev, nullptr, 0, who);
+}
+
+Result<Attr> Filesystem::Mkdir(u64 dir, const char* name, u32 len, u32 mode, const Caller& who) {
+  return Create(dir, name, len, kModeDir | (mode & kModePermMask), 0, nullptr, 0, who);
+}
+
+Result<Attr> Filesystem::Symlink(u64 dir, const char* name, u32 len, const char* target, u32 target_len,
+                                 const Caller& who) {
+  if (target == nullptr || target_len == 0) return Err::kInvalidArgument;
+  if (target_len > kSymlinkTargetMax) return Err::kNameTooLong;
+  return Create(dir, name, len, kModeLink | 0777, 0, target, target_len, who);
+}
+
+Result<Attr> Filesystem::Link(u64 ino, u64 dir, const char* name, u32 len) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  TFS_TRY(CheckName(name, len));
+  if (IsDot(name, len) || IsDotDot(name, len)) return Err::kExists;
+  const u64 lock[2] = {dir, ino};
+  Locked locked(this, lock, 2);
+  InodeFormat f;
+  TFS_TRY(ReadInode(ino, &f));
+  if (IsDir(f)) return Err::kPermission;  // no hard links to directories
+  if (f.nlink.get() == 0) return Err::kNotFound;  // unlinked, only open
+  if (f.nlink.get() >= kLinkMax) return Err::kTooManyLinks;
+  InodeFormat d;
+  TFS_TRY(ReadDirInode(dir, &d));
+  Entry e;
+  TFS_TRY(FindEntry(dir, d, name, len, &e));
+  if (e.found) return Err::kExists;
+  if (e.free == 0) return Err::kNoSpace;
+  const i64 now = Now();
+  Transaction tx(trees_);
+  u8 dent[kDirentMax];
+  TFS_TRY(tx.Set(DirentPos(dir, e.free), dent, BuildDirent(dent, ino, DirentTypeOf(f.mode.get()), name, len)));
+  f.nlink.set(f.nlink.get() + 1);
+  SetTime(&f.ctime_ns, now);
+  TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
+  SetTime(&d.mtime_ns, now);
+  SetTime(&d.ctime_ns, now);
+  TFS_TRY(tx.Set(InodePos(dir), &d, sizeof(d)));
+  TFS_TRY(tx.Commit().status());
+  return ToAttr(ino, f);
+}
+
+// --- removing ------------------------------------------------------------------
+
+namespace {
+
+// Whether a directory has any entry (tombstones only exist before live entries:
+// docs/format/inodes-extents.md, so any key means "not empty").
+Status DirHasEntries(btree::Btrees* trees, u64 dir, bool* any) {
+  Iterator it(trees, btree::kBtreeDirents);
+  TFS_TRY(it.Seek(DirentPos(dir, 0)));
+  *any = it.Valid() && it.pos().inode == dir;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status Filesystem::Unlink(u64 dir, const char* name, u32 len) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  TFS_TRY(CheckName(name, len));
+  if (IsDot(name, len) || IsDotDot(name, len)) return Err::kIsDir;
+  for (;;) {
+    // Learn the target first, then lock directory and target together.
+    InodeFormat d;
+    TFS_TRY(ReadDirInode(dir, &d));
+    Entry e;
+    TFS_TRY(FindEntry(dir, d, name, len, &e));
+    if (!e.found) return Err::kNotFound;
+    const u64 lock[2] = {dir, e.ino};
+    Locked locked(this, lock, 2);
+    TFS_TRY(ReadDirInode(dir, &d));
+    Entry again;
+    TFS_TRY(FindEntry(dir, d, name, len, &again));
+    if (!again.found) return Err::kNotFound;
+    if (again.ino != e.ino) continue;  // replaced meanwhile: lock the new target
+    if (e.type == kDtDir) return Err::kIsDir;
+    InodeFormat f;
+    Status st = ReadInode(e.ino, &f);
+    if (st.Is(ErrorClass::kNotFound)) return Err::kCorrupt;
+    TFS_TRY(st);
+    if (f.nlink.get() == 0) return Err::kCorrupt;
+    const i64 now = Now();
+    Transaction tx(trees_);
+    TFS_TRY(QueueRemoveEntry(&tx, dir, again));
+    f.nlink.set(f.nlink.get() - 1);
+    SetTime(&f.ctime_ns, now);
+    bool freed = false;
+    TFS_TRY(QueueUnlinked(&tx, e.ino, &f, &freed));
+    SetTime(&d.mtime_ns, now);
+    SetTime(&d.ctime_ns, now);
+    TFS_TRY(tx.Set(InodePos(dir), &d, sizeof(d)));
+    TFS_TRY(tx.Commit().status());
+    c_unlinks_.FetchAdd(1, MemOrder::kRelaxed);
+    if (freed) {
+      c_freed_.FetchAdd(1, MemOrder::kRelaxed);
+      inodes_.FetchSub(1, MemOrder::kRelaxed);
+    }
+    return Status::Ok();
+  }
+}
+
+Status Filesystem::Rmdir(u64 dir, const char* name, u32 len) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  TFS_TRY(CheckName(name, len));
+  if (IsDot(name, len)) return Err::kInvalidArgument;
+  if (IsDotDot(name, len)) return Err::kNotEmpty;
+  for (;;) {
+    InodeFormat d;
+    TFS_TRY(ReadDirInode(dir, &d));
+    Entry e;
+    TFS_TRY(FindEntry(dir, d, name, len, &e));
+    if (!e.found) return Err::kNotFound;
+    const u64 lock[2] = {dir, e.ino};
+    Locked locked(this, lock, 2);
+    TFS_TRY(ReadDirInode(dir, &d));
+    Entry again;
+    TFS_TRY(FindEntry(dir, d, name, len, &again));
+    if (!again.found) return Err::kNotFound;
+    if (again.ino != e.ino) continue;
+    if (e.type != kDtDir) return Err::kNotDir;
+    InodeFormat f;
+    Status st = ReadInode(e.ino, &f);
+    if (st.Is(ErrorClass::kNotFound)) return Err::kCorrupt;
+    TFS_TRY(st);
+    bool any = false;
+    TFS_TRY(DirHasEntries(trees_, e.ino, &any));
+    if (any) return Err::kNotEmpty;
+    const i64 now = Now();
+    Transaction tx(trees_);
+    TFS_TRY(QueueRemoveEntry(&tx, dir, again));
+    f.nlink.set(0);
+    SetTime(&f.ctime_ns, now);
+    bool freed = false;
+    TFS_TRY(QueueUnlinked(&tx, e.ino, &f, &freed));
+    d.nlink.set(d.nlink.get() - 1);
+    SetTime(&d.mtime_ns, now);
+    SetTime(&d.ctime_ns, now);
+    TFS_TRY(tx.Set(InodePos(dir), &d, sizeof(d)));
+    TFS_TRY(tx.Commit().status());
+    c_unlinks_.FetchAdd(1, MemOrder::kRelaxed);
+    if (freed) {
+      c_freed_.FetchAdd(1, MemOrder::kRelaxed);
+      inodes_.FetchSub(1, MemOrder::kRelaxed);
+    }
+    return Status::Ok();
+  }
+}
+
+// --- rename --------------------------------------------------------------------
+
+namespace {
+
+// The inodes one rename changes, each read once and written once.
+struct InodeSet {
+  struct Rec {
+    u64 ino;
+    InodeFormat f;
+  };
+  Rec recs[4];
+  u32 n = 0;
+  InodeFormat* Get(u64 ino) {
+    for (u32 i = 0; i < n; i++)
+      if (recs[i].ino == ino) return &recs[i].f;
+    return nullptr;
+  }
+  InodeFormat* Add(u64 ino, const InodeFormat& f) {
+    if (InodeFormat* have = Get(ino)) return have;
+    recs[n] = Rec{ino, f};
+    return &recs[n++].f;
+  }
+};
+
+}  // namespace
+
+Status Filesystem::Rename(u64 old_dir, const char* old_name, u32 old_len, u64 new_dir, const char* new_name,
+                          u32 new_len, u32 flags) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  TFS_TRY(CheckName(old_name, old_len));
+  TFS_TRY(CheckName(new_name, new_len));
+  if ((flags & ~u32(kRenameNoReplace | kRenameExchange)) != 0 ||
+      (flags == (kRenameNoReplace | kRenameExchange)))
+    return Err::kInvalidArgument;
+  if (IsDot(old_name, old_len) || IsDotDot(old_name, old_len) || IsDot(new_name, new_len) ||
+      IsDotDot(new_name, new_len))
+    return Err::kInvalidArgument;
+  MutexLock rename_lock(rename_mu_);  // parents do not change under the loop check
+  for (;;) {
+    InodeFormat od;
+    InodeFormat nd;
+    TFS_TRY(ReadDirInode(old_dir, &od));
+    TFS_TRY(ReadDirInode(new_dir, &nd));
+    Entry src;
+    Entry dst;
+    TFS_TRY(FindEntry(old_dir, od, old_name, old_len, &src));
+    if (!src.found) return Err::kNotFound;
+    TFS_TRY(FindEntry(new_dir, nd, new_name, new_len, &dst));
+    const u64 lock[4] = {old_dir, new_dir, src.ino, dst.found ? dst.ino : 0};
+    Locked locked(this, lock, 4);
+    // Again under the locks: retry if either name changed meanwhile.
+    TFS_TRY(ReadDirInode(old_dir, &od));
+    TFS_TRY(ReadDirInode(new_dir, &nd));
+    Entry s2;
+    Entry d2;
+    TFS_TRY(FindEntry(old_dir, od, old_name, old_len, &s2));
+    if (!s2.found) return Err::kNotFound;
+    TFS_TRY(FindEntry(new_dir, nd, new_name, new_len, &d2));
+    if (s2.ino != src.ino || d2.found != dst.found || (d2.found && d2.ino != dst.ino)) continue;
+    src = s2;
+    dst = d2;
+    const bool same_dir = old_dir == new_dir;
+    if (dst.found && dst.ino == src.ino) {  // the same inode (or even the same entry)
+      if ((flags & kRenameNoReplace) != 0) return Err::kExists;
+      return Status::Ok();
+    }
+    if ((flags & kRenameExchange) != 0 && !dst.found) return Err::kNotFound;
+    if ((flags & kRenameNoReplace) != 0 && dst.found) return Err::kExists;
+    const bool src_dir = src.type == kDtDir;
+    const bool dst_dir = dst.found && dst.type == kDtDir;
+    if (dst.found && (flags & kRenameExchange) == 0) {
+      if (src_dir && !dst_dir) return Err::kNotDir;
+      if (!src_dir && dst_dir) return Err::kIsDir;
+      if (dst_dir) {
+        bool any = false;
+        TFS_TRY(DirHasEntries(trees_, dst.ino, &any));
+        if (any) return Err::kNotEmpty;
+      }
+    }
+    // No directory may move below itself: walk up from where each one goes.
+    auto below = [&](u64 moved, u64 to, bool* is_below) -> Status {
+      *is_below = false;
+      for (u32 steps = 0; to != kRootIno; steps++) {
+        if (to == moved) {
+          *is_below = true;
+          return Status::Ok();
+        }
+        if (steps > (1u << 20)) return Err::kCorrupt;  // a parent cycle
+        InodeFormat p;
+        TFS_TRY(ReadInode(to, &p));
+        to = p.parent.get();
+      }
+      *is_below = moved == kRootIno;
+      return Status::Ok();
+    };
+    bool loop = false;
+    if (src_dir && !same_dir) TFS_TRY(below(src.ino, new_dir, &loop));
+    if (!loop && dst_dir && (flags & kRenameExchange) != 0 && !same_dir) TFS_TRY(below(dst.ino, old_dir, &loop));
+    if (loop) return Err::kInvalidArgument;
+
+    const i64 now = Now();
+    InodeSet set;
+    InodeFormat* o = set.Add(old_dir, od);
+    InodeFormat* n = set.Add(new_dir, nd);
+    InodeFormat sf;
+    TFS_TRY(ReadInode(src.ino, &sf));
+    InodeFormat* s = set.Add(src.ino, sf);
+    InodeFormat* t = nullptr;
+    if (dst.found) {
+      InodeFormat tf;
+      Status st = ReadInode(dst.ino, &tf);
+      if (st.Is(ErrorClass::kNotFound)) return Err::kCorrupt;
+      TFS_TRY(st);
+      t = set.Add(dst.ino, tf);
+    }
+    Transaction tx(trees_);
+    u8 dent[kDirentMax];
+    bool freed = false;
+    if ((flags & kRenameExchange) != 0) {
+      // Both entries stay where they are and trade targets.
+      TFS_TRY(tx.Set(DirentPos(old_dir, src.slot), dent, BuildDirent(dent, dst.ino, dst.type, old_name, old_len)));
+      TFS_TRY(tx.Set(DirentPos(new_dir, dst.slot), dent, BuildDirent(dent, src.ino, src.type, new_name, new_len)));
+      if (!same_dir && src_dir != dst_dir) {  // a directory changes parent, with its ".."
+        InodeFormat* gains = src_dir ? n : o;
+        InodeFormat* loses = src_dir ? o : n;
+        gains->nlink.set(gains->nlink.get() + 1);
+        loses->nlink.set(loses->nlink.get() - 1);
+      }
+      if (src_dir) s->parent.set(new_dir);
+      if (dst_dir) t->parent.set(old_dir);
+      SetTime(&t->ctime_ns, now);
+    } else {
+      // The new name: over the replaced entry, else in the first free slot of its
+      // chain -- or the source's own slot when that lies in the chain (removing
+      // the source there could cut the chain in front of the new entry).
+      u64 slot = dst.found ? dst.slot : dst.free;
+      if (!dst.found && same_dir) {
+        const u64 home = NameHash(nd.hash_seed.get(), nd.hash_bits, new_name, new_len);
+        if (src.slot >= home && (slot == 0 || src.slot < slot)) slot = src.slot;
+      }
+      if (slot == 0) return Err::kNoSpace;
+      if (!(same_dir && slot == src.slot)) TFS_TRY(QueueRemoveEntry(&tx, old_dir, src));
+      TFS_TRY(tx.Set(DirentPos(new_dir, slot), dent, BuildDirent(dent, src.ino, src.type, new_name, new_len)));
+      if (src_dir && !same_dir) {
+        o->nlink.set(o->nlink.get() - 1);
+        n->nlink.set(n->nlink.get() + 1);
+        s->parent.set(new_dir);
+      }
+      if (t != nullptr) {  // the replaced inode loses this link
+        t->nlink.set(dst_dir ? 0 : t->nlink.get() - 1);
+        if (dst_dir) n->nlink.set(n->nlink.get() - 1);  // its ".." pointed at new_dir
+        SetTime(&t->ctime_ns, now);
+      }
+    }
+    SetTime(&s->ctime_ns, now);
+    SetTime(&o->mtime_ns, now);
+    SetTime(&o->ctime_ns, now);
+    SetTime(&n->mtime_ns, now);
+    SetTime(&n->ctime_ns, now);
+    for (u32 i = 0; i < set.n; i++) {
+      if (t != nullptr && &set.recs[i].f == t && (flags & kRenameExchange) == 0) {
+        TFS_TRY(QueueUnlinked(&tx, dst.ino, t, &freed));
+        continue;
+      }
+      TFS_TRY(tx.Set(InodePos(set.recs[i].ino), &set.recs[i].f, sizeof(InodeFormat)));
+    }
+    TFS_TRY(tx.Commit().status());
+    c_renames_.FetchAdd(1, MemOrder::kRelaxed);
+    if (freed) {
+      c_freed_.FetchAdd(1, MemOrder::kRelaxed);
+      inodes_.FetchSub(1, MemOrder::kRelaxed);
+    }
+    return Status::Ok();
+  }
+}
+
+// --- attributes ----------------------------------------------------------------
+
+Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  const u64 lock[1] = {ino};
+  Locked locked(this, lock, 1);
+  InodeFormat f;
+  TFS_TRY(ReadInode(ino, &f));
+  const u32 type = f.mode.get() & kModeTypeMask;
+  if ((set.valid & kSetSize) != 0) {
+    if (type == kModeDir) return Err::kIsDir;
+    if (type != kModeReg) return Err::kInvalidArgument;
+    if (set.size > (u64(1) << 62)) return Err::kTooBig;
+  }
+  const i64 now = Now();
+  if ((set.valid & kSetMode) != 0) f.mode.set(type | (set.mode & kModePermMask));
+  if ((set.valid & kSetUid) != 0) f.uid.set(set.uid);
+  if ((set.valid & kSetGid) != 0) f.gid.set(set.gid);
+  if ((set.valid & kSetSize) != 0) {
+    // (Freeing the data past the new size joins here with the data path.)
+    f.size.set(set.size);
+    SetTime(&f.mtime_ns, now);
+  }
+  if ((set.valid & kSetAtime) != 0) SetTime(&f.atime_ns, set.atime_ns);
+  if ((set.valid & kSetAtimeNow) != 0) SetTime(&f.atime_ns, now);
+  if ((set.valid & kSetMtime) != 0) SetTime(&f.mtime_ns, set.mtime_ns);
+  if ((set.valid & kSetMtimeNow) != 0) SetTime(&f.mtime_ns, now);
+  SetTime(&f.ctime_ns, now);
+  Transaction tx(trees_);
+  TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
+  TFS_TRY(tx.Commit().status());
+  c_setattrs_.FetchAdd(1, MemOrder::kRelaxed);
+  return ToAttr(ino, f);
+}
+
+// --- open files ----------------------------------------------------------------
+
+Status Filesystem::OpenInode(u64 ino) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  const u64 lock[1] = {ino};
+  Locked locked(this, lock, 1);  // an unlink either sees this handle or frees first
+  InodeFormat f;
+  TFS_TRY(ReadInode(ino, &f));
+  const u32 s = Stripe(ino);
+  MutexLock l(open_mu_[s]);
+  for (OpenCount& o : open_[s])
+    if (o.ino == ino) {
+      o.count++;
+      return Status::Ok();
+    }
+  TFS_TRY(open_[s].PushBack(OpenCount{ino, 1}));
+  c_open_.FetchAdd(1, MemOrder::kRelaxed);
+  return Status::Ok();
+}
+
+Status Filesystem::Release(u64 ino) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  const u64 lock[1] = {ino};
+  Locked locked(this, lock, 1);  // no unlink of it runs while we decide
+  const u32 s = Stripe(ino);
+  {
+    MutexLock l(open_mu_[s]);
+    Vector<OpenCount>& v = open_[s];
+    u32 i = 0;
+    while (i < v.size() && v[i].ino != ino) i++;
+    if (i == v.size()) return Err::kInvalidArgument;  // not open
+    if (--v[i].count > 0) return Status::Ok();
+    v[i] = v[v.size() - 1];
+    v.PopBack();
+    c_open_.FetchSub(1, MemOrder::kRelaxed);
+  }
+  InodeFormat f;
+  Status st = ReadInode(ino, &f);
+  if (st.Is(ErrorClass::kNotFound)) return Status::Ok();
+  TFS_TRY(st);
+  if (f.nlink.get() != 0) return Status::Ok();
+  Transaction tx(trees_);
+  TFS_TRY(QueueFree(&tx, ino));
+  TFS_TRY(tx.Commit().status());
+  c_freed_.FetchAdd(1, MemOrder::kRelaxed);
+  inodes_.FetchSub(1, MemOrder::kRelaxed);
+  return Status::Ok();
+}
+
+Stats Filesystem::GetStats() const {
+  Stats s;
+  s.lookups = c_lookups_.Load(MemOrder::kRelaxed);
+  s.creates = c_creates_.Load(MemOrder::kRelaxed);
+  s.unlinks = c_unlinks_.Load(MemOrder::kRelaxed);
+  s.renames = c_renames_.Load(MemOrder::kRelaxed);
+  s.setattrs = c_setattrs_.Load(MemOrder::kRelaxed);
+  s.readdirs = c_readdirs_.Load(MemOrder::kRelaxed);
+  s.inodes_freed = c_freed_.Load(MemOrder::kRelaxed);
+  s.orphans_freed = c_orphans_freed_.Load(MemOrder::kRelaxed);
+  s.open_inodes = c_open_.Load(MemOrder::kRelaxed);
+  return s;
+}
+
+}  // namespace tfs::posix

@@ -1,0 +1,221 @@
+// Filesystem: the VFS-neutral POSIX namespace over the btrees (docs/design/posix.md).
+//
+// Both front ends (the FUSE shim, later the kernel module) call this API and only
+// translate; no filesystem logic lives in them. Inodes are named by number (the
+// root is kRootIno), entries by (directory, name bytes). Every operation that
+// changes the namespace is one btree transaction: it commits whole or not at all,
+// and a crash leaves either its before or its after state.
+//
+// Errors (Status codes; the front ends turn them into errnos): kNotFound (ENOENT),
+// kExists (EEXIST), kNotEmpty (ENOTEMPTY), kNotDir (ENOTDIR), kIsDir (EISDIR),
+// kNameTooLong, kInvalidArgument (EINVAL: e.g. renaming a directory into itself),
+// kTooManyLinks (EMLINK), kRange (ERANGE), kPermission (EPERM), kNoSpace,
+// kNoMemory, kIo and kCorrupt from below. A record that does not parse (inode,
+// entry) is kCorrupt, never trusted.
+//
+// Permissions. The caller's identity (Caller) makes new inodes its own (group:
+// the directory's if it is setgid, which new subdirectories inherit). Access
+// checks against mode bits are the front end's (FUSE: default_permissions; the
+// kernel: the VFS), as for every Linux filesystem; this layer enforces what the
+// VFS cannot: a directory's type and emptiness, names, loops.
+//
+// Concurrency. Any number of threads. Operations lock the inodes they change
+// through a table of striped mutexes, always in ascending stripe order, after the
+// filesystem-wide rename mutex for renames (lock order: rename_mu_, stripes, the
+// btrees' own locks). Like the VFS's inode locks, stripes are held across btree
+// reads and the commit; metadata lives on the metadata target, so a stripe never
+// waits for a slow device. Lookups, GetAttr and ReadDir take no stripe: each
+// reads committed state key by key.
+//
+// Open files. An inode whose last name goes while it is open (OpenInode without
+// its Release) stays, with nlink 0 and an orphan key, until its last Release; a
+// crash leaves the orphan key, and the next Mount frees it.
+#ifndef TFS_POSIX_FS_H_
+#define TFS_POSIX_FS_H_
+
+#include "btree/tree.h"
+#include "engine/engine.h"
+#include "platform/atomic.h"
+#include "platform/sync.h"
+#include "posix/format.h"
+#include "util/status.h"
+#include "util/vector.h"
+
+namespace tfs::posix {
+
+// What stat(2) reports of an inode.
+struct Attr {
+  u64 ino = 0;
+  u32 generation = 0;
+  u32 mode = 0;
+  u32 uid = 0;
+  u32 gid = 0;
+  u32 nlink = 0;
+  u64 size = 0;
+  u64 sectors = 0;  // 512-byte units (st_blocks)
+  u64 rdev = 0;
+  i64 atime_ns = 0;
+  i64 mtime_ns = 0;
+  i64 ctime_ns = 0;
+  i64 btime_ns = 0;
+};
+
+// Who asks: new inodes belong to them.
+struct Caller {
+  u32 uid = 0;
+  u32 gid = 0;
+};
+
+// SetAttrs: which fields to change (bits of `valid`).
+enum SetAttrValid : u32 {
+  kSetMode = 1u << 0,      // permission bits only; the file type never changes
+  kSetUid = 1u << 1,
+  kSetGid = 1u << 2,
+  kSetSize = 1u << 3,      // regular files only (kIsDir / kInvalidArgument otherwise)
+  kSetAtime = 1u << 4,     // to atime_ns
+  kSetMtime = 1u << 5,     // to mtime_ns
+  kSetAtimeNow = 1u << 6,  // to the current time
+  kSetMtimeNow = 1u << 7,
+};
+struct SetAttr {
+  u32 valid = 0;
+  u32 mode = 0;
+  u32 uid = 0;
+  u32 gid = 0;
+  u64 size = 0;
+  i64 atime_ns = 0;
+  i64 mtime_ns = 0;
+};
+
+// Rename flags: the Linux RENAME_* values.
+enum RenameFlags : u32 {
+  kRenameNoReplace = 1,
+  kRenameExchange = 2,
+};
+
+// ReadDir's sink: one entry (name not NUL-terminated, `type` a DirentType,
+// `next` the cookie to resume after it). Returns false when it has no room for
+// this entry: ReadDir then stops, and the entry is the first of the next call.
+using DirFiller = bool (*)(void* ctx, const char* name, u32 len, u64 ino, u8 type, u64 next);
+
+struct StatFs {
+  u64 block_size = 0;    // bytes of the units below
+  u64 blocks = 0;        // total data space
+  u64 blocks_free = 0;
+  u64 blocks_avail = 0;  // free to unprivileged writers (above the reserves)
+  u64 files = 0;         // inodes in use
+  u64 name_max = kNameMax;
+};
+
+struct Stats {
+  u64 lookups, creates, unlinks, renames, setattrs, readdirs;
+  u64 inodes_freed;      // last link gone and not open (or its last Release)
+  u64 orphans_freed;     // at mount: left by a crash while open
+  u64 open_inodes;       // now
+};
+
+class Filesystem {
+ public:
+  Filesystem() = default;
+  ~Filesystem();
+  Filesystem(const Filesystem&) = delete;
+  Filesystem& operator=(const Filesystem&) = delete;
+
+  // Starts on an open engine: frees the orphans a crash left, creates the root
+  // directory of a new filesystem (owned by `root_owner`), and finds the next
+  // free inode number. The engine must stay open until Unmount.
+  struct Options {
+    Caller root_owner;       // of a new filesystem's root directory
+    // New directories hash names into 2^dir_hash_bits home slots (1..62; stored
+    // per directory). Tests shrink it to force hash collisions; keep 62.
+    u32 dir_hash_bits = 62;
+  };
+  Status Mount(engine::Engine* engine, const Options& options);
+  Status Mount(engine::Engine* engine) { return Mount(engine, Options{}); }
+  // Frees inodes still open but unlinked (their handles die with the mount).
+  // The caller then closes the engine, which makes everything durable.
+  Status Unmount();
+
+  Result<Attr> Lookup(u64 dir, const char* name, u32 len);
+  Result<Attr> GetAttr(u64 ino);
+
+  // Creates a regular file, fifo, socket, char or block device (mode's type;
+  // rdev for devices), or with Mkdir a directory, or a symlink.
+  Result<Attr> Mknod(u64 dir, const char* name, u32 len, u32 mode, u64 rdev, const Caller& who);
+  Result<Attr> Mkdir(u64 dir, const char* name, u32 len, u32 mode, const Caller& who);
+  Result<Attr> Symlink(u64 dir, const char* name, u32 len, const char* target, u32 target_len,
+                       const Caller& who);
+  // A new name for an existing non-directory inode.
+  Result<Attr> Link(u64 ino, u64 dir, const char* name, u32 len);
+  Status Unlink(u64 dir, const char* name, u32 len);
+  Status Rmdir(u64 dir, const char* name, u32 len);
+  Status Rename(u64 old_dir, const char* old_name, u32 old_len, u64 new_dir, const char* new_name,
+                u32 new_len, u32 flags);
+  Result<Attr> SetAttrs(u64 ino, const SetAttr& set);
+  // Copies up to cap bytes of a symlink's target; returns its full length.
+  Result<u32> ReadLink(u64 ino, char* buf, u32 cap);
+  // Entries from `cookie` on (0: from the start, "." and ".." first).
+  Status ReadDir(u64 dir, u64 cookie, DirFiller fill, void* ctx);
+  Status GetStatFs(StatFs* out);
+
+  // A handle on the inode is open / closed (see "Open files" above).
+  Status OpenInode(u64 ino);
+  Status Release(u64 ino);
+
+  Stats GetStats() const;
+
+ private:
+  struct Entry;     // a directory entry found by FindEntry
+  struct Locked;    // stripes held by one operation
+  class NameTable;  // the hash-table helpers over a directory's slots
+
+  static constexpr u32 kStripes = 64;
+  u32 Stripe(u64 ino) const { return u32((ino * 0x9e3779b97f4a7c15ull) >> 58) % kStripes; }
+
+  Status ReadInode(u64 ino, InodeFormat* out, char* link = nullptr, u32* link_len = nullptr);
+  Status ReadDirInode(u64 dir, InodeFormat* out);
+  Status FindEntry(u64 dir, const InodeFormat& dir_inode, const char* name, u32 len, Entry* out);
+  Result<Attr> Create(u64 dir, const char* name, u32 len, u32 mode, u64 rdev, const char* target,
+                      u32 target_len, const Caller& who);
+  // Queues the removal of entry `e` (tombstone, or delete with trailing tombstones).
+  Status QueueRemoveEntry(btree::Transaction* tx, u64 dir, const Entry& e);
+  // Queues the inode's new state after losing a link: deleted (with whatever it
+  // owns) when no link and no handle is left, else written, with an orphan key
+  // when only handles are left.
+  Status QueueUnlinked(btree::Transaction* tx, u64 ino, InodeFormat* inode, bool* freed);
+  Status QueueFree(btree::Transaction* tx, u64 ino);
+  bool IsOpen(u64 ino);
+  u64 AllocIno();
+  u32 NextGeneration();
+  i64 Now() const;
+
+  engine::Engine* engine_ = nullptr;
+  Options opt_;
+  btree::Btrees* trees_ = nullptr;
+  Mutex rename_mu_;
+  Mutex stripes_[kStripes];
+  // Open handles per inode: a small table per stripe, under that stripe's
+  // open_mu_ (never held while taking another lock).
+  struct OpenCount {
+    u64 ino;
+    u32 count;
+  };
+  Mutex open_mu_[kStripes];
+  Vector<OpenCount> open_[kStripes];
+  Atomic<u64> next_ino_{kFirstIno};
+  Atomic<u32> next_gen_{0};
+  Atomic<u64> inodes_{0};  // inodes in use (statfs)
+  Atomic<u64> c_lookups_{0}, c_creates_{0}, c_unlinks_{0}, c_renames_{0}, c_setattrs_{0};
+  Atomic<u64> c_readdirs_{0}, c_freed_{0}, c_orphans_freed_{0}, c_open_{0};
+};
+
+// Parses an inode value (kCorrupt if it is not one of this version).
+Status ParseInode(const u8* value, u32 len, InodeFormat* out);
+Attr ToAttr(u64 ino, const InodeFormat& inode);
+// The home slot of `name` in a directory whose hash_seed is `seed` and hash_bits
+// `bits` (1..62).
+u64 NameHash(u64 seed, u32 bits, const char* name, u32 len);
+
+}  // namespace tfs::posix
+
+#endif  // TFS_POSIX_FS_H_

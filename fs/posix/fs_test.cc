@@ -1,0 +1,649 @@
+// The POSIX namespace: a table of operations and their expected results or
+// errors, nlink and time bookkeeping, hash-chain edge cases (collisions forced by
+// tiny directory hash tables) checked against a model, readdir cookies across
+// concurrent changes, orphans across a power cut, concurrent renames, and
+// corrupt records.
+#include "posix/fs.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "userspace/platform/mem_device.h"
+
+namespace tfs::posix {
+namespace {
+
+using userspace::MemDevice;
+using userspace::MemDeviceOptions;
+
+constexpr u64 kDevSize = 64ull << 20;
+
+std::unique_ptr<MemDevice> Dev(std::vector<uint8_t> image = {}) {
+  MemDeviceOptions o;
+  o.name = "ssd0";
+  o.size = kDevSize;
+  o.volatile_cache = true;
+  o.initial_image = std::move(image);
+  return std::make_unique<MemDevice>(o);
+}
+
+// One device, formatted, with an engine and a mounted Filesystem on it.
+struct Mounted {
+  std::unique_ptr<MemDevice> dev;
+  std::unique_ptr<engine::Engine> eng;
+  Filesystem fs;
+  Filesystem::Options opt;
+
+  explicit Mounted(u32 hash_bits = 62, std::unique_ptr<MemDevice> d = nullptr) {
+    opt.dir_hash_bits = hash_bits;
+    opt.root_owner = Caller{1000, 1000};
+    if (d == nullptr) {
+      dev = Dev();
+      engine::FormatMember m = {dev.get(), "ssd.a", 1};
+      engine::FormatOptions fo;
+      fo.bucket_size = 256 * 1024;
+      fo.btree_node_size = 64 * 1024;
+      Diag diag;
+      EXPECT_TRUE(engine::Format(&m, 1, fo, &diag).ok()) << diag.text;
+    } else {
+      dev = std::move(d);
+    }
+    Open();
+  }
+  ~Mounted() { Close(); }
+  void Open() {
+    BlockDevice* b = dev.get();
+    Diag diag;
+    eng = std::make_unique<engine::Engine>();  // an Engine opens once
+    ASSERT_TRUE(eng->Open(&b, 1, engine::OpenOptions{}, &diag).ok()) << diag.text;
+    Status ms = fs.Mount(eng.get(), opt);
+    ASSERT_TRUE(ms.ok()) << ms.Message();
+  }
+  void Close() {
+    if (eng == nullptr || !eng->open()) return;
+    EXPECT_TRUE(fs.Unmount().ok());
+    EXPECT_TRUE(eng->Close().ok());
+  }
+  void Remount() {
+    Close();
+    Open();
+  }
+  // Makes every commit so far durable (as fsync will).
+  void Sync() { ASSERT_TRUE(eng->journal().Flush().ok()); }
+  // What a power cut now leaves, mounted.
+  std::unique_ptr<Mounted> AfterPowerCut() { return std::make_unique<Mounted>(opt.dir_hash_bits, Dev(dev->SnapshotDurable())); }
+};
+
+const Caller kUser{1000, 1000};
+
+Result<Attr> Mkdir(Filesystem& fs, u64 dir, const std::string& n, u32 mode = 0755) {
+  return fs.Mkdir(dir, n.data(), u32(n.size()), mode, kUser);
+}
+Result<Attr> Mkfile(Filesystem& fs, u64 dir, const std::string& n, u32 mode = 0644) {
+  return fs.Mknod(dir, n.data(), u32(n.size()), kModeReg | mode, 0, kUser);
+}
+Result<Attr> Lookup(Filesystem& fs, u64 dir, const std::string& n) { return fs.Lookup(dir, n.data(), u32(n.size())); }
+Status Unlink(Filesystem& fs, u64 dir, const std::string& n) { return fs.Unlink(dir, n.data(), u32(n.size())); }
+Status Rmdir(Filesystem& fs, u64 dir, const std::string& n) { return fs.Rmdir(dir, n.data(), u32(n.size())); }
+Status Rename(Filesystem& fs, u64 od, const std::string& on, u64 nd, const std::string& nn, u32 flags = 0) {
+  return fs.Rename(od, on.data(), u32(on.size()), nd, nn.data(), u32(nn.size()), flags);
+}
+
+struct Listed {
+  std::string name;
+  u64 ino;
+  u8 type;
+  u64 next;
+};
+
+// Every entry of a directory (without "." and ".."), `batch` per ReadDir call.
+std::vector<Listed> List(Filesystem& fs, u64 dir, u32 batch = 1000000, u64 cookie = 0) {
+  std::vector<Listed> out;
+  struct Ctx {
+    std::vector<Listed>* out;
+    u32 room;
+  };
+  for (;;) {
+    Ctx ctx{&out, batch};
+    const size_t before = out.size();
+    Status st = fs.ReadDir(dir, cookie, [](void* c, const char* name, u32 len, u64 ino, u8 type, u64 next) {
+      auto* x = static_cast<Ctx*>(c);
+      if (x->room == 0) return false;
+      x->room--;
+      x->out->push_back(Listed{std::string(name, len), ino, type, next});
+      return true;
+    }, &ctx);
+    EXPECT_TRUE(st.ok()) << st.Message();
+    if (!st.ok() || out.size() == before) break;
+    cookie = out.back().next;
+  }
+  std::vector<Listed> named;
+  for (auto& l : out)
+    if (l.name != "." && l.name != "..") named.push_back(l);
+  return named;
+}
+
+std::set<std::string> Names(Filesystem& fs, u64 dir) {
+  std::set<std::string> s;
+  for (auto& l : List(fs, dir)) EXPECT_TRUE(s.insert(l.name).second) << "listed twice: " << l.name;
+  return s;
+}
+
+TEST(PosixTest, NewFilesystemHasARootThatSurvivesRemount) {
+  Mounted m;
+  auto root = m.fs.GetAttr(kRootIno);
+  ASSERT_TRUE(root.ok());
+  EXPECT_EQ(root.value().mode, kModeDir | 0755);
+  EXPECT_EQ(root.value().nlink, 2u);
+  EXPECT_EQ(root.value().uid, 1000u);
+  EXPECT_GT(root.value().btime_ns, 1600000000ll * 1000000000ll);  // a real clock
+  m.Remount();
+  auto again = m.fs.GetAttr(kRootIno);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again.value().generation, root.value().generation);
+  EXPECT_EQ(again.value().btime_ns, root.value().btime_ns);
+  auto dotdot = Lookup(m.fs, kRootIno, "..");
+  ASSERT_TRUE(dotdot.ok());
+  EXPECT_EQ(dotdot.value().ino, kRootIno);
+}
+
+TEST(PosixTest, CreateLookupListUnlinkAndRemount) {
+  Mounted m;
+  auto f = Mkfile(m.fs, kRootIno, "a.txt");
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f.value().mode, kModeReg | 0644);
+  EXPECT_EQ(f.value().nlink, 1u);
+  EXPECT_EQ(f.value().uid, 1000u);
+  auto d = Mkdir(m.fs, kRootIno, "sub");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(m.fs.GetAttr(kRootIno).value().nlink, 3u);
+  auto fifo = m.fs.Mknod(d.value().ino, "p", 1, kModeFifo | 0600, 0, kUser);
+  ASSERT_TRUE(fifo.ok());
+  auto dev = m.fs.Mknod(d.value().ino, "c", 1, kModeChar | 0600, 0x0103, kUser);
+  ASSERT_TRUE(dev.ok());
+  EXPECT_EQ(dev.value().rdev, 0x0103u);
+  auto sock = m.fs.Mknod(d.value().ino, "s", 1, kModeSock | 0600, 0, kUser);
+  ASSERT_TRUE(sock.ok());
+  const std::string target = "../a.txt";
+  auto ln = m.fs.Symlink(d.value().ino, "l", 1, target.data(), u32(target.size()), kUser);
+  ASSERT_TRUE(ln.ok());
+  EXPECT_EQ(ln.value().size, target.size());
+
+  EXPECT_EQ(Names(m.fs, kRootIno), (std::set<std::string>{"a.txt", "sub"}));
+  EXPECT_EQ(Names(m.fs, d.value().ino), (std::set<std::string>{"p", "c", "s", "l"}));
+  for (auto& l : List(m.fs, d.value().ino)) {
+    auto a = Lookup(m.fs, d.value().ino, l.name);
+    ASSERT_TRUE(a.ok());
+    EXPECT_EQ(a.value().ino, l.ino);
+    EXPECT_EQ(l.type, DirentTypeOf(a.value().mode));
+  }
+  m.Remount();
+  char buf[64];
+  auto r = m.fs.ReadLink(ln.value().ino, buf, sizeof(buf));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(std::string(buf, r.value()), target);
+  EXPECT_EQ(Lookup(m.fs, kRootIno, "a.txt").value().ino, f.value().ino);
+  ASSERT_TRUE(Unlink(m.fs, kRootIno, "a.txt").ok());
+  EXPECT_EQ(Lookup(m.fs, kRootIno, "a.txt").status().code(), Err::kNotFound);
+  EXPECT_EQ(m.fs.GetAttr(f.value().ino).status().code(), Err::kNotFound);
+  for (const char* n : {"p", "c", "s", "l"}) ASSERT_TRUE(Unlink(m.fs, d.value().ino, n).ok());
+  ASSERT_TRUE(Rmdir(m.fs, kRootIno, "sub").ok());
+  EXPECT_EQ(m.fs.GetAttr(kRootIno).value().nlink, 2u);
+  EXPECT_TRUE(Names(m.fs, kRootIno).empty());
+  StatFs sf;
+  ASSERT_TRUE(m.fs.GetStatFs(&sf).ok());
+  EXPECT_EQ(sf.files, 1u);  // the root
+  EXPECT_GT(sf.blocks, 0u);
+  EXPECT_LE(sf.blocks_avail, sf.blocks_free);
+  EXPECT_LE(sf.blocks_free, sf.blocks);
+}
+
+// Operation, arguments, expected result: one row each.
+TEST(PosixTest, ErrorTable) {
+  Mounted m;
+  const u64 R = kRootIno;
+  const u64 dir = Mkdir(m.fs, R, "dir").value().ino;
+  const u64 full = Mkdir(m.fs, R, "full").value().ino;
+  const u64 file = Mkfile(m.fs, R, "file").value().ino;
+  ASSERT_TRUE(Mkfile(m.fs, full, "x").ok());
+  const u64 inner = Mkdir(m.fs, dir, "inner").value().ino;
+  const std::string n255(255, 'n'), n256(256, 'n');
+  const std::string long_target(kSymlinkMax + 1, 't');
+  struct Row {
+    const char* what;
+    Status got;
+    Err want;
+  };
+  std::vector<Row> rows = {
+      {"create existing", Mkfile(m.fs, R, "file").status(), Err::kExists},
+      {"mkdir existing", Mkdir(m.fs, R, "dir").status(), Err::kExists},
+      {"create .", Mkfile(m.fs, R, ".").status(), Err::kExists},
+      {"create in a file", Mkfile(m.fs, file, "x").status(), Err::kNotDir},
+      {"create in nothing", Mkfile(m.fs, 999999, "x").status(), Err::kNotFound},
+      {"name of 255", Mkfile(m.fs, R, n255).status(), Err::kOk},
+      {"name of 256", Mkfile(m.fs, R, n256).status(), Err::kNameTooLong},
+      {"name with /", Mkfile(m.fs, R, "a/b").status(), Err::kInvalidArgument},
+      {"empty name", Mkfile(m.fs, R, "").status(), Err::kInvalidArgument},
+      {"name with NUL", Mkfile(m.fs, R, std::string("a\0b", 3)).status(), Err::kInvalidArgument},
+      {"mknod a directory", m.fs.Mknod(R, "d2", 2, kModeDir | 0755, 0, kUser).status(), Err::kInvalidArgument},
+      {"mknod bad type", m.fs.Mknod(R, "d3", 2, 0030000 | 0755, 0, kUser).status(), Err::kInvalidArgument},
+      {"lookup missing", Lookup(m.fs, R, "nope").status(), Err::kNotFound},
+      {"lookup in a file", Lookup(m.fs, file, "x").status(), Err::kNotDir},
+      {"unlink missing", Unlink(m.fs, R, "nope"), Err::kNotFound},
+      {"unlink a directory", Unlink(m.fs, R, "dir"), Err::kIsDir},
+      {"unlink ..", Unlink(m.fs, R, ".."), Err::kIsDir},
+      {"rmdir a file", Rmdir(m.fs, R, "file"), Err::kNotDir},
+      {"rmdir not empty", Rmdir(m.fs, R, "full"), Err::kNotEmpty},
+      {"rmdir .", Rmdir(m.fs, R, "."), Err::kInvalidArgument},
+      {"rmdir ..", Rmdir(m.fs, dir, ".."), Err::kNotEmpty},
+      {"link a directory", m.fs.Link(dir, R, "dl", 2).status(), Err::kPermission},
+      {"link onto existing", m.fs.Link(file, R, "dir", 3).status(), Err::kExists},
+      {"rename into itself", Rename(m.fs, R, "dir", dir, "d"), Err::kInvalidArgument},
+      {"rename below itself", Rename(m.fs, R, "dir", inner, "d"), Err::kInvalidArgument},
+      {"rename missing", Rename(m.fs, R, "nope", R, "x"), Err::kNotFound},
+      {"rename noreplace", Rename(m.fs, R, "file", R, "dir", kRenameNoReplace), Err::kExists},
+      {"rename exchange, no target", Rename(m.fs, R, "file", R, "nope", kRenameExchange), Err::kNotFound},
+      {"rename both flags", Rename(m.fs, R, "file", R, "x", kRenameExchange | kRenameNoReplace), Err::kInvalidArgument},
+      {"rename file over dir", Rename(m.fs, R, "file", R, "dir"), Err::kIsDir},
+      {"rename dir over file", Rename(m.fs, R, "dir", R, "file"), Err::kNotDir},
+      {"rename over non-empty", Rename(m.fs, R, "dir", R, "full"), Err::kNotEmpty},
+      {"rename ..", Rename(m.fs, dir, "..", R, "x"), Err::kInvalidArgument},
+      {"truncate a directory", m.fs.SetAttrs(dir, SetAttr{kSetSize}).status(), Err::kIsDir},
+      {"readlink a file", m.fs.ReadLink(file, nullptr, 0).status(), Err::kInvalidArgument},
+      {"symlink too long", m.fs.Symlink(R, "sl", 2, long_target.data(), u32(long_target.size()), kUser).status(),
+       Err::kNameTooLong},
+      {"readdir a file", m.fs.ReadDir(file, 0, [](void*, const char*, u32, u64, u8, u64) { return true; }, nullptr),
+       Err::kNotDir},
+      {"release not open", m.fs.Release(file), Err::kInvalidArgument},
+  };
+  for (const Row& r : rows) EXPECT_EQ(r.got.code(), r.want) << r.what << ": " << r.got.Message();
+  // Nothing above changed what it refused.
+  EXPECT_EQ(Names(m.fs, R), (std::set<std::string>{"dir", "full", "file", n255}));
+  EXPECT_EQ(Names(m.fs, dir), (std::set<std::string>{"inner"}));
+}
+
+TEST(PosixTest, LinksRenamesAndTheirCounts) {
+  Mounted m;
+  const u64 R = kRootIno;
+  const u64 a = Mkdir(m.fs, R, "a").value().ino;
+  const u64 b = Mkdir(m.fs, R, "b").value().ino;
+  const u64 f = Mkfile(m.fs, a, "f").value().ino;
+  ASSERT_TRUE(m.fs.Link(f, b, "g", 1).ok());
+  EXPECT_EQ(m.fs.GetAttr(f).value().nlink, 2u);
+  // A directory moving between parents moves its ".." link too.
+  const u64 sub = Mkdir(m.fs, a, "sub").value().ino;
+  EXPECT_EQ(m.fs.GetAttr(a).value().nlink, 3u);
+  ASSERT_TRUE(Rename(m.fs, a, "sub", b, "sub2").ok());
+  EXPECT_EQ(m.fs.GetAttr(a).value().nlink, 2u);
+  EXPECT_EQ(m.fs.GetAttr(b).value().nlink, 3u);
+  EXPECT_EQ(Lookup(m.fs, sub, "..").value().ino, b);
+  // Replacing a name drops the replaced inode's link.
+  const u64 h = Mkfile(m.fs, b, "h").value().ino;
+  ASSERT_TRUE(Rename(m.fs, b, "g", b, "h").ok());
+  EXPECT_EQ(m.fs.GetAttr(h).status().code(), Err::kNotFound);
+  EXPECT_EQ(Lookup(m.fs, b, "h").value().ino, f);
+  EXPECT_EQ(m.fs.GetAttr(f).value().nlink, 2u);
+  // Renaming one link of an inode onto another: nothing happens.
+  ASSERT_TRUE(Rename(m.fs, a, "f", b, "h").ok());
+  EXPECT_TRUE(Lookup(m.fs, a, "f").ok());
+  // Replacing an empty directory frees it and its parent's link.
+  const u64 e = Mkdir(m.fs, a, "empty").value().ino;
+  ASSERT_TRUE(Rename(m.fs, b, "sub2", a, "empty").ok());
+  EXPECT_EQ(m.fs.GetAttr(e).status().code(), Err::kNotFound);
+  EXPECT_EQ(m.fs.GetAttr(a).value().nlink, 3u);
+  EXPECT_EQ(m.fs.GetAttr(b).value().nlink, 2u);
+  // Exchange a directory and a file across parents.
+  const u64 x = Mkfile(m.fs, b, "x").value().ino;
+  ASSERT_TRUE(Rename(m.fs, a, "empty", b, "x", kRenameExchange).ok());
+  EXPECT_EQ(Lookup(m.fs, a, "empty").value().ino, x);
+  EXPECT_EQ(Lookup(m.fs, b, "x").value().ino, sub);
+  EXPECT_EQ(Lookup(m.fs, sub, "..").value().ino, b);
+  EXPECT_EQ(m.fs.GetAttr(a).value().nlink, 2u);
+  EXPECT_EQ(m.fs.GetAttr(b).value().nlink, 3u);
+  m.Remount();
+  EXPECT_EQ(Lookup(m.fs, b, "x").value().ino, sub);
+  EXPECT_EQ(m.fs.GetAttr(f).value().nlink, 2u);
+}
+
+TEST(PosixTest, AttributesTimesAndSetgidDirectories) {
+  Mounted m;
+  const u64 R = kRootIno;
+  const i64 before = m.fs.GetAttr(R).value().mtime_ns;
+  auto f = Mkfile(m.fs, R, "f");
+  ASSERT_TRUE(f.ok());
+  EXPECT_GE(m.fs.GetAttr(R).value().mtime_ns, before);
+  SetAttr s;
+  s.valid = kSetMode | kSetUid | kSetGid | kSetSize | kSetAtime | kSetMtime;
+  s.mode = 04711;
+  s.uid = 7;
+  s.gid = 8;
+  s.size = 5ull << 30;  // beyond 4 GiB
+  s.atime_ns = -5;      // before the epoch
+  s.mtime_ns = 123456789012345678;
+  auto a = m.fs.SetAttrs(f.value().ino, s);
+  ASSERT_TRUE(a.ok());
+  m.Remount();
+  auto g = m.fs.GetAttr(f.value().ino).value();
+  EXPECT_EQ(g.mode, kModeReg | 04711);
+  EXPECT_EQ(g.uid, 7u);
+  EXPECT_EQ(g.gid, 8u);
+  EXPECT_EQ(g.size, 5ull << 30);
+  EXPECT_EQ(g.atime_ns, -5);
+  EXPECT_EQ(g.mtime_ns, 123456789012345678);
+  EXPECT_GE(g.ctime_ns, f.value().ctime_ns);
+  // A setgid directory gives new inodes its group, and subdirectories the bit.
+  const u64 sg = Mkdir(m.fs, R, "sg", 02775).value().ino;
+  SetAttr chg;
+  chg.valid = kSetGid;
+  chg.gid = 4242;
+  ASSERT_TRUE(m.fs.SetAttrs(sg, chg).ok());
+  auto in = Mkfile(m.fs, sg, "x").value();
+  EXPECT_EQ(in.gid, 4242u);
+  EXPECT_EQ(in.uid, 1000u);
+  auto sub = Mkdir(m.fs, sg, "d", 0755).value();
+  EXPECT_EQ(sub.gid, 4242u);
+  EXPECT_EQ(sub.mode, kModeDir | 02755);
+  EXPECT_EQ(Mkfile(m.fs, R, "plain").value().gid, 1000u);
+}
+
+// Tiny directory hash tables make every name collide: probe chains, tombstones
+// and their cleanup, and renames within a chain, against a model.
+TEST(PosixTest, CollidingNamesAgainstAModel) {
+  for (u32 bits : {1u, 3u}) {
+    Mounted m(bits);
+    const u64 d = Mkdir(m.fs, kRootIno, "d").value().ino;
+    std::map<std::string, u64> model;
+    std::mt19937_64 rng(bits);
+    auto name = [&] { return "n" + std::to_string(rng() % 120); };
+    for (int op = 0; op < 3000; op++) {
+      const int kind = int(rng() % 10);
+      const std::string n = name();
+      if (kind < 4) {
+        auto r = Mkfile(m.fs, d, n);
+        if (model.count(n)) {
+          ASSERT_EQ(r.status().code(), Err::kExists) << n;
+        } else {
+          ASSERT_TRUE(r.ok()) << n << ": " << r.status().Message();
+          model[n] = r.value().ino;
+        }
+      } else if (kind < 7) {
+        Status st = Unlink(m.fs, d, n);
+        ASSERT_EQ(st.code(), model.erase(n) ? Err::kOk : Err::kNotFound) << n;
+      } else {
+        const std::string to = name();
+        Status st = Rename(m.fs, d, n, d, to);
+        if (!model.count(n)) {
+          ASSERT_EQ(st.code(), Err::kNotFound);
+        } else {
+          ASSERT_TRUE(st.ok()) << n << " -> " << to << ": " << st.Message();
+          const u64 ino = model[n];
+          model.erase(n);
+          model[to] = ino;
+        }
+      }
+      if (op % 250 == 0 || op == 2999) {
+        if (op % 1000 == 0) m.Remount();
+        std::set<std::string> want;
+        for (auto& [k, v] : model) {
+          want.insert(k);
+          auto a = Lookup(m.fs, d, k);
+          ASSERT_TRUE(a.ok()) << "op " << op << " lost " << k;
+          ASSERT_EQ(a.value().ino, v);
+        }
+        ASSERT_EQ(Names(m.fs, d), want) << "op " << op;
+      }
+    }
+    // Emptied, the directory holds no tombstones: rmdir works.
+    for (auto& [k, v] : model) ASSERT_TRUE(Unlink(m.fs, d, k).ok());
+    ASSERT_TRUE(Rmdir(m.fs, kRootIno, "d").ok());
+  }
+}
+
+// A rename inside one probe chain: the source's slot may be the new name's only
+// way to stay reachable (taking the first free slot past it, and dropping the
+// source, would cut the chain in front of the new entry).
+TEST(PosixTest, RenameWithinOneProbeChain) {
+  Mounted m(1);  // two home slots: every directory is one or two chains
+  std::mt19937_64 rng(7);
+  for (int round = 0; round < 150; round++) {
+    const u64 d = Mkdir(m.fs, kRootIno, "d" + std::to_string(round)).value().ino;
+    std::vector<std::string> names;
+    const int k = 2 + int(rng() % 5);
+    for (int i = 0; i < k; i++) {
+      names.push_back("x" + std::to_string(i));
+      ASSERT_TRUE(Mkfile(m.fs, d, names.back()).ok());
+    }
+    const size_t pick = rng() % names.size();
+    const std::string to = "y" + std::to_string(round);
+    ASSERT_TRUE(Rename(m.fs, d, names[pick], d, to).ok());
+    names[pick] = to;
+    for (const std::string& n : names) ASSERT_TRUE(Lookup(m.fs, d, n).ok()) << "round " << round << " lost " << n;
+    ASSERT_EQ(Names(m.fs, d), std::set<std::string>(names.begin(), names.end()));
+  }
+}
+
+// Readdir resumed at a cookie, with names added and removed between calls: every
+// name present throughout is listed exactly once.
+TEST(PosixTest, ReaddirCookiesAreStableAcrossChanges) {
+  for (u32 bits : {2u, 62u}) {
+    Mounted m(bits);
+    const u64 d = Mkdir(m.fs, kRootIno, "d").value().ino;
+    std::set<std::string> stable;
+    for (int i = 0; i < 300; i++) {
+      const std::string n = "keep" + std::to_string(i);
+      ASSERT_TRUE(Mkfile(m.fs, d, n).ok());
+      stable.insert(n);
+    }
+    std::multiset<std::string> seen;
+    u64 cookie = 0;
+    int churn = 0;
+    for (;;) {
+      auto part = List(m.fs, d, 1000000, cookie);
+      if (part.empty()) break;
+      // Take 7 entries, then change the directory.
+      const size_t take = std::min<size_t>(7, part.size());
+      for (size_t i = 0; i < take; i++) seen.insert(part[i].name);
+      cookie = part[take - 1].next;
+      // (Names added behind the cursor are listed too: stop adding at some
+      // point, or a directory growing as fast as it is read is never done.)
+      for (int k = 0; k < 3 && churn < 120; k++, churn++) {
+        const std::string n = "tmp" + std::to_string(churn);
+        ASSERT_TRUE(Mkfile(m.fs, d, n).ok());
+        if (churn % 2 == 0) {
+          ASSERT_TRUE(Unlink(m.fs, d, n).ok());
+        }
+      }
+    }
+    for (const std::string& n : stable) EXPECT_EQ(seen.count(n), 1u) << n;
+  }
+}
+
+TEST(PosixTest, UnlinkedWhileOpenLivesUntilRelease) {
+  Mounted m;
+  const u64 f = Mkfile(m.fs, kRootIno, "f").value().ino;
+  ASSERT_TRUE(m.fs.OpenInode(f).ok());
+  ASSERT_TRUE(m.fs.OpenInode(f).ok());
+  ASSERT_TRUE(Unlink(m.fs, kRootIno, "f").ok());
+  auto a = m.fs.GetAttr(f);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a.value().nlink, 0u);
+  EXPECT_EQ(m.fs.Link(f, kRootIno, "again", 5).status().code(), Err::kNotFound);
+  ASSERT_TRUE(m.fs.Release(f).ok());
+  EXPECT_TRUE(m.fs.GetAttr(f).ok());
+  ASSERT_TRUE(m.fs.Release(f).ok());
+  EXPECT_EQ(m.fs.GetAttr(f).status().code(), Err::kNotFound);
+  EXPECT_EQ(m.fs.GetStats().inodes_freed, 1u);
+  // Still open at unmount: freed then.
+  const u64 g = Mkfile(m.fs, kRootIno, "g").value().ino;
+  ASSERT_TRUE(m.fs.OpenInode(g).ok());
+  ASSERT_TRUE(Unlink(m.fs, kRootIno, "g").ok());
+  m.Remount();
+  EXPECT_EQ(m.fs.GetAttr(g).status().code(), Err::kNotFound);
+}
+
+TEST(PosixTest, OrphansOfACrashAreFreedAtMount) {
+  Mounted m;
+  const u64 f = Mkfile(m.fs, kRootIno, "f").value().ino;
+  const u64 keep = Mkfile(m.fs, kRootIno, "keep").value().ino;
+  ASSERT_TRUE(m.fs.OpenInode(f).ok());
+  ASSERT_TRUE(Unlink(m.fs, kRootIno, "f").ok());
+  m.Sync();
+  auto after = m.AfterPowerCut();
+  EXPECT_EQ(after->fs.GetStats().orphans_freed, 1u);
+  EXPECT_EQ(after->fs.GetAttr(f).status().code(), Err::kNotFound);
+  EXPECT_TRUE(after->fs.GetAttr(keep).ok());
+  EXPECT_EQ(Names(after->fs, kRootIno), (std::set<std::string>{"keep"}));
+  ASSERT_TRUE(m.fs.Release(f).ok());
+}
+
+// A crash keeps whole operations: after a power cut the namespace is the one of
+// the last durable commit, and every later operation is either fully there or
+// fully absent.
+TEST(PosixTest, PowerCutKeepsOperationsWhole) {
+  Mounted m;
+  const u64 a = Mkdir(m.fs, kRootIno, "a").value().ino;
+  for (int i = 0; i < 50; i++) ASSERT_TRUE(Mkfile(m.fs, a, "f" + std::to_string(i)).ok());
+  m.Sync();
+  for (int i = 0; i < 50; i += 2) ASSERT_TRUE(Rename(m.fs, a, "f" + std::to_string(i), kRootIno, "g" + std::to_string(i)).ok());
+  auto after = m.AfterPowerCut();  // the renames were not made durable
+  auto root = Names(after->fs, kRootIno);
+  auto in_a = Names(after->fs, a);
+  for (int i = 0; i < 50; i++) {
+    const bool moved = root.count("g" + std::to_string(i)) != 0;
+    const bool stayed = in_a.count("f" + std::to_string(i)) != 0;
+    EXPECT_NE(moved, stayed) << i;  // one name, never both or none
+  }
+  EXPECT_EQ(after->fs.GetAttr(a).value().nlink, 2u);
+}
+
+// Renames between two directories in both directions, and creates and unlinks,
+// from several threads: no deadlock, nothing lost or duplicated.
+TEST(PosixTest, ConcurrentRenamesAndCreates) {
+  Mounted m;
+  const u64 d1 = Mkdir(m.fs, kRootIno, "d1").value().ino;
+  const u64 d2 = Mkdir(m.fs, kRootIno, "d2").value().ino;
+  constexpr int kFiles = 40;
+  for (int i = 0; i < kFiles; i++) ASSERT_TRUE(Mkfile(m.fs, d1, "f" + std::to_string(i)).ok());
+  std::atomic<int> failures{0};
+  auto mover = [&](int seed) {
+    std::mt19937_64 rng(seed);
+    for (int k = 0; k < 400; k++) {
+      const std::string n = "f" + std::to_string(rng() % kFiles);
+      const bool fwd = rng() % 2;
+      Status st = Rename(m.fs, fwd ? d1 : d2, n, fwd ? d2 : d1, n);
+      if (!st.ok() && st.code() != Err::kNotFound) failures++;
+    }
+  };
+  auto churn = [&](int seed) {
+    for (int k = 0; k < 300; k++) {
+      const std::string n = "c" + std::to_string(seed) + "_" + std::to_string(k);
+      if (!Mkfile(m.fs, k % 2 ? d1 : d2, n).ok()) failures++;
+      if (!Unlink(m.fs, k % 2 ? d1 : d2, n).ok()) failures++;
+    }
+  };
+  std::vector<std::thread> ts;
+  ts.emplace_back(mover, 1);
+  ts.emplace_back(mover, 2);
+  ts.emplace_back(churn, 3);
+  ts.emplace_back(churn, 4);
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  auto n1 = Names(m.fs, d1);
+  auto n2 = Names(m.fs, d2);
+  EXPECT_EQ(n1.size() + n2.size(), size_t(kFiles));
+  for (int i = 0; i < kFiles; i++) {
+    const std::string n = "f" + std::to_string(i);
+    EXPECT_NE(n1.count(n), n2.count(n)) << n;
+  }
+}
+
+// Directory moves racing in opposite directions cannot make a loop.
+TEST(PosixTest, ConcurrentDirectoryMovesNeverLoop) {
+  Mounted m;
+  const u64 a = Mkdir(m.fs, kRootIno, "a").value().ino;
+  const u64 b = Mkdir(m.fs, kRootIno, "b").value().ino;
+  std::thread t1([&] {
+    for (int k = 0; k < 200; k++) {
+      (void)Rename(m.fs, kRootIno, "a", b, "a");
+      (void)Rename(m.fs, b, "a", kRootIno, "a");
+    }
+  });
+  std::thread t2([&] {
+    for (int k = 0; k < 200; k++) {
+      (void)Rename(m.fs, kRootIno, "b", a, "b");
+      (void)Rename(m.fs, a, "b", kRootIno, "b");
+    }
+  });
+  t1.join();
+  t2.join();
+  // Each is reachable from the root, and neither is its own ancestor.
+  for (u64 x : {a, b}) {
+    u64 at = x;
+    int steps = 0;
+    while (at != kRootIno && steps < 10) {
+      at = Lookup(m.fs, at, "..").value().ino;
+      steps++;
+    }
+    EXPECT_EQ(at, kRootIno);
+  }
+}
+
+TEST(PosixTest, CorruptRecordsAreErrorsNotCrashes) {
+  Mounted m;
+  const u64 f = Mkfile(m.fs, kRootIno, "f").value().ino;
+  ASSERT_TRUE(Mkfile(m.fs, kRootIno, "g").ok());
+  btree::Btrees& t = m.eng->btrees();
+  // An inode of an unknown version, then one of the wrong size.
+  InodeFormat bad{};
+  bad.version.set(9);
+  bad.mode.set(kModeReg | 0644);
+  btree::Transaction tx(&t);
+  ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeInodes, f, 0}, &bad, sizeof(bad)).ok());
+  ASSERT_TRUE(tx.Commit().ok());
+  EXPECT_EQ(m.fs.GetAttr(f).status().code(), Err::kCorrupt);
+  EXPECT_EQ(Lookup(m.fs, kRootIno, "f").status().code(), Err::kCorrupt);
+  ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeInodes, f, 0}, "xy", 2).ok());
+  ASSERT_TRUE(tx.Commit().ok());
+  EXPECT_EQ(m.fs.GetAttr(f).status().code(), Err::kCorrupt);
+  // A directory entry that does not parse: every dirent of the root, garbled.
+  auto entries = List(m.fs, kRootIno);
+  ASSERT_EQ(entries.size(), 2u);
+  for (auto& e : entries) {
+    const u8 junk[20] = {1, 2, 3};
+    ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeDirents, kRootIno, e.next - 1}, junk, sizeof(junk)).ok());
+  }
+  ASSERT_TRUE(tx.Commit().ok());
+  EXPECT_EQ(Lookup(m.fs, kRootIno, "g").status().code(), Err::kCorrupt);
+  Status st = m.fs.ReadDir(kRootIno, 0, [](void*, const char*, u32, u64, u8, u64) { return true; }, nullptr);
+  EXPECT_EQ(st.code(), Err::kCorrupt);
+  EXPECT_EQ(Mkfile(m.fs, kRootIno, "g").status().code(), Err::kCorrupt);
+}
+
+TEST(PosixTest, NameHashSpreadsAndRespectsItsBits) {
+  std::set<u64> homes;
+  for (int i = 0; i < 10000; i++) {
+    const std::string n = "file" + std::to_string(i);
+    const u64 h = NameHash(42, 62, n.data(), u32(n.size()));
+    EXPECT_GE(h, kFirstSlot);
+    EXPECT_LT(h, kSlotEnd);
+    homes.insert(h);
+    const u64 s = NameHash(42, 3, n.data(), u32(n.size()));
+    EXPECT_GE(s, kFirstSlot);
+    EXPECT_LT(s, kFirstSlot + 8);
+  }
+  EXPECT_EQ(homes.size(), 10000u);
+  EXPECT_NE(NameHash(1, 62, "a", 1), NameHash(2, 62, "a", 1));  // seeded
+}
+
+}  // namespace
+}  // namespace tfs::posix
