@@ -30,6 +30,7 @@ std::vector<BlockDevice*> Raw(const std::vector<std::unique_ptr<userspace::Uring
 std::string UuidString(const uint8_t uuid[16]);
 
 int CmdFormat(int argc, char** argv);
+int CmdMount(int argc, char** argv);
 int CmdShow(int argc, char** argv);
 int CmdFsck(int argc, char** argv);
 int CmdBench(int argc, char** argv);

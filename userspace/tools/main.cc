@@ -14,6 +14,7 @@ const char kUsage[] =
     "\n"
     "commands:\n"
     "  format   create a filesystem on one or more devices (also: mkfs.tierfs)\n"
+    "  mount    mount a filesystem through FUSE\n"
     "  show     print the superblock, members and per-device usage\n"
     "  fsck     check (-n) or repair (-y) a filesystem (also: fsck.tierfs)\n"
     "  bench    micro-benchmarks (bench journal, bench btree)\n"
@@ -37,6 +38,7 @@ int main(int argc, char** argv) {
   }
   std::string cmd = argv[1];
   if (cmd == "format" || cmd == "mkfs") return tfs::tools::CmdFormat(argc - 1, argv + 1);
+  if (cmd == "mount") return tfs::tools::CmdMount(argc - 1, argv + 1);
   if (cmd == "show") return tfs::tools::CmdShow(argc - 1, argv + 1);
   if (cmd == "fsck") return tfs::tools::CmdFsck(argc - 1, argv + 1);
   if (cmd == "bench") return tfs::tools::CmdBench(argc - 1, argv + 1);

@@ -1,0 +1,295 @@
+"""tierfs mounted through FUSE, end to end: POSIX namespace semantics as a table of
+operations and their errnos, renameat2 flags, persistence across unmount and
+remount (daemon and foreground), unlinked-but-open files, multi-user ownership
+with allow_other, and clear errors for bad mounts. fsck runs clean after every
+unmount. (File data arrives with the data path; these tests use empty files.)"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+import stat
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from tierlab.testing import run, tool
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse") or os.geteuid() != 0,
+                                reason="needs /dev/fuse and root")
+
+
+def image(path: Path, mib: int = 64) -> Path:
+    with open(path, "wb") as f:
+        f.truncate(mib << 20)
+    proc = run([tool("tierfs"), "format", path, "--bucket-size", "256K"])
+    assert proc.returncode == 0, proc.stderr
+    return path
+
+
+def wait_for(cond: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def unlocked(dev: Path) -> bool:
+    """True once no tierfs mount holds the device (the daemon has finished)."""
+    with open(dev, "rb") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return True
+
+
+def umount(mnt: Path) -> None:
+    proc = run(["fusermount3", "-u", mnt])
+    assert proc.returncode == 0, proc.stderr
+
+
+def fsck_clean(dev: Path) -> None:
+    proc = run([tool("tierfs"), "fsck", dev])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "clean" in proc.stdout
+
+
+class Mount:
+    """A foreground `tierfs mount -f` in a child process."""
+
+    def __init__(self, dev: Path, mnt: Path, *opts: str) -> None:
+        self.dev, self.mnt = dev, mnt
+        args = [tool("tierfs"), "mount", "-f", dev, mnt]
+        for o in opts:
+            args += ["-o", o]
+        self.proc = subprocess.Popen([str(a) for a in args], stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: os.path.ismount(mnt) or self.proc.poll() is not None, "the mount")
+        assert os.path.ismount(mnt), self.proc.stderr.read() if self.proc.stderr else ""
+
+    def close(self) -> None:
+        umount(self.mnt)
+        rc = self.proc.wait(timeout=60)
+        err = self.proc.stderr.read() if self.proc.stderr else ""
+        assert rc == 0, err
+        fsck_clean(self.dev)
+
+
+@pytest.fixture
+def mounted(tmp_path: Path) -> Iterator[Path]:
+    dev = image(tmp_path / "fs.img")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    m = Mount(dev, mnt)
+    try:
+        yield mnt
+    finally:
+        m.close()
+
+
+def expect(errno_value: int | None, fn: Callable[[], object], what: str) -> None:
+    if errno_value is None:
+        fn()
+        return
+    with pytest.raises(OSError) as e:
+        fn()
+    assert e.value.errno == errno_value, f"{what}: {os.strerror(e.value.errno or 0)}"
+
+
+def test_namespace_semantics_table(mounted: Path) -> None:
+    m = mounted
+    (m / "dir").mkdir()
+    (m / "dir" / "inner").mkdir()
+    (m / "full").mkdir()
+    (m / "full" / "x").touch()
+    (m / "file").touch()
+    rows: list[tuple[str, int | None, Callable[[], object]]] = [
+        ("mkdir existing", errno.EEXIST, lambda: os.mkdir(m / "dir")),
+        ("create existing O_EXCL", errno.EEXIST, lambda: os.open(m / "file", os.O_CREAT | os.O_EXCL | os.O_WRONLY)),
+        ("create in a file", errno.ENOTDIR, lambda: (m / "file" / "x").touch()),
+        ("name of 255", None, lambda: (m / ("n" * 255)).touch()),
+        ("name of 256", errno.ENAMETOOLONG, lambda: (m / ("n" * 256)).touch()),
+        ("stat missing", errno.ENOENT, lambda: os.stat(m / "nope")),
+        ("unlink a directory", errno.EISDIR, lambda: os.unlink(m / "dir")),
+        ("rmdir a file", errno.ENOTDIR, lambda: os.rmdir(m / "file")),
+        ("rmdir not empty", errno.ENOTEMPTY, lambda: os.rmdir(m / "full")),
+        ("hard link a directory", errno.EPERM, lambda: os.link(m / "dir", m / "dl")),
+        ("link onto existing", errno.EEXIST, lambda: os.link(m / "file", m / "dir")),
+        ("rename into itself", errno.EINVAL, lambda: os.rename(m / "dir", m / "dir" / "inner" / "d")),
+        ("rename file over dir", errno.EISDIR, lambda: os.rename(m / "file", m / "dir")),
+        ("rename dir over file", errno.ENOTDIR, lambda: os.rename(m / "dir", m / "file")),
+        ("rename over non-empty", errno.ENOTEMPTY, lambda: os.rename(m / "dir", m / "full")),
+        ("readlink a file", errno.EINVAL, lambda: os.readlink(m / "file")),
+        ("truncate a directory", errno.EISDIR, lambda: os.truncate(m / "dir", 0)),
+        ("mkfifo", None, lambda: os.mkfifo(m / "fifo", 0o600)),
+        ("mknod char device", None, lambda: os.mknod(m / "null", 0o600 | stat.S_IFCHR, os.makedev(1, 3))),
+        ("symlink", None, lambda: os.symlink("a" * 4095, m / "long")),
+    ]
+    for what, want, fn in rows:
+        expect(want, fn, what)
+    assert sorted(os.listdir(m)) == sorted(["dir", "full", "file", "n" * 255, "fifo", "null", "long"])
+    assert stat.S_ISFIFO(os.lstat(m / "fifo").st_mode)
+    st = os.lstat(m / "null")
+    assert stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) == 1 and os.minor(st.st_rdev) == 3
+    assert os.readlink(m / "long") == "a" * 4095
+    assert os.stat(m / "dir").st_nlink == 3 and os.stat(m).st_nlink == 4
+
+
+def renameat2(src: Path, dst: Path, flags: int) -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    AT_FDCWD = -100
+    if libc.renameat2(AT_FDCWD, os.fsencode(src), AT_FDCWD, os.fsencode(dst), flags) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+def test_rename_flags_and_links(mounted: Path) -> None:
+    m = mounted
+    (m / "a").mkdir()
+    (m / "b").mkdir()
+    (m / "a" / "f").touch()
+    (m / "b" / "g").touch()
+    expect(errno.EEXIST, lambda: renameat2(m / "a" / "f", m / "b" / "g", 1), "RENAME_NOREPLACE")
+    renameat2(m / "a", m / "b" / "g", 2)  # RENAME_EXCHANGE: a directory and a file
+    assert (m / "a").is_file() and (m / "b" / "g").is_dir() and (m / "b" / "g" / "f").is_file()
+    assert os.stat(m / "b").st_nlink == 3
+    os.link(m / "b" / "g" / "f", m / "h")
+    assert os.stat(m / "h").st_nlink == 2
+    os.rename(m / "h", m / "b" / "g" / "f")  # two names of one inode: nothing happens
+    assert os.stat(m / "h").st_nlink == 2
+    os.unlink(m / "h")
+    assert os.stat(m / "b" / "g" / "f").st_nlink == 1
+
+
+def test_attributes(mounted: Path) -> None:
+    f = mounted / "f"
+    f.touch()
+    os.chown(f, 1234, 5678)  # (chown clears setuid: Linux does, for root too)
+    os.chmod(f, 0o4751)
+    os.truncate(f, 5 << 30)  # sets mtime
+    os.utime(f, ns=(1_000_000_123, 2_000_000_456))
+    st = os.stat(f)
+    assert stat.S_IMODE(st.st_mode) == 0o4751 and st.st_uid == 1234 and st.st_gid == 5678
+    assert st.st_atime_ns == 1_000_000_123 and st.st_mtime_ns == 2_000_000_456
+    assert st.st_size == 5 << 30
+    with open(f, "rb") as r:  # no data yet: the file is one hole
+        r.seek((5 << 30) - 10)
+        assert r.read(100) == b"\0" * 10
+    vfs = os.statvfs(mounted)
+    assert vfs.f_blocks > 0 and 0 < vfs.f_bavail <= vfs.f_bfree <= vfs.f_blocks
+    assert vfs.f_namemax == 255
+
+
+def test_unlinked_while_open(mounted: Path) -> None:
+    p = mounted / "f"
+    fd = os.open(p, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        os.unlink(p)
+        assert os.fstat(fd).st_nlink == 0
+        assert not p.exists()
+    finally:
+        os.close(fd)
+    assert os.listdir(mounted) == []
+
+
+def test_persistence_daemon_mode_and_bad_mounts(tmp_path: Path) -> None:
+    dev = image(tmp_path / "fs.img")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    proc = run([tool("tierfs"), "mount", dev, mnt])  # returns once live
+    assert proc.returncode == 0, proc.stderr
+    assert os.path.ismount(mnt)
+    # The same device again: refused while the daemon holds it.
+    other = tmp_path / "mnt2"
+    other.mkdir()
+    again = run([tool("tierfs"), "mount", dev, other])
+    assert again.returncode == 1 and "in use" in again.stderr, again.stderr
+    names = [f"f{i:04d}" for i in range(1500)]
+    (mnt / "d").mkdir()
+    for n in names:
+        (mnt / "d" / n).touch()
+    for n in names[::3]:
+        os.unlink(mnt / "d" / n)
+    os.symlink("target", mnt / "d" / "link")
+    umount(mnt)
+    wait_for(lambda: unlocked(dev), "the daemon to finish")
+    fsck_clean(dev)
+    m = Mount(dev, mnt)
+    want = sorted(set(names) - set(names[::3]) | {"link"})
+    assert sorted(os.listdir(mnt / "d")) == want
+    assert os.readlink(mnt / "d" / "link") == "target"
+    m.close()
+    # Bad input: one line, nonzero, nothing mounted.
+    junk = tmp_path / "junk.img"
+    junk.write_bytes(b"\0" * (8 << 20))
+    bad = run([tool("tierfs"), "mount", junk, mnt])
+    assert bad.returncode == 1 and "tierfs mount:" in bad.stderr and not os.path.ismount(mnt)
+    bad = run([tool("tierfs"), "mount", dev, tmp_path / "nodir"])
+    assert bad.returncode == 1 and "not a directory" in bad.stderr
+    bad = run([tool("tierfs"), "mount", dev, mnt, "-o", "no_such_option"])
+    assert bad.returncode == 1 and not os.path.ismount(mnt)
+    wait_for(lambda: unlocked(dev), "the failed mount to let go")
+    fsck_clean(dev)
+
+
+def daemon_pids(mnt_arg: str) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"mount" in argv and os.fsencode(mnt_arg) in argv and os.path.basename(argv[0]) == b"tierfs":
+            pids.append(int(d.name))
+    return pids
+
+
+def test_sigterm_unmounts_a_daemon_mounted_by_a_relative_path(tmp_path: Path) -> None:
+    dev = image(tmp_path / "fs.img")
+    (tmp_path / "mnt").mkdir()
+    proc = run([tool("tierfs"), "mount", "fs.img", "mnt"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (tmp_path / "mnt" / "kept").mkdir()
+    pids = daemon_pids("mnt")
+    assert len(pids) == 1, pids
+    os.kill(pids[0], 15)
+    wait_for(lambda: not os.path.ismount(tmp_path / "mnt") and unlocked(dev), "SIGTERM to unmount")
+    fsck_clean(dev)
+    m = Mount(dev, tmp_path / "mnt")
+    assert os.listdir(tmp_path / "mnt") == ["kept"]
+    m.close()
+
+
+def test_allow_other_owns_new_files_by_the_caller(tmp_path: Path) -> None:
+    dev = image(tmp_path / "fs.img")
+    # Other users must reach the mount point: pytest's own directories are 0700.
+    mnt = Path(tempfile.mkdtemp(prefix="tierfs-mnt-", dir="/tmp"))
+    os.chmod(mnt, 0o755)
+    m = Mount(dev, mnt, "allow_other")
+    try:
+        (mnt / "open").mkdir(mode=0o777)
+        os.chmod(mnt / "open", 0o777)
+        (mnt / "closed").mkdir(mode=0o755)
+
+        def as_user(*cmd: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(list(cmd), capture_output=True, text=True,
+                                  preexec_fn=lambda: (os.setgid(4321), os.setuid(1234)))
+
+        ok = as_user("touch", str(mnt / "open" / "mine"))
+        assert ok.returncode == 0, ok.stderr
+        st = os.stat(mnt / "open" / "mine")
+        assert (st.st_uid, st.st_gid) == (1234, 4321)
+        denied = as_user("touch", str(mnt / "closed" / "nope"))
+        assert denied.returncode != 0 and "Permission denied" in denied.stderr
+    finally:
+        m.close()
+        mnt.rmdir()

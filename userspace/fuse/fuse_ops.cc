@@ -1,0 +1,300 @@
+// libfuse3 low-level operations -> posix::Filesystem (see fuse_ops.h).
+#include "userspace/fuse/fuse_ops.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+namespace tfs::fuse {
+namespace {
+
+Context* Ctx(fuse_req_t req) { return static_cast<Context*>(fuse_req_userdata(req)); }
+
+posix::Caller Who(fuse_req_t req) {
+  const fuse_ctx* c = fuse_req_ctx(req);
+  return posix::Caller{uint32_t(c->uid), uint32_t(c->gid)};
+}
+
+void Reply(fuse_req_t req, Status st) { fuse_reply_err(req, st.ok() ? 0 : -st.ToErrno()); }
+
+struct stat ToStat(const posix::Attr& a) {
+  struct stat st;
+  memset(&st, 0, sizeof(st));
+  st.st_ino = a.ino;
+  st.st_mode = a.mode;
+  st.st_nlink = a.nlink;
+  st.st_uid = a.uid;
+  st.st_gid = a.gid;
+  st.st_rdev = a.rdev;
+  st.st_size = off_t(a.size);
+  st.st_blksize = 4096;
+  st.st_blocks = blkcnt_t(a.sectors);
+  auto ts = [](int64_t ns) {
+    struct timespec t;
+    t.tv_sec = ns / 1000000000;
+    t.tv_nsec = ns % 1000000000;
+    if (t.tv_nsec < 0) {  // floor division for times before the epoch
+      t.tv_nsec += 1000000000;
+      t.tv_sec -= 1;
+    }
+    return t;
+  };
+  st.st_atim = ts(a.atime_ns);
+  st.st_mtim = ts(a.mtime_ns);
+  st.st_ctim = ts(a.ctime_ns);
+  return st;
+}
+
+int64_t ToNs(const struct timespec& t) { return int64_t(t.tv_sec) * 1000000000 + t.tv_nsec; }
+
+void ReplyEntry(fuse_req_t req, const Result<posix::Attr>& r) {
+  if (!r.ok()) return Reply(req, r.status());
+  fuse_entry_param e;
+  memset(&e, 0, sizeof(e));
+  e.ino = r.value().ino;
+  e.generation = r.value().generation;
+  e.attr = ToStat(r.value());
+  e.attr_timeout = Ctx(req)->attr_timeout;
+  e.entry_timeout = Ctx(req)->attr_timeout;
+  fuse_reply_entry(req, &e);
+}
+
+uint32_t Len(const char* name) { return uint32_t(strnlen(name, posix::kNameMax + 1)); }
+
+void Init(void*, fuse_conn_info* conn) {
+  conn->time_gran = 1;  // nanosecond timestamps
+}
+
+void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  ReplyEntry(req, Ctx(req)->fs->Lookup(parent, name, Len(name)));
+}
+
+void Forget(fuse_req_t req, fuse_ino_t, uint64_t) { fuse_reply_none(req); }
+
+void GetAttr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  auto r = Ctx(req)->fs->GetAttr(ino);
+  if (!r.ok()) return Reply(req, r.status());
+  struct stat st = ToStat(r.value());
+  fuse_reply_attr(req, &st, Ctx(req)->attr_timeout);
+}
+
+void SetAttr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info*) {
+  posix::SetAttr s;
+  if (to_set & FUSE_SET_ATTR_MODE) {
+    s.valid |= posix::kSetMode;
+    s.mode = attr->st_mode;
+  }
+  if (to_set & FUSE_SET_ATTR_UID) {
+    s.valid |= posix::kSetUid;
+    s.uid = attr->st_uid;
+  }
+  if (to_set & FUSE_SET_ATTR_GID) {
+    s.valid |= posix::kSetGid;
+    s.gid = attr->st_gid;
+  }
+  if (to_set & FUSE_SET_ATTR_SIZE) {
+    s.valid |= posix::kSetSize;
+    s.size = uint64_t(attr->st_size);
+  }
+  if (to_set & FUSE_SET_ATTR_ATIME) {
+    s.valid |= posix::kSetAtime;
+    s.atime_ns = ToNs(attr->st_atim);
+  }
+  if (to_set & FUSE_SET_ATTR_MTIME) {
+    s.valid |= posix::kSetMtime;
+    s.mtime_ns = ToNs(attr->st_mtim);
+  }
+  if (to_set & FUSE_SET_ATTR_ATIME_NOW) s.valid |= posix::kSetAtimeNow;
+  if (to_set & FUSE_SET_ATTR_MTIME_NOW) s.valid |= posix::kSetMtimeNow;
+  if (attr->st_size < 0 && (to_set & FUSE_SET_ATTR_SIZE)) return (void)fuse_reply_err(req, EINVAL);
+  auto r = Ctx(req)->fs->SetAttrs(ino, s);
+  if (!r.ok()) return Reply(req, r.status());
+  struct stat st = ToStat(r.value());
+  fuse_reply_attr(req, &st, Ctx(req)->attr_timeout);
+}
+
+void ReadLink(fuse_req_t req, fuse_ino_t ino) {
+  char buf[posix::kSymlinkMax + 1];
+  auto r = Ctx(req)->fs->ReadLink(ino, buf, posix::kSymlinkMax);
+  if (!r.ok()) return Reply(req, r.status());
+  buf[r.value()] = '\0';
+  fuse_reply_readlink(req, buf);
+}
+
+void Mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
+  ReplyEntry(req, Ctx(req)->fs->Mknod(parent, name, Len(name), mode, rdev, Who(req)));
+}
+
+void Mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+  ReplyEntry(req, Ctx(req)->fs->Mkdir(parent, name, Len(name), mode, Who(req)));
+}
+
+void Unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  Reply(req, Ctx(req)->fs->Unlink(parent, name, Len(name)));
+}
+
+void Rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  Reply(req, Ctx(req)->fs->Rmdir(parent, name, Len(name)));
+}
+
+void Symlink(fuse_req_t req, const char* link, fuse_ino_t parent, const char* name) {
+  const size_t n = strnlen(link, posix::kSymlinkMax + 1);
+  ReplyEntry(req, Ctx(req)->fs->Symlink(parent, name, Len(name), link, uint32_t(n), Who(req)));
+}
+
+void Rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent, const char* newname,
+            unsigned int flags) {
+  Reply(req, Ctx(req)->fs->Rename(parent, name, Len(name), newparent, newname, Len(newname), flags));
+}
+
+void Link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* newname) {
+  ReplyEntry(req, Ctx(req)->fs->Link(ino, newparent, newname, Len(newname)));
+}
+
+void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  Status st = Ctx(req)->fs->OpenInode(ino);
+  if (!st.ok()) return Reply(req, st);
+  fuse_reply_open(req, fi);
+}
+
+void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
+  Context* c = Ctx(req);
+  auto r = c->fs->Mknod(parent, name, Len(name), S_IFREG | (mode & 07777), 0, Who(req));
+  if (!r.ok()) return Reply(req, r.status());
+  Status st = c->fs->OpenInode(r.value().ino);
+  if (!st.ok()) return Reply(req, st);
+  fuse_entry_param e;
+  memset(&e, 0, sizeof(e));
+  e.ino = r.value().ino;
+  e.generation = r.value().generation;
+  e.attr = ToStat(r.value());
+  e.attr_timeout = c->attr_timeout;
+  e.entry_timeout = c->attr_timeout;
+  if (fuse_reply_create(req, &e, fi) != 0) (void)c->fs->Release(e.ino);  // the open was interrupted
+}
+
+void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) { Reply(req, Ctx(req)->fs->Release(ino)); }
+
+// No data path yet: a file is all hole, so its bytes read as zeros up to its size.
+void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  auto r = Ctx(req)->fs->GetAttr(ino);
+  if (!r.ok()) return Reply(req, r.status());
+  const uint64_t end = r.value().size;
+  const uint64_t n = uint64_t(off) >= end ? 0 : std::min<uint64_t>(size, end - uint64_t(off));
+  std::vector<char> zeros(n, 0);
+  fuse_reply_buf(req, zeros.data(), n);
+}
+
+void Write(fuse_req_t req, fuse_ino_t, const char*, size_t, off_t, fuse_file_info*) {
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true)) fprintf(stderr, "tierfs: file data is not implemented yet: writes fail (EOPNOTSUPP)\n");
+  fuse_reply_err(req, EOPNOTSUPP);
+}
+
+void Flush(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+
+// The journal's durable commit: every operation so far survives a crash.
+void Fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) { Reply(req, Ctx(req)->engine->journal().Flush()); }
+
+void OpenDir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  auto r = Ctx(req)->fs->GetAttr(ino);
+  if (!r.ok()) return Reply(req, r.status());
+  if (!S_ISDIR(r.value().mode)) return (void)fuse_reply_err(req, ENOTDIR);
+  fi->fh = 0;
+  fuse_reply_open(req, fi);
+}
+
+void ReadDir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  struct Fill {
+    fuse_req_t req;
+    std::vector<char> buf;
+    size_t used = 0;
+  } f{req, std::vector<char>(size), 0};
+  Status st = Ctx(req)->fs->ReadDir(
+      ino, uint64_t(off),
+      [](void* p, const char* name, uint32_t len, uint64_t ino, uint8_t type, uint64_t next) {
+        auto* x = static_cast<Fill*>(p);
+        char z[posix::kNameMax + 1];
+        memcpy(z, name, len);
+        z[len] = '\0';
+        struct stat st;
+        memset(&st, 0, sizeof(st));
+        st.st_ino = ino;
+        st.st_mode = mode_t(type) << 12;  // DT_* to S_IF*
+        const size_t need = fuse_add_direntry(x->req, x->buf.data() + x->used, x->buf.size() - x->used, z, &st,
+                                              off_t(next));
+        if (need > x->buf.size() - x->used) return false;
+        x->used += need;
+        return true;
+      },
+      &f);
+  if (!st.ok() && f.used == 0) return Reply(req, st);
+  fuse_reply_buf(req, f.buf.data(), f.used);
+}
+
+void ReleaseDir(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+
+void FsyncDir(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) { Reply(req, Ctx(req)->engine->journal().Flush()); }
+
+void StatFs(fuse_req_t req, fuse_ino_t) {
+  posix::StatFs s;
+  Status st = Ctx(req)->fs->GetStatFs(&s);
+  if (!st.ok()) return Reply(req, st);
+  struct statvfs v;
+  memset(&v, 0, sizeof(v));
+  v.f_bsize = s.block_size;
+  v.f_frsize = s.block_size;
+  v.f_blocks = s.blocks;
+  v.f_bfree = s.blocks_free;
+  v.f_bavail = s.blocks_avail;
+  v.f_files = s.files + (uint64_t(1) << 32);  // inodes are not preallocated: plenty left
+  v.f_ffree = uint64_t(1) << 32;
+  v.f_favail = v.f_ffree;
+  v.f_namemax = s.name_max;
+  fuse_reply_statfs(req, &v);
+}
+
+fuse_lowlevel_ops MakeOps() {
+  fuse_lowlevel_ops o;
+  memset(&o, 0, sizeof(o));
+  o.init = Init;
+  o.lookup = Lookup;
+  o.forget = Forget;
+  o.getattr = GetAttr;
+  o.setattr = SetAttr;
+  o.readlink = ReadLink;
+  o.mknod = Mknod;
+  o.mkdir = Mkdir;
+  o.unlink = Unlink;
+  o.rmdir = Rmdir;
+  o.symlink = Symlink;
+  o.rename = Rename;
+  o.link = Link;
+  o.open = Open;
+  o.read = Read;
+  o.write = Write;
+  o.flush = Flush;
+  o.release = Release;
+  o.fsync = Fsync;
+  o.opendir = OpenDir;
+  o.readdir = ReadDir;
+  o.releasedir = ReleaseDir;
+  o.fsyncdir = FsyncDir;
+  o.statfs = StatFs;
+  o.create = Create;
+  return o;
+}
+
+}  // namespace
+
+const fuse_lowlevel_ops* Operations() {
+  static const fuse_lowlevel_ops ops = MakeOps();
+  return &ops;
+}
+
+}  // namespace tfs::fuse

@@ -1,0 +1,33 @@
+// The FUSE front end: libfuse3's low-level operations, each translated to one
+// posix::Filesystem call (fs/posix/fs.h). Nothing filesystem-specific lives
+// here: node ids are inode numbers (the root is FUSE_ROOT_ID = kRootIno), errors
+// are Status::ToErrno(), the caller's uid and gid come from the request.
+//
+// Access checks are the kernel's: mounts always use `default_permissions`.
+// File data comes with the data path (fs/data/): until then a file's bytes read
+// as zeros up to its size (a file with no extents is all hole) and writes fail
+// with EOPNOTSUPP.
+#ifndef TFS_USERSPACE_FUSE_FUSE_OPS_H_
+#define TFS_USERSPACE_FUSE_FUSE_OPS_H_
+
+#define FUSE_USE_VERSION 314
+#include <fuse_lowlevel.h>
+
+#include "engine/engine.h"
+#include "posix/fs.h"
+
+namespace tfs::fuse {
+
+// What the operations reach through fuse_req_userdata().
+struct Context {
+  engine::Engine* engine = nullptr;
+  posix::Filesystem* fs = nullptr;
+  double attr_timeout = 1.0;   // seconds the kernel may cache attributes and entries
+};
+
+// The operation table (static; valid for the life of the process).
+const fuse_lowlevel_ops* Operations();
+
+}  // namespace tfs::fuse
+
+#endif  // TFS_USERSPACE_FUSE_FUSE_OPS_H_

@@ -1,0 +1,190 @@
+// tierfs mount DEV... MOUNTPOINT [-o OPTIONS] [-f]: serves the filesystem through
+// FUSE. Without -f it returns once the mount is live (or with the reason it is
+// not), leaving a daemon that serves it; -f serves in the foreground. The
+// devices are locked (flock) for the mount's life, so a second mount of them
+// fails instead of corrupting them. Unmounting (umount, fusermount3 -u) or
+// SIGTERM / SIGINT ends the daemon, which then writes everything and marks the
+// filesystem clean.
+#include <CLI/CLI.hpp>
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "userspace/fuse/fuse_ops.h"
+#include "userspace/tools/common.h"
+
+namespace tfs::tools {
+namespace {
+
+// Holds an exclusive flock on every device until destroyed.
+struct DeviceLocks {
+  std::vector<int> fds;
+  ~DeviceLocks() {
+    for (int fd : fds) close(fd);
+  }
+  bool Take(const std::vector<std::string>& paths) {
+    for (const std::string& p : paths) {
+      int fd = open(p.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) {
+        PrintError("mount", p + ": " + strerror(errno));
+        return false;
+      }
+      fds.push_back(fd);
+      if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        PrintError("mount", p + ": in use (another tierfs mount or fsck holds it)");
+        return false;
+      }
+    }
+    return true;
+  }
+};
+
+// Everything after the (optional) fork: open, mount, tell the parent, serve.
+// `ready_fd` (-1 in the foreground) gets "ok" once the mount is live.
+int Serve(const std::vector<std::string>& devices, const std::string& mountpoint,
+          const std::vector<std::string>& options, int ready_fd) {
+  DeviceLocks locks;
+  if (!locks.Take(devices)) return 1;
+  auto devs = OpenDevices("mount", devices, /*read_only=*/false);
+  if (devs.empty()) return 1;
+  std::vector<BlockDevice*> raw = Raw(devs);
+  engine::Engine engine;
+  engine::OpenReport rep;
+  Diag diag;
+  Status st = engine.Open(raw.data(), uint32_t(raw.size()), engine::OpenOptions{}, &diag, &rep);
+  if (!st.ok()) {
+    PrintError("mount", diag.empty() ? st.Message() : diag.text);
+    return 1;
+  }
+  posix::Filesystem fs;
+  posix::Filesystem::Options fo;
+  fo.root_owner = posix::Caller{uint32_t(getuid()), uint32_t(getgid())};
+  st = fs.Mount(&engine, fo);
+  if (!st.ok()) {
+    PrintError("mount", std::string("the namespace does not mount: ") + st.Message());
+    (void)engine.Close();
+    return 1;
+  }
+  fuse::Context ctx;
+  ctx.engine = &engine;
+  ctx.fs = &fs;
+  std::vector<std::string> argv_s = {"tierfs", "-o", "default_permissions,subtype=tierfs,fsname=" + devices[0]};
+  for (const std::string& o : options) {
+    argv_s.push_back("-o");
+    argv_s.push_back(o);
+  }
+  std::vector<char*> argv;
+  for (std::string& s : argv_s) argv.push_back(s.data());
+  fuse_args args = FUSE_ARGS_INIT(int(argv.size()), argv.data());
+  fuse_session* se = fuse_session_new(&args, fuse::Operations(), sizeof(fuse_lowlevel_ops), &ctx);
+  int rc = 1;
+  if (se == nullptr) {
+    PrintError("mount", "bad mount options (see the line above)");
+  } else if (fuse_set_signal_handlers(se) != 0) {
+    PrintError("mount", "cannot install signal handlers");
+  } else if (fuse_session_mount(se, mountpoint.c_str()) != 0) {
+    PrintError("mount", mountpoint + ": the FUSE mount failed (see the line above)");
+    fuse_remove_signal_handlers(se);
+  } else {
+    if (ready_fd >= 0) {
+      (void)!write(ready_fd, "ok", 2);
+      close(ready_fd);
+      ready_fd = -1;
+      // A daemon: no terminal. Errors from here on go nowhere a user would see;
+      // the filesystem's state is checked by fsck.
+      int null = open("/dev/null", O_RDWR);
+      if (null >= 0) {
+        dup2(null, 0);
+        dup2(null, 1);
+        dup2(null, 2);
+        if (null > 2) close(null);
+      }
+      (void)!chdir("/");
+    }
+    fuse_loop_config* cfg = fuse_loop_cfg_create();
+    fuse_loop_cfg_set_max_threads(cfg, 16);
+    rc = fuse_session_loop_mt(se, cfg) == 0 ? 0 : 1;
+    fuse_loop_cfg_destroy(cfg);
+    fuse_session_unmount(se);
+    fuse_remove_signal_handlers(se);
+  }
+  if (se != nullptr) fuse_session_destroy(se);
+  fuse_opt_free_args(&args);
+  st = fs.Unmount();
+  Status cst = engine.Close();
+  if (!st.ok() || !cst.ok()) {
+    PrintError("mount", std::string("unmount: ") + (!st.ok() ? st.Message() : cst.Message()));
+    rc = 1;
+  }
+  return rc;
+}
+
+}  // namespace
+
+int CmdMount(int argc, char** argv) {
+  CLI::App app("Mount a tierfs filesystem through FUSE.", "tierfs mount");
+  std::vector<std::string> args;
+  std::vector<std::string> options;
+  bool foreground = false;
+  app.add_option("args", args, "every member device, then the mount point")->required()->expected(2, -1);
+  app.add_option("-o", options, "mount options, comma-separated (e.g. allow_other, ro)");
+  app.add_flag("-f,--foreground", foreground, "serve in the foreground (no daemon)");
+  app.footer("Unmount with 'umount MOUNTPOINT' or 'fusermount3 -u MOUNTPOINT'.");
+  CLI11_PARSE(app, argc, argv);
+  std::string mountpoint = args.back();
+  args.pop_back();
+  struct stat st;
+  if (stat(mountpoint.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    PrintError("mount", mountpoint + ": not a directory");
+    return 1;
+  }
+  // Absolute: the daemon leaves the working directory, and unmounts by this path.
+  char* abs = realpath(mountpoint.c_str(), nullptr);
+  if (abs == nullptr) {
+    PrintError("mount", mountpoint + ": " + strerror(errno));
+    return 1;
+  }
+  mountpoint = abs;
+  free(abs);
+  if (foreground) return Serve(args, mountpoint, options, -1);
+  // Fork before anything starts a thread; the parent waits for "ok" (or for the
+  // child to give up, having printed why).
+  int pipefd[2];
+  if (pipe(pipefd) != 0) {
+    PrintError("mount", std::string("pipe: ") + strerror(errno));
+    return 1;
+  }
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid < 0) {
+    PrintError("mount", std::string("fork: ") + strerror(errno));
+    return 1;
+  }
+  if (pid == 0) {
+    close(pipefd[0]);
+    setsid();
+    _exit(Serve(args, mountpoint, options, pipefd[1]));
+  }
+  close(pipefd[1]);
+  char buf[2] = {};
+  ssize_t n;
+  do {
+    n = read(pipefd[0], buf, sizeof(buf));
+  } while (n < 0 && errno == EINTR);
+  close(pipefd[0]);
+  if (n == 2 && memcmp(buf, "ok", 2) == 0) return 0;
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return 1;  // the child printed the reason
+}
+
+}  // namespace tfs::tools
