@@ -7,6 +7,7 @@
 //   orphan      kBtreeInodes  (0, ino)        Le64 ino: unlinked while open; freed
 //                                             at its last close or at the next mount
 //   dirent      kBtreeDirents (dir, slot)     DirentFormat, then the name
+//   xattr       kBtreeXattrs  (ino, slot)     DirentFormat, the name, the value
 //
 // A directory is a hash table laid over its key range: a name goes to slot
 // NameHash(dir's hash_seed and hash_bits, name) in [kFirstSlot, kSlotEnd) (its home
@@ -90,7 +91,8 @@ struct InodeFormat {
   Le64 parent;       // directories: the parent directory (the root: itself); else 0
   Le64 hash_seed;    // directories: keys the name hash of this directory's entries
   u8 hash_bits;      // directories: home slots are kFirstSlot + hash >> (64 - hash_bits) (1..62)
-  u8 reserved0[7];   // 0
+  u8 xattr_bits;     // the same for this inode's xattr table (1..62)
+  u8 reserved0[6];   // 0
   Le64 reserved[3];  // 0
 };
 static_assert(sizeof(InodeFormat) == 128, "inode value size");
@@ -99,13 +101,25 @@ static_assert(sizeof(InodeFormat) == 128, "inode value size");
 // of up to btree::kMaxValueBytes each.
 inline constexpr u32 kSymlinkMax = 4095;
 
+// A named entry of a hash table: a directory entry, or an xattr. The name
+// follows the header, then (xattrs) the value.
 struct DirentFormat {
-  Le64 ino;        // the inode it names (0 in a tombstone)
-  u8 type;         // DirentType: the target's file type, or kDtTombstone
-  u8 name_len;     // 1..kNameMax (0 in a tombstone); the name follows
-  u8 reserved[6];  // 0
+  Le64 ino;        // dirents: the inode it names; 0 in xattrs and tombstones
+  u8 type;         // dirents: DirentType; xattrs: kXattrValue; or kDtTombstone
+  u8 name_len;     // 1..kNameMax (0 in a tombstone)
+  Le16 value_len;  // xattrs: bytes of value after the name; dirents and tombstones: 0
+  u8 reserved[4];  // 0
 };
 static_assert(sizeof(DirentFormat) == 16, "dirent header size");
+
+// xattrs: kBtreeXattrs (ino, slot), a table like a directory's, keyed by the
+// inode's xattr_bits and a seed derived from (ino, generation). Names are the
+// full "namespace.name" (user., trusted., security.).
+inline constexpr u8 kXattrValue = 1;
+// Per inode: at most this many xattrs (deleting an inode deletes them in one
+// transaction), each value at most what fits in one key beside its name.
+inline constexpr u32 kMaxXattrs = 128;
+inline constexpr u32 XattrValueMax(u32 name_len) { return btree::kMaxValueBytes - 16 - name_len; }
 
 }  // namespace tfs::posix
 

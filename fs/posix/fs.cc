@@ -70,6 +70,7 @@ Status ParseInode(const u8* value, u32 len, InodeFormat* out) {
     return Err::kCorrupt;
   const bool dir = (out->mode.get() & kModeTypeMask) == kModeDir;
   if (dir ? (out->hash_bits < 1 || out->hash_bits > 62) : out->hash_bits != 0) return Err::kCorrupt;
+  if (out->xattr_bits < 1 || out->xattr_bits > 62) return Err::kCorrupt;
   return Status::Ok();
 }
 
@@ -105,64 +106,87 @@ u64 NameHash(u64 seed, u32 bits, const char* name, u32 len) {
   return kFirstSlot + (h >> (64 - Min(bits, 62u)));
 }
 
-// --- directory entries ---------------------------------------------------------
+// --- name tables: directories and xattrs ---------------------------------------
 
 // What FindEntry learns of one name's probe chain.
 struct Filesystem::Entry {
   bool found = false;
   u64 slot = 0;    // found: the entry's slot
-  u64 ino = 0;     // found: the inode it names
-  u8 type = 0;     // found: its DirentType
+  u64 ino = 0;     // found: the inode it names (directories)
+  u8 type = 0;     // found: its DirentType (directories)
   u64 free = 0;    // not found: where the name would go (0: the chain reached kSlotEnd)
 };
 
 namespace {
 
-// Parses a dirent value; a tombstone has name_len 0.
-Status ParseDirent(const u8* v, u32 len, DirentFormat* out, const char** name) {
+// Parses a named entry of a table (dirents: no value, a live inode and type;
+// xattrs: inode 0, type kXattrValue, a value after the name); a tombstone has no
+// name. `value` (if not null) gets the value's bytes.
+Status ParseNamed(const NameTable& t, const u8* v, u32 len, DirentFormat* out, const char** name,
+                  const u8** value = nullptr) {
   if (len < sizeof(DirentFormat)) return Err::kCorrupt;
   MemCopy(out, v, sizeof(*out));
   *name = reinterpret_cast<const char*>(v + sizeof(DirentFormat));
+  if (value != nullptr) *value = v + sizeof(DirentFormat) + out->name_len;
+  if (out->reserved[0] != 0 || out->reserved[1] != 0 || out->reserved[2] != 0 || out->reserved[3] != 0)
+    return Err::kCorrupt;
   if (out->type == kDtTombstone) {
-    if (out->name_len != 0 || out->ino.get() != 0 || len != sizeof(DirentFormat)) return Err::kCorrupt;
+    if (out->name_len != 0 || out->ino.get() != 0 || out->value_len.get() != 0 || len != sizeof(DirentFormat))
+      return Err::kCorrupt;
     return Status::Ok();
   }
-  if (out->name_len == 0 || len != sizeof(DirentFormat) + out->name_len || out->ino.get() == 0 ||
-      out->type == kDtUnknown)
+  if (out->name_len == 0 || len != sizeof(DirentFormat) + out->name_len + out->value_len.get()) return Err::kCorrupt;
+  if (t.btree_id == btree::kBtreeDirents) {
+    if (out->ino.get() == 0 || out->type == kDtUnknown || out->value_len.get() != 0) return Err::kCorrupt;
+  } else if (out->ino.get() != 0 || out->type != kXattrValue) {
     return Err::kCorrupt;
+  }
   return Status::Ok();
 }
 
-// A dirent value (header + name) in buf, which has room for kNameMax more bytes.
-u32 BuildDirent(u8* buf, u64 ino, u8 type, const char* name, u32 len) {
+// A named entry (header, name, value) in buf.
+u32 BuildNamed(u8* buf, u64 ino, u8 type, const char* name, u32 len, const void* value = nullptr,
+               u32 value_len = 0) {
   DirentFormat d;
   MemSet(&d, 0, sizeof(d));
   d.ino.set(ino);
   d.type = type;
   d.name_len = u8(len);
+  d.value_len.set(u16(value_len));
   MemCopy(buf, &d, sizeof(d));
   MemCopy(buf + sizeof(d), name, len);
-  return u32(sizeof(d)) + len;
+  MemCopy(buf + sizeof(d) + len, value, value_len);
+  return u32(sizeof(d)) + len + value_len;
 }
+
+u32 BuildDirent(u8* buf, u64 ino, u8 type, const char* name, u32 len) { return BuildNamed(buf, ino, type, name, len); }
 
 constexpr u32 kDirentMax = u32(sizeof(DirentFormat)) + kNameMax;
 
 }  // namespace
 
+NameTable DirTable(u64 dir, const InodeFormat& d) {
+  return NameTable{btree::kBtreeDirents, dir, d.hash_seed.get(), d.hash_bits};
+}
+
+NameTable XattrTable(u64 ino, const InodeFormat& f) {
+  return NameTable{btree::kBtreeXattrs, ino, Mix(ino * 0x9e3779b97f4a7c15ull ^ f.generation.get()), f.xattr_bits};
+}
+
 // Walks the probe chain of `name` from its home slot.
-Status Filesystem::FindEntry(u64 dir, const InodeFormat& dir_inode, const char* name, u32 len, Entry* out) {
+Status Filesystem::FindEntry(const NameTable& t, const char* name, u32 len, Entry* out) {
   *out = Entry{};
-  const u64 home = NameHash(dir_inode.hash_seed.get(), dir_inode.hash_bits, name, len);
-  Iterator it(trees_, btree::kBtreeDirents);
-  TFS_TRY(it.Seek(DirentPos(dir, home)));
+  const u64 home = NameHash(t.seed, t.bits, name, len);
+  Iterator it(trees_, t.btree_id);
+  TFS_TRY(it.Seek(Pos{t.btree_id, t.owner, home}));
   for (u64 slot = home; slot < kSlotEnd; slot++) {
-    if (!it.Valid() || it.pos().inode != dir || it.pos().offset != slot) {
+    if (!it.Valid() || it.pos().inode != t.owner || it.pos().offset != slot) {
       if (out->free == 0) out->free = slot;  // the gap that ends the chain
       return Status::Ok();
     }
     DirentFormat d;
     const char* n;
-    TFS_TRY(ParseDirent(it.value(), it.val_bytes(), &d, &n));
+    TFS_TRY(ParseNamed(t, it.value(), it.val_bytes(), &d, &n));
     if (d.type == kDtTombstone) {
       if (out->free == 0) out->free = slot;
     } else if (d.name_len == len && MemCompare(n, name, len) == 0) {
@@ -177,27 +201,27 @@ Status Filesystem::FindEntry(u64 dir, const InodeFormat& dir_inode, const char* 
   return Status::Ok();  // ran into kSlotEnd: free stays as found (maybe 0)
 }
 
-Status Filesystem::QueueRemoveEntry(Transaction* tx, u64 dir, const Entry& e) {
+Status Filesystem::QueueRemoveEntry(Transaction* tx, const NameTable& t, const Entry& e) {
   // Another chain may run on through the next slot: then keep this one occupied.
-  Iterator it(trees_, btree::kBtreeDirents);
-  TFS_TRY(it.Seek(DirentPos(dir, e.slot + 1)));
-  if (it.Valid() && it.pos().inode == dir && it.pos().offset == e.slot + 1) {
+  Iterator it(trees_, t.btree_id);
+  TFS_TRY(it.Seek(Pos{t.btree_id, t.owner, e.slot + 1}));
+  if (it.Valid() && it.pos().inode == t.owner && it.pos().offset == e.slot + 1) {
     u8 buf[sizeof(DirentFormat)];
     DirentFormat d;
     MemSet(&d, 0, sizeof(d));
     d.type = kDtTombstone;
     MemCopy(buf, &d, sizeof(d));
-    return tx->Set(DirentPos(dir, e.slot), buf, sizeof(buf));
+    return tx->Set(Pos{t.btree_id, t.owner, e.slot}, buf, sizeof(buf));
   }
   // The chain ends here: drop the entry and the tombstones right before it.
-  TFS_TRY(tx->Delete(DirentPos(dir, e.slot)));
-  TFS_TRY(it.SeekForPrev(DirentPos(dir, e.slot - 1)));
-  for (u64 slot = e.slot - 1; it.Valid() && it.pos().inode == dir && it.pos().offset == slot; slot--) {
+  TFS_TRY(tx->Delete(Pos{t.btree_id, t.owner, e.slot}));
+  TFS_TRY(it.SeekForPrev(Pos{t.btree_id, t.owner, e.slot - 1}));
+  for (u64 slot = e.slot - 1; it.Valid() && it.pos().inode == t.owner && it.pos().offset == slot; slot--) {
     DirentFormat d;
     const char* n;
-    TFS_TRY(ParseDirent(it.value(), it.val_bytes(), &d, &n));
+    TFS_TRY(ParseNamed(t, it.value(), it.val_bytes(), &d, &n));
     if (d.type != kDtTombstone) break;
-    TFS_TRY(tx->Delete(DirentPos(dir, slot)));
+    TFS_TRY(tx->Delete(Pos{t.btree_id, t.owner, slot}));
     TFS_TRY(it.Prev());
   }
   return Status::Ok();
@@ -257,7 +281,11 @@ Status Filesystem::QueueFree(Transaction* tx, u64 ino) {
   Status st = ReadInode(ino, &f);
   if (st.ok() && (f.mode.get() & kModeTypeMask) == kModeLink)
     for (u32 c = 0; c < kLinkChunks; c++) TFS_TRY(tx->Delete(LinkPos(ino, c)));
-  // (File data and xattrs join here with the data path.)
+  // Its xattrs (at most kMaxXattrs, with tombstones between them).
+  Iterator it(trees_, btree::kBtreeXattrs);
+  TFS_TRY(it.Seek(Pos{btree::kBtreeXattrs, ino, 0}));
+  for (; it.Valid() && it.pos().inode == ino; TFS_TRY(it.Next())) TFS_TRY(tx->Delete(it.pos()));
+  // (File data joins here with the data path.)
   TFS_TRY(tx->Delete(InodePos(ino)));
   return tx->Delete(OrphanPos(ino));
 }
@@ -358,6 +386,7 @@ Status Filesystem::Mount(engine::Engine* engine, const Options& options) {
     root.parent.set(kRootIno);
     root.hash_seed.set(Mix(u64(now) ^ 0x726f6f74));
     root.hash_bits = u8(opt_.dir_hash_bits);
+    root.xattr_bits = u8(opt_.dir_hash_bits);
     Transaction tx(trees_);
     TFS_TRY(tx.Set(InodePos(kRootIno), &root, sizeof(root)));
     TFS_TRY(tx.Commit().status());
@@ -421,7 +450,7 @@ Result<Attr> Filesystem::Lookup(u64 dir, const char* name, u32 len) {
   if (IsDot(name, len)) return ToAttr(dir, d);
   if (IsDotDot(name, len)) return GetAttr(d.parent.get());
   Entry e;
-  TFS_TRY(FindEntry(dir, d, name, len, &e));
+  TFS_TRY(FindEntry(DirTable(dir, d), name, len, &e));
   if (!e.found) return Err::kNotFound;
   InodeFormat f;
   Status st = ReadInode(e.ino, &f);
@@ -459,7 +488,7 @@ Status Filesystem::ReadDir(u64 dir, u64 cookie, DirFiller fill, void* ctx) {
   for (; it.Valid() && it.pos().inode == dir; TFS_TRY(it.Next())) {
     DirentFormat e;
     const char* name;
-    TFS_TRY(ParseDirent(it.value(), it.val_bytes(), &e, &name));
+    TFS_TRY(ParseNamed(DirTable(dir, d), it.value(), it.val_bytes(), &e, &name));
     if (e.type == kDtTombstone) continue;
     if (!fill(ctx, name, e.name_len, e.ino.get(), e.type, it.pos().offset + 1)) break;
   }
@@ -500,7 +529,7 @@ Result<Attr> Filesystem::Create(u64 dir, const char* name, u32 len, u32 mode, u6
   TFS_TRY(ReadDirInode(dir, &d));
   if (is_dir && d.nlink.get() >= kLinkMax) return Err::kTooManyLinks;
   Entry e;
-  TFS_TRY(FindEntry(dir, d, name, len, &e));
+  TFS_TRY(FindEntry(DirTable(dir, d), name, len, &e));
   if (e.found) return Err::kExists;
   if (e.free == 0) return Err::kNoSpace;  // the name's chain ran to the end of the slots
   const u64 ino = AllocIno();
@@ -518,6 +547,7 @@ Result<Attr> Filesystem::Create(u64 dir, const char* name, u32 len, u32 mode, u6
   f.gid.set(gid);
   f.nlink.set(is_dir ? 2 : 1);
   f.generation.set(NextGeneration());
+  f.xattr_bits = u8(opt_.dir_hash_bits);
   f.size.set(target != nullptr ? target_len : 0);
   SetTime(&f.atime_ns, now);
   SetTime(&f.mtime_ns, now);
@@ -576,7 +606,7 @@ Result<Attr> Filesystem::Link(u64 ino, u64 dir, const char* name, u32 len) {
   InodeFormat d;
   TFS_TRY(ReadDirInode(dir, &d));
   Entry e;
-  TFS_TRY(FindEntry(dir, d, name, len, &e));
+  TFS_TRY(FindEntry(DirTable(dir, d), name, len, &e));
   if (e.found) return Err::kExists;
   if (e.free == 0) return Err::kNoSpace;
   const i64 now = Now();
@@ -617,13 +647,13 @@ Status Filesystem::Unlink(u64 dir, const char* name, u32 len) {
     InodeFormat d;
     TFS_TRY(ReadDirInode(dir, &d));
     Entry e;
-    TFS_TRY(FindEntry(dir, d, name, len, &e));
+    TFS_TRY(FindEntry(DirTable(dir, d), name, len, &e));
     if (!e.found) return Err::kNotFound;
     const u64 lock[2] = {dir, e.ino};
     Locked locked(this, lock, 2);
     TFS_TRY(ReadDirInode(dir, &d));
     Entry again;
-    TFS_TRY(FindEntry(dir, d, name, len, &again));
+    TFS_TRY(FindEntry(DirTable(dir, d), name, len, &again));
     if (!again.found) return Err::kNotFound;
     if (again.ino != e.ino) continue;  // replaced meanwhile: lock the new target
     if (e.type == kDtDir) return Err::kIsDir;
@@ -634,7 +664,7 @@ Status Filesystem::Unlink(u64 dir, const char* name, u32 len) {
     if (f.nlink.get() == 0) return Err::kCorrupt;
     const i64 now = Now();
     Transaction tx(trees_);
-    TFS_TRY(QueueRemoveEntry(&tx, dir, again));
+    TFS_TRY(QueueRemoveEntry(&tx, DirTable(dir, d), again));
     f.nlink.set(f.nlink.get() - 1);
     SetTime(&f.ctime_ns, now);
     bool freed = false;
@@ -661,13 +691,13 @@ Status Filesystem::Rmdir(u64 dir, const char* name, u32 len) {
     InodeFormat d;
     TFS_TRY(ReadDirInode(dir, &d));
     Entry e;
-    TFS_TRY(FindEntry(dir, d, name, len, &e));
+    TFS_TRY(FindEntry(DirTable(dir, d), name, len, &e));
     if (!e.found) return Err::kNotFound;
     const u64 lock[2] = {dir, e.ino};
     Locked locked(this, lock, 2);
     TFS_TRY(ReadDirInode(dir, &d));
     Entry again;
-    TFS_TRY(FindEntry(dir, d, name, len, &again));
+    TFS_TRY(FindEntry(DirTable(dir, d), name, len, &again));
     if (!again.found) return Err::kNotFound;
     if (again.ino != e.ino) continue;
     if (e.type != kDtDir) return Err::kNotDir;
@@ -680,7 +710,7 @@ Status Filesystem::Rmdir(u64 dir, const char* name, u32 len) {
     if (any) return Err::kNotEmpty;
     const i64 now = Now();
     Transaction tx(trees_);
-    TFS_TRY(QueueRemoveEntry(&tx, dir, again));
+    TFS_TRY(QueueRemoveEntry(&tx, DirTable(dir, d), again));
     f.nlink.set(0);
     SetTime(&f.ctime_ns, now);
     bool freed = false;
@@ -744,9 +774,9 @@ Status Filesystem::Rename(u64 old_dir, const char* old_name, u32 old_len, u64 ne
     TFS_TRY(ReadDirInode(new_dir, &nd));
     Entry src;
     Entry dst;
-    TFS_TRY(FindEntry(old_dir, od, old_name, old_len, &src));
+    TFS_TRY(FindEntry(DirTable(old_dir, od), old_name, old_len, &src));
     if (!src.found) return Err::kNotFound;
-    TFS_TRY(FindEntry(new_dir, nd, new_name, new_len, &dst));
+    TFS_TRY(FindEntry(DirTable(new_dir, nd), new_name, new_len, &dst));
     const u64 lock[4] = {old_dir, new_dir, src.ino, dst.found ? dst.ino : 0};
     Locked locked(this, lock, 4);
     // Again under the locks: retry if either name changed meanwhile.
@@ -754,9 +784,9 @@ Status Filesystem::Rename(u64 old_dir, const char* old_name, u32 old_len, u64 ne
     TFS_TRY(ReadDirInode(new_dir, &nd));
     Entry s2;
     Entry d2;
-    TFS_TRY(FindEntry(old_dir, od, old_name, old_len, &s2));
+    TFS_TRY(FindEntry(DirTable(old_dir, od), old_name, old_len, &s2));
     if (!s2.found) return Err::kNotFound;
-    TFS_TRY(FindEntry(new_dir, nd, new_name, new_len, &d2));
+    TFS_TRY(FindEntry(DirTable(new_dir, nd), new_name, new_len, &d2));
     if (s2.ino != src.ino || d2.found != dst.found || (d2.found && d2.ino != dst.ino)) continue;
     src = s2;
     dst = d2;
@@ -840,7 +870,7 @@ Status Filesystem::Rename(u64 old_dir, const char* old_name, u32 old_len, u64 ne
         if (src.slot >= home && (slot == 0 || src.slot < slot)) slot = src.slot;
       }
       if (slot == 0) return Err::kNoSpace;
-      if (!(same_dir && slot == src.slot)) TFS_TRY(QueueRemoveEntry(&tx, old_dir, src));
+      if (!(same_dir && slot == src.slot)) TFS_TRY(QueueRemoveEntry(&tx, DirTable(old_dir, od), src));
       TFS_TRY(tx.Set(DirentPos(new_dir, slot), dent, BuildDirent(dent, src.ino, src.type, new_name, new_len)));
       if (src_dir && !same_dir) {
         o->nlink.set(o->nlink.get() - 1);
@@ -908,6 +938,130 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
   TFS_TRY(tx.Commit().status());
   c_setattrs_.FetchAdd(1, MemOrder::kRelaxed);
   return ToAttr(ino, f);
+}
+
+// --- xattrs -------------------------------------------------------------------
+
+namespace {
+
+Status CheckXattrName(const char* name, u32 len) {
+  if (name == nullptr || len == 0) return Err::kInvalidArgument;
+  if (len > kNameMax) return Err::kNameTooLong;
+  for (u32 i = 0; i < len; i++)
+    if (name[i] == '\0') return Err::kInvalidArgument;
+  auto prefixed = [&](const char* p, u32 n) { return len > n && MemCompare(name, p, n) == 0; };
+  if (!prefixed("user.", 5) && !prefixed("trusted.", 8) && !prefixed("security.", 9)) return Err::kNotSupported;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status Filesystem::SetXattr(u64 ino, const char* name, u32 len, const void* value, u32 value_len, u32 flags) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  TFS_TRY(CheckXattrName(name, len));
+  if ((flags & ~u32(kXattrCreate | kXattrReplace)) != 0 || flags == (kXattrCreate | kXattrReplace))
+    return Err::kInvalidArgument;
+  if (value_len > XattrValueMax(len)) return Err::kNoSpace;
+  if (value_len > 0 && value == nullptr) return Err::kInvalidArgument;
+  const u64 lock[1] = {ino};
+  Locked locked(this, lock, 1);
+  InodeFormat f;
+  TFS_TRY(ReadInode(ino, &f));
+  const NameTable t = XattrTable(ino, f);
+  Entry e;
+  TFS_TRY(FindEntry(t, name, len, &e));
+  if (e.found && (flags & kXattrCreate) != 0) return Err::kExists;
+  if (!e.found && (flags & kXattrReplace) != 0) return Err::kNoData;
+  if (!e.found) {
+    if (e.free == 0) return Err::kNoSpace;
+    u32 n = 0;
+    Iterator it(trees_, btree::kBtreeXattrs);
+    TFS_TRY(it.Seek(Pos{btree::kBtreeXattrs, ino, 0}));
+    for (; it.Valid() && it.pos().inode == ino && n < kMaxXattrs; TFS_TRY(it.Next())) n++;
+    if (n >= kMaxXattrs) return Err::kNoSpace;  // (counts tombstones too: a bound, not a quota)
+  }
+  u8* buf = static_cast<u8*>(platform::Alloc(btree::kMaxValueBytes, 8));
+  if (buf == nullptr) return Err::kNoMemory;
+  Transaction tx(trees_);
+  Status st = tx.Set(Pos{btree::kBtreeXattrs, ino, e.found ? e.slot : e.free}, buf,
+                     BuildNamed(buf, 0, kXattrValue, name, len, value, value_len));
+  platform::Free(buf);
+  TFS_TRY(st);
+  SetTime(&f.ctime_ns, Now());
+  TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
+  return tx.Commit().status();
+}
+
+Result<u32> Filesystem::GetXattr(u64 ino, const char* name, u32 len, void* buf, u32 cap) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  TFS_TRY(CheckXattrName(name, len));
+  InodeFormat f;
+  TFS_TRY(ReadInode(ino, &f));
+  const NameTable t = XattrTable(ino, f);
+  Entry e;
+  TFS_TRY(FindEntry(t, name, len, &e));
+  if (!e.found) return Err::kNoData;
+  u8* v = static_cast<u8*>(platform::Alloc(btree::kMaxValueBytes, 8));
+  if (v == nullptr) return Err::kNoMemory;
+  auto r = trees_->Get(Pos{btree::kBtreeXattrs, ino, e.slot}, v, btree::kMaxValueBytes);
+  Status st = r.status();
+  u32 n = 0;
+  if (st.Is(ErrorClass::kNotFound)) st = Err::kNoData;  // removed meanwhile
+  if (st.ok()) {
+    DirentFormat d;
+    const char* nm;
+    const u8* value;
+    st = ParseNamed(t, v, Min(r.value(), btree::kMaxValueBytes), &d, &nm, &value);
+    if (st.ok() && (d.type != kXattrValue || d.name_len != len || MemCompare(nm, name, len) != 0))
+      st = Err::kNoData;  // replaced meanwhile
+    n = st.ok() ? d.value_len.get() : 0;
+    if (st.ok() && cap != 0 && cap < n) st = Err::kRange;
+    if (st.ok() && cap != 0) MemCopy(buf, value, n);
+  }
+  platform::Free(v);
+  TFS_TRY(st);
+  return n;
+}
+
+Result<u32> Filesystem::ListXattr(u64 ino, char* buf, u32 cap) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  InodeFormat f;
+  TFS_TRY(ReadInode(ino, &f));
+  const NameTable t = XattrTable(ino, f);
+  Iterator it(trees_, btree::kBtreeXattrs);
+  TFS_TRY(it.Seek(Pos{btree::kBtreeXattrs, ino, 0}));
+  u32 total = 0;
+  for (; it.Valid() && it.pos().inode == ino; TFS_TRY(it.Next())) {
+    DirentFormat d;
+    const char* nm;
+    TFS_TRY(ParseNamed(t, it.value(), it.val_bytes(), &d, &nm));
+    if (d.type == kDtTombstone) continue;
+    if (cap != 0) {
+      if (total + d.name_len + 1 > cap) return Err::kRange;
+      MemCopy(buf + total, nm, d.name_len);
+      buf[total + d.name_len] = '\0';
+    }
+    total += d.name_len + 1;
+  }
+  return total;
+}
+
+Status Filesystem::RemoveXattr(u64 ino, const char* name, u32 len) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  TFS_TRY(CheckXattrName(name, len));
+  const u64 lock[1] = {ino};
+  Locked locked(this, lock, 1);
+  InodeFormat f;
+  TFS_TRY(ReadInode(ino, &f));
+  const NameTable t = XattrTable(ino, f);
+  Entry e;
+  TFS_TRY(FindEntry(t, name, len, &e));
+  if (!e.found) return Err::kNoData;
+  Transaction tx(trees_);
+  TFS_TRY(QueueRemoveEntry(&tx, t, e));
+  SetTime(&f.ctime_ns, Now());
+  TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
+  return tx.Commit().status();
 }
 
 // --- open files ----------------------------------------------------------------

@@ -87,6 +87,12 @@ struct SetAttr {
   i64 mtime_ns = 0;
 };
 
+// SetXattr flags: the Linux XATTR_* values.
+enum XattrFlags : u32 {
+  kXattrCreate = 1,
+  kXattrReplace = 2,
+};
+
 // Rename flags: the Linux RENAME_* values.
 enum RenameFlags : u32 {
   kRenameNoReplace = 1,
@@ -112,6 +118,14 @@ struct Stats {
   u64 inodes_freed;      // last link gone and not open (or its last Release)
   u64 orphans_freed;     // at mount: left by a crash while open
   u64 open_inodes;       // now
+};
+
+// One hash table of named entries: a directory's entries or an inode's xattrs.
+struct NameTable {
+  u8 btree_id;  // kBtreeDirents or kBtreeXattrs
+  u64 owner;    // the directory or inode: the keys' inode field
+  u64 seed;
+  u32 bits;     // home slots: 2^bits from kFirstSlot
 };
 
 class Filesystem {
@@ -158,6 +172,18 @@ class Filesystem {
   Status ReadDir(u64 dir, u64 cookie, DirFiller fill, void* ctx);
   Status GetStatFs(StatFs* out);
 
+  // Extended attributes: names "user.*", "trusted.*", "security.*" (others:
+  // kNotSupported), up to kNameMax bytes; values up to XattrValueMax(name) bytes
+  // (kNoSpace beyond, as when an inode already has kMaxXattrs). Set: flags
+  // kXattrCreate (kExists if present) or kXattrReplace (kNoData if absent).
+  // Get and List copy up to cap bytes and return the full length; cap 0 asks
+  // for the length only, a smaller nonzero cap is kRange. List: names, each
+  // NUL-terminated. Remove: kNoData if absent.
+  Status SetXattr(u64 ino, const char* name, u32 len, const void* value, u32 value_len, u32 flags);
+  Result<u32> GetXattr(u64 ino, const char* name, u32 len, void* buf, u32 cap);
+  Result<u32> ListXattr(u64 ino, char* buf, u32 cap);
+  Status RemoveXattr(u64 ino, const char* name, u32 len);
+
   // A handle on the inode is open / closed (see "Open files" above).
   Status OpenInode(u64 ino);
   Status Release(u64 ino);
@@ -167,18 +193,17 @@ class Filesystem {
  private:
   struct Entry;     // a directory entry found by FindEntry
   struct Locked;    // stripes held by one operation
-  class NameTable;  // the hash-table helpers over a directory's slots
 
   static constexpr u32 kStripes = 64;
   u32 Stripe(u64 ino) const { return u32((ino * 0x9e3779b97f4a7c15ull) >> 58) % kStripes; }
 
   Status ReadInode(u64 ino, InodeFormat* out, char* link = nullptr, u32* link_len = nullptr);
   Status ReadDirInode(u64 dir, InodeFormat* out);
-  Status FindEntry(u64 dir, const InodeFormat& dir_inode, const char* name, u32 len, Entry* out);
+  Status FindEntry(const NameTable& t, const char* name, u32 len, Entry* out);
   Result<Attr> Create(u64 dir, const char* name, u32 len, u32 mode, u64 rdev, const char* target,
                       u32 target_len, const Caller& who);
   // Queues the removal of entry `e` (tombstone, or delete with trailing tombstones).
-  Status QueueRemoveEntry(btree::Transaction* tx, u64 dir, const Entry& e);
+  Status QueueRemoveEntry(btree::Transaction* tx, const NameTable& t, const Entry& e);
   // Queues the inode's new state after losing a link: deleted (with whatever it
   // owns) when no link and no handle is left, else written, with an orphan key
   // when only handles are left.
@@ -208,6 +233,9 @@ class Filesystem {
   Atomic<u64> c_lookups_{0}, c_creates_{0}, c_unlinks_{0}, c_renames_{0}, c_setattrs_{0};
   Atomic<u64> c_readdirs_{0}, c_freed_{0}, c_orphans_freed_{0}, c_open_{0};
 };
+
+NameTable DirTable(u64 dir, const InodeFormat& d);
+NameTable XattrTable(u64 ino, const InodeFormat& f);
 
 // Parses an inode value (kCorrupt if it is not one of this version).
 Status ParseInode(const u8* value, u32 len, InodeFormat* out);

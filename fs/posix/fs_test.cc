@@ -629,6 +629,108 @@ TEST(PosixTest, CorruptRecordsAreErrorsNotCrashes) {
   EXPECT_EQ(Mkfile(m.fs, kRootIno, "g").status().code(), Err::kCorrupt);
 }
 
+Status SetX(Filesystem& fs, u64 ino, const std::string& n, const std::string& v, u32 flags = 0) {
+  return fs.SetXattr(ino, n.data(), u32(n.size()), v.data(), u32(v.size()), flags);
+}
+Result<std::string> GetX(Filesystem& fs, u64 ino, const std::string& n) {
+  auto len = fs.GetXattr(ino, n.data(), u32(n.size()), nullptr, 0);
+  if (!len.ok()) return len.status();
+  std::string v(len.value(), '\0');
+  auto r = fs.GetXattr(ino, n.data(), u32(n.size()), v.data(), u32(v.size()));
+  if (!r.ok()) return r.status();
+  if (r.value() != v.size()) return Err::kInternal;
+  return v;
+}
+std::set<std::string> ListX(Filesystem& fs, u64 ino) {
+  auto len = fs.ListXattr(ino, nullptr, 0);
+  EXPECT_TRUE(len.ok());
+  std::string buf(len.value(), '\0');
+  auto r = fs.ListXattr(ino, buf.data(), u32(buf.size()));
+  EXPECT_TRUE(r.ok());
+  EXPECT_EQ(r.value(), buf.size());
+  std::set<std::string> names;
+  for (size_t at = 0; at < buf.size();) {
+    const size_t end = buf.find('\0', at);
+    EXPECT_NE(end, std::string::npos);
+    names.insert(buf.substr(at, end - at));
+    at = end + 1;
+  }
+  return names;
+}
+
+TEST(PosixTest, XattrsSetGetListRemoveAndTheirErrors) {
+  Mounted m;
+  const u64 f = Mkfile(m.fs, kRootIno, "f").value().ino;
+  ASSERT_TRUE(SetX(m.fs, f, "user.a", "one").ok());
+  ASSERT_TRUE(SetX(m.fs, f, "trusted.b", "").ok());  // an empty value
+  ASSERT_TRUE(SetX(m.fs, f, "security.c", std::string(100, 'c')).ok());
+  EXPECT_EQ(GetX(m.fs, f, "user.a").value(), "one");
+  EXPECT_EQ(GetX(m.fs, f, "trusted.b").value(), "");
+  EXPECT_EQ(ListX(m.fs, f), (std::set<std::string>{"user.a", "trusted.b", "security.c"}));
+  char small[2];
+  EXPECT_EQ(m.fs.GetXattr(f, "user.a", 6, small, sizeof(small)).status().code(), Err::kRange);
+  EXPECT_EQ(m.fs.ListXattr(f, small, sizeof(small)).status().code(), Err::kRange);
+  EXPECT_EQ(SetX(m.fs, f, "user.a", "x", kXattrCreate).code(), Err::kExists);
+  EXPECT_EQ(SetX(m.fs, f, "user.z", "x", kXattrReplace).code(), Err::kNoData);
+  EXPECT_EQ(SetX(m.fs, f, "user.z", "x", 3).code(), Err::kInvalidArgument);
+  ASSERT_TRUE(SetX(m.fs, f, "user.a", "replaced", kXattrReplace).ok());
+  EXPECT_EQ(GetX(m.fs, f, "user.a").value(), "replaced");
+  EXPECT_EQ(GetX(m.fs, f, "user.nope").status().code(), Err::kNoData);
+  EXPECT_EQ(m.fs.RemoveXattr(f, "user.nope", 9).code(), Err::kNoData);
+  EXPECT_EQ(SetX(m.fs, f, "system.posix_acl_access", "x").code(), Err::kNotSupported);
+  EXPECT_EQ(SetX(m.fs, f, "user.", "x").code(), Err::kNotSupported);
+  EXPECT_EQ(SetX(m.fs, f, "user." + std::string(251, 'n'), "x").code(), Err::kNameTooLong);
+  const std::string big_name = "user.big";
+  EXPECT_TRUE(SetX(m.fs, f, big_name, std::string(XattrValueMax(8), 'v')).ok());
+  EXPECT_EQ(SetX(m.fs, f, big_name, std::string(XattrValueMax(8) + 1, 'v')).code(), Err::kNoSpace);
+  EXPECT_EQ(GetX(m.fs, f, big_name).value().size(), XattrValueMax(8));
+  m.Remount();
+  EXPECT_EQ(GetX(m.fs, f, "user.a").value(), "replaced");
+  ASSERT_TRUE(m.fs.RemoveXattr(f, "user.a", 6).ok());
+  EXPECT_EQ(ListX(m.fs, f), (std::set<std::string>{"trusted.b", "security.c", big_name}));
+  // Freeing the inode frees its xattrs: no key of it is left.
+  ASSERT_TRUE(Unlink(m.fs, kRootIno, "f").ok());
+  btree::Iterator it(&m.eng->btrees(), btree::kBtreeXattrs);
+  ASSERT_TRUE(it.Seek(btree::Pos{btree::kBtreeXattrs, f, 0}).ok());
+  EXPECT_FALSE(it.Valid() && it.pos().inode == f);
+}
+
+// Colliding xattr names (two home slots) against a model, with the per-inode
+// limit.
+TEST(PosixTest, CollidingXattrsAgainstAModel) {
+  Mounted m(1);
+  const u64 f = Mkfile(m.fs, kRootIno, "f").value().ino;
+  std::map<std::string, std::string> model;
+  std::mt19937_64 rng(3);
+  for (int op = 0; op < 1500; op++) {
+    const std::string n = "user.k" + std::to_string(rng() % 60);
+    if (rng() % 3 != 0) {
+      const std::string v = std::to_string(op);
+      ASSERT_TRUE(SetX(m.fs, f, n, v).ok()) << n;
+      model[n] = v;
+    } else {
+      ASSERT_EQ(m.fs.RemoveXattr(f, n.data(), u32(n.size())).code(), model.erase(n) ? Err::kOk : Err::kNoData);
+    }
+    if (op % 300 == 299) {
+      if (op == 899) m.Remount();
+      std::set<std::string> names;
+      for (auto& [k, v] : model) {
+        names.insert(k);
+        ASSERT_EQ(GetX(m.fs, f, k).value(), v) << k;
+      }
+      ASSERT_EQ(ListX(m.fs, f), names);
+    }
+  }
+  for (u32 i = 0; i < kMaxXattrs + 5; i++) {
+    Status st = SetX(m.fs, f, "user.many" + std::to_string(i), "v");
+    if (!st.ok()) {
+      EXPECT_EQ(st.code(), Err::kNoSpace);
+      break;
+    }
+    ASSERT_LT(i, kMaxXattrs) << "no limit";
+  }
+}
+
 TEST(PosixTest, NameHashSpreadsAndRespectsItsBits) {
   std::set<u64> homes;
   for (int i = 0; i < 10000; i++) {

@@ -187,6 +187,27 @@ def test_attributes(mounted: Path) -> None:
     assert vfs.f_namemax == 255
 
 
+def test_xattrs(mounted: Path) -> None:
+    f = mounted / "f"
+    f.touch()
+    os.setxattr(f, "user.color", b"blue")
+    os.setxattr(f, "trusted.x", b"")
+    assert os.getxattr(f, "user.color") == b"blue"
+    assert sorted(os.listxattr(f)) == ["trusted.x", "user.color"]
+    expect(errno.EEXIST, lambda: os.setxattr(f, "user.color", b"red", os.XATTR_CREATE), "XATTR_CREATE")
+    expect(errno.ENODATA, lambda: os.setxattr(f, "user.new", b"red", os.XATTR_REPLACE), "XATTR_REPLACE")
+    expect(errno.ENODATA, lambda: os.getxattr(f, "user.none"), "get missing")
+    expect(errno.ENOSPC, lambda: os.setxattr(f, "user.big", b"v" * 4000), "too big")
+    expect(errno.EOPNOTSUPP, lambda: os.setxattr(f, "system.tierfs_none", b"x"), "system.*")
+    os.removexattr(f, "user.color")
+    expect(errno.ENODATA, lambda: os.removexattr(f, "user.color"), "remove missing")
+    d = mounted / "d"
+    d.mkdir()
+    os.setxattr(d, "user.on_a_dir", b"1" * 1500)
+    assert os.getxattr(d, "user.on_a_dir") == b"1" * 1500
+    assert os.listxattr(f) == ["trusted.x"]
+
+
 def test_unlinked_while_open(mounted: Path) -> None:
     p = mounted / "f"
     fd = os.open(p, os.O_CREAT | os.O_RDWR, 0o644)

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -259,6 +260,31 @@ void StatFs(fuse_req_t req, fuse_ino_t) {
   fuse_reply_statfs(req, &v);
 }
 
+void SetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size, int flags) {
+  if (size > UINT32_MAX) return (void)fuse_reply_err(req, ENOSPC);
+  Reply(req, Ctx(req)->fs->SetXattr(ino, name, uint32_t(strlen(name)), value, uint32_t(size), uint32_t(flags)));
+}
+
+void GetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+  std::vector<char> buf(std::min<size_t>(size, btree::kMaxValueBytes));
+  auto r = Ctx(req)->fs->GetXattr(ino, name, uint32_t(strlen(name)), buf.data(), uint32_t(buf.size()));
+  if (!r.ok()) return Reply(req, r.status());
+  if (size == 0) return (void)fuse_reply_xattr(req, r.value());
+  fuse_reply_buf(req, buf.data(), r.value());
+}
+
+void ListXattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
+  std::vector<char> buf(std::min<size_t>(size, 1u << 20));
+  auto r = Ctx(req)->fs->ListXattr(ino, buf.data(), uint32_t(buf.size()));
+  if (!r.ok()) return Reply(req, r.status());
+  if (size == 0) return (void)fuse_reply_xattr(req, r.value());
+  fuse_reply_buf(req, buf.data(), r.value());
+}
+
+void RemoveXattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
+  Reply(req, Ctx(req)->fs->RemoveXattr(ino, name, uint32_t(strlen(name))));
+}
+
 fuse_lowlevel_ops MakeOps() {
   fuse_lowlevel_ops o;
   memset(&o, 0, sizeof(o));
@@ -287,6 +313,10 @@ fuse_lowlevel_ops MakeOps() {
   o.fsyncdir = FsyncDir;
   o.statfs = StatFs;
   o.create = Create;
+  o.setxattr = SetXattr;
+  o.getxattr = GetXattr;
+  o.listxattr = ListXattr;
+  o.removexattr = RemoveXattr;
   return o;
 }
 
