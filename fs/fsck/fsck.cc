@@ -5,6 +5,7 @@
 
 #include "engine/engine.h"
 #include "platform/platform.h"
+#include "posix/fs.h"
 
 namespace tfs::fsck {
 namespace {
@@ -415,6 +416,223 @@ void RepairBtreeBuckets(engine::Engine& e, const BtreeFindings& found, bool was_
   }
 }
 
+// --- the namespace: inodes, directory entries, xattrs -----------------------------
+
+struct InodeRec {
+  u64 ino;
+  u32 mode;
+  u32 nlink;
+  u64 size;
+  u64 parent;      // directories: what the inode says
+  u64 entry_dir;   // directories: the directory whose entry names it (0: none yet)
+  u32 refs;        // entries naming it
+  u32 subdirs;     // directories: entries naming directories
+  u64 link_bytes;  // symlinks: bytes of target found
+  bool orphan;
+};
+
+InodeRec* FindRec(Vector<InodeRec>& v, u64 ino) {
+  usize lo = 0, hi = v.size();
+  while (lo < hi) {
+    const usize mid = (lo + hi) / 2;
+    if (v[mid].ino < ino) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo < v.size() && v[lo].ino == ino ? &v[lo] : nullptr;
+}
+
+bool IsDirMode(u32 mode) { return (mode & posix::kModeTypeMask) == posix::kModeDir; }
+
+// Every inode parses; every entry parses, names a live inode of its type and is
+// reachable from its home slot; no tombstone ends a chain; link counts match the
+// entries; directories have one name and their parent pointer agrees; symlinks
+// have their whole target; orphans are inodes with no link; xattrs belong to
+// inodes. Reports only (no repair yet).
+void CheckNamespace(engine::Engine& e, Ctx& c) {
+  btree::Btrees& t = e.btrees();
+  Vector<InodeRec> inodes;
+  Vector<u64> orphans;
+  u32 found = 0;
+  auto error = [&](const char* what) {
+    c.report->errors++;
+    found++;
+    return what;
+  };
+  auto fail = [&](Status st) {
+    c.Line("namespace: reading the btrees failed: %s", st.Message());
+    c.report->errors++;
+  };
+  btree::Iterator it(&t, btree::kBtreeInodes);
+  Status st = it.SeekToFirst();
+  for (; st.ok() && it.Valid(); st = it.Next()) {
+    const btree::Pos p = it.pos();
+    if (p.inode == 0) {
+      if (it.val_bytes() != 8 || p.offset < posix::kRootIno) {
+        c.Line("%s: orphan key %llu", error("namespace: bad orphan key"), (unsigned long long)p.offset);
+        continue;
+      }
+      if (!orphans.PushBack(p.offset).ok()) return fail(Err::kNoMemory);
+      continue;
+    }
+    if (p.offset != 0) {  // a symlink's target chunk
+      InodeRec* r = inodes.empty() ? nullptr : &inodes[inodes.size() - 1];
+      if (r == nullptr || r->ino != p.inode || (r->mode & posix::kModeTypeMask) != posix::kModeLink ||
+          p.offset > 2) {
+        c.Line("%s: (%llu, %llu)", error("namespace: stray key in the inodes btree"), (unsigned long long)p.inode,
+               (unsigned long long)p.offset);
+        continue;
+      }
+      r->link_bytes += it.val_bytes();
+      continue;
+    }
+    posix::InodeFormat f;
+    if (!posix::ParseInode(it.value(), it.val_bytes(), &f).ok()) {
+      c.Line("%s %llu", error("namespace: corrupt record of inode"), (unsigned long long)p.inode);
+      continue;
+    }
+    InodeRec r{p.inode, f.mode.get(), f.nlink.get(), f.size.get(), f.parent.get(), 0, 0, 0, 0, false};
+    if (!inodes.PushBack(r).ok()) return fail(Err::kNoMemory);
+  }
+  if (!st.ok()) return fail(st);
+  if (inodes.empty() && orphans.empty()) return;  // formatted, never mounted: no root yet
+  InodeRec* root = FindRec(inodes, posix::kRootIno);
+  if (root == nullptr || !IsDirMode(root->mode))
+    c.Line("%s", error("namespace: no root directory (inode 1)"));
+  for (u64 o : orphans) {
+    InodeRec* r = FindRec(inodes, o);
+    if (r == nullptr || r->nlink != 0) {
+      c.Line("%s %llu", error("namespace: orphan key for a linked or missing inode"), (unsigned long long)o);
+    } else {
+      r->orphan = true;
+    }
+  }
+
+  // Entries, directory by directory, slot by slot.
+  btree::Iterator dit(&t, btree::kBtreeDirents);
+  u64 dir = 0, run_start = 0, prev = 0, entries = 0;
+  bool tombstone_open = false;  // the current run has a tombstone with no live entry after it yet
+  bool first = true;
+  InodeRec* d = nullptr;
+  posix::InodeFormat dfmt;
+  auto end_run = [&] {
+    if (tombstone_open)
+      c.Line("%s %llu, at slot %llu", error("namespace: a tombstone ends a chain in directory"),
+             (unsigned long long)dir, (unsigned long long)prev);
+    tombstone_open = false;
+  };
+  for (st = dit.SeekToFirst(); st.ok() && dit.Valid(); st = dit.Next()) {
+    const btree::Pos p = dit.pos();
+    if (first || p.inode != dir) {
+      end_run();
+      first = false;
+      dir = p.inode;
+      run_start = p.offset;
+      d = FindRec(inodes, dir);
+      if (d == nullptr || !IsDirMode(d->mode)) {
+        c.Line("%s %llu", error("namespace: entries of a missing or non-directory inode"), (unsigned long long)dir);
+        d = nullptr;
+      } else {
+        auto got = t.Get(btree::Pos{btree::kBtreeInodes, dir, 0}, &dfmt, sizeof(dfmt));
+        if (!got.ok() || got.value() != sizeof(dfmt)) return fail(got.ok() ? Status(Err::kCorrupt) : got.status());
+      }
+    } else if (p.offset != prev + 1) {
+      end_run();
+      run_start = p.offset;
+    }
+    prev = p.offset;
+    if (d == nullptr) continue;
+    posix::DirentFormat de;
+    const char* name;
+    if (!posix::ParseNamedEntry(btree::kBtreeDirents, dit.value(), dit.val_bytes(), &de, &name).ok()) {
+      c.Line("%s %llu, slot %llu", error("namespace: corrupt entry in directory"), (unsigned long long)dir,
+             (unsigned long long)p.offset);
+      continue;
+    }
+    if (de.type == posix::kDtTombstone) {
+      tombstone_open = true;
+      continue;
+    }
+    tombstone_open = false;
+    entries++;
+    const u64 home = posix::NameHash(dfmt.hash_seed.get(), dfmt.hash_bits, name, de.name_len);
+    if (home < run_start || home > p.offset)
+      c.Line("%s %llu: '%.*s' at slot %llu, home %llu", error("namespace: unreachable entry in directory"),
+             (unsigned long long)dir, int(de.name_len), name, (unsigned long long)p.offset, (unsigned long long)home);
+    InodeRec* target = FindRec(inodes, de.ino.get());
+    if (target == nullptr) {
+      c.Line("%s %llu: '%.*s' -> %llu", error("namespace: entry names a missing inode in directory"),
+             (unsigned long long)dir, int(de.name_len), name, (unsigned long long)de.ino.get());
+      continue;
+    }
+    if (posix::DirentTypeOf(target->mode) != de.type)
+      c.Line("%s %llu: '%.*s'", error("namespace: entry type differs from its inode's, in directory"),
+             (unsigned long long)dir, int(de.name_len), name);
+    target->refs++;
+    if (IsDirMode(target->mode)) {
+      d->subdirs++;
+      if (target->entry_dir != 0)
+        c.Line("%s %llu", error("namespace: directory with two names:"), (unsigned long long)target->ino);
+      target->entry_dir = dir;
+    }
+  }
+  end_run();
+  if (!st.ok()) return fail(st);
+
+  u64 dirs = 0;
+  for (InodeRec& r : inodes) {
+    const unsigned long long ino = r.ino;
+    if (IsDirMode(r.mode)) {
+      dirs++;
+      if (r.nlink != 2 + r.subdirs && !(r.orphan && r.nlink == 0))
+        c.Line("%s %llu: nlink %u, expected %u", error("namespace: wrong link count of directory"), ino, r.nlink,
+               2 + r.subdirs);
+      if (r.ino == posix::kRootIno) {
+        if (r.entry_dir != 0 || r.parent != posix::kRootIno)
+          c.Line("%s", error("namespace: the root directory has a name or another parent"));
+      } else if (r.entry_dir == 0 && !r.orphan) {
+        c.Line("%s %llu", error("namespace: unreachable directory"), ino);
+      } else if (r.entry_dir != 0 && r.parent != r.entry_dir) {
+        c.Line("%s %llu: parent %llu, named in %llu", error("namespace: wrong parent of directory"), ino,
+               (unsigned long long)r.parent, (unsigned long long)r.entry_dir);
+      }
+      continue;
+    }
+    if (r.orphan) {
+      c.report->notes++;
+      c.Line("namespace: inode %llu is an orphan (unlinked while open); the next mount frees it", ino);
+    } else if (r.refs == 0) {
+      c.Line("%s %llu", error("namespace: unreachable inode"), ino);
+    } else if (r.refs != r.nlink) {
+      c.Line("%s %llu: nlink %u, %u entries", error("namespace: wrong link count of inode"), ino, r.nlink, r.refs);
+    }
+    if ((r.mode & posix::kModeTypeMask) == posix::kModeLink && r.link_bytes != r.size)
+      c.Line("%s %llu: %llu of %llu bytes", error("namespace: incomplete symlink target of inode"), ino,
+             (unsigned long long)r.link_bytes, (unsigned long long)r.size);
+  }
+
+  // Xattrs belong to inodes and parse.
+  btree::Iterator xit(&t, btree::kBtreeXattrs);
+  u64 xattrs = 0;
+  for (st = xit.SeekToFirst(); st.ok() && xit.Valid(); st = xit.Next()) {
+    posix::DirentFormat xe;
+    const char* name;
+    if (FindRec(inodes, xit.pos().inode) == nullptr ||
+        !posix::ParseNamedEntry(btree::kBtreeXattrs, xit.value(), xit.val_bytes(), &xe, &name).ok()) {
+      c.Line("%s (%llu, %llu)", error("namespace: bad or ownerless xattr key"), (unsigned long long)xit.pos().inode,
+             (unsigned long long)xit.pos().offset);
+      continue;
+    }
+    if (xe.type != posix::kDtTombstone) xattrs++;
+  }
+  if (!st.ok()) return fail(st);
+  c.Line("namespace: %llu inodes (%llu directories), %llu entries, %llu xattrs, %u problem(s)",
+         (unsigned long long)inodes.size(), (unsigned long long)dirs, (unsigned long long)entries,
+         (unsigned long long)xattrs, found);
+}
+
 }  // namespace
 
 Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn emit, void* ctx) {
@@ -475,6 +693,7 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
   } else {
     CheckBtrees(e, rep.was_clean, c, &btree_found);
   }
+  CheckNamespace(e, c);
   if (opt.repair && report.repaired > 0) {
     Status cp = e.alloc().Checkpoint();
     if (!cp.ok()) {

@@ -21,6 +21,14 @@
 //    read-only open before the writable one, since a writable mount reconciles
 //    btree buckets itself. A corrupt roots block or interior node already stops
 //    the mount: reported as "cannot open the filesystem" with the node named.
+//  - the namespace (posix/): every inode record parses; every directory entry
+//    parses, names an existing inode of its type and is reachable from its home
+//    slot; no tombstone ends a probe chain; link counts match the entries
+//    (directories: 2 + subdirectories); every directory but the root has one
+//    name and its parent pointer agrees; symlink targets are whole; orphan keys
+//    name unlinked inodes (an orphan is a note: the next mount frees it); xattrs
+//    belong to inodes. Reported, not repaired yet (no lost+found). A summary
+//    line counts inodes, directories, entries and xattrs.
 //
 // Results follow fsck(8): 0 clean, 1 errors corrected, 4 errors left uncorrected,
 // 8 operational error (a device could not be read, out of memory).

@@ -106,6 +106,27 @@ u64 NameHash(u64 seed, u32 bits, const char* name, u32 len) {
   return kFirstSlot + (h >> (64 - Min(bits, 62u)));
 }
 
+Status ParseNamedEntry(u8 btree_id, const u8* v, u32 len, DirentFormat* out, const char** name, const u8** value) {
+  if (len < sizeof(DirentFormat)) return Err::kCorrupt;
+  MemCopy(out, v, sizeof(*out));
+  *name = reinterpret_cast<const char*>(v + sizeof(DirentFormat));
+  if (value != nullptr) *value = v + sizeof(DirentFormat) + out->name_len;
+  if (out->reserved[0] != 0 || out->reserved[1] != 0 || out->reserved[2] != 0 || out->reserved[3] != 0)
+    return Err::kCorrupt;
+  if (out->type == kDtTombstone) {
+    if (out->name_len != 0 || out->ino.get() != 0 || out->value_len.get() != 0 || len != sizeof(DirentFormat))
+      return Err::kCorrupt;
+    return Status::Ok();
+  }
+  if (out->name_len == 0 || len != sizeof(DirentFormat) + out->name_len + out->value_len.get()) return Err::kCorrupt;
+  if (btree_id == btree::kBtreeDirents) {
+    if (out->ino.get() == 0 || out->type == kDtUnknown || out->value_len.get() != 0) return Err::kCorrupt;
+  } else if (out->ino.get() != 0 || out->type != kXattrValue) {
+    return Err::kCorrupt;
+  }
+  return Status::Ok();
+}
+
 // --- name tables: directories and xattrs ---------------------------------------
 
 // What FindEntry learns of one name's probe chain.
@@ -119,30 +140,11 @@ struct Filesystem::Entry {
 
 namespace {
 
-// Parses a named entry of a table (dirents: no value, a live inode and type;
-// xattrs: inode 0, type kXattrValue, a value after the name); a tombstone has no
-// name. `value` (if not null) gets the value's bytes.
 Status ParseNamed(const NameTable& t, const u8* v, u32 len, DirentFormat* out, const char** name,
                   const u8** value = nullptr) {
-  if (len < sizeof(DirentFormat)) return Err::kCorrupt;
-  MemCopy(out, v, sizeof(*out));
-  *name = reinterpret_cast<const char*>(v + sizeof(DirentFormat));
-  if (value != nullptr) *value = v + sizeof(DirentFormat) + out->name_len;
-  if (out->reserved[0] != 0 || out->reserved[1] != 0 || out->reserved[2] != 0 || out->reserved[3] != 0)
-    return Err::kCorrupt;
-  if (out->type == kDtTombstone) {
-    if (out->name_len != 0 || out->ino.get() != 0 || out->value_len.get() != 0 || len != sizeof(DirentFormat))
-      return Err::kCorrupt;
-    return Status::Ok();
-  }
-  if (out->name_len == 0 || len != sizeof(DirentFormat) + out->name_len + out->value_len.get()) return Err::kCorrupt;
-  if (t.btree_id == btree::kBtreeDirents) {
-    if (out->ino.get() == 0 || out->type == kDtUnknown || out->value_len.get() != 0) return Err::kCorrupt;
-  } else if (out->ino.get() != 0 || out->type != kXattrValue) {
-    return Err::kCorrupt;
-  }
-  return Status::Ok();
+  return ParseNamedEntry(t.btree_id, v, len, out, name, value);
 }
+
 
 // A named entry (header, name, value) in buf.
 u32 BuildNamed(u8* buf, u64 ino, u8 type, const char* name, u32 len, const void* value = nullptr,

@@ -237,6 +237,11 @@ class Filesystem {
 NameTable DirTable(u64 dir, const InodeFormat& d);
 NameTable XattrTable(u64 ino, const InodeFormat& f);
 
+// Parses a named entry of the dirents or xattrs btree (dirents: a live inode and
+// type, no value; xattrs: inode 0, type kXattrValue, a value after the name); a
+// tombstone has no name. `value` (if not null) gets where the value starts.
+Status ParseNamedEntry(u8 btree_id, const u8* v, u32 len, DirentFormat* out, const char** name,
+                       const u8** value = nullptr);
 // Parses an inode value (kCorrupt if it is not one of this version).
 Status ParseInode(const u8* value, u32 len, InodeFormat* out);
 Attr ToAttr(u64 ino, const InodeFormat& inode);
