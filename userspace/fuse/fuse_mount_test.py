@@ -260,6 +260,34 @@ def test_persistence_daemon_mode_and_bad_mounts(tmp_path: Path) -> None:
     fsck_clean(dev)
 
 
+def test_mount_helper_for_mount_t_and_fstab(tmp_path: Path) -> None:
+    """mount.fuse.tierfs as mount(8) calls it: devices joined by ':', fstab's own
+    options dropped, -f a no-op."""
+    a, b = tmp_path / "a.img", tmp_path / "b.img"
+    for p in (a, b):
+        with open(p, "wb") as f:
+            f.truncate(64 << 20)
+    proc = run([tool("tierfs"), "format", "--label", "ssd.a", a, "--label", "hdd.b", b, "--bucket-size", "256K"])
+    assert proc.returncode == 0, proc.stderr
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    helper = tool("mount.fuse.tierfs")
+    proc = run([helper, f"{a}:{b}", mnt, "-f", "-o", "rw"])
+    assert proc.returncode == 0 and not os.path.ismount(mnt)
+    proc = run([helper, f"{b}:{a}", mnt, "-n", "-o", "rw,defaults,noauto,nofail,_netdev,x-systemd.automount"])
+    assert proc.returncode == 0, proc.stderr
+    try:
+        (mnt / "d").mkdir()
+        assert os.listdir(mnt) == ["d"]
+    finally:
+        umount(mnt)
+    wait_for(lambda: unlocked(a) and unlocked(b), "the daemon to finish")
+    proc = run([tool("tierfs"), "fsck", a, b])
+    assert proc.returncode == 0 and "1 entries" in proc.stdout, proc.stdout
+    bad = run([helper, str(a), "-o", "rw"])
+    assert bad.returncode == 1 and "usage: mount.fuse.tierfs" in bad.stderr
+
+
 def daemon_pids(mnt_arg: str) -> list[int]:
     pids = []
     for d in Path("/proc").iterdir():

@@ -187,4 +187,72 @@ int CmdMount(int argc, char** argv) {
   return 1;  // the child printed the reason
 }
 
+// mount.fuse.tierfs SPEC MOUNTPOINT [-o OPTIONS] [-n] [-s] [-f] [-v]: what
+// mount(8) runs for `mount -t fuse.tierfs` and fstab entries. SPEC names the
+// devices separated by ':'. Options only mount(8) and fstab use (defaults,
+// auto, noauto, user, nouser, users, nofail, _netdev, x-*, comment=*) are
+// dropped; the rest go to `tierfs mount`. -f (fake) does nothing; -n, -s, -v are
+// accepted and ignored.
+int CmdMountHelper(int argc, char** argv) {
+  std::vector<std::string> positional;
+  std::vector<std::string> kept;
+  bool fake = false;
+  for (int i = 1; i < argc; i++) {
+    const std::string a = argv[i];
+    if (a == "-o") {
+      if (i + 1 >= argc) {
+        PrintError("mount", "-o needs options");
+        return 1;
+      }
+      std::string list = argv[++i];
+      size_t at = 0;
+      while (at <= list.size()) {
+        size_t comma = list.find(',', at);
+        if (comma == std::string::npos) comma = list.size();
+        const std::string o = list.substr(at, comma - at);
+        at = comma + 1;
+        static const char* const kDrop[] = {"", "defaults", "auto", "noauto", "user", "nouser", "users", "nofail",
+                                            "_netdev"};
+        bool drop = o.rfind("x-", 0) == 0 || o.rfind("comment=", 0) == 0;
+        for (const char* d : kDrop) drop |= o == d;
+        if (!drop) kept.push_back(o);
+      }
+    } else if (a == "-f") {
+      fake = true;
+    } else if (a == "-n" || a == "-s" || a == "-v") {
+      // mount(8)'s: no mtab, sloppy, verbose
+    } else if (!a.empty() && a[0] == '-') {
+      PrintError("mount", "unknown option '" + a + "'");
+      return 1;
+    } else {
+      positional.push_back(a);
+    }
+  }
+  if (positional.size() != 2) {
+    PrintError("mount", "usage: mount.fuse.tierfs DEV[:DEV...] MOUNTPOINT [-o OPTIONS]");
+    return 1;
+  }
+  if (fake) return 0;
+  std::vector<std::string> args = {"mount"};
+  const std::string& spec = positional[0];
+  size_t at = 0;
+  while (at <= spec.size()) {
+    size_t colon = spec.find(':', at);
+    if (colon == std::string::npos) colon = spec.size();
+    if (colon > at) args.push_back(spec.substr(at, colon - at));
+    at = colon + 1;
+  }
+  args.push_back(positional[1]);
+  if (!kept.empty()) {
+    std::string joined;
+    for (const std::string& o : kept) joined += (joined.empty() ? "" : ",") + o;
+    args.push_back("-o");
+    args.push_back(joined);
+  }
+  std::vector<char*> av;
+  for (std::string& x : args) av.push_back(x.data());
+  av.push_back(nullptr);
+  return CmdMount(int(args.size()), av.data());
+}
+
 }  // namespace tfs::tools

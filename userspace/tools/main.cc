@@ -1,5 +1,6 @@
 // tierfs: the command line for the tiered filesystem. One binary, subcommands;
-// installed names mkfs.tierfs (= tierfs format) and fsck.tierfs (= tierfs fsck)
+// installed names mkfs.tierfs (= tierfs format), fsck.tierfs (= tierfs fsck) and
+// mount.fuse.tierfs (mount(8)'s helper for `mount -t fuse.tierfs`)
 // dispatch on argv[0].
 #include <cstdio>
 #include <cstring>
@@ -14,7 +15,7 @@ const char kUsage[] =
     "\n"
     "commands:\n"
     "  format   create a filesystem on one or more devices (also: mkfs.tierfs)\n"
-    "  mount    mount a filesystem through FUSE\n"
+    "  mount    mount a filesystem through FUSE (also: mount.fuse.tierfs, for mount -t)\n"
     "  show     print the superblock, members and per-device usage\n"
     "  fsck     check (-n) or repair (-y) a filesystem (also: fsck.tierfs)\n"
     "  bench    micro-benchmarks (bench journal, bench btree)\n"
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
   std::string self = BaseName(argv[0]);
   if (self == "mkfs.tierfs") return tfs::tools::CmdFormat(argc, argv);
   if (self == "fsck.tierfs") return tfs::tools::CmdFsck(argc, argv);
+  if (self == "mount.fuse.tierfs") return tfs::tools::CmdMountHelper(argc, argv);
   if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
     fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
