@@ -208,6 +208,40 @@ def test_xattrs(mounted: Path) -> None:
     assert os.listxattr(f) == ["trusted.x"]
 
 
+def test_ctl_reads_live_counters(mounted: Path, tmp_path: Path) -> None:
+    import json
+
+    def ctl() -> dict:
+        proc = run([tool("tierfs"), "ctl", mounted])
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    before = ctl()
+    for i in range(25):
+        (mounted / f"f{i}").touch()
+    os.rename(mounted / "f0", mounted / "g0")
+    os.unlink(mounted / "f1")
+    fd = os.open(mounted, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)  # the journal's durable commit
+    finally:
+        os.close(fd)
+    after = ctl()
+    assert after["posix"]["creates"] - before["posix"]["creates"] == 25
+    assert after["posix"]["renames"] - before["posix"]["renames"] == 1
+    assert after["posix"]["unlinks"] - before["posix"]["unlinks"] == 1
+    assert after["journal"]["durable_seq"] == after["journal"]["next_seq"] - 1 > before["journal"]["durable_seq"]
+    assert after["btree"]["commits"] - before["btree"]["commits"] >= 27
+    dev = after["devices"][0]
+    assert dev["label"] == "dev0" and dev["stalled"] is False
+    assert "journal" in dev["io"] and dev["io"]["journal"]["write"]["ops"] > 0
+    tiers = after["alloc"]["tiers"]
+    assert tiers["dev0"]["buckets"] == after["alloc"]["devices"][0]["buckets"] > tiers["dev0"]["free"] > 0
+    for where in (tmp_path, mounted / "g0"):
+        bad = run([tool("tierfs"), "ctl", where])
+        assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "tierfs ctl:" in bad.stderr, bad.stderr
+
+
 def test_unlinked_while_open(mounted: Path) -> None:
     p = mounted / "f"
     fd = os.open(p, os.O_CREAT | os.O_RDWR, 0o644)

@@ -1,6 +1,8 @@
 // libfuse3 low-level operations -> posix::Filesystem (see fuse_ops.h).
 #include "userspace/fuse/fuse_ops.h"
 
+#include "userspace/fuse/ctl.h"
+
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -69,6 +71,7 @@ uint32_t Len(const char* name) { return uint32_t(strnlen(name, posix::kNameMax +
 
 void Init(void*, fuse_conn_info* conn) {
   conn->time_gran = 1;  // nanosecond timestamps
+  if (conn->capable & FUSE_CAP_IOCTL_DIR) conn->want |= FUSE_CAP_IOCTL_DIR;  // tierfs ctl on the root
 }
 
 void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -285,6 +288,17 @@ void RemoveXattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
   Reply(req, Ctx(req)->fs->RemoveXattr(ino, name, uint32_t(strlen(name))));
 }
 
+// tierfs ctl (ctl.h): only on the root directory.
+void Ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file_info*, unsigned flags, const void*,
+           size_t, size_t out_bufsz) {
+  if (cmd != kCtlStats || ino != FUSE_ROOT_ID || (flags & FUSE_IOCTL_COMPAT) != 0)
+    return (void)fuse_reply_err(req, ENOTTY);
+  Context* c = Ctx(req);
+  const std::string json = StatsJson(*c->engine, *c->fs);
+  if (json.size() + 1 > out_bufsz) return (void)fuse_reply_err(req, ENOSPC);
+  fuse_reply_ioctl(req, int(json.size()), json.c_str(), json.size() + 1);
+}
+
 fuse_lowlevel_ops MakeOps() {
   fuse_lowlevel_ops o;
   memset(&o, 0, sizeof(o));
@@ -317,6 +331,7 @@ fuse_lowlevel_ops MakeOps() {
   o.getxattr = GetXattr;
   o.listxattr = ListXattr;
   o.removexattr = RemoveXattr;
+  o.ioctl = Ioctl;
   return o;
 }
 

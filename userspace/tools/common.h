@@ -32,6 +32,7 @@ std::string UuidString(const uint8_t uuid[16]);
 int CmdFormat(int argc, char** argv);
 int CmdMount(int argc, char** argv);
 int CmdMountHelper(int argc, char** argv);  // mount.fuse.tierfs
+int CmdCtl(int argc, char** argv);
 int CmdShow(int argc, char** argv);
 int CmdFsck(int argc, char** argv);
 int CmdBench(int argc, char** argv);
