@@ -56,8 +56,8 @@ def umount(mnt: Path) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-def fsck_clean(dev: Path) -> None:
-    proc = run([tool("tierfs"), "fsck", dev])
+def fsck_clean(dev: Path | list[Path]) -> None:
+    proc = run([tool("tierfs"), "fsck", *(dev if isinstance(dev, list) else [dev])])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "clean" in proc.stdout
 
@@ -65,9 +65,9 @@ def fsck_clean(dev: Path) -> None:
 class Mount:
     """A foreground `tierfs mount -f` in a child process."""
 
-    def __init__(self, dev: Path, mnt: Path, *opts: str) -> None:
+    def __init__(self, dev: Path | list[Path], mnt: Path, *opts: str) -> None:
         self.dev, self.mnt = dev, mnt
-        args = [tool("tierfs"), "mount", "-f", dev, mnt]
+        args = [tool("tierfs"), "mount", "-f", *(dev if isinstance(dev, list) else [dev]), mnt]
         for o in opts:
             args += ["-o", o]
         self.proc = subprocess.Popen([str(a) for a in args], stderr=subprocess.PIPE, text=True)
@@ -320,6 +320,35 @@ def test_mount_helper_for_mount_t_and_fstab(tmp_path: Path) -> None:
     assert proc.returncode == 0 and "1 entries" in proc.stdout, proc.stdout
     bad = run([helper, str(a), "-o", "rw"])
     assert bad.returncode == 1 and "usage: mount.fuse.tierfs" in bad.stderr
+
+
+def test_bad_device_sets_are_refused_with_one_line(tmp_path: Path) -> None:
+    a, b, c = tmp_path / "a.img", tmp_path / "b.img", tmp_path / "c.img"
+    for p in (a, b, c):
+        with open(p, "wb") as f:
+            f.truncate(64 << 20)
+    assert run([tool("tierfs"), "format", "--label", "ssd.a", a, "--label", "hdd.b", b,
+                "--bucket-size", "256K"]).returncode == 0
+    assert run([tool("tierfs"), "format", c, "--bucket-size", "256K"]).returncode == 0
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    cases = [
+        ([a], "missing: hdd.b"),  # a member left out
+        ([a, c], "devices from different filesystems"),
+    ]
+    for devs, needle in cases:
+        proc = run([tool("tierfs"), "mount", *devs, mnt])
+        assert proc.returncode == 1, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("tierfs mount:") and needle in lines[0], proc.stderr
+        assert not os.path.ismount(mnt)
+    # A damaged primary superblock: the backup copy mounts it.
+    with open(b, "r+b") as f:
+        f.seek(4096 + 100)
+        f.write(b"\xff" * 64)
+    m = Mount([a, b], mnt)
+    (mnt / "still").mkdir()
+    m.close()  # (fsck clean: the mount rewrote nothing it should not have)
 
 
 def daemon_pids(mnt_arg: str) -> list[int]:
