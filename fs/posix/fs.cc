@@ -418,10 +418,7 @@ Status Filesystem::Unmount() {
         Transaction tx(trees_);
         st = QueueFree(&tx, o.ino);
         if (st.ok()) st = tx.Commit().status();
-        if (st.ok()) {
-          c_freed_.FetchAdd(1, MemOrder::kRelaxed);
-          inodes_.FetchSub(1, MemOrder::kRelaxed);
-        }
+        NoteFreed(st.ok());
       } else if (st.Is(ErrorClass::kNotFound)) {
         st = Status::Ok();
       }
@@ -644,6 +641,18 @@ Status Filesystem::Unlink(u64 dir, const char* name, u32 len) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
   TFS_TRY(CheckName(name, len));
   if (IsDot(name, len) || IsDotDot(name, len)) return Err::kIsDir;
+  return Remove(dir, name, len, false);
+}
+
+Status Filesystem::Rmdir(u64 dir, const char* name, u32 len) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  TFS_TRY(CheckName(name, len));
+  if (IsDot(name, len)) return Err::kInvalidArgument;
+  if (IsDotDot(name, len)) return Err::kNotEmpty;
+  return Remove(dir, name, len, true);
+}
+
+Status Filesystem::Remove(u64 dir, const char* name, u32 len, bool rmdir) {
   for (;;) {
     // Learn the target first, then lock directory and target together.
     InodeFormat d;
@@ -658,77 +667,39 @@ Status Filesystem::Unlink(u64 dir, const char* name, u32 len) {
     TFS_TRY(FindEntry(DirTable(dir, d), name, len, &again));
     if (!again.found) return Err::kNotFound;
     if (again.ino != e.ino) continue;  // replaced meanwhile: lock the new target
-    if (e.type == kDtDir) return Err::kIsDir;
+    if (rmdir != (e.type == kDtDir)) return rmdir ? Err::kNotDir : Err::kIsDir;
     InodeFormat f;
     Status st = ReadInode(e.ino, &f);
-    if (st.Is(ErrorClass::kNotFound)) return Err::kCorrupt;
+    if (st.Is(ErrorClass::kNotFound)) return Err::kCorrupt;  // an entry naming no inode
     TFS_TRY(st);
     if (f.nlink.get() == 0) return Err::kCorrupt;
+    if (rmdir) {
+      bool any = false;
+      TFS_TRY(DirHasEntries(trees_, e.ino, &any));
+      if (any) return Err::kNotEmpty;
+    }
     const i64 now = Now();
     Transaction tx(trees_);
     TFS_TRY(QueueRemoveEntry(&tx, DirTable(dir, d), again));
-    f.nlink.set(f.nlink.get() - 1);
+    f.nlink.set(rmdir ? 0 : f.nlink.get() - 1);
     SetTime(&f.ctime_ns, now);
     bool freed = false;
     TFS_TRY(QueueUnlinked(&tx, e.ino, &f, &freed));
+    if (rmdir) d.nlink.set(d.nlink.get() - 1);  // its ".."
     SetTime(&d.mtime_ns, now);
     SetTime(&d.ctime_ns, now);
     TFS_TRY(tx.Set(InodePos(dir), &d, sizeof(d)));
     TFS_TRY(tx.Commit().status());
     c_unlinks_.FetchAdd(1, MemOrder::kRelaxed);
-    if (freed) {
-      c_freed_.FetchAdd(1, MemOrder::kRelaxed);
-      inodes_.FetchSub(1, MemOrder::kRelaxed);
-    }
+    NoteFreed(freed);
     return Status::Ok();
   }
 }
 
-Status Filesystem::Rmdir(u64 dir, const char* name, u32 len) {
-  if (trees_ == nullptr) return Err::kInvalidArgument;
-  TFS_TRY(CheckName(name, len));
-  if (IsDot(name, len)) return Err::kInvalidArgument;
-  if (IsDotDot(name, len)) return Err::kNotEmpty;
-  for (;;) {
-    InodeFormat d;
-    TFS_TRY(ReadDirInode(dir, &d));
-    Entry e;
-    TFS_TRY(FindEntry(DirTable(dir, d), name, len, &e));
-    if (!e.found) return Err::kNotFound;
-    const u64 lock[2] = {dir, e.ino};
-    Locked locked(this, lock, 2);
-    TFS_TRY(ReadDirInode(dir, &d));
-    Entry again;
-    TFS_TRY(FindEntry(DirTable(dir, d), name, len, &again));
-    if (!again.found) return Err::kNotFound;
-    if (again.ino != e.ino) continue;
-    if (e.type != kDtDir) return Err::kNotDir;
-    InodeFormat f;
-    Status st = ReadInode(e.ino, &f);
-    if (st.Is(ErrorClass::kNotFound)) return Err::kCorrupt;
-    TFS_TRY(st);
-    bool any = false;
-    TFS_TRY(DirHasEntries(trees_, e.ino, &any));
-    if (any) return Err::kNotEmpty;
-    const i64 now = Now();
-    Transaction tx(trees_);
-    TFS_TRY(QueueRemoveEntry(&tx, DirTable(dir, d), again));
-    f.nlink.set(0);
-    SetTime(&f.ctime_ns, now);
-    bool freed = false;
-    TFS_TRY(QueueUnlinked(&tx, e.ino, &f, &freed));
-    d.nlink.set(d.nlink.get() - 1);
-    SetTime(&d.mtime_ns, now);
-    SetTime(&d.ctime_ns, now);
-    TFS_TRY(tx.Set(InodePos(dir), &d, sizeof(d)));
-    TFS_TRY(tx.Commit().status());
-    c_unlinks_.FetchAdd(1, MemOrder::kRelaxed);
-    if (freed) {
-      c_freed_.FetchAdd(1, MemOrder::kRelaxed);
-      inodes_.FetchSub(1, MemOrder::kRelaxed);
-    }
-    return Status::Ok();
-  }
+void Filesystem::NoteFreed(bool freed) {
+  if (!freed) return;
+  c_freed_.FetchAdd(1, MemOrder::kRelaxed);
+  inodes_.FetchSub(1, MemOrder::kRelaxed);
 }
 
 // --- rename --------------------------------------------------------------------
@@ -899,10 +870,7 @@ Status Filesystem::Rename(u64 old_dir, const char* old_name, u32 old_len, u64 ne
     }
     TFS_TRY(tx.Commit().status());
     c_renames_.FetchAdd(1, MemOrder::kRelaxed);
-    if (freed) {
-      c_freed_.FetchAdd(1, MemOrder::kRelaxed);
-      inodes_.FetchSub(1, MemOrder::kRelaxed);
-    }
+    NoteFreed(freed);
     return Status::Ok();
   }
 }
@@ -1110,8 +1078,7 @@ Status Filesystem::Release(u64 ino) {
   Transaction tx(trees_);
   TFS_TRY(QueueFree(&tx, ino));
   TFS_TRY(tx.Commit().status());
-  c_freed_.FetchAdd(1, MemOrder::kRelaxed);
-  inodes_.FetchSub(1, MemOrder::kRelaxed);
+  NoteFreed(true);
   return Status::Ok();
 }
 

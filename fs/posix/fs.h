@@ -209,6 +209,10 @@ class Filesystem {
   // when only handles are left.
   Status QueueUnlinked(btree::Transaction* tx, u64 ino, InodeFormat* inode, bool* freed);
   Status QueueFree(btree::Transaction* tx, u64 ino);
+  // Unlink (rmdir false) or Rmdir of a checked name.
+  Status Remove(u64 dir, const char* name, u32 len, bool rmdir);
+  // Counts an inode freed by a committed operation.
+  void NoteFreed(bool freed);
   bool IsOpen(u64 ino);
   u64 AllocIno();
   u32 NextGeneration();
