@@ -740,26 +740,26 @@ Status Filesystem::Rename(u64 old_dir, const char* old_name, u32 old_len, u64 ne
       IsDotDot(new_name, new_len))
     return Err::kInvalidArgument;
   MutexLock rename_lock(rename_mu_);  // parents do not change under the loop check
-  for (;;) {
-    InodeFormat od;
-    InodeFormat nd;
+  InodeFormat od;
+  InodeFormat nd;
+  // Both directories and both names, as committed now.
+  auto find = [&](Entry* s, Entry* d) -> Status {
     TFS_TRY(ReadDirInode(old_dir, &od));
     TFS_TRY(ReadDirInode(new_dir, &nd));
+    TFS_TRY(FindEntry(DirTable(old_dir, od), old_name, old_len, s));
+    if (!s->found) return Err::kNotFound;
+    return FindEntry(DirTable(new_dir, nd), new_name, new_len, d);
+  };
+  for (;;) {
     Entry src;
     Entry dst;
-    TFS_TRY(FindEntry(DirTable(old_dir, od), old_name, old_len, &src));
-    if (!src.found) return Err::kNotFound;
-    TFS_TRY(FindEntry(DirTable(new_dir, nd), new_name, new_len, &dst));
+    TFS_TRY(find(&src, &dst));
     const u64 lock[4] = {old_dir, new_dir, src.ino, dst.found ? dst.ino : 0};
     Locked locked(this, lock, 4);
     // Again under the locks: retry if either name changed meanwhile.
-    TFS_TRY(ReadDirInode(old_dir, &od));
-    TFS_TRY(ReadDirInode(new_dir, &nd));
     Entry s2;
     Entry d2;
-    TFS_TRY(FindEntry(DirTable(old_dir, od), old_name, old_len, &s2));
-    if (!s2.found) return Err::kNotFound;
-    TFS_TRY(FindEntry(DirTable(new_dir, nd), new_name, new_len, &d2));
+    TFS_TRY(find(&s2, &d2));
     if (s2.ino != src.ino || d2.found != dst.found || (d2.found && d2.ino != dst.ino)) continue;
     src = s2;
     dst = d2;
