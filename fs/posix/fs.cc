@@ -93,17 +93,15 @@ Attr ToAttr(u64 ino, const InodeFormat& f) {
 }
 
 u64 NameHash(u64 seed, u32 bits, const char* name, u32 len) {
+  // On disk (it places entries): words are read little-endian on every host.
   u64 h = Mix(seed ^ (u64(len) * 0x9e3779b97f4a7c15ull));
-  u32 i = 0;
-  for (; i + 8 <= len; i += 8) {
-    u64 w;
-    MemCopy(&w, name + i, 8);
+  for (u32 i = 0; i < len; i += 8) {
+    u64 w = 0;
+    for (u32 j = 0; j < 8 && i + j < len; j++) w |= u64(u8(name[i + j])) << (8 * j);
     h = Mix(h ^ w);
   }
-  u64 w = 0;
-  for (u32 j = 0; i + j < len; j++) w |= u64(u8(name[i + j])) << (8 * j);
-  h = Mix(h ^ w ^ 0x5bd1e995);
-  return kFirstSlot + (h >> (64 - Min(bits, 62u)));
+  h = Mix(h ^ 0x5bd1e995);
+  return kFirstSlot + (h >> (64 - Max(1u, Min(bits, 62u))));
 }
 
 Status ParseNamedEntry(u8 btree_id, const u8* v, u32 len, DirentFormat* out, const char** name, const u8** value) {
@@ -144,7 +142,6 @@ Status ParseNamed(const NameTable& t, const u8* v, u32 len, DirentFormat* out, c
                   const u8** value = nullptr) {
   return ParseNamedEntry(t.btree_id, v, len, out, name, value);
 }
-
 
 // A named entry (header, name, value) in buf.
 u32 BuildNamed(u8* buf, u64 ino, u8 type, const char* name, u32 len, const void* value = nullptr,
