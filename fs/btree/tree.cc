@@ -1780,7 +1780,7 @@ Status Transaction::Delete(const Pos& pos) {
   return Append(in);
 }
 
-Result<u64> Transaction::Commit(journal::CommitMode mode) {
+Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
   Btrees::Impl* im = trees_->impl_;
   if (im == nullptr) {
     Reset();
@@ -1838,7 +1838,7 @@ Result<u64> Transaction::Commit(journal::CommitMode mode) {
     }
     if (st.ok() && im->journal != nullptr) {
       journal::Pin local;
-      auto r = im->journal->Commit(jkeys.data(), u32(jkeys.size()), 0, journal::CommitMode::kNoFlush,
+      auto r = im->journal->Commit(jkeys.data(), u32(jkeys.size()), deps, journal::CommitMode::kNoFlush,
                                    need_pin ? &local : nullptr);
       if (!r.ok()) {
         st = r.status();

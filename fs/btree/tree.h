@@ -128,11 +128,13 @@ class Transaction {
   // Queues a deletion (a whiteout): deleting an absent key is not an error.
   [[nodiscard]] Status Delete(const Pos& pos);
   // Journals every queued update in one commit and applies them; returns the
-  // journal sequence. kFlush returns once that commit is durable. The queue is
+  // journal sequence. kFlush returns once that commit is durable. `deps`: the
+  // members holding data these keys point at (written and completed before the
+  // commit): the entry becomes durable only after they are flushed. The queue is
   // empty afterwards, whatever the result. Errors: kIo from the journal (the
   // filesystem must go read-only), kCorrupt / kIo reading a leaf that must be
   // updated (nothing was journaled or applied then).
-  Result<u64> Commit(journal::CommitMode mode = journal::CommitMode::kNoFlush);
+  Result<u64> Commit(journal::CommitMode mode = journal::CommitMode::kNoFlush, dev::DevMask deps = 0);
   void Reset();
   u32 size() const { return n_; }
 

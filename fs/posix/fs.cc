@@ -12,6 +12,9 @@ using btree::Transaction;
 namespace {
 
 constexpr u32 kLinkMax = 65000;  // links of one inode (EMLINK beyond)
+constexpr u64 kMaxFileSize = u64(1) << 50;  // bytes (EFBIG beyond)
+constexpr u32 kBlock = data::kBlockSize;
+constexpr u32 kWriteChunkBlocks = 256;  // blocks per write transaction (1 MiB)
 // A symlink's target is kept in keys (ino, 1), (ino, 2), ... of this many bytes.
 constexpr u32 kLinkChunk = btree::kMaxValueBytes;
 constexpr u32 kSymlinkTargetMax = kSymlinkMax;
@@ -292,16 +295,39 @@ Status Filesystem::QueueFree(Transaction* tx, u64 ino) {
 Status Filesystem::QueueUnlinked(Transaction* tx, u64 ino, InodeFormat* f, bool* freed) {
   *freed = false;
   if (f->nlink.get() > 0) return tx->Set(InodePos(ino), f, sizeof(*f));
-  if (!IsOpen(ino)) {
-    *freed = true;
-    return QueueFree(tx, ino);
-  }
+  // Orphaned in this commit; freed after it (FinishFree) unless a handle is
+  // open: its data may take several transactions, and a crash between them
+  // leaves the orphan for the next mount to finish.
+  *freed = !IsOpen(ino);
   TFS_TRY(tx->Set(InodePos(ino), f, sizeof(*f)));
   u8 v[8];
   Le64 le;
   le.set(ino);
   MemCopy(v, &le, 8);
   return tx->Set(OrphanPos(ino), v, sizeof(v));
+}
+
+Status Filesystem::FinishFree(u64 ino) {
+  // Its data, a batch of extents per transaction.
+  for (;;) {
+    auto has = data_.HasData(ino);
+    if (!has.ok()) return has.status();
+    if (!has.value()) break;
+    Transaction tx(trees_);
+    data::Delta delta;
+    TFS_TRY(data_.QueuePunch(&tx, ino, 0, ~u64(0), &delta, 256));
+    auto r = tx.Commit();
+    if (!r.ok()) {
+      data_.Abort(delta);
+      return r.status();
+    }
+    data_.Apply(delta);
+  }
+  Transaction tx(trees_);
+  TFS_TRY(QueueFree(&tx, ino));
+  TFS_TRY(tx.Commit().status());
+  NoteFreed(true);
+  return Status::Ok();
 }
 
 // Stripes held by one operation: up to four, taken in ascending order.
@@ -340,15 +366,14 @@ Status Filesystem::Mount(engine::Engine* engine, const Options& options) {
   trees_ = &engine->btrees();
   next_gen_.Store(u32(u64(Now()) / platform::kNsPerSec), MemOrder::kRelaxed);
   Status st = [&]() -> Status {
-    // Orphans a crash left: inodes unlinked while open.
+    TFS_TRY(data_.Open(engine));
+    // Orphans a crash left: inodes unlinked while open, or not yet freed whole.
     Iterator it(trees_, btree::kBtreeInodes);
     TFS_TRY(it.Seek(OrphanPos(1)));
     Vector<u64> orphans;
     for (; it.Valid() && it.pos().inode == 0; TFS_TRY(it.Next())) TFS_TRY(orphans.PushBack(it.pos().offset));
     for (u64 ino : orphans) {
-      Transaction tx(trees_);
-      TFS_TRY(QueueFree(&tx, ino));
-      TFS_TRY(tx.Commit().status());
+      TFS_TRY(FinishFree(ino));
       c_orphans_freed_.FetchAdd(1, MemOrder::kRelaxed);
     }
     // Inodes in use, and the next number (numbers are not reused within a mount).
@@ -393,6 +418,7 @@ Status Filesystem::Mount(engine::Engine* engine, const Options& options) {
     return Status::Ok();
   }();
   if (!st.ok()) {
+    data_.Close();
     engine_ = nullptr;
     trees_ = nullptr;
   }
@@ -412,10 +438,7 @@ Status Filesystem::Unmount() {
       InodeFormat f;
       Status st = ReadInode(o.ino, &f);
       if (st.ok() && f.nlink.get() == 0) {
-        Transaction tx(trees_);
-        st = QueueFree(&tx, o.ino);
-        if (st.ok()) st = tx.Commit().status();
-        NoteFreed(st.ok());
+        st = FinishFree(o.ino);
       } else if (st.Is(ErrorClass::kNotFound)) {
         st = Status::Ok();
       }
@@ -423,6 +446,7 @@ Status Filesystem::Unmount() {
     }
   }
   c_open_.Store(0, MemOrder::kRelaxed);
+  data_.Close();
   engine_ = nullptr;
   trees_ = nullptr;
   return first;
@@ -688,8 +712,7 @@ Status Filesystem::Remove(u64 dir, const char* name, u32 len, bool rmdir) {
     TFS_TRY(tx.Set(InodePos(dir), &d, sizeof(d)));
     TFS_TRY(tx.Commit().status());
     c_unlinks_.FetchAdd(1, MemOrder::kRelaxed);
-    NoteFreed(freed);
-    return Status::Ok();
+    return freed ? FinishFree(e.ino) : Status::Ok();
   }
 }
 
@@ -867,8 +890,7 @@ Status Filesystem::Rename(u64 old_dir, const char* old_name, u32 old_len, u64 ne
     }
     TFS_TRY(tx.Commit().status());
     c_renames_.FetchAdd(1, MemOrder::kRelaxed);
-    NoteFreed(freed);
-    return Status::Ok();
+    return freed ? FinishFree(dst.ino) : Status::Ok();
   }
 }
 
@@ -884,15 +906,14 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
   if ((set.valid & kSetSize) != 0) {
     if (type == kModeDir) return Err::kIsDir;
     if (type != kModeReg) return Err::kInvalidArgument;
-    if (set.size > (u64(1) << 62)) return Err::kTooBig;
+    if (set.size > kMaxFileSize) return Err::kTooBig;
   }
   const i64 now = Now();
   if ((set.valid & kSetMode) != 0) f.mode.set(type | (set.mode & kModePermMask));
   if ((set.valid & kSetUid) != 0) f.uid.set(set.uid);
   if ((set.valid & kSetGid) != 0) f.gid.set(set.gid);
-  if ((set.valid & kSetSize) != 0) {
-    // (Freeing the data past the new size joins here with the data path.)
-    f.size.set(set.size);
+  if ((set.valid & kSetSize) != 0 && set.size != f.size.get()) {
+    TFS_TRY(Truncate(ino, &f, set.size));
     SetTime(&f.mtime_ns, now);
   }
   if ((set.valid & kSetAtime) != 0) SetTime(&f.atime_ns, set.atime_ns);
@@ -905,6 +926,130 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
   TFS_TRY(tx.Commit().status());
   c_setattrs_.FetchAdd(1, MemOrder::kRelaxed);
   return ToAttr(ino, f);
+}
+
+// --- file data -----------------------------------------------------------------
+
+Result<u32> Filesystem::Write(u64 ino, u64 off, const void* buf, u32 len) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  if (off >= kMaxFileSize || len > kMaxFileSize - off) return Err::kTooBig;
+  if (len == 0) return u32(0);
+  const u64 lock[1] = {ino};
+  Locked locked(this, lock, 1);
+  InodeFormat f;
+  TFS_TRY(ReadInode(ino, &f));
+  if (IsDir(f)) return Err::kIsDir;
+  if ((f.mode.get() & kModeTypeMask) != kModeReg) return Err::kInvalidArgument;
+  u8* blocks = static_cast<u8*>(platform::Alloc(u64(kWriteChunkBlocks + 1) * kBlock, 64));
+  if (blocks == nullptr) return Err::kNoMemory;
+  Status st;
+  for (u32 done = 0; st.ok() && done < len;) {
+    const u64 pos = off + done;
+    const u64 b0 = pos / kBlock;
+    const u32 skip = u32(pos % kBlock);
+    const u32 n = u32(Min<u64>(len - done, u64(kWriteChunkBlocks) * kBlock - skip));
+    const u64 b1 = (pos + n + kBlock - 1) / kBlock;
+    const u32 nb = u32(b1 - b0);
+    // Blocks the write covers only in part keep their other bytes (zeros past
+    // the end of the file: the tail of its last block is always zero).
+    const u64 size_blocks = (f.size.get() + kBlock - 1) / kBlock;
+    MemSet(blocks, 0, u64(nb) * kBlock);
+    if (skip != 0 && b0 < size_blocks) st = data_.ReadBlocks(ino, b0, 1, blocks);
+    if (st.ok() && (pos + n) % kBlock != 0 && b1 - 1 < size_blocks && !(nb == 1 && skip != 0))
+      st = data_.ReadBlocks(ino, b1 - 1, 1, blocks + u64(nb - 1) * kBlock);
+    if (!st.ok()) break;
+    MemCopy(blocks + skip, static_cast<const u8*>(buf) + done, n);
+    Transaction tx(trees_);
+    data::Delta delta;
+    st = data_.QueueWrite(&tx, ino, b0, blocks, nb, &delta);
+    if (st.ok()) {
+      f.size.set(Max(f.size.get(), pos + n));
+      f.sectors.set(u64(i64(f.sectors.get()) + delta.sectors));
+      const i64 now = Now();
+      SetTime(&f.mtime_ns, now);
+      SetTime(&f.ctime_ns, now);
+      st = tx.Set(InodePos(ino), &f, sizeof(f));
+    }
+    if (st.ok()) st = tx.Commit(journal::CommitMode::kNoFlush, delta.deps).status();
+    if (!st.ok()) {
+      data_.Abort(delta);
+      break;
+    }
+    data_.Apply(delta);
+    done += n;
+  }
+  platform::Free(blocks);
+  TFS_TRY(st);
+  return len;
+}
+
+Result<u32> Filesystem::Read(u64 ino, u64 off, void* buf, u32 len) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  InodeFormat f;
+  TFS_TRY(ReadInode(ino, &f));
+  if (IsDir(f)) return Err::kIsDir;
+  if ((f.mode.get() & kModeTypeMask) != kModeReg) return Err::kInvalidArgument;
+  if (off >= f.size.get() || len == 0) return u32(0);
+  const u32 n = u32(Min<u64>(len, f.size.get() - off));
+  const u64 b0 = off / kBlock;
+  const u64 b1 = (off + n + kBlock - 1) / kBlock;
+  u8* blocks = static_cast<u8*>(platform::Alloc((b1 - b0) * kBlock, 64));
+  if (blocks == nullptr) return Err::kNoMemory;
+  Status st = data_.ReadBlocks(ino, b0, u32(b1 - b0), blocks);
+  if (st.ok()) MemCopy(buf, blocks + off % kBlock, n);
+  platform::Free(blocks);
+  TFS_TRY(st);
+  return n;
+}
+
+Status Filesystem::Truncate(u64 ino, InodeFormat* f, u64 size) {
+  const u64 old_size = f->size.get();
+  if (size < old_size) {
+    // The blocks past the new end go first, a batch of extents at a time (a
+    // crash between batches leaves holes in what was being truncated away).
+    const u64 keep = (size + kBlock - 1) / kBlock;
+    for (;;) {
+      Transaction tx(trees_);
+      data::Delta delta;
+      TFS_TRY(data_.QueuePunch(&tx, ino, keep, ~u64(0), &delta, 256));
+      if (delta.changes.empty()) break;
+      f->sectors.set(u64(i64(f->sectors.get()) + delta.sectors));
+      TFS_TRY(tx.Set(InodePos(ino), f, sizeof(*f)));
+      auto r = tx.Commit();
+      if (!r.ok()) {
+        data_.Abort(delta);
+        return r.status();
+      }
+      data_.Apply(delta);
+    }
+    // A new last block cut in the middle: its tail becomes zeros (reads past
+    // the end, and a later extension, must see zeros there).
+    if (size % kBlock != 0) {
+      u8* block = static_cast<u8*>(platform::Alloc(kBlock, 64));
+      if (block == nullptr) return Err::kNoMemory;
+      Status st = data_.ReadBlocks(ino, size / kBlock, 1, block);
+      Transaction tx(trees_);
+      data::Delta delta;
+      if (st.ok()) {
+        MemSet(block + size % kBlock, 0, kBlock - size % kBlock);
+        st = data_.QueueWrite(&tx, ino, size / kBlock, block, 1, &delta);
+      }
+      platform::Free(block);
+      if (st.ok()) {
+        f->sectors.set(u64(i64(f->sectors.get()) + delta.sectors));
+        f->size.set(size);
+        st = tx.Set(InodePos(ino), f, sizeof(*f));
+      }
+      if (st.ok()) st = tx.Commit(journal::CommitMode::kNoFlush, delta.deps).status();
+      if (!st.ok()) {
+        data_.Abort(delta);
+        return st;
+      }
+      data_.Apply(delta);
+    }
+  }
+  f->size.set(size);  // (growing: the new bytes are a hole)
+  return Status::Ok();
 }
 
 // --- xattrs -------------------------------------------------------------------
@@ -1072,11 +1217,7 @@ Status Filesystem::Release(u64 ino) {
   if (st.Is(ErrorClass::kNotFound)) return Status::Ok();
   TFS_TRY(st);
   if (f.nlink.get() != 0) return Status::Ok();
-  Transaction tx(trees_);
-  TFS_TRY(QueueFree(&tx, ino));
-  TFS_TRY(tx.Commit().status());
-  NoteFreed(true);
-  return Status::Ok();
+  return FinishFree(ino);
 }
 
 Stats Filesystem::GetStats() const {

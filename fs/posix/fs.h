@@ -34,6 +34,7 @@
 #define TFS_POSIX_FS_H_
 
 #include "btree/tree.h"
+#include "data/data.h"
 #include "engine/engine.h"
 #include "platform/atomic.h"
 #include "platform/sync.h"
@@ -71,7 +72,7 @@ enum SetAttrValid : u32 {
   kSetMode = 1u << 0,      // permission bits only; the file type never changes
   kSetUid = 1u << 1,
   kSetGid = 1u << 2,
-  kSetSize = 1u << 3,      // regular files only (kIsDir / kInvalidArgument otherwise)
+  kSetSize = 1u << 3,      // regular files only (kIsDir / kInvalidArgument otherwise); frees data past it
   kSetAtime = 1u << 4,     // to atime_ns
   kSetMtime = 1u << 5,     // to mtime_ns
   kSetAtimeNow = 1u << 6,  // to the current time
@@ -166,6 +167,13 @@ class Filesystem {
   Status Rename(u64 old_dir, const char* old_name, u32 old_len, u64 new_dir, const char* new_name,
                 u32 new_len, u32 flags);
   Result<Attr> SetAttrs(u64 ino, const SetAttr& set);
+  // File data (regular files): Write returns len (bytes past 2^50 are kTooBig);
+  // Read returns the bytes read, fewer at the end of the file, 0 past it. A
+  // checksum mismatch is kBadChecksum (EIO), never the bytes.
+  Result<u32> Write(u64 ino, u64 off, const void* buf, u32 len);
+  Result<u32> Read(u64 ino, u64 off, void* buf, u32 len);
+  data::Stats GetDataStats() const { return data_.GetStats(); }
+
   // Copies up to cap bytes of a symlink's target; returns its full length.
   Result<u32> ReadLink(u64 ino, char* buf, u32 cap);
   // Entries from `cookie` on (0: from the start, "." and ".." first).
@@ -209,6 +217,10 @@ class Filesystem {
   // when only handles are left.
   Status QueueUnlinked(btree::Transaction* tx, u64 ino, InodeFormat* inode, bool* freed);
   Status QueueFree(btree::Transaction* tx, u64 ino);
+  // Frees an orphaned inode no handle holds: its data in batches, then the inode.
+  Status FinishFree(u64 ino);
+  // Truncation of a regular file's data to `size` bytes (and *f's size and sectors).
+  Status Truncate(u64 ino, InodeFormat* f, u64 size);
   // Unlink (rmdir false) or Rmdir of a checked name.
   Status Remove(u64 dir, const char* name, u32 len, bool rmdir);
   // Counts an inode freed by a committed operation.
@@ -220,6 +232,7 @@ class Filesystem {
 
   engine::Engine* engine_ = nullptr;
   Options opt_;
+  data::DataPath data_;
   btree::Btrees* trees_ = nullptr;
   Mutex rename_mu_;
   Mutex stripes_[kStripes];

@@ -144,6 +144,19 @@ std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs) {
   w.UintField("checkpoints", a.checkpoints);
   w.EndObject();
 
+  const data::Stats d = fs.GetDataStats();
+  w.Key("data");
+  w.BeginObject();
+  w.UintField("bytes_written", d.bytes_written);
+  w.UintField("extents_written", d.extents_written);
+  w.UintField("bytes_read", d.bytes_read);
+  w.UintField("blocks_read", d.blocks_read);
+  w.UintField("blocks_released", d.blocks_released);
+  w.UintField("csum_errors", d.csum_errors);
+  w.UintField("buckets_opened", d.buckets_opened);
+  w.UintField("buckets_freed", d.buckets_freed);
+  w.EndObject();
+
   const posix::Stats p = fs.GetStats();
   w.Key("posix");
   w.BeginObject();

@@ -5,7 +5,7 @@
 //   kCtlStats: the mount's live counters as one NUL-terminated JSON object of at
 //   most kCtlMax bytes: "devices" (per member: label, group, queue state, I/O
 //   by origin and operation with service-time quantiles), "journal", "btree",
-//   "alloc" (per member bucket states, per tier totals), "posix".
+//   "alloc" (per member bucket states, per tier totals), "data", "posix".
 #ifndef TFS_USERSPACE_FUSE_CTL_H_
 #define TFS_USERSPACE_FUSE_CTL_H_
 

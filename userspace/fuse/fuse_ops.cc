@@ -6,7 +6,6 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdint>
@@ -184,20 +183,19 @@ void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fu
 
 void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) { Reply(req, Ctx(req)->fs->Release(ino)); }
 
-// No data path yet: a file is all hole, so its bytes read as zeros up to its size.
 void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
-  auto r = Ctx(req)->fs->GetAttr(ino);
+  if (off < 0) return (void)fuse_reply_err(req, EINVAL);
+  std::vector<char> buf(std::min<size_t>(size, 16u << 20));
+  auto r = Ctx(req)->fs->Read(ino, uint64_t(off), buf.data(), uint32_t(buf.size()));
   if (!r.ok()) return Reply(req, r.status());
-  const uint64_t end = r.value().size;
-  const uint64_t n = uint64_t(off) >= end ? 0 : std::min<uint64_t>(size, end - uint64_t(off));
-  std::vector<char> zeros(n, 0);
-  fuse_reply_buf(req, zeros.data(), n);
+  fuse_reply_buf(req, buf.data(), r.value());
 }
 
-void Write(fuse_req_t req, fuse_ino_t, const char*, size_t, off_t, fuse_file_info*) {
-  static std::atomic<bool> said{false};
-  if (!said.exchange(true)) fprintf(stderr, "tierfs: file data is not implemented yet: writes fail (EOPNOTSUPP)\n");
-  fuse_reply_err(req, EOPNOTSUPP);
+void Write(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off_t off, fuse_file_info*) {
+  if (off < 0 || size > UINT32_MAX) return (void)fuse_reply_err(req, EINVAL);
+  auto r = Ctx(req)->fs->Write(ino, uint64_t(off), data, uint32_t(size));
+  if (!r.ok()) return Reply(req, r.status());
+  fuse_reply_write(req, r.value());
 }
 
 void Flush(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }

@@ -4,9 +4,6 @@
 // are Status::ToErrno(), the caller's uid and gid come from the request.
 //
 // Access checks are the kernel's: mounts always use `default_permissions`.
-// File data comes with the data path (fs/data/): until then a file's bytes read
-// as zeros up to its size (a file with no extents is all hole) and writes fail
-// with EOPNOTSUPP.
 #ifndef TFS_USERSPACE_FUSE_FUSE_OPS_H_
 #define TFS_USERSPACE_FUSE_FUSE_OPS_H_
 

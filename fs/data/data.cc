@@ -1,0 +1,348 @@
+// The data path's first step (see data.h and docs/design/data.md).
+#include "data/data.h"
+
+#include "dev/io_queue.h"
+#include "platform/platform.h"
+#include "sb/format.h"
+
+namespace tfs::data {
+
+using btree::Iterator;
+using btree::Pos;
+
+namespace {
+
+constexpr u32 kValueMax = u32(sizeof(ExtentFormat) + sizeof(ExtentPtr)) + 4 * kMaxExtentBlocks;
+
+Pos ExtentPos(u64 ino, u64 end) { return Pos{btree::kBtreeExtents, ino, end}; }
+
+// An extent value for `e` holding `blocks` blocks from `offset` with these crcs.
+u32 BuildExtent(u8* buf, const ExtentPtr& ptr, u32 offset, u32 blocks, const u8* crcs) {
+  ExtentFormat h;
+  MemSet(&h, 0, sizeof(h));
+  h.version = kExtentVersion;
+  h.nr_ptrs = 1;
+  h.blocks.set(blocks);
+  h.offset.set(offset);
+  MemCopy(buf, &h, sizeof(h));
+  MemCopy(buf + sizeof(h), &ptr, sizeof(ptr));
+  MemCopy(buf + sizeof(h) + sizeof(ptr), crcs, 4 * usize(blocks));
+  return u32(sizeof(h) + sizeof(ptr)) + 4 * blocks;
+}
+
+}  // namespace
+
+Status ParseExtent(const Pos& pos, const u8* value, u32 len, Extent* out) {
+  if (len < sizeof(ExtentFormat) + sizeof(ExtentPtr)) return Err::kCorrupt;
+  ExtentFormat h;
+  MemCopy(&h, value, sizeof(h));
+  const u32 blocks = h.blocks.get();
+  if (h.version != kExtentVersion || h.flags != 0 || h.nr_ptrs != 1 || blocks == 0 || blocks > kMaxExtentBlocks ||
+      len != sizeof(h) + sizeof(ExtentPtr) + 4 * blocks || pos.offset < blocks)
+    return Err::kCorrupt;
+  out->ino = pos.inode;
+  out->end = pos.offset;
+  out->start = pos.offset - blocks;
+  out->offset = h.offset.get();
+  MemCopy(&out->ptr, value + sizeof(h), sizeof(ExtentPtr));
+  out->crcs = value + sizeof(h) + sizeof(ExtentPtr);
+  return Status::Ok();
+}
+
+DataPath::~DataPath() { Close(); }
+
+Status DataPath::Open(engine::Engine* engine) {
+  if (engine_ != nullptr || engine == nullptr) return Err::kInvalidArgument;
+  engine_ = engine;
+  trees_ = &engine->btrees();
+  const sb::Superblock& sb = engine->sb();
+  bucket_blocks_ = sb.bucket_size / kBlockSize;
+  alloc::Allocator& a = engine->alloc();
+  for (u32 d = 0; d < a.members(); d++) {
+    TFS_TRY(live_[d].Resize(a.nbuckets(d)));
+    TFS_TRY(pending_[d].Resize(a.nbuckets(d)));
+  }
+  // Live blocks per bucket, from the extents: the one record of what is live.
+  Iterator it(trees_, btree::kBtreeExtents);
+  Status st = it.SeekToFirst();
+  u64 bad = 0;
+  for (; st.ok() && it.Valid(); st = it.Next()) {
+    Extent e;
+    if (!ParseExtent(it.pos(), it.value(), it.val_bytes(), &e).ok() || e.ptr.dev >= a.members() ||
+        e.ptr.offset.get() < sb::kBucketsOffset) {
+      bad++;
+      continue;
+    }
+    const u64 b = (e.ptr.offset.get() - sb::kBucketsOffset) / sb.bucket_size;
+    if (b >= live_[e.ptr.dev].size()) {
+      bad++;
+      continue;
+    }
+    live_[e.ptr.dev][b] += u32(e.end - e.start);
+  }
+  if (!st.ok()) return st;
+  if (bad > 0) platform::Log(platform::LogLevel::kError, "data: %llu extents with bad pointers (fsck)", (unsigned long long)bad);
+  // User buckets no extent points into (a crash between allocating and
+  // committing, or the last write point of a crash): free them.
+  for (u32 d = 0; d < a.members(); d++)
+    for (u64 b = 0; b < live_[d].size(); b++) {
+      const alloc::Bucket k = a.Get(d, b);
+      if (k.state != alloc::BucketState::kUser || live_[d][b] != 0) continue;
+      TFS_TRY(a.Free(alloc::BucketRef{d, b, k.gen}));
+      c_freed_.FetchAdd(1, MemOrder::kRelaxed);
+    }
+  return Status::Ok();
+}
+
+void DataPath::Close() {
+  if (engine_ == nullptr) return;
+  {
+    MutexLock l(wp_mu_);
+    if (wp_open_) {
+      bool empty;
+      {
+        MutexLock a(acct_mu_);
+        empty = live_[wp_.dev][wp_.bucket] == 0 && pending_[wp_.dev][wp_.bucket] == 0;
+      }
+      if (empty && engine_->alloc().Free(wp_).ok()) c_freed_.FetchAdd(1, MemOrder::kRelaxed);
+      wp_open_ = false;
+    }
+  }
+  for (auto& v : live_) v.Resize(0).IgnoreError();
+  for (auto& v : pending_) v.Resize(0).IgnoreError();
+  engine_ = nullptr;
+  trees_ = nullptr;
+}
+
+Status DataPath::Reserve(u32 want, alloc::BucketRef* ref, u64* offset, u32* got) {
+  alloc::BucketRef retired{};
+  bool retire = false;
+  {
+    MutexLock l(wp_mu_);
+    if (!wp_open_ || wp_used_ == bucket_blocks_) {
+      dev::DevMask fg = 0;
+      auto t = engine_->devs().ResolveTarget(engine_->sb().options.foreground_target);
+      if (t.ok()) fg = t.value();
+      auto r = engine_->alloc().Allocate(fg, engine_->devs().all(), alloc::BucketState::kUser,
+                                         alloc::Watermark::kForeground);
+      if (!r.ok()) return r.status();
+      if (wp_open_) {
+        MutexLock a(acct_mu_);
+        // All of it overwritten already, and no write in flight into it.
+        retire = live_[wp_.dev][wp_.bucket] == 0 && pending_[wp_.dev][wp_.bucket] == 0;
+        retired = wp_;
+      }
+      wp_ = r.value();
+      wp_used_ = 0;
+      wp_open_ = true;
+      c_opened_.FetchAdd(1, MemOrder::kRelaxed);
+    }
+    *ref = wp_;
+    *got = u32(Min<u64>(want, bucket_blocks_ - wp_used_));
+    *offset = engine_->sb().BucketOffset(wp_.bucket) + wp_used_ * kBlockSize;
+    wp_used_ += *got;
+    MutexLock a(acct_mu_);
+    pending_[wp_.dev][wp_.bucket] += *got;
+  }
+  if (retire && engine_->alloc().Free(retired).ok()) c_freed_.FetchAdd(1, MemOrder::kRelaxed);
+  return Status::Ok();
+}
+
+Status DataPath::WriteBlob(u32 dev, u64 offset, const u8* data, u32 nblocks) {
+  const u64 len = u64(nblocks) * kBlockSize;
+  u8* buf = static_cast<u8*>(platform::Alloc(len, kBlockSize));  // O_DIRECT devices need alignment
+  if (buf == nullptr) return Err::kNoMemory;
+  MemCopy(buf, data, len);
+  Status st = dev::QueueSyncIo(engine_->devs().member(dev)->queue(), IoOp::kWrite, offset, buf, len, 0,
+                               IoOrigin::kForegroundWrite);
+  platform::Free(buf);
+  return st;
+}
+
+Status DataPath::QueueWrite(btree::Transaction* tx, u64 ino, u64 first, const u8* blocks, u32 nblocks,
+                            Delta* delta) {
+  if (engine_ == nullptr || nblocks == 0) return Err::kInvalidArgument;
+  TFS_TRY(QueuePunch(tx, ino, first, first + nblocks, delta));
+  u8 value[kValueMax];
+  u8 crcs[4 * kMaxExtentBlocks];
+  for (u32 done = 0; done < nblocks;) {
+    alloc::BucketRef ref;
+    u64 offset;
+    u32 got;
+    TFS_TRY(Reserve(Min(nblocks - done, kMaxExtentBlocks), &ref, &offset, &got));
+    // Recorded at once, so that Abort gives the reserved space back whatever fails next.
+    Status st = delta->changes.PushBack(Delta::Change{ref.dev, ref.bucket, i64(got)});
+    if (!st.ok()) {
+      Account(ref.dev, ref.bucket, 0, -i64(got));
+      return st;
+    }
+    delta->deps |= dev::DevMask(1) << ref.dev;
+    const u8* data = blocks + u64(done) * kBlockSize;
+    TFS_TRY(WriteBlob(ref.dev, offset, data, got));
+    for (u32 i = 0; i < got; i++) {
+      Le32 c;
+      c.set(platform::Crc32c(data + u64(i) * kBlockSize, kBlockSize));
+      MemCopy(crcs + 4 * i, &c, 4);
+    }
+    ExtentPtr ptr;
+    MemSet(&ptr, 0, sizeof(ptr));
+    ptr.dev = u8(ref.dev);
+    ptr.gen = ref.gen;
+    ptr.offset.set(offset);
+    TFS_TRY(tx->Set(ExtentPos(ino, first + done + got), value, BuildExtent(value, ptr, 0, got, crcs)));
+    delta->sectors += i64(got) * (kBlockSize / 512);
+    c_bytes_written_.FetchAdd(u64(got) * kBlockSize, MemOrder::kRelaxed);
+    c_extents_.FetchAdd(1, MemOrder::kRelaxed);
+    done += got;
+  }
+  return Status::Ok();
+}
+
+Status DataPath::QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end, Delta* delta, u32 max_keys) {
+  if (engine_ == nullptr || end <= first) return engine_ == nullptr ? Status(Err::kInvalidArgument) : Status::Ok();
+  const u64 bucket_size = engine_->sb().bucket_size;
+  Iterator it(trees_, btree::kBtreeExtents);
+  TFS_TRY(it.Seek(ExtentPos(ino, first + 1)));
+  u8 value[kValueMax];
+  u32 touched = 0;
+  for (; it.Valid() && it.pos().inode == ino && touched < max_keys; TFS_TRY(it.Next())) {
+    Extent e;
+    TFS_TRY(ParseExtent(it.pos(), it.value(), it.val_bytes(), &e));
+    if (e.start >= end) break;
+    touched++;
+    const u64 lo = Max(e.start, first);
+    const u64 hi = Min(e.end, end);
+    if (e.start < first)  // the piece before the range: a new key at `first`
+      TFS_TRY(tx->Set(ExtentPos(ino, first), value,
+                      BuildExtent(value, e.ptr, e.offset, u32(first - e.start), e.crcs)));
+    if (e.end > end) {  // the piece after it keeps the key
+      TFS_TRY(tx->Set(ExtentPos(ino, e.end), value,
+                      BuildExtent(value, e.ptr, e.offset + u32(end - e.start), u32(e.end - end),
+                                  e.crcs + 4 * (end - e.start))));
+    } else {
+      TFS_TRY(tx->Delete(ExtentPos(ino, e.end)));
+    }
+    const u64 b = (e.ptr.offset.get() - sb::kBucketsOffset) / bucket_size;
+    TFS_TRY(delta->changes.PushBack(Delta::Change{e.ptr.dev, b, -i64(hi - lo)}));
+    delta->sectors -= i64(hi - lo) * (kBlockSize / 512);
+  }
+  return Status::Ok();
+}
+
+void DataPath::Account(u32 dev, u64 bucket, i64 blocks, i64 pending) {
+  bool free_it = false;
+  alloc::BucketRef ref{};
+  {
+    MutexLock w(wp_mu_);
+    MutexLock l(acct_mu_);
+    if (dev >= dev::kMaxDevices || bucket >= live_[dev].size()) return;
+    u32& live = live_[dev][bucket];
+    u32& pend = pending_[dev][bucket];
+    TFS_BUG_ON((blocks < 0 && u64(-blocks) > live) || (pending < 0 && u64(-pending) > pend));
+    live = u32(i64(live) + blocks);
+    pend = u32(i64(pend) + pending);
+    if (blocks < 0) c_released_.FetchAdd(u64(-blocks), MemOrder::kRelaxed);
+    if (live == 0 && pend == 0 && !(wp_open_ && wp_.dev == dev && wp_.bucket == bucket)) {
+      free_it = true;
+      ref = alloc::BucketRef{dev, bucket, engine_->alloc().Get(dev, bucket).gen};
+    }
+  }
+  if (free_it && engine_->alloc().Free(ref).ok()) c_freed_.FetchAdd(1, MemOrder::kRelaxed);
+}
+
+void DataPath::Apply(const Delta& delta) {
+  // Gains first (reserved space becomes live): a bucket losing and gaining in
+  // one delta never looks empty.
+  for (const Delta::Change& c : delta.changes)
+    if (c.blocks > 0) Account(c.dev, c.bucket, c.blocks, -c.blocks);
+  for (const Delta::Change& c : delta.changes)
+    if (c.blocks < 0) Account(c.dev, c.bucket, c.blocks, 0);
+}
+
+void DataPath::Abort(const Delta& delta) {
+  // The space reserved for it is unreferenced: its bucket may go once empty.
+  for (const Delta::Change& c : delta.changes)
+    if (c.blocks > 0) Account(c.dev, c.bucket, 0, -c.blocks);
+}
+
+Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
+  if (engine_ == nullptr) return Err::kInvalidArgument;
+  const u64 end = first + nblocks;
+  MemSet(buf, 0, u64(nblocks) * kBlockSize);
+  const sb::Superblock& sb = engine_->sb();
+  Iterator it(trees_, btree::kBtreeExtents);
+  TFS_TRY(it.Seek(ExtentPos(ino, first + 1)));
+  u8* tmp = nullptr;
+  Status st;
+  for (; st.ok() && it.Valid() && it.pos().inode == ino; st = it.Next()) {
+    Extent e;
+    st = ParseExtent(it.pos(), it.value(), it.val_bytes(), &e);
+    if (!st.ok() || e.start >= end) break;
+    const u64 lo = Max(e.start, first);
+    const u64 hi = Min(e.end, end);
+    const u64 at = e.ptr.offset.get() + (u64(e.offset) + (lo - e.start)) * kBlockSize;
+    const u64 len = (hi - lo) * kBlockSize;
+    // The pointer must land in one user bucket of its generation.
+    const u64 b = e.ptr.offset.get() < sb::kBucketsOffset ? ~u64(0)
+                                                         : (e.ptr.offset.get() - sb::kBucketsOffset) / sb.bucket_size;
+    if (e.ptr.dev >= sb.nr_members || b >= engine_->alloc().nbuckets(e.ptr.dev) ||
+        at + len > sb.BucketOffset(b) + sb.bucket_size) {
+      st = Err::kCorrupt;
+      break;
+    }
+    const alloc::Bucket bucket = engine_->alloc().Get(e.ptr.dev, b);
+    if (bucket.gen != e.ptr.gen || bucket.state != alloc::BucketState::kUser) {
+      st = Err::kCorrupt;
+      break;
+    }
+    if (tmp == nullptr) tmp = static_cast<u8*>(platform::Alloc(u64(kMaxExtentBlocks) * kBlockSize, kBlockSize));
+    if (tmp == nullptr) {
+      st = Err::kNoMemory;
+      break;
+    }
+    st = dev::QueueSyncIo(engine_->devs().member(e.ptr.dev)->queue(), IoOp::kRead, at, tmp, len, 0,
+                          IoOrigin::kForegroundRead);
+    if (!st.ok()) break;
+    for (u64 blk = lo; blk < hi; blk++) {
+      const u8* data = tmp + (blk - lo) * kBlockSize;
+      Le32 want;
+      MemCopy(&want, e.crcs + 4 * (blk - e.start), 4);
+      if (platform::Crc32c(data, kBlockSize) != want.get()) {
+        c_csum_.FetchAdd(1, MemOrder::kRelaxed);
+        platform::Log(platform::LogLevel::kError,
+                      "data: checksum mismatch: inode %llu block %llu (member %u offset %llu)",
+                      (unsigned long long)ino, (unsigned long long)blk, unsigned(e.ptr.dev),
+                      (unsigned long long)(at + (blk - lo) * kBlockSize));
+        st = Err::kBadChecksum;
+        break;
+      }
+    }
+    if (!st.ok()) break;
+    MemCopy(buf + (lo - first) * kBlockSize, tmp, len);
+    c_bytes_read_.FetchAdd(len, MemOrder::kRelaxed);
+    c_blocks_read_.FetchAdd(hi - lo, MemOrder::kRelaxed);
+  }
+  platform::Free(tmp);
+  return st;
+}
+
+Result<bool> DataPath::HasData(u64 ino) {
+  Iterator it(trees_, btree::kBtreeExtents);
+  TFS_TRY(it.Seek(ExtentPos(ino, 0)));
+  return it.Valid() && it.pos().inode == ino;
+}
+
+Stats DataPath::GetStats() const {
+  Stats s;
+  s.bytes_written = c_bytes_written_.Load(MemOrder::kRelaxed);
+  s.extents_written = c_extents_.Load(MemOrder::kRelaxed);
+  s.bytes_read = c_bytes_read_.Load(MemOrder::kRelaxed);
+  s.blocks_read = c_blocks_read_.Load(MemOrder::kRelaxed);
+  s.blocks_released = c_released_.Load(MemOrder::kRelaxed);
+  s.csum_errors = c_csum_.Load(MemOrder::kRelaxed);
+  s.buckets_opened = c_opened_.Load(MemOrder::kRelaxed);
+  s.buckets_freed = c_freed_.Load(MemOrder::kRelaxed);
+  return s;
+}
+
+}  // namespace tfs::data

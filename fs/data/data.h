@@ -1,0 +1,150 @@
+// The data path, first step: file data as copy-on-write extents with a crc32c per
+// 4 KiB block (docs/design/data.md; format: docs/format/inodes-extents.md).
+//
+// An extent is the key kBtreeExtents (ino, end block) whose value
+// (ExtentFormat) says how many blocks it holds, where its blob is (one pointer:
+// member, generation, byte offset of the blob), how far into the blob it starts
+// (a piece of a split extent keeps its blob), and each block's crc32c.
+//
+// Writing: whole 4 KiB blocks. Space comes from a write point (one open bucket,
+// filled in order) on the foreground target; the data is written and completed
+// before the caller commits the transaction that QueueWrite filled: the new
+// extent keys and the trimmed or deleted old ones. The commit must name the
+// members written (Delta::deps) so that it becomes durable only after they are
+// flushed. After the commit, Apply(delta) moves the space accounting; a bucket
+// no extent points into any more (and no write in flight has space in) is
+// freed. Abort(delta) after a failed commit.
+//
+// Space accounting lives in memory and is rebuilt from the extents at Open: the
+// extents are the only record of which blocks are live, so a crash cannot leave
+// the two disagreeing. Buckets marked user that no extent points into are freed
+// at Open (a crash between allocating and committing).
+//
+// Reading verifies every block it returns; a mismatch is kBadChecksum (EIO at
+// the FUSE edge) and counted, never the bytes. Holes read as zeros.
+//
+// Thread safety: all methods from any thread. Writes to one inode must be
+// serialized by the caller (the posix layer's inode lock); reads need not be.
+// Lock order: the write point mutex, then the accounting mutex; neither is held
+// across I/O or a btree call.
+#ifndef TFS_DATA_DATA_H_
+#define TFS_DATA_DATA_H_
+
+#include "alloc/allocator.h"
+#include "btree/tree.h"
+#include "engine/engine.h"
+#include "platform/atomic.h"
+#include "platform/sync.h"
+#include "util/status.h"
+#include "util/vector.h"
+
+namespace tfs::data {
+
+inline constexpr u32 kBlockSize = 4096;
+inline constexpr u32 kMaxExtentBlocks = 128;  // 512 KiB of data, 512 bytes of crcs
+inline constexpr u8 kExtentVersion = 1;
+
+struct ExtentPtr {  // 16 bytes
+  u8 dev;
+  u8 gen;          // the bucket's generation when written
+  u8 flags;        // none yet (cached copies later)
+  u8 reserved;
+  Le32 reserved2;
+  Le64 offset;     // byte offset of the blob's first block on the member
+};
+static_assert(sizeof(ExtentPtr) == 16, "extent pointer size");
+
+struct ExtentFormat {  // 16 bytes, then nr_ptrs ExtentPtr, then blocks Le32 crcs
+  u8 version;      // kExtentVersion
+  u8 flags;        // none yet (compressed, unwritten later)
+  u8 nr_ptrs;      // 1 (replicas later)
+  u8 reserved;
+  Le32 blocks;     // 1..kMaxExtentBlocks
+  Le32 offset;     // blocks from the blob's start to this extent's first block
+  Le32 reserved2;
+};
+static_assert(sizeof(ExtentFormat) == 16, "extent header size");
+
+// A parsed extent value (ptrs[0] only; the crcs stay in the value).
+struct Extent {
+  u64 ino = 0;
+  u64 start = 0;  // first file block
+  u64 end = 0;    // one past the last
+  u32 offset = 0;
+  ExtentPtr ptr{};
+  const u8* crcs = nullptr;  // blocks Le32 values
+};
+// kCorrupt unless the value is a valid extent ending at `end` (pos.offset).
+Status ParseExtent(const btree::Pos& pos, const u8* value, u32 len, Extent* out);
+
+// Space changes a write or punch makes, applied once its transaction commits.
+struct Delta {
+  struct Change {
+    u32 dev;
+    u64 bucket;
+    i64 blocks;
+  };
+  Vector<Change> changes;
+  dev::DevMask deps = 0;   // members written
+  i64 sectors = 0;         // change of the inode's allocated 512-byte sectors
+};
+
+struct Stats {
+  u64 bytes_written, extents_written, bytes_read, blocks_read;
+  u64 blocks_released;     // overwritten, punched or freed
+  u64 csum_errors;
+  u64 buckets_opened, buckets_freed;
+};
+
+class DataPath {
+ public:
+  DataPath() = default;
+  ~DataPath();
+  DataPath(const DataPath&) = delete;
+  DataPath& operator=(const DataPath&) = delete;
+
+  // Rebuilds the accounting from the extents and frees user buckets no extent
+  // points into. The engine stays open until Close.
+  Status Open(engine::Engine* engine);
+  void Close();
+
+  // Writes `nblocks` whole blocks at file block `first` and queues their
+  // extents into tx, replacing whatever the range held.
+  Status QueueWrite(btree::Transaction* tx, u64 ino, u64 first, const u8* blocks, u32 nblocks, Delta* delta);
+  // Queues the removal of the blocks in [first, end) (holes afterwards).
+  Status QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end, Delta* delta, u32 max_keys = ~0u);
+  void Apply(const Delta& delta);
+  void Abort(const Delta& delta);
+
+  // Reads blocks [first, first + nblocks) into buf (nblocks * kBlockSize bytes).
+  Status ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf);
+  // Whether the inode has any extent.
+  Result<bool> HasData(u64 ino);
+
+  Stats GetStats() const;
+
+ private:
+  // Space for up to `want` blocks at the write point: member, bucket, byte offset.
+  Status Reserve(u32 want, alloc::BucketRef* ref, u64* offset, u32* got);
+  Status WriteBlob(u32 dev, u64 offset, const u8* data, u32 nblocks);
+  // Moves a bucket's counts (live by `blocks`, pending by `pending`) and frees it
+  // once both are zero and it is not the write point.
+  void Account(u32 dev, u64 bucket, i64 blocks, i64 pending);
+
+  engine::Engine* engine_ = nullptr;
+  btree::Btrees* trees_ = nullptr;
+  u64 bucket_blocks_ = 0;
+  Mutex wp_mu_;
+  bool wp_open_ = false;
+  alloc::BucketRef wp_{};
+  u64 wp_used_ = 0;            // blocks of wp_ handed out
+  Mutex acct_mu_;
+  Vector<u32> live_[dev::kMaxDevices];     // live blocks per bucket (committed extents)
+  Vector<u32> pending_[dev::kMaxDevices];  // blocks reserved by writes not yet applied or aborted
+  Atomic<u64> c_bytes_written_{0}, c_extents_{0}, c_bytes_read_{0}, c_blocks_read_{0};
+  Atomic<u64> c_released_{0}, c_csum_{0}, c_opened_{0}, c_freed_{0};
+};
+
+}  // namespace tfs::data
+
+#endif  // TFS_DATA_DATA_H_
