@@ -5,6 +5,7 @@
 
 #include "engine/engine.h"
 #include "platform/platform.h"
+#include "data/data.h"
 #include "posix/fs.h"
 
 namespace tfs::fsck {
@@ -428,6 +429,8 @@ struct InodeRec {
   u32 refs;        // entries naming it
   u32 subdirs;     // directories: entries naming directories
   u64 link_bytes;  // symlinks: bytes of target found
+  u64 sectors;     // what the inode says
+  u64 data_sectors;  // regular files: what its extents hold
   bool orphan;
 };
 
@@ -493,7 +496,8 @@ void CheckNamespace(engine::Engine& e, Ctx& c) {
       c.Line("%s %llu", error("namespace: corrupt record of inode"), (unsigned long long)p.inode);
       continue;
     }
-    InodeRec r{p.inode, f.mode.get(), f.nlink.get(), f.size.get(), f.parent.get(), 0, 0, 0, 0, false};
+    InodeRec r{p.inode, f.mode.get(), f.nlink.get(), f.size.get(), f.parent.get(), 0, 0, 0, 0, f.sectors.get(), 0,
+               false};
     if (!inodes.PushBack(r).ok()) return fail(Err::kNoMemory);
   }
   if (!st.ok()) return fail(st);
@@ -613,6 +617,69 @@ void CheckNamespace(engine::Engine& e, Ctx& c) {
              (unsigned long long)r.link_bytes, (unsigned long long)r.size);
   }
 
+  // File data: extents of regular files, in order without overlap, each
+  // pointing into a user bucket of its generation; every user bucket holds some
+  // extent; the inode's sector count is what its extents hold.
+  u64 extents = 0;
+  {
+    const sb::Superblock& sbk = e.sb();
+    alloc::Allocator& a = e.alloc();
+    Vector<u8> used[dev::kMaxDevices];
+    for (u32 d = 0; d < a.members(); d++)
+      if (!used[d].Resize(a.nbuckets(d)).ok()) return fail(Err::kNoMemory);
+    btree::Iterator xt(&t, btree::kBtreeExtents);
+    u64 prev_ino = 0, prev_end = 0;
+    for (st = xt.SeekToFirst(); st.ok() && xt.Valid(); st = xt.Next()) {
+      const btree::Pos p = xt.pos();
+      data::Extent x;
+      if (!data::ParseExtent(p, xt.value(), xt.val_bytes(), &x).ok()) {
+        c.Line("%s (%llu, %llu)", error("data: corrupt extent"), (unsigned long long)p.inode,
+               (unsigned long long)p.offset);
+        continue;
+      }
+      extents++;
+      InodeRec* r = FindRec(inodes, p.inode);
+      if (r == nullptr || (r->mode & posix::kModeTypeMask) != posix::kModeReg) {
+        c.Line("%s %llu", error("data: extent of a missing or non-regular inode"), (unsigned long long)p.inode);
+        continue;
+      }
+      if (p.inode == prev_ino && x.start < prev_end)
+        c.Line("%s %llu at block %llu", error("data: overlapping extents in inode"), (unsigned long long)p.inode,
+               (unsigned long long)x.start);
+      prev_ino = p.inode;
+      prev_end = x.end;
+      r->data_sectors += (x.end - x.start) * (data::kBlockSize / 512);
+      const u64 off = x.ptr.offset.get();
+      const u64 b = off < sb::kBucketsOffset ? ~u64(0) : (off - sb::kBucketsOffset) / sbk.bucket_size;
+      const u64 last = off + (u64(x.offset) + (x.end - x.start)) * data::kBlockSize;
+      if (x.ptr.dev >= a.members() || b >= a.nbuckets(x.ptr.dev) || last > sbk.BucketOffset(b) + sbk.bucket_size) {
+        c.Line("%s %llu at block %llu", error("data: extent points outside the buckets, inode"),
+               (unsigned long long)p.inode, (unsigned long long)x.start);
+        continue;
+      }
+      const alloc::Bucket k = a.Get(x.ptr.dev, b);
+      if (k.state != alloc::BucketState::kUser || k.gen != x.ptr.gen)
+        c.Line("%s %llu at block %llu: member %u bucket %llu is %s, generation %u (extent: %u)",
+               error("data: stale extent pointer, inode"), (unsigned long long)p.inode,
+               (unsigned long long)x.start, unsigned(x.ptr.dev), (unsigned long long)b,
+               alloc::BucketStateName(k.state), unsigned(k.gen), unsigned(x.ptr.gen));
+      used[x.ptr.dev][b] = 1;
+    }
+    if (!st.ok()) return fail(st);
+    for (u32 d = 0; d < a.members(); d++)
+      for (u64 b = 0; b < a.nbuckets(d); b++)
+        if (a.Get(d, b).state == alloc::BucketState::kUser && used[d][b] == 0) {
+          // Left by a crash between allocating and committing: mount frees it.
+          c.report->notes++;
+          c.Line("data: member %u bucket %llu is marked user but holds no extent; the next mount frees it", d,
+                 (unsigned long long)b);
+        }
+    for (const InodeRec& r : inodes)
+      if ((r.mode & posix::kModeTypeMask) == posix::kModeReg && r.sectors != r.data_sectors)
+        c.Line("%s %llu: %llu, extents hold %llu", error("data: wrong sector count of inode"),
+               (unsigned long long)r.ino, (unsigned long long)r.sectors, (unsigned long long)r.data_sectors);
+  }
+
   // Xattrs belong to inodes and parse.
   btree::Iterator xit(&t, btree::kBtreeXattrs);
   u64 xattrs = 0;
@@ -628,9 +695,9 @@ void CheckNamespace(engine::Engine& e, Ctx& c) {
     if (xe.type != posix::kDtTombstone) xattrs++;
   }
   if (!st.ok()) return fail(st);
-  c.Line("namespace: %llu inodes (%llu directories), %llu entries, %llu xattrs, %u problem(s)",
+  c.Line("namespace: %llu inodes (%llu directories), %llu entries, %llu xattrs, %llu extents, %u problem(s)",
          (unsigned long long)inodes.size(), (unsigned long long)dirs, (unsigned long long)entries,
-         (unsigned long long)xattrs, found);
+         (unsigned long long)xattrs, (unsigned long long)extents, found);
 }
 
 }  // namespace

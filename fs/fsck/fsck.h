@@ -27,8 +27,12 @@
 //    (directories: 2 + subdirectories); every directory but the root has one
 //    name and its parent pointer agrees; symlink targets are whole; orphan keys
 //    name unlinked inodes (an orphan is a note: the next mount frees it); xattrs
-//    belong to inodes. Reported, not repaired yet (no lost+found). A summary
-//    line counts inodes, directories, entries and xattrs.
+//    belong to inodes. File data: extents parse, belong to regular files, do
+//    not overlap, point inside a user bucket of their generation; each inode's
+//    sector count is what its extents hold; a user bucket holding no extent is
+//    a note (left by a crash; the next mount frees it). Reported, not repaired
+//    yet (no lost+found). A summary line counts inodes, directories, entries,
+//    xattrs and extents.
 //
 // Results follow fsck(8): 0 clean, 1 errors corrected, 4 errors left uncorrected,
 // 8 operational error (a device could not be read, out of memory).

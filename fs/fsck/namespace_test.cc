@@ -50,6 +50,11 @@ struct Fixture {
       }
       file = fs.Lookup(dir, "f1", 2).value().ino;
       ASSERT_TRUE(fs.Link(file, posix::kRootIno, "hard", 4).ok());
+      // Data: one extent of three blocks, then its middle block overwritten
+      // (three extents, two of them pieces of the first blob).
+      const std::string bytes(3 * 4096, 'd');
+      ASSERT_TRUE(fs.Write(file, 0, bytes.data(), u32(bytes.size())).ok());
+      ASSERT_TRUE(fs.Write(file, 4096 + 10, "xyz", 3).ok());
       const std::string target(3000, 't');
       link = fs.Symlink(posix::kRootIno, "sym", 3, target.data(), u32(target.size()), who).value().ino;
       ASSERT_TRUE(fs.SetXattr(file, "user.x", 6, "v", 1, 0).ok());
@@ -89,6 +94,16 @@ struct Fixture {
     return {r, out};
   }
 
+  std::vector<u8> Value(const btree::Pos& pos) {
+    std::vector<u8> v(btree::kMaxValueBytes);
+    WithFs([&](Filesystem&, btree::Btrees& t) {
+      auto r = t.Get(pos, v.data(), u32(v.size()));
+      ASSERT_TRUE(r.ok());
+      v.resize(r.value());
+    });
+    return v;
+  }
+
   posix::InodeFormat Inode(u64 ino) {
     posix::InodeFormat f{};
     WithFs([&](Filesystem&, btree::Btrees& t) {
@@ -102,7 +117,7 @@ TEST(FsckNamespaceTest, CleanNamespaceIsClean) {
   Fixture fx;
   auto [r, out] = fx.Fsck();
   EXPECT_EQ(r.exit_code, kExitClean) << out;
-  EXPECT_NE(out.find("namespace: 30 inodes (3 directories), 30 entries, 1 xattrs, 0 problem(s)"), std::string::npos)
+  EXPECT_NE(out.find("namespace: 30 inodes (3 directories), 30 entries, 1 xattrs, 3 extents, 0 problem(s)"), std::string::npos)
       << out;
 }
 
@@ -146,6 +161,26 @@ TEST(FsckNamespaceTest, EachDamageIsReported) {
       {"truncated symlink", [](Fixture& f) {
          f.Poke(btree::Pos{btree::kBtreeInodes, f.link, 2}, nullptr, 0);
        }, "incomplete symlink target"},
+      {"wrong sector count", [](Fixture& f) {
+         posix::InodeFormat i = f.Inode(f.file);
+         i.sectors.set(8);
+         f.Poke(btree::Pos{btree::kBtreeInodes, f.file, 0}, &i, sizeof(i));
+       }, "wrong sector count of inode"},
+      {"stale extent pointer", [](Fixture& f) {
+         std::vector<u8> v = f.Value(btree::Pos{btree::kBtreeExtents, f.file, 1});
+         v[16 + 1] ^= 1;  // ExtentPtr::gen
+         f.Poke(btree::Pos{btree::kBtreeExtents, f.file, 1}, v.data(), u32(v.size()));
+       }, "stale extent pointer"},
+      {"overlapping extents", [](Fixture& f) {
+         std::vector<u8> v = f.Value(btree::Pos{btree::kBtreeExtents, f.file, 3});
+         v[4] = 2;  // blocks: [1, 3) now overlaps [1, 2)
+         v.resize(16 + 16 + 4 * 2);
+         f.Poke(btree::Pos{btree::kBtreeExtents, f.file, 3}, v.data(), u32(v.size()));
+       }, "overlapping extents"},
+      {"extent of a directory", [](Fixture& f) {
+         std::vector<u8> v = f.Value(btree::Pos{btree::kBtreeExtents, f.file, 1});
+         f.Poke(btree::Pos{btree::kBtreeExtents, f.dir, 1}, v.data(), u32(v.size()));
+       }, "extent of a missing or non-regular inode"},
       {"ownerless xattr", [](Fixture& f) {
          u8 v[16 + 6 + 1] = {};
          v[8] = posix::kXattrValue;
