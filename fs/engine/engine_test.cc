@@ -61,8 +61,9 @@ struct Disks {
   // What a power cut now leaves.
   Disks AfterPowerCut() const {
     Disks d;
-    d.ssd = Dev("ssd0", kSsdSize, ssd->SnapshotDurable());
-    d.hdd = Dev("hdd0", kHddSize, hdd->SnapshotDurable());
+    auto images = MemDevice::SnapshotDurable({ssd.get(), hdd.get()});  // one instant for both
+    d.ssd = Dev("ssd0", kSsdSize, std::move(images[0]));
+    d.hdd = Dev("hdd0", kHddSize, std::move(images[1]));
     return d;
   }
 };
@@ -214,8 +215,9 @@ TEST(EngineTest, PowerCutsDuringAllocationKeepEveryAcknowledgedChange) {
         std::lock_guard<std::mutex> lock(mu);
         c.flushed = flushed;
       }
-      c.ssd = d.ssd->SnapshotDurable();
-      c.hdd = d.hdd->SnapshotDurable();
+      auto images = MemDevice::SnapshotDurable({d.ssd.get(), d.hdd.get()});
+      c.ssd = std::move(images[0]);
+      c.hdd = std::move(images[1]);
       cuts.push_back(std::move(c));
     }
   });

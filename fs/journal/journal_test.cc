@@ -64,8 +64,8 @@ struct Fixture {
   }
   // A fresh fixture over what a power cut now would leave on both devices.
   std::unique_ptr<Fixture> AfterPowerCut() const {
-    auto f = std::make_unique<Fixture>(*this, mem[0]->SnapshotDurable(), mem[1]->SnapshotDurable());
-    return f;
+    auto images = MemDevice::SnapshotDurable({mem[0].get(), mem[1].get()});  // one instant for both
+    return std::make_unique<Fixture>(*this, std::move(images[0]), std::move(images[1]));
   }
   Fixture(const Fixture& o, std::vector<uint8_t> a, std::vector<uint8_t> b) : sb(o.sb) {
     std::vector<std::vector<uint8_t>> imgs;

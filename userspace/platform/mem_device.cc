@@ -4,6 +4,8 @@
 // blocks back over the dirty ones.
 #include "userspace/platform/mem_device.h"
 
+#include <algorithm>
+
 #include <cstring>
 
 namespace tfs::userspace {
@@ -156,6 +158,17 @@ void MemDevice::Crash() {
 std::vector<uint8_t> MemDevice::SnapshotDurable() const {
   std::lock_guard<std::mutex> lock(mu_);
   return volatile_cache_ ? durable_ : current_;
+}
+
+std::vector<std::vector<uint8_t>> MemDevice::SnapshotDurable(const std::vector<const MemDevice*>& devices) {
+  std::vector<const MemDevice*> order(devices);
+  std::sort(order.begin(), order.end());  // one lock order for every caller
+  order.erase(std::unique(order.begin(), order.end()), order.end());
+  for (const MemDevice* d : order) d->mu_.lock();
+  std::vector<std::vector<uint8_t>> out;
+  for (const MemDevice* d : devices) out.push_back(d->volatile_cache_ ? d->durable_ : d->current_);
+  for (auto it = order.rbegin(); it != order.rend(); ++it) (*it)->mu_.unlock();
+  return out;
 }
 
 uint64_t MemDevice::dirty_blocks() const {

@@ -63,6 +63,13 @@ class MemDevice final : public BlockDevice {
   // What a power cut at this instant would leave: the durable contents (all of
   // them without a volatile cache). Safe to call while I/O is in flight.
   std::vector<uint8_t> SnapshotDurable() const;
+  // A power cut of several devices at one instant: each one's durable contents,
+  // taken while holding all of their locks. Snapshotting devices one after
+  // another while I/O runs is no power cut at all: a write that completed on
+  // one device after its snapshot may have been what let another device's
+  // (snapshotted, later) write be issued -- the btree's roots block after its
+  // nodes' flush, for one.
+  static std::vector<std::vector<uint8_t>> SnapshotDurable(const std::vector<const MemDevice*>& devices);
   // Blocks of logical_block_size that hold written-but-not-durable data.
   uint64_t dirty_blocks() const;
 
