@@ -54,6 +54,9 @@ class Served:
         r = subprocess.run([str(FAULTDEV), "ctl", "--control", str(self.ctl), *map(str, words)], capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
+        # An empty reply means the server closed the connection without answering
+        # (seen once in CI, not reproduced): say whether it was still running.
+        assert r.stdout.strip(), f"empty reply to {words}; serve exit status {self.proc.poll()}"
         return r.stdout.strip()
 
     def stop(self):
