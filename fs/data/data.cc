@@ -265,6 +265,16 @@ void DataPath::Abort(const Delta& delta) {
     if (c.blocks > 0) Account(c.dev, c.bucket, 0, -c.blocks);
 }
 
+Status DataPath::Commit(btree::Transaction* tx, const Delta& delta) {
+  auto r = tx->Commit(journal::CommitMode::kNoFlush, delta.deps);
+  if (!r.ok()) {
+    Abort(delta);
+    return r.status();
+  }
+  Apply(delta);
+  return Status::Ok();
+}
+
 Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
   if (engine_ == nullptr) return Err::kInvalidArgument;
   const u64 end = first + nblocks;

@@ -115,6 +115,9 @@ class DataPath {
   Status QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end, Delta* delta, u32 max_keys = ~0u);
   void Apply(const Delta& delta);
   void Abort(const Delta& delta);
+  // Commits tx (kNoFlush, with delta.deps) and then Applies the delta, or
+  // Aborts it if the commit fails. The usual end of a write or punch.
+  Status Commit(btree::Transaction* tx, const Delta& delta);
 
   // Reads blocks [first, first + nblocks) into buf (nblocks * kBlockSize bytes).
   Status ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf);

@@ -316,12 +316,7 @@ Status Filesystem::FinishFree(u64 ino) {
     Transaction tx(trees_);
     data::Delta delta;
     TFS_TRY(data_.QueuePunch(&tx, ino, 0, ~u64(0), &delta, 256));
-    auto r = tx.Commit();
-    if (!r.ok()) {
-      data_.Abort(delta);
-      return r.status();
-    }
-    data_.Apply(delta);
+    TFS_TRY(data_.Commit(&tx, delta));
   }
   Transaction tx(trees_);
   TFS_TRY(QueueFree(&tx, ino));
@@ -970,12 +965,12 @@ Result<u32> Filesystem::Write(u64 ino, u64 off, const void* buf, u32 len) {
       SetTime(&f.ctime_ns, now);
       st = tx.Set(InodePos(ino), &f, sizeof(f));
     }
-    if (st.ok()) st = tx.Commit(journal::CommitMode::kNoFlush, delta.deps).status();
     if (!st.ok()) {
-      data_.Abort(delta);
+      data_.Abort(delta);  // failed before the commit
       break;
     }
-    data_.Apply(delta);
+    st = data_.Commit(&tx, delta);
+    if (!st.ok()) break;
     done += n;
   }
   platform::Free(blocks);
@@ -1015,12 +1010,7 @@ Status Filesystem::Truncate(u64 ino, InodeFormat* f, u64 size) {
       if (delta.changes.empty()) break;
       f->sectors.set(u64(i64(f->sectors.get()) + delta.sectors));
       TFS_TRY(tx.Set(InodePos(ino), f, sizeof(*f)));
-      auto r = tx.Commit();
-      if (!r.ok()) {
-        data_.Abort(delta);
-        return r.status();
-      }
-      data_.Apply(delta);
+      TFS_TRY(data_.Commit(&tx, delta));
     }
     // A new last block cut in the middle: its tail becomes zeros (reads past
     // the end, and a later extension, must see zeros there).
@@ -1040,12 +1030,11 @@ Status Filesystem::Truncate(u64 ino, InodeFormat* f, u64 size) {
         f->size.set(size);
         st = tx.Set(InodePos(ino), f, sizeof(*f));
       }
-      if (st.ok()) st = tx.Commit(journal::CommitMode::kNoFlush, delta.deps).status();
       if (!st.ok()) {
-        data_.Abort(delta);
+        data_.Abort(delta);  // failed before the commit
         return st;
       }
-      data_.Apply(delta);
+      TFS_TRY(data_.Commit(&tx, delta));
     }
   }
   f->size.set(size);  // (growing: the new bytes are a hole)
