@@ -1044,7 +1044,7 @@ class TreeOps {
     if (p.member == kNoMember) return;
     MutexLock l(im->slot_mu);
     const u32 m = p.member;
-    const u64 b = (p.offset.get() - sb::kBucketsOffset) / im->sb.bucket_size;
+    const u64 b = im->sb.BucketOf(p.offset.get());
     if (m >= im->sb.nr_members || b >= im->live[m].size() || im->live[m][b] == 0) return;
     if (--im->live[m][b] != 0) return;
     if (im->open_valid && im->open_bucket.dev == m && im->open_bucket.bucket == b) {
@@ -1427,7 +1427,7 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
   struct Walk {
     static Status Visit(Impl* im, CachedNode* n, Diag* diag) {
       const NodePtrFormat& p = n->ptr;
-      const u64 b = (p.offset.get() - sb::kBucketsOffset) / im->sb.bucket_size;
+      const u64 b = im->sb.BucketOf(p.offset.get());
       if (++im->live[p.member][b] > im->slots_per_bucket)
         return DiagError(diag, Err::kCorrupt, "btree: more nodes than fit in bucket %llu of member %u",
                          (unsigned long long)b, unsigned(p.member));
@@ -1436,7 +1436,7 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
       for (u32 i = 0; i < s.size(); i++) {
         NodePtrFormat cp = ReadPtr(s.Key(i));
         if (cp.level == 0) {
-          const u64 cb = (cp.offset.get() - sb::kBucketsOffset) / im->sb.bucket_size;
+          const u64 cb = im->sb.BucketOf(cp.offset.get());
           const u64 off = cp.offset.get();
           if (off < sb::kBucketsOffset || off % im->node_size != 0 || cb >= im->live[cp.member].size())
             return DiagError(diag, Err::kCorrupt, "btree: leaf pointer outside the btree area");

@@ -73,7 +73,7 @@ Status DataPath::Open(engine::Engine* engine) {
       bad++;
       continue;
     }
-    const u64 b = (e.ptr.offset.get() - sb::kBucketsOffset) / sb.bucket_size;
+    const u64 b = sb.BucketOf(e.ptr.offset.get());
     if (b >= live_[e.ptr.dev].size()) {
       bad++;
       continue;
@@ -200,7 +200,6 @@ Status DataPath::QueueWrite(btree::Transaction* tx, u64 ino, u64 first, const u8
 
 Status DataPath::QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end, Delta* delta, u32 max_keys) {
   if (engine_ == nullptr || end <= first) return engine_ == nullptr ? Status(Err::kInvalidArgument) : Status::Ok();
-  const u64 bucket_size = engine_->sb().bucket_size;
   Iterator it(trees_, btree::kBtreeExtents);
   TFS_TRY(it.Seek(ExtentPos(ino, first + 1)));
   u8 value[kValueMax];
@@ -222,7 +221,7 @@ Status DataPath::QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end,
     } else {
       TFS_TRY(tx->Delete(ExtentPos(ino, e.end)));
     }
-    const u64 b = (e.ptr.offset.get() - sb::kBucketsOffset) / bucket_size;
+    const u64 b = engine_->sb().BucketOf(e.ptr.offset.get());
     TFS_TRY(delta->changes.PushBack(Delta::Change{e.ptr.dev, b, -i64(hi - lo)}));
     delta->sectors -= i64(hi - lo) * (kBlockSize / 512);
   }
@@ -293,8 +292,7 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
     const u64 at = e.ptr.offset.get() + (u64(e.offset) + (lo - e.start)) * kBlockSize;
     const u64 len = (hi - lo) * kBlockSize;
     // The pointer must land in one user bucket of its generation.
-    const u64 b = e.ptr.offset.get() < sb::kBucketsOffset ? ~u64(0)
-                                                         : (e.ptr.offset.get() - sb::kBucketsOffset) / sb.bucket_size;
+    const u64 b = sb.BucketOf(e.ptr.offset.get());
     if (e.ptr.dev >= sb.nr_members || b >= engine_->alloc().nbuckets(e.ptr.dev) ||
         at + len > sb.BucketOffset(b) + sb.bucket_size) {
       st = Err::kCorrupt;

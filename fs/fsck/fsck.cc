@@ -187,7 +187,7 @@ struct BtreeCheck {
     const u64 off = p.offset.get();
     if (p.member >= sb->nr_members || off < sb::kBucketsOffset || off % node_size != 0) return;
     const u64 slot = (off - sb::kBucketsOffset) / node_size;
-    const u64 bucket = (off - sb::kBucketsOffset) / sb->bucket_size;
+    const u64 bucket = sb->BucketOf(off);
     if (bucket >= refs[p.member].size()) return;
     u64& word = slots[p.member][slot / 64];
     if (word & (u64(1) << (slot % 64))) {
@@ -650,7 +650,7 @@ void CheckNamespace(engine::Engine& e, Ctx& c) {
       prev_end = x.end;
       r->data_sectors += (x.end - x.start) * (data::kBlockSize / 512);
       const u64 off = x.ptr.offset.get();
-      const u64 b = off < sb::kBucketsOffset ? ~u64(0) : (off - sb::kBucketsOffset) / sbk.bucket_size;
+      const u64 b = sbk.BucketOf(off);
       const u64 last = off + (u64(x.offset) + (x.end - x.start)) * data::kBlockSize;
       if (x.ptr.dev >= a.members() || b >= a.nbuckets(x.ptr.dev) || last > sbk.BucketOffset(b) + sbk.bucket_size) {
         c.Line("%s %llu at block %llu", error("data: extent points outside the buckets, inode"),

@@ -61,6 +61,9 @@ struct Superblock {
   bool clean() const { return (flags & kSbClean) != 0; }
   // Byte offset of bucket `b` on any member.
   u64 BucketOffset(u64 b) const { return kBucketsOffset + b * bucket_size; }
+  // The bucket holding byte `offset` (~0 before the first bucket; callers check
+  // the result against the member's bucket count).
+  u64 BucketOf(u64 offset) const { return offset < kBucketsOffset ? ~u64(0) : (offset - kBucketsOffset) / bucket_size; }
 };
 
 // Encodes `sb` as the copy for member `dev_idx` into `out` (kSbSize bytes).
