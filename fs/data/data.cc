@@ -30,22 +30,50 @@ u32 BuildExtent(u8* buf, const ExtentPtr& ptr, u32 offset, u32 blocks, const u8*
   return u32(sizeof(h) + sizeof(ptr)) + 4 * blocks;
 }
 
+// An unwritten extent's value: the header alone.
+u32 BuildUnwritten(u8* buf, u32 blocks) {
+  ExtentFormat h;
+  MemSet(&h, 0, sizeof(h));
+  h.version = kExtentVersion;
+  h.flags = kExtentUnwritten;
+  h.blocks.set(blocks);
+  MemCopy(buf, &h, sizeof(h));
+  return u32(sizeof(h));
+}
+
+// The value of piece [start + skip, start + skip + blocks) of extent e.
+u32 BuildPiece(u8* buf, const Extent& e, u64 skip, u32 blocks) {
+  if (e.unwritten) return BuildUnwritten(buf, blocks);
+  return BuildExtent(buf, e.ptr, e.offset + u32(skip), blocks, e.crcs + 4 * skip);
+}
+
 }  // namespace
 
 Status ParseExtent(const Pos& pos, const u8* value, u32 len, Extent* out) {
-  if (len < sizeof(ExtentFormat) + sizeof(ExtentPtr)) return Err::kCorrupt;
+  if (len < sizeof(ExtentFormat)) return Err::kCorrupt;
   ExtentFormat h;
   MemCopy(&h, value, sizeof(h));
   const u32 blocks = h.blocks.get();
-  if (h.version != kExtentVersion || h.flags != 0 || h.nr_ptrs != 1 || blocks == 0 || blocks > kMaxExtentBlocks ||
-      len != sizeof(h) + sizeof(ExtentPtr) + 4 * blocks || pos.offset < blocks)
+  if (h.version != kExtentVersion || blocks == 0 || pos.offset < blocks) return Err::kCorrupt;
+  if (h.flags == kExtentUnwritten) {
+    if (h.nr_ptrs != 0 || blocks > kMaxUnwrittenBlocks || h.offset.get() != 0 || len != sizeof(h))
+      return Err::kCorrupt;
+  } else if (h.flags != 0 || h.nr_ptrs != 1 || blocks > kMaxExtentBlocks ||
+             len != sizeof(h) + sizeof(ExtentPtr) + 4 * blocks) {
     return Err::kCorrupt;
+  }
   out->ino = pos.inode;
   out->end = pos.offset;
   out->start = pos.offset - blocks;
   out->offset = h.offset.get();
-  MemCopy(&out->ptr, value + sizeof(h), sizeof(ExtentPtr));
-  out->crcs = value + sizeof(h) + sizeof(ExtentPtr);
+  out->unwritten = h.flags == kExtentUnwritten;
+  if (out->unwritten) {
+    MemSet(&out->ptr, 0, sizeof(ExtentPtr));
+    out->crcs = nullptr;
+  } else {
+    MemCopy(&out->ptr, value + sizeof(h), sizeof(ExtentPtr));
+    out->crcs = value + sizeof(h) + sizeof(ExtentPtr);
+  }
   return Status::Ok();
 }
 
@@ -66,10 +94,15 @@ Status DataPath::Open(engine::Engine* engine) {
   Iterator it(trees_, btree::kBtreeExtents);
   Status st = it.SeekToFirst();
   u64 bad = 0;
+  reserved_ = 0;
   for (; st.ok() && it.Valid(); st = it.Next()) {
     Extent e;
-    if (!ParseExtent(it.pos(), it.value(), it.val_bytes(), &e).ok() || e.ptr.dev >= a.members() ||
-        e.ptr.offset.get() < sb::kBucketsOffset) {
+    const bool parsed = ParseExtent(it.pos(), it.value(), it.val_bytes(), &e).ok();
+    if (parsed && e.unwritten) {
+      reserved_ += e.end - e.start;
+      continue;
+    }
+    if (!parsed || e.ptr.dev >= a.members() || e.ptr.offset.get() < sb::kBucketsOffset) {
       bad++;
       continue;
     }
@@ -110,13 +143,27 @@ void DataPath::Close() {
   }
   for (auto& v : live_) v.Resize(0).IgnoreError();
   for (auto& v : pending_) v.Resize(0).IgnoreError();
+  reserved_ = 0;
   engine_ = nullptr;
   trees_ = nullptr;
 }
 
-Status DataPath::Reserve(u32 want, alloc::BucketRef* ref, u64* offset, u32* got) {
+u64 DataPath::FreeBlocksLocked() const {
+  const alloc::Allocator& a = engine_->alloc();
+  u64 buckets = 0;
+  for (u32 d = 0; d < a.members(); d++) {
+    const alloc::DeviceUsage u = a.Usage(d);
+    const u64 free = u.by_state[u32(alloc::BucketState::kFree)] + u.pending_free;
+    const u64 floor = a.FreeFloor(d, alloc::Watermark::kForeground);
+    if (free > floor) buckets += free - floor;
+  }
+  return buckets * bucket_blocks_ + (wp_open_ ? bucket_blocks_ - wp_used_ : 0);
+}
+
+Status DataPath::Reserve(u32 want, u64 covered, alloc::BucketRef* ref, u64* offset, u32* got) {
   alloc::BucketRef retired{};
   bool retire = false;
+  Status st;
   {
     MutexLock l(wp_mu_);
     if (!wp_open_ || wp_used_ == bucket_blocks_) {
@@ -137,15 +184,23 @@ Status DataPath::Reserve(u32 want, alloc::BucketRef* ref, u64* offset, u32* got)
       wp_open_ = true;
       c_opened_.FetchAdd(1, MemOrder::kRelaxed);
     }
-    *ref = wp_;
-    *got = u32(Min<u64>(want, bucket_blocks_ - wp_used_));
-    *offset = engine_->sb().BucketOffset(wp_.bucket) + wp_used_ * kBlockSize;
-    wp_used_ += *got;
+    const u32 n = u32(Min<u64>(want, bucket_blocks_ - wp_used_));
     MutexLock a(acct_mu_);
-    pending_[wp_.dev][wp_.bucket] += *got;
+    // The reservations of others must still fit in what stays free.
+    const u64 others = reserved_ > covered ? reserved_ - covered : 0;
+    if (others > 0 && FreeBlocksLocked() < others + n) {
+      c_refused_.FetchAdd(1, MemOrder::kRelaxed);
+      st = Err::kNoSpace;
+    } else {
+      *ref = wp_;
+      *got = n;
+      *offset = engine_->sb().BucketOffset(wp_.bucket) + wp_used_ * kBlockSize;
+      wp_used_ += n;
+      pending_[wp_.dev][wp_.bucket] += n;
+    }
   }
   if (retire && engine_->alloc().Free(retired).ok()) c_freed_.FetchAdd(1, MemOrder::kRelaxed);
-  return Status::Ok();
+  return st;
 }
 
 Status DataPath::WriteBlob(u32 dev, u64 offset, const u8* data, u32 nblocks) {
@@ -162,14 +217,16 @@ Status DataPath::WriteBlob(u32 dev, u64 offset, const u8* data, u32 nblocks) {
 Status DataPath::QueueWrite(btree::Transaction* tx, u64 ino, u64 first, const u8* blocks, u32 nblocks,
                             Delta* delta) {
   if (engine_ == nullptr || nblocks == 0) return Err::kInvalidArgument;
+  const u64 unreserved = delta->unreserved;
   TFS_TRY(QueuePunch(tx, ino, first, first + nblocks, delta));
+  const u64 covered = delta->unreserved - unreserved;  // reserved blocks this write replaces
   u8 value[kValueMax];
   u8 crcs[4 * kMaxExtentBlocks];
   for (u32 done = 0; done < nblocks;) {
     alloc::BucketRef ref;
     u64 offset;
     u32 got;
-    TFS_TRY(Reserve(Min(nblocks - done, kMaxExtentBlocks), &ref, &offset, &got));
+    TFS_TRY(Reserve(Min(nblocks - done, kMaxExtentBlocks), covered, &ref, &offset, &got));
     // Recorded at once, so that Abort gives the reserved space back whatever fails next.
     Status st = delta->changes.PushBack(Delta::Change{ref.dev, ref.bucket, i64(got)});
     if (!st.ok()) {
@@ -212,19 +269,66 @@ Status DataPath::QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end,
     const u64 lo = Max(e.start, first);
     const u64 hi = Min(e.end, end);
     if (e.start < first)  // the piece before the range: a new key at `first`
-      TFS_TRY(tx->Set(ExtentPos(ino, first), value,
-                      BuildExtent(value, e.ptr, e.offset, u32(first - e.start), e.crcs)));
+      TFS_TRY(tx->Set(ExtentPos(ino, first), value, BuildPiece(value, e, 0, u32(first - e.start))));
     if (e.end > end) {  // the piece after it keeps the key
-      TFS_TRY(tx->Set(ExtentPos(ino, e.end), value,
-                      BuildExtent(value, e.ptr, e.offset + u32(end - e.start), u32(e.end - end),
-                                  e.crcs + 4 * (end - e.start))));
+      TFS_TRY(tx->Set(ExtentPos(ino, e.end), value, BuildPiece(value, e, end - e.start, u32(e.end - end))));
     } else {
       TFS_TRY(tx->Delete(ExtentPos(ino, e.end)));
     }
-    const u64 b = engine_->sb().BucketOf(e.ptr.offset.get());
-    TFS_TRY(delta->changes.PushBack(Delta::Change{e.ptr.dev, b, -i64(hi - lo)}));
+    if (e.unwritten) {
+      delta->unreserved += hi - lo;
+    } else {
+      const u64 b = engine_->sb().BucketOf(e.ptr.offset.get());
+      TFS_TRY(delta->changes.PushBack(Delta::Change{e.ptr.dev, b, -i64(hi - lo)}));
+    }
     delta->sectors -= i64(hi - lo) * (kBlockSize / 512);
   }
+  return Status::Ok();
+}
+
+Status DataPath::QueueReserve(btree::Transaction* tx, u64 ino, u64 first, u64 end, Delta* delta, u32 max_keys,
+                              u64* next) {
+  *next = first;
+  if (engine_ == nullptr || end < first) return Err::kInvalidArgument;
+  Iterator it(trees_, btree::kBtreeExtents);
+  TFS_TRY(it.Seek(ExtentPos(ino, first + 1)));
+  u8 value[sizeof(ExtentFormat)];
+  u64 at = first;
+  u32 keys = 0;
+  while (at < end && keys < max_keys) {
+    // The next extent at or after `at`: blocks before it are a hole.
+    u64 hole_end = end;
+    bool covered = false;
+    if (it.Valid() && it.pos().inode == ino) {
+      Extent e;
+      TFS_TRY(ParseExtent(it.pos(), it.value(), it.val_bytes(), &e));
+      if (e.start <= at) {
+        covered = true;
+        at = Min(e.end, end);
+        TFS_TRY(it.Next());
+      } else {
+        hole_end = Min(e.start, end);
+      }
+    }
+    if (covered) continue;
+    const u32 n = u32(Min<u64>(hole_end - at, kMaxUnwrittenBlocks));
+    {
+      MutexLock w(wp_mu_);
+      MutexLock a(acct_mu_);
+      const u64 free = FreeBlocksLocked();
+      if (free < reserved_ || free - reserved_ < n) {
+        c_refused_.FetchAdd(1, MemOrder::kRelaxed);
+        return Err::kNoSpace;
+      }
+      reserved_ += n;
+    }
+    delta->reserved += n;  // counted now, so that Abort returns it whatever fails next
+    TFS_TRY(tx->Set(ExtentPos(ino, at + n), value, BuildUnwritten(value, n)));
+    delta->sectors += i64(n) * (kBlockSize / 512);
+    at += n;
+    keys++;
+  }
+  *next = at;
   return Status::Ok();
 }
 
@@ -256,12 +360,22 @@ void DataPath::Apply(const Delta& delta) {
     if (c.blocks > 0) Account(c.dev, c.bucket, c.blocks, -c.blocks);
   for (const Delta::Change& c : delta.changes)
     if (c.blocks < 0) Account(c.dev, c.bucket, c.blocks, 0);
+  if (delta.unreserved > 0) {
+    MutexLock a(acct_mu_);
+    TFS_BUG_ON(delta.unreserved > reserved_);
+    reserved_ -= delta.unreserved;
+  }
 }
 
 void DataPath::Abort(const Delta& delta) {
   // The space reserved for it is unreferenced: its bucket may go once empty.
   for (const Delta::Change& c : delta.changes)
     if (c.blocks > 0) Account(c.dev, c.bucket, 0, -c.blocks);
+  if (delta.reserved > 0) {
+    MutexLock a(acct_mu_);
+    TFS_BUG_ON(delta.reserved > reserved_);
+    reserved_ -= delta.reserved;
+  }
 }
 
 Status DataPath::Commit(btree::Transaction* tx, const Delta& delta) {
@@ -287,6 +401,7 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
     Extent e;
     st = ParseExtent(it.pos(), it.value(), it.val_bytes(), &e);
     if (!st.ok() || e.start >= end) break;
+    if (e.unwritten) continue;  // zeros, as buf already holds
     const u64 lo = Max(e.start, first);
     const u64 hi = Min(e.end, end);
     const u64 at = e.ptr.offset.get() + (u64(e.offset) + (lo - e.start)) * kBlockSize;
@@ -340,6 +455,15 @@ Result<bool> DataPath::HasData(u64 ino) {
   return it.Valid() && it.pos().inode == ino;
 }
 
+Result<bool> DataPath::HasBlockData(u64 ino, u64 block) {
+  Iterator it(trees_, btree::kBtreeExtents);
+  TFS_TRY(it.Seek(ExtentPos(ino, block + 1)));
+  if (!it.Valid() || it.pos().inode != ino) return false;
+  Extent e;
+  TFS_TRY(ParseExtent(it.pos(), it.value(), it.val_bytes(), &e));
+  return e.start <= block && !e.unwritten;
+}
+
 Stats DataPath::GetStats() const {
   Stats s;
   s.bytes_written = c_bytes_written_.Load(MemOrder::kRelaxed);
@@ -350,6 +474,11 @@ Stats DataPath::GetStats() const {
   s.csum_errors = c_csum_.Load(MemOrder::kRelaxed);
   s.buckets_opened = c_opened_.Load(MemOrder::kRelaxed);
   s.buckets_freed = c_freed_.Load(MemOrder::kRelaxed);
+  {
+    MutexLock a(acct_mu_);
+    s.blocks_reserved = reserved_;
+  }
+  s.reserve_refused = c_refused_.Load(MemOrder::kRelaxed);
   return s;
 }
 

@@ -23,6 +23,14 @@
 // Reading verifies every block it returns; a mismatch is kBadChecksum (EIO at
 // the FUSE edge) and counted, never the bytes. Holes read as zeros.
 //
+// Unwritten extents (fallocate) have no pointer and no blob: they read as
+// zeros and hold a *reservation* of as many blocks (bcachefs's reservation
+// keys). The sum of the reservations is kept in memory (rebuilt at Open like
+// the bucket counts) and is space no other write may take: a write that does
+// not replace reserved blocks gets kNoSpace rather than eat into them, and
+// QueueReserve refuses what free space cannot cover. A write over reserved
+// blocks releases them as it commits.
+//
 // Thread safety: all methods from any thread. Writes to one inode must be
 // serialized by the caller (the posix layer's inode lock); reads need not be.
 // Lock order: the write point mutex, then the accounting mutex; neither is held
@@ -42,7 +50,9 @@ namespace tfs::data {
 
 inline constexpr u32 kBlockSize = 4096;
 inline constexpr u32 kMaxExtentBlocks = 128;  // 512 KiB of data, 512 bytes of crcs
+inline constexpr u32 kMaxUnwrittenBlocks = 1u << 18;  // 1 GiB of reservation a key
 inline constexpr u8 kExtentVersion = 1;
+inline constexpr u8 kExtentUnwritten = 1;  // ExtentFormat::flags: no pointer, reads as zeros
 
 struct ExtentPtr {  // 16 bytes
   u8 dev;
@@ -56,10 +66,10 @@ static_assert(sizeof(ExtentPtr) == 16, "extent pointer size");
 
 struct ExtentFormat {  // 16 bytes, then nr_ptrs ExtentPtr, then blocks Le32 crcs
   u8 version;      // kExtentVersion
-  u8 flags;        // none yet (compressed, unwritten later)
-  u8 nr_ptrs;      // 1 (replicas later)
+  u8 flags;        // kExtentUnwritten (compressed later)
+  u8 nr_ptrs;      // 1; 0 if unwritten (replicas later)
   u8 reserved;
-  Le32 blocks;     // 1..kMaxExtentBlocks
+  Le32 blocks;     // 1..kMaxExtentBlocks (unwritten: ..kMaxUnwrittenBlocks)
   Le32 offset;     // blocks from the blob's start to this extent's first block
   Le32 reserved2;
 };
@@ -71,6 +81,7 @@ struct Extent {
   u64 start = 0;  // first file block
   u64 end = 0;    // one past the last
   u32 offset = 0;
+  bool unwritten = false;    // then ptr is zeros and crcs null
   ExtentPtr ptr{};
   const u8* crcs = nullptr;  // blocks Le32 values
 };
@@ -85,8 +96,12 @@ struct Delta {
     i64 blocks;
   };
   Vector<Change> changes;
+  // Whether it changes nothing (a punch that found no extent).
+  bool empty() const { return changes.empty() && reserved == 0 && unreserved == 0; }
   dev::DevMask deps = 0;   // members written
   i64 sectors = 0;         // change of the inode's allocated 512-byte sectors
+  u64 reserved = 0;        // unwritten blocks added (counted at once; Abort returns them)
+  u64 unreserved = 0;      // unwritten blocks removed (released by Apply)
 };
 
 struct Stats {
@@ -94,6 +109,8 @@ struct Stats {
   u64 blocks_released;     // overwritten, punched or freed
   u64 csum_errors;
   u64 buckets_opened, buckets_freed;
+  u64 blocks_reserved;     // now: unwritten blocks (fallocate) committed or queued
+  u64 reserve_refused;     // writes and fallocates refused to keep reservations whole
 };
 
 class DataPath {
@@ -113,6 +130,11 @@ class DataPath {
   Status QueueWrite(btree::Transaction* tx, u64 ino, u64 first, const u8* blocks, u32 nblocks, Delta* delta);
   // Queues the removal of the blocks in [first, end) (holes afterwards).
   Status QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end, Delta* delta, u32 max_keys = ~0u);
+  // Queues unwritten extents over the holes of [first, end), at most max_keys
+  // of them, and sets *next to where it stopped (end when done). kNoSpace if
+  // free space minus the reservations cannot hold the holes queued.
+  Status QueueReserve(btree::Transaction* tx, u64 ino, u64 first, u64 end, Delta* delta, u32 max_keys,
+                      u64* next);
   void Apply(const Delta& delta);
   void Abort(const Delta& delta);
   // Commits tx (kNoFlush, with delta.deps) and then Applies the delta, or
@@ -123,12 +145,19 @@ class DataPath {
   Status ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf);
   // Whether the inode has any extent.
   Result<bool> HasData(u64 ino);
+  // Whether a written extent (not a hole, not unwritten) holds the block.
+  Result<bool> HasBlockData(u64 ino, u64 block);
 
   Stats GetStats() const;
 
  private:
   // Space for up to `want` blocks at the write point: member, bucket, byte offset.
-  Status Reserve(u32 want, alloc::BucketRef* ref, u64* offset, u32* got);
+  // A new bucket is taken only if what stays free covers the reservations
+  // other than `covered` (the reserved blocks this write replaces).
+  Status Reserve(u32 want, u64 covered, alloc::BucketRef* ref, u64* offset, u32* got);
+  // Blocks free for user data: free and soon-free buckets above the foreground
+  // floor, plus what is left of the write point. Under wp_mu_.
+  u64 FreeBlocksLocked() const;
   Status WriteBlob(u32 dev, u64 offset, const u8* data, u32 nblocks);
   // Moves a bucket's counts (live by `blocks`, pending by `pending`) and frees it
   // once both are zero and it is not the write point.
@@ -141,11 +170,12 @@ class DataPath {
   bool wp_open_ = false;
   alloc::BucketRef wp_{};
   u64 wp_used_ = 0;            // blocks of wp_ handed out
-  Mutex acct_mu_;
+  mutable Mutex acct_mu_;
   Vector<u32> live_[dev::kMaxDevices];     // live blocks per bucket (committed extents)
   Vector<u32> pending_[dev::kMaxDevices];  // blocks reserved by writes not yet applied or aborted
+  u64 reserved_ = 0;           // unwritten blocks, under acct_mu_
   Atomic<u64> c_bytes_written_{0}, c_extents_{0}, c_bytes_read_{0}, c_blocks_read_{0};
-  Atomic<u64> c_released_{0}, c_csum_{0}, c_opened_{0}, c_freed_{0};
+  Atomic<u64> c_released_{0}, c_csum_{0}, c_opened_{0}, c_freed_{0}, c_refused_{0};
 };
 
 }  // namespace tfs::data

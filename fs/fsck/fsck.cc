@@ -618,7 +618,7 @@ void CheckNamespace(engine::Engine& e, Ctx& c) {
   }
 
   // File data: extents of regular files, in order without overlap, each
-  // pointing into a user bucket of its generation; every user bucket holds some
+  // written one pointing into a user bucket of its generation; every user bucket holds some
   // extent; the inode's sector count is what its extents hold.
   u64 extents = 0;
   {
@@ -649,6 +649,7 @@ void CheckNamespace(engine::Engine& e, Ctx& c) {
       prev_ino = p.inode;
       prev_end = x.end;
       r->data_sectors += (x.end - x.start) * (data::kBlockSize / 512);
+      if (x.unwritten) continue;  // a reservation: no pointer
       const u64 off = x.ptr.offset.get();
       const u64 b = sbk.BucketOf(off);
       const u64 last = off + (u64(x.offset) + (x.end - x.start)) * data::kBlockSize;

@@ -219,5 +219,24 @@ TEST(FsckNamespaceTest, AnOrphanIsANoteNotAnError) {
   EXPECT_NE(out.find("is an orphan"), std::string::npos) << out;
 }
 
+// Unwritten extents (fallocate) hold no pointer: clean, and counted in the
+// sector count; one claiming a pointer is a corrupt extent.
+TEST(FsckNamespaceTest, UnwrittenExtentsAreCheckedToo) {
+  Fixture fx;
+  fx.WithFs([&](Filesystem& fs, btree::Btrees&) {
+    ASSERT_TRUE(fs.Fallocate(fx.file, posix::kFallocKeepSize, 8 * 4096, 3 * 4096).ok());
+  });
+  auto [r, out] = fx.Fsck();
+  EXPECT_EQ(r.exit_code, kExitClean) << out;
+  EXPECT_NE(out.find("4 extents, 0 problem(s)"), std::string::npos) << out;
+  std::vector<u8> v = fx.Value(btree::Pos{btree::kBtreeExtents, fx.file, 11});
+  ASSERT_EQ(v.size(), 16u);
+  v[2] = 1;  // nr_ptrs
+  fx.Poke(btree::Pos{btree::kBtreeExtents, fx.file, 11}, v.data(), u32(v.size()));
+  auto [r2, out2] = fx.Fsck();
+  EXPECT_EQ(r2.exit_code, kExitUncorrected) << out2;
+  EXPECT_NE(out2.find("data: corrupt extent"), std::string::npos) << out2;
+}
+
 }  // namespace
 }  // namespace tfs::fsck

@@ -15,6 +15,7 @@ constexpr u32 kLinkMax = 65000;  // links of one inode (EMLINK beyond)
 constexpr u64 kMaxFileSize = u64(1) << 50;  // bytes (EFBIG beyond)
 constexpr u32 kBlock = data::kBlockSize;
 constexpr u32 kWriteChunkBlocks = 256;  // blocks per write transaction (1 MiB)
+constexpr u32 kBatchExtents = 256;      // extent keys per transaction of a truncate, punch or free
 // A symlink's target is kept in keys (ino, 1), (ino, 2), ... of this many bytes.
 constexpr u32 kLinkChunk = btree::kMaxValueBytes;
 constexpr u32 kSymlinkTargetMax = kSymlinkMax;
@@ -287,7 +288,7 @@ Status Filesystem::QueueFree(Transaction* tx, u64 ino) {
   Iterator it(trees_, btree::kBtreeXattrs);
   TFS_TRY(it.Seek(Pos{btree::kBtreeXattrs, ino, 0}));
   for (; it.Valid() && it.pos().inode == ino; TFS_TRY(it.Next())) TFS_TRY(tx->Delete(it.pos()));
-  // (File data joins here with the data path.)
+  // (Its file data went first: FinishFree.)
   TFS_TRY(tx->Delete(InodePos(ino)));
   return tx->Delete(OrphanPos(ino));
 }
@@ -315,7 +316,7 @@ Status Filesystem::FinishFree(u64 ino) {
     if (!has.value()) break;
     Transaction tx(trees_);
     data::Delta delta;
-    TFS_TRY(data_.QueuePunch(&tx, ino, 0, ~u64(0), &delta, 256));
+    TFS_TRY(data_.QueuePunch(&tx, ino, 0, ~u64(0), &delta, kBatchExtents));
     TFS_TRY(data_.Commit(&tx, delta));
   }
   Transaction tx(trees_);
@@ -524,6 +525,10 @@ Status Filesystem::GetStatFs(StatFs* out) {
     out->blocks_free += free * per_bucket;
     out->blocks_avail += (free - reserved) * per_bucket;
   }
+  // Reserved (fallocated, unwritten) blocks are not free.
+  const u64 reserved = data_.GetStats().blocks_reserved;
+  out->blocks_free -= Min(out->blocks_free, reserved);
+  out->blocks_avail -= Min(out->blocks_avail, reserved);
   out->files = inodes_.Load(MemOrder::kRelaxed);
   return Status::Ok();
 }
@@ -1006,38 +1011,124 @@ Status Filesystem::Truncate(u64 ino, InodeFormat* f, u64 size) {
     for (;;) {
       Transaction tx(trees_);
       data::Delta delta;
-      TFS_TRY(data_.QueuePunch(&tx, ino, keep, ~u64(0), &delta, 256));
-      if (delta.changes.empty()) break;
+      TFS_TRY(data_.QueuePunch(&tx, ino, keep, ~u64(0), &delta, kBatchExtents));
+      if (delta.empty()) break;
       f->sectors.set(u64(i64(f->sectors.get()) + delta.sectors));
       TFS_TRY(tx.Set(InodePos(ino), f, sizeof(*f)));
       TFS_TRY(data_.Commit(&tx, delta));
     }
     // A new last block cut in the middle: its tail becomes zeros (reads past
     // the end, and a later extension, must see zeros there).
-    if (size % kBlock != 0) {
-      u8* block = static_cast<u8*>(platform::Alloc(kBlock, 64));
-      if (block == nullptr) return Err::kNoMemory;
-      Status st = data_.ReadBlocks(ino, size / kBlock, 1, block);
-      Transaction tx(trees_);
-      data::Delta delta;
-      if (st.ok()) {
-        MemSet(block + size % kBlock, 0, kBlock - size % kBlock);
-        st = data_.QueueWrite(&tx, ino, size / kBlock, block, 1, &delta);
-      }
-      platform::Free(block);
-      if (st.ok()) {
-        f->sectors.set(u64(i64(f->sectors.get()) + delta.sectors));
-        f->size.set(size);
-        st = tx.Set(InodePos(ino), f, sizeof(*f));
-      }
-      if (!st.ok()) {
-        data_.Abort(delta);  // failed before the commit
-        return st;
-      }
-      TFS_TRY(data_.Commit(&tx, delta));
-    }
+    f->size.set(size);
+    if (size % kBlock != 0) TFS_TRY(ZeroInBlock(ino, f, size / kBlock, u32(size % kBlock), kBlock));
   }
   f->size.set(size);  // (growing: the new bytes are a hole)
+  return Status::Ok();
+}
+
+Status Filesystem::ZeroInBlock(u64 ino, InodeFormat* f, u64 block, u32 from, u32 to) {
+  auto mapped = data_.HasBlockData(ino, block);
+  TFS_TRY(mapped.status());
+  Transaction tx(trees_);
+  data::Delta delta;
+  Status st;
+  if (mapped.value()) {  // a hole or unwritten block reads as zeros already
+    u8* buf = static_cast<u8*>(platform::Alloc(kBlock, 64));
+    if (buf == nullptr) return Err::kNoMemory;
+    st = data_.ReadBlocks(ino, block, 1, buf);
+    if (st.ok()) {
+      MemSet(buf + from, 0, to - from);
+      st = data_.QueueWrite(&tx, ino, block, buf, 1, &delta);
+    }
+    platform::Free(buf);
+  }
+  if (st.ok()) {
+    f->sectors.set(u64(i64(f->sectors.get()) + delta.sectors));
+    st = tx.Set(InodePos(ino), f, sizeof(*f));
+  }
+  if (!st.ok()) {
+    data_.Abort(delta);  // failed before the commit
+    return st;
+  }
+  return data_.Commit(&tx, delta);
+}
+
+Status Filesystem::Fallocate(u64 ino, u32 mode, u64 off, u64 len) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  if ((mode & ~u32(kFallocKeepSize | kFallocPunchHole | kFallocZeroRange)) != 0) return Err::kNotSupported;
+  const bool punch = (mode & kFallocPunchHole) != 0;
+  const bool zero = (mode & kFallocZeroRange) != 0;
+  const bool keep = (mode & kFallocKeepSize) != 0;
+  // As vfs_fallocate: punching keeps the size and excludes zeroing.
+  if ((punch && zero) || (punch && !keep)) return Err::kNotSupported;
+  if (len == 0) return Err::kInvalidArgument;
+  if (off >= kMaxFileSize || len > kMaxFileSize - off) return Err::kTooBig;
+  const u64 lock[1] = {ino};
+  Locked locked(this, lock, 1);
+  InodeFormat f;
+  TFS_TRY(ReadInode(ino, &f));
+  if (IsDir(f)) return Err::kIsDir;
+  if ((f.mode.get() & kModeTypeMask) != kModeReg) return Err::kNoDevice;
+  const u64 end = off + len;
+  const i64 now = Now();
+  SetTime(&f.ctime_ns, now);
+  if (punch || zero) {
+    SetTime(&f.mtime_ns, now);
+    // Bytes of the range in blocks it covers only in part become zeros; the
+    // whole blocks inside it are freed.
+    const u64 size_blocks = (f.size.get() + kBlock - 1) / kBlock;
+    const u64 first_whole = (off + kBlock - 1) / kBlock;
+    const u64 end_whole = end / kBlock;
+    if (off / kBlock == (end - 1) / kBlock && (off % kBlock != 0 || end % kBlock != 0)) {
+      if (off / kBlock < size_blocks)
+        TFS_TRY(ZeroInBlock(ino, &f, off / kBlock, u32(off % kBlock), u32((end - 1) % kBlock) + 1));
+    } else {
+      if (off % kBlock != 0 && off / kBlock < size_blocks)
+        TFS_TRY(ZeroInBlock(ino, &f, off / kBlock, u32(off % kBlock), kBlock));
+      if (end % kBlock != 0 && end / kBlock < size_blocks)
+        TFS_TRY(ZeroInBlock(ino, &f, end / kBlock, 0, u32(end % kBlock)));
+    }
+    while (first_whole < end_whole) {
+      Transaction tx(trees_);
+      data::Delta delta;
+      TFS_TRY(data_.QueuePunch(&tx, ino, first_whole, end_whole, &delta, kBatchExtents));
+      if (delta.empty()) break;
+      f.sectors.set(u64(i64(f.sectors.get()) + delta.sectors));
+      TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
+      TFS_TRY(data_.Commit(&tx, delta));
+    }
+    if (punch) {
+      Transaction tx(trees_);
+      TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
+      return tx.Commit(journal::CommitMode::kNoFlush).status();
+    }
+  }
+  // Preallocation (and the rest of zeroing): unwritten extents over the holes
+  // of the whole blocks (zeroing: of the whole blocks inside the range; its
+  // partial blocks hold data already).
+  const u64 first = zero ? (off + kBlock - 1) / kBlock : off / kBlock;
+  const u64 last = zero ? end / kBlock : (end + kBlock - 1) / kBlock;
+  u64 at = first;
+  do {
+    Transaction tx(trees_);
+    data::Delta delta;
+    u64 next = at;
+    Status st = at < last ? data_.QueueReserve(&tx, ino, at, last, &delta, kBatchExtents, &next) : Status::Ok();
+    if (st.ok()) {
+      if (next == last && !keep && end > f.size.get()) {
+        f.size.set(end);
+        SetTime(&f.mtime_ns, now);
+      }
+      f.sectors.set(u64(i64(f.sectors.get()) + delta.sectors));
+      st = tx.Set(InodePos(ino), &f, sizeof(f));
+    }
+    if (!st.ok()) {
+      data_.Abort(delta);  // failed before the commit
+      return st;
+    }
+    TFS_TRY(data_.Commit(&tx, delta));
+    at = next;
+  } while (at < last);
   return Status::Ok();
 }
 

@@ -94,6 +94,13 @@ enum XattrFlags : u32 {
   kXattrReplace = 2,
 };
 
+// Fallocate modes: the Linux FALLOC_FL_* values.
+enum FallocFlags : u32 {
+  kFallocKeepSize = 0x01,
+  kFallocPunchHole = 0x02,
+  kFallocZeroRange = 0x10,
+};
+
 // Rename flags: the Linux RENAME_* values.
 enum RenameFlags : u32 {
   kRenameNoReplace = 1,
@@ -172,6 +179,16 @@ class Filesystem {
   // checksum mismatch is kBadChecksum (EIO), never the bytes.
   Result<u32> Write(u64 ino, u64 off, const void* buf, u32 len);
   Result<u32> Read(u64 ino, u64 off, void* buf, u32 len);
+  // fallocate(2) on a regular file (kIsDir for a directory, kNoDevice for other
+  // types): mode 0 or kFallocKeepSize reserve the holes of the range as
+  // unwritten extents (zeros that hold their space; the size grows to the
+  // range's end unless KEEP_SIZE); kFallocPunchHole|kFallocKeepSize makes the
+  // range read as zeros and frees its whole blocks; kFallocZeroRange (with or
+  // without KEEP_SIZE) punches and then reserves. Other modes, and PUNCH_HOLE
+  // without KEEP_SIZE, are kNotSupported; len 0 is kInvalidArgument. kNoSpace
+  // if free space minus the other reservations cannot hold the holes (what was
+  // reserved before the failure stays).
+  Status Fallocate(u64 ino, u32 mode, u64 off, u64 len);
   data::Stats GetDataStats() const { return data_.GetStats(); }
 
   // Copies up to cap bytes of a symlink's target; returns its full length.
@@ -221,6 +238,9 @@ class Filesystem {
   Status FinishFree(u64 ino);
   // Truncation of a regular file's data to `size` bytes (and *f's size and sectors).
   Status Truncate(u64 ino, InodeFormat* f, u64 size);
+  // Zeroes bytes [from, to) of a file block that holds data (a hole or
+  // unwritten block is left alone) and writes *f with the new sector count.
+  Status ZeroInBlock(u64 ino, InodeFormat* f, u64 block, u32 from, u32 to);
   // Unlink (rmdir false) or Rmdir of a checked name.
   Status Remove(u64 dir, const char* name, u32 len, bool rmdir);
   // Counts an inode freed by a committed operation.

@@ -746,23 +746,34 @@ std::string ReadAll(Filesystem& fs, u64 ino) {
 
 u64 UserBuckets(engine::Engine& e) { return e.alloc().Usage(0).by_state[u32(alloc::BucketState::kUser)]; }
 
-// Random writes, truncates and reads of a few files against a model of their
-// bytes, with remounts; a power cut after a sync keeps exactly the synced state;
-// deleting everything gives the space back.
+// Random writes, truncates, fallocates (preallocate, punch, zero; with and
+// without KEEP_SIZE) and reads of a few files against a model of their bytes
+// and of which blocks hold space (st_blocks), with remounts; a power cut after a
+// sync keeps exactly the synced state; deleting everything gives the space back.
 TEST(PosixTest, FileDataAgainstAModel) {
   Mounted m;
   std::mt19937_64 rng(42);
   std::vector<u64> inos;
   std::vector<std::string> model(3);
+  std::vector<std::set<u64>> held(3);  // blocks with space: written or reserved
   for (int i = 0; i < 3; i++) inos.push_back(Mkfile(m.fs, kRootIno, "f" + std::to_string(i)).value().ino);
   auto check = [&](int i) {
-    ASSERT_EQ(m.fs.GetAttr(inos[i]).value().size, model[i].size()) << i;
+    const Attr a = m.fs.GetAttr(inos[i]).value();
+    ASSERT_EQ(a.size, model[i].size()) << i;
+    ASSERT_EQ(a.sectors, held[i].size() * 8) << i;
     ASSERT_TRUE(ReadAll(m.fs, inos[i]) == model[i]) << "file " << i;
   };
+  auto hold = [&](int i, u64 b0, u64 b1) {
+    for (u64 b = b0; b < b1; b++) held[i].insert(b);
+  };
+  auto drop = [&](int i, u64 b0, u64 b1) {
+    held[i].erase(held[i].lower_bound(b0), b1 == ~u64(0) ? held[i].end() : held[i].lower_bound(b1));
+  };
   std::vector<std::string> synced;
-  for (int op = 0; op < 400; op++) {
+  u64 fallocates = 0;
+  for (int op = 0; op < 600; op++) {
     const int i = int(rng() % 3);
-    const int kind = int(rng() % 10);
+    const int kind = int(rng() % 13);
     if (kind < 6) {
       const u64 off = rng() % (3 << 20);
       std::string data(1 + rng() % (300 << 10), '\0');
@@ -771,6 +782,7 @@ TEST(PosixTest, FileDataAgainstAModel) {
       ASSERT_TRUE(r.ok()) << r.status().Message();
       if (model[i].size() < off + data.size()) model[i].resize(off + data.size(), '\0');
       model[i].replace(off, data.size(), data);
+      hold(i, off / 4096, (off + data.size() + 4095) / 4096);
     } else if (kind < 8) {
       const u64 size = rng() % (4 << 20);
       SetAttr s;
@@ -778,6 +790,27 @@ TEST(PosixTest, FileDataAgainstAModel) {
       s.size = size;
       ASSERT_TRUE(m.fs.SetAttrs(inos[i], s).ok());
       model[i].resize(size, '\0');
+      drop(i, (size + 4095) / 4096, ~u64(0));
+    } else if (kind < 10) {
+      // Offsets around the end of the file, so KEEP_SIZE matters.
+      const u64 off = rng() % (4 << 20);
+      const u64 len = 1 + rng() % (600 << 10);
+      const u32 modes[5] = {0, kFallocKeepSize, kFallocPunchHole | kFallocKeepSize, kFallocZeroRange,
+                            kFallocZeroRange | kFallocKeepSize};
+      const u32 mode = modes[rng() % 5];
+      Status st = m.fs.Fallocate(inos[i], mode, off, len);
+      ASSERT_TRUE(st.ok()) << st.Message() << " mode " << mode;
+      fallocates++;
+      const u64 end = off + len;
+      const u64 size = model[i].size();
+      if (mode & (kFallocPunchHole | kFallocZeroRange)) {
+        if (off < size) model[i].replace(off, std::min(end, size) - off, std::min(end, size) - off, '\0');
+        drop(i, (off + 4095) / 4096, end / 4096);  // partial blocks keep their space
+        if (mode & kFallocZeroRange) hold(i, (off + 4095) / 4096, end / 4096);
+      } else {
+        hold(i, off / 4096, (end + 4095) / 4096);
+      }
+      if (!(mode & kFallocKeepSize) && end > size) model[i].resize(end, '\0');
     } else {
       const u64 off = rng() % (4 << 20);
       std::string got(1 + rng() % 70000, '\0');
@@ -797,6 +830,7 @@ TEST(PosixTest, FileDataAgainstAModel) {
     }
   }
   for (int k = 0; k < 3; k++) check(k);
+  EXPECT_GT(fallocates, 50u);
   EXPECT_GT(m.fs.GetDataStats().blocks_released, 0u);
   // A power cut now keeps at least the synced state (later writes may or may
   // not be there; each file is then one of the states it went through, which the
@@ -808,8 +842,85 @@ TEST(PosixTest, FileDataAgainstAModel) {
   }
   for (int k = 0; k < 3; k++) ASSERT_TRUE(Unlink(m.fs, kRootIno, "f" + std::to_string(k)).ok());
   EXPECT_LE(UserBuckets(*m.eng), 1u);  // only the open write point may stay
+  EXPECT_EQ(m.fs.GetDataStats().blocks_reserved, 0u);
   m.Remount();
   EXPECT_EQ(UserBuckets(*m.eng), 0u);
+}
+
+// Fallocated space is held: other writes get ENOSPC before they eat into it,
+// writes into it succeed, statfs counts it used, it survives a remount, and
+// punching or deleting gives it back. Bad modes and file types are refused.
+TEST(PosixTest, FallocateReservesSpace) {
+  Mounted m;
+  const u64 f = Mkfile(m.fs, kRootIno, "prealloc").value().ino;
+  const u64 g = Mkfile(m.fs, kRootIno, "other").value().ino;
+  StatFs before;
+  ASSERT_TRUE(m.fs.GetStatFs(&before).ok());
+  // More than is free: refused, nothing changes.
+  EXPECT_EQ(m.fs.Fallocate(f, 0, 0, (before.blocks_free + 64) * 4096).code(), Err::kNoSpace);
+  EXPECT_EQ(m.fs.GetAttr(f).value().size, 0u);
+  // Most of what is free.
+  const u64 want = (before.blocks_avail - 256) * 4096;  // 1 MiB left over
+  Status st = m.fs.Fallocate(f, kFallocKeepSize, 0, want);
+  ASSERT_TRUE(st.ok()) << st.Message();
+  Attr a = m.fs.GetAttr(f).value();
+  EXPECT_EQ(a.size, 0u);
+  EXPECT_EQ(a.sectors, want / 512);
+  StatFs after;
+  ASSERT_TRUE(m.fs.GetStatFs(&after).ok());
+  EXPECT_LE(after.blocks_free, before.blocks_free - want / 4096);
+  EXPECT_EQ(m.fs.GetDataStats().blocks_reserved, want / 4096);
+  // Another file gets at most the leftover.
+  std::string chunk(1 << 20, 'o');
+  Status other;
+  u64 written = 0;
+  for (int i = 0; i < 16 && other.ok(); i++) {
+    auto r = m.fs.Write(g, written, chunk.data(), u32(chunk.size()));
+    other = r.status();
+    if (r.ok()) written += chunk.size();
+  }
+  EXPECT_EQ(other.code(), Err::kNoSpace);
+  EXPECT_LT(written, 8u << 20);  // the leftover and the foreground reserve
+  EXPECT_GT(m.fs.GetDataStats().reserve_refused, 0u);
+  // The reserved file takes all of its space, reads zeros where not written.
+  std::string data(1 << 20, 'r');
+  u64 filled = 0;
+  for (u64 at = 0; at + data.size() <= want; at += 4 * data.size(), filled++) {
+    auto r = m.fs.Write(f, at, data.data(), u32(data.size()));
+    ASSERT_TRUE(r.ok()) << r.status().Message() << " at " << at;
+  }
+  ASSERT_GT(filled, 8u);
+  m.Remount();  // the reservation is rebuilt from the unwritten extents
+  EXPECT_EQ(m.fs.GetDataStats().blocks_reserved, want / 4096 - filled * 256);
+  a = m.fs.GetAttr(f).value();
+  EXPECT_EQ(a.sectors, want / 512);
+  char buf[8192];
+  SetAttr grow;
+  grow.valid = kSetSize;
+  grow.size = want;
+  ASSERT_TRUE(m.fs.SetAttrs(f, grow).ok());
+  ASSERT_EQ(m.fs.Read(f, (1 << 20) - 4096, buf, 8192).value(), 8192u);
+  EXPECT_EQ(std::string(buf, 4096), std::string(4096, 'r'));
+  EXPECT_EQ(std::string(buf + 4096, 4096), std::string(4096, '\0'));
+  // Punching a reserved range gives it back; so does the unlink.
+  const u64 reserved = m.fs.GetDataStats().blocks_reserved;
+  ASSERT_TRUE(m.fs.Fallocate(f, kFallocPunchHole | kFallocKeepSize, 1 << 20, 3 << 20).ok());
+  EXPECT_EQ(m.fs.GetDataStats().blocks_reserved, reserved - 768);
+  ASSERT_TRUE(Unlink(m.fs, kRootIno, "prealloc").ok());
+  EXPECT_EQ(m.fs.GetDataStats().blocks_reserved, 0u);
+  auto r = m.fs.Write(g, written, chunk.data(), u32(chunk.size()));
+  EXPECT_TRUE(r.ok()) << r.status().Message();
+
+  // Modes and types.
+  EXPECT_EQ(m.fs.Fallocate(g, kFallocPunchHole, 0, 4096).code(), Err::kNotSupported);
+  EXPECT_EQ(m.fs.Fallocate(g, kFallocPunchHole | kFallocZeroRange | kFallocKeepSize, 0, 4096).code(),
+            Err::kNotSupported);
+  EXPECT_EQ(m.fs.Fallocate(g, 0x08 /* COLLAPSE_RANGE */, 0, 4096).code(), Err::kNotSupported);
+  EXPECT_EQ(m.fs.Fallocate(g, 0, 0, 0).code(), Err::kInvalidArgument);
+  EXPECT_EQ(m.fs.Fallocate(g, 0, 1ull << 50, 1).code(), Err::kTooBig);
+  EXPECT_EQ(m.fs.Fallocate(kRootIno, 0, 0, 4096).code(), Err::kIsDir);
+  const u64 fifo = m.fs.Mknod(kRootIno, "fifo", 4, 0010644, 0, kUser).value().ino;
+  EXPECT_EQ(m.fs.Fallocate(fifo, 0, 0, 4096).code(), Err::kNoDevice);
 }
 
 TEST(PosixTest, LargeSparseFileAndHoles) {

@@ -65,6 +65,7 @@ enum class ErrorClass : u8 {
   X(kIsDir, kInvalid, 21, "is a directory")                                            \
   X(kTooManyLinks, kInvalid, 31, "too many links")                                     \
   X(kRange, kInvalid, 34, "result does not fit the buffer")                            \
+  X(kNoDevice, kNotSupported, 19, "not supported for this file type")                  \
   X(kInternal, kInternal, 5, "internal error (a tierfs bug)")
 
 enum class Err : i32 {

@@ -155,6 +155,8 @@ std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs) {
   w.UintField("csum_errors", d.csum_errors);
   w.UintField("buckets_opened", d.buckets_opened);
   w.UintField("buckets_freed", d.buckets_freed);
+  w.UintField("blocks_reserved", d.blocks_reserved);
+  w.UintField("reserve_refused", d.reserve_refused);
   w.EndObject();
 
   const posix::Stats p = fs.GetStats();

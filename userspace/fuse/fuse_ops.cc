@@ -198,6 +198,11 @@ void Write(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off_t 
   fuse_reply_write(req, r.value());
 }
 
+void Fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, fuse_file_info*) {
+  if (off < 0 || len <= 0) return (void)fuse_reply_err(req, EINVAL);
+  Reply(req, Ctx(req)->fs->Fallocate(ino, uint32_t(mode), uint64_t(off), uint64_t(len)));
+}
+
 void Flush(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
 
 // The journal's durable commit: every operation so far survives a crash.
@@ -316,6 +321,7 @@ fuse_lowlevel_ops MakeOps() {
   o.open = Open;
   o.read = Read;
   o.write = Write;
+  o.fallocate = Fallocate;
   o.flush = Flush;
   o.release = Release;
   o.fsync = Fsync;
