@@ -16,6 +16,7 @@ constexpr u64 kMaxFileSize = u64(1) << 50;  // bytes (EFBIG beyond)
 constexpr u32 kBlock = data::kBlockSize;
 constexpr u32 kWriteChunkBlocks = 256;  // blocks per write transaction (1 MiB)
 constexpr u32 kBatchExtents = 256;      // extent keys per transaction of a truncate, punch or free
+constexpr u32 kBufferBlocks = data::kMaxExtentBlocks;  // a write buffer: one extent's worth
 // A symlink's target is kept in keys (ino, 1), (ino, 2), ... of this many bytes.
 constexpr u32 kLinkChunk = btree::kMaxValueBytes;
 constexpr u32 kSymlinkTargetMax = kSymlinkMax;
@@ -233,7 +234,19 @@ Status Filesystem::QueueRemoveEntry(Transaction* tx, const NameTable& t, const E
 // --- inodes --------------------------------------------------------------------
 
 Filesystem::~Filesystem() {
-  for (u32 i = 0; i < kStripes; i++) open_[i].Resize(0).IgnoreError();
+  // Without Unmount (a test's crash): buffered data is lost, as in a crash.
+  if (flusher_.running()) {
+    {
+      MutexLock l(flusher_mu_);
+      flusher_stop_ = true;
+      flusher_cv_.Signal();
+    }
+    flusher_.Join();
+  }
+  for (u32 i = 0; i < kStripes; i++) {
+    for (const OpenCount& o : open_[i]) FreeBuffer(o.buf);
+    open_[i].Resize(0).IgnoreError();
+  }
 }
 
 i64 Filesystem::Now() const { return platform::RealTimeNs(); }
@@ -413,6 +426,10 @@ Status Filesystem::Mount(engine::Engine* engine, const Options& options) {
     inodes_.Store(1, MemOrder::kRelaxed);
     return Status::Ok();
   }();
+  if (st.ok() && opt_.write_buffers > 0) {
+    flusher_stop_ = false;
+    st = flusher_.Start(&FlusherMain, this, "tfs-flush");
+  }
   if (!st.ok()) {
     data_.Close();
     engine_ = nullptr;
@@ -424,13 +441,38 @@ Status Filesystem::Mount(engine::Engine* engine, const Options& options) {
 Status Filesystem::Unmount() {
   if (engine_ == nullptr) return Status::Ok();
   Status first;
+  if (flusher_.running()) {
+    {
+      MutexLock l(flusher_mu_);
+      flusher_stop_ = true;
+      flusher_cv_.Signal();
+    }
+    flusher_.Join();
+  }
   for (u32 s = 0; s < kStripes; s++) {
+    // Buffered data first, while the entries still show it to readers.
+    for (u32 i = 0;; i++) {
+      u64 ino;
+      {
+        MutexLock l(open_mu_[s]);
+        if (i >= open_[s].size()) break;
+        ino = open_[s][i].ino;
+      }
+      const u64 lock[1] = {ino};
+      Locked locked(this, lock, 1);
+      InodeFormat f;
+      Status st = ReadInode(ino, &f);
+      if (st.ok() && f.nlink.get() != 0) st = FlushIfBuffered(ino, &f, kFlushClose);
+      if (st.Is(ErrorClass::kNotFound)) st = Status::Ok();
+      if (first.ok() && !st.ok()) first = st;
+    }
     Vector<OpenCount> open;
     {
       MutexLock l(open_mu_[s]);
       Swap(open, open_[s]);
     }
     for (const OpenCount& o : open) {
+      FreeBuffer(o.buf);
       InodeFormat f;
       Status st = ReadInode(o.ino, &f);
       if (st.ok() && f.nlink.get() == 0) {
@@ -454,7 +496,9 @@ Result<Attr> Filesystem::GetAttr(u64 ino) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
   InodeFormat f;
   TFS_TRY(ReadInode(ino, &f));
-  return ToAttr(ino, f);
+  Attr a = ToAttr(ino, f);
+  if ((f.mode.get() & kModeTypeMask) == kModeReg) OverlayBuffered(ino, &a);
+  return a;
 }
 
 Result<Attr> Filesystem::Lookup(u64 dir, const char* name, u32 len) {
@@ -473,7 +517,9 @@ Result<Attr> Filesystem::Lookup(u64 dir, const char* name, u32 len) {
   if (st.Is(ErrorClass::kNotFound)) return Err::kCorrupt;  // an entry naming no inode
   TFS_TRY(st);
   if (DirentTypeOf(f.mode.get()) != e.type) return Err::kCorrupt;
-  return ToAttr(e.ino, f);
+  Attr a = ToAttr(e.ino, f);
+  if (e.type == kDtReg) OverlayBuffered(e.ino, &a);
+  return a;
 }
 
 Result<u32> Filesystem::ReadLink(u64 ino, char* buf, u32 cap) {
@@ -903,6 +949,7 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
   InodeFormat f;
   TFS_TRY(ReadInode(ino, &f));
   const u32 type = f.mode.get() & kModeTypeMask;
+  if (type == kModeReg) TFS_TRY(FlushIfBuffered(ino, &f, kFlushOther));  // sizes and times stay in order
   if ((set.valid & kSetSize) != 0) {
     if (type == kModeDir) return Err::kIsDir;
     if (type != kModeReg) return Err::kInvalidArgument;
@@ -912,9 +959,12 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
   if ((set.valid & kSetMode) != 0) f.mode.set(type | (set.mode & kModePermMask));
   if ((set.valid & kSetUid) != 0) f.uid.set(set.uid);
   if ((set.valid & kSetGid) != 0) f.gid.set(set.gid);
-  if ((set.valid & kSetSize) != 0 && set.size != f.size.get()) {
+  if ((set.valid & kSetSize) != 0) {
+    // Not growing frees blocks past the size even if it stays (fallocated
+    // with KEEP_SIZE), as ext4 does.
+    const bool changed = set.size != f.size.get();
     TFS_TRY(Truncate(ino, &f, set.size));
-    SetTime(&f.mtime_ns, now);
+    if (changed) SetTime(&f.mtime_ns, now);
   }
   if ((set.valid & kSetAtime) != 0) SetTime(&f.atime_ns, set.atime_ns);
   if ((set.valid & kSetAtimeNow) != 0) SetTime(&f.atime_ns, now);
@@ -930,7 +980,162 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
 
 // --- file data -----------------------------------------------------------------
 
-Result<u32> Filesystem::Write(u64 ino, u64 off, const void* buf, u32 len) {
+// --- file data: the write buffer ---------------------------------------------
+
+struct Filesystem::Buffered {
+  u64 first = 0;       // first file block of the run
+  u32 blocks = 0;      // dirty blocks [first, first + blocks); 0: empty
+  u64 size = 0;        // the file's size with them
+  i64 mtime_ns = 0;    // of the last write into the run
+  u64 since_ns = 0;    // monotonic time of the run's first write
+  u64 gen = 0;         // unique per buffer and run: a reader that saw another retries
+  u8* data = nullptr;  // kBufferBlocks blocks
+};
+
+Filesystem::Buffered* Filesystem::FindBuffer(u64 ino, bool create) {
+  const u32 s = Stripe(ino);
+  MutexLock l(open_mu_[s]);
+  for (OpenCount& o : open_[s]) {
+    if (o.ino != ino) continue;
+    if (o.buf != nullptr || !create) return o.buf;
+    if (buffers_.FetchAdd(1, MemOrder::kRelaxed) >= opt_.write_buffers) {
+      buffers_.FetchSub(1, MemOrder::kRelaxed);
+      return nullptr;  // all in use: write through
+    }
+    Buffered* b = platform::New<Buffered>();
+    u8* data = static_cast<u8*>(platform::Alloc(u64(kBufferBlocks) * kBlock, kBlock));
+    if (b == nullptr || data == nullptr) {
+      platform::Delete(b);
+      platform::Free(data);
+      buffers_.FetchSub(1, MemOrder::kRelaxed);
+      return nullptr;
+    }
+    b->data = data;
+    b->gen = buf_gen_.FetchAdd(1, MemOrder::kRelaxed);
+    o.buf = b;
+    return b;
+  }
+  return nullptr;  // not open (a caller without a handle): write through
+}
+
+void Filesystem::FreeBuffer(Buffered* b) {
+  if (b == nullptr) return;
+  if (b->blocks > 0) c_dropped_.FetchAdd(1, MemOrder::kRelaxed);
+  platform::Free(b->data);
+  platform::Delete(b);
+  buffers_.FetchSub(1, MemOrder::kRelaxed);
+}
+
+Status Filesystem::FlushLocked(u64 ino, InodeFormat* f, Buffered* b, FlushCause cause) {
+  if (b == nullptr || b->blocks == 0) return Status::Ok();
+  Transaction tx(trees_);
+  data::Delta delta;
+  Status st = data_.QueueWrite(&tx, ino, b->first, b->data, b->blocks, &delta);
+  InodeFormat nf = *f;
+  if (st.ok()) {
+    nf.size.set(Max(nf.size.get(), b->size));
+    nf.sectors.set(u64(i64(nf.sectors.get()) + delta.sectors));
+    SetTime(&nf.mtime_ns, b->mtime_ns);
+    SetTime(&nf.ctime_ns, b->mtime_ns);
+    st = tx.Set(InodePos(ino), &nf, sizeof(nf));
+  }
+  if (!st.ok()) data_.Abort(delta);  // failed before the commit
+  if (st.ok()) st = data_.Commit(&tx, delta);
+  if (!st.ok()) {  // the run stays, for the next flush to try again
+    c_flush_err_.FetchAdd(1, MemOrder::kRelaxed);
+    return st;
+  }
+  *f = nf;
+  c_flush_[cause].FetchAdd(1, MemOrder::kRelaxed);
+  c_flushed_bytes_.FetchAdd(u64(b->blocks) * kBlock, MemOrder::kRelaxed);
+  MutexLock l(open_mu_[Stripe(ino)]);
+  b->blocks = 0;
+  b->gen = buf_gen_.FetchAdd(1, MemOrder::kRelaxed);
+  return Status::Ok();
+}
+
+Status Filesystem::FlushIfBuffered(u64 ino, InodeFormat* f, FlushCause cause) {
+  Buffered* b = FindBuffer(ino, false);
+  if (b == nullptr || b->blocks == 0) return Status::Ok();
+  return FlushLocked(ino, f, b, cause);
+}
+
+Status Filesystem::FlushBuffer(u64 ino) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  const u64 lock[1] = {ino};
+  Locked locked(this, lock, 1);
+  Buffered* b = FindBuffer(ino, false);
+  if (b == nullptr || b->blocks == 0) return Status::Ok();
+  InodeFormat f;
+  TFS_TRY(ReadInode(ino, &f));
+  return FlushLocked(ino, &f, b, kFlushClose);
+}
+
+Status Filesystem::Fsync(u64 ino) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  {
+    const u64 lock[1] = {ino};
+    Locked locked(this, lock, 1);
+    Buffered* b = FindBuffer(ino, false);
+    if (b != nullptr && b->blocks > 0) {
+      InodeFormat f;
+      TFS_TRY(ReadInode(ino, &f));
+      TFS_TRY(FlushLocked(ino, &f, b, kFlushFsync));
+    }
+  }
+  return engine_->journal().Flush();
+}
+
+void Filesystem::OverlayBuffered(u64 ino, Attr* a) {
+  const u32 s = Stripe(ino);
+  MutexLock l(open_mu_[s]);
+  for (const OpenCount& o : open_[s]) {
+    if (o.ino != ino || o.buf == nullptr || o.buf->blocks == 0) continue;
+    a->size = Max(a->size, o.buf->size);
+    a->mtime_ns = a->ctime_ns = o.buf->mtime_ns;
+    a->sectors += u64(o.buf->blocks) * (kBlock / 512);  // at most: some may replace blocks
+  }
+}
+
+void Filesystem::FlusherMain(void* self) {
+  Filesystem* fs = static_cast<Filesystem*>(self);
+  MutexLock l(fs->flusher_mu_);
+  while (!fs->flusher_stop_) {
+    (void)fs->flusher_cv_.WaitFor(fs->flusher_mu_, Max<u64>(u64(fs->opt_.buffer_age_ms) * 1000000 / 4, 1000000));
+    if (fs->flusher_stop_) break;
+    fs->flusher_mu_.Unlock();
+    fs->FlushAged();
+    fs->flusher_mu_.Lock();
+  }
+}
+
+void Filesystem::FlushAged() {
+  const u64 now = platform::NowNs();
+  const u64 age = u64(opt_.buffer_age_ms) * 1000000;
+  for (u32 s = 0; s < kStripes; s++) {
+    u64 inos[16];
+    u32 n = 0;
+    {
+      MutexLock l(open_mu_[s]);
+      for (const OpenCount& o : open_[s])
+        if (n < 16 && o.buf != nullptr && o.buf->blocks > 0 && now - o.buf->since_ns >= age) inos[n++] = o.ino;
+    }
+    for (u32 i = 0; i < n; i++) {
+      const u64 lock[1] = {inos[i]};
+      Locked locked(this, lock, 1);
+      Buffered* b = FindBuffer(inos[i], false);
+      if (b == nullptr || b->blocks == 0 || now - b->since_ns < age) continue;
+      InodeFormat f;
+      Status st = ReadInode(inos[i], &f);
+      if (st.ok()) st = FlushLocked(inos[i], &f, b, kFlushAge);
+      if (!st.ok())
+        platform::Log(platform::LogLevel::kError, "posix: writing out buffered data of inode %llu: %s",
+                      (unsigned long long)inos[i], st.Message());
+    }
+  }
+}
+
+Result<u32> Filesystem::Write(u64 ino, u64 off, const void* buf, u32 len, u32 flags) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
   if (off >= kMaxFileSize || len > kMaxFileSize - off) return Err::kTooBig;
   if (len == 0) return u32(0);
@@ -940,6 +1145,73 @@ Result<u32> Filesystem::Write(u64 ino, u64 off, const void* buf, u32 len) {
   TFS_TRY(ReadInode(ino, &f));
   if (IsDir(f)) return Err::kIsDir;
   if ((f.mode.get() & kModeTypeMask) != kModeReg) return Err::kInvalidArgument;
+  const u8* in = static_cast<const u8*>(buf);
+  const u64 nb = (off + len + kBlock - 1) / kBlock - off / kBlock;
+  Buffered* b = nullptr;
+  if ((flags & kWriteDirect) == 0 && nb <= kBufferBlocks / 2) b = FindBuffer(ino, true);
+  if (b != nullptr) return WriteBuffered(ino, &f, b, off, in, len);
+  // Straight through, after whatever is buffered (so the order holds).
+  TFS_TRY(FlushIfBuffered(ino, &f, kFlushOther));
+  c_wdirect_.FetchAdd(1, MemOrder::kRelaxed);
+  return WriteThrough(ino, &f, off, in, len);
+}
+
+Result<u32> Filesystem::WriteBuffered(u64 ino, InodeFormat* f, Buffered* b, u64 off, const u8* buf, u32 len) {
+  const u64 b0 = off / kBlock;
+  const u64 b1 = (off + len + kBlock - 1) / kBlock;
+  // The run takes writes that start inside it or right after it and end
+  // within its capacity; anything else writes it out first.
+  if (b->blocks > 0 && (b0 < b->first || b0 > b->first + b->blocks || b1 > b->first + kBufferBlocks))
+    TFS_TRY(FlushLocked(ino, f, b, kFlushFull));
+  const u64 first = b->blocks > 0 ? b->first : b0;
+  const u64 have_end = first + b->blocks;
+  // Blocks new to the run that the write covers in part keep their other
+  // bytes: read them (zeros past the end of the file) before taking the lock.
+  u64 edge_block[2] = {~u64(0), ~u64(0)};
+  const u64 size_blocks = (f->size.get() + kBlock - 1) / kBlock;
+  const u64 new_from = Max(b0, have_end);
+  const u64 partial[2] = {off % kBlock != 0 ? b0 : ~u64(0), (off + len) % kBlock != 0 ? b1 - 1 : ~u64(0)};
+  u8* edge = nullptr;  // two blocks
+  for (u32 i = 0; i < 2; i++) {
+    const u64 blk = partial[i];
+    if (blk == ~u64(0) || blk < new_from || blk == edge_block[0]) continue;
+    if (edge == nullptr && (edge = static_cast<u8*>(platform::Alloc(2 * kBlock, 64))) == nullptr)
+      return Err::kNoMemory;
+    Status st = blk < size_blocks ? data_.ReadBlocks(ino, blk, 1, edge + i * kBlock) : Status::Ok();
+    if (!st.ok()) {
+      platform::Free(edge);
+      return st;
+    }
+    if (blk >= size_blocks) MemSet(edge + i * kBlock, 0, kBlock);
+    edge_block[i] = blk;
+  }
+  const i64 now = Now();
+  MutexLock l(open_mu_[Stripe(ino)]);
+  if (b->blocks == 0) {
+    b->first = b0;
+    b->size = f->size.get();
+    b->since_ns = platform::NowNs();
+  }
+  for (u64 blk = new_from; blk < b1; blk++) {
+    u8* slot = b->data + (blk - b->first) * kBlock;
+    if (blk == edge_block[0]) {
+      MemCopy(slot, edge, kBlock);
+    } else if (blk == edge_block[1]) {
+      MemCopy(slot, edge + kBlock, kBlock);
+    } else {
+      MemSet(slot, 0, kBlock);  // the write covers it whole
+    }
+  }
+  platform::Free(edge);
+  MemCopy(b->data + (off - b->first * kBlock), buf, len);
+  b->blocks = u32(Max<u64>(b->first + b->blocks, b1) - b->first);
+  b->size = Max(b->size, off + len);
+  b->mtime_ns = now;
+  c_wbuf_.FetchAdd(1, MemOrder::kRelaxed);
+  return len;
+}
+
+Result<u32> Filesystem::WriteThrough(u64 ino, InodeFormat* f, u64 off, const u8* buf, u32 len) {
   u8* blocks = static_cast<u8*>(platform::Alloc(u64(kWriteChunkBlocks + 1) * kBlock, 64));
   if (blocks == nullptr) return Err::kNoMemory;
   Status st;
@@ -952,23 +1224,23 @@ Result<u32> Filesystem::Write(u64 ino, u64 off, const void* buf, u32 len) {
     const u32 nb = u32(b1 - b0);
     // Blocks the write covers only in part keep their other bytes (zeros past
     // the end of the file: the tail of its last block is always zero).
-    const u64 size_blocks = (f.size.get() + kBlock - 1) / kBlock;
+    const u64 size_blocks = (f->size.get() + kBlock - 1) / kBlock;
     MemSet(blocks, 0, u64(nb) * kBlock);
     if (skip != 0 && b0 < size_blocks) st = data_.ReadBlocks(ino, b0, 1, blocks);
     if (st.ok() && (pos + n) % kBlock != 0 && b1 - 1 < size_blocks && !(nb == 1 && skip != 0))
       st = data_.ReadBlocks(ino, b1 - 1, 1, blocks + u64(nb - 1) * kBlock);
     if (!st.ok()) break;
-    MemCopy(blocks + skip, static_cast<const u8*>(buf) + done, n);
+    MemCopy(blocks + skip, buf + done, n);
     Transaction tx(trees_);
     data::Delta delta;
     st = data_.QueueWrite(&tx, ino, b0, blocks, nb, &delta);
     if (st.ok()) {
-      f.size.set(Max(f.size.get(), pos + n));
-      f.sectors.set(u64(i64(f.sectors.get()) + delta.sectors));
+      f->size.set(Max(f->size.get(), pos + n));
+      f->sectors.set(u64(i64(f->sectors.get()) + delta.sectors));
       const i64 now = Now();
-      SetTime(&f.mtime_ns, now);
-      SetTime(&f.ctime_ns, now);
-      st = tx.Set(InodePos(ino), &f, sizeof(f));
+      SetTime(&f->mtime_ns, now);
+      SetTime(&f->ctime_ns, now);
+      st = tx.Set(InodePos(ino), f, sizeof(*f));
     }
     if (!st.ok()) {
       data_.Abort(delta);  // failed before the commit
@@ -985,26 +1257,55 @@ Result<u32> Filesystem::Write(u64 ino, u64 off, const void* buf, u32 len) {
 
 Result<u32> Filesystem::Read(u64 ino, u64 off, void* buf, u32 len) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
-  InodeFormat f;
-  TFS_TRY(ReadInode(ino, &f));
-  if (IsDir(f)) return Err::kIsDir;
-  if ((f.mode.get() & kModeTypeMask) != kModeReg) return Err::kInvalidArgument;
-  if (off >= f.size.get() || len == 0) return u32(0);
-  const u32 n = u32(Min<u64>(len, f.size.get() - off));
-  const u64 b0 = off / kBlock;
-  const u64 b1 = (off + n + kBlock - 1) / kBlock;
-  u8* blocks = static_cast<u8*>(platform::Alloc((b1 - b0) * kBlock, 64));
-  if (blocks == nullptr) return Err::kNoMemory;
-  Status st = data_.ReadBlocks(ino, b0, u32(b1 - b0), blocks);
-  if (st.ok()) MemCopy(buf, blocks + off % kBlock, n);
-  platform::Free(blocks);
-  TFS_TRY(st);
-  return n;
+  const u32 s = Stripe(ino);
+  for (;;) {
+    InodeFormat f;
+    TFS_TRY(ReadInode(ino, &f));
+    if (IsDir(f)) return Err::kIsDir;
+    if ((f.mode.get() & kModeTypeMask) != kModeReg) return Err::kInvalidArgument;
+    // A buffered run is newer than the extents: note it first, read the
+    // extents, then lay the run over them -- unless it was written out in
+    // between (the extents read may predate that commit): then again.
+    u64 size = f.size.get();
+    const Buffered* b = nullptr;
+    u64 gen = 0;
+    {
+      MutexLock l(open_mu_[s]);
+      for (const OpenCount& o : open_[s])
+        if (o.ino == ino && o.buf != nullptr && o.buf->blocks > 0) {
+          b = o.buf;
+          gen = b->gen;
+          size = Max(size, b->size);
+        }
+    }
+    if (off >= size || len == 0) return u32(0);
+    const u32 n = u32(Min<u64>(len, size - off));
+    const u64 b0 = off / kBlock;
+    const u64 b1 = (off + n + kBlock - 1) / kBlock;
+    u8* blocks = static_cast<u8*>(platform::Alloc((b1 - b0) * kBlock, 64));
+    if (blocks == nullptr) return Err::kNoMemory;
+    Status st = data_.ReadBlocks(ino, b0, u32(b1 - b0), blocks);
+    bool again = false;
+    if (st.ok() && b != nullptr) {
+      MutexLock l(open_mu_[s]);
+      // The same buffer (generations are unique) holding the same run?
+      again = true;
+      for (const OpenCount& o : open_[s])
+        if (o.ino == ino && o.buf == b && b->gen == gen) again = false;
+      const u64 lo = Max(b0, b->first);
+      const u64 hi = Min(b1, b->first + b->blocks);
+      if (!again && lo < hi) MemCopy(blocks + (lo - b0) * kBlock, b->data + (lo - b->first) * kBlock, (hi - lo) * kBlock);
+    }
+    if (st.ok() && !again) MemCopy(buf, blocks + off % kBlock, n);
+    platform::Free(blocks);
+    TFS_TRY(st);
+    if (!again) return n;
+  }
 }
 
 Status Filesystem::Truncate(u64 ino, InodeFormat* f, u64 size) {
   const u64 old_size = f->size.get();
-  if (size < old_size) {
+  if (size <= old_size) {
     // The blocks past the new end go first, a batch of extents at a time (a
     // crash between batches leaves holes in what was being truncated away).
     const u64 keep = (size + kBlock - 1) / kBlock;
@@ -1020,7 +1321,8 @@ Status Filesystem::Truncate(u64 ino, InodeFormat* f, u64 size) {
     // A new last block cut in the middle: its tail becomes zeros (reads past
     // the end, and a later extension, must see zeros there).
     f->size.set(size);
-    if (size % kBlock != 0) TFS_TRY(ZeroInBlock(ino, f, size / kBlock, u32(size % kBlock), kBlock));
+    if (size < old_size && size % kBlock != 0)
+      TFS_TRY(ZeroInBlock(ino, f, size / kBlock, u32(size % kBlock), kBlock));
   }
   f->size.set(size);  // (growing: the new bytes are a hole)
   return Status::Ok();
@@ -1069,6 +1371,7 @@ Status Filesystem::Fallocate(u64 ino, u32 mode, u64 off, u64 len) {
   TFS_TRY(ReadInode(ino, &f));
   if (IsDir(f)) return Err::kIsDir;
   if ((f.mode.get() & kModeTypeMask) != kModeReg) return Err::kNoDevice;
+  TFS_TRY(FlushIfBuffered(ino, &f, kFlushOther));
   const u64 end = off + len;
   const i64 now = Now();
   SetTime(&f.ctime_ns, now);
@@ -1271,7 +1574,7 @@ Status Filesystem::OpenInode(u64 ino) {
       o.count++;
       return Status::Ok();
     }
-  TFS_TRY(open_[s].PushBack(OpenCount{ino, 1}));
+  TFS_TRY(open_[s].PushBack(OpenCount{ino, 1, nullptr}));
   c_open_.FetchAdd(1, MemOrder::kRelaxed);
   return Status::Ok();
 }
@@ -1279,21 +1582,36 @@ Status Filesystem::OpenInode(u64 ino) {
 Status Filesystem::Release(u64 ino) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
   const u64 lock[1] = {ino};
-  Locked locked(this, lock, 1);  // no unlink of it runs while we decide
+  Locked locked(this, lock, 1);  // no unlink or write of it runs while we decide
   const u32 s = Stripe(ino);
+  Buffered* b = nullptr;
   {
     MutexLock l(open_mu_[s]);
     Vector<OpenCount>& v = open_[s];
     u32 i = 0;
     while (i < v.size() && v[i].ino != ino) i++;
     if (i == v.size()) return Err::kInvalidArgument;  // not open
-    if (--v[i].count > 0) return Status::Ok();
+    if (v[i].count > 1) {
+      v[i].count--;
+      return Status::Ok();
+    }
+    b = v[i].buf;
+  }
+  InodeFormat f;
+  Status st = ReadInode(ino, &f);
+  // The last handle: buffered data is written out while still visible to
+  // readers (a deleted file's is dropped), then the handle goes.
+  if (st.ok() && f.nlink.get() != 0) st = FlushLocked(ino, &f, b, kFlushClose);
+  {
+    MutexLock l(open_mu_[s]);
+    Vector<OpenCount>& v = open_[s];
+    u32 i = 0;
+    while (v[i].ino != ino) i++;
     v[i] = v[v.size() - 1];
     v.PopBack();
     c_open_.FetchSub(1, MemOrder::kRelaxed);
   }
-  InodeFormat f;
-  Status st = ReadInode(ino, &f);
+  FreeBuffer(b);
   if (st.Is(ErrorClass::kNotFound)) return Status::Ok();
   TFS_TRY(st);
   if (f.nlink.get() != 0) return Status::Ok();
@@ -1311,6 +1629,17 @@ Stats Filesystem::GetStats() const {
   s.inodes_freed = c_freed_.Load(MemOrder::kRelaxed);
   s.orphans_freed = c_orphans_freed_.Load(MemOrder::kRelaxed);
   s.open_inodes = c_open_.Load(MemOrder::kRelaxed);
+  s.writes_buffered = c_wbuf_.Load(MemOrder::kRelaxed);
+  s.writes_direct = c_wdirect_.Load(MemOrder::kRelaxed);
+  s.flushes_full = c_flush_[kFlushFull].Load(MemOrder::kRelaxed);
+  s.flushes_close = c_flush_[kFlushClose].Load(MemOrder::kRelaxed);
+  s.flushes_fsync = c_flush_[kFlushFsync].Load(MemOrder::kRelaxed);
+  s.flushes_age = c_flush_[kFlushAge].Load(MemOrder::kRelaxed);
+  s.flushes_other = c_flush_[kFlushOther].Load(MemOrder::kRelaxed);
+  s.bytes_flushed = c_flushed_bytes_.Load(MemOrder::kRelaxed);
+  s.flush_errors = c_flush_err_.Load(MemOrder::kRelaxed);
+  s.buffers_dropped = c_dropped_.Load(MemOrder::kRelaxed);
+  s.buffers_now = buffers_.Load(MemOrder::kRelaxed);
   return s;
 }
 

@@ -30,6 +30,19 @@
 // Open files. An inode whose last name goes while it is open (OpenInode without
 // its Release) stays, with nlink 0 and an orphan key, until its last Release; a
 // crash leaves the orphan key, and the next Mount frees it.
+//
+// The write buffer. A small write (up to half a buffer) to an open regular
+// file is copied into that inode's buffer: one run of contiguous dirty blocks,
+// up to data::kMaxExtentBlocks (512 KiB). Writes that continue or overwrite the
+// run join it; the run is written out as one extent when a write does not fit
+// it, when it is full, on FlushBuffer (the front end calls it at close),
+// Fsync, the last Release, any SetAttrs or Fallocate of the inode, Unmount,
+// and by a background thread once its oldest write is Options::buffer_age_ms
+// old. Reads and GetAttr/Lookup see buffered data and size. A buffered write
+// is as durable as any write before fsync: a crash may lose it; fsync never
+// does. kWriteDirect (O_DIRECT) writes flush the run and go straight through.
+// A failed write-out keeps the run and fails the operation that asked for it
+// (close, fsync), as Linux reports writeback errors there.
 #ifndef TFS_POSIX_FS_H_
 #define TFS_POSIX_FS_H_
 
@@ -126,6 +139,11 @@ struct Stats {
   u64 inodes_freed;      // last link gone and not open (or its last Release)
   u64 orphans_freed;     // at mount: left by a crash while open
   u64 open_inodes;       // now
+  // The write buffer: writes taken into it, runs written out (and their bytes)
+  // by cause, runs dropped with their file, buffers in use now.
+  u64 writes_buffered, writes_direct;
+  u64 flushes_full, flushes_close, flushes_fsync, flushes_age, flushes_other, bytes_flushed;
+  u64 flush_errors, buffers_dropped, buffers_now;
 };
 
 // One hash table of named entries: a directory's entries or an inode's xattrs.
@@ -148,6 +166,10 @@ class Filesystem {
   // free inode number. The engine must stay open until Unmount.
   struct Options {
     Caller root_owner;       // of a new filesystem's root directory
+    // The write buffer (see above): buffers in use at once (0: no buffering;
+    // each is 512 KiB) and the age at which a run is written out.
+    u32 write_buffers = 128;
+    u32 buffer_age_ms = 5000;
     // New directories hash names into 2^dir_hash_bits home slots (1..62; stored
     // per directory). Tests shrink it to force hash collisions; keep 62.
     u32 dir_hash_bits = 62;
@@ -176,8 +198,15 @@ class Filesystem {
   Result<Attr> SetAttrs(u64 ino, const SetAttr& set);
   // File data (regular files): Write returns len (bytes past 2^50 are kTooBig);
   // Read returns the bytes read, fewer at the end of the file, 0 past it. A
-  // checksum mismatch is kBadChecksum (EIO), never the bytes.
-  Result<u32> Write(u64 ino, u64 off, const void* buf, u32 len);
+  // checksum mismatch is kBadChecksum (EIO), never the bytes. Write flags:
+  // kWriteDirect (O_DIRECT) bypasses the write buffer.
+  enum WriteFlags : u32 { kWriteDirect = 1 };
+  Result<u32> Write(u64 ino, u64 off, const void* buf, u32 len, u32 flags = 0);
+  // Writes out the inode's buffered writes (close(2): the front end's flush).
+  Status FlushBuffer(u64 ino);
+  // FlushBuffer, then the journal's durable commit: everything so far,
+  // including this inode's data, survives a crash.
+  Status Fsync(u64 ino);
   Result<u32> Read(u64 ino, u64 off, void* buf, u32 len);
   // fallocate(2) on a regular file (kIsDir for a directory, kNoDevice for other
   // types): mode 0 or kFallocKeepSize reserve the holes of the range as
@@ -218,6 +247,7 @@ class Filesystem {
  private:
   struct Entry;     // a directory entry found by FindEntry
   struct Locked;    // stripes held by one operation
+  struct Buffered;  // one open inode's write buffer
 
   static constexpr u32 kStripes = 64;
   u32 Stripe(u64 ino) const { return u32((ino * 0x9e3779b97f4a7c15ull) >> 58) % kStripes; }
@@ -245,6 +275,21 @@ class Filesystem {
   Status Remove(u64 dir, const char* name, u32 len, bool rmdir);
   // Counts an inode freed by a committed operation.
   void NoteFreed(bool freed);
+  // The write buffer. Callers hold the inode's stripe.
+  enum FlushCause : u32 { kFlushFull, kFlushClose, kFlushFsync, kFlushAge, kFlushOther };
+  Buffered* FindBuffer(u64 ino, bool create);
+  // Writes out b's run (if any) with *f, the inode as read under the stripe,
+  // updated to what was committed.
+  Status FlushLocked(u64 ino, InodeFormat* f, Buffered* b, FlushCause cause);
+  // FlushLocked of the inode's buffer, if it has one with data (reads the inode).
+  Status FlushIfBuffered(u64 ino, InodeFormat* f, FlushCause cause);
+  Result<u32> WriteBuffered(u64 ino, InodeFormat* f, Buffered* b, u64 off, const u8* buf, u32 len);
+  Result<u32> WriteThrough(u64 ino, InodeFormat* f, u64 off, const u8* buf, u32 len);
+  // Size, times and sectors of buffered writes, on top of the inode's.
+  void OverlayBuffered(u64 ino, Attr* a);
+  void FreeBuffer(Buffered* b);
+  static void FlusherMain(void* self);
+  void FlushAged();
   bool IsOpen(u64 ino);
   u64 AllocIno();
   u32 NextGeneration();
@@ -261,6 +306,7 @@ class Filesystem {
   struct OpenCount {
     u64 ino;
     u32 count;
+    Buffered* buf;  // allocated at the first buffered write; freed with the entry
   };
   Mutex open_mu_[kStripes];
   Vector<OpenCount> open_[kStripes];
@@ -269,6 +315,14 @@ class Filesystem {
   Atomic<u64> inodes_{0};  // inodes in use (statfs)
   Atomic<u64> c_lookups_{0}, c_creates_{0}, c_unlinks_{0}, c_renames_{0}, c_setattrs_{0};
   Atomic<u64> c_readdirs_{0}, c_freed_{0}, c_orphans_freed_{0}, c_open_{0};
+  Atomic<u32> buffers_{0};  // write buffers allocated
+  Atomic<u64> buf_gen_{1};  // Buffered::gen values
+  Atomic<u64> c_wbuf_{0}, c_wdirect_{0}, c_flush_[5] = {}, c_flushed_bytes_{0}, c_flush_err_{0}, c_dropped_{0};
+  // The background flusher (ages buffers out).
+  platform::Thread flusher_;
+  Mutex flusher_mu_;
+  CondVar flusher_cv_;
+  bool flusher_stop_ = false;
 };
 
 NameTable DirTable(u64 dir, const InodeFormat& d);

@@ -750,18 +750,37 @@ u64 UserBuckets(engine::Engine& e) { return e.alloc().Usage(0).by_state[u32(allo
 // without KEEP_SIZE) and reads of a few files against a model of their bytes
 // and of which blocks hold space (st_blocks), with remounts; a power cut after a
 // sync keeps exactly the synced state; deleting everything gives the space back.
-TEST(PosixTest, FileDataAgainstAModel) {
+// With `handles`, the files are open (OpenInode), so small writes go through
+// the write buffer: many small writes, some continuing the last one, some
+// O_DIRECT, flushes and fsyncs between them, and remounts with the handles
+// still open (Unmount writes the buffers out) or closed.
+void FileModel(bool handles) {
   Mounted m;
-  std::mt19937_64 rng(42);
+  std::mt19937_64 rng(handles ? 7 : 42);
   std::vector<u64> inos;
   std::vector<std::string> model(3);
   std::vector<std::set<u64>> held(3);  // blocks with space: written or reserved
+  std::vector<u64> last_end(3, 0);
   for (int i = 0; i < 3; i++) inos.push_back(Mkfile(m.fs, kRootIno, "f" + std::to_string(i)).value().ino);
+  auto open_all = [&] {
+    if (!handles) return;
+    for (u64 ino : inos) ASSERT_TRUE(m.fs.OpenInode(ino).ok());
+  };
+  auto close_all = [&] {
+    if (!handles) return;
+    for (u64 ino : inos) ASSERT_TRUE(m.fs.Release(ino).ok());
+  };
+  open_all();
   auto check = [&](int i) {
-    const Attr a = m.fs.GetAttr(inos[i]).value();
+    ASSERT_EQ(m.fs.GetAttr(inos[i]).value().size, model[i].size()) << i;
+    ASSERT_TRUE(ReadAll(m.fs, inos[i]) == model[i]) << "file " << i;
+    ASSERT_TRUE(m.fs.FlushBuffer(inos[i]).ok());
+    const Attr a = m.fs.GetAttr(inos[i]).value();  // sectors: exact once written out
     ASSERT_EQ(a.size, model[i].size()) << i;
     ASSERT_EQ(a.sectors, held[i].size() * 8) << i;
-    ASSERT_TRUE(ReadAll(m.fs, inos[i]) == model[i]) << "file " << i;
+  };
+  auto sync = [&] {
+    for (u64 ino : inos) ASSERT_TRUE(m.fs.Fsync(ino).ok());
   };
   auto hold = [&](int i, u64 b0, u64 b1) {
     for (u64 b = b0; b < b1; b++) held[i].insert(b);
@@ -771,26 +790,36 @@ TEST(PosixTest, FileDataAgainstAModel) {
   };
   std::vector<std::string> synced;
   u64 fallocates = 0;
-  for (int op = 0; op < 600; op++) {
+  const int ops = handles ? 1500 : 600;
+  for (int op = 0; op < ops; op++) {
     const int i = int(rng() % 3);
     const int kind = int(rng() % 13);
     if (kind < 6) {
-      const u64 off = rng() % (3 << 20);
-      std::string data(1 + rng() % (300 << 10), '\0');
+      u64 off = rng() % (3 << 20);
+      u64 len = 1 + rng() % (300 << 10);
+      if (handles && rng() % 4 != 0) {  // small, and mostly continuing the last write
+        len = 1 + rng() % 9000;
+        if (rng() % 3 != 0) off = last_end[i] - std::min<u64>(last_end[i], rng() % 5000);
+      }
+      std::string data(len, '\0');
       for (char& c : data) c = char(rng());
-      auto r = m.fs.Write(inos[i], off, data.data(), u32(data.size()));
+      const u32 flags = handles && rng() % 8 == 0 ? u32(Filesystem::kWriteDirect) : 0u;
+      auto r = m.fs.Write(inos[i], off, data.data(), u32(data.size()), flags);
       ASSERT_TRUE(r.ok()) << r.status().Message();
       if (model[i].size() < off + data.size()) model[i].resize(off + data.size(), '\0');
       model[i].replace(off, data.size(), data);
       hold(i, off / 4096, (off + data.size() + 4095) / 4096);
+      last_end[i] = off + len;
+    } else if (handles && kind == 12 && rng() % 2 == 0) {
+      ASSERT_TRUE((rng() % 2 == 0 ? m.fs.FlushBuffer(inos[i]) : m.fs.Fsync(inos[i])).ok());
     } else if (kind < 8) {
       const u64 size = rng() % (4 << 20);
       SetAttr s;
       s.valid = kSetSize;
       s.size = size;
       ASSERT_TRUE(m.fs.SetAttrs(inos[i], s).ok());
+      if (size <= model[i].size()) drop(i, (size + 4095) / 4096, ~u64(0));  // growing keeps them
       model[i].resize(size, '\0');
-      drop(i, (size + 4095) / 4096, ~u64(0));
     } else if (kind < 10) {
       // Offsets around the end of the file, so KEEP_SIZE matters.
       const u64 off = rng() % (4 << 20);
@@ -821,30 +850,149 @@ TEST(PosixTest, FileDataAgainstAModel) {
       ASSERT_TRUE(got.substr(0, want) == model[i].substr(off < model[i].size() ? off : 0, want)) << op;
     }
     if (op % 100 == 99) {
+      if (op % 200 == 99) close_all();  // else Unmount writes the open files' buffers out
       m.Remount();
+      open_all();
       for (int k = 0; k < 3; k++) check(k);
     }
     if (op == 250) {
-      m.Sync();
+      sync();
       synced = model;
     }
   }
   for (int k = 0; k < 3; k++) check(k);
   EXPECT_GT(fallocates, 50u);
   EXPECT_GT(m.fs.GetDataStats().blocks_released, 0u);
+  if (handles) {
+    const Stats st = m.fs.GetStats();
+    EXPECT_GT(st.writes_buffered, 500u);
+    EXPECT_GT(st.writes_direct, 50u);
+    EXPECT_GT(st.flushes_full, 50u);
+    EXPECT_GT(st.flushes_fsync + st.flushes_close, 10u);
+  }
   // A power cut now keeps at least the synced state (later writes may or may
   // not be there; each file is then one of the states it went through, which the
   // remount checks above cover) -- check the synced files right after a cut.
   {
-    m.Sync();
+    sync();
     auto after = m.AfterPowerCut();
     for (int k = 0; k < 3; k++) ASSERT_TRUE(ReadAll(after->fs, inos[k]) == model[k]) << k;
   }
+  close_all();
   for (int k = 0; k < 3; k++) ASSERT_TRUE(Unlink(m.fs, kRootIno, "f" + std::to_string(k)).ok());
   EXPECT_LE(UserBuckets(*m.eng), 1u);  // only the open write point may stay
   EXPECT_EQ(m.fs.GetDataStats().blocks_reserved, 0u);
   m.Remount();
   EXPECT_EQ(UserBuckets(*m.eng), 0u);
+}
+
+TEST(PosixTest, FileDataAgainstAModel) { FileModel(false); }
+TEST(PosixTest, BufferedFileDataAgainstAModel) { FileModel(true); }
+
+// Small appends coalesce into few extents; the buffered bytes are visible to
+// reads and GetAttr at once; a run ages out on its own; data buffered but not
+// written out is what a crash loses, and fsync is what keeps it.
+TEST(PosixTest, WriteBufferCoalescesAndAgesOut) {
+  Mounted m;
+  m.opt.buffer_age_ms = 100;
+  m.Remount();
+  const u64 f = Mkfile(m.fs, kRootIno, "log").value().ino;
+  ASSERT_TRUE(m.fs.OpenInode(f).ok());
+  std::string model;
+  const u64 extents0 = m.fs.GetDataStats().extents_written;
+  for (int i = 0; i < 2000; i++) {
+    std::string line = "line " + std::to_string(i) + " of the log, some bytes to make it longer\n";
+    ASSERT_EQ(m.fs.Write(f, model.size(), line.data(), u32(line.size())).value(), line.size());
+    model += line;
+    if (i % 97 == 0) {
+      ASSERT_EQ(m.fs.GetAttr(f).value().size, model.size());
+      ASSERT_TRUE(ReadAll(m.fs, f) == model) << i;
+    }
+  }
+  ASSERT_TRUE(m.fs.Fsync(f).ok());
+  // ~125 KiB in 2,000 writes: a few extents, not one a write.
+  EXPECT_LE(m.fs.GetDataStats().extents_written - extents0, 4u);
+  EXPECT_EQ(m.fs.GetStats().writes_buffered, 2000u);
+  // Unsynced: a crash loses what is still buffered, keeps what is synced.
+  const std::string synced = model;
+  ASSERT_EQ(m.fs.Write(f, model.size(), "tail", 4).value(), 4u);
+  model += "tail";
+  {
+    auto after = m.AfterPowerCut();
+    EXPECT_TRUE(ReadAll(after->fs, f) == synced);
+  }
+  // It ages out: written by the flusher, durable after a journal flush.
+  for (int i = 0; i < 100 && m.fs.GetStats().flushes_age == 0; i++)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(m.fs.GetStats().flushes_age, 1u);
+  m.Sync();
+  {
+    auto after = m.AfterPowerCut();
+    EXPECT_TRUE(ReadAll(after->fs, f) == model);
+  }
+  ASSERT_TRUE(m.fs.Release(f).ok());
+  EXPECT_EQ(m.fs.GetStats().buffers_now, 0u);
+}
+
+// Readers racing a writer whose small appends are buffered and written out
+// (by size, by FlushBuffer and by age) never see anything but the bytes
+// written: every byte's value is a function of its offset.
+TEST(PosixTest, ReadsRacingBufferedWritesSeeWrittenBytes) {
+  Mounted m;
+  m.opt.buffer_age_ms = 20;
+  m.Remount();
+  const u64 f = Mkfile(m.fs, kRootIno, "race").value().ino;
+  ASSERT_TRUE(m.fs.OpenInode(f).ok());
+  auto byte = [](u64 off) { return char('a' + (off * 7 + off / 4096) % 26); };
+  std::atomic<u64> acked{0};
+  std::atomic<bool> done{false};
+  std::atomic<u64> bad{0}, reads{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 2; t++)
+    readers.emplace_back([&, t] {
+      std::mt19937_64 rng(t);
+      std::string buf(20000, '\0');
+      while (!done.load()) {
+        const u64 size = acked.load();
+        if (size == 0) continue;
+        const u64 off = rng() % size;
+        const u32 len = u32(std::min<u64>(1 + rng() % buf.size(), size - off));
+        auto r = m.fs.Read(f, off, buf.data(), len);
+        if (!r.ok() || r.value() < len) {
+          bad++;
+          continue;
+        }
+        for (u32 i = 0; i < len; i++)
+          if (buf[i] != byte(off + i)) {
+            bad++;
+            break;
+          }
+        reads++;
+      }
+    });
+  std::mt19937_64 rng(99);
+  u64 size = 0;
+  while (size < (6u << 20)) {
+    std::string data(1 + rng() % 6000, '\0');
+    for (u64 i = 0; i < data.size(); i++) data[i] = byte(size + i);
+    ASSERT_EQ(m.fs.Write(f, size, data.data(), u32(data.size())).value(), data.size());
+    size += data.size();
+    acked.store(size);
+    if (rng() % 500 == 0) {
+      ASSERT_TRUE(m.fs.FlushBuffer(f).ok());
+    }
+  }
+  done.store(true);
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(bad.load(), 0u);
+  EXPECT_GT(reads.load(), 100u);
+  const Stats st = m.fs.GetStats();
+  EXPECT_GT(st.flushes_full, 5u);
+  ASSERT_TRUE(m.fs.Release(f).ok());
+  m.Remount();
+  std::string all = ReadAll(m.fs, f);
+  ASSERT_EQ(all.size(), size);
+  for (u64 i = 0; i < size; i++) ASSERT_EQ(all[i], byte(i)) << i;
 }
 
 // Fallocated space is held: other writes get ENOSPC before they eat into it,

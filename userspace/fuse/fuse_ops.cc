@@ -3,6 +3,7 @@
 
 #include "userspace/fuse/ctl.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -16,6 +17,8 @@ namespace tfs::fuse {
 namespace {
 
 Context* Ctx(fuse_req_t req) { return static_cast<Context*>(fuse_req_userdata(req)); }
+
+constexpr uint64_t kFhDirect = 1;  // fuse_file_info::fh of an O_DIRECT handle
 
 posix::Caller Who(fuse_req_t req) {
   const fuse_ctx* c = fuse_req_ctx(req);
@@ -159,9 +162,20 @@ void Link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* newn
   ReplyEntry(req, Ctx(req)->fs->Link(ino, newparent, newname, Len(newname)));
 }
 
+// An O_DIRECT open: the kernel bypasses its page cache (direct_io), and its
+// writes bypass the write buffer.
+void MarkDirect(fuse_file_info* fi) {
+  fi->fh = 0;
+  if ((fi->flags & O_DIRECT) != 0) {
+    fi->fh |= kFhDirect;
+    fi->direct_io = 1;
+  }
+}
+
 void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Status st = Ctx(req)->fs->OpenInode(ino);
   if (!st.ok()) return Reply(req, st);
+  MarkDirect(fi);
   fuse_reply_open(req, fi);
 }
 
@@ -178,6 +192,7 @@ void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fu
   e.attr = ToStat(r.value());
   e.attr_timeout = c->attr_timeout;
   e.entry_timeout = c->attr_timeout;
+  MarkDirect(fi);
   if (fuse_reply_create(req, &e, fi) != 0) (void)c->fs->Release(e.ino);  // the open was interrupted
 }
 
@@ -191,9 +206,11 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
   fuse_reply_buf(req, buf.data(), r.value());
 }
 
-void Write(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off_t off, fuse_file_info*) {
+void Write(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off_t off, fuse_file_info* fi) {
   if (off < 0 || size > UINT32_MAX) return (void)fuse_reply_err(req, EINVAL);
-  auto r = Ctx(req)->fs->Write(ino, uint64_t(off), data, uint32_t(size));
+  // Writes of an O_DIRECT handle (fh bit, set at open) skip the write buffer.
+  const uint32_t flags = (fi->fh & kFhDirect) != 0 ? uint32_t(posix::Filesystem::kWriteDirect) : 0u;
+  auto r = Ctx(req)->fs->Write(ino, uint64_t(off), data, uint32_t(size), flags);
   if (!r.ok()) return Reply(req, r.status());
   fuse_reply_write(req, r.value());
 }
@@ -203,10 +220,12 @@ void Fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, f
   Reply(req, Ctx(req)->fs->Fallocate(ino, uint32_t(mode), uint64_t(off), uint64_t(len)));
 }
 
-void Flush(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+// close(2) of a handle: buffered writes go out, and their error is close's.
+void Flush(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) { Reply(req, Ctx(req)->fs->FlushBuffer(ino)); }
 
-// The journal's durable commit: every operation so far survives a crash.
-void Fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) { Reply(req, Ctx(req)->engine->journal().Flush()); }
+// The file's buffered writes, then the journal's durable commit: every
+// operation so far survives a crash.
+void Fsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info*) { Reply(req, Ctx(req)->fs->Fsync(ino)); }
 
 void OpenDir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   auto r = Ctx(req)->fs->GetAttr(ino);
