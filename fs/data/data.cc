@@ -41,9 +41,29 @@ u32 BuildUnwritten(u8* buf, u32 blocks) {
   return u32(sizeof(h));
 }
 
+// A compressed extent's value: blocks [offset, offset + blocks) of a blob of
+// stored_blocks blocks kept as disk_bytes compressed bytes whose crc is `crc`.
+u32 BuildCompressed(u8* buf, const ExtentPtr& ptr, u32 offset, u32 blocks, u32 stored_blocks, u32 disk_bytes,
+                    const u8* crc) {
+  ExtentFormat h;
+  MemSet(&h, 0, sizeof(h));
+  h.version = kExtentVersion;
+  h.flags = kExtentCompressed;
+  h.nr_ptrs = 1;
+  h.stored_blocks = u8(stored_blocks);
+  h.blocks.set(blocks);
+  h.offset.set(offset);
+  h.disk_bytes.set(disk_bytes);
+  MemCopy(buf, &h, sizeof(h));
+  MemCopy(buf + sizeof(h), &ptr, sizeof(ptr));
+  MemCopy(buf + sizeof(h) + sizeof(ptr), crc, 4);
+  return u32(sizeof(h) + sizeof(ptr)) + 4;
+}
+
 // The value of piece [start + skip, start + skip + blocks) of extent e.
 u32 BuildPiece(u8* buf, const Extent& e, u64 skip, u32 blocks) {
   if (e.unwritten) return BuildUnwritten(buf, blocks);
+  if (e.compressed) return BuildCompressed(buf, e.ptr, e.offset + u32(skip), blocks, e.stored_blocks, e.disk_bytes, e.crcs);
   return BuildExtent(buf, e.ptr, e.offset + u32(skip), blocks, e.crcs + 4 * skip);
 }
 
@@ -56,10 +76,17 @@ Status ParseExtent(const Pos& pos, const u8* value, u32 len, Extent* out) {
   const u32 blocks = h.blocks.get();
   if (h.version != kExtentVersion || blocks == 0 || pos.offset < blocks) return Err::kCorrupt;
   if (h.flags == kExtentUnwritten) {
-    if (h.nr_ptrs != 0 || blocks > kMaxUnwrittenBlocks || h.offset.get() != 0 || len != sizeof(h))
+    if (h.nr_ptrs != 0 || blocks > kMaxUnwrittenBlocks || h.offset.get() != 0 || h.stored_blocks != 0 ||
+        h.disk_bytes.get() != 0 || len != sizeof(h))
       return Err::kCorrupt;
-  } else if (h.flags != 0 || h.nr_ptrs != 1 || blocks > kMaxExtentBlocks ||
-             len != sizeof(h) + sizeof(ExtentPtr) + 4 * blocks) {
+  } else if (h.flags == kExtentCompressed) {
+    const u32 stored = h.stored_blocks;
+    if (h.nr_ptrs != 1 || stored == 0 || stored > kMaxCompressedBlocks || blocks > stored ||
+        h.offset.get() > stored - blocks || h.disk_bytes.get() == 0 || h.disk_bytes.get() >= stored * kBlockSize ||
+        len != sizeof(h) + sizeof(ExtentPtr) + 4)
+      return Err::kCorrupt;
+  } else if (h.flags != 0 || h.nr_ptrs != 1 || blocks > kMaxExtentBlocks || h.stored_blocks != 0 ||
+             h.disk_bytes.get() != 0 || len != sizeof(h) + sizeof(ExtentPtr) + 4 * blocks) {
     return Err::kCorrupt;
   }
   out->ino = pos.inode;
@@ -67,6 +94,9 @@ Status ParseExtent(const Pos& pos, const u8* value, u32 len, Extent* out) {
   out->start = pos.offset - blocks;
   out->offset = h.offset.get();
   out->unwritten = h.flags == kExtentUnwritten;
+  out->compressed = h.flags == kExtentCompressed;
+  out->stored_blocks = h.stored_blocks;
+  out->disk_bytes = h.disk_bytes.get();
   if (out->unwritten) {
     MemSet(&out->ptr, 0, sizeof(ExtentPtr));
     out->crcs = nullptr;
@@ -160,13 +190,13 @@ u64 DataPath::FreeBlocksLocked() const {
   return buckets * bucket_blocks_ + (wp_open_ ? bucket_blocks_ - wp_used_ : 0);
 }
 
-Status DataPath::Reserve(u32 want, u64 covered, alloc::BucketRef* ref, u64* offset, u32* got) {
+Status DataPath::Reserve(u32 want, u64 covered, bool whole, alloc::BucketRef* ref, u64* offset, u32* got) {
   alloc::BucketRef retired{};
   bool retire = false;
   Status st;
   {
     MutexLock l(wp_mu_);
-    if (!wp_open_ || wp_used_ == bucket_blocks_) {
+    if (!wp_open_ || wp_used_ == bucket_blocks_ || (whole && bucket_blocks_ - wp_used_ < want)) {
       dev::DevMask fg = 0;
       auto t = engine_->devs().ResolveTarget(engine_->sb().options.foreground_target);
       if (t.ok()) fg = t.value();
@@ -215,20 +245,34 @@ Status DataPath::WriteBlob(u32 dev, u64 offset, const u8* data, u32 nblocks) {
 }
 
 Status DataPath::QueueWrite(btree::Transaction* tx, u64 ino, u64 first, const u8* blocks, u32 nblocks,
-                            Delta* delta) {
+                            Delta* delta, bool compress) {
   if (engine_ == nullptr || nblocks == 0) return Err::kInvalidArgument;
   const u64 unreserved = delta->unreserved;
   TFS_TRY(QueuePunch(tx, ino, first, first + nblocks, delta));
   const u64 covered = delta->unreserved - unreserved;  // reserved blocks this write replaces
   u8 value[kValueMax];
   u8 crcs[4 * kMaxExtentBlocks];
+  // Plain blocks are written up to `plain_end`: all of them, or (compressing)
+  // the current chunk when zstd did not save a block.
+  u32 plain_end = compress ? 0 : nblocks;
   for (u32 done = 0; done < nblocks;) {
+    if (done >= plain_end) {
+      const u32 n = Min(nblocks - done, kMaxCompressedBlocks);
+      Status st = WriteCompressed(tx, ino, first + done, blocks + u64(done) * kBlockSize, n, covered, delta);
+      if (st.ok()) {
+        done += n;
+        continue;
+      }
+      if (st.code() != Err::kNotSupported) return st;
+      c_zplain_.FetchAdd(1, MemOrder::kRelaxed);
+      plain_end = done + n;
+    }
     alloc::BucketRef ref;
     u64 offset;
     u32 got;
-    TFS_TRY(Reserve(Min(nblocks - done, kMaxExtentBlocks), covered, &ref, &offset, &got));
+    TFS_TRY(Reserve(Min(plain_end - done, kMaxExtentBlocks), covered, false, &ref, &offset, &got));
     // Recorded at once, so that Abort gives the reserved space back whatever fails next.
-    Status st = delta->changes.PushBack(Delta::Change{ref.dev, ref.bucket, i64(got)});
+    Status st = delta->changes.PushBack(Delta::Change{ref.dev, ref.bucket, i64(got), i64(got)});
     if (!st.ok()) {
       Account(ref.dev, ref.bucket, 0, -i64(got));
       return st;
@@ -252,6 +296,56 @@ Status DataPath::QueueWrite(btree::Transaction* tx, u64 ino, u64 first, const u8
     c_extents_.FetchAdd(1, MemOrder::kRelaxed);
     done += got;
   }
+  return Status::Ok();
+}
+
+Status DataPath::WriteCompressed(btree::Transaction* tx, u64 ino, u64 first, const u8* data, u32 nblocks,
+                                 u64 covered, Delta* delta) {
+  if (nblocks < 2) return Err::kNotSupported;  // nothing to save
+  const u64 in = u64(nblocks) * kBlockSize;
+  const u64 cap = in - kBlockSize;  // it must save a block
+  u8* z = static_cast<u8*>(platform::Alloc(in, kBlockSize));
+  if (z == nullptr) return Err::kNoMemory;
+  auto r = platform::ZstdCompress(z, cap, data, in);
+  if (!r.ok()) {
+    platform::Free(z);
+    return r.status().code() == Err::kNoSpace ? Status(Err::kNotSupported) : r.status();
+  }
+  const u32 zbytes = u32(r.value());
+  const u32 zblocks = (zbytes + kBlockSize - 1) / kBlockSize;
+  MemSet(z + zbytes, 0, u64(zblocks) * kBlockSize - zbytes);
+  alloc::BucketRef ref;
+  u64 offset;
+  u32 got;
+  Status st = Reserve(zblocks, covered, true, &ref, &offset, &got);
+  if (st.ok()) {
+    st = delta->changes.PushBack(Delta::Change{ref.dev, ref.bucket, i64(nblocks), i64(zblocks)});
+    if (!st.ok()) Account(ref.dev, ref.bucket, 0, -i64(zblocks));
+  }
+  if (st.ok()) {
+    delta->deps |= dev::DevMask(1) << ref.dev;
+    st = dev::QueueSyncIo(engine_->devs().member(ref.dev)->queue(), IoOp::kWrite, offset, z,
+                          u64(zblocks) * kBlockSize, 0, IoOrigin::kForegroundWrite);
+  }
+  if (st.ok()) {
+    Le32 c;
+    c.set(platform::Crc32c(z, zbytes));
+    ExtentPtr ptr;
+    MemSet(&ptr, 0, sizeof(ptr));
+    ptr.dev = u8(ref.dev);
+    ptr.gen = ref.gen;
+    ptr.offset.set(offset);
+    u8 value[sizeof(ExtentFormat) + sizeof(ExtentPtr) + 4];
+    st = tx->Set(ExtentPos(ino, first + nblocks), value,
+                 BuildCompressed(value, ptr, 0, nblocks, nblocks, zbytes, reinterpret_cast<const u8*>(&c)));
+  }
+  platform::Free(z);
+  TFS_TRY(st);
+  delta->sectors += i64(nblocks) * (kBlockSize / 512);
+  c_bytes_written_.FetchAdd(u64(zblocks) * kBlockSize, MemOrder::kRelaxed);
+  c_extents_.FetchAdd(1, MemOrder::kRelaxed);
+  c_zin_.FetchAdd(in, MemOrder::kRelaxed);
+  c_zout_.FetchAdd(zbytes, MemOrder::kRelaxed);
   return Status::Ok();
 }
 
@@ -279,7 +373,7 @@ Status DataPath::QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end,
       delta->unreserved += hi - lo;
     } else {
       const u64 b = engine_->sb().BucketOf(e.ptr.offset.get());
-      TFS_TRY(delta->changes.PushBack(Delta::Change{e.ptr.dev, b, -i64(hi - lo)}));
+      TFS_TRY(delta->changes.PushBack(Delta::Change{e.ptr.dev, b, -i64(hi - lo), 0}));
     }
     delta->sectors -= i64(hi - lo) * (kBlockSize / 512);
   }
@@ -357,7 +451,7 @@ void DataPath::Apply(const Delta& delta) {
   // Gains first (reserved space becomes live): a bucket losing and gaining in
   // one delta never looks empty.
   for (const Delta::Change& c : delta.changes)
-    if (c.blocks > 0) Account(c.dev, c.bucket, c.blocks, -c.blocks);
+    if (c.pending > 0) Account(c.dev, c.bucket, c.blocks, -c.pending);
   for (const Delta::Change& c : delta.changes)
     if (c.blocks < 0) Account(c.dev, c.bucket, c.blocks, 0);
   if (delta.unreserved > 0) {
@@ -370,7 +464,7 @@ void DataPath::Apply(const Delta& delta) {
 void DataPath::Abort(const Delta& delta) {
   // The space reserved for it is unreferenced: its bucket may go once empty.
   for (const Delta::Change& c : delta.changes)
-    if (c.blocks > 0) Account(c.dev, c.bucket, 0, -c.blocks);
+    if (c.pending > 0) Account(c.dev, c.bucket, 0, -c.pending);
   if (delta.reserved > 0) {
     MutexLock a(acct_mu_);
     TFS_BUG_ON(delta.reserved > reserved_);
@@ -409,7 +503,7 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
     // The pointer must land in one user bucket of its generation.
     const u64 b = sb.BucketOf(e.ptr.offset.get());
     if (e.ptr.dev >= sb.nr_members || b >= engine_->alloc().nbuckets(e.ptr.dev) ||
-        at + len > sb.BucketOffset(b) + sb.bucket_size) {
+        e.ptr.offset.get() + e.DiskBlocks() * kBlockSize > sb.BucketOffset(b) + sb.bucket_size) {
       st = Err::kCorrupt;
       break;
     }
@@ -422,6 +516,14 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
     if (tmp == nullptr) {
       st = Err::kNoMemory;
       break;
+    }
+    if (e.compressed) {
+      st = ReadCompressed(e, tmp);
+      if (!st.ok()) break;
+      MemCopy(buf + (lo - first) * kBlockSize, tmp + (u64(e.offset) + (lo - e.start)) * kBlockSize, len);
+      c_bytes_read_.FetchAdd(e.DiskBlocks() * kBlockSize, MemOrder::kRelaxed);
+      c_blocks_read_.FetchAdd(hi - lo, MemOrder::kRelaxed);
+      continue;
     }
     st = dev::QueueSyncIo(engine_->devs().member(e.ptr.dev)->queue(), IoOp::kRead, at, tmp, len, 0,
                           IoOrigin::kForegroundRead);
@@ -446,6 +548,36 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
     c_blocks_read_.FetchAdd(hi - lo, MemOrder::kRelaxed);
   }
   platform::Free(tmp);
+  return st;
+}
+
+Status DataPath::ReadCompressed(const Extent& e, u8* out) {
+  const u64 disk = e.DiskBlocks() * kBlockSize;
+  u8* z = static_cast<u8*>(platform::Alloc(disk, kBlockSize));
+  if (z == nullptr) return Err::kNoMemory;
+  Status st = dev::QueueSyncIo(engine_->devs().member(e.ptr.dev)->queue(), IoOp::kRead, e.ptr.offset.get(), z,
+                               disk, 0, IoOrigin::kForegroundRead);
+  if (st.ok()) {
+    Le32 want;
+    MemCopy(&want, e.crcs, 4);
+    if (platform::Crc32c(z, e.disk_bytes) != want.get()) {
+      c_csum_.FetchAdd(1, MemOrder::kRelaxed);
+      platform::Log(platform::LogLevel::kError,
+                    "data: checksum mismatch: inode %llu compressed blob at block %llu (member %u offset %llu)",
+                    (unsigned long long)e.ino, (unsigned long long)(e.start - e.offset), unsigned(e.ptr.dev),
+                    (unsigned long long)e.ptr.offset.get());
+      st = Err::kBadChecksum;
+    }
+  }
+  if (st.ok()) {
+    // A blob that passes its crc but does not decompress to exactly its
+    // blocks was written wrong: corrupt, never partial data.
+    const u64 want = u64(e.stored_blocks) * kBlockSize;
+    auto r = platform::ZstdDecompress(out, want, z, e.disk_bytes);
+    if (!r.ok() || r.value() != want) st = Err::kCorrupt;
+  }
+  if (st.ok()) c_zreads_.FetchAdd(1, MemOrder::kRelaxed);
+  platform::Free(z);
   return st;
 }
 
@@ -479,6 +611,10 @@ Stats DataPath::GetStats() const {
     s.blocks_reserved = reserved_;
   }
   s.reserve_refused = c_refused_.Load(MemOrder::kRelaxed);
+  s.compressed_in = c_zin_.Load(MemOrder::kRelaxed);
+  s.compressed_out = c_zout_.Load(MemOrder::kRelaxed);
+  s.incompressible = c_zplain_.Load(MemOrder::kRelaxed);
+  s.compressed_reads = c_zreads_.Load(MemOrder::kRelaxed);
   return s;
 }
 

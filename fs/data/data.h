@@ -23,6 +23,14 @@
 // Reading verifies every block it returns; a mismatch is kBadChecksum (EIO at
 // the FUSE edge) and counted, never the bytes. Holes read as zeros.
 //
+// Compressed extents (QueueWrite with compress): each chunk of up to
+// kMaxCompressedBlocks blocks is zstd-compressed and, if that saves at least a
+// block, stored as one blob of disk_bytes bytes with one crc32c over them (a
+// read must fetch and decompress the whole blob anyway). Pieces of a split
+// compressed extent keep pointing into their blob. A bucket's live count is
+// the file blocks whose data it holds (logical, so a compressed bucket may
+// count more than it has): zero still means nothing points into it.
+//
 // Unwritten extents (fallocate) have no pointer and no blob: they read as
 // zeros and hold a *reservation* of as many blocks (bcachefs's reservation
 // keys). The sum of the reservations is kept in memory (rebuilt at Open like
@@ -53,6 +61,8 @@ inline constexpr u32 kMaxExtentBlocks = 128;  // 512 KiB of data, 512 bytes of c
 inline constexpr u32 kMaxUnwrittenBlocks = 1u << 18;  // 1 GiB of reservation a key
 inline constexpr u8 kExtentVersion = 1;
 inline constexpr u8 kExtentUnwritten = 1;  // ExtentFormat::flags: no pointer, reads as zeros
+inline constexpr u8 kExtentCompressed = 2;  // ExtentFormat::flags: a zstd blob, one crc
+inline constexpr u32 kMaxCompressedBlocks = 16;  // 64 KiB of input a blob
 
 struct ExtentPtr {  // 16 bytes
   u8 dev;
@@ -66,12 +76,12 @@ static_assert(sizeof(ExtentPtr) == 16, "extent pointer size");
 
 struct ExtentFormat {  // 16 bytes, then nr_ptrs ExtentPtr, then blocks Le32 crcs
   u8 version;      // kExtentVersion
-  u8 flags;        // kExtentUnwritten (compressed later)
+  u8 flags;        // 0, kExtentUnwritten or kExtentCompressed
   u8 nr_ptrs;      // 1; 0 if unwritten (replicas later)
-  u8 reserved;
+  u8 stored_blocks;  // compressed: the blob's blocks before compression; else 0
   Le32 blocks;     // 1..kMaxExtentBlocks (unwritten: ..kMaxUnwrittenBlocks)
   Le32 offset;     // blocks from the blob's start to this extent's first block
-  Le32 reserved2;
+  Le32 disk_bytes;   // compressed: the blob's bytes on disk; else 0
 };
 static_assert(sizeof(ExtentFormat) == 16, "extent header size");
 
@@ -82,8 +92,15 @@ struct Extent {
   u64 end = 0;    // one past the last
   u32 offset = 0;
   bool unwritten = false;    // then ptr is zeros and crcs null
+  bool compressed = false;   // then crcs is the one crc of the blob's disk_bytes
+  u32 stored_blocks = 0;     // compressed: blocks of the blob before compression
+  u32 disk_bytes = 0;        // compressed: bytes of the blob on disk
   ExtentPtr ptr{};
   const u8* crcs = nullptr;  // blocks Le32 values
+  // Blocks of the member the blob takes from ptr.offset.
+  u64 DiskBlocks() const {
+    return compressed ? (disk_bytes + kBlockSize - 1) / kBlockSize : u64(offset) + (end - start);
+  }
 };
 // kCorrupt unless the value is a valid extent ending at `end` (pos.offset).
 Status ParseExtent(const btree::Pos& pos, const u8* value, u32 len, Extent* out);
@@ -93,7 +110,8 @@ struct Delta {
   struct Change {
     u32 dev;
     u64 bucket;
-    i64 blocks;
+    i64 blocks;    // live (file) blocks gained or lost
+    i64 pending;   // disk blocks reserved for the write (released by Apply or Abort)
   };
   Vector<Change> changes;
   // Whether it changes nothing (a punch that found no extent).
@@ -111,6 +129,9 @@ struct Stats {
   u64 buckets_opened, buckets_freed;
   u64 blocks_reserved;     // now: unwritten blocks (fallocate) committed or queued
   u64 reserve_refused;     // writes and fallocates refused to keep reservations whole
+  u64 compressed_in, compressed_out;  // bytes given to zstd and stored for them
+  u64 incompressible;      // chunks stored plain because zstd saved less than a block
+  u64 compressed_reads;    // blobs read and decompressed
 };
 
 class DataPath {
@@ -126,8 +147,10 @@ class DataPath {
   void Close();
 
   // Writes `nblocks` whole blocks at file block `first` and queues their
-  // extents into tx, replacing whatever the range held.
-  Status QueueWrite(btree::Transaction* tx, u64 ino, u64 first, const u8* blocks, u32 nblocks, Delta* delta);
+  // extents into tx, replacing whatever the range held; compressed where zstd
+  // saves a block if `compress`.
+  Status QueueWrite(btree::Transaction* tx, u64 ino, u64 first, const u8* blocks, u32 nblocks, Delta* delta,
+                    bool compress = false);
   // Queues the removal of the blocks in [first, end) (holes afterwards).
   Status QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end, Delta* delta, u32 max_keys = ~0u);
   // Queues unwritten extents over the holes of [first, end), at most max_keys
@@ -154,7 +177,15 @@ class DataPath {
   // Space for up to `want` blocks at the write point: member, bucket, byte offset.
   // A new bucket is taken only if what stays free covers the reservations
   // other than `covered` (the reserved blocks this write replaces).
-  Status Reserve(u32 want, u64 covered, alloc::BucketRef* ref, u64* offset, u32* got);
+  // `whole`: all `want` blocks or none (a compressed blob): a write point with
+  // less room left is retired for a new bucket.
+  Status Reserve(u32 want, u64 covered, bool whole, alloc::BucketRef* ref, u64* offset, u32* got);
+  // One chunk of QueueWrite, stored compressed: kNotSupported if zstd does not
+  // save a block (the caller stores it plain).
+  Status WriteCompressed(btree::Transaction* tx, u64 ino, u64 first, const u8* data, u32 nblocks, u64 covered,
+                         Delta* delta);
+  // Reads and decompresses a compressed extent's blob into out (stored_blocks blocks).
+  Status ReadCompressed(const Extent& e, u8* out);
   // Blocks free for user data: free and soon-free buckets above the foreground
   // floor, plus what is left of the write point. Under wp_mu_.
   u64 FreeBlocksLocked() const;
@@ -176,6 +207,7 @@ class DataPath {
   u64 reserved_ = 0;           // unwritten blocks, under acct_mu_
   Atomic<u64> c_bytes_written_{0}, c_extents_{0}, c_bytes_read_{0}, c_blocks_read_{0};
   Atomic<u64> c_released_{0}, c_csum_{0}, c_opened_{0}, c_freed_{0}, c_refused_{0};
+  Atomic<u64> c_zin_{0}, c_zout_{0}, c_zplain_{0}, c_zreads_{0};
 };
 
 }  // namespace tfs::data

@@ -652,7 +652,7 @@ void CheckNamespace(engine::Engine& e, Ctx& c) {
       if (x.unwritten) continue;  // a reservation: no pointer
       const u64 off = x.ptr.offset.get();
       const u64 b = sbk.BucketOf(off);
-      const u64 last = off + (u64(x.offset) + (x.end - x.start)) * data::kBlockSize;
+      const u64 last = off + x.DiskBlocks() * data::kBlockSize;
       if (x.ptr.dev >= a.members() || b >= a.nbuckets(x.ptr.dev) || last > sbk.BucketOffset(b) + sbk.bucket_size) {
         c.Line("%s %llu at block %llu", error("data: extent points outside the buckets, inode"),
                (unsigned long long)p.inode, (unsigned long long)x.start);

@@ -75,7 +75,7 @@ u8 DirentTypeOf(u32 mode);
 
 struct InodeFormat {
   Le16 version;      // kInodeVersion
-  Le16 flags;        // none defined yet: must be 0
+  Le16 flags;        // kInodeFlag* bits; others must be 0
   Le32 mode;         // type and permission bits
   Le32 uid;
   Le32 gid;
@@ -96,6 +96,10 @@ struct InodeFormat {
   Le64 reserved[3];  // 0
 };
 static_assert(sizeof(InodeFormat) == 128, "inode value size");
+
+// InodeFormat::flags.
+inline constexpr u16 kInodeFlagCompress = 1;  // new data is zstd-compressed (chattr +c)
+inline constexpr u16 kInodeFlagsKnown = kInodeFlagCompress;
 
 // The longest symlink target (PATH_MAX - 1), kept in keys (ino, 1), (ino, 2), ...
 // of up to btree::kMaxValueBytes each.

@@ -70,7 +70,7 @@ u8 DirentTypeOf(u32 mode) {
 Status ParseInode(const u8* value, u32 len, InodeFormat* out) {
   if (len != sizeof(InodeFormat)) return Err::kCorrupt;
   MemCopy(out, value, sizeof(*out));
-  if (out->version.get() != kInodeVersion || out->flags.get() != 0) return Err::kCorrupt;
+  if (out->version.get() != kInodeVersion || (out->flags.get() & ~kInodeFlagsKnown) != 0) return Err::kCorrupt;
   if (DirentTypeOf(out->mode.get()) == kDtUnknown || (out->mode.get() & ~(kModeTypeMask | kModePermMask)) != 0)
     return Err::kCorrupt;
   const bool dir = (out->mode.get() & kModeTypeMask) == kModeDir;
@@ -373,6 +373,7 @@ Status Filesystem::Mount(engine::Engine* engine, const Options& options) {
   opt_ = options;
   engine_ = engine;
   trees_ = &engine->btrees();
+  compress_all_ = engine->sb().options.compression == sb::CompressionType::kZstd;
   next_gen_.Store(u32(u64(Now()) / platform::kNsPerSec), MemOrder::kRelaxed);
   Status st = [&]() -> Status {
     TFS_TRY(data_.Open(engine));
@@ -1030,7 +1031,7 @@ Status Filesystem::FlushLocked(u64 ino, InodeFormat* f, Buffered* b, FlushCause 
   if (b == nullptr || b->blocks == 0) return Status::Ok();
   Transaction tx(trees_);
   data::Delta delta;
-  Status st = data_.QueueWrite(&tx, ino, b->first, b->data, b->blocks, &delta);
+  Status st = data_.QueueWrite(&tx, ino, b->first, b->data, b->blocks, &delta, Compress(*f));
   InodeFormat nf = *f;
   if (st.ok()) {
     nf.size.set(Max(nf.size.get(), b->size));
@@ -1233,7 +1234,7 @@ Result<u32> Filesystem::WriteThrough(u64 ino, InodeFormat* f, u64 off, const u8*
     MemCopy(blocks + skip, buf + done, n);
     Transaction tx(trees_);
     data::Delta delta;
-    st = data_.QueueWrite(&tx, ino, b0, blocks, nb, &delta);
+    st = data_.QueueWrite(&tx, ino, b0, blocks, nb, &delta, Compress(*f));
     if (st.ok()) {
       f->size.set(Max(f->size.get(), pos + n));
       f->sectors.set(u64(i64(f->sectors.get()) + delta.sectors));
@@ -1433,6 +1434,33 @@ Status Filesystem::Fallocate(u64 ino, u32 mode, u64 off, u64 len) {
     at = next;
   } while (at < last);
   return Status::Ok();
+}
+
+bool Filesystem::Compress(const InodeFormat& f) const {
+  return compress_all_ || (f.flags.get() & kInodeFlagCompress) != 0;
+}
+
+Result<u32> Filesystem::GetFlags(u64 ino) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  InodeFormat f;
+  TFS_TRY(ReadInode(ino, &f));
+  return (f.flags.get() & kInodeFlagCompress) != 0 ? kFsComprFl : 0u;
+}
+
+Status Filesystem::SetFlags(u64 ino, u32 flags) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  if ((flags & ~kFsComprFl) != 0) return Err::kNotSupported;
+  const u64 lock[1] = {ino};
+  Locked locked(this, lock, 1);
+  InodeFormat f;
+  TFS_TRY(ReadInode(ino, &f));
+  const u16 want = u16((f.flags.get() & ~kInodeFlagCompress) | ((flags & kFsComprFl) != 0 ? kInodeFlagCompress : 0));
+  if (want == f.flags.get()) return Status::Ok();
+  f.flags.set(want);
+  SetTime(&f.ctime_ns, Now());
+  Transaction tx(trees_);
+  TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
+  return tx.Commit(journal::CommitMode::kNoFlush).status();
 }
 
 // --- xattrs -------------------------------------------------------------------

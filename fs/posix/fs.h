@@ -202,6 +202,13 @@ class Filesystem {
   // kWriteDirect (O_DIRECT) bypasses the write buffer.
   enum WriteFlags : u32 { kWriteDirect = 1 };
   Result<u32> Write(u64 ino, u64 off, const void* buf, u32 len, u32 flags = 0);
+  // Inode flags in Linux's FS_IOC_GETFLAGS/SETFLAGS values. Only kFsComprFl
+  // (chattr +c: the file's new data is zstd-compressed, as all files' are on a
+  // filesystem formatted with --compression zstd); setting others is
+  // kNotSupported. Existing data stays as written.
+  static constexpr u32 kFsComprFl = 0x00000004;
+  Result<u32> GetFlags(u64 ino);
+  Status SetFlags(u64 ino, u32 flags);
   // Writes out the inode's buffered writes (close(2): the front end's flush).
   Status FlushBuffer(u64 ino);
   // FlushBuffer, then the journal's durable commit: everything so far,
@@ -291,12 +298,14 @@ class Filesystem {
   static void FlusherMain(void* self);
   void FlushAged();
   bool IsOpen(u64 ino);
+  bool Compress(const InodeFormat& f) const;
   u64 AllocIno();
   u32 NextGeneration();
   i64 Now() const;
 
   engine::Engine* engine_ = nullptr;
   Options opt_;
+  bool compress_all_ = false;  // the filesystem's compression option
   data::DataPath data_;
   btree::Btrees* trees_ = nullptr;
   Mutex rename_mu_;

@@ -754,14 +754,17 @@ u64 UserBuckets(engine::Engine& e) { return e.alloc().Usage(0).by_state[u32(allo
 // the write buffer: many small writes, some continuing the last one, some
 // O_DIRECT, flushes and fsyncs between them, and remounts with the handles
 // still open (Unmount writes the buffers out) or closed.
-void FileModel(bool handles) {
+// With `compress`, the files are chattr +c (zstd) and half the writes are
+// compressible.
+void FileModel(bool handles, bool compress = false) {
   Mounted m;
-  std::mt19937_64 rng(handles ? 7 : 42);
+  std::mt19937_64 rng(handles ? 7 : compress ? 11 : 42);
   std::vector<u64> inos;
   std::vector<std::string> model(3);
   std::vector<std::set<u64>> held(3);  // blocks with space: written or reserved
   std::vector<u64> last_end(3, 0);
   for (int i = 0; i < 3; i++) inos.push_back(Mkfile(m.fs, kRootIno, "f" + std::to_string(i)).value().ino);
+  for (u64 ino : inos) ASSERT_TRUE(m.fs.SetFlags(ino, compress ? Filesystem::kFsComprFl : 0).ok());
   auto open_all = [&] {
     if (!handles) return;
     for (u64 ino : inos) ASSERT_TRUE(m.fs.OpenInode(ino).ok());
@@ -802,7 +805,13 @@ void FileModel(bool handles) {
         if (rng() % 3 != 0) off = last_end[i] - std::min<u64>(last_end[i], rng() % 5000);
       }
       std::string data(len, '\0');
-      for (char& c : data) c = char(rng());
+      if (compress && rng() % 2 == 0) {  // compressible: a short random pattern, repeated
+        std::string pat(1 + rng() % 40, '\0');
+        for (char& c : pat) c = char(rng());
+        for (u64 k = 0; k < len; k++) data[k] = pat[k % pat.size()];
+      } else {
+        for (char& c : data) c = char(rng());
+      }
       const u32 flags = handles && rng() % 8 == 0 ? u32(Filesystem::kWriteDirect) : 0u;
       auto r = m.fs.Write(inos[i], off, data.data(), u32(data.size()), flags);
       ASSERT_TRUE(r.ok()) << r.status().Message();
@@ -870,6 +879,12 @@ void FileModel(bool handles) {
     EXPECT_GT(st.flushes_full, 50u);
     EXPECT_GT(st.flushes_fsync + st.flushes_close, 10u);
   }
+  if (compress) {
+    const data::Stats d = m.fs.GetDataStats();
+    EXPECT_GT(d.compressed_in, 4 * d.compressed_out);
+    EXPECT_GT(d.incompressible, 100u);
+    EXPECT_GT(d.compressed_reads, 100u);
+  }
   // A power cut now keeps at least the synced state (later writes may or may
   // not be there; each file is then one of the states it went through, which the
   // remount checks above cover) -- check the synced files right after a cut.
@@ -888,6 +903,64 @@ void FileModel(bool handles) {
 
 TEST(PosixTest, FileDataAgainstAModel) { FileModel(false); }
 TEST(PosixTest, BufferedFileDataAgainstAModel) { FileModel(true); }
+TEST(PosixTest, CompressedFileDataAgainstAModel) { FileModel(false, true); }
+
+// chattr +c files (and every file of a filesystem formatted with --compression
+// zstd) store compressible data in fewer blocks; a flipped byte in a
+// compressed blob is EIO, never data; only the compression flag can be set.
+TEST(PosixTest, CompressionStoresLessAndIsChecked) {
+  Mounted m;
+  const u64 f = Mkfile(m.fs, kRootIno, "text").value().ino;
+  EXPECT_EQ(m.fs.GetFlags(f).value(), 0u);
+  ASSERT_TRUE(m.fs.SetFlags(f, Filesystem::kFsComprFl).ok());
+  EXPECT_EQ(m.fs.GetFlags(f).value(), Filesystem::kFsComprFl);
+  EXPECT_EQ(m.fs.SetFlags(f, 0x10 /* FS_IMMUTABLE_FL */).code(), Err::kNotSupported);
+  std::string text;
+  for (int i = 0; text.size() < (1u << 20); i++) text += "line " + std::to_string(i) + ": the quick brown fox\n";
+  const data::Stats before = m.fs.GetDataStats();
+  ASSERT_TRUE(m.fs.Write(f, 0, text.data(), u32(text.size())).ok());
+  const data::Stats after = m.fs.GetDataStats();
+  EXPECT_LT(after.bytes_written - before.bytes_written, text.size() / 4);
+  EXPECT_EQ(m.fs.GetAttr(f).value().sectors, (text.size() + 4095) / 4096 * 8);  // st_blocks: logical
+  m.Remount();
+  EXPECT_TRUE(ReadAll(m.fs, f) == text);
+  EXPECT_EQ(m.fs.GetFlags(f).value(), Filesystem::kFsComprFl);
+  // Overwrite a middle piece: the blob's other pieces still read right.
+  ASSERT_TRUE(m.fs.Write(f, 70000, "XYZ", 3).ok());
+  text.replace(70000, 3, "XYZ");
+  EXPECT_TRUE(ReadAll(m.fs, f) == text);
+  // Flip a byte of the first compressed blob on the device.
+  btree::Iterator it(&m.eng->btrees(), btree::kBtreeExtents);
+  ASSERT_TRUE(it.Seek(btree::Pos{btree::kBtreeExtents, f, 0}).ok());
+  ASSERT_TRUE(it.Valid());
+  data::Extent e;
+  ASSERT_TRUE(data::ParseExtent(it.pos(), it.value(), it.val_bytes(), &e).ok());
+  ASSERT_TRUE(e.compressed);
+  const u64 at = e.ptr.offset.get() + e.disk_bytes / 2;
+  m.Close();
+  std::vector<uint8_t> image = m.dev->SnapshotDurable();
+  image[at] ^= 0x40;
+  Mounted bad(62, Dev(image));
+  char buf[4096];
+  EXPECT_EQ(bad.fs.Read(f, 4096, buf, 4096).status().code(), Err::kBadChecksum);
+  EXPECT_EQ(bad.fs.GetDataStats().csum_errors, 1u);
+  EXPECT_EQ(bad.fs.Read(f, 1 << 19, buf, 4096).value(), 4096u);  // another blob
+
+  // A filesystem formatted with --compression zstd compresses every file.
+  auto dev = Dev();
+  engine::FormatMember fm = {dev.get(), "ssd.a", 1};
+  engine::FormatOptions fo;
+  fo.bucket_size = 256 * 1024;
+  fo.btree_node_size = 64 * 1024;
+  fo.compression = sb::CompressionType::kZstd;
+  Diag diag;
+  ASSERT_TRUE(engine::Format(&fm, 1, fo, &diag).ok()) << diag.text;
+  Mounted z(62, std::move(dev));
+  const u64 g = Mkfile(z.fs, kRootIno, "plain").value().ino;
+  ASSERT_TRUE(z.fs.Write(g, 0, text.data(), u32(text.size())).ok());
+  EXPECT_GT(z.fs.GetDataStats().compressed_in, 4 * z.fs.GetDataStats().compressed_out);
+  EXPECT_TRUE(ReadAll(z.fs, g) == text);
+}
 
 // Small appends coalesce into few extents; the buffered bytes are visible to
 // reads and GetAttr at once; a run ages out on its own; data buffered but not

@@ -157,6 +157,10 @@ std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs) {
   w.UintField("buckets_freed", d.buckets_freed);
   w.UintField("blocks_reserved", d.blocks_reserved);
   w.UintField("reserve_refused", d.reserve_refused);
+  w.UintField("compressed_in", d.compressed_in);
+  w.UintField("compressed_out", d.compressed_out);
+  w.UintField("incompressible", d.incompressible);
+  w.UintField("compressed_reads", d.compressed_reads);
   w.EndObject();
 
   const posix::Stats p = fs.GetStats();

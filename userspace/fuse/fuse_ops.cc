@@ -4,6 +4,7 @@
 #include "userspace/fuse/ctl.h"
 
 #include <fcntl.h>
+#include <linux/fs.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -311,10 +312,26 @@ void RemoveXattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
 }
 
 // tierfs ctl (ctl.h): only on the root directory.
-void Ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file_info*, unsigned flags, const void*,
-           size_t, size_t out_bufsz) {
-  if (cmd != kCtlStats || ino != FUSE_ROOT_ID || (flags & FUSE_IOCTL_COMPAT) != 0)
-    return (void)fuse_reply_err(req, ENOTTY);
+void Ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file_info*, unsigned flags,
+           const void* in_buf, size_t in_bufsz, size_t out_bufsz) {
+  if ((flags & FUSE_IOCTL_COMPAT) != 0) return (void)fuse_reply_err(req, ENOTTY);
+  // chattr/lsattr: the kernel's fileattr calls send these with an int.
+  if (cmd == FS_IOC_GETFLAGS) {
+    if (out_bufsz < sizeof(int)) return (void)fuse_reply_err(req, EINVAL);
+    auto r = Ctx(req)->fs->GetFlags(ino);
+    if (!r.ok()) return Reply(req, r.status());
+    const int v = int(r.value());
+    return (void)fuse_reply_ioctl(req, 0, &v, sizeof(v));
+  }
+  if (cmd == FS_IOC_SETFLAGS) {
+    if (in_bufsz < sizeof(int)) return (void)fuse_reply_err(req, EINVAL);
+    int v;
+    memcpy(&v, in_buf, sizeof(v));
+    Status st = Ctx(req)->fs->SetFlags(ino, uint32_t(v));
+    if (!st.ok()) return Reply(req, st);
+    return (void)fuse_reply_ioctl(req, 0, nullptr, 0);
+  }
+  if (cmd != kCtlStats || ino != FUSE_ROOT_ID) return (void)fuse_reply_err(req, ENOTTY);
   Context* c = Ctx(req);
   const std::string json = StatsJson(*c->engine, *c->fs);
   if (json.size() + 1 > out_bufsz) return (void)fuse_reply_err(req, ENOSPC);
