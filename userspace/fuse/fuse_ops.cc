@@ -331,6 +331,24 @@ void Ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file_in
     if (!st.ok()) return Reply(req, st);
     return (void)fuse_reply_ioctl(req, 0, nullptr, 0);
   }
+  // The kernel reads (and on a set, first reads) the xfs-style attributes
+  // too; tierfs has none of them: all zero, and only zero can be set.
+  if (cmd == FS_IOC_FSGETXATTR) {
+    if (out_bufsz < sizeof(fsxattr)) return (void)fuse_reply_err(req, EINVAL);
+    auto r = Ctx(req)->fs->GetAttr(ino);
+    if (!r.ok()) return Reply(req, r.status());
+    fsxattr x;
+    memset(&x, 0, sizeof(x));
+    return (void)fuse_reply_ioctl(req, 0, &x, sizeof(x));
+  }
+  if (cmd == FS_IOC_FSSETXATTR) {
+    if (in_bufsz < sizeof(fsxattr)) return (void)fuse_reply_err(req, EINVAL);
+    fsxattr x;
+    memcpy(&x, in_buf, sizeof(x));
+    if (x.fsx_xflags != 0 || x.fsx_extsize != 0 || x.fsx_projid != 0 || x.fsx_cowextsize != 0)
+      return (void)fuse_reply_err(req, EOPNOTSUPP);
+    return (void)fuse_reply_ioctl(req, 0, nullptr, 0);
+  }
   if (cmd != kCtlStats || ino != FUSE_ROOT_ID) return (void)fuse_reply_err(req, ENOTTY);
   Context* c = Ctx(req);
   const std::string json = StatsJson(*c->engine, *c->fs);
