@@ -75,6 +75,9 @@ uint32_t Len(const char* name) { return uint32_t(strnlen(name, posix::kNameMax +
 void Init(void*, fuse_conn_info* conn) {
   conn->time_gran = 1;  // nanosecond timestamps
   if (conn->capable & FUSE_CAP_IOCTL_DIR) conn->want |= FUSE_CAP_IOCTL_DIR;  // tierfs ctl on the root
+  // Big writes: up to 1 MiB a request (libfuse asks the kernel for the pages),
+  // so a large write(2) is one request and one transaction, not eight.
+  conn->max_write = 1u << 20;
 }
 
 void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
