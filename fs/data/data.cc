@@ -119,6 +119,7 @@ Status DataPath::Open(engine::Engine* engine) {
   for (u32 d = 0; d < a.members(); d++) {
     TFS_TRY(live_[d].Resize(a.nbuckets(d)));
     TFS_TRY(pending_[d].Resize(a.nbuckets(d)));
+    TFS_TRY(reads_[d].Resize(a.nbuckets(d)));
   }
   // Live blocks per bucket, from the extents: the one record of what is live.
   Iterator it(trees_, btree::kBtreeExtents);
@@ -173,6 +174,7 @@ void DataPath::Close() {
   }
   for (auto& v : live_) v.Resize(0).IgnoreError();
   for (auto& v : pending_) v.Resize(0).IgnoreError();
+  for (auto& v : reads_) v.Resize(0).IgnoreError();
   reserved_ = 0;
   engine_ = nullptr;
   trees_ = nullptr;
@@ -440,8 +442,12 @@ void DataPath::Account(u32 dev, u64 bucket, i64 blocks, i64 pending) {
     pend = u32(i64(pend) + pending);
     if (blocks < 0) c_released_.FetchAdd(u64(-blocks), MemOrder::kRelaxed);
     if (live == 0 && pend == 0 && !(wp_open_ && wp_.dev == dev && wp_.bucket == bucket)) {
-      free_it = true;
-      ref = alloc::BucketRef{dev, bucket, engine_->alloc().Get(dev, bucket).gen};
+      if (reads_[dev][bucket] != 0) {
+        reads_[dev][bucket] |= kDoomed;  // the last read frees it (Unpin)
+      } else {
+        free_it = true;
+        ref = alloc::BucketRef{dev, bucket, engine_->alloc().Get(dev, bucket).gen};
+      }
     }
   }
   if (free_it && engine_->alloc().Free(ref).ok()) c_freed_.FetchAdd(1, MemOrder::kRelaxed);
@@ -482,51 +488,88 @@ Status DataPath::Commit(btree::Transaction* tx, const Delta& delta) {
   return Status::Ok();
 }
 
+bool DataPath::Pin(u32 dev, u64 bucket, u8 gen) {
+  MutexLock a(acct_mu_);
+  const alloc::Bucket k = engine_->alloc().Get(dev, bucket);
+  if (k.gen != gen || k.state != alloc::BucketState::kUser) return false;
+  reads_[dev][bucket]++;
+  return true;
+}
+
+void DataPath::Unpin(u32 dev, u64 bucket) {
+  alloc::BucketRef ref{};
+  {
+    MutexLock w(wp_mu_);
+    MutexLock a(acct_mu_);
+    u32& r = reads_[dev][bucket];
+    TFS_BUG_ON((r & ~kDoomed) == 0);
+    r--;
+    if (r != kDoomed) return;
+    r = 0;  // the last read of a bucket emptied meanwhile: free it now
+    ref = alloc::BucketRef{dev, bucket, engine_->alloc().Get(dev, bucket).gen};
+  }
+  if (engine_->alloc().Free(ref).ok()) c_freed_.FetchAdd(1, MemOrder::kRelaxed);
+}
+
 Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
   if (engine_ == nullptr) return Err::kInvalidArgument;
   const u64 end = first + nblocks;
   MemSet(buf, 0, u64(nblocks) * kBlockSize);
   const sb::Superblock& sb = engine_->sb();
   Iterator it(trees_, btree::kBtreeExtents);
-  TFS_TRY(it.Seek(ExtentPos(ino, first + 1)));
+  Status st = it.Seek(ExtentPos(ino, first + 1));
   u8* tmp = nullptr;
-  Status st;
-  for (; st.ok() && it.Valid() && it.pos().inode == ino; st = it.Next()) {
+  u32 stale = 0;
+  while (st.ok() && it.Valid() && it.pos().inode == ino) {
     Extent e;
     st = ParseExtent(it.pos(), it.value(), it.val_bytes(), &e);
     if (!st.ok() || e.start >= end) break;
-    if (e.unwritten) continue;  // zeros, as buf already holds
+    if (e.unwritten) {  // zeros, as buf already holds
+      st = it.Next();
+      continue;
+    }
     const u64 lo = Max(e.start, first);
     const u64 hi = Min(e.end, end);
     const u64 at = e.ptr.offset.get() + (u64(e.offset) + (lo - e.start)) * kBlockSize;
     const u64 len = (hi - lo) * kBlockSize;
-    // The pointer must land in one user bucket of its generation.
+    // The pointer must land in one bucket.
     const u64 b = sb.BucketOf(e.ptr.offset.get());
     if (e.ptr.dev >= sb.nr_members || b >= engine_->alloc().nbuckets(e.ptr.dev) ||
         e.ptr.offset.get() + e.DiskBlocks() * kBlockSize > sb.BucketOffset(b) + sb.bucket_size) {
       st = Err::kCorrupt;
       break;
     }
-    const alloc::Bucket bucket = engine_->alloc().Get(e.ptr.dev, b);
-    if (bucket.gen != e.ptr.gen || bucket.state != alloc::BucketState::kUser) {
-      st = Err::kCorrupt;
-      break;
+    // A user bucket of the pointer's generation, held until the read is done.
+    // If it is not (any more), an overwrite committed and freed it since the
+    // lookup: look again. A pointer that stays wrong is corrupt.
+    if (!Pin(e.ptr.dev, b, e.ptr.gen)) {
+      if (++stale > kMaxStaleLookups) {
+        st = Err::kCorrupt;
+        break;
+      }
+      c_stale_.FetchAdd(1, MemOrder::kRelaxed);
+      st = it.Seek(ExtentPos(ino, lo + 1));
+      continue;
     }
     if (tmp == nullptr) tmp = static_cast<u8*>(platform::Alloc(u64(kMaxExtentBlocks) * kBlockSize, kBlockSize));
     if (tmp == nullptr) {
+      Unpin(e.ptr.dev, b);
       st = Err::kNoMemory;
       break;
     }
     if (e.compressed) {
       st = ReadCompressed(e, tmp);
+      Unpin(e.ptr.dev, b);
       if (!st.ok()) break;
       MemCopy(buf + (lo - first) * kBlockSize, tmp + (u64(e.offset) + (lo - e.start)) * kBlockSize, len);
       c_bytes_read_.FetchAdd(e.DiskBlocks() * kBlockSize, MemOrder::kRelaxed);
       c_blocks_read_.FetchAdd(hi - lo, MemOrder::kRelaxed);
+      st = it.Next();
       continue;
     }
     st = dev::QueueSyncIo(engine_->devs().member(e.ptr.dev)->queue(), IoOp::kRead, at, tmp, len, 0,
                           IoOrigin::kForegroundRead);
+    Unpin(e.ptr.dev, b);
     if (!st.ok()) break;
     for (u64 blk = lo; blk < hi; blk++) {
       const u8* data = tmp + (blk - lo) * kBlockSize;
@@ -546,6 +589,7 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
     MemCopy(buf + (lo - first) * kBlockSize, tmp, len);
     c_bytes_read_.FetchAdd(len, MemOrder::kRelaxed);
     c_blocks_read_.FetchAdd(hi - lo, MemOrder::kRelaxed);
+    st = it.Next();
   }
   platform::Free(tmp);
   return st;
@@ -615,6 +659,7 @@ Stats DataPath::GetStats() const {
   s.compressed_out = c_zout_.Load(MemOrder::kRelaxed);
   s.incompressible = c_zplain_.Load(MemOrder::kRelaxed);
   s.compressed_reads = c_zreads_.Load(MemOrder::kRelaxed);
+  s.stale_lookups = c_stale_.Load(MemOrder::kRelaxed);
   return s;
 }
 

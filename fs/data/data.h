@@ -21,7 +21,10 @@
 // at Open (a crash between allocating and committing).
 //
 // Reading verifies every block it returns; a mismatch is kBadChecksum (EIO at
-// the FUSE edge) and counted, never the bytes. Holes read as zeros.
+// the FUSE edge) and counted, never the bytes. Holes read as zeros. A read
+// pins the bucket it reads from (Pin/Unpin), so an overwrite committing
+// meanwhile cannot free and reuse it under the read; a read whose lookup went
+// stale before it pinned looks again.
 //
 // Compressed extents (QueueWrite with compress): each chunk of up to
 // kMaxCompressedBlocks blocks is zstd-compressed and, if that saves at least a
@@ -132,6 +135,7 @@ struct Stats {
   u64 compressed_in, compressed_out;  // bytes given to zstd and stored for them
   u64 incompressible;      // chunks stored plain because zstd saved less than a block
   u64 compressed_reads;    // blobs read and decompressed
+  u64 stale_lookups;       // reads that found a bucket freed since their lookup, and looked again
 };
 
 class DataPath {
@@ -186,6 +190,14 @@ class DataPath {
                          Delta* delta);
   // Reads and decompresses a compressed extent's blob into out (stored_blocks blocks).
   Status ReadCompressed(const Extent& e, u8* out);
+  // A read holds the bucket it reads from: Pin fails if the bucket is no
+  // longer the user bucket of generation `gen` (freed since the lookup);
+  // while pinned, a bucket that empties is only marked, and the last Unpin
+  // frees it.
+  bool Pin(u32 dev, u64 bucket, u8 gen);
+  void Unpin(u32 dev, u64 bucket);
+  static constexpr u32 kDoomed = 1u << 31;  // reads_: emptied while read
+  static constexpr u32 kMaxStaleLookups = 16;
   // Blocks free for user data: free and soon-free buckets above the foreground
   // floor, plus what is left of the write point. Under wp_mu_.
   u64 FreeBlocksLocked() const;
@@ -204,10 +216,11 @@ class DataPath {
   mutable Mutex acct_mu_;
   Vector<u32> live_[dev::kMaxDevices];     // live blocks per bucket (committed extents)
   Vector<u32> pending_[dev::kMaxDevices];  // blocks reserved by writes not yet applied or aborted
+  Vector<u32> reads_[dev::kMaxDevices];    // reads in flight per bucket (| kDoomed)
   u64 reserved_ = 0;           // unwritten blocks, under acct_mu_
   Atomic<u64> c_bytes_written_{0}, c_extents_{0}, c_bytes_read_{0}, c_blocks_read_{0};
   Atomic<u64> c_released_{0}, c_csum_{0}, c_opened_{0}, c_freed_{0}, c_refused_{0};
-  Atomic<u64> c_zin_{0}, c_zout_{0}, c_zplain_{0}, c_zreads_{0};
+  Atomic<u64> c_zin_{0}, c_zout_{0}, c_zplain_{0}, c_zreads_{0}, c_stale_{0};
 };
 
 }  // namespace tfs::data

@@ -161,6 +161,7 @@ std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs) {
   w.UintField("compressed_out", d.compressed_out);
   w.UintField("incompressible", d.incompressible);
   w.UintField("compressed_reads", d.compressed_reads);
+  w.UintField("stale_lookups", d.stale_lookups);
   w.EndObject();
 
   const posix::Stats p = fs.GetStats();
