@@ -47,12 +47,46 @@ struct DeviceLocks {
   }
 };
 
+// Removes tierfs's own `key=value` from the comma-separated option lists and
+// returns the value ("" if absent); the rest go to libfuse.
+std::string TakeOption(std::vector<std::string>* options, const std::string& key) {
+  std::string value;
+  std::vector<std::string> kept;
+  for (const std::string& list : *options) {
+    std::string rest;
+    size_t at = 0;
+    while (at <= list.size()) {
+      size_t comma = list.find(',', at);
+      if (comma == std::string::npos) comma = list.size();
+      const std::string o = list.substr(at, comma - at);
+      if (o.compare(0, key.size() + 1, key + "=") == 0) {
+        value = o.substr(key.size() + 1);
+      } else if (!o.empty()) {
+        rest += (rest.empty() ? "" : ",") + o;
+      }
+      at = comma + 1;
+    }
+    if (!rest.empty()) kept.push_back(rest);
+  }
+  *options = kept;
+  return value;
+}
+
 // Everything after the (optional) fork: open, mount, tell the parent, serve.
-// `ready_fd` (-1 in the foreground) gets "ok" once the mount is live.
+// `ready_fd` (-1 in the foreground) gets "ok" once the mount is live. `log`:
+// where the daemon's messages go ("" : nowhere).
 int Serve(const std::vector<std::string>& devices, const std::string& mountpoint,
-          const std::vector<std::string>& options, int ready_fd) {
+          const std::vector<std::string>& options, const std::string& log, int ready_fd) {
   DeviceLocks locks;
   if (!locks.Take(devices)) return 1;
+  int log_fd = -1;
+  if (!log.empty()) {
+    log_fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+    if (log_fd < 0) {
+      PrintError("mount", "log=" + log + ": " + strerror(errno));
+      return 1;
+    }
+  }
   auto devs = OpenDevices("mount", devices, /*read_only=*/false);
   if (devs.empty()) return 1;
   std::vector<BlockDevice*> raw = Raw(devs);
@@ -98,17 +132,18 @@ int Serve(const std::vector<std::string>& devices, const std::string& mountpoint
       (void)!write(ready_fd, "ok", 2);
       close(ready_fd);
       ready_fd = -1;
-      // A daemon: no terminal. Errors from here on go nowhere a user would see;
-      // the filesystem's state is checked by fsck.
+      // A daemon: no terminal. Messages from here on (checksum mismatches,
+      // write-out errors, unmount) go to the log=FILE option's file, or nowhere.
       int null = open("/dev/null", O_RDWR);
       if (null >= 0) {
         dup2(null, 0);
         dup2(null, 1);
-        dup2(null, 2);
+        dup2(log_fd >= 0 ? log_fd : null, 2);
         if (null > 2) close(null);
       }
       (void)!chdir("/");
     }
+    platform::Log(platform::LogLevel::kInfo, "%s mounted on %s", devices[0].c_str(), mountpoint.c_str());
     fuse_loop_config* cfg = fuse_loop_cfg_create();
     fuse_loop_cfg_set_max_threads(cfg, 16);
     rc = fuse_session_loop_mt(se, cfg) == 0 ? 0 : 1;
@@ -123,7 +158,10 @@ int Serve(const std::vector<std::string>& devices, const std::string& mountpoint
   if (!st.ok() || !cst.ok()) {
     PrintError("mount", std::string("unmount: ") + (!st.ok() ? st.Message() : cst.Message()));
     rc = 1;
+  } else {
+    platform::Log(platform::LogLevel::kInfo, "%s unmounted, clean", mountpoint.c_str());
   }
+  if (log_fd >= 0) close(log_fd);
   return rc;
 }
 
@@ -135,7 +173,7 @@ int CmdMount(int argc, char** argv) {
   std::vector<std::string> options;
   bool foreground = false;
   app.add_option("args", args, "every member device, then the mount point")->required()->expected(2, -1);
-  app.add_option("-o", options, "mount options, comma-separated (e.g. allow_other, ro)");
+  app.add_option("-o", options, "mount options, comma-separated (e.g. allow_other; log=FILE: the daemon's messages)");
   app.add_flag("-f,--foreground", foreground, "serve in the foreground (no daemon)");
   app.footer("Unmount with 'umount MOUNTPOINT' or 'fusermount3 -u MOUNTPOINT'.");
   CLI11_PARSE(app, argc, argv);
@@ -154,7 +192,13 @@ int CmdMount(int argc, char** argv) {
   }
   mountpoint = abs;
   free(abs);
-  if (foreground) return Serve(args, mountpoint, options, -1);
+  std::string log = TakeOption(&options, "log");
+  if (!log.empty() && log[0] != '/') {  // the daemon leaves the working directory
+    char* cwd = getcwd(nullptr, 0);
+    if (cwd != nullptr) log = std::string(cwd) + "/" + log;
+    free(cwd);
+  }
+  if (foreground) return Serve(args, mountpoint, options, log, -1);
   // Fork before anything starts a thread; the parent waits for "ok" (or for the
   // child to give up, having printed why).
   int pipefd[2];
@@ -172,7 +216,7 @@ int CmdMount(int argc, char** argv) {
   if (pid == 0) {
     close(pipefd[0]);
     setsid();
-    _exit(Serve(args, mountpoint, options, pipefd[1]));
+    _exit(Serve(args, mountpoint, options, log, pipefd[1]));
   }
   close(pipefd[1]);
   char buf[2] = {};

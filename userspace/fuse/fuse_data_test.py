@@ -1,0 +1,140 @@
+"""File data features through a real FUSE mount: the write buffer and close,
+O_DIRECT, fallocate, chattr +c compression, and the daemon's log=FILE option.
+
+Each test unmounts and runs `tierfs fsck` (Mount.close does). Needs /dev/fuse
+and root, like fuse_mount_test.py, whose helpers it uses."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from pathlib import Path
+
+import pytest
+
+from fuse_mount_test import Mount, fsck_clean, image, pytestmark, unlocked, wait_for  # noqa: F401  (pytestmark: the skip)
+from tierlab.testing import run, tool
+
+
+def ctl(mnt: Path) -> dict:
+    proc = run([tool("tierfs"), "ctl", mnt])
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture
+def fs(tmp_path: Path):
+    dev = image(tmp_path / "fs.img", mib=128)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    m = Mount(dev, mnt)
+    try:
+        yield m
+    finally:
+        if os.path.ismount(mnt):
+            m.close()
+
+
+def test_small_writes_coalesce_and_close_writes_them_out(fs: Mount) -> None:
+    before = ctl(fs.mnt)
+    lines = [f"line {i}: some words to make a log line\n".encode() for i in range(3000)]
+    with open(fs.mnt / "log", "wb", buffering=0) as f:
+        for line in lines:
+            assert f.write(line) == len(line)
+        # Buffered but visible: size and bytes, through the kernel.
+        assert os.stat(fs.mnt / "log").st_size == sum(map(len, lines))
+    after = ctl(fs.mnt)
+    wb = after["posix"]["write_buffer"]
+    assert wb["writes_buffered"] - before["posix"]["write_buffer"]["writes_buffered"] >= 3000  # (the kernel may split some)
+    assert wb["flushes_close"] >= 1 and wb["buffers_now"] == 0
+    # ~120 KiB in 3,000 writes: a handful of extents, not 3,000.
+    assert after["data"]["extents_written"] - before["data"]["extents_written"] <= 4
+    fs.close()
+    m = Mount(fs.dev, fs.mnt)
+    assert (fs.mnt / "log").read_bytes() == b"".join(lines)
+    m.close()
+
+
+def test_o_direct_writes_skip_the_buffer(fs: Mount) -> None:
+    before = ctl(fs.mnt)["posix"]["write_buffer"]
+    buf = mmap.mmap(-1, 1 << 16)  # page aligned, as O_DIRECT wants
+    buf.write(os.urandom(1 << 16))
+    fd = os.open(fs.mnt / "direct", os.O_CREAT | os.O_WRONLY | os.O_DIRECT, 0o644)
+    try:
+        for i in range(16):
+            assert os.pwritev(fd, [buf], i << 16) == 1 << 16
+    finally:
+        os.close(fd)
+    after = ctl(fs.mnt)["posix"]["write_buffer"]
+    assert after["writes_direct"] - before["writes_direct"] == 16
+    assert after["writes_buffered"] == before["writes_buffered"]
+    assert (fs.mnt / "direct").read_bytes() == bytes(buf) * 16
+
+
+def test_fallocate_through_the_kernel(fs: Mount) -> None:
+    path = fs.mnt / "pre"
+    free0 = os.statvfs(fs.mnt).f_bfree
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, 16 << 20)
+        st = os.fstat(fd)
+        assert st.st_size == 16 << 20 and st.st_blocks == (16 << 20) // 512
+        assert free0 - os.statvfs(fs.mnt).f_bfree >= (16 << 20) // os.statvfs(fs.mnt).f_bsize
+        assert os.pread(fd, 4096, 5 << 20) == bytes(4096)
+        os.pwrite(fd, b"x" * 8192, 1 << 20)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    # Punch, keep size, collapse (not supported): the util-linux tool's errors.
+    assert run(["fallocate", "--punch-hole", "-o", str(1 << 20), "-l", "4096", path]).returncode == 0
+    assert run(["fallocate", "--keep-size", "-o", str(32 << 20), "-l", str(1 << 20), path]).returncode == 0
+    bad = run(["fallocate", "--collapse-range", "-o", "0", "-l", "4096", path])
+    assert bad.returncode != 0 and "not supported" in bad.stderr, bad.stderr
+    data = path.read_bytes()
+    assert len(data) == 16 << 20
+    assert data[1 << 20:(1 << 20) + 4096] == bytes(4096) and data[(1 << 20) + 4096:(1 << 20) + 8192] == b"x" * 4096
+    assert ctl(fs.mnt)["data"]["blocks_reserved"] > 0
+    # Space past a full filesystem is refused up front, and nothing changes.
+    big = run(["fallocate", "-l", "1G", fs.mnt / "huge"])
+    assert big.returncode != 0 and "No space left" in big.stderr, big.stderr
+    path.unlink()
+    (fs.mnt / "huge").unlink(missing_ok=True)
+    assert ctl(fs.mnt)["data"]["blocks_reserved"] == 0
+
+
+def test_chattr_c_compresses_and_other_flags_are_refused(fs: Mount) -> None:
+    path = fs.mnt / "text"
+    path.touch()
+    assert run(["chattr", "+c", path]).returncode == 0
+    lsattr = run(["lsattr", path])
+    assert lsattr.returncode == 0 and "c" in lsattr.stdout.split()[0], lsattr.stdout
+    text = "".join(f"{i}: the quick brown fox jumps over the lazy dog\n" for i in range(40000)).encode()
+    path.write_bytes(text)
+    d = ctl(fs.mnt)["data"]
+    assert d["compressed_in"] >= len(text) // 2 and d["compressed_in"] > 4 * d["compressed_out"]
+    immutable = run(["chattr", "+i", path])
+    assert immutable.returncode != 0 and "not supported" in immutable.stderr, immutable.stderr
+    fs.close()
+    m = Mount(fs.dev, fs.mnt)
+    assert path.read_bytes() == text
+    assert "c" in run(["lsattr", path]).stdout.split()[0]
+    m.close()
+
+
+def test_daemon_log_option(tmp_path: Path) -> None:
+    dev = image(tmp_path / "fs.img")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    log = tmp_path / "daemon.log"
+    proc = run([tool("tierfs"), "mount", dev, mnt, "-o", f"log={log},allow_other"])
+    assert proc.returncode == 0, proc.stderr
+    (mnt / "f").write_text("x")
+    assert run(["fusermount3", "-u", mnt]).returncode == 0
+    wait_for(lambda: unlocked(dev), "the daemon to finish")
+    text = log.read_text()
+    assert f"mounted on {mnt}" in text and f"{mnt} unmounted, clean" in text, text
+    bad = run([tool("tierfs"), "mount", dev, mnt, "-o", "log=/nonexistent/dir/log"])
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "log=/nonexistent/dir/log" in bad.stderr
+    assert not os.path.ismount(mnt)
+    fsck_clean(dev)
