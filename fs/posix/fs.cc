@@ -235,14 +235,7 @@ Status Filesystem::QueueRemoveEntry(Transaction* tx, const NameTable& t, const E
 
 Filesystem::~Filesystem() {
   // Without Unmount (a test's crash): buffered data is lost, as in a crash.
-  if (flusher_.running()) {
-    {
-      MutexLock l(flusher_mu_);
-      flusher_stop_ = true;
-      flusher_cv_.Signal();
-    }
-    flusher_.Join();
-  }
+  StopFlusher();
   for (u32 i = 0; i < kStripes; i++) {
     for (const OpenCount& o : open_[i]) FreeBuffer(o.buf);
     open_[i].Resize(0).IgnoreError();
@@ -442,14 +435,7 @@ Status Filesystem::Mount(engine::Engine* engine, const Options& options) {
 Status Filesystem::Unmount() {
   if (engine_ == nullptr) return Status::Ok();
   Status first;
-  if (flusher_.running()) {
-    {
-      MutexLock l(flusher_mu_);
-      flusher_stop_ = true;
-      flusher_cv_.Signal();
-    }
-    flusher_.Join();
-  }
+  StopFlusher();
   for (u32 s = 0; s < kStripes; s++) {
     // Buffered data first, while the entries still show it to readers.
     for (u32 i = 0;; i++) {
@@ -1108,6 +1094,16 @@ void Filesystem::FlusherMain(void* self) {
     fs->FlushAged();
     fs->flusher_mu_.Lock();
   }
+}
+
+void Filesystem::StopFlusher() {
+  if (!flusher_.running()) return;
+  {
+    MutexLock l(flusher_mu_);
+    flusher_stop_ = true;
+    flusher_cv_.Signal();
+  }
+  flusher_.Join();
 }
 
 void Filesystem::FlushAged() {

@@ -296,6 +296,7 @@ class Filesystem {
   void OverlayBuffered(u64 ino, Attr* a);
   void FreeBuffer(Buffered* b);
   static void FlusherMain(void* self);
+  void StopFlusher();
   void FlushAged();
   bool IsOpen(u64 ino);
   bool Compress(const InodeFormat& f) const;
