@@ -12,7 +12,7 @@ using btree::Pos;
 
 namespace {
 
-constexpr u32 kValueMax = u32(sizeof(ExtentFormat) + sizeof(ExtentPtr)) + 4 * kMaxExtentBlocks;
+constexpr u32 kValueMax = kExtentValueMax;
 
 Pos ExtentPos(u64 ino, u64 end) { return Pos{btree::kBtreeExtents, ino, end}; }
 
@@ -248,11 +248,43 @@ Status DataPath::WriteBlob(u32 dev, u64 offset, const u8* data, u32 nblocks) {
 
 Status DataPath::QueueWrite(btree::Transaction* tx, u64 ino, u64 first, const u8* blocks, u32 nblocks,
                             Delta* delta, bool compress) {
+  Prepared* p = platform::New<Prepared>();
+  if (p == nullptr) return Err::kNoMemory;
+  Status st = Prepare(ino, first, blocks, nblocks, compress, p, delta);
+  if (st.ok()) st = QueuePrepared(tx, *p, delta);
+  platform::Delete(p);
+  return st;
+}
+
+Result<u64> DataPath::UnwrittenBlocks(u64 ino, u64 first, u64 end) {
+  Iterator it(trees_, btree::kBtreeExtents);
+  TFS_TRY(it.Seek(ExtentPos(ino, first + 1)));
+  u64 n = 0;
+  for (; it.Valid() && it.pos().inode == ino; TFS_TRY(it.Next())) {
+    Extent e;
+    TFS_TRY(ParseExtent(it.pos(), it.value(), it.val_bytes(), &e));
+    if (e.start >= end) break;
+    if (e.unwritten) n += Min(e.end, end) - Max(e.start, first);
+  }
+  return n;
+}
+
+Status DataPath::QueuePrepared(btree::Transaction* tx, const Prepared& p, Delta* delta) {
+  if (engine_ == nullptr || p.blocks == 0) return Err::kInvalidArgument;
+  TFS_TRY(QueuePunch(tx, p.ino, p.first, p.first + p.blocks, delta));
+  for (const Prepared::Item& item : p.items) TFS_TRY(tx->Set(ExtentPos(p.ino, item.end), item.value, item.len));
+  return Status::Ok();
+}
+
+Status DataPath::Prepare(u64 ino, u64 first, const u8* blocks, u32 nblocks, bool compress, Prepared* p,
+                         Delta* delta) {
   if (engine_ == nullptr || nblocks == 0) return Err::kInvalidArgument;
-  const u64 unreserved = delta->unreserved;
-  TFS_TRY(QueuePunch(tx, ino, first, first + nblocks, delta));
-  const u64 covered = delta->unreserved - unreserved;  // reserved blocks this write replaces
-  u8 value[kValueMax];
+  p->ino = ino;
+  p->first = first;
+  p->blocks = nblocks;
+  TFS_TRY(p->items.Resize(0));
+  auto covered = UnwrittenBlocks(ino, first, first + nblocks);  // reserved blocks this write replaces
+  TFS_TRY(covered.status());
   u8 crcs[4 * kMaxExtentBlocks];
   // Plain blocks are written up to `plain_end`: all of them, or (compressing)
   // the current chunk when zstd did not save a block.
@@ -260,7 +292,7 @@ Status DataPath::QueueWrite(btree::Transaction* tx, u64 ino, u64 first, const u8
   for (u32 done = 0; done < nblocks;) {
     if (done >= plain_end) {
       const u32 n = Min(nblocks - done, kMaxCompressedBlocks);
-      Status st = WriteCompressed(tx, ino, first + done, blocks + u64(done) * kBlockSize, n, covered, delta);
+      Status st = WriteCompressed(p, first + done, blocks + u64(done) * kBlockSize, n, covered.value(), delta);
       if (st.ok()) {
         done += n;
         continue;
@@ -272,7 +304,7 @@ Status DataPath::QueueWrite(btree::Transaction* tx, u64 ino, u64 first, const u8
     alloc::BucketRef ref;
     u64 offset;
     u32 got;
-    TFS_TRY(Reserve(Min(plain_end - done, kMaxExtentBlocks), covered, false, &ref, &offset, &got));
+    TFS_TRY(Reserve(Min(plain_end - done, kMaxExtentBlocks), covered.value(), false, &ref, &offset, &got));
     // Recorded at once, so that Abort gives the reserved space back whatever fails next.
     Status st = delta->changes.PushBack(Delta::Change{ref.dev, ref.bucket, i64(got), i64(got)});
     if (!st.ok()) {
@@ -292,7 +324,10 @@ Status DataPath::QueueWrite(btree::Transaction* tx, u64 ino, u64 first, const u8
     ptr.dev = u8(ref.dev);
     ptr.gen = ref.gen;
     ptr.offset.set(offset);
-    TFS_TRY(tx->Set(ExtentPos(ino, first + done + got), value, BuildExtent(value, ptr, 0, got, crcs)));
+    TFS_TRY(p->items.PushBack(Prepared::Item{}));
+    Prepared::Item& item = p->items[p->items.size() - 1];
+    item.end = first + done + got;
+    item.len = BuildExtent(item.value, ptr, 0, got, crcs);
     delta->sectors += i64(got) * (kBlockSize / 512);
     c_bytes_written_.FetchAdd(u64(got) * kBlockSize, MemOrder::kRelaxed);
     c_extents_.FetchAdd(1, MemOrder::kRelaxed);
@@ -301,8 +336,7 @@ Status DataPath::QueueWrite(btree::Transaction* tx, u64 ino, u64 first, const u8
   return Status::Ok();
 }
 
-Status DataPath::WriteCompressed(btree::Transaction* tx, u64 ino, u64 first, const u8* data, u32 nblocks,
-                                 u64 covered, Delta* delta) {
+Status DataPath::WriteCompressed(Prepared* p, u64 first, const u8* data, u32 nblocks, u64 covered, Delta* delta) {
   if (nblocks < 2) return Err::kNotSupported;  // nothing to save
   const u64 in = u64(nblocks) * kBlockSize;
   const u64 cap = in - kBlockSize;  // it must save a block
@@ -337,9 +371,12 @@ Status DataPath::WriteCompressed(btree::Transaction* tx, u64 ino, u64 first, con
     ptr.dev = u8(ref.dev);
     ptr.gen = ref.gen;
     ptr.offset.set(offset);
-    u8 value[sizeof(ExtentFormat) + sizeof(ExtentPtr) + 4];
-    st = tx->Set(ExtentPos(ino, first + nblocks), value,
-                 BuildCompressed(value, ptr, 0, nblocks, nblocks, zbytes, reinterpret_cast<const u8*>(&c)));
+    st = p->items.PushBack(Prepared::Item{});
+    if (st.ok()) {
+      Prepared::Item& item = p->items[p->items.size() - 1];
+      item.end = first + nblocks;
+      item.len = BuildCompressed(item.value, ptr, 0, nblocks, nblocks, zbytes, reinterpret_cast<const u8*>(&c));
+    }
   }
   platform::Free(z);
   TFS_TRY(st);

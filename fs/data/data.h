@@ -108,6 +108,25 @@ struct Extent {
 // kCorrupt unless the value is a valid extent ending at `end` (pos.offset).
 Status ParseExtent(const btree::Pos& pos, const u8* value, u32 len, Extent* out);
 
+inline constexpr u32 kExtentValueMax = u32(sizeof(ExtentFormat) + sizeof(ExtentPtr)) + 4 * kMaxExtentBlocks;
+
+// New extents whose blobs are written (their space pending in a Delta) but
+// that are not yet in any transaction. Prepare does a write's device I/O with
+// no inode lock held; the caller then queues them under its lock with
+// QueuePrepared, which also removes what the range held (QueueWrite does both
+// at once).
+struct Prepared {
+  struct Item {
+    u64 end;  // the key's offset: the extent's end block
+    u32 len;
+    u8 value[kExtentValueMax];
+  };
+  u64 ino = 0;
+  u64 first = 0;
+  u32 blocks = 0;
+  Vector<Item> items;
+};
+
 // Space changes a write or punch makes, applied once its transaction commits.
 struct Delta {
   struct Change {
@@ -155,6 +174,10 @@ class DataPath {
   // saves a block if `compress`.
   Status QueueWrite(btree::Transaction* tx, u64 ino, u64 first, const u8* blocks, u32 nblocks, Delta* delta,
                     bool compress = false);
+  // QueueWrite in two steps (see Prepared). Delta collects both; a Prepare
+  // that fails, or whose transaction does not commit, is undone by Abort.
+  Status Prepare(u64 ino, u64 first, const u8* blocks, u32 nblocks, bool compress, Prepared* out, Delta* delta);
+  Status QueuePrepared(btree::Transaction* tx, const Prepared& p, Delta* delta);
   // Queues the removal of the blocks in [first, end) (holes afterwards).
   Status QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end, Delta* delta, u32 max_keys = ~0u);
   // Queues unwritten extents over the holes of [first, end), at most max_keys
@@ -186,8 +209,9 @@ class DataPath {
   Status Reserve(u32 want, u64 covered, bool whole, alloc::BucketRef* ref, u64* offset, u32* got);
   // One chunk of QueueWrite, stored compressed: kNotSupported if zstd does not
   // save a block (the caller stores it plain).
-  Status WriteCompressed(btree::Transaction* tx, u64 ino, u64 first, const u8* data, u32 nblocks, u64 covered,
-                         Delta* delta);
+  Status WriteCompressed(Prepared* p, u64 first, const u8* data, u32 nblocks, u64 covered, Delta* delta);
+  // Unwritten blocks in [first, end) (the reservation a write there replaces).
+  Result<u64> UnwrittenBlocks(u64 ino, u64 first, u64 end);
   // Reads and decompresses a compressed extent's blob into out (stored_blocks blocks).
   Status ReadCompressed(const Extent& e, u8* out);
   // A read holds the bucket it reads from: Pin fails if the bucket is no
