@@ -445,11 +445,10 @@ Status Filesystem::Unmount() {
         if (i >= open_[s].size()) break;
         ino = open_[s][i].ino;
       }
-      const u64 lock[1] = {ino};
-      Locked locked(this, lock, 1);
+      WriteGuard data(DataLock(ino));
       InodeFormat f;
       Status st = ReadInode(ino, &f);
-      if (st.ok() && f.nlink.get() != 0) st = FlushIfBuffered(ino, &f, kFlushClose);
+      if (st.ok() && f.nlink.get() != 0) st = FlushRun(ino, FindBuffer(ino, false), kFlushClose);
       if (st.Is(ErrorClass::kNotFound)) st = Status::Ok();
       if (first.ok() && !st.ok()) first = st;
     }
@@ -931,43 +930,82 @@ Status Filesystem::Rename(u64 old_dir, const char* old_name, u32 old_len, u64 ne
 
 Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
-  const u64 lock[1] = {ino};
-  Locked locked(this, lock, 1);
   InodeFormat f;
   TFS_TRY(ReadInode(ino, &f));
   const u32 type = f.mode.get() & kModeTypeMask;
-  if (type == kModeReg) TFS_TRY(FlushIfBuffered(ino, &f, kFlushOther));  // sizes and times stay in order
   if ((set.valid & kSetSize) != 0) {
     if (type == kModeDir) return Err::kIsDir;
     if (type != kModeReg) return Err::kInvalidArgument;
     if (set.size > kMaxFileSize) return Err::kTooBig;
   }
-  const i64 now = Now();
-  if ((set.valid & kSetMode) != 0) f.mode.set(type | (set.mode & kModePermMask));
-  if ((set.valid & kSetUid) != 0) f.uid.set(set.uid);
-  if ((set.valid & kSetGid) != 0) f.gid.set(set.gid);
-  if ((set.valid & kSetSize) != 0) {
-    // Not growing frees blocks past the size even if it stays (fallocated
-    // with KEEP_SIZE), as ext4 does.
-    const bool changed = set.size != f.size.get();
-    TFS_TRY(Truncate(ino, &f, set.size));
-    if (changed) SetTime(&f.mtime_ns, now);
+  // A regular file's data changes (truncate), and its buffered writes go out
+  // first so that sizes and times stay in order: under its data lock, with
+  // the I/O (a new last block with zeros past the size) before the stripe.
+  const bool data = type == kModeReg && ((set.valid & kSetSize) != 0 || Buffering(ino));
+  if (data) DataLock(ino).WriteLock();
+  data::Prepared* tail = nullptr;
+  data::Delta tail_delta;
+  Status st = [&]() -> Status {
+    if (!data) return Status::Ok();
+    TFS_TRY(FlushRun(ino, FindBuffer(ino, false), kFlushOther));
+    TFS_TRY(ReadInode(ino, &f));
+    if ((set.valid & kSetSize) != 0 && set.size < f.size.get() && set.size % kBlock != 0)
+      TFS_TRY(PrepareZero(ino, set.size / kBlock, u32(set.size % kBlock), kBlock, &tail, &tail_delta));
+    return Status::Ok();
+  }();
+  if (st.ok()) {
+    const u64 lock[1] = {ino};
+    Locked locked(this, lock, 1);
+    st = ReadInode(ino, &f);
+    const i64 now = Now();
+    if (st.ok()) {
+      if ((set.valid & kSetMode) != 0) f.mode.set(type | (set.mode & kModePermMask));
+      if ((set.valid & kSetUid) != 0) f.uid.set(set.uid);
+      if ((set.valid & kSetGid) != 0) f.gid.set(set.gid);
+      if ((set.valid & kSetSize) != 0) {
+        // Not growing frees blocks past the size even if it stays (fallocated
+        // with KEEP_SIZE), as ext4 does.
+        if (set.size != f.size.get()) SetTime(&f.mtime_ns, now);
+        if (set.size <= f.size.get()) st = PunchPast(ino, &f, set.size);
+        f.size.set(set.size);
+      }
+    }
+    if (st.ok()) {
+      if ((set.valid & kSetAtime) != 0) SetTime(&f.atime_ns, set.atime_ns);
+      if ((set.valid & kSetAtimeNow) != 0) SetTime(&f.atime_ns, now);
+      if ((set.valid & kSetMtime) != 0) SetTime(&f.mtime_ns, set.mtime_ns);
+      if ((set.valid & kSetMtimeNow) != 0) SetTime(&f.mtime_ns, now);
+      SetTime(&f.ctime_ns, now);
+      Transaction tx(trees_);
+      if (tail != nullptr) st = data_.QueuePrepared(&tx, *tail, &tail_delta);
+      if (st.ok()) {
+        f.sectors.set(u64(i64(f.sectors.get()) + tail_delta.sectors));
+        st = tx.Set(InodePos(ino), &f, sizeof(f));
+      }
+      if (st.ok()) {
+        st = data_.Commit(&tx, tail_delta);
+        tail_delta = data::Delta{};  // applied or aborted
+      }
+    }
   }
-  if ((set.valid & kSetAtime) != 0) SetTime(&f.atime_ns, set.atime_ns);
-  if ((set.valid & kSetAtimeNow) != 0) SetTime(&f.atime_ns, now);
-  if ((set.valid & kSetMtime) != 0) SetTime(&f.mtime_ns, set.mtime_ns);
-  if ((set.valid & kSetMtimeNow) != 0) SetTime(&f.mtime_ns, now);
-  SetTime(&f.ctime_ns, now);
-  Transaction tx(trees_);
-  TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
-  TFS_TRY(tx.Commit().status());
+  data_.Abort(tail_delta);  // (nothing left if it was committed)
+  platform::Delete(tail);
+  if (data) DataLock(ino).WriteUnlock();
+  TFS_TRY(st);
   c_setattrs_.FetchAdd(1, MemOrder::kRelaxed);
   return ToAttr(ino, f);
 }
 
 // --- file data -----------------------------------------------------------------
-
-// --- file data: the write buffer ---------------------------------------------
+//
+// Locking. A regular file's data and size are guarded by its data lock
+// (DataLock: striped reader-writer locks, taken before any inode stripe):
+// exclusive for what reads, merges and rewrites blocks, shrinks the file or
+// touches its write buffer; shared for whole-block writes with no buffered
+// run (several may run at once, as O_DIRECT writes do on ext4). Device I/O
+// happens under the data lock only: blobs are written by DataPath::Prepare,
+// and the stripe is taken just to commit them (CommitData). So no lock that
+// a directory or another file's metadata needs is ever held across I/O.
 
 struct Filesystem::Buffered {
   u64 first = 0;       // first file block of the run
@@ -1013,26 +1051,92 @@ void Filesystem::FreeBuffer(Buffered* b) {
   buffers_.FetchSub(1, MemOrder::kRelaxed);
 }
 
-Status Filesystem::FlushLocked(u64 ino, InodeFormat* f, Buffered* b, FlushCause cause) {
-  if (b == nullptr || b->blocks == 0) return Status::Ok();
+bool Filesystem::Buffering(u64 ino) {
+  const u32 s = Stripe(ino);
+  MutexLock l(open_mu_[s]);
+  for (const OpenCount& o : open_[s])
+    if (o.ino == ino) return o.buf != nullptr && o.buf->blocks > 0;
+  return false;
+}
+
+Status Filesystem::CommitData(u64 ino, const data::Prepared* p, data::Delta* delta, u64 min_size, i64 mtime) {
+  const u64 lock[1] = {ino};
+  Locked locked(this, lock, 1);
+  InodeFormat f;
   Transaction tx(trees_);
-  data::Delta delta;
-  Status st = data_.QueueWrite(&tx, ino, b->first, b->data, b->blocks, &delta, Compress(*f));
-  InodeFormat nf = *f;
+  Status st = ReadInode(ino, &f);
+  if (st.ok() && p != nullptr) st = data_.QueuePrepared(&tx, *p, delta);
   if (st.ok()) {
-    nf.size.set(Max(nf.size.get(), b->size));
-    nf.sectors.set(u64(i64(nf.sectors.get()) + delta.sectors));
-    SetTime(&nf.mtime_ns, b->mtime_ns);
-    SetTime(&nf.ctime_ns, b->mtime_ns);
-    st = tx.Set(InodePos(ino), &nf, sizeof(nf));
+    f.size.set(Max(f.size.get(), min_size));
+    f.sectors.set(u64(i64(f.sectors.get()) + delta->sectors));
+    if (mtime != 0) {
+      SetTime(&f.mtime_ns, mtime);
+      SetTime(&f.ctime_ns, mtime);
+    }
+    st = tx.Set(InodePos(ino), &f, sizeof(f));
   }
-  if (!st.ok()) data_.Abort(delta);  // failed before the commit
-  if (st.ok()) st = data_.Commit(&tx, delta);
+  if (!st.ok()) {
+    data_.Abort(*delta);  // failed before the commit
+    return st;
+  }
+  return data_.Commit(&tx, *delta);
+}
+
+Status Filesystem::PrepareZero(u64 ino, u64 block, u32 from, u32 to, data::Prepared** out, data::Delta* delta) {
+  *out = nullptr;
+  auto mapped = data_.HasBlockData(ino, block);
+  TFS_TRY(mapped.status());
+  if (!mapped.value()) return Status::Ok();  // a hole or unwritten block reads as zeros already
+  InodeFormat f;
+  TFS_TRY(ReadInode(ino, &f));
+  u8* buf = static_cast<u8*>(platform::Alloc(kBlock, 64));
+  data::Prepared* p = platform::New<data::Prepared>();
+  Status st = buf == nullptr || p == nullptr ? Status(Err::kNoMemory) : data_.ReadBlocks(ino, block, 1, buf);
+  if (st.ok()) {
+    MemSet(buf + from, 0, to - from);
+    st = data_.Prepare(ino, block, buf, 1, Compress(f), p, delta);
+  }
+  platform::Free(buf);
+  if (!st.ok()) {  // (the caller aborts the delta)
+    platform::Delete(p);
+    return st;
+  }
+  *out = p;
+  return Status::Ok();
+}
+
+Status Filesystem::ZeroInBlock(u64 ino, u64 block, u32 from, u32 to, i64 mtime) {
+  data::Prepared* p;
+  data::Delta delta;
+  Status st = PrepareZero(ino, block, from, to, &p, &delta);
+  if (!st.ok()) {
+    data_.Abort(delta);
+    return st;
+  }
+  if (p == nullptr) return Status::Ok();
+  st = CommitData(ino, p, &delta, 0, mtime);
+  platform::Delete(p);
+  return st;
+}
+
+Status Filesystem::FlushRun(u64 ino, Buffered* b, FlushCause cause) {
+  if (b == nullptr || b->blocks == 0) return Status::Ok();
+  InodeFormat f;
+  Status st = ReadInode(ino, &f);
+  data::Prepared* p = platform::New<data::Prepared>();
+  data::Delta delta;
+  if (st.ok() && p == nullptr) st = Err::kNoMemory;
+  if (st.ok()) st = data_.Prepare(ino, b->first, b->data, b->blocks, Compress(f), p, &delta);
+  if (st.ok()) {
+    st = CommitData(ino, p, &delta, b->size, b->mtime_ns);
+  } else {
+    data_.Abort(delta);
+  }
+  platform::Delete(p);
   if (!st.ok()) {  // the run stays, for the next flush to try again
     c_flush_err_.FetchAdd(1, MemOrder::kRelaxed);
     return st;
   }
-  *f = nf;
   c_flush_[cause].FetchAdd(1, MemOrder::kRelaxed);
   c_flushed_bytes_.FetchAdd(u64(b->blocks) * kBlock, MemOrder::kRelaxed);
   MutexLock l(open_mu_[Stripe(ino)]);
@@ -1041,34 +1145,17 @@ Status Filesystem::FlushLocked(u64 ino, InodeFormat* f, Buffered* b, FlushCause 
   return Status::Ok();
 }
 
-Status Filesystem::FlushIfBuffered(u64 ino, InodeFormat* f, FlushCause cause) {
-  Buffered* b = FindBuffer(ino, false);
-  if (b == nullptr || b->blocks == 0) return Status::Ok();
-  return FlushLocked(ino, f, b, cause);
-}
-
 Status Filesystem::FlushBuffer(u64 ino) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
-  const u64 lock[1] = {ino};
-  Locked locked(this, lock, 1);
-  Buffered* b = FindBuffer(ino, false);
-  if (b == nullptr || b->blocks == 0) return Status::Ok();
-  InodeFormat f;
-  TFS_TRY(ReadInode(ino, &f));
-  return FlushLocked(ino, &f, b, kFlushClose);
+  WriteGuard data(DataLock(ino));
+  return FlushRun(ino, FindBuffer(ino, false), kFlushClose);
 }
 
 Status Filesystem::Fsync(u64 ino) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
   {
-    const u64 lock[1] = {ino};
-    Locked locked(this, lock, 1);
-    Buffered* b = FindBuffer(ino, false);
-    if (b != nullptr && b->blocks > 0) {
-      InodeFormat f;
-      TFS_TRY(ReadInode(ino, &f));
-      TFS_TRY(FlushLocked(ino, &f, b, kFlushFsync));
-    }
+    WriteGuard data(DataLock(ino));
+    TFS_TRY(FlushRun(ino, FindBuffer(ino, false), kFlushFsync));
   }
   return engine_->journal().Flush();
 }
@@ -1118,13 +1205,10 @@ void Filesystem::FlushAged() {
         if (n < 16 && o.buf != nullptr && o.buf->blocks > 0 && now - o.buf->since_ns >= age) inos[n++] = o.ino;
     }
     for (u32 i = 0; i < n; i++) {
-      const u64 lock[1] = {inos[i]};
-      Locked locked(this, lock, 1);
-      Buffered* b = FindBuffer(inos[i], false);
+      WriteGuard data(DataLock(inos[i]));
+      Buffered* b = FindBuffer(inos[i], false);  // (the last Release takes the data lock too)
       if (b == nullptr || b->blocks == 0 || now - b->since_ns < age) continue;
-      InodeFormat f;
-      Status st = ReadInode(inos[i], &f);
-      if (st.ok()) st = FlushLocked(inos[i], &f, b, kFlushAge);
+      Status st = FlushRun(inos[i], b, kFlushAge);
       if (!st.ok())
         platform::Log(platform::LogLevel::kError, "posix: writing out buffered data of inode %llu: %s",
                       (unsigned long long)inos[i], st.Message());
@@ -1136,21 +1220,34 @@ Result<u32> Filesystem::Write(u64 ino, u64 off, const void* buf, u32 len, u32 fl
   if (trees_ == nullptr) return Err::kInvalidArgument;
   if (off >= kMaxFileSize || len > kMaxFileSize - off) return Err::kTooBig;
   if (len == 0) return u32(0);
-  const u64 lock[1] = {ino};
-  Locked locked(this, lock, 1);
   InodeFormat f;
   TFS_TRY(ReadInode(ino, &f));
   if (IsDir(f)) return Err::kIsDir;
   if ((f.mode.get() & kModeTypeMask) != kModeReg) return Err::kInvalidArgument;
   const u8* in = static_cast<const u8*>(buf);
   const u64 nb = (off + len + kBlock - 1) / kBlock - off / kBlock;
-  Buffered* b = nullptr;
-  if ((flags & kWriteDirect) == 0 && nb <= kBufferBlocks / 2) b = FindBuffer(ino, true);
-  if (b != nullptr) return WriteBuffered(ino, &f, b, off, in, len);
+  if ((flags & kWriteDirect) == 0 && nb <= kBufferBlocks / 2) {
+    Buffered* b = FindBuffer(ino, true);
+    if (b != nullptr) {
+      WriteGuard data(DataLock(ino));
+      TFS_TRY(ReadInode(ino, &f));  // the size, now stable
+      return WriteBuffered(ino, &f, b, off, in, len);
+    }
+  }
+  // Whole blocks and nothing buffered: the shared data lock (the blocks are
+  // replaced, not merged).
+  if (off % kBlock == 0 && len % kBlock == 0) {
+    ReadGuard data(DataLock(ino));
+    if (!Buffering(ino)) {
+      c_wdirect_.FetchAdd(1, MemOrder::kRelaxed);
+      return WriteThrough(ino, off, in, len);
+    }
+  }
   // Straight through, after whatever is buffered (so the order holds).
-  TFS_TRY(FlushIfBuffered(ino, &f, kFlushOther));
+  WriteGuard data(DataLock(ino));
+  TFS_TRY(FlushRun(ino, FindBuffer(ino, false), kFlushOther));
   c_wdirect_.FetchAdd(1, MemOrder::kRelaxed);
-  return WriteThrough(ino, &f, off, in, len);
+  return WriteThrough(ino, off, in, len);
 }
 
 Result<u32> Filesystem::WriteBuffered(u64 ino, InodeFormat* f, Buffered* b, u64 off, const u8* buf, u32 len) {
@@ -1158,8 +1255,10 @@ Result<u32> Filesystem::WriteBuffered(u64 ino, InodeFormat* f, Buffered* b, u64 
   const u64 b1 = (off + len + kBlock - 1) / kBlock;
   // The run takes writes that start inside it or right after it and end
   // within its capacity; anything else writes it out first.
-  if (b->blocks > 0 && (b0 < b->first || b0 > b->first + b->blocks || b1 > b->first + kBufferBlocks))
-    TFS_TRY(FlushLocked(ino, f, b, kFlushFull));
+  if (b->blocks > 0 && (b0 < b->first || b0 > b->first + b->blocks || b1 > b->first + kBufferBlocks)) {
+    TFS_TRY(FlushRun(ino, b, kFlushFull));
+    TFS_TRY(ReadInode(ino, f));  // its new size
+  }
   const u64 first = b->blocks > 0 ? b->first : b0;
   const u64 have_end = first + b->blocks;
   // Blocks new to the run that the write covers in part keep their other
@@ -1208,10 +1307,11 @@ Result<u32> Filesystem::WriteBuffered(u64 ino, InodeFormat* f, Buffered* b, u64 
   return len;
 }
 
-Result<u32> Filesystem::WriteThrough(u64 ino, InodeFormat* f, u64 off, const u8* buf, u32 len) {
+Result<u32> Filesystem::WriteThrough(u64 ino, u64 off, const u8* buf, u32 len) {
   u8* blocks = static_cast<u8*>(platform::Alloc(u64(kWriteChunkBlocks + 1) * kBlock, 64));
-  if (blocks == nullptr) return Err::kNoMemory;
-  Status st;
+  data::Prepared* p = platform::New<data::Prepared>();
+  InodeFormat f;
+  Status st = blocks == nullptr || p == nullptr ? Status(Err::kNoMemory) : ReadInode(ino, &f);
   for (u32 done = 0; st.ok() && done < len;) {
     const u64 pos = off + done;
     const u64 b0 = pos / kBlock;
@@ -1220,34 +1320,27 @@ Result<u32> Filesystem::WriteThrough(u64 ino, InodeFormat* f, u64 off, const u8*
     const u64 b1 = (pos + n + kBlock - 1) / kBlock;
     const u32 nb = u32(b1 - b0);
     // Blocks the write covers only in part keep their other bytes (zeros past
-    // the end of the file: the tail of its last block is always zero).
-    const u64 size_blocks = (f->size.get() + kBlock - 1) / kBlock;
+    // the end of the file: the tail of its last block is always zero). Only
+    // an exclusive data lock holder gets here with such blocks.
+    const u64 size_blocks = (f.size.get() + kBlock - 1) / kBlock;
     MemSet(blocks, 0, u64(nb) * kBlock);
     if (skip != 0 && b0 < size_blocks) st = data_.ReadBlocks(ino, b0, 1, blocks);
     if (st.ok() && (pos + n) % kBlock != 0 && b1 - 1 < size_blocks && !(nb == 1 && skip != 0))
       st = data_.ReadBlocks(ino, b1 - 1, 1, blocks + u64(nb - 1) * kBlock);
     if (!st.ok()) break;
     MemCopy(blocks + skip, buf + done, n);
-    Transaction tx(trees_);
     data::Delta delta;
-    st = data_.QueueWrite(&tx, ino, b0, blocks, nb, &delta, Compress(*f));
-    if (st.ok()) {
-      f->size.set(Max(f->size.get(), pos + n));
-      f->sectors.set(u64(i64(f->sectors.get()) + delta.sectors));
-      const i64 now = Now();
-      SetTime(&f->mtime_ns, now);
-      SetTime(&f->ctime_ns, now);
-      st = tx.Set(InodePos(ino), f, sizeof(*f));
-    }
+    st = data_.Prepare(ino, b0, blocks, nb, Compress(f), p, &delta);
     if (!st.ok()) {
-      data_.Abort(delta);  // failed before the commit
+      data_.Abort(delta);
       break;
     }
-    st = data_.Commit(&tx, delta);
-    if (!st.ok()) break;
+    st = CommitData(ino, p, &delta, pos + n, Now());
+    f.size.set(Max(f.size.get(), pos + n));
     done += n;
   }
   platform::Free(blocks);
+  platform::Delete(p);
   TFS_TRY(st);
   return len;
 }
@@ -1300,56 +1393,19 @@ Result<u32> Filesystem::Read(u64 ino, u64 off, void* buf, u32 len) {
   }
 }
 
-Status Filesystem::Truncate(u64 ino, InodeFormat* f, u64 size) {
-  const u64 old_size = f->size.get();
-  if (size <= old_size) {
-    // The blocks past the new end go first, a batch of extents at a time (a
-    // crash between batches leaves holes in what was being truncated away).
-    const u64 keep = (size + kBlock - 1) / kBlock;
-    for (;;) {
-      Transaction tx(trees_);
-      data::Delta delta;
-      TFS_TRY(data_.QueuePunch(&tx, ino, keep, ~u64(0), &delta, kBatchExtents));
-      if (delta.empty()) break;
-      f->sectors.set(u64(i64(f->sectors.get()) + delta.sectors));
-      TFS_TRY(tx.Set(InodePos(ino), f, sizeof(*f)));
-      TFS_TRY(data_.Commit(&tx, delta));
-    }
-    // A new last block cut in the middle: its tail becomes zeros (reads past
-    // the end, and a later extension, must see zeros there).
-    f->size.set(size);
-    if (size < old_size && size % kBlock != 0)
-      TFS_TRY(ZeroInBlock(ino, f, size / kBlock, u32(size % kBlock), kBlock));
-  }
-  f->size.set(size);  // (growing: the new bytes are a hole)
-  return Status::Ok();
-}
-
-Status Filesystem::ZeroInBlock(u64 ino, InodeFormat* f, u64 block, u32 from, u32 to) {
-  auto mapped = data_.HasBlockData(ino, block);
-  TFS_TRY(mapped.status());
-  Transaction tx(trees_);
-  data::Delta delta;
-  Status st;
-  if (mapped.value()) {  // a hole or unwritten block reads as zeros already
-    u8* buf = static_cast<u8*>(platform::Alloc(kBlock, 64));
-    if (buf == nullptr) return Err::kNoMemory;
-    st = data_.ReadBlocks(ino, block, 1, buf);
-    if (st.ok()) {
-      MemSet(buf + from, 0, to - from);
-      st = data_.QueueWrite(&tx, ino, block, buf, 1, &delta);
-    }
-    platform::Free(buf);
-  }
-  if (st.ok()) {
+Status Filesystem::PunchPast(u64 ino, InodeFormat* f, u64 size) {
+  // A batch of extents per transaction (a crash between batches leaves holes
+  // in what was being truncated away). The caller commits *f.
+  const u64 keep = (size + kBlock - 1) / kBlock;
+  for (;;) {
+    Transaction tx(trees_);
+    data::Delta delta;
+    TFS_TRY(data_.QueuePunch(&tx, ino, keep, ~u64(0), &delta, kBatchExtents));
+    if (delta.empty()) return Status::Ok();
     f->sectors.set(u64(i64(f->sectors.get()) + delta.sectors));
-    st = tx.Set(InodePos(ino), f, sizeof(*f));
+    TFS_TRY(tx.Set(InodePos(ino), f, sizeof(*f)));
+    TFS_TRY(data_.Commit(&tx, delta));
   }
-  if (!st.ok()) {
-    data_.Abort(delta);  // failed before the commit
-    return st;
-  }
-  return data_.Commit(&tx, delta);
 }
 
 Status Filesystem::Fallocate(u64 ino, u32 mode, u64 off, u64 len) {
@@ -1362,42 +1418,51 @@ Status Filesystem::Fallocate(u64 ino, u32 mode, u64 off, u64 len) {
   if ((punch && zero) || (punch && !keep)) return Err::kNotSupported;
   if (len == 0) return Err::kInvalidArgument;
   if (off >= kMaxFileSize || len > kMaxFileSize - off) return Err::kTooBig;
-  const u64 lock[1] = {ino};
-  Locked locked(this, lock, 1);
   InodeFormat f;
   TFS_TRY(ReadInode(ino, &f));
   if (IsDir(f)) return Err::kIsDir;
   if ((f.mode.get() & kModeTypeMask) != kModeReg) return Err::kNoDevice;
-  TFS_TRY(FlushIfBuffered(ino, &f, kFlushOther));
+  WriteGuard data(DataLock(ino));
+  TFS_TRY(FlushRun(ino, FindBuffer(ino, false), kFlushOther));
+  TFS_TRY(ReadInode(ino, &f));
   const u64 end = off + len;
   const i64 now = Now();
-  SetTime(&f.ctime_ns, now);
   if (punch || zero) {
-    SetTime(&f.mtime_ns, now);
-    // Bytes of the range in blocks it covers only in part become zeros; the
-    // whole blocks inside it are freed.
+    // Bytes of the range in blocks it covers only in part become zeros (their
+    // I/O first, under the data lock alone); the whole blocks inside it are
+    // freed.
     const u64 size_blocks = (f.size.get() + kBlock - 1) / kBlock;
     const u64 first_whole = (off + kBlock - 1) / kBlock;
     const u64 end_whole = end / kBlock;
     if (off / kBlock == (end - 1) / kBlock && (off % kBlock != 0 || end % kBlock != 0)) {
       if (off / kBlock < size_blocks)
-        TFS_TRY(ZeroInBlock(ino, &f, off / kBlock, u32(off % kBlock), u32((end - 1) % kBlock) + 1));
+        TFS_TRY(ZeroInBlock(ino, off / kBlock, u32(off % kBlock), u32((end - 1) % kBlock) + 1, now));
     } else {
       if (off % kBlock != 0 && off / kBlock < size_blocks)
-        TFS_TRY(ZeroInBlock(ino, &f, off / kBlock, u32(off % kBlock), kBlock));
+        TFS_TRY(ZeroInBlock(ino, off / kBlock, u32(off % kBlock), kBlock, now));
       if (end % kBlock != 0 && end / kBlock < size_blocks)
-        TFS_TRY(ZeroInBlock(ino, &f, end / kBlock, 0, u32(end % kBlock)));
+        TFS_TRY(ZeroInBlock(ino, end / kBlock, 0, u32(end % kBlock), now));
     }
-    while (first_whole < end_whole) {
+    for (bool more = first_whole < end_whole; more;) {
+      const u64 lock[1] = {ino};
+      Locked locked(this, lock, 1);
+      TFS_TRY(ReadInode(ino, &f));
       Transaction tx(trees_);
       data::Delta delta;
       TFS_TRY(data_.QueuePunch(&tx, ino, first_whole, end_whole, &delta, kBatchExtents));
-      if (delta.empty()) break;
+      more = !delta.empty();
       f.sectors.set(u64(i64(f.sectors.get()) + delta.sectors));
+      SetTime(&f.mtime_ns, now);
+      SetTime(&f.ctime_ns, now);
       TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
       TFS_TRY(data_.Commit(&tx, delta));
     }
     if (punch) {
+      const u64 lock[1] = {ino};
+      Locked locked(this, lock, 1);
+      TFS_TRY(ReadInode(ino, &f));
+      SetTime(&f.mtime_ns, now);
+      SetTime(&f.ctime_ns, now);
       Transaction tx(trees_);
       TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
       return tx.Commit(journal::CommitMode::kNoFlush).status();
@@ -1410,11 +1475,15 @@ Status Filesystem::Fallocate(u64 ino, u32 mode, u64 off, u64 len) {
   const u64 last = zero ? end / kBlock : (end + kBlock - 1) / kBlock;
   u64 at = first;
   do {
+    const u64 lock[1] = {ino};
+    Locked locked(this, lock, 1);
+    TFS_TRY(ReadInode(ino, &f));
     Transaction tx(trees_);
     data::Delta delta;
     u64 next = at;
     Status st = at < last ? data_.QueueReserve(&tx, ino, at, last, &delta, kBatchExtents, &next) : Status::Ok();
     if (st.ok()) {
+      SetTime(&f.ctime_ns, now);
       if (next == last && !keep && end > f.size.get()) {
         f.size.set(end);
         SetTime(&f.mtime_ns, now);
@@ -1605,32 +1674,35 @@ Status Filesystem::OpenInode(u64 ino) {
 
 Status Filesystem::Release(u64 ino) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
-  const u64 lock[1] = {ino};
-  Locked locked(this, lock, 1);  // no unlink or write of it runs while we decide
+  WriteGuard data(DataLock(ino));  // no write of it runs while the last handle goes
   const u32 s = Stripe(ino);
+  // The last handle's buffered run goes out first, while readers still see
+  // it (a deleted file's is dropped).
   Buffered* b = nullptr;
+  {
+    MutexLock l(open_mu_[s]);
+    for (const OpenCount& o : open_[s])
+      if (o.ino == ino && o.count == 1) b = o.buf;
+  }
+  InodeFormat f;
+  Status st = ReadInode(ino, &f);
+  if (st.ok() && f.nlink.get() != 0) st = FlushRun(ino, b, kFlushClose);
+  if (!st.ok() && !st.Is(ErrorClass::kNotFound))
+    platform::Log(platform::LogLevel::kError, "posix: writing out buffered data of inode %llu at its last close: %s",
+                  (unsigned long long)ino, st.Message());
+  const u64 lock[1] = {ino};
+  Locked locked(this, lock, 1);  // no unlink of it runs while we decide
   {
     MutexLock l(open_mu_[s]);
     Vector<OpenCount>& v = open_[s];
     u32 i = 0;
     while (i < v.size() && v[i].ino != ino) i++;
     if (i == v.size()) return Err::kInvalidArgument;  // not open
-    if (v[i].count > 1) {
+    if (v[i].count > 1) {  // (opened again meanwhile: the buffer stays with it)
       v[i].count--;
-      return Status::Ok();
+      return st;
     }
     b = v[i].buf;
-  }
-  InodeFormat f;
-  Status st = ReadInode(ino, &f);
-  // The last handle: buffered data is written out while still visible to
-  // readers (a deleted file's is dropped), then the handle goes.
-  if (st.ok() && f.nlink.get() != 0) st = FlushLocked(ino, &f, b, kFlushClose);
-  {
-    MutexLock l(open_mu_[s]);
-    Vector<OpenCount>& v = open_[s];
-    u32 i = 0;
-    while (v[i].ino != ino) i++;
     v[i] = v[v.size() - 1];
     v.PopBack();
     c_open_.FetchSub(1, MemOrder::kRelaxed);
@@ -1638,6 +1710,7 @@ Status Filesystem::Release(u64 ino) {
   FreeBuffer(b);
   if (st.Is(ErrorClass::kNotFound)) return Status::Ok();
   TFS_TRY(st);
+  TFS_TRY(ReadInode(ino, &f));  // (an unlink may have run between)
   if (f.nlink.get() != 0) return Status::Ok();
   return FinishFree(ino);
 }

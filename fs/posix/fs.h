@@ -257,6 +257,7 @@ class Filesystem {
   struct Buffered;  // one open inode's write buffer
 
   static constexpr u32 kStripes = 64;
+  static constexpr u32 kDataStripes = 256;
   u32 Stripe(u64 ino) const { return u32((ino * 0x9e3779b97f4a7c15ull) >> 58) % kStripes; }
 
   Status ReadInode(u64 ino, InodeFormat* out, char* link = nullptr, u32* link_len = nullptr);
@@ -273,25 +274,34 @@ class Filesystem {
   Status QueueFree(btree::Transaction* tx, u64 ino);
   // Frees an orphaned inode no handle holds: its data in batches, then the inode.
   Status FinishFree(u64 ino);
-  // Truncation of a regular file's data to `size` bytes (and *f's size and sectors).
-  Status Truncate(u64 ino, InodeFormat* f, u64 size);
-  // Zeroes bytes [from, to) of a file block that holds data (a hole or
-  // unwritten block is left alone) and writes *f with the new sector count.
-  Status ZeroInBlock(u64 ino, InodeFormat* f, u64 block, u32 from, u32 to);
+  // Frees a regular file's blocks past `size` bytes (committing *f's sector
+  // count with each batch); under the inode's stripe.
+  Status PunchPast(u64 ino, InodeFormat* f, u64 size);
+  // The file data section (see "Locking" in fs.cc). Callers hold the inode's
+  // data lock (exclusive unless said otherwise) and no stripe.
+  RwLock& DataLock(u64 ino) { return data_locks_[u32((ino * 0xc2b2ae3d27d4eb4full) >> 54) % kDataStripes]; }
+  // Under the stripe: queues p (if any; punching its range), raises the size
+  // to at least min_size, sets mtime and ctime (if mtime != 0), and commits
+  // with the delta's dependencies -- or aborts the delta.
+  Status CommitData(u64 ino, const data::Prepared* p, data::Delta* delta, u64 min_size, i64 mtime);
+  // Bytes [from, to) of a block that holds data, zeroed and written as a new
+  // blob (*out; null for a hole or unwritten block, which reads as zeros).
+  Status PrepareZero(u64 ino, u64 block, u32 from, u32 to, data::Prepared** out, data::Delta* delta);
+  Status ZeroInBlock(u64 ino, u64 block, u32 from, u32 to, i64 mtime);
+  // Whether the inode has a buffered run now.
+  bool Buffering(u64 ino);
   // Unlink (rmdir false) or Rmdir of a checked name.
   Status Remove(u64 dir, const char* name, u32 len, bool rmdir);
   // Counts an inode freed by a committed operation.
   void NoteFreed(bool freed);
-  // The write buffer. Callers hold the inode's stripe.
+  // The write buffer: changed under the inode's exclusive data lock.
   enum FlushCause : u32 { kFlushFull, kFlushClose, kFlushFsync, kFlushAge, kFlushOther };
   Buffered* FindBuffer(u64 ino, bool create);
-  // Writes out b's run (if any) with *f, the inode as read under the stripe,
-  // updated to what was committed.
-  Status FlushLocked(u64 ino, InodeFormat* f, Buffered* b, FlushCause cause);
-  // FlushLocked of the inode's buffer, if it has one with data (reads the inode).
-  Status FlushIfBuffered(u64 ino, InodeFormat* f, FlushCause cause);
+  // Writes out b's run (if any; b may be null) as one extent.
+  Status FlushRun(u64 ino, Buffered* b, FlushCause cause);
   Result<u32> WriteBuffered(u64 ino, InodeFormat* f, Buffered* b, u64 off, const u8* buf, u32 len);
-  Result<u32> WriteThrough(u64 ino, InodeFormat* f, u64 off, const u8* buf, u32 len);
+  // Shared data lock suffices for whole blocks.
+  Result<u32> WriteThrough(u64 ino, u64 off, const u8* buf, u32 len);
   // Size, times and sectors of buffered writes, on top of the inode's.
   void OverlayBuffered(u64 ino, Attr* a);
   void FreeBuffer(Buffered* b);
@@ -311,6 +321,7 @@ class Filesystem {
   btree::Btrees* trees_ = nullptr;
   Mutex rename_mu_;
   Mutex stripes_[kStripes];
+  RwLock data_locks_[kDataStripes];
   // Open handles per inode: a small table per stripe, under that stripe's
   // open_mu_ (never held while taking another lock).
   struct OpenCount {
