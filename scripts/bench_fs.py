@@ -694,33 +694,49 @@ def fmt(v: float | None, unit: str) -> str:
     return f"{v:.2f} s"
 
 
+def table(header: list[str], rows: list[list[str]], markdown: bool) -> list[str]:
+    if markdown:
+        return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                + ["| " + " | ".join(r) + " |" for r in rows])
+    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    return ["  ".join(x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(r, widths)))
+            for r in [header] + rows]
+
+
 def tables(doc: dict[str, Any], markdown: bool) -> str:
+    """The medians with tierfs's ratios, the goals, and every round's value."""
     s = doc["summary"]
-    targets = [t for t in doc["config"]["targets"]]
-    others = [k for k in s["ratios"]]
-    header = ["metric"] + targets + others
-    rows = []
+    targets = list(doc["config"]["targets"])
+    others = list(s["ratios"])
+    rows, per_round = [], []
     for label, key, unit in ROWS:
+        if all(key not in s["medians"].get(t, {}) for t in targets):
+            continue  # a step this run left out
         row = [label] + [fmt(s["medians"].get(t, {}).get(key), unit) for t in targets]
         for o in others:
             r = s["ratios"][o].get(key)
             row.append(f"{r['of_medians']:.2f}" if r else "-")
         rows.append(row)
+        step, metric = key.split(".")
+        cells = [label]
+        for t in targets:
+            vals = [fmt(r["metrics"][metric], unit)
+                    for r in doc["runs"] if r["target"] == t and r["step"] == step and metric in r["metrics"]]
+            cells.append(" / ".join(vals) if vals else "-")
+        per_round.append(cells)
     rounds = doc["config"]["rounds"]
-    out = [f"medians of {rounds} round{'s' if rounds > 1 else ''}; ratios are tierfs's median over the other's:"]
-    if markdown:
-        out += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        out += ["| " + " | ".join(r) + " |" for r in rows]
-    else:
-        widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
-        for r in [header] + rows:
-            out.append("  ".join(x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(r, widths))))
-    out.append("")
+    out = [f"Medians of {rounds} round{'s' if rounds > 1 else ''}; ratios are tierfs's median over the other's:", ""]
+    out += table(["metric"] + targets + others, rows, markdown)
+    if s["goals"]:
+        out.append("")
     for g in s["goals"]:
         per = s["ratios"]["tierfs/passthrough"][g["metric"]]["per_round"]
         sign = ">=" if g["at_least"] else "<="
         out.append(f"{'- ' if markdown else ''}{g['name']}: {g['ratio']:.2f} (target {sign} {g['bound']}; "
                    f"per round {', '.join(f'{x:.2f}' for x in per)}): {'met' if g['met'] else 'NOT met'}")
+    if rounds > 1:
+        out += ["", f"Each round ({' / '.join(str(n) for n in range(1, rounds + 1))}):", ""]
+        out += table(["metric"] + targets, per_round, markdown)
     return "\n".join(out) + "\n"
 
 

@@ -145,3 +145,15 @@ def test_bad_options_exit_2(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "--targets: choose from" in proc.stderr
     proc = subprocess.run([str(WRAPPER), "--steps", "stat,ls_lR"], capture_output=True, text=True)
     assert proc.returncode == 2 and "need create" in proc.stderr
+
+
+def test_tables_leave_out_steps_not_run() -> None:
+    runs = [{**record(rnd, "create", t, files_per_s=v), "machine": {}}
+            for rnd, (a, b) in enumerate(((1000.0, 4000.0), (3000.0, 2000.0)), 1)
+            for t, v in (("tierfs", a), ("ext4", b))]
+    doc = {"config": {"targets": ["tierfs", "ext4"], "rounds": 2}, "runs": runs,
+           "summary": bench_fs.summarize(runs, ["tierfs", "ext4"])}
+    text = bench_fs.tables(doc, markdown=True)
+    assert "| create files/s | 2000 | 3000 | 0.67 |" in text  # medians and their ratio
+    assert "| create files/s | 1000 / 3000 | 4000 / 2000 |" in text  # each round
+    assert "randrw" not in text and "target >=" not in text  # no fio step, no goals
