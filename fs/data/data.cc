@@ -237,11 +237,15 @@ Status DataPath::Reserve(u32 want, u64 covered, bool whole, alloc::BucketRef* re
 
 Status DataPath::WriteBlob(u32 dev, u64 offset, const u8* data, u32 nblocks) {
   const u64 len = u64(nblocks) * kBlockSize;
-  u8* buf = static_cast<u8*>(platform::Alloc(len, kBlockSize));  // O_DIRECT devices need alignment
-  if (buf == nullptr) return Err::kNoMemory;
-  MemCopy(buf, data, len);
-  Status st = dev::QueueSyncIo(engine_->devs().member(dev)->queue(), IoOp::kWrite, offset, buf, len, 0,
-                               IoOrigin::kForegroundWrite);
+  // O_DIRECT devices need aligned buffers: copy only data that is not.
+  u8* buf = nullptr;
+  if (reinterpret_cast<uptr>(data) % kBlockSize != 0) {
+    buf = static_cast<u8*>(platform::Alloc(len, kBlockSize));
+    if (buf == nullptr) return Err::kNoMemory;
+    MemCopy(buf, data, len);
+  }
+  Status st = dev::QueueSyncIo(engine_->devs().member(dev)->queue(), IoOp::kWrite, offset,
+                               buf != nullptr ? buf : const_cast<u8*>(data), len, 0, IoOrigin::kForegroundWrite);
   platform::Free(buf);
   return st;
 }
@@ -588,8 +592,13 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
       st = it.Seek(ExtentPos(ino, lo + 1));
       continue;
     }
-    if (tmp == nullptr) tmp = static_cast<u8*>(platform::Alloc(u64(kMaxExtentBlocks) * kBlockSize, kBlockSize));
-    if (tmp == nullptr) {
+    // Into the caller's buffer if it is aligned for O_DIRECT devices (it then
+    // holds unverified bytes until the check below passes or fails the read),
+    // else through a bounce buffer; a compressed blob always decompresses
+    // into one.
+    const bool direct = !e.compressed && reinterpret_cast<uptr>(buf) % kBlockSize == 0;
+    if (!direct && tmp == nullptr) tmp = static_cast<u8*>(platform::Alloc(u64(kMaxExtentBlocks) * kBlockSize, kBlockSize));
+    if (!direct && tmp == nullptr) {
       Unpin(e.ptr.dev, b);
       st = Err::kNoMemory;
       break;
@@ -604,12 +613,13 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
       st = it.Next();
       continue;
     }
-    st = dev::QueueSyncIo(engine_->devs().member(e.ptr.dev)->queue(), IoOp::kRead, at, tmp, len, 0,
+    u8* into = direct ? buf + (lo - first) * kBlockSize : tmp;
+    st = dev::QueueSyncIo(engine_->devs().member(e.ptr.dev)->queue(), IoOp::kRead, at, into, len, 0,
                           IoOrigin::kForegroundRead);
     Unpin(e.ptr.dev, b);
     if (!st.ok()) break;
     for (u64 blk = lo; blk < hi; blk++) {
-      const u8* data = tmp + (blk - lo) * kBlockSize;
+      const u8* data = into + (blk - lo) * kBlockSize;
       Le32 want;
       MemCopy(&want, e.crcs + 4 * (blk - e.start), 4);
       if (platform::Crc32c(data, kBlockSize) != want.get()) {
@@ -623,7 +633,7 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
       }
     }
     if (!st.ok()) break;
-    MemCopy(buf + (lo - first) * kBlockSize, tmp, len);
+    if (!direct) MemCopy(buf + (lo - first) * kBlockSize, tmp, len);
     c_bytes_read_.FetchAdd(len, MemOrder::kRelaxed);
     c_blocks_read_.FetchAdd(hi - lo, MemOrder::kRelaxed);
     st = it.Next();

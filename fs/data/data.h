@@ -191,7 +191,9 @@ class DataPath {
   // Aborts it if the commit fails. The usual end of a write or punch.
   Status Commit(btree::Transaction* tx, const Delta& delta);
 
-  // Reads blocks [first, first + nblocks) into buf (nblocks * kBlockSize bytes).
+  // Reads blocks [first, first + nblocks) into buf (nblocks * kBlockSize bytes;
+  // read into directly if kBlockSize-aligned, else through a bounce buffer).
+  // On failure buf's contents are unspecified.
   Status ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf);
   // Whether the inode has any extent.
   Result<bool> HasData(u64 ino);

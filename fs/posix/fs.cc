@@ -1089,7 +1089,7 @@ Status Filesystem::PrepareZero(u64 ino, u64 block, u32 from, u32 to, data::Prepa
   if (!mapped.value()) return Status::Ok();  // a hole or unwritten block reads as zeros already
   InodeFormat f;
   TFS_TRY(ReadInode(ino, &f));
-  u8* buf = static_cast<u8*>(platform::Alloc(kBlock, 64));
+  u8* buf = static_cast<u8*>(platform::Alloc(kBlock, kBlock));
   data::Prepared* p = platform::New<data::Prepared>();
   Status st = buf == nullptr || p == nullptr ? Status(Err::kNoMemory) : data_.ReadBlocks(ino, block, 1, buf);
   if (st.ok()) {
@@ -1240,14 +1240,15 @@ Result<u32> Filesystem::Write(u64 ino, u64 off, const void* buf, u32 len, u32 fl
     ReadGuard data(DataLock(ino));
     if (!Buffering(ino)) {
       c_wdirect_.FetchAdd(1, MemOrder::kRelaxed);
-      return WriteThrough(ino, off, in, len);
+      return WriteThrough(ino, f, off, in, len);  // (f's size is not used for whole blocks)
     }
   }
   // Straight through, after whatever is buffered (so the order holds).
   WriteGuard data(DataLock(ino));
   TFS_TRY(FlushRun(ino, FindBuffer(ino, false), kFlushOther));
+  TFS_TRY(ReadInode(ino, &f));  // the size, now stable
   c_wdirect_.FetchAdd(1, MemOrder::kRelaxed);
-  return WriteThrough(ino, off, in, len);
+  return WriteThrough(ino, f, off, in, len);
 }
 
 Result<u32> Filesystem::WriteBuffered(u64 ino, InodeFormat* f, Buffered* b, u64 off, const u8* buf, u32 len) {
@@ -1271,7 +1272,7 @@ Result<u32> Filesystem::WriteBuffered(u64 ino, InodeFormat* f, Buffered* b, u64 
   for (u32 i = 0; i < 2; i++) {
     const u64 blk = partial[i];
     if (blk == ~u64(0) || blk < new_from || blk == edge_block[0]) continue;
-    if (edge == nullptr && (edge = static_cast<u8*>(platform::Alloc(2 * kBlock, 64))) == nullptr)
+    if (edge == nullptr && (edge = static_cast<u8*>(platform::Alloc(2 * kBlock, kBlock))) == nullptr)
       return Err::kNoMemory;
     Status st = blk < size_blocks ? data_.ReadBlocks(ino, blk, 1, edge + i * kBlock) : Status::Ok();
     if (!st.ok()) {
@@ -1307,11 +1308,12 @@ Result<u32> Filesystem::WriteBuffered(u64 ino, InodeFormat* f, Buffered* b, u64 
   return len;
 }
 
-Result<u32> Filesystem::WriteThrough(u64 ino, u64 off, const u8* buf, u32 len) {
-  u8* blocks = static_cast<u8*>(platform::Alloc(u64(kWriteChunkBlocks + 1) * kBlock, 64));
+Result<u32> Filesystem::WriteThrough(u64 ino, InodeFormat f, u64 off, const u8* buf, u32 len) {
+  // Block-aligned, so that the blobs go to the device without another copy.
+  const u64 span = (off + len + kBlock - 1) / kBlock - off / kBlock;
+  u8* blocks = static_cast<u8*>(platform::Alloc(Min<u64>(span, kWriteChunkBlocks + 1) * kBlock, kBlock));
   data::Prepared* p = platform::New<data::Prepared>();
-  InodeFormat f;
-  Status st = blocks == nullptr || p == nullptr ? Status(Err::kNoMemory) : ReadInode(ino, &f);
+  Status st = blocks == nullptr || p == nullptr ? Status(Err::kNoMemory) : Status::Ok();
   for (u32 done = 0; st.ok() && done < len;) {
     const u64 pos = off + done;
     const u64 b0 = pos / kBlock;
@@ -1323,10 +1325,14 @@ Result<u32> Filesystem::WriteThrough(u64 ino, u64 off, const u8* buf, u32 len) {
     // the end of the file: the tail of its last block is always zero). Only
     // an exclusive data lock holder gets here with such blocks.
     const u64 size_blocks = (f.size.get() + kBlock - 1) / kBlock;
-    MemSet(blocks, 0, u64(nb) * kBlock);
-    if (skip != 0 && b0 < size_blocks) st = data_.ReadBlocks(ino, b0, 1, blocks);
-    if (st.ok() && (pos + n) % kBlock != 0 && b1 - 1 < size_blocks && !(nb == 1 && skip != 0))
-      st = data_.ReadBlocks(ino, b1 - 1, 1, blocks + u64(nb - 1) * kBlock);
+    auto complete = [&](u64 blk, u8* at) {
+      if (blk < size_blocks) return data_.ReadBlocks(ino, blk, 1, at);
+      MemSet(at, 0, kBlock);
+      return Status::Ok();
+    };
+    if (skip != 0) st = complete(b0, blocks);
+    if (st.ok() && (pos + n) % kBlock != 0 && !(nb == 1 && skip != 0))
+      st = complete(b1 - 1, blocks + u64(nb - 1) * kBlock);
     if (!st.ok()) break;
     MemCopy(blocks + skip, buf + done, n);
     data::Delta delta;
@@ -1372,7 +1378,7 @@ Result<u32> Filesystem::Read(u64 ino, u64 off, void* buf, u32 len) {
     const u32 n = u32(Min<u64>(len, size - off));
     const u64 b0 = off / kBlock;
     const u64 b1 = (off + n + kBlock - 1) / kBlock;
-    u8* blocks = static_cast<u8*>(platform::Alloc((b1 - b0) * kBlock, 64));
+    u8* blocks = static_cast<u8*>(platform::Alloc((b1 - b0) * kBlock, kBlock));  // (read into directly)
     if (blocks == nullptr) return Err::kNoMemory;
     Status st = data_.ReadBlocks(ino, b0, u32(b1 - b0), blocks);
     bool again = false;

@@ -301,7 +301,9 @@ class Filesystem {
   Status FlushRun(u64 ino, Buffered* b, FlushCause cause);
   Result<u32> WriteBuffered(u64 ino, InodeFormat* f, Buffered* b, u64 off, const u8* buf, u32 len);
   // Shared data lock suffices for whole blocks.
-  Result<u32> WriteThrough(u64 ino, u64 off, const u8* buf, u32 len);
+  // f: the inode as read under the data lock (its size matters for partial
+  // blocks, which only an exclusive holder writes).
+  Result<u32> WriteThrough(u64 ino, InodeFormat f, u64 off, const u8* buf, u32 len);
   // Size, times and sectors of buffered writes, on top of the inode's.
   void OverlayBuffered(u64 ino, Attr* a);
   void FreeBuffer(Buffered* b);

@@ -145,7 +145,9 @@ int Serve(const std::vector<std::string>& devices, const std::string& mountpoint
     }
     platform::Log(platform::LogLevel::kInfo, "%s mounted on %s", devices[0].c_str(), mountpoint.c_str());
     fuse_loop_config* cfg = fuse_loop_cfg_create();
-    fuse_loop_cfg_set_max_threads(cfg, 16);
+    // Reads and O_DIRECT writes are synchronous in a worker: the threads are
+    // the I/O depth the kernel's requests get (fio's randrw keeps 128 queued).
+    fuse_loop_cfg_set_max_threads(cfg, 64);
     rc = fuse_session_loop_mt(se, cfg) == 0 ? 0 : 1;
     fuse_loop_cfg_destroy(cfg);
     fuse_session_unmount(se);
