@@ -106,11 +106,12 @@ void IoQueue::Dispatch(IntrusiveList<Io, &Io::link>* ready) {
   while (Io* io = ready->PopFront()) bdev_->Submit(&io->req);
 }
 
-void IoQueue::Submit(Io* io) {
+void IoQueue::Submit(Io* io, bool waiting) {
   io->queue = this;
   io->req.done = OnComplete;
   io->req.caller_data = io;
   io->fua_phase = 0;
+  io->req.flags &= u8(~IoRequest::kInline);
   if (io->req.op == IoOp::kWrite && (io->req.flags & IoRequest::kFua) &&
       !bdev_->Info().supports_fua) {
     io->req.flags &= u8(~IoRequest::kFua);
@@ -123,6 +124,26 @@ void IoQueue::Submit(Io* io) {
     queues_[u8(io->cls) % kIoClassCount].PushBack(io);
     queued_++;
     TakeRunnable(&ready);
+  }
+  // A waiting submitter's own request, dispatched here in its own thread (not
+  // queued for a completion to dispatch later), may run inline in the device.
+  // It goes last, so the others in `ready` are not held up behind it.
+  if (waiting) {
+    bool mine = false;
+    IntrusiveList<Io, &Io::link> others;
+    while (Io* r = ready.PopFront()) {
+      if (r == io) {
+        mine = true;
+      } else {
+        others.PushBack(r);
+      }
+    }
+    Dispatch(&others);
+    if (mine) {
+      io->req.flags |= IoRequest::kInline;
+      bdev_->Submit(&io->req);
+    }
+    return;
   }
   Dispatch(&ready);
 }
@@ -167,6 +188,7 @@ void IoQueue::Complete(Io* io, Status st) {
       }
     }
   }
+  io->req.flags &= u8(~IoRequest::kInline);  // (a flush continuing it runs from here)
   bool continue_as_flush = st.ok() && io->fua_phase == 1;
   IntrusiveList<Io, &Io::link> ready;
   {
@@ -265,7 +287,7 @@ Status SubmitAndWait(IoQueue& queue, Io* io) {
   IoBatch batch(1);
   io->caller_data = &batch;
   io->done = IoBatch::Done;
-  queue.Submit(io);
+  queue.Submit(io, /*waiting=*/true);
   return batch.Wait();
 }
 

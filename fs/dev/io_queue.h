@@ -100,8 +100,11 @@ class IoQueue {
   // kNoMemory if the statistics cannot be allocated.
   Status Init(BlockDevice* bdev, const QueueConfig& config);
 
-  // Starts `io` now if its class may take a slot, else queues it. Never blocks.
-  void Submit(Io* io);
+  // Starts `io` now if its class may take a slot, else queues it. Never blocks,
+  // unless `waiting` (the caller waits for it next, in this thread): then an io
+  // started here goes to the device with IoRequest::kInline, and the device may
+  // do it before Submit returns.
+  void Submit(Io* io, bool waiting = false);
   // Readahead admission: starts `io` (class kReadahead) only if the device is idle
   // enough; otherwise returns kNotAdmitted and `done` is never called.
   Status SubmitReadahead(Io* io);

@@ -60,6 +60,11 @@ using IoDoneFn = void (*)(IoRequest* req, Status status);
 // and buf are ignored.
 struct IoRequest {
   static constexpr u8 kFua = 1;  // write: force unit access
+  // The submitter blocks on this request in the thread that calls Submit() and
+  // does nothing else meanwhile: a device may do the I/O inside Submit() (a
+  // plain syscall in that thread, `done` called before Submit returns) instead
+  // of handing it to another thread and back. A hint; devices may ignore it.
+  static constexpr u8 kInline = 2;
 
   IoOp op = IoOp::kRead;
   u8 flags = 0;

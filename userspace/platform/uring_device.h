@@ -44,6 +44,7 @@ struct UringStats {
   uint64_t bounced = 0;     // requests that needed an aligned bounce buffer
   uint64_t resubmits = 0;   // short transfers continued
   uint64_t queued_max = 0;  // deepest FIFO seen outside the ring
+  uint64_t inline_ios = 0;  // kInline requests done in the submitter's thread
 };
 
 class UringDevice final : public BlockDevice {
@@ -70,6 +71,8 @@ class UringDevice final : public BlockDevice {
   void PrepSqe(IoRequest* req);
   void CompletionLoop();
   void Complete(IoRequest* req, Status st);
+  // Does a kInline read or write in the calling thread.
+  Status InlineIo(IoRequest* req);
 
   std::string path_;
   int fd_ = -1;
