@@ -275,5 +275,36 @@ TEST(IoQueueTest, DefaultClasses) {
   EXPECT_STREQ(IoClassName(IoClass::kBtree), "btree");
 }
 
+// A waiting submitter's own request goes to the device marked kInline when it
+// is dispatched in the submitter's thread; one queued behind a full device
+// (dispatched later by a completion) and plain Submit()s are not.
+TEST(IoQueueTest, WaitingSubmitterMarksItsOwnRequestInline) {
+  ManualDevice dev;
+  IoQueue q;
+  QueueConfig c = SmallConfig();
+  c.max_in_flight = 1;
+  c.reserved = 0;
+  ASSERT_TRUE(q.Init(&dev, c).ok());
+  Tracker t;
+  auto plain = MakeIo(&t, 1, IoOp::kWrite, IoOrigin::kForegroundWrite, IoClass::kForegroundSync);
+  q.Submit(&plain->io);
+  auto waiting = MakeIo(&t, 2, IoOp::kRead, IoOrigin::kForegroundRead, IoClass::kForegroundSync);
+  q.Submit(&waiting->io, /*waiting=*/true);  // queued: the device is full
+  ASSERT_EQ(dev.pending(), 1u);
+  dev.CompleteNext();  // dispatches the queued one from this "completion"
+  auto first = MakeIo(&t, 3, IoOp::kRead, IoOrigin::kForegroundRead, IoClass::kForegroundSync);
+  dev.CompleteNext();
+  q.Submit(&first->io, /*waiting=*/true);  // dispatched at once
+  dev.CompleteAll();
+  const std::vector<IoRequest> log = dev.log();
+  ASSERT_EQ(log.size(), 3u);
+  EXPECT_FALSE(log[0].flags & IoRequest::kInline);
+  EXPECT_FALSE(log[1].flags & IoRequest::kInline);
+  EXPECT_TRUE(log[2].flags & IoRequest::kInline);
+  // The flag does not outlive the request.
+  EXPECT_FALSE(first->io.req.flags & IoRequest::kInline);
+  EXPECT_EQ(t.completed, (std::vector<int>{1, 2, 3}));
+}
+
 }  // namespace
 }  // namespace tfs::dev
