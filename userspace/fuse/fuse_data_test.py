@@ -138,3 +138,29 @@ def test_daemon_log_option(tmp_path: Path) -> None:
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "log=/nonexistent/dir/log" in bad.stderr
     assert not os.path.ismount(mnt)
     fsck_clean(dev)
+
+
+def test_listing_returns_attributes_without_a_lookup_each(tmp_path: Path) -> None:
+    """readdirplus: `ls -l` of a cold directory gets every entry's attributes
+    with the listing, not from one LOOKUP request per entry."""
+    dev = image(tmp_path / "fs.img")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    m = Mount(dev, mnt)
+    d = mnt / "dir"
+    d.mkdir()
+    for i in range(2000):
+        p = d / f"f{i}"
+        p.write_bytes(b"x" * (i % 97))
+        os.chmod(p, 0o600 | (i % 8) << 3)
+    m.close()
+    m = Mount(dev, mnt)
+    before = ctl(mnt)["posix"]["lookups"]
+    seen = {e.name: e.stat(follow_symlinks=False) for e in os.scandir(d)}
+    lookups = ctl(mnt)["posix"]["lookups"] - before
+    assert len(seen) == 2000
+    for i in range(2000):
+        st = seen[f"f{i}"]
+        assert st.st_size == i % 97 and st.st_mode & 0o777 == 0o600 | (i % 8) << 3, i
+    assert lookups < 100, f"{lookups} lookups for 2,000 listed entries"
+    m.close()

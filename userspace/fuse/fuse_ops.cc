@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace tfs::fuse {
@@ -267,6 +268,65 @@ void ReadDir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
   fuse_reply_buf(req, f.buf.data(), f.used);
 }
 
+// readdir with each entry's attributes (what `ls -l` wants): one request per
+// page of entries instead of one lookup per entry. The entries are listed
+// first (the listing holds btree iterators: no other read inside it), then
+// looked up, and the page ends where the reply buffer does.
+void ReadDirPlus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  struct Listed {
+    std::string name;
+    uint64_t ino;
+    uint8_t type;
+    uint64_t next;
+  };
+  struct List {
+    fuse_req_t req;
+    size_t size;
+    size_t need = 0;
+    std::vector<Listed> entries;
+  } l{req, size, 0, {}};
+  Context* c = Ctx(req);
+  Status st = c->fs->ReadDir(
+      ino, uint64_t(off),
+      [](void* p, const char* name, uint32_t len, uint64_t ino, uint8_t type, uint64_t next) {
+        auto* x = static_cast<List*>(p);
+        std::string n(name, len);
+        const size_t need = fuse_add_direntry_plus(x->req, nullptr, 0, n.c_str(), nullptr, 0);
+        if (x->need + need > x->size) return false;
+        x->need += need;
+        x->entries.push_back(Listed{std::move(n), ino, type, next});
+        return true;
+      },
+      &l);
+  if (!st.ok() && l.entries.empty()) return Reply(req, st);
+  std::vector<char> buf(size);
+  size_t used = 0;
+  for (const Listed& e : l.entries) {
+    fuse_entry_param p;
+    memset(&p, 0, sizeof(p));
+    const bool dot = e.name == "." || e.name == "..";
+    if (dot) {  // no lookup count for these: attributes only
+      p.attr.st_ino = e.ino;
+      p.attr.st_mode = mode_t(e.type) << 12;
+    } else {
+      auto r = c->fs->GetAttr(e.ino);
+      if (!r.ok()) {
+        if (used == 0) return Reply(req, r.status());
+        break;  // (removed meanwhile: the next call resumes here)
+      }
+      p.ino = e.ino;
+      p.generation = r.value().generation;
+      p.attr = ToStat(r.value());
+      p.attr_timeout = c->attr_timeout;
+      p.entry_timeout = c->attr_timeout;
+    }
+    const size_t need = fuse_add_direntry_plus(req, buf.data() + used, size - used, e.name.c_str(), &p, off_t(e.next));
+    if (need > size - used) break;
+    used += need;
+  }
+  fuse_reply_buf(req, buf.data(), used);
+}
+
 void ReleaseDir(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
 
 void FsyncDir(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) { Reply(req, Ctx(req)->engine->journal().Flush()); }
@@ -384,6 +444,7 @@ fuse_lowlevel_ops MakeOps() {
   o.fsync = Fsync;
   o.opendir = OpenDir;
   o.readdir = ReadDir;
+  o.readdirplus = ReadDirPlus;
   o.releasedir = ReleaseDir;
   o.fsyncdir = FsyncDir;
   o.statfs = StatFs;
