@@ -214,9 +214,14 @@ std::string AsanRuntime() {
 }
 #endif
 
+// `threads` is nbdkit's --threads: worker threads, and so requests in flight, per
+// connection (unset: nbdkit's default, 16). 1 makes nbdkit serve each connection
+// with one thread that reads a request, runs it and sends its reply, which nbdkit
+// 1.32 needs to survive a client hanging up with replies still to send
+// (docs/faultdevices.md, "A client that hangs up").
 int Serve(const std::string& profile, const std::string& image, const std::string& socket,
           const std::string& control, std::optional<uint64_t> seed, const std::vector<std::string>& sets,
-          const std::string& plugin_arg, const std::string& stats) {
+          const std::string& plugin_arg, const std::string& stats, std::optional<unsigned> threads) {
   // Validate here so that mistakes fail with faultdev's one-line errors, not nbdkit's.
   Profile p = LoadOrDie(profile, sets, seed);
   std::string path = FindProfile(profile);
@@ -224,9 +229,10 @@ int Serve(const std::string& profile, const std::string& image, const std::strin
   if (stat(image.c_str(), &st) != 0) Die(2, image + ": no such image");
   std::string plugin = plugin_arg.empty() ? DefaultPlugin() : plugin_arg;
   if (access(plugin.c_str(), R_OK) != 0) Die(2, plugin + ": nbdkit plugin not found (give --plugin)");
-  std::vector<std::string> args = {"nbdkit", "--foreground", "--unix", socket, plugin,
-                                   "profile=" + path, "image=" + image, "seed=" + std::to_string(p.seed),
-                                   "control=" + (control.empty() ? socket + ".ctl" : control)};
+  std::vector<std::string> args = {"nbdkit", "--foreground", "--unix", socket};
+  if (threads) args.insert(args.end(), {"--threads", std::to_string(*threads)});
+  args.insert(args.end(), {plugin, "profile=" + path, "image=" + image, "seed=" + std::to_string(p.seed),
+                           "control=" + (control.empty() ? socket + ".ctl" : control)});
   if (!stats.empty()) args.push_back("stats=" + stats);
   for (const std::string& s : sets) args.push_back("set=" + s);
 #if defined(__SANITIZE_ADDRESS__)
@@ -283,6 +289,7 @@ int main(int argc, char** argv) {
 
   std::string sv_profile, sv_image, sv_socket, sv_control, sv_plugin, sv_stats;
   std::optional<uint64_t> sv_seed;
+  std::optional<unsigned> sv_threads;
   std::vector<std::string> sv_sets;
   CLI::App* sv = app.add_subcommand("serve", "export a profile over NBD on a unix socket (runs nbdkit)");
   sv->add_option("--profile", sv_profile, "profile name or file")->required();
@@ -293,6 +300,10 @@ int main(int argc, char** argv) {
   sv->add_option("--set", sv_sets, "override a profile key (repeatable)");
   sv->add_option("--plugin", sv_plugin, "path of nbdkit-faultdev-plugin.so");
   sv->add_option("--stats", sv_stats, "write the device stats (JSON) here when nbdkit exits");
+  sv->add_option("--threads", sv_threads,
+                 "requests in flight per connection (nbdkit --threads, default 16); 1 for clients that may "
+                 "hang up with requests in flight (nbdkit 1.32 aborts otherwise; see docs)")
+      ->check(CLI::Range(1u, 1024u));
 
   std::string ctl_socket;
   std::vector<std::string> ctl_words;
@@ -316,7 +327,8 @@ int main(int argc, char** argv) {
 
   if (*run) return Run(ra);
   if (*pc) return PowerCutCmd(pc_profile, pc_image, pc_seed, pc_sets);
-  if (*sv) return Serve(sv_profile, sv_image, sv_socket, sv_control, sv_seed, sv_sets, sv_plugin, sv_stats);
+  if (*sv) return Serve(sv_profile, sv_image, sv_socket, sv_control, sv_seed, sv_sets, sv_plugin, sv_stats,
+                        sv_threads);
   if (*ctl) {
     std::string cmd, reply, error;
     for (const std::string& w : ctl_words) cmd += (cmd.empty() ? "" : " ") + w;
