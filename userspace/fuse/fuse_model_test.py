@@ -567,6 +567,35 @@ def test_open_o_trunc_truncates(mounted: Path) -> None:
     assert p.read_bytes() == b"hi\n"
 
 
+@pytest.mark.xfail(strict=True, reason="tierfs bug: fallocate(FALLOC_FL_ZERO_RANGE) without KEEP_SIZE of a range "
+                   "inside one block past the end of the file does not extend it (fallocate(2): only KEEP_SIZE "
+                   "keeps the size) (ZERO_RANGE_EXTENDS)")
+def test_zero_range_past_the_end_extends_the_file(mounted: Path) -> None:
+    fd = os.open(mounted / "f", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        os.pwrite(fd, b"x" * 100, 0)
+        fallocate(fd, FALLOC_FL_ZERO_RANGE, 50, 8000)  # across a block boundary: right
+        assert os.fstat(fd).st_size == 8050
+        assert os.pread(fd, 9000, 0) == b"x" * 50 + bytes(8000)
+        fallocate(fd, FALLOC_FL_ZERO_RANGE, 9000, 12)  # inside one block: the size stays 8050
+        assert os.fstat(fd).st_size == 9012
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.xfail(strict=True, reason="tierfs bug: fallocate(FALLOC_FL_ZERO_RANGE) gives space to the whole "
+                   "blocks of its range only; fallocate(2): 'blocks are preallocated for the regions that span "
+                   "the holes' (ZERO_RANGE_ALLOCATES_PARTIAL_BLOCKS)")
+def test_zero_range_allocates_the_holes_it_covers(mounted: Path) -> None:
+    fd = os.open(mounted / "f", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fallocate(fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 26834, 12288)  # parts of blocks 6 and 9, all of 7, 8
+        fallocate(fd, FALLOC_FL_KEEP_SIZE, 26834 + (1 << 20), 12288)  # the same range 1 MiB on
+        assert os.fstat(fd).st_blocks == 2 * 4 * 8
+    finally:
+        os.close(fd)
+
+
 # --- concurrent writers and readers ----------------------------------------------
 
 # tierfs bug (test_direct_read_during_an_overwrite_sees_old_or_new): Read takes
@@ -1474,32 +1503,3 @@ def test_permissions_of_another_user(tmp_path: Path) -> None:
         mnt.rmdir()
     assert before == after
     check_rows(bad, [r[0] for r in rows])
-
-
-@pytest.mark.xfail(strict=True, reason="tierfs bug: fallocate(FALLOC_FL_ZERO_RANGE) without KEEP_SIZE of a range "
-                   "inside one block past the end of the file does not extend it (fallocate(2): only KEEP_SIZE "
-                   "keeps the size) (ZERO_RANGE_EXTENDS)")
-def test_zero_range_past_the_end_extends_the_file(mounted: Path) -> None:
-    fd = os.open(mounted / "f", os.O_CREAT | os.O_RDWR, 0o644)
-    try:
-        os.pwrite(fd, b"x" * 100, 0)
-        fallocate(fd, FALLOC_FL_ZERO_RANGE, 50, 8000)  # across a block boundary: right
-        assert os.fstat(fd).st_size == 8050
-        assert os.pread(fd, 9000, 0) == b"x" * 50 + bytes(8000)
-        fallocate(fd, FALLOC_FL_ZERO_RANGE, 9000, 12)  # inside one block: the size stays 8050
-        assert os.fstat(fd).st_size == 9012
-    finally:
-        os.close(fd)
-
-
-@pytest.mark.xfail(strict=True, reason="tierfs bug: fallocate(FALLOC_FL_ZERO_RANGE) gives space to the whole "
-                   "blocks of its range only; fallocate(2): 'blocks are preallocated for the regions that span "
-                   "the holes' (ZERO_RANGE_ALLOCATES_PARTIAL_BLOCKS)")
-def test_zero_range_allocates_the_holes_it_covers(mounted: Path) -> None:
-    fd = os.open(mounted / "f", os.O_CREAT | os.O_RDWR, 0o644)
-    try:
-        fallocate(fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 26834, 12288)  # parts of blocks 6 and 9, all of 7, 8
-        fallocate(fd, FALLOC_FL_KEEP_SIZE, 26834 + (1 << 20), 12288)  # the same range 1 MiB on
-        assert os.fstat(fd).st_blocks == 2 * 4 * 8
-    finally:
-        os.close(fd)
