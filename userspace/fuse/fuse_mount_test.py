@@ -7,101 +7,21 @@ sparse 5 GiB file, fsync, and space given back on delete."""
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import fcntl
 import os
 import stat
 import subprocess
 import tempfile
-import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import pytest
 
+from fusetest import Mount, expect, fsck_clean, image, needs_fuse, renameat2, umount, unlocked, wait_for
+from fusetest import mounted  # noqa: F401 - a fixture
 from tierlab.testing import run, tool
 
-pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse") or os.geteuid() != 0,
-                                reason="needs /dev/fuse and root")
-
-
-def image(path: Path, mib: int = 64) -> Path:
-    with open(path, "wb") as f:
-        f.truncate(mib << 20)
-    proc = run([tool("tierfs"), "format", path, "--bucket-size", "256K"])
-    assert proc.returncode == 0, proc.stderr
-    return path
-
-
-def wait_for(cond: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
-def unlocked(dev: Path) -> bool:
-    """True once no tierfs mount holds the device (the daemon has finished)."""
-    with open(dev, "rb") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        fcntl.flock(f, fcntl.LOCK_UN)
-        return True
-
-
-def umount(mnt: Path) -> None:
-    proc = run(["fusermount3", "-u", mnt])
-    assert proc.returncode == 0, proc.stderr
-
-
-def fsck_clean(dev: Path | list[Path]) -> None:
-    proc = run([tool("tierfs"), "fsck", *(dev if isinstance(dev, list) else [dev])])
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "clean" in proc.stdout
-
-
-class Mount:
-    """A foreground `tierfs mount -f` in a child process."""
-
-    def __init__(self, dev: Path | list[Path], mnt: Path, *opts: str) -> None:
-        self.dev, self.mnt = dev, mnt
-        args = [tool("tierfs"), "mount", "-f", *(dev if isinstance(dev, list) else [dev]), mnt]
-        for o in opts:
-            args += ["-o", o]
-        self.proc = subprocess.Popen([str(a) for a in args], stderr=subprocess.PIPE, text=True)
-        wait_for(lambda: os.path.ismount(mnt) or self.proc.poll() is not None, "the mount")
-        assert os.path.ismount(mnt), self.proc.stderr.read() if self.proc.stderr else ""
-
-    def close(self) -> None:
-        umount(self.mnt)
-        rc = self.proc.wait(timeout=60)
-        err = self.proc.stderr.read() if self.proc.stderr else ""
-        assert rc == 0, err
-        fsck_clean(self.dev)
-
-
-@pytest.fixture
-def mounted(tmp_path: Path) -> Iterator[Path]:
-    dev = image(tmp_path / "fs.img")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    m = Mount(dev, mnt)
-    try:
-        yield mnt
-    finally:
-        m.close()
-
-
-def expect(errno_value: int | None, fn: Callable[[], object], what: str) -> None:
-    if errno_value is None:
-        fn()
-        return
-    with pytest.raises(OSError) as e:
-        fn()
-    assert e.value.errno == errno_value, f"{what}: {os.strerror(e.value.errno or 0)}"
+pytestmark = needs_fuse
 
 
 def test_namespace_semantics_table(mounted: Path) -> None:
@@ -141,14 +61,6 @@ def test_namespace_semantics_table(mounted: Path) -> None:
     assert stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) == 1 and os.minor(st.st_rdev) == 3
     assert os.readlink(m / "long") == "a" * 4095
     assert os.stat(m / "dir").st_nlink == 3 and os.stat(m).st_nlink == 4
-
-
-def renameat2(src: Path, dst: Path, flags: int) -> None:
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    AT_FDCWD = -100
-    if libc.renameat2(AT_FDCWD, os.fsencode(src), AT_FDCWD, os.fsencode(dst), flags) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e))
 
 
 def test_rename_flags_and_links(mounted: Path) -> None:
