@@ -394,6 +394,7 @@ Status DataPath::WriteCompressed(Prepared* p, u64 first, const u8* data, u32 nbl
 
 Status DataPath::QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end, Delta* delta, u32 max_keys) {
   if (engine_ == nullptr || end <= first) return engine_ == nullptr ? Status(Err::kInvalidArgument) : Status::Ok();
+  delta->ino = ino;
   Iterator it(trees_, btree::kBtreeExtents);
   TFS_TRY(it.Seek(ExtentPos(ino, first + 1)));
   u8 value[kValueMax];
@@ -427,6 +428,7 @@ Status DataPath::QueueReserve(btree::Transaction* tx, u64 ino, u64 first, u64 en
                               u64* next) {
   *next = first;
   if (engine_ == nullptr || end < first) return Err::kInvalidArgument;
+  delta->ino = ino;
   Iterator it(trees_, btree::kBtreeExtents);
   TFS_TRY(it.Seek(ExtentPos(ino, first + 1)));
   u8 value[sizeof(ExtentFormat)];
@@ -520,7 +522,14 @@ void DataPath::Abort(const Delta& delta) {
 }
 
 Status DataPath::Commit(btree::Transaction* tx, const Delta& delta) {
+  // Readers of this inode's extents see the commit whole or not at all (see
+  // ReadBlocks): it is in progress while `active`, and done when `version`
+  // has moved.
+  const u32 s = CommitStripe(delta.ino);
+  active_[s].FetchAdd(1, MemOrder::kSeqCst);
   auto r = tx->Commit(journal::CommitMode::kNoFlush, delta.deps);
+  version_[s].FetchAdd(1, MemOrder::kSeqCst);
+  active_[s].FetchSub(1, MemOrder::kSeqCst);
   if (!r.ok()) {
     Abort(delta);
     return r.status();
@@ -552,93 +561,141 @@ void DataPath::Unpin(u32 dev, u64 bucket) {
   if (engine_->alloc().Free(ref).ok()) c_freed_.FetchAdd(1, MemOrder::kRelaxed);
 }
 
+// One extent's part of a read, found in phase 1 of ReadBlocks.
+struct DataPath::Piece {
+  Extent e;   // e.crcs: the read's own copy of block lo's crc onwards (compressed: the blob's)
+  u64 lo, hi;
+};
+
+Status DataPath::FindPieces(u64 ino, u64 first, u64 end, Piece* pieces, u32* n, u8* crcs) {
+  *n = 0;
+  u32 ncrc = 0;
+  Iterator it(trees_, btree::kBtreeExtents);
+  Status st = it.Seek(ExtentPos(ino, first + 1));
+  for (; st.ok() && it.Valid() && it.pos().inode == ino; st = it.Next()) {
+    Extent e;
+    TFS_TRY(ParseExtent(it.pos(), it.value(), it.val_bytes(), &e));
+    if (e.start >= end) break;
+    if (e.unwritten) continue;  // zeros
+    Piece& p = pieces[(*n)++];
+    p.e = e;
+    p.lo = Max(e.start, first);
+    p.hi = Min(e.end, end);
+    // Only the crcs this read needs: the blocks' own, or the blob's one.
+    const u32 count = e.compressed ? 1 : u32(p.hi - p.lo);
+    MemCopy(crcs + 4 * ncrc, e.compressed ? e.crcs : e.crcs + 4 * (p.lo - e.start), 4 * count);
+    p.e.crcs = crcs + 4 * ncrc;  // block lo's (or the blob's)
+    ncrc += count;
+  }
+  return st;
+}
+
 Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
   if (engine_ == nullptr) return Err::kInvalidArgument;
   const u64 end = first + nblocks;
-  MemSet(buf, 0, u64(nblocks) * kBlockSize);
-  const sb::Superblock& sb = engine_->sb();
-  Iterator it(trees_, btree::kBtreeExtents);
-  Status st = it.Seek(ExtentPos(ino, first + 1));
+  // Phase 1 finds the extents, copying what phase 2 needs, and is repeated
+  // if an extent commit of this inode overlapped it: a commit replaces keys
+  // one by one, and a walk through the middle of one could see neither the
+  // old nor the new extent of a block (and read zeros that were never
+  // there). Phase 2 pins each bucket and reads it; if the bucket was freed
+  // since phase 1, everything starts again.
+  Piece* pieces = static_cast<Piece*>(platform::Alloc(u64(nblocks) * sizeof(Piece), 16));
+  u8* crcs = static_cast<u8*>(platform::Alloc(u64(nblocks) * 4, 16));
   u8* tmp = nullptr;
+  Status st = pieces == nullptr || crcs == nullptr ? Status(Err::kNoMemory) : Status::Ok();
+  const u32 s = CommitStripe(ino);
+  const sb::Superblock& sb = engine_->sb();
   u32 stale = 0;
-  while (st.ok() && it.Valid() && it.pos().inode == ino) {
-    Extent e;
-    st = ParseExtent(it.pos(), it.value(), it.val_bytes(), &e);
-    if (!st.ok() || e.start >= end) break;
-    if (e.unwritten) {  // zeros, as buf already holds
-      st = it.Next();
+  for (u32 attempt = 0; st.ok(); attempt++) {
+    if (attempt > 0) platform::SleepNs(attempt < 8 ? 1000 : 100000);
+    if (active_[s].Load(MemOrder::kSeqCst) != 0) {
+      c_retries_.FetchAdd(1, MemOrder::kRelaxed);
       continue;
     }
-    const u64 lo = Max(e.start, first);
-    const u64 hi = Min(e.end, end);
-    const u64 at = e.ptr.offset.get() + (u64(e.offset) + (lo - e.start)) * kBlockSize;
-    const u64 len = (hi - lo) * kBlockSize;
-    // The pointer must land in one bucket.
-    const u64 b = sb.BucketOf(e.ptr.offset.get());
-    if (e.ptr.dev >= sb.nr_members || b >= engine_->alloc().nbuckets(e.ptr.dev) ||
-        e.ptr.offset.get() + e.DiskBlocks() * kBlockSize > sb.BucketOffset(b) + sb.bucket_size) {
-      st = Err::kCorrupt;
-      break;
+    const u64 v = version_[s].Load(MemOrder::kSeqCst);
+    u32 n = 0;
+    st = FindPieces(ino, first, end, pieces, &n, crcs);
+    if (!st.ok()) break;
+    if (active_[s].Load(MemOrder::kSeqCst) != 0 || version_[s].Load(MemOrder::kSeqCst) != v) {
+      c_retries_.FetchAdd(1, MemOrder::kRelaxed);
+      continue;
     }
-    // A user bucket of the pointer's generation, held until the read is done.
-    // If it is not (any more), an overwrite committed and freed it since the
-    // lookup: look again. A pointer that stays wrong is corrupt.
-    if (!Pin(e.ptr.dev, b, e.ptr.gen)) {
-      if (++stale > kMaxStaleLookups) {
+    MemSet(buf, 0, u64(nblocks) * kBlockSize);
+    bool again = false;
+    for (u32 i = 0; st.ok() && !again && i < n; i++) {
+      const Extent& e = pieces[i].e;
+      const u64 lo = pieces[i].lo;
+      const u64 hi = pieces[i].hi;
+      const u64 at = e.ptr.offset.get() + (u64(e.offset) + (lo - e.start)) * kBlockSize;
+      const u64 len = (hi - lo) * kBlockSize;
+      // The pointer must land in one bucket.
+      const u64 b = sb.BucketOf(e.ptr.offset.get());
+      if (e.ptr.dev >= sb.nr_members || b >= engine_->alloc().nbuckets(e.ptr.dev) ||
+          e.ptr.offset.get() + e.DiskBlocks() * kBlockSize > sb.BucketOffset(b) + sb.bucket_size) {
         st = Err::kCorrupt;
         break;
       }
-      c_stale_.FetchAdd(1, MemOrder::kRelaxed);
-      st = it.Seek(ExtentPos(ino, lo + 1));
-      continue;
-    }
-    // Into the caller's buffer if it is aligned for O_DIRECT devices (it then
-    // holds unverified bytes until the check below passes or fails the read),
-    // else through a bounce buffer; a compressed blob always decompresses
-    // into one.
-    const bool direct = !e.compressed && reinterpret_cast<uptr>(buf) % kBlockSize == 0;
-    if (!direct && tmp == nullptr) tmp = static_cast<u8*>(platform::Alloc(u64(kMaxExtentBlocks) * kBlockSize, kBlockSize));
-    if (!direct && tmp == nullptr) {
-      Unpin(e.ptr.dev, b);
-      st = Err::kNoMemory;
-      break;
-    }
-    if (e.compressed) {
-      st = ReadCompressed(e, tmp);
-      Unpin(e.ptr.dev, b);
-      if (!st.ok()) break;
-      MemCopy(buf + (lo - first) * kBlockSize, tmp + (u64(e.offset) + (lo - e.start)) * kBlockSize, len);
-      c_bytes_read_.FetchAdd(e.DiskBlocks() * kBlockSize, MemOrder::kRelaxed);
-      c_blocks_read_.FetchAdd(hi - lo, MemOrder::kRelaxed);
-      st = it.Next();
-      continue;
-    }
-    u8* into = direct ? buf + (lo - first) * kBlockSize : tmp;
-    st = dev::QueueSyncIo(engine_->devs().member(e.ptr.dev)->queue(), IoOp::kRead, at, into, len, 0,
-                          IoOrigin::kForegroundRead);
-    Unpin(e.ptr.dev, b);
-    if (!st.ok()) break;
-    for (u64 blk = lo; blk < hi; blk++) {
-      const u8* data = into + (blk - lo) * kBlockSize;
-      Le32 want;
-      MemCopy(&want, e.crcs + 4 * (blk - e.start), 4);
-      if (platform::Crc32c(data, kBlockSize) != want.get()) {
-        c_csum_.FetchAdd(1, MemOrder::kRelaxed);
-        platform::Log(platform::LogLevel::kError,
-                      "data: checksum mismatch: inode %llu block %llu (member %u offset %llu)",
-                      (unsigned long long)ino, (unsigned long long)blk, unsigned(e.ptr.dev),
-                      (unsigned long long)(at + (blk - lo) * kBlockSize));
-        st = Err::kBadChecksum;
+      // A user bucket of the pointer's generation, held until the read is
+      // done. If it is not (any more), an overwrite committed and freed it
+      // since phase 1: again. A pointer that stays wrong is corrupt.
+      if (!Pin(e.ptr.dev, b, e.ptr.gen)) {
+        if (++stale > kMaxStaleLookups) {
+          st = Err::kCorrupt;
+          break;
+        }
+        c_stale_.FetchAdd(1, MemOrder::kRelaxed);
+        again = true;
         break;
       }
+      // Into the caller's buffer if it is aligned for O_DIRECT devices (it then
+      // holds unverified bytes until the check below passes or fails the read),
+      // else through a bounce buffer; a compressed blob always decompresses
+      // into one.
+      const bool direct = !e.compressed && reinterpret_cast<uptr>(buf) % kBlockSize == 0;
+      if (!direct && tmp == nullptr) tmp = static_cast<u8*>(platform::Alloc(u64(kMaxExtentBlocks) * kBlockSize, kBlockSize));
+      if (!direct && tmp == nullptr) {
+        Unpin(e.ptr.dev, b);
+        st = Err::kNoMemory;
+        break;
+      }
+      if (e.compressed) {
+        st = ReadCompressed(e, tmp);
+        Unpin(e.ptr.dev, b);
+        if (!st.ok()) break;
+        MemCopy(buf + (lo - first) * kBlockSize, tmp + (u64(e.offset) + (lo - e.start)) * kBlockSize, len);
+        c_bytes_read_.FetchAdd(e.DiskBlocks() * kBlockSize, MemOrder::kRelaxed);
+        c_blocks_read_.FetchAdd(hi - lo, MemOrder::kRelaxed);
+        continue;
+      }
+      u8* into = direct ? buf + (lo - first) * kBlockSize : tmp;
+      st = dev::QueueSyncIo(engine_->devs().member(e.ptr.dev)->queue(), IoOp::kRead, at, into, len, 0,
+                            IoOrigin::kForegroundRead);
+      Unpin(e.ptr.dev, b);
+      if (!st.ok()) break;
+      for (u64 blk = lo; blk < hi; blk++) {
+        const u8* data = into + (blk - lo) * kBlockSize;
+        Le32 want;
+        MemCopy(&want, e.crcs + 4 * (blk - lo), 4);
+        if (platform::Crc32c(data, kBlockSize) != want.get()) {
+          c_csum_.FetchAdd(1, MemOrder::kRelaxed);
+          platform::Log(platform::LogLevel::kError,
+                        "data: checksum mismatch: inode %llu block %llu (member %u offset %llu)",
+                        (unsigned long long)ino, (unsigned long long)blk, unsigned(e.ptr.dev),
+                        (unsigned long long)(at + (blk - lo) * kBlockSize));
+          st = Err::kBadChecksum;
+          break;
+        }
+      }
+      if (!st.ok()) break;
+      if (!direct) MemCopy(buf + (lo - first) * kBlockSize, tmp, len);
+      c_bytes_read_.FetchAdd(len, MemOrder::kRelaxed);
+      c_blocks_read_.FetchAdd(hi - lo, MemOrder::kRelaxed);
     }
-    if (!st.ok()) break;
-    if (!direct) MemCopy(buf + (lo - first) * kBlockSize, tmp, len);
-    c_bytes_read_.FetchAdd(len, MemOrder::kRelaxed);
-    c_blocks_read_.FetchAdd(hi - lo, MemOrder::kRelaxed);
-    st = it.Next();
+    if (!again) break;
   }
   platform::Free(tmp);
+  platform::Free(crcs);
+  platform::Free(pieces);
   return st;
 }
 
@@ -707,6 +764,7 @@ Stats DataPath::GetStats() const {
   s.incompressible = c_zplain_.Load(MemOrder::kRelaxed);
   s.compressed_reads = c_zreads_.Load(MemOrder::kRelaxed);
   s.stale_lookups = c_stale_.Load(MemOrder::kRelaxed);
+  s.read_retries = c_retries_.Load(MemOrder::kRelaxed);
   return s;
 }
 

@@ -140,6 +140,7 @@ struct Delta {
   bool empty() const { return changes.empty() && reserved == 0 && unreserved == 0; }
   dev::DevMask deps = 0;   // members written
   i64 sectors = 0;         // change of the inode's allocated 512-byte sectors
+  u64 ino = 0;             // the inode whose extents it changes (set by the Queue* calls)
   u64 reserved = 0;        // unwritten blocks added (counted at once; Abort returns them)
   u64 unreserved = 0;      // unwritten blocks removed (released by Apply)
 };
@@ -155,6 +156,7 @@ struct Stats {
   u64 incompressible;      // chunks stored plain because zstd saved less than a block
   u64 compressed_reads;    // blobs read and decompressed
   u64 stale_lookups;       // reads that found a bucket freed since their lookup, and looked again
+  u64 read_retries;        // extent lookups of reads repeated because a commit of the inode overlapped
 };
 
 class DataPath {
@@ -223,6 +225,15 @@ class DataPath {
   bool Pin(u32 dev, u64 bucket, u8 gen);
   void Unpin(u32 dev, u64 bucket);
   static constexpr u32 kDoomed = 1u << 31;  // reads_: emptied while read
+  struct Piece;
+  // ReadBlocks' phase 1: the extents over [first, end) with the crcs the read
+  // needs copied into `crcs` (at most end - first pieces).
+  Status FindPieces(u64 ino, u64 first, u64 end, Piece* pieces, u32* n, u8* crcs);
+  // Extent commits in progress and done, per stripe of inodes (see ReadBlocks).
+  static constexpr u32 kCommitStripes = 256;
+  static u32 CommitStripe(u64 ino) { return u32((ino * 0x9e3779b97f4a7c15ull) >> 56); }
+  Atomic<u32> active_[kCommitStripes] = {};
+  Atomic<u64> version_[kCommitStripes] = {};
   static constexpr u32 kMaxStaleLookups = 16;
   // Blocks free for user data: free and soon-free buckets above the foreground
   // floor, plus what is left of the write point. Under wp_mu_.
@@ -246,7 +257,7 @@ class DataPath {
   u64 reserved_ = 0;           // unwritten blocks, under acct_mu_
   Atomic<u64> c_bytes_written_{0}, c_extents_{0}, c_bytes_read_{0}, c_blocks_read_{0};
   Atomic<u64> c_released_{0}, c_csum_{0}, c_opened_{0}, c_freed_{0}, c_refused_{0};
-  Atomic<u64> c_zin_{0}, c_zout_{0}, c_zplain_{0}, c_zreads_{0}, c_stale_{0};
+  Atomic<u64> c_zin_{0}, c_zout_{0}, c_zplain_{0}, c_zreads_{0}, c_stale_{0}, c_retries_{0};
 };
 
 }  // namespace tfs::data

@@ -1475,10 +1475,10 @@ Status Filesystem::Fallocate(u64 ino, u32 mode, u64 off, u64 len) {
     }
   }
   // Preallocation (and the rest of zeroing): unwritten extents over the holes
-  // of the whole blocks (zeroing: of the whole blocks inside the range; its
-  // partial blocks hold data already).
-  const u64 first = zero ? (off + kBlock - 1) / kBlock : off / kBlock;
-  const u64 last = zero ? end / kBlock : (end + kBlock - 1) / kBlock;
+  // of every block the range touches (zeroing: its whole blocks are holes by
+  // now, and its partial blocks either hold data, zeroed above, or are holes).
+  const u64 first = off / kBlock;
+  const u64 last = (end + kBlock - 1) / kBlock;
   u64 at = first;
   do {
     const u64 lock[1] = {ino};
@@ -1617,7 +1617,7 @@ Result<u32> Filesystem::GetXattr(u64 ino, const char* name, u32 len, void* buf, 
   return n;
 }
 
-Result<u32> Filesystem::ListXattr(u64 ino, char* buf, u32 cap) {
+Result<u32> Filesystem::ListXattr(u64 ino, char* buf, u32 cap, bool trusted) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
   InodeFormat f;
   TFS_TRY(ReadInode(ino, &f));
@@ -1630,6 +1630,7 @@ Result<u32> Filesystem::ListXattr(u64 ino, char* buf, u32 cap) {
     const char* nm;
     TFS_TRY(ParseNamed(t, it.value(), it.val_bytes(), &d, &nm));
     if (d.type == kDtTombstone) continue;
+    if (!trusted && d.name_len >= 8 && MemCompare(nm, "trusted.", 8) == 0) continue;
     if (cap != 0) {
       if (total + d.name_len + 1 > cap) return Err::kRange;
       MemCopy(buf + total, nm, d.name_len);

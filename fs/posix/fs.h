@@ -242,7 +242,9 @@ class Filesystem {
   // NUL-terminated. Remove: kNoData if absent.
   Status SetXattr(u64 ino, const char* name, u32 len, const void* value, u32 value_len, u32 flags);
   Result<u32> GetXattr(u64 ino, const char* name, u32 len, void* buf, u32 cap);
-  Result<u32> ListXattr(u64 ino, char* buf, u32 cap);
+  // `trusted`: whether the caller may see trusted.* names (CAP_SYS_ADMIN; the
+  // VFS checks get and set, but leaves listing to the filesystem).
+  Result<u32> ListXattr(u64 ino, char* buf, u32 cap, bool trusted = true);
   Status RemoveXattr(u64 ino, const char* name, u32 len);
 
   // A handle on the inode is open / closed (see "Open files" above).

@@ -844,7 +844,7 @@ void FileModel(bool handles, bool compress = false) {
       if (mode & (kFallocPunchHole | kFallocZeroRange)) {
         if (off < size) model[i].replace(off, std::min(end, size) - off, std::min(end, size) - off, '\0');
         drop(i, (off + 4095) / 4096, end / 4096);  // partial blocks keep their space
-        if (mode & kFallocZeroRange) hold(i, (off + 4095) / 4096, end / 4096);
+        if (mode & kFallocZeroRange) hold(i, off / 4096, (end + 4095) / 4096);  // holes it touches: reserved
       } else {
         hold(i, off / 4096, (end + 4095) / 4096);
       }

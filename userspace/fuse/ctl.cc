@@ -162,6 +162,7 @@ std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs) {
   w.UintField("incompressible", d.incompressible);
   w.UintField("compressed_reads", d.compressed_reads);
   w.UintField("stale_lookups", d.stale_lookups);
+  w.UintField("read_retries", d.read_retries);
   w.EndObject();
 
   const posix::Stats p = fs.GetStats();

@@ -2,7 +2,7 @@
 O_DIRECT, fallocate, chattr +c compression, and the daemon's log=FILE option.
 
 Each test unmounts and runs `tierfs fsck` (Mount.close does). Needs /dev/fuse
-and root, like fuse_mount_test.py, whose helpers it uses."""
+and root; the helpers are fusetest.py's."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from fuse_mount_test import Mount, fsck_clean, image, pytestmark, unlocked, wait_for  # noqa: F401  (pytestmark: the skip)
+from fusetest import Mount, fsck_clean, image, needs_fuse, unlocked, wait_for
 from tierlab.testing import run, tool
+
+pytestmark = needs_fuse
 
 
 def ctl(mnt: Path) -> dict:
@@ -155,12 +157,14 @@ def test_listing_returns_attributes_without_a_lookup_each(tmp_path: Path) -> Non
         os.chmod(p, 0o600 | (i % 8) << 3)
     m.close()
     m = Mount(dev, mnt)
-    before = ctl(mnt)["posix"]["lookups"]
-    seen = {e.name: e.stat(follow_symlinks=False) for e in os.scandir(d)}
-    lookups = ctl(mnt)["posix"]["lookups"] - before
-    assert len(seen) == 2000
-    for i in range(2000):
-        st = seen[f"f{i}"]
-        assert st.st_size == i % 97 and st.st_mode & 0o777 == 0o600 | (i % 8) << 3, i
-    assert lookups < 100, f"{lookups} lookups for 2,000 listed entries"
-    m.close()
+    try:
+        before = ctl(mnt)["posix"]["lookups"]
+        seen = {e.name: e.stat(follow_symlinks=False) for e in os.scandir(d)}
+        lookups = ctl(mnt)["posix"]["lookups"] - before
+        assert len(seen) == 2000
+        for i in range(2000):
+            st = seen[f"f{i}"]
+            assert st.st_size == i % 97 and st.st_mode & 0o777 == 0o600 | (i % 8) << 3, i
+        assert lookups < 100, f"{lookups} lookups for 2,000 listed entries"
+    finally:
+        m.close()

@@ -43,17 +43,16 @@ BLOCK = 4096
 PAGE = mmap.PAGESIZE
 FAR = 4 << 30  # writes and truncates past 4 GiB
 
-# tierfs bug (test_zero_range_past_the_end_extends_the_file): ZERO_RANGE
-# without KEEP_SIZE, of a range inside one block past the end, leaves the size
-# as it was. The tester's ZERO_RANGE keeps the size until this is True.
-ZERO_RANGE_EXTENDS = False
-# tierfs bug (test_zero_range_allocates_the_holes_it_covers): ZERO_RANGE gives
-# space to the whole blocks of its range only, not to the holes in the partial
-# blocks at its ends. The model expects space for those once this is True.
-ZERO_RANGE_ALLOCATES_PARTIAL_BLOCKS = False
-# tierfs bug (test_open_o_trunc_truncates): open(O_TRUNC) of an existing file
-# leaves it as it was. The tester reopens with O_TRUNC only once this is True.
-O_TRUNC_WORKS = False
+# Switches for bugs these tests found, all fixed now (each has its own test
+# below). Set one False to keep the randomized tester off a bug that returns.
+# ZERO_RANGE without KEEP_SIZE of a range inside one block past the end left
+# the size (test_zero_range_past_the_end_extends_the_file).
+ZERO_RANGE_EXTENDS = True
+# ZERO_RANGE gave space to the whole blocks of its range only, not to holes in
+# its partial blocks (test_zero_range_allocates_the_holes_it_covers).
+ZERO_RANGE_ALLOCATES_PARTIAL_BLOCKS = True
+# open(O_TRUNC) of an existing file left it as it was (test_open_o_trunc_truncates).
+O_TRUNC_WORKS = True
 
 
 # --- the model of one file ---------------------------------------------------------
@@ -552,9 +551,6 @@ def test_truncate_into_a_hole_keeps_it_a_hole(mounted: Path) -> None:
         os.close(fd)
 
 
-@pytest.mark.xfail(strict=True, reason="tierfs bug: open(O_TRUNC) does not truncate an existing file "
-                   "(libfuse3 negotiates FUSE_CAP_ATOMIC_O_TRUNC, so the kernel sends O_TRUNC in FUSE_OPEN "
-                   "instead of a SETATTR, and tierfs's Open ignores it) (O_TRUNC_WORKS)")
 def test_open_o_trunc_truncates(mounted: Path) -> None:
     p = mounted / "f"
     p.write_bytes(b"a long line of text\n")
@@ -567,9 +563,6 @@ def test_open_o_trunc_truncates(mounted: Path) -> None:
     assert p.read_bytes() == b"hi\n"
 
 
-@pytest.mark.xfail(strict=True, reason="tierfs bug: fallocate(FALLOC_FL_ZERO_RANGE) without KEEP_SIZE of a range "
-                   "inside one block past the end of the file does not extend it (fallocate(2): only KEEP_SIZE "
-                   "keeps the size) (ZERO_RANGE_EXTENDS)")
 def test_zero_range_past_the_end_extends_the_file(mounted: Path) -> None:
     fd = os.open(mounted / "f", os.O_CREAT | os.O_RDWR, 0o644)
     try:
@@ -583,9 +576,6 @@ def test_zero_range_past_the_end_extends_the_file(mounted: Path) -> None:
         os.close(fd)
 
 
-@pytest.mark.xfail(strict=True, reason="tierfs bug: fallocate(FALLOC_FL_ZERO_RANGE) gives space to the whole "
-                   "blocks of its range only; fallocate(2): 'blocks are preallocated for the regions that span "
-                   "the holes' (ZERO_RANGE_ALLOCATES_PARTIAL_BLOCKS)")
 def test_zero_range_allocates_the_holes_it_covers(mounted: Path) -> None:
     fd = os.open(mounted / "f", os.O_CREAT | os.O_RDWR, 0o644)
     try:
@@ -598,11 +588,11 @@ def test_zero_range_allocates_the_holes_it_covers(mounted: Path) -> None:
 
 # --- concurrent writers and readers ----------------------------------------------
 
-# tierfs bug (test_direct_read_during_an_overwrite_sees_old_or_new): Read takes
-# no lock against a concurrent Write of the same blocks and can find a hole
-# where the old extent was: a block of zeros. While True, an all-zero block
-# (never a stamp: versions start at 1) is counted, not failed.
-READS_MAY_SEE_HOLES = True
+# A fixed bug (test_direct_read_during_an_overwrite_sees_old_or_new): a read
+# racing an overwrite could walk the extents through the middle of its commit
+# and find a hole: a block of zeros. If True, an all-zero block (never a
+# stamp: versions start at 1) is counted, not failed.
+READS_MAY_SEE_HOLES = False
 
 
 def stamp(block: int, version: int) -> bytes:
@@ -907,9 +897,6 @@ def race(seconds: float, *bodies: Callable[[threading.Event, list[str]], None]) 
     return found
 
 
-@pytest.mark.xfail(strict=True, reason="tierfs bug: Filesystem::Read takes no lock against a Write of the same "
-                   "blocks and can see a hole where the old extent was (zeros, not old or new data) "
-                   "(READS_MAY_SEE_HOLES)")
 def test_direct_read_during_an_overwrite_sees_old_or_new(mounted: Path) -> None:
     p = mounted / "f"
     p.write_bytes(b"\x11" * 8 * BLOCK)
@@ -1059,13 +1046,10 @@ def last(*steps: Callable[[], object]) -> Callable[[], object]:
 
 
 # Rows that fail because of a known tierfs bug: the test requires them to
-# fail, so a fix shows up (and the row moves out of this set).
-KNOWN_BAD_ROWS = {
-    "O_TRUNC empties a file": "open(O_TRUNC) is ignored (test_open_o_trunc_truncates)",
-    "trusted.* names are hidden from another user's listxattr":
-        "FUSE passes listxattr through unfiltered, and tierfs lists trusted.* names to every caller "
-        "(ext4, xfs, btrfs and tmpfs list them only to CAP_SYS_ADMIN)",
-}
+# fail, so a fix shows up (and the row moves out of this set). None now: the
+# two found (open(O_TRUNC) ignored; trusted.* names listed to every user) are
+# fixed.
+KNOWN_BAD_ROWS: dict[str, str] = {}
 
 
 def check_rows(bad: list[str], names: list[str]) -> None:

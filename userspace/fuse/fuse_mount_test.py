@@ -234,6 +234,12 @@ def test_full_filesystem_is_enospc_and_recovers(mounted: Path) -> None:
     with open(mounted / "fill", "rb") as f:  # what was written reads back
         assert f.read(1 << 20) == chunk
     os.unlink(mounted / "fill")
+    # The kernel sends the file's RELEASE after close(2) returns, so the unlink
+    # may find it still open (an orphan, freed at that RELEASE): wait for it.
+    def space_back() -> bool:
+        v = os.statvfs(mounted)
+        return v.f_bavail * v.f_frsize >= size // 2
+    wait_for(space_back, "the space of the deleted file")
     with open(mounted / "again", "wb") as f:
         for _ in range(max(1, (size >> 20) // 2)):
             f.write(chunk)

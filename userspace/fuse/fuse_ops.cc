@@ -178,7 +178,21 @@ void MarkDirect(fuse_file_info* fi) {
 }
 
 void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  Status st = Ctx(req)->fs->OpenInode(ino);
+  Context* c = Ctx(req);
+  // With atomic O_TRUNC (libfuse's default) the kernel sends the truncation
+  // inside the open, not as a separate SETATTR.
+  if ((fi->flags & O_TRUNC) != 0) {
+    auto a = c->fs->GetAttr(ino);
+    if (!a.ok()) return Reply(req, a.status());
+    if (S_ISREG(a.value().mode)) {  // (fifos and devices ignore it)
+      posix::SetAttr set;
+      set.valid = posix::kSetSize;
+      set.size = 0;
+      auto r = c->fs->SetAttrs(ino, set);
+      if (!r.ok()) return Reply(req, r.status());
+    }
+  }
+  Status st = c->fs->OpenInode(ino);
   if (!st.ok()) return Reply(req, st);
   MarkDirect(fi);
   fuse_reply_open(req, fi);
@@ -364,7 +378,8 @@ void GetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
 
 void ListXattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
   std::vector<char> buf(std::min<size_t>(size, 1u << 20));
-  auto r = Ctx(req)->fs->ListXattr(ino, buf.data(), uint32_t(buf.size()));
+  // trusted.* names only for root (the kernel's stand-in for CAP_SYS_ADMIN here).
+  auto r = Ctx(req)->fs->ListXattr(ino, buf.data(), uint32_t(buf.size()), fuse_req_ctx(req)->uid == 0);
   if (!r.ok()) return Reply(req, r.status());
   if (size == 0) return (void)fuse_reply_xattr(req, r.value());
   fuse_reply_buf(req, buf.data(), r.value());
