@@ -25,8 +25,9 @@
 //    inode record parses; every directory entry parses, names an existing inode
 //    of its type and is reachable from its home slot; no tombstone ends a probe
 //    chain; link counts match the entries (directories: 2 + subdirectories);
-//    every directory but the root has one name, its parent pointer agrees, and
-//    it reaches the root; symlink targets are whole; orphan keys name unlinked
+//    no name is in a directory twice; every directory but the root has one
+//    name, its parent pointer agrees, and it reaches the root; symlink targets
+//    are whole; orphan keys name unlinked
 //    inodes no entry names (an orphan is a note: the next mount frees it);
 //    xattrs belong to inodes. File data: extents parse, belong to regular files,
 //    do not overlap, point inside a user bucket of their generation; each

@@ -46,6 +46,7 @@ struct InodeRec {
   u32 refs;          // entries naming it
   u32 subdirs;       // directories: entries naming directories
   u64 link_bytes;    // symlinks: bytes of target found
+  bool link_bad;     // symlinks: a target chunk of the wrong length for its place
   u64 sectors;       // what the inode says
   u64 data_sectors;  // regular files: what its extents hold
   u64 data_end;      // regular files: the end block of its last written (not unwritten) extent
@@ -340,6 +341,10 @@ class NamespaceCheck {
           }
           continue;
         }
+        // Chunk k holds bytes [2048 (k - 1), 2048 k) of the target: exactly that many.
+        const u64 before = u64(btree::kMaxValueBytes) * (p.offset - 1);
+        const u64 want = r->size > before ? Min<u64>(r->size - before, btree::kMaxValueBytes) : 0;
+        if (it.val_bytes() != want) r->link_bad = true;
         r->link_bytes += it.val_bytes();
         continue;
       }
@@ -368,9 +373,16 @@ class NamespaceCheck {
     TFS_TRY(inodes_.Reserve(inodes_.size() + 2));
 
     for (InodeRec& r : inodes_) {
-      if (!IsLinkMode(r.mode) || r.link_bytes == r.size) continue;
-      Problem("namespace: incomplete symlink target of inode %llu: %llu of %llu bytes", (unsigned long long)r.ino,
-              (unsigned long long)r.link_bytes, (unsigned long long)r.size);
+      if (!IsLinkMode(r.mode)) continue;
+      const bool size_ok = r.size >= 1 && r.size <= posix::kSymlinkMax;
+      if (size_ok && !r.link_bad && r.link_bytes == r.size) continue;
+      if (size_ok && !r.link_bad) {
+        Problem("namespace: incomplete symlink target of inode %llu: %llu of %llu bytes", (unsigned long long)r.ino,
+                (unsigned long long)r.link_bytes, (unsigned long long)r.size);
+      } else {
+        Problem("namespace: bad symlink target of inode %llu: size %llu, its keys hold %llu bytes",
+                (unsigned long long)r.ino, (unsigned long long)r.size, (unsigned long long)r.link_bytes);
+      }
       if (!repair_) continue;
       Transaction tx(&t_);
       TFS_TRY(tx.Delete(InodePos(r.ino)));
@@ -408,9 +420,10 @@ class NamespaceCheck {
     return true;
   }
 
-  // A number above every inode any key names (posix numbers new inodes the same way).
+  // A number above every inode any key names (posix numbers new inodes the same
+  // way) and every record (so that appending it keeps the records sorted).
   Result<u64> NextIno() {
-    u64 last = posix::kRootIno;
+    u64 last = inodes_.empty() ? posix::kRootIno : Max(posix::kRootIno, inodes_[inodes_.size() - 1].ino);
     const u8 ids[4] = {btree::kBtreeInodes, btree::kBtreeDirents, btree::kBtreeExtents, btree::kBtreeXattrs};
     for (u8 id : ids) {
       btree::Iterator it(&t_, id);
@@ -556,6 +569,19 @@ class NamespaceCheck {
         kind |= kFixRetype;
         problems++;
       }
+      if ((kind & kFixMove) == 0) {
+        // Reachable, so its chain's first entry of this name is what a lookup
+        // finds; a later one is a duplicate, unless the first is going (it
+        // names no inode).
+        Probe pr;
+        TFS_TRY(ProbeName(posix::DirTable(dir, dfmt), name, de.name_len, &pr));
+        if (pr.found && pr.slot != p.offset && TFS_TRY(NamesLiveInode(dir, pr.slot))) {
+          Problem("namespace: duplicate name in directory %llu: '%.*s' at slot %llu (first at slot %llu)",
+                  (unsigned long long)dir, nlen, name, (unsigned long long)p.offset, (unsigned long long)pr.slot);
+          if (repair_) TFS_TRY(fixes_.PushBack(SlotFix{dir, p.offset, u8(kind | kFixRemove), 0, u8(problems + 1)}));
+          continue;  // not counted
+        }
+      }
       if (IsDirMode(target->mode) && target->entry_dir != 0) {
         // A directory has one name: keep the one its parent pointer agrees with,
         // else the first one found; the other goes (uncounted from here on).
@@ -580,6 +606,14 @@ class NamespaceCheck {
     }
     TFS_TRY(st);
     return end_run();
+  }
+
+  // Whether the entry at (dir, slot) parses and names a live inode.
+  Result<bool> NamesLiveInode(u64 dir, u64 slot) {
+    posix::DirentFormat de;
+    const char* name;
+    const bool parsed = TFS_TRY(ReadEntry(dir, slot, &de, &name));
+    return parsed && de.type != posix::kDtTombstone && Find(de.ino.get()) != nullptr;
   }
 
   // Reads the entry at (dir, slot) into buf_: its header and name (false if absent or corrupt).
