@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "data/data.h"
 #include "fsck/fsck.h"
 #include "posix/fs.h"
 #include "userspace/platform/mem_device.h"
@@ -840,6 +841,57 @@ TEST(FsckRepairTest, OverlapsKeepTheLaterExtentAndTrimTheEarlier) {
   EXPECT_TRUE(fx.Value(btree::Pos{btree::kBtreeExtents, a, 3}, true).empty());
 }
 
+// The pieces earlier extents keep are what an overwrite leaves, whatever their
+// kind: a compressed extent keeps pointing into its whole blob, an unwritten
+// one becomes a shorter reservation.
+TEST(FsckRepairTest, OverlapsTrimCompressedAndUnwrittenExtents) {
+  Fixture fx;
+  u64 z = 0, u = 0, w = 0;
+  std::string zdata;
+  for (int i = 0; i < 16; i++) zdata += std::string(4096, char('a' + i));
+  fx.WithFs([&](Filesystem& fs, btree::Btrees&) {
+    const Caller who{0, 0};
+    z = fs.Mknod(posix::kRootIno, "z", 1, posix::kModeReg | 0644, 0, who).value().ino;
+    u = fs.Mknod(posix::kRootIno, "u", 1, posix::kModeReg | 0644, 0, who).value().ino;
+    w = fs.Mknod(posix::kRootIno, "w", 1, posix::kModeReg | 0644, 0, who).value().ino;
+    ASSERT_TRUE(fs.SetFlags(z, Filesystem::kFsComprFl).ok());
+    ASSERT_TRUE(fs.Write(z, 0, zdata.data(), u32(zdata.size())).ok());  // (z, 16): one compressed blob
+    ASSERT_TRUE(fs.Fallocate(u, 0, 0, 8 * 4096).ok());                  // (u, 8): unwritten
+    const std::string wdata(4 * 4096, 'w');
+    ASSERT_TRUE(fs.Write(w, 0, wdata.data(), u32(wdata.size())).ok());  // (w, 4)
+  });
+  const std::vector<u8> zv = fx.Value(btree::Pos{btree::kBtreeExtents, z, 16});
+  ASSERT_EQ(zv[1], data::kExtentCompressed);
+  ASSERT_EQ(fx.Value(btree::Pos{btree::kBtreeExtents, u, 8})[1], data::kExtentUnwritten);
+  // (z, 20): unwritten [8, 20) over the blob's second half; (u, 10): w's
+  // blocks at [6, 10), over the reservation's end.
+  u8 unwritten[16] = {data::kExtentVersion, data::kExtentUnwritten, 0, 0, 12};
+  fx.Poke(btree::Pos{btree::kBtreeExtents, z, 20}, unwritten, sizeof(unwritten));
+  const std::vector<u8> wv = fx.Value(btree::Pos{btree::kBtreeExtents, w, 4});
+  fx.Poke(btree::Pos{btree::kBtreeExtents, u, 10}, wv.data(), u32(wv.size()));
+  auto [r1, out1] = fx.Fsck();
+  EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
+  auto [r2, out2] = fx.Fsck(true);
+  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
+  EXPECT_EQ(r2.repaired, r2.errors) << out2;
+  EXPECT_NE(out2.find("kept blocks [8, 20) of the extent ending last, dropped 8 "), std::string::npos) << out2;
+  EXPECT_NE(out2.find("kept blocks [6, 10) of the extent ending last, dropped 2 "), std::string::npos) << out2;
+  EXPECT_NE(out2.find("set the size of inode " + std::to_string(u) + " to 40960"), std::string::npos) << out2;
+  auto [r3, out3] = fx.Fsck();
+  EXPECT_EQ(r3.exit_code, kExitClean) << out2 << out3;
+  std::vector<u8> piece = fx.Value(btree::Pos{btree::kBtreeExtents, z, 8});
+  EXPECT_EQ(piece[1], data::kExtentCompressed);
+  EXPECT_EQ(piece.size(), zv.size());  // the same blob and crc, 8 blocks of it
+  EXPECT_EQ(fx.Value(btree::Pos{btree::kBtreeExtents, u, 6})[1], data::kExtentUnwritten);
+  fx.WithFs([&](Filesystem& fs, btree::Btrees&) {
+    EXPECT_EQ(Contents(fs, z), zdata.substr(0, 8 * 4096) + std::string(8 * 4096, '\0'));
+    EXPECT_EQ(Contents(fs, u), std::string(6 * 4096, '\0') + std::string(4 * 4096, 'w'));
+    EXPECT_EQ(fs.GetAttr(z).value().sectors, 20u * 8);  // reservations count, as the data path counts them
+    EXPECT_EQ(fs.GetAttr(u).value().sectors, 10u * 8);
+    ExpectFixtureFile(fs, fx);
+  });
+}
+
 // Random damage -- keys lost, bits flipped, values cut short, keys copied to a
 // neighbouring position or over another key -- in every tree of the namespace: one repair run leaves a
 // filesystem that checks clean and mounts, and every name in it can be looked
@@ -865,6 +917,14 @@ TEST(FsckRepairTest, RandomDamageIsRepairedInOneRun) {
           ASSERT_TRUE(fs.Write(ino, 4096 * u64(i), n.data(), u32(n.size())).ok());
         }
       ASSERT_TRUE(fs.Link(fx.file, b, "h", 1).ok());
+      // A compressed file and reserved (unwritten) space, inside and past a size.
+      const u64 z = fs.Mknod(c, "z", 1, posix::kModeReg | 0644, 0, who).value().ino;
+      ASSERT_TRUE(fs.SetFlags(z, Filesystem::kFsComprFl).ok());
+      const std::string zdata(12 * 4096, 'z');
+      ASSERT_TRUE(fs.Write(z, 0, zdata.data(), u32(zdata.size())).ok());
+      ASSERT_TRUE(fs.Fallocate(z, posix::kFallocKeepSize, 12 * 4096, 4 * 4096).ok());
+      const u64 r = fs.Mknod(a, "r", 1, posix::kModeReg | 0644, 0, who).value().ino;
+      ASSERT_TRUE(fs.Fallocate(r, 0, 0, 6 * 4096).ok());
     }, 2);
     std::vector<std::pair<btree::Pos, std::vector<u8>>> keys;
     fx.WithFs([&](Filesystem&, btree::Btrees& t) {
