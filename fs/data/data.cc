@@ -60,14 +60,13 @@ u32 BuildCompressed(u8* buf, const ExtentPtr& ptr, u32 offset, u32 blocks, u32 s
   return u32(sizeof(h) + sizeof(ptr)) + 4;
 }
 
-// The value of piece [start + skip, start + skip + blocks) of extent e.
+}  // namespace
+
 u32 BuildPiece(u8* buf, const Extent& e, u64 skip, u32 blocks) {
   if (e.unwritten) return BuildUnwritten(buf, blocks);
   if (e.compressed) return BuildCompressed(buf, e.ptr, e.offset + u32(skip), blocks, e.stored_blocks, e.disk_bytes, e.crcs);
   return BuildExtent(buf, e.ptr, e.offset + u32(skip), blocks, e.crcs + 4 * skip);
 }
-
-}  // namespace
 
 Status ParseExtent(const Pos& pos, const u8* value, u32 len, Extent* out) {
   if (len < sizeof(ExtentFormat)) return Err::kCorrupt;

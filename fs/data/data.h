@@ -110,6 +110,11 @@ Status ParseExtent(const btree::Pos& pos, const u8* value, u32 len, Extent* out)
 
 inline constexpr u32 kExtentValueMax = u32(sizeof(ExtentFormat) + sizeof(ExtentPtr)) + 4 * kMaxExtentBlocks;
 
+// The value of piece [start + skip, start + skip + blocks) of extent e -- what
+// an overwrite or punch leaves of it (fsck trims overlaps with it) -- into buf
+// (kExtentValueMax bytes); returns its length.
+u32 BuildPiece(u8* buf, const Extent& e, u64 skip, u32 blocks);
+
 // New extents whose blobs are written (their space pending in a Delta) but
 // that are not yet in any transaction. Prepare does a write's device I/O with
 // no inode lock held; the caller then queues them under its lock with

@@ -21,18 +21,23 @@
 //    read-only open before the writable one, since a writable mount reconciles
 //    btree buckets itself. A corrupt roots block or interior node already stops
 //    the mount: reported as "cannot open the filesystem" with the node named.
-//  - the namespace (posix/): every inode record parses; every directory entry
-//    parses, names an existing inode of its type and is reachable from its home
-//    slot; no tombstone ends a probe chain; link counts match the entries
-//    (directories: 2 + subdirectories); every directory but the root has one
-//    name and its parent pointer agrees; symlink targets are whole; orphan keys
-//    name unlinked inodes (an orphan is a note: the next mount frees it); xattrs
-//    belong to inodes. File data: extents parse, belong to regular files, do
-//    not overlap, point inside a user bucket of their generation; each inode's
-//    sector count is what its extents hold; a user bucket holding no extent is
-//    a note (left by a crash; the next mount frees it). Reported, not repaired
-//    yet (no lost+found). A summary line counts inodes, directories, entries,
-//    xattrs and extents.
+//  - the namespace (posix/; fsck/namespace.cc, docs/design/fsck.md): every
+//    inode record parses; every directory entry parses, names an existing inode
+//    of its type and is reachable from its home slot; no tombstone ends a probe
+//    chain; link counts match the entries (directories: 2 + subdirectories);
+//    no name is in a directory twice; every directory but the root has one
+//    name, its parent pointer agrees, and it reaches the root; symlink targets
+//    are whole; orphan keys name unlinked
+//    inodes no entry names (an orphan is a note: the next mount frees it);
+//    xattrs belong to inodes. File data: extents parse, belong to regular files,
+//    do not overlap, point inside a user bucket of their generation; each
+//    inode's sector count is what its extents hold and its size covers them; a
+//    user bucket holding no extent is a note (left by a crash; the next mount
+//    frees it). Repair: one btree transaction per finding -- bad keys deleted,
+//    entries removed, retyped or moved back into their chain, counts, parents
+//    and sizes set, what no entry names reattached as /lost+found/#<ino>, and
+//    of overlapping extents the one ending later kept. A summary line counts
+//    inodes, directories, entries, xattrs and extents.
 //
 // Results follow fsck(8): 0 clean, 1 errors corrected, 4 errors left uncorrected,
 // 8 operational error (a device could not be read, out of memory).

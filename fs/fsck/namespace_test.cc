@@ -1,14 +1,22 @@
 // fsck's namespace pass: clean on a namespace built by posix::Filesystem (with
 // collisions, tombstones, links, symlinks, xattrs), and each kind of damage --
-// written straight into the btrees -- reported with exit code 4.
+// written straight into the btrees -- reported with exit code 4 by a check that
+// writes nothing, repaired by -y (exit 1), clean on the next check, and the
+// filesystem mounts with what survived.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
+#include <random>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "data/data.h"
 #include "fsck/fsck.h"
 #include "posix/fs.h"
 #include "userspace/platform/mem_device.h"
@@ -19,14 +27,30 @@ namespace {
 using posix::Caller;
 using posix::Filesystem;
 
+const std::string kLinkTarget(3000, 't');
+
+// The file's bytes: three blocks of 'd' with "xyz" at 4096 + 10.
+std::string FileBytes() {
+  std::string b(3 * 4096, 'd');
+  b.replace(4096 + 10, 3, "xyz");
+  return b;
+}
+
 struct Fixture {
   std::unique_ptr<userspace::MemDevice> dev;
   u64 dir = 0, file = 0, link = 0, sub = 0;
+  std::map<std::string, u64> in_dir;  // the names in dir and their inodes
 
-  Fixture() {
+  // `image`: start from these bytes instead of formatting.
+  explicit Fixture(const std::vector<u8>* image = nullptr) {
     userspace::MemDeviceOptions o;
     o.name = "ssd0";
     o.size = 64ull << 20;
+    if (image != nullptr) {
+      o.initial_image = *image;
+      dev = std::make_unique<userspace::MemDevice>(o);
+      return;
+    }
     dev = std::make_unique<userspace::MemDevice>(o);
     engine::FormatMember m = {dev.get(), "ssd.a", 1};
     engine::FormatOptions fo;
@@ -55,10 +79,27 @@ struct Fixture {
       const std::string bytes(3 * 4096, 'd');
       ASSERT_TRUE(fs.Write(file, 0, bytes.data(), u32(bytes.size())).ok());
       ASSERT_TRUE(fs.Write(file, 4096 + 10, "xyz", 3).ok());
-      const std::string target(3000, 't');
-      link = fs.Symlink(posix::kRootIno, "sym", 3, target.data(), u32(target.size()), who).value().ino;
+      link = fs.Symlink(posix::kRootIno, "sym", 3, kLinkTarget.data(), u32(kLinkTarget.size()), who).value().ino;
       ASSERT_TRUE(fs.SetXattr(file, "user.x", 6, "v", 1, 0).ok());
+      for (const std::string& n : Names(fs, dir)) in_dir[n] = fs.Lookup(dir, n.data(), u32(n.size())).value().ino;
     }, 1);
+  }
+
+  static std::set<std::string> Names(Filesystem& fs, u64 d) {
+    std::set<std::string> out;
+    Status st = fs.ReadDir(d, 0, [](void* ctx, const char* name, u32 len, u64, u8, u64) {
+      const std::string n(name, len);
+      if (n != "." && n != "..") static_cast<std::set<std::string>*>(ctx)->insert(n);
+      return true;
+    }, &out);
+    EXPECT_TRUE(st.ok()) << st.Message();
+    return out;
+  }
+
+  std::set<std::string> DirNames() const {
+    std::set<std::string> out;
+    for (const auto& [n, ino] : in_dir) out.insert(n);
+    return out;
   }
 
   // Mounts, runs fn, unmounts cleanly.
@@ -76,28 +117,88 @@ struct Fixture {
     ASSERT_TRUE(e.Close().ok());
   }
 
-  // Writes (or deletes, value null) one key behind the filesystem's back.
+  // Writes (or deletes, value null) one key behind the filesystem's back (on
+  // the engine alone: a mount would act on the damage done so far).
   void Poke(const btree::Pos& pos, const void* value, u32 len) {
-    WithFs([&](Filesystem&, btree::Btrees& t) {
-      btree::Transaction tx(&t);
-      ASSERT_TRUE((value != nullptr ? tx.Set(pos, value, len) : tx.Delete(pos)).ok());
-      ASSERT_TRUE(tx.Commit().ok());
-    });
-  }
-
-  std::pair<Report, std::string> Fsck() {
     BlockDevice* b = dev.get();
-    std::string out;
-    Report r = Check(&b, 1, Options{}, [](void* ctx, const char* line) {
-      *static_cast<std::string*>(ctx) += std::string(line) + "\n";
-    }, &out);
-    return {r, out};
+    engine::Engine e;
+    Diag diag;
+    ASSERT_TRUE(e.Open(&b, 1, engine::OpenOptions{}, &diag).ok()) << diag.text;
+    btree::Transaction tx(&e.btrees());
+    ASSERT_TRUE((value != nullptr ? tx.Set(pos, value, len) : tx.Delete(pos)).ok());
+    ASSERT_TRUE(tx.Commit().ok());
+    ASSERT_TRUE(e.Close().ok());
   }
 
-  std::vector<u8> Value(const btree::Pos& pos) {
+  // A check (-n), or with repair a repair run (-y); on_line sees every line.
+  std::pair<Report, std::string> Fsck(bool repair = false,
+                                      const std::function<void(const std::string&)>& on_line = nullptr) {
+    BlockDevice* b = dev.get();
+    struct Sink {
+      std::string out;
+      const std::function<void(const std::string&)>* on_line;
+    } sink{"", &on_line};
+    Options o;
+    o.repair = repair;
+    Report r = Check(&b, 1, o, [](void* ctx, const char* line) {
+      auto* s = static_cast<Sink*>(ctx);
+      s->out += std::string(line) + "\n";
+      if (*s->on_line) (*s->on_line)(line);
+    }, &sink);
+    return {r, sink.out};
+  }
+
+  std::vector<u8> Bytes() const { return dev->SnapshotDurable(); }
+
+  // The slot of `name` in directory d (0: none).
+  u64 Slot(u64 d, const std::string& name) {
+    u64 slot = 0;
+    WithFs([&](Filesystem&, btree::Btrees& t) {
+      btree::Iterator it(&t, btree::kBtreeDirents);
+      ASSERT_TRUE(it.Seek(btree::Pos{btree::kBtreeDirents, d, 0}).ok());
+      for (; it.Valid() && it.pos().inode == d;) {
+        posix::DirentFormat de;
+        const char* n;
+        if (posix::ParseNamedEntry(btree::kBtreeDirents, it.value(), it.val_bytes(), &de, &n).ok() &&
+            de.type != posix::kDtTombstone && std::string(n, de.name_len) == name)
+          slot = it.pos().offset;
+        ASSERT_TRUE(it.Next().ok());
+      }
+    });
+    return slot;
+  }
+
+  // Adds an entry behind the filesystem's back, where a lookup finds it (the
+  // first empty slot of its chain).
+  void PutEntry(u64 d, const std::string& name, u64 ino, u8 type) {
+    const posix::InodeFormat f = Inode(d);
+    u64 slot = posix::NameHash(f.hash_seed.get(), f.hash_bits, name.data(), u32(name.size()));
+    while (!Value(btree::Pos{btree::kBtreeDirents, d, slot}, true).empty()) slot++;
+    std::vector<u8> v(16 + name.size());
+    posix::DirentFormat de{};
+    de.ino.set(ino);
+    de.type = type;
+    de.name_len = u8(name.size());
+    memcpy(v.data(), &de, 16);
+    memcpy(v.data() + 16, name.data(), name.size());
+    Poke(btree::Pos{btree::kBtreeDirents, d, slot}, v.data(), u32(v.size()));
+  }
+
+  void SetInode(u64 ino, const std::function<void(posix::InodeFormat&)>& change) {
+    posix::InodeFormat i = Inode(ino);
+    change(i);
+    Poke(btree::Pos{btree::kBtreeInodes, ino, 0}, &i, sizeof(i));
+  }
+
+  // The value at pos (empty if absent and that is allowed).
+  std::vector<u8> Value(const btree::Pos& pos, bool may_be_absent = false) {
     std::vector<u8> v(btree::kMaxValueBytes);
     WithFs([&](Filesystem&, btree::Btrees& t) {
       auto r = t.Get(pos, v.data(), u32(v.size()));
+      if (may_be_absent && r.status().Is(ErrorClass::kNotFound)) {
+        v.clear();
+        return;
+      }
       ASSERT_TRUE(r.ok());
       v.resize(r.value());
     });
@@ -236,6 +337,740 @@ TEST(FsckNamespaceTest, UnwrittenExtentsAreCheckedToo) {
   auto [r2, out2] = fx.Fsck();
   EXPECT_EQ(r2.exit_code, kExitUncorrected) << out2;
   EXPECT_NE(out2.find("data: corrupt extent"), std::string::npos) << out2;
+}
+
+// --- repairs ---------------------------------------------------------------------
+
+std::string Contents(Filesystem& fs, u64 ino) {
+  auto a = fs.GetAttr(ino);
+  EXPECT_TRUE(a.ok());
+  if (!a.ok()) return "";
+  std::string b(a.value().size, '?');
+  auto r = fs.Read(ino, 0, b.data(), u32(b.size()));
+  EXPECT_TRUE(r.ok()) << r.status().Message();
+  if (!r.ok()) return "";
+  b.resize(r.value());
+  return b;
+}
+
+std::string LinkTarget(Filesystem& fs, u64 ino) {
+  std::string b(4096, '\0');
+  auto r = fs.ReadLink(ino, b.data(), u32(b.size()));
+  EXPECT_TRUE(r.ok());
+  if (!r.ok()) return "";
+  b.resize(r.value());
+  return b;
+}
+
+u64 LookupIno(Filesystem& fs, u64 dir, const std::string& name) {
+  auto a = fs.Lookup(dir, name.data(), u32(name.size()));
+  EXPECT_TRUE(a.ok()) << name << ": " << a.status().Message();
+  return a.ok() ? a.value().ino : 0;
+}
+
+// What the fixture's namespace holds when nothing was lost.
+void ExpectFixtureFile(Filesystem& fs, const Fixture& f) {
+  EXPECT_EQ(Contents(fs, f.file), FileBytes());
+  char v[8];
+  auto x = fs.GetXattr(f.file, "user.x", 6, v, sizeof(v));
+  ASSERT_TRUE(x.ok());
+  EXPECT_EQ(std::string(v, x.value()), "v");
+  EXPECT_EQ(fs.GetAttr(f.file).value().nlink, 2u);
+  EXPECT_EQ(fs.GetAttr(f.file).value().sectors, 24u);
+}
+void ExpectFixtureIntact(Filesystem& fs, const Fixture& f) {
+  EXPECT_EQ(Fixture::Names(fs, posix::kRootIno), (std::set<std::string>{"dir", "hard", "sym"}));
+  EXPECT_EQ(Fixture::Names(fs, f.dir), f.DirNames());
+  EXPECT_EQ(LookupIno(fs, posix::kRootIno, "hard"), f.file);
+  EXPECT_EQ(LookupIno(fs, f.dir, "sub"), f.sub);
+  EXPECT_EQ(LookupIno(fs, f.sub, ".."), f.dir);
+  EXPECT_EQ(LookupIno(fs, f.dir, ".."), posix::kRootIno);
+  EXPECT_EQ(fs.GetAttr(f.dir).value().nlink, 3u);
+  EXPECT_EQ(fs.GetAttr(posix::kRootIno).value().nlink, 3u);
+  EXPECT_EQ(LinkTarget(fs, f.link), kLinkTarget);
+  ExpectFixtureFile(fs, f);
+}
+
+// /lost+found: a directory of root's, mode 0700; returns its inode.
+u64 LostFound(Filesystem& fs) {
+  auto a = fs.Lookup(posix::kRootIno, "lost+found", 10);
+  EXPECT_TRUE(a.ok());
+  if (!a.ok()) return 0;
+  EXPECT_EQ(a.value().mode, posix::kModeDir | 0700);
+  EXPECT_EQ(a.value().uid, 0u);
+  return a.value().ino;
+}
+
+std::string Hash(u64 ino) { return "#" + std::to_string(ino); }
+
+struct RepairCase {
+  const char* what;
+  std::function<void(Fixture&)> damage;
+  const char* found;     // in the check's output
+  const char* repaired;  // in the repair run's output
+  std::function<void(Fixture&, Filesystem&)> verify;  // mounted after the repair
+};
+
+// Damage, check (reports, writes nothing), repair (exit 1, every error
+// repaired), check again (clean), mount and verify, and a last check after the
+// mount (clean).
+void RunRepairCase(const RepairCase& c) {
+  SCOPED_TRACE(c.what);
+  Fixture fx;
+  c.damage(fx);
+  const std::vector<u8> before = fx.Bytes();
+  auto [r1, out1] = fx.Fsck();
+  EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
+  EXPECT_NE(out1.find(c.found), std::string::npos) << out1;
+  EXPECT_EQ(r1.repaired, 0u);
+  EXPECT_TRUE(fx.Bytes() == before) << "the check wrote to the device";
+  auto [r2, out2] = fx.Fsck(true);
+  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
+  EXPECT_EQ(r2.repaired, r2.errors) << out2;
+  EXPECT_NE(out2.find(c.repaired), std::string::npos) << out2;
+  auto [r3, out3] = fx.Fsck();
+  EXPECT_EQ(r3.exit_code, kExitClean) << "after the repair:\n" << out2 << "the next check:\n" << out3;
+  fx.WithFs([&](Filesystem& fs, btree::Btrees&) { c.verify(fx, fs); });
+  auto [r4, out4] = fx.Fsck();
+  EXPECT_EQ(r4.exit_code, kExitClean) << out4;
+}
+
+// An extent value: one pointer, `blocks` crcs.
+std::vector<u8> ExtentValue(const std::vector<u8>& like, u32 blocks, u32 offset, const std::vector<u32>& crcs) {
+  std::vector<u8> v(like.begin(), like.begin() + 32);
+  v[4] = u8(blocks);
+  v[5] = v[6] = v[7] = 0;
+  memcpy(v.data() + 8, &offset, 4);  // (a little-endian host)
+  for (u32 c : crcs) v.insert(v.end(), reinterpret_cast<u8*>(&c), reinterpret_cast<u8*>(&c) + 4);
+  return v;
+}
+
+u32 Crc(const std::vector<u8>& extent, u32 i) {
+  u32 c;
+  memcpy(&c, extent.data() + 32 + 4 * i, 4);
+  return c;
+}
+
+TEST(FsckRepairTest, EachDamageIsRepaired) {
+  const RepairCase cases[] = {
+      {"wrong nlink",
+       [](Fixture& f) { f.SetInode(f.file, [](posix::InodeFormat& i) { i.nlink.set(5); }); },
+       "wrong link count of inode", "set the link count of inode",
+       [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
+      {"entry to nothing",
+       [](Fixture& f) { f.Poke(btree::Pos{btree::kBtreeInodes, f.link, 0}, nullptr, 0); },
+       "entry names a missing inode", "removed entry 'sym'",
+       [](Fixture& f, Filesystem& fs) {
+         EXPECT_EQ(Fixture::Names(fs, posix::kRootIno), (std::set<std::string>{"dir", "hard"}));
+         EXPECT_EQ(Fixture::Names(fs, f.dir), f.DirNames());
+         ExpectFixtureFile(fs, f);
+       }},
+      {"unreachable inode",
+       [](Fixture& f) {
+         posix::InodeFormat i = f.Inode(f.file);
+         f.Poke(btree::Pos{btree::kBtreeInodes, 9999, 0}, &i, sizeof(i));
+       },
+       "unreachable inode 9999", "reattached inode 9999 as /lost+found/#9999",
+       [](Fixture& f, Filesystem& fs) {
+         EXPECT_EQ(Fixture::Names(fs, posix::kRootIno), (std::set<std::string>{"dir", "hard", "sym", "lost+found"}));
+         const u64 lf = LostFound(fs);
+         EXPECT_EQ(Fixture::Names(fs, lf), (std::set<std::string>{"#9999"}));
+         EXPECT_EQ(LookupIno(fs, lf, "#9999"), 9999u);
+         EXPECT_EQ(fs.GetAttr(9999).value().nlink, 1u);
+         EXPECT_EQ(fs.GetAttr(9999).value().sectors, 0u);  // a copied inode: no extents of its own
+         EXPECT_EQ(Contents(fs, 9999), std::string(3 * 4096, '\0'));
+         EXPECT_EQ(fs.GetAttr(posix::kRootIno).value().nlink, 4u);
+         ExpectFixtureFile(fs, f);
+       }},
+      {"directory link count",
+       [](Fixture& f) { f.SetInode(f.dir, [](posix::InodeFormat& i) { i.nlink.set(2); }); },
+       "wrong link count of directory", "set the link count of directory",
+       [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
+      {"wrong parent",
+       [](Fixture& f) { f.SetInode(f.sub, [](posix::InodeFormat& i) { i.parent.set(posix::kRootIno); }); },
+       "wrong parent of directory", "set the parent of directory",
+       [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
+      {"corrupt inode",
+       [](Fixture& f) { f.Poke(btree::Pos{btree::kBtreeInodes, f.file, 0}, "junk", 4); },
+       "corrupt record of inode", "deleted the record of inode",
+       [](Fixture& f, Filesystem& fs) {
+         EXPECT_EQ(Fixture::Names(fs, posix::kRootIno), (std::set<std::string>{"dir", "sym"}));
+         std::set<std::string> names = f.DirNames();
+         names.erase("f1");
+         EXPECT_EQ(Fixture::Names(fs, f.dir), names);
+         EXPECT_FALSE(fs.GetAttr(f.file).ok());
+         EXPECT_EQ(LinkTarget(fs, f.link), kLinkTarget);
+       }},
+      {"tombstone ending a chain",
+       [](Fixture& f) {
+         posix::DirentFormat t{};
+         t.type = posix::kDtTombstone;
+         f.Poke(btree::Pos{btree::kBtreeDirents, f.dir, posix::kSlotEnd - 1}, &t, sizeof(t));
+       },
+       "a tombstone ends a chain", "deleted the tombstones ending the chain",
+       [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
+      {"truncated symlink",
+       [](Fixture& f) { f.Poke(btree::Pos{btree::kBtreeInodes, f.link, 2}, nullptr, 0); },
+       "incomplete symlink target", "deleted symlink",
+       [](Fixture& f, Filesystem& fs) {
+         EXPECT_EQ(Fixture::Names(fs, posix::kRootIno), (std::set<std::string>{"dir", "hard"}));
+         EXPECT_FALSE(fs.GetAttr(f.link).ok());
+         ExpectFixtureFile(fs, f);
+       }},
+      {"file turned symlink",  // (one bit of its mode): no target at all
+       [](Fixture& f) {
+         f.SetInode(f.in_dir.at("f2"), [](posix::InodeFormat& i) { i.mode.set(posix::kModeLink | 0644); });
+       },
+       "bad symlink target of inode", "deleted symlink",
+       [](Fixture& f, Filesystem& fs) {
+         std::set<std::string> names = f.DirNames();
+         names.erase("f2");
+         EXPECT_EQ(Fixture::Names(fs, f.dir), names);
+         EXPECT_EQ(LinkTarget(fs, f.link), kLinkTarget);
+       }},
+      {"file turned symlink",  // (one bit of its mode): no target at all
+       [](Fixture& f) {
+         f.SetInode(f.in_dir.at("f2"), [](posix::InodeFormat& i) { i.mode.set(posix::kModeLink | 0644); });
+       },
+       "bad symlink target of inode", "deleted symlink",
+       [](Fixture& f, Filesystem& fs) {
+         std::set<std::string> names = f.DirNames();
+         names.erase("f2");
+         EXPECT_EQ(Fixture::Names(fs, f.dir), names);
+         EXPECT_EQ(LinkTarget(fs, f.link), kLinkTarget);
+       }},
+      {"the newest inode deleted, then one reattached",  // lost+found's number is above both
+       [](Fixture& f) {
+         f.Poke(btree::Pos{btree::kBtreeInodes, f.link, 2}, nullptr, 0);  // the symlink: the last inode made
+         f.Poke(btree::Pos{btree::kBtreeDirents, f.dir, f.Slot(f.dir, "f2")}, nullptr, 0);
+       },
+       "incomplete symlink target", "reattached inode",
+       [](Fixture& f, Filesystem& fs) {
+         const u64 lf = LostFound(fs);
+         EXPECT_GT(lf, f.link);
+         EXPECT_EQ(LookupIno(fs, lf, Hash(f.in_dir.at("f2"))), f.in_dir.at("f2"));
+         EXPECT_EQ(Fixture::Names(fs, posix::kRootIno), (std::set<std::string>{"dir", "hard", "lost+found"}));
+       }},
+      {"symlink chunks of the wrong lengths",  // (their sum is right)
+       [](Fixture& f) {
+         const std::string a(952, 't'), b(2048, 't');
+         f.Poke(btree::Pos{btree::kBtreeInodes, f.link, 1}, a.data(), u32(a.size()));
+         f.Poke(btree::Pos{btree::kBtreeInodes, f.link, 2}, b.data(), u32(b.size()));
+       },
+       "bad symlink target of inode", "deleted symlink",
+       [](Fixture& f, Filesystem& fs) {
+         EXPECT_EQ(Fixture::Names(fs, posix::kRootIno), (std::set<std::string>{"dir", "hard"}));
+         ExpectFixtureFile(fs, f);
+       }},
+      {"wrong sector count",
+       [](Fixture& f) { f.SetInode(f.file, [](posix::InodeFormat& i) { i.sectors.set(8); }); },
+       "wrong sector count of inode", "set the sector count of inode",
+       [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
+      {"stale extent pointer",
+       [](Fixture& f) {
+         std::vector<u8> v = f.Value(btree::Pos{btree::kBtreeExtents, f.file, 1});
+         v[16 + 1] ^= 1;  // ExtentPtr::gen
+         f.Poke(btree::Pos{btree::kBtreeExtents, f.file, 1}, v.data(), u32(v.size()));
+       },
+       "stale extent pointer", "(data lost)",
+       [](Fixture& f, Filesystem& fs) {
+         std::string want = FileBytes();
+         want.replace(0, 4096, std::string(4096, '\0'));  // block 0 is a hole now
+         EXPECT_EQ(Contents(fs, f.file), want);
+         EXPECT_EQ(fs.GetAttr(f.file).value().sectors, 16u);
+       }},
+      {"overlapping extents",
+       [](Fixture& f) {
+         // (ino, 3) becomes blocks [1, 3) of the first blob (two 'd' blocks; the
+         // overwrite "xyz" went elsewhere): it overlaps (ino, 2), the overwrite.
+         std::vector<u8> v = f.Value(btree::Pos{btree::kBtreeExtents, f.file, 3});
+         v = ExtentValue(v, 2, 1, {Crc(v, 0), Crc(v, 0)});
+         f.Poke(btree::Pos{btree::kBtreeExtents, f.file, 3}, v.data(), u32(v.size()));
+       },
+       "overlapping extents", "kept blocks [1, 3) of the extent ending last, dropped 1",
+       [](Fixture& f, Filesystem& fs) {
+         EXPECT_EQ(Contents(fs, f.file), std::string(3 * 4096, 'd'));  // the later key wins: "xyz" is lost
+         EXPECT_EQ(fs.GetAttr(f.file).value().sectors, 24u);
+       }},
+      {"extent of a directory",
+       [](Fixture& f) {
+         std::vector<u8> v = f.Value(btree::Pos{btree::kBtreeExtents, f.file, 1});
+         f.Poke(btree::Pos{btree::kBtreeExtents, f.dir, 1}, v.data(), u32(v.size()));
+       },
+       "extent of a missing or non-regular inode", "deleted the extent of inode",
+       [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
+      {"extent of a missing inode",
+       [](Fixture& f) {
+         std::vector<u8> v = f.Value(btree::Pos{btree::kBtreeExtents, f.file, 1});
+         f.Poke(btree::Pos{btree::kBtreeExtents, 8888, 1}, v.data(), u32(v.size()));
+       },
+       "extent of a missing or non-regular inode 8888", "deleted the extent of inode 8888",
+       [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
+      {"extent outside the buckets",
+       [](Fixture& f) {
+         std::vector<u8> v = f.Value(btree::Pos{btree::kBtreeExtents, f.file, 1});
+         const u64 far = 1ull << 40;
+         memcpy(v.data() + 24, &far, 8);  // ExtentPtr::offset
+         f.Poke(btree::Pos{btree::kBtreeExtents, f.file, 1}, v.data(), u32(v.size()));
+       },
+       "extent points outside the buckets", "points outside the buckets (data lost)",
+       [](Fixture& f, Filesystem& fs) {
+         std::string want = FileBytes();
+         want.replace(0, 4096, std::string(4096, '\0'));
+         EXPECT_EQ(Contents(fs, f.file), want);
+         EXPECT_EQ(fs.GetAttr(f.file).value().sectors, 16u);
+       }},
+      {"corrupt extent",
+       [](Fixture& f) { f.Poke(btree::Pos{btree::kBtreeExtents, f.file, 2}, "junk", 4); },
+       "corrupt extent", "deleted extent key",
+       [](Fixture& f, Filesystem& fs) {
+         std::string want = FileBytes();
+         want.replace(4096, 4096, std::string(4096, '\0'));
+         EXPECT_EQ(Contents(fs, f.file), want);
+         EXPECT_EQ(fs.GetAttr(f.file).value().sectors, 16u);
+       }},
+      {"data past the size",
+       [](Fixture& f) { f.SetInode(f.file, [](posix::InodeFormat& i) { i.size.set(100); }); },
+       "has data past its size", "set the size of inode",
+       [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
+      {"ownerless xattr",
+       [](Fixture& f) {
+         u8 v[16 + 6 + 1] = {};
+         v[8] = posix::kXattrValue;
+         v[9] = 6;
+         v[10] = 1;
+         memcpy(v + 16, "user.y", 6);
+         f.Poke(btree::Pos{btree::kBtreeXattrs, 7777, 100}, v, sizeof(v));
+       },
+       "bad or ownerless xattr key", "removed xattr key (7777, 100): no such inode",
+       [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
+      {"corrupt xattr",
+       [](Fixture& f) { f.Poke(btree::Pos{btree::kBtreeXattrs, f.file, 200}, "junk", 4); },
+       "bad or ownerless xattr key", "removed xattr key",
+       [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
+      {"wrong entry type",
+       [](Fixture& f) {
+         const btree::Pos at{btree::kBtreeDirents, posix::kRootIno, f.Slot(posix::kRootIno, "hard")};
+         std::vector<u8> v = f.Value(at);
+         v[8] = posix::kDtLink;
+         f.Poke(at, v.data(), u32(v.size()));
+       },
+       "entry type differs", "set the type of entry 'hard'",
+       [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
+      {"unreachable entry",
+       [](Fixture& f) {
+         // 'sym' leaves its chain (the root hashes names into slots 16 and 17).
+         const btree::Pos at{btree::kBtreeDirents, posix::kRootIno, f.Slot(posix::kRootIno, "sym")};
+         std::vector<u8> v = f.Value(at);
+         f.Poke(at, nullptr, 0);
+         f.Poke(btree::Pos{btree::kBtreeDirents, posix::kRootIno, 100}, v.data(), u32(v.size()));
+       },
+       "unreachable entry in directory 1: 'sym' at slot 100", "moved entry 'sym' in directory 1 from slot 100",
+       [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
+      {"unreachable entry of the wrong type",
+       [](Fixture& f) {
+         const btree::Pos at{btree::kBtreeDirents, posix::kRootIno, f.Slot(posix::kRootIno, "sym")};
+         std::vector<u8> v = f.Value(at);
+         v[8] = posix::kDtReg;
+         f.Poke(at, nullptr, 0);
+         f.Poke(btree::Pos{btree::kBtreeDirents, posix::kRootIno, 100}, v.data(), u32(v.size()));
+       },
+       "entry type differs from its inode's, in directory 1: 'sym'", "(type set to its inode's)",
+       [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
+      {"corrupt entry",
+       [](Fixture& f) {
+         f.Poke(btree::Pos{btree::kBtreeDirents, posix::kRootIno, f.Slot(posix::kRootIno, "sym")}, "junk", 4);
+       },
+       "corrupt entry in directory 1", "reattached inode",
+       [](Fixture& f, Filesystem& fs) {
+         EXPECT_EQ(Fixture::Names(fs, posix::kRootIno), (std::set<std::string>{"dir", "hard", "lost+found"}));
+         const u64 lf = LostFound(fs);
+         EXPECT_EQ(LookupIno(fs, lf, Hash(f.link)), f.link);
+         EXPECT_EQ(LinkTarget(fs, f.link), kLinkTarget);
+         ExpectFixtureFile(fs, f);
+       }},
+      {"unreachable directory",
+       [](Fixture& f) {
+         f.Poke(btree::Pos{btree::kBtreeDirents, posix::kRootIno, f.Slot(posix::kRootIno, "dir")}, nullptr, 0);
+       },
+       "unreachable directory", "as /lost+found/#",
+       [](Fixture& f, Filesystem& fs) {
+         EXPECT_EQ(Fixture::Names(fs, posix::kRootIno), (std::set<std::string>{"hard", "sym", "lost+found"}));
+         const u64 lf = LostFound(fs);
+         EXPECT_EQ(Fixture::Names(fs, lf), (std::set<std::string>{Hash(f.dir)}));
+         EXPECT_EQ(LookupIno(fs, lf, Hash(f.dir)), f.dir);
+         EXPECT_EQ(LookupIno(fs, f.dir, ".."), lf);  // the whole subtree came along
+         EXPECT_EQ(Fixture::Names(fs, f.dir), f.DirNames());
+         EXPECT_EQ(LookupIno(fs, f.sub, ".."), f.dir);
+         EXPECT_EQ(fs.GetAttr(lf).value().nlink, 3u);
+         EXPECT_EQ(fs.GetAttr(posix::kRootIno).value().nlink, 3u);
+         ExpectFixtureFile(fs, f);
+       }},
+      {"orphan that entries name",
+       [](Fixture& f) {
+         f.SetInode(f.file, [](posix::InodeFormat& i) { i.nlink.set(0); });
+         const u64 ino = f.file;
+         f.Poke(btree::Pos{btree::kBtreeInodes, 0, f.file}, &ino, 8);
+       },
+       "is an orphan (unlinked) but entries name it", "is linked again",
+       [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},  // (a mount would have freed it)
+      {"orphan key of a linked inode",
+       [](Fixture& f) {
+         const u64 ino = f.file;
+         f.Poke(btree::Pos{btree::kBtreeInodes, 0, f.file}, &ino, 8);
+       },
+       "orphan key for a linked or missing inode", "deleted orphan key",
+       [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
+      {"bad orphan key",
+       [](Fixture& f) { f.Poke(btree::Pos{btree::kBtreeInodes, 0, 5555}, "junk", 4); },
+       "bad orphan key", "deleted orphan key 5555",
+       [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
+      {"stray key",
+       [](Fixture& f) { f.Poke(btree::Pos{btree::kBtreeInodes, f.file, 1}, "junk", 4); },
+       "stray key in the inodes btree", "deleted key",
+       [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
+      {"duplicate name",
+       [](Fixture& f) { f.PutEntry(posix::kRootIno, "sym", f.in_dir.at("f2"), posix::kDtReg); },
+       "duplicate name in directory 1: 'sym'", "removed entry 'sym'",
+       [](Fixture& f, Filesystem& fs) {
+         ExpectFixtureIntact(fs, f);
+         EXPECT_EQ(fs.GetAttr(f.in_dir.at("f2")).value().nlink, 1u);
+       }},
+      {"directory with two names",
+       [](Fixture& f) { f.PutEntry(posix::kRootIno, "sub2", f.sub, posix::kDtDir); },
+       "directory with two names", "removed entry 'sub2'",
+       [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},  // the name its parent agrees with stays
+      {"root with a name",
+       [](Fixture& f) { f.PutEntry(f.sub, "up", posix::kRootIno, posix::kDtDir); },
+       "the root directory has a name", "the root directory has no name",
+       [](Fixture& f, Filesystem& fs) {
+         ExpectFixtureIntact(fs, f);
+         EXPECT_EQ(fs.GetAttr(f.sub).value().nlink, 2u);
+       }},
+      {"directory loop",
+       [](Fixture& f) {
+         // dir leaves the root and moves into its own subdirectory: dir -> sub -> dir.
+         f.Poke(btree::Pos{btree::kBtreeDirents, posix::kRootIno, f.Slot(posix::kRootIno, "dir")}, nullptr, 0);
+         f.PutEntry(f.sub, "loop", f.dir, posix::kDtDir);
+         f.SetInode(f.dir, [&](posix::InodeFormat& i) { i.parent.set(f.sub); });
+         f.SetInode(f.sub, [](posix::InodeFormat& i) { i.nlink.set(3); });
+       },
+       "is in a loop of directories that the root does not reach", "removed the entry naming directory",
+       [](Fixture& f, Filesystem& fs) {
+         const u64 lf = LostFound(fs);
+         EXPECT_EQ(LookupIno(fs, lf, Hash(f.dir)), f.dir);
+         EXPECT_EQ(LookupIno(fs, f.dir, ".."), lf);
+         EXPECT_EQ(Fixture::Names(fs, f.dir), f.DirNames());
+         EXPECT_EQ(Fixture::Names(fs, f.sub), std::set<std::string>{});
+         EXPECT_EQ(fs.GetAttr(f.sub).value().nlink, 2u);
+         ExpectFixtureFile(fs, f);
+       }},
+      {"missing root",
+       [](Fixture& f) {
+         f.WithFs([](Filesystem& fs, btree::Btrees&) {
+           ASSERT_TRUE(fs.SetXattr(posix::kRootIno, "user.r", 6, "r", 1, 0).ok());
+         });
+         f.Poke(btree::Pos{btree::kBtreeInodes, posix::kRootIno, 0}, nullptr, 0);
+       },
+       "no root directory", "made a new, empty root directory (inode 1); its old xattrs deleted",
+       [](Fixture& f, Filesystem& fs) {
+         ExpectFixtureIntact(fs, f);  // its entries found their slots under the new hash seed
+         EXPECT_EQ(fs.GetAttr(posix::kRootIno).value().mode, posix::kModeDir | 0755);
+         EXPECT_EQ(fs.ListXattr(posix::kRootIno, nullptr, 0).value(), 0u);
+       }},
+      {"entries of a missing directory",
+       [](Fixture& f) { f.Poke(btree::Pos{btree::kBtreeInodes, f.dir, 0}, nullptr, 0); },
+       "entries of a missing or non-directory inode", "deleted the",
+       [](Fixture& f, Filesystem& fs) {
+         EXPECT_EQ(Fixture::Names(fs, posix::kRootIno), (std::set<std::string>{"hard", "sym", "lost+found"}));
+         const u64 lf = LostFound(fs);
+         // Every inode dir named but f1 (also /hard) is in lost+found now.
+         std::set<std::string> want;
+         for (const auto& [name, ino] : f.in_dir)
+           if (name != "f1") want.insert(Hash(ino));
+         EXPECT_EQ(Fixture::Names(fs, lf), want);
+         EXPECT_EQ(LookupIno(fs, f.sub, ".."), lf);
+         EXPECT_EQ(fs.GetAttr(lf).value().nlink, 3u);
+         EXPECT_EQ(fs.GetAttr(f.in_dir.at("f2")).value().nlink, 1u);
+         EXPECT_EQ(Contents(fs, f.file), FileBytes());
+         EXPECT_EQ(fs.GetAttr(f.file).value().nlink, 1u);
+       }},
+  };
+  for (const RepairCase& c : cases) RunRepairCase(c);
+}
+
+// Overlaps in both shapes: an earlier extent wholly inside a later one (deleted)
+// and one reaching into the next (trimmed to the blocks before it).
+TEST(FsckRepairTest, OverlapsKeepTheLaterExtentAndTrimTheEarlier) {
+  Fixture fx;
+  u64 a = 0, g = 0;
+  fx.WithFs([&](Filesystem& fs, btree::Btrees&) {
+    const Caller who{0, 0};
+    a = fs.Mknod(posix::kRootIno, "a", 1, posix::kModeReg | 0644, 0, who).value().ino;
+    g = fs.Mknod(posix::kRootIno, "g", 1, posix::kModeReg | 0644, 0, who).value().ino;
+    const std::string ab = std::string(4096, 'a') + std::string(4096, 'b');
+    const std::string cd = std::string(4096, 'c') + std::string(4096, 'd');
+    const std::string xyz = std::string(4096, 'x') + std::string(4096, 'y') + std::string(4096, 'z');
+    ASSERT_TRUE(fs.Write(a, 0, ab.data(), u32(ab.size())).ok());     // (a, 2): [0, 2)
+    ASSERT_TRUE(fs.Write(a, 8192, cd.data(), u32(cd.size())).ok());  // (a, 4): [2, 4)
+    ASSERT_TRUE(fs.Write(g, 0, xyz.data(), u32(xyz.size())).ok());   // (g, 3): [0, 3)
+  });
+  // (a, 3): g's blob, blocks [0, 3): over all of (a, 2) and the first block of (a, 4).
+  std::vector<u8> v = fx.Value(btree::Pos{btree::kBtreeExtents, g, 3});
+  fx.Poke(btree::Pos{btree::kBtreeExtents, a, 3}, v.data(), u32(v.size()));
+  const std::vector<u8> before = fx.Bytes();
+  auto [r1, out1] = fx.Fsck();
+  EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
+  EXPECT_TRUE(fx.Bytes() == before);
+  auto [r2, out2] = fx.Fsck(true);
+  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
+  EXPECT_NE(out2.find("kept blocks [0, 3) of the extent ending last, dropped 2 "), std::string::npos) << out2;
+  EXPECT_NE(out2.find("kept blocks [2, 4) of the extent ending last, dropped 1 "), std::string::npos) << out2;
+  auto [r3, out3] = fx.Fsck();
+  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+  fx.WithFs([&](Filesystem& fs, btree::Btrees&) {
+    // (a, 3) won over (a, 2); (a, 4) won over the last block of (a, 3), which
+    // keeps its first two blocks as (a, 2).
+    EXPECT_EQ(Contents(fs, a), std::string(4096, 'x') + std::string(4096, 'y') + std::string(4096, 'c') +
+                                   std::string(4096, 'd'));
+    EXPECT_EQ(fs.GetAttr(a).value().sectors, 32u);
+    EXPECT_EQ(Contents(fs, g), std::string(4096, 'x') + std::string(4096, 'y') + std::string(4096, 'z'));
+    ExpectFixtureFile(fs, fx);
+  });
+  EXPECT_FALSE(fx.Value(btree::Pos{btree::kBtreeExtents, a, 2}).empty());
+  EXPECT_TRUE(fx.Value(btree::Pos{btree::kBtreeExtents, a, 3}, true).empty());
+}
+
+// The pieces earlier extents keep are what an overwrite leaves, whatever their
+// kind: a compressed extent keeps pointing into its whole blob, an unwritten
+// one becomes a shorter reservation.
+TEST(FsckRepairTest, OverlapsTrimCompressedAndUnwrittenExtents) {
+  Fixture fx;
+  u64 z = 0, u = 0, w = 0;
+  std::string zdata;
+  for (int i = 0; i < 16; i++) zdata += std::string(4096, char('a' + i));
+  fx.WithFs([&](Filesystem& fs, btree::Btrees&) {
+    const Caller who{0, 0};
+    z = fs.Mknod(posix::kRootIno, "z", 1, posix::kModeReg | 0644, 0, who).value().ino;
+    u = fs.Mknod(posix::kRootIno, "u", 1, posix::kModeReg | 0644, 0, who).value().ino;
+    w = fs.Mknod(posix::kRootIno, "w", 1, posix::kModeReg | 0644, 0, who).value().ino;
+    ASSERT_TRUE(fs.SetFlags(z, Filesystem::kFsComprFl).ok());
+    ASSERT_TRUE(fs.Write(z, 0, zdata.data(), u32(zdata.size())).ok());  // (z, 16): one compressed blob
+    ASSERT_TRUE(fs.Fallocate(u, 0, 0, 8 * 4096).ok());                  // (u, 8): unwritten
+    const std::string wdata(4 * 4096, 'w');
+    ASSERT_TRUE(fs.Write(w, 0, wdata.data(), u32(wdata.size())).ok());  // (w, 4)
+  });
+  const std::vector<u8> zv = fx.Value(btree::Pos{btree::kBtreeExtents, z, 16});
+  ASSERT_EQ(zv[1], data::kExtentCompressed);
+  ASSERT_EQ(fx.Value(btree::Pos{btree::kBtreeExtents, u, 8})[1], data::kExtentUnwritten);
+  // (z, 20): unwritten [8, 20) over the blob's second half; (u, 10): w's
+  // blocks at [6, 10), over the reservation's end.
+  u8 unwritten[16] = {data::kExtentVersion, data::kExtentUnwritten, 0, 0, 12};
+  fx.Poke(btree::Pos{btree::kBtreeExtents, z, 20}, unwritten, sizeof(unwritten));
+  const std::vector<u8> wv = fx.Value(btree::Pos{btree::kBtreeExtents, w, 4});
+  fx.Poke(btree::Pos{btree::kBtreeExtents, u, 10}, wv.data(), u32(wv.size()));
+  auto [r1, out1] = fx.Fsck();
+  EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
+  auto [r2, out2] = fx.Fsck(true);
+  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
+  EXPECT_EQ(r2.repaired, r2.errors) << out2;
+  EXPECT_NE(out2.find("kept blocks [8, 20) of the extent ending last, dropped 8 "), std::string::npos) << out2;
+  EXPECT_NE(out2.find("kept blocks [6, 10) of the extent ending last, dropped 2 "), std::string::npos) << out2;
+  EXPECT_NE(out2.find("set the size of inode " + std::to_string(u) + " to 40960"), std::string::npos) << out2;
+  auto [r3, out3] = fx.Fsck();
+  EXPECT_EQ(r3.exit_code, kExitClean) << out2 << out3;
+  std::vector<u8> piece = fx.Value(btree::Pos{btree::kBtreeExtents, z, 8});
+  EXPECT_EQ(piece[1], data::kExtentCompressed);
+  EXPECT_EQ(piece.size(), zv.size());  // the same blob and crc, 8 blocks of it
+  EXPECT_EQ(fx.Value(btree::Pos{btree::kBtreeExtents, u, 6})[1], data::kExtentUnwritten);
+  fx.WithFs([&](Filesystem& fs, btree::Btrees&) {
+    EXPECT_EQ(Contents(fs, z), zdata.substr(0, 8 * 4096) + std::string(8 * 4096, '\0'));
+    EXPECT_EQ(Contents(fs, u), std::string(6 * 4096, '\0') + std::string(4 * 4096, 'w'));
+    EXPECT_EQ(fs.GetAttr(z).value().sectors, 20u * 8);  // reservations count, as the data path counts them
+    EXPECT_EQ(fs.GetAttr(u).value().sectors, 10u * 8);
+    ExpectFixtureFile(fs, fx);
+  });
+}
+
+// Random damage -- keys lost, bits flipped, values cut short, keys copied to a
+// neighbouring position or over another key -- in every tree of the namespace: one repair run leaves a
+// filesystem that checks clean and mounts, and every name in it can be looked
+// up and every inode read (symlinks) or stat'ed. FSCK_SEED0, FSCK_SEEDS and
+// FSCK_PER (damages per run) in the environment make longer runs.
+TEST(FsckRepairTest, RandomDamageIsRepairedInOneRun) {
+  const u32 seeds = getenv("FSCK_SEEDS") ? u32(atoi(getenv("FSCK_SEEDS"))) : 30;
+  const int per = getenv("FSCK_PER") ? atoi(getenv("FSCK_PER")) : 6;
+  const u32 seed0 = getenv("FSCK_SEED0") ? u32(atoi(getenv("FSCK_SEED0"))) : 1;
+  for (u32 seed = seed0; seed < seed0 + seeds; seed++) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    Fixture fx;
+    std::mt19937_64 rng(seed);
+    fx.WithFs([&](Filesystem& fs, btree::Btrees&) {  // deeper trees, a link across them
+      const Caller who{0, 0};
+      const u64 a = fs.Mkdir(fx.sub, "a", 1, 0755, who).value().ino;
+      const u64 b = fs.Mkdir(a, "b", 1, 0755, who).value().ino;
+      const u64 c = fs.Mkdir(fx.dir, "c", 1, 0755, who).value().ino;
+      for (u64 d : {a, b, c})
+        for (int i = 0; i < 4; i++) {
+          const std::string n = "g" + std::to_string(i);
+          const u64 ino = fs.Mknod(d, n.data(), u32(n.size()), posix::kModeReg | 0644, 0, who).value().ino;
+          ASSERT_TRUE(fs.Write(ino, 4096 * u64(i), n.data(), u32(n.size())).ok());
+        }
+      ASSERT_TRUE(fs.Link(fx.file, b, "h", 1).ok());
+      // A compressed file and reserved (unwritten) space, inside and past a size.
+      const u64 z = fs.Mknod(c, "z", 1, posix::kModeReg | 0644, 0, who).value().ino;
+      ASSERT_TRUE(fs.SetFlags(z, Filesystem::kFsComprFl).ok());
+      const std::string zdata(12 * 4096, 'z');
+      ASSERT_TRUE(fs.Write(z, 0, zdata.data(), u32(zdata.size())).ok());
+      ASSERT_TRUE(fs.Fallocate(z, posix::kFallocKeepSize, 12 * 4096, 4 * 4096).ok());
+      const u64 r = fs.Mknod(a, "r", 1, posix::kModeReg | 0644, 0, who).value().ino;
+      ASSERT_TRUE(fs.Fallocate(r, 0, 0, 6 * 4096).ok());
+    }, 2);
+    std::vector<std::pair<btree::Pos, std::vector<u8>>> keys;
+    fx.WithFs([&](Filesystem&, btree::Btrees& t) {
+      for (u8 id : {btree::kBtreeInodes, btree::kBtreeDirents, btree::kBtreeExtents, btree::kBtreeXattrs}) {
+        btree::Iterator it(&t, id);
+        ASSERT_TRUE(it.SeekToFirst().ok());
+        for (; it.Valid();) {
+          keys.emplace_back(it.pos(), std::vector<u8>(it.value(), it.value() + it.val_bytes()));
+          ASSERT_TRUE(it.Next().ok());
+        }
+      }
+    });
+    std::string done;
+    for (int i = 0; i < per; i++) {
+      const auto& [pos, value] = keys[rng() % keys.size()];
+      std::vector<u8> v = value;
+      btree::Pos at = pos;
+      switch (rng() % 5) {
+        case 0:
+          fx.Poke(at, nullptr, 0);
+          done += "deleted";
+          break;
+        case 1:
+          v[rng() % v.size()] ^= u8(1u << (rng() % 8));
+          fx.Poke(at, v.data(), u32(v.size()));
+          done += "flipped a bit of";
+          break;
+        case 2:
+          at.offset += 1 + rng() % 3;
+          fx.Poke(at, v.data(), u32(v.size()));
+          done += "copied";
+          break;
+        case 3:
+          v.resize(rng() % v.size());
+          fx.Poke(at, v.data(), u32(v.size()));
+          done += "cut short";
+          break;
+        default: {  // another key's value here
+          const std::vector<u8>& w = keys[rng() % keys.size()].second;
+          fx.Poke(at, w.data(), u32(w.size()));
+          done += "overwrote";
+          break;
+        }
+      }
+      done += " (" + std::to_string(pos.btree_id) + ", " + std::to_string(pos.inode) + ", " +
+              std::to_string(pos.offset) + "); ";
+    }
+    SCOPED_TRACE(done);
+    const std::vector<u8> before = fx.Bytes();
+    auto [r1, out1] = fx.Fsck();
+    EXPECT_TRUE(fx.Bytes() == before) << "the check wrote to the device";
+    auto [r2, out2] = fx.Fsck(true);
+    EXPECT_TRUE(r2.exit_code == kExitRepaired || r2.exit_code == kExitClean) << out2;
+    EXPECT_EQ(r2.repaired, r2.errors) << out2;
+    auto [r3, out3] = fx.Fsck();
+    EXPECT_EQ(r3.exit_code, kExitClean) << out2 << out3;
+    fx.WithFs([&](Filesystem& fs, btree::Btrees&) {
+      std::vector<u64> dirs = {posix::kRootIno};
+      std::set<u64> seen;
+      while (!dirs.empty()) {
+        const u64 d = dirs.back();
+        dirs.pop_back();
+        if (!seen.insert(d).second) {
+          ADD_FAILURE() << "directory " << d << " reached twice";
+          continue;
+        }
+        for (const std::string& n : Fixture::Names(fs, d)) {
+          auto a = fs.Lookup(d, n.data(), u32(n.size()));
+          ASSERT_TRUE(a.ok()) << d << "/" << n << ": " << a.status().Message();
+          const u32 type = a.value().mode & posix::kModeTypeMask;
+          if (type == posix::kModeDir) {
+            EXPECT_EQ(LookupIno(fs, a.value().ino, ".."), d);
+            dirs.push_back(a.value().ino);
+          } else if (type == posix::kModeLink) {
+            char buf[4096];
+            EXPECT_TRUE(fs.ReadLink(a.value().ino, buf, sizeof(buf)).ok()) << n;
+          }
+        }
+      }
+    });
+    auto [r4, out4] = fx.Fsck();
+    EXPECT_EQ(r4.exit_code, kExitClean) << out4;
+  }
+}
+
+// Several kinds at once, with repairs that depend on each other; and a power cut
+// during the repair run leaves a filesystem that the next run repairs.
+TEST(FsckRepairTest, ManyDamagesAtOnceAndAPowerCutDuringTheRepair) {
+  auto damage = [](Fixture& f) {
+    f.SetInode(f.file, [](posix::InodeFormat& i) { i.nlink.set(7); });
+    f.SetInode(f.sub, [](posix::InodeFormat& i) { i.parent.set(9); });
+    f.Poke(btree::Pos{btree::kBtreeDirents, posix::kRootIno, f.Slot(posix::kRootIno, "dir")}, nullptr, 0);
+    f.Poke(btree::Pos{btree::kBtreeInodes, f.link, 2}, nullptr, 0);
+    posix::InodeFormat i = f.Inode(f.in_dir.at("f2"));
+    f.Poke(btree::Pos{btree::kBtreeInodes, 9999, 0}, &i, sizeof(i));
+    std::vector<u8> v = f.Value(btree::Pos{btree::kBtreeExtents, f.file, 1});
+    v[16 + 1] ^= 1;
+    f.Poke(btree::Pos{btree::kBtreeExtents, f.file, 1}, v.data(), u32(v.size()));
+    posix::DirentFormat t{};
+    t.type = posix::kDtTombstone;
+    f.Poke(btree::Pos{btree::kBtreeDirents, f.dir, 5000}, &t, sizeof(t));
+  };
+  auto verify = [](Fixture& f, Filesystem& fs) {
+    EXPECT_EQ(Fixture::Names(fs, posix::kRootIno), (std::set<std::string>{"hard", "lost+found"}));
+    const u64 lf = LostFound(fs);
+    EXPECT_EQ(Fixture::Names(fs, lf), (std::set<std::string>{Hash(f.dir), "#9999"}));
+    EXPECT_EQ(Fixture::Names(fs, f.dir), f.DirNames());
+    EXPECT_EQ(LookupIno(fs, f.sub, ".."), f.dir);
+    std::string want = FileBytes();
+    want.replace(0, 4096, std::string(4096, '\0'));
+    EXPECT_EQ(Contents(fs, f.file), want);
+    EXPECT_EQ(fs.GetAttr(f.file).value().nlink, 2u);
+    EXPECT_EQ(fs.GetAttr(9999).value().nlink, 1u);
+  };
+  Fixture fx;
+  damage(fx);
+  std::vector<std::vector<u8>> cuts;  // the device at a few points of the repair run
+  u32 lines = 0;
+  auto [r2, out2] = fx.Fsck(true, [&](const std::string& line) {
+    if (line.rfind("namespace: ", 0) != 0 && line.rfind("data: ", 0) != 0) return;
+    if (++lines != 3 && lines != 9 && lines != 16) return;
+    // Repairs commit without a flush; the journal makes them durable within a
+    // second (flush_delay). A power cut then keeps the repairs made so far.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+    cuts.push_back(fx.Bytes());
+  });
+  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
+  EXPECT_EQ(r2.repaired, r2.errors) << out2;
+  auto [r3, out3] = fx.Fsck();
+  EXPECT_EQ(r3.exit_code, kExitClean) << out2 << out3;
+  fx.WithFs([&](Filesystem& fs, btree::Btrees&) { verify(fx, fs); });
+  EXPECT_FALSE(cuts.empty());
+  for (const std::vector<u8>& image : cuts) {
+    Fixture cut(&image);
+    cut.dir = fx.dir;
+    cut.file = fx.file;
+    cut.link = fx.link;
+    cut.sub = fx.sub;
+    cut.in_dir = fx.in_dir;
+    auto [c1, o1] = cut.Fsck(true);
+    EXPECT_NE(c1.exit_code, kExitUncorrected) << o1;
+    EXPECT_NE(c1.exit_code, kExitOperational) << o1;
+    auto [c2, o2] = cut.Fsck();
+    EXPECT_EQ(c2.exit_code, kExitClean) << o1 << o2;
+    cut.WithFs([&](Filesystem& fs, btree::Btrees&) { verify(cut, fs); });
+  }
 }
 
 }  // namespace

@@ -1,0 +1,1225 @@
+// fsck's namespace and file data pass (see fsck.h; design: docs/design/fsck.md):
+// inodes, directory entries, symlinks, orphans, extents and xattrs, read through
+// the btree API, and with -y repaired.
+//
+// Four scans in key order -- inodes, directory entries, extents, xattrs -- build
+// one record per inode (InodeRec: what the inode says, and what the entries and
+// extents say about it); then connectivity, link counts, parents, reachability,
+// sector counts and sizes are compared.
+//
+// Repairs. Each is one btree transaction through the normal API, committed before
+// the next one is worked out from the committed state, so a crash leaves every
+// repair whole or not done and a second run finishes the job. The records follow
+// every repair, so later checks judge the repaired state. Two rules keep the link
+// counts right whatever order the records are visited in:
+//   - removing an entry changes no link count on disk: the entry is uncounted in
+//     the records, and the link count checks set what remains;
+//   - adding an entry (to lost+found) changes the count it adds to on disk and in
+//     the records in the same step, so a check before or after it agrees.
+// Directory table fixes are found by the entries scan and applied after it, each
+// against the committed table: removals and type fixes first, then moves of
+// unreachable entries (so a name is never judged taken by an entry about to go),
+// then tombstones that end chains.
+#include "data/data.h"
+#include "fsck/pass.h"
+#include "posix/fs.h"
+
+namespace tfs::fsck {
+namespace {
+
+using btree::Pos;
+using btree::Transaction;
+
+constexpr u32 kDeleteBatch = 256;  // keys per transaction when deleting a whole range
+constexpr u32 kSectorsPerBlock = data::kBlockSize / 512;
+constexpr u32 kLinkChunks = (posix::kSymlinkMax + btree::kMaxValueBytes - 1) / btree::kMaxValueBytes;
+constexpr u32 kNewDirHashBits = 62;  // what posix gives every directory outside tests
+
+struct InodeRec {
+  u64 ino;
+  u32 mode;
+  u32 nlink;
+  u64 size;
+  u64 parent;        // directories: what the inode says
+  u64 entry_dir;     // directories: the directory whose entry names it (0: none)
+  u64 entry_slot;    // directories: that entry's slot
+  u32 refs;          // entries naming it
+  u32 subdirs;       // directories: entries naming directories
+  u64 link_bytes;    // symlinks: bytes of target found
+  bool link_bad;     // symlinks: a target chunk of the wrong length for its place
+  u64 sectors;       // what the inode says
+  u64 data_sectors;  // regular files: what its extents hold
+  u64 data_end;      // regular files: the end block of its last written (not unwritten) extent
+  bool orphan;
+  bool gone;         // deleted by a repair
+};
+
+bool IsDirMode(u32 mode) { return (mode & posix::kModeTypeMask) == posix::kModeDir; }
+bool IsRegMode(u32 mode) { return (mode & posix::kModeTypeMask) == posix::kModeReg; }
+bool IsLinkMode(u32 mode) { return (mode & posix::kModeTypeMask) == posix::kModeLink; }
+
+Pos InodePos(u64 ino) { return Pos{btree::kBtreeInodes, ino, 0}; }
+Pos OrphanPos(u64 ino) { return Pos{btree::kBtreeInodes, 0, ino}; }
+Pos DirentPos(u64 dir, u64 slot) { return Pos{btree::kBtreeDirents, dir, slot}; }
+
+u64 Mix(u64 h) {
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 33;
+  return h;
+}
+
+bool IsTombstone(u8 btree_id, const u8* v, u32 len) {
+  posix::DirentFormat d;
+  const char* name;
+  return posix::ParseNamedEntry(btree_id, v, len, &d, &name).ok() && d.type == posix::kDtTombstone;
+}
+
+// A named entry (header and name) in buf; returns its length.
+u32 BuildEntry(u8* buf, u64 ino, u8 type, const char* name, u32 len) {
+  posix::DirentFormat d;
+  MemSet(&d, 0, sizeof(d));
+  d.ino.set(ino);
+  d.type = type;
+  d.name_len = u8(len);
+  MemCopy(buf, &d, sizeof(d));
+  MemCopy(buf + sizeof(d), name, len);
+  return u32(sizeof(d)) + len;
+}
+
+// A new empty directory owned by root, as posix would make it.
+posix::InodeFormat NewDirInode(u64 ino, u64 parent, u32 perm) {
+  posix::InodeFormat f;
+  MemSet(&f, 0, sizeof(f));
+  const i64 now = platform::RealTimeNs();
+  f.version.set(posix::kInodeVersion);
+  f.mode.set(posix::kModeDir | perm);
+  f.nlink.set(2);
+  f.generation.set(u32(u64(now) / platform::kNsPerSec));
+  f.atime_ns.set(u64(now));
+  f.mtime_ns.set(u64(now));
+  f.ctime_ns.set(u64(now));
+  f.btime_ns.set(u64(now));
+  f.parent.set(parent);
+  f.hash_seed.set(Mix(u64(now) ^ (ino * 0x9e3779b97f4a7c15ull) ^ 0x66736b63));
+  f.hash_bits = u8(kNewDirHashBits);
+  f.xattr_bits = u8(kNewDirHashBits);
+  return f;
+}
+
+// A fix of one directory slot, found by the entries scan, applied after it.
+enum FixKind : u8 {
+  kFixRemove = 1,    // the entry goes (posix's rule: a tombstone, or deleted with the tombstones before it)
+  kFixRetype = 2,    // the type byte becomes `type`
+  kFixMove = 4,      // unreachable from its home slot: moved to the first free slot of its chain
+  kFixTrailing = 8,  // slot is the last of a run that ends in tombstones: they go
+};
+struct SlotFix {
+  u64 dir;
+  u64 slot;
+  u8 kind;      // FixKind bits; kFixRemove overrides the others
+  u8 type;      // kFixRetype
+  u8 problems;  // findings this fix resolves
+};
+
+// What the walk of one name's probe chain finds.
+struct Probe {
+  bool found = false;
+  u64 slot = 0;  // found: where
+  u64 free = 0;  // first tombstone or gap of the chain (0: none before kSlotEnd)
+};
+
+class NamespaceCheck {
+ public:
+  NamespaceCheck(engine::Engine& e, const Options& opt, Ctx& c)
+      : e_(e), t_(e.btrees()), repair_(opt.repair), c_(c) {}
+
+  void Run() {
+    Status st = Passes();
+    if (!st.ok()) {
+      c_.Line("namespace: %s failed: %s", write_failed_ ? "writing a repair" : "reading the btrees", st.Message());
+      c_.report->errors++;
+    }
+  }
+
+ private:
+  // --- reporting ----------------------------------------------------------------
+
+  // A finding: an error, one line.
+  void Problem(const char* fmt, ...) TFS_PRINTF(2, 3) {
+    char buf[320];
+    __builtin_va_list ap;
+    __builtin_va_start(ap, fmt);
+    tfs_plat_vsnprintf(buf, sizeof(buf), fmt, ap);
+    __builtin_va_end(ap);
+    c_.report->errors++;
+    found_++;
+    c_.Line("%s", buf);
+  }
+  // A repair done: one line saying what, resolving `n` findings.
+  void Repaired(u32 n, const char* fmt, ...) TFS_PRINTF(3, 4) {
+    char buf[320];
+    __builtin_va_list ap;
+    __builtin_va_start(ap, fmt);
+    tfs_plat_vsnprintf(buf, sizeof(buf), fmt, ap);
+    __builtin_va_end(ap);
+    c_.report->repaired += n;
+    c_.Line("%s", buf);
+  }
+
+  // --- btree helpers --------------------------------------------------------------
+
+  Status Commit(Transaction& tx) {
+    auto r = tx.Commit();
+    if (r.ok()) return Status::Ok();
+    write_failed_ = true;
+    return r.status();
+  }
+
+  Status DeleteKey(const Pos& pos) {
+    Transaction tx(&t_);
+    TFS_TRY(tx.Delete(pos));
+    return Commit(tx);
+  }
+
+  // Deletes every key of `owner` in a btree, kDeleteBatch per transaction.
+  Status DeleteAll(u8 id, u64 owner, u64* deleted) {
+    for (;;) {
+      btree::Iterator it(&t_, id);
+      TFS_TRY(it.Seek(Pos{id, owner, 0}));
+      Transaction tx(&t_);
+      u32 n = 0;
+      for (; it.Valid() && it.pos().inode == owner && n < kDeleteBatch; TFS_TRY(it.Next()), n++)
+        TFS_TRY(tx.Delete(it.pos()));
+      if (n == 0) return Status::Ok();
+      TFS_TRY(Commit(tx));
+      *deleted += n;
+    }
+  }
+
+  Status ReadInode(u64 ino, posix::InodeFormat* f) {
+    auto r = t_.Get(InodePos(ino), buf_, sizeof(buf_));
+    if (!r.ok()) return r.status();
+    return posix::ParseInode(buf_, Min(r.value(), u32(sizeof(buf_))), f);
+  }
+
+  // Reads inode `ino`, lets fn change it, writes it back: one transaction.
+  template <typename Fn>
+  Status UpdateInode(u64 ino, Fn fn) {
+    posix::InodeFormat f;
+    TFS_TRY(ReadInode(ino, &f));
+    fn(f);
+    Transaction tx(&t_);
+    TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
+    return Commit(tx);
+  }
+
+  // The record of a live inode (not one a repair deleted), or null.
+  InodeRec* Find(u64 ino) {
+    InodeRec* r = FindAny(ino);
+    return r != nullptr && !r->gone ? r : nullptr;
+  }
+  InodeRec* FindAny(u64 ino) {
+    usize lo = 0, hi = inodes_.size();
+    while (lo < hi) {
+      const usize mid = (lo + hi) / 2;
+      if (inodes_[mid].ino < ino) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    return lo < inodes_.size() && inodes_[lo].ino == ino ? &inodes_[lo] : nullptr;
+  }
+
+  // --- name tables ----------------------------------------------------------------
+
+  // Walks the probe chain of `name` from its home slot (what posix's FindEntry
+  // does; an entry that does not parse occupies its slot).
+  Status ProbeName(const posix::NameTable& nt, const char* name, u32 len, Probe* out) {
+    *out = Probe{};
+    const u64 home = posix::NameHash(nt.seed, nt.bits, name, len);
+    btree::Iterator it(&t_, nt.btree_id);
+    TFS_TRY(it.Seek(Pos{nt.btree_id, nt.owner, home}));
+    for (u64 slot = home; slot < posix::kSlotEnd; slot++) {
+      if (!it.Valid() || it.pos().inode != nt.owner || it.pos().offset != slot) {
+        if (out->free == 0) out->free = slot;
+        return Status::Ok();
+      }
+      posix::DirentFormat d;
+      const char* n;
+      if (posix::ParseNamedEntry(nt.btree_id, it.value(), it.val_bytes(), &d, &n).ok()) {
+        if (d.type == posix::kDtTombstone) {
+          if (out->free == 0) out->free = slot;
+        } else if (d.name_len == len && MemCompare(n, name, len) == 0) {
+          out->found = true;
+          out->slot = slot;
+          return Status::Ok();
+        }
+      }
+      TFS_TRY(it.Next());
+    }
+    return Status::Ok();
+  }
+
+  // Queues the deletion of the tombstones right before `slot` (down to the first
+  // slot that is empty or holds anything else).
+  Status QueueDeleteTombstonesBefore(Transaction& tx, u8 id, u64 owner, u64 slot) {
+    if (slot == 0) return Status::Ok();
+    btree::Iterator it(&t_, id);
+    TFS_TRY(it.SeekForPrev(Pos{id, owner, slot - 1}));
+    for (u64 s = slot - 1; it.Valid() && it.pos().inode == owner && it.pos().offset == s; s--) {
+      if (!IsTombstone(id, it.value(), it.val_bytes())) break;
+      TFS_TRY(tx.Delete(it.pos()));
+      if (s == 0) break;
+      TFS_TRY(it.Prev());
+    }
+    return Status::Ok();
+  }
+
+  // Queues the removal of the entry at (owner, slot) the way posix removes one: a
+  // tombstone if the next slot is in use (chains may run through it), else a
+  // deletion together with the tombstones right before it.
+  Status QueueRemoveEntry(Transaction& tx, u8 id, u64 owner, u64 slot) {
+    btree::Iterator it(&t_, id);
+    TFS_TRY(it.Seek(Pos{id, owner, slot + 1}));
+    if (it.Valid() && it.pos().inode == owner && it.pos().offset == slot + 1) {
+      posix::DirentFormat d;
+      MemSet(&d, 0, sizeof(d));
+      d.type = posix::kDtTombstone;
+      return tx.Set(Pos{id, owner, slot}, &d, sizeof(d));
+    }
+    TFS_TRY(tx.Delete(Pos{id, owner, slot}));
+    return QueueDeleteTombstonesBefore(tx, id, owner, slot);
+  }
+
+  // An entry stops counting towards its inode's links (it is being removed).
+  void Uncount(u64 dir, u64 slot, u64 ino) {
+    InodeRec* r = Find(ino);
+    if (r == nullptr || r->refs == 0) return;
+    r->refs--;
+    if (IsDirMode(r->mode) && r->entry_dir == dir && r->entry_slot == slot) {
+      r->entry_dir = 0;
+      if (InodeRec* d = Find(dir); d != nullptr && d->subdirs > 0) d->subdirs--;
+    }
+  }
+
+  // --- inodes ---------------------------------------------------------------------
+
+  // Every inode record parses; symlink targets are whole; orphan keys name
+  // unlinked inodes. Repairs: stray and corrupt keys are deleted (an inode whose
+  // record does not parse is gone: its names, data and xattrs follow in the later
+  // scans), as is a symlink with a partial target (e2fsck's rule).
+  Status ScanInodes() {
+    btree::Iterator it(&t_, btree::kBtreeInodes);
+    Status st = it.SeekToFirst();
+    for (; st.ok() && it.Valid(); st = it.Next()) {
+      const Pos p = it.pos();
+      if (p.inode == 0) {
+        if (it.val_bytes() != 8 || p.offset < posix::kRootIno) {
+          Problem("namespace: bad orphan key: orphan key %llu", (unsigned long long)p.offset);
+          if (repair_) {
+            TFS_TRY(DeleteKey(p));
+            Repaired(1, "namespace: deleted orphan key %llu", (unsigned long long)p.offset);
+          }
+          continue;
+        }
+        TFS_TRY(orphans_.PushBack(p.offset));
+        continue;
+      }
+      if (p.offset != 0) {  // a symlink's target chunk
+        InodeRec* r = inodes_.empty() ? nullptr : &inodes_[inodes_.size() - 1];
+        if (r == nullptr || r->ino != p.inode || !IsLinkMode(r->mode) || p.offset > kLinkChunks) {
+          Problem("namespace: stray key in the inodes btree: (%llu, %llu)", (unsigned long long)p.inode,
+                  (unsigned long long)p.offset);
+          if (repair_) {
+            TFS_TRY(DeleteKey(p));
+            Repaired(1, "namespace: deleted key (%llu, %llu) of the inodes btree", (unsigned long long)p.inode,
+                     (unsigned long long)p.offset);
+          }
+          continue;
+        }
+        // Chunk k holds bytes [2048 (k - 1), 2048 k) of the target: exactly that many.
+        const u64 before = u64(btree::kMaxValueBytes) * (p.offset - 1);
+        const u64 want = r->size > before ? Min<u64>(r->size - before, btree::kMaxValueBytes) : 0;
+        if (it.val_bytes() != want) r->link_bad = true;
+        r->link_bytes += it.val_bytes();
+        continue;
+      }
+      posix::InodeFormat f;
+      if (!posix::ParseInode(it.value(), it.val_bytes(), &f).ok()) {
+        Problem("namespace: corrupt record of inode %llu", (unsigned long long)p.inode);
+        if (repair_) {
+          TFS_TRY(DeleteKey(p));
+          Repaired(1, "namespace: deleted the record of inode %llu (its names, data and xattrs follow)",
+                   (unsigned long long)p.inode);
+        }
+        continue;
+      }
+      InodeRec r{};
+      r.ino = p.inode;
+      r.mode = f.mode.get();
+      r.nlink = f.nlink.get();
+      r.size = f.size.get();
+      r.parent = f.parent.get();
+      r.sectors = f.sectors.get();
+      TFS_TRY(inodes_.PushBack(r));
+    }
+    TFS_TRY(st);
+    // Room for a new root and lost+found: appending them never moves the records
+    // (pointers into inodes_ stay valid through every later repair).
+    TFS_TRY(inodes_.Reserve(inodes_.size() + 2));
+
+    for (InodeRec& r : inodes_) {
+      if (!IsLinkMode(r.mode)) continue;
+      const bool size_ok = r.size >= 1 && r.size <= posix::kSymlinkMax;
+      if (size_ok && !r.link_bad && r.link_bytes == r.size) continue;
+      if (size_ok && !r.link_bad) {
+        Problem("namespace: incomplete symlink target of inode %llu: %llu of %llu bytes", (unsigned long long)r.ino,
+                (unsigned long long)r.link_bytes, (unsigned long long)r.size);
+      } else {
+        Problem("namespace: bad symlink target of inode %llu: size %llu, its keys hold %llu bytes",
+                (unsigned long long)r.ino, (unsigned long long)r.size, (unsigned long long)r.link_bytes);
+      }
+      if (!repair_) continue;
+      Transaction tx(&t_);
+      TFS_TRY(tx.Delete(InodePos(r.ino)));
+      for (u32 i = 1; i <= kLinkChunks; i++) TFS_TRY(tx.Delete(Pos{btree::kBtreeInodes, r.ino, i}));
+      TFS_TRY(tx.Delete(OrphanPos(r.ino)));
+      TFS_TRY(Commit(tx));
+      r.gone = true;
+      Repaired(1, "namespace: deleted symlink %llu (its names follow)", (unsigned long long)r.ino);
+    }
+
+    for (u64 o : orphans_) {
+      InodeRec* r = FindAny(o);
+      if (r != nullptr && r->gone) continue;  // deleted with its orphan key
+      if (r == nullptr || r->nlink != 0) {
+        Problem("namespace: orphan key for a linked or missing inode %llu", (unsigned long long)o);
+        if (repair_) {
+          TFS_TRY(DeleteKey(OrphanPos(o)));
+          Repaired(1, "namespace: deleted orphan key %llu", (unsigned long long)o);
+        }
+      } else {
+        r->orphan = true;
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Whether the namespace's four trees hold no key at all (formatted, never mounted).
+  Result<bool> Empty() {
+    const u8 ids[4] = {btree::kBtreeInodes, btree::kBtreeDirents, btree::kBtreeExtents, btree::kBtreeXattrs};
+    for (u8 id : ids) {
+      btree::Iterator it(&t_, id);
+      TFS_TRY(it.SeekToFirst());
+      if (it.Valid()) return false;
+    }
+    return true;
+  }
+
+  // A number above every inode any key names (posix numbers new inodes the same
+  // way) and every record (so that appending it keeps the records sorted).
+  Result<u64> NextIno() {
+    u64 last = inodes_.empty() ? posix::kRootIno : Max(posix::kRootIno, inodes_[inodes_.size() - 1].ino);
+    const u8 ids[4] = {btree::kBtreeInodes, btree::kBtreeDirents, btree::kBtreeExtents, btree::kBtreeXattrs};
+    for (u8 id : ids) {
+      btree::Iterator it(&t_, id);
+      TFS_TRY(it.SeekToLast());
+      if (it.Valid()) last = Max(last, it.pos().inode);
+    }
+    return Max(last + 1, posix::kFirstIno);
+  }
+
+  // The root is a directory. Repair: a new empty one (its entries, if any are
+  // left, hash differently now: the entries scan moves them to their home slots).
+  Status CheckRoot() {
+    InodeRec* root = Find(posix::kRootIno);
+    if (root != nullptr && IsDirMode(root->mode)) return Status::Ok();
+    Problem("namespace: no root directory (inode 1)");
+    if (!repair_) return Status::Ok();
+    posix::InodeFormat f = NewDirInode(posix::kRootIno, posix::kRootIno, 0755);
+    Transaction tx(&t_);
+    TFS_TRY(tx.Set(InodePos(posix::kRootIno), &f, sizeof(f)));
+    // What inode 1 may have been instead: a symlink's target, an orphan.
+    for (u32 i = 1; i <= kLinkChunks; i++) TFS_TRY(tx.Delete(Pos{btree::kBtreeInodes, posix::kRootIno, i}));
+    TFS_TRY(tx.Delete(OrphanPos(posix::kRootIno)));
+    TFS_TRY(Commit(tx));
+    // Xattrs left under inode 1 hash by the old generation: no lookup finds them.
+    u64 xattrs = 0;
+    TFS_TRY(DeleteAll(btree::kBtreeXattrs, posix::kRootIno, &xattrs));
+    InodeRec r{};
+    r.ino = posix::kRootIno;
+    r.mode = f.mode.get();
+    r.nlink = 2;
+    r.parent = posix::kRootIno;
+    if (root == nullptr) root = FindAny(posix::kRootIno);  // deleted by a repair: reuse its record
+    if (root == nullptr) {
+      TFS_TRY(inodes_.PushBack(r));  // no reallocation (reserved); then moved to the front
+      for (usize i = inodes_.size() - 1; i > 0; i--) inodes_[i] = inodes_[i - 1];
+      inodes_[0] = r;
+    } else {
+      *root = r;
+    }
+    Repaired(1, "namespace: made a new, empty root directory (inode 1)%s",
+             xattrs != 0 ? "; its old xattrs deleted" : "");
+    return Status::Ok();
+  }
+
+  // --- directory entries ------------------------------------------------------------
+
+  Status AddFix(u64 dir, u64 slot, u8 kind, u8 type) {
+    if (!repair_) return Status::Ok();
+    return fixes_.PushBack(SlotFix{dir, slot, kind, type, 1});
+  }
+  // The entry at (dir, slot) must go; it may have a fix already.
+  Status AddRemoval(u64 dir, u64 slot) {
+    if (!repair_) return Status::Ok();
+    for (SlotFix& f : fixes_)
+      if (f.dir == dir && f.slot == slot) {
+        f.kind |= kFixRemove;
+        f.problems++;
+        return Status::Ok();
+      }
+    return AddFix(dir, slot, kFixRemove, 0);
+  }
+
+  // Every entry parses, names a live inode of its type and is reachable from its
+  // home slot; no tombstone ends a chain; a directory has one name. Counts the
+  // links and subdirectories. Entries of a missing directory are deleted at once;
+  // the other fixes are collected (ApplyFixes).
+  Status ScanDirents() {
+    btree::Iterator it(&t_, btree::kBtreeDirents);
+    u64 dir = 0, run_start = 0, prev = 0;
+    bool tombstone_open = false;  // the current run has a tombstone with no live entry after it yet
+    bool first = true;
+    InodeRec* d = nullptr;
+    posix::InodeFormat dfmt;
+    auto end_run = [&]() -> Status {
+      if (!tombstone_open) return Status::Ok();
+      tombstone_open = false;
+      Problem("namespace: a tombstone ends a chain in directory %llu, at slot %llu", (unsigned long long)dir,
+              (unsigned long long)prev);
+      return AddFix(dir, prev, kFixTrailing, 0);
+    };
+    Status st = it.SeekToFirst();
+    for (; st.ok() && it.Valid(); st = it.Next()) {
+      const Pos p = it.pos();
+      if (first || p.inode != dir) {
+        TFS_TRY(end_run());
+        first = false;
+        dir = p.inode;
+        run_start = p.offset;
+        d = Find(dir);
+        if (d == nullptr || !IsDirMode(d->mode)) {
+          d = nullptr;
+          Problem("namespace: entries of a missing or non-directory inode %llu", (unsigned long long)dir);
+          if (repair_) {
+            u64 n = 0;
+            TFS_TRY(DeleteAll(btree::kBtreeDirents, dir, &n));
+            Repaired(1, "namespace: deleted the %llu entry keys of %llu, which is no directory", (unsigned long long)n,
+                     (unsigned long long)dir);
+          }
+        } else {
+          TFS_TRY(ReadInode(dir, &dfmt));
+        }
+      } else if (p.offset != prev + 1) {
+        TFS_TRY(end_run());
+        run_start = p.offset;
+      }
+      prev = p.offset;
+      if (d == nullptr) continue;
+      posix::DirentFormat de;
+      const char* name;
+      if (!posix::ParseNamedEntry(btree::kBtreeDirents, it.value(), it.val_bytes(), &de, &name).ok()) {
+        Problem("namespace: corrupt entry in directory %llu, slot %llu", (unsigned long long)dir,
+                (unsigned long long)p.offset);
+        tombstone_open = false;  // it occupies its slot; its removal takes the tombstones before it
+        TFS_TRY(AddFix(dir, p.offset, kFixRemove, 0));
+        continue;
+      }
+      if (de.type == posix::kDtTombstone) {
+        tombstone_open = true;
+        continue;
+      }
+      tombstone_open = false;
+      entries_++;
+      const int nlen = int(de.name_len);
+      InodeRec* target = Find(de.ino.get());
+      if (target == nullptr) {
+        Problem("namespace: entry names a missing inode in directory %llu: '%.*s' -> %llu", (unsigned long long)dir,
+                nlen, name, (unsigned long long)de.ino.get());
+        TFS_TRY(AddFix(dir, p.offset, kFixRemove, 0));
+        continue;
+      }
+      u8 kind = 0, problems = 0;
+      const u64 home = posix::NameHash(dfmt.hash_seed.get(), dfmt.hash_bits, name, de.name_len);
+      if (home < run_start || home > p.offset) {
+        Problem("namespace: unreachable entry in directory %llu: '%.*s' at slot %llu, home %llu",
+                (unsigned long long)dir, nlen, name, (unsigned long long)p.offset, (unsigned long long)home);
+        kind |= kFixMove;
+        problems++;
+      }
+      const u8 type = posix::DirentTypeOf(target->mode);
+      if (type != de.type) {
+        Problem("namespace: entry type differs from its inode's, in directory %llu: '%.*s'", (unsigned long long)dir,
+                nlen, name);
+        kind |= kFixRetype;
+        problems++;
+      }
+      if ((kind & kFixMove) == 0) {
+        // Reachable, so its chain's first entry of this name is what a lookup
+        // finds; a later one is a duplicate, unless the first is going (it
+        // names no inode).
+        Probe pr;
+        TFS_TRY(ProbeName(posix::DirTable(dir, dfmt), name, de.name_len, &pr));
+        if (pr.found && pr.slot != p.offset && TFS_TRY(NamesLiveInode(dir, pr.slot))) {
+          Problem("namespace: duplicate name in directory %llu: '%.*s' at slot %llu (first at slot %llu)",
+                  (unsigned long long)dir, nlen, name, (unsigned long long)p.offset, (unsigned long long)pr.slot);
+          if (repair_) TFS_TRY(fixes_.PushBack(SlotFix{dir, p.offset, u8(kind | kFixRemove), 0, u8(problems + 1)}));
+          continue;  // not counted
+        }
+      }
+      if (IsDirMode(target->mode) && target->entry_dir != 0) {
+        // A directory has one name: keep the one its parent pointer agrees with,
+        // else the first one found; the other goes (uncounted from here on).
+        Problem("namespace: directory with two names: %llu ('%.*s' in %llu)", (unsigned long long)target->ino, nlen,
+                name, (unsigned long long)dir);
+        if (dir == target->parent && target->entry_dir != target->parent) {
+          const u64 old_dir = target->entry_dir, old_slot = target->entry_slot;
+          Uncount(old_dir, old_slot, target->ino);
+          TFS_TRY(AddRemoval(old_dir, old_slot));
+        } else {
+          if (repair_) TFS_TRY(fixes_.PushBack(SlotFix{dir, p.offset, u8(kind | kFixRemove), 0, u8(problems + 1)}));
+          continue;
+        }
+      }
+      if (kind != 0 && repair_) TFS_TRY(fixes_.PushBack(SlotFix{dir, p.offset, kind, type, problems}));
+      target->refs++;
+      if (IsDirMode(target->mode)) {
+        d->subdirs++;
+        target->entry_dir = dir;
+        target->entry_slot = p.offset;
+      }
+    }
+    TFS_TRY(st);
+    return end_run();
+  }
+
+  // Whether the entry at (dir, slot) parses and names a live inode.
+  Result<bool> NamesLiveInode(u64 dir, u64 slot) {
+    posix::DirentFormat de;
+    const char* name;
+    const bool parsed = TFS_TRY(ReadEntry(dir, slot, &de, &name));
+    return parsed && de.type != posix::kDtTombstone && Find(de.ino.get()) != nullptr;
+  }
+
+  // Reads the entry at (dir, slot) into buf_: its header and name (false if absent or corrupt).
+  Result<bool> ReadEntry(u64 dir, u64 slot, posix::DirentFormat* de, const char** name) {
+    auto r = t_.Get(DirentPos(dir, slot), buf_, sizeof(buf_));
+    if (!r.ok()) return r.status().Is(ErrorClass::kNotFound) ? Result<bool>(false) : Result<bool>(r.status());
+    return posix::ParseNamedEntry(btree::kBtreeDirents, buf_, Min(r.value(), u32(sizeof(buf_))), de, name).ok();
+  }
+
+  Status FixRemove(const SlotFix& f) {
+    char shown[posix::kNameMax + 1] = "?";
+    auto r = t_.Get(DirentPos(f.dir, f.slot), buf_, sizeof(buf_));
+    if (r.ok()) {
+      posix::DirentFormat de;
+      const char* name;
+      if (posix::ParseNamedEntry(btree::kBtreeDirents, buf_, Min(r.value(), u32(sizeof(buf_))), &de, &name).ok()) {
+        MemCopy(shown, name, de.name_len);
+        shown[de.name_len] = '\0';
+      }
+      Transaction tx(&t_);
+      TFS_TRY(QueueRemoveEntry(tx, btree::kBtreeDirents, f.dir, f.slot));
+      TFS_TRY(Commit(tx));
+    } else if (!r.status().Is(ErrorClass::kNotFound)) {
+      return r.status();
+    }
+    Repaired(f.problems, "namespace: removed entry '%s' (slot %llu) from directory %llu", shown,
+             (unsigned long long)f.slot, (unsigned long long)f.dir);
+    return Status::Ok();
+  }
+
+  Status FixRetype(const SlotFix& f) {
+    posix::DirentFormat de;
+    const char* name;
+    auto r = t_.Get(DirentPos(f.dir, f.slot), buf_, sizeof(buf_));
+    if (!r.ok()) return r.status();
+    const u32 len = r.value();
+    TFS_TRY(posix::ParseNamedEntry(btree::kBtreeDirents, buf_, len, &de, &name));
+    buf_[__builtin_offsetof(posix::DirentFormat, type)] = f.type;
+    Transaction tx(&t_);
+    TFS_TRY(tx.Set(DirentPos(f.dir, f.slot), buf_, len));
+    TFS_TRY(Commit(tx));
+    Repaired(f.problems, "namespace: set the type of entry '%.*s' in directory %llu to its inode's (%u)",
+             int(de.name_len), name, (unsigned long long)f.dir, unsigned(f.type));
+    return Status::Ok();
+  }
+
+  // An entry unreachable from its home slot goes to the first free slot of its
+  // chain -- unless the chain reaches it by now, or holds its name already (then
+  // it is a duplicate and goes).
+  Status FixMove(const SlotFix& f) {
+    posix::DirentFormat de;
+    const char* n;
+    auto r = t_.Get(DirentPos(f.dir, f.slot), buf_, sizeof(buf_));
+    if (!r.ok()) return r.status();
+    TFS_TRY(posix::ParseNamedEntry(btree::kBtreeDirents, buf_, r.value(), &de, &n));
+    char name[posix::kNameMax + 1];
+    const u32 len = de.name_len;
+    MemCopy(name, n, len);
+    name[len] = '\0';
+    const u64 ino = de.ino.get();
+    const u8 type = (f.kind & kFixRetype) != 0 ? f.type : de.type;
+    posix::InodeFormat dfmt;
+    TFS_TRY(ReadInode(f.dir, &dfmt));
+    Probe pr;
+    TFS_TRY(ProbeName(posix::DirTable(f.dir, dfmt), name, len, &pr));
+    Transaction tx(&t_);
+    if (pr.found && pr.slot == f.slot) {  // an earlier fix closed the gap
+      if (type != de.type) {
+        u8 v[sizeof(posix::DirentFormat) + posix::kNameMax];
+        TFS_TRY(tx.Set(DirentPos(f.dir, f.slot), v, BuildEntry(v, ino, type, name, len)));
+        TFS_TRY(Commit(tx));
+      }
+      Repaired(f.problems, "namespace: entry '%s' in directory %llu is reachable from its home slot now%s", name,
+               (unsigned long long)f.dir, type != de.type ? " (type set to its inode's)" : "");
+      return Status::Ok();
+    }
+    if (pr.found) {
+      TFS_TRY(QueueRemoveEntry(tx, btree::kBtreeDirents, f.dir, f.slot));
+      TFS_TRY(Commit(tx));
+      Uncount(f.dir, f.slot, ino);
+      Repaired(f.problems,
+               "namespace: removed unreachable entry '%s' (slot %llu) from directory %llu: its chain has that name",
+               name, (unsigned long long)f.slot, (unsigned long long)f.dir);
+      return Status::Ok();
+    }
+    if (pr.free == 0) {
+      c_.Line("namespace: no free slot for entry '%s' in directory %llu; left unreachable", name,
+              (unsigned long long)f.dir);
+      return Status::Ok();
+    }
+    // The walk from the home slot stops before the entry's own run, so the
+    // removal and the insert touch different slots.
+    TFS_TRY(QueueRemoveEntry(tx, btree::kBtreeDirents, f.dir, f.slot));
+    u8 v[sizeof(posix::DirentFormat) + posix::kNameMax];
+    TFS_TRY(tx.Set(DirentPos(f.dir, pr.free), v, BuildEntry(v, ino, type, name, len)));
+    TFS_TRY(Commit(tx));
+    InodeRec* t = Find(ino);
+    if (t != nullptr && IsDirMode(t->mode) && t->entry_dir == f.dir && t->entry_slot == f.slot) t->entry_slot = pr.free;
+    Repaired(f.problems, "namespace: moved entry '%s' in directory %llu from slot %llu to slot %llu%s", name,
+             (unsigned long long)f.dir, (unsigned long long)f.slot, (unsigned long long)pr.free,
+             type != de.type ? " (type set to its inode's)" : "");
+    return Status::Ok();
+  }
+
+  // Tombstones that end a run go, unless an earlier fix put an entry after them.
+  Status FixTrailing(const SlotFix& f) {
+    btree::Iterator it(&t_, btree::kBtreeDirents);
+    TFS_TRY(it.Seek(DirentPos(f.dir, f.slot + 1)));
+    if (!(it.Valid() && it.pos().inode == f.dir && it.pos().offset == f.slot + 1)) {
+      Transaction tx(&t_);
+      TFS_TRY(QueueDeleteTombstonesBefore(tx, btree::kBtreeDirents, f.dir, f.slot + 1));
+      TFS_TRY(Commit(tx));
+    }
+    Repaired(f.problems, "namespace: deleted the tombstones ending the chain at slot %llu of directory %llu",
+             (unsigned long long)f.slot, (unsigned long long)f.dir);
+    return Status::Ok();
+  }
+
+  Status ApplyFixes() {
+    for (const SlotFix& f : fixes_) {
+      if ((f.kind & kFixRemove) != 0) {
+        TFS_TRY(FixRemove(f));
+      } else if (f.kind == kFixRetype) {
+        TFS_TRY(FixRetype(f));
+      }
+    }
+    for (const SlotFix& f : fixes_)
+      if ((f.kind & kFixRemove) == 0 && (f.kind & kFixMove) != 0) TFS_TRY(FixMove(f));
+    for (const SlotFix& f : fixes_)
+      if (f.kind == kFixTrailing) TFS_TRY(FixTrailing(f));
+    fixes_.Clear();
+    return Status::Ok();
+  }
+
+  // --- connectivity, links, parents, lost+found -------------------------------------
+
+  // Every directory reaches the root through the entries naming it, or is the top
+  // of a subtree with no name (reattached later). A loop of directories that
+  // reaches neither is broken: the entry naming the directory where the walk met
+  // itself again goes, and that directory becomes such a top.
+  Status CheckLoops() {
+    Vector<u8> state;  // per record: 0 not seen, 1 on the current walk, 2 reaches the root or a top
+    Vector<usize> path;
+    TFS_TRY(state.Resize(inodes_.size()));
+    for (usize i = 0; i < inodes_.size(); i++) {
+      if (inodes_[i].gone || !IsDirMode(inodes_[i].mode) || state[i] != 0) continue;
+      path.Clear();
+      for (usize cur = i;;) {
+        InodeRec& r = inodes_[cur];
+        if (state[cur] == 2) break;
+        if (state[cur] == 1) {
+          Problem("namespace: directory %llu is in a loop of directories that the root does not reach",
+                  (unsigned long long)r.ino);
+          if (repair_) {
+            const u64 dir = r.entry_dir, slot = r.entry_slot;
+            Transaction tx(&t_);
+            TFS_TRY(QueueRemoveEntry(tx, btree::kBtreeDirents, dir, slot));
+            TFS_TRY(Commit(tx));
+            Uncount(dir, slot, r.ino);
+            Repaired(1, "namespace: removed the entry naming directory %llu from directory %llu (slot %llu)",
+                     (unsigned long long)r.ino, (unsigned long long)dir, (unsigned long long)slot);
+          }
+          break;
+        }
+        state[cur] = 1;
+        TFS_TRY(path.PushBack(cur));
+        if (r.ino == posix::kRootIno || r.entry_dir == 0) break;
+        InodeRec* up = Find(r.entry_dir);
+        if (up == nullptr) break;
+        cur = usize(up - inodes_.data());
+      }
+      for (usize k : path) state[k] = 2;
+    }
+    return Status::Ok();
+  }
+
+  // /lost+found, found in the root or made (mode 0700, root's, as e2fsck makes
+  // it) the first time something is reattached. Null, after one line, if there is
+  // no root or the name is taken by something that is not a directory.
+  Status LostFound(InodeRec** out) {
+    *out = lost_found_ != 0 ? Find(lost_found_) : nullptr;
+    if (*out != nullptr || lost_found_failed_) return Status::Ok();
+    static constexpr char kName[] = "lost+found";
+    constexpr u32 kLen = sizeof(kName) - 1;
+    InodeRec* root = Find(posix::kRootIno);
+    posix::InodeFormat rf;
+    if (root == nullptr || !IsDirMode(root->mode) || !ReadInode(posix::kRootIno, &rf).ok()) {
+      lost_found_failed_ = true;
+      c_.Line("namespace: no root directory: nothing can be reattached");
+      return Status::Ok();
+    }
+    Probe pr;
+    TFS_TRY(ProbeName(posix::DirTable(posix::kRootIno, rf), kName, kLen, &pr));
+    if (pr.found) {
+      posix::DirentFormat de;
+      const char* name;
+      const bool parsed = TFS_TRY(ReadEntry(posix::kRootIno, pr.slot, &de, &name));
+      InodeRec* r = parsed ? Find(de.ino.get()) : nullptr;
+      if (r == nullptr || !IsDirMode(r->mode)) {
+        lost_found_failed_ = true;
+        c_.Line("namespace: /lost+found is not a directory: nothing can be reattached");
+        return Status::Ok();
+      }
+      lost_found_ = r->ino;
+      *out = r;
+      return Status::Ok();
+    }
+    if (pr.free == 0) {
+      lost_found_failed_ = true;
+      c_.Line("namespace: no slot for /lost+found in the root: nothing can be reattached");
+      return Status::Ok();
+    }
+    const u64 ino = TFS_TRY(NextIno());
+    posix::InodeFormat f = NewDirInode(ino, posix::kRootIno, 0700);
+    rf.nlink.set(rf.nlink.get() + 1);
+    u8 v[sizeof(posix::DirentFormat) + kLen];
+    Transaction tx(&t_);
+    TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
+    TFS_TRY(tx.Set(DirentPos(posix::kRootIno, pr.free), v, BuildEntry(v, ino, posix::kDtDir, kName, kLen)));
+    TFS_TRY(tx.Set(InodePos(posix::kRootIno), &rf, sizeof(rf)));
+    TFS_TRY(Commit(tx));
+    InodeRec r{};
+    r.ino = ino;
+    r.mode = f.mode.get();
+    r.nlink = 2;
+    r.parent = posix::kRootIno;
+    r.entry_dir = posix::kRootIno;
+    r.entry_slot = pr.free;
+    r.refs = 1;
+    TFS_TRY(inodes_.PushBack(r));  // the largest number: the records stay sorted; room was reserved
+    root = Find(posix::kRootIno);
+    root->subdirs++;
+    root->nlink++;
+    lost_found_ = ino;
+    *out = &inodes_[inodes_.size() - 1];
+    c_.Line("namespace: made /lost+found (inode %llu)", (unsigned long long)ino);
+    return Status::Ok();
+  }
+
+  // Gives an inode no entry names the name lost+found/#<ino>: a file gets nlink 1,
+  // a directory lost+found as its parent (and lost+found one more link).
+  Status Reattach(InodeRec& r) {
+    InodeRec* lf;
+    TFS_TRY(LostFound(&lf));
+    if (lf == nullptr) return Status::Ok();
+    char name[32];
+    const u32 len = u32(platform::Format(name, sizeof(name), "#%llu", (unsigned long long)r.ino));
+    posix::InodeFormat lff, f;
+    TFS_TRY(ReadInode(lf->ino, &lff));
+    TFS_TRY(ReadInode(r.ino, &f));
+    Probe pr;
+    TFS_TRY(ProbeName(posix::DirTable(lf->ino, lff), name, len, &pr));
+    if (pr.found || pr.free == 0) {
+      c_.Line("namespace: /lost+found/%s %s; inode %llu left unreachable", name,
+              pr.found ? "exists already" : "has no slot", (unsigned long long)r.ino);
+      return Status::Ok();
+    }
+    const bool dir = IsDirMode(r.mode);
+    u8 v[sizeof(posix::DirentFormat) + 32];
+    Transaction tx(&t_);
+    TFS_TRY(tx.Set(DirentPos(lf->ino, pr.free), v, BuildEntry(v, r.ino, posix::DirentTypeOf(r.mode), name, len)));
+    if (dir) {
+      f.parent.set(lf->ino);
+      lff.nlink.set(lff.nlink.get() + 1);
+      TFS_TRY(tx.Set(InodePos(lf->ino), &lff, sizeof(lff)));
+    } else {
+      f.nlink.set(1);
+    }
+    TFS_TRY(tx.Set(InodePos(r.ino), &f, sizeof(f)));
+    TFS_TRY(Commit(tx));
+    r.refs++;
+    if (dir) {
+      r.entry_dir = lf->ino;
+      r.entry_slot = pr.free;
+      r.parent = lf->ino;
+      lf->subdirs++;
+      lf->nlink++;
+    } else {
+      r.nlink = 1;
+    }
+    Repaired(1, "namespace: reattached inode %llu as /lost+found/%s", (unsigned long long)r.ino, name);
+    return Status::Ok();
+  }
+
+  // Link counts and parents against the entries; every inode reachable (or an
+  // orphan: a note, the next mount frees it). Repairs set the counted values and
+  // reattach what no entry names under /lost+found.
+  Status CheckInodes() {
+    // By index: lost+found may be appended meanwhile (into reserved room).
+    for (usize i = 0; i < inodes_.size(); i++) {
+      InodeRec& r = inodes_[i];
+      const unsigned long long ino = r.ino;
+      if (r.gone) continue;
+      const bool dir = IsDirMode(r.mode);
+      const bool named = dir ? r.entry_dir != 0 : r.refs != 0;
+      if (r.orphan && named) {
+        // Mount would free it under its names.
+        Problem("namespace: inode %llu is an orphan (unlinked) but entries name it", ino);
+        if (repair_) {
+          const u32 links = dir ? 2 + r.subdirs : r.refs;
+          Transaction tx(&t_);
+          TFS_TRY(tx.Delete(OrphanPos(r.ino)));
+          TFS_TRY(Commit(tx));
+          TFS_TRY(UpdateInode(r.ino, [&](posix::InodeFormat& f) { f.nlink.set(links); }));
+          r.orphan = false;
+          r.nlink = links;
+          Repaired(1, "namespace: inode %llu is linked again: orphan key deleted, nlink %u", ino, links);
+        }
+      }
+      if (dir) {
+        dirs_++;
+        if (r.ino == posix::kRootIno) {
+          if (r.entry_dir != 0 || r.parent != posix::kRootIno) {
+            Problem("namespace: the root directory has a name or another parent");
+            if (repair_) {
+              if (r.entry_dir != 0) {
+                Transaction tx(&t_);
+                TFS_TRY(QueueRemoveEntry(tx, btree::kBtreeDirents, r.entry_dir, r.entry_slot));
+                TFS_TRY(Commit(tx));
+                Uncount(r.entry_dir, r.entry_slot, r.ino);
+              }
+              TFS_TRY(UpdateInode(r.ino, [&](posix::InodeFormat& f) { f.parent.set(posix::kRootIno); }));
+              r.parent = posix::kRootIno;
+              Repaired(1, "namespace: the root directory has no name and is its own parent");
+            }
+          }
+        } else if (r.entry_dir == 0 && !r.orphan) {
+          Problem("namespace: unreachable directory %llu", ino);
+          if (repair_) TFS_TRY(Reattach(r));
+        } else if (r.entry_dir != 0 && r.parent != r.entry_dir) {
+          Problem("namespace: wrong parent of directory %llu: parent %llu, named in %llu", ino,
+                  (unsigned long long)r.parent, (unsigned long long)r.entry_dir);
+          if (repair_) {
+            const u64 parent = r.entry_dir;
+            TFS_TRY(UpdateInode(r.ino, [&](posix::InodeFormat& f) { f.parent.set(parent); }));
+            r.parent = parent;
+            Repaired(1, "namespace: set the parent of directory %llu to %llu", ino, (unsigned long long)parent);
+          }
+        }
+        const u32 want = 2 + r.subdirs;
+        if (r.nlink != want && !(r.orphan && r.nlink == 0)) {
+          Problem("namespace: wrong link count of directory %llu: nlink %u, expected %u", ino, r.nlink, want);
+          if (repair_) {
+            TFS_TRY(UpdateInode(r.ino, [&](posix::InodeFormat& f) { f.nlink.set(want); }));
+            r.nlink = want;
+            Repaired(1, "namespace: set the link count of directory %llu to %u", ino, want);
+          }
+        }
+        continue;
+      }
+      if (r.orphan) {
+        if (!named) {
+          c_.report->notes++;
+          c_.Line("namespace: inode %llu is an orphan (unlinked while open); the next mount frees it", ino);
+        }
+      } else if (r.refs == 0) {
+        Problem("namespace: unreachable inode %llu", ino);
+        if (repair_) TFS_TRY(Reattach(r));
+      } else if (r.refs != r.nlink) {
+        Problem("namespace: wrong link count of inode %llu: nlink %u, %u entries", ino, r.nlink, r.refs);
+        if (repair_) {
+          const u32 want = r.refs;
+          TFS_TRY(UpdateInode(r.ino, [&](posix::InodeFormat& f) { f.nlink.set(want); }));
+          r.nlink = want;
+          Repaired(1, "namespace: set the link count of inode %llu to %u", ino, want);
+        }
+      }
+    }
+    return Status::Ok();
+  }
+
+  // --- file data ----------------------------------------------------------------------
+
+  // Extent `x` overlaps extents before it in the same file. The rule (keys carry
+  // no version, so fsck cannot tell which write came last): the extent whose key
+  // comes later -- the one ending later -- is kept whole; each earlier one loses
+  // the blocks it shares with it: one starting before x keeps the piece before
+  // x.start (data::BuildPiece: what an overwrite leaves of an extent, of any
+  // kind), one starting inside x is deleted. One transaction; returns the blocks
+  // dropped.
+  Status TrimEarlier(const data::Extent& x, u64* dropped) {
+    *dropped = 0;
+    const sb::Superblock& sbk = e_.sb();
+    btree::Iterator it(&t_, btree::kBtreeExtents);
+    TFS_TRY(it.SeekForPrev(Pos{btree::kBtreeExtents, x.ino, x.end - 1}));
+    Transaction tx(&t_);
+    for (; it.Valid() && it.pos().inode == x.ino; TFS_TRY(it.Prev())) {
+      data::Extent y;
+      if (!data::ParseExtent(it.pos(), it.value(), it.val_bytes(), &y).ok() || y.end <= x.start) break;
+      if (y.start < x.start) {
+        const u32 keep = u32(x.start - y.start);
+        TFS_TRY(tx.Set(Pos{btree::kBtreeExtents, x.ino, x.start}, buf_, data::BuildPiece(buf_, y, 0, keep)));
+        TFS_TRY(tx.Delete(it.pos()));
+        *dropped += y.end - x.start;
+        break;
+      }
+      TFS_TRY(tx.Delete(it.pos()));
+      *dropped += y.end - y.start;
+      const u64 b = sbk.BucketOf(y.ptr.offset.get());
+      if (!y.unwritten && y.ptr.dev < dev::kMaxDevices && b < used_[y.ptr.dev].size() && used_[y.ptr.dev][b] > 0)
+        used_[y.ptr.dev][b]--;
+    }
+    return Commit(tx);
+  }
+
+  // Extents parse, belong to regular files, point inside a user bucket of their
+  // generation (unwritten ones have no pointer) and do not overlap; each file's sector count is what its extents
+  // hold and its size covers them; user buckets no extent points into are a note.
+  // Repairs delete bad extents (the data they held is lost, and says so), trim
+  // overlaps (TrimEarlier), and set sector counts and sizes.
+  Status ScanExtents() {
+    const sb::Superblock& sbk = e_.sb();
+    alloc::Allocator& a = e_.alloc();
+    for (u32 d = 0; d < a.members(); d++) TFS_TRY(used_[d].Resize(a.nbuckets(d)));
+    btree::Iterator xt(&t_, btree::kBtreeExtents);
+    u64 prev_ino = 0, prev_end = 0;
+    Status st = xt.SeekToFirst();
+    for (; st.ok() && xt.Valid(); st = xt.Next()) {
+      const Pos p = xt.pos();
+      const unsigned long long ino = p.inode;
+      data::Extent x;
+      if (!data::ParseExtent(p, xt.value(), xt.val_bytes(), &x).ok()) {
+        Problem("data: corrupt extent (%llu, %llu)", ino, (unsigned long long)p.offset);
+        if (repair_) {
+          TFS_TRY(DeleteKey(p));
+          Repaired(1, "data: deleted extent key (%llu, %llu)", ino, (unsigned long long)p.offset);
+        }
+        continue;
+      }
+      extents_++;
+      const unsigned long long start = x.start, end = x.end;
+      InodeRec* r = Find(p.inode);
+      if (r == nullptr || !IsRegMode(r->mode)) {
+        Problem("data: extent of a missing or non-regular inode %llu", ino);
+        if (repair_) {
+          TFS_TRY(DeleteKey(p));
+          Repaired(1, "data: deleted the extent of inode %llu at blocks [%llu, %llu)", ino, start, end);
+        }
+        continue;
+      }
+      // An unwritten extent (fallocate) is a reservation: it has no pointer.
+      const u64 off = x.ptr.offset.get();
+      const u64 b = sbk.BucketOf(off);
+      const u64 last = off + x.DiskBlocks() * data::kBlockSize;
+      const bool outside = !x.unwritten && (off < sb::kBucketsOffset || x.ptr.dev >= a.members() ||
+                                            b >= a.nbuckets(x.ptr.dev) || last > sbk.BucketOffset(b) + sbk.bucket_size);
+      if (outside) {
+        Problem("data: extent points outside the buckets, inode %llu at block %llu", ino, start);
+        if (repair_) {
+          TFS_TRY(DeleteKey(p));
+          Repaired(1,
+                   "data: deleted the extent of inode %llu at blocks [%llu, %llu): it points outside the buckets "
+                   "(data lost)",
+                   ino, start, end);
+          continue;
+        }
+      } else if (x.unwritten) {
+        // (no bucket to check)
+      } else if (const alloc::Bucket k = a.Get(x.ptr.dev, b);
+                 k.state != alloc::BucketState::kUser || k.gen != x.ptr.gen) {
+        Problem("data: stale extent pointer, inode %llu at block %llu: member %u bucket %llu is %s, generation %u "
+                "(extent: %u)",
+                ino, start, unsigned(x.ptr.dev), (unsigned long long)b, alloc::BucketStateName(k.state),
+                unsigned(k.gen), unsigned(x.ptr.gen));
+        if (repair_) {
+          TFS_TRY(DeleteKey(p));
+          Repaired(1,
+                   "data: deleted the extent of inode %llu at blocks [%llu, %llu): its bucket holds other data now "
+                   "(data lost)",
+                   ino, start, end);
+          continue;
+        }
+      }
+      if (p.inode == prev_ino && x.start < prev_end) {
+        Problem("data: overlapping extents in inode %llu at block %llu", ino, start);
+        if (repair_) {
+          u64 dropped = 0;
+          TFS_TRY(TrimEarlier(x, &dropped));
+          r->data_sectors -= Min(r->data_sectors, dropped * kSectorsPerBlock);
+          Repaired(1, "data: inode %llu: kept blocks [%llu, %llu) of the extent ending last, dropped %llu "
+                   "overlapped blocks of earlier extents (data lost)",
+                   ino, start, end, (unsigned long long)dropped);
+        }
+      }
+      prev_ino = p.inode;
+      prev_end = x.end;
+      r->data_sectors += (x.end - x.start) * kSectorsPerBlock;  // (reservations count too)
+      if (x.unwritten) continue;  // may lie past the size (fallocate with KEEP_SIZE)
+      if (!outside) used_[x.ptr.dev][b]++;
+      r->data_end = Max(r->data_end, x.end);
+    }
+    TFS_TRY(st);
+    for (u32 d = 0; d < a.members(); d++)
+      for (u64 b = 0; b < a.nbuckets(d); b++)
+        if (a.Get(d, b).state == alloc::BucketState::kUser && used_[d][b] == 0) {
+          // Left by a crash between allocating and committing: mount frees it.
+          c_.report->notes++;
+          c_.Line("data: member %u bucket %llu is marked user but holds no extent; the next mount frees it", d,
+                  (unsigned long long)b);
+        }
+    for (InodeRec& r : inodes_) {
+      if (r.gone || !IsRegMode(r.mode)) continue;
+      const unsigned long long ino = r.ino;
+      if (r.sectors != r.data_sectors) {
+        Problem("data: wrong sector count of inode %llu: %llu, extents hold %llu", ino,
+                (unsigned long long)r.sectors, (unsigned long long)r.data_sectors);
+        if (repair_) {
+          const u64 want = r.data_sectors;
+          TFS_TRY(UpdateInode(r.ino, [&](posix::InodeFormat& f) { f.sectors.set(want); }));
+          r.sectors = want;
+          Repaired(1, "data: set the sector count of inode %llu to %llu", ino, (unsigned long long)want);
+        }
+      }
+      // The size covers the data: e2fsck's choice (extend the size), which keeps
+      // every byte; the bytes past the old size read as what the blocks hold.
+      if (r.data_end > (r.size + data::kBlockSize - 1) / data::kBlockSize) {
+        const u64 want = r.data_end * data::kBlockSize;
+        Problem("data: inode %llu has data past its size: size %llu, data up to byte %llu", ino,
+                (unsigned long long)r.size, (unsigned long long)want);
+        if (repair_) {
+          TFS_TRY(UpdateInode(r.ino, [&](posix::InodeFormat& f) { f.size.set(want); }));
+          r.size = want;
+          Repaired(1, "data: set the size of inode %llu to %llu, the end of its data", ino, (unsigned long long)want);
+        }
+      }
+    }
+    return Status::Ok();
+  }
+
+  // --- xattrs -------------------------------------------------------------------------
+
+  // Xattrs belong to inodes and parse. Repairs: keys of no inode are deleted; a
+  // corrupt key of a live inode is removed as posix removes an xattr.
+  Status ScanXattrs() {
+    btree::Iterator it(&t_, btree::kBtreeXattrs);
+    Status st = it.SeekToFirst();
+    for (; st.ok() && it.Valid(); st = it.Next()) {
+      const Pos p = it.pos();
+      const unsigned long long owner = p.inode, slot = p.offset;
+      posix::DirentFormat xe;
+      const char* name;
+      const bool has_owner = Find(p.inode) != nullptr;
+      if (!has_owner || !posix::ParseNamedEntry(btree::kBtreeXattrs, it.value(), it.val_bytes(), &xe, &name).ok()) {
+        Problem("namespace: bad or ownerless xattr key (%llu, %llu)", owner, slot);
+        if (!repair_) continue;
+        Transaction tx(&t_);
+        if (has_owner) {
+          TFS_TRY(QueueRemoveEntry(tx, btree::kBtreeXattrs, p.inode, p.offset));
+        } else {
+          TFS_TRY(tx.Delete(p));
+        }
+        TFS_TRY(Commit(tx));
+        Repaired(1, "namespace: removed xattr key (%llu, %llu)%s", owner, slot, has_owner ? "" : ": no such inode");
+        continue;
+      }
+      if (xe.type != posix::kDtTombstone) xattrs_++;
+    }
+    return st;
+  }
+
+  Status Passes() {
+    TFS_TRY(ScanInodes());
+    if (TFS_TRY(Empty())) return Status::Ok();  // formatted, never mounted: no root yet
+    TFS_TRY(CheckRoot());
+    TFS_TRY(ScanDirents());
+    if (repair_) TFS_TRY(ApplyFixes());
+    TFS_TRY(CheckLoops());
+    TFS_TRY(CheckInodes());
+    TFS_TRY(ScanExtents());
+    TFS_TRY(ScanXattrs());
+    u64 live = 0;
+    for (const InodeRec& r : inodes_) live += r.gone ? 0 : 1;
+    c_.Line("namespace: %llu inodes (%llu directories), %llu entries, %llu xattrs, %llu extents, %u problem(s)",
+            (unsigned long long)live, (unsigned long long)dirs_, (unsigned long long)entries_,
+            (unsigned long long)xattrs_, (unsigned long long)extents_, found_);
+    return Status::Ok();
+  }
+
+  engine::Engine& e_;
+  btree::Btrees& t_;
+  const bool repair_;
+  Ctx& c_;
+  bool write_failed_ = false;
+  Vector<InodeRec> inodes_;  // sorted by number
+  Vector<u64> orphans_;
+  Vector<SlotFix> fixes_;
+  Vector<u32> used_[dev::kMaxDevices];  // extents per bucket
+  u64 lost_found_ = 0;
+  bool lost_found_failed_ = false;
+  u64 entries_ = 0, dirs_ = 0, extents_ = 0, xattrs_ = 0;
+  u32 found_ = 0;
+  u8 buf_[btree::kMaxValueBytes + 64];  // one key's value
+};
+
+}  // namespace
+
+void CheckNamespace(engine::Engine& e, const Options& opt, Ctx& c) {
+  // ~3 KiB of members: not on a kernel stack.
+  NamespaceCheck* check = platform::New<NamespaceCheck>(e, opt, c);
+  if (check == nullptr) {
+    c.Line("namespace: out of memory");
+    c.report->exit_code = kExitOperational;
+    return;
+  }
+  check->Run();
+  platform::Delete(check);
+}
+
+}  // namespace tfs::fsck

@@ -1,0 +1,37 @@
+// fsck's passes and what they share: how findings are reported (Ctx) and the
+// passes that live in their own files. Not part of fsck's API (fsck.h); used
+// by fsck.cc, which runs the passes in order on one open engine.
+//
+// Thread safety: none; fsck runs its passes one after another on one thread.
+#ifndef TFS_FSCK_PASS_H_
+#define TFS_FSCK_PASS_H_
+
+#include "engine/engine.h"
+#include "fsck/fsck.h"
+#include "platform/platform.h"
+
+namespace tfs::fsck {
+
+// Where findings go: one line each to emit, counted in *report by the pass.
+struct Ctx {
+  EmitFn emit;
+  void* ctx;
+  Report* report;
+
+  void Line(const char* fmt, ...) TFS_PRINTF(2, 3) {
+    char buf[320];
+    __builtin_va_list ap;
+    __builtin_va_start(ap, fmt);
+    tfs_plat_vsnprintf(buf, sizeof(buf), fmt, ap);
+    __builtin_va_end(ap);
+    if (emit != nullptr) emit(ctx, buf);
+  }
+};
+
+// The namespace and file data (namespace.cc), on an engine opened writable
+// exactly when opt.repair is set.
+void CheckNamespace(engine::Engine& e, const Options& opt, Ctx& c);
+
+}  // namespace tfs::fsck
+
+#endif  // TFS_FSCK_PASS_H_
