@@ -42,10 +42,11 @@
 // QueueReserve refuses what free space cannot cover. A write over reserved
 // blocks releases them as it commits.
 //
-// Thread safety: all methods from any thread. Writes to one inode must be
-// serialized by the caller (the posix layer's inode lock); reads need not be.
-// Lock order: the write point mutex, then the accounting mutex; neither is held
-// across I/O or a btree call.
+// Thread safety: all methods from any thread. Prepare needs no lock (its
+// blobs are new); the Queue* calls for one inode and the commit that follows
+// them must be serialized by the caller (the posix layer's inode stripe);
+// reads need no lock. Lock order: the write point mutex, then the accounting
+// mutex; neither is held across I/O or a btree call.
 #ifndef TFS_DATA_DATA_H_
 #define TFS_DATA_DATA_H_
 
@@ -211,8 +212,8 @@ class DataPath {
 
  private:
   // Space for up to `want` blocks at the write point: member, bucket, byte offset.
-  // A new bucket is taken only if what stays free covers the reservations
-  // other than `covered` (the reserved blocks this write replaces).
+  // kNoSpace unless what stays free after it covers the reservations other
+  // than `covered` (the reserved blocks this write replaces).
   // `whole`: all `want` blocks or none (a compressed blob): a write point with
   // less room left is retired for a new bucket.
   Status Reserve(u32 want, u64 covered, bool whole, alloc::BucketRef* ref, u64* offset, u32* got);
