@@ -25,7 +25,11 @@
 // btrees' own locks). Like the VFS's inode locks, stripes are held across btree
 // reads and the commit; metadata lives on the metadata target, so a stripe never
 // waits for a slow device. Lookups, GetAttr and ReadDir take no stripe: each
-// reads committed state key by key.
+// reads committed state key by key. A regular file's data also has a data
+// lock (striped reader-writer locks, taken before any stripe; see "Locking"
+// in fs.cc): device I/O happens under it alone, and the stripe is taken only
+// to commit. Data operations on an inode need an open handle (OpenInode) or
+// must not race its last unlink.
 //
 // Open files. An inode whose last name goes while it is open (OpenInode without
 // its Release) stays, with nlink 0 and an orphan key, until its last Release; a
