@@ -23,6 +23,7 @@
 #include "data/data.h"
 #include "fsck/pass.h"
 #include "posix/fs.h"
+#include "util/bits.h"
 
 namespace tfs::fsck {
 namespace {
@@ -62,15 +63,6 @@ Pos InodePos(u64 ino) { return Pos{btree::kBtreeInodes, ino, 0}; }
 Pos OrphanPos(u64 ino) { return Pos{btree::kBtreeInodes, 0, ino}; }
 Pos DirentPos(u64 dir, u64 slot) { return Pos{btree::kBtreeDirents, dir, slot}; }
 
-u64 Mix(u64 h) {
-  h ^= h >> 33;
-  h *= 0xff51afd7ed558ccdull;
-  h ^= h >> 33;
-  h *= 0xc4ceb9fe1a85ec53ull;
-  h ^= h >> 33;
-  return h;
-}
-
 bool IsTombstone(u8 btree_id, const u8* v, u32 len) {
   posix::DirentFormat d;
   const char* name;
@@ -103,7 +95,7 @@ posix::InodeFormat NewDirInode(u64 ino, u64 parent, u32 perm) {
   f.ctime_ns.set(u64(now));
   f.btime_ns.set(u64(now));
   f.parent.set(parent);
-  f.hash_seed.set(Mix(u64(now) ^ (ino * 0x9e3779b97f4a7c15ull) ^ 0x66736b63));
+  f.hash_seed.set(Mix64(u64(now) ^ (ino * 0x9e3779b97f4a7c15ull) ^ 0x66736b63));
   f.hash_bits = u8(kNewDirHashBits);
   f.xattr_bits = u8(kNewDirHashBits);
   return f;

@@ -2,6 +2,7 @@
 #include "posix/fs.h"
 
 #include "platform/platform.h"
+#include "util/bits.h"
 
 namespace tfs::posix {
 
@@ -28,15 +29,6 @@ Pos OrphanPos(u64 ino) { return Pos{btree::kBtreeInodes, 0, ino}; }
 Pos DirentPos(u64 dir, u64 slot) { return Pos{btree::kBtreeDirents, dir, slot}; }
 
 bool IsDir(const InodeFormat& f) { return (f.mode.get() & kModeTypeMask) == kModeDir; }
-
-u64 Mix(u64 h) {
-  h ^= h >> 33;
-  h *= 0xff51afd7ed558ccdull;
-  h ^= h >> 33;
-  h *= 0xc4ceb9fe1a85ec53ull;
-  h ^= h >> 33;
-  return h;
-}
 
 // Name rules shared by every operation: 1..kNameMax bytes, no '/' or NUL.
 Status CheckName(const char* name, u32 len) {
@@ -99,13 +91,13 @@ Attr ToAttr(u64 ino, const InodeFormat& f) {
 
 u64 NameHash(u64 seed, u32 bits, const char* name, u32 len) {
   // On disk (it places entries): words are read little-endian on every host.
-  u64 h = Mix(seed ^ (u64(len) * 0x9e3779b97f4a7c15ull));
+  u64 h = Mix64(seed ^ (u64(len) * 0x9e3779b97f4a7c15ull));
   for (u32 i = 0; i < len; i += 8) {
     u64 w = 0;
     for (u32 j = 0; j < 8 && i + j < len; j++) w |= u64(u8(name[i + j])) << (8 * j);
-    h = Mix(h ^ w);
+    h = Mix64(h ^ w);
   }
-  h = Mix(h ^ 0x5bd1e995);
+  h = Mix64(h ^ 0x5bd1e995);
   return kFirstSlot + (h >> (64 - Max(1u, Min(bits, 62u))));
 }
 
@@ -174,7 +166,7 @@ NameTable DirTable(u64 dir, const InodeFormat& d) {
 }
 
 NameTable XattrTable(u64 ino, const InodeFormat& f) {
-  return NameTable{btree::kBtreeXattrs, ino, Mix(ino * 0x9e3779b97f4a7c15ull ^ f.generation.get()), f.xattr_bits};
+  return NameTable{btree::kBtreeXattrs, ino, Mix64(ino * 0x9e3779b97f4a7c15ull ^ f.generation.get()), f.xattr_bits};
 }
 
 // Walks the probe chain of `name` from its home slot.
@@ -411,7 +403,7 @@ Status Filesystem::Mount(engine::Engine* engine, const Options& options) {
     SetTime(&root.ctime_ns, now);
     SetTime(&root.btime_ns, now);
     root.parent.set(kRootIno);
-    root.hash_seed.set(Mix(u64(now) ^ 0x726f6f74));
+    root.hash_seed.set(Mix64(u64(now) ^ 0x726f6f74));
     root.hash_bits = u8(opt_.dir_hash_bits);
     root.xattr_bits = u8(opt_.dir_hash_bits);
     Transaction tx(trees_);
@@ -608,7 +600,7 @@ Result<Attr> Filesystem::Create(u64 dir, const char* name, u32 len, u32 mode, u6
   if (type == kDtChar || type == kDtBlock) f.rdev.set(rdev);
   if (is_dir) {
     f.parent.set(dir);
-    f.hash_seed.set(Mix(ino ^ u64(now) ^ 0x6469726563746f72ull));
+    f.hash_seed.set(Mix64(ino ^ u64(now) ^ 0x6469726563746f72ull));
     f.hash_bits = u8(opt_.dir_hash_bits);
   }
   Transaction tx(trees_);

@@ -18,6 +18,17 @@ static_assert(PopCount(0) == 0 && PopCount(0xff) == 8 && PopCount(~0ull) == 64, 
 
 constexpr bool IsPowerOfTwo(u64 v) { return v != 0 && (v & (v - 1)) == 0; }
 
+// MurmurHash3's 64-bit finalizer: a bijection that spreads every input bit
+// over the output (hash seeds, table slots).
+constexpr u64 Mix64(u64 h) {
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 33;
+  return h;
+}
+
 }  // namespace tfs
 
 #endif  // TFS_UTIL_BITS_H_
