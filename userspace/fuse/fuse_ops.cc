@@ -324,9 +324,10 @@ void ReadDirPlus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_fi
       p.attr.st_mode = mode_t(e.type) << 12;
     } else {
       auto r = c->fs->GetAttr(e.ino);
+      if (!r.ok() && r.status().Is(ErrorClass::kNotFound)) continue;  // removed since it was listed
       if (!r.ok()) {
         if (used == 0) return Reply(req, r.status());
-        break;  // (removed meanwhile: the next call resumes here)
+        break;  // the next call resumes here
       }
       p.ino = e.ino;
       p.generation = r.value().generation;
