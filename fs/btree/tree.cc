@@ -1881,7 +1881,8 @@ Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
 // ---------------------------------------------------------------------------
 // Iterators: batches of keys copied from one leaf.
 
-Iterator::Iterator(Btrees* trees, u8 btree_id) : trees_(trees), id_(btree_id) {}
+Iterator::Iterator(Btrees* trees, u8 btree_id, u32 first_batch)
+    : trees_(trees), id_(btree_id), first_batch_(first_batch == 0 ? kIterBatchMin : Min(first_batch, kIterBatchMax)) {}
 
 Iterator::~Iterator() {
   if (leaf_ != nullptr) TreeOps::Unref(leaf_);
@@ -1914,7 +1915,7 @@ Status Iterator::Step(bool forward) {
 Status Iterator::Move(Dir dir, const Pos& pos) {
   valid_ = false;
   if (pos.btree_id != id_ || trees_->impl_ == nullptr) return Err::kInvalidArgument;
-  batch_limit_ = kIterBatchMin;
+  batch_limit_ = first_batch_;
   return Fill(dir == Dir::kSeek, pos);
 }
 

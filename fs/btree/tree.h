@@ -152,7 +152,10 @@ class Transaction {
 // sees every commit applied before it started. Not thread-safe; one per thread.
 class Iterator {
  public:
-  Iterator(Btrees* trees, u8 btree_id);
+  // `first_batch`: keys a Seek copies at first (0: the default, 32); later
+  // steps double it. A caller that looks at one or two keys after a seek
+  // (the data path's extent lookups) saves copying the rest.
+  Iterator(Btrees* trees, u8 btree_id, u32 first_batch = 0);
   ~Iterator();
   Iterator(const Iterator&) = delete;
   Iterator& operator=(const Iterator&) = delete;
@@ -196,6 +199,7 @@ class Iterator {
   Vector<u32> offsets_;
   u32 idx_ = 0;
   u32 batch_limit_ = 32;
+  u32 first_batch_ = 32;
   CachedNode* leaf_ = nullptr;  // referenced: its version stays readable
   u64 leaf_version_ = 0;
 };

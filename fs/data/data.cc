@@ -13,6 +13,9 @@ using btree::Pos;
 namespace {
 
 constexpr u32 kValueMax = kExtentValueMax;
+// Keys an extent lookup copies at first: a read or write of a few blocks
+// needs the extent at its start and maybe one more (later steps double it).
+constexpr u32 kPointBatch = 2;
 
 Pos ExtentPos(u64 ino, u64 end) { return Pos{btree::kBtreeExtents, ino, end}; }
 
@@ -260,7 +263,7 @@ Status DataPath::QueueWrite(btree::Transaction* tx, u64 ino, u64 first, const u8
 }
 
 Result<u64> DataPath::UnwrittenBlocks(u64 ino, u64 first, u64 end) {
-  Iterator it(trees_, btree::kBtreeExtents);
+  Iterator it(trees_, btree::kBtreeExtents, kPointBatch);
   TFS_TRY(it.Seek(ExtentPos(ino, first + 1)));
   u64 n = 0;
   for (; it.Valid() && it.pos().inode == ino; TFS_TRY(it.Next())) {
@@ -394,7 +397,7 @@ Status DataPath::WriteCompressed(Prepared* p, u64 first, const u8* data, u32 nbl
 Status DataPath::QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end, Delta* delta, u32 max_keys) {
   if (engine_ == nullptr || end <= first) return engine_ == nullptr ? Status(Err::kInvalidArgument) : Status::Ok();
   delta->ino = ino;
-  Iterator it(trees_, btree::kBtreeExtents);
+  Iterator it(trees_, btree::kBtreeExtents, kPointBatch);
   TFS_TRY(it.Seek(ExtentPos(ino, first + 1)));
   u8 value[kValueMax];
   u32 touched = 0;
@@ -428,7 +431,7 @@ Status DataPath::QueueReserve(btree::Transaction* tx, u64 ino, u64 first, u64 en
   *next = first;
   if (engine_ == nullptr || end < first) return Err::kInvalidArgument;
   delta->ino = ino;
-  Iterator it(trees_, btree::kBtreeExtents);
+  Iterator it(trees_, btree::kBtreeExtents, kPointBatch);
   TFS_TRY(it.Seek(ExtentPos(ino, first + 1)));
   u8 value[sizeof(ExtentFormat)];
   u64 at = first;
@@ -569,7 +572,7 @@ struct DataPath::Piece {
 Status DataPath::FindPieces(u64 ino, u64 first, u64 end, Piece* pieces, u32* n, u8* crcs) {
   *n = 0;
   u32 ncrc = 0;
-  Iterator it(trees_, btree::kBtreeExtents);
+  Iterator it(trees_, btree::kBtreeExtents, kPointBatch);
   Status st = it.Seek(ExtentPos(ino, first + 1));
   for (; st.ok() && it.Valid() && it.pos().inode == ino; st = it.Next()) {
     Extent e;
@@ -729,13 +732,13 @@ Status DataPath::ReadCompressed(const Extent& e, u8* out) {
 }
 
 Result<bool> DataPath::HasData(u64 ino) {
-  Iterator it(trees_, btree::kBtreeExtents);
+  Iterator it(trees_, btree::kBtreeExtents, kPointBatch);
   TFS_TRY(it.Seek(ExtentPos(ino, 0)));
   return it.Valid() && it.pos().inode == ino;
 }
 
 Result<bool> DataPath::HasBlockData(u64 ino, u64 block) {
-  Iterator it(trees_, btree::kBtreeExtents);
+  Iterator it(trees_, btree::kBtreeExtents, kPointBatch);
   TFS_TRY(it.Seek(ExtentPos(ino, block + 1)));
   if (!it.Valid() || it.pos().inode != ino) return false;
   Extent e;
