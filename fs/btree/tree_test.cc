@@ -230,7 +230,8 @@ Status OpenEngine(Engine* e, Fs& fs, const Options& bo, engine::OpenReport* rep 
 // Reading trees and comparing with a model.
 
 // A full forward scan of tree `id` into `out`; positions must strictly increase and
-// belong to the tree. Then a backward scan must give the same keys in reverse.
+// belong to the tree. Then a backward scan (starting with one-key batches, as
+// the data path's iterators do) must give the same keys in reverse.
 void ScanTree(Btrees& t, u8 id, Model* out) {
   Iterator it(&t, id);
   ASSERT_OK(it.SeekToFirst());
@@ -244,7 +245,7 @@ void ScanTree(Btrees& t, u8 id, Model* out) {
     (*out)[K(it.pos())] = Val(it);
     ASSERT_OK(it.Next());
   }
-  Iterator back(&t, id);
+  Iterator back(&t, id, /*first_batch=*/1);
   ASSERT_OK(back.SeekToLast());
   usize i = fwd.size();
   while (back.Valid()) {
