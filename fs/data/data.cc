@@ -572,12 +572,18 @@ struct DataPath::Piece {
 Status DataPath::FindPieces(u64 ino, u64 first, u64 end, Piece* pieces, u32* n, u8* crcs) {
   *n = 0;
   u32 ncrc = 0;
+  u64 covered_to = 0;  // the end of the extent before (the first may start before `first`)
   Iterator it(trees_, btree::kBtreeExtents, kPointBatch);
   Status st = it.Seek(ExtentPos(ino, first + 1));
   for (; st.ok() && it.Valid() && it.pos().inode == ino; st = it.Next()) {
     Extent e;
     TFS_TRY(ParseExtent(it.pos(), it.value(), it.val_bytes(), &e));
     if (e.start >= end) break;
+    // Keys come in order, so the extents of one committed state are disjoint;
+    // an overlap means the walk crossed a commit: kAgain (and the arrays,
+    // sized for disjoint pieces of the range, stay in bounds).
+    if (e.start < covered_to) return Err::kAgain;
+    covered_to = e.end;
     if (e.unwritten) continue;  // zeros
     Piece& p = pieces[(*n)++];
     p.e = e;
@@ -609,6 +615,14 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
   const sb::Superblock& sb = engine_->sb();
   u32 stale = 0;
   for (u32 attempt = 0; st.ok(); attempt++) {
+    // Extents that overlap for good (fsck reports them) would make phase 1
+    // repeat forever; after ~0.2 s of retries the read fails instead.
+    if (attempt > kMaxReadAttempts) {
+      platform::Log(platform::LogLevel::kError, "data: inode %llu: extents overlap or keep changing under a read",
+                    (unsigned long long)ino);
+      st = Err::kCorrupt;
+      break;
+    }
     if (attempt > 0) platform::SleepNs(attempt < 8 ? 1000 : 100000);
     if (active_[s].Load(MemOrder::kSeqCst) != 0) {
       c_retries_.FetchAdd(1, MemOrder::kRelaxed);
@@ -617,8 +631,10 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
     const u64 v = version_[s].Load(MemOrder::kSeqCst);
     u32 n = 0;
     st = FindPieces(ino, first, end, pieces, &n, crcs);
+    const bool torn = st.code() == Err::kAgain;
+    if (torn) st = Status::Ok();
     if (!st.ok()) break;
-    if (active_[s].Load(MemOrder::kSeqCst) != 0 || version_[s].Load(MemOrder::kSeqCst) != v) {
+    if (torn || active_[s].Load(MemOrder::kSeqCst) != 0 || version_[s].Load(MemOrder::kSeqCst) != v) {
       c_retries_.FetchAdd(1, MemOrder::kRelaxed);
       continue;
     }

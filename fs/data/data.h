@@ -241,6 +241,7 @@ class DataPath {
   Atomic<u32> active_[kCommitStripes] = {};
   Atomic<u64> version_[kCommitStripes] = {};
   static constexpr u32 kMaxStaleLookups = 16;
+  static constexpr u32 kMaxReadAttempts = 2000;
   // Blocks free for user data: free and soon-free buckets above the foreground
   // floor, plus what is left of the write point. Under wp_mu_.
   u64 FreeBlocksLocked() const;

@@ -92,6 +92,10 @@ class Mount:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        # What the daemon said (a crash, a sanitizer report) goes into the
+        # failed test's captured output.
+        err = self.proc.stderr.read() if self.proc.stderr else ""
+        print(f"tierfs mount -f exited {self.proc.returncode}; its stderr (last 8 KiB):\n{err[-8192:]}")
 
 
 @pytest.fixture
