@@ -528,17 +528,6 @@ TEST(FsckRepairTest, EachDamageIsRepaired) {
          EXPECT_EQ(Fixture::Names(fs, f.dir), names);
          EXPECT_EQ(LinkTarget(fs, f.link), kLinkTarget);
        }},
-      {"file turned symlink",  // (one bit of its mode): no target at all
-       [](Fixture& f) {
-         f.SetInode(f.in_dir.at("f2"), [](posix::InodeFormat& i) { i.mode.set(posix::kModeLink | 0644); });
-       },
-       "bad symlink target of inode", "deleted symlink",
-       [](Fixture& f, Filesystem& fs) {
-         std::set<std::string> names = f.DirNames();
-         names.erase("f2");
-         EXPECT_EQ(Fixture::Names(fs, f.dir), names);
-         EXPECT_EQ(LinkTarget(fs, f.link), kLinkTarget);
-       }},
       {"the newest inode deleted, then one reattached",  // lost+found's number is above both
        [](Fixture& f) {
          f.Poke(btree::Pos{btree::kBtreeInodes, f.link, 2}, nullptr, 0);  // the symlink: the last inode made
