@@ -141,24 +141,20 @@ class NamespaceCheck {
 
   // A finding: an error, one line.
   void Problem(const char* fmt, ...) TFS_PRINTF(2, 3) {
-    char buf[320];
-    __builtin_va_list ap;
-    __builtin_va_start(ap, fmt);
-    tfs_plat_vsnprintf(buf, sizeof(buf), fmt, ap);
-    __builtin_va_end(ap);
     c_.report->errors++;
     found_++;
-    c_.Line("%s", buf);
+    __builtin_va_list ap;
+    __builtin_va_start(ap, fmt);
+    c_.VLine(fmt, ap);
+    __builtin_va_end(ap);
   }
   // A repair done: one line saying what, resolving `n` findings.
   void Repaired(u32 n, const char* fmt, ...) TFS_PRINTF(3, 4) {
-    char buf[320];
+    c_.report->repaired += n;
     __builtin_va_list ap;
     __builtin_va_start(ap, fmt);
-    tfs_plat_vsnprintf(buf, sizeof(buf), fmt, ap);
+    c_.VLine(fmt, ap);
     __builtin_va_end(ap);
-    c_.report->repaired += n;
-    c_.Line("%s", buf);
   }
 
   // --- btree helpers --------------------------------------------------------------

@@ -19,11 +19,14 @@ struct Ctx {
   Report* report;
 
   void Line(const char* fmt, ...) TFS_PRINTF(2, 3) {
-    char buf[320];
     __builtin_va_list ap;
     __builtin_va_start(ap, fmt);
-    tfs_plat_vsnprintf(buf, sizeof(buf), fmt, ap);
+    VLine(fmt, ap);
     __builtin_va_end(ap);
+  }
+  void VLine(const char* fmt, __builtin_va_list ap) {
+    char buf[320];
+    tfs_plat_vsnprintf(buf, sizeof(buf), fmt, ap);
     if (emit != nullptr) emit(ctx, buf);
   }
 };
