@@ -235,13 +235,17 @@ Result<u64> Journal::Commit(const Key* keys, u32 nkeys, DevMask deps, CommitMode
   if (mode == CommitMode::kFlush) {
     stats_.flush_commits++;
     buf->need_flush = true;
-    cv_.Signal();
-    while (durable_seq_ < seq && failed_.ok()) done_cv_.Wait(mu_);
-    if (!failed_.ok()) return failed_;
-  } else if (buf->ncommits == 1 || (buf->used > config_.max_entry_bytes / 2 && buf->used - space <= config_.max_entry_bytes / 2)) {
+    TFS_TRY(WaitDurable(seq));
+  } else if ((buf->ncommits == 1 && writer_wakes_ns_ != 0 &&
+              writer_wakes_ns_ - buf->first_commit_ns > config_.write_delay_ns) ||
+             (buf->used > config_.max_entry_bytes / 2 && buf->used - space <= config_.max_entry_bytes / 2)) {
     // The writer's clock starts with an entry's first commit, and an entry half
     // full is written at once: only those two moments need the writer woken
-    // (waking it on every later commit cost a futex call per commit).
+    // (waking it on every later commit cost a futex call per commit) -- and the
+    // first only if the writer would sleep past the entry's write_delay (under
+    // fsyncs, committers write most entries themselves, and each woken writer
+    // cost them a futex call and a CPU). An awake writer (0) looks at the open
+    // entry before it sleeps again.
     cv_.Signal();
   }
   if (timed) latency_[mode == CommitMode::kFlush]->Record(platform::NowNs() - start);
@@ -259,9 +263,25 @@ Status Journal::Flush() {
   // The open entry (empty or not) becomes a flush entry; its durability covers
   // every entry before it, written or being written.
   open->need_flush = true;
-  target = open->seq;
-  cv_.Signal();
-  while (durable_seq_ < target && failed_.ok()) done_cv_.Wait(mu_);
+  return WaitDurable(open->seq);
+}
+
+Status Journal::WaitDurable(u64 target) {
+  while (durable_seq_ < target && failed_.ok()) {
+    if (!writing_ && !stop_ && CanPlaceOpen()) {
+      // The target is the open entry or was written without a flush: the open
+      // entry, written as a flush entry, makes it durable.
+      bufs_[open_]->need_flush = true;
+      stats_.caller_entries++;
+      WriteOpen();
+      if (writer_parked_) cv_.Signal();
+      continue;
+    }
+    // The writer thread must write it (ring room needs reclaim, or Stop), or
+    // someone is writing now and wakes us when done.
+    if (!writing_) cv_.Signal();
+    done_cv_.Wait(mu_);
+  }
   return failed_;
 }
 
@@ -273,10 +293,7 @@ Status Journal::AdvanceLastSeq() {
   if (last > open->seq) last = open->seq;
   if (last <= durable_last_seq_) return failed_;
   open->need_flush = true;
-  const u64 target = open->seq;
-  cv_.Signal();
-  while (durable_seq_ < target && failed_.ok()) done_cv_.Wait(mu_);
-  return failed_;
+  return WaitDurable(open->seq);
 }
 
 Status Journal::PinAdd(u64 seq) {
@@ -391,27 +408,38 @@ bool Journal::ReadyToWrite(u64 now, u64* wait_ns) const {
   return false;
 }
 
+void Journal::WriteOpen() {
+  Buf* buf = bufs_[open_];
+  // A timed flush (nothing durable for flush_delay) or stop makes this entry durable.
+  if (stop_ || (durable_seq_ < written_seq_ &&
+                platform::NowNs() - oldest_nondurable_ns_ >= config_.flush_delay_ns))
+    buf->need_flush = true;
+  open_ ^= 1;
+  bufs_[open_]->Reset(buf->seq + 1);
+  writing_ = true;
+  Status st = WriteEntry(buf);  // drops and retakes mu_
+  writing_ = false;
+  if (!st.ok() && failed_.ok()) {
+    failed_ = st;
+    platform::Log(platform::LogLevel::kError, "journal: write of entry %llu failed: %s",
+                  (unsigned long long)buf->seq, st.Message());
+  }
+  done_cv_.Broadcast();
+}
+
 void Journal::WriterLoop() {
   MutexLock lock(mu_);
   for (;;) {
+    if (writing_) {
+      // A committer writes an entry (WaitDurable); it wakes us when done.
+      writer_parked_ = true;
+      cv_.Wait(mu_);
+      writer_parked_ = false;
+      continue;
+    }
     u64 wait_ns;
     if (failed_.ok() && ReadyToWrite(platform::NowNs(), &wait_ns)) {
-      Buf* buf = bufs_[open_];
-      // A timed flush (nothing durable for flush_delay) or stop makes this entry durable.
-      if (stop_ || (durable_seq_ < written_seq_ &&
-                    platform::NowNs() - oldest_nondurable_ns_ >= config_.flush_delay_ns))
-        buf->need_flush = true;
-      open_ ^= 1;
-      bufs_[open_]->Reset(buf->seq + 1);
-      writing_ = true;
-      Status st = WriteEntry(buf);  // drops and retakes mu_
-      writing_ = false;
-      if (!st.ok() && failed_.ok()) {
-        failed_ = st;
-        platform::Log(platform::LogLevel::kError, "journal: write of entry %llu failed: %s",
-                      (unsigned long long)buf->seq, st.Message());
-      }
-      done_cv_.Broadcast();
+      WriteOpen();
       continue;
     }
     if (stop_ && (bufs_[open_]->empty() || !failed_.ok())) break;
@@ -426,7 +454,10 @@ void Journal::WriterLoop() {
       if (bufs_[open_]->need_flush) continue;
       if (wait_ns > 50 * platform::kNsPerMs) wait_ns = 50 * platform::kNsPerMs;
     }
+    const u64 now = platform::NowNs();
+    writer_wakes_ns_ = wait_ns >= platform::kForever - now ? platform::kForever : now + wait_ns;
     (void)cv_.WaitFor(mu_, wait_ns);
+    writer_wakes_ns_ = 0;
   }
 }
 
@@ -492,7 +523,36 @@ bool Journal::Admits(u32 open_bytes) const {
   return fit >= replicas_;
 }
 
+bool Journal::CanPlaceOpen() const {
+  const Buf* buf = bufs_[open_];
+  const u32 bytes = RoundUp(buf->used, kJournalBlock);
+  u32 ring_idx[dev::kMaxDevices];
+  u32 nrings;
+  if (Choose(bytes, /*allow_reserve=*/false, ring_idx, &nrings)) return true;
+  // WriteEntry's second try, for the entries reclaim needs.
+  u64 last_seq = MinPinnedSeq();
+  if (last_seq > buf->seq) last_seq = buf->seq;
+  return (last_seq > durable_last_seq_ || buf->nkeys == 0 || buf->reclaim) &&
+         Choose(bytes, /*allow_reserve=*/true, ring_idx, &nrings);
+}
+
 bool Journal::Place(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings, u64* offsets) {
+  if (!Choose(bytes, allow_reserve, ring_idx, nrings)) return false;
+  for (u32 k = 0; k < *nrings; k++) {
+    Ring& r = rings_[ring_idx[k]];
+    if (r.offset + bytes > bucket_size_ || (!allow_reserve && r.cur_reserve)) {
+      r.cur_reserve = FreeBuckets(r) < config_.reserve_buckets + 1;
+      r.cur = (r.cur + 1) % r.nbuckets;
+      r.offset = 0;
+      r.bucket_seq[r.cur] = 0;
+    }
+    offsets[k] = sb::kBucketsOffset + (r.first_bucket + r.cur) * u64(bucket_size_) + r.offset;
+    r.offset += bytes;
+  }
+  return true;
+}
+
+bool Journal::Choose(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings) const {
   // Prefer the rings with the most free space; an entry goes to `replicas_` rings.
   // Only the entries reclaim needs may use the reserve (see journal.h), and a
   // bucket opened from the reserve takes no others.
@@ -519,17 +579,6 @@ bool Journal::Place(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings, u
     used[best] = true;
     ring_idx[chosen++] = u32(best);
   }
-  for (u32 k = 0; k < chosen; k++) {
-    Ring& r = rings_[ring_idx[k]];
-    if (r.offset + bytes > bucket_size_ || (!allow_reserve && r.cur_reserve)) {
-      r.cur_reserve = FreeBuckets(r) < config_.reserve_buckets + 1;
-      r.cur = (r.cur + 1) % r.nbuckets;
-      r.offset = 0;
-      r.bucket_seq[r.cur] = 0;
-    }
-    offsets[k] = sb::kBucketsOffset + (r.first_bucket + r.cur) * u64(bucket_size_) + r.offset;
-    r.offset += bytes;
-  }
   *nrings = chosen;
   return true;
 }
@@ -541,8 +590,9 @@ Status Journal::PreFlush(DevMask mask) {
   u32 k = 0;
   for (u32 i : dev::Bits(mask)) {
     PrepareIo(&preflush_ios_[k], IoOp::kFlush, 0, nullptr, 0, 0, &batch);
-    devs_->member(i)->queue().Submit(&preflush_ios_[k]);
     k++;
+    // The writer waits for the batch next: the last I/O may run in this thread.
+    devs_->member(i)->queue().Submit(&preflush_ios_[k - 1], /*waiting=*/k == n);
   }
   return batch.Wait();
 }
@@ -615,7 +665,7 @@ Status Journal::WriteEntry(Buf* buf) {
     for (u32 k = 0; k < nrings; k++) {
       PrepareIo(&write_ios_[k], IoOp::kWrite, offsets[k], buf->data, bytes,
                 flush ? IoRequest::kFua : 0, &batch);
-      devs_->member(rings_[ring_idx[k]].member)->queue().Submit(&write_ios_[k]);
+      devs_->member(rings_[ring_idx[k]].member)->queue().Submit(&write_ios_[k], /*waiting=*/k + 1 == nrings);
     }
     st = batch.Wait();
   }

@@ -12,8 +12,12 @@
 //    with FUA. A commit that depends only on SSD data never flushes an HDD.
 //
 // Group commit: commits accumulate in the open buffer while the previous entry is
-// being written; one write carries them all. One writer thread writes entries one
-// at a time, so entries reach disk in sequence order.
+// being written; one write carries them all. Entries are written one at a time, by
+// whoever holds the writer's role (`writing_`), so they reach disk in sequence
+// order. The writer thread writes timed entries and everything that needs reclaim;
+// a thread that waits for durability (kFlush commit, Flush) and finds the role
+// free and ring room at hand writes the entry itself, its I/O inline in its own
+// thread: an fsync then costs no thread hand-off at all (docs/design/io-queues.md).
 //
 // Reclaim through pins: Commit() can pin the entry (JournalPin). An entry's ring
 // space is reused only once no pin at or before its sequence remains and a durable
@@ -95,6 +99,7 @@ struct Stats {
   u64 reserve_entries;    // entries placed in the reserve
   u64 reclaim_calls;
   u64 max_group;          // most commits carried by one entry
+  u64 caller_entries;     // entries written by a waiting committer, not the writer thread
   u64 next_seq, durable_seq, last_seq;
   u32 ring_buckets;  // buckets of the smallest ring
   u32 free_buckets;  // reusable buckets of the fullest ring (as of the last durable entry)
@@ -197,8 +202,21 @@ class Journal {
   // True if the open buffer should be written now; sets *wait_ns otherwise.
   bool ReadyToWrite(u64 now, u64* wait_ns) const;
   Status WriteEntry(Buf* buf);
+  // Takes the open buffer and writes it as the holder of the writer's role.
+  // Requires mu_ and !writing_; drops and retakes it.
+  void WriteOpen();
+  // Waits until entry `target` is durable, writing the open entry (as a flush
+  // entry) in this thread whenever the writer's role is free and CanPlaceOpen().
+  // Requires mu_.
+  Status WaitDurable(u64 target);
+  // Whether the open buffer, written now, finds ring room without reclaim (Place
+  // would succeed at once). Requires mu_.
+  bool CanPlaceOpen() const;
+  // Place's choice of rings, without claiming the space. Requires mu_.
+  bool Choose(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings) const;
   Status PreFlush(dev::DevMask mask);
-  // Chooses rings and positions for an entry of `bytes`; false if no space.
+  // Chooses rings (Choose) and claims positions on them for an entry of `bytes`;
+  // false if no space.
   bool Place(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings, u64* offsets);
   // Whether a kNormal commit may grow the open entry to `open_bytes`: the entries
   // not yet placed fit the rings by Place's rules, leaving the reserve and one
@@ -227,7 +245,9 @@ class Journal {
   CondVar done_cv_;   // entry written / durable / pins dropped
   Buf* bufs_[2] = {nullptr, nullptr};
   u32 open_ = 0;               // index of the open buffer
-  bool writing_ = false;
+  bool writing_ = false;       // someone holds the writer's role (see Group commit)
+  bool writer_parked_ = false;  // the writer thread waits for a committer's write to end
+  u64 writer_wakes_ns_ = 0;     // when the waiting writer thread wakes by itself (0: awake)
   const Buf* unplaced_ = nullptr;  // the entry being written, until Place() found it room
   u32 room_waiters_ = 0;           // kNormal commits waiting for room
   u64 last_hook_ns_ = 0;           // when MakeRoom() last called the reclaim hook,

@@ -251,6 +251,30 @@ TEST(JournalTest, GroupCommitPacksManyCommitsIntoOneEntry) {
   ASSERT_TRUE(j.Stop().ok());
 }
 
+// A kFlush commit, or Flush(), that finds the writer's role free writes the
+// entry in its own thread: no hand-off to the writer thread and back. With a
+// long write delay the writer thread would not have written anything yet.
+TEST(JournalTest, FlushingCommitterWritesTheEntryItself) {
+  Fixture f;
+  Config c = FastConfig();
+  c.write_delay_ns = 10 * platform::kNsPerSec;
+  Journal j;
+  Pins pins;  // keep every entry in the ring for replay
+  ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, c).ok());
+  ASSERT_TRUE(CommitValue(j, 1, CommitMode::kNoFlush, 0, nullptr, &pins).ok());
+  ASSERT_TRUE(CommitValue(j, 2, CommitMode::kFlush, 0, nullptr, &pins).ok());
+  ASSERT_TRUE(CommitValue(j, 3, CommitMode::kNoFlush, 0, nullptr, &pins).ok());
+  ASSERT_TRUE(j.Flush().ok());
+  Stats s = j.GetStats();
+  EXPECT_EQ(s.caller_entries, 2u);
+  EXPECT_EQ(s.entries, 2u);
+  EXPECT_EQ(s.flush_entries, 2u);
+  EXPECT_EQ(j.durable_seq(), s.next_seq - 1);
+  ASSERT_TRUE(j.Stop().ok());
+  std::vector<u64> v = Replayed(*f.AfterPowerCut());
+  EXPECT_EQ(v, (std::vector<u64>{1, 2, 3}));
+}
+
 TEST(JournalTest, ConcurrentFlushCommitsAllReplayed) {
   Fixture f(100);  // room for every commit in its own entry: pins are never dropped
   Journal j;

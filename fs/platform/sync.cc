@@ -127,10 +127,12 @@ bool Latch::WaitFor(u64 timeout_ns) {
   u64 deadline = DeadlineAfter(timeout_ns);
   for (;;) {
     u32 c = count_.Load(MemOrder::kAcquire);
-    if (c == 0) return true;
+    if ((c & ~kSleeper) == 0) return true;
     u64 left = Remaining(deadline);
     if (left == 0) return false;
-    tfs_plat_wait(count_.Address(), c, left);
+    // Announce the sleep first; a CountDown to zero in between fails the exchange.
+    if (!(c & kSleeper) && !count_.CompareExchange(c, c | kSleeper, MemOrder::kAcqRel)) continue;
+    tfs_plat_wait(count_.Address(), c | kSleeper, left);
   }
 }
 

@@ -130,16 +130,19 @@ class Latch {
   Latch(const Latch&) = delete;
   Latch& operator=(const Latch&) = delete;
 
+  // Wakes only a waiter that sleeps: a latch that reaches zero before anyone
+  // waits (an inline I/O done inside Submit) costs no wake-up call.
   void CountDown() {
-    if (count_.FetchSub(1, MemOrder::kAcqRel) == 1) tfs_plat_wake(count_.Address(), 0);
+    if (count_.FetchSub(1, MemOrder::kAcqRel) == (kSleeper | 1)) tfs_plat_wake(count_.Address(), 0);
   }
   void Wait() { (void)WaitFor(platform::kForever); }
   // Returns false on timeout.
   bool WaitFor(u64 timeout_ns);
-  bool done() const { return count_.Load(MemOrder::kAcquire) == 0; }
+  bool done() const { return (count_.Load(MemOrder::kAcquire) & ~kSleeper) == 0; }
 
  private:
-  Atomic<u32> count_;
+  static constexpr u32 kSleeper = 1u << 31;  // set by a waiter before it sleeps
+  Atomic<u32> count_;  // the count (below kSleeper), | kSleeper
 };
 
 }  // namespace tfs

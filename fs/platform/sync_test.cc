@@ -142,6 +142,31 @@ TEST(LatchTest, WaitsForAllCountDowns) {
   for (auto& t : threads) t.join();
 }
 
+// CountDown wakes only a waiter that announced its sleep: races between the last
+// CountDown and a waiter going to sleep must never lose the wake-up (each wait
+// below would then run into its 10 s limit), with one waiter or three.
+TEST(LatchTest, LastCountDownRacingASleeperAlwaysWakesIt) {
+  for (int waiters = 1; waiters <= 3; waiters += 2) {
+    for (int round = 0; round < 2000; round++) {
+      Latch latch(2);
+      std::atomic<int> woke{0};
+      std::vector<std::thread> ws;
+      for (int w = 0; w < waiters; w++) {
+        ws.emplace_back([&] {
+          if (latch.WaitFor(10 * platform::kNsPerSec)) woke.fetch_add(1);
+        });
+      }
+      latch.CountDown();
+      if (round % 2 == 1) std::this_thread::yield();
+      std::thread last([&] { latch.CountDown(); });
+      last.join();
+      for (auto& t : ws) t.join();
+      ASSERT_EQ(woke.load(), waiters) << "round " << round;
+      EXPECT_TRUE(latch.done());
+    }
+  }
+}
+
 TEST(LatchTest, WaitForTimesOut) {
   Latch latch(1);
   EXPECT_FALSE(latch.WaitFor(10 * platform::kNsPerMs));

@@ -71,6 +71,7 @@ std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs) {
   w.UintField("room_waits", j.room_waits);
   w.UintField("reclaim_calls", j.reclaim_calls);
   w.UintField("max_group", j.max_group);
+  w.UintField("caller_entries", j.caller_entries);
   w.UintField("next_seq", j.next_seq);
   w.UintField("durable_seq", j.durable_seq);
   w.UintField("ring_buckets", j.ring_buckets);

@@ -133,6 +133,7 @@ void UringDevice::Submit(IoRequest* req) {
     return;
   }
   bool data_op = req->op == IoOp::kRead || req->op == IoOp::kWrite;
+  bool may_inline = data_op || req->op == IoOp::kFlush;
   if (direct_ && data_op && reinterpret_cast<uintptr_t>(req->buf) % info_.logical_block_size != 0) {
     void* bounce = nullptr;
     if (posix_memalign(&bounce, info_.logical_block_size, req->length) != 0) {
@@ -152,7 +153,7 @@ void UringDevice::Submit(IoRequest* req) {
     stats_.submitted++;
     outstanding_++;
     if (req->dev.ptr != nullptr) stats_.bounced++;
-    if (!(data_op && (req->flags & IoRequest::kInline))) {
+    if (!(may_inline && (req->flags & IoRequest::kInline))) {
       Enqueue(req);
       return;
     }
@@ -164,6 +165,13 @@ void UringDevice::Submit(IoRequest* req) {
 }
 
 Status UringDevice::InlineIo(IoRequest* req) {
+  if (req->op == IoOp::kFlush) {
+    int rc;
+    do {
+      rc = fdatasync(fd_);
+    } while (rc < 0 && errno == EINTR);
+    return rc < 0 ? Status::FromErrno(-errno) : Status::Ok();
+  }
   char* base = static_cast<char*>(req->dev.ptr != nullptr ? req->dev.ptr : req->buf);
   uint64_t done = 0;
   while (done < req->length) {

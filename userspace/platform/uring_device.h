@@ -71,7 +71,7 @@ class UringDevice final : public BlockDevice {
   void PrepSqe(IoRequest* req);
   void CompletionLoop();
   void Complete(IoRequest* req, Status st);
-  // Does a kInline read or write in the calling thread.
+  // Does a kInline read, write or flush in the calling thread.
   Status InlineIo(IoRequest* req);
 
   std::string path_;
