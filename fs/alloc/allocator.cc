@@ -217,18 +217,21 @@ Result<BucketRef> Allocator::Allocate(dev::DevMask target, dev::DevMask fallback
   bool pending_seen = false;
   Result<BucketRef> r = TryAllocate(target, fallback, purpose, wm, &pending_seen);
   if (r.ok() || !pending_seen || journal_ == nullptr) return r;
-  // Only buckets whose free is not yet durable are left: make it durable.
+  // Only buckets whose free is not yet settled are left: settle it (a durable
+  // free in an unordered journal entry settles with the next durable entry).
   {
     MutexLock lock(mu_);
     stats_.flush_waits++;
   }
-  TFS_TRY(journal_->Flush());
+  TFS_TRY(journal_->Settle());
   return TryAllocate(target, fallback, purpose, wm, &pending_seen);
 }
 
 Result<BucketRef> Allocator::TryAllocate(dev::DevMask target, dev::DevMask fallback,
                                          BucketState purpose, Watermark wm, bool* pending_seen) {
-  u64 durable = journal_ != nullptr ? journal_->durable_seq() : ~u64(0);
+  // Reuse waits for settled, not just durable: replay may still read what the
+  // newest unordered entry's group wrote to check it (journal.h, settled_seq).
+  u64 durable = journal_ != nullptr ? journal_->settled_seq() : ~u64(0);
   BucketRef ref;
   Bucket snapshot;
   {

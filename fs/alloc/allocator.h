@@ -15,8 +15,10 @@
 //
 // A freed bucket is not handed out again until the journal entry recording the
 // free is durable: otherwise new data could overwrite a bucket that, after a crash,
-// the old (still referenced) extent points at. Until then it waits on a pending
-// list; an allocation that finds nothing else forces a journal flush.
+// the old (still referenced) extent points at -- and *settled* (journal.h,
+// settled_seq): while replay may still read the newest unordered entry's data to
+// check it, new data there would fail the check. Until then it waits on a pending
+// list; an allocation that finds nothing else forces a journal Settle().
 //
 // Persistence (docs/format/alloc.md): every change is journaled (no-flush) as an
 // AllocKey with the bucket's new change version; Checkpoint() writes every member's

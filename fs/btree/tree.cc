@@ -1742,7 +1742,36 @@ Transaction::~Transaction() = default;
 
 void Transaction::Reset() {
   keys_.Clear();
+  checks_.Clear();
   n_ = 0;
+  nchecks_ = 0;
+}
+
+Status Transaction::AddDataCheck(const void* check, u32 len) {
+  if (len < sizeof(journal::DataCheckFormat) || len > journal::DataCheckBytes(journal::kMaxDataCheckBytes / 4096))
+    return Err::kInvalidArgument;
+  const usize space = journal::KeySpace(len);  // header + padded value, as in the entry
+  if (JournalBytes() + space > JournalLimit()) return Err::kTooBig;
+  const usize at = checks_.size();
+  TFS_TRY(checks_.Grow(at + space));
+  TFS_TRY(checks_.Resize(at + space));
+  auto* kh = reinterpret_cast<journal::KeyHeader*>(checks_.data() + at);
+  kh->type.set(journal::kKeyDataCheck);
+  kh->reserved.set(0);
+  kh->len.set(len);
+  MemCopy(checks_.data() + at + sizeof(journal::KeyHeader), check, len);
+  MemSet(checks_.data() + at + sizeof(journal::KeyHeader) + len, 0, space - sizeof(journal::KeyHeader) - len);
+  nchecks_++;
+  return Status::Ok();
+}
+
+usize Transaction::JournalBytes() const {
+  return keys_.size() + usize(n_) * sizeof(journal::KeyHeader) + checks_.size() + sizeof(journal::EntryHeader);
+}
+
+usize Transaction::JournalLimit() const {
+  const journal::Journal* j = trees_->impl_ != nullptr ? trees_->impl_->journal : nullptr;
+  return j != nullptr ? j->max_entry_bytes() : journal::Config{}.max_entry_bytes;
 }
 
 Status Transaction::Set(const Pos& pos, const void* value, u32 len) {
@@ -1760,10 +1789,7 @@ Status Transaction::Append(const KeyInput& in) {
   // One journal commit carries the whole transaction: it must fit in an entry
   // (entry header, then an 8-byte journal key header per key).
   const usize space = KeySpace(in.val_bytes);
-  const journal::Journal* j = trees_->impl_ != nullptr ? trees_->impl_->journal : nullptr;
-  const usize limit = j != nullptr ? j->max_entry_bytes() : journal::Config{}.max_entry_bytes;
-  const usize jbytes = keys_.size() + space + usize(n_ + 1) * sizeof(journal::KeyHeader) + sizeof(journal::EntryHeader);
-  if (jbytes > limit) return Err::kTooBig;
+  if (JournalBytes() + space + sizeof(journal::KeyHeader) > JournalLimit()) return Err::kTooBig;
   const usize at = keys_.size();
   TFS_TRY(keys_.Grow(at + space));
   TFS_TRY(keys_.Resize(at + space));
@@ -1786,7 +1812,10 @@ Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
     Reset();
     return Err::kInvalidArgument;
   }
-  if (n_ == 0) return u64(0);
+  if (n_ == 0) {
+    Reset();
+    return u64(0);
+  }
   // Throttle: while dirty nodes fill the cache, or the journal ring is three
   // quarters held, wait for the writer's checkpoint (no lock held).
   if (im->writer_running) {
@@ -1809,13 +1838,18 @@ Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
   Vector<journal::Key>& jkeys = jkeys_;
   const bool prefetch = im->partial.Load(MemOrder::kRelaxed) != 0;
   jkeys.Clear();
-  Status st = jkeys.Reserve(n_);
+  Status st = jkeys.Reserve(n_ + nchecks_);
   for (usize off = 0; st.ok() && off < keys_.size();) {
     const auto* h = reinterpret_cast<const KeyHeader*>(keys_.data() + off);
     const u32 space = KeySpace(h->val_bytes.get());
     jkeys.PushBack(journal::Key{journal::kKeyBtree, space, h}).IgnoreError();
     if (prefetch) st = TreeOps::Prefetch(im, KeyRef(h).pos());
     off += space;
+  }
+  for (usize off = 0; st.ok() && off < checks_.size();) {
+    const auto* kh = reinterpret_cast<const journal::KeyHeader*>(checks_.data() + off);
+    jkeys.PushBack(journal::Key{journal::kKeyDataCheck, kh->len.get(), kh + 1}).IgnoreError();
+    off += journal::KeySpace(kh->len.get());
   }
   if (!st.ok()) {
     Reset();
@@ -1851,7 +1885,7 @@ Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
         }
       }
     }
-    for (usize i = 0; st.ok() && i < jkeys.size(); i++) {
+    for (usize i = 0; st.ok() && i < n_; i++) {  // the btree keys (data checks follow)
       const auto* h = static_cast<const KeyHeader*>(jkeys[i].val);
       KeyInput in;
       in.pos = KeyRef(h).pos();

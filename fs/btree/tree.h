@@ -127,6 +127,11 @@ class Transaction {
   [[nodiscard]] Status Set(const Pos& pos, const void* value, u32 len);
   // Queues a deletion (a whiteout): deleting an absent key is not an error.
   [[nodiscard]] Status Delete(const Pos& pos);
+  // Adds a journal data check (journal::DataCheckFormat and its crcs, `len`
+  // bytes) for data the queued keys point at. Once a transaction carries one, it
+  // must carry one for every device range its Commit `deps` stand for. Nothing
+  // is applied to a tree; kTooBig as for Set.
+  [[nodiscard]] Status AddDataCheck(const void* check, u32 len);
   // Journals every queued update in one commit and applies them; returns the
   // journal sequence. kFlush returns once that commit is durable. `deps`: the
   // members holding data these keys point at (written and completed before the
@@ -141,8 +146,13 @@ class Transaction {
  private:
   friend class Btrees;
   Status Append(const KeyInput& in);
+  // The journal bytes the commit takes so far, and what one entry may hold.
+  usize JournalBytes() const;
+  usize JournalLimit() const;
   Btrees* trees_;
   Vector<u8> keys_;  // journal keys: KeyHeader + padded value, back to back
+  Vector<u8> checks_;  // data checks, each padded to 8 (journal::KeySpace - header)
+  u32 nchecks_ = 0;
   Vector<journal::Key> jkeys_;  // Commit's list of them for the journal
   u32 n_ = 0;
 };

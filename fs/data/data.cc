@@ -278,8 +278,30 @@ Result<u64> DataPath::UnwrittenBlocks(u64 ino, u64 first, u64 end) {
 Status DataPath::QueuePrepared(btree::Transaction* tx, const Prepared& p, Delta* delta) {
   if (engine_ == nullptr || p.blocks == 0) return Err::kInvalidArgument;
   TFS_TRY(QueuePunch(tx, p.ino, p.first, p.first + p.blocks, delta));
-  for (const Prepared::Item& item : p.items) TFS_TRY(tx->Set(ExtentPos(p.ino, item.end), item.value, item.len));
+  for (const Prepared::Item& item : p.items) {
+    TFS_TRY(tx->Set(ExtentPos(p.ino, item.end), item.value, item.len));
+    TFS_TRY(QueueDataCheck(tx, item));
+  }
   return Status::Ok();
+}
+
+Status DataPath::QueueDataCheck(btree::Transaction* tx, const Prepared::Item& item) {
+  // The blob was just written whole: the check covers it with the crcs the
+  // extent already holds (per block, or the compressed blob's one), so replay
+  // can tell whether it reached the disk (journal/format.h, kKeyDataCheck).
+  Extent e;
+  TFS_TRY(ParseExtent(ExtentPos(0, item.end), item.value, item.len, &e));
+  if (e.unwritten) return Status::Ok();
+  const u32 ncrcs = e.compressed ? 1 : u32(e.end - e.start);
+  u8 buf[sizeof(journal::DataCheckFormat) + 4 * kMaxExtentBlocks];
+  auto* dc = reinterpret_cast<journal::DataCheckFormat*>(buf);
+  MemSet(dc, 0, sizeof(*dc));
+  dc->member.set(e.ptr.dev);
+  dc->offset.set(e.ptr.offset.get());
+  dc->length.set(e.compressed ? e.disk_bytes : ncrcs * kBlockSize);
+  dc->unit.set(e.compressed ? e.disk_bytes : kBlockSize);
+  MemCopy(buf + sizeof(*dc), e.crcs, 4 * ncrcs);
+  return tx->AddDataCheck(buf, journal::DataCheckBytes(ncrcs));
 }
 
 Status DataPath::Prepare(u64 ino, u64 first, const u8* blocks, u32 nblocks, bool compress, Prepared* p,

@@ -235,6 +235,8 @@ class DataPath {
   // ReadBlocks' phase 1: the extents over [first, end) with the crcs the read
   // needs copied into `crcs` (at most end - first pieces).
   Status FindPieces(u64 ino, u64 first, u64 end, Piece* pieces, u32* n, u8* crcs);
+  // Adds the journal data check of a prepared item's new blob to `tx`.
+  Status QueueDataCheck(btree::Transaction* tx, const Prepared::Item& item);
   // Extent commits in progress and done, per stripe of inodes (see ReadBlocks).
   static constexpr u32 kCommitStripes = 256;
   static u32 CommitStripe(u64 ino) { return u32((ino * 0x9e3779b97f4a7c15ull) >> 56); }

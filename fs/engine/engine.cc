@@ -241,6 +241,8 @@ Status Engine::ApplyAllocKey(void* self, u64, const journal::Key& key) {
       return e->alloc_.Apply(key);
     case journal::kKeyBtree:
       return Status::Ok();  // the second pass
+    case journal::kKeyDataCheck:
+      return Status::Ok();  // for ReadForReplay only
     default:
       platform::Log(platform::LogLevel::kError, "journal: unknown key type %u", unsigned(key.type));
       return Err::kCorrupt;

@@ -22,7 +22,13 @@ inline constexpr u16 kJournalVersion = 1;
 inline constexpr u32 kJournalBlock = 4096;
 
 // Entry flags.
-inline constexpr u16 kEntryFlush = 1 << 0;  // written with FUA after the scoped pre-flush
+inline constexpr u16 kEntryFlush = 1 << 0;  // a durability point (see kEntryUnordered)
+// With kEntryFlush: written first and flushed after (together with the data it
+// depends on), not pre-flushed and written with FUA. Valid on disk, it proves
+// its data durable only if a later entry exists or every kKeyDataCheck of its
+// group verifies (docs/format/journal.md, "Unordered flush entries").
+inline constexpr u16 kEntryUnordered = 1 << 1;
+inline constexpr u16 kEntryFlagsKnown = kEntryFlush | kEntryUnordered;
 
 struct EntryHeader {  // 64 bytes
   Le64 magic;
@@ -54,8 +60,34 @@ enum KeyType : u16 {
   kKeyInvalid = 0,
   kKeyAlloc = 1,          // alloc/format.h: AllocKey
   kKeyBtree = 2,          // btree/format.h: one btree key (KeyHeader + value)
+  kKeyDataCheck = 3,      // DataCheckFormat: data a commit points at, for replay to verify
   kKeyTest = 0xff00,      // tests only
 };
+
+// kKeyDataCheck: a device range a commit's keys point at (written and completed
+// before the commit) and its crc32c per `unit` bytes -- ceil(length / unit) Le32
+// crcs follow, the last over what remains. Either unit is a multiple of 4096 or
+// there is one crc (unit >= length). A commit with `deps` that carries data checks
+// carries one for every range its deps stand for (Journal::Commit).
+struct DataCheckFormat {  // 24 bytes, then the crcs
+  Le16 member;
+  Le16 reserved;
+  Le32 unit;
+  Le64 offset;  // bytes from the member's start; a multiple of 4096
+  Le32 length;  // bytes, 1..kMaxDataCheckBytes
+  Le32 reserved2;
+};
+static_assert(sizeof(DataCheckFormat) == 24, "data check header");
+inline constexpr u32 kMaxDataCheckBytes = 16u << 20;
+inline constexpr u32 kMaxDataCheckUnit = 1u << 20;
+
+// The crcs a check of `length` bytes in `unit`s carries; 0 if the pair is invalid.
+inline constexpr u32 DataCheckCrcs(u32 length, u32 unit) {
+  if (length == 0 || length > kMaxDataCheckBytes || unit == 0 || unit > kMaxDataCheckUnit) return 0;
+  const u32 n = (length + unit - 1) / unit;
+  return n == 1 || unit % 4096 == 0 ? n : 0;
+}
+inline constexpr u32 DataCheckBytes(u32 ncrcs) { return u32(sizeof(DataCheckFormat)) + 4 * ncrcs; }
 
 }  // namespace tfs::journal
 

@@ -2,10 +2,18 @@
 // (see journal.h for the contract and docs/format/journal.md for the bytes).
 //
 // Invariants:
-//  - entries are written one at a time by the writer thread, in sequence order;
+//  - entries are written one at a time by the holder of the writer's role, in
+//    sequence order; an entry is written only after the previous WriteEntry ended
+//    (its flushes included), so any entry on disk proves the ones before it durable
+//    if they were flush entries;
 //  - an entry is durable only if written with FUA after a pre-flush of every member
 //    in (pending deps | its deps | journal members with non-FUA entries) that holds
-//    durability debt; durable_seq_ only moves on such writes;
+//    durability debt (ordered), or written first and then flushed together with all
+//    of those (unordered: only when every commit since the last durable entry is
+//    dependency-free or carries data checks); durable_seq_ only moves on such writes;
+//  - settled_seq_ <= durable_seq_: entries up to it are durable and no replay will
+//    check their data again, so space they free may be reused (an unordered entry's
+//    group settles with the next durable entry, or at once if written ordered);
 //  - ring bucket b is overwritten only if bucket_seq[b] < durable_last_seq_, i.e. a
 //    durable entry has recorded that nothing in it is needed any more;
 //  - mu_ is dropped around device I/O and around the reclaim hook.
@@ -32,8 +40,14 @@ struct Journal::Buf {
   u32 admitted = 0;      // kNormal commits fit up to this size (Admits)
   DevMask deps = 0;
   u64 first_commit_ns = 0;
+  bool unchecked = false;    // a commit with deps and no data checks joined
+  bool force_ordered = false;  // Settle(), Stop: write it ordered
+  u64 check_bytes = 0;       // bytes its data checks cover
 
   void Reset(u64 s) {
+    unchecked = false;
+    force_ordered = false;
+    check_bytes = 0;
     used = sizeof(EntryHeader);
     nkeys = 0;
     ncommits = 0;
@@ -125,7 +139,9 @@ Status Journal::Start(dev::DeviceSet* devs, const sb::Superblock& sb, u64 next_s
   bufs_[0]->Reset(next_seq);
   bufs_[1]->Reset(next_seq + 1);
   open_ = 0;
-  written_seq_ = durable_seq_ = next_seq - 1;
+  written_seq_ = durable_seq_ = settled_seq_ = next_seq - 1;
+  pending_unchecked_ = false;
+  pending_check_bytes_ = 0;
   durable_last_seq_ = next_seq;  // everything before next_seq is persisted elsewhere
   pin_base_ = next_seq;
   stop_ = false;
@@ -162,8 +178,20 @@ Result<u64> Journal::Commit(const Key* keys, u32 nkeys, DevMask deps, CommitMode
       mode == CommitMode::kFlush || nofl_commits_.FetchAdd(1, MemOrder::kRelaxed) % kNoFlushSample == 0;
   const u64 start = timed ? platform::NowNs() : 0;
   u32 space = 0;
+  u64 check_bytes = 0;
+  bool checked = false;
   for (u32 i = 0; i < nkeys; i++) {
     if (keys[i].type == kKeyInvalid) return Err::kInvalidArgument;
+    if (keys[i].type == kKeyDataCheck) {
+      const auto* dc = static_cast<const DataCheckFormat*>(keys[i].val);
+      const u32 n = keys[i].len >= sizeof(DataCheckFormat) ? DataCheckCrcs(dc->length.get(), dc->unit.get()) : 0;
+      // Well formed, and about data the commit depends on.
+      if (n == 0 || keys[i].len != DataCheckBytes(n) || dc->offset.get() % 4096 != 0 ||
+          dc->member.get() >= dev::kMaxDevices || !(deps & (DevMask(1) << dc->member.get())))
+        return Err::kInvalidArgument;
+      check_bytes += dc->length.get();
+      checked = true;
+    }
     if (keys[i].len > config_.max_entry_bytes) return Err::kTooBig;
     space += KeySpace(keys[i].len);
     if (space > config_.max_entry_bytes - sizeof(EntryHeader)) return Err::kTooBig;
@@ -229,13 +257,15 @@ Result<u64> Journal::Commit(const Key* keys, u32 nkeys, DevMask deps, CommitMode
   buf->nkeys += nkeys;
   buf->ncommits++;
   buf->deps |= deps;
+  if (deps != 0 && !checked) buf->unchecked = true;
+  buf->check_bytes += check_bytes;
   u64 seq = buf->seq;
   stats_.commits++;
   stats_.keys += nkeys;
   if (mode == CommitMode::kFlush) {
     stats_.flush_commits++;
     buf->need_flush = true;
-    TFS_TRY(WaitDurable(seq));
+    TFS_TRY(WaitDurable(seq, /*settle=*/false));
   } else if ((buf->ncommits == 1 && writer_wakes_ns_ != 0 &&
               writer_wakes_ns_ - buf->first_commit_ns > config_.write_delay_ns) ||
              (buf->used > config_.max_entry_bytes / 2 && buf->used - space <= config_.max_entry_bytes / 2)) {
@@ -258,28 +288,41 @@ Status Journal::Flush() {
   Buf* open = bufs_[open_];
   // Everything committed lives in entries up to open->seq (if it has keys) or
   // open->seq - 1; nothing to do if those are durable already.
-  u64 target = open->nkeys > 0 ? open->seq : open->seq - 1;
+  const u64 target = open->nkeys > 0 ? open->seq : open->seq - 1;
   if (durable_seq_ >= target) return failed_;
-  // The open entry (empty or not) becomes a flush entry; its durability covers
-  // every entry before it, written or being written.
-  open->need_flush = true;
-  return WaitDurable(open->seq);
+  return WaitDurable(target, /*settle=*/false);
 }
 
-Status Journal::WaitDurable(u64 target) {
-  while (durable_seq_ < target && failed_.ok()) {
-    if (!writing_ && !stop_ && CanPlaceOpen()) {
-      // The target is the open entry or was written without a flush: the open
-      // entry, written as a flush entry, makes it durable.
-      bufs_[open_]->need_flush = true;
+Status Journal::Settle() {
+  MutexLock lock(mu_);
+  if (!started_) return failed_;
+  const Buf* open = bufs_[open_];
+  const u64 target = open->nkeys > 0 ? open->seq : open->seq - 1;
+  if (settled_seq_ >= target) return failed_;
+  return WaitDurable(target, /*settle=*/true);
+}
+
+Status Journal::WaitDurable(u64 target, bool settle) {
+  while ((settle ? settled_seq_ : durable_seq_) < target && failed_.ok()) {
+    if (writing_) {
+      // Someone is writing: the entry may be ours; it wakes us when done.
+      done_cv_.Wait(mu_);
+      continue;
+    }
+    // The target is the open entry or was written before it: the open entry
+    // (empty or not), written as a flush entry -- ordered, to settle -- makes
+    // it durable (settled).
+    Buf* open = bufs_[open_];
+    open->need_flush = true;
+    if (settle) open->force_ordered = true;
+    if (!stop_ && CanPlaceOpen()) {
       stats_.caller_entries++;
       WriteOpen();
       if (writer_parked_) cv_.Signal();
       continue;
     }
-    // The writer thread must write it (ring room needs reclaim, or Stop), or
-    // someone is writing now and wakes us when done.
-    if (!writing_) cv_.Signal();
+    // The writer thread must write it (ring room needs reclaim, or Stop).
+    cv_.Signal();
     done_cv_.Wait(mu_);
   }
   return failed_;
@@ -293,7 +336,7 @@ Status Journal::AdvanceLastSeq() {
   if (last > open->seq) last = open->seq;
   if (last <= durable_last_seq_) return failed_;
   open->need_flush = true;
-  return WaitDurable(open->seq);
+  return WaitDurable(open->seq, /*settle=*/false);
 }
 
 Status Journal::PinAdd(u64 seq) {
@@ -363,6 +406,11 @@ u64 Journal::durable_seq() const {
   return durable_seq_;
 }
 
+u64 Journal::settled_seq() const {
+  MutexLock lock(mu_);
+  return settled_seq_;
+}
+
 Stats Journal::GetStats() const {
   MutexLock lock(mu_);
   Stats s = stats_;
@@ -410,10 +458,12 @@ bool Journal::ReadyToWrite(u64 now, u64* wait_ns) const {
 
 void Journal::WriteOpen() {
   Buf* buf = bufs_[open_];
-  // A timed flush (nothing durable for flush_delay) or stop makes this entry durable.
+  // A timed flush (nothing durable for flush_delay) or stop makes this entry
+  // durable; the last entry before stop also settles everything (ordered).
   if (stop_ || (durable_seq_ < written_seq_ &&
                 platform::NowNs() - oldest_nondurable_ns_ >= config_.flush_delay_ns))
     buf->need_flush = true;
+  if (stop_) buf->force_ordered = true;
   open_ ^= 1;
   bufs_[open_]->Reset(buf->seq + 1);
   writing_ = true;
@@ -637,12 +687,25 @@ Status Journal::WriteEntry(Buf* buf) {
   }
   unplaced_ = nullptr;
 
+  const bool flush = buf->need_flush;
+  DevMask preflush = 0;
+  DevMask written = 0;
+  for (u32 k = 0; k < nrings; k++) written |= DevMask(1) << rings_[ring_idx[k]].member;
+  if (flush) preflush = (pending_deps_ | buf->deps | nonfua_written_) & devs_->DebtMask();
+  // Unordered (write, then flush the entry and what it depends on together) saves
+  // the pre-flush round trip when there is one to save, and only if replay can tell
+  // whether the group's data made it: every commit since the last durable entry
+  // is dependency-free or carries data checks, within the bytes replay may read.
+  const bool unordered = flush && preflush != 0 && !buf->force_ordered && !stop_ &&
+                         !pending_unchecked_ && !buf->unchecked &&
+                         pending_check_bytes_ + buf->check_bytes <= config_.max_unordered_check_bytes;
+
   // Fill in the header; zero the padding; checksum.
   auto* h = reinterpret_cast<EntryHeader*>(buf->data);
   MemSet(h, 0, sizeof(*h));
   h->magic.set(magic_);
   h->version.set(kJournalVersion);
-  h->flags.set(buf->need_flush ? kEntryFlush : 0);
+  h->flags.set(flush ? u16(kEntryFlush | (unordered ? kEntryUnordered : 0)) : u16(0));
   h->seq.set(buf->seq);
   h->last_seq.set(last_seq);
   h->bytes.set(bytes);
@@ -651,24 +714,20 @@ Status Journal::WriteEntry(Buf* buf) {
   MemSet(buf->data + buf->used, 0, bytes - buf->used);
   h->csum.set(platform::Crc32cSkippingField(buf->data, bytes, __builtin_offsetof(EntryHeader, csum)));
 
-  const bool flush = buf->need_flush;
-  DevMask preflush = 0;
-  DevMask written = 0;
-  for (u32 k = 0; k < nrings; k++) written |= DevMask(1) << rings_[ring_idx[k]].member;
-  if (flush) preflush = (pending_deps_ | buf->deps | nonfua_written_) & devs_->DebtMask();
   for (u32 i : dev::Bits(preflush)) stats_.preflushes[i]++;
   mu_.Unlock();
 
-  Status st = PreFlush(preflush);
+  Status st = unordered ? Status::Ok() : PreFlush(preflush);
   if (st.ok()) {
     IoBatch batch(nrings);
     for (u32 k = 0; k < nrings; k++) {
       PrepareIo(&write_ios_[k], IoOp::kWrite, offsets[k], buf->data, bytes,
-                flush ? IoRequest::kFua : 0, &batch);
+                flush && !unordered ? IoRequest::kFua : 0, &batch);
       devs_->member(rings_[ring_idx[k]].member)->queue().Submit(&write_ios_[k], /*waiting=*/k + 1 == nrings);
     }
     st = batch.Wait();
   }
+  if (st.ok() && unordered) st = PreFlush(preflush | written);
 
   mu_.Lock();
   if (!st.ok()) return st;
@@ -682,12 +741,20 @@ Status Journal::WriteEntry(Buf* buf) {
   if (buf->ncommits > stats_.max_group) stats_.max_group = buf->ncommits;
   if (flush) {
     stats_.flush_entries++;
+    // An unordered entry settles the group before it; its own group settles
+    // with the next durable entry (replay then no longer checks its data).
+    if (unordered) stats_.unordered_entries++;
+    settled_seq_ = unordered ? durable_seq_ : buf->seq;
+    pending_unchecked_ = false;
+    pending_check_bytes_ = 0;
     durable_seq_ = buf->seq;
     durable_last_seq_ = last_seq;
     pending_deps_ = 0;
     nonfua_written_ = 0;
     oldest_nondurable_ns_ = 0;
   } else {
+    pending_unchecked_ |= buf->unchecked;
+    pending_check_bytes_ += buf->check_bytes;
     pending_deps_ |= buf->deps;
     nonfua_written_ |= written;
     if (oldest_nondurable_ns_ == 0) oldest_nondurable_ns_ = platform::NowNs();

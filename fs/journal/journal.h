@@ -10,6 +10,12 @@
 //    devices of their commits that hold durability debt, plus journal devices that
 //    received non-FUA entries since the last durable point. Then it writes the entry
 //    with FUA. A commit that depends only on SSD data never flushes an HDD.
+//    Unordered flush entries: if every commit since the last durable entry either
+//    has no deps or carries kKeyDataCheck keys for all of its data (crc32cs of the
+//    device ranges its keys point at), the entry is written first and then the
+//    same devices and the journal's are flushed together -- one device round trip
+//    less. Replay checks that group's data while the entry is the newest on disk
+//    (ReadForReplay), so space such entries free is reused only once settled.
 //
 // Group commit: commits accumulate in the open buffer while the previous entry is
 // being written; one write carries them all. Entries are written one at a time, by
@@ -84,13 +90,17 @@ struct Config {
   u64 write_delay_ns = 2 * 1000 * 1000;        // no-flush entries wait this long for company
   u64 flush_delay_ns = 1000ull * 1000 * 1000;  // non-durable entries become durable within this
   u32 reserve_buckets = 1;                     // ring space kept for last_seq-advancing entries
+  // Unordered flush entries only while the data checks since the last durable
+  // entry cover at most this much (what a replay may have to read); 0: never.
+  u64 max_unordered_check_bytes = 4ull << 20;
 };
 
 struct Stats {
   u64 commits;
   u64 flush_commits;
   u64 entries;            // entries written
-  u64 flush_entries;      // of which durable (FUA after pre-flush)
+  u64 flush_entries;      // of which durable (FUA after pre-flush, or unordered)
+  u64 unordered_entries;  // of which written first and flushed after (see Commit)
   u64 bytes;              // entry bytes written (per replica)
   u64 keys;
   u64 preflushes[dev::kMaxDevices];  // flushes issued per member before entries
@@ -120,11 +130,15 @@ struct ReplayResult {
   u64 discarded_entries = 0;      // valid but after a gap (torn or missing entry)
   u64 bad_headers = 0;            // blocks with our magic that failed validation
   u64 gap_at = 0;                 // first missing sequence in the replay range, 0 if none
+  u64 unverified_seq = 0;  // an unordered flush entry whose data checks failed: not replayed
+  u64 checked_bytes = 0;   // data read to verify the newest unordered flush entry's group
 };
 
 // Reads every journal ring of the filesystem (members in member order, already
 // checked) and returns the entries replay must apply: from the newest last_seq
-// (never below sb.journal_seq) up to the first missing, torn or corrupt entry.
+// (never below sb.journal_seq) up to the first missing, torn or corrupt entry,
+// cut back to the newest flush entry -- whose data is read and checked first if
+// it is unordered and the newest entry on disk (see kEntryUnordered).
 Status ReadForReplay(dev::DeviceSet& devs, const sb::Superblock& sb, ReplayResult* out,
                      Diag* diag = nullptr);
 // Calls fn(ctx, seq, key) for each key of `entry`, in order.
@@ -151,10 +165,17 @@ class Journal {
   // failed: the filesystem must go read-only), kInvalidArgument after Stop.
   // A kNormal commit may first wait for ring room (never hold anything reclaim
   // needs while committing); kReclaim is for reclaim's own changes.
+  // kKeyDataCheck keys (DataCheckFormat) describe data the commit depends on:
+  // a commit that carries any carries one for every range its deps stand for,
+  // and each names a member in deps (else kInvalidArgument). Commits with deps
+  // and no checks make the flush entry that covers them ordered.
   Result<u64> Commit(const Key* keys, u32 nkeys, dev::DevMask deps, CommitMode mode,
                      Pin* pin = nullptr, Watermark wm = Watermark::kNormal);
   // Makes every commit so far durable; returns at once (no I/O) if it already is.
   Status Flush();
+  // Makes every commit so far settled (see settled_seq): Flush, then, if the
+  // newest durable entry was unordered, one ordered entry more.
+  Status Settle();
   // Writes a durable entry if the pins allow a newer last_seq than the journal has
   // recorded, so that ring space freed by dropped pins becomes reusable now rather
   // than at the next flush; returns at once otherwise.
@@ -179,6 +200,12 @@ class Journal {
   u64 next_seq() const;
   // Every entry up to this sequence number is durable.
   u64 durable_seq() const;
+  // Every entry up to this sequence number is durable and no replay will check
+  // its data again: what those entries free may be overwritten. An unordered
+  // entry's group (the entries after the previous durable one, up to it)
+  // settles once a later entry is durable; replay checks its data only while
+  // it is the newest entry on disk, and reused space would fail that check.
+  u64 settled_seq() const;
   // Latency histograms of Commit() by mode, in ns. kFlush commits are all
   // timed; kNoFlush commits are sampled, one in kNoFlushSample (reading the
   // clock twice per commit was 9% of a sequential btree load).
@@ -205,10 +232,10 @@ class Journal {
   // Takes the open buffer and writes it as the holder of the writer's role.
   // Requires mu_ and !writing_; drops and retakes it.
   void WriteOpen();
-  // Waits until entry `target` is durable, writing the open entry (as a flush
-  // entry) in this thread whenever the writer's role is free and CanPlaceOpen().
-  // Requires mu_.
-  Status WaitDurable(u64 target);
+  // Waits until entry `target` is durable (settled), writing the open entry (as
+  // a flush entry; ordered to settle) in this thread whenever the writer's role
+  // is free and CanPlaceOpen(). Requires mu_.
+  Status WaitDurable(u64 target, bool settle);
   // Whether the open buffer, written now, finds ring room without reclaim (Place
   // would succeed at once). Requires mu_.
   bool CanPlaceOpen() const;
@@ -257,6 +284,9 @@ class Journal {
   Status failed_;              // sticky journal error
   u64 written_seq_ = 0;        // newest entry written
   u64 durable_seq_ = 0;        // newest entry known durable
+  u64 settled_seq_ = 0;        // newest entry durable and never to be checked again
+  bool pending_unchecked_ = false;  // entries since durable hold an unchecked commit
+  u64 pending_check_bytes_ = 0;     // bytes the data checks since durable cover
   u64 durable_last_seq_ = 0;   // last_seq recorded by the newest durable entry
   u64 oldest_nondurable_ns_ = 0;  // write time of the oldest written-not-durable entry
   dev::DevMask pending_deps_ = 0;      // deps of entries not yet durable

@@ -115,6 +115,7 @@ std::vector<u64> Replayed(Fixture& f, ReplayResult* rr = nullptr) {
   std::vector<u64> values;
   for (const ReplayedEntry& e : r.entries) {
     Status s = ForEachKey(e, [](void* ctx, u64, const Key& k) -> Status {
+      if (k.type == kKeyDataCheck) return Status::Ok();
       EXPECT_EQ(k.type, kKeyTest);
       EXPECT_EQ(k.len, 8u);
       u64 v;
@@ -273,6 +274,201 @@ TEST(JournalTest, FlushingCommitterWritesTheEntryItself) {
   ASSERT_TRUE(j.Stop().ok());
   std::vector<u64> v = Replayed(*f.AfterPowerCut());
   EXPECT_EQ(v, (std::vector<u64>{1, 2, 3}));
+}
+
+// Unordered flush entries (docs/format/journal.md): data is written to member 1
+// (the HDD of the fixture) block by block; each commit carries a data check for
+// its block, with deps on member 1.
+struct DataWriter {
+  explicit DataWriter(Fixture& fixture) : f(fixture) {}
+  Fixture& f;
+  u64 next = 600 * 4096;  // past the journal ring
+  std::vector<uint8_t> check;  // the last check built
+  u64 last_offset = 0;
+  // Writes one block of `fill` (completed, not flushed) and commits `v` with its
+  // data check.
+  Result<u64> Commit(Journal& j, u64 v, CommitMode mode, Pins* pins, u8 fill) {
+    std::vector<uint8_t> block(4096, fill);
+    last_offset = next;
+    next += 4096;
+    Status st = dev::QueueSyncIo(f.devs.member(1)->queue(), IoOp::kWrite, last_offset, block.data(), 4096, 0,
+                                 IoOrigin::kForegroundWrite);
+    if (!st.ok()) return st;
+    check.assign(DataCheckBytes(1), 0);
+    auto* dc = reinterpret_cast<DataCheckFormat*>(check.data());
+    dc->member.set(1);
+    dc->unit.set(4096);
+    dc->offset.set(last_offset);
+    dc->length.set(4096);
+    Le32 crc;
+    crc.set(platform::Crc32c(block.data(), 4096));
+    memcpy(check.data() + sizeof(DataCheckFormat), &crc, 4);
+    Key k[2] = {{kKeyTest, sizeof(v), &v}, {kKeyDataCheck, u32(check.size()), check.data()}};
+    return j.Commit(k, 2, /*deps=*/0b10, mode, pins->New());
+  }
+};
+
+TEST(JournalTest, CheckedCommitsGetAnUnorderedFlushEntry) {
+  Fixture f;
+  Config c = FastConfig();
+  c.flush_delay_ns = 60 * platform::kNsPerSec;
+  Journal j;
+  Pins pins;
+  ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, c).ok());
+  DataWriter w(f);
+  ASSERT_TRUE(w.Commit(j, 1, CommitMode::kNoFlush, &pins, 0x11).ok());
+  f.mem[0]->ResetCounters();
+  f.mem[1]->ResetCounters();
+  ASSERT_TRUE(w.Commit(j, 2, CommitMode::kFlush, &pins, 0x22).ok());
+  Stats s = j.GetStats();
+  EXPECT_EQ(s.unordered_entries, 1u);
+  EXPECT_EQ(s.flush_entries, 1u);
+  // One flush per device after the entry: none before it, and no FUA.
+  EXPECT_EQ(f.mem[1]->ops(IoOp::kFlush), 1u);
+  EXPECT_EQ(f.mem[0]->ops(IoOp::kFlush), 1u);
+  EXPECT_EQ(f.devs.DebtMask(), 0u);
+  // Durable, not settled: replay would still read its data.
+  EXPECT_EQ(j.durable_seq(), s.next_seq - 1);
+  EXPECT_LT(j.settled_seq(), j.durable_seq());
+  EXPECT_EQ((std::vector<u64>{1, 2}), Replayed(*f.AfterPowerCut()));
+  ReplayResult rr;
+  Replayed(*f.AfterPowerCut(), &rr);
+  EXPECT_EQ(rr.checked_bytes, 2 * 4096u);  // both entries of the group
+  EXPECT_EQ(rr.unverified_seq, 0u);
+  // Settle writes one ordered entry more.
+  const u64 durable = j.durable_seq();
+  ASSERT_TRUE(j.Settle().ok());
+  EXPECT_GE(j.settled_seq(), durable);
+  EXPECT_EQ(j.GetStats().unordered_entries, 1u);
+  EXPECT_EQ(j.GetStats().flush_entries, 2u);
+  ASSERT_TRUE(j.Settle().ok());  // nothing new: no entry
+  EXPECT_EQ(j.GetStats().flush_entries, 2u);
+
+  // A commit with deps and no data check makes the next flush entry ordered.
+  ASSERT_TRUE(CommitValue(j, 3, CommitMode::kNoFlush, 0b10, nullptr, &pins).ok());
+  ASSERT_TRUE(w.Commit(j, 4, CommitMode::kFlush, &pins, 0x44).ok());
+  EXPECT_EQ(j.GetStats().unordered_entries, 1u);
+  EXPECT_EQ(j.settled_seq(), j.durable_seq());
+  // And so does a group whose checks exceed max_unordered_check_bytes.
+  ASSERT_TRUE(j.Stop().ok());
+  c.max_unordered_check_bytes = 4096;
+  Fixture g;
+  Journal k;
+  ASSERT_TRUE(k.Start(&g.devs, g.sb, 1, c).ok());
+  DataWriter wg(g);
+  ASSERT_TRUE(wg.Commit(k, 1, CommitMode::kNoFlush, &pins, 1).ok());
+  ASSERT_TRUE(wg.Commit(k, 2, CommitMode::kFlush, &pins, 2).ok());
+  EXPECT_EQ(k.GetStats().unordered_entries, 0u);
+  ASSERT_TRUE(wg.Commit(k, 3, CommitMode::kFlush, &pins, 3).ok());
+  EXPECT_EQ(k.GetStats().unordered_entries, 1u);
+  ASSERT_TRUE(k.Stop().ok());
+}
+
+// A power cut between the unordered entry's write and its flush may leave the
+// entry on disk without its data: replay reads the group's data, and an entry
+// whose data does not match is not replayed -- unless a later entry exists,
+// which proves that flush done.
+TEST(JournalTest, ReplayChecksTheNewestUnorderedEntrysData) {
+  Fixture f;
+  Config c = FastConfig();
+  c.flush_delay_ns = 60 * platform::kNsPerSec;
+  Journal j;
+  Pins pins;
+  ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, c).ok());
+  DataWriter w(f);
+  ASSERT_TRUE(CommitValue(j, 1, CommitMode::kFlush, 0, nullptr, &pins).ok());  // ordered
+  ASSERT_TRUE(w.Commit(j, 2, CommitMode::kNoFlush, &pins, 0x22).ok());
+  const u64 first_data = w.last_offset;
+  ASSERT_TRUE(w.Commit(j, 3, CommitMode::kFlush, &pins, 0x33).ok());
+  const u64 unordered_seq = j.durable_seq();
+  ASSERT_EQ(j.GetStats().unordered_entries, 1u);
+  auto images = MemDevice::SnapshotDurable({f.mem[0].get(), f.mem[1].get()});
+  // Data intact: everything replays.
+  {
+    Fixture g(f, images[0], images[1]);
+    EXPECT_EQ((std::vector<u64>{1, 2, 3}), Replayed(g));
+  }
+  // Either block of the group lost (the device kept the entry, not the data):
+  // the group is not replayed, the ordered entry before it is.
+  for (u64 lost : {first_data, w.last_offset}) {
+    std::vector<uint8_t> b = images[1];
+    memset(b.data() + lost, 0, 4096);
+    Fixture g(f, images[0], std::move(b));
+    ReplayResult rr;
+    EXPECT_EQ((std::vector<u64>{1}), Replayed(g, &rr));
+    EXPECT_EQ(rr.unverified_seq, unordered_seq);
+  }
+  // One entry more on disk (not even a flush entry): the unordered one is
+  // proven durable and replayed without reading its data.
+  ASSERT_TRUE(CommitValue(j, 4, CommitMode::kNoFlush, 0, nullptr, &pins).ok());
+  while (j.GetStats().entries < 3) platform::SleepNs(platform::kNsPerMs);
+  std::vector<uint8_t> b = images[1];
+  memset(b.data() + w.last_offset, 0, 4096);
+  // The non-flush entry reached the journal device's cache only: persist it by
+  // hand, as a device may persist any write it acknowledged.
+  std::vector<uint8_t> a(kDevSize);
+  f.mem[0]->ReadRaw(0, a.data(), kDevSize);
+  Fixture g(f, std::move(a), std::move(b));
+  ReplayResult rr;
+  EXPECT_EQ((std::vector<u64>{1, 2, 3}), Replayed(g, &rr));  // 4: after the last flush entry
+  EXPECT_EQ(rr.checked_bytes, 0u);
+  EXPECT_EQ(rr.unverified_seq, 0u);
+  ASSERT_TRUE(j.Stop().ok());
+}
+
+// Data checks are hostile bytes at replay: a check that passed the entry's crc
+// but names a range off the device fails replay with a message, never a read
+// past the end or a crash.
+TEST(JournalTest, ReplayRejectsAnImpossibleDataCheck) {
+  Fixture f;
+  Config c = FastConfig();
+  c.flush_delay_ns = 60 * platform::kNsPerSec;
+  Journal j;
+  Pins pins;
+  ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, c).ok());
+  DataWriter w(f);
+  ASSERT_TRUE(w.Commit(j, 1, CommitMode::kFlush, &pins, 0x11).ok());
+  ASSERT_EQ(j.GetStats().unordered_entries, 1u);
+  // Malformed checks never get in.
+  std::vector<uint8_t> bad(DataCheckBytes(1), 0);
+  auto* dc = reinterpret_cast<DataCheckFormat*>(bad.data());
+  dc->member.set(1);
+  dc->unit.set(4096);
+  dc->length.set(8192);  // two crcs needed, one given
+  u64 v = 9;
+  Key k[2] = {{kKeyTest, sizeof(v), &v}, {kKeyDataCheck, u32(bad.size()), bad.data()}};
+  EXPECT_EQ(j.Commit(k, 2, 0b10, CommitMode::kNoFlush).status().code(), Err::kInvalidArgument);
+  dc->length.set(4096);
+  EXPECT_EQ(j.Commit(k, 2, 0b01, CommitMode::kNoFlush).status().code(), Err::kInvalidArgument)
+      << "a check on a member outside deps";
+  auto images = MemDevice::SnapshotDurable({f.mem[0].get(), f.mem[1].get()});
+  // Move the check of the entry on disk past the end of the device and fix the
+  // entry's crc, as a hostile or buggy writer could have.
+  const u64 ring = sb::kBucketsOffset + f.sb.members[0].journal_first_bucket * kBucket;
+  bool patched = false;
+  for (u64 pos = ring; pos < ring + 8 * kBucket && !patched; pos += 4096) {
+    auto* h = reinterpret_cast<EntryHeader*>(images[0].data() + pos);
+    if (h->magic.get() == 0 || !(h->flags.get() & kEntryUnordered)) continue;
+    u8* p = images[0].data() + pos + sizeof(EntryHeader);
+    for (u32 n = 0; n < h->nkeys.get(); n++) {
+      auto* kh = reinterpret_cast<KeyHeader*>(p);
+      if (kh->type.get() == kKeyDataCheck) {
+        reinterpret_cast<DataCheckFormat*>(p + sizeof(KeyHeader))->offset.set(kDevSize);
+        patched = true;
+      }
+      p += KeySpace(kh->len.get());
+    }
+    h->csum.set(platform::Crc32cSkippingField(images[0].data() + pos, h->bytes.get(),
+                                              __builtin_offsetof(EntryHeader, csum)));
+  }
+  ASSERT_TRUE(patched);
+  Fixture g(f, std::move(images[0]), std::move(images[1]));
+  ReplayResult rr;
+  Diag d;
+  Status st = ReadForReplay(g.devs, g.sb, &rr, &d);
+  EXPECT_EQ(st.code(), Err::kCorrupt);
+  EXPECT_NE(std::string(d.text).find("invalid data check"), std::string::npos) << d.text;
+  ASSERT_TRUE(j.Stop().ok());
 }
 
 TEST(JournalTest, ConcurrentFlushCommitsAllReplayed) {

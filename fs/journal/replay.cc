@@ -8,6 +8,14 @@
 // durable and their data dependencies were never flushed, so applying them could
 // point metadata at data that did not survive. Everything after a gap (a torn,
 // corrupt or missing entry) is discarded and counted.
+//
+// An unordered flush entry was written before the flush that made it and its
+// data durable. Any later entry on disk proves that flush done (entries are
+// written one after another, flushes included). If it is the newest entry found,
+// the data checks of its group -- the entries after the previous flush entry, up
+// to it -- are read and verified; should one fail, the power cut came before the
+// flush, its commits were never acknowledged, and it counts as a plain entry
+// (the run ends at the previous flush entry).
 #include "journal/journal.h"
 #include "util/sort.h"
 
@@ -18,6 +26,7 @@ struct Found {
   u64 seq;
   u64 last_seq;
   bool flush;
+  bool unordered;
   u32 nkeys;
   Vector<u8> payload;
 };
@@ -51,7 +60,8 @@ Status ScanBucket(const u8* data, u32 bucket_size, u64 magic, u64 floor, Vector<
     bool sane = h->version.get() == kJournalVersion && bytes >= kJournalBlock &&
                 bytes % kJournalBlock == 0 && bytes <= bucket_size - pos &&
                 payload <= bytes - sizeof(EntryHeader) && h->seq.get() != 0 &&
-                h->last_seq.get() <= h->seq.get() && (h->flags.get() & ~kEntryFlush) == 0;
+                h->last_seq.get() <= h->seq.get() && (h->flags.get() & ~kEntryFlagsKnown) == 0 &&
+                ((h->flags.get() & kEntryUnordered) == 0 || (h->flags.get() & kEntryFlush) != 0);
     if (sane) {
       u32 crc = platform::Crc32cSkippingField(data + pos, bytes, __builtin_offsetof(EntryHeader, csum));
       sane = crc == h->csum.get() &&
@@ -69,6 +79,7 @@ Status ScanBucket(const u8* data, u32 bucket_size, u64 magic, u64 floor, Vector<
       f.seq = seq;
       f.last_seq = h->last_seq.get();
       f.flush = (h->flags.get() & kEntryFlush) != 0;
+      f.unordered = (h->flags.get() & kEntryUnordered) != 0;
       f.nkeys = h->nkeys.get();
       TFS_TRY(f.payload.Resize(payload));
       MemCopy(f.payload.data(), data + pos + sizeof(EntryHeader), payload);
@@ -77,6 +88,69 @@ Status ScanBucket(const u8* data, u32 bucket_size, u64 magic, u64 floor, Vector<
     pos += bytes;
   }
   return Status::Ok();
+}
+
+// Reads the range of one data check and compares its crcs. *ok = false on a
+// mismatch; kCorrupt for a check that cannot be valid (the entry's crc matched:
+// the journal wrote it so), kIo if the member cannot be read.
+Status VerifyCheck(dev::DeviceSet& devs, const sb::Superblock& sb, const Key& k, u8* buf, u32 buf_bytes,
+                   bool* ok, u64* read_bytes, Diag* diag) {
+  if (k.len < sizeof(DataCheckFormat)) return DiagError(diag, Err::kCorrupt, "journal: short data check");
+  const auto* dc = static_cast<const DataCheckFormat*>(k.val);
+  const u32 member = dc->member.get();
+  const u32 length = dc->length.get();
+  const u32 unit = dc->unit.get();
+  const u64 offset = dc->offset.get();
+  const u32 ncrcs = DataCheckCrcs(length, unit);
+  dev::Member* dm = member < sb.nr_members ? devs.member(member) : nullptr;
+  const u64 span = (u64(length) + 4095) / 4096 * 4096;
+  if (ncrcs == 0 || k.len != DataCheckBytes(ncrcs) || offset % 4096 != 0 || dm == nullptr ||
+      offset > dm->bdev()->Info().size || span > dm->bdev()->Info().size - offset)
+    return DiagError(diag, Err::kCorrupt, "journal: invalid data check (member %u, offset %llu, %u bytes)",
+                     member, (unsigned long long)offset, length);
+  const u8* crcs = static_cast<const u8*>(k.val) + sizeof(DataCheckFormat);
+  // Whole units per read (one unit when it is the only one, at most buf_bytes).
+  const u32 step = ncrcs == 1 ? u32(span) : buf_bytes / unit * unit;
+  for (u32 pos = 0, c = 0; pos < length; pos += step) {
+    const u32 n = Min(step, length - pos);
+    const u32 io_len = (n + 4095) / 4096 * 4096;
+    Status st = dev::QueueSyncIo(dm->queue(), IoOp::kRead, offset + pos, buf, io_len, 0, IoOrigin::kJournal);
+    if (!st.ok())
+      return DiagError(diag, st, "journal: reading data to check on %s: %s", sb.members[member].label, st.Message());
+    *read_bytes += io_len;
+    for (u32 at = 0; at < n; at += unit, c++) {
+      Le32 want;
+      MemCopy(&want, crcs + 4 * c, 4);
+      if (platform::Crc32c(buf + at, Min(unit, n - at)) != want.get()) {
+        *ok = false;
+        return Status::Ok();
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// Verifies every data check in found[from, to).
+Status VerifyGroup(dev::DeviceSet& devs, const sb::Superblock& sb, const Vector<Found>& found, usize from,
+                   usize to, bool* ok, u64* read_bytes, Diag* diag) {
+  *ok = true;
+  constexpr u32 kBuf = kMaxDataCheckUnit;
+  u8* buf = nullptr;
+  Status st;
+  for (usize i = from; i < to && st.ok() && *ok; i++) {
+    const Found& f = found[i];
+    const u8* p = f.payload.data();
+    for (u32 n = 0, pos = 0; n < f.nkeys && st.ok() && *ok; n++) {
+      const auto* kh = reinterpret_cast<const KeyHeader*>(p + pos);
+      const Key k{kh->type.get(), kh->len.get(), p + pos + sizeof(KeyHeader)};
+      pos += KeySpace(k.len);
+      if (k.type != kKeyDataCheck) continue;
+      if (buf == nullptr) buf = static_cast<u8*>(platform::Alloc(kBuf, 4096));
+      st = buf == nullptr ? Status(Err::kNoMemory) : VerifyCheck(devs, sb, k, buf, kBuf, ok, read_bytes, diag);
+    }
+  }
+  platform::Free(buf);
+  return st;
 }
 
 }  // namespace
@@ -89,6 +163,7 @@ Status ReadForReplay(dev::DeviceSet& devs, const sb::Superblock& sb, ReplayResul
   out->entries.Clear();
   out->next_seq = floor;
   out->valid_entries = out->discarded_entries = out->bad_headers = out->gap_at = 0;
+  out->unverified_seq = out->checked_bytes = 0;
 
   u8* bucket = static_cast<u8*>(platform::Alloc(sb.bucket_size, 4096));
   if (bucket == nullptr) return Err::kNoMemory;
@@ -127,20 +202,40 @@ Status ReadForReplay(dev::DeviceSet& devs, const sb::Superblock& sb, ReplayResul
   TFS_TRY(found.Resize(unique));
   out->valid_entries = unique;
 
-  u64 start = floor;
-  for (const Found& f : found) {
-    if (f.flush && f.last_seq > start) start = f.last_seq;
-  }
-  usize i = 0;
-  while (i < found.size() && found[i].seq < start) i++;
-  // The consecutive run from `start`, cut back to its newest flush entry.
-  usize run_end = i;  // one past the last entry of the run
-  usize last_flush = i;
-  u64 expect = start;
-  while (run_end < found.size() && found[run_end].seq == expect) {
-    if (found[run_end].flush) last_flush = run_end + 1;
-    run_end++;
-    expect++;
+  usize i, run_end, last_flush;
+  u64 expect;
+  for (;;) {
+    u64 start = floor;
+    for (const Found& f : found) {
+      if (f.flush && f.last_seq > start) start = f.last_seq;
+    }
+    i = 0;
+    while (i < found.size() && found[i].seq < start) i++;
+    // The consecutive run from `start`, cut back to its newest flush entry.
+    run_end = i;  // one past the last entry of the run
+    last_flush = i;
+    expect = start;
+    usize prev_flush = i;  // one past the flush entry before the newest one
+    while (run_end < found.size() && found[run_end].seq == expect) {
+      if (found[run_end].flush) {
+        prev_flush = last_flush;
+        last_flush = run_end + 1;
+      }
+      run_end++;
+      expect++;
+    }
+    // Only an unordered flush entry that is the newest entry found can be
+    // unproven; its group's data decides.
+    if (last_flush == i || last_flush != found.size() || !found[last_flush - 1].unordered) break;
+    bool ok;
+    TFS_TRY(VerifyGroup(devs, sb, found, prev_flush, last_flush, &ok, &out->checked_bytes, diag));
+    if (ok) break;
+    Found& f = found[last_flush - 1];
+    out->unverified_seq = f.seq;
+    f.flush = false;
+    platform::Log(platform::LogLevel::kWarn,
+                  "journal: entry %llu was cut off before its data was durable; it is not replayed",
+                  (unsigned long long)f.seq);
   }
   if (run_end < found.size()) out->gap_at = expect;
   for (usize k = i; k < last_flush; k++) {

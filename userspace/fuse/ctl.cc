@@ -65,6 +65,7 @@ std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs) {
   w.UintField("flush_commits", j.flush_commits);
   w.UintField("entries", j.entries);
   w.UintField("flush_entries", j.flush_entries);
+  w.UintField("unordered_entries", j.unordered_entries);
   w.UintField("bytes", j.bytes);
   w.UintField("keys", j.keys);
   w.UintField("space_waits", j.space_waits);
