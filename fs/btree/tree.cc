@@ -1872,7 +1872,8 @@ Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
     }
     if (st.ok() && im->journal != nullptr) {
       journal::Pin local;
-      auto r = im->journal->Commit(jkeys.data(), u32(jkeys.size()), deps, journal::CommitMode::kNoFlush,
+      auto r = im->journal->Commit(jkeys.data(), u32(jkeys.size()), deps,
+                                   mode == journal::CommitMode::kFlushNext ? mode : journal::CommitMode::kNoFlush,
                                    need_pin ? &local : nullptr);
       if (!r.ok()) {
         st = r.status();

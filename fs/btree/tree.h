@@ -133,7 +133,8 @@ class Transaction {
   // is applied to a tree; kTooBig as for Set.
   [[nodiscard]] Status AddDataCheck(const void* check, u32 len);
   // Journals every queued update in one commit and applies them; returns the
-  // journal sequence. kFlush returns once that commit is durable. `deps`: the
+  // journal sequence. kFlush returns once that commit is durable; kFlushNext is
+  // kNoFlush from a caller that flushes the journal next. `deps`: the
   // members holding data these keys point at (written and completed before the
   // commit): the entry becomes durable only after they are flushed. The queue is
   // empty afterwards, whatever the result. Errors: kIo from the journal (the

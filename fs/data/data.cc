@@ -545,13 +545,13 @@ void DataPath::Abort(const Delta& delta) {
   }
 }
 
-Status DataPath::Commit(btree::Transaction* tx, const Delta& delta) {
+Status DataPath::Commit(btree::Transaction* tx, const Delta& delta, journal::CommitMode mode) {
   // Readers of this inode's extents see the commit whole or not at all (see
   // ReadBlocks): it is in progress while `active`, and done when `version`
   // has moved.
   const u32 s = CommitStripe(delta.ino);
   active_[s].FetchAdd(1, MemOrder::kSeqCst);
-  auto r = tx->Commit(journal::CommitMode::kNoFlush, delta.deps);
+  auto r = tx->Commit(mode, delta.deps);
   version_[s].FetchAdd(1, MemOrder::kSeqCst);
   active_[s].FetchSub(1, MemOrder::kSeqCst);
   if (!r.ok()) {

@@ -197,7 +197,8 @@ class DataPath {
   void Abort(const Delta& delta);
   // Commits tx (kNoFlush, with delta.deps) and then Applies the delta, or
   // Aborts it if the commit fails. The usual end of a write or punch.
-  Status Commit(btree::Transaction* tx, const Delta& delta);
+  Status Commit(btree::Transaction* tx, const Delta& delta,
+                journal::CommitMode mode = journal::CommitMode::kNoFlush);
 
   // Reads blocks [first, first + nblocks) into buf (nblocks * kBlockSize bytes;
   // read into directly if kBlockSize-aligned, else through a bounce buffer).

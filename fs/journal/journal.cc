@@ -266,7 +266,7 @@ Result<u64> Journal::Commit(const Key* keys, u32 nkeys, DevMask deps, CommitMode
     stats_.flush_commits++;
     buf->need_flush = true;
     TFS_TRY(WaitDurable(seq, /*settle=*/false));
-  } else if ((buf->ncommits == 1 && writer_wakes_ns_ != 0 &&
+  } else if ((buf->ncommits == 1 && mode != CommitMode::kFlushNext && writer_wakes_ns_ != 0 &&
               writer_wakes_ns_ - buf->first_commit_ns > config_.write_delay_ns) ||
              (buf->used > config_.max_entry_bytes / 2 && buf->used - space <= config_.max_entry_bytes / 2)) {
     // The writer's clock starts with an entry's first commit, and an entry half

@@ -10,6 +10,9 @@
 //    devices of their commits that hold durability debt, plus journal devices that
 //    received non-FUA entries since the last durable point. Then it writes the entry
 //    with FUA. A commit that depends only on SSD data never flushes an HDD.
+//  - kFlushNext: kNoFlush from a caller that calls Flush() right after (fsync's
+//    data commit): the writer thread is not woken for it, since the caller will
+//    write the entry itself (each needless wake-up cost a futex call and a CPU).
 //    Unordered flush entries: if every commit since the last durable entry either
 //    has no deps or carries kKeyDataCheck keys for all of its data (crc32cs of the
 //    device ranges its keys point at), the entry is written first and then the
@@ -68,7 +71,7 @@ struct Key {
   const void* val;
 };
 
-enum class CommitMode : u8 { kNoFlush, kFlush };
+enum class CommitMode : u8 { kNoFlush, kFlush, kFlushNext };
 
 // Who commits: kNormal commits wait for ring room (see above); kReclaim commits
 // (made while reclaiming ring space) never do and may use the reserve.

@@ -308,10 +308,15 @@ struct DataWriter {
   }
 };
 
+Config NoTimedFlush() {
+  Config c = FastConfig();
+  c.flush_delay_ns = 60 * platform::kNsPerSec;  // durability only when asked
+  return c;
+}
+
 TEST(JournalTest, CheckedCommitsGetAnUnorderedFlushEntry) {
   Fixture f;
-  Config c = FastConfig();
-  c.flush_delay_ns = 60 * platform::kNsPerSec;
+  const Config c = NoTimedFlush();
   Journal j;
   Pins pins;
   ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, c).ok());
@@ -351,10 +356,11 @@ TEST(JournalTest, CheckedCommitsGetAnUnorderedFlushEntry) {
   EXPECT_EQ(j.settled_seq(), j.durable_seq());
   // And so does a group whose checks exceed max_unordered_check_bytes.
   ASSERT_TRUE(j.Stop().ok());
-  c.max_unordered_check_bytes = 4096;
+  Config small = c;
+  small.max_unordered_check_bytes = 4096;
   Fixture g;
   Journal k;
-  ASSERT_TRUE(k.Start(&g.devs, g.sb, 1, c).ok());
+  ASSERT_TRUE(k.Start(&g.devs, g.sb, 1, small).ok());
   DataWriter wg(g);
   ASSERT_TRUE(wg.Commit(k, 1, CommitMode::kNoFlush, &pins, 1).ok());
   ASSERT_TRUE(wg.Commit(k, 2, CommitMode::kFlush, &pins, 2).ok());
@@ -370,8 +376,7 @@ TEST(JournalTest, CheckedCommitsGetAnUnorderedFlushEntry) {
 // which proves that flush done.
 TEST(JournalTest, ReplayChecksTheNewestUnorderedEntrysData) {
   Fixture f;
-  Config c = FastConfig();
-  c.flush_delay_ns = 60 * platform::kNsPerSec;
+  const Config c = NoTimedFlush();
   Journal j;
   Pins pins;
   ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, c).ok());
@@ -421,8 +426,7 @@ TEST(JournalTest, ReplayChecksTheNewestUnorderedEntrysData) {
 // past the end or a crash.
 TEST(JournalTest, ReplayRejectsAnImpossibleDataCheck) {
   Fixture f;
-  Config c = FastConfig();
-  c.flush_delay_ns = 60 * platform::kNsPerSec;
+  const Config c = NoTimedFlush();
   Journal j;
   Pins pins;
   ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, c).ok());
@@ -469,6 +473,28 @@ TEST(JournalTest, ReplayRejectsAnImpossibleDataCheck) {
   EXPECT_EQ(st.code(), Err::kCorrupt);
   EXPECT_NE(std::string(d.text).find("invalid data check"), std::string::npos) << d.text;
   ASSERT_TRUE(j.Stop().ok());
+}
+
+// kFlushNext (the caller flushes next) does not wake the writer thread: on an
+// idle journal the entry waits for that Flush, long past write_delay.
+TEST(JournalTest, FlushNextCommitsLeaveTheWriterAsleep) {
+  Fixture f;
+  Journal j;
+  Pins pins;
+  ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, FastConfig()).ok());  // write_delay 1 ms
+  platform::SleepNs(20 * platform::kNsPerMs);  // the writer goes to sleep (an awake one looks anyway)
+  ASSERT_TRUE(CommitValue(j, 1, CommitMode::kFlushNext, 0, nullptr, &pins).ok());
+  platform::SleepNs(50 * platform::kNsPerMs);
+  EXPECT_EQ(j.GetStats().entries, 0u);
+  ASSERT_TRUE(j.Flush().ok());
+  EXPECT_EQ(j.GetStats().caller_entries, 1u);
+  // A kNoFlush commit wakes it: written within write_delay, by the writer thread.
+  ASSERT_TRUE(CommitValue(j, 2, CommitMode::kNoFlush, 0, nullptr, &pins).ok());
+  for (int i = 0; i < 5000 && j.GetStats().entries < 2; i++) platform::SleepNs(platform::kNsPerMs);
+  EXPECT_EQ(j.GetStats().entries, 2u);
+  EXPECT_EQ(j.GetStats().caller_entries, 1u);
+  ASSERT_TRUE(j.Stop().ok());
+  EXPECT_EQ((std::vector<u64>{1, 2}), Replayed(*f.AfterPowerCut()));
 }
 
 TEST(JournalTest, ConcurrentFlushCommitsAllReplayed) {

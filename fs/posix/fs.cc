@@ -1051,7 +1051,8 @@ bool Filesystem::Buffering(u64 ino) {
   return false;
 }
 
-Status Filesystem::CommitData(u64 ino, const data::Prepared* p, data::Delta* delta, u64 min_size, i64 mtime) {
+Status Filesystem::CommitData(u64 ino, const data::Prepared* p, data::Delta* delta, u64 min_size, i64 mtime,
+                              journal::CommitMode mode) {
   const u64 lock[1] = {ino};
   Locked locked(this, lock, 1);
   InodeFormat f;
@@ -1071,7 +1072,7 @@ Status Filesystem::CommitData(u64 ino, const data::Prepared* p, data::Delta* del
     data_.Abort(*delta);  // failed before the commit
     return st;
   }
-  return data_.Commit(&tx, *delta);
+  return data_.Commit(&tx, *delta, mode);
 }
 
 Status Filesystem::PrepareZero(u64 ino, u64 block, u32 from, u32 to, data::Prepared** out, data::Delta* delta) {
@@ -1120,7 +1121,9 @@ Status Filesystem::FlushRun(u64 ino, Buffered* b, FlushCause cause) {
   if (st.ok() && p == nullptr) st = Err::kNoMemory;
   if (st.ok()) st = data_.Prepare(ino, b->first, b->data, b->blocks, Compress(f), p, &delta);
   if (st.ok()) {
-    st = CommitData(ino, p, &delta, b->size, b->mtime_ns);
+    // Fsync flushes the journal right after: the writer thread need not wake.
+    st = CommitData(ino, p, &delta, b->size, b->mtime_ns,
+                    cause == kFlushFsync ? journal::CommitMode::kFlushNext : journal::CommitMode::kNoFlush);
   } else {
     data_.Abort(delta);
   }

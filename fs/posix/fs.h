@@ -289,7 +289,8 @@ class Filesystem {
   // Under the stripe: queues p (if any; punching its range), raises the size
   // to at least min_size, sets mtime and ctime (if mtime != 0), and commits
   // with the delta's dependencies -- or aborts the delta.
-  Status CommitData(u64 ino, const data::Prepared* p, data::Delta* delta, u64 min_size, i64 mtime);
+  Status CommitData(u64 ino, const data::Prepared* p, data::Delta* delta, u64 min_size, i64 mtime,
+                    journal::CommitMode mode = journal::CommitMode::kNoFlush);
   // Bytes [from, to) of a block that holds data, zeroed and written as a new
   // blob (*out; null for a hole or unwritten block, which reads as zeros).
   Status PrepareZero(u64 ino, u64 block, u32 from, u32 to, data::Prepared** out, data::Delta* delta);
