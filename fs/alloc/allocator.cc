@@ -197,10 +197,10 @@ bool Allocator::Usable(u32 dev, BucketState purpose, Watermark wm) const {
   return (d.data_allowed & DataBit(purpose)) != 0 && d.free_count > FreeFloor(dev, wm);
 }
 
-void Allocator::ReleasePending(Dev& d, u64 durable_seq) {
+void Allocator::ReleasePending(Dev& d, u64 settled_seq) {
   usize keep = 0;
   for (usize i = 0; i < d.pending.size(); i++) {
-    if (d.pending[i].seq <= durable_seq) {
+    if (d.pending[i].seq <= settled_seq) {
       d.free_list.PushBack(d.pending[i].bucket).IgnoreError();  // capacity reserved at Init
       d.free_count++;
     } else {
@@ -231,13 +231,13 @@ Result<BucketRef> Allocator::TryAllocate(dev::DevMask target, dev::DevMask fallb
                                          BucketState purpose, Watermark wm, bool* pending_seen) {
   // Reuse waits for settled, not just durable: replay may still read what the
   // newest unordered entry's group wrote to check it (journal.h, settled_seq).
-  u64 durable = journal_ != nullptr ? journal_->settled_seq() : ~u64(0);
+  u64 settled = journal_ != nullptr ? journal_->settled_seq() : ~u64(0);
   BucketRef ref;
   Bucket snapshot;
   {
     MutexLock lock(mu_);
     for (u32 i = 0; i < nr_; i++) {
-      if (!devices_[i].pending.empty()) ReleasePending(devices_[i], durable);
+      if (!devices_[i].pending.empty()) ReleasePending(devices_[i], settled);
     }
     i32 best = -1;
     for (int pass = 0; pass < 2 && best < 0; pass++) {

@@ -17,8 +17,9 @@
 // free is durable: otherwise new data could overwrite a bucket that, after a crash,
 // the old (still referenced) extent points at -- and *settled* (journal.h,
 // settled_seq): while replay may still read the newest unordered entry's data to
-// check it, new data there would fail the check. Until then it waits on a pending
-// list; an allocation that finds nothing else forces a journal Settle().
+// check it, new data there would fail the check (so would a discard: none may be
+// issued earlier either). Until then it waits on a pending list; an allocation
+// that finds nothing else forces a journal Settle().
 //
 // Persistence (docs/format/alloc.md): every change is journaled (no-flush) as an
 // AllocKey with the bucket's new change version; Checkpoint() writes every member's
@@ -153,8 +154,9 @@ class Allocator {
   // Journals bucket `bucket`'s new state `b`; `owner` is the state the change is
   // made for (a free: the state it had), which decides its journal Room.
   Result<u64> JournalChange(u32 dev, u64 bucket, const Bucket& b, BucketState owner);
-  // Moves pending frees made durable by `durable_seq` to the free list. Requires mu_.
-  void ReleasePending(Dev& d, u64 durable_seq);
+  // Moves pending frees settled by `settled_seq` (Journal::settled_seq) to the
+  // free list. Requires mu_.
+  void ReleasePending(Dev& d, u64 settled_seq);
   // One allocation attempt; kNoSpace with *pending_seen if only pending buckets
   // could have served it.
   Result<BucketRef> TryAllocate(dev::DevMask target, dev::DevMask fallback, BucketState purpose,

@@ -10,15 +10,15 @@
 //    devices of their commits that hold durability debt, plus journal devices that
 //    received non-FUA entries since the last durable point. Then it writes the entry
 //    with FUA. A commit that depends only on SSD data never flushes an HDD.
-//  - kFlushNext: kNoFlush from a caller that calls Flush() right after (fsync's
-//    data commit): the writer thread is not woken for it, since the caller will
-//    write the entry itself (each needless wake-up cost a futex call and a CPU).
 //    Unordered flush entries: if every commit since the last durable entry either
 //    has no deps or carries kKeyDataCheck keys for all of its data (crc32cs of the
 //    device ranges its keys point at), the entry is written first and then the
 //    same devices and the journal's are flushed together -- one device round trip
 //    less. Replay checks that group's data while the entry is the newest on disk
 //    (ReadForReplay), so space such entries free is reused only once settled.
+//  - kFlushNext: kNoFlush from a caller that calls Flush() right after (fsync's
+//    data commit): the writer thread is not woken for it, since the caller will
+//    write the entry itself (each needless wake-up cost a futex call and a CPU).
 //
 // Group commit: commits accumulate in the open buffer while the previous entry is
 // being written; one write carries them all. Entries are written one at a time, by
