@@ -161,12 +161,30 @@ std::vector<uint8_t> MemDevice::SnapshotDurable() const {
 }
 
 std::vector<std::vector<uint8_t>> MemDevice::SnapshotDurable(const std::vector<const MemDevice*>& devices) {
+  return SnapshotAtOnce(devices, nullptr);
+}
+
+std::vector<std::vector<uint8_t>> MemDevice::SnapshotTorn(const std::vector<const MemDevice*>& devices,
+                                                          uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  return SnapshotAtOnce(devices, &rng);
+}
+
+std::vector<std::vector<uint8_t>> MemDevice::SnapshotAtOnce(const std::vector<const MemDevice*>& devices,
+                                                            std::mt19937_64* torn) {
   std::vector<const MemDevice*> order(devices);
   std::sort(order.begin(), order.end());  // one lock order for every caller
   order.erase(std::unique(order.begin(), order.end()), order.end());
   for (const MemDevice* d : order) d->mu_.lock();
   std::vector<std::vector<uint8_t>> out;
-  for (const MemDevice* d : devices) out.push_back(d->volatile_cache_ ? d->durable_ : d->current_);
+  for (const MemDevice* d : devices) {
+    out.push_back(d->volatile_cache_ ? d->durable_ : d->current_);
+    if (torn == nullptr || !d->volatile_cache_) continue;
+    const uint64_t lbs = d->info_.logical_block_size;
+    for (uint64_t b = 0; b < d->dirty_.size(); b++) {
+      if (d->dirty_[b] && ((*torn)() & 1)) memcpy(&out.back()[b * lbs], &d->current_[b * lbs], lbs);
+    }
+  }
   for (auto it = order.rbegin(); it != order.rend(); ++it) (*it)->mu_.unlock();
   return out;
 }

@@ -70,6 +70,12 @@ class MemDevice final : public BlockDevice {
   // (snapshotted, later) write be issued -- the btree's roots block after its
   // nodes' flush, for one.
   static std::vector<std::vector<uint8_t>> SnapshotDurable(const std::vector<const MemDevice*>& devices);
+  // The same, for a cache that persisted some of what it held when the power
+  // went: each written-but-not-durable block keeps its new contents with
+  // probability 1/2 (a seeded choice), in any order -- a later write without
+  // the earlier one, an entry without its data.
+  static std::vector<std::vector<uint8_t>> SnapshotTorn(const std::vector<const MemDevice*>& devices,
+                                                        uint64_t seed);
   // Blocks of logical_block_size that hold written-but-not-durable data.
   uint64_t dirty_blocks() const;
 
@@ -80,6 +86,9 @@ class MemDevice final : public BlockDevice {
   void ResetCounters();
 
  private:
+  // SnapshotDurable / SnapshotTorn (torn: the coin for each dirty block).
+  static std::vector<std::vector<uint8_t>> SnapshotAtOnce(const std::vector<const MemDevice*>& devices,
+                                                          std::mt19937_64* torn);
   void Execute(IoRequest* req);  // performs and completes one request
   void WorkerLoop();
 
