@@ -784,6 +784,21 @@ Result<bool> DataPath::HasBlockData(u64 ino, u64 block) {
   return e.start <= block && !e.unwritten;
 }
 
+Result<u64> DataPath::SeekBlock(u64 ino, u64 block, bool data) {
+  Iterator it(trees_, btree::kBtreeExtents, kPointBatch);
+  TFS_TRY(it.Seek(ExtentPos(ino, block + 1)));  // the first extent ending past `block`
+  u64 cur = block;
+  for (; it.Valid() && it.pos().inode == ino; TFS_TRY(it.Next())) {
+    Extent e;
+    TFS_TRY(ParseExtent(it.pos(), it.value(), it.val_bytes(), &e));
+    if (e.unwritten) continue;
+    if (data) return Max(cur, e.start);
+    if (e.start > cur) return cur;  // a gap, or an unwritten extent, before it
+    cur = e.end;
+  }
+  return data ? kNoBlock : cur;
+}
+
 Stats DataPath::GetStats() const {
   Stats s;
   s.bytes_written = c_bytes_written_.Load(MemOrder::kRelaxed);

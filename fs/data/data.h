@@ -208,6 +208,12 @@ class DataPath {
   Result<bool> HasData(u64 ino);
   // Whether a written extent (not a hole, not unwritten) holds the block.
   Result<bool> HasBlockData(u64 ino, u64 block);
+  // The first block at or after `block` that written extents hold (`data`;
+  // kNoBlock if none) or that they do not (a hole; past the last extent at
+  // most). Unwritten extents read as zeros and count as holes, as ext4 and
+  // XFS report them. Buffered writes are the caller's (posix::Filesystem).
+  static constexpr u64 kNoBlock = ~u64(0);
+  Result<u64> SeekBlock(u64 ino, u64 block, bool data);
 
   Stats GetStats() const;
 

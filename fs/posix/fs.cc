@@ -1346,6 +1346,25 @@ Result<u32> Filesystem::WriteThrough(u64 ino, InodeFormat f, u64 off, const u8* 
   return len;
 }
 
+Result<u64> Filesystem::Seek(u64 ino, u64 off, bool data) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  // The data lock keeps new buffered writes out while the extents are read.
+  WriteGuard g(DataLock(ino));
+  TFS_TRY(FlushRun(ino, FindBuffer(ino, false), kFlushOther));
+  InodeFormat f;
+  TFS_TRY(ReadInode(ino, &f));
+  if (IsDir(f)) return Err::kIsDir;
+  if ((f.mode.get() & kModeTypeMask) != kModeReg) return Err::kInvalidArgument;
+  const u64 size = f.size.get();
+  if (off >= size) return Err::kNoSuchOffset;
+  const u64 block = TFS_TRY(data_.SeekBlock(ino, off / kBlock, data));
+  if (data) {
+    if (block == data::DataPath::kNoBlock || block * kBlock >= size) return Err::kNoSuchOffset;
+    return Max(off, block * kBlock);
+  }
+  return Min(size, Max(off, block * kBlock));
+}
+
 Result<u32> Filesystem::Read(u64 ino, u64 off, void* buf, u32 len) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
   const u32 s = Stripe(ino);

@@ -219,6 +219,11 @@ class Filesystem {
   // including this inode's data, survives a crash.
   Status Fsync(u64 ino);
   Result<u32> Read(u64 ino, u64 off, void* buf, u32 len);
+  // lseek's SEEK_DATA (`data`) and SEEK_HOLE: the first offset at or after
+  // `off` in data (or in a hole; the end of the file counts as one). Buffered
+  // writes are written out first (they are data). kNoSuchOffset (ENXIO) when
+  // `off` is at or past the end, or no data follows it.
+  Result<u64> Seek(u64 ino, u64 off, bool data);
   // fallocate(2) on a regular file (kIsDir for a directory, kNoDevice for other
   // types): mode 0 or kFallocKeepSize reserve the holes of the range as
   // unwritten extents (zeros that hold their space; the size grows to the

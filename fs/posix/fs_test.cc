@@ -907,6 +907,40 @@ TEST(PosixTest, FileDataAgainstAModel) { FileModel(false); }
 // An fsync of new data gets an unordered flush entry (data write, entry write,
 // one flush: docs/format/journal.md); a power cut right after keeps the data,
 // and the replay read that data back to check it.
+// SEEK_DATA / SEEK_HOLE over written extents, holes, unwritten (fallocated)
+// extents, which count as holes, and a still-buffered write, which is data.
+TEST(PosixTest, SeekFindsDataAndHoles) {
+  Mounted m;
+  const u64 f = Mkfile(m.fs, kRootIno, "sparse").value().ino;
+  const u64 MiB = 1 << 20, K4 = 4096;
+  const std::string block(K4, 'd');
+  ASSERT_TRUE(m.fs.Write(f, MiB, block.data(), u32(K4)).ok());
+  ASSERT_TRUE(m.fs.FlushBuffer(f).ok());
+  ASSERT_TRUE(m.fs.Fallocate(f, 0, 2 * MiB, 64 * K4).ok());  // unwritten, and the size grows
+  const u64 size = 2 * MiB + 64 * K4;
+  ASSERT_EQ(m.fs.GetAttr(f).value().size, size);
+  auto data = [&](u64 off) { return m.fs.Seek(f, off, true); };
+  auto hole = [&](u64 off) { return m.fs.Seek(f, off, false); };
+  EXPECT_EQ(data(0).value(), MiB);
+  EXPECT_EQ(data(MiB + 100).value(), MiB + 100);
+  EXPECT_EQ(hole(0).value(), 0u);
+  EXPECT_EQ(hole(MiB).value(), MiB + K4);
+  EXPECT_EQ(hole(MiB + K4 - 1).value(), MiB + K4);
+  EXPECT_EQ(data(MiB + K4).status().code(), Err::kNoSuchOffset);  // only unwritten space follows
+  EXPECT_EQ(hole(2 * MiB + 10).value(), 2 * MiB + 10);  // unwritten: a hole
+  EXPECT_EQ(hole(size - 1).value(), size - 1);
+  EXPECT_EQ(data(size).status().code(), Err::kNoSuchOffset);
+  EXPECT_EQ(hole(size).status().code(), Err::kNoSuchOffset);
+  // A buffered write is data (written out first).
+  ASSERT_TRUE(m.fs.Write(f, MiB + 8 * K4, block.data(), u32(K4)).ok());
+  EXPECT_EQ(data(MiB + K4).value(), MiB + 8 * K4);
+  EXPECT_EQ(hole(MiB + 8 * K4).value(), MiB + 9 * K4);
+  // Data up to the end: the end of the file is the hole.
+  ASSERT_TRUE(m.fs.Write(f, size - K4, block.data(), u32(K4)).ok());
+  EXPECT_EQ(hole(size - K4).value(), size);
+  EXPECT_EQ(m.fs.Seek(kRootIno, 0, true).status().code(), Err::kIsDir);
+}
+
 TEST(PosixTest, FsyncedOverwritesSurviveAPowerCut) {
   Mounted m;
   const u64 f = Mkfile(m.fs, kRootIno, "f").value().ino;

@@ -54,6 +54,7 @@ enum class ErrorClass : u8 {
   X(kRestart, kAgain, 11, "transaction restart")                                       \
   X(kNotFound, kNotFound, 2, "not found")                                              \
   X(kNoData, kNotFound, 61, "no data available")                                       \
+  X(kNoSuchOffset, kNotFound, 6, "no data or hole at or past that offset")             \
   X(kExists, kExists, 17, "already exists")                                            \
   X(kNotEmpty, kExists, 39, "directory not empty")                                     \
   X(kPermission, kPermission, 1, "operation not permitted")                            \

@@ -234,6 +234,14 @@ void Write(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off_t 
   fuse_reply_write(req, r.value());
 }
 
+// SEEK_DATA / SEEK_HOLE (the kernel answers SEEK_SET/CUR/END itself).
+void Lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info*) {
+  if (off < 0 || (whence != SEEK_DATA && whence != SEEK_HOLE)) return (void)fuse_reply_err(req, EINVAL);
+  auto r = Ctx(req)->fs->Seek(ino, uint64_t(off), whence == SEEK_DATA);
+  if (!r.ok()) return Reply(req, r.status());
+  fuse_reply_lseek(req, off_t(r.value()));
+}
+
 void Fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, fuse_file_info*) {
   if (off < 0 || len <= 0) return (void)fuse_reply_err(req, EINVAL);
   Reply(req, Ctx(req)->fs->Fallocate(ino, uint32_t(mode), uint64_t(off), uint64_t(len)));
@@ -458,6 +466,7 @@ fuse_lowlevel_ops MakeOps() {
   o.flush = Flush;
   o.release = Release;
   o.fsync = Fsync;
+  o.lseek = Lseek;
   o.opendir = OpenDir;
   o.readdir = ReadDir;
   o.readdirplus = ReadDirPlus;
