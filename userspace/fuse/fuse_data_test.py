@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,47 @@ def test_o_direct_writes_skip_the_buffer(fs: Mount) -> None:
     assert after["writes_direct"] - before["writes_direct"] == 16
     assert after["writes_buffered"] == before["writes_buffered"]
     assert (fs.mnt / "direct").read_bytes() == bytes(buf) * 16
+
+
+def test_o_direct_writes_invalidate_cached_pages(fs: Mount) -> None:
+    """An O_DIRECT write passes the kernel's page cache by (direct_io), yet a
+    mapping of the file through a cached handle sees it as soon as the write
+    returns, as on a local filesystem -- also while another thread keeps
+    faulting the page back in during the writes (nothing revalidates a mapped
+    page: the kernel drops it around the write, and a fault must then find the
+    new bytes in tierfs, not the old ones)."""
+    path = fs.mnt / "mixed"
+    path.write_bytes(b"a" * 8192)
+    cached = os.open(path, os.O_RDWR)
+    direct = os.open(path, os.O_RDWR | os.O_DIRECT)
+    buf = mmap.mmap(-1, 4096)
+    stop = threading.Event()
+    try:
+        with mmap.mmap(cached, 8192, prot=mmap.PROT_READ) as view:
+            assert view[4096:4100] == b"aaaa"  # the page is cached now
+
+            def toucher() -> None:
+                # Faults the page back in whenever it is dropped -- also while a
+                # write is on its way, with the bytes from before it.
+                while not stop.is_set():
+                    _ = view[4096]
+
+            t = threading.Thread(target=toucher)
+            t.start()
+            try:
+                for i in range(300):
+                    fill = b"%c" % (ord("b") + i % 20)
+                    buf[:] = fill * 4096
+                    assert os.pwritev(direct, [buf], 4096) == 4096
+                    assert view[4096:8192] == fill * 4096, f"write {i}: the mapping kept the old page"
+            finally:
+                stop.set()
+                t.join()
+            assert view[0:4] == b"aaaa"
+    finally:
+        buf.close()
+        os.close(direct)
+        os.close(cached)
 
 
 def test_fallocate_through_the_kernel(fs: Mount) -> None:
