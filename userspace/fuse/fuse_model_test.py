@@ -635,7 +635,7 @@ class StampedFile:
         self.blocks = nblocks
         self.started = [1] * nblocks
         self.acked = [1] * nblocks
-        self.tolerated = {"hole": 0, "torn": 0}
+        self.tolerated = {"hole": 0, "torn": 0, "cache": 0}
 
     def create(self) -> None:
         with open(self.path, "wb") as f:
@@ -661,7 +661,15 @@ class StampedFile:
             self.acked[first + i] = v
         self.blocks = max(self.blocks, first + count)
 
-    def check_read(self, fd: int, first: int, count: int, how: str = "pread", direct: bool = False) -> None:
+    def check_read(self, fd: int, first: int, count: int, how: str = "pread", direct: bool = False,
+                   truth: int | None = None) -> None:
+        """`truth`: an O_DIRECT descriptor of the file. A buffered read older than
+        acknowledged is then read again past the kernel's page cache: if tierfs
+        has the right version, the stale page is the kernel's (FUSE without a
+        writeback cache: a page dropped -- fadvise, invalidation -- between a
+        buffered write's copy into it and the daemon's receipt of that write
+        can be read back in from before the write, and stays), counted, not
+        failed. tierfs returning an old version fails either way."""
         low = self.acked[first:first + count]
         data = os.pread(fd, count * BLOCK, first * BLOCK)
         high = self.started[first:first + count]
@@ -676,11 +684,19 @@ class StampedFile:
                 self.tolerated["hole"] += 1
             elif v is None and not direct and torn_within(blk, b, low[i], high[i]):
                 self.tolerated["torn"] += 1
+            elif not direct and truth is not None and self.daemon_has(truth, b, low[i]):
+                self.tolerated["cache"] += 1
             else:
                 raise AssertionError(
                     f"{self.path.name} block {b} ({how} of blocks {first}+{count}): "
                     f"read {blk[:16].hex()}{' (not one whole version)' if v is None else f' = version {v}'}, "
                     f"expected a version in [{low[i]}, {high[i]}]")
+
+    def daemon_has(self, fd: int, block: int, low: int) -> bool:
+        """Whether an O_DIRECT read of `block` now finds one whole version in
+        [low, started]: what tierfs itself serves."""
+        v = stamp_version(os.pread(fd, BLOCK, block * BLOCK), block)
+        return v is not None and low <= v <= self.started[block]
 
     def check_final(self) -> None:
         """Every block at its last acknowledged version, read past the page cache."""
@@ -812,12 +828,12 @@ def test_concurrent_writers_and_readers(tmp_path: Path) -> None:
                 elif how < 0.35:
                     os.close(fds[f.path])
                     fds[f.path] = os.open(f.path, os.O_RDONLY)
-                    f.check_read(fds[f.path], first, count, "pread after a reopen")
+                    f.check_read(fds[f.path], first, count, "pread after a reopen", truth=direct[f.path])
                 elif how < 0.4:
                     os.posix_fadvise(fds[f.path], 0, 0, os.POSIX_FADV_DONTNEED)
-                    f.check_read(fds[f.path], first, count, "pread after fadvise DONTNEED")
+                    f.check_read(fds[f.path], first, count, "pread after fadvise DONTNEED", truth=direct[f.path])
                 else:
-                    f.check_read(fds[f.path], first, count)
+                    f.check_read(fds[f.path], first, count, truth=direct[f.path])
                 reads[r] += 1
         finally:
             for fd in (*fds.values(), *direct.values()):
@@ -863,7 +879,8 @@ def test_concurrent_writers_and_readers(tmp_path: Path) -> None:
         tolerated = {k: sum(f.tolerated[k] for f in files) for k in files[0].tolerated}
         print(f"reads checked per reader: {reads}, churn survivors: {len(survivors)}, "
               f"blocks: {[f.blocks for f in files]}, versions written: {sum(sum(f.acked) for f in files)}, "
-              f"reads tolerated (holes: a known bug; torn: buffered reads of a page in flight): {tolerated}")
+              f"reads tolerated (holes: a known bug; torn: buffered reads of a page in flight; "
+              f"cache: a stale kernel page while tierfs had the version): {tolerated}")
         for f in files:
             f.check_final()
     except BaseException:
