@@ -904,9 +904,6 @@ void FileModel(bool handles, bool compress = false) {
 
 TEST(PosixTest, FileDataAgainstAModel) { FileModel(false); }
 
-// An fsync of new data gets an unordered flush entry (data write, entry write,
-// one flush: docs/format/journal.md); a power cut right after keeps the data,
-// and the replay read that data back to check it.
 // SEEK_DATA / SEEK_HOLE over written extents, holes, unwritten (fallocated)
 // extents, which count as holes, and a still-buffered write, which is data.
 TEST(PosixTest, SeekFindsDataAndHoles) {
@@ -941,6 +938,9 @@ TEST(PosixTest, SeekFindsDataAndHoles) {
   EXPECT_EQ(m.fs.Seek(kRootIno, 0, true).status().code(), Err::kIsDir);
 }
 
+// An fsync of new data gets an unordered flush entry (data write, entry write,
+// one flush: docs/format/journal.md); a power cut right after keeps the data,
+// and the replay read that data back to check it.
 TEST(PosixTest, FsyncedOverwritesSurviveAPowerCut) {
   Mounted m;
   const u64 f = Mkfile(m.fs, kRootIno, "f").value().ino;
@@ -959,6 +959,7 @@ TEST(PosixTest, FsyncedOverwritesSurviveAPowerCut) {
   auto after = m.AfterPowerCut();
   EXPECT_TRUE(ReadAll(after->fs, f) == want);
 }
+
 TEST(PosixTest, BufferedFileDataAgainstAModel) { FileModel(true); }
 TEST(PosixTest, CompressedFileDataAgainstAModel) { FileModel(false, true); }
 
