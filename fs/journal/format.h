@@ -88,6 +88,15 @@ inline constexpr u32 DataCheckCrcs(u32 length, u32 unit) {
   return n == 1 || unit % 4096 == 0 ? n : 0;
 }
 inline constexpr u32 DataCheckBytes(u32 ncrcs) { return u32(sizeof(DataCheckFormat)) + 4 * ncrcs; }
+// The crcs a check value of `len` bytes carries if it is well formed (its
+// length and unit valid, its size theirs, its offset 4 KiB aligned); else 0.
+// The member and the range are for the reader to check against its devices.
+inline u32 DataCheckWellFormed(const void* val, u32 len) {
+  if (len < sizeof(DataCheckFormat)) return 0;
+  const auto* dc = static_cast<const DataCheckFormat*>(val);
+  const u32 n = DataCheckCrcs(dc->length.get(), dc->unit.get());
+  return n != 0 && len == DataCheckBytes(n) && dc->offset.get() % 4096 == 0 ? n : 0;
+}
 
 }  // namespace tfs::journal
 

@@ -183,11 +183,10 @@ Result<u64> Journal::Commit(const Key* keys, u32 nkeys, DevMask deps, CommitMode
   for (u32 i = 0; i < nkeys; i++) {
     if (keys[i].type == kKeyInvalid) return Err::kInvalidArgument;
     if (keys[i].type == kKeyDataCheck) {
-      const auto* dc = static_cast<const DataCheckFormat*>(keys[i].val);
-      const u32 n = keys[i].len >= sizeof(DataCheckFormat) ? DataCheckCrcs(dc->length.get(), dc->unit.get()) : 0;
       // Well formed, and about data the commit depends on.
-      if (n == 0 || keys[i].len != DataCheckBytes(n) || dc->offset.get() % 4096 != 0 ||
-          dc->member.get() >= dev::kMaxDevices || !(deps & (DevMask(1) << dc->member.get())))
+      if (DataCheckWellFormed(keys[i].val, keys[i].len) == 0) return Err::kInvalidArgument;
+      const auto* dc = static_cast<const DataCheckFormat*>(keys[i].val);
+      if (dc->member.get() >= dev::kMaxDevices || !(deps & (DevMask(1) << dc->member.get())))
         return Err::kInvalidArgument;
       check_bytes += dc->length.get();
       checked = true;

@@ -101,10 +101,10 @@ Status VerifyCheck(dev::DeviceSet& devs, const sb::Superblock& sb, const Key& k,
   const u32 length = dc->length.get();
   const u32 unit = dc->unit.get();
   const u64 offset = dc->offset.get();
-  const u32 ncrcs = DataCheckCrcs(length, unit);
+  const u32 ncrcs = DataCheckWellFormed(k.val, k.len);
   dev::Member* dm = member < sb.nr_members ? devs.member(member) : nullptr;
   const u64 span = (u64(length) + 4095) / 4096 * 4096;
-  if (ncrcs == 0 || k.len != DataCheckBytes(ncrcs) || offset % 4096 != 0 || dm == nullptr ||
+  if (ncrcs == 0 || dm == nullptr ||
       offset > dm->bdev()->Info().size || span > dm->bdev()->Info().size - offset)
     return DiagError(diag, Err::kCorrupt, "journal: invalid data check (member %u, offset %llu, %u bytes)",
                      member, (unsigned long long)offset, length);
