@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from bench_fs import parse_size  # scripts/ is this script's directory
+
 BLOCK = 4096
 
 
@@ -43,19 +45,6 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         print(f"bench-host-sync: {message}", file=sys.stderr)
         sys.exit(1)
-
-
-def parse_size(text: str) -> int:
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    unit = t[-1] if t and t[-1] in units else ""
-    try:
-        value = int(t[: len(t) - len(unit)] if unit else t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (like 64M)") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"not a positive size: {text!r}")
-    return value * units[unit]
 
 
 def percentile(values: list[float], p: float) -> float:

@@ -36,6 +36,13 @@ std::string FileBytes() {
   return b;
 }
 
+// FileBytes with block `lost` read as a hole (its extent dropped by a repair).
+std::string FileBytesWithout(u64 lost) {
+  std::string b = FileBytes();
+  b.replace(lost * 4096, 4096, std::string(4096, '\0'));
+  return b;
+}
+
 struct Fixture {
   std::unique_ptr<userspace::MemDevice> dev;
   u64 dir = 0, file = 0, link = 0, sub = 0;
@@ -563,9 +570,7 @@ TEST(FsckRepairTest, EachDamageIsRepaired) {
        },
        "stale extent pointer", "(data lost)",
        [](Fixture& f, Filesystem& fs) {
-         std::string want = FileBytes();
-         want.replace(0, 4096, std::string(4096, '\0'));  // block 0 is a hole now
-         EXPECT_EQ(Contents(fs, f.file), want);
+         EXPECT_EQ(Contents(fs, f.file), FileBytesWithout(0));  // block 0 is a hole now
          EXPECT_EQ(fs.GetAttr(f.file).value().sectors, 16u);
        }},
       {"overlapping extents",
@@ -604,18 +609,14 @@ TEST(FsckRepairTest, EachDamageIsRepaired) {
        },
        "extent points outside the buckets", "points outside the buckets (data lost)",
        [](Fixture& f, Filesystem& fs) {
-         std::string want = FileBytes();
-         want.replace(0, 4096, std::string(4096, '\0'));
-         EXPECT_EQ(Contents(fs, f.file), want);
+         EXPECT_EQ(Contents(fs, f.file), FileBytesWithout(0));
          EXPECT_EQ(fs.GetAttr(f.file).value().sectors, 16u);
        }},
       {"corrupt extent",
        [](Fixture& f) { f.Poke(btree::Pos{btree::kBtreeExtents, f.file, 2}, "junk", 4); },
        "corrupt extent", "deleted extent key",
        [](Fixture& f, Filesystem& fs) {
-         std::string want = FileBytes();
-         want.replace(4096, 4096, std::string(4096, '\0'));
-         EXPECT_EQ(Contents(fs, f.file), want);
+         EXPECT_EQ(Contents(fs, f.file), FileBytesWithout(1));
          EXPECT_EQ(fs.GetAttr(f.file).value().sectors, 16u);
        }},
       {"data past the size",
@@ -1022,9 +1023,7 @@ TEST(FsckRepairTest, ManyDamagesAtOnceAndAPowerCutDuringTheRepair) {
     EXPECT_EQ(Fixture::Names(fs, lf), (std::set<std::string>{Hash(f.dir), "#9999"}));
     EXPECT_EQ(Fixture::Names(fs, f.dir), f.DirNames());
     EXPECT_EQ(LookupIno(fs, f.sub, ".."), f.dir);
-    std::string want = FileBytes();
-    want.replace(0, 4096, std::string(4096, '\0'));
-    EXPECT_EQ(Contents(fs, f.file), want);
+    EXPECT_EQ(Contents(fs, f.file), FileBytesWithout(0));
     EXPECT_EQ(fs.GetAttr(f.file).value().nlink, 2u);
     EXPECT_EQ(fs.GetAttr(9999).value().nlink, 1u);
   };
