@@ -37,7 +37,8 @@ class Parser {
     failed_ = true;
     const toml::source_region& src = node.source();
     std::string where = src.path ? *src.path : std::string("<profile>");
-    if (src.begin.line != 0) where += ":" + std::to_string(src.begin.line);
+    // (append, not ":" + to_string(): GCC 12's -O2 -Wrestrict misreads that form)
+    if (src.begin.line != 0) where.append(":").append(std::to_string(src.begin.line));
     if (auto it = origins_->find(&node); it != origins_->end()) where = it->second;
     *error_ = where + ": " + key + ": " + what;
     return false;
