@@ -127,7 +127,7 @@ Status Allocator::Load(Diag* diag) {
     for (u32 slot = 0; slot < 2; slot++) {
       u64 offset = sb_.BucketOffset(0) + slot * slot_bytes;
       Status st = dev::QueueSyncIo(devs_->member(i)->queue(), IoOp::kRead, offset, buf, slot_bytes, 0,
-                                   IoOrigin::kBtree);
+                                   IoOrigin::kAlloc);
       if (!st.ok()) {
         io_error = st;
         continue;
@@ -392,8 +392,8 @@ Status Allocator::WriteTable(u32 dev, const Bucket* snapshot, u64 n, u64 checkpo
   h->csum.set(TableCsum(buf, slot_bytes));
   dev::IoQueue& q = devs_->member(dev)->queue();
   u64 offset = sb_.BucketOffset(0) + slot * slot_bytes;
-  Status st = dev::QueueSyncIo(q, IoOp::kWrite, offset, buf, slot_bytes, 0, IoOrigin::kBtree);
-  if (st.ok()) st = dev::QueueSyncIo(q, IoOp::kFlush, 0, nullptr, 0, 0, IoOrigin::kBtree);
+  Status st = dev::QueueSyncIo(q, IoOp::kWrite, offset, buf, slot_bytes, 0, IoOrigin::kAlloc);
+  if (st.ok()) st = dev::QueueSyncIo(q, IoOp::kFlush, 0, nullptr, 0, 0, IoOrigin::kAlloc);
   platform::Free(buf);
   return st;
 }

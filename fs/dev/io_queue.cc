@@ -34,6 +34,7 @@ IoClass DefaultClass(IoOrigin origin) {
       return IoClass::kJournal;
     case IoOrigin::kBtree:
     case IoOrigin::kSuperblock:
+    case IoOrigin::kAlloc:  // written by the btree writer's checkpoint, as btree nodes are
       return IoClass::kBtree;
     case IoOrigin::kReconcile:
     case IoOrigin::kPromote:

@@ -10,7 +10,7 @@ namespace {
 constexpr const char* kOriginNames[kIoOriginCount] = {
     "foreground_read", "foreground_write", "journal",   "btree",
     "reconcile",       "promote",          "copygc",    "readahead",
-    "superblock",      "fsck",             "other",
+    "superblock",      "fsck",             "alloc",     "other",
 };
 
 }  // namespace

@@ -42,9 +42,10 @@ enum class IoOrigin : u8 {
   kReadahead,
   kSuperblock,
   kFsck,
+  kAlloc,  // allocation state: the per-member bucket tables and their flushes
   kOther,
 };
-inline constexpr int kIoOriginCount = 11;
+inline constexpr int kIoOriginCount = 12;
 // Stable lower-case names used in counters and JSON ("foreground_read", ...).
 const char* IoOriginName(IoOrigin origin);
 // Parses a name from IoOriginName(); kNotFound for anything else.

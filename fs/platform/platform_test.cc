@@ -143,6 +143,7 @@ TEST(OriginTest, NamesRoundTrip) {
   }
   EXPECT_STREQ(IoOriginName(IoOrigin::kForegroundRead), "foreground_read");
   EXPECT_STREQ(IoOriginName(IoOrigin::kCopygc), "copygc");
+  EXPECT_STREQ(IoOriginName(IoOrigin::kAlloc), "alloc");
   EXPECT_TRUE(IoOriginFromName("bogus").status().Is(ErrorClass::kNotFound));
   EXPECT_STREQ(IoOpName(IoOp::kFlush), "flush");
 }
