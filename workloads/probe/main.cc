@@ -66,6 +66,9 @@ int Main(int argc, char** argv) {
                  "fdatasync stat readdir openread create; default: all)");
   app.add_option("--threads", spec.threads, "probe threads (each runs rate/threads)")
       ->capture_default_str();
+  app.add_flag("--lane-per-op", spec.lane_per_op,
+               "give every op of the mix its own --threads threads at its share of the rate: an op "
+               "that hangs then delays only itself");
   app.add_option("--schedule", schedule, "arrivals: constant or poisson")->capture_default_str();
   app.add_option("--warmup", warmup, "warm-up before the measured phase (excluded)")
       ->capture_default_str();
@@ -83,7 +86,8 @@ int Main(int argc, char** argv) {
   app.add_option("--seed", spec.seed, "seed for offsets, op choice and Poisson gaps")
       ->capture_default_str();
   app.add_option("--inject-delay", inject_delay,
-                 "DELAY:FRACTION, add DELAY inside FRACTION of operations (e.g. 2ms:0.01)");
+                 "DELAY:FRACTION[:OP], add DELAY inside FRACTION of operations (of OP only if given; e.g. "
+                 "2ms:0.01, 300ms:1:read)");
   app.add_option("--inject-stall", inject_stall,
                  "AT:LENGTH, pause all threads for LENGTH at AT after the start (e.g. 5s:1s)");
   app.add_option("--arm", meta.arm, "manifest: arm of this run")

@@ -77,6 +77,7 @@ void WriteManifest(JsonWriter& w, const ProbeSpec& spec, const RunMeta& meta,
   w.DoubleField("duration_s", double(spec.duration_ns) / 1e9);
   w.DoubleField("warmup_s", double(spec.warmup_ns) / 1e9);
   w.IntField("threads", spec.threads);
+  w.BoolField("lane_per_op", spec.lane_per_op);
   w.StringField("mix", MixToString(spec.mix));
   w.StringField("schedule", spec.arrivals == Arrivals::kPoisson ? "poisson" : "constant");
   w.UintField("working_set", spec.working_set);
@@ -89,6 +90,7 @@ void WriteManifest(JsonWriter& w, const ProbeSpec& spec, const RunMeta& meta,
     w.BeginObject();
     w.UintField("delay_ns", spec.inject_delay->delay_ns);
     w.DoubleField("fraction", spec.inject_delay->fraction);
+    if (spec.inject_delay->op) w.StringField("op", OpName(*spec.inject_delay->op));
     w.EndObject();
   } else {
     w.Null();

@@ -58,13 +58,25 @@ struct Shared {
   std::string error;
 };
 
-void ProbeThread(Shared& sh, int index, ThreadOut& out) {
+// One thread's part of the schedule: `threads` threads share `rate`, this one is
+// `index` among them; `op` < 0 picks each op from the mix, else always runs op.
+struct Lane {
+  int op = -1;
+  double rate = 0;
+  int threads = 1;
+  int index = 0;
+  uint64_t seed = 1;
+};
+
+// `slot`: the thread's index among all of them (its files, its series slot).
+void ProbeThread(Shared& sh, int slot, const Lane& lane, ThreadOut& out) {
   const ProbeSpec& spec = *sh.spec;
+  const int index = slot;
   // The default 50 us timer slack would make every wake-up late by up to 50 us and
   // charge that to the filesystem; ask for the tightest wake-ups the kernel gives.
   prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
-  Schedule schedule(spec.arrivals, spec.rate, spec.threads, index, spec.seed);
-  OpContext ctx(index, spec.seed);
+  Schedule schedule(spec.arrivals, lane.rate, lane.threads, lane.index, lane.seed);
+  OpContext ctx(slot, spec.seed);
   std::discrete_distribution<int> pick(spec.mix.begin(), spec.mix.end());
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   const uint64_t end = spec.warmup_ns + spec.duration_ns;
@@ -93,11 +105,12 @@ void ProbeThread(Shared& sh, int index, ThreadOut& out) {
         out.stalled = true;
       }
     }
-    OpType op = static_cast<OpType>(pick(ctx.rng()));
+    OpType op = static_cast<OpType>(lane.op >= 0 ? lane.op : pick(ctx.rng()));
     std::string what;
     uint64_t actual = MonotonicNs();
     int err = sh.ws->Run(op, ctx, &what);
-    if (spec.inject_delay && unit(ctx.rng()) < spec.inject_delay->fraction) {
+    if (spec.inject_delay && (!spec.inject_delay->op || *spec.inject_delay->op == op) &&
+        unit(ctx.rng()) < spec.inject_delay->fraction) {
       SleepUntil(MonotonicNs() + spec.inject_delay->delay_ns);
       out.injected_delays++;
     }
@@ -147,7 +160,23 @@ uint64_t RealtimeNs() { return ClockNs(CLOCK_REALTIME); }
 
 bool RunProbe(const ProbeSpec& spec, Workspace& ws, RunResult* result, std::string* error) {
   const uint64_t total_ns = spec.warmup_ns + spec.duration_ns;
-  TimeSeries series(spec.threads);
+  std::vector<Lane> lanes;
+  if (spec.lane_per_op) {
+    double sum = 0;
+    for (double w : spec.mix) sum += w;
+    for (int k = 0; k < kOpTypes; k++) {
+      if (!(spec.mix[size_t(k)] > 0)) continue;
+      for (int i = 0; i < spec.threads; i++) {
+        // Each lane its own arrival stream (seed), so Poisson lanes are independent.
+        lanes.push_back(Lane{k, spec.rate * spec.mix[size_t(k)] / sum, spec.threads, i,
+                             spec.seed + 0x9e3779b97f4a7c15ull * uint64_t(k + 1)});
+      }
+    }
+  } else {
+    for (int i = 0; i < spec.threads; i++) lanes.push_back(Lane{-1, spec.rate, spec.threads, i, spec.seed});
+  }
+  const int nthreads = int(lanes.size());
+  TimeSeries series(nthreads);
   Shared sh;
   sh.spec = &spec;
   sh.ws = &ws;
@@ -156,10 +185,10 @@ bool RunProbe(const ProbeSpec& spec, Workspace& ws, RunResult* result, std::stri
   sh.start = MonotonicNs() + 20'000'000;
   result->start_unix_ns = RealtimeNs() + 20'000'000;
 
-  std::vector<ThreadOut> outs(size_t(spec.threads));
+  std::vector<ThreadOut> outs(static_cast<size_t>(nthreads));
   std::vector<std::thread> threads;
-  for (int i = 0; i < spec.threads; i++) {
-    threads.emplace_back([&sh, &outs, i] { ProbeThread(sh, i, outs[size_t(i)]); });
+  for (int i = 0; i < nthreads; i++) {
+    threads.emplace_back([&sh, &outs, &lanes, i] { ProbeThread(sh, i, lanes[size_t(i)], outs[size_t(i)]); });
   }
   for (auto& t : threads) t.join();
   result->end_unix_ns = RealtimeNs();

@@ -181,11 +181,22 @@ bool ParseSize(std::string_view text, uint64_t* bytes, std::string* error) {
 
 bool ParseInjectDelay(std::string_view text, InjectDelay* out, std::string* error) {
   std::string_view delay, fraction;
-  if (!SplitColon(text, "--inject-delay", "DELAY:FRACTION, e.g. 2ms:0.01", &delay, &fraction,
+  InjectDelay d;
+  // An optional third field names the one op to delay.
+  const size_t last = text.rfind(':');
+  if (last != std::string_view::npos && text.find(':') != last) {
+    std::string_view name = text.substr(last + 1);
+    d.op = OpFromName(name);
+    if (!d.op) {
+      *error = "unknown op '" + std::string(name) + "' in --inject-delay '" + std::string(text) + "'";
+      return false;
+    }
+    text = text.substr(0, last);
+  }
+  if (!SplitColon(text, "--inject-delay", "DELAY:FRACTION[:OP], e.g. 2ms:0.01", &delay, &fraction,
                   error)) {
     return false;
   }
-  InjectDelay d;
   if (!ParseDuration(delay, &d.delay_ns, error)) return false;
   if (!ParseNumber(fraction, &d.fraction) || d.fraction > 1) {
     *error = "bad fraction in --inject-delay '" + std::string(text) + "' (want 0..1)";

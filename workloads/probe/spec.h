@@ -47,6 +47,7 @@ enum class Arrivals { kConstant, kPoisson };
 struct InjectDelay {
   uint64_t delay_ns = 0;
   double fraction = 0;
+  std::optional<OpType> op;  // only this op (DELAY:FRACTION:OP); all ops if unset
 };
 
 // A pause of every probe thread before it issues its next operation, `at_ns` after
@@ -67,6 +68,11 @@ struct ProbeSpec {
   std::string mix_text;
   Arrivals arrivals = Arrivals::kConstant;
   int threads = 1;
+  // Each op of the mix gets its own `threads` threads at its share of the rate,
+  // so an op that hangs (a commit frozen behind a stalled device) delays only
+  // its own later arrivals, not the other ops' -- whose latencies then say
+  // whether they wait too.
+  bool lane_per_op = false;
   uint64_t working_set = 64ull << 20;  // bytes of the data file
   int small_files = 256;               // files for stat / open-read-close
   int dir_entries = 32;                // entries of the readdir directory

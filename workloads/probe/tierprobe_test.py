@@ -103,6 +103,26 @@ def test_planted_delay_hits_the_requested_fraction(tmp_path: Path) -> None:
     assert svc["min"] < 2_000_000  # the other 90% stay fast
 
 
+def test_lanes_keep_a_hanging_op_from_delaying_the_others(tmp_path: Path) -> None:
+    """Every read takes 300 ms. Sharing threads, a stat queues behind the reads
+    (its median latency is a read's 300 ms or more); in lanes of its own it does
+    not wait for them. Medians only: the bound is 300 ms against microseconds."""
+    common = ("--rate", "20", "--duration", "1s", "--mix", "read=1,stat=1", "--threads", "1",
+              "--inject-delay", "300ms:1:read")
+    shared = probe(tmp_path, *common, name="shared.json")
+    lanes = probe(tmp_path, *common, "--lane-per-op", name="lanes.json")
+    assert shared["manifest"]["parameters"]["lane_per_op"] is False
+    assert lanes["manifest"]["parameters"]["lane_per_op"] is True
+    assert lanes["manifest"]["parameters"]["inject_delay"]["op"] == "read"
+    # Constant arrivals: each lane runs exactly its share of rate x duration.
+    assert lanes["measurements"]["ops"]["read"]["latency"]["count"] == 10
+    assert lanes["measurements"]["ops"]["stat"]["latency"]["count"] == 10
+    assert shared["measurements"]["ops"]["stat"]["latency"]["p50"] >= 250_000_000
+    assert lanes["measurements"]["ops"]["stat"]["latency"]["p50"] < 250_000_000
+    # The delay was only in reads: stat's own service time never had it.
+    assert lanes["measurements"]["ops"]["stat"]["service"]["max"] < 250_000_000
+
+
 def test_spin_cuts_the_wakeup_lag(tmp_path: Path) -> None:
     doc = probe(tmp_path, "--rate", "500", "--duration", "1s", "--mix", "stat=1",
                 "--spin", "200us")
@@ -122,6 +142,8 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
                           "--warmup")
     assert_one_line_error(run([t, "--dir", tmp_path, *common, "--inject-delay", "2ms"]), 2,
                           "DELAY:FRACTION")
+    assert_one_line_error(run([t, "--dir", tmp_path, *common, "--inject-delay", "2ms:0.1:frob"]), 2,
+                          "unknown op 'frob'")
     assert_one_line_error(run([t, "--dir", tmp_path, "--rate", "10", "--json", out]), 2,
                           "--duration is required")
     assert_one_line_error(run([t, "--dir", tmp_path, *common[:4], "--json",
