@@ -167,3 +167,42 @@ def test_mounted_fault_devices_through_ctl(tmp_path: Path) -> None:
 
 def test_ctl_fault_on_something_else(tmp_path: Path) -> None:
     assert_one_line_error(ctl(tmp_path, "fault", "hdd.b", "stall", "1"), 1, "not a tierfs mount")
+
+
+@needs_fuse
+def test_probe_counts_the_errors_of_a_failing_member(tmp_path: Path) -> None:
+    """tierprobe --keep-going over a member whose reads fail: every read is
+    counted as an error (EIO from the fault device, through tierfs and FUSE), the
+    other ops go on, and the run still writes its document."""
+    devs = images(tmp_path)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    daemon = subprocess.Popen([str(tool("tierfs")), "mount", "-f", *map(str, devs), str(mnt),
+                               "--fault", "ssd.a=passthrough"], stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: os.path.ismount(mnt) or daemon.poll() is not None, "the mount")
+        assert os.path.ismount(mnt), daemon.stderr.read() if daemon.stderr else ""
+        assert ctl(mnt, "fault", "ssd.a", "error", "read", "0+128MiB").returncode == 0
+        out = tmp_path / "probe.json"
+        proc = run([tool("tierprobe"), "--dir", mnt, "--rate", "100", "--duration", "1s", "--json", out,
+                    "--mix", "read=1,stat=1", "--direct", "--keep-going", "--working-set", "1M",
+                    "--files", "4"])
+        assert proc.returncode == 0, proc.stderr
+        assert "Input/output error" in proc.stderr
+        doc = json.loads(out.read_text())
+        c, ops = doc["measurements"]["counters"], doc["measurements"]["ops"]
+        assert c["errors_read"] > 0 and c["errors"] == c["errors_read"]
+        assert c["errors_read"] + ops["stat"]["latency"]["count"] == 100  # constant arrivals: all accounted
+        assert ops["read"]["latency"]["count"] == 0
+        assert stats(mnt)["ssd.a"]["fault"]["injected"]["eio"] >= c["errors_read"]
+        assert ctl(mnt, "fault", "ssd.a", "clear").returncode == 0
+    finally:
+        if os.path.ismount(mnt):
+            umount(mnt)
+        try:
+            rc = daemon.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            rc = daemon.wait()
+    assert rc == 0, daemon.stderr.read() if daemon.stderr else ""
+    fsck_clean(devs)

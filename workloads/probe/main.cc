@@ -69,6 +69,8 @@ int Main(int argc, char** argv) {
   app.add_flag("--lane-per-op", spec.lane_per_op,
                "give every op of the mix its own --threads threads at its share of the rate: an op "
                "that hangs then delays only itself");
+  app.add_flag("--keep-going", spec.keep_going,
+               "count a failed op (counters errors, errors_OP) and go on instead of ending the run");
   app.add_option("--schedule", schedule, "arrivals: constant or poisson")->capture_default_str();
   app.add_option("--warmup", warmup, "warm-up before the measured phase (excluded)")
       ->capture_default_str();
@@ -175,6 +177,12 @@ int Main(int argc, char** argv) {
                  double(result.measured_elapsed_ns) / 1e9, result.achieved_rate, spec.rate,
                  Micros(all->Quantile(50, 100)).c_str(), Micros(all->Quantile(99, 100)).c_str(),
                  Micros(all->max()).c_str(), json_path.c_str());
+  }
+  if (!result.first_error.empty()) {
+    uint64_t n = 0;
+    for (uint64_t e : result.errors) n += e;
+    std::fprintf(stderr, "tierprobe: warning: %llu measured op(s) failed (counters errors_OP); the first: %s\n",
+                 static_cast<unsigned long long>(n), result.first_error.c_str());
   }
   if (FellBehind(result)) {
     std::fprintf(stderr,

@@ -78,6 +78,7 @@ void WriteManifest(JsonWriter& w, const ProbeSpec& spec, const RunMeta& meta,
   w.DoubleField("warmup_s", double(spec.warmup_ns) / 1e9);
   w.IntField("threads", spec.threads);
   w.BoolField("lane_per_op", spec.lane_per_op);
+  w.BoolField("keep_going", spec.keep_going);
   w.StringField("mix", MixToString(spec.mix));
   w.StringField("schedule", spec.arrivals == Arrivals::kPoisson ? "poisson" : "constant");
   w.UintField("working_set", spec.working_set);
@@ -200,6 +201,14 @@ void WriteMeasurements(JsonWriter& w, const ProbeSpec& spec, const RunResult& r)
   w.UintField("backlog_at_end", r.backlog_at_end);
   w.UintField("injected_delays", r.injected_delays);
   w.UintField("stalled_threads", r.stalled_threads);
+  if (spec.keep_going) {
+    uint64_t total = 0;
+    for (int k = 0; k < kOpTypes; k++) {
+      total += r.errors[size_t(k)];
+      w.UintField("errors_" + std::string(OpName(OpType(k))), r.errors[size_t(k)]);
+    }
+    w.UintField("errors", total);
+  }
   w.UintField("fell_behind", behind ? 1 : 0);
   w.EndObject();
   w.EndObject();

@@ -45,6 +45,7 @@ struct ThreadOut {
   uint64_t late_ops = 0;
   uint64_t backlog_at_end = 0;
   uint64_t injected_delays = 0;
+  std::array<uint64_t, kOpTypes> errors{};
   bool stalled = false;
 };
 
@@ -121,6 +122,10 @@ void ProbeThread(Shared& sh, int slot, const Lane& lane, ThreadOut& out) {
         sh.error = std::string(OpName(op)) + " op failed in " + sh.ws->path() + ": " + what +
                    ": " + std::strerror(err);
       }
+      if (spec.keep_going) {
+        if (t >= spec.warmup_ns) out.errors[size_t(op)]++;
+        continue;
+      }
       sh.stop = true;
       break;
     }
@@ -192,10 +197,11 @@ bool RunProbe(const ProbeSpec& spec, Workspace& ws, RunResult* result, std::stri
   }
   for (auto& t : threads) t.join();
   result->end_unix_ns = RealtimeNs();
-  if (!sh.error.empty()) {
+  if (!sh.error.empty() && !spec.keep_going) {
     *error = sh.error;
     return false;
   }
+  result->first_error = sh.error;
 
   uint64_t last_done = 0;
   for (auto& o : outs) {
@@ -209,6 +215,7 @@ bool RunProbe(const ProbeSpec& spec, Workspace& ws, RunResult* result, std::stri
     result->late_ops += o.late_ops;
     result->backlog_at_end += o.backlog_at_end;
     result->injected_delays += o.injected_delays;
+    for (int k = 0; k < kOpTypes; k++) result->errors[size_t(k)] += o.errors[size_t(k)];
     result->stalled_threads += o.stalled ? 1 : 0;
     last_done = std::max(last_done, o.last_measured_done);
   }

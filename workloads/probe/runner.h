@@ -51,6 +51,9 @@ struct RunResult {
   uint64_t backlog_at_end = 0;
   uint64_t injected_delays = 0;
   uint64_t stalled_threads = 0;      // threads that served the injected stall
+  // --keep-going: failed ops (not in the histograms), per op, and the first one's message.
+  std::array<uint64_t, kOpTypes> errors{};
+  std::string first_error;
   uint64_t start_unix_ns = 0;        // wall clock at the schedule's time zero
   uint64_t end_unix_ns = 0;
 };

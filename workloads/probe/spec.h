@@ -73,6 +73,9 @@ struct ProbeSpec {
   // its own later arrivals, not the other ops' -- whose latencies then say
   // whether they wait too.
   bool lane_per_op = false;
+  // A failed op is counted (errors, errors_OP) and the run goes on, instead of
+  // ending the run with the error: for runs whose point is to see what fails.
+  bool keep_going = false;
   uint64_t working_set = 64ull << 20;  // bytes of the data file
   int small_files = 256;               // files for stat / open-read-close
   int dir_entries = 32;                // entries of the readdir directory
