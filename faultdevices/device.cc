@@ -164,6 +164,9 @@ FaultDevice::~FaultDevice() {
   {
     std::unique_lock<std::mutex> lock(mu_);
     idle_cv_.wait(lock, [this] { return live_ops_ == 0 && !wb_active_ && !cut_requested_; });
+    // A timer event running now (a stall's or idle cleaning's kick) must not
+    // schedule another while the timer is torn down.
+    stopping_ = true;
   }
   timer_.reset();  // drops idle-cleaning and power-cut events; no Op is left
   for (Op* op : free_ops_) delete op;
@@ -348,7 +351,7 @@ void FaultDevice::EnterDrive(Op* op, uint64_t t, Actions& act) {
 }
 
 void FaultDevice::KickDrive(uint64_t t) {
-  if (drive_->busy()) return;
+  if (stopping_ || drive_->busy()) return;
   // The head starts nothing while stalled: come back when the stall ends (or
   // at once, from Unstall()). A kick that finds the head busy or idle with
   // nothing to do is harmless, so stale kicks need no cancelling.
@@ -360,7 +363,10 @@ void FaultDevice::KickDrive(uint64_t t) {
         {
           std::lock_guard<std::mutex> lock(mu_);
           if (stall_kick_at_ == end) stall_kick_at_ = 0;
-          KickDrive(std::max(end, StallEnd(end)));
+          // At `end`, not at the stall's end now: a stall extended meanwhile makes
+          // KickDrive schedule the next kick, never start a job in the future
+          // (which Unstall could not take back).
+          KickDrive(end);
         }
         Run(a);
       });

@@ -114,7 +114,8 @@ class FaultDevice final : public tfs::BlockDevice {
   // Disables every [[errors]] range, those added by AddErrors() included.
   void ClearErrors();
   // Adds an error range at run time (active from now; checked against the
-  // device size by the caller).
+  // device size by the caller). It joins profile_.errors: profile() must not
+  // be read concurrently with AddErrors().
   void AddErrors(const ErrorRange& range);
   DeviceStats Stats() const;
   uint64_t seed() const { return profile_.seed; }
@@ -196,6 +197,7 @@ class FaultDevice final : public tfs::BlockDevice {
   std::vector<StallWindow> manual_stalls_;  // absolute times
   std::vector<uint64_t> unstalls_;          // Unstall() times, ascending: they cut windows short
   uint64_t stall_kick_at_ = 0;              // a KickDrive() is due at the stall's end
+  bool stopping_ = false;                   // the destructor runs: schedule nothing more
   bool powered_ = true;
   uint64_t cuts_ = 0;
   // Volatile cache.

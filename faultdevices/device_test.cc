@@ -194,6 +194,26 @@ TEST(FaultDevice, UnstallReleasesWhatTheStallHeld) {
   }
 }
 
+// A stall extended while the HDD head waits for the first one's end: the head
+// must not start the job at the new end (in the future), or unstall would not
+// release it.
+TEST(FaultDevice, UnstallReleasesAnHddHeadAfterTheStallWasExtended) {
+  auto t = MakeDevice(MustParse("[hdd]\n"));
+  Batch b(*t.dev);
+  uint64_t start = NowNs();
+  t.dev->StallFor(300'000'000);
+  b.Add(IoOp::kRead, 1 << 20, 4096);
+  b.Submit();
+  usleep(100'000);
+  t.dev->StallFor(60'000'000'000);  // from now: ends ~60 s after the first one
+  usleep(400'000);                  // past the first stall's end: its kick has run
+  EXPECT_FALSE(b[0].done);
+  t.dev->Unstall();
+  b.Wait();
+  EXPECT_TRUE(b[0].status.ok());
+  EXPECT_LT(b[0].completed, start + 30'000'000'000) << "held to the extended stall's end";
+}
+
 // Error ranges added at run time fail exactly their op and range, and
 // ClearErrors() disables them with the profile's.
 TEST(FaultDevice, RunTimeErrorRanges) {

@@ -89,7 +89,8 @@ int CmdCtl(int argc, char** argv) {
   const std::string reply = buf.data();
   if (reply.rfind("error: ", 0) == 0) {
     PrintError("ctl", "fault " + command[1] + ": " + reply.substr(7));
-    return reply.rfind("error: usage:", 0) == 0 ? 2 : 1;
+    const bool malformed = reply.rfind("error: usage:", 0) == 0 || reply.rfind("error: unknown command", 0) == 0;
+    return malformed ? 2 : 1;
   }
   printf("%s\n", reply.c_str());
   return 0;

@@ -154,6 +154,10 @@ int Serve(const std::vector<std::string>& devices, const std::vector<FaultSpec>&
     fuse_loop_cfg_set_max_threads(cfg, 64);
     rc = fuse_session_loop_mt(se, cfg) == 0 ? 0 : 1;
     fuse_loop_cfg_destroy(cfg);
+    // The lab's stalls end with the mount: the write-out below is a real
+    // unmount's, and ctl (the only way to unstall) is gone with the session.
+    if (int n = members.UnstallAll(); n > 0)
+      platform::Log(platform::LogLevel::kInfo, "unmount: ended the stall of %d fault device(s)", n);
     fuse_session_unmount(se);
     fuse_remove_signal_handlers(se);
   }

@@ -25,11 +25,13 @@ void AddFaultOptions(CLI::App* app, FaultArgs* args) {
   app->add_option("--fault", args->faults,
                   "run MEMBER (label or path) over a fault device: MEMBER=PROFILE, PROFILE a shipped "
                   "faultdev profile (hdd-7200, hdd-stall, ...) or a TOML file; repeatable")
-      ->type_name("MEMBER=PROFILE");
+      ->type_name("MEMBER=PROFILE")
+      ->allow_extra_args(false);  // one value per --fault: never a device path after it
   app->add_option("--fault-set", args->sets,
                   "override a key of MEMBER's fault profile, as faultdev --set: MEMBER:KEY=VALUE "
                   "(e.g. hdd.b:delay.all_ms=8); repeatable")
-      ->type_name("MEMBER:KEY=VALUE");
+      ->type_name("MEMBER:KEY=VALUE")
+      ->allow_extra_args(false);
 }
 
 bool ParseFaults(const std::string& cmd, const FaultArgs& args, std::vector<FaultSpec>* out) {
@@ -113,6 +115,11 @@ bool Members::Open(const std::string& cmd, const std::vector<std::string>& paths
       PrintError(cmd, "--fault " + spec.member + ": no member has that label or path (members: " + List() + ")");
       return false;
     }
+    if (faults_[size_t(i)] != nullptr) {  // named twice, by label and by path
+      PrintError(cmd, "--fault " + spec.member + ": " + labels_[size_t(i)] + " (" + paths_[size_t(i)] +
+                          ") has a fault profile already");
+      return false;
+    }
     std::string error;
     std::unique_ptr<faultdev::FaultDevice> f = faultdev::FaultDevice::Open(spec.profile, std::move(devs_[i]), &error);
     if (f == nullptr) {
@@ -123,6 +130,16 @@ bool Members::Open(const std::string& cmd, const std::vector<std::string>& paths
     devs_[i] = std::move(f);
   }
   return true;
+}
+
+int Members::UnstallAll() const {
+  int n = 0;
+  for (faultdev::FaultDevice* f : faults_) {
+    if (f == nullptr || f->Stats().stall_remaining_ns == 0) continue;
+    f->Unstall();
+    n++;
+  }
+  return n;
 }
 
 std::vector<BlockDevice*> Members::Raw() const {

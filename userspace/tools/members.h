@@ -71,6 +71,10 @@ class Members {
   int Find(const std::string& name) const;
   // "ssd.a (/tmp/a.img), hdd.b (/tmp/b.img)", for messages.
   std::string List() const;
+  // Ends every fault device's stalls (the daemon's unmount: a stall must not
+  // keep the final write-out, and the members' locks, waiting). Returns how
+  // many were stalled.
+  int UnstallAll() const;
 
  private:
   std::vector<std::unique_ptr<BlockDevice>> devs_;

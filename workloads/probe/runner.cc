@@ -67,6 +67,7 @@ struct Lane {
   int threads = 1;
   int index = 0;
   uint64_t seed = 1;
+  double phase = 0;  // Schedule's phase: lanes of equal rate are staggered
 };
 
 // `slot`: the thread's index among all of them (its files, its series slot).
@@ -76,7 +77,7 @@ void ProbeThread(Shared& sh, int slot, const Lane& lane, ThreadOut& out) {
   // The default 50 us timer slack would make every wake-up late by up to 50 us and
   // charge that to the filesystem; ask for the tightest wake-ups the kernel gives.
   prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
-  Schedule schedule(spec.arrivals, lane.rate, lane.threads, lane.index, lane.seed);
+  Schedule schedule(spec.arrivals, lane.rate, lane.threads, lane.index, lane.seed, lane.phase);
   OpContext ctx(slot, spec.seed);
   std::discrete_distribution<int> pick(spec.mix.begin(), spec.mix.end());
   std::uniform_real_distribution<double> unit(0.0, 1.0);
@@ -116,18 +117,20 @@ void ProbeThread(Shared& sh, int slot, const Lane& lane, ThreadOut& out) {
       out.injected_delays++;
     }
     uint64_t done = MonotonicNs();
+    const bool measured = t >= spec.warmup_ns;
     if (err != 0) {
       std::lock_guard<std::mutex> lock(sh.error_mu);
-      if (sh.error.empty()) {
+      // With --keep-going only a measured failure is reported (a warm-up one is
+      // neither counted nor named).
+      if (sh.error.empty() && (!spec.keep_going || measured)) {
         sh.error = std::string(OpName(op)) + " op failed in " + sh.ws->path() + ": " + what +
                    ": " + std::strerror(err);
       }
-      if (spec.keep_going) {
-        if (t >= spec.warmup_ns) out.errors[size_t(op)]++;
-        continue;
+      if (!spec.keep_going) {
+        sh.stop = true;
+        break;
       }
-      sh.stop = true;
-      break;
+      if (measured) out.errors[size_t(op)]++;
     }
     uint64_t latency = done - intended;
     uint64_t service = done - actual;
@@ -143,9 +146,10 @@ void ProbeThread(Shared& sh, int slot, const Lane& lane, ThreadOut& out) {
       cur_second = second;
       sh.series->Advance(index, second);
     }
+    if (err != 0) continue;  // kept going: in the lag and the series' seconds, in no histogram
     second_hist->Record(latency);
 
-    if (t >= spec.warmup_ns) {
+    if (measured) {
       out.ops[int(op)].latency->Record(latency);
       out.ops[int(op)].service->Record(service);
       out.ops_measured++;
@@ -168,17 +172,24 @@ bool RunProbe(const ProbeSpec& spec, Workspace& ws, RunResult* result, std::stri
   std::vector<Lane> lanes;
   if (spec.lane_per_op) {
     double sum = 0;
-    for (double w : spec.mix) sum += w;
+    int nops = 0;
+    for (double w : spec.mix) {
+      sum += w;
+      nops += w > 0 ? 1 : 0;
+    }
+    int j = 0;  // the lane's place among the ops' lanes
     for (int k = 0; k < kOpTypes; k++) {
       if (!(spec.mix[size_t(k)] > 0)) continue;
       for (int i = 0; i < spec.threads; i++) {
-        // Each lane its own arrival stream (seed), so Poisson lanes are independent.
+        // Each lane its own arrival stream (seed), so Poisson lanes are independent,
+        // and its own phase, so constant lanes of equal rate do not arrive together.
         lanes.push_back(Lane{k, spec.rate * spec.mix[size_t(k)] / sum, spec.threads, i,
-                             spec.seed + 0x9e3779b97f4a7c15ull * uint64_t(k + 1)});
+                             spec.seed + 0x9e3779b97f4a7c15ull * uint64_t(k + 1), double(j) / nops});
       }
+      j++;
     }
   } else {
-    for (int i = 0; i < spec.threads; i++) lanes.push_back(Lane{-1, spec.rate, spec.threads, i, spec.seed});
+    for (int i = 0; i < spec.threads; i++) lanes.push_back(Lane{-1, spec.rate, spec.threads, i, spec.seed, 0});
   }
   const int nthreads = int(lanes.size());
   TimeSeries series(nthreads);

@@ -75,7 +75,9 @@ inline bool FellBehind(const RunResult& result) {
 }
 
 // Runs the probe. False with a one-line error when an operation fails (the run
-// stops at the first failure: results with failed operations are not latency data).
+// stops at the first failure: results with failed operations are not latency
+// data) -- unless spec.keep_going: then failures are counted in result->errors,
+// the first measured one is in result->first_error, and the run goes on.
 bool RunProbe(const ProbeSpec& spec, Workspace& ws, RunResult* result, std::string* error);
 
 uint64_t MonotonicNs();

@@ -6,10 +6,10 @@
 
 namespace tfs::probe {
 
-Schedule::Schedule(Arrivals arrivals, double rate, int threads, int thread_index, uint64_t seed)
+Schedule::Schedule(Arrivals arrivals, double rate, int threads, int thread_index, uint64_t seed, double phase)
     : arrivals_(arrivals),
       interval_ns_(1e9 * threads / rate),
-      offset_ns_(1e9 * thread_index / rate),
+      offset_ns_(1e9 * (thread_index + phase) / rate),
       rng_(seed * 0x9E3779B97F4A7C15ull + uint64_t(thread_index) + 1),
       gap_(1.0) {}
 

@@ -20,7 +20,10 @@ namespace tfs::probe {
 
 class Schedule {
  public:
-  Schedule(Arrivals arrivals, double rate, int threads, int thread_index, uint64_t seed);
+  // `phase` in [0, 1) shifts a constant schedule by that share of the gap between
+  // consecutive threads' starts (lanes use it so that lanes of equal rate do not
+  // all arrive at the same instants).
+  Schedule(Arrivals arrivals, double rate, int threads, int thread_index, uint64_t seed, double phase = 0);
 
   // Intended start of the next operation, in ns after the run's start. Increasing.
   uint64_t Next();

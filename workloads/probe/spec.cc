@@ -250,6 +250,10 @@ bool Validate(const ProbeSpec& spec, std::string* error) {
     *error = "--files and --dir-entries must be at least 1";
     return false;
   }
+  if (spec.inject_delay && spec.inject_delay->op && !(spec.mix[size_t(*spec.inject_delay->op)] > 0)) {
+    *error = "--inject-delay names op '" + std::string(OpName(*spec.inject_delay->op)) + "', which --mix does not run";
+    return false;
+  }
   return true;
 }
 

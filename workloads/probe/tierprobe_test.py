@@ -144,6 +144,8 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
                           "DELAY:FRACTION")
     assert_one_line_error(run([t, "--dir", tmp_path, *common, "--inject-delay", "2ms:0.1:frob"]), 2,
                           "unknown op 'frob'")
+    assert_one_line_error(run([t, "--dir", tmp_path, *common, "--mix", "read=1", "--inject-delay",
+                               "2ms:0.1:stat"]), 2, "which --mix does not run")
     assert_one_line_error(run([t, "--dir", tmp_path, "--rate", "10", "--json", out]), 2,
                           "--duration is required")
     assert_one_line_error(run([t, "--dir", tmp_path, *common[:4], "--json",
