@@ -291,3 +291,37 @@ def test_binary_and_deeply_nested_input_is_one_line(slow_b: Any, tmp_path: Path)
         assert_one_line_error(run([t, "report", "--a", deep, "--b", *b, "-o", tmp_path]), 2,
                               str(deep))
         assert_one_line_error(run([t, "validate", deep]), 1, str(deep))
+
+
+def test_multiple_comparisons_and_concurrency(tmp_path: Path) -> None:
+    """The latency table marks a row significant only by its Bonferroni interval
+    (wider than the 95% one), and the report warns when the arms did not overlap
+    in time."""
+    a = write_runs(tmp_path / "a", "a", 3, 1.0, "control")
+    b = write_runs(tmp_path / "b", "b", 3, 1.0, "active")
+    for p in b:  # run B's after A's: one after the other, as the A/A story in the issue
+        doc = json.loads(p.read_text())
+        doc["manifest"]["start"] = "2026-01-01T01:00:00.000Z"
+        doc["manifest"]["end"] = "2026-01-01T01:00:05.000Z"
+        schema.write(doc, p)
+    out = tmp_path / "out"
+    proc = run([tool("tierlab"), "report", "--a", *a, "--b", *b, "-o", out])
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: the arms of 3 of 3 pairs did not run at the same time" in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["concurrency"]["concurrent"] is False
+    assert summary["family"] == len(summary["table"])
+    for row in summary["table"]:
+        if row["lo"] is not None:
+            assert row["lo_corrected"] <= row["lo"] and row["hi_corrected"] >= row["hi"]
+            assert not row["significant_corrected"] or row["significant"]
+    md = (out / "report.md").read_text()
+    assert "did not run at the same time" in md and "Bonferroni" in md
+    marked = sum(1 for line in md.splitlines() if line.endswith("| significant |"))
+    assert marked == sum(r["significant_corrected"] for r in summary["table"])
+    # concurrent runs: no warning
+    out2 = tmp_path / "out2"
+    a2 = write_runs(tmp_path / "a2", "a", 3, 1.0, "control")
+    b2 = write_runs(tmp_path / "b2", "b", 3, 1.0, "active")
+    proc = run([tool("tierlab"), "report", "--a", *a2, "--b", *b2, "-o", out2])
+    assert "warning" not in proc.stdout
