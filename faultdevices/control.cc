@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <cerrno>
 #include <cstring>
 #include <optional>
@@ -89,20 +91,84 @@ void WriteAll(int fd, const std::string& s) {
 
 }  // namespace
 
+// "30", "30s", "1.5s", "500ms" -> ns; nullopt if malformed or above 10^6 s.
+std::optional<uint64_t> ParseSeconds(const std::string& text) {
+  size_t used = 0;
+  double v;
+  try {
+    v = std::stod(text, &used);
+  } catch (...) {
+    return std::nullopt;
+  }
+  const std::string unit = text.substr(used);
+  double scale = unit.empty() || unit == "s" ? 1e9 : unit == "ms" ? 1e6 : unit == "us" ? 1e3 : -1;
+  if (scale < 0 || !(v >= 0) || v * scale / 1e9 > 1e6) return std::nullopt;
+  return uint64_t(v * scale);
+}
+
 std::string HandleControl(FaultDevice& dev, const std::string& line) {
   std::istringstream in(line);
-  std::string cmd;
+  std::string cmd, arg, extra;
   in >> cmd;
   if (cmd == "stall") {
-    double seconds = -1;
-    if (!(in >> seconds) || seconds < 0 || seconds > 1e6) return "error: usage: stall SECONDS";
-    dev.StallFor(uint64_t(seconds * 1e9));
-    return "ok stalled for " + std::to_string(seconds) + " s";
+    std::optional<uint64_t> ns;
+    if (in >> arg) ns = ParseSeconds(arg);
+    if (!ns || (in >> extra)) return "error: usage: stall DURATION (e.g. 30s, 500ms; a bare number is seconds)";
+    dev.StallFor(*ns);
+    std::ostringstream os;
+    os << "ok stalled for " << double(*ns) / 1e9 << " s";
+    return os.str();
+  }
+  if (cmd == "unstall") {
+    dev.Unstall();
+    return "ok unstalled";
+  }
+  if (cmd == "error") {
+    // error read|write|both START+LEN
+    std::string ops, range;
+    const char* usage = "error: usage: error read|write|both START+LEN (e.g. error read 16MiB+1MiB)";
+    if (!(in >> ops >> range) || (in >> extra)) return usage;
+    for (char& c : ops) c = char(tolower(static_cast<unsigned char>(c)));
+    ErrorRange e;
+    if (ops == "read") {
+      e.reads = true, e.writes = false;
+    } else if (ops == "write") {
+      e.reads = false, e.writes = true;
+    } else if (ops == "both") {
+      e.reads = e.writes = true;
+    } else {
+      return usage;
+    }
+    const size_t plus = range.find('+');
+    std::optional<uint64_t> off, len;
+    if (plus != std::string::npos) {
+      off = ParseSize(range.substr(0, plus));
+      len = ParseSize(range.substr(plus + 1));
+    }
+    if (!off || !len || *len == 0) return usage;
+    const uint64_t size = dev.Info().size;
+    if (*off >= size || *len > size - *off) {
+      return "error: range " + range + " is outside the device (" + std::to_string(size) + " bytes)";
+    }
+    e.offset = *off;
+    e.length = *len;
+    dev.AddErrors(e);
+    return "ok " + ops + " errors on [" + std::to_string(*off) + ", " + std::to_string(*off + *len) + ")";
+  }
+  if (cmd == "clear") {
+    dev.Unstall();
+    dev.ClearErrors();
+    return "ok stalls ended, errors cleared";
   }
   if (cmd == "powercut") {
     std::optional<uint64_t> seed;
-    uint64_t s;
-    if (in >> s) seed = s;
+    if (in >> arg) {
+      char* end = nullptr;
+      errno = 0;
+      unsigned long long v = strtoull(arg.c_str(), &end, 10);
+      if (arg[0] == '-' || *end != '\0' || errno != 0 || (in >> extra)) return "error: usage: powercut [SEED]";
+      seed = v;
+    }
     CutOutcome out = dev.PowerCut(seed);
     return "ok power cut: kept " + std::to_string(out.kept) + ", dropped " + std::to_string(out.dropped) +
            ", torn " + std::to_string(out.torn);
@@ -120,9 +186,11 @@ std::string HandleControl(FaultDevice& dev, const std::string& line) {
     for (char& c : json) {
       if (c == '\n') c = ' ';
     }
+    while (!json.empty() && json.back() == ' ') json.pop_back();
     return json;
   }
-  return "error: unknown command '" + cmd + "' (stall, powercut, poweron, clear-errors, stats)";
+  return "error: unknown command '" + cmd +
+         "' (stall, unstall, error, clear, powercut, poweron, clear-errors, stats)";
 }
 
 bool ControlServer::Start(FaultDevice* dev, const std::string& path, std::string* error) {

@@ -1,10 +1,15 @@
 // Control commands for a running fault device, as one-line text: the same handler
 // serves the nbdkit plugin's control socket and `faultdev ctl`.
 //
-//   stall SECONDS      nothing completes for SECONDS from now
+//   stall DURATION     nothing completes for DURATION from now ("30s", "500ms";
+//                      a bare number is seconds)
+//   unstall            end every stall in effect now
+//   error read|write|both START+LEN
+//                      EIO on that byte range from now on (sizes as "16MiB")
+//   clear              unstall and clear-errors
 //   powercut [SEED]    power cut now (unflushed cached writes kept/dropped/torn)
 //   poweron            accept I/O again after a power cut
-//   clear-errors       disable every [[errors]] range
+//   clear-errors       disable every [[errors]] range (added ones too)
 //   stats              the device's stats as one JSON object
 //
 // Replies are one line: "ok ..." / JSON for stats / "error: ...".
@@ -16,6 +21,8 @@
 #ifndef TFS_FAULTDEVICES_CONTROL_H_
 #define TFS_FAULTDEVICES_CONTROL_H_
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -25,6 +32,9 @@ namespace faultdev {
 
 // Runs one command line against `dev`; returns the one-line reply (no newline).
 std::string HandleControl(FaultDevice& dev, const std::string& line);
+// "30", "30s", "1.5s", "500ms", "40us" -> ns; nullopt if malformed, negative or
+// above 10^6 s.
+std::optional<uint64_t> ParseSeconds(const std::string& text);
 
 class ControlServer {
  public:

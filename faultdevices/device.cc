@@ -45,7 +45,8 @@ struct FaultDevice::Op {
   bool model_done = false;
   bool forced = false;
   bool completed = false;
-  bool stall_wait = false;
+  bool stall_wait = false;     // held at the completion gate by a stall; stall_event will retry
+  uint64_t stall_event = 0;
   bool timeout_armed = false;  // its timeout event is scheduled and has not started
   uint64_t timeout_event = 0;  // that event's Timer id
   std::vector<SectorRun> patches;  // cached read: newest cached data at admission
@@ -348,7 +349,24 @@ void FaultDevice::EnterDrive(Op* op, uint64_t t, Actions& act) {
 
 void FaultDevice::KickDrive(uint64_t t) {
   if (drive_->busy()) return;
-  t = StallEnd(t);
+  // The head starts nothing while stalled: come back when the stall ends (or
+  // at once, from Unstall()). A kick that finds the head busy or idle with
+  // nothing to do is harmless, so stale kicks need no cancelling.
+  if (uint64_t end = StallEnd(t); end != t) {
+    if (stall_kick_at_ != end) {
+      stall_kick_at_ = end;
+      timer_->At(end, [this, end] {
+        Actions a;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (stall_kick_at_ == end) stall_kick_at_ = 0;
+          KickDrive(std::max(end, StallEnd(end)));
+        }
+        Run(a);
+      });
+    }
+    return;
+  }
   if (std::optional<uint64_t> end = drive_->StartNext(t)) {
     uint64_t e = *end;
     timer_->At(e, [this, e] {
@@ -396,10 +414,13 @@ void FaultDevice::TryComplete(Op* op, uint64_t now, Actions& act) {
     if (end != now) {
       if (!op->stall_wait) {
         op->stall_wait = true;
-        ScheduleOp(end, op, [](FaultDevice* d, Op* o, uint64_t, Actions& a) {
-          o->stall_wait = false;
-          d->TryComplete(o, NowNs(), a);
-        });
+        op->stall_event = ScheduleOp(
+            end, op,
+            [](FaultDevice* d, Op* o, uint64_t, Actions& a) {
+              o->stall_wait = false;
+              d->TryComplete(o, NowNs(), a);
+            },
+            /*cancellable=*/true);
       }
       return;
     }
@@ -421,6 +442,11 @@ void FaultDevice::TryComplete(Op* op, uint64_t now, Actions& act) {
     // Drain() and the destructor need not wait out the timeout.
     op->timeout_armed = false;
     if (timer_->Cancel(op->timeout_event)) Unref(op);
+  }
+  if (op->stall_wait) {
+    // Released before the stall's old end (Unstall, power cut): the same.
+    op->stall_wait = false;
+    if (timer_->Cancel(op->stall_event)) Unref(op);
   }
   Unref(op);
   AdmitFromSlotQueue(now, act);
@@ -543,30 +569,31 @@ bool FaultDevice::InjectError(const IoRequest& r) {
   return false;
 }
 
+uint64_t FaultDevice::ClipStall(uint64_t at, uint64_t end) const {
+  for (uint64_t u : unstalls_) {
+    if (u >= at && u < end) end = u;
+  }
+  return end;
+}
+
 uint64_t FaultDevice::StallEnd(uint64_t t) const {
   const StallModel& s = profile_.stall;
+  auto in_window = [&](uint64_t a, uint64_t b) {
+    b = ClipStall(a, b);
+    if (t < a || t >= b) return false;
+    t = b;
+    return true;
+  };
   for (bool changed = true; changed;) {
     changed = false;
-    for (const StallWindow& w : manual_stalls_) {
-      if (t >= w.at_ns && t < w.at_ns + w.duration_ns) {
-        t = w.at_ns + w.duration_ns;
-        changed = true;
-      }
-    }
+    for (const StallWindow& w : manual_stalls_) changed |= in_window(w.at_ns, w.at_ns + w.duration_ns);
     for (const StallWindow& w : s.scripted) {
-      uint64_t a = open_ns_ + w.at_ns;
-      if (t >= a && t < a + w.duration_ns) {
-        t = a + w.duration_ns;
-        changed = true;
-      }
+      changed |= in_window(open_ns_ + w.at_ns, open_ns_ + w.at_ns + w.duration_ns);
     }
     if (s.period_ns != 0 && s.duration_ns != 0 && t >= open_ns_ + s.offset_ns) {
       uint64_t rel = t - open_ns_ - s.offset_ns;
-      uint64_t in = rel % s.period_ns;
-      if (in < s.duration_ns) {
-        t += s.duration_ns - in;
-        changed = true;
-      }
+      uint64_t a = t - rel % s.period_ns;
+      changed |= in_window(a, a + s.duration_ns);
     }
   }
   return t;
@@ -574,15 +601,30 @@ uint64_t FaultDevice::StallEnd(uint64_t t) const {
 
 uint64_t FaultDevice::StalledNs(uint64_t now) const {
   const StallModel& s = profile_.stall;
-  auto overlap = [](uint64_t a, uint64_t b, uint64_t end) { return a >= end ? 0 : std::min(b, end) - a; };
+  auto overlap = [&](uint64_t a, uint64_t b) {
+    b = ClipStall(a, b);
+    return a >= now ? 0 : std::min(b, now) - a;
+  };
   uint64_t total = 0;
-  for (const StallWindow& w : manual_stalls_) total += overlap(w.at_ns, w.at_ns + w.duration_ns, now);
-  for (const StallWindow& w : s.scripted) {
-    total += overlap(open_ns_ + w.at_ns, open_ns_ + w.at_ns + w.duration_ns, now);
-  }
-  if (s.period_ns != 0 && now > open_ns_ + s.offset_ns) {
+  for (const StallWindow& w : manual_stalls_) total += overlap(w.at_ns, w.at_ns + w.duration_ns);
+  for (const StallWindow& w : s.scripted) total += overlap(open_ns_ + w.at_ns, open_ns_ + w.at_ns + w.duration_ns);
+  if (s.period_ns != 0 && s.duration_ns != 0 && now > open_ns_ + s.offset_ns) {
+    // Whole periods before the current one, then the current one; only windows
+    // an Unstall() cut short need a walk, and there are at most as many as cuts.
     uint64_t rel = now - open_ns_ - s.offset_ns;
-    total += rel / s.period_ns * s.duration_ns + std::min(rel % s.period_ns, s.duration_ns);
+    uint64_t periods = rel / s.period_ns;
+    total += periods * s.duration_ns;
+    uint64_t last_k = UINT64_MAX;
+    for (uint64_t u : unstalls_) {  // in time order
+      if (u < open_ns_ + s.offset_ns) continue;
+      uint64_t k = (u - open_ns_ - s.offset_ns) / s.period_ns;
+      uint64_t a = open_ns_ + s.offset_ns + k * s.period_ns;
+      if (k >= periods || k == last_k || u >= a + s.duration_ns) continue;
+      last_k = k;
+      total -= a + s.duration_ns - ClipStall(a, a + s.duration_ns);
+    }
+    uint64_t a = open_ns_ + s.offset_ns + periods * s.period_ns;
+    total += overlap(a, a + s.duration_ns);
   }
   return total;
 }
@@ -799,9 +841,35 @@ void FaultDevice::StallFor(uint64_t duration_ns) {
   stats_.stalls++;
 }
 
+void FaultDevice::Unstall() {
+  Actions act;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    uint64_t now = NowNs();
+    if (StallEnd(now) == now) return;
+    unstalls_.push_back(now);
+    stats_.unstalls++;
+    // Requests held at the completion gate complete now; their timer events at
+    // the old end find them completed. Then the head may start again.
+    std::vector<Op*> held;
+    for (Op* op = inflight_head_; op != nullptr; op = op->next) {
+      if (op->stall_wait) held.push_back(op);
+    }
+    for (Op* op : held) TryComplete(op, now, act);
+    if (drive_) KickDrive(now);
+  }
+  Run(act);
+}
+
 void FaultDevice::ClearErrors() {
   std::lock_guard<std::mutex> lock(mu_);
   error_active_.assign(error_active_.size(), false);
+}
+
+void FaultDevice::AddErrors(const ErrorRange& range) {
+  std::lock_guard<std::mutex> lock(mu_);
+  profile_.errors.push_back(range);
+  error_active_.push_back(true);
 }
 
 void FaultDevice::Drain() {
@@ -829,6 +897,9 @@ DeviceStats FaultDevice::Stats() const {
   s.elapsed_s = double(now - open_ns_) / 1e9;
   s.in_flight = in_flight_ + slot_queue_.size();
   s.stalled_ns = StalledNs(now);
+  s.stall_remaining_ns = powered_ ? StallEnd(now) - now : 0;
+  s.powered = powered_;
+  for (bool active : error_active_) s.error_ranges_active += active ? 1 : 0;
   if (cache_) {
     s.cache_bytes = cache_->bytes();
     s.cache_records = cache_->records().size();
@@ -901,7 +972,10 @@ std::string DeviceStats::ToJson() const {
      << "\"eio\": " << errors_injected << ", \"timeouts\": " << timeouts_injected
      << ", \"link_resets\": " << link_resets << ", \"reset_failures\": " << reset_failures
      << ", \"power_cuts\": " << power_cuts << ", \"powered_off_failures\": " << powered_off_failures << "},\n"
-     << " \"stall\": {\"stalled_s\": " << double(stalled_ns) / 1e9 << ", \"commanded\": " << stalls << "},\n"
+     << " \"stall\": {\"stalled_s\": " << double(stalled_ns) / 1e9 << ", \"commanded\": " << stalls
+     << ", \"unstalls\": " << unstalls << ", \"remaining_s\": " << double(stall_remaining_ns) / 1e9 << "},\n"
+     << " \"powered\": " << (powered ? "true" : "false") << ", \"error_ranges_active\": " << error_ranges_active
+     << ",\n"
      << " \"latency_ms\": {";
   Hist(os, "queue", queue_ns);
   os << ", ";

@@ -64,7 +64,11 @@ struct DeviceStats {
   uint64_t max_in_flight = 0;
   uint64_t slot_waits = 0;       // requests that waited for a [queue] slot
   uint64_t stalls = 0;           // stall windows entered by control commands
+  uint64_t unstalls = 0;         // Unstall() calls that ended a stall
   uint64_t stalled_ns = 0;
+  uint64_t stall_remaining_ns = 0;  // 0: not stalled now
+  bool powered = true;
+  uint32_t error_ranges_active = 0;
   // Volatile cache.
   uint64_t cache_bytes = 0;
   uint64_t cache_records = 0;
@@ -104,8 +108,14 @@ class FaultDevice final : public tfs::BlockDevice {
   CutOutcome PowerCut(std::optional<uint64_t> seed = std::nullopt);
   void PowerOn();
   bool powered() const;
-  // Disables every [[errors]] range.
+  // Ends every stall in effect now -- commanded, scripted or periodic: what it
+  // held completes at once. Windows that start later still stall.
+  void Unstall();
+  // Disables every [[errors]] range, those added by AddErrors() included.
   void ClearErrors();
+  // Adds an error range at run time (active from now; checked against the
+  // device size by the caller).
+  void AddErrors(const ErrorRange& range);
   DeviceStats Stats() const;
   uint64_t seed() const { return profile_.seed; }
   const Profile& profile() const { return profile_; }
@@ -144,6 +154,8 @@ class FaultDevice final : public tfs::BlockDevice {
   bool TimeoutVictim(const tfs::IoRequest& req, uint64_t now);
   bool InjectError(const tfs::IoRequest& req);
   uint64_t StallEnd(uint64_t t) const;
+  // The end of a stall window [at, end) after Unstall() cuts.
+  uint64_t ClipStall(uint64_t at, uint64_t end) const;
   uint64_t StalledNs(uint64_t now) const;
   void PowerOffLocked(uint64_t now, Actions& act);
   // Runs fn(this, op, when, act) at `when` under mu_, holding a reference on op.
@@ -182,6 +194,8 @@ class FaultDevice final : public tfs::BlockDevice {
   std::unique_ptr<DriveModel> drive_;
   uint64_t idle_timer_at_ = 0;
   std::vector<StallWindow> manual_stalls_;  // absolute times
+  std::vector<uint64_t> unstalls_;          // Unstall() times, ascending: they cut windows short
+  uint64_t stall_kick_at_ = 0;              // a KickDrive() is due at the stall's end
   bool powered_ = true;
   uint64_t cuts_ = 0;
   // Volatile cache.

@@ -162,6 +162,82 @@ TEST(FaultDevice, ScriptedAndPeriodicStalls) {
   EXPECT_GE(q.completed - s0, 180'000'000u);
 }
 
+// Unstall() ends a long stall at once, for the completion gate and for an HDD's
+// head alike; the 60 s stall would outlast the test's bound by far.
+TEST(FaultDevice, UnstallReleasesWhatTheStallHeld) {
+  for (const char* text : {"[delay]\nall_ms = 1\n", "[hdd]\n", "[stall]\nscripted = [[0, 60]]\n"}) {
+    SCOPED_TRACE(text);
+    auto t = MakeDevice(MustParse(text));
+    Batch b(*t.dev);
+    uint64_t start = NowNs();
+    if (std::string(text).find("scripted") == std::string::npos) t.dev->StallFor(60'000'000'000);
+    for (int i = 0; i < 8; i++) b.Add(IoOp::kRead, uint64_t(i) << 20, 4096);
+    b.Submit();
+    usleep(50'000);
+    EXPECT_GT(t.dev->Stats().stall_remaining_ns, 50'000'000'000u);
+    for (size_t i = 0; i < b.size(); i++) EXPECT_FALSE(b[i].done) << "completed during the stall";
+    t.dev->Unstall();
+    b.Wait();
+    for (size_t i = 0; i < b.size(); i++) {
+      EXPECT_TRUE(b[i].status.ok());
+      EXPECT_LT(b[i].completed, start + 30'000'000'000) << "held to the old end";
+    }
+    DeviceStats s = t.dev->Stats();
+    EXPECT_EQ(s.stall_remaining_ns, 0u);
+    EXPECT_EQ(s.unstalls, 1u);
+    EXPECT_LT(s.stalled_ns, 30'000'000'000u);
+    // A new stall still stalls.
+    t.dev->StallFor(200'000'000);
+    EXPECT_GT(t.dev->Stats().stall_remaining_ns, 0u);
+    testing::Pending& r = b.Sync(IoOp::kRead, 0, 4096);
+    EXPECT_GE(r.completed - r.submitted, 150'000'000u);
+  }
+}
+
+// Error ranges added at run time fail exactly their op and range, and
+// ClearErrors() disables them with the profile's.
+TEST(FaultDevice, RunTimeErrorRanges) {
+  auto t = MakeDevice(MustParse("[delay]\nall_ms = 0\n"));
+  Batch b(*t.dev);
+  faultdev::ErrorRange e;
+  e.offset = 1 << 20;
+  e.length = 1 << 20;
+  e.reads = false;
+  e.writes = true;
+  t.dev->AddErrors(e);
+  EXPECT_TRUE(b.Sync(IoOp::kRead, 1 << 20, 4096).status.ok());
+  EXPECT_FALSE(b.Sync(IoOp::kWrite, (1 << 20) + 8192, 4096).status.ok());
+  EXPECT_TRUE(b.Sync(IoOp::kWrite, 2 << 20, 4096).status.ok());
+  EXPECT_EQ(t.dev->Stats().error_ranges_active, 1u);
+  t.dev->ClearErrors();
+  EXPECT_TRUE(b.Sync(IoOp::kWrite, (1 << 20) + 8192, 4096).status.ok());
+  EXPECT_EQ(t.dev->Stats().error_ranges_active, 0u);
+}
+
+// The control commands' parsing: units, ranges, one-line errors.
+TEST(FaultDevice, ControlCommands) {
+  auto t = MakeDevice(MustParse("[delay]\nall_ms = 0\n"), 64 << 20);
+  EXPECT_EQ(faultdev::ParseSeconds("30s"), std::optional<uint64_t>(30'000'000'000));
+  EXPECT_EQ(faultdev::ParseSeconds("1.5"), std::optional<uint64_t>(1'500'000'000));
+  EXPECT_EQ(faultdev::ParseSeconds("500ms"), std::optional<uint64_t>(500'000'000));
+  for (const char* bad : {"", "x", "-1", "3h", "1e9", "nan"}) EXPECT_FALSE(faultdev::ParseSeconds(bad)) << bad;
+  EXPECT_EQ(faultdev::HandleControl(*t.dev, "stall 20s").rfind("ok", 0), 0u);
+  EXPECT_GT(t.dev->Stats().stall_remaining_ns, 10'000'000'000u);
+  EXPECT_EQ(faultdev::HandleControl(*t.dev, "unstall"), "ok unstalled");
+  EXPECT_EQ(t.dev->Stats().stall_remaining_ns, 0u);
+  EXPECT_EQ(faultdev::HandleControl(*t.dev, "error write 1MiB+64K").rfind("ok", 0), 0u);
+  EXPECT_EQ(t.dev->Stats().error_ranges_active, 1u);
+  for (const char* bad : {"stall", "stall 3h", "stall 1 2", "error", "error read", "error sideways 0+1",
+                          "error read 1M", "error read 0+0", "error read 64MiB+1", "error read 63MiB+2MiB",
+                          "powercut x", "powercut -1", "frobnicate"}) {
+    std::string reply = faultdev::HandleControl(*t.dev, bad);
+    EXPECT_EQ(reply.rfind("error: ", 0), 0u) << bad << " -> " << reply;
+    EXPECT_EQ(reply.find('\n'), std::string::npos);
+  }
+  EXPECT_EQ(faultdev::HandleControl(*t.dev, "clear"), "ok stalls ended, errors cleared");
+  EXPECT_EQ(t.dev->Stats().error_ranges_active, 0u);
+}
+
 TEST(FaultDevice, TimeoutFailsExactlyTheChosenRequest) {
   auto t = MakeDevice(MustParse("[timeout]\nafter_requests = 4\nduration_s = 0.5\n"));
   Batch b(*t.dev);

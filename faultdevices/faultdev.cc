@@ -309,7 +309,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> ctl_words;
   CLI::App* ctl = app.add_subcommand("ctl", "send a control command to a served device");
   ctl->add_option("--control", ctl_socket, "control socket")->required();
-  ctl->add_option("command", ctl_words, "stall SECONDS | powercut [SEED] | poweron | clear-errors | stats")
+  ctl->add_option("command", ctl_words, "stall DURATION | unstall | error read|write|both START+LEN | clear | powercut [SEED] | poweron | clear-errors | stats")
       ->required();
 
   CLI::App* list = app.add_subcommand("profiles", "list the shipped profiles");

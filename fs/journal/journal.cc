@@ -691,6 +691,11 @@ Status Journal::WriteEntry(Buf* buf) {
   DevMask written = 0;
   for (u32 k = 0; k < nrings; k++) written |= DevMask(1) << rings_[ring_idx[k]].member;
   if (flush) preflush = (pending_deps_ | buf->deps | nonfua_written_) & devs_->DebtMask();
+#ifdef TIERFS_PLANT_PREFLUSH_ALL
+  // The lab's planted regression (CMake TIERFS_PLANT_PREFLUSH_ALL, never in a
+  // real build): every durable entry pre-flushes every member, the slow ones too.
+  if (flush) preflush = devs_->size() >= 8 * sizeof(DevMask) ? ~DevMask(0) : (DevMask(1) << devs_->size()) - 1;
+#endif
   // Unordered (write, then flush the entry and what it depends on together) saves
   // the pre-flush round trip when there is one to save, and only if replay can tell
   // whether the group's data made it: every commit since the last durable entry

@@ -7,7 +7,7 @@
 
 namespace tfs::fuse {
 
-std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs) {
+std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs, MemberControl* members) {
   userspace::JsonWriter w;
   w.BeginObject();
   const sb::Superblock& sb = engine.sb();
@@ -22,6 +22,7 @@ std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs) {
     w.UintField("index", i);
     w.StringField("label", m->label());
     w.StringField("group", m->group());
+    if (members != nullptr) w.StringField("path", members->Path(i));
     const dev::QueueState q = m->queue().State();
     w.UintField("in_flight", q.in_flight);
     w.UintField("queued", q.queued);
@@ -54,6 +55,10 @@ std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs) {
       w.EndObject();
     }
     w.EndObject();
+    if (members != nullptr) {
+      w.Key("fault");
+      if (!members->WriteFault(i, w)) w.Null();
+    }
     w.EndObject();
   }
   w.EndArray();

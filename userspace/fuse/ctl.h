@@ -5,7 +5,13 @@
 //   kCtlStats: the mount's live counters as one NUL-terminated JSON object of at
 //   most kCtlMax bytes: "devices" (per member: label, group, queue state, I/O
 //   by origin and operation with service-time quantiles), "journal", "btree",
-//   "alloc" (per member bucket states, per tier totals), "data", "posix".
+//   "alloc" (per member bucket states, per tier totals), "data", "posix"; a
+//   member the command line ran over a fault device also has "fault" (its
+//   state and I/O by origin as the fault device saw it).
+//
+//   kCtlFault: in, "MEMBER COMMAND ARGS" (NUL-terminated); out, the one-line
+//   reply of the member's fault device ("ok ...", "error: ...", or for `stats`
+//   its JSON). The ioctl itself fails only when the mount has no such channel.
 #ifndef TFS_USERSPACE_FUSE_CTL_H_
 #define TFS_USERSPACE_FUSE_CTL_H_
 
@@ -15,15 +21,33 @@
 
 #include "engine/engine.h"
 #include "posix/fs.h"
+#include "userspace/util/json.h"
 
 namespace tfs::fuse {
 
 // _IOC_SIZE holds 14 bits: the largest reply a FUSE ioctl copies out by itself.
 inline constexpr unsigned kCtlMax = 16000;
 inline constexpr unsigned kCtlStats = _IOR('T', 0x01, char[kCtlMax]);
+inline constexpr unsigned kCtlFault = _IOWR('T', 0x02, char[kCtlMax]);
 
-// The kCtlStats JSON of an open engine and its mounted filesystem.
-std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs);
+// What the front end knows of the members beyond the engine: where they are
+// and, in the lab, the fault devices under them (userspace/tools/members.h).
+// Called from FUSE worker threads, concurrently.
+class MemberControl {
+ public:
+  virtual ~MemberControl() = default;
+  // The path the member was opened by ("" if unknown).
+  virtual std::string Path(u32 member) = 0;
+  // Writes member's fault state as one JSON value; false (nothing written) if
+  // the member has no fault device.
+  virtual bool WriteFault(u32 member, userspace::JsonWriter& w) = 0;
+  // Runs "MEMBER COMMAND ARGS"; returns the one-line reply.
+  virtual std::string FaultCommand(const std::string& line) = 0;
+};
+
+// The kCtlStats JSON of an open engine and its mounted filesystem; `members`
+// may be null.
+std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs, MemberControl* members);
 
 }  // namespace tfs::fuse
 

@@ -436,9 +436,17 @@ void Ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file_in
       return (void)fuse_reply_err(req, EOPNOTSUPP);
     return (void)fuse_reply_ioctl(req, 0, nullptr, 0);
   }
-  if (cmd != kCtlStats || ino != FUSE_ROOT_ID) return (void)fuse_reply_err(req, ENOTTY);
+  if ((cmd != kCtlStats && cmd != kCtlFault) || ino != FUSE_ROOT_ID) return (void)fuse_reply_err(req, ENOTTY);
   Context* c = Ctx(req);
-  const std::string json = StatsJson(*c->engine, *c->fs);
+  if (cmd == kCtlFault) {
+    if (c->members == nullptr) return (void)fuse_reply_err(req, ENOTTY);
+    const char* in = static_cast<const char*>(in_buf);
+    const std::string line(in, strnlen(in, in_bufsz));
+    std::string reply = c->members->FaultCommand(line);
+    if (reply.size() + 1 > out_bufsz) reply = "error: the reply does not fit the ioctl's buffer";
+    return (void)fuse_reply_ioctl(req, 0, reply.c_str(), reply.size() + 1);
+  }
+  const std::string json = StatsJson(*c->engine, *c->fs, c->members);
   if (json.size() + 1 > out_bufsz) return (void)fuse_reply_err(req, ENOSPC);
   fuse_reply_ioctl(req, int(json.size()), json.c_str(), json.size() + 1);
 }

@@ -12,6 +12,7 @@
 
 #include "engine/engine.h"
 #include "posix/fs.h"
+#include "userspace/fuse/ctl.h"
 
 namespace tfs::fuse {
 
@@ -19,6 +20,7 @@ namespace tfs::fuse {
 struct Context {
   engine::Engine* engine = nullptr;
   posix::Filesystem* fs = nullptr;
+  MemberControl* members = nullptr;  // for tierfs ctl; may be null
   double attr_timeout = 1.0;   // seconds the kernel may cache attributes and entries
 };
 

@@ -1,5 +1,6 @@
-// tierfs ctl MOUNTPOINT: prints the live counters of a mounted tierfs as JSON,
-// read through the kCtlStats ioctl on the mount's root (userspace/fuse/ctl.h).
+// tierfs ctl MOUNTPOINT [fault MEMBER COMMAND...]: prints the live counters of a
+// mounted tierfs as JSON (the kCtlStats ioctl on the mount's root), or sends a
+// command to a member's fault device (kCtlFault; userspace/fuse/ctl.h).
 #include <CLI/CLI.hpp>
 
 #include <fcntl.h>
@@ -17,29 +18,80 @@
 
 namespace tfs::tools {
 
-int CmdCtl(int argc, char** argv) {
-  CLI::App app("Print the live counters of a mounted tierfs filesystem as JSON.", "tierfs ctl");
-  std::string mountpoint;
-  app.add_option("mountpoint", mountpoint, "where the filesystem is mounted")->required();
-  CLI11_PARSE(app, argc, argv);
+namespace {
+
+// Opens the mount's root for the ctl ioctls; -1 after printing why not.
+int OpenRoot(const std::string& mountpoint) {
   int fd = open(mountpoint.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) {
-    PrintError("ctl", mountpoint + ": " + strerror(errno));
-    return 1;
+  if (fd < 0) PrintError("ctl", mountpoint + ": " + strerror(errno));
+  return fd;
+}
+
+void PrintIoctlError(const std::string& mountpoint, int err) {
+  if (err == ENOTTY || err == EINVAL || err == ENOSYS || err == EOPNOTSUPP)
+    PrintError("ctl", mountpoint + ": not the root of a mounted tierfs filesystem");
+  else
+    PrintError("ctl", mountpoint + ": " + strerror(err));
+}
+
+}  // namespace
+
+int CmdCtl(int argc, char** argv) {
+  CLI::App app("Print the live counters of a mounted tierfs filesystem as JSON, or control the fault "
+               "devices of a lab mount (tierfs mount --fault).",
+               "tierfs ctl");
+  std::string mountpoint;
+  std::vector<std::string> command;
+  app.add_option("mountpoint", mountpoint, "where the filesystem is mounted")->required();
+  app.add_option("command", command,
+                 "fault MEMBER stall DURATION | unstall | error read|write|both START+LEN | clear | "
+                 "powercut [SEED] | poweron | stats");
+  app.footer("Without a command: the counters as one JSON object (devices[].fault for faulted members).\n"
+             "e.g. tierfs ctl /mnt/t fault hdd.b stall 30s");
+  app.allow_extras(false);
+  CLI11_PARSE(app, argc, argv);
+  if (!command.empty() && command[0] != "fault") {
+    PrintError("ctl", "unknown command '" + command[0] + "' (fault)");
+    return 2;
   }
+  if (command.size() == 1) {
+    PrintError("ctl", "fault: usage: fault MEMBER COMMAND (see --help)");
+    return 2;
+  }
+  int fd = OpenRoot(mountpoint);
+  if (fd < 0) return 1;
   std::vector<char> buf(fuse::kCtlMax, 0);
-  int n = ioctl(fd, fuse::kCtlStats, buf.data());
+  std::string line;
+  for (size_t i = 1; i < command.size(); i++) line += (i > 1 ? " " : "") + command[i];
+  if (!command.empty() && line.size() + 1 > buf.size()) {
+    close(fd);
+    PrintError("ctl", "fault: the command is too long");
+    return 2;
+  }
+  if (!command.empty()) memcpy(buf.data(), line.c_str(), line.size() + 1);
+  int n = ioctl(fd, command.empty() ? fuse::kCtlStats : fuse::kCtlFault, buf.data());
   const int err = errno;
   close(fd);
   if (n < 0) {
-    if (err == ENOTTY || err == EINVAL || err == ENOSYS || err == EOPNOTSUPP)
-      PrintError("ctl", mountpoint + ": not the root of a mounted tierfs filesystem");
-    else
-      PrintError("ctl", mountpoint + ": " + strerror(err));
+    if (!command.empty() && err == ENOTTY) {
+      PrintError("ctl", mountpoint + ": not a tierfs mount with fault devices (or not a tierfs mount)");
+      return 1;
+    }
+    PrintIoctlError(mountpoint, err);
     return 1;
   }
-  fwrite(buf.data(), 1, size_t(n), stdout);
-  fputc('\n', stdout);
+  if (command.empty()) {
+    fwrite(buf.data(), 1, size_t(n), stdout);
+    fputc('\n', stdout);
+    return 0;
+  }
+  buf.back() = '\0';
+  const std::string reply = buf.data();
+  if (reply.rfind("error: ", 0) == 0) {
+    PrintError("ctl", "fault " + command[1] + ": " + reply.substr(7));
+    return reply.rfind("error: usage:", 0) == 0 ? 2 : 1;
+  }
+  printf("%s\n", reply.c_str());
   return 0;
 }
 

@@ -12,6 +12,7 @@
 #include "engine/engine.h"
 #include "sb/superblock.h"
 #include "userspace/tools/common.h"
+#include "userspace/tools/members.h"
 
 namespace tfs::tools {
 namespace {
@@ -20,7 +21,7 @@ namespace {
 const std::set<std::string> kValueOptions = {
     "--foreground-target", "--background-target", "--promote-target", "--metadata-target",
     "--bucket-size", "--btree-node-size", "--replicas", "--metadata-replicas", "--compression",
-    "--journal-buckets", "--durability"};
+    "--journal-buckets", "--durability", "--fault", "--fault-set"};
 
 // Pulls `--label X` / `--label=X` out of argv, remembering which positional
 // argument (device) each one precedes.
@@ -95,6 +96,8 @@ int CmdFormat(int argc, char** argv) {
   app.add_option("--journal-buckets", journal_buckets, "journal buckets per metadata device (0: auto)");
   app.add_option("--durability", durability, "durability of every device (0..4)");
   app.add_flag("-f,--force", force, "overwrite devices that already hold a tierfs filesystem");
+  FaultArgs fault_args;
+  AddFaultOptions(&app, &fault_args);
   app.footer("--label L names the device that follows it (default: dev0, dev1, ...).");
   std::vector<std::string> args(rest.rbegin(), rest.rend());
   try {
@@ -120,10 +123,14 @@ int CmdFormat(int argc, char** argv) {
     return 2;
   }
 
-  auto devs = OpenDevices("format", devices, false);
-  if (devs.empty()) return 1;
+  std::vector<FaultSpec> faults;
+  if (!ParseFaults("format", fault_args, &faults)) return 2;
+  std::map<size_t, std::string> names_by_index;
+  for (size_t i = 0; i < devices.size(); i++) names_by_index[i] = labels.count(i) ? labels[i] : "dev" + std::to_string(i);
+  Members devs;
+  if (!devs.Open("format", devices, false, faults, names_by_index)) return 1;
   if (!force) {
-    for (auto& d : devs) {
+    for (BlockDevice* d : devs.Raw()) {
       sb::Superblock s;
       if (sb::Read(*d, &s).ok()) {
         PrintError("format", std::string(d->Name()) + " already holds a tierfs filesystem (uuid " +
@@ -133,11 +140,9 @@ int CmdFormat(int argc, char** argv) {
       }
     }
   }
-  std::vector<std::string> names(devs.size());
   std::vector<engine::FormatMember> members(devs.size());
   for (size_t i = 0; i < devs.size(); i++) {
-    names[i] = labels.count(i) ? labels[i] : "dev" + std::to_string(i);
-    members[i] = engine::FormatMember{devs[i].get(), names[i].c_str(), uint8_t(durability)};
+    members[i] = engine::FormatMember{devs.dev(i), devs.label(i).c_str(), uint8_t(durability)};
   }
   engine::FormatOptions o;
   o.foreground_target = fg.c_str();
@@ -159,7 +164,7 @@ int CmdFormat(int argc, char** argv) {
     return 1;
   }
   sb::Superblock s;
-  if (!sb::Read(*devs[0], &s).ok()) {
+  if (!sb::Read(*devs.dev(0), &s).ok()) {
     PrintError("format", "the new superblock does not read back");
     return 1;
   }

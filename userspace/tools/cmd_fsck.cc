@@ -6,6 +6,7 @@
 
 #include "fsck/fsck.h"
 #include "userspace/tools/common.h"
+#include "userspace/tools/members.h"
 
 namespace tfs::tools {
 
@@ -16,6 +17,8 @@ int CmdFsck(int argc, char** argv) {
   app.add_option("devices", devices, "every member device of the filesystem")->required();
   app.add_flag("-n", no, "check only, change nothing (default)");
   app.add_flag("-y", yes, "repair");
+  FaultArgs fault_args;
+  AddFaultOptions(&app, &fault_args);
   app.footer("exit codes: 0 clean, 1 errors corrected, 4 errors left uncorrected, 8 operational error");
   try {
     app.parse(argc, argv);
@@ -27,9 +30,11 @@ int CmdFsck(int argc, char** argv) {
     PrintError("fsck", "-n and -y exclude each other");
     return fsck::kExitOperational;
   }
-  auto devs = OpenDevices("fsck", devices, /*read_only=*/!yes);
-  if (devs.empty()) return fsck::kExitOperational;
-  std::vector<BlockDevice*> raw = Raw(devs);
+  std::vector<FaultSpec> faults;
+  if (!ParseFaults("fsck", fault_args, &faults)) return fsck::kExitOperational;
+  Members members;
+  if (!members.Open("fsck", devices, /*read_only=*/!yes, faults)) return fsck::kExitOperational;
+  std::vector<BlockDevice*> raw = members.Raw();
   fsck::Options o;
   o.repair = yes;
   fsck::Report r = fsck::Check(raw.data(), uint32_t(raw.size()), o,

@@ -20,6 +20,7 @@
 
 #include "userspace/fuse/fuse_ops.h"
 #include "userspace/tools/common.h"
+#include "userspace/tools/members.h"
 
 namespace tfs::tools {
 namespace {
@@ -75,8 +76,9 @@ std::string TakeOption(std::vector<std::string>* options, const std::string& key
 // Everything after the (optional) fork: open, mount, tell the parent, serve.
 // `ready_fd` (-1 in the foreground) gets "ok" once the mount is live. `log`:
 // where the daemon's messages go ("" : nowhere).
-int Serve(const std::vector<std::string>& devices, const std::string& mountpoint,
-          const std::vector<std::string>& options, const std::string& log, int ready_fd) {
+int Serve(const std::vector<std::string>& devices, const std::vector<FaultSpec>& faults,
+          const std::string& mountpoint, const std::vector<std::string>& options, const std::string& log,
+          int ready_fd) {
   DeviceLocks locks;
   if (!locks.Take(devices)) return 1;
   int log_fd = -1;
@@ -87,9 +89,10 @@ int Serve(const std::vector<std::string>& devices, const std::string& mountpoint
       return 1;
     }
   }
-  auto devs = OpenDevices("mount", devices, /*read_only=*/false);
-  if (devs.empty()) return 1;
-  std::vector<BlockDevice*> raw = Raw(devs);
+  Members members;
+  if (!members.Open("mount", devices, /*read_only=*/false, faults)) return 1;
+  MemberControls controls(&members);
+  std::vector<BlockDevice*> raw = members.Raw();
   engine::Engine engine;
   engine::OpenReport rep;
   Diag diag;
@@ -110,6 +113,7 @@ int Serve(const std::vector<std::string>& devices, const std::string& mountpoint
   fuse::Context ctx;
   ctx.engine = &engine;
   ctx.fs = &fs;
+  ctx.members = &controls;
   std::vector<std::string> argv_s = {"tierfs", "-o", "default_permissions,subtype=tierfs,fsname=" + devices[0]};
   for (const std::string& o : options) {
     argv_s.push_back("-o");
@@ -177,8 +181,14 @@ int CmdMount(int argc, char** argv) {
   app.add_option("args", args, "every member device, then the mount point")->required()->expected(2, -1);
   app.add_option("-o", options, "mount options, comma-separated (e.g. allow_other; log=FILE: the daemon's messages)");
   app.add_flag("-f,--foreground", foreground, "serve in the foreground (no daemon)");
+  FaultArgs fault_args;
+  AddFaultOptions(&app, &fault_args);
   app.footer("Unmount with 'umount MOUNTPOINT' or 'fusermount3 -u MOUNTPOINT'.");
   CLI11_PARSE(app, argc, argv);
+  // Profiles are checked before the fork, so a mistake is one line from the
+  // command itself; the fault devices (threads) start in the daemon.
+  std::vector<FaultSpec> faults;
+  if (!ParseFaults("mount", fault_args, &faults)) return 2;
   std::string mountpoint = args.back();
   args.pop_back();
   struct stat st;
@@ -200,7 +210,7 @@ int CmdMount(int argc, char** argv) {
     if (cwd != nullptr) log = std::string(cwd) + "/" + log;
     free(cwd);
   }
-  if (foreground) return Serve(args, mountpoint, options, log, -1);
+  if (foreground) return Serve(args, faults, mountpoint, options, log, -1);
   // Fork before anything starts a thread; the parent waits for "ok" (or for the
   // child to give up, having printed why).
   int pipefd[2];
@@ -218,7 +228,7 @@ int CmdMount(int argc, char** argv) {
   if (pid == 0) {
     close(pipefd[0]);
     setsid();
-    _exit(Serve(args, mountpoint, options, log, pipefd[1]));
+    _exit(Serve(args, faults, mountpoint, options, log, pipefd[1]));
   }
   close(pipefd[1]);
   char buf[2] = {};

@@ -6,6 +6,7 @@
 
 #include "engine/engine.h"
 #include "userspace/tools/common.h"
+#include "userspace/tools/members.h"
 #include "userspace/util/json.h"
 
 namespace tfs::tools {
@@ -16,11 +17,15 @@ int CmdShow(int argc, char** argv) {
   bool json = false;
   app.add_option("devices", devices, "every member device of the filesystem")->required();
   app.add_flag("--json", json, "print JSON");
+  FaultArgs fault_args;
+  AddFaultOptions(&app, &fault_args);
   CLI11_PARSE(app, argc, argv);
 
-  auto devs = OpenDevices("show", devices, /*read_only=*/true);
-  if (devs.empty()) return 1;
-  std::vector<BlockDevice*> raw = Raw(devs);
+  std::vector<FaultSpec> faults;
+  if (!ParseFaults("show", fault_args, &faults)) return 2;
+  Members members;
+  if (!members.Open("show", devices, /*read_only=*/true, faults)) return 1;
+  std::vector<BlockDevice*> raw = members.Raw();
   engine::Engine e;
   engine::OpenOptions oo;
   oo.read_only = true;

@@ -1,0 +1,169 @@
+"""Fault devices under tierfs (`--fault MEMBER=PROFILE`, `tierfs ctl MNT fault ...`):
+the options' one-line errors on every command, the fault device really in the
+member's I/O path (an injected EIO on the HDD's primary superblock is seen by
+`show` and `fsck`), and a mounted filesystem's fault devices controlled and read
+through ctl: a stall that holds HDD I/O while an SSD-only fsync completes, unstall,
+run-time error ranges, power cut and power on, and per-origin counts that agree
+with tierfs's own."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fusetest import fsck_clean, needs_fuse, umount, wait_for
+from tierlab.testing import assert_one_line_error, run, tool
+
+
+def images(tmp_path: Path) -> list[Path]:
+    ssd, hdd = tmp_path / "ssd.img", tmp_path / "hdd.img"
+    for p, mib in ((ssd, 128), (hdd, 256)):
+        with open(p, "wb") as f:
+            f.truncate(mib << 20)
+    proc = run([tool("tierfs"), "format", "--label", "ssd.a", ssd, "--label", "hdd.b", hdd,
+                "--foreground-target", "ssd", "--metadata-target", "ssd", "--background-target", "hdd",
+                "--bucket-size", "256K", "--fault", "hdd.b=hdd-fixed-10ms"])
+    assert proc.returncode == 0, proc.stderr
+    return [ssd, hdd]
+
+
+BAD = [
+    (["--fault", "hdd.b"], 2, "want MEMBER=PROFILE"),
+    (["--fault", "=hdd-7200"], 2, "want MEMBER=PROFILE"),
+    (["--fault", "hdd.b=no-such-profile"], 2, "no such profile"),
+    (["--fault", "hdd.b=hdd-7200", "--fault", "hdd.b=nvme"], 2, "has a fault profile already"),
+    (["--fault", "hdd.b=hdd-7200", "--fault-set", "hdd.b:delay.bogus=1"], 2, "delay.bogus: unknown key"),
+    (["--fault", "hdd.b=hdd-7200", "--fault-set", "hdd.b:delay.all_ms=\"x\""], 2, "must be a number"),
+    (["--fault", "hdd.b=hdd-7200", "--fault-set", "hdd.c:delay.all_ms=1"], 2, "no --fault for hdd.c"),
+    (["--fault", "hdd.b=hdd-7200", "--fault-set", "hdd.b"], 2, "want MEMBER:KEY=VALUE"),
+    (["--fault", "hdd.x=hdd-7200"], 1, "no member has that label or path (members: ssd.a"),
+    (["--fault", "hdd.b=hdd-flaky", "--fault-set", "hdd.b:errors=[{offset=0,length=1099511627776}]"], 1,
+     "beyond"),
+]
+
+
+@pytest.mark.parametrize("cmd", ["show", "fsck", "format"])
+@pytest.mark.parametrize("extra,rc,needle", BAD)
+def test_fault_options_reject_bad_input(tmp_path: Path, cmd: str, extra: list[str], rc: int,
+                                        needle: str) -> None:
+    devs = images(tmp_path)
+    before = [p.read_bytes()[:1 << 16] for p in devs]
+    args = [tool("tierfs"), cmd]
+    if cmd == "format":
+        args += ["--force", "--label", "ssd.a", devs[0], "--label", "hdd.b", devs[1]]
+    else:
+        args += devs
+    proc = run([*args, *extra])
+    want = 8 if cmd == "fsck" else rc  # fsck(8): every failure to run is 8
+    assert_one_line_error(proc, want, needle)
+    assert [p.read_bytes()[:1 << 16] for p in devs] == before, "a refused command wrote"
+
+
+def test_fault_device_is_in_the_members_path(tmp_path: Path) -> None:
+    devs = images(tmp_path)
+    eio = ["--fault", "hdd.b=passthrough", "--fault-set",
+           'hdd.b:errors=[{offset=4096,length=4096,ops="read"}]']
+    proc = run([tool("tierfs"), "show", *devs, *eio])
+    assert proc.returncode == 0, proc.stderr
+    assert "primary superblock unusable" in proc.stderr and "I/O error" in proc.stderr
+    proc = run([tool("tierfs"), "show", *devs])
+    assert proc.returncode == 0 and "unusable" not in proc.stderr, proc.stderr
+    # A path names the member as well as its label does.
+    proc = run([tool("tierfs"), "fsck", *devs, "--fault", f"{devs[1]}=hdd-fixed-10ms"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def ctl(mnt: Path, *words: str) -> subprocess.CompletedProcess[str]:
+    return run([tool("tierfs"), "ctl", mnt, *words])
+
+
+def stats(mnt: Path) -> dict[str, Any]:
+    proc = ctl(mnt)
+    assert proc.returncode == 0, proc.stderr
+    return {d["label"]: d for d in json.loads(proc.stdout)["devices"]}
+
+
+@needs_fuse
+def test_mounted_fault_devices_through_ctl(tmp_path: Path) -> None:
+    devs = images(tmp_path)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    daemon = subprocess.Popen([str(tool("tierfs")), "mount", "-f", *map(str, devs), str(mnt),
+                               "--fault", "hdd.b=hdd-fixed-10ms", "--fault-set", "hdd.b:delay.all_ms=2"],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: os.path.ismount(mnt) or daemon.poll() is not None, "the mount")
+        assert os.path.ismount(mnt), daemon.stderr.read() if daemon.stderr else ""
+        s = stats(mnt)
+        assert s["ssd.a"]["fault"] is None and s["ssd.a"]["path"] == str(devs[0])
+        f = s["hdd.b"]["fault"]
+        assert f["profile"] == "hdd-fixed-10ms" and f["stalled"] is False and f["powered"] is True
+        # Whatever tierfs's queue sent, the fault device saw, origin by origin (it
+        # sees more: the superblock I/O of mount goes around the queue).
+        for origin, by_op in s["hdd.b"]["io"].items():
+            for op, n in by_op.items():
+                if isinstance(n, dict):
+                    assert n["ops"] <= f["io"][origin][op]["ops"], (origin, op)
+        assert f["io"]["superblock"]["write"]["ops"] >= 1  # the mount marked it in use
+
+        proc = ctl(mnt, "fault", "hdd.b", "stall", "60s")
+        assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr
+        f = stats(mnt)["hdd.b"]["fault"]
+        assert f["stalled"] is True and f["stall_remaining_ms"] > 30_000
+        # An SSD-only fsync completes while the HDD is stalled (nothing here waits
+        # for it: if it did, this would hang for the stall's 60 s and the daemon's
+        # hard timeout below would fail the test).
+        with open(mnt / "fast", "wb") as out:
+            out.write(os.urandom(1 << 20))
+            out.flush()
+            os.fsync(out.fileno())
+        assert stats(mnt)["hdd.b"]["fault"]["stalled"] is True
+        proc = ctl(mnt, "fault", "hdd.b", "unstall")
+        assert proc.returncode == 0 and proc.stdout.strip() == "ok unstalled", proc.stderr
+        assert stats(mnt)["hdd.b"]["fault"]["stalled"] is False
+
+        proc = ctl(mnt, "fault", "hdd.b", "error", "write", "100MiB+1MiB")
+        assert proc.returncode == 0, proc.stderr
+        assert stats(mnt)["hdd.b"]["fault"]["error_ranges_active"] == 1
+        assert ctl(mnt, "fault", "hdd.b", "clear").returncode == 0
+        assert stats(mnt)["hdd.b"]["fault"]["error_ranges_active"] == 0
+
+        full = ctl(mnt, "fault", "hdd.b", "stats")
+        assert full.returncode == 0
+        assert json.loads(full.stdout)["profile"] == "hdd-fixed-10ms"
+
+        assert_one_line_error(ctl(mnt, "fault", "ssd.a", "stall", "1"), 1, "no fault device under this member")
+        assert_one_line_error(ctl(mnt, "fault", "hdd.x", "stall", "1"), 1, "no member has that label")
+        assert_one_line_error(ctl(mnt, "fault", "hdd.b", "stall"), 2, "usage: stall DURATION")
+        assert_one_line_error(ctl(mnt, "fault", "hdd.b", "stall", "3h"), 2, "usage: stall DURATION")
+        assert_one_line_error(ctl(mnt, "fault", "hdd.b", "error", "read", "1T+4K"), 1, "outside the device")
+        assert_one_line_error(ctl(mnt, "fault", "hdd.b", "frob"), 1, "unknown command 'frob'")
+        assert_one_line_error(ctl(mnt, "fault"), 2, "usage: fault MEMBER COMMAND")
+        assert_one_line_error(ctl(mnt, "pause"), 2, "unknown command 'pause'")
+
+        proc = ctl(mnt, "fault", "hdd.b", "powercut", "7")
+        assert proc.returncode == 0 and "power cut" in proc.stdout, proc.stderr
+        assert stats(mnt)["hdd.b"]["fault"]["powered"] is False
+        assert stats(mnt)["hdd.b"]["fault"]["injected"]["power_cuts"] == 1
+        assert ctl(mnt, "fault", "hdd.b", "poweron").returncode == 0
+        assert stats(mnt)["hdd.b"]["fault"]["powered"] is True
+        assert (mnt / "fast").stat().st_size == 1 << 20
+    finally:
+        if os.path.ismount(mnt):
+            umount(mnt)
+        try:
+            rc = daemon.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            rc = daemon.wait()
+    assert rc == 0, daemon.stderr.read() if daemon.stderr else ""
+    fsck_clean(devs)
+
+
+def test_ctl_fault_on_something_else(tmp_path: Path) -> None:
+    assert_one_line_error(ctl(tmp_path, "fault", "hdd.b", "stall", "1"), 1, "not a tierfs mount")

@@ -1,0 +1,221 @@
+// Members and their fault devices for the tierfs command line (members.h).
+#include "userspace/tools/members.h"
+
+#include <CLI/CLI.hpp>
+
+#include <climits>
+#include <cstdlib>
+
+#include "faultdevices/control.h"
+#include "sb/superblock.h"
+#include "userspace/tools/common.h"
+#include "userspace/util/json.h"
+
+namespace tfs::tools {
+namespace {
+
+std::string RealPath(const std::string& p) {
+  char buf[PATH_MAX];
+  return realpath(p.c_str(), buf) != nullptr ? std::string(buf) : p;
+}
+
+}  // namespace
+
+void AddFaultOptions(CLI::App* app, FaultArgs* args) {
+  app->add_option("--fault", args->faults,
+                  "run MEMBER (label or path) over a fault device: MEMBER=PROFILE, PROFILE a shipped "
+                  "faultdev profile (hdd-7200, hdd-stall, ...) or a TOML file; repeatable")
+      ->type_name("MEMBER=PROFILE");
+  app->add_option("--fault-set", args->sets,
+                  "override a key of MEMBER's fault profile, as faultdev --set: MEMBER:KEY=VALUE "
+                  "(e.g. hdd.b:delay.all_ms=8); repeatable")
+      ->type_name("MEMBER:KEY=VALUE");
+}
+
+bool ParseFaults(const std::string& cmd, const FaultArgs& args, std::vector<FaultSpec>* out) {
+  struct Raw {
+    std::string member, profile;
+    std::vector<std::string> sets;
+  };
+  std::vector<Raw> raw;
+  for (const std::string& f : args.faults) {
+    const size_t eq = f.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == f.size()) {
+      PrintError(cmd, "--fault " + f + ": want MEMBER=PROFILE (e.g. hdd.b=hdd-stall)");
+      return false;
+    }
+    Raw r{f.substr(0, eq), f.substr(eq + 1), {}};
+    for (const Raw& o : raw) {
+      if (o.member == r.member) {
+        PrintError(cmd, "--fault " + f + ": " + r.member + " has a fault profile already");
+        return false;
+      }
+    }
+    raw.push_back(r);
+  }
+  for (const std::string& s : args.sets) {
+    const size_t colon = s.find(':');
+    if (colon == std::string::npos || colon == 0 || s.find('=', colon) == std::string::npos) {
+      PrintError(cmd, "--fault-set " + s + ": want MEMBER:KEY=VALUE (e.g. hdd.b:delay.all_ms=8)");
+      return false;
+    }
+    const std::string member = s.substr(0, colon);
+    Raw* target = nullptr;
+    for (Raw& r : raw) {
+      if (r.member == member) target = &r;
+    }
+    if (target == nullptr) {
+      PrintError(cmd, "--fault-set " + s + ": no --fault for " + member);
+      return false;
+    }
+    target->sets.push_back(s.substr(colon + 1));
+  }
+  for (const Raw& r : raw) {
+    const std::string path = faultdev::FindProfile(r.profile);
+    if (path.empty()) {
+      PrintError(cmd, "--fault " + r.member + "=" + r.profile + ": no such profile (a file, or one of " +
+                          faultdev::ProfileDir() + "/*.toml; faultdev profiles lists them)");
+      return false;
+    }
+    std::string error;
+    std::optional<faultdev::Profile> p = faultdev::LoadProfile(path, r.sets, &error);
+    if (!p) {
+      PrintError(cmd, "--fault " + r.member + "=" + r.profile + ": " + error);
+      return false;
+    }
+    out->push_back(FaultSpec{r.member, std::move(*p)});
+  }
+  return true;
+}
+
+bool Members::Open(const std::string& cmd, const std::vector<std::string>& paths, bool read_only,
+                   const std::vector<FaultSpec>& specs, const std::map<size_t, std::string>& labels) {
+  auto devs = OpenDevices(cmd, paths, read_only);
+  if (devs.empty()) return false;
+  paths_ = paths;
+  labels_.assign(paths.size(), "");
+  for (size_t i = 0; i < devs.size(); i++) {
+    if (labels.count(i) != 0) {
+      labels_[i] = labels.at(i);
+      continue;
+    }
+    sb::Superblock s;
+    // Without a readable superblock the member is matched by path only; the
+    // command itself says what is wrong with the device.
+    if (sb::Read(*devs[i], &s).ok() && s.dev_idx < s.nr_members) labels_[i] = s.members[s.dev_idx].label;
+  }
+  devs_.clear();
+  faults_.assign(paths.size(), nullptr);
+  for (auto& d : devs) devs_.push_back(std::move(d));
+  for (const FaultSpec& spec : specs) {
+    const int i = Find(spec.member);
+    if (i < 0) {
+      PrintError(cmd, "--fault " + spec.member + ": no member has that label or path (members: " + List() + ")");
+      return false;
+    }
+    std::string error;
+    std::unique_ptr<faultdev::FaultDevice> f = faultdev::FaultDevice::Open(spec.profile, std::move(devs_[i]), &error);
+    if (f == nullptr) {
+      PrintError(cmd, "--fault " + spec.member + ": " + error);
+      return false;
+    }
+    faults_[i] = f.get();
+    devs_[i] = std::move(f);
+  }
+  return true;
+}
+
+std::vector<BlockDevice*> Members::Raw() const {
+  std::vector<BlockDevice*> v;
+  for (const auto& d : devs_) v.push_back(d.get());
+  return v;
+}
+
+int Members::Find(const std::string& name) const {
+  for (size_t i = 0; i < paths_.size(); i++) {
+    if (!labels_[i].empty() && labels_[i] == name) return int(i);
+  }
+  const std::string real = RealPath(name);
+  for (size_t i = 0; i < paths_.size(); i++) {
+    if (paths_[i] == name || RealPath(paths_[i]) == real) return int(i);
+  }
+  return -1;
+}
+
+std::string Members::List() const {
+  std::string s;
+  for (size_t i = 0; i < paths_.size(); i++) {
+    s += (i ? ", " : "") + (labels_[i].empty() ? std::string("?") : labels_[i]) + " (" + paths_[i] + ")";
+  }
+  return s;
+}
+
+std::string MemberControls::Path(uint32_t member) {
+  return member < members_->size() ? members_->path(member) : "";
+}
+
+bool MemberControls::WriteFault(uint32_t member, userspace::JsonWriter& w) {
+  faultdev::FaultDevice* f = member < members_->size() ? members_->fault(member) : nullptr;
+  if (f == nullptr) return false;
+  const faultdev::DeviceStats s = f->Stats();
+  w.BeginObject();
+  w.StringField("profile", s.profile);
+  w.UintField("seed", s.seed);
+  w.BoolField("stalled", s.stall_remaining_ns != 0);
+  w.UintField("stall_remaining_ms", (s.stall_remaining_ns + 999'999) / 1'000'000);
+  w.DoubleField("stalled_s", double(s.stalled_ns) / 1e9);
+  w.BoolField("powered", s.powered);
+  w.UintField("error_ranges_active", s.error_ranges_active);
+  w.UintField("in_flight", s.in_flight);
+  w.UintField("completed", s.completed);
+  w.UintField("errors", s.errors);
+  w.Key("injected");
+  w.BeginObject();
+  w.UintField("eio", s.errors_injected);
+  w.UintField("timeouts", s.timeouts_injected);
+  w.UintField("link_resets", s.link_resets);
+  w.UintField("power_cuts", s.power_cuts);
+  w.EndObject();
+  w.Key("io");  // by origin, as the device saw it; origins that did nothing are left out
+  w.BeginObject();
+  for (int o = 0; o < kIoOriginCount; o++) {
+    uint64_t any = 0;
+    for (int op = 0; op < kIoOpCount; op++) any += s.by_origin[o][op].ops;
+    if (any == 0) continue;
+    w.Key(IoOriginName(IoOrigin(o)));
+    w.BeginObject();
+    for (int op = 0; op < kIoOpCount; op++) {
+      if (s.by_origin[o][op].ops == 0) continue;
+      w.Key(IoOpName(IoOp(op)));
+      w.BeginObject();
+      w.UintField("ops", s.by_origin[o][op].ops);
+      w.UintField("bytes", s.by_origin[o][op].bytes);
+      w.EndObject();
+    }
+    w.EndObject();
+  }
+  w.EndObject();
+  w.Key("latency_ms");  // submit to completion
+  w.BeginObject();
+  w.DoubleField("p50", double(s.total_ns.Quantile(50, 100)) / 1e6);
+  w.DoubleField("p99", double(s.total_ns.Quantile(99, 100)) / 1e6);
+  w.DoubleField("max", double(s.total_ns.max()) / 1e6);
+  w.EndObject();
+  w.EndObject();
+  return true;
+}
+
+std::string MemberControls::FaultCommand(const std::string& line) {
+  const size_t sp = line.find(' ');
+  const std::string name = line.substr(0, sp);
+  const std::string rest = sp == std::string::npos ? "" : line.substr(sp + 1);
+  const int i = name.empty() ? -1 : members_->Find(name);
+  if (i < 0) return "error: no member has that label or path (members: " + members_->List() + ")";
+  faultdev::FaultDevice* f = members_->fault(size_t(i));
+  if (f == nullptr) return "error: no fault device under this member (mount with --fault " + name + "=PROFILE)";
+  if (rest.empty()) return "error: usage: fault MEMBER stall DURATION | unstall | error read|write|both START+LEN | "
+                           "clear | powercut [SEED] | poweron | stats";
+  return faultdev::HandleControl(*f, rest);
+}
+
+}  // namespace tfs::tools

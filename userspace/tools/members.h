@@ -1,0 +1,96 @@
+// Opening a filesystem's members for a command, with the lab's fault devices in
+// between where `--fault MEMBER=PROFILE` asks for them (tierfs format, mount,
+// fsck, show). A faulted member's io_uring device is wrapped in a
+// faultdev::FaultDevice running the profile in this process, so a mounted
+// tierfs can be run over a slow, stalling or failing member without NBD or a
+// device mapper (docs/faultdevices.md, "Under tierfs").
+//
+// MEMBER is a member label (`hdd.b`: from the superblock, or for format from
+// its --label) or the device path as given (or any path naming the same file).
+// PROFILE is a shipped faultdev profile name or a TOML file; `--fault-set
+// MEMBER:KEY=VALUE` overrides a key of that member's profile, as faultdev's
+// --set does. Every mistake is one line naming the option.
+//
+// Thread safety: Members is owned by one command; the devices it hands out are
+// BlockDevices (thread-safe) and outlive every user only if the Members object
+// does -- destroy the engine first.
+#ifndef TFS_USERSPACE_TOOLS_MEMBERS_H_
+#define TFS_USERSPACE_TOOLS_MEMBERS_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "faultdevices/device.h"
+#include "faultdevices/profile.h"
+#include "platform/block_device.h"
+#include "userspace/fuse/ctl.h"
+
+namespace CLI {
+class App;
+}
+
+namespace tfs::tools {
+
+// The raw option values.
+struct FaultArgs {
+  std::vector<std::string> faults;  // MEMBER=PROFILE
+  std::vector<std::string> sets;    // MEMBER:KEY=VALUE
+};
+
+// Adds --fault and --fault-set to a command.
+void AddFaultOptions(CLI::App* app, FaultArgs* args);
+
+// One --fault with its overrides, the profile loaded.
+struct FaultSpec {
+  std::string member;
+  faultdev::Profile profile;
+};
+
+// Loads every --fault's profile with its --fault-set overrides. Members are not
+// matched yet (that needs the devices). False after printing one line.
+bool ParseFaults(const std::string& cmd, const FaultArgs& args, std::vector<FaultSpec>* out);
+
+class Members {
+ public:
+  // Opens every path (read-only if asked) and wraps the members the specs name.
+  // `labels`: for format, the label each device index will get; empty to read
+  // each member's label from its superblock. False after printing one line.
+  bool Open(const std::string& cmd, const std::vector<std::string>& paths, bool read_only,
+            const std::vector<FaultSpec>& specs, const std::map<size_t, std::string>& labels = {});
+
+  size_t size() const { return devs_.size(); }
+  BlockDevice* dev(size_t i) const { return devs_[i].get(); }
+  std::vector<BlockDevice*> Raw() const;
+  // Null for a member without --fault.
+  faultdev::FaultDevice* fault(size_t i) const { return faults_[i]; }
+  const std::string& path(size_t i) const { return paths_[i]; }
+  const std::string& label(size_t i) const { return labels_[i]; }
+  // The member `name` names (label or path), or -1.
+  int Find(const std::string& name) const;
+  // "ssd.a (/tmp/a.img), hdd.b (/tmp/b.img)", for messages.
+  std::string List() const;
+
+ private:
+  std::vector<std::unique_ptr<BlockDevice>> devs_;
+  std::vector<faultdev::FaultDevice*> faults_;
+  std::vector<std::string> paths_, labels_;
+};
+
+// The mount's members and fault devices as tierfs ctl sees them (kCtlStats,
+// kCtlFault).
+class MemberControls final : public fuse::MemberControl {
+ public:
+  explicit MemberControls(const Members* members) : members_(members) {}
+  std::string Path(uint32_t member) override;
+  bool WriteFault(uint32_t member, userspace::JsonWriter& w) override;
+  std::string FaultCommand(const std::string& line) override;
+
+ private:
+  const Members* members_;
+};
+
+}  // namespace tfs::tools
+
+#endif  // TFS_USERSPACE_TOOLS_MEMBERS_H_
