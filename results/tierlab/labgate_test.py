@@ -46,7 +46,7 @@ def test_slower_candidate_fails_p99_and_edge_inventory_names_the_flushes(tmp_pat
     assert labgate.report_dir(d, tmp_path / "out", []) == 1
     md = (tmp_path / "out" / "report.md").read_text()
     assert "## Edge inventory" in md
-    assert "| candidate | p00-candidate | hdd.b | journal | flush | 321 | 0 | NOT ALLOWED |" in md
+    assert "| candidate | p00-candidate | hdd.b | journal | flush | 321 | 0 | - | - | NOT ALLOWED |" in md
     assert "| baseline | p00-baseline | hdd.b | journal |" not in md
 
 
@@ -116,3 +116,22 @@ def test_report_of_a_directory(tmp_path: Path) -> None:
     assert html.count("<img ") >= 2 and "data:image/png;base64," in html
     summary = json.loads((out / "summary.json").read_text())
     assert len(summary["pairs"]) == 4 and summary["gate"]["passed"] is True
+
+
+def test_edge_inventory_also_counts_what_the_fault_device_saw(tmp_path: Path) -> None:
+    """I/O that goes around tierfs's queue (mount's superblocks) is counted only by
+    the fault device: it still shows, and still fails the inventory."""
+    d = synthetic_pair_dir(tmp_path / "d", hdd_during=ALLOWED_ONLY)
+    for run_dir in (d / "runs").iterdir():
+        p = run_dir / "ctl-end.json"
+        doc = json.loads(p.read_text())
+        for dev in doc["devices"]:
+            if dev["label"] == "hdd.b":
+                dev["fault"] = {"io": {"superblock": {"write": {"ops": 2, "bytes": 8192}}}}
+        p.write_text(json.dumps(doc))
+    res = evaluate(d)
+    inv = crit(res, "edge inventory")
+    assert not inv["passed"] and "superblock write" in inv["text"]
+    labgate.report_dir(d, tmp_path / "out", [])
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| active | p00-active | hdd.b | superblock | write | 0 | 0 | 2 | 8192 | NOT ALLOWED |" in md
