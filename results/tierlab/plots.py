@@ -120,14 +120,17 @@ def event_windows(windows: Sequence[tuple[str, dict[str, Any], list[tuple[float,
             keys.append(k)
     fig, axes = _grid(len(keys))
     for ax, k in zip(axes, keys):
-        for i, (run, e, pts) in enumerate(windows):
+        labelled: set[str] = set()
+        for run, e, pts in windows:
             if f"{e['member']} {e['command']} at {e['at_s']:g} s" != k or not pts:
                 continue
             color = COLORS[0] if run.split()[0] in ("control", "baseline") else COLORS[1]
             xs = [t for t, _v in pts]
             ys = [max(v, 1) / 1e6 for _t, v in pts]
+            arm = run.split()[0]
             ax.plot(xs, ys, marker=".", lw=1, color=color, alpha=0.7,
-                    label=run.split()[0] if i < 2 else None)
+                    label=arm if arm not in labelled else None)
+            labelled.add(arm)
             if e.get("duration_s"):
                 ax.axvspan(0, e["duration_s"], color="0.9", zorder=0)
         ax.axvline(0, color="0.4", lw=0.8)
