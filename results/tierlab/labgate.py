@@ -558,7 +558,10 @@ def build_report(ld: LabDir, res: dict[str, Any]) -> tuple[Doc, dict[str, Any]]:
         d.p(f"Per op and statistic: each arm's geometric mean over runs, B/A, its 95% interval "
             f"({report_mod.METHOD_TEXT[cmp['method']]}) and a Bonferroni interval for the family "
             f"of {cmp['family']} rows ({100 * cmp['corrected_level']:.2f}%). Only the corrected "
-            "interval marks a row significant; the gate above decides on its own criteria.")
+            "interval marks a row significant, and only with at least "
+            f"{cmp['units_needed']} pairs (a bootstrap over n pairs is never surer than all n on "
+            "one side, which chance gives with probability 2/2^n); the gate above decides on its "
+            "own criteria.")
         if not cmp["concurrency"]["concurrent"]:
             d.p(f"Warning: {cmp['concurrency']['text']}.")
         d.table(["op", "stat", ld.a_name, ld.b_name, "B/A", "95% CI", "corrected CI", ""],

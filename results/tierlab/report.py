@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,6 +168,10 @@ def compare(runs_a: list[Run], runs_b: list[Run], g: gate_mod.Gate) -> dict[str,
     # a row significant in the report; the gate decides on its own pre-declared rows.
     family = max(1, len(kept) * len(STATS))
     corrected_level = 1 - 0.05 / family
+    # A bootstrap over n units cannot be surer than all n on one side, which chance
+    # alone gives with probability 2/2^n: below the units that make that <= 0.05/m no
+    # row can honestly be marked (36 rows: 11 pairs), whatever its interval says.
+    units_needed = math.ceil(math.log2(2 * family / 0.05))
     for op, keep_a, keep_b in kept:
         ka = [r.manifest["pair"] for r in keep_a]
         kb = [r.manifest["pair"] for r in keep_b]
@@ -179,11 +184,14 @@ def compare(runs_a: list[Run], runs_b: list[Run], g: gate_mod.Gate) -> dict[str,
             va = [float(h.max if q >= 1 else h.quantile(q)) for h in ha]
             vb = [float(h.max if q >= 1 else h.quantile(q)) for h in hb]
             r, w = ratios[q], wide[q]
+            units = len(ka) if op_method == "pairs" else min(len(ka), len(kb))
+            resolvable = op_method != "operations" and units >= units_needed
             table.append({"op": op, "stat": name, "a_ns": float(geomean(va)),
                           "b_ns": float(geomean(vb)), "ratio": r.value, "lo": r.lo, "hi": r.hi,
                           "method": r.method, "significant": r.significant,
                           "lo_corrected": w.lo, "hi_corrected": w.hi,
-                          "significant_corrected": w.significant,
+                          "significant_corrected": w.significant and resolvable,
+                          "resolvable": resolvable,
                           "a_runs": va, "b_runs": vb})
     ops = [op for op in ops if op not in no_data]
     if not ops:
@@ -199,6 +207,7 @@ def compare(runs_a: list[Run], runs_b: list[Run], g: gate_mod.Gate) -> dict[str,
             "no_data": no_data, "fell_behind": behind, "gate": criteria,
             "gate_passed": all(c["passed"] for c in criteria) if criteria else None,
             "family": family, "corrected_level": corrected_level,
+            "units_needed": units_needed,
             "concurrency": concurrency(runs_a, runs_b, method)}
 
 
@@ -291,9 +300,10 @@ def render(summary: dict[str, Any], runs_a: list[Run], runs_b: list[Run], labels
         autoescape=jinja2.select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True,
         undefined=jinja2.StrictUndefined)
     table = [dict(row, a=fmt_ns(row["a_ns"]), b=fmt_ns(row["b_ns"]),
-                  r=fmt_ratio(Ratio(row["ratio"], row["lo"], row["hi"], row["method"]),
-                              Ratio(row["ratio"], row["lo_corrected"], row["hi_corrected"],
-                                    row["method"])))
+                  r=dict(fmt_ratio(Ratio(row["ratio"], row["lo"], row["hi"], row["method"]),
+                                   Ratio(row["ratio"], row["lo_corrected"], row["hi_corrected"],
+                                         row["method"])),
+                         significant=row["significant_corrected"]))
              for row in summary["table"]]
     t = summary["throughput"]
     ctx = {
@@ -302,6 +312,8 @@ def render(summary: dict[str, Any], runs_a: list[Run], runs_b: list[Run], labels
         "throughput": dict(t, r=fmt_ratio(Ratio(t["ratio"], t["lo"], t["hi"], t["method"]))),
         "gate": summary["gate"], "gate_passed": summary["gate_passed"], "gate_op": g.op,
         "family": summary["family"], "corrected_pct": f"{100 * summary['corrected_level']:.2f}",
+        "units_needed": summary["units_needed"],
+        "unresolvable": any(not row["resolvable"] for row in summary["table"]),
         "concurrency": summary["concurrency"],
         "fell_behind": summary["fell_behind"], "no_data": summary["no_data"],
         "runs_a": _run_rows(runs_a, g.op if g.op in summary["ops"] else summary["ops"][0]),

@@ -325,3 +325,22 @@ def test_multiple_comparisons_and_concurrency(tmp_path: Path) -> None:
     b2 = write_runs(tmp_path / "b2", "b", 3, 1.0, "active")
     proc = run([tool("tierlab"), "report", "--a", *a2, "--b", *b2, "-o", out2])
     assert "warning" not in proc.stdout
+
+
+def test_few_pairs_never_mark_a_row(tmp_path: Path) -> None:
+    """B is 1.5x slower in every one of 4 pairs: the 95% intervals exclude 1.0, but
+    4 pairs cannot carry a 36-row family (2/2^4 > 0.05/36), so no row is marked;
+    with 12 pairs the same difference is."""
+    for n, marked_rows in ((4, False), (12, True)):
+        a = write_runs(tmp_path / f"a{n}", "a", n, 1.0, "control")
+        b = write_runs(tmp_path / f"b{n}", "b", n, 1.5, "active")
+        out = tmp_path / f"out{n}"
+        proc = run([tool("tierlab"), "report", "--a", *a, "--b", *b, "-o", out])
+        assert proc.returncode == 0, proc.stderr
+        summary = json.loads((out / "summary.json").read_text())
+        p99 = next(r for r in summary["table"] if r["op"] == "all" and r["stat"] == "p99")
+        assert p99["significant"]  # the 95% interval alone would say so
+        assert p99["significant_corrected"] is marked_rows
+        md = (out / "report.md").read_text()
+        assert ("| significant |" in md) is marked_rows
+        assert ("no row is marked at all" in md) is (not marked_rows)
