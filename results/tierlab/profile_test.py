@@ -93,3 +93,19 @@ def test_command_line(tmp_path: Path) -> None:
     assert_one_line_error(run([t, "profile", "stall", "--set", "gate.max_latency=3"]), 2,
                           "stall:gate.max_latency")
     assert_one_line_error(run([t, "profile", "stall", "--set", "members.size=1"]), 2, "--set")
+
+
+def test_shipped_fault_settings_load_in_faultdev(tmp_path: Path) -> None:
+    """Every member's fault profile with its fault_set loads in faultdev's own
+    loader (the one tierfs --fault uses): one op through each."""
+    fd = tool("faultdev")
+    for name in SHIPPED + ("labtest",):
+        for m in profile_mod.load(name).members:
+            if m.fault is None:
+                continue
+            fault = str(profile_mod.fault_path(m.fault)) if "/" in m.fault else m.fault
+            sets = [x for s in m.fault_set for x in ("--set", s)]
+            proc = run([fd, "run", "--profile", fault, "--image", tmp_path / "i.img", "--size",
+                        "64M", "--pattern", "seqwrite", "--ops", "1", "--qd", "1", *sets],
+                       timeout=120)
+            assert proc.returncode == 0, (name, m.label, proc.stderr)
