@@ -21,7 +21,7 @@ from tierlab import REPO_ROOT, LabError
 
 PROFILES_DIR = REPO_ROOT / "workloads" / "profiles"
 FAULT_PROFILES_DIR = REPO_ROOT / "faultdevices" / "profiles"
-ORIGINS = ("foreground_read", "foreground_write", "journal", "btree", "reconcile", "promote",
+ORIGINS = ("foreground_read", "foreground_write", "journal", "btree", "alloc", "reconcile", "promote",
            "copygc", "readahead", "superblock", "fsck", "other")
 PROBE_OPS = ("read", "write", "fsync", "fdatasync", "stat", "readdir", "openread", "create")
 FAULT_COMMANDS = ("stall", "unstall", "error", "clear", "powercut", "poweron")
