@@ -3,13 +3,14 @@
 #
 #   make            install missing packages, configure and build into build/
 #   make test       ... and run every test (ctest, including the kernel-safe check, and pytest)
+#   make labtest    a short real A/A `tierlab pair` (2 pairs, ~1-2 min; docs/lab/pair.md)
 #   make test-asan  the same with AddressSanitizer + UndefinedBehaviorSanitizer, in build-asan/
 #   make clean      remove build directories
 
 JOBS ?= $(shell nproc)
 PY := /usr/bin/python3
 
-.PHONY: all deps build test test-asan clean
+.PHONY: all deps build test labtest test-asan clean
 
 all: build
 
@@ -23,6 +24,10 @@ build: deps
 test: build
 	cd build && ctest -j$(JOBS) --output-on-failure
 	TIERFS_BUILD=$(CURDIR)/build $(PY) -m pytest
+	$(MAKE) --no-print-directory labtest
+
+labtest: build
+	TIERFS_BUILD=$(CURDIR)/build $(PY) -m pytest -q -s results/tierlab/labtest.py
 
 test-asan: deps
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTIERFS_SANITIZE=ON

@@ -21,6 +21,11 @@ target is remounted, with the kernel's caches dropped, before create, ls_lR and 
   ls_lR   `ls -lR` over the tree after a remount and drop_caches (cold)
   du_s    `du -s` over the tree after a remount and drop_caches (cold)
   unlink  unlink of every file
+fio runs with --output-format=json+ and is read by the lab's fio parser
+(results/tierlab/fio.py, the one the workload folders use); each measured fio
+step is also written, through the lab's results path, as a run-v1 results
+document into JSON.runs/ (TARGET-STEP-rROUND.json), so `tierlab report --a
+... --b ...` compares targets like any other runs.
 fio's files are written once before round 1 (sequential 1 MiB writes, untimed, kept
 for every round); fallocate=none everywhere, so every target lays its files out
 alike (written, not reserved). Image files (tierfs's, ext4's) are written through
@@ -69,6 +74,15 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "results"))
+from tierlab import LabError  # noqa: E402
+from tierlab import fio as labfio  # noqa: E402
+from tierlab import workload as labwl  # noqa: E402
+from tierlab.hist import Histogram  # noqa: E402
+
+# fio sections -> op names, for the lab's fio parser (the same one the workload
+# folders use: json+ latency bins re-bucketed into tfs::Histogram buckets).
+FIO_OPS = {"read": "read", "write": "write", "sync": "fsync"}
 SCHEMA = REPO / "results" / "schema" / "bench-fs-v1.schema.json"
 PASSTHROUGH_SRC = Path("/usr/share/doc/libfuse3-dev/examples/passthrough_ll.c")
 TARGETS = ("tierfs", "passthrough", "ext4")
@@ -233,13 +247,13 @@ def raise_fd_limit() -> None:
             continue
 
 
-def percentile(section: dict[str, Any], p: float) -> float:
-    """fio's percentile p of a latency section, in microseconds."""
-    pct = section.get("percentile") or {}
-    for key, value in pct.items():
-        if abs(float(key) - p) < 1e-6:
-            return float(value) / 1000.0
-    raise BenchError(f"fio output has no p{p:g} latency (percentiles {sorted(pct)[:5]}...)")
+def percentile(hists: dict[str, Histogram], op: str, p: float) -> float:
+    """Percentile p (0..100) of an op's latency, in microseconds, from the lab's
+    parse of fio's json+ bins (tierlab.fio)."""
+    h = hists.get(op)
+    if h is None or h.count == 0:
+        raise BenchError(f"fio output has no {op} latencies")
+    return h.quantile(p / 100) / 1000.0
 
 
 # ---------------------------------------------------------------- targets
@@ -436,7 +450,7 @@ class Config:
 
 def fio_common(t: Target, name: str) -> list[str]:
     return ["fio", f"--name={name}", f"--directory={t.mnt}/fio", "--fallocate=none",
-            "--output-format=json", "--eta=never"]
+            "--output-format=json+", "--eta=never"]
 
 
 def randrw_args(c: Config) -> list[str]:
@@ -457,43 +471,67 @@ def prefill_args(size: int, numjobs: int) -> list[str]:
             f"--numjobs={numjobs}", f"--size={size}", "--group_reporting"]
 
 
-def fio(t: Target, name: str, args: list[str], work: Path) -> dict[str, Any]:
-    """Runs one fio job on target t; returns the (group-reported) job of its JSON."""
+# Where measured fio steps also go as lab results documents (run-v1, the path
+# every lab producer writes through: tierlab.fio.to_document, validated), so
+# `tierlab report` can compare targets; set by main() from --json.
+RUNS_DIR: Path | None = None
+_RUN_COUNT: dict[tuple[str, str], int] = {}
+
+
+def fio(t: Target, name: str, args: list[str], work: Path, record: bool = False) -> dict[str, Any]:
+    """Runs one fio job on target t; returns the (group-reported) job of its JSON,
+    with the lab parser's histograms under "_hists" (op name -> Histogram)."""
     out = work / f"fio-{t.name}-{name}.json"
     cmd = fio_common(t, name) + args + [f"--output={out}"]
+    start = labwl.manifest.iso_now()
     proc = subprocess.run(cmd, capture_output=True, text=True)
+    end = labwl.manifest.iso_now()
     errors = [ln for ln in proc.stderr.splitlines() if "error" in ln.lower()]
     if proc.returncode != 0 or errors:
         raise BenchError(f"fio {name} on {t.name} failed (exit {proc.returncode}): "
                          f"{last_line(chr(10).join(errors) or proc.stderr)}{t.died()}")
-    text = out.read_text()
     try:
-        doc = json.loads(text[text.find("{"):])
+        doc = labfio.load_output(out)
         job = doc["jobs"][0]
-    except (ValueError, KeyError, IndexError):
-        raise BenchError(f"fio {name} on {t.name}: no JSON result in {out}") from None
+        parsed = labfio.parse(doc, FIO_OPS)
+    except (LabError, KeyError, IndexError, TypeError) as e:
+        raise BenchError(f"fio {name} on {t.name}: no usable JSON result in {out} ({e})") from None
     if job.get("error"):
         raise BenchError(f"fio {name} on {t.name}: job error {job['error']}")
+    if record and RUNS_DIR is not None:
+        n = _RUN_COUNT[(t.name, name)] = _RUN_COUNT.get((t.name, name), 0) + 1
+        man_args = argparse.Namespace(arm="other", pair=None, boot=None, fault_profile="none",
+                                      device_layout=t.description or None, seed=1,
+                                      label=[f"target={t.name}", f"step={name}", f"round={n}"])
+        try:
+            rd = labfio.to_document(doc, man_args, workload=f"bench-fs-{name}",
+                                    directory=str(t.mnt), op_names=FIO_OPS, start=start, end=end,
+                                    parameters={"fio_args": args})
+            RUNS_DIR.mkdir(parents=True, exist_ok=True)
+            labwl.write(rd, RUNS_DIR / f"{t.name}-{name}-r{n}.json")
+        except LabError as e:
+            raise BenchError(f"fio {name} on {t.name}: results document: {e}") from None
+    job["_hists"] = parsed["ops"]
     return job
 
 
 def step_randrw(t: Target, c: Config, work: Path) -> dict[str, float]:
-    job = fio(t, "randrw", randrw_args(c), work)
-    r, w = job["read"], job["write"]
+    job = fio(t, "randrw", randrw_args(c), work, record=True)
+    r, w, h = job["read"], job["write"], job["_hists"]
     return {"iops": r["iops"] + w["iops"], "read_iops": r["iops"], "write_iops": w["iops"],
-            "read_clat_p50_us": percentile(r["clat_ns"], 50), "read_clat_p99_us": percentile(r["clat_ns"], 99),
-            "write_clat_p50_us": percentile(w["clat_ns"], 50), "write_clat_p99_us": percentile(w["clat_ns"], 99),
+            "read_clat_p50_us": percentile(h, "read", 50), "read_clat_p99_us": percentile(h, "read", 99),
+            "write_clat_p50_us": percentile(h, "write", 50), "write_clat_p99_us": percentile(h, "write", 99),
             "ios": float(r["total_ios"] + w["total_ios"])}
 
 
 def step_fsync(t: Target, c: Config, work: Path) -> dict[str, float]:
-    job = fio(t, "fsync", fsync_args(c), work)
-    w, s = job["write"], job.get("sync") or {}
+    job = fio(t, "fsync", fsync_args(c), work, record=True)
+    w, s, h = job["write"], job.get("sync") or {}, job["_hists"]
     if not s.get("total_ios"):
         raise BenchError(f"fio fsync on {t.name}: no fsync latencies in fio's output")
-    return {"write_iops": w["iops"], "write_clat_p50_us": percentile(w["clat_ns"], 50),
-            "write_clat_p99_us": percentile(w["clat_ns"], 99),
-            "fsync_p50_us": percentile(s["lat_ns"], 50), "fsync_p99_us": percentile(s["lat_ns"], 99),
+    return {"write_iops": w["iops"], "write_clat_p50_us": percentile(h, "write", 50),
+            "write_clat_p99_us": percentile(h, "write", 99),
+            "fsync_p50_us": percentile(h, "fsync", 50), "fsync_p99_us": percentile(h, "fsync", 99),
             "fsyncs": float(s["total_ios"])}
 
 
@@ -952,7 +990,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                    "fio": {"randrw": randrw_args(c), "fsync": fsync_args(c),
                            "prefill_randrw": prefill_args(c.size, 2),
                            "prefill_fsync": prefill_args(c.fsync_size, 1),
-                           "common": ["--fallocate=none", "--output-format=json"]}},
+                           "common": ["--fallocate=none", "--output-format=json+"]},
+                   "results_documents": str(RUNS_DIR) if RUNS_DIR else None},
         "machine": machine, "tools": tool_versions(),
         "targets": {n: {"description": t.description} for n, t in made.items()},
         "prefill": prefill, "runs": runs, "summary": summarize(runs, c.targets),
@@ -1015,6 +1054,8 @@ def main(argv: list[str]) -> int:
             return 1
         return 0
     out = Path(args.json or f"/tmp/bench-fs-{datetime.now().strftime('%Y%m%d-%H%M%S')}.json")
+    global RUNS_DIR
+    RUNS_DIR = out.with_suffix(".runs")
 
     def stop(signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt

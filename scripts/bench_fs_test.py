@@ -17,6 +17,7 @@ from typing import Any
 import jsonschema
 import pytest
 
+from tierlab import schema
 from tierlab.testing import assert_one_line_error, build_dir, run, tool
 
 HERE = Path(__file__).resolve().parent
@@ -85,6 +86,20 @@ def test_tiny_run_every_target(tmp_path: Path) -> None:
     report = run([WRAPPER, "--report", out, "--markdown"])
     assert report.returncode == 0, report.stderr
     assert "| metric | tierfs | passthrough | ext4 | tierfs/passthrough | tierfs/ext4 |" in report.stdout
+
+    # The fio steps also went through the lab's one fio parser and results path:
+    # run-v1 documents that `tierlab report` compares target against target.
+    runs_dir = out.with_suffix(".runs")
+    assert doc["config"]["results_documents"] == str(runs_dir)
+    docs = sorted(p.name for p in runs_dir.iterdir())
+    assert docs == sorted(f"{t}-{s}-r1.json" for t in ("tierfs", "passthrough", "ext4")
+                          for s in ("randrw", "fsync")), docs
+    fs = schema.load(runs_dir / "tierfs-fsync-r1.json")
+    assert fs["manifest"]["labels"] == {"target": "tierfs", "step": "fsync", "round": "1"}
+    assert fs["measurements"]["ops"]["fsync"]["latency"]["count"] > 0
+    rep = run([tool("tierlab"), "report", "--a", runs_dir / "passthrough-randrw-r1.json",
+               "--b", runs_dir / "tierfs-randrw-r1.json", "-o", tmp_path / "rep"])
+    assert rep.returncode == 0, rep.stderr
 
 
 def test_failing_mount_is_one_line_and_cleans_up(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from typing import NoReturn, Sequence
 
 from tierlab import LabError
 
-COMMANDS = ["report", "validate"]
+COMMANDS = ["report", "validate", "profile", "pair", "gate"]
 
 
 class LabArgumentParser(argparse.ArgumentParser):

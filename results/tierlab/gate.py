@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tierlab import LabError
 
@@ -83,3 +84,22 @@ def load(path: str | None) -> Gate:
         g.set(key.strip(), value.strip(), f"{path}:{n}")
     g.source.append(str(path))
     return g
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("gate", help="the gate of a `tierlab pair` directory (exit 0 pass, 1 fail)",
+                       description="Evaluate the profile's gate criteria on a tierlab pair "
+                       "directory and print one PASS/FAIL line per criterion (docs/lab/pair.md). "
+                       "Exit 0 when every gating criterion passes, 1 when one fails, 2 on bad "
+                       "input. Bounds come from the profile the runs used; --set overrides them.")
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("--set", action="append", default=[], metavar="gate.KEY=VALUE",
+                   help="override a profile key, e.g. gate.p99_ratio_max=1.2 (repeatable)")
+    p.add_argument("--json", metavar="FILE", help="also write the criteria as JSON")
+    p.set_defaults(run=_run)
+
+
+def _run(args: Any) -> int:
+    from tierlab import labgate
+
+    return labgate.gate_main(args)

@@ -86,7 +86,8 @@ def git_commit() -> tuple[str, bool]:
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """The manifest options every producer accepts (same names as tierprobe's)."""
     g = parser.add_argument_group("manifest")
-    g.add_argument("--arm", choices=["active", "control", "other"], default="other")
+    g.add_argument("--arm", choices=["active", "control", "baseline", "candidate", "other"],
+                   default="other")
     g.add_argument("--pair", type=int, default=None, help="pair index")
     g.add_argument("--boot", type=int, default=None, help="boot index")
     g.add_argument("--fault-profile", default="none")

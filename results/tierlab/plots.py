@@ -108,3 +108,37 @@ def timeseries(arms: Sequence[tuple[str, list[dict[str, Any]]]]) -> bytes:
     axes[0].set_title("Latency per second (operations placed at their intended start)")
     axes[-1].set_xlabel("time since start (s)")
     return _png(fig)
+
+
+def event_windows(windows: Sequence[tuple[str, dict[str, Any], list[tuple[float, int]]]]) -> bytes:
+    """One panel per distinct fault event (member + command): the per-second p99 of
+    every run around it, time 0 at the event, the event's duration shaded."""
+    keys: list[str] = []
+    for _run, e, _pts in windows:
+        k = f"{e['member']} {e['command']} at {e['at_s']:g} s"
+        if k not in keys:
+            keys.append(k)
+    fig, axes = _grid(len(keys))
+    for ax, k in zip(axes, keys):
+        labelled: set[str] = set()
+        for run, e, pts in windows:
+            if f"{e['member']} {e['command']} at {e['at_s']:g} s" != k or not pts:
+                continue
+            color = COLORS[0] if run.split()[0] in ("control", "baseline") else COLORS[1]
+            xs = [t for t, _v in pts]
+            ys = [max(v, 1) / 1e6 for _t, v in pts]
+            arm = run.split()[0]
+            ax.plot(xs, ys, marker=".", lw=1, color=color, alpha=0.7,
+                    label=arm if arm not in labelled else None)
+            labelled.add(arm)
+            if e.get("duration_s"):
+                ax.axvspan(0, e["duration_s"], color="0.9", zorder=0)
+        ax.axvline(0, color="0.4", lw=0.8)
+        ax.set_yscale("log")
+        ax.set_title(k, fontsize=9)
+        ax.set_xlabel("s from the event")
+        ax.set_ylabel("p99 per second (ms)")
+        handles, labels = ax.get_legend_handles_labels()
+        uniq = dict(zip(labels, handles))
+        ax.legend(uniq.values(), uniq.keys(), fontsize=8)
+    return _png(fig)

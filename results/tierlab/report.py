@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,9 +40,14 @@ METHOD_TEXT = {
 def register(sub: Any) -> None:
     p = sub.add_parser("report", help="compare runs of two arms (report.md + report.html)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--a", nargs="+", required=True, metavar="RUN.json", help="baseline runs")
-    p.add_argument("--b", nargs="+", required=True, metavar="RUN.json", help="candidate runs")
-    p.add_argument("-o", "--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("dir", nargs="?", metavar="PAIR_DIR",
+                   help="a `tierlab pair` directory: its lab report (default -o PAIR_DIR/report) "
+                   "and gate, bounds from its profile (docs/lab/pair.md)")
+    p.add_argument("--a", nargs="+", metavar="RUN.json", help="baseline runs")
+    p.add_argument("--b", nargs="+", metavar="RUN.json", help="candidate runs")
+    p.add_argument("-o", "--out", metavar="DIR", help="output directory")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="with PAIR_DIR: override a profile key (gate bounds)")
     p.add_argument("--label-a", help="name of arm A (default: its runs' arm, else 'A')")
     p.add_argument("--label-b", help="name of arm B (default: its runs' arm, else 'B')")
     p.add_argument("--gate", metavar="FILE", help="gate bounds file (see gate.py)")
@@ -95,9 +101,14 @@ def fmt_ns(ns: float) -> str:
     return f"{ns:.0f} ns"
 
 
-def fmt_ratio(r: Ratio) -> dict[str, Any]:
+def fmt_ratio(r: Ratio, corrected: Ratio | None = None) -> dict[str, Any]:
     ci = f"[{r.lo:.3f}, {r.hi:.3f}]" if r.lo is not None else "n/a"
-    return {"value": f"{r.value:.3f}", "ci": ci, "significant": r.significant}
+    out = {"value": f"{r.value:.3f}", "ci": ci, "significant": r.significant}
+    if corrected is not None:
+        out["ci_corrected"] = (f"[{corrected.lo:.3f}, {corrected.hi:.3f}]"
+                               if corrected.lo is not None else "n/a")
+        out["significant"] = corrected.significant
+    return out
 
 
 def _gate_from_args(args: argparse.Namespace) -> gate_mod.Gate:
@@ -138,6 +149,7 @@ def compare(runs_a: list[Run], runs_b: list[Run], g: gate_mod.Gate) -> dict[str,
     method = choose_method(pairs_a, pairs_b)
     table = []
     no_data = []
+    kept = []
     for op in ops:
         keep_a, keep_b = _with_data(op, runs_a, runs_b, method)
         if not keep_a or not keep_b:
@@ -149,18 +161,37 @@ def compare(runs_a: list[Run], runs_b: list[Run], g: gate_mod.Gate) -> dict[str,
                                f"gate op '{op}' has operations in both arms of no pair")
             no_data.append(op)
             continue
+        kept.append((op, keep_a, keep_b))
+    # The table is a family of len(kept) * len(STATS) comparisons: looked at together,
+    # 95% intervals call some A/A row "significant" by chance alone (measured: 6 of 36).
+    # Each row also gets a Bonferroni interval at 1 - 0.05/m, and only that one marks
+    # a row significant in the report; the gate decides on its own pre-declared rows.
+    family = max(1, len(kept) * len(STATS))
+    corrected_level = 1 - 0.05 / family
+    # A bootstrap over n units cannot be surer than all n on one side, which chance
+    # alone gives with probability 2/2^n: below the units that make that <= 0.05/m no
+    # row can honestly be marked (36 rows: 11 pairs), whatever its interval says.
+    units_needed = math.ceil(math.log2(2 * family / 0.05))
+    for op, keep_a, keep_b in kept:
         ka = [r.manifest["pair"] for r in keep_a]
         kb = [r.manifest["pair"] for r in keep_b]
         op_method = choose_method(ka, kb)  # fewer runs left may mean a weaker method
         ha, hb = [r.hist(op) for r in keep_a], [r.hist(op) for r in keep_b]
         ratios = compare_quantiles(ha, hb, [q for _n, q in STATS], op_method, ka, kb)
+        wide = compare_quantiles(ha, hb, [q for _n, q in STATS], op_method, ka, kb,
+                                 level=corrected_level)
         for name, q in STATS:
             va = [float(h.max if q >= 1 else h.quantile(q)) for h in ha]
             vb = [float(h.max if q >= 1 else h.quantile(q)) for h in hb]
-            r = ratios[q]
+            r, w = ratios[q], wide[q]
+            units = len(ka) if op_method == "pairs" else min(len(ka), len(kb))
+            resolvable = op_method != "operations" and units >= units_needed
             table.append({"op": op, "stat": name, "a_ns": float(geomean(va)),
                           "b_ns": float(geomean(vb)), "ratio": r.value, "lo": r.lo, "hi": r.hi,
                           "method": r.method, "significant": r.significant,
+                          "lo_corrected": w.lo, "hi_corrected": w.hi,
+                          "significant_corrected": w.significant and resolvable,
+                          "resolvable": resolvable,
                           "a_runs": va, "b_runs": vb})
     ops = [op for op in ops if op not in no_data]
     if not ops:
@@ -174,7 +205,38 @@ def compare(runs_a: list[Run], runs_b: list[Run], g: gate_mod.Gate) -> dict[str,
     criteria = _evaluate_gate(g, table, throughput, runs_b, behind) if g.active else []
     return {"ops": ops, "method": method, "table": table, "throughput": throughput,
             "no_data": no_data, "fell_behind": behind, "gate": criteria,
-            "gate_passed": all(c["passed"] for c in criteria) if criteria else None}
+            "gate_passed": all(c["passed"] for c in criteria) if criteria else None,
+            "family": family, "corrected_level": corrected_level,
+            "units_needed": units_needed,
+            "concurrency": concurrency(runs_a, runs_b, method)}
+
+
+def _span(r: Run) -> tuple[Any, Any]:
+    m = r.manifest
+    return (schema._instant(m["start"], r.path), schema._instant(m["end"], r.path))
+
+
+def concurrency(runs_a: list[Run], runs_b: list[Run], method: str) -> dict[str, Any]:
+    """Whether the arms ran at the same time: with pairs, every pair's two runs
+    overlap in time; otherwise every run of A overlaps some run of B. Arms run one
+    after the other share none of the machine's drift, and their ratio carries it."""
+    def overlap(x: Run, y: Run) -> bool:
+        (s1, e1), (s2, e2) = _span(x), _span(y)
+        return s1 < e2 and s2 < e1
+
+    if method == "pairs":
+        by_pair = {r.manifest["pair"]: r for r in runs_b}
+        apart = [r.manifest["pair"] for r in runs_a if not overlap(r, by_pair[r.manifest["pair"]])]
+        return {"concurrent": not apart, "apart": apart,
+                "text": "" if not apart else
+                f"the arms of {len(apart)} of {len(runs_a)} pairs did not run at the same time "
+                f"(pairs {', '.join(map(str, apart))}): drift between their runs lands in the ratios"}
+    apart_runs = [r.path for r in runs_a if not any(overlap(r, b) for b in runs_b)]
+    return {"concurrent": not apart_runs, "apart": apart_runs,
+            "text": "" if not apart_runs else
+            f"{len(apart_runs)} of {len(runs_a)} runs of A overlap no run of B: the arms were not "
+            "run concurrently, so the machine's drift between them lands in the ratios "
+            "(run them at the same time: tierlab pair)"}
 
 
 def _row(table: list[dict[str, Any]], op: str, stat: str) -> dict[str, Any]:
@@ -238,7 +300,10 @@ def render(summary: dict[str, Any], runs_a: list[Run], runs_b: list[Run], labels
         autoescape=jinja2.select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True,
         undefined=jinja2.StrictUndefined)
     table = [dict(row, a=fmt_ns(row["a_ns"]), b=fmt_ns(row["b_ns"]),
-                  r=fmt_ratio(Ratio(row["ratio"], row["lo"], row["hi"], row["method"])))
+                  r=dict(fmt_ratio(Ratio(row["ratio"], row["lo"], row["hi"], row["method"]),
+                                   Ratio(row["ratio"], row["lo_corrected"], row["hi_corrected"],
+                                         row["method"])),
+                         significant=row["significant_corrected"]))
              for row in summary["table"]]
     t = summary["throughput"]
     ctx = {
@@ -246,6 +311,10 @@ def render(summary: dict[str, Any], runs_a: list[Run], runs_b: list[Run], labels
         "method": METHOD_TEXT[summary["method"]], "table": table,
         "throughput": dict(t, r=fmt_ratio(Ratio(t["ratio"], t["lo"], t["hi"], t["method"]))),
         "gate": summary["gate"], "gate_passed": summary["gate_passed"], "gate_op": g.op,
+        "family": summary["family"], "corrected_pct": f"{100 * summary['corrected_level']:.2f}",
+        "units_needed": summary["units_needed"],
+        "unresolvable": any(not row["resolvable"] for row in summary["table"]),
+        "concurrency": summary["concurrency"],
         "fell_behind": summary["fell_behind"], "no_data": summary["no_data"],
         "runs_a": _run_rows(runs_a, g.op if g.op in summary["ops"] else summary["ops"][0]),
         "runs_b": _run_rows(runs_b, g.op if g.op in summary["ops"] else summary["ops"][0]),
@@ -281,6 +350,17 @@ def make_images(summary: dict[str, Any], runs_a: list[Run], runs_b: list[Run],
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.dir is not None:
+        if args.a or args.b:
+            raise LabError("give a pair directory or --a/--b runs, not both")
+        from tierlab import labgate
+
+        return labgate.report_dir(Path(args.dir), Path(args.out or Path(args.dir) / "report"),
+                                  args.set)
+    if not args.a or not args.b or not args.out:
+        missing = [o for o, v in (("--a", args.a), ("--b", args.b), ("-o", args.out)) if not v]
+        raise LabError(f"{', '.join(missing)} required: want --a RUN.json... --b RUN.json... "
+                       "-o DIR (or a pair directory)")
     g = _gate_from_args(args)
     runs_a, runs_b = _load_arm(args.a), _load_arm(args.b)
     labels = (_label(args.label_a, runs_a, "A"), _label(args.label_b, runs_b, "B"))
@@ -310,6 +390,8 @@ def _print_summary(summary: dict[str, Any], labels: tuple[str, str], out: Path) 
     print(f"tierlab report: {op} p99 {labels[1]}/{labels[0]} = {r['ratio']:.3f}"
           f"{_ci(r['lo'], r['hi'])}{' (significant)' if r['significant'] else ''} -> "
           f"{out / 'report.html'}")
+    if not summary["concurrency"]["concurrent"]:
+        print(f"  warning: {summary['concurrency']['text']}")
     for c in summary["gate"]:
         print(f"  {'PASS' if c['passed'] else 'FAIL'} {c['criterion']}: {c['text']}")
     if summary["gate_passed"] is not None:

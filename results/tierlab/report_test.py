@@ -291,3 +291,56 @@ def test_binary_and_deeply_nested_input_is_one_line(slow_b: Any, tmp_path: Path)
         assert_one_line_error(run([t, "report", "--a", deep, "--b", *b, "-o", tmp_path]), 2,
                               str(deep))
         assert_one_line_error(run([t, "validate", deep]), 1, str(deep))
+
+
+def test_multiple_comparisons_and_concurrency(tmp_path: Path) -> None:
+    """The latency table marks a row significant only by its Bonferroni interval
+    (wider than the 95% one), and the report warns when the arms did not overlap
+    in time."""
+    a = write_runs(tmp_path / "a", "a", 3, 1.0, "control")
+    b = write_runs(tmp_path / "b", "b", 3, 1.0, "active")
+    for p in b:  # run B's after A's: one after the other, as the A/A story in the issue
+        doc = json.loads(p.read_text())
+        doc["manifest"]["start"] = "2026-01-01T01:00:00.000Z"
+        doc["manifest"]["end"] = "2026-01-01T01:00:05.000Z"
+        schema.write(doc, p)
+    out = tmp_path / "out"
+    proc = run([tool("tierlab"), "report", "--a", *a, "--b", *b, "-o", out])
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: the arms of 3 of 3 pairs did not run at the same time" in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["concurrency"]["concurrent"] is False
+    assert summary["family"] == len(summary["table"])
+    for row in summary["table"]:
+        if row["lo"] is not None:
+            assert row["lo_corrected"] <= row["lo"] and row["hi_corrected"] >= row["hi"]
+            assert not row["significant_corrected"] or row["significant"]
+    md = (out / "report.md").read_text()
+    assert "did not run at the same time" in md and "Bonferroni" in md
+    marked = sum(1 for line in md.splitlines() if line.endswith("| significant |"))
+    assert marked == sum(r["significant_corrected"] for r in summary["table"])
+    # concurrent runs: no warning
+    out2 = tmp_path / "out2"
+    a2 = write_runs(tmp_path / "a2", "a", 3, 1.0, "control")
+    b2 = write_runs(tmp_path / "b2", "b", 3, 1.0, "active")
+    proc = run([tool("tierlab"), "report", "--a", *a2, "--b", *b2, "-o", out2])
+    assert "warning" not in proc.stdout
+
+
+def test_few_pairs_never_mark_a_row(tmp_path: Path) -> None:
+    """B is 1.5x slower in every one of 4 pairs: the 95% intervals exclude 1.0, but
+    4 pairs cannot carry a 36-row family (2/2^4 > 0.05/36), so no row is marked;
+    with 12 pairs the same difference is."""
+    for n, marked_rows in ((4, False), (12, True)):
+        a = write_runs(tmp_path / f"a{n}", "a", n, 1.0, "control")
+        b = write_runs(tmp_path / f"b{n}", "b", n, 1.5, "active")
+        out = tmp_path / f"out{n}"
+        proc = run([tool("tierlab"), "report", "--a", *a, "--b", *b, "-o", out])
+        assert proc.returncode == 0, proc.stderr
+        summary = json.loads((out / "summary.json").read_text())
+        p99 = next(r for r in summary["table"] if r["op"] == "all" and r["stat"] == "p99")
+        assert p99["significant"]  # the 95% interval alone would say so
+        assert p99["significant_corrected"] is marked_rows
+        md = (out / "report.md").read_text()
+        assert ("| significant |" in md) is marked_rows
+        assert ("no row is marked at all" in md) is (not marked_rows)

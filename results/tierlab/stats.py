@@ -76,8 +76,9 @@ def expanded_tail(n: int, level: float = 0.95) -> float:
     return 100 * NormalDist().cdf(-z)
 
 
-def _interval(samples: np.ndarray, units: int | None = None) -> tuple[float, float]:
-    tail = expanded_tail(units) if units else 2.5
+def _interval(samples: np.ndarray, units: int | None = None,
+              level: float = 0.95) -> tuple[float, float]:
+    tail = expanded_tail(units, level) if units else 100 * (1 - level) / 2
     lo, hi = np.percentile(samples, [tail, 100 - tail])
     return float(lo), float(hi)
 
@@ -91,39 +92,63 @@ def choose_method(pairs_a: Sequence[int | None], pairs_b: Sequence[int | None]) 
     return "operations"
 
 
-def _paired(a: np.ndarray, b: np.ndarray, rng: np.random.Generator) -> Ratio:
+def _paired(a: np.ndarray, b: np.ndarray, rng: np.random.Generator,
+            level: float = 0.95) -> Ratio:
     ratios = np.maximum(b, 1e-9) / np.maximum(a, 1e-9)
     idx = rng.integers(0, len(ratios), size=(ROUNDS, len(ratios)))
     boot = geomean(ratios[idx], axis=1)
-    return Ratio(float(geomean(ratios)), *_interval(boot, len(ratios)), "pairs")
+    return Ratio(float(geomean(ratios)), *_interval(boot, len(ratios), level), "pairs")
 
 
-def _unpaired(a: np.ndarray, b: np.ndarray, rng: np.random.Generator) -> Ratio:
+def _unpaired(a: np.ndarray, b: np.ndarray, rng: np.random.Generator,
+              level: float = 0.95) -> Ratio:
     ia = rng.integers(0, len(a), size=(ROUNDS, len(a)))
     ib = rng.integers(0, len(b), size=(ROUNDS, len(b)))
     boot = geomean(b[ib], axis=1) / geomean(a[ia], axis=1)
-    return Ratio(float(geomean(b) / geomean(a)), *_interval(boot, min(len(a), len(b))), "runs")
+    return Ratio(float(geomean(b) / geomean(a)), *_interval(boot, min(len(a), len(b)), level),
+                 "runs")
 
 
 def compare_values(a: Sequence[float], b: Sequence[float], method: str,
                    order_a: Sequence[int | None] = (), order_b: Sequence[int | None] = (),
-                   ) -> Ratio:
+                   level: float = 0.95) -> Ratio:
     """Ratio B/A of per-run values (e.g. p99 or throughput) by the given method.
-    For "pairs", order_a/order_b are the pair indices used to line the runs up."""
+    For "pairs", order_a/order_b are the pair indices used to line the runs up.
+    `level` is the interval's coverage (0.95; higher for a family of comparisons)."""
     rng = np.random.default_rng(SEED)
     va, vb = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     point = float(geomean(vb) / geomean(va))
     if method == "pairs":
         pos_b = {p: i for i, p in enumerate(order_b)}
-        return _paired(va, vb[[pos_b[p] for p in order_a]], rng)
+        return _paired(va, vb[[pos_b[p] for p in order_a]], rng, level)
     if method == "runs":
-        return _unpaired(va, vb, rng)
+        return _unpaired(va, vb, rng, level)
     return Ratio(point, None, None, "none")
+
+
+def log_ratio_sigma(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Standard deviation of log(b_i / a_i) over pairs (None below 2 pairs): the
+    noise of the per-pair ratio that the lab measures on itself."""
+    if len(a) < 2:
+        return None
+    r = np.log(np.maximum(np.asarray(b, float), 1e-9) / np.maximum(np.asarray(a, float), 1e-9))
+    return float(np.std(r, ddof=1))
+
+
+def pairs_needed(sigma: float, bound: float) -> int:
+    """Pairs for the interval's half-width (about 2 sigma / sqrt(n) on the log
+    scale) to shrink to log(bound): enough to tell a ratio of `bound` from 1."""
+    if bound <= 1.0:
+        bound = 1.0 / bound
+    if sigma <= 0:
+        return 2
+    return max(2, math.ceil((2 * sigma / math.log(bound)) ** 2))
 
 
 def compare_quantiles(hists_a: Sequence[Histogram], hists_b: Sequence[Histogram],
                       qs: Sequence[float], method: str, order_a: Sequence[int | None] = (),
-                      order_b: Sequence[int | None] = ()) -> dict[float, Ratio]:
+                      order_b: Sequence[int | None] = (), level: float = 0.95,
+                      ) -> dict[float, Ratio]:
     """Ratio B/A of each quantile q in `qs` (1.0 = max) of every run's histogram."""
     def value(h: Histogram, q: float) -> float:
         return float(h.max) if q >= 1 else float(h.quantile(q))
@@ -133,7 +158,7 @@ def compare_quantiles(hists_a: Sequence[Histogram], hists_b: Sequence[Histogram]
         a = [value(h, q) for h in hists_a]
         b = [value(h, q) for h in hists_b]
         if method != "operations":
-            out[q] = compare_values(a, b, method, order_a, order_b)
+            out[q] = compare_values(a, b, method, order_a, order_b, level)
         else:  # filled below; the maximum of a resample says nothing about the maximum
             out[q] = Ratio(float(geomean(b) / geomean(a)), None, None, "none")
     if method == "operations":
@@ -144,6 +169,7 @@ def compare_quantiles(hists_a: Sequence[Histogram], hists_b: Sequence[Histogram]
         for q in inner:
             ga = geomean(np.stack([r[q] for r in boot_a]), axis=0)
             gb = geomean(np.stack([r[q] for r in boot_b]), axis=0)
-            out[q] = Ratio(out[q].value, *_interval(np.asarray(gb) / np.maximum(ga, 1e-9)),
+            out[q] = Ratio(out[q].value,
+                           *_interval(np.asarray(gb) / np.maximum(ga, 1e-9), None, level),
                            "operations")
     return out

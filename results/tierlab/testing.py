@@ -85,3 +85,89 @@ def synthetic_run(*, seed: int, arm: str = "other", pair: int | None = None, sca
             "arm": arm, "pair": pair, "boot": None},
         "measurements": meas,
     }
+
+
+def ctl_doc(io_by_member: dict[str, dict[str, dict[str, tuple[int, int]]]]) -> dict[str, Any]:
+    """A `tierfs ctl` document with per-origin counters: member label -> origin ->
+    op -> (ops, bytes). The group is the label's part before the dot."""
+    devices = []
+    for label, origins in io_by_member.items():
+        io = {o: {op: {"ops": n, "bytes": b} for op, (n, b) in ops.items()}
+              for o, ops in origins.items()}
+        for v in io.values():
+            v.update({"errors": 0, "service_p50_ns": 1000})
+        devices.append({"label": label, "group": label.split(".")[0], "io": io})
+    return {"devices": devices}
+
+
+def synthetic_pair_dir(d: Path, *, pairs: int = 4, profile: str = "fixed-delay",
+                       b_scale: float = 1.0, arms: tuple[str, str] = ("control", "active"),
+                       b_hdd_extra: dict[str, dict[str, tuple[int, int]]] | None = None,
+                       hdd_during: dict[str, dict[str, tuple[int, int]]] | None = None,
+                       background_bytes: int = 128 << 20, quiescence: float | None = 5.0,
+                       b_max_ns: int | None = None, a_max_ns: int | None = None,
+                       fail_run: str | None = None, dirty_run: str | None = None,
+                       events: list[dict[str, Any]] | None = None, sets: list[str] | None = None,
+                       ) -> Path:
+    """A `tierlab pair` output directory with known content: arm B's latencies
+    scaled by b_scale, slow-member I/O during the foreground phases `hdd_during`
+    (both arms) plus `b_hdd_extra` (arm B only), background writes of
+    `background_bytes` between end and idle, and optional planted failures (run
+    names like "p01-active")."""
+    import json
+
+    from tierlab import profile as profile_mod
+    from tierlab import schema
+    from tierlab.hist import Histogram
+
+    prof = profile_mod.load(profile)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "profile.toml").write_text(Path(prof.path).read_text())
+    (d / "lab.json").write_text(json.dumps({
+        "format": "tierlab-pair", "version": 1, "profile": prof.name, "sets": sets or [],
+        "pairs": pairs, "seed": 1, "mode": "arms",
+        "arms": [{"name": a, "build": "/b", "pause": a == "control"} for a in arms],
+        "wall_s": 1.0}))
+    hdd = prof.slow_members()[0].label
+    for i in range(pairs):
+        for k, arm in enumerate(arms):
+            name = f"p{i:02d}-{arm}"
+            run = d / "runs" / name
+            run.mkdir(parents=True)
+            is_b = k == 1
+            doc = synthetic_run(seed=1000 * i + 17 * k, arm=arm if arm in ("active", "control")
+                                else "other", pair=i, scale=b_scale if is_b else 1.0)
+            doc["manifest"]["arm"] = arm
+            doc["manifest"]["slot"] = (i + k) % 2
+            doc["manifest"]["start"] = f"2026-01-01T00:{i:02d}:00.000Z"
+            doc["manifest"]["end"] = f"2026-01-01T00:{i:02d}:05.000Z"
+            big = b_max_ns if is_b else a_max_ns
+            if big is not None:
+                for op in ("all", "read"):
+                    h = Histogram.from_json(doc["measurements"]["ops"][op]["latency"])
+                    h.record(big)
+                    doc["measurements"]["ops"][op]["latency"] = h.to_json()
+            schema.write(doc, run / "probe.json")
+            during = {o: dict(v) for o, v in (hdd_during or {}).items()}
+            if is_b:
+                for o, v in (b_hdd_extra or {}).items():
+                    during.setdefault(o, {}).update(v)
+            start = ctl_doc({"ssd.a": {"journal": {"write": (10, 40960)}}, hdd: {}})
+            end = ctl_doc({"ssd.a": {"journal": {"write": (900, 3686400)}}, hdd: during})
+            idle_hdd = {o: dict(v) for o, v in during.items()}
+            idle_hdd.setdefault("reconcile", {})["write"] = (
+                background_bytes >> 20, background_bytes)
+            idle = ctl_doc({"ssd.a": {"journal": {"write": (950, 3891200)}}, hdd: idle_hdd})
+            for edge, c in (("start", start), ("measure", start), ("end", end), ("idle", idle)):
+                (run / f"ctl-{edge}.json").write_text(json.dumps(c))
+            failed = name == fail_run
+            info = {"pair": i, "arm": arm, "slot": (i + k) % 2, "seed": 1 + i, "build": "/b",
+                    "status": "failed" if failed else "ok",
+                    "error": "tierprobe: still running 120 s past its end (hung; killed)"
+                    if failed else None,
+                    "events": [dict(e, probe_t=e["at_s"] + 5) for e in (events or [])],
+                    "quiescence_s": quiescence, "wall_s": 60,
+                    "fsck": {"rc": 4 if name == dirty_run else 0, "clean": name != dirty_run,
+                             "last": "errors left" if name == dirty_run else "clean"}}
+            (run / "run.json").write_text(json.dumps(info))
+    return d

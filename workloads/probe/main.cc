@@ -103,6 +103,10 @@ int Main(int argc, char** argv) {
   app.add_option("--label", labels, "manifest: extra KEY=VALUE (repeatable)");
   app.add_flag("--keep", keep, "keep the working set in DIR afterwards");
   app.add_flag("--quiet", quiet, "no summary line on stderr");
+  std::string ready_file;
+  app.add_option("--ready-file", ready_file,
+                 "once the working set is written, write the wall-clock time (ns since the "
+                 "epoch) the schedule starts at here (for runners that time phases)");
 
   try {
     app.parse(argc, argv);
@@ -152,6 +156,16 @@ int Main(int argc, char** argv) {
     return Fail(err);
   }
   ws->set_keep(keep);
+  if (!ready_file.empty()) {
+    // RunProbe puts time zero 20 ms ahead; this says when, to within a few ms.
+    std::ofstream ready(ready_file, std::ios::trunc);
+    ready << (RealtimeNs() + 20'000'000) << "\n";
+    if (!ready) {
+      out.close();
+      ::unlink(tmp_path.c_str());
+      return Fail("--ready-file " + ready_file + ": cannot write: " + std::strerror(errno));
+    }
+  }
   RunResult result;
   bool ok = RunProbe(spec, *ws, &result, &err);
   if (!ok) {

@@ -252,3 +252,20 @@ def test_a_directory_name_that_is_not_utf8_still_gives_valid_json(tmp_path: Path
     out.read_bytes().decode("utf-8")  # strict
     doc = schema.load(out)
     assert doc["manifest"]["filesystem"]["path"].endswith("/caf\u00e9")
+
+
+def test_ready_file_says_when_the_schedule_starts(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    doc = probe(tmp_path, "--rate", "200", "--duration", "0.3s", "--ready-file", str(ready))
+    from tierlab.schema import _instant
+
+    whole, frac = _instant(doc["manifest"]["start"], "start")
+    start_ns = int(whole.replace(tzinfo=__import__("datetime").timezone.utc).timestamp()) * 10**9 \
+        + int(frac * 10**9)
+    said = int(ready.read_text().split()[0])
+    assert abs(said - start_ns) < 50_000_000  # within 50 ms (the manifest keeps ms)
+    proc = run([tool("tierprobe"), "--dir", tmp_path, "--json", tmp_path / "o.json",
+                "--rate", "10", "--duration", "0.1s", "--working-set", "1M", "--files", "4",
+                "--ready-file", tmp_path / "no" / "such"])
+    assert_one_line_error(proc, 1, "--ready-file")
+    assert not (tmp_path / "o.json.tmp").exists()

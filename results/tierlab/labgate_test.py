@@ -1,0 +1,137 @@
+"""The gate and report of a `tierlab pair` directory on synthetic directories with
+known content (testing.synthetic_pair_dir): nothing here depends on the machine's
+timing. Each planted failure must fail exactly its criterion, plainly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tierlab import labgate
+from tierlab.testing import assert_one_line_error, run, synthetic_pair_dir, tool
+
+ALLOWED_ONLY = {"reconcile": {"write": (64, 64 << 20)}}
+
+
+def crit(res: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in res["criteria"] if c["criterion"] == name)
+
+
+def evaluate(d: Path, *sets: str) -> dict[str, Any]:
+    return labgate.evaluate(labgate.load(d, list(sets)))
+
+
+def test_aa_passes_every_criterion(tmp_path: Path) -> None:
+    d = synthetic_pair_dir(tmp_path / "aa", hdd_during=ALLOWED_ONLY)
+    res = evaluate(d)
+    assert res["passed"], [c for c in res["criteria"] if not c["passed"]]
+    assert res["a"] == "control" and res["b"] == "active"
+    assert res["noise"]["pairs"] == 4 and res["noise"]["sigma"] > 0
+    assert res["noise"]["pairs_needed"] >= 2
+
+
+def test_slower_candidate_fails_p99_and_edge_inventory_names_the_flushes(tmp_path: Path) -> None:
+    d = synthetic_pair_dir(tmp_path / "ab", arms=("baseline", "candidate"), b_scale=1.5,
+                           hdd_during=ALLOWED_ONLY,
+                           b_hdd_extra={"journal": {"flush": (321, 0)}})
+    res = evaluate(d)
+    assert not res["passed"]
+    assert not crit(res, "p99 ratio")["passed"]
+    assert "1.5" in crit(res, "p99 ratio")["text"] or "1.4" in crit(res, "p99 ratio")["text"]
+    inv = crit(res, "edge inventory")
+    assert not inv["passed"] and "journal flush" in inv["text"]
+    assert crit(res, "fsck clean")["passed"] and crit(res, "throughput ratio")["passed"]
+    # the report's table names the origin, op and count
+    assert labgate.report_dir(d, tmp_path / "out", []) == 1
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "## Edge inventory" in md
+    assert "| candidate | p00-candidate | hdd.b | journal | flush | 321 | 0 | - | - | NOT ALLOWED |" in md
+    assert "| baseline | p00-baseline | hdd.b | journal |" not in md
+
+
+def test_max_latency_fails_plainly_in_both_arms(tmp_path: Path) -> None:
+    """A stall that freezes both arms alike: the comparative criteria pass, the
+    absolute one fails, and the reference arm's failure is shown too."""
+    d = synthetic_pair_dir(tmp_path / "stall", profile="stall", hdd_during=ALLOWED_ONLY,
+                           b_max_ns=31_000_000_000, a_max_ns=30_500_000_000,
+                           events=[{"at_s": 10, "member": "hdd.b", "command": "stall 30s",
+                                    "duration_s": 30, "reply": "ok", "rc": 0, "unix": 0}])
+    res = evaluate(d)
+    assert crit(res, "p99 ratio")["passed"] and crit(res, "throughput ratio")["passed"]
+    mb, ma = crit(res, "max latency (active)"), crit(res, "max latency (control)")
+    assert not mb["passed"] and mb["gating"] and "4 of 4 runs above" in mb["text"]
+    assert not ma["passed"] and not ma["gating"] and "31 s" in mb["text"]
+    assert not res["passed"]
+    assert labgate.report_dir(d, tmp_path / "out", []) == 1
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "FAIL max latency (active)" in md and "FAIL (not gated) max latency (control)" in md
+    assert "## Around each fault event" in md and (tmp_path / "out" / "events.png").is_file()
+
+
+def test_each_planted_failure_fails_its_criterion(tmp_path: Path) -> None:
+    cases = {
+        "runs completed": dict(fail_run="p02-active"),
+        "fsck clean": dict(dirty_run="p01-control"),
+        "quiescence (active)": dict(quiescence=None),
+        "background work": dict(background_bytes=1 << 20),
+        "edge inventory": dict(hdd_during={"superblock": {"write": (2, 8192)}}),
+    }
+    for name, kw in cases.items():
+        kw.setdefault("hdd_during", ALLOWED_ONLY)
+        res = evaluate(synthetic_pair_dir(tmp_path / name.replace(" ", "_"), **kw))
+        failed = [c["criterion"] for c in res["criteria"] if not c["passed"] and c["gating"]]
+        assert name in failed, (name, failed)
+        assert not res["passed"]
+        if name == "runs completed":
+            assert "hung" in crit(res, name)["text"]
+            assert crit(res, "p99 ratio")["passed"]  # the other 3 pairs still compare
+
+
+def test_bounds_come_from_the_profile_and_set_overrides(tmp_path: Path) -> None:
+    d = synthetic_pair_dir(tmp_path / "d", b_scale=1.15, hdd_during=ALLOWED_ONLY)
+    assert not crit(evaluate(d), "p99 ratio")["passed"]
+    assert crit(evaluate(d, "gate.p99_ratio_max=1.5"), "p99 ratio")["passed"]
+    t = tool("tierlab")
+    assert run([t, "gate", d]).returncode == 1
+    proc = run([t, "gate", d, "--set", "gate.p99_ratio_max=1.5", "--json", tmp_path / "g.json"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PASS p99 ratio" in proc.stdout and "sigma(log per-pair p99 ratio)" in proc.stdout
+    assert json.loads((tmp_path / "g.json").read_text())["passed"] is True
+    assert_one_line_error(run([t, "gate", d, "--set", "gate.p99_ratio_max=-1"]), 2,
+                          "gate.p99_ratio_max")
+    assert_one_line_error(run([t, "gate", tmp_path]), 2, "not a tierlab pair directory")
+
+
+def test_report_of_a_directory(tmp_path: Path) -> None:
+    d = synthetic_pair_dir(tmp_path / "d", hdd_during=ALLOWED_ONLY)
+    proc = run([tool("tierlab"), "report", d])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = d / "report"
+    md = (out / "report.md").read_text()
+    for section in ("## Gate: PASS", "## Per pair: all p99", "## Edge inventory", "## Runs",
+                    "## Latency by op", "Slot bias"):
+        assert section in md, section
+    html = (out / "report.html").read_text()
+    assert html.count("<img ") >= 2 and "data:image/png;base64," in html
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(summary["pairs"]) == 4 and summary["gate"]["passed"] is True
+
+
+def test_edge_inventory_also_counts_what_the_fault_device_saw(tmp_path: Path) -> None:
+    """I/O that goes around tierfs's queue (mount's superblocks) is counted only by
+    the fault device: it still shows, and still fails the inventory."""
+    d = synthetic_pair_dir(tmp_path / "d", hdd_during=ALLOWED_ONLY)
+    for run_dir in (d / "runs").iterdir():
+        p = run_dir / "ctl-end.json"
+        doc = json.loads(p.read_text())
+        for dev in doc["devices"]:
+            if dev["label"] == "hdd.b":
+                dev["fault"] = {"io": {"superblock": {"write": {"ops": 2, "bytes": 8192}}}}
+        p.write_text(json.dumps(doc))
+    res = evaluate(d)
+    inv = crit(res, "edge inventory")
+    assert not inv["passed"] and "superblock write" in inv["text"]
+    labgate.report_dir(d, tmp_path / "out", [])
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| active | p00-active | hdd.b | superblock | write | 0 | 0 | 2 | 8192 | NOT ALLOWED |" in md

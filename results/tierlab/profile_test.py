@@ -1,0 +1,111 @@
+"""Lab profiles: every shipped one loads, and every kind of mistake is one line
+`PROFILE:KEY: what is wrong` with exit 2 (through `tierlab profile`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tierlab import LabError
+from tierlab import profile as profile_mod
+from tierlab.testing import assert_one_line_error, run, tool
+
+GOOD = """
+[[members]]
+label = "ssd.a"
+size = "1GiB"
+[[members]]
+label = "hdd.b"
+size = "2GiB"
+fault = "hdd-7200"
+"""
+
+SHIPPED = ("fixed-delay", "hdd", "smr", "stall", "timeout", "flaky", "idle")
+
+
+def test_shipped_profiles_load() -> None:
+    assert set(SHIPPED) <= set(profile_mod.names())
+    for name in SHIPPED:
+        p = profile_mod.load(name)
+        assert p.slow_members() and p.slot_bytes() * 2 < 16 << 30
+        assert "--fault" in profile_mod.fault_args(p, 3)
+    stall = profile_mod.load("stall")
+    assert [(e.at_s, e.command, e.duration_s) for e in stall.events] == [(10, "stall 30s", 30)]
+    assert profile_mod.load("fixed-delay").members[1].fault_set == ["delay.all_ms=8"]
+    args = profile_mod.fault_args(profile_mod.load("timeout"), 1)
+    assert any(a.endswith("workloads/profiles/faults/hdd-timeout-at.toml") for a in
+               (x.split("=", 1)[-1] for x in args))
+
+
+def test_defaults_and_set(tmp_path: Path) -> None:
+    f = tmp_path / "p.toml"
+    f.write_text(GOOD)
+    p = profile_mod.load(str(f), ["gate.p99_ratio_max=1.2", "probe.rate=300",
+                                  "phases.measure_s=5"])
+    assert p.gate["p99_ratio_max"] == 1.2 and p.probe["rate"] == 300
+    assert p.phases == {"warmup_s": 5, "measure_s": 5}
+    assert p.gate["allowlist"] == ["reconcile", "copygc"]
+    assert p.background["workload"] == "bg-writer" and p.quiesce["window_s"] == 10
+    fa = profile_mod.format_args(p, {"ssd.a": "A", "hdd.b": "B"})
+    assert fa[:6] == ["--label", "ssd.a", "A", "--label", "hdd.b", "B"]
+    assert "--foreground-target" in fa and "--background-target" in fa
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("bogus = 1\n" + GOOD, "p:bogus: unknown key"),
+    (GOOD + "bogus = 1\n", "p:members[1].bogus: unknown key"),
+    (GOOD + "[probe]\nrate = 'fast'\n", "p:probe.rate: want a number"),
+    (GOOD + "[probe]\nrate = -3\n", "p:probe.rate: want 0 < rate"),
+    (GOOD + "[probe]\nratee = 3\n", "p:probe.ratee: unknown key"),
+    (GOOD + "[probe]\nmix = 'read=1,sleep=2'\n", "p:probe.mix"),
+    (GOOD + "[gate]\nallowlist = ['reconcile', 'journl']\n", "p:gate.allowlist: 'journl'"),
+    (GOOD + "[gate]\nmax_latency = 'soon'\n", "p:gate.max_latency"),
+    (GOOD + "[phases]\nmeasure_s = 0\n", "p:phases.measure_s"),
+    (GOOD + "[[events]]\nat_s = 99\nmember = 'hdd.b'\ncommand = 'stall 1s'\n", "p:events[0].at_s"),
+    (GOOD + "[[events]]\nat_s = 1\nmember = 'ssd.a'\ncommand = 'stall 1s'\n",
+     "p:events[0].member: ssd.a has no fault profile"),
+    (GOOD + "[[events]]\nat_s = 1\nmember = 'hdd.b'\ncommand = 'explode'\n", "p:events[0].command"),
+    (GOOD + "[format]\nbackground_target = 'tape'\n", "p:format.background_target"),
+    (GOOD.replace('"2GiB"', '"1KiB"'), "p:members[1].size"),
+    (GOOD.replace('"hdd-7200"', '"hdd-9000"'), "p:members[1].fault: no faultdev profile"),
+    (GOOD.replace('"hdd.b"', '"hdd"'), "p:members[1].label"),
+    ("[probe]\nrate = 1\n", "p:members: want at least one"),
+    ("[[members]]\nlabel = 'ssd.a'\n", "p:members[0].size: missing"),
+    (GOOD + "[quiesce]\nmax_s = 20\n[gate]\nquiesce_max_s = 15\n", "p:gate.quiesce_max_s"),
+    ("x = [", "p: not TOML"),
+])
+def test_bad_profiles_are_one_line(tmp_path: Path, text: str, needle: str) -> None:
+    f = tmp_path / "p.toml"
+    f.write_text(text)
+    with pytest.raises(LabError) as e:
+        profile_mod.load(str(f))
+    assert needle in str(e.value) and "\n" not in str(e.value)
+    assert_one_line_error(run([tool("tierlab"), "profile", f]), 2, needle)
+
+
+def test_command_line(tmp_path: Path) -> None:
+    t = tool("tierlab")
+    proc = run([t, "profile"])
+    assert proc.returncode == 0, proc.stderr
+    assert all(any(line.startswith(f"{n}:") for line in proc.stdout.splitlines()) for n in SHIPPED)
+    assert_one_line_error(run([t, "profile", "nope"]), 2, "no such profile")
+    assert_one_line_error(run([t, "profile", "stall", "--set", "gate.max_latency=3"]), 2,
+                          "stall:gate.max_latency")
+    assert_one_line_error(run([t, "profile", "stall", "--set", "members.size=1"]), 2, "--set")
+
+
+def test_shipped_fault_settings_load_in_faultdev(tmp_path: Path) -> None:
+    """Every member's fault profile with its fault_set loads in faultdev's own
+    loader (the one tierfs --fault uses): one op through each."""
+    fd = tool("faultdev")
+    for name in SHIPPED + ("labtest",):
+        for m in profile_mod.load(name).members:
+            if m.fault is None:
+                continue
+            fault = str(profile_mod.fault_path(m.fault)) if "/" in m.fault else m.fault
+            sets = [x for s in m.fault_set for x in ("--set", s)]
+            proc = run([fd, "run", "--profile", fault, "--image", tmp_path / "i.img", "--size",
+                        "64M", "--pattern", "seqwrite", "--ops", "1", "--qd", "1", *sets],
+                       timeout=120)
+            assert proc.returncode == 0, (name, m.label, proc.stderr)
