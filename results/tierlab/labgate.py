@@ -311,6 +311,16 @@ def evaluate(ld: LabDir) -> dict[str, Any]:
             f"without device writes: {text or 'no completed run'}; bound <= {qb:g} s" +
             ("" if gating else " (reference arm: shown, not gated)"), gating)
 
+    # A foreground op that failed (tierprobe --keep-going counts them) is never
+    # noise: on healthy fast-tier data, EUCLEAN or EIO is a broken promise.
+    erred = [(r, int(r.probe.meas["counters"].get("errors", 0))) for r in every if r.ok]
+    erred = [(r, n) for r, n in erred if n > 0]
+    add("foreground errors", not erred,
+        "no probe operation failed" if not erred else
+        f"{len(erred)} run(s) had failed probe operations: " + ", ".join(
+            f"{r.name} {n} ({', '.join(k[7:] + ' ' + str(int(v)) for k, v in r.probe.meas['counters'].items() if k.startswith('errors_') and v)})"
+            for r, n in erred))
+
     behind = [r for r in every if r.ok and r.probe.fell_behind]
     add("rate kept", not behind,
         "every probe kept its schedule" if not behind else

@@ -76,6 +76,7 @@ def test_each_planted_failure_fails_its_criterion(tmp_path: Path) -> None:
         "quiescence (active)": dict(quiescence=None),
         "background work": dict(background_bytes=1 << 20),
         "edge inventory": dict(hdd_during={"superblock": {"write": (2, 8192)}}),
+        "foreground errors": dict(errors_run="p03-control"),
     }
     for name, kw in cases.items():
         kw.setdefault("hdd_during", ALLOWED_ONLY)
@@ -83,6 +84,8 @@ def test_each_planted_failure_fails_its_criterion(tmp_path: Path) -> None:
         failed = [c["criterion"] for c in res["criteria"] if not c["passed"] and c["gating"]]
         assert name in failed, (name, failed)
         assert not res["passed"]
+        if name == "foreground errors":
+            assert "p03-control 3 (read 3)" in crit(res, name)["text"]
         if name == "runs completed":
             assert "hung" in crit(res, name)["text"]
             assert crit(res, "p99 ratio")["passed"]  # the other 3 pairs still compare

@@ -326,6 +326,10 @@ class Run:
                      "--ready-file", str(ready), "--quiet"]
         if pr["direct"]:
             probe_cmd.append("--direct")
+        if pr["lane_per_op"]:
+            probe_cmd.append("--lane-per-op")
+        if pr["keep_going"]:
+            probe_cmd.append("--keep-going")
         if pr["spin"]:
             probe_cmd += ["--spin", pr["spin"]]
         self.phase("probe setup")

@@ -107,13 +107,14 @@ def synthetic_pair_dir(d: Path, *, pairs: int = 4, profile: str = "fixed-delay",
                        background_bytes: int = 128 << 20, quiescence: float | None = 5.0,
                        b_max_ns: int | None = None, a_max_ns: int | None = None,
                        fail_run: str | None = None, dirty_run: str | None = None,
+                       errors_run: str | None = None,
                        events: list[dict[str, Any]] | None = None, sets: list[str] | None = None,
                        ) -> Path:
     """A `tierlab pair` output directory with known content: arm B's latencies
     scaled by b_scale, slow-member I/O during the foreground phases `hdd_during`
     (both arms) plus `b_hdd_extra` (arm B only), background writes of
     `background_bytes` between end and idle, and optional planted failures (run
-    names like "p01-active")."""
+    names like "p01-active"; errors_run: 3 failed reads in its probe counters)."""
     import json
 
     from tierlab import profile as profile_mod
@@ -147,6 +148,8 @@ def synthetic_pair_dir(d: Path, *, pairs: int = 4, profile: str = "fixed-delay",
                     h = Histogram.from_json(doc["measurements"]["ops"][op]["latency"])
                     h.record(big)
                     doc["measurements"]["ops"][op]["latency"] = h.to_json()
+            if name == errors_run:
+                doc["measurements"]["counters"].update({"errors": 3, "errors_read": 3})
             schema.write(doc, run / "probe.json")
             during = {o: dict(v) for o, v in (hdd_during or {}).items()}
             if is_b:
