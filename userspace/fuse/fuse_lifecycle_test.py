@@ -104,7 +104,8 @@ def test_the_source_is_the_member_list(tmp_path: Path) -> None:
 def test_a_mounted_set_is_refused_as_already_mounted(tmp_path: Path) -> None:
     """A second mount of a mounted set (the fstab line mounted twice by `mount
     -a`, through mount.fuse.tierfs; members in another order; a member by
-    another name) says where it is mounted, in one line, nonzero; fsck too."""
+    another name) says where it is mounted, in one line, nonzero; fsck too;
+    and `mount -a` finds the fstab line mounted."""
     a, b = two_members(tmp_path)
     mnt, mnt2 = tmp_path / "mnt", tmp_path / "mnt2"
     mnt.mkdir()
@@ -124,6 +125,12 @@ def test_a_mounted_set_is_refused_as_already_mounted(tmp_path: Path) -> None:
             assert not os.path.ismount(mnt2)
         proc = run([tool("tierfs"), "fsck", a, b])
         assert proc.returncode == 8 and f"already mounted on {mnt}" in proc.stderr, proc.stderr
+        # mount -a itself sees the fstab line mounted (it compares the source)
+        # and runs no helper.
+        fstab = tmp_path / "fstab"
+        fstab.write_text(f"{a}:{b} {mnt} fuse.tierfs defaults,nofail 0 0\n")
+        proc = run(["mount", "-a", "-v", "--fstab", fstab])
+        assert proc.returncode == 0 and "already mounted" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
         assert (mnt / ".").is_dir() and os.listdir(mnt) == []  # the first mount still serves
         assert run(["umount", f"{a}:{b}"]).returncode == 0
     finally:
