@@ -168,3 +168,27 @@ def test_an_opener_waits_for_a_holder_without_a_mount(opener: str, tmp_path: Pat
     finally:
         leave_unmounted(mnt)
     fsck_clean(dev)
+
+
+def test_the_wait_is_bounded(tmp_path: Path) -> None:
+    """A holder that never lets go: the opener gives up with "in use" after
+    TIERFS_LOCK_WAIT seconds (0: at once), nonzero, nothing mounted."""
+    dev = image(tmp_path / "fs.img")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    with open(dev, "rb") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        for wait in ("0", "2"):
+            env = {**os.environ, "TIERFS_LOCK_WAIT": wait}
+            proc = run([tool("tierfs"), "mount", dev, mnt], env=env)
+            got = proc.stderr.strip().splitlines()
+            assert proc.returncode == 1 and got, proc.stderr
+            assert f"in use (another tierfs mount or fsck has held it for {wait} s)" in got[-1], got
+            # Before it, at most the line saying it waits (never with 0).
+            assert all("waiting for the tierfs process" in g for g in got[:-1]) and len(got) <= (1 if wait == "0" else 2)
+            assert not os.path.ismount(mnt)
+        proc = run([tool("tierfs"), "fsck", dev], env={**os.environ, "TIERFS_LOCK_WAIT": "0"})
+        assert proc.returncode == 8 and "in use" in proc.stderr, proc.stderr
+        proc = run([tool("tierfs"), "mount", dev, mnt], env={**os.environ, "TIERFS_LOCK_WAIT": "soon"})
+        assert proc.returncode == 1 and "TIERFS_LOCK_WAIT=soon: want a number of seconds" in proc.stderr
+    fsck_clean(dev)

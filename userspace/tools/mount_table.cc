@@ -132,6 +132,16 @@ bool MemberLocks::Take(const std::string& cmd, const std::vector<std::string>& d
     return m.has_value();
   };
   if (mounted()) return false;
+  int wait_s = kLockWaitSeconds;
+  if (const char* env = getenv("TIERFS_LOCK_WAIT")) {
+    char* end = nullptr;
+    long v = strtol(env, &end, 10);
+    if (*env == '\0' || *end != '\0' || v < 0 || v > 86400) {
+      PrintError(cmd, std::string("TIERFS_LOCK_WAIT=") + env + ": want a number of seconds (0..86400)");
+      return false;
+    }
+    wait_s = int(v);
+  }
   const int op = (mode == Mode::kShared ? LOCK_SH : LOCK_EX) | LOCK_NB;
   const auto start = std::chrono::steady_clock::now();
   bool said_waiting = false;
@@ -151,9 +161,9 @@ bool MemberLocks::Take(const std::string& cmd, const std::vector<std::string>& d
       }
       if (mounted()) return false;
       const auto waited = std::chrono::steady_clock::now() - start;
-      if (waited >= std::chrono::seconds(kLockWaitSeconds)) {
-        PrintError(cmd, p + ": in use (another tierfs mount or fsck has held it for " +
-                            std::to_string(kLockWaitSeconds) + " s)");
+      if (waited >= std::chrono::seconds(wait_s)) {
+        PrintError(cmd, p + ": in use (another tierfs mount or fsck has held it for " + std::to_string(wait_s) +
+                            " s)");
         return false;
       }
       if (!said_waiting && waited >= std::chrono::seconds(1)) {

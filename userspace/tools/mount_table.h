@@ -28,6 +28,7 @@ namespace tfs::tools {
 
 // How long an opener waits for a member locked by a process with no mount:
 // a daemon writing out its state after the unmount returned, or an fsck.
+// TIERFS_LOCK_WAIT=SECONDS in the environment overrides it (0: do not wait).
 inline constexpr int kLockWaitSeconds = 60;
 
 // The mount source for a member list: the paths joined by ':', each made
@@ -58,8 +59,8 @@ class MemberLocks {
   ~MemberLocks();
 
   // Refuses a set that is mounted ("already mounted on X"), else locks every
-  // member, waiting up to kLockWaitSeconds for holders without a mount (a
-  // line on stderr says so after a second). False after printing one line
+  // member, waiting up to kLockWaitSeconds (or TIERFS_LOCK_WAIT) for holders
+  // without a mount (a line on stderr says so after a second). False after printing one line
   // "tierfs CMD: ..." naming why.
   [[nodiscard]] bool Take(const std::string& cmd, const std::vector<std::string>& devices, Mode mode);
 
