@@ -192,3 +192,16 @@ def test_the_wait_is_bounded(tmp_path: Path) -> None:
         proc = run([tool("tierfs"), "mount", dev, mnt], env={**os.environ, "TIERFS_LOCK_WAIT": "soon"})
         assert proc.returncode == 1 and "TIERFS_LOCK_WAIT=soon: want a number of seconds" in proc.stderr
     fsck_clean(dev)
+
+
+def test_a_device_named_twice_is_refused_at_once(tmp_path: Path) -> None:
+    """It would otherwise wait for its own lock."""
+    dev = image(tmp_path / "fs.img")
+    (tmp_path / "alias.img").symlink_to(dev)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    for args in (["mount", dev, tmp_path / "alias.img", mnt], ["fsck", dev, dev]):
+        proc = run([tool("tierfs"), *args], env={**os.environ, "TIERFS_LOCK_WAIT": "60"})
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode in (1, 8) and len(lines) == 1 and "the same device, named twice" in lines[0], lines
+    assert not os.path.ismount(mnt)

@@ -132,6 +132,16 @@ bool MemberLocks::Take(const std::string& cmd, const std::vector<std::string>& d
     return m.has_value();
   };
   if (mounted()) return false;
+  // One device named twice would wait for its own lock.
+  for (size_t i = 0; i < devices.size(); i++) {
+    for (size_t j = 0; j < i; j++) {
+      auto a = IdentityOf(devices[j]), b = IdentityOf(devices[i]);
+      if (a && b && *a == *b) {
+        PrintError(cmd, devices[j] + " and " + devices[i] + ": the same device, named twice");
+        return false;
+      }
+    }
+  }
   int wait_s = kLockWaitSeconds;
   if (const char* env = getenv("TIERFS_LOCK_WAIT")) {
     char* end = nullptr;
