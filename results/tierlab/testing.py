@@ -45,14 +45,19 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str], code: int, *ne
 def synthetic_run(*, seed: int, arm: str = "other", pair: int | None = None, scale: float = 1.0,
                   ops: Sequence[str] = ("read", "write"), n: int = 5000, seconds: int = 5,
                   rate: float | None = None, fell_behind: bool = False,
-                  with_series: bool = True) -> dict[str, Any]:
+                  with_series: bool = True, tail: tuple[float, float] | None = None) -> dict[str, Any]:
     """A valid results document whose latencies are lognormal (median 100 us x
-    `scale`), so tests know what a report must find."""
+    `scale`), so tests know what a report must find. `tail` = (delay_ns,
+    fraction) adds delay_ns to a seeded `fraction` of each op's samples, as
+    tierprobe --inject-delay plants a slowdown."""
     rng = np.random.default_rng(seed)
     hists = {}
     every = []
     for op in ops:
         samples = rng.lognormal(np.log(100e3 * scale), 0.6, size=n)
+        if tail is not None:
+            delay_ns, fraction = tail
+            samples = samples + np.where(rng.random(n) < fraction, delay_ns, 0.0)
         hists[op] = Histogram.from_samples(samples)
         every.extend(samples)
     all_h = Histogram.from_samples(every)

@@ -52,9 +52,43 @@ def unlocked(dev: Path) -> bool:
         return True
 
 
+def holders(mnt: Path, pids: list[int] | None = None) -> list[str]:
+    """What keeps the mount busy, per process: open files, working or root
+    directory, mappings under `mnt` ("pid 12 (python3) fd 5: /mnt/x/a")."""
+    top = os.path.realpath(mnt)
+
+    def under(p: str) -> bool:
+        return p == top or p.startswith(top + "/")
+
+    def link(path: str) -> str:
+        try:
+            return os.readlink(path)
+        except OSError:  # closed meanwhile (the listing's own fd), or gone
+            return ""
+
+    out = []
+    for pid in pids if pids is not None else [int(d) for d in os.listdir("/proc") if d.isdigit()]:
+        base = f"/proc/{pid}"
+        try:
+            comm = Path(base, "comm").read_text().strip()
+            links = [(f"fd {fd}", link(f"{base}/fd/{fd}")) for fd in os.listdir(f"{base}/fd")]
+            links += [(w, link(f"{base}/{w}")) for w in ("cwd", "root")]
+            links += [("mmap", line.split(None, 5)[5]) for line in Path(base, "maps").read_text().splitlines()
+                      if len(line.split(None, 5)) == 6]
+        except OSError:  # gone, or a kernel thread
+            continue
+        out += [f"pid {pid} ({comm}) {what}: {target}" for what, target in links if under(target)]
+    return sorted(set(out))
+
+
 def umount(mnt: Path) -> None:
+    """Unmounts; the test's own process must hold nothing in the mount (a test
+    that does is named here, instead of an EBUSY), and a busy mount names who
+    holds it."""
+    mine = holders(mnt, [os.getpid()])
+    assert not mine, f"the test still holds {mnt}: {mine}"
     proc = run(["fusermount3", "-u", mnt])
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0, f"{proc.stderr.strip()}; holders: {holders(mnt) or 'none seen after the fact'}"
 
 
 def fsck_clean(dev: Path | list[Path]) -> None:

@@ -1,5 +1,7 @@
 // tierfs fsck / fsck.tierfs: check (-n, the default) or repair (-y). Exit codes
 // follow fsck(8): 0 clean, 1 errors corrected, 4 errors left, 8 operational error.
+// A mounted set is refused (8); members still locked by a daemon finishing after
+// its unmount are waited for (mount_table.h).
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -7,6 +9,7 @@
 #include "fsck/fsck.h"
 #include "userspace/tools/common.h"
 #include "userspace/tools/members.h"
+#include "userspace/tools/mount_table.h"
 
 namespace tfs::tools {
 
@@ -32,6 +35,11 @@ int CmdFsck(int argc, char** argv) {
   }
   std::vector<FaultSpec> faults;
   if (!ParseFaults("fsck", fault_args, &faults)) return fsck::kExitOperational;
+  // Not while mounted; after an unmount, wait for the daemon to finish writing.
+  MemberLocks locks;
+  if (!locks.Take("fsck", devices, yes ? MemberLocks::Mode::kExclusive : MemberLocks::Mode::kShared)) {
+    return fsck::kExitOperational;
+  }
   Members members;
   if (!members.Open("fsck", devices, /*read_only=*/!yes, faults)) return fsck::kExitOperational;
   std::vector<BlockDevice*> raw = members.Raw();

@@ -2,7 +2,9 @@
 // FUSE. Without -f it returns once the mount is live (or with the reason it is
 // not), leaving a daemon that serves it; -f serves in the foreground. The
 // devices are locked (flock) for the mount's life, so a second mount of them
-// fails instead of corrupting them. Unmounting (umount, fusermount3 -u) or
+// fails instead of corrupting them; the mount's source is the whole member list
+// (A:B, as mount.fuse.tierfs takes it), and a set already mounted is refused
+// with "already mounted on X". Unmounting (umount, fusermount3 -u) or
 // SIGTERM / SIGINT ends the daemon, which then writes everything and marks the
 // filesystem clean.
 #include <CLI/CLI.hpp>
@@ -13,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -21,32 +24,10 @@
 #include "userspace/fuse/fuse_ops.h"
 #include "userspace/tools/common.h"
 #include "userspace/tools/members.h"
+#include "userspace/tools/mount_table.h"
 
 namespace tfs::tools {
 namespace {
-
-// Holds an exclusive flock on every device until destroyed.
-struct DeviceLocks {
-  std::vector<int> fds;
-  ~DeviceLocks() {
-    for (int fd : fds) close(fd);
-  }
-  bool Take(const std::vector<std::string>& paths) {
-    for (const std::string& p : paths) {
-      int fd = open(p.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) {
-        PrintError("mount", p + ": " + strerror(errno));
-        return false;
-      }
-      fds.push_back(fd);
-      if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        PrintError("mount", p + ": in use (another tierfs mount or fsck holds it)");
-        return false;
-      }
-    }
-    return true;
-  }
-};
 
 // Removes tierfs's own `key=value` from the comma-separated option lists and
 // returns the value ("" if absent); the rest go to libfuse.
@@ -79,8 +60,9 @@ std::string TakeOption(std::vector<std::string>* options, const std::string& key
 int Serve(const std::vector<std::string>& devices, const std::vector<FaultSpec>& faults,
           const std::string& mountpoint, const std::vector<std::string>& options, const std::string& log,
           int ready_fd) {
-  DeviceLocks locks;
-  if (!locks.Take(devices)) return 1;
+  MemberLocks locks;  // refuses a mounted set, waits for a daemon that is finishing
+  if (!locks.Take("mount", devices, MemberLocks::Mode::kExclusive)) return 1;
+  const std::string source = MountSource(devices);  // before the daemon leaves the working directory
   int log_fd = -1;
   if (!log.empty()) {
     log_fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
@@ -114,7 +96,7 @@ int Serve(const std::vector<std::string>& devices, const std::vector<FaultSpec>&
   ctx.engine = &engine;
   ctx.fs = &fs;
   ctx.members = &controls;
-  std::vector<std::string> argv_s = {"tierfs", "-o", "default_permissions,subtype=tierfs,fsname=" + devices[0]};
+  std::vector<std::string> argv_s = {"tierfs", "-o", "default_permissions,subtype=tierfs,fsname=" + FsnameOption(source)};
   for (const std::string& o : options) {
     argv_s.push_back("-o");
     argv_s.push_back(o);
@@ -147,7 +129,7 @@ int Serve(const std::vector<std::string>& devices, const std::vector<FaultSpec>&
       }
       (void)!chdir("/");
     }
-    platform::Log(platform::LogLevel::kInfo, "%s mounted on %s", devices[0].c_str(), mountpoint.c_str());
+    platform::Log(platform::LogLevel::kInfo, "%s mounted on %s", source.c_str(), mountpoint.c_str());
     fuse_loop_config* cfg = fuse_loop_cfg_create();
     // Reads and O_DIRECT writes are synchronous in a worker: the threads are
     // the I/O depth the kernel's requests get (fio's randrw keeps 128 queued).
@@ -163,13 +145,21 @@ int Serve(const std::vector<std::string>& devices, const std::vector<FaultSpec>&
   }
   if (se != nullptr) fuse_session_destroy(se);
   fuse_opt_free_args(&args);
+  // The members stay locked until Serve returns: an opener waits for that
+  // (mount_table.h), so the log says where the time after the unmount went.
+  const auto ended = std::chrono::steady_clock::now();
   st = fs.Unmount();
+  const auto written = std::chrono::steady_clock::now();
   Status cst = engine.Close();
+  const auto closed = std::chrono::steady_clock::now();
   if (!st.ok() || !cst.ok()) {
     PrintError("mount", std::string("unmount: ") + (!st.ok() ? st.Message() : cst.Message()));
     rc = 1;
   } else {
-    platform::Log(platform::LogLevel::kInfo, "%s unmounted, clean", mountpoint.c_str());
+    using Ms = std::chrono::milliseconds;
+    platform::Log(platform::LogLevel::kInfo, "%s unmounted, clean (write-out %lld ms, engine close %lld ms)",
+                  mountpoint.c_str(), (long long)std::chrono::duration_cast<Ms>(written - ended).count(),
+                  (long long)std::chrono::duration_cast<Ms>(closed - written).count());
   }
   if (log_fd >= 0) close(log_fd);
   return rc;

@@ -1,0 +1,190 @@
+// Mount sources, /proc/self/mountinfo lookups and member locks for the tierfs
+// command line (see mount_table.h for why an opener waits).
+#include "userspace/tools/mount_table.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "userspace/tools/common.h"
+
+namespace tfs::tools {
+namespace {
+
+// What makes two paths the same member: the device number of a block device,
+// else the file's device and inode.
+struct Identity {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  bool operator==(const Identity& o) const { return dev == o.dev && ino == o.ino; }
+};
+
+std::optional<Identity> IdentityOf(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return std::nullopt;
+  if (S_ISBLK(st.st_mode)) return Identity{st.st_rdev, 0};
+  return Identity{st.st_dev, st.st_ino};
+}
+
+// mountinfo escapes space, tab, newline and backslash as \ooo.
+std::string Unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); i++) {
+    if (s[i] == '\\' && i + 3 < s.size() && s[i + 1] >= '0' && s[i + 1] <= '3') {
+      out += char((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 + (s[i + 3] - '0'));
+      i += 3;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> SplitColons(const std::string& spec) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= spec.size()) {
+    size_t colon = spec.find(':', at);
+    if (colon == std::string::npos) colon = spec.size();
+    if (colon > at) out.push_back(spec.substr(at, colon - at));
+    at = colon + 1;
+  }
+  return out;
+}
+
+std::string Joined(const std::vector<std::string>& paths) {
+  std::string s;
+  for (const std::string& p : paths) s += (s.empty() ? "" : " ") + p;
+  return s;
+}
+
+}  // namespace
+
+std::string MountSource(const std::vector<std::string>& devices) {
+  std::string cwd;
+  if (char* c = getcwd(nullptr, 0)) {
+    cwd = c;
+    free(c);
+  }
+  std::string source;
+  for (const std::string& d : devices) {
+    if (!source.empty()) source += ':';
+    source += (d.empty() || d[0] == '/' || cwd.empty()) ? d : cwd + "/" + d;
+  }
+  return source;
+}
+
+std::string FsnameOption(const std::string& source) {
+  std::string out;
+  for (char c : source) {
+    if (c == ',' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+std::optional<MountedSet> FindMount(const std::vector<std::string>& devices) {
+  std::vector<Identity> ours;
+  for (const std::string& d : devices) {
+    if (auto id = IdentityOf(d)) ours.push_back(*id);
+  }
+  std::ifstream in("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPEROPTIONS
+    std::istringstream fields(line);
+    std::vector<std::string> f;
+    std::string w;
+    while (fields >> w) f.push_back(w);
+    size_t dash = 6;
+    while (dash < f.size() && f[dash] != "-") dash++;
+    if (f.size() < 5 || dash + 2 >= f.size() || f[dash + 1] != "fuse.tierfs") continue;
+    MountedSet m{Unescape(f[dash + 2]), Unescape(f[4])};
+    for (const std::string& member : SplitColons(m.source)) {
+      auto id = IdentityOf(member);
+      if (!id) continue;
+      for (const Identity& o : ours) {
+        if (*id == o) return m;
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+MemberLocks::~MemberLocks() {
+  for (int fd : fds_) close(fd);
+}
+
+bool MemberLocks::Take(const std::string& cmd, const std::vector<std::string>& devices, Mode mode) {
+  auto mounted = [&]() {
+    std::optional<MountedSet> m = FindMount(devices);
+    if (m) PrintError(cmd, Joined(devices) + ": already mounted on " + m->mountpoint);
+    return m.has_value();
+  };
+  if (mounted()) return false;
+  // One device named twice would wait for its own lock.
+  for (size_t i = 0; i < devices.size(); i++) {
+    for (size_t j = 0; j < i; j++) {
+      auto a = IdentityOf(devices[j]), b = IdentityOf(devices[i]);
+      if (a && b && *a == *b) {
+        PrintError(cmd, devices[j] + " and " + devices[i] + ": the same device, named twice");
+        return false;
+      }
+    }
+  }
+  int wait_s = kLockWaitSeconds;
+  if (const char* env = getenv("TIERFS_LOCK_WAIT")) {
+    char* end = nullptr;
+    long v = strtol(env, &end, 10);
+    if (*env == '\0' || *end != '\0' || v < 0 || v > 86400) {
+      PrintError(cmd, std::string("TIERFS_LOCK_WAIT=") + env + ": want a number of seconds (0..86400)");
+      return false;
+    }
+    wait_s = int(v);
+  }
+  const int op = (mode == Mode::kShared ? LOCK_SH : LOCK_EX) | LOCK_NB;
+  const auto start = std::chrono::steady_clock::now();
+  bool said_waiting = false;
+  for (const std::string& p : devices) {
+    int fd = open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      PrintError(cmd, p + ": " + strerror(errno));
+      return false;
+    }
+    fds_.push_back(fd);
+    // Not mounted, yet locked: a daemon finishing after its unmount, an fsck,
+    // or a mount still opening the set. Wait for it, looking for a mount.
+    while (flock(fd, op) != 0) {
+      if (errno != EWOULDBLOCK && errno != EINTR) {
+        PrintError(cmd, p + ": flock: " + strerror(errno));
+        return false;
+      }
+      if (mounted()) return false;
+      const auto waited = std::chrono::steady_clock::now() - start;
+      if (waited >= std::chrono::seconds(wait_s)) {
+        PrintError(cmd, p + ": in use (another tierfs mount or fsck has held it for " + std::to_string(wait_s) +
+                            " s)");
+        return false;
+      }
+      if (!said_waiting && waited >= std::chrono::seconds(1)) {
+        fprintf(stderr, "tierfs %s: %s: waiting for the tierfs process holding it (a daemon finishing "
+                        "after its unmount, or an fsck) to let go\n", cmd.c_str(), p.c_str());
+        said_waiting = true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  return true;
+}
+
+}  // namespace tfs::tools
