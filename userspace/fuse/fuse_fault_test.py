@@ -8,12 +8,13 @@ with tierfs's own."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -94,17 +95,35 @@ def stats(mnt: Path) -> dict[str, Any]:
     return {d["label"]: d for d in json.loads(proc.stdout)["devices"]}
 
 
-@needs_fuse
-def test_mounted_fault_devices_through_ctl(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def fault_mount(tmp_path: Path, *fault_args: str) -> Iterator[tuple[list[Path], Path]]:
+    """A foreground `tierfs mount -f` of fresh images with FAULT_ARGS; on the way
+    out it unmounts, waits for the daemon (exit 0) and requires fsck clean."""
     devs = images(tmp_path)
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    daemon = subprocess.Popen([str(tool("tierfs")), "mount", "-f", *map(str, devs), str(mnt),
-                               "--fault", "hdd.b=hdd-fixed-10ms", "--fault-set", "hdd.b:delay.all_ms=2"],
+    daemon = subprocess.Popen([str(tool("tierfs")), "mount", "-f", *map(str, devs), str(mnt), *fault_args],
                               stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: os.path.ismount(mnt) or daemon.poll() is not None, "the mount")
         assert os.path.ismount(mnt), daemon.stderr.read() if daemon.stderr else ""
+        yield devs, mnt
+    finally:
+        if os.path.ismount(mnt):
+            umount(mnt)
+        try:
+            rc = daemon.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            rc = daemon.wait()
+    assert rc == 0, daemon.stderr.read() if daemon.stderr else ""
+    fsck_clean(devs)
+
+
+@needs_fuse
+def test_mounted_fault_devices_through_ctl(tmp_path: Path) -> None:
+    with fault_mount(tmp_path, "--fault", "hdd.b=hdd-fixed-10ms",
+                     "--fault-set", "hdd.b:delay.all_ms=2") as (devs, mnt):
         s = stats(mnt)
         assert s["ssd.a"]["fault"] is None and s["ssd.a"]["path"] == str(devs[0])
         f = s["hdd.b"]["fault"]
@@ -163,16 +182,6 @@ def test_mounted_fault_devices_through_ctl(tmp_path: Path) -> None:
         assert ctl(mnt, "fault", "hdd.b", "poweron").returncode == 0
         assert stats(mnt)["hdd.b"]["fault"]["powered"] is True
         assert (mnt / "fast").stat().st_size == 1 << 20
-    finally:
-        if os.path.ismount(mnt):
-            umount(mnt)
-        try:
-            rc = daemon.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            rc = daemon.wait()
-    assert rc == 0, daemon.stderr.read() if daemon.stderr else ""
-    fsck_clean(devs)
 
 
 def test_ctl_fault_on_something_else(tmp_path: Path) -> None:
@@ -184,14 +193,7 @@ def test_probe_counts_the_errors_of_a_failing_member(tmp_path: Path) -> None:
     """tierprobe --keep-going over a member whose reads fail: every read is
     counted as an error (EIO from the fault device, through tierfs and FUSE), the
     other ops go on, and the run still writes its document."""
-    devs = images(tmp_path)
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    daemon = subprocess.Popen([str(tool("tierfs")), "mount", "-f", *map(str, devs), str(mnt),
-                               "--fault", "ssd.a=passthrough"], stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: os.path.ismount(mnt) or daemon.poll() is not None, "the mount")
-        assert os.path.ismount(mnt), daemon.stderr.read() if daemon.stderr else ""
+    with fault_mount(tmp_path, "--fault", "ssd.a=passthrough") as (_devs, mnt):
         assert ctl(mnt, "fault", "ssd.a", "error", "read", "0+128MiB").returncode == 0
         out = tmp_path / "probe.json"
         proc = run([tool("tierprobe"), "--dir", mnt, "--rate", "100", "--duration", "1s", "--json", out,
@@ -206,13 +208,3 @@ def test_probe_counts_the_errors_of_a_failing_member(tmp_path: Path) -> None:
         assert ops["read"]["latency"]["count"] == 0
         assert stats(mnt)["ssd.a"]["fault"]["injected"]["eio"] >= c["errors_read"]
         assert ctl(mnt, "fault", "ssd.a", "clear").returncode == 0
-    finally:
-        if os.path.ismount(mnt):
-            umount(mnt)
-        try:
-            rc = daemon.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            rc = daemon.wait()
-    assert rc == 0, daemon.stderr.read() if daemon.stderr else ""
-    fsck_clean(devs)
