@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import select
 import subprocess
 from pathlib import Path
 
@@ -125,6 +126,8 @@ def test_a_mounted_set_is_refused_as_already_mounted(tmp_path: Path) -> None:
             assert not os.path.ismount(mnt2)
         proc = run([tool("tierfs"), "fsck", a, b])
         assert proc.returncode == 8 and f"already mounted on {mnt}" in proc.stderr, proc.stderr
+        proc = run([tool("tierfs"), "format", "--force", a, b])
+        assert proc.returncode == 1 and f"already mounted on {mnt}" in proc.stderr, proc.stderr
         # mount -a itself sees the fstab line mounted (it compares the source)
         # and runs no helper.
         fstab = tmp_path / "fstab"
@@ -152,7 +155,10 @@ def test_an_opener_waits_for_a_holder_without_a_mount(opener: str, tmp_path: Pat
     proc = subprocess.Popen([str(x) for x in args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None
-        line = proc.stderr.readline()  # blocks until the opener says it waits
+        # The opener says it waits (bounded: a silent hang fails, never hangs the test).
+        ready, _, _ = select.select([proc.stderr], [], [], 120)
+        assert ready, "the opener said nothing within 120 s"
+        line = proc.stderr.readline()
         assert "waiting for the tierfs process holding it" in line, line
         assert proc.poll() is None and not os.path.ismount(mnt)
     finally:
@@ -205,3 +211,25 @@ def test_a_device_named_twice_is_refused_at_once(tmp_path: Path) -> None:
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode in (1, 8) and len(lines) == 1 and "the same device, named twice" in lines[0], lines
     assert not os.path.ismount(mnt)
+
+
+def test_a_member_path_with_colons_is_found_mounted(tmp_path: Path) -> None:
+    """/dev/disk/by-path names hold ':'; the mount source joins members with ':'
+    too. A second mount must still see the set mounted (at once: with no lock
+    wait allowed, a miss would end in "in use" instead)."""
+    d = tmp_path / "pci-0000:00:17.0-ata-1"
+    d.mkdir()
+    dev = image(d / "fs:0.img")
+    mnt, mnt2 = tmp_path / "mnt", tmp_path / "mnt2"
+    mnt.mkdir()
+    mnt2.mkdir()
+    mount(dev, mnt)
+    try:
+        env = dict(os.environ, TIERFS_LOCK_WAIT="0")
+        proc = subprocess.run([str(tool("tierfs")), "mount", str(dev), str(mnt2)], capture_output=True,
+                              text=True, env=env, timeout=60)
+        assert proc.returncode == 1 and f"already mounted on {mnt}" in proc.stderr, proc.stderr
+        assert run(["umount", mnt]).returncode == 0
+    finally:
+        leave_unmounted(mnt, mnt2)
+    fsck_clean(dev)

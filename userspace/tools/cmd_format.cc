@@ -13,6 +13,7 @@
 #include "sb/superblock.h"
 #include "userspace/tools/common.h"
 #include "userspace/tools/members.h"
+#include "userspace/tools/mount_table.h"
 
 namespace tfs::tools {
 namespace {
@@ -127,6 +128,9 @@ int CmdFormat(int argc, char** argv) {
   if (!ParseFaults("format", fault_args, &faults)) return 2;
   std::map<size_t, std::string> names_by_index;
   for (size_t i = 0; i < devices.size(); i++) names_by_index[i] = labels.count(i) ? labels[i] : "dev" + std::to_string(i);
+  // Never over a mounted set, nor under a daemon still writing after its unmount.
+  MemberLocks locks;
+  if (!locks.Take("format", devices, MemberLocks::Mode::kExclusive)) return 1;
   Members devs;
   if (!devs.Open("format", devices, false, faults, names_by_index)) return 1;
   if (!force) {

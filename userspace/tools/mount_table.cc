@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -27,6 +28,7 @@ struct Identity {
   dev_t dev = 0;
   ino_t ino = 0;
   bool operator==(const Identity& o) const { return dev == o.dev && ino == o.ino; }
+  bool operator<(const Identity& o) const { return dev != o.dev ? dev < o.dev : ino < o.ino; }
 };
 
 std::optional<Identity> IdentityOf(const std::string& path) {
@@ -50,14 +52,39 @@ std::string Unescape(const std::string& s) {
   return out;
 }
 
-std::vector<std::string> SplitColons(const std::string& spec) {
-  std::vector<std::string> out;
+// A mount source's members. A member path may itself hold ':' (every
+// /dev/disk/by-path name does): pieces are joined back while the joined path
+// does not exist and a longer one might.
+std::vector<std::string> SplitMembers(const std::string& spec) {
+  std::vector<std::string> pieces, out;
   size_t at = 0;
   while (at <= spec.size()) {
     size_t colon = spec.find(':', at);
     if (colon == std::string::npos) colon = spec.size();
-    if (colon > at) out.push_back(spec.substr(at, colon - at));
+    pieces.push_back(spec.substr(at, colon - at));
     at = colon + 1;
+  }
+  for (size_t i = 0; i < pieces.size(); i++) {
+    std::string cur = pieces[i];
+    size_t j = i;
+    struct stat st;
+    while (stat(cur.c_str(), &st) != 0 && j + 1 < pieces.size()) {
+      std::string longer = cur;
+      size_t k = j;
+      bool found = false;
+      while (k + 1 < pieces.size()) {  // the shortest longer name that exists
+        longer += ":" + pieces[++k];
+        if (stat(longer.c_str(), &st) == 0) {
+          found = true;
+          break;
+        }
+      }
+      if (!found) break;
+      cur = longer;
+      j = k;
+    }
+    if (!cur.empty()) out.push_back(cur);
+    i = j;
   }
   return out;
 }
@@ -110,7 +137,7 @@ std::optional<MountedSet> FindMount(const std::vector<std::string>& devices) {
     while (dash < f.size() && f[dash] != "-") dash++;
     if (f.size() < 5 || dash + 2 >= f.size() || f[dash + 1] != "fuse.tierfs") continue;
     MountedSet m{Unescape(f[dash + 2]), Unescape(f[4])};
-    for (const std::string& member : SplitColons(m.source)) {
+    for (const std::string& member : SplitMembers(m.source)) {
       auto id = IdentityOf(member);
       if (!id) continue;
       for (const Identity& o : ours) {
@@ -155,7 +182,15 @@ bool MemberLocks::Take(const std::string& cmd, const std::vector<std::string>& d
   const int op = (mode == Mode::kShared ? LOCK_SH : LOCK_EX) | LOCK_NB;
   const auto start = std::chrono::steady_clock::now();
   bool said_waiting = false;
-  for (const std::string& p : devices) {
+  // One order for every opener (by identity, not as named), so two openers of
+  // one set named in different orders never hold one lock each while waiting
+  // for the other's.
+  std::vector<std::pair<Identity, std::string>> order;
+  for (const std::string& p : devices) order.push_back({IdentityOf(p).value_or(Identity{}), p});
+  std::stable_sort(order.begin(), order.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& entry : order) {
+    const std::string& p = entry.second;
     int fd = open(p.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
       PrintError(cmd, p + ": " + strerror(errno));
