@@ -128,11 +128,12 @@ int CmdFormat(int argc, char** argv) {
   if (!ParseFaults("format", fault_args, &faults)) return 2;
   std::map<size_t, std::string> names_by_index;
   for (size_t i = 0; i < devices.size(); i++) names_by_index[i] = labels.count(i) ? labels[i] : "dev" + std::to_string(i);
-  // Never over a mounted set, nor under a daemon still writing after its unmount.
-  MemberLocks locks;
-  if (!locks.Take("format", devices, MemberLocks::Mode::kExclusive)) return 1;
   Members devs;
   if (!devs.Open("format", devices, false, faults, names_by_index)) return 1;
+  // Never over a mounted set, nor under a daemon still writing after its
+  // unmount (after Open: a missing device gets Open's plainer message).
+  MemberLocks locks;
+  if (!locks.Take("format", devices, MemberLocks::Mode::kExclusive)) return 1;
   if (!force) {
     for (BlockDevice* d : devs.Raw()) {
       sb::Superblock s;
