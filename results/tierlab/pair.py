@@ -432,17 +432,7 @@ class Run:
             self.phase("measure", ph["measure_s"])
             for ev in prof.events:
                 self.sleep_until(measure_at + ev.at_s)
-                at = time.time()
-                proc = self.tierfs(["ctl", mnt, "fault", ev.member, *ev.command.split()],
-                                   CTL_TIMEOUT, f"fault {ev.member} {ev.command}")
-                reply = first_line(proc.stdout + proc.stderr)
-                self.info["events"].append({
-                    "at_s": ev.at_s, "unix": at, "probe_t": at - t0, "member": ev.member,
-                    "command": ev.command, "duration_s": ev.duration_s, "rc": proc.returncode,
-                    "reply": reply})
-                if proc.returncode != 0:  # the run would measure a fault that never happened
-                    raise RunFailed(f"fault {ev.member} {ev.command}: exited {proc.returncode}: "
-                                    f"{reply}")
+                self._fire(ev, t0)
             self.sleep_until(end_at)
             self.phase("drain")
             self._wait(probe, end_at + PROBE_SLACK_S, "tierprobe")
@@ -462,6 +452,20 @@ class Run:
                     self.lab.children.done(p)
         self.end_doc = self.snapshot("end")
         self._probe_document()
+
+    def _fire(self, ev: profile_mod.Event, t0: float) -> None:
+        """One fault event, recorded; a command that fails fails the run (the
+        run would otherwise measure a fault that never happened)."""
+        at = time.time()
+        proc = self.tierfs(["ctl", self.slot.mnt, "fault", ev.member, *ev.command.split()],
+                           CTL_TIMEOUT, f"fault {ev.member} {ev.command}")
+        reply = first_line(proc.stdout + proc.stderr)
+        self.info["events"].append({
+            "at_s": ev.at_s, "unix": at, "probe_t": at - t0, "member": ev.member,
+            "command": ev.command, "duration_s": ev.duration_s, "rc": proc.returncode,
+            "reply": reply})
+        if proc.returncode != 0:
+            raise RunFailed(f"fault {ev.member} {ev.command}: exited {proc.returncode}: {reply}")
 
     def _wait(self, p: subprocess.Popen[Any], deadline_unix: float, what: str) -> None:
         while p.poll() is None:

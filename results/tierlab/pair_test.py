@@ -194,3 +194,52 @@ def test_a_hung_child_is_killed_and_reported() -> None:
     assert p.poll() is not None and ch.stopping.is_set()
     with pytest.raises(pair.RunFailed, match="stopping"):
         ch.popen(["true"])
+
+
+def test_kill_all_racing_popen_leaves_nothing_running() -> None:
+    """Ctrl-C while run threads start children: every child is either refused
+    ("stopping") or killed by kill_all, never started unseen."""
+    import threading
+
+    ch = pair.Children()
+    started: list[subprocess.Popen] = []
+    lock = threading.Lock()
+
+    def starter() -> None:
+        for _ in range(200):
+            try:
+                p = ch.popen(["sleep", "60"])
+            except pair.RunFailed:
+                return
+            with lock:
+                started.append(p)
+
+    threads = [threading.Thread(target=starter) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.05)
+    ch.kill_all()
+    for t in threads:
+        t.join(timeout=30)
+    assert started and all(p.poll() is not None for p in started)
+
+
+def test_a_failed_fault_event_fails_the_run(tmp_path: Path) -> None:
+    from tierlab import profile as profile_mod
+
+    r = pair.Run.__new__(pair.Run)
+    r.lab = types.SimpleNamespace(children=pair.Children())
+    r.slot = pair.Slot(0, tmp_path)
+    r.info = {"events": []}
+    replies = iter([(0, "stalled\n"), (1, "fault: no such member hdd.b\n")])
+
+    def fake_tierfs(args, timeout, what):  # type: ignore[no-untyped-def]
+        rc, out = next(replies)
+        return subprocess.CompletedProcess(args, rc, out, "")
+    r.tierfs = fake_tierfs  # type: ignore[method-assign]
+    ev = profile_mod.Event(1.0, "hdd.b", "stall 2s")
+    r._fire(ev, time.time())
+    assert r.info["events"][-1]["rc"] == 0
+    with pytest.raises(pair.RunFailed, match="fault hdd.b stall 2s: exited 1: fault: no such"):
+        r._fire(ev, time.time())
+    assert r.info["events"][-1]["rc"] == 1  # still recorded
