@@ -4,8 +4,9 @@
     tierlab report DIR [-o OUT] [--set ...]         # DIR/report/ by default; same exit
 
 Arm A is the reference (control, or the baseline build), arm B the one judged
-(active, or the candidate); ratios are B/A. The gate decides only on the
-profile's pre-declared primary criteria, each computed per pair or per run:
+(active, or the candidate); ratios are B/A. The gate decides only on this fixed
+set of criteria (every profile the same; a profile sets only the bounds), each
+computed per pair or per run:
 
 - runs completed: every run of every pair finished (a hung or failed run fails);
 - p99 ratio: geometric mean over pairs of p99(B)/p99(A) of the gate op, with a
@@ -19,8 +20,15 @@ profile's pre-declared primary criteria, each computed per pair or per run:
   slow members saw I/O only from allowlisted origins, in every run of B; the
   table lists every other origin with ops and bytes, for both arms;
 - fsck clean on every run of both arms;
-- quiescence: every run of B reached a quiet window within quiesce_max_s;
+- quiescence: every run of B reached a quiet window within quiesce_max_s (arm
+  A's shown, not gated);
+- foreground errors: no probe operation failed in any run of B (arm A's shown,
+  not gated);
 - rate kept: no probe of either arm fell behind its schedule.
+
+`--set` here takes only gate.* keys (what ran cannot change afterwards); the
+overrides are recorded (`overrides`) and printed as "bounds overridden after
+the run: ...".
 
 Everything else in the report (the per-op latency table, slot bias, the fault
 windows) is for reading, not deciding; the per-op table carries a
@@ -83,6 +91,7 @@ class LabDir:
     b_name: str
     a: list[LabRun]
     b: list[LabRun]
+    overrides: list[str] = field(default_factory=list)   # gate.* --set after the run
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -100,6 +109,9 @@ def load(d: Path, sets: list[str]) -> LabDir:
     meta = _json(d / "lab.json")
     if meta.get("format") != "tierlab-pair":
         raise LabError(f"{d}/lab.json: not a tierlab pair document")
+    for s_ in sets:  # what ran is fixed; only the gate's bounds may move afterwards
+        if not s_.partition("=")[0].strip().startswith("gate."):
+            raise LabError(f"--set {s_}: after the run only gate.* bounds can be changed")
     prof_file = d / "profile.toml"
     # The copy in DIR is what ran; its relative fault paths name workloads/profiles/.
     prof = profile_mod.load(str(prof_file), list(meta.get("sets", [])) + sets)
@@ -125,7 +137,7 @@ def load(d: Path, sets: list[str]) -> LabDir:
         runs[info["arm"]].append(r)
     if not runs[a_name] and not runs[b_name]:
         raise LabError(f"{d}: no runs (runs/*/run.json)")
-    return LabDir(d, meta, prof, a_name, b_name, runs[a_name], runs[b_name])
+    return LabDir(d, meta, prof, a_name, b_name, runs[a_name], runs[b_name], list(sets))
 
 
 # ------------------------------------------------------------------ counters
@@ -313,13 +325,18 @@ def evaluate(ld: LabDir) -> dict[str, Any]:
 
     # A foreground op that failed (tierprobe --keep-going counts them) is never
     # noise: on healthy fast-tier data, EUCLEAN or EIO is a broken promise.
-    erred = [(r, int(r.probe.meas["counters"].get("errors", 0))) for r in every if r.ok]
-    erred = [(r, n) for r, n in erred if n > 0]
-    add("foreground errors", not erred,
-        "no probe operation failed" if not erred else
-        f"{len(erred)} run(s) had failed probe operations: " + ", ".join(
-            f"{r.name} {n} ({', '.join(k[7:] + ' ' + str(int(v)) for k, v in r.probe.meas['counters'].items() if k.startswith('errors_') and v)})"
-            for r, n in erred))
+    # Gated on arm B like max latency; arm A is shown beside it.
+    for arm, runs, gating in ((ld.b_name, ld.b, True), (ld.a_name, ld.a, False)):
+        ok = [r for r in runs if r.ok]
+        erred = [(r, int(r.probe.meas["counters"].get("errors", 0))) for r in ok]
+        erred = [(r, n) for r, n in erred if n > 0]
+        text = (f"no completed run of {arm}" if not ok else
+                f"no probe operation failed in {len(ok)} runs" if not erred else
+                f"{len(erred)} of {len(ok)} runs had failed probe operations: " + ", ".join(
+                    f"{r.name} {n} ({', '.join(k[7:] + ' ' + str(int(v)) for k, v in r.probe.meas['counters'].items() if k.startswith('errors_') and v)})"
+                    for r, n in erred))
+        add(f"foreground errors ({arm})", bool(ok) and not erred,
+            text + ("" if gating else " (reference arm: shown, not gated)"), gating)
 
     behind = [r for r in every if r.ok and r.probe.fell_behind]
     add("rate kept", not behind,
@@ -334,7 +351,12 @@ def evaluate(ld: LabDir) -> dict[str, Any]:
                  "pairs_needed": pairs_needed(sigma, g["p99_ratio_max"]),
                  "bound": g["p99_ratio_max"]}
     return {"criteria": crit, "passed": all(c["passed"] for c in gating), "noise": noise,
-            "a": ld.a_name, "b": ld.b_name, "op": op}
+            "a": ld.a_name, "b": ld.b_name, "op": op, "overrides": list(ld.overrides)}
+
+
+def overrides_line(res: dict[str, Any]) -> str | None:
+    ov = res.get("overrides") or []
+    return f"bounds overridden after the run: {', '.join(ov)}" if ov else None
 
 
 def noise_line(noise: dict[str, Any] | None) -> str:
@@ -346,6 +368,8 @@ def noise_line(noise: dict[str, Any] | None) -> str:
 
 
 def print_gate(res: dict[str, Any]) -> None:
+    if overrides_line(res):
+        print(f"  {overrides_line(res)}")
     for c in res["criteria"]:
         mark = "PASS" if c["passed"] else "FAIL"
         print(f"  {mark if c['gating'] else mark.lower() + ' (info)'} {c['criterion']}: {c['text']}")
@@ -445,12 +469,14 @@ def build_report(ld: LabDir, res: dict[str, Any]) -> tuple[Doc, dict[str, Any]]:
             f"(\"{pause[0]['reply']}\"): the control arm ran the profile's background workload "
             "unpaused, so active and control are the same configuration (an A/A comparison).")
     d.h(f"Gate: {'PASS' if res['passed'] else 'FAIL'}")
+    if overrides_line(res):
+        d.p(f"**{overrides_line(res)}** (the profile that ran had other bounds).")
     d.ul([f"{'PASS' if c['passed'] else 'FAIL'}{'' if c['gating'] else ' (not gated)'} "
           f"{c['criterion']}: {c['text']}" for c in res["criteria"]])
     d.p(noise_line(res["noise"]) + ".")
 
     pairs = _paired(ld)
-    summary: dict[str, Any] = {"gate": res, "pairs": []}
+    summary: dict[str, Any] = {"gate": res, "overrides": res.get("overrides", []), "pairs": []}
     if pairs:
         d.h(f"Per pair: {op} p99")
         d.p("Each arm's p99 with a 95% interval from resampling its own operations (sampling "
@@ -559,8 +585,9 @@ def build_report(ld: LabDir, res: dict[str, Any]) -> tuple[Doc, dict[str, Any]]:
              "fell behind", "error"], rows)
 
     # the full latency table (report.py), multiple-comparison corrected
-    ra = [r.probe for r in ld.a if r.ok]
-    rb = [r.probe for r in ld.b if r.ok]
+    # only complete pairs, as the gate's ratios: an unpaired run would tilt one arm
+    ra = [a.probe for a, _ in pairs]
+    rb = [b.probe for _, b in pairs]
     if ra and rb:
         cmp = report_mod.compare(ra, rb, gate_mod.Gate(op=op))
         summary["latency"] = cmp

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tierlab import labgate
 from tierlab.testing import assert_one_line_error, run, synthetic_pair_dir, tool
 
@@ -76,7 +78,7 @@ def test_each_planted_failure_fails_its_criterion(tmp_path: Path) -> None:
         "quiescence (active)": dict(quiescence=None),
         "background work": dict(background_bytes=1 << 20),
         "edge inventory": dict(hdd_during={"superblock": {"write": (2, 8192)}}),
-        "foreground errors": dict(errors_run="p03-control"),
+        "foreground errors (active)": dict(errors_run="p03-active"),
     }
     for name, kw in cases.items():
         kw.setdefault("hdd_during", ALLOWED_ONLY)
@@ -84,11 +86,56 @@ def test_each_planted_failure_fails_its_criterion(tmp_path: Path) -> None:
         failed = [c["criterion"] for c in res["criteria"] if not c["passed"] and c["gating"]]
         assert name in failed, (name, failed)
         assert not res["passed"]
-        if name == "foreground errors":
-            assert "p03-control 3 (read 3)" in crit(res, name)["text"]
+        if name == "foreground errors (active)":
+            assert "p03-active 3 (read 3)" in crit(res, name)["text"]
         if name == "runs completed":
             assert "hung" in crit(res, name)["text"]
             assert crit(res, "p99 ratio")["passed"]  # the other 3 pairs still compare
+
+
+def test_foreground_errors_gate_arm_b_and_show_arm_a(tmp_path: Path) -> None:
+    res = evaluate(synthetic_pair_dir(tmp_path / "d", hdd_during=ALLOWED_ONLY,
+                                      errors_run="p03-control"))
+    a, b = crit(res, "foreground errors (control)"), crit(res, "foreground errors (active)")
+    assert b["passed"] and b["gating"]
+    assert not a["passed"] and not a["gating"]
+    assert "p03-control 3 (read 3)" in a["text"] and "(reference arm: shown, not gated)" in a["text"]
+    assert res["passed"]
+
+
+def test_latency_table_gets_only_complete_pairs(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    d = synthetic_pair_dir(tmp_path / "d", hdd_during=ALLOWED_ONLY, fail_run="p02-active")
+    seen: list[tuple[list[int], list[int]]] = []
+    real = labgate.report_mod.compare
+
+    def spy(ra, rb, g):  # type: ignore[no-untyped-def]
+        seen.append(([r.manifest["pair"] for r in ra], [r.manifest["pair"] for r in rb]))
+        return real(ra, rb, g)
+    monkeypatch.setattr(labgate.report_mod, "compare", spy)
+    labgate.report_dir(d, tmp_path / "out", [])
+    assert seen == [([0, 1, 3], [0, 1, 3])]
+
+
+def test_set_after_the_run_is_gate_only_and_visible(tmp_path: Path) -> None:
+    d = synthetic_pair_dir(tmp_path / "d", b_scale=1.15, hdd_during=ALLOWED_ONLY)
+    t = tool("tierlab")
+    for bad in ("probe.rate=3", "phases.measure_s=5", "quiesce.window_s=2"):
+        for cmd in ("gate", "report"):
+            assert_one_line_error(run([t, cmd, d, "--set", bad]), 2,
+                                  "only gate.* bounds can be changed")
+    assert evaluate(d)["overrides"] == []
+    proc = run([t, "gate", d, "--set", "gate.p99_ratio_max=1.5", "--json", tmp_path / "g.json"])
+    assert "bounds overridden after the run: gate.p99_ratio_max=1.5" in proc.stdout
+    assert json.loads((tmp_path / "g.json").read_text())["overrides"] == ["gate.p99_ratio_max=1.5"]
+    out = tmp_path / "out"
+    assert labgate.report_dir(d, out, ["gate.p99_ratio_max=1.5"]) == 0
+    assert "bounds overridden after the run: gate.p99_ratio_max=1.5" in (out / "report.md").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["overrides"] == ["gate.p99_ratio_max=1.5"]
+    assert summary["gate"]["overrides"] == ["gate.p99_ratio_max=1.5"]
+    labgate.report_dir(d, tmp_path / "plain", [])
+    assert "overridden" not in (tmp_path / "plain" / "report.md").read_text()
 
 
 def test_bounds_come_from_the_profile_and_set_overrides(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -40,12 +41,18 @@ CTL_TIMEOUT = 20.0
 FORMAT_TIMEOUT = 120.0
 MOUNT_TIMEOUT = 30.0
 UMOUNT_TIMEOUT = 120.0
+# TIERFS_LOCK_WAIT for the mount child: below MOUNT_TIMEOUT, so a mount that
+# waits for the lock fails with its own message before we give up on it.
+LOCK_WAIT_S = int(MOUNT_TIMEOUT) - 10
 FSCK_TIMEOUT = 300.0
 READY_TIMEOUT = 120.0
 # Past its schedule the probe still works off what a stall delayed; after this
 # much more it is hung.
 PROBE_SLACK_S = 120.0
 BG_SLACK_S = 60.0
+TEARDOWN_REAP_S = 10.0    # teardown: how long the daemon gets to exit before SIGKILL
+WATCHDOG_GRACE_S = 60.0   # after the watchdog's kill, before the lab gives up
+CLEANUP_JOIN_S = 30.0     # Ctrl-C: how long the run threads get to tear down
 
 
 def register(sub: Any) -> None:
@@ -99,10 +106,12 @@ class Children:
         self.stopping = threading.Event()
 
     def popen(self, cmd: list[str], **kw: Any) -> subprocess.Popen[Any]:
-        if self.stopping.is_set():
-            raise RunFailed("stopping")
-        p = subprocess.Popen(cmd, start_new_session=True, **kw)
+        # Check, start and register under the lock: kill_all sets `stopping`
+        # under it too, so a child is either refused or seen by kill_all.
         with self.lock:
+            if self.stopping.is_set():
+                raise RunFailed("stopping")
+            p = subprocess.Popen(cmd, start_new_session=True, **kw)
             self.procs.add(p)
         return p
 
@@ -116,34 +125,57 @@ class Children:
             out, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             kill(p)
-            out, err = p.communicate()
+            try:
+                out, err = p.communicate(timeout=10)
+            except subprocess.TimeoutExpired:  # a grandchild holds the pipes
+                pass
             raise RunFailed(f"{what}: no answer within {timeout:g} s (killed)") from None
         finally:
             self.done(p)
         return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
     def kill_all(self) -> None:
-        self.stopping.set()
         with self.lock:
+            self.stopping.set()
             procs = list(self.procs)
             mounts = list(self.mounts)
         for m in mounts:
-            subprocess.run(["fusermount3", "-u", "-z", m], capture_output=True, timeout=30)
+            lazy_unmount(m)
+        for p in procs:
+            kill(p)
+
+    def kill_running(self, mounts: list[str]) -> None:
+        """The per-pair watchdog: lazily unmount `mounts` and kill every child
+        running now (only one pair runs at a time), without stopping the lab."""
+        with self.lock:
+            procs = list(self.procs)
+        for m in mounts:
+            lazy_unmount(m)
         for p in procs:
             kill(p)
 
 
 def kill(p: subprocess.Popen[Any]) -> None:
-    """SIGKILL the child's process group (it was started in its own session)."""
-    if p.poll() is None:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+    """SIGKILL the child's process group (it was started in its own session).
+    Always, also when the leader has exited: its group may live on. The group
+    id stays reserved while the unreaped leader is a zombie, and after a reap
+    nothing of ours runs under it any more (ProcessLookupError)."""
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        p.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def lazy_unmount(mnt: str) -> None:
+    """`fusermount3 -u -z`, bounded, never raising (the last resort of teardown)."""
+    try:
+        subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        pass
 
 
 class RunFailed(Exception):
@@ -160,9 +192,22 @@ def first_line(text: str) -> str:
     return lines[0][:300] if lines else "(no output)"
 
 
-def is_mounted(path: str) -> bool:
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == path for line in f)
+def unescape_mountinfo(field_text: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as \\ooo octal."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field_text)
+
+
+def is_mounted(path: str, mountinfo: str = "/proc/self/mountinfo") -> bool:
+    """Whether `path` (resolved, as tierfs mount resolves it) is a mount point.
+    Reads mountinfo rather than stat()ing the path: a hung FUSE daemon would
+    hang a stat."""
+    want = os.path.realpath(path)
+    with open(mountinfo) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) > 4 and unescape_mountinfo(parts[4]) == want:
+                return True
+    return False
 
 
 # ------------------------------------------------------------------ one run
@@ -218,6 +263,7 @@ class Run:
             "events": [], "pause": None, "quiescence_s": None, "quiesce": [],
             "fsck": None, "background": None, "probe": None}
         self.mount_proc: subprocess.Popen[Any] | None = None
+        self.mount_started = False
         self.end_doc: dict[str, Any] = {}
 
     # -- helpers
@@ -289,10 +335,17 @@ class Run:
                self.slot.mnt, "-f", *profile_mod.fault_args(self.prof, self.seed)]
         (self.dir / "mount-command.txt").write_text(" ".join(cmd) + "\n")
         log = open(self.dir / "mount.log", "w")
-        self.mount_proc = self.lab.children.popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        with self.lab.children.lock:
+        # A finishing daemon of the previous pair may still hold the members'
+        # lock: wait for it no longer than we wait for the mount.
+        env = dict(os.environ, TIERFS_LOCK_WAIT=str(LOCK_WAIT_S))
+        with self.lab.children.lock:  # registered before kill_all can miss it
             self.lab.children.mounts.add(self.slot.mnt)
+        self.mount_started = True
+        try:
+            self.mount_proc = self.lab.children.popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                                      env=env)
+        finally:
+            log.close()
         deadline = time.monotonic() + MOUNT_TIMEOUT
         while not is_mounted(self.slot.mnt):
             if self.mount_proc.poll() is not None:
@@ -355,7 +408,12 @@ class Run:
             b = prof.background
             if b["workload"] == "bg-writer":
                 self.sleep_until(t0 + b["start_s"])
-                (Path(mnt) / b["dir"]).mkdir(exist_ok=True)
+                # Through a child with a timeout: a deadlocked daemon must hang
+                # a child we can kill, not the lab's own thread.
+                mk = self.lab.children.run(["mkdir", "-p", "--", str(Path(mnt) / b["dir"])],
+                                           CTL_TIMEOUT, "mkdir background dir")
+                if mk.returncode != 0:
+                    raise RunFailed(f"mkdir {b['dir']}: {last_line(mk.stderr)}")
                 runtime = max(1, int(end_at - time.time()))
                 bg_cmd = [str(REPO_ROOT / "workloads" / "bg-writer" / "run"),
                           "--dir", str(Path(mnt) / b["dir"]), "--out", str(self.dir / "bg.json"),
@@ -374,13 +432,7 @@ class Run:
             self.phase("measure", ph["measure_s"])
             for ev in prof.events:
                 self.sleep_until(measure_at + ev.at_s)
-                at = time.time()
-                proc = self.tierfs(["ctl", mnt, "fault", ev.member, *ev.command.split()],
-                                   CTL_TIMEOUT, f"fault {ev.member} {ev.command}")
-                self.info["events"].append({
-                    "at_s": ev.at_s, "unix": at, "probe_t": at - t0, "member": ev.member,
-                    "command": ev.command, "duration_s": ev.duration_s, "rc": proc.returncode,
-                    "reply": first_line(proc.stdout + proc.stderr)})
+                self._fire(ev, t0)
             self.sleep_until(end_at)
             self.phase("drain")
             self._wait(probe, end_at + PROBE_SLACK_S, "tierprobe")
@@ -400,6 +452,20 @@ class Run:
                     self.lab.children.done(p)
         self.end_doc = self.snapshot("end")
         self._probe_document()
+
+    def _fire(self, ev: profile_mod.Event, t0: float) -> None:
+        """One fault event, recorded; a command that fails fails the run (the
+        run would otherwise measure a fault that never happened)."""
+        at = time.time()
+        proc = self.tierfs(["ctl", self.slot.mnt, "fault", ev.member, *ev.command.split()],
+                           CTL_TIMEOUT, f"fault {ev.member} {ev.command}")
+        reply = first_line(proc.stdout + proc.stderr)
+        self.info["events"].append({
+            "at_s": ev.at_s, "unix": at, "probe_t": at - t0, "member": ev.member,
+            "command": ev.command, "duration_s": ev.duration_s, "rc": proc.returncode,
+            "reply": reply})
+        if proc.returncode != 0:
+            raise RunFailed(f"fault {ev.member} {ev.command}: exited {proc.returncode}: {reply}")
 
     def _wait(self, p: subprocess.Popen[Any], deadline_unix: float, what: str) -> None:
         while p.poll() is None:
@@ -426,7 +492,8 @@ class Run:
         self.info["probe"] = "probe.json"
 
     def _quiesce(self) -> None:
-        """Writes summed over every member, polled each second, from the end of the
+        """Writes, flushes and discards summed over every member (device_writes),
+    polled each second, from the end of the
         workload until the first window_s with none (or max_s)."""
         q = self.prof.quiesce
         end = self.info["workload_end_unix"]
@@ -469,15 +536,19 @@ class Run:
             return
         mnt = self.slot.mnt
         if is_mounted(mnt):
-            r = subprocess.run(["fusermount3", "-u", mnt], capture_output=True, text=True,
-                               timeout=UMOUNT_TIMEOUT)
-            if r.returncode != 0:
-                subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True, timeout=30)
+            try:
+                r = subprocess.run(["fusermount3", "-u", mnt], capture_output=True, text=True,
+                                   timeout=UMOUNT_TIMEOUT)
+                err = None if r.returncode == 0 else last_line(r.stderr)
+            except subprocess.TimeoutExpired:
+                err = f"no answer within {UMOUNT_TIMEOUT:g} s"
+            if err is not None:
+                lazy_unmount(mnt)
                 if strict:
                     self._reap(p, 10)
-                    raise RunFailed(f"fusermount3 -u: {last_line(r.stderr)} (lazy unmount)")
+                    raise RunFailed(f"fusermount3 -u: {err} (lazy unmount)")
         # The daemon releases the members' lock only when it exits: wait for it.
-        ok = self._reap(p, UMOUNT_TIMEOUT if strict else 10)
+        ok = self._reap(p, UMOUNT_TIMEOUT if strict else TEARDOWN_REAP_S)
         with self.lab.children.lock:
             self.lab.children.mounts.discard(mnt)
         if strict and not ok:
@@ -502,16 +573,43 @@ class Run:
         try:
             self._unmount(strict=False)
         except Exception:
-            subprocess.run(["fusermount3", "-u", "-z", self.slot.mnt], capture_output=True,
-                           timeout=30)
+            pass
+        finally:
+            # Whatever happened above: once a mount was started, lazily unmount
+            # (a no-op when already gone) and never leave the daemon running
+            # over the next pair's freshly formatted images.
+            if self.mount_started:
+                lazy_unmount(self.slot.mnt)
+            if self.mount_proc is not None:
+                kill(self.mount_proc)
+                self.lab.children.done(self.mount_proc)
+                self.mount_proc = None
+            with self.lab.children.lock:
+                self.lab.children.mounts.discard(self.slot.mnt)
+
+
+QUIESCE_OPS = ("write", "flush", "discard")
 
 
 def device_writes(ctl: dict[str, Any]) -> int:
-    """Write ops of every member and origin in one `tierfs ctl` document."""
+    """Write, flush and discard ops of every member and origin in one `tierfs
+    ctl` document, in both views: tierfs's own counters (`devices[].io`) and,
+    when present, the fault device's (`devices[].fault.io`), which also sees I/O
+    that goes around tierfs's queue."""
     n = 0
     for d in ctl.get("devices", []):
-        for origin in d.get("io", {}).values():
-            n += int(origin.get("write", {}).get("ops", 0))
+        fault = d.get("fault")
+        views = [d.get("io")] + [fault.get("io") if isinstance(fault, dict) else None]
+        for io in views:
+            if not isinstance(io, dict):
+                continue
+            for origin in io.values():
+                if not isinstance(origin, dict):
+                    continue
+                for op in QUIESCE_OPS:
+                    c = origin.get(op)
+                    if isinstance(c, dict):
+                        n += int(c.get("ops", 0))
     return n
 
 
@@ -563,7 +661,7 @@ class Lab:
         self.out = Path(args.out)
         if self.out.exists() and any(self.out.iterdir()):
             raise LabError(f"--out {self.out}: not empty (each pair run gets its own directory)")
-        shm = Path(args.shm)
+        shm = Path(args.shm).resolve()  # tierfs mount resolves the mount point too
         if not shm.is_dir():
             raise LabError(f"--shm {shm}: no such directory")
         need = 2 * self.prof.slot_bytes()
@@ -580,6 +678,8 @@ class Lab:
         self.current_pair = 0
         self.print_lock = threading.Lock()
         self.run_estimate = (self.prof.workload_s + self.prof.quiesce["window_s"] + 15)
+        self.threads: list[threading.Thread] = []
+        self.pair_deadline_s = pair_deadline_s(self.prof)
 
     def phase_changed(self, r: Run, name: str) -> None:
         if not self.tty:
@@ -618,13 +718,32 @@ class Lab:
             runs = [Run(self, self.slots[s], order[s], i, seed) for s in range(2)]
             threads = [threading.Thread(target=r.execute, args=(barrier,), daemon=True)
                        for r in runs]
+            self.threads = threads
             for t in threads:
                 t.start()
+            deadline = time.monotonic() + self.pair_deadline_s
+            fired = False
             while any(t.is_alive() for t in threads):
                 if self.tty:
                     self.progress()
                 for t in threads:
                     t.join(timeout=1.0 / len(threads))
+                if time.monotonic() > deadline and not fired:
+                    # Every step has its own timeout; past their sum something
+                    # hangs that none caught: end this pair's processes.
+                    fired = True
+                    self.children.kill_running([s.mnt for s in self.slots])
+                    deadline = time.monotonic() + WATCHDOG_GRACE_S
+                elif time.monotonic() > deadline and fired:
+                    raise LabError(f"pair {i + 1}: still running {WATCHDOG_GRACE_S:g} s after "
+                                   f"the watchdog ({self.pair_deadline_s:g} s) killed its "
+                                   "processes; stopping")
+            if fired:
+                for r in runs:
+                    if r.info["status"] != "ok":
+                        r.info["error"] = (f"watchdog: pair past {self.pair_deadline_s:g} s, "
+                                           f"processes killed: {r.info['error']}")
+                        (r.dir / "run.json").write_text(json.dumps(r.info, indent=1) + "\n")
             for r in runs:
                 results.append(r.info)
                 if r.info["status"] != "ok":
@@ -637,7 +756,21 @@ class Lab:
 
     def cleanup(self) -> None:
         self.children.kill_all()
+        # The run threads tear down on "stopping"; give them a bounded time,
+        # then end whatever a thread started between the two looks.
+        end = time.monotonic() + CLEANUP_JOIN_S
+        for t in self.threads:
+            t.join(timeout=max(0.0, end - time.monotonic()))
+        self.children.kill_all()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def pair_deadline_s(prof: profile_mod.Profile) -> float:
+    """The watchdog bound of one pair: the sum of every step's own timeout."""
+    n_ctl = 6 + len(prof.events) + len(prof.members) + int(prof.quiesce["max_s"]) + 2
+    return (FORMAT_TIMEOUT + MOUNT_TIMEOUT + 60 + READY_TIMEOUT + prof.workload_s
+            + PROBE_SLACK_S + BG_SLACK_S + n_ctl * CTL_TIMEOUT + prof.quiesce["max_s"]
+            + 2 * UMOUNT_TIMEOUT + 60 + FSCK_TIMEOUT + 60)
 
 
 def _mem_available() -> int:

@@ -325,11 +325,15 @@ def _validate(name: str, path: str, raw: dict[str, Any]) -> Profile:
         raise LabError(f"probe.working_set: want at least 1MiB, got {p['working_set']}")
     if not 1 <= p["files"] <= 100000:
         raise LabError(f"probe.files: want 1..100000, got {p['files']}")
+    weights: dict[str, int] = {}
     for item in p["mix"].split(","):
         op, eq, w = item.partition("=")
         if op.strip() not in PROBE_OPS or not eq or not w.strip().isdigit():
             raise LabError(f"probe.mix: want OP=WEIGHT,... with ops {', '.join(PROBE_OPS)}, "
                            f"got {item!r}")
+        weights[op.strip()] = weights.get(op.strip(), 0) + int(w.strip())
+    if not any(weights.values()):
+        raise LabError(f"probe.mix: every weight is 0 (nothing to run), got {p['mix']!r}")
 
     b = sec["background"]
     if b["workload"] not in ("bg-writer", "none"):
@@ -349,8 +353,10 @@ def _validate(name: str, path: str, raw: dict[str, Any]) -> Profile:
         raise LabError(f"phases.warmup_s: want 0..3600, got {ph['warmup_s']}")
     if not 1 <= ph["measure_s"] <= 7200:
         raise LabError(f"phases.measure_s: want 1..7200, got {ph['measure_s']}")
-    if b["start_s"] > ph["warmup_s"] + ph["measure_s"]:
-        raise LabError("background.start_s: after the workload ends")
+    if b["start_s"] > ph["warmup_s"]:
+        # a later start would delay the measure snapshot and every event
+        raise LabError(f"background.start_s: want <= phases.warmup_s ({ph['warmup_s']}), "
+                       f"got {b['start_s']}")
 
     events = []
     events_raw = raw.get("events", [])
@@ -385,8 +391,10 @@ def _validate(name: str, path: str, raw: dict[str, Any]) -> Profile:
         raise LabError(f"quiesce.max_s: want window_s..3600, got {q['max_s']}")
 
     g = sec["gate"]
-    if g["op"] not in PROBE_OPS + ("all",):
-        raise LabError(f"gate.op: want all or a probe op, got {g['op']!r}")
+    live = [op for op, w in weights.items() if w > 0]
+    if g["op"] != "all" and g["op"] not in live:
+        raise LabError(f"gate.op: want all or an op of probe.mix with weight > 0 "
+                       f"({', '.join(live)}), got {g['op']!r}")
     if not g["p99_ratio_max"] > 0:
         raise LabError(f"gate.p99_ratio_max: must be > 0, got {g['p99_ratio_max']}")
     if not g["throughput_ratio_min"] > 0:

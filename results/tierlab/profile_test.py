@@ -59,6 +59,12 @@ def test_defaults_and_set(tmp_path: Path) -> None:
     (GOOD + "[probe]\nrate = -3\n", "p:probe.rate: want 0 < rate"),
     (GOOD + "[probe]\nratee = 3\n", "p:probe.ratee: unknown key"),
     (GOOD + "[probe]\nmix = 'read=1,sleep=2'\n", "p:probe.mix"),
+    (GOOD + "[probe]\nmix = 'read=0,write=0'\n", "p:probe.mix: every weight is 0"),
+    (GOOD + "[probe]\nmix = 'read=1,write=0'\n[gate]\nop = 'write'\n",
+     "p:gate.op: want all or an op of probe.mix with weight > 0 (read)"),
+    (GOOD + "[probe]\nmix = 'read=1'\n[gate]\nop = 'stat'\n", "p:gate.op"),
+    (GOOD + "[phases]\nwarmup_s = 5\n[background]\nstart_s = 6\n",
+     "p:background.start_s: want <= phases.warmup_s (5)"),
     (GOOD + "[gate]\nallowlist = ['reconcile', 'journl']\n", "p:gate.allowlist: 'journl'"),
     (GOOD + "[gate]\nmax_latency = 'soon'\n", "p:gate.max_latency"),
     (GOOD + "[phases]\nmeasure_s = 0\n", "p:phases.measure_s"),
@@ -82,6 +88,14 @@ def test_bad_profiles_are_one_line(tmp_path: Path, text: str, needle: str) -> No
         profile_mod.load(str(f))
     assert needle in str(e.value) and "\n" not in str(e.value)
     assert_one_line_error(run([tool("tierlab"), "profile", f]), 2, needle)
+
+
+def test_gate_op_and_start_s_limits_that_hold(tmp_path: Path) -> None:
+    f = tmp_path / "p.toml"
+    f.write_text(GOOD + "[probe]\nmix = 'read=1,write=0'\n[gate]\nop = 'read'\n"
+                 "[phases]\nwarmup_s = 5\n[background]\nstart_s = 5\n")
+    p = profile_mod.load(str(f))
+    assert p.gate["op"] == "read" and p.background["start_s"] == 5
 
 
 def test_command_line(tmp_path: Path) -> None:
