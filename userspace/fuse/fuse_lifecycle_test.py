@@ -20,22 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from fusetest import fsck_clean, image, needs_fuse
+from fusetest import fsck_clean, image, needs_fuse, two_members
 from tierlab.testing import run, tool
 
 pytestmark = needs_fuse
 
 CYCLES = 20
-
-
-def two_members(tmp_path: Path) -> tuple[Path, Path]:
-    a, b = tmp_path / "a.img", tmp_path / "b.img"
-    for p in (a, b):
-        with open(p, "wb") as f:
-            f.truncate(64 << 20)
-    proc = run([tool("tierfs"), "format", "--label", "ssd.a", a, "--label", "hdd.b", b, "--bucket-size", "256K"])
-    assert proc.returncode == 0, proc.stderr
-    return a, b
 
 
 def mount(*args: Path | str) -> None:

@@ -17,7 +17,7 @@ from typing import Callable
 
 import pytest
 
-from fusetest import Mount, expect, fsck_clean, image, needs_fuse, renameat2, umount, unlocked, wait_for
+from fusetest import Mount, expect, fsck_clean, image, needs_fuse, renameat2, two_members, umount, unlocked, wait_for
 from fusetest import mounted  # noqa: F401 - a fixture
 from tierlab.testing import run, tool
 
@@ -312,12 +312,7 @@ def test_persistence_daemon_mode_and_bad_mounts(tmp_path: Path) -> None:
 def test_mount_helper_for_mount_t_and_fstab(tmp_path: Path) -> None:
     """mount.fuse.tierfs as mount(8) calls it: devices joined by ':', fstab's own
     options dropped, -f a no-op."""
-    a, b = tmp_path / "a.img", tmp_path / "b.img"
-    for p in (a, b):
-        with open(p, "wb") as f:
-            f.truncate(64 << 20)
-    proc = run([tool("tierfs"), "format", "--label", "ssd.a", a, "--label", "hdd.b", b, "--bucket-size", "256K"])
-    assert proc.returncode == 0, proc.stderr
+    a, b = two_members(tmp_path)
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     helper = tool("mount.fuse.tierfs")

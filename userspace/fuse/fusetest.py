@@ -34,6 +34,17 @@ def image(path: Path, mib: int = 64) -> Path:
     return path
 
 
+def two_members(tmp_path: Path) -> tuple[Path, Path]:
+    """Two 64 MiB images formatted as one filesystem (ssd.a, hdd.b)."""
+    a, b = tmp_path / "a.img", tmp_path / "b.img"
+    for p in (a, b):
+        with open(p, "wb") as f:
+            f.truncate(64 << 20)
+    proc = run([tool("tierfs"), "format", "--label", "ssd.a", a, "--label", "hdd.b", b, "--bucket-size", "256K"])
+    assert proc.returncode == 0, proc.stderr
+    return a, b
+
+
 def wait_for(cond: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
     end = time.monotonic() + timeout
     while not cond():
