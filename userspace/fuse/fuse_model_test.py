@@ -947,13 +947,16 @@ def test_direct_read_during_an_overwrite_sees_old_or_new(mounted: Path) -> None:
 
 
 def test_buffered_read_after_write_is_not_stale(mounted: Path) -> None:
-    """A buffered read after write() returned never sees an older version.
-    Before the write buffer (7774732) this failed within seconds: pages written
-    through are uptodate and unlocked while FUSE_WRITE is in flight,
-    auto_inval_data (libfuse's default) drops them at the next mtime change,
-    and a read refilled them from tierfs before the write had committed. The
-    write buffer makes that window small; clearing FUSE_CAP_AUTO_INVAL_DATA
-    (tierfs is the only writer) would close most of it."""
+    """A buffered read after write() returned never sees an older version,
+    through a long-lived descriptor or one opened after the write. The kernel's
+    write-through leaves a written page uptodate and unlocked while its
+    FUSE_WRITE is in flight; any invalidation then -- at an open without
+    keep_cache, or auto_inval_data at a read that sees the new mtime -- drops
+    it, a read refills it from tierfs before the write has arrived, and the
+    stale page stays after write() returned. tierfs keeps the cache at open
+    and clears auto_inval_data (fuse_ops.cc, MarkDirect); with either one
+    back this fails within seconds (the write buffer, 7774732, only made the
+    window smaller: CI saw it once in ~20 runs)."""
     p = mounted / "f"
     p.write_bytes(bytes(BLOCK))
     acked = [0]
@@ -967,17 +970,28 @@ def test_buffered_read_after_write_is_not_stale(mounted: Path) -> None:
             acked[0] = v
         os.close(fd)
 
+    def check(fd: int, how: str, found: list[str], stop: threading.Event) -> None:
+        low = acked[0]
+        v = struct.unpack_from("<Q", os.pread(fd, BLOCK, 0))[0]
+        if v < low:
+            found.append(f"{how}: read version {v} after version {low} was written")
+            stop.set()
+
     def reader(stop: threading.Event, found: list[str]) -> None:
-        fd = os.open(p, os.O_RDONLY)  # one descriptor: no invalidation at open
+        fd = os.open(p, os.O_RDONLY)
         while not stop.is_set():
-            low = acked[0]
-            v = struct.unpack_from("<Q", os.pread(fd, BLOCK, 0))[0]
-            if v < low:
-                found.append(f"read version {v} after version {low} was written")
-                stop.set()
+            check(fd, "long-lived descriptor", found, stop)
         os.close(fd)
 
-    found = race(5, writer, reader, reader)
+    def opener(stop: threading.Event, found: list[str]) -> None:
+        while not stop.is_set():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                check(fd, "descriptor opened after the write", found, stop)
+            finally:
+                os.close(fd)
+
+    found = race(5, writer, reader, opener)
     assert not found, found[0]
 
 

@@ -79,6 +79,10 @@ void Init(void*, fuse_conn_info* conn) {
   // Big writes: up to 1 MiB a request (libfuse asks the kernel for the pages),
   // so a large write(2) is one request and one transaction, not eight.
   conn->max_write = 1u << 20;
+  // The page cache is never dropped behind the kernel's back (see
+  // MarkDirect): tierfs is the only writer of its files and every write
+  // comes through this mount, so no mtime change means another writer's data.
+  conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
 }
 
 void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -168,9 +172,17 @@ void Link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* newn
 }
 
 // An O_DIRECT open: the kernel bypasses its page cache (direct_io), and its
-// writes bypass the write buffer.
+// writes bypass the write buffer. Every open keeps the page cache
+// (keep_cache), and INIT clears auto_inval_data: the kernel's write-through
+// leaves a written page uptodate and unlocked while its FUSE_WRITE is in
+// flight, and an invalidation then (at an open, or at a read that sees the
+// new mtime) drops it; a read refills it from before the write and keeps that
+// stale page after the write returned. The cache stays coherent without
+// them: every change to a file's data comes through this mount, and the
+// kernel itself drops what it must (truncation, fallocate, direct writes).
 void MarkDirect(fuse_file_info* fi) {
   fi->fh = 0;
+  fi->keep_cache = 1;
   if ((fi->flags & O_DIRECT) != 0) {
     fi->fh |= kFhDirect;
     fi->direct_io = 1;
