@@ -26,9 +26,13 @@ struct CachedNode {
   Vector<CachedNode*> children;   // interior: the cached child of each key, or null
   Atomic<u32> refs{1};            // the tree's own reference + iterators + checkpoints
   Atomic<u64> version{0};         // bumped by every change (iterators re-read)
-  bool dirty = false;             // changed since the last image (leaf lock / tree lock)
+  // Changed since the last image. Set and cleared under the leaf lock or the
+  // tree lock exclusive; the checkpoint's collection passes read it under the
+  // tree lock shared, racing a committer, and check again under the leaf lock.
+  Atomic<u8> dirty{0};
   u64 compacted_version = ~u64(0);  // version at which a merge check compacted it
   ListNode lru;                   // on Impl::lru while in the tree (cache_mu)
+  u8 tree_id = 0;                 // its tree, set before it joins the LRU (cache_mu)
   u32 charged = 0;                // bytes counted in the cache
 };
 
@@ -283,6 +287,9 @@ class TreeOps {
 
   static void Charge(Impl* im, CachedNode* n) {
     n->charged = n->node.node_size();
+    // Eviction walks the LRU of every tree holding one tree's lock: it must not
+    // read the node's contents, which another tree's writer may be rebuilding.
+    n->tree_id = n->node.info().btree_id;
     im->cached_bytes.FetchAdd(n->charged, MemOrder::kRelaxed);
     im->cached_nodes.FetchAdd(1, MemOrder::kRelaxed);
     MutexLock l(im->cache_mu);
@@ -295,14 +302,14 @@ class TreeOps {
   static void Ref(CachedNode* n) { n->refs.FetchAdd(1, MemOrder::kRelaxed); }
 
   static void SetDirty(Impl* im, CachedNode* n) {
-    if (!n->dirty) {
-      n->dirty = true;
+    if (n->dirty.Load(MemOrder::kRelaxed) == 0) {
+      n->dirty.Store(1, MemOrder::kRelaxed);
       im->dirty_nodes.FetchAdd(1, MemOrder::kRelaxed);
     }
   }
   static void ClearDirty(Impl* im, CachedNode* n) {
-    if (n->dirty) {
-      n->dirty = false;
+    if (n->dirty.Load(MemOrder::kRelaxed) != 0) {
+      n->dirty.Store(0, MemOrder::kRelaxed);
       im->dirty_nodes.FetchSub(1, MemOrder::kRelaxed);
     }
   }
@@ -487,6 +494,10 @@ class TreeOps {
             n->accessed.Store(1, MemOrder::kRelaxed);
             p->children[i] = n;
             n->parent = p;
+            // Charged before the tree lock goes: once it does, a writer can
+            // split or merge the node and Kill it, which uncharges and frees
+            // it; charging it after that put freed memory on the LRU.
+            Charge(im, n);
             linked = true;
           }
         }
@@ -496,7 +507,7 @@ class TreeOps {
       platform::Delete(n);
       return Status::Ok();
     }
-    Charge(im, n);
+    if (im->opt.test_point != nullptr) im->opt.test_point(im->opt.test_point_ctx, "fetch.linked");
     // No eviction here: the caller restarts to use this node. Operations evict
     // when they finish (MaybeEvict), and the clock bit spares it one pass.
     return Status::Ok();
@@ -520,7 +531,7 @@ class TreeOps {
   // --- eviction ----------------------------------------------------------------
 
   static bool Evictable(const CachedNode* n) {
-    if (n->dirty || n->parent == nullptr || n->ptr.member == kNoMember) return false;
+    if (n->dirty.Load(MemOrder::kRelaxed) != 0 || n->parent == nullptr || n->ptr.member == kNoMember) return false;
     if (n->refs.Load(MemOrder::kAcquire) != 1) return false;
     for (usize i = 0; i < n->children.size(); i++)
       if (n->children[i] != nullptr) return false;
@@ -543,7 +554,7 @@ class TreeOps {
         CachedNode* n = im->lru.front();
         while (n != nullptr && budget-- > 0 && im->cached_bytes.Load(MemOrder::kRelaxed) > goal) {
           CachedNode* next = im->lru.Next(n);
-          if (n->node.info().btree_id == id && Evictable(n)) {
+          if (n->tree_id == id && Evictable(n)) {
             if (n->accessed.Load(MemOrder::kRelaxed) != 0) {
               n->accessed.Store(0, MemOrder::kRelaxed);
               im->lru.Remove(n);
@@ -651,7 +662,7 @@ class TreeOps {
     n->ptr.seq.set(info.seq);
     n->ptr.min_inode.set(min.inode);
     n->ptr.min_offset.set(min.offset);
-    n->dirty = true;
+    n->dirty.Store(1, MemOrder::kRelaxed);
     im->dirty_nodes.FetchAdd(1, MemOrder::kRelaxed);
     *out = n;
     return Status::Ok();
@@ -974,7 +985,7 @@ class TreeOps {
       batch = Move(im->merge_queue);
     }
     for (CachedNode* n : batch) {
-      Tree& t = im->trees[n->node.info().btree_id];
+      Tree& t = im->trees[n->tree_id];  // (not its contents: no lock held yet)
       {
         ReadGuard g(t.lock);
         if (n->dead.Load(MemOrder::kAcquire) == 0 && n->reads.Load(MemOrder::kRelaxed) >= kReadsBeforeMerge) {
@@ -1123,14 +1134,14 @@ class TreeOps {
       bool c = TFS_TRY(CollectExclusive(n->children[i], out));
       below = below || c;
     }
-    const bool need = below || n->ptr.member == kNoMember || (n->dirty && n->node.info().level > 0);
+    const bool need = below || n->ptr.member == kNoMember || (n->dirty.Load(MemOrder::kRelaxed) != 0 && n->node.info().level > 0);
     if (need) TFS_TRY(out->PushBack(n));
     return need;
   }
 
   static void CollectDirtyLeaves(CachedNode* n, Vector<CachedNode*>* out) {
     if (n->node.info().level == 0) {
-      if (n->dirty) out->PushBack(n).IgnoreError();
+      if (n->dirty.Load(MemOrder::kRelaxed) != 0) out->PushBack(n).IgnoreError();
       return;
     }
     for (usize i = 0; i < n->children.size(); i++)
@@ -1188,7 +1199,7 @@ class TreeOps {
           ReadGuard g(t.lock);
           if (n->dead.Load() == 0) {
             n->lock.ReadLock();
-            if (n->dirty) {
+            if (n->dirty.Load(MemOrder::kRelaxed) != 0) {
               st = TakeImage(im, t, n, &jobs);
             }
             n->lock.ReadUnlock();

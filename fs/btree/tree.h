@@ -73,6 +73,12 @@ struct Options {
   u32 node_size = 0;               // 0 = the superblock's btree_node_size
   bool writer_thread = true;       // false: checkpoints only when called (tests)
   bool read_only = false;          // no allocator changes, no writes (show, fsck -n)
+  // Tests only (null otherwise): called at named points between the steps of a
+  // concurrent algorithm, with no lock held, so a test can run another thread
+  // into the gap a race needs. Points: "fetch.linked" (a node read on demand
+  // has just been linked into its tree).
+  void (*test_point)(void* ctx, const char* point) = nullptr;
+  void* test_point_ctx = nullptr;
 };
 
 struct Stats {
