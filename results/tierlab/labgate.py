@@ -26,6 +26,18 @@ computed per pair or per run:
   not gated);
 - rate kept: no probe of either arm fell behind its schedule.
 
+Baseline against candidate (`--baseline/--candidate`) the gate judges a change:
+an absolute criterion of B (max latency, background work, edge inventory,
+quiescence, foreground errors) that the baseline fails as badly is marked
+"pre-existing" and does not fail the gate -- the change did not cause it, and
+the same filesystem failing it in both arms must not block every change until
+it is fixed. "As badly": no more runs of B over the bound than of A (max
+latency, quiescence, foreground errors); B's least background bytes at least
+throughput_ratio_min times A's; B's non-allowlisted slow-member ops and bytes,
+summed over its runs, at most p99_ratio_max times A's (origin names may differ
+between builds). The verdict line names every pre-existing failure. With
+active/control arms (one build) nothing is pre-existing.
+
 `--set` here takes only gate.* keys (what ran cannot change afterwards); the
 overrides are recorded (`overrides`) and printed as "bounds overridden after
 the run: ...".
@@ -231,6 +243,10 @@ def evaluate(ld: LabDir) -> dict[str, Any]:
     def add(name: str, passed: bool, text: str, gating: bool = True) -> None:
         crit.append({"criterion": name, "passed": passed, "text": text, "gating": gating})
 
+    # How badly each arm failed the absolute criteria, for "pre-existing" (see the
+    # module docstring): criterion of B -> (B's measure, A's measure).
+    worse: dict[str, list[Any]] = {}
+
     every = ld.a + ld.b
     failed = [r for r in every if not r.ok]
     want = ld.meta.get("pairs", 0) * 2
@@ -274,29 +290,51 @@ def evaluate(ld: LabDir) -> dict[str, Any]:
             continue
         over = [r for r in ok if r.probe.hist(op).max > bound_ns]
         worst = max(ok, key=lambda r: r.probe.hist(op).max)
+        worse.setdefault("max latency", [None, None])[0 if gating else 1] = len(over)
         add(f"max latency ({arm})", not over,
             f"{op} max over {len(ok)} runs = {fmt_ns(worst.probe.hist(op).max)} ({worst.name}); "
             f"{len(over)} of {len(ok)} runs above the bound {fmt_ns(bound_ns)}" +
             (": " + ", ".join(f"{r.name} {fmt_ns(r.probe.hist(op).max)}" for r in over)
              if over else "") + ("" if gating else " (reference arm: shown, not gated)"), gating)
 
-    bg = [(r, background_bytes(r, prof)) for r in ld.b if r.ok]
-    known = [(r, n) for r, n in bg if n is not None]
+    def least_background(runs: list[LabRun]) -> tuple[list[Any], list[Any]]:
+        bg = [(r, background_bytes(r, prof)) for r in runs if r.ok]
+        return bg, [(r, n) for r, n in bg if n is not None]
+
+    a_bg, a_known = least_background(ld.a)
+    if a_known and len(a_known) == len(a_bg):
+        worse["background work"] = [None, min(n for _, n in a_known)]
+    bg, known = least_background(ld.b)
     if not known:
         add("background work", False, f"no completed run of {ld.b_name} with ctl snapshots")
     else:
         least = min(known, key=lambda x: x[1])
+        if len(known) == len(bg):
+            worse.setdefault("background work", [None, None])[0] = least[1]
         add("background work", least[1] >= g["background_min_bytes"] and len(known) == len(bg),
             f"least written to {g['slow_group']} members by {'/'.join(g['background_origins'])} "
             f"in a run of {ld.b_name}: {profile_mod.size_text(least[1]) if least[1] else '0 B'} "
             f"({least[0].name}); bound >= {profile_mod.size_text(g['background_min_bytes'])}")
 
     allow = g["allowlist"]
-    bad_runs = []
-    for r in ld.b:
-        rows = offending_both(r, prof) if r.ok else None
-        if rows is None or rows:
-            bad_runs.append((r, rows))
+
+    def not_allowed(runs: list[LabRun]) -> tuple[list[Any], tuple[int, int] | None]:
+        """The runs with slow-member I/O not allowlisted (or no snapshots), and
+        that I/O's ops and bytes summed over the runs (None if a run has none)."""
+        bad, ops, nbytes, known_all = [], 0, 0, True
+        for r in runs:
+            rows = offending_both(r, prof) if r.ok else None
+            if rows is None or rows:
+                bad.append((r, rows))
+            if rows is None:
+                known_all = known_all and not r.ok
+                continue
+            ops += sum(x[3] for x in rows)
+            nbytes += sum(x[4] for x in rows)
+        return bad, (ops, nbytes) if known_all else None
+
+    bad_runs, b_volume = not_allowed(ld.b)
+    worse["edge inventory"] = [b_volume, not_allowed(ld.a)[1]]
     names = sorted({f"{o} {op_}" for _, rows in bad_runs if rows for _, o, op_, _, _ in rows})
     add("edge inventory", not bad_runs,
         f"{g['slow_group']} members saw only {', '.join(allow)} during foreground phases in every "
@@ -315,6 +353,7 @@ def evaluate(ld: LabDir) -> dict[str, Any]:
     for arm, runs, gating in ((ld.b_name, ld.b, True), (ld.a_name, ld.a, False)):
         vals = [(r, r.info.get("quiescence_s")) for r in runs if r.ok]
         late = [(r, v) for r, v in vals if v is None or v > qb]
+        worse.setdefault("quiescence", [None, None])[0 if gating else 1] = len(late) if vals else None
         text = ", ".join(f"{r.name} " + (f"{v:.1f} s" if v is not None else
                                          f"not quiet within {prof.quiesce['max_s']:g} s")
                          for r, v in vals)
@@ -330,6 +369,7 @@ def evaluate(ld: LabDir) -> dict[str, Any]:
         ok = [r for r in runs if r.ok]
         erred = [(r, int(r.probe.meas["counters"].get("errors", 0))) for r in ok]
         erred = [(r, n) for r, n in erred if n > 0]
+        worse.setdefault("foreground errors", [None, None])[0 if gating else 1] = len(erred) if ok else None
         text = (f"no completed run of {arm}" if not ok else
                 f"no probe operation failed in {len(ok)} runs" if not erred else
                 f"{len(erred)} of {len(ok)} runs had failed probe operations: " + ", ".join(
@@ -344,14 +384,54 @@ def evaluate(ld: LabDir) -> dict[str, Any]:
         f"{len(behind)} run(s) fell behind (closed-loop, hides stalls): " +
         ", ".join(r.name for r in behind))
 
+    if ld.a_name == "baseline":
+        for c in crit:
+            base = c["criterion"].replace(f" ({ld.b_name})", "")
+            if c["passed"] or not c["gating"] or base not in worse:
+                continue
+            why = _as_badly(base, *worse[base], g)
+            if why is not None:
+                c["preexisting"] = True
+                c["text"] += f"; pre-existing: the {ld.a_name} fails it as badly ({why})"
+
     gating = [c for c in crit if c["gating"]]
     noise = None
     if sigma is not None:
         noise = {"sigma": sigma, "pairs": len(pairs),
                  "pairs_needed": pairs_needed(sigma, g["p99_ratio_max"]),
                  "bound": g["p99_ratio_max"]}
-    return {"criteria": crit, "passed": all(c["passed"] for c in gating), "noise": noise,
+    return {"criteria": crit, "passed": all(c["passed"] or c.get("preexisting") for c in gating),
+            "preexisting": [c["criterion"] for c in gating if not c["passed"] and c.get("preexisting")],
+            "noise": noise,
             "a": ld.a_name, "b": ld.b_name, "op": op, "overrides": list(ld.overrides)}
+
+
+def _as_badly(base: str, b: Any, a: Any, g: dict[str, Any]) -> str | None:
+    """Why the reference arm fails criterion `base` at least as badly as B (B's
+    and A's measures from evaluate), or None if it does not."""
+    if a is None or b is None:
+        return None
+    if base == "background work":
+        ok = b >= a * g["throughput_ratio_min"]
+        return (f"least {profile_mod.size_text(a) if a else '0 B'} against "
+                f"{profile_mod.size_text(b) if b else '0 B'}") if ok else None
+    if base == "edge inventory":
+        (bo, bb), (ao, ab) = b, a
+        lim = g["p99_ratio_max"]
+        ok = bo <= ao * lim and bb <= ab * lim
+        return f"{ao} ops, {ab} bytes not allowed against {bo} ops, {bb} bytes" if ok else None
+    ok = b <= a
+    return f"{a} runs failing against {b}" if ok else None
+
+
+def verdict_line(res: dict[str, Any]) -> str:
+    pre = res.get("preexisting") or []
+    tail = f" (no regression; failing in the baseline as badly: {', '.join(pre)})" if pre and res["passed"] else ""
+    return f"gate: {'PASS' if res['passed'] else 'FAIL'}{tail}"
+
+
+def _mark(c: dict[str, Any]) -> str:
+    return "PASS" if c["passed"] else "FAIL (pre-existing)" if c.get("preexisting") else "FAIL"
 
 
 def overrides_line(res: dict[str, Any]) -> str | None:
@@ -371,10 +451,10 @@ def print_gate(res: dict[str, Any]) -> None:
     if overrides_line(res):
         print(f"  {overrides_line(res)}")
     for c in res["criteria"]:
-        mark = "PASS" if c["passed"] else "FAIL"
+        mark = _mark(c)
         print(f"  {mark if c['gating'] else mark.lower() + ' (info)'} {c['criterion']}: {c['text']}")
     print(f"  {noise_line(res['noise'])}")
-    print(f"gate: {'PASS' if res['passed'] else 'FAIL'}")
+    print(verdict_line(res))
 
 
 # ------------------------------------------------------------------ the report
@@ -468,10 +548,10 @@ def build_report(ld: LabDir, res: dict[str, Any]) -> tuple[Doc, dict[str, Any]]:
         d.p(f"Note: `tierfs ctl MNT pause all` is not available in this build "
             f"(\"{pause[0]['reply']}\"): the control arm ran the profile's background workload "
             "unpaused, so active and control are the same configuration (an A/A comparison).")
-    d.h(f"Gate: {'PASS' if res['passed'] else 'FAIL'}")
+    d.h(verdict_line(res).replace("gate: ", "Gate: ", 1))
     if overrides_line(res):
         d.p(f"**{overrides_line(res)}** (the profile that ran had other bounds).")
-    d.ul([f"{'PASS' if c['passed'] else 'FAIL'}{'' if c['gating'] else ' (not gated)'} "
+    d.ul([f"{_mark(c)}{'' if c['gating'] else ' (not gated)'} "
           f"{c['criterion']}: {c['text']}" for c in res["criteria"]])
     d.p(noise_line(res["noise"]) + ".")
 

@@ -52,6 +52,57 @@ def test_slower_candidate_fails_p99_and_edge_inventory_names_the_flushes(tmp_pat
     assert "| baseline | p00-baseline | hdd.b | journal |" not in md
 
 
+def test_baseline_failing_as_badly_is_pre_existing_not_a_regression(tmp_path: Path) -> None:
+    """Baseline against candidate: absolute criteria that the baseline fails as
+    badly (origin names may differ between the builds) are marked pre-existing
+    and named in the verdict; the gate passes. The same failures with
+    active/control arms (one build) still fail it."""
+    kw: dict[str, Any] = dict(hdd_during={"reconcile": {"write": (64, 64 << 20)}},
+                              background_bytes=0, b_max_ns=31_000_000_000, a_max_ns=30_000_000_000)
+    d = synthetic_pair_dir(tmp_path / "ab", arms=("baseline", "candidate"),
+                           b_hdd_extra={"alloc": {"write": (3, 110592)}}, **kw)
+    # the baseline's same writes under another origin name
+    for run in (d / "runs").glob("*-baseline"):
+        for edge in ("end", "idle"):
+            p = run / f"ctl-{edge}.json"
+            doc = json.loads(p.read_text())
+            hdd = next(x for x in doc["devices"] if x["label"] == "hdd.b")
+            hdd["io"]["btree"] = {"write": {"ops": 3, "bytes": 110592}, "errors": 0, "service_p50_ns": 1000}
+            p.write_text(json.dumps(doc))
+    res = evaluate(d)
+    assert res["passed"], [c for c in res["criteria"] if not c["passed"]]
+    assert res["preexisting"] == ["max latency (candidate)", "background work", "edge inventory"]
+    for name in res["preexisting"]:
+        c = crit(res, name)
+        assert not c["passed"] and c["preexisting"] and "pre-existing: the baseline fails it as badly" in c["text"]
+    assert "12 ops, 442368 bytes not allowed against 12 ops, 442368 bytes" in crit(res, "edge inventory")["text"]
+    assert labgate.verdict_line(res) == ("gate: PASS (no regression; failing in the baseline as badly: "
+                                         "max latency (candidate), background work, edge inventory)")
+    assert labgate.report_dir(d, tmp_path / "out", []) == 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "## Gate: PASS (no regression;" in md and "- FAIL (pre-existing) edge inventory:" in md
+    # one build in both arms: nothing is pre-existing
+    same = evaluate(synthetic_pair_dir(tmp_path / "aa", **kw))
+    assert not same["passed"] and same["preexisting"] == []
+    assert not any(c.get("preexisting") for c in same["criteria"])
+
+
+def test_candidate_worse_than_the_baseline_fails(tmp_path: Path) -> None:
+    """A failure the baseline shares, but the candidate has more of it, is a regression."""
+    d = synthetic_pair_dir(tmp_path / "ab", arms=("baseline", "candidate"),
+                           hdd_during={"alloc": {"write": (3, 110592)}},
+                           b_hdd_extra={"alloc": {"write": (9, 331776)}})
+    res = evaluate(d)
+    inv = crit(res, "edge inventory")
+    assert not inv["passed"] and not inv.get("preexisting") and not res["passed"]
+    assert res["preexisting"] == []
+    d2 = synthetic_pair_dir(tmp_path / "ab2", arms=("baseline", "candidate"), hdd_during=ALLOWED_ONLY,
+                            b_max_ns=31_000_000_000)  # only the candidate stalls
+    res2 = evaluate(d2)
+    m = crit(res2, "max latency (candidate)")
+    assert not m["passed"] and not m.get("preexisting") and not res2["passed"]
+
+
 def test_max_latency_fails_plainly_in_both_arms(tmp_path: Path) -> None:
     """A stall that freezes both arms alike: the comparative criteria pass, the
     absolute one fails, and the reference arm's failure is shown too."""

@@ -666,10 +666,11 @@ class StampedFile:
         """`truth`: an O_DIRECT descriptor of the file. A buffered read older than
         acknowledged is then read again past the kernel's page cache: if tierfs
         has the right version, the stale page is the kernel's (FUSE without a
-        writeback cache: a page dropped -- fadvise, invalidation -- between a
-        buffered write's copy into it and the daemon's receipt of that write
-        can be read back in from before the write, and stays), counted, not
-        failed. tierfs returning an old version fails either way."""
+        writeback cache: a page invalidated between a buffered write's copy
+        into it and the daemon's receipt of that write can be read back in
+        from before the write, and stays; tierfs turns off the invalidations
+        it controls, see MarkDirect in fuse_ops.cc), counted, not failed.
+        tierfs returning an old version fails either way."""
         low = self.acked[first:first + count]
         data = os.pread(fd, count * BLOCK, first * BLOCK)
         high = self.started[first:first + count]
