@@ -1134,7 +1134,8 @@ class TreeOps {
       bool c = TFS_TRY(CollectExclusive(n->children[i], out));
       below = below || c;
     }
-    const bool need = below || n->ptr.member == kNoMember || (n->dirty.Load(MemOrder::kRelaxed) != 0 && n->node.info().level > 0);
+    const bool changed_interior = n->dirty.Load(MemOrder::kRelaxed) != 0 && n->node.info().level > 0;
+    const bool need = below || n->ptr.member == kNoMember || changed_interior;
     if (need) TFS_TRY(out->PushBack(n));
     return need;
   }

@@ -1167,7 +1167,8 @@ TEST(BtreeTreeTest, FetchedLeavesSplitAndMergedUnderEviction) {
   for (auto& th : others) th.join();
   ASSERT_EQ(failures.load(), 0);
   Stats s = t.GetStats();
-  printf("[ fetched ] %llu random ops per writer after the sweep: splits %llu, merges %llu, evictions %llu, node reads %llu\n",
+  printf("[ fetched ] %llu random ops per writer after the sweep: splits %llu, merges %llu, evictions %llu, "
+         "node reads %llu\n",
          (unsigned long long)kOps, (unsigned long long)s.splits, (unsigned long long)s.merges,
          (unsigned long long)s.evictions, (unsigned long long)s.node_reads);
   EXPECT_GT(s.splits, 0u);
