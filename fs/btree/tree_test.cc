@@ -853,6 +853,19 @@ bool ConcValueOk(const Pos& p, const u8* data, u32 len) {
 // f - ceil(f / 4) permanent keys.
 u64 PermanentBelow(u64 f) { return f - (f + 3) / 4; }
 
+// kWriters writers, two readers and a checkpointer; the readers and the
+// checkpointer run until the writers are done.
+template <typename Writer, typename Reader, typename Checkpointer>
+void RunThreads(Writer& writer, Reader& reader, Checkpointer& checkpointer, std::atomic<bool>* writers_done) {
+  std::vector<std::thread> writers, others;
+  for (u32 w = 0; w < kWriters; w++) writers.emplace_back(writer, w);
+  for (u32 r = 0; r < 2; r++) others.emplace_back(reader, r);
+  others.emplace_back(checkpointer);
+  for (auto& th : writers) th.join();
+  *writers_done = true;
+  for (auto& th : others) th.join();
+}
+
 void RunConcurrent(u64 kKeys, u64 cache_nodes, bool expect_eviction) {
   constexpr u32 kNode = 16384;
   Fs fs(2, 64ull << 20);
@@ -1018,13 +1031,7 @@ void RunConcurrent(u64 kKeys, u64 cache_nodes, bool expect_eviction) {
   };
 
   u64 t0 = platform::NowNs();
-  std::vector<std::thread> writers, others;
-  for (u32 w = 0; w < kWriters; w++) writers.emplace_back(writer, w);
-  for (u32 r = 0; r < 2; r++) others.emplace_back(reader, r);
-  others.emplace_back(checkpointer);
-  for (auto& th : writers) th.join();
-  writers_done = true;
-  for (auto& th : others) th.join();
+  RunThreads(writer, reader, checkpointer, &writers_done);
   ASSERT_EQ(failures.load(), 0);
   Stats s = t.GetStats();
   printf("[ concurrent ] %llu keys, cache %llu nodes: %.2f s, %llu full scans, %llu checkpoints (%llu total), evictions %llu, node reads %llu, "
@@ -1158,13 +1165,7 @@ TEST(BtreeTreeTest, FetchedLeavesSplitAndMergedUnderEviction) {
       platform::SleepNs(platform::kNsPerMs);
     }
   };
-  std::vector<std::thread> writers, others;
-  for (u32 w = 0; w < kWriters; w++) writers.emplace_back(writer, w);
-  for (u32 r = 0; r < 2; r++) others.emplace_back(reader, r);
-  others.emplace_back(checkpointer);
-  for (auto& th : writers) th.join();
-  writers_done = true;
-  for (auto& th : others) th.join();
+  RunThreads(writer, reader, checkpointer, &writers_done);
   ASSERT_EQ(failures.load(), 0);
   Stats s = t.GetStats();
   printf("[ fetched ] %llu random ops per writer after the sweep: splits %llu, merges %llu, evictions %llu, "

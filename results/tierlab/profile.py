@@ -157,7 +157,7 @@ FORMAT = {"foreground_target": (_str, "ssd"), "metadata_target": (_str, "ssd"),
           "extra_args": (_strlist, [])}
 PROBE = {"mix": (_str, "read=40,write=20,fsync=5,fdatasync=5,stat=10,readdir=5,openread=10,create=5"),
          "rate": (_num, 500), "threads": (_int, 1), "schedule": (_str, "poisson"),
-         "working_set": (_size, "64MiB"), "files": (_int, 256), "direct": (_bool, False),
+         "working_set": (_size, "64MiB"), "files": (_int, 256), "direct": (_bool, True),
          "spin": (_str, ""), "lane_per_op": (_bool, False), "keep_going": (_bool, True)}
 BACKGROUND = {"workload": (_str, "bg-writer"), "dir": (_str, "cold"), "size": (_size, "256MiB"),
               "files": (_int, 4), "rate": (_str, "20m"), "start_s": (_num, 0), "keep": (_bool, True)}
