@@ -74,9 +74,10 @@ struct Options {
   bool writer_thread = true;       // false: checkpoints only when called (tests)
   bool read_only = false;          // no allocator changes, no writes (show, fsck -n)
   // Tests only (null otherwise): called at named points between the steps of a
-  // concurrent algorithm, with no lock held, so a test can run another thread
-  // into the gap a race needs. Points: "fetch.linked" (a node read on demand
-  // has just been linked into its tree).
+  // concurrent algorithm, with no tree or node lock held, so a test can run
+  // another thread into the gap a race needs. Points: "fetch.linked" (a node
+  // read on demand has just been linked into its tree; a committer's descent
+  // gets there holding commit_mu, so hold only readers there).
   void (*test_point)(void* ctx, const char* point) = nullptr;
   void* test_point_ctx = nullptr;
 };

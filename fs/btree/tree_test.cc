@@ -1253,11 +1253,13 @@ TEST(BtreeTreeTest, LeafSplitRightAfterItsFetch) {
     std::unique_lock<std::mutex> l(gap.mu);
     held = gap.cv.wait_for(l, std::chrono::seconds(60), [&] { return gap.held; });
   }
+  Status split_st;
   if (held) {
     // The reader is in the gap, holding no lock: fill its leaf until it splits.
+    // (No ASSERT before the reader is released and joined.)
     Transaction tx(&t);
-    for (u64 off = 1; off < 300; off += 2) ASSERT_OK(set(tx, off, 7));
-    ASSERT_OK(tx.Commit().status());
+    for (u64 off = 1; off < 300 && split_st.ok(); off += 2) split_st = set(tx, off, 7);
+    if (split_st.ok()) split_st = tx.Commit().status();
   }
   {
     std::lock_guard<std::mutex> l(gap.mu);
@@ -1267,6 +1269,7 @@ TEST(BtreeTreeTest, LeafSplitRightAfterItsFetch) {
   reader.join();
   ASSERT_TRUE(held) << "the reader never fetched the evicted first leaf (cache misses "
                     << before.cache_misses << "); the test's setup no longer makes the gap";
+  ASSERT_OK(split_st);
   ASSERT_OK(read_st);
   const Stats after = t.GetStats();
   EXPECT_GT(after.splits, before.splits);

@@ -31,12 +31,15 @@ an absolute criterion of B (max latency, background work, edge inventory,
 quiescence, foreground errors) that the baseline fails as badly is marked
 "pre-existing" and does not fail the gate -- the change did not cause it, and
 the same filesystem failing it in both arms must not block every change until
-it is fixed. "As badly": no more runs of B over the bound than of A (max
-latency, quiescence, foreground errors); B's least background bytes at least
-throughput_ratio_min times A's; B's non-allowlisted slow-member ops and bytes,
-summed over its runs, at most p99_ratio_max times A's (origin names may differ
-between builds). The verdict line names every pre-existing failure. With
-active/control arms (one build) nothing is pre-existing.
+it is fixed. "As badly" needs A to fail the criterion too, and: no more runs
+of B fail it than of A, with B's worst at most PREEXISTING_MARGIN (1.5) times
+A's worst (max latency: the largest maximum; quiescence: the longest time, not
+quiet counting as infinite; foreground errors: the total failed operations);
+B's least background bytes at least throughput_ratio_min times A's; B's
+non-allowlisted slow-member ops and bytes, summed over its runs, at most
+p99_ratio_max times A's (origin names may differ between builds). The verdict
+line names every pre-existing failure. With active/control arms (one build)
+nothing is pre-existing.
 
 `--set` here takes only gate.* keys (what ran cannot change afterwards); the
 overrides are recorded (`overrides`) and printed as "bounds overridden after
@@ -71,6 +74,7 @@ from tierlab.stats import compare_quantiles, compare_values, log_ratio_sigma, pa
 A_ARMS = ("control", "baseline")
 B_ARMS = ("active", "candidate")
 WINDOW_BEFORE_S = 5
+PREEXISTING_MARGIN = 1.5  # maxima and error counts of a few runs are noisy
 WINDOW_AFTER_S = 10
 
 
@@ -290,7 +294,8 @@ def evaluate(ld: LabDir) -> dict[str, Any]:
             continue
         over = [r for r in ok if r.probe.hist(op).max > bound_ns]
         worst = max(ok, key=lambda r: r.probe.hist(op).max)
-        worse.setdefault("max latency", [None, None])[0 if gating else 1] = len(over)
+        worse.setdefault("max latency", [None, None])[0 if gating else 1] = (
+            len(over), float(worst.probe.hist(op).max))
         add(f"max latency ({arm})", not over,
             f"{op} max over {len(ok)} runs = {fmt_ns(worst.probe.hist(op).max)} ({worst.name}); "
             f"{len(over)} of {len(ok)} runs above the bound {fmt_ns(bound_ns)}" +
@@ -353,7 +358,8 @@ def evaluate(ld: LabDir) -> dict[str, Any]:
     for arm, runs, gating in ((ld.b_name, ld.b, True), (ld.a_name, ld.a, False)):
         vals = [(r, r.info.get("quiescence_s")) for r in runs if r.ok]
         late = [(r, v) for r, v in vals if v is None or v > qb]
-        worse.setdefault("quiescence", [None, None])[0 if gating else 1] = len(late) if vals else None
+        worse.setdefault("quiescence", [None, None])[0 if gating else 1] = (
+            (len(late), max(math.inf if v is None else v for _, v in vals)) if vals else None)
         text = ", ".join(f"{r.name} " + (f"{v:.1f} s" if v is not None else
                                          f"not quiet within {prof.quiesce['max_s']:g} s")
                          for r, v in vals)
@@ -369,7 +375,8 @@ def evaluate(ld: LabDir) -> dict[str, Any]:
         ok = [r for r in runs if r.ok]
         erred = [(r, int(r.probe.meas["counters"].get("errors", 0))) for r in ok]
         erred = [(r, n) for r, n in erred if n > 0]
-        worse.setdefault("foreground errors", [None, None])[0 if gating else 1] = len(erred) if ok else None
+        worse.setdefault("foreground errors", [None, None])[0 if gating else 1] = (
+            (len(erred), sum(n for _, n in erred)) if ok else None)
         text = (f"no completed run of {arm}" if not ok else
                 f"no probe operation failed in {len(ok)} runs" if not erred else
                 f"{len(erred)} of {len(ok)} runs had failed probe operations: " + ", ".join(
@@ -408,25 +415,32 @@ def evaluate(ld: LabDir) -> dict[str, Any]:
 
 def _as_badly(base: str, b: Any, a: Any, g: dict[str, Any]) -> str | None:
     """Why the reference arm fails criterion `base` at least as badly as B (B's
-    and A's measures from evaluate), or None if it does not."""
+    and A's measures from evaluate), or None if it does not (or passes it)."""
     if a is None or b is None:
         return None
     if base == "background work":
-        ok = b >= a * g["throughput_ratio_min"]
+        ok = a < g["background_min_bytes"] and b >= a * g["throughput_ratio_min"]
         return (f"least {profile_mod.size_text(a) if a else '0 B'} against "
                 f"{profile_mod.size_text(b) if b else '0 B'}") if ok else None
     if base == "edge inventory":
         (bo, bb), (ao, ab) = b, a
         lim = g["p99_ratio_max"]
-        ok = bo <= ao * lim and bb <= ab * lim
+        ok = (ao, ab) != (0, 0) and bo <= ao * lim and bb <= ab * lim
         return f"{ao} ops, {ab} bytes not allowed against {bo} ops, {bb} bytes" if ok else None
-    ok = b <= a
-    return f"{a} runs failing against {b}" if ok else None
+    (bn, bw), (an, aw) = b, a
+    ok = an > 0 and bn <= an and bw <= aw * PREEXISTING_MARGIN
+    if not ok:
+        return None
+    worst = {"max latency": lambda v: f"worst {fmt_ns(v)}",
+             "quiescence": lambda v: "worst not quiet" if v == math.inf else f"worst {v:.1f} s",
+             "foreground errors": lambda v: f"{v} failed operations in all"}[base]
+    return f"{an} runs failing, {worst(aw)}, against {bn}, {worst(bw)}"
 
 
 def verdict_line(res: dict[str, Any]) -> str:
     pre = res.get("preexisting") or []
-    tail = f" (no regression; failing in the baseline as badly: {', '.join(pre)})" if pre and res["passed"] else ""
+    tail = ("" if not pre else f" (no regression; failing in the baseline as badly: {', '.join(pre)})"
+            if res["passed"] else f" (besides the regression, failing in the baseline as badly: {', '.join(pre)})")
     return f"gate: {'PASS' if res['passed'] else 'FAIL'}{tail}"
 
 

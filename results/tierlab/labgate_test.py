@@ -103,6 +103,41 @@ def test_candidate_worse_than_the_baseline_fails(tmp_path: Path) -> None:
     assert not m["passed"] and not m.get("preexisting") and not res2["passed"]
 
 
+def test_pre_existing_needs_the_baseline_to_fail_as_badly(tmp_path: Path) -> None:
+    """A baseline that passes the criterion, or fails it much less badly, makes
+    the candidate's failure a regression."""
+    ab = dict(arms=("baseline", "candidate"), hdd_during=ALLOWED_ONLY)
+    # background: bound 64 MiB; the baseline writes 100 MiB (passes), the candidate 60 MiB
+    d = synthetic_pair_dir(tmp_path / "bg", background_bytes=100 << 20, **ab)
+    for run in (d / "runs").glob("*-candidate"):
+        p = run / "ctl-idle.json"
+        doc = json.loads(p.read_text())
+        hdd = next(x for x in doc["devices"] if x["label"] == "hdd.b")
+        hdd["io"]["reconcile"]["write"] = {"ops": 60, "bytes": 60 << 20}
+        p.write_text(json.dumps(doc))
+    res = evaluate(d)
+    c = crit(res, "background work")
+    assert not c["passed"] and not c.get("preexisting") and not res["passed"], c
+    # max latency: both over the 1 s bound, but the candidate's 60 s against the baseline's 2.1 s
+    res = evaluate(synthetic_pair_dir(tmp_path / "max", b_max_ns=60_000_000_000, a_max_ns=2_100_000_000, **ab))
+    c = crit(res, "max latency (candidate)")
+    assert not c["passed"] and not c.get("preexisting") and not res["passed"], c
+    # edge inventory: a clean baseline never makes the candidate's other origins pre-existing
+    res = evaluate(synthetic_pair_dir(tmp_path / "inv", b_hdd_extra={"alloc": {"write": (3, 110592)}}, **ab))
+    assert not crit(res, "edge inventory").get("preexisting") and not res["passed"]
+    # foreground errors in both arms alike: pre-existing, and the verdict says so
+    d = synthetic_pair_dir(tmp_path / "err", **ab)
+    for name in ("p01-baseline", "p01-candidate"):
+        p = d / "runs" / name / "probe.json"
+        doc = json.loads(p.read_text())
+        doc["measurements"]["counters"].update({"errors": 5, "errors_read": 5})
+        p.write_text(json.dumps(doc))
+    res = evaluate(d)
+    c = crit(res, "foreground errors (candidate)")
+    assert c["preexisting"] and "1 runs failing, 5 failed operations in all, against 1, 5 failed operations in all" in c["text"], c
+    assert res["passed"] and res["preexisting"] == ["foreground errors (candidate)"]
+
+
 def test_max_latency_fails_plainly_in_both_arms(tmp_path: Path) -> None:
     """A stall that freezes both arms alike: the comparative criteria pass, the
     absolute one fails, and the reference arm's failure is shown too."""

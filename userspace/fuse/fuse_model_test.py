@@ -18,6 +18,7 @@ seed can be rerun alone or for longer."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import mmap
 import os
@@ -994,6 +995,60 @@ def test_buffered_read_after_write_is_not_stale(mounted: Path) -> None:
 
     found = race(5, writer, reader, opener)
     assert not found, found[0]
+
+
+def resident_pages(path: Path, length: int) -> list[bool]:
+    """Which pages of the file's first `length` bytes are in the page cache
+    (mincore on a read-only shared mapping: no page is faulted in)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        try:
+            vec = ctypes.create_string_buffer(length // mmap.PAGESIZE)
+            assert libc.mincore(addr, length, vec) == 0, os.strerror(ctypes.get_errno())
+            return [b & 1 == 1 for b in vec.raw]
+        finally:
+            libc.munmap(addr, length)
+    finally:
+        os.close(fd)
+
+
+def test_page_cache_kept_at_open_unless_a_direct_write_may_have_staled_it(mounted: Path) -> None:
+    """Opens keep the page cache (so no open drops a page under a write in
+    flight), except the first open after an O_DIRECT write to the file: the
+    kernel drops the written range before sending the write, and a buffered
+    read in that gap could have cached the old data (MarkDirect, fuse_ops.cc)."""
+    p = mounted / "f"
+    p.write_bytes(b"A" * 16 * BLOCK)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        assert os.pread(fd, 16 * BLOCK, 0) == b"A" * 16 * BLOCK
+    finally:
+        os.close(fd)
+    # (the mapping's own open must not drop the cache either)
+    assert all(resident_pages(p, 16 * BLOCK)), "buffered read did not stay cached across an open"
+    dfd = os.open(p, os.O_WRONLY | os.O_DIRECT)
+    try:
+        with mmap.mmap(-1, BLOCK) as buf:
+            buf[:] = b"B" * BLOCK
+            assert os.pwritev(dfd, [buf], 0) == BLOCK
+    finally:
+        os.close(dfd)
+    # The next open (the mapping's) drops the whole file's cache, once.
+    assert not any(resident_pages(p, 16 * BLOCK)), "the open after an O_DIRECT write kept the cache"
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        assert os.pread(fd, 16 * BLOCK, 0) == b"B" * BLOCK + b"A" * 15 * BLOCK
+    finally:
+        os.close(fd)
+    assert all(resident_pages(p, 16 * BLOCK))
 
 
 # --- POSIX semantics as a table ------------------------------------------------------

@@ -79,9 +79,8 @@ void Init(void*, fuse_conn_info* conn) {
   // Big writes: up to 1 MiB a request (libfuse asks the kernel for the pages),
   // so a large write(2) is one request and one transaction, not eight.
   conn->max_write = 1u << 20;
-  // The page cache is never dropped behind the kernel's back (see
-  // MarkDirect): tierfs is the only writer of its files and every write
-  // comes through this mount, so no mtime change means another writer's data.
+  // No invalidation at an mtime change (see MarkDirect): every write comes
+  // through this mount, so a new mtime never means another writer's data.
   conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
 }
 
@@ -172,17 +171,33 @@ void Link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* newn
 }
 
 // An O_DIRECT open: the kernel bypasses its page cache (direct_io), and its
-// writes bypass the write buffer. Every open keeps the page cache
-// (keep_cache), and INIT clears auto_inval_data: the kernel's write-through
-// leaves a written page uptodate and unlocked while its FUSE_WRITE is in
-// flight, and an invalidation then (at an open, or at a read that sees the
-// new mtime) drops it; a read refills it from before the write and keeps that
-// stale page after the write returned. The cache stays coherent without
-// them: every change to a file's data comes through this mount, and the
-// kernel itself drops what it must (truncation, fallocate, direct writes).
-void MarkDirect(fuse_file_info* fi) {
+// writes bypass the write buffer. Opens keep the page cache (keep_cache), and
+// INIT clears auto_inval_data: the kernel's write-through leaves a written
+// page uptodate and unlocked while its FUSE_WRITE is in flight, and an
+// invalidation then (at an open, or at a read that sees the new mtime) drops
+// it; a read refills it from before the write and keeps that stale page after
+// the write returned. Every change to a file's data comes through this mount,
+// and the kernel drops what truncation and fallocate change itself. Three
+// cases can still leave the cache holding what tierfs does not, and mark the
+// file stale so that its next open drops the cache (keep_cache off):
+// - an O_DIRECT write: the kernel drops the range before sending it, and a
+//   buffered read in between can bring the old data back;
+// - a buffered write-out that failed at close or release: the pages hold data
+//   tierfs never stored;
+// - an O_TRUNC open that truncated and then failed.
+// A buffered descriptor held open across an O_DIRECT write of the same range
+// by another can keep such a page until it is reopened (or reclaimed).
+void MarkStale(Context* c, fuse_ino_t ino) {
+  std::lock_guard<std::mutex> l(c->stale_mu);
+  c->stale.insert(uint64_t(ino));
+}
+
+void MarkDirect(Context* c, fuse_ino_t ino, fuse_file_info* fi) {
   fi->fh = 0;
-  fi->keep_cache = 1;
+  {
+    std::lock_guard<std::mutex> l(c->stale_mu);
+    fi->keep_cache = c->stale.erase(uint64_t(ino)) == 0 ? 1 : 0;
+  }
   if ((fi->flags & O_DIRECT) != 0) {
     fi->fh |= kFhDirect;
     fi->direct_io = 1;
@@ -202,11 +217,12 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       set.size = 0;
       auto r = c->fs->SetAttrs(ino, set);
       if (!r.ok()) return Reply(req, r.status());
+      MarkStale(c, ino);  // the kernel truncates its cache only if the open succeeds
     }
   }
   Status st = c->fs->OpenInode(ino);
   if (!st.ok()) return Reply(req, st);
-  MarkDirect(fi);
+  MarkDirect(c, ino, fi);
   fuse_reply_open(req, fi);
 }
 
@@ -223,11 +239,15 @@ void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fu
   e.attr = ToStat(r.value());
   e.attr_timeout = c->attr_timeout;
   e.entry_timeout = c->attr_timeout;
-  MarkDirect(fi);
+  MarkDirect(c, e.ino, fi);
   if (fuse_reply_create(req, &e, fi) != 0) (void)c->fs->Release(e.ino);  // the open was interrupted
 }
 
-void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) { Reply(req, Ctx(req)->fs->Release(ino)); }
+void Release(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  Status st = Ctx(req)->fs->Release(ino);
+  if (!st.ok()) MarkStale(Ctx(req), ino);  // a write-out failed: the pages hold what tierfs lost
+  Reply(req, st);
+}
 
 void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
   if (off < 0) return (void)fuse_reply_err(req, EINVAL);
@@ -242,6 +262,7 @@ void Write(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off_t 
   // Writes of an O_DIRECT handle (fh bit, set at open) skip the write buffer.
   const uint32_t flags = (fi->fh & kFhDirect) != 0 ? uint32_t(posix::Filesystem::kWriteDirect) : 0u;
   auto r = Ctx(req)->fs->Write(ino, uint64_t(off), data, uint32_t(size), flags);
+  if (flags != 0) MarkStale(Ctx(req), ino);
   if (!r.ok()) return Reply(req, r.status());
   fuse_reply_write(req, r.value());
 }
@@ -260,7 +281,11 @@ void Fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, f
 }
 
 // close(2) of a handle: buffered writes go out, and their error is close's.
-void Flush(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) { Reply(req, Ctx(req)->fs->FlushBuffer(ino)); }
+void Flush(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  Status st = Ctx(req)->fs->FlushBuffer(ino);
+  if (!st.ok()) MarkStale(Ctx(req), ino);
+  Reply(req, st);
+}
 
 // The file's buffered writes, then the journal's durable commit: every
 // operation so far survives a crash.

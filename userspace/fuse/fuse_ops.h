@@ -8,6 +8,9 @@
 #define TFS_USERSPACE_FUSE_FUSE_OPS_H_
 
 #define FUSE_USE_VERSION 314
+#include <cstdint>
+#include <mutex>
+#include <unordered_set>
 #include <fuse_lowlevel.h>
 
 #include "engine/engine.h"
@@ -22,6 +25,11 @@ struct Context {
   posix::Filesystem* fs = nullptr;
   MemberControl* members = nullptr;  // for tierfs ctl; may be null
   double attr_timeout = 1.0;   // seconds the kernel may cache attributes and entries
+
+  // Files whose kernel page cache may hold data tierfs does not have (see
+  // MarkDirect in fuse_ops.cc): their next open drops it.
+  std::mutex stale_mu;
+  std::unordered_set<uint64_t> stale;
 };
 
 // The operation table (static; valid for the life of the process).
