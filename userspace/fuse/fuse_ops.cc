@@ -88,7 +88,14 @@ void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   ReplyEntry(req, Ctx(req)->fs->Lookup(parent, name, Len(name)));
 }
 
-void Forget(fuse_req_t req, fuse_ino_t, uint64_t) { fuse_reply_none(req); }
+// The kernel drops the inode, and its page cache with it.
+void Forget(fuse_req_t req, fuse_ino_t ino, uint64_t) {
+  {
+    std::lock_guard<std::mutex> l(Ctx(req)->stale_mu);
+    Ctx(req)->stale.erase(uint64_t(ino));
+  }
+  fuse_reply_none(req);
+}
 
 void GetAttr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   auto r = Ctx(req)->fs->GetAttr(ino);
