@@ -14,10 +14,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "userspace/tools/common.h"
+#include "userspace/util/mountinfo.h"
 
 namespace tfs::tools {
 namespace {
@@ -36,20 +36,6 @@ std::optional<Identity> IdentityOf(const std::string& path) {
   if (stat(path.c_str(), &st) != 0) return std::nullopt;
   if (S_ISBLK(st.st_mode)) return Identity{st.st_rdev, 0};
   return Identity{st.st_dev, st.st_ino};
-}
-
-// mountinfo escapes space, tab, newline and backslash as \ooo.
-std::string Unescape(const std::string& s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); i++) {
-    if (s[i] == '\\' && i + 3 < s.size() && s[i + 1] >= '0' && s[i + 1] <= '3') {
-      out += char((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 + (s[i + 3] - '0'));
-      i += 3;
-    } else {
-      out += s[i];
-    }
-  }
-  return out;
 }
 
 // A mount source's members. A member path may itself hold ':' (every
@@ -128,15 +114,9 @@ std::optional<MountedSet> FindMount(const std::vector<std::string>& devices) {
   std::ifstream in("/proc/self/mountinfo");
   std::string line;
   while (std::getline(in, line)) {
-    // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPEROPTIONS
-    std::istringstream fields(line);
-    std::vector<std::string> f;
-    std::string w;
-    while (fields >> w) f.push_back(w);
-    size_t dash = 6;
-    while (dash < f.size() && f[dash] != "-") dash++;
-    if (f.size() < 5 || dash + 2 >= f.size() || f[dash + 1] != "fuse.tierfs") continue;
-    MountedSet m{Unescape(f[dash + 2]), Unescape(f[4])};
+    userspace::MountinfoLine l;
+    if (!userspace::ParseMountinfoLine(line, &l) || l.fstype != "fuse.tierfs") continue;
+    MountedSet m{l.source, l.mount_point};
     for (const std::string& member : SplitMembers(m.source)) {
       auto id = IdentityOf(member);
       if (!id) continue;

@@ -9,26 +9,11 @@
 
 #include <fstream>
 #include <sstream>
-#include <vector>
+
+#include "userspace/util/mountinfo.h"
 
 namespace tfs::probe {
 namespace {
-
-bool IsOctal(char c) { return c >= '0' && c <= '7'; }
-
-std::string Unescape(const std::string& s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); i++) {
-    if (s[i] == '\\' && i + 3 < s.size() && IsOctal(s[i + 1]) &&
-        IsOctal(s[i + 2]) && IsOctal(s[i + 3])) {
-      out += char((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 + (s[i + 3] - '0'));
-      i += 3;
-    } else {
-      out += s[i];
-    }
-  }
-  return out;
-}
 
 bool IsPrefixPath(const std::string& mount, const std::string& path) {
   if (mount == "/") return true;
@@ -44,30 +29,17 @@ bool FindMount(const std::string& mountinfo, const std::string& abs_path, MountI
   bool found = false;
   size_t best = 0;
   while (std::getline(lines, line)) {
-    std::istringstream fields(line);
-    std::vector<std::string> f;
-    std::string w;
-    while (fields >> w) f.push_back(w);
-    // id parent major:minor root mount_point options [optional...] - fstype source super
-    size_t dash = 0;
-    for (size_t i = 6; i < f.size(); i++) {
-      if (f[i] == "-") {
-        dash = i;
-        break;
-      }
-    }
-    if (dash == 0 || dash + 2 >= f.size()) continue;
-    std::string mp = Unescape(f[4]);
-    if (!IsPrefixPath(mp, abs_path)) continue;
+    userspace::MountinfoLine l;
+    if (!userspace::ParseMountinfoLine(line, &l) || !IsPrefixPath(l.mount_point, abs_path)) continue;
     // Later lines win ties: a mount stacked over the same point hides earlier ones.
-    if (!found || mp.size() >= best) {
+    if (!found || l.mount_point.size() >= best) {
       found = true;
-      best = mp.size();
-      out->mount_point = mp;
-      out->options = f[5];
-      out->fstype = f[dash + 1];
-      out->source = Unescape(f[dash + 2]);
-      out->super_options = dash + 3 < f.size() ? f[dash + 3] : "";
+      best = l.mount_point.size();
+      out->mount_point = l.mount_point;
+      out->options = l.options;
+      out->fstype = l.fstype;
+      out->source = l.source;
+      out->super_options = l.super_options;
     }
   }
   return found;
