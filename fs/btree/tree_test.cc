@@ -866,17 +866,24 @@ void RunThreads(Writer& writer, Reader& reader, Checkpointer& checkpointer, std:
   for (auto& th : others) th.join();
 }
 
+// The concurrency tests' engine: `fs` formatted with `node`-byte nodes, the
+// writer thread on, a cache of `cache_bytes`; *o: the options, to open again.
+void OpenConcurrent(Fs& fs, u32 node, u64 cache_bytes, Engine* e, Options* o) {
+  ASSERT_OK(fs.Format(node));
+  *o = Options{};
+  o->cache_bytes = cache_bytes;
+  o->node_size = 0;
+  o->writer_thread = true;
+  ASSERT_OK(OpenEngine(e, fs, *o));
+}
+
 void RunConcurrent(u64 kKeys, u64 cache_nodes, bool expect_eviction) {
   constexpr u32 kNode = 16384;
   Fs fs(2, 64ull << 20);
-  ASSERT_OK(fs.Format(kNode));
-  Options o;
-  o.cache_bytes = cache_nodes * kNode;
-  o.node_size = 0;
-  o.writer_thread = true;
   Watchdog wd(CurrentTest(), 90);
   Engine e;
-  ASSERT_OK(OpenEngine(&e, fs, o));
+  Options o;
+  ASSERT_NO_FATAL_FAILURE(OpenConcurrent(fs, kNode, cache_nodes * kNode, &e, &o));
   Btrees& t = e.btrees();
   wd.Watch(&t);
 
@@ -1089,14 +1096,10 @@ TEST(BtreeTreeTest, FetchedLeavesSplitAndMergedUnderEviction) {
   constexpr u64 kOffsets = 4000;
   const u64 kOps = kSanitized ? 1000 : 10000;
   Fs fs(2, 64ull << 20);
-  ASSERT_OK(fs.Format(kNode));
-  Options o;
-  o.cache_bytes = 8 * kNode;
-  o.node_size = 0;
-  o.writer_thread = true;
   Watchdog wd(CurrentTest(), 90);
   Engine e;
-  ASSERT_OK(OpenEngine(&e, fs, o));
+  Options o;
+  ASSERT_NO_FATAL_FAILURE(OpenConcurrent(fs, kNode, 8 * kNode, &e, &o));
   Btrees& t = e.btrees();
   wd.Watch(&t);
   // Writer w owns the offsets with off % kWriters == w, so its model is exact.
