@@ -96,6 +96,7 @@ void Allocator::InitFresh() {
     }
     d.checkpoint = 0;
     d.last_slot = 1;
+    d.changes++;  // no table on disk yet
   }
   Finish().IgnoreError();  // free lists were reserved at Init: cannot fail
 }
@@ -173,6 +174,7 @@ Status Allocator::Apply(const journal::Key& key) {
   MutexLock lock(mu_);
   Bucket& b = devices_[dev].buckets[bucket];
   if (k->version.get() <= b.version) return Status::Ok();  // the table is newer
+  devices_[dev].changes++;
   b.gen = k->gen;
   b.state = BucketState(k->state);
   b.live_sectors = k->live_sectors.get();
@@ -266,6 +268,7 @@ Result<BucketRef> Allocator::TryAllocate(dev::DevMask target, dev::DevMask fallb
     bk.state = purpose;
     bk.live_sectors = 0;
     bk.version++;
+    d.changes++;
     stats_.allocs[u8(wm)]++;
     ref = BucketRef{u32(best), b, bk.gen};
     snapshot = bk;
@@ -290,6 +293,7 @@ Status Allocator::Free(const BucketRef& ref) {
     bk.state = BucketState::kFree;
     bk.live_sectors = 0;
     bk.version++;
+    d.changes++;
     stats_.frees++;
     snapshot = bk;
   }
@@ -315,6 +319,7 @@ Status Allocator::SetLiveSectors(const BucketRef& ref, u32 live_sectors) {
     if (u64(live_sectors) * 512 > sb_.bucket_size) return Err::kInvalidArgument;
     bk.live_sectors = live_sectors;
     bk.version++;
+    devices_[ref.dev].changes++;
     snapshot = bk;
   }
   return JournalChange(ref.dev, ref.bucket, snapshot, snapshot.state).status();
@@ -330,6 +335,7 @@ Status Allocator::RepairState(u32 dev, u64 bucket, BucketState state) {
     bk.state = state;
     bk.live_sectors = 0;
     bk.version++;
+    devices_[dev].changes++;
     snapshot = bk;
   }
   TFS_TRY(Finish());
@@ -401,31 +407,51 @@ Status Allocator::WriteTable(u32 dev, const Bucket* snapshot, u64 n, u64 checkpo
 Status Allocator::Checkpoint() {
   MutexLock serial(checkpoint_mu_);
   Vector<Bucket> copies[dev::kMaxDevices];
+  u64 snap_changes[dev::kMaxDevices] = {};
+  bool write[dev::kMaxDevices] = {};
   journal::Pin old_pin;
   u64 journal_seq = journal_ != nullptr ? journal_->next_seq() : 0;
   {
     MutexLock lock(mu_);
-    for (u32 i = 0; i < nr_; i++) TFS_TRY(copies[i].CopyFrom(devices_[i].buckets));
+    // A member whose table already holds every change is left alone: every
+    // journaled change the pin keeps was made (under mu_) on a member counted
+    // here as changed, so its table is in this checkpoint.
+    for (u32 i = 0; i < nr_; i++) {
+      write[i] = devices_[i].changes != devices_[i].written_changes;
+      snap_changes[i] = devices_[i].changes;
+      if (write[i]) TFS_TRY(copies[i].CopyFrom(devices_[i].buckets));
+    }
     old_pin = pin_;
     pin_ = journal::Pin();
   }
   Status st;
+  u64 written = 0, unchanged = 0;
   for (u32 i = 0; i < nr_ && st.ok(); i++) {
     Dev& d = devices_[i];
+    if (!write[i]) {
+      unchanged++;
+      continue;
+    }
     u32 slot = d.last_slot ^ 1;
     st = WriteTable(i, copies[i].data(), copies[i].size(), d.checkpoint + 1, slot, journal_seq);
     if (st.ok()) {
       d.checkpoint++;
       d.last_slot = slot;
+      written++;
+      MutexLock lock(mu_);
+      d.written_changes = snap_changes[i];
     }
   }
-  if (!st.ok()) {
-    // Keep the changes pinned: they are not on disk yet.
+  {
     MutexLock lock(mu_);
-    if (old_pin.active && (!pin_.active || old_pin.seq < pin_.seq)) Swap(old_pin, pin_);
-  } else {
-    MutexLock lock(mu_);
-    stats_.checkpoints++;
+    stats_.table_writes += written;
+    stats_.tables_unchanged += unchanged;
+    if (!st.ok()) {
+      // Keep the changes pinned: they are not on disk yet.
+      if (old_pin.active && (!pin_.active || old_pin.seq < pin_.seq)) Swap(old_pin, pin_);
+    } else {
+      stats_.checkpoints++;
+    }
   }
   if (journal_ != nullptr) journal_->PinDrop(&old_pin);
   return st;

@@ -22,9 +22,10 @@
 // that finds nothing else forces a journal Settle().
 //
 // Persistence (docs/format/alloc.md): every change is journaled (no-flush) as an
-// AllocKey with the bucket's new change version; Checkpoint() writes every member's
-// table to the slot not used last time and then drops the journal pin that kept
-// those keys in the ring. Load() + Apply() of replayed keys rebuild the state
+// AllocKey with the bucket's new change version; Checkpoint() writes the table of
+// every member that changed since its last table write (a member nothing
+// changed on -- an idle HDD -- is never written) to the slot not used last time
+// and then drops the journal pin that kept those keys in the ring. Load() + Apply() of replayed keys rebuild the state
 // without scanning any other metadata.
 //
 // Thread safety: all methods from any thread. `mu_` guards the bucket arrays and
@@ -84,6 +85,8 @@ struct AllocStats {
   u64 flush_waits;        // allocations that flushed the journal to reuse freed buckets
   u64 frees;
   u64 checkpoints;
+  u64 table_writes;       // member tables written by checkpoints
+  u64 tables_unchanged;   // member tables a checkpoint skipped: nothing changed
 };
 
 class Allocator {
@@ -120,7 +123,8 @@ class Allocator {
   // are rebuilt). Not for normal operation.
   Status RepairState(u32 dev, u64 bucket, BucketState state);
 
-  // Writes all tables (durably) and releases the journal space their changes held.
+  // Writes the tables of the members that changed since their last table write
+  // (durably) and releases the journal space their changes held.
   Status Checkpoint();
   // The journal's reclaim hook: checkpoint.
   static void ReclaimHook(void* self, u64 seq);
@@ -147,6 +151,10 @@ class Allocator {
     u32 table_buckets = 0;
     u64 checkpoint = 0;     // number of the newest valid slot on disk
     u32 last_slot = 1;      // slot written last (the next checkpoint uses the other)
+    // Bucket changes made (under mu_, with the change itself), and the count a
+    // table on disk holds: the table needs writing while they differ.
+    u64 changes = 0;
+    u64 written_changes = 0;
   };
 
   // Journals one bucket change and keeps the allocator's pin armed; returns the

@@ -1757,6 +1757,7 @@ void Transaction::Reset() {
   checks_.Clear();
   n_ = 0;
   nchecks_ = 0;
+  apply_seq_ = nullptr;
 }
 
 Status Transaction::AddDataCheck(const void* check, u32 len) {
@@ -1898,6 +1899,9 @@ Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
         }
       }
     }
+    if (st.ok() && im->opt.test_point != nullptr) im->opt.test_point(im->opt.test_point_ctx, "commit.journaled");
+    Atomic<u64>* const apply_seq = apply_seq_;
+    if (apply_seq != nullptr) apply_seq->FetchAdd(1, MemOrder::kSeqCst);  // odd: applying
     for (usize i = 0; st.ok() && i < n_; i++) {  // the btree keys (data checks follow)
       const auto* h = static_cast<const KeyHeader*>(jkeys[i].val);
       KeyInput in;
@@ -1908,6 +1912,7 @@ Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
       st = TreeOps::ApplyKey(im, in, seq);
       Bump(in.type == kKeyWhiteout ? im->c_deletes : im->c_inserts);
     }
+    if (apply_seq != nullptr) apply_seq->FetchAdd(1, MemOrder::kSeqCst);  // even: applied (or failed)
     if (st.ok()) Bump(im->c_commits);
     MutexLock sl(im->state_mu);
     im->committing = false;

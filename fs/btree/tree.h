@@ -77,7 +77,9 @@ struct Options {
   // concurrent algorithm, with no tree or node lock held, so a test can run
   // another thread into the gap a race needs. Points: "fetch.linked" (a node
   // read on demand has just been linked into its tree; a committer's descent
-  // gets there holding commit_mu, so hold only readers there).
+  // gets there holding commit_mu, so hold only readers there);
+  // "commit.journaled" (a commit is in the journal and none of its keys is
+  // applied yet; the committer holds commit_mu there).
   void (*test_point)(void* ctx, const char* point) = nullptr;
   void* test_point_ctx = nullptr;
 };
@@ -148,6 +150,14 @@ class Transaction {
   // filesystem must go read-only), kCorrupt / kIo reading a leaf that must be
   // updated (nothing was journaled or applied then).
   Result<u64> Commit(journal::CommitMode mode = journal::CommitMode::kNoFlush, dev::DevMask deps = 0);
+  // For readers that must see this commit's keys all or none (the data path's
+  // extent readers, which walk a file's extents in batches): Commit makes `seq`
+  // odd just before it applies the first key to a tree and even again after
+  // the last -- after the throttle and the journal commit, so such a reader
+  // waits for the in-memory apply only, never for the journal or a device.
+  // Commits apply one at a time, so one counter may serve many transactions.
+  // Cleared by Commit and Reset.
+  void SetApplySeq(Atomic<u64>* seq) { apply_seq_ = seq; }
   void Reset();
   u32 size() const { return n_; }
 
@@ -163,6 +173,7 @@ class Transaction {
   u32 nchecks_ = 0;
   Vector<journal::Key> jkeys_;  // Commit's list of them for the journal
   u32 n_ = 0;
+  Atomic<u64>* apply_seq_ = nullptr;  // see SetApplySeq
 };
 
 // A cursor over one btree. Holds no lock between calls (it remembers a position

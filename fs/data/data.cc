@@ -547,13 +547,9 @@ void DataPath::Abort(const Delta& delta) {
 
 Status DataPath::Commit(btree::Transaction* tx, const Delta& delta, journal::CommitMode mode) {
   // Readers of this inode's extents see the commit whole or not at all (see
-  // ReadBlocks): it is in progress while `active`, and done when `version`
-  // has moved.
-  const u32 s = CommitStripe(delta.ino);
-  active_[s].FetchAdd(1, MemOrder::kSeqCst);
+  // ReadBlocks): its stripe's counter is odd while the keys are applied.
+  tx->SetApplySeq(&applying_[CommitStripe(delta.ino)]);
   auto r = tx->Commit(mode, delta.deps);
-  version_[s].FetchAdd(1, MemOrder::kSeqCst);
-  active_[s].FetchSub(1, MemOrder::kSeqCst);
   if (!r.ok()) {
     Abort(delta);
     return r.status();
@@ -636,27 +632,31 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
   const u32 s = CommitStripe(ino);
   const sb::Superblock& sb = engine_->sb();
   u32 stale = 0;
+  u32 torn = 0;
   for (u32 attempt = 0; st.ok(); attempt++) {
-    // Extents that overlap for good (fsck reports them) would make phase 1
-    // repeat forever; after ~0.2 s of retries the read fails instead.
-    if (attempt > kMaxReadAttempts) {
-      platform::Log(platform::LogLevel::kError, "data: inode %llu: extents overlap or keep changing under a read",
+    if (attempt > 0) platform::SleepNs(attempt < 8 ? 1000 : 100000);
+    // While a commit of this stripe applies its keys (microseconds: no journal
+    // wait or device I/O in between), wait; never count that against the read.
+    const u64 v = applying_[s].Load(MemOrder::kSeqCst);
+    if ((v & 1) != 0) {
+      c_retries_.FetchAdd(1, MemOrder::kRelaxed);
+      continue;
+    }
+    u32 n = 0;
+    st = FindPieces(ino, first, end, pieces, &n, crcs);
+    const bool walk_torn = st.code() == Err::kAgain;
+    if (walk_torn) st = Status::Ok();
+    if (!st.ok()) break;
+    // Extents that overlap for good (fsck reports them) would tear every walk
+    // and make phase 1 repeat forever; after ~0.2 s of torn walks the read
+    // fails instead. A walk an apply overlapped is torn at most by chance.
+    if (walk_torn && ++torn > kMaxTornWalks) {
+      platform::Log(platform::LogLevel::kError, "data: inode %llu: extents overlap under a read",
                     (unsigned long long)ino);
       st = Err::kCorrupt;
       break;
     }
-    if (attempt > 0) platform::SleepNs(attempt < 8 ? 1000 : 100000);
-    if (active_[s].Load(MemOrder::kSeqCst) != 0) {
-      c_retries_.FetchAdd(1, MemOrder::kRelaxed);
-      continue;
-    }
-    const u64 v = version_[s].Load(MemOrder::kSeqCst);
-    u32 n = 0;
-    st = FindPieces(ino, first, end, pieces, &n, crcs);
-    const bool torn = st.code() == Err::kAgain;
-    if (torn) st = Status::Ok();
-    if (!st.ok()) break;
-    if (torn || active_[s].Load(MemOrder::kSeqCst) != 0 || version_[s].Load(MemOrder::kSeqCst) != v) {
+    if (walk_torn || applying_[s].Load(MemOrder::kSeqCst) != v) {
       c_retries_.FetchAdd(1, MemOrder::kRelaxed);
       continue;
     }

@@ -244,13 +244,18 @@ class DataPath {
   Status FindPieces(u64 ino, u64 first, u64 end, Piece* pieces, u32* n, u8* crcs);
   // Adds the journal data check of a prepared item's new blob to `tx`.
   Status QueueDataCheck(btree::Transaction* tx, const Prepared::Item& item);
-  // Extent commits in progress and done, per stripe of inodes (see ReadBlocks).
+  // Extent commits' applies to the tree, per stripe of inodes (see ReadBlocks):
+  // odd while one is applying its keys (btree::Transaction::SetApplySeq), bumped
+  // by two for each. A commit that waits for the journal or a device is not
+  // applying: readers do not wait for it.
   static constexpr u32 kCommitStripes = 256;
   static u32 CommitStripe(u64 ino) { return u32((ino * 0x9e3779b97f4a7c15ull) >> 56); }
-  Atomic<u32> active_[kCommitStripes] = {};
-  Atomic<u64> version_[kCommitStripes] = {};
+  Atomic<u64> applying_[kCommitStripes] = {};
   static constexpr u32 kMaxStaleLookups = 16;
-  static constexpr u32 kMaxReadAttempts = 2000;
+  // Walks of a read's extents that found them overlapping (a torn walk): one
+  // that raced an apply is retried; this many in a row mean extents that
+  // overlap for good (fsck reports them), and the read fails as corrupt.
+  static constexpr u32 kMaxTornWalks = 2000;
   // Blocks free for user data: free and soon-free buckets above the foreground
   // floor, plus what is left of the write point. Under wp_mu_.
   u64 FreeBlocksLocked() const;

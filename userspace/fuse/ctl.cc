@@ -149,6 +149,8 @@ std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs, MemberContr
   w.UintField("frees", a.frees);
   w.UintField("fallbacks", a.fallbacks);
   w.UintField("checkpoints", a.checkpoints);
+  w.UintField("table_writes", a.table_writes);
+  w.UintField("tables_unchanged", a.tables_unchanged);
   w.EndObject();
 
   const data::Stats d = fs.GetDataStats();
