@@ -2,7 +2,7 @@
 //
 // The core (fs/) is kernel-safe C++ and must build unchanged as a userspace
 // library and inside a Linux kernel module. Everything that touches the OS goes
-// through the fifteen C functions below (plus the BlockDevice interface in
+// through the C functions below (plus the BlockDevice interface in
 // platform/block_device.h). They have C linkage with a `tfs_plat_` prefix so the
 // kernel side can implement them in plain C against kernel headers, and so the
 // kernel-safe check can tell seam symbols from anything else: an object in fs/ may
@@ -47,6 +47,12 @@ void tfs_plat_sleep_ns(u64 ns);
 
 // --- memory -------------------------------------------------------------------
 u64 tfs_plat_memory_bytes(void);  // physical memory of the machine, bytes (0: unknown)
+
+// --- debugging ------------------------------------------------------------------
+// A word private to the calling thread (the kernel: the task), zero when the
+// thread starts. Debug builds count held locks in it for lock-rule checks
+// (posix's slow-member rule); nothing else may use it.
+u32* tfs_plat_thread_word(void);
 
 // --- threads ------------------------------------------------------------------
 // A thread runs fn(arg) once and ends when fn returns; join waits for that and

@@ -12,6 +12,53 @@ using btree::Transaction;
 
 namespace {
 
+// The slow-member rule's check (fs.h): posix's shared mutexes -- the open and
+// lock tables' -- count themselves held per thread in debug builds, and every
+// commit and data write asserts that the count is zero.
+#ifndef NDEBUG
+void DebugNoSharedLock() { TFS_BUG_ON(*tfs_plat_thread_word() != 0); }
+#else
+void DebugNoSharedLock() {}
+#endif
+
+// A mutex held for the scope, or nothing.
+class OptionalLock {
+ public:
+  OptionalLock(Mutex& m, bool take) : m_(take ? &m : nullptr) {
+    if (m_ != nullptr) m_->Lock();
+  }
+  ~OptionalLock() {
+    if (m_ != nullptr) m_->Unlock();
+  }
+  OptionalLock(const OptionalLock&) = delete;
+  OptionalLock& operator=(const OptionalLock&) = delete;
+
+ private:
+  Mutex* m_;
+};
+
+class SharedLock {
+ public:
+  explicit SharedLock(Mutex& m) : m_(m) {
+    m_.Lock();
+#ifndef NDEBUG
+    ++*tfs_plat_thread_word();
+#endif
+  }
+  ~SharedLock() {
+#ifndef NDEBUG
+    --*tfs_plat_thread_word();
+#endif
+    m_.Unlock();
+  }
+  SharedLock(const SharedLock&) = delete;
+  SharedLock& operator=(const SharedLock&) = delete;
+
+ private:
+  Mutex& m_;
+};
+
+
 constexpr u32 kLinkMax = 65000;  // links of one inode (EMLINK beyond)
 constexpr u64 kMaxFileSize = u64(1) << 50;  // bytes (EFBIG beyond)
 constexpr u32 kBlock = data::kBlockSize;
@@ -225,12 +272,25 @@ Status Filesystem::QueueRemoveEntry(Transaction* tx, const NameTable& t, const E
 
 // --- inodes --------------------------------------------------------------------
 
+// Per-inode locks (fs.h, "Concurrency"). An entry lives in its stripe's table
+// while any operation holds or waits for one of its locks (refs, under
+// locks_mu_); the last user keeps it as a spare or frees it.
+struct Filesystem::InodeLocks {
+  u64 ino = 0;
+  u32 refs = 0;
+  Mutex inode;  // metadata changes of the inode
+  RwLock data;  // a regular file's data and size (see "Locking")
+};
+
 Filesystem::~Filesystem() {
   // Without Unmount (a test's crash): buffered data is lost, as in a crash.
   StopFlusher();
   for (u32 i = 0; i < kStripes; i++) {
     for (const OpenCount& o : open_[i]) FreeBuffer(o.buf);
     open_[i].Resize(0).IgnoreError();
+    TFS_BUG_ON(!locks_[i].empty());  // an operation still running
+    for (InodeLocks* e : spare_locks_[i]) platform::Delete(e);
+    spare_locks_[i].Resize(0).IgnoreError();
   }
 }
 
@@ -271,7 +331,7 @@ Status Filesystem::ReadDirInode(u64 dir, InodeFormat* out) {
 
 bool Filesystem::IsOpen(u64 ino) {
   const u32 s = Stripe(ino);
-  MutexLock l(open_mu_[s]);
+  SharedLock l(open_mu_[s]);
   for (const OpenCount& o : open_[s])
     if (o.ino == ino) return true;
   return false;
@@ -315,39 +375,142 @@ Status Filesystem::FinishFree(u64 ino) {
     Transaction tx(trees_);
     data::Delta delta;
     TFS_TRY(data_.QueuePunch(&tx, ino, 0, ~u64(0), &delta, kBatchExtents));
+    DebugNoSharedLock();
     TFS_TRY(data_.Commit(&tx, delta));
   }
   Transaction tx(trees_);
   TFS_TRY(QueueFree(&tx, ino));
+  DebugNoSharedLock();
   TFS_TRY(tx.Commit().status());
   NoteFreed(true);
   return Status::Ok();
 }
 
 // Stripes held by one operation: up to four, taken in ascending order.
+
+
+Filesystem::InodeLocks* Filesystem::AcquireLocks(u64 ino) {
+  const u32 s = Stripe(ino);
+  SharedLock l(locks_mu_[s]);
+  for (InodeLocks* e : locks_[s]) {
+    if (e->ino == ino) {
+      e->refs++;
+      return e;
+    }
+  }
+  if (locks_[s].size() == locks_[s].capacity() && !locks_[s].Reserve(locks_[s].size() * 2 + 4).ok()) return nullptr;
+  InodeLocks* e = nullptr;
+  if (!spare_locks_[s].empty()) {
+    e = spare_locks_[s].back();
+    spare_locks_[s].PopBack();
+  } else {
+    e = platform::New<InodeLocks>();
+    if (e == nullptr) return nullptr;
+  }
+  e->ino = ino;
+  e->refs = 1;
+  locks_[s].PushBack(e).IgnoreError();  // capacity reserved above
+  return e;
+}
+
+void Filesystem::ReleaseLocks(InodeLocks* e) {
+  const u32 s = Stripe(e->ino);
+  {
+    SharedLock l(locks_mu_[s]);
+    if (--e->refs != 0) return;
+    Vector<InodeLocks*>& v = locks_[s];
+    for (usize i = 0; i < v.size(); i++) {
+      if (v[i] != e) continue;
+      v[i] = v[v.size() - 1];
+      v.PopBack();
+      break;
+    }
+    if (spare_locks_[s].size() < 8 && spare_locks_[s].PushBack(e).ok()) return;
+  }
+  platform::Delete(e);
+}
+
+// The inode locks of up to four inodes, in ascending inode order. status() is
+// kNoMemory if an entry could not be made (nothing is held then).
 struct Filesystem::Locked {
   Locked(Filesystem* fs, const u64* inos, u32 n) : fs_(fs) {
+    u64 want[4] = {};
+    u32 m = 0;
     for (u32 i = 0; i < n; i++) {
       if (inos[i] == 0) continue;
-      const u32 s = fs->Stripe(inos[i]);
       bool dup = false;
-      for (u32 j = 0; j < n_; j++) dup |= held_[j] == s;
-      if (!dup) held_[n_++] = s;
+      for (u32 j = 0; j < m; j++) dup |= want[j] == inos[i];
+      if (!dup) want[m++] = inos[i];
     }
-    for (u32 i = 1; i < n_; i++)  // insertion sort: at most four
-      for (u32 j = i; j > 0 && held_[j - 1] > held_[j]; j--) Swap(held_[j - 1], held_[j]);
-    for (u32 i = 0; i < n_; i++) fs_->stripes_[held_[i]].Lock();
+    for (u32 i = 1; i < m; i++)  // insertion sort: at most four
+      for (u32 j = i; j > 0 && want[j - 1] > want[j]; j--) Swap(want[j - 1], want[j]);
+    for (u32 i = 0; i < m; i++) {
+      InodeLocks* e = fs_->AcquireLocks(want[i]);
+      if (e == nullptr) {
+        Unlock();
+        status_ = Err::kNoMemory;
+        return;
+      }
+      held_[n_++] = e;
+    }
+    for (u32 i = 0; i < n_; i++) held_[i]->inode.Lock();
+    locked_ = true;
   }
-  ~Locked() {
-    for (u32 i = n_; i-- > 0;) fs_->stripes_[held_[i]].Unlock();
-  }
+  ~Locked() { Unlock(); }
   Locked(const Locked&) = delete;
   Locked& operator=(const Locked&) = delete;
+  Status status() const { return status_; }
+
+ private:
+  void Unlock() {
+    for (u32 i = n_; i-- > 0;) {
+      if (locked_) held_[i]->inode.Unlock();
+      fs_->ReleaseLocks(held_[i]);
+    }
+    n_ = 0;
+  }
+  Filesystem* fs_;
+  InodeLocks* held_[4] = {};
+  u32 n_ = 0;
+  bool locked_ = false;
+  Status status_;
+};
+
+// One inode's data lock, shared or exclusive; ino 0 holds nothing. status() is
+// kNoMemory if the lock entry could not be made (nothing is held then).
+class Filesystem::DataGuard {
+ public:
+  DataGuard(Filesystem* fs, u64 ino, bool exclusive) : fs_(fs), exclusive_(exclusive) {
+    if (ino == 0) return;
+    e_ = fs_->AcquireLocks(ino);
+    if (e_ == nullptr) {
+      status_ = Err::kNoMemory;
+      return;
+    }
+    if (exclusive_) {
+      e_->data.WriteLock();
+    } else {
+      e_->data.ReadLock();
+    }
+  }
+  ~DataGuard() {
+    if (e_ == nullptr) return;
+    if (exclusive_) {
+      e_->data.WriteUnlock();
+    } else {
+      e_->data.ReadUnlock();
+    }
+    fs_->ReleaseLocks(e_);
+  }
+  DataGuard(const DataGuard&) = delete;
+  DataGuard& operator=(const DataGuard&) = delete;
+  Status status() const { return status_; }
 
  private:
   Filesystem* fs_;
-  u32 held_[4] = {};
-  u32 n_ = 0;
+  bool exclusive_;
+  InodeLocks* e_ = nullptr;
+  Status status_;
 };
 
 // --- mount ---------------------------------------------------------------------
@@ -408,6 +571,7 @@ Status Filesystem::Mount(engine::Engine* engine, const Options& options) {
     root.xattr_bits = u8(opt_.dir_hash_bits);
     Transaction tx(trees_);
     TFS_TRY(tx.Set(InodePos(kRootIno), &root, sizeof(root)));
+    DebugNoSharedLock();
     TFS_TRY(tx.Commit().status());
     inodes_.Store(1, MemOrder::kRelaxed);
     return Status::Ok();
@@ -433,20 +597,21 @@ Status Filesystem::Unmount() {
     for (u32 i = 0;; i++) {
       u64 ino;
       {
-        MutexLock l(open_mu_[s]);
+        SharedLock l(open_mu_[s]);
         if (i >= open_[s].size()) break;
         ino = open_[s][i].ino;
       }
-      WriteGuard data(DataLock(ino));
+      DataGuard data(this, ino, true);
+      Status st = data.status();
       InodeFormat f;
-      Status st = ReadInode(ino, &f);
+      if (st.ok()) st = ReadInode(ino, &f);
       if (st.ok() && f.nlink.get() != 0) st = FlushRun(ino, FindBuffer(ino, false), kFlushClose);
       if (st.Is(ErrorClass::kNotFound)) st = Status::Ok();
       if (first.ok() && !st.ok()) first = st;
     }
     Vector<OpenCount> open;
     {
-      MutexLock l(open_mu_[s]);
+      SharedLock l(open_mu_[s]);
       Swap(open, open_[s]);
     }
     for (const OpenCount& o : open) {
@@ -569,6 +734,7 @@ Result<Attr> Filesystem::Create(u64 dir, const char* name, u32 len, u32 mode, u6
   const bool is_dir = type == kDtDir;
   const u64 lock[1] = {dir};
   Locked locked(this, lock, 1);
+  TFS_TRY(locked.status());
   InodeFormat d;
   TFS_TRY(ReadDirInode(dir, &d));
   if (is_dir && d.nlink.get() >= kLinkMax) return Err::kTooManyLinks;
@@ -613,6 +779,7 @@ Result<Attr> Filesystem::Create(u64 dir, const char* name, u32 len, u32 mode, u6
   SetTime(&d.mtime_ns, now);
   SetTime(&d.ctime_ns, now);
   TFS_TRY(tx.Set(InodePos(dir), &d, sizeof(d)));
+  DebugNoSharedLock();
   TFS_TRY(tx.Commit().status());
   c_creates_.FetchAdd(1, MemOrder::kRelaxed);
   inodes_.FetchAdd(1, MemOrder::kRelaxed);
@@ -642,6 +809,7 @@ Result<Attr> Filesystem::Link(u64 ino, u64 dir, const char* name, u32 len) {
   if (IsDot(name, len) || IsDotDot(name, len)) return Err::kExists;
   const u64 lock[2] = {dir, ino};
   Locked locked(this, lock, 2);
+  TFS_TRY(locked.status());
   InodeFormat f;
   TFS_TRY(ReadInode(ino, &f));
   if (IsDir(f)) return Err::kPermission;  // no hard links to directories
@@ -663,6 +831,7 @@ Result<Attr> Filesystem::Link(u64 ino, u64 dir, const char* name, u32 len) {
   SetTime(&d.mtime_ns, now);
   SetTime(&d.ctime_ns, now);
   TFS_TRY(tx.Set(InodePos(dir), &d, sizeof(d)));
+  DebugNoSharedLock();
   TFS_TRY(tx.Commit().status());
   return ToAttr(ino, f);
 }
@@ -707,6 +876,7 @@ Status Filesystem::Remove(u64 dir, const char* name, u32 len, bool rmdir) {
     if (!e.found) return Err::kNotFound;
     const u64 lock[2] = {dir, e.ino};
     Locked locked(this, lock, 2);
+    TFS_TRY(locked.status());
     TFS_TRY(ReadDirInode(dir, &d));
     Entry again;
     TFS_TRY(FindEntry(DirTable(dir, d), name, len, &again));
@@ -734,6 +904,7 @@ Status Filesystem::Remove(u64 dir, const char* name, u32 len, bool rmdir) {
     SetTime(&d.mtime_ns, now);
     SetTime(&d.ctime_ns, now);
     TFS_TRY(tx.Set(InodePos(dir), &d, sizeof(d)));
+    DebugNoSharedLock();
     TFS_TRY(tx.Commit().status());
     c_unlinks_.FetchAdd(1, MemOrder::kRelaxed);
     return freed ? FinishFree(e.ino) : Status::Ok();
@@ -783,7 +954,11 @@ Status Filesystem::Rename(u64 old_dir, const char* old_name, u32 old_len, u64 ne
   if (IsDot(old_name, old_len) || IsDotDot(old_name, old_len) || IsDot(new_name, new_len) ||
       IsDotDot(new_name, new_len))
     return Err::kInvalidArgument;
-  MutexLock rename_lock(rename_mu_);  // parents do not change under the loop check
+  // Parents do not change under the loop check: renames across directories
+  // take rename_mu_ (held across their commit: the slow-member rule's one
+  // exception, fs.h). One within a directory changes no parent and takes none,
+  // as the VFS's lock_rename does.
+  OptionalLock rename_lock(rename_mu_, old_dir != new_dir);
   InodeFormat od;
   InodeFormat nd;
   // Both directories and both names, as committed now.
@@ -800,6 +975,7 @@ Status Filesystem::Rename(u64 old_dir, const char* old_name, u32 old_len, u64 ne
     TFS_TRY(find(&src, &dst));
     const u64 lock[4] = {old_dir, new_dir, src.ino, dst.found ? dst.ino : 0};
     Locked locked(this, lock, 4);
+    TFS_TRY(locked.status());
     // Again under the locks: retry if either name changed meanwhile.
     Entry s2;
     Entry d2;
@@ -912,6 +1088,7 @@ Status Filesystem::Rename(u64 old_dir, const char* old_name, u32 old_len, u64 ne
       }
       TFS_TRY(tx.Set(InodePos(set.recs[i].ino), &set.recs[i].f, sizeof(InodeFormat)));
     }
+    DebugNoSharedLock();
     TFS_TRY(tx.Commit().status());
     c_renames_.FetchAdd(1, MemOrder::kRelaxed);
     return freed ? FinishFree(dst.ino) : Status::Ok();
@@ -934,7 +1111,8 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
   // first so that sizes and times stay in order: under its data lock, with
   // the I/O (a new last block with zeros past the size) before the stripe.
   const bool data = type == kModeReg && ((set.valid & kSetSize) != 0 || Buffering(ino));
-  if (data) DataLock(ino).WriteLock();
+  DataGuard data_lock(this, data ? ino : 0, true);
+  TFS_TRY(data_lock.status());
   data::Prepared* tail = nullptr;
   data::Delta tail_delta;
   Status st = [&]() -> Status {
@@ -948,7 +1126,8 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
   if (st.ok()) {
     const u64 lock[1] = {ino};
     Locked locked(this, lock, 1);
-    st = ReadInode(ino, &f);
+    st = locked.status();
+    if (st.ok()) st = ReadInode(ino, &f);
     const i64 now = Now();
     if (st.ok()) {
       if ((set.valid & kSetMode) != 0) f.mode.set(type | (set.mode & kModePermMask));
@@ -975,6 +1154,7 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
         st = tx.Set(InodePos(ino), &f, sizeof(f));
       }
       if (st.ok()) {
+        DebugNoSharedLock();
         st = data_.Commit(&tx, tail_delta);
         tail_delta = data::Delta{};  // applied or aborted
       }
@@ -982,7 +1162,6 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
   }
   data_.Abort(tail_delta);  // (nothing left if it was committed)
   platform::Delete(tail);
-  if (data) DataLock(ino).WriteUnlock();
   TFS_TRY(st);
   c_setattrs_.FetchAdd(1, MemOrder::kRelaxed);
   return ToAttr(ino, f);
@@ -991,13 +1170,16 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
 // --- file data -----------------------------------------------------------------
 //
 // Locking. A regular file's data and size are guarded by its data lock
-// (DataLock: striped reader-writer locks, taken before any inode stripe):
-// exclusive for what reads, merges and rewrites blocks, shrinks the file or
-// touches its write buffer; shared for whole-block writes with no buffered
-// run (several may run at once, as O_DIRECT writes do on ext4). Device I/O
-// happens under the data lock only: blobs are written by DataPath::Prepare,
-// and the stripe is taken just to commit them (CommitData). So no lock that
-// a directory or another file's metadata needs is ever held across I/O.
+// (DataGuard: the inode's own reader-writer lock, taken before its inode
+// lock): exclusive for what reads, merges and rewrites blocks, shrinks the
+// file or touches its write buffer; shared for whole-block writes with no
+// buffered run (several may run at once, as O_DIRECT writes do on ext4).
+// Device I/O happens under the data lock only: blobs are written by
+// DataPath::Prepare, and the inode lock is taken just to commit them
+// (CommitData). Both are the inode's own (fs.h, the slow-member rule): a
+// write stuck in a stalled HDD holds up only its own file, never a directory
+// or another file (until issue 17 both were stripes shared by hashing, and a
+// stalled HDD write held up close() and open() of unrelated SSD files).
 
 struct Filesystem::Buffered {
   u64 first = 0;       // first file block of the run
@@ -1011,7 +1193,7 @@ struct Filesystem::Buffered {
 
 Filesystem::Buffered* Filesystem::FindBuffer(u64 ino, bool create) {
   const u32 s = Stripe(ino);
-  MutexLock l(open_mu_[s]);
+  SharedLock l(open_mu_[s]);
   for (OpenCount& o : open_[s]) {
     if (o.ino != ino) continue;
     if (o.buf != nullptr || !create) return o.buf;
@@ -1045,7 +1227,7 @@ void Filesystem::FreeBuffer(Buffered* b) {
 
 bool Filesystem::Buffering(u64 ino) {
   const u32 s = Stripe(ino);
-  MutexLock l(open_mu_[s]);
+  SharedLock l(open_mu_[s]);
   for (const OpenCount& o : open_[s])
     if (o.ino == ino) return o.buf != nullptr && o.buf->blocks > 0;
   return false;
@@ -1055,6 +1237,7 @@ Status Filesystem::CommitData(u64 ino, const data::Prepared* p, data::Delta* del
                               journal::CommitMode mode) {
   const u64 lock[1] = {ino};
   Locked locked(this, lock, 1);
+  TFS_TRY(locked.status());
   InodeFormat f;
   Transaction tx(trees_);
   Status st = ReadInode(ino, &f);
@@ -1072,6 +1255,7 @@ Status Filesystem::CommitData(u64 ino, const data::Prepared* p, data::Delta* del
     data_.Abort(*delta);  // failed before the commit
     return st;
   }
+  DebugNoSharedLock();
   return data_.Commit(&tx, *delta, mode);
 }
 
@@ -1087,6 +1271,7 @@ Status Filesystem::PrepareZero(u64 ino, u64 block, u32 from, u32 to, data::Prepa
   Status st = buf == nullptr || p == nullptr ? Status(Err::kNoMemory) : data_.ReadBlocks(ino, block, 1, buf);
   if (st.ok()) {
     MemSet(buf + from, 0, to - from);
+    DebugNoSharedLock();
     st = data_.Prepare(ino, block, buf, 1, Compress(f), p, delta);
   }
   platform::Free(buf);
@@ -1119,6 +1304,7 @@ Status Filesystem::FlushRun(u64 ino, Buffered* b, FlushCause cause) {
   data::Prepared* p = platform::New<data::Prepared>();
   data::Delta delta;
   if (st.ok() && p == nullptr) st = Err::kNoMemory;
+  DebugNoSharedLock();
   if (st.ok()) st = data_.Prepare(ino, b->first, b->data, b->blocks, Compress(f), p, &delta);
   if (st.ok()) {
     // Fsync flushes the journal right after: the writer thread need not wake.
@@ -1134,7 +1320,7 @@ Status Filesystem::FlushRun(u64 ino, Buffered* b, FlushCause cause) {
   }
   c_flush_[cause].FetchAdd(1, MemOrder::kRelaxed);
   c_flushed_bytes_.FetchAdd(u64(b->blocks) * kBlock, MemOrder::kRelaxed);
-  MutexLock l(open_mu_[Stripe(ino)]);
+  SharedLock l(open_mu_[Stripe(ino)]);
   b->blocks = 0;
   b->gen = buf_gen_.FetchAdd(1, MemOrder::kRelaxed);
   return Status::Ok();
@@ -1142,14 +1328,29 @@ Status Filesystem::FlushRun(u64 ino, Buffered* b, FlushCause cause) {
 
 Status Filesystem::FlushBuffer(u64 ino) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
-  WriteGuard data(DataLock(ino));
+  // Nothing buffered (the common close): no lock at all, so a close never
+  // waits for another writer of the file -- one stuck in a stalled HDD's
+  // write, say. A write that returned before this close began is in the run.
+  {
+    const u32 s = Stripe(ino);
+    SharedLock l(open_mu_[s]);
+    bool buffered = false;
+    for (const OpenCount& o : open_[s]) buffered |= o.ino == ino && o.buf != nullptr && o.buf->blocks > 0;
+    if (!buffered) {
+      c_close_unbuffered_.FetchAdd(1, MemOrder::kRelaxed);
+      return Status::Ok();
+    }
+  }
+  DataGuard data(this, ino, true);
+  TFS_TRY(data.status());
   return FlushRun(ino, FindBuffer(ino, false), kFlushClose);
 }
 
 Status Filesystem::Fsync(u64 ino) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
   {
-    WriteGuard data(DataLock(ino));
+    DataGuard data(this, ino, true);
+    TFS_TRY(data.status());
     TFS_TRY(FlushRun(ino, FindBuffer(ino, false), kFlushFsync));
   }
   return engine_->journal().Flush();
@@ -1157,7 +1358,7 @@ Status Filesystem::Fsync(u64 ino) {
 
 void Filesystem::OverlayBuffered(u64 ino, Attr* a) {
   const u32 s = Stripe(ino);
-  MutexLock l(open_mu_[s]);
+  SharedLock l(open_mu_[s]);
   for (const OpenCount& o : open_[s]) {
     if (o.ino != ino || o.buf == nullptr || o.buf->blocks == 0) continue;
     a->size = Max(a->size, o.buf->size);
@@ -1195,12 +1396,13 @@ void Filesystem::FlushAged() {
     u64 inos[16];
     u32 n = 0;
     {
-      MutexLock l(open_mu_[s]);
+      SharedLock l(open_mu_[s]);
       for (const OpenCount& o : open_[s])
         if (n < 16 && o.buf != nullptr && o.buf->blocks > 0 && now - o.buf->since_ns >= age) inos[n++] = o.ino;
     }
     for (u32 i = 0; i < n; i++) {
-      WriteGuard data(DataLock(inos[i]));
+      DataGuard data(this, inos[i], true);
+      if (!data.status().ok()) continue;  // out of memory: at the next round
       Buffered* b = FindBuffer(inos[i], false);  // (the last Release takes the data lock too)
       if (b == nullptr || b->blocks == 0 || now - b->since_ns < age) continue;
       Status st = FlushRun(inos[i], b, kFlushAge);
@@ -1224,7 +1426,8 @@ Result<u32> Filesystem::Write(u64 ino, u64 off, const void* buf, u32 len, u32 fl
   if ((flags & kWriteDirect) == 0 && nb <= kBufferBlocks / 2) {
     Buffered* b = FindBuffer(ino, true);
     if (b != nullptr) {
-      WriteGuard data(DataLock(ino));
+      DataGuard data(this, ino, true);
+      TFS_TRY(data.status());
       TFS_TRY(ReadInode(ino, &f));  // the size, now stable
       return WriteBuffered(ino, &f, b, off, in, len);
     }
@@ -1232,14 +1435,16 @@ Result<u32> Filesystem::Write(u64 ino, u64 off, const void* buf, u32 len, u32 fl
   // Whole blocks and nothing buffered: the shared data lock (the blocks are
   // replaced, not merged).
   if (off % kBlock == 0 && len % kBlock == 0) {
-    ReadGuard data(DataLock(ino));
+    DataGuard data(this, ino, false);
+    TFS_TRY(data.status());
     if (!Buffering(ino)) {
       c_wdirect_.FetchAdd(1, MemOrder::kRelaxed);
       return WriteThrough(ino, f, off, in, len);  // (f's size is not used for whole blocks)
     }
   }
   // Straight through, after whatever is buffered (so the order holds).
-  WriteGuard data(DataLock(ino));
+  DataGuard data(this, ino, true);
+  TFS_TRY(data.status());
   TFS_TRY(FlushRun(ino, FindBuffer(ino, false), kFlushOther));
   TFS_TRY(ReadInode(ino, &f));  // the size, now stable
   c_wdirect_.FetchAdd(1, MemOrder::kRelaxed);
@@ -1278,7 +1483,7 @@ Result<u32> Filesystem::WriteBuffered(u64 ino, InodeFormat* f, Buffered* b, u64 
     edge_block[i] = blk;
   }
   const i64 now = Now();
-  MutexLock l(open_mu_[Stripe(ino)]);
+  SharedLock l(open_mu_[Stripe(ino)]);
   if (b->blocks == 0) {
     b->first = b0;
     b->size = f->size.get();
@@ -1331,6 +1536,7 @@ Result<u32> Filesystem::WriteThrough(u64 ino, InodeFormat f, u64 off, const u8* 
     if (!st.ok()) break;
     MemCopy(blocks + skip, buf + done, n);
     data::Delta delta;
+    DebugNoSharedLock();
     st = data_.Prepare(ino, b0, blocks, nb, Compress(f), p, &delta);
     if (!st.ok()) {
       data_.Abort(delta);
@@ -1349,7 +1555,8 @@ Result<u32> Filesystem::WriteThrough(u64 ino, InodeFormat f, u64 off, const u8* 
 Result<u64> Filesystem::Seek(u64 ino, u64 off, bool data) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
   // The data lock keeps new buffered writes out while the extents are read.
-  WriteGuard g(DataLock(ino));
+  DataGuard g(this, ino, true);
+  TFS_TRY(g.status());
   TFS_TRY(FlushRun(ino, FindBuffer(ino, false), kFlushOther));
   InodeFormat f;
   TFS_TRY(ReadInode(ino, &f));
@@ -1380,7 +1587,7 @@ Result<u32> Filesystem::Read(u64 ino, u64 off, void* buf, u32 len) {
     const Buffered* b = nullptr;
     u64 gen = 0;
     {
-      MutexLock l(open_mu_[s]);
+      SharedLock l(open_mu_[s]);
       for (const OpenCount& o : open_[s])
         if (o.ino == ino && o.buf != nullptr && o.buf->blocks > 0) {
           b = o.buf;
@@ -1397,7 +1604,7 @@ Result<u32> Filesystem::Read(u64 ino, u64 off, void* buf, u32 len) {
     Status st = data_.ReadBlocks(ino, b0, u32(b1 - b0), blocks);
     bool again = false;
     if (st.ok() && b != nullptr) {
-      MutexLock l(open_mu_[s]);
+      SharedLock l(open_mu_[s]);
       // The same buffer (generations are unique) holding the same run?
       again = true;
       for (const OpenCount& o : open_[s])
@@ -1424,6 +1631,7 @@ Status Filesystem::PunchPast(u64 ino, InodeFormat* f, u64 size) {
     if (delta.empty()) return Status::Ok();
     f->sectors.set(u64(i64(f->sectors.get()) + delta.sectors));
     TFS_TRY(tx.Set(InodePos(ino), f, sizeof(*f)));
+    DebugNoSharedLock();
     TFS_TRY(data_.Commit(&tx, delta));
   }
 }
@@ -1442,7 +1650,8 @@ Status Filesystem::Fallocate(u64 ino, u32 mode, u64 off, u64 len) {
   TFS_TRY(ReadInode(ino, &f));
   if (IsDir(f)) return Err::kIsDir;
   if ((f.mode.get() & kModeTypeMask) != kModeReg) return Err::kNoDevice;
-  WriteGuard data(DataLock(ino));
+  DataGuard data(this, ino, true);
+  TFS_TRY(data.status());
   TFS_TRY(FlushRun(ino, FindBuffer(ino, false), kFlushOther));
   TFS_TRY(ReadInode(ino, &f));
   const u64 end = off + len;
@@ -1466,6 +1675,7 @@ Status Filesystem::Fallocate(u64 ino, u32 mode, u64 off, u64 len) {
     for (bool more = first_whole < end_whole; more;) {
       const u64 lock[1] = {ino};
       Locked locked(this, lock, 1);
+      TFS_TRY(locked.status());
       TFS_TRY(ReadInode(ino, &f));
       Transaction tx(trees_);
       data::Delta delta;
@@ -1475,16 +1685,19 @@ Status Filesystem::Fallocate(u64 ino, u32 mode, u64 off, u64 len) {
       SetTime(&f.mtime_ns, now);
       SetTime(&f.ctime_ns, now);
       TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
+      DebugNoSharedLock();
       TFS_TRY(data_.Commit(&tx, delta));
     }
     if (punch) {
       const u64 lock[1] = {ino};
       Locked locked(this, lock, 1);
+      TFS_TRY(locked.status());
       TFS_TRY(ReadInode(ino, &f));
       SetTime(&f.mtime_ns, now);
       SetTime(&f.ctime_ns, now);
       Transaction tx(trees_);
       TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
+      DebugNoSharedLock();
       return tx.Commit(journal::CommitMode::kNoFlush).status();
     }
   }
@@ -1497,6 +1710,7 @@ Status Filesystem::Fallocate(u64 ino, u32 mode, u64 off, u64 len) {
   do {
     const u64 lock[1] = {ino};
     Locked locked(this, lock, 1);
+    TFS_TRY(locked.status());
     TFS_TRY(ReadInode(ino, &f));
     Transaction tx(trees_);
     data::Delta delta;
@@ -1515,6 +1729,7 @@ Status Filesystem::Fallocate(u64 ino, u32 mode, u64 off, u64 len) {
       data_.Abort(delta);  // failed before the commit
       return st;
     }
+    DebugNoSharedLock();
     TFS_TRY(data_.Commit(&tx, delta));
     at = next;
   } while (at < last);
@@ -1537,6 +1752,7 @@ Status Filesystem::SetFlags(u64 ino, u32 flags) {
   if ((flags & ~kFsComprFl) != 0) return Err::kNotSupported;
   const u64 lock[1] = {ino};
   Locked locked(this, lock, 1);
+  TFS_TRY(locked.status());
   InodeFormat f;
   TFS_TRY(ReadInode(ino, &f));
   const u16 want = u16((f.flags.get() & ~kInodeFlagCompress) | ((flags & kFsComprFl) != 0 ? kInodeFlagCompress : 0));
@@ -1545,6 +1761,7 @@ Status Filesystem::SetFlags(u64 ino, u32 flags) {
   SetTime(&f.ctime_ns, Now());
   Transaction tx(trees_);
   TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
+  DebugNoSharedLock();
   return tx.Commit(journal::CommitMode::kNoFlush).status();
 }
 
@@ -1573,6 +1790,7 @@ Status Filesystem::SetXattr(u64 ino, const char* name, u32 len, const void* valu
   if (value_len > 0 && value == nullptr) return Err::kInvalidArgument;
   const u64 lock[1] = {ino};
   Locked locked(this, lock, 1);
+  TFS_TRY(locked.status());
   InodeFormat f;
   TFS_TRY(ReadInode(ino, &f));
   const NameTable t = XattrTable(ino, f);
@@ -1597,6 +1815,7 @@ Status Filesystem::SetXattr(u64 ino, const char* name, u32 len, const void* valu
   TFS_TRY(st);
   SetTime(&f.ctime_ns, Now());
   TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
+  DebugNoSharedLock();
   return tx.Commit().status();
 }
 
@@ -1660,6 +1879,7 @@ Status Filesystem::RemoveXattr(u64 ino, const char* name, u32 len) {
   TFS_TRY(CheckXattrName(name, len));
   const u64 lock[1] = {ino};
   Locked locked(this, lock, 1);
+  TFS_TRY(locked.status());
   InodeFormat f;
   TFS_TRY(ReadInode(ino, &f));
   const NameTable t = XattrTable(ino, f);
@@ -1670,6 +1890,7 @@ Status Filesystem::RemoveXattr(u64 ino, const char* name, u32 len) {
   TFS_TRY(QueueRemoveEntry(&tx, t, e));
   SetTime(&f.ctime_ns, Now());
   TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
+  DebugNoSharedLock();
   return tx.Commit().status();
 }
 
@@ -1679,10 +1900,11 @@ Status Filesystem::OpenInode(u64 ino) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
   const u64 lock[1] = {ino};
   Locked locked(this, lock, 1);  // an unlink either sees this handle or frees first
+  TFS_TRY(locked.status());
   InodeFormat f;
   TFS_TRY(ReadInode(ino, &f));
   const u32 s = Stripe(ino);
-  MutexLock l(open_mu_[s]);
+  SharedLock l(open_mu_[s]);
   for (OpenCount& o : open_[s])
     if (o.ino == ino) {
       o.count++;
@@ -1695,13 +1917,14 @@ Status Filesystem::OpenInode(u64 ino) {
 
 Status Filesystem::Release(u64 ino) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
-  WriteGuard data(DataLock(ino));  // no write of it runs while the last handle goes
+  DataGuard data(this, ino, true);  // no write of it runs while the last handle goes
+  TFS_TRY(data.status());
   const u32 s = Stripe(ino);
   // The last handle's buffered run goes out first, while readers still see
   // it (a deleted file's is dropped).
   Buffered* b = nullptr;
   {
-    MutexLock l(open_mu_[s]);
+    SharedLock l(open_mu_[s]);
     for (const OpenCount& o : open_[s])
       if (o.ino == ino && o.count == 1) b = o.buf;
   }
@@ -1713,8 +1936,9 @@ Status Filesystem::Release(u64 ino) {
                   (unsigned long long)ino, st.Message());
   const u64 lock[1] = {ino};
   Locked locked(this, lock, 1);  // no unlink of it runs while we decide
+  TFS_TRY(locked.status());
   {
-    MutexLock l(open_mu_[s]);
+    SharedLock l(open_mu_[s]);
     Vector<OpenCount>& v = open_[s];
     u32 i = 0;
     while (i < v.size() && v[i].ino != ino) i++;
@@ -1758,6 +1982,12 @@ Stats Filesystem::GetStats() const {
   s.flush_errors = c_flush_err_.Load(MemOrder::kRelaxed);
   s.buffers_dropped = c_dropped_.Load(MemOrder::kRelaxed);
   s.buffers_now = buffers_.Load(MemOrder::kRelaxed);
+  s.closes_unbuffered = c_close_unbuffered_.Load(MemOrder::kRelaxed);
+  s.inode_locks_now = 0;
+  for (u32 i = 0; i < kStripes; i++) {
+    SharedLock l(locks_mu_[i]);
+    s.inode_locks_now += locks_[i].size();
+  }
   return s;
 }
 

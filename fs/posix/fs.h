@@ -20,16 +20,28 @@
 // VFS cannot: a directory's type and emptiness, names, loops.
 //
 // Concurrency. Any number of threads. Operations lock the inodes they change
-// through a table of striped mutexes, always in ascending stripe order, after the
-// filesystem-wide rename mutex for renames (lock order: rename_mu_, stripes, the
-// btrees' own locks). Like the VFS's inode locks, stripes are held across btree
-// reads and the commit; metadata lives on the metadata target, so a stripe never
-// waits for a slow device. Lookups, GetAttr and ReadDir take no stripe: each
-// reads committed state key by key. A regular file's data also has a data
-// lock (striped reader-writer locks, taken before any stripe; see "Locking"
-// in fs.cc): device I/O happens under it alone, and the stripe is taken only
-// to commit. Data operations on an inode need an open handle (OpenInode) or
-// must not race its last unlink.
+// with per-inode mutexes (an inode lock), always in ascending inode order,
+// after the filesystem-wide rename mutex for renames across directories (lock
+// order: data lock, rename_mu_, inode locks, the btrees' own locks). Like the
+// VFS's inode locks, inode locks are held across btree reads and the commit.
+// Lookups, GetAttr and ReadDir take none: each reads committed state key by
+// key. A regular file's data also has a per-inode data lock (a reader-writer
+// lock, taken before any inode lock; see "Locking" in fs.cc): device I/O
+// happens under it alone, and the inode lock is taken only to commit. Data
+// operations on an inode need an open handle (OpenInode) or must not race its
+// last unlink.
+//
+// The slow-member rule: no lock that an operation on another inode can
+// contend on is held across a journal wait or device I/O -- a commit can wait
+// for the journal, and a data write for a stalled HDD, and neither may hold up
+// an unrelated file. Inode and data locks are per inode (an entry in a table
+// while in use, not a stripe shared by hashing), the tables' own mutexes are
+// held only to find an entry, and close with nothing buffered takes no lock.
+// The one exception is the VFS's: a rename across directories holds
+// rename_mu_ across its commit (the loop check needs parents to stay put), so
+// such renames wait for one another. Debug builds check the rule: posix's
+// shared mutexes count themselves held per thread, and every commit and data
+// write asserts the count is zero (DebugNoSharedLock).
 //
 // Open files. An inode whose last name goes while it is open (OpenInode without
 // its Release) stays, with nlink 0 and an orphan key, until its last Release; a
@@ -148,6 +160,8 @@ struct Stats {
   u64 writes_buffered, writes_direct;
   u64 flushes_full, flushes_close, flushes_fsync, flushes_age, flushes_other, bytes_flushed;
   u64 flush_errors, buffers_dropped, buffers_now;
+  u64 closes_unbuffered;  // FlushBuffer (close) with nothing buffered: no lock taken
+  u64 inode_locks_now;    // per-inode lock entries in use now
 };
 
 // One hash table of named entries: a directory's entries or an inode's xattrs.
@@ -264,11 +278,13 @@ class Filesystem {
 
  private:
   struct Entry;     // a directory entry found by FindEntry
-  struct Locked;    // stripes held by one operation
-  struct Buffered;  // one open inode's write buffer
+  struct Locked;      // inode locks held by one operation
+  struct Buffered;    // one open inode's write buffer
+  struct InodeLocks;  // one inode's inode lock and data lock, while in use
+  class DataGuard;    // holds one inode's data lock
 
+  // Stripes of the open-handle and lock tables (short-held mutexes).
   static constexpr u32 kStripes = 64;
-  static constexpr u32 kDataStripes = 256;
   u32 Stripe(u64 ino) const { return u32((ino * 0x9e3779b97f4a7c15ull) >> 58) % kStripes; }
 
   Status ReadInode(u64 ino, InodeFormat* out, char* link = nullptr, u32* link_len = nullptr);
@@ -288,10 +304,13 @@ class Filesystem {
   // Frees a regular file's blocks past `size` bytes (committing *f's sector
   // count with each batch); under the inode's stripe.
   Status PunchPast(u64 ino, InodeFormat* f, u64 size);
+  // The inode's lock entry, created if none is in use (null: out of memory),
+  // and its release (the last user frees or keeps it as a spare).
+  InodeLocks* AcquireLocks(u64 ino);
+  void ReleaseLocks(InodeLocks* l);
   // The file data section (see "Locking" in fs.cc). Callers hold the inode's
-  // data lock (exclusive unless said otherwise) and no stripe.
-  RwLock& DataLock(u64 ino) { return data_locks_[u32((ino * 0xc2b2ae3d27d4eb4full) >> 54) % kDataStripes]; }
-  // Under the stripe: queues p (if any; punching its range), raises the size
+  // data lock (exclusive unless said otherwise) and no inode lock.
+  // Under the inode lock: queues p (if any; punching its range), raises the size
   // to at least min_size, sets mtime and ctime (if mtime != 0), and commits
   // with the delta's dependencies -- or aborts the delta.
   Status CommitData(u64 ino, const data::Prepared* p, data::Delta* delta, u64 min_size, i64 mtime,
@@ -334,8 +353,11 @@ class Filesystem {
   data::DataPath data_;
   btree::Btrees* trees_ = nullptr;
   Mutex rename_mu_;
-  Mutex stripes_[kStripes];
-  RwLock data_locks_[kDataStripes];
+  // Inode lock entries in use, per stripe, under locks_mu_ (held only to find,
+  // add or drop an entry), and a few spare ones per stripe.
+  mutable Mutex locks_mu_[kStripes];
+  Vector<InodeLocks*> locks_[kStripes];
+  Vector<InodeLocks*> spare_locks_[kStripes];
   // Open handles per inode: a small table per stripe, under that stripe's
   // open_mu_ (never held while taking another lock).
   struct OpenCount {
@@ -352,6 +374,7 @@ class Filesystem {
   Atomic<u64> c_readdirs_{0}, c_freed_{0}, c_orphans_freed_{0}, c_open_{0};
   Atomic<u32> buffers_{0};  // write buffers allocated
   Atomic<u64> buf_gen_{1};  // Buffered::gen values
+  Atomic<u64> c_close_unbuffered_{0};
   Atomic<u64> c_wbuf_{0}, c_wdirect_{0}, c_flush_[5] = {}, c_flushed_bytes_{0}, c_flush_err_{0}, c_dropped_{0};
   // The background flusher (ages buffers out).
   platform::Thread flusher_;

@@ -1117,8 +1117,12 @@ TEST(PosixTest, ReadsRacingBufferedWritesSeeWrittenBytes) {
   for (auto& t : readers) t.join();
   EXPECT_EQ(bad.load(), 0u);
   EXPECT_GT(reads.load(), 100u);
+  // 6 MiB through a 512 KiB run: at least 11 write-outs raced the readers,
+  // whatever their cause (full, or aged out by the 20 ms flusher first -- a
+  // slow build or a loaded machine gets more of those; counting only full
+  // ones failed under ASan and load).
   const Stats st = m.fs.GetStats();
-  EXPECT_GT(st.flushes_full, 5u);
+  EXPECT_GE(st.flushes_full + st.flushes_age + st.flushes_close + st.flushes_other, 11u);
   ASSERT_TRUE(m.fs.Release(f).ok());
   m.Remount();
   std::string all = ReadAll(m.fs, f);

@@ -186,6 +186,7 @@ std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs, MemberContr
   w.UintField("inodes_freed", p.inodes_freed);
   w.UintField("orphans_freed", p.orphans_freed);
   w.UintField("open_inodes", p.open_inodes);
+  w.UintField("inode_locks_now", p.inode_locks_now);
   w.Key("write_buffer");
   w.BeginObject();
   w.UintField("writes_buffered", p.writes_buffered);
@@ -198,6 +199,7 @@ std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs, MemberContr
   w.UintField("bytes_flushed", p.bytes_flushed);
   w.UintField("flush_errors", p.flush_errors);
   w.UintField("buffers_dropped", p.buffers_dropped);
+  w.UintField("closes_unbuffered", p.closes_unbuffered);
   w.UintField("buffers_now", p.buffers_now);
   w.EndObject();
   w.EndObject();

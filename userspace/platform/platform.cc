@@ -90,6 +90,11 @@ u64 tfs_plat_memory_bytes(void) {
   return pages > 0 && page > 0 ? u64(pages) * u64(page) : 0;
 }
 
+u32* tfs_plat_thread_word(void) {
+  static thread_local u32 word = 0;
+  return &word;
+}
+
 void tfs_plat_sleep_ns(u64 ns) {
   struct timespec ts = ToTimespec(ns);
   while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {

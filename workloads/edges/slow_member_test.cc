@@ -46,6 +46,19 @@ std::unique_ptr<MemDevice> Mem(const char* name, uint64_t size) {
   return std::make_unique<MemDevice>(o);
 }
 
+// The stripes that locks were shared by until issue 17 (posix: 64 inode
+// stripes, 256 data-lock stripes, by hashing). The tests below pick a second
+// file that shares the first one's old stripe, so they fail on the old code
+// by construction, not by chance.
+bool SameOldInodeStripe(uint64_t a, uint64_t b) {
+  auto stripe = [](uint64_t ino) { return uint32_t((ino * 0x9e3779b97f4a7c15ull) >> 58) % 64; };
+  return stripe(a) == stripe(b);
+}
+bool SameOldDataStripe(uint64_t a, uint64_t b) {
+  auto stripe = [](uint64_t ino) { return uint32_t((ino * 0xc2b2ae3d27d4eb4full) >> 54) % 256; };
+  return stripe(a) == stripe(b);
+}
+
 // Runs `fn` on a thread and waits for it up to kDeadline; true if it finished.
 // If it did not, `release` (e.g. ending the stall) runs before the join.
 bool FinishesInTime(const std::function<void()>& fn, const std::function<void()>& release) {
@@ -77,7 +90,8 @@ struct TwoTier {
   std::unique_ptr<engine::Engine> eng;
   Filesystem fs;
 
-  explicit TwoTier(engine::OpenOptions open = engine::OpenOptions{}) {
+  // `data_on`: the foreground (data) target, "ssd" or "hdd".
+  explicit TwoTier(engine::OpenOptions open = engine::OpenOptions{}, const char* data_on = "ssd") {
     ssd = Mem("ssd0", 128ull << 20);
     std::string error;
     std::optional<faultdev::Profile> p = faultdev::ParseProfile("", "inline.toml", {}, &error);
@@ -88,7 +102,7 @@ struct TwoTier {
     if (hdd == nullptr) return;
     engine::FormatMember m[2] = {{ssd.get(), "ssd.a", 1}, {hdd.get(), "hdd.b", 1}};
     engine::FormatOptions fo;
-    fo.foreground_target = "ssd";
+    fo.foreground_target = data_on;
     fo.metadata_target = "ssd";
     fo.background_target = "hdd";
     fo.bucket_size = 256 * 1024;
@@ -110,6 +124,20 @@ struct TwoTier {
     }
   }
   bool ok() const { return eng != nullptr && eng->open(); }
+  uint64_t Create(const std::string& name) {
+    Result<posix::Attr> a = fs.Mknod(posix::kRootIno, name.data(), uint32_t(name.size()), posix::kModeReg | 0644, 0, kUser);
+    EXPECT_TRUE(a.ok()) << name << ": " << a.status().Message();
+    return a.ok() ? a.value().ino : 0;
+  }
+  // Creates files until one's inode number satisfies `same` (with `of`).
+  uint64_t CreateColliding(uint64_t of, bool (*same)(uint64_t, uint64_t)) {
+    for (int i = 0; i < 100000; i++) {
+      const uint64_t ino = Create("c" + std::to_string(i));
+      if (ino == 0 || same(ino, of)) return ino;
+    }
+    ADD_FAILURE() << "no colliding inode in 100000 files";
+    return 0;
+  }
   // Requests the HDD was sent so far (reads, writes, flushes).
   uint64_t HddRequests() const {
     const faultdev::DeviceStats s = hdd->Stats();
@@ -174,52 +202,64 @@ TEST(SlowMember, IdleStalledMemberHoldsBackNoCheckpointOrCommit) {
 // (EUCLEAN) on healthy data. Now it waits only for a commit's in-memory apply.
 // A test point holds a commit of the same file after its journal commit and
 // before its apply: the read returns the old data at once.
+// Holds the first commit of one thread at the btree test point
+// "commit.journaled": journaled, none of its keys applied, its inode lock
+// (and the journal's commit mutex) held -- a commit frozen in the journal.
+struct CommitGate {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::thread::id who;  // the thread to hold (default: none)
+  bool parked = false, released = false;
+
+  engine::OpenOptions Options() {
+    engine::OpenOptions open;
+    open.btree.test_point_ctx = this;
+    open.btree.test_point = [](void* ctx, const char* point) {
+      auto* g = static_cast<CommitGate*>(ctx);
+      if (std::strcmp(point, "commit.journaled") != 0) return;
+      std::unique_lock<std::mutex> l(g->mu);
+      if (g->who != std::this_thread::get_id() || g->parked) return;
+      g->parked = true;
+      g->cv.notify_all();
+      g->cv.wait(l, [&] { return g->released; });
+    };
+    return open;
+  }
+  // Runs `fn` on a new thread whose first commit is held; returns once it is.
+  std::thread Hold(std::function<void()> fn) {
+    std::thread t([this, fn] {
+      {
+        std::lock_guard<std::mutex> l(mu);
+        who = std::this_thread::get_id();
+      }
+      fn();
+    });
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return parked; });
+    return t;
+  }
+  void Release() {
+    std::lock_guard<std::mutex> l(mu);
+    released = true;
+    cv.notify_all();
+  }
+};
+
 TEST(SlowMember, ReadsDoNotWaitForACommitStuckInTheJournal) {
-  struct Gate {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::thread::id who;  // the thread to hold (default: none)
-    bool parked = false, released = false;
-  } gate;
-  engine::OpenOptions open;
-  open.btree.test_point_ctx = &gate;
-  open.btree.test_point = [](void* ctx, const char* point) {
-    auto* g = static_cast<Gate*>(ctx);
-    if (std::strcmp(point, "commit.journaled") != 0) return;
-    std::unique_lock<std::mutex> l(g->mu);
-    if (g->who != std::this_thread::get_id() || g->parked) return;
-    g->parked = true;
-    g->cv.notify_all();
-    g->cv.wait(l, [&] { return g->released; });
-  };
-  TwoTier t(open);
+  CommitGate gate;
+  TwoTier t(gate.Options());
   ASSERT_TRUE(t.ok());
-  const std::string name = "f";
-  const uint64_t ino =
-      t.fs.Mknod(posix::kRootIno, name.data(), uint32_t(name.size()), posix::kModeReg | 0644, 0, kUser).value().ino;
+  const uint64_t ino = t.Create("f");
   std::string v1(8192, '1'), v2(8192, '2');
   ASSERT_TRUE(t.fs.Write(ino, 0, v1.data(), uint32_t(v1.size()), Filesystem::kWriteDirect).ok());
   Status wst;
-  std::thread writer([&] {
-    {
-      std::lock_guard<std::mutex> l(gate.mu);
-      gate.who = std::this_thread::get_id();
-    }
-    Result<uint32_t> w = t.fs.Write(ino, 0, v2.data(), uint32_t(v2.size()), Filesystem::kWriteDirect);
-    wst = w.status();
+  std::thread writer = gate.Hold([&] {
+    wst = t.fs.Write(ino, 0, v2.data(), uint32_t(v2.size()), Filesystem::kWriteDirect).status();
   });
-  {
-    std::unique_lock<std::mutex> l(gate.mu);
-    gate.cv.wait(l, [&] { return gate.parked; });
-  }
   std::string got(8192, '\0');
   Result<uint32_t> r = Err::kInvalidArgument;
   const bool in_time = FinishesInTime([&] { r = t.fs.Read(ino, 0, got.data(), uint32_t(got.size())); }, [] {});
-  {
-    std::lock_guard<std::mutex> l(gate.mu);
-    gate.released = true;
-    gate.cv.notify_all();
-  }
+  gate.Release();
   writer.join();
   EXPECT_TRUE(in_time);
   ASSERT_TRUE(r.ok()) << "a read of healthy data failed behind a commit held in the journal: "
@@ -228,6 +268,85 @@ TEST(SlowMember, ReadsDoNotWaitForACommitStuckInTheJournal) {
   ASSERT_TRUE(wst.ok()) << wst.Message();
   ASSERT_TRUE(t.fs.Read(ino, 0, got.data(), uint32_t(got.size())).ok());
   EXPECT_EQ(got, v2);
+}
+
+// Edge 2: a commit held in the journal (the throttle, a full ring) held its
+// inode's stripe, one of 64 shared by hashing: opens, attribute changes and
+// creates of other files on that stripe waited for it. Now inode locks are per
+// inode: another file's operations complete while the commit is held. (The
+// held commit holds the journal's commit mutex too, so the other file's
+// operations here are the ones that commit nothing: open, stat, read, close.)
+TEST(SlowMember, OtherFilesDoNotWaitForACommitHoldingAnInodeLock) {
+  CommitGate gate;
+  TwoTier t(gate.Options());
+  ASSERT_TRUE(t.ok());
+  const uint64_t a = t.Create("a");
+  const uint64_t b = t.CreateColliding(a, SameOldInodeStripe);
+  ASSERT_NE(b, 0u);
+  std::string data(8192, 'b');
+  ASSERT_TRUE(t.fs.Write(b, 0, data.data(), uint32_t(data.size()), Filesystem::kWriteDirect).ok());
+  std::thread writer = gate.Hold([&] {
+    // A truncate: the inode lock is held across its commit.
+    posix::SetAttr set;
+    set.valid = posix::kSetSize;
+    set.size = 4096;
+    EXPECT_TRUE(t.fs.SetAttrs(a, set).ok());
+  });
+  Status st;
+  const bool in_time = FinishesInTime(
+      [&] {
+        st = t.fs.OpenInode(b);
+        std::string got(8192, '\0');
+        if (st.ok()) st = t.fs.Read(b, 0, got.data(), uint32_t(got.size())).status();
+        if (st.ok()) st = t.fs.GetAttr(b).status();
+        if (st.ok()) st = t.fs.FlushBuffer(b);
+        if (st.ok()) st = t.fs.Release(b);
+      },
+      [&] { gate.Release(); });
+  gate.Release();
+  writer.join();
+  EXPECT_TRUE(in_time) << "another file's open/read/close waited for a commit holding inode " << a;
+  EXPECT_TRUE(st.ok()) << st.Message();
+}
+
+// Edge 5: a data write to the stalled HDD held its file's data-lock stripe
+// (one of 256 shared by hashing), and close() of any file on that stripe took
+// it exclusively, with nothing buffered too: closes of other files froze for
+// the whole stall. Now the data lock is per inode and a close with nothing
+// buffered takes no lock. Data lives on the HDD here (the foreground target),
+// metadata on the SSD.
+TEST(SlowMember, CloseOfAFileDoesNotWaitForAnotherFilesStalledWrite) {
+  TwoTier t(engine::OpenOptions{}, "hdd");
+  ASSERT_TRUE(t.ok());
+  const uint64_t a = t.Create("a");
+  const uint64_t b = t.CreateColliding(a, SameOldDataStripe);
+  ASSERT_NE(b, 0u);
+  ASSERT_TRUE(t.fs.OpenInode(a).ok());
+  ASSERT_TRUE(t.fs.OpenInode(b).ok());
+  const uint64_t before = t.HddRequests();
+  t.hdd->StallFor(kHour);
+  std::string data(65536, 'a');
+  Status wst;
+  std::thread writer([&] {
+    wst = t.fs.Write(a, 0, data.data(), uint32_t(data.size()), Filesystem::kWriteDirect).status();
+  });
+  // The write is in the HDD's hands (submitted, held by the stall).
+  while (t.HddRequests() == before) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  Status st;
+  const bool in_time = FinishesInTime(
+      [&] {
+        st = t.fs.FlushBuffer(b);  // close(2) of b, nothing buffered
+        if (st.ok()) st = t.fs.GetAttr(b).status();
+      },
+      [&] { t.hdd->Unstall(); });
+  t.hdd->Unstall();
+  writer.join();
+  EXPECT_TRUE(in_time) << "close of inode " << b << " waited for inode " << a << "'s write to the stalled HDD";
+  EXPECT_TRUE(st.ok()) << st.Message();
+  EXPECT_TRUE(wst.ok()) << wst.Message();
+  EXPECT_TRUE(t.fs.Release(a).ok());
+  EXPECT_TRUE(t.fs.Release(b).ok());
+  EXPECT_GE(t.fs.GetStats().closes_unbuffered, 1u);
 }
 
 }  // namespace
