@@ -77,6 +77,8 @@ Status Allocator::Init(dev::DeviceSet* devs, const sb::Superblock& sb, journal::
     TFS_TRY(d.pending.Reserve(m.nbuckets));
     d.data_allowed = m.data_allowed;
     d.table_buckets = m.alloc_table_buckets;
+    d.slow = m.journal_nbuckets == 0;
+    if (d.slow) TFS_TRY(d.durable_version.Resize(m.nbuckets));
     d.reserves.btree = Max<u64>(1, m.nbuckets / 128);
     d.reserves.copygc = Max<u64>(1, m.nbuckets / 128);
     d.reserves.foreground = Max<u64>(2, m.nbuckets / 64);
@@ -125,29 +127,34 @@ Status Allocator::Load(Diag* diag) {
     u64 best_checkpoint = 0;
     i32 best_slot = -1;
     Status io_error;
+    i32 bad_slot = -1;  // a slot that could not be read or fails its checks
     for (u32 slot = 0; slot < 2; slot++) {
       u64 offset = sb_.BucketOffset(0) + slot * slot_bytes;
       Status st = dev::QueueSyncIo(devs_->member(i)->queue(), IoOp::kRead, offset, buf, slot_bytes, 0,
                                    IoOrigin::kAlloc);
       if (!st.ok()) {
         io_error = st;
+        bad_slot = i32(slot);
         continue;
       }
       const auto* h = reinterpret_cast<const TableHeader*>(buf);
       bool ok = h->magic.get() == kAllocMagic && h->version.get() == kAllocVersion &&
                 h->dev_idx.get() == i && h->nbuckets.get() == n &&
                 MemCompare(h->fs_uuid, sb_.fs_uuid, 16) == 0 && h->csum.get() == TableCsum(buf, slot_bytes);
-      if (!ok || (best_slot >= 0 && h->checkpoint.get() <= best_checkpoint)) continue;
       const auto* rec = reinterpret_cast<const BucketFormat*>(buf + sizeof(TableHeader));
-      bool records_ok = true;
-      for (u64 b = 0; b < n && records_ok; b++) records_ok = rec[b].state < kBucketStateCount;
-      if (!records_ok) continue;
+      for (u64 b = 0; b < n && ok; b++) ok = rec[b].state < kBucketStateCount;
+      if (!ok) {
+        bad_slot = i32(slot);
+        continue;
+      }
+      if (best_slot >= 0 && h->checkpoint.get() <= best_checkpoint) continue;
       for (u64 b = 0; b < n; b++) {
         Bucket& bk = d.buckets[b];
         bk.gen = rec[b].gen;
         bk.state = BucketState(rec[b].state);
         bk.live_sectors = rec[b].live_sectors.get();
         bk.version = rec[b].version.get();
+        if (d.slow) d.durable_version[b] = bk.version;
       }
       best_checkpoint = h->checkpoint.get();
       best_slot = i32(slot);
@@ -158,8 +165,17 @@ Status Allocator::Load(Diag* diag) {
                        "member %s: no valid allocation table in either slot%s", sb_.members[i].label,
                        io_error.ok() ? "" : " (I/O error)");
     }
+    // One slot unusable: the other may be older than the newest checkpoint
+    // (a torn checkpoint write, or damage). Never silent: the journal covers
+    // only changes since the newest checkpoint.
+    if (bad_slot >= 0)
+      platform::Log(platform::LogLevel::kWarn,
+                    "alloc: member %s: allocation table slot %d %s; using slot %d (checkpoint %llu)",
+                    sb_.members[i].label, bad_slot, io_error.ok() ? "fails its checks" : "could not be read",
+                    best_slot, (unsigned long long)best_checkpoint);
     d.checkpoint = best_checkpoint;
     d.last_slot = u32(best_slot);
+    d.other_slot_stale = true;  // (unknown: the next Checkpoint rewrites it)
   }
   return Status::Ok();
 }
@@ -361,25 +377,28 @@ Result<u64> Allocator::JournalChange(u32 dev, u64 bucket, const Bucket& b, Bucke
   journal::Pin drop;
   {
     MutexLock lock(mu_);
-    // Keep the oldest pin: it holds every newer change in the ring too.
-    if (!pin_.active) {
-      pin_ = local;
-    } else if (local.seq < pin_.seq) {
-      drop = pin_;
-      pin_ = local;
-    } else {
-      drop = local;
-    }
+    // Keep the oldest pin: it holds every newer change in the ring too. A
+    // slow member's changes are pinned apart (relogged, see CheckpointForRoom).
+    drop = KeepOlder(devices_[dev].slow ? &devices_[dev].pin : &pin_, local);
   }
   journal_->PinDrop(&drop);
   return seq;
 }
 
-Status Allocator::WriteTable(u32 dev, const Bucket* snapshot, u64 n, u64 checkpoint, u32 slot,
-                             u64 journal_seq) {
+journal::Pin Allocator::KeepOlder(journal::Pin* into, journal::Pin p) {
+  if (!p.active) return journal::Pin();
+  if (!into->active) {
+    *into = p;
+    return journal::Pin();
+  }
+  if (p.seq < into->seq) Swap(*into, p);
+  return p;
+}
+
+u8* Allocator::BuildTable(u32 dev, const Bucket* snapshot, u64 n, u64 checkpoint, u64 journal_seq) {
   const u64 slot_bytes = TableSlotBytes(n);
   u8* buf = static_cast<u8*>(platform::Alloc(slot_bytes, 4096, true));
-  if (buf == nullptr) return Err::kNoMemory;
+  if (buf == nullptr) return nullptr;
   auto* h = reinterpret_cast<TableHeader*>(buf);
   h->magic.set(kAllocMagic);
   h->version.set(kAllocVersion);
@@ -396,6 +415,14 @@ Status Allocator::WriteTable(u32 dev, const Bucket* snapshot, u64 n, u64 checkpo
     rec[b].version.set(snapshot[b].version);
   }
   h->csum.set(TableCsum(buf, slot_bytes));
+  return buf;
+}
+
+Status Allocator::WriteTable(u32 dev, const Bucket* snapshot, u64 n, u64 checkpoint, u32 slot,
+                             u64 journal_seq) {
+  const u64 slot_bytes = TableSlotBytes(n);
+  u8* buf = BuildTable(dev, snapshot, n, checkpoint, journal_seq);
+  if (buf == nullptr) return Err::kNoMemory;
   dev::IoQueue& q = devs_->member(dev)->queue();
   u64 offset = sb_.BucketOffset(0) + slot * slot_bytes;
   Status st = dev::QueueSyncIo(q, IoOp::kWrite, offset, buf, slot_bytes, 0, IoOrigin::kAlloc);
@@ -404,61 +431,336 @@ Status Allocator::WriteTable(u32 dev, const Bucket* snapshot, u64 n, u64 checkpo
   return st;
 }
 
-Status Allocator::Checkpoint() {
-  MutexLock serial(checkpoint_mu_);
+Allocator::~Allocator() {
+  MutexLock lock(mu_);
+  for (u32 i = 0; i < nr_; i++)
+    while (devices_[i].writing) table_cv_.Wait(mu_);
+}
+
+Status Allocator::WriteTables(dev::DevMask mask, bool converge) {
   Vector<Bucket> copies[dev::kMaxDevices];
   u64 snap_changes[dev::kMaxDevices] = {};
+  u64 slot_checkpoint[dev::kMaxDevices] = {};
+  u32 slot[dev::kMaxDevices] = {};
   bool write[dev::kMaxDevices] = {};
-  journal::Pin old_pin;
+  bool catch_up[dev::kMaxDevices] = {};  // unchanged, rewritten into the older slot
+  journal::Pin fast_pin, slow_pin[dev::kMaxDevices];
+  bool fast_all = true;  // every fast member is in mask: pin_ is covered
   u64 journal_seq = journal_ != nullptr ? journal_->next_seq() : 0;
   {
     MutexLock lock(mu_);
     // A member whose table already holds every change is left alone: every
-    // journaled change the pin keeps was made (under mu_) on a member counted
+    // journaled change a pin keeps was made (under mu_) on a member counted
     // here as changed, so its table is in this checkpoint.
     for (u32 i = 0; i < nr_; i++) {
-      write[i] = devices_[i].changes != devices_[i].written_changes;
-      snap_changes[i] = devices_[i].changes;
-      if (write[i]) TFS_TRY(copies[i].CopyFrom(devices_[i].buckets));
+      Dev& d = devices_[i];
+      const bool in = (mask & (dev::DevMask(1) << i)) != 0;
+      if (!in) {
+        fast_all &= d.slow;
+        continue;
+      }
+      TFS_BUG_ON(d.writing);  // the caller waited, or skipped slow members
+      write[i] = d.changes != d.written_changes;
+      catch_up[i] = !write[i] && converge && d.other_slot_stale;
+      write[i] |= catch_up[i];
+      snap_changes[i] = d.changes;
+      slot[i] = d.last_slot ^ 1;
+      slot_checkpoint[i] = d.checkpoint + 1;
+      if (write[i]) TFS_TRY(copies[i].CopyFrom(d.buckets));  // (no pin taken yet)
     }
-    old_pin = pin_;
-    pin_ = journal::Pin();
+    for (u32 i : dev::Bits(mask & all_devices())) {
+      Dev& d = devices_[i];
+      if (d.slow) {
+        slow_pin[i] = d.pin;
+        d.pin = journal::Pin();
+      }
+    }
+    if (fast_all) {
+      fast_pin = pin_;
+      pin_ = journal::Pin();
+    }
   }
   Status st;
+  bool fast_failed = false;
   u64 written = 0, unchanged = 0;
-  for (u32 i = 0; i < nr_ && st.ok(); i++) {
+  journal::Pin drop[dev::kMaxDevices + 1];
+  u32 ndrop = 0;
+  for (u32 i = 0; i < nr_; i++) {
+    if ((mask & (dev::DevMask(1) << i)) == 0) continue;
     Dev& d = devices_[i];
+    Status wst;
     if (!write[i]) {
       unchanged++;
-      continue;
+    } else {
+      wst = st.ok() ? WriteTable(i, copies[i].data(), copies[i].size(), slot_checkpoint[i], slot[i], journal_seq)
+                    : st;  // after a failure, the rest stay pinned too
     }
-    u32 slot = d.last_slot ^ 1;
-    st = WriteTable(i, copies[i].data(), copies[i].size(), d.checkpoint + 1, slot, journal_seq);
-    if (st.ok()) {
-      d.checkpoint++;
-      d.last_slot = slot;
-      written++;
-      MutexLock lock(mu_);
+    MutexLock lock(mu_);
+    if (write[i] && wst.ok()) {
+      d.checkpoint = slot_checkpoint[i];
+      d.last_slot = slot[i];
       d.written_changes = snap_changes[i];
+      d.other_slot_stale = !catch_up[i];  // a catch-up wrote what the newer slot holds
+      if (d.slow)
+        for (u64 b = 0; b < copies[i].size(); b++) d.durable_version[b] = copies[i][b].version;
+      written++;
+    }
+    if (!wst.ok()) {
+      if (st.ok()) st = wst;
+      if (d.slow) {
+        drop[ndrop++] = KeepOlder(&d.pin, slow_pin[i]);  // not on disk yet: keep pinned
+      } else {
+        fast_failed = true;
+      }
+    } else if (d.slow) {
+      drop[ndrop++] = slow_pin[i];
     }
   }
   {
     MutexLock lock(mu_);
     stats_.table_writes += written;
     stats_.tables_unchanged += unchanged;
-    if (!st.ok()) {
-      // Keep the changes pinned: they are not on disk yet.
-      if (old_pin.active && (!pin_.active || old_pin.seq < pin_.seq)) Swap(old_pin, pin_);
+    if (fast_failed) {
+      drop[ndrop++] = KeepOlder(&pin_, fast_pin);  // not on disk yet: keep pinned
     } else {
-      stats_.checkpoints++;
+      drop[ndrop++] = fast_pin;
+    }
+    if (st.ok()) stats_.checkpoints++;
+  }
+  if (journal_ != nullptr)
+    for (u32 i = 0; i < ndrop; i++) journal_->PinDrop(&drop[i]);
+  return st;
+}
+
+Status Allocator::Checkpoint() {
+  MutexLock serial(checkpoint_mu_);
+  {
+    MutexLock lock(mu_);
+    for (u32 i = 0; i < nr_; i++)
+      while (devices_[i].writing) table_cv_.Wait(mu_);
+  }
+  // Twice when needed: a member whose older slot is stale gets the same state
+  // written there too, so that a later fallback to it (the newer one damaged
+  // or unreadable) loses nothing -- an idle member is otherwise never written
+  // again (see CheckpointForRoom).
+  TFS_TRY(WriteTables(all_devices(), true));
+  return WriteTables(all_devices(), true);
+}
+
+Status Allocator::CheckpointForRoom(bool relog) {
+  // The reclaim hook runs in whichever thread holds the journal's writer role
+  // -- the thread of a Relog below, flushing, among them: it must not wait
+  // for checkpoint_mu_ (a running checkpoint frees the room anyway).
+  if (relog) {
+    checkpoint_mu_.Lock();
+  } else if (!checkpoint_mu_.TryLock()) {
+    return Status::Ok();
+  }
+  struct Unlock {
+    Mutex& m;
+    ~Unlock() { m.Unlock(); }
+  } unlock{checkpoint_mu_};
+  dev::DevMask fast = 0, slow = 0;
+  for (u32 i = 0; i < nr_; i++) (devices_[i].slow ? slow : fast) |= dev::DevMask(1) << i;
+  Status st = WriteTables(fast, false);
+  for (u32 i : dev::Bits(slow)) StartTableWrite(i);
+  if (relog && journal_ != nullptr) {
+    for (u32 i : dev::Bits(slow)) {
+      bool relogged = true;
+      Status r = Relog(i, &relogged);
+      if (st.ok()) st = r;
+      if (relogged || !r.ok()) continue;
+      // Too many changed buckets to relog: as before slow members existed,
+      // this checkpoint waits for the member's table (its background write,
+      // then one more if it changed since) -- the ring must not fill with
+      // its pin while a btree checkpoint needs room to settle.
+      {
+        MutexLock lock(mu_);
+        while (devices_[i].writing) table_cv_.Wait(mu_);
+      }
+      Status w = WriteTables(dev::DevMask(1) << i, false);
+      if (st.ok()) st = w;
     }
   }
-  if (journal_ != nullptr) journal_->PinDrop(&old_pin);
+  return st;
+}
+
+// A slow member's background table write: the slot, then a flush.
+struct Allocator::TableWrite {
+  Allocator* a = nullptr;
+  u32 dev = 0;
+  u32 slot = 0;
+  u64 checkpoint = 0;
+  u64 changes = 0;        // the member's change count the snapshot holds
+  Vector<u32> versions;   // the snapshot's bucket versions
+  u8* buf = nullptr;
+  dev::Io write, flush;
+};
+
+void Allocator::StartTableWrite(u32 dev) {
+  TableWrite* w = platform::New<TableWrite>();
+  Vector<Bucket> copy;
+  u64 journal_seq = journal_ != nullptr ? journal_->next_seq() : 0;
+  {
+    MutexLock lock(mu_);
+    Dev& d = devices_[dev];
+    if (d.writing || d.changes == d.written_changes) {
+      platform::Delete(w);
+      return;
+    }
+    if (w == nullptr || !copy.CopyFrom(d.buckets).ok()) {
+      platform::Delete(w);
+      stats_.background_table_errors++;
+      return;  // out of memory: the changes stay pinned (and relogged)
+    }
+    w->a = this;
+    w->dev = dev;
+    w->slot = d.last_slot ^ 1;
+    w->checkpoint = d.checkpoint + 1;
+    w->changes = d.changes;
+    d.writing = true;
+    d.writing_pin = d.pin;
+    d.pin = journal::Pin();
+    stats_.background_table_writes++;
+  }
+  Status st = w->versions.Resize(copy.size());
+  if (st.ok()) {
+    for (u64 b = 0; b < copy.size(); b++) w->versions[b] = copy[b].version;
+    w->buf = BuildTable(dev, copy.data(), copy.size(), w->checkpoint, journal_seq);
+    if (w->buf == nullptr) st = Err::kNoMemory;
+  }
+  if (!st.ok()) {
+    FinishTableWrite(w, st);
+    return;
+  }
+  w->write.req.op = IoOp::kWrite;
+  w->write.req.origin = IoOrigin::kAlloc;
+  w->write.req.offset = sb_.BucketOffset(0) + w->slot * TableSlotBytes(copy.size());
+  w->write.req.length = TableSlotBytes(copy.size());
+  w->write.req.buf = w->buf;
+  w->write.cls = dev::DefaultClass(IoOrigin::kAlloc);
+  w->write.done = OnTableWritten;
+  w->write.caller_data = w;
+  devs_->member(dev)->queue().Submit(&w->write);
+}
+
+void Allocator::OnTableWritten(dev::Io* io, Status st) {
+  auto* w = static_cast<TableWrite*>(io->caller_data);
+  if (st.ok() && io == &w->write) {
+    w->flush.req.op = IoOp::kFlush;
+    w->flush.req.origin = IoOrigin::kAlloc;
+    w->flush.cls = dev::DefaultClass(IoOrigin::kAlloc);
+    w->flush.done = OnTableWritten;
+    w->flush.caller_data = w;
+    w->a->devs_->member(w->dev)->queue().Submit(&w->flush);
+    return;
+  }
+  w->a->FinishTableWrite(w, st);
+}
+
+void Allocator::FinishTableWrite(TableWrite* w, Status st) {
+  journal::Pin drop;
+  {
+    MutexLock lock(mu_);
+    Dev& d = devices_[w->dev];
+    if (st.ok()) {
+      d.checkpoint = w->checkpoint;
+      d.last_slot = w->slot;
+      d.other_slot_stale = true;
+      for (u64 b = 0; b < w->versions.size(); b++) d.durable_version[b] = w->versions[b];
+      if (w->changes > d.written_changes) d.written_changes = w->changes;
+      drop = d.writing_pin;  // (inactive if a relog took it over)
+      stats_.table_writes++;
+    } else {
+      drop = KeepOlder(&d.pin, d.writing_pin);  // not on disk: keep pinned
+      stats_.background_table_errors++;
+      platform::Log(platform::LogLevel::kError, "alloc: background table write of member %u failed: %s", w->dev,
+                    st.Message());
+    }
+    d.writing_pin = journal::Pin();
+    d.writing = false;
+    table_cv_.Broadcast();
+  }
+  if (journal_ != nullptr) journal_->PinDrop(&drop);
+  platform::Free(w->buf);
+  platform::Delete(w);
+}
+
+Status Allocator::Relog(u32 dev, bool* relogged) {
+  // Small enough for the journal's reserve and an entry: a member with more
+  // changed buckets keeps its pin until its table is on disk.
+  const u64 max_keys = Min<u64>(8192, sb_.bucket_size / 4 / (sizeof(journal::KeyHeader) + sizeof(AllocKey)));
+  Vector<AllocKey> keys;
+  journal::Pin covered[2];
+  {
+    MutexLock lock(mu_);
+    Dev& d = devices_[dev];
+    if (!d.pin.active && !d.writing_pin.active) return Status::Ok();
+    u64 n = 0;
+    for (u64 b = 0; b < d.buckets.size(); b++) n += d.buckets[b].version != d.durable_version[b];
+    if (n > max_keys) {
+      stats_.relogs_too_big++;
+      *relogged = false;
+      return Status::Ok();
+    }
+    TFS_TRY(keys.Resize(n));
+    n = 0;
+    for (u64 b = 0; b < d.buckets.size(); b++) {
+      const Bucket& bk = d.buckets[b];
+      if (bk.version == d.durable_version[b]) continue;
+      AllocKey& k = keys[n++];
+      MemSet(&k, 0, sizeof(k));
+      k.dev.set(u16(dev));
+      k.gen = bk.gen;
+      k.state = u8(bk.state);
+      k.live_sectors.set(bk.live_sectors);
+      k.bucket.set(b);
+      k.version.set(bk.version);
+    }
+    covered[0] = d.pin;
+    covered[1] = d.writing_pin;
+    d.pin = journal::Pin();
+    d.writing_pin = journal::Pin();
+  }
+  // Journaled again as they are now (replay keeps the newest version), then
+  // durable -- a flush of journal members only -- before the pins go: until
+  // then only the old entries hold these changes.
+  journal::Pin relog_pin;
+  Status st;
+  constexpr u32 kBatch = 512;
+  journal::Key jk[kBatch];
+  for (u64 at = 0; st.ok() && at < keys.size(); at += kBatch) {
+    const u32 n = u32(Min<u64>(kBatch, keys.size() - at));
+    for (u32 i = 0; i < n; i++) jk[i] = journal::Key{journal::kKeyAlloc, sizeof(AllocKey), &keys[at + i]};
+    journal::Pin local;
+    auto r = journal_->Commit(jk, n, 0, journal::CommitMode::kNoFlush, &local, journal::Watermark::kReclaim);
+    st = r.status();
+    journal::Pin extra = KeepOlder(&relog_pin, local);
+    journal_->PinDrop(&extra);
+  }
+  if (st.ok() && !keys.empty()) st = journal_->Flush();
+  journal::Pin drop[3];
+  {
+    MutexLock lock(mu_);
+    Dev& d = devices_[dev];
+    if (st.ok()) {
+      drop[0] = KeepOlder(&d.pin, relog_pin);
+      drop[1] = covered[0];
+      drop[2] = covered[1];
+      stats_.relogs++;
+      stats_.relogged_buckets += keys.size();
+    } else {
+      drop[0] = KeepOlder(&d.pin, covered[0]);
+      drop[1] = KeepOlder(&d.pin, covered[1]);
+      drop[2] = KeepOlder(&d.pin, relog_pin);
+    }
+  }
+  for (journal::Pin& p : drop) journal_->PinDrop(&p);
   return st;
 }
 
 void Allocator::ReclaimHook(void* self, u64) {
-  Status st = static_cast<Allocator*>(self)->Checkpoint();
+  Status st = static_cast<Allocator*>(self)->CheckpointForRoom(false);
   if (!st.ok()) platform::Log(platform::LogLevel::kError, "alloc: checkpoint failed: %s", st.Message());
 }
 

@@ -25,7 +25,16 @@
 // AllocKey with the bucket's new change version; Checkpoint() writes the table of
 // every member that changed since its last table write (a member nothing
 // changed on -- an idle HDD -- is never written) to the slot not used last time
-// and then drops the journal pin that kept those keys in the ring. Load() + Apply() of replayed keys rebuild the state
+// and then drops the journal pin that kept those keys in the ring.
+//
+// Slow members (docs/format/alloc.md, "Slow members"): a member that holds no
+// journal ring (an HDD) may stall, and the checkpoints that journal room needs
+// must not wait for it. CheckpointForRoom() writes a slow member's table in
+// the background (an asynchronous write and flush through its queue, at most
+// one per member) and, meanwhile, *relogs* the member: every bucket that
+// differs from its newest durable table is journaled again as it is now, so
+// the member's journal pin moves to the journal's head instead of holding the
+// ring until its table is on disk. Replay (newest version wins) is unchanged. Load() + Apply() of replayed keys rebuild the state
 // without scanning any other metadata.
 //
 // Thread safety: all methods from any thread. `mu_` guards the bucket arrays and
@@ -87,6 +96,10 @@ struct AllocStats {
   u64 checkpoints;
   u64 table_writes;       // member tables written by checkpoints
   u64 tables_unchanged;   // member tables a checkpoint skipped: nothing changed
+  u64 background_table_writes;  // slow members' tables started in the background
+  u64 background_table_errors;  // of which failed (the changes stay pinned)
+  u64 relogs, relogged_buckets; // slow members' changes journaled again
+  u64 relogs_too_big;     // relogs skipped (more changed buckets than a relog may carry): the checkpoint waited for the table
 };
 
 class Allocator {
@@ -123,10 +136,22 @@ class Allocator {
   // are rebuilt). Not for normal operation.
   Status RepairState(u32 dev, u64 bucket, BucketState state);
 
+  ~Allocator();  // waits for background table writes
+
   // Writes the tables of the members that changed since their last table write
-  // (durably) and releases the journal space their changes held.
+  // (durably) and releases the journal space their changes held; first waits
+  // for background table writes. Mount, unmount, fsck and format: a slow
+  // member is written and waited for like any other.
   Status Checkpoint();
-  // The journal's reclaim hook: checkpoint.
+  // Checkpoint for journal room (the btree writer when the ring fills, and
+  // the journal's reclaim hook), which never waits for a slow member: fast
+  // members' tables are written as Checkpoint writes them; a changed slow
+  // member's table write is started in the background, and with `relog` its
+  // changes are journaled again and made durable (Journal::Flush: journal
+  // members only), and the pins they held dropped. Not with `relog` from the
+  // journal's own writer (its reclaim hook): a Flush there would wait for itself.
+  Status CheckpointForRoom(bool relog);
+  // The journal's reclaim hook: CheckpointForRoom(false).
   static void ReclaimHook(void* self, u64 seq);
 
   Bucket Get(u32 dev, u64 bucket) const;
@@ -155,7 +180,31 @@ class Allocator {
     // table on disk holds: the table needs writing while they differ.
     u64 changes = 0;
     u64 written_changes = 0;
+    // The slot not written last holds an older state than the newest one (a
+    // fallback to it would lose changes): Checkpoint rewrites it.
+    bool other_slot_stale = true;
+    // Slow members only (no journal ring on it; see CheckpointForRoom), all
+    // under mu_:
+    bool slow = false;
+    journal::Pin pin;              // oldest journaled change in no durable table or relog
+    Vector<u32> durable_version;   // per bucket: the version its newest durable table holds
+    bool writing = false;          // a background table write in flight
+    journal::Pin writing_pin;      // what that write covers (moved to a relog if one runs first)
   };
+  struct TableWrite;  // one background table write
+  static void OnTableWritten(dev::Io* io, Status st);
+  void FinishTableWrite(TableWrite* w, Status st);
+  // Starts a slow member's background table write (mu_ not held).
+  void StartTableWrite(u32 dev);
+  // Relogs a slow member (see CheckpointForRoom; checkpoint_mu_ held);
+  // *relogged false if it has more changed buckets than a relog may carry.
+  Status Relog(u32 dev, bool* relogged);
+  // The synchronous checkpoint of the members in `mask` (checkpoint_mu_ held;
+  // none of them with a background write in flight).
+  // `converge`: also rewrite unchanged members whose older slot is stale.
+  Status WriteTables(dev::DevMask mask, bool converge);
+  // Merges `p` into `into`, keeping the older; returns the pin to drop.
+  static journal::Pin KeepOlder(journal::Pin* into, journal::Pin p);
 
   // Journals one bucket change and keeps the allocator's pin armed; returns the
   // journal sequence (0 without a journal).
@@ -171,6 +220,8 @@ class Allocator {
                                 Watermark wm, bool* pending_seen);
   Status WriteTable(u32 dev, const Bucket* snapshot, u64 nbuckets, u64 checkpoint, u32 slot,
                     u64 journal_seq);
+  // A table slot's bytes (slot_bytes long, 4 KiB aligned; platform::Free it).
+  u8* BuildTable(u32 dev, const Bucket* snapshot, u64 nbuckets, u64 checkpoint, u64 journal_seq);
   bool Usable(u32 dev, BucketState purpose, Watermark wm) const;
   dev::DevMask all_devices() const { return nr_ >= 32 ? ~dev::DevMask(0) : (dev::DevMask(1) << nr_) - 1; }
 
@@ -181,7 +232,8 @@ class Allocator {
   Dev devices_[dev::kMaxDevices];
 
   mutable Mutex mu_;
-  journal::Pin pin_;     // oldest journaled change not yet checkpointed
+  CondVar table_cv_;     // a background table write finished (with mu_)
+  journal::Pin pin_;     // fast members: oldest journaled change not yet checkpointed
   Mutex checkpoint_mu_;  // one checkpoint at a time
   AllocStats stats_{};
 };

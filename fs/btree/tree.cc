@@ -1525,7 +1525,7 @@ void TreeOps::WriterMain(void* arg) {
     im->wmu.Unlock();
     // The allocator's pin holds the journal too: checkpoint it as well when the
     // journal needs room (journal reclaim would, once the ring is full).
-    Status st = room ? im->alloc->Checkpoint() : Status::Ok();
+    Status st = room ? im->alloc->CheckpointForRoom(true) : Status::Ok();
     if (st.ok()) st = self->Checkpoint();
     // Make the ring space the checkpoints released reusable at once.
     if (st.ok() && im->journal != nullptr) st = im->journal->AdvanceLastSeq();

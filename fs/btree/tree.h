@@ -154,7 +154,8 @@ class Transaction {
   // extent readers, which walk a file's extents in batches): Commit makes `seq`
   // odd just before it applies the first key to a tree and even again after
   // the last -- after the throttle and the journal commit, so such a reader
-  // waits for the in-memory apply only, never for the journal or a device.
+  // waits for the apply only (in memory, or a read of an evicted leaf from
+  // the metadata target), never for the journal.
   // Commits apply one at a time, so one counter may serve many transactions.
   // Cleared by Commit and Reset.
   void SetApplySeq(Atomic<u64>* seq) { apply_seq_ = seq; }

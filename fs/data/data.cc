@@ -117,6 +117,9 @@ Status DataPath::Open(engine::Engine* engine) {
   trees_ = &engine->btrees();
   const sb::Superblock& sb = engine->sb();
   bucket_blocks_ = sb.bucket_size / kBlockSize;
+  journal_members_ = 0;
+  for (u32 m = 0; m < sb.nr_members; m++)
+    if (sb.members[m].journal_nbuckets > 0) journal_members_ |= dev::DevMask(1) << m;
   alloc::Allocator& a = engine->alloc();
   for (u32 d = 0; d < a.members(); d++) {
     TFS_TRY(live_[d].Resize(a.nbuckets(d)));
@@ -292,6 +295,9 @@ Status DataPath::QueueDataCheck(btree::Transaction* tx, const Prepared::Item& it
   Extent e;
   TFS_TRY(ParseExtent(ExtentPos(0, item.end), item.value, item.len, &e));
   if (e.unwritten) return Status::Ok();
+  // A member without a journal is flushed by the committer (Commit): its data
+  // is durable before the entry, and replay has nothing to check.
+  if ((journal_members_ & (dev::DevMask(1) << e.ptr.dev)) == 0) return Status::Ok();
   const u32 ncrcs = e.compressed ? 1 : u32(e.end - e.start);
   u8 buf[sizeof(journal::DataCheckFormat) + 4 * kMaxExtentBlocks];
   auto* dc = reinterpret_cast<journal::DataCheckFormat*>(buf);
@@ -546,10 +552,26 @@ void DataPath::Abort(const Delta& delta) {
 }
 
 Status DataPath::Commit(btree::Transaction* tx, const Delta& delta, journal::CommitMode mode) {
+  // The slow-member rule for the journal (docs/format/journal.md): data on a
+  // member that holds no journal (an HDD) is flushed here, by its own
+  // committer, before the commit enters the journal. The entry then depends
+  // on journal members only, so no later commit's flush -- an SSD-only fsync
+  // -- ever waits for that member; a commit of HDD data waits for the HDD, as
+  // it must.
+  const dev::DevMask slow = delta.deps & ~journal_members_;
+  for (u32 m : dev::Bits(slow)) {
+    Status fst = dev::QueueSyncIo(engine_->devs().member(m)->queue(), IoOp::kFlush, 0, nullptr, 0, 0,
+                                  IoOrigin::kForegroundWrite);
+    if (!fst.ok()) {
+      Abort(delta);
+      return fst;
+    }
+    c_slow_flushes_.FetchAdd(1, MemOrder::kRelaxed);
+  }
   // Readers of this inode's extents see the commit whole or not at all (see
   // ReadBlocks): its stripe's counter is odd while the keys are applied.
   tx->SetApplySeq(&applying_[CommitStripe(delta.ino)]);
-  auto r = tx->Commit(mode, delta.deps);
+  auto r = tx->Commit(mode, delta.deps & ~slow);
   if (!r.ok()) {
     Abort(delta);
     return r.status();
@@ -636,7 +658,8 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
   for (u32 attempt = 0; st.ok(); attempt++) {
     if (attempt > 0) platform::SleepNs(attempt < 8 ? 1000 : 100000);
     // While a commit of this stripe applies its keys (microseconds: no journal
-    // wait or device I/O in between), wait; never count that against the read.
+    // wait in between; at most a read of an evicted leaf from the metadata
+    // target), wait; never count that against the read.
     const u64 v = applying_[s].Load(MemOrder::kSeqCst);
     if ((v & 1) != 0) {
       c_retries_.FetchAdd(1, MemOrder::kRelaxed);
@@ -647,16 +670,19 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
     const bool walk_torn = st.code() == Err::kAgain;
     if (walk_torn) st = Status::Ok();
     if (!st.ok()) break;
-    // Extents that overlap for good (fsck reports them) would tear every walk
-    // and make phase 1 repeat forever; after ~0.2 s of torn walks the read
-    // fails instead. A walk an apply overlapped is torn at most by chance.
-    if (walk_torn && ++torn > kMaxTornWalks) {
+    // A walk no apply overlapped (the counter did not move) sees one committed
+    // state, which never has overlapping extents: torn, it found extents that
+    // overlap for good (fsck reports them), which would make phase 1 repeat
+    // forever; after kMaxTornWalks such walks the read fails instead. A walk
+    // an apply overlapped is retried and never counted.
+    const bool raced = applying_[s].Load(MemOrder::kSeqCst) != v;
+    if (walk_torn && !raced && ++torn > kMaxTornWalks) {
       platform::Log(platform::LogLevel::kError, "data: inode %llu: extents overlap under a read",
                     (unsigned long long)ino);
       st = Err::kCorrupt;
       break;
     }
-    if (walk_torn || applying_[s].Load(MemOrder::kSeqCst) != v) {
+    if (walk_torn || raced) {
       c_retries_.FetchAdd(1, MemOrder::kRelaxed);
       continue;
     }
@@ -820,6 +846,7 @@ Stats DataPath::GetStats() const {
   s.compressed_reads = c_zreads_.Load(MemOrder::kRelaxed);
   s.stale_lookups = c_stale_.Load(MemOrder::kRelaxed);
   s.read_retries = c_retries_.Load(MemOrder::kRelaxed);
+  s.slow_member_flushes = c_slow_flushes_.Load(MemOrder::kRelaxed);
   return s;
 }
 

@@ -163,6 +163,7 @@ struct Stats {
   u64 compressed_reads;    // blobs read and decompressed
   u64 stale_lookups;       // reads that found a bucket freed since their lookup, and looked again
   u64 read_retries;        // extent lookups of reads repeated because a commit of the inode overlapped
+  u64 slow_member_flushes;  // commits that flushed a member without a journal (an HDD) before entering it
 };
 
 class DataPath {
@@ -252,9 +253,10 @@ class DataPath {
   static u32 CommitStripe(u64 ino) { return u32((ino * 0x9e3779b97f4a7c15ull) >> 56); }
   Atomic<u64> applying_[kCommitStripes] = {};
   static constexpr u32 kMaxStaleLookups = 16;
-  // Walks of a read's extents that found them overlapping (a torn walk): one
-  // that raced an apply is retried; this many in a row mean extents that
-  // overlap for good (fsck reports them), and the read fails as corrupt.
+  // Walks of a read's extents that found them overlapping (a torn walk) while
+  // no apply ran: this many mean extents that overlap for good (fsck reports
+  // them), and the read fails as corrupt. (A walk that raced an apply is
+  // retried and not counted.)
   static constexpr u32 kMaxTornWalks = 2000;
   // Blocks free for user data: free and soon-free buckets above the foreground
   // floor, plus what is left of the write point. Under wp_mu_.
@@ -267,6 +269,7 @@ class DataPath {
   engine::Engine* engine_ = nullptr;
   btree::Btrees* trees_ = nullptr;
   u64 bucket_blocks_ = 0;
+  dev::DevMask journal_members_ = 0;  // members holding a journal ring
   Mutex wp_mu_;
   bool wp_open_ = false;
   alloc::BucketRef wp_{};
@@ -278,6 +281,7 @@ class DataPath {
   u64 reserved_ = 0;           // unwritten blocks, under acct_mu_
   Atomic<u64> c_bytes_written_{0}, c_extents_{0}, c_bytes_read_{0}, c_blocks_read_{0};
   Atomic<u64> c_released_{0}, c_csum_{0}, c_opened_{0}, c_freed_{0}, c_refused_{0};
+  Atomic<u64> c_slow_flushes_{0};
   Atomic<u64> c_zin_{0}, c_zout_{0}, c_zplain_{0}, c_zreads_{0}, c_stale_{0}, c_retries_{0};
 };
 

@@ -386,8 +386,6 @@ Status Filesystem::FinishFree(u64 ino) {
   return Status::Ok();
 }
 
-// Stripes held by one operation: up to four, taken in ascending order.
-
 
 Filesystem::InodeLocks* Filesystem::AcquireLocks(u64 ino) {
   const u32 s = Stripe(ino);
@@ -867,6 +865,7 @@ Status Filesystem::Rmdir(u64 dir, const char* name, u32 len) {
 }
 
 Status Filesystem::Remove(u64 dir, const char* name, u32 len, bool rmdir) {
+  u64 to_free = 0;
   for (;;) {
     // Learn the target first, then lock directory and target together.
     InodeFormat d;
@@ -907,8 +906,11 @@ Status Filesystem::Remove(u64 dir, const char* name, u32 len, bool rmdir) {
     DebugNoSharedLock();
     TFS_TRY(tx.Commit().status());
     c_unlinks_.FetchAdd(1, MemOrder::kRelaxed);
-    return freed ? FinishFree(e.ino) : Status::Ok();
+    if (!freed) return Status::Ok();
+    to_free = e.ino;
+    break;  // (the directory's lock goes with the loop's scope)
   }
+  return FreeUnlinked(to_free);
 }
 
 void Filesystem::NoteFreed(bool freed) {
@@ -945,6 +947,23 @@ struct InodeSet {
 
 Status Filesystem::Rename(u64 old_dir, const char* old_name, u32 old_len, u64 new_dir, const char* new_name,
                           u32 new_len, u32 flags) {
+  u64 to_free = 0;
+  TFS_TRY(RenameEntries(old_dir, old_name, old_len, new_dir, new_name, new_len, flags, &to_free));
+  return to_free != 0 ? FreeUnlinked(to_free) : Status::Ok();
+}
+
+Status Filesystem::FreeUnlinked(u64 ino) {
+  // Unreachable now (no name, no handle): its data goes under its own lock
+  // alone, after the directories' locks (and rename_mu_) are released -- a
+  // large file's punch is many commits.
+  const u64 lock[1] = {ino};
+  Locked locked(this, lock, 1);
+  TFS_TRY(locked.status());
+  return FinishFree(ino);
+}
+
+Status Filesystem::RenameEntries(u64 old_dir, const char* old_name, u32 old_len, u64 new_dir,
+                                 const char* new_name, u32 new_len, u32 flags, u64* to_free) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
   TFS_TRY(CheckName(old_name, old_len));
   TFS_TRY(CheckName(new_name, new_len));
@@ -1091,7 +1110,8 @@ Status Filesystem::Rename(u64 old_dir, const char* old_name, u32 old_len, u64 ne
     DebugNoSharedLock();
     TFS_TRY(tx.Commit().status());
     c_renames_.FetchAdd(1, MemOrder::kRelaxed);
-    return freed ? FinishFree(dst.ino) : Status::Ok();
+    if (freed) *to_free = dst.ino;
+    return Status::Ok();
   }
 }
 
@@ -1109,7 +1129,7 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
   }
   // A regular file's data changes (truncate), and its buffered writes go out
   // first so that sizes and times stay in order: under its data lock, with
-  // the I/O (a new last block with zeros past the size) before the stripe.
+  // the I/O (a new last block with zeros past the size) before the inode lock.
   const bool data = type == kModeReg && ((set.valid & kSetSize) != 0 || Buffering(ino));
   DataGuard data_lock(this, data ? ino : 0, true);
   TFS_TRY(data_lock.status());

@@ -34,14 +34,18 @@
 // The slow-member rule: no lock that an operation on another inode can
 // contend on is held across a journal wait or device I/O -- a commit can wait
 // for the journal, and a data write for a stalled HDD, and neither may hold up
-// an unrelated file. Inode and data locks are per inode (an entry in a table
-// while in use, not a stripe shared by hashing), the tables' own mutexes are
-// held only to find an entry, and close with nothing buffered takes no lock.
-// The one exception is the VFS's: a rename across directories holds
+// an operation that does not name the same inode. Inode and data locks are
+// per inode (an entry in a table while in use, not a stripe shared by
+// hashing), the tables' own mutexes are held only to find an entry, and close
+// with nothing buffered takes no lock. A directory's inode lock is held across
+// the commit of a change to that directory, as the VFS holds its i_rwsem: a
+// create in the same directory names it and waits; an unlinked file's data is
+// freed after the directory's lock is released (FreeUnlinked). The one lock
+// shared beyond that is the VFS's: a rename across directories holds
 // rename_mu_ across its commit (the loop check needs parents to stay put), so
-// such renames wait for one another. Debug builds check the rule: posix's
-// shared mutexes count themselves held per thread, and every commit and data
-// write asserts the count is zero (DebugNoSharedLock).
+// such renames wait for one another. Debug builds check the shared mutexes:
+// posix's table mutexes count themselves held per thread, and every commit
+// and data write asserts the count is zero (DebugNoSharedLock).
 //
 // Open files. An inode whose last name goes while it is open (OpenInode without
 // its Release) stays, with nlink 0 and an orphan key, until its last Release; a
@@ -301,8 +305,14 @@ class Filesystem {
   Status QueueFree(btree::Transaction* tx, u64 ino);
   // Frees an orphaned inode no handle holds: its data in batches, then the inode.
   Status FinishFree(u64 ino);
+  // FinishFree under the inode's own lock (after an unlink or rename let go of
+  // the directories' locks).
+  Status FreeUnlinked(u64 ino);
+  // Rename's work under its locks; *to_free: a replaced inode to free after.
+  Status RenameEntries(u64 old_dir, const char* old_name, u32 old_len, u64 new_dir, const char* new_name,
+                       u32 new_len, u32 flags, u64* to_free);
   // Frees a regular file's blocks past `size` bytes (committing *f's sector
-  // count with each batch); under the inode's stripe.
+  // count with each batch); under the inode's lock.
   Status PunchPast(u64 ino, InodeFormat* f, u64 size);
   // The inode's lock entry, created if none is in use (null: out of memory),
   // and its release (the last user frees or keeps it as a spare).

@@ -151,6 +151,11 @@ std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs, MemberContr
   w.UintField("checkpoints", a.checkpoints);
   w.UintField("table_writes", a.table_writes);
   w.UintField("tables_unchanged", a.tables_unchanged);
+  w.UintField("background_table_writes", a.background_table_writes);
+  w.UintField("background_table_errors", a.background_table_errors);
+  w.UintField("relogs", a.relogs);
+  w.UintField("relogged_buckets", a.relogged_buckets);
+  w.UintField("relogs_too_big", a.relogs_too_big);
   w.EndObject();
 
   const data::Stats d = fs.GetDataStats();
@@ -172,6 +177,7 @@ std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs, MemberContr
   w.UintField("compressed_reads", d.compressed_reads);
   w.UintField("stale_lookups", d.stale_lookups);
   w.UintField("read_retries", d.read_retries);
+  w.UintField("slow_member_flushes", d.slow_member_flushes);
   w.EndObject();
 
   const posix::Stats p = fs.GetStats();
