@@ -128,6 +128,8 @@ Status Allocator::Load(Diag* diag) {
     i32 best_slot = -1;
     Status io_error;
     i32 bad_slot = -1;  // a slot that could not be read or fails its checks
+    u32 records_crc[2] = {};
+    u32 valid = 0;
     for (u32 slot = 0; slot < 2; slot++) {
       u64 offset = sb_.BucketOffset(0) + slot * slot_bytes;
       Status st = dev::QueueSyncIo(devs_->member(i)->queue(), IoOp::kRead, offset, buf, slot_bytes, 0,
@@ -147,6 +149,7 @@ Status Allocator::Load(Diag* diag) {
         bad_slot = i32(slot);
         continue;
       }
+      records_crc[valid++] = platform::Crc32c(buf + sizeof(TableHeader), slot_bytes - sizeof(TableHeader));
       if (best_slot >= 0 && h->checkpoint.get() <= best_checkpoint) continue;
       for (u64 b = 0; b < n; b++) {
         Bucket& bk = d.buckets[b];
@@ -175,7 +178,9 @@ Status Allocator::Load(Diag* diag) {
                     best_slot, (unsigned long long)best_checkpoint);
     d.checkpoint = best_checkpoint;
     d.last_slot = u32(best_slot);
-    d.other_slot_stale = true;  // (unknown: the next Checkpoint rewrites it)
+    // Both slots hold the same buckets (a converged checkpoint): nothing to
+    // rewrite at the next Checkpoint.
+    d.other_slot_stale = !(valid == 2 && records_crc[0] == records_crc[1]);
   }
   return Status::Ok();
 }
@@ -431,11 +436,7 @@ Status Allocator::WriteTable(u32 dev, const Bucket* snapshot, u64 n, u64 checkpo
   return st;
 }
 
-Allocator::~Allocator() {
-  MutexLock lock(mu_);
-  for (u32 i = 0; i < nr_; i++)
-    while (devices_[i].writing) table_cv_.Wait(mu_);
-}
+Allocator::~Allocator() { WaitForBackgroundWrites(); }
 
 Status Allocator::WriteTables(dev::DevMask mask, bool converge) {
   Vector<Bucket> copies[dev::kMaxDevices];
@@ -534,17 +535,18 @@ Status Allocator::WriteTables(dev::DevMask mask, bool converge) {
 
 Status Allocator::Checkpoint() {
   MutexLock serial(checkpoint_mu_);
-  {
-    MutexLock lock(mu_);
-    for (u32 i = 0; i < nr_; i++)
-      while (devices_[i].writing) table_cv_.Wait(mu_);
-  }
+  WaitForBackgroundWrites();
   // Twice when needed: a member whose older slot is stale gets the same state
   // written there too, so that a later fallback to it (the newer one damaged
   // or unreadable) loses nothing -- an idle member is otherwise never written
   // again (see CheckpointForRoom).
   TFS_TRY(WriteTables(all_devices(), true));
-  return WriteTables(all_devices(), true);
+  Status st = WriteTables(all_devices(), true);
+  if (st.ok()) {
+    MutexLock lock(mu_);
+    stats_.checkpoints--;  // one checkpoint, in two passes
+  }
+  return st;
 }
 
 Status Allocator::CheckpointForRoom(bool relog) {
@@ -563,13 +565,22 @@ Status Allocator::CheckpointForRoom(bool relog) {
   dev::DevMask fast = 0, slow = 0;
   for (u32 i = 0; i < nr_; i++) (devices_[i].slow ? slow : fast) |= dev::DevMask(1) << i;
   Status st = WriteTables(fast, false);
+  room_round_++;
   for (u32 i : dev::Bits(slow)) StartTableWrite(i);
   if (relog && journal_ != nullptr) {
+    // One relog budget per round for all slow members, within what the
+    // journal's reserve can take next to the entries that advance last_seq.
+    u64 budget = RelogBudget();
     for (u32 i : dev::Bits(slow)) {
       bool relogged = true;
-      Status r = Relog(i, &relogged);
-      if (st.ok()) st = r;
-      if (relogged || !r.ok()) continue;
+      Status r = Relog(i, &budget, &relogged);
+      if (!r.ok()) {
+        // The pins stay (Relog restored them); the round goes on, so the
+        // btree checkpoint that frees the rest of the ring still runs.
+        platform::Log(platform::LogLevel::kError, "alloc: relog of member %u failed: %s", i, r.Message());
+        continue;
+      }
+      if (relogged) continue;
       // Too many changed buckets to relog: as before slow members existed,
       // this checkpoint waits for the member's table (its background write,
       // then one more if it changed since) -- the ring must not fill with
@@ -619,6 +630,7 @@ void Allocator::StartTableWrite(u32 dev) {
     w->checkpoint = d.checkpoint + 1;
     w->changes = d.changes;
     d.writing = true;
+    d.write_round = room_round_;
     d.writing_pin = d.pin;
     d.pin = journal::Pin();
     stats_.background_table_writes++;
@@ -678,31 +690,50 @@ void Allocator::FinishTableWrite(TableWrite* w, Status st) {
                     st.Message());
     }
     d.writing_pin = journal::Pin();
-    d.writing = false;
-    table_cv_.Broadcast();
   }
   if (journal_ != nullptr) journal_->PinDrop(&drop);
   platform::Free(w->buf);
+  const u32 dev = w->dev;
   platform::Delete(w);
+  // Last: a waiter (Checkpoint, WaitForBackgroundWrites, the destructor) may
+  // free the allocator and the journal as soon as it sees this.
+  MutexLock lock(mu_);
+  devices_[dev].writing = false;
+  table_cv_.Broadcast();
 }
 
-Status Allocator::Relog(u32 dev, bool* relogged) {
-  // Small enough for the journal's reserve and an entry: a member with more
-  // changed buckets keeps its pin until its table is on disk.
-  const u64 max_keys = Min<u64>(8192, sb_.bucket_size / 4 / (sizeof(journal::KeyHeader) + sizeof(AllocKey)));
+void Allocator::WaitForBackgroundWrites() {
+  MutexLock lock(mu_);
+  for (u32 i = 0; i < nr_; i++)
+    while (devices_[i].writing) table_cv_.Wait(mu_);
+}
+
+u64 Allocator::RelogBudget() const {
+  // Buckets (journal key + header each) a round may relog: a quarter of a
+  // journal bucket, so that two generations of relogs pinned at once (the new
+  // one is pinned before the old goes) stay within the ring's reserve.
+  return Min<u64>(8192, sb_.bucket_size / 4 / (sizeof(journal::KeyHeader) + sizeof(AllocKey)));
+}
+
+Status Allocator::Relog(u32 dev, u64* budget, bool* relogged) {
   Vector<AllocKey> keys;
   journal::Pin covered[2];
   {
     MutexLock lock(mu_);
     Dev& d = devices_[dev];
     if (!d.pin.active && !d.writing_pin.active) return Status::Ok();
+    // Only a member whose table write has been in flight since an earlier
+    // round (slow, or stalled) is relogged; one that started this round is
+    // given until the next round to finish.
+    if (d.writing && d.write_round == room_round_) return Status::Ok();
     u64 n = 0;
     for (u64 b = 0; b < d.buckets.size(); b++) n += d.buckets[b].version != d.durable_version[b];
-    if (n > max_keys) {
+    if (n > *budget) {
       stats_.relogs_too_big++;
       *relogged = false;
       return Status::Ok();
     }
+    *budget -= n;
     TFS_TRY(keys.Resize(n));
     n = 0;
     for (u64 b = 0; b < d.buckets.size(); b++) {
@@ -727,10 +758,11 @@ Status Allocator::Relog(u32 dev, bool* relogged) {
   // then only the old entries hold these changes.
   journal::Pin relog_pin;
   Status st;
-  constexpr u32 kBatch = 512;
+  constexpr u32 kBatch = 128;  // 4 KiB of keys: fits any entry size the journal accepts
   journal::Key jk[kBatch];
-  for (u64 at = 0; st.ok() && at < keys.size(); at += kBatch) {
-    const u32 n = u32(Min<u64>(kBatch, keys.size() - at));
+  const u32 per_entry = u32(Min<u64>(kBatch, (journal_->max_entry_bytes() / 2) / (sizeof(journal::KeyHeader) + sizeof(AllocKey))));
+  for (u64 at = 0; st.ok() && at < keys.size(); at += per_entry) {
+    const u32 n = u32(Min<u64>(per_entry, keys.size() - at));
     for (u32 i = 0; i < n; i++) jk[i] = journal::Key{journal::kKeyAlloc, sizeof(AllocKey), &keys[at + i]};
     journal::Pin local;
     auto r = journal_->Commit(jk, n, 0, journal::CommitMode::kNoFlush, &local, journal::Watermark::kReclaim);
@@ -747,7 +779,7 @@ Status Allocator::Relog(u32 dev, bool* relogged) {
       drop[0] = KeepOlder(&d.pin, relog_pin);
       drop[1] = covered[0];
       drop[2] = covered[1];
-      stats_.relogs++;
+      if (!keys.empty()) stats_.relogs++;
       stats_.relogged_buckets += keys.size();
     } else {
       drop[0] = KeepOlder(&d.pin, covered[0]);

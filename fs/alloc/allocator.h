@@ -137,6 +137,9 @@ class Allocator {
   Status RepairState(u32 dev, u64 bucket, BucketState state);
 
   ~Allocator();  // waits for background table writes
+  // Waits until no background table write is in flight (Engine::Close, on
+  // every path, before the journal goes).
+  void WaitForBackgroundWrites();
 
   // Writes the tables of the members that changed since their last table write
   // (durably) and releases the journal space their changes held; first waits
@@ -189,6 +192,7 @@ class Allocator {
     journal::Pin pin;              // oldest journaled change in no durable table or relog
     Vector<u32> durable_version;   // per bucket: the version its newest durable table holds
     bool writing = false;          // a background table write in flight
+    u64 write_round = 0;           // the room round (room_round_) that started it
     journal::Pin writing_pin;      // what that write covers (moved to a relog if one runs first)
   };
   struct TableWrite;  // one background table write
@@ -196,9 +200,10 @@ class Allocator {
   void FinishTableWrite(TableWrite* w, Status st);
   // Starts a slow member's background table write (mu_ not held).
   void StartTableWrite(u32 dev);
-  // Relogs a slow member (see CheckpointForRoom; checkpoint_mu_ held);
-  // *relogged false if it has more changed buckets than a relog may carry.
-  Status Relog(u32 dev, bool* relogged);
+  // Relogs a slow member (see CheckpointForRoom; checkpoint_mu_ held) out of
+  // *budget buckets; *relogged false if it has more changed buckets than that.
+  Status Relog(u32 dev, u64* budget, bool* relogged);
+  u64 RelogBudget() const;
   // The synchronous checkpoint of the members in `mask` (checkpoint_mu_ held;
   // none of them with a background write in flight).
   // `converge`: also rewrite unchanged members whose older slot is stale.
@@ -233,6 +238,7 @@ class Allocator {
 
   mutable Mutex mu_;
   CondVar table_cv_;     // a background table write finished (with mu_)
+  u64 room_round_ = 0;   // CheckpointForRoom calls (under checkpoint_mu_; read under mu_ too)
   journal::Pin pin_;     // fast members: oldest journaled change not yet checkpointed
   Mutex checkpoint_mu_;  // one checkpoint at a time
   AllocStats stats_{};

@@ -551,22 +551,30 @@ void DataPath::Abort(const Delta& delta) {
   }
 }
 
-Status DataPath::Commit(btree::Transaction* tx, const Delta& delta, journal::CommitMode mode) {
-  // The slow-member rule for the journal (docs/format/journal.md): data on a
-  // member that holds no journal (an HDD) is flushed here, by its own
-  // committer, before the commit enters the journal. The entry then depends
-  // on journal members only, so no later commit's flush -- an SSD-only fsync
-  // -- ever waits for that member; a commit of HDD data waits for the HDD, as
-  // it must.
-  const dev::DevMask slow = delta.deps & ~journal_members_;
-  for (u32 m : dev::Bits(slow)) {
-    Status fst = dev::QueueSyncIo(engine_->devs().member(m)->queue(), IoOp::kFlush, 0, nullptr, 0, 0,
-                                  IoOrigin::kForegroundWrite);
-    if (!fst.ok()) {
-      Abort(delta);
-      return fst;
-    }
+Status DataPath::FlushMembers(dev::DevMask mask) {
+  for (u32 m : dev::Bits(mask)) {
+    TFS_TRY(dev::QueueSyncIo(engine_->devs().member(m)->queue(), IoOp::kFlush, 0, nullptr, 0, 0,
+                             IoOrigin::kForegroundWrite));
     c_slow_flushes_.FetchAdd(1, MemOrder::kRelaxed);
+  }
+  return Status::Ok();
+}
+
+Status DataPath::FlushSlowMembers(Delta* delta) {
+  const dev::DevMask slow = delta->deps & ~journal_members_;
+  TFS_TRY(FlushMembers(slow));
+  delta->deps &= ~slow;  // durable now: the commit depends on journal members only
+  return Status::Ok();
+}
+
+Status DataPath::Commit(btree::Transaction* tx, const Delta& delta, journal::CommitMode mode) {
+  // Data on members without a journal, if the caller did not flush it
+  // already (FlushSlowMembers).
+  const dev::DevMask slow = delta.deps & ~journal_members_;
+  Status fst = FlushMembers(slow);
+  if (!fst.ok()) {
+    Abort(delta);
+    return fst;
   }
   // Readers of this inode's extents see the commit whole or not at all (see
   // ReadBlocks): its stripe's counter is odd while the keys are applied.

@@ -196,6 +196,15 @@ class DataPath {
                       u64* next);
   void Apply(const Delta& delta);
   void Abort(const Delta& delta);
+  // The slow-member rule for the journal (docs/format/journal.md): data on a
+  // member that holds no journal ring (an HDD) is flushed by its own
+  // committer before the commit enters the journal, and the commit depends on
+  // journal members only -- so no later commit's flush (an SSD-only fsync)
+  // ever waits for that member; a commit of HDD data waits for the HDD, as it
+  // must. FlushSlowMembers does it ahead of the commit (so a caller can do it
+  // before taking its inode lock) and takes those members out of
+  // delta->deps; Commit does it for whatever is left.
+  Status FlushSlowMembers(Delta* delta);
   // Commits tx (kNoFlush, with delta.deps) and then Applies the delta, or
   // Aborts it if the commit fails. The usual end of a write or punch.
   Status Commit(btree::Transaction* tx, const Delta& delta,
@@ -262,6 +271,7 @@ class DataPath {
   // floor, plus what is left of the write point. Under wp_mu_.
   u64 FreeBlocksLocked() const;
   Status WriteBlob(u32 dev, u64 offset, const u8* data, u32 nblocks);
+  Status FlushMembers(dev::DevMask mask);
   // Moves a bucket's counts (live by `blocks`, pending by `pending`) and frees it
   // once both are zero and it is not the write point.
   void Account(u32 dev, u64 bucket, i64 blocks, i64 pending);

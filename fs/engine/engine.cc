@@ -270,6 +270,9 @@ Status Engine::Close() {
   Status bst = btrees_.Close();
   Status st = journal_.Stop();
   journal_started_ = false;
+  // Slow members' background table writes drop journal pins when they
+  // complete: none may outlive this (on every path: the engine may go next).
+  alloc_.WaitForBackgroundWrites();
   if (!st.ok()) return st;  // leave the superblock unclean: replay will sort it out
   if (!bst.ok()) return bst;
   TFS_TRY(alloc_.Checkpoint());

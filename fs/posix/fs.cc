@@ -1255,6 +1255,14 @@ bool Filesystem::Buffering(u64 ino) {
 
 Status Filesystem::CommitData(u64 ino, const data::Prepared* p, data::Delta* delta, u64 min_size, i64 mtime,
                               journal::CommitMode mode) {
+  // An HDD's flush before the inode lock: opens and stats of this file do not
+  // wait for it.
+  DebugNoSharedLock();
+  Status fst = data_.FlushSlowMembers(delta);
+  if (!fst.ok()) {
+    data_.Abort(*delta);
+    return fst;
+  }
   const u64 lock[1] = {ino};
   Locked locked(this, lock, 1);
   TFS_TRY(locked.status());
