@@ -22,6 +22,19 @@ u8 DataBit(BucketState purpose) {
   }
 }
 
+// The journal key that records bucket `bucket`'s state `b`.
+AllocKey KeyFor(u32 dev, u64 bucket, const Bucket& b) {
+  AllocKey k;
+  MemSet(&k, 0, sizeof(k));
+  k.dev.set(u16(dev));
+  k.gen = b.gen;
+  k.state = u8(b.state);
+  k.live_sectors.set(b.live_sectors);
+  k.bucket.set(bucket);
+  k.version.set(b.version);
+  return k;
+}
+
 u32 TableCsum(const u8* slot, u64 bytes) {
   return platform::Crc32cSkippingField(slot, bytes, __builtin_offsetof(TableHeader, csum));
 }
@@ -365,14 +378,7 @@ Status Allocator::RepairState(u32 dev, u64 bucket, BucketState state) {
 
 Result<u64> Allocator::JournalChange(u32 dev, u64 bucket, const Bucket& b, BucketState owner) {
   if (journal_ == nullptr) return u64(0);
-  AllocKey k;
-  MemSet(&k, 0, sizeof(k));
-  k.dev.set(u16(dev));
-  k.gen = b.gen;
-  k.state = u8(b.state);
-  k.live_sectors.set(b.live_sectors);
-  k.bucket.set(bucket);
-  k.version.set(b.version);
+  const AllocKey k = KeyFor(dev, bucket, b);
   journal::Key key{journal::kKeyAlloc, sizeof(k), &k};
   journal::Pin local;
   // Btree buckets change only in checkpoints, which journal reclaim waits for:
@@ -737,16 +743,7 @@ Status Allocator::Relog(u32 dev, u64* budget, bool* relogged) {
     TFS_TRY(keys.Resize(n));
     n = 0;
     for (u64 b = 0; b < d.buckets.size(); b++) {
-      const Bucket& bk = d.buckets[b];
-      if (bk.version == d.durable_version[b]) continue;
-      AllocKey& k = keys[n++];
-      MemSet(&k, 0, sizeof(k));
-      k.dev.set(u16(dev));
-      k.gen = bk.gen;
-      k.state = u8(bk.state);
-      k.live_sectors.set(bk.live_sectors);
-      k.bucket.set(b);
-      k.version.set(bk.version);
+      if (d.buckets[b].version != d.durable_version[b]) keys[n++] = KeyFor(dev, b, d.buckets[b]);
     }
     covered[0] = d.pin;
     covered[1] = d.writing_pin;

@@ -122,6 +122,11 @@ class Histogram:
                 return self._midpoint(idx)
         return self.max
 
+    def count_above(self, value_ns: int) -> int:
+        """Operations in buckets wholly above value_ns (bucket resolution: the
+        bucket holding value_ns itself is not counted)."""
+        return sum(n for idx, n in self.counts.items() if bucket_low(idx) > value_ns)
+
     def _midpoint(self, idx: int) -> int:
         lo, hi = bucket_low(idx), bucket_high(idx)
         return min(max(lo + (hi - lo) // 2, self.min), self.max)

@@ -67,3 +67,10 @@ def test_resampled_quantiles_center_on_the_quantile_and_narrow_with_n() -> None:
         assert lo <= p99 <= hi
         widths.append((hi - lo) / p99)
     assert widths[1] < widths[0] / 3  # ~sqrt(100) narrower with 100x the operations
+
+
+def test_count_above_counts_whole_buckets_above_the_value() -> None:
+    h = Histogram.from_samples([1_000_000] * 5 + [49_000_000] * 3 + [52_000_000] * 2 + [3_000_000_000])
+    assert h.count_above(50_000_000) == 3
+    assert h.count_above(10_000_000) == 6
+    assert h.count_above(5_000_000_000) == 0

@@ -606,6 +606,28 @@ def build_report(ld: LabDir, res: dict[str, Any]) -> tuple[Doc, dict[str, Any]]:
                 "cancels from the arm ratio when the pairs are even).")
             summary["slot_bias"] = gm
 
+    # per run: the latency distribution and the slow operations, per op
+    slow_ns = int(prof.gate.get("slow_op_s", 0.05) * 1e9)
+    runs = [r for r in ld.a + ld.b if r.probe]
+    if runs:
+        d.h(f"Per run: {op} latency and operations above {fmt_ns(slow_ns)}")
+        d.p(f"Every run of both arms (`[gate] slow_op`; counted by histogram bucket, so an "
+            f"operation within ~3% of {fmt_ns(slow_ns)} may be left out). Not gated: the "
+            "absolute bound is max latency above.")
+        rows = []
+        summary["runs_slow"] = []
+        for r in runs:
+            h = r.probe.hist(op)
+            per = {o: r.probe.hist(o).count_above(slow_ns) for o in r.probe.ops() if o != "all"}
+            per = {o: n for o, n in per.items() if n}
+            n_slow = h.count_above(slow_ns)
+            rows.append([r.name, h.count, fmt_ns(h.quantile(0.5)), fmt_ns(h.quantile(0.99)),
+                         fmt_ns(h.quantile(0.999)), fmt_ns(h.max), n_slow,
+                         ", ".join(f"{o} {n}" for o, n in per.items()) or "-"])
+            summary["runs_slow"].append({"run": r.name, "ops": h.count, "slow_ns": slow_ns,
+                                         "slow": n_slow, "slow_by_op": per})
+        d.table(["run", "ops", "p50", "p99", "p99.9", "max", f"> {fmt_ns(slow_ns)}", "by op"], rows)
+
     # edge inventory
     d.h("Edge inventory")
     d.p(f"I/O on {prof.gate['slow_group']} members during the foreground phases (ctl snapshots "

@@ -154,6 +154,10 @@ def test_max_latency_fails_plainly_in_both_arms(tmp_path: Path) -> None:
     assert labgate.report_dir(d, tmp_path / "out", []) == 1
     md = (tmp_path / "out" / "report.md").read_text()
     assert "FAIL max latency (active)" in md and "FAIL (not gated) max latency (control)" in md
+    # every run's slow operations, per op
+    assert "## Per run: all latency and operations above 50 ms" in md
+    slow = json.loads((tmp_path / "out" / "summary.json").read_text())["runs_slow"]
+    assert len(slow) == 8 and all(r["slow"] >= 1 for r in slow)
     assert "## Around each fault event" in md and (tmp_path / "out" / "events.png").is_file()
 
 

@@ -168,7 +168,7 @@ GATE = {"op": (_str, "all"), "p99_ratio_max": (_num, 1.10), "throughput_ratio_mi
         "max_latency": (_str, "2s"), "background_min_bytes": (_size, 0),
         "background_origins": (_strlist, ["reconcile", "copygc"]),
         "allowlist": (_strlist, ["reconcile", "copygc"]), "quiesce_max_s": (_num, 30),
-        "slow_group": (_str, "hdd")}
+        "slow_group": (_str, "hdd"), "slow_op": (_str, "50ms")}
 SECTIONS = {"format": FORMAT, "probe": PROBE, "background": BACKGROUND, "phases": PHASES,
             "quiesce": QUIESCE, "gate": GATE}
 ARRAYS = {"members": MEMBER, "events": EVENT}
@@ -404,6 +404,10 @@ def _validate(name: str, path: str, raw: dict[str, Any]) -> Profile:
     except LabError:
         raise LabError(f"gate.max_latency: want a duration like 2s or 250ms, "
                        f"got {g['max_latency']!r}") from None
+    try:
+        g["slow_op_s"] = parse_duration_s(g["slow_op"], "gate.slow_op")
+    except LabError:
+        raise LabError(f"gate.slow_op: want a duration like 50ms, got {g['slow_op']!r}") from None
     g["background_min_bytes"] = parse_size(g["background_min_bytes"], "gate.background_min_bytes")
     for key in ("background_origins", "allowlist"):
         for o in g[key]:

@@ -75,6 +75,9 @@ class Run:
     def hist(self, op: str) -> Histogram:
         return Histogram.from_json(self.meas["ops"][op]["latency"])
 
+    def ops(self) -> list[str]:
+        return list(self.meas["ops"])
+
     @property
     def fell_behind(self) -> bool:
         return bool(self.meas["counters"].get("fell_behind", 0))
