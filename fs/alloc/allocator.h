@@ -23,9 +23,10 @@
 //
 // Persistence (docs/format/alloc.md): every change is journaled (no-flush) as an
 // AllocKey with the bucket's new change version; Checkpoint() writes the table of
-// every member that changed since its last table write (a member nothing
-// changed on -- an idle HDD -- is never written) to the slot not used last time
-// and then drops the journal pin that kept those keys in the ring.
+// every member that changed since its last table write to the slot not used
+// last time (a member nothing changed on -- an idle HDD -- is not written, save
+// once to bring a stale older slot level) and then drops the journal pin that
+// kept those keys in the ring.
 //
 // Slow members (docs/format/alloc.md, "Slow members"): a member that holds no
 // journal ring (an HDD) may stall, and the checkpoints that journal room needs
@@ -34,7 +35,9 @@
 // one per member) and, meanwhile, *relogs* the member: every bucket that
 // differs from its newest durable table is journaled again as it is now, so
 // the member's journal pin moves to the journal's head instead of holding the
-// ring until its table is on disk. Replay (newest version wins) is unchanged. Load() + Apply() of replayed keys rebuild the state
+// ring until its table is on disk. Replay (newest version wins) is unchanged.
+//
+// Load() + Apply() of replayed keys rebuild the state
 // without scanning any other metadata.
 //
 // Thread safety: all methods from any thread. `mu_` guards the bucket arrays and
