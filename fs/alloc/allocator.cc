@@ -216,12 +216,46 @@ Status Allocator::Apply(const journal::Key& key) {
   return Status::Ok();
 }
 
+void Allocator::SetMetadataNeed(u32 dev, u64 buckets) {
+  if (dev < nr_) devices_[dev].metadata_need.Store(buckets, MemOrder::kRelaxed);
+}
+
+namespace {
+// The btree reserve in force: the declared need plus growth room.
+u64 BtreeReserve(const Reserves& r, u64 need) { return need + Max<u64>(r.btree, need / 2); }
+}  // namespace
+
+bool Allocator::MetadataRoom() {
+  MutexLock lock(mu_);
+  for (u32 i = 0; i < nr_; i++) {
+    const Dev& d = devices_[i];
+    const u64 need = d.metadata_need.Load(MemOrder::kRelaxed);
+    if (need != 0 && d.free_count + d.pending.size() < need + d.reserves.copygc) {
+      stats_.metadata_refused++;
+      return false;
+    }
+  }
+  return true;
+}
+
+bool Allocator::MetadataTight() const {
+  MutexLock lock(mu_);
+  for (u32 i = 0; i < nr_; i++) {
+    const Dev& d = devices_[i];
+    const u64 need = d.metadata_need.Load(MemOrder::kRelaxed);
+    if (need != 0 && d.free_count + d.pending.size() < BtreeReserve(d.reserves, need)) return true;
+  }
+  return false;
+}
+
 u64 Allocator::FreeFloor(u32 dev, Watermark wm) const {
-  const Reserves& r = devices_[dev].reserves;
+  const Dev& d = devices_[dev];
+  const Reserves& r = d.reserves;
+  const u64 btree = BtreeReserve(r, d.metadata_need.Load(MemOrder::kRelaxed));
   switch (wm) {
-    case Watermark::kBackground: return r.foreground + r.copygc + r.btree;
-    case Watermark::kForeground: return r.copygc + r.btree;
-    case Watermark::kCopygc: return r.btree;
+    case Watermark::kBackground: return r.foreground + r.copygc + btree;
+    case Watermark::kForeground: return r.copygc + btree;
+    case Watermark::kCopygc: return btree;
     case Watermark::kBtree:
     case Watermark::kJournal: return 0;
   }
@@ -811,6 +845,8 @@ DeviceUsage Allocator::Usage(u32 dev) const {
     u.live_sectors += b.live_sectors;
   }
   u.reserves = d.reserves;
+  u.metadata_need = d.metadata_need.Load(MemOrder::kRelaxed);
+  u.reserves.btree = BtreeReserve(d.reserves, u.metadata_need);
   return u;
 }
 

@@ -10,6 +10,16 @@
 //   kCopygc (evacuation, frees space)  floor = btree reserve
 //   kBtree, kJournal                   floor = 0
 //
+// The btree reserve is what the btree declares its next checkpoint may take on
+// the member (SetMetadataNeed, docs/design/space.md) plus room for metadata to
+// grow: the larger of a fixed share (buckets/128) and half the need. So when a
+// metadata member fills, user data spills to the fallback (or gets ENOSPC)
+// while the btree still has room to checkpoint and grow; once metadata growth
+// has eaten the growth room, MetadataRoom() is false and the operations that
+// add metadata get ENOSPC, while deletes (which may use the copygc reserve)
+// and checkpoints go on: deleting, unmount and mount keep working on a full
+// filesystem.
+//
 // Targets are tried first; the fallback mask only when no target member can serve
 // the request at its watermark (the fast tier is genuinely full).
 //
@@ -48,6 +58,7 @@
 #include "alloc/format.h"
 #include "dev/device_set.h"
 #include "journal/journal.h"
+#include "platform/atomic.h"
 #include "platform/sync.h"
 #include "sb/superblock.h"
 #include "util/diag.h"
@@ -87,7 +98,8 @@ struct DeviceUsage {
   u64 pending_free = 0;  // freed, waiting for the free to be durable
   u64 by_state[kBucketStateCount] = {};
   u64 live_sectors = 0;
-  Reserves reserves;
+  Reserves reserves;     // btree: the reserve in force (need + growth room)
+  u64 metadata_need = 0; // what the btree declared (SetMetadataNeed)
 };
 
 struct AllocStats {
@@ -103,6 +115,7 @@ struct AllocStats {
   u64 background_table_errors;  // of which failed (the changes stay pinned)
   u64 relogs, relogged_buckets; // slow members' changes journaled again
   u64 relogs_too_big;     // relogs skipped (more changed buckets than a relog may carry): the checkpoint waited for the table
+  u64 metadata_refused;   // MetadataRoom() false: an operation that adds metadata got ENOSPC
 };
 
 class Allocator {
@@ -160,6 +173,21 @@ class Allocator {
   // The journal's reclaim hook: CheckpointForRoom(false).
   static void ReclaimHook(void* self, u64 seq);
 
+  // The btree's declaration: `buckets` free buckets on `dev` its next
+  // checkpoint may take. The btree reserve becomes need + max(fixed share,
+  // need / 2); cheap (one relaxed store), called whenever the btree's size changes.
+  void SetMetadataNeed(u32 dev, u64 buckets);
+  // Whether metadata may grow (posix: creates, links, xattrs, data writes --
+  // they add keys): every member with a declared need keeps that need plus
+  // its copygc reserve free or pending. The copygc reserve is then left for
+  // what must always work (deletes and truncates dirty and split nodes too).
+  // Counted (metadata_refused) when false.
+  bool MetadataRoom();
+  // Whether the btree has begun to eat its growth room on some member (free
+  // and pending buckets below its reserve): its writer checkpoints then, so
+  // that dirty nodes become clean and the need drops.
+  bool MetadataTight() const;
+
   Bucket Get(u32 dev, u64 bucket) const;
   DeviceUsage Usage(u32 dev) const;
   AllocStats Stats() const;
@@ -178,6 +206,7 @@ class Allocator {
     };
     Vector<Pending> pending;  // freed, not yet reusable
     Reserves reserves;
+    Atomic<u64> metadata_need{0};  // SetMetadataNeed; read without mu_
     u8 data_allowed = 0;
     u32 table_buckets = 0;
     u64 checkpoint = 0;     // number of the newest valid slot on disk

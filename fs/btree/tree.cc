@@ -33,6 +33,7 @@ struct CachedNode {
   u64 compacted_version = ~u64(0);  // version at which a merge check compacted it
   ListNode lru;                   // on Impl::lru while in the tree (cache_mu)
   u8 tree_id = 0;                 // its tree, set before it joins the LRU (cache_mu)
+  u8 tree_level = 0;              // its level, set with tree_id (interior_nodes)
   u32 charged = 0;                // bytes counted in the cache
 };
 
@@ -121,6 +122,15 @@ struct Btrees::Impl {
   Atomic<u64> cached_bytes{0};
   Atomic<u64> cached_nodes{0};
   Atomic<u64> dirty_nodes{0};
+  // What PublishNeed counts: cached interior nodes, nodes never written (no
+  // slot yet), and the bound a running checkpoint started from (0 when none
+  // runs).
+  Atomic<u64> interior_nodes{0};
+  Atomic<u64> unwritten_nodes{0};
+  Atomic<u64> ckpt_hold{0};
+  // PublishNeed: the need is computed and stored under this (a leaf lock), so
+  // the last store is never an older, lower value.
+  Mutex need_mu;
   // Some node may not be cached: set for good once an interior node is read from
   // disk (its children are not) or a node is evicted. Until then every node is
   // in memory and commits skip their prefetch descent.
@@ -290,8 +300,13 @@ class TreeOps {
     // Eviction walks the LRU of every tree holding one tree's lock: it must not
     // read the node's contents, which another tree's writer may be rebuilding.
     n->tree_id = n->node.info().btree_id;
+    n->tree_level = n->node.info().level;
     im->cached_bytes.FetchAdd(n->charged, MemOrder::kRelaxed);
     im->cached_nodes.FetchAdd(1, MemOrder::kRelaxed);
+    if (n->tree_level > 0) {
+      im->interior_nodes.FetchAdd(1, MemOrder::kRelaxed);
+      PublishNeed(im);
+    }
     MutexLock l(im->cache_mu);
     im->lru.PushBack(n);
   }
@@ -301,10 +316,34 @@ class TreeOps {
   }
   static void Ref(CachedNode* n) { n->refs.FetchAdd(1, MemOrder::kRelaxed); }
 
+  // The node slots a checkpoint would take now (docs/design/space.md). Phase
+  // 1 takes one per dirty node it images; phase 2 a spare per node of the
+  // exclusive set -- cached interior nodes and nodes never written (phase 1
+  // may have taken one for them already) -- plus 1 + 2 * kMaxLevel for
+  // structure that changes before it locks.
+  static u64 CheckpointSlots(Impl* im) {
+    return im->dirty_nodes.Load(MemOrder::kRelaxed) + im->interior_nodes.Load(MemOrder::kRelaxed) +
+           im->unwritten_nodes.Load(MemOrder::kRelaxed) + 1 + 2 * kMaxLevel;
+  }
+  // Tells the allocator how many free buckets the next checkpoint may take on
+  // the metadata target (alloc.h, SetMetadataNeed): CheckpointSlots, or the
+  // bound a running checkpoint started from if larger (it clears dirty flags
+  // before it has taken its slots), in whole buckets, plus two: the tree
+  // growing while the checkpoint runs (it then reserves more) and a spare.
+  // Called whenever a count changes; user data leaves that much free.
+  static void PublishNeed(Impl* im) {
+    if (im->alloc == nullptr || im->slots_per_bucket == 0) return;
+    MutexLock l(im->need_mu);
+    const u64 slots = Max<u64>(CheckpointSlots(im), im->ckpt_hold.Load(MemOrder::kRelaxed));
+    const u64 need = (slots + im->slots_per_bucket - 1) / im->slots_per_bucket + 2;
+    for (u32 m : dev::Bits(im->target)) im->alloc->SetMetadataNeed(m, need);
+  }
+
   static void SetDirty(Impl* im, CachedNode* n) {
     if (n->dirty.Load(MemOrder::kRelaxed) == 0) {
       n->dirty.Store(1, MemOrder::kRelaxed);
       im->dirty_nodes.FetchAdd(1, MemOrder::kRelaxed);
+      PublishNeed(im);
     }
   }
   static void ClearDirty(Impl* im, CachedNode* n) {
@@ -327,6 +366,9 @@ class TreeOps {
     }
     im->cached_bytes.FetchSub(n->charged, MemOrder::kRelaxed);
     im->cached_nodes.FetchSub(1, MemOrder::kRelaxed);
+    if (n->ptr.member == kNoMember) im->unwritten_nodes.FetchSub(1, MemOrder::kRelaxed);
+    if (n->tree_level > 0 && n->charged != 0) im->interior_nodes.FetchSub(1, MemOrder::kRelaxed);
+    PublishNeed(im);
     n->charged = 0;
     Unref(n);
   }
@@ -566,6 +608,7 @@ class TreeOps {
               im->partial.Store(1, MemOrder::kRelaxed);
               im->cached_bytes.FetchSub(n->charged, MemOrder::kRelaxed);
               im->cached_nodes.FetchSub(1, MemOrder::kRelaxed);
+              if (n->tree_level > 0) im->interior_nodes.FetchSub(1, MemOrder::kRelaxed);
               n->parent = victims;  // chain for freeing outside cache_mu
               victims = n;
               im->c_evictions.FetchAdd(1, MemOrder::kRelaxed);
@@ -664,6 +707,8 @@ class TreeOps {
     n->ptr.min_offset.set(min.offset);
     n->dirty.Store(1, MemOrder::kRelaxed);
     im->dirty_nodes.FetchAdd(1, MemOrder::kRelaxed);
+    im->unwritten_nodes.FetchAdd(1, MemOrder::kRelaxed);
+    PublishNeed(im);
     *out = n;
     return Status::Ok();
   }
@@ -1113,7 +1158,11 @@ class TreeOps {
       to_free->PushBack(j.dst).IgnoreError();  // nobody points there
       return;
     }
-    if (n->ptr.member != kNoMember) to_free->PushBack(n->ptr).IgnoreError();
+    if (n->ptr.member != kNoMember) {
+      to_free->PushBack(n->ptr).IgnoreError();
+    } else {
+      im->unwritten_nodes.FetchSub(1, MemOrder::kRelaxed);  // the checkpoint's hold covers it
+    }
     n->ptr = j.dst;
     n->node.SetSeq(j.seq);
     n->version.FetchAdd(1, MemOrder::kRelease);
@@ -1151,6 +1200,19 @@ class TreeOps {
 
   static Status RunCheckpoint(Impl* im, Roots* roots_out) {
     MutexLock ck(im->ckpt_mu);
+    // The need stays at least what this checkpoint may take until it is done
+    // (it clears dirty flags before it has taken its slots).
+    struct Hold {
+      Impl* im;
+      explicit Hold(Impl* i) : im(i) {
+        im->ckpt_hold.Store(CheckpointSlots(im), MemOrder::kRelaxed);
+        PublishNeed(im);
+      }
+      ~Hold() {
+        im->ckpt_hold.Store(0, MemOrder::kRelaxed);
+        PublishNeed(im);
+      }
+    } hold(im);
     u64 covered;
     if (im->journal != nullptr) {
       // Close the open journal entry if it holds applied commits, so that it can
@@ -1470,6 +1532,7 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
   for (u32 id = 0; id < kNrBtreeIds; id++) {
     if (im->trees[id].root != nullptr) TFS_TRY(Walk::Visit(im, im->trees[id].root, diag));
   }
+  TreeOps::PublishNeed(im);
   if (!options.read_only) {
     // Buckets a crash left allocated to an unfinished checkpoint are freed; a
     // bucket the trees use is marked as btree (replay already did, normally).
@@ -1511,7 +1574,11 @@ void TreeOps::WriterMain(void* arg) {
   while (!im->stop) {
     const bool memory = im->dirty_nodes.Load(MemOrder::kRelaxed) * im->node_size > im->opt.cache_bytes / 2;
     const bool room = JournalNeedsRoom(im);
-    if (!im->wake && !memory && !room) {
+    // Space: the metadata member is down to the btree's growth room (user data
+    // at its floor): write the dirty nodes so that the need drops
+    // (docs/design/space.md).
+    const bool space = im->dirty_nodes.Load(MemOrder::kRelaxed) > 0 && im->alloc->MetadataTight();
+    if (!im->wake && !memory && !room && !space) {
       if (!im->merge_queue.empty()) {
         im->wmu.Unlock();
         MergeQueued(im);
@@ -1535,7 +1602,7 @@ void TreeOps::WriterMain(void* arg) {
     im->ckpt_done++;
     im->done_cv.Broadcast();
     // Do not spin when a checkpoint cannot help (or failed).
-    if (!st.ok() || (room && !memory && JournalBelow(im, 1, 2, 4)))
+    if (!st.ok() || (room && !memory && JournalBelow(im, 1, 2, 4)) || (space && !room && !memory))
       (void)im->wcv.WaitFor(im->wmu, (st.ok() ? 100 : 1000) * platform::kNsPerMs);
   }
 }

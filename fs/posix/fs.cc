@@ -722,10 +722,15 @@ Status Filesystem::GetStatFs(StatFs* out) {
 
 // --- creating ------------------------------------------------------------------
 
+Status Filesystem::MetadataRoom() {
+  return engine_->alloc().MetadataRoom() ? Status::Ok() : Status(Err::kNoSpace);
+}
+
 Result<Attr> Filesystem::Create(u64 dir, const char* name, u32 len, u32 mode, u64 rdev, const char* target,
                                 u32 target_len, const Caller& who) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
   TFS_TRY(CheckName(name, len));
+  TFS_TRY(MetadataRoom());
   if (IsDot(name, len) || IsDotDot(name, len)) return Err::kExists;
   const u8 type = DirentTypeOf(mode);
   if (type == kDtUnknown || (mode & ~(kModeTypeMask | kModePermMask)) != 0) return Err::kInvalidArgument;
@@ -804,6 +809,7 @@ Result<Attr> Filesystem::Symlink(u64 dir, const char* name, u32 len, const char*
 Result<Attr> Filesystem::Link(u64 ino, u64 dir, const char* name, u32 len) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
   TFS_TRY(CheckName(name, len));
+  TFS_TRY(MetadataRoom());
   if (IsDot(name, len) || IsDotDot(name, len)) return Err::kExists;
   const u64 lock[2] = {dir, ino};
   Locked locked(this, lock, 2);
@@ -1445,6 +1451,7 @@ Result<u32> Filesystem::Write(u64 ino, u64 off, const void* buf, u32 len, u32 fl
   if (trees_ == nullptr) return Err::kInvalidArgument;
   if (off >= kMaxFileSize || len > kMaxFileSize - off) return Err::kTooBig;
   if (len == 0) return u32(0);
+  TFS_TRY(MetadataRoom());
   InodeFormat f;
   TFS_TRY(ReadInode(ino, &f));
   if (IsDir(f)) return Err::kIsDir;
@@ -1670,6 +1677,7 @@ Status Filesystem::Fallocate(u64 ino, u32 mode, u64 off, u64 len) {
   const bool punch = (mode & kFallocPunchHole) != 0;
   const bool zero = (mode & kFallocZeroRange) != 0;
   const bool keep = (mode & kFallocKeepSize) != 0;
+  if (!punch) TFS_TRY(MetadataRoom());
   // As vfs_fallocate: punching keeps the size and excludes zeroing.
   if ((punch && zero) || (punch && !keep)) return Err::kNotSupported;
   if (len == 0) return Err::kInvalidArgument;
@@ -1816,6 +1824,7 @@ Status Filesystem::SetXattr(u64 ino, const char* name, u32 len, const void* valu
     return Err::kInvalidArgument;
   if (value_len > XattrValueMax(len)) return Err::kNoSpace;
   if (value_len > 0 && value == nullptr) return Err::kInvalidArgument;
+  TFS_TRY(MetadataRoom());
   const u64 lock[1] = {ino};
   Locked locked(this, lock, 1);
   TFS_TRY(locked.status());

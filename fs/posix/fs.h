@@ -329,6 +329,10 @@ class Filesystem {
   // blob (*out; null for a hole or unwritten block, which reads as zeros).
   Status PrepareZero(u64 ino, u64 block, u32 from, u32 to, data::Prepared** out, data::Delta* delta);
   Status ZeroInBlock(u64 ino, u64 block, u32 from, u32 to, i64 mtime);
+  // kNoSpace when metadata may not grow (alloc.h, MetadataRoom): the check of
+  // every operation that adds keys (creates, links, xattrs, writes, fallocate
+  // but punch); deletes, truncates and renames skip it (docs/design/space.md).
+  Status MetadataRoom();
   // Whether the inode has a buffered run now.
   bool Buffering(u64 ino);
   // Unlink (rmdir false) or Rmdir of a checked name.

@@ -122,6 +122,11 @@ std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs, MemberContr
       w.UintField(alloc::BucketStateName(alloc::BucketState(s)), u.by_state[s]);
     w.UintField("pending_free", u.pending_free);
     w.UintField("live_sectors", u.live_sectors);
+    // Free buckets user data leaves (the btree's declared need or its fixed
+    // share, plus copygc's): docs/design/space.md.
+    w.UintField("reserve_btree", u.reserves.btree);
+    w.UintField("metadata_need", u.metadata_need);
+    w.UintField("data_floor", u.reserves.copygc + u.reserves.btree);
     w.EndObject();
     const std::string g = engine.devs().member(i)->group();
     Tier* t = nullptr;
@@ -156,6 +161,7 @@ std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs, MemberContr
   w.UintField("relogs", a.relogs);
   w.UintField("relogged_buckets", a.relogged_buckets);
   w.UintField("relogs_too_big", a.relogs_too_big);
+  w.UintField("metadata_refused", a.metadata_refused);
   w.EndObject();
 
   const data::Stats d = fs.GetDataStats();
