@@ -19,6 +19,10 @@ computed per pair or per run:
 - edge inventory: during the foreground phases (ctl snapshots `start` -> `end`)
   slow members saw I/O only from allowlisted origins, in every run of B; the
   table lists every other origin with ops and bytes, for both arms;
+- spill (only with spill_min_bytes > 0, the spill profile's condition): every
+  completed run of both arms wrote at least that much user data
+  (foreground_write) to slow members during the measured phase -- a run in
+  which the fast tier never filled measured something else;
 - fsck clean on every run of both arms;
 - quiescence: every run of B reached a quiet window within quiesce_max_s (arm
   A's shown, not gated);
@@ -231,6 +235,16 @@ def background_bytes(r: LabRun, prof: profile_mod.Profile) -> int | None:
                for o, v in origins.items() if o in prof.gate["background_origins"])
 
 
+def spill_bytes(r: LabRun, prof: profile_mod.Profile) -> int | None:
+    """User data (foreground_write) written to slow members during the measured
+    phase (ctl `measure` -> `end`): the spill profile's condition."""
+    if "measure" not in r.ctl or "end" not in r.ctl:
+        return None
+    d = io_delta(r.ctl["measure"], r.ctl["end"], prof.gate["slow_group"])
+    return sum(origins.get("foreground_write", {}).get("write", {}).get("bytes", 0)
+               for origins in d.values())
+
+
 # ------------------------------------------------------------------ the gate
 
 def _paired(ld: LabDir) -> list[tuple[LabRun, LabRun]]:
@@ -347,6 +361,21 @@ def evaluate(ld: LabDir) -> dict[str, Any]:
         f"{len(bad_runs)} of {len(ld.b)} runs of {ld.b_name} saw other origins on "
         f"{g['slow_group']} members during foreground phases: {', '.join(names) or 'no snapshots'}"
         " (table below)")
+
+    if g["spill_min_bytes"] > 0:
+        spilled = [(r, spill_bytes(r, prof)) for r in every if r.ok]
+        short = [(r, n) for r, n in spilled if n is None or n < g["spill_min_bytes"]]
+
+        def amount(n: int | None) -> str:
+            return "no snapshots" if n is None else profile_mod.size_text(n) if n else "0 B"
+        least = min(spilled, key=lambda x: -1 if x[1] is None else x[1]) if spilled else None
+        add("spill", bool(spilled) and not short,
+            ("no completed run" if least is None else
+             f"least user data written to {g['slow_group']} members during the measured phase: "
+             f"{amount(least[1])} ({least[0].name})") +
+            f"; bound >= {profile_mod.size_text(g['spill_min_bytes'])} in every run of both arms" +
+            ("" if not short else "; the condition did not happen in: " +
+             ", ".join(f"{r.name} {amount(n)}" for r, n in short)))
 
     dirty = [r for r in every if not (r.info.get("fsck") or {}).get("clean")]
     add("fsck clean", not dirty,

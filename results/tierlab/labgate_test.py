@@ -275,3 +275,22 @@ def test_edge_inventory_also_counts_what_the_fault_device_saw(tmp_path: Path) ->
     labgate.report_dir(d, tmp_path / "out", [])
     md = (tmp_path / "out" / "report.md").read_text()
     assert "| active | p00-active | hdd.b | superblock | write | 0 | 0 | 2 | 8192 | NOT ALLOWED |" in md
+
+
+def test_spill_criterion_needs_user_data_on_the_slow_members_in_every_run(tmp_path: Path) -> None:
+    """gate.spill_min_bytes (the spill profile's condition): a run whose fast tier
+    never filled wrote no user data to the HDD and fails the criterion, in either
+    arm; without the bound the criterion is not there."""
+    spilled = {"reconcile": {"write": (64, 64 << 20)}, "foreground_write": {"write": (96, 96 << 20)}}
+    bound = ("gate.spill_min_bytes=64MiB", "gate.allowlist=[\"reconcile\",\"foreground_write\"]")
+    res = evaluate(synthetic_pair_dir(tmp_path / "yes", hdd_during=spilled), *bound)
+    assert crit(res, "spill")["passed"] and res["passed"], crit(res, "spill")
+    assert "least user data written to hdd members during the measured phase: 96MiB" in crit(
+        res, "spill")["text"]
+    res = evaluate(synthetic_pair_dir(tmp_path / "no", hdd_during=ALLOWED_ONLY), *bound)
+    c = crit(res, "spill")
+    assert not c["passed"] and c["gating"] and not res["passed"]
+    assert "the condition did not happen in: p00-control 0 B, p01-control 0 B" in c["text"]
+    assert "p03-active 0 B" in c["text"]
+    assert all(x["criterion"] != "spill" for x in evaluate(
+        synthetic_pair_dir(tmp_path / "off", hdd_during=spilled))["criteria"])

@@ -23,7 +23,8 @@ PROFILES_DIR = REPO_ROOT / "workloads" / "profiles"
 FAULT_PROFILES_DIR = REPO_ROOT / "faultdevices" / "profiles"
 ORIGINS = ("foreground_read", "foreground_write", "journal", "btree", "alloc", "reconcile", "promote",
            "copygc", "readahead", "superblock", "fsck", "other")
-PROBE_OPS = ("read", "write", "fsync", "fdatasync", "stat", "readdir", "openread", "create")
+PROBE_OPS = ("read", "write", "fsync", "fdatasync", "stat", "readdir", "openread", "create",
+             "createsync")
 FAULT_COMMANDS = ("stall", "unstall", "error", "clear", "powercut", "poweron")
 
 _SIZE = re.compile(r"\s*([0-9]+)\s*([KMGT]?)(i?B)?\s*", re.IGNORECASE)
@@ -168,7 +169,8 @@ GATE = {"op": (_str, "all"), "p99_ratio_max": (_num, 1.10), "throughput_ratio_mi
         "max_latency": (_str, "2s"), "background_min_bytes": (_size, 0),
         "background_origins": (_strlist, ["reconcile", "copygc"]),
         "allowlist": (_strlist, ["reconcile", "copygc"]), "quiesce_max_s": (_num, 30),
-        "slow_group": (_str, "hdd"), "slow_op": (_str, "50ms")}
+        "slow_group": (_str, "hdd"), "slow_op": (_str, "50ms"),
+        "spill_min_bytes": (_size, 0)}
 SECTIONS = {"format": FORMAT, "probe": PROBE, "background": BACKGROUND, "phases": PHASES,
             "quiesce": QUIESCE, "gate": GATE}
 ARRAYS = {"members": MEMBER, "events": EVENT}
@@ -409,6 +411,7 @@ def _validate(name: str, path: str, raw: dict[str, Any]) -> Profile:
     except LabError:
         raise LabError(f"gate.slow_op: want a duration like 50ms, got {g['slow_op']!r}") from None
     g["background_min_bytes"] = parse_size(g["background_min_bytes"], "gate.background_min_bytes")
+    g["spill_min_bytes"] = parse_size(g["spill_min_bytes"], "gate.spill_min_bytes")
     for key in ("background_origins", "allowlist"):
         for o in g[key]:
             if o not in ORIGINS:

@@ -208,3 +208,26 @@ def test_probe_counts_the_errors_of_a_failing_member(tmp_path: Path) -> None:
         assert ops["read"]["latency"]["count"] == 0
         assert stats(mnt)["ssd.a"]["fault"]["injected"]["eio"] >= c["errors_read"]
         assert ctl(mnt, "fault", "ssd.a", "clear").returncode == 0
+
+
+@needs_fuse
+def test_probe_createsync_is_a_durable_create(tmp_path: Path) -> None:
+    """tierprobe's createsync commits each create durably (the spill profile's
+    SSD-only fsync): at least one journal flush reaches the SSD per op, where
+    plain create needs none."""
+    with fault_mount(tmp_path, "--fault", "ssd.a=passthrough") as (_devs, mnt):
+        def flushes() -> int:
+            io = stats(mnt)["ssd.a"]["fault"]["io"]
+            return int(io.get("journal", {}).get("flush", {}).get("ops", 0))
+
+        seen = {}
+        for op in ("create", "createsync"):
+            out = tmp_path / f"{op}.json"
+            before = flushes()
+            proc = run([tool("tierprobe"), "--dir", mnt, "--rate", "50", "--duration", "1s", "--json", out,
+                        "--mix", f"{op}=1", "--working-set", "1M", "--files", "4"])
+            assert proc.returncode == 0, proc.stderr
+            ops = json.loads(out.read_text())["measurements"]["ops"]
+            assert set(ops) == {op, "all"} and ops[op]["latency"]["count"] == 50
+            seen[op] = flushes() - before - 1  # the working set's own fsync
+        assert seen["createsync"] >= 50 and seen["create"] < 25, seen

@@ -63,7 +63,7 @@ int Main(int argc, char** argv) {
   app.add_option("--json", json_path, "write the results document here")->required();
   app.add_option("--mix", mix,
                  "op weights, e.g. read=50,write=30,fsync=5 (ops: read write fsync "
-                 "fdatasync stat readdir openread create; default: all)");
+                 "fdatasync stat readdir openread create createsync; default: all but createsync)");
   app.add_option("--threads", spec.threads, "probe threads (each runs rate/threads)")
       ->capture_default_str();
   app.add_flag("--lane-per-op", spec.lane_per_op,

@@ -137,6 +137,9 @@ std::unique_ptr<Workspace> Workspace::Create(const ProbeSpec& spec, std::string*
     if (err != 0) return fail(std::string("creating ") + ws->root_ + name, err);
   }
 
+  ws->new_dir_fd_ = ::open((ws->root_ + "/new").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (ws->new_dir_fd_ < 0) return fail("opening " + ws->root_ + "/new", errno);
+
   int flags = O_RDWR | O_CLOEXEC | (spec.direct ? O_DIRECT : 0);
   ws->data_fd_ = ::open(data.c_str(), flags);
   if (ws->data_fd_ < 0) {
@@ -151,6 +154,7 @@ std::unique_ptr<Workspace> Workspace::Create(const ProbeSpec& spec, std::string*
 
 Workspace::~Workspace() {
   if (data_fd_ >= 0) ::close(data_fd_);
+  if (new_dir_fd_ >= 0) ::close(new_dir_fd_);
   if (!keep_ && !root_.empty()) {
     std::error_code ec;
     std::filesystem::remove_all(root_, ec);
@@ -236,13 +240,30 @@ int Workspace::Run(OpType op, OpContext& ctx, std::string* what) {
       if (err != 0) *what = "read";
       return err;
     }
-    case OpType::kCreate: {
+    case OpType::kCreate:
+    case OpType::kCreateSync: {
       std::string path = root_ + "/new/t" + std::to_string(ctx.thread_index_) + "." +
                          std::to_string(ctx.created_++);
       int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
       if (fd < 0) {
         *what = "create";
         return errno;
+      }
+      if (op == OpType::kCreateSync) {
+        // The durable create of a lock file or a mail drop: the file, then the
+        // entry naming it.
+        if (::fsync(fd) != 0) {
+          int err = errno;
+          ::close(fd);
+          *what = "fsync (new file)";
+          return err;
+        }
+        if (::fsync(new_dir_fd_) != 0) {
+          int err = errno;
+          ::close(fd);
+          *what = "fsync (its directory)";
+          return err;
+        }
       }
       ::close(fd);
       if (::unlink(path.c_str()) != 0) {

@@ -4,7 +4,7 @@
 // holding: `data`, one file of the working-set size, fully written at setup (a hole
 // would be read without touching a device); `small/`, small 4 KiB files for stat and
 // open-read-close; `dir/`, a small directory for readdir; `new/`, where create+unlink
-// happens. Everything it created is removed by the destructor unless kept.
+// (and createsync's create+fsync of file and directory+unlink) happens. Everything it created is removed by the destructor unless kept.
 //
 // Run() performs exactly one operation and nothing else, so the caller's clock
 // brackets only the filesystem work. Thread-safe: threads share the Workspace (the
@@ -63,6 +63,7 @@ class Workspace {
 
   std::string root_;
   int data_fd_ = -1;
+  int new_dir_fd_ = -1;  // new/, fsynced by createsync
   uint64_t blocks_ = 0;
   int small_files_ = 0;
   bool keep_ = false;

@@ -12,7 +12,8 @@ namespace tfs::probe {
 namespace {
 
 constexpr std::array<std::string_view, kOpTypes> kOpNames = {
-    "read", "write", "fsync", "fdatasync", "stat", "readdir", "openread", "create"};
+    "read", "write", "fsync", "fdatasync", "stat", "readdir", "openread", "create",
+    "createsync"};
 
 std::string_view Trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);

@@ -30,8 +30,10 @@ enum class OpType : int {
   kReaddir,      // opendir + read every entry + closedir of a small directory
   kOpenRead,     // open, read 4 KiB, close of a random small file
   kCreate,       // create a new file, close it, unlink it
+  kCreateSync,   // create a new file, fsync it and its directory, close, unlink:
+                 // a metadata-only durable commit (no data to place)
 };
-inline constexpr int kOpTypes = 8;
+inline constexpr int kOpTypes = 9;
 
 // Name used on the command line and in the results ("read", "fsync", ...).
 std::string_view OpName(OpType op);
