@@ -225,27 +225,27 @@ namespace {
 u64 BtreeReserve(const Reserves& r, u64 need) { return need + Max<u64>(r.btree, need / 2); }
 }  // namespace
 
-bool Allocator::MetadataRoom() {
-  MutexLock lock(mu_);
+bool Allocator::MetadataShortLocked(bool growth) const {
   for (u32 i = 0; i < nr_; i++) {
     const Dev& d = devices_[i];
     const u64 need = d.metadata_need.Load(MemOrder::kRelaxed);
-    if (need != 0 && d.free_count + d.pending.size() < need + d.reserves.copygc) {
-      stats_.metadata_refused++;
-      return false;
-    }
+    if (need == 0) continue;
+    const u64 want = growth ? BtreeReserve(d.reserves, need) : need + d.reserves.copygc;
+    if (d.free_count + d.pending.size() < want) return true;
   }
-  return true;
+  return false;
+}
+
+bool Allocator::MetadataRoom() {
+  MutexLock lock(mu_);
+  if (!MetadataShortLocked(false)) return true;
+  stats_.metadata_refused++;
+  return false;
 }
 
 bool Allocator::MetadataTight() const {
   MutexLock lock(mu_);
-  for (u32 i = 0; i < nr_; i++) {
-    const Dev& d = devices_[i];
-    const u64 need = d.metadata_need.Load(MemOrder::kRelaxed);
-    if (need != 0 && d.free_count + d.pending.size() < BtreeReserve(d.reserves, need)) return true;
-  }
-  return false;
+  return MetadataShortLocked(true);
 }
 
 u64 Allocator::FreeFloor(u32 dev, Watermark wm) const {

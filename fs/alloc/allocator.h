@@ -236,6 +236,10 @@ class Allocator {
   // *budget buckets; *relogged false if it has more changed buckets than that.
   Status Relog(u32 dev, u64* budget, bool* relogged);
   u64 RelogBudget() const;
+  // Whether some member with a declared metadata need has fewer free and
+  // pending buckets than that need plus its copygc reserve (MetadataRoom) or,
+  // with `growth`, than its btree reserve (MetadataTight). mu_ held.
+  bool MetadataShortLocked(bool growth) const;
   // The synchronous checkpoint of the members in `mask` (checkpoint_mu_ held;
   // none of them with a background write in flight).
   // `converge`: also rewrite unchanged members whose older slot is stale.

@@ -122,8 +122,9 @@ std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs, MemberContr
       w.UintField(alloc::BucketStateName(alloc::BucketState(s)), u.by_state[s]);
     w.UintField("pending_free", u.pending_free);
     w.UintField("live_sectors", u.live_sectors);
-    // Free buckets user data leaves (the btree's declared need or its fixed
-    // share, plus copygc's): docs/design/space.md.
+    // The btree reserve in force (its declared need plus growth room), the
+    // need itself, and the free buckets user data leaves (copygc + btree
+    // reserves): docs/design/space.md.
     w.UintField("reserve_btree", u.reserves.btree);
     w.UintField("metadata_need", u.metadata_need);
     w.UintField("data_floor", u.reserves.copygc + u.reserves.btree);
