@@ -5,6 +5,7 @@
 #include "dev/io_queue.h"
 #include "sb/format.h"
 #include "util/list.h"
+#include "util/sort.h"
 
 namespace tfs::btree {
 
@@ -142,6 +143,26 @@ struct Btrees::Impl {
   bool open_valid = false;
   alloc::BucketRef open_bucket;
   u32 open_next = 0;
+  // Empty buckets a running checkpoint took ahead for its exclusive phase
+  // (ReserveSlots): slots are taken from them only as nodes are imaged, and
+  // what is left goes back whole at the checkpoint's end -- never a slot
+  // burnt in a bucket that stays.
+  Vector<alloc::BucketRef> reserved;
+  // Free slots in btree buckets that still hold live nodes (a node rewritten
+  // elsewhere, its slot released after the roots block that stopped pointing
+  // at it): taken before any other, so that the trees' footprint follows
+  // their size instead of growing with every bucket a cold node pins. A
+  // bucket's holes go when it is freed.
+  struct Hole {
+    u8 member;
+    u8 gen;  // the bucket's, checked again when taken
+    u64 offset;
+  };
+  Vector<Hole> holes;
+  // Slots the next node images can take without a new bucket: the holes,
+  // the rest of the open bucket and the reserved buckets (PublishNeed
+  // subtracts them).
+  Atomic<u64> avail_slots{0};
   u64 rng = 0;
 
   // Checkpoints.
@@ -172,6 +193,8 @@ struct Btrees::Impl {
   Atomic<u64> c_read_merges{0};  // leaves merged into one set for lookups (ReadMostly)
   Atomic<u64> c_reads{0}, c_read_bytes{0}, c_corrupt{0};
   Atomic<u64> c_writes{0}, c_write_bytes{0}, c_checkpoints{0}, c_throttles{0};
+  Atomic<u64> c_reserved_buckets{0}, c_returned_buckets{0};  // ReserveSlots; of which returned unused
+  Atomic<u64> c_hole_slots{0};  // slots taken from holes
 };
 
 // ---------------------------------------------------------------------------
@@ -328,13 +351,17 @@ class TreeOps {
   // Tells the allocator how many free buckets the next checkpoint may take on
   // the metadata target (alloc.h, SetMetadataNeed): CheckpointSlots, or the
   // bound a running checkpoint started from if larger (it clears dirty flags
-  // before it has taken its slots), in whole buckets, plus two: the tree
-  // growing while the checkpoint runs (it then reserves more) and a spare.
-  // Called whenever a count changes; user data leaves that much free.
+  // before it has taken its slots), less the slots it can take without a new
+  // bucket (avail_slots: the open bucket's rest, the buckets it reserved), in
+  // whole buckets, plus two: the tree growing while the checkpoint runs (it
+  // then reserves more) and a spare. Called whenever a count changes; user
+  // data leaves that much free.
   static void PublishNeed(Impl* im) {
     if (im->alloc == nullptr || im->slots_per_bucket == 0) return;
     MutexLock l(im->need_mu);
-    const u64 slots = Max<u64>(CheckpointSlots(im), im->ckpt_hold.Load(MemOrder::kRelaxed));
+    const u64 bound = Max<u64>(CheckpointSlots(im), im->ckpt_hold.Load(MemOrder::kRelaxed));
+    const u64 avail = im->avail_slots.Load(MemOrder::kRelaxed);
+    const u64 slots = bound > avail ? bound - avail : 0;
     const u64 need = (slots + im->slots_per_bucket - 1) / im->slots_per_bucket + 2;
     for (u32 m : dev::Bits(im->target)) im->alloc->SetMetadataNeed(m, need);
   }
@@ -1078,12 +1105,69 @@ class TreeOps {
     bool installed;
   };
 
-  static Status AllocSlot(Impl* im, NodePtrFormat* dst) {
-    MutexLock l(im->slot_mu);
+  // avail_slots from the open bucket and the reserved ones. slot_mu held.
+  static void NoteAvailLocked(Impl* im) {
+    const u64 open = im->open_valid ? im->slots_per_bucket - im->open_next : 0;
+    im->avail_slots.Store(u64(im->holes.size()) + open + u64(im->reserved.size()) * im->slots_per_bucket,
+                          MemOrder::kRelaxed);
+  }
+
+  // A hole, if one is left whose bucket is still the btree's. slot_mu held.
+  static bool TakeHoleLocked(Impl* im, NodePtrFormat* dst) {
+    while (!im->holes.empty()) {
+      const Impl::Hole h = im->holes.back();
+      im->holes.PopBack();
+      const u64 b = im->sb.BucketOf(h.offset);
+      const alloc::Bucket bk = im->alloc->Get(h.member, b);
+      if (bk.state != alloc::BucketState::kBtree || bk.gen != h.gen || im->live[h.member][b] >= im->slots_per_bucket)
+        continue;  // (not reached: a freed bucket's holes go with it)
+      dst->member = h.member;
+      dst->offset.set(h.offset);
+      im->live[h.member][b]++;
+      im->c_hole_slots.FetchAdd(1, MemOrder::kRelaxed);
+      return true;
+    }
+    return false;
+  }
+
+  // Drops the holes of a bucket being freed. slot_mu held.
+  static void DropHolesLocked(Impl* im, u32 m, u64 b) {
+    usize k = 0;
+    for (usize i = 0; i < im->holes.size(); i++) {
+      const Impl::Hole h = im->holes[i];
+      if (h.member == m && im->sb.BucketOf(h.offset) == b) continue;
+      im->holes[k++] = h;
+    }
+    while (im->holes.size() > k) im->holes.PopBack();
+  }
+
+  // Takes the next slot of the open bucket; a full one is replaced by a
+  // reserved bucket, or (may_allocate) a new one from the allocator. Without
+  // may_allocate (the exclusive phase, which holds a tree lock and must not
+  // wait for the allocator) the caller has checked AvailSlots.
+  static Status AllocSlot(Impl* im, NodePtrFormat* dst, bool may_allocate = true) {
+    Status st;
+    {
+      MutexLock l(im->slot_mu);
+      st = TakeSlotLocked(im, dst, may_allocate);
+      NoteAvailLocked(im);
+    }
+    if (st.ok()) PublishNeed(im);
+    return st;
+  }
+  static Status TakeSlotLocked(Impl* im, NodePtrFormat* dst, bool may_allocate) {
+    if (TakeHoleLocked(im, dst)) return Status::Ok();
     if (!im->open_valid || im->open_next >= im->slots_per_bucket) {
-      auto r = im->alloc->Allocate(im->target, im->capable, alloc::BucketState::kBtree, alloc::Watermark::kBtree);
-      if (!r.ok()) return r.status();
-      im->open_bucket = r.value();
+      if (!im->reserved.empty()) {
+        im->open_bucket = im->reserved.back();
+        im->reserved.PopBack();
+      } else if (may_allocate) {
+        auto r = im->alloc->Allocate(im->target, im->capable, alloc::BucketState::kBtree, alloc::Watermark::kBtree);
+        if (!r.ok()) return r.status();
+        im->open_bucket = r.value();
+      } else {
+        return Err::kNoSpace;  // (not reached: the caller checked AvailSlots)
+      }
       im->open_valid = true;
       im->open_next = 0;
     }
@@ -1096,18 +1180,99 @@ class TreeOps {
     return Status::Ok();
   }
 
+  // At mount: the holes of the btree buckets the trees use in part, from the
+  // offsets of their nodes (each member's list sorted here).
+  static Status FindHoles(Impl* im, Vector<u64>* used) {
+    MutexLock l(im->slot_mu);
+    for (u32 m = 0; m < im->sb.nr_members; m++) {
+      Vector<u64>& u = used[m];
+      Sort(u.data(), u.size(), [](u64 a, u64 b) { return a < b; });
+      for (usize i = 0; i < u.size();) {
+        const u64 b = im->sb.BucketOf(u[i]);
+        usize j = i;
+        while (j < u.size() && im->sb.BucketOf(u[j]) == b) {
+          if (j > i && u[j] == u[j - 1])  // (one of them fails its read check)
+            platform::Log(platform::LogLevel::kWarn, "btree: two node pointers share the slot at %llu of member %u",
+                          (unsigned long long)u[j], m);
+          j++;
+        }
+        const alloc::Bucket bk = im->alloc->Get(m, b);
+        if (bk.state == alloc::BucketState::kBtree && im->live[m][b] < im->slots_per_bucket) {
+          usize k = i;
+          for (u32 slot = 0; slot < im->slots_per_bucket; slot++) {
+            const u64 off = im->sb.BucketOffset(b) + u64(slot) * im->node_size;
+            while (k < j && u[k] < off) k++;
+            if (k < j && u[k] == off) continue;
+            TFS_TRY(im->holes.PushBack(Impl::Hole{u8(m), bk.gen, off}));
+          }
+        }
+        i = j;
+      }
+    }
+    NoteAvailLocked(im);
+    return Status::Ok();
+  }
+
+  static u64 AvailSlots(Impl* im) {
+    MutexLock l(im->slot_mu);
+    return im->avail_slots.Load(MemOrder::kRelaxed);
+  }
+
+  // Takes empty buckets ahead until `slots` node slots can be taken without
+  // the allocator (the exclusive phase's images).
+  static Status ReserveSlots(Impl* im, u64 slots) {
+    {
+      MutexLock l(im->slot_mu);
+      while (im->avail_slots.Load(MemOrder::kRelaxed) < slots) {
+        auto r =
+            im->alloc->Allocate(im->target, im->capable, alloc::BucketState::kBtree, alloc::Watermark::kBtree);
+        if (!r.ok()) return r.status();
+        Status st = im->reserved.PushBack(r.value());
+        if (!st.ok()) {
+          im->alloc->Free(r.value()).IgnoreError();
+          return st;
+        }
+        im->c_reserved_buckets.FetchAdd(1, MemOrder::kRelaxed);
+        NoteAvailLocked(im);
+      }
+    }
+    PublishNeed(im);
+    return Status::Ok();
+  }
+
+  // The checkpoint's end (every path): the reserved buckets it did not use
+  // go back to the allocator, empty.
+  static void ReturnReserved(Impl* im) {
+    {
+      MutexLock l(im->slot_mu);
+      for (const alloc::BucketRef& r : im->reserved) {
+        im->alloc->Free(r).IgnoreError();
+        im->c_returned_buckets.FetchAdd(1, MemOrder::kRelaxed);
+      }
+      im->reserved.Clear();
+      NoteAvailLocked(im);
+    }
+    PublishNeed(im);
+  }
+
   static void FreeSlot(Impl* im, const NodePtrFormat& p) {
     if (p.member == kNoMember) return;
     MutexLock l(im->slot_mu);
     const u32 m = p.member;
     const u64 b = im->sb.BucketOf(p.offset.get());
     if (m >= im->sb.nr_members || b >= im->live[m].size() || im->live[m][b] == 0) return;
-    if (--im->live[m][b] != 0) return;
-    if (im->open_valid && im->open_bucket.dev == m && im->open_bucket.bucket == b) {
-      if (im->open_next < im->slots_per_bucket) return;  // still filling it
-      im->open_valid = false;
-    }
     alloc::Bucket bk = im->alloc->Get(m, b);
+    const bool open = im->open_valid && im->open_bucket.dev == m && im->open_bucket.bucket == b;
+    // The bucket stays: its other nodes, or still being filled. (Without
+    // memory for the hole the slot just stays unused until the bucket goes.)
+    if (--im->live[m][b] != 0 || (open && im->open_next < im->slots_per_bucket)) {
+      if (bk.state == alloc::BucketState::kBtree) im->holes.PushBack(Impl::Hole{u8(m), bk.gen, p.offset.get()}).IgnoreError();
+      NoteAvailLocked(im);
+      return;
+    }
+    if (open) im->open_valid = false;
+    DropHolesLocked(im, m, b);
+    NoteAvailLocked(im);
     if (bk.state == alloc::BucketState::kBtree) im->alloc->Free(alloc::BucketRef{m, b, bk.gen}).IgnoreError();
   }
 
@@ -1118,9 +1283,12 @@ class TreeOps {
     MutexLock l(im->slot_mu);
     if (!im->open_valid) return;
     im->open_valid = false;
+    NoteAvailLocked(im);
     const u32 m = im->open_bucket.dev;
     const u64 b = im->open_bucket.bucket;
     if (im->live[m][b] != 0) return;
+    DropHolesLocked(im, m, b);
+    NoteAvailLocked(im);
     alloc::Bucket bk = im->alloc->Get(m, b);
     if (bk.state == alloc::BucketState::kBtree) im->alloc->Free(alloc::BucketRef{m, b, bk.gen}).IgnoreError();
   }
@@ -1245,7 +1413,10 @@ class TreeOps {
     }
     Vector<Job> jobs;
     Vector<NodePtrFormat> to_free;
-    Vector<NodePtrFormat> spare;  // slots allocated but not used
+    struct Reserved {  // ReserveSlots' buckets go back on every path
+      Impl* im;
+      ~Reserved() { ReturnReserved(im); }
+    } reserved{im};
     Status st;
     Roots roots = *roots_out;
     // Phase 1: dirty leaves, each under its own lock, the tree lock shared.
@@ -1293,11 +1464,7 @@ class TreeOps {
             need = v.size() + 1 + 2 * kMaxLevel;  // structure may change before we lock
           }
         }
-        while (st.ok() && spare.size() < need) {
-          NodePtrFormat s = EmptyPtr(u8(id));
-          st = AllocSlot(im, &s);
-          if (st.ok()) st = spare.PushBack(s);
-        }
+        if (st.ok()) st = ReserveSlots(im, need);
         if (!st.ok()) break;
         WriteGuard g(t.lock);
         for (Job& j : jobs)
@@ -1305,13 +1472,14 @@ class TreeOps {
         Vector<CachedNode*> v;
         if (t.root != nullptr) st = CollectExclusive(t.root, &v).status();
         if (!st.ok()) break;
-        if (v.size() > spare.size()) continue;  // grew meanwhile: reserve more
+        if (v.size() > AvailSlots(im)) continue;  // grew meanwhile: reserve more
         for (CachedNode* n : v) {
           if (!st.ok()) break;
           st = TakeImage(im, t, n, &jobs);
           if (!st.ok()) break;
-          NodePtrFormat s = spare.back();
-          spare.PopBack();
+          NodePtrFormat s = EmptyPtr(u8(id));
+          st = AllocSlot(im, &s, false);
+          if (!st.ok()) break;
           Install(im, jobs.back(), s, &to_free);
         }
         for (const NodePtrFormat& d : t.dead_slots) to_free.PushBack(d).IgnoreError();
@@ -1322,7 +1490,6 @@ class TreeOps {
     }
     // Nothing new since the last roots block: write nothing.
     if (st.ok() && jobs.empty() && to_free.empty() && covered <= roots_out->journal_seq) {
-      for (const NodePtrFormat& sp : spare) FreeSlot(im, sp);
       return Status::Ok();
     }
     // Phase 3, no locks: write-ahead (the journal holds everything the images
@@ -1368,7 +1535,6 @@ class TreeOps {
       platform::Free(j.img);
       Unref(j.node);
     }
-    for (const NodePtrFormat& s : spare) FreeSlot(im, s);
     if (!st.ok()) {
       // The images are not durable; the previous roots block still stands. The
       // nodes were marked clean: the filesystem must not go on as if they were.
@@ -1498,10 +1664,12 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
     TreeOps::Charge(im, r);
   }
   // Every slot the trees use, reading interior nodes (they stay cached).
+  Vector<u64> used[dev::kMaxDevices];  // their offsets, per member
   struct Walk {
-    static Status Visit(Impl* im, CachedNode* n, Diag* diag) {
+    static Status Visit(Impl* im, CachedNode* n, Vector<u64>* used, Diag* diag) {
       const NodePtrFormat& p = n->ptr;
       const u64 b = im->sb.BucketOf(p.offset.get());
+      TFS_TRY(used[p.member].PushBack(p.offset.get()));
       if (++im->live[p.member][b] > im->slots_per_bucket)
         return DiagError(diag, Err::kCorrupt, "btree: more nodes than fit in bucket %llu of member %u",
                          (unsigned long long)b, unsigned(p.member));
@@ -1517,6 +1685,7 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
           if (++im->live[cp.member][cb] > im->slots_per_bucket)
             return DiagError(diag, Err::kCorrupt, "btree: more nodes than fit in bucket %llu of member %u",
                              (unsigned long long)cb, unsigned(cp.member));
+          TFS_TRY(used[cp.member].PushBack(off));
           continue;
         }
         CachedNode* c = nullptr;
@@ -1524,13 +1693,13 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
         c->parent = n;
         n->children[i] = c;
         TreeOps::Charge(im, c);
-        TFS_TRY(Visit(im, c, diag));
+        TFS_TRY(Visit(im, c, used, diag));
       }
       return Status::Ok();
     }
   };
   for (u32 id = 0; id < kNrBtreeIds; id++) {
-    if (im->trees[id].root != nullptr) TFS_TRY(Walk::Visit(im, im->trees[id].root, diag));
+    if (im->trees[id].root != nullptr) TFS_TRY(Walk::Visit(im, im->trees[id].root, used, diag));
   }
   TreeOps::PublishNeed(im);
   if (!options.read_only) {
@@ -1548,6 +1717,8 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
         }
       }
     }
+    TFS_TRY(TreeOps::FindHoles(im, used));
+    TreeOps::PublishNeed(im);
   }
   {
     MutexLock c(im->state_mu);
@@ -1751,6 +1922,9 @@ Stats Btrees::GetStats() const {
   s.node_writes = L(im->c_writes);
   s.node_write_bytes = L(im->c_write_bytes);
   s.checkpoints = L(im->c_checkpoints);
+  s.reserved_buckets = L(im->c_reserved_buckets);
+  s.returned_buckets = L(im->c_returned_buckets);
+  s.hole_slots = L(im->c_hole_slots);
   s.throttles = L(im->c_throttles);
   s.cached_nodes = L(im->cached_nodes);
   s.cached_bytes = L(im->cached_bytes);

@@ -98,6 +98,9 @@ std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs, MemberContr
   w.UintField("node_writes", b.node_writes);
   w.UintField("node_write_bytes", b.node_write_bytes);
   w.UintField("checkpoints", b.checkpoints);
+  w.UintField("reserved_buckets", b.reserved_buckets);
+  w.UintField("returned_buckets", b.returned_buckets);
+  w.UintField("hole_slots", b.hole_slots);
   w.UintField("corrupt_reads", b.corrupt_reads);
   w.UintField("cached_nodes", b.cached_nodes);
   w.UintField("cached_bytes", b.cached_bytes);
