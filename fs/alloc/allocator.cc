@@ -221,8 +221,9 @@ void Allocator::SetMetadataNeed(u32 dev, u64 buckets) {
 }
 
 namespace {
-// The btree reserve in force: the declared need plus growth room.
-u64 BtreeReserve(const Reserves& r, u64 need) { return need + Max<u64>(r.btree, need / 2); }
+// The btree reserve in force: the declared need plus growth room for the
+// dirty set to double (at least the fixed share) before the next checkpoint.
+u64 BtreeReserve(const Reserves& r, u64 need) { return need + Max<u64>(r.btree, need); }
 }  // namespace
 
 bool Allocator::MetadataShortLocked(bool growth) const {

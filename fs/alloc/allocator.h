@@ -12,7 +12,7 @@
 //
 // The btree reserve is what the btree declares its next checkpoint may take on
 // the member (SetMetadataNeed, docs/design/space.md) plus room for metadata to
-// grow: the larger of a fixed share (buckets/128) and half the need. So when a
+// grow: the larger of a fixed share (buckets/128) and the need itself. So when a
 // metadata member fills, user data spills to the fallback (or gets ENOSPC)
 // while the btree still has room to checkpoint and grow; once metadata growth
 // has eaten the growth room, MetadataRoom() is false and the operations that

@@ -129,6 +129,7 @@ struct Btrees::Impl {
   Atomic<u64> interior_nodes{0};
   Atomic<u64> unwritten_nodes{0};
   Atomic<u64> ckpt_hold{0};
+  Atomic<u64> ckpt_taken{0};  // slots the running checkpoint has taken (AllocSlot)
   // PublishNeed: the need is computed and stored under this (a leaf lock), so
   // the last store is never an older, lower value.
   Mutex need_mu;
@@ -163,6 +164,7 @@ struct Btrees::Impl {
   // the rest of the open bucket and the reserved buckets (PublishNeed
   // subtracts them).
   Atomic<u64> avail_slots{0};
+  Mutex seq_mu;  // rng (NewSeq: committers creating nodes, never behind slot_mu's allocations)
   u64 rng = 0;
 
   // Checkpoints.
@@ -349,17 +351,21 @@ class TreeOps {
            im->unwritten_nodes.Load(MemOrder::kRelaxed) + 1 + 2 * kMaxLevel;
   }
   // Tells the allocator how many free buckets the next checkpoint may take on
-  // the metadata target (alloc.h, SetMetadataNeed): CheckpointSlots, or the
-  // bound a running checkpoint started from if larger (it clears dirty flags
-  // before it has taken its slots), less the slots it can take without a new
-  // bucket (avail_slots: the open bucket's rest, the buckets it reserved), in
+  // the metadata target (alloc.h, SetMetadataNeed): CheckpointSlots, or what
+  // is left of the bound a running checkpoint started from if larger (it
+  // clears dirty flags before it has taken its slots: the bound less the
+  // slots it took), less the slots it can take without a new bucket
+  // (avail_slots: the holes, the open bucket's rest, the buckets it
+  // reserved), in
   // whole buckets, plus two: the tree growing while the checkpoint runs (it
   // then reserves more) and a spare. Called whenever a count changes; user
   // data leaves that much free.
   static void PublishNeed(Impl* im) {
     if (im->alloc == nullptr || im->slots_per_bucket == 0) return;
     MutexLock l(im->need_mu);
-    const u64 bound = Max<u64>(CheckpointSlots(im), im->ckpt_hold.Load(MemOrder::kRelaxed));
+    const u64 hold = im->ckpt_hold.Load(MemOrder::kRelaxed);
+    const u64 taken = im->ckpt_taken.Load(MemOrder::kRelaxed);
+    const u64 bound = Max<u64>(CheckpointSlots(im), hold > taken ? hold - taken : 0);
     const u64 avail = im->avail_slots.Load(MemOrder::kRelaxed);
     const u64 slots = bound > avail ? bound - avail : 0;
     const u64 need = (slots + im->slots_per_bucket - 1) / im->slots_per_bucket + 2;
@@ -401,7 +407,7 @@ class TreeOps {
   }
 
   static u64 NewSeq(Impl* im) {
-    MutexLock l(im->slot_mu);
+    MutexLock l(im->seq_mu);
     u64 s;
     do {
       s = SplitMix(&im->rng);
@@ -546,8 +552,12 @@ class TreeOps {
     CachedNode* n = nullptr;
     Status st = ReadNode(im, miss.ptr, miss.max, &n, diag);
     if (!st.ok()) {
-      // A pointer that changed while we read is not corruption: retry the descent.
-      if (StatusIsCorrupt(st) && !StillPointsTo(im, t, miss)) return Status::Ok();
+      // A pointer that changed while we read is not corruption: retry the
+      // descent (its slot may hold another node by now: a hole reused).
+      if (StatusIsCorrupt(st) && !StillPointsTo(im, t, miss)) {
+        im->c_corrupt.FetchSub(1, MemOrder::kRelaxed);  // (ReadNode counted it)
+        return Status::Ok();
+      }
       return st;
     }
     bool linked = false;
@@ -1105,69 +1115,63 @@ class TreeOps {
     bool installed;
   };
 
-  // avail_slots from the open bucket and the reserved ones. slot_mu held.
+  // avail_slots from the holes, the open bucket and the reserved ones.
+  // slot_mu held.
   static void NoteAvailLocked(Impl* im) {
     const u64 open = im->open_valid ? im->slots_per_bucket - im->open_next : 0;
     im->avail_slots.Store(u64(im->holes.size()) + open + u64(im->reserved.size()) * im->slots_per_bucket,
                           MemOrder::kRelaxed);
   }
 
-  // A hole, if one is left whose bucket is still the btree's. slot_mu held.
-  static bool TakeHoleLocked(Impl* im, NodePtrFormat* dst) {
-    while (!im->holes.empty()) {
-      const Impl::Hole h = im->holes.back();
-      im->holes.PopBack();
-      const u64 b = im->sb.BucketOf(h.offset);
-      const alloc::Bucket bk = im->alloc->Get(h.member, b);
-      if (bk.state != alloc::BucketState::kBtree || bk.gen != h.gen || im->live[h.member][b] >= im->slots_per_bucket)
-        continue;  // (not reached: a freed bucket's holes go with it)
-      dst->member = h.member;
-      dst->offset.set(h.offset);
-      im->live[h.member][b]++;
-      im->c_hole_slots.FetchAdd(1, MemOrder::kRelaxed);
-      return true;
-    }
-    return false;
+  static bool IsOpenLocked(Impl* im, u32 m, u64 b) {
+    return im->open_valid && im->open_bucket.dev == m && im->open_bucket.bucket == b;
   }
 
-  // Drops the holes of a bucket being freed. slot_mu held.
-  static void DropHolesLocked(Impl* im, u32 m, u64 b) {
+  // Whether hole h can still be taken: its bucket is still the btree's (the
+  // same incarnation) and has room, and is not freed (no live node and not
+  // being filled). slot_mu held.
+  static bool HoleValidLocked(Impl* im, const Impl::Hole& h) {
+    const u64 b = im->sb.BucketOf(h.offset);
+    if (h.member >= im->sb.nr_members || b >= im->live[h.member].size()) return false;
+    const u16 live = im->live[h.member][b];
+    if (live >= im->slots_per_bucket || (live == 0 && !IsOpenLocked(im, h.member, b))) return false;
+    const alloc::Bucket bk = im->alloc->Get(h.member, b);
+    return bk.state == alloc::BucketState::kBtree && bk.gen == h.gen;
+  }
+
+  // Drops every hole that can no longer be taken -- those of freed buckets
+  // (after a checkpoint's frees, before anything is allocated again, so a
+  // freed bucket is recognised by live 0) and any a damaged image left
+  // (two pointers to one slot) -- so that avail_slots counts only what
+  // AllocSlot can take. One pass, slot_mu held.
+  static void PurgeHolesLocked(Impl* im) {
     usize k = 0;
     for (usize i = 0; i < im->holes.size(); i++) {
       const Impl::Hole h = im->holes[i];
-      if (h.member == m && im->sb.BucketOf(h.offset) == b) continue;
-      im->holes[k++] = h;
+      if (HoleValidLocked(im, h)) im->holes[k++] = h;
     }
     while (im->holes.size() > k) im->holes.PopBack();
+    NoteAvailLocked(im);
   }
 
-  // Takes the next slot of the open bucket; a full one is replaced by a
-  // reserved bucket, or (may_allocate) a new one from the allocator. Without
-  // may_allocate (the exclusive phase, which holds a tree lock and must not
-  // wait for the allocator) the caller has checked AvailSlots.
-  static Status AllocSlot(Impl* im, NodePtrFormat* dst, bool may_allocate = true) {
-    Status st;
-    {
-      MutexLock l(im->slot_mu);
-      st = TakeSlotLocked(im, dst, may_allocate);
-      NoteAvailLocked(im);
+  // Takes a slot without the allocator: a hole, else the open bucket's
+  // next, else a reserved bucket's first (it becomes the open one). False
+  // when none is left. slot_mu held.
+  static bool TakeSlotLocked(Impl* im, NodePtrFormat* dst) {
+    while (!im->holes.empty()) {
+      const Impl::Hole h = im->holes.back();
+      im->holes.PopBack();
+      if (!HoleValidLocked(im, h)) continue;  // (not reached: purged after every free)
+      dst->member = h.member;
+      dst->offset.set(h.offset);
+      im->live[h.member][im->sb.BucketOf(h.offset)]++;
+      im->c_hole_slots.FetchAdd(1, MemOrder::kRelaxed);
+      return true;
     }
-    if (st.ok()) PublishNeed(im);
-    return st;
-  }
-  static Status TakeSlotLocked(Impl* im, NodePtrFormat* dst, bool may_allocate) {
-    if (TakeHoleLocked(im, dst)) return Status::Ok();
     if (!im->open_valid || im->open_next >= im->slots_per_bucket) {
-      if (!im->reserved.empty()) {
-        im->open_bucket = im->reserved.back();
-        im->reserved.PopBack();
-      } else if (may_allocate) {
-        auto r = im->alloc->Allocate(im->target, im->capable, alloc::BucketState::kBtree, alloc::Watermark::kBtree);
-        if (!r.ok()) return r.status();
-        im->open_bucket = r.value();
-      } else {
-        return Err::kNoSpace;  // (not reached: the caller checked AvailSlots)
-      }
+      if (im->reserved.empty()) return false;
+      im->open_bucket = im->reserved.back();
+      im->reserved.PopBack();
       im->open_valid = true;
       im->open_next = 0;
     }
@@ -1177,71 +1181,59 @@ class TreeOps {
     dst->offset.set(im->sb.BucketOffset(b) + u64(im->open_next) * im->node_size);
     im->open_next++;
     im->live[m][b]++;
-    return Status::Ok();
+    return true;
   }
 
-  // At mount: the holes of the btree buckets the trees use in part, from the
-  // offsets of their nodes (each member's list sorted here).
-  static Status FindHoles(Impl* im, Vector<u64>* used) {
-    MutexLock l(im->slot_mu);
-    for (u32 m = 0; m < im->sb.nr_members; m++) {
-      Vector<u64>& u = used[m];
-      Sort(u.data(), u.size(), [](u64 a, u64 b) { return a < b; });
-      for (usize i = 0; i < u.size();) {
-        const u64 b = im->sb.BucketOf(u[i]);
-        usize j = i;
-        while (j < u.size() && im->sb.BucketOf(u[j]) == b) {
-          if (j > i && u[j] == u[j - 1])  // (one of them fails its read check)
-            platform::Log(platform::LogLevel::kWarn, "btree: two node pointers share the slot at %llu of member %u",
-                          (unsigned long long)u[j], m);
-          j++;
-        }
-        const alloc::Bucket bk = im->alloc->Get(m, b);
-        if (bk.state == alloc::BucketState::kBtree && im->live[m][b] < im->slots_per_bucket) {
-          usize k = i;
-          for (u32 slot = 0; slot < im->slots_per_bucket; slot++) {
-            const u64 off = im->sb.BucketOffset(b) + u64(slot) * im->node_size;
-            while (k < j && u[k] < off) k++;
-            if (k < j && u[k] == off) continue;
-            TFS_TRY(im->holes.PushBack(Impl::Hole{u8(m), bk.gen, off}));
-          }
-        }
-        i = j;
-      }
+  // A node slot for a checkpoint's image. With may_allocate, a new bucket
+  // is reserved first when nothing is left; without (the exclusive phase,
+  // which holds a tree lock and must not wait for the allocator) the caller
+  // has checked AvailSlots.
+  static Status AllocSlot(Impl* im, NodePtrFormat* dst, bool may_allocate = true) {
+    if (may_allocate) TFS_TRY(ReserveSlots(im, 1));
+    bool taken;
+    {
+      MutexLock l(im->slot_mu);
+      taken = TakeSlotLocked(im, dst);
+      NoteAvailLocked(im);
     }
-    NoteAvailLocked(im);
+    if (!taken) return Err::kNoSpace;  // (not reached: see above)
+    im->ckpt_taken.FetchAdd(1, MemOrder::kRelaxed);
+    PublishNeed(im);
     return Status::Ok();
   }
 
+  // The slots AllocSlot can take without the allocator, exactly.
   static u64 AvailSlots(Impl* im) {
     MutexLock l(im->slot_mu);
+    PurgeHolesLocked(im);
     return im->avail_slots.Load(MemOrder::kRelaxed);
   }
 
   // Takes empty buckets ahead until `slots` node slots can be taken without
-  // the allocator (the exclusive phase's images).
+  // the allocator. Allocate runs without slot_mu (it may settle the
+  // journal); only the checkpoint (ckpt_mu) takes slots, so what it counted
+  // stays.
   static Status ReserveSlots(Impl* im, u64 slots) {
-    {
+    for (;;) {
+      if (AvailSlots(im) >= slots) break;
+      auto r = im->alloc->Allocate(im->target, im->capable, alloc::BucketState::kBtree, alloc::Watermark::kBtree);
+      if (!r.ok()) return r.status();
       MutexLock l(im->slot_mu);
-      while (im->avail_slots.Load(MemOrder::kRelaxed) < slots) {
-        auto r =
-            im->alloc->Allocate(im->target, im->capable, alloc::BucketState::kBtree, alloc::Watermark::kBtree);
-        if (!r.ok()) return r.status();
-        Status st = im->reserved.PushBack(r.value());
-        if (!st.ok()) {
-          im->alloc->Free(r.value()).IgnoreError();
-          return st;
-        }
-        im->c_reserved_buckets.FetchAdd(1, MemOrder::kRelaxed);
-        NoteAvailLocked(im);
+      Status st = im->reserved.PushBack(r.value());
+      if (!st.ok()) {
+        im->alloc->Free(r.value()).IgnoreError();
+        return st;
       }
+      im->c_reserved_buckets.FetchAdd(1, MemOrder::kRelaxed);
+      NoteAvailLocked(im);
     }
     PublishNeed(im);
     return Status::Ok();
   }
 
   // The checkpoint's end (every path): the reserved buckets it did not use
-  // go back to the allocator, empty.
+  // go back to the allocator, empty (pending until the journal settles, as
+  // every free).
   static void ReturnReserved(Impl* im) {
     {
       MutexLock l(im->slot_mu);
@@ -1255,25 +1247,72 @@ class TreeOps {
     PublishNeed(im);
   }
 
+  // At mount: the holes of the btree buckets the trees use in part, from the
+  // offsets of their nodes (each member's list sorted here). Only an
+  // optimisation: without memory there are just no holes.
+  static void FindHoles(Impl* im, Vector<u64>* used) {
+    MutexLock l(im->slot_mu);
+    for (u32 m = 0; m < im->sb.nr_members; m++) {
+      Vector<u64>& u = used[m];
+      Sort(u.data(), u.size(), [](u64 a, u64 b) { return a < b; });
+      for (usize i = 0; i < u.size();) {
+        const u64 b = im->sb.BucketOf(u[i]);
+        usize j = i;
+        bool shared = false;
+        while (j < u.size() && im->sb.BucketOf(u[j]) == b) {
+          if (j > i && u[j] == u[j - 1]) {  // (one of them fails its read check)
+            platform::Log(platform::LogLevel::kWarn, "btree: two node pointers share the slot at %llu of member %u",
+                          (unsigned long long)u[j], m);
+            shared = true;  // its live count is off: no holes in it
+          }
+          j++;
+        }
+        const alloc::Bucket bk = im->alloc->Get(m, b);
+        if (!shared && bk.state == alloc::BucketState::kBtree && im->live[m][b] < im->slots_per_bucket) {
+          usize k = i;
+          for (u32 slot = 0; slot < im->slots_per_bucket; slot++) {
+            const u64 off = im->sb.BucketOffset(b) + u64(slot) * im->node_size;
+            while (k < j && u[k] < off) k++;
+            if (k < j && u[k] == off) continue;
+            if (!im->holes.PushBack(Impl::Hole{u8(m), bk.gen, off}).ok()) {
+              im->holes.Clear();
+              NoteAvailLocked(im);
+              return;
+            }
+          }
+        }
+        i = j;
+      }
+    }
+    PurgeHolesLocked(im);
+  }
+
+  // Releases a node slot after the roots block that stopped pointing at it
+  // is durable. Its bucket is freed once it holds no node (and is not being
+  // filled); otherwise the slot becomes a hole. The caller purges the holes
+  // of freed buckets after its frees (PurgeHoles).
   static void FreeSlot(Impl* im, const NodePtrFormat& p) {
     if (p.member == kNoMember) return;
     MutexLock l(im->slot_mu);
     const u32 m = p.member;
     const u64 b = im->sb.BucketOf(p.offset.get());
     if (m >= im->sb.nr_members || b >= im->live[m].size() || im->live[m][b] == 0) return;
-    alloc::Bucket bk = im->alloc->Get(m, b);
-    const bool open = im->open_valid && im->open_bucket.dev == m && im->open_bucket.bucket == b;
-    // The bucket stays: its other nodes, or still being filled. (Without
-    // memory for the hole the slot just stays unused until the bucket goes.)
+    const alloc::Bucket bk = im->alloc->Get(m, b);
+    const bool open = IsOpenLocked(im, m, b);
+    // (Without memory for the hole the slot stays unused until the bucket goes.)
     if (--im->live[m][b] != 0 || (open && im->open_next < im->slots_per_bucket)) {
-      if (bk.state == alloc::BucketState::kBtree) im->holes.PushBack(Impl::Hole{u8(m), bk.gen, p.offset.get()}).IgnoreError();
+      if (bk.state == alloc::BucketState::kBtree)
+        im->holes.PushBack(Impl::Hole{u8(m), bk.gen, p.offset.get()}).IgnoreError();
       NoteAvailLocked(im);
       return;
     }
     if (open) im->open_valid = false;
-    DropHolesLocked(im, m, b);
     NoteAvailLocked(im);
     if (bk.state == alloc::BucketState::kBtree) im->alloc->Free(alloc::BucketRef{m, b, bk.gen}).IgnoreError();
+  }
+  static void PurgeHoles(Impl* im) {
+    MutexLock l(im->slot_mu);
+    PurgeHolesLocked(im);
   }
 
   // At unmount: the bucket slots were being taken from is no longer "being
@@ -1283,14 +1322,13 @@ class TreeOps {
     MutexLock l(im->slot_mu);
     if (!im->open_valid) return;
     im->open_valid = false;
-    NoteAvailLocked(im);
     const u32 m = im->open_bucket.dev;
     const u64 b = im->open_bucket.bucket;
-    if (im->live[m][b] != 0) return;
-    DropHolesLocked(im, m, b);
-    NoteAvailLocked(im);
-    alloc::Bucket bk = im->alloc->Get(m, b);
-    if (bk.state == alloc::BucketState::kBtree) im->alloc->Free(alloc::BucketRef{m, b, bk.gen}).IgnoreError();
+    if (im->live[m][b] == 0) {
+      alloc::Bucket bk = im->alloc->Get(m, b);
+      if (bk.state == alloc::BucketState::kBtree) im->alloc->Free(alloc::BucketRef{m, b, bk.gen}).IgnoreError();
+    }
+    PurgeHolesLocked(im);
   }
 
   // Takes the image of n (which must not change meanwhile) into a new job.
@@ -1373,11 +1411,13 @@ class TreeOps {
     struct Hold {
       Impl* im;
       explicit Hold(Impl* i) : im(i) {
+        im->ckpt_taken.Store(0, MemOrder::kRelaxed);
         im->ckpt_hold.Store(CheckpointSlots(im), MemOrder::kRelaxed);
         PublishNeed(im);
       }
       ~Hold() {
         im->ckpt_hold.Store(0, MemOrder::kRelaxed);
+        im->ckpt_taken.Store(0, MemOrder::kRelaxed);
         PublishNeed(im);
       }
     } hold(im);
@@ -1454,6 +1494,10 @@ class TreeOps {
     // Phase 2: per tree, exclusive: install, then image interior and new nodes.
     for (u32 id = 0; id < kNrBtreeIds && st.ok(); id++) {
       Tree& t = im->trees[id];
+      // Buckets are reserved only when the slots at hand (holes, the open
+      // bucket's rest, reserved buckets) do not cover the exclusive set, and
+      // then with room for structure that changes before we lock.
+      bool reserve = false;
       for (;;) {
         u64 need = 0;
         {
@@ -1461,10 +1505,14 @@ class TreeOps {
           if (t.root != nullptr) {
             Vector<CachedNode*> v;
             st = CollectExclusive(t.root, &v).status();
-            need = v.size() + 1 + 2 * kMaxLevel;  // structure may change before we lock
+            need = v.size() + (reserve ? 1 + 2 * kMaxLevel : 0);
           }
         }
-        if (st.ok()) st = ReserveSlots(im, need);
+        if (st.ok() && AvailSlots(im) < need) {
+          reserve = true;
+          need = Max<u64>(need, 1 + 2 * kMaxLevel);
+          st = ReserveSlots(im, need);
+        }
         if (!st.ok()) break;
         WriteGuard g(t.lock);
         for (Job& j : jobs)
@@ -1472,14 +1520,21 @@ class TreeOps {
         Vector<CachedNode*> v;
         if (t.root != nullptr) st = CollectExclusive(t.root, &v).status();
         if (!st.ok()) break;
-        if (v.size() > AvailSlots(im)) continue;  // grew meanwhile: reserve more
+        if (v.size() > AvailSlots(im)) {  // grew meanwhile: reserve more
+          reserve = true;
+          continue;
+        }
         for (CachedNode* n : v) {
-          if (!st.ok()) break;
-          st = TakeImage(im, t, n, &jobs);
-          if (!st.ok()) break;
+          // The slot first: taking the image clears the node's dirty flag.
           NodePtrFormat s = EmptyPtr(u8(id));
           st = AllocSlot(im, &s, false);
           if (!st.ok()) break;
+          st = TakeImage(im, t, n, &jobs);
+          if (!st.ok()) {
+            FreeSlot(im, s);  // (never written)
+            PurgeHoles(im);
+            break;
+          }
           Install(im, jobs.back(), s, &to_free);
         }
         for (const NodePtrFormat& d : t.dead_slots) to_free.PushBack(d).IgnoreError();
@@ -1544,6 +1599,7 @@ class TreeOps {
     }
     *roots_out = roots;
     for (const NodePtrFormat& s : to_free) FreeSlot(im, s);
+    PurgeHoles(im);  // those of the buckets just freed
     // The journal up to `covered` is no longer needed.
     if (im->journal != nullptr) {
       MutexLock c(im->state_mu);
@@ -1664,12 +1720,21 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
     TreeOps::Charge(im, r);
   }
   // Every slot the trees use, reading interior nodes (they stay cached).
-  Vector<u64> used[dev::kMaxDevices];  // their offsets, per member
+  // Their offsets, per member, for FindHoles (read-write mounts): all of
+  // them or none (without memory, no holes; a partial list would make holes
+  // of used slots).
+  struct Used {
+    Vector<u64> v[dev::kMaxDevices];
+    bool ok = true;
+    void Add(u32 m, u64 off) {
+      if (ok && !v[m].PushBack(off).ok()) ok = false;
+    }
+  } used;
   struct Walk {
-    static Status Visit(Impl* im, CachedNode* n, Vector<u64>* used, Diag* diag) {
+    static Status Visit(Impl* im, CachedNode* n, Used* used, Diag* diag) {
       const NodePtrFormat& p = n->ptr;
       const u64 b = im->sb.BucketOf(p.offset.get());
-      TFS_TRY(used[p.member].PushBack(p.offset.get()));
+      if (used != nullptr) used->Add(p.member, p.offset.get());
       if (++im->live[p.member][b] > im->slots_per_bucket)
         return DiagError(diag, Err::kCorrupt, "btree: more nodes than fit in bucket %llu of member %u",
                          (unsigned long long)b, unsigned(p.member));
@@ -1685,7 +1750,7 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
           if (++im->live[cp.member][cb] > im->slots_per_bucket)
             return DiagError(diag, Err::kCorrupt, "btree: more nodes than fit in bucket %llu of member %u",
                              (unsigned long long)cb, unsigned(cp.member));
-          TFS_TRY(used[cp.member].PushBack(off));
+          if (used != nullptr) used->Add(cp.member, off);
           continue;
         }
         CachedNode* c = nullptr;
@@ -1699,7 +1764,8 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
     }
   };
   for (u32 id = 0; id < kNrBtreeIds; id++) {
-    if (im->trees[id].root != nullptr) TFS_TRY(Walk::Visit(im, im->trees[id].root, used, diag));
+    if (im->trees[id].root != nullptr)
+      TFS_TRY(Walk::Visit(im, im->trees[id].root, options.read_only ? nullptr : &used, diag));
   }
   TreeOps::PublishNeed(im);
   if (!options.read_only) {
@@ -1717,7 +1783,7 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
         }
       }
     }
-    TFS_TRY(TreeOps::FindHoles(im, used));
+    if (used.ok) TreeOps::FindHoles(im, used.v);
     TreeOps::PublishNeed(im);
   }
   {

@@ -435,13 +435,13 @@ TEST(SlowMember, StalledHddWithChangedBucketsHoldsBackNoCommitAndItsStateSurvive
   std::string data(1 << 20, 'a');
   ASSERT_TRUE(t.fs.Write(a, 0, data.data(), uint32_t(data.size()), Filesystem::kWriteDirect).ok());
   ASSERT_GT(t.eng->alloc().Usage(1).by_state[uint8_t(alloc::BucketState::kUser)], 0u);
-  // The counters before the stall, with no table write of the HDD in flight:
-  // one the writer starts from here on (before the stall, then held by it,
-  // or during it) counts. (Taken after the stall, a write started just
-  // before it and held by it was in a0 and kept any other from starting:
-  // CI saw that once.)
-  t.eng->alloc().WaitForBackgroundWrites();
+  // The counters, then no table write of the HDD in flight, then the stall:
+  // a write counted in a0 has finished before the stall, and one the writer
+  // starts after a0 (before the stall, then held by it, or during it)
+  // counts. (Taken after the stall, a write started just before it and held
+  // by it was in a0 and kept any other from starting: CI saw that once.)
   const alloc::AllocStats a0 = t.eng->alloc().Stats();
+  t.eng->alloc().WaitForBackgroundWrites();
   t.hdd->StallFor(kHour);
   // The HDD's buckets change while it stalls, with no HDD I/O: a truncate
   // frees them (its table, maybe written meanwhile, is stale again).
