@@ -1185,20 +1185,39 @@ class TreeOps {
   }
 
   // A node slot for a checkpoint's image. With may_allocate, a new bucket
-  // is reserved first when nothing is left; without (the exclusive phase,
-  // which holds a tree lock and must not wait for the allocator) the caller
-  // has checked AvailSlots.
+  // is reserved when nothing is left; without (the exclusive phase, which
+  // holds a tree lock and must not wait for the allocator) the caller has
+  // checked AvailSlots.
   static Status AllocSlot(Impl* im, NodePtrFormat* dst, bool may_allocate = true) {
-    if (may_allocate) TFS_TRY(ReserveSlots(im, 1));
-    bool taken;
-    {
-      MutexLock l(im->slot_mu);
-      taken = TakeSlotLocked(im, dst);
-      NoteAvailLocked(im);
+    for (;;) {
+      bool taken;
+      {
+        MutexLock l(im->slot_mu);
+        taken = TakeSlotLocked(im, dst);
+        NoteAvailLocked(im);
+      }
+      if (taken) break;
+      if (!may_allocate) return Err::kNoSpace;  // (not reached: see above)
+      TFS_TRY(ReserveBucket(im));
     }
-    if (!taken) return Err::kNoSpace;  // (not reached: see above)
     im->ckpt_taken.FetchAdd(1, MemOrder::kRelaxed);
     PublishNeed(im);
+    return Status::Ok();
+  }
+
+  // One more empty bucket among the reserved. Allocate runs without slot_mu
+  // (it may settle the journal).
+  static Status ReserveBucket(Impl* im) {
+    auto r = im->alloc->Allocate(im->target, im->capable, alloc::BucketState::kBtree, alloc::Watermark::kBtree);
+    if (!r.ok()) return r.status();
+    MutexLock l(im->slot_mu);
+    Status st = im->reserved.PushBack(r.value());
+    if (!st.ok()) {
+      im->alloc->Free(r.value()).IgnoreError();
+      return st;
+    }
+    im->c_reserved_buckets.FetchAdd(1, MemOrder::kRelaxed);
+    NoteAvailLocked(im);
     return Status::Ok();
   }
 
@@ -1210,23 +1229,10 @@ class TreeOps {
   }
 
   // Takes empty buckets ahead until `slots` node slots can be taken without
-  // the allocator. Allocate runs without slot_mu (it may settle the
-  // journal); only the checkpoint (ckpt_mu) takes slots, so what it counted
-  // stays.
+  // the allocator. Only the checkpoint (ckpt_mu) takes slots, so what it
+  // counted stays.
   static Status ReserveSlots(Impl* im, u64 slots) {
-    for (;;) {
-      if (AvailSlots(im) >= slots) break;
-      auto r = im->alloc->Allocate(im->target, im->capable, alloc::BucketState::kBtree, alloc::Watermark::kBtree);
-      if (!r.ok()) return r.status();
-      MutexLock l(im->slot_mu);
-      Status st = im->reserved.PushBack(r.value());
-      if (!st.ok()) {
-        im->alloc->Free(r.value()).IgnoreError();
-        return st;
-      }
-      im->c_reserved_buckets.FetchAdd(1, MemOrder::kRelaxed);
-      NoteAvailLocked(im);
-    }
+    while (AvailSlots(im) < slots) TFS_TRY(ReserveBucket(im));
     PublishNeed(im);
     return Status::Ok();
   }
