@@ -629,7 +629,8 @@ STEP_FUNCS: dict[str, Callable[[Target, Config, Path], dict[str, float]]] = {
 CTL_COUNTER = re.compile(
     r"^(data\.[a-z_]+|journal\.(commits|flush_commits|entries|flush_entries|bytes|keys|space_waits|"
     r"room_waits|reclaim_calls)|btree\.(lookups|inserts|deletes|commits|cache_hits|cache_misses|"
-    r"evictions|node_reads|node_writes|node_write_bytes|checkpoints|corrupt_reads)|"
+    r"evictions|node_reads|node_writes|node_write_bytes|checkpoints|reserved_buckets|returned_buckets|"
+    r"hole_slots|corrupt_reads)|"
     r"alloc\.(frees|fallbacks|checkpoints)|posix\.(?!open_inodes)[a-z_]+|"
     r"devices\.[^.]+\.io\.[^.]+\.(errors|[a-z]+\.(ops|bytes)))$")
 

@@ -175,7 +175,7 @@ class Allocator {
 
   // The btree's declaration: `buckets` free buckets on `dev` its next
   // checkpoint may take. The btree reserve becomes need + max(fixed share,
-  // need / 2); cheap (one relaxed store), called whenever the btree's size changes.
+  // need); cheap (one relaxed store), called whenever the btree's size changes.
   void SetMetadataNeed(u32 dev, u64 buckets);
   // Whether metadata may grow (posix: creates, links, xattrs, data writes --
   // they add keys): every member with a declared need keeps that need plus

@@ -160,10 +160,13 @@ struct Btrees::Impl {
     u64 offset;
   };
   Vector<Hole> holes;
+  bool holes_stale = false;  // a bucket was freed since the last purge
   // Slots the next node images can take without a new bucket: the holes,
-  // the rest of the open bucket and the reserved buckets (PublishNeed
-  // subtracts them).
+  // the rest of the open bucket and the reserved buckets; and of them, the
+  // reserved buckets' (PublishNeed subtracts them from the running
+  // checkpoint's part only: they go back when it ends).
   Atomic<u64> avail_slots{0};
+  Atomic<u64> reserved_slots{0};
   Mutex seq_mu;  // rng (NewSeq: committers creating nodes, never behind slot_mu's allocations)
   u64 rng = 0;
 
@@ -195,7 +198,7 @@ struct Btrees::Impl {
   Atomic<u64> c_read_merges{0};  // leaves merged into one set for lookups (ReadMostly)
   Atomic<u64> c_reads{0}, c_read_bytes{0}, c_corrupt{0};
   Atomic<u64> c_writes{0}, c_write_bytes{0}, c_checkpoints{0}, c_throttles{0};
-  Atomic<u64> c_reserved_buckets{0}, c_returned_buckets{0};  // ReserveSlots; of which returned unused
+  Atomic<u64> c_reserved_buckets{0}, c_returned_buckets{0};  // ReserveBucket; of which returned unused
   Atomic<u64> c_hole_slots{0};  // slots taken from holes
 };
 
@@ -351,12 +354,11 @@ class TreeOps {
            im->unwritten_nodes.Load(MemOrder::kRelaxed) + 1 + 2 * kMaxLevel;
   }
   // Tells the allocator how many free buckets the next checkpoint may take on
-  // the metadata target (alloc.h, SetMetadataNeed): CheckpointSlots, or what
-  // is left of the bound a running checkpoint started from if larger (it
-  // clears dirty flags before it has taken its slots: the bound less the
-  // slots it took), less the slots it can take without a new bucket
-  // (avail_slots: the holes, the open bucket's rest, the buckets it
-  // reserved), in
+  // the metadata target (alloc.h, SetMetadataNeed): CheckpointSlots less the
+  // slots at hand (holes, the open bucket's rest), or, if larger, what is
+  // left of the bound a running checkpoint started from (it clears dirty
+  // flags before it has taken its slots: the bound less the slots it took)
+  // less those and the buckets it reserved, in
   // whole buckets, plus two: the tree growing while the checkpoint runs (it
   // then reserves more) and a spare. Called whenever a count changes; user
   // data leaves that much free.
@@ -365,9 +367,11 @@ class TreeOps {
     MutexLock l(im->need_mu);
     const u64 hold = im->ckpt_hold.Load(MemOrder::kRelaxed);
     const u64 taken = im->ckpt_taken.Load(MemOrder::kRelaxed);
-    const u64 bound = Max<u64>(CheckpointSlots(im), hold > taken ? hold - taken : 0);
+    const u64 left = hold > taken ? hold - taken : 0;  // the running checkpoint's
     const u64 avail = im->avail_slots.Load(MemOrder::kRelaxed);
-    const u64 slots = bound > avail ? bound - avail : 0;
+    const u64 reserved = Min<u64>(avail, im->reserved_slots.Load(MemOrder::kRelaxed));
+    const u64 next = CheckpointSlots(im);
+    const u64 slots = Max<u64>(next > avail - reserved ? next - (avail - reserved) : 0, left > avail ? left - avail : 0);
     const u64 need = (slots + im->slots_per_bucket - 1) / im->slots_per_bucket + 2;
     for (u32 m : dev::Bits(im->target)) im->alloc->SetMetadataNeed(m, need);
   }
@@ -490,7 +494,10 @@ class TreeOps {
   }
 
   // Reads and verifies the node `ptr` points to, with no lock held.
-  static Status ReadNode(Impl* im, const NodePtrFormat& ptr, const Pos& max, CachedNode** out, Diag* diag) {
+  // Counts a corrupt read in corrupt_reads if count_corrupt (FetchMiss counts
+  // its own: only when the pointer did not move meanwhile).
+  static Status ReadNode(Impl* im, const NodePtrFormat& ptr, const Pos& max, CachedNode** out, Diag* diag,
+                         bool count_corrupt = true) {
     const u32 ns = im->node_size;
     const u64 off = ptr.offset.get();
     if (ptr.member == kNoMember || ptr.member >= im->sb.nr_members || off % ns != 0 ||
@@ -536,7 +543,7 @@ class TreeOps {
     }
     if (!st.ok()) {
       platform::Delete(n);
-      if (StatusIsCorrupt(st)) im->c_corrupt.FetchAdd(1, MemOrder::kRelaxed);
+      if (count_corrupt && StatusIsCorrupt(st)) im->c_corrupt.FetchAdd(1, MemOrder::kRelaxed);
       return st;
     }
     n->ptr = ptr;
@@ -550,13 +557,13 @@ class TreeOps {
     im->c_misses.FetchAdd(1, MemOrder::kRelaxed);
     im->c_restarts.FetchAdd(1, MemOrder::kRelaxed);
     CachedNode* n = nullptr;
-    Status st = ReadNode(im, miss.ptr, miss.max, &n, diag);
+    Status st = ReadNode(im, miss.ptr, miss.max, &n, diag, false);
     if (!st.ok()) {
       // A pointer that changed while we read is not corruption: retry the
       // descent (its slot may hold another node by now: a hole reused).
-      if (StatusIsCorrupt(st) && !StillPointsTo(im, t, miss)) {
-        im->c_corrupt.FetchSub(1, MemOrder::kRelaxed);  // (ReadNode counted it)
-        return Status::Ok();
+      if (StatusIsCorrupt(st)) {
+        if (!StillPointsTo(im, t, miss)) return Status::Ok();
+        im->c_corrupt.FetchAdd(1, MemOrder::kRelaxed);
       }
       return st;
     }
@@ -1119,8 +1126,9 @@ class TreeOps {
   // slot_mu held.
   static void NoteAvailLocked(Impl* im) {
     const u64 open = im->open_valid ? im->slots_per_bucket - im->open_next : 0;
-    im->avail_slots.Store(u64(im->holes.size()) + open + u64(im->reserved.size()) * im->slots_per_bucket,
-                          MemOrder::kRelaxed);
+    const u64 reserved = u64(im->reserved.size()) * im->slots_per_bucket;
+    im->avail_slots.Store(u64(im->holes.size()) + open + reserved, MemOrder::kRelaxed);
+    im->reserved_slots.Store(reserved, MemOrder::kRelaxed);
   }
 
   static bool IsOpenLocked(Impl* im, u32 m, u64 b) {
@@ -1139,12 +1147,14 @@ class TreeOps {
     return bk.state == alloc::BucketState::kBtree && bk.gen == h.gen;
   }
 
-  // Drops every hole that can no longer be taken -- those of freed buckets
+  // Drops the holes that can no longer be taken -- those of freed buckets
   // (after a checkpoint's frees, before anything is allocated again, so a
-  // freed bucket is recognised by live 0) and any a damaged image left
-  // (two pointers to one slot) -- so that avail_slots counts only what
-  // AllocSlot can take. One pass, slot_mu held.
+  // freed bucket is recognised by live 0) -- so that avail_slots counts only
+  // what AllocSlot can take. One pass when a bucket was freed since the
+  // last; slot_mu held.
   static void PurgeHolesLocked(Impl* im) {
+    if (!im->holes_stale) return;
+    im->holes_stale = false;
     usize k = 0;
     for (usize i = 0; i < im->holes.size(); i++) {
       const Impl::Hole h = im->holes[i];
@@ -1162,6 +1172,7 @@ class TreeOps {
       const Impl::Hole h = im->holes.back();
       im->holes.PopBack();
       if (!HoleValidLocked(im, h)) continue;  // (not reached: purged after every free)
+      im->ckpt_taken.FetchAdd(1, MemOrder::kRelaxed);
       dst->member = h.member;
       dst->offset.set(h.offset);
       im->live[h.member][im->sb.BucketOf(h.offset)]++;
@@ -1177,6 +1188,7 @@ class TreeOps {
     }
     const u32 m = im->open_bucket.dev;
     const u64 b = im->open_bucket.bucket;
+    im->ckpt_taken.FetchAdd(1, MemOrder::kRelaxed);
     dst->member = u8(m);
     dst->offset.set(im->sb.BucketOffset(b) + u64(im->open_next) * im->node_size);
     im->open_next++;
@@ -1200,7 +1212,6 @@ class TreeOps {
       if (!may_allocate) return Err::kNoSpace;  // (not reached: see above)
       TFS_TRY(ReserveBucket(im));
     }
-    im->ckpt_taken.FetchAdd(1, MemOrder::kRelaxed);
     PublishNeed(im);
     return Status::Ok();
   }
@@ -1259,6 +1270,7 @@ class TreeOps {
   static void FindHoles(Impl* im, Vector<u64>* used) {
     MutexLock l(im->slot_mu);
     for (u32 m = 0; m < im->sb.nr_members; m++) {
+      if ((im->target & (dev::DevMask(1) << m)) == 0) continue;  // (as FreeSlot)
       Vector<u64>& u = used[m];
       Sort(u.data(), u.size(), [](u64 a, u64 b) { return a < b; });
       for (usize i = 0; i < u.size();) {
@@ -1269,7 +1281,10 @@ class TreeOps {
           if (j > i && u[j] == u[j - 1]) {  // (one of them fails its read check)
             platform::Log(platform::LogLevel::kWarn, "btree: two node pointers share the slot at %llu of member %u",
                           (unsigned long long)u[j], m);
-            shared = true;  // its live count is off: no holes in it
+            // Its live count is off: no holes in it now (a later free of
+            // one of the two may still make one, of a slot whose other
+            // pointer already fails its read check).
+            shared = true;
           }
           j++;
         }
@@ -1290,6 +1305,7 @@ class TreeOps {
         i = j;
       }
     }
+    im->holes_stale = true;
     PurgeHolesLocked(im);
   }
 
@@ -1306,13 +1322,16 @@ class TreeOps {
     const alloc::Bucket bk = im->alloc->Get(m, b);
     const bool open = IsOpenLocked(im, m, b);
     // (Without memory for the hole the slot stays unused until the bucket goes.)
+    // Holes only on the metadata target: nodes that spilled elsewhere drain
+    // back as they are rewritten.
     if (--im->live[m][b] != 0 || (open && im->open_next < im->slots_per_bucket)) {
-      if (bk.state == alloc::BucketState::kBtree)
+      if (bk.state == alloc::BucketState::kBtree && (im->target & (dev::DevMask(1) << m)) != 0)
         im->holes.PushBack(Impl::Hole{u8(m), bk.gen, p.offset.get()}).IgnoreError();
       NoteAvailLocked(im);
       return;
     }
     if (open) im->open_valid = false;
+    im->holes_stale = true;
     NoteAvailLocked(im);
     if (bk.state == alloc::BucketState::kBtree) im->alloc->Free(alloc::BucketRef{m, b, bk.gen}).IgnoreError();
   }
@@ -1334,6 +1353,7 @@ class TreeOps {
       alloc::Bucket bk = im->alloc->Get(m, b);
       if (bk.state == alloc::BucketState::kBtree) im->alloc->Free(alloc::BucketRef{m, b, bk.gen}).IgnoreError();
     }
+    im->holes_stale = true;
     PurgeHolesLocked(im);
   }
 
@@ -1514,9 +1534,9 @@ class TreeOps {
             need = v.size() + (reserve ? 1 + 2 * kMaxLevel : 0);
           }
         }
-        if (st.ok() && AvailSlots(im) < need) {
+        if (st.ok() && need > 0 && AvailSlots(im) < need) {
+          if (!reserve) need += 1 + 2 * kMaxLevel;
           reserve = true;
-          need = Max<u64>(need, 1 + 2 * kMaxLevel);
           st = ReserveSlots(im, need);
         }
         if (!st.ok()) break;
@@ -1536,11 +1556,7 @@ class TreeOps {
           st = AllocSlot(im, &s, false);
           if (!st.ok()) break;
           st = TakeImage(im, t, n, &jobs);
-          if (!st.ok()) {
-            FreeSlot(im, s);  // (never written)
-            PurgeHoles(im);
-            break;
-          }
+          if (!st.ok()) break;  // (the filesystem fails: the slot stays unused)
           Install(im, jobs.back(), s, &to_free);
         }
         for (const NodePtrFormat& d : t.dead_slots) to_free.PushBack(d).IgnoreError();

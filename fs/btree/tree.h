@@ -96,8 +96,8 @@ struct Stats {
   u64 node_reads, node_read_bytes, corrupt_reads;
   u64 node_writes, node_write_bytes;
   u64 checkpoints;
-  u64 reserved_buckets;                // empty buckets checkpoints took ahead for their exclusive phase
-  u64 returned_buckets;                // of which went back unused (whole: no slot burnt)
+  u64 reserved_buckets;                // empty buckets checkpoints took for node slots
+  u64 returned_buckets;                // of which went back unused at the checkpoint's end (whole)
   u64 hole_slots;                      // node slots reused in buckets that still hold other nodes
   u64 throttles;                       // commits that waited for a checkpoint (memory, journal)
   u64 cached_nodes, cached_bytes, dirty_nodes, dirty_bytes;  // now

@@ -90,7 +90,7 @@ int CmdShow(int argc, char** argv) {
       w.BeginObject();
       w.UintField("foreground", u.reserves.foreground);
       w.UintField("copygc", u.reserves.copygc);
-      w.UintField("btree", u.reserves.btree);  // in force: the fixed share or metadata_need
+      w.UintField("btree", u.reserves.btree);  // in force: metadata_need + max(fixed share, metadata_need)
       w.UintField("metadata_need", u.metadata_need);
       w.EndObject();
       w.EndObject();
