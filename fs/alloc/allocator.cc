@@ -216,14 +216,21 @@ Status Allocator::Apply(const journal::Key& key) {
   return Status::Ok();
 }
 
-void Allocator::SetMetadataNeed(u32 dev, u64 buckets) {
-  if (dev < nr_) devices_[dev].metadata_need.Store(buckets, MemOrder::kRelaxed);
+void Allocator::SetMetadataNeed(u32 dev, u64 buckets, u64 held) {
+  if (dev >= nr_) return;
+  devices_[dev].metadata_held.Store(held, MemOrder::kRelaxed);
+  devices_[dev].metadata_need.Store(buckets, MemOrder::kRelaxed);
 }
 
 namespace {
 // The btree reserve in force: the declared need plus growth room for the
-// dirty set to double (at least the fixed share) before the next checkpoint.
-u64 BtreeReserve(const Reserves& r, u64 need) { return need + Max<u64>(r.btree, need); }
+// dirty set to double (at least the fixed share) before the next checkpoint
+// -- the whole need's, the buckets the btree holds ahead included (the need
+// is declared net of them).
+u64 BtreeReserve(const Reserves& r, u64 need, u64 held) { return need + Max<u64>(r.btree, need + held); }
+u64 BtreeReserve(const Reserves& r, const Atomic<u64>& need, const Atomic<u64>& held) {
+  return BtreeReserve(r, need.Load(MemOrder::kRelaxed), held.Load(MemOrder::kRelaxed));
+}
 }  // namespace
 
 bool Allocator::MetadataShortLocked(bool growth) const {
@@ -231,7 +238,8 @@ bool Allocator::MetadataShortLocked(bool growth) const {
     const Dev& d = devices_[i];
     const u64 need = d.metadata_need.Load(MemOrder::kRelaxed);
     if (need == 0) continue;
-    const u64 want = growth ? BtreeReserve(d.reserves, need) : need + d.reserves.copygc;
+    const u64 want = growth ? BtreeReserve(d.reserves, need, d.metadata_held.Load(MemOrder::kRelaxed))
+                            : need + d.reserves.copygc;
     if (d.free_count + d.pending.size() < want) return true;
   }
   return false;
@@ -252,7 +260,7 @@ bool Allocator::MetadataTight() const {
 u64 Allocator::FreeFloor(u32 dev, Watermark wm) const {
   const Dev& d = devices_[dev];
   const Reserves& r = d.reserves;
-  const u64 btree = BtreeReserve(r, d.metadata_need.Load(MemOrder::kRelaxed));
+  const u64 btree = BtreeReserve(r, d.metadata_need, d.metadata_held);
   switch (wm) {
     case Watermark::kBackground: return r.foreground + r.copygc + btree;
     case Watermark::kForeground: return r.copygc + btree;
@@ -847,7 +855,7 @@ DeviceUsage Allocator::Usage(u32 dev) const {
   }
   u.reserves = d.reserves;
   u.metadata_need = d.metadata_need.Load(MemOrder::kRelaxed);
-  u.reserves.btree = BtreeReserve(d.reserves, u.metadata_need);
+  u.reserves.btree = BtreeReserve(d.reserves, u.metadata_need, d.metadata_held.Load(MemOrder::kRelaxed));
   return u;
 }
 

@@ -174,9 +174,10 @@ class Allocator {
   static void ReclaimHook(void* self, u64 seq);
 
   // The btree's declaration: `buckets` free buckets on `dev` its next
-  // checkpoint may take. The btree reserve becomes need + max(fixed share,
-  // need); cheap (one relaxed store), called whenever the btree's size changes.
-  void SetMetadataNeed(u32 dev, u64 buckets);
+  // checkpoint may take, beyond the `held` empty buckets it has taken ahead
+  // (a running checkpoint's reserve, back when it ends). The btree reserve
+  // becomes need + max(fixed share, need + held); cheap (one relaxed store), called whenever the btree's size changes.
+  void SetMetadataNeed(u32 dev, u64 buckets, u64 held = 0);
   // Whether metadata may grow (posix: creates, links, xattrs, data writes --
   // they add keys): every member with a declared need keeps that need plus
   // its copygc reserve free or pending. The copygc reserve is then left for
@@ -207,6 +208,7 @@ class Allocator {
     Vector<Pending> pending;  // freed, not yet reusable
     Reserves reserves;
     Atomic<u64> metadata_need{0};  // SetMetadataNeed; read without mu_
+    Atomic<u64> metadata_held{0};
     u8 data_allowed = 0;
     u32 table_buckets = 0;
     u64 checkpoint = 0;     // number of the newest valid slot on disk

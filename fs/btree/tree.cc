@@ -163,8 +163,7 @@ struct Btrees::Impl {
   bool holes_stale = false;  // a bucket was freed since the last purge
   // Slots the next node images can take without a new bucket: the holes,
   // the rest of the open bucket and the reserved buckets; and of them, the
-  // reserved buckets' (PublishNeed subtracts them from the running
-  // checkpoint's part only: they go back when it ends).
+  // reserved buckets' (PublishNeed declares them as held).
   Atomic<u64> avail_slots{0};
   Atomic<u64> reserved_slots{0};
   Mutex seq_mu;  // rng (NewSeq: committers creating nodes, never behind slot_mu's allocations)
@@ -354,11 +353,12 @@ class TreeOps {
            im->unwritten_nodes.Load(MemOrder::kRelaxed) + 1 + 2 * kMaxLevel;
   }
   // Tells the allocator how many free buckets the next checkpoint may take on
-  // the metadata target (alloc.h, SetMetadataNeed): CheckpointSlots less the
-  // slots at hand (holes, the open bucket's rest), or, if larger, what is
-  // left of the bound a running checkpoint started from (it clears dirty
-  // flags before it has taken its slots: the bound less the slots it took)
-  // less those and the buckets it reserved, in
+  // the metadata target (alloc.h, SetMetadataNeed): CheckpointSlots, or, if
+  // larger, what is left of the bound a running checkpoint started from (it
+  // clears dirty flags before it has taken its slots: the bound less the
+  // slots it took), less the slots at hand (holes, the open bucket's rest,
+  // the buckets it reserved, which the allocator also gets as `held`: they
+  // are back when it ends, and the growth room counts them), in
   // whole buckets, plus two: the tree growing while the checkpoint runs (it
   // then reserves more) and a spare. Called whenever a count changes; user
   // data leaves that much free.
@@ -369,11 +369,11 @@ class TreeOps {
     const u64 taken = im->ckpt_taken.Load(MemOrder::kRelaxed);
     const u64 left = hold > taken ? hold - taken : 0;  // the running checkpoint's
     const u64 avail = im->avail_slots.Load(MemOrder::kRelaxed);
-    const u64 reserved = Min<u64>(avail, im->reserved_slots.Load(MemOrder::kRelaxed));
-    const u64 next = CheckpointSlots(im);
-    const u64 slots = Max<u64>(next > avail - reserved ? next - (avail - reserved) : 0, left > avail ? left - avail : 0);
+    const u64 bound = Max<u64>(CheckpointSlots(im), left);
+    const u64 slots = bound > avail ? bound - avail : 0;
     const u64 need = (slots + im->slots_per_bucket - 1) / im->slots_per_bucket + 2;
-    for (u32 m : dev::Bits(im->target)) im->alloc->SetMetadataNeed(m, need);
+    const u64 held = im->reserved_slots.Load(MemOrder::kRelaxed) / im->slots_per_bucket;
+    for (u32 m : dev::Bits(im->target)) im->alloc->SetMetadataNeed(m, need, held);
   }
 
   static void SetDirty(Impl* im, CachedNode* n) {
