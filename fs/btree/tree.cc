@@ -144,16 +144,17 @@ struct Btrees::Impl {
   bool open_valid = false;
   alloc::BucketRef open_bucket;
   u32 open_next = 0;
-  // Empty buckets a running checkpoint took ahead for its exclusive phase
-  // (ReserveSlots): slots are taken from them only as nodes are imaged, and
+  // Empty buckets a running checkpoint took ahead (ReserveBucket: for its
+  // exclusive phase, or one when phase 1 ran out of slots): slots are taken
+  // from them only as nodes are imaged, and
   // what is left goes back whole at the checkpoint's end -- never a slot
   // burnt in a bucket that stays.
   Vector<alloc::BucketRef> reserved;
   // Free slots in btree buckets that still hold live nodes (a node rewritten
   // elsewhere, its slot released after the roots block that stopped pointing
   // at it): taken before any other, so that the trees' footprint follows
-  // their size instead of growing with every bucket a cold node pins. A
-  // bucket's holes go when it is freed.
+  // their size instead of growing with every bucket a cold node pins. The
+  // holes of a freed bucket are purged after the frees (holes_stale).
   struct Hole {
     u8 member;
     u8 gen;  // the bucket's, checked again when taken
