@@ -228,9 +228,6 @@ namespace {
 // -- the whole need's, the buckets the btree holds ahead included (the need
 // is declared net of them).
 u64 BtreeReserve(const Reserves& r, u64 need, u64 held) { return need + Max<u64>(r.btree, need + held); }
-u64 BtreeReserve(const Reserves& r, const Atomic<u64>& need, const Atomic<u64>& held) {
-  return BtreeReserve(r, need.Load(MemOrder::kRelaxed), held.Load(MemOrder::kRelaxed));
-}
 }  // namespace
 
 bool Allocator::MetadataShortLocked(bool growth) const {
@@ -260,7 +257,8 @@ bool Allocator::MetadataTight() const {
 u64 Allocator::FreeFloor(u32 dev, Watermark wm) const {
   const Dev& d = devices_[dev];
   const Reserves& r = d.reserves;
-  const u64 btree = BtreeReserve(r, d.metadata_need, d.metadata_held);
+  const u64 btree =
+      BtreeReserve(r, d.metadata_need.Load(MemOrder::kRelaxed), d.metadata_held.Load(MemOrder::kRelaxed));
   switch (wm) {
     case Watermark::kBackground: return r.foreground + r.copygc + btree;
     case Watermark::kForeground: return r.copygc + btree;

@@ -1306,8 +1306,7 @@ class TreeOps {
         i = j;
       }
     }
-    im->holes_stale = true;
-    PurgeHolesLocked(im);
+    NoteAvailLocked(im);  // (every hole found is valid: no purge)
   }
 
   // Releases a node slot after the roots block that stopped pointing at it
@@ -1353,9 +1352,10 @@ class TreeOps {
     if (im->live[m][b] == 0) {
       alloc::Bucket bk = im->alloc->Get(m, b);
       if (bk.state == alloc::BucketState::kBtree) im->alloc->Free(alloc::BucketRef{m, b, bk.gen}).IgnoreError();
+      im->holes_stale = true;
     }
-    im->holes_stale = true;
     PurgeHolesLocked(im);
+    NoteAvailLocked(im);  // (the open bucket's rest is gone)
   }
 
   // Takes the image of n (which must not change meanwhile) into a new job.
