@@ -1738,7 +1738,13 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
     if (rp.member == kNoMember) continue;
     CachedNode* r = nullptr;
     Status st = TreeOps::ReadNode(im, rp, Pos::Max(u8(id)), &r, diag);
-    if (!st.ok()) return DiagError(diag, st, "btree %u root: %s", id, diag != nullptr ? diag->text : st.Message());
+    if (!st.ok()) {
+      // The node's own message, copied first: DiagError writes into diag->text.
+      Diag why;
+      if (diag != nullptr) why = *diag;
+      return DiagError(diag, st, "btree %u root (member %u, offset %llu): %s", id, unsigned(rp.member),
+                       (unsigned long long)rp.offset.get(), why.empty() ? st.Message() : why.text);
+    }
     t.root = r;
     TreeOps::Charge(im, r);
   }

@@ -756,7 +756,7 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
                         "data: checksum mismatch: inode %llu block %llu (member %u offset %llu)",
                         (unsigned long long)ino, (unsigned long long)blk, unsigned(e.ptr.dev),
                         (unsigned long long)(at + (blk - lo) * kBlockSize));
-          st = Err::kBadChecksum;
+          st = Err::kDataCorrupt;
           break;
         }
       }
@@ -788,7 +788,7 @@ Status DataPath::ReadCompressed(const Extent& e, u8* out) {
                     "data: checksum mismatch: inode %llu compressed blob at block %llu (member %u offset %llu)",
                     (unsigned long long)e.ino, (unsigned long long)(e.start - e.offset), unsigned(e.ptr.dev),
                     (unsigned long long)e.ptr.offset.get());
-      st = Err::kBadChecksum;
+      st = Err::kDataCorrupt;
     }
   }
   if (st.ok()) {
@@ -796,7 +796,7 @@ Status DataPath::ReadCompressed(const Extent& e, u8* out) {
     // blocks was written wrong: corrupt, never partial data.
     const u64 want = u64(e.stored_blocks) * kBlockSize;
     auto r = platform::ZstdDecompress(out, want, z, e.disk_bytes);
-    if (!r.ok() || r.value() != want) st = Err::kCorrupt;
+    if (!r.ok() || r.value() != want) st = Err::kDataCorrupt;
   }
   if (st.ok()) c_zreads_.FetchAdd(1, MemOrder::kRelaxed);
   platform::Free(z);

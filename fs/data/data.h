@@ -20,7 +20,7 @@
 // the two disagreeing. Buckets marked user that no extent points into are freed
 // at Open (a crash between allocating and committing).
 //
-// Reading verifies every block it returns; a mismatch is kBadChecksum (EIO at
+// Reading verifies every block it returns; a mismatch is kDataCorrupt (EIO at
 // the FUSE edge) and counted, never the bytes. Holes read as zeros. A read
 // pins the bucket it reads from (Pin/Unpin), so an overwrite committing
 // meanwhile cannot free and reuse it under the read; a read whose lookup went

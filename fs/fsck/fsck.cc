@@ -408,8 +408,8 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
   Ctx c{emit, ctx, &report};
   bool copies_ok = true;
   for (u32 i = 0; i < count; i++) copies_ok = CheckCopies(*bdevs[i], opt, c) && copies_ok;
-  if (!copies_ok) {
-    report.exit_code = kExitUncorrected;
+  if (!copies_ok) {  // not a member (or no copy left to repair from): nothing can be checked
+    report.exit_code = kExitOperational;
     return report;
   }
 
@@ -436,9 +436,11 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
   Status st = e.Open(bdevs, count, oo, &d, &rep);
   if (!st.ok()) {
     c.Line("cannot open the filesystem: %s", d.empty() ? st.Message() : d.text);
-    bool structural = st.Is(ErrorClass::kCorrupt) || st.Is(ErrorClass::kInvalid) || st.Is(ErrorClass::kNotFound);
+    // Damaged structures are errors left uncorrected; a device set that is not one
+    // whole filesystem (a member missing, a foreign device) or a failing device
+    // means the check could not run (fsck(8)'s operational error).
     report.errors++;
-    report.exit_code = structural ? kExitUncorrected : kExitOperational;
+    report.exit_code = st.Is(ErrorClass::kCorrupt) ? kExitUncorrected : kExitOperational;
     return report;
   }
   if (!rep.was_clean) {

@@ -40,7 +40,9 @@
 //    inodes, directories, entries, xattrs and extents.
 //
 // Results follow fsck(8): 0 clean, 1 errors corrected, 4 errors left uncorrected,
-// 8 operational error (a device could not be read, out of memory).
+// 8 operational error (a device could not be read, is not a tierfs member (no
+// superblock), a member is missing or foreign, out of memory); 16 (the command
+// line tools): usage error.
 #ifndef TFS_FSCK_FSCK_H_
 #define TFS_FSCK_FSCK_H_
 
@@ -53,6 +55,7 @@ inline constexpr int kExitClean = 0;
 inline constexpr int kExitRepaired = 1;
 inline constexpr int kExitUncorrected = 4;
 inline constexpr int kExitOperational = 8;
+inline constexpr int kExitUsage = 16;  // the command line (tools), as fsck(8)
 
 struct Options {
   bool repair = false;  // -y; otherwise -n: nothing is written

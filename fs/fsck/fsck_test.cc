@@ -114,11 +114,22 @@ TEST(FsckTest, UncleanShutdownIsANoteNotAnError) {
   EXPECT_NE(fs.Text().find("not cleanly unmounted"), std::string::npos) << fs.Text();
 }
 
-TEST(FsckTest, MissingMemberIsUncorrectable) {
+// A device set that is not one whole filesystem cannot be checked at all:
+// fsck(8)'s operational error (8), not "errors left uncorrected" (4).
+TEST(FsckTest, MissingMemberOrNoSuperblockIsAnOperationalError) {
   Fs fs;
   BlockDevice* devs[1] = {fs.ssd.get()};
   Report r = Check(devs, 1, Options{}, nullptr, nullptr);
-  EXPECT_EQ(r.exit_code, kExitUncorrected);
+  EXPECT_EQ(r.exit_code, kExitOperational);
+  userspace::MemDeviceOptions o;
+  o.size = 32 << 20;
+  userspace::MemDevice blank(o);
+  BlockDevice* one[1] = {&blank};
+  r = Check(one, 1, Options{}, nullptr, nullptr);
+  EXPECT_EQ(r.exit_code, kExitOperational);
+  BlockDevice* foreign[3] = {fs.ssd.get(), fs.hdd.get(), &blank};
+  r = Check(foreign, 3, Options{}, nullptr, nullptr);
+  EXPECT_EQ(r.exit_code, kExitOperational);
 }
 
 // A filesystem with 4 KiB nodes and a test tree of `nkeys` keys (three levels).
@@ -273,6 +284,30 @@ TEST(FsckTest, SlotReferencedTwiceIsReported) {
   Report r = fs.Run(false);
   EXPECT_EQ(r.exit_code, kExitUncorrected) << fs.Text();
   EXPECT_NE(fs.Text().find("is referenced twice"), std::string::npos) << fs.Text();
+}
+
+// The message names the root once, with where it is and what is wrong (it
+// used to format its own text into itself: "btree 2 root: btree 2 root: d magic").
+TEST(FsckTest, DamagedRootNodeIsNamedOnce) {
+  Fs fs(4096);
+  FillTree(fs, 3000);
+  const NodeAt* root = nullptr;
+  std::vector<NodeAt> nodes = Nodes(fs);
+  for (const NodeAt& n : nodes)
+    if (n.level == 2) root = &n;
+  ASSERT_NE(root, nullptr);
+  u8 b;
+  fs.Member(root->member)->ReadRaw(root->offset + 200, &b, 1);
+  b ^= 0x40;
+  fs.Member(root->member)->WriteRaw(root->offset + 200, &b, 1);
+  Report r = fs.Run(false);
+  EXPECT_EQ(r.exit_code, kExitUncorrected) << fs.Text();
+  const std::string text = fs.Text();
+  const std::string where = "root (member " + std::to_string(root->member) + ", offset " +
+                            std::to_string(root->offset) + "): ";
+  EXPECT_NE(text.find(where), std::string::npos) << text;
+  EXPECT_EQ(text.find("root: btree"), std::string::npos) << text;
+  EXPECT_EQ(text.find(" root"), text.rfind(" root")) << text;
 }
 
 TEST(FsckTest, UnreadableRootsBlockIsUncorrectable) {

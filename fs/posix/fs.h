@@ -220,7 +220,7 @@ class Filesystem {
   Result<Attr> SetAttrs(u64 ino, const SetAttr& set);
   // File data (regular files): Write returns len (bytes past 2^50 are kTooBig);
   // Read returns the bytes read, fewer at the end of the file, 0 past it. A
-  // checksum mismatch is kBadChecksum (EIO), never the bytes. Write flags:
+  // checksum mismatch is kDataCorrupt (EIO), never the bytes. Write flags:
   // kWriteDirect (O_DIRECT) bypasses the write buffer.
   enum WriteFlags : u32 { kWriteDirect = 1 };
   Result<u32> Write(u64 ino, u64 off, const void* buf, u32 len, u32 flags = 0);

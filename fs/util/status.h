@@ -49,6 +49,7 @@ enum class ErrorClass : u8 {
   X(kBadChecksum, kCorrupt, 117, "checksum mismatch")                                  \
   X(kBadMagic, kCorrupt, 117, "bad magic number")                                      \
   X(kBadVersion, kCorrupt, 117, "unsupported on-disk version")                         \
+  X(kDataCorrupt, kCorrupt, 5, "file data failed its checksum (I/O error)")           \
   X(kAgain, kAgain, 11, "resource temporarily unavailable")                            \
   X(kNotAdmitted, kAgain, 11, "request not admitted (device busy)")                    \
   X(kRestart, kAgain, 11, "transaction restart")                                       \

@@ -36,6 +36,8 @@ TEST(StatusTest, ErrnoAtTheEdges) {
   EXPECT_EQ(Status(Err::kReadOnly).ToErrno(), -EROFS);
   EXPECT_EQ(Status(Err::kNotEmpty).ToErrno(), -ENOTEMPTY);
   EXPECT_EQ(Status(Err::kBadChecksum).ToErrno(), -EUCLEAN);
+  EXPECT_EQ(Status(Err::kDataCorrupt).ToErrno(), -EIO);  // as docs/usage.md promises for file data
+  EXPECT_TRUE(Status(Err::kDataCorrupt).Is(ErrorClass::kCorrupt));
   EXPECT_EQ(Status(Err::kNoData).ToErrno(), -ENODATA);
   EXPECT_EQ(Status::FromErrno(-ENOSPC), Status(Err::kNoSpace));
   EXPECT_EQ(Status::FromErrno(EROFS), Status(Err::kReadOnly));

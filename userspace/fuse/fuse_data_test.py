@@ -6,6 +6,7 @@ and root; the helpers are fusetest.py's."""
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
@@ -208,5 +209,38 @@ def test_listing_returns_attributes_without_a_lookup_each(tmp_path: Path) -> Non
             st = seen[f"f{i}"]
             assert st.st_size == i % 97 and st.st_mode & 0o777 == 0o600 | (i % 8) << 3, i
         assert lookups < 100, f"{lookups} lookups for 2,000 listed entries"
+    finally:
+        m.close()
+
+
+def test_damaged_file_data_reads_as_eio(tmp_path: Path) -> None:
+    """A block whose checksum does not match is EIO for the read that meets it
+    (what usage.md promises, and what applications treat as a media error),
+    counted in data.csum_errors; the file's other blocks still read."""
+    dev = image(tmp_path / "fs.img")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    block = bytes(range(256)) * 16  # 4 KiB, found again on the image below
+    m = Mount(dev, mnt)
+    (mnt / "f").write_bytes(b"\0" * 4096 + block + b"\1" * 4096)
+    m.close()
+    img = bytearray(dev.read_bytes())
+    at = img.find(block)
+    assert at > 0 and img.find(block, at + 1) < 0
+    img[at + 100] ^= 0xFF
+    dev.write_bytes(bytes(img))
+    m = Mount(dev, mnt)
+    try:
+        fd = os.open(mnt / "f", os.O_RDONLY | os.O_DIRECT)
+        try:
+            buf = mmap.mmap(-1, 4096)
+            assert os.preadv(fd, [buf], 0) == 4096 and buf[:] == b"\0" * 4096
+            with pytest.raises(OSError) as err:
+                os.preadv(fd, [buf], 4096)
+            assert err.value.errno == errno.EIO, err.value
+            assert os.preadv(fd, [buf], 8192) == 4096 and buf[:] == b"\1" * 4096
+        finally:
+            os.close(fd)
+        assert ctl(mnt)["data"]["csum_errors"] >= 1
     finally:
         m.close()

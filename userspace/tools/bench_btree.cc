@@ -478,14 +478,7 @@ int BenchBtree(int argc, char** argv) {
       "phases: seq_insert seq_lookup seq_delete rand_insert rand_lookup rand_mixed.\n"
       "Keys are at {kBtreeTest, inode 0, offset KEY} with 8-byte values; one key per transaction,\n"
       "kNoFlush, and each writing phase ends with a (timed) journal flush.");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    PrintError(kCmd, std::string(e.what()) + " (see tierfs bench btree --help)");
-    return 2;
-  }
+  if (int rc = ParseCommandLine(app, kCmd, argc, argv); rc >= 0) return rc;
   std::vector<bool> want(std::size(kWorkloads), false);
   for (const std::string& w : workloads) {
     size_t i = 0;

@@ -99,7 +99,7 @@ int BenchJournal(int argc, char** argv) {
   j->add_option("--dir", dir, "directory for the image file (on the disk to measure)");
   j->add_option("--image-size", image_size, "size of the image file");
   j->add_option("--json", json_path, "write results as JSON to this file");
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = ParseCommandLine(app, "bench journal", argc, argv); rc >= 0) return rc;
   for (unsigned t : threads) {
     if (t == 0 || t > 64) {
       PrintError("bench journal", "--threads values must be 1..64");

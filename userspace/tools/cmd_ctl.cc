@@ -49,7 +49,7 @@ int CmdCtl(int argc, char** argv) {
   app.footer("Without a command: the counters as one JSON object (devices[].fault for faulted members).\n"
              "e.g. tierfs ctl /mnt/t fault hdd.b stall 30s");
   app.allow_extras(false);
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = ParseCommandLine(app, "ctl", argc, argv); rc >= 0) return rc;
   if (!command.empty() && command[0] != "fault") {
     PrintError("ctl", "unknown command '" + command[0] + "' (fault)");
     return 2;

@@ -101,11 +101,7 @@ int CmdFormat(int argc, char** argv) {
   AddFaultOptions(&app, &fault_args);
   app.footer("--label L names the device that follows it (default: dev0, dev1, ...).");
   std::vector<std::string> args(rest.rbegin(), rest.rend());
-  try {
-    app.parse(args);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (int rc = ParseCommandLine(app, "format", args); rc >= 0) return rc;
 
   auto size_or = [&](const std::string& what, const std::string& text) -> std::optional<uint64_t> {
     auto v = ParseSize(text);

@@ -23,12 +23,7 @@ int CmdFsck(int argc, char** argv) {
   FaultArgs fault_args;
   AddFaultOptions(&app, &fault_args);
   app.footer("exit codes: 0 clean, 1 errors corrected, 4 errors left uncorrected, 8 operational error");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);
-    return rc == 0 ? 0 : fsck::kExitOperational;
-  }
+  if (int rc = ParseCommandLine(app, "fsck", argc, argv, fsck::kExitUsage); rc >= 0) return rc;
   if (no && yes) {
     PrintError("fsck", "-n and -y exclude each other");
     return fsck::kExitOperational;

@@ -178,7 +178,7 @@ int CmdMount(int argc, char** argv) {
   FaultArgs fault_args;
   AddFaultOptions(&app, &fault_args);
   app.footer("Unmount with 'umount MOUNTPOINT' or 'fusermount3 -u MOUNTPOINT'.");
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = ParseCommandLine(app, "mount", argc, argv); rc >= 0) return rc;
   // Profiles are checked before the fork, so a mistake is one line from the
   // command itself; the fault devices (threads) start in the daemon.
   std::vector<FaultSpec> faults;

@@ -19,7 +19,7 @@ int CmdShow(int argc, char** argv) {
   app.add_flag("--json", json, "print JSON");
   FaultArgs fault_args;
   AddFaultOptions(&app, &fault_args);
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = ParseCommandLine(app, "show", argc, argv); rc >= 0) return rc;
 
   std::vector<FaultSpec> faults;
   if (!ParseFaults("show", fault_args, &faults)) return 2;

@@ -1,6 +1,8 @@
 // Device opening, size parsing and error printing for the tierfs command line.
 #include "userspace/tools/common.h"
 
+#include <CLI/CLI.hpp>
+
 #include <cctype>
 #include <cstdio>
 
@@ -10,6 +12,39 @@ namespace tfs::tools {
 
 void PrintError(const std::string& cmd, const std::string& message) {
   fprintf(stderr, "tierfs %s: %s\n", cmd.c_str(), message.c_str());
+}
+
+namespace {
+
+template <typename Parse>
+int ParseWith(CLI::App& app, const std::string& cmd, int usage_code, Parse parse) {
+  try {
+    parse();
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::string what = e.what();
+    while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
+    for (char& ch : what) {
+      if (ch == '\n') ch = ' ';
+    }
+    PrintError(cmd, what + " (see 'tierfs " + cmd + " --help')");
+    return usage_code;
+  }
+  return -1;
+}
+
+}  // namespace
+
+int ParseCommandLine(CLI::App& app, const std::string& cmd, int argc, char** argv, int usage_code) {
+  return ParseWith(app, cmd, usage_code, [&] { app.parse(argc, argv); });
+}
+
+int ParseCommandLine(CLI::App& app, const std::string& cmd, std::vector<std::string>& args_reversed,
+                     int usage_code) {
+  return ParseWith(app, cmd, usage_code, [&] { app.parse(args_reversed); });
 }
 
 std::optional<uint64_t> ParseSize(const std::string& text) {

@@ -10,12 +10,25 @@
 #include <vector>
 
 #include "platform/block_device.h"
+
+namespace CLI {
+class App;
+}
+
 #include "userspace/platform/uring_device.h"
 
 namespace tfs::tools {
 
 // Prints "tierfs <cmd>: <message>" to stderr.
 void PrintError(const std::string& cmd, const std::string& message);
+
+// Parses a command line with CLI11. Returns -1 when the command should go on;
+// otherwise the exit code: 0 after printing --help to stdout, or `usage_code`
+// after one line "tierfs <cmd>: <what is wrong> (see 'tierfs <cmd> --help')"
+// (CLI11's own report is two lines with its private exit codes 104-114).
+int ParseCommandLine(CLI::App& app, const std::string& cmd, int argc, char** argv, int usage_code = 2);
+int ParseCommandLine(CLI::App& app, const std::string& cmd, std::vector<std::string>& args_reversed,
+                     int usage_code = 2);
 
 // "65536", "64K", "64KiB", "1M", "1MiB", "2G" -> bytes; nullopt if malformed.
 std::optional<uint64_t> ParseSize(const std::string& text);

@@ -171,12 +171,19 @@ bool MemberLocks::Take(const std::string& cmd, const std::vector<std::string>& d
                    [](const auto& a, const auto& b) { return a.first < b.first; });
   for (const auto& entry : order) {
     const std::string& p = entry.second;
-    int fd = open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO (or a tty) to lock it must not wait for a peer;
+    // only files and block devices can be members.
+    int fd = open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
       PrintError(cmd, p + ": " + strerror(errno));
       return false;
     }
     fds_.push_back(fd);
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !(S_ISREG(st.st_mode) || S_ISBLK(st.st_mode))) {
+      PrintError(cmd, p + ": not a regular file or block device");
+      return false;
+    }
     // Not mounted, yet locked: a daemon finishing after its unmount, an fsck,
     // or a mount still opening the set. Wait for it, looking for a mount.
     while (flock(fd, op) != 0) {

@@ -4,6 +4,7 @@ errors, fsck's exit codes on a damaged image, and the journal and btree benchmar
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -95,8 +96,61 @@ def test_show_and_fsck_refuse_foreign_devices(tmp_path: Path, fs: list[Path]) ->
     assert_one_line_error(run([tool("tierfs"), "show", blank]), 1, "not a tierfs device")
     proc = run([tool("tierfs"), "show", fs[0]])  # a member missing
     assert_one_line_error(proc, 1, "missing: hdd.b")
+    # fsck(8)'s operational error: a set that is not one whole filesystem, or a
+    # device with no superblock, cannot be checked at all (it was 4).
     proc = run([tool("tierfs"), "fsck", fs[0]])
-    assert proc.returncode == 4
+    assert proc.returncode == 8 and "missing: hdd.b" in proc.stdout, proc.stdout
+    proc = run([tool("tierfs"), "fsck", "-n", blank])
+    assert proc.returncode == 8 and "no valid superblock" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("args,code,needle", [
+    (["format", "--bogus", "X"], 2, "--bogus"),
+    (["format"], 2, "devices is required"),
+    (["fsck", "--frob", "X"], 16, "--frob"),
+    (["fsck"], 16, "devices is required"),
+    (["show"], 2, "devices is required"),
+    (["mount", "X"], 2, "args"),
+    (["ctl"], 2, "mountpoint is required"),
+    (["bench", "journal", "--commits", "x"], 2, "--commits"),
+    (["bench", "btree", "--nope"], 2, "--nope"),
+])
+def test_command_line_mistakes_are_one_line(args: list[str], code: int, needle: str) -> None:
+    """CLI11 reports a parse error in two lines with its own exit codes (104-114);
+    each command says it in one line, with usage's exit code (fsck: 16, as fsck(8))."""
+    proc = run([tool("tierfs"), *args])
+    assert_one_line_error(proc, code, needle, "--help")
+    assert proc.stderr.startswith("tierfs "), proc.stderr
+
+
+def test_help_is_still_exit_0() -> None:
+    for cmd in ("format", "fsck", "mount", "show", "ctl"):
+        proc = run([tool("tierfs"), cmd, "--help"])
+        assert proc.returncode == 0 and "Usage" in proc.stdout and not proc.stderr, (cmd, proc.stderr)
+
+
+def test_replicas_not_honoured_are_refused(tmp_path: Path) -> None:
+    """User data has one copy in this version: --replicas 2 was accepted (even
+    on one device) and silently not honoured."""
+    a, b = image(tmp_path / "a.img", 64), image(tmp_path / "b.img", 64)
+    for devs in ([a], [a, b]):
+        proc = run([tool("tierfs"), "format", "--replicas", "2", *devs])
+        assert_one_line_error(proc, 1, "--replicas 2", "one copy")
+
+
+def test_a_fifo_or_directory_is_no_member(tmp_path: Path) -> None:
+    """mount, fsck and format opened the path (to lock it) before checking its
+    type: on a FIFO the open waited forever for a writer."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    for args in (["mount", fifo, mnt], ["fsck", fifo], ["format", fifo], ["show", fifo], ["mount", tmp_path, mnt]):
+        proc = run([tool("tierfs"), *args], timeout=60)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode != 0 and len(lines) == 1, (args, proc.stderr)
+        assert "not a regular file or block device" in lines[0], (args, lines)
+    assert not os.path.ismount(mnt)
 
 
 def test_unknown_command() -> None:
