@@ -137,7 +137,7 @@ Status Allocator::Load(Diag* diag) {
     const u64 slot_bytes = TableSlotBytes(n);
     u8* buf = static_cast<u8*>(platform::Alloc(slot_bytes, 4096));
     if (buf == nullptr) return Err::kNoMemory;
-    u64 best_checkpoint = 0;
+    u64 best_checkpoint = 0, best_journal_seq = 0;
     i32 best_slot = -1;
     Status io_error;
     i32 bad_slot = -1;  // a slot that could not be read or fails its checks
@@ -173,6 +173,7 @@ Status Allocator::Load(Diag* diag) {
         if (d.slow) d.durable_version[b] = bk.version;
       }
       best_checkpoint = h->checkpoint.get();
+      best_journal_seq = h->journal_seq.get();
       best_slot = i32(slot);
     }
     platform::Free(buf);
@@ -191,12 +192,59 @@ Status Allocator::Load(Diag* diag) {
                     best_slot, (unsigned long long)best_checkpoint);
     d.checkpoint = best_checkpoint;
     d.last_slot = u32(best_slot);
+    d.loaded = LoadedTable{best_checkpoint, best_journal_seq, best_slot, bad_slot, bad_slot >= 0 && !io_error.ok()};
     // Both slots hold the same buckets (a converged checkpoint): nothing to
     // rewrite at the next Checkpoint.
     d.other_slot_stale = !(valid == 2 && records_crc[0] == records_crc[1]);
   }
   return Status::Ok();
 }
+
+u64 Allocator::DurableCheckpoint(u32 dev) const {
+  MutexLock lock(mu_);
+  return dev < nr_ ? devices_[dev].checkpoint : 0;
+}
+
+void Allocator::SetJournalSeqFloor(u64 seq) { journal_seq_floor_.Store(seq, MemOrder::kRelaxed); }
+
+u64 Allocator::TableJournalSeq() const {
+  const u64 floor = journal_seq_floor_.Load(MemOrder::kRelaxed);
+  const u64 head = journal_ != nullptr ? journal_->next_seq() : 0;
+  return Max(floor, head);
+}
+
+void Allocator::BeginRebuild() {
+  MutexLock lock(mu_);
+  TFS_BUG_ON(journal_ != nullptr);
+  for (u32 i = 0; i < nr_; i++) {
+    Dev& d = devices_[i];
+    for (u64 b = 0; b < d.buckets.size(); b++) {
+      Bucket& bk = d.buckets[b];
+      bk.state = LayoutState(sb_.members[i], b);
+      bk.live_sectors = 0;
+      bk.version++;  // past the loaded table and every key replayed into it
+    }
+    d.changes++;
+  }
+}
+
+void Allocator::RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen, u32 sectors) {
+  MutexLock lock(mu_);
+  if (dev >= nr_ || bucket >= devices_[dev].buckets.size()) return;
+  Bucket& bk = devices_[dev].buckets[bucket];
+  if (bk.state == BucketState::kMeta || bk.state == BucketState::kJournal) return;  // the layout's
+  if (bk.state == state && state == BucketState::kUser && bk.gen != gen) {
+    // Two generations point in: the newer one's data is there now (a bucket
+    // is freed, gen bumped, before it is reused); the older extents are stale.
+    if (u8(gen - bk.gen) > 127) return;
+    bk.live_sectors = 0;
+  }
+  bk.state = state;
+  if (state == BucketState::kUser) bk.gen = gen;  // btree buckets keep theirs (node pointers carry none)
+  bk.live_sectors = Min<u64>(u64(bk.live_sectors) + sectors, sb_.bucket_size / 512);
+}
+
+Status Allocator::EndRebuild() { return Finish(); }
 
 Status Allocator::Apply(const journal::Key& key) {
   if (key.type != journal::kKeyAlloc || key.len != sizeof(AllocKey)) return Err::kCorrupt;
@@ -494,7 +542,7 @@ Status Allocator::WriteTables(dev::DevMask mask, bool converge) {
   bool catch_up[dev::kMaxDevices] = {};  // unchanged, rewritten into the older slot
   journal::Pin fast_pin, slow_pin[dev::kMaxDevices];
   bool fast_all = true;  // every fast member is in mask: pin_ is covered
-  u64 journal_seq = journal_ != nullptr ? journal_->next_seq() : 0;
+  u64 journal_seq = TableJournalSeq();
   {
     MutexLock lock(mu_);
     // A member whose table already holds every change is left alone: every
@@ -658,7 +706,7 @@ struct Allocator::TableWrite {
 void Allocator::StartTableWrite(u32 dev) {
   TableWrite* w = platform::New<TableWrite>();
   Vector<Bucket> copy;
-  u64 journal_seq = journal_ != nullptr ? journal_->next_seq() : 0;
+  u64 journal_seq = TableJournalSeq();
   {
     MutexLock lock(mu_);
     Dev& d = devices_[dev];

@@ -118,6 +118,18 @@ struct AllocStats {
   u64 metadata_refused;   // MetadataRoom() false: an operation that adds metadata got ENOSPC
 };
 
+// What Load found on one member: the slot it uses and whether the other slot
+// was unusable (then the one used may be older than the member's newest
+// table; Engine::Open decides from the superblock and the journal whether it
+// provably is -- docs/format/alloc.md, "Which slot is current").
+struct LoadedTable {
+  u64 checkpoint = 0;    // checkpoint number of the slot in use
+  u64 journal_seq = 0;   // its header's journal_seq: changes journaled from this entry on are not in it
+  i32 slot = -1;         // 0 or 1
+  i32 rejected = -1;     // the other slot, if it could not be read or failed its checks (-1: none)
+  bool rejected_io = false;  // ... because of an I/O error
+};
+
 class Allocator {
  public:
   Allocator() = default;
@@ -139,6 +151,28 @@ class Allocator {
   Status Apply(const journal::Key& key);
   // Rebuilds free lists after Load/Apply.
   Status Finish();
+  // What Load found on `dev`.
+  const LoadedTable& loaded(u32 dev) const { return devices_[dev].loaded; }
+  // The checkpoint number of `dev`'s newest durable table (the superblock
+  // records it at mount and unmount).
+  u64 DurableCheckpoint(u32 dev) const;
+  // The journal sequence tables record as their journal_seq while no journal is
+  // attached (mount before the journal starts: the sequence it will start at;
+  // unmount after it stopped: the next one). Changes journaled from that entry
+  // on are not in the table.
+  void SetJournalSeqFloor(u64 seq);
+
+  // fsck's rebuild of a table that is older than the filesystem
+  // (docs/design/fsck.md): BeginRebuild resets every bucket to its layout
+  // state (table and journal buckets; everything else free, generations kept,
+  // versions bumped past every replayed key); RebuildMark marks one bucket
+  // as holding btree nodes or user data of generation `gen` (user only) and adds `sectors`
+  // to its live count (a second mark of one bucket keeps the newer
+  // generation's); EndRebuild rebuilds the free lists. No journal may be
+  // attached; the caller checkpoints after.
+  void BeginRebuild();
+  void RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen, u32 sectors);
+  Status EndRebuild();
 
   // Allocates a free bucket on a member of `target` (else of `fallback`) that
   // accepts `purpose` data, at watermark `wm`. kNoSpace if none can.
@@ -220,6 +254,7 @@ class Allocator {
     // The slot not written last holds an older state than the newest one (a
     // fallback to it would lose changes): Checkpoint rewrites it.
     bool other_slot_stale = true;
+    LoadedTable loaded;  // what Load found
     // Slow members only (no journal ring on it; see CheckpointForRoom), all
     // under mu_:
     bool slow = false;
@@ -266,6 +301,9 @@ class Allocator {
   // A table slot's bytes (slot_bytes long, 4 KiB aligned; platform::Free it).
   u8* BuildTable(u32 dev, const Bucket* snapshot, u64 nbuckets, u64 checkpoint, u64 journal_seq);
   bool Usable(u32 dev, BucketState purpose, Watermark wm) const;
+  // The journal_seq a table written now records (see SetJournalSeqFloor).
+  u64 TableJournalSeq() const;
+  Atomic<u64> journal_seq_floor_{0};
   dev::DevMask all_devices() const { return nr_ >= 32 ? ~dev::DevMask(0) : (dev::DevMask(1) << nr_) - 1; }
 
   dev::DeviceSet* devs_ = nullptr;

@@ -262,6 +262,10 @@ Status ReadRoots(dev::DeviceSet& devs, const sb::Superblock& sb, Roots* out, Dia
   if (!found)
     return DiagError(diag, Err::kCorrupt, "btree roots: no valid roots block on any member (%u copies rejected)",
                      bad);
+  out->rejected = bad;
+  if (bad > 0)
+    platform::Log(platform::LogLevel::kWarn, "btree roots: %u roots block cop%s rejected; using gen %llu", bad,
+                  bad == 1 ? "y" : "ies", (unsigned long long)out->gen);
   return Status::Ok();
 }
 
@@ -299,7 +303,7 @@ Status FormatRoots(dev::DeviceSet& devs, const sb::Superblock& sb) {
   for (u32 t = 0; t < kNrBtreeIds; t++) roots.roots[t] = EmptyPtr(u8(t));
   // Both slots, so that no stale block from an earlier filesystem survives.
   TFS_TRY(WriteRootsBlock(devs, sb, roots));
-  roots.gen = 2;
+  roots.gen = kFormatRootsGen;
   return WriteRootsBlock(devs, sb, roots);
 }
 
@@ -1621,6 +1625,9 @@ class TreeOps {
       return st;
     }
     *roots_out = roots;
+    // Entries written from now on record this roots block as durable: a mount
+    // that finds an older one (this one damaged) knows it (Engine::Open).
+    if (im->journal != nullptr) im->journal->NoteRootsGen(roots.gen);
     for (const NodePtrFormat& s : to_free) FreeSlot(im, s);
     PurgeHoles(im);  // those of the buckets just freed
     // The journal up to `covered` is no longer needed.

@@ -116,7 +116,11 @@ struct Roots {
   u64 journal_seq = 0;  // journal entries <= this are contained in the trees
   u64 node_seq_hi = 0;
   NodePtrFormat roots[kNrBtreeIds];
+  u32 rejected = 0;  // ReadRoots: slots that could not be read or failed their checks
 };
+
+// The gen of the newest roots block format writes (slot 0 holds gen 1, slot 1 gen 2).
+inline constexpr u64 kFormatRootsGen = 2;
 
 // Reads the newest valid roots block of the filesystem (every member that may
 // hold btree nodes). kCorrupt with a Diag if none is valid.

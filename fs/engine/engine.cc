@@ -134,6 +134,8 @@ Status Format(const FormatMember* members, u32 count, const FormatOptions& o, Di
   if (!st.ok()) return DiagError(diag, st, "format: writing allocation tables: %s", st.Message());
   st = btree::FormatRoots(devs, s);
   if (!st.ok()) return DiagError(diag, st, "format: writing the btree roots: %s", st.Message());
+  s.roots_gen = btree::kFormatRootsGen;
+  for (u32 i = 0; i < count; i++) s.members[i].alloc_checkpoint = a.DurableCheckpoint(i);
   for (u32 i = 0; i < count; i++) {
     st = sb::Write(*members[i].bdev, s, u16(i));
     if (!st.ok())
@@ -191,6 +193,13 @@ Status Engine::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opt
   TFS_TRY(alloc_.Finish());
   btree::Roots roots;
   TFS_TRY(btree::ReadRoots(devs_, sb_, &roots, diag));
+  CheckCurrent(roots, rep);
+  const bool stale = rep.stale_roots || rep.stale_alloc != 0;
+  if (stale && !read_only_ && (rep.stale_roots || options.rebuild_alloc == nullptr)) {
+    if (diag != nullptr) *diag = rep.stale_why;
+    return Err::kCorrupt;
+  }
+  if (stale) platform::Log(platform::LogLevel::kError, "%s", rep.stale_why.text);
   btree::Options bopt = options.btree;
   bopt.read_only = read_only_;
   Status st = btrees_.Open(&devs_, &alloc_, sb_, roots, bopt, diag);
@@ -207,6 +216,17 @@ Status Engine::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opt
   }
   if (!read_only_) {
     u64 next_seq = rep.was_clean ? sb_.journal_seq : Max(rep.replay.next_seq, sb_.journal_seq);
+    // Tables written before the journal starts: changes from next_seq on are not in them.
+    alloc_.SetJournalSeqFloor(next_seq);
+    if (rep.stale_alloc != 0) {
+      st = options.rebuild_alloc(options.rebuild_ctx, *this);
+      if (st.ok()) st = alloc_.Checkpoint();
+      if (!st.ok()) {
+        btrees_.Close().IgnoreError();
+        return DiagError(diag, st, "open: rebuilding the allocation state: %s", st.Message());
+      }
+      rep.alloc_rebuilt = true;
+    }
     if (!rep.was_clean) {
       // Persist what replay applied: the journal restarts at the ring starts.
       st = btrees_.Checkpoint();
@@ -219,6 +239,7 @@ Status Engine::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opt
     sb_.journal_seq = next_seq;
     sb_.flags &= u16(~sb::kSbClean);
     sb_.seq++;
+    RecordCheckpoints();
     st = WriteSuperblocks();
     if (st.ok()) st = journal_.Start(&devs_, sb_, next_seq, options.journal);
     if (!st.ok()) {
@@ -260,6 +281,62 @@ Status Engine::ApplyBtreeKey(void* self, u64 seq, const journal::Key& key) {
   return key.type == journal::kKeyBtree ? e->btrees_.ApplyReplayed(seq, key) : Status::Ok();
 }
 
+void Engine::CheckCurrent(const btree::Roots& roots, OpenReport& rep) const {
+  // Where the journal's proof starts: on a clean filesystem nothing is
+  // replayed and the superblock's journal_seq is the next entry; otherwise
+  // replay applies every entry from its first on.
+  u64 first = sb_.journal_seq;
+  if (!rep.was_clean) {
+    first = rep.replay.entries.empty() ? Max(rep.replay.next_seq, sb_.journal_seq) : rep.replay.entries[0].seq;
+  }
+  Diag why;  // each finding's line; the first one is kept
+  auto keep = [&] {
+    if (rep.stale_why.empty()) rep.stale_why = why;
+  };
+  // Roots: the superblock (mount, unmount) and every journal entry record the
+  // newest durable roots gen; the roots found may not be older.
+  const u64 proved_gen = Max(sb_.roots_gen, rep.replay.roots_gen);
+  if (roots.gen < proved_gen) {
+    rep.stale_roots = true;
+    DiagError(&why, Err::kCorrupt,
+              "btree roots: newest valid block is gen %llu but gen %llu was durable (%s): the newer one is damaged "
+              "and the changes since would be lost (fsck cannot rebuild roots yet)",
+              (unsigned long long)roots.gen, (unsigned long long)proved_gen,
+              proved_gen == sb_.roots_gen ? "superblock" : "journal")
+        .IgnoreError();
+    keep();
+  }
+  for (u32 m = 0; m < sb_.nr_members; m++) {
+    const alloc::LoadedTable& t = alloc_.loaded(m);
+    const char* label = sb_.members[m].label;
+    const char* other = t.rejected < 0 ? "is older too" : t.rejected_io ? "could not be read" : "is damaged";
+    if (t.checkpoint < sb_.members[m].alloc_checkpoint) {
+      rep.stale_alloc |= dev::DevMask(1) << m;
+      DiagError(&why, Err::kCorrupt,
+                "member %s: allocation table is checkpoint %llu but %llu was durable (superblock; the other slot "
+                "%s); run 'tierfs fsck -y' to rebuild it",
+                label, (unsigned long long)t.checkpoint, (unsigned long long)sb_.members[m].alloc_checkpoint, other)
+          .IgnoreError();
+      keep();
+    } else if (t.rejected >= 0 && !rep.was_clean && t.journal_seq < first) {
+      // The other slot may have been the newer one; the journal holds only
+      // the changes from `first` on, not those since this slot was written.
+      rep.stale_alloc |= dev::DevMask(1) << m;
+      DiagError(&why, Err::kCorrupt,
+                "member %s: allocation table slot %d %s and slot %d lacks changes from journal entry %llu on, "
+                "which the journal no longer holds (from %llu); run 'tierfs fsck -y' to rebuild it",
+                label, t.rejected, other, t.slot, (unsigned long long)t.journal_seq, (unsigned long long)first)
+          .IgnoreError();
+      keep();
+    }
+  }
+}
+
+void Engine::RecordCheckpoints() {
+  sb_.roots_gen = btrees_.roots().gen;
+  for (u32 m = 0; m < sb_.nr_members; m++) sb_.members[m].alloc_checkpoint = alloc_.DurableCheckpoint(m);
+}
+
 Status Engine::WriteSuperblocks() {
   for (u32 m = 0; m < sb_.nr_members; m++) {
     // Mount and unmount only: no other I/O is in flight, so this bypasses the queue.
@@ -281,10 +358,12 @@ Status Engine::Close() {
   alloc_.WaitForBackgroundWrites();
   if (!st.ok()) return st;  // leave the superblock unclean: replay will sort it out
   if (!bst.ok()) return bst;
+  alloc_.SetJournalSeqFloor(journal_.next_seq());
   TFS_TRY(alloc_.Checkpoint());
   sb_.journal_seq = journal_.next_seq();
   sb_.flags |= sb::kSbClean;
   sb_.seq++;
+  RecordCheckpoints();
   return WriteSuperblocks();
 }
 

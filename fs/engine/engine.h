@@ -57,11 +57,22 @@ struct FormatOptions {
 // unresolvable targets, devices too small, bad sizes.
 Status Format(const FormatMember* members, u32 count, const FormatOptions& options, Diag* diag);
 
+class Engine;
+
+// fsck -y's rebuild of allocation state that Open found older than the
+// filesystem (OpenReport::stale_alloc): called on a writable open after replay,
+// before anything is allocated or written; it rebuilds the allocator's state
+// from the trees (Allocator::BeginRebuild .. EndRebuild). Open then writes the
+// tables.
+using RebuildAllocFn = Status (*)(void* ctx, Engine& engine);
+
 struct OpenOptions {
   bool read_only = false;  // no journal, no superblock or table writes (show, fsck -n)
   dev::QueueConfig queue;
   journal::Config journal;
   btree::Options btree;
+  RebuildAllocFn rebuild_alloc = nullptr;  // see RebuildAllocFn; without it a stale table refuses read-write
+  void* rebuild_ctx = nullptr;
 };
 
 struct OpenReport {
@@ -69,6 +80,16 @@ struct OpenReport {
   u32 used_backup_sb = 0;  // members whose primary superblock copy was unusable
   journal::ReplayResult replay;
   u64 replayed_keys = 0;
+  // Older state than the filesystem (docs/format/alloc.md, "Which slot is
+  // current"; docs/format/btree.md, "Which roots block is current"): members
+  // whose allocation table is older than the superblock or the journal prove
+  // (bit per member), and whether the roots block is. A read-write open
+  // refuses either (kCorrupt, the reason in its Diag) unless rebuild_alloc
+  // rebuilds the tables; a read-only one goes on and says why here.
+  dev::DevMask stale_alloc = 0;
+  bool stale_roots = false;
+  Diag stale_why;  // the first reason, one line
+  bool alloc_rebuilt = false;  // rebuild_alloc ran
 };
 
 class Engine {
@@ -94,6 +115,11 @@ class Engine {
 
  private:
   Status WriteSuperblocks();
+  // Whether the loaded tables and roots are the newest the superblock and the
+  // journal prove durable (fills rep's stale_* fields).
+  void CheckCurrent(const btree::Roots& roots, OpenReport& rep) const;
+  // The durable table checkpoints and roots gen, into sb_ (written next).
+  void RecordCheckpoints();
   static Status ApplyAllocKey(void* self, u64 seq, const journal::Key& key);
   static Status ApplyBtreeKey(void* self, u64 seq, const journal::Key& key);
   // Journal reclaim: checkpoint the btrees (on their writer) and the allocator.

@@ -3,6 +3,7 @@
 // structure is validated exactly as strictly.
 #include "fsck/fsck.h"
 
+#include "data/data.h"
 #include "engine/engine.h"
 #include "fsck/pass.h"
 #include "platform/platform.h"
@@ -334,10 +335,11 @@ void CheckBtrees(engine::Engine& e, bool was_clean, Ctx& c, BtreeFindings* found
   }
   if (bc->lines > kMaxLines) c.Line("btree: %u more node errors", bc->lines - kMaxLines);
   // 4. Slots against buckets, both ways. Unless a subtree was lost: its nodes'
-  // buckets would look unused, and freeing them would destroy what is left of it.
+  // buckets would look unused, and freeing them would destroy what is left of
+  // it; nor against a stale table (its rebuild marks them).
   const sb::Superblock& s = e.sb();
   u32 bad = 0;
-  for (u32 m = 0; m < s.nr_members && bc->lost_subtrees == 0; m++) {
+  for (u32 m = 0; m < s.nr_members && bc->lost_subtrees == 0 && !c.alloc_stale; m++) {
     for (u64 b = 0; b < s.members[m].nbuckets; b++) {
       const alloc::BucketState state = e.alloc().Get(m, b).state;
       const u32 used = bc->refs[m][b];
@@ -401,6 +403,54 @@ void RepairBtreeBuckets(engine::Engine& e, const BtreeFindings& found, bool was_
   }
 }
 
+// fsck -y's rebuild of allocation state that is older than the filesystem
+// (Engine::Open found it; docs/design/fsck.md, "Stale tables"): every bucket
+// back to its layout state, then the buckets of every node the trees reach
+// marked btree and those every extent points into marked user, with the
+// extent's generation and its blocks as live sectors.
+struct AllocRebuild {
+  engine::Engine* e = nullptr;
+  u64 nodes = 0, extents = 0, bad_extents = 0;
+};
+
+Status MarkNodeBucket(void* ctx, const btree::Btrees::NodeVisit& v) {
+  auto* r = static_cast<AllocRebuild*>(ctx);
+  const sb::Superblock& s = r->e->sb();
+  r->e->alloc().RebuildMark(v.ptr->member, s.BucketOf(v.ptr->offset.get()), alloc::BucketState::kBtree, 0,
+                            s.btree_node_size / 512);
+  r->nodes++;
+  return Status::Ok();
+}
+
+Status RebuildAlloc(void* ctx, engine::Engine& e) {
+  auto* r = static_cast<AllocRebuild*>(ctx);
+  r->e = &e;
+  alloc::Allocator& a = e.alloc();
+  a.BeginRebuild();
+  Diag d;
+  Status st = e.btrees().ForEachNode(MarkNodeBucket, r, &d);
+  if (!st.ok()) return st;  // a tree that cannot be walked: nothing is written
+  btree::Iterator it(&e.btrees(), btree::kBtreeExtents);
+  for (st = it.SeekToFirst(); st.ok() && it.Valid(); st = it.Next()) {
+    data::Extent x;
+    if (!data::ParseExtent(it.pos(), it.value(), it.val_bytes(), &x).ok()) {
+      r->bad_extents++;  // the data pass deletes it
+      continue;
+    }
+    if (x.unwritten) continue;  // a reservation: no bucket
+    const u64 off = x.ptr.offset.get();
+    const u64 b = e.sb().BucketOf(off);
+    if (x.ptr.dev >= a.members() || b >= a.nbuckets(x.ptr.dev)) {
+      r->bad_extents++;
+      continue;
+    }
+    a.RebuildMark(x.ptr.dev, b, alloc::BucketState::kUser, x.ptr.gen, u32(x.DiskBlocks() * (data::kBlockSize / 512)));
+    r->extents++;
+  }
+  if (!st.ok()) return st;
+  return a.EndRebuild();
+}
+
 }  // namespace
 
 Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn emit, void* ctx) {
@@ -423,7 +473,19 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
     Diag rd;
     engine::OpenReport rrep;
     if (ro.Open(bdevs, count, roo, &rd, &rrep).ok()) {
+      if (rrep.stale_roots) {
+        // Nothing is repaired against trees older than the filesystem: their
+        // "unreferenced" nodes and buckets are the newer trees' (node scan: not yet).
+        c.Line("%s", rrep.stale_why.text);
+        c.Line("btree roots: fsck cannot rebuild lost roots yet; nothing was changed");
+        report.errors++;
+        report.exit_code = kExitUncorrected;
+        ro.Close().IgnoreError();
+        return report;
+      }
+      c.alloc_stale = rrep.stale_alloc != 0;
       CheckBtrees(ro, rrep.was_clean, c, &btree_found);
+      c.alloc_stale = false;
       ro.Close().IgnoreError();
     }  // else the writable open below reports why
   }
@@ -431,6 +493,11 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
   engine::Engine e;
   engine::OpenOptions oo;
   oo.read_only = !opt.repair;
+  AllocRebuild rebuild;
+  if (opt.repair) {
+    oo.rebuild_alloc = RebuildAlloc;
+    oo.rebuild_ctx = &rebuild;
+  }
   engine::OpenReport rep;
   Diag d;
   Status st = e.Open(bdevs, count, oo, &d, &rep);
@@ -457,9 +524,33 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
            (unsigned long long)rep.replay.gap_at, (unsigned long long)rep.replay.discarded_entries);
     report.notes++;
   }
+  if (rep.stale_roots) {  // (-n: the writable open refuses them)
+    c.Line("%s", rep.stale_why.text);
+    report.errors++;
+    c.Line("btree roots: the trees are not checked against an older roots block");
+    e.Close().IgnoreError();
+    report.exit_code = kExitUncorrected;
+    return report;
+  }
+  if (rep.stale_alloc != 0) {
+    report.errors++;
+    c.Line("alloc: %s", rep.stale_why.text);
+    if (rep.alloc_rebuilt) {
+      report.repaired++;
+      c.Line("alloc: rebuilt every member's allocation state from %llu btree nodes and %llu extents (%llu bad "
+             "extents left to the data pass) and wrote the tables",
+             (unsigned long long)rebuild.nodes, (unsigned long long)rebuild.extents,
+             (unsigned long long)rebuild.bad_extents);
+    } else {
+      c.Line("alloc: data is not checked against the stale table; 'tierfs fsck -y' rebuilds it");
+    }
+  }
+  c.alloc_stale = rep.stale_alloc != 0 && !rep.alloc_rebuilt;
   CheckAllocator(e, opt, c);
   if (opt.repair) {
-    RepairBtreeBuckets(e, btree_found, rep.was_clean, c);
+    // A rebuilt table already has every bucket holding a node marked btree
+    // and no other; the read-only pass's fixes were against the stale one.
+    if (!rep.alloc_rebuilt) RepairBtreeBuckets(e, btree_found, rep.was_clean, c);
   } else {
     CheckBtrees(e, rep.was_clean, c, &btree_found);
   }

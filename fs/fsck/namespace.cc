@@ -1058,8 +1058,8 @@ class NamespaceCheck {
                    ino, start, end);
           continue;
         }
-      } else if (x.unwritten) {
-        // (no bucket to check)
+      } else if (x.unwritten || c_.alloc_stale) {
+        // (no bucket to check, or no table to check it against)
       } else if (const alloc::Bucket k = a.Get(x.ptr.dev, b);
                  k.state != alloc::BucketState::kUser || k.gen != x.ptr.gen) {
         Problem("data: stale extent pointer, inode %llu at block %llu: member %u bucket %llu is %s, generation %u "
@@ -1096,7 +1096,7 @@ class NamespaceCheck {
     TFS_TRY(st);
     for (u32 d = 0; d < a.members(); d++)
       for (u64 b = 0; b < a.nbuckets(d); b++)
-        if (a.Get(d, b).state == alloc::BucketState::kUser && used_[d][b] == 0) {
+        if (a.Get(d, b).state == alloc::BucketState::kUser && used_[d][b] == 0 && !c_.alloc_stale) {
           // Left by a crash between allocating and committing: mount frees it.
           c_.report->notes++;
           c_.Line("data: member %u bucket %llu is marked user but holds no extent; the next mount frees it", d,

@@ -17,6 +17,9 @@ struct Ctx {
   EmitFn emit;
   void* ctx;
   Report* report;
+  // The allocation state is older than the filesystem (and not rebuilt): the
+  // passes do not compare buckets with it.
+  bool alloc_stale = false;
 
   void Line(const char* fmt, ...) TFS_PRINTF(2, 3) {
     __builtin_va_list ap;

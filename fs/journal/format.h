@@ -41,7 +41,11 @@ struct EntryHeader {  // 64 bytes
   Le32 payload_bytes;  // key bytes after the header
   Le32 nkeys;
   Le32 reserved0;
-  u8 reserved[16];
+  // The btree roots block gen known durable when the entry was written (0 in
+  // entries of older builds): a mount that finds only older roots knows it
+  // lost a checkpoint (docs/format/journal.md).
+  Le64 roots_gen;
+  u8 reserved[8];
 };
 static_assert(sizeof(EntryHeader) == 64, "journal entry header");
 

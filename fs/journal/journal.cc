@@ -106,6 +106,7 @@ Status Journal::Start(dev::DeviceSet* devs, const sb::Superblock& sb, u64 next_s
   MemCopy(&uuid_word, sb.fs_uuid, 8);
   magic_ = kJournalMagic ^ uuid_word;
   replicas_ = sb.options.metadata_replicas;
+  NoteRootsGen(sb.roots_gen);
 
   for (u32 i = 0; i < sb.nr_members; i++) {
     const sb::Member& m = sb.members[i];
@@ -393,6 +394,12 @@ u64 Journal::MinPinnedSeq() const {
     if (pin_counts_[i] != 0) return pin_base_ + i;
   }
   return ~u64(0);
+}
+
+void Journal::NoteRootsGen(u64 gen) {
+  u64 cur = roots_gen_.Load(MemOrder::kRelaxed);
+  while (cur < gen && !roots_gen_.CompareExchange(cur, gen, MemOrder::kRelease)) {
+  }
 }
 
 u64 Journal::next_seq() const {
@@ -712,6 +719,7 @@ Status Journal::WriteEntry(Buf* buf) {
   h->flags.set(flush ? u16(kEntryFlush | (unordered ? kEntryUnordered : 0)) : u16(0));
   h->seq.set(buf->seq);
   h->last_seq.set(last_seq);
+  h->roots_gen.set(roots_gen_.Load(MemOrder::kAcquire));
   h->bytes.set(bytes);
   h->payload_bytes.set(buf->used - u32(sizeof(EntryHeader)));
   h->nkeys.set(buf->nkeys);

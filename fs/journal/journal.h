@@ -135,6 +135,7 @@ struct ReplayResult {
   u64 gap_at = 0;                 // first missing sequence in the replay range, 0 if none
   u64 unverified_seq = 0;  // an unordered flush entry whose data checks failed: not replayed
   u64 checked_bytes = 0;   // data read to verify the newest unordered flush entry's group
+  u64 roots_gen = 0;       // the newest roots gen any valid entry records as durable (EntryHeader)
 };
 
 // Reads every journal ring of the filesystem (members in member order, already
@@ -201,6 +202,10 @@ class Journal {
   u32 max_entry_bytes() const { return config_.max_entry_bytes; }
   // The sequence number the next entry will get.
   u64 next_seq() const;
+  // The btree's roots block of `gen` is durable: every entry written from now
+  // on records it (EntryHeader::roots_gen), so replay can tell a lost newer
+  // roots block from the one it finds. Only grows.
+  void NoteRootsGen(u64 gen);
   // Every entry up to this sequence number is durable.
   u64 durable_seq() const;
   // Every entry up to this sequence number is durable and no replay will check
@@ -300,6 +305,7 @@ class Journal {
   void (*reclaim_fn_)(void*, u64) = nullptr;
   void* reclaim_ctx_ = nullptr;
   Stats stats_{};
+  Atomic<u64> roots_gen_{0};  // NoteRootsGen
   Atomic<u64> room_{0};  // ring buckets << 32 | free buckets (PublishRoom)
   Atomic<u32> nofl_commits_{0};  // picks the kNoFlush commits whose latency is sampled
   Histogram* latency_[2] = {nullptr, nullptr};

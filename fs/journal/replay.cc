@@ -73,6 +73,8 @@ Status ScanBucket(const u8* data, u32 bucket_size, u64 magic, u64 floor, Vector<
       continue;
     }
     u64 seq = h->seq.get();
+    // Any valid entry, replayed or not, proves its roots gen was durable.
+    if (h->roots_gen.get() > out->roots_gen) out->roots_gen = h->roots_gen.get();
     if (seq >= floor) {
       TFS_TRY(found->EmplaceBack());
       Found& f = found->back();

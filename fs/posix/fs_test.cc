@@ -1090,11 +1090,14 @@ TEST(PosixTest, ReadsRacingBufferedWritesSeeWrittenBytes) {
         const u32 len = u32(std::min<u64>(1 + rng() % buf.size(), size - off));
         auto r = m.fs.Read(f, off, buf.data(), len);
         if (!r.ok() || r.value() < len) {
+          ADD_FAILURE() << "read at " << off << " of " << len << " (size " << size << "): "
+                        << (r.ok() ? "short, " + std::to_string(r.value()) : std::string(r.status().Message()));
           bad++;
           continue;
         }
         for (u32 i = 0; i < len; i++)
           if (buf[i] != byte(off + i)) {
+            ADD_FAILURE() << "read at " << off << " of " << len << ": wrong byte at " << off + i;
             bad++;
             break;
           }

@@ -55,7 +55,11 @@ struct MemberFormat {         // 128 bytes
   u8 data_allowed;            // kData* bits
   u8 state;                   // 0 = read-write (others reserved)
   u8 reserved0[5];
-  u8 reserved1[40];
+  // The member's newest durable allocation-table checkpoint when this copy was
+  // written (format, mount, unmount; 0: unknown). A mount that finds only an
+  // older table slot knows it lost state (docs/format/superblock.md).
+  Le64 alloc_checkpoint;
+  u8 reserved1[32];
 };
 static_assert(sizeof(MemberFormat) == 128, "member entry size");
 
@@ -80,12 +84,16 @@ struct SuperblockFormat {  // kSbSize bytes
   u8 metadata_replicas;
   u8 checksum_type;       // ChecksumType
   u8 compression_type;    // CompressionType
-  u8 reserved[1024 - 196];
+  // The btree roots block's newest durable gen when this copy was written
+  // (format, mount, unmount; 0: unknown): the roots mount uses may not be older.
+  Le64 roots_gen;
+  u8 reserved[1024 - 204];
   MemberFormat members[kSbMaxMembers];
   u8 tail[kSbSize - 1024 - kSbMaxMembers * sizeof(MemberFormat)];
 };
 static_assert(sizeof(SuperblockFormat) == kSbSize, "superblock size");
-static_assert(__builtin_offsetof(SuperblockFormat, reserved) == 196, "header layout");
+static_assert(__builtin_offsetof(SuperblockFormat, roots_gen) == 196, "header layout");
+static_assert(__builtin_offsetof(SuperblockFormat, reserved) == 204, "header layout");
 static_assert(__builtin_offsetof(SuperblockFormat, members) == 1024, "member table offset");
 
 inline constexpr u32 kMinBucket = 64 * 1024;

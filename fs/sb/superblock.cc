@@ -63,6 +63,7 @@ void Encode(const Superblock& sb, u16 dev_idx, void* out) {
   f->btree_node_size.set(sb.btree_node_size);
   f->block_size.set(sb.block_size);
   f->journal_seq.set(sb.journal_seq);
+  f->roots_gen.set(sb.roots_gen);
   StrCopyPadded(f->foreground_target, sb.options.foreground_target, kSbTargetLen);
   StrCopyPadded(f->background_target, sb.options.background_target, kSbTargetLen);
   StrCopyPadded(f->promote_target, sb.options.promote_target, kSbTargetLen);
@@ -84,6 +85,7 @@ void Encode(const Superblock& sb, u16 dev_idx, void* out) {
     mf.durability = m.durability;
     mf.data_allowed = m.data_allowed;
     mf.state = m.state;
+    mf.alloc_checkpoint.set(m.alloc_checkpoint);
   }
   f->csum.set(SbCsum(out));
 }
@@ -105,6 +107,7 @@ Status Decode(const void* buf, u64 device_size, Superblock* out, Diag* diag) {
   sb.btree_node_size = f->btree_node_size.get();
   sb.block_size = f->block_size.get();
   sb.journal_seq = f->journal_seq.get();
+  sb.roots_gen = f->roots_gen.get();
   sb.nr_members = f->nr_members.get();
 
   auto corrupt = [&](const char* what) { return DiagError(diag, Err::kCorrupt, "superblock: bad %s", what); };
@@ -152,6 +155,7 @@ Status Decode(const void* buf, u64 device_size, Superblock* out, Diag* diag) {
     m.durability = mf.durability;
     m.data_allowed = mf.data_allowed;
     m.state = mf.state;
+    m.alloc_checkpoint = mf.alloc_checkpoint.get();
     auto bad = [&](const char* what) {
       return DiagError(diag, Err::kCorrupt, "superblock: member %u (%s): bad %s", i, m.label, what);
     };

@@ -31,6 +31,7 @@ struct Member {
   u8 durability;
   u8 data_allowed;
   u8 state;
+  u64 alloc_checkpoint;  // newest durable table checkpoint at the last write (0: unknown)
 };
 
 struct Options {
@@ -54,6 +55,7 @@ struct Superblock {
   u32 btree_node_size;
   u32 block_size;
   u64 journal_seq;
+  u64 roots_gen;  // newest durable btree roots gen at the last write (0: unknown)
   Options options;
   u32 nr_members;
   Member members[kSbMaxMembers];

@@ -118,6 +118,13 @@ def test_a_mounted_set_is_refused_as_already_mounted(tmp_path: Path) -> None:
         assert proc.returncode == 8 and f"already mounted on {mnt}" in proc.stderr, proc.stderr
         proc = run([tool("tierfs"), "format", "--force", a, b])
         assert proc.returncode == 1 and f"already mounted on {mnt}" in proc.stderr, proc.stderr
+        # Issue 18: the writing commands on any one member, by any name.
+        for args in (["fsck", "-y", a, b], ["fsck", "-y", b, tmp_path / "alias.img"]):
+            proc = run([tool("tierfs"), *args])
+            assert proc.returncode == 8 and f"already mounted on {mnt}" in proc.stderr, (args, proc.stderr)
+        for devs in ([b], [tmp_path / "alias.img"]):
+            proc = run([tool("tierfs"), "format", "--force", *devs])
+            assert proc.returncode == 1 and f"already mounted on {mnt}" in proc.stderr, (devs, proc.stderr)
         # mount -a itself sees the fstab line mounted (it compares the source)
         # and runs no helper.
         fstab = tmp_path / "fstab"
