@@ -182,7 +182,18 @@ Status Engine::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opt
   TFS_TRY(alloc_.Load(diag));
   rep.was_clean = sb_.clean();
   if (!rep.was_clean) {
-    TFS_TRY(journal::ReadForReplay(devs_, sb_, &rep.replay, diag));
+    const bool past = options.replay_past_damage && options.rebuild_alloc != nullptr && !read_only_;
+    TFS_TRY(journal::ReadForReplay(devs_, sb_, &rep.replay, diag, past));
+    const journal::ReplayResult& rr = rep.replay;
+    if (rr.durable_end != 0 && !read_only_ && !past) {
+      return DiagError(diag, Err::kCorrupt,
+                       "journal: entry %llu is damaged, but later entries up to %llu were durable: %llu "
+                       "acknowledged entries are lost and the ones after them cannot be replayed alone; run "
+                       "'tierfs fsck -y' to replay what survives and repair the rest",
+                       (unsigned long long)rr.gap_at, (unsigned long long)rr.durable_end,
+                       (unsigned long long)rr.lost_entries);
+    }
+    rep.replayed_past_damage = past && rr.durable_end != 0;
     for (const journal::ReplayedEntry& e : rep.replay.entries) {
       Status st = journal::ForEachKey(e, ApplyAllocKey, this);
       if (!st.ok())
@@ -218,7 +229,9 @@ Status Engine::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opt
     u64 next_seq = rep.was_clean ? sb_.journal_seq : Max(rep.replay.next_seq, sb_.journal_seq);
     // Tables written before the journal starts: changes from next_seq on are not in them.
     alloc_.SetJournalSeqFloor(next_seq);
-    if (rep.stale_alloc != 0) {
+    // Entries lost in the journal may have held allocation changes the
+    // replayed ones depend on: the trees decide.
+    if (rep.stale_alloc != 0 || rep.replayed_past_damage) {
       st = options.rebuild_alloc(options.rebuild_ctx, *this);
       if (st.ok()) st = alloc_.Checkpoint();
       if (!st.ok()) {

@@ -73,6 +73,12 @@ struct OpenOptions {
   btree::Options btree;
   RebuildAllocFn rebuild_alloc = nullptr;  // see RebuildAllocFn; without it a stale table refuses read-write
   void* rebuild_ctx = nullptr;
+  // fsck -y, with rebuild_alloc: a journal damaged in the middle (entries after
+  // the damage durable, ReplayResult::durable_end) is replayed past the damage
+  // -- every surviving entry up to the newest durable one -- and the allocation
+  // state rebuilt, instead of refused (docs/format/journal.md, "Damage in the
+  // middle").
+  bool replay_past_damage = false;
 };
 
 struct OpenReport {
@@ -90,6 +96,10 @@ struct OpenReport {
   bool stale_roots = false;
   Diag stale_why;  // the first reason, one line
   bool alloc_rebuilt = false;  // rebuild_alloc ran
+  // Journal damage (replay.durable_end != 0) was replayed past
+  // (OpenOptions::replay_past_damage); a read-write open without that refuses,
+  // a read-only one replays up to the damage only.
+  bool replayed_past_damage = false;
 };
 
 class Engine {

@@ -497,6 +497,7 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
   if (opt.repair) {
     oo.rebuild_alloc = RebuildAlloc;
     oo.rebuild_ctx = &rebuild;
+    oo.replay_past_damage = true;
   }
   engine::OpenReport rep;
   Diag d;
@@ -519,9 +520,26 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
     report.notes++;
     c.Line("journal: %llu damaged or torn entries ignored", (unsigned long long)rep.replay.bad_headers);
   }
-  if (rep.replay.gap_at != 0 && rep.replay.discarded_entries > 0) {
-    c.Line("journal: entry %llu missing; %llu later entries cannot be replayed",
-           (unsigned long long)rep.replay.gap_at, (unsigned long long)rep.replay.discarded_entries);
+  const journal::ReplayResult& rr = rep.replay;
+  if (rr.durable_end != 0) {
+    // Damage, not a torn write: acknowledged changes are gone (ReplayResult).
+    report.errors++;
+    c.Line("journal: entry %llu is damaged, but later entries up to %llu were durable: %llu entries are lost",
+           (unsigned long long)rr.gap_at, (unsigned long long)rr.durable_end, (unsigned long long)rr.lost_entries);
+    if (rep.replayed_past_damage) {
+      report.repaired++;
+      c.Line("journal: replayed every surviving entry up to %llu; the checks below repair what the lost ones "
+             "changed",
+             (unsigned long long)rr.durable_end);
+    } else {
+      c.Line("journal: the trees are checked without the %llu entries after the damage; 'tierfs fsck -y' replays "
+             "them",
+             (unsigned long long)rr.discarded_entries);
+    }
+  } else if (rr.gap_at != 0 && rr.discarded_entries > 0) {
+    c.Line("journal: entry %llu missing (a torn write); %llu later entries were never acknowledged and are not "
+           "replayed",
+           (unsigned long long)rr.gap_at, (unsigned long long)rr.discarded_entries);
     report.notes++;
   }
   if (rep.stale_roots) {  // (-n: the writable open refuses them)
@@ -537,13 +555,15 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
     c.Line("alloc: %s", rep.stale_why.text);
     if (rep.alloc_rebuilt) {
       report.repaired++;
-      c.Line("alloc: rebuilt every member's allocation state from %llu btree nodes and %llu extents (%llu bad "
-             "extents left to the data pass) and wrote the tables",
-             (unsigned long long)rebuild.nodes, (unsigned long long)rebuild.extents,
-             (unsigned long long)rebuild.bad_extents);
     } else {
       c.Line("alloc: data is not checked against the stale table; 'tierfs fsck -y' rebuilds it");
     }
+  }
+  if (rep.alloc_rebuilt) {
+    c.Line("alloc: rebuilt every member's allocation state from %llu btree nodes and %llu extents (%llu bad "
+           "extents left to the data pass) and wrote the tables",
+           (unsigned long long)rebuild.nodes, (unsigned long long)rebuild.extents,
+           (unsigned long long)rebuild.bad_extents);
   }
   c.alloc_stale = rep.stale_alloc != 0 && !rep.alloc_rebuilt;
   CheckAllocator(e, opt, c);

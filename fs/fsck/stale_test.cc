@@ -3,9 +3,11 @@
 // (read-write) refuses with the reason; a read-only open says why; fsck -n
 // reports it (exit 4); fsck -y rebuilds a stale table from the btrees (exit 1,
 // then clean, every file intact) and changes nothing while the roots are stale
-// (no rebuild of lost roots yet).
+// (no rebuild of lost roots yet). Item 4: a damaged journal entry that durable
+// ones follow is refused the same way, and fsck -y replays past it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -16,6 +18,7 @@
 #include "btree/format.h"
 #include "engine/engine.h"
 #include "fsck/fsck.h"
+#include "journal/format.h"
 #include "posix/fs.h"
 #include "userspace/platform/mem_device.h"
 
@@ -135,10 +138,10 @@ struct Image {
     return s;
   }
 
-  // Every file f<i> for i < n reads back its content.
-  void ExpectFiles(int n) {
+  // Every file f<i> for from <= i < to reads back its content.
+  void ExpectFiles(int to, int from = 0) {
     WithFs([&](Filesystem& fs, engine::Engine&) {
-      for (int i = 0; i < n; i++) {
+      for (int i = from; i < to; i++) {
         const std::string name = "f" + std::to_string(i);
         auto a = fs.Lookup(posix::kRootIno, name.data(), u32(name.size()));
         ASSERT_TRUE(a.ok()) << name;
@@ -296,6 +299,107 @@ TEST(FsckStaleTest, DamagedAllocTableAfterACrashNeverLosesFsyncedFiles) {
     auto [r2, out2] = after.Fsck(false);
     EXPECT_EQ(r2.exit_code, kExitClean) << "round " << round << ": " << out2;
   }
+}
+
+struct EntryAt {
+  u64 off;  // of its header on the image
+  u64 seq;
+};
+
+// The valid-looking journal entries on the image that replay would consider
+// (magic, and seq at or above the superblock's floor), oldest first.
+std::vector<EntryAt> JournalEntries(Image& img) {
+  const sb::Superblock s = img.SbOf();
+  u64 word;
+  memcpy(&word, s.fs_uuid, 8);
+  const sb::Member& m = s.members[0];
+  std::vector<EntryAt> out;
+  for (u32 b = 0; b < m.journal_nbuckets; b++) {
+    const u64 base = s.BucketOffset(m.journal_first_bucket + b);
+    for (u32 pos = 0; pos + sizeof(journal::EntryHeader) <= s.bucket_size; pos += journal::kJournalBlock) {
+      journal::EntryHeader h;
+      img.dev->ReadRaw(base + pos, &h, sizeof(h));
+      if (h.magic.get() == (journal::kJournalMagic ^ word) && h.seq.get() >= s.journal_seq)
+        out.push_back({base + pos, h.seq.get()});
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const EntryAt& a, const EntryAt& b) { return a.seq < b.seq; });
+  return out;
+}
+
+// Issue 18, item 4: replay stopped at a damaged entry though durable entries
+// followed, and dropped every fsync after it with only a warning. Now a
+// read-write mount refuses, fsck -n reports it (exit 4), and fsck -y replays
+// every surviving entry and repairs what the lost one changed: files fsynced
+// after the damage are there.
+TEST(FsckStaleTest, DamagedJournalEntryBeforeDurableOnesRefusesMountAndFsckReplaysPastIt) {
+  Image img;
+  Populate(img, 1, 4);
+  std::vector<u8> cut = img.WithFs([](Filesystem& fs, engine::Engine&) { MakeFiles(fs, 4, 16); }, /*crash=*/true);
+  Image after(cut);
+  const std::vector<EntryAt> entries = JournalEntries(after);
+  ASSERT_GE(entries.size(), 12u);
+  const EntryAt victim = entries[entries.size() / 3];  // fsynced files follow it
+  u8 v;
+  after.dev->ReadRaw(victim.off + 60, &v, 1);  // (reserved header bytes: the crc fails)
+  v ^= 0x5a;
+  after.dev->WriteRaw(victim.off + 60, &v, 1);
+
+  engine::OpenReport rep;
+  Diag d;
+  Status st = after.Open(false, &rep, &d);
+  ASSERT_EQ(st.code(), Err::kCorrupt) << "a read-write mount dropped the entries after the damage";
+  EXPECT_NE(std::string(d.text).find("journal: entry " + std::to_string(victim.seq) + " is damaged"),
+            std::string::npos) << d.text;
+  EXPECT_NE(std::string(d.text).find("fsck -y"), std::string::npos) << d.text;
+  engine::OpenReport ro;
+  ASSERT_TRUE(after.Open(true, &ro, &d).ok()) << d.text;  // read-only: up to the damage
+  EXPECT_EQ(ro.replay.gap_at, victim.seq);
+  // (The newest entry may be an unordered flush entry, which proves nothing.)
+  EXPECT_GT(ro.replay.durable_end, victim.seq + 1);
+  EXPECT_LE(ro.replay.durable_end, entries.back().seq);
+  EXPECT_EQ(ro.replay.lost_entries, 1u);
+  EXPECT_FALSE(ro.replayed_past_damage);
+
+  auto [r, out] = after.Fsck(false);
+  EXPECT_EQ(r.exit_code, kExitUncorrected) << out;
+  EXPECT_NE(out.find("is damaged, but later entries up to"), std::string::npos) << out;
+  auto [r2, out2] = after.Fsck(true);
+  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
+  EXPECT_NE(out2.find("replayed every surviving entry"), std::string::npos) << out2;
+  EXPECT_NE(out2.find("rebuilt every member's allocation state"), std::string::npos) << out2;
+  auto [r3, out3] = after.Fsck(false);
+  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+  // Files of the mount before, and those fsynced well after the damage.
+  after.ExpectFiles(4);
+  after.ExpectFiles(16, 13);
+  // New writes overwrite nothing.
+  after.WithFs([](Filesystem& fs, engine::Engine&) { MakeFiles(fs, 16, 24); });
+  after.ExpectFiles(24, 16);
+  after.ExpectFiles(16, 13);
+  auto [r4, out4] = after.Fsck(false);
+  EXPECT_EQ(r4.exit_code, kExitClean) << out4;
+}
+
+// A journal that ends in a torn entry (nothing durable after it) is an
+// ordinary crash: the mount goes on, fsck calls it a note.
+TEST(FsckStaleTest, ATornLastJournalEntryIsNoDamage) {
+  Image img;
+  Populate(img, 1, 4);
+  std::vector<u8> cut = img.WithFs([](Filesystem& fs, engine::Engine&) { MakeFiles(fs, 4, 8); }, /*crash=*/true);
+  Image after(cut);
+  const std::vector<EntryAt> entries = JournalEntries(after);
+  ASSERT_GE(entries.size(), 2u);
+  u8 v;
+  after.dev->ReadRaw(entries.back().off + 60, &v, 1);
+  v ^= 0x5a;
+  after.dev->WriteRaw(entries.back().off + 60, &v, 1);
+  auto [r, out] = after.Fsck(false);
+  EXPECT_EQ(r.exit_code, kExitClean) << out;
+  engine::OpenReport rep;
+  Diag d;
+  ASSERT_TRUE(after.Open(false, &rep, &d).ok()) << d.text;
+  EXPECT_EQ(rep.replay.durable_end, 0u);
 }
 
 }  // namespace

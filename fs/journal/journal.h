@@ -136,15 +136,24 @@ struct ReplayResult {
   u64 unverified_seq = 0;  // an unordered flush entry whose data checks failed: not replayed
   u64 checked_bytes = 0;   // data read to verify the newest unordered flush entry's group
   u64 roots_gen = 0;       // the newest roots gen any valid entry records as durable (EntryHeader)
+  // Damage, not a torn tail: a valid entry after the gap proves the missing
+  // ones were durable (docs/format/journal.md, "Damage in the middle"). The
+  // newest such entry (0: none), and the sequence numbers up to it that no
+  // valid copy carries.
+  u64 durable_end = 0;
+  u64 lost_entries = 0;
 };
 
 // Reads every journal ring of the filesystem (members in member order, already
 // checked) and returns the entries replay must apply: from the newest last_seq
 // (never below sb.journal_seq) up to the first missing, torn or corrupt entry,
 // cut back to the newest flush entry -- whose data is read and checked first if
-// it is unordered and the newest entry on disk (see kEntryUnordered).
+// it is unordered and the newest entry on disk (see kEntryUnordered). With
+// `past_gaps`, when the gap is damage (durable_end != 0) the entries go on past
+// it, every valid one up to durable_end (fsck -y: what survives of acknowledged
+// changes; the allocation state must then be rebuilt from the trees).
 Status ReadForReplay(dev::DeviceSet& devs, const sb::Superblock& sb, ReplayResult* out,
-                     Diag* diag = nullptr);
+                     Diag* diag = nullptr, bool past_gaps = false);
 // Calls fn(ctx, seq, key) for each key of `entry`, in order.
 Status ForEachKey(const ReplayedEntry& entry, Status (*fn)(void* ctx, u64 seq, const Key& key),
                   void* ctx);

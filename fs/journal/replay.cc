@@ -7,7 +7,11 @@
 // flush entry inside it: entries written without FUA after that were never promised
 // durable and their data dependencies were never flushed, so applying them could
 // point metadata at data that did not survive. Everything after a gap (a torn,
-// corrupt or missing entry) is discarded and counted.
+// corrupt or missing entry) is discarded and counted -- unless a flush entry
+// after the gap proves the missing entries were durable (ProveDurableAfterGap):
+// then the gap is damage, acknowledged changes are lost, and the result says so
+// (durable_end); the engine refuses a read-write mount and fsck -y replays past
+// it (past_gaps).
 //
 // An unordered flush entry was written before the flush that made it and its
 // data durable. Any later entry on disk proves that flush done (entries are
@@ -155,9 +159,33 @@ Status VerifyGroup(dev::DeviceSet& devs, const sb::Superblock& sb, const Vector<
   return st;
 }
 
+// After a gap (found[gap] is the first entry past the missing sequence
+// numbers): finds the newest entry that proves the missing ones were durable,
+// a flush entry after them that was made durable together with everything
+// written before it -- an ordered one (pre-flush, then FUA), or an unordered
+// one with any entry after it (the next entry is written only once its flush
+// ended). Entries are written one at a time, each after the previous write
+// ended, so the missing ones were written before it, and that flush made them
+// durable: they were damaged afterwards, and fsyncs acknowledged up to it
+// would be lost. Sets out->durable_end and out->lost_entries; 0 if nothing
+// proves it: a torn tail of a power cut. An unordered newest entry proves
+// nothing here: a cache that kept some of its blocks at the power cut can
+// leave it, and its data, without an earlier entry whose flush never came.
+void ProveDurableAfterGap(const Vector<Found>& found, usize gap, ReplayResult* out) {
+  for (usize k = found.size(); k-- > gap;) {
+    const Found& f = found[k];
+    if (!f.flush || (f.unordered && k + 1 == found.size())) continue;
+    out->durable_end = f.seq;
+    // Sequence numbers in [gap_at, durable_end] that no valid entry carries.
+    out->lost_entries = out->durable_end - out->gap_at + 1 - (k - gap + 1);
+    return;
+  }
+}
+
 }  // namespace
 
-Status ReadForReplay(dev::DeviceSet& devs, const sb::Superblock& sb, ReplayResult* out, Diag* diag) {
+Status ReadForReplay(dev::DeviceSet& devs, const sb::Superblock& sb, ReplayResult* out, Diag* diag,
+                     bool past_gaps) {
   u64 uuid_word = 0;
   MemCopy(&uuid_word, sb.fs_uuid, 8);
   const u64 magic = kJournalMagic ^ uuid_word;
@@ -166,6 +194,7 @@ Status ReadForReplay(dev::DeviceSet& devs, const sb::Superblock& sb, ReplayResul
   out->next_seq = floor;
   out->valid_entries = out->discarded_entries = out->bad_headers = out->gap_at = 0;
   out->unverified_seq = out->checked_bytes = 0;
+  out->durable_end = out->lost_entries = 0;
 
   u8* bucket = static_cast<u8*>(platform::Alloc(sb.bucket_size, 4096));
   if (bucket == nullptr) return Err::kNoMemory;
@@ -239,8 +268,30 @@ Status ReadForReplay(dev::DeviceSet& devs, const sb::Superblock& sb, ReplayResul
                   "journal: entry %llu was cut off before its data was durable; it is not replayed",
                   (unsigned long long)f.seq);
   }
-  if (run_end < found.size()) out->gap_at = expect;
-  for (usize k = i; k < last_flush; k++) {
+  usize end = last_flush;  // one past the last entry replayed
+  if (run_end < found.size()) {
+    out->gap_at = expect;
+    ProveDurableAfterGap(found, run_end, out);
+    if (past_gaps && out->durable_end != 0) {
+      while (end < found.size() && found[end].seq <= out->durable_end) end++;
+      // The newest entry, if an unordered flush entry past that proof, is
+      // replayed on step 3's terms: its group's data decides.
+      const Found& newest = found.back();
+      if (end < found.size() && newest.flush && newest.unordered) {
+        bool ok;
+        TFS_TRY(VerifyGroup(devs, sb, found, end, found.size(), &ok, &out->checked_bytes, diag));
+        if (ok) {
+          end = found.size();
+        } else {
+          out->unverified_seq = newest.seq;
+          platform::Log(platform::LogLevel::kWarn,
+                        "journal: entry %llu was cut off before its data was durable; it is not replayed",
+                        (unsigned long long)newest.seq);
+        }
+      }
+    }
+  }
+  for (usize k = i; k < end; k++) {
     TFS_TRY(out->entries.EmplaceBack());
     ReplayedEntry& e = out->entries.back();
     e.seq = found[k].seq;
@@ -248,10 +299,17 @@ Status ReadForReplay(dev::DeviceSet& devs, const sb::Superblock& sb, ReplayResul
     e.nkeys = found[k].nkeys;
     e.payload = Move(found[k].payload);
   }
-  out->discarded_entries = found.size() - last_flush;
-  if (out->gap_at != 0) {
+  out->discarded_entries = found.size() - end;
+  if (out->durable_end != 0) {
+    platform::Log(platform::LogLevel::kError,
+                  "journal: entry %llu is damaged, but later entries up to %llu were durable (acknowledged); %llu "
+                  "entries in between are lost, %s",
+                  (unsigned long long)out->gap_at, (unsigned long long)out->durable_end,
+                  (unsigned long long)out->lost_entries,
+                  past_gaps ? "the rest is replayed" : "nothing after the damage is replayed");
+  } else if (out->gap_at != 0) {
     platform::Log(platform::LogLevel::kWarn,
-                  "journal: entry %llu is missing or damaged; %llu later entries not replayed",
+                  "journal: entry %llu is missing or torn; %llu later entries, not proven durable, are not replayed",
                   (unsigned long long)out->gap_at, (unsigned long long)out->discarded_entries);
   }
   return Status::Ok();

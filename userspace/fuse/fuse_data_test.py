@@ -307,3 +307,71 @@ def test_a_damaged_newest_table_refuses_the_mount_and_fsck_rebuilds_it(tmp_path:
             assert (mnt / f"f{i}").read_bytes() == content(i), i
     finally:
         m.close()
+
+
+def _journal_entries(dev: Path) -> list[tuple[int, int]]:
+    """(seq, offset) of every block on the image that starts a journal entry of
+    this filesystem at or above the superblock's floor, oldest first."""
+    proc = run([tool("tierfs"), "show", "--json", dev])
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    word = int.from_bytes(bytes.fromhex(info["uuid"].replace("-", ""))[:8], "little")
+    magic = (0x4C4E524A53465454 ^ word).to_bytes(8, "little")
+    found = []
+    with open(dev, "rb") as f:
+        data = f.read()
+    for off in range(0, len(data), 4096):
+        if data[off:off + 8] == magic:
+            seq = int.from_bytes(data[off + 16:off + 24], "little")
+            if seq >= info["journal_seq"]:
+                found.append((seq, off))
+    return sorted(found)
+
+
+def test_a_damaged_journal_entry_refuses_the_mount_and_fsck_replays_past_it(tmp_path: Path) -> None:
+    """Issue 18: damage to one journal entry with durable entries after it made
+    replay stop there and drop every later fsync, with a warning on the mount
+    command's stderr only. Now the mount refuses (stderr and log=FILE), fsck -n
+    exits 4, and fsck -y replays what survives: files fsynced after the damage
+    are there."""
+    dev = image(tmp_path / "fs.img")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    m = Mount(dev, mnt)
+    try:
+        for i in range(12):
+            fd = os.open(mnt / f"f{i}", os.O_WRONLY | os.O_CREAT, 0o644)
+            os.write(fd, bytes([65 + i]) * (20000 + 1000 * i))
+            os.fsync(fd)
+            os.close(fd)
+    finally:
+        m.proc.kill()  # a crash: the journal is all there is
+        m.proc.wait()
+        run(["umount", "-l", mnt])
+    wait_for(lambda: unlocked(dev), "the killed daemon to let go")
+    entries = _journal_entries(dev)
+    assert len(entries) >= 12, entries
+    seq, off = entries[len(entries) // 3]
+    with open(dev, "r+b") as f:
+        f.seek(off + 60)  # reserved header bytes: the entry's crc fails
+        b = f.read(1)
+        f.seek(off + 60)
+        f.write(bytes([b[0] ^ 0x5A]))
+    log = tmp_path / "daemon.log"
+    proc = run([tool("tierfs"), "mount", dev, mnt, "-o", f"log={log}"], timeout=120)
+    assert proc.returncode == 1 and not os.path.ismount(mnt), proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert f"journal: entry {seq} is damaged" in last and "fsck -y" in last, proc.stderr
+    assert last.split(": ", 1)[1] in log.read_text(), log.read_text()
+    wait_for(lambda: unlocked(dev), "the refused daemon to let go")
+    proc = run([tool("tierfs"), "fsck", "-n", dev])
+    assert proc.returncode == 4 and "is damaged" in proc.stdout, proc.stdout
+    proc = run([tool("tierfs"), "fsck", "-y", dev])
+    assert proc.returncode == 1 and "replayed every surviving entry" in proc.stdout, proc.stdout
+    fsck_clean(dev)
+    m = Mount(dev, mnt)
+    try:
+        for i in range(9, 12):  # fsynced well after the damaged entry
+            assert (mnt / f"f{i}").read_bytes() == bytes([65 + i]) * (20000 + 1000 * i), i
+    finally:
+        m.close()

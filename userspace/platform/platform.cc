@@ -17,10 +17,17 @@
 #include "platform/block_device.h"
 #include "platform/platform.h"
 #include "userspace/platform/huge_arena.h"
+#include "userspace/platform/log.h"
 
 namespace tfs {
 // The BlockDevice vtable is emitted here, in the platform, never in the core.
 BlockDevice::~BlockDevice() = default;
+
+namespace {
+int g_log_copy_fd = -1;  // SetLogCopy (atomic: lines come from any thread)
+}  // namespace
+
+void userspace::SetLogCopy(int fd) { __atomic_store_n(&g_log_copy_fd, fd, __ATOMIC_RELEASE); }
 }  // namespace tfs
 
 extern "C" {
@@ -145,6 +152,8 @@ void tfs_plat_log(int level, const char* line) {
   if (n < 0) return;
   if (usize(n) >= sizeof(buf)) n = int(sizeof(buf) - 1);
   ssize_t unused = write(STDERR_FILENO, buf, usize(n));
+  const int copy = __atomic_load_n(&tfs::g_log_copy_fd, __ATOMIC_ACQUIRE);
+  if (copy >= 0 && copy != STDERR_FILENO) unused = write(copy, buf, usize(n));
   (void)unused;
 }
 

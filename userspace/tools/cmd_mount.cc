@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "userspace/fuse/fuse_ops.h"
+#include "userspace/platform/log.h"
 #include "userspace/tools/common.h"
 #include "userspace/tools/members.h"
 #include "userspace/tools/mount_table.h"
@@ -54,6 +55,12 @@ std::string TakeOption(std::vector<std::string>* options, const std::string& key
   return value;
 }
 
+// A reason the mount fails, on stderr and in the log=FILE (-1: none).
+void MountFailed(int log_fd, const std::string& message) {
+  PrintError("mount", message);
+  if (log_fd >= 0) dprintf(log_fd, "tierfs mount: %s\n", message.c_str());
+}
+
 // Everything after the (optional) fork: open, mount, tell the parent, serve.
 // `ready_fd` (-1 in the foreground) gets "ok" once the mount is live. `log`:
 // where the daemon's messages go ("" : nowhere).
@@ -70,6 +77,8 @@ int Serve(const std::vector<std::string>& devices, const std::vector<FaultSpec>&
       PrintError("mount", "log=" + log + ": " + strerror(errno));
       return 1;
     }
+    // What the open logs (replay, journal damage) goes to the log too.
+    userspace::SetLogCopy(log_fd);
   }
   Members members;
   if (!members.Open("mount", devices, /*read_only=*/false, faults)) return 1;
@@ -80,7 +89,7 @@ int Serve(const std::vector<std::string>& devices, const std::vector<FaultSpec>&
   Diag diag;
   Status st = engine.Open(raw.data(), uint32_t(raw.size()), engine::OpenOptions{}, &diag, &rep);
   if (!st.ok()) {
-    PrintError("mount", diag.empty() ? st.Message() : diag.text);
+    MountFailed(log_fd, diag.empty() ? st.Message() : diag.text);
     return 1;
   }
   posix::Filesystem fs;
@@ -88,7 +97,7 @@ int Serve(const std::vector<std::string>& devices, const std::vector<FaultSpec>&
   fo.root_owner = posix::Caller{uint32_t(getuid()), uint32_t(getgid())};
   st = fs.Mount(&engine, fo);
   if (!st.ok()) {
-    PrintError("mount", std::string("the namespace does not mount: ") + st.Message());
+    MountFailed(log_fd, std::string("the namespace does not mount: ") + st.Message());
     (void)engine.Close();
     return 1;
   }
@@ -125,6 +134,7 @@ int Serve(const std::vector<std::string>& devices, const std::vector<FaultSpec>&
         dup2(null, 0);
         dup2(null, 1);
         dup2(log_fd >= 0 ? log_fd : null, 2);
+        userspace::SetLogCopy(-1);  // stderr is the log now
         if (null > 2) close(null);
       }
       (void)!chdir("/");
@@ -161,6 +171,7 @@ int Serve(const std::vector<std::string>& devices, const std::vector<FaultSpec>&
                   mountpoint.c_str(), (long long)std::chrono::duration_cast<Ms>(written - ended).count(),
                   (long long)std::chrono::duration_cast<Ms>(closed - written).count());
   }
+  userspace::SetLogCopy(-1);
   if (log_fd >= 0) close(log_fd);
   return rc;
 }
