@@ -228,20 +228,22 @@ void Allocator::BeginRebuild() {
   }
 }
 
-void Allocator::RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen, u32 sectors) {
+bool Allocator::RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen, u32 sectors) {
   MutexLock lock(mu_);
-  if (dev >= nr_ || bucket >= devices_[dev].buckets.size()) return;
+  if (dev >= nr_ || bucket >= devices_[dev].buckets.size()) return false;
   Bucket& bk = devices_[dev].buckets[bucket];
-  if (bk.state == BucketState::kMeta || bk.state == BucketState::kJournal) return;  // the layout's
+  if (bk.state == BucketState::kMeta || bk.state == BucketState::kJournal) return false;  // the layout's
+  if ((bk.state == BucketState::kBtree || bk.state == BucketState::kUser) && bk.state != state) return false;
   if (bk.state == state && state == BucketState::kUser && bk.gen != gen) {
     // Two generations point in: the newer one's data is there now (a bucket
     // is freed, gen bumped, before it is reused); the older extents are stale.
-    if (u8(gen - bk.gen) > 127) return;
+    if (u8(gen - bk.gen) > 127) return true;
     bk.live_sectors = 0;
   }
   bk.state = state;
   if (state == BucketState::kUser) bk.gen = gen;  // btree buckets keep theirs (node pointers carry none)
   bk.live_sectors = Min<u64>(u64(bk.live_sectors) + sectors, sb_.bucket_size / 512);
+  return true;
 }
 
 Status Allocator::EndRebuild() { return Finish(); }

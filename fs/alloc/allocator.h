@@ -169,9 +169,13 @@ class Allocator {
   // as holding btree nodes or user data of generation `gen` (user only) and adds `sectors`
   // to its live count (a second mark of one bucket keeps the newer
   // generation's); EndRebuild rebuilds the free lists. No journal may be
-  // attached; the caller checkpoints after.
+  // attached; the caller checkpoints after. RebuildMark returns false and
+  // changes nothing for a bucket that cannot hold `state`: outside the
+  // member, the layout's (superblock, tables, journal), or already holding
+  // the other kind (nodes are marked first: an extent pointing into a node
+  // bucket is bad, never the bucket's new owner).
   void BeginRebuild();
-  void RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen, u32 sectors);
+  bool RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen, u32 sectors);
   Status EndRebuild();
 
   // Allocates a free bucket on a member of `target` (else of `fallback`) that

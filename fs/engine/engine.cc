@@ -297,11 +297,10 @@ Status Engine::ApplyBtreeKey(void* self, u64 seq, const journal::Key& key) {
 void Engine::CheckCurrent(const btree::Roots& roots, OpenReport& rep) const {
   // Where the journal's proof starts: on a clean filesystem nothing is
   // replayed and the superblock's journal_seq is the next entry; otherwise
-  // replay applies every entry from its first on.
+  // replay's start (its first entry, if any): durable changes from there on
+  // are in the journal, older ones only in the tables.
   u64 first = sb_.journal_seq;
-  if (!rep.was_clean) {
-    first = rep.replay.entries.empty() ? Max(rep.replay.next_seq, sb_.journal_seq) : rep.replay.entries[0].seq;
-  }
+  if (!rep.was_clean) first = Max(rep.replay.start_seq, sb_.journal_seq);
   Diag why;  // each finding's line; the first one is kept
   auto keep = [&] {
     if (rep.stale_why.empty()) rep.stale_why = why;
@@ -331,7 +330,9 @@ void Engine::CheckCurrent(const btree::Roots& roots, OpenReport& rep) const {
                 label, (unsigned long long)t.checkpoint, (unsigned long long)sb_.members[m].alloc_checkpoint, other)
           .IgnoreError();
       keep();
-    } else if (t.rejected >= 0 && !rep.was_clean && t.journal_seq < first) {
+    } else if (t.rejected >= 0 && !rep.was_clean && t.journal_seq != 0 && t.journal_seq < first) {
+      // (journal_seq 0: a table header of an older build, which did not
+      // record it at mount; nothing is known.)
       // The other slot may have been the newer one; the journal holds only
       // the changes from `first` on, not those since this slot was written.
       rep.stale_alloc |= dev::DevMask(1) << m;

@@ -416,8 +416,9 @@ struct AllocRebuild {
 Status MarkNodeBucket(void* ctx, const btree::Btrees::NodeVisit& v) {
   auto* r = static_cast<AllocRebuild*>(ctx);
   const sb::Superblock& s = r->e->sb();
-  r->e->alloc().RebuildMark(v.ptr->member, s.BucketOf(v.ptr->offset.get()), alloc::BucketState::kBtree, 0,
-                            s.btree_node_size / 512);
+  // (A node outside the btree's buckets is the btree pass's finding.)
+  (void)r->e->alloc().RebuildMark(v.ptr->member, s.BucketOf(v.ptr->offset.get()), alloc::BucketState::kBtree, 0,
+                                  s.btree_node_size / 512);
   r->nodes++;
   return Status::Ok();
 }
@@ -444,7 +445,11 @@ Status RebuildAlloc(void* ctx, engine::Engine& e) {
       r->bad_extents++;
       continue;
     }
-    a.RebuildMark(x.ptr.dev, b, alloc::BucketState::kUser, x.ptr.gen, u32(x.DiskBlocks() * (data::kBlockSize / 512)));
+    if (!a.RebuildMark(x.ptr.dev, b, alloc::BucketState::kUser, x.ptr.gen,
+                       u32(x.DiskBlocks() * (data::kBlockSize / 512)))) {
+      r->bad_extents++;  // into a node or layout bucket: the data pass deletes it
+      continue;
+    }
     r->extents++;
   }
   if (!st.ok()) return st;

@@ -142,6 +142,10 @@ struct ReplayResult {
   // valid copy carries.
   u64 durable_end = 0;
   u64 lost_entries = 0;
+  // Where replay starts (the newest last_seq of a valid flush entry, never
+  // below the floor): the journal holds every durable change from here on,
+  // whether or not any entry is replayed.
+  u64 start_seq = 0;
 };
 
 // Reads every journal ring of the filesystem (members in member order, already

@@ -194,7 +194,7 @@ Status ReadForReplay(dev::DeviceSet& devs, const sb::Superblock& sb, ReplayResul
   out->next_seq = floor;
   out->valid_entries = out->discarded_entries = out->bad_headers = out->gap_at = 0;
   out->unverified_seq = out->checked_bytes = 0;
-  out->durable_end = out->lost_entries = 0;
+  out->durable_end = out->lost_entries = out->start_seq = 0;
 
   u8* bucket = static_cast<u8*>(platform::Alloc(sb.bucket_size, 4096));
   if (bucket == nullptr) return Err::kNoMemory;
@@ -240,6 +240,7 @@ Status ReadForReplay(dev::DeviceSet& devs, const sb::Superblock& sb, ReplayResul
     for (const Found& f : found) {
       if (f.flush && f.last_seq > start) start = f.last_seq;
     }
+    out->start_seq = start;
     i = 0;
     while (i < found.size() && found[i].seq < start) i++;
     // The consecutive run from `start`, cut back to its newest flush entry.
@@ -274,10 +275,12 @@ Status ReadForReplay(dev::DeviceSet& devs, const sb::Superblock& sb, ReplayResul
     ProveDurableAfterGap(found, run_end, out);
     if (past_gaps && out->durable_end != 0) {
       while (end < found.size() && found[end].seq <= out->durable_end) end++;
-      // The newest entry, if an unordered flush entry past that proof, is
-      // replayed on step 3's terms: its group's data decides.
+      // The newest entry, if an unordered flush entry right after that proof
+      // with nothing missing in between, is replayed on step 3's terms: its
+      // group's data decides. (Past another gap nothing is proven.)
       const Found& newest = found.back();
-      if (end < found.size() && newest.flush && newest.unordered) {
+      const bool consecutive = end < found.size() && newest.seq - found[end - 1].seq == found.size() - end;
+      if (consecutive && found[end - 1].seq == out->durable_end && newest.flush && newest.unordered) {
         bool ok;
         TFS_TRY(VerifyGroup(devs, sb, found, end, found.size(), &ok, &out->checked_bytes, diag));
         if (ok) {

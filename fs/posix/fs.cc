@@ -383,8 +383,9 @@ Status Filesystem::FinishFree(u64 ino) {
     Status rd = ReadInode(ino, &f);
     if (rd.ok()) {
       f.sectors.set(u64(Max<i64>(0, i64(f.sectors.get()) + delta.sectors)));
-      TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
-    } else if (!rd.Is(ErrorClass::kNotFound)) {
+      rd = tx.Set(InodePos(ino), &f, sizeof(f));
+    }
+    if (!rd.ok() && !rd.Is(ErrorClass::kNotFound)) {
       data_.Abort(delta);
       return rd;
     }

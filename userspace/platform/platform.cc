@@ -28,6 +28,7 @@ int g_log_copy_fd = -1;  // SetLogCopy (atomic: lines come from any thread)
 }  // namespace
 
 void userspace::SetLogCopy(int fd) { __atomic_store_n(&g_log_copy_fd, fd, __ATOMIC_RELEASE); }
+int userspace::LogCopy() { return __atomic_load_n(&g_log_copy_fd, __ATOMIC_ACQUIRE); }
 }  // namespace tfs
 
 extern "C" {

@@ -22,14 +22,15 @@ int CmdFsck(int argc, char** argv) {
   app.add_flag("-y", yes, "repair");
   FaultArgs fault_args;
   AddFaultOptions(&app, &fault_args);
-  app.footer("exit codes: 0 clean, 1 errors corrected, 4 errors left uncorrected, 8 operational error");
+  app.footer("exit codes: 0 clean, 1 errors corrected, 4 errors left uncorrected, 8 operational error, "
+             "16 usage error");
   if (int rc = ParseCommandLine(app, "fsck", argc, argv, fsck::kExitUsage); rc >= 0) return rc;
   if (no && yes) {
-    PrintError("fsck", "-n and -y exclude each other");
-    return fsck::kExitOperational;
+    PrintError("fsck", "-n and -y exclude each other (see 'tierfs fsck --help')");
+    return fsck::kExitUsage;
   }
   std::vector<FaultSpec> faults;
-  if (!ParseFaults("fsck", fault_args, &faults)) return fsck::kExitOperational;
+  if (!ParseFaults("fsck", fault_args, &faults)) return fsck::kExitUsage;
   // Not while mounted; after an unmount, wait for the daemon to finish writing.
   MemberLocks locks;
   if (!locks.Take("fsck", devices, yes ? MemberLocks::Mode::kExclusive : MemberLocks::Mode::kShared)) {

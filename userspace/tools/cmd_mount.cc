@@ -55,12 +55,6 @@ std::string TakeOption(std::vector<std::string>* options, const std::string& key
   return value;
 }
 
-// A reason the mount fails, on stderr and in the log=FILE (-1: none).
-void MountFailed(int log_fd, const std::string& message) {
-  PrintError("mount", message);
-  if (log_fd >= 0) dprintf(log_fd, "tierfs mount: %s\n", message.c_str());
-}
-
 // Everything after the (optional) fork: open, mount, tell the parent, serve.
 // `ready_fd` (-1 in the foreground) gets "ok" once the mount is live. `log`:
 // where the daemon's messages go ("" : nowhere).
@@ -77,7 +71,8 @@ int Serve(const std::vector<std::string>& devices, const std::vector<FaultSpec>&
       PrintError("mount", "log=" + log + ": " + strerror(errno));
       return 1;
     }
-    // What the open logs (replay, journal damage) goes to the log too.
+    // What the open logs (replay, journal damage) and why a mount fails
+    // (PrintError) go to the log too.
     userspace::SetLogCopy(log_fd);
   }
   Members members;
@@ -89,7 +84,7 @@ int Serve(const std::vector<std::string>& devices, const std::vector<FaultSpec>&
   Diag diag;
   Status st = engine.Open(raw.data(), uint32_t(raw.size()), engine::OpenOptions{}, &diag, &rep);
   if (!st.ok()) {
-    MountFailed(log_fd, diag.empty() ? st.Message() : diag.text);
+    PrintError("mount", diag.empty() ? st.Message() : diag.text);
     return 1;
   }
   posix::Filesystem fs;
@@ -97,7 +92,7 @@ int Serve(const std::vector<std::string>& devices, const std::vector<FaultSpec>&
   fo.root_owner = posix::Caller{uint32_t(getuid()), uint32_t(getgid())};
   st = fs.Mount(&engine, fo);
   if (!st.ok()) {
-    MountFailed(log_fd, std::string("the namespace does not mount: ") + st.Message());
+    PrintError("mount", std::string("the namespace does not mount: ") + st.Message());
     (void)engine.Close();
     return 1;
   }

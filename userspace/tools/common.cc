@@ -6,12 +6,18 @@
 #include <cctype>
 #include <cstdio>
 
+#include <unistd.h>
+
 #include "sb/superblock.h"
+#include "userspace/platform/log.h"
 
 namespace tfs::tools {
 
 void PrintError(const std::string& cmd, const std::string& message) {
   fprintf(stderr, "tierfs %s: %s\n", cmd.c_str(), message.c_str());
+  // A mount's log=FILE gets it too (while the daemon still has the terminal).
+  const int copy = userspace::LogCopy();
+  if (copy >= 0 && copy != STDERR_FILENO) dprintf(copy, "tierfs %s: %s\n", cmd.c_str(), message.c_str());
 }
 
 namespace {

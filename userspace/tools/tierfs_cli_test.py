@@ -109,6 +109,7 @@ def test_show_and_fsck_refuse_foreign_devices(tmp_path: Path, fs: list[Path]) ->
     (["format"], 2, "devices is required"),
     (["fsck", "--frob", "X"], 16, "--frob"),
     (["fsck"], 16, "devices is required"),
+    (["fsck", "-n", "-y", "X"], 16, "-n and -y"),
     (["show"], 2, "devices is required"),
     (["mount", "X"], 2, "args"),
     (["ctl"], 2, "mountpoint is required"),
