@@ -37,4 +37,4 @@ test-asan: deps
 	TIERFS_BUILD=$(CURDIR)/build-asan $(PY) -m pytest
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-fuzz

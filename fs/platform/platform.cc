@@ -9,7 +9,7 @@ namespace tfs::platform {
 namespace {
 
 // Constant-initialized: no static constructor runs (the kernel has none).
-Atomic<int> g_log_level(int(LogLevel::kInfo));
+Atomic<int> g_log_level{int(LogLevel::kInfo)};
 
 constexpr usize kLogLineMax = 512;
 

@@ -1,0 +1,43 @@
+// Shared pieces of the fuzz targets (docs/development.md, "Fuzzing").
+//
+// Each target is one file defining LLVMFuzzerTestOneInput. Built with clang and
+// -DTIERFS_FUZZ=ON (scripts/fuzz) it links libFuzzer; in every other build it
+// links replay_main.cc instead, and ctest replays the committed corpus
+// (fuzz/corpus/<target>/) through it, so a finding once fixed stays fixed.
+// A target calls Fail() for a broken invariant (libFuzzer and the replay both
+// report it as a crash with the message).
+#ifndef TFS_FUZZ_FUZZ_H_
+#define TFS_FUZZ_FUZZ_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "sb/superblock.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
+
+namespace tfs::fuzz {
+
+[[noreturn]] inline void Fail(const char* what) {
+  fprintf(stderr, "fuzz invariant broken: %s\n", what);
+  abort();
+}
+
+// Keeps the engine's warnings about the damage it is fed off stderr.
+void Quiet();
+
+// The journal target's filesystem: one 2 MiB member of 16 KiB buckets whose
+// ring is buckets 1 to 4 (the fewest a ring may have), a fixed uuid (so
+// corpus entries carry the right magic), journal_seq floor 1.
+inline constexpr uint32_t kJournalBucket = 16 * 1024;
+inline constexpr uint32_t kJournalRingBuckets = 4;
+inline constexpr uint64_t kJournalDevSize = 2ull << 20;
+sb::Superblock JournalSuperblock();
+
+}  // namespace tfs::fuzz
+
+#endif  // TFS_FUZZ_FUZZ_H_

@@ -1,0 +1,208 @@
+// Writes the fuzz targets' seed inputs into DIR/<target>/ (the committed
+// corpus, fuzz/corpus/, came from `fuzz_make_seeds fuzz/corpus`): valid
+// superblocks, nodes, journal rings and values as the engine writes them, so
+// the fuzzers start from deep inside each parser.
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "btree/node.h"
+#include "btree/tree.h"
+#include "dev/device_set.h"
+#include "engine/engine.h"
+#include "fuzz/fuzz.h"
+#include "journal/journal.h"
+#include "platform/platform.h"
+#include "posix/fs.h"
+#include "sb/format.h"
+#include "userspace/platform/mem_device.h"
+
+using namespace tfs;
+
+namespace {
+
+std::string g_dir;
+
+void Put(const std::string& target, const std::string& name, const void* p, size_t n) {
+  const std::string d = g_dir + "/" + target;
+  mkdir(d.c_str(), 0755);
+  const std::string path = d + "/" + name;
+  FILE* f = fopen(path.c_str(), "wb");
+  if (f == nullptr || fwrite(p, 1, n, f) != n || fclose(f) != 0) {
+    fprintf(stderr, "fuzz_make_seeds: cannot write %s\n", path.c_str());
+    exit(1);
+  }
+}
+
+void Need(bool ok, const char* what) {
+  if (!ok) {
+    fprintf(stderr, "fuzz_make_seeds: %s failed\n", what);
+    exit(1);
+  }
+}
+
+void Superblocks() {
+  userspace::MemDeviceOptions o;
+  o.name = "ssd0";
+  o.size = 64ull << 20;
+  userspace::MemDevice dev(o);
+  engine::FormatMember m = {&dev, "ssd.a", 1};
+  engine::FormatOptions fo;
+  Diag diag;
+  Need(engine::Format(&m, 1, fo, &diag).ok(), "format");
+  std::vector<u8> buf(sb::kSbSize);
+  dev.ReadRaw(sb::kSbPrimaryOffset, buf.data(), buf.size());
+  Put("superblock", "formatted", buf.data(), buf.size());
+}
+
+void Nodes() {
+  for (int variant = 0; variant < 2; variant++) {
+    btree::Node n;
+    btree::NodeInfo info;
+    info.btree_id = btree::kBtreeTest;
+    info.seq = 7;
+    info.min = btree::Pos::Min(btree::kBtreeTest);
+    info.max = btree::Pos::Max(btree::kBtreeTest);
+    Need(n.Init(variant == 0 ? 4096 : 16384, info).ok(), "node init");
+    for (u64 i = 0; i < (variant == 0 ? 12 : 90); i++) {
+      btree::KeyInput k;
+      k.pos = btree::Pos{btree::kBtreeTest, i % 5, i * 37 % 101};
+      u64 v[3] = {i, i * i, ~i};
+      k.value = v;
+      k.val_bytes = u32(8 * (1 + i % 3));
+      if (i % 7 == 6) {
+        k.type = btree::kKeyWhiteout;
+        k.value = nullptr;
+        k.val_bytes = 0;
+      }
+      Need(n.Upsert(k, 100 + i).ok(), "node upsert");
+    }
+    std::vector<u8> img(n.node_size() + 4096);
+    u8* p = reinterpret_cast<u8*>((reinterpret_cast<uintptr_t>(img.data()) + 4095) & ~uintptr_t(4095));
+    memset(p, 0, n.node_size());
+    (void)n.WriteImage(p, 8);  // (zero-padded to the node size the header names)
+    Put("node", variant == 0 ? "leaf-4k" : "leaf-16k-sets", p, n.node_size());
+  }
+}
+
+void Journal() {
+  const sb::Superblock s = fuzz::JournalSuperblock();
+  userspace::MemDeviceOptions o;
+  o.name = "ssd.a";
+  o.size = fuzz::kJournalDevSize;
+  userspace::MemDevice dev(o);
+  std::deque<journal::Pin> pins;
+  {
+    dev::DeviceSet devs;
+    Need(devs.Add(&dev, "ssd.a", dev::QueueConfig{}).ok(), "device set");
+    journal::Journal j;
+    Status st = j.Start(&devs, s, 1, journal::Config{});
+    if (!st.ok()) fprintf(stderr, "journal start: %s\n", st.Message());
+    Need(st.ok(), "journal start");
+    // (Pins are held, so the entries must fit the 4-bucket ring: 10 do.)
+    for (u64 i = 0; i < 10; i++) {
+      u64 v[4] = {i, i + 1, i + 2, i + 3};
+      journal::Key keys[2] = {{journal::kKeyTest, 8, v}, {journal::kKeyTest, u32(8 * (1 + i % 4)), v}};
+      pins.emplace_back();
+      const journal::CommitMode mode = i % 3 == 2 ? journal::CommitMode::kFlush : journal::CommitMode::kNoFlush;
+      Need(j.Commit(keys, i % 2 ? 2 : 1, 0, mode, &pins.back()).ok(), "journal commit");
+    }
+    Need(j.Stop().ok(), "journal stop");
+    for (journal::Pin& p : pins) j.PinDrop(&p);
+  }
+  const u32 ring = fuzz::kJournalBucket * fuzz::kJournalRingBuckets;
+  std::vector<u8> buf(ring);
+  dev.ReadRaw(s.BucketOffset(s.members[0].journal_first_bucket), buf.data(), ring);
+  // Trailing zeros are the fuzzer's to add.
+  size_t n = ring;
+  while (n > 0 && buf[n - 1] == 0) n--;
+  Put("journal", "ring-10-commits", buf.data(), (n + 4095) / 4096 * 4096);
+}
+
+void Values() {
+  userspace::MemDeviceOptions o;
+  o.name = "ssd0";
+  o.size = 64ull << 20;
+  userspace::MemDevice dev(o);
+  engine::FormatMember m = {&dev, "ssd.a", 1};
+  engine::FormatOptions fo;
+  fo.bucket_size = 256 * 1024;
+  fo.btree_node_size = 64 * 1024;
+  Diag diag;
+  Need(engine::Format(&m, 1, fo, &diag).ok(), "format");
+  BlockDevice* b = &dev;
+  engine::Engine e;
+  Need(e.Open(&b, 1, engine::OpenOptions{}, &diag).ok(), "open");
+  posix::Filesystem fs;
+  Need(fs.Mount(&e).ok(), "mount");
+  const posix::Caller root{0, 0};
+  auto d = fs.Mkdir(posix::kRootIno, "dir", 3, 0755, root);
+  Need(d.ok(), "mkdir");
+  for (int i = 0; i < 3; i++) {
+    const std::string name = "file" + std::to_string(i);
+    auto a = fs.Mknod(d.value().ino, name.data(), u32(name.size()), posix::kModeReg | 0644, 0, root);
+    Need(a.ok(), "mknod");
+    const std::string c(4096 * (1 + i) + 100, char('x' + i));
+    Need(fs.Write(a.value().ino, 0, c.data(), u32(c.size())).ok(), "write");
+    Need(fs.SetXattr(a.value().ino, "user.seed", 9, "value", 5, 0).ok(), "setxattr");
+    Need(fs.Fsync(a.value().ino).ok(), "fsync");
+  }
+  struct Kind {
+    u8 btree_id;
+    u8 selector;
+    const char* name;
+  };
+  for (const Kind& k : {Kind{btree::kBtreeExtents, 0, "extent"}, Kind{btree::kBtreeInodes, 1, "inode"},
+                        Kind{btree::kBtreeDirents, 2, "dirent"}, Kind{btree::kBtreeXattrs, 3, "xattr"}}) {
+    btree::Iterator it(&e.btrees(), k.btree_id);
+    int n = 0;
+    for (Status st = it.SeekToFirst(); st.ok() && it.Valid() && n < 3; st = it.Next(), n++) {
+      std::vector<u8> in;
+      in.push_back(k.selector);
+      if (k.selector == 0) {
+        const btree::Pos p = it.pos();
+        in.insert(in.end(), reinterpret_cast<const u8*>(&p.inode), reinterpret_cast<const u8*>(&p.inode) + 8);
+        in.insert(in.end(), reinterpret_cast<const u8*>(&p.offset), reinterpret_cast<const u8*>(&p.offset) + 8);
+      }
+      in.insert(in.end(), it.value(), it.value() + it.val_bytes());
+      Put("values", std::string(k.name) + "-" + std::to_string(n), in.data(), in.size());
+    }
+  }
+  Need(fs.Unmount().ok(), "unmount");
+  Need(e.Close().ok(), "close");
+}
+
+void FsckPatches() {
+  const u8 clean[] = {0};
+  const u8 crashed[] = {1};
+  Put("fsck", "clean-unpatched", clean, sizeof(clean));
+  Put("fsck", "crashed-unpatched", crashed, sizeof(crashed));
+  // One byte in block 0 (the superblock), and four in some later block.
+  const u8 p1[] = {0, 0, 0, 100, 0, 1, 0xff};
+  const u8 p2[] = {1, 37, 0, 64, 0, 4, 1, 2, 3, 4};
+  Put("fsck", "clean-sb-byte", p1, sizeof(p1));
+  Put("fsck", "crashed-block-37", p2, sizeof(p2));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: fuzz_make_seeds DIR\n");
+    return 2;
+  }
+  g_dir = argv[1];
+  mkdir(g_dir.c_str(), 0755);
+  Superblocks();
+  Nodes();
+  Journal();
+  Values();
+  FsckPatches();
+  printf("fuzz_make_seeds: wrote the seeds under %s\n", g_dir.c_str());
+  return 0;
+}

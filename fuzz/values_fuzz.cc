@@ -1,0 +1,64 @@
+// The value parsers of the namespace and file data: extents (data::ParseExtent),
+// inodes (posix::ParseInode), directory entries and xattrs
+// (posix::ParseNamedEntry). The first byte picks the parser; for extents the
+// next 16 are the key's inode and offset. Whatever a parser accepts is read
+// whole (the sanitizers catch a parser that vouches for bytes it does not have).
+#include <cstring>
+
+#include "data/data.h"
+#include "fuzz/fuzz.h"
+#include "posix/fs.h"
+#include "posix/format.h"
+
+using namespace tfs;
+
+namespace {
+
+volatile u32 g_sink;
+
+void Touch(const void* p, usize n) {
+  const u8* b = static_cast<const u8*>(p);
+  u32 x = 0;
+  for (usize i = 0; i < n; i++) x += b[i];
+  g_sink = x;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 1 || size > 70000) return 0;
+  const u8 which = data[0] % 4;
+  // The value in a buffer of its own size, so a read past it is caught.
+  const u8* v = data + 1;
+  u32 len = u32(size - 1);
+  if (which == 0) {
+    if (len < 16) return 0;
+    btree::Pos pos{btree::kBtreeExtents, 0, 0};
+    memcpy(&pos.inode, v, 8);
+    memcpy(&pos.offset, v + 8, 8);
+    std::vector<u8> val(v + 16, v + len);
+    data::Extent x;
+    if (!data::ParseExtent(pos, val.data(), u32(val.size()), &x).ok()) return 0;
+    if (x.end != pos.offset || x.start >= x.end) fuzz::Fail("an extent that does not end at its key");
+    if (!x.unwritten) {
+      const u64 ncrcs = x.compressed ? 1 : x.end - x.start;
+      if (x.crcs == nullptr) fuzz::Fail("a written extent without crcs");
+      Touch(x.crcs, 4 * ncrcs);
+    }
+    return 0;
+  }
+  std::vector<u8> val(v, v + len);
+  if (which == 1) {
+    posix::InodeFormat ino;
+    (void)posix::ParseInode(val.data(), u32(val.size()), &ino);
+    return 0;
+  }
+  posix::DirentFormat d;
+  const char* name = nullptr;
+  const u8* value = nullptr;
+  const u8 btree_id = which == 2 ? btree::kBtreeDirents : btree::kBtreeXattrs;
+  if (!posix::ParseNamedEntry(btree_id, val.data(), u32(val.size()), &d, &name, &value).ok()) return 0;
+  Touch(name, d.name_len);
+  Touch(value, d.value_len.get());
+  return 0;
+}
