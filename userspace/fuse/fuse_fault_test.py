@@ -62,7 +62,8 @@ def test_fault_options_reject_bad_input(tmp_path: Path, cmd: str, extra: list[st
     else:
         args += devs
     proc = run([*args, *[a.replace("HDDPATH", str(devs[1])) for a in extra]])
-    want = 8 if cmd == "fsck" else rc  # fsck(8): every failure to run is 8
+    # fsck(8): a command-line mistake is 16, any other failure to run 8.
+    want = (16 if rc == 2 else 8) if cmd == "fsck" else rc
     assert_one_line_error(proc, want, needle)
     assert [p.read_bytes()[:1 << 16] for p in devs] == before, "a refused command wrote"
 
@@ -213,8 +214,8 @@ def test_probe_counts_the_errors_of_a_failing_member(tmp_path: Path) -> None:
 @needs_fuse
 def test_probe_createsync_is_a_durable_create(tmp_path: Path) -> None:
     """tierprobe's createsync commits each create durably (the spill profile's
-    SSD-only fsync): at least one journal flush reaches the SSD per op, where
-    plain create needs none."""
+    SSD-only fsync): a journal flush reaches the SSD per op (or per pair of ops
+    that overlap), where plain create needs none."""
     with fault_mount(tmp_path, "--fault", "ssd.a=passthrough") as (_devs, mnt):
         def flushes() -> int:
             io = stats(mnt)["ssd.a"]["fault"]["io"]
@@ -230,4 +231,7 @@ def test_probe_createsync_is_a_durable_create(tmp_path: Path) -> None:
             ops = json.loads(out.read_text())["measurements"]["ops"]
             assert set(ops) == {op, "all"} and ops[op]["latency"]["count"] == 50
             seen[op] = flushes() - before - 1  # the working set's own fsync
-        assert seen["createsync"] >= 50 and seen["create"] < 25, seen
+        # Group commit may let two createsyncs in flight at once share a flush
+        # (on a loaded machine an op can outlast the 20 ms between arrivals: 48
+        # of 50 seen), so not one per op; but far more than plain create's.
+        assert seen["createsync"] >= 25 and seen["create"] < 25, seen
