@@ -49,16 +49,9 @@ void Populate(posix::Filesystem& fs, int from, int to) {
 }
 
 Base Build(bool crash) {
-  userspace::MemDeviceOptions o;
-  o.name = "ssd0";
-  o.size = kImageSize;
-  userspace::MemDevice dev(o);
-  engine::FormatMember m = {&dev, "ssd.a", 1};
-  engine::FormatOptions fo;
-  fo.bucket_size = 64 * 1024;
-  fo.btree_node_size = 16 * 1024;
+  auto formatted = fuzz::Formatted(kImageSize, 64 * 1024, 16 * 1024);
+  userspace::MemDevice& dev = *formatted;
   Diag diag;
-  if (!engine::Format(&m, 1, fo, &diag).ok()) fuzz::Fail(diag.text);
   Base b;
   BlockDevice* bd = &dev;
   {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "sb/superblock.h"
+#include "userspace/platform/mem_device.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
@@ -26,6 +27,11 @@ namespace tfs::fuzz {
   fprintf(stderr, "fuzz invariant broken: %s\n", what);
   abort();
 }
+
+// A fresh in-memory device of `size` bytes ("ssd0") formatted as a one-member
+// filesystem (member "ssd.a"); Fail()s if the format does. 0: the default
+// bucket or node size.
+std::unique_ptr<userspace::MemDevice> Formatted(uint64_t size, uint32_t bucket_size = 0, uint32_t node_size = 0);
 
 // Keeps the engine's warnings about the damage it is fed off stderr.
 void Quiet();

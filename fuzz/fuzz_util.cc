@@ -1,5 +1,6 @@
 #include <cstring>
 
+#include "engine/engine.h"
 #include "fuzz/fuzz.h"
 #include "platform/platform.h"
 
@@ -8,6 +9,20 @@ namespace tfs::fuzz {
 void Quiet() {
   static const bool done = (platform::SetLogLevel(platform::LogLevel::kFatal), true);
   (void)done;
+}
+
+std::unique_ptr<userspace::MemDevice> Formatted(uint64_t size, uint32_t bucket_size, uint32_t node_size) {
+  userspace::MemDeviceOptions o;
+  o.name = "ssd0";
+  o.size = size;
+  auto dev = std::make_unique<userspace::MemDevice>(o);
+  engine::FormatMember m = {dev.get(), "ssd.a", 1};
+  engine::FormatOptions fo;
+  if (bucket_size != 0) fo.bucket_size = bucket_size;
+  if (node_size != 0) fo.btree_node_size = node_size;
+  Diag diag;
+  if (!engine::Format(&m, 1, fo, &diag).ok()) Fail(diag.text);
+  return dev;
 }
 
 sb::Superblock JournalSuperblock() {

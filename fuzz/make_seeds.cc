@@ -47,16 +47,9 @@ void Need(bool ok, const char* what) {
 }
 
 void Superblocks() {
-  userspace::MemDeviceOptions o;
-  o.name = "ssd0";
-  o.size = 64ull << 20;
-  userspace::MemDevice dev(o);
-  engine::FormatMember m = {&dev, "ssd.a", 1};
-  engine::FormatOptions fo;
-  Diag diag;
-  Need(engine::Format(&m, 1, fo, &diag).ok(), "format");
+  auto dev = fuzz::Formatted(64ull << 20);
   std::vector<u8> buf(sb::kSbSize);
-  dev.ReadRaw(sb::kSbPrimaryOffset, buf.data(), buf.size());
+  dev->ReadRaw(sb::kSbPrimaryOffset, buf.data(), buf.size());
   Put("superblock", "formatted", buf.data(), buf.size());
 }
 
@@ -125,17 +118,9 @@ void Journal() {
 }
 
 void Values() {
-  userspace::MemDeviceOptions o;
-  o.name = "ssd0";
-  o.size = 64ull << 20;
-  userspace::MemDevice dev(o);
-  engine::FormatMember m = {&dev, "ssd.a", 1};
-  engine::FormatOptions fo;
-  fo.bucket_size = 256 * 1024;
-  fo.btree_node_size = 64 * 1024;
+  auto dev = fuzz::Formatted(64ull << 20, 256 * 1024, 64 * 1024);
   Diag diag;
-  Need(engine::Format(&m, 1, fo, &diag).ok(), "format");
-  BlockDevice* b = &dev;
+  BlockDevice* b = dev.get();
   engine::Engine e;
   Need(e.Open(&b, 1, engine::OpenOptions{}, &diag).ok(), "open");
   posix::Filesystem fs;
