@@ -158,6 +158,51 @@ TEST(PowerCut, TriggeredAfterNWrites) {
   EXPECT_EQ(t.dev->Stats().power_cuts, 1u);
 }
 
+// The Nth flush is never served: the cut comes first, and the writes it would
+// have made durable meet their fate (keep = 0: none survives).
+TEST(PowerCut, TriggeredAtTheNthFlushBeforeItIsServed) {
+  auto t = MakeDevice(MustParse("[cache]\nkeep = 0\ndrop = 1\ntear = 0\npowercut_at_flush = 2\n"));
+  Batch b(*t.dev);
+  EXPECT_TRUE(b.Sync(IoOp::kWrite, 0, 4096, 1).status.ok());
+  EXPECT_TRUE(b.Sync(IoOp::kFlush, 0, 0).status.ok());  // the first flush is served
+  EXPECT_TRUE(b.Sync(IoOp::kWrite, 4096, 4096, 2).status.ok());
+  EXPECT_EQ(b.Sync(IoOp::kFlush, 0, 0).status, tfs::Status(tfs::Err::kIo));
+  EXPECT_FALSE(t.dev->powered());
+  t.dev->Drain();
+  EXPECT_EQ(Raw(t.mem, 0, 4096), std::vector<uint8_t>(4096, 1));
+  EXPECT_EQ(Raw(t.mem, 4096, 4096), std::vector<uint8_t>(4096, 0));
+  EXPECT_EQ(t.dev->Stats().power_cuts, 1u);
+  EXPECT_EQ(t.dev->Stats().cut_dropped, 1u);
+}
+
+// ignore_flushes: a drive that lies -- the flush and the FUA write succeed and
+// the cut still loses them.
+TEST(PowerCut, ALyingDriveLosesWhatItCalledDurable) {
+  auto t = MakeDevice(MustParse("[cache]\nkeep = 0\ndrop = 1\ntear = 0\nignore_flushes = true\n"));
+  Batch b(*t.dev);
+  EXPECT_TRUE(b.Sync(IoOp::kWrite, 0, 4096, 1).status.ok());
+  EXPECT_TRUE(b.Sync(IoOp::kFlush, 0, 0).status.ok());
+  EXPECT_TRUE(b.Sync(IoOp::kWrite, 4096, 4096, 2, tfs::IoRequest::kFua).status.ok());
+  t.dev->PowerCut();
+  EXPECT_EQ(Raw(t.mem, 0, 8192), std::vector<uint8_t>(8192, 0));
+  EXPECT_EQ(t.dev->Stats().cut_dropped, 2u);
+}
+
+// powercut_origin: only that origin's writes count toward powercut_after_writes.
+TEST(PowerCut, TriggerCountsOnlyItsOrigin) {
+  auto t = MakeDevice(MustParse(std::string(kCache) + "powercut_after_writes = 2\npowercut_origin = \"btree\"\n"));
+  Batch b(*t.dev);
+  for (int i = 0; i < 6; i++) EXPECT_TRUE(b.Sync(IoOp::kWrite, uint64_t(i) * 4096, 4096, 1).status.ok());
+  EXPECT_TRUE(b.Sync(IoOp::kWrite, 65536, 4096, 2, 0, tfs::IoOrigin::kBtree).status.ok());
+  usleep(50'000);
+  EXPECT_TRUE(t.dev->powered()) << "writes of another origin counted";
+  EXPECT_TRUE(b.Sync(IoOp::kWrite, 69632, 4096, 3, 0, tfs::IoOrigin::kBtree).status.ok());
+  uint64_t deadline = NowNs() + 2'000'000'000ull;
+  while (t.dev->powered() && NowNs() < deadline) usleep(1000);
+  EXPECT_FALSE(t.dev->powered());
+  EXPECT_EQ(t.dev->Stats().power_cuts, 1u);
+}
+
 TEST(PowerCut, TriggeredAtATime) {
   auto t = MakeDevice(MustParse(std::string(kCache) + "powercut_at_s = 0.2\n"));
   Batch b(*t.dev);

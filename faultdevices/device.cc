@@ -251,9 +251,17 @@ void FaultDevice::Admit(Op* op, uint64_t now, Actions& act) {
     op->status = Err::kIo;  // no data moves; the timing models still apply
   } else if (cache_ && r.op == IoOp::kWrite) {
     CacheWrite(op, act);
+  } else if (cache_ && r.op == IoOp::kFlush && profile_.cache.ignore_flushes) {
+    op->need_backing = true;  // the lie: "durable" at once
+    op->backing_done = true;
   } else if (cache_ && r.op == IoOp::kFlush) {
     op->need_backing = true;  // done when a write-back covering it has finished
     flush_waiters_.push_back({op, cache_->last_seq()});
+    const CacheModel& c = profile_.cache;
+    if (c.powercut_at_flush != 0 && (!c.powercut_origin || r.origin == *c.powercut_origin) &&
+        ++trigger_flushes_ == c.powercut_at_flush) {
+      TriggerCut();
+    }
     MaybeStartWriteback(act);
   } else {
     op->need_backing = true;
@@ -647,15 +655,25 @@ void FaultDevice::CacheWrite(Op* op, Actions& act) {
   }
   uint64_t seq = cache_->Add(r.offset, r.buf, r.length);
   cache_writes_++;
-  if (r.flags & IoRequest::kFua) {
+  const CacheModel& c = profile_.cache;
+  const bool fua = (r.flags & IoRequest::kFua) && !c.ignore_flushes;
+  const bool counted = !c.powercut_origin || r.origin == *c.powercut_origin;
+  if (counted) trigger_writes_++;
+  if (fua) {
     flush_waiters_.push_back({op, seq});
   } else {
     op->backing_done = true;
   }
-  if (cache_->bytes() > profile_.cache.size_bytes || (r.flags & IoRequest::kFua)) MaybeStartWriteback(act);
-  if (profile_.cache.powercut_after_writes != 0 && cache_writes_ == profile_.cache.powercut_after_writes) {
-    timer_->Post([this] { PowerCut(); });
-  }
+  if (cache_->bytes() > profile_.cache.size_bytes || fua) MaybeStartWriteback(act);
+  if (counted && c.powercut_after_writes != 0 && trigger_writes_ == c.powercut_after_writes) TriggerCut();
+}
+
+void FaultDevice::TriggerCut() {
+  // Nothing more is written back between the trigger and the cut, so that the
+  // cut meets the cache as the trigger saw it (and a flush that triggered it is
+  // not served first).
+  cut_requested_ = true;
+  timer_->Post([this] { PowerCut(); });
 }
 
 void FaultDevice::MaybeStartWriteback(Actions& act) {
@@ -792,6 +810,13 @@ void FaultDevice::PowerOffLocked(uint64_t now, Actions& act) {
 }
 
 CutOutcome FaultDevice::PowerCut(std::optional<uint64_t> seed) {
+  CutOutcome out = CutOnce(seed);
+  if (cut_hook_) cut_hook_();
+  return out;
+}
+
+CutOutcome FaultDevice::CutOnce(std::optional<uint64_t> seed) {
+  std::lock_guard<std::mutex> one_at_a_time(cut_mu_);
   std::deque<CacheRecord> records;
   uint64_t cut_seed;
   Actions act;

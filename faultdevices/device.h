@@ -25,6 +25,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -106,6 +107,11 @@ class FaultDevice final : public tfs::BlockDevice {
   // number of earlier cuts), applied to the backing device, and every request fails
   // until PowerOn(). Blocks until the image is written. Returns the outcome.
   CutOutcome PowerCut(std::optional<uint64_t> seed = std::nullopt);
+  // Called after every PowerCut() of this device (trigger, command or call), on
+  // the thread that made it, with no lock of the device held: members that share
+  // one power supply cut each other (tools::Members). Set before the first
+  // Submit().
+  void SetCutHook(std::function<void()> hook) { cut_hook_ = std::move(hook); }
   void PowerOn();
   bool powered() const;
   // Ends every stall in effect now -- commanded, scripted or periodic: what it
@@ -150,6 +156,9 @@ class FaultDevice final : public tfs::BlockDevice {
   void Unref(Op* op);
   void OnTimeoutExpired(Op* op, uint64_t now, Actions& act);
   void CacheWrite(Op* op, Actions& act);
+  // A cache trigger fired (mu_ held): the cut runs on the timer thread.
+  void TriggerCut();
+  CutOutcome CutOnce(std::optional<uint64_t> seed);
   void MaybeStartWriteback(Actions& act);
   void WritebackDone(Actions& act);
   bool TimeoutVictim(const tfs::IoRequest& req, uint64_t now);
@@ -205,6 +214,9 @@ class FaultDevice final : public tfs::BlockDevice {
   std::deque<FlushWait> flush_waiters_;
   std::deque<Op*> parked_writes_;     // waiting for cache space
   uint64_t cache_writes_ = 0;
+  uint64_t trigger_writes_ = 0, trigger_flushes_ = 0;  // what the cache's cut triggers count
+  std::mutex cut_mu_;                                 // one PowerCut() at a time (cuts may race)
+  std::function<void()> cut_hook_;
   bool wb_active_ = false;
   uint64_t wb_upto_ = 0;
   bool wb_flush_backing_ = false;

@@ -332,13 +332,29 @@ bool ParseErrors(Parser& p, const toml::node& n, std::vector<ErrorRange>* out) {
 }
 
 bool ParseCache(Parser& p, const toml::table& t, CacheModel* c) {
-  if (!p.OnlyKeys(t, "cache", {"size", "keep", "drop", "tear", "powercut_at_s", "powercut_after_writes"}))
+  if (!p.OnlyKeys(t, "cache",
+                  {"size", "keep", "drop", "tear", "powercut_at_s", "powercut_after_writes", "powercut_at_flush",
+                   "powercut_origin", "ignore_flushes"}))
     return false;
+  std::string origin;
   bool ok = p.Size(t, "cache", "size", &c->size_bytes, 4096) && p.Number(t, "cache", "keep", &c->keep, 0, 1) &&
             p.Number(t, "cache", "drop", &c->drop, 0, 1) && p.Number(t, "cache", "tear", &c->tear, 0, 1) &&
             p.OptDuration(t, "cache", "powercut_at_s", 1e9, &c->powercut_at_ns) &&
-            p.Integer(t, "cache", "powercut_after_writes", &c->powercut_after_writes, 0, UINT64_MAX >> 1);
+            p.Integer(t, "cache", "powercut_after_writes", &c->powercut_after_writes, 0, UINT64_MAX >> 1) &&
+            p.Integer(t, "cache", "powercut_at_flush", &c->powercut_at_flush, 0, UINT64_MAX >> 1) &&
+            p.String(t, "cache", "powercut_origin", &origin) &&
+            p.Bool(t, "cache", "ignore_flushes", &c->ignore_flushes);
   if (!ok) return false;
+  if (const toml::node* n = t.get("powercut_origin")) {
+    tfs::Result<tfs::IoOrigin> o = tfs::IoOriginFromName(origin.c_str());
+    if (!o.ok()) {
+      std::string names;
+      for (int i = 0; i < tfs::kIoOriginCount; i++)
+        names += (i ? ", " : "") + std::string(tfs::IoOriginName(tfs::IoOrigin(i)));
+      return p.Fail(*n, "cache.powercut_origin", "must be one of " + names);
+    }
+    c->powercut_origin = *o;
+  }
   double sum = c->keep + c->drop + c->tear;
   if (sum < 1e-9) return p.Fail(t, "cache.keep", "keep + drop + tear must be positive");
   c->keep /= sum;

@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "platform/block_device.h"
+
 namespace faultdev {
 
 enum class Jitter { kNone, kUniform, kExponential };
@@ -105,6 +107,16 @@ struct CacheModel {
   double keep = 0.34, drop = 0.33, tear = 0.33;  // power-cut fate of each unflushed write
   std::optional<uint64_t> powercut_at_ns;
   uint64_t powercut_after_writes = 0;  // 0 = never
+  // Cut when the Nth flush arrives, before any of it is served (0 = never): the
+  // writes it would have made durable meet their keep/drop/tear fate.
+  uint64_t powercut_at_flush = 0;
+  // Count only this origin's writes and flushes for the two triggers above
+  // ("btree": a cut in the middle of a checkpoint); unset = every request.
+  std::optional<tfs::IoOrigin> powercut_origin;
+  // A drive that lies: flushes and FUA complete at once and make nothing
+  // durable (a cut treats every cached write as unflushed). For testing that a
+  // checker notices lost fsyncs; no real profile should set it.
+  bool ignore_flushes = false;
 };
 
 struct Profile {

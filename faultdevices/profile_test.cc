@@ -91,6 +91,11 @@ TEST(Profile, WrongTypeAndRange) {
   EXPECT_NE(error.find("test.toml:2: cache.size: must be bytes or a size"), std::string::npos) << error;
   EXPECT_FALSE(Parse("[[errors]]\noffset = 0\nlength = 512\nmode = \"sometimes\"\n", &error));
   EXPECT_EQ(error, "test.toml:4: errors.mode: must be one of persistent, once, rate");
+  EXPECT_FALSE(Parse("[cache]\npowercut_origin = \"checkpoint\"\n", &error));
+  EXPECT_NE(error.find("test.toml:2: cache.powercut_origin: must be one of foreground_read,"), std::string::npos)
+      << error;
+  EXPECT_FALSE(Parse("[cache]\npowercut_at_flush = -1\n", &error));
+  EXPECT_NE(error.find("cache.powercut_at_flush"), std::string::npos) << error;
   // Regression: 1e-300 MB/s made the transfer time infinite (UB converting to uint64_t).
   EXPECT_FALSE(Parse("[bandwidth]\nmb_s = 1e-300\n", &error));
   EXPECT_EQ(error, "test.toml:2: bandwidth.mb_s: must be 0 (unlimited) or at least 0.001");

@@ -102,8 +102,9 @@ class Batch {
     });
   }
   // Submits one request and waits for it.
-  Pending& Sync(tfs::IoOp op, uint64_t offset, uint64_t length, uint8_t fill = 0, uint8_t flags = 0) {
-    Pending& p = Add(op, offset, length, fill, flags);
+  Pending& Sync(tfs::IoOp op, uint64_t offset, uint64_t length, uint8_t fill = 0, uint8_t flags = 0,
+                tfs::IoOrigin origin = tfs::IoOrigin::kOther) {
+    Pending& p = Add(op, offset, length, fill, flags, origin);
     Submit();
     Wait();
     return p;

@@ -414,6 +414,7 @@ Status Allocator::Free(const BucketRef& ref) {
         bk.state == BucketState::kJournal)
       return Err::kInvalidArgument;
     was = bk.state;
+    const Bucket before = bk;
     bk.gen++;
     bk.state = BucketState::kFree;
     bk.live_sectors = 0;
@@ -421,15 +422,44 @@ Status Allocator::Free(const BucketRef& ref) {
     d.changes++;
     stats_.frees++;
     snapshot = bk;
+    // Pending from the change on, so that no table holds the free before it is
+    // journaled and settled (TableCopy). A free whose commit fails stays here.
+    if (journal_ != nullptr) d.pending.PushBack(Dev::Pending{ref.bucket, kUnjournaled, before}).IgnoreError();
   }
-  u64 seq = TFS_TRY(JournalChange(ref.dev, ref.bucket, snapshot, was));
+  Result<u64> seq = JournalChange(ref.dev, ref.bucket, snapshot, was);
   MutexLock lock(mu_);
   Dev& d = devices_[ref.dev];
   if (journal_ == nullptr) {
+    if (!seq.ok()) return seq.status();
     d.free_list.PushBack(ref.bucket).IgnoreError();  // capacity reserved at Init
     d.free_count++;
-  } else {
-    d.pending.PushBack(Dev::Pending{ref.bucket, seq}).IgnoreError();  // capacity reserved at Init
+    return Status::Ok();
+  }
+  if (!seq.ok()) return seq.status();
+  for (usize i = d.pending.size(); i-- > 0;) {  // just pushed: near the back
+    if (d.pending[i].bucket == ref.bucket && d.pending[i].seq == kUnjournaled) {
+      d.pending[i].seq = seq.value();
+      break;
+    }
+  }
+  return Status::Ok();
+}
+
+u64 Allocator::TableSettledSeq() const {
+  if (journal_ == nullptr || journal_stopped_.Load(MemOrder::kRelaxed)) return kUnjournaled - 1;
+  return journal_->settled_seq();
+}
+
+Status Allocator::TableCopy(const Dev& d, u64 settled, Vector<Bucket>* out, u64* oldest) const {
+  TFS_TRY(out->CopyFrom(d.buckets));
+  *oldest = 0;
+  for (const Dev::Pending& p : d.pending) {
+    if (p.seq <= settled) continue;
+    (*out)[p.bucket] = p.before;
+    // One still committing may have an entry the checkpoint's pin alone keeps:
+    // pin from the oldest pinnable entry then (PinAt clamps 1 to it).
+    const u64 at = p.seq == kUnjournaled ? 1 : p.seq;
+    if (*oldest == 0 || at < *oldest) *oldest = at;
   }
   return Status::Ok();
 }
@@ -543,8 +573,10 @@ Status Allocator::WriteTables(dev::DevMask mask, bool converge) {
   bool write[dev::kMaxDevices] = {};
   bool catch_up[dev::kMaxDevices] = {};  // unchanged, rewritten into the older slot
   journal::Pin fast_pin, slow_pin[dev::kMaxDevices];
+  u64 unsettled[dev::kMaxDevices] = {};  // the oldest free a table leaves out (TableCopy)
   bool fast_all = true;  // every fast member is in mask: pin_ is covered
   u64 journal_seq = TableJournalSeq();
+  const u64 settled = TableSettledSeq();
   {
     MutexLock lock(mu_);
     // A member whose table already holds every change is left alone: every
@@ -564,7 +596,7 @@ Status Allocator::WriteTables(dev::DevMask mask, bool converge) {
       snap_changes[i] = d.changes;
       slot[i] = d.last_slot ^ 1;
       slot_checkpoint[i] = d.checkpoint + 1;
-      if (write[i]) TFS_TRY(copies[i].CopyFrom(d.buckets));  // (no pin taken yet)
+      if (write[i]) TFS_TRY(TableCopy(d, settled, &copies[i], &unsettled[i]));  // (no pin taken yet)
     }
     for (u32 i : dev::Bits(mask & all_devices())) {
       Dev& d = devices_[i];
@@ -581,8 +613,14 @@ Status Allocator::WriteTables(dev::DevMask mask, bool converge) {
   Status st;
   bool fast_failed = false;
   u64 written = 0, unchanged = 0;
-  journal::Pin drop[dev::kMaxDevices + 1];
+  journal::Pin drop[2 * dev::kMaxDevices + 1];
   u32 ndrop = 0;
+  // The frees a table leaves out stay in the ring until a later table holds
+  // them: a pin from the oldest (taken before the checkpoint's pins go).
+  journal::Pin keep[dev::kMaxDevices];
+  for (u32 i = 0; i < nr_; i++) {
+    if (unsettled[i] != 0 && journal_ != nullptr) journal_->PinAt(&keep[i], unsettled[i]).IgnoreError();
+  }
   for (u32 i = 0; i < nr_; i++) {
     if ((mask & (dev::DevMask(1) << i)) == 0) continue;
     Dev& d = devices_[i];
@@ -594,10 +632,12 @@ Status Allocator::WriteTables(dev::DevMask mask, bool converge) {
                     : st;  // after a failure, the rest stay pinned too
     }
     MutexLock lock(mu_);
+    if (keep[i].active) drop[ndrop++] = KeepOlder(d.slow ? &d.pin : &pin_, keep[i]);
     if (write[i] && wst.ok()) {
       d.checkpoint = slot_checkpoint[i];
       d.last_slot = slot[i];
-      d.written_changes = snap_changes[i];
+      // A table that left frees out does not hold every change: written again.
+      d.written_changes = unsettled[i] != 0 ? snap_changes[i] - 1 : snap_changes[i];
       d.other_slot_stale = !catch_up[i];  // a catch-up wrote what the newer slot holds
       if (d.slow)
         for (u64 b = 0; b < copies[i].size(); b++) d.durable_version[b] = copies[i][b].version;
@@ -701,6 +741,7 @@ struct Allocator::TableWrite {
   u64 checkpoint = 0;
   u64 changes = 0;        // the member's change count the snapshot holds
   Vector<u32> versions;   // the snapshot's bucket versions
+  journal::Pin keep;      // the entries of frees the snapshot leaves out (TableCopy)
   u8* buf = nullptr;
   dev::Io write, flush;
 };
@@ -709,6 +750,8 @@ void Allocator::StartTableWrite(u32 dev) {
   TableWrite* w = platform::New<TableWrite>();
   Vector<Bucket> copy;
   u64 journal_seq = TableJournalSeq();
+  const u64 settled = TableSettledSeq();
+  u64 unsettled = 0;
   {
     MutexLock lock(mu_);
     Dev& d = devices_[dev];
@@ -716,7 +759,7 @@ void Allocator::StartTableWrite(u32 dev) {
       platform::Delete(w);
       return;
     }
-    if (w == nullptr || !copy.CopyFrom(d.buckets).ok()) {
+    if (w == nullptr || !TableCopy(d, settled, &copy, &unsettled).ok()) {
       platform::Delete(w);
       stats_.background_table_errors++;
       return;  // out of memory: the changes stay pinned (and relogged)
@@ -725,13 +768,15 @@ void Allocator::StartTableWrite(u32 dev) {
     w->dev = dev;
     w->slot = d.last_slot ^ 1;
     w->checkpoint = d.checkpoint + 1;
-    w->changes = d.changes;
+    w->changes = unsettled != 0 ? d.changes - 1 : d.changes;  // frees left out: written again
     d.writing = true;
     d.write_round = room_round_;
     d.writing_pin = d.pin;
     d.pin = journal::Pin();
     stats_.background_table_writes++;
   }
+  // Before writing_pin can go (FinishTableWrite): the left-out frees' entries.
+  if (unsettled != 0 && journal_ != nullptr) journal_->PinAt(&w->keep, unsettled).IgnoreError();
   Status st = w->versions.Resize(copy.size());
   if (st.ok()) {
     for (u64 b = 0; b < copy.size(); b++) w->versions[b] = copy[b].version;
@@ -768,10 +813,14 @@ void Allocator::OnTableWritten(dev::Io* io, Status st) {
 }
 
 void Allocator::FinishTableWrite(TableWrite* w, Status st) {
-  journal::Pin drop;
+  journal::Pin drop, drop_keep;
   {
     MutexLock lock(mu_);
     Dev& d = devices_[w->dev];
+    // The left-out frees stay pinned until a table holds them (on a failure,
+    // writing_pin below keeps them anyway).
+    drop_keep = st.ok() ? KeepOlder(&d.pin, w->keep) : w->keep;
+    w->keep = journal::Pin();
     if (st.ok()) {
       d.checkpoint = w->checkpoint;
       d.last_slot = w->slot;
@@ -788,7 +837,10 @@ void Allocator::FinishTableWrite(TableWrite* w, Status st) {
     }
     d.writing_pin = journal::Pin();
   }
-  if (journal_ != nullptr) journal_->PinDrop(&drop);
+  if (journal_ != nullptr) {
+    journal_->PinDrop(&drop);
+    journal_->PinDrop(&drop_keep);
+  }
   platform::Free(w->buf);
   const u32 dev = w->dev;
   platform::Delete(w);

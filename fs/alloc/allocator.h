@@ -142,6 +142,9 @@ class Allocator {
   // Starts journaling changes (mount: after replay and the first checkpoint, once
   // the journal runs). Until then changes are only in memory and the tables.
   void SetJournal(journal::Journal* journal);
+  // The journal has stopped (a clean unmount): tables from now on hold every
+  // free, settled or not -- no replay will come after them.
+  void JournalStopped() { journal_stopped_.Store(true, MemOrder::kRelaxed); }
   // A new filesystem: table and journal buckets marked, everything else free.
   void InitFresh();
   // Reads every member's newest valid table slot. kCorrupt (with Diag) if a member
@@ -241,7 +244,8 @@ class Allocator {
     u64 free_count = 0;
     struct Pending {
       u64 bucket;
-      u64 seq;  // journal entry that records the free
+      u64 seq;        // journal entry that records the free (kUnjournaled while it commits)
+      Bucket before;  // the bucket before the free: what a table holds until the free settles
     };
     Vector<Pending> pending;  // freed, not yet reusable
     Reserves reserves;
@@ -296,6 +300,20 @@ class Allocator {
   // Moves pending frees settled by `settled_seq` (Journal::settled_seq) to the
   // free list. Requires mu_.
   void ReleasePending(Dev& d, u64 settled_seq);
+  // A copy of `d`'s buckets for a table (mu_ held): every free not yet settled
+  // by `settled` is written as the bucket was before it. A table is not
+  // journal-ordered: written with the free, a crash that lost the free's entry
+  // (and the transaction before it that dropped the extent) would leave a live
+  // extent in a bucket the table calls free -- found by tierlab crash. The
+  // oldest such free's journal entry goes to *oldest (0 if none); the member's
+  // table then does not hold
+  // every change (written_changes stays behind). One still committing counts
+  // as entry 1: the oldest the journal can still pin.
+  Status TableCopy(const Dev& d, u64 settled, Vector<Bucket>* out, u64* oldest) const;
+  // The settled journal sequence tables go by (TableCopy); everything once the
+  // journal has stopped.
+  u64 TableSettledSeq() const;
+  static constexpr u64 kUnjournaled = ~u64(0);
   // One allocation attempt; kNoSpace with *pending_seen if only pending buckets
   // could have served it.
   Result<BucketRef> TryAllocate(dev::DevMask target, dev::DevMask fallback, BucketState purpose,
@@ -308,6 +326,7 @@ class Allocator {
   // The journal_seq a table written now records (see SetJournalSeqFloor).
   u64 TableJournalSeq() const;
   Atomic<u64> journal_seq_floor_{0};
+  Atomic<bool> journal_stopped_{false};
   dev::DevMask all_devices() const { return nr_ >= 32 ? ~dev::DevMask(0) : (dev::DevMask(1) << nr_) - 1; }
 
   dev::DeviceSet* devs_ = nullptr;

@@ -373,6 +373,7 @@ Status Engine::Close() {
   if (!st.ok()) return st;  // leave the superblock unclean: replay will sort it out
   if (!bst.ok()) return bst;
   alloc_.SetJournalSeqFloor(journal_.next_seq());
+  alloc_.JournalStopped();  // a clean image is not replayed: its tables hold every free
   TFS_TRY(alloc_.Checkpoint());
   sb_.journal_seq = journal_.next_seq();
   sb_.flags |= sb::kSbClean;

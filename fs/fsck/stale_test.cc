@@ -22,6 +22,7 @@
 #include "fsck/fsck.h"
 #include "journal/format.h"
 #include "posix/fs.h"
+#include "sb/format.h"
 #include "userspace/platform/mem_device.h"
 
 namespace tfs::fsck {
@@ -37,7 +38,8 @@ std::string Content(int i) { return std::string(20000 + 997 * i, char('a' + i % 
 struct Image {
   std::unique_ptr<userspace::MemDevice> dev;
 
-  Image() {
+  // Node size 64 KiB: four nodes to a bucket (node_size = bucket: a bucket each).
+  explicit Image(u32 node_size = 64 * 1024) {
     userspace::MemDeviceOptions o;
     o.name = "ssd0";
     o.size = 64ull << 20;
@@ -45,7 +47,7 @@ struct Image {
     engine::FormatMember m = {dev.get(), "ssd.a", 1};
     engine::FormatOptions fo;
     fo.bucket_size = 256 * 1024;
-    fo.btree_node_size = 64 * 1024;
+    fo.btree_node_size = node_size;
     Diag diag;
     EXPECT_TRUE(engine::Format(&m, 1, fo, &diag).ok()) << diag.text;
   }
@@ -460,6 +462,118 @@ TEST(FsckStaleTest, ATornLastJournalEntryIsNoDamage) {
   Diag d;
   ASSERT_TRUE(after.Open(false, &rep, &d).ok()) << d.text;
   EXPECT_EQ(rep.replay.durable_end, 0u);
+}
+
+// Found by tierlab crash: a cut while a mount persists what it replayed (its
+// checkpoint journals no allocation) can leave the new roots durable and the
+// tables not, so a reachable node's bucket is "free" in the table. The trees are
+// the truth: the next mount marks the bucket before it allocates anything, so
+// fsck -n calls it a note of an unclean image, not an error (it exited 4).
+TEST(FsckStaleTest, NodesInBucketsTheTableCallsFreeAfterACutOpenAreANote) {
+  Image img(256 * 1024);  // every node written goes to a new bucket
+  Populate(img, 2, 6);
+  const std::vector<u8> crashed =
+      img.WithFs([](Filesystem& fs, engine::Engine&) { MakeFiles(fs, 12, 20); }, /*crash=*/true);
+  // The mount after the crash, up to the end of its open: replayed, then its
+  // checkpoint's nodes, roots and tables written.
+  Image reopened(crashed);
+  std::vector<u8> opened;
+  {
+    BlockDevice* b = reopened.dev.get();
+    engine::Engine e;
+    Diag d;
+    ASSERT_TRUE(e.Open(&b, 1, engine::OpenOptions{}, &d).ok()) << d.text;
+    opened = reopened.dev->SnapshotDurable();
+    ASSERT_TRUE(e.Close().ok());
+  }
+  // The cut between its roots write and its table writes: everything as opened,
+  // but the superblock copies (header area outside the roots slots) and the
+  // table slots from before.
+  Image cut(opened);
+  const sb::Superblock s = cut.SbOf();
+  const u64 roots_end = btree::kRootsOffset + 2 * btree::kRootsSlotSize;
+  cut.dev->WriteRaw(0, crashed.data(), btree::kRootsOffset);
+  cut.dev->WriteRaw(roots_end, crashed.data() + roots_end, sb::kBucketsOffset - roots_end);
+  const u64 tables = s.BucketOffset(0), tables_len = 2 * alloc::TableSlotBytes(s.members[0].nbuckets);
+  cut.dev->WriteRaw(tables, crashed.data() + tables, tables_len);
+  auto [r, out] = cut.Fsck(false);
+  EXPECT_EQ(r.exit_code, kExitClean) << out;
+  ASSERT_NE(out.find("nodes but is free (not cleanly unmounted: the next mount marks it)"), std::string::npos)
+      << "the cut did not leave a node in a bucket the table calls free:\n" << out;
+  cut.ExpectFiles(20);
+  cut.WithFs([](Filesystem& fs, engine::Engine&) { MakeFiles(fs, 20, 40); });  // overwrites no node
+  cut.ExpectFiles(40);
+  auto [r2, out2] = cut.Fsck(false);
+  EXPECT_EQ(r2.exit_code, kExitClean) << out2;
+  EXPECT_EQ(out2.find("but is free"), std::string::npos) << out2;
+}
+
+// Found by tierlab crash: a cut while a mount writes the superblocks leaves the
+// copies different (or one torn). On an image not cleanly unmounted that is a
+// note (every open uses the newer valid copy, and the mount writes both); fsck
+// exited 4. On a clean image it stays an error (FsckTest).
+TEST(FsckStaleTest, SuperblockCopiesCutShortAfterACrashAreANote) {
+  Image img;
+  Populate(img, 1, 4);
+  const std::vector<u8> cut = img.WithFs([](Filesystem& fs, engine::Engine&) { MakeFiles(fs, 4, 8); }, true);
+  Image after(cut);
+  const u8 junk[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  after.dev->WriteRaw(sb::kSbBackupOffset + 300, junk, sizeof(junk));
+  auto [r, out] = after.Fsck(false);
+  EXPECT_EQ(r.exit_code, kExitClean) << out;
+  EXPECT_NE(out.find("superblock copies disagree (backup: "), std::string::npos) << out;
+  EXPECT_NE(out.find("(not cleanly unmounted: the next mount writes both)"), std::string::npos) << out;
+  after.ExpectFiles(8);
+  auto [r2, out2] = after.Fsck(false);
+  EXPECT_EQ(r2.exit_code, kExitClean) << out2;
+  EXPECT_EQ(out2.find("disagree"), std::string::npos) << out2;
+}
+
+// Found by tierlab crash: an allocation table written while a free's journal
+// entry (and the transaction before it that dropped the extent) was not yet
+// durable held the free. A crash then left a live extent in a bucket the table
+// calls free -- the next writes there destroy the file (fsck -n: "stale extent
+// pointer"). Tables hold a free only once its entry has settled.
+TEST(FsckStaleTest, ATableNeverHoldsAFreeBeforeItIsDurable) {
+  Image img;
+  const std::string big(1 << 20, 'q');  // four buckets of its own
+  img.WithFs([&](Filesystem& fs, engine::Engine&) {
+    auto a = fs.Mknod(posix::kRootIno, "big", 3, posix::kModeReg | 0644, 0, kRoot);
+    ASSERT_TRUE(a.ok());
+    ASSERT_TRUE(fs.Write(a.value().ino, 0, big.data(), u32(big.size())).ok());
+    ASSERT_TRUE(fs.Fsync(a.value().ino).ok());
+  });
+  const std::vector<u8> cut = img.WithFs([&](Filesystem& fs, engine::Engine& e) {
+    auto a = fs.Lookup(posix::kRootIno, "big", 3);
+    ASSERT_TRUE(a.ok());
+    const u64 frees = e.alloc().Stats().frees;
+    posix::SetAttr set;
+    set.valid = posix::kSetSize;
+    set.size = 0;
+    ASSERT_TRUE(fs.SetAttrs(a.value().ino, set).ok());  // no fsync: the entry may not be durable yet
+    ASSERT_GT(e.alloc().Stats().frees, frees) << "the truncate freed no bucket";
+    ASSERT_TRUE(e.alloc().Checkpoint().ok());  // a table write right then
+  }, /*crash=*/true);
+  Image after(cut);
+  auto [r, out] = after.Fsck(false);
+  EXPECT_EQ(r.exit_code, kExitClean) << out;
+  EXPECT_EQ(out.find("stale extent pointer"), std::string::npos) << out;
+  // Whichever state survived, writes after the mount destroy nothing.
+  after.WithFs([](Filesystem& fs, engine::Engine&) { MakeFiles(fs, 0, 40); });
+  after.ExpectFiles(40);
+  after.WithFs([&](Filesystem& fs, engine::Engine&) {
+    auto a = fs.Lookup(posix::kRootIno, "big", 3);
+    ASSERT_TRUE(a.ok());
+    std::string got(big.size(), '\0');
+    auto n = fs.Read(a.value().ino, 0, got.data(), u32(got.size()));
+    ASSERT_TRUE(n.ok()) << n.status().Message();
+    if (n.value() != 0) {  // the truncate was lost with its entry: the old data, whole
+      EXPECT_EQ(n.value(), big.size());
+      EXPECT_TRUE(got == big);
+    }
+  });
+  auto [r2, out2] = after.Fsck(false);
+  EXPECT_EQ(r2.exit_code, kExitClean) << out2;
 }
 
 }  // namespace

@@ -18,7 +18,7 @@ from typing import NoReturn, Sequence
 
 from tierlab import LabError
 
-COMMANDS = ["report", "validate", "profile", "pair", "gate"]
+COMMANDS = ["report", "validate", "profile", "pair", "gate", "crash"]
 
 
 class LabArgumentParser(argparse.ArgumentParser):

@@ -32,6 +32,9 @@ void AddFaultOptions(CLI::App* app, FaultArgs* args) {
                   "(e.g. hdd.b:delay.all_ms=8); repeatable")
       ->type_name("MEMBER:KEY=VALUE")
       ->allow_extra_args(false);
+  app->add_flag("--fault-shared-power", args->shared_power,
+                "the --fault members share one power supply: a power cut of one (its [cache] trigger or "
+                "'tierfs ctl MNT fault MEMBER powercut') cuts them all");
 }
 
 bool ParseFaults(const std::string& cmd, const FaultArgs& args, std::vector<FaultSpec>* out) {
@@ -85,7 +88,11 @@ bool ParseFaults(const std::string& cmd, const FaultArgs& args, std::vector<Faul
       PrintError(cmd, "--fault " + r.member + "=" + r.profile + ": " + error);
       return false;
     }
-    out->push_back(FaultSpec{r.member, std::move(*p)});
+    out->push_back(FaultSpec{r.member, std::move(*p), args.shared_power});
+  }
+  if (args.shared_power && raw.size() < 2) {
+    PrintError(cmd, "--fault-shared-power: needs --fault for two or more members");
+    return false;
   }
   return true;
 }
@@ -108,6 +115,7 @@ bool Members::Open(const std::string& cmd, const std::vector<std::string>& paths
   }
   devs_.clear();
   faults_.assign(paths.size(), nullptr);
+  shared_.assign(paths.size(), false);
   for (auto& d : devs) devs_.push_back(std::move(d));
   for (const FaultSpec& spec : specs) {
     const int i = Find(spec.member);
@@ -128,7 +136,33 @@ bool Members::Open(const std::string& cmd, const std::vector<std::string>& paths
     }
     faults_[i] = f.get();
     devs_[i] = std::move(f);
+    shared_[size_t(i)] = spec.shared_power;
   }
+  for (size_t i = 0; i < faults_.size(); i++) {
+    if (shared_[i]) faults_[i]->SetCutHook([this, i] { CutShared(i); });
+  }
+  return true;
+}
+
+void Members::CutShared(size_t i) {
+  {
+    std::lock_guard<std::mutex> lock(shared_mu_);
+    if (shared_cut_) return;  // a cut of the supply under way or done: this member's is part of it
+    shared_cut_ = true;
+  }
+  // Without the lock: each of these cuts calls its own hook, which returns above.
+  for (size_t j = 0; j < faults_.size(); j++) {
+    if (j != i && shared_[j]) faults_[j]->PowerCut();
+  }
+}
+
+bool Members::PowerOnShared(size_t i) {
+  if (i >= shared_.size() || !shared_[i]) return false;
+  std::lock_guard<std::mutex> lock(shared_mu_);
+  for (size_t j = 0; j < faults_.size(); j++) {
+    if (shared_[j]) faults_[j]->PowerOn();
+  }
+  shared_cut_ = false;
   return true;
 }
 
@@ -192,6 +226,10 @@ bool MemberControls::WriteFault(uint32_t member, userspace::JsonWriter& w) {
   w.UintField("timeouts", s.timeouts_injected);
   w.UintField("link_resets", s.link_resets);
   w.UintField("power_cuts", s.power_cuts);
+  // The cuts' cached writes by fate (docs/faultdevices.md, [cache]).
+  w.UintField("cut_kept", s.cut_kept);
+  w.UintField("cut_dropped", s.cut_dropped);
+  w.UintField("cut_torn", s.cut_torn);
   w.EndObject();
   w.Key("io");  // by origin, as the device saw it; origins that did nothing are left out
   w.BeginObject();
@@ -232,6 +270,7 @@ std::string MemberControls::FaultCommand(const std::string& line) {
   if (f == nullptr) return "error: no fault device under this member (mount with --fault " + name + "=PROFILE)";
   if (rest.empty()) return "error: usage: fault MEMBER stall DURATION | unstall | error read|write|both START+LEN | "
                            "clear | powercut [SEED] | poweron | stats";
+  if (rest == "poweron" && members_->PowerOnShared(size_t(i))) return "ok powered on (every member on the shared supply)";
   return faultdev::HandleControl(*f, rest);
 }
 

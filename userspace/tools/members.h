@@ -19,6 +19,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,7 @@ namespace tfs::tools {
 struct FaultArgs {
   std::vector<std::string> faults;  // MEMBER=PROFILE
   std::vector<std::string> sets;    // MEMBER:KEY=VALUE
+  bool shared_power = false;        // --fault-shared-power
 };
 
 // Adds --fault and --fault-set to a command.
@@ -46,6 +48,10 @@ void AddFaultOptions(CLI::App* app, FaultArgs* args);
 struct FaultSpec {
   std::string member;
   faultdev::Profile profile;
+  // One power supply for every member so marked: a power cut of one (its
+  // cache's trigger, `tierfs ctl MNT fault M powercut`) cuts them all, and
+  // `poweron` of one powers them all on -- a machine's power cut, not a disk's.
+  bool shared_power = false;
 };
 
 // Loads every --fault's profile with its --fault-set overrides. Members are not
@@ -75,24 +81,34 @@ class Members {
   // keep the final write-out, and the members' locks, waiting). Returns how
   // many were stalled.
   int UnstallAll() const;
+  // `poweron` of a member on the shared supply: every such member (true), or
+  // false when `i` is not on it.
+  bool PowerOnShared(size_t i);
 
  private:
+  // A cut of shared member `i`: cuts the others once (their own hooks find the
+  // cut under way). Members must not move once Open() has set the hooks.
+  void CutShared(size_t i);
+
   std::vector<std::unique_ptr<BlockDevice>> devs_;
   std::vector<faultdev::FaultDevice*> faults_;
   std::vector<std::string> paths_, labels_;
+  std::vector<bool> shared_;       // on the shared power supply
+  std::mutex shared_mu_;           // one shared cut (or power-on) at a time
+  bool shared_cut_ = false;        // the shared supply is off
 };
 
 // The mount's members and fault devices as tierfs ctl sees them (kCtlStats,
 // kCtlFault).
 class MemberControls final : public fuse::MemberControl {
  public:
-  explicit MemberControls(const Members* members) : members_(members) {}
+  explicit MemberControls(Members* members) : members_(members) {}
   std::string Path(uint32_t member) override;
   bool WriteFault(uint32_t member, userspace::JsonWriter& w) override;
   std::string FaultCommand(const std::string& line) override;
 
  private:
-  const Members* members_;
+  Members* members_;
 };
 
 }  // namespace tfs::tools
