@@ -35,6 +35,11 @@ AllocKey KeyFor(u32 dev, u64 bucket, const Bucket& b) {
   return k;
 }
 
+u32 HeadCsum(const TableHeader& h) {
+  return platform::Crc32cSkippingField(reinterpret_cast<const u8*>(&h), __builtin_offsetof(TableHeader, head_csum),
+                                       __builtin_offsetof(TableHeader, csum));
+}
+
 u32 TableCsum(const u8* slot, u64 bytes) {
   return platform::Crc32cSkippingField(slot, bytes, __builtin_offsetof(TableHeader, csum));
 }
@@ -141,6 +146,7 @@ Status Allocator::Load(Diag* diag) {
     i32 best_slot = -1;
     Status io_error;
     i32 bad_slot = -1;  // a slot that could not be read or fails its checks
+    u64 bad_checkpoint = 0;  // its header's checkpoint, if the header is ours
     u32 records_crc[2] = {};
     u32 valid = 0;
     for (u32 slot = 0; slot < 2; slot++) {
@@ -160,6 +166,11 @@ Status Allocator::Load(Diag* diag) {
       for (u64 b = 0; b < n && ok; b++) ok = rec[b].state < kBucketStateCount;
       if (!ok) {
         bad_slot = i32(slot);
+        const bool ours = h->magic.get() == kAllocMagic && h->version.get() == kAllocVersion &&
+                          h->dev_idx.get() == i && h->nbuckets.get() == n &&
+                          MemCompare(h->fs_uuid, sb_.fs_uuid, 16) == 0 && h->head_csum.get() != 0 &&
+                          h->head_csum.get() == HeadCsum(*h);
+        bad_checkpoint = ours ? h->checkpoint.get() : 0;
         continue;
       }
       records_crc[valid++] = platform::Crc32c(buf + sizeof(TableHeader), slot_bytes - sizeof(TableHeader));
@@ -192,7 +203,8 @@ Status Allocator::Load(Diag* diag) {
                     best_slot, (unsigned long long)best_checkpoint);
     d.checkpoint = best_checkpoint;
     d.last_slot = u32(best_slot);
-    d.loaded = LoadedTable{best_checkpoint, best_journal_seq, best_slot, bad_slot, bad_slot >= 0 && !io_error.ok()};
+    d.loaded = LoadedTable{best_checkpoint, best_journal_seq, best_slot, bad_slot, bad_slot >= 0 && !io_error.ok(),
+                           bad_checkpoint};
     // Both slots hold the same buckets (a converged checkpoint): nothing to
     // rewrite at the next Checkpoint.
     d.other_slot_stale = !(valid == 2 && records_crc[0] == records_crc[1]);
@@ -450,16 +462,13 @@ u64 Allocator::TableSettledSeq() const {
   return journal_->settled_seq();
 }
 
-Status Allocator::TableCopy(const Dev& d, u64 settled, Vector<Bucket>* out, u64* oldest) const {
+Status Allocator::TableCopy(const Dev& d, u64 settled, Vector<Bucket>* out, bool* left_out) const {
   TFS_TRY(out->CopyFrom(d.buckets));
-  *oldest = 0;
+  *left_out = false;
   for (const Dev::Pending& p : d.pending) {
     if (p.seq <= settled) continue;
     (*out)[p.bucket] = p.before;
-    // One still committing may have an entry the checkpoint's pin alone keeps:
-    // pin from the oldest pinnable entry then (PinAt clamps 1 to it).
-    const u64 at = p.seq == kUnjournaled ? 1 : p.seq;
-    if (*oldest == 0 || at < *oldest) *oldest = at;
+    *left_out = true;
   }
   return Status::Ok();
 }
@@ -539,6 +548,7 @@ u8* Allocator::BuildTable(u32 dev, const Bucket* snapshot, u64 n, u64 checkpoint
   h->checkpoint.set(checkpoint);
   h->journal_seq.set(journal_seq);
   h->nbuckets.set(n);
+  h->head_csum.set(HeadCsum(*h));
   auto* rec = reinterpret_cast<BucketFormat*>(buf + sizeof(TableHeader));
   for (u64 b = 0; b < n; b++) {
     rec[b].gen = snapshot[b].gen;
@@ -557,10 +567,22 @@ Status Allocator::WriteTable(u32 dev, const Bucket* snapshot, u64 n, u64 checkpo
   if (buf == nullptr) return Err::kNoMemory;
   dev::IoQueue& q = devs_->member(dev)->queue();
   u64 offset = sb_.BucketOffset(0) + slot * slot_bytes;
-  Status st = dev::QueueSyncIo(q, IoOp::kWrite, offset, buf, slot_bytes, 0, IoOrigin::kAlloc);
+  // The rest first, then the head (LoadedTable::rejected_checkpoint).
+  const u64 head = TableHeadBytes(dev, slot_bytes);
+  Status st;
+  if (head < slot_bytes) {
+    st = dev::QueueSyncIo(q, IoOp::kWrite, offset + head, buf + head, slot_bytes - head, 0, IoOrigin::kAlloc);
+    if (st.ok()) st = dev::QueueSyncIo(q, IoOp::kFlush, 0, nullptr, 0, 0, IoOrigin::kAlloc);
+  }
+  if (st.ok()) st = dev::QueueSyncIo(q, IoOp::kWrite, offset, buf, head, 0, IoOrigin::kAlloc);
   if (st.ok()) st = dev::QueueSyncIo(q, IoOp::kFlush, 0, nullptr, 0, 0, IoOrigin::kAlloc);
   platform::Free(buf);
   return st;
+}
+
+u64 Allocator::TableHeadBytes(u32 dev, u64 slot_bytes) const {
+  const u64 lbs = devs_->member(dev)->bdev()->Info().logical_block_size;
+  return Min(Max(u64(sizeof(TableHeader)), lbs), slot_bytes);
 }
 
 Allocator::~Allocator() { WaitForBackgroundWrites(); }
@@ -573,7 +595,7 @@ Status Allocator::WriteTables(dev::DevMask mask, bool converge) {
   bool write[dev::kMaxDevices] = {};
   bool catch_up[dev::kMaxDevices] = {};  // unchanged, rewritten into the older slot
   journal::Pin fast_pin, slow_pin[dev::kMaxDevices];
-  u64 unsettled[dev::kMaxDevices] = {};  // the oldest free a table leaves out (TableCopy)
+  bool unsettled[dev::kMaxDevices] = {};  // a table leaves frees out (TableCopy): not every change
   bool fast_all = true;  // every fast member is in mask: pin_ is covered
   u64 journal_seq = TableJournalSeq();
   const u64 settled = TableSettledSeq();
@@ -613,14 +635,8 @@ Status Allocator::WriteTables(dev::DevMask mask, bool converge) {
   Status st;
   bool fast_failed = false;
   u64 written = 0, unchanged = 0;
-  journal::Pin drop[2 * dev::kMaxDevices + 1];
+  journal::Pin drop[dev::kMaxDevices + 1];
   u32 ndrop = 0;
-  // The frees a table leaves out stay in the ring until a later table holds
-  // them: a pin from the oldest (taken before the checkpoint's pins go).
-  journal::Pin keep[dev::kMaxDevices];
-  for (u32 i = 0; i < nr_; i++) {
-    if (unsettled[i] != 0 && journal_ != nullptr) journal_->PinAt(&keep[i], unsettled[i]).IgnoreError();
-  }
   for (u32 i = 0; i < nr_; i++) {
     if ((mask & (dev::DevMask(1) << i)) == 0) continue;
     Dev& d = devices_[i];
@@ -632,12 +648,11 @@ Status Allocator::WriteTables(dev::DevMask mask, bool converge) {
                     : st;  // after a failure, the rest stay pinned too
     }
     MutexLock lock(mu_);
-    if (keep[i].active) drop[ndrop++] = KeepOlder(d.slow ? &d.pin : &pin_, keep[i]);
     if (write[i] && wst.ok()) {
       d.checkpoint = slot_checkpoint[i];
       d.last_slot = slot[i];
       // A table that left frees out does not hold every change: written again.
-      d.written_changes = unsettled[i] != 0 ? snap_changes[i] - 1 : snap_changes[i];
+      d.written_changes = unsettled[i] ? snap_changes[i] - 1 : snap_changes[i];
       d.other_slot_stale = !catch_up[i];  // a catch-up wrote what the newer slot holds
       if (d.slow)
         for (u64 b = 0; b < copies[i].size(); b++) d.durable_version[b] = copies[i][b].version;
@@ -741,9 +756,10 @@ struct Allocator::TableWrite {
   u64 checkpoint = 0;
   u64 changes = 0;        // the member's change count the snapshot holds
   Vector<u32> versions;   // the snapshot's bucket versions
-  journal::Pin keep;      // the entries of frees the snapshot leaves out (TableCopy)
   u8* buf = nullptr;
-  dev::Io write, flush;
+  u64 offset = 0, bytes = 0, head = 0;  // the slot, and its first logical block (written last)
+  // The slot but its head, a flush; then the head, a flush (WriteTable's order).
+  dev::Io write, flush, head_write, head_flush;
 };
 
 void Allocator::StartTableWrite(u32 dev) {
@@ -751,7 +767,7 @@ void Allocator::StartTableWrite(u32 dev) {
   Vector<Bucket> copy;
   u64 journal_seq = TableJournalSeq();
   const u64 settled = TableSettledSeq();
-  u64 unsettled = 0;
+  bool unsettled = false;
   {
     MutexLock lock(mu_);
     Dev& d = devices_[dev];
@@ -768,15 +784,14 @@ void Allocator::StartTableWrite(u32 dev) {
     w->dev = dev;
     w->slot = d.last_slot ^ 1;
     w->checkpoint = d.checkpoint + 1;
-    w->changes = unsettled != 0 ? d.changes - 1 : d.changes;  // frees left out: written again
+    w->changes = unsettled ? d.changes - 1 : d.changes;  // frees left out: written again
     d.writing = true;
     d.write_round = room_round_;
     d.writing_pin = d.pin;
     d.pin = journal::Pin();
     stats_.background_table_writes++;
   }
-  // Before writing_pin can go (FinishTableWrite): the left-out frees' entries.
-  if (unsettled != 0 && journal_ != nullptr) journal_->PinAt(&w->keep, unsettled).IgnoreError();
+
   Status st = w->versions.Resize(copy.size());
   if (st.ok()) {
     for (u64 b = 0; b < copy.size(); b++) w->versions[b] = copy[b].version;
@@ -787,40 +802,49 @@ void Allocator::StartTableWrite(u32 dev) {
     FinishTableWrite(w, st);
     return;
   }
-  w->write.req.op = IoOp::kWrite;
-  w->write.req.origin = IoOrigin::kAlloc;
-  w->write.req.offset = sb_.BucketOffset(0) + w->slot * TableSlotBytes(copy.size());
-  w->write.req.length = TableSlotBytes(copy.size());
-  w->write.req.buf = w->buf;
-  w->write.cls = dev::DefaultClass(IoOrigin::kAlloc);
-  w->write.done = OnTableWritten;
-  w->write.caller_data = w;
-  devs_->member(dev)->queue().Submit(&w->write);
+  w->bytes = TableSlotBytes(copy.size());
+  w->offset = sb_.BucketOffset(0) + w->slot * w->bytes;
+  w->head = TableHeadBytes(dev, w->bytes);
+  if (w->head < w->bytes) {
+    SubmitTableIo(w, &w->write, IoOp::kWrite, w->head, w->bytes - w->head);
+  } else {
+    SubmitTableIo(w, &w->head_write, IoOp::kWrite, 0, w->head);
+  }
+}
+
+void Allocator::SubmitTableIo(TableWrite* w, dev::Io* io, IoOp op, u64 at, u64 len) {
+  io->req.op = op;
+  io->req.origin = IoOrigin::kAlloc;
+  if (op == IoOp::kWrite) {
+    io->req.offset = w->offset + at;
+    io->req.length = len;
+    io->req.buf = w->buf + at;
+  }
+  io->cls = dev::DefaultClass(IoOrigin::kAlloc);
+  io->done = OnTableWritten;
+  io->caller_data = w;
+  devs_->member(w->dev)->queue().Submit(io);
 }
 
 void Allocator::OnTableWritten(dev::Io* io, Status st) {
   auto* w = static_cast<TableWrite*>(io->caller_data);
-  if (st.ok() && io == &w->write) {
-    w->flush.req.op = IoOp::kFlush;
-    w->flush.req.origin = IoOrigin::kAlloc;
-    w->flush.cls = dev::DefaultClass(IoOrigin::kAlloc);
-    w->flush.done = OnTableWritten;
-    w->flush.caller_data = w;
-    w->a->devs_->member(w->dev)->queue().Submit(&w->flush);
-    return;
+  Allocator* a = w->a;
+  if (!st.ok() || io == &w->head_flush) {
+    a->FinishTableWrite(w, st);
+  } else if (io == &w->write) {
+    a->SubmitTableIo(w, &w->flush, IoOp::kFlush, 0, 0);
+  } else if (io == &w->flush) {
+    a->SubmitTableIo(w, &w->head_write, IoOp::kWrite, 0, w->head);
+  } else {
+    a->SubmitTableIo(w, &w->head_flush, IoOp::kFlush, 0, 0);
   }
-  w->a->FinishTableWrite(w, st);
 }
 
 void Allocator::FinishTableWrite(TableWrite* w, Status st) {
-  journal::Pin drop, drop_keep;
+  journal::Pin drop;
   {
     MutexLock lock(mu_);
     Dev& d = devices_[w->dev];
-    // The left-out frees stay pinned until a table holds them (on a failure,
-    // writing_pin below keeps them anyway).
-    drop_keep = st.ok() ? KeepOlder(&d.pin, w->keep) : w->keep;
-    w->keep = journal::Pin();
     if (st.ok()) {
       d.checkpoint = w->checkpoint;
       d.last_slot = w->slot;
@@ -837,10 +861,7 @@ void Allocator::FinishTableWrite(TableWrite* w, Status st) {
     }
     d.writing_pin = journal::Pin();
   }
-  if (journal_ != nullptr) {
-    journal_->PinDrop(&drop);
-    journal_->PinDrop(&drop_keep);
-  }
+  if (journal_ != nullptr) journal_->PinDrop(&drop);
   platform::Free(w->buf);
   const u32 dev = w->dev;
   platform::Delete(w);

@@ -128,6 +128,12 @@ struct LoadedTable {
   i32 slot = -1;         // 0 or 1
   i32 rejected = -1;     // the other slot, if it could not be read or failed its checks (-1: none)
   bool rejected_io = false;  // ... because of an I/O error
+  // The rejected slot's header checkpoint when its header passes its own
+  // check (TableHeader::head_csum) and names this member's table (0: unknown).
+  // Tables are written header last (its own block, once the records are
+  // durable), so a slot whose write a crash cut short still shows the older
+  // checkpoint it held before.
+  u64 rejected_checkpoint = 0;
 };
 
 class Allocator {
@@ -274,6 +280,7 @@ class Allocator {
   };
   struct TableWrite;  // one background table write
   static void OnTableWritten(dev::Io* io, Status st);
+  void SubmitTableIo(TableWrite* w, dev::Io* io, IoOp op, u64 at, u64 len);
   void FinishTableWrite(TableWrite* w, Status st);
   // Starts a slow member's background table write (mu_ not held).
   void StartTableWrite(u32 dev);
@@ -304,12 +311,15 @@ class Allocator {
   // by `settled` is written as the bucket was before it. A table is not
   // journal-ordered: written with the free, a crash that lost the free's entry
   // (and the transaction before it that dropped the extent) would leave a live
-  // extent in a bucket the table calls free -- found by tierlab crash. The
-  // oldest such free's journal entry goes to *oldest (0 if none); the member's
-  // table then does not hold
-  // every change (written_changes stays behind). One still committing counts
-  // as entry 1: the oldest the journal can still pin.
-  Status TableCopy(const Dev& d, u64 settled, Vector<Bucket>* out, u64* oldest) const;
+  // extent in a bucket the table calls free -- found by tierlab crash.
+  // *left_out says whether any was: the member's table then does not hold
+  // every change (written_changes stays behind, so the next checkpoint writes
+  // it again). The free's journal entry is not kept pinned for it (a ring
+  // full of unsettled frees could then never settle them): if the ring moves
+  // past it before that next table and a crash follows, the bucket comes back
+  // as it was, unreferenced, and the mount frees it again (DataPath::Open,
+  // Btrees::Open).
+  Status TableCopy(const Dev& d, u64 settled, Vector<Bucket>* out, bool* left_out) const;
   // The settled journal sequence tables go by (TableCopy); everything once the
   // journal has stopped.
   u64 TableSettledSeq() const;
@@ -320,6 +330,9 @@ class Allocator {
                                 Watermark wm, bool* pending_seen);
   Status WriteTable(u32 dev, const Bucket* snapshot, u64 nbuckets, u64 checkpoint, u32 slot,
                     u64 journal_seq);
+  // The head of a table slot (its header block, or a logical block if larger):
+  // written last, alone, once the rest of the slot is durable.
+  u64 TableHeadBytes(u32 dev, u64 slot_bytes) const;
   // A table slot's bytes (slot_bytes long, 4 KiB aligned; platform::Free it).
   u8* BuildTable(u32 dev, const Bucket* snapshot, u64 nbuckets, u64 checkpoint, u64 journal_seq);
   bool Usable(u32 dev, BucketState purpose, Watermark wm) const;

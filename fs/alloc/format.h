@@ -48,7 +48,12 @@ struct TableHeader {  // one 4 KiB block, then nbuckets BucketFormat records
   Le64 checkpoint;    // checkpoint number: the valid slot with the higher one wins
   Le64 journal_seq;   // journal sequence at the checkpoint (informational)
   Le64 nbuckets;
-  u8 reserved[kAllocBlock - 56];
+  // CRC-32C of the 56 bytes above with csum as zero (0 in tables of older
+  // builds): the header's own check, so that a slot whose records a crash cut
+  // short (the header is written last, in its own block) still says which
+  // checkpoint it held.
+  Le32 head_csum;
+  u8 reserved[kAllocBlock - 60];
 };
 static_assert(sizeof(TableHeader) == kAllocBlock, "table header");
 

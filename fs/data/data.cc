@@ -281,6 +281,11 @@ Result<u64> DataPath::UnwrittenBlocks(u64 ino, u64 first, u64 end) {
 Status DataPath::QueuePrepared(btree::Transaction* tx, const Prepared& p, Delta* delta) {
   if (engine_ == nullptr || p.blocks == 0) return Err::kInvalidArgument;
   TFS_TRY(QueuePunch(tx, p.ino, p.first, p.first + p.blocks, delta));
+  return QueuePreparedOverPunch(tx, p);
+}
+
+Status DataPath::QueuePreparedOverPunch(btree::Transaction* tx, const Prepared& p) {
+  if (engine_ == nullptr || p.blocks == 0) return Err::kInvalidArgument;
   for (const Prepared::Item& item : p.items) {
     TFS_TRY(tx->Set(ExtentPos(p.ino, item.end), item.value, item.len));
     TFS_TRY(QueueDataCheck(tx, item));
@@ -452,6 +457,15 @@ Status DataPath::QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end,
     delta->sectors -= i64(hi - lo) * (kBlockSize / 512);
   }
   return Status::Ok();
+}
+
+Result<u32> DataPath::CountExtentsFrom(u64 ino, u64 first, u32 limit) {
+  if (engine_ == nullptr) return Err::kInvalidArgument;
+  Iterator it(trees_, btree::kBtreeExtents, kPointBatch);
+  TFS_TRY(it.Seek(ExtentPos(ino, first + 1)));
+  u32 n = 0;
+  for (; it.Valid() && it.pos().inode == ino && n < limit; TFS_TRY(it.Next())) n++;
+  return n;
 }
 
 Status DataPath::QueueReserve(btree::Transaction* tx, u64 ino, u64 first, u64 end, Delta* delta, u32 max_keys,

@@ -187,8 +187,14 @@ class DataPath {
   // that fails, or whose transaction does not commit, is undone by Abort.
   Status Prepare(u64 ino, u64 first, const u8* blocks, u32 nblocks, bool compress, Prepared* out, Delta* delta);
   Status QueuePrepared(btree::Transaction* tx, const Prepared& p, Delta* delta);
+  // QueuePrepared for a caller that has queued the punch of p's blocks itself
+  // (in the same transaction: a truncate's punch from p's first block on).
+  Status QueuePreparedOverPunch(btree::Transaction* tx, const Prepared& p);
   // Queues the removal of the blocks in [first, end) (holes afterwards).
   Status QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end, Delta* delta, u32 max_keys = ~0u);
+  // How many extent keys of `ino` hold blocks from `first` on, counting up to
+  // `limit` (QueuePunch's key count for [first, end of file)).
+  Result<u32> CountExtentsFrom(u64 ino, u64 first, u32 limit);
   // Queues unwritten extents over the holes of [first, end), at most max_keys
   // of them, and sets *next to where it stopped (end when done). kNoSpace if
   // free space minus the reservations cannot hold the holes queued.

@@ -330,7 +330,12 @@ void Engine::CheckCurrent(const btree::Roots& roots, OpenReport& rep) const {
                 label, (unsigned long long)t.checkpoint, (unsigned long long)sb_.members[m].alloc_checkpoint, other)
           .IgnoreError();
       keep();
-    } else if (t.rejected >= 0 && !rep.was_clean && t.journal_seq != 0 && t.journal_seq < first) {
+    } else if (t.rejected >= 0 && !(t.rejected_checkpoint != 0 && t.rejected_checkpoint < t.checkpoint) &&
+               !rep.was_clean && t.journal_seq != 0 && t.journal_seq < first) {
+      // (A rejected slot whose header still shows an older checkpoint was
+      // being rewritten when the crash came -- tables are written header last
+      // -- or is an older copy gone bad: this slot is the newest durable one,
+      // and its changes since are pinned in the journal.)
       // (journal_seq 0: a table header of an older build, which did not
       // record it at mount; nothing is known.)
       // The other slot may have been the newer one; the journal holds only

@@ -1169,6 +1169,7 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
     st = locked.status();
     if (st.ok()) st = ReadInode(ino, &f);
     const i64 now = Now();
+    bool shrink = false;  // the size does not grow: blocks past it go
     if (st.ok()) {
       if ((set.valid & kSetMode) != 0) f.mode.set(type | (set.mode & kModePermMask));
       if ((set.valid & kSetUid) != 0) f.uid.set(set.uid);
@@ -1177,7 +1178,8 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
         // Not growing frees blocks past the size even if it stays (fallocated
         // with KEEP_SIZE), as ext4 does.
         if (set.size != f.size.get()) SetTime(&f.mtime_ns, now);
-        if (set.size <= f.size.get()) st = PunchPast(ino, &f, set.size);
+        shrink = set.size <= f.size.get();
+        if (shrink) st = PunchPast(ino, &f, set.size);
         f.size.set(set.size);
       }
     }
@@ -1188,7 +1190,17 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
       if ((set.valid & kSetMtimeNow) != 0) SetTime(&f.mtime_ns, now);
       SetTime(&f.ctime_ns, now);
       Transaction tx(trees_);
-      if (tail != nullptr) st = data_.QueuePrepared(&tx, *tail, &tail_delta);
+      // One transaction: the last batch of the punch past the size (PunchPast
+      // committed any before), from the partial last block on if there is
+      // one, that block again with zeros past the size, and the inode. (Both
+      // punches computed against the tree before it would overlap.)
+      if ((set.valid & kSetSize) != 0 && shrink) {
+        const u64 from = tail != nullptr ? set.size / kBlock : (set.size + kBlock - 1) / kBlock;
+        st = data_.QueuePunch(&tx, ino, from, ~u64(0), &tail_delta, kBatchExtents);
+        if (st.ok() && tail != nullptr) st = data_.QueuePreparedOverPunch(&tx, *tail);
+      } else if (tail != nullptr) {
+        st = data_.QueuePrepared(&tx, *tail, &tail_delta);
+      }
       if (st.ok()) {
         f.sectors.set(u64(i64(f.sectors.get()) + tail_delta.sectors));
         st = tx.Set(InodePos(ino), &f, sizeof(f));
@@ -1670,10 +1682,15 @@ Result<u32> Filesystem::Read(u64 ino, u64 off, void* buf, u32 len) {
 }
 
 Status Filesystem::PunchPast(u64 ino, InodeFormat* f, u64 size) {
-  // A batch of extents per transaction (a crash between batches leaves holes
-  // in what was being truncated away). The caller commits *f.
+  // A batch of extents per transaction, all but the last: the caller queues
+  // that one into the transaction that sets the size (QueuePunch from the
+  // same block), so a truncate of up to kBatchExtents extents is one
+  // transaction. A crash between the batches of a longer one leaves holes in
+  // what was being truncated away. The caller commits *f.
   const u64 keep = (size + kBlock - 1) / kBlock;
   for (;;) {
+    const u32 left = TFS_TRY(data_.CountExtentsFrom(ino, keep, kBatchExtents + 1));
+    if (left <= kBatchExtents) return Status::Ok();
     Transaction tx(trees_);
     data::Delta delta;
     TFS_TRY(data_.QueuePunch(&tx, ino, keep, ~u64(0), &delta, kBatchExtents));

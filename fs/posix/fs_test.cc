@@ -528,6 +528,32 @@ TEST(PosixTest, PowerCutKeepsOperationsWhole) {
   EXPECT_EQ(after->fs.GetAttr(a).value().nlink, 2u);
 }
 
+// Found by tierlab crash: a truncate committed its punch of the blocks past the
+// new size in one transaction and the size (with the zeroed tail of the last
+// block) in another, so a cut between them left the old size with holes where
+// data was -- a state that never existed. Up to kBatchExtents extents, it is
+// one transaction now.
+TEST(PosixTest, ATruncateIsOneTransaction) {
+  Mounted m;
+  const u64 f = Mkfile(m.fs, kRootIno, "f").value().ino;
+  std::vector<u8> data(64 * 4096, 0x5a);
+  for (int i = 0; i < 8; i++) {  // eight extents, not contiguous in time
+    ASSERT_TRUE(m.fs.Write(f, u64(i) * 8 * 4096, data.data(), 8 * 4096, Filesystem::kWriteDirect).ok());
+  }
+  m.Sync();
+  const u64 before = m.eng->btrees().GetStats().commits;
+  SetAttr set;
+  set.valid = kSetSize;
+  set.size = 3 * 4096 + 100;  // inside an extent, with a partial last block
+  ASSERT_TRUE(m.fs.SetAttrs(f, set).ok());
+  EXPECT_EQ(m.eng->btrees().GetStats().commits - before, 1u);
+  std::vector<u8> got(5 * 4096, 1);
+  auto r = m.fs.Read(f, 0, got.data(), u32(got.size()));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.value(), 3 * 4096 + 100u);
+  EXPECT_TRUE(std::equal(got.begin(), got.begin() + 3 * 4096 + 100, data.begin()));
+}
+
 // Renames between two directories in both directions, and creates and unlinks,
 // from several threads: no deadlock, nothing lost or duplicated.
 TEST(PosixTest, ConcurrentRenamesAndCreates) {
