@@ -811,8 +811,23 @@ void FaultDevice::PowerOffLocked(uint64_t now, Actions& act) {
 
 CutOutcome FaultDevice::PowerCut(std::optional<uint64_t> seed) {
   CutOutcome out = CutOnce(seed);
-  if (cut_hook_) cut_hook_();
+  std::function<void()> hook;
+  {
+    std::lock_guard<std::mutex> lock(hook_mu_);
+    if (!cut_hook_) return out;
+    hook = cut_hook_;
+    hooks_running_++;
+  }
+  hook();  // no lock held: the hook cuts other devices, whose hooks may run too
+  std::lock_guard<std::mutex> lock(hook_mu_);
+  if (--hooks_running_ == 0) hook_cv_.notify_all();
   return out;
+}
+
+void FaultDevice::SetCutHook(std::function<void()> hook) {
+  std::unique_lock<std::mutex> lock(hook_mu_);
+  hook_cv_.wait(lock, [this] { return hooks_running_ == 0; });
+  cut_hook_ = std::move(hook);
 }
 
 CutOutcome FaultDevice::CutOnce(std::optional<uint64_t> seed) {

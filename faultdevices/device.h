@@ -109,9 +109,9 @@ class FaultDevice final : public tfs::BlockDevice {
   CutOutcome PowerCut(std::optional<uint64_t> seed = std::nullopt);
   // Called after every PowerCut() of this device (trigger, command or call), on
   // the thread that made it, with no lock of the device held: members that share
-  // one power supply cut each other (tools::Members). Set before the first
-  // Submit().
-  void SetCutHook(std::function<void()> hook) { cut_hook_ = std::move(hook); }
+  // one power supply cut each other (tools::Members). Any time; setting it
+  // (to nullptr before its owner goes) waits for a call in progress to end.
+  void SetCutHook(std::function<void()> hook);
   void PowerOn();
   bool powered() const;
   // Ends every stall in effect now -- commanded, scripted or periodic: what it
@@ -216,7 +216,10 @@ class FaultDevice final : public tfs::BlockDevice {
   uint64_t cache_writes_ = 0;
   uint64_t trigger_writes_ = 0, trigger_flushes_ = 0;  // what the cache's cut triggers count
   std::mutex cut_mu_;                                 // one PowerCut() at a time (cuts may race)
+  std::mutex hook_mu_;                                // guards the two below
+  std::condition_variable hook_cv_;
   std::function<void()> cut_hook_;
+  int hooks_running_ = 0;
   bool wb_active_ = false;
   uint64_t wb_upto_ = 0;
   bool wb_flush_backing_ = false;

@@ -107,8 +107,9 @@ struct CacheModel {
   double keep = 0.34, drop = 0.33, tear = 0.33;  // power-cut fate of each unflushed write
   std::optional<uint64_t> powercut_at_ns;
   uint64_t powercut_after_writes = 0;  // 0 = never
-  // Cut when the Nth flush arrives, before any of it is served (0 = never): the
-  // writes it would have made durable meet their keep/drop/tear fate.
+  // Cut when the Nth flush arrives (0 = never): no write-back starts after it
+  // (one already running finishes first), and what the flush would have made
+  // durable meets its keep/drop/tear fate.
   uint64_t powercut_at_flush = 0;
   // Count only this origin's writes and flushes for the two triggers above
   // ("btree": a cut in the middle of a checkpoint); unset = every request.

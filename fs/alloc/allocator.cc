@@ -567,15 +567,15 @@ Status Allocator::WriteTable(u32 dev, const Bucket* snapshot, u64 n, u64 checkpo
   if (buf == nullptr) return Err::kNoMemory;
   dev::IoQueue& q = devs_->member(dev)->queue();
   u64 offset = sb_.BucketOffset(0) + slot * slot_bytes;
-  // The rest first, then the head (LoadedTable::rejected_checkpoint).
+  // The rest first and a flush, then the head, written through (FUA: no
+  // second flush of the whole cache). LoadedTable::rejected_checkpoint.
   const u64 head = TableHeadBytes(dev, slot_bytes);
   Status st;
   if (head < slot_bytes) {
     st = dev::QueueSyncIo(q, IoOp::kWrite, offset + head, buf + head, slot_bytes - head, 0, IoOrigin::kAlloc);
     if (st.ok()) st = dev::QueueSyncIo(q, IoOp::kFlush, 0, nullptr, 0, 0, IoOrigin::kAlloc);
   }
-  if (st.ok()) st = dev::QueueSyncIo(q, IoOp::kWrite, offset, buf, head, 0, IoOrigin::kAlloc);
-  if (st.ok()) st = dev::QueueSyncIo(q, IoOp::kFlush, 0, nullptr, 0, 0, IoOrigin::kAlloc);
+  if (st.ok()) st = dev::QueueSyncIo(q, IoOp::kWrite, offset, buf, head, IoRequest::kFua, IoOrigin::kAlloc);
   platform::Free(buf);
   return st;
 }
@@ -758,8 +758,8 @@ struct Allocator::TableWrite {
   Vector<u32> versions;   // the snapshot's bucket versions
   u8* buf = nullptr;
   u64 offset = 0, bytes = 0, head = 0;  // the slot, and its first logical block (written last)
-  // The slot but its head, a flush; then the head, a flush (WriteTable's order).
-  dev::Io write, flush, head_write, head_flush;
+  // The slot but its head, a flush; then the head, FUA (WriteTable's order).
+  dev::Io write, flush, head_write;
 };
 
 void Allocator::StartTableWrite(u32 dev) {
@@ -819,6 +819,7 @@ void Allocator::SubmitTableIo(TableWrite* w, dev::Io* io, IoOp op, u64 at, u64 l
     io->req.offset = w->offset + at;
     io->req.length = len;
     io->req.buf = w->buf + at;
+    if (io == &w->head_write) io->req.flags = IoRequest::kFua;  // durable when done
   }
   io->cls = dev::DefaultClass(IoOrigin::kAlloc);
   io->done = OnTableWritten;
@@ -829,14 +830,12 @@ void Allocator::SubmitTableIo(TableWrite* w, dev::Io* io, IoOp op, u64 at, u64 l
 void Allocator::OnTableWritten(dev::Io* io, Status st) {
   auto* w = static_cast<TableWrite*>(io->caller_data);
   Allocator* a = w->a;
-  if (!st.ok() || io == &w->head_flush) {
+  if (!st.ok() || io == &w->head_write) {
     a->FinishTableWrite(w, st);
   } else if (io == &w->write) {
     a->SubmitTableIo(w, &w->flush, IoOp::kFlush, 0, 0);
-  } else if (io == &w->flush) {
+  } else {  // the flush after the records: the head, written through
     a->SubmitTableIo(w, &w->head_write, IoOp::kWrite, 0, w->head);
-  } else {
-    a->SubmitTableIo(w, &w->head_flush, IoOp::kFlush, 0, 0);
   }
 }
 

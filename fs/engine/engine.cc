@@ -335,7 +335,9 @@ void Engine::CheckCurrent(const btree::Roots& roots, OpenReport& rep) const {
       // (A rejected slot whose header still shows an older checkpoint was
       // being rewritten when the crash came -- tables are written header last
       // -- or is an older copy gone bad: this slot is the newest durable one,
-      // and its changes since are pinned in the journal.)
+      // and the journal still holds its changes since, but frees it left out
+      // unsettled: those the ring passed come back unreferenced, and the mount
+      // frees them again; format/alloc.md.)
       // (journal_seq 0: a table header of an older build, which did not
       // record it at mount; nothing is known.)
       // The other slot may have been the newer one; the journal holds only

@@ -36,10 +36,13 @@ bool CheckCopies(BlockDevice& dev, const Options& opt, Ctx& c) {
     ok = false;
   } else if (!p.ok() || !b.ok() || !SameSuperblock(s[0], s[1])) {
     const sb::Superblock& good = !p.ok() ? s[1] : !b.ok() ? s[0] : (s[0].seq >= s[1].seq ? s[0] : s[1]);
-    // Not cleanly unmounted: a superblock write the crash cut short (found by
-    // tierlab crash: a cut while a mount wrote them); the newer valid copy is
-    // the one every open uses, and the next mount writes both.
-    const bool cut_short = (good.flags & sb::kSbClean) == 0;
+    // A superblock write the crash cut short (found by tierlab crash: a cut
+    // while a mount wrote them): the newer valid copy is the one every open
+    // uses, and the next mount writes both.
+    // Either valid copy unclean: also a cut between the two writes of a clean
+    // unmount (the primary, written first, clean; the backup not yet).
+    const bool cut_short = (good.flags & sb::kSbClean) == 0 || (p.ok() && (s[0].flags & sb::kSbClean) == 0) ||
+                           (b.ok() && (s[1].flags & sb::kSbClean) == 0);
     if (cut_short) {
       c.report->notes++;
     } else {

@@ -527,6 +527,16 @@ TEST(FsckStaleTest, SuperblockCopiesCutShortAfterACrashAreANote) {
   auto [r2, out2] = after.Fsck(false);
   EXPECT_EQ(r2.exit_code, kExitClean) << out2;
   EXPECT_EQ(out2.find("disagree"), std::string::npos) << out2;
+  // A cut between a clean unmount's two writes: the primary clean, the backup
+  // still the mounted (unclean) one.
+  std::vector<u8> mounted_sb(sb::kSbSize);
+  after.WithFs([&](Filesystem&, engine::Engine&) {
+    after.dev->ReadRaw(sb::kSbBackupOffset, mounted_sb.data(), mounted_sb.size());
+  });
+  after.dev->WriteRaw(sb::kSbBackupOffset, mounted_sb.data(), mounted_sb.size());
+  auto [r3, out3] = after.Fsck(false);
+  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+  EXPECT_NE(out3.find("superblock copies disagree (different contents) (not cleanly"), std::string::npos) << out3;
 }
 
 // Found by tierlab crash: an allocation table written while a free's journal

@@ -1170,6 +1170,7 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
     if (st.ok()) st = ReadInode(ino, &f);
     const i64 now = Now();
     bool shrink = false;  // the size does not grow: blocks past it go
+    u64 punch_from = 0;   // ... from this block on
     if (st.ok()) {
       if ((set.valid & kSetMode) != 0) f.mode.set(type | (set.mode & kModePermMask));
       if ((set.valid & kSetUid) != 0) f.uid.set(set.uid);
@@ -1179,7 +1180,10 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
         // with KEEP_SIZE), as ext4 does.
         if (set.size != f.size.get()) SetTime(&f.mtime_ns, now);
         shrink = set.size <= f.size.get();
-        if (shrink) st = PunchPast(ino, &f, set.size);
+        // From the partial last block if it is rewritten below, else the
+        // first block past the size: PunchPast and the final punch agree.
+        punch_from = tail != nullptr ? set.size / kBlock : (set.size + kBlock - 1) / kBlock;
+        if (shrink) st = PunchPast(ino, &f, punch_from);
         f.size.set(set.size);
       }
     }
@@ -1195,8 +1199,7 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
       // one, that block again with zeros past the size, and the inode. (Both
       // punches computed against the tree before it would overlap.)
       if ((set.valid & kSetSize) != 0 && shrink) {
-        const u64 from = tail != nullptr ? set.size / kBlock : (set.size + kBlock - 1) / kBlock;
-        st = data_.QueuePunch(&tx, ino, from, ~u64(0), &tail_delta, kBatchExtents);
+        st = data_.QueuePunch(&tx, ino, punch_from, ~u64(0), &tail_delta, kBatchExtents);
         if (st.ok() && tail != nullptr) st = data_.QueuePreparedOverPunch(&tx, *tail);
       } else if (tail != nullptr) {
         st = data_.QueuePrepared(&tx, *tail, &tail_delta);
@@ -1681,13 +1684,12 @@ Result<u32> Filesystem::Read(u64 ino, u64 off, void* buf, u32 len) {
   }
 }
 
-Status Filesystem::PunchPast(u64 ino, InodeFormat* f, u64 size) {
+Status Filesystem::PunchPast(u64 ino, InodeFormat* f, u64 keep) {
   // A batch of extents per transaction, all but the last: the caller queues
   // that one into the transaction that sets the size (QueuePunch from the
-  // same block), so a truncate of up to kBatchExtents extents is one
+  // same block `keep`), so a truncate of up to kBatchExtents extents is one
   // transaction. A crash between the batches of a longer one leaves holes in
   // what was being truncated away. The caller commits *f.
-  const u64 keep = (size + kBlock - 1) / kBlock;
   for (;;) {
     const u32 left = TFS_TRY(data_.CountExtentsFrom(ino, keep, kBatchExtents + 1));
     if (left <= kBatchExtents) return Status::Ok();

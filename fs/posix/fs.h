@@ -313,7 +313,9 @@ class Filesystem {
                        u32 new_len, u32 flags, u64* to_free);
   // Frees a regular file's blocks past `size` bytes (committing *f's sector
   // count with each batch); under the inode's lock.
-  Status PunchPast(u64 ino, InodeFormat* f, u64 size);
+  // Punches the extents from block `keep` on, in batches, all but the last
+  // (the caller's transaction punches that one).
+  Status PunchPast(u64 ino, InodeFormat* f, u64 keep);
   // The inode's lock entry, created if none is in use (null: out of memory),
   // and its release (the last user frees or keeps it as a spare).
   InodeLocks* AcquireLocks(u64 ino);

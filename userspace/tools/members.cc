@@ -144,6 +144,13 @@ bool Members::Open(const std::string& cmd, const std::vector<std::string>& paths
   return true;
 }
 
+Members::~Members() {
+  for (size_t i = 0; i < faults_.size(); i++) {
+    if (faults_[i] != nullptr && shared_[i]) faults_[i]->SetCutHook(nullptr);
+  }
+  devs_.clear();  // while the rest is still here
+}
+
 void Members::CutShared(size_t i) {
   {
     std::lock_guard<std::mutex> lock(shared_mu_);

@@ -63,6 +63,13 @@ class Members {
   // Opens every path (read-only if asked) and wraps the members the specs name.
   // `labels`: for format, the label each device index will get; empty to read
   // each member's label from its superblock. False after printing one line.
+  Members() = default;
+  Members(const Members&) = delete;
+  Members& operator=(const Members&) = delete;
+  // Unhooks the shared power supply before anything goes (a cut in progress
+  // ends first), then closes the devices.
+  ~Members();
+
   bool Open(const std::string& cmd, const std::vector<std::string>& paths, bool read_only,
             const std::vector<FaultSpec>& specs, const std::map<size_t, std::string>& labels = {});
 
