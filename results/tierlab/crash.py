@@ -494,6 +494,13 @@ class Job:
                 record(model)
             return go
 
+        def created(name: str, f: File, w: Callable[[], None]) -> None:
+            """Two atomic steps: the empty file, then its first data."""
+            os.close(os.open(m / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            model.files[name] = f
+            record(model)
+            w()
+
         if op == "create":
             name = newname()
             f = File(self.new_ident())
@@ -501,12 +508,7 @@ class Job:
             w = write(f, name, 0, n)
             self.desc = f"create {name} (file {f.ident}) blocks 0+{n}"
 
-            def create() -> None:
-                os.close(os.open(m / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-                model.files[name] = f
-                record(model)
-                w()
-            return create
+            return lambda: created(name, f, w)
         if op in ("write", "extend"):
             name = pick()
             f = model.files[name]
@@ -551,10 +553,7 @@ class Job:
             self.desc = f"replace {target} by {tmp} (file {f.ident}) blocks 0+{n}, fsynced"
 
             def replace() -> None:
-                os.close(os.open(m / tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-                model.files[tmp] = f
-                record(model)
-                w()
+                created(tmp, f, w)
                 fd = os.open(m / tmp, os.O_RDONLY)
                 try:
                     os.fsync(fd)
