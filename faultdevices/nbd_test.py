@@ -92,7 +92,9 @@ def test_fixed_delay_over_nbd(tmp_path):
         wlat = [timed(h.pwrite, b"\x5a" * 4096, i * 4096) for i in range(10)]
         h.shutdown()
     assert min(lat) >= 10.0
-    assert 10.0 <= statistics.median(lat) <= 12.0  # the device's 10 ms plus the NBD round trip
+    # The device's 10 ms plus the NBD round trip; never less, and how much more
+    # depends on the machine's load (the upper bound only catches a wrong unit).
+    assert 10.0 <= statistics.median(lat) < 100.0
     assert statistics.median(wlat) >= 10.0
     stats = json.loads(s.stats.read_text())  # written when nbdkit exits
     assert stats["ops"]["read"]["ops"] >= 30
