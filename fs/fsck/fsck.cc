@@ -41,8 +41,7 @@ bool CheckCopies(BlockDevice& dev, const Options& opt, Ctx& c) {
     // uses, and the next mount writes both.
     // Either valid copy unclean: also a cut between the two writes of a clean
     // unmount (the primary, written first, clean; the backup not yet).
-    const bool cut_short = (good.flags & sb::kSbClean) == 0 || (p.ok() && (s[0].flags & sb::kSbClean) == 0) ||
-                           (b.ok() && (s[1].flags & sb::kSbClean) == 0);
+    const bool cut_short = (p.ok() && (s[0].flags & sb::kSbClean) == 0) || (b.ok() && (s[1].flags & sb::kSbClean) == 0);
     if (cut_short) {
       c.report->notes++;
     } else {

@@ -1169,7 +1169,7 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
     st = locked.status();
     if (st.ok()) st = ReadInode(ino, &f);
     const i64 now = Now();
-    bool shrink = false;  // the size does not grow: blocks past it go
+    bool shrink = false;  // a size is set and does not grow: blocks past it go
     u64 punch_from = 0;   // ... from this block on
     if (st.ok()) {
       if ((set.valid & kSetMode) != 0) f.mode.set(type | (set.mode & kModePermMask));
@@ -1198,7 +1198,7 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
       // committed any before), from the partial last block on if there is
       // one, that block again with zeros past the size, and the inode. (Both
       // punches computed against the tree before it would overlap.)
-      if ((set.valid & kSetSize) != 0 && shrink) {
+      if (shrink) {
         st = data_.QueuePunch(&tx, ino, punch_from, ~u64(0), &tail_delta, kBatchExtents);
         if (st.ok() && tail != nullptr) st = data_.QueuePreparedOverPunch(&tx, *tail);
       } else if (tail != nullptr) {

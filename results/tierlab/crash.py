@@ -115,6 +115,11 @@ class File:
         data = block_content(self.ident, blk, *v) if v else bytes(BLOCK)
         return data[:end]
 
+    def holds(self, data: bytes) -> bool:
+        """Whether `data` is exactly this file's content."""
+        return len(data) == self.size and all(data[off:off + BLOCK] == self.block(off // BLOCK)
+                                              for off in range(0, self.size, BLOCK))
+
     def truncate(self, size: int) -> None:
         if size < self.size:
             # Bytes past the new end are gone: a later extension reads zeros.
@@ -144,11 +149,8 @@ class State:
                     return False
                 continue
             f = self.files.get(name)
-            if f is None or len(data) != f.size:
+            if f is None or not f.holds(data):
                 return False
-            for off in range(0, f.size, BLOCK):
-                if data[off:off + BLOCK] != f.block(off // BLOCK):
-                    return False
         return True
 
     def bytes(self) -> int:
@@ -437,9 +439,7 @@ class Job:
         self.stats["lost_fsynced_bytes"] += lost
         # Files whose recovered content no allowed state has at all.
         alien = sorted(name for name, (kind, data) in found.items() if kind == "file"
-                       and not any(name in st.files and st.files[name].size == len(data) and
-                                   all(data[o:o + BLOCK] == st.files[name].block(o // BLOCK)
-                                       for o in range(0, len(data), BLOCK)) for st in window))
+                       and not any(name in st.files and st.files[name].holds(data) for st in window))
         if self.keep is not None and alien:
             mentions = [line for line in self.oplog if any(a in line for a in alien[:2])]
             (self.work / "oplog.txt").write_text("\n".join(self.oplog) + "\n")
