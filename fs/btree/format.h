@@ -75,11 +75,16 @@ struct NodeHeader {  // 96 bytes
   Le64 min_offset;
   Le64 max_inode;    // largest position a key may have (inclusive)
   Le64 max_offset;
-  u8 reserved[24];   // 0
+  // The filesystem's uuid (the superblock's fs_uuid): identity is checked
+  // through the parent's pointer (seq), so reads ignore it; fsck's node scan
+  // takes only nodes of this filesystem from slots no pointer names.
+  u8 fs_uuid[16];
+  u8 reserved[8];    // 0
 };
 static_assert(sizeof(NodeHeader) == 96, "node header size");
 static_assert(__builtin_offsetof(NodeHeader, csum) == 8, "node csum offset");
 static_assert(__builtin_offsetof(NodeHeader, min_inode) == 40, "node bounds offset");
+static_assert(__builtin_offsetof(NodeHeader, fs_uuid) == 72, "node uuid offset");
 
 struct SetHeader {   // 32 bytes, 8-byte aligned within the node
   Le64 magic;        // kSetMagic ^ node seq

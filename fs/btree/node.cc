@@ -432,7 +432,7 @@ bool Node::SplitPoint(u32 num, u32 den, Pos* left_max) const {
   return false;
 }
 
-u32 Node::WriteImage(u8* dst, u64 new_seq) const {
+u32 Node::WriteImage(u8* dst, u64 new_seq, const u8* fs_uuid) const {
   const u32 bytes = (used_ + 4095u) & ~4095u;
   MemCopy(dst, buf_, used_);
   MemSet(dst + used_, 0, bytes - used_);
@@ -440,6 +440,11 @@ u32 Node::WriteImage(u8* dst, u64 new_seq) const {
   h->seq.set(new_seq);
   h->used_bytes.set(used_);
   h->nsets.set(u16(sets_.size()));
+  if (fs_uuid != nullptr) {
+    MemCopy(h->fs_uuid, fs_uuid, sizeof(h->fs_uuid));
+  } else {
+    MemSet(h->fs_uuid, 0, sizeof(h->fs_uuid));
+  }
   for (u32 i = 0; i < sets_.size(); i++) {
     const u32 off = u32(reinterpret_cast<const u8*>(sets_[i].header()) - buf_);
     auto* sh = reinterpret_cast<SetHeader*>(dst + off);

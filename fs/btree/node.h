@@ -104,8 +104,9 @@ class Node {
 
   // Writes the node as it goes to disk into dst (at least used_bytes(), 4 KiB
   // aligned, zero-padded to a 4 KiB multiple) under a new seq: every set magic and
-  // checksum and the header are recomputed in the copy. Returns the bytes to write.
-  u32 WriteImage(u8* dst, u64 new_seq) const;
+  // checksum and the header are recomputed in the copy, and the header names
+  // filesystem `fs_uuid` (16 bytes; null: zeros). Returns the bytes to write.
+  u32 WriteImage(u8* dst, u64 new_seq, const u8* fs_uuid = nullptr) const;
   // Exchanges the contents of two nodes (a rebuilt node replaces a cached one).
   void Swap(Node& other);
   // Renames the in-memory node to `seq` (after its image was written under it).

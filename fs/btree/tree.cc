@@ -200,6 +200,9 @@ struct Btrees::Impl {
   Atomic<u64> c_writes{0}, c_write_bytes{0}, c_checkpoints{0}, c_throttles{0};
   Atomic<u64> c_reserved_buckets{0}, c_returned_buckets{0};  // ReserveBucket; of which returned unused
   Atomic<u64> c_hole_slots{0};  // slots taken from holes
+  // Options::drop_bad_nodes (written by Open only, before anything reads them).
+  Vector<LostNode> lost;
+  u64 s_dropped = 0, s_scanned = 0, s_copies = 0, s_recovered = 0;
 };
 
 // ---------------------------------------------------------------------------
@@ -1370,7 +1373,7 @@ class TreeOps {
     j.img = static_cast<u8*>(platform::Alloc(im->node_size, 4096, false));
     if (j.img == nullptr) return Err::kNoMemory;
     j.seq = NewSeq(im);
-    j.bytes = n->node.WriteImage(j.img, j.seq);
+    j.bytes = n->node.WriteImage(j.img, j.seq, im->sb.fs_uuid);
     j.dst = n->ptr;
     j.installed = false;
     Status st = jobs->PushBack(j);
@@ -1681,6 +1684,227 @@ class TreeOps {
   }
 
   static void WriterMain(void* arg);
+
+  // --- damaged nodes (Options::drop_bad_nodes; docs/design/fsck.md) --------------
+
+  // Kills an unlinked chain of new nodes (each the only child of the one above).
+  static void KillChain(Impl* im, Tree& t, CachedNode* n) {
+    while (n != nullptr) {
+      CachedNode* next = n->children.size() > 0 ? n->children[0] : nullptr;
+      Kill(im, t, n);
+      n = next;
+    }
+  }
+
+  // What takes a dropped node's place: an empty leaf covering [min, max] and,
+  // for a node of `level` > 0, one empty interior node per level above it, each
+  // with the one below as its only child. Charged and dirty; *out is the top.
+  static Status MakeEmptySubtree(Impl* im, Tree& t, u8 level, const Pos& min, const Pos& max, CachedNode** out) {
+    CachedNode* n = nullptr;
+    TFS_TRY(MakeNode(im, t.id, 0, min, max, nullptr, 0, &n));
+    Charge(im, n);
+    for (u32 l = 1; l <= level; l++) {
+      CachedNode* p = nullptr;
+      Status st = MakeNode(im, t.id, u8(l), min, max, nullptr, 0, &p);
+      if (st.ok()) {
+        const Edit e{max, &n->ptr, n};
+        st = RebuildInterior(im, p, &e, 1);
+        if (!st.ok()) {
+          ClearDirty(im, p);
+          platform::Delete(p);
+        }
+      }
+      if (!st.ok()) {
+        KillChain(im, t, n);
+        return st;
+      }
+      Charge(im, p);
+      n = p;
+    }
+    *out = n;
+    return Status::Ok();
+  }
+
+  // Records a node dropped at open (and says so in the log).
+  static Status NoteLost(Impl* im, const Tree& t, const NodePtrFormat& p, const Pos& min, const Pos& max,
+                         const Diag& why, const Status& st) {
+    LostNode ln;
+    ln.btree_id = t.id;
+    ln.level = p.level;
+    ln.min = min;
+    ln.max = max;
+    ln.ptr = p;
+    if (why.empty()) {
+      (void)DiagError(&ln.why, st, "%s", st.Message());
+    } else {
+      ln.why = why;
+    }
+    platform::Log(platform::LogLevel::kWarn, "btree %u: dropping the damaged level-%u node at member %u offset %llu: %s",
+                  unsigned(t.id), unsigned(p.level), unsigned(p.member), (unsigned long long)p.offset.get(),
+                  ln.why.text);
+    im->s_dropped++;
+    return im->lost.PushBack(ln);
+  }
+
+  // A part of a lost range no copy has covered yet.
+  struct Gap {
+    u8 id;
+    u32 lost;  // index in im->lost
+    Pos lo, hi;
+  };
+  // A valid leaf of this filesystem in a slot no pointer names.
+  struct Copy {
+    u8 member;
+    u8 id;
+    u64 offset;
+    u64 journal_seq;  // the newest entry its sets hold: copies newer first
+    Pos min, max;
+  };
+
+  static bool Overlaps(const Pos& a_lo, const Pos& a_hi, const Pos& b_lo, const Pos& b_hi) {
+    return !(a_hi < b_lo || b_hi < a_lo);
+  }
+
+  // Reads one node-sized buffer at `off` of member m into buf (no lock held).
+  static Status ReadRaw(Impl* im, u32 m, u64 off, u32 len, u8* buf) {
+    dev::Io io;
+    io.req.op = IoOp::kRead;
+    io.req.origin = IoOrigin::kBtree;
+    io.req.offset = off;
+    io.req.length = len;
+    io.req.buf = buf;
+    io.cls = dev::IoClass::kForegroundSync;
+    return dev::SubmitAndWait(im->devs->member(m)->queue(), &io);
+  }
+
+  // The node scan: every node slot of a member that may hold btree nodes, in
+  // buckets the allocator calls free or btree, that no pointer of the trees
+  // names (`used`, per member, sorted) and holds a valid leaf of this
+  // filesystem overlapping a lost range is a candidate copy.
+  static Status ScanCopies(Impl* im, const Vector<u64>* used, const Vector<Gap>& gaps, Vector<Copy>* copies) {
+    const u32 ns = im->node_size;
+    const u32 bs = im->sb.bucket_size;
+    u8* buf = static_cast<u8*>(platform::Alloc(bs, 4096, false));
+    Node* node = platform::New<Node>();
+    if (buf == nullptr || node == nullptr) {
+      platform::Free(buf);
+      platform::Delete(node);
+      return Err::kNoMemory;
+    }
+    Status st;
+    for (u32 m = 0; m < im->sb.nr_members && st.ok(); m++) {
+      if ((im->capable & (dev::DevMask(1) << m)) == 0) continue;
+      const Vector<u64>& u = used[m];
+      usize ui = 0;  // first used offset >= this bucket's
+      for (u64 b = 0; b < im->sb.members[m].nbuckets && st.ok(); b++) {
+        const alloc::BucketState state = im->alloc->Get(m, b).state;
+        if (state != alloc::BucketState::kFree && state != alloc::BucketState::kBtree) continue;
+        const u64 base = sb::kBucketsOffset + b * bs;
+        Status rd = ReadRaw(im, m, base, bs, buf);
+        if (!rd.ok()) {
+          // A bucket that cannot be read holds no copy we can use.
+          platform::Log(platform::LogLevel::kWarn, "btree: node scan: member %u bucket %llu unreadable: %s", m,
+                        (unsigned long long)b, rd.Message());
+          continue;
+        }
+        for (u32 s = 0; s < im->slots_per_bucket; s++) {
+          const u64 off = base + u64(s) * ns;
+          while (ui < u.size() && u[ui] < off) ui++;
+          if (ui < u.size() && u[ui] == off) continue;  // the trees' own node
+          const u8* p = buf + usize(s) * ns;
+          const auto* h = reinterpret_cast<const NodeHeader*>(p);
+          if (h->magic.get() != kNodeMagic) continue;
+          im->s_scanned++;
+          if (MemCompare(h->fs_uuid, im->sb.fs_uuid, sizeof(h->fs_uuid)) != 0 || h->level != 0 ||
+              h->btree_id >= kNrBtreeIds)
+            continue;
+          const u8 id = h->btree_id;
+          const Pos lo{id, h->min_inode.get(), h->min_offset.get()};
+          const Pos hi{id, h->max_inode.get(), h->max_offset.get()};
+          bool wanted = false;
+          for (const Gap& g : gaps) wanted = wanted || (g.id == id && Overlaps(g.lo, g.hi, lo, hi));
+          if (!wanted) continue;
+          Diag d;
+          if (!node->Parse(p, ns, nullptr, &d).ok()) continue;  // checksums: damaged or torn
+          u64 js = 0;
+          for (u32 i = 0; i < node->nsets(); i++) js = Max(js, node->set(i).journal_seq());
+          st = copies->PushBack(Copy{u8(m), id, off, js, node->info().min, node->info().max});
+          if (!st.ok()) break;
+        }
+      }
+    }
+    platform::Delete(node);
+    platform::Free(buf);
+    return st;
+  }
+
+  // Fills the ranges of the dropped nodes from the newest copies the node scan
+  // finds: each position of a lost range takes its keys from the newest copy
+  // (by the journal entries its sets hold) whose range covers it. Applied as
+  // replay applies keys, before the journal's own replay (newer still).
+  static Status RecoverLost(Impl* im, Vector<u64>* used) {
+    Vector<Gap> gaps;
+    for (u32 i = 0; i < im->lost.size(); i++)
+      TFS_TRY(gaps.PushBack(Gap{im->lost[i].btree_id, i, im->lost[i].min, im->lost[i].max}));
+    for (u32 m = 0; m < im->sb.nr_members; m++)
+      Sort(used[m].data(), used[m].size(), [](u64 a, u64 b) { return a < b; });
+    Vector<Copy> copies;
+    TFS_TRY(ScanCopies(im, used, gaps, &copies));
+    im->s_copies = copies.size();
+    Sort(copies.data(), copies.size(), [](const Copy& a, const Copy& b) {
+      return a.journal_seq != b.journal_seq ? a.journal_seq > b.journal_seq : a.offset < b.offset;
+    });
+    u8* buf = static_cast<u8*>(platform::Alloc(im->node_size, 4096, false));
+    Node* node = platform::New<Node>();
+    Status st = buf != nullptr && node != nullptr ? Status::Ok() : Status(Err::kNoMemory);
+    for (usize ci = 0; ci < copies.size() && st.ok() && !gaps.empty(); ci++) {
+      const Copy& c = copies[ci];
+      bool wanted = false;
+      for (const Gap& g : gaps) wanted = wanted || (g.id == c.id && Overlaps(g.lo, g.hi, c.min, c.max));
+      if (!wanted) continue;
+      Diag d;
+      if (!ReadRaw(im, c.member, c.offset, im->node_size, buf).ok() ||
+          !node->Parse(buf, im->node_size, nullptr, &d).ok())
+        continue;
+      Vector<Gap> left;
+      for (usize gi = 0; gi < gaps.size() && st.ok(); gi++) {
+        const Gap g = gaps[gi];
+        if (g.id != c.id || !Overlaps(g.lo, g.hi, c.min, c.max)) {
+          st = left.PushBack(g);
+          continue;
+        }
+        const Pos a = g.lo < c.min ? c.min : g.lo;
+        const Pos b = c.max < g.hi ? c.max : g.hi;
+        LostNode& ln = im->lost[g.lost];
+        NodeIter it(*node);
+        for (it.Seek(a); it.Valid() && it.pos() <= b && st.ok(); it.Next()) {
+          const KeyRef k = it.key();
+          KeyInput in;
+          in.pos = it.pos();
+          in.type = kKeyValue;
+          in.value = k.value();
+          in.val_bytes = k.val_bytes();
+          st = ApplyKey(im, in, c.journal_seq);
+          ln.recovered_keys++;
+          im->s_recovered++;
+        }
+        ln.copies++;
+        ln.newest_copy_seq = Max(ln.newest_copy_seq, c.journal_seq);
+        if (st.ok() && g.lo < a) st = left.PushBack(Gap{g.id, g.lost, g.lo, Pred(a)});
+        if (st.ok() && b < g.hi) st = left.PushBack(Gap{g.id, g.lost, Succ(b), g.hi});
+      }
+      if (st.ok()) gaps = Move(left);
+    }
+    platform::Delete(node);
+    platform::Free(buf);
+    TFS_TRY(st);
+    for (u32 i = 0; i < im->lost.size(); i++) {
+      bool covered = true;
+      for (const Gap& g : gaps) covered = covered && g.lost != i;
+      im->lost[i].fully_covered = covered;
+    }
+    return Status::Ok();
+  }
 };
 
 // ---------------------------------------------------------------------------
@@ -1738,21 +1962,34 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
     if (r.ok() && (r.value() & im->capable) != 0) im->target = r.value() & im->capable;
   }
   roots_ = roots;
+  bool root_read[kNrBtreeIds] = {};
   for (u32 id = 0; id < kNrBtreeIds; id++) {
     Tree& t = im->trees[id];
     t.id = u8(id);
     const NodePtrFormat& rp = roots.roots[id];
+    if (options.rebuild_from_scan) {
+      Diag why;
+      (void)DiagError(&why, Err::kCorrupt, "the roots block naming its root is lost");
+      TFS_TRY(TreeOps::NoteLost(im, t, rp, Pos::Min(u8(id)), Pos::Max(u8(id)), why, Err::kCorrupt));
+      TFS_TRY(TreeOps::MakeEmptySubtree(im, t, 0, Pos::Min(u8(id)), Pos::Max(u8(id)), &t.root));
+      continue;
+    }
     if (rp.member == kNoMember) continue;
     CachedNode* r = nullptr;
-    Status st = TreeOps::ReadNode(im, rp, Pos::Max(u8(id)), &r, diag);
+    Diag why;
+    Status st = TreeOps::ReadNode(im, rp, Pos::Max(u8(id)), &r, &why);
+    if (!st.ok() && options.drop_bad_nodes && StatusIsCorrupt(st)) {
+      TFS_TRY(TreeOps::NoteLost(im, t, rp, Pos::Min(u8(id)), Pos::Max(u8(id)), why, st));
+      // A leaf root: the recovered keys grow the tree again.
+      TFS_TRY(TreeOps::MakeEmptySubtree(im, t, 0, Pos::Min(u8(id)), Pos::Max(u8(id)), &t.root));
+      continue;
+    }
     if (!st.ok()) {
-      // The node's own message, copied first: DiagError writes into diag->text.
-      Diag why;
-      if (diag != nullptr) why = *diag;
       return DiagError(diag, st, "btree %u root (member %u, offset %llu): %s", id, unsigned(rp.member),
                        (unsigned long long)rp.offset.get(), why.empty() ? st.Message() : why.text);
     }
     t.root = r;
+    root_read[id] = true;
     TreeOps::Charge(im, r);
   }
   // Every slot the trees use, reading interior nodes (they stay cached).
@@ -1767,41 +2004,84 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
     }
   } used;
   struct Walk {
-    static Status Visit(Impl* im, CachedNode* n, Used* used, Diag* diag) {
-      const NodePtrFormat& p = n->ptr;
-      const u64 b = im->sb.BucketOf(p.offset.get());
-      if (used != nullptr) used->Add(p.member, p.offset.get());
-      if (++im->live[p.member][b] > im->slots_per_bucket)
+    // Counts slot `off` of member m as live (and used).
+    static Status Count(Impl* im, u32 m, u64 off, Used* used, Diag* diag) {
+      const u64 b = im->sb.BucketOf(off);
+      if (++im->live[m][b] > im->slots_per_bucket)
         return DiagError(diag, Err::kCorrupt, "btree: more nodes than fit in bucket %llu of member %u",
-                         (unsigned long long)b, unsigned(p.member));
+                         (unsigned long long)b, m);
+      if (used != nullptr) used->Add(m, off);
+      return Status::Ok();
+    }
+    // `drop` (Options::drop_bad_nodes): leaves are read and verified too, and
+    // a child that fails is replaced by an empty subtree.
+    static Status Visit(Impl* im, Tree& t, CachedNode* n, Used* used, bool drop, Diag* diag) {
+      const NodePtrFormat& p = n->ptr;
+      TFS_TRY(Count(im, p.member, p.offset.get(), used, diag));
       if (n->node.info().level == 0) return Status::Ok();
+      Vector<u32> bad;  // children dropped
       const Set& s = n->node.set(0);
       for (u32 i = 0; i < s.size(); i++) {
         NodePtrFormat cp = ReadPtr(s.Key(i));
-        if (cp.level == 0) {
+        const Pos cmax = s.Key(i).pos();
+        if (cp.level == 0 && !drop) {
           const u64 cb = im->sb.BucketOf(cp.offset.get());
           const u64 off = cp.offset.get();
           if (off < sb::kBucketsOffset || off % im->node_size != 0 || cb >= im->live[cp.member].size())
             return DiagError(diag, Err::kCorrupt, "btree: leaf pointer outside the btree area");
-          if (++im->live[cp.member][cb] > im->slots_per_bucket)
-            return DiagError(diag, Err::kCorrupt, "btree: more nodes than fit in bucket %llu of member %u",
-                             (unsigned long long)cb, unsigned(cp.member));
-          if (used != nullptr) used->Add(cp.member, off);
+          TFS_TRY(Count(im, cp.member, off, used, diag));
           continue;
         }
         CachedNode* c = nullptr;
-        TFS_TRY(TreeOps::ReadNode(im, cp, s.Key(i).pos(), &c, diag));
+        Diag why;
+        Status st = TreeOps::ReadNode(im, cp, cmax, &c, &why);
+        if (!st.ok() && drop && StatusIsCorrupt(st)) {
+          TFS_TRY(TreeOps::NoteLost(im, t, cp, PtrMin(cp), cmax, why, st));
+          TFS_TRY(bad.PushBack(i));
+          continue;
+        }
+        if (!st.ok()) {
+          if (diag != nullptr) *diag = why;
+          return st;
+        }
+        if (cp.level == 0) {  // verified; read again when used
+          platform::Delete(c);
+          TFS_TRY(Count(im, cp.member, cp.offset.get(), used, diag));
+          continue;
+        }
         c->parent = n;
         n->children[i] = c;
         TreeOps::Charge(im, c);
-        TFS_TRY(Visit(im, c, used, diag));
+        TFS_TRY(Visit(im, t, c, used, drop, diag));
       }
-      return Status::Ok();
+      if (bad.empty()) return Status::Ok();
+      // The replacements, linked in one rebuild of n (which moves its keys).
+      Vector<TreeOps::Edit> edits;
+      TFS_TRY(edits.Reserve(bad.size()));
+      Status st;
+      for (u32 i : bad) {
+        const NodePtrFormat cp = ReadPtr(s.Key(i));
+        CachedNode* sub = nullptr;
+        st = TreeOps::MakeEmptySubtree(im, t, cp.level, PtrMin(cp), s.Key(i).pos(), &sub);
+        if (!st.ok()) break;
+        edits.PushBack(TreeOps::Edit{s.Key(i).pos(), &sub->ptr, sub}).IgnoreError();  // reserved
+      }
+      if (st.ok()) st = TreeOps::RebuildInterior(im, n, edits.data(), u32(edits.size()));
+      if (!st.ok()) {
+        for (const TreeOps::Edit& e : edits) TreeOps::KillChain(im, t, e.child);
+      }
+      return st;
     }
   };
+  const bool collect = !options.read_only || options.drop_bad_nodes;
   for (u32 id = 0; id < kNrBtreeIds; id++) {
-    if (im->trees[id].root != nullptr)
-      TFS_TRY(Walk::Visit(im, im->trees[id].root, options.read_only ? nullptr : &used, diag));
+    if (root_read[id])
+      TFS_TRY(Walk::Visit(im, im->trees[id], im->trees[id].root, collect ? &used : nullptr, options.drop_bad_nodes,
+                          diag));
+  }
+  if (!im->lost.empty()) {
+    if (!used.ok) return Err::kNoMemory;
+    TFS_TRY(TreeOps::RecoverLost(im, used.v));
   }
   TreeOps::PublishNeed(im);
   if (!options.read_only) {
@@ -1826,6 +2106,7 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
     MutexLock c(im->state_mu);
     im->applied_seq = roots.journal_seq;
   }
+  lost_ = Move(im->lost);
   im->opened = true;
   return Status::Ok();
 }
@@ -1998,6 +2279,40 @@ Result<u32> Btrees::Get(const Pos& pos, void* buf, u32 cap) {
   }
 }
 
+Status Btrees::ForEachSlot(Status (*fn)(void* ctx, const NodePtrFormat& ptr), void* ctx) {
+  Impl* im = impl_;
+  if (im == nullptr) return Err::kInvalidArgument;
+  struct Walk {
+    static Status Visit(Impl* im, const CachedNode* n, Status (*fn)(void*, const NodePtrFormat&), void* ctx) {
+      if (n->ptr.member != kNoMember) TFS_TRY(fn(ctx, n->ptr));
+      if (n->node.info().level == 0) return Status::Ok();
+      const Set& s = n->node.set(0);
+      for (u32 i = 0; i < s.size(); i++) {
+        if (i < n->children.size() && n->children[i] != nullptr) {
+          TFS_TRY(Visit(im, n->children[i], fn, ctx));
+          continue;
+        }
+        const NodePtrFormat cp = ReadPtr(s.Key(i));
+        if (cp.level == 0) {
+          TFS_TRY(fn(ctx, cp));
+          continue;
+        }
+        CachedNode* c = nullptr;  // evicted: read, walked, dropped
+        TFS_TRY(TreeOps::ReadNode(im, cp, s.Key(i).pos(), &c, nullptr));
+        Status st = Visit(im, c, fn, ctx);
+        platform::Delete(c);
+        TFS_TRY(st);
+      }
+      return Status::Ok();
+    }
+  };
+  for (u32 id = 0; id < kNrBtreeIds; id++) {
+    if (im->trees[id].root != nullptr) TFS_TRY(Walk::Visit(im, im->trees[id].root, fn, ctx));
+  }
+  return Status::Ok();
+}
+
+
 Stats Btrees::GetStats() const {
   Stats s;
   MemSet(&s, 0, sizeof(s));
@@ -2028,6 +2343,10 @@ Stats Btrees::GetStats() const {
   s.returned_buckets = L(im->c_returned_buckets);
   s.hole_slots = L(im->c_hole_slots);
   s.throttles = L(im->c_throttles);
+  s.dropped_nodes = im->s_dropped;
+  s.scanned_slots = im->s_scanned;
+  s.scan_copies = im->s_copies;
+  s.recovered_keys = im->s_recovered;
   s.cached_nodes = L(im->cached_nodes);
   s.cached_bytes = L(im->cached_bytes);
   s.dirty_nodes = L(im->dirty_nodes);

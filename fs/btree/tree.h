@@ -73,6 +73,24 @@ struct Options {
   u32 node_size = 0;               // 0 = the superblock's btree_node_size
   bool writer_thread = true;       // false: checkpoints only when called (tests)
   bool read_only = false;          // no allocator changes, no writes (show, fsck -n)
+  // fsck only (docs/design/fsck.md, "Damaged nodes"): Open reads every node,
+  // leaves too, and a node that cannot be read or fails verification (a
+  // kCorrupt-class error: checksums, identity, structure, a pointer outside
+  // the btree area) is dropped instead of failing the open: an empty node
+  // covering its range takes its place (for an interior node, a chain of
+  // empty nodes down to a leaf, so every leaf stays at level 0), and what it
+  // held is recovered from the newest other copies a node scan finds (every
+  // node slot of this filesystem no pointer names, in free and btree
+  // buckets: copies a checkpoint replaced, and the children of a dropped
+  // interior node). LostNodes() lists what was dropped and recovered. With
+  // read_only the replacement lives in memory only.
+  bool drop_bad_nodes = false;
+  // fsck -y only, with drop_bad_nodes, when the roots block is lost (damaged,
+  // or older than the filesystem): nothing the roots name is read; every tree
+  // is rebuilt from the newest copies the node scan finds (all of it held in
+  // memory until the next checkpoint writes it), and LostNodes() lists one
+  // whole-range entry per tree (ptr: what the stale roots named, if any).
+  bool rebuild_from_scan = false;
   // Tests only (null otherwise): called at named points between the steps of a
   // concurrent algorithm, with no tree or node lock held, so a test can run
   // another thread into the gap a race needs. Points: "fetch.linked" (a node
@@ -102,6 +120,23 @@ struct Stats {
   u64 throttles;                       // commits that waited for a checkpoint (memory, journal)
   u64 cached_nodes, cached_bytes, dirty_nodes, dirty_bytes;  // now
   u64 depth[kNrBtreeIds];              // levels per tree now (0 = empty)
+  // Options::drop_bad_nodes: nodes dropped at open; node slots the scan read
+  // and how many of them were valid copies of a lost range; keys recovered.
+  u64 dropped_nodes, scanned_slots, scan_copies, recovered_keys;
+};
+
+// A node Options::drop_bad_nodes dropped, and what the node scan recovered of
+// its range.
+struct LostNode {
+  u8 btree_id = 0;
+  u8 level = 0;         // the dropped node's (its replacement's top)
+  Pos min{}, max{};     // the range it covered (its parent's pointer)
+  NodePtrFormat ptr{};  // where it was
+  Diag why;             // what was wrong with it
+  u64 recovered_keys = 0;  // keys taken from other copies into its range
+  u32 copies = 0;          // copies they came from
+  u64 newest_copy_seq = 0;  // the newest journal entry those copies held (0: none)
+  bool fully_covered = false;  // the copies covered its whole range
 };
 
 // The node cache bound when Options::cache_bytes is 0: an eighth of the machine's
@@ -276,6 +311,8 @@ class Btrees {
 
   Stats GetStats() const;
   const Roots& roots() const { return roots_; }  // the last roots block written or read
+  // Options::drop_bad_nodes: what Open dropped (empty otherwise).
+  const Vector<LostNode>& lost_nodes() const { return lost_; }
   u32 node_size() const { return node_size_; }
 
   // For fsck: visits every node of every tree as the last roots block left them,
@@ -298,6 +335,12 @@ class Btrees {
   };
   Status ForEachNodeContinuing(Status (*fn)(void* ctx, const NodeVisit& v),
                                Status (*bad)(void* ctx, const NodeError& e), void* ctx);
+  // For fsck's rebuild of allocation state: calls fn with the pointer to every
+  // node the trees reach now (in memory: nodes changed since the last
+  // checkpoint at their old slots, nodes never written not at all), reading
+  // interior nodes that are not cached. Only while nothing else uses the
+  // trees (Engine::Open's rebuild hook). fn returns non-Ok to stop.
+  Status ForEachSlot(Status (*fn)(void* ctx, const NodePtrFormat& ptr), void* ctx);
 
  private:
   friend class Transaction;
@@ -308,6 +351,7 @@ class Btrees {
   Impl* impl_ = nullptr;
   Roots roots_{};
   u32 node_size_ = 0;
+  Vector<LostNode> lost_;  // Options::drop_bad_nodes: what Open dropped
 };
 
 }  // namespace tfs::btree

@@ -202,17 +202,44 @@ Status Engine::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opt
     }
   }
   TFS_TRY(alloc_.Finish());
+  const bool can_rebuild_roots =
+      options.rebuild_roots && options.rebuild_alloc != nullptr && options.btree.drop_bad_nodes && !read_only_;
   btree::Roots roots;
-  TFS_TRY(btree::ReadRoots(devs_, sb_, &roots, diag));
-  CheckCurrent(roots, rep);
+  Diag rd;
+  Status rst = btree::ReadRoots(devs_, sb_, &roots, &rd);
+  if (!rst.ok() && !(can_rebuild_roots && rst.Is(ErrorClass::kCorrupt))) {
+    if (diag != nullptr) *diag = rd;
+    return rst;
+  }
+  if (!rst.ok()) {  // no valid roots block at all: every tree from the scan
+    rep.stale_roots = true;
+    rep.stale_why = rd;
+    roots = btree::Roots{};
+    roots.gen = sb_.roots_gen;
+    for (u32 t = 0; t < btree::kNrBtreeIds; t++) {
+      roots.roots[t] = btree::NodePtrFormat{};
+      roots.roots[t].member = btree::kNoMember;
+      roots.roots[t].btree_id = u8(t);
+    }
+  } else {
+    CheckCurrent(roots, rep);
+  }
   const bool stale = rep.stale_roots || rep.stale_alloc != 0;
-  if (stale && !read_only_ && (rep.stale_roots || options.rebuild_alloc == nullptr)) {
+  if (stale && !read_only_ &&
+      (rep.stale_roots ? !can_rebuild_roots : options.rebuild_alloc == nullptr)) {
     if (diag != nullptr) *diag = rep.stale_why;
     return Err::kCorrupt;
   }
   if (stale) platform::Log(platform::LogLevel::kError, "%s", rep.stale_why.text);
   btree::Options bopt = options.btree;
   bopt.read_only = read_only_;
+  if (rep.stale_roots && can_rebuild_roots) {
+    // The next roots block must not be older than the one proved durable.
+    roots.gen = Max(roots.gen, Max(sb_.roots_gen, rep.replay.roots_gen));
+    bopt.rebuild_from_scan = true;
+    rep.roots_rebuilt = true;
+    platform::Log(platform::LogLevel::kWarn, "btree roots: rebuilding every tree from a node scan");
+  }
   Status st = btrees_.Open(&devs_, &alloc_, sb_, roots, bopt, diag);
   if (!st.ok()) {
     btrees_.Close().IgnoreError();
@@ -231,8 +258,12 @@ Status Engine::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opt
     alloc_.SetJournalSeqFloor(next_seq);
     // Entries lost in the journal may have held allocation changes the
     // replayed ones depend on: the trees decide.
-    if (rep.stale_alloc != 0 || rep.replayed_past_damage) {
-      st = options.rebuild_alloc(options.rebuild_ctx, *this);
+    // So may the keys of damaged nodes fsck dropped (btree::Options::drop_bad_nodes).
+    const bool dropped = !btrees_.lost_nodes().empty();
+    if (rep.stale_alloc != 0 || rep.replayed_past_damage || dropped) {
+      st = options.rebuild_alloc != nullptr
+               ? options.rebuild_alloc(options.rebuild_ctx, *this)
+               : Status(Err::kInvalidArgument);  // drop_bad_nodes read-write without a rebuild: a caller's bug
       if (st.ok()) st = alloc_.Checkpoint();
       if (!st.ok()) {
         btrees_.Close().IgnoreError();
@@ -240,8 +271,9 @@ Status Engine::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opt
       }
       rep.alloc_rebuilt = true;
     }
-    if (!rep.was_clean) {
+    if (!rep.was_clean || dropped) {
       // Persist what replay applied: the journal restarts at the ring starts.
+      // (And the nodes that replaced dropped ones.)
       st = btrees_.Checkpoint();
       if (st.ok()) st = alloc_.Checkpoint();
       if (!st.ok()) {
@@ -312,7 +344,8 @@ void Engine::CheckCurrent(const btree::Roots& roots, OpenReport& rep) const {
     rep.stale_roots = true;
     DiagError(&why, Err::kCorrupt,
               "btree roots: newest valid block is gen %llu but gen %llu was durable (%s): the newer one is damaged "
-              "and the changes since would be lost (fsck cannot rebuild roots yet)",
+              "and the changes since would be lost; run 'tierfs fsck -y' to rebuild the trees from a scan for their "
+              "nodes",
               (unsigned long long)roots.gen, (unsigned long long)proved_gen,
               proved_gen == sb_.roots_gen ? "superblock" : "journal")
         .IgnoreError();

@@ -79,6 +79,10 @@ struct OpenOptions {
   // state rebuilt, instead of refused (docs/format/journal.md, "Damage in the
   // middle").
   bool replay_past_damage = false;
+  // fsck -y, with rebuild_alloc and btree.drop_bad_nodes: lost roots (no
+  // valid roots block, or one older than the filesystem) are rebuilt from a
+  // node scan (btree::Options::rebuild_from_scan) instead of refused.
+  bool rebuild_roots = false;
 };
 
 struct OpenReport {
@@ -96,6 +100,7 @@ struct OpenReport {
   bool stale_roots = false;
   Diag stale_why;  // the first reason, one line
   bool alloc_rebuilt = false;  // rebuild_alloc ran
+  bool roots_rebuilt = false;  // rebuild_roots rebuilt the trees from a node scan
   // Journal damage (replay.durable_end != 0) was replayed past
   // (OpenOptions::replay_past_damage); a read-write open without that refuses,
   // a read-only one replays up to the damage only.

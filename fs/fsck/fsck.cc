@@ -433,11 +433,11 @@ struct AllocRebuild {
   u64 nodes = 0, extents = 0, bad_extents = 0;
 };
 
-Status MarkNodeBucket(void* ctx, const btree::Btrees::NodeVisit& v) {
+Status MarkNodeBucket(void* ctx, const btree::NodePtrFormat& p) {
   auto* r = static_cast<AllocRebuild*>(ctx);
   const sb::Superblock& s = r->e->sb();
   // (A node outside the btree's buckets is the btree pass's finding.)
-  (void)r->e->alloc().RebuildMark(v.ptr->member, s.BucketOf(v.ptr->offset.get()), alloc::BucketState::kBtree, 0,
+  (void)r->e->alloc().RebuildMark(p.member, s.BucketOf(p.offset.get()), alloc::BucketState::kBtree, 0,
                                   s.btree_node_size / 512);
   r->nodes++;
   return Status::Ok();
@@ -448,8 +448,7 @@ Status RebuildAlloc(void* ctx, engine::Engine& e) {
   r->e = &e;
   alloc::Allocator& a = e.alloc();
   a.BeginRebuild();
-  Diag d;
-  Status st = e.btrees().ForEachNode(MarkNodeBucket, r, &d);
+  Status st = e.btrees().ForEachSlot(MarkNodeBucket, r);
   if (!st.ok()) return st;  // a tree that cannot be walked: nothing is written
   btree::Iterator it(&e.btrees(), btree::kBtreeExtents);
   for (st = it.SeekToFirst(); st.ok() && it.Valid(); st = it.Next()) {
@@ -476,6 +475,43 @@ Status RebuildAlloc(void* ctx, engine::Engine& e) {
   return a.EndRebuild();
 }
 
+// The account of every damaged node the open dropped and what the node scan
+// recovered of its range. The btree pass counts each bad node as an error (on
+// the read-only open with -y); with -y dropping it is its repair.
+void ReportDroppedNodes(engine::Engine& e, const Options& opt, bool roots_rebuilt, Ctx& c) {
+  const Vector<btree::LostNode>& lost = e.btrees().lost_nodes();
+  if (lost.empty()) return;
+  const btree::Stats st = e.btrees().GetStats();
+  c.Line("btree: node scan: %llu node slots read outside the trees, %llu valid copies of the damaged ranges",
+         (unsigned long long)st.scanned_slots, (unsigned long long)st.scan_copies);
+  for (const btree::LostNode& ln : lost) {
+    // A rebuild of lost roots lists every tree; one that was empty and has no
+    // copy anywhere has nothing to say.
+    if (roots_rebuilt && ln.copies == 0 && ln.ptr.member == btree::kNoMember) continue;
+    const char* name = ln.btree_id < btree::kNrBtreeIds ? kBtreeNames[ln.btree_id] : "?";
+    const char* label = ln.ptr.member < e.sb().nr_members ? e.sb().members[ln.ptr.member].label : "?";
+    char got[160];
+    if (ln.copies == 0) {
+      platform::Format(got, sizeof(got), "no copy of its range was found: its keys are lost");
+    } else {
+      platform::Format(got, sizeof(got), "%llu keys recovered from %u copies the scan found (newest: journal entry %llu)%s",
+                       (unsigned long long)ln.recovered_keys, ln.copies, (unsigned long long)ln.newest_copy_seq,
+                       ln.fully_covered ? ", its whole range (a copy older than the node lacks its later changes)"
+                                        : "; part of its range has no copy: its keys there are lost");
+    }
+    if (roots_rebuilt) {
+      c.Line("btree %s: rebuilt: %s", name, got);
+      continue;
+    }
+    c.Line("btree %s: %s the damaged level-%u node at member %s offset %llu (keys %llu:%llu..%llu:%llu): %s", name,
+           opt.repair ? "dropped" : "would drop", unsigned(ln.level), label, (unsigned long long)ln.ptr.offset.get(),
+           (unsigned long long)ln.min.inode, (unsigned long long)ln.min.offset, (unsigned long long)ln.max.inode,
+           (unsigned long long)ln.max.offset, got);
+    if (opt.repair && !roots_rebuilt) c.report->repaired++;  // (else one repair: the roots)
+  }
+  c.Line("btree: the checks below %s what depended on the lost keys", opt.repair ? "repair" : "report");
+}
+
 }  // namespace
 
 Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn emit, void* ctx) {
@@ -495,22 +531,18 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
     engine::Engine ro;
     engine::OpenOptions roo;
     roo.read_only = true;
+    roo.btree.drop_bad_nodes = true;
     Diag rd;
     engine::OpenReport rrep;
     if (ro.Open(bdevs, count, roo, &rd, &rrep).ok()) {
-      if (rrep.stale_roots) {
-        // Nothing is repaired against trees older than the filesystem: their
-        // "unreferenced" nodes and buckets are the newer trees' (node scan: not yet).
-        c.Line("%s", rrep.stale_why.text);
-        c.Line("btree roots: fsck cannot rebuild lost roots yet; nothing was changed");
-        report.errors++;
-        report.exit_code = kExitUncorrected;
-        ro.Close().IgnoreError();
-        return report;
+      // Trees older than the filesystem are not checked (their "unreferenced"
+      // nodes and buckets are the newer trees'): the writable open rebuilds
+      // every tree from a node scan, and says so.
+      if (!rrep.stale_roots) {
+        c.alloc_stale = rrep.stale_alloc != 0;
+        CheckBtrees(ro, rrep.was_clean, c, &btree_found);
+        c.alloc_stale = false;
       }
-      c.alloc_stale = rrep.stale_alloc != 0;
-      CheckBtrees(ro, rrep.was_clean, c, &btree_found);
-      c.alloc_stale = false;
       ro.Close().IgnoreError();
     }  // else the writable open below reports why
   }
@@ -518,11 +550,16 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
   engine::Engine e;
   engine::OpenOptions oo;
   oo.read_only = !opt.repair;
+  // A damaged node does not stop the check: it is dropped (in memory only
+  // with -n) and its range recovered from the copies a node scan finds; the
+  // passes below check (and repair) what the trees hold then.
+  oo.btree.drop_bad_nodes = true;
   AllocRebuild rebuild;
   if (opt.repair) {
     oo.rebuild_alloc = RebuildAlloc;
     oo.rebuild_ctx = &rebuild;
     oo.replay_past_damage = true;
+    oo.rebuild_roots = true;
   }
   engine::OpenReport rep;
   Diag d;
@@ -567,13 +604,19 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
            (unsigned long long)rr.gap_at, (unsigned long long)rr.discarded_entries);
     report.notes++;
   }
-  if (rep.stale_roots) {  // (-n: the writable open refuses them)
+  if (rep.stale_roots) {
     c.Line("%s", rep.stale_why.text);
     report.errors++;
-    c.Line("btree roots: the trees are not checked against an older roots block");
-    e.Close().IgnoreError();
-    report.exit_code = kExitUncorrected;
-    return report;
+    if (!rep.roots_rebuilt) {  // -n
+      c.Line("btree roots: the trees are not checked against an older roots block; 'tierfs fsck -y' rebuilds "
+             "them from a scan for their nodes");
+      e.Close().IgnoreError();
+      report.exit_code = kExitUncorrected;
+      return report;
+    }
+    report.repaired++;
+    c.Line("btree roots: rebuilt every tree from the newest copies of its leaves a scan for nodes found (%llu keys)",
+           (unsigned long long)e.btrees().GetStats().recovered_keys);
   }
   if (rep.stale_alloc != 0) {
     report.errors++;
@@ -590,6 +633,7 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
            (unsigned long long)rebuild.nodes, (unsigned long long)rebuild.extents,
            (unsigned long long)rebuild.bad_extents);
   }
+  ReportDroppedNodes(e, opt, rep.roots_rebuilt, c);
   c.alloc_stale = rep.stale_alloc != 0 && !rep.alloc_rebuilt;
   CheckAllocator(e, opt, c);
   if (opt.repair) {

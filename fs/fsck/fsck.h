@@ -19,8 +19,11 @@
 //    mark one holding nodes as btree, and write the tables); a line of statistics
 //    per tree (nodes, leaves, keys, depth). With -y the btree pass runs on a
 //    read-only open before the writable one, since a writable mount reconciles
-//    btree buckets itself. A corrupt roots block or interior node already stops
-//    the mount: reported as "cannot open the filesystem" with the node named.
+//    btree buckets itself. Every open drops a damaged node (in memory with -n)
+//    and recovers its range from the copies a node scan finds, so the passes
+//    after it run over the whole tree; -y writes the result, and rebuilds
+//    every tree from the scan when the roots block is lost (docs/design/
+//    fsck.md, "Damaged nodes and lost roots").
 //  - the namespace (posix/; fsck/namespace.cc, docs/design/fsck.md): every
 //    inode record parses; every directory entry parses, names an existing inode
 //    of its type and is reachable from its home slot; no tombstone ends a probe

@@ -186,32 +186,126 @@ TEST(FsckTest, MultiLevelTreeIsCleanWithStatistics) {
   EXPECT_EQ(r.exit_code, kExitClean) << fs.Text();
 }
 
+// Flips one byte of the node at `n` (its set checksum then fails).
+void Damage(Fs& fs, const NodeAt& n) {
+  u8 b;
+  fs.Member(n.member)->ReadRaw(n.offset + 200, &b, 1);
+  b ^= 0x40;
+  fs.Member(n.member)->WriteRaw(n.offset + 200, &b, 1);
+}
+
+// The test tree's keys, each checked against FillTree's value; -1 if the
+// filesystem does not open (read-write, as a mount would).
+long CountTestKeys(Fs& fs) {
+  engine::Engine e;
+  BlockDevice* devs[2] = {fs.ssd.get(), fs.hdd.get()};
+  Diag d;
+  if (!e.Open(devs, 2, engine::OpenOptions{}, &d).ok()) return -1;
+  long n = 0;
+  btree::Iterator it(&e.btrees(), btree::kBtreeTest);
+  Status st;
+  for (st = it.SeekToFirst(); st.ok() && it.Valid(); st = it.Next()) {
+    const u8 want = u8(it.pos().offset);
+    if (it.val_bytes() != 40 || it.value()[0] != want || it.value()[39] != want) return -2;
+    n++;
+  }
+  if (!st.ok()) n = -3;
+  EXPECT_TRUE(e.Close().ok());
+  return n;
+}
+
+const NodeAt* NthNode(const std::vector<NodeAt>& nodes, u8 level, size_t nth) {
+  for (const NodeAt& n : nodes)
+    if (n.level == level && nth-- == 0) return &n;
+  return nullptr;
+}
+
+// One bad leaf: named, the rest of the tree still walked (-n); -y drops it and
+// says what it lost, and the filesystem is clean and usable afterwards.
 TEST(FsckTest, CorruptLeafIsNamedAndTheWalkGoesOn) {
   Fs fs(4096);
   FillTree(fs, 3000);
   std::vector<NodeAt> nodes = Nodes(fs);
-  size_t leaves = 0;
-  const NodeAt* victim = nullptr;
-  for (const NodeAt& n : nodes) {
-    if (n.level != 0) continue;
-    if (++leaves == 5) victim = &n;
-  }
+  const NodeAt* victim = NthNode(nodes, 0, 4);
   ASSERT_NE(victim, nullptr);
-  u8 b;
-  fs.Member(victim->member)->ReadRaw(victim->offset + 200, &b, 1);
-  b ^= 0x40;
-  fs.Member(victim->member)->WriteRaw(victim->offset + 200, &b, 1);
-  for (bool repair : {false, true}) {
-    Report r = fs.Run(repair);
-    EXPECT_EQ(r.exit_code, kExitUncorrected) << fs.Text();
-    EXPECT_EQ(r.errors, 1u) << fs.Text();
-    const std::string where = "level-0 node at member ssd.a offset " + std::to_string(victim->offset);
-    EXPECT_NE(fs.Text().find(where), std::string::npos) << fs.Text();
-    // The other leaves were still walked: every node but the bad one is counted.
-    EXPECT_NE(fs.Text().find("btree test: " + std::to_string(nodes.size() - 1) + " nodes"), std::string::npos)
-        << fs.Text();
-    EXPECT_NE(fs.Text().find("depth 3, 1 bad"), std::string::npos) << fs.Text();
+  Damage(fs, *victim);
+  const std::string where = "level-0 node at member ssd.a offset " + std::to_string(victim->offset);
+  Report r = fs.Run(false);
+  EXPECT_EQ(r.exit_code, kExitUncorrected) << fs.Text();
+  EXPECT_EQ(r.errors, 1u) << fs.Text();
+  EXPECT_NE(fs.Text().find(where), std::string::npos) << fs.Text();
+  // The other leaves were still walked: every node but the bad one is counted.
+  EXPECT_NE(fs.Text().find("btree test: " + std::to_string(nodes.size() - 1) + " nodes"), std::string::npos)
+      << fs.Text();
+  EXPECT_NE(fs.Text().find("depth 3, 1 bad"), std::string::npos) << fs.Text();
+  EXPECT_NE(fs.Text().find("would drop the damaged " + where), std::string::npos) << fs.Text();
+  EXPECT_EQ(CountTestKeys(fs), -3) << "a mount reads the bad leaf and fails";
+  r = fs.Run(true);
+  EXPECT_EQ(r.exit_code, kExitRepaired) << fs.Text();
+  EXPECT_NE(fs.Text().find(where), std::string::npos) << fs.Text();
+  // No other copy of a leaf written once: its keys are gone, and fsck says so.
+  EXPECT_NE(fs.Text().find("dropped the damaged " + where), std::string::npos) << fs.Text();
+  EXPECT_NE(fs.Text().find("its keys are lost"), std::string::npos) << fs.Text();
+  r = fs.Run(false);
+  EXPECT_EQ(r.exit_code, kExitClean) << fs.Text();
+  const long left = CountTestKeys(fs);
+  EXPECT_GT(left, 2900) << fs.Text();
+  EXPECT_LT(left, 3000) << fs.Text();
+}
+
+// The children of a bad interior node are intact: the node scan finds them
+// (no pointer names them any more) and every key comes back.
+TEST(FsckTest, DamagedInteriorNodeIsRebuiltFromItsChildren) {
+  Fs fs(4096);
+  FillTree(fs, 3000);
+  std::vector<NodeAt> nodes = Nodes(fs);
+  const NodeAt* victim = NthNode(nodes, 1, 1);
+  ASSERT_NE(victim, nullptr);
+  Damage(fs, *victim);
+  EXPECT_EQ(CountTestKeys(fs), -1) << "a mount reads every interior node";
+  Report r = fs.Run(false);
+  EXPECT_EQ(r.exit_code, kExitUncorrected) << fs.Text();
+  EXPECT_NE(fs.Text().find("would drop the damaged level-1 node"), std::string::npos) << fs.Text();
+  r = fs.Run(true);
+  EXPECT_EQ(r.exit_code, kExitRepaired) << fs.Text();
+  EXPECT_NE(fs.Text().find("dropped the damaged level-1 node at member ssd.a offset " +
+                           std::to_string(victim->offset)),
+            std::string::npos)
+      << fs.Text();
+  EXPECT_EQ(fs.Text().find("are lost"), std::string::npos) << fs.Text();
+  r = fs.Run(false);
+  EXPECT_EQ(r.exit_code, kExitClean) << fs.Text();
+  EXPECT_NE(fs.Text().find(" 3000 keys, depth"), std::string::npos) << fs.Text();
+  EXPECT_EQ(CountTestKeys(fs), 3000);
+}
+
+// A node of a previous filesystem left in a free bucket is never taken as a
+// copy: the scan takes only nodes naming this filesystem's uuid.
+TEST(FsckTest, NodeScanIgnoresAnotherFilesystemsNodes) {
+  Fs old(4096);
+  FillTree(old, 3000);
+  Fs fs(4096);  // formatted over the same bytes below
+  std::vector<u8> all(32 << 20);
+  old.ssd->ReadRaw(0, all.data(), all.size());
+  {
+    engine::Engine e;
+    fs.Open(&e);  // the new filesystem's layout, then its buckets replaced by the old ones
+    ASSERT_TRUE(e.Close().ok());
   }
+  std::vector<u8> cur(32 << 20);
+  fs.ssd->ReadRaw(0, cur.data(), cur.size());
+  // Keep the new superblocks, roots, tables and journal (the first buckets);
+  // every bucket the old filesystem had nodes in comes back.
+  for (const NodeAt& n : Nodes(old)) fs.ssd->WriteRaw(n.offset, all.data() + n.offset, 4096);
+  FillTree(fs, 300);
+  std::vector<NodeAt> nodes = Nodes(fs);
+  ASSERT_NE(nodes.size(), 0u);
+  Damage(fs, nodes[0]);  // the root
+  Report r = fs.Run(true);
+  EXPECT_EQ(r.exit_code, kExitRepaired) << fs.Text();
+  const long left = CountTestKeys(fs);
+  EXPECT_GE(left, 0) << fs.Text();
+  EXPECT_LE(left, 300) << "keys of the old filesystem came back: " << fs.Text();
 }
 
 TEST(FsckTest, BtreeBucketWithoutNodesIsFreed) {
@@ -288,7 +382,8 @@ TEST(FsckTest, SlotReferencedTwiceIsReported) {
 
 // The message names the root once, with where it is and what is wrong (it
 // used to format its own text into itself: "btree 2 root: btree 2 root: d magic").
-TEST(FsckTest, DamagedRootNodeIsNamedOnce) {
+// fsck -y rebuilds the tree from the leaves the node scan finds.
+TEST(FsckTest, DamagedRootNodeIsNamedOnceAndRebuilt) {
   Fs fs(4096);
   FillTree(fs, 3000);
   const NodeAt* root = nullptr;
@@ -296,18 +391,28 @@ TEST(FsckTest, DamagedRootNodeIsNamedOnce) {
   for (const NodeAt& n : nodes)
     if (n.level == 2) root = &n;
   ASSERT_NE(root, nullptr);
-  u8 b;
-  fs.Member(root->member)->ReadRaw(root->offset + 200, &b, 1);
-  b ^= 0x40;
-  fs.Member(root->member)->WriteRaw(root->offset + 200, &b, 1);
+  Damage(fs, *root);
+  {
+    engine::Engine e;
+    BlockDevice* devs[2] = {fs.ssd.get(), fs.hdd.get()};
+    Diag d;
+    ASSERT_FALSE(e.Open(devs, 2, engine::OpenOptions{}, &d).ok());
+    const std::string text = d.text;
+    const std::string where = "root (member " + std::to_string(root->member) + ", offset " +
+                              std::to_string(root->offset) + "): ";
+    EXPECT_NE(text.find(where), std::string::npos) << text;
+    EXPECT_EQ(text.find("root: btree"), std::string::npos) << text;
+    EXPECT_EQ(text.find(" root"), text.rfind(" root")) << text;
+  }
   Report r = fs.Run(false);
   EXPECT_EQ(r.exit_code, kExitUncorrected) << fs.Text();
-  const std::string text = fs.Text();
-  const std::string where = "root (member " + std::to_string(root->member) + ", offset " +
-                            std::to_string(root->offset) + "): ";
-  EXPECT_NE(text.find(where), std::string::npos) << text;
-  EXPECT_EQ(text.find("root: btree"), std::string::npos) << text;
-  EXPECT_EQ(text.find(" root"), text.rfind(" root")) << text;
+  EXPECT_NE(fs.Text().find("would drop the damaged level-2 node"), std::string::npos) << fs.Text();
+  r = fs.Run(true);
+  EXPECT_EQ(r.exit_code, kExitRepaired) << fs.Text();
+  EXPECT_NE(fs.Text().find("3000 keys recovered"), std::string::npos) << fs.Text();
+  r = fs.Run(false);
+  EXPECT_EQ(r.exit_code, kExitClean) << fs.Text();
+  EXPECT_EQ(CountTestKeys(fs), 3000);
 }
 
 TEST(FsckTest, UnreadableRootsBlockIsUncorrectable) {

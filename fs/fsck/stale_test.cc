@@ -232,7 +232,10 @@ TEST(FsckStaleTest, DamagedOlderAllocTableIsNoProblem) {
   img.ExpectFiles(24);
 }
 
-TEST(FsckStaleTest, DamagedNewestRootsRefusesMountAndFsckChangesNothing) {
+// A damaged newest roots block: the mount refuses (never the older roots),
+// fsck -n reports it and writes nothing, fsck -y rebuilds every tree from
+// the newest copies of its leaves a node scan finds, and every file is back.
+TEST(FsckStaleTest, DamagedNewestRootsRefusesMountAndFsckRebuildsThem) {
   Image img;
   Populate(img, 3, 8);
   img.DamageNewest(true);
@@ -241,16 +244,41 @@ TEST(FsckStaleTest, DamagedNewestRootsRefusesMountAndFsckChangesNothing) {
   Status st = img.Open(false, &rep, &d);
   ASSERT_EQ(st.code(), Err::kCorrupt) << "a read-write mount used the older roots";
   EXPECT_NE(std::string(d.text).find("btree roots"), std::string::npos) << d.text;
+  EXPECT_NE(std::string(d.text).find("fsck -y"), std::string::npos) << d.text;
   engine::OpenReport ro;
   ASSERT_TRUE(img.Open(true, &ro, &d).ok()) << d.text;
   EXPECT_TRUE(ro.stale_roots);
   const std::vector<u8> before = img.dev->SnapshotDurable();
-  for (bool repair : {false, true}) {
-    auto [r, out] = img.Fsck(repair);
-    EXPECT_EQ(r.exit_code, kExitUncorrected) << out;
-    EXPECT_NE(out.find("btree roots"), std::string::npos) << out;
-  }
-  EXPECT_TRUE(img.dev->SnapshotDurable() == before) << "fsck -y changed a filesystem whose roots are stale";
+  auto [r, out] = img.Fsck(false);
+  EXPECT_EQ(r.exit_code, kExitUncorrected) << out;
+  EXPECT_NE(out.find("btree roots"), std::string::npos) << out;
+  EXPECT_TRUE(img.dev->SnapshotDurable() == before) << "fsck -n wrote";
+  auto [r2, out2] = img.Fsck(true);
+  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
+  EXPECT_NE(out2.find("btree roots: rebuilt every tree"), std::string::npos) << out2;
+  auto [r3, out3] = img.Fsck(false);
+  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+  img.ExpectFiles(24);
+}
+
+// Both roots slots damaged: no roots block at all. fsck -y rebuilds the
+// trees from the node scan alone.
+TEST(FsckStaleTest, BothRootsSlotsDamagedAreRebuiltFromANodeScan) {
+  Image img;
+  Populate(img, 3, 8);
+  std::vector<u8> junk(2 * btree::kRootsSlotSize, 0x5a);
+  img.dev->WriteRaw(btree::kRootsOffset, junk.data(), junk.size());
+  engine::OpenReport rep;
+  Diag d;
+  ASSERT_FALSE(img.Open(false, &rep, &d).ok());
+  auto [r, out] = img.Fsck(false);
+  EXPECT_EQ(r.exit_code, kExitUncorrected) << out;
+  auto [r2, out2] = img.Fsck(true);
+  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
+  EXPECT_NE(out2.find("no valid roots block"), std::string::npos) << out2;
+  auto [r3, out3] = img.Fsck(false);
+  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+  img.ExpectFiles(24);
 }
 
 // After a crash: the journal's entries record the durable roots gen, so a
