@@ -24,6 +24,7 @@
 #include "fsck/pass.h"
 #include "posix/fs.h"
 #include "util/bits.h"
+#include "util/sort.h"
 
 namespace tfs::fsck {
 namespace {
@@ -98,6 +99,17 @@ posix::InodeFormat NewDirInode(u64 ino, u64 parent, u32 perm) {
   f.hash_seed.set(Mix64(u64(now) ^ (ino * 0x9e3779b97f4a7c15ull) ^ 0x66736b63));
   f.hash_bits = u8(kNewDirHashBits);
   f.xattr_bits = u8(kNewDirHashBits);
+  return f;
+}
+
+// A regular file fsck recreates (RecreateLost): root's, 0600, no data yet
+// (the data pass sets its size and sectors from its extents).
+posix::InodeFormat NewFileInode(u64 ino) {
+  posix::InodeFormat f = NewDirInode(ino, 0, 0600);
+  f.mode.set(posix::kModeReg | 0600);
+  f.nlink.set(1);
+  f.hash_seed.set(0);
+  f.hash_bits = 0;
   return f;
 }
 
@@ -356,6 +368,7 @@ class NamespaceCheck {
       TFS_TRY(inodes_.PushBack(r));
     }
     TFS_TRY(st);
+    TFS_TRY(RecreateLost());
     // Room for a new root and lost+found: appending them never moves the records
     // (pointers into inodes_ stay valid through every later repair).
     TFS_TRY(inodes_.Reserve(inodes_.size() + 2));
@@ -394,6 +407,59 @@ class NamespaceCheck {
         r->orphan = true;
       }
     }
+    return Status::Ok();
+  }
+
+  // When the open dropped a damaged node of the inodes btree (and so lost
+  // records; docs/design/fsck.md, "Damaged nodes and lost roots"), an inode
+  // with no record whose extents or directory entries survive is recreated
+  // instead of its data and names deleted: a regular file (0600, root's)
+  // from its extents, a directory (0700) from its entries. The checks below
+  // then set its size, sectors, links and parent, and reattach it under
+  // lost+found if no entry names it. (The root is CheckRoot's.) Its xattrs
+  // hashed by the lost record's generation: no lookup finds them, so they go.
+  Status RecreateLost() {
+    bool lost = false;
+    for (const btree::LostNode& ln : t_.lost_nodes()) lost = lost || ln.btree_id == btree::kBtreeInodes;
+    if (!lost) return Status::Ok();
+    const usize had = inodes_.size();
+    const u8 ids[2] = {btree::kBtreeExtents, btree::kBtreeDirents};
+    for (u8 id : ids) {
+      const bool dir = id == btree::kBtreeDirents;
+      btree::Iterator it(&t_, id);
+      Status st = it.SeekToFirst();
+      while (st.ok() && it.Valid()) {
+        const u64 ino = it.pos().inode;
+        bool known = ino <= posix::kRootIno || FindAny(ino) != nullptr;
+        for (usize i = had; i < inodes_.size() && !known; i++) known = inodes_[i].ino == ino;
+        if (!known) {
+          Problem("namespace: the record of inode %llu is lost, but its %s survive", (unsigned long long)ino,
+                  dir ? "directory entries" : "extents");
+          if (repair_) {
+            const posix::InodeFormat f = dir ? NewDirInode(ino, posix::kRootIno, 0700) : NewFileInode(ino);
+            Transaction tx(&t_);
+            TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
+            TFS_TRY(Commit(tx));
+            u64 xattrs = 0;
+            TFS_TRY(DeleteAll(btree::kBtreeXattrs, ino, &xattrs));
+            InodeRec r{};
+            r.ino = ino;
+            r.mode = f.mode.get();
+            r.nlink = f.nlink.get();
+            r.parent = f.parent.get();
+            TFS_TRY(inodes_.PushBack(r));
+            Repaired(1, "namespace: recreated inode %llu as a %s (mode %o, root's) from its %s%s",
+                     (unsigned long long)ino, dir ? "directory" : "regular file", unsigned(f.mode.get() & 07777),
+                     dir ? "entries" : "extents", xattrs != 0 ? "; its unreachable xattrs deleted" : "");
+          }
+        }
+        if (ino == ~u64(0)) break;
+        st = it.Seek(Pos{id, ino + 1, 0});
+      }
+      TFS_TRY(st);
+    }
+    if (inodes_.size() != had)
+      Sort(inodes_.data(), inodes_.size(), [](const InodeRec& a, const InodeRec& b) { return a.ino < b.ino; });
     return Status::Ok();
   }
 
