@@ -84,6 +84,8 @@ NodePtrFormat EmptyPtr(u8 id) {
 }
 
 bool StatusIsCorrupt(const Status& st) { return st.error_class() == ErrorClass::kCorrupt; }
+// What Options::drop_bad_nodes drops: damage, not a node of a newer format.
+bool Droppable(const Status& st) { return StatusIsCorrupt(st) && st.code() != Err::kBadVersion; }
 
 // Adds n to a counter that only one thread at a time writes (see Impl).
 void Bump(Atomic<u64>& c, u64 n = 1) { c.Store(c.Load(MemOrder::kRelaxed) + n, MemOrder::kRelaxed); }
@@ -226,12 +228,14 @@ Status ReadRoots(dev::DeviceSet& devs, const sb::Superblock& sb, Roots* out, Dia
   if (buf == nullptr) return Err::kNoMemory;
   bool found = false;
   u32 bad = 0;
+  Status io;  // the first read that failed
   for (u32 m = 0; m < sb.nr_members; m++) {
     if (!HoldsBtree(sb, m)) continue;
     Status st = dev::QueueSyncIo(devs.member(m)->queue(), IoOp::kRead, kRootsOffset, buf, 2 * kRootsSlotSize, 0,
                                  IoOrigin::kBtree);
     if (!st.ok()) {
       bad++;
+      if (io.ok()) io = st;
       continue;
     }
     for (u32 slot = 0; slot < 2; slot++) {
@@ -262,6 +266,9 @@ Status ReadRoots(dev::DeviceSet& devs, const sb::Superblock& sb, Roots* out, Dia
     }
   }
   platform::Free(buf);
+  // Not read is not damaged: fsck must not rebuild trees it could not read.
+  if (!found && !io.ok())
+    return DiagError(diag, io, "btree roots: reading the roots block failed: %s", io.Message());
   if (!found)
     return DiagError(diag, Err::kCorrupt, "btree roots: no valid roots block on any member (%u copies rejected)",
                      bad);
@@ -1711,6 +1718,7 @@ class TreeOps {
         st = RebuildInterior(im, p, &e, 1);
         if (!st.ok()) {
           ClearDirty(im, p);
+          im->unwritten_nodes.FetchSub(1, MemOrder::kRelaxed);  // (MakeNode's)
           platform::Delete(p);
         }
       }
@@ -1739,11 +1747,17 @@ class TreeOps {
     } else {
       ln.why = why;
     }
-    platform::Log(platform::LogLevel::kWarn, "btree %u: dropping the damaged level-%u node at member %u offset %llu: %s",
-                  unsigned(t.id), unsigned(p.level), unsigned(p.member), (unsigned long long)p.offset.get(),
-                  ln.why.text);
+    if (p.member == kNoMember) {
+      platform::Log(platform::LogLevel::kWarn, "btree %u: rebuilding the tree from a node scan: %s", unsigned(t.id),
+                    ln.why.text);
+    } else {
+      platform::Log(platform::LogLevel::kWarn,
+                    "btree %u: dropping the damaged level-%u node at member %u offset %llu: %s", unsigned(t.id),
+                    unsigned(p.level), unsigned(p.member), (unsigned long long)p.offset.get(), ln.why.text);
+    }
+    TFS_TRY(im->lost.PushBack(ln));
     im->s_dropped++;
-    return im->lost.PushBack(ln);
+    return Status::Ok();
   }
 
   // A part of a lost range no copy has covered yet.
@@ -1802,10 +1816,11 @@ class TreeOps {
         const u64 base = sb::kBucketsOffset + b * bs;
         Status rd = ReadRaw(im, m, base, bs, buf);
         if (!rd.ok()) {
-          // A bucket that cannot be read holds no copy we can use.
-          platform::Log(platform::LogLevel::kWarn, "btree: node scan: member %u bucket %llu unreadable: %s", m,
+          // It may hold the copy that matters: no repair from a partial scan.
+          platform::Log(platform::LogLevel::kError, "btree: node scan: member %u bucket %llu unreadable: %s", m,
                         (unsigned long long)b, rd.Message());
-          continue;
+          st = rd;
+          break;
         }
         for (u32 s = 0; s < im->slots_per_bucket; s++) {
           const u64 off = base + u64(s) * ns;
@@ -1838,6 +1853,24 @@ class TreeOps {
     return st;
   }
 
+  // A copy keys were taken from stays as it is until the roots block that no
+  // longer needs it is durable (a cut during the repair leaves the old roots,
+  // and the next fsck needs the same copies): its slot counts as live and as
+  // used (no hole, its bucket not freed, and the allocation rebuild marks it
+  // through the tree's dead slots, Btrees::ForEachSlot), and is released by
+  // the checkpoint's end like the slot of any node it replaced.
+  static Status KeepCopy(Impl* im, const Copy& c, Vector<u64>* used) {
+    NodePtrFormat p{};
+    p.member = c.member;
+    p.btree_id = c.id;
+    p.offset.set(c.offset);
+    Tree& t = im->trees[c.id];
+    TFS_TRY(t.dead_slots.PushBack(p));
+    TFS_TRY(used[c.member].PushBack(c.offset));
+    im->live[c.member][im->sb.BucketOf(c.offset)]++;
+    return Status::Ok();
+  }
+
   // Fills the ranges of the dropped nodes from the newest copies the node scan
   // finds: each position of a lost range takes its keys from the newest copy
   // (by the journal entries its sets hold) whose range covers it. Applied as
@@ -1867,6 +1900,7 @@ class TreeOps {
           !node->Parse(buf, im->node_size, nullptr, &d).ok())
         continue;
       Vector<Gap> left;
+      bool used_copy = false;
       for (usize gi = 0; gi < gaps.size() && st.ok(); gi++) {
         const Gap g = gaps[gi];
         if (g.id != c.id || !Overlaps(g.lo, g.hi, c.min, c.max)) {
@@ -1885,8 +1919,13 @@ class TreeOps {
           in.value = k.value();
           in.val_bytes = k.val_bytes();
           st = ApplyKey(im, in, c.journal_seq);
+          if (!st.ok()) break;
           ln.recovered_keys++;
           im->s_recovered++;
+        }
+        if (st.ok() && !used_copy) {
+          st = KeepCopy(im, c, used);
+          used_copy = true;
         }
         ln.copies++;
         ln.newest_copy_seq = Max(ln.newest_copy_seq, c.journal_seq);
@@ -1978,7 +2017,7 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
     CachedNode* r = nullptr;
     Diag why;
     Status st = TreeOps::ReadNode(im, rp, Pos::Max(u8(id)), &r, &why);
-    if (!st.ok() && options.drop_bad_nodes && StatusIsCorrupt(st)) {
+    if (!st.ok() && options.drop_bad_nodes && Droppable(st)) {
       TFS_TRY(TreeOps::NoteLost(im, t, rp, Pos::Min(u8(id)), Pos::Max(u8(id)), why, st));
       // A leaf root: the recovered keys grow the tree again.
       TFS_TRY(TreeOps::MakeEmptySubtree(im, t, 0, Pos::Min(u8(id)), Pos::Max(u8(id)), &t.root));
@@ -2035,7 +2074,7 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
         CachedNode* c = nullptr;
         Diag why;
         Status st = TreeOps::ReadNode(im, cp, cmax, &c, &why);
-        if (!st.ok() && drop && StatusIsCorrupt(st)) {
+        if (!st.ok() && drop && Droppable(st)) {
           TFS_TRY(TreeOps::NoteLost(im, t, cp, PtrMin(cp), cmax, why, st));
           TFS_TRY(bad.PushBack(i));
           continue;
@@ -2307,7 +2346,11 @@ Status Btrees::ForEachSlot(Status (*fn)(void* ctx, const NodePtrFormat& ptr), vo
     }
   };
   for (u32 id = 0; id < kNrBtreeIds; id++) {
-    if (im->trees[id].root != nullptr) TFS_TRY(Walk::Visit(im, im->trees[id].root, fn, ctx));
+    Tree& t = im->trees[id];
+    if (t.root != nullptr) TFS_TRY(Walk::Visit(im, t.root, fn, ctx));
+    // Slots of nodes replaced since the last roots block (and copies fsck
+    // recovered from): that block still names them until the next one.
+    for (const NodePtrFormat& p : t.dead_slots) TFS_TRY(fn(ctx, p));
   }
   return Status::Ok();
 }

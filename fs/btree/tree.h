@@ -74,9 +74,9 @@ struct Options {
   bool writer_thread = true;       // false: checkpoints only when called (tests)
   bool read_only = false;          // no allocator changes, no writes (show, fsck -n)
   // fsck only (docs/design/fsck.md, "Damaged nodes"): Open reads every node,
-  // leaves too, and a node that cannot be read or fails verification (a
-  // kCorrupt-class error: checksums, identity, structure, a pointer outside
-  // the btree area) is dropped instead of failing the open: an empty node
+  // leaves too, and a node that fails verification (a kCorrupt-class error
+  // but kBadVersion: checksums, identity, structure, a pointer outside the
+  // btree area; a read that fails still fails the open) is dropped instead: an empty node
   // covering its range takes its place (for an interior node, a chain of
   // empty nodes down to a leaf, so every leaf stays at level 0), and what it
   // held is recovered from the newest other copies a node scan finds (every
@@ -121,7 +121,8 @@ struct Stats {
   u64 cached_nodes, cached_bytes, dirty_nodes, dirty_bytes;  // now
   u64 depth[kNrBtreeIds];              // levels per tree now (0 = empty)
   // Options::drop_bad_nodes: nodes dropped at open; node slots the scan read
-  // and how many of them were valid copies of a lost range; keys recovered.
+  // (node headers found outside the trees) and how many of them were valid
+  // copies of a lost range; keys recovered.
   u64 dropped_nodes, scanned_slots, scan_copies, recovered_keys;
 };
 
@@ -338,7 +339,9 @@ class Btrees {
   // For fsck's rebuild of allocation state: calls fn with the pointer to every
   // node the trees reach now (in memory: nodes changed since the last
   // checkpoint at their old slots, nodes never written not at all), reading
-  // interior nodes that are not cached. Only while nothing else uses the
+  // interior nodes that are not cached, and with every slot the last roots
+  // block may still name (nodes replaced since, copies drop_bad_nodes took
+  // keys from): all of them must stay allocated until the next roots block. Only while nothing else uses the
   // trees (Engine::Open's rebuild hook). fn returns non-Ok to stop.
   Status ForEachSlot(Status (*fn)(void* ctx, const NodePtrFormat& ptr), void* ctx);
 

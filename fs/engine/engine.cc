@@ -221,9 +221,8 @@ Status Engine::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opt
       roots.roots[t].member = btree::kNoMember;
       roots.roots[t].btree_id = u8(t);
     }
-  } else {
-    CheckCurrent(roots, rep);
   }
+  CheckCurrent(roots, rep);  // (the tables too, whatever the roots)
   const bool stale = rep.stale_roots || rep.stale_alloc != 0;
   if (stale && !read_only_ &&
       (rep.stale_roots ? !can_rebuild_roots : options.rebuild_alloc == nullptr)) {
@@ -236,6 +235,9 @@ Status Engine::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opt
   if (rep.stale_roots && can_rebuild_roots) {
     // The next roots block must not be older than the one proved durable.
     roots.gen = Max(roots.gen, Max(sb_.roots_gen, rep.replay.roots_gen));
+    // Every entry the ring still holds is replayed over the copies (which may
+    // be older than the stale block): in order, replaying one twice is harmless.
+    roots.journal_seq = 0;
     bopt.rebuild_from_scan = true;
     rep.roots_rebuilt = true;
     platform::Log(platform::LogLevel::kWarn, "btree roots: rebuilding every tree from a node scan");

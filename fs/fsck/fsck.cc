@@ -482,12 +482,19 @@ void ReportDroppedNodes(engine::Engine& e, const Options& opt, bool roots_rebuil
   const Vector<btree::LostNode>& lost = e.btrees().lost_nodes();
   if (lost.empty()) return;
   const btree::Stats st = e.btrees().GetStats();
-  c.Line("btree: node scan: %llu node slots read outside the trees, %llu valid copies of the damaged ranges",
+  c.Line("btree: node scan: %llu node headers outside the trees, %llu valid copies of the damaged ranges",
          (unsigned long long)st.scanned_slots, (unsigned long long)st.scan_copies);
+  char none[160] = "";
   for (const btree::LostNode& ln : lost) {
-    // A rebuild of lost roots lists every tree; one that was empty and has no
-    // copy anywhere has nothing to say.
-    if (roots_rebuilt && ln.copies == 0 && ln.ptr.member == btree::kNoMember) continue;
+    // A rebuild of lost roots lists every tree. One of them with no copy
+    // anywhere: empty before, or its keys are lost -- said once for all such
+    // trees, unless the old roots named a root for it.
+    if (roots_rebuilt && ln.copies == 0 && ln.ptr.member == btree::kNoMember) {
+      const usize at = StrLen(none);
+      platform::Format(none + at, sizeof(none) - at, "%s%s", at == 0 ? "" : ", ",
+                       ln.btree_id < btree::kNrBtreeIds ? kBtreeNames[ln.btree_id] : "?");
+      continue;
+    }
     const char* name = ln.btree_id < btree::kNrBtreeIds ? kBtreeNames[ln.btree_id] : "?";
     const char* label = ln.ptr.member < e.sb().nr_members ? e.sb().members[ln.ptr.member].label : "?";
     char got[160];
@@ -496,7 +503,7 @@ void ReportDroppedNodes(engine::Engine& e, const Options& opt, bool roots_rebuil
     } else {
       platform::Format(got, sizeof(got), "%llu keys recovered from %u copies the scan found (newest: journal entry %llu)%s",
                        (unsigned long long)ln.recovered_keys, ln.copies, (unsigned long long)ln.newest_copy_seq,
-                       ln.fully_covered ? ", its whole range (a copy older than the node lacks its later changes)"
+                       ln.fully_covered ? ", covering its whole range"
                                         : "; part of its range has no copy: its keys there are lost");
     }
     if (roots_rebuilt) {
@@ -509,6 +516,7 @@ void ReportDroppedNodes(engine::Engine& e, const Options& opt, bool roots_rebuil
            (unsigned long long)ln.max.offset, got);
     if (opt.repair && !roots_rebuilt) c.report->repaired++;  // (else one repair: the roots)
   }
+  if (none[0] != '\0') c.Line("btree: no copy of any node of: %s (empty trees, or their keys are lost)", none);
   c.Line("btree: the checks below %s what depended on the lost keys", opt.repair ? "repair" : "report");
 }
 

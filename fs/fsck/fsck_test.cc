@@ -292,8 +292,6 @@ TEST(FsckTest, NodeScanIgnoresAnotherFilesystemsNodes) {
     fs.Open(&e);  // the new filesystem's layout, then its buckets replaced by the old ones
     ASSERT_TRUE(e.Close().ok());
   }
-  std::vector<u8> cur(32 << 20);
-  fs.ssd->ReadRaw(0, cur.data(), cur.size());
   // Keep the new superblocks, roots, tables and journal (the first buckets);
   // every bucket the old filesystem had nodes in comes back.
   for (const NodeAt& n : Nodes(old)) fs.ssd->WriteRaw(n.offset, all.data() + n.offset, 4096);

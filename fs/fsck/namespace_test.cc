@@ -1122,10 +1122,10 @@ TEST(FsckRepairTest, ManyDamagesAtOnceAndAPowerCutDuringTheRepair) {
 namespace tfs::fsck {
 namespace {
 
-// A damaged leaf of each posix tree (here each tree is one leaf, its root):
-// fsck -n reports it and still checks the rest; fsck -y drops it, recovers
-// what the node scan finds of it (the copies earlier checkpoints left) and
-// repairs what depended on the rest; the next check is clean and the
+// A damaged leaf of each posix tree (here each tree is one leaf, its root,
+// written once: no older copy): fsck -n reports it and still checks the rest;
+// fsck -y drops it and repairs what depended on it (recreating the inodes
+// whose records were lost); the next check is clean and the
 // filesystem mounts with the root directory readable.
 TEST(FsckRepairTest, ADamagedLeafOfEachTreeIsRepaired) {
   for (u8 id : {btree::kBtreeInodes, btree::kBtreeDirents, btree::kBtreeExtents, btree::kBtreeXattrs}) {
