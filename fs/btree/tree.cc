@@ -521,14 +521,7 @@ class TreeOps {
                        unsigned(ptr.member), (unsigned long long)off);
     u8* buf = static_cast<u8*>(platform::Alloc(ns, 4096, false));
     if (buf == nullptr) return Err::kNoMemory;
-    dev::Io io;
-    io.req.op = IoOp::kRead;
-    io.req.origin = IoOrigin::kBtree;
-    io.req.offset = off;
-    io.req.length = ns;
-    io.req.buf = buf;
-    io.cls = dev::IoClass::kForegroundSync;
-    Status st = dev::SubmitAndWait(im->devs->member(ptr.member)->queue(), &io);
+    Status st = ReadRaw(im, ptr.member, off, ns, buf);
     im->c_reads.FetchAdd(1, MemOrder::kRelaxed);
     im->c_read_bytes.FetchAdd(ns, MemOrder::kRelaxed);
     if (!st.ok()) {
@@ -1779,7 +1772,8 @@ class TreeOps {
     return !(a_hi < b_lo || b_hi < a_lo);
   }
 
-  // Reads one node-sized buffer at `off` of member m into buf (no lock held).
+  // Reads `len` bytes at `off` of member m into buf (no lock held): a node,
+  // or a whole bucket for the node scan.
   static Status ReadRaw(Impl* im, u32 m, u64 off, u32 len, u8* buf) {
     dev::Io io;
     io.req.op = IoOp::kRead;
