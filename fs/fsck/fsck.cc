@@ -501,7 +501,8 @@ void ReportDroppedNodes(engine::Engine& e, const Options& opt, bool roots_rebuil
     if (ln.copies == 0) {
       platform::Format(got, sizeof(got), "no copy of its range was found: its keys are lost");
     } else {
-      platform::Format(got, sizeof(got), "%llu keys recovered from %u copies the scan found (newest: journal entry %llu)%s",
+      platform::Format(got, sizeof(got),
+                       "%llu keys recovered from %u copies the scan found (newest: journal entry %llu)%s",
                        (unsigned long long)ln.recovered_keys, ln.copies, (unsigned long long)ln.newest_copy_seq,
                        ln.fully_covered ? ", covering its whole range"
                                         : "; part of its range has no copy: its keys there are lost");
