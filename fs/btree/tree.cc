@@ -1772,6 +1772,13 @@ class TreeOps {
     return !(a_hi < b_lo || b_hi < a_lo);
   }
 
+  // Whether [lo, hi] of tree id overlaps a part of a lost range still uncovered.
+  static bool Wanted(const Vector<Gap>& gaps, u8 id, const Pos& lo, const Pos& hi) {
+    for (const Gap& g : gaps)
+      if (g.id == id && Overlaps(g.lo, g.hi, lo, hi)) return true;
+    return false;
+  }
+
   // Reads `len` bytes at `off` of member m into buf (no lock held): a node,
   // or a whole bucket for the node scan.
   static Status ReadRaw(Impl* im, u32 m, u64 off, u32 len, u8* buf) {
@@ -1830,9 +1837,7 @@ class TreeOps {
           const u8 id = h->btree_id;
           const Pos lo{id, h->min_inode.get(), h->min_offset.get()};
           const Pos hi{id, h->max_inode.get(), h->max_offset.get()};
-          bool wanted = false;
-          for (const Gap& g : gaps) wanted = wanted || (g.id == id && Overlaps(g.lo, g.hi, lo, hi));
-          if (!wanted) continue;
+          if (!Wanted(gaps, id, lo, hi)) continue;
           Diag d;
           if (!node->Parse(p, ns, nullptr, &d).ok()) continue;  // checksums: damaged or torn
           u64 js = 0;
@@ -1886,9 +1891,7 @@ class TreeOps {
     Status st = buf != nullptr && node != nullptr ? Status::Ok() : Status(Err::kNoMemory);
     for (usize ci = 0; ci < copies.size() && st.ok() && !gaps.empty(); ci++) {
       const Copy& c = copies[ci];
-      bool wanted = false;
-      for (const Gap& g : gaps) wanted = wanted || (g.id == c.id && Overlaps(g.lo, g.hi, c.min, c.max));
-      if (!wanted) continue;
+      if (!Wanted(gaps, c.id, c.min, c.max)) continue;
       Diag d;
       if (!ReadRaw(im, c.member, c.offset, im->node_size, buf).ok() ||
           !node->Parse(buf, im->node_size, nullptr, &d).ok())
