@@ -181,6 +181,18 @@ Status Engine::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opt
   TFS_TRY(alloc_.Init(&devs_, sb_, nullptr));
   TFS_TRY(alloc_.Load(diag));
   rep.was_clean = sb_.clean();
+  rep.lost_data_btrees = sb_.lost_data_btrees;
+  if (rep.lost_data_btrees != 0) {
+    if (!read_only_ && !options.btree.drop_bad_nodes) {
+      return DiagError(diag, Err::kCorrupt,
+                       "btree: a repair of damaged nodes (trees 0x%x) was cut short before it finished; run "
+                       "'tierfs fsck -y' to finish it",
+                       unsigned(rep.lost_data_btrees));
+    }
+    platform::Log(platform::LogLevel::kWarn,
+                  "btree: a repair of damaged nodes (trees 0x%x) was cut short before it finished",
+                  unsigned(rep.lost_data_btrees));
+  }
   if (!rep.was_clean) {
     const bool past = options.replay_past_damage && options.rebuild_alloc != nullptr && !read_only_;
     TFS_TRY(journal::ReadForReplay(devs_, sb_, &rep.replay, diag, past));
@@ -262,6 +274,20 @@ Status Engine::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opt
     // replayed ones depend on: the trees decide.
     // So may the keys of damaged nodes fsck dropped (btree::Options::drop_bad_nodes).
     const bool dropped = !btrees_.lost_nodes().empty();
+    if (dropped) {
+      // Before any tree without the dropped nodes is written: a cut from here
+      // until fsck's namespace pass has repaired what they held leaves the
+      // next fsck the knowledge that the trees lost keys (which inodes to
+      // recreate rather than delete the names and data of).
+      for (const btree::LostNode& ln : btrees_.lost_nodes()) sb_.lost_data_btrees |= u32(1) << ln.btree_id;
+      sb_.flags &= u16(~sb::kSbClean);
+      sb_.seq++;
+      st = WriteSuperblocks();
+      if (!st.ok()) {
+        btrees_.Close().IgnoreError();
+        return DiagError(diag, st, "open: recording the dropped nodes: %s", st.Message());
+      }
+    }
     if (rep.stale_alloc != 0 || rep.replayed_past_damage || dropped) {
       st = options.rebuild_alloc != nullptr
                ? options.rebuild_alloc(options.rebuild_ctx, *this)

@@ -105,6 +105,12 @@ struct OpenReport {
   // (OpenOptions::replay_past_damage); a read-write open without that refuses,
   // a read-only one replays up to the damage only.
   bool replayed_past_damage = false;
+  // Trees an earlier fsck -y dropped damaged nodes of and did not finish
+  // repairing (the superblock's lost_data_btrees at open, 1 << btree id): a
+  // power cut ended it between the trees' write and the namespace repair. A
+  // read-write open refuses unless it is fsck's (btree::Options::drop_bad_nodes),
+  // which finishes the repair; a read-only one goes on.
+  u32 lost_data_btrees = 0;
 };
 
 class Engine {
@@ -122,6 +128,12 @@ class Engine {
   Status Close();
 
   const sb::Superblock& sb() const { return sb_; }
+  // Trees whose dropped nodes' repair is unfinished: the superblock's record
+  // (OpenReport::lost_data_btrees) and those this open dropped nodes of.
+  u32 lost_data_btrees() const { return sb_.lost_data_btrees; }
+  // fsck: the namespace repair that depended on the dropped nodes is done;
+  // Close()'s superblock write records it (read-write opens only).
+  void ClearLostData() { sb_.lost_data_btrees = 0; }
   dev::DeviceSet& devs() { return devs_; }
   alloc::Allocator& alloc() { return alloc_; }
   journal::Journal& journal() { return journal_; }

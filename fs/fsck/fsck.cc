@@ -613,6 +613,16 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
            (unsigned long long)rr.gap_at, (unsigned long long)rr.discarded_entries);
     report.notes++;
   }
+  if (rep.lost_data_btrees != 0) {
+    // A cut ended an fsck -y between writing the trees without the nodes it
+    // dropped and finishing the namespace repair: the passes below must treat
+    // those trees as having lost keys (recreate inodes rather than delete the
+    // names and data that survive them).
+    report.errors++;
+    c.Line("btree: an earlier 'fsck -y' dropped damaged nodes (trees 0x%x) and was cut short before its repair "
+           "finished; %s",
+           unsigned(rep.lost_data_btrees), opt.repair ? "finishing it" : "'tierfs fsck -y' finishes it");
+  }
   if (rep.stale_roots) {
     c.Line("%s", rep.stale_why.text);
     report.errors++;
@@ -652,7 +662,13 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
   } else {
     CheckBtrees(e, rep.was_clean, c, &btree_found);
   }
-  CheckNamespace(e, opt, c);
+  const bool namespace_done = CheckNamespace(e, opt, c);
+  if (opt.repair && namespace_done && e.lost_data_btrees() != 0) {
+    // What depended on the dropped nodes is repaired; the unmount below
+    // records it, after the repairs are durable.
+    e.ClearLostData();
+    if (rep.lost_data_btrees != 0) report.repaired++;
+  }
   if (opt.repair && report.repaired > 0) {
     Status cp = e.alloc().Checkpoint();
     if (!cp.ok()) {

@@ -140,12 +140,13 @@ class NamespaceCheck {
   NamespaceCheck(engine::Engine& e, const Options& opt, Ctx& c)
       : e_(e), t_(e.btrees()), repair_(opt.repair), c_(c) {}
 
-  void Run() {
+  bool Run() {
     Status st = Passes();
     if (!st.ok()) {
       c_.Line("namespace: %s failed: %s", write_failed_ ? "writing a repair" : "reading the btrees", st.Message());
       c_.report->errors++;
     }
+    return st.ok();
   }
 
  private:
@@ -411,7 +412,9 @@ class NamespaceCheck {
   }
 
   // When the open dropped a damaged node of the inodes btree (and so lost
-  // records; docs/design/fsck.md, "Damaged nodes and lost roots"), an inode
+  // records; docs/design/fsck.md, "Damaged nodes and lost roots") -- or an
+  // earlier fsck -y did and a cut ended it before this pass finished (the
+  // superblock's lost_data_btrees) -- an inode
   // with no record whose extents or directory entries survive is recreated
   // instead of its data and names deleted: a regular file (0600, root's)
   // from its extents, a directory (0700) from its entries. The checks below
@@ -419,7 +422,7 @@ class NamespaceCheck {
   // lost+found if no entry names it. (The root is CheckRoot's.) Its xattrs
   // hashed by the lost record's generation: no lookup finds them, so they go.
   Status RecreateLost() {
-    bool lost = false;
+    bool lost = (e_.lost_data_btrees() & (u32(1) << btree::kBtreeInodes)) != 0;
     for (const btree::LostNode& ln : t_.lost_nodes()) lost = lost || ln.btree_id == btree::kBtreeInodes;
     if (!lost) return Status::Ok();
     const usize had = inodes_.size();
@@ -1264,16 +1267,17 @@ class NamespaceCheck {
 
 }  // namespace
 
-void CheckNamespace(engine::Engine& e, const Options& opt, Ctx& c) {
+bool CheckNamespace(engine::Engine& e, const Options& opt, Ctx& c) {
   // ~3 KiB of members: not on a kernel stack.
   NamespaceCheck* check = platform::New<NamespaceCheck>(e, opt, c);
   if (check == nullptr) {
     c.Line("namespace: out of memory");
     c.report->exit_code = kExitOperational;
-    return;
+    return false;
   }
-  check->Run();
+  const bool done = check->Run();
   platform::Delete(check);
+  return done;
 }
 
 }  // namespace tfs::fsck

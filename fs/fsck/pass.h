@@ -35,8 +35,9 @@ struct Ctx {
 };
 
 // The namespace and file data (namespace.cc), on an engine opened writable
-// exactly when opt.repair is set.
-void CheckNamespace(engine::Engine& e, const Options& opt, Ctx& c);
+// exactly when opt.repair is set. False when it could not run to the end (a
+// read or a repair's write failed).
+bool CheckNamespace(engine::Engine& e, const Options& opt, Ctx& c);
 
 }  // namespace tfs::fsck
 

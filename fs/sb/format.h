@@ -87,13 +87,19 @@ struct SuperblockFormat {  // kSbSize bytes
   // The btree roots block's newest durable gen when this copy was written
   // (format, mount, unmount; 0: unknown): the roots mount uses may not be older.
   Le64 roots_gen;
-  u8 reserved[1024 - 204];
+  // Bits (1 << btree id) of the trees whose damaged nodes an fsck -y dropped
+  // and whose repair has not finished (0: none). Set durably before any tree
+  // without those nodes is written; cleared by the unmount of the fsck run that
+  // finished the namespace repair. Read-write mounts refuse while it is set.
+  Le32 lost_data_btrees;
+  u8 reserved[1024 - 208];
   MemberFormat members[kSbMaxMembers];
   u8 tail[kSbSize - 1024 - kSbMaxMembers * sizeof(MemberFormat)];
 };
 static_assert(sizeof(SuperblockFormat) == kSbSize, "superblock size");
 static_assert(__builtin_offsetof(SuperblockFormat, roots_gen) == 196, "header layout");
-static_assert(__builtin_offsetof(SuperblockFormat, reserved) == 204, "header layout");
+static_assert(__builtin_offsetof(SuperblockFormat, lost_data_btrees) == 204, "header layout");
+static_assert(__builtin_offsetof(SuperblockFormat, reserved) == 208, "header layout");
 static_assert(__builtin_offsetof(SuperblockFormat, members) == 1024, "member table offset");
 
 inline constexpr u32 kMinBucket = 64 * 1024;

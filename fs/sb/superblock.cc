@@ -64,6 +64,7 @@ void Encode(const Superblock& sb, u16 dev_idx, void* out) {
   f->block_size.set(sb.block_size);
   f->journal_seq.set(sb.journal_seq);
   f->roots_gen.set(sb.roots_gen);
+  f->lost_data_btrees.set(sb.lost_data_btrees);
   StrCopyPadded(f->foreground_target, sb.options.foreground_target, kSbTargetLen);
   StrCopyPadded(f->background_target, sb.options.background_target, kSbTargetLen);
   StrCopyPadded(f->promote_target, sb.options.promote_target, kSbTargetLen);
@@ -108,6 +109,7 @@ Status Decode(const void* buf, u64 device_size, Superblock* out, Diag* diag) {
   sb.block_size = f->block_size.get();
   sb.journal_seq = f->journal_seq.get();
   sb.roots_gen = f->roots_gen.get();
+  sb.lost_data_btrees = f->lost_data_btrees.get();
   sb.nr_members = f->nr_members.get();
 
   auto corrupt = [&](const char* what) { return DiagError(diag, Err::kCorrupt, "superblock: bad %s", what); };

@@ -56,6 +56,7 @@ struct Superblock {
   u32 block_size;
   u64 journal_seq;
   u64 roots_gen;  // newest durable btree roots gen at the last write (0: unknown)
+  u32 lost_data_btrees;  // trees an unfinished fsck -y dropped damaged nodes of (format.h)
   Options options;
   u32 nr_members;
   Member members[kSbMaxMembers];

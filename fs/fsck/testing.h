@@ -1,0 +1,209 @@
+// Test fixtures for fsck's tests: a one-member posix filesystem in memory
+// (`Image`), files whose bytes say which file they are (`Content`), and the
+// journal entries on an image. Tests only; each test binary includes it once.
+#ifndef TFS_FSCK_TESTING_H_
+#define TFS_FSCK_TESTING_H_
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "alloc/format.h"
+#include "btree/format.h"
+#include "engine/engine.h"
+#include "fsck/fsck.h"
+#include "journal/format.h"
+#include "posix/fs.h"
+#include "sb/format.h"
+#include "userspace/platform/mem_device.h"
+
+namespace tfs::fsck::fixture {
+
+using posix::Caller;
+using posix::Filesystem;
+
+inline const Caller kRoot{0, 0};
+
+inline std::string Content(int i) { return std::string(20000 + 997 * i, char('a' + i % 26)); }
+
+struct Image {
+  std::unique_ptr<userspace::MemDevice> dev;
+
+  // Node size 64 KiB: four nodes to a bucket (node_size = bucket: a bucket each).
+  explicit Image(u32 node_size = 64 * 1024) {
+    userspace::MemDeviceOptions o;
+    o.name = "ssd0";
+    o.size = 64ull << 20;
+    dev = std::make_unique<userspace::MemDevice>(o);
+    engine::FormatMember m = {dev.get(), "ssd.a", 1};
+    engine::FormatOptions fo;
+    fo.bucket_size = 256 * 1024;
+    fo.btree_node_size = node_size;
+    Diag diag;
+    EXPECT_TRUE(engine::Format(&m, 1, fo, &diag).ok()) << diag.text;
+  }
+  // From an image's bytes; with `volatile_cache` writes stay volatile until a
+  // flush or FUA (what a power cut would leave: dev->SnapshotDurable()).
+  explicit Image(const std::vector<u8>& bytes, bool volatile_cache = false) {
+    userspace::MemDeviceOptions o;
+    o.name = "ssd0";
+    o.size = bytes.size();
+    o.initial_image = bytes;
+    o.volatile_cache = volatile_cache;
+    dev = std::make_unique<userspace::MemDevice>(o);
+  }
+
+  // Mounts read-write, runs fn, unmounts; with `crash` the engine is left
+  // open and what a power cut would leave is returned instead.
+  std::vector<u8> WithFs(const std::function<void(Filesystem&, engine::Engine&)>& fn, bool crash = false) {
+    BlockDevice* b = dev.get();
+    auto e = std::make_unique<engine::Engine>();
+    Diag diag;
+    EXPECT_TRUE(e->Open(&b, 1, engine::OpenOptions{}, &diag).ok()) << diag.text;
+    auto fs = std::make_unique<Filesystem>();
+    EXPECT_TRUE(fs->Mount(e.get()).ok());
+    fn(*fs, *e);
+    if (crash) {
+      std::vector<u8> cut = dev->SnapshotDurable();
+      EXPECT_TRUE(fs->Unmount().ok());
+      EXPECT_TRUE(e->Close().ok());
+      return cut;
+    }
+    EXPECT_TRUE(fs->Unmount().ok());
+    EXPECT_TRUE(e->Close().ok());
+    return {};
+  }
+
+  Status Open(bool read_only, engine::OpenReport* rep, Diag* diag) {
+    BlockDevice* b = dev.get();
+    engine::Engine e;
+    engine::OpenOptions oo;
+    oo.read_only = read_only;
+    Status st = e.Open(&b, 1, oo, diag, rep);
+    if (st.ok()) {
+      EXPECT_TRUE(e.Close().ok());
+    }
+    return st;
+  }
+
+  // fsck of the image, or of what `through` (a device over this image's)
+  // shows.
+  std::pair<Report, std::string> Fsck(bool repair, BlockDevice* through = nullptr) {
+    BlockDevice* b = through != nullptr ? through : dev.get();
+    std::string out;
+    Options o;
+    o.repair = repair;
+    Report r = Check(&b, 1, o, [](void* ctx, const char* line) {
+      *static_cast<std::string*>(ctx) += std::string(line) + "\n";
+    }, &out);
+    return {r, out};
+  }
+
+  // Flips a byte inside the newest valid copy: of the allocation table
+  // (`roots` false) or of the roots block.
+  void DamageNewest(bool roots) {
+    const sb::Superblock s = SbOf();
+    u64 best_off = 0, best = 0;
+    for (u32 slot = 0; slot < 2; slot++) {
+      u64 off;
+      u64 n;
+      if (roots) {
+        off = btree::kRootsOffset + slot * btree::kRootsSlotSize;
+        btree::RootsFormat r;
+        dev->ReadRaw(off, &r, sizeof(r));
+        n = r.gen.get();
+      } else {
+        off = s.BucketOffset(0) + slot * alloc::TableSlotBytes(s.members[0].nbuckets);
+        alloc::TableHeader h;
+        dev->ReadRaw(off, &h, sizeof(h));
+        n = h.checkpoint.get();
+      }
+      if (n > best) {
+        best = n;
+        best_off = off;
+      }
+    }
+    ASSERT_GT(best, 2u);  // a newer copy than format's
+    const u64 at = best_off + (roots ? 200 : sizeof(alloc::TableHeader) + 100);
+    u8 v;
+    dev->ReadRaw(at, &v, 1);
+    v ^= 0x5a;
+    dev->WriteRaw(at, &v, 1);
+  }
+
+  sb::Superblock SbOf() {
+    sb::Superblock s;
+    Diag d;
+    EXPECT_TRUE(sb::Read(*dev, &s, &d).ok()) << d.text;
+    return s;
+  }
+
+  // Every file f<i> for from <= i < to reads back its content.
+  void ExpectFiles(int to, int from = 0) {
+    WithFs([&](Filesystem& fs, engine::Engine&) {
+      for (int i = from; i < to; i++) {
+        const std::string name = "f" + std::to_string(i);
+        auto a = fs.Lookup(posix::kRootIno, name.data(), u32(name.size()));
+        ASSERT_TRUE(a.ok()) << name;
+        const std::string want = Content(i);
+        std::string got(want.size(), '\0');
+        auto r = fs.Read(a.value().ino, 0, got.data(), u32(got.size()));
+        ASSERT_TRUE(r.ok()) << name << ": " << r.status().Message();
+        EXPECT_EQ(r.value(), want.size()) << name;
+        EXPECT_TRUE(got == want) << name;
+      }
+    });
+  }
+};
+
+inline void MakeFiles(Filesystem& fs, int from, int to) {
+  for (int i = from; i < to; i++) {
+    const std::string name = "f" + std::to_string(i);
+    auto a = fs.Mknod(posix::kRootIno, name.data(), u32(name.size()), posix::kModeReg | 0644, 0, kRoot);
+    ASSERT_TRUE(a.ok());
+    const std::string c = Content(i);
+    ASSERT_TRUE(fs.Write(a.value().ino, 0, c.data(), u32(c.size())).ok());
+    ASSERT_TRUE(fs.Fsync(a.value().ino).ok());
+  }
+}
+
+// Several mounts, each with files: the tables and roots move well past format's.
+inline void Populate(Image& img, int mounts, int per_mount) {
+  for (int m = 0; m < mounts; m++)
+    img.WithFs([&](Filesystem& fs, engine::Engine&) { MakeFiles(fs, m * per_mount, (m + 1) * per_mount); });
+}
+
+struct EntryAt {
+  u64 off;  // of its header on the image
+  u64 seq;
+};
+
+// The valid-looking journal entries on the image that replay would consider
+// (magic, and seq at or above the superblock's floor), oldest first.
+inline std::vector<EntryAt> JournalEntries(Image& img) {
+  const sb::Superblock s = img.SbOf();
+  u64 word;
+  memcpy(&word, s.fs_uuid, 8);
+  const sb::Member& m = s.members[0];
+  std::vector<EntryAt> out;
+  for (u32 b = 0; b < m.journal_nbuckets; b++) {
+    const u64 base = s.BucketOffset(m.journal_first_bucket + b);
+    for (u32 pos = 0; pos + sizeof(journal::EntryHeader) <= s.bucket_size; pos += journal::kJournalBlock) {
+      journal::EntryHeader h;
+      img.dev->ReadRaw(base + pos, &h, sizeof(h));
+      if (h.magic.get() == (journal::kJournalMagic ^ word) && h.seq.get() >= s.journal_seq)
+        out.push_back({base + pos, h.seq.get()});
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const EntryAt& a, const EntryAt& b) { return a.seq < b.seq; });
+  return out;
+}
+
+}  // namespace tfs::fsck::fixture
+
+#endif  // TFS_FSCK_TESTING_H_
