@@ -15,7 +15,7 @@ PY := /usr/bin/python3
 all: build
 
 deps:
-	scripts/install-deps build test
+	scripts/install-deps build test lab
 
 build: deps
 	cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo

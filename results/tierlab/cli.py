@@ -18,7 +18,7 @@ from typing import NoReturn, Sequence
 
 from tierlab import LabError
 
-COMMANDS = ["report", "validate", "profile", "pair", "gate", "crash"]
+COMMANDS = ["report", "validate", "profile", "pair", "gate", "crash", "vm"]
 
 
 class LabArgumentParser(argparse.ArgumentParser):
@@ -40,8 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args))
     except LabError as e:
-        print(f"tierlab {args.command}: {e}", file=sys.stderr)
+        # A subcommand with subcommands of its own names them (error_prefix).
+        print(f"tierlab {getattr(args, 'error_prefix', args.command)}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"tierlab {args.command}: interrupted", file=sys.stderr)
+        print(f"tierlab {getattr(args, 'error_prefix', args.command)}: interrupted", file=sys.stderr)
         return 130

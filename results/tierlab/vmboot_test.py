@@ -1,0 +1,238 @@
+"""Tests of one VM lab boot (vmboot.py, `tierlab vm boot`): argument mistakes,
+the job and results disk formats, and two real boots of the real image under
+QEMU -- tierfs on two NBD fault members (formatted, mounted with FUSE, written,
+read, probed, unmounted; then fsck'd on the host), and a guest that never powers
+off, killed at its timeout. The real boots are skipped, saying why, only when
+qemu-system-x86_64 is missing or the image cannot be built."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import shutil
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tierlab import LabError, vmboot, vmimage
+from tierlab.testing import assert_one_line_error, build_dir, run, tool
+
+
+# ------------------------------------------------------------------ mistakes
+
+@pytest.mark.parametrize("spec,needle", [
+    ("ssd.a", "bad member 'ssd.a': want LABEL=SIZE[:FAULTPROFILE]"),
+    ("ssd.a=", "bad member"),
+    ("ssda=1G", "bad member label 'ssda': want GROUP.NAME"),
+    ("ssd.a=12Q", "member ssd.a: want a size"),
+    ("ssd.a=1000", "whole number of MiB"),
+    ("hdd.b=1G:hdd-no-such-profile", "unknown fault profile 'hdd-no-such-profile' (known: "),
+    ("hdd.b=1G:/no/such/profile.toml", "fault profile file /no/such/profile.toml does not exist"),
+    ("a.bcdefghijklmnopqrstuvwxyz=1G", "longer than 20 bytes"),
+])
+def test_bad_member_spec(spec: str, needle: str, tmp_path: Path) -> None:
+    job = tmp_path / "job.sh"
+    job.write_text("true\n")
+    p = run([tool("tierlab"), "vm", "boot", "--member", spec, "--job", job, "--out", tmp_path / "out"])
+    assert_one_line_error(p, 2, "tierlab vm boot: ", needle)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("event,needle", [
+    ("10:hdd.b", "want T:LABEL:COMMAND"),
+    ("x:hdd.b:stall 1", "bad duration"),
+    ("10:hdd.z:stall 1", "names no member"),
+    ("10:hdd.b:explode", "unknown command 'explode'"),
+])
+def test_bad_event(event: str, needle: str, tmp_path: Path) -> None:
+    job = tmp_path / "job.sh"
+    job.write_text("true\n")
+    p = run([tool("tierlab"), "vm", "boot", "--member", "hdd.b=64M", "--event", event,
+             "--job", job, "--out", tmp_path / "out"])
+    assert_one_line_error(p, 2, "tierlab vm boot: ", needle)
+
+
+def test_member_and_event_parsing() -> None:
+    m = vmboot.parse_member("hdd.b=2GiB:hdd-fixed-10ms")
+    assert (m.label, m.size, m.profile, m.serve_profile) == ("hdd.b", 2 << 30, "hdd-fixed-10ms", "hdd-fixed-10ms")
+    assert vmboot.parse_member("ssd.a=64M").serve_profile == "passthrough"
+    e = vmboot.parse_event("30:hdd.b:stall 10", ["hdd.b"])
+    assert (e.at_s, e.label, e.command) == (30.0, "hdd.b", ["stall", "10"])
+    assert vmboot.parse_event("500ms:hdd.b:error read 16MiB+1MiB", ["hdd.b"]).at_s == 0.5
+
+
+def test_job_disk_is_a_padded_tar(tmp_path: Path) -> None:
+    job = tmp_path / "job.sh"
+    job.write_text("echo hi\n")
+    data_in = tmp_path / "data.bin"
+    data_in.write_bytes(b"\x01" * 1000)
+    disk = vmboot.job_tar(job, [data_in])
+    assert len(disk) % (1 << 20) == 0
+    with tarfile.open(fileobj=io.BytesIO(disk)) as t:
+        assert t.getnames() == ["run", "inputs/data.bin"]
+        assert t.getmember("run").mode == 0o755
+        assert t.extractfile("inputs/data.bin").read() == b"\x01" * 1000  # type: ignore[union-attr]
+    assert vmboot.job_tar(job, [data_in]) == disk   # the same job, the same bytes
+
+
+def test_results_disk_reading(tmp_path: Path) -> None:
+    disk = tmp_path / "results.img"
+    disk.write_bytes(bytes(1 << 20))
+    assert vmboot.read_results(disk, tmp_path / "r0") == (0, "the guest wrote no results")
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for name, data in (("./job.rc", b"0\n"), ("./sub/out.txt", b"x" * 3000)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    with open(disk, "r+b") as f:
+        f.write(buf.getvalue())
+    assert vmboot.read_results(disk, tmp_path / "r1") == (2, "")
+    assert (tmp_path / "r1" / "sub" / "out.txt").read_bytes() == b"x" * 3000
+
+    with open(disk, "r+b") as f:
+        f.write(b"garbage!" * 64)
+    n, err = vmboot.read_results(disk, tmp_path / "r2")
+    assert err.startswith("results disk unreadable"), err
+
+
+def test_out_dir_must_be_empty(tmp_path: Path) -> None:
+    img = vmimage.Image("k", tmp_path, {}, False, 0.0)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "x").write_text("")
+    job = tmp_path / "job.sh"
+    job.write_text("true\n")
+    spec = vmboot.BootSpec(image=img, members=[vmboot.parse_member("ssd.a=64M")], job=job,
+                           out=tmp_path / "out", build=build_dir())
+    if shutil.which(vmboot.QEMU) is None:
+        pytest.skip("qemu-system-x86_64 is not installed (scripts/install-deps lab)")
+    with pytest.raises(LabError, match="is not empty"):
+        vmboot.boot(spec)
+
+
+# ------------------------------------------------------------------ real boots
+
+@pytest.fixture(scope="module")
+def image() -> vmimage.Image:
+    if shutil.which(vmboot.QEMU) is None:
+        pytest.skip("qemu-system-x86_64 is not installed (scripts/install-deps lab brings it)")
+    try:
+        return vmimage.ensure(vmimage.Options())
+    except LabError as e:
+        pytest.skip(f"the guest image cannot be built: {e}")
+
+
+@pytest.fixture
+def images_dir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(dir="/dev/shm", prefix="tierlab-vmtest-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+# The job: tierfs over both members, FUSE-mounted; a file written and read back,
+# tierprobe for a few seconds, a clean unmount (and the daemon gone) before the
+# init takes the results.
+TIERFS_JOB = """\
+set -e
+tierfs format --label ssd.a /dev/lab/ssd.a --label hdd.b /dev/lab/hdd.b \\
+    --foreground-target ssd --background-target hdd
+mkdir -p /mnt/t
+tierfs mount /dev/lab/ssd.a /dev/lab/hdd.b /mnt/t
+cp "$JOB/inputs/payload.bin" /mnt/t/payload.bin
+sync
+md5sum /mnt/t/payload.bin | cut -d' ' -f1 > "$RESULTS/payload.md5"
+echo "hello tierfs" > /mnt/t/hello
+cat /mnt/t/hello > "$RESULTS/hello.txt"
+mkdir /mnt/t/probe
+tierprobe --dir /mnt/t/probe --rate 50 --duration 3s --working-set 4M --files 16 \\
+    --json "$RESULTS/probe.json" --quiet
+umount /mnt/t
+while pidof tierfs > /dev/null; do sleep 0.1; done
+echo done > "$RESULTS/done"
+"""
+
+
+def test_boot_tierfs_on_fault_members(image: vmimage.Image, images_dir: Path, tmp_path: Path) -> None:
+    job = tmp_path / "job.sh"
+    job.write_text(TIERFS_JOB)
+    payload = tmp_path / "payload.bin"
+    payload.write_bytes(bytes(range(256)) * 1024 * 3)
+    out = tmp_path / "boot"
+    p = run([tool("tierlab"), "vm", "boot", "--member", "ssd.a=256M", "--member", "hdd.b=512M:hdd-fixed-10ms",
+             "--job", job, "--input", payload, "--out", out, "--images", images_dir,
+             "--timeout", "400", "--event", "1:hdd.b:stall 1"], timeout=600)
+    boot = json.loads((out / "boot.json").read_text())
+    console = (out / "console.log").read_text()
+    assert p.returncode == 0, (p.stdout, p.stderr, boot["reason"], console[-3000:])
+    assert boot["status"] == "ok" and boot["job_rc"] == 0
+    assert "boot ok: to /init " in p.stdout
+
+    # Results came back through the results disk.
+    r = out / "results"
+    assert (r / "done").read_text() == "done\n"
+    assert (r / "hello.txt").read_text() == "hello tierfs\n"
+    assert (r / "payload.md5").read_text().strip() == hashlib.md5(payload.read_bytes()).hexdigest()
+    probe = json.loads((r / "probe.json").read_text())
+    assert probe["measurements"]["throughput"]["ops"] > 0, probe["measurements"]["throughput"]
+    assert (r / "job.rc").read_text().strip() == "0"
+    assert "modules loaded" in (r / "init.log").read_text()
+
+    # The console: every line stamped; the init's steps in order.
+    lines = console.splitlines()
+    assert lines and all(re.match(r"\[ *\d+\.\d{3}\] ", ln) for ln in lines)
+    t = boot["times"]
+    assert 0 < t["to_init_s"] <= t["job_start_s"] <= t["job_end_s"] <= t["to_poweroff_s"]
+    assert "tierlab-init: results written" in console
+
+    # The command line and members as documented; the event reached the device.
+    cmd = boot["qemu_command"]
+    for part in ("-nographic", "-no-reboot", "-net none", "-kernel", "-initrd", "driver=nbd",
+                 "serial=ssd.a", "serial=hdd.b", "console=ttyS0"):
+        assert part in cmd, part
+    assert [m["profile"] for m in boot["members"]] == ["passthrough", "hdd-fixed-10ms"]
+    assert all(m["serve_rc"] == 0 for m in boot["members"]), boot["members"]
+    ev = boot["events"]
+    assert len(ev) == 1 and ev[0]["sent"] and ev[0]["rc"] == 0, ev
+    stats = json.loads((out / "fault-hdd.b.json").read_text())
+    assert stats["ops"]["write"]["ops"] > 0
+
+    # The host checks the members the guest left.
+    fsck = run([tool("tierfs"), "fsck", "-n", images_dir / "ssd.a.img", images_dir / "hdd.b.img"], timeout=300)
+    assert fsck.returncode == 0, (fsck.stdout, fsck.stderr)
+
+
+def test_hung_guest_is_killed_at_its_timeout(image: vmimage.Image, images_dir: Path, tmp_path: Path) -> None:
+    job = tmp_path / "job.sh"
+    job.write_text("echo going to sleep\nsleep 100000\n")
+    out = tmp_path / "boot"
+    timeout = 15.0
+    t0 = time.monotonic()
+    # The guest's own budget is longer than the host's limit: the host must act.
+    p = run([tool("tierlab"), "vm", "boot", "--member", "ssd.a=64M", "--job", job, "--out", out,
+             "--images", images_dir, "--timeout", str(timeout), "--budget", "100000"], timeout=300)
+    took = time.monotonic() - t0
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    boot = json.loads((out / "boot.json").read_text())
+    assert boot["status"] == "timeout", boot
+    assert "no poweroff within 15 s (killed)" in boot["reason"]
+    assert boot["times"]["killed_at_s"] >= timeout
+    assert "to_poweroff_s" not in boot["times"]
+    assert took >= timeout
+    assert all(m["serve_rc"] is not None for m in boot["members"])   # servers stopped
+    assert "boot timeout:" in p.stdout
+    # Nothing of this boot survives: QEMU's command line names the private
+    # directory (the sockets), the servers' the member images.
+    private = str(Path(boot["members"][0]["socket"]).parent)
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        assert private not in args and str(images_dir) not in args, args
