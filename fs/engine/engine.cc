@@ -274,20 +274,6 @@ Status Engine::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opt
     // replayed ones depend on: the trees decide.
     // So may the keys of damaged nodes fsck dropped (btree::Options::drop_bad_nodes).
     const bool dropped = !btrees_.lost_nodes().empty();
-    if (dropped) {
-      // Before any tree without the dropped nodes is written: a cut from here
-      // until fsck's namespace pass has repaired what they held leaves the
-      // next fsck the knowledge that the trees lost keys (which inodes to
-      // recreate rather than delete the names and data of).
-      for (const btree::LostNode& ln : btrees_.lost_nodes()) sb_.lost_data_btrees |= u32(1) << ln.btree_id;
-      sb_.flags &= u16(~sb::kSbClean);
-      sb_.seq++;
-      st = WriteSuperblocks();
-      if (!st.ok()) {
-        btrees_.Close().IgnoreError();
-        return DiagError(diag, st, "open: recording the dropped nodes: %s", st.Message());
-      }
-    }
     if (rep.stale_alloc != 0 || rep.replayed_past_damage || dropped) {
       st = options.rebuild_alloc != nullptr
                ? options.rebuild_alloc(options.rebuild_ctx, *this)
@@ -302,6 +288,21 @@ Status Engine::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opt
     if (!rep.was_clean || dropped) {
       // Persist what replay applied: the journal restarts at the ring starts.
       // (And the nodes that replaced dropped ones.)
+      if (dropped) {
+        // Right before the first write of a tree without the dropped nodes
+        // (until then the next fsck drops the same nodes again): a cut from
+        // here until fsck's namespace pass has repaired what they held leaves
+        // the next fsck the knowledge that the trees lost keys (which inodes
+        // to recreate rather than delete the names and data of).
+        for (const btree::LostNode& ln : btrees_.lost_nodes()) sb_.lost_data_btrees |= u32(1) << ln.btree_id;
+        sb_.flags &= u16(~sb::kSbClean);
+        sb_.seq++;
+        st = WriteSuperblocks();
+        if (!st.ok()) {
+          btrees_.Close().IgnoreError();
+          return DiagError(diag, st, "open: recording the dropped nodes: %s", st.Message());
+        }
+      }
       st = btrees_.Checkpoint();
       if (st.ok()) st = alloc_.Checkpoint();
       if (!st.ok()) {

@@ -129,7 +129,8 @@ class Engine {
 
   const sb::Superblock& sb() const { return sb_; }
   // Trees whose dropped nodes' repair is unfinished: the superblock's record
-  // (OpenReport::lost_data_btrees) and those this open dropped nodes of.
+  // (OpenReport::lost_data_btrees) and, after a read-write open, those it
+  // dropped nodes of.
   u32 lost_data_btrees() const { return sb_.lost_data_btrees; }
   // fsck: the namespace repair that depended on the dropped nodes is done;
   // Close()'s superblock write records it (read-write opens only).

@@ -621,7 +621,7 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
     report.errors++;
     c.Line("btree: an earlier 'fsck -y' dropped damaged nodes (trees 0x%x) and was cut short before its repair "
            "finished; %s",
-           unsigned(rep.lost_data_btrees), opt.repair ? "finishing it" : "'tierfs fsck -y' finishes it");
+           unsigned(rep.lost_data_btrees), opt.repair ? "the passes below finish it" : "'tierfs fsck -y' finishes it");
   }
   if (rep.stale_roots) {
     c.Line("%s", rep.stale_why.text);
@@ -667,7 +667,10 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
     // What depended on the dropped nodes is repaired; the unmount below
     // records it, after the repairs are durable.
     e.ClearLostData();
-    if (rep.lost_data_btrees != 0) report.repaired++;
+    if (rep.lost_data_btrees != 0) {
+      report.repaired++;
+      c.Line("btree: finished the repair the earlier 'fsck -y' left unfinished");
+    }
   }
   if (opt.repair && report.repaired > 0) {
     Status cp = e.alloc().Checkpoint();

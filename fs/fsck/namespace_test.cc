@@ -18,6 +18,7 @@
 
 #include "data/data.h"
 #include "fsck/fsck.h"
+#include "fsck/testing.h"
 #include "posix/fs.h"
 #include "userspace/platform/mem_device.h"
 
@@ -1131,22 +1132,8 @@ TEST(FsckRepairTest, ADamagedLeafOfEachTreeIsRepaired) {
   for (u8 id : {btree::kBtreeInodes, btree::kBtreeDirents, btree::kBtreeExtents, btree::kBtreeXattrs}) {
     SCOPED_TRACE("btree " + std::to_string(id));
     Fixture f;
-    btree::NodePtrFormat root{};
-    {
-      BlockDevice* b = f.dev.get();
-      engine::Engine e;
-      engine::OpenOptions oo;
-      oo.read_only = true;
-      Diag d;
-      ASSERT_TRUE(e.Open(&b, 1, oo, &d).ok()) << d.text;
-      root = e.btrees().roots().roots[id];
-      ASSERT_TRUE(e.Close().ok());
-    }
-    ASSERT_NE(root.member, btree::kNoMember);
-    u8 byte;
-    f.dev->ReadRaw(root.offset.get() + 100, &byte, 1);  // in the first set's header
-    byte ^= 0x10;
-    f.dev->WriteRaw(root.offset.get() + 100, &byte, 1);
+    const u64 root_offset = fixture::DamageRoot(f.dev.get(), id);
+    ASSERT_NE(root_offset, 0u);
     auto [r1, out1] = f.Fsck(false);
     EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
     EXPECT_NE(out1.find("would drop the damaged level-0 node"), std::string::npos) << out1;
@@ -1154,7 +1141,7 @@ TEST(FsckRepairTest, ADamagedLeafOfEachTreeIsRepaired) {
     auto [r2, out2] = f.Fsck(true);
     EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
     EXPECT_NE(out2.find("dropped the damaged level-0 node at member ssd.a offset " +
-                        std::to_string(root.offset.get())),
+                        std::to_string(root_offset)),
               std::string::npos)
         << out2;
     auto [r3, out3] = f.Fsck(false);

@@ -178,6 +178,26 @@ inline void Populate(Image& img, int mounts, int per_mount) {
     img.WithFs([&](Filesystem& fs, engine::Engine&) { MakeFiles(fs, m * per_mount, (m + 1) * per_mount); });
 }
 
+// Flips a byte in the first set's header of tree `id`'s root node (whose
+// checks then fail); returns the node's offset (0: the tree has no root).
+inline u64 DamageRoot(userspace::MemDevice* dev, u8 id) {
+  btree::NodePtrFormat root{};
+  BlockDevice* b = dev;
+  engine::Engine e;
+  engine::OpenOptions oo;
+  oo.read_only = true;
+  Diag d;
+  EXPECT_TRUE(e.Open(&b, 1, oo, &d).ok()) << d.text;
+  root = e.btrees().roots().roots[id];
+  EXPECT_TRUE(e.Close().ok());
+  if (root.member == btree::kNoMember) return 0;
+  u8 byte;
+  dev->ReadRaw(root.offset.get() + 100, &byte, 1);
+  byte ^= 0x10;
+  dev->WriteRaw(root.offset.get() + 100, &byte, 1);
+  return root.offset.get();
+}
+
 struct EntryAt {
   u64 off;  // of its header on the image
   u64 seq;

@@ -39,6 +39,10 @@ inline constexpr u8 kDataAll = kDataJournal | kDataBtree | kDataUser;
 
 // Superblock flags.
 inline constexpr u16 kSbClean = 1 << 0;  // unmounted cleanly: no journal replay needed
+// Set exactly when lost_data_btrees is nonzero (Encode does it): builds that
+// do not know the field reject an unknown flag and so refuse the filesystem
+// rather than mount it and zero the field (losing what fsck must recreate).
+inline constexpr u16 kSbLostData = 1 << 1;
 
 enum class ChecksumType : u8 { kNone = 0, kCrc32c = 1 };
 enum class CompressionType : u8 { kNone = 0, kZstd = 1 };

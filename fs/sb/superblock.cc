@@ -58,7 +58,7 @@ void Encode(const Superblock& sb, u16 dev_idx, void* out) {
   MemCopy(f->fs_uuid, sb.fs_uuid, 16);
   f->seq.set(sb.seq);
   f->dev_idx.set(dev_idx);
-  f->flags.set(sb.flags);
+  f->flags.set(u16((sb.flags & ~kSbLostData) | (sb.lost_data_btrees != 0 ? kSbLostData : 0)));
   f->bucket_size.set(sb.bucket_size);
   f->btree_node_size.set(sb.btree_node_size);
   f->block_size.set(sb.block_size);
@@ -115,7 +115,8 @@ Status Decode(const void* buf, u64 device_size, Superblock* out, Diag* diag) {
   auto corrupt = [&](const char* what) { return DiagError(diag, Err::kCorrupt, "superblock: bad %s", what); };
   if (sb.nr_members == 0 || sb.nr_members > kSbMaxMembers) return corrupt("member count");
   if (sb.dev_idx >= sb.nr_members) return corrupt("dev_idx");
-  if ((sb.flags & ~kSbClean) != 0) return corrupt("flags");
+  if ((sb.flags & ~(kSbClean | kSbLostData)) != 0) return corrupt("flags");
+  if (((sb.flags & kSbLostData) != 0) != (sb.lost_data_btrees != 0)) return corrupt("lost-data flag");
   if (!IsPowerOfTwo(sb.bucket_size) || sb.bucket_size < kMinBucket || sb.bucket_size > kMaxBucket)
     return corrupt("bucket_size");
   if (!IsPowerOfTwo(sb.btree_node_size) || sb.btree_node_size < kMinBtreeNode ||

@@ -69,6 +69,33 @@ TEST(SuperblockTest, EncodeDecodeRoundTrip) {
   EXPECT_EQ(out.options.checksum, ChecksumType::kCrc32c);
 }
 
+// An unfinished repair's record travels with a flag bit that builds which do
+// not know the field reject (they would mount and zero it); the two agree.
+TEST(SuperblockTest, LostDataRecordSetsItsFlag) {
+  Superblock sb = MakeSb(2);
+  sb.lost_data_btrees = 1;
+  std::vector<u8> buf(kSbSize);
+  Encode(sb, 0, buf.data());
+  const auto* f = reinterpret_cast<const SuperblockFormat*>(buf.data());
+  EXPECT_EQ(f->flags.get() & kSbLostData, kSbLostData);
+  EXPECT_EQ(f->lost_data_btrees.get(), 1u);
+  Superblock out;
+  Diag d;
+  ASSERT_TRUE(Decode(buf.data(), kDevSize, &out, &d).ok()) << d.text;
+  EXPECT_EQ(out.lost_data_btrees, 1u);
+  // An older build's check: no flag bit but the clean one is known.
+  EXPECT_NE(f->flags.get() & ~kSbClean, 0) << "an older build would mount it";
+  out.lost_data_btrees = 0;  // fsck finished: the flag goes with the record
+  Encode(out, 0, buf.data());
+  EXPECT_EQ(f->flags.get() & kSbLostData, 0);
+  // Bytes where the two disagree are corrupt.
+  auto* w = reinterpret_cast<SuperblockFormat*>(buf.data());
+  w->lost_data_btrees.set(4);
+  w->csum.set(0);
+  w->csum.set(platform::Crc32c(buf.data(), kSbSize));
+  EXPECT_TRUE(Decode(buf.data(), kDevSize, &out).Is(ErrorClass::kCorrupt));
+}
+
 TEST(SuperblockTest, DecodeRejectsHostileBytes) {
   Superblock sb = MakeSb(2);
   std::vector<u8> good(kSbSize);

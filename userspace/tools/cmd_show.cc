@@ -46,6 +46,7 @@ int CmdShow(int argc, char** argv) {
     w.StringField("uuid", UuidString(s.fs_uuid));
     w.UintField("seq", s.seq);
     w.BoolField("clean", rep.was_clean);
+    w.UintField("lost_data_btrees", rep.lost_data_btrees);
     w.UintField("bucket_size", s.bucket_size);
     w.UintField("btree_node_size", s.btree_node_size);
     w.UintField("journal_seq", s.journal_seq);
@@ -103,6 +104,11 @@ int CmdShow(int argc, char** argv) {
 
   printf("uuid:            %s\n", UuidString(s.fs_uuid).c_str());
   printf("state:           %s\n", rep.was_clean ? "clean" : "not cleanly unmounted (journal replayed in memory)");
+  if (rep.lost_data_btrees != 0) {
+    printf("repair:          unfinished: an 'fsck -y' that dropped damaged nodes (trees 0x%x) was cut short; "
+           "run 'tierfs fsck -y'\n",
+           unsigned(rep.lost_data_btrees));
+  }
   printf("bucket size:     %u KiB\n", s.bucket_size >> 10);
   printf("btree node size: %u KiB\n", s.btree_node_size >> 10);
   printf("targets:         foreground=%s background=%s promote=%s metadata=%s\n",
