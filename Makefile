@@ -4,13 +4,15 @@
 #   make            install missing packages, configure and build into build/
 #   make test       ... and run every test (ctest, including the kernel-safe check, and pytest)
 #   make labtest    a short real A/A `tierlab pair` (2 pairs, ~1-2 min; docs/lab/pair.md)
+#   make vmtest     A/A `tierlab vm pair` in QEMU guests, gated (docs/lab/vmlab.md):
+#                   [PROFILE=fixed-delay] [PAIRS=3] [OUT=build/vmtest/PROFILE-DATE] [VMSET=--set ...]
 #   make test-asan  the same with AddressSanitizer + UndefinedBehaviorSanitizer, in build-asan/
 #   make clean      remove build directories
 
 JOBS ?= $(shell nproc)
 PY := /usr/bin/python3
 
-.PHONY: all deps build test labtest test-asan clean
+.PHONY: all deps build test labtest vmtest test-asan clean
 
 all: build
 
@@ -28,6 +30,22 @@ test: build
 
 labtest: build
 	TIERFS_BUILD=$(CURDIR)/build $(PY) -m pytest -q -s results/tierlab/labtest.py
+
+PROFILE ?= fixed-delay
+PAIRS ?= 3
+VMTEST_DATE := $(shell date +%Y%m%d-%H%M%S)
+OUT ?= build/vmtest/$(PROFILE)-$(VMTEST_DATE)
+VMSET ?= --set probe.rate=100 --set gate.background_min_bytes=0
+
+# The exit status is the gate's; the report's path and the verdict are printed last.
+vmtest: build
+	TIERFS_BUILD=$(CURDIR)/build build/bin/tierlab vm image
+	mkdir -p $(dir $(OUT))
+	{ TIERFS_BUILD=$(CURDIR)/build build/bin/tierlab vm pair --profile $(PROFILE) --pairs $(PAIRS) \
+		--out $(OUT) $(VMSET); echo $$? > $(OUT).rc; } 2>&1 | tee $(OUT).log; rc=$$(cat $(OUT).rc); \
+		echo "vmtest: report $(OUT)/report/report.md (log $(OUT).log)"; \
+		echo "vmtest: verdict $$(grep '^gate:' $(OUT).log || echo 'none (see the log)'), exit $$rc"; \
+		exit $$rc
 
 test-asan: deps
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTIERFS_SANITIZE=ON

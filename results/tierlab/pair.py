@@ -367,24 +367,9 @@ class Run:
         ph = prof.phases
         ready = self.dir / "probe.ready"
         ready.unlink(missing_ok=True)
-        pr = prof.probe
         probe_cmd = [str(self.lab.build / "bin" / "tierprobe"), "--dir", mnt,
-                     "--json", str(self.dir / "probe.raw.json"), "--rate", f"{pr['rate']:g}",
-                     "--duration", f"{ph['measure_s']:g}s", "--warmup", f"{ph['warmup_s']:g}s",
-                     "--mix", pr["mix"], "--threads", str(pr["threads"]),
-                     "--schedule", pr["schedule"], "--working-set", str(pr["working_set"]),
-                     "--files", str(pr["files"]), "--seed", str(self.seed),
-                     "--pair", str(self.pair), "--fault-profile", prof.name,
-                     "--label", f"slot={self.slot.index}", "--label", f"lab_arm={self.arm.name}",
-                     "--ready-file", str(ready), "--quiet"]
-        if pr["direct"]:
-            probe_cmd.append("--direct")
-        if pr["lane_per_op"]:
-            probe_cmd.append("--lane-per-op")
-        if pr["keep_going"]:
-            probe_cmd.append("--keep-going")
-        if pr["spin"]:
-            probe_cmd += ["--spin", pr["spin"]]
+                     "--json", str(self.dir / "probe.raw.json"), "--ready-file", str(ready),
+                     *probe_args(prof, self.seed, self.pair, self.slot.index, self.arm.name)]
         self.phase("probe setup")
         perr = open(self.dir / "probe.stderr", "w")
         probe = self.lab.children.popen(probe_cmd, stdout=perr, stderr=subprocess.STDOUT)
@@ -477,18 +462,7 @@ class Run:
                 raise RunFailed("stopping")
 
     def _probe_document(self) -> None:
-        raw = self.dir / "probe.raw.json"
-        doc = schema.load(raw)
-        m = doc["manifest"]
-        m["arm"] = self.arm.name
-        m["slot"] = self.slot.index
-        m["device_layout"] = {"members": [
-            {"label": x.label, "size": x.size, "fault": x.fault, "fault_set": x.fault_set}
-            for x in self.prof.members], "format": profile_mod.format_args(
-                self.prof, {x.label: f"{x.label}.img" for x in self.prof.members})}
-        m.setdefault("labels", {})["build"] = str(self.arm.build)
-        schema.write(doc, self.dir / "probe.json")
-        raw.unlink()
+        probe_document(self.dir, self.prof, self.arm, self.slot.index)
         self.info["probe"] = "probe.json"
 
     def _quiesce(self) -> None:
@@ -588,6 +562,48 @@ class Run:
                 self.lab.children.mounts.discard(self.slot.mnt)
 
 
+def probe_args(prof: profile_mod.Profile, seed: int, pair: int, slot: int, arm: str) -> list[str]:
+    """tierprobe's options for a run of the profile, besides --dir, --json and
+    --ready-file."""
+    pr, ph = prof.probe, prof.phases
+    args = ["--rate", f"{pr['rate']:g}",
+            "--duration", f"{ph['measure_s']:g}s", "--warmup", f"{ph['warmup_s']:g}s",
+            "--mix", pr["mix"], "--threads", str(pr["threads"]),
+            "--schedule", pr["schedule"], "--working-set", str(pr["working_set"]),
+            "--files", str(pr["files"]), "--seed", str(seed),
+            "--pair", str(pair), "--fault-profile", prof.name,
+            "--label", f"slot={slot}", "--label", f"lab_arm={arm}", "--quiet"]
+    if pr["direct"]:
+        args.append("--direct")
+    if pr["lane_per_op"]:
+        args.append("--lane-per-op")
+    if pr["keep_going"]:
+        args.append("--keep-going")
+    if pr["spin"]:
+        args += ["--spin", pr["spin"]]
+    return args
+
+
+def probe_document(run_dir: Path, prof: profile_mod.Profile, arm: Arm, slot: int,
+                   boot: int | None = None) -> None:
+    """RUN_DIR/probe.raw.json (tierprobe's document) -> RUN_DIR/probe.json with
+    the lab's coordinates: arm, slot, (boot,) the profile's device layout, build."""
+    raw = run_dir / "probe.raw.json"
+    doc = schema.load(raw)
+    m = doc["manifest"]
+    m["arm"] = arm.name
+    m["slot"] = slot
+    if boot is not None:
+        m["boot"] = boot
+    m["device_layout"] = {"members": [
+        {"label": x.label, "size": x.size, "fault": x.fault, "fault_set": x.fault_set}
+        for x in prof.members], "format": profile_mod.format_args(
+            prof, {x.label: f"{x.label}.img" for x in prof.members})}
+    m.setdefault("labels", {})["build"] = str(arm.build)
+    schema.write(doc, run_dir / "probe.json")
+    raw.unlink()
+
+
 QUIESCE_OPS = ("write", "flush", "discard")
 
 
@@ -637,18 +653,7 @@ class Lab:
         if self.seed < 0:
             raise LabError(f"--seed: must be >= 0, got {self.seed}")
         self.build = Path(args.build) if args.build else default_build()
-        if (args.baseline is None) != (args.candidate is None):
-            raise LabError("--baseline and --candidate go together")
-        if args.baseline:
-            self.arms = [Arm("baseline", Path(args.baseline), False),
-                         Arm("candidate", Path(args.candidate), False)]
-            self.mode = "builds"
-        else:
-            names = [a.strip() for a in args.arms.split(",")]
-            if sorted(names) != ["active", "control"]:
-                raise LabError(f"--arms: want active,control, got {args.arms!r}")
-            self.arms = [Arm(n, self.build, n == "control") for n in names]
-            self.mode = "arms"
+        self.arms, self.mode = parse_arms(args, self.build)
         for a in self.arms:
             if not Path(a.tierfs).is_file():
                 raise LabError(f"{a.tierfs}: no tierfs there (build it, or give the build dir)")
@@ -765,6 +770,31 @@ class Lab:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+def parse_arms(args: argparse.Namespace, build: Path) -> tuple[list[Arm], str]:
+    """--arms, or --baseline with --candidate: the two arms and the mode."""
+    if (args.baseline is None) != (args.candidate is None):
+        raise LabError("--baseline and --candidate go together")
+    if args.baseline:
+        return [Arm("baseline", Path(args.baseline), False),
+                Arm("candidate", Path(args.candidate), False)], "builds"
+    names = [a.strip() for a in args.arms.split(",")]
+    if sorted(names) != ["active", "control"]:
+        raise LabError(f"--arms: want active,control, got {args.arms!r}")
+    return [Arm(n, build, n == "control") for n in names], "arms"
+
+
+def lab_meta(args: argparse.Namespace, prof: profile_mod.Profile, pairs: int, seed: int,
+             mode: str, arms: list[Arm], build: Path) -> dict[str, Any]:
+    """lab.json's content at the start of a run (what `gate` and `report` read)."""
+    return {
+        "format": "tierlab-pair", "version": 1, "profile": prof.name,
+        "profile_path": prof.path, "sets": args.set, "pairs": pairs, "seed": seed,
+        "mode": mode, "arms": [{"name": a.name, "build": str(a.build), "pause": a.pause}
+                               for a in arms],
+        "tierprobe_build": str(build), "concurrent": True, "start": manifest.iso_now(),
+        "git_commit": manifest.git_commit()[0], "command": sys.argv}
+
+
 def pair_deadline_s(prof: profile_mod.Profile) -> float:
     """The watchdog bound of one pair: the sum of every step's own timeout."""
     n_ctl = 6 + len(prof.events) + len(prof.members) + int(prof.quiesce["max_s"]) + 2
@@ -787,13 +817,7 @@ def run(args: argparse.Namespace) -> int:
     lab = Lab(args)
     lab.out.mkdir(parents=True, exist_ok=True)
     (lab.out / "profile.toml").write_text(Path(lab.prof.path).read_text())
-    meta: dict[str, Any] = {
-        "format": "tierlab-pair", "version": 1, "profile": lab.prof.name,
-        "profile_path": lab.prof.path, "sets": args.set, "pairs": lab.pairs, "seed": lab.seed,
-        "mode": lab.mode, "arms": [{"name": a.name, "build": str(a.build), "pause": a.pause}
-                                   for a in lab.arms],
-        "tierprobe_build": str(lab.build), "concurrent": True, "start": manifest.iso_now(),
-        "git_commit": manifest.git_commit()[0], "command": sys.argv}
+    meta = lab_meta(args, lab.prof, lab.pairs, lab.seed, lab.mode, lab.arms, lab.build)
     (lab.out / "lab.json").write_text(json.dumps(meta, indent=1) + "\n")
     old = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

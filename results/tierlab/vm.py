@@ -3,8 +3,11 @@
     tierlab vm image [--rebuild] [--json] [--prune] [--guest DIR] [--static-build DIR] [--cache DIR]
     tierlab vm boot --member LABEL=SIZE[:FAULTPROFILE] ... --job SCRIPT --out DIR
                     [--input FILE]... [--timeout S] [--budget S] [--cpus N] [--mem MiB]
-                    [--event T:LABEL:COMMAND]... [--fault-set LABEL:KEY=VALUE]...
+                    [--event T:LABEL:COMMAND]... [--events-after MARK] [--fault-set LABEL:KEY=VALUE]...
                     [--images DIR] [--seed S] [--accel auto|kvm|tcg]
+    tierlab vm run  --profile NAME --arm active|control --out DIR [--set SECTION.KEY=VALUE]...
+    tierlab vm pair --profile NAME --pairs N --out DIR [--arms active,control]
+                    [--baseline STATIC_BUILD --candidate STATIC_BUILD] [--set SECTION.KEY=VALUE]...
 
 `image` builds the guest image when its inputs changed (cached in
 build/vmlab/images/KEY) and prints what is in it. `boot` boots one guest with
@@ -45,7 +48,7 @@ def add_image_args(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("vm", help="the VM lab: guest image, single boots",
+    p = sub.add_parser("vm", help="the VM lab: guest image, single boots, profile runs and pairs",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     vsub = p.add_subparsers(dest="vm_command", metavar="SUBCOMMAND", required=True)
 
@@ -73,6 +76,9 @@ def register(sub: Any) -> None:
     pb.add_argument("--event", action="append", default=[], metavar="T:LABEL:COMMAND",
                     help="faultdev ctl COMMAND to LABEL's device T s after the job starts "
                          "(e.g. 30:hdd.b:stall 10; repeatable)")
+    pb.add_argument("--events-after", metavar="MARK",
+                    help="time the events from the job's console line 'tierlab-mark: MARK' "
+                         "instead of its start")
     pb.add_argument("--fault-set", action="append", default=[], metavar="LABEL:KEY=VALUE",
                     help="override a key of LABEL's fault profile (faultdev --set; repeatable)")
     pb.add_argument("--images", metavar="DIR", help="member images (kept; an image of the right size "
@@ -81,6 +87,9 @@ def register(sub: Any) -> None:
     pb.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto",
                     help="auto: KVM when /dev/kvm opens, else TCG")
     pb.set_defaults(run=run_boot, error_prefix="vm boot")
+
+    from tierlab import vmpair
+    vmpair.register(vsub)
 
 
 def run_image(args: argparse.Namespace) -> int:
@@ -120,7 +129,8 @@ def run_boot(args: argparse.Namespace) -> int:
         image=image, members=members, job=job, out=Path(args.out), build=default_build(),
         inputs=[Path(i) for i in args.input], images_dir=Path(args.images) if args.images else None,
         timeout=args.timeout, budget=args.budget, cpus=args.cpus, mem_mib=args.mem,
-        events=events, fault_sets=sets, seed=args.seed, accel=args.accel)
+        events=events, fault_sets=sets, seed=args.seed, accel=args.accel,
+        events_after=args.events_after)
     result = vmboot.boot(spec)
     print(vmboot.summary(result, Path(args.out)))
     print(f"member images: {', '.join(m['image'] for m in result['members'])}")

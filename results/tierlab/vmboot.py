@@ -9,8 +9,9 @@ unix socket in a private directory under /dev/shm) and attached as
 holding `run` and the inputs) and a `results` disk (zeros; the guest writes a
 tar onto it) are plain files. QEMU's serial console is read line by line and
 written to OUT/console.log with the host's time since launch on each line; the
-init's marker lines give the wall times. Fault events go to the member's
-control socket at their time after the job starts.
+init's marker lines give the wall times, and a job may print its own
+(`tierlab-mark: NAME`). Fault events go to the member's control socket at
+their time after the job starts, or after a job's marker.
 
 Invariants: the boot never outlives its hard timeout -- QEMU's process group is
 killed, then its NBD servers (TERM, then KILL), and only those: every child is
@@ -222,6 +223,8 @@ class BootSpec:
     seed: int = 1
     accel: str = "auto"                  # auto | kvm | tcg
     shm: Path = Path("/dev/shm")
+    events_after: str | None = None      # time events from `tierlab-mark: NAME`, not the job start
+    cancel: threading.Event | None = None   # set by another thread: kill the guest now (Ctrl-C)
 
     def job_budget(self) -> float:
         if self.budget is not None:
@@ -235,6 +238,7 @@ class Console:
 
     MARKERS = {"tierlab-init: start": "to_init_s", "tierlab-init: job start": "job_start_s",
                "tierlab-init: results written": "results_written_s"}
+    JOB_MARK = "tierlab-mark: "   # a job's own marker: times["mark_NAME"]
 
     def __init__(self, stream: IO[bytes], log: Path, t0: float) -> None:
         self.stream, self.log_path, self.t0 = stream, log, t0
@@ -242,6 +246,7 @@ class Console:
         self.job_rc_line: str = ""
         self.panic: str = ""
         self.job_started = threading.Event()
+        self.marked = threading.Condition()
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
@@ -258,6 +263,11 @@ class Console:
                         self.times[key] = round(now, 3)
                         if key == "job_start_s":
                             self.job_started.set()
+                if line.startswith(self.JOB_MARK):
+                    key = "mark_" + line[len(self.JOB_MARK):].strip()
+                    with self.marked:
+                        self.times.setdefault(key, round(now, 3))
+                        self.marked.notify_all()
                 if line.startswith("tierlab-init: job end"):
                     self.times.setdefault("job_end_s", round(now, 3))
                 if "Kernel panic" in line and not self.panic:
@@ -329,6 +339,8 @@ def boot(spec: BootSpec) -> dict[str, Any]:
     """Run one boot; write and return boot.json's content."""
     if shutil.which(QEMU) is None:
         raise LabError(f"{QEMU} is not installed: run scripts/install-deps lab")
+    if spec.events_after is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", spec.events_after):
+        raise LabError(f"bad --events-after '{spec.events_after}': want a marker name ([A-Za-z0-9_.-])")
     faultdev = spec.build / "bin" / "faultdev"
     if not faultdev.exists():
         raise LabError(f"{faultdev} is missing: build first (make)")
@@ -401,6 +413,7 @@ def boot(spec: BootSpec) -> dict[str, Any]:
         cmd = qemu_command(spec, disks, accel)
         result["qemu_command"] = shlex.join(cmd)
         t0 = time.monotonic()
+        result["qemu_start_unix"] = time.time()
         stderr = open(spec.out / "qemu.stderr", "wb")
         try:
             qemu = start(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr)
@@ -412,10 +425,16 @@ def boot(spec: BootSpec) -> dict[str, Any]:
                                   args=(spec, private, console, stopped, result["events"], t0),
                                   daemon=True)
         events.start()
-        try:
-            rc: int | None = qemu.wait(timeout=spec.timeout)
-        except subprocess.TimeoutExpired:
-            rc = None
+        rc: int | None = None
+        deadline = t0 + spec.timeout
+        while (rc := qemu.poll()) is None and time.monotonic() < deadline:
+            if spec.cancel is not None and spec.cancel.is_set():
+                break
+            try:
+                rc = qemu.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                pass
         end = time.monotonic() - t0
         stopped.set()
         if rc is None:
@@ -476,15 +495,21 @@ class BootFailed(Exception):
 
 def send_events(spec: BootSpec, private: Path, console: Console, stopped: threading.Event,
                 out: list[dict[str, Any]], t0: float) -> None:
-    """Each event at its time after the job's start, until the guest stops."""
+    """Each event at its time after the job's start (or its marker), until the
+    guest stops."""
     pending = sorted(spec.events, key=lambda e: e.at_s)
     for e in pending:
         out.append({"at_s": e.at_s, "label": e.label, "command": " ".join(e.command), "sent": False})
-    # Wait for the job to start (or the guest to stop).
-    while not console.job_started.wait(0.2):
-        if stopped.is_set():
-            return
-    start = t0 + console.times.get("job_start_s", 0.0)
+    if not pending:
+        return
+    # Wait for the job to start, or for its marker (or for the guest to stop).
+    key = "job_start_s" if spec.events_after is None else f"mark_{spec.events_after}"
+    with console.marked:
+        while key not in console.times:
+            if stopped.is_set():
+                return
+            console.marked.wait(0.2)
+    start = t0 + console.times[key]
     faultdev = spec.build / "bin" / "faultdev"
     for e, rec in zip(pending, out):
         if stopped.wait(max(0.0, start + e.at_s - time.monotonic())):
