@@ -34,18 +34,24 @@ labtest: build
 PROFILE ?= fixed-delay
 PAIRS ?= 3
 VMTEST_DATE := $(shell date +%Y%m%d-%H%M%S)
-OUT ?= build/vmtest/$(PROFILE)-$(VMTEST_DATE)
+# Set on the command line (make vmtest OUT=DIR), not taken from the environment.
+ifneq ($(origin OUT),command line)
+OUT := build/vmtest/$(PROFILE)-$(VMTEST_DATE)
+endif
+VMTEST_OUT := $(patsubst %/,%,$(OUT))
 VMSET ?= --set probe.rate=100 --set gate.background_min_bytes=0
 
-# The exit status is the gate's; the report's path and the verdict are printed last.
+# The exit status is the gate's (1 when it left no status); the report's path
+# and the verdict are printed last. The log and status sit beside OUT.
 vmtest: build
 	TIERFS_BUILD=$(CURDIR)/build build/bin/tierlab vm image
-	mkdir -p $(dir $(OUT))
+	mkdir -p $(dir $(VMTEST_OUT))
 	{ TIERFS_BUILD=$(CURDIR)/build build/bin/tierlab vm pair --profile $(PROFILE) --pairs $(PAIRS) \
-		--out $(OUT) $(VMSET); echo $$? > $(OUT).rc; } 2>&1 | tee $(OUT).log; rc=$$(cat $(OUT).rc); \
-		echo "vmtest: report $(OUT)/report/report.md (log $(OUT).log)"; \
-		echo "vmtest: verdict $$(grep '^gate:' $(OUT).log || echo 'none (see the log)'), exit $$rc"; \
-		exit $$rc
+		--out $(VMTEST_OUT) $(VMSET); echo $$? > $(VMTEST_OUT).rc; } 2>&1 | tee $(VMTEST_OUT).log; \
+		rc=$$(cat $(VMTEST_OUT).rc 2>/dev/null); \
+		echo "vmtest: report $(VMTEST_OUT)/report/report.md (log $(VMTEST_OUT).log)"; \
+		echo "vmtest: verdict $$(grep '^gate:' $(VMTEST_OUT).log || echo 'none (see the log)'), exit $${rc:-1}"; \
+		exit $${rc:-1}
 
 test-asan: deps
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTIERFS_SANITIZE=ON

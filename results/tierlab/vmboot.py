@@ -467,6 +467,10 @@ def boot(spec: BootSpec) -> dict[str, Any]:
             result["reason"] = results_error
         elif result["job_rc"] is None:
             result["reason"] = "the results hold no job.rc"
+        elif "results_written_s" not in times:
+            # A tar cut short reads like a normal end of archive: without the
+            # init's word that it finished, the results may be partial.
+            result["reason"] = "the init never said the results were written (they may be partial)"
         elif result["job_rc"] != 0:
             result["reason"] = f"the job exited with status {result['job_rc']}" + \
                 (" (its budget ran out)" if result["job_rc"] == 143 else "")

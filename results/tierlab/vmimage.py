@@ -733,6 +733,7 @@ def load_cached(d: Path, key: str) -> dict[str, Any] | None:
     if not isinstance(manifest, dict) or manifest.get("key") != key or "artifacts" not in manifest:
         raise LabError(f"cached image {d} is corrupt: its manifest is not for key {key[:16]}; run with --rebuild")
     check_artifacts(d, manifest)
+    os.utime(mf)  # last use: prune() keeps images in use
     return manifest
 
 
@@ -773,11 +774,15 @@ def ensure(opts: Options) -> Image:
 
 
 KEEP_IMAGES = 3
+# prune(in_use_s=): an image built or used this recently is kept (not yet
+# used by ensure(): docs/lab/vmlab.md, Known limits).
+KEEP_IN_USE_S = 6 * 3600
 
 
-def prune(cache: Path, keep: str, newest: int = 1) -> list[Path]:
-    """Remove cached images but `keep` and the `newest` - 1 most recently built
-    others, and leftovers of interrupted builds. Call with the images lock held
+def prune(cache: Path, keep: str, newest: int = 1, in_use_s: float = 0.0) -> list[Path]:
+    """Remove cached images but `keep`, the `newest` - 1 most recently built or
+    used others and those built or used within the last `in_use_s` seconds,
+    and leftovers of interrupted builds. Call with the images lock held
     (ensure() does; `vm image --prune` runs after ensure() released it, when a
     concurrent build's leftovers would be removed too -- it is a manual tool)."""
     images = cache / "images"
@@ -790,7 +795,8 @@ def prune(cache: Path, keep: str, newest: int = 1) -> list[Path]:
         else:
             shutil.rmtree(d, ignore_errors=True)
     done.sort(key=lambda d: (d / "manifest.json").stat().st_mtime, reverse=True)
-    gone = done[max(newest - 1, 0):]
+    recent = time.time() - in_use_s
+    gone = [d for d in done[max(newest - 1, 0):] if (d / "manifest.json").stat().st_mtime < recent]
     for d in gone:
         shutil.rmtree(d, ignore_errors=True)
     return sorted(gone)

@@ -318,3 +318,23 @@ def test_kernel_metapackage_apt_does_not_know_is_one_line_error(monkeypatch: pyt
     monkeypatch.setattr(vmimage.os, "geteuid", lambda: 1000)  # no apt-get update as a user
     with pytest.raises(LabError, match="names no kernel package: run apt-get update"):
         vmimage.resolve_kernel_package("linux-image-amd64", lambda s: None)
+
+
+def test_prune_keeps_the_newest_and_images_in_use(tmp_path: Path) -> None:
+    import os
+    import time
+    images = tmp_path / "images"
+    old = time.time() - 10 * 3600
+    for i, name in enumerate(["a", "b", "c", "d", "e"]):
+        d = images / name
+        d.mkdir(parents=True)
+        (d / "manifest.json").write_text("{}")
+        os.utime(d / "manifest.json", (old + i, old + i))  # e newest, all long unused
+    (images / "half-built").mkdir()
+    os.utime(images / "c" / "manifest.json")  # c: used just now
+    gone = vmimage.prune(tmp_path, "a", 3, vmimage.KEEP_IN_USE_S)
+    # Kept: a (current), c (in use; also one of the newest two), e; b and d go.
+    assert sorted(p.name for p in gone) == ["b", "d"]
+    assert sorted(p.name for p in images.iterdir()) == ["a", "c", "e"]
+    # --prune: everything but the current one.
+    assert sorted(p.name for p in vmimage.prune(tmp_path, "a")) == ["c", "e"]

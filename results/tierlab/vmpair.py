@@ -60,6 +60,7 @@ class VmSettings:
     mem_mib: int
     timeout: float
     accel: str
+    budget: float | None = None  # the job's own limit in the guest (None: vmboot's default)
 
 
 def add_vm_args(p: argparse.ArgumentParser) -> None:
@@ -74,6 +75,8 @@ def add_vm_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpus", type=int, default=1, help="CPUs of each guest (default 1: two guests share the host's cores)")
     p.add_argument("--mem", type=int, default=1536, metavar="MiB",
                    help="memory of each guest (default 1536)")
+    p.add_argument("--budget", type=float, metavar="S",
+                   help="the job's own limit inside the guest (default: the timeout minus 60 s)")
     p.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto",
                    help="auto: KVM when /dev/kvm opens, else TCG")
     p.add_argument("--shm", default="/dev/shm", help="RAM directory for member images")
@@ -188,7 +191,8 @@ def run_one(rs: RunSpec) -> dict[str, Any]:
     events = [vmboot.Event(e.at_s, e.member, e.command.split()) for e in prof.events]
     spec = vmboot.BootSpec(
         image=rs.image, members=members, job=job, out=rs.dir / "boot", build=rs.faultdev_build,
-        inputs=[BG_JOB], images_dir=rs.images, timeout=rs.vm.timeout, cpus=rs.vm.cpus,
+        inputs=[BG_JOB], images_dir=rs.images, timeout=rs.vm.timeout, budget=rs.vm.budget,
+        cpus=rs.vm.cpus,
         mem_mib=rs.vm.mem_mib, events=events, fault_sets=sets, seed=rs.seed, accel=rs.vm.accel,
         events_after="measure", cancel=rs.cancel)
     boot: dict[str, Any] = {}
@@ -200,7 +204,10 @@ def run_one(rs: RunSpec) -> dict[str, Any]:
     except Exception as e:  # a bug must not take the other slot's run with it
         errors.append(f"boot: {type(e).__name__}: {e}")
     if boot:
-        collect(rs, boot, info, errors)
+        try:
+            collect(rs, boot, info, errors)
+        except Exception as e:  # results cut short or malformed: the run failed, fsck still runs
+            errors.append(f"results: {type(e).__name__}: {e}")
     info["fsck"] = fsck(rs)
     if errors:
         info["status"], info["error"] = "failed", errors[0]
@@ -351,7 +358,7 @@ class VmLab:
         timeout = args.timeout if args.timeout is not None else boot_timeout(self.prof)
         if timeout <= 0:
             raise LabError("--timeout must be positive")
-        self.vm = VmSettings(args.cpus, args.mem, timeout, args.accel)
+        self.vm = VmSettings(args.cpus, args.mem, timeout, args.accel, args.budget)
         self.build = pair_mod.default_build()
         for m in self.prof.members:
             if len(m.label) > vmboot.SERIAL_MAX:

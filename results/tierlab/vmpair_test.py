@@ -133,7 +133,7 @@ def test_hung_guests_fail_their_runs_and_the_lab_goes_on(image: vmimage.Image,
     out = tmp_path / "lab"
     # 12 s: the guests boot, start the job and are killed in the middle of it.
     p = run([tool("tierlab"), "vm", "pair", "--profile", "labtest", "--pairs", "2", "--out", out,
-             "--timeout", "12"], timeout=600)
+             "--timeout", "12", "--budget", "100000"], timeout=600)
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr
     meta = json.loads((out / "lab.json").read_text())
     assert len(meta["runs"]) == 4  # the second pair ran after the first one's failures
