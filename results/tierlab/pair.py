@@ -830,14 +830,22 @@ def run(args: argparse.Namespace) -> int:
     finally:
         lab.cleanup()
         signal.signal(signal.SIGTERM, old)
+    return finish_lab("tierlab pair", lab.out, meta, runs, t0, args.no_report)
+
+
+def finish_lab(prog: str, out: Path, meta: dict[str, Any], runs: list[dict[str, Any]], t0: float,
+               no_report: bool) -> int:
+    """The end of a paired lab (tierlab pair, tierlab vm pair): lab.json's end,
+    wall time and runs, one summary line, then the report and gate (its exit
+    status), or with `no_report` 1 if a run failed."""
     meta["end"] = manifest.iso_now()
     meta["wall_s"] = round(time.time() - t0, 1)
     meta["runs"] = [f"runs/p{r['pair']:02d}-{r['arm']}" for r in runs]
-    (lab.out / "lab.json").write_text(json.dumps(meta, indent=1) + "\n")
+    (out / "lab.json").write_text(json.dumps(meta, indent=1) + "\n")
     failed = [r for r in runs if r["status"] != "ok"]
-    print(f"tierlab pair: {len(runs) - len(failed)} of {len(runs)} runs completed in "
-          f"{meta['wall_s']:.0f} s -> {lab.out}", flush=True)
-    if args.no_report:
+    print(f"{prog}: {len(runs) - len(failed)} of {len(runs)} runs completed in "
+          f"{meta['wall_s']:.0f} s -> {out}", flush=True)
+    if no_report:
         return 1 if failed else 0
     from tierlab import labgate
-    return labgate.report_dir(lab.out, lab.out / "report", [])
+    return labgate.report_dir(out, out / "report", [])

@@ -5,6 +5,7 @@ Not used outside tests."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any, Sequence
@@ -179,3 +180,17 @@ def synthetic_pair_dir(d: Path, *, pairs: int = 4, profile: str = "fixed-delay",
                              "last": "errors left" if name == dirty_run else "clean"}}
             (run / "run.json").write_text(json.dumps(info))
     return d
+
+
+def guest_image() -> Any:
+    """The VM lab's guest image for a test that boots guests (built or taken
+    from the cache); skips the test, saying why, only where QEMU is missing or
+    the image cannot be built."""
+    import pytest
+    from tierlab import LabError, vmboot, vmimage
+    if shutil.which(vmboot.QEMU) is None:
+        pytest.skip("qemu-system-x86_64 is not installed (scripts/install-deps lab brings it)")
+    try:
+        return vmimage.ensure(vmimage.Options())
+    except LabError as e:
+        pytest.skip(f"the guest image cannot be built: {e}")

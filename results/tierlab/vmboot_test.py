@@ -21,7 +21,7 @@ from typing import Iterator
 import pytest
 
 from tierlab import LabError, vmboot, vmimage
-from tierlab.testing import assert_one_line_error, build_dir, run, tool
+from tierlab.testing import assert_one_line_error, build_dir, guest_image, run, tool
 
 
 # ------------------------------------------------------------------ mistakes
@@ -121,12 +121,7 @@ def test_out_dir_must_be_empty(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def image() -> vmimage.Image:
-    if shutil.which(vmboot.QEMU) is None:
-        pytest.skip("qemu-system-x86_64 is not installed (scripts/install-deps lab brings it)")
-    try:
-        return vmimage.ensure(vmimage.Options())
-    except LabError as e:
-        pytest.skip(f"the guest image cannot be built: {e}")
+    return guest_image()
 
 
 @pytest.fixture

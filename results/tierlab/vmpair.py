@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tierlab import REPO_ROOT, LabError, manifest, vmboot, vmimage
+from tierlab import REPO_ROOT, LabError, vmboot, vmimage
 from tierlab import pair as pair_mod
 from tierlab import profile as profile_mod
 
@@ -513,14 +513,4 @@ def run_pairs_cmd(args: argparse.Namespace) -> int:
     finally:
         lab.cleanup(threads)
         signal.signal(signal.SIGTERM, old)
-    meta["end"] = manifest.iso_now()
-    meta["wall_s"] = round(time.time() - t0, 1)
-    meta["runs"] = [f"runs/p{r['pair']:02d}-{r['arm']}" for r in results]
-    (lab.out / "lab.json").write_text(json.dumps(meta, indent=1) + "\n")
-    failed = [r for r in results if r["status"] != "ok"]
-    print(f"tierlab vm pair: {len(results) - len(failed)} of {len(results)} runs completed in "
-          f"{meta['wall_s']:.0f} s -> {lab.out}", flush=True)
-    if args.no_report:
-        return 1 if failed else 0
-    from tierlab import labgate
-    return labgate.report_dir(lab.out, lab.out / "report", [])
+    return pair_mod.finish_lab("tierlab vm pair", lab.out, meta, results, t0, args.no_report)

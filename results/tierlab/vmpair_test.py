@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from tierlab import LabError, schema, vmboot, vmimage, vmpair
+from tierlab import schema, vmboot, vmimage, vmpair
 from tierlab import pair as pair_mod
 from tierlab import profile as profile_mod
-from tierlab.testing import assert_one_line_error, run, tool
+from tierlab.testing import assert_one_line_error, guest_image, run, tool
 
 
 # ------------------------------------------------------------------ mistakes
@@ -78,12 +78,7 @@ def test_events_keep_profile_commands() -> None:
 
 @pytest.fixture(scope="module")
 def image() -> vmimage.Image:
-    if shutil.which(vmboot.QEMU) is None:
-        pytest.skip("qemu-system-x86_64 is not installed (scripts/install-deps lab brings it)")
-    try:
-        return vmimage.ensure(vmimage.Options())
-    except LabError as e:
-        pytest.skip(f"the guest image cannot be built: {e}")
+    return guest_image()
 
 
 def test_one_pair_of_labtest(image: vmimage.Image, tmp_path: Path) -> None:
