@@ -66,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from tierlab import LabError
+from tierlab import LabError, guestmem
 from tierlab import gate as gate_mod
 from tierlab import profile as profile_mod
 from tierlab import report as report_mod
@@ -713,6 +713,9 @@ def build_report(ld: LabDir, res: dict[str, Any]) -> tuple[Doc, dict[str, Any]]:
         img = plots.event_windows(windows)
         d.img("events", "Per-second p99 around fault events", img)
 
+    if any(r.info.get("vmstat") for r in ld.a + ld.b):   # VM lab runs only
+        summary["guest_memory"] = _guest_memory(d, ld, op)
+
     # quiescence and fsck per run
     d.h("Runs")
     rows = []
@@ -759,6 +762,77 @@ def build_report(ld: LabDir, res: dict[str, Any]) -> tuple[Doc, dict[str, Any]]:
         for name, title, data in report_mod.images_list(images):
             d.img(name, title, data)
     return d, summary
+
+
+GUEST_ROWS = (("pswpin", "pages swapped in"), ("pswpout", "pages swapped out"),
+              ("pswpin_per_s", "swap-in pages/s"), ("pswpout_per_s", "swap-out pages/s"),
+              ("pgscan_kswapd", "pgscan_kswapd"), ("pgscan_direct", "pgscan_direct"),
+              ("pgsteal_kswapd", "pgsteal_kswapd"), ("pgsteal_direct", "pgsteal_direct"),
+              ("allocstall", "allocstall (all zones)"), ("pgmajfault", "pgmajfault"),
+              ("workingset_refault", "workingset_refault (anon + file)"),
+              ("oom_kill", "oom_kill"), ("daemon_majflt", "tierfs daemon's major faults"))
+
+
+def _guest_memory(d: Doc, ld: LabDir, op: str) -> dict[str, Any]:
+    """The "Guest memory" section (VM lab runs): per arm the median of the
+    measured phase's reclaim and swap deltas beside the arm's p99, then per run."""
+    def num(v: Any) -> str:
+        if v is None:
+            return "-"
+        return f"{v:.1f}" if isinstance(v, float) and v != int(v) and abs(v) < 100 else f"{v:.0f}"
+
+    d.h("Guest memory")
+    d.p(f"The guest's /proc/vmstat over the measured phase (its snapshots at the measure and "
+        f"end edges): per arm the median over its runs, beside the median of the runs' {op} "
+        "p99 and the largest maximum. Swap counts are 4 KiB pages, per second over the "
+        "phase's own length (the guest's uptime); allocstall and workingset_refault are "
+        "summed over their zones and kinds; the tierfs daemon's major faults are its own "
+        "(/proc/PID/stat: a swap-in of its memory or a read of its binary, which the "
+        "guest's tmpfs root makes swappable too). Not gated: the gate's max latency and "
+        "runs completed (an OOM kill in a guest fails its run) decide.")
+    out: dict[str, Any] = {}
+    cols = []
+    for name, runs in ((ld.a_name, ld.a), (ld.b_name, ld.b)):
+        summ = guestmem.arm_summary([r.info for r in runs])
+        p99s = [r.probe.hist(op).quantile(0.99) for r in runs if r.probe]
+        maxes = [r.probe.hist(op).max for r in runs if r.probe]
+        summ["p99_ns"] = guestmem.median([float(x) for x in p99s])
+        summ["max_ns"] = max(maxes) if maxes else None
+        out[name] = summ
+        cols.append(summ)
+    rows: list[list[Any]] = [
+        ["runs with counters", *[c["runs"] for c in cols]],
+        [f"{op} p99 (median)", *[fmt_ns(c["p99_ns"]) if c["p99_ns"] is not None else "-"
+                                 for c in cols]],
+        [f"{op} max (largest)", *[fmt_ns(c["max_ns"]) if c["max_ns"] is not None else "-"
+                                  for c in cols]]]
+    rows += [[label, *[num(c[key]) for c in cols]] for key, label in GUEST_ROWS]
+    if any(c["hog_passes"] is not None for c in cols):
+        rows.append(["hog passes", *[num(c["hog_passes"]) for c in cols]])
+        rows.append(["hog chunks rewritten", *[num(c["hog_chunks"]) for c in cols]])
+    d.table(["measured phase, median", ld.a_name, ld.b_name], rows)
+    per = []
+    out["runs"] = {}
+    for r in ld.a + ld.b:
+        m = (r.info.get("vmstat") or {}).get("measured") or {}
+        h = r.info.get("hog") or {}
+        o = r.info.get("oom") or {}
+        used = guestmem.swap_used_kib(r.info)
+        hog = ("-" if not h else f"error: {h['error']}" if h.get("error") else
+               f"{h['passes']} passes, {h['chunks']} chunks, " + (
+                   f"filled in {h['fill_s']:g} s" if h.get("filled") else "never filled"))
+        per.append([r.info["arm"], r.name,
+                    fmt_ns(r.probe.hist(op).quantile(0.99)) if r.probe else "-",
+                    fmt_ns(r.probe.hist(op).max) if r.probe else "-",
+                    num(m.get("pswpin_per_s")), num(m.get("pswpout_per_s")),
+                    num(m.get("pgscan_direct")), num(m.get("allocstall")),
+                    num(m.get("daemon_majflt")),
+                    "-" if used is None else f"{used >> 10} MiB", hog, o.get("kills", 0)])
+        out["runs"][r.name] = {"measured": m or None, "hog": h or None, "oom": o or None,
+                               "swap_used_end_kib": used, "liveness": r.info.get("liveness")}
+    d.table(["arm", "run", f"{op} p99", f"{op} max", "swap in/s", "swap out/s", "pgscan_direct",
+             "allocstall", "daemon majflt", "swap used at end", "hog", "OOM kills"], per)
+    return out
 
 
 def _own_ci(h: Histogram) -> str:

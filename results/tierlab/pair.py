@@ -646,6 +646,9 @@ def quiet_since(series: list[tuple[float, int]], window: float) -> float | None:
 class Lab:
     def __init__(self, args: argparse.Namespace) -> None:
         self.prof = profile_mod.load(args.profile, args.set)
+        if self.prof.needs_guest:
+            raise LabError(f"profile {self.prof.name} sets {self.prof.needs_guest}, which only "
+                           "a QEMU guest has: run it with tierlab vm pair")
         if args.pairs < 1 or args.pairs > 1000:
             raise LabError(f"--pairs: want 1..1000, got {args.pairs}")
         self.pairs = args.pairs

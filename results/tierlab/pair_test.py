@@ -178,6 +178,21 @@ def test_bad_command_lines(tmp_path: Path) -> None:
                           "fixed-delay:probe.rate")
 
 
+def test_a_profile_that_needs_a_guest_is_refused(tmp_path: Path) -> None:
+    """[vm] swap and hog exist only in a QEMU guest: the host runner refuses
+    such a profile before it sets anything up, naming the command that runs it."""
+    t = tool("tierlab")
+    p = run([t, "pair", "--profile", "mem-pressure", "--pairs", "1", "--out", tmp_path / "o"])
+    assert_one_line_error(p, 2, "tierlab pair: profile mem-pressure sets vm.swap and vm.hog, "
+                          "which only a QEMU guest has: run it with tierlab vm pair")
+    assert not (tmp_path / "o").exists()
+    # Without them ([vm] cpus and mem_mib alone are defaults for the VM lab) it
+    # is a host profile: the refusal is not what stops this one.
+    p = run([t, "pair", "--profile", "mem-pressure", "--set", "vm.swap=", "--set", "vm.hog=0",
+             "--pairs", "0", "--out", tmp_path / "o"])
+    assert_one_line_error(p, 2, "--pairs: want 1..1000")
+
+
 def test_a_hung_child_is_killed_and_reported() -> None:
     import time
 

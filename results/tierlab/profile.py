@@ -105,12 +105,23 @@ class Profile:
     quiesce: dict[str, float]
     gate: dict[str, Any]
     raw: dict[str, Any]
+    vm: dict[str, Any] = field(default_factory=dict)   # [vm]: guest settings (VM lab only)
 
     def slow_members(self) -> list[Member]:
         return [m for m in self.members if m.group == self.gate["slow_group"]]
 
     def member(self, label: str) -> Member | None:
         return next((m for m in self.members if m.label == label), None)
+
+    def fs_members(self) -> list[Member]:
+        """The members tierfs formats and mounts: all but `[vm] swap`."""
+        return [m for m in self.members if m.label != self.vm.get("swap")]
+
+    @property
+    def needs_guest(self) -> str:
+        """What only a VM lab guest can give ("" when nothing): swap on a
+        member, a memory hog."""
+        return " and ".join(f"vm.{k}" for k in ("swap", "hog") if self.vm.get(k))
 
     def slot_bytes(self) -> int:
         return sum(m.size for m in self.members)
@@ -165,6 +176,10 @@ BACKGROUND = {"workload": (_str, "bg-writer"), "dir": (_str, "cold"), "size": (_
 PHASES = {"warmup_s": (_num, 5), "measure_s": (_num, 60)}
 EVENT = {"at_s": (_num, None), "member": (_str, None), "command": (_str, None)}
 QUIESCE = {"window_s": (_num, 10), "max_s": (_num, 60)}
+# The guest of the VM lab (`tierlab vm run|pair`); 0 and "" mean unset: mem_mib
+# and cpus are then the command line's defaults, no swap, no hog.
+VM: dict[str, tuple[Any, Any]] = {"mem_mib": (_int, 0), "cpus": (_int, 0), "swap": (_str, ""),
+                                  "hog": (_size, 0)}
 GATE = {"op": (_str, "all"), "p99_ratio_max": (_num, 1.10), "throughput_ratio_min": (_num, 0.90),
         "max_latency": (_str, "2s"), "background_min_bytes": (_size, 0),
         "background_origins": (_strlist, ["reconcile", "copygc"]),
@@ -172,7 +187,7 @@ GATE = {"op": (_str, "all"), "p99_ratio_max": (_num, 1.10), "throughput_ratio_mi
         "slow_group": (_str, "hdd"), "slow_op": (_str, "50ms"),
         "spill_min_bytes": (_size, 0)}
 SECTIONS = {"format": FORMAT, "probe": PROBE, "background": BACKGROUND, "phases": PHASES,
-            "quiesce": QUIESCE, "gate": GATE}
+            "quiesce": QUIESCE, "gate": GATE, "vm": VM}
 ARRAYS = {"members": MEMBER, "events": EVENT}
 
 
@@ -423,16 +438,51 @@ def _validate(name: str, path: str, raw: dict[str, Any]) -> Profile:
                        f"the bound plus one window ({g['quiesce_max_s']} + {q['window_s']})")
     if not any(m.group == g["slow_group"] for m in members):
         raise LabError(f"gate.slow_group: no member in group '{g['slow_group']}'")
+    vm = _validate_vm(sec["vm"], members, f, g)
 
     return Profile(name=name, path=path, description=top["description"], seed=top["seed"],
                    members=members, format=f, probe=p, background=b, phases=ph, events=events,
-                   quiesce=q, gate=g, raw=raw)
+                   quiesce=q, gate=g, raw=raw, vm=vm)
+
+
+def _validate_vm(vm: dict[str, Any], members: list[Member], f: dict[str, Any],
+                 g: dict[str, Any]) -> dict[str, Any]:
+    """[vm]: the guest's memory and CPUs, a member used as swap (never part of
+    tierfs: no target, no gate group may name it), a memory hog's size."""
+    if vm["mem_mib"] != 0 and not 256 <= vm["mem_mib"] <= 65536:
+        raise LabError(f"vm.mem_mib: want 256..65536 (MiB), got {vm['mem_mib']}")
+    if not 0 <= vm["cpus"] <= 64:
+        raise LabError(f"vm.cpus: want 1..64, got {vm['cpus']}")
+    swap = vm["swap"]
+    if swap:
+        labels = [m.label for m in members]
+        if swap not in labels:
+            raise LabError(f"vm.swap: '{swap}' is not a member ({', '.join(labels)})")
+        group = swap.split(".", 1)[0]
+        if any(m.group == group and m.label != swap for m in members):
+            raise LabError(f"vm.swap: {swap} shares group '{group}' with tierfs members "
+                           "(give the swap member a group of its own, e.g. swap.c)")
+        if len(members) < 2:
+            raise LabError(f"vm.swap: {swap} is the only member (nothing left for tierfs)")
+        for key in ("foreground_target", "metadata_target", "background_target",
+                    "promote_target"):
+            if f[key] in (swap, group):
+                raise LabError(f"format.{key}: '{f[key]}' names the swap member {swap} (vm.swap)")
+        if g["slow_group"] == group:
+            raise LabError(f"gate.slow_group: '{group}' is the swap member's group (vm.swap)")
+    vm["hog"] = parse_size(vm["hog"], "vm.hog")
+    if vm["hog"] and (vm["hog"] < 1 << 20 or vm["hog"] % (1 << 20)):
+        raise LabError(f"vm.hog: want whole MiB, at least 1MiB, got {vm['hog']}")
+    if vm["hog"] and vm["mem_mib"] and vm["hog"] >= vm["mem_mib"] << 20:
+        raise LabError(f"vm.hog: {size_text(vm['hog'])} is not below the guest's memory "
+                       f"(vm.mem_mib {vm['mem_mib']})")
+    return vm
 
 
 def format_args(p: Profile, images: dict[str, str]) -> list[str]:
     """`tierfs format` arguments for the profile, member images by label."""
     args: list[str] = []
-    for m in p.members:
+    for m in p.fs_members():
         args += ["--label", m.label, images[m.label]]
     f = p.format
     for key in ("foreground_target", "metadata_target", "background_target", "promote_target"):
@@ -480,6 +530,8 @@ def _run(args: Any) -> int:
         mem = ", ".join(f"{m.label} {size_text(m.size)}" + (f" {m.fault}" if m.fault else "")
                         for m in p.members)
         ev = "; ".join(f"{e.at_s:g}s {e.member} {e.command}" for e in p.events) or "no events"
+        vm = ", ".join(f"{k} {size_text(v) if k == 'hog' else v}" for k, v in p.vm.items() if v)
         print(f"{p.name}: {mem}; probe {p.probe['rate']:g}/s; {p.phases['warmup_s']:g}+"
-              f"{p.phases['measure_s']:g} s; {ev}; {p.description}")
+              f"{p.phases['measure_s']:g} s; {ev}" + (f"; vm: {vm}" if vm else "")
+              + f"; {p.description}")
     return 0

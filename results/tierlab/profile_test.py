@@ -21,7 +21,14 @@ size = "2GiB"
 fault = "hdd-7200"
 """
 
-SHIPPED = ("fixed-delay", "hdd", "smr", "stall", "timeout", "flaky", "idle")
+SWAP = GOOD + """
+[[members]]
+label = "swap.c"
+size = "256MiB"
+fault = "hdd-fixed-10ms"
+"""
+
+SHIPPED = ("fixed-delay", "hdd", "smr", "stall", "timeout", "flaky", "idle", "mem-pressure")
 
 
 def test_shipped_profiles_load() -> None:
@@ -80,6 +87,22 @@ def test_defaults_and_set(tmp_path: Path) -> None:
     ("[[members]]\nlabel = 'ssd.a'\n", "p:members[0].size: missing"),
     (GOOD + "[quiesce]\nmax_s = 20\n[gate]\nquiesce_max_s = 15\n", "p:gate.quiesce_max_s"),
     ("x = [", "p: not TOML"),
+    (GOOD + "[vm]\nbogus = 1\n", "p:vm.bogus: unknown key"),
+    (GOOD + "[vm]\nmem_mib = 100\n", "p:vm.mem_mib: want 256..65536 (MiB), got 100"),
+    (GOOD + "[vm]\nmem_mib = '1G'\n", "p:vm.mem_mib: want an integer"),
+    (GOOD + "[vm]\ncpus = 99\n", "p:vm.cpus: want 1..64, got 99"),
+    (GOOD + "[vm]\nswap = 'swap.c'\n", "p:vm.swap: 'swap.c' is not a member (ssd.a, hdd.b)"),
+    (GOOD + "[vm]\nswap = 'hdd.b'\n", "p:format.background_target: 'hdd' names the swap member hdd.b"),
+    (SWAP + "[gate]\nslow_group = 'swap'\n[vm]\nswap = 'swap.c'\n",
+     "p:gate.slow_group: 'swap' is the swap member's group (vm.swap)"),
+    (SWAP.replace('"swap.c"', '"ssd.c"') + "[vm]\nswap = 'ssd.c'\n",
+     "p:vm.swap: ssd.c shares group 'ssd' with tierfs members"),
+    (SWAP + "[format]\nbackground_target = 'swap'\n[vm]\nswap = 'swap.c'\n",
+     "p:format.background_target: 'swap' names the swap member swap.c (vm.swap)"),
+    (SWAP + "[vm]\nhog = 'lots'\n", "p:vm.hog: want a size"),
+    (SWAP + "[vm]\nhog = 1000\n", "p:vm.hog: want whole MiB"),
+    (SWAP + "[vm]\nmem_mib = 512\nhog = '512MiB'\n",
+     "p:vm.hog: 512MiB is not below the guest's memory (vm.mem_mib 512)"),
 ])
 def test_bad_profiles_are_one_line(tmp_path: Path, text: str, needle: str) -> None:
     f = tmp_path / "p.toml"
@@ -88,6 +111,30 @@ def test_bad_profiles_are_one_line(tmp_path: Path, text: str, needle: str) -> No
         profile_mod.load(str(f))
     assert needle in str(e.value) and "\n" not in str(e.value)
     assert_one_line_error(run([tool("tierlab"), "profile", f]), 2, needle)
+
+
+def test_vm_table(tmp_path: Path) -> None:
+    """[vm]: unset by default; a swap member is no tierfs member (not formatted,
+    not mounted, not fsck'd); swap or a hog make the profile a guest-only one."""
+    f = tmp_path / "p.toml"
+    f.write_text(GOOD)
+    p = profile_mod.load(str(f))
+    assert p.vm == {"mem_mib": 0, "cpus": 0, "swap": "", "hog": 0} and not p.needs_guest
+    assert p.fs_members() == p.members
+    f.write_text(SWAP + "[vm]\nmem_mib = 448\ncpus = 1\nswap = 'swap.c'\nhog = '300MiB'\n")
+    p = profile_mod.load(str(f))
+    assert p.vm == {"mem_mib": 448, "cpus": 1, "swap": "swap.c", "hog": 300 << 20}
+    assert [m.label for m in p.fs_members()] == ["ssd.a", "hdd.b"]
+    fa = profile_mod.format_args(p, {m.label: m.label.upper() for m in p.members})
+    assert "swap.c" not in fa and "SWAP.C" not in fa
+    assert p.needs_guest == "vm.swap and vm.hog"
+    assert profile_mod.load(str(f), ["vm.hog=0"]).needs_guest == "vm.swap"
+    assert profile_mod.load(str(f), ["vm.mem_mib=1024"]).vm["mem_mib"] == 1024
+    mp = profile_mod.load("mem-pressure")
+    assert mp.vm["swap"] == "swap.c" and mp.vm["hog"] and mp.vm["mem_mib"]
+    assert [e.member for e in mp.events] == ["swap.c"] and mp.probe["rate"] <= 100
+    out = run([tool("tierlab"), "profile", "mem-pressure"])
+    assert out.returncode == 0 and "vm: mem_mib 448, cpus 1, swap swap.c, hog 320MiB" in out.stdout
 
 
 def test_gate_op_and_start_s_limits_that_hold(tmp_path: Path) -> None:

@@ -194,3 +194,106 @@ def guest_image() -> Any:
         return vmimage.ensure(vmimage.Options())
     except LabError as e:
         pytest.skip(f"the guest image cannot be built: {e}")
+
+
+# vmboot_test's and vmlibvirt_test's job: tierfs over both members,
+# FUSE-mounted; a file written and read back, tierprobe for a few seconds, a
+# clean unmount (and the daemon gone) before the init takes the results.
+TIERFS_JOB = """\
+set -e
+tierfs format --label ssd.a /dev/lab/ssd.a --label hdd.b /dev/lab/hdd.b \\
+    --foreground-target ssd --background-target hdd
+mkdir -p /mnt/t
+tierfs mount /dev/lab/ssd.a /dev/lab/hdd.b /mnt/t
+cp "$JOB/inputs/payload.bin" /mnt/t/payload.bin
+sync
+md5sum /mnt/t/payload.bin | cut -d' ' -f1 > "$RESULTS/payload.md5"
+echo "hello tierfs" > /mnt/t/hello
+cat /mnt/t/hello > "$RESULTS/hello.txt"
+mkdir /mnt/t/probe
+tierprobe --dir /mnt/t/probe --rate 50 --duration 3s --working-set 4M --files 16 \\
+    --json "$RESULTS/probe.json" --quiet
+umount /mnt/t
+while pidof tierfs > /dev/null; do sleep 0.1; done
+echo done > "$RESULTS/done"
+"""
+
+
+def boot_tierfs_job(tmp_path: Path, images_dir: Path, *extra: str | Path) -> tuple[dict[str, Any], Path]:
+    """`tierlab vm boot` of TIERFS_JOB on ssd.a and hdd.b (hdd-fixed-10ms) with
+    a `stall 1` event, plus `extra` options (a backend); checks what every
+    backend must give -- status ok, the results, a stamped console, the event
+    sent, fault stats, members fsck-clean on the host. Returns boot.json's
+    content and the output directory."""
+    import hashlib
+    import json
+    import re
+
+    job = tmp_path / "job.sh"
+    job.write_text(TIERFS_JOB)
+    payload = tmp_path / "payload.bin"
+    payload.write_bytes(bytes(range(256)) * 1024 * 3)
+    out = tmp_path / "boot"
+    p = run([tool("tierlab"), "vm", "boot", "--member", "ssd.a=256M", "--member", "hdd.b=512M:hdd-fixed-10ms",
+             "--job", job, "--input", payload, "--out", out, "--images", images_dir,
+             "--timeout", "400", "--event", "1:hdd.b:stall 1", *extra], timeout=600)
+    boot = json.loads((out / "boot.json").read_text())
+    console = (out / "console.log").read_text()
+    assert p.returncode == 0, (p.stdout, p.stderr, boot["reason"], console[-3000:])
+    assert boot["status"] == "ok" and boot["job_rc"] == 0
+    assert "boot ok: to /init " in p.stdout
+
+    # Results came back through the results disk.
+    r = out / "results"
+    assert (r / "done").read_text() == "done\n"
+    assert (r / "hello.txt").read_text() == "hello tierfs\n"
+    assert (r / "payload.md5").read_text().strip() == hashlib.md5(payload.read_bytes()).hexdigest()
+    probe = json.loads((r / "probe.json").read_text())
+    assert probe["measurements"]["throughput"]["ops"] > 0, probe["measurements"]["throughput"]
+    assert (r / "job.rc").read_text().strip() == "0"
+    assert "modules loaded" in (r / "init.log").read_text()
+
+    # The console: every line stamped; the init's steps in order.
+    lines = console.splitlines()
+    assert lines and all(re.match(r"\[ *\d+\.\d{3}\] ", ln) for ln in lines)
+    t = boot["times"]
+    assert 0 < t["to_init_s"] <= t["job_start_s"] <= t["job_end_s"] <= t["to_poweroff_s"]
+    assert "tierlab-init: results written" in console
+
+    # The members as documented; the event reached the device.
+    assert [m["profile"] for m in boot["members"]] == ["passthrough", "hdd-fixed-10ms"]
+    assert all(m["serve_rc"] == 0 for m in boot["members"]), boot["members"]
+    ev = boot["events"]
+    assert len(ev) == 1 and ev[0]["sent"] and ev[0]["rc"] == 0, ev
+    stats = json.loads((out / "fault-hdd.b.json").read_text())
+    assert stats["ops"]["write"]["ops"] > 0
+
+    # The host checks the members the guest left.
+    fsck = run([tool("tierfs"), "fsck", "-n", images_dir / "ssd.a.img", images_dir / "hdd.b.img"], timeout=300)
+    assert fsck.returncode == 0, (fsck.stdout, fsck.stderr)
+    return boot, out
+
+
+def hung_pairs(out: Path, *extra: str | Path) -> tuple[subprocess.CompletedProcess[str],
+                                                        list[dict[str, Any]]]:
+    """`tierlab vm pair` of two pairs of labtest whose guests are killed at a
+    12 s boot timeout -- they boot, start the job and are killed in the middle
+    of it -- plus `extra` options; checks that the lab went on: exit status 1,
+    four failed runs, each a boot timeout, fsck run over each one's images.
+    Returns the process and the runs' run.json contents (lab.json's order)."""
+    import json
+
+    p = run([tool("tierlab"), "vm", "pair", "--profile", "labtest", "--pairs", "2", "--out", out,
+             "--timeout", "12", "--budget", "100000", *extra], timeout=600)
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr
+    meta = json.loads((out / "lab.json").read_text())
+    assert len(meta["runs"]) == 4  # the second pair ran after the first one's failures
+    runs = []
+    for rel in meta["runs"]:
+        info = json.loads((out / rel / "run.json").read_text())
+        assert info["status"] == "failed", rel
+        assert info["boot"]["status"] == "timeout", info["boot"]
+        assert info["error"].startswith("boot timeout: no poweroff within 12 s"), info["error"]
+        assert info["fsck"] is not None  # fsck ran over the killed guest's images
+        runs.append(info)
+    return p, runs

@@ -4,16 +4,20 @@
     tierlab vm boot --member LABEL=SIZE[:FAULTPROFILE] ... --job SCRIPT --out DIR
                     [--input FILE]... [--timeout S] [--budget S] [--cpus N] [--mem MiB]
                     [--event T:LABEL:COMMAND]... [--events-after MARK] [--fault-set LABEL:KEY=VALUE]...
-                    [--images DIR] [--seed S] [--accel auto|kvm|tcg]
+                    [--images DIR] [--seed S] [--accel auto|kvm|tcg] [--backend qemu|libvirt [--connect URI]]
     tierlab vm run  --profile NAME --arm active|control --out DIR [--set SECTION.KEY=VALUE]...
     tierlab vm pair --profile NAME --pairs N --out DIR [--arms active,control]
                     [--baseline STATIC_BUILD --candidate STATIC_BUILD] [--set SECTION.KEY=VALUE]...
+                    [--backend qemu|libvirt [--connect URI]...]
 
 `image` builds the guest image when its inputs changed (cached in
 build/vmlab/images/KEY) and prints what is in it. `boot` boots one guest with
 the image: members served by `faultdev serve` over NBD, the job run by the
 guest's init, DIR/{boot.json,console.log,results/} left behind. Exit status of
-`boot`: 0 when the boot is ok, 1 when it failed or timed out, 2 for a mistake."""
+`boot`: 0 when the boot is ok, 1 when it failed or timed out, 2 for a mistake.
+`--backend libvirt` starts the same guest as a transient domain of a local
+libvirt daemon (`--connect URI`, default qemu:///system); with several
+`--connect`, `vm pair` runs pair i on the (i mod n)-th."""
 
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tierlab import LabError, vmboot, vmimage
+from tierlab import LabError, vmboot, vmimage, vmlibvirt
 
 
 def image_options(args: argparse.Namespace) -> vmimage.Options:
@@ -86,6 +90,7 @@ def register(sub: Any) -> None:
     pb.add_argument("--seed", type=int, default=1, help="fault device seed (default 1)")
     pb.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto",
                     help="auto: KVM when /dev/kvm opens, else TCG")
+    vmlibvirt.add_backend_args(pb)
     pb.set_defaults(run=run_boot, error_prefix="vm boot")
 
     from tierlab import vmpair
@@ -123,6 +128,7 @@ def run_boot(args: argparse.Namespace) -> int:
         raise LabError(f"job script {job} does not exist")
     if vmboot.shutil.which(vmboot.QEMU) is None:
         raise LabError(f"{vmboot.QEMU} is not installed: run scripts/install-deps lab")
+    uris = vmlibvirt.backend_uris(args, several=False)
     from tierlab.pair import default_build
     image = vmimage.ensure(image_options(args))
     spec = vmboot.BootSpec(
@@ -130,7 +136,7 @@ def run_boot(args: argparse.Namespace) -> int:
         inputs=[Path(i) for i in args.input], images_dir=Path(args.images) if args.images else None,
         timeout=args.timeout, budget=args.budget, cpus=args.cpus, mem_mib=args.mem,
         events=events, fault_sets=sets, seed=args.seed, accel=args.accel,
-        events_after=args.events_after)
+        events_after=args.events_after, backend=args.backend, connect=uris[0] if uris else None)
     result = vmboot.boot(spec)
     print(vmboot.summary(result, Path(args.out)))
     print(f"member images: {', '.join(m['image'] for m in result['members'])}")

@@ -4,21 +4,27 @@ running one job and leaving its results (docs/lab/vmlab.md).
     result = vmboot.boot(vmboot.BootSpec(image=..., members=[...], job=..., out=...))
 
 Per boot: every member image is served by its own `faultdev serve` (nbdkit, a
-unix socket in a private directory under /dev/shm) and attached as
-`-blockdev driver=nbd` + `virtio-blk-pci,serial=LABEL`; a `job` disk (a tar
-holding `run` and the inputs) and a `results` disk (zeros; the guest writes a
-tar onto it) are plain files. QEMU's serial console is read line by line and
-written to OUT/console.log with the host's time since launch on each line; the
-init's marker lines give the wall times, and a job may print its own
+unix socket in a private directory under /dev/shm) and attached as an NBD
+virtio disk with serial LABEL; a `job` disk (a tar holding `run` and the
+inputs) and a `results` disk (zeros; the guest writes a tar onto it) are plain
+files. The guest's serial console is read line by line and written to
+OUT/console.log with the host's time since launch on each line; the init's
+marker lines give the wall times, and a job may print its own
 (`tierlab-mark: NAME`). Fault events go to the member's control socket at
 their time after the job starts, or after a job's marker.
 
-Invariants: the boot never outlives its hard timeout -- QEMU's process group is
-killed, then its NBD servers (TERM, then KILL), and only those: every child is
-started in its own session and killed by its own group id. Whatever happens
-(timeout, a dead server, Ctrl-C), the children are gone and, except for
-Ctrl-C, OUT/boot.json says what happened. Member images are kept (the caller
-checks them); the private directory is removed."""
+Only the launch, the wait and the kill of the guest differ between backends
+(a Launcher): QemuLauncher runs qemu-system-x86_64 as our child and reads the
+console from its stdout; vmlibvirt.LibvirtLauncher starts the same machine as
+a transient libvirt domain. Everything else here is shared.
+
+Invariants: the boot never outlives its hard timeout -- the guest is killed
+(QEMU's process group, or the domain destroyed), then its NBD servers (TERM,
+then KILL), and only those: every child is started in its own session and
+killed by its own group id. Whatever happens (timeout, a dead server, Ctrl-C),
+the children are gone and, except for Ctrl-C, OUT/boot.json says what happened.
+Member images are kept (the caller checks them); the private directory is
+removed."""
 
 from __future__ import annotations
 
@@ -36,7 +42,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, Iterable, Protocol
 
 from tierlab import LabError
 from tierlab import profile as profile_mod
@@ -225,6 +231,8 @@ class BootSpec:
     shm: Path = Path("/dev/shm")
     events_after: str | None = None      # time events from `tierlab-mark: NAME`, not the job start
     cancel: threading.Event | None = None   # set by another thread: kill the guest now (Ctrl-C)
+    backend: str = "qemu"                # qemu (QEMU as our child) | libvirt (a transient domain)
+    connect: str | None = None           # libvirt: the URI (default vmlibvirt.DEFAULT_URI)
 
     def job_budget(self) -> float:
         if self.budget is not None:
@@ -233,14 +241,15 @@ class BootSpec:
 
 
 class Console:
-    """Reads QEMU's stdout (the serial console) line by line into console.log,
-    each line stamped with seconds since launch, and notes the init's markers."""
+    """Reads the serial console (QEMU's stdout, or the lines of libvirt's
+    console file as they come) line by line into console.log, each line stamped
+    with seconds since launch, and notes the init's markers."""
 
     MARKERS = {"tierlab-init: start": "to_init_s", "tierlab-init: job start": "job_start_s",
                "tierlab-init: results written": "results_written_s"}
     JOB_MARK = "tierlab-mark: "   # a job's own marker: times["mark_NAME"]
 
-    def __init__(self, stream: IO[bytes], log: Path, t0: float) -> None:
+    def __init__(self, stream: Iterable[bytes], log: Path, t0: float) -> None:
         self.stream, self.log_path, self.t0 = stream, log, t0
         self.times: dict[str, float] = {}
         self.job_rc_line: str = ""
@@ -274,19 +283,127 @@ class Console:
                     self.panic = line.split("]", 1)[-1].strip()[:200]
 
 
-def qemu_command(spec: BootSpec, disks: list[tuple[str, list[str]]], accel: str) -> list[str]:
-    """disks: (serial, blockdev options) in attach order."""
-    cmd = [QEMU, "-machine", "q35", "-accel", accel, "-cpu", "host" if accel == "kvm" else "max",
-           "-smp", str(spec.cpus), "-m", str(spec.mem_mib),
+@dataclass
+class Disk:
+    serial: str                  # the guest's /dev/lab/SERIAL
+    path: Path                   # a raw image file, or an NBD server's unix socket
+    nbd: bool = False
+
+
+@dataclass
+class Guest:
+    """The machine every backend boots: q35, the accelerator's CPU model, no
+    network, the kernel and initramfs booted directly, virtio disks in order,
+    the serial console as ttyS0."""
+    accel: str                   # kvm | tcg
+    cpus: int
+    mem_mib: int
+    kernel: Path
+    initrd: Path
+    cmdline: str
+    disks: list[Disk]
+    console: Path                # where a backend that cannot hand us a pipe writes the console
+
+
+def kernel_cmdline(spec: BootSpec, ndisks: int) -> str:
+    return (f"console=ttyS0 loglevel=4 panic=-1 tierlab.budget={int(spec.job_budget())} "
+            f"tierlab.disks={ndisks}")
+
+
+def qemu_command(guest: Guest) -> list[str]:
+    cmd = [QEMU, "-machine", "q35", "-accel", guest.accel,
+           "-cpu", "host" if guest.accel == "kvm" else "max",
+           "-smp", str(guest.cpus), "-m", str(guest.mem_mib),
            "-nographic", "-no-reboot", "-net", "none",
-           "-kernel", str(spec.image.vmlinux), "-initrd", str(spec.image.initramfs),
-           "-append", f"console=ttyS0 loglevel=4 panic=-1 tierlab.budget={int(spec.job_budget())} "
-                      f"tierlab.disks={len(disks)}"]
-    for i, (serial, opts) in enumerate(disks):
+           "-kernel", str(guest.kernel), "-initrd", str(guest.initrd), "-append", guest.cmdline]
+    for i, d in enumerate(guest.disks):
         node = f"d{i}"
+        opts = (["driver=nbd", "server.type=unix", f"server.path={d.path}", "cache.direct=on"]
+                if d.nbd else ["driver=file", f"filename={d.path}"])
         cmd += ["-blockdev", ",".join([*opts, f"node-name={node}"]),
-                "-device", f"virtio-blk-pci,drive={node},serial={serial}"]
+                "-device", f"virtio-blk-pci,drive={node},serial={d.serial}"]
     return cmd
+
+
+class Launcher(Protocol):
+    """Starts, waits for and kills one guest; boot() does the rest. Used by one
+    thread (the boot's), except that start's console stream is read by another."""
+
+    fields: dict[str, Any]       # for boot.json: how the guest was launched and how it ended
+
+    def start(self, guest: Guest, out: Path) -> Iterable[bytes]:
+        """Launch; returns the serial console's lines as they come (they end
+        some time after the guest does). A LabError when it cannot start."""
+        ...
+
+    def wait(self, timeout: float) -> bool:
+        """Up to `timeout` s for the guest to end; whether it has."""
+        ...
+
+    def kill(self) -> None:
+        """End this guest now (only this one); returns once it has ended."""
+        ...
+
+    def outcome(self, killed: bool) -> str:
+        """After the guest ended (killed by kill() or not): record how in
+        `fields`; "" when it powered off by itself, else why not (ignored when
+        killed)."""
+        ...
+
+    def close(self) -> None:
+        """Kill the guest if it runs and free what the launcher holds; idempotent."""
+        ...
+
+
+class QemuLauncher:
+    """QEMU as our child, in its own session: the console is its stdout."""
+
+    def __init__(self) -> None:
+        self.fields: dict[str, Any] = {}
+        self.proc: subprocess.Popen[Any] | None = None
+        self.stderr_path: Path | None = None
+
+    def start(self, guest: Guest, out: Path) -> Iterable[bytes]:
+        cmd = qemu_command(guest)
+        self.fields["qemu_command"] = shlex.join(cmd)
+        self.stderr_path = out / "qemu.stderr"
+        with open(self.stderr_path, "wb") as stderr:
+            self.proc = start(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr)
+        assert self.proc.stdout is not None
+        return self.proc.stdout
+
+    def wait(self, timeout: float) -> bool:
+        assert self.proc is not None
+        try:
+            self.proc.wait(timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            signal_group(self.proc, signal.SIGKILL)
+            self.proc.wait()
+
+    def outcome(self, killed: bool) -> str:
+        assert self.proc is not None and self.stderr_path is not None
+        rc = self.fields["qemu_rc"] = None if killed else self.proc.returncode
+        self.fields["qemu_stderr"] = last_line(self.stderr_path)
+        return "" if rc == 0 else f"qemu exited with status {rc}: {self.fields['qemu_stderr']}"
+
+    def close(self) -> None:
+        self.kill()
+
+
+def launcher_for(spec: BootSpec) -> Launcher:
+    """The backend's launcher; libvirt's connects here, so that a URI it cannot
+    reach is a mistake before anything starts."""
+    if spec.backend == "qemu":
+        return QemuLauncher()
+    if spec.backend == "libvirt":
+        from tierlab import vmlibvirt
+        return vmlibvirt.LibvirtLauncher(spec.connect or vmlibvirt.DEFAULT_URI)
+    raise LabError(f"unknown backend '{spec.backend}' (qemu or libvirt)")
 
 
 def member_image(path: Path, size: int) -> None:
@@ -355,16 +472,22 @@ def boot(spec: BootSpec) -> dict[str, Any]:
     if accel == "auto":
         accel = "kvm" if kvm_usable() else "tcg"
     job_disk = job_tar(spec.job, spec.inputs)
+    launcher = launcher_for(spec)
 
-    images_dir = spec.images_dir or Path(tempfile.mkdtemp(dir=spec.shm, prefix="tierlab-vm-images-"))
-    images_dir.mkdir(parents=True, exist_ok=True)
-    for m in spec.members:
-        member_image(images_dir / f"{m.label}.img", m.size)
-    spec.out.mkdir(parents=True, exist_ok=True)
-    private = Path(tempfile.mkdtemp(dir=spec.shm, prefix="tierlab-vm-"))
+    try:
+        images_dir = spec.images_dir or Path(tempfile.mkdtemp(dir=spec.shm, prefix="tierlab-vm-images-"))
+        images_dir.mkdir(parents=True, exist_ok=True)
+        for m in spec.members:
+            member_image(images_dir / f"{m.label}.img", m.size)
+        spec.out.mkdir(parents=True, exist_ok=True)
+        private = Path(tempfile.mkdtemp(dir=spec.shm, prefix="tierlab-vm-"))
+    except BaseException:
+        launcher.close()
+        raise
 
     result: dict[str, Any] = {
-        "status": "failed", "reason": "", "job_rc": None, "accel": accel,
+        "status": "failed", "reason": "", "job_rc": None, "backend": spec.backend,
+        "connect": launcher.fields.get("connect"), "accel": accel,
         "cpus": spec.cpus, "mem_mib": spec.mem_mib, "timeout_s": spec.timeout,
         "budget_s": spec.job_budget(), "seed": spec.seed, "start_unix": time.time(),
         "image": {"key": spec.image.key, "vmlinux": str(spec.image.vmlinux),
@@ -373,16 +496,12 @@ def boot(spec: BootSpec) -> dict[str, Any]:
         "members": [], "events": [], "times": {},
     }
     servers: list[tuple[Member, subprocess.Popen[Any]]] = []
-    qemu: subprocess.Popen[Any] | None = None
     stopped = threading.Event()
     try:
         (private / "job.img").write_bytes(job_disk)
         with open(private / "results.img", "wb") as f:
             f.truncate(RESULTS_DISK)
-        disks: list[tuple[str, list[str]]] = [
-            ("job", ["driver=file", f"filename={private / 'job.img'}"]),
-            ("results", ["driver=file", f"filename={private / 'results.img'}"]),
-        ]
+        disks = [Disk("job", private / "job.img"), Disk("results", private / "results.img")]
         for m in spec.members:
             sock = private / f"{m.label}.sock"
             cmd = [str(faultdev), "serve", "--profile", m.serve_profile,
@@ -401,8 +520,7 @@ def boot(spec: BootSpec) -> dict[str, Any]:
                                       "image": str(images_dir / f"{m.label}.img"),
                                       "socket": str(sock), "control": f"{sock}.ctl",
                                       "serve_command": cmd})
-            disks.append((m.label, ["driver=nbd", "server.type=unix", f"server.path={sock}",
-                                    "cache.direct=on"]))
+            disks.append(Disk(m.label, sock, nbd=True))
         deadline = time.monotonic() + SERVE_READY_S
         for m, p in servers:
             why = wait_socket(private / f"{m.label}.sock", p, deadline)
@@ -410,43 +528,31 @@ def boot(spec: BootSpec) -> dict[str, Any]:
                 raise BootFailed(f"faultdev serve for {m.label}: {why}: "
                                  f"{last_line(spec.out / f'serve-{m.label}.log')}")
 
-        cmd = qemu_command(spec, disks, accel)
-        result["qemu_command"] = shlex.join(cmd)
+        guest = Guest(accel, spec.cpus, spec.mem_mib, spec.image.vmlinux, spec.image.initramfs,
+                      kernel_cmdline(spec, len(disks)), disks, private / "console.raw")
         t0 = time.monotonic()
         result["qemu_start_unix"] = time.time()
-        stderr = open(spec.out / "qemu.stderr", "wb")
-        try:
-            qemu = start(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr)
-        finally:
-            stderr.close()
-        assert qemu.stdout is not None
-        console = Console(qemu.stdout, spec.out / "console.log", t0)
+        console = Console(launcher.start(guest, spec.out), spec.out / "console.log", t0)
         events = threading.Thread(target=send_events,
                                   args=(spec, private, console, stopped, result["events"], t0),
                                   daemon=True)
         events.start()
-        rc: int | None = None
+        ended = False
         deadline = t0 + spec.timeout
-        while (rc := qemu.poll()) is None and time.monotonic() < deadline:
+        while not ended and time.monotonic() < deadline:
             if spec.cancel is not None and spec.cancel.is_set():
                 break
-            try:
-                rc = qemu.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
-                break
-            except subprocess.TimeoutExpired:
-                pass
+            ended = launcher.wait(min(0.5, max(0.0, deadline - time.monotonic())))
         end = time.monotonic() - t0
         stopped.set()
-        if rc is None:
-            signal_group(qemu, signal.SIGKILL)
-            qemu.wait()
+        if not ended:
+            launcher.kill()
+        failure = launcher.outcome(killed=not ended)
         console.thread.join(timeout=10)
         events.join(timeout=CTL_TIMEOUT_S + 5)
         times = dict(console.times)
-        times["to_poweroff_s" if rc is not None else "killed_at_s"] = round(end, 3)
+        times["to_poweroff_s" if ended else "killed_at_s"] = round(end, 3)
         result["times"] = times
-        result["qemu_rc"] = rc
-        result["qemu_stderr"] = last_line(spec.out / "qemu.stderr")
 
         nfiles, results_error = read_results(private / "results.img", spec.out / "results")
         result["result_files"] = nfiles
@@ -456,11 +562,11 @@ def boot(spec: BootSpec) -> dict[str, Any]:
                 result["job_rc"] = int(rc_file.read_text().strip())
             except ValueError:
                 pass
-        if rc is None:
+        if not ended:
             result["status"], result["reason"] = "timeout", \
                 f"no poweroff within {spec.timeout:g} s (killed)"
-        elif rc != 0:
-            result["reason"] = f"qemu exited with status {rc}: {result['qemu_stderr']}"
+        elif failure:
+            result["reason"] = failure
         elif console.panic:
             result["reason"] = f"guest kernel panic: {console.panic}"
         elif results_error:
@@ -480,9 +586,8 @@ def boot(spec: BootSpec) -> dict[str, Any]:
         result["reason"] = str(e)
     finally:
         stopped.set()
-        if qemu is not None and qemu.poll() is None:
-            signal_group(qemu, signal.SIGKILL)
-            qemu.wait()
+        launcher.close()
+        result.update(launcher.fields)
         for i, (m, p) in enumerate(servers):
             code = stop(p, SERVER_STOP_S)
             if i < len(result["members"]):

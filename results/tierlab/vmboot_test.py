@@ -7,21 +7,17 @@ qemu-system-x86_64 is missing or the image cannot be built."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
-import re
 import shutil
 import tarfile
-import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from tierlab import LabError, vmboot, vmimage
-from tierlab.testing import assert_one_line_error, build_dir, guest_image, run, tool
+from tierlab.testing import assert_one_line_error, boot_tierfs_job, build_dir, run, tool
 
 
 # ------------------------------------------------------------------ mistakes
@@ -118,89 +114,17 @@ def test_out_dir_must_be_empty(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ real boots
-
-@pytest.fixture(scope="module")
-def image() -> vmimage.Image:
-    return guest_image()
-
-
-@pytest.fixture
-def images_dir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(dir="/dev/shm", prefix="tierlab-vmtest-"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-# The job: tierfs over both members, FUSE-mounted; a file written and read back,
-# tierprobe for a few seconds, a clean unmount (and the daemon gone) before the
-# init takes the results.
-TIERFS_JOB = """\
-set -e
-tierfs format --label ssd.a /dev/lab/ssd.a --label hdd.b /dev/lab/hdd.b \\
-    --foreground-target ssd --background-target hdd
-mkdir -p /mnt/t
-tierfs mount /dev/lab/ssd.a /dev/lab/hdd.b /mnt/t
-cp "$JOB/inputs/payload.bin" /mnt/t/payload.bin
-sync
-md5sum /mnt/t/payload.bin | cut -d' ' -f1 > "$RESULTS/payload.md5"
-echo "hello tierfs" > /mnt/t/hello
-cat /mnt/t/hello > "$RESULTS/hello.txt"
-mkdir /mnt/t/probe
-tierprobe --dir /mnt/t/probe --rate 50 --duration 3s --working-set 4M --files 16 \\
-    --json "$RESULTS/probe.json" --quiet
-umount /mnt/t
-while pidof tierfs > /dev/null; do sleep 0.1; done
-echo done > "$RESULTS/done"
-"""
+# (fixtures `image` and `images_dir`: conftest.py)
 
 
 def test_boot_tierfs_on_fault_members(image: vmimage.Image, images_dir: Path, tmp_path: Path) -> None:
-    job = tmp_path / "job.sh"
-    job.write_text(TIERFS_JOB)
-    payload = tmp_path / "payload.bin"
-    payload.write_bytes(bytes(range(256)) * 1024 * 3)
-    out = tmp_path / "boot"
-    p = run([tool("tierlab"), "vm", "boot", "--member", "ssd.a=256M", "--member", "hdd.b=512M:hdd-fixed-10ms",
-             "--job", job, "--input", payload, "--out", out, "--images", images_dir,
-             "--timeout", "400", "--event", "1:hdd.b:stall 1"], timeout=600)
-    boot = json.loads((out / "boot.json").read_text())
-    console = (out / "console.log").read_text()
-    assert p.returncode == 0, (p.stdout, p.stderr, boot["reason"], console[-3000:])
-    assert boot["status"] == "ok" and boot["job_rc"] == 0
-    assert "boot ok: to /init " in p.stdout
-
-    # Results came back through the results disk.
-    r = out / "results"
-    assert (r / "done").read_text() == "done\n"
-    assert (r / "hello.txt").read_text() == "hello tierfs\n"
-    assert (r / "payload.md5").read_text().strip() == hashlib.md5(payload.read_bytes()).hexdigest()
-    probe = json.loads((r / "probe.json").read_text())
-    assert probe["measurements"]["throughput"]["ops"] > 0, probe["measurements"]["throughput"]
-    assert (r / "job.rc").read_text().strip() == "0"
-    assert "modules loaded" in (r / "init.log").read_text()
-
-    # The console: every line stamped; the init's steps in order.
-    lines = console.splitlines()
-    assert lines and all(re.match(r"\[ *\d+\.\d{3}\] ", ln) for ln in lines)
-    t = boot["times"]
-    assert 0 < t["to_init_s"] <= t["job_start_s"] <= t["job_end_s"] <= t["to_poweroff_s"]
-    assert "tierlab-init: results written" in console
-
-    # The command line and members as documented; the event reached the device.
+    boot, _ = boot_tierfs_job(tmp_path, images_dir)
+    assert boot["backend"] == "qemu" and boot["connect"] is None and boot["qemu_rc"] == 0
+    # The command line as documented.
     cmd = boot["qemu_command"]
     for part in ("-nographic", "-no-reboot", "-net none", "-kernel", "-initrd", "driver=nbd",
                  "serial=ssd.a", "serial=hdd.b", "console=ttyS0"):
         assert part in cmd, part
-    assert [m["profile"] for m in boot["members"]] == ["passthrough", "hdd-fixed-10ms"]
-    assert all(m["serve_rc"] == 0 for m in boot["members"]), boot["members"]
-    ev = boot["events"]
-    assert len(ev) == 1 and ev[0]["sent"] and ev[0]["rc"] == 0, ev
-    stats = json.loads((out / "fault-hdd.b.json").read_text())
-    assert stats["ops"]["write"]["ops"] > 0
-
-    # The host checks the members the guest left.
-    fsck = run([tool("tierfs"), "fsck", "-n", images_dir / "ssd.a.img", images_dir / "hdd.b.img"], timeout=300)
-    assert fsck.returncode == 0, (fsck.stdout, fsck.stderr)
 
 
 def test_hung_guest_is_killed_at_its_timeout(image: vmimage.Image, images_dir: Path, tmp_path: Path) -> None:

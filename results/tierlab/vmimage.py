@@ -35,7 +35,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import IO, Any, Callable
 
 from tierlab import REPO_ROOT, LabError
 
@@ -424,9 +424,25 @@ def ldd_libraries(path: Path) -> list[str]:
 STATIC_TARGETS = ("tierfs", "tierprobe")
 
 
+STATIC_LOCK = ".static-build.lock"
+
+
+def static_lock(out: Path) -> IO[str]:
+    """Exclusive hold of the static build directory `out`: the image builder
+    keeps it from building until it has packed the binaries, and
+    scripts/check-static-build (ctest's static_build) takes the same lock
+    (flock(1) on the same file), so neither sees the other's half-linked
+    binaries. Closing the file releases it."""
+    out.mkdir(parents=True, exist_ok=True)
+    f = open(out / STATIC_LOCK, "w")
+    fcntl.flock(f, fcntl.LOCK_EX)
+    return f
+
+
 def build_static(out: Path, log: Callable[[str], None]) -> None:
     """Configure and build the static targets into `out` (incremental). The
-    flags are scripts/check-static-build's: the two share the directory."""
+    flags are scripts/check-static-build's: the two share the directory.
+    Call with static_lock(out) held."""
     cache = out / "CMakeCache.txt"
     if not cache.exists() or "CMAKE_BUILD_TYPE:STRING=RelWithDebInfo" not in cache.read_text(errors="replace"):
         log(f"configuring the static build in {out}")
@@ -516,6 +532,9 @@ class Options:
     cache: Path = field(default_factory=default_cache)   # debs/, images/
     static_build: Path = field(default_factory=default_static)  # built incrementally
     static_bin: Path | None = None          # use these static binaries (no build)
+    # tierprobe from the default static build, tierfs from static_bin: the
+    # instrument is the same in both arms of an A/B pair (vm pair --baseline).
+    probe_from_default: bool = False
     rebuild: bool = False                   # build even when the key's image exists
     log: Callable[[str], None] = lambda s: None
 
@@ -527,6 +546,16 @@ class Image:
     manifest: dict[str, Any]
     built: bool          # built by this call (not taken from the cache)
     seconds: float       # what this call took
+    # A shared flock on the image's manifest while this process may boot it:
+    # prune() leaves such images alone (docs/lab/vmlab.md, "Cache key").
+    hold: IO[str] | None = field(default=None, repr=False, compare=False)
+
+    def source(self, name: str) -> str:
+        """The host file the guest's /usr/bin/NAME was packed from."""
+        for f in self.manifest.get("files", []):
+            if f.get("path") == f"/usr/bin/{name}":
+                return str(f.get("source", ""))
+        return ""
 
     @property
     def vmlinux(self) -> Path:
@@ -613,24 +642,29 @@ def resolve_inputs(opts: Options) -> Inputs:
     kernel_package = resolve_kernel_package(kernel.package, opts.log)
     deb = fetch_deb(kernel_package, opts.cache / "debs", opts.log)
     # The slow part last, so that a missing package is reported at once.
+    # ensure() holds static_lock(opts.static_build).
+    if opts.static_bin is None or opts.probe_from_default:
+        build_static(opts.static_build, opts.log)
     if opts.static_bin is not None:
         binaries = static_binaries(opts.static_bin)
+        if opts.probe_from_default:
+            binaries["tierprobe"] = static_binaries(opts.static_build / "bin")["tierprobe"]
     else:
-        build_static(opts.static_build, opts.log)
         binaries = static_binaries(opts.static_build / "bin")
     return Inputs(guest_files=files, kernel_package=kernel_package, kernel_deb=deb,
                   kernel_version=deb_version(deb), busybox=busybox, programs=programs,
                   libraries=libraries, binaries=binaries)
 
 
-def strip_copy(path: Path) -> bytes:
-    """The binary without debug sections (the unstripped one stays in the build)."""
-    data = path.read_bytes()
+def strip_copy(path: Path, data: bytes) -> bytes:
+    """The binary `data` (read from `path`) without debug sections (the
+    unstripped one stays in the build)."""
     if not data.startswith(b"\x7fELF"):
         return data
     with tempfile.TemporaryDirectory() as td:
-        out = Path(td) / "out"
-        p = subprocess.run(["strip", "--strip-debug", "-o", str(out), str(path)], capture_output=True, text=True)
+        src, out = Path(td) / "in", Path(td) / "out"
+        src.write_bytes(data)
+        p = subprocess.run(["strip", "--strip-debug", "-o", str(out), str(src)], capture_output=True, text=True)
         if p.returncode != 0:
             raise LabError(f"strip {path} failed: {last_error_line(p.stderr)}")
         return out.read_bytes()
@@ -677,18 +711,27 @@ def assemble(inp: Inputs, out: Path, log: Callable[[str], None]) -> dict[str, An
         files.append({"path": guest_path, "kind": kind, "source": str(source), "package": package,
                       "version": version, "size": len(data), "sha256": sha256_bytes(data)})
 
+    def packed(p: Path) -> bytes:
+        """The file's bytes, the same the key hashed: a file that changed
+        since (a rebuild or an upgrade beside this build) is an error, never
+        an image whose bytes differ from what its key lists."""
+        data = p.read_bytes()
+        if sha256_bytes(data) != inp.hashes.get(str(p)):
+            raise LabError(f"{p} changed while the image was being built; run again")
+        return data
+
     bb_pkg, bb_ver, bb = inp.busybox
-    add("/bin/busybox", bb.read_bytes(), bb, bb_pkg, bb_ver, "busybox")
+    add("/bin/busybox", packed(bb), bb, bb_pkg, bb_ver, "busybox")
     applets = busybox_applets(bb)
     for a in applets:
         if a.strip("/") not in cpio:
             cpio.symlink(a, "/bin/busybox")
     for name, p in sorted(inp.binaries.items()):
-        add(f"/usr/bin/{name}", strip_copy(p), p, "tierfs", "(this tree)", "binary")
+        add(f"/usr/bin/{name}", strip_copy(p, packed(p)), p, "tierfs", "(this tree)", "binary")
     for pkg, ver, p in inp.programs:
-        add(str(p), p.read_bytes(), p, pkg, ver, "program")
+        add(str(p), packed(p), p, pkg, ver, "program")
     for pkg, ver, p in inp.libraries:
-        add(str(p), p.read_bytes(), p, pkg, ver, "library")
+        add(str(p), packed(p), p, pkg, ver, "library")
     mods = []
     for name, ko in modules:
         cpio.file(f"/lib/modules/{name}.ko", ko)
@@ -738,53 +781,82 @@ def load_cached(d: Path, key: str) -> dict[str, Any] | None:
 
 
 def ensure(opts: Options) -> Image:
-    """The image for the current inputs: from the cache, or built now."""
+    """The image for the current inputs: from the cache, or built now. The
+    returned Image holds a shared lock on its manifest (Image.hold) for as long
+    as it lives, so that no other process prunes it meanwhile."""
     t0 = time.monotonic()
-    inputs = resolve_inputs(opts)
-    listing = inputs.listing()
-    key = cache_key(listing)
     images = opts.cache / "images"
     images.mkdir(parents=True, exist_ok=True)
-    d = images / key
-    # One builder at a time per cache (two boots starting together build once).
+    # One builder at a time per cache (two boots starting together build
+    # once), and the static build held from its build until its binaries are
+    # packed (their hashes are the key).
     with open(opts.cache / "images.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not opts.rebuild:
-            manifest = load_cached(d, key)
-            if manifest is not None:
-                return Image(key, d, manifest, False, time.monotonic() - t0)
-        opts.log(f"building image {key[:16]}")
-        tmp = Path(tempfile.mkdtemp(dir=images, prefix=f".{key[:16]}-"))
-        tmp.chmod(0o755)   # mkdtemp makes it 0700; the image is not secret
+        own_static = opts.static_bin is None or opts.probe_from_default
+        static = static_lock(opts.static_build) if own_static else None
         try:
-            manifest = assemble(inputs, tmp, opts.log)
-            manifest.update({"key": key, "inputs": listing, "built_unix": time.time(),
-                             "build_s": round(time.monotonic() - t0, 3)})
-            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-            if d.exists():
-                shutil.rmtree(d)
-            os.rename(tmp, d)
+            inputs = resolve_inputs(opts)
+            listing = inputs.listing()
+            key = cache_key(listing)
+            d = images / key
+            if not opts.rebuild:
+                manifest = load_cached(d, key)
+                if manifest is not None:
+                    return Image(key, d, manifest, False, time.monotonic() - t0, hold_image(d))
+            opts.log(f"building image {key[:16]}")
+            tmp = Path(tempfile.mkdtemp(dir=images, prefix=f".{key[:16]}-"))
+            tmp.chmod(0o755)   # mkdtemp makes it 0700; the image is not secret
+            try:
+                manifest = assemble(inputs, tmp, opts.log)
+                manifest.update({"key": key, "inputs": listing, "built_unix": time.time(),
+                                 "build_s": round(time.monotonic() - t0, 3)})
+                (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+                if d.exists():
+                    shutil.rmtree(d)
+                os.rename(tmp, d)
+            finally:
+                if tmp.exists():
+                    shutil.rmtree(tmp, ignore_errors=True)
         finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+            if static is not None:
+                static.close()
         # Every change to fs/ makes new static binaries, hence a new image
-        # (~160 MB): keep only the newest few.
+        # (~160 MB): keep only the newest few (and those in use).
+        hold = hold_image(d)
         prune(opts.cache, key, KEEP_IMAGES)
-        return Image(key, d, manifest, True, time.monotonic() - t0)
+        return Image(key, d, manifest, True, time.monotonic() - t0, hold)
 
 
 KEEP_IMAGES = 3
-# prune(in_use_s=): an image built or used this recently is kept (not yet
-# used by ensure(): docs/lab/vmlab.md, Known limits).
-KEEP_IN_USE_S = 6 * 3600
 
 
-def prune(cache: Path, keep: str, newest: int = 1, in_use_s: float = 0.0) -> list[Path]:
+def hold_image(d: Path) -> IO[str]:
+    """A shared flock on d's manifest: the image is in use (call with the
+    images lock held, as prune() is)."""
+    f = open(d / "manifest.json")
+    fcntl.flock(f, fcntl.LOCK_SH)
+    return f
+
+
+def in_use(d: Path) -> bool:
+    """Whether a process (this one included) holds hold_image(d)."""
+    try:
+        with open(d / "manifest.json") as f:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def prune(cache: Path, keep: str, newest: int = 1) -> list[Path]:
     """Remove cached images but `keep`, the `newest` - 1 most recently built or
-    used others and those built or used within the last `in_use_s` seconds,
-    and leftovers of interrupted builds. Call with the images lock held
-    (ensure() does; `vm image --prune` runs after ensure() released it, when a
-    concurrent build's leftovers would be removed too -- it is a manual tool)."""
+    used others, those a process holds (hold_image: a long `vm pair` boots
+    its image for hours), and leftovers of interrupted builds. Call with the
+    images lock held (ensure() does; `vm image --prune` runs after ensure()
+    released it, when a concurrent build's leftovers would be removed too --
+    it is a manual tool)."""
     images = cache / "images"
     done = []
     for d in images.iterdir():
@@ -795,8 +867,7 @@ def prune(cache: Path, keep: str, newest: int = 1, in_use_s: float = 0.0) -> lis
         else:
             shutil.rmtree(d, ignore_errors=True)
     done.sort(key=lambda d: (d / "manifest.json").stat().st_mtime, reverse=True)
-    recent = time.time() - in_use_s
-    gone = [d for d in done[max(newest - 1, 0):] if (d / "manifest.json").stat().st_mtime < recent]
+    gone = [d for d in done[max(newest - 1, 0):] if not in_use(d)]
     for d in gone:
         shutil.rmtree(d, ignore_errors=True)
     return sorted(gone)

@@ -193,6 +193,8 @@ def test_stale_entry_is_rebuilt_when_an_input_changes(fake: dict[str, Path]) -> 
         assert img.built, step
         assert img.key not in keys, step
         keys.add(img.key)
+        assert img.hold is not None and vmimage.in_use(img.dir)
+        img.hold.close()  # done with it: the next build may prune it
         return img
 
     init = fake["guest"] / "init"
@@ -208,9 +210,15 @@ def test_stale_entry_is_rebuilt_when_an_input_changes(fake: dict[str, Path]) -> 
     assert [x["name"] for x in img.manifest["modules"]] == ["fake_d", "fake_b", "fake_a"]
     (fake["guest"] / "modules.txt").write_text("fake-d\n")
     img = changed("modules.txt")
-    # Only the newest few images stay.
+    # Only the newest few images stay, and the first one, which this test
+    # still holds (as a long vm pair holds the image it boots).
     left = {d.name for d in (fake["cache"] / "images").iterdir()}
-    assert len(left) == vmimage.KEEP_IMAGES and img.key in left and left <= keys
+    assert len(left) == vmimage.KEEP_IMAGES + 1 and img.key in left and left <= keys
+    assert first.key in left
+    assert first.hold is not None
+    first.hold.close()
+    vmimage.ensure(options(fake))  # cached: prunes nothing
+    assert vmimage.prune(fake["cache"], img.key, vmimage.KEEP_IMAGES) == [first.dir]
 
 
 def test_same_inputs_give_the_same_bytes(fake: dict[str, Path]) -> None:
@@ -331,10 +339,48 @@ def test_prune_keeps_the_newest_and_images_in_use(tmp_path: Path) -> None:
         (d / "manifest.json").write_text("{}")
         os.utime(d / "manifest.json", (old + i, old + i))  # e newest, all long unused
     (images / "half-built").mkdir()
-    os.utime(images / "c" / "manifest.json")  # c: used just now
-    gone = vmimage.prune(tmp_path, "a", 3, vmimage.KEEP_IN_USE_S)
-    # Kept: a (current), c (in use; also one of the newest two), e; b and d go.
-    assert sorted(p.name for p in gone) == ["b", "d"]
-    assert sorted(p.name for p in images.iterdir()) == ["a", "c", "e"]
-    # --prune: everything but the current one.
-    assert sorted(p.name for p in vmimage.prune(tmp_path, "a")) == ["c", "e"]
+    hold = vmimage.hold_image(images / "b")  # b: a long vm pair boots it
+    assert vmimage.in_use(images / "b") and not vmimage.in_use(images / "c")
+    gone = vmimage.prune(tmp_path, "a", 3)
+    # Kept: a (current), e and d (the newest two others), b (held); c goes.
+    assert [p.name for p in gone] == ["c"]
+    assert sorted(p.name for p in images.iterdir()) == ["a", "b", "d", "e"]
+    # --prune: everything but the current one and those in use.
+    assert sorted(p.name for p in vmimage.prune(tmp_path, "a")) == ["d", "e"]
+    hold.close()
+    assert [p.name for p in vmimage.prune(tmp_path, "a")] == ["b"]
+
+
+def test_a_binary_that_changes_during_the_build_is_an_error(fake: dict[str, Path],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # The key hashes the inputs before they are packed; a rebuild of the
+    # static binaries in between must not give an image whose bytes differ
+    # from what its key lists.
+    real = vmimage.assemble
+
+    def racing(inp: vmimage.Inputs, out: Path, log: object) -> dict[str, object]:
+        (fake["static"] / "bin" / "tierprobe").write_text("#!/bin/sh\necho rebuilt meanwhile\n")
+        return real(inp, out, log)  # type: ignore[arg-type]
+    monkeypatch.setattr(vmimage, "assemble", racing)
+    with pytest.raises(LabError, match=r"tierprobe changed while the image was being built; run again"):
+        vmimage.ensure(options(fake))
+    assert not [d for d in (fake["cache"] / "images").iterdir() if (d / "manifest.json").exists()]
+
+
+def test_ab_images_share_the_default_builds_tierprobe(fake: dict[str, Path],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # vm pair --baseline/--candidate: tierfs from the arm's build, tierprobe
+    # from the default static build (one instrument for both arms).
+    default = fake["tmp"] / "default-static"
+    (default / "bin").mkdir(parents=True)
+    for name in vmimage.STATIC_TARGETS:
+        (default / "bin" / name).write_text(f"#!/bin/sh\necho default {name}\n")
+    built: list[Path] = []
+    monkeypatch.setattr(vmimage, "build_static", lambda out, log: built.append(out))
+    img = vmimage.ensure(options(fake, static_build=default, probe_from_default=True))
+    assert built == [default]
+    assert img.source("tierprobe") == str(default / "bin" / "tierprobe")
+    assert img.source("tierfs") == str(fake["static"] / "bin" / "tierfs")
+    files = read_cpio(img.initramfs.read_bytes())
+    assert files["usr/bin/tierprobe"][1] == b"#!/bin/sh\necho default tierprobe\n"
+    assert (default / vmimage.STATIC_LOCK).exists()

@@ -12,11 +12,16 @@ the `measure` marker. After QEMU has exited the host runs `tierfs fsck -n` over
 the boot's images and turns what the guest wrote into pair.py's run directory
 (run.json, probe.json, bg.json, ctl-EDGE.json, ...) with pair.py's and the
 bg-writer folder's own code, so `tierlab gate` and `tierlab report` read a vm
-pair directory unchanged.
+pair directory unchanged. The profile's [vm] table sets the guest's memory and
+CPUs, a member the guest swaps on (no tierfs member) and a memory hog; every
+run.json also carries the guest's memory counters, OOM kills, the probe's
+liveness and the runner's last step (guestmem.py).
 
-Invariants: a boot never outlives its hard timeout (vmboot kills it); a boot
-that fails or hangs is a failed run, and the lab goes on; Ctrl-C cancels both
-guests and removes the images."""
+Invariants: a boot never outlives its hard timeout (vmboot kills it), and the
+job's budget covers every bounded step of the guest's runner (guest_bounds);
+a boot that fails or hangs is a failed run, and the lab goes on; an OOM kill
+in the guest fails its run; Ctrl-C cancels both guests and removes the
+images."""
 
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tierlab import REPO_ROOT, LabError, vmboot, vmimage
+from tierlab import REPO_ROOT, LabError, guestmem, vmboot, vmimage, vmlibvirt
 from tierlab import pair as pair_mod
 from tierlab import profile as profile_mod
 
@@ -42,9 +47,27 @@ GUEST_RUNNER = REPO_ROOT / "vmlab" / "guest" / "profile-run"
 BG_JOB = REPO_ROOT / "workloads" / "bg-writer" / "bgwrite.fio"
 BG_PARSE = REPO_ROOT / "workloads" / "bg-writer" / "parse.py"
 GUEST_MNT = "/mnt/lab"
-# Beyond the profile's phases: boot (~6-10 s under TCG), format, mount, the
-# probe's working set, unmount, results; generous for a loaded 2-core host.
-BOOT_OVERHEAD_S = 150.0
+# The guest runner's own bounds (vmlab/guest/profile-run; the rest are pair.py's).
+GUEST_CTL_TIMEOUT_S = 20.0     # each `tierfs ctl`, and mkdir on the mount
+GUEST_SWAP_TIMEOUT_S = 60.0    # mkswap, swapon each
+# swapoff reads back all that is swapped (mem-pressure: 75-78 MiB in 18-25 s
+# at 10 ms per request): 60 s and the whole swap member at 2 MiB/s.
+GUEST_SWAPOFF_MIB_PER_S = 2.0
+GUEST_HOG_STOP_S = 30.0        # the hog's exit after its kill; then its tmpfs's unmount
+GUEST_RM_TIMEOUT_S = 60.0      # rm -rf of the background files (background.keep = false)
+GUEST_CLEANUP_UMOUNT_S = 20.0  # a failed run's unmount before umount -l
+GUEST_LIVE_CHECK_S = 10.0      # a hung probe: does the mount still answer a readdir?
+GUEST_KILL_GRACE_S = 5.0       # `timeout -k`: KILL this long after TERM
+# The job's commands between its bounded steps (awk, cp, sleep, the snapshots)
+# on a loaded TCG guest under memory pressure.
+GUEST_BUDGET_MARGIN_S = 60.0
+# Outside the job's budget: boot to the job's start (6-10 s measured under TCG)
+# and the results after it; vmboot's default budget is the timeout minus this.
+BOOT_OVERHEAD_S = 60.0
+# A guest's CPUs and memory when neither the command line nor the profile's
+# [vm] table sets them.
+DEFAULT_CPUS = 1
+DEFAULT_MEM_MIB = 1536
 FSCK_TIMEOUT = 300.0
 PARSE_TIMEOUT = 60.0
 CANCEL_JOIN_S = 30.0
@@ -61,6 +84,12 @@ class VmSettings:
     timeout: float
     accel: str
     budget: float | None = None  # the job's own limit in the guest (None: vmboot's default)
+    backend: str = "qemu"        # vmboot's backend: qemu | libvirt
+    connect: tuple[str, ...] = ()   # libvirt: the URIs the pairs fan out over
+
+    def uri(self, pair: int) -> str | None:
+        """Pair i's libvirt URI: the i-th in turn (both slots of a pair on one host)."""
+        return self.connect[pair % len(self.connect)] if self.connect else None
 
 
 def add_vm_args(p: argparse.ArgumentParser) -> None:
@@ -71,14 +100,16 @@ def add_vm_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a profile key (repeatable)")
     p.add_argument("--timeout", type=float, metavar="S", help="hard limit of each boot "
-                   f"(default {BOOT_OVERHEAD_S:g} s + the profile's phases and quiesce.max_s)")
-    p.add_argument("--cpus", type=int, default=1, help="CPUs of each guest (default 1: two guests share the host's cores)")
-    p.add_argument("--mem", type=int, default=1536, metavar="MiB",
-                   help="memory of each guest (default 1536)")
+                   f"(default: the guest runner's step bounds, vmpair.guest_bounds, + {BOOT_OVERHEAD_S:g} s)")
+    p.add_argument("--cpus", type=int, help="CPUs of each guest (default: the profile's vm.cpus, "
+                   f"else {DEFAULT_CPUS}: two guests share the host's cores)")
+    p.add_argument("--mem", type=int, metavar="MiB", help="memory of each guest (default: the "
+                   f"profile's vm.mem_mib, else {DEFAULT_MEM_MIB})")
     p.add_argument("--budget", type=float, metavar="S",
                    help="the job's own limit inside the guest (default: the timeout minus 60 s)")
     p.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto",
                    help="auto: KVM when /dev/kvm opens, else TCG")
+    vmlibvirt.add_backend_args(p)
     p.add_argument("--shm", default="/dev/shm", help="RAM directory for member images")
 
 
@@ -115,7 +146,7 @@ def guest_job(prof: profile_mod.Profile, arm: pair_mod.Arm, pair: int, slot: int
     b, ph, q = prof.background, prof.phases, prof.quiesce
     probe = pair_mod.probe_args(prof, seed, pair, slot, arm.name) + ["--boot", str(boot_index)]
     env = {
-        "MEMBERS": " ".join(devs[m.label] for m in prof.members),
+        "MEMBERS": " ".join(devs[m.label] for m in prof.fs_members()),
         "FORMAT_ARGS": shlex.join(profile_mod.format_args(prof, devs)),
         "PAUSE": "1" if arm.pause else "0",
         "PROBE_ARGS": shlex.join(probe),
@@ -129,6 +160,16 @@ def guest_job(prof: profile_mod.Profile, arm: pair_mod.Arm, pair: int, slot: int
         "MOUNT_TIMEOUT_S": f"{pair_mod.MOUNT_TIMEOUT:g}",
         "READY_TIMEOUT_S": f"{pair_mod.READY_TIMEOUT:g}",
         "UMOUNT_TIMEOUT_S": f"{pair_mod.UMOUNT_TIMEOUT:g}",
+        "SWAP": devs[prof.vm["swap"]] if prof.vm.get("swap") else "",
+        "HOG_BYTES": str(prof.vm.get("hog", 0)),
+        "FORMAT_TIMEOUT_S": f"{pair_mod.FORMAT_TIMEOUT:g}",
+        "CTL_TIMEOUT_S": f"{GUEST_CTL_TIMEOUT_S:g}",
+        "SWAP_TIMEOUT_S": f"{GUEST_SWAP_TIMEOUT_S:g}",
+        "SWAPOFF_TIMEOUT_S": f"{swapoff_timeout(prof):g}",
+        "HOG_STOP_S": f"{GUEST_HOG_STOP_S:g}",
+        "RM_TIMEOUT_S": f"{GUEST_RM_TIMEOUT_S:g}",
+        "CLEANUP_UMOUNT_S": f"{GUEST_CLEANUP_UMOUNT_S:g}",
+        "LIVE_CHECK_S": f"{GUEST_LIVE_CHECK_S:g}",
     }
     for k, v in env.items():
         if "'" in v and k in ("FORMAT_ARGS", "PROBE_ARGS"):
@@ -153,14 +194,63 @@ class RunSpec:
     vm: VmSettings
     faultdev_build: Path
     cancel: threading.Event | None = None
+    # vm pair: both runs of a pair meet here after their boots, so that one
+    # run's host fsck does not compete with the other guest's measured phase.
+    booted: threading.Barrier | None = None
 
     @property
     def boot_index(self) -> int:
         return 2 * self.pair + self.slot
 
 
+def guest_bounds(prof: profile_mod.Profile) -> dict[str, float]:
+    """Each step of vmlab/guest/profile-run with its bound in seconds, as the
+    header gives them (a `timeout -k` step counts its KILL grace too). Their sum
+    is the least the job's budget must be."""
+    k = GUEST_KILL_GRACE_S
+    ctl = GUEST_CTL_TIMEOUT_S + k
+    b, q = prof.background, prof.quiesce
+    steps: dict[str, float] = {}
+    if prof.vm.get("swap"):
+        steps["swapon"] = 2 * (GUEST_SWAP_TIMEOUT_S + k)     # mkswap, swapon
+    steps.update({"format": pair_mod.FORMAT_TIMEOUT + k, "mount": pair_mod.MOUNT_TIMEOUT,
+                  "pause": ctl, "start": ctl, "probe-start": pair_mod.READY_TIMEOUT,
+                  "warmup+measure": prof.workload_s, "measure": ctl})
+    if prof.vm.get("hog"):
+        steps["hog-start"] = 30 + k                           # its tmpfs's mount
+        steps["hog-stop"] = 2 * GUEST_HOG_STOP_S + k
+    if b["workload"] == "bg-writer":
+        steps["bg-start"] = ctl                               # mkdir on the mount
+        steps["bg-wait"] = pair_mod.BG_SLACK_S
+        if not b["keep"]:
+            steps["bg-rm"] = GUEST_RM_TIMEOUT_S + k
+    steps["probe-wait"] = pair_mod.PROBE_SLACK_S
+    steps["end"] = ctl
+    steps["quiesce"] = q["max_s"] + 1 + ctl                   # the last poll starts before max_s
+    steps["umount"] = pair_mod.UMOUNT_TIMEOUT + k
+    steps["daemon-exit"] = pair_mod.UMOUNT_TIMEOUT
+    if prof.vm.get("swap"):
+        steps["swapoff"] = swapoff_timeout(prof) + k
+    # a failure on the way: the liveness check, the cleanup's unmount
+    steps["fail"] = GUEST_LIVE_CHECK_S + k + GUEST_CLEANUP_UMOUNT_S + k
+    return steps
+
+
+def swapoff_timeout(prof: profile_mod.Profile) -> float:
+    m = prof.member(prof.vm.get("swap") or "")
+    return 0.0 if m is None else 60.0 + round((m.size >> 20) / GUEST_SWAPOFF_MIB_PER_S)
+
+
+def guest_budget(prof: profile_mod.Profile) -> float:
+    """The job's budget: every step's bound and a margin for what runs between."""
+    return sum(guest_bounds(prof).values()) + GUEST_BUDGET_MARGIN_S
+
+
 def boot_timeout(prof: profile_mod.Profile) -> float:
-    return BOOT_OVERHEAD_S + prof.workload_s + prof.quiesce["max_s"]
+    """The hard limit of a boot: the job's budget and the boot around it (with
+    vmboot's default budget, the timeout minus BOOT_OVERHEAD_S, that is
+    guest_budget)."""
+    return guest_budget(prof) + BOOT_OVERHEAD_S
 
 
 def member_specs(prof: profile_mod.Profile) -> tuple[list[vmboot.Member], dict[str, list[str]]]:
@@ -194,7 +284,8 @@ def run_one(rs: RunSpec) -> dict[str, Any]:
         inputs=[BG_JOB], images_dir=rs.images, timeout=rs.vm.timeout, budget=rs.vm.budget,
         cpus=rs.vm.cpus,
         mem_mib=rs.vm.mem_mib, events=events, fault_sets=sets, seed=rs.seed, accel=rs.vm.accel,
-        events_after="measure", cancel=rs.cancel)
+        events_after="measure", cancel=rs.cancel, backend=rs.vm.backend,
+        connect=rs.vm.uri(rs.pair))
     boot: dict[str, Any] = {}
     errors: list[str] = []
     try:
@@ -208,6 +299,11 @@ def run_one(rs: RunSpec) -> dict[str, Any]:
             collect(rs, boot, info, errors)
         except Exception as e:  # results cut short or malformed: the run failed, fsck still runs
             errors.append(f"results: {type(e).__name__}: {e}")
+    if rs.booted is not None:
+        try:
+            rs.booted.wait(timeout=rs.vm.timeout + vmboot.SERVE_READY_S + vmboot.SERVER_STOP_S + 60)
+        except threading.BrokenBarrierError:
+            pass  # the other run ended without a boot; fsck anyway
     info["fsck"] = fsck(rs)
     if errors:
         info["status"], info["error"] = "failed", errors[0]
@@ -223,19 +319,27 @@ def collect(rs: RunSpec, boot: dict[str, Any], info: dict[str, Any], errors: lis
     bdir, res = rs.dir / "boot", rs.dir / "boot" / "results"
     times = boot.get("times", {})
     q0 = boot.get("qemu_start_unix", boot.get("start_unix", 0.0))
+    # What the guest ran (the host's `build` above is what fsck used).
+    info["guest_tierfs"] = rs.image.source("tierfs")
+    info["guest_tierprobe"] = rs.image.source("tierprobe")
     info["boot"] = {"index": rs.boot_index, "status": boot["status"], "reason": boot["reason"],
                     "times": times, "image": boot["image"]["key"], "accel": boot["accel"],
                     "cpus": boot["cpus"], "mem_mib": boot["mem_mib"],
-                    "timeout_s": boot["timeout_s"], "wall_s": boot.get("wall_s")}
+                    "timeout_s": boot["timeout_s"], "wall_s": boot.get("wall_s"),
+                    "backend": boot.get("backend"), "connect": boot.get("connect")}
     for edge in ("start", "workload", "measure", "end", "idle"):
         if f"mark_{edge}" in times:
             info["edges"][edge] = round(q0 + times[f"mark_{edge}"], 3)
     if "workload" in info["edges"]:
         info["t0_unix"] = info["edges"]["workload"]
+    # The runner's last step: where a job cut by its budget, or a guest the
+    # host killed, was.
+    info["step"] = guestmem.guest_step(res, bdir / "console.log") or None
     if boot["status"] != "ok":
         err = read_line(res / "error.txt")
         what = "boot timeout" if boot["status"] == "timeout" else "boot failed"
-        errors.append(err or f"{what}: {boot['reason']}")
+        errors.append(err or f"{what}: {boot['reason']}"
+                      + (f" in step '{info['step']}'" if info["step"] else ""))
     for name in RUN_FILES:
         if (res / name).is_file():
             shutil.copyfile(res / name, rs.dir / name)
@@ -281,6 +385,31 @@ def collect(rs: RunSpec, boot: dict[str, Any], info: dict[str, Any], errors: lis
             errors.append(f"tierprobe's document: {e}")
     elif boot["status"] == "ok":
         errors.append("the guest wrote no probe document")
+    memory(rs, res, info, errors)
+
+
+def memory(rs: RunSpec, res: Path, info: dict[str, Any], errors: list[str]) -> None:
+    """run.json's vmstat, oom, hog and liveness (guestmem). An OOM kill in the
+    guest is the run's first error (whatever failed after it, it is why); a
+    hog that could not fill its tmpfs is an error too."""
+    vm = guestmem.vmstat(res)
+    if vm is not None:
+        info["vmstat"] = vm
+    o = guestmem.oom(res, vm)
+    info["oom"] = o
+    if o is not None and o["kills"]:
+        errors.insert(0, guestmem.oom_error(o))
+    h = guestmem.hog(res, rs.prof.vm.get("hog", 0))
+    if h is not None:
+        info["hog"] = h
+        if h["error"]:
+            errors.append(f"hog: {h['error']}")
+    if (rs.dir / "probe.json").is_file():
+        try:
+            info["liveness"] = guestmem.liveness(json.loads((rs.dir / "probe.json").read_text()),
+                                                 rs.prof.phases["measure_s"])
+        except (OSError, ValueError):
+            pass
 
 
 def quiesce(rs: RunSpec, res: Path, info: dict[str, Any]) -> None:
@@ -324,7 +453,7 @@ def parse_background(rs: RunSpec) -> str | None:
 
 def fsck(rs: RunSpec) -> dict[str, Any]:
     """`tierfs fsck -n` over the boot's member images, on the host, after QEMU."""
-    imgs = [str(rs.images / f"{m.label}.img") for m in rs.prof.members]
+    imgs = [str(rs.images / f"{m.label}.img") for m in rs.prof.fs_members()]
     try:
         p = subprocess.run([rs.arm.tierfs, "fsck", "-n", *imgs], capture_output=True, text=True,
                            timeout=FSCK_TIMEOUT, start_new_session=True)
@@ -353,12 +482,19 @@ class VmLab:
         self.seed = args.seed if args.seed is not None else self.prof.seed
         if self.seed < 0:
             raise LabError(f"--seed: must be >= 0, got {self.seed}")
-        if args.cpus < 1 or args.mem < 256:
+        # The command line, else the profile's [vm], else the defaults.
+        cpus = args.cpus if args.cpus is not None else self.prof.vm["cpus"] or DEFAULT_CPUS
+        mem = args.mem if args.mem is not None else self.prof.vm["mem_mib"] or DEFAULT_MEM_MIB
+        if cpus < 1 or mem < 256:
             raise LabError("--cpus must be at least 1, --mem at least 256")
+        if self.prof.vm["hog"] and self.prof.vm["hog"] >= mem << 20:
+            raise LabError(f"{self.prof.name}: vm.hog ({profile_mod.size_text(self.prof.vm['hog'])}) "
+                           f"is not below the guest's memory ({mem} MiB)")
         timeout = args.timeout if args.timeout is not None else boot_timeout(self.prof)
         if timeout <= 0:
             raise LabError("--timeout must be positive")
-        self.vm = VmSettings(args.cpus, args.mem, timeout, args.accel, args.budget)
+        self.vm = VmSettings(cpus, mem, timeout, args.accel, args.budget, args.backend,
+                             tuple(vmlibvirt.backend_uris(args, several=True)))
         self.build = pair_mod.default_build()
         for m in self.prof.members:
             if len(m.label) > vmboot.SERIAL_MAX:
@@ -393,7 +529,10 @@ class VmLab:
             print(f"tierlab vm: {msg}", flush=True)
         opts = vmimage.Options(log=log)
         if static_build is not None:
+            # tierfs from that build; tierprobe, the instrument, from the
+            # default static build in every arm (as tierlab pair uses one).
             opts.static_bin = static_build / "bin"
+            opts.probe_from_default = True
         return vmimage.ensure(opts)
 
     def slot_images(self, slot: int) -> Path:
@@ -445,7 +584,28 @@ def run_one_cmd(args: argparse.Namespace) -> int:
           + f"; quiescence {info['quiescence_s']} s; fsck "
           + ("clean" if fs.get("clean") else f"NOT CLEAN ({fs.get('last')})")
           + f"; {info['wall_s']:.0f} s -> {lab.out}", flush=True)
+    mem = memory_line(info)
+    if mem:
+        print(f"tierlab vm run: {mem}", flush=True)
     return 0 if info["status"] == "ok" and fs.get("clean") else 1
+
+
+def memory_line(info: dict[str, Any]) -> str:
+    """One line of what run.json says about the guest's memory and the probe."""
+    parts = []
+    if info.get("liveness"):
+        parts.append(info["liveness"]["text"])
+    m = (info.get("vmstat") or {}).get("measured")
+    if m:
+        parts.append(f"measured phase: swap in {m['pswpin']} / out {m['pswpout']} pages "
+                     f"({m['pswpin_per_s']} / {m['pswpout_per_s']} per s), pgscan direct "
+                     f"{m['pgscan_direct']}, allocstall {m['allocstall']}, oom_kill {m['oom_kill']}")
+    h = info.get("hog")
+    if h:
+        parts.append(f"hog {h['bytes'] >> 20} MiB: " + (f"error {h['error']}" if h["error"] else
+                     f"{h['passes']} passes, {h['chunks']} chunks rewritten"
+                     + (f", filled in {h['fill_s']} s" if h["filled"] else ", still filling")))
+    return "; ".join(parts)
 
 
 def run_pairs_cmd(args: argparse.Namespace) -> int:
@@ -467,13 +627,15 @@ def run_pairs_cmd(args: argparse.Namespace) -> int:
     (lab.out / "profile.toml").write_text(Path(lab.prof.path).read_text())
     meta = pair_mod.lab_meta(args, lab.prof, lab.pairs, lab.seed, mode, arms, lab.build)
     meta["vm"] = {"accel": lab.vm.accel, "cpus": lab.vm.cpus, "mem_mib": lab.vm.mem_mib,
-                  "timeout_s": lab.vm.timeout,
+                  "timeout_s": lab.vm.timeout, "backend": lab.vm.backend,
+                  "connect": list(lab.vm.connect),
                   "images": {name: im.key for name, im in images.items()}}
     (lab.out / "lab.json").write_text(json.dumps(meta, indent=1) + "\n")
     old = _sigterm_as_interrupt()
     t0 = time.time()
     results: list[dict[str, Any]] = []
     threads: list[threading.Thread] = []
+    booted: threading.Barrier | None = None
     try:
         for s in range(2):
             lab.slot_images(s)
@@ -482,13 +644,17 @@ def run_pairs_cmd(args: argparse.Namespace) -> int:
             order = [arms[0], arms[1]] if i % 2 == 0 else [arms[1], arms[0]]
             specs = [lab.run_spec(order[s], images[order[s].name], i, s,
                                   lab.out / "runs" / f"p{i:02d}-{order[s].name}") for s in range(2)]
+            booted = threading.Barrier(2)
+            for sp in specs:
+                sp.booted = booted
             got: list[dict[str, Any]] = [{}, {}]
 
             def one(k: int) -> None:
                 got[k] = run_one(specs[k])
             threads = [threading.Thread(target=one, args=(k,), daemon=True) for k in range(2)]
             print(f"tierlab vm pair: pair {i + 1}/{lab.pairs}: slot 0 {order[0].name}, "
-                  f"slot 1 {order[1].name}", flush=True)
+                  f"slot 1 {order[1].name}"
+                  + (f" on {lab.vm.uri(i)}" if lab.vm.connect else ""), flush=True)
             for t in threads:
                 t.start()
             for t in threads:
@@ -508,6 +674,8 @@ def run_pairs_cmd(args: argparse.Namespace) -> int:
                     line += f": {info['error']}"
                 print(line, file=sys.stderr if info["status"] != "ok" else sys.stdout, flush=True)
     except KeyboardInterrupt:
+        if booted is not None:
+            booted.abort()
         lab.cleanup(threads)
         raise
     finally:

@@ -21,7 +21,7 @@ import pytest
 from tierlab import schema, vmboot, vmimage, vmpair
 from tierlab import pair as pair_mod
 from tierlab import profile as profile_mod
-from tierlab.testing import assert_one_line_error, guest_image, run, tool
+from tierlab.testing import assert_one_line_error, hung_pairs, run, tool
 
 
 # ------------------------------------------------------------------ mistakes
@@ -75,10 +75,7 @@ def test_events_keep_profile_commands() -> None:
 
 
 # ------------------------------------------------------------------ real pairs
-
-@pytest.fixture(scope="module")
-def image() -> vmimage.Image:
-    return guest_image()
+# (fixture `image`: conftest.py)
 
 
 def test_one_pair_of_labtest(image: vmimage.Image, tmp_path: Path) -> None:
@@ -125,17 +122,5 @@ def test_one_pair_of_labtest(image: vmimage.Image, tmp_path: Path) -> None:
 
 def test_hung_guests_fail_their_runs_and_the_lab_goes_on(image: vmimage.Image,
                                                          tmp_path: Path) -> None:
-    out = tmp_path / "lab"
-    # 12 s: the guests boot, start the job and are killed in the middle of it.
-    p = run([tool("tierlab"), "vm", "pair", "--profile", "labtest", "--pairs", "2", "--out", out,
-             "--timeout", "12", "--budget", "100000"], timeout=600)
-    assert p.returncode == 1, p.stdout[-2000:] + p.stderr
-    meta = json.loads((out / "lab.json").read_text())
-    assert len(meta["runs"]) == 4  # the second pair ran after the first one's failures
-    for rel in meta["runs"]:
-        info = json.loads((out / rel / "run.json").read_text())
-        assert info["status"] == "failed", rel
-        assert info["boot"]["status"] == "timeout", info["boot"]
-        assert info["error"].startswith("boot timeout: no poweroff within 12 s"), info["error"]
-        assert info["fsck"] is not None  # fsck ran over the killed guest's images
+    p, _ = hung_pairs(tmp_path / "lab")
     assert "FAIL runs completed" in p.stdout
