@@ -5,7 +5,7 @@
 #   make test       ... and run every test (ctest, including the kernel-safe check, and pytest)
 #   make labtest    a short real A/A `tierlab pair` (2 pairs, ~1-2 min; docs/lab/pair.md)
 #   make vmtest     A/A `tierlab vm pair` in QEMU guests, gated (docs/lab/vmlab.md):
-#                   [PROFILE=fixed-delay] [PAIRS=3] [OUT=build/vmtest/PROFILE-DATE] [VMSET=--set ...]
+#                   [PROFILE=fixed-delay] [PAIRS=8] [OUT=build/vmtest/PROFILE-DATE] [VMSET=--set ...]
 #   make test-asan  the same with AddressSanitizer + UndefinedBehaviorSanitizer, in build-asan/
 #   make clean      remove build directories
 
@@ -32,7 +32,7 @@ labtest: build
 	TIERFS_BUILD=$(CURDIR)/build $(PY) -m pytest -q -s results/tierlab/labtest.py
 
 PROFILE ?= fixed-delay
-PAIRS ?= 3
+PAIRS ?= 8
 VMTEST_DATE := $(shell date +%Y%m%d-%H%M%S)
 # Set on the command line (make vmtest OUT=DIR), not taken from the environment.
 ifneq ($(origin OUT),command line)

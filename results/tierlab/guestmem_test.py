@@ -1,6 +1,6 @@
 """The guest's memory in VM lab runs (guestmem.py, vmpair.memory, the report's
 "Guest memory" section), from saved files and documents: no guest boots here.
-vmpair_test.py runs the mem-pressure profile in a real guest."""
+mempressure_test.py runs the mem-pressure profile in a real guest."""
 
 from __future__ import annotations
 

@@ -109,7 +109,9 @@ def test_short_mem_pressure_run_swaps(guest: vmimage.Image, tmp_path: Path) -> N
     mi = vm["meminfo"]["end"]
     assert mi["SwapTotal_kB"] > 0 and mi["SwapTotal_kB"] - mi["SwapFree_kB"] > 0
     h = info["hog"]
-    assert h["error"] is None and h["filled"] and h["bytes"] == 320 << 20, h
+    # Not h["filled"]: how far the fill gets in a short phase depends on the
+    # host's load; an error of the hog's own is what must not happen.
+    assert h["error"] is None and h["bytes"] == 320 << 20, h
     assert info["oom"] is None or info["oom"]["kills"] == 0
     assert info["liveness"]["ops_measured"] > 0
     assert [(e["member"], e["command"], e["rc"]) for e in info["events"]] == \

@@ -649,8 +649,14 @@ def run_pairs_cmd(args: argparse.Namespace) -> int:
                 sp.booted = booted
             got: list[dict[str, Any]] = [{}, {}]
 
-            def one(k: int) -> None:
-                got[k] = run_one(specs[k])
+            def one(k: int, barrier: threading.Barrier = booted) -> None:
+                try:
+                    got[k] = run_one(specs[k])
+                except BaseException:
+                    # Ended before (or without) the barrier: release the
+                    # other run's wait at once instead of at its timeout.
+                    barrier.abort()
+                    raise
             threads = [threading.Thread(target=one, args=(k,), daemon=True) for k in range(2)]
             print(f"tierlab vm pair: pair {i + 1}/{lab.pairs}: slot 0 {order[0].name}, "
                   f"slot 1 {order[1].name}"
