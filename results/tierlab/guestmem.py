@@ -215,9 +215,15 @@ def guest_step(res: Path, console: Path) -> str:
 
 # ------------------------------------------------------------------ the report
 
-ROWS = ("pswpin", "pswpout", "pswpin_per_s", "pswpout_per_s", "pgscan_kswapd", "pgscan_direct",
-        "pgsteal_kswapd", "pgsteal_direct", "allocstall", "pgmajfault", "workingset_refault",
-        "oom_kill", "daemon_majflt")
+# The measured-phase numbers an arm's summary takes the median of, in the
+# report's order, with the report's label for each.
+ROWS = (("pswpin", "pages swapped in"), ("pswpout", "pages swapped out"),
+        ("pswpin_per_s", "swap-in pages/s"), ("pswpout_per_s", "swap-out pages/s"),
+        ("pgscan_kswapd", "pgscan_kswapd"), ("pgscan_direct", "pgscan_direct"),
+        ("pgsteal_kswapd", "pgsteal_kswapd"), ("pgsteal_direct", "pgsteal_direct"),
+        ("allocstall", "allocstall (all zones)"), ("pgmajfault", "pgmajfault"),
+        ("workingset_refault", "workingset_refault (anon + file)"),
+        ("oom_kill", "oom_kill"), ("daemon_majflt", "tierfs daemon's major faults"))
 
 
 def median(xs: list[float]) -> float | None:
@@ -231,7 +237,7 @@ def arm_summary(infos: list[dict[str, Any]]) -> dict[str, Any]:
     measured = [(i.get("vmstat") or {}).get("measured") for i in infos]
     ms = [m for m in measured if m]
     out: dict[str, Any] = {"runs": len(ms)}
-    for k in ROWS:
+    for k, _label in ROWS:
         out[k] = median([float(m[k]) for m in ms if m.get(k) is not None])
     hogs = [i["hog"] for i in infos if i.get("hog")]
     out["hog_passes"] = median([float(h["passes"]) for h in hogs]) if hogs else None

@@ -764,15 +764,6 @@ def build_report(ld: LabDir, res: dict[str, Any]) -> tuple[Doc, dict[str, Any]]:
     return d, summary
 
 
-GUEST_ROWS = (("pswpin", "pages swapped in"), ("pswpout", "pages swapped out"),
-              ("pswpin_per_s", "swap-in pages/s"), ("pswpout_per_s", "swap-out pages/s"),
-              ("pgscan_kswapd", "pgscan_kswapd"), ("pgscan_direct", "pgscan_direct"),
-              ("pgsteal_kswapd", "pgsteal_kswapd"), ("pgsteal_direct", "pgsteal_direct"),
-              ("allocstall", "allocstall (all zones)"), ("pgmajfault", "pgmajfault"),
-              ("workingset_refault", "workingset_refault (anon + file)"),
-              ("oom_kill", "oom_kill"), ("daemon_majflt", "tierfs daemon's major faults"))
-
-
 def _guest_memory(d: Doc, ld: LabDir, op: str) -> dict[str, Any]:
     """The "Guest memory" section (VM lab runs): per arm the median of the
     measured phase's reclaim and swap deltas beside the arm's p99, then per run."""
@@ -806,7 +797,7 @@ def _guest_memory(d: Doc, ld: LabDir, op: str) -> dict[str, Any]:
                                  for c in cols]],
         [f"{op} max (largest)", *[fmt_ns(c["max_ns"]) if c["max_ns"] is not None else "-"
                                   for c in cols]]]
-    rows += [[label, *[num(c[key]) for c in cols]] for key, label in GUEST_ROWS]
+    rows += [[label, *[num(c[key]) for c in cols]] for key, label in guestmem.ROWS]
     if any(c["hog_passes"] is not None for c in cols):
         rows.append(["hog passes", *[num(c["hog_passes"]) for c in cols]])
         rows.append(["hog chunks rewritten", *[num(c["hog_chunks"]) for c in cols]])

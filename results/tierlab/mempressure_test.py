@@ -14,12 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tierlab import guestmem, vmimage, vmpair
 from tierlab import pair as pair_mod
 from tierlab import profile as profile_mod
-from tierlab.testing import guest_image, run, tool
+from tierlab.testing import run, tool
 
 
 def header(job: str) -> dict[str, str]:
@@ -68,11 +66,6 @@ def test_budget_covers_every_bounded_step() -> None:
 
 # ------------------------------------------------------------------ real guests
 
-@pytest.fixture(scope="module")
-def guest() -> vmimage.Image:
-    return guest_image()
-
-
 def short_mem_pressure(tmp_path: Path) -> Path:
     """mem-pressure with its 10 s swap stall at 15 s made a 2 s stall at 3 s,
     so the measured phase can be short."""
@@ -84,7 +77,7 @@ def short_mem_pressure(tmp_path: Path) -> Path:
     return f
 
 
-def test_short_mem_pressure_run_swaps(guest: vmimage.Image, tmp_path: Path) -> None:
+def test_short_mem_pressure_run_swaps(image: vmimage.Image, tmp_path: Path) -> None:
     out = tmp_path / "run"
     p = run([tool("tierlab"), "vm", "run", "--profile", short_mem_pressure(tmp_path),
              "--arm", "active", "--out", out,
@@ -122,7 +115,7 @@ def test_short_mem_pressure_run_swaps(guest: vmimage.Image, tmp_path: Path) -> N
     assert info["fsck"]["clean"], (out / "fsck.txt").read_text()[-500:]
 
 
-def test_a_job_cut_by_its_budget_names_its_step(guest: vmimage.Image, tmp_path: Path) -> None:
+def test_a_job_cut_by_its_budget_names_its_step(image: vmimage.Image, tmp_path: Path) -> None:
     out = tmp_path / "run"
     # 12 s of budget: past boot, format and mount, within the workload's 12 s.
     p = run([tool("tierlab"), "vm", "run", "--profile", "labtest", "--out", out,
