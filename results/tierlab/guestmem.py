@@ -17,7 +17,10 @@ memory" section shows (labgate.build_report).
   `oom_kill` counter; any is a run error -- a run whose daemon, probe or hog
   the kernel killed did not measure the profile.
 - `hog`: the memory hog's own progress (passes over its tmpfs, chunks
-  rewritten, how long the fill took).
+  rewritten, how long the fill took; the runner fills it before the workload
+  starts), its exit status, and whether it was still running when the runner
+  stopped it after the workload (one that ended on its own is an error: it did
+  not press on the whole measured phase).
 - `liveness`: whether the probe kept making progress: its maximum latency and
   wake-up lag, operations done against scheduled, the backlog at its end.
 
@@ -149,7 +152,9 @@ def oom_error(o: dict[str, Any]) -> str:
 
 def hog(res: Path, size: int) -> dict[str, Any] | None:
     """The hog's progress file (`passes=N chunks=N filled_s=S`, or `error=...`,
-    or `filling` while it fills) -> run.json's `hog`; None without a hog."""
+    or `filling` while it fills) and hog.rc (`STATUS running|exited`: its exit
+    status, and whether it was running when stopped) -> run.json's `hog`; None
+    without a hog."""
     if not size:
         return None
     out: dict[str, Any] = {"bytes": size, "filled": False, "passes": 0, "chunks": 0,
@@ -165,10 +170,15 @@ def hog(res: Path, size: int) -> dict[str, Any] | None:
     elif "passes" in kv:
         out.update(filled=True, passes=int(kv["passes"]), chunks=int(kv.get("chunks", 0)),
                    fill_s=float(kv["filled_s"]) if kv.get("filled_s") else None)
+    out["rc"], out["ran_to_end"] = None, None
     try:
-        out["rc"] = int((res / "hog.rc").read_text().strip())
+        rc, _, state = (res / "hog.rc").read_text().strip().partition(" ")
+        out["rc"] = int(rc)
     except (OSError, ValueError):
-        out["rc"] = None
+        return out
+    out["ran_to_end"] = state != "exited"
+    if not out["ran_to_end"] and out["error"] is None:
+        out["error"] = f"it exited on its own (status {out['rc']}) before the workload's end"
     return out
 
 

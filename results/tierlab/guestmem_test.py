@@ -49,7 +49,8 @@ def counters(**kw: int) -> str:
     return VMSTAT.format(**base)
 
 
-def guest_results(d: Path, *, oom: int = 0, dmesg: str = "", hog: str | None = None) -> Path:
+def guest_results(d: Path, *, oom: int = 0, dmesg: str = "", hog: str | None = None,
+                  hog_rc: str = "143 running") -> Path:
     """A guest's results directory with vmstat/meminfo/daemon snapshots at the
     four edges: 20 s of measured phase with known deltas."""
     d.mkdir(parents=True, exist_ok=True)
@@ -71,7 +72,7 @@ def guest_results(d: Path, *, oom: int = 0, dmesg: str = "", hog: str | None = N
     (d / "dmesg.txt").write_text("[    0.000000] Linux version 6.1.0\n" + dmesg)
     if hog is not None:
         (d / "hog.progress").write_text(hog + "\n")
-        (d / "hog.rc").write_text("143\n")
+        (d / "hog.rc").write_text(hog_rc + "\n")
     return d
 
 
@@ -120,7 +121,16 @@ def test_hog_progress(tmp_path: Path) -> None:
     res = guest_results(tmp_path / "a", hog="passes=3 chunks=130 filled_s=10.9")
     h = guestmem.hog(res, 320 << 20)
     assert h == {"bytes": 320 << 20, "filled": True, "passes": 3, "chunks": 130,
-                 "fill_s": 10.9, "error": None, "rc": 143}
+                 "fill_s": 10.9, "error": None, "rc": 143, "ran_to_end": True}
+    # One that ended on its own did not press on the whole phase.
+    h = guestmem.hog(guest_results(tmp_path / "d", hog="passes=1 chunks=40 filled_s=30.2",
+                                   hog_rc="0 exited"), 320 << 20)
+    assert h is not None and h["filled"] and not h["ran_to_end"]
+    assert h["error"] == "it exited on its own (status 0) before the workload's end"
+    # An older runner's hog.rc (status only) says nothing about it.
+    h = guestmem.hog(guest_results(tmp_path / "e", hog="passes=1 chunks=4 filled_s=3",
+                                   hog_rc="143"), 1 << 20)
+    assert h is not None and h["error"] is None and h["rc"] == 143
     h = guestmem.hog(guest_results(tmp_path / "b", hog="filling"), 320 << 20)
     assert h is not None and not h["filled"] and h["error"] is None
     h = guestmem.hog(guest_results(tmp_path / "c", hog="error=fill failed at chunk 3"), 1 << 20)
@@ -220,3 +230,32 @@ def test_report_section_only_with_vmstat(tmp_path: Path) -> None:
     summ = json.loads((vm / "report" / "summary.json").read_text())["guest_memory"]
     assert summ["active"]["pswpout_per_s"] == 400.0 and summ["control"]["runs"] == 3
     assert summ["active"]["p99_ns"] > 0
+
+
+def test_every_measured_delta_has_a_report_row() -> None:
+    rows = {k for k, _label in guestmem.ROWS}
+    assert set(guestmem.DELTAS) <= rows, set(guestmem.DELTAS) - rows
+
+
+def test_an_oom_kill_is_the_first_error_even_when_results_are_cut_short(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    # collect() raises on malformed results; memory() still runs after it.
+    prof = profile_mod.load("mem-pressure")
+    d = tmp_path / "run"
+    dmesg = "[   61.2] Out of memory: Killed process 631 (tierfs) total-vm:90000kB\n"
+    guest_results(d / "boot" / "results", oom=1, dmesg=dmesg)
+    boot = {"status": "ok", "reason": ""}
+
+    def bad_collect(*_a: Any) -> None:
+        raise ValueError("malformed")
+    monkeypatch.setattr(vmpair.vmboot, "boot", lambda spec: boot)
+    monkeypatch.setattr(vmpair, "collect", bad_collect)
+    monkeypatch.setattr(vmpair, "fsck", lambda rs: {"rc": 0, "clean": True, "last": ""})
+    vm = vmpair.VmSettings(cpus=1, mem_mib=448, timeout=60, accel="tcg")
+    rs = vmpair.RunSpec(prof=prof, arm=vmpair.pair_mod.Arm("active", tmp_path, False),
+                        image=SimpleNamespace(), pair=0, slot=0, seed=1, images=tmp_path,
+                        dir=d, vm=vm, faultdev_build=tmp_path)
+    info = vmpair.run_one(rs)
+    assert info["status"] == "failed"
+    assert info["error"].startswith("guest out of memory"), info["error"]
+    assert info["oom"]["kills"] == 1 and "vmstat" in info

@@ -37,9 +37,10 @@ def test_mem_pressure_job() -> None:
     # Every bound the runner uses is in the header (an empty one would make
     # `timeout` fail), and a profile without [vm] gets no swap and no hog.
     runner = vmpair.GUEST_RUNNER.read_text()
-    used = set(re.findall(r'bound "\$([A-Z_]+)"', runner)) | set(
-        re.findall(r'\$\(add "[^"]+" "\$([A-Z_]+)"\)', runner))
-    assert used and used <= set(h), used - set(h)
+    used = set(re.findall(r'\$\{?([A-Z][A-Z_0-9]*_S)\b', runner))
+    assert {"KILL_GRACE_S", "HOG_FILL_S", "CTL_TIMEOUT_S"} <= used
+    assert used <= set(h), used - set(h)
+    assert not re.search(r"(timeout -k|bound) [0-9]", runner)   # no bound outside the header
     plain = header(vmpair.guest_job(profile_mod.load("labtest"),
                                     pair_mod.Arm("active", Path("/b"), False), 0, 0, 1, 0))
     assert plain["SWAP"] == "" and plain["HOG_BYTES"] == "0"
@@ -62,6 +63,13 @@ def test_budget_covers_every_bounded_step() -> None:
         assert vmpair.guest_budget(prof) > sum(b.values())
         # vmboot's default budget (the timeout less BOOT_OVERHEAD_S) is the guest's.
         assert vmpair.boot_timeout(prof) - vmpair.BOOT_OVERHEAD_S == vmpair.guest_budget(prof)
+    # Every step the runner names has its bound (and nothing else does), on a
+    # profile that takes every step.
+    b = vmpair.guest_bounds(profile_mod.load("mem-pressure", ["background.keep=false"]))
+    runner = vmpair.GUEST_RUNNER.read_text()
+    named = set(re.findall(r'^\s*step "?([a-z-]+)"?$', runner, re.M)) - {"done"}
+    assert {"swapon", "hog-fill", "bg-rm", "quiesce"} <= named
+    assert named == set(b) - {"fail"}, named ^ (set(b) - {"fail"})
 
 
 # ------------------------------------------------------------------ real guests
@@ -81,7 +89,7 @@ def test_short_mem_pressure_run_swaps(image: vmimage.Image, tmp_path: Path) -> N
     out = tmp_path / "run"
     p = run([tool("tierlab"), "vm", "run", "--profile", short_mem_pressure(tmp_path),
              "--arm", "active", "--out", out,
-             "--set", "phases.warmup_s=12", "--set", "phases.measure_s=8",
+             "--set", "phases.warmup_s=5", "--set", "phases.measure_s=8",
              "--set", "quiesce.window_s=2", "--set", "quiesce.max_s=10",
              "--set", "gate.quiesce_max_s=5"], timeout=1800)
     sys.stderr.write(p.stdout[-2000:] + p.stderr[-2000:])
@@ -102,9 +110,10 @@ def test_short_mem_pressure_run_swaps(image: vmimage.Image, tmp_path: Path) -> N
     mi = vm["meminfo"]["end"]
     assert mi["SwapTotal_kB"] > 0 and mi["SwapTotal_kB"] - mi["SwapFree_kB"] > 0
     h = info["hog"]
-    # Not h["filled"]: how far the fill gets in a short phase depends on the
-    # host's load; an error of the hog's own is what must not happen.
+    # The runner fills the hog before the workload starts, and it pressed on
+    # until the workload's end.
     assert h["error"] is None and h["bytes"] == 320 << 20, h
+    assert h["filled"] and h["ran_to_end"] and h["fill_s"] > 0, h
     assert info["oom"] is None or info["oom"]["kills"] == 0
     assert info["liveness"]["ops_measured"] > 0
     assert [(e["member"], e["command"], e["rc"]) for e in info["events"]] == \

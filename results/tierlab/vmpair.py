@@ -53,6 +53,10 @@ GUEST_SWAP_TIMEOUT_S = 60.0    # mkswap, swapon each
 # swapoff reads back all that is swapped (mem-pressure: 75-78 MiB in 18-25 s
 # at 10 ms per request): 60 s and the whole swap member at 2 MiB/s.
 GUEST_SWAPOFF_MIB_PER_S = 2.0
+GUEST_HOG_MOUNT_S = 30.0       # the hog's tmpfs's mount
+# Filling the hog's tmpfs before the workload starts (mem-pressure: 320 MiB
+# in a 448 MiB guest, 20-55 s measured while it pushes the rest to swap).
+GUEST_HOG_FILL_S = 180.0
 GUEST_HOG_STOP_S = 30.0        # the hog's exit after its kill; then its tmpfs's unmount
 GUEST_RM_TIMEOUT_S = 60.0      # rm -rf of the background files (background.keep = false)
 GUEST_CLEANUP_UMOUNT_S = 20.0  # a failed run's unmount before umount -l
@@ -166,7 +170,8 @@ def guest_job(prof: profile_mod.Profile, arm: pair_mod.Arm, pair: int, slot: int
         "CTL_TIMEOUT_S": f"{GUEST_CTL_TIMEOUT_S:g}",
         "SWAP_TIMEOUT_S": f"{GUEST_SWAP_TIMEOUT_S:g}",
         "SWAPOFF_TIMEOUT_S": f"{swapoff_timeout(prof):g}",
-        "HOG_STOP_S": f"{GUEST_HOG_STOP_S:g}",
+        "HOG_MOUNT_S": f"{GUEST_HOG_MOUNT_S:g}", "HOG_FILL_S": f"{GUEST_HOG_FILL_S:g}",
+        "HOG_STOP_S": f"{GUEST_HOG_STOP_S:g}", "KILL_GRACE_S": f"{GUEST_KILL_GRACE_S:g}",
         "RM_TIMEOUT_S": f"{GUEST_RM_TIMEOUT_S:g}",
         "CLEANUP_UMOUNT_S": f"{GUEST_CLEANUP_UMOUNT_S:g}",
         "LIVE_CHECK_S": f"{GUEST_LIVE_CHECK_S:g}",
@@ -204,9 +209,10 @@ class RunSpec:
 
 
 def guest_bounds(prof: profile_mod.Profile) -> dict[str, float]:
-    """Each step of vmlab/guest/profile-run with its bound in seconds, as the
-    header gives them (a `timeout -k` step counts its KILL grace too). Their sum
-    is the least the job's budget must be."""
+    """Each step of vmlab/guest/profile-run (its `step NAME`s) with its bound
+    in seconds, as the header gives them (a `timeout -k` step counts its KILL
+    grace too), and `fail`, a failure's own steps. Their sum is the least the
+    job's budget must be."""
     k = GUEST_KILL_GRACE_S
     ctl = GUEST_CTL_TIMEOUT_S + k
     b, q = prof.background, prof.quiesce
@@ -215,9 +221,10 @@ def guest_bounds(prof: profile_mod.Profile) -> dict[str, float]:
         steps["swapon"] = 2 * (GUEST_SWAP_TIMEOUT_S + k)     # mkswap, swapon
     steps.update({"format": pair_mod.FORMAT_TIMEOUT + k, "mount": pair_mod.MOUNT_TIMEOUT,
                   "pause": ctl, "start": ctl, "probe-start": pair_mod.READY_TIMEOUT,
-                  "warmup+measure": prof.workload_s, "measure": ctl})
+                  # the sleeps to the measure and end edges; `measure` is its ctl
+                  "warmup": prof.workload_s, "measure": ctl})
     if prof.vm.get("hog"):
-        steps["hog-start"] = 30 + k                           # its tmpfs's mount
+        steps["hog-fill"] = GUEST_HOG_MOUNT_S + k + GUEST_HOG_FILL_S
         steps["hog-stop"] = 2 * GUEST_HOG_STOP_S + k
     if b["workload"] == "bg-writer":
         steps["bg-start"] = ctl                               # mkdir on the mount
@@ -231,8 +238,13 @@ def guest_bounds(prof: profile_mod.Profile) -> dict[str, float]:
     steps["daemon-exit"] = pair_mod.UMOUNT_TIMEOUT
     if prof.vm.get("swap"):
         steps["swapoff"] = swapoff_timeout(prof) + k
-    # a failure on the way: the liveness check, the cleanup's unmount
+    # a failure on the way: the liveness check, the cleanup's hog stop,
+    # unmount and swapoff
     steps["fail"] = GUEST_LIVE_CHECK_S + k + GUEST_CLEANUP_UMOUNT_S + k
+    if prof.vm.get("hog"):
+        steps["fail"] += 2 * GUEST_HOG_STOP_S + k
+    if prof.vm.get("swap"):
+        steps["fail"] += swapoff_timeout(prof) + k
     return steps
 
 
@@ -299,6 +311,10 @@ def run_one(rs: RunSpec) -> dict[str, Any]:
             collect(rs, boot, info, errors)
         except Exception as e:  # results cut short or malformed: the run failed, fsck still runs
             errors.append(f"results: {type(e).__name__}: {e}")
+        try:  # apart: an OOM kill is the first error even when the results were cut short
+            memory(rs, rs.dir / "boot" / "results", info, errors)
+        except Exception as e:
+            errors.append(f"results (memory): {type(e).__name__}: {e}")
     if rs.booted is not None:
         try:
             rs.booted.wait(timeout=rs.vm.timeout + vmboot.SERVE_READY_S + vmboot.SERVER_STOP_S + 60)
@@ -385,7 +401,6 @@ def collect(rs: RunSpec, boot: dict[str, Any], info: dict[str, Any], errors: lis
             errors.append(f"tierprobe's document: {e}")
     elif boot["status"] == "ok":
         errors.append("the guest wrote no probe document")
-    memory(rs, res, info, errors)
 
 
 def memory(rs: RunSpec, res: Path, info: dict[str, Any], errors: list[str]) -> None:
