@@ -58,7 +58,8 @@ def register(sub: Any) -> None:
 
     pi = vsub.add_parser("image", help="build (when its inputs changed) and describe the guest image")
     add_image_args(pi)
-    pi.add_argument("--rebuild", action="store_true", help="build even when the cache has the image")
+    pi.add_argument("--rebuild", action="store_true", help="build even when the cache has the image "
+                    "(refused while a running tierlab vm process uses it)")
     pi.add_argument("--json", action="store_true", help="print the image's manifest as JSON")
     pi.add_argument("--prune", action="store_true", help="remove every other cached image")
     pi.set_defaults(run=run_image, error_prefix="vm image")
@@ -126,9 +127,11 @@ def run_boot(args: argparse.Namespace) -> int:
     job = Path(args.job)
     if not job.is_file():
         raise LabError(f"job script {job} does not exist")
+    # The options first, then what this host lacks: a mistake in them is
+    # reported as such on a host without QEMU too (vm pair checks in this order).
+    uris = vmlibvirt.backend_uris(args, several=False)
     if vmboot.shutil.which(vmboot.QEMU) is None:
         raise LabError(f"{vmboot.QEMU} is not installed: run scripts/install-deps lab")
-    uris = vmlibvirt.backend_uris(args, several=False)
     from tierlab.pair import default_build
     image = vmimage.ensure(image_options(args))
     spec = vmboot.BootSpec(

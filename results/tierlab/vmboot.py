@@ -21,8 +21,10 @@ a transient libvirt domain. Everything else here is shared.
 Invariants: the boot never outlives its hard timeout -- the guest is killed
 (QEMU's process group, or the domain destroyed), then its NBD servers (TERM,
 then KILL), and only those: every child is started in its own session and
-killed by its own group id. Whatever happens (timeout, a dead server, Ctrl-C),
-the children are gone and, except for Ctrl-C, OUT/boot.json says what happened.
+killed by its own group id. Whatever happens (timeout, a dead server, a guest
+that cannot start, Ctrl-C), the children are gone and, except for Ctrl-C,
+OUT/boot.json says what happened: from the first fault server's start on, a
+LabError is a failed boot with its one line as the reason.
 Member images are kept (the caller checks them); the private directory is
 removed."""
 
@@ -51,6 +53,7 @@ from tierlab.vmimage import Image
 QEMU = "qemu-system-x86_64"
 SERVE_READY_S = 30.0      # faultdev serve: socket up within this
 SERVER_STOP_S = 10.0      # after SIGTERM, before SIGKILL
+KILL_WAIT_S = 60.0        # a killed guest (QEMU, or a libvirt domain) must be gone within this
 CTL_TIMEOUT_S = 20.0
 RESULTS_DISK = 256 << 20
 SERIAL_MAX = 20           # virtio-blk's serial field (VIRTIO_BLK_ID_BYTES)
@@ -241,9 +244,9 @@ class BootSpec:
 
 
 class Console:
-    """Reads the serial console (QEMU's stdout, or the lines of libvirt's
-    console file as they come) line by line into console.log, each line stamped
-    with seconds since launch, and notes the init's markers."""
+    """Reads the serial console (QEMU's stdout, or the libvirt domain's console
+    socket) line by line into console.log, each line stamped with seconds since
+    launch, and notes the init's markers."""
 
     MARKERS = {"tierlab-init: start": "to_init_s", "tierlab-init: job start": "job_start_s",
                "tierlab-init: results written": "results_written_s"}
@@ -302,7 +305,7 @@ class Guest:
     initrd: Path
     cmdline: str
     disks: list[Disk]
-    console: Path                # where a backend that cannot hand us a pipe writes the console
+    console: Path                # a backend that cannot hand us a pipe: the console's unix socket
 
 
 def kernel_cmdline(spec: BootSpec, ndisks: int) -> str:
@@ -333,7 +336,8 @@ class Launcher(Protocol):
 
     def start(self, guest: Guest, out: Path) -> Iterable[bytes]:
         """Launch; returns the serial console's lines as they come (they end
-        some time after the guest does). A LabError when it cannot start."""
+        some time after the guest does). A LabError when it cannot start
+        (boot() makes that a failed boot and calls close())."""
         ...
 
     def wait(self, timeout: float) -> bool:
@@ -341,7 +345,8 @@ class Launcher(Protocol):
         ...
 
     def kill(self) -> None:
-        """End this guest now (only this one); returns once it has ended."""
+        """End this guest now (only this one); returns once it has ended, or
+        raises a LabError saying it could not (the boot fails with it)."""
         ...
 
     def outcome(self, killed: bool) -> str:
@@ -383,7 +388,11 @@ class QemuLauncher:
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             signal_group(self.proc, signal.SIGKILL)
-            self.proc.wait()
+            try:
+                self.proc.wait(timeout=KILL_WAIT_S)
+            except subprocess.TimeoutExpired:
+                raise LabError(f"qemu (pid {self.proc.pid}) did not end within {KILL_WAIT_S:g} s "
+                               "of SIGKILL") from None
 
     def outcome(self, killed: bool) -> str:
         assert self.proc is not None and self.stderr_path is not None
@@ -392,12 +401,17 @@ class QemuLauncher:
         return "" if rc == 0 else f"qemu exited with status {rc}: {self.fields['qemu_stderr']}"
 
     def close(self) -> None:
-        self.kill()
+        try:
+            self.kill()
+        except LabError:
+            pass  # said by the boot's own kill(); nothing more to do here
 
 
 def launcher_for(spec: BootSpec) -> Launcher:
     """The backend's launcher; libvirt's connects here, so that a URI it cannot
-    reach is a mistake before anything starts."""
+    reach is a mistake before anything starts. Both run qemu-system-x86_64."""
+    if shutil.which(QEMU) is None:
+        raise LabError(f"{QEMU} is not installed: run scripts/install-deps lab")
     if spec.backend == "qemu":
         return QemuLauncher()
     if spec.backend == "libvirt":
@@ -454,8 +468,6 @@ def last_line(path: Path) -> str:
 
 def boot(spec: BootSpec) -> dict[str, Any]:
     """Run one boot; write and return boot.json's content."""
-    if shutil.which(QEMU) is None:
-        raise LabError(f"{QEMU} is not installed: run scripts/install-deps lab")
     if spec.events_after is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", spec.events_after):
         raise LabError(f"bad --events-after '{spec.events_after}': want a marker name ([A-Za-z0-9_.-])")
     faultdev = spec.build / "bin" / "faultdev"
@@ -529,7 +541,7 @@ def boot(spec: BootSpec) -> dict[str, Any]:
                                  f"{last_line(spec.out / f'serve-{m.label}.log')}")
 
         guest = Guest(accel, spec.cpus, spec.mem_mib, spec.image.vmlinux, spec.image.initramfs,
-                      kernel_cmdline(spec, len(disks)), disks, private / "console.raw")
+                      kernel_cmdline(spec, len(disks)), disks, private / "console.sock")
         t0 = time.monotonic()
         result["qemu_start_unix"] = time.time()
         console = Console(launcher.start(guest, spec.out), spec.out / "console.log", t0)
@@ -582,8 +594,11 @@ def boot(spec: BootSpec) -> dict[str, Any]:
                 (" (its budget ran out)" if result["job_rc"] == 143 else "")
         else:
             result["status"] = "ok"
-    except BootFailed as e:
-        result["reason"] = str(e)
+    except (BootFailed, LabError, OSError) as e:
+        # A launcher that cannot start (or end) its guest, a server that does
+        # not come up, a disk image that cannot be written (/dev/shm full): a
+        # failed boot, its children cleaned up below.
+        result["reason"] = "; ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())
     finally:
         stopped.set()
         launcher.close()

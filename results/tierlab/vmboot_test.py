@@ -1,18 +1,21 @@
 """Tests of one VM lab boot (vmboot.py, `tierlab vm boot`): argument mistakes,
-the job and results disk formats, and two real boots of the real image under
-QEMU -- tierfs on two NBD fault members (formatted, mounted with FUSE, written,
-read, probed, unmounted; then fsck'd on the host), and a guest that never powers
-off, killed at its timeout. The real boots are skipped, saying why, only when
-qemu-system-x86_64 is missing or the image cannot be built."""
+the job and results disk formats, a launcher that cannot start its guest (a
+failed boot, every child gone; no QEMU needed), and two real boots of the real
+image under QEMU -- tierfs on two NBD fault members (formatted, mounted with
+FUSE, written, read, probed, unmounted; then fsck'd on the host), and a guest
+that never powers off, killed at its timeout. The real boots are skipped, saying
+why, only when qemu-system-x86_64 is missing or the image cannot be built."""
 
 from __future__ import annotations
 
 import io
 import json
-import shutil
+import signal
+import subprocess
 import tarfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,10 +110,65 @@ def test_out_dir_must_be_empty(tmp_path: Path) -> None:
     job.write_text("true\n")
     spec = vmboot.BootSpec(image=img, members=[vmboot.parse_member("ssd.a=64M")], job=job,
                            out=tmp_path / "out", build=build_dir())
-    if shutil.which(vmboot.QEMU) is None:
-        pytest.skip("qemu-system-x86_64 is not installed (scripts/install-deps lab)")
     with pytest.raises(LabError, match="is not empty"):
         vmboot.boot(spec)
+
+
+class CannotStart:
+    """A Launcher whose start() fails as a domain the daemon refuses does, after
+    starting a child that stands for the guest (a QEMU that got as far as that)."""
+
+    def __init__(self) -> None:
+        self.fields: dict[str, Any] = {}
+        self.proc: subprocess.Popen[Any] | None = None
+        self.closed = False
+
+    def start(self, guest: vmboot.Guest, out: Path) -> list[bytes]:
+        self.proc = vmboot.start(["sleep", "1000"], stdin=subprocess.DEVNULL)
+        self.fields["qemu_command"] = "sleep 1000"
+        raise LabError("libvirt: test: domain tierlab-0-boot-0 cannot start: no room\nat the inn")
+
+    def wait(self, timeout: float) -> bool:
+        raise AssertionError("wait() after a failed start")
+
+    def kill(self) -> None:
+        raise AssertionError("kill() after a failed start")
+
+    def outcome(self, killed: bool) -> str:
+        raise AssertionError("outcome() after a failed start")
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            vmboot.signal_group(self.proc, signal.SIGKILL)
+            self.proc.wait()
+        self.closed = True
+
+
+def test_a_guest_that_cannot_start_is_a_failed_boot(images_dir: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fault servers are up when the launch fails: boot.json must still say
+    # what happened, and nothing of the boot may outlive it.
+    tool("faultdev")
+    launcher = CannotStart()
+    monkeypatch.setattr(vmboot, "launcher_for", lambda spec: launcher)
+    job = tmp_path / "job.sh"
+    job.write_text("true\n")
+    out = tmp_path / "out"
+    spec = vmboot.BootSpec(image=vmimage.Image("k", tmp_path, {}, False, 0.0),
+                           members=[vmboot.parse_member("ssd.a=64M"),
+                                    vmboot.parse_member("hdd.b=64M:hdd-fixed-10ms")],
+                           job=job, out=out, build=build_dir(), images_dir=images_dir)
+    result = vmboot.boot(spec)
+    boot = json.loads((out / "boot.json").read_text())
+    assert boot == result
+    assert boot["status"] == "failed" and boot["job_rc"] is None
+    assert boot["reason"] == "libvirt: test: domain tierlab-0-boot-0 cannot start: no room; at the inn"
+    assert boot["qemu_command"] == "sleep 1000"   # the launcher's fields
+    assert launcher.closed and launcher.proc is not None and launcher.proc.returncode is not None
+    assert [m["serve_rc"] for m in boot["members"]] == [0, 0]   # both servers ran and were stopped
+    assert not Path(boot["members"][0]["socket"]).parent.exists()   # the private directory
+    assert (images_dir / "ssd.a.img").stat().st_size == 64 << 20   # member images kept
+    assert "boot failed: " in vmboot.summary(boot, out)
 
 
 # ------------------------------------------------------------------ real boots

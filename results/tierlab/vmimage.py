@@ -12,11 +12,14 @@ busybox and fio from installed packages (fio with the libraries ldd names), the
 static tierfs and tierprobe (TIERFS_STATIC=ON build) and vmlab/guest/init.
 
 Invariants: the cache key is the SHA-256 of a canonical list of every input
-(contents, not timestamps) and of this file; an image directory is complete only
-when its manifest.json exists (built aside and renamed into place); the
-initramfs is byte-for-byte a function of the inputs (sorted entries, uid 0,
-mtime 0); an image whose artifacts do not match its manifest is refused, never
-booted. Every mistake is a LabError with one line."""
+(contents, not timestamps) and of this file, and what is packed is the bytes
+the key hashed (each input is checked again as it is packed); an image
+directory is complete only when its manifest.json exists (built aside and
+renamed into place); an image a process holds (hold_image) is never removed,
+neither by prune() nor by --rebuild; the initramfs is byte-for-byte a function
+of the inputs (sorted entries, uid 0, mtime 0); an image whose artifacts do not
+match its manifest is refused, never booted. Every mistake is a LabError with
+one line."""
 
 from __future__ import annotations
 
@@ -82,12 +85,17 @@ class PackageLine:
     path: str = ""   # busybox/program: the file on the host
 
 
-def read_packages(path: Path) -> list[PackageLine]:
-    """vmlab/guest/packages.txt: `kernel PKG`, `busybox PKG PATH`, `program PKG PATH`."""
+def read_guest_file(path: Path) -> bytes:
     try:
-        text = path.read_text()
+        return path.read_bytes()
     except OSError as e:
         raise LabError(f"{path}: cannot read ({e.strerror})") from None
+
+
+def read_packages(path: Path, data: bytes | None = None) -> list[PackageLine]:
+    """vmlab/guest/packages.txt (or `data`, its bytes as read): `kernel PKG`,
+    `busybox PKG PATH`, `program PKG PATH`."""
+    text = (read_guest_file(path) if data is None else data).decode(errors="replace")
     out: list[PackageLine] = []
     for n, raw in enumerate(text.splitlines(), 1):
         words = raw.split("#", 1)[0].split()
@@ -106,11 +114,9 @@ def read_packages(path: Path) -> list[PackageLine]:
     return out
 
 
-def read_modules(path: Path) -> list[str]:
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise LabError(f"{path}: cannot read ({e.strerror})") from None
+def read_modules(path: Path, data: bytes | None = None) -> list[str]:
+    """vmlab/guest/modules.txt (or `data`, its bytes as read): one name a line."""
+    text = (read_guest_file(path) if data is None else data).decode(errors="replace")
     names = []
     for n, raw in enumerate(text.splitlines(), 1):
         words = raw.split("#", 1)[0].split()
@@ -616,8 +622,10 @@ def resolve_inputs(opts: Options) -> Inputs:
     for n, p in files.items():
         if not p.is_file():
             raise LabError(f"{p} is missing")
-    packages = read_packages(files["packages.txt"])
-    read_modules(files["modules.txt"])  # syntax errors before any download
+    # Parsed from the bytes the key lists (their hash is kept, not taken again later).
+    packages_txt = read_guest_file(files["packages.txt"])
+    packages = read_packages(files["packages.txt"], packages_txt)
+    read_modules(files["modules.txt"])  # syntax errors before any download; packed from its bytes
 
     kernel = next(p for p in packages if p.kind == "kernel")
     host_lines = [p for p in packages if p.kind in ("busybox", "program")]
@@ -653,7 +661,8 @@ def resolve_inputs(opts: Options) -> Inputs:
         binaries = static_binaries(opts.static_build / "bin")
     return Inputs(guest_files=files, kernel_package=kernel_package, kernel_deb=deb,
                   kernel_version=deb_version(deb), busybox=busybox, programs=programs,
-                  libraries=libraries, binaries=binaries)
+                  libraries=libraries, binaries=binaries,
+                  hashes={str(files["packages.txt"]): sha256_bytes(packages_txt)})
 
 
 def strip_copy(path: Path, data: bytes) -> bytes:
@@ -677,13 +686,51 @@ def busybox_applets(busybox: Path) -> list[str]:
     return [ln.strip() for ln in p.stdout.splitlines() if ln.strip()]
 
 
+def changed(p: Path) -> LabError:
+    return LabError(f"{p} changed while the image was being built; run again")
+
+
+def verified_copy(src: Path, dst: Path, want: str | None) -> None:
+    """Copy `src` to `dst`, hashing what is copied: the copy has the bytes the
+    key hashed (`want`), or this is an error."""
+    h = hashlib.sha256()
+    with open(src, "rb") as f, open(dst, "wb") as out:
+        while True:
+            chunk = f.read(1 << 20)
+            if not chunk:
+                break
+            h.update(chunk)
+            out.write(chunk)
+    if h.hexdigest() != want:
+        raise changed(src)
+
+
 def assemble(inp: Inputs, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
     """Unpack the kernel package, write vmlinux and initramfs.cpio into `out`;
-    return the manifest (without the key)."""
+    return the manifest (without the key). Every input is packed from bytes
+    checked against the hash the key lists (packed(), verified_copy())."""
+
+    def packed(p: Path) -> bytes:
+        """The file's bytes, the same the key hashed: a file that changed
+        since (a rebuild or an upgrade beside this build, an edit of the
+        guest's files) is an error, never an image whose bytes differ from
+        what its key lists."""
+        data = p.read_bytes()
+        if sha256_bytes(data) != inp.hashes.get(str(p)):
+            raise changed(p)
+        return data
+
     with tempfile.TemporaryDirectory(dir=out.parent, prefix="unpack-") as td:
-        root = Path(td)
+        # The .deb is unpacked from a copy checked against its hash (and its
+        # version read again from it), not from the path apt may replace.
+        deb = Path(td) / "kernel.deb"
+        verified_copy(inp.kernel_deb, deb, inp.hashes.get(str(inp.kernel_deb)))
+        if deb_version(deb) != inp.kernel_version:
+            raise changed(inp.kernel_deb)
+        root = Path(td) / "root"
+        root.mkdir()
         log(f"unpacking {inp.kernel_deb.name}")
-        p = run_tool(["dpkg-deb", "-x", str(inp.kernel_deb), str(root)], "unpacking the kernel")
+        p = run_tool(["dpkg-deb", "-x", str(deb), str(root)], "unpacking the kernel")
         if p.returncode != 0:
             raise LabError(f"{inp.kernel_deb}: dpkg-deb -x failed ({last_error_line(p.stderr)}); "
                            "remove it to download again")
@@ -697,28 +744,20 @@ def assemble(inp: Inputs, out: Path, log: Callable[[str], None]) -> dict[str, An
         log("extracting vmlinux")
         elf, compression = extract_vmlinux(vmlinuz[0].read_bytes())
         (out / "vmlinux").write_bytes(elf)
-        wanted = read_modules(inp.guest_files["modules.txt"])
+        modules_txt = inp.guest_files["modules.txt"]
+        wanted = read_modules(modules_txt, packed(modules_txt))
         modules, built_in = resolve_modules(wanted, moddir)
 
     cpio = Cpio()
     for d in ("proc", "sys", "dev", "tmp", "run", "root", "job", "results", "mnt"):
         cpio.dir(d)
-    cpio.file("init", inp.guest_files["init"].read_bytes(), executable=True)
+    cpio.file("init", packed(inp.guest_files["init"]), executable=True)
     files: list[dict[str, Any]] = []
 
     def add(guest_path: str, data: bytes, source: Path, package: str, version: str, kind: str) -> None:
         cpio.file(guest_path, data, executable=True)
         files.append({"path": guest_path, "kind": kind, "source": str(source), "package": package,
                       "version": version, "size": len(data), "sha256": sha256_bytes(data)})
-
-    def packed(p: Path) -> bytes:
-        """The file's bytes, the same the key hashed: a file that changed
-        since (a rebuild or an upgrade beside this build) is an error, never
-        an image whose bytes differ from what its key lists."""
-        data = p.read_bytes()
-        if sha256_bytes(data) != inp.hashes.get(str(p)):
-            raise LabError(f"{p} changed while the image was being built; run again")
-        return data
 
     bb_pkg, bb_ver, bb = inp.busybox
     add("/bin/busybox", packed(bb), bb, bb_pkg, bb_ver, "busybox")
@@ -803,6 +842,12 @@ def ensure(opts: Options) -> Image:
                 manifest = load_cached(d, key)
                 if manifest is not None:
                     return Image(key, d, manifest, False, time.monotonic() - t0, hold_image(d))
+            elif in_use(d):
+                # Holds are taken with images.lock held, as now: none can
+                # start between this check and the replacement below.
+                raise LabError(f"cannot rebuild image {key[:16]}: a running tierlab vm process uses it "
+                               f"(a shared lock on {d / 'manifest.json'}); run --rebuild again once it "
+                               "has ended")
             opts.log(f"building image {key[:16]}")
             tmp = Path(tempfile.mkdtemp(dir=images, prefix=f".{key[:16]}-"))
             tmp.chmod(0o755)   # mkdtemp makes it 0700; the image is not secret

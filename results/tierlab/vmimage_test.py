@@ -224,6 +224,8 @@ def test_stale_entry_is_rebuilt_when_an_input_changes(fake: dict[str, Path]) -> 
 def test_same_inputs_give_the_same_bytes(fake: dict[str, Path]) -> None:
     a = vmimage.ensure(options(fake))
     digest = hashlib.sha256(a.initramfs.read_bytes()).hexdigest()
+    assert a.hold is not None
+    a.hold.close()   # no longer in use: --rebuild may replace it
     b = vmimage.ensure(options(fake, rebuild=True))
     assert b.built and b.key == a.key
     assert hashlib.sha256(b.initramfs.read_bytes()).hexdigest() == digest
@@ -263,6 +265,8 @@ def test_corrupt_cache_entry_is_an_error_until_rebuilt(fake: dict[str, Path]) ->
                           "initramfs.cpio", "--rebuild")
     (img.dir / "manifest.json").write_text("{not json")
     assert_one_line_error(cli(fake), 2, "is corrupt", "manifest.json")
+    assert img.hold is not None
+    img.hold.close()   # this process no longer uses it
     p = cli(fake, "--rebuild")
     assert p.returncode == 0, p.stderr
     assert vmimage.ensure(options(fake)).key == img.key
@@ -363,6 +367,43 @@ def test_a_binary_that_changes_during_the_build_is_an_error(fake: dict[str, Path
         return real(inp, out, log)  # type: ignore[arg-type]
     monkeypatch.setattr(vmimage, "assemble", racing)
     with pytest.raises(LabError, match=r"tierprobe changed while the image was being built; run again"):
+        vmimage.ensure(options(fake))
+    assert not [d for d in (fake["cache"] / "images").iterdir() if (d / "manifest.json").exists()]
+
+
+def test_rebuild_refuses_an_image_in_use(fake: dict[str, Path]) -> None:
+    # A running boot holds its image; --rebuild must not remove it under it.
+    img = vmimage.ensure(options(fake))
+    before = img.initramfs.stat().st_ino
+    assert_one_line_error(cli(fake, "--rebuild"), 2, f"tierlab vm image: cannot rebuild image {img.key[:16]}: "
+                          "a running tierlab vm process uses it", "run --rebuild again once it has ended")
+    assert img.initramfs.stat().st_ino == before and (img.dir / "manifest.json").is_file()
+    assert img.hold is not None
+    img.hold.close()
+    p = cli(fake, "--rebuild")
+    assert p.returncode == 0, p.stderr
+    assert img.initramfs.stat().st_ino != before   # rebuilt now
+
+
+@pytest.mark.parametrize("what", ["init", "modules.txt", "kernel .deb"])
+def test_a_guest_file_or_the_kernel_that_changes_during_the_build_is_an_error(
+        what: str, fake: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    # As for the binaries: the key hashed them before they are packed, so an
+    # edit in between must be an error, not an image its key does not describe.
+    real = vmimage.assemble
+
+    def racing(inp: vmimage.Inputs, out: Path, log: object) -> dict[str, object]:
+        if what == "init":
+            (fake["guest"] / "init").write_text("#!/bin/sh\necho edited meanwhile\n")
+        elif what == "modules.txt":
+            (fake["guest"] / "modules.txt").write_text("fake_a\n")
+        else:   # a new download of the same name and version, other bytes
+            write_deb(fake["cache"] / "debs", fake["tmp"] / "race", version="1.0",
+                      module_b=fake_module("fake_d"))
+        return real(inp, out, log)  # type: ignore[arg-type]
+    monkeypatch.setattr(vmimage, "assemble", racing)
+    name = {"init": "init", "modules.txt": "modules.txt", "kernel .deb": "fake-kernel_1.0_amd64.deb"}[what]
+    with pytest.raises(LabError, match=rf"/{name} changed while the image was being built; run again"):
         vmimage.ensure(options(fake))
     assert not [d for d in (fake["cache"] / "images").iterdir() if (d / "manifest.json").exists()]
 

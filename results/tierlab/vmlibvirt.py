@@ -10,17 +10,19 @@ The domain is the direct backend's command line in libvirt's words: q35, TCG
 kernel, initrd and command line booted directly, no network, destroy on
 poweroff, reboot and crash; the job and results disks as raw files, every
 member an NBD disk on its faultdev server's unix socket (cache none), all
-virtio with the label as serial; the serial console to a file that a reader
-tails (follow) for vmboot's Console. It is transient and auto-destroyed
-with our connection, named tierlab-PID-boot-N; its end (shutdown, destroyed,
-crashed, failed) comes from libvirt's lifecycle events.
+virtio with the label as serial; the serial console a unix socket we listen
+on and QEMU connects to (ConsoleSocket: no virtlogd in between, nothing lost),
+read by vmboot's Console as QEMU's stdout is. It is transient and
+auto-destroyed with our connection, named tierlab-PID-boot-N; its end
+(shutdown, destroyed, crashed, failed) comes from libvirt's lifecycle events.
 
-Invariants: only local URIs (the NBD sockets, the disks and the console file
-are on this host); only our own domain is ever destroyed; on a system daemon
-the domain's QEMU runs as our user and unconfined (a static DAC label without
-relabelling, no MAC label), as the direct backend's QEMU does, so nothing of
-ours is chowned or opened to other users. python3-libvirt is imported only
-when this backend is used."""
+Invariants: only local URIs (the NBD sockets, the disks and the console socket
+are on this host); only our own domain is ever destroyed, and kill() returns
+only once it is gone (or raises); on a system daemon the domain's QEMU runs as
+our user and unconfined (a static DAC label without relabelling, no MAC
+label), as the direct backend's QEMU does, so nothing of ours is chowned or
+opened to other users. python3-libvirt is imported only when this backend is
+used."""
 
 from __future__ import annotations
 
@@ -29,22 +31,27 @@ import itertools
 import os
 import re
 import shutil
+import socket
 import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 from tierlab import LabError
-from tierlab.vmboot import QEMU, Guest
+from tierlab.vmboot import KILL_WAIT_S, QEMU, Guest
 
 DEFAULT_URI = "qemu:///system"
 LOCAL_SCHEMES = ("qemu", "qemu+unix")
 POLL_S = 2.0           # how often wait() asks whether the domain still runs (events are the rule)
 EVENT_GRACE_S = 2.0    # for the lifecycle event of a domain that is gone
-KILL_WAIT_S = 10.0     # after destroy, for its event
-FOLLOW_POLL_S = 0.02   # the console file's reader: how long it sleeps at the file's end
+# kill(): the domain may take vmboot.KILL_WAIT_S (60 s) to be gone. One
+# destroy can take 15 s (libvirt's SIGTERM, 10 s, SIGKILL, 5 s) and wait 30 s
+# for the domain's job lock; a destroy that fails is tried again every
+# KILL_RETRY_S.
+KILL_RETRY_S = 1.0
+CONSOLE_ACCEPT_S = 10.0   # QEMU connects to the console socket as it starts, before createXML returns
 # Why a domain stopped (libvirt's VIR_DOMAIN_EVENT_STOPPED_*); boot.json's end_state.reason.
 STOP_DETAILS = ("SHUTDOWN", "DESTROYED", "CRASHED", "MIGRATED", "SAVED", "FAILED", "FROM_SNAPSHOT")
 
@@ -90,7 +97,7 @@ def check_local(uri: str) -> None:
         raise LabError(
             f"libvirt: {uri} is not a local QEMU URI (want qemu:///system or qemu:///session, "
             "optionally ?socket=PATH): the fault devices' NBD sockets, the job and results disks "
-            "and the console file are on this host, so a domain on another host cannot reach them")
+            "and the console socket are on this host, so a domain on another host cannot reach them")
 
 
 def connect(uri: str) -> Any:
@@ -151,8 +158,10 @@ def domain_xml(guest: Guest, name: str, *, emulator: str, run_as: str | None,
             ET.SubElement(disk, "source", file=str(d.path))
         ET.SubElement(disk, "target", dev=f"vd{chr(ord('a') + i)}", bus="virtio")
         ET.SubElement(disk, "serial").text = d.serial
-    serial = ET.SubElement(devices, "serial", type="file")
-    ET.SubElement(serial, "source", path=str(guest.console))
+    # QEMU connects to our socket (mode='connect'): no virtlogd in between, and
+    # nothing the guest writes before we read is lost (ConsoleSocket).
+    serial = ET.SubElement(devices, "serial", type="unix")
+    ET.SubElement(serial, "source", mode="connect", path=str(guest.console))
     ET.SubElement(serial, "target", port="0")
     ET.SubElement(devices, "controller", type="usb", model="none")
     ET.SubElement(devices, "memballoon", model="none")
@@ -167,28 +176,58 @@ def domain_xml(guest: Guest, name: str, *, emulator: str, run_as: str | None,
     return text.replace('" />', '"/>') + "\n"
 
 
-def follow(path: Path, done: Callable[[], bool]) -> Iterator[bytes]:
-    """The lines of a file another process writes, as they come (tail -f),
-    until done() is true and the file's end is read."""
-    while not path.exists():
-        if done():
-            return
-        time.sleep(FOLLOW_POLL_S)
-    with open(path, "rb", buffering=0) as f:
-        rest = b""
-        while True:
-            finished = done()   # asked before the read: what was written before it is read
-            chunk = f.read(1 << 16)
-            if chunk:
-                *lines, rest = (rest + chunk).split(b"\n")
-                for line in lines:
-                    yield line + b"\n"
-            elif finished:
-                break
-            else:
-                time.sleep(FOLLOW_POLL_S)
-        if rest:
-            yield rest
+class ConsoleSocket:
+    """The host's end of the domain's serial console (`<serial type='unix'>`,
+    mode='connect'): a unix socket listening at `path` (in the boot's private
+    directory, 0700) before the domain starts, which QEMU connects to as it
+    starts. What the guest writes before we read waits in the socket, and once
+    that is full in QEMU (the guest's UART holds its output): nothing is lost,
+    nothing is rotated, and no virtlogd is in between. The socket is 0600: QEMU
+    runs as our user (the domain's DAC label, or a session daemon's own QEMU).
+    lines() feeds vmboot.Console as QEMU's stdout does for the direct backend;
+    they end when QEMU closes its end (the domain ended) or at close()."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.conn: socket.socket | None = None
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.listener.bind(str(path))
+            os.chmod(path, 0o600)
+            self.listener.listen(1)
+        except OSError as e:
+            self.listener.close()
+            raise LabError(f"libvirt: console socket {path}: {e.strerror or e}") from None
+
+    def accept(self, timeout: float) -> bool:
+        """Whether QEMU connected within `timeout` s."""
+        self.listener.settimeout(timeout)
+        try:
+            self.conn, _ = self.listener.accept()   # blocking, as the listener had no timeout before
+        except OSError:                              # socket.timeout, or close() meanwhile
+            return False
+        return True
+
+    def lines(self) -> Iterator[bytes]:
+        """The console's lines as they come (the last one without its newline
+        if the guest did not end it), until QEMU closes its end."""
+        assert self.conn is not None
+        try:
+            with self.conn.makefile("rb") as f:
+                yield from f
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        """Ends lines() and stops listening; idempotent."""
+        for s in (self.conn, self.listener):
+            if s is None:
+                continue
+            try:
+                s.shutdown(socket.SHUT_RDWR)   # wakes a reader blocked in recv
+            except OSError:
+                pass
+            s.close()
 
 
 class LibvirtLauncher:
@@ -203,8 +242,10 @@ class LibvirtLauncher:
         self.name = f"tierlab-{os.getpid()}-boot-{next(_BOOTS)}"
         self.fields: dict[str, Any] = {"connect": uri}
         self.dom: Any = None
+        self.console: ConsoleSocket | None = None
         self.ended = threading.Event()     # the domain stopped (or we lost the daemon)
         self.closed = threading.Event()
+        self.kill_failed = False           # kill() gave up: the domain may still run
         self.stop_reason: str | None = None
         self.last_poll = 0.0
         lv = self.lv
@@ -246,7 +287,7 @@ class LibvirtLauncher:
                          mac_models=mac)
         (out / "domain.xml").write_text(xml)
         self.fields.update(domain=self.name, domain_xml=str(out / "domain.xml"))
-        guest.console.touch()
+        self.console = ConsoleSocket(guest.console)   # listening before QEMU connects
         t = time.monotonic()
         try:
             self.dom = self.conn.createXML(xml, lv.VIR_DOMAIN_START_AUTODESTROY)
@@ -254,7 +295,10 @@ class LibvirtLauncher:
             raise LabError(f"libvirt: {self.uri}: domain {self.name} cannot start: {message(e)}") \
                 from None
         self.fields["launch_s"] = round(time.monotonic() - t, 3)
-        return follow(guest.console, lambda: self.ended.is_set() or self.closed.is_set())
+        if not self.console.accept(CONSOLE_ACCEPT_S):
+            raise LabError(f"libvirt: {self.uri}: domain {self.name} started, but its QEMU did not "
+                           f"connect to the console socket {guest.console} within {CONSOLE_ACCEPT_S:g} s")
+        return self.console.lines()
 
     def _active(self) -> bool:
         try:
@@ -281,14 +325,34 @@ class LibvirtLauncher:
         return self.ended.is_set()
 
     def kill(self) -> None:
+        """Destroy the domain and return only once it is gone (its stop event,
+        or libvirt no longer knows it), so that boot() stops the NBD servers
+        and removes the disks under no running QEMU. A destroy that fails (the
+        domain's job lock is busy, QEMU did not die of SIGKILL in time, the
+        daemon does not answer) is tried again; after KILL_WAIT_S a LabError
+        says the domain did not end."""
         if self.dom is None or self.ended.is_set():
             return
-        try:
-            self.dom.destroy()
-        except self.lv.libvirtError:
-            pass   # it stopped meanwhile; its event says how
-        if not self.ended.wait(KILL_WAIT_S) and not self._active():
-            self._gone("destroyed")
+        deadline = time.monotonic() + KILL_WAIT_S
+        why = ""
+        while True:
+            try:
+                self.dom.destroy()
+                why = ""
+            except self.lv.libvirtError as e:
+                why = message(e)   # it stopped meanwhile (its event says how), or it could not
+            if self.ended.wait(min(KILL_RETRY_S, max(0.0, deadline - time.monotonic()))):
+                return
+            if not self._active():
+                self._gone("destroyed")
+                return
+            if time.monotonic() >= deadline:
+                break
+        self.kill_failed = True
+        msg = (f"libvirt: {self.uri}: domain {self.name} did not end within {KILL_WAIT_S:g} s of "
+               "tierlab's destroy" + (f" (libvirt: {why})" if why else ""))
+        self.fields["end_state"] = {"state": "unknown", "reason": msg}
+        raise LabError(msg)
 
     def outcome(self, killed: bool) -> str:
         reason = self.stop_reason or "unknown"
@@ -301,9 +365,14 @@ class LibvirtLauncher:
     def close(self) -> None:
         if self.closed.is_set():
             return
-        if self.dom is not None and not self.ended.is_set():
-            self.kill()
+        if self.dom is not None and not self.ended.is_set() and not self.kill_failed:
+            try:
+                self.kill()
+            except LabError:
+                pass   # in fields["end_state"]; closing the connection below auto-destroys it
         self.closed.set()
+        if self.console is not None:
+            self.console.close()
         for undo in (lambda: self.conn.domainEventDeregisterAny(self.callback),
                      self.conn.unregisterCloseCallback, self.conn.close):
             try:

@@ -1,9 +1,11 @@
 """Tests of the VM lab's libvirt backend (vmlibvirt.py, `--backend libvirt`):
 the domain XML against the direct backend's machine, URI checks, the console
-file's reader, one-line errors for URIs it cannot use, and real guests on a
-libvirtd of the test's own -- vmboot_test's tierfs job booted as a domain, and
-two pairs of hung guests fanned out over two URIs, destroyed at their timeout
-while the lab goes on.
+socket, kill() against a domain that is slow to go or will not (a fake
+libvirt), one-line errors for URIs it cannot use (on a host without QEMU too),
+and real guests on a libvirtd of the test's own -- vmboot_test's tierfs job
+booted as a domain, a domain the daemon refuses (a failed boot), and two pairs
+of hung guests fanned out over two URIs, destroyed at their timeout while the
+lab goes on.
 
 The daemons (virtlogd, libvirtd) are private, and children of the test: as
 root, a system-mode pair in a mount namespace of their own, with this test's
@@ -13,8 +15,8 @@ directories bound over /etc/libvirt, /run/libvirt, /var/{lib,log,cache}/libvirt
 temporary directory; as any other user, a session-mode pair with XDG
 directories of their own. Nothing of the host's libvirt is touched (a system
 libvirtd may run beside), and only the daemons started here are stopped.
-Skipped, saying why, only where libvirtd, python3-libvirt, QEMU or (as root) a
-private mount namespace cannot be had."""
+The tests that need a daemon are skipped, saying why, only where libvirtd,
+python3-libvirt, QEMU or (as root) a private mount namespace cannot be had."""
 
 from __future__ import annotations
 
@@ -22,10 +24,13 @@ import json
 import os
 import shutil
 import signal
+import socket
+import stat
 import subprocess
 import tempfile
 import threading
 import time
+import types
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Iterator
@@ -47,7 +52,7 @@ def guest(tmp: Path, accel: str = "tcg") -> vmboot.Guest:
              vmboot.Disk("ssd.a", tmp / "ssd.a.sock", nbd=True),
              vmboot.Disk("hdd.b", tmp / "hdd.b.sock", nbd=True)]
     return vmboot.Guest(accel, 2, 1024, tmp / "vmlinux", tmp / "initramfs.cpio",
-                        "console=ttyS0 panic=-1 tierlab.disks=4", disks, tmp / "console.raw")
+                        "console=ttyS0 panic=-1 tierlab.disks=4", disks, tmp / "console.sock")
 
 
 # ------------------------------------------------------------------ without a daemon
@@ -83,7 +88,11 @@ def test_domain_is_the_command_lines_machine(tmp_path: Path) -> None:
         assert host is not None and host.get("transport") == "unix"
         assert host.get("socket") == str(tmp_path / f"{label}.sock")
         assert f"server.path={tmp_path / f'{label}.sock'},cache.direct=on" in " ".join(cmd)
-    assert d.find("devices/serial/source").get("path") == str(tmp_path / "console.raw")  # type: ignore[union-attr]
+    serial = d.find("devices/serial")   # QEMU connects to our socket: no virtlogd, no file
+    assert serial is not None and serial.get("type") == "unix"
+    source = serial.find("source")
+    assert source is not None and source.attrib == {"mode": "connect",
+                                                    "path": str(tmp_path / "console.sock")}
     labels = {x.get("model"): x for x in d.findall("seclabel")}
     assert labels["dac"].get("type") == "static" and labels["dac"].get("relabel") == "no"
     assert labels["dac"].findtext("label") == "+0:+0"
@@ -109,25 +118,176 @@ def test_local_uris(uri: str) -> None:
     vmlibvirt.check_local(uri)
 
 
-def test_follow_reads_lines_as_they_come(tmp_path: Path) -> None:
-    path = tmp_path / "console.raw"
-    done = threading.Event()
+def test_console_socket_loses_nothing_written_before_it_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "console.sock"
+    console = vmlibvirt.ConsoleSocket(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    # QEMU connects as it starts and the guest writes at once, before the host
+    # reads: more than a socket holds, and more than virtlogd's 2 MiB rotation.
+    lines = [b"%07d %s\n" % (i, b"x" * 56) for i in range(48 << 10)]   # 3 MiB
+    qemu = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    qemu.connect(str(path))
 
-    def write() -> None:
-        time.sleep(0.2)   # the reader waits for the file
-        with open(path, "wb", buffering=0) as f:
-            f.write(b"one\ntw")
-            time.sleep(0.1)
-            f.write(b"o\nthree\n")
-            time.sleep(0.1)
-            f.write(b"no newline")
-        done.set()
-    t = threading.Thread(target=write)
+    def guest() -> None:
+        qemu.sendall(b"".join(lines) + b"one\ntw")   # blocks until the host reads
+        time.sleep(0.1)
+        qemu.sendall(b"o\nno newline")
+        qemu.close()
+    t = threading.Thread(target=guest)
     t.start()
-    got = list(vmlibvirt.follow(path, done.is_set))
+    time.sleep(0.3)
+    assert console.accept(5)
+    got = list(console.lines())
     t.join()
-    assert got == [b"one\n", b"two\n", b"three\n", b"no newline"]
-    assert list(vmlibvirt.follow(tmp_path / "never", lambda: True)) == []
+    assert got == lines + [b"one\n", b"two\n", b"no newline"]
+    console.close()
+    console.close()   # idempotent
+
+
+def test_console_socket_no_qemu_and_close(tmp_path: Path) -> None:
+    lonely = vmlibvirt.ConsoleSocket(tmp_path / "a.sock")
+    t0 = time.monotonic()
+    assert not lonely.accept(0.2)   # nobody connected
+    assert time.monotonic() - t0 < 2
+    lonely.close()
+    # close() ends a reader waiting for a line (a QEMU that never closes its end).
+    console = vmlibvirt.ConsoleSocket(tmp_path / "b.sock")
+    qemu = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    qemu.connect(str(tmp_path / "b.sock"))
+    assert console.accept(5)
+    qemu.sendall(b"partial")
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.extend(console.lines()))
+    reader.start()
+    time.sleep(0.2)
+    console.close()
+    reader.join(timeout=5)
+    assert not reader.is_alive() and got in ([], [b"partial"])
+    qemu.close()
+    with pytest.raises(LabError, match="console socket"):
+        vmlibvirt.ConsoleSocket(tmp_path / "no-such-dir" / "c.sock")
+
+
+# ------------------------------------------------------------------ kill() on a fake libvirt
+
+class FakeError(Exception):
+    def __init__(self, text: str, code: int = 1) -> None:
+        super().__init__(text)
+        self.code = code
+
+    def get_error_code(self) -> int:
+        return self.code
+
+    def get_error_message(self) -> str:
+        return str(self)
+
+
+NO_DOMAIN = 42
+FAKE_LV = types.SimpleNamespace(
+    libvirtError=FakeError, VIR_ERR_NO_DOMAIN=NO_DOMAIN, VIR_DOMAIN_EVENT_ID_LIFECYCLE=0,
+    VIR_DOMAIN_EVENT_STOPPED=5,
+    **{f"VIR_DOMAIN_EVENT_STOPPED_{d}": i for i, d in enumerate(vmlibvirt.STOP_DETAILS)})
+
+
+class FakeConn:
+    def __init__(self) -> None:
+        self.lifecycle: Any = None
+
+    def getURI(self) -> str:
+        return "qemu:///session"
+
+    def domainEventRegisterAny(self, dom: Any, event: int, callback: Any, opaque: Any) -> int:
+        self.lifecycle = callback
+        return 1
+
+    def registerCloseCallback(self, callback: Any, opaque: Any) -> None:
+        pass
+
+    def domainEventDeregisterAny(self, callback_id: int) -> None:
+        pass
+
+    def unregisterCloseCallback(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class FakeDomain:
+    """A running domain whose destroy fails `failures` times (libvirt's "cannot
+    acquire state change lock"; None: always), then ends it: the domain is gone
+    at once, its stop event comes `event_after` s later."""
+
+    def __init__(self, launcher: vmlibvirt.LibvirtLauncher, conn: FakeConn, failures: int | None,
+                 event_after: float = 0.0) -> None:
+        self.launcher, self.conn = launcher, conn
+        self.failures, self.event_after = failures, event_after
+        self.active, self.destroys = True, 0
+
+    def name(self) -> str:
+        return self.launcher.name
+
+    def destroy(self) -> None:
+        self.destroys += 1
+        if self.failures is None or self.destroys <= self.failures:
+            raise FakeError("Timed out during operation: cannot acquire state change lock")
+        self.active = False
+        event = threading.Timer(self.event_after, self.conn.lifecycle,
+                                (self.conn, self, FAKE_LV.VIR_DOMAIN_EVENT_STOPPED,
+                                 FAKE_LV.VIR_DOMAIN_EVENT_STOPPED_DESTROYED, None))
+        event.daemon = True
+        event.start()
+
+    def isActive(self) -> bool:
+        if not self.active:
+            raise FakeError("Domain not found", NO_DOMAIN)   # a transient domain that stopped
+        return True
+
+
+def fake_launcher(monkeypatch: pytest.MonkeyPatch, failures: int | None,
+                  event_after: float = 0.0) -> tuple[vmlibvirt.LibvirtLauncher, FakeDomain]:
+    conn = FakeConn()
+    monkeypatch.setattr(vmlibvirt, "_libvirt", lambda: FAKE_LV)
+    monkeypatch.setattr(vmlibvirt, "connect", lambda uri: conn)
+    monkeypatch.setattr(vmlibvirt, "KILL_WAIT_S", 3.0)
+    monkeypatch.setattr(vmlibvirt, "KILL_RETRY_S", 0.1)
+    monkeypatch.setattr(vmlibvirt, "EVENT_GRACE_S", 0.2)
+    launcher = vmlibvirt.LibvirtLauncher("qemu:///session")
+    launcher.dom = FakeDomain(launcher, conn, failures, event_after)
+    return launcher, launcher.dom
+
+
+def test_kill_returns_only_once_the_domain_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # destroy fails twice before it ends the domain: kill() must try again,
+    # not return while the domain (its QEMU, the NBD disks' client) still runs.
+    launcher, dom = fake_launcher(monkeypatch, failures=2)
+    launcher.kill()
+    assert not dom.active and dom.destroys == 3
+    assert launcher.outcome(killed=True).startswith("the domain stopped (destroyed)")
+    assert launcher.fields["end_state"] == {"state": "shutoff", "reason": "destroyed"}
+    launcher.close()
+    # Gone at once, its event late: the poll of the domain tells.
+    launcher, dom = fake_launcher(monkeypatch, failures=0, event_after=10.0)
+    t0 = time.monotonic()
+    launcher.kill()
+    assert not dom.active and time.monotonic() - t0 < 2.0
+    assert launcher.outcome(killed=True).startswith("the domain stopped (destroyed)")
+    launcher.close()
+
+
+def test_kill_says_when_the_domain_does_not_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    launcher, dom = fake_launcher(monkeypatch, failures=None)
+    t0 = time.monotonic()
+    with pytest.raises(LabError, match=rf"libvirt: qemu:///session: domain {launcher.name} did not "
+                       r"end within 3 s of tierlab's destroy \(libvirt: Timed out during operation: "
+                       r"cannot acquire state change lock\)"):
+        launcher.kill()
+    assert 3.0 <= time.monotonic() - t0 < 6.0
+    assert dom.active and dom.destroys > 3   # tried again meanwhile
+    assert launcher.fields["end_state"]["state"] == "unknown"
+    n = dom.destroys
+    launcher.close()   # no second wait; closing the connection is libvirt's auto-destroy
+    assert dom.destroys == n
 
 
 def test_pairs_fan_out_over_the_uris() -> None:
@@ -136,29 +296,37 @@ def test_pairs_fan_out_over_the_uris() -> None:
     assert vmpair.VmSettings(1, 1536, 100.0, "tcg").uri(3) is None
 
 
-@pytest.mark.parametrize("extra,needle", [
+def no_qemu(tmp_path: Path) -> dict[str, str]:
+    """An environment whose PATH has no qemu-system-x86_64 (nor anything else):
+    the command-line checks must not need QEMU."""
+    (tmp_path / "empty-bin").mkdir()
+    return dict(os.environ, PATH=str(tmp_path / "empty-bin"))
+
+
+@pytest.mark.parametrize("extra,needle,needs_libvirt", [
     (["--backend", "libvirt", "--connect", "qemu+ssh://lab2/system"],
-     "libvirt: qemu+ssh://lab2/system is not a local QEMU URI"),
+     "libvirt: qemu+ssh://lab2/system is not a local QEMU URI", False),
     (["--backend", "libvirt", "--connect", "qemu:///system?socket=/nonexistent/libvirt-sock"],
-     "libvirt: cannot connect to qemu:///system?socket=/nonexistent/libvirt-sock: "),
-    (["--connect", "qemu:///system"], "--connect is for --backend libvirt"),
+     "libvirt: cannot connect to qemu:///system?socket=/nonexistent/libvirt-sock: ", True),
+    (["--connect", "qemu:///system"], "--connect is for --backend libvirt", False),
     (["--backend", "libvirt", "--connect", "qemu:///system", "--connect", "qemu:///session"],
-     "one guest, one --connect URI"),
+     "one guest, one --connect URI", False),
 ])
-def test_boot_mistakes(extra: list[str], needle: str, tmp_path: Path) -> None:
-    pytest.importorskip("libvirt", reason="python3-libvirt is not installed (scripts/install-deps lab)")
+def test_boot_mistakes(extra: list[str], needle: str, needs_libvirt: bool, tmp_path: Path) -> None:
+    if needs_libvirt:   # to try the connection
+        pytest.importorskip("libvirt", reason="python3-libvirt is not installed (scripts/install-deps lab)")
     job = tmp_path / "job.sh"
     job.write_text("true\n")
     p = run([tool("tierlab"), "vm", "boot", "--member", "ssd.a=64M", "--job", job,
-             "--out", tmp_path / "out", *extra])
+             "--out", tmp_path / "out", *extra], env=no_qemu(tmp_path))
     assert_one_line_error(p, 2, "tierlab vm boot: ", needle)
     assert not (tmp_path / "out").exists()
 
 
 def test_pair_with_an_unusable_uri(tmp_path: Path) -> None:
-    pytest.importorskip("libvirt", reason="python3-libvirt is not installed (scripts/install-deps lab)")
     p = run([tool("tierlab"), "vm", "pair", "--profile", "labtest", "--pairs", "2", "--out",
-             tmp_path / "o", "--backend", "libvirt", "--connect", "qemu+ssh://lab2/system"])
+             tmp_path / "o", "--backend", "libvirt", "--connect", "qemu+ssh://lab2/system"],
+            env=no_qemu(tmp_path))
     assert_one_line_error(p, 2, "tierlab vm pair: libvirt: qemu+ssh://lab2/system is not a local")
     assert not (tmp_path / "o").exists()
 
@@ -311,6 +479,36 @@ def test_boot_as_a_libvirt_domain(daemon: str, image: vmimage.Image, images_dir:
     assert boot["domain_xml"] == str(out / "domain.xml") and "<acpi/>" in xml
     d = ET.fromstring(xml)
     assert d.findtext("name") == boot["domain"] and d.findtext("os/kernel") == str(image.vmlinux)
+    # The console socket kept the guest's last words (virtlogd's file could lose them).
+    tail = (out / "console.log").read_text().splitlines()[-3:]
+    assert any(line.endswith("reboot: Power down") for line in tail), tail
+
+
+def test_a_domain_the_daemon_refuses_is_a_failed_boot(daemon: str, image: vmimage.Image,
+                                                       images_dir: Path, tmp_path: Path) -> None:
+    # More vCPUs than q35 has: createXML fails after the fault servers started.
+    job = tmp_path / "job.sh"
+    job.write_text("true\n")
+    out = tmp_path / "boot"
+    p = run([tool("tierlab"), "vm", "boot", "--member", "ssd.a=64M", "--job", job, "--out", out,
+             "--images", images_dir, "--cpus", "5000", "--timeout", "60",
+             "--backend", "libvirt", "--connect", daemon], timeout=300)
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    assert "boot failed: " in p.stdout and p.stderr == ""
+    boot = json.loads((out / "boot.json").read_text())
+    assert boot["status"] == "failed", boot
+    assert boot["reason"].startswith(f"libvirt: {daemon}: domain {boot['domain']} cannot start: "), boot
+    assert "\n" not in boot["reason"]
+    assert boot["members"][0]["serve_rc"] is not None   # the server was stopped
+    private = str(Path(boot["members"][0]["socket"]).parent)
+    assert not Path(private).exists()
+    assert boot["domain"] not in domains(daemon)
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        assert private not in args and str(images_dir) not in args, args
 
 
 def test_hung_pairs_fan_out_and_are_destroyed(daemon: str, image: vmimage.Image,

@@ -75,6 +75,7 @@ DEFAULT_MEM_MIB = 1536
 FSCK_TIMEOUT = 300.0
 PARSE_TIMEOUT = 60.0
 CANCEL_JOIN_S = 30.0
+UNIX_PATH_MAX = 107   # sockaddr_un's sun_path less its NUL
 # Files of the guest's results that make up the run directory (as pair.py's).
 RUN_FILES = ("probe.raw.json", "ctl-start.json", "ctl-measure.json", "ctl-end.json",
              "ctl-idle.json", "format.txt", "mount.log", "probe.stderr", "bg.stderr",
@@ -297,6 +298,7 @@ def run_one(rs: RunSpec) -> dict[str, Any]:
         cpus=rs.vm.cpus,
         mem_mib=rs.vm.mem_mib, events=events, fault_sets=sets, seed=rs.seed, accel=rs.vm.accel,
         events_after="measure", cancel=rs.cancel, backend=rs.vm.backend,
+        shm=rs.images.parent,  # the boot's private directory beside the images (--shm)
         connect=rs.vm.uri(rs.pair))
     boot: dict[str, Any] = {}
     errors: list[str] = []
@@ -317,7 +319,8 @@ def run_one(rs: RunSpec) -> dict[str, Any]:
             errors.append(f"results (memory): {type(e).__name__}: {e}")
     if rs.booted is not None:
         try:
-            rs.booted.wait(timeout=rs.vm.timeout + vmboot.SERVE_READY_S + vmboot.SERVER_STOP_S + 60)
+            rs.booted.wait(timeout=rs.vm.timeout + vmboot.SERVE_READY_S + vmboot.KILL_WAIT_S
+                           + vmboot.SERVER_STOP_S + 60)
         except threading.BrokenBarrierError:
             pass  # the other run ended without a boot; fsck anyway
     info["fsck"] = fsck(rs)
@@ -467,14 +470,29 @@ def parse_background(rs: RunSpec) -> str | None:
 
 
 def fsck(rs: RunSpec) -> dict[str, Any]:
-    """`tierfs fsck -n` over the boot's member images, on the host, after QEMU."""
+    """`tierfs fsck -n` over the boot's member images, on the host, after QEMU.
+    Ctrl-C (rs.cancel) stops it, or skips it when it comes first."""
     imgs = [str(rs.images / f"{m.label}.img") for m in rs.prof.fs_members()]
-    try:
-        p = subprocess.run([rs.arm.tierfs, "fsck", "-n", *imgs], capture_output=True, text=True,
-                           timeout=FSCK_TIMEOUT, start_new_session=True)
-        out, rc = p.stdout + p.stderr, p.returncode
-    except subprocess.TimeoutExpired:
-        out, rc = f"tierfs fsck: no answer within {FSCK_TIMEOUT:g} s (killed)\n", None
+    if rs.cancel is not None and rs.cancel.is_set():
+        out, rc = "tierfs fsck: not run (cancelled)\n", None
+    else:
+        p = subprocess.Popen([rs.arm.tierfs, "fsck", "-n", *imgs], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        deadline = time.monotonic() + FSCK_TIMEOUT
+        while True:
+            try:
+                out, _ = p.communicate(timeout=0.5)
+                rc = p.returncode
+                break
+            except subprocess.TimeoutExpired:
+                why = ("cancelled" if rs.cancel is not None and rs.cancel.is_set() else
+                       f"no answer within {FSCK_TIMEOUT:g} s" if time.monotonic() > deadline
+                       else None)
+                if why:
+                    vmboot.signal_group(p, signal.SIGKILL)
+                    p.communicate()
+                    out, rc = f"tierfs fsck: {why} (killed)\n", None
+                    break
     (rs.dir / "fsck.txt").write_text(out)
     return {"rc": rc, "clean": rc == 0, "last": pair_mod.last_line(out)}
 
@@ -515,10 +533,6 @@ class VmLab:
             if len(m.label) > vmboot.SERIAL_MAX:
                 raise LabError(f"member label '{m.label}' is longer than {vmboot.SERIAL_MAX} "
                                "bytes (the virtio serial)")
-        if shutil.which(vmboot.QEMU) is None:
-            raise LabError(f"{vmboot.QEMU} is not installed: run scripts/install-deps lab")
-        if not (self.build / "bin" / "faultdev").is_file():
-            raise LabError(f"{self.build}/bin/faultdev: missing (make build)")
         if self.prof.background["workload"] == "bg-writer" and self.prof.background["rate"] == "":
             raise LabError(f"{self.prof.name}: background.rate is empty")
         self.out = Path(args.out)
@@ -529,7 +543,22 @@ class VmLab:
             raise LabError(f"--shm {shm}: no such directory")
         self.shm = shm
         self.root = shm / f"tierlab-vm-{os.getpid()}"
+        # The boots' unix sockets live under it: ROOT/tierlab-vm-XXXXXXXX/LABEL.sock.ctl
+        longest = len(str(self.root)) + len("/tierlab-vm-XXXXXXXX/.sock.ctl") + max(
+            [len(m.label) for m in self.prof.members] + [len("console")])
+        if longest > UNIX_PATH_MAX:
+            raise LabError(f"--shm {shm}: too long a path for the unix sockets under it "
+                           f"({longest} > {UNIX_PATH_MAX} bytes)")
         self.cancel = threading.Event()
+
+    def check_tools(self, slots: int) -> None:
+        """After the command line's own mistakes: QEMU, faultdev, and RAM for
+        `slots` slots."""
+        if shutil.which(vmboot.QEMU) is None:
+            raise LabError(f"{vmboot.QEMU} is not installed: run scripts/install-deps lab")
+        if not (self.build / "bin" / "faultdev").is_file():
+            raise LabError(f"{self.build}/bin/faultdev: missing (make build)")
+        self.check_memory(slots)
 
     def check_memory(self, slots: int) -> None:
         need = slots * (self.prof.slot_bytes() + (self.vm.mem_mib << 20))
@@ -583,7 +612,7 @@ def run_one_cmd(args: argparse.Namespace) -> int:
     arm = pair_mod.Arm(args.arm, tierfs_build, args.arm == "control")
     if not Path(arm.tierfs).is_file():
         raise LabError(f"{arm.tierfs}: no tierfs there (for the host's fsck)")
-    lab.check_memory(1)
+    lab.check_tools(1)
     image = lab.image(static)
     lab.out.mkdir(parents=True, exist_ok=True)
     old = _sigterm_as_interrupt()
@@ -629,7 +658,7 @@ def run_pairs_cmd(args: argparse.Namespace) -> int:
     for a in arms:
         if not Path(a.tierfs).is_file():
             raise LabError(f"{a.tierfs}: no tierfs there (build it, or give the build dir)")
-    lab.check_memory(2)
+    lab.check_tools(2)
     # One image per build: active,control share the default static build's.
     by_build: dict[str, vmimage.Image] = {}
     images: dict[str, vmimage.Image] = {}

@@ -10,9 +10,9 @@ qemu-system-x86_64 is missing or the image cannot be built."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -34,11 +34,50 @@ from tierlab.testing import assert_one_line_error, hung_pairs, run, tool
     (["--set", "probe.nosuch=1"], "probe.nosuch"),
 ])
 def test_pair_mistakes(extra: list[str], needle: str, tmp_path: Path) -> None:
-    if shutil.which(vmboot.QEMU) is None and "--profile" not in extra:
-        pytest.skip("qemu-system-x86_64 is not installed (the check comes first)")
+    # (Each comes before the check for QEMU: no skip where it is missing.)
     p = run([tool("tierlab"), "vm", "pair", "--profile", "labtest", "--out", tmp_path / "o", *extra])
     assert_one_line_error(p, 2, "tierlab vm pair: ", needle)
     assert not (tmp_path / "o").exists()
+
+
+def test_shm_too_long_for_the_sockets(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    p = run([tool("tierlab"), "vm", "pair", "--profile", "labtest", "--out", tmp_path / "o",
+             "--shm", deep])
+    assert_one_line_error(p, 2, "tierlab vm pair: ", "too long a path for the unix sockets")
+    assert not (tmp_path / "o").exists()
+
+
+def fsck_spec(tmp_path: Path, tierfs: Path, cancel: threading.Event) -> vmpair.RunSpec:
+    prof = profile_mod.load("labtest")
+    d = tmp_path / "run"
+    d.mkdir(exist_ok=True)
+    vm = vmpair.VmSettings(cpus=1, mem_mib=512, timeout=60, accel="tcg")
+    arm = pair_mod.Arm("active", tmp_path, False)
+    rs = vmpair.RunSpec(prof=prof, arm=arm, image=None, pair=0, slot=0,  # type: ignore[arg-type]
+                        seed=1, images=tmp_path, dir=d, vm=vm, faultdev_build=tmp_path,
+                        cancel=cancel)
+    assert Path(arm.tierfs) == tierfs
+    return rs
+
+
+def test_host_fsck_stops_at_ctrl_c(tmp_path: Path) -> None:
+    # A tierfs that never answers stands in for a long fsck.
+    tierfs = tmp_path / "bin" / "tierfs"
+    tierfs.parent.mkdir()
+    tierfs.write_text("#!/bin/sh\nsleep 600\n")
+    tierfs.chmod(0o755)
+    cancel = threading.Event()
+    rs = fsck_spec(tmp_path, tierfs, cancel)
+    threading.Timer(1.0, cancel.set).start()
+    t = time.monotonic()
+    got = vmpair.fsck(rs)
+    assert got["rc"] is None and not got["clean"] and got["last"] == "tierfs fsck: cancelled (killed)"
+    assert time.monotonic() - t < 60
+    # Cancelled before it starts: not run at all.
+    got = vmpair.fsck(rs)
+    assert got["last"] == "tierfs fsck: not run (cancelled)"
 
 
 def test_bad_profile_file(tmp_path: Path) -> None:
