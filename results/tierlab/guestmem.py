@@ -153,32 +153,45 @@ def oom_error(o: dict[str, Any]) -> str:
 def hog(res: Path, size: int) -> dict[str, Any] | None:
     """The hog's progress file (`passes=N chunks=N filled_s=S`, or `error=...`,
     or `filling` while it fills) and hog.rc (`STATUS running|exited`: its exit
-    status, and whether it was running when stopped) -> run.json's `hog`; None
-    without a hog."""
+    status, `?` when even SIGKILL left it running, and whether it was running
+    when stopped) -> run.json's `hog`; None without a hog. No progress file
+    means the runner never got to the hog (`started` false): the run's own
+    error says why, this adds none. `ran_to_end` is None when it cannot be
+    told: never filled, or no state in hog.rc (an older runner)."""
     if not size:
         return None
-    out: dict[str, Any] = {"bytes": size, "filled": False, "passes": 0, "chunks": 0,
-                           "fill_s": None, "error": None}
+    out: dict[str, Any] = {"bytes": size, "started": True, "filled": False, "passes": 0,
+                           "chunks": 0, "fill_s": None, "error": None, "rc": None,
+                           "ran_to_end": None}
     try:
         text = (res / "hog.progress").read_text().strip()
     except OSError:
-        out["error"] = "the hog left no progress file (it never started)"
+        out["started"] = False
         return out
     kv = dict(item.partition("=")[::2] for item in text.split() if "=" in item)
     if "error" in kv:
         out["error"] = text.split("error=", 1)[1][:300]
     elif "passes" in kv:
-        out.update(filled=True, passes=int(kv["passes"]), chunks=int(kv.get("chunks", 0)),
-                   fill_s=float(kv["filled_s"]) if kv.get("filled_s") else None)
-    out["rc"], out["ran_to_end"] = None, None
+        try:
+            out.update(filled=True, passes=int(kv["passes"]), chunks=int(kv.get("chunks", 0)),
+                       fill_s=float(kv["filled_s"]) if kv.get("filled_s") else None)
+        except ValueError:
+            out["error"] = f"unreadable progress file: {text[:100]!r}"
     try:
         rc, _, state = (res / "hog.rc").read_text().strip().partition(" ")
-        out["rc"] = int(rc)
-    except (OSError, ValueError):
+    except OSError:
         return out
-    out["ran_to_end"] = state != "exited"
-    if not out["ran_to_end"] and out["error"] is None:
-        out["error"] = f"it exited on its own (status {out['rc']}) before the workload's end"
+    if rc == "?":
+        out["error"] = out["error"] or "it was still running after SIGKILL (stuck in the kernel)"
+    else:
+        try:
+            out["rc"] = int(rc)
+        except ValueError:
+            out["error"] = out["error"] or f"unreadable hog.rc: {rc[:40]!r}"
+    if out["filled"] and state in ("running", "exited"):
+        out["ran_to_end"] = state == "running"
+        if not out["ran_to_end"] and out["error"] is None:
+            out["error"] = f"it exited on its own (status {out['rc']}) before the workload's end"
     return out
 
 

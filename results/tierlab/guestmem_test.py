@@ -116,12 +116,13 @@ def test_oom_kill_is_found_in_dmesg_and_the_counter(tmp_path: Path) -> None:
 
 def test_hog_progress(tmp_path: Path) -> None:
     assert guestmem.hog(tmp_path, 0) is None
+    # No progress file: the runner never got to it (the run's own error says why).
     h = guestmem.hog(tmp_path, 1 << 20)
-    assert h is not None and h["error"] == "the hog left no progress file (it never started)"
+    assert h is not None and not h["started"] and h["error"] is None and h["ran_to_end"] is None
     res = guest_results(tmp_path / "a", hog="passes=3 chunks=130 filled_s=10.9")
     h = guestmem.hog(res, 320 << 20)
-    assert h == {"bytes": 320 << 20, "filled": True, "passes": 3, "chunks": 130,
-                 "fill_s": 10.9, "error": None, "rc": 143, "ran_to_end": True}
+    assert h == {"bytes": 320 << 20, "started": True, "filled": True, "passes": 3,
+                 "chunks": 130, "fill_s": 10.9, "error": None, "rc": 143, "ran_to_end": True}
     # One that ended on its own did not press on the whole phase.
     h = guestmem.hog(guest_results(tmp_path / "d", hog="passes=1 chunks=40 filled_s=30.2",
                                    hog_rc="0 exited"), 320 << 20)
@@ -130,9 +131,16 @@ def test_hog_progress(tmp_path: Path) -> None:
     # An older runner's hog.rc (status only) says nothing about it.
     h = guestmem.hog(guest_results(tmp_path / "e", hog="passes=1 chunks=4 filled_s=3",
                                    hog_rc="143"), 1 << 20)
-    assert h is not None and h["error"] is None and h["rc"] == 143
+    assert h is not None and h["error"] is None and h["rc"] == 143 and h["ran_to_end"] is None
+    # SIGKILL did not end it: no status, and that is an error.
+    h = guestmem.hog(guest_results(tmp_path / "f", hog="passes=2 chunks=9 filled_s=4",
+                                   hog_rc="? running"), 1 << 20)
+    assert h is not None and h["rc"] is None and h["ran_to_end"] is True
+    assert h["error"] == "it was still running after SIGKILL (stuck in the kernel)"
+    # Stopped by a failed run's cleanup while filling: it never pressed on a
+    # workload, so it did not "run to the end" of one.
     h = guestmem.hog(guest_results(tmp_path / "b", hog="filling"), 320 << 20)
-    assert h is not None and not h["filled"] and h["error"] is None
+    assert h is not None and not h["filled"] and h["error"] is None and h["ran_to_end"] is None
     h = guestmem.hog(guest_results(tmp_path / "c", hog="error=fill failed at chunk 3"), 1 << 20)
     assert h is not None and h["error"] == "fill failed at chunk 3"
 
@@ -190,6 +198,15 @@ def test_memory_into_run_json_and_oom_is_the_first_error(tmp_path: Path) -> None
     vmpair.memory(rs, res2, {}, errors)
     assert errors[0].startswith("guest out of memory") and "(tierfs)" in errors[0]
     assert errors[1].startswith("tierfs ctl") and errors[2] == "hog: fill failed at chunk 0"
+
+    # No progress file: an error of its own only when nothing else explains it.
+    res3 = guest_results(tmp_path / "res3")
+    errors = []
+    vmpair.memory(rs, res3, {}, errors)
+    assert errors == ["hog: the guest's runner never started it"]
+    errors = ["mkswap /dev/vdc: no answer within 65 s"]
+    vmpair.memory(rs, res3, {}, errors)
+    assert errors == ["mkswap /dev/vdc: no answer within 65 s"]
 
 
 def test_report_section_only_with_vmstat(tmp_path: Path) -> None:

@@ -367,6 +367,7 @@ class QemuLauncher:
         self.fields: dict[str, Any] = {}
         self.proc: subprocess.Popen[Any] | None = None
         self.stderr_path: Path | None = None
+        self.kill_failed = False   # kill() gave up: close() does not wait again
 
     def start(self, guest: Guest, out: Path) -> Iterable[bytes]:
         cmd = qemu_command(guest)
@@ -386,11 +387,12 @@ class QemuLauncher:
             return False
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None and not self.kill_failed:
             signal_group(self.proc, signal.SIGKILL)
             try:
                 self.proc.wait(timeout=KILL_WAIT_S)
             except subprocess.TimeoutExpired:
+                self.kill_failed = True
                 raise LabError(f"qemu (pid {self.proc.pid}) did not end within {KILL_WAIT_S:g} s "
                                "of SIGKILL") from None
 
@@ -486,6 +488,10 @@ def boot(spec: BootSpec) -> dict[str, Any]:
     job_disk = job_tar(spec.job, spec.inputs)
     launcher = launcher_for(spec)
 
+    # Mistakes and a host that cannot hold the boot's files: an error before
+    # anything starts (no boot.json; a member image of the wrong size is the
+    # caller's mistake). From the servers' start on, a failure is a failed
+    # boot with boot.json.
     try:
         images_dir = spec.images_dir or Path(tempfile.mkdtemp(dir=spec.shm, prefix="tierlab-vm-images-"))
         images_dir.mkdir(parents=True, exist_ok=True)
@@ -493,6 +499,9 @@ def boot(spec: BootSpec) -> dict[str, Any]:
             member_image(images_dir / f"{m.label}.img", m.size)
         spec.out.mkdir(parents=True, exist_ok=True)
         private = Path(tempfile.mkdtemp(dir=spec.shm, prefix="tierlab-vm-"))
+    except OSError as e:
+        launcher.close()
+        raise LabError(f"cannot make the boot's files: {e}") from None
     except BaseException:
         launcher.close()
         raise
@@ -557,8 +566,12 @@ def boot(spec: BootSpec) -> dict[str, Any]:
             ended = launcher.wait(min(0.5, max(0.0, deadline - time.monotonic())))
         end = time.monotonic() - t0
         stopped.set()
+        kill_error = ""
         if not ended:
-            launcher.kill()
+            try:
+                launcher.kill()
+            except LabError as e:
+                kill_error = str(e)   # still a timeout; its times and results are read below
         failure = launcher.outcome(killed=not ended)
         console.thread.join(timeout=10)
         events.join(timeout=CTL_TIMEOUT_S + 5)
@@ -576,7 +589,8 @@ def boot(spec: BootSpec) -> dict[str, Any]:
                 pass
         if not ended:
             result["status"], result["reason"] = "timeout", \
-                f"no poweroff within {spec.timeout:g} s (killed)"
+                f"no poweroff within {spec.timeout:g} s (killed)" + \
+                (f"; {kill_error}" if kill_error else "")
         elif failure:
             result["reason"] = failure
         elif console.panic:

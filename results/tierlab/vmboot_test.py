@@ -171,6 +171,74 @@ def test_a_guest_that_cannot_start_is_a_failed_boot(images_dir: Path, tmp_path: 
     assert "boot failed: " in vmboot.summary(boot, out)
 
 
+class WillNotDie:
+    """A Launcher whose guest never powers off and survives its kill (a QEMU
+    stuck in the kernel): the boot is still a timeout with its times read
+    from the console, and close() does not wait a second time."""
+
+    def __init__(self) -> None:
+        self.fields: dict[str, Any] = {}
+        self.kills = 0
+
+    def start(self, guest: vmboot.Guest, out: Path) -> list[bytes]:
+        return [b"tierlab-init: start\n", b"tierlab-init: job start\n"]
+
+    def wait(self, timeout: float) -> bool:
+        time.sleep(timeout)
+        return False
+
+    def kill(self) -> None:
+        self.kills += 1
+        raise LabError("qemu (pid 1) did not end within 60 s of SIGKILL")
+
+    def outcome(self, killed: bool) -> str:
+        assert killed
+        return ""
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_guest_that_survives_its_kill_is_a_timeout(images_dir: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    tool("faultdev")
+    launcher = WillNotDie()
+    monkeypatch.setattr(vmboot, "launcher_for", lambda spec: launcher)
+    job = tmp_path / "job.sh"
+    job.write_text("true\n")
+    out = tmp_path / "out"
+    spec = vmboot.BootSpec(image=vmimage.Image("k", tmp_path, {}, False, 0.0),
+                           members=[vmboot.parse_member("ssd.a=64M")], job=job, out=out,
+                           build=build_dir(), images_dir=images_dir, timeout=1.0)
+    result = vmboot.boot(spec)
+    assert json.loads((out / "boot.json").read_text()) == result
+    assert result["status"] == "timeout" and launcher.kills == 1
+    assert result["reason"] == ("no poweroff within 1 s (killed); "
+                                "qemu (pid 1) did not end within 60 s of SIGKILL")
+    assert "job_start_s" in result["times"] and result["times"]["killed_at_s"] >= 1.0
+
+
+def test_qemu_kill_that_fails_is_not_waited_for_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    q = vmboot.QemuLauncher()
+    q.proc = vmboot.start(["sleep", "1000"], stdin=subprocess.DEVNULL)
+    waits: list[float | None] = []
+
+    def no_end(timeout: float | None = None) -> int:
+        waits.append(timeout)
+        raise subprocess.TimeoutExpired("qemu", timeout or 0)
+
+    real_wait = q.proc.wait
+    monkeypatch.setattr(q.proc, "wait", no_end)
+    monkeypatch.setattr(vmboot, "signal_group", lambda p, sig: None)
+    with pytest.raises(LabError, match="did not end within"):
+        q.kill()
+    q.close()   # no second wait
+    assert waits == [vmboot.KILL_WAIT_S] and q.kill_failed
+    monkeypatch.undo()
+    q.proc.kill()
+    real_wait()
+
+
 # ------------------------------------------------------------------ real boots
 # (fixtures `image` and `images_dir`: conftest.py)
 

@@ -330,7 +330,9 @@ class LibvirtLauncher:
         and removes the disks under no running QEMU. A destroy that fails (the
         domain's job lock is busy, QEMU did not die of SIGKILL in time, the
         daemon does not answer) is tried again; after KILL_WAIT_S a LabError
-        says the domain did not end."""
+        says the domain did not end. No destroy() starts after KILL_WAIT_S, but
+        one that blocks in the daemon holds this up: KILL_WAIT_S is the least
+        it takes to give up, not the most."""
         if self.dom is None or self.ended.is_set():
             return
         deadline = time.monotonic() + KILL_WAIT_S

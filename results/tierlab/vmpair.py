@@ -55,7 +55,8 @@ GUEST_SWAP_TIMEOUT_S = 60.0    # mkswap, swapon each
 GUEST_SWAPOFF_MIB_PER_S = 2.0
 GUEST_HOG_MOUNT_S = 30.0       # the hog's tmpfs's mount
 # Filling the hog's tmpfs before the workload starts (mem-pressure: 320 MiB
-# in a 448 MiB guest, 20-55 s measured while it pushes the rest to swap).
+# in a 448 MiB guest, 3.6-4.4 s measured on 2026-12-04 with nothing else
+# running yet; 180 s leaves room for a slow swap member and a loaded host).
 GUEST_HOG_FILL_S = 180.0
 GUEST_HOG_STOP_S = 30.0        # the hog's exit after its kill; then its tmpfs's unmount
 GUEST_RM_TIMEOUT_S = 60.0      # rm -rf of the background files (background.keep = false)
@@ -226,7 +227,7 @@ def guest_bounds(prof: profile_mod.Profile) -> dict[str, float]:
                   "warmup": prof.workload_s, "measure": ctl})
     if prof.vm.get("hog"):
         steps["hog-fill"] = GUEST_HOG_MOUNT_S + k + GUEST_HOG_FILL_S
-        steps["hog-stop"] = 2 * GUEST_HOG_STOP_S + k
+        steps["hog-stop"] = 2 * GUEST_HOG_STOP_S + 2 * k     # TERM wait, KILL wait, umount
     if b["workload"] == "bg-writer":
         steps["bg-start"] = ctl                               # mkdir on the mount
         steps["bg-wait"] = pair_mod.BG_SLACK_S
@@ -243,7 +244,7 @@ def guest_bounds(prof: profile_mod.Profile) -> dict[str, float]:
     # unmount and swapoff
     steps["fail"] = GUEST_LIVE_CHECK_S + k + GUEST_CLEANUP_UMOUNT_S + k
     if prof.vm.get("hog"):
-        steps["fail"] += 2 * GUEST_HOG_STOP_S + k
+        steps["fail"] += 2 * GUEST_HOG_STOP_S + 2 * k
     if prof.vm.get("swap"):
         steps["fail"] += swapoff_timeout(prof) + k
     return steps
@@ -422,6 +423,9 @@ def memory(rs: RunSpec, res: Path, info: dict[str, Any], errors: list[str]) -> N
         info["hog"] = h
         if h["error"]:
             errors.append(f"hog: {h['error']}")
+        elif not h["started"] and not errors:
+            # Nothing else went wrong, yet the runner never got to it.
+            errors.append("hog: the guest's runner never started it")
     if (rs.dir / "probe.json").is_file():
         try:
             info["liveness"] = guestmem.liveness(json.loads((rs.dir / "probe.json").read_text()),
@@ -479,20 +483,27 @@ def fsck(rs: RunSpec) -> dict[str, Any]:
         p = subprocess.Popen([rs.arm.tierfs, "fsck", "-n", *imgs], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
         deadline = time.monotonic() + FSCK_TIMEOUT
-        while True:
-            try:
-                out, _ = p.communicate(timeout=0.5)
-                rc = p.returncode
-                break
-            except subprocess.TimeoutExpired:
-                why = ("cancelled" if rs.cancel is not None and rs.cancel.is_set() else
-                       f"no answer within {FSCK_TIMEOUT:g} s" if time.monotonic() > deadline
-                       else None)
-                if why:
-                    vmboot.signal_group(p, signal.SIGKILL)
-                    p.communicate()
-                    out, rc = f"tierfs fsck: {why} (killed)\n", None
+        try:
+            while True:
+                try:
+                    out, _ = p.communicate(timeout=0.5)
+                    rc = p.returncode
                     break
+                except subprocess.TimeoutExpired:
+                    why = ("cancelled" if rs.cancel is not None and rs.cancel.is_set() else
+                           f"no answer within {FSCK_TIMEOUT:g} s" if time.monotonic() > deadline
+                           else None)
+                    if why:
+                        vmboot.signal_group(p, signal.SIGKILL)
+                        p.communicate()
+                        out, rc = f"tierfs fsck: {why} (killed)\n", None
+                        break
+        except BaseException:
+            # Ctrl-C in `vm run` (no cancel event there) or any other way out:
+            # the fsck must not outlive us.
+            vmboot.signal_group(p, signal.SIGKILL)
+            p.wait()
+            raise
     (rs.dir / "fsck.txt").write_text(out)
     return {"rc": rc, "clean": rc == 0, "last": pair_mod.last_line(out)}
 
