@@ -101,15 +101,24 @@ TEST(CondVarTest, SignalWakesWaiter) {
   Mutex mu;
   CondVar cv;
   bool ready = false;
+  bool waiting = false;
   int seen = 0;
   std::thread waiter([&] {
     MutexLock lock(mu);
+    waiting = true;
     while (!ready) cv.Wait(mu);
     seen = 1;
   });
-  {
+  // The waiter sets `waiting` under the mutex and gives it up only inside
+  // Wait: once we hold the mutex and see it set, the waiter is asleep in
+  // Wait, and only the Signal below can wake it (a test that signalled
+  // before the wait would pass without Signal doing anything).
+  for (;;) {
     MutexLock lock(mu);
-    ready = true;
+    if (waiting) {
+      ready = true;
+      break;
+    }
   }
   cv.Signal();
   waiter.join();

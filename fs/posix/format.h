@@ -124,6 +124,8 @@ inline constexpr u8 kXattrValue = 1;
 // transaction), each value at most what fits in one key beside its name.
 inline constexpr u32 kMaxXattrs = 128;
 inline constexpr u32 XattrValueMax(u32 name_len) { return btree::kMaxValueBytes - 16 - name_len; }
+// No xattr value is longer (a front end's buffer for any value).
+inline constexpr u32 kXattrValueLimit = XattrValueMax(0);
 
 }  // namespace tfs::posix
 

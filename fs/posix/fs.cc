@@ -730,7 +730,13 @@ Status Filesystem::GetStatFs(StatFs* out) {
   const u64 reserved = data_.GetStats().blocks_reserved;
   out->blocks_free -= Min(out->blocks_free, reserved);
   out->blocks_avail -= Min(out->blocks_avail, reserved);
-  out->files = inodes_.Load(MemOrder::kRelaxed);
+  // Inodes are btree records, not a preallocated table: one can be made
+  // while there is space for its record, its entry and their keys. Count
+  // kInodeCostBytes each (the 128-byte inode and a short entry with their
+  // keys: the least one costs) of the space unprivileged writers have.
+  constexpr u64 kInodeCostBytes = 256;
+  out->files_free = out->blocks_avail * (out->block_size / kInodeCostBytes);
+  out->files = inodes_.Load(MemOrder::kRelaxed) + out->files_free;
   return Status::Ok();
 }
 
@@ -741,7 +747,7 @@ Status Filesystem::MetadataRoom() {
 }
 
 Result<Attr> Filesystem::Create(u64 dir, const char* name, u32 len, u32 mode, u64 rdev, const char* target,
-                                u32 target_len, const Caller& who) {
+                                u32 target_len, const Caller& who, bool open_handle) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
   TFS_TRY(CheckName(name, len));
   TFS_TRY(MetadataRoom());
@@ -796,8 +802,15 @@ Result<Attr> Filesystem::Create(u64 dir, const char* name, u32 len, u32 mode, u6
   SetTime(&d.mtime_ns, now);
   SetTime(&d.ctime_ns, now);
   TFS_TRY(tx.Set(InodePos(dir), &d, sizeof(d)));
+  // CreateOpen: the handle exists before the name does; the directory's lock
+  // keeps every unlink of the name out until both are in place.
+  if (open_handle) TFS_TRY(AddHandle(ino));
   DebugNoSharedLock();
-  TFS_TRY(tx.Commit().status());
+  Status st = tx.Commit().status();
+  if (!st.ok()) {
+    if (open_handle) RemoveHandle(ino);
+    return st;
+  }
   c_creates_.FetchAdd(1, MemOrder::kRelaxed);
   inodes_.FetchAdd(1, MemOrder::kRelaxed);
   return ToAttr(ino, f);
@@ -1973,6 +1986,10 @@ Status Filesystem::OpenInode(u64 ino) {
   TFS_TRY(locked.status());
   InodeFormat f;
   TFS_TRY(ReadInode(ino, &f));
+  return AddHandle(ino);
+}
+
+Status Filesystem::AddHandle(u64 ino) {
   const u32 s = Stripe(ino);
   SharedLock l(open_mu_[s]);
   for (OpenCount& o : open_[s])
@@ -1982,6 +1999,131 @@ Status Filesystem::OpenInode(u64 ino) {
     }
   TFS_TRY(open_[s].PushBack(OpenCount{ino, 1, nullptr}));
   c_open_.FetchAdd(1, MemOrder::kRelaxed);
+  return Status::Ok();
+}
+
+void Filesystem::RemoveHandle(u64 ino) {
+  const u32 s = Stripe(ino);
+  SharedLock l(open_mu_[s]);
+  Vector<OpenCount>& v = open_[s];
+  for (u32 i = 0; i < v.size(); i++) {
+    if (v[i].ino != ino) continue;
+    if (--v[i].count == 0) {
+      TFS_BUG_ON(v[i].buf != nullptr);  // unused: no write could buffer through it
+      v[i] = v[v.size() - 1];
+      v.PopBack();
+      c_open_.FetchSub(1, MemOrder::kRelaxed);
+    }
+    return;
+  }
+}
+
+// --- the front ends' operations -------------------------------------------------
+
+Status Filesystem::Open(u64 ino, u32 flags) {
+  if ((flags & ~u32(kOpenTruncate)) != 0) return Err::kInvalidArgument;
+  TFS_TRY(OpenInode(ino));
+  if ((flags & kOpenTruncate) == 0) return Status::Ok();
+  InodeFormat f;
+  Status st = ReadInode(ino, &f);
+  if (st.ok() && (f.mode.get() & kModeTypeMask) == kModeReg) {
+    SetAttr set;
+    set.valid = kSetSize;
+    set.size = 0;
+    st = SetAttrs(ino, set).status();
+  }
+  if (st.ok()) return Status::Ok();
+  Status rst = Release(ino);
+  if (!rst.ok())
+    platform::Log(platform::LogLevel::kError, "posix: releasing inode %llu after its truncation failed: %s",
+                  (unsigned long long)ino, rst.Message());
+  return st;
+}
+
+Result<Attr> Filesystem::CreateOpen(u64 dir, const char* name, u32 len, u32 mode, const Caller& who) {
+  return Create(dir, name, len, kModeReg | (mode & kModePermMask), 0, nullptr, 0, who, true);
+}
+
+Status Filesystem::OpenDir(u64 dir) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  InodeFormat d;
+  TFS_TRY(ReadInode(dir, &d));
+  return IsDir(d) ? Status::Ok() : Status(Err::kNotDir);
+}
+
+namespace {
+
+// ReadDirPlus's first pass: the listed entries, names packed in one buffer.
+struct Listing {
+  struct Item {
+    u32 name_at, len;
+    u64 ino, next;
+    u8 type;
+  };
+  Vector<Item> items;
+  Vector<char> names;
+  u32 max;
+  Status st;
+};
+
+bool ListOne(void* p, const char* name, u32 len, u64 ino, u8 type, u64 next) {
+  auto* l = static_cast<Listing*>(p);
+  if (l->items.size() >= l->max) return false;
+  const u32 at = u32(l->names.size());
+  l->st = l->names.Append(name, len);
+  if (l->st.ok()) l->st = l->items.PushBack(Listing::Item{at, len, ino, next, type});
+  return l->st.ok();
+}
+
+}  // namespace
+
+Status Filesystem::ReadDirPlus(u64 dir, u64 cookie, u32 max_entries, DirPlusFiller fill, void* ctx) {
+  if (max_entries == 0) return Err::kInvalidArgument;
+  Listing l;
+  l.max = max_entries;
+  Status st = ReadDir(dir, cookie, ListOne, &l);
+  if (!l.st.ok() && l.items.size() == 0) return l.st;  // (out of memory before the first)
+  if (!st.ok() && l.items.size() == 0) return st;
+  u32 filled = 0;
+  for (const Listing::Item& e : l.items) {
+    const char* name = l.names.data() + e.name_at;
+    const bool dot = (e.len == 1 && name[0] == '.') || (e.len == 2 && name[0] == '.' && name[1] == '.');
+    if (dot) {
+      if (!fill(ctx, name, e.len, nullptr, e.ino, e.type, e.next)) break;
+      filled++;
+      continue;
+    }
+    Result<Attr> a = GetAttr(e.ino);
+    if (!a.ok() && a.status().Is(ErrorClass::kNotFound)) continue;  // removed since it was listed
+    if (!a.ok()) {
+      if (filled == 0) return a.status();
+      break;  // the next call resumes here, and says it
+    }
+    if (!fill(ctx, name, e.len, &a.value(), e.ino, e.type, e.next)) break;
+    filled++;
+  }
+  return Status::Ok();
+}
+
+Status Filesystem::FsyncDir(u64 dir) {
+  if (engine_ == nullptr) return Err::kInvalidArgument;
+  (void)dir;  // every directory's operations are in the one journal
+  return engine_->journal().Flush();
+}
+
+Status Filesystem::GetFsxattr(u64 ino, Fsxattr* out) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  InodeFormat f;
+  TFS_TRY(ReadInode(ino, &f));
+  *out = Fsxattr{};
+  return Status::Ok();
+}
+
+Status Filesystem::SetFsxattr(u64 ino, const Fsxattr& x) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  InodeFormat f;
+  TFS_TRY(ReadInode(ino, &f));
+  if (x.xflags != 0 || x.extsize != 0 || x.projid != 0 || x.cowextsize != 0) return Err::kNotSupported;
   return Status::Ok();
 }
 

@@ -144,13 +144,32 @@ enum RenameFlags : u32 {
 // `next` the cookie to resume after it). Returns false when it has no room for
 // this entry: ReadDir then stops, and the entry is the first of the next call.
 using DirFiller = bool (*)(void* ctx, const char* name, u32 len, u64 ino, u8 type, u64 next);
+// ReadDirPlus's sink: as DirFiller, with the entry's attributes (`attr` null
+// for "." and "..", whose lookups a front end does not count).
+using DirPlusFiller = bool (*)(void* ctx, const char* name, u32 len, const Attr* attr, u64 ino, u8 type,
+                               u64 next);
+
+// Open flags (the front end's translation of open(2)'s).
+enum OpenFlags : u32 {
+  kOpenTruncate = 1,  // O_TRUNC: a regular file's data goes (other types ignore it)
+};
+
+// FS_IOC_FSGETXATTR / FSSETXATTR (struct fsxattr's fields).
+struct Fsxattr {
+  u32 xflags = 0;
+  u32 extsize = 0;
+  u32 nextents = 0;
+  u32 projid = 0;
+  u32 cowextsize = 0;
+};
 
 struct StatFs {
   u64 block_size = 0;    // bytes of the units below
   u64 blocks = 0;        // total data space
   u64 blocks_free = 0;
   u64 blocks_avail = 0;  // free to unprivileged writers (above the reserves)
-  u64 files = 0;         // inodes in use
+  u64 files = 0;         // inodes: in use + files_free (statfs's f_files)
+  u64 files_free = 0;    // inodes that can still be made (not preallocated: see GetStatFs)
   u64 name_max = kNameMax;
 };
 
@@ -278,6 +297,40 @@ class Filesystem {
   Status OpenInode(u64 ino);
   Status Release(u64 ino);
 
+  // The front ends' operations (docs/design/core.md): each is the whole of
+  // what open(2), creat(2), opendir(3), readdir with attributes, fsync(2) on
+  // a directory and the fileattr ioctls ask of the filesystem, so the FUSE
+  // shim and the kernel glue only translate.
+  //
+  // open(2): a handle on the inode (OpenInode), then with kOpenTruncate a
+  // regular file's truncation to 0 (other types ignore it); if the truncation
+  // fails the handle is released and the error returned -- part of the data
+  // may be gone (truncation frees in batches), as on any filesystem. The
+  // handle comes first, so no unlink can free the inode in between.
+  Status Open(u64 ino, u32 flags);
+  // creat(2) / open(O_CREAT) of a new name: a regular file (mode's
+  // permission bits), created with a handle already open on it, in the
+  // create's own commit under the directory's lock -- no other operation
+  // sees the name before the handle exists.
+  Result<Attr> CreateOpen(u64 dir, const char* name, u32 len, u32 mode, const Caller& who);
+  // opendir(3): kNotDir unless a directory (kNotFound if it is gone).
+  Status OpenDir(u64 dir);
+  // readdir with attributes (FUSE's readdirplus, the kernel's lookups while
+  // listing): entries from `cookie` on, each with its inode's attributes; an
+  // entry whose inode went since it was listed is skipped; a failure after
+  // the first entry ends the call early (the next call resumes there and
+  // reports it). At most `max_entries` are listed per call (the sink's room
+  // at the smallest entry size); the listing is read first, then the
+  // attributes, so no btree iterator is held across another read.
+  Status ReadDirPlus(u64 dir, u64 cookie, u32 max_entries, DirPlusFiller fill, void* ctx);
+  // fsync(2) on a directory: every namespace operation so far and every
+  // written-out write durable (the journal's durable commit).
+  Status FsyncDir(u64 dir);
+  // The xfs-style attributes (FS_IOC_FSGETXATTR/FSSETXATTR): tierfs has none
+  // of them; Get reports zeros, Set accepts only zeros (kNotSupported else).
+  Status GetFsxattr(u64 ino, Fsxattr* out);
+  Status SetFsxattr(u64 ino, const Fsxattr& x);
+
   Stats GetStats() const;
 
  private:
@@ -294,8 +347,13 @@ class Filesystem {
   Status ReadInode(u64 ino, InodeFormat* out, char* link = nullptr, u32* link_len = nullptr);
   Status ReadDirInode(u64 dir, InodeFormat* out);
   Status FindEntry(const NameTable& t, const char* name, u32 len, Entry* out);
+  // open_handle: the new inode is counted open before the commit (CreateOpen).
   Result<Attr> Create(u64 dir, const char* name, u32 len, u32 mode, u64 rdev, const char* target,
-                      u32 target_len, const Caller& who);
+                      u32 target_len, const Caller& who, bool open_handle = false);
+  // Adds one handle on `ino` (open_[] under its stripe's mutex); RemoveHandle
+  // takes back one that no operation has used yet.
+  Status AddHandle(u64 ino);
+  void RemoveHandle(u64 ino);
   // Queues the removal of entry `e` (tombstone, or delete with trailing tombstones).
   Status QueueRemoveEntry(btree::Transaction* tx, const NameTable& t, const Entry& e);
   // Queues the inode's new state after losing a link: deleted (with whatever it

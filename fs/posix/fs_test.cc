@@ -204,7 +204,7 @@ TEST(PosixTest, CreateLookupListUnlinkAndRemount) {
   EXPECT_TRUE(Names(m.fs, kRootIno).empty());
   StatFs sf;
   ASSERT_TRUE(m.fs.GetStatFs(&sf).ok());
-  EXPECT_EQ(sf.files, 1u);  // the root
+  EXPECT_EQ(sf.files - sf.files_free, 1u);  // the root
   EXPECT_GT(sf.blocks, 0u);
   EXPECT_LE(sf.blocks_avail, sf.blocks_free);
   EXPECT_LE(sf.blocks_free, sf.blocks);
@@ -625,20 +625,35 @@ TEST(PosixTest, ConcurrentDirectoryMovesNeverLoop) {
   Mounted m;
   const u64 a = Mkdir(m.fs, kRootIno, "a").value().ino;
   const u64 b = Mkdir(m.fs, kRootIno, "b").value().ino;
+  // A rename may fail only as the race allows: the move would make a loop
+  // (EINVAL) or its source was moved away meanwhile (ENOENT). Each thread
+  // must also get moves through, or the test would pass with none at all.
+  std::atomic<int> moved[2]{{0}, {0}};
+  std::atomic<int> unexpected{0};
+  auto count = [&](int t, Status st) {
+    if (st.ok()) {
+      moved[t]++;
+    } else if (st.code() != Err::kInvalidArgument && st.code() != Err::kNotFound) {
+      unexpected++;
+    }
+  };
   std::thread t1([&] {
     for (int k = 0; k < 200; k++) {
-      (void)Rename(m.fs, kRootIno, "a", b, "a");
-      (void)Rename(m.fs, b, "a", kRootIno, "a");
+      count(0, Rename(m.fs, kRootIno, "a", b, "a"));
+      count(0, Rename(m.fs, b, "a", kRootIno, "a"));
     }
   });
   std::thread t2([&] {
     for (int k = 0; k < 200; k++) {
-      (void)Rename(m.fs, kRootIno, "b", a, "b");
-      (void)Rename(m.fs, a, "b", kRootIno, "b");
+      count(1, Rename(m.fs, kRootIno, "b", a, "b"));
+      count(1, Rename(m.fs, a, "b", kRootIno, "b"));
     }
   });
   t1.join();
   t2.join();
+  EXPECT_EQ(unexpected.load(), 0);
+  EXPECT_GT(moved[0].load(), 0);
+  EXPECT_GT(moved[1].load(), 0);
   // Each is reachable from the root, and neither is its own ancestor.
   for (u64 x : {a, b}) {
     u64 at = x;
@@ -1479,6 +1494,192 @@ TEST(PosixTest, NameHashSpreadsAndRespectsItsBits) {
   }
   EXPECT_EQ(homes.size(), 10000u);
   EXPECT_NE(NameHash(1, 62, "a", 1), NameHash(2, 62, "a", 1));  // seeded
+}
+
+// --- the front ends' operations (docs/design/core.md) --------------------------
+
+TEST(PosixFrontEndTest, OpenTruncatesRegularFilesOnlyAndHoldsAHandle) {
+  Mounted m;
+  const u64 f = Mkfile(m.fs, kRootIno, "f").value().ino;
+  ASSERT_TRUE(m.fs.OpenInode(f).ok());
+  ASSERT_TRUE(m.fs.Write(f, 0, "0123456789", 10).ok());
+  ASSERT_TRUE(m.fs.Release(f).ok());
+  EXPECT_EQ(m.fs.GetAttr(f).value().size, 10u);
+  // Without kOpenTruncate the data stays; with it, it goes.
+  ASSERT_TRUE(m.fs.Open(f, 0).ok());
+  EXPECT_EQ(m.fs.GetAttr(f).value().size, 10u);
+  ASSERT_TRUE(m.fs.Open(f, kOpenTruncate).ok());
+  EXPECT_EQ(m.fs.GetAttr(f).value().size, 0u);
+  EXPECT_EQ(m.fs.GetStats().open_inodes, 1u);  // one inode, two handles
+  // The handles hold it past its unlink.
+  ASSERT_TRUE(Unlink(m.fs, kRootIno, "f").ok());
+  EXPECT_EQ(m.fs.GetAttr(f).value().nlink, 0u);
+  ASSERT_TRUE(m.fs.Release(f).ok());
+  ASSERT_TRUE(m.fs.GetAttr(f).ok());
+  ASSERT_TRUE(m.fs.Release(f).ok());
+  EXPECT_EQ(m.fs.GetAttr(f).status().code(), Err::kNotFound);
+  // A fifo ignores the truncation; a directory's open is not truncated either.
+  const u64 p = m.fs.Mknod(kRootIno, "p", 1, kModeFifo | 0644, 0, kUser).value().ino;
+  EXPECT_TRUE(m.fs.Open(p, kOpenTruncate).ok());
+  EXPECT_TRUE(m.fs.Release(p).ok());
+  EXPECT_EQ(m.fs.Open(p, 0x100).code(), Err::kInvalidArgument);  // an unknown flag
+  EXPECT_EQ(m.fs.Open(999999, kOpenTruncate).code(), Err::kNotFound);
+  EXPECT_EQ(m.fs.GetStats().open_inodes, 0u);
+}
+
+TEST(PosixFrontEndTest, CreateOpenHasItsHandleBeforeTheNameIsSeen) {
+  Mounted m;
+  auto r = m.fs.CreateOpen(kRootIno, "new", 3, 0640 | kModeSetuid, kUser);
+  ASSERT_TRUE(r.ok()) << r.status().Message();
+  const Attr a = r.value();
+  EXPECT_EQ(a.mode, kModeReg | 0640 | kModeSetuid);
+  EXPECT_EQ(a.uid, kUser.uid);
+  EXPECT_EQ(m.fs.GetStats().open_inodes, 1u);
+  // An unlink right after the create leaves an open orphan, not a freed inode.
+  ASSERT_TRUE(Unlink(m.fs, kRootIno, "new").ok());
+  ASSERT_TRUE(m.fs.Write(a.ino, 0, "abc", 3).ok());
+  EXPECT_EQ(m.fs.GetAttr(a.ino).value().nlink, 0u);
+  ASSERT_TRUE(m.fs.Release(a.ino).ok());
+  EXPECT_EQ(m.fs.GetAttr(a.ino).status().code(), Err::kNotFound);
+  // The create's own errors, with no handle left behind.
+  ASSERT_TRUE(Mkfile(m.fs, kRootIno, "x").ok());
+  EXPECT_EQ(m.fs.CreateOpen(kRootIno, "x", 1, 0644, kUser).status().code(), Err::kExists);
+  const u64 f = Lookup(m.fs, kRootIno, "x").value().ino;
+  EXPECT_EQ(m.fs.CreateOpen(f, "y", 1, 0644, kUser).status().code(), Err::kNotDir);
+  EXPECT_EQ(m.fs.GetStats().open_inodes, 0u);
+}
+
+TEST(PosixFrontEndTest, CreatesRacingUnlinksNeverLoseTheHandle) {
+  Mounted m;
+  std::atomic<bool> stop{false};
+  std::atomic<int> unlinked{0};
+  std::thread unlinker([&] {
+    while (!stop.load()) {
+      if (Unlink(m.fs, kRootIno, "race").ok()) unlinked++;
+    }
+  });
+  int bad = 0;
+  // (On until the unlinker has won at least once, however the threads are scheduled.)
+  for (int i = 0; i < 300 || (unlinked.load() == 0 && i < 100000); i++) {
+    auto r = m.fs.CreateOpen(kRootIno, "race", 4, 0644, kUser);
+    if (!r.ok()) {
+      if (r.status().code() != Err::kExists) bad++;
+      continue;
+    }
+    // Whatever the unlinker did, the handle's inode is there to write.
+    if (!m.fs.Write(r.value().ino, 0, "x", 1).ok()) bad++;
+    if (!m.fs.Release(r.value().ino).ok()) bad++;
+  }
+  stop = true;
+  unlinker.join();
+  EXPECT_EQ(bad, 0);
+  EXPECT_GT(unlinked.load(), 0);
+  EXPECT_EQ(m.fs.GetStats().open_inodes, 0u);
+}
+
+TEST(PosixFrontEndTest, OpenDirFsyncDirAndFsxattr) {
+  Mounted m;
+  const u64 d = Mkdir(m.fs, kRootIno, "d").value().ino;
+  const u64 f = Mkfile(m.fs, kRootIno, "f").value().ino;
+  EXPECT_TRUE(m.fs.OpenDir(d).ok());
+  EXPECT_EQ(m.fs.OpenDir(f).code(), Err::kNotDir);
+  EXPECT_EQ(m.fs.OpenDir(999999).code(), Err::kNotFound);
+  // fsync of a directory: what was committed survives a power cut.
+  ASSERT_TRUE(Mkfile(m.fs, d, "kept").ok());
+  ASSERT_TRUE(m.fs.FsyncDir(d).ok());
+  auto after = m.AfterPowerCut();
+  EXPECT_TRUE(Lookup(after->fs, d, "kept").ok());
+  after.reset();
+  Fsxattr x;
+  x.xflags = 7;
+  ASSERT_TRUE(m.fs.GetFsxattr(f, &x).ok());
+  EXPECT_EQ(x.xflags, 0u);
+  EXPECT_TRUE(m.fs.SetFsxattr(f, Fsxattr{}).ok());
+  Fsxattr set;
+  set.projid = 5;
+  EXPECT_EQ(m.fs.SetFsxattr(f, set).code(), Err::kNotSupported);
+  EXPECT_EQ(m.fs.GetFsxattr(999999, &x).code(), Err::kNotFound);
+}
+
+TEST(PosixFrontEndTest, StatFsCountsInodesFromFreeSpace) {
+  Mounted m;
+  StatFs before;
+  ASSERT_TRUE(m.fs.GetStatFs(&before).ok());
+  EXPECT_GT(before.files_free, 0u);
+  EXPECT_EQ(before.files_free, before.blocks_avail * (before.block_size / 256));
+  const u64 in_use = before.files - before.files_free;
+  ASSERT_TRUE(Mkfile(m.fs, kRootIno, "one").ok());
+  StatFs after;
+  ASSERT_TRUE(m.fs.GetStatFs(&after).ok());
+  EXPECT_EQ(after.files - after.files_free, in_use + 1);  // what df -i says is used
+}
+
+struct PlusListed {
+  std::string name;
+  bool has_attr;
+  u64 ino;
+  u32 nlink;
+  u64 next;
+};
+
+TEST(PosixFrontEndTest, ReadDirPlusGivesAttributesAndSkipsWhatWent) {
+  Mounted m;
+  const u64 d = Mkdir(m.fs, kRootIno, "d").value().ino;
+  for (int i = 0; i < 6; i++) ASSERT_TRUE(Mkfile(m.fs, d, "f" + std::to_string(i)).ok());
+  struct Sink {
+    Filesystem* fs;
+    u64 dir;
+    std::vector<PlusListed> out;
+    u32 room;
+    bool unlink_next = false;
+  };
+  auto fill = [](void* p, const char* name, u32 len, const Attr* a, u64 ino, u8, u64 next) {
+    auto* x = static_cast<Sink*>(p);
+    if (x->room == 0) return false;
+    x->room--;
+    x->out.push_back(PlusListed{std::string(name, len), a != nullptr, ino, a ? a->nlink : 0, next});
+    // Remove an entry that was listed but not yet looked up: it must be skipped.
+    if (x->unlink_next && x->out.size() == 3) {
+      for (int i = 0; i < 6; i++) {
+        const std::string n = "f" + std::to_string(i);
+        bool seen = false;
+        for (auto& o : x->out) seen |= o.name == n;
+        if (!seen) {
+          EXPECT_TRUE(Unlink(*x->fs, x->dir, n).ok());
+          break;
+        }
+      }
+    }
+    return true;
+  };
+  Sink all{&m.fs, d, {}, 1000};
+  ASSERT_TRUE(m.fs.ReadDirPlus(d, 0, 100, fill, &all).ok());
+  ASSERT_EQ(all.out.size(), 8u);
+  EXPECT_EQ(all.out[0].name, ".");
+  EXPECT_FALSE(all.out[0].has_attr);
+  EXPECT_EQ(all.out[1].name, "..");
+  EXPECT_EQ(all.out[1].ino, kRootIno);
+  for (size_t i = 2; i < 8; i++) {
+    EXPECT_TRUE(all.out[i].has_attr) << all.out[i].name;
+    EXPECT_EQ(all.out[i].nlink, 1u);
+  }
+  // Paged: the sink full after 3, then resumed from the last cookie it took;
+  // and max_entries bounds a page as well.
+  Sink page{&m.fs, d, {}, 3};
+  ASSERT_TRUE(m.fs.ReadDirPlus(d, 0, 100, fill, &page).ok());
+  ASSERT_EQ(page.out.size(), 3u);
+  Sink rest{&m.fs, d, {}, 1000};
+  ASSERT_TRUE(m.fs.ReadDirPlus(d, page.out.back().next, 2, fill, &rest).ok());
+  ASSERT_EQ(rest.out.size(), 2u);
+  EXPECT_EQ(rest.out[0].name, all.out[3].name);
+  EXPECT_EQ(m.fs.ReadDirPlus(d, 0, 0, fill, &rest).code(), Err::kInvalidArgument);
+  // An entry unlinked between the listing and its lookup is left out.
+  Sink racing{&m.fs, d, {}, 1000, true};
+  ASSERT_TRUE(m.fs.ReadDirPlus(d, 0, 100, fill, &racing).ok());
+  EXPECT_EQ(racing.out.size(), 7u);
+  const u64 f = Lookup(m.fs, d, "f0").ok() ? Lookup(m.fs, d, "f0").value().ino : Lookup(m.fs, d, "f1").value().ino;
+  Sink none{&m.fs, f, {}, 1000};
+  EXPECT_EQ(m.fs.ReadDirPlus(f, 0, 100, fill, &none).code(), Err::kNotDir);
 }
 
 }  // namespace

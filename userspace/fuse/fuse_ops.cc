@@ -215,30 +215,21 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Context* c = Ctx(req);
   // With atomic O_TRUNC (libfuse's default) the kernel sends the truncation
   // inside the open, not as a separate SETATTR.
-  if ((fi->flags & O_TRUNC) != 0) {
-    auto a = c->fs->GetAttr(ino);
-    if (!a.ok()) return Reply(req, a.status());
-    if (S_ISREG(a.value().mode)) {  // (fifos and devices ignore it)
-      posix::SetAttr set;
-      set.valid = posix::kSetSize;
-      set.size = 0;
-      auto r = c->fs->SetAttrs(ino, set);
-      if (!r.ok()) return Reply(req, r.status());
-      MarkStale(c, ino);  // the kernel truncates its cache only if the open succeeds
-    }
+  const bool trunc = (fi->flags & O_TRUNC) != 0;
+  Status st = c->fs->Open(ino, trunc ? uint32_t(posix::kOpenTruncate) : 0u);
+  if (!st.ok()) {
+    // The kernel truncates its cache only if the open succeeds.
+    if (trunc) MarkStale(c, ino);
+    return Reply(req, st);
   }
-  Status st = c->fs->OpenInode(ino);
-  if (!st.ok()) return Reply(req, st);
   MarkDirect(c, ino, fi);
   fuse_reply_open(req, fi);
 }
 
 void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
   Context* c = Ctx(req);
-  auto r = c->fs->Mknod(parent, name, Len(name), S_IFREG | (mode & 07777), 0, Who(req));
+  auto r = c->fs->CreateOpen(parent, name, Len(name), uint32_t(mode), Who(req));
   if (!r.ok()) return Reply(req, r.status());
-  Status st = c->fs->OpenInode(r.value().ino);
-  if (!st.ok()) return Reply(req, st);
   fuse_entry_param e;
   memset(&e, 0, sizeof(e));
   e.ino = r.value().ino;
@@ -299,9 +290,8 @@ void Flush(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
 void Fsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info*) { Reply(req, Ctx(req)->fs->Fsync(ino)); }
 
 void OpenDir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  auto r = Ctx(req)->fs->GetAttr(ino);
-  if (!r.ok()) return Reply(req, r.status());
-  if (!S_ISDIR(r.value().mode)) return (void)fuse_reply_err(req, ENOTDIR);
+  Status st = Ctx(req)->fs->OpenDir(ino);
+  if (!st.ok()) return Reply(req, st);
   fi->fh = 0;
   fuse_reply_open(req, fi);
 }
@@ -335,68 +325,52 @@ void ReadDir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
 }
 
 // readdir with each entry's attributes (what `ls -l` wants): one request per
-// page of entries instead of one lookup per entry. The entries are listed
-// first (the listing holds btree iterators: no other read inside it), then
-// looked up, and the page ends where the reply buffer does.
+// page of entries instead of one lookup per entry (posix's ReadDirPlus), the
+// page ending where the reply buffer does.
 void ReadDirPlus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
-  struct Listed {
-    std::string name;
-    uint64_t ino;
-    uint8_t type;
-    uint64_t next;
-  };
-  struct List {
+  struct Fill {
     fuse_req_t req;
-    size_t size;
-    size_t need = 0;
-    std::vector<Listed> entries;
-  } l{req, size, 0, {}};
-  Context* c = Ctx(req);
-  Status st = c->fs->ReadDir(
-      ino, uint64_t(off),
-      [](void* p, const char* name, uint32_t len, uint64_t ino, uint8_t type, uint64_t next) {
-        auto* x = static_cast<List*>(p);
-        std::string n(name, len);
-        const size_t need = fuse_add_direntry_plus(x->req, nullptr, 0, n.c_str(), nullptr, 0);
-        if (x->need + need > x->size) return false;
-        x->need += need;
-        x->entries.push_back(Listed{std::move(n), ino, type, next});
+    Context* c;
+    std::vector<char> buf;
+    size_t used = 0;
+  } f{req, Ctx(req), std::vector<char>(size), 0};
+  // No more entries than the buffer holds at the smallest entry size.
+  const size_t least = fuse_add_direntry_plus(req, nullptr, 0, "", nullptr, 0);
+  const uint32_t max_entries = uint32_t(std::min<size_t>(size / least + 1, 1u << 16));
+  Status st = f.c->fs->ReadDirPlus(
+      ino, uint64_t(off), max_entries,
+      [](void* p, const char* name, uint32_t len, const posix::Attr* a, uint64_t ino, uint8_t type,
+         uint64_t next) {
+        auto* x = static_cast<Fill*>(p);
+        char z[posix::kNameMax + 1];
+        memcpy(z, name, len);
+        z[len] = '\0';
+        fuse_entry_param e;
+        memset(&e, 0, sizeof(e));
+        if (a == nullptr) {  // "." and "..": attributes only, no lookup count
+          e.attr.st_ino = ino;
+          e.attr.st_mode = mode_t(type) << 12;  // DT_* to S_IF*
+        } else {
+          e.ino = ino;
+          e.generation = a->generation;
+          e.attr = ToStat(*a);
+          e.attr_timeout = x->c->attr_timeout;
+          e.entry_timeout = x->c->attr_timeout;
+        }
+        const size_t need = fuse_add_direntry_plus(x->req, x->buf.data() + x->used, x->buf.size() - x->used, z,
+                                                   &e, off_t(next));
+        if (need > x->buf.size() - x->used) return false;
+        x->used += need;
         return true;
       },
-      &l);
-  if (!st.ok() && l.entries.empty()) return Reply(req, st);
-  std::vector<char> buf(size);
-  size_t used = 0;
-  for (const Listed& e : l.entries) {
-    fuse_entry_param p;
-    memset(&p, 0, sizeof(p));
-    const bool dot = e.name == "." || e.name == "..";
-    if (dot) {  // no lookup count for these: attributes only
-      p.attr.st_ino = e.ino;
-      p.attr.st_mode = mode_t(e.type) << 12;
-    } else {
-      auto r = c->fs->GetAttr(e.ino);
-      if (!r.ok() && r.status().Is(ErrorClass::kNotFound)) continue;  // removed since it was listed
-      if (!r.ok()) {
-        if (used == 0) return Reply(req, r.status());
-        break;  // the next call resumes here
-      }
-      p.ino = e.ino;
-      p.generation = r.value().generation;
-      p.attr = ToStat(r.value());
-      p.attr_timeout = c->attr_timeout;
-      p.entry_timeout = c->attr_timeout;
-    }
-    const size_t need = fuse_add_direntry_plus(req, buf.data() + used, size - used, e.name.c_str(), &p, off_t(e.next));
-    if (need > size - used) break;
-    used += need;
-  }
-  fuse_reply_buf(req, buf.data(), used);
+      &f);
+  if (!st.ok()) return Reply(req, st);
+  fuse_reply_buf(req, f.buf.data(), f.used);
 }
 
 void ReleaseDir(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
 
-void FsyncDir(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) { Reply(req, Ctx(req)->engine->journal().Flush()); }
+void FsyncDir(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info*) { Reply(req, Ctx(req)->fs->FsyncDir(ino)); }
 
 void StatFs(fuse_req_t req, fuse_ino_t) {
   posix::StatFs s;
@@ -409,9 +383,9 @@ void StatFs(fuse_req_t req, fuse_ino_t) {
   v.f_blocks = s.blocks;
   v.f_bfree = s.blocks_free;
   v.f_bavail = s.blocks_avail;
-  v.f_files = s.files + (uint64_t(1) << 32);  // inodes are not preallocated: plenty left
-  v.f_ffree = uint64_t(1) << 32;
-  v.f_favail = v.f_ffree;
+  v.f_files = s.files;
+  v.f_ffree = s.files_free;
+  v.f_favail = s.files_free;
   v.f_namemax = s.name_max;
   fuse_reply_statfs(req, &v);
 }
@@ -422,7 +396,7 @@ void SetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* valu
 }
 
 void GetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
-  std::vector<char> buf(std::min<size_t>(size, btree::kMaxValueBytes));
+  std::vector<char> buf(std::min<size_t>(size, posix::kXattrValueLimit));
   auto r = Ctx(req)->fs->GetXattr(ino, name, uint32_t(strlen(name)), buf.data(), uint32_t(buf.size()));
   if (!r.ok()) return Reply(req, r.status());
   if (size == 0) return (void)fuse_reply_xattr(req, r.value());
@@ -466,18 +440,30 @@ void Ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file_in
   // too; tierfs has none of them: all zero, and only zero can be set.
   if (cmd == FS_IOC_FSGETXATTR) {
     if (out_bufsz < sizeof(fsxattr)) return (void)fuse_reply_err(req, EINVAL);
-    auto r = Ctx(req)->fs->GetAttr(ino);
-    if (!r.ok()) return Reply(req, r.status());
+    posix::Fsxattr a;
+    Status st = Ctx(req)->fs->GetFsxattr(ino, &a);
+    if (!st.ok()) return Reply(req, st);
     fsxattr x;
     memset(&x, 0, sizeof(x));
+    x.fsx_xflags = a.xflags;
+    x.fsx_extsize = a.extsize;
+    x.fsx_nextents = a.nextents;
+    x.fsx_projid = a.projid;
+    x.fsx_cowextsize = a.cowextsize;
     return (void)fuse_reply_ioctl(req, 0, &x, sizeof(x));
   }
   if (cmd == FS_IOC_FSSETXATTR) {
     if (in_bufsz < sizeof(fsxattr)) return (void)fuse_reply_err(req, EINVAL);
     fsxattr x;
     memcpy(&x, in_buf, sizeof(x));
-    if (x.fsx_xflags != 0 || x.fsx_extsize != 0 || x.fsx_projid != 0 || x.fsx_cowextsize != 0)
-      return (void)fuse_reply_err(req, EOPNOTSUPP);
+    posix::Fsxattr a;
+    a.xflags = x.fsx_xflags;
+    a.extsize = x.fsx_extsize;
+    a.nextents = x.fsx_nextents;
+    a.projid = x.fsx_projid;
+    a.cowextsize = x.fsx_cowextsize;
+    Status st = Ctx(req)->fs->SetFsxattr(ino, a);
+    if (!st.ok()) return Reply(req, st);
     return (void)fuse_reply_ioctl(req, 0, nullptr, 0);
   }
   if ((cmd != kCtlStats && cmd != kCtlFault) || ino != FUSE_ROOT_ID) return (void)fuse_reply_err(req, ENOTTY);
