@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/engine.h"
 #include "fsck/fsck.h"
 #include "fuzz/fuzz.h"
 #include "posix/fs.h"
+#include "store/store.h"
 #include "userspace/platform/mem_device.h"
 
 using namespace tfs;
@@ -55,8 +55,8 @@ Base Build(bool crash) {
   Base b;
   BlockDevice* bd = &dev;
   {
-    engine::Engine e;
-    if (!e.Open(&bd, 1, engine::OpenOptions{}, &diag).ok()) fuzz::Fail(diag.text);
+    store::Store e;
+    if (!e.Open(&bd, 1, store::OpenOptions{}, &diag).ok()) fuzz::Fail(diag.text);
     posix::Filesystem fs;
     if (!fs.Mount(&e).ok()) fuzz::Fail("mount");
     Populate(fs, 0, 6);

@@ -33,7 +33,7 @@ namespace tfs::fuzz {
 // bucket or node size.
 std::unique_ptr<userspace::MemDevice> Formatted(uint64_t size, uint32_t bucket_size = 0, uint32_t node_size = 0);
 
-// Keeps the engine's warnings about the damage it is fed off stderr.
+// Keeps the store's warnings about the damage it is fed off stderr.
 void Quiet();
 
 // The journal target's filesystem: one 2 MiB member of 16 KiB buckets whose

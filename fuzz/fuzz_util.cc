@@ -1,8 +1,8 @@
 #include <cstring>
 
-#include "engine/engine.h"
 #include "fuzz/fuzz.h"
 #include "platform/platform.h"
+#include "store/store.h"
 
 namespace tfs::fuzz {
 
@@ -16,12 +16,12 @@ std::unique_ptr<userspace::MemDevice> Formatted(uint64_t size, uint32_t bucket_s
   o.name = "ssd0";
   o.size = size;
   auto dev = std::make_unique<userspace::MemDevice>(o);
-  engine::FormatMember m = {dev.get(), "ssd.a", 1};
-  engine::FormatOptions fo;
+  store::FormatMember m = {dev.get(), "ssd.a", 1};
+  store::FormatOptions fo;
   if (bucket_size != 0) fo.bucket_size = bucket_size;
   if (node_size != 0) fo.btree_node_size = node_size;
   Diag diag;
-  if (!engine::Format(&m, 1, fo, &diag).ok()) Fail(diag.text);
+  if (!store::Format(&m, 1, fo, &diag).ok()) Fail(diag.text);
   return dev;
 }
 

@@ -1,6 +1,6 @@
 // Writes the fuzz targets' seed inputs into DIR/<target>/ (the committed
 // corpus, fuzz/corpus/, came from `fuzz_make_seeds fuzz/corpus`): valid
-// superblocks, nodes, journal rings and values as the engine writes them, so
+// superblocks, nodes, journal rings and values as the store writes them, so
 // the fuzzers start from deep inside each parser.
 #include <sys/stat.h>
 
@@ -14,12 +14,12 @@
 #include "btree/node.h"
 #include "btree/tree.h"
 #include "dev/device_set.h"
-#include "engine/engine.h"
 #include "fuzz/fuzz.h"
 #include "journal/journal.h"
 #include "platform/platform.h"
 #include "posix/fs.h"
 #include "sb/format.h"
+#include "store/store.h"
 #include "userspace/platform/mem_device.h"
 
 using namespace tfs;
@@ -121,8 +121,8 @@ void Values() {
   auto dev = fuzz::Formatted(64ull << 20, 256 * 1024, 64 * 1024);
   Diag diag;
   BlockDevice* b = dev.get();
-  engine::Engine e;
-  Need(e.Open(&b, 1, engine::OpenOptions{}, &diag).ok(), "open");
+  store::Store e;
+  Need(e.Open(&b, 1, store::OpenOptions{}, &diag).ok(), "open");
   posix::Filesystem fs;
   Need(fs.Mount(&e).ok(), "mount");
   const posix::Caller root{0, 0};

@@ -120,7 +120,7 @@ struct AllocStats {
 
 // What Load found on one member: the slot it uses and whether the other slot
 // was unusable (then the one used may be older than the member's newest
-// table; Engine::Open decides from the superblock and the journal whether it
+// table; Store::Open decides from the superblock and the journal whether it
 // provably is -- docs/format/alloc.md, "Which slot is current").
 struct LoadedTable {
   u64 checkpoint = 0;    // checkpoint number of the slot in use
@@ -200,7 +200,7 @@ class Allocator {
   Status RepairState(u32 dev, u64 bucket, BucketState state);
 
   ~Allocator();  // waits for background table writes
-  // Waits until no background table write is in flight (Engine::Close, on
+  // Waits until no background table write is in flight (Store::Close, on
   // every path, before the journal goes).
   void WaitForBackgroundWrites();
 

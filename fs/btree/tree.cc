@@ -1629,7 +1629,7 @@ class TreeOps {
     }
     *roots_out = roots;
     // Entries written from now on record this roots block as durable: a mount
-    // that finds an older one (this one damaged) knows it (Engine::Open).
+    // that finds an older one (this one damaged) knows it (Store::Open).
     if (im->journal != nullptr) im->journal->NoteRootsGen(roots.gen);
     for (const NodePtrFormat& s : to_free) FreeSlot(im, s);
     PurgeHoles(im);  // those of the buckets just freed

@@ -342,7 +342,7 @@ class Btrees {
   // interior nodes that are not cached, and with every slot the last roots
   // block may still name (nodes replaced since, copies drop_bad_nodes took
   // keys from): all of them must stay allocated until the next roots block. Only while nothing else uses the
-  // trees (Engine::Open's rebuild hook). fn returns non-Ok to stop.
+  // trees (Store::Open's rebuild hook). fn returns non-Ok to stop.
   Status ForEachSlot(Status (*fn)(void* ctx, const NodePtrFormat& ptr), void* ctx);
 
  private:

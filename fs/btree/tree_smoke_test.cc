@@ -1,4 +1,4 @@
-// Smoke tests of the tree layer through the engine: random updates against a
+// Smoke tests of the tree layer through the store: random updates against a
 // std::map across splits, merges and root changes; clean reopen; a power cut
 // after a durable commit; a checkpoint mid-way. The thorough model, concurrency
 // and corruption suites are in tree_test.cc.
@@ -10,13 +10,13 @@
 #include <vector>
 
 #include "btree/tree.h"
-#include "engine/engine.h"
+#include "store/store.h"
 #include "userspace/platform/mem_device.h"
 
 namespace tfs::btree {
 namespace {
 
-using engine::Engine;
+using store::Store;
 using userspace::MemDevice;
 using userspace::MemDeviceOptions;
 
@@ -32,9 +32,9 @@ std::unique_ptr<MemDevice> Dev(std::vector<uint8_t> image = {}) {
   return std::make_unique<MemDevice>(o);
 }
 
-Status Open(Engine* e, MemDevice* d, bool writer = false) {
+Status Open(Store* e, MemDevice* d, bool writer = false) {
   BlockDevice* list[] = {d};
-  engine::OpenOptions o;
+  store::OpenOptions o;
   o.btree.writer_thread = writer;
   o.btree.cache_bytes = 1 << 20;
   Diag diag;
@@ -73,16 +73,16 @@ void ExpectTreeEquals(Btrees& t, const Model& m) {
 
 TEST(TreeSmokeTest, RandomUpdatesReopenAndPowerCut) {
   auto d = Dev();
-  engine::FormatOptions fo;
+  store::FormatOptions fo;
   fo.bucket_size = 256 * 1024;
   fo.btree_node_size = 4096;
-  engine::FormatMember fm[] = {{d.get(), "ssd", 1}};
+  store::FormatMember fm[] = {{d.get(), "ssd", 1}};
   Diag diag;
-  ASSERT_TRUE(engine::Format(fm, 1, fo, &diag).ok()) << diag.text;
+  ASSERT_TRUE(store::Format(fm, 1, fo, &diag).ok()) << diag.text;
   Model m;
   std::mt19937_64 rng(7);
   {
-    Engine e;
+    Store e;
     ASSERT_TRUE(Open(&e, d.get()).ok());
     Btrees& t = e.btrees();
     for (int i = 0; i < 30000; i++) {
@@ -109,7 +109,7 @@ TEST(TreeSmokeTest, RandomUpdatesReopenAndPowerCut) {
     ASSERT_TRUE(e.Close().ok());
   }
   {
-    Engine e;
+    Store e;
     ASSERT_TRUE(Open(&e, d.get()).ok());
     ExpectTreeEquals(e.btrees(), m);
     // Delete almost everything: merges and root shrink.
@@ -134,7 +134,7 @@ TEST(TreeSmokeTest, RandomUpdatesReopenAndPowerCut) {
     ASSERT_TRUE(tx.Commit(journal::CommitMode::kFlush).ok());
     m[{1, 1}] = 42;
     auto cut = Dev(d->SnapshotDurable());
-    Engine e2;
+    Store e2;
     ASSERT_TRUE(Open(&e2, cut.get()).ok());
     ExpectTreeEquals(e2.btrees(), m);
     ASSERT_TRUE(e2.Close().ok());

@@ -1,4 +1,4 @@
-// The btree tree layer (btree/tree.h) on a real engine over MemDevices.
+// The btree tree layer (btree/tree.h) on a real store over MemDevices.
 //
 //  - BtreeModelTest: random transactions (values 0..300 bytes and, 1 in 33, of
 //    kMaxValueBytes; overwrites, deletes, commits spanning two btrees) against a
@@ -47,14 +47,14 @@
 #include <utility>
 #include <vector>
 
-#include "engine/engine.h"
 #include "platform/platform.h"
+#include "store/store.h"
 #include "userspace/platform/mem_device.h"
 
 namespace tfs::btree {
 namespace {
 
-using engine::Engine;
+using store::Store;
 using journal::CommitMode;
 using userspace::MemDevice;
 using userspace::MemDeviceOptions;
@@ -184,14 +184,14 @@ struct Fs {
   // Every member may hold btree nodes (no metadata target).
   Status Format(u32 node_size, u32 bucket_size = 256 * 1024, u32 journal_buckets = 0) {
     static const char* const kLabels[] = {"ssd.a", "ssd.b", "ssd.c", "ssd.d"};
-    std::vector<engine::FormatMember> m;
+    std::vector<store::FormatMember> m;
     for (usize i = 0; i < devs.size(); i++) m.push_back({devs[i].get(), kLabels[i], 1});
-    engine::FormatOptions o;
+    store::FormatOptions o;
     o.bucket_size = bucket_size;
     o.btree_node_size = node_size;
     o.journal_buckets = journal_buckets;
     Diag diag;
-    Status st = engine::Format(m.data(), u32(m.size()), o, &diag);
+    Status st = store::Format(m.data(), u32(m.size()), o, &diag);
     if (!st.ok()) ADD_FAILURE() << "format: " << Str(st) << ": " << diag.text;
     return st;
   }
@@ -209,20 +209,20 @@ struct Fs {
   }
 };
 
-engine::OpenOptions EngineOptions(const Options& bo) {
-  engine::OpenOptions o;
+store::OpenOptions EngineOptions(const Options& bo) {
+  store::OpenOptions o;
   o.btree = bo;
   o.journal.write_delay_ns = 100 * platform::kNsPerUs;
   return o;
 }
 
-Status OpenEngine(Engine* e, Fs& fs, const Options& bo, engine::OpenReport* rep = nullptr,
-                  const engine::OpenOptions* oo = nullptr) {
+Status OpenEngine(Store* e, Fs& fs, const Options& bo, store::OpenReport* rep = nullptr,
+                  const store::OpenOptions* oo = nullptr) {
   Diag diag;
   std::vector<BlockDevice*> l = fs.List();
-  engine::OpenOptions opts = oo != nullptr ? *oo : EngineOptions(bo);
+  store::OpenOptions opts = oo != nullptr ? *oo : EngineOptions(bo);
   Status st = e->Open(l.data(), u32(l.size()), opts, &diag, rep);
-  if (!st.ok()) ADD_FAILURE() << "engine open: " << Str(st) << ": " << diag.text;
+  if (!st.ok()) ADD_FAILURE() << "store open: " << Str(st) << ": " << diag.text;
   return st;
 }
 
@@ -412,7 +412,7 @@ class ModelRun {
   void Run() {
     fs_ = std::make_unique<Fs>(2, kDevSize);
     ASSERT_OK(fs_->Format(kNode));
-    e_ = std::make_unique<Engine>();
+    e_ = std::make_unique<Store>();
     ASSERT_OK(OpenEngine(e_.get(), *fs_, opts_));
     wd_.Watch(&e_->btrees());
     ASSERT_EQ(e_->btrees().node_size(), kNode);
@@ -439,8 +439,8 @@ class ModelRun {
     AddStats(&totals_, e_->btrees().GetStats());
     ASSERT_OK(e_->Close());
     wd_.Watch(nullptr);
-    e_ = std::make_unique<Engine>();
-    engine::OpenReport rep;
+    e_ = std::make_unique<Store>();
+    store::OpenReport rep;
     ASSERT_OK(OpenEngine(e_.get(), *fs_, opts_, &rep));
     wd_.Watch(&e_->btrees());
     EXPECT_TRUE(rep.was_clean);
@@ -750,8 +750,8 @@ class ModelRun {
   void CrashCheck(bool adopt) {
     crashes_++;
     std::unique_ptr<Fs> cut = fs_->AfterPowerCut();
-    auto e2 = std::make_unique<Engine>();
-    engine::OpenReport rep;
+    auto e2 = std::make_unique<Store>();
+    store::OpenReport rep;
     ASSERT_OK(OpenEngine(e2.get(), *cut, opts_, &rep));
     EXPECT_FALSE(rep.was_clean);
     Model got;
@@ -789,7 +789,7 @@ class ModelRun {
   std::mt19937_64 rng_;
   Options opts_;
   std::unique_ptr<Fs> fs_;
-  std::unique_ptr<Engine> e_;
+  std::unique_ptr<Store> e_;
   std::unique_ptr<Iterator> live_it_;
   std::vector<CommitOps> log_;  // every commit of the current history, in order
   usize durable_ = 0;           // log_[0, durable_) survives any power cut
@@ -866,9 +866,9 @@ void RunThreads(Writer& writer, Reader& reader, Checkpointer& checkpointer, std:
   for (auto& th : others) th.join();
 }
 
-// The concurrency tests' engine: `fs` formatted with `node`-byte nodes, the
+// The concurrency tests' store: `fs` formatted with `node`-byte nodes, the
 // writer thread on, a cache of `cache_bytes`; *o: the options, to open again.
-void OpenConcurrent(Fs& fs, u32 node, u64 cache_bytes, Engine* e, Options* o) {
+void OpenConcurrent(Fs& fs, u32 node, u64 cache_bytes, Store* e, Options* o) {
   ASSERT_OK(fs.Format(node));
   *o = Options{};
   o->cache_bytes = cache_bytes;
@@ -881,7 +881,7 @@ void RunConcurrent(u64 kKeys, u64 cache_nodes, bool expect_eviction) {
   constexpr u32 kNode = 16384;
   Fs fs(2, 64ull << 20);
   Watchdog wd(CurrentTest(), 90);
-  Engine e;
+  Store e;
   Options o;
   ASSERT_NO_FATAL_FAILURE(OpenConcurrent(fs, kNode, cache_nodes * kNode, &e, &o));
   Btrees& t = e.btrees();
@@ -1066,7 +1066,7 @@ void RunConcurrent(u64 kKeys, u64 cache_nodes, bool expect_eviction) {
   wd.Watch(nullptr);
   ASSERT_OK(e.Close());
 
-  Engine e2;
+  Store e2;
   ASSERT_OK(OpenEngine(&e2, fs, o));
   wd.Watch(&e2.btrees());
   got.clear();
@@ -1097,7 +1097,7 @@ TEST(BtreeTreeTest, FetchedLeavesSplitAndMergedUnderEviction) {
   const u64 kOps = kSanitized ? 1000 : 10000;
   Fs fs(2, 64ull << 20);
   Watchdog wd(CurrentTest(), 90);
-  Engine e;
+  Store e;
   Options o;
   ASSERT_NO_FATAL_FAILURE(OpenConcurrent(fs, kNode, 8 * kNode, &e, &o));
   Btrees& t = e.btrees();
@@ -1220,7 +1220,7 @@ TEST(BtreeTreeTest, LeafSplitRightAfterItsFetch) {
     g->cv.notify_all();
     g->cv.wait(l, [g] { return g->go; });
   };
-  Engine e;
+  Store e;
   ASSERT_OK(OpenEngine(&e, fs, o));
   Btrees& t = e.btrees();
   Model want;
@@ -1291,7 +1291,7 @@ TEST(BtreeTreeTest, LeafSplitRightAfterItsFetch) {
   ASSERT_OK(e.Close());
   Options o2 = o;
   o2.test_point = nullptr;
-  Engine e2;
+  Store e2;
   ASSERT_OK(OpenEngine(&e2, fs, o2));
   Model got;
   ASSERT_NO_FATAL_FAILURE(ScanTree(e2.btrees(), kBtreeTest, &got));
@@ -1404,7 +1404,7 @@ class BtreeCorruption : public ::testing::Test {
     fs_ = std::make_unique<Fs>(2, kDevSize);
     ASSERT_OK(fs_->Format(kNode));
     {
-      Engine e;
+      Store e;
       ASSERT_OK(OpenEngine(&e, *fs_, Opts()));
       for (u64 i = 0; i < n;) {
         Transaction tx(&e.btrees());
@@ -1424,12 +1424,12 @@ class BtreeCorruption : public ::testing::Test {
       ASSERT_OK(tx.Commit().status());
       ASSERT_OK(e.Close());
     }
-    Engine e;
+    Store e;
     ASSERT_OK(OpenEngine(&e, *fs_, Opts()));
     ASSERT_OK(CollectNodes(e.btrees(), &nodes_));
     ASSERT_OK(e.Close());
     // A clean open and close writes no node: the locations still hold.
-    Engine again;
+    Store again;
     ASSERT_OK(OpenEngine(&again, *fs_, Opts()));
     std::vector<Visited> nodes2;
     ASSERT_OK(CollectNodes(again.btrees(), &nodes2));
@@ -1509,7 +1509,7 @@ TEST_P(BtreeCorruptionTest, DamagedLeafIsCorruptOthersReadable) {
   const bool expect_corrupt = damage != Damage::kUnusedTail;
   auto in_victim = [&](const MKey& k) { return expect_corrupt && P(k) >= victim.min && P(k) <= victim.max; };
 
-  Engine e;
+  Store e;
   ASSERT_OK(OpenEngine(&e, *fs_, Opts()));  // leaves are not read at open
   Btrees& t = e.btrees();
   wd_.Watch(&t);
@@ -1655,7 +1655,7 @@ TEST_F(BtreeCorruption, DamagedInteriorNode) {
   dev.ReadRaw(at, b.data(), 1);
   b[0] ^= 0x40;
   dev.WriteRaw(at, b.data(), 1);
-  Engine e;
+  Store e;
   Diag diag;
   std::vector<BlockDevice*> l = fs_->List();
   Status st = e.Open(l.data(), u32(l.size()), EngineOptions(Opts()), &diag);
@@ -1686,7 +1686,7 @@ TEST_F(BtreeCorruption, TinyCache) {
   for (u64 nodes : {16, 8, 4, 3, 2}) {
     Options o = Opts();
     o.cache_bytes = nodes * kNode;
-    Engine e;
+    Store e;
     ASSERT_OK(OpenEngine(&e, *fs_, o));
     wd_.Watch(&e.btrees());
     Model got;
@@ -1713,7 +1713,7 @@ TEST(BtreeTreeTest, RootsBlocks) {
   ASSERT_OK(fs.Format(4096));
   Options o;
   o.writer_thread = false;
-  Engine e;
+  Store e;
   ASSERT_OK(OpenEngine(&e, fs, o));
   Btrees& t = e.btrees();
   u64 gen0 = t.roots().gen;
@@ -1777,7 +1777,7 @@ TEST(BtreeTreeTest, RootsBlocks) {
     std::vector<u8> junk(2 * kRootsSlotSize, 0x5a);
     fs.devs[m]->WriteRaw(kRootsOffset, junk.data(), junk.size());
   }
-  Engine e2;
+  Store e2;
   std::vector<BlockDevice*> l = fs.List();
   st = e2.Open(l.data(), u32(l.size()), EngineOptions(o), &diag);
   EXPECT_TRUE(IsCorrupt(st)) << "open without a valid roots block: " << Str(st);
@@ -1801,7 +1801,7 @@ class BtreeEdgeTest : public ::testing::Test {
   void Reopen(bool first = false) {
     wd_.Watch(nullptr);
     if (!first) ASSERT_OK(e_->Close());
-    e_ = std::make_unique<Engine>();
+    e_ = std::make_unique<Store>();
     ASSERT_OK(OpenEngine(e_.get(), *fs_, opts_, &rep_));
     wd_.Watch(&e_->btrees());
   }
@@ -1828,8 +1828,8 @@ class BtreeEdgeTest : public ::testing::Test {
   Watchdog wd_{CurrentTest(), 60};
   std::unique_ptr<Fs> fs_;
   Options opts_;
-  std::unique_ptr<Engine> e_;
-  engine::OpenReport rep_;
+  std::unique_ptr<Store> e_;
+  store::OpenReport rep_;
 };
 
 TEST_F(BtreeEdgeTest, EmptyTree) {
@@ -1989,7 +1989,7 @@ TEST_F(BtreeEdgeTest, OverwriteMaxValueAloneInLeaf) {
   // Whatever the journal holds must be replayable.
   EXPECT_OK(e_->journal().Flush());
   std::unique_ptr<Fs> cut = fs_->AfterPowerCut();
-  Engine e2;
+  Store e2;
   if (OpenEngine(&e2, *cut, opts_).ok()) {  // (a failed open is reported inside)
     ASSERT_NO_FATAL_FAILURE(expect_all_or_nothing(e2.btrees(), "after a power cut"));
     EXPECT_OK(e2.Close());
@@ -1998,7 +1998,7 @@ TEST_F(BtreeEdgeTest, OverwriteMaxValueAloneInLeaf) {
   wd_.Watch(nullptr);
   Status closed = e_->Close();
   if (r.ok()) EXPECT_OK(closed);
-  e_ = std::make_unique<Engine>();
+  e_ = std::make_unique<Store>();
   ASSERT_OK(OpenEngine(e_.get(), *fs_, opts_));
   wd_.Watch(&e_->btrees());
   ASSERT_NO_FATAL_FAILURE(expect_all_or_nothing(t(), "after a clean close and open"));
@@ -2141,10 +2141,10 @@ TEST_F(BtreeEdgeTest, ReplayAfterPowerCut) {
   wd_.Watch(nullptr);
   ASSERT_OK(e_->Close());
   e_.reset();
-  engine::OpenOptions oo = EngineOptions(opts_);
+  store::OpenOptions oo = EngineOptions(opts_);
   oo.journal.write_delay_ns = 60 * platform::kNsPerSec;  // no-flush entries stay in memory
   oo.journal.flush_delay_ns = 60 * platform::kNsPerSec;
-  Engine e;
+  Store e;
   ASSERT_OK(OpenEngine(&e, *fs_, opts_, nullptr, &oo));
   {
     Transaction tx(&e.btrees());
@@ -2157,8 +2157,8 @@ TEST_F(BtreeEdgeTest, ReplayAfterPowerCut) {
     ASSERT_OK(tx.Commit(CommitMode::kNoFlush).status());
   }
   std::unique_ptr<Fs> cut = fs_->AfterPowerCut();
-  Engine e2;
-  engine::OpenReport rep;
+  Store e2;
+  store::OpenReport rep;
   ASSERT_OK(OpenEngine(&e2, *cut, opts_, &rep));
   EXPECT_FALSE(rep.was_clean);
   EXPECT_GE(rep.replayed_keys, 100u);
@@ -2169,7 +2169,7 @@ TEST_F(BtreeEdgeTest, ReplayAfterPowerCut) {
   ASSERT_OK(e.Close());
   // Replay was checkpointed at open: a second cut finds the keys without it.
   std::unique_ptr<Fs> cut2 = cut->AfterPowerCut();
-  Engine e3;
+  Store e3;
   ASSERT_OK(OpenEngine(&e3, *cut2, opts_, &rep));
   Model got2;
   ASSERT_NO_FATAL_FAILURE(ScanTree(e3.btrees(), kBtreeTest, &got2));
@@ -2185,7 +2185,7 @@ TEST(BtreeTreeTest, FullJournalIsReclaimedByCheckpoints) {
   Watchdog wd(CurrentTest(), 60);
   Fs fs(1, kDevSize);
   ASSERT_OK(fs.Format(16384, 256 * 1024, /*journal_buckets=*/4));
-  Engine e;
+  Store e;
   ASSERT_OK(OpenEngine(&e, fs, Options{}));
   wd.Watch(&e.btrees());
   const u64 n = 100000;  // ~5 MiB of journal keys
@@ -2199,7 +2199,7 @@ TEST(BtreeTreeTest, FullJournalIsReclaimedByCheckpoints) {
   // fallback): several checkpoints must have run.
   EXPECT_GE(e.btrees().GetStats().checkpoints, 2u);
   std::unique_ptr<Fs> cut = fs.AfterPowerCut();
-  Engine e2;
+  Store e2;
   ASSERT_OK(OpenEngine(&e2, *cut, Options{}));
   wd.Watch(&e2.btrees());
   Iterator it(&e2.btrees(), kBtreeTest);
@@ -2230,7 +2230,7 @@ TEST(BtreeTreeTest, CheckpointsRewritingFewNodesKeepTheFootprintCompact) {
   ASSERT_OK(fs.Format(16384, 65536));  // 4 slots per bucket
   Options bo;
   bo.writer_thread = false;
-  auto e = std::make_unique<Engine>();
+  auto e = std::make_unique<Store>();
   ASSERT_OK(OpenEngine(e.get(), fs, bo));
   wd.Watch(&e->btrees());
   const u32 spb = 65536 / 16384;
@@ -2277,7 +2277,7 @@ TEST(BtreeTreeTest, CheckpointsRewritingFewNodesKeepTheFootprintCompact) {
   // A remount finds the holes from the nodes' offsets.
   wd.Watch(nullptr);
   ASSERT_OK(e->Close());
-  e = std::make_unique<Engine>();
+  e = std::make_unique<Store>();
   ASSERT_OK(OpenEngine(e.get(), fs, bo));
   wd.Watch(&e->btrees());
   {
@@ -2289,7 +2289,7 @@ TEST(BtreeTreeTest, CheckpointsRewritingFewNodesKeepTheFootprintCompact) {
   EXPECT_GT(e->btrees().GetStats().hole_slots, 50u);
   // And every key reads back, after a power cut too.
   std::unique_ptr<Fs> cut = fs.AfterPowerCut();
-  Engine e2;
+  Store e2;
   ASSERT_OK(OpenEngine(&e2, *cut, bo));
   for (Btrees* t : {&e->btrees(), &e2.btrees()}) {
     Vector<u8> v;
@@ -2314,10 +2314,10 @@ TEST(BtreeTreeTest, CheckpointsRacingCommitsLoseNothing) {
   ASSERT_OK(fs.Format(16384));
   Options bo;
   bo.writer_thread = false;  // checkpoints only from the racing thread below
-  engine::OpenOptions oo = EngineOptions(bo);
+  store::OpenOptions oo = EngineOptions(bo);
   oo.journal.write_delay_ns = 60 * platform::kNsPerSec;  // entries stay open until a flush
   for (int round = 0; round < 6; round++) {
-    Engine e;
+    Store e;
     ASSERT_OK(OpenEngine(&e, fs, bo, nullptr, &oo));
     wd.Watch(&e.btrees());
     std::atomic<bool> stop{false};
@@ -2358,8 +2358,8 @@ TEST(BtreeTreeTest, CheckpointsRacingCommitsLoseNothing) {
     const u64 n = committed.load();
     std::unique_ptr<Fs> cut = fs.AfterPowerCut();
     const Roots cut_roots = e.btrees().roots();  // the last roots block written (with FUA)
-    Engine e2;
-    engine::OpenReport rep;
+    Store e2;
+    store::OpenReport rep;
     ASSERT_OK(OpenEngine(&e2, *cut, bo, &rep, &oo));
     wd.Watch(&e2.btrees());
     auto why = [&](u64 lost) {
@@ -2395,7 +2395,7 @@ void ReadMostlyLeavesAreMerged(bool writer_thread) {
   ASSERT_OK(fs.Format(65536));
   Options bo;
   bo.writer_thread = writer_thread;
-  Engine e;
+  Store e;
   ASSERT_OK(OpenEngine(&e, fs, bo));
   wd.Watch(&e.btrees());
   Btrees& t = e.btrees();
@@ -2469,8 +2469,8 @@ TEST_F(BtreeEdgeTest, ReplayLargerThanTheCache) {
   std::unique_ptr<Fs> cut = fs_->AfterPowerCut();
   Options small = opts_;
   small.cache_bytes = 16 * 4096;
-  Engine e2;
-  engine::OpenReport rep;
+  Store e2;
+  store::OpenReport rep;
   ASSERT_OK(OpenEngine(&e2, *cut, small, &rep));
   EXPECT_GE(rep.replayed_keys, 300u);
   wd_.Watch(&e2.btrees());
@@ -2499,7 +2499,7 @@ TEST(BtreeTreeTest, MillionSequentialKeys) {
   // journal is FullJournalIsReclaimedByCheckpoints).
   ASSERT_OK(fs.Format(kDefaultNodeSize, 1 << 20, /*journal_buckets=*/64));
   Options o;  // defaults: 256 MiB cache, writer thread
-  Engine e;
+  Store e;
   ASSERT_OK(OpenEngine(&e, fs, o));
   Btrees& t = e.btrees();
   wd.Watch(&t);
@@ -2549,8 +2549,8 @@ TEST(BtreeTreeTest, MillionSequentialKeys) {
   wd.Watch(nullptr);
   ASSERT_OK(e.Close());
 
-  Engine e2;
-  engine::OpenReport rep;
+  Store e2;
+  store::OpenReport rep;
   ASSERT_OK(OpenEngine(&e2, fs, o, &rep));
   EXPECT_TRUE(rep.was_clean);
   for (int i = 0; i < 2000; i++) {

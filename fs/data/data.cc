@@ -111,16 +111,16 @@ Status ParseExtent(const Pos& pos, const u8* value, u32 len, Extent* out) {
 
 DataPath::~DataPath() { Close(); }
 
-Status DataPath::Open(engine::Engine* engine) {
-  if (engine_ != nullptr || engine == nullptr) return Err::kInvalidArgument;
-  engine_ = engine;
-  trees_ = &engine->btrees();
-  const sb::Superblock& sb = engine->sb();
+Status DataPath::Open(store::Store* store) {
+  if (store_ != nullptr || store == nullptr) return Err::kInvalidArgument;
+  store_ = store;
+  trees_ = &store->btrees();
+  const sb::Superblock& sb = store->sb();
   bucket_blocks_ = sb.bucket_size / kBlockSize;
   journal_members_ = 0;
   for (u32 m = 0; m < sb.nr_members; m++)
     if (sb.members[m].journal_nbuckets > 0) journal_members_ |= dev::DevMask(1) << m;
-  alloc::Allocator& a = engine->alloc();
+  alloc::Allocator& a = store->alloc();
   for (u32 d = 0; d < a.members(); d++) {
     TFS_TRY(live_[d].Resize(a.nbuckets(d)));
     TFS_TRY(pending_[d].Resize(a.nbuckets(d)));
@@ -164,7 +164,7 @@ Status DataPath::Open(engine::Engine* engine) {
 }
 
 void DataPath::Close() {
-  if (engine_ == nullptr) return;
+  if (store_ == nullptr) return;
   {
     MutexLock l(wp_mu_);
     if (wp_open_) {
@@ -173,7 +173,7 @@ void DataPath::Close() {
         MutexLock a(acct_mu_);
         empty = live_[wp_.dev][wp_.bucket] == 0 && pending_[wp_.dev][wp_.bucket] == 0;
       }
-      if (empty && engine_->alloc().Free(wp_).ok()) c_freed_.FetchAdd(1, MemOrder::kRelaxed);
+      if (empty && store_->alloc().Free(wp_).ok()) c_freed_.FetchAdd(1, MemOrder::kRelaxed);
       wp_open_ = false;
     }
   }
@@ -181,12 +181,12 @@ void DataPath::Close() {
   for (auto& v : pending_) v.Resize(0).IgnoreError();
   for (auto& v : reads_) v.Resize(0).IgnoreError();
   reserved_ = 0;
-  engine_ = nullptr;
+  store_ = nullptr;
   trees_ = nullptr;
 }
 
 u64 DataPath::FreeBlocksLocked() const {
-  const alloc::Allocator& a = engine_->alloc();
+  const alloc::Allocator& a = store_->alloc();
   u64 buckets = 0;
   for (u32 d = 0; d < a.members(); d++) {
     const alloc::DeviceUsage u = a.Usage(d);
@@ -205,9 +205,9 @@ Status DataPath::Reserve(u32 want, u64 covered, bool whole, alloc::BucketRef* re
     MutexLock l(wp_mu_);
     if (!wp_open_ || wp_used_ == bucket_blocks_ || (whole && bucket_blocks_ - wp_used_ < want)) {
       dev::DevMask fg = 0;
-      auto t = engine_->devs().ResolveTarget(engine_->sb().options.foreground_target);
+      auto t = store_->devs().ResolveTarget(store_->sb().options.foreground_target);
       if (t.ok()) fg = t.value();
-      auto r = engine_->alloc().Allocate(fg, engine_->devs().all(), alloc::BucketState::kUser,
+      auto r = store_->alloc().Allocate(fg, store_->devs().all(), alloc::BucketState::kUser,
                                          alloc::Watermark::kForeground);
       if (!r.ok()) return r.status();
       if (wp_open_) {
@@ -231,12 +231,12 @@ Status DataPath::Reserve(u32 want, u64 covered, bool whole, alloc::BucketRef* re
     } else {
       *ref = wp_;
       *got = n;
-      *offset = engine_->sb().BucketOffset(wp_.bucket) + wp_used_ * kBlockSize;
+      *offset = store_->sb().BucketOffset(wp_.bucket) + wp_used_ * kBlockSize;
       wp_used_ += n;
       pending_[wp_.dev][wp_.bucket] += n;
     }
   }
-  if (retire && engine_->alloc().Free(retired).ok()) c_freed_.FetchAdd(1, MemOrder::kRelaxed);
+  if (retire && store_->alloc().Free(retired).ok()) c_freed_.FetchAdd(1, MemOrder::kRelaxed);
   return st;
 }
 
@@ -249,7 +249,7 @@ Status DataPath::WriteBlob(u32 dev, u64 offset, const u8* data, u32 nblocks) {
     if (buf == nullptr) return Err::kNoMemory;
     MemCopy(buf, data, len);
   }
-  Status st = dev::QueueSyncIo(engine_->devs().member(dev)->queue(), IoOp::kWrite, offset,
+  Status st = dev::QueueSyncIo(store_->devs().member(dev)->queue(), IoOp::kWrite, offset,
                                buf != nullptr ? buf : const_cast<u8*>(data), len, 0, IoOrigin::kForegroundWrite);
   platform::Free(buf);
   return st;
@@ -279,13 +279,13 @@ Result<u64> DataPath::UnwrittenBlocks(u64 ino, u64 first, u64 end) {
 }
 
 Status DataPath::QueuePrepared(btree::Transaction* tx, const Prepared& p, Delta* delta) {
-  if (engine_ == nullptr || p.blocks == 0) return Err::kInvalidArgument;
+  if (store_ == nullptr || p.blocks == 0) return Err::kInvalidArgument;
   TFS_TRY(QueuePunch(tx, p.ino, p.first, p.first + p.blocks, delta));
   return QueuePreparedOverPunch(tx, p);
 }
 
 Status DataPath::QueuePreparedOverPunch(btree::Transaction* tx, const Prepared& p) {
-  if (engine_ == nullptr || p.blocks == 0) return Err::kInvalidArgument;
+  if (store_ == nullptr || p.blocks == 0) return Err::kInvalidArgument;
   for (const Prepared::Item& item : p.items) {
     TFS_TRY(tx->Set(ExtentPos(p.ino, item.end), item.value, item.len));
     TFS_TRY(QueueDataCheck(tx, item));
@@ -317,7 +317,7 @@ Status DataPath::QueueDataCheck(btree::Transaction* tx, const Prepared::Item& it
 
 Status DataPath::Prepare(u64 ino, u64 first, const u8* blocks, u32 nblocks, bool compress, Prepared* p,
                          Delta* delta) {
-  if (engine_ == nullptr || nblocks == 0) return Err::kInvalidArgument;
+  if (store_ == nullptr || nblocks == 0) return Err::kInvalidArgument;
   p->ino = ino;
   p->first = first;
   p->blocks = nblocks;
@@ -399,7 +399,7 @@ Status DataPath::WriteCompressed(Prepared* p, u64 first, const u8* data, u32 nbl
   }
   if (st.ok()) {
     delta->deps |= dev::DevMask(1) << ref.dev;
-    st = dev::QueueSyncIo(engine_->devs().member(ref.dev)->queue(), IoOp::kWrite, offset, z,
+    st = dev::QueueSyncIo(store_->devs().member(ref.dev)->queue(), IoOp::kWrite, offset, z,
                           u64(zblocks) * kBlockSize, 0, IoOrigin::kForegroundWrite);
   }
   if (st.ok()) {
@@ -428,7 +428,7 @@ Status DataPath::WriteCompressed(Prepared* p, u64 first, const u8* data, u32 nbl
 }
 
 Status DataPath::QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end, Delta* delta, u32 max_keys) {
-  if (engine_ == nullptr || end <= first) return engine_ == nullptr ? Status(Err::kInvalidArgument) : Status::Ok();
+  if (store_ == nullptr || end <= first) return store_ == nullptr ? Status(Err::kInvalidArgument) : Status::Ok();
   delta->ino = ino;
   Iterator it(trees_, btree::kBtreeExtents, kPointBatch);
   TFS_TRY(it.Seek(ExtentPos(ino, first + 1)));
@@ -451,7 +451,7 @@ Status DataPath::QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end,
     if (e.unwritten) {
       delta->unreserved += hi - lo;
     } else {
-      const u64 b = engine_->sb().BucketOf(e.ptr.offset.get());
+      const u64 b = store_->sb().BucketOf(e.ptr.offset.get());
       TFS_TRY(delta->changes.PushBack(Delta::Change{e.ptr.dev, b, -i64(hi - lo), 0}));
     }
     delta->sectors -= i64(hi - lo) * (kBlockSize / 512);
@@ -460,7 +460,7 @@ Status DataPath::QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end,
 }
 
 Result<u32> DataPath::CountExtentsFrom(u64 ino, u64 first, u32 limit) {
-  if (engine_ == nullptr) return Err::kInvalidArgument;
+  if (store_ == nullptr) return Err::kInvalidArgument;
   Iterator it(trees_, btree::kBtreeExtents, kPointBatch);
   TFS_TRY(it.Seek(ExtentPos(ino, first + 1)));
   u32 n = 0;
@@ -471,7 +471,7 @@ Result<u32> DataPath::CountExtentsFrom(u64 ino, u64 first, u32 limit) {
 Status DataPath::QueueReserve(btree::Transaction* tx, u64 ino, u64 first, u64 end, Delta* delta, u32 max_keys,
                               u64* next) {
   *next = first;
-  if (engine_ == nullptr || end < first) return Err::kInvalidArgument;
+  if (store_ == nullptr || end < first) return Err::kInvalidArgument;
   delta->ino = ino;
   Iterator it(trees_, btree::kBtreeExtents, kPointBatch);
   TFS_TRY(it.Seek(ExtentPos(ino, first + 1)));
@@ -533,11 +533,11 @@ void DataPath::Account(u32 dev, u64 bucket, i64 blocks, i64 pending) {
         reads_[dev][bucket] |= kDoomed;  // the last read frees it (Unpin)
       } else {
         free_it = true;
-        ref = alloc::BucketRef{dev, bucket, engine_->alloc().Get(dev, bucket).gen};
+        ref = alloc::BucketRef{dev, bucket, store_->alloc().Get(dev, bucket).gen};
       }
     }
   }
-  if (free_it && engine_->alloc().Free(ref).ok()) c_freed_.FetchAdd(1, MemOrder::kRelaxed);
+  if (free_it && store_->alloc().Free(ref).ok()) c_freed_.FetchAdd(1, MemOrder::kRelaxed);
 }
 
 void DataPath::Apply(const Delta& delta) {
@@ -567,7 +567,7 @@ void DataPath::Abort(const Delta& delta) {
 
 Status DataPath::FlushMembers(dev::DevMask mask) {
   for (u32 m : dev::Bits(mask)) {
-    TFS_TRY(dev::QueueSyncIo(engine_->devs().member(m)->queue(), IoOp::kFlush, 0, nullptr, 0, 0,
+    TFS_TRY(dev::QueueSyncIo(store_->devs().member(m)->queue(), IoOp::kFlush, 0, nullptr, 0, 0,
                              IoOrigin::kForegroundWrite));
     c_slow_flushes_.FetchAdd(1, MemOrder::kRelaxed);
   }
@@ -604,7 +604,7 @@ Status DataPath::Commit(btree::Transaction* tx, const Delta& delta, journal::Com
 
 bool DataPath::Pin(u32 dev, u64 bucket, u8 gen) {
   MutexLock a(acct_mu_);
-  const alloc::Bucket k = engine_->alloc().Get(dev, bucket);
+  const alloc::Bucket k = store_->alloc().Get(dev, bucket);
   if (k.gen != gen || k.state != alloc::BucketState::kUser) return false;
   reads_[dev][bucket]++;
   return true;
@@ -620,9 +620,9 @@ void DataPath::Unpin(u32 dev, u64 bucket) {
     r--;
     if (r != kDoomed) return;
     r = 0;  // the last read of a bucket emptied meanwhile: free it now
-    ref = alloc::BucketRef{dev, bucket, engine_->alloc().Get(dev, bucket).gen};
+    ref = alloc::BucketRef{dev, bucket, store_->alloc().Get(dev, bucket).gen};
   }
-  if (engine_->alloc().Free(ref).ok()) c_freed_.FetchAdd(1, MemOrder::kRelaxed);
+  if (store_->alloc().Free(ref).ok()) c_freed_.FetchAdd(1, MemOrder::kRelaxed);
 }
 
 // One extent's part of a read, found in phase 1 of ReadBlocks.
@@ -661,7 +661,7 @@ Status DataPath::FindPieces(u64 ino, u64 first, u64 end, Piece* pieces, u32* n, 
 }
 
 Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
-  if (engine_ == nullptr) return Err::kInvalidArgument;
+  if (store_ == nullptr) return Err::kInvalidArgument;
   const u64 end = first + nblocks;
   // Phase 1 finds the extents, copying what phase 2 needs, and is repeated
   // if an extent commit of this inode overlapped it: a commit replaces keys
@@ -674,7 +674,7 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
   u8* tmp = nullptr;
   Status st = pieces == nullptr || crcs == nullptr ? Status(Err::kNoMemory) : Status::Ok();
   const u32 s = CommitStripe(ino);
-  const sb::Superblock& sb = engine_->sb();
+  const sb::Superblock& sb = store_->sb();
   u32 stale = 0;
   u32 torn = 0;
   for (u32 attempt = 0; st.ok(); attempt++) {
@@ -718,7 +718,7 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
       const u64 len = (hi - lo) * kBlockSize;
       // The pointer must land in one bucket.
       const u64 b = sb.BucketOf(e.ptr.offset.get());
-      if (e.ptr.dev >= sb.nr_members || b >= engine_->alloc().nbuckets(e.ptr.dev) ||
+      if (e.ptr.dev >= sb.nr_members || b >= store_->alloc().nbuckets(e.ptr.dev) ||
           e.ptr.offset.get() + e.DiskBlocks() * kBlockSize > sb.BucketOffset(b) + sb.bucket_size) {
         st = Err::kCorrupt;
         break;
@@ -756,7 +756,7 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
         continue;
       }
       u8* into = direct ? buf + (lo - first) * kBlockSize : tmp;
-      st = dev::QueueSyncIo(engine_->devs().member(e.ptr.dev)->queue(), IoOp::kRead, at, into, len, 0,
+      st = dev::QueueSyncIo(store_->devs().member(e.ptr.dev)->queue(), IoOp::kRead, at, into, len, 0,
                             IoOrigin::kForegroundRead);
       Unpin(e.ptr.dev, b);
       if (!st.ok()) break;
@@ -791,7 +791,7 @@ Status DataPath::ReadCompressed(const Extent& e, u8* out) {
   const u64 disk = e.DiskBlocks() * kBlockSize;
   u8* z = static_cast<u8*>(platform::Alloc(disk, kBlockSize));
   if (z == nullptr) return Err::kNoMemory;
-  Status st = dev::QueueSyncIo(engine_->devs().member(e.ptr.dev)->queue(), IoOp::kRead, e.ptr.offset.get(), z,
+  Status st = dev::QueueSyncIo(store_->devs().member(e.ptr.dev)->queue(), IoOp::kRead, e.ptr.offset.get(), z,
                                disk, 0, IoOrigin::kForegroundRead);
   if (st.ok()) {
     Le32 want;

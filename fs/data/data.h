@@ -52,9 +52,9 @@
 
 #include "alloc/allocator.h"
 #include "btree/tree.h"
-#include "engine/engine.h"
 #include "platform/atomic.h"
 #include "platform/sync.h"
+#include "store/store.h"
 #include "util/status.h"
 #include "util/vector.h"
 
@@ -174,8 +174,8 @@ class DataPath {
   DataPath& operator=(const DataPath&) = delete;
 
   // Rebuilds the accounting from the extents and frees user buckets no extent
-  // points into. The engine stays open until Close.
-  Status Open(engine::Engine* engine);
+  // points into. The store stays open until Close.
+  Status Open(store::Store* store);
   void Close();
 
   // Writes `nblocks` whole blocks at file block `first` and queues their
@@ -282,7 +282,7 @@ class DataPath {
   // once both are zero and it is not the write point.
   void Account(u32 dev, u64 bucket, i64 blocks, i64 pending);
 
-  engine::Engine* engine_ = nullptr;
+  store::Store* store_ = nullptr;
   btree::Btrees* trees_ = nullptr;
   u64 bucket_blocks_ = 0;
   dev::DevMask journal_members_ = 0;  // members holding a journal ring

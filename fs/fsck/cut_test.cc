@@ -128,7 +128,7 @@ void Walk(Filesystem& fs, u64 dir, const std::string& path, std::map<std::string
 
 std::string Tree(Image& img) {
   std::map<std::string, std::string> all;
-  img.WithFs([&](Filesystem& fs, engine::Engine&) { Walk(fs, posix::kRootIno, "", &all); });
+  img.WithFs([&](Filesystem& fs, store::Store&) { Walk(fs, posix::kRootIno, "", &all); });
   std::string s;
   for (const auto& [p, what] : all) s += p + ": " + what + "\n";
   return s;
@@ -185,7 +185,7 @@ void CutEveryWhere(const std::vector<u8>& damaged, u64 points, const std::functi
     Image after(dev.image());
     if (after.SbOf().lost_data_btrees != 0) {
       unfinished++;
-      engine::OpenReport rep;
+      store::OpenReport rep;
       Diag d;
       Status st = after.Open(false, &rep, &d);
       EXPECT_EQ(st.code(), Err::kCorrupt) << "a mount of an unfinished repair";
@@ -250,7 +250,7 @@ TEST(FsckCutTest, LostRootsRebuiltFromANodeScan) {
 TEST(FsckCutTest, ReplayPastADamagedJournalEntry) {
   Image img;
   Populate(img, 1, 4);
-  std::vector<u8> crashed = img.WithFs([](Filesystem& fs, engine::Engine&) { MakeFiles(fs, 4, 16); }, true);
+  std::vector<u8> crashed = img.WithFs([](Filesystem& fs, store::Store&) { MakeFiles(fs, 4, 16); }, true);
   Image after(crashed);
   const std::vector<EntryAt> entries = JournalEntries(after);
   ASSERT_GE(entries.size(), 12u);
@@ -267,7 +267,7 @@ TEST(FsckCutTest, ReplayPastADamagedJournalEntry) {
 TEST(FsckCutTest, DamagedInodesLeafRepair) {
   Image img;
   Populate(img, 3, 8);
-  img.WithFs([](Filesystem& fs, engine::Engine&) {
+  img.WithFs([](Filesystem& fs, store::Store&) {
     // A directory and a symlink too, so that both kinds of recreation run.
     auto d = fs.Mkdir(posix::kRootIno, "dir", 3, 0755, kRoot);
     ASSERT_TRUE(d.ok());
@@ -293,7 +293,7 @@ TEST(FsckCutTest, DamagedInodesLeafRepair) {
 TEST(FsckCutTest, ACrashedImage) {
   Image img;
   Populate(img, 1, 4);
-  std::vector<u8> crashed = img.WithFs([](Filesystem& fs, engine::Engine&) {
+  std::vector<u8> crashed = img.WithFs([](Filesystem& fs, store::Store&) {
     MakeFiles(fs, 4, 12);
     for (int i = 0; i < 4; i++) {
       const std::string n = "f" + std::to_string(i);

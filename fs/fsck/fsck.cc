@@ -4,9 +4,9 @@
 #include "fsck/fsck.h"
 
 #include "data/data.h"
-#include "engine/engine.h"
 #include "fsck/pass.h"
 #include "platform/platform.h"
+#include "store/store.h"
 
 namespace tfs::fsck {
 namespace {
@@ -64,7 +64,7 @@ bool CheckCopies(BlockDevice& dev, const Options& opt, Ctx& c) {
   return ok;
 }
 
-void CheckAllocator(engine::Engine& e, const Options& opt, Ctx& c) {
+void CheckAllocator(store::Store& e, const Options& opt, Ctx& c) {
   const sb::Superblock& s = e.sb();
   alloc::Allocator& a = e.alloc();
   for (u32 m = 0; m < s.nr_members; m++) {
@@ -308,12 +308,12 @@ struct BtreeCheck {
   }
 };
 
-// Walks the trees of an open engine and checks their slots against the allocator.
+// Walks the trees of an open store and checks their slots against the allocator.
 // Problems with the allocator's btree buckets go to `found` (repaired by the caller).
 // After an unclean shutdown a btree bucket without nodes is expected (the bucket a
 // checkpoint was filling, or one an interrupted checkpoint wrote): a note, since
 // the next mount frees it.
-void CheckBtrees(engine::Engine& e, bool was_clean, Ctx& c, BtreeFindings* found) {
+void CheckBtrees(store::Store& e, bool was_clean, Ctx& c, BtreeFindings* found) {
   // 1. The roots block.
   btree::Roots roots;
   Diag d;
@@ -406,7 +406,7 @@ void CheckBtrees(engine::Engine& e, bool was_clean, Ctx& c, BtreeFindings* found
 // frees the ones no tree reaches and marks the ones that hold nodes), so a fix may
 // be done already; after an unclean mount its checkpoint may have reused a freed
 // bucket, so one still marked btree is then left alone.
-void RepairBtreeBuckets(engine::Engine& e, const BtreeFindings& found, bool was_clean, Ctx& c) {
+void RepairBtreeBuckets(store::Store& e, const BtreeFindings& found, bool was_clean, Ctx& c) {
   for (const BucketFix& f : found.fixes) {
     const alloc::BucketState now = e.alloc().Get(f.member, f.bucket).state;
     const char* label = e.sb().members[f.member].label;
@@ -424,12 +424,12 @@ void RepairBtreeBuckets(engine::Engine& e, const BtreeFindings& found, bool was_
 }
 
 // fsck -y's rebuild of allocation state that is older than the filesystem
-// (Engine::Open found it; docs/design/fsck.md, "Stale tables"): every bucket
+// (Store::Open found it; docs/design/fsck.md, "Stale tables"): every bucket
 // back to its layout state, then the buckets of every node the trees reach
 // marked btree and those every extent points into marked user, with the
 // extent's generation and its blocks as live sectors.
 struct AllocRebuild {
-  engine::Engine* e = nullptr;
+  store::Store* e = nullptr;
   u64 nodes = 0, extents = 0, bad_extents = 0;
 };
 
@@ -443,7 +443,7 @@ Status MarkNodeBucket(void* ctx, const btree::NodePtrFormat& p) {
   return Status::Ok();
 }
 
-Status RebuildAlloc(void* ctx, engine::Engine& e) {
+Status RebuildAlloc(void* ctx, store::Store& e) {
   auto* r = static_cast<AllocRebuild*>(ctx);
   r->e = &e;
   alloc::Allocator& a = e.alloc();
@@ -478,7 +478,7 @@ Status RebuildAlloc(void* ctx, engine::Engine& e) {
 // The account of every damaged node the open dropped and what the node scan
 // recovered of its range. The btree pass counts each bad node as an error (on
 // the read-only open with -y); with -y dropping it is its repair.
-void ReportDroppedNodes(engine::Engine& e, const Options& opt, bool roots_rebuilt, Ctx& c) {
+void ReportDroppedNodes(store::Store& e, const Options& opt, bool roots_rebuilt, Ctx& c) {
   const Vector<btree::LostNode>& lost = e.btrees().lost_nodes();
   if (lost.empty()) return;
   const btree::Stats st = e.btrees().GetStats();
@@ -537,12 +537,12 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
   // reconciles the btree buckets itself, which would hide what was wrong.
   BtreeFindings btree_found;
   if (opt.repair) {
-    engine::Engine ro;
-    engine::OpenOptions roo;
+    store::Store ro;
+    store::OpenOptions roo;
     roo.read_only = true;
     roo.btree.drop_bad_nodes = true;
     Diag rd;
-    engine::OpenReport rrep;
+    store::OpenReport rrep;
     if (ro.Open(bdevs, count, roo, &rd, &rrep).ok()) {
       // Trees older than the filesystem are not checked (their "unreferenced"
       // nodes and buckets are the newer trees'): the writable open rebuilds
@@ -556,8 +556,8 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
     }  // else the writable open below reports why
   }
 
-  engine::Engine e;
-  engine::OpenOptions oo;
+  store::Store e;
+  store::OpenOptions oo;
   oo.read_only = !opt.repair;
   // A damaged node does not stop the check: it is dropped (in memory only
   // with -n) and its range recovered from the copies a node scan finds; the
@@ -570,7 +570,7 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
     oo.replay_past_damage = true;
     oo.rebuild_roots = true;
   }
-  engine::OpenReport rep;
+  store::OpenReport rep;
   Diag d;
   Status st = e.Open(bdevs, count, oo, &d, &rep);
   if (!st.ok()) {

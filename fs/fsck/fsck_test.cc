@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/engine.h"
+#include "store/store.h"
 #include "userspace/platform/mem_device.h"
 
 namespace tfs::fsck {
@@ -27,14 +27,14 @@ struct Fs {
     ssd = std::make_unique<userspace::MemDevice>(o);
     o.name = "hdd0";
     hdd = std::make_unique<userspace::MemDevice>(o);
-    engine::FormatOptions f;
+    store::FormatOptions f;
     f.foreground_target = f.metadata_target = "ssd";
     f.background_target = "hdd";
     f.bucket_size = 256 << 10;
     f.btree_node_size = node_size;
-    engine::FormatMember m[2] = {{ssd.get(), "ssd.a", 1}, {hdd.get(), "hdd.b", 1}};
+    store::FormatMember m[2] = {{ssd.get(), "ssd.a", 1}, {hdd.get(), "hdd.b", 1}};
     Diag d;
-    EXPECT_TRUE(engine::Format(m, 2, f, &d).ok()) << d.text;
+    EXPECT_TRUE(store::Format(m, 2, f, &d).ok()) << d.text;
   }
   Report Run(bool repair) {
     lines.clear();
@@ -46,10 +46,10 @@ struct Fs {
     }, &lines);
   }
   // Opens the filesystem read-write; the caller closes it.
-  void Open(engine::Engine* e) {
+  void Open(store::Store* e) {
     BlockDevice* devs[2] = {ssd.get(), hdd.get()};
     Diag d;
-    ASSERT_TRUE(e->Open(devs, 2, engine::OpenOptions{}, &d).ok()) << d.text;
+    ASSERT_TRUE(e->Open(devs, 2, store::OpenOptions{}, &d).ok()) << d.text;
   }
   userspace::MemDevice* Member(u8 m) { return m == 0 ? ssd.get() : hdd.get(); }
   std::string Text() const {
@@ -82,10 +82,10 @@ TEST(FsckTest, CorruptPrimarySuperblockIsReportedAndRepaired) {
 TEST(FsckTest, AllocationStateThatContradictsTheLayoutIsRepaired) {
   Fs fs;
   {
-    engine::Engine e;
+    store::Store e;
     BlockDevice* devs[2] = {fs.ssd.get(), fs.hdd.get()};
     Diag d;
-    ASSERT_TRUE(e.Open(devs, 2, engine::OpenOptions{}, &d).ok()) << d.text;
+    ASSERT_TRUE(e.Open(devs, 2, store::OpenOptions{}, &d).ok()) << d.text;
     u64 jb = e.sb().members[0].journal_first_bucket;
     ASSERT_TRUE(e.alloc().RepairState(0, jb, alloc::BucketState::kUser).ok());      // journal bucket lost
     ASSERT_TRUE(e.alloc().RepairState(1, 20, alloc::BucketState::kJournal).ok());   // stray journal bucket
@@ -103,13 +103,13 @@ TEST(FsckTest, AllocationStateThatContradictsTheLayoutIsRepaired) {
 
 TEST(FsckTest, UncleanShutdownIsANoteNotAnError) {
   Fs fs;
-  engine::Engine e;
+  store::Store e;
   BlockDevice* devs[2] = {fs.ssd.get(), fs.hdd.get()};
   Diag d;
-  ASSERT_TRUE(e.Open(devs, 2, engine::OpenOptions{}, &d).ok()) << d.text;
+  ASSERT_TRUE(e.Open(devs, 2, store::OpenOptions{}, &d).ok()) << d.text;
   ASSERT_TRUE(e.alloc().Allocate(0b10, 0, alloc::BucketState::kUser, alloc::Watermark::kForeground).ok());
   ASSERT_TRUE(e.journal().Flush().ok());
-  // fsck while "crashed" (the engine never closed); read-only, so it changes nothing.
+  // fsck while "crashed" (the store never closed); read-only, so it changes nothing.
   Report r = fs.Run(false);
   EXPECT_EQ(r.exit_code, kExitClean) << fs.Text();
   EXPECT_NE(fs.Text().find("not cleanly unmounted"), std::string::npos) << fs.Text();
@@ -135,7 +135,7 @@ TEST(FsckTest, MissingMemberOrNoSuperblockIsAnOperationalError) {
 
 // A filesystem with 4 KiB nodes and a test tree of `nkeys` keys (three levels).
 void FillTree(Fs& fs, u32 nkeys) {
-  engine::Engine e;
+  store::Store e;
   fs.Open(&e);
   for (u32 k = 0; k < nkeys;) {
     btree::Transaction tx(&e.btrees());
@@ -156,9 +156,9 @@ struct NodeAt {
 
 // Where the nodes of the filesystem are (a read-only open).
 std::vector<NodeAt> Nodes(Fs& fs) {
-  engine::Engine e;
+  store::Store e;
   BlockDevice* devs[2] = {fs.ssd.get(), fs.hdd.get()};
-  engine::OpenOptions oo;
+  store::OpenOptions oo;
   oo.read_only = true;
   Diag d;
   std::vector<NodeAt> out;
@@ -199,10 +199,10 @@ void Damage(Fs& fs, const NodeAt& n) {
 // filesystem does not open (read-write, as a mount would), -3 if the walk
 // fails (its Status in *walk).
 long CountTestKeys(Fs& fs, Status* walk = nullptr) {
-  engine::Engine e;
+  store::Store e;
   BlockDevice* devs[2] = {fs.ssd.get(), fs.hdd.get()};
   Diag d;
-  if (!e.Open(devs, 2, engine::OpenOptions{}, &d).ok()) return -1;
+  if (!e.Open(devs, 2, store::OpenOptions{}, &d).ok()) return -1;
   long n = 0;
   btree::Iterator it(&e.btrees(), btree::kBtreeTest);
   Status st;
@@ -297,7 +297,7 @@ TEST(FsckTest, NodeScanIgnoresAnotherFilesystemsNodes) {
   std::vector<u8> all(32 << 20);
   old.ssd->ReadRaw(0, all.data(), all.size());
   {
-    engine::Engine e;
+    store::Store e;
     fs.Open(&e);  // the new filesystem's layout, then its buckets replaced by the old ones
     ASSERT_TRUE(e.Close().ok());
   }
@@ -320,7 +320,7 @@ TEST(FsckTest, BtreeBucketWithoutNodesIsFreed) {
   FillTree(fs, 500);
   u64 stray = 0;
   {
-    engine::Engine e;
+    store::Store e;
     fs.Open(&e);
     // A data bucket of the ssd no one uses, marked btree.
     const sb::Member& m = e.sb().members[0];
@@ -353,7 +353,7 @@ TEST(FsckTest, MountAndUnmountLeaveNoEmptyBtreeBucket) {
   Fs fs(4096);
   FillTree(fs, 500);
   for (int i = 0; i < 2; i++) {
-    engine::Engine e;
+    store::Store e;
     fs.Open(&e);
     ASSERT_TRUE(e.Close().ok());
     Report r = fs.Run(false);
@@ -400,10 +400,10 @@ TEST(FsckTest, DamagedRootNodeIsNamedOnceAndRebuilt) {
   ASSERT_NE(root, nullptr);
   Damage(fs, *root);
   {
-    engine::Engine e;
+    store::Store e;
     BlockDevice* devs[2] = {fs.ssd.get(), fs.hdd.get()};
     Diag d;
-    ASSERT_FALSE(e.Open(devs, 2, engine::OpenOptions{}, &d).ok());
+    ASSERT_FALSE(e.Open(devs, 2, store::OpenOptions{}, &d).ok());
     const std::string text = d.text;
     const std::string where = "root (member " + std::to_string(root->member) + ", offset " +
                               std::to_string(root->offset) + "): ";

@@ -137,7 +137,7 @@ struct Probe {
 
 class NamespaceCheck {
  public:
-  NamespaceCheck(engine::Engine& e, const Options& opt, Ctx& c)
+  NamespaceCheck(store::Store& e, const Options& opt, Ctx& c)
       : e_(e), t_(e.btrees()), repair_(opt.repair), c_(c) {}
 
   bool Run() {
@@ -1249,7 +1249,7 @@ class NamespaceCheck {
     return Status::Ok();
   }
 
-  engine::Engine& e_;
+  store::Store& e_;
   btree::Btrees& t_;
   const bool repair_;
   Ctx& c_;
@@ -1267,7 +1267,7 @@ class NamespaceCheck {
 
 }  // namespace
 
-bool CheckNamespace(engine::Engine& e, const Options& opt, Ctx& c) {
+bool CheckNamespace(store::Store& e, const Options& opt, Ctx& c) {
   // ~3 KiB of members: not on a kernel stack.
   NamespaceCheck* check = platform::New<NamespaceCheck>(e, opt, c);
   if (check == nullptr) {

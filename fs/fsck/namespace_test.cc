@@ -60,12 +60,7 @@ struct Fixture {
       return;
     }
     dev = std::make_unique<userspace::MemDevice>(o);
-    engine::FormatMember m = {dev.get(), "ssd.a", 1};
-    engine::FormatOptions fo;
-    fo.bucket_size = 256 * 1024;
-    fo.btree_node_size = 64 * 1024;
-    Diag diag;
-    EXPECT_TRUE(engine::Format(&m, 1, fo, &diag).ok()) << diag.text;
+    testing::FormatOne(dev.get());
     // A namespace with everything in it; directories hash into two slots, so
     // chains are long and removals leave tombstones.
     WithFs([&](Filesystem& fs, btree::Btrees&) {
@@ -113,9 +108,9 @@ struct Fixture {
   // Mounts, runs fn, unmounts cleanly.
   void WithFs(const std::function<void(Filesystem&, btree::Btrees&)>& fn, u32 hash_bits = 62) {
     BlockDevice* b = dev.get();
-    engine::Engine e;
+    store::Store e;
     Diag diag;
-    ASSERT_TRUE(e.Open(&b, 1, engine::OpenOptions{}, &diag).ok()) << diag.text;
+    ASSERT_TRUE(e.Open(&b, 1, store::OpenOptions{}, &diag).ok()) << diag.text;
     Filesystem fs;
     Filesystem::Options o;
     o.dir_hash_bits = hash_bits;
@@ -126,12 +121,12 @@ struct Fixture {
   }
 
   // Writes (or deletes, value null) one key behind the filesystem's back (on
-  // the engine alone: a mount would act on the damage done so far).
+  // the store alone: a mount would act on the damage done so far).
   void Poke(const btree::Pos& pos, const void* value, u32 len) {
     BlockDevice* b = dev.get();
-    engine::Engine e;
+    store::Store e;
     Diag diag;
-    ASSERT_TRUE(e.Open(&b, 1, engine::OpenOptions{}, &diag).ok()) << diag.text;
+    ASSERT_TRUE(e.Open(&b, 1, store::OpenOptions{}, &diag).ok()) << diag.text;
     btree::Transaction tx(&e.btrees());
     ASSERT_TRUE((value != nullptr ? tx.Set(pos, value, len) : tx.Delete(pos)).ok());
     ASSERT_TRUE(tx.Commit().ok());
@@ -310,13 +305,13 @@ TEST(FsckNamespaceTest, EachDamageIsReported) {
 
 TEST(FsckNamespaceTest, AnOrphanIsANoteNotAnError) {
   Fixture fx;
-  // Unlink while open, then "crash": close the engine without the Filesystem's
+  // Unlink while open, then "crash": close the store without the Filesystem's
   // unmount (which would free it).
   BlockDevice* b = fx.dev.get();
   {
-    engine::Engine e;
+    store::Store e;
     Diag diag;
-    ASSERT_TRUE(e.Open(&b, 1, engine::OpenOptions{}, &diag).ok());
+    ASSERT_TRUE(e.Open(&b, 1, store::OpenOptions{}, &diag).ok());
     Filesystem fs;
     ASSERT_TRUE(fs.Mount(&e).ok());
     ASSERT_TRUE(fs.OpenInode(fx.link).ok());
@@ -337,13 +332,13 @@ TEST(FsckNamespaceTest, AnOrphanFreedHalfWayIsStillANote) {
   Fixture fx;
   BlockDevice* b = fx.dev.get();
   struct Cut {
-    engine::Engine* e = nullptr;
+    store::Store* e = nullptr;
     userspace::MemDevice* dev = nullptr;
     bool armed = false;
     std::vector<std::vector<u8>> images;  // what a power cut at each commit leaves
   } cut;
   cut.dev = fx.dev.get();
-  engine::OpenOptions oo;
+  store::OpenOptions oo;
   oo.btree.test_point_ctx = &cut;
   oo.btree.test_point = [](void* ctx, const char* point) {
     auto* c = static_cast<Cut*>(ctx);
@@ -352,7 +347,7 @@ TEST(FsckNamespaceTest, AnOrphanFreedHalfWayIsStillANote) {
     c->images.push_back(c->dev->SnapshotDurable());
   };
   {
-    engine::Engine e;
+    store::Store e;
     cut.e = &e;
     Diag diag;
     ASSERT_TRUE(e.Open(&b, 1, oo, &diag).ok()) << diag.text;

@@ -1,14 +1,14 @@
 // fsck's passes and what they share: how findings are reported (Ctx) and the
 // passes that live in their own files. Not part of fsck's API (fsck.h); used
-// by fsck.cc, which runs the passes in order on one open engine.
+// by fsck.cc, which runs the passes in order on one open store.
 //
 // Thread safety: none; fsck runs its passes one after another on one thread.
 #ifndef TFS_FSCK_PASS_H_
 #define TFS_FSCK_PASS_H_
 
-#include "engine/engine.h"
 #include "fsck/fsck.h"
 #include "platform/platform.h"
+#include "store/store.h"
 
 namespace tfs::fsck {
 
@@ -34,10 +34,10 @@ struct Ctx {
   }
 };
 
-// The namespace and file data (namespace.cc), on an engine opened writable
+// The namespace and file data (namespace.cc), on a store opened writable
 // exactly when opt.repair is set. False when it could not run to the end (a
 // read or a repair's write failed).
-bool CheckNamespace(engine::Engine& e, const Options& opt, Ctx& c);
+bool CheckNamespace(store::Store& e, const Options& opt, Ctx& c);
 
 }  // namespace tfs::fsck
 

@@ -18,12 +18,12 @@
 #include "btree/format.h"
 #include "btree/tree.h"
 #include "data/data.h"
-#include "engine/engine.h"
 #include "fsck/fsck.h"
+#include "fsck/testing.h"
 #include "journal/format.h"
 #include "posix/fs.h"
 #include "sb/format.h"
-#include "fsck/testing.h"
+#include "store/store.h"
 #include "userspace/platform/mem_device.h"
 
 namespace tfs::fsck {
@@ -37,13 +37,13 @@ TEST(FsckStaleTest, DamagedNewestAllocTableRefusesMountAndFsckRebuildsIt) {
   Image img;
   Populate(img, 3, 8);
   img.DamageNewest(false);
-  engine::OpenReport rep;
+  store::OpenReport rep;
   Diag d;
   Status st = img.Open(false, &rep, &d);
   ASSERT_EQ(st.code(), Err::kCorrupt) << "a read-write mount used the older table";
   EXPECT_NE(std::string(d.text).find("allocation table"), std::string::npos) << d.text;
   EXPECT_NE(std::string(d.text).find("fsck -y"), std::string::npos) << d.text;
-  engine::OpenReport ro;
+  store::OpenReport ro;
   ASSERT_TRUE(img.Open(true, &ro, &d).ok()) << d.text;  // read-only: goes on, says why
   EXPECT_EQ(ro.stale_alloc, 1u);
   auto [r, out] = img.Fsck(false);
@@ -58,7 +58,7 @@ TEST(FsckStaleTest, DamagedNewestAllocTableRefusesMountAndFsckRebuildsIt) {
   EXPECT_EQ(r3.exit_code, kExitClean) << out3;
   img.ExpectFiles(24);
   // And new writes after the rebuild overwrite nothing.
-  img.WithFs([](Filesystem& fs, engine::Engine&) { MakeFiles(fs, 24, 40); });
+  img.WithFs([](Filesystem& fs, store::Store&) { MakeFiles(fs, 24, 40); });
   img.ExpectFiles(40);
   auto [r4, out4] = img.Fsck(false);
   EXPECT_EQ(r4.exit_code, kExitClean) << out4;
@@ -81,7 +81,7 @@ TEST(FsckStaleTest, DamagedOlderAllocTableIsNoProblem) {
   img.dev->ReadRaw(at, &v, 1);
   v ^= 0x5a;
   img.dev->WriteRaw(at, &v, 1);
-  engine::OpenReport rep;
+  store::OpenReport rep;
   Diag d;
   ASSERT_TRUE(img.Open(false, &rep, &d).ok()) << d.text;
   EXPECT_EQ(rep.stale_alloc, 0u);
@@ -95,13 +95,13 @@ TEST(FsckStaleTest, DamagedNewestRootsRefusesMountAndFsckRebuildsThem) {
   Image img;
   Populate(img, 3, 8);
   img.DamageNewest(true);
-  engine::OpenReport rep;
+  store::OpenReport rep;
   Diag d;
   Status st = img.Open(false, &rep, &d);
   ASSERT_EQ(st.code(), Err::kCorrupt) << "a read-write mount used the older roots";
   EXPECT_NE(std::string(d.text).find("btree roots"), std::string::npos) << d.text;
   EXPECT_NE(std::string(d.text).find("fsck -y"), std::string::npos) << d.text;
-  engine::OpenReport ro;
+  store::OpenReport ro;
   ASSERT_TRUE(img.Open(true, &ro, &d).ok()) << d.text;
   EXPECT_TRUE(ro.stale_roots);
   const std::vector<u8> before = img.dev->SnapshotDurable();
@@ -124,7 +124,7 @@ TEST(FsckStaleTest, BothRootsSlotsDamagedAreRebuiltFromANodeScan) {
   Populate(img, 3, 8);
   std::vector<u8> junk(2 * btree::kRootsSlotSize, 0x5a);
   img.dev->WriteRaw(btree::kRootsOffset, junk.data(), junk.size());
-  engine::OpenReport rep;
+  store::OpenReport rep;
   Diag d;
   ASSERT_FALSE(img.Open(false, &rep, &d).ok());
   auto [r, out] = img.Fsck(false);
@@ -143,7 +143,7 @@ TEST(FsckStaleTest, BothRootsSlotsDamagedAreRebuiltFromANodeScan) {
 TEST(FsckStaleTest, DamagedRootsAfterACrashAreCaughtThroughTheJournal) {
   Image img;
   Populate(img, 1, 4);
-  std::vector<u8> cut = img.WithFs([](Filesystem& fs, engine::Engine& e) {
+  std::vector<u8> cut = img.WithFs([](Filesystem& fs, store::Store& e) {
     MakeFiles(fs, 4, 10);
     ASSERT_TRUE(e.btrees().Checkpoint().ok());
     ASSERT_TRUE(e.btrees().Checkpoint().ok());
@@ -151,7 +151,7 @@ TEST(FsckStaleTest, DamagedRootsAfterACrashAreCaughtThroughTheJournal) {
   }, /*crash=*/true);
   Image after(cut);
   after.DamageNewest(true);
-  engine::OpenReport rep;
+  store::OpenReport rep;
   Diag d;
   Status st = after.Open(false, &rep, &d);
   ASSERT_EQ(st.code(), Err::kCorrupt) << "a read-write mount used the older roots";
@@ -166,14 +166,14 @@ TEST(FsckStaleTest, DamagedAllocTableAfterACrashNeverLosesFsyncedFiles) {
   for (int round = 0; round < 3; round++) {
     Image img;
     Populate(img, 1, 4);
-    std::vector<u8> cut = img.WithFs([&](Filesystem& fs, engine::Engine& e) {
+    std::vector<u8> cut = img.WithFs([&](Filesystem& fs, store::Store& e) {
       MakeFiles(fs, 4, 10);
       for (int k = 0; k <= round; k++) ASSERT_TRUE(e.alloc().Checkpoint().ok());
       MakeFiles(fs, 10, 14);
     }, /*crash=*/true);
     Image after(cut);
     after.DamageNewest(false);
-    engine::OpenReport rep;
+    store::OpenReport rep;
     Diag d;
     Status st = after.Open(false, &rep, &d);
     if (!st.ok()) {
@@ -196,7 +196,7 @@ TEST(FsckStaleTest, DamagedAllocTableAfterACrashNeverLosesFsyncedFiles) {
 TEST(FsckStaleTest, RebuildNeverGivesANodeBucketToAnExtent) {
   Image img;
   Populate(img, 3, 8);
-  img.WithFs([](Filesystem&, engine::Engine& e) {
+  img.WithFs([](Filesystem&, store::Store& e) {
     u64 node_off = 0;
     Diag d;
     // A node of the inodes tree: the edit below leaves it where it is.
@@ -225,7 +225,7 @@ TEST(FsckStaleTest, RebuildNeverGivesANodeBucketToAnExtent) {
   EXPECT_EQ(r2.exit_code, kExitClean) << out2;
   // Every file but the one whose extent was damaged reads back.
   int intact = 0;
-  img.WithFs([&](Filesystem& fs, engine::Engine&) {
+  img.WithFs([&](Filesystem& fs, store::Store&) {
     for (int i = 0; i < 24; i++) {
       const std::string name = "f" + std::to_string(i);
       auto a = fs.Lookup(posix::kRootIno, name.data(), u32(name.size()));
@@ -255,7 +255,7 @@ TEST(FsckStaleTest, RebuildNeverGivesANodeBucketToAnExtent) {
 TEST(FsckStaleTest, DamagedJournalEntryBeforeDurableOnesRefusesMountAndFsckReplaysPastIt) {
   Image img;
   Populate(img, 1, 4);
-  std::vector<u8> cut = img.WithFs([](Filesystem& fs, engine::Engine&) { MakeFiles(fs, 4, 16); }, /*crash=*/true);
+  std::vector<u8> cut = img.WithFs([](Filesystem& fs, store::Store&) { MakeFiles(fs, 4, 16); }, /*crash=*/true);
   Image after(cut);
   const std::vector<EntryAt> entries = JournalEntries(after);
   ASSERT_GE(entries.size(), 12u);
@@ -265,14 +265,14 @@ TEST(FsckStaleTest, DamagedJournalEntryBeforeDurableOnesRefusesMountAndFsckRepla
   v ^= 0x5a;
   after.dev->WriteRaw(victim.off + 60, &v, 1);
 
-  engine::OpenReport rep;
+  store::OpenReport rep;
   Diag d;
   Status st = after.Open(false, &rep, &d);
   ASSERT_EQ(st.code(), Err::kCorrupt) << "a read-write mount dropped the entries after the damage";
   EXPECT_NE(std::string(d.text).find("journal: entry " + std::to_string(victim.seq) + " is damaged"),
             std::string::npos) << d.text;
   EXPECT_NE(std::string(d.text).find("fsck -y"), std::string::npos) << d.text;
-  engine::OpenReport ro;
+  store::OpenReport ro;
   ASSERT_TRUE(after.Open(true, &ro, &d).ok()) << d.text;  // read-only: up to the damage
   EXPECT_EQ(ro.replay.gap_at, victim.seq);
   // (The newest entry may be an unordered flush entry, which proves nothing.)
@@ -294,7 +294,7 @@ TEST(FsckStaleTest, DamagedJournalEntryBeforeDurableOnesRefusesMountAndFsckRepla
   after.ExpectFiles(4);
   after.ExpectFiles(16, 13);
   // New writes overwrite nothing.
-  after.WithFs([](Filesystem& fs, engine::Engine&) { MakeFiles(fs, 16, 24); });
+  after.WithFs([](Filesystem& fs, store::Store&) { MakeFiles(fs, 16, 24); });
   after.ExpectFiles(24, 16);
   after.ExpectFiles(16, 13);
   auto [r4, out4] = after.Fsck(false);
@@ -306,7 +306,7 @@ TEST(FsckStaleTest, DamagedJournalEntryBeforeDurableOnesRefusesMountAndFsckRepla
 TEST(FsckStaleTest, ATornLastJournalEntryIsNoDamage) {
   Image img;
   Populate(img, 1, 4);
-  std::vector<u8> cut = img.WithFs([](Filesystem& fs, engine::Engine&) { MakeFiles(fs, 4, 8); }, /*crash=*/true);
+  std::vector<u8> cut = img.WithFs([](Filesystem& fs, store::Store&) { MakeFiles(fs, 4, 8); }, /*crash=*/true);
   Image after(cut);
   const std::vector<EntryAt> entries = JournalEntries(after);
   ASSERT_GE(entries.size(), 2u);
@@ -316,7 +316,7 @@ TEST(FsckStaleTest, ATornLastJournalEntryIsNoDamage) {
   after.dev->WriteRaw(entries.back().off + 60, &v, 1);
   auto [r, out] = after.Fsck(false);
   EXPECT_EQ(r.exit_code, kExitClean) << out;
-  engine::OpenReport rep;
+  store::OpenReport rep;
   Diag d;
   ASSERT_TRUE(after.Open(false, &rep, &d).ok()) << d.text;
   EXPECT_EQ(rep.replay.durable_end, 0u);
@@ -331,16 +331,16 @@ TEST(FsckStaleTest, NodesInBucketsTheTableCallsFreeAfterACutOpenAreANote) {
   Image img(256 * 1024);  // every node written goes to a new bucket
   Populate(img, 2, 6);
   const std::vector<u8> crashed =
-      img.WithFs([](Filesystem& fs, engine::Engine&) { MakeFiles(fs, 12, 20); }, /*crash=*/true);
+      img.WithFs([](Filesystem& fs, store::Store&) { MakeFiles(fs, 12, 20); }, /*crash=*/true);
   // The mount after the crash, up to the end of its open: replayed, then its
   // checkpoint's nodes, roots and tables written.
   Image reopened(crashed);
   std::vector<u8> opened;
   {
     BlockDevice* b = reopened.dev.get();
-    engine::Engine e;
+    store::Store e;
     Diag d;
-    ASSERT_TRUE(e.Open(&b, 1, engine::OpenOptions{}, &d).ok()) << d.text;
+    ASSERT_TRUE(e.Open(&b, 1, store::OpenOptions{}, &d).ok()) << d.text;
     opened = reopened.dev->SnapshotDurable();
     ASSERT_TRUE(e.Close().ok());
   }
@@ -359,7 +359,7 @@ TEST(FsckStaleTest, NodesInBucketsTheTableCallsFreeAfterACutOpenAreANote) {
   ASSERT_NE(out.find("nodes but is free (not cleanly unmounted: the next mount marks it)"), std::string::npos)
       << "the cut did not leave a node in a bucket the table calls free:\n" << out;
   cut.ExpectFiles(20);
-  cut.WithFs([](Filesystem& fs, engine::Engine&) { MakeFiles(fs, 20, 40); });  // overwrites no node
+  cut.WithFs([](Filesystem& fs, store::Store&) { MakeFiles(fs, 20, 40); });  // overwrites no node
   cut.ExpectFiles(40);
   auto [r2, out2] = cut.Fsck(false);
   EXPECT_EQ(r2.exit_code, kExitClean) << out2;
@@ -373,7 +373,7 @@ TEST(FsckStaleTest, NodesInBucketsTheTableCallsFreeAfterACutOpenAreANote) {
 TEST(FsckStaleTest, SuperblockCopiesCutShortAfterACrashAreANote) {
   Image img;
   Populate(img, 1, 4);
-  const std::vector<u8> cut = img.WithFs([](Filesystem& fs, engine::Engine&) { MakeFiles(fs, 4, 8); }, true);
+  const std::vector<u8> cut = img.WithFs([](Filesystem& fs, store::Store&) { MakeFiles(fs, 4, 8); }, true);
   Image after(cut);
   const u8 junk[8] = {1, 2, 3, 4, 5, 6, 7, 8};
   after.dev->WriteRaw(sb::kSbBackupOffset + 300, junk, sizeof(junk));
@@ -388,7 +388,7 @@ TEST(FsckStaleTest, SuperblockCopiesCutShortAfterACrashAreANote) {
   // A cut between a clean unmount's two writes: the primary clean, the backup
   // still the mounted (unclean) one.
   std::vector<u8> mounted_sb(sb::kSbSize);
-  after.WithFs([&](Filesystem&, engine::Engine&) {
+  after.WithFs([&](Filesystem&, store::Store&) {
     after.dev->ReadRaw(sb::kSbBackupOffset, mounted_sb.data(), mounted_sb.size());
   });
   after.dev->WriteRaw(sb::kSbBackupOffset, mounted_sb.data(), mounted_sb.size());
@@ -405,13 +405,13 @@ TEST(FsckStaleTest, SuperblockCopiesCutShortAfterACrashAreANote) {
 TEST(FsckStaleTest, ATableNeverHoldsAFreeBeforeItIsDurable) {
   Image img;
   const std::string big(1 << 20, 'q');  // four buckets of its own
-  img.WithFs([&](Filesystem& fs, engine::Engine&) {
+  img.WithFs([&](Filesystem& fs, store::Store&) {
     auto a = fs.Mknod(posix::kRootIno, "big", 3, posix::kModeReg | 0644, 0, kRoot);
     ASSERT_TRUE(a.ok());
     ASSERT_TRUE(fs.Write(a.value().ino, 0, big.data(), u32(big.size())).ok());
     ASSERT_TRUE(fs.Fsync(a.value().ino).ok());
   });
-  const std::vector<u8> cut = img.WithFs([&](Filesystem& fs, engine::Engine& e) {
+  const std::vector<u8> cut = img.WithFs([&](Filesystem& fs, store::Store& e) {
     auto a = fs.Lookup(posix::kRootIno, "big", 3);
     ASSERT_TRUE(a.ok());
     const u64 frees = e.alloc().Stats().frees;
@@ -427,9 +427,9 @@ TEST(FsckStaleTest, ATableNeverHoldsAFreeBeforeItIsDurable) {
   EXPECT_EQ(r.exit_code, kExitClean) << out;
   EXPECT_EQ(out.find("stale extent pointer"), std::string::npos) << out;
   // Whichever state survived, writes after the mount destroy nothing.
-  after.WithFs([](Filesystem& fs, engine::Engine&) { MakeFiles(fs, 0, 40); });
+  after.WithFs([](Filesystem& fs, store::Store&) { MakeFiles(fs, 0, 40); });
   after.ExpectFiles(40);
-  after.WithFs([&](Filesystem& fs, engine::Engine&) {
+  after.WithFs([&](Filesystem& fs, store::Store&) {
     auto a = fs.Lookup(posix::kRootIno, "big", 3);
     ASSERT_TRUE(a.ok());
     std::string got(big.size(), '\0');

@@ -15,11 +15,12 @@
 
 #include "alloc/format.h"
 #include "btree/format.h"
-#include "engine/engine.h"
 #include "fsck/fsck.h"
 #include "journal/format.h"
+#include "mount/testing.h"
 #include "posix/fs.h"
 #include "sb/format.h"
+#include "store/store.h"
 #include "userspace/platform/mem_device.h"
 
 namespace tfs::fsck::fixture {
@@ -40,12 +41,7 @@ struct Image {
     o.name = "ssd0";
     o.size = 64ull << 20;
     dev = std::make_unique<userspace::MemDevice>(o);
-    engine::FormatMember m = {dev.get(), "ssd.a", 1};
-    engine::FormatOptions fo;
-    fo.bucket_size = 256 * 1024;
-    fo.btree_node_size = node_size;
-    Diag diag;
-    EXPECT_TRUE(engine::Format(&m, 1, fo, &diag).ok()) << diag.text;
+    testing::FormatOne(dev.get(), testing::SmallFormat(node_size));
   }
   // From an image's bytes; with `volatile_cache` writes stay volatile until a
   // flush or FUA (what a power cut would leave: dev->SnapshotDurable()).
@@ -58,13 +54,13 @@ struct Image {
     dev = std::make_unique<userspace::MemDevice>(o);
   }
 
-  // Mounts read-write, runs fn, unmounts; with `crash` the engine is left
+  // Mounts read-write, runs fn, unmounts; with `crash` the store is left
   // open and what a power cut would leave is returned instead.
-  std::vector<u8> WithFs(const std::function<void(Filesystem&, engine::Engine&)>& fn, bool crash = false) {
+  std::vector<u8> WithFs(const std::function<void(Filesystem&, store::Store&)>& fn, bool crash = false) {
     BlockDevice* b = dev.get();
-    auto e = std::make_unique<engine::Engine>();
+    auto e = std::make_unique<store::Store>();
     Diag diag;
-    EXPECT_TRUE(e->Open(&b, 1, engine::OpenOptions{}, &diag).ok()) << diag.text;
+    EXPECT_TRUE(e->Open(&b, 1, store::OpenOptions{}, &diag).ok()) << diag.text;
     auto fs = std::make_unique<Filesystem>();
     EXPECT_TRUE(fs->Mount(e.get()).ok());
     fn(*fs, *e);
@@ -79,10 +75,10 @@ struct Image {
     return {};
   }
 
-  Status Open(bool read_only, engine::OpenReport* rep, Diag* diag) {
+  Status Open(bool read_only, store::OpenReport* rep, Diag* diag) {
     BlockDevice* b = dev.get();
-    engine::Engine e;
-    engine::OpenOptions oo;
+    store::Store e;
+    store::OpenOptions oo;
     oo.read_only = read_only;
     Status st = e.Open(&b, 1, oo, diag, rep);
     if (st.ok()) {
@@ -145,7 +141,7 @@ struct Image {
 
   // Every file f<i> for from <= i < to reads back its content.
   void ExpectFiles(int to, int from = 0) {
-    WithFs([&](Filesystem& fs, engine::Engine&) {
+    WithFs([&](Filesystem& fs, store::Store&) {
       for (int i = from; i < to; i++) {
         const std::string name = "f" + std::to_string(i);
         auto a = fs.Lookup(posix::kRootIno, name.data(), u32(name.size()));
@@ -175,7 +171,7 @@ inline void MakeFiles(Filesystem& fs, int from, int to) {
 // Several mounts, each with files: the tables and roots move well past format's.
 inline void Populate(Image& img, int mounts, int per_mount) {
   for (int m = 0; m < mounts; m++)
-    img.WithFs([&](Filesystem& fs, engine::Engine&) { MakeFiles(fs, m * per_mount, (m + 1) * per_mount); });
+    img.WithFs([&](Filesystem& fs, store::Store&) { MakeFiles(fs, m * per_mount, (m + 1) * per_mount); });
 }
 
 // Flips a byte in the first set's header of tree `id`'s root node (whose
@@ -183,8 +179,8 @@ inline void Populate(Image& img, int mounts, int per_mount) {
 inline u64 DamageRoot(userspace::MemDevice* dev, u8 id) {
   btree::NodePtrFormat root{};
   BlockDevice* b = dev;
-  engine::Engine e;
-  engine::OpenOptions oo;
+  store::Store e;
+  store::OpenOptions oo;
   oo.read_only = true;
   Diag d;
   EXPECT_TRUE(e.Open(&b, 1, oo, &d).ok()) << d.text;

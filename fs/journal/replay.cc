@@ -10,7 +10,7 @@
 // corrupt or missing entry) is discarded and counted -- unless a flush entry
 // after the gap proves the missing entries were durable (ProveDurableAfterGap):
 // then the gap is damage, acknowledged changes are lost, and the result says so
-// (durable_end); the engine refuses a read-write mount and fsck -y replays past
+// (durable_end); the store refuses a read-write mount and fsck -y replays past
 // it (past_gaps).
 //
 // An unordered flush entry was written before the flush that made it and its

@@ -102,17 +102,25 @@ TEST(CondVarTest, SignalWakesWaiter) {
   CondVar cv;
   bool ready = false;
   bool waiting = false;
+  bool timed_out = false;
   int seen = 0;
   std::thread waiter([&] {
     MutexLock lock(mu);
     waiting = true;
-    while (!ready) cv.Wait(mu);
+    // Waits long enough that only the Signal below ends the wait in time (a
+    // spurious wake-up before `ready` waits again).
+    while (!ready) {
+      if (!cv.WaitFor(mu, 60 * platform::kNsPerSec)) {
+        timed_out = true;
+        break;
+      }
+    }
     seen = 1;
   });
   // The waiter sets `waiting` under the mutex and gives it up only inside
-  // Wait: once we hold the mutex and see it set, the waiter is asleep in
-  // Wait, and only the Signal below can wake it (a test that signalled
-  // before the wait would pass without Signal doing anything).
+  // WaitFor: once we hold the mutex and see it set, the waiter is asleep in
+  // it (a test that signalled before the wait would pass without Signal
+  // doing anything). A Signal that wakes nobody fails, after 60 s.
   for (;;) {
     MutexLock lock(mu);
     if (waiting) {
@@ -122,6 +130,7 @@ TEST(CondVarTest, SignalWakesWaiter) {
   }
   cv.Signal();
   waiter.join();
+  EXPECT_FALSE(timed_out);
   EXPECT_EQ(seen, 1);
 }
 

@@ -527,16 +527,16 @@ class Filesystem::DataGuard {
 
 // --- mount ---------------------------------------------------------------------
 
-Status Filesystem::Mount(engine::Engine* engine, const Options& options) {
-  if (engine_ != nullptr || engine == nullptr || !engine->open()) return Err::kInvalidArgument;
+Status Filesystem::Mount(store::Store* store, const Options& options) {
+  if (store_ != nullptr || store == nullptr || !store->open()) return Err::kInvalidArgument;
   if (options.dir_hash_bits < 1 || options.dir_hash_bits > 62) return Err::kInvalidArgument;
   opt_ = options;
-  engine_ = engine;
-  trees_ = &engine->btrees();
-  compress_all_ = engine->sb().options.compression == sb::CompressionType::kZstd;
+  store_ = store;
+  trees_ = &store->btrees();
+  compress_all_ = store->sb().options.compression == sb::CompressionType::kZstd;
   next_gen_.Store(u32(u64(Now()) / platform::kNsPerSec), MemOrder::kRelaxed);
   Status st = [&]() -> Status {
-    TFS_TRY(data_.Open(engine));
+    TFS_TRY(data_.Open(store));
     // Orphans a crash left: inodes unlinked while open, or not yet freed whole.
     Iterator it(trees_, btree::kBtreeInodes);
     TFS_TRY(it.Seek(OrphanPos(1)));
@@ -594,14 +594,14 @@ Status Filesystem::Mount(engine::Engine* engine, const Options& options) {
   }
   if (!st.ok()) {
     data_.Close();
-    engine_ = nullptr;
+    store_ = nullptr;
     trees_ = nullptr;
   }
   return st;
 }
 
 Status Filesystem::Unmount() {
-  if (engine_ == nullptr) return Status::Ok();
+  if (store_ == nullptr) return Status::Ok();
   Status first;
   StopFlusher();
   for (u32 s = 0; s < kStripes; s++) {
@@ -640,7 +640,7 @@ Status Filesystem::Unmount() {
   }
   c_open_.Store(0, MemOrder::kRelaxed);
   data_.Close();
-  engine_ = nullptr;
+  store_ = nullptr;
   trees_ = nullptr;
   return first;
 }
@@ -698,6 +698,7 @@ Status Filesystem::ReadDir(u64 dir, u64 cookie, DirFiller fill, void* ctx) {
   InodeFormat d;
   TFS_TRY(ReadInode(dir, &d));
   if (!IsDir(d)) return Err::kNotDir;
+  if (d.nlink.get() == 0) return Status::Ok();  // removed, held open: nothing to list
   if (cookie == 0 && !fill(ctx, ".", 1, dir, kDtDir, 1)) return Status::Ok();
   if (cookie <= 1 && !fill(ctx, "..", 2, d.parent.get(), kDtDir, 2)) return Status::Ok();
   Iterator it(trees_, btree::kBtreeDirents);
@@ -713,13 +714,13 @@ Status Filesystem::ReadDir(u64 dir, u64 cookie, DirFiller fill, void* ctx) {
 }
 
 Status Filesystem::GetStatFs(StatFs* out) {
-  if (engine_ == nullptr) return Err::kInvalidArgument;
+  if (store_ == nullptr) return Err::kInvalidArgument;
   *out = StatFs{};
-  const sb::Superblock& sb = engine_->sb();
+  const sb::Superblock& sb = store_->sb();
   out->block_size = 4096;
   const u64 per_bucket = sb.bucket_size / out->block_size;
   for (u32 m = 0; m < sb.nr_members; m++) {
-    const alloc::DeviceUsage u = engine_->alloc().Usage(m);
+    const alloc::DeviceUsage u = store_->alloc().Usage(m);
     const u64 free = u.by_state[u32(alloc::BucketState::kFree)];
     const u64 reserved = Min(free, u.reserves.foreground + u.reserves.copygc + u.reserves.btree);
     out->blocks += u.nbuckets * per_bucket;
@@ -734,8 +735,9 @@ Status Filesystem::GetStatFs(StatFs* out) {
   // while there is space for its record, its entry and their keys. Count
   // kInodeCostBytes each (the 128-byte inode and a short entry with their
   // keys: the least one costs) of the space unprivileged writers have.
+  // None while the btree is eating its growth room (creates may be refused).
   constexpr u64 kInodeCostBytes = 256;
-  out->files_free = out->blocks_avail * (out->block_size / kInodeCostBytes);
+  out->files_free = store_->alloc().MetadataTight() ? 0 : out->blocks_avail * (out->block_size / kInodeCostBytes);
   out->files = inodes_.Load(MemOrder::kRelaxed) + out->files_free;
   return Status::Ok();
 }
@@ -743,7 +745,7 @@ Status Filesystem::GetStatFs(StatFs* out) {
 // --- creating ------------------------------------------------------------------
 
 Status Filesystem::MetadataRoom() {
-  return engine_->alloc().MetadataRoom() ? Status::Ok() : Status(Err::kNoSpace);
+  return store_->alloc().MetadataRoom() ? Status::Ok() : Status(Err::kNoSpace);
 }
 
 Result<Attr> Filesystem::Create(u64 dir, const char* name, u32 len, u32 mode, u64 rdev, const char* target,
@@ -1429,7 +1431,7 @@ Status Filesystem::Fsync(u64 ino) {
     TFS_TRY(data.status());
     TFS_TRY(FlushRun(ino, FindBuffer(ino, false), kFlushFsync));
   }
-  return engine_->journal().Flush();
+  return store_->journal().Flush();
 }
 
 void Filesystem::OverlayBuffered(u64 ino, Attr* a) {
@@ -1629,7 +1631,7 @@ Result<u32> Filesystem::WriteThrough(u64 ino, InodeFormat f, u64 off, const u8* 
   return len;
 }
 
-Result<u64> Filesystem::Seek(u64 ino, u64 off, bool data) {
+Result<u64> Filesystem::Seek(u64 ino, i64 offset, bool data) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
   // The data lock keeps new buffered writes out while the extents are read.
   DataGuard g(this, ino, true);
@@ -1640,7 +1642,8 @@ Result<u64> Filesystem::Seek(u64 ino, u64 off, bool data) {
   if (IsDir(f)) return Err::kIsDir;
   if ((f.mode.get() & kModeTypeMask) != kModeReg) return Err::kInvalidArgument;
   const u64 size = f.size.get();
-  if (off >= size) return Err::kNoSuchOffset;
+  if (offset < 0 || u64(offset) >= size) return Err::kNoSuchOffset;  // (ext4's answers)
+  const u64 off = u64(offset);
   const u64 block = TFS_TRY(data_.SeekBlock(ino, off / kBlock, data));
   if (data) {
     if (block == data::DataPath::kNoBlock || block * kBlock >= size) return Err::kNoSuchOffset;
@@ -2046,10 +2049,19 @@ Result<Attr> Filesystem::CreateOpen(u64 dir, const char* name, u32 len, u32 mode
 
 Status Filesystem::OpenDir(u64 dir) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
+  const u64 lock[1] = {dir};
+  Locked locked(this, lock, 1);  // an rmdir either sees this handle or frees first
+  TFS_TRY(locked.status());
   InodeFormat d;
   TFS_TRY(ReadInode(dir, &d));
-  return IsDir(d) ? Status::Ok() : Status(Err::kNotDir);
+  if (!IsDir(d)) return Err::kNotDir;
+  if (d.nlink.get() == 0) return Err::kNotFound;  // removed; open handles keep it
+  return AddHandle(dir);
 }
+
+// A directory has no write buffer: Release only drops the handle and frees
+// a removed directory with its last one.
+Status Filesystem::ReleaseDir(u64 dir) { return Release(dir); }
 
 namespace {
 
@@ -2079,36 +2091,53 @@ bool ListOne(void* p, const char* name, u32 len, u64 ino, u8 type, u64 next) {
 
 Status Filesystem::ReadDirPlus(u64 dir, u64 cookie, u32 max_entries, DirPlusFiller fill, void* ctx) {
   if (max_entries == 0) return Err::kInvalidArgument;
-  Listing l;
-  l.max = max_entries;
-  Status st = ReadDir(dir, cookie, ListOne, &l);
-  if (!l.st.ok() && l.items.size() == 0) return l.st;  // (out of memory before the first)
-  if (!st.ok() && l.items.size() == 0) return st;
-  u32 filled = 0;
-  for (const Listing::Item& e : l.items) {
-    const char* name = l.names.data() + e.name_at;
-    const bool dot = (e.len == 1 && name[0] == '.') || (e.len == 2 && name[0] == '.' && name[1] == '.');
-    if (dot) {
-      if (!fill(ctx, name, e.len, nullptr, e.ino, e.type, e.next)) break;
+  // A page the sink took nothing of must mean the end of the directory (a
+  // front end reads an empty reply so): when every entry listed went before
+  // its lookup, list on from the last of them.
+  for (;;) {
+    Listing l;
+    l.max = max_entries;
+    Status st = ReadDir(dir, cookie, ListOne, &l);
+    if (l.items.size() == 0) return !st.ok() ? st : l.st;  // the end, or the error before the first
+    u32 filled = 0;
+    bool stopped = false;  // the sink is full, or a lookup failed after the first entry
+    for (const Listing::Item& e : l.items) {
+      const char* name = l.names.data() + e.name_at;
+      const bool dot = (e.len == 1 && name[0] == '.') || (e.len == 2 && name[0] == '.' && name[1] == '.');
+      if (dot) {
+        if (!fill(ctx, name, e.len, nullptr, e.ino, e.type, e.next)) {
+          stopped = true;
+          break;
+        }
+        filled++;
+        continue;
+      }
+      Result<Attr> a = GetAttr(e.ino);
+      if (!a.ok() && a.status().Is(ErrorClass::kNotFound)) continue;  // removed since it was listed
+      if (!a.ok()) {
+        if (filled == 0) return a.status();
+        stopped = true;  // the next call resumes here, and says it
+        break;
+      }
+      if (!fill(ctx, name, e.len, &a.value(), e.ino, e.type, e.next)) {
+        stopped = true;
+        break;
+      }
       filled++;
-      continue;
     }
-    Result<Attr> a = GetAttr(e.ino);
-    if (!a.ok() && a.status().Is(ErrorClass::kNotFound)) continue;  // removed since it was listed
-    if (!a.ok()) {
-      if (filled == 0) return a.status();
-      break;  // the next call resumes here, and says it
-    }
-    if (!fill(ctx, name, e.len, &a.value(), e.ino, e.type, e.next)) break;
-    filled++;
+    if (filled > 0 || stopped) return Status::Ok();
+    // Every entry listed went. Its listing's own end or error decides.
+    if (!st.ok()) return st;
+    if (!l.st.ok()) return l.st;
+    if (l.items.size() < max_entries) return Status::Ok();  // the directory ended there
+    cookie = l.items[l.items.size() - 1].next;
   }
-  return Status::Ok();
 }
 
 Status Filesystem::FsyncDir(u64 dir) {
-  if (engine_ == nullptr) return Err::kInvalidArgument;
+  if (store_ == nullptr) return Err::kInvalidArgument;
   (void)dir;  // every directory's operations are in the one journal
-  return engine_->journal().Flush();
+  return store_->journal().Flush();
 }
 
 Status Filesystem::GetFsxattr(u64 ino, Fsxattr* out) {

@@ -68,10 +68,10 @@
 
 #include "btree/tree.h"
 #include "data/data.h"
-#include "engine/engine.h"
 #include "platform/atomic.h"
 #include "platform/sync.h"
 #include "posix/format.h"
+#include "store/store.h"
 #include "util/status.h"
 #include "util/vector.h"
 
@@ -202,9 +202,9 @@ class Filesystem {
   Filesystem(const Filesystem&) = delete;
   Filesystem& operator=(const Filesystem&) = delete;
 
-  // Starts on an open engine: frees the orphans a crash left, creates the root
+  // Starts on an open store: frees the orphans a crash left, creates the root
   // directory of a new filesystem (owned by `root_owner`), and finds the next
-  // free inode number. The engine must stay open until Unmount.
+  // free inode number. The store must stay open until Unmount.
   struct Options {
     Caller root_owner;       // of a new filesystem's root directory
     // The write buffer (see above): buffers in use at once (0: no buffering;
@@ -215,10 +215,10 @@ class Filesystem {
     // per directory). Tests shrink it to force hash collisions; keep 62.
     u32 dir_hash_bits = 62;
   };
-  Status Mount(engine::Engine* engine, const Options& options);
-  Status Mount(engine::Engine* engine) { return Mount(engine, Options{}); }
+  Status Mount(store::Store* store, const Options& options);
+  Status Mount(store::Store* store) { return Mount(store, Options{}); }
   // Frees inodes still open but unlinked (their handles die with the mount).
-  // The caller then closes the engine, which makes everything durable.
+  // The caller then closes the store, which makes everything durable.
   Status Unmount();
 
   Result<Attr> Lookup(u64 dir, const char* name, u32 len);
@@ -259,8 +259,8 @@ class Filesystem {
   // lseek's SEEK_DATA (`data`) and SEEK_HOLE: the first offset at or after
   // `off` in data (or in a hole; the end of the file counts as one). Buffered
   // writes are written out first (they are data). kNoSuchOffset (ENXIO) when
-  // `off` is at or past the end, or no data follows it.
-  Result<u64> Seek(u64 ino, u64 off, bool data);
+  // `off` is negative, at or past the end, or no data follows it.
+  Result<u64> Seek(u64 ino, i64 off, bool data);
   // fallocate(2) on a regular file (kIsDir for a directory, kNoDevice for other
   // types): mode 0 or kFallocKeepSize reserve the holes of the range as
   // unwritten extents (zeros that hold their space; the size grows to the
@@ -275,7 +275,8 @@ class Filesystem {
 
   // Copies up to cap bytes of a symlink's target; returns its full length.
   Result<u32> ReadLink(u64 ino, char* buf, u32 cap);
-  // Entries from `cookie` on (0: from the start, "." and ".." first).
+  // Entries from `cookie` on (0: from the start, "." and ".." first); none
+  // of a removed directory that a handle still holds.
   Status ReadDir(u64 dir, u64 cookie, DirFiller fill, void* ctx);
   Status GetStatFs(StatFs* out);
 
@@ -309,19 +310,25 @@ class Filesystem {
   // handle comes first, so no unlink can free the inode in between.
   Status Open(u64 ino, u32 flags);
   // creat(2) / open(O_CREAT) of a new name: a regular file (mode's
-  // permission bits), created with a handle already open on it, in the
-  // create's own commit under the directory's lock -- no other operation
-  // sees the name before the handle exists.
+  // permission bits) with a handle open on it. The handle is counted (in
+  // memory) before the create commits, under the directory's lock, so no
+  // other operation sees the name before the handle exists.
   Result<Attr> CreateOpen(u64 dir, const char* name, u32 len, u32 mode, const Caller& who);
-  // opendir(3): kNotDir unless a directory (kNotFound if it is gone).
+  // opendir(3): a handle on a directory (kNotDir unless one; kNotFound if it
+  // was removed). Like a file's, the handle keeps the directory after an
+  // rmdir or a rename over it, until ReleaseDir: fstat answers (nlink 0),
+  // chmod works, and it lists nothing (ext4's behaviour).
   Status OpenDir(u64 dir);
+  Status ReleaseDir(u64 dir);
   // readdir with attributes (FUSE's readdirplus, the kernel's lookups while
   // listing): entries from `cookie` on, each with its inode's attributes; an
   // entry whose inode went since it was listed is skipped; a failure after
   // the first entry ends the call early (the next call resumes there and
-  // reports it). At most `max_entries` are listed per call (the sink's room
+  // reports it). At most `max_entries` are listed at a time (the sink's room
   // at the smallest entry size); the listing is read first, then the
-  // attributes, so no btree iterator is held across another read.
+  // attributes, so no btree iterator is held across another read. A call
+  // gives the sink nothing only at the end of the directory (or when the sink
+  // takes nothing): if every entry listed went, it lists on.
   Status ReadDirPlus(u64 dir, u64 cookie, u32 max_entries, DirPlusFiller fill, void* ctx);
   // fsync(2) on a directory: every namespace operation so far and every
   // written-out write durable (the journal's durable commit).
@@ -421,7 +428,7 @@ class Filesystem {
   u32 NextGeneration();
   i64 Now() const;
 
-  engine::Engine* engine_ = nullptr;
+  store::Store* store_ = nullptr;
   Options opt_;
   bool compress_all_ = false;  // the filesystem's compression option
   data::DataPath data_;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "data/data.h"
+#include "mount/testing.h"
 #include "userspace/platform/mem_device.h"
 
 namespace tfs::posix {
@@ -39,10 +40,10 @@ std::unique_ptr<MemDevice> Dev(std::vector<uint8_t> image = {}) {
   return std::make_unique<MemDevice>(o);
 }
 
-// One device, formatted, with an engine and a mounted Filesystem on it.
+// One device, formatted, with a store and a mounted Filesystem on it.
 struct Mounted {
   std::unique_ptr<MemDevice> dev;
-  std::unique_ptr<engine::Engine> eng;
+  std::unique_ptr<store::Store> eng;
   Filesystem fs;
   Filesystem::Options opt;
 
@@ -51,12 +52,7 @@ struct Mounted {
     opt.root_owner = Caller{1000, 1000};
     if (d == nullptr) {
       dev = Dev();
-      engine::FormatMember m = {dev.get(), "ssd.a", 1};
-      engine::FormatOptions fo;
-      fo.bucket_size = 256 * 1024;
-      fo.btree_node_size = 64 * 1024;
-      Diag diag;
-      EXPECT_TRUE(engine::Format(&m, 1, fo, &diag).ok()) << diag.text;
+      testing::FormatOne(dev.get());
     } else {
       dev = std::move(d);
     }
@@ -66,8 +62,8 @@ struct Mounted {
   void Open() {
     BlockDevice* b = dev.get();
     Diag diag;
-    eng = std::make_unique<engine::Engine>();  // an Engine opens once
-    ASSERT_TRUE(eng->Open(&b, 1, engine::OpenOptions{}, &diag).ok()) << diag.text;
+    eng = std::make_unique<store::Store>();  // an Store opens once
+    ASSERT_TRUE(eng->Open(&b, 1, store::OpenOptions{}, &diag).ok()) << diag.text;
     Status ms = fs.Mount(eng.get(), opt);
     ASSERT_TRUE(ms.ok()) << ms.Message();
   }
@@ -811,7 +807,7 @@ std::string ReadAll(Filesystem& fs, u64 ino) {
   return out;
 }
 
-u64 UserBuckets(engine::Engine& e) { return e.alloc().Usage(0).by_state[u32(alloc::BucketState::kUser)]; }
+u64 UserBuckets(store::Store& e) { return e.alloc().Usage(0).by_state[u32(alloc::BucketState::kUser)]; }
 
 // Random writes, truncates, fallocates (preallocate, punch, zero; with and
 // without KEEP_SIZE) and reads of a few files against a model of their bytes
@@ -982,8 +978,8 @@ TEST(PosixTest, SeekFindsDataAndHoles) {
   ASSERT_TRUE(m.fs.Fallocate(f, 0, 2 * MiB, 64 * K4).ok());  // unwritten, and the size grows
   const u64 size = 2 * MiB + 64 * K4;
   ASSERT_EQ(m.fs.GetAttr(f).value().size, size);
-  auto data = [&](u64 off) { return m.fs.Seek(f, off, true); };
-  auto hole = [&](u64 off) { return m.fs.Seek(f, off, false); };
+  auto data = [&](u64 off) { return m.fs.Seek(f, i64(off), true); };
+  auto hole = [&](u64 off) { return m.fs.Seek(f, i64(off), false); };
   EXPECT_EQ(data(0).value(), MiB);
   EXPECT_EQ(data(MiB + 100).value(), MiB + 100);
   EXPECT_EQ(hole(0).value(), 0u);
@@ -994,6 +990,8 @@ TEST(PosixTest, SeekFindsDataAndHoles) {
   EXPECT_EQ(hole(size - 1).value(), size - 1);
   EXPECT_EQ(data(size).status().code(), Err::kNoSuchOffset);
   EXPECT_EQ(hole(size).status().code(), Err::kNoSuchOffset);
+  EXPECT_EQ(m.fs.Seek(f, -1, true).status().code(), Err::kNoSuchOffset);
+  EXPECT_EQ(m.fs.Seek(f, -1, false).status().code(), Err::kNoSuchOffset);
   // A buffered write is data (written out first).
   ASSERT_TRUE(m.fs.Write(f, MiB + 8 * K4, block.data(), u32(K4)).ok());
   EXPECT_EQ(data(MiB + K4).value(), MiB + 8 * K4);
@@ -1002,6 +1000,7 @@ TEST(PosixTest, SeekFindsDataAndHoles) {
   ASSERT_TRUE(m.fs.Write(f, size - K4, block.data(), u32(K4)).ok());
   EXPECT_EQ(hole(size - K4).value(), size);
   EXPECT_EQ(m.fs.Seek(kRootIno, 0, true).status().code(), Err::kIsDir);
+  EXPECT_EQ(m.fs.Seek(kRootIno, -1, true).status().code(), Err::kIsDir);
 }
 
 // An fsync of new data gets an unordered flush entry (data write, entry write,
@@ -1072,13 +1071,9 @@ TEST(PosixTest, CompressionStoresLessAndIsChecked) {
 
   // A filesystem formatted with --compression zstd compresses every file.
   auto dev = Dev();
-  engine::FormatMember fm = {dev.get(), "ssd.a", 1};
-  engine::FormatOptions fo;
-  fo.bucket_size = 256 * 1024;
-  fo.btree_node_size = 64 * 1024;
+  store::FormatOptions fo = testing::SmallFormat();
   fo.compression = sb::CompressionType::kZstd;
-  Diag diag;
-  ASSERT_TRUE(engine::Format(&fm, 1, fo, &diag).ok()) << diag.text;
+  testing::FormatOne(dev.get(), fo);
   Mounted z(62, std::move(dev));
   const u64 g = Mkfile(z.fs, kRootIno, "plain").value().ino;
   ASSERT_TRUE(z.fs.Write(g, 0, text.data(), u32(text.size())).ok());
@@ -1552,15 +1547,21 @@ TEST(PosixFrontEndTest, CreateOpenHasItsHandleBeforeTheNameIsSeen) {
 TEST(PosixFrontEndTest, CreatesRacingUnlinksNeverLoseTheHandle) {
   Mounted m;
   std::atomic<bool> stop{false};
+  std::atomic<bool> started{false};
   std::atomic<int> unlinked{0};
   std::thread unlinker([&] {
+    started = true;
     while (!stop.load()) {
       if (Unlink(m.fs, kRootIno, "race").ok()) unlinked++;
     }
   });
+  while (!started.load()) std::this_thread::yield();
   int bad = 0;
-  // (On until the unlinker has won at least once, however the threads are scheduled.)
-  for (int i = 0; i < 300 || (unlinked.load() == 0 && i < 100000); i++) {
+  // 300 creates, and on until the unlinker has won a few times, however the
+  // threads are scheduled (a deadline, not a count: a create that finds the
+  // name takes microseconds).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (int i = 0; i < 300 || (unlinked.load() < 5 && std::chrono::steady_clock::now() < deadline); i++) {
     auto r = m.fs.CreateOpen(kRootIno, "race", 4, 0644, kUser);
     if (!r.ok()) {
       if (r.status().code() != Err::kExists) bad++;
@@ -1680,6 +1681,90 @@ TEST(PosixFrontEndTest, ReadDirPlusGivesAttributesAndSkipsWhatWent) {
   const u64 f = Lookup(m.fs, d, "f0").ok() ? Lookup(m.fs, d, "f0").value().ino : Lookup(m.fs, d, "f1").value().ino;
   Sink none{&m.fs, f, {}, 1000};
   EXPECT_EQ(m.fs.ReadDirPlus(f, 0, 100, fill, &none).code(), Err::kNotDir);
+}
+
+// A page whose every listed entry went before its lookup is not an empty
+// reply (a front end would take it for the directory's end): it lists on.
+TEST(PosixFrontEndTest, ReadDirPlusNeverEndsEarlyWhenAPageVanishes) {
+  Mounted m;
+  const u64 d = Mkdir(m.fs, kRootIno, "d").value().ino;
+  for (int i = 0; i < 6; i++) ASSERT_TRUE(Mkfile(m.fs, d, "f" + std::to_string(i)).ok());
+  const std::vector<Listed> order = List(m.fs, d);  // slot order, as ReadDirPlus lists
+  ASSERT_EQ(order.size(), 6u);
+  // Entries [2] and [3] name inodes that are gone (as when an unlink frees
+  // them between the listing and the lookups).
+  btree::Transaction tx(&m.eng->btrees());
+  for (int i : {2, 3}) ASSERT_TRUE(tx.Delete(btree::Pos{btree::kBtreeInodes, order[size_t(i)].ino, 0}).ok());
+  ASSERT_TRUE(tx.Commit().ok());
+  struct Sink {
+    std::vector<std::string> names;
+  } sink;
+  auto fill = [](void* p, const char* name, u32 len, const Attr*, u64, u8, u64) {
+    static_cast<Sink*>(p)->names.push_back(std::string(name, len));
+    return true;
+  };
+  // Pages of two from after [1]: the first lists [2] and [3] only.
+  ASSERT_TRUE(m.fs.ReadDirPlus(d, order[1].next, 2, fill, &sink).ok());
+  EXPECT_EQ(sink.names, (std::vector<std::string>{order[4].name, order[5].name}));
+  // With [4] and [5] gone too, nothing is left: an empty page, rightly.
+  for (int i : {4, 5}) ASSERT_TRUE(tx.Delete(btree::Pos{btree::kBtreeInodes, order[size_t(i)].ino, 0}).ok());
+  ASSERT_TRUE(tx.Commit().ok());
+  sink.names.clear();
+  ASSERT_TRUE(m.fs.ReadDirPlus(d, order[1].next, 2, fill, &sink).ok());
+  EXPECT_TRUE(sink.names.empty());
+}
+
+// An open directory that is removed or renamed over stays until its handle
+// goes (ext4's behaviour): fstat answers with nlink 0, chmod works, it lists
+// nothing, nothing can be created in it.
+TEST(PosixFrontEndTest, AnOpenDirectoryOutlivesItsRemoval) {
+  Mounted m;
+  const u64 d = Mkdir(m.fs, kRootIno, "d").value().ino;
+  ASSERT_TRUE(m.fs.OpenDir(d).ok());
+  ASSERT_TRUE(Rmdir(m.fs, kRootIno, "d").ok());
+  auto a = m.fs.GetAttr(d);
+  ASSERT_TRUE(a.ok()) << a.status().Message();
+  EXPECT_EQ(a.value().nlink, 0u);
+  SetAttr chmod;
+  chmod.valid = kSetMode;
+  chmod.mode = 0700;
+  EXPECT_TRUE(m.fs.SetAttrs(d, chmod).ok());
+  int listed = 0;
+  ASSERT_TRUE(m.fs.ReadDir(d, 0, [](void* n, const char*, u32, u64, u8, u64) {
+    ++*static_cast<int*>(n);
+    return true;
+  }, &listed).ok());
+  EXPECT_EQ(listed, 0);
+  EXPECT_EQ(Mkfile(m.fs, d, "x").status().code(), Err::kNotFound);
+  EXPECT_EQ(m.fs.OpenDir(d).code(), Err::kNotFound);  // no new handles on a removed one
+  ASSERT_TRUE(m.fs.ReleaseDir(d).ok());
+  EXPECT_EQ(m.fs.GetAttr(d).status().code(), Err::kNotFound);  // freed with its last handle
+  // Renamed over: the replaced (empty) directory likewise.
+  const u64 b = Mkdir(m.fs, kRootIno, "b").value().ino;
+  ASSERT_TRUE(Mkdir(m.fs, kRootIno, "a").ok());
+  ASSERT_TRUE(m.fs.OpenDir(b).ok());
+  ASSERT_TRUE(Rename(m.fs, kRootIno, "a", kRootIno, "b").ok());
+  EXPECT_EQ(m.fs.GetAttr(b).value().nlink, 0u);
+  ASSERT_TRUE(m.fs.ReleaseDir(b).ok());
+  EXPECT_EQ(m.fs.GetAttr(b).status().code(), Err::kNotFound);
+  // Not removed: a handle changes nothing, and its release frees nothing.
+  ASSERT_TRUE(m.fs.OpenDir(kRootIno).ok());
+  ASSERT_TRUE(m.fs.ReleaseDir(kRootIno).ok());
+  EXPECT_TRUE(m.fs.GetAttr(kRootIno).ok());
+  EXPECT_EQ(m.fs.GetStats().open_inodes, 0u);
+}
+
+TEST(PosixFrontEndTest, AnOpenRemovedDirectoryIsFreedAfterAPowerCut) {
+  Mounted m;
+  const u64 d = Mkdir(m.fs, kRootIno, "d").value().ino;
+  ASSERT_TRUE(m.fs.OpenDir(d).ok());
+  ASSERT_TRUE(Rmdir(m.fs, kRootIno, "d").ok());
+  m.Sync();
+  auto after = m.AfterPowerCut();  // the orphan key is durable; the handle is gone
+  EXPECT_EQ(after->fs.GetStats().orphans_freed, 1u);
+  EXPECT_EQ(after->fs.GetAttr(d).status().code(), Err::kNotFound);
+  after.reset();
+  ASSERT_TRUE(m.fs.ReleaseDir(d).ok());
 }
 
 }  // namespace

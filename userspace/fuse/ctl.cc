@@ -7,17 +7,17 @@
 
 namespace tfs::fuse {
 
-std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs, MemberControl* members) {
+std::string StatsJson(store::Store& store, posix::Filesystem& fs, MemberControl* members) {
   userspace::JsonWriter w;
   w.BeginObject();
-  const sb::Superblock& sb = engine.sb();
+  const sb::Superblock& sb = store.sb();
   w.UintField("bucket_size", sb.bucket_size);
 
   w.Key("devices");
   w.BeginArray();
   auto stats = std::make_unique<dev::OriginStats>();
-  for (u32 i = 0; i < engine.devs().size(); i++) {
-    dev::Member* m = engine.devs().member(i);
+  for (u32 i = 0; i < store.devs().size(); i++) {
+    dev::Member* m = store.devs().member(i);
     w.BeginObject();
     w.UintField("index", i);
     w.StringField("label", m->label());
@@ -63,7 +63,7 @@ std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs, MemberContr
   }
   w.EndArray();
 
-  const journal::Stats j = engine.journal().GetStats();
+  const journal::Stats j = store.journal().GetStats();
   w.Key("journal");
   w.BeginObject();
   w.UintField("commits", j.commits);
@@ -84,7 +84,7 @@ std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs, MemberContr
   w.UintField("free_buckets", j.free_buckets);
   w.EndObject();
 
-  const btree::Stats b = engine.btrees().GetStats();
+  const btree::Stats b = store.btrees().GetStats();
   w.Key("btree");
   w.BeginObject();
   w.UintField("lookups", b.lookups);
@@ -116,10 +116,10 @@ std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs, MemberContr
     u64 buckets = 0, free = 0;
   };
   std::vector<Tier> tiers;
-  for (u32 i = 0; i < engine.devs().size(); i++) {
-    const alloc::DeviceUsage u = engine.alloc().Usage(i);
+  for (u32 i = 0; i < store.devs().size(); i++) {
+    const alloc::DeviceUsage u = store.alloc().Usage(i);
     w.BeginObject();
-    w.StringField("label", engine.devs().member(i)->label());
+    w.StringField("label", store.devs().member(i)->label());
     w.UintField("buckets", u.nbuckets);
     for (int s = 0; s < alloc::kBucketStateCount; s++)
       w.UintField(alloc::BucketStateName(alloc::BucketState(s)), u.by_state[s]);
@@ -132,7 +132,7 @@ std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs, MemberContr
     w.UintField("metadata_need", u.metadata_need);
     w.UintField("data_floor", u.reserves.copygc + u.reserves.btree);
     w.EndObject();
-    const std::string g = engine.devs().member(i)->group();
+    const std::string g = store.devs().member(i)->group();
     Tier* t = nullptr;
     for (Tier& x : tiers)
       if (x.group == g) t = &x;
@@ -154,7 +154,7 @@ std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs, MemberContr
     w.EndObject();
   }
   w.EndObject();
-  const alloc::AllocStats a = engine.alloc().Stats();
+  const alloc::AllocStats a = store.alloc().Stats();
   w.UintField("frees", a.frees);
   w.UintField("fallbacks", a.fallbacks);
   w.UintField("checkpoints", a.checkpoints);

@@ -19,8 +19,8 @@
 
 #include <string>
 
-#include "engine/engine.h"
 #include "posix/fs.h"
+#include "store/store.h"
 #include "userspace/util/json.h"
 
 namespace tfs::fuse {
@@ -30,7 +30,7 @@ inline constexpr unsigned kCtlMax = 16000;
 inline constexpr unsigned kCtlStats = _IOR('T', 0x01, char[kCtlMax]);
 inline constexpr unsigned kCtlFault = _IOWR('T', 0x02, char[kCtlMax]);
 
-// What the front end knows of the members beyond the engine: where they are
+// What the front end knows of the members beyond the store: where they are
 // and, in the lab, the fault devices under them (userspace/tools/members.h).
 // Called from FUSE worker threads, concurrently.
 class MemberControl {
@@ -45,9 +45,9 @@ class MemberControl {
   virtual std::string FaultCommand(const std::string& line) = 0;
 };
 
-// The kCtlStats JSON of an open engine and its mounted filesystem; `members`
+// The kCtlStats JSON of an open store and its mounted filesystem; `members`
 // may be null.
-std::string StatsJson(engine::Engine& engine, posix::Filesystem& fs, MemberControl* members);
+std::string StatsJson(store::Store& store, posix::Filesystem& fs, MemberControl* members);
 
 }  // namespace tfs::fuse
 

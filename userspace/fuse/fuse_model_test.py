@@ -564,6 +564,33 @@ def test_open_o_trunc_truncates(mounted: Path) -> None:
     assert p.read_bytes() == b"hi\n"
 
 
+def test_an_open_directory_outlives_its_removal(mounted: Path) -> None:
+    """As on ext4 (checked there with the same steps): a directory removed,
+    or renamed over, while open answers fstat (nlink 0) and fchmod through its
+    descriptor and lists nothing; before, tierfs freed it at once (ENOENT)."""
+    d = mounted / "d"
+    d.mkdir()
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.rmdir(d)
+        assert os.fstat(fd).st_nlink == 0
+        os.fchmod(fd, 0o700)
+        assert os.fstat(fd).st_mode & 0o777 == 0o700
+        assert os.listdir(fd) == []
+    finally:
+        os.close(fd)
+    (mounted / "a").mkdir()
+    (mounted / "b").mkdir()
+    fd = os.open(mounted / "b", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.rename(mounted / "a", mounted / "b")
+        assert os.fstat(fd).st_nlink == 0
+        assert os.listdir(fd) == []
+    finally:
+        os.close(fd)
+    assert sorted(os.listdir(mounted)) == ["b"]
+
+
 def test_zero_range_past_the_end_extends_the_file(mounted: Path) -> None:
     fd = os.open(mounted / "f", os.O_CREAT | os.O_RDWR, 0o644)
     try:
@@ -1448,6 +1475,9 @@ def test_posix_semantics_table(tmp_path: Path) -> None:
             ("SEEK_HOLE in the data", lambda: os.lseek(fd_sparse, 1 << 20, os.SEEK_HOLE), (1 << 20) + BLOCK),
             ("SEEK_DATA at the end", lambda: os.lseek(fd_sparse, 3 << 20, os.SEEK_DATA), E(errno.ENXIO)),
             ("SEEK_HOLE past the end", lambda: os.lseek(fd_sparse, (3 << 20) + 1, os.SEEK_HOLE), E(errno.ENXIO)),
+            # A negative offset is past no data: ENXIO, as ext4 (not EINVAL).
+            ("SEEK_DATA from -1", lambda: os.lseek(fd_sparse, -1, os.SEEK_DATA), E(errno.ENXIO)),
+            ("SEEK_HOLE from -1", lambda: os.lseek(fd_sparse, -1, os.SEEK_HOLE), E(errno.ENXIO)),
         ]
         bad = run_rows(rows)
         for fd in (fd_ro, fd_app, fd_sparse, fd_edge):

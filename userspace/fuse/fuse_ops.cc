@@ -218,12 +218,14 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   const bool trunc = (fi->flags & O_TRUNC) != 0;
   Status st = c->fs->Open(ino, trunc ? uint32_t(posix::kOpenTruncate) : 0u);
   if (!st.ok()) {
-    // The kernel truncates its cache only if the open succeeds.
+    // The kernel truncates its cache only if the open succeeds, and posix may
+    // have freed part of the data: the next open drops the cache (needlessly
+    // when the open failed before truncating -- a cost, not a wrong read).
     if (trunc) MarkStale(c, ino);
     return Reply(req, st);
   }
   MarkDirect(c, ino, fi);
-  fuse_reply_open(req, fi);
+  if (fuse_reply_open(req, fi) != 0) (void)c->fs->Release(ino);  // the open was interrupted
 }
 
 void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
@@ -265,10 +267,11 @@ void Write(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off_t 
   fuse_reply_write(req, r.value());
 }
 
-// SEEK_DATA / SEEK_HOLE (the kernel answers SEEK_SET/CUR/END itself).
+// SEEK_DATA / SEEK_HOLE (the kernel answers SEEK_SET/CUR/END itself; a
+// negative offset is posix's to answer).
 void Lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info*) {
-  if (off < 0 || (whence != SEEK_DATA && whence != SEEK_HOLE)) return (void)fuse_reply_err(req, EINVAL);
-  auto r = Ctx(req)->fs->Seek(ino, uint64_t(off), whence == SEEK_DATA);
+  if (whence != SEEK_DATA && whence != SEEK_HOLE) return (void)fuse_reply_err(req, EINVAL);
+  auto r = Ctx(req)->fs->Seek(ino, int64_t(off), whence == SEEK_DATA);
   if (!r.ok()) return Reply(req, r.status());
   fuse_reply_lseek(req, off_t(r.value()));
 }
@@ -293,7 +296,7 @@ void OpenDir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Status st = Ctx(req)->fs->OpenDir(ino);
   if (!st.ok()) return Reply(req, st);
   fi->fh = 0;
-  fuse_reply_open(req, fi);
+  if (fuse_reply_open(req, fi) != 0) (void)Ctx(req)->fs->ReleaseDir(ino);  // the opendir was interrupted
 }
 
 void ReadDir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
@@ -368,7 +371,7 @@ void ReadDirPlus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_fi
   fuse_reply_buf(req, f.buf.data(), f.used);
 }
 
-void ReleaseDir(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+void ReleaseDir(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) { Reply(req, Ctx(req)->fs->ReleaseDir(ino)); }
 
 void FsyncDir(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info*) { Reply(req, Ctx(req)->fs->FsyncDir(ino)); }
 
@@ -476,7 +479,7 @@ void Ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file_in
     if (reply.size() + 1 > out_bufsz) reply = "error: the reply does not fit the ioctl's buffer";
     return (void)fuse_reply_ioctl(req, 0, reply.c_str(), reply.size() + 1);
   }
-  const std::string json = StatsJson(*c->engine, *c->fs, c->members);
+  const std::string json = StatsJson(*c->store, *c->fs, c->members);
   if (json.size() + 1 > out_bufsz) return (void)fuse_reply_err(req, ENOSPC);
   fuse_reply_ioctl(req, int(json.size()), json.c_str(), json.size() + 1);
 }

@@ -13,15 +13,15 @@
 #include <unordered_set>
 #include <fuse_lowlevel.h>
 
-#include "engine/engine.h"
 #include "posix/fs.h"
+#include "store/store.h"
 #include "userspace/fuse/ctl.h"
 
 namespace tfs::fuse {
 
 // What the operations reach through fuse_req_userdata().
 struct Context {
-  engine::Engine* engine = nullptr;
+  store::Store* store = nullptr;
   posix::Filesystem* fs = nullptr;
   MemberControl* members = nullptr;  // for tierfs ctl; may be null
   double attr_timeout = 1.0;   // seconds the kernel may cache attributes and entries

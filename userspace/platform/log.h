@@ -1,7 +1,7 @@
 // Where the platform's log lines go besides stderr (userspace only).
 //
 // The mount command's daemon gets its log=FILE only as stderr once it is
-// serving; what the engine logs while it opens (journal damage, replay,
+// serving; what the store logs while it opens (journal damage, replay,
 // stale tables) would otherwise reach the terminal alone. SetLogCopy(fd)
 // makes every line also go to `fd` until SetLogCopy(-1); the tools' own
 // error lines (PrintError) follow it too, through LogCopy().

@@ -24,7 +24,7 @@
 // split over T threads: contiguous key (or index) ranges for the seq phases and
 // rand_insert, per-thread random streams for rand_lookup and rand_mixed.
 //
-// Bytes written and read are counted per device by a wrapper between the engine and
+// Bytes written and read are counted per device by a wrapper between the store and
 // each image's UringDevice (by I/O origin: journal, btree, superblock, ...).
 #include <CLI/CLI.hpp>
 #include <fcntl.h>
@@ -46,7 +46,7 @@
 #include <vector>
 
 #include "btree/tree.h"
-#include "engine/engine.h"
+#include "store/store.h"
 #include "userspace/platform/huge_arena.h"
 #include "userspace/tools/common.h"
 #include "userspace/util/json.h"
@@ -258,7 +258,7 @@ struct Phase {
 
 class Bench {
  public:
-  Bench(engine::Engine* e, std::vector<CountingDevice*> devs, uint64_t n, unsigned threads)
+  Bench(store::Store* e, std::vector<CountingDevice*> devs, uint64_t n, unsigned threads)
       : e_(e), devs_(std::move(devs)), n_(n), rand_ops_(std::max<uint64_t>(1, n / 10)), threads_(threads) {}
 
   // Runs `name` (timed unless `setup`); false with *error set on any failure.
@@ -431,7 +431,7 @@ class Bench {
     return "";
   }
 
-  engine::Engine* e_;
+  store::Store* e_;
   std::vector<CountingDevice*> devs_;
   uint64_t n_, rand_ops_;
   unsigned threads_;
@@ -469,7 +469,7 @@ int BenchBtree(int argc, char** argv) {
   app.add_option("--threads", threads, "threads sharing each phase's operations")->check(CLI::Range(1u, 64u));
   app.add_option("--json", json_path, "write results as JSON to this file");
   app.add_option("--dir", dir, "directory for the image file (on the disk to measure)");
-  app.add_option("--cache-mb", cache_mb, "btree node cache in MiB (default: the engine's default)")
+  app.add_option("--cache-mb", cache_mb, "btree node cache in MiB (default: the store's default)")
       ->check(CLI::Range(uint64_t(1), uint64_t(1) << 20));
   app.add_option("--image-size", image_size, "size of the SSD image (default: N*256 bytes + 256M)");
   app.add_option("--journal-mb", journal_mb, "journal size in MiB, 1 MiB buckets (default: format's automatic size)")
@@ -528,15 +528,15 @@ int BenchBtree(int argc, char** argv) {
   auto devs = OpenDevices(kCmd, {path}, false);
   if (devs.empty()) return 1;
   CountingDevice counted(devs[0].get());
-  engine::FormatMember m{&counted, "ssd.0", 1};
-  engine::FormatOptions fo;
+  store::FormatMember m{&counted, "ssd.0", 1};
+  store::FormatOptions fo;
   fo.journal_buckets = journal_mb;  // 0: automatic
   Diag diag;
-  Status st = engine::Format(&m, 1, fo, &diag);
+  Status st = store::Format(&m, 1, fo, &diag);
   BlockDevice* raw[] = {&counted};
-  engine::OpenOptions oo;
+  store::OpenOptions oo;
   if (cache_mb != 0) oo.btree.cache_bytes = cache_mb << 20;
-  engine::Engine e;
+  store::Store e;
   if (st.ok()) st = e.Open(raw, 1, oo, &diag);
   if (!st.ok()) {
     PrintError(kCmd, diag.empty() ? st.Message() : diag.text);

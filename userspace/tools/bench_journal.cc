@@ -19,7 +19,7 @@
 #include <sstream>
 #include <thread>
 
-#include "engine/engine.h"
+#include "store/store.h"
 #include "userspace/tools/common.h"
 #include "userspace/util/json.h"
 #include "util/histogram.h"
@@ -43,7 +43,7 @@ double CpuSeconds() {
   return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
 }
 
-Status RunPhase(engine::Engine& e, journal::CommitMode mode, unsigned threads, uint64_t commits,
+Status RunPhase(store::Store& e, journal::CommitMode mode, unsigned threads, uint64_t commits,
                 uint32_t size, Phase* out) {
   journal::Stats before = e.journal().GetStats();
   std::vector<std::unique_ptr<Histogram>> hist;
@@ -130,14 +130,14 @@ int BenchJournal(int argc, char** argv) {
   }
   auto devs = OpenDevices("bench journal", {path}, false);
   if (devs.empty()) return 1;
-  engine::FormatMember m{devs[0].get(), "ssd", 1};
-  engine::FormatOptions fo;
+  store::FormatMember m{devs[0].get(), "ssd", 1};
+  store::FormatOptions fo;
   fo.journal_buckets = uint32_t(std::min<uint64_t>(64, (*bytes >> 20) / 4));
   Diag diag;
-  Status st = engine::Format(&m, 1, fo, &diag);
+  Status st = store::Format(&m, 1, fo, &diag);
   std::vector<BlockDevice*> raw = Raw(devs);
-  engine::Engine e;
-  if (st.ok()) st = e.Open(raw.data(), 1, engine::OpenOptions{}, &diag);
+  store::Store e;
+  if (st.ok()) st = e.Open(raw.data(), 1, store::OpenOptions{}, &diag);
   if (!st.ok()) {
     PrintError("bench journal", diag.empty() ? st.Message() : diag.text);
     return 1;

@@ -9,8 +9,8 @@
 #include <map>
 #include <set>
 
-#include "engine/engine.h"
 #include "sb/superblock.h"
+#include "store/store.h"
 #include "userspace/tools/common.h"
 #include "userspace/tools/members.h"
 #include "userspace/tools/mount_table.h"
@@ -141,11 +141,11 @@ int CmdFormat(int argc, char** argv) {
       }
     }
   }
-  std::vector<engine::FormatMember> members(devs.size());
+  std::vector<store::FormatMember> members(devs.size());
   for (size_t i = 0; i < devs.size(); i++) {
-    members[i] = engine::FormatMember{devs.dev(i), devs.label(i).c_str(), uint8_t(durability)};
+    members[i] = store::FormatMember{devs.dev(i), devs.label(i).c_str(), uint8_t(durability)};
   }
-  engine::FormatOptions o;
+  store::FormatOptions o;
   o.foreground_target = fg.c_str();
   o.background_target = bg.c_str();
   o.promote_target = promote.c_str();
@@ -157,7 +157,7 @@ int CmdFormat(int argc, char** argv) {
   o.compression = compression == "zstd" ? sb::CompressionType::kZstd : sb::CompressionType::kNone;
   o.journal_buckets = journal_buckets;
   Diag diag;
-  Status st = engine::Format(members.data(), uint32_t(members.size()), o, &diag);
+  Status st = store::Format(members.data(), uint32_t(members.size()), o, &diag);
   if (!st.ok()) {
     std::string msg = diag.empty() ? st.Message() : diag.text;
     if (msg.rfind("format: ", 0) == 0) msg = msg.substr(8);

@@ -15,12 +15,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "mount/instance.h"
 #include "userspace/fuse/fuse_ops.h"
 #include "userspace/platform/log.h"
 #include "userspace/tools/common.h"
@@ -79,26 +80,20 @@ int Serve(const std::vector<std::string>& devices, const std::vector<FaultSpec>&
   if (!members.Open("mount", devices, /*read_only=*/false, faults)) return 1;
   MemberControls controls(&members);
   std::vector<BlockDevice*> raw = members.Raw();
-  engine::Engine engine;
-  engine::OpenReport rep;
+  // The store, then posix (mount/instance.h); on the heap: it is large.
+  auto inst = std::make_unique<mount::Instance>();
+  mount::Options mo;
+  mo.posix.root_owner = posix::Caller{uint32_t(getuid()), uint32_t(getgid())};
+  store::OpenReport rep;
   Diag diag;
-  Status st = engine.Open(raw.data(), uint32_t(raw.size()), engine::OpenOptions{}, &diag, &rep);
+  Status st = inst->Open(raw.data(), uint32_t(raw.size()), mo, &diag, &rep);
   if (!st.ok()) {
     PrintError("mount", diag.empty() ? st.Message() : diag.text);
     return 1;
   }
-  posix::Filesystem fs;
-  posix::Filesystem::Options fo;
-  fo.root_owner = posix::Caller{uint32_t(getuid()), uint32_t(getgid())};
-  st = fs.Mount(&engine, fo);
-  if (!st.ok()) {
-    PrintError("mount", std::string("the namespace does not mount: ") + st.Message());
-    (void)engine.Close();
-    return 1;
-  }
   fuse::Context ctx;
-  ctx.engine = &engine;
-  ctx.fs = &fs;
+  ctx.store = &inst->store();
+  ctx.fs = &inst->fs();
   ctx.members = &controls;
   std::vector<std::string> argv_s = {"tierfs", "-o", "default_permissions,subtype=tierfs,fsname=" + FsnameOption(source)};
   for (const std::string& o : options) {
@@ -152,19 +147,15 @@ int Serve(const std::vector<std::string>& devices, const std::vector<FaultSpec>&
   fuse_opt_free_args(&args);
   // The members stay locked until Serve returns: an opener waits for that
   // (mount_table.h), so the log says where the time after the unmount went.
-  const auto ended = std::chrono::steady_clock::now();
-  st = fs.Unmount();
-  const auto written = std::chrono::steady_clock::now();
-  Status cst = engine.Close();
-  const auto closed = std::chrono::steady_clock::now();
-  if (!st.ok() || !cst.ok()) {
-    PrintError("mount", std::string("unmount: ") + (!st.ok() ? st.Message() : cst.Message()));
+  mount::CloseTimes times;
+  st = inst->Close(&times);
+  if (!st.ok()) {
+    PrintError("mount", std::string("unmount: ") + st.Message());
     rc = 1;
   } else {
-    using Ms = std::chrono::milliseconds;
-    platform::Log(platform::LogLevel::kInfo, "%s unmounted, clean (write-out %lld ms, engine close %lld ms)",
-                  mountpoint.c_str(), (long long)std::chrono::duration_cast<Ms>(written - ended).count(),
-                  (long long)std::chrono::duration_cast<Ms>(closed - written).count());
+    platform::Log(platform::LogLevel::kInfo, "%s unmounted, clean (write-out %llu ms, store close %llu ms)",
+                  mountpoint.c_str(), (unsigned long long)(times.posix_ns / 1000000),
+                  (unsigned long long)(times.store_ns / 1000000));
   }
   userspace::SetLogCopy(-1);
   if (log_fd >= 0) close(log_fd);

@@ -4,7 +4,7 @@
 
 #include <cstdio>
 
-#include "engine/engine.h"
+#include "store/store.h"
 #include "userspace/tools/common.h"
 #include "userspace/tools/members.h"
 #include "userspace/util/json.h"
@@ -26,10 +26,10 @@ int CmdShow(int argc, char** argv) {
   Members members;
   if (!members.Open("show", devices, /*read_only=*/true, faults)) return 1;
   std::vector<BlockDevice*> raw = members.Raw();
-  engine::Engine e;
-  engine::OpenOptions oo;
+  store::Store e;
+  store::OpenOptions oo;
   oo.read_only = true;
-  engine::OpenReport rep;
+  store::OpenReport rep;
   Diag diag;
   Status st = e.Open(raw.data(), uint32_t(raw.size()), oo, &diag, &rep);
   if (!st.ok()) {

@@ -13,7 +13,7 @@
 //
 // Thread safety: Members is owned by one command; the devices it hands out are
 // BlockDevices (thread-safe) and outlive every user only if the Members object
-// does -- destroy the engine first.
+// does -- destroy the store first.
 #ifndef TFS_USERSPACE_TOOLS_MEMBERS_H_
 #define TFS_USERSPACE_TOOLS_MEMBERS_H_
 

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/engine.h"
 #include "fsck/fsck.h"
 #include "posix/fs.h"
+#include "store/store.h"
 #include "userspace/platform/mem_device.h"
 
 namespace tfs {
@@ -39,15 +39,15 @@ std::unique_ptr<MemDevice> Mem(const char* name, uint64_t size) {
 // metadata is many buckets' worth of checkpoints.
 struct Full {
   std::vector<std::unique_ptr<MemDevice>> devs;
-  std::unique_ptr<engine::Engine> eng;
+  std::unique_ptr<store::Store> eng;
   Filesystem fs;
 
   Full(bool with_hdd, uint64_t ssd_mib) {
     devs.push_back(Mem("ssd0", ssd_mib << 20));
     if (with_hdd) devs.push_back(Mem("hdd0", 48ull << 20));
-    engine::FormatMember m[2] = {{devs[0].get(), "ssd.a", 1}, {nullptr, "hdd.b", 1}};
+    store::FormatMember m[2] = {{devs[0].get(), "ssd.a", 1}, {nullptr, "hdd.b", 1}};
     if (with_hdd) m[1].bdev = devs[1].get();
-    engine::FormatOptions fo;
+    store::FormatOptions fo;
     fo.foreground_target = "ssd";
     fo.metadata_target = "ssd";
     if (with_hdd) fo.background_target = "hdd";
@@ -55,7 +55,7 @@ struct Full {
     fo.btree_node_size = 64 * 1024;
     fo.journal_buckets = journal::kMinRingBuckets;
     Diag diag;
-    EXPECT_TRUE(engine::Format(m, u32(devs.size()), fo, &diag).ok()) << diag.text;
+    EXPECT_TRUE(store::Format(m, u32(devs.size()), fo, &diag).ok()) << diag.text;
     Open();
   }
   ~Full() {
@@ -68,8 +68,8 @@ struct Full {
     std::vector<BlockDevice*> b;
     for (auto& d : devs) b.push_back(d.get());
     Diag diag;
-    eng = std::make_unique<engine::Engine>();
-    Status st = eng->Open(b.data(), u32(b.size()), engine::OpenOptions{}, &diag);
+    eng = std::make_unique<store::Store>();
+    Status st = eng->Open(b.data(), u32(b.size()), store::OpenOptions{}, &diag);
     ASSERT_TRUE(st.ok()) << st.Message() << ": " << diag.text;
     Status ms = fs.Mount(eng.get(), Filesystem::Options{});
     ASSERT_TRUE(ms.ok()) << ms.Message();

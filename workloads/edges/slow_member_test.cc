@@ -1,4 +1,4 @@
-// Slow-member edges (issue 17): a mounted filesystem (engine + posix) over an
+// Slow-member edges (issue 17): a mounted filesystem (store + posix) over an
 // SSD member in memory and an HDD member behind an in-process FaultDevice that
 // is stalled for an hour. Each test runs an operation on SSD-resident data and
 // asserts that it completes while the HDD is still stalled -- never a timing
@@ -18,10 +18,10 @@
 #include <string>
 #include <thread>
 
-#include "engine/engine.h"
 #include "faultdevices/device.h"
 #include "faultdevices/profile.h"
 #include "posix/fs.h"
+#include "store/store.h"
 #include "userspace/platform/mem_device.h"
 
 namespace tfs {
@@ -87,11 +87,11 @@ bool FinishesInTime(const std::function<void()>& fn, const std::function<void()>
 struct TwoTier {
   std::unique_ptr<MemDevice> ssd;
   std::unique_ptr<FaultDevice> hdd;
-  std::unique_ptr<engine::Engine> eng;
+  std::unique_ptr<store::Store> eng;
   Filesystem fs;
 
   // `data_on`: the foreground (data) target, "ssd" or "hdd".
-  explicit TwoTier(engine::OpenOptions open = engine::OpenOptions{}, const char* data_on = "ssd") {
+  explicit TwoTier(store::OpenOptions open = store::OpenOptions{}, const char* data_on = "ssd") {
     ssd = Mem("ssd0", 128ull << 20);
     std::string error;
     std::optional<faultdev::Profile> p = faultdev::ParseProfile("", "inline.toml", {}, &error);
@@ -100,8 +100,8 @@ struct TwoTier {
     hdd = FaultDevice::Open(*p, Mem("hdd0", 256ull << 20), &error);
     EXPECT_TRUE(hdd != nullptr) << error;
     if (hdd == nullptr) return;
-    engine::FormatMember m[2] = {{ssd.get(), "ssd.a", 1}, {hdd.get(), "hdd.b", 1}};
-    engine::FormatOptions fo;
+    store::FormatMember m[2] = {{ssd.get(), "ssd.a", 1}, {hdd.get(), "hdd.b", 1}};
+    store::FormatOptions fo;
     fo.foreground_target = data_on;
     fo.metadata_target = "ssd";
     fo.background_target = "hdd";
@@ -109,9 +109,9 @@ struct TwoTier {
     fo.btree_node_size = 64 * 1024;
     fo.journal_buckets = journal::kMinRingBuckets;
     Diag diag;
-    EXPECT_TRUE(engine::Format(m, 2, fo, &diag).ok()) << diag.text;
+    EXPECT_TRUE(store::Format(m, 2, fo, &diag).ok()) << diag.text;
     BlockDevice* b[2] = {ssd.get(), hdd.get()};
-    eng = std::make_unique<engine::Engine>();
+    eng = std::make_unique<store::Store>();
     EXPECT_TRUE(eng->Open(b, 2, open, &diag).ok()) << diag.text;
     Status ms = fs.Mount(eng.get(), Filesystem::Options{});
     EXPECT_TRUE(ms.ok()) << ms.Message();
@@ -130,8 +130,8 @@ struct TwoTier {
     ASSERT_TRUE(eng->Close().ok());
     BlockDevice* b[2] = {ssd.get(), hdd.get()};
     Diag diag;
-    eng = std::make_unique<engine::Engine>();
-    ASSERT_TRUE(eng->Open(b, 2, engine::OpenOptions{}, &diag).ok()) << diag.text;
+    eng = std::make_unique<store::Store>();
+    ASSERT_TRUE(eng->Open(b, 2, store::OpenOptions{}, &diag).ok()) << diag.text;
     Status ms = fs.Mount(eng.get(), Filesystem::Options{});
     ASSERT_TRUE(ms.ok()) << ms.Message();
   }
@@ -235,8 +235,8 @@ struct CommitGate {
   std::thread::id who;  // the thread to hold (default: none)
   bool parked = false, released = false, finished = false;
 
-  engine::OpenOptions Options() {
-    engine::OpenOptions open;
+  store::OpenOptions Options() {
+    store::OpenOptions open;
     open.btree.test_point_ctx = this;
     open.btree.test_point = [](void* ctx, const char* point) {
       auto* g = static_cast<CommitGate*>(ctx);
@@ -349,7 +349,7 @@ TEST(SlowMember, OtherFilesDoNotWaitForACommitHoldingAnInodeLock) {
 // buffered takes no lock. Data lives on the HDD here (the foreground target),
 // metadata on the SSD.
 TEST(SlowMember, CloseOfAFileDoesNotWaitForAnotherFilesStalledWrite) {
-  TwoTier t(engine::OpenOptions{}, "hdd");
+  TwoTier t(store::OpenOptions{}, "hdd");
   ASSERT_TRUE(t.ok());
   const uint64_t a = t.Create("a");
   const uint64_t b = t.CreateColliding(a, SameOldDataStripe);
@@ -392,7 +392,7 @@ TEST(SlowMember, CloseOfAFileDoesNotWaitForAnotherFilesStalledWrite) {
 // journal members. The journal's own flush timer is off (an hour) so that
 // nothing but the fsync below makes an entry durable.
 TEST(SlowMember, FsyncOfSsdOnlyChangesDoesNotFlushAnHddWrittenBefore) {
-  engine::OpenOptions open;
+  store::OpenOptions open;
   open.journal.flush_delay_ns = kHour;
   TwoTier t(open, "hdd");
   ASSERT_TRUE(t.ok());
@@ -429,7 +429,7 @@ TEST(SlowMember, FsyncOfSsdOnlyChangesDoesNotFlushAnHddWrittenBefore) {
 // write never finished: the remount replays the HDD's bucket states from the
 // relogs, the entries of the original changes long overwritten.
 TEST(SlowMember, StalledHddWithChangedBucketsHoldsBackNoCommitAndItsStateSurvives) {
-  TwoTier t(engine::OpenOptions{}, "hdd");
+  TwoTier t(store::OpenOptions{}, "hdd");
   ASSERT_TRUE(t.ok());
   const uint64_t a = t.Create("a");
   std::string data(1 << 20, 'a');
@@ -502,10 +502,10 @@ TEST(SlowMember, StalledHddWithChangedBucketsHoldsBackNoCommitAndItsStateSurvive
   };
   auto ssd2 = copy(t.ssd->SnapshotDurable(), "ssd1");
   auto hdd2 = copy(static_cast<MemDevice&>(t.hdd->backing()).SnapshotDurable(), "hdd1");
-  engine::Engine e2;
+  store::Store e2;
   BlockDevice* b2[2] = {ssd2.get(), hdd2.get()};
   Diag diag;
-  ASSERT_TRUE(e2.Open(b2, 2, engine::OpenOptions{}, &diag).ok()) << diag.text;
+  ASSERT_TRUE(e2.Open(b2, 2, store::OpenOptions{}, &diag).ok()) << diag.text;
   uint64_t differ = 0;
   for (uint64_t b = 0; b < n; b++) {
     const alloc::Bucket got = e2.alloc().Get(1, b);

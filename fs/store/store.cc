@@ -1,11 +1,11 @@
-// Format, open (with replay) and close of the engine (see engine.h).
-#include "engine/engine.h"
+// Format, open (with replay) and close of the store (see store.h).
+#include "store/store.h"
 
 #include "alloc/format.h"
 #include "platform/platform.h"
 #include "util/bits.h"
 
-namespace tfs::engine {
+namespace tfs::store {
 namespace {
 
 constexpr u64 kMinDataBuckets = 8;
@@ -144,12 +144,12 @@ Status Format(const FormatMember* members, u32 count, const FormatOptions& o, Di
   return Status::Ok();
 }
 
-Engine::~Engine() {
+Store::~Store() {
   Status st = Close();
-  if (!st.ok()) platform::Log(platform::LogLevel::kError, "engine: close failed: %s", st.Message());
+  if (!st.ok()) platform::Log(platform::LogLevel::kError, "store: close failed: %s", st.Message());
 }
 
-Status Engine::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& options, Diag* diag,
+Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& options, Diag* diag,
                     OpenReport* report) {
   if (open_) return Err::kBusy;
   if (count == 0 || count > sb::kSbMaxMembers)
@@ -329,14 +329,14 @@ Status Engine::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opt
   return Status::Ok();
 }
 
-void Engine::ReclaimHook(void* self, u64 seq) {
-  auto* e = static_cast<Engine*>(self);
+void Store::ReclaimHook(void* self, u64 seq) {
+  auto* e = static_cast<Store*>(self);
   btree::Btrees::ReclaimHook(&e->btrees_, seq);
   alloc::Allocator::ReclaimHook(&e->alloc_, seq);
 }
 
-Status Engine::ApplyAllocKey(void* self, u64, const journal::Key& key) {
-  auto* e = static_cast<Engine*>(self);
+Status Store::ApplyAllocKey(void* self, u64, const journal::Key& key) {
+  auto* e = static_cast<Store*>(self);
   switch (key.type) {
     case journal::kKeyAlloc:
       return e->alloc_.Apply(key);
@@ -350,12 +350,12 @@ Status Engine::ApplyAllocKey(void* self, u64, const journal::Key& key) {
   }
 }
 
-Status Engine::ApplyBtreeKey(void* self, u64 seq, const journal::Key& key) {
-  auto* e = static_cast<Engine*>(self);
+Status Store::ApplyBtreeKey(void* self, u64 seq, const journal::Key& key) {
+  auto* e = static_cast<Store*>(self);
   return key.type == journal::kKeyBtree ? e->btrees_.ApplyReplayed(seq, key) : Status::Ok();
 }
 
-void Engine::CheckCurrent(const btree::Roots& roots, OpenReport& rep) const {
+void Store::CheckCurrent(const btree::Roots& roots, OpenReport& rep) const {
   // Where the journal's proof starts: on a clean filesystem nothing is
   // replayed and the superblock's journal_seq is the next entry; otherwise
   // replay's start (its first entry, if any): durable changes from there on
@@ -415,12 +415,12 @@ void Engine::CheckCurrent(const btree::Roots& roots, OpenReport& rep) const {
   }
 }
 
-void Engine::RecordCheckpoints() {
+void Store::RecordCheckpoints() {
   sb_.roots_gen = btrees_.roots().gen;
   for (u32 m = 0; m < sb_.nr_members; m++) sb_.members[m].alloc_checkpoint = alloc_.DurableCheckpoint(m);
 }
 
-Status Engine::WriteSuperblocks() {
+Status Store::WriteSuperblocks() {
   for (u32 m = 0; m < sb_.nr_members; m++) {
     // Mount and unmount only: no other I/O is in flight, so this bypasses the queue.
     TFS_TRY(sb::Write(*devs_.member(m)->bdev(), sb_, u16(m)));
@@ -428,7 +428,7 @@ Status Engine::WriteSuperblocks() {
   return Status::Ok();
 }
 
-Status Engine::Close() {
+Status Store::Close() {
   if (!open_) return Status::Ok();
   open_ = false;
   if (read_only_) return btrees_.Close();
@@ -437,7 +437,7 @@ Status Engine::Close() {
   Status st = journal_.Stop();
   journal_started_ = false;
   // Slow members' background table writes drop journal pins when they
-  // complete: none may outlive this (on every path: the engine may go next).
+  // complete: none may outlive this (on every path: the store may go next).
   alloc_.WaitForBackgroundWrites();
   if (!st.ok()) return st;  // leave the superblock unclean: replay will sort it out
   if (!bst.ok()) return bst;
@@ -451,4 +451,4 @@ Status Engine::Close() {
   return WriteSuperblocks();
 }
 
-}  // namespace tfs::engine
+}  // namespace tfs::store

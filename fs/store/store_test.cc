@@ -1,6 +1,6 @@
-// Engine and allocator tests: format/open/close round trips, replay after power
+// Store and allocator tests: format/open/close round trips, replay after power
 // cuts, watermark reserves under concurrent allocation, bad device sets.
-#include "engine/engine.h"
+#include "store/store.h"
 
 #include <gtest/gtest.h>
 
@@ -16,7 +16,7 @@
 
 #include "userspace/platform/mem_device.h"
 
-namespace tfs::engine {
+namespace tfs::store {
 namespace {
 
 using alloc::BucketState;
@@ -52,7 +52,7 @@ struct Disks {
 
   Status Format(const FormatOptions& o = SmallOptions(), Diag* d = nullptr) {
     FormatMember m[2] = {{ssd.get(), "ssd.a", 1}, {hdd.get(), "hdd.b", 1}};
-    return engine::Format(m, 2, o, d);
+    return store::Format(m, 2, o, d);
   }
   std::vector<BlockDevice*> List(bool reversed = false) {
     if (reversed) return {hdd.get(), ssd.get()};
@@ -68,13 +68,13 @@ struct Disks {
   }
 };
 
-TEST(EngineTest, FormatOpenCloseRoundTrip) {
+TEST(StoreTest, FormatOpenCloseRoundTrip) {
   Disks d;
   Diag diag;
   ASSERT_TRUE(d.Format(SmallOptions(), &diag).ok()) << diag.text;
   std::vector<u64> allocated;
   {
-    Engine e;
+    Store e;
     OpenReport rep;
     ASSERT_TRUE(e.Open(d.List(true).data(), 2, OpenOptions{}, &diag, &rep).ok()) << diag.text;
     EXPECT_TRUE(rep.was_clean);
@@ -93,7 +93,7 @@ TEST(EngineTest, FormatOpenCloseRoundTrip) {
     ASSERT_TRUE(e.Close().ok());
   }
   // Clean reopen: no replay, the allocations are in the tables.
-  Engine e;
+  Store e;
   OpenReport rep;
   ASSERT_TRUE(e.Open(d.List().data(), 2, OpenOptions{}, &diag, &rep).ok()) << diag.text;
   EXPECT_TRUE(rep.was_clean);
@@ -105,10 +105,10 @@ TEST(EngineTest, FormatOpenCloseRoundTrip) {
   EXPECT_EQ(u.by_state[u8(BucketState::kMeta)], e.sb().members[0].alloc_table_buckets);
 }
 
-TEST(EngineTest, ReplayAfterPowerCutKeepsDurableAllocations) {
+TEST(StoreTest, ReplayAfterPowerCutKeepsDurableAllocations) {
   Disks d;
   ASSERT_TRUE(d.Format().ok());
-  Engine e;
+  Store e;
   Diag diag;
   ASSERT_TRUE(e.Open(d.List().data(), 2, OpenOptions{}, &diag).ok()) << diag.text;
   std::vector<alloc::BucketRef> durable;
@@ -120,9 +120,9 @@ TEST(EngineTest, ReplayAfterPowerCutKeepsDurableAllocations) {
   ASSERT_TRUE(e.alloc().Free(durable[0]).ok());
   ASSERT_TRUE(e.alloc().SetLiveSectors(durable[1], 100).ok());
   ASSERT_TRUE(e.journal().Flush().ok());
-  Disks cut = d.AfterPowerCut();  // the engine was never closed
+  Disks cut = d.AfterPowerCut();  // the store was never closed
 
-  Engine e2;
+  Store e2;
   OpenReport rep;
   ASSERT_TRUE(e2.Open(cut.List().data(), 2, OpenOptions{}, &diag, &rep).ok()) << diag.text;
   EXPECT_FALSE(rep.was_clean);
@@ -134,21 +134,21 @@ TEST(EngineTest, ReplayAfterPowerCutKeepsDurableAllocations) {
     EXPECT_EQ(e2.alloc().Get(durable[i].dev, durable[i].bucket).state, BucketState::kUser) << i;
   }
   ASSERT_TRUE(e2.Close().ok());
-  ASSERT_TRUE(e.Close().ok());  // the original engine still closes on its own disks
+  ASSERT_TRUE(e.Close().ok());  // the original store still closes on its own disks
 
   // The replayed state was checkpointed at open: a later crash does not need it.
   Disks cut2 = cut.AfterPowerCut();
-  Engine e3;
+  Store e3;
   ASSERT_TRUE(e3.Open(cut2.List().data(), 2, OpenOptions{}, &diag, &rep).ok()) << diag.text;
   EXPECT_EQ(e3.alloc().Get(durable[1].dev, durable[1].bucket).live_sectors, 100u);
 }
 
-TEST(EngineTest, JournalReclaimCheckpointsAllocator) {
+TEST(StoreTest, JournalReclaimCheckpointsAllocator) {
   Disks d;
   FormatOptions o = SmallOptions();
   o.journal_buckets = 4;  // 4 x 256 KiB: fills quickly
   ASSERT_TRUE(d.Format(o).ok());
-  Engine e;
+  Store e;
   Diag diag;
   OpenOptions oo;
   oo.journal.write_delay_ns = 0;
@@ -164,7 +164,7 @@ TEST(EngineTest, JournalReclaimCheckpointsAllocator) {
   EXPECT_GE(e.alloc().Stats().checkpoints, 1u);
   EXPECT_GE(e.journal().GetStats().reclaim_calls, 1u);
   Disks cut = d.AfterPowerCut();
-  Engine e2;
+  Store e2;
   ASSERT_TRUE(e2.Open(cut.List().data(), 2, OpenOptions{}, &diag).ok()) << diag.text;
   alloc::DeviceUsage u = e2.alloc().Usage(1);
   EXPECT_EQ(u.by_state[u8(BucketState::kUser)], 0u);  // every pair ended freed
@@ -175,12 +175,12 @@ TEST(EngineTest, JournalReclaimCheckpointsAllocator) {
 // moments from another thread. After each cut the reopened allocator must hold, for
 // every bucket, the state it had at the newest flush acknowledged before the cut or
 // a state it reached later -- never an older or an invented one.
-TEST(EngineTest, PowerCutsDuringAllocationKeepEveryAcknowledgedChange) {
+TEST(StoreTest, PowerCutsDuringAllocationKeepEveryAcknowledgedChange) {
   Disks d;
   FormatOptions o = SmallOptions();
   o.journal_buckets = 4;
   ASSERT_TRUE(d.Format(o).ok());
-  Engine e;
+  Store e;
   Diag diag;
   OpenOptions oo;
   oo.journal.write_delay_ns = 100 * 1000;
@@ -265,7 +265,7 @@ TEST(EngineTest, PowerCutsDuringAllocationKeepEveryAcknowledgedChange) {
     Disks cd;
     cd.ssd = Dev("ssd0", kSsdSize, std::move(c.ssd));
     cd.hdd = Dev("hdd0", kHddSize, std::move(c.hdd));
-    Engine e2;
+    Store e2;
     OpenOptions ro;
     ro.read_only = true;
     ASSERT_TRUE(e2.Open(cd.List().data(), 2, ro, &diag).ok()) << diag.text;
@@ -283,10 +283,10 @@ TEST(EngineTest, PowerCutsDuringAllocationKeepEveryAcknowledgedChange) {
   }
 }
 
-TEST(EngineTest, WatermarksHoldUnderConcurrentForegroundAndBackground) {
+TEST(StoreTest, WatermarksHoldUnderConcurrentForegroundAndBackground) {
   Disks d;
   ASSERT_TRUE(d.Format().ok());
-  Engine e;
+  Store e;
   Diag diag;
   ASSERT_TRUE(e.Open(d.List().data(), 2, OpenOptions{}, &diag).ok()) << diag.text;
   const u32 ssd = 0;
@@ -324,10 +324,10 @@ TEST(EngineTest, WatermarksHoldUnderConcurrentForegroundAndBackground) {
   EXPECT_GE(e.alloc().Stats().fallbacks, 1u);
 }
 
-TEST(EngineTest, FreedBucketsAreReusedOnlyOnceTheFreeIsDurable) {
+TEST(StoreTest, FreedBucketsAreReusedOnlyOnceTheFreeIsDurable) {
   Disks d;
   ASSERT_TRUE(d.Format().ok());
-  Engine e;
+  Store e;
   Diag diag;
   OpenOptions oo;
   oo.journal.write_delay_ns = 60 * platform::kNsPerSec;  // nothing durable on its own
@@ -357,10 +357,10 @@ TEST(EngineTest, FreedBucketsAreReusedOnlyOnceTheFreeIsDurable) {
   EXPECT_EQ(e.alloc().Stats().flush_waits, 1u);
 }
 
-TEST(EngineTest, AllocatorRefusesWrongPurposeAndStaleRefs) {
+TEST(StoreTest, AllocatorRefusesWrongPurposeAndStaleRefs) {
   Disks d;
   ASSERT_TRUE(d.Format().ok());
-  Engine e;
+  Store e;
   Diag diag;
   ASSERT_TRUE(e.Open(d.List().data(), 2, OpenOptions{}, &diag).ok()) << diag.text;
   // The HDD accepts only user data.
@@ -374,7 +374,7 @@ TEST(EngineTest, AllocatorRefusesWrongPurposeAndStaleRefs) {
   EXPECT_EQ(e.alloc().Free(journal_bucket), Status(Err::kInvalidArgument));
 }
 
-TEST(EngineTest, FormatRejectsBadInput) {
+TEST(StoreTest, FormatRejectsBadInput) {
   Diag diag;
   Disks d;
   FormatOptions o = SmallOptions();
@@ -399,26 +399,26 @@ TEST(EngineTest, FormatRejectsBadInput) {
   EXPECT_TRUE(Format(bad, 1, FormatOptions{}, &diag).Is(ErrorClass::kInvalid));
 }
 
-TEST(EngineTest, OpenRefusesIncompleteOrMixedSetsAndUsesBackupSuperblock) {
+TEST(StoreTest, OpenRefusesIncompleteOrMixedSetsAndUsesBackupSuperblock) {
   Disks a, b;
   ASSERT_TRUE(a.Format().ok());
   ASSERT_TRUE(b.Format().ok());
   Diag diag;
   {
-    Engine e;
+    Store e;
     BlockDevice* only_ssd[1] = {a.ssd.get()};
     EXPECT_EQ(e.Open(only_ssd, 1, OpenOptions{}, &diag), Status(Err::kNotFound));
     EXPECT_NE(std::string(diag.text).find("hdd.b"), std::string::npos) << diag.text;
   }
   {
-    Engine e;
+    Store e;
     BlockDevice* mixed[2] = {a.ssd.get(), b.hdd.get()};
     EXPECT_TRUE(e.Open(mixed, 2, OpenOptions{}, &diag).Is(ErrorClass::kInvalid));
     EXPECT_NE(std::string(diag.text).find("different filesystems"), std::string::npos) << diag.text;
   }
   {
     auto blank = Dev("blank", kHddSize);
-    Engine e;
+    Store e;
     BlockDevice* with_blank[2] = {a.ssd.get(), blank.get()};
     EXPECT_EQ(e.Open(with_blank, 2, OpenOptions{}, &diag), Status(Err::kBadMagic));
     EXPECT_NE(std::string(diag.text).find("not a tierfs device"), std::string::npos) << diag.text;
@@ -427,7 +427,7 @@ TEST(EngineTest, OpenRefusesIncompleteOrMixedSetsAndUsesBackupSuperblock) {
   u8 junk[16];
   memset(junk, 0x5a, sizeof(junk));
   a.ssd->WriteRaw(sb::kSbPrimaryOffset + 64, junk, sizeof(junk));
-  Engine e;
+  Store e;
   OpenReport rep;
   ASSERT_TRUE(e.Open(a.List().data(), 2, OpenOptions{}, &diag, &rep).ok()) << diag.text;
   EXPECT_EQ(rep.used_backup_sb, 1u);
@@ -439,4 +439,4 @@ TEST(EngineTest, OpenRefusesIncompleteOrMixedSetsAndUsesBackupSuperblock) {
 }
 
 }  // namespace
-}  // namespace tfs::engine
+}  // namespace tfs::store

@@ -1,5 +1,10 @@
-// Engine: formats a filesystem and brings one up and down -- the substrate the
-// btree and everything above run on (device set, superblock, allocator, journal).
+// Store: the persistent store -- device set, superblock, allocator, journal and
+// btrees -- that the data path, posix and the background engines run on. It
+// formats a filesystem and brings one up and down; nothing in it runs by itself
+// beyond the journal's and btrees' own writers. fsck opens a Store alone; a
+// mount opens one inside its mount::Instance (mount/instance.h). (Called
+// engine::Engine before issue 20: "engine" is DESIGN.md's word for the
+// background workers in bg/.)
 //
 // Open(): read every device's superblock (backup copy if the primary is bad),
 // refuse device sets that are not exactly one filesystem, build the device set in
@@ -18,9 +23,9 @@
 //
 // Thread safety: Open/Close from one thread; the subsystems it exposes are
 // thread-safe themselves. The caller owns the BlockDevices and keeps them open
-// until Close() returns (or the Engine is destroyed).
-#ifndef TFS_ENGINE_ENGINE_H_
-#define TFS_ENGINE_ENGINE_H_
+// until Close() returns (or the Store is destroyed).
+#ifndef TFS_STORE_STORE_H_
+#define TFS_STORE_STORE_H_
 
 #include "alloc/allocator.h"
 #include "btree/tree.h"
@@ -30,7 +35,7 @@
 #include "sb/superblock.h"
 #include "util/diag.h"
 
-namespace tfs::engine {
+namespace tfs::store {
 
 struct FormatMember {
   BlockDevice* bdev = nullptr;
@@ -57,14 +62,14 @@ struct FormatOptions {
 // unresolvable targets, devices too small, bad sizes.
 Status Format(const FormatMember* members, u32 count, const FormatOptions& options, Diag* diag);
 
-class Engine;
+class Store;
 
 // fsck -y's rebuild of allocation state that Open found older than the
 // filesystem (OpenReport::stale_alloc): called on a writable open after replay,
 // before anything is allocated or written; it rebuilds the allocator's state
 // from the trees (Allocator::BeginRebuild .. EndRebuild). Open then writes the
 // tables.
-using RebuildAllocFn = Status (*)(void* ctx, Engine& engine);
+using RebuildAllocFn = Status (*)(void* ctx, Store& store);
 
 struct OpenOptions {
   bool read_only = false;  // no journal, no superblock or table writes (show, fsck -n)
@@ -113,12 +118,12 @@ struct OpenReport {
   u32 lost_data_btrees = 0;
 };
 
-class Engine {
+class Store {
  public:
-  Engine() = default;
-  ~Engine();
-  Engine(const Engine&) = delete;
-  Engine& operator=(const Engine&) = delete;
+  Store() = default;
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
 
   // `bdevs` in any order.
   Status Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& options, Diag* diag,
@@ -163,6 +168,6 @@ class Engine {
   bool journal_started_ = false;
 };
 
-}  // namespace tfs::engine
+}  // namespace tfs::store
 
-#endif  // TFS_ENGINE_ENGINE_H_
+#endif  // TFS_STORE_STORE_H_
