@@ -311,6 +311,11 @@ bool Allocator::MetadataRoom() {
   return false;
 }
 
+bool Allocator::MetadataShort() const {
+  MutexLock lock(mu_);
+  return MetadataShortLocked(false);
+}
+
 bool Allocator::MetadataTight() const {
   MutexLock lock(mu_);
   return MetadataShortLocked(true);

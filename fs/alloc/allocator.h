@@ -231,6 +231,8 @@ class Allocator {
   // what must always work (deletes and truncates dirty and split nodes too).
   // Counted (metadata_refused) when false.
   bool MetadataRoom();
+  // Whether MetadataRoom would refuse now, without counting it (statfs).
+  bool MetadataShort() const;
   // Whether the btree has begun to eat its growth room on some member (free
   // and pending buckets below its reserve): its writer checkpoints then, so
   // that dirty nodes become clean and the need drops.

@@ -1010,6 +1010,10 @@ class NamespaceCheck {
             Repaired(1, "namespace: set the parent of directory %llu to %llu", ino, (unsigned long long)parent);
           }
         }
+        if (r.orphan && !named) {
+          c_.report->notes++;
+          c_.Line("namespace: directory %llu is an orphan (removed while open); the next mount frees it", ino);
+        }
         const u32 want = 2 + r.subdirs;
         if (r.nlink != want && !(r.orphan && r.nlink == 0)) {
           Problem("namespace: wrong link count of directory %llu: nlink %u, expected %u", ino, r.nlink, want);

@@ -735,9 +735,9 @@ Status Filesystem::GetStatFs(StatFs* out) {
   // while there is space for its record, its entry and their keys. Count
   // kInodeCostBytes each (the 128-byte inode and a short entry with their
   // keys: the least one costs) of the space unprivileged writers have.
-  // None while the btree is eating its growth room (creates may be refused).
+  // None while creates are refused for want of metadata room.
   constexpr u64 kInodeCostBytes = 256;
-  out->files_free = store_->alloc().MetadataTight() ? 0 : out->blocks_avail * (out->block_size / kInodeCostBytes);
+  out->files_free = store_->alloc().MetadataShort() ? 0 : out->blocks_avail * (out->block_size / kInodeCostBytes);
   out->files = inodes_.Load(MemOrder::kRelaxed) + out->files_free;
   return Status::Ok();
 }
@@ -994,6 +994,15 @@ Status Filesystem::FreeUnlinked(u64 ino) {
   const u64 lock[1] = {ino};
   Locked locked(this, lock, 1);
   TFS_TRY(locked.status());
+  // A handle opened since the unlink decided (an open by number, an
+  // opendir, which takes no lock): its last release frees it instead -- or
+  // has already, under this lock before us. Each inode is freed once.
+  if (IsOpen(ino)) return Status::Ok();
+  InodeFormat f;
+  Status st = ReadInode(ino, &f);
+  if (st.Is(ErrorClass::kNotFound)) return Status::Ok();
+  TFS_TRY(st);
+  if (f.nlink.get() != 0) return Status::Ok();  // (linked again: not ours to free)
   return FinishFree(ino);
 }
 
@@ -1985,7 +1994,7 @@ Status Filesystem::RemoveXattr(u64 ino, const char* name, u32 len) {
 Status Filesystem::OpenInode(u64 ino) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
   const u64 lock[1] = {ino};
-  Locked locked(this, lock, 1);  // an unlink either sees this handle or frees first
+  Locked locked(this, lock, 1);  // an unlink either sees this handle or leaves the free to it
   TFS_TRY(locked.status());
   InodeFormat f;
   TFS_TRY(ReadInode(ino, &f));
@@ -2047,21 +2056,33 @@ Result<Attr> Filesystem::CreateOpen(u64 dir, const char* name, u32 len, u32 mode
   return Create(dir, name, len, kModeReg | (mode & kModePermMask), 0, nullptr, 0, who, true);
 }
 
+// No inode lock: an opendir (an `ls`, `tierfs ctl` on the root) must not
+// wait behind a commit in that directory, which can wait for the journal.
+// The handle goes first, then the check: an rmdir that decided before the
+// handle existed leaves the free to it (FreeUnlinked checks again under the
+// directory's lock), and one after it sees the handle and keeps the orphan.
+// The root needs no handle: it is never removed.
 Status Filesystem::OpenDir(u64 dir) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
-  const u64 lock[1] = {dir};
-  Locked locked(this, lock, 1);  // an rmdir either sees this handle or frees first
-  TFS_TRY(locked.status());
   InodeFormat d;
-  TFS_TRY(ReadInode(dir, &d));
-  if (!IsDir(d)) return Err::kNotDir;
-  if (d.nlink.get() == 0) return Err::kNotFound;  // removed; open handles keep it
-  return AddHandle(dir);
+  if (dir == kRootIno) return ReadDirInode(dir, &d);
+  TFS_TRY(AddHandle(dir));
+  Status st = ReadInode(dir, &d);
+  if (st.ok() && !IsDir(d)) st = Err::kNotDir;
+  if (st.ok() && d.nlink.get() == 0) st = Err::kNotFound;  // removed; open handles keep it
+  if (st.ok()) return Status::Ok();
+  // Not opened after all: the handle goes as any does (freeing a removed
+  // directory if it was the last).
+  Status rst = Release(dir);
+  if (!rst.ok() && !rst.Is(ErrorClass::kNotFound))
+    platform::Log(platform::LogLevel::kError, "posix: releasing directory %llu after a failed open: %s",
+                  (unsigned long long)dir, rst.Message());
+  return st;
 }
 
 // A directory has no write buffer: Release only drops the handle and frees
 // a removed directory with its last one.
-Status Filesystem::ReleaseDir(u64 dir) { return Release(dir); }
+Status Filesystem::ReleaseDir(u64 dir) { return dir == kRootIno ? Status::Ok() : Release(dir); }
 
 namespace {
 
@@ -2196,7 +2217,11 @@ Status Filesystem::Release(u64 ino) {
   FreeBuffer(b);
   if (st.Is(ErrorClass::kNotFound)) return Status::Ok();
   TFS_TRY(st);
-  TFS_TRY(ReadInode(ino, &f));  // (an unlink may have run between)
+  // (An unlink may have run between; or its FreeUnlinked, under this lock
+  // before us, freed it already.)
+  st = ReadInode(ino, &f);
+  if (st.Is(ErrorClass::kNotFound)) return Status::Ok();
+  TFS_TRY(st);
   if (f.nlink.get() != 0) return Status::Ok();
   return FinishFree(ino);
 }

@@ -317,7 +317,9 @@ class Filesystem {
   // opendir(3): a handle on a directory (kNotDir unless one; kNotFound if it
   // was removed). Like a file's, the handle keeps the directory after an
   // rmdir or a rename over it, until ReleaseDir: fstat answers (nlink 0),
-  // chmod works, and it lists nothing (ext4's behaviour).
+  // chmod works, and it lists nothing (ext4's behaviour). Takes no inode
+  // lock (an `ls` must not wait behind a commit in the directory); the root,
+  // never removed, takes no handle either.
   Status OpenDir(u64 dir);
   Status ReleaseDir(u64 dir);
   // readdir with attributes (FUSE's readdirplus, the kernel's lookups while

@@ -1583,8 +1583,10 @@ TEST(PosixFrontEndTest, OpenDirFsyncDirAndFsxattr) {
   const u64 d = Mkdir(m.fs, kRootIno, "d").value().ino;
   const u64 f = Mkfile(m.fs, kRootIno, "f").value().ino;
   EXPECT_TRUE(m.fs.OpenDir(d).ok());
+  EXPECT_TRUE(m.fs.ReleaseDir(d).ok());
   EXPECT_EQ(m.fs.OpenDir(f).code(), Err::kNotDir);
   EXPECT_EQ(m.fs.OpenDir(999999).code(), Err::kNotFound);
+  EXPECT_EQ(m.fs.GetStats().open_inodes, 0u);  // the failed opens hold nothing
   // fsync of a directory: what was committed survives a power cut.
   ASSERT_TRUE(Mkfile(m.fs, d, "kept").ok());
   ASSERT_TRUE(m.fs.FsyncDir(d).ok());
@@ -1747,11 +1749,69 @@ TEST(PosixFrontEndTest, AnOpenDirectoryOutlivesItsRemoval) {
   EXPECT_EQ(m.fs.GetAttr(b).value().nlink, 0u);
   ASSERT_TRUE(m.fs.ReleaseDir(b).ok());
   EXPECT_EQ(m.fs.GetAttr(b).status().code(), Err::kNotFound);
-  // Not removed: a handle changes nothing, and its release frees nothing.
+  // Not removed: a handle changes nothing, and its release frees nothing;
+  // the root (never removed) takes none.
+  const u64 kept = Mkdir(m.fs, kRootIno, "kept").value().ino;
+  ASSERT_TRUE(m.fs.OpenDir(kept).ok());
   ASSERT_TRUE(m.fs.OpenDir(kRootIno).ok());
+  EXPECT_EQ(m.fs.GetStats().open_inodes, 1u);
   ASSERT_TRUE(m.fs.ReleaseDir(kRootIno).ok());
-  EXPECT_TRUE(m.fs.GetAttr(kRootIno).ok());
+  ASSERT_TRUE(m.fs.ReleaseDir(kept).ok());
+  EXPECT_TRUE(m.fs.GetAttr(kept).ok());
   EXPECT_EQ(m.fs.GetStats().open_inodes, 0u);
+  // Still open at unmount: freed then.
+  const u64 u = Mkdir(m.fs, kRootIno, "u").value().ino;
+  ASSERT_TRUE(m.fs.OpenDir(u).ok());
+  ASSERT_TRUE(Rmdir(m.fs, kRootIno, "u").ok());
+  m.Remount();
+  EXPECT_EQ(m.fs.GetAttr(u).status().code(), Err::kNotFound);
+  EXPECT_EQ(m.fs.GetStats().orphans_freed, 0u);  // (the unmount did it, not the mount)
+}
+
+// Opens by number racing the removal of the name (a front end opens by the
+// inode a lookup found): an open that succeeds holds the inode -- it
+// answers GetAttr until released -- and nothing is freed twice or leaked.
+// opendir takes no lock, so the removal's free must see its handle.
+TEST(PosixFrontEndTest, OpensByNumberRacingRemovalsKeepWhatTheyOpened) {
+  for (const bool dir : {true, false}) {
+    Mounted m;
+    std::atomic<bool> stop{false};
+    std::atomic<int> removed{0};
+    std::thread remover([&] {
+      while (!stop.load()) {
+        Result<Attr> made = dir ? Mkdir(m.fs, kRootIno, "r") : Mkfile(m.fs, kRootIno, "r");
+        if (!made.ok()) continue;
+        if ((dir ? Rmdir(m.fs, kRootIno, "r") : Unlink(m.fs, kRootIno, "r")).ok()) removed++;
+      }
+    });
+    int opened = 0;
+    int bad = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    for (int i = 0; i < 3000 || ((opened < 20 || removed.load() < 20) && std::chrono::steady_clock::now() < deadline);
+         i++) {
+      auto found = Lookup(m.fs, kRootIno, "r");
+      if (!found.ok()) continue;
+      const u64 ino = found.value().ino;
+      const Status st = dir ? m.fs.OpenDir(ino) : m.fs.OpenInode(ino);
+      if (!st.ok()) {
+        if (st.code() != Err::kNotFound) bad++;
+        continue;
+      }
+      opened++;
+      if (!m.fs.GetAttr(ino).ok()) bad++;  // freed under the handle
+      if (!(dir ? m.fs.ReleaseDir(ino) : m.fs.Release(ino)).ok()) bad++;
+    }
+    stop = true;
+    remover.join();
+    EXPECT_EQ(bad, 0) << (dir ? "directories" : "files");
+    EXPECT_GT(opened, 0);
+    EXPECT_GT(removed.load(), 0);
+    EXPECT_EQ(m.fs.GetStats().open_inodes, 0u);
+    StatFs sf;
+    ASSERT_TRUE(m.fs.GetStatFs(&sf).ok());
+    const u64 left = Lookup(m.fs, kRootIno, "r").ok() ? 2 : 1;
+    EXPECT_EQ(sf.files - sf.files_free, left);  // every removed one was freed
+  }
 }
 
 TEST(PosixFrontEndTest, AnOpenRemovedDirectoryIsFreedAfterAPowerCut) {

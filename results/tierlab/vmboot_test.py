@@ -144,21 +144,28 @@ class CannotStart:
         self.closed = True
 
 
-def test_a_guest_that_cannot_start_is_a_failed_boot(images_dir: Path, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    # The fault servers are up when the launch fails: boot.json must still say
-    # what happened, and nothing of the boot may outlive it.
+def fake_launcher_boot(launcher: Any, members: list[str], tmp_path: Path, images_dir: Path,
+                       monkeypatch: pytest.MonkeyPatch, **spec_args: Any) -> tuple[Path, dict[str, Any]]:
+    """One boot with real fault servers and `launcher` standing in for QEMU:
+    its out directory and result."""
     tool("faultdev")
-    launcher = CannotStart()
     monkeypatch.setattr(vmboot, "launcher_for", lambda spec: launcher)
     job = tmp_path / "job.sh"
     job.write_text("true\n")
     out = tmp_path / "out"
     spec = vmboot.BootSpec(image=vmimage.Image("k", tmp_path, {}, False, 0.0),
-                           members=[vmboot.parse_member("ssd.a=64M"),
-                                    vmboot.parse_member("hdd.b=64M:hdd-fixed-10ms")],
-                           job=job, out=out, build=build_dir(), images_dir=images_dir)
-    result = vmboot.boot(spec)
+                           members=[vmboot.parse_member(m) for m in members], job=job, out=out,
+                           build=build_dir(), images_dir=images_dir, **spec_args)
+    return out, vmboot.boot(spec)
+
+
+def test_a_guest_that_cannot_start_is_a_failed_boot(images_dir: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fault servers are up when the launch fails: boot.json must still say
+    # what happened, and nothing of the boot may outlive it.
+    launcher = CannotStart()
+    out, result = fake_launcher_boot(launcher, ["ssd.a=64M", "hdd.b=64M:hdd-fixed-10ms"], tmp_path,
+                                     images_dir, monkeypatch)
     boot = json.loads((out / "boot.json").read_text())
     assert boot == result
     assert boot["status"] == "failed" and boot["job_rc"] is None
@@ -201,16 +208,9 @@ class WillNotDie:
 
 def test_a_guest_that_survives_its_kill_is_a_timeout(images_dir: Path, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    tool("faultdev")
     launcher = WillNotDie()
-    monkeypatch.setattr(vmboot, "launcher_for", lambda spec: launcher)
-    job = tmp_path / "job.sh"
-    job.write_text("true\n")
-    out = tmp_path / "out"
-    spec = vmboot.BootSpec(image=vmimage.Image("k", tmp_path, {}, False, 0.0),
-                           members=[vmboot.parse_member("ssd.a=64M")], job=job, out=out,
-                           build=build_dir(), images_dir=images_dir, timeout=1.0)
-    result = vmboot.boot(spec)
+    out, result = fake_launcher_boot(launcher, ["ssd.a=64M"], tmp_path, images_dir, monkeypatch,
+                                     timeout=1.0)
     assert json.loads((out / "boot.json").read_text()) == result
     assert result["status"] == "timeout" and launcher.kills == 1
     assert result["reason"] == ("no poweroff within 1 s (killed); "

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import json
 import mmap
 import os
 import random
@@ -35,8 +36,9 @@ import pytest
 
 from fusetest import (FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE, RENAME_EXCHANGE,
                       RENAME_NOREPLACE, UTIME_NOW, UTIME_OMIT, Errno, Mount, as_user, fallocate, getxattr_sized, image,
-                      listxattr_sized, needs_fuse, renameat2, snapshot, utimensat)
+                      listxattr_sized, needs_fuse, renameat2, snapshot, utimensat, wait_for)
 from fusetest import mounted  # noqa: F401 - a fixture
+from tierlab.testing import run, tool
 
 pytestmark = needs_fuse
 
@@ -567,7 +569,15 @@ def test_open_o_trunc_truncates(mounted: Path) -> None:
 def test_an_open_directory_outlives_its_removal(mounted: Path) -> None:
     """As on ext4 (checked there with the same steps): a directory removed,
     or renamed over, while open answers fstat (nlink 0) and fchmod through its
-    descriptor and lists nothing; before, tierfs freed it at once (ENOENT)."""
+    descriptor and lists nothing; before, tierfs freed it at once (ENOENT for
+    the fchmod, which the kernel sends on). (The listing the kernel answers
+    itself for a removed directory; fstat may come from its attribute cache.)
+    tierfs keeps it while the descriptor is open and frees it at the close."""
+    def posix_ctl() -> dict:
+        proc = run([tool("tierfs"), "ctl", mounted])
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)["posix"]
+
     d = mounted / "d"
     d.mkdir()
     fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
@@ -577,8 +587,13 @@ def test_an_open_directory_outlives_its_removal(mounted: Path) -> None:
         os.fchmod(fd, 0o700)
         assert os.fstat(fd).st_mode & 0o777 == 0o700
         assert os.listdir(fd) == []
+        assert posix_ctl()["open_inodes"] == 1   # (ctl's own handle on the root is not counted)
+        freed = posix_ctl()["inodes_freed"]
     finally:
         os.close(fd)
+    # The release reaches the daemon after close returns.
+    wait_for(lambda: posix_ctl()["inodes_freed"] == freed + 1 and posix_ctl()["open_inodes"] == 0,
+             "the removed directory freed at its last close")
     (mounted / "a").mkdir()
     (mounted / "b").mkdir()
     fd = os.open(mounted / "b", os.O_RDONLY | os.O_DIRECTORY)

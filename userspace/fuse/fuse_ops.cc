@@ -225,7 +225,10 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     return Reply(req, st);
   }
   MarkDirect(c, ino, fi);
-  if (fuse_reply_open(req, fi) != 0) (void)c->fs->Release(ino);  // the open was interrupted
+  if (fuse_reply_open(req, fi) != 0) {  // the open was interrupted: the kernel never truncates its cache
+    if (trunc) MarkStale(c, ino);
+    (void)c->fs->Release(ino);
+  }
 }
 
 void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
@@ -293,10 +296,11 @@ void Flush(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
 void Fsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info*) { Reply(req, Ctx(req)->fs->Fsync(ino)); }
 
 void OpenDir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  Status st = Ctx(req)->fs->OpenDir(ino);
+  Context* c = Ctx(req);  // (a reply frees req, sent or not)
+  Status st = c->fs->OpenDir(ino);
   if (!st.ok()) return Reply(req, st);
   fi->fh = 0;
-  if (fuse_reply_open(req, fi) != 0) (void)Ctx(req)->fs->ReleaseDir(ino);  // the opendir was interrupted
+  if (fuse_reply_open(req, fi) != 0) (void)c->fs->ReleaseDir(ino);  // the opendir was interrupted
 }
 
 void ReadDir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
