@@ -16,8 +16,7 @@ Instance::~Instance() {
   if (!open_) return;
   Status st = Close();
   if (!st.ok())
-    platform::Log(platform::LogLevel::kError, "mount: closing at destruction (%s): %s", close_stage_,
-                  st.Message());
+    platform::Log(platform::LogLevel::kError, "mount: closing at destruction: %s", st.Message());
 }
 
 Status Instance::Open(BlockDevice* const* bdevs, u32 count, const Options& options, Diag* diag,
@@ -39,19 +38,13 @@ Status Instance::Open(BlockDevice* const* bdevs, u32 count, const Options& optio
 Status Instance::Close(CloseTimes* times) {
   if (!open_) return Status::Ok();
   open_ = false;
-  close_stage_ = "";
   const u64 t0 = platform::NowNs();
-  Status first = fs_.Unmount();
-  if (!first.ok()) close_stage_ = "posix";
+  const Status posix_st = fs_.Unmount();
   const u64 t1 = platform::NowNs();
-  Status st = store_.Close();
+  const Status store_st = store_.Close();
   const u64 t2 = platform::NowNs();
-  if (first.ok() && !st.ok()) {
-    first = st;
-    close_stage_ = "store";
-  }
   if (times != nullptr) *times = CloseTimes{t1 - t0, t2 - t1};
-  return first;
+  return !posix_st.ok() ? posix_st : store_st;
 }
 
 }  // namespace tfs::mount

@@ -12,7 +12,7 @@
 // Errors: Open() fills a Diag with one line saying which stage refused (the
 // store's own line, or "the namespace does not mount: ..."), and on any
 // failure leaves nothing open. Close() runs every stage even when one fails and
-// returns the first failure, naming its stage in LastCloseStage().
+// returns the first failure.
 //
 // An instance opens once, as its store does: after a Close, or an Open that
 // failed, the next mount is a new instance (Open on a used one is kBusy).
@@ -54,8 +54,6 @@ class Instance {
               store::OpenReport* report = nullptr);
   // Takes it down in reverse; idempotent. `times` (optional): per stage.
   Status Close(CloseTimes* times = nullptr);
-  // "posix" or "store": the stage whose failure the last Close() returned.
-  const char* LastCloseStage() const { return close_stage_; }
 
   bool open() const { return open_; }
   store::Store& store() { return store_; }
@@ -66,7 +64,6 @@ class Instance {
   posix::Filesystem fs_;
   bool open_ = false;
   bool used_ = false;  // Open was called (see above)
-  const char* close_stage_ = "";
 };
 
 }  // namespace tfs::mount

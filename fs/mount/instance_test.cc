@@ -7,18 +7,12 @@
 #include <string>
 
 #include "mount/testing.h"
-#include "userspace/platform/mem_device.h"
 
 namespace tfs::mount {
 namespace {
 
-using userspace::MemDevice;
-using userspace::MemDeviceOptions;
-
-std::unique_ptr<MemDevice> Formatted() { return testing::FormattedMember(); }
-
 TEST(InstanceTest, OpenServesPosixAndCloseLeavesItClean) {
-  auto dev = Formatted();
+  auto dev = testing::FormattedMember();
   BlockDevice* b = dev.get();
   Diag diag;
   {
@@ -51,7 +45,7 @@ TEST(InstanceTest, OpenServesPosixAndCloseLeavesItClean) {
 }
 
 TEST(InstanceTest, AFailedStageSaysWhichAndLeavesNothingOpen) {
-  auto dev = Formatted();
+  auto dev = testing::FormattedMember();
   BlockDevice* b = dev.get();
   Diag diag;
   Instance inst;

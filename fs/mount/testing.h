@@ -1,6 +1,6 @@
 // Test fixtures shared by the core's tests: one member formatted in memory
 // with the tests' small geometry (256 KiB buckets, 64 KiB nodes, so a few MiB
-// of metadata make many buckets and nodes), and a mounted instance on it.
+// of metadata make many buckets and nodes).
 // Tests only (kernel_safe_check.py skips testing.h headers); the fixtures of
 // one subsystem (fsck/testing.h) build on these.
 #ifndef TFS_MOUNT_TESTING_H_
@@ -9,9 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
-#include <string>
 
-#include "mount/instance.h"
 #include "store/store.h"
 #include "userspace/platform/mem_device.h"
 

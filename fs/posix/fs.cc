@@ -810,7 +810,12 @@ Result<Attr> Filesystem::Create(u64 dir, const char* name, u32 len, u32 mode, u6
   DebugNoSharedLock();
   Status st = tx.Commit().status();
   if (!st.ok()) {
-    if (open_handle) RemoveHandle(ino);
+    if (open_handle) {  // the handle no operation has used: no buffer, never freeing
+      bool last = false;
+      Buffered* b = nullptr;
+      (void)DropHandle(ino, &last, &b);
+      TFS_BUG_ON(b != nullptr);
+    }
     return st;
   }
   c_creates_.FetchAdd(1, MemOrder::kRelaxed);
@@ -996,13 +1001,17 @@ Status Filesystem::FreeUnlinked(u64 ino) {
   TFS_TRY(locked.status());
   // A handle opened since the unlink decided (an open by number, an
   // opendir, which takes no lock): its last release frees it instead -- or
-  // has already, under this lock before us. Each inode is freed once.
+  // has already, under this lock before us.
   if (IsOpen(ino)) return Status::Ok();
+  return FreeOrphan(ino);
+}
+
+Status Filesystem::FreeOrphan(u64 ino) {
   InodeFormat f;
   Status st = ReadInode(ino, &f);
-  if (st.Is(ErrorClass::kNotFound)) return Status::Ok();
+  if (st.Is(ErrorClass::kNotFound)) return Status::Ok();  // freed already: each inode once
   TFS_TRY(st);
-  if (f.nlink.get() != 0) return Status::Ok();  // (linked again: not ours to free)
+  if (f.nlink.get() != 0) return Status::Ok();  // linked (or never unlinked): not an orphan
   return FinishFree(ino);
 }
 
@@ -2014,20 +2023,22 @@ Status Filesystem::AddHandle(u64 ino) {
   return Status::Ok();
 }
 
-void Filesystem::RemoveHandle(u64 ino) {
+bool Filesystem::DropHandle(u64 ino, bool* last, Buffered** buf) {
   const u32 s = Stripe(ino);
   SharedLock l(open_mu_[s]);
   Vector<OpenCount>& v = open_[s];
   for (u32 i = 0; i < v.size(); i++) {
     if (v[i].ino != ino) continue;
-    if (--v[i].count == 0) {
-      TFS_BUG_ON(v[i].buf != nullptr);  // unused: no write could buffer through it
+    *last = --v[i].count == 0;
+    if (*last) {
+      *buf = v[i].buf;
       v[i] = v[v.size() - 1];
       v.PopBack();
       c_open_.FetchSub(1, MemOrder::kRelaxed);
     }
-    return;
+    return true;
   }
+  return false;
 }
 
 // --- the front ends' operations -------------------------------------------------
@@ -2067,9 +2078,7 @@ Status Filesystem::OpenDir(u64 dir) {
   InodeFormat d;
   if (dir == kRootIno) return ReadDirInode(dir, &d);
   TFS_TRY(AddHandle(dir));
-  Status st = ReadInode(dir, &d);
-  if (st.ok() && !IsDir(d)) st = Err::kNotDir;
-  if (st.ok() && d.nlink.get() == 0) st = Err::kNotFound;  // removed; open handles keep it
+  Status st = ReadDirInode(dir, &d);  // kNotDir; kNotFound once removed (open handles keep it)
   if (st.ok()) return Status::Ok();
   // Not opened after all: the handle goes as any does (freeing a removed
   // directory if it was the last).
@@ -2124,8 +2133,7 @@ Status Filesystem::ReadDirPlus(u64 dir, u64 cookie, u32 max_entries, DirPlusFill
     bool stopped = false;  // the sink is full, or a lookup failed after the first entry
     for (const Listing::Item& e : l.items) {
       const char* name = l.names.data() + e.name_at;
-      const bool dot = (e.len == 1 && name[0] == '.') || (e.len == 2 && name[0] == '.' && name[1] == '.');
-      if (dot) {
+      if (IsDot(name, e.len) || IsDotDot(name, e.len)) {
         if (!fill(ctx, name, e.len, nullptr, e.ino, e.type, e.next)) {
           stopped = true;
           break;
@@ -2199,31 +2207,15 @@ Status Filesystem::Release(u64 ino) {
   const u64 lock[1] = {ino};
   Locked locked(this, lock, 1);  // no unlink of it runs while we decide
   TFS_TRY(locked.status());
-  {
-    SharedLock l(open_mu_[s]);
-    Vector<OpenCount>& v = open_[s];
-    u32 i = 0;
-    while (i < v.size() && v[i].ino != ino) i++;
-    if (i == v.size()) return Err::kInvalidArgument;  // not open
-    if (v[i].count > 1) {  // (opened again meanwhile: the buffer stays with it)
-      v[i].count--;
-      return st;
-    }
-    b = v[i].buf;
-    v[i] = v[v.size() - 1];
-    v.PopBack();
-    c_open_.FetchSub(1, MemOrder::kRelaxed);
-  }
+  bool last = false;
+  if (!DropHandle(ino, &last, &b)) return Err::kInvalidArgument;  // not open
+  if (!last) return st;  // (opened again meanwhile: the buffer stays with it)
   FreeBuffer(b);
   if (st.Is(ErrorClass::kNotFound)) return Status::Ok();
   TFS_TRY(st);
   // (An unlink may have run between; or its FreeUnlinked, under this lock
   // before us, freed it already.)
-  st = ReadInode(ino, &f);
-  if (st.Is(ErrorClass::kNotFound)) return Status::Ok();
-  TFS_TRY(st);
-  if (f.nlink.get() != 0) return Status::Ok();
-  return FinishFree(ino);
+  return FreeOrphan(ino);
 }
 
 Stats Filesystem::GetStats() const {

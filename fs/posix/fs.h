@@ -359,10 +359,11 @@ class Filesystem {
   // open_handle: the new inode is counted open before the commit (CreateOpen).
   Result<Attr> Create(u64 dir, const char* name, u32 len, u32 mode, u64 rdev, const char* target,
                       u32 target_len, const Caller& who, bool open_handle = false);
-  // Adds one handle on `ino` (open_[] under its stripe's mutex); RemoveHandle
-  // takes back one that no operation has used yet.
+  // Adds one handle on `ino` (open_[] under its stripe's mutex); DropHandle
+  // takes one back: false if none is open, *last when it was the last (then
+  // *buf is its write buffer, for the caller to free).
   Status AddHandle(u64 ino);
-  void RemoveHandle(u64 ino);
+  bool DropHandle(u64 ino, bool* last, Buffered** buf);
   // Queues the removal of entry `e` (tombstone, or delete with trailing tombstones).
   Status QueueRemoveEntry(btree::Transaction* tx, const NameTable& t, const Entry& e);
   // Queues the inode's new state after losing a link: deleted (with whatever it
@@ -375,6 +376,9 @@ class Filesystem {
   // FinishFree under the inode's own lock (after an unlink or rename let go of
   // the directories' locks).
   Status FreeUnlinked(u64 ino);
+  // Under the inode's lock: FinishFree if it is still an orphan (not freed
+  // already, not linked) -- the last Release's and FreeUnlinked's check.
+  Status FreeOrphan(u64 ino);
   // Rename's work under its locks; *to_free: a replaced inode to free after.
   Status RenameEntries(u64 old_dir, const char* old_name, u32 old_len, u64 new_dir, const char* new_name,
                        u32 new_len, u32 flags, u64* to_free);
