@@ -624,6 +624,13 @@ TEST(PosixTest, ConcurrentDirectoryMovesNeverLoop) {
   // A rename may fail only as the race allows: the move would make a loop
   // (EINVAL) or its source was moved away meanwhile (ENOENT). Each thread
   // must also get moves through, or the test would pass with none at all.
+  // A thread fails only while the other holds its directory inside its own
+  // (both cannot: that is the loop), and each pair of renames leaves its
+  // directory back in the root, so each thread runs until it has moved
+  // kMoves times, however the scheduler interleaves them; the cap only
+  // bounds a bug that would make a thread fail forever.
+  constexpr int kMoves = 200;
+  constexpr int kCap = 200000;
   std::atomic<int> moved[2]{{0}, {0}};
   std::atomic<int> unexpected{0};
   auto count = [&](int t, Status st) {
@@ -633,23 +640,19 @@ TEST(PosixTest, ConcurrentDirectoryMovesNeverLoop) {
       unexpected++;
     }
   };
-  std::thread t1([&] {
-    for (int k = 0; k < 200; k++) {
-      count(0, Rename(m.fs, kRootIno, "a", b, "a"));
-      count(0, Rename(m.fs, b, "a", kRootIno, "a"));
+  auto mover = [&](int t, u64 other, const char* name) {
+    for (int k = 0; k < kCap && moved[t].load() < kMoves && unexpected.load() == 0; k++) {
+      count(t, Rename(m.fs, kRootIno, name, other, name));
+      count(t, Rename(m.fs, other, name, kRootIno, name));
     }
-  });
-  std::thread t2([&] {
-    for (int k = 0; k < 200; k++) {
-      count(1, Rename(m.fs, kRootIno, "b", a, "b"));
-      count(1, Rename(m.fs, a, "b", kRootIno, "b"));
-    }
-  });
+  };
+  std::thread t1(mover, 0, b, "a");
+  std::thread t2(mover, 1, a, "b");
   t1.join();
   t2.join();
   EXPECT_EQ(unexpected.load(), 0);
-  EXPECT_GT(moved[0].load(), 0);
-  EXPECT_GT(moved[1].load(), 0);
+  EXPECT_GE(moved[0].load(), kMoves);
+  EXPECT_GE(moved[1].load(), kMoves);
   // Each is reachable from the root, and neither is its own ancestor.
   for (u64 x : {a, b}) {
     u64 at = x;
