@@ -158,6 +158,19 @@ void Values() {
       Put("values", std::string(k.name) + "-" + std::to_string(n), in.data(), in.size());
     }
   }
+  // A chunked xattr's entry (its descriptor after the name), of a file made
+  // last so that the seeds above stay what they were.
+  auto big = fs.Mknod(d.value().ino, "big", 3, posix::kModeReg | 0644, 0, root);
+  Need(big.ok(), "mknod");
+  const std::string v(5000, 'b');
+  Need(fs.SetXattr(big.value().ino, "user.big", 8, v.data(), u32(v.size()), 0).ok(), "setxattr");
+  {
+    btree::Iterator it(&e.btrees(), btree::kBtreeXattrs);
+    Need(it.Seek(btree::Pos{btree::kBtreeXattrs, big.value().ino, 0}).ok() && it.Valid(), "seek");
+    std::vector<u8> in = {3};
+    in.insert(in.end(), it.value(), it.value() + it.val_bytes());
+    Put("values", "xattr-chunked", in.data(), in.size());
+  }
   Need(fs.Unmount().ok(), "unmount");
   Need(e.Close().ok(), "close");
 }

@@ -1,6 +1,6 @@
 // The value parsers of the namespace and file data: extents (data::ParseExtent),
 // inodes (posix::ParseInode), directory entries and xattrs
-// (posix::ParseNamedEntry). The first byte picks the parser; for extents the
+// (posix::ParseNamedEntry, and a chunked value's descriptor). The first byte picks the parser; for extents the
 // next 16 are the key's inode and offset. Whatever a parser accepts is read
 // whole (the sanitizers catch a parser that vouches for bytes it does not have).
 #include <cstring>
@@ -60,5 +60,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!posix::ParseNamedEntry(btree_id, val.data(), u32(val.size()), &d, &name, &value).ok()) return 0;
   Touch(name, d.name_len);
   Touch(value, d.value_len.get());
+  if (btree_id == btree::kBtreeXattrs && d.type == posix::kXattrChunked) {
+    // An accepted descriptor: ParseXattrChunks agrees, and its value does
+    // not fit inline, is at most 64 KiB and its chunk keys lie in range.
+    posix::XattrChunksFormat c;
+    if (!posix::ParseXattrChunks(d, value, &c).ok()) fuzz::Fail("ParseNamedEntry accepted a bad chunk descriptor");
+    const u32 n = c.value_len.get();
+    if (n <= posix::XattrInlineMax(d.name_len) || n > posix::kXattrSizeMax ||
+        posix::XattrChunkOffset(c.id.get(), posix::XattrChunkCount(n) - 1) < posix::kXattrChunkBase)
+      fuzz::Fail("a chunk descriptor out of range");
+  }
   return 0;
 }

@@ -32,15 +32,18 @@
 //    name, its parent pointer agrees, and it reaches the root; symlink targets
 //    are whole; orphan keys name unlinked
 //    inodes no entry names (an orphan is a note: the next mount frees it);
-//    xattrs belong to inodes. File data: extents parse, belong to regular files,
+//    xattrs belong to inodes, and a chunked value has exactly its chunks (each
+//    of its length, its crc right) and no chunk key is left without a value.
+//    File data: extents parse, belong to regular files,
 //    do not overlap, point inside a user bucket of their generation; each
 //    inode's sector count is what its extents hold and its size covers them; a
 //    user bucket holding no extent is a note (left by a crash; the next mount
 //    frees it). Repair: one btree transaction per finding -- bad keys deleted,
 //    entries removed, retyped or moved back into their chain, counts, parents
-//    and sizes set, what no entry names reattached as /lost+found/#<ino>, and
-//    of overlapping extents the one ending later kept. A summary line counts
-//    inodes, directories, entries, xattrs and extents.
+//    and sizes set, what no entry names reattached as /lost+found/#<ino>,
+//    of overlapping extents the one ending later kept, a damaged chunked
+//    xattr removed with its chunks and a stray chunk deleted. A summary line
+//    counts inodes, directories, entries, xattrs and extents.
 //
 // Results follow fsck(8): 0 clean, 1 errors corrected, 4 errors left uncorrected,
 // 8 operational error (a device could not be read, is not a tierfs member (no

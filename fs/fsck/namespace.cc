@@ -286,7 +286,8 @@ class NamespaceCheck {
   Status QueueRemoveEntry(Transaction& tx, u8 id, u64 owner, u64 slot) {
     btree::Iterator it(&t_, id);
     TFS_TRY(it.Seek(Pos{id, owner, slot + 1}));
-    if (it.Valid() && it.pos().inode == owner && it.pos().offset == slot + 1) {
+    // (No slot is at kSlotEnd: xattr chunk keys are.)
+    if (it.Valid() && it.pos().inode == owner && it.pos().offset == slot + 1 && slot + 1 < posix::kSlotEnd) {
       posix::DirentFormat d;
       MemSet(&d, 0, sizeof(d));
       d.type = posix::kDtTombstone;
@@ -1206,19 +1207,73 @@ class NamespaceCheck {
 
   // --- xattrs -------------------------------------------------------------------------
 
-  // Xattrs belong to inodes and parse. Repairs: keys of no inode are deleted; a
-  // corrupt key of a live inode is removed as posix removes an xattr.
+  // A chunked value of the inode being scanned: its descriptor, and what the
+  // chunk keys of its id (which come after every table key of the inode) showed.
+  struct ChunkedValue {
+    u64 slot;
+    u64 id;
+    u32 len;
+    u32 crc;               // the descriptor's
+    u32 chunks;            // XattrChunkCount(len)
+    u32 next = 0;          // chunks 0..next-1 were found in order, each of its length
+    u32 seen = 0;          // crc32c of those chunks' bytes
+    bool bad = false;      // chunk `next` is missing (a later one came) or of the wrong length
+    bool bad_len = false;  // (which of the two)
+    bool keeper = false;   // whole, and the first whole value of its id: the chunks are its
+    bool gone = false;     // removed with its chunks by a repair
+    bool Whole() const { return !bad && next == chunks && seen == crc; }
+  };
+
+  // The value the chunks of `id` belong to (null: none is whole).
+  static const ChunkedValue* KeeperOf(const Vector<ChunkedValue>& values, u64 id) {
+    for (const ChunkedValue& v : values)
+      if (v.keeper && v.id == id) return &v;
+    return nullptr;
+  }
+
+  // Xattrs belong to inodes and parse; a chunked value has exactly its chunks
+  // (each of its length, their bytes passing its crc) and no chunk key is left
+  // without a value; an inode's chunks stay within kMaxXattrChunks. Repairs:
+  // keys of no inode are deleted; a corrupt key of a live inode is removed as
+  // posix removes an xattr; a damaged chunked value is removed with its chunks
+  // (one transaction), and a chunk of no value deleted.
   Status ScanXattrs() {
     btree::Iterator it(&t_, btree::kBtreeXattrs);
     Status st = it.SeekToFirst();
+    u64 owner = 0;
+    Vector<ChunkedValue> values;  // of `owner`
+    Vector<Pos> chunk_keys;       // of `owner`
     for (; st.ok() && it.Valid(); st = it.Next()) {
       const Pos p = it.pos();
-      const unsigned long long owner = p.inode, slot = p.offset;
+      if (p.inode != owner) {
+        TFS_TRY(FinishChunkedValues(owner, values, chunk_keys));
+        owner = p.inode;
+      }
+      const unsigned long long ino = p.inode, slot = p.offset;
+      const bool has_owner = Find(p.inode) != nullptr;
+      if (has_owner && p.offset >= posix::kXattrChunkBase) {
+        // Chunk i of every value that claims its id (one, unless damaged).
+        TFS_TRY(chunk_keys.PushBack(p));
+        const u64 id = (p.offset - posix::kXattrChunkBase) / posix::kXattrChunksPerValue;
+        const u32 i = u32((p.offset - posix::kXattrChunkBase) % posix::kXattrChunksPerValue);
+        for (ChunkedValue& v : values) {
+          if (v.id != id || v.bad || i >= v.chunks) continue;  // (past its chunks: judged as a stray)
+          if (i != v.next || it.val_bytes() != posix::XattrChunkLen(v.len, i)) {
+            v.bad = true;
+            v.bad_len = i == v.next;
+            continue;
+          }
+          v.seen = platform::Crc32cExtend(v.seen, it.value(), it.val_bytes());
+          v.next++;
+        }
+        continue;
+      }
       posix::DirentFormat xe;
       const char* name;
-      const bool has_owner = Find(p.inode) != nullptr;
-      if (!has_owner || !posix::ParseNamedEntry(btree::kBtreeXattrs, it.value(), it.val_bytes(), &xe, &name).ok()) {
-        Problem("namespace: bad or ownerless xattr key (%llu, %llu)", owner, slot);
+      const u8* after;
+      if (!has_owner ||
+          !posix::ParseNamedEntry(btree::kBtreeXattrs, it.value(), it.val_bytes(), &xe, &name, &after).ok()) {
+        Problem("namespace: bad or ownerless xattr key (%llu, %llu)", ino, slot);
         if (!repair_) continue;
         Transaction tx(&t_);
         if (has_owner) {
@@ -1227,12 +1282,103 @@ class NamespaceCheck {
           TFS_TRY(tx.Delete(p));
         }
         TFS_TRY(Commit(tx));
-        Repaired(1, "namespace: removed xattr key (%llu, %llu)%s", owner, slot, has_owner ? "" : ": no such inode");
+        Repaired(1, "namespace: removed xattr key (%llu, %llu)%s", ino, slot, has_owner ? "" : ": no such inode");
         continue;
       }
       if (xe.type != posix::kDtTombstone) xattrs_++;
+      if (xe.type != posix::kXattrChunked) continue;
+      posix::XattrChunksFormat d;
+      TFS_TRY(posix::ParseXattrChunks(xe, after, &d));  // (ParseNamedEntry checked it)
+      ChunkedValue v{};
+      v.slot = p.offset;
+      v.id = d.id.get();
+      v.len = d.value_len.get();
+      v.crc = d.crc.get();
+      v.chunks = posix::XattrChunkCount(v.len);
+      TFS_TRY(values.PushBack(v));
     }
-    return st;
+    TFS_TRY(st);
+    return FinishChunkedValues(owner, values, chunk_keys);
+  }
+
+  // The end of one inode's xattr keys: judges its chunked values and chunk
+  // keys (and empties both lists). Of values sharing an id (damage), the
+  // chunks decide -- the first whole one keeps them, whatever the slots'
+  // order -- and the others lose their entries alone.
+  Status FinishChunkedValues(u64 owner, Vector<ChunkedValue>& values, Vector<Pos>& chunk_keys) {
+    const unsigned long long ino = owner;
+    for (ChunkedValue& v : values) v.keeper = v.Whole() && KeeperOf(values, v.id) == nullptr;
+    u32 total = 0;
+    for (ChunkedValue& v : values) {
+      const unsigned long long slot = v.slot, id = v.id;
+      if (v.keeper) {
+        total += v.chunks;
+        continue;
+      }
+      if (KeeperOf(values, v.id) != nullptr) {
+        Problem("namespace: chunked xattr (%llu, %llu) has the id %llu of another value of its inode", ino, slot, id);
+        if (repair_) {
+          Transaction tx(&t_);  // the entry alone: the chunks are the other value's
+          TFS_TRY(QueueRemoveEntry(tx, btree::kBtreeXattrs, owner, v.slot));
+          TFS_TRY(Commit(tx));
+          Repaired(1, "namespace: removed xattr key (%llu, %llu)", ino, slot);
+        }
+        continue;
+      }
+      if (v.bad || v.next != v.chunks) {
+        Problem("namespace: chunked xattr (%llu, %llu) is damaged: chunk %u of %u is %s", ino, slot, v.next, v.chunks,
+                v.bad_len ? "of the wrong length" : "missing");
+      } else {
+        Problem("namespace: chunked xattr (%llu, %llu) is damaged: its %u bytes fail their crc", ino, slot, v.len);
+      }
+      if (repair_) TFS_TRY(RemoveChunkedValue(owner, &v, "damaged", 1));
+    }
+    // More chunks than posix allows (it frees an inode's xattrs in one
+    // transaction): values go, last slot first, until the rest fit.
+    if (total > posix::kMaxXattrChunks) {
+      Problem("namespace: inode %llu has %u xattr chunks, more than %u", ino, total, posix::kMaxXattrChunks);
+      for (usize k = values.size(); repair_ && k-- > 0 && total > posix::kMaxXattrChunks;) {
+        ChunkedValue& v = values[k];
+        if (!v.keeper) continue;
+        const u32 resolves = total - v.chunks <= posix::kMaxXattrChunks ? 1 : 0;  // the last removal
+        TFS_TRY(RemoveChunkedValue(owner, &v, "over the inode's bound", resolves));
+        total -= v.chunks;
+      }
+    }
+    // Chunk keys no value keeps: of an id no value claims, or past its
+    // keeper's last chunk. (Those of an id whose claimants are all damaged go
+    // with them.)
+    for (const Pos& p : chunk_keys) {
+      const u64 id = (p.offset - posix::kXattrChunkBase) / posix::kXattrChunksPerValue;
+      const u32 i = u32((p.offset - posix::kXattrChunkBase) % posix::kXattrChunksPerValue);
+      const ChunkedValue* keeper = KeeperOf(values, id);
+      bool claimed = false;
+      for (const ChunkedValue& v : values) claimed = claimed || v.id == id;
+      if (keeper != nullptr ? (keeper->gone || i < keeper->chunks) : claimed) continue;
+      Problem("namespace: xattr chunk (%llu, %llu) belongs to no value of its inode", ino,
+              (unsigned long long)p.offset);
+      if (repair_) {
+        TFS_TRY(DeleteKey(p));
+        Repaired(1, "namespace: deleted xattr chunk (%llu, %llu)", ino, (unsigned long long)p.offset);
+      }
+    }
+    values.Clear();
+    chunk_keys.Clear();
+    return Status::Ok();
+  }
+
+  // Removes a chunked value as posix does: its entry and every chunk key its
+  // id may have, in one transaction. `resolves`: the findings this repairs.
+  Status RemoveChunkedValue(u64 owner, ChunkedValue* v, const char* why, u32 resolves) {
+    Transaction tx(&t_);
+    TFS_TRY(QueueRemoveEntry(tx, btree::kBtreeXattrs, owner, v->slot));
+    for (u32 i = 0; i < posix::kXattrChunksPerValue; i++)
+      TFS_TRY(tx.Delete(Pos{btree::kBtreeXattrs, owner, posix::XattrChunkOffset(v->id, i)}));
+    TFS_TRY(Commit(tx));
+    v->gone = true;
+    Repaired(resolves, "namespace: removed chunked xattr (%llu, %llu) and its chunks (%s)", (unsigned long long)owner,
+             (unsigned long long)v->slot, why);
+    return Status::Ok();
   }
 
   Status Passes() {

@@ -30,6 +30,17 @@ using posix::Filesystem;
 
 const std::string kLinkTarget(3000, 't');
 
+// The fixture file's chunked xattr "user.big": three chunk keys (2048, 2048,
+// 904 bytes) at id 0.
+std::string BigXattr() {
+  std::string v(5000, '\0');
+  for (size_t i = 0; i < v.size(); i++) v[i] = char('a' + (i * 7 + i / 2048) % 26);
+  return v;
+}
+btree::Pos ChunkPos(u64 ino, u64 id, u32 i) {
+  return btree::Pos{btree::kBtreeXattrs, ino, posix::XattrChunkOffset(id, i)};
+}
+
 // The file's bytes: three blocks of 'd' with "xyz" at 4096 + 10.
 std::string FileBytes() {
   std::string b(3 * 4096, 'd');
@@ -84,6 +95,8 @@ struct Fixture {
       ASSERT_TRUE(fs.Write(file, 4096 + 10, "xyz", 3).ok());
       link = fs.Symlink(posix::kRootIno, "sym", 3, kLinkTarget.data(), u32(kLinkTarget.size()), who).value().ino;
       ASSERT_TRUE(fs.SetXattr(file, "user.x", 6, "v", 1, 0).ok());
+      const std::string big = BigXattr();
+      ASSERT_TRUE(fs.SetXattr(file, "user.big", 8, big.data(), u32(big.size()), 0).ok());
       for (const std::string& n : Names(fs, dir)) in_dir[n] = fs.Lookup(dir, n.data(), u32(n.size())).value().ino;
     }, 1);
   }
@@ -221,7 +234,7 @@ TEST(FsckNamespaceTest, CleanNamespaceIsClean) {
   Fixture fx;
   auto [r, out] = fx.Fsck();
   EXPECT_EQ(r.exit_code, kExitClean) << out;
-  EXPECT_NE(out.find("namespace: 30 inodes (3 directories), 30 entries, 1 xattrs, 3 extents, 0 problem(s)"), std::string::npos)
+  EXPECT_NE(out.find("namespace: 30 inodes (3 directories), 30 entries, 2 xattrs, 3 extents, 0 problem(s)"), std::string::npos)
       << out;
 }
 
@@ -433,6 +446,10 @@ void ExpectFixtureFile(Filesystem& fs, const Fixture& f) {
   auto x = fs.GetXattr(f.file, "user.x", 6, v, sizeof(v));
   ASSERT_TRUE(x.ok());
   EXPECT_EQ(std::string(v, x.value()), "v");
+  std::string big(posix::kXattrSizeMax, '\0');
+  auto b = fs.GetXattr(f.file, "user.big", 8, big.data(), u32(big.size()));
+  ASSERT_TRUE(b.ok()) << b.status().Message();
+  EXPECT_TRUE(big.substr(0, b.value()) == BigXattr());
   EXPECT_EQ(fs.GetAttr(f.file).value().nlink, 2u);
   EXPECT_EQ(fs.GetAttr(f.file).value().sectors, 24u);
 }
@@ -1163,6 +1180,224 @@ TEST(FsckRepairTest, ADamagedLeafOfEachTreeIsRepaired) {
           << out2;
     }
   }
+}
+
+}  // namespace
+}  // namespace tfs::fsck
+
+namespace tfs::fsck {
+namespace {
+
+// The slot of xattr `name` of inode `ino` (0: none).
+u64 XattrSlot(Fixture& f, u64 ino, const std::string& name) {
+  u64 slot = 0;
+  f.WithFs([&](Filesystem&, btree::Btrees& t) {
+    btree::Iterator it(&t, btree::kBtreeXattrs);
+    ASSERT_TRUE(it.Seek(btree::Pos{btree::kBtreeXattrs, ino, 0}).ok());
+    for (; it.Valid() && it.pos().inode == ino && it.pos().offset < posix::kSlotEnd;) {
+      posix::DirentFormat de;
+      const char* n;
+      if (posix::ParseNamedEntry(btree::kBtreeXattrs, it.value(), it.val_bytes(), &de, &n).ok() &&
+          de.type != posix::kDtTombstone && std::string(n, de.name_len) == name)
+        slot = it.pos().offset;
+      ASSERT_TRUE(it.Next().ok());
+    }
+  });
+  return slot;
+}
+
+// The fixture file without "user.big": "user.x" alone, the data intact.
+void ExpectBigXattrGone(Fixture& f, Filesystem& fs) {
+  char buf[64];
+  auto l = fs.ListXattr(f.file, buf, sizeof(buf));
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(std::string(buf, l.value()), std::string("user.x\0", 7));
+  EXPECT_EQ(fs.GetXattr(f.file, "user.big", 8, nullptr, 0).status().code(), Err::kNoData);
+  EXPECT_EQ(Contents(fs, f.file), FileBytes());
+}
+
+// Chunked xattrs: a chunk missing, of the wrong length or with changed bytes
+// (the value goes with all its chunks), chunks no value claims (deleted), a
+// descriptor that does not parse or shares another's id (the entry goes, its
+// chunks follow as unclaimed), and more chunks than an inode may have.
+TEST(FsckRepairTest, DamagedChunkedXattrsAreRepaired) {
+  const RepairCase cases[] = {
+      {"a chunk missing", [](Fixture& f) { f.Poke(ChunkPos(f.file, 0, 1), nullptr, 0); },
+       "is damaged: chunk 1 of 3 is missing", "and its chunks (damaged)", ExpectBigXattrGone},
+      {"the last chunk missing", [](Fixture& f) { f.Poke(ChunkPos(f.file, 0, 2), nullptr, 0); },
+       "is damaged: chunk 2 of 3 is missing", "and its chunks (damaged)", ExpectBigXattrGone},
+      {"a chunk too short", [](Fixture& f) { f.Poke(ChunkPos(f.file, 0, 0), "short", 5); },
+       "is damaged: chunk 0 of 3 is of the wrong length", "and its chunks (damaged)",
+       ExpectBigXattrGone},
+      {"the last chunk too long",
+       [](Fixture& f) {
+         const std::string c(2048, 'c');
+         f.Poke(ChunkPos(f.file, 0, 2), c.data(), u32(c.size()));
+       },
+       "is damaged: chunk 2 of 3 is of the wrong length", "and its chunks (damaged)",
+       ExpectBigXattrGone},
+      {"a byte of a chunk changed",
+       [](Fixture& f) {
+         std::vector<u8> v = f.Value(ChunkPos(f.file, 0, 1));
+         v[100] ^= 4;
+         f.Poke(ChunkPos(f.file, 0, 1), v.data(), u32(v.size()));
+       },
+       "is damaged: its 5000 bytes fail their crc", "and its chunks (damaged)", ExpectBigXattrGone},
+      {"a chunk past a value's count", [](Fixture& f) { f.Poke(ChunkPos(f.file, 0, 3), "extra", 5); },
+       "belongs to no value of its inode", "deleted xattr chunk",
+       [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
+      {"a chunk of no value", [](Fixture& f) { f.Poke(ChunkPos(f.file, 9, 0), "stray", 5); },
+       "belongs to no value of its inode", "deleted xattr chunk",
+       [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
+      {"a chunk of a missing inode", [](Fixture& f) { f.Poke(ChunkPos(7777, 0, 0), "stray", 5); },
+       "bad or ownerless xattr key (7777, 9223372036854775808)", "no such inode",
+       [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
+      {"a descriptor whose length fits inline",
+       [](Fixture& f) {
+         const btree::Pos at{btree::kBtreeXattrs, f.file, XattrSlot(f, f.file, "user.big")};
+         std::vector<u8> v = f.Value(at);
+         posix::XattrChunksFormat d;
+         memcpy(&d, v.data() + 16 + 8, sizeof(d));
+         d.value_len.set(100);
+         memcpy(v.data() + 16 + 8, &d, sizeof(d));
+         f.Poke(at, v.data(), u32(v.size()));
+       },
+       "bad or ownerless xattr key", "deleted xattr chunk", ExpectBigXattrGone},
+      {"two values with one id",
+       [](Fixture& f) {
+         const std::string other(3000, 'o');
+         f.WithFs([&](Filesystem& fs, btree::Btrees&) {
+           ASSERT_TRUE(fs.SetXattr(f.file, "user.other", 10, other.data(), u32(other.size()), 0).ok());
+         });
+         const btree::Pos at{btree::kBtreeXattrs, f.file, XattrSlot(f, f.file, "user.other")};
+         std::vector<u8> v = f.Value(at);
+         posix::XattrChunksFormat d;
+         memcpy(&d, v.data() + 16 + 10, sizeof(d));
+         ASSERT_EQ(d.id.get(), 1u);
+         d.id.set(0);  // user.big's
+         memcpy(v.data() + 16 + 10, &d, sizeof(d));
+         f.Poke(at, v.data(), u32(v.size()));
+       },
+       "has the id 0 of another value of its inode", "deleted xattr chunk",
+       [](Fixture& f, Filesystem& fs) {
+         ExpectFixtureIntact(fs, f);
+         EXPECT_EQ(fs.GetXattr(f.file, "user.other", 10, nullptr, 0).status().code(), Err::kNoData);
+       }},
+      {"two values with one id (the later one keeps it)",  // (with the case above: both slot orders)
+       [](Fixture& f) {
+         const std::string other(3000, 'o');
+         f.WithFs([&](Filesystem& fs, btree::Btrees&) {
+           ASSERT_TRUE(fs.SetXattr(f.file, "user.other", 10, other.data(), u32(other.size()), 0).ok());
+         });
+         const btree::Pos at{btree::kBtreeXattrs, f.file, XattrSlot(f, f.file, "user.big")};
+         std::vector<u8> v = f.Value(at);
+         posix::XattrChunksFormat d;
+         memcpy(&d, v.data() + 16 + 8, sizeof(d));
+         ASSERT_EQ(d.id.get(), 0u);
+         d.id.set(1);  // user.other's
+         memcpy(v.data() + 16 + 8, &d, sizeof(d));
+         f.Poke(at, v.data(), u32(v.size()));
+       },
+       "has the id 1 of another value of its inode", "deleted xattr chunk",
+       [](Fixture& f, Filesystem& fs) {
+         EXPECT_EQ(fs.GetXattr(f.file, "user.big", 8, nullptr, 0).status().code(), Err::kNoData);
+         char buf[4096];
+         auto o = fs.GetXattr(f.file, "user.other", 10, buf, sizeof(buf));
+         ASSERT_TRUE(o.ok()) << o.status().Message();
+         EXPECT_EQ(std::string(buf, o.value()), std::string(3000, 'o'));
+         EXPECT_EQ(Contents(fs, f.file), FileBytes());
+       }},
+      {"more chunks than an inode may have",
+       [](Fixture& f) {
+         // 31 values of 64 KiB and user.big: 995 chunks, what posix allows;
+         // then one more value of 30 chunks behind its back.
+         f.WithFs([&](Filesystem& fs, btree::Btrees&) {
+           const std::string v(posix::kXattrSizeMax, 'm');
+           for (int i = 0; i < 31; i++) {
+             const std::string n = "user.m" + std::to_string(i);
+             ASSERT_TRUE(fs.SetXattr(f.file, n.data(), u32(n.size()), v.data(), u32(v.size()), 0).ok()) << i;
+           }
+         });
+         const std::string name = "user.poked";
+         const std::string v(30 * posix::kXattrChunkBytes, 'p');
+         const posix::NameTable t = posix::XattrTable(f.file, f.Inode(f.file));
+         u64 slot = posix::NameHash(t.seed, t.bits, name.data(), u32(name.size()));
+         while (!f.Value(btree::Pos{btree::kBtreeXattrs, f.file, slot}, true).empty()) slot++;
+         BlockDevice* b = f.dev.get();
+         store::Store e;
+         Diag diag;
+         ASSERT_TRUE(e.Open(&b, 1, store::OpenOptions{}, &diag).ok()) << diag.text;
+         btree::Transaction tx(&e.btrees());
+         for (u32 i = 0; i < 30; i++)
+           ASSERT_TRUE(tx.Set(ChunkPos(f.file, 40, i), v.data() + i * posix::kXattrChunkBytes,
+                              posix::kXattrChunkBytes).ok());
+         posix::DirentFormat de{};
+         de.type = posix::kXattrChunked;
+         de.name_len = u8(name.size());
+         de.value_len.set(sizeof(posix::XattrChunksFormat));
+         posix::XattrChunksFormat d{};
+         d.value_len.set(u32(v.size()));
+         d.crc.set(platform::Crc32c(v.data(), v.size()));
+         d.id.set(40);
+         std::vector<u8> entry(sizeof(de) + name.size() + sizeof(d));
+         memcpy(entry.data(), &de, sizeof(de));
+         memcpy(entry.data() + sizeof(de), name.data(), name.size());
+         memcpy(entry.data() + sizeof(de) + name.size(), &d, sizeof(d));
+         ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeXattrs, f.file, slot}, entry.data(), u32(entry.size())).ok());
+         ASSERT_TRUE(tx.Commit().ok());
+         ASSERT_TRUE(e.Close().ok());
+       },
+       "has 1025 xattr chunks, more than 1024", "(over the inode's bound)",
+       [](Fixture& f, Filesystem& fs) {
+         // One value went (the one in the last slot): 33 names are left, each readable.
+         std::string names(8192, '\0');
+         auto l = fs.ListXattr(f.file, names.data(), u32(names.size()));
+         ASSERT_TRUE(l.ok());
+         u32 count = 0;
+         std::string buf(posix::kXattrSizeMax, '\0');
+         for (size_t at = 0; at < l.value();) {
+           const std::string n(names.data() + at);
+           at += n.size() + 1;
+           count++;
+           EXPECT_TRUE(fs.GetXattr(f.file, n.data(), u32(n.size()), buf.data(), u32(buf.size())).ok()) << n;
+         }
+         EXPECT_EQ(count, 33u);
+         EXPECT_EQ(Contents(fs, f.file), FileBytes());
+       }},
+  };
+  for (const RepairCase& c : cases) RunRepairCase(c);
+}
+
+// A filesystem an older build made (its superblock without kSbXattrChunks)
+// checks clean and mounts; a read-write open marks it, so that builds which
+// cannot read chunked xattrs refuse it from then on.
+TEST(FsckNamespaceTest, AFilesystemWithoutTheChunkedXattrFlagChecksCleanAndMounts) {
+  fixture::Image img;
+  img.WithFs([&](Filesystem& fs, store::Store&) {
+    const u64 ino = fs.Mknod(posix::kRootIno, "f", 1, posix::kModeReg | 0644, 0, fixture::kRoot).value().ino;
+    ASSERT_TRUE(fs.SetXattr(ino, "user.a", 6, "old", 3, 0).ok());
+  });
+  sb::Superblock s = img.SbOf();
+  ASSERT_NE(s.flags & sb::kSbXattrChunks, 0);  // (format sets it)
+  s.flags &= u16(~sb::kSbXattrChunks);
+  s.seq++;
+  ASSERT_TRUE(sb::Write(*img.dev, s, 0).ok());
+  ASSERT_EQ(img.SbOf().flags & sb::kSbXattrChunks, 0);
+  auto [r1, out1] = img.Fsck(false);
+  EXPECT_EQ(r1.exit_code, kExitClean) << out1;
+  EXPECT_EQ(img.SbOf().flags & sb::kSbXattrChunks, 0) << "fsck -n wrote the superblock";
+  img.WithFs([&](Filesystem& fs, store::Store&) {
+    const u64 ino = fs.Lookup(posix::kRootIno, "f", 1).value().ino;
+    char v[8];
+    auto got = fs.GetXattr(ino, "user.a", 6, v, sizeof(v));
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(std::string(v, got.value()), "old");
+    const std::string big(20000, 'b');
+    ASSERT_TRUE(fs.SetXattr(ino, "user.big", 8, big.data(), u32(big.size()), 0).ok());
+  });
+  EXPECT_NE(img.SbOf().flags & sb::kSbXattrChunks, 0);
+  auto [r2, out2] = img.Fsck(false);
+  EXPECT_EQ(r2.exit_code, kExitClean) << out2;
 }
 
 }  // namespace

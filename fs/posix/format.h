@@ -8,6 +8,12 @@
 //                                             at its last close or at the next mount
 //   dirent      kBtreeDirents (dir, slot)     DirentFormat, then the name
 //   xattr       kBtreeXattrs  (ino, slot)     DirentFormat, the name, the value
+//                                             (type kXattrValue), or an
+//                                             XattrChunksFormat (kXattrChunked)
+//   xattr chunk kBtreeXattrs  (ino, 2^63 + 32 id + i)
+//                                             bytes [2048 i, 2048 (i + 1)) of
+//                                             the chunked value whose descriptor
+//                                             has id `id`
 //
 // A directory is a hash table laid over its key range: a name goes to slot
 // NameHash(dir's hash_seed and hash_bits, name) in [kFirstSlot, kSlotEnd) (its home
@@ -109,9 +115,9 @@ inline constexpr u32 kSymlinkMax = 4095;
 // follows the header, then (xattrs) the value.
 struct DirentFormat {
   Le64 ino;        // dirents: the inode it names; 0 in xattrs and tombstones
-  u8 type;         // dirents: DirentType; xattrs: kXattrValue; or kDtTombstone
+  u8 type;         // dirents: DirentType; xattrs: kXattrValue or kXattrChunked; or kDtTombstone
   u8 name_len;     // 1..kNameMax (0 in a tombstone)
-  Le16 value_len;  // xattrs: bytes of value after the name; dirents and tombstones: 0
+  Le16 value_len;  // xattrs: bytes after the name (the value, or the XattrChunksFormat); else 0
   u8 reserved[4];  // 0
 };
 static_assert(sizeof(DirentFormat) == 16, "dirent header size");
@@ -119,13 +125,48 @@ static_assert(sizeof(DirentFormat) == 16, "dirent header size");
 // xattrs: kBtreeXattrs (ino, slot), a table like a directory's, keyed by the
 // inode's xattr_bits and a seed derived from (ino, generation). Names are the
 // full "namespace.name" (user., trusted., security.).
-inline constexpr u8 kXattrValue = 1;
-// Per inode: at most this many xattrs (deleting an inode deletes them in one
-// transaction), each value at most what fits in one key beside its name.
+//
+// A value that fits in the entry's key beside its name (XattrInlineMax) is
+// stored there (type kXattrValue). A longer one, up to kXattrSizeMax (the
+// VFS's XATTR_SIZE_MAX), is chunked: the entry (type kXattrChunked) holds an
+// XattrChunksFormat after the name, and the bytes are in chunk keys
+// (ino, XattrChunkOffset(id, i)) of kXattrChunkBytes each (the last: the
+// rest). Chunk keys lie at and above kSlotEnd, where no table slot is, so a
+// walk of the table stops before them. An entry, its chunks and the inode
+// change in one transaction (set, replace, remove, free).
+inline constexpr u8 kXattrValue = 1;    // the value follows the name
+inline constexpr u8 kXattrChunked = 2;  // an XattrChunksFormat follows the name
+// Per inode: at most this many keys in the table (tombstones included).
 inline constexpr u32 kMaxXattrs = 128;
-inline constexpr u32 XattrValueMax(u32 name_len) { return btree::kMaxValueBytes - 16 - name_len; }
-// No xattr value is longer (a front end's buffer for any value).
-inline constexpr u32 kXattrValueLimit = XattrValueMax(0);
+// The longest value kept in the entry's own key beside a name of name_len bytes.
+inline constexpr u32 XattrInlineMax(u32 name_len) { return btree::kMaxValueBytes - 16 - name_len; }
+// The longest value (XATTR_SIZE_MAX; a front end's buffer for any value).
+inline constexpr u32 kXattrSizeMax = 65536;
+inline constexpr u32 kXattrChunkBytes = btree::kMaxValueBytes;
+inline constexpr u32 kXattrChunksPerValue = kXattrSizeMax / kXattrChunkBytes;  // 32: id's stride
+// Chunk keys of one inode at most (2 MiB of chunked values): freeing the
+// inode deletes its kMaxXattrs table keys and these chunks in one
+// transaction, which must fit the smallest journal entry (64 KiB, with 64 KiB
+// buckets) -- (128 + 1024 + 4) whiteouts of 32 bytes and the header: 36 KiB.
+inline constexpr u32 kMaxXattrChunks = 1024;
+inline constexpr u64 kXattrChunkBase = kSlotEnd;
+inline constexpr u64 kXattrIdLimit = (~u64(0) - kXattrChunkBase) / kXattrChunksPerValue + 1;  // 2^58 ids
+
+struct XattrChunksFormat {
+  Le32 value_len;  // XattrInlineMax(name_len) + 1 .. kXattrSizeMax
+  Le32 crc;        // crc32c of the whole value
+  Le64 id;         // < kXattrIdLimit, unique among the inode's chunked values
+};
+static_assert(sizeof(XattrChunksFormat) == 16, "xattr chunk descriptor size");
+
+inline constexpr u64 XattrChunkOffset(u64 id, u32 i) { return kXattrChunkBase + id * kXattrChunksPerValue + i; }
+inline constexpr u32 XattrChunkCount(u32 value_len) { return (value_len + kXattrChunkBytes - 1) / kXattrChunkBytes; }
+// Bytes of chunk i of a value of value_len bytes.
+inline constexpr u32 XattrChunkLen(u32 value_len, u32 i) {
+  return value_len - i * kXattrChunkBytes < kXattrChunkBytes ? value_len - i * kXattrChunkBytes : kXattrChunkBytes;
+}
+static_assert(XattrChunkCount(kXattrSizeMax) == kXattrChunksPerValue, "a largest value fills its id's range");
+static_assert(XattrChunkOffset(kXattrIdLimit - 1, kXattrChunksPerValue - 1) == ~u64(0), "ids fill the key range");
 
 }  // namespace tfs::posix
 

@@ -1,7 +1,9 @@
 // The POSIX namespace over the btrees (see fs.h and docs/design/posix.md).
 #include "posix/fs.h"
 
+#include "journal/format.h"
 #include "platform/platform.h"
+#include "sb/format.h"
 #include "util/bits.h"
 
 namespace tfs::posix {
@@ -69,6 +71,13 @@ constexpr u32 kBufferBlocks = data::kMaxExtentBlocks;  // a write buffer: one ex
 constexpr u32 kLinkChunk = btree::kMaxValueBytes;
 constexpr u32 kSymlinkTargetMax = kSymlinkMax;
 constexpr u32 kLinkChunks = (kSymlinkTargetMax + kLinkChunk - 1) / kLinkChunk;
+// Freeing an inode is one transaction (QueueFree): its inode and orphan keys,
+// its symlink target and every xattr key, as whiteouts, fit the smallest
+// journal entry (a 64 KiB bucket's).
+static_assert(sizeof(journal::EntryHeader) + (2 + kLinkChunks + kMaxXattrs + kMaxXattrChunks) *
+                                                 journal::KeySpace(sizeof(btree::KeyHeader)) <=
+                  sb::kMinBucket,
+              "freeing an inode fits one journal entry");
 
 Pos InodePos(u64 ino) { return Pos{btree::kBtreeInodes, ino, 0}; }
 Pos LinkPos(u64 ino, u32 chunk) { return Pos{btree::kBtreeInodes, ino, 1 + u64(chunk)}; }
@@ -163,9 +172,21 @@ Status ParseNamedEntry(u8 btree_id, const u8* v, u32 len, DirentFormat* out, con
   if (out->name_len == 0 || len != sizeof(DirentFormat) + out->name_len + out->value_len.get()) return Err::kCorrupt;
   if (btree_id == btree::kBtreeDirents) {
     if (out->ino.get() == 0 || out->type == kDtUnknown || out->value_len.get() != 0) return Err::kCorrupt;
-  } else if (out->ino.get() != 0 || out->type != kXattrValue) {
-    return Err::kCorrupt;
+    return Status::Ok();
   }
+  if (out->ino.get() != 0) return Err::kCorrupt;
+  if (out->type == kXattrValue)
+    return out->value_len.get() <= XattrInlineMax(out->name_len) ? Status::Ok() : Status(Err::kCorrupt);
+  XattrChunksFormat c;
+  return ParseXattrChunks(*out, v + sizeof(DirentFormat) + out->name_len, &c);
+}
+
+Status ParseXattrChunks(const DirentFormat& d, const u8* after_name, XattrChunksFormat* out) {
+  if (d.type != kXattrChunked || d.value_len.get() != sizeof(XattrChunksFormat)) return Err::kCorrupt;
+  MemCopy(out, after_name, sizeof(*out));
+  // Chunked only when it does not fit inline: one form per value.
+  const u32 len = out->value_len.get();
+  if (len <= XattrInlineMax(d.name_len) || len > kXattrSizeMax || out->id.get() >= kXattrIdLimit) return Err::kCorrupt;
   return Status::Ok();
 }
 
@@ -178,6 +199,9 @@ struct Filesystem::Entry {
   u64 ino = 0;     // found: the inode it names (directories)
   u8 type = 0;     // found: its DirentType (directories)
   u64 free = 0;    // not found: where the name would go (0: the chain reached kSlotEnd)
+  // found, xattrs: a chunked value's descriptor (chunks 0: the value is inline)
+  u32 chunks = 0;
+  XattrChunksFormat desc{};
 };
 
 namespace {
@@ -229,7 +253,8 @@ Status Filesystem::FindEntry(const NameTable& t, const char* name, u32 len, Entr
     }
     DirentFormat d;
     const char* n;
-    TFS_TRY(ParseNamed(t, it.value(), it.val_bytes(), &d, &n));
+    const u8* value;
+    TFS_TRY(ParseNamed(t, it.value(), it.val_bytes(), &d, &n, &value));
     if (d.type == kDtTombstone) {
       if (out->free == 0) out->free = slot;
     } else if (d.name_len == len && MemCompare(n, name, len) == 0) {
@@ -237,6 +262,10 @@ Status Filesystem::FindEntry(const NameTable& t, const char* name, u32 len, Entr
       out->slot = slot;
       out->ino = d.ino.get();
       out->type = d.type;
+      if (t.btree_id == btree::kBtreeXattrs && d.type == kXattrChunked) {
+        TFS_TRY(ParseXattrChunks(d, value, &out->desc));
+        out->chunks = XattrChunkCount(out->desc.value_len.get());
+      }
       return Status::Ok();
     }
     TFS_TRY(it.Next());
@@ -246,9 +275,10 @@ Status Filesystem::FindEntry(const NameTable& t, const char* name, u32 len, Entr
 
 Status Filesystem::QueueRemoveEntry(Transaction* tx, const NameTable& t, const Entry& e) {
   // Another chain may run on through the next slot: then keep this one occupied.
+  // (No slot is at kSlotEnd: xattr chunk keys are.)
   Iterator it(trees_, t.btree_id);
   TFS_TRY(it.Seek(Pos{t.btree_id, t.owner, e.slot + 1}));
-  if (it.Valid() && it.pos().inode == t.owner && it.pos().offset == e.slot + 1) {
+  if (it.Valid() && it.pos().inode == t.owner && it.pos().offset == e.slot + 1 && e.slot + 1 < kSlotEnd) {
     u8 buf[sizeof(DirentFormat)];
     DirentFormat d;
     MemSet(&d, 0, sizeof(d));
@@ -342,7 +372,9 @@ Status Filesystem::QueueFree(Transaction* tx, u64 ino) {
   Status st = ReadInode(ino, &f);
   if (st.ok() && (f.mode.get() & kModeTypeMask) == kModeLink)
     for (u32 c = 0; c < kLinkChunks; c++) TFS_TRY(tx->Delete(LinkPos(ino, c)));
-  // Its xattrs (at most kMaxXattrs, with tombstones between them).
+  // Its xattrs: the table (at most kMaxXattrs keys, tombstones included) and
+  // the chunks of its chunked values (at most kMaxXattrChunks), all in this
+  // transaction (format.h: it fits the smallest journal entry).
   Iterator it(trees_, btree::kBtreeXattrs);
   TFS_TRY(it.Seek(Pos{btree::kBtreeXattrs, ino, 0}));
   for (; it.Valid() && it.pos().inode == ino; TFS_TRY(it.Next())) TFS_TRY(tx->Delete(it.pos()));
@@ -1518,6 +1550,9 @@ Result<u32> Filesystem::Write(u64 ino, u64 off, const void* buf, u32 len, u32 fl
   TFS_TRY(ReadInode(ino, &f));
   if (IsDir(f)) return Err::kIsDir;
   if ((f.mode.get() & kModeTypeMask) != kModeReg) return Err::kInvalidArgument;
+  // Every write, buffered or direct, takes S_ISUID and S_ISGID away here
+  // (before its data, as the VFS's file_remove_privs).
+  if (SetidWriteDrops(f.mode.get(), flags) != 0) TFS_TRY(DropSetid(ino, flags));
   const u8* in = static_cast<const u8*>(buf);
   const u64 nb = (off + len + kBlock - 1) / kBlock - off / kBlock;
   if ((flags & kWriteDirect) == 0 && nb <= kBufferBlocks / 2) {
@@ -1546,6 +1581,30 @@ Result<u32> Filesystem::Write(u64 ino, u64 off, const void* buf, u32 len, u32 fl
   TFS_TRY(ReadInode(ino, &f));  // the size, now stable
   c_wdirect_.FetchAdd(1, MemOrder::kRelaxed);
   return WriteThrough(ino, f, off, in, len);
+}
+
+u32 Filesystem::SetidWriteDrops(u32 mode, u32 flags) {
+  if ((flags & kWriteKeepSetid) != 0) return 0;
+  u32 drop = mode & kModeSetuid;
+  // Setgid without group execute marks mandatory locking, not a privilege.
+  if ((mode & kModeSetgid) != 0 && (mode & 0010) != 0) drop |= kModeSetgid;
+  return drop;
+}
+
+Status Filesystem::DropSetid(u64 ino, u32 flags) {
+  const u64 lock[1] = {ino};
+  Locked locked(this, lock, 1);
+  TFS_TRY(locked.status());
+  InodeFormat f;
+  TFS_TRY(ReadInode(ino, &f));
+  const u32 drop = SetidWriteDrops(f.mode.get(), flags);
+  if (drop == 0) return Status::Ok();  // gone meanwhile
+  f.mode.set(f.mode.get() & ~drop);
+  SetTime(&f.ctime_ns, Now());
+  Transaction tx(trees_);
+  TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
+  DebugNoSharedLock();
+  return tx.Commit(journal::CommitMode::kNoFlush).status();
 }
 
 Result<u32> Filesystem::WriteBuffered(u64 ino, InodeFormat* f, Buffered* b, u64 off, const u8* buf, u32 len) {
@@ -1884,12 +1943,110 @@ Status CheckXattrName(const char* name, u32 len) {
 
 }  // namespace
 
+namespace {
+
+Pos XattrPos(u64 ino, u64 offset) { return Pos{btree::kBtreeXattrs, ino, offset}; }
+
+// What SetXattr needs to know of an inode's xattr table besides its name's entry.
+struct XattrTableInfo {
+  u32 keys = 0;         // table keys, tombstones included
+  u32 chunks = 0;       // chunk keys of the chunked values (but the skipped slot's)
+  u64 low_ids[4] = {};  // a bitmap of the ids below 256 those values use
+};
+
+Status ScanXattrTable(btree::Btrees* trees, const NameTable& t, u64 skip_slot, XattrTableInfo* out) {
+  Iterator it(trees, btree::kBtreeXattrs);
+  TFS_TRY(it.Seek(XattrPos(t.owner, 0)));
+  for (; it.Valid() && it.pos().inode == t.owner && it.pos().offset < kSlotEnd; TFS_TRY(it.Next())) {
+    out->keys++;
+    if (it.pos().offset == skip_slot) continue;
+    DirentFormat d;
+    const char* n;
+    const u8* value;
+    TFS_TRY(ParseNamed(t, it.value(), it.val_bytes(), &d, &n, &value));
+    if (d.type != kXattrChunked) continue;
+    XattrChunksFormat c;
+    TFS_TRY(ParseXattrChunks(d, value, &c));
+    out->chunks += XattrChunkCount(c.value_len.get());
+    const u64 id = c.id.get();
+    if (id < 256) out->low_ids[id / 64] |= u64(1) << (id % 64);
+  }
+  return Status::Ok();
+}
+
+// The lowest id that no chunked value of the inode uses and no chunk key
+// occupies (a stale one would read as an extra chunk of the new value). At
+// most kMaxXattrs ids are in use, so one of the first 256 is free unless
+// stale chunks hold the rest (then fsck removes them).
+Status PickChunkId(btree::Btrees* trees, u64 ino, const XattrTableInfo& info, u64* id) {
+  Iterator it(trees, btree::kBtreeXattrs, 1);
+  for (u64 cand = 0; cand < 256; cand++) {
+    if (((info.low_ids[cand / 64] >> (cand % 64)) & 1) != 0) continue;
+    TFS_TRY(it.Seek(XattrPos(ino, XattrChunkOffset(cand, 0))));
+    if (!it.Valid() || it.pos().inode != ino || it.pos().offset > XattrChunkOffset(cand, kXattrChunksPerValue - 1)) {
+      *id = cand;
+      return Status::Ok();
+    }
+  }
+  return Err::kCorrupt;
+}
+
+// A chunked value into out (desc.value_len bytes): kCorrupt if a chunk is
+// missing or of the wrong length, or the bytes fail the descriptor's crc.
+// The caller holds the inode lock, so no commit changes them meanwhile.
+Status ReadXattrChunks(btree::Btrees* trees, u64 ino, const XattrChunksFormat& desc, u8* out) {
+  const u32 n = desc.value_len.get();
+  u32 at = 0;
+  for (u32 i = 0; at < n; i++) {
+    const u32 want = XattrChunkLen(n, i);
+    auto r = trees->Get(XattrPos(ino, XattrChunkOffset(desc.id.get(), i)), out + at, n - at);
+    if (!r.ok()) return r.status().Is(ErrorClass::kNotFound) ? Status(Err::kCorrupt) : r.status();
+    if (r.value() != want) return Err::kCorrupt;
+    at += want;
+  }
+  return platform::Crc32c(out, n) == desc.crc.get() ? Status::Ok() : Status(Err::kCorrupt);
+}
+
+// The inline value of `name` at `slot` (up to cap bytes; its length). kNoData
+// when the slot holds another name or none (removed meanwhile); *chunked (and
+// kNoData) when it holds `name` as a chunked value (replaced meanwhile).
+Result<u32> ReadInlineXattr(btree::Btrees* trees, const NameTable& t, u64 slot, const char* name, u32 len,
+                            void* buf, u32 cap, bool* chunked) {
+  *chunked = false;
+  u8* v = static_cast<u8*>(platform::Alloc(btree::kMaxValueBytes, 8));
+  if (v == nullptr) return Err::kNoMemory;
+  auto r = trees->Get(XattrPos(t.owner, slot), v, btree::kMaxValueBytes);
+  Status st = r.status();
+  u32 n = 0;
+  if (st.Is(ErrorClass::kNotFound)) st = Err::kNoData;
+  if (st.ok()) {
+    DirentFormat d;
+    const char* nm;
+    const u8* value;
+    st = ParseNamed(t, v, Min(r.value(), btree::kMaxValueBytes), &d, &nm, &value);
+    if (st.ok() && (d.type == kDtTombstone || d.name_len != len || MemCompare(nm, name, len) != 0)) {
+      st = Err::kNoData;
+    } else if (st.ok() && d.type == kXattrChunked) {
+      *chunked = true;
+      st = Err::kNoData;
+    }
+    n = st.ok() ? d.value_len.get() : 0;
+    if (st.ok() && cap != 0 && cap < n) st = Err::kRange;
+    if (st.ok() && cap != 0) MemCopy(buf, value, n);
+  }
+  platform::Free(v);
+  TFS_TRY(st);
+  return n;
+}
+
+}  // namespace
+
 Status Filesystem::SetXattr(u64 ino, const char* name, u32 len, const void* value, u32 value_len, u32 flags) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
   TFS_TRY(CheckXattrName(name, len));
   if ((flags & ~u32(kXattrCreate | kXattrReplace)) != 0 || flags == (kXattrCreate | kXattrReplace))
     return Err::kInvalidArgument;
-  if (value_len > XattrValueMax(len)) return Err::kNoSpace;
+  if (value_len > kXattrSizeMax) return Err::kNoSpace;
   if (value_len > 0 && value == nullptr) return Err::kInvalidArgument;
   TFS_TRY(MetadataRoom());
   const u64 lock[1] = {ino};
@@ -1902,55 +2059,89 @@ Status Filesystem::SetXattr(u64 ino, const char* name, u32 len, const void* valu
   TFS_TRY(FindEntry(t, name, len, &e));
   if (e.found && (flags & kXattrCreate) != 0) return Err::kExists;
   if (!e.found && (flags & kXattrReplace) != 0) return Err::kNoData;
-  if (!e.found) {
-    if (e.free == 0) return Err::kNoSpace;
-    u32 n = 0;
-    Iterator it(trees_, btree::kBtreeXattrs);
-    TFS_TRY(it.Seek(Pos{btree::kBtreeXattrs, ino, 0}));
-    for (; it.Valid() && it.pos().inode == ino && n < kMaxXattrs; TFS_TRY(it.Next())) n++;
-    if (n >= kMaxXattrs) return Err::kNoSpace;  // (counts tombstones too: a bound, not a quota)
+  if (!e.found && e.free == 0) return Err::kNoSpace;
+  const bool chunked = value_len > XattrInlineMax(len);
+  const u32 nchunks = chunked ? XattrChunkCount(value_len) : 0;
+  XattrChunksFormat desc;
+  MemSet(&desc, 0, sizeof(desc));
+  if (!e.found || chunked) {
+    XattrTableInfo info;
+    TFS_TRY(ScanXattrTable(trees_, t, e.found ? e.slot : kSlotEnd, &info));
+    if (!e.found && info.keys >= kMaxXattrs) return Err::kNoSpace;  // (tombstones count: a bound, not a quota)
+    if (chunked) {
+      if (info.chunks + nchunks > kMaxXattrChunks) return Err::kNoSpace;
+      // A chunked value being replaced keeps its id: its chunks are overwritten.
+      u64 id = e.desc.id.get();
+      if (e.chunks == 0) TFS_TRY(PickChunkId(trees_, ino, info, &id));
+      desc.value_len.set(value_len);
+      desc.crc.set(platform::Crc32c(value, value_len));
+      desc.id.set(id);
+    }
   }
   u8* buf = static_cast<u8*>(platform::Alloc(btree::kMaxValueBytes, 8));
   if (buf == nullptr) return Err::kNoMemory;
   Transaction tx(trees_);
-  Status st = tx.Set(Pos{btree::kBtreeXattrs, ino, e.found ? e.slot : e.free}, buf,
-                     BuildNamed(buf, 0, kXattrValue, name, len, value, value_len));
+  const u64 slot = e.found ? e.slot : e.free;
+  const u8* in = static_cast<const u8*>(value);
+  Status st;
+  if (chunked) {
+    for (u32 i = 0; st.ok() && i < nchunks; i++)
+      st = tx.Set(XattrPos(ino, XattrChunkOffset(desc.id.get(), i)), in + u64(i) * kXattrChunkBytes,
+                  XattrChunkLen(value_len, i));
+    if (st.ok())
+      st = tx.Set(XattrPos(ino, slot), buf, BuildNamed(buf, 0, kXattrChunked, name, len, &desc, sizeof(desc)));
+  } else {
+    st = tx.Set(XattrPos(ino, slot), buf, BuildNamed(buf, 0, kXattrValue, name, len, value, value_len));
+  }
   platform::Free(buf);
-  TFS_TRY(st);
+  // The old value's chunks that the new one does not overwrite.
+  for (u32 i = nchunks; st.ok() && i < e.chunks; i++)
+    st = tx.Delete(XattrPos(ino, XattrChunkOffset(e.desc.id.get(), i)));
   SetTime(&f.ctime_ns, Now());
-  TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
+  if (st.ok()) st = tx.Set(InodePos(ino), &f, sizeof(f));
+  // Only where journal entries are smaller than a 64 KiB value's transaction
+  // (64 KiB buckets: 64 KiB entries) does it not fit one: values stop short of
+  // 64 KiB there, refused as any value too large to store.
+  if (st.code() == Err::kTooBig) st = Err::kNoSpace;
+  TFS_TRY(st);
   DebugNoSharedLock();
   return tx.Commit().status();
 }
 
+// An inline value is one key, read without a lock. A chunked value is many:
+// read under the inode lock, which every change of them holds across its
+// commit, so the chunks always match their descriptor (a mismatch is
+// corruption, never a race). A size query (cap 0) reads the descriptor alone.
 Result<u32> Filesystem::GetXattr(u64 ino, const char* name, u32 len, void* buf, u32 cap) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
   TFS_TRY(CheckXattrName(name, len));
   InodeFormat f;
   TFS_TRY(ReadInode(ino, &f));
-  const NameTable t = XattrTable(ino, f);
   Entry e;
+  TFS_TRY(FindEntry(XattrTable(ino, f), name, len, &e));
+  if (!e.found) return Err::kNoData;
+  if (e.chunks == 0) {
+    bool chunked = false;
+    auto r = ReadInlineXattr(trees_, XattrTable(ino, f), e.slot, name, len, buf, cap, &chunked);
+    if (!chunked) return r;
+  } else if (cap == 0) {
+    return e.desc.value_len.get();
+  }
+  const u64 lock[1] = {ino};
+  Locked locked(this, lock, 1);
+  TFS_TRY(locked.status());
+  TFS_TRY(ReadInode(ino, &f));
+  const NameTable t = XattrTable(ino, f);
   TFS_TRY(FindEntry(t, name, len, &e));
   if (!e.found) return Err::kNoData;
-  u8* v = static_cast<u8*>(platform::Alloc(btree::kMaxValueBytes, 8));
-  if (v == nullptr) return Err::kNoMemory;
-  auto r = trees_->Get(Pos{btree::kBtreeXattrs, ino, e.slot}, v, btree::kMaxValueBytes);
-  Status st = r.status();
-  u32 n = 0;
-  if (st.Is(ErrorClass::kNotFound)) st = Err::kNoData;  // removed meanwhile
-  if (st.ok()) {
-    DirentFormat d;
-    const char* nm;
-    const u8* value;
-    st = ParseNamed(t, v, Min(r.value(), btree::kMaxValueBytes), &d, &nm, &value);
-    if (st.ok() && (d.type != kXattrValue || d.name_len != len || MemCompare(nm, name, len) != 0))
-      st = Err::kNoData;  // replaced meanwhile
-    n = st.ok() ? d.value_len.get() : 0;
-    if (st.ok() && cap != 0 && cap < n) st = Err::kRange;
-    if (st.ok() && cap != 0) MemCopy(buf, value, n);
+  if (e.chunks == 0) {
+    bool chunked = false;
+    return ReadInlineXattr(trees_, t, e.slot, name, len, buf, cap, &chunked);
   }
-  platform::Free(v);
-  TFS_TRY(st);
+  const u32 n = e.desc.value_len.get();
+  if (cap == 0) return n;
+  if (cap < n) return Err::kRange;
+  TFS_TRY(ReadXattrChunks(trees_, ino, e.desc, static_cast<u8*>(buf)));
   return n;
 }
 
@@ -1960,9 +2151,10 @@ Result<u32> Filesystem::ListXattr(u64 ino, char* buf, u32 cap, bool trusted) {
   TFS_TRY(ReadInode(ino, &f));
   const NameTable t = XattrTable(ino, f);
   Iterator it(trees_, btree::kBtreeXattrs);
-  TFS_TRY(it.Seek(Pos{btree::kBtreeXattrs, ino, 0}));
+  TFS_TRY(it.Seek(XattrPos(ino, 0)));
   u32 total = 0;
-  for (; it.Valid() && it.pos().inode == ino; TFS_TRY(it.Next())) {
+  // The table's slots only (chunk keys follow them, from kSlotEnd on).
+  for (; it.Valid() && it.pos().inode == ino && it.pos().offset < kSlotEnd; TFS_TRY(it.Next())) {
     DirentFormat d;
     const char* nm;
     TFS_TRY(ParseNamed(t, it.value(), it.val_bytes(), &d, &nm));
@@ -1992,6 +2184,7 @@ Status Filesystem::RemoveXattr(u64 ino, const char* name, u32 len) {
   if (!e.found) return Err::kNoData;
   Transaction tx(trees_);
   TFS_TRY(QueueRemoveEntry(&tx, t, e));
+  for (u32 i = 0; i < e.chunks; i++) TFS_TRY(tx.Delete(XattrPos(ino, XattrChunkOffset(e.desc.id.get(), i))));
   SetTime(&f.ctime_ns, Now());
   TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
   DebugNoSharedLock();

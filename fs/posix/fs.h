@@ -240,8 +240,11 @@ class Filesystem {
   // File data (regular files): Write returns len (bytes past 2^50 are kTooBig);
   // Read returns the bytes read, fewer at the end of the file, 0 past it. A
   // checksum mismatch is kDataCorrupt (EIO), never the bytes. Write flags:
-  // kWriteDirect (O_DIRECT) bypasses the write buffer.
-  enum WriteFlags : u32 { kWriteDirect = 1 };
+  // kWriteDirect (O_DIRECT) bypasses the write buffer. Every write (of at
+  // least one byte, buffered or direct) first clears S_ISUID, and S_ISGID if
+  // group execute is set (the VFS's rule, ctime updated) unless
+  // kWriteKeepSetid says the writer may keep them (CAP_FSETID).
+  enum WriteFlags : u32 { kWriteDirect = 1, kWriteKeepSetid = 2 };
   Result<u32> Write(u64 ino, u64 off, const void* buf, u32 len, u32 flags = 0);
   // Inode flags in Linux's FS_IOC_GETFLAGS/SETFLAGS values. Only kFsComprFl
   // (chattr +c: the file's new data is zstd-compressed, as all files' are on a
@@ -281,12 +284,17 @@ class Filesystem {
   Status GetStatFs(StatFs* out);
 
   // Extended attributes: names "user.*", "trusted.*", "security.*" (others:
-  // kNotSupported), up to kNameMax bytes; values up to XattrValueMax(name) bytes
-  // (kNoSpace beyond, as when an inode already has kMaxXattrs). Set: flags
-  // kXattrCreate (kExists if present) or kXattrReplace (kNoData if absent).
-  // Get and List copy up to cap bytes and return the full length; cap 0 asks
-  // for the length only, a smaller nonzero cap is kRange. List: names, each
-  // NUL-terminated. Remove: kNoData if absent.
+  // kNotSupported), up to kNameMax bytes; values up to kXattrSizeMax (64 KiB,
+  // the VFS's XATTR_SIZE_MAX) bytes, those longer than XattrInlineMax(name) in
+  // chunk keys (format.h). kNoSpace beyond, as when an inode already has
+  // kMaxXattrs, when its chunked values would pass kMaxXattrChunks, or (64 KiB
+  // buckets only) when the value's transaction does not fit a journal entry.
+  // Set: flags kXattrCreate (kExists if present) or kXattrReplace (kNoData if
+  // absent). Get and List copy up to cap bytes and return the full length;
+  // cap 0 asks for the length only, a smaller nonzero cap is kRange. List:
+  // names, each NUL-terminated. Remove: kNoData if absent. Set, replace,
+  // remove and the inode's free change a value and its chunks in one
+  // transaction; Get reads a chunked value under the inode lock.
   Status SetXattr(u64 ino, const char* name, u32 len, const void* value, u32 value_len, u32 flags);
   Result<u32> GetXattr(u64 ino, const char* name, u32 len, void* buf, u32 cap);
   // `trusted`: whether the caller may see trusted.* names (CAP_SYS_ADMIN; the
@@ -418,6 +426,10 @@ class Filesystem {
   // Writes out b's run (if any; b may be null) as one extent.
   Status FlushRun(u64 ino, Buffered* b, FlushCause cause);
   Result<u32> WriteBuffered(u64 ino, InodeFormat* f, Buffered* b, u64 off, const u8* buf, u32 len);
+  // The S_ISUID/S_ISGID bits a write with `flags` takes from `mode`, and their
+  // removal (one transaction under the inode lock; no data lock held).
+  static u32 SetidWriteDrops(u32 mode, u32 flags);
+  Status DropSetid(u64 ino, u32 flags);
   // Shared data lock suffices for whole blocks.
   // f: the inode as read under the data lock (its size matters for partial
   // blocks, which only an exclusive holder writes).
@@ -474,10 +486,16 @@ NameTable DirTable(u64 dir, const InodeFormat& d);
 NameTable XattrTable(u64 ino, const InodeFormat& f);
 
 // Parses a named entry of the dirents or xattrs btree (dirents: a live inode and
-// type, no value; xattrs: inode 0, type kXattrValue, a value after the name); a
-// tombstone has no name. `value` (if not null) gets where the value starts.
+// type, no value; xattrs: inode 0, type kXattrValue with a value after the
+// name, or kXattrChunked with a valid descriptor); a tombstone has no name.
+// `value` (if not null) gets where the bytes after the name start.
 Status ParseNamedEntry(u8 btree_id, const u8* v, u32 len, DirentFormat* out, const char** name,
                        const u8** value = nullptr);
+// The descriptor of a chunked xattr value (d: its parsed entry, after_name:
+// the bytes after its name): kCorrupt unless d is kXattrChunked with a
+// descriptor of the right size, a length that does not fit inline and at most
+// kXattrSizeMax, and an id below kXattrIdLimit.
+Status ParseXattrChunks(const DirentFormat& d, const u8* after_name, XattrChunksFormat* out);
 // Parses an inode value (kCorrupt if it is not one of this version).
 Status ParseInode(const u8* value, u32 len, InodeFormat* out);
 Attr ToAttr(u64 ino, const InodeFormat& inode);

@@ -696,6 +696,33 @@ TEST(PosixTest, CorruptRecordsAreErrorsNotCrashes) {
   EXPECT_EQ(Mkfile(m.fs, kRootIno, "g").status().code(), Err::kCorrupt);
 }
 
+// n bytes that depend on the seed and on their position (a chunk in the wrong
+// place, or another value's, shows).
+std::string XVal(size_t n, u64 seed) {
+  std::string v(n, '\0');
+  u64 x = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (size_t i = 0; i < n; i++) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    v[i] = char(x >> 56);
+  }
+  return v;
+}
+
+// An inode's keys in the xattrs btree: its table's slots, and chunk keys.
+struct XKeys {
+  size_t table = 0, chunks = 0;
+};
+XKeys CountXattrKeys(store::Store& s, u64 ino) {
+  XKeys k;
+  btree::Iterator it(&s.btrees(), btree::kBtreeXattrs);
+  EXPECT_TRUE(it.Seek(btree::Pos{btree::kBtreeXattrs, ino, 0}).ok());
+  for (; it.Valid() && it.pos().inode == ino;) {
+    (it.pos().offset >= kXattrChunkBase ? k.chunks : k.table)++;
+    EXPECT_TRUE(it.Next().ok());
+  }
+  return k;
+}
+
 Status SetX(Filesystem& fs, u64 ino, const std::string& n, const std::string& v, u32 flags = 0) {
   return fs.SetXattr(ino, n.data(), u32(n.size()), v.data(), u32(v.size()), flags);
 }
@@ -747,14 +774,33 @@ TEST(PosixTest, XattrsSetGetListRemoveAndTheirErrors) {
   EXPECT_EQ(SetX(m.fs, f, "system.posix_acl_access", "x").code(), Err::kNotSupported);
   EXPECT_EQ(SetX(m.fs, f, "user.", "x").code(), Err::kNotSupported);
   EXPECT_EQ(SetX(m.fs, f, "user." + std::string(251, 'n'), "x").code(), Err::kNameTooLong);
+  // The longest value kept inline beside its name, then one byte more (in a
+  // chunk key), then the VFS's limit (32 chunks) and one byte past it:
+  // ENOSPC, as for any value tierfs cannot store (the VFS says E2BIG above
+  // XATTR_SIZE_MAX before asking).
   const std::string big_name = "user.big";
-  EXPECT_TRUE(SetX(m.fs, f, big_name, std::string(XattrValueMax(8), 'v')).ok());
-  EXPECT_EQ(SetX(m.fs, f, big_name, std::string(XattrValueMax(8) + 1, 'v')).code(), Err::kNoSpace);
-  EXPECT_EQ(GetX(m.fs, f, big_name).value().size(), XattrValueMax(8));
+  EXPECT_TRUE(SetX(m.fs, f, big_name, std::string(XattrInlineMax(8), 'v')).ok());
+  EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, 0u);
+  const std::string one_chunk = XVal(XattrInlineMax(8) + 1, 1);
+  ASSERT_TRUE(SetX(m.fs, f, big_name, one_chunk).ok());
+  EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, 1u);
+  EXPECT_EQ(GetX(m.fs, f, big_name).value(), one_chunk);
+  const std::string max = XVal(kXattrSizeMax, 2);
+  ASSERT_TRUE(SetX(m.fs, f, "user.max", max).ok());
+  EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, 33u);
+  EXPECT_EQ(SetX(m.fs, f, "user.max", XVal(kXattrSizeMax + 1, 3)).code(), Err::kNoSpace);
+  EXPECT_EQ(SetX(m.fs, f, "user.new", XVal(kXattrSizeMax + 1, 3)).code(), Err::kNoSpace);
+  EXPECT_EQ(GetX(m.fs, f, "user.max").value(), max);
+  EXPECT_EQ(GetX(m.fs, f, "user.new").status().code(), Err::kNoData);
+  std::string short_buf(kXattrSizeMax - 1, '\0');
+  EXPECT_EQ(m.fs.GetXattr(f, "user.max", 8, short_buf.data(), u32(short_buf.size())).status().code(), Err::kRange);
+  EXPECT_EQ(m.fs.GetXattr(f, "user.max", 8, nullptr, 0).value(), kXattrSizeMax);
   m.Remount();
   EXPECT_EQ(GetX(m.fs, f, "user.a").value(), "replaced");
+  EXPECT_EQ(GetX(m.fs, f, "user.max").value(), max);
+  EXPECT_EQ(GetX(m.fs, f, big_name).value(), one_chunk);
   ASSERT_TRUE(m.fs.RemoveXattr(f, "user.a", 6).ok());
-  EXPECT_EQ(ListX(m.fs, f), (std::set<std::string>{"trusted.b", "security.c", big_name}));
+  EXPECT_EQ(ListX(m.fs, f), (std::set<std::string>{"trusted.b", "security.c", big_name, "user.max"}));
   // Freeing the inode frees its xattrs: no key of it is left.
   ASSERT_TRUE(Unlink(m.fs, kRootIno, "f").ok());
   btree::Iterator it(&m.eng->btrees(), btree::kBtreeXattrs);
@@ -796,6 +842,279 @@ TEST(PosixTest, CollidingXattrsAgainstAModel) {
     }
     ASSERT_LT(i, kMaxXattrs) << "no limit";
   }
+}
+
+// Chunked values leave no stale chunk: replacing in every direction across
+// the inline/chunked boundary and between chunk counts, removing, and
+// freeing the inode (last unlink, last release of an orphan, and an orphan a
+// crash left) -- each one transaction.
+TEST(PosixTest, ChunkedXattrsLeaveNoStaleChunks) {
+  Mounted m;
+  const u64 f = Mkfile(m.fs, kRootIno, "f").value().ino;
+  struct Step {
+    size_t len, chunks;
+  };
+  const Step steps[] = {{10, 0},   {5000, 3},  {kXattrSizeMax, 32}, {9000, 5}, {30000, 15},
+                        {100, 0},  {kXattrSizeMax, 32}, {2040, 1}, {0, 0}, {4097, 3}};
+  u64 seed = 0;
+  for (const Step& s : steps) {
+    const std::string v = XVal(s.len, ++seed);
+    const u64 before = m.eng->btrees().GetStats().commits;
+    ASSERT_TRUE(SetX(m.fs, f, "user.v", v).ok()) << s.len;
+    EXPECT_EQ(m.eng->btrees().GetStats().commits - before, 1u) << s.len;
+    EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, s.chunks) << s.len;
+    EXPECT_EQ(GetX(m.fs, f, "user.v").value(), v) << s.len;
+  }
+  ASSERT_TRUE(m.fs.RemoveXattr(f, "user.v", 6).ok());
+  EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, 0u);
+  EXPECT_EQ(CountXattrKeys(*m.eng, f).table, 0u);
+  // Two chunked values: removing one leaves the other whole.
+  const std::string a = XVal(40000, 100), b = XVal(40000, 101);
+  ASSERT_TRUE(SetX(m.fs, f, "user.a", a).ok());
+  ASSERT_TRUE(SetX(m.fs, f, "user.b", b).ok());
+  EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, 40u);
+  ASSERT_TRUE(m.fs.RemoveXattr(f, "user.a", 6).ok());
+  EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, 20u);
+  EXPECT_EQ(GetX(m.fs, f, "user.b").value(), b);
+  ASSERT_TRUE(SetX(m.fs, f, "user.a", a).ok());
+  EXPECT_EQ(GetX(m.fs, f, "user.a").value(), a);
+  // The last unlink frees every key.
+  ASSERT_TRUE(Unlink(m.fs, kRootIno, "f").ok());
+  EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, 0u);
+  EXPECT_EQ(CountXattrKeys(*m.eng, f).table, 0u);
+  // An orphan keeps them until its last release.
+  const u64 g = Mkfile(m.fs, kRootIno, "g").value().ino;
+  ASSERT_TRUE(m.fs.OpenInode(g).ok());
+  ASSERT_TRUE(SetX(m.fs, g, "user.g", XVal(kXattrSizeMax, 7)).ok());
+  ASSERT_TRUE(Unlink(m.fs, kRootIno, "g").ok());
+  EXPECT_EQ(CountXattrKeys(*m.eng, g).chunks, 32u);
+  EXPECT_EQ(GetX(m.fs, g, "user.g").value(), XVal(kXattrSizeMax, 7));
+  ASSERT_TRUE(m.fs.Release(g).ok());
+  EXPECT_EQ(CountXattrKeys(*m.eng, g).chunks, 0u);
+  EXPECT_EQ(CountXattrKeys(*m.eng, g).table, 0u);
+  // An orphan a crash left: the next mount frees it, chunks and all.
+  const u64 h = Mkfile(m.fs, kRootIno, "h").value().ino;
+  ASSERT_TRUE(SetX(m.fs, h, "user.h", XVal(50000, 8)).ok());
+  ASSERT_TRUE(SetX(m.fs, h, "user.i", XVal(50000, 9)).ok());
+  ASSERT_TRUE(m.fs.OpenInode(h).ok());
+  ASSERT_TRUE(Unlink(m.fs, kRootIno, "h").ok());
+  m.Sync();
+  {
+    auto after = m.AfterPowerCut();
+    EXPECT_EQ(after->fs.GetStats().orphans_freed, 1u);
+    EXPECT_EQ(CountXattrKeys(*after->eng, h).chunks, 0u);
+    EXPECT_EQ(CountXattrKeys(*after->eng, h).table, 0u);
+  }
+  ASSERT_TRUE(m.fs.Release(h).ok());
+}
+
+// Values of every size -- empty, around the inline limit of names of many
+// lengths, chunked up to 64 KiB -- set, replaced and removed at random in a
+// table with colliding names (two home slots), with remounts, against a
+// model; the chunk keys are always exactly the live values' chunks.
+TEST(PosixTest, XattrsOfEverySizeAgainstAModel) {
+  Mounted m(1);
+  const u64 f = Mkfile(m.fs, kRootIno, "f").value().ino;
+  std::vector<std::string> names;
+  for (int i = 0; i < 24; i++) names.push_back("user." + std::string(size_t(i) * 11 % 240, 'n') + std::to_string(i));
+  auto chunks_of = [](const std::string& n, size_t len) -> size_t {
+    return len > XattrInlineMax(u32(n.size())) ? XattrChunkCount(u32(len)) : 0;
+  };
+  std::map<std::string, std::string> model;
+  std::mt19937_64 rng(11);
+  auto check = [&]() {
+    std::set<std::string> listed;
+    size_t chunks = 0;
+    for (auto& [k, v] : model) {
+      listed.insert(k);
+      chunks += chunks_of(k, v.size());
+      auto got = GetX(m.fs, f, k);
+      ASSERT_TRUE(got.ok()) << k << ": " << got.status().Message();
+      ASSERT_TRUE(got.value() == v) << k << " (" << v.size() << " bytes)";
+    }
+    ASSERT_EQ(ListX(m.fs, f), listed);
+    ASSERT_EQ(CountXattrKeys(*m.eng, f).chunks, chunks);
+  };
+  for (int op = 0; op < 600; op++) {
+    const std::string& n = names[rng() % names.size()];
+    if (rng() % 4 != 0) {
+      size_t len;
+      switch (rng() % 4) {
+        case 0: len = rng() % 64; break;
+        case 1: len = XattrInlineMax(u32(n.size())) - 2 + rng() % 5; break;  // across the boundary
+        case 2: len = rng() % (kXattrSizeMax + 1); break;
+        default: len = kXattrSizeMax - rng() % 3; break;
+      }
+      const std::string v = XVal(len, u64(op));
+      size_t others = 0;
+      for (auto& [k, w] : model)
+        if (k != n) others += chunks_of(k, w.size());
+      const Status st = SetX(m.fs, f, n, v);
+      if (others + chunks_of(n, len) > kMaxXattrChunks) {
+        ASSERT_EQ(st.code(), Err::kNoSpace) << n << " " << len;
+        continue;
+      }
+      ASSERT_TRUE(st.ok()) << n << " " << len << ": " << st.Message();
+      model[n] = v;
+    } else {
+      ASSERT_EQ(m.fs.RemoveXattr(f, n.data(), u32(n.size())).code(), model.erase(n) ? Err::kOk : Err::kNoData);
+    }
+    if (op % 100 == 99) {
+      if (op % 200 == 199) m.Remount();
+      check();
+    }
+  }
+  // The per-inode bound on chunks: 32 values of 64 KiB fill it; replacing one
+  // of them still fits, one more chunked value does not, an inline one does.
+  const u64 g = Mkfile(m.fs, kRootIno, "g").value().ino;
+  for (u32 i = 0; i < kMaxXattrChunks / kXattrChunksPerValue; i++)
+    ASSERT_TRUE(SetX(m.fs, g, "user." + std::to_string(i), XVal(kXattrSizeMax, i)).ok()) << i;
+  EXPECT_EQ(CountXattrKeys(*m.eng, g).chunks, kMaxXattrChunks);
+  EXPECT_TRUE(SetX(m.fs, g, "user.0", XVal(kXattrSizeMax, 99)).ok());
+  EXPECT_EQ(SetX(m.fs, g, "user.more", XVal(3000, 1)).code(), Err::kNoSpace);
+  EXPECT_TRUE(SetX(m.fs, g, "user.more", "inline").ok());
+  EXPECT_EQ(GetX(m.fs, g, "user.0").value(), XVal(kXattrSizeMax, 99));
+  ASSERT_TRUE(Unlink(m.fs, kRootIno, "g").ok());  // one transaction frees them all
+  EXPECT_EQ(CountXattrKeys(*m.eng, g).chunks, 0u);
+}
+
+// A value and its chunks commit together: after a power cut, the value reads
+// as one it had, whole, with exactly its chunks -- the last one made durable
+// (every other set is followed by a journal flush) or a later one.
+TEST(PosixTest, ChunkedXattrsAreWholeAfterAPowerCut) {
+  Mounted m;
+  const u64 f = Mkfile(m.fs, kRootIno, "f").value().ino;
+  const size_t sizes[] = {kXattrSizeMax, 3000, 40000, 100, kXattrSizeMax - 7, 2100, 12345, 64000, 5000};
+  std::vector<std::string> had;
+  size_t durable = 0;
+  for (size_t i = 0; i < std::size(sizes); i++) {
+    had.push_back(XVal(sizes[i], i));
+    ASSERT_TRUE(SetX(m.fs, f, "user.v", had.back()).ok());
+    if (i % 2 == 0) {
+      m.Sync();
+      durable = i;
+    }
+    auto after = m.AfterPowerCut();
+    auto got = GetX(after->fs, f, "user.v");
+    ASSERT_TRUE(got.ok()) << i << ": " << got.status().Message();
+    size_t which = had.size();
+    for (size_t j = durable; j < had.size(); j++)
+      if (got.value() == had[j]) which = j;
+    ASSERT_LT(which, had.size()) << "not a value it had since the last flush (" << got.value().size()
+                                 << " bytes) after set " << i;
+    const size_t want = sizes[which] > XattrInlineMax(6) ? XattrChunkCount(u32(sizes[which])) : 0;
+    EXPECT_EQ(CountXattrKeys(*after->eng, f).chunks, want);
+  }
+}
+
+// Damaged chunked values are kCorrupt (EUCLEAN at the edge), never a crash or
+// wrong bytes; the inode can still be freed.
+TEST(PosixTest, CorruptXattrChunksAreErrorsNotCrashes) {
+  const size_t kLen = 10000;  // chunks 0..4, the last 1808 bytes
+  struct Case {
+    const char* what;
+    bool descriptor;  // the entry itself is damaged (names cannot be listed)
+    std::function<void(btree::Transaction&, u64 f, u64 slot, std::vector<u8> entry)> damage;
+  };
+  auto chunk = [](u64 f, u32 i) { return btree::Pos{btree::kBtreeXattrs, f, XattrChunkOffset(0, i)}; };
+  auto desc_at = [](std::vector<u8>& e) { return e.data() + sizeof(DirentFormat) + 8; };  // after "user.big"
+  const Case cases[] = {
+      {"a chunk missing", false, [&](btree::Transaction& tx, u64 f, u64, std::vector<u8>) {
+         ASSERT_TRUE(tx.Delete(chunk(f, 2)).ok());
+       }},
+      {"a chunk too short", false, [&](btree::Transaction& tx, u64 f, u64, std::vector<u8>) {
+         ASSERT_TRUE(tx.Set(chunk(f, 1), "short", 5).ok());
+       }},
+      {"the last chunk too long", false, [&](btree::Transaction& tx, u64 f, u64, std::vector<u8>) {
+         const std::string full(kXattrChunkBytes, 'x');
+         ASSERT_TRUE(tx.Set(chunk(f, 4), full.data(), u32(full.size())).ok());
+       }},
+      {"a byte of a chunk changed", false, [&](btree::Transaction& tx, u64 f, u64, std::vector<u8>) {
+         std::string c = XVal(kLen, 1).substr(0, kXattrChunkBytes);
+         c[77] ^= 1;
+         ASSERT_TRUE(tx.Set(chunk(f, 0), c.data(), u32(c.size())).ok());
+       }},
+      {"a length that fits inline", true, [&](btree::Transaction& tx, u64 f, u64 slot, std::vector<u8> e) {
+         XattrChunksFormat d;
+         memcpy(&d, desc_at(e), sizeof(d));
+         d.value_len.set(100);
+         memcpy(desc_at(e), &d, sizeof(d));
+         ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeXattrs, f, slot}, e.data(), u32(e.size())).ok());
+       }},
+      {"a length past 64 KiB", true, [&](btree::Transaction& tx, u64 f, u64 slot, std::vector<u8> e) {
+         XattrChunksFormat d;
+         memcpy(&d, desc_at(e), sizeof(d));
+         d.value_len.set(kXattrSizeMax + 1);
+         memcpy(desc_at(e), &d, sizeof(d));
+         ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeXattrs, f, slot}, e.data(), u32(e.size())).ok());
+       }},
+      {"an id out of range", true, [&](btree::Transaction& tx, u64 f, u64 slot, std::vector<u8> e) {
+         XattrChunksFormat d;
+         memcpy(&d, desc_at(e), sizeof(d));
+         d.id.set(kXattrIdLimit);
+         memcpy(desc_at(e), &d, sizeof(d));
+         ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeXattrs, f, slot}, e.data(), u32(e.size())).ok());
+       }},
+      {"a descriptor one byte long", true, [&](btree::Transaction& tx, u64 f, u64 slot, std::vector<u8> e) {
+         e[10] = 17;  // DirentFormat::value_len
+         e.push_back(0);
+         ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeXattrs, f, slot}, e.data(), u32(e.size())).ok());
+       }},
+      {"an unknown entry type", true, [&](btree::Transaction& tx, u64 f, u64 slot, std::vector<u8> e) {
+         e[8] = 3;
+         ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeXattrs, f, slot}, e.data(), u32(e.size())).ok());
+       }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    Mounted m;
+    const u64 f = Mkfile(m.fs, kRootIno, "f").value().ino;
+    ASSERT_TRUE(SetX(m.fs, f, "user.big", XVal(kLen, 1)).ok());
+    ASSERT_EQ(CountXattrKeys(*m.eng, f).chunks, 5u);
+    btree::Iterator it(&m.eng->btrees(), btree::kBtreeXattrs);
+    ASSERT_TRUE(it.Seek(btree::Pos{btree::kBtreeXattrs, f, 0}).ok());
+    ASSERT_TRUE(it.Valid() && it.pos().inode == f && it.pos().offset < kSlotEnd);
+    const u64 slot = it.pos().offset;
+    const std::vector<u8> entry(it.value(), it.value() + it.val_bytes());
+    btree::Transaction tx(&m.eng->btrees());
+    c.damage(tx, f, slot, entry);
+    ASSERT_TRUE(tx.Commit().ok());
+    std::string buf(kXattrSizeMax, '\0');
+    const Status st = m.fs.GetXattr(f, "user.big", 8, buf.data(), u32(buf.size())).status();
+    EXPECT_EQ(st.code(), Err::kCorrupt);
+    EXPECT_EQ(st.ToErrno(), -117);  // EUCLEAN
+    if (c.descriptor) {
+      EXPECT_EQ(m.fs.ListXattr(f, nullptr, 0).status().code(), Err::kCorrupt);
+      EXPECT_EQ(SetX(m.fs, f, "user.big", "x").code(), Err::kCorrupt);
+      EXPECT_EQ(m.fs.RemoveXattr(f, "user.big", 8).code(), Err::kCorrupt);
+    } else {
+      EXPECT_EQ(ListX(m.fs, f), (std::set<std::string>{"user.big"}));
+    }
+    ASSERT_TRUE(Unlink(m.fs, kRootIno, "f").ok());
+    EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, 0u);
+    EXPECT_EQ(CountXattrKeys(*m.eng, f).table, 0u);
+  }
+}
+
+// With 64 KiB buckets a journal entry is 64 KiB, less than a 64 KiB value's
+// transaction: such a value is refused (kNoSpace) and nothing of it is
+// stored; a value whose transaction fits (~62 KiB) works.
+TEST(PosixTest, SmallJournalEntriesRefuseTheLargestXattrsWhole) {
+  auto dev = Dev();
+  store::FormatOptions fo = testing::SmallFormat(16 * 1024);
+  fo.bucket_size = 64 * 1024;
+  testing::FormatOne(dev.get(), fo);
+  Mounted m(62, std::move(dev));
+  const u64 f = Mkfile(m.fs, kRootIno, "f").value().ino;
+  EXPECT_EQ(SetX(m.fs, f, "user.v", XVal(kXattrSizeMax, 1)).code(), Err::kNoSpace);
+  EXPECT_EQ(GetX(m.fs, f, "user.v").status().code(), Err::kNoData);
+  EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, 0u);
+  const std::string v = XVal(62000, 2);
+  ASSERT_TRUE(SetX(m.fs, f, "user.v", v).ok());
+  EXPECT_EQ(SetX(m.fs, f, "user.v", XVal(kXattrSizeMax, 3)).code(), Err::kNoSpace);
+  m.Remount();
+  EXPECT_EQ(GetX(m.fs, f, "user.v").value(), v);
+  EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, XattrChunkCount(62000));
 }
 
 std::string ReadAll(Filesystem& fs, u64 ino) {
@@ -971,6 +1290,58 @@ TEST(PosixTest, FileDataAgainstAModel) { FileModel(false); }
 
 // SEEK_DATA / SEEK_HOLE over written extents, holes, unwritten (fallocated)
 // extents, which count as holes, and a still-buffered write, which is data.
+// Every write clears S_ISUID, and S_ISGID when group execute is set, unless
+// the writer may keep them (CAP_FSETID: kWriteKeepSetid) -- buffered,
+// direct (kWriteDirect, O_DIRECT) or on a filesystem without write buffers
+// alike. Before, posix cleared nothing: FUSE's kernel side cleared them for
+// buffered writes (a SETATTR ahead of the write) but not for O_DIRECT ones.
+TEST(PosixTest, EveryWriteClearsSetuidAndSetgid) {
+  struct Case {
+    u32 mode, flags, want;
+    const char* what;
+  };
+  const u32 kDirect = Filesystem::kWriteDirect, kKeep = Filesystem::kWriteKeepSetid;
+  const Case cases[] = {
+      {06755, 0, 0755, "a buffered write"},
+      {06755, kDirect, 0755, "a direct write"},
+      {04700, kDirect, 0700, "setuid alone"},
+      {02770, 0, 0770, "setgid with group execute"},
+      {02745, kDirect, 02745, "setgid without group execute (a locking mark) stays"},
+      {06755, kDirect | kKeep, 06755, "a direct writer with CAP_FSETID keeps them"},
+      {06755, kKeep, 06755, "a buffered writer with CAP_FSETID keeps them"},
+  };
+  for (u32 buffers : {128u, 0u}) {
+    SCOPED_TRACE("write_buffers " + std::to_string(buffers));
+    Mounted m;
+    m.opt.write_buffers = buffers;
+    m.Remount();
+    std::vector<u64> inos;
+    for (const Case& c : cases) {
+      SCOPED_TRACE(c.what);
+      const u64 ino = Mkfile(m.fs, kRootIno, "f" + std::to_string(inos.size()), c.mode).value().ino;
+      inos.push_back(ino);
+      ASSERT_EQ(m.fs.GetAttr(ino).value().mode, kModeReg | c.mode);
+      ASSERT_TRUE(m.fs.OpenInode(ino).ok());
+      ASSERT_TRUE(m.fs.Write(ino, 0, "x", 0, c.flags).ok());  // nothing written: nothing cleared
+      EXPECT_EQ(m.fs.GetAttr(ino).value().mode, kModeReg | c.mode);
+      const Stats before = m.fs.GetStats();
+      const i64 ctime = m.fs.GetAttr(ino).value().ctime_ns;
+      ASSERT_TRUE(m.fs.Write(ino, 0, "x", 1, c.flags).ok());
+      const Stats after = m.fs.GetStats();
+      // The path the write took: the buffer only with buffers and without kWriteDirect.
+      const bool buffered = buffers > 0 && (c.flags & kDirect) == 0;
+      EXPECT_EQ(after.writes_buffered - before.writes_buffered, buffered ? 1u : 0u);
+      EXPECT_EQ(after.writes_direct - before.writes_direct, buffered ? 0u : 1u);
+      const Attr a = m.fs.GetAttr(ino).value();
+      EXPECT_EQ(a.mode, kModeReg | c.want);
+      EXPECT_GE(a.ctime_ns, ctime);
+      ASSERT_TRUE(m.fs.Release(ino).ok());
+    }
+    m.Remount();
+    for (size_t i = 0; i < inos.size(); i++) EXPECT_EQ(m.fs.GetAttr(inos[i]).value().mode, kModeReg | cases[i].want);
+  }
+}
+
 TEST(PosixTest, SeekFindsDataAndHoles) {
   Mounted m;
   const u64 f = Mkfile(m.fs, kRootIno, "sparse").value().ino;

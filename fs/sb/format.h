@@ -43,6 +43,13 @@ inline constexpr u16 kSbClean = 1 << 0;  // unmounted cleanly: no journal replay
 // do not know the field reject an unknown flag and so refuse the filesystem
 // rather than mount it and zero the field (losing what fsck must recreate).
 inline constexpr u16 kSbLostData = 1 << 1;
+// An incompatible feature: the xattrs btree may hold xattr values kept in
+// chunk keys (posix/format.h, docs/format/inodes-extents.md). Set by format
+// and by every read-write open of a build that writes them; builds before it
+// reject the unknown bit and refuse the filesystem (rather than report those
+// xattrs as corrupt and have an older fsck delete them).
+inline constexpr u16 kSbXattrChunks = 1 << 2;
+inline constexpr u16 kSbFlagsKnown = kSbClean | kSbLostData | kSbXattrChunks;
 
 enum class ChecksumType : u8 { kNone = 0, kCrc32c = 1 };
 enum class CompressionType : u8 { kNone = 0, kZstd = 1 };

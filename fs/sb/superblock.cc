@@ -115,7 +115,7 @@ Status Decode(const void* buf, u64 device_size, Superblock* out, Diag* diag) {
   auto corrupt = [&](const char* what) { return DiagError(diag, Err::kCorrupt, "superblock: bad %s", what); };
   if (sb.nr_members == 0 || sb.nr_members > kSbMaxMembers) return corrupt("member count");
   if (sb.dev_idx >= sb.nr_members) return corrupt("dev_idx");
-  if ((sb.flags & ~(kSbClean | kSbLostData)) != 0) return corrupt("flags");
+  if ((sb.flags & ~kSbFlagsKnown) != 0) return corrupt("flags");
   if (((sb.flags & kSbLostData) != 0) != (sb.lost_data_btrees != 0)) return corrupt("lost-data flag");
   if (!IsPowerOfTwo(sb.bucket_size) || sb.bucket_size < kMinBucket || sb.bucket_size > kMaxBucket)
     return corrupt("bucket_size");

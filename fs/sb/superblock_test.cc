@@ -96,6 +96,24 @@ TEST(SuperblockTest, LostDataRecordSetsItsFlag) {
   EXPECT_TRUE(Decode(buf.data(), kDevSize, &out).Is(ErrorClass::kCorrupt));
 }
 
+// kSbXattrChunks (chunked xattr values may exist) decodes; a flag bit this
+// build does not know makes the copy corrupt (an older build's view of the
+// chunk flag).
+TEST(SuperblockTest, KnownFlagsDecodeAndUnknownOnesAreRefused) {
+  Superblock sb = MakeSb(2);
+  sb.flags = kSbClean | kSbXattrChunks;
+  std::vector<u8> buf(kSbSize);
+  Encode(sb, 0, buf.data());
+  Superblock out;
+  Diag d;
+  ASSERT_TRUE(Decode(buf.data(), kDevSize, &out, &d).ok()) << d.text;
+  EXPECT_EQ(out.flags, kSbClean | kSbXattrChunks);
+  sb.flags = kSbClean | u16(1u << 3);
+  Encode(sb, 0, buf.data());
+  EXPECT_TRUE(Decode(buf.data(), kDevSize, &out, &d).Is(ErrorClass::kCorrupt));
+  EXPECT_NE(std::string(d.text).find("flags"), std::string::npos) << d.text;
+}
+
 TEST(SuperblockTest, DecodeRejectsHostileBytes) {
   Superblock sb = MakeSb(2);
   std::vector<u8> good(kSbSize);

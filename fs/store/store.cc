@@ -79,7 +79,7 @@ Status Format(const FormatMember* members, u32 count, const FormatOptions& o, Di
   MemSet(&s, 0, sizeof(s));
   sb::NewUuid(s.fs_uuid);
   s.seq = 1;
-  s.flags = sb::kSbClean;
+  s.flags = sb::kSbClean | sb::kSbXattrChunks;
   s.bucket_size = o.bucket_size;
   s.btree_node_size = o.btree_node_size;
   s.block_size = 4096;
@@ -312,6 +312,9 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
     }
     sb_.journal_seq = next_seq;
     sb_.flags &= u16(~sb::kSbClean);
+    // This build may write chunked xattr values: an older build must refuse
+    // the filesystem from now on (sb/format.h).
+    sb_.flags |= sb::kSbXattrChunks;
     sb_.seq++;
     RecordCheckpoints();
     st = WriteSuperblocks();

@@ -263,9 +263,13 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
 void Write(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off_t off, fuse_file_info* fi) {
   if (off < 0 || size > UINT32_MAX) return (void)fuse_reply_err(req, EINVAL);
   // Writes of an O_DIRECT handle (fh bit, set at open) skip the write buffer.
-  const uint32_t flags = (fi->fh & kFhDirect) != 0 ? uint32_t(posix::Filesystem::kWriteDirect) : 0u;
+  // Root keeps a file's setuid and setgid bits (the kernel's stand-in for
+  // CAP_FSETID here); posix clears them for anyone else.
+  const bool direct = (fi->fh & kFhDirect) != 0;
+  const uint32_t flags = (direct ? uint32_t(posix::Filesystem::kWriteDirect) : 0u) |
+                         (fuse_req_ctx(req)->uid == 0 ? uint32_t(posix::Filesystem::kWriteKeepSetid) : 0u);
   auto r = Ctx(req)->fs->Write(ino, uint64_t(off), data, uint32_t(size), flags);
-  if (flags != 0) MarkStale(Ctx(req), ino);
+  if (direct) MarkStale(Ctx(req), ino);
   if (!r.ok()) return Reply(req, r.status());
   fuse_reply_write(req, r.value());
 }
@@ -403,7 +407,7 @@ void SetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* valu
 }
 
 void GetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
-  std::vector<char> buf(std::min<size_t>(size, posix::kXattrValueLimit));
+  std::vector<char> buf(std::min<size_t>(size, posix::kXattrSizeMax));
   auto r = Ctx(req)->fs->GetXattr(ino, name, uint32_t(strlen(name)), buf.data(), uint32_t(buf.size()));
   if (!r.ok()) return Reply(req, r.status());
   if (size == 0) return (void)fuse_reply_xattr(req, r.value());
