@@ -592,7 +592,7 @@ u64 Allocator::TableHeadBytes(u32 dev, u64 slot_bytes) const {
 
 Allocator::~Allocator() { WaitForBackgroundWrites(); }
 
-Status Allocator::WriteTables(dev::DevMask mask, bool converge) {
+Status Allocator::WriteTables(dev::DevMask mask, bool converge, bool counted) {
   Vector<Bucket> copies[dev::kMaxDevices];
   u64 snap_changes[dev::kMaxDevices] = {};
   u64 slot_checkpoint[dev::kMaxDevices] = {};
@@ -683,7 +683,7 @@ Status Allocator::WriteTables(dev::DevMask mask, bool converge) {
     } else {
       drop[ndrop++] = fast_pin;
     }
-    if (st.ok()) stats_.checkpoints++;
+    if (st.ok() && counted) stats_.checkpoints++;
   }
   if (journal_ != nullptr)
     for (u32 i = 0; i < ndrop; i++) journal_->PinDrop(&drop[i]);
@@ -698,12 +698,7 @@ Status Allocator::Checkpoint() {
   // or unreadable) loses nothing -- an idle member is otherwise never written
   // again (see CheckpointForRoom).
   TFS_TRY(WriteTables(all_devices(), true));
-  Status st = WriteTables(all_devices(), true);
-  if (st.ok()) {
-    MutexLock lock(mu_);
-    stats_.checkpoints--;  // one checkpoint, in two passes
-  }
-  return st;
+  return WriteTables(all_devices(), true, false);  // one checkpoint, in two passes
 }
 
 Status Allocator::CheckpointForRoom(bool relog) {

@@ -305,7 +305,8 @@ class Allocator {
   // The synchronous checkpoint of the members in `mask` (checkpoint_mu_ held;
   // none of them with a background write in flight).
   // `converge`: also rewrite unchanged members whose older slot is stale.
-  Status WriteTables(dev::DevMask mask, bool converge);
+  // `counted`: a success counts as a checkpoint (not the second pass of one).
+  Status WriteTables(dev::DevMask mask, bool converge, bool counted = true);
   // Merges `p` into `into`, keeping the older; returns the pin to drop.
   static journal::Pin KeepOlder(journal::Pin* into, journal::Pin p);
 

@@ -52,9 +52,13 @@ void WriteQueue(dev::Member* m, dev::OriginStats* stats, JsonOut& w) {
 }
 
 // Per member: bucket states and reserves (docs/design/space.md); then per
-// tier (the members of one group) the buckets and the free ones.
+// tier (the members of one group) the buckets and the free ones, summed from
+// the same reading of each member.
 void WriteAlloc(store::Store& store, JsonOut& w) {
   dev::DeviceSet& devs = store.devs();
+  u32 tier_of[dev::kMaxDevices];  // the first member of each member's group
+  u64 tier_buckets[dev::kMaxDevices] = {};
+  u64 tier_free[dev::kMaxDevices] = {};
   w.Key("devices");
   w.BeginArray();
   for (u32 i = 0; i < devs.size(); i++) {
@@ -73,26 +77,25 @@ void WriteAlloc(store::Store& store, JsonOut& w) {
     w.UintField("metadata_need", u.metadata_need);
     w.UintField("data_floor", u.reserves.copygc + u.reserves.btree);
     w.EndObject();
+    tier_of[i] = i;
+    for (u32 k = 0; k < i; k++) {
+      if (SameString(devs.member(k)->group(), devs.member(i)->group())) {
+        tier_of[i] = tier_of[k];
+        break;
+      }
+    }
+    tier_buckets[tier_of[i]] += u.nbuckets;
+    tier_free[tier_of[i]] += u.by_state[int(alloc::BucketState::kFree)];
   }
   w.EndArray();
   w.Key("tiers");
   w.BeginObject();
   for (u32 i = 0; i < devs.size(); i++) {
-    const char* group = devs.member(i)->group();
-    bool seen = false;  // written with an earlier member of its group
-    for (u32 k = 0; k < i && !seen; k++) seen = SameString(devs.member(k)->group(), group);
-    if (seen) continue;
-    u64 buckets = 0, free = 0;
-    for (u32 k = i; k < devs.size(); k++) {
-      if (!SameString(devs.member(k)->group(), group)) continue;
-      const alloc::DeviceUsage u = store.alloc().Usage(k);
-      buckets += u.nbuckets;
-      free += u.by_state[int(alloc::BucketState::kFree)];
-    }
-    w.Key(group);
+    if (tier_of[i] != i) continue;  // written with the first of its group
+    w.Key(devs.member(i)->group());
     w.BeginObject();
-    w.UintField("buckets", buckets);
-    w.UintField("free", free);
+    w.UintField("buckets", tier_buckets[i]);
+    w.UintField("free", tier_free[i]);
     w.EndObject();
   }
   w.EndObject();
@@ -127,7 +130,9 @@ Status WriteStats(Instance& inst, JsonOut& w, const MemberExtras* extras) {
 
   w.Key("journal");
   w.BeginObject();
-  TFS_COUNTER_JSON(TFS_JOURNAL_COUNTERS, w, store.journal().GetStats());
+  // preflushes: per member, so as many as there are (the ctl reply is
+  // bounded: docs/usage.md).
+  TFS_COUNTER_JSON_N(TFS_JOURNAL_COUNTERS, w, store.journal().GetStats(), store.devs().size());
   w.EndObject();
 
   w.Key("btree");

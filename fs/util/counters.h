@@ -24,7 +24,8 @@
 //   TFS_COUNTER_ATOMICS(T)        the live Atomic<u64> of counter and gauge rows,
 //   TFS_COUNTER_LOAD(T, live, s)  statements: s.x = live.x (relaxed loads),
 //   TFS_COUNTER_JSON(T, w, s)     statements: every row as "x": value (an
-//                                 array row as a JSON array) into a JsonOut,
+//                                 array row as a JSON array) into a JsonOut
+//                                 (TFS_COUNTER_JSON_N: arrays cut to n),
 //   TFS_COUNTER_INFO(T)           {name, kind, help} rows (docs, tests),
 // so a counter is one line of a table, whatever reads it (GetStats, the ctl
 // reply of FUSE and, later, of the kernel, the benchmarks). A subsystem that
@@ -107,10 +108,14 @@ inline void WriteCounterArray(JsonOut& w, const char* name, const u64* v, u32 n)
   TFS_CTR_LOAD_##kind(for (::u32 tfs_i_ = 0; tfs_i_ < (n); tfs_i_++) tfs_s_.name[tfs_i_] = \
                           tfs_live_.name[tfs_i_].Load(::tfs::MemOrder::kRelaxed);)
 
-#define TFS_COUNTER_JSON(T, w, s)                  \
+#define TFS_COUNTER_JSON(T, w, s) TFS_COUNTER_JSON_N(T, w, s, ~0u)
+// The same with every array row cut to its first `max_n` entries (the
+// per-member arrays of a mount with fewer members than kMaxDevices).
+#define TFS_COUNTER_JSON_N(T, w, s, max_n)         \
   do {                                             \
     ::tfs::JsonOut& tfs_w_ = (w);                  \
     const auto& tfs_s_ = (s);                      \
+    [[maybe_unused]] const ::u32 tfs_max_ = (max_n); \
     T(TFS_CTR_JSON_ONE_, TFS_CTR_JSON_ARRAY_)      \
   } while (0)
 #define TFS_CTR_JSON_ONE_(name, kind, help) TFS_CTR_JSON_##kind(name)
@@ -119,6 +124,7 @@ inline void WriteCounterArray(JsonOut& w, const char* name, const u64* v, u32 n)
 #define TFS_CTR_JSON_total(name) tfs_w_.UintField(#name, tfs_s_.name);
 #define TFS_CTR_JSON_level(name) tfs_w_.UintField(#name, tfs_s_.name);
 #define TFS_CTR_JSON_flag(name) tfs_w_.BoolField(#name, tfs_s_.name != 0);
-#define TFS_CTR_JSON_ARRAY_(name, n, kind, help) ::tfs::WriteCounterArray(tfs_w_, #name, tfs_s_.name, (n));
+#define TFS_CTR_JSON_ARRAY_(name, n, kind, help) \
+  ::tfs::WriteCounterArray(tfs_w_, #name, tfs_s_.name, (n) < tfs_max_ ? ::u32(n) : tfs_max_);
 
 #endif  // TFS_UTIL_COUNTERS_H_

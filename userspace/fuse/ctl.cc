@@ -31,6 +31,7 @@ Status CtlStats(mount::Instance& inst, MemberControl* members, std::string* out)
   if (members != nullptr) extras = mount::MemberExtras{&WriteMember, members};
   TFS_TRY(mount::WriteStats(inst, w, &extras));
   if (sink.overflowed()) return Err::kNoSpace;
+  if (!w.complete()) return Err::kInternal;  // never hand out a malformed document
   out->assign(buf.data(), sink.size());
   return Status::Ok();
 }
