@@ -978,7 +978,8 @@ struct InodeSet {
   }
   InodeFormat* Add(u64 ino, const InodeFormat& f) {
     if (InodeFormat* have = Get(ino)) return have;
-    recs[n] = Rec{ino, f};
+    recs[n].ino = ino;
+    recs[n].f = f;
     return &recs[n++].f;
   }
 };
@@ -1098,16 +1099,23 @@ Status Filesystem::RenameEntries(u64 old_dir, const char* old_name, u32 old_len,
     InodeSet set;
     InodeFormat* o = set.Add(old_dir, od);
     InodeFormat* n = set.Add(new_dir, nd);
-    InodeFormat sf;
-    TFS_TRY(ReadInode(src.ino, &sf));
-    InodeFormat* s = set.Add(src.ino, sf);
+    // The moved and the replaced inode, read into the set in place (copies
+    // would take rename's frame past the kernel's 2 KiB).
+    auto read = [&](u64 ino) -> Result<InodeFormat*> {
+      if (InodeFormat* have = set.Get(ino)) return have;
+      TFS_TRY(ReadInode(ino, &set.recs[set.n].f));
+      set.recs[set.n].ino = ino;
+      return &set.recs[set.n++].f;
+    };
+    Result<InodeFormat*> sr = read(src.ino);
+    TFS_TRY(sr.status());
+    InodeFormat* s = sr.value();
     InodeFormat* t = nullptr;
     if (dst.found) {
-      InodeFormat tf;
-      Status st = ReadInode(dst.ino, &tf);
-      if (st.Is(ErrorClass::kNotFound)) return Err::kCorrupt;
-      TFS_TRY(st);
-      t = set.Add(dst.ino, tf);
+      Result<InodeFormat*> tr = read(dst.ino);
+      if (tr.status().Is(ErrorClass::kNotFound)) return Err::kCorrupt;
+      TFS_TRY(tr.status());
+      t = tr.value();
     }
     Transaction tx(trees_);
     u8 dent[kDirentMax];
