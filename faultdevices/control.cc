@@ -182,12 +182,7 @@ std::string HandleControl(FaultDevice& dev, const std::string& line) {
     return "ok errors cleared";
   }
   if (cmd == "stats") {
-    std::string json = dev.Stats().ToJson();
-    for (char& c : json) {
-      if (c == '\n') c = ' ';
-    }
-    while (!json.empty() && json.back() == ' ') json.pop_back();
-    return json;
+    return dev.Stats().ToJson();  // compact: one line
   }
   return "error: unknown command '" + cmd +
          "' (stall, unstall, error, clear, powercut, poweron, clear-errors, stats)";

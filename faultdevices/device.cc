@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <sstream>
 
 #include "platform/block_device.h"  // SyncIo
 #include "userspace/platform/uring_device.h"
@@ -961,89 +960,118 @@ DeviceStats FaultDevice::Stats() const {
 
 // --- JSON ---
 
-namespace {
-
-void Hist(std::ostringstream& os, const char* name, const tfs::Histogram& h) {
+void WriteLatencyMs(tfs::userspace::JsonWriter& w, const char* key, const tfs::Histogram& h) {
   auto ms = [](uint64_t ns) { return double(ns) / 1e6; };
-  os << "\"" << name << "\": {\"count\": " << h.count() << ", \"mean\": " << ms(h.Mean())
-     << ", \"p50\": " << ms(h.Quantile(50, 100)) << ", \"p99\": " << ms(h.Quantile(99, 100))
-     << ", \"p999\": " << ms(h.Quantile(999, 1000)) << ", \"max\": " << ms(h.max()) << "}";
+  w.Key(key);
+  w.BeginObject();
+  w.UintField("count", h.count());
+  w.DoubleField("mean", ms(h.Mean()));
+  w.DoubleField("p50", ms(h.Quantile(50, 100)));
+  w.DoubleField("p99", ms(h.Quantile(99, 100)));
+  w.DoubleField("p999", ms(h.Quantile(999, 1000)));
+  w.DoubleField("max", ms(h.max()));
+  w.EndObject();
 }
 
-std::string Quote(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
+namespace {
+
+void WriteOps(tfs::userspace::JsonWriter& w, const char* key, const IoCount* by_op) {
+  w.Key(key);
+  w.BeginObject();
+  for (int i = 0; i < tfs::kIoOpCount; i++) {
+    w.Key(tfs::IoOpName(IoOp(i)));
+    w.BeginObject();
+    w.UintField("ops", by_op[i].ops);
+    w.UintField("bytes", by_op[i].bytes);
+    w.EndObject();
   }
-  return out + "\"";
+  w.EndObject();
 }
 
 }  // namespace
 
-std::string DeviceStats::ToJson() const {
-  std::ostringstream os;
-  os.precision(6);
-  os << std::fixed;
-  os << "{\"device\": " << Quote(name) << ", \"profile\": " << Quote(profile) << ", \"seed\": " << seed
-     << ", \"elapsed_s\": " << elapsed_s << ",\n \"ops\": {";
-  for (int i = 0; i < tfs::kIoOpCount; i++) {
-    os << (i ? ", " : "") << "\"" << tfs::IoOpName(IoOp(i)) << "\": {\"ops\": " << by_op[i].ops
-       << ", \"bytes\": " << by_op[i].bytes << "}";
-  }
-  os << "},\n \"origins\": {";
-  bool first = true;
+void DeviceStats::Write(tfs::userspace::JsonWriter& w) const {
+  w.BeginObject();
+  w.StringField("device", name);
+  w.StringField("profile", profile);
+  w.UintField("seed", seed);
+  w.DoubleField("elapsed_s", elapsed_s);
+  WriteOps(w, "ops", by_op);
+  w.Key("origins");  // origins that did nothing are left out
+  w.BeginObject();
   for (int o = 0; o < tfs::kIoOriginCount; o++) {
     uint64_t total = 0;
     for (int i = 0; i < tfs::kIoOpCount; i++) total += by_origin[o][i].ops;
-    if (total == 0) continue;
-    os << (first ? "" : ", ") << "\"" << tfs::IoOriginName(tfs::IoOrigin(o)) << "\": {";
-    first = false;
-    for (int i = 0; i < tfs::kIoOpCount; i++) {
-      os << (i ? ", " : "") << "\"" << tfs::IoOpName(IoOp(i)) << "\": {\"ops\": " << by_origin[o][i].ops
-         << ", \"bytes\": " << by_origin[o][i].bytes << "}";
-    }
-    os << "}";
+    if (total != 0) WriteOps(w, tfs::IoOriginName(tfs::IoOrigin(o)), by_origin[o]);
   }
-  os << "},\n \"completed\": " << completed << ", \"errors\": " << errors << ", \"in_flight\": " << in_flight
-     << ", \"max_in_flight\": " << max_in_flight << ", \"slot_waits\": " << slot_waits << ",\n \"injected\": {"
-     << "\"eio\": " << errors_injected << ", \"timeouts\": " << timeouts_injected
-     << ", \"link_resets\": " << link_resets << ", \"reset_failures\": " << reset_failures
-     << ", \"power_cuts\": " << power_cuts << ", \"powered_off_failures\": " << powered_off_failures << "},\n"
-     << " \"stall\": {\"stalled_s\": " << double(stalled_ns) / 1e9 << ", \"commanded\": " << stalls
-     << ", \"unstalls\": " << unstalls << ", \"remaining_s\": " << double(stall_remaining_ns) / 1e9 << "},\n"
-     << " \"powered\": " << (powered ? "true" : "false") << ", \"error_ranges_active\": " << error_ranges_active
-     << ",\n"
-     << " \"latency_ms\": {";
-  Hist(os, "queue", queue_ns);
-  os << ", ";
-  Hist(os, "service", service_ns);
-  os << ", ";
-  Hist(os, "total", total_ns);
-  os << "},\n \"cache\": {\"bytes\": " << cache_bytes << ", \"records\": " << cache_records
-     << ", \"writebacks\": " << writebacks << ", \"cut_kept\": " << cut_kept << ", \"cut_dropped\": " << cut_dropped
-     << ", \"cut_torn\": " << cut_torn << "}";
+  w.EndObject();
+  w.UintField("completed", completed);
+  w.UintField("errors", errors);
+  w.UintField("in_flight", in_flight);
+  w.UintField("max_in_flight", max_in_flight);
+  w.UintField("slot_waits", slot_waits);
+  w.Key("injected");
+  w.BeginObject();
+  w.UintField("eio", errors_injected);
+  w.UintField("timeouts", timeouts_injected);
+  w.UintField("link_resets", link_resets);
+  w.UintField("reset_failures", reset_failures);
+  w.UintField("power_cuts", power_cuts);
+  w.UintField("powered_off_failures", powered_off_failures);
+  w.EndObject();
+  w.Key("stall");
+  w.BeginObject();
+  w.DoubleField("stalled_s", double(stalled_ns) / 1e9);
+  w.UintField("commanded", stalls);
+  w.UintField("unstalls", unstalls);
+  w.DoubleField("remaining_s", double(stall_remaining_ns) / 1e9);
+  w.EndObject();
+  w.BoolField("powered", powered);
+  w.UintField("error_ranges_active", error_ranges_active);
+  w.Key("latency_ms");
+  w.BeginObject();
+  WriteLatencyMs(w, "queue", queue_ns);
+  WriteLatencyMs(w, "service", service_ns);
+  WriteLatencyMs(w, "total", total_ns);
+  w.EndObject();
+  w.Key("cache");
+  w.BeginObject();
+  w.UintField("bytes", cache_bytes);
+  w.UintField("records", cache_records);
+  w.UintField("writebacks", writebacks);
+  w.UintField("cut_kept", cut_kept);
+  w.UintField("cut_dropped", cut_dropped);
+  w.UintField("cut_torn", cut_torn);
+  w.EndObject();
   if (has_drive) {
-    os << ",\n \"drive\": {\"head_busy_s\": " << double(drive.head_busy_ns) / 1e9 << ", \"seeks\": " << drive.seeks
-       << ", \"sequential\": " << drive.sequential << ", \"destaged\": " << drive.destaged
-       << ", \"write_cache_bytes\": " << drive.write_cache_bytes << "}";
+    w.Key("drive");
+    w.BeginObject();
+    w.DoubleField("head_busy_s", double(drive.head_busy_ns) / 1e9);
+    w.UintField("seeks", drive.seeks);
+    w.UintField("sequential", drive.sequential);
+    w.UintField("destaged", drive.destaged);
+    w.UintField("write_cache_bytes", drive.write_cache_bytes);
+    w.EndObject();
   }
   if (has_smr) {
-    os << ",\n \"smr\": {\"media_cache_bytes\": " << drive.media_cache_bytes
-       << ", \"media_cache_capacity\": " << media_cache_capacity << ", \"media_cache_peak\": " << drive.media_cache_peak
-       << ", \"media_cache_writes\": " << drive.media_cache_writes << ", \"bands_cleaned\": " << drive.bands_cleaned
-       << ", \"idle_cleans\": " << drive.idle_cleans << ", \"cleaning_s\": " << double(drive.cleaning_ns) / 1e9 << "}";
+    w.Key("smr");
+    w.BeginObject();
+    w.UintField("media_cache_bytes", drive.media_cache_bytes);
+    w.UintField("media_cache_capacity", media_cache_capacity);
+    w.UintField("media_cache_peak", drive.media_cache_peak);
+    w.UintField("media_cache_writes", drive.media_cache_writes);
+    w.UintField("bands_cleaned", drive.bands_cleaned);
+    w.UintField("idle_cleans", drive.idle_cleans);
+    w.DoubleField("cleaning_s", double(drive.cleaning_ns) / 1e9);
+    w.EndObject();
   }
-  os << "}\n";
-  return os.str();
+  w.EndObject();
+}
+
+std::string DeviceStats::ToJson() const {
+  tfs::userspace::JsonWriter w;
+  Write(w);
+  return w.str();
 }
 
 }  // namespace faultdev

@@ -37,6 +37,7 @@
 #include "faultdevices/profile.h"
 #include "faultdevices/timer.h"
 #include "platform/block_device.h"
+#include "userspace/util/json.h"
 #include "util/histogram.h"
 
 namespace faultdev {
@@ -84,8 +85,13 @@ struct DeviceStats {
   // completion, total = submit to completion (ns).
   tfs::Histogram queue_ns, service_ns, total_ns;
 
-  std::string ToJson() const;
+  void Write(tfs::userspace::JsonWriter& w) const;  // one JSON object
+  std::string ToJson() const;                       // the same, as a string
 };
+
+// A latency histogram (ns) as {"count", "mean", "p50", "p99", "p999", "max"}
+// in milliseconds: the devices' and the load generator's latencies.
+void WriteLatencyMs(tfs::userspace::JsonWriter& w, const char* key, const tfs::Histogram& h);
 
 class FaultDevice final : public tfs::BlockDevice {
  public:

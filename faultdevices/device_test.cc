@@ -385,7 +385,7 @@ TEST(FaultDevice, CountsByOpAndOrigin) {
   EXPECT_EQ(s.by_origin[int(tfs::IoOrigin::kReconcile)][int(IoOp::kWrite)].bytes, 8192u);
   EXPECT_EQ(s.by_origin[int(tfs::IoOrigin::kForegroundRead)][int(IoOp::kRead)].ops, 1u);
   std::string json = s.ToJson();
-  for (const char* key : {"\"seed\": 1", "\"journal\"", "\"reconcile\"", "\"p999\"", "\"max_in_flight\"",
+  for (const char* key : {"\"seed\":1", "\"journal\"", "\"reconcile\"", "\"p999\"", "\"max_in_flight\"",
                           "\"stalled_s\"", "\"timeouts\"", "\"eio\""}) {
     EXPECT_NE(json.find(key), std::string::npos) << key;
   }

@@ -107,7 +107,7 @@ int Run(const RunArgs& a) {
   lo.block = a.block;
   lo.span = *span;
   std::string error;
-  std::string json;
+  tfs::userspace::JsonWriter w;
   if (a.raw) {
     // The benchmark baseline: the same load on the backing file, no models.
     lo.seed = a.seed.value_or(1);
@@ -117,8 +117,15 @@ int Run(const RunArgs& a) {
     if (!dev.ok()) Die(1, a.image + ": cannot open: " + dev.status().Message());
     CheckBlock(a, (*dev)->Size(), (*dev)->LogicalBlockSize());
     LoadResult r = RunLoad(**dev, lo);
-    json = "{\"raw\": true, \"image\": \"" + a.image + "\", \"pattern\": \"" + a.pattern + "\", \"qd\": " +
-           std::to_string(a.qd) + ", \"seed\": " + std::to_string(lo.seed) + ",\n \"load\": " + r.ToJson() + "}\n";
+    w.BeginObject();
+    w.BoolField("raw", true);
+    w.StringField("image", a.image);
+    w.StringField("pattern", a.pattern);
+    w.UintField("qd", a.qd);
+    w.UintField("seed", lo.seed);
+    w.Key("load");
+    r.Write(w);
+    w.EndObject();
   } else {
     if (a.profile.empty()) Die(2, "--profile is required (or --raw)");
     Profile p = LoadOrDie(a.profile, a.sets, a.seed);
@@ -142,10 +149,18 @@ int Run(const RunArgs& a) {
                 << "; apply a cut with: faultdev powercut --profile " << a.profile << " --image " << a.image
                 << " --seed S\n";
     }
-    json = "{\"pattern\": \"" + a.pattern + "\", \"qd\": " + std::to_string(a.qd) + ", \"block\": " +
-           std::to_string(a.block) + ", \"seed\": " + std::to_string(p.seed) + ",\n \"load\": " + r.ToJson() +
-           ",\n \"device\": " + s.ToJson() + "}\n";
+    w.BeginObject();
+    w.StringField("pattern", a.pattern);
+    w.UintField("qd", a.qd);
+    w.UintField("block", a.block);
+    w.UintField("seed", p.seed);
+    w.Key("load");
+    r.Write(w);
+    w.Key("device");
+    s.Write(w);
+    w.EndObject();
   }
+  const std::string json = w.str() + "\n";
   std::cout << json;
   WriteJson(a.json, json);
   return 0;
@@ -186,9 +201,17 @@ int PowerCutCmd(const std::string& profile, const std::string& image, uint64_t s
   if (fsync(fd) != 0) Die(1, image + ": fsync failed: " + strerror(errno));
   close(fd);
   unlink(record.c_str());
-  std::cout << "{\"image\": \"" << image << "\", \"profile\": \"" << p.name << "\", \"seed\": " << seed
-            << ", \"records\": " << records.size() << ", \"kept\": " << out.kept << ", \"dropped\": " << out.dropped
-            << ", \"torn\": " << out.torn << "}\n";
+  tfs::userspace::JsonWriter w;  // the image's path need not be JSON-safe
+  w.BeginObject();
+  w.StringField("image", image);
+  w.StringField("profile", p.name);
+  w.UintField("seed", seed);
+  w.UintField("records", records.size());
+  w.UintField("kept", out.kept);
+  w.UintField("dropped", out.dropped);
+  w.UintField("torn", out.torn);
+  w.EndObject();
+  std::cout << w.str() << "\n";
   return 0;
 }
 

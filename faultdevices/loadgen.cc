@@ -8,9 +8,9 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
-#include <sstream>
 #include <vector>
 
+#include "faultdevices/device.h"  // WriteLatencyMs
 #include "faultdevices/timer.h"
 
 namespace faultdev {
@@ -184,18 +184,17 @@ LoadResult RunLoad(tfs::BlockDevice& dev, const LoadOptions& options) {
   return l.result;
 }
 
-std::string LoadResult::ToJson() const {
-  std::ostringstream os;
-  os.precision(6);
-  os << std::fixed;
-  auto ms = [](uint64_t ns) { return double(ns) / 1e6; };
-  os << "{\"completed\": " << completed << ", \"errors\": " << errors << ", \"reads\": " << reads
-     << ", \"writes\": " << writes << ", \"flushes\": " << flushes << ", \"seconds\": " << seconds
-     << ", \"iops\": " << (seconds > 0 ? double(completed) / seconds : 0.0)
-     << ", \"latency_ms\": {\"count\": " << latency_ns.count() << ", \"mean\": " << ms(latency_ns.Mean())
-     << ", \"p50\": " << ms(latency_ns.Quantile(50, 100)) << ", \"p99\": " << ms(latency_ns.Quantile(99, 100))
-     << ", \"p999\": " << ms(latency_ns.Quantile(999, 1000)) << ", \"max\": " << ms(latency_ns.max()) << "}}";
-  return os.str();
+void LoadResult::Write(tfs::userspace::JsonWriter& w) const {
+  w.BeginObject();
+  w.UintField("completed", completed);
+  w.UintField("errors", errors);
+  w.UintField("reads", reads);
+  w.UintField("writes", writes);
+  w.UintField("flushes", flushes);
+  w.DoubleField("seconds", seconds);
+  w.DoubleField("iops", seconds > 0 ? double(completed) / seconds : 0.0);
+  WriteLatencyMs(w, "latency_ms", latency_ns);
+  w.EndObject();
 }
 
 }  // namespace faultdev

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "platform/block_device.h"
+#include "userspace/util/json.h"
 #include "util/histogram.h"
 
 namespace faultdev {
@@ -42,7 +43,7 @@ struct LoadResult {
   uint64_t reads = 0, writes = 0, flushes = 0;
   double seconds = 0;
   tfs::Histogram latency_ns;  // as the client saw it
-  std::string ToJson() const;  // one JSON object
+  void Write(tfs::userspace::JsonWriter& w) const;  // one JSON object
 };
 
 // Runs the load to completion. The device's logical block size must divide `block`.

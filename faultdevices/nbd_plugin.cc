@@ -120,7 +120,7 @@ void Cleanup() {
   if (!g->dev->SaveCacheRecords(RecordPath(g->image), &error)) nbdkit_error("faultdev: %s", error.c_str());
   if (!g->stats.empty()) {
     std::ofstream out(g->stats);
-    out << g->dev->Stats().ToJson();
+    out << g->dev->Stats().ToJson() << "\n";
   }
   g->dev.reset();
 }

@@ -3,7 +3,8 @@
 
     kernel_safe_check.py build [--sources fs/sources.list] [--out DIR] [--cxx g++]
         Compiles every core source with the kernel's code-generation flags
-        (freestanding, -nostdinc, no exceptions/RTTI, -mcmodel=kernel, no SSE/x87...),
+        (freestanding, -nostdinc, no exceptions/RTTI, -mcmodel=kernel, no SSE/x87,
+        no stack frame over 2048 bytes...),
         checks that every header under fs/ compiles alone with them (except test
         fixtures, `testing.h`, which only *_test.cc files include, as they
         include GoogleTest), and then runs `check` on the objects.
@@ -60,6 +61,9 @@ KERNEL_FLAGS = [
     "-Wall",
     "-Wextra",
     "-Werror",
+    # The kernel's own limit on a function's stack frame (x86-64,
+    # CONFIG_FRAME_WARN): big objects go to the heap (platform::Owned).
+    "-Wframe-larger-than=2048",
 ]
 
 ALLOWED_EXACT = {"memcpy", "memset", "memmove", "memcmp", "__stack_chk_fail"}

@@ -127,6 +127,21 @@ def test_build_mode_rejects_system_header(tmp_path: Path) -> None:
     assert "vector" in res.stderr
 
 
+def test_build_mode_rejects_a_frame_over_the_kernels_limit(tmp_path: Path) -> None:
+    root = tmp_path / "fs"
+    (root / "util").mkdir(parents=True)
+    # 2 KiB of buffer plus the frame's own bytes: over the kernel's 2048.
+    (root / "util" / "big.cc").write_text(
+        "void Use(char* p);\nvoid F() { char buf[2048]; Use(buf); }\n"
+        "void G() { char buf[1900]; Use(buf); }\n")
+    (root / "sources.list").write_text("util/big.cc\n")
+    res = subprocess.run([sys.executable, str(SCRIPT), "build", "--sources", str(root / "sources.list"),
+                          "--out", str(tmp_path / "obj")], capture_output=True, text=True)
+    assert res.returncode == 1
+    assert "frame size" in res.stderr and "'void F()'" in res.stderr.replace("‘", "'").replace("’", "'")
+    assert "void G()" not in res.stderr  # under the limit
+
+
 def test_build_mode_rejects_missing_listed_source(tmp_path: Path) -> None:
     root = tmp_path / "fs"
     root.mkdir()

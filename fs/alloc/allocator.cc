@@ -592,15 +592,31 @@ u64 Allocator::TableHeadBytes(u32 dev, u64 slot_bytes) const {
 
 Allocator::~Allocator() { WaitForBackgroundWrites(); }
 
-Status Allocator::WriteTables(dev::DevMask mask, bool converge) {
-  Vector<Bucket> copies[dev::kMaxDevices];
-  u64 snap_changes[dev::kMaxDevices] = {};
-  u64 slot_checkpoint[dev::kMaxDevices] = {};
-  u32 slot[dev::kMaxDevices] = {};
-  bool write[dev::kMaxDevices] = {};
-  bool catch_up[dev::kMaxDevices] = {};  // unchanged, rewritten into the older slot
-  journal::Pin fast_pin, slow_pin[dev::kMaxDevices];
-  bool unsettled[dev::kMaxDevices] = {};  // a table leaves frees out (TableCopy): not every change
+Status Allocator::WriteTables(dev::DevMask mask, bool converge, bool counted) {
+  // Per member, on the heap (2.7 KiB: more than a kernel frame may hold).
+  struct PerMember {
+    Vector<Bucket> copies[dev::kMaxDevices];
+    u64 snap_changes[dev::kMaxDevices] = {};
+    u64 slot_checkpoint[dev::kMaxDevices] = {};
+    u32 slot[dev::kMaxDevices] = {};
+    bool write[dev::kMaxDevices] = {};
+    bool catch_up[dev::kMaxDevices] = {};  // unchanged, rewritten into the older slot
+    journal::Pin slow_pin[dev::kMaxDevices];
+    bool unsettled[dev::kMaxDevices] = {};  // a table leaves frees out (TableCopy): not every change
+    journal::Pin drop[dev::kMaxDevices + 1];
+  };
+  auto per = platform::Owned<PerMember>::Make();
+  if (!per) return Err::kNoMemory;
+  auto& copies = per->copies;
+  auto& snap_changes = per->snap_changes;
+  auto& slot_checkpoint = per->slot_checkpoint;
+  auto& slot = per->slot;
+  auto& write = per->write;
+  auto& catch_up = per->catch_up;
+  auto& slow_pin = per->slow_pin;
+  auto& unsettled = per->unsettled;
+  auto& drop = per->drop;
+  journal::Pin fast_pin;
   bool fast_all = true;  // every fast member is in mask: pin_ is covered
   u64 journal_seq = TableJournalSeq();
   const u64 settled = TableSettledSeq();
@@ -640,7 +656,6 @@ Status Allocator::WriteTables(dev::DevMask mask, bool converge) {
   Status st;
   bool fast_failed = false;
   u64 written = 0, unchanged = 0;
-  journal::Pin drop[dev::kMaxDevices + 1];
   u32 ndrop = 0;
   for (u32 i = 0; i < nr_; i++) {
     if ((mask & (dev::DevMask(1) << i)) == 0) continue;
@@ -683,7 +698,7 @@ Status Allocator::WriteTables(dev::DevMask mask, bool converge) {
     } else {
       drop[ndrop++] = fast_pin;
     }
-    if (st.ok()) stats_.checkpoints++;
+    if (st.ok() && counted) stats_.checkpoints++;
   }
   if (journal_ != nullptr)
     for (u32 i = 0; i < ndrop; i++) journal_->PinDrop(&drop[i]);
@@ -698,12 +713,7 @@ Status Allocator::Checkpoint() {
   // or unreadable) loses nothing -- an idle member is otherwise never written
   // again (see CheckpointForRoom).
   TFS_TRY(WriteTables(all_devices(), true));
-  Status st = WriteTables(all_devices(), true);
-  if (st.ok()) {
-    MutexLock lock(mu_);
-    stats_.checkpoints--;  // one checkpoint, in two passes
-  }
-  return st;
+  return WriteTables(all_devices(), true, false);  // one checkpoint, in two passes
 }
 
 Status Allocator::CheckpointForRoom(bool relog) {
@@ -924,13 +934,14 @@ Status Allocator::Relog(u32 dev, u64* budget, bool* relogged) {
   journal::Pin relog_pin;
   Status st;
   constexpr u32 kBatch = 128;  // 4 KiB of keys: fits any entry size the journal accepts
-  journal::Key jk[kBatch];
+  Vector<journal::Key> jk;     // (2 KiB: on the heap, not a kernel frame)
+  st = jk.Resize(kBatch);
   const u32 per_entry = u32(Min<u64>(kBatch, (journal_->max_entry_bytes() / 2) / (sizeof(journal::KeyHeader) + sizeof(AllocKey))));
   for (u64 at = 0; st.ok() && at < keys.size(); at += per_entry) {
     const u32 n = u32(Min<u64>(per_entry, keys.size() - at));
     for (u32 i = 0; i < n; i++) jk[i] = journal::Key{journal::kKeyAlloc, sizeof(AllocKey), &keys[at + i]};
     journal::Pin local;
-    auto r = journal_->Commit(jk, n, 0, journal::CommitMode::kNoFlush, &local, journal::Watermark::kReclaim);
+    auto r = journal_->Commit(jk.data(), n, 0, journal::CommitMode::kNoFlush, &local, journal::Watermark::kReclaim);
     st = r.status();
     journal::Pin extra = KeepOlder(&relog_pin, local);
     journal_->PinDrop(&extra);

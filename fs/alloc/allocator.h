@@ -61,12 +61,14 @@
 #include "platform/atomic.h"
 #include "platform/sync.h"
 #include "sb/superblock.h"
+#include "util/counters.h"
 #include "util/diag.h"
 #include "util/vector.h"
 
 namespace tfs::alloc {
 
 enum class Watermark : u8 { kBackground = 0, kForeground, kCopygc, kBtree, kJournal };
+inline constexpr u32 kWatermarkCount = 5;
 const char* WatermarkName(Watermark w);
 
 // The state the device layout fixes for bucket `b` of member `m` (allocation table
@@ -102,20 +104,26 @@ struct DeviceUsage {
   u64 metadata_need = 0; // what the btree declared (SetMetadataNeed)
 };
 
+// The allocator's counters (util/counters.h), kept under its lock. The
+// arrays are by Watermark (background, foreground, copygc, btree, journal).
+#define TFS_ALLOC_COUNTERS(X, A)                                                                       \
+  A(allocs, ::tfs::alloc::kWatermarkCount, counter, "buckets allocated, by watermark")                              \
+  A(refused, ::tfs::alloc::kWatermarkCount, counter, "allocations refused (no space after fallback), by watermark") \
+  X(fallbacks, counter, "allocations served outside their target")                                     \
+  X(flush_waits, counter, "allocations that flushed the journal to reuse freed buckets")               \
+  X(frees, counter, "buckets freed")                                                                   \
+  X(checkpoints, counter, "allocator checkpoints")                                                     \
+  X(table_writes, counter, "member tables written by checkpoints")                                     \
+  X(tables_unchanged, counter, "member tables a checkpoint skipped: nothing changed")                  \
+  X(background_table_writes, counter, "slow members' tables started in the background")               \
+  X(background_table_errors, counter, "of which failed (the changes stay pinned)")                     \
+  X(relogs, counter, "slow members' changes journaled again")                                          \
+  X(relogged_buckets, counter, "buckets those relogs carried")                                         \
+  X(relogs_too_big, counter, "relogs skipped (too many changed buckets): the checkpoint waited")       \
+  X(metadata_refused, counter, "operations that add metadata refused with ENOSPC (MetadataRoom)")
+
 struct AllocStats {
-  u64 allocs[5];          // by watermark
-  u64 refused[5];         // kNoSpace by watermark (after fallback)
-  u64 fallbacks;          // served outside the target
-  u64 flush_waits;        // allocations that flushed the journal to reuse freed buckets
-  u64 frees;
-  u64 checkpoints;
-  u64 table_writes;       // member tables written by checkpoints
-  u64 tables_unchanged;   // member tables a checkpoint skipped: nothing changed
-  u64 background_table_writes;  // slow members' tables started in the background
-  u64 background_table_errors;  // of which failed (the changes stay pinned)
-  u64 relogs, relogged_buckets; // slow members' changes journaled again
-  u64 relogs_too_big;     // relogs skipped (more changed buckets than a relog may carry): the checkpoint waited for the table
-  u64 metadata_refused;   // MetadataRoom() false: an operation that adds metadata got ENOSPC
+  TFS_COUNTER_FIELDS(TFS_ALLOC_COUNTERS)
 };
 
 // What Load found on one member: the slot it uses and whether the other slot
@@ -297,7 +305,8 @@ class Allocator {
   // The synchronous checkpoint of the members in `mask` (checkpoint_mu_ held;
   // none of them with a background write in flight).
   // `converge`: also rewrite unchanged members whose older slot is stale.
-  Status WriteTables(dev::DevMask mask, bool converge);
+  // `counted`: a success counts as a checkpoint (not the second pass of one).
+  Status WriteTables(dev::DevMask mask, bool converge, bool counted = true);
   // Merges `p` into `into`, keeping the older; returns the pin to drop.
   static journal::Pin KeepOlder(journal::Pin* into, journal::Pin p);
 

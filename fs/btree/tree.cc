@@ -88,7 +88,7 @@ bool StatusIsCorrupt(const Status& st) { return st.error_class() == ErrorClass::
 bool Droppable(const Status& st) { return StatusIsCorrupt(st) && st.code() != Err::kBadVersion; }
 
 // Adds n to a counter that only one thread at a time writes (see Impl).
-void Bump(Atomic<u64>& c, u64 n = 1) { c.Store(c.Load(MemOrder::kRelaxed) + n, MemOrder::kRelaxed); }
+void BumpSerial(Atomic<u64>& c, u64 n = 1) { c.Store(c.Load(MemOrder::kRelaxed) + n, MemOrder::kRelaxed); }
 
 }  // namespace
 
@@ -189,19 +189,17 @@ struct Btrees::Impl {
   // holding a reference.
   Vector<CachedNode*> merge_queue;
 
-  // Stats (relaxed counters).
-  Atomic<u64> c_lookups{0}, c_inserts{0}, c_deletes{0}, c_commits{0}, c_restarts{0};
-  Atomic<u64> c_splits{0}, c_merges{0}, c_root_grows{0}, c_root_shrinks{0}, c_compactions{0};
-  Atomic<u64> c_hits{0}, c_misses{0}, c_evictions{0};
-  // Counters of the apply path: their writers are serialized (commit_mu, or the
-  // single-threaded replay), so they are bumped with a load and a store, not a
-  // locked read-modify-write (each of those costs as much as a cache miss).
+  // Stats (relaxed counters: btree/tree.h's table).
+  struct Live {
+    TFS_COUNTER_ATOMICS(TFS_BTREE_COUNTERS)
+  } ctr;
+  // cache_hits is their sum. Counters of the apply path (this one and, in
+  // ctr, inserts, deletes, commits, compactions) have serialized writers
+  // (commit_mu, or the single-threaded replay), so they are bumped with a
+  // load and a store (BumpSerial), not a locked read-modify-write (each of
+  // those costs as much as a cache miss).
+  Atomic<u64> c_hits{0};
   Atomic<u64> c_apply_hits{0};
-  Atomic<u64> c_read_merges{0};  // leaves merged into one set for lookups (ReadMostly)
-  Atomic<u64> c_reads{0}, c_read_bytes{0}, c_corrupt{0};
-  Atomic<u64> c_writes{0}, c_write_bytes{0}, c_checkpoints{0}, c_throttles{0};
-  Atomic<u64> c_reserved_buckets{0}, c_returned_buckets{0};  // ReserveBucket; of which returned unused
-  Atomic<u64> c_hole_slots{0};  // slots taken from holes
   // Options::drop_bad_nodes (written by Open only, before anything reads them).
   Vector<LostNode> lost;
   u64 s_dropped = 0, s_scanned = 0, s_copies = 0, s_recovered = 0;
@@ -522,8 +520,8 @@ class TreeOps {
     u8* buf = static_cast<u8*>(platform::Alloc(ns, 4096, false));
     if (buf == nullptr) return Err::kNoMemory;
     Status st = ReadRaw(im, ptr.member, off, ns, buf);
-    im->c_reads.FetchAdd(1, MemOrder::kRelaxed);
-    im->c_read_bytes.FetchAdd(ns, MemOrder::kRelaxed);
+    im->ctr.node_reads.FetchAdd(1, MemOrder::kRelaxed);
+    im->ctr.node_read_bytes.FetchAdd(ns, MemOrder::kRelaxed);
     if (!st.ok()) {
       platform::Free(buf);
       return DiagError(diag, st, "btree: reading node at member %u offset %llu: %s", unsigned(ptr.member),
@@ -551,7 +549,7 @@ class TreeOps {
     }
     if (!st.ok()) {
       platform::Delete(n);
-      if (count_corrupt && StatusIsCorrupt(st)) im->c_corrupt.FetchAdd(1, MemOrder::kRelaxed);
+      if (count_corrupt && StatusIsCorrupt(st)) im->ctr.corrupt_reads.FetchAdd(1, MemOrder::kRelaxed);
       return st;
     }
     n->ptr = ptr;
@@ -562,8 +560,8 @@ class TreeOps {
   // Reads the missing node and links it under its parent, if the parent still
   // points to that very node. Called with no lock held.
   static Status FetchMiss(Impl* im, Tree& t, const Miss& miss, Diag* diag = nullptr) {
-    im->c_misses.FetchAdd(1, MemOrder::kRelaxed);
-    im->c_restarts.FetchAdd(1, MemOrder::kRelaxed);
+    im->ctr.cache_misses.FetchAdd(1, MemOrder::kRelaxed);
+    im->ctr.restarts.FetchAdd(1, MemOrder::kRelaxed);
     CachedNode* n = nullptr;
     Status st = ReadNode(im, miss.ptr, miss.max, &n, diag, false);
     if (!st.ok()) {
@@ -571,7 +569,7 @@ class TreeOps {
       // descent (its slot may hold another node by now: a hole reused).
       if (StatusIsCorrupt(st)) {
         if (!StillPointsTo(im, t, miss)) return Status::Ok();
-        im->c_corrupt.FetchAdd(1, MemOrder::kRelaxed);
+        im->ctr.corrupt_reads.FetchAdd(1, MemOrder::kRelaxed);
       }
       return st;
     }
@@ -663,7 +661,7 @@ class TreeOps {
               if (n->tree_level > 0) im->interior_nodes.FetchSub(1, MemOrder::kRelaxed);
               n->parent = victims;  // chain for freeing outside cache_mu
               victims = n;
-              im->c_evictions.FetchAdd(1, MemOrder::kRelaxed);
+              im->ctr.evictions.FetchAdd(1, MemOrder::kRelaxed);
             }
           }
           n = next;
@@ -830,7 +828,7 @@ class TreeOps {
           } else {
             t.root = r;
             Charge(im, r);
-            im->c_root_grows.FetchAdd(1, MemOrder::kRelaxed);
+            im->ctr.root_grows.FetchAdd(1, MemOrder::kRelaxed);
           }
         }
       } else {
@@ -852,7 +850,7 @@ class TreeOps {
     Charge(im, a);
     Charge(im, b);
     Kill(im, t, n);
-    im->c_splits.FetchAdd(1, MemOrder::kRelaxed);
+    im->ctr.splits.FetchAdd(1, MemOrder::kRelaxed);
     return Status::Ok();
   }
 
@@ -867,7 +865,7 @@ class TreeOps {
       old->children[0] = nullptr;
       t.root = c;
       Kill(im, t, old);
-      im->c_root_shrinks.FetchAdd(1, MemOrder::kRelaxed);
+      im->ctr.root_shrinks.FetchAdd(1, MemOrder::kRelaxed);
     }
   }
 
@@ -950,7 +948,7 @@ class TreeOps {
       right->children.Clear();
       Kill(im, t, left);
       Kill(im, t, right);
-      im->c_merges.FetchAdd(1, MemOrder::kRelaxed);
+      im->ctr.merges.FetchAdd(1, MemOrder::kRelaxed);
       n = p;
     }
   }
@@ -983,7 +981,7 @@ class TreeOps {
         TFS_TRY(FetchMiss(im, t, miss));
         continue;
       }
-      Bump(im->c_apply_hits);
+      BumpSerial(im->c_apply_hits);
       leaf->lock.WriteLock();
       Status st;
       bool merge = false;
@@ -995,7 +993,7 @@ class TreeOps {
         const u32 old_space = del ? old.space() : 0;
         const u64 compactions = leaf->node.compactions();
         st = leaf->node.Upsert(key, seq);
-        if (leaf->node.compactions() != compactions) Bump(im->c_compactions, leaf->node.compactions() - compactions);
+        if (leaf->node.compactions() != compactions) BumpSerial(im->ctr.compactions, leaf->node.compactions() - compactions);
         if (st.ok()) {
           SetDirty(im, leaf);
           leaf->version.FetchAdd(1, MemOrder::kRelease);
@@ -1027,7 +1025,7 @@ class TreeOps {
         if (l2 == nullptr) continue;  // evicted meanwhile: re-read, retry
         TFS_TRY(Split(im, t, l2, append, key.pos));
       }
-      im->c_restarts.FetchAdd(1, MemOrder::kRelaxed);
+      im->ctr.restarts.FetchAdd(1, MemOrder::kRelaxed);
     }
   }
 
@@ -1068,7 +1066,7 @@ class TreeOps {
   static void MergeForReads(Impl* im, CachedNode* leaf) {
     if (leaf->node.nsets() >= 2 && leaf->node.Compact(0).ok()) {
       leaf->version.FetchAdd(1, MemOrder::kRelease);
-      im->c_read_merges.FetchAdd(1, MemOrder::kRelaxed);
+      im->ctr.read_merges.FetchAdd(1, MemOrder::kRelaxed);
     }
     leaf->reads.Store(0, MemOrder::kRelaxed);
   }
@@ -1184,7 +1182,7 @@ class TreeOps {
       dst->member = h.member;
       dst->offset.set(h.offset);
       im->live[h.member][im->sb.BucketOf(h.offset)]++;
-      im->c_hole_slots.FetchAdd(1, MemOrder::kRelaxed);
+      im->ctr.hole_slots.FetchAdd(1, MemOrder::kRelaxed);
       return true;
     }
     if (!im->open_valid || im->open_next >= im->slots_per_bucket) {
@@ -1235,7 +1233,7 @@ class TreeOps {
       im->alloc->Free(r.value()).IgnoreError();
       return st;
     }
-    im->c_reserved_buckets.FetchAdd(1, MemOrder::kRelaxed);
+    im->ctr.reserved_buckets.FetchAdd(1, MemOrder::kRelaxed);
     NoteAvailLocked(im);
     return Status::Ok();
   }
@@ -1264,7 +1262,7 @@ class TreeOps {
       MutexLock l(im->slot_mu);
       for (const alloc::BucketRef& r : im->reserved) {
         im->alloc->Free(r).IgnoreError();
-        im->c_returned_buckets.FetchAdd(1, MemOrder::kRelaxed);
+        im->ctr.returned_buckets.FetchAdd(1, MemOrder::kRelaxed);
       }
       im->reserved.Clear();
       NoteAvailLocked(im);
@@ -1598,8 +1596,8 @@ class TreeOps {
           io.done = dev::IoBatch::Done;
           io.caller_data = &batch;
           written |= dev::DevMask(1) << jobs[i].dst.member;
-          im->c_writes.FetchAdd(1, MemOrder::kRelaxed);
-          im->c_write_bytes.FetchAdd(jobs[i].bytes, MemOrder::kRelaxed);
+          im->ctr.node_writes.FetchAdd(1, MemOrder::kRelaxed);
+          im->ctr.node_write_bytes.FetchAdd(jobs[i].bytes, MemOrder::kRelaxed);
         }
         for (usize i = 0; i < jobs.size(); i++) im->devs->member(jobs[i].dst.member)->queue().Submit(&ios[i]);
         st = batch.Wait();
@@ -1654,7 +1652,7 @@ class TreeOps {
         }
       }
     }
-    im->c_checkpoints.FetchAdd(1, MemOrder::kRelaxed);
+    im->ctr.checkpoints.FetchAdd(1, MemOrder::kRelaxed);
     return Status::Ok();
   }
 
@@ -2283,7 +2281,7 @@ Result<u32> Btrees::Get(const Pos& pos, void* buf, u32 cap) {
   Impl* im = impl_;
   if (im == nullptr || pos.btree_id >= kNrBtreeIds) return Err::kInvalidArgument;
   Tree& t = im->trees[pos.btree_id];
-  im->c_lookups.FetchAdd(1, MemOrder::kRelaxed);
+  im->ctr.lookups.FetchAdd(1, MemOrder::kRelaxed);
   for (;;) {
     TreeOps::Miss miss;
     t.lock.ReadLock();
@@ -2359,30 +2357,8 @@ Stats Btrees::GetStats() const {
   Impl* im = impl_;
   if (im == nullptr) return s;
   auto L = [](const Atomic<u64>& a) { return a.Load(MemOrder::kRelaxed); };
-  s.lookups = L(im->c_lookups);
-  s.inserts = L(im->c_inserts);
-  s.deletes = L(im->c_deletes);
-  s.commits = L(im->c_commits);
-  s.restarts = L(im->c_restarts);
-  s.splits = L(im->c_splits);
-  s.merges = L(im->c_merges);
-  s.root_grows = L(im->c_root_grows);
-  s.root_shrinks = L(im->c_root_shrinks);
+  TFS_COUNTER_LOAD(TFS_BTREE_COUNTERS, im->ctr, s);
   s.cache_hits = L(im->c_hits) + L(im->c_apply_hits);
-  s.compactions = L(im->c_compactions);
-  s.read_merges = L(im->c_read_merges);
-  s.cache_misses = L(im->c_misses);
-  s.evictions = L(im->c_evictions);
-  s.node_reads = L(im->c_reads);
-  s.node_read_bytes = L(im->c_read_bytes);
-  s.corrupt_reads = L(im->c_corrupt);
-  s.node_writes = L(im->c_writes);
-  s.node_write_bytes = L(im->c_write_bytes);
-  s.checkpoints = L(im->c_checkpoints);
-  s.reserved_buckets = L(im->c_reserved_buckets);
-  s.returned_buckets = L(im->c_returned_buckets);
-  s.hole_slots = L(im->c_hole_slots);
-  s.throttles = L(im->c_throttles);
   s.dropped_nodes = im->s_dropped;
   s.scanned_slots = im->s_scanned;
   s.scan_copies = im->s_copies;
@@ -2542,7 +2518,7 @@ Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
       const u64 seen = im->ckpt_done;
       im->wake = true;
       im->wcv.Signal();
-      im->c_throttles.FetchAdd(1, MemOrder::kRelaxed);
+      im->ctr.throttles.FetchAdd(1, MemOrder::kRelaxed);
       while (im->ckpt_done == seen && !im->stop) (void)im->done_cv.WaitFor(im->wmu, 100 * platform::kNsPerMs);
     }
   }
@@ -2612,10 +2588,10 @@ Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
       in.val_bytes = h->val_bytes.get();
       in.value = h + 1;
       st = TreeOps::ApplyKey(im, in, seq);
-      Bump(in.type == kKeyWhiteout ? im->c_deletes : im->c_inserts);
+      BumpSerial(in.type == kKeyWhiteout ? im->ctr.deletes : im->ctr.inserts);
     }
     if (apply_seq != nullptr) apply_seq->FetchAdd(1, MemOrder::kSeqCst);  // even: applied (or failed)
-    if (st.ok()) Bump(im->c_commits);
+    if (st.ok()) BumpSerial(im->ctr.commits);
     MutexLock sl(im->state_mu);
     im->committing = false;
     if (st.ok()) {

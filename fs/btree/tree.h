@@ -58,6 +58,7 @@
 #include "platform/platform.h"
 #include "platform/sync.h"
 #include "sb/superblock.h"
+#include "util/counters.h"
 #include "util/diag.h"
 #include "util/status.h"
 #include "util/vector.h"
@@ -102,28 +103,44 @@ struct Options {
   void* test_point_ctx = nullptr;
 };
 
+// The btrees' counters (util/counters.h).
+#define TFS_BTREE_COUNTERS(X, A)                                                                    \
+  X(lookups, counter, "keys read")                                                                  \
+  X(inserts, counter, "keys set")                                                                   \
+  X(deletes, counter, "keys deleted")                                                               \
+  X(commits, counter, "transactions committed")                                                     \
+  X(restarts, counter, "descents restarted (node read, structure change)")                         \
+  X(splits, counter, "nodes split")                                                                 \
+  X(merges, counter, "nodes merged")                                                                \
+  X(root_grows, counter, "trees that grew a level")                                                 \
+  X(root_shrinks, counter, "trees that lost a level")                                               \
+  X(compactions, counter, "leaf compactions caused by updates")                                     \
+  X(read_merges, counter, "leaves merged into one set after many lookups")                          \
+  X(cache_hits, total, "descents (lookup, iterator refill, update) that found every node cached") \
+  X(cache_misses, counter, "nodes read on demand")                                                  \
+  X(evictions, counter, "nodes evicted from the cache")                                             \
+  X(node_reads, counter, "nodes read")                                                              \
+  X(node_read_bytes, counter, "bytes of nodes read")                                                \
+  X(corrupt_reads, counter, "node reads that found damage")                                         \
+  X(node_writes, counter, "nodes written")                                                          \
+  X(node_write_bytes, counter, "bytes of nodes written")                                            \
+  X(checkpoints, counter, "checkpoints done")                                                       \
+  X(reserved_buckets, counter, "empty buckets checkpoints took for node slots")                     \
+  X(returned_buckets, counter, "of which went back unused at the checkpoint's end (whole)")         \
+  X(hole_slots, counter, "node slots reused in buckets that still hold other nodes")                \
+  X(throttles, counter, "commits that waited for a checkpoint (memory, journal)")                   \
+  X(cached_nodes, level, "nodes in the cache now")                                                \
+  X(cached_bytes, level, "their bytes")                                                           \
+  X(dirty_nodes, level, "of which dirty now")                                                     \
+  X(dirty_bytes, level, "their bytes")                                                            \
+  A(depth, ::tfs::btree::kNrBtreeIds, level, "levels per tree now (0: empty)")                                 \
+  X(dropped_nodes, level, "open with drop_bad_nodes: damaged nodes dropped")                      \
+  X(scanned_slots, level, "node slots the scan read (node headers outside the trees)")            \
+  X(scan_copies, level, "of which valid copies of a lost range")                                  \
+  X(recovered_keys, level, "keys the scan recovered")
+
 struct Stats {
-  u64 lookups, inserts, deletes;       // keys read / set / deleted
-  u64 commits;                         // transactions committed
-  u64 restarts;                        // descents restarted (node read, structure change)
-  u64 splits, merges, root_grows, root_shrinks;
-  u64 compactions;                     // leaf compactions caused by updates
-  u64 read_merges;                     // leaves merged into one set after many lookups
-  u64 cache_hits;                      // descents (lookup, iterator refill, update) that found every node cached
-  u64 cache_misses, evictions;         // nodes read on demand; nodes evicted
-  u64 node_reads, node_read_bytes, corrupt_reads;
-  u64 node_writes, node_write_bytes;
-  u64 checkpoints;
-  u64 reserved_buckets;                // empty buckets checkpoints took for node slots
-  u64 returned_buckets;                // of which went back unused at the checkpoint's end (whole)
-  u64 hole_slots;                      // node slots reused in buckets that still hold other nodes
-  u64 throttles;                       // commits that waited for a checkpoint (memory, journal)
-  u64 cached_nodes, cached_bytes, dirty_nodes, dirty_bytes;  // now
-  u64 depth[kNrBtreeIds];              // levels per tree now (0 = empty)
-  // Options::drop_bad_nodes: nodes dropped at open; node slots the scan read
-  // (node headers found outside the trees) and how many of them were valid
-  // copies of a lost range; keys recovered.
-  u64 dropped_nodes, scanned_slots, scan_copies, recovered_keys;
+  TFS_COUNTER_FIELDS(TFS_BTREE_COUNTERS)
 };
 
 // A node Options::drop_bad_nodes dropped, and what the node scan recovered of

@@ -158,7 +158,7 @@ Status DataPath::Open(store::Store* store) {
       const alloc::Bucket k = a.Get(d, b);
       if (k.state != alloc::BucketState::kUser || live_[d][b] != 0) continue;
       TFS_TRY(a.Free(alloc::BucketRef{d, b, k.gen}));
-      c_freed_.FetchAdd(1, MemOrder::kRelaxed);
+      ctr_.buckets_freed.FetchAdd(1, MemOrder::kRelaxed);
     }
   return Status::Ok();
 }
@@ -173,7 +173,7 @@ void DataPath::Close() {
         MutexLock a(acct_mu_);
         empty = live_[wp_.dev][wp_.bucket] == 0 && pending_[wp_.dev][wp_.bucket] == 0;
       }
-      if (empty && store_->alloc().Free(wp_).ok()) c_freed_.FetchAdd(1, MemOrder::kRelaxed);
+      if (empty && store_->alloc().Free(wp_).ok()) ctr_.buckets_freed.FetchAdd(1, MemOrder::kRelaxed);
       wp_open_ = false;
     }
   }
@@ -219,14 +219,14 @@ Status DataPath::Reserve(u32 want, u64 covered, bool whole, alloc::BucketRef* re
       wp_ = r.value();
       wp_used_ = 0;
       wp_open_ = true;
-      c_opened_.FetchAdd(1, MemOrder::kRelaxed);
+      ctr_.buckets_opened.FetchAdd(1, MemOrder::kRelaxed);
     }
     const u32 n = u32(Min<u64>(want, bucket_blocks_ - wp_used_));
     MutexLock a(acct_mu_);
     // The reservations of others must still fit in what stays free.
     const u64 others = reserved_ > covered ? reserved_ - covered : 0;
     if (others > 0 && FreeBlocksLocked() < others + n) {
-      c_refused_.FetchAdd(1, MemOrder::kRelaxed);
+      ctr_.reserve_refused.FetchAdd(1, MemOrder::kRelaxed);
       st = Err::kNoSpace;
     } else {
       *ref = wp_;
@@ -236,7 +236,7 @@ Status DataPath::Reserve(u32 want, u64 covered, bool whole, alloc::BucketRef* re
       pending_[wp_.dev][wp_.bucket] += n;
     }
   }
-  if (retire && store_->alloc().Free(retired).ok()) c_freed_.FetchAdd(1, MemOrder::kRelaxed);
+  if (retire && store_->alloc().Free(retired).ok()) ctr_.buckets_freed.FetchAdd(1, MemOrder::kRelaxed);
   return st;
 }
 
@@ -337,7 +337,7 @@ Status DataPath::Prepare(u64 ino, u64 first, const u8* blocks, u32 nblocks, bool
         continue;
       }
       if (st.code() != Err::kNotSupported) return st;
-      c_zplain_.FetchAdd(1, MemOrder::kRelaxed);
+      ctr_.incompressible.FetchAdd(1, MemOrder::kRelaxed);
       plain_end = done + n;
     }
     alloc::BucketRef ref;
@@ -368,8 +368,8 @@ Status DataPath::Prepare(u64 ino, u64 first, const u8* blocks, u32 nblocks, bool
     item.end = first + done + got;
     item.len = BuildExtent(item.value, ptr, 0, got, crcs);
     delta->sectors += i64(got) * (kBlockSize / 512);
-    c_bytes_written_.FetchAdd(u64(got) * kBlockSize, MemOrder::kRelaxed);
-    c_extents_.FetchAdd(1, MemOrder::kRelaxed);
+    ctr_.bytes_written.FetchAdd(u64(got) * kBlockSize, MemOrder::kRelaxed);
+    ctr_.extents_written.FetchAdd(1, MemOrder::kRelaxed);
     done += got;
   }
   return Status::Ok();
@@ -420,10 +420,10 @@ Status DataPath::WriteCompressed(Prepared* p, u64 first, const u8* data, u32 nbl
   platform::Free(z);
   TFS_TRY(st);
   delta->sectors += i64(nblocks) * (kBlockSize / 512);
-  c_bytes_written_.FetchAdd(u64(zblocks) * kBlockSize, MemOrder::kRelaxed);
-  c_extents_.FetchAdd(1, MemOrder::kRelaxed);
-  c_zin_.FetchAdd(in, MemOrder::kRelaxed);
-  c_zout_.FetchAdd(zbytes, MemOrder::kRelaxed);
+  ctr_.bytes_written.FetchAdd(u64(zblocks) * kBlockSize, MemOrder::kRelaxed);
+  ctr_.extents_written.FetchAdd(1, MemOrder::kRelaxed);
+  ctr_.compressed_in.FetchAdd(in, MemOrder::kRelaxed);
+  ctr_.compressed_out.FetchAdd(zbytes, MemOrder::kRelaxed);
   return Status::Ok();
 }
 
@@ -500,7 +500,7 @@ Status DataPath::QueueReserve(btree::Transaction* tx, u64 ino, u64 first, u64 en
       MutexLock a(acct_mu_);
       const u64 free = FreeBlocksLocked();
       if (free < reserved_ || free - reserved_ < n) {
-        c_refused_.FetchAdd(1, MemOrder::kRelaxed);
+        ctr_.reserve_refused.FetchAdd(1, MemOrder::kRelaxed);
         return Err::kNoSpace;
       }
       reserved_ += n;
@@ -527,7 +527,7 @@ void DataPath::Account(u32 dev, u64 bucket, i64 blocks, i64 pending) {
     TFS_BUG_ON((blocks < 0 && u64(-blocks) > live) || (pending < 0 && u64(-pending) > pend));
     live = u32(i64(live) + blocks);
     pend = u32(i64(pend) + pending);
-    if (blocks < 0) c_released_.FetchAdd(u64(-blocks), MemOrder::kRelaxed);
+    if (blocks < 0) ctr_.blocks_released.FetchAdd(u64(-blocks), MemOrder::kRelaxed);
     if (live == 0 && pend == 0 && !(wp_open_ && wp_.dev == dev && wp_.bucket == bucket)) {
       if (reads_[dev][bucket] != 0) {
         reads_[dev][bucket] |= kDoomed;  // the last read frees it (Unpin)
@@ -537,7 +537,7 @@ void DataPath::Account(u32 dev, u64 bucket, i64 blocks, i64 pending) {
       }
     }
   }
-  if (free_it && store_->alloc().Free(ref).ok()) c_freed_.FetchAdd(1, MemOrder::kRelaxed);
+  if (free_it && store_->alloc().Free(ref).ok()) ctr_.buckets_freed.FetchAdd(1, MemOrder::kRelaxed);
 }
 
 void DataPath::Apply(const Delta& delta) {
@@ -569,7 +569,7 @@ Status DataPath::FlushMembers(dev::DevMask mask) {
   for (u32 m : dev::Bits(mask)) {
     TFS_TRY(dev::QueueSyncIo(store_->devs().member(m)->queue(), IoOp::kFlush, 0, nullptr, 0, 0,
                              IoOrigin::kForegroundWrite));
-    c_slow_flushes_.FetchAdd(1, MemOrder::kRelaxed);
+    ctr_.slow_member_flushes.FetchAdd(1, MemOrder::kRelaxed);
   }
   return Status::Ok();
 }
@@ -622,7 +622,7 @@ void DataPath::Unpin(u32 dev, u64 bucket) {
     r = 0;  // the last read of a bucket emptied meanwhile: free it now
     ref = alloc::BucketRef{dev, bucket, store_->alloc().Get(dev, bucket).gen};
   }
-  if (store_->alloc().Free(ref).ok()) c_freed_.FetchAdd(1, MemOrder::kRelaxed);
+  if (store_->alloc().Free(ref).ok()) ctr_.buckets_freed.FetchAdd(1, MemOrder::kRelaxed);
 }
 
 // One extent's part of a read, found in phase 1 of ReadBlocks.
@@ -684,7 +684,7 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
     // target), wait; never count that against the read.
     const u64 v = applying_[s].Load(MemOrder::kSeqCst);
     if ((v & 1) != 0) {
-      c_retries_.FetchAdd(1, MemOrder::kRelaxed);
+      ctr_.read_retries.FetchAdd(1, MemOrder::kRelaxed);
       continue;
     }
     u32 n = 0;
@@ -705,7 +705,7 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
       break;
     }
     if (walk_torn || raced) {
-      c_retries_.FetchAdd(1, MemOrder::kRelaxed);
+      ctr_.read_retries.FetchAdd(1, MemOrder::kRelaxed);
       continue;
     }
     MemSet(buf, 0, u64(nblocks) * kBlockSize);
@@ -731,7 +731,7 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
           st = Err::kCorrupt;
           break;
         }
-        c_stale_.FetchAdd(1, MemOrder::kRelaxed);
+        ctr_.stale_lookups.FetchAdd(1, MemOrder::kRelaxed);
         again = true;
         break;
       }
@@ -751,8 +751,8 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
         Unpin(e.ptr.dev, b);
         if (!st.ok()) break;
         MemCopy(buf + (lo - first) * kBlockSize, tmp + (u64(e.offset) + (lo - e.start)) * kBlockSize, len);
-        c_bytes_read_.FetchAdd(e.DiskBlocks() * kBlockSize, MemOrder::kRelaxed);
-        c_blocks_read_.FetchAdd(hi - lo, MemOrder::kRelaxed);
+        ctr_.bytes_read.FetchAdd(e.DiskBlocks() * kBlockSize, MemOrder::kRelaxed);
+        ctr_.blocks_read.FetchAdd(hi - lo, MemOrder::kRelaxed);
         continue;
       }
       u8* into = direct ? buf + (lo - first) * kBlockSize : tmp;
@@ -765,7 +765,7 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
         Le32 want;
         MemCopy(&want, e.crcs + 4 * (blk - lo), 4);
         if (platform::Crc32c(data, kBlockSize) != want.get()) {
-          c_csum_.FetchAdd(1, MemOrder::kRelaxed);
+          ctr_.csum_errors.FetchAdd(1, MemOrder::kRelaxed);
           platform::Log(platform::LogLevel::kError,
                         "data: checksum mismatch: inode %llu block %llu (member %u offset %llu)",
                         (unsigned long long)ino, (unsigned long long)blk, unsigned(e.ptr.dev),
@@ -776,8 +776,8 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
       }
       if (!st.ok()) break;
       if (!direct) MemCopy(buf + (lo - first) * kBlockSize, tmp, len);
-      c_bytes_read_.FetchAdd(len, MemOrder::kRelaxed);
-      c_blocks_read_.FetchAdd(hi - lo, MemOrder::kRelaxed);
+      ctr_.bytes_read.FetchAdd(len, MemOrder::kRelaxed);
+      ctr_.blocks_read.FetchAdd(hi - lo, MemOrder::kRelaxed);
     }
     if (!again) break;
   }
@@ -797,7 +797,7 @@ Status DataPath::ReadCompressed(const Extent& e, u8* out) {
     Le32 want;
     MemCopy(&want, e.crcs, 4);
     if (platform::Crc32c(z, e.disk_bytes) != want.get()) {
-      c_csum_.FetchAdd(1, MemOrder::kRelaxed);
+      ctr_.csum_errors.FetchAdd(1, MemOrder::kRelaxed);
       platform::Log(platform::LogLevel::kError,
                     "data: checksum mismatch: inode %llu compressed blob at block %llu (member %u offset %llu)",
                     (unsigned long long)e.ino, (unsigned long long)(e.start - e.offset), unsigned(e.ptr.dev),
@@ -812,7 +812,7 @@ Status DataPath::ReadCompressed(const Extent& e, u8* out) {
     auto r = platform::ZstdDecompress(out, want, z, e.disk_bytes);
     if (!r.ok() || r.value() != want) st = Err::kDataCorrupt;
   }
-  if (st.ok()) c_zreads_.FetchAdd(1, MemOrder::kRelaxed);
+  if (st.ok()) ctr_.compressed_reads.FetchAdd(1, MemOrder::kRelaxed);
   platform::Free(z);
   return st;
 }
@@ -849,26 +849,9 @@ Result<u64> DataPath::SeekBlock(u64 ino, u64 block, bool data) {
 
 Stats DataPath::GetStats() const {
   Stats s;
-  s.bytes_written = c_bytes_written_.Load(MemOrder::kRelaxed);
-  s.extents_written = c_extents_.Load(MemOrder::kRelaxed);
-  s.bytes_read = c_bytes_read_.Load(MemOrder::kRelaxed);
-  s.blocks_read = c_blocks_read_.Load(MemOrder::kRelaxed);
-  s.blocks_released = c_released_.Load(MemOrder::kRelaxed);
-  s.csum_errors = c_csum_.Load(MemOrder::kRelaxed);
-  s.buckets_opened = c_opened_.Load(MemOrder::kRelaxed);
-  s.buckets_freed = c_freed_.Load(MemOrder::kRelaxed);
-  {
-    MutexLock a(acct_mu_);
-    s.blocks_reserved = reserved_;
-  }
-  s.reserve_refused = c_refused_.Load(MemOrder::kRelaxed);
-  s.compressed_in = c_zin_.Load(MemOrder::kRelaxed);
-  s.compressed_out = c_zout_.Load(MemOrder::kRelaxed);
-  s.incompressible = c_zplain_.Load(MemOrder::kRelaxed);
-  s.compressed_reads = c_zreads_.Load(MemOrder::kRelaxed);
-  s.stale_lookups = c_stale_.Load(MemOrder::kRelaxed);
-  s.read_retries = c_retries_.Load(MemOrder::kRelaxed);
-  s.slow_member_flushes = c_slow_flushes_.Load(MemOrder::kRelaxed);
+  TFS_COUNTER_LOAD(TFS_DATA_COUNTERS, ctr_, s);
+  MutexLock a(acct_mu_);
+  s.blocks_reserved = reserved_;
   return s;
 }
 

@@ -55,6 +55,7 @@
 #include "platform/atomic.h"
 #include "platform/sync.h"
 #include "store/store.h"
+#include "util/counters.h"
 #include "util/status.h"
 #include "util/vector.h"
 
@@ -151,19 +152,28 @@ struct Delta {
   u64 unreserved = 0;      // unwritten blocks removed (released by Apply)
 };
 
+// The data path's counters (util/counters.h).
+#define TFS_DATA_COUNTERS(X, A)                                                                          \
+  X(bytes_written, counter, "file data bytes written")                                                   \
+  X(extents_written, counter, "extents written")                                                         \
+  X(bytes_read, counter, "file data bytes read")                                                         \
+  X(blocks_read, counter, "blocks read from members")                                                    \
+  X(blocks_released, counter, "blocks overwritten, punched or freed")                                    \
+  X(csum_errors, counter, "blocks whose checksum did not match")                                         \
+  X(buckets_opened, counter, "buckets opened for new data")                                              \
+  X(buckets_freed, counter, "data buckets freed")                                                        \
+  X(blocks_reserved, level, "unwritten blocks (fallocate) committed or queued now")                    \
+  X(reserve_refused, counter, "writes and fallocates refused to keep reservations whole")                \
+  X(compressed_in, counter, "bytes given to zstd")                                                       \
+  X(compressed_out, counter, "bytes stored for them")                                                    \
+  X(incompressible, counter, "chunks stored plain: zstd saved less than a block")                        \
+  X(compressed_reads, counter, "blobs read and decompressed")                                            \
+  X(stale_lookups, counter, "reads that found a bucket freed since their lookup, and looked again")      \
+  X(read_retries, counter, "extent lookups of reads repeated: a commit of the inode overlapped")         \
+  X(slow_member_flushes, counter, "commits that flushed a member without a journal (an HDD) before entering it")
+
 struct Stats {
-  u64 bytes_written, extents_written, bytes_read, blocks_read;
-  u64 blocks_released;     // overwritten, punched or freed
-  u64 csum_errors;
-  u64 buckets_opened, buckets_freed;
-  u64 blocks_reserved;     // now: unwritten blocks (fallocate) committed or queued
-  u64 reserve_refused;     // writes and fallocates refused to keep reservations whole
-  u64 compressed_in, compressed_out;  // bytes given to zstd and stored for them
-  u64 incompressible;      // chunks stored plain because zstd saved less than a block
-  u64 compressed_reads;    // blobs read and decompressed
-  u64 stale_lookups;       // reads that found a bucket freed since their lookup, and looked again
-  u64 read_retries;        // extent lookups of reads repeated because a commit of the inode overlapped
-  u64 slow_member_flushes;  // commits that flushed a member without a journal (an HDD) before entering it
+  TFS_COUNTER_FIELDS(TFS_DATA_COUNTERS)
 };
 
 class DataPath {
@@ -295,10 +305,9 @@ class DataPath {
   Vector<u32> pending_[dev::kMaxDevices];  // blocks reserved by writes not yet applied or aborted
   Vector<u32> reads_[dev::kMaxDevices];    // reads in flight per bucket (| kDoomed)
   u64 reserved_ = 0;           // unwritten blocks, under acct_mu_
-  Atomic<u64> c_bytes_written_{0}, c_extents_{0}, c_bytes_read_{0}, c_blocks_read_{0};
-  Atomic<u64> c_released_{0}, c_csum_{0}, c_opened_{0}, c_freed_{0}, c_refused_{0};
-  Atomic<u64> c_slow_flushes_{0};
-  Atomic<u64> c_zin_{0}, c_zout_{0}, c_zplain_{0}, c_zreads_{0}, c_stale_{0}, c_retries_{0};
+  struct Live {
+    TFS_COUNTER_ATOMICS(TFS_DATA_COUNTERS)
+  } ctr_;
 };
 
 }  // namespace tfs::data

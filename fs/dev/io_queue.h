@@ -23,6 +23,7 @@
 #include "platform/atomic.h"
 #include "platform/block_device.h"
 #include "platform/sync.h"
+#include "util/counters.h"
 #include "util/histogram.h"
 #include "util/list.h"
 #include "util/status.h"
@@ -79,14 +80,18 @@ struct OriginStats {
   Histogram service_time;  // dispatch -> completion
 };
 
+// A queue's state and counters now (util/counters.h; State() fills them).
+#define TFS_QUEUE_COUNTERS(X, A)                                        \
+  X(in_flight, gauge, "requests at the device")                         \
+  X(queued, gauge, "requests waiting in the queue")                     \
+  X(latency_ewma_ns, gauge, "service time, moving average")             \
+  X(stalled, flag, "no completion for stall_threshold_ns")              \
+  X(durability_debt, flag, "writes completed that no later flush has covered") \
+  X(readahead_declined, counter, "readaheads declined: the queue was busy or stalled") \
+  X(stall_events, counter, "times a stall was observed (see Stalled())")
+
 struct QueueState {
-  u32 in_flight;
-  u32 queued;
-  u64 latency_ewma_ns;
-  bool stalled;
-  bool durability_debt;
-  u64 readahead_declined;
-  u64 stall_events;  // times a stall was observed (see Stalled())
+  TFS_COUNTER_FIELDS(TFS_QUEUE_COUNTERS)
 };
 
 class IoQueue {

@@ -526,6 +526,11 @@ void ReportDroppedNodes(store::Store& e, const Options& opt, bool roots_rebuilt,
 Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn emit, void* ctx) {
   Report report;
   Ctx c{emit, ctx, &report};
+  auto no_memory = [&] {  // the check could not run: fsck(8)'s operational error
+    c.Line("cannot check: out of memory");
+    report.exit_code = kExitOperational;
+    return report;
+  };
   bool copies_ok = true;
   for (u32 i = 0; i < count; i++) copies_ok = CheckCopies(*bdevs[i], opt, c) && copies_ok;
   if (!copies_ok) {  // not a member (or no copy left to repair from): nothing can be checked
@@ -537,7 +542,9 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
   // reconciles the btree buckets itself, which would hide what was wrong.
   BtreeFindings btree_found;
   if (opt.repair) {
-    store::Store ro;
+    auto ro_owned = platform::Owned<store::Store>::Make();  // big: off the stack
+    if (!ro_owned) return no_memory();
+    store::Store& ro = *ro_owned;
     store::OpenOptions roo;
     roo.read_only = true;
     roo.btree.drop_bad_nodes = true;
@@ -556,7 +563,9 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
     }  // else the writable open below reports why
   }
 
-  store::Store e;
+  auto e_owned = platform::Owned<store::Store>::Make();
+  if (!e_owned) return no_memory();
+  store::Store& e = *e_owned;
   store::OpenOptions oo;
   oo.read_only = !opt.repair;
   // A damaged node does not stop the check: it is dropped (in memory only

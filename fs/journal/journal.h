@@ -58,6 +58,7 @@
 #include "platform/platform.h"
 #include "platform/sync.h"
 #include "sb/superblock.h"
+#include "util/counters.h"
 #include "util/diag.h"
 #include "util/histogram.h"
 #include "util/status.h"
@@ -98,24 +99,31 @@ struct Config {
   u64 max_unordered_check_bytes = 4ull << 20;
 };
 
+// The journal's counters (util/counters.h). It keeps them under its own lock,
+// in a Stats; GetStats fills the level rows.
+#define TFS_JOURNAL_COUNTERS(X, A)                                                             \
+  X(commits, counter, "transactions committed")                                                \
+  X(flush_commits, counter, "of which asked to be durable (fsync)")                            \
+  X(entries, counter, "entries written")                                                       \
+  X(flush_entries, counter, "of which durable (FUA after a pre-flush, or unordered)")          \
+  X(unordered_entries, counter, "of which written first and flushed after (see Commit)")      \
+  X(bytes, counter, "entry bytes written (per replica)")                                       \
+  X(keys, counter, "keys committed")                                                           \
+  A(preflushes, ::tfs::dev::kMaxDevices, counter, "flushes issued per member before entries")         \
+  X(space_waits, counter, "times the writer waited for ring space (room ran out anyway)")      \
+  X(room_waits, counter, "normal commits that waited for ring room")                           \
+  X(reserve_entries, counter, "entries placed in the reserve")                                 \
+  X(reclaim_calls, counter, "reclaim hooks called (a change of last_seq, or every 50 ms)")                              \
+  X(max_group, level, "most commits carried by one entry")                                     \
+  X(caller_entries, counter, "entries written by a waiting committer, not the writer thread") \
+  X(next_seq, level, "the open entry's sequence number (0: none)")                          \
+  X(durable_seq, level, "newest durable entry")                                              \
+  X(last_seq, level, "oldest entry replay still needs")                                      \
+  X(ring_buckets, level, "buckets of the smallest ring")                                     \
+  X(free_buckets, level, "reusable buckets of the fullest ring (as of the last durable entry)")
+
 struct Stats {
-  u64 commits;
-  u64 flush_commits;
-  u64 entries;            // entries written
-  u64 flush_entries;      // of which durable (FUA after pre-flush, or unordered)
-  u64 unordered_entries;  // of which written first and flushed after (see Commit)
-  u64 bytes;              // entry bytes written (per replica)
-  u64 keys;
-  u64 preflushes[dev::kMaxDevices];  // flushes issued per member before entries
-  u64 space_waits;        // times the writer waited for ring space (room ran out anyway)
-  u64 room_waits;         // kNormal commits that waited for ring room
-  u64 reserve_entries;    // entries placed in the reserve
-  u64 reclaim_calls;
-  u64 max_group;          // most commits carried by one entry
-  u64 caller_entries;     // entries written by a waiting committer, not the writer thread
-  u64 next_seq, durable_seq, last_seq;
-  u32 ring_buckets;  // buckets of the smallest ring
-  u32 free_buckets;  // reusable buckets of the fullest ring (as of the last durable entry)
+  TFS_COUNTER_FIELDS(TFS_JOURNAL_COUNTERS)
 };
 
 // What replay found on the rings; input to Start().

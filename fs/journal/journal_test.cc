@@ -899,9 +899,9 @@ TEST(JournalTest, ReclaimThatFlushesFirstNeverWaitsOnCommittedEntries) {
     for (int i = 0; i < 600 && !done.load(); i++) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     if (!done.load()) {
       Stats s = j.GetStats();
-      fprintf(stderr, "hung: next_seq %llu durable %llu last_seq %llu free %u room_waits %llu\n",
+      fprintf(stderr, "hung: next_seq %llu durable %llu last_seq %llu free %llu room_waits %llu\n",
               (unsigned long long)s.next_seq, (unsigned long long)s.durable_seq,
-              (unsigned long long)s.last_seq, s.free_buckets, (unsigned long long)s.room_waits);
+              (unsigned long long)s.last_seq, (unsigned long long)s.free_buckets, (unsigned long long)s.room_waits);
       abort();
     }
   });

@@ -106,6 +106,33 @@ void Delete(T* p) {
   tfs_plat_free(p);
 }
 
+// The one owner of an object from New, deleted with its owner: how big
+// objects (a Store, a DeviceSet, an Allocator) stay off the stack -- the
+// kernel's frames are limited to 2 KiB (scripts/kernel_safe_check.py enforces
+// it). Null when New failed: callers test it (kNoMemory).
+template <typename T>
+class Owned {
+ public:
+  Owned() = default;
+  explicit Owned(T* p) : p_(p) {}
+  ~Owned() { Delete(p_); }
+  Owned(const Owned&) = delete;
+  Owned& operator=(const Owned&) = delete;
+  template <typename... Args>
+  static Owned Make(Args&&... args) {
+    return Owned(New<T>(Forward<Args>(args)...));
+  }
+  Owned(Owned&& o) : p_(o.p_) { o.p_ = nullptr; }
+
+  T* get() const { return p_; }
+  T& operator*() const { return *p_; }
+  T* operator->() const { return p_; }
+  explicit operator bool() const { return p_ != nullptr; }
+
+ private:
+  T* p_ = nullptr;
+};
+
 inline u64 MemoryBytes() { return tfs_plat_memory_bytes(); }
 
 // Time.

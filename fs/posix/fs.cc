@@ -576,7 +576,7 @@ Status Filesystem::Mount(store::Store* store, const Options& options) {
     for (; it.Valid() && it.pos().inode == 0; TFS_TRY(it.Next())) TFS_TRY(orphans.PushBack(it.pos().offset));
     for (u64 ino : orphans) {
       TFS_TRY(FinishFree(ino));
-      c_orphans_freed_.FetchAdd(1, MemOrder::kRelaxed);
+      ctr_.orphans_freed.FetchAdd(1, MemOrder::kRelaxed);
     }
     // Inodes in use, and the next number (numbers are not reused within a mount).
     u64 count = 0;
@@ -670,7 +670,7 @@ Status Filesystem::Unmount() {
       if (first.ok() && !st.ok()) first = st;
     }
   }
-  c_open_.Store(0, MemOrder::kRelaxed);
+  ctr_.open_inodes.Store(0, MemOrder::kRelaxed);
   data_.Close();
   store_ = nullptr;
   trees_ = nullptr;
@@ -690,7 +690,7 @@ Result<Attr> Filesystem::GetAttr(u64 ino) {
 
 Result<Attr> Filesystem::Lookup(u64 dir, const char* name, u32 len) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
-  c_lookups_.FetchAdd(1, MemOrder::kRelaxed);
+  ctr_.lookups.FetchAdd(1, MemOrder::kRelaxed);
   TFS_TRY(CheckName(name, len));
   InodeFormat d;
   TFS_TRY(ReadDirInode(dir, &d));
@@ -726,7 +726,7 @@ Result<u32> Filesystem::ReadLink(u64 ino, char* buf, u32 cap) {
 
 Status Filesystem::ReadDir(u64 dir, u64 cookie, DirFiller fill, void* ctx) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
-  c_readdirs_.FetchAdd(1, MemOrder::kRelaxed);
+  ctr_.readdirs.FetchAdd(1, MemOrder::kRelaxed);
   InodeFormat d;
   TFS_TRY(ReadInode(dir, &d));
   if (!IsDir(d)) return Err::kNotDir;
@@ -850,7 +850,7 @@ Result<Attr> Filesystem::Create(u64 dir, const char* name, u32 len, u32 mode, u6
     }
     return st;
   }
-  c_creates_.FetchAdd(1, MemOrder::kRelaxed);
+  ctr_.creates.FetchAdd(1, MemOrder::kRelaxed);
   inodes_.FetchAdd(1, MemOrder::kRelaxed);
   return ToAttr(ino, f);
 }
@@ -977,7 +977,7 @@ Status Filesystem::Remove(u64 dir, const char* name, u32 len, bool rmdir) {
     TFS_TRY(tx.Set(InodePos(dir), &d, sizeof(d)));
     DebugNoSharedLock();
     TFS_TRY(tx.Commit().status());
-    c_unlinks_.FetchAdd(1, MemOrder::kRelaxed);
+    ctr_.unlinks.FetchAdd(1, MemOrder::kRelaxed);
     if (!freed) return Status::Ok();
     to_free = e.ino;
     break;  // (the directory's lock goes with the loop's scope)
@@ -987,7 +987,7 @@ Status Filesystem::Remove(u64 dir, const char* name, u32 len, bool rmdir) {
 
 void Filesystem::NoteFreed(bool freed) {
   if (!freed) return;
-  c_freed_.FetchAdd(1, MemOrder::kRelaxed);
+  ctr_.inodes_freed.FetchAdd(1, MemOrder::kRelaxed);
   inodes_.FetchSub(1, MemOrder::kRelaxed);
 }
 
@@ -1010,7 +1010,8 @@ struct InodeSet {
   }
   InodeFormat* Add(u64 ino, const InodeFormat& f) {
     if (InodeFormat* have = Get(ino)) return have;
-    recs[n] = Rec{ino, f};
+    recs[n].ino = ino;
+    recs[n].f = f;
     return &recs[n++].f;
   }
 };
@@ -1130,16 +1131,23 @@ Status Filesystem::RenameEntries(u64 old_dir, const char* old_name, u32 old_len,
     InodeSet set;
     InodeFormat* o = set.Add(old_dir, od);
     InodeFormat* n = set.Add(new_dir, nd);
-    InodeFormat sf;
-    TFS_TRY(ReadInode(src.ino, &sf));
-    InodeFormat* s = set.Add(src.ino, sf);
+    // The moved and the replaced inode, read into the set in place (copies
+    // would take rename's frame past the kernel's 2 KiB).
+    auto read = [&](u64 ino) -> Result<InodeFormat*> {
+      if (InodeFormat* have = set.Get(ino)) return have;
+      TFS_TRY(ReadInode(ino, &set.recs[set.n].f));
+      set.recs[set.n].ino = ino;
+      return &set.recs[set.n++].f;
+    };
+    Result<InodeFormat*> sr = read(src.ino);
+    TFS_TRY(sr.status());
+    InodeFormat* s = sr.value();
     InodeFormat* t = nullptr;
     if (dst.found) {
-      InodeFormat tf;
-      Status st = ReadInode(dst.ino, &tf);
-      if (st.Is(ErrorClass::kNotFound)) return Err::kCorrupt;
-      TFS_TRY(st);
-      t = set.Add(dst.ino, tf);
+      Result<InodeFormat*> tr = read(dst.ino);
+      if (tr.status().Is(ErrorClass::kNotFound)) return Err::kCorrupt;
+      TFS_TRY(tr.status());
+      t = tr.value();
     }
     Transaction tx(trees_);
     u8 dent[kDirentMax];
@@ -1194,7 +1202,7 @@ Status Filesystem::RenameEntries(u64 old_dir, const char* old_name, u32 old_len,
     }
     DebugNoSharedLock();
     TFS_TRY(tx.Commit().status());
-    c_renames_.FetchAdd(1, MemOrder::kRelaxed);
+    ctr_.renames.FetchAdd(1, MemOrder::kRelaxed);
     if (freed) *to_free = dst.ino;
     return Status::Ok();
   }
@@ -1283,7 +1291,7 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
   data_.Abort(tail_delta);  // (nothing left if it was committed)
   platform::Delete(tail);
   TFS_TRY(st);
-  c_setattrs_.FetchAdd(1, MemOrder::kRelaxed);
+  ctr_.setattrs.FetchAdd(1, MemOrder::kRelaxed);
   return ToAttr(ino, f);
 }
 
@@ -1339,7 +1347,7 @@ Filesystem::Buffered* Filesystem::FindBuffer(u64 ino, bool create) {
 
 void Filesystem::FreeBuffer(Buffered* b) {
   if (b == nullptr) return;
-  if (b->blocks > 0) c_dropped_.FetchAdd(1, MemOrder::kRelaxed);
+  if (b->blocks > 0) ctr_.buffers_dropped.FetchAdd(1, MemOrder::kRelaxed);
   platform::Free(b->data);
   platform::Delete(b);
   buffers_.FetchSub(1, MemOrder::kRelaxed);
@@ -1443,11 +1451,15 @@ Status Filesystem::FlushRun(u64 ino, Buffered* b, FlushCause cause) {
   }
   platform::Delete(p);
   if (!st.ok()) {  // the run stays, for the next flush to try again
-    c_flush_err_.FetchAdd(1, MemOrder::kRelaxed);
+    ctr_.flush_errors.FetchAdd(1, MemOrder::kRelaxed);
     return st;
   }
-  c_flush_[cause].FetchAdd(1, MemOrder::kRelaxed);
-  c_flushed_bytes_.FetchAdd(u64(b->blocks) * kBlock, MemOrder::kRelaxed);
+  Bump(cause == kFlushFull    ? ctr_.flushes_full
+       : cause == kFlushClose ? ctr_.flushes_close
+       : cause == kFlushFsync ? ctr_.flushes_fsync
+       : cause == kFlushAge   ? ctr_.flushes_age
+                              : ctr_.flushes_other);
+  ctr_.bytes_flushed.FetchAdd(u64(b->blocks) * kBlock, MemOrder::kRelaxed);
   SharedLock l(open_mu_[Stripe(ino)]);
   b->blocks = 0;
   b->gen = buf_gen_.FetchAdd(1, MemOrder::kRelaxed);
@@ -1465,7 +1477,7 @@ Status Filesystem::FlushBuffer(u64 ino) {
     bool buffered = false;
     for (const OpenCount& o : open_[s]) buffered |= o.ino == ino && o.buf != nullptr && o.buf->blocks > 0;
     if (!buffered) {
-      c_close_unbuffered_.FetchAdd(1, MemOrder::kRelaxed);
+      ctr_.closes_unbuffered.FetchAdd(1, MemOrder::kRelaxed);
       return Status::Ok();
     }
   }
@@ -1570,7 +1582,7 @@ Result<u32> Filesystem::Write(u64 ino, u64 off, const void* buf, u32 len, u32 fl
     DataGuard data(this, ino, false);
     TFS_TRY(data.status());
     if (!Buffering(ino)) {
-      c_wdirect_.FetchAdd(1, MemOrder::kRelaxed);
+      ctr_.writes_direct.FetchAdd(1, MemOrder::kRelaxed);
       return WriteThrough(ino, f, off, in, len);  // (f's size is not used for whole blocks)
     }
   }
@@ -1579,7 +1591,7 @@ Result<u32> Filesystem::Write(u64 ino, u64 off, const void* buf, u32 len, u32 fl
   TFS_TRY(data.status());
   TFS_TRY(FlushRun(ino, FindBuffer(ino, false), kFlushOther));
   TFS_TRY(ReadInode(ino, &f));  // the size, now stable
-  c_wdirect_.FetchAdd(1, MemOrder::kRelaxed);
+  ctr_.writes_direct.FetchAdd(1, MemOrder::kRelaxed);
   return WriteThrough(ino, f, off, in, len);
 }
 
@@ -1660,7 +1672,7 @@ Result<u32> Filesystem::WriteBuffered(u64 ino, InodeFormat* f, Buffered* b, u64 
   b->blocks = u32(Max<u64>(b->first + b->blocks, b1) - b->first);
   b->size = Max(b->size, off + len);
   b->mtime_ns = now;
-  c_wbuf_.FetchAdd(1, MemOrder::kRelaxed);
+  ctr_.writes_buffered.FetchAdd(1, MemOrder::kRelaxed);
   return len;
 }
 
@@ -2212,7 +2224,7 @@ Status Filesystem::AddHandle(u64 ino) {
       return Status::Ok();
     }
   TFS_TRY(open_[s].PushBack(OpenCount{ino, 1, nullptr}));
-  c_open_.FetchAdd(1, MemOrder::kRelaxed);
+  ctr_.open_inodes.FetchAdd(1, MemOrder::kRelaxed);
   return Status::Ok();
 }
 
@@ -2227,7 +2239,7 @@ bool Filesystem::DropHandle(u64 ino, bool* last, Buffered** buf) {
       *buf = v[i].buf;
       v[i] = v[v.size() - 1];
       v.PopBack();
-      c_open_.FetchSub(1, MemOrder::kRelaxed);
+      ctr_.open_inodes.FetchSub(1, MemOrder::kRelaxed);
     }
     return true;
   }
@@ -2413,28 +2425,9 @@ Status Filesystem::Release(u64 ino) {
 
 Stats Filesystem::GetStats() const {
   Stats s;
-  s.lookups = c_lookups_.Load(MemOrder::kRelaxed);
-  s.creates = c_creates_.Load(MemOrder::kRelaxed);
-  s.unlinks = c_unlinks_.Load(MemOrder::kRelaxed);
-  s.renames = c_renames_.Load(MemOrder::kRelaxed);
-  s.setattrs = c_setattrs_.Load(MemOrder::kRelaxed);
-  s.readdirs = c_readdirs_.Load(MemOrder::kRelaxed);
-  s.inodes_freed = c_freed_.Load(MemOrder::kRelaxed);
-  s.orphans_freed = c_orphans_freed_.Load(MemOrder::kRelaxed);
-  s.open_inodes = c_open_.Load(MemOrder::kRelaxed);
-  s.writes_buffered = c_wbuf_.Load(MemOrder::kRelaxed);
-  s.writes_direct = c_wdirect_.Load(MemOrder::kRelaxed);
-  s.flushes_full = c_flush_[kFlushFull].Load(MemOrder::kRelaxed);
-  s.flushes_close = c_flush_[kFlushClose].Load(MemOrder::kRelaxed);
-  s.flushes_fsync = c_flush_[kFlushFsync].Load(MemOrder::kRelaxed);
-  s.flushes_age = c_flush_[kFlushAge].Load(MemOrder::kRelaxed);
-  s.flushes_other = c_flush_[kFlushOther].Load(MemOrder::kRelaxed);
-  s.bytes_flushed = c_flushed_bytes_.Load(MemOrder::kRelaxed);
-  s.flush_errors = c_flush_err_.Load(MemOrder::kRelaxed);
-  s.buffers_dropped = c_dropped_.Load(MemOrder::kRelaxed);
+  TFS_COUNTER_LOAD(TFS_POSIX_COUNTERS, ctr_, s);
+  TFS_COUNTER_LOAD(TFS_WBUF_COUNTERS, ctr_, s);
   s.buffers_now = buffers_.Load(MemOrder::kRelaxed);
-  s.closes_unbuffered = c_close_unbuffered_.Load(MemOrder::kRelaxed);
-  s.inode_locks_now = 0;
   for (u32 i = 0; i < kStripes; i++) {
     SharedLock l(locks_mu_[i]);
     s.inode_locks_now += locks_[i].size();

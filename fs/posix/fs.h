@@ -72,6 +72,7 @@
 #include "platform/sync.h"
 #include "posix/format.h"
 #include "store/store.h"
+#include "util/counters.h"
 #include "util/status.h"
 #include "util/vector.h"
 
@@ -173,18 +174,37 @@ struct StatFs {
   u64 name_max = kNameMax;
 };
 
+// posix's counters (util/counters.h): the namespace, and the write buffer
+// (writes taken into it, runs written out and their bytes by cause, runs
+// dropped with their file, buffers in use now).
+#define TFS_POSIX_COUNTERS(X, A)                                                   \
+  X(lookups, counter, "names looked up")                                           \
+  X(creates, counter, "inodes created (files, directories, nodes, links to new)") \
+  X(unlinks, counter, "names unlinked or removed")                                 \
+  X(renames, counter, "renames")                                                   \
+  X(setattrs, counter, "attribute changes")                                        \
+  X(readdirs, counter, "directory listings (pages)")                               \
+  X(inodes_freed, counter, "last link gone and not open (or its last Release)")    \
+  X(orphans_freed, counter, "at mount: left by a crash while open")                \
+  X(open_inodes, gauge, "inodes open now")                                         \
+  X(inode_locks_now, level, "per-inode lock entries in use now")
+#define TFS_WBUF_COUNTERS(X, A)                                                             \
+  X(writes_buffered, counter, "writes taken into a buffer")                                 \
+  X(writes_direct, counter, "writes that went straight to the data path")                   \
+  X(flushes_full, counter, "runs written out: the buffer was full")                         \
+  X(flushes_close, counter, "runs written out: the file was closed")                        \
+  X(flushes_fsync, counter, "runs written out: fsync")                                      \
+  X(flushes_age, counter, "runs written out: aged out")                                     \
+  X(flushes_other, counter, "runs written out: another operation on the file needed it")    \
+  X(bytes_flushed, counter, "bytes those runs wrote")                                       \
+  X(flush_errors, counter, "runs that failed to write (they stay for the next flush)")      \
+  X(buffers_dropped, counter, "runs dropped with their file")                               \
+  X(closes_unbuffered, counter, "closes with nothing buffered: no lock taken")              \
+  X(buffers_now, level, "buffers in use now")
+
 struct Stats {
-  u64 lookups, creates, unlinks, renames, setattrs, readdirs;
-  u64 inodes_freed;      // last link gone and not open (or its last Release)
-  u64 orphans_freed;     // at mount: left by a crash while open
-  u64 open_inodes;       // now
-  // The write buffer: writes taken into it, runs written out (and their bytes)
-  // by cause, runs dropped with their file, buffers in use now.
-  u64 writes_buffered, writes_direct;
-  u64 flushes_full, flushes_close, flushes_fsync, flushes_age, flushes_other, bytes_flushed;
-  u64 flush_errors, buffers_dropped, buffers_now;
-  u64 closes_unbuffered;  // FlushBuffer (close) with nothing buffered: no lock taken
-  u64 inode_locks_now;    // per-inode lock entries in use now
+  TFS_COUNTER_FIELDS(TFS_POSIX_COUNTERS)
+  TFS_COUNTER_FIELDS(TFS_WBUF_COUNTERS)
 };
 
 // One hash table of named entries: a directory's entries or an inode's xattrs.
@@ -469,12 +489,12 @@ class Filesystem {
   Atomic<u64> next_ino_{kFirstIno};
   Atomic<u32> next_gen_{0};
   Atomic<u64> inodes_{0};  // inodes in use (statfs)
-  Atomic<u64> c_lookups_{0}, c_creates_{0}, c_unlinks_{0}, c_renames_{0}, c_setattrs_{0};
-  Atomic<u64> c_readdirs_{0}, c_freed_{0}, c_orphans_freed_{0}, c_open_{0};
+  struct Live {
+    TFS_COUNTER_ATOMICS(TFS_POSIX_COUNTERS)
+    TFS_COUNTER_ATOMICS(TFS_WBUF_COUNTERS)
+  } ctr_;
   Atomic<u32> buffers_{0};  // write buffers allocated
   Atomic<u64> buf_gen_{1};  // Buffered::gen values
-  Atomic<u64> c_close_unbuffered_{0};
-  Atomic<u64> c_wbuf_{0}, c_wdirect_{0}, c_flush_[5] = {}, c_flushed_bytes_{0}, c_flush_err_{0}, c_dropped_{0};
   // The background flusher (ages buffers out).
   platform::Thread flusher_;
   Mutex flusher_mu_;

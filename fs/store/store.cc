@@ -44,7 +44,10 @@ Status Format(const FormatMember* members, u32 count, const FormatOptions& o, Di
                      unsigned(o.data_replicas));
 
   // A device set in member order: validates labels and resolves targets.
-  dev::DeviceSet devs;
+  // It and the allocator are big: on the heap (the kernel's 2 KiB frames).
+  auto devs_owned = platform::Owned<dev::DeviceSet>::Make();
+  if (!devs_owned) return Err::kNoMemory;
+  dev::DeviceSet& devs = *devs_owned;
   for (u32 i = 0; i < count; i++) {
     if (members[i].bdev == nullptr || members[i].label == nullptr)
       return DiagError(diag, Err::kInvalidArgument, "format: device %u has no label", i + 1);
@@ -127,7 +130,9 @@ Status Format(const FormatMember* members, u32 count, const FormatOptions& o, Di
   }
 
   // Allocation tables first, superblocks last: the superblock makes it a filesystem.
-  alloc::Allocator a;
+  auto a_owned = platform::Owned<alloc::Allocator>::Make();
+  if (!a_owned) return Err::kNoMemory;
+  alloc::Allocator& a = *a_owned;
   TFS_TRY(a.Init(&devs, s, nullptr));
   a.InitFresh();
   Status st = a.Checkpoint();

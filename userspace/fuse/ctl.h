@@ -3,11 +3,11 @@
 // docs/usage.md ("tierfs ctl").
 //
 //   kCtlStats: the mount's live counters as one NUL-terminated JSON object of at
-//   most kCtlMax bytes: "devices" (per member: label, group, queue state, I/O
-//   by origin and operation with service-time quantiles), "journal", "btree",
-//   "alloc" (per member bucket states, per tier totals), "data", "posix"; a
-//   member the command line ran over a fault device also has "fault" (its
-//   state and I/O by origin as the fault device saw it).
+//   most kCtlMax bytes, written by the core (fs/mount/stats.h: the same bytes
+//   the kernel module will return); the front end adds each member's "path"
+//   and, for a member the command line ran over a fault device, "fault" (its
+//   state and I/O by origin as the fault device saw it). A document that does
+//   not fit is ENOSPC, never a cut one.
 //
 //   kCtlFault: in, "MEMBER COMMAND ARGS" (NUL-terminated); out, the one-line
 //   reply of the member's fault device ("ok ...", "error: ...", or for `stats`
@@ -19,8 +19,7 @@
 
 #include <string>
 
-#include "posix/fs.h"
-#include "store/store.h"
+#include "mount/instance.h"
 #include "userspace/util/json.h"
 
 namespace tfs::fuse {
@@ -45,9 +44,9 @@ class MemberControl {
   virtual std::string FaultCommand(const std::string& line) = 0;
 };
 
-// The kCtlStats JSON of an open store and its mounted filesystem; `members`
-// may be null.
-std::string StatsJson(store::Store& store, posix::Filesystem& fs, MemberControl* members);
+// The kCtlStats reply of an open instance into *out; `members` may be null.
+// kNoSpace when it would be longer than kCtlMax - 1 bytes.
+Status CtlStats(mount::Instance& inst, MemberControl* members, std::string* out);
 
 }  // namespace tfs::fuse
 

@@ -121,6 +121,55 @@ def fault_mount(tmp_path: Path, *fault_args: str) -> Iterator[tuple[list[Path], 
     fsck_clean(devs)
 
 
+# The ctl reply is one ioctl of at most 16000 bytes (its size field has 14
+# bits; userspace/fuse/ctl.h); a longer document is ENOSPC. The lab mounts up
+# to three members, each over a fault device: that document, with I/O of
+# several kinds behind it, must leave room for counters still to come.
+CTL_MAX = 16000
+CTL_HEADROOM = 4000
+
+
+@needs_fuse
+def test_the_ctl_document_of_three_faulted_members_has_room(tmp_path: Path) -> None:
+    devs = [tmp_path / f"{n}.img" for n in ("ssd", "hdd1", "hdd2")]
+    for p, mib in zip(devs, (128, 256, 256)):
+        with open(p, "wb") as f:
+            f.truncate(mib << 20)
+    proc = run([tool("tierfs"), "format", "--label", "ssd.a", devs[0], "--label", "hdd.b", devs[1],
+                "--label", "hdd.c", devs[2], "--foreground-target", "ssd", "--metadata-target", "ssd",
+                "--background-target", "hdd", "--bucket-size", "256K"])
+    assert proc.returncode == 0, proc.stderr
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    faults = ["--fault", "ssd.a=passthrough", "--fault", "hdd.b=passthrough", "--fault", "hdd.c=passthrough"]
+    daemon = subprocess.Popen([str(tool("tierfs")), "mount", "-f", *map(str, devs), str(mnt), *faults],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: os.path.ismount(mnt) or daemon.poll() is not None, "the mount")
+        assert os.path.ismount(mnt), daemon.stderr.read() if daemon.stderr else ""
+        for i in range(40):
+            (mnt / f"d{i % 4}").mkdir(exist_ok=True)
+            with open(mnt / f"d{i % 4}" / f"f{i}", "wb") as out:
+                out.write(os.urandom(300_000))
+                if i % 5 == 0:
+                    os.fsync(out.fileno())
+        os.sync()
+        for i in range(40):
+            (mnt / f"d{i % 4}" / f"f{i}").read_bytes()
+        proc = ctl(mnt)
+        assert proc.returncode == 0, proc.stderr
+        doc = json.loads(proc.stdout)
+        assert [d["fault"]["profile"] for d in doc["devices"]] == ["passthrough"] * 3
+        size = len(proc.stdout.encode())
+        print(f"ctl document of three faulted members: {size} bytes")
+        assert size + CTL_HEADROOM < CTL_MAX, f"ctl document {size} bytes: near its ioctl's limit"
+    finally:
+        if os.path.ismount(mnt):
+            umount(mnt)
+        daemon.wait(timeout=60)
+    fsck_clean(devs)
+
+
 @needs_fuse
 def test_mounted_fault_devices_through_ctl(tmp_path: Path) -> None:
     with fault_mount(tmp_path, "--fault", "hdd.b=hdd-fixed-10ms",

@@ -487,7 +487,9 @@ void Ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file_in
     if (reply.size() + 1 > out_bufsz) reply = "error: the reply does not fit the ioctl's buffer";
     return (void)fuse_reply_ioctl(req, 0, reply.c_str(), reply.size() + 1);
   }
-  const std::string json = StatsJson(*c->store, *c->fs, c->members);
+  std::string json;
+  const Status st = CtlStats(*c->instance, c->members, &json);
+  if (!st.ok()) return Reply(req, st);
   if (json.size() + 1 > out_bufsz) return (void)fuse_reply_err(req, ENOSPC);
   fuse_reply_ioctl(req, int(json.size()), json.c_str(), json.size() + 1);
 }

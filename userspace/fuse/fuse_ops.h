@@ -13,16 +13,16 @@
 #include <unordered_set>
 #include <fuse_lowlevel.h>
 
+#include "mount/instance.h"
 #include "posix/fs.h"
-#include "store/store.h"
 #include "userspace/fuse/ctl.h"
 
 namespace tfs::fuse {
 
 // What the operations reach through fuse_req_userdata().
 struct Context {
-  store::Store* store = nullptr;
-  posix::Filesystem* fs = nullptr;
+  mount::Instance* instance = nullptr;  // only passed whole to ctl (its counters)
+  posix::Filesystem* fs = nullptr;      // the instance's: every operation's one call
   MemberControl* members = nullptr;  // for tierfs ctl; may be null
   double attr_timeout = 1.0;   // seconds the kernel may cache attributes and entries
 

@@ -149,40 +149,20 @@ DevCounters Minus(const DevCounters& a, const DevCounters& b) {
 
 // ---- btree stats ----
 
-struct StatField {
-  const char* name;
-  u64 btree::Stats::*field;
-};
-// Counters: reported as the phase's increase.
-constexpr StatField kCounters[] = {
-    {"lookups", &btree::Stats::lookups},
-    {"inserts", &btree::Stats::inserts},
-    {"deletes", &btree::Stats::deletes},
-    {"commits", &btree::Stats::commits},
-    {"restarts", &btree::Stats::restarts},
-    {"splits", &btree::Stats::splits},
-    {"merges", &btree::Stats::merges},
-    {"root_grows", &btree::Stats::root_grows},
-    {"root_shrinks", &btree::Stats::root_shrinks},
-    {"compactions", &btree::Stats::compactions},
-    {"read_merges", &btree::Stats::read_merges},
-    {"cache_hits", &btree::Stats::cache_hits},
-    {"cache_misses", &btree::Stats::cache_misses},
-    {"evictions", &btree::Stats::evictions},
-    {"node_reads", &btree::Stats::node_reads},
-    {"node_read_bytes", &btree::Stats::node_read_bytes},
-    {"corrupt_reads", &btree::Stats::corrupt_reads},
-    {"node_writes", &btree::Stats::node_writes},
-    {"node_write_bytes", &btree::Stats::node_write_bytes},
-    {"checkpoints", &btree::Stats::checkpoints},
-};
-// Gauges: reported as their value when the phase ends.
-constexpr StatField kGauges[] = {
-    {"cached_nodes", &btree::Stats::cached_nodes},
-    {"cached_bytes", &btree::Stats::cached_bytes},
-    {"dirty_nodes", &btree::Stats::dirty_nodes},
-    {"dirty_bytes", &btree::Stats::dirty_bytes},
-};
+// Every scalar row of the btree's counter table (btree/tree.h): the monotonic
+// ones as their increase from `before`, the rest as they are in `after`; of
+// the arrays, the depth of the benchmark's tree.
+#define BENCH_BTREE_ROW(name, kind, help) \
+  w.UintField(#name, CounterMonotonic(TFS_COUNTER_KIND(kind)) ? after.name - before.name : after.name);
+#define BENCH_BTREE_ARRAY(name, n, kind, help)
+void WriteBtreeStats(userspace::JsonWriter& w, const btree::Stats& before, const btree::Stats& after) {
+  w.BeginObject();
+  TFS_BTREE_COUNTERS(BENCH_BTREE_ROW, BENCH_BTREE_ARRAY)
+  w.UintField("depth", after.depth[btree::kBtreeTest]);
+  w.EndObject();
+}
+#undef BENCH_BTREE_ROW
+#undef BENCH_BTREE_ARRAY
 
 // ---- process and machine ----
 
@@ -697,20 +677,12 @@ int BenchBtree(int argc, char** argv) {
                 p.arena_after.hugepage_advice_failures - p.arena_before.hugepage_advice_failures);
     w.EndObject();
     w.Key("btree");
-    w.BeginObject();
-    for (const StatField& f : kCounters) w.UintField(f.name, delta(f.field));
-    for (const StatField& f : kGauges) w.UintField(f.name, p.after.*f.field);
-    w.UintField("depth", p.after.depth[btree::kBtreeTest]);
-    w.EndObject();
+    WriteBtreeStats(w, p.before, p.after);
     w.EndObject();
   }
   w.EndArray();
   w.Key("final_btree");
-  w.BeginObject();
-  for (const StatField& f : kCounters) w.UintField(f.name, final_stats.*f.field);
-  for (const StatField& f : kGauges) w.UintField(f.name, final_stats.*f.field);
-  w.UintField("depth", final_stats.depth[btree::kBtreeTest]);
-  w.EndObject();
+  WriteBtreeStats(w, btree::Stats{}, final_stats);
   w.DoubleField("close_seconds", close_seconds);
   w.EndObject();
   printf("(ops/s and ns/op are wall-clock over all threads; write phases include their closing journal flush; "

@@ -92,7 +92,7 @@ int Serve(const std::vector<std::string>& devices, const std::vector<FaultSpec>&
     return 1;
   }
   fuse::Context ctx;
-  ctx.store = &inst->store();
+  ctx.instance = inst.get();
   ctx.fs = &inst->fs();
   ctx.members = &controls;
   std::vector<std::string> argv_s = {"tierfs", "-o", "default_permissions,subtype=tierfs,fsname=" + FsnameOption(source)};

@@ -1,68 +1,35 @@
-// A minimal streaming JSON writer for the tools' JSON output (results documents,
-// `tierfs show --json`, benchmark reports).
-//
-// It emits exactly what the results schema needs (objects, arrays, strings,
-// integers, finite doubles, booleans, null) with correct string escaping, and
-// inserts commas itself so callers cannot produce a malformed document by
-// forgetting one. Non-finite doubles are written as null (JSON has no NaN).
-// Strings are bytes: valid UTF-8 is copied, and every byte that is not part of a
-// valid UTF-8 sequence is written as \u00XX (its Latin-1 reading), so the output
-// is always valid UTF-8 JSON (such a string does not round-trip to its bytes).
+// JsonWriter: the tools' JSON documents (results, `tierfs show --json`,
+// benchmark reports, the probe's output, the fault devices' stats) -- the
+// core's writer (util/json_out.h: commas, nesting, escaping; strings are
+// bytes, so invalid UTF-8 is written as \u00XX and the output is always valid
+// UTF-8 JSON) into a growing string, plus doubles, which the kernel-safe core
+// does not write. Non-finite doubles are written as null (JSON has no NaN).
 // Not thread-safe; one writer per document.
 #ifndef TFS_USERSPACE_UTIL_JSON_H_
 #define TFS_USERSPACE_UTIL_JSON_H_
 
-#include <cstdint>
 #include <string>
-#include <string_view>
-#include <vector>
+
+#include "util/json_out.h"
 
 namespace tfs::userspace {
 
-class JsonWriter {
+class JsonWriter : public JsonOut {
  public:
-  void BeginObject();
-  void EndObject();
-  void BeginArray();
-  void EndArray();
-  void Key(std::string_view key);
-  void String(std::string_view s);
-  void Uint(uint64_t v);
-  void Int(int64_t v);
+  JsonWriter() : JsonOut(&Append, &out_) {}
+
   void Double(double v);
-  void Bool(bool v);
-  void Null();
-  // Key and value in one call, for the common flat fields of a document.
-  void StringField(std::string_view key, std::string_view v) {
-    Key(key);
-    String(v);
-  }
-  void UintField(std::string_view key, uint64_t v) {
-    Key(key);
-    Uint(v);
-  }
-  void IntField(std::string_view key, int64_t v) {
-    Key(key);
-    Int(v);
-  }
-  void DoubleField(std::string_view key, double v) {
+  void DoubleField(JsonStr key, double v) {
     Key(key);
     Double(v);
-  }
-  void BoolField(std::string_view key, bool v) {
-    Key(key);
-    Bool(v);
   }
 
   const std::string& str() const { return out_; }
 
  private:
-  void BeforeValue();
-  void Escape(std::string_view s);  // appends s as a quoted JSON string
+  static void Append(void* ctx, const char* bytes, u32 n) { static_cast<std::string*>(ctx)->append(bytes, n); }
 
   std::string out_;
-  std::vector<bool> first_;  // per open container: no element written yet
-  bool after_key_ = false;
 };
 
 }  // namespace tfs::userspace

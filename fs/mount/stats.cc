@@ -1,0 +1,166 @@
+// The mount's counters as JSON (see stats.h).
+#include "mount/stats.h"
+
+#include "alloc/allocator.h"
+#include "btree/tree.h"
+#include "data/data.h"
+#include "dev/device_set.h"
+#include "dev/io_queue.h"
+#include "journal/journal.h"
+#include "platform/platform.h"
+#include "posix/fs.h"
+#include "store/store.h"
+#include "util/counters.h"
+
+namespace tfs::mount {
+namespace {
+
+bool SameString(const char* a, const char* b) {
+  const usize n = StrLen(a);
+  return n == StrLen(b) && MemCompare(a, b, n) == 0;
+}
+
+// One member's queue: its state and its I/O by origin (origins that did
+// nothing are left out).
+void WriteQueue(dev::Member* m, dev::OriginStats* stats, JsonOut& w) {
+  const dev::QueueState q = m->queue().State();
+  TFS_COUNTER_JSON(TFS_QUEUE_COUNTERS, w, q);
+  w.Key("io");
+  w.BeginObject();
+  for (int o = 0; o < kIoOriginCount; o++) {
+    m->queue().ReadStats(IoOrigin(o), stats);
+    u64 any = stats->errors;
+    for (int op = 0; op < kIoOpCount; op++) any += stats->ops[op];
+    if (any == 0) continue;
+    w.Key(IoOriginName(IoOrigin(o)));
+    w.BeginObject();
+    for (int op = 0; op < kIoOpCount; op++) {
+      if (stats->ops[op] == 0) continue;
+      w.Key(IoOpName(IoOp(op)));
+      w.BeginObject();
+      w.UintField("ops", stats->ops[op]);
+      w.UintField("bytes", stats->bytes[op]);
+      w.EndObject();
+    }
+    w.UintField("errors", stats->errors);
+    w.UintField("service_p50_ns", stats->service_time.Quantile(50, 100));
+    w.UintField("service_p99_ns", stats->service_time.Quantile(99, 100));
+    w.UintField("queue_p99_ns", stats->queue_time.Quantile(99, 100));
+    w.EndObject();
+  }
+  w.EndObject();
+}
+
+// Per member: bucket states and reserves (docs/design/space.md); then per
+// tier (the members of one group) the buckets and the free ones, summed from
+// the same reading of each member.
+void WriteAlloc(store::Store& store, JsonOut& w) {
+  dev::DeviceSet& devs = store.devs();
+  u32 tier_of[dev::kMaxDevices];  // the first member of each member's group
+  u64 tier_buckets[dev::kMaxDevices] = {};
+  u64 tier_free[dev::kMaxDevices] = {};
+  w.Key("devices");
+  w.BeginArray();
+  for (u32 i = 0; i < devs.size(); i++) {
+    const alloc::DeviceUsage u = store.alloc().Usage(i);
+    w.BeginObject();
+    w.StringField("label", devs.member(i)->label());
+    w.UintField("buckets", u.nbuckets);
+    for (int s = 0; s < alloc::kBucketStateCount; s++)
+      w.UintField(alloc::BucketStateName(alloc::BucketState(s)), u.by_state[s]);
+    w.UintField("pending_free", u.pending_free);
+    w.UintField("live_sectors", u.live_sectors);
+    // The btree reserve in force (its declared need plus growth room), the
+    // need itself, and the free buckets user data leaves (copygc + btree
+    // reserves).
+    w.UintField("reserve_btree", u.reserves.btree);
+    w.UintField("metadata_need", u.metadata_need);
+    w.UintField("data_floor", u.reserves.copygc + u.reserves.btree);
+    w.EndObject();
+    tier_of[i] = i;
+    for (u32 k = 0; k < i; k++) {
+      if (SameString(devs.member(k)->group(), devs.member(i)->group())) {
+        tier_of[i] = tier_of[k];
+        break;
+      }
+    }
+    tier_buckets[tier_of[i]] += u.nbuckets;
+    tier_free[tier_of[i]] += u.by_state[int(alloc::BucketState::kFree)];
+  }
+  w.EndArray();
+  w.Key("tiers");
+  w.BeginObject();
+  for (u32 i = 0; i < devs.size(); i++) {
+    if (tier_of[i] != i) continue;  // written with the first of its group
+    w.Key(devs.member(i)->group());
+    w.BeginObject();
+    w.UintField("buckets", tier_buckets[i]);
+    w.UintField("free", tier_free[i]);
+    w.EndObject();
+  }
+  w.EndObject();
+  TFS_COUNTER_JSON(TFS_ALLOC_COUNTERS, w, store.alloc().Stats());
+}
+
+}  // namespace
+
+Status WriteStats(Instance& inst, JsonOut& w, const MemberExtras* extras) {
+  if (!inst.open()) return Err::kInvalidArgument;
+  store::Store& store = inst.store();
+  posix::Filesystem& fs = inst.fs();
+  dev::OriginStats* origin = platform::New<dev::OriginStats>();
+  if (origin == nullptr) return Err::kNoMemory;
+
+  w.BeginObject();
+  w.UintField("bucket_size", store.sb().bucket_size);
+  w.Key("devices");
+  w.BeginArray();
+  for (u32 i = 0; i < store.devs().size(); i++) {
+    dev::Member* m = store.devs().member(i);
+    w.BeginObject();
+    w.UintField("index", i);
+    w.StringField("label", m->label());
+    w.StringField("group", m->group());
+    WriteQueue(m, origin, w);
+    if (extras != nullptr && extras->write != nullptr) extras->write(extras->ctx, i, w);
+    w.EndObject();
+  }
+  w.EndArray();
+  platform::Delete(origin);
+
+  w.Key("journal");
+  w.BeginObject();
+  // preflushes: per member, so as many as there are (the ctl reply is
+  // bounded: docs/usage.md).
+  TFS_COUNTER_JSON_N(TFS_JOURNAL_COUNTERS, w, store.journal().GetStats(), store.devs().size());
+  w.EndObject();
+
+  w.Key("btree");
+  w.BeginObject();
+  TFS_COUNTER_JSON(TFS_BTREE_COUNTERS, w, store.btrees().GetStats());
+  w.EndObject();
+
+  w.Key("alloc");
+  w.BeginObject();
+  WriteAlloc(store, w);
+  w.EndObject();
+
+  w.Key("data");
+  w.BeginObject();
+  TFS_COUNTER_JSON(TFS_DATA_COUNTERS, w, fs.GetDataStats());
+  w.EndObject();
+
+  const posix::Stats p = fs.GetStats();
+  w.Key("posix");
+  w.BeginObject();
+  TFS_COUNTER_JSON(TFS_POSIX_COUNTERS, w, p);
+  w.Key("write_buffer");
+  w.BeginObject();
+  TFS_COUNTER_JSON(TFS_WBUF_COUNTERS, w, p);
+  w.EndObject();
+  w.EndObject();
+  w.EndObject();
+  return Status::Ok();
+}
+
+}  // namespace tfs::mount
