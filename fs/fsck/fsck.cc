@@ -6,6 +6,7 @@
 #include "data/data.h"
 #include "fsck/pass.h"
 #include "platform/platform.h"
+#include "posix/fs.h"
 #include "store/store.h"
 
 namespace tfs::fsck {
@@ -521,6 +522,33 @@ void ReportDroppedNodes(store::Store& e, const Options& opt, bool roots_rebuilt,
   c.Line("btree: the checks below %s what depended on the lost keys", opt.repair ? "repair" : "report");
 }
 
+// The superblock's incompatible feature flags against what the namespace
+// needs (`had`: the flags before the open; `needed`: posix::kSbFeatures bits
+// the namespace pass found in use). A flag missing lets an older build mount
+// the filesystem and misread what posix wrote: an error (-y: the open set
+// it). A flag nothing needs keeps older builds off for nothing: a note, and
+// -y clears it -- the downgrade path (the next read-write mount sets it
+// again).
+void FeatureFlags(store::Store& e, const Options& opt, u16 had, u16 needed, Ctx& c) {
+  if ((needed & ~had) != 0) {
+    c.report->errors++;
+    c.Line("superblock: the chunked-xattrs flag is missing, but chunked xattrs or capability flags are in use "
+           "(a build before them would misread them)%s",
+           opt.repair ? "" : "; 'tierfs fsck -y' sets it");
+    if (opt.repair) {
+      c.report->repaired++;
+      c.Line("superblock: set the chunked-xattrs flag");
+    }
+  } else if ((had & ~needed) != 0) {
+    c.report->notes++;
+    c.Line("superblock: the chunked-xattrs flag is set but unused (no chunked xattr, no inode flagged for "
+           "security.capability): %s",
+           opt.repair ? "cleared it (builds before it can mount the filesystem until the next read-write mount)"
+                      : "'tierfs fsck -y' clears it, for builds before it");
+  }
+  if (opt.repair) e.SetFeatures(needed);
+}
+
 }  // namespace
 
 Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn emit, void* ctx) {
@@ -578,6 +606,9 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
     oo.rebuild_ctx = &rebuild;
     oo.replay_past_damage = true;
     oo.rebuild_roots = true;
+    // As every read-write open for posix: its repairs use posix's formats.
+    // The end of the check clears what nothing needs (FeatureFlags).
+    oo.features = posix::kSbFeatures;
   }
   store::OpenReport rep;
   Diag d;
@@ -671,7 +702,9 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
   } else {
     CheckBtrees(e, rep.was_clean, c, &btree_found);
   }
-  const bool namespace_done = CheckNamespace(e, opt, c);
+  u16 features = 0;
+  const bool namespace_done = CheckNamespace(e, opt, c, &features);
+  if (namespace_done) FeatureFlags(e, opt, rep.features, features, c);
   if (opt.repair && namespace_done && e.lost_data_btrees() != 0) {
     // What depended on the dropped nodes is repaired; the unmount below
     // records it, after the repairs are durable.

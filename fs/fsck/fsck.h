@@ -33,7 +33,10 @@
 //    are whole; orphan keys name unlinked
 //    inodes no entry names (an orphan is a note: the next mount frees it);
 //    xattrs belong to inodes, and a chunked value has exactly its chunks (each
-//    of its length, its crc right) and no chunk key is left without a value.
+//    of its length, its crc right) and no chunk key is left without a value;
+//    an inode has at most 128 xattr table keys, and kInodeFlagCaps exactly
+//    when it has a security.capability xattr; the superblock's kSbXattrChunks
+//    is set if anything needs it (-y clears it when nothing does).
 //    File data: extents parse, belong to regular files,
 //    do not overlap, point inside a user bucket of their generation; each
 //    inode's sector count is what its extents hold and its size covers them; a
@@ -42,7 +45,8 @@
 //    entries removed, retyped or moved back into their chain, counts, parents
 //    and sizes set, what no entry names reattached as /lost+found/#<ino>,
 //    of overlapping extents the one ending later kept, a damaged chunked
-//    xattr removed with its chunks and a stray chunk deleted. A summary line
+//    xattr removed with its chunks and a stray chunk deleted, xattr table
+//    keys past 128 deleted, the capability flag set or cleared. A summary line
 //    counts inodes, directories, entries, xattrs and extents.
 //
 // Results follow fsck(8): 0 clean, 1 errors corrected, 4 errors left uncorrected,

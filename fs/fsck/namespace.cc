@@ -54,6 +54,8 @@ struct InodeRec {
   u64 data_end;      // regular files: the end block of its last written (not unwritten) extent
   bool orphan;
   bool gone;         // deleted by a repair
+  bool caps_flag;    // kInodeFlagCaps is set
+  bool caps_xattr;   // a security.capability xattr was found
 };
 
 bool IsDirMode(u32 mode) { return (mode & posix::kModeTypeMask) == posix::kModeDir; }
@@ -140,12 +142,15 @@ class NamespaceCheck {
   NamespaceCheck(store::Store& e, const Options& opt, Ctx& c)
       : e_(e), t_(e.btrees()), repair_(opt.repair), c_(c) {}
 
-  bool Run() {
+  // features: the superblock features (posix::kSbFeatures bits) the
+  // namespace needs, once it passed.
+  bool Run(u16* features) {
     Status st = Passes();
     if (!st.ok()) {
       c_.Line("namespace: %s failed: %s", write_failed_ ? "writing a repair" : "reading the btrees", st.Message());
       c_.report->errors++;
     }
+    if (st.ok()) *features = feature_keys_ != 0 ? posix::kSbFeatures : u16(0);
     return st.ok();
   }
 
@@ -367,6 +372,7 @@ class NamespaceCheck {
       r.size = f.size.get();
       r.parent = f.parent.get();
       r.sectors = f.sectors.get();
+      r.caps_flag = (f.flags.get() & posix::kInodeFlagCaps) != 0;
       TFS_TRY(inodes_.PushBack(r));
     }
     TFS_TRY(st);
@@ -1207,8 +1213,8 @@ class NamespaceCheck {
 
   // --- xattrs -------------------------------------------------------------------------
 
-  // A chunked value of the inode being scanned: its descriptor, and what the
-  // chunk keys of its id (which come after every table key of the inode) showed.
+  // A chunked value of the inode being scanned (one of its first kMaxXattrs
+  // table keys): its descriptor, and what the chunk keys of its id showed.
   struct ChunkedValue {
     u64 slot;
     u64 id;
@@ -1221,50 +1227,68 @@ class NamespaceCheck {
     bool bad_len = false;  // (which of the two)
     bool keeper = false;   // whole, and the first whole value of its id: the chunks are its
     bool gone = false;     // removed with its chunks by a repair
+    bool caps = false;     // named security.capability
     bool Whole() const { return !bad && next == chunks && seen == crc; }
   };
 
-  // The value the chunks of `id` belong to (null: none is whole).
-  static const ChunkedValue* KeeperOf(const Vector<ChunkedValue>& values, u64 id) {
-    for (const ChunkedValue& v : values)
-      if (v.keeper && v.id == id) return &v;
-    return nullptr;
-  }
+  // One inode's xattr keys as they stream past: its table's slots first, then
+  // its chunk keys, by id and then index (kXattrChunkBase + 32 id + i). Each
+  // id is judged when the walk leaves it, so what is held is bounded: the
+  // chunked values of the first kMaxXattrs table keys (the keys past them are
+  // deleted) and a bitmap of one id's chunks.
+  static constexpr u64 kNoId = ~u64(0);
+  struct XattrInode {
+    u64 ino = 0;
+    InodeRec* rec = nullptr;   // null: no live inode (each key is deleted as it passes)
+    u64 table_keys = 0;        // table keys seen, tombstones and bad ones included
+    u64 excess_deleted = 0;    // of those past kMaxXattrs, deleted (-y)
+    bool caps = false;         // a security.capability entry among the kept keys
+    bool chunk_phase = false;  // chunk keys have begun: values_ is sorted by (id, slot)
+    usize next = 0;            // values_[next..] are not judged yet
+    usize group_end = 0;       // values_[next..group_end) claim group_id
+    u64 group_id = kNoId;      // the id whose chunk keys are streaming
+    u32 group_seen = 0;        // its chunk indices seen (bit i)
+    u32 total = 0;             // chunks of the values judged whole
+  };
 
   // Xattrs belong to inodes and parse; a chunked value has exactly its chunks
   // (each of its length, their bytes passing its crc) and no chunk key is left
-  // without a value; an inode's chunks stay within kMaxXattrChunks. Repairs:
-  // keys of no inode are deleted; a corrupt key of a live inode is removed as
-  // posix removes an xattr; a damaged chunked value is removed with its chunks
-  // (one transaction), and a chunk of no value deleted.
+  // without a value; an inode's table holds at most kMaxXattrs keys and its
+  // chunks stay within kMaxXattrChunks (posix frees them all in one
+  // transaction: more would make that fail, and with it the mount that frees
+  // an orphan); kInodeFlagCaps is set exactly when the inode has a
+  // security.capability xattr. Repairs: keys of no inode are deleted; a
+  // corrupt key of a live inode is removed as posix removes an xattr; a
+  // damaged chunked value is removed with its chunks (one transaction), a
+  // chunk of no value deleted; table keys past the first kMaxXattrs are
+  // deleted; the flag is set or cleared.
   Status ScanXattrs() {
     btree::Iterator it(&t_, btree::kBtreeXattrs);
     Status st = it.SeekToFirst();
-    u64 owner = 0;
-    Vector<ChunkedValue> values;  // of `owner`
-    Vector<Pos> chunk_keys;       // of `owner`
+    bool started = false;
     for (; st.ok() && it.Valid(); st = it.Next()) {
       const Pos p = it.pos();
-      if (p.inode != owner) {
-        TFS_TRY(FinishChunkedValues(owner, values, chunk_keys));
-        owner = p.inode;
+      if (!started || p.inode != x_.ino) {
+        if (started) TFS_TRY(FinishXattrInode());
+        x_ = XattrInode{};
+        x_.ino = p.inode;
+        x_.rec = Find(p.inode);
+        started = true;
       }
       const unsigned long long ino = p.inode, slot = p.offset;
-      const bool has_owner = Find(p.inode) != nullptr;
+      const bool has_owner = x_.rec != nullptr;
+      if (p.offset >= posix::kXattrChunkBase) feature_keys_++;
       if (has_owner && p.offset >= posix::kXattrChunkBase) {
-        // Chunk i of every value that claims its id (one, unless damaged).
-        TFS_TRY(chunk_keys.PushBack(p));
-        const u64 id = (p.offset - posix::kXattrChunkBase) / posix::kXattrChunksPerValue;
-        const u32 i = u32((p.offset - posix::kXattrChunkBase) % posix::kXattrChunksPerValue);
-        for (ChunkedValue& v : values) {
-          if (v.id != id || v.bad || i >= v.chunks) continue;  // (past its chunks: judged as a stray)
-          if (i != v.next || it.val_bytes() != posix::XattrChunkLen(v.len, i)) {
-            v.bad = true;
-            v.bad_len = i == v.next;
-            continue;
-          }
-          v.seen = platform::Crc32cExtend(v.seen, it.value(), it.val_bytes());
-          v.next++;
+        TFS_TRY(DeleteExcess());
+        TFS_TRY(XattrChunk(p, it.value(), it.val_bytes()));
+        continue;
+      }
+      if (has_owner && ++x_.table_keys > posix::kMaxXattrs) {
+        // Reported with the count when the inode's keys end; a chunked
+        // value's chunks are left to be deleted as strays.
+        if (repair_) {
+          TFS_TRY(excess_.PushBack(p));
+          if (excess_.size() == kDeleteBatch) TFS_TRY(DeleteExcess());
         }
         continue;
       }
@@ -1285,8 +1309,13 @@ class NamespaceCheck {
         Repaired(1, "namespace: removed xattr key (%llu, %llu)%s", ino, slot, has_owner ? "" : ": no such inode");
         continue;
       }
-      if (xe.type != posix::kDtTombstone) xattrs_++;
+      if (xe.type == posix::kDtTombstone) continue;
+      xattrs_++;
+      const bool caps =
+          xe.name_len == posix::kXattrCapsLen && MemCompare(name, posix::kXattrCaps, posix::kXattrCapsLen) == 0;
+      x_.caps = x_.caps || caps;
       if (xe.type != posix::kXattrChunked) continue;
+      feature_keys_++;
       posix::XattrChunksFormat d;
       TFS_TRY(posix::ParseXattrChunks(xe, after, &d));  // (ParseNamedEntry checked it)
       ChunkedValue v{};
@@ -1295,32 +1324,109 @@ class NamespaceCheck {
       v.len = d.value_len.get();
       v.crc = d.crc.get();
       v.chunks = posix::XattrChunkCount(v.len);
-      TFS_TRY(values.PushBack(v));
+      v.caps = caps;
+      TFS_TRY(values_.PushBack(v));  // at most kMaxXattrs of them
     }
     TFS_TRY(st);
-    return FinishChunkedValues(owner, values, chunk_keys);
+    if (started) TFS_TRY(FinishXattrInode());
+    return CheckCapsFlags();
   }
 
-  // The end of one inode's xattr keys: judges its chunked values and chunk
-  // keys (and empties both lists). Of values sharing an id (damage), the
-  // chunks decide -- the first whole one keeps them, whatever the slots'
-  // order -- and the others lose their entries alone.
-  Status FinishChunkedValues(u64 owner, Vector<ChunkedValue>& values, Vector<Pos>& chunk_keys) {
-    const unsigned long long ino = owner;
-    for (ChunkedValue& v : values) v.keeper = v.Whole() && KeeperOf(values, v.id) == nullptr;
-    u32 total = 0;
-    for (ChunkedValue& v : values) {
-      const unsigned long long slot = v.slot, id = v.id;
-      if (v.keeper) {
-        total += v.chunks;
+  // Deletes the table keys past kMaxXattrs queued so far (kDeleteBatch a
+  // transaction).
+  Status DeleteExcess() {
+    if (excess_.empty()) return Status::Ok();
+    Transaction tx(&t_);
+    for (const Pos& p : excess_) TFS_TRY(tx.Delete(p));
+    TFS_TRY(Commit(tx));
+    x_.excess_deleted += excess_.size();
+    excess_.Clear();
+    return Status::Ok();
+  }
+
+  // Chunk key p (of a live inode; its value `v`, `len` bytes) as it streams past.
+  Status XattrChunk(const Pos& p, const u8* v, u32 len) {
+    if (!x_.chunk_phase) {
+      // The table is done: its values by (id, slot), the order chunk keys come in.
+      Sort(values_.data(), values_.size(),
+           [](const ChunkedValue& a, const ChunkedValue& b) { return a.id != b.id ? a.id < b.id : a.slot < b.slot; });
+      x_.chunk_phase = true;
+    }
+    const u64 id = (p.offset - posix::kXattrChunkBase) / posix::kXattrChunksPerValue;
+    const u32 i = u32((p.offset - posix::kXattrChunkBase) % posix::kXattrChunksPerValue);
+    if (id != x_.group_id) {
+      TFS_TRY(FinishChunkGroup());
+      // Ids before this one that no chunk key had: their values are judged now.
+      while (x_.next < values_.size() && values_[x_.next].id < id) TFS_TRY(JudgeNextId());
+      StartChunkGroup(id);
+    }
+    x_.group_seen |= u32(1) << i;
+    if (x_.next == x_.group_end) {  // no value claims the id
+      Problem("namespace: xattr chunk (%llu, %llu) belongs to no value of its inode", (unsigned long long)p.inode,
+              (unsigned long long)p.offset);
+      if (repair_) {
+        TFS_TRY(DeleteKey(p));
+        Repaired(1, "namespace: deleted xattr chunk (%llu, %llu)", (unsigned long long)p.inode,
+                 (unsigned long long)p.offset);
+      }
+      return Status::Ok();
+    }
+    // Chunk i of every value that claims its id (one, unless damaged).
+    for (usize k = x_.next; k < x_.group_end; k++) {
+      ChunkedValue& c = values_[k];
+      if (c.bad || i >= c.chunks) continue;  // (past its chunks: judged as a stray)
+      if (i != c.next || len != posix::XattrChunkLen(c.len, i)) {
+        c.bad = true;
+        c.bad_len = i == c.next;
         continue;
       }
-      if (KeeperOf(values, v.id) != nullptr) {
+      c.seen = platform::Crc32cExtend(c.seen, v, len);
+      c.next++;
+    }
+    return Status::Ok();
+  }
+
+  void StartChunkGroup(u64 id) {
+    x_.group_id = id;
+    x_.group_seen = 0;
+    x_.group_end = x_.next;
+    while (x_.group_end < values_.size() && values_[x_.group_end].id == id) x_.group_end++;
+  }
+
+  // The values of the next unjudged id, which had no chunk key.
+  Status JudgeNextId() {
+    StartChunkGroup(values_[x_.next].id);
+    return FinishChunkGroup();
+  }
+
+  // The end of one id's chunk keys: judges the values that claim it and the
+  // chunks past its keeper's. Of values sharing an id (damage) the chunks
+  // decide -- the first whole one keeps them -- and the others lose their
+  // entries alone; when none is whole, each goes with every chunk of the id.
+  Status FinishChunkGroup() {
+    if (x_.group_id == kNoId) return Status::Ok();
+    const unsigned long long ino = x_.ino, id = x_.group_id;
+    ChunkedValue* keeper = nullptr;
+    for (usize k = x_.next; k < x_.group_end; k++) {
+      if (keeper == nullptr && values_[k].Whole()) {
+        keeper = &values_[k];
+        keeper->keeper = true;
+      }
+    }
+    for (usize k = x_.next; k < x_.group_end; k++) {
+      ChunkedValue& v = values_[k];
+      const unsigned long long slot = v.slot;
+      if (v.keeper) {
+        x_.total += v.chunks;
+        continue;
+      }
+      if (keeper != nullptr) {
         Problem("namespace: chunked xattr (%llu, %llu) has the id %llu of another value of its inode", ino, slot, id);
         if (repair_) {
-          Transaction tx(&t_);  // the entry alone: the chunks are the other value's
-          TFS_TRY(QueueRemoveEntry(tx, btree::kBtreeXattrs, owner, v.slot));
+          Transaction tx(&t_);  // the entry alone: the chunks are the other's
+          TFS_TRY(QueueRemoveEntry(tx, btree::kBtreeXattrs, x_.ino, v.slot));
           TFS_TRY(Commit(tx));
+          if (v.caps) x_.caps = false;  // (one name is in a table once)
           Repaired(1, "namespace: removed xattr key (%llu, %llu)", ino, slot);
         }
         continue;
@@ -1331,39 +1437,63 @@ class NamespaceCheck {
       } else {
         Problem("namespace: chunked xattr (%llu, %llu) is damaged: its %u bytes fail their crc", ino, slot, v.len);
       }
-      if (repair_) TFS_TRY(RemoveChunkedValue(owner, &v, "damaged", 1));
+      if (repair_) TFS_TRY(RemoveChunkedValue(x_.ino, &v, "damaged", 1));
     }
-    // More chunks than posix allows (it frees an inode's xattrs in one
-    // transaction): values go, last slot first, until the rest fit.
-    if (total > posix::kMaxXattrChunks) {
-      Problem("namespace: inode %llu has %u xattr chunks, more than %u", ino, total, posix::kMaxXattrChunks);
-      for (usize k = values.size(); repair_ && k-- > 0 && total > posix::kMaxXattrChunks;) {
-        ChunkedValue& v = values[k];
-        if (!v.keeper) continue;
-        const u32 resolves = total - v.chunks <= posix::kMaxXattrChunks ? 1 : 0;  // the last removal
-        TFS_TRY(RemoveChunkedValue(owner, &v, "over the inode's bound", resolves));
-        total -= v.chunks;
+    // Chunks past the keeper's last (those of an id whose claimants are all
+    // damaged go with them).
+    if (keeper != nullptr) {
+      for (u32 i = keeper->chunks; i < posix::kXattrChunksPerValue; i++) {
+        if (((x_.group_seen >> i) & 1) == 0) continue;
+        const unsigned long long at = posix::XattrChunkOffset(x_.group_id, i);
+        Problem("namespace: xattr chunk (%llu, %llu) belongs to no value of its inode", ino, at);
+        if (repair_) {
+          TFS_TRY(DeleteKey(Pos{btree::kBtreeXattrs, x_.ino, at}));
+          Repaired(1, "namespace: deleted xattr chunk (%llu, %llu)", ino, at);
+        }
       }
     }
-    // Chunk keys no value keeps: of an id no value claims, or past its
-    // keeper's last chunk. (Those of an id whose claimants are all damaged go
-    // with them.)
-    for (const Pos& p : chunk_keys) {
-      const u64 id = (p.offset - posix::kXattrChunkBase) / posix::kXattrChunksPerValue;
-      const u32 i = u32((p.offset - posix::kXattrChunkBase) % posix::kXattrChunksPerValue);
-      const ChunkedValue* keeper = KeeperOf(values, id);
-      bool claimed = false;
-      for (const ChunkedValue& v : values) claimed = claimed || v.id == id;
-      if (keeper != nullptr ? (keeper->gone || i < keeper->chunks) : claimed) continue;
-      Problem("namespace: xattr chunk (%llu, %llu) belongs to no value of its inode", ino,
-              (unsigned long long)p.offset);
-      if (repair_) {
-        TFS_TRY(DeleteKey(p));
-        Repaired(1, "namespace: deleted xattr chunk (%llu, %llu)", ino, (unsigned long long)p.offset);
+    x_.next = x_.group_end;
+    x_.group_id = kNoId;
+    return Status::Ok();
+  }
+
+  // The end of one inode's xattr keys: the ids no chunk key reached, the
+  // bound on chunks, the keys past the table's bound; empties values_.
+  Status FinishXattrInode() {
+    const unsigned long long ino = x_.ino;
+    TFS_TRY(DeleteExcess());
+    if (x_.rec != nullptr) {
+      if (!x_.chunk_phase) {
+        Sort(values_.data(), values_.size(),
+             [](const ChunkedValue& a, const ChunkedValue& b) { return a.id != b.id ? a.id < b.id : a.slot < b.slot; });
+        x_.chunk_phase = true;
       }
+      TFS_TRY(FinishChunkGroup());
+      while (x_.next < values_.size()) TFS_TRY(JudgeNextId());
+      // More chunks than posix allows: values go, last slot first, until the
+      // rest fit.
+      if (x_.total > posix::kMaxXattrChunks) {
+        Problem("namespace: inode %llu has %u xattr chunks, more than %u", ino, x_.total, posix::kMaxXattrChunks);
+        while (repair_ && x_.total > posix::kMaxXattrChunks) {
+          ChunkedValue* last = nullptr;
+          for (ChunkedValue& v : values_)
+            if (v.keeper && !v.gone && (last == nullptr || v.slot > last->slot)) last = &v;
+          if (last == nullptr) break;
+          const u32 resolves = x_.total - last->chunks <= posix::kMaxXattrChunks ? 1 : 0;  // the last removal
+          TFS_TRY(RemoveChunkedValue(x_.ino, last, "over the inode's bound", resolves));
+          x_.total -= last->chunks;
+        }
+      }
+      if (x_.table_keys > posix::kMaxXattrs) {
+        Problem("namespace: inode %llu has %llu xattr table keys, more than %u", ino,
+                (unsigned long long)x_.table_keys, posix::kMaxXattrs);
+        if (repair_)
+          Repaired(1, "namespace: deleted the %llu xattr table keys of inode %llu past its first %u (their names "
+                   "are lost)", (unsigned long long)x_.excess_deleted, ino, posix::kMaxXattrs);
+      }
+      x_.rec->caps_xattr = x_.caps;
     }
-    values.Clear();
-    chunk_keys.Clear();
+    values_.Clear();
     return Status::Ok();
   }
 
@@ -1376,8 +1506,36 @@ class NamespaceCheck {
       TFS_TRY(tx.Delete(Pos{btree::kBtreeXattrs, owner, posix::XattrChunkOffset(v->id, i)}));
     TFS_TRY(Commit(tx));
     v->gone = true;
+    if (v->caps) x_.caps = false;  // (one name is in a table once)
     Repaired(resolves, "namespace: removed chunked xattr (%llu, %llu) and its chunks (%s)", (unsigned long long)owner,
              (unsigned long long)v->slot, why);
+    return Status::Ok();
+  }
+
+  // kInodeFlagCaps agrees with the security.capability xattrs the scan found
+  // (a write tests the flag instead of looking the name up). A flag missing
+  // would let an O_DIRECT write keep the capability (filesystems written by
+  // builds before the flag: fsck -y sets it once); one left over costs a
+  // write a lookup. Repair: set or cleared.
+  Status CheckCapsFlags() {
+    for (InodeRec& r : inodes_) {
+      if (r.gone) continue;
+      if (r.caps_flag != r.caps_xattr) {
+        Problem("namespace: inode %llu %s", (unsigned long long)r.ino,
+                r.caps_xattr ? "has a security.capability xattr but not its flag"
+                             : "has the security.capability flag but no such xattr");
+        if (repair_) {
+          const bool want = r.caps_xattr;
+          TFS_TRY(UpdateInode(r.ino, [&](posix::InodeFormat& f) {
+            f.flags.set(u16(want ? f.flags.get() | posix::kInodeFlagCaps : f.flags.get() & ~posix::kInodeFlagCaps));
+          }));
+          r.caps_flag = want;
+          Repaired(1, "namespace: %s the security.capability flag of inode %llu", want ? "set" : "cleared",
+                   (unsigned long long)r.ino);
+        }
+      }
+      if (r.caps_flag) feature_keys_++;  // (as repaired: a flag on disk keeps older builds off)
+    }
     return Status::Ok();
   }
 
@@ -1412,12 +1570,18 @@ class NamespaceCheck {
   bool lost_found_failed_ = false;
   u64 entries_ = 0, dirs_ = 0, extents_ = 0, xattrs_ = 0;
   u32 found_ = 0;
+  // What needs posix::kSbFeatures: chunked xattr entries, chunk keys and
+  // inodes with kInodeFlagCaps (or a capability xattr, which gets it).
+  u64 feature_keys_ = 0;
+  XattrInode x_;                 // the inode whose xattr keys are streaming
+  Vector<ChunkedValue> values_;  // its chunked values (ScanXattrs)
+  Vector<Pos> excess_;           // its table keys past kMaxXattrs, to delete (-y)
   u8 buf_[btree::kMaxValueBytes + 64];  // one key's value
 };
 
 }  // namespace
 
-bool CheckNamespace(store::Store& e, const Options& opt, Ctx& c) {
+bool CheckNamespace(store::Store& e, const Options& opt, Ctx& c, u16* features) {
   // ~3 KiB of members: not on a kernel stack.
   NamespaceCheck* check = platform::New<NamespaceCheck>(e, opt, c);
   if (check == nullptr) {
@@ -1425,7 +1589,7 @@ bool CheckNamespace(store::Store& e, const Options& opt, Ctx& c) {
     c.report->exit_code = kExitOperational;
     return false;
   }
-  const bool done = check->Run();
+  const bool done = check->Run(features);
   platform::Delete(check);
   return done;
 }

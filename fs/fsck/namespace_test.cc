@@ -5,6 +5,7 @@
 // filesystem mounts with what survived.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -30,6 +31,13 @@ using posix::Filesystem;
 
 const std::string kLinkTarget(3000, 't');
 
+// How a mount opens the store (mount::Instance): with posix's features.
+store::OpenOptions MountOptions() {
+  store::OpenOptions o;
+  o.features = posix::kSbFeatures;
+  return o;
+}
+
 // The fixture file's chunked xattr "user.big": three chunk keys (2048, 2048,
 // 904 bytes) at id 0.
 std::string BigXattr() {
@@ -39,6 +47,37 @@ std::string BigXattr() {
 }
 btree::Pos ChunkPos(u64 ino, u64 id, u32 i) {
   return btree::Pos{btree::kBtreeXattrs, ino, posix::XattrChunkOffset(id, i)};
+}
+
+// An inline xattr entry's bytes (name, then value).
+std::vector<u8> XattrEntry(const std::string& name, const std::string& value) {
+  posix::DirentFormat de{};
+  de.type = posix::kXattrValue;
+  de.name_len = u8(name.size());
+  de.value_len.set(u16(value.size()));
+  std::vector<u8> e(sizeof(de));
+  memcpy(e.data(), &de, sizeof(de));
+  e.insert(e.end(), name.begin(), name.end());
+  e.insert(e.end(), value.begin(), value.end());
+  return e;
+}
+
+// Writes n inline xattr entries of `ino` behind the filesystem's back, at
+// slots from `first` up (whatever their names hash to: fsck does not check
+// an xattr's reachability), in transactions of 500.
+void PokeXattrs(BlockDevice* b, u64 ino, u64 first, u32 n) {
+  store::Store e;
+  Diag diag;
+  ASSERT_TRUE(e.Open(&b, 1, store::OpenOptions{}, &diag).ok()) << diag.text;
+  for (u32 done = 0; done < n;) {
+    btree::Transaction tx(&e.btrees());
+    for (u32 k = 0; k < 500 && done < n; k++, done++) {
+      const std::vector<u8> v = XattrEntry("user.p" + std::to_string(done), "v");
+      ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeXattrs, ino, first + done}, v.data(), u32(v.size())).ok());
+    }
+    ASSERT_TRUE(tx.Commit().ok());
+  }
+  ASSERT_TRUE(e.Close().ok());
 }
 
 // The file's bytes: three blocks of 'd' with "xyz" at 4096 + 10.
@@ -123,7 +162,7 @@ struct Fixture {
     BlockDevice* b = dev.get();
     store::Store e;
     Diag diag;
-    ASSERT_TRUE(e.Open(&b, 1, store::OpenOptions{}, &diag).ok()) << diag.text;
+    ASSERT_TRUE(e.Open(&b, 1, MountOptions(), &diag).ok()) << diag.text;
     Filesystem fs;
     Filesystem::Options o;
     o.dir_hash_bits = hash_bits;
@@ -324,7 +363,7 @@ TEST(FsckNamespaceTest, AnOrphanIsANoteNotAnError) {
   {
     store::Store e;
     Diag diag;
-    ASSERT_TRUE(e.Open(&b, 1, store::OpenOptions{}, &diag).ok());
+    ASSERT_TRUE(e.Open(&b, 1, MountOptions(), &diag).ok());
     Filesystem fs;
     ASSERT_TRUE(fs.Mount(&e).ok());
     ASSERT_TRUE(fs.OpenInode(fx.link).ok());
@@ -1364,40 +1403,213 @@ TEST(FsckRepairTest, DamagedChunkedXattrsAreRepaired) {
          EXPECT_EQ(count, 33u);
          EXPECT_EQ(Contents(fs, f.file), FileBytes());
        }},
+      {"chunks of several values, a damaged one between whole ones and a stray among them",
+       [](Fixture& f) {
+         const std::string o1(3000, '1'), o2(3000, '2');
+         f.WithFs([&](Filesystem& fs, btree::Btrees&) {
+           ASSERT_TRUE(fs.SetXattr(f.file, "user.o1", 7, o1.data(), u32(o1.size()), 0).ok());
+           ASSERT_TRUE(fs.SetXattr(f.file, "user.o2", 7, o2.data(), u32(o2.size()), 0).ok());
+         });
+         ASSERT_EQ(f.Value(ChunkPos(f.file, 1, 1)).size(), 3000u - posix::kXattrChunkBytes);  // o1's id is 1
+         f.Poke(ChunkPos(f.file, 1, 0), nullptr, 0);
+         f.Poke(ChunkPos(f.file, 3, 4), "stray", 5);
+       },
+       "is damaged: chunk 0 of 2 is missing", "and its chunks (damaged)",
+       [](Fixture& f, Filesystem& fs) {
+         ExpectFixtureIntact(fs, f);
+         EXPECT_EQ(fs.GetXattr(f.file, "user.o1", 7, nullptr, 0).status().code(), Err::kNoData);
+         std::string v(3000, '\0');
+         auto r = fs.GetXattr(f.file, "user.o2", 7, v.data(), u32(v.size()));
+         ASSERT_TRUE(r.ok());
+         EXPECT_EQ(v, std::string(3000, '2'));
+       }},
+      {"more table keys than an inode may have",
+       [](Fixture& f) { PokeXattrs(f.dev.get(), f.file, posix::kSlotEnd - 1000, 140); },
+       "has 142 xattr table keys, more than 128", "deleted the 14 xattr table keys",
+       [](Fixture& f, Filesystem& fs) {
+         ExpectFixtureIntact(fs, f);  // (user.x and user.big hash below the poked slots)
+         std::string names(8192, '\0');
+         auto l = fs.ListXattr(f.file, names.data(), u32(names.size()));
+         ASSERT_TRUE(l.ok());
+         EXPECT_EQ(std::count(names.begin(), names.begin() + l.value(), '\0'), 128);
+       }},
   };
   for (const RepairCase& c : cases) RunRepairCase(c);
 }
 
-// A filesystem an older build made (its superblock without kSbXattrChunks)
-// checks clean and mounts; a read-write open marks it, so that builds which
-// cannot read chunked xattrs refuse it from then on.
-TEST(FsckNamespaceTest, AFilesystemWithoutTheChunkedXattrFlagChecksCleanAndMounts) {
+// kSbXattrChunks: format leaves it off (an older build mounts a new
+// filesystem); every read-write mount sets it, and fsck -y clears it again
+// while nothing needs it -- no chunked xattr entry, no chunk key, no inode
+// with kInodeFlagCaps -- so an older build can mount the filesystem again
+// (the downgrade path). A flag missing while chunked xattrs exist (damage,
+// or the flag lost) is an error fsck -y repairs; an older build's
+// filesystem (no flag, inline xattrs) checks clean and mounts.
+TEST(FsckNamespaceTest, TheChunkedXattrFlagFollowsWhatNeedsIt) {
+  auto flag = [](fixture::Image& img) { return (img.SbOf().flags & sb::kSbXattrChunks) != 0; };
+  auto drop_flag = [](fixture::Image& img) {
+    sb::Superblock s = img.SbOf();
+    s.flags &= u16(~sb::kSbXattrChunks);
+    s.seq++;
+    ASSERT_TRUE(sb::Write(*img.dev, s, 0).ok());
+  };
   fixture::Image img;
+  EXPECT_FALSE(flag(img));  // format: no feature yet
+  u64 ino = 0;
   img.WithFs([&](Filesystem& fs, store::Store&) {
-    const u64 ino = fs.Mknod(posix::kRootIno, "f", 1, posix::kModeReg | 0644, 0, fixture::kRoot).value().ino;
+    ino = fs.Mknod(posix::kRootIno, "f", 1, posix::kModeReg | 0644, 0, fixture::kRoot).value().ino;
     ASSERT_TRUE(fs.SetXattr(ino, "user.a", 6, "old", 3, 0).ok());
   });
-  sb::Superblock s = img.SbOf();
-  ASSERT_NE(s.flags & sb::kSbXattrChunks, 0);  // (format sets it)
-  s.flags &= u16(~sb::kSbXattrChunks);
-  s.seq++;
-  ASSERT_TRUE(sb::Write(*img.dev, s, 0).ok());
-  ASSERT_EQ(img.SbOf().flags & sb::kSbXattrChunks, 0);
+  EXPECT_TRUE(flag(img));  // a read-write mount
+  // Unused: -n says so (a note) and writes nothing; -y clears it.
   auto [r1, out1] = img.Fsck(false);
   EXPECT_EQ(r1.exit_code, kExitClean) << out1;
-  EXPECT_EQ(img.SbOf().flags & sb::kSbXattrChunks, 0) << "fsck -n wrote the superblock";
+  EXPECT_NE(out1.find("chunked-xattrs flag is set but unused"), std::string::npos) << out1;
+  EXPECT_TRUE(flag(img)) << "fsck -n wrote the superblock";
+  auto [r2, out2] = img.Fsck(true);
+  EXPECT_EQ(r2.exit_code, kExitClean) << out2;
+  EXPECT_NE(out2.find("cleared it"), std::string::npos) << out2;
+  EXPECT_FALSE(flag(img));
+  auto [r3, out3] = img.Fsck(true);  // nothing to say the second time
+  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+  EXPECT_EQ(out3.find("chunked-xattrs flag"), std::string::npos) << out3;
+  EXPECT_FALSE(flag(img));
+
+  // What needs it keeps it: a chunked value; a capability (its inode flag).
+  const std::string big(20000, 'b');
   img.WithFs([&](Filesystem& fs, store::Store&) {
-    const u64 ino = fs.Lookup(posix::kRootIno, "f", 1).value().ino;
+    ASSERT_TRUE(fs.SetXattr(ino, "user.big", 8, big.data(), u32(big.size()), 0).ok());
+  });
+  auto [r4, out4] = img.Fsck(true);
+  EXPECT_EQ(r4.exit_code, kExitClean) << out4;
+  EXPECT_TRUE(flag(img)) << out4;
+  img.WithFs([&](Filesystem& fs, store::Store&) {
+    ASSERT_TRUE(fs.RemoveXattr(ino, "user.big", 8).ok());
+    ASSERT_TRUE(fs.SetXattr(ino, "security.capability", 19, "cap", 3, 0).ok());
+  });
+  auto [r5, out5] = img.Fsck(true);
+  EXPECT_EQ(r5.exit_code, kExitClean) << out5;
+  EXPECT_TRUE(flag(img)) << out5;
+  img.WithFs([&](Filesystem& fs, store::Store&) {
+    ASSERT_TRUE(fs.RemoveXattr(ino, "security.capability", 19).ok());
+  });
+  auto [r6, out6] = img.Fsck(true);
+  EXPECT_EQ(r6.exit_code, kExitClean) << out6;
+  EXPECT_FALSE(flag(img)) << out6;
+
+  // The flag lost while a chunked value exists: an error, -y sets it.
+  img.WithFs([&](Filesystem& fs, store::Store&) {
+    ASSERT_TRUE(fs.SetXattr(ino, "user.big", 8, big.data(), u32(big.size()), 0).ok());
+  });
+  drop_flag(img);
+  auto [r7, out7] = img.Fsck(false);
+  EXPECT_EQ(r7.exit_code, kExitUncorrected) << out7;
+  EXPECT_NE(out7.find("chunked-xattrs flag is missing"), std::string::npos) << out7;
+  auto [r8, out8] = img.Fsck(true);
+  EXPECT_EQ(r8.exit_code, kExitRepaired) << out8;
+  EXPECT_TRUE(flag(img));
+  auto [r9, out9] = img.Fsck(false);
+  EXPECT_EQ(r9.exit_code, kExitClean) << out9;
+
+  // An older build's filesystem (no flag, inline xattrs only) checks clean
+  // and mounts; the mount marks it.
+  img.WithFs([&](Filesystem& fs, store::Store&) { ASSERT_TRUE(fs.RemoveXattr(ino, "user.big", 8).ok()); });
+  drop_flag(img);
+  auto [r10, out10] = img.Fsck(false);
+  EXPECT_EQ(r10.exit_code, kExitClean) << out10;
+  EXPECT_EQ(out10.find("chunked-xattrs flag"), std::string::npos) << out10;
+  img.WithFs([&](Filesystem& fs, store::Store&) {
     char v[8];
     auto got = fs.GetXattr(ino, "user.a", 6, v, sizeof(v));
     ASSERT_TRUE(got.ok());
     EXPECT_EQ(std::string(v, got.value()), "old");
-    const std::string big(20000, 'b');
-    ASSERT_TRUE(fs.SetXattr(ino, "user.big", 8, big.data(), u32(big.size()), 0).ok());
   });
-  EXPECT_NE(img.SbOf().flags & sb::kSbXattrChunks, 0);
-  auto [r2, out2] = img.Fsck(false);
-  EXPECT_EQ(r2.exit_code, kExitClean) << out2;
+  EXPECT_TRUE(flag(img));
+}
+
+// kInodeFlagCaps agrees with the security.capability xattr: a file an older
+// build gave a capability (no flag) and a flag without the xattr are each
+// one error, -y sets or clears the flag.
+TEST(FsckRepairTest, TheCapabilityFlagFollowsItsXattr) {
+  fixture::Image img;
+  u64 with = 0, without = 0;
+  img.WithFs([&](Filesystem& fs, store::Store&) {
+    with = fs.Mknod(posix::kRootIno, "with", 4, posix::kModeReg | 0755, 0, fixture::kRoot).value().ino;
+    without = fs.Mknod(posix::kRootIno, "without", 7, posix::kModeReg | 0755, 0, fixture::kRoot).value().ino;
+    ASSERT_TRUE(fs.SetXattr(with, "security.capability", 19, "cap", 3, 0).ok());
+  });
+  auto flip = [&](u64 ino) {
+    img.WithFs([&](Filesystem&, store::Store& e) {
+      u8 v[sizeof(posix::InodeFormat)];
+      auto r = e.btrees().Get(btree::Pos{btree::kBtreeInodes, ino, 0}, v, sizeof(v));
+      ASSERT_TRUE(r.ok());
+      posix::InodeFormat f;
+      ASSERT_TRUE(posix::ParseInode(v, r.value(), &f).ok());
+      f.flags.set(u16(f.flags.get() ^ posix::kInodeFlagCaps));
+      btree::Transaction tx(&e.btrees());
+      ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeInodes, ino, 0}, &f, sizeof(f)).ok());
+      ASSERT_TRUE(tx.Commit().ok());
+    });
+  };
+  flip(with);
+  flip(without);
+  auto [r1, out1] = img.Fsck(false);
+  EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
+  EXPECT_NE(out1.find("inode " + std::to_string(with) + " has a security.capability xattr but not its flag"),
+            std::string::npos) << out1;
+  EXPECT_NE(out1.find("inode " + std::to_string(without) + " has the security.capability flag but no such xattr"),
+            std::string::npos) << out1;
+  auto [r2, out2] = img.Fsck(true);
+  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
+  auto [r3, out3] = img.Fsck(false);
+  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+}
+
+// An orphan whose xattr table holds more keys than posix allows cannot be
+// freed (its keys are deleted in one transaction, which then does not fit a
+// journal entry): the mount that frees it fails. fsck reports the keys past
+// the bound and -y deletes them; then the mount frees the orphan.
+TEST(FsckRepairTest, AnOrphanWithTooManyXattrKeysIsRepairedAndThenFreed) {
+  Fixture fx;
+  BlockDevice* b = fx.dev.get();
+  {
+    store::Store e;
+    Diag diag;
+    ASSERT_TRUE(e.Open(&b, 1, MountOptions(), &diag).ok());
+    Filesystem fs;
+    ASSERT_TRUE(fs.Mount(&e).ok());
+    ASSERT_TRUE(fs.OpenInode(fx.file).ok());
+    ASSERT_TRUE(fs.Unlink(posix::kRootIno, "hard", 4).ok());
+    ASSERT_TRUE(fs.Unlink(fx.dir, "f1", 2).ok());
+    ASSERT_TRUE(e.Close().ok());  // a crash: the orphan stays
+  }
+  PokeXattrs(b, fx.file, posix::kSlotEnd - 20000, 12000);
+  auto mounts = [&] {
+    store::Store e;
+    Diag diag;
+    EXPECT_TRUE(e.Open(&b, 1, MountOptions(), &diag).ok()) << diag.text;
+    Filesystem fs;
+    const bool ok = fs.Mount(&e).ok();
+    if (ok) {
+      EXPECT_TRUE(fs.Unmount().ok());
+    }
+    EXPECT_TRUE(e.Close().ok());
+    return ok;
+  };
+  EXPECT_FALSE(mounts());
+  auto [r1, out1] = fx.Fsck();
+  EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
+  EXPECT_NE(out1.find("has 12002 xattr table keys, more than 128"), std::string::npos) << out1;
+  auto [r2, out2] = fx.Fsck(true);
+  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
+  EXPECT_NE(out2.find("deleted the 11874 xattr table keys"), std::string::npos) << out2;
+  EXPECT_TRUE(mounts());
+  fx.WithFs([&](Filesystem&, btree::Btrees& t) {
+    btree::Iterator it(&t, btree::kBtreeXattrs);
+    ASSERT_TRUE(it.Seek(btree::Pos{btree::kBtreeXattrs, fx.file, 0}).ok());
+    EXPECT_FALSE(it.Valid() && it.pos().inode == fx.file) << "the orphan's xattrs outlived it";
+  });
+  auto [r3, out3] = fx.Fsck();
+  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
 }
 
 }  // namespace

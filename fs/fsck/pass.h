@@ -37,7 +37,9 @@ struct Ctx {
 // The namespace and file data (namespace.cc), on a store opened writable
 // exactly when opt.repair is set. False when it could not run to the end (a
 // read or a repair's write failed).
-bool CheckNamespace(store::Store& e, const Options& opt, Ctx& c);
+// `features`: when it returns true, the superblock features
+// (posix::kSbFeatures bits) the namespace needs -- what fsck -y leaves set.
+bool CheckNamespace(store::Store& e, const Options& opt, Ctx& c, u16* features);
 
 }  // namespace tfs::fsck
 

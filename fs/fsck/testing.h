@@ -60,7 +60,9 @@ struct Image {
     BlockDevice* b = dev.get();
     auto e = std::make_unique<store::Store>();
     Diag diag;
-    EXPECT_TRUE(e->Open(&b, 1, store::OpenOptions{}, &diag).ok()) << diag.text;
+    store::OpenOptions oo;
+    oo.features = posix::kSbFeatures;  // as a mount opens it (mount::Instance)
+    EXPECT_TRUE(e->Open(&b, 1, oo, &diag).ok()) << diag.text;
     auto fs = std::make_unique<Filesystem>();
     EXPECT_TRUE(fs->Mount(e.get()).ok());
     fn(*fs, *e);

@@ -31,7 +31,7 @@
 namespace tfs::mount {
 
 struct Options {
-  store::OpenOptions store;
+  store::OpenOptions store;  // (Open adds posix::kSbFeatures to its features)
   posix::Filesystem::Options posix;
 };
 

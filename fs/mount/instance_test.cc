@@ -19,6 +19,9 @@ TEST(InstanceTest, OpenServesPosixAndCloseLeavesItClean) {
     auto inst = std::make_unique<Instance>();
     ASSERT_TRUE(inst->Open(&b, 1, Options{}, &diag).ok()) << diag.text;
     EXPECT_TRUE(inst->open() && inst->store().open());
+    // A read-write mount records posix's incompatible features (format
+    // does not): older builds refuse the filesystem from now on.
+    EXPECT_EQ(inst->store().sb().flags & posix::kSbFeatures, posix::kSbFeatures);
     EXPECT_EQ(inst->Open(&b, 1, Options{}, &diag).code(), Err::kBusy);
     auto f = inst->fs().Mknod(posix::kRootIno, "f", 1, posix::kModeReg | 0644, 0, posix::Caller{});
     ASSERT_TRUE(f.ok());
@@ -35,6 +38,7 @@ TEST(InstanceTest, OpenServesPosixAndCloseLeavesItClean) {
   store::OpenReport rep;
   ASSERT_TRUE(inst->Open(&b, 1, Options{}, &diag, &rep).ok()) << diag.text;
   EXPECT_TRUE(rep.was_clean);
+  EXPECT_EQ(rep.features, posix::kSbFeatures);  // as the first mount left it
   auto f = inst->fs().Lookup(posix::kRootIno, "f", 1);
   ASSERT_TRUE(f.ok());
   char buf[8] = {};

@@ -105,7 +105,18 @@ static_assert(sizeof(InodeFormat) == 128, "inode value size");
 
 // InodeFormat::flags.
 inline constexpr u16 kInodeFlagCompress = 1;  // new data is zstd-compressed (chattr +c)
-inline constexpr u16 kInodeFlagsKnown = kInodeFlagCompress;
+// The inode has a "security.capability" xattr (kXattrCaps): set and cleared
+// with that xattr, in its transaction (set, remove, and the write that
+// removes it), so that a write tests this bit instead of looking the name
+// up. An incompatible bit (builds before it find the inode corrupt): covered
+// by the superblock's kSbXattrChunks (sb/format.h).
+inline constexpr u16 kInodeFlagCaps = 2;
+inline constexpr u16 kInodeFlagsKnown = kInodeFlagCompress | kInodeFlagCaps;
+
+// The xattr a write removes whoever writes (the VFS's security_inode_killpriv:
+// file capabilities, which must not survive a change of the program).
+inline constexpr char kXattrCaps[] = "security.capability";
+inline constexpr u32 kXattrCapsLen = sizeof(kXattrCaps) - 1;
 
 // The longest symlink target (PATH_MAX - 1), kept in keys (ino, 1), (ino, 2), ...
 // of up to btree::kMaxValueBytes each.

@@ -199,9 +199,6 @@ struct Filesystem::Entry {
   u64 ino = 0;     // found: the inode it names (directories)
   u8 type = 0;     // found: its DirentType (directories)
   u64 free = 0;    // not found: where the name would go (0: the chain reached kSlotEnd)
-  // found, xattrs: a chunked value's descriptor (chunks 0: the value is inline)
-  u32 chunks = 0;
-  XattrChunksFormat desc{};
 };
 
 namespace {
@@ -241,8 +238,9 @@ NameTable XattrTable(u64 ino, const InodeFormat& f) {
 }
 
 // Walks the probe chain of `name` from its home slot.
-Status Filesystem::FindEntry(const NameTable& t, const char* name, u32 len, Entry* out) {
+Status Filesystem::FindEntry(const NameTable& t, const char* name, u32 len, Entry* out, XattrChunksFormat* chunks) {
   *out = Entry{};
+  if (chunks != nullptr) MemSet(chunks, 0, sizeof(*chunks));
   const u64 home = NameHash(t.seed, t.bits, name, len);
   Iterator it(trees_, t.btree_id);
   TFS_TRY(it.Seek(Pos{t.btree_id, t.owner, home}));
@@ -262,10 +260,8 @@ Status Filesystem::FindEntry(const NameTable& t, const char* name, u32 len, Entr
       out->slot = slot;
       out->ino = d.ino.get();
       out->type = d.type;
-      if (t.btree_id == btree::kBtreeXattrs && d.type == kXattrChunked) {
-        TFS_TRY(ParseXattrChunks(d, value, &out->desc));
-        out->chunks = XattrChunkCount(out->desc.value_len.get());
-      }
+      if (chunks != nullptr && t.btree_id == btree::kBtreeXattrs && d.type == kXattrChunked)
+        TFS_TRY(ParseXattrChunks(d, value, chunks));
       return Status::Ok();
     }
     TFS_TRY(it.Next());
@@ -1553,7 +1549,7 @@ void Filesystem::FlushAged() {
   }
 }
 
-Result<u32> Filesystem::Write(u64 ino, u64 off, const void* buf, u32 len, u32 flags) {
+Result<u32> Filesystem::Write(u64 ino, u64 off, const void* buf, u32 len, u32 flags, Writer* writer) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
   if (off >= kMaxFileSize || len > kMaxFileSize - off) return Err::kTooBig;
   if (len == 0) return u32(0);
@@ -1562,9 +1558,13 @@ Result<u32> Filesystem::Write(u64 ino, u64 off, const void* buf, u32 len, u32 fl
   TFS_TRY(ReadInode(ino, &f));
   if (IsDir(f)) return Err::kIsDir;
   if ((f.mode.get() & kModeTypeMask) != kModeReg) return Err::kInvalidArgument;
-  // Every write, buffered or direct, takes S_ISUID and S_ISGID away here
-  // (before its data, as the VFS's file_remove_privs).
-  if (SetidWriteDrops(f.mode.get(), flags) != 0) TFS_TRY(DropSetid(ino, flags));
+  // The VFS's file_remove_privs, before the data, for buffered and direct
+  // writes alike. A write of a file with neither setid bits nor
+  // security.capability pays two bit tests here: nothing is read, locked,
+  // committed or asked of the front end.
+  if ((flags & kWritePrivsRemoved) == 0 &&
+      (SetidWriteDrops(f.mode.get()) != 0 || (f.flags.get() & kInodeFlagCaps) != 0))
+    TFS_TRY(DropPrivs(ino, f, writer));
   const u8* in = static_cast<const u8*>(buf);
   const u64 nb = (off + len + kBlock - 1) / kBlock - off / kBlock;
   if ((flags & kWriteDirect) == 0 && nb <= kBufferBlocks / 2) {
@@ -1595,28 +1595,49 @@ Result<u32> Filesystem::Write(u64 ino, u64 off, const void* buf, u32 len, u32 fl
   return WriteThrough(ino, f, off, in, len);
 }
 
-u32 Filesystem::SetidWriteDrops(u32 mode, u32 flags) {
-  if ((flags & kWriteKeepSetid) != 0) return 0;
+u32 Filesystem::SetidWriteDrops(u32 mode) {
   u32 drop = mode & kModeSetuid;
-  // Setgid without group execute marks mandatory locking, not a privilege.
+  // Setgid without group execute marks mandatory locking, not a privilege
+  // (Linux 6.1's should_remove_suid; 6.2 and later also drop it when the
+  // writer is not in the file's group and lacks CAP_FSETID).
   if ((mode & kModeSetgid) != 0 && (mode & 0010) != 0) drop |= kModeSetgid;
   return drop;
 }
 
-Status Filesystem::DropSetid(u64 ino, u32 flags) {
+Status Filesystem::DropPrivs(u64 ino, const InodeFormat& seen, Writer* writer) {
+  // The capability question first, outside the lock (a front end answers it
+  // with a syscall), and only when there are setid bits to take: the bits
+  // the writer would lose as the inode was seen. A chmod racing the write
+  // orders before or after it either way (the VFS holds the inode lock
+  // across both; the outcome is one of the two orders here too).
+  u32 drop = SetidWriteDrops(seen.mode.get());
+  if (drop != 0 && writer != nullptr && writer->may_keep_setid != nullptr &&
+      writer->may_keep_setid(writer->ctx))
+    drop = 0;
   const u64 lock[1] = {ino};
   Locked locked(this, lock, 1);
   TFS_TRY(locked.status());
   InodeFormat f;
   TFS_TRY(ReadInode(ino, &f));
-  const u32 drop = SetidWriteDrops(f.mode.get(), flags);
-  if (drop == 0) return Status::Ok();  // gone meanwhile
+  drop &= f.mode.get();
+  const bool caps = (f.flags.get() & kInodeFlagCaps) != 0;
+  if (drop == 0 && !caps) return Status::Ok();  // gone meanwhile, or kept
+  Transaction tx(trees_);
+  if (caps) {
+    const NameTable t = XattrTable(ino, f);
+    Entry e;
+    XattrChunksFormat chunks;
+    TFS_TRY(FindEntry(t, kXattrCaps, kXattrCapsLen, &e, &chunks));
+    if (e.found) TFS_TRY(QueueRemoveXattr(&tx, t, e, chunks));
+    f.flags.set(u16(f.flags.get() & ~kInodeFlagCaps));
+  }
   f.mode.set(f.mode.get() & ~drop);
   SetTime(&f.ctime_ns, Now());
-  Transaction tx(trees_);
   TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
   DebugNoSharedLock();
-  return tx.Commit(journal::CommitMode::kNoFlush).status();
+  TFS_TRY(tx.Commit(journal::CommitMode::kNoFlush).status());
+  if (writer != nullptr) writer->dropped = true;
+  return Status::Ok();
 }
 
 Result<u32> Filesystem::WriteBuffered(u64 ino, InodeFormat* f, Buffered* b, u64 off, const u8* buf, u32 len) {
@@ -2003,21 +2024,29 @@ Status PickChunkId(btree::Btrees* trees, u64 ino, const XattrTableInfo& info, u6
   return Err::kCorrupt;
 }
 
-// A chunked value into out (desc.value_len bytes): kCorrupt if a chunk is
-// missing or of the wrong length, or the bytes fail the descriptor's crc.
-// The caller holds the inode lock, so no commit changes them meanwhile.
+// A chunked value into out (desc.value_len bytes), in one pass of an
+// iterator over its chunk keys (they are consecutive): kCorrupt if a chunk is
+// missing or of the wrong length, or the bytes fail the descriptor's crc. The
+// caller holds the inode lock, so no commit changes them meanwhile.
 Status ReadXattrChunks(btree::Btrees* trees, u64 ino, const XattrChunksFormat& desc, u8* out) {
   const u32 n = desc.value_len.get();
+  const u32 count = XattrChunkCount(n);
+  Iterator it(trees, btree::kBtreeXattrs, count);  // one batch holds them all
+  TFS_TRY(it.Seek(XattrPos(ino, XattrChunkOffset(desc.id.get(), 0))));
   u32 at = 0;
-  for (u32 i = 0; at < n; i++) {
+  for (u32 i = 0; i < count; i++) {
+    if (i > 0) TFS_TRY(it.Next());
     const u32 want = XattrChunkLen(n, i);
-    auto r = trees->Get(XattrPos(ino, XattrChunkOffset(desc.id.get(), i)), out + at, n - at);
-    if (!r.ok()) return r.status().Is(ErrorClass::kNotFound) ? Status(Err::kCorrupt) : r.status();
-    if (r.value() != want) return Err::kCorrupt;
+    if (!it.Valid() || it.pos().inode != ino || it.pos().offset != XattrChunkOffset(desc.id.get(), i) ||
+        it.val_bytes() != want)
+      return Err::kCorrupt;
+    MemCopy(out + at, it.value(), want);
     at += want;
   }
   return platform::Crc32c(out, n) == desc.crc.get() ? Status::Ok() : Status(Err::kCorrupt);
 }
+
+bool IsCapsName(const char* name, u32 len) { return len == kXattrCapsLen && MemCompare(name, kXattrCaps, len) == 0; }
 
 // The inline value of `name` at `slot` (up to cap bytes; its length). kNoData
 // when the slot holds another name or none (removed meanwhile); *chunked (and
@@ -2061,6 +2090,16 @@ Status Filesystem::SetXattr(u64 ino, const char* name, u32 len, const void* valu
   if (value_len > kXattrSizeMax) return Err::kNoSpace;
   if (value_len > 0 && value == nullptr) return Err::kInvalidArgument;
   TFS_TRY(MetadataRoom());
+  const bool chunked = value_len > XattrInlineMax(len);
+  const u32 nchunks = chunked ? XattrChunkCount(value_len) : 0;
+  XattrChunksFormat desc;
+  MemSet(&desc, 0, sizeof(desc));
+  // The crc of up to 64 KiB before the lock: no other writer of the inode
+  // waits for it.
+  if (chunked) {
+    desc.value_len.set(value_len);
+    desc.crc.set(platform::Crc32c(value, value_len));
+  }
   const u64 lock[1] = {ino};
   Locked locked(this, lock, 1);
   TFS_TRY(locked.status());
@@ -2068,14 +2107,12 @@ Status Filesystem::SetXattr(u64 ino, const char* name, u32 len, const void* valu
   TFS_TRY(ReadInode(ino, &f));
   const NameTable t = XattrTable(ino, f);
   Entry e;
-  TFS_TRY(FindEntry(t, name, len, &e));
+  XattrChunksFormat old;  // the value being replaced, if chunked
+  TFS_TRY(FindEntry(t, name, len, &e, &old));
+  const u32 old_chunks = XattrChunkCount(old.value_len.get());
   if (e.found && (flags & kXattrCreate) != 0) return Err::kExists;
   if (!e.found && (flags & kXattrReplace) != 0) return Err::kNoData;
   if (!e.found && e.free == 0) return Err::kNoSpace;
-  const bool chunked = value_len > XattrInlineMax(len);
-  const u32 nchunks = chunked ? XattrChunkCount(value_len) : 0;
-  XattrChunksFormat desc;
-  MemSet(&desc, 0, sizeof(desc));
   if (!e.found || chunked) {
     XattrTableInfo info;
     TFS_TRY(ScanXattrTable(trees_, t, e.found ? e.slot : kSlotEnd, &info));
@@ -2083,10 +2120,8 @@ Status Filesystem::SetXattr(u64 ino, const char* name, u32 len, const void* valu
     if (chunked) {
       if (info.chunks + nchunks > kMaxXattrChunks) return Err::kNoSpace;
       // A chunked value being replaced keeps its id: its chunks are overwritten.
-      u64 id = e.desc.id.get();
-      if (e.chunks == 0) TFS_TRY(PickChunkId(trees_, ino, info, &id));
-      desc.value_len.set(value_len);
-      desc.crc.set(platform::Crc32c(value, value_len));
+      u64 id = old.id.get();
+      if (old_chunks == 0) TFS_TRY(PickChunkId(trees_, ino, info, &id));
       desc.id.set(id);
     }
   }
@@ -2107,8 +2142,9 @@ Status Filesystem::SetXattr(u64 ino, const char* name, u32 len, const void* valu
   }
   platform::Free(buf);
   // The old value's chunks that the new one does not overwrite.
-  for (u32 i = nchunks; st.ok() && i < e.chunks; i++)
-    st = tx.Delete(XattrPos(ino, XattrChunkOffset(e.desc.id.get(), i)));
+  for (u32 i = nchunks; st.ok() && i < old_chunks; i++)
+    st = tx.Delete(XattrPos(ino, XattrChunkOffset(old.id.get(), i)));
+  if (IsCapsName(name, len)) f.flags.set(u16(f.flags.get() | kInodeFlagCaps));
   SetTime(&f.ctime_ns, Now());
   if (st.ok()) st = tx.Set(InodePos(ino), &f, sizeof(f));
   // Only where journal entries are smaller than a 64 KiB value's transaction
@@ -2130,30 +2166,31 @@ Result<u32> Filesystem::GetXattr(u64 ino, const char* name, u32 len, void* buf, 
   InodeFormat f;
   TFS_TRY(ReadInode(ino, &f));
   Entry e;
-  TFS_TRY(FindEntry(XattrTable(ino, f), name, len, &e));
+  XattrChunksFormat chunks;
+  TFS_TRY(FindEntry(XattrTable(ino, f), name, len, &e, &chunks));
   if (!e.found) return Err::kNoData;
-  if (e.chunks == 0) {
+  if (chunks.value_len.get() == 0) {
     bool chunked = false;
     auto r = ReadInlineXattr(trees_, XattrTable(ino, f), e.slot, name, len, buf, cap, &chunked);
     if (!chunked) return r;
   } else if (cap == 0) {
-    return e.desc.value_len.get();
+    return chunks.value_len.get();
   }
   const u64 lock[1] = {ino};
   Locked locked(this, lock, 1);
   TFS_TRY(locked.status());
   TFS_TRY(ReadInode(ino, &f));
   const NameTable t = XattrTable(ino, f);
-  TFS_TRY(FindEntry(t, name, len, &e));
+  TFS_TRY(FindEntry(t, name, len, &e, &chunks));
   if (!e.found) return Err::kNoData;
-  if (e.chunks == 0) {
+  if (chunks.value_len.get() == 0) {
     bool chunked = false;
     return ReadInlineXattr(trees_, t, e.slot, name, len, buf, cap, &chunked);
   }
-  const u32 n = e.desc.value_len.get();
+  const u32 n = chunks.value_len.get();
   if (cap == 0) return n;
   if (cap < n) return Err::kRange;
-  TFS_TRY(ReadXattrChunks(trees_, ino, e.desc, static_cast<u8*>(buf)));
+  TFS_TRY(ReadXattrChunks(trees_, ino, chunks, static_cast<u8*>(buf)));
   return n;
 }
 
@@ -2182,6 +2219,14 @@ Result<u32> Filesystem::ListXattr(u64 ino, char* buf, u32 cap, bool trusted) {
   return total;
 }
 
+Status Filesystem::QueueRemoveXattr(Transaction* tx, const NameTable& t, const Entry& e,
+                                    const XattrChunksFormat& chunks) {
+  TFS_TRY(QueueRemoveEntry(tx, t, e));
+  for (u32 i = 0; i < XattrChunkCount(chunks.value_len.get()); i++)
+    TFS_TRY(tx->Delete(XattrPos(t.owner, XattrChunkOffset(chunks.id.get(), i))));
+  return Status::Ok();
+}
+
 Status Filesystem::RemoveXattr(u64 ino, const char* name, u32 len) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
   TFS_TRY(CheckXattrName(name, len));
@@ -2192,11 +2237,12 @@ Status Filesystem::RemoveXattr(u64 ino, const char* name, u32 len) {
   TFS_TRY(ReadInode(ino, &f));
   const NameTable t = XattrTable(ino, f);
   Entry e;
-  TFS_TRY(FindEntry(t, name, len, &e));
+  XattrChunksFormat chunks;
+  TFS_TRY(FindEntry(t, name, len, &e, &chunks));
   if (!e.found) return Err::kNoData;
   Transaction tx(trees_);
-  TFS_TRY(QueueRemoveEntry(&tx, t, e));
-  for (u32 i = 0; i < e.chunks; i++) TFS_TRY(tx.Delete(XattrPos(ino, XattrChunkOffset(e.desc.id.get(), i))));
+  TFS_TRY(QueueRemoveXattr(&tx, t, e, chunks));
+  if (IsCapsName(name, len)) f.flags.set(u16(f.flags.get() & ~kInodeFlagCaps));
   SetTime(&f.ctime_ns, Now());
   TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
   DebugNoSharedLock();

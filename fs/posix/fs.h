@@ -71,12 +71,18 @@
 #include "platform/atomic.h"
 #include "platform/sync.h"
 #include "posix/format.h"
+#include "sb/format.h"
 #include "store/store.h"
 #include "util/counters.h"
 #include "util/status.h"
 #include "util/vector.h"
 
 namespace tfs::posix {
+
+// The superblock's incompatible features posix writes (chunked xattr values,
+// kInodeFlagCaps): whoever opens a store read-write for posix passes them in
+// store::OpenOptions::features (mount::Instance, fsck -y).
+inline constexpr u16 kSbFeatures = sb::kSbXattrChunks;
 
 // What stat(2) reports of an inode.
 struct Attr {
@@ -260,12 +266,32 @@ class Filesystem {
   // File data (regular files): Write returns len (bytes past 2^50 are kTooBig);
   // Read returns the bytes read, fewer at the end of the file, 0 past it. A
   // checksum mismatch is kDataCorrupt (EIO), never the bytes. Write flags:
-  // kWriteDirect (O_DIRECT) bypasses the write buffer. Every write (of at
-  // least one byte, buffered or direct) first clears S_ISUID, and S_ISGID if
-  // group execute is set (the VFS's rule, ctime updated) unless
-  // kWriteKeepSetid says the writer may keep them (CAP_FSETID).
-  enum WriteFlags : u32 { kWriteDirect = 1, kWriteKeepSetid = 2 };
-  Result<u32> Write(u64 ino, u64 off, const void* buf, u32 len, u32 flags = 0);
+  // kWriteDirect (O_DIRECT) bypasses the write buffer.
+  //
+  // Privileges (the VFS's file_remove_privs, Linux 6.1's rules): a write of
+  // at least one byte first takes away S_ISUID, S_ISGID when group execute
+  // is set (without it the bit marks mandatory locking; 6.2 and later also
+  // take it when the writer is outside the file's group, which posix does
+  // not), both unless the writer has CAP_FSETID, and the
+  // "security.capability" xattr whoever writes -- one transaction before the
+  // data, with ctime. kWritePrivsRemoved: the front end has done this itself
+  // (FUSE's buffered writes, where the kernel did it before sending the
+  // write; the kernel's VFS), posix leaves them.
+  enum WriteFlags : u32 { kWriteDirect = 1, kWritePrivsRemoved = 2 };
+  // The writer, as far as Write's privilege removal needs it (may be null:
+  // a writer without CAP_FSETID).
+  struct Writer {
+    // Whether the writer has CAP_FSETID (the VFS asks capable(): in the
+    // initial user namespace). Asked at most once, and only when the write
+    // would take a setid bit away -- never for a file without them, so a
+    // front end may make a syscall here; null: it has not.
+    bool (*may_keep_setid)(void* ctx) = nullptr;
+    void* ctx = nullptr;
+    // Out: this write took setid bits or security.capability away -- a mode
+    // or xattrs a front end caches are stale.
+    bool dropped = false;
+  };
+  Result<u32> Write(u64 ino, u64 off, const void* buf, u32 len, u32 flags = 0, Writer* writer = nullptr);
   // Inode flags in Linux's FS_IOC_GETFLAGS/SETFLAGS values. Only kFsComprFl
   // (chattr +c: the file's new data is zstd-compressed, as all files' are on a
   // filesystem formatted with --compression zstd); setting others is
@@ -314,7 +340,9 @@ class Filesystem {
   // cap 0 asks for the length only, a smaller nonzero cap is kRange. List:
   // names, each NUL-terminated. Remove: kNoData if absent. Set, replace,
   // remove and the inode's free change a value and its chunks in one
-  // transaction; Get reads a chunked value under the inode lock.
+  // transaction; Get reads a chunked value under the inode lock. Setting
+  // and removing "security.capability" sets and clears kInodeFlagCaps in
+  // the same transaction (what a write tests).
   Status SetXattr(u64 ino, const char* name, u32 len, const void* value, u32 value_len, u32 flags);
   Result<u32> GetXattr(u64 ino, const char* name, u32 len, void* buf, u32 cap);
   // `trusted`: whether the caller may see trusted.* names (CAP_SYS_ADMIN; the
@@ -383,7 +411,10 @@ class Filesystem {
 
   Status ReadInode(u64 ino, InodeFormat* out, char* link = nullptr, u32* link_len = nullptr);
   Status ReadDirInode(u64 dir, InodeFormat* out);
-  Status FindEntry(const NameTable& t, const char* name, u32 len, Entry* out);
+  // chunks (xattr tables; may be null): a found chunked value's descriptor,
+  // else zeros (value_len 0: inline, or not found).
+  Status FindEntry(const NameTable& t, const char* name, u32 len, Entry* out,
+                   XattrChunksFormat* chunks = nullptr);
   // open_handle: the new inode is counted open before the commit (CreateOpen).
   Result<Attr> Create(u64 dir, const char* name, u32 len, u32 mode, u64 rdev, const char* target,
                       u32 target_len, const Caller& who, bool open_handle = false);
@@ -446,10 +477,18 @@ class Filesystem {
   // Writes out b's run (if any; b may be null) as one extent.
   Status FlushRun(u64 ino, Buffered* b, FlushCause cause);
   Result<u32> WriteBuffered(u64 ino, InodeFormat* f, Buffered* b, u64 off, const u8* buf, u32 len);
-  // The S_ISUID/S_ISGID bits a write with `flags` takes from `mode`, and their
-  // removal (one transaction under the inode lock; no data lock held).
-  static u32 SetidWriteDrops(u32 mode, u32 flags);
-  Status DropSetid(u64 ino, u32 flags);
+  // The S_ISUID/S_ISGID bits a write by a writer without CAP_FSETID takes
+  // from `mode`.
+  static u32 SetidWriteDrops(u32 mode);
+  // Write's privilege removal (see Write), for an inode `seen` (read by the
+  // caller) with setid bits to take or kInodeFlagCaps: one transaction under
+  // the inode lock (no data lock held); asks the writer about CAP_FSETID
+  // before taking the lock.
+  Status DropPrivs(u64 ino, const InodeFormat& seen, Writer* writer);
+  // Queues the removal of xattr `e` (found by FindEntry, `chunks` its
+  // descriptor) with its chunks.
+  Status QueueRemoveXattr(btree::Transaction* tx, const NameTable& t, const Entry& e,
+                          const XattrChunksFormat& chunks);
   // Shared data lock suffices for whole blocks.
   // f: the inode as read under the data lock (its size matters for partial
   // blocks, which only an exclusive holder writes).

@@ -978,9 +978,15 @@ TEST(PosixTest, XattrsOfEverySizeAgainstAModel) {
   EXPECT_EQ(CountXattrKeys(*m.eng, g).chunks, 0u);
 }
 
-// A value and its chunks commit together: after a power cut, the value reads
-// as one it had, whole, with exactly its chunks -- the last one made durable
-// (every other set is followed by a journal flush) or a later one.
+// After a power cut, the value reads as one it had, whole, with exactly its
+// chunks -- the last one made durable (every other set is followed by a
+// journal flush) or a later one. What this guards: that replay rebuilds a
+// chunked value (descriptor, chunks, the chunks a replacement deleted) from
+// the journal and that a durable set survives. What it does not: atomicity.
+// The snapshot keeps what was flushed, and a flush covers whole commits, so
+// no cut here falls inside one; a set split over two commits would pass. That
+// a set is one commit (one journal entry, whole or absent after a cut) is
+// ChunkedXattrsLeaveNoStaleChunks' check (one commit per set).
 TEST(PosixTest, ChunkedXattrsAreWholeAfterAPowerCut) {
   Mounted m;
   const u64 f = Mkfile(m.fs, kRootIno, "f").value().ino;
@@ -1288,27 +1294,74 @@ void FileModel(bool handles, bool compress = false) {
 
 TEST(PosixTest, FileDataAgainstAModel) { FileModel(false); }
 
-// SEEK_DATA / SEEK_HOLE over written extents, holes, unwritten (fallocated)
-// extents, which count as holes, and a still-buffered write, which is data.
-// Every write clears S_ISUID, and S_ISGID when group execute is set, unless
-// the writer may keep them (CAP_FSETID: kWriteKeepSetid) -- buffered,
-// direct (kWriteDirect, O_DIRECT) or on a filesystem without write buffers
-// alike. Before, posix cleared nothing: FUSE's kernel side cleared them for
-// buffered writes (a SETATTR ahead of the write) but not for O_DIRECT ones.
+// The inode's record as committed (GetAttr overlays a write buffer's times).
+InodeFormat Committed(Mounted& m, u64 ino) {
+  u8 v[sizeof(InodeFormat)];
+  InodeFormat f;
+  memset(&f, 0, sizeof(f));
+  auto r = m.eng->btrees().Get(btree::Pos{btree::kBtreeInodes, ino, 0}, v, sizeof(v));
+  EXPECT_TRUE(r.ok() && ParseInode(v, r.value(), &f).ok());
+  return f;
+}
+
+// Commits the inode with a ctime of 1 ns after the epoch, and kInodeFlagCaps
+// set or not: a later ctime shows that something set it (the clock stepped
+// back, in effect), whatever the clock's resolution.
+void PlantInode(Mounted& m, u64 ino, bool caps_flag) {
+  InodeFormat f = Committed(m, ino);
+  f.ctime_ns.set(1);
+  f.flags.set(u16(caps_flag ? f.flags.get() | kInodeFlagCaps : f.flags.get() & ~kInodeFlagCaps));
+  btree::Transaction tx(&m.eng->btrees());
+  ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeInodes, ino, 0}, &f, sizeof(f)).ok());
+  ASSERT_TRUE(tx.Commit().ok());
+}
+
+// A writer whose CAP_FSETID answer is fixed, counting the questions.
+struct TestWriter {
+  bool has_fsetid = false;
+  int asked = 0;
+  Filesystem::Writer w;
+  explicit TestWriter(bool fsetid) : has_fsetid(fsetid) {
+    w.ctx = this;
+    w.may_keep_setid = [](void* p) {
+      auto* t = static_cast<TestWriter*>(p);
+      t->asked++;
+      return t->has_fsetid;
+    };
+  }
+};
+
+// A write clears S_ISUID, and S_ISGID when group execute is set (Linux 6.1's
+// rule), unless the writer has CAP_FSETID -- buffered or direct
+// (kWriteDirect, O_DIRECT), with and without write buffers -- in one commit
+// of its own that sets ctime. The writer is asked about CAP_FSETID only when
+// the file has bits to lose. kWritePrivsRemoved (FUSE's buffered writes,
+// whose privileges the kernel removed before sending them) leaves the bits.
+// A write of a file without setid bits adds no commit (buffered: none at
+// all) and asks nothing. Before, posix cleared nothing: FUSE's kernel side
+// cleared them for buffered writes (a SETATTR ahead of the write) but not
+// for O_DIRECT ones.
 TEST(PosixTest, EveryWriteClearsSetuidAndSetgid) {
+  enum Who { kNoWriter, kWithout, kWith };  // no Writer, or one without / with CAP_FSETID
   struct Case {
-    u32 mode, flags, want;
+    u32 mode, flags;
+    Who who;
+    u32 want;
     const char* what;
   };
-  const u32 kDirect = Filesystem::kWriteDirect, kKeep = Filesystem::kWriteKeepSetid;
+  const u32 kDirect = Filesystem::kWriteDirect, kDone = Filesystem::kWritePrivsRemoved;
   const Case cases[] = {
-      {06755, 0, 0755, "a buffered write"},
-      {06755, kDirect, 0755, "a direct write"},
-      {04700, kDirect, 0700, "setuid alone"},
-      {02770, 0, 0770, "setgid with group execute"},
-      {02745, kDirect, 02745, "setgid without group execute (a locking mark) stays"},
-      {06755, kDirect | kKeep, 06755, "a direct writer with CAP_FSETID keeps them"},
-      {06755, kKeep, 06755, "a buffered writer with CAP_FSETID keeps them"},
+      {06755, 0, kNoWriter, 0755, "a buffered write"},
+      {06755, kDirect, kNoWriter, 0755, "a direct write"},
+      {04700, kDirect, kWithout, 0700, "setuid alone"},
+      {02770, 0, kWithout, 0770, "setgid with group execute"},
+      {02745, kDirect, kWithout, 02745, "setgid without group execute (a locking mark) stays"},
+      {06755, kDirect, kWith, 06755, "a direct writer with CAP_FSETID keeps them"},
+      {06755, 0, kWith, 06755, "a buffered writer with CAP_FSETID keeps them"},
+      {06755, kDirect, kWithout, 0755, "a direct writer without CAP_FSETID loses them"},
+      {06755, kDone, kWithout, 06755, "the front end removed privileges itself: posix leaves them"},
+      {0755, 0, kWithout, 0755, "no setid bits: nothing asked, nothing committed"},
+      {0755, kDirect, kWithout, 0755, "no setid bits, direct: the data's commit alone"},
   };
   for (u32 buffers : {128u, 0u}) {
     SCOPED_TRACE("write_buffers " + std::to_string(buffers));
@@ -1322,19 +1375,39 @@ TEST(PosixTest, EveryWriteClearsSetuidAndSetgid) {
       inos.push_back(ino);
       ASSERT_EQ(m.fs.GetAttr(ino).value().mode, kModeReg | c.mode);
       ASSERT_TRUE(m.fs.OpenInode(ino).ok());
-      ASSERT_TRUE(m.fs.Write(ino, 0, "x", 0, c.flags).ok());  // nothing written: nothing cleared
+      TestWriter tw(c.who == kWith);
+      Filesystem::Writer* w = c.who == kNoWriter ? nullptr : &tw.w;
+      ASSERT_TRUE(m.fs.Write(ino, 0, "x", 0, c.flags, w).ok());  // nothing written: nothing cleared
       EXPECT_EQ(m.fs.GetAttr(ino).value().mode, kModeReg | c.mode);
+      EXPECT_EQ(tw.asked, 0);
+      PlantInode(m, ino, false);
       const Stats before = m.fs.GetStats();
-      const i64 ctime = m.fs.GetAttr(ino).value().ctime_ns;
-      ASSERT_TRUE(m.fs.Write(ino, 0, "x", 1, c.flags).ok());
+      const u64 commits = m.eng->btrees().GetStats().commits;
+      const i64 t0 = platform::RealTimeNs();
+      ASSERT_TRUE(m.fs.Write(ino, 0, "x", 1, c.flags, w).ok());
       const Stats after = m.fs.GetStats();
       // The path the write took: the buffer only with buffers and without kWriteDirect.
       const bool buffered = buffers > 0 && (c.flags & kDirect) == 0;
       EXPECT_EQ(after.writes_buffered - before.writes_buffered, buffered ? 1u : 0u);
       EXPECT_EQ(after.writes_direct - before.writes_direct, buffered ? 0u : 1u);
+      const bool loses = c.want != c.mode;
+      const bool has_bits = (c.flags & kDone) == 0 && ((c.mode & 04000) != 0 || (c.mode & 02010) == 02010);
+      EXPECT_EQ(tw.asked, has_bits && c.who != kNoWriter ? 1 : 0);
+      if (w != nullptr) {
+        EXPECT_EQ(tw.w.dropped, loses);
+      }
+      // The drop is a commit of its own; a buffered write commits nothing else.
+      EXPECT_EQ(m.eng->btrees().GetStats().commits - commits, (loses ? 1u : 0u) + (buffered ? 0u : 1u));
       const Attr a = m.fs.GetAttr(ino).value();
       EXPECT_EQ(a.mode, kModeReg | c.want);
-      EXPECT_GE(a.ctime_ns, ctime);
+      const InodeFormat f = Committed(m, ino);
+      EXPECT_EQ(f.mode.get(), kModeReg | c.want);
+      // The committed ctime: the drop's (or the data's) now, else the planted one.
+      if (loses || !buffered) {
+        EXPECT_GE(i64(f.ctime_ns.get()), t0);
+      } else {
+        EXPECT_EQ(f.ctime_ns.get(), 1u);
+      }
       ASSERT_TRUE(m.fs.Release(ino).ok());
     }
     m.Remount();
@@ -1342,6 +1415,92 @@ TEST(PosixTest, EveryWriteClearsSetuidAndSetgid) {
   }
 }
 
+// security.capability goes with every write that posix removes privileges
+// for, whoever writes (the VFS's security_inode_killpriv: CAP_FSETID keeps
+// setid bits, not file capabilities), in the setid drop's commit, chunked or
+// not; kInodeFlagCaps follows the xattr (set, remove, that write), so the
+// write of a file without it tests a bit. kWritePrivsRemoved (FUSE's
+// buffered path: the kernel sent a REMOVEXATTR itself) leaves it.
+TEST(PosixTest, WritesRemoveSecurityCapability) {
+  Mounted m;
+  const std::string cap("\x01\x00\x00\x02\x00\x20\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00", 20);
+  const std::string big_cap = XVal(3000, 5);  // chunked (no kernel would set it; posix must still remove it)
+  auto caps_flag = [&](u64 ino) { return (Committed(m, ino).flags.get() & kInodeFlagCaps) != 0; };
+  const u64 f = Mkfile(m.fs, kRootIno, "f", 06755).value().ino;
+  ASSERT_TRUE(m.fs.OpenInode(f).ok());
+  EXPECT_FALSE(caps_flag(f));
+  ASSERT_TRUE(SetX(m.fs, f, "user.keep", "k").ok());
+  EXPECT_FALSE(caps_flag(f));
+  ASSERT_TRUE(SetX(m.fs, f, "security.capability", cap).ok());
+  EXPECT_TRUE(caps_flag(f));
+  ASSERT_TRUE(m.fs.RemoveXattr(f, "security.capability", 19).ok());
+  EXPECT_FALSE(caps_flag(f));
+  ASSERT_TRUE(SetX(m.fs, f, "security.capability", cap).ok());
+  m.Remount();
+  ASSERT_TRUE(m.fs.OpenInode(f).ok());
+  EXPECT_TRUE(caps_flag(f));
+
+  // FUSE's buffered path: untouched by posix (no commit, nothing asked).
+  TestWriter with(true);
+  u64 commits = m.eng->btrees().GetStats().commits;
+  ASSERT_TRUE(m.fs.Write(f, 0, "x", 1, Filesystem::kWritePrivsRemoved, &with.w).ok());
+  EXPECT_EQ(m.eng->btrees().GetStats().commits - commits, 0u);
+  EXPECT_EQ(with.asked, 0);
+  EXPECT_FALSE(with.w.dropped);
+  EXPECT_EQ(GetX(m.fs, f, "security.capability").value(), cap);
+  EXPECT_EQ(m.fs.GetAttr(f).value().mode, kModeReg | 06755);
+  ASSERT_TRUE(m.fs.FlushBuffer(f).ok());  // (its commit is not the one counted next)
+
+  // A direct write by a writer with CAP_FSETID: the bits stay, the
+  // capability goes, in one commit before the data's.
+  commits = m.eng->btrees().GetStats().commits;
+  ASSERT_TRUE(m.fs.Write(f, 0, "y", 1, Filesystem::kWriteDirect, &with.w).ok());
+  EXPECT_EQ(m.eng->btrees().GetStats().commits - commits, 2u);
+  EXPECT_EQ(with.asked, 1);
+  EXPECT_TRUE(with.w.dropped);
+  EXPECT_EQ(GetX(m.fs, f, "security.capability").status().code(), Err::kNoData);
+  EXPECT_EQ(GetX(m.fs, f, "user.keep").value(), "k");
+  EXPECT_FALSE(caps_flag(f));
+  EXPECT_EQ(m.fs.GetAttr(f).value().mode, kModeReg | 06755);
+  // The next write of the file: nothing left to remove, nothing committed
+  // but the data.
+  TestWriter again(true);
+  commits = m.eng->btrees().GetStats().commits;
+  ASSERT_TRUE(m.fs.Write(f, 0, "z", 1, Filesystem::kWriteDirect, &again.w).ok());
+  EXPECT_EQ(m.eng->btrees().GetStats().commits - commits, 1u);
+  EXPECT_FALSE(again.w.dropped);
+
+  // A buffered write posix removes privileges for (no kWritePrivsRemoved),
+  // by a writer without CAP_FSETID, of a chunked capability: bits, the
+  // capability and its chunks go in one commit; the data stays buffered.
+  ASSERT_TRUE(SetX(m.fs, f, "security.capability", big_cap).ok());
+  EXPECT_TRUE(caps_flag(f));
+  EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, 2u);
+  TestWriter without(false);
+  commits = m.eng->btrees().GetStats().commits;
+  ASSERT_TRUE(m.fs.Write(f, 1, "b", 1, 0, &without.w).ok());
+  EXPECT_EQ(m.eng->btrees().GetStats().commits - commits, 1u);
+  EXPECT_TRUE(without.w.dropped);
+  EXPECT_EQ(m.fs.GetAttr(f).value().mode, kModeReg | 0755);
+  EXPECT_EQ(GetX(m.fs, f, "security.capability").status().code(), Err::kNoData);
+  EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, 0u);
+  EXPECT_FALSE(caps_flag(f));
+
+  // A flag without its xattr (left by damage): the write clears it and goes on.
+  PlantInode(m, f, true);
+  TestWriter plain(false);
+  ASSERT_TRUE(m.fs.Write(f, 2, "c", 1, Filesystem::kWriteDirect, &plain.w).ok());
+  EXPECT_EQ(plain.asked, 0);  // (no setid bits left)
+  EXPECT_FALSE(caps_flag(f));
+  EXPECT_GT(Committed(m, f).ctime_ns.get(), 1u);
+  ASSERT_TRUE(m.fs.Release(f).ok());
+  m.Remount();
+  EXPECT_EQ(ReadAll(m.fs, f), "zbc");
+  EXPECT_EQ(ListX(m.fs, f), (std::set<std::string>{"user.keep"}));
+}
+
+// SEEK_DATA / SEEK_HOLE over written extents, holes, unwritten (fallocated)
+// extents, which count as holes, and a still-buffered write, which is data.
 TEST(PosixTest, SeekFindsDataAndHoles) {
   Mounted m;
   const u64 f = Mkfile(m.fs, kRootIno, "sparse").value().ino;

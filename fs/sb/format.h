@@ -44,12 +44,17 @@ inline constexpr u16 kSbClean = 1 << 0;  // unmounted cleanly: no journal replay
 // rather than mount it and zero the field (losing what fsck must recreate).
 inline constexpr u16 kSbLostData = 1 << 1;
 // An incompatible feature: the xattrs btree may hold xattr values kept in
-// chunk keys (posix/format.h, docs/format/inodes-extents.md). Set by format
-// and by every read-write open of a build that writes them; builds before it
+// chunk keys, and inodes the kInodeFlagCaps bit (posix/format.h,
+// docs/format/inodes-extents.md). The store sets it on every read-write open
+// whose caller asks for it (store::OpenOptions::features; a mount and fsck -y
+// pass posix::kSbFeatures), before anything is written; builds before it
 // reject the unknown bit and refuse the filesystem (rather than report those
-// xattrs as corrupt and have an older fsck delete them).
+// keys as corrupt and have an older fsck delete them). fsck -y clears it
+// again when nothing needs it (the downgrade path).
 inline constexpr u16 kSbXattrChunks = 1 << 2;
-inline constexpr u16 kSbFlagsKnown = kSbClean | kSbLostData | kSbXattrChunks;
+// The incompatible feature bits (what OpenOptions::features may name).
+inline constexpr u16 kSbFeatureFlags = kSbXattrChunks;
+inline constexpr u16 kSbFlagsKnown = kSbClean | kSbLostData | kSbFeatureFlags;
 
 enum class ChecksumType : u8 { kNone = 0, kCrc32c = 1 };
 enum class CompressionType : u8 { kNone = 0, kZstd = 1 };

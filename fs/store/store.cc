@@ -82,7 +82,7 @@ Status Format(const FormatMember* members, u32 count, const FormatOptions& o, Di
   MemSet(&s, 0, sizeof(s));
   sb::NewUuid(s.fs_uuid);
   s.seq = 1;
-  s.flags = sb::kSbClean | sb::kSbXattrChunks;
+  s.flags = sb::kSbClean;  // (the features: at the first read-write open that asks for them)
   s.bucket_size = o.bucket_size;
   s.btree_node_size = o.btree_node_size;
   s.block_size = 4096;
@@ -187,6 +187,7 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
   TFS_TRY(alloc_.Load(diag));
   rep.was_clean = sb_.clean();
   rep.lost_data_btrees = sb_.lost_data_btrees;
+  rep.features = u16(sb_.flags & sb::kSbFeatureFlags);
   if (rep.lost_data_btrees != 0) {
     if (!read_only_ && !options.btree.drop_bad_nodes) {
       return DiagError(diag, Err::kCorrupt,
@@ -317,9 +318,9 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
     }
     sb_.journal_seq = next_seq;
     sb_.flags &= u16(~sb::kSbClean);
-    // This build may write chunked xattr values: an older build must refuse
-    // the filesystem from now on (sb/format.h).
-    sb_.flags |= sb::kSbXattrChunks;
+    // The incompatible features the caller's writes may use: builds that do
+    // not know them refuse the filesystem from this write on (sb/format.h).
+    sb_.flags |= u16(options.features & sb::kSbFeatureFlags);
     sb_.seq++;
     RecordCheckpoints();
     st = WriteSuperblocks();

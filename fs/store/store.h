@@ -88,6 +88,12 @@ struct OpenOptions {
   // valid roots block, or one older than the filesystem) are rebuilt from a
   // node scan (btree::Options::rebuild_from_scan) instead of refused.
   bool rebuild_roots = false;
+  // Incompatible features (sb::kSbFeatureFlags bits) the caller's writes may
+  // use: a read-write open records them in the superblock before anything
+  // else is written, so builds that do not know them refuse the filesystem
+  // from then on. The store writes no such key itself: posix does, and its
+  // callers (a mount, fsck -y) pass posix::kSbFeatures.
+  u16 features = 0;
 };
 
 struct OpenReport {
@@ -116,6 +122,8 @@ struct OpenReport {
   // read-write open refuses unless it is fsck's (btree::Options::drop_bad_nodes),
   // which finishes the repair; a read-only one goes on.
   u32 lost_data_btrees = 0;
+  // The incompatible feature bits the superblock had before this open.
+  u16 features = 0;
 };
 
 class Store {
@@ -140,6 +148,13 @@ class Store {
   // fsck: the namespace repair that depended on the dropped nodes is done;
   // Close()'s superblock write records it (read-write opens only).
   void ClearLostData() { sb_.lost_data_btrees = 0; }
+  // fsck: the incompatible features the filesystem has from now on (bits of
+  // sb::kSbFeatureFlags; others are ignored) -- fewer when nothing needs one,
+  // so that older builds can mount it again. Close()'s superblock write
+  // records it (read-write opens only).
+  void SetFeatures(u16 features) {
+    sb_.flags = u16((sb_.flags & ~sb::kSbFeatureFlags) | (features & sb::kSbFeatureFlags));
+  }
   dev::DeviceSet& devs() { return devs_; }
   alloc::Allocator& alloc() { return alloc_; }
   journal::Journal& journal() { return journal_; }

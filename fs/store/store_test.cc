@@ -105,6 +105,48 @@ TEST(StoreTest, FormatOpenCloseRoundTrip) {
   EXPECT_EQ(u.by_state[u8(BucketState::kMeta)], e.sb().members[0].alloc_table_buckets);
 }
 
+// Incompatible feature flags (sb::kSbFeatureFlags): format sets none; a
+// read-write open records those its caller asks for in the superblock before
+// anything else is written (on disk while it is open), a read-only open and
+// a read-write one that asks for none leave them as they are; the report
+// says what the superblock had; SetFeatures (fsck's downgrade) takes them
+// away at the close.
+TEST(StoreTest, ReadWriteOpensRecordTheFeaturesTheirCallersAsk) {
+  Disks d;
+  Diag diag;
+  ASSERT_TRUE(d.Format(SmallOptions(), &diag).ok()) << diag.text;
+  auto on_disk = [&] {
+    sb::Superblock s;
+    EXPECT_TRUE(sb::Read(*d.ssd, &s, &diag).ok()) << diag.text;
+    return u16(s.flags & sb::kSbFeatureFlags);
+  };
+  EXPECT_EQ(on_disk(), 0u);
+  auto open = [&](bool read_only, u16 features, OpenReport* rep, u16 set_at_close = 0xffff) {
+    Store e;
+    OpenOptions oo;
+    oo.read_only = read_only;
+    oo.features = features;
+    ASSERT_TRUE(e.Open(d.List().data(), 2, oo, &diag, rep).ok()) << diag.text;
+    EXPECT_EQ(on_disk(), read_only ? rep->features : u16(rep->features | features)) << "while open";
+    if (set_at_close != 0xffff) e.SetFeatures(set_at_close);
+    ASSERT_TRUE(e.Close().ok());
+  };
+  OpenReport rep;
+  open(true, sb::kSbXattrChunks, &rep);
+  EXPECT_EQ(rep.features, 0u);
+  EXPECT_EQ(on_disk(), 0u);
+  open(false, 0, &rep);
+  EXPECT_EQ(on_disk(), 0u);
+  open(false, sb::kSbXattrChunks, &rep);
+  EXPECT_EQ(rep.features, 0u);
+  EXPECT_EQ(on_disk(), sb::kSbXattrChunks);
+  open(false, 0, &rep);  // kept by an opener that does not ask
+  EXPECT_EQ(rep.features, sb::kSbXattrChunks);
+  EXPECT_EQ(on_disk(), sb::kSbXattrChunks);
+  open(false, sb::kSbXattrChunks, &rep, 0);  // fsck -y: nothing needs it
+  EXPECT_EQ(on_disk(), 0u);
+}
+
 TEST(StoreTest, ReplayAfterPowerCutKeepsDurableAllocations) {
   Disks d;
   ASSERT_TRUE(d.Format().ok());

@@ -35,8 +35,9 @@ from typing import Callable, Iterator
 import pytest
 
 from fusetest import (FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE, RENAME_EXCHANGE,
-                      RENAME_NOREPLACE, UTIME_NOW, UTIME_OMIT, Errno, Mount, as_user, fallocate, getxattr_sized, image,
-                      listxattr_sized, needs_fuse, renameat2, snapshot, utimensat, wait_for)
+                      CAP_FSETID, RENAME_NOREPLACE, UTIME_NOW, UTIME_OMIT, Errno, Mount, as_user, fallocate,
+                      getxattr_sized, image, listxattr_sized, needs_fuse, renameat2, snapshot, statx_mode, utimensat,
+                      wait_for)
 from fusetest import mounted  # noqa: F401 - a fixture
 from tierlab.testing import run, tool
 
@@ -1149,6 +1150,20 @@ def mode_of(path: Path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
 
 
+def write_one(path: Path, direct: bool) -> None:
+    """pwrite of one byte at 0 through a descriptor of its own (O_DIRECT:
+    FUSE's direct_io path), closed after."""
+    fd = os.open(path, os.O_WRONLY | (os.O_DIRECT if direct else 0))
+    try:
+        os.pwrite(fd, b"x", 0)
+    finally:
+        os.close(fd)
+
+
+# A file capability (struct vfs_cap_data, revision 2: cap_net_raw effective).
+FILE_CAP = (0x02000001).to_bytes(4, "little") + (1 << 13).to_bytes(4, "little") + bytes(12)
+
+
 def times_of(path: Path) -> tuple[int, int]:
     st = os.stat(path)
     return st.st_atime_ns, st.st_mtime_ns
@@ -1599,6 +1614,33 @@ def test_permissions_of_another_user(tmp_path: Path) -> None:
                   nobody(lambda: os.chmod(d / "open" / "dsuid", 0o6755)),
                   nobody(lambda: os.pwrite(os.open(d / "open" / "dsuid", os.O_WRONLY | os.O_DIRECT), b"x", 0)),
                   lambda: mode_of(d / "open" / "dsuid")), 0o755),
+            # A direct_io write reaches tierfs without the kernel's privilege
+            # removal: posix does it, asking the glue about CAP_FSETID (not uid 0).
+            ("an O_DIRECT write by root keeps setuid and setgid (CAP_FSETID)",
+             last(lambda: (d / "rsuid").write_bytes(b"r"), lambda: os.chmod(d / "rsuid", 0o6755),
+                  lambda: write_one(d / "rsuid", True), lambda: mode_of(d / "rsuid")), 0o6755),
+            ("an O_DIRECT write by root without CAP_FSETID clears them",
+             last(lambda: (d / "rsuid2").write_bytes(b"r"), lambda: os.chmod(d / "rsuid2", 0o6755),
+                  lambda: as_user(0, 0, lambda: write_one(d / "rsuid2", True), drop_caps=(CAP_FSETID,)),
+                  lambda: mode_of(d / "rsuid2")), 0o755),
+            ("a buffered write by root without CAP_FSETID clears them (the kernel's SETATTR)",
+             last(lambda: (d / "rsuid3").write_bytes(b"r"), lambda: os.chmod(d / "rsuid3", 0o6755),
+                  lambda: as_user(0, 0, lambda: write_one(d / "rsuid3", False), drop_caps=(CAP_FSETID,)),
+                  lambda: mode_of(d / "rsuid3")), 0o755),
+            # statx of the mode alone answers from the kernel's cache while it
+            # is valid: stale unless the glue invalidated it.
+            ("the mode an O_DIRECT write cleared shows at once",
+             nobody(last(lambda: (d / "open" / "dsuid2").touch(), lambda: os.chmod(d / "open" / "dsuid2", 0o6755),
+                         lambda: statx_mode(d / "open" / "dsuid2"), lambda: write_one(d / "open" / "dsuid2", True),
+                         lambda: stat.S_IMODE(statx_mode(d / "open" / "dsuid2")))), 0o755),
+            ("an O_DIRECT write removes security.capability, whoever writes",
+             last(lambda: (d / "rcap").write_bytes(b"r"), lambda: os.setxattr(d / "rcap", "security.capability", FILE_CAP),
+                  lambda: os.setxattr(d / "rcap", "user.k", b"kept"),
+                  lambda: write_one(d / "rcap", True), lambda: sorted(os.listxattr(d / "rcap"))), ["user.k"]),
+            ("a buffered write removes security.capability (the kernel's REMOVEXATTR)",
+             last(lambda: (d / "rcap2").write_bytes(b"r"),
+                  lambda: os.setxattr(d / "rcap2", "security.capability", FILE_CAP),
+                  lambda: write_one(d / "rcap2", False), lambda: os.listxattr(d / "rcap2")), []),
             ("user.* xattr of a 0644 file of root: get", nobody(lambda: os.getxattr(d / "readable", "user.k")), b"v"),
             ("user.* xattr of a 0644 file of root: set", nobody(lambda: os.setxattr(d / "readable", "user.k", b"w")),
              E(errno.EACCES)),

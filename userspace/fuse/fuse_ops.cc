@@ -6,12 +6,14 @@
 #include <fcntl.h>
 #include <linux/fs.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -82,6 +84,11 @@ void Init(void*, fuse_conn_info* conn) {
   // No invalidation at an mtime change (see MarkDirect): every write comes
   // through this mount, so a new mtime never means another writer's data.
   conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
+  // The kernel removes a buffered write's privileges itself (Write): a
+  // SETATTR of the mode needs the filesystem not to claim the job
+  // (HANDLE_KILLPRIV), and the write to go through the kernel's write path
+  // (no writeback cache, which libfuse leaves off too).
+  conn->want &= ~(FUSE_CAP_HANDLE_KILLPRIV | FUSE_CAP_WRITEBACK_CACHE);
 }
 
 void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -260,16 +267,65 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
   fuse_reply_buf(req, buf.data(), r.value());
 }
 
+// Whether the writer of a request has CAP_FSETID, for posix's question on
+// an O_DIRECT write of a file with setid bits (posix::Filesystem::Writer;
+// ctx: the request's pid). A translation of the request's credentials, not a
+// filesystem decision: fuse_ctx carries uid, gid and pid but no
+// capabilities (and libfuse 3.14 drops the FUSE_WRITE_KILL_SUIDGID flag in
+// which the kernel sends its own capable() answer), so they come from
+// /proc/<pid>/status: CapEff, bit 4. pid is the writing thread's id, and
+// capabilities are per thread. The kernel's capable() asks the initial user
+// namespace: a capability counts here only if the writer is in the daemon's
+// own user namespace (where a daemon normally runs; root in a container's
+// namespace has no CAP_FSETID for the kernel either). Races: the writer may
+// have exited and its pid been reused, or changed its capabilities, between
+// the write and this read -- the answer is then another process's or a
+// later one's. A pid of 0 (a writer in a pid namespace the daemon cannot
+// see) or any failure to read (a non-root daemon may not read another
+// user's namespace link) answers no: the bits go, the safe side. The kernel
+// module will ask capable() itself.
+bool WriterHasFsetid(void* ctx) {
+  const pid_t pid = *static_cast<const pid_t*>(ctx);
+  if (pid <= 0) return false;
+  char path[64];
+  char theirs[128], ours[128];
+  snprintf(path, sizeof(path), "/proc/%d/ns/user", int(pid));
+  const ssize_t a = readlink(path, theirs, sizeof(theirs));
+  const ssize_t b = readlink("/proc/self/ns/user", ours, sizeof(ours));
+  if (a <= 0 || a != b || memcmp(theirs, ours, size_t(a)) != 0) return false;
+  snprintf(path, sizeof(path), "/proc/%d/status", int(pid));
+  FILE* f = fopen(path, "re");
+  if (f == nullptr) return false;
+  char line[256];
+  unsigned long long eff = 0;
+  bool found = false;
+  while (!found && fgets(line, sizeof(line), f) != nullptr) found = sscanf(line, "CapEff: %llx", &eff) == 1;
+  fclose(f);
+  constexpr int kCapFsetid = 4;  // linux/capability.h
+  return found && ((eff >> kCapFsetid) & 1) != 0;
+}
+
 void Write(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off_t off, fuse_file_info* fi) {
   if (off < 0 || size > UINT32_MAX) return (void)fuse_reply_err(req, EINVAL);
-  // Writes of an O_DIRECT handle (fh bit, set at open) skip the write buffer.
-  // Root keeps a file's setuid and setgid bits (the kernel's stand-in for
-  // CAP_FSETID here); posix clears them for anyone else.
+  Context* c = Ctx(req);
+  // Writes of an O_DIRECT handle (fh bit, set at open; the kernel's
+  // direct_io path) skip the write buffer. The kernel removed a buffered
+  // write's privileges before sending it (file_remove_privs: a SETATTR of
+  // the mode, per its own CAP_FSETID check, and a REMOVEXATTR of
+  // security.capability), but not a direct_io write's: posix does those,
+  // asking WriterHasFsetid only for a file with setid bits.
   const bool direct = (fi->fh & kFhDirect) != 0;
-  const uint32_t flags = (direct ? uint32_t(posix::Filesystem::kWriteDirect) : 0u) |
-                         (fuse_req_ctx(req)->uid == 0 ? uint32_t(posix::Filesystem::kWriteKeepSetid) : 0u);
-  auto r = Ctx(req)->fs->Write(ino, uint64_t(off), data, uint32_t(size), flags);
-  if (direct) MarkStale(Ctx(req), ino);
+  pid_t pid = fuse_req_ctx(req)->pid;
+  posix::Filesystem::Writer writer;
+  writer.may_keep_setid = WriterHasFsetid;
+  writer.ctx = &pid;
+  const uint32_t flags = direct ? uint32_t(posix::Filesystem::kWriteDirect)
+                                : uint32_t(posix::Filesystem::kWritePrivsRemoved);
+  auto r = c->fs->Write(ino, uint64_t(off), data, uint32_t(size), flags, &writer);
+  if (direct) MarkStale(c, ino);
+  // The kernel's cached mode still has the bits (for attr_timeout): drop its
+  // attributes before the write returns.
+  if (writer.dropped && c->se != nullptr) (void)fuse_lowlevel_notify_inval_inode(c->se, ino, -1, 0);
   if (!r.ok()) return Reply(req, r.status());
   fuse_reply_write(req, r.value());
 }
@@ -407,11 +463,14 @@ void SetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* valu
 }
 
 void GetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
-  std::vector<char> buf(std::min<size_t>(size, posix::kXattrSizeMax));
-  auto r = Ctx(req)->fs->GetXattr(ino, name, uint32_t(strlen(name)), buf.data(), uint32_t(buf.size()));
+  // A size query (size 0) needs no buffer; otherwise the caller's size, at
+  // most the largest value, not zeroed (posix fills what it returns).
+  const size_t cap = std::min<size_t>(size, posix::kXattrSizeMax);
+  std::unique_ptr<char[]> buf = cap == 0 ? nullptr : std::make_unique_for_overwrite<char[]>(cap);
+  auto r = Ctx(req)->fs->GetXattr(ino, name, uint32_t(strlen(name)), buf.get(), uint32_t(cap));
   if (!r.ok()) return Reply(req, r.status());
   if (size == 0) return (void)fuse_reply_xattr(req, r.value());
-  fuse_reply_buf(req, buf.data(), r.value());
+  fuse_reply_buf(req, buf.get(), r.value());
 }
 
 void ListXattr(fuse_req_t req, fuse_ino_t ino, size_t size) {

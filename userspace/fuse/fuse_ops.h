@@ -25,6 +25,9 @@ struct Context {
   posix::Filesystem* fs = nullptr;      // the instance's: every operation's one call
   MemberControl* members = nullptr;  // for tierfs ctl; may be null
   double attr_timeout = 1.0;   // seconds the kernel may cache attributes and entries
+  // For invalidations of what the kernel caches (a write that took setid
+  // bits away); may be null (then none are sent).
+  fuse_session* se = nullptr;
 
   // Files whose kernel page cache may hold data tierfs does not have (see
   // MarkDirect in fuse_ops.cc): their next open drops it.

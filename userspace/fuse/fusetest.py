@@ -1,8 +1,9 @@
 """Helpers shared by the FUSE test modules (fuse_mount_test.py, fuse_model_test.py):
 images, foreground mounts that run fsck after every unmount, the `mounted`
 fixture, errno expectations, the libc calls Python's os module lacks (renameat2,
-fallocate, utimensat with UTIME_OMIT, xattr calls with a caller-sized buffer),
-running a function as another user in a forked child, and a snapshot of a tree
+fallocate, utimensat with UTIME_OMIT, xattr calls with a caller-sized buffer,
+statx of the mode alone, dropping an effective capability), running a function
+as another user (or without a capability) in a forked child, and a snapshot of a tree
 for comparing it across a remount. Not a test module itself."""
 
 from __future__ import annotations
@@ -174,6 +175,7 @@ libc.getxattr.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p, cty
 libc.getxattr.restype = ctypes.c_ssize_t
 libc.listxattr.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t]
 libc.listxattr.restype = ctypes.c_ssize_t
+libc.statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
 
 AT_FDCWD = -100
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
@@ -216,6 +218,39 @@ def getxattr_sized(path: Path, name: str, size: int) -> bytes:
     return buf.raw[:n] if size else b"\0" * n
 
 
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+CAP_FSETID = 4
+
+
+def drop_effective_caps(*caps: int) -> None:
+    """Takes capabilities out of this thread's effective set (capset(2))."""
+    hdr = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+    data = (_CapData * 2)()
+    _check(libc.capget(ctypes.byref(hdr), data))
+    for c in caps:
+        data[c // 32].effective &= ~(1 << (c % 32))
+    _check(libc.capset(ctypes.byref(hdr), data))
+
+
+STATX_MODE = 0x2
+
+
+def statx_mode(path: Path) -> int:
+    """st_mode by statx(2) asking for the mode alone: FUSE answers it from the
+    kernel's cached attributes while they are valid (stat(2) asks for times
+    too, which a write invalidates), so this shows a stale cached mode."""
+    buf = ctypes.create_string_buffer(256)
+    _check(libc.statx(AT_FDCWD, os.fsencode(path), 0, STATX_MODE, buf))
+    return int.from_bytes(buf.raw[28:30], "little")  # struct statx: stx_mode at 28
+
+
 def listxattr_sized(path: Path, size: int) -> bytes:
     buf = ctypes.create_string_buffer(max(size, 1))
     n = _check(libc.listxattr(os.fsencode(path), buf if size else None, size))
@@ -224,10 +259,12 @@ def listxattr_sized(path: Path, size: int) -> bytes:
 
 # --- another user ------------------------------------------------------------------
 
-def as_user(uid: int, gid: int, fn: Callable[[], Any], groups: tuple[int, ...] = ()) -> Any:
-    """Runs fn in a forked child with the given real and effective ids and
-    returns its result; an OSError in the child comes back as the errno, as an
-    int wrapped in Errno (so a result can still be an int)."""
+def as_user(uid: int, gid: int, fn: Callable[[], Any], groups: tuple[int, ...] = (),
+            drop_caps: tuple[int, ...] = ()) -> Any:
+    """Runs fn in a forked child with the given real and effective ids (and
+    without the capabilities `drop_caps` in its effective set) and returns
+    its result; an OSError in the child comes back as the errno, as an int
+    wrapped in Errno (so a result can still be an int)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
@@ -237,6 +274,8 @@ def as_user(uid: int, gid: int, fn: Callable[[], Any], groups: tuple[int, ...] =
             os.setgroups(list(groups))
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)
+            if drop_caps:
+                drop_effective_caps(*drop_caps)
             try:
                 out: Any = ("ok", fn())
             except OSError as e:

@@ -12,6 +12,13 @@ literals removed first):
   calls -- except the ioctl dispatcher (once per command branch), and create,
   open and opendir, which give their handle back when the kernel did not take
   the reply (an interrupted open).
+
+Reading the request's credentials is translation too, not a decision: the
+caller's uid, gid (Who) and, for posix's question on an O_DIRECT write of a
+file with setid bits, whether the writer has CAP_FSETID (WriterHasFsetid
+reads it from /proc/<pid>/status, since fuse_ctx carries no capabilities).
+posix decides what a write takes away; the glue only answers and, when posix
+says it took something, drops the kernel's cached attributes.
 """
 from __future__ import annotations
 

@@ -104,6 +104,7 @@ int Serve(const std::vector<std::string>& devices, const std::vector<FaultSpec>&
   for (std::string& s : argv_s) argv.push_back(s.data());
   fuse_args args = FUSE_ARGS_INIT(int(argv.size()), argv.data());
   fuse_session* se = fuse_session_new(&args, fuse::Operations(), sizeof(fuse_lowlevel_ops), &ctx);
+  ctx.se = se;  // (before any request: the session loop starts below)
   int rc = 1;
   if (se == nullptr) {
     PrintError("mount", "bad mount options (see the line above)");
