@@ -15,11 +15,6 @@
 namespace tfs::mount {
 namespace {
 
-bool SameString(const char* a, const char* b) {
-  const usize n = StrLen(a);
-  return n == StrLen(b) && MemCompare(a, b, n) == 0;
-}
-
 // One member's queue: its state and its I/O by origin (origins that did
 // nothing are left out).
 void WriteQueue(dev::Member* m, dev::OriginStats* stats, JsonOut& w) {
@@ -79,7 +74,7 @@ void WriteAlloc(store::Store& store, JsonOut& w) {
     w.EndObject();
     tier_of[i] = i;
     for (u32 k = 0; k < i; k++) {
-      if (SameString(devs.member(k)->group(), devs.member(i)->group())) {
+      if (StrEqual(devs.member(k)->group(), devs.member(i)->group())) {
         tier_of[i] = tier_of[k];
         break;
       }

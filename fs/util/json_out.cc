@@ -1,6 +1,8 @@
 // The JSON writer (see json_out.h): commas, nesting and RFC 8259 escaping.
 #include "util/json_out.h"
 
+#include "platform/platform.h"
+
 namespace tfs {
 namespace {
 
@@ -26,16 +28,6 @@ u32 Utf8SequenceLength(const char* s, u32 n, u32 i) {
     return second_ok && cont(i + 2) && cont(i + 3) ? 4 : 0;
   }
   return 0;
-}
-
-// Writes v in decimal into the end of buf[24]; returns where it starts.
-char* Decimal(u64 v, char* end) {
-  char* p = end;
-  do {
-    *--p = char('0' + v % 10);
-    v /= 10;
-  } while (v != 0);
-  return p;
 }
 
 constexpr char kHex[] = "0123456789abcdef";
@@ -126,17 +118,13 @@ void JsonOut::Escape(JsonStr s) {
 void JsonOut::Uint(u64 v) {
   BeforeValue();
   char buf[24];
-  const char* p = Decimal(v, buf + sizeof(buf));
-  Put(p, u32(buf + sizeof(buf) - p));
+  Put(buf, u32(platform::Format(buf, sizeof(buf), "%llu", static_cast<unsigned long long>(v))));
 }
 
 void JsonOut::Int(i64 v) {
   BeforeValue();
   char buf[24];
-  const u64 mag = v < 0 ? ~u64(v) + 1 : u64(v);
-  char* p = Decimal(mag, buf + sizeof(buf));
-  if (v < 0) *--p = '-';
-  Put(p, u32(buf + sizeof(buf) - p));
+  Put(buf, u32(platform::Format(buf, sizeof(buf), "%lld", static_cast<long long>(v))));
 }
 
 void JsonOut::Bool(bool v) {

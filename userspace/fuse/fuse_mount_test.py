@@ -407,16 +407,22 @@ def test_bad_device_sets_are_refused_with_one_line(tmp_path: Path) -> None:
     m.close()  # (fsck clean: the mount rewrote nothing it should not have)
 
 
-def daemon_pids(mnt_arg: str) -> list[int]:
+def daemon_pids(mnt_arg: str, image: Path) -> list[int]:
+    """The tierfs daemons mounted with MNT_ARG that hold IMAGE open: the
+    arguments alone also match another test run's daemon on the machine."""
+    want = os.path.realpath(image)
     pids = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
             argv = (d / "cmdline").read_bytes().split(b"\0")
-        except OSError:
+            if not (b"mount" in argv and os.fsencode(mnt_arg) in argv and os.path.basename(argv[0]) == b"tierfs"):
+                continue
+            fds = [os.readlink(f) for f in (d / "fd").iterdir()]
+        except OSError:  # gone meanwhile, or not ours to read
             continue
-        if b"mount" in argv and os.fsencode(mnt_arg) in argv and os.path.basename(argv[0]) == b"tierfs":
+        if want in fds:
             pids.append(int(d.name))
     return pids
 
@@ -427,7 +433,7 @@ def test_sigterm_unmounts_a_daemon_mounted_by_a_relative_path(tmp_path: Path) ->
     proc = run([tool("tierfs"), "mount", "fs.img", "mnt"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     (tmp_path / "mnt" / "kept").mkdir()
-    pids = daemon_pids("mnt")
+    pids = daemon_pids("mnt", dev)
     assert len(pids) == 1, pids
     os.kill(pids[0], 15)
     wait_for(lambda: not os.path.ismount(tmp_path / "mnt") and unlocked(dev), "SIGTERM to unmount")
