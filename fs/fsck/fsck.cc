@@ -523,14 +523,18 @@ void ReportDroppedNodes(store::Store& e, const Options& opt, bool roots_rebuilt,
 }
 
 // The superblock's incompatible feature flags against what the namespace
-// needs (`had`: the flags before the open; `needed`: posix::kSbFeatures bits
-// the namespace pass found in use). A flag missing lets an older build mount
-// the filesystem and misread what posix wrote: an error (-y: the open set
-// it). A flag nothing needs keeps older builds off for nothing: a note, and
-// -y clears it -- the downgrade path (the next read-write mount sets it
-// again).
-void FeatureFlags(store::Store& e, const Options& opt, u16 had, u16 needed, Ctx& c) {
-  if ((needed & ~had) != 0) {
+// uses (`had`: the flags before the open; `use`: what the namespace pass
+// found, and whether its -y upgrade flagged capabilities). A chunked value
+// or a flagged inode without kSbXattrChunks lets an older build mount the
+// filesystem and misread it: an error (posix records the flag before it
+// writes either, so no cut leaves one; -y: the open set it). A flag nothing
+// needs keeps older builds off for nothing; every read-write mount sets it,
+// so that is the normal state, not a finding -- -y clears it and says so
+// (the downgrade path). -y leaves kSbCapsFlagged set exactly when the flags
+// are in use: the check has flagged every capability.
+void FeatureFlags(store::Store& e, const Options& opt, u16 had, const FeatureUse& use, Ctx& c) {
+  const u16 needed = use.in_use || use.upgraded ? posix::kSbFeatures : u16(0);
+  if (use.in_use && (had & sb::kSbXattrChunks) == 0) {
     c.report->errors++;
     c.Line("superblock: the chunked-xattrs flag is missing, but chunked xattrs or capability flags are in use "
            "(a build before them would misread them)%s",
@@ -539,12 +543,12 @@ void FeatureFlags(store::Store& e, const Options& opt, u16 had, u16 needed, Ctx&
       c.report->repaired++;
       c.Line("superblock: set the chunked-xattrs flag");
     }
-  } else if ((had & ~needed) != 0) {
+  } else if (opt.repair && use.upgraded) {
+    c.Line("superblock: recorded that every security.capability is flagged (the upgrade above)");
+  } else if (opt.repair && (had & ~needed) != 0) {
     c.report->notes++;
-    c.Line("superblock: the chunked-xattrs flag is set but unused (no chunked xattr, no inode flagged for "
-           "security.capability): %s",
-           opt.repair ? "cleared it (builds before it can mount the filesystem until the next read-write mount)"
-                      : "'tierfs fsck -y' clears it, for builds before it");
+    c.Line("superblock: cleared the chunked-xattrs flag, which nothing uses (no chunked xattr, no inode flagged "
+           "for security.capability): builds before it can mount the filesystem until the next read-write mount");
   }
   if (opt.repair) e.SetFeatures(needed);
 }
@@ -608,7 +612,7 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
     oo.rebuild_roots = true;
     // As every read-write open for posix: its repairs use posix's formats.
     // The end of the check clears what nothing needs (FeatureFlags).
-    oo.features = posix::kSbFeatures;
+    oo.features = sb::kSbXattrChunks;  // (kSbCapsFlagged: once the check has flagged every capability)
   }
   store::OpenReport rep;
   Diag d;
@@ -702,8 +706,8 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
   } else {
     CheckBtrees(e, rep.was_clean, c, &btree_found);
   }
-  u16 features = 0;
-  const bool namespace_done = CheckNamespace(e, opt, c, &features);
+  FeatureUse features;
+  const bool namespace_done = CheckNamespace(e, opt, c, rep.features, &features);
   if (namespace_done) FeatureFlags(e, opt, rep.features, features, c);
   if (opt.repair && namespace_done && e.lost_data_btrees() != 0) {
     // What depended on the dropped nodes is repaired; the unmount below

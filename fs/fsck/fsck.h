@@ -35,8 +35,10 @@
 //    xattrs belong to inodes, and a chunked value has exactly its chunks (each
 //    of its length, its crc right) and no chunk key is left without a value;
 //    an inode has at most 128 xattr table keys, and kInodeFlagCaps exactly
-//    when it has a security.capability xattr; the superblock's kSbXattrChunks
-//    is set if anything needs it (-y clears it when nothing does).
+//    when it has a security.capability xattr (without kSbCapsFlagged an
+//    unflagged one is an older build's: a note); the superblock's
+//    kSbXattrChunks is set if anything needs it (-y clears it when nothing
+//    does).
 //    File data: extents parse, belong to regular files,
 //    do not overlap, point inside a user bucket of their generation; each
 //    inode's sector count is what its extents hold and its size covers them; a

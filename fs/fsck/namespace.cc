@@ -139,18 +139,21 @@ struct Probe {
 
 class NamespaceCheck {
  public:
-  NamespaceCheck(store::Store& e, const Options& opt, Ctx& c)
-      : e_(e), t_(e.btrees()), repair_(opt.repair), c_(c) {}
+  NamespaceCheck(store::Store& e, const Options& opt, Ctx& c, u16 had)
+      : e_(e), t_(e.btrees()), repair_(opt.repair), c_(c), had_(had) {}
 
-  // features: the superblock features (posix::kSbFeatures bits) the
-  // namespace needs, once it passed.
-  bool Run(u16* features) {
+  // use: the superblock features (posix::kSbFeatures bits) the namespace
+  // needs, once it passed.
+  bool Run(FeatureUse* use) {
     Status st = Passes();
     if (!st.ok()) {
       c_.Line("namespace: %s failed: %s", write_failed_ ? "writing a repair" : "reading the btrees", st.Message());
       c_.report->errors++;
     }
-    if (st.ok()) *features = feature_keys_ != 0 ? posix::kSbFeatures : u16(0);
+    if (st.ok()) {
+      use->in_use = feature_keys_ != 0;
+      use->upgraded = upgraded_;
+    }
     return st.ok();
   }
 
@@ -1277,7 +1280,6 @@ class NamespaceCheck {
       }
       const unsigned long long ino = p.inode, slot = p.offset;
       const bool has_owner = x_.rec != nullptr;
-      if (p.offset >= posix::kXattrChunkBase) feature_keys_++;
       if (has_owner && p.offset >= posix::kXattrChunkBase) {
         TFS_TRY(DeleteExcess());
         TFS_TRY(XattrChunk(p, it.value(), it.val_bytes()));
@@ -1315,7 +1317,6 @@ class NamespaceCheck {
           xe.name_len == posix::kXattrCapsLen && MemCompare(name, posix::kXattrCaps, posix::kXattrCapsLen) == 0;
       x_.caps = x_.caps || caps;
       if (xe.type != posix::kXattrChunked) continue;
-      feature_keys_++;
       posix::XattrChunksFormat d;
       TFS_TRY(posix::ParseXattrChunks(xe, after, &d));  // (ParseNamedEntry checked it)
       ChunkedValue v{};
@@ -1492,6 +1493,10 @@ class NamespaceCheck {
                    "are lost)", (unsigned long long)x_.excess_deleted, ino, posix::kMaxXattrs);
       }
       x_.rec->caps_xattr = x_.caps;
+      // What needs the feature once the repairs are done: the chunked values
+      // kept (their chunks go with them; stray chunks are deleted with -y
+      // and reported without).
+      for (const ChunkedValue& v : values_) feature_keys_ += v.gone ? 0 : 1;
     }
     values_.Clear();
     return Status::Ok();
@@ -1514,12 +1519,26 @@ class NamespaceCheck {
 
   // kInodeFlagCaps agrees with the security.capability xattrs the scan found
   // (a write tests the flag instead of looking the name up). A flag missing
-  // would let an O_DIRECT write keep the capability (filesystems written by
-  // builds before the flag: fsck -y sets it once); one left over costs a
-  // write a lookup. Repair: set or cleared.
+  // would let an O_DIRECT write keep the capability; one left over costs a
+  // write a lookup. Repair: set or cleared. A filesystem without
+  // kSbCapsFlagged is from a build before the flag (or its upgrade was cut
+  // short): a capability without its flag is its format, a note -- the next
+  // read-write mount flags it (posix::Filesystem::FlagCapsInodes), and so
+  // does -y.
   Status CheckCapsFlags() {
+    const bool old_format = (had_ & sb::kSbCapsFlagged) == 0;
     for (InodeRec& r : inodes_) {
       if (r.gone) continue;
+      if (old_format && r.caps_xattr && !r.caps_flag) {
+        c_.report->notes++;
+        c_.Line("namespace: inode %llu has a security.capability xattr from before the capability flag: %s",
+                (unsigned long long)r.ino, repair_ ? "flagged it" : "the next read-write mount flags it");
+        if (repair_) {
+          TFS_TRY(UpdateInode(r.ino, [](posix::InodeFormat& f) { f.flags.set(u16(f.flags.get() | posix::kInodeFlagCaps)); }));
+          upgraded_ = true;
+        }
+        continue;
+      }
       if (r.caps_flag != r.caps_xattr) {
         Problem("namespace: inode %llu %s", (unsigned long long)r.ino,
                 r.caps_xattr ? "has a security.capability xattr but not its flag"
@@ -1570,9 +1589,11 @@ class NamespaceCheck {
   bool lost_found_failed_ = false;
   u64 entries_ = 0, dirs_ = 0, extents_ = 0, xattrs_ = 0;
   u32 found_ = 0;
-  // What needs posix::kSbFeatures: chunked xattr entries, chunk keys and
-  // inodes with kInodeFlagCaps (or a capability xattr, which gets it).
+  // What needs posix::kSbFeatures: chunked values (with their chunk keys)
+  // and inodes with kInodeFlagCaps (or a capability xattr, which gets it).
   u64 feature_keys_ = 0;
+  const u16 had_;          // the superblock's features before the open
+  bool upgraded_ = false;  // -y flagged capabilities of a filesystem from before them
   XattrInode x_;                 // the inode whose xattr keys are streaming
   Vector<ChunkedValue> values_;  // its chunked values (ScanXattrs)
   Vector<Pos> excess_;           // its table keys past kMaxXattrs, to delete (-y)
@@ -1581,15 +1602,15 @@ class NamespaceCheck {
 
 }  // namespace
 
-bool CheckNamespace(store::Store& e, const Options& opt, Ctx& c, u16* features) {
+bool CheckNamespace(store::Store& e, const Options& opt, Ctx& c, u16 had, FeatureUse* use) {
   // ~3 KiB of members: not on a kernel stack.
-  NamespaceCheck* check = platform::New<NamespaceCheck>(e, opt, c);
+  NamespaceCheck* check = platform::New<NamespaceCheck>(e, opt, c, had);
   if (check == nullptr) {
     c.Line("namespace: out of memory");
     c.report->exit_code = kExitOperational;
     return false;
   }
-  const bool done = check->Run(features);
+  const bool done = check->Run(use);
   platform::Delete(check);
   return done;
 }

@@ -31,12 +31,9 @@ using posix::Filesystem;
 
 const std::string kLinkTarget(3000, 't');
 
-// How a mount opens the store (mount::Instance): with posix's features.
-store::OpenOptions MountOptions() {
-  store::OpenOptions o;
-  o.features = posix::kSbFeatures;
-  return o;
-}
+// How a mount opens the store (mount::Instance; posix's Mount records the
+// features).
+store::OpenOptions MountOptions() { return store::OpenOptions{}; }
 
 // The fixture file's chunked xattr "user.big": three chunk keys (2048, 2048,
 // 904 bytes) at id 0.
@@ -1437,6 +1434,57 @@ TEST(FsckRepairTest, DamagedChunkedXattrsAreRepaired) {
   for (const RepairCase& c : cases) RunRepairCase(c);
 }
 
+namespace {
+
+// Runs fn on the image's store, with no posix mount (which would upgrade
+// what an older build left).
+void WithStore(fixture::Image& img, const std::function<void(store::Store&)>& fn) {
+  BlockDevice* b = img.dev.get();
+  store::Store e;
+  Diag diag;
+  ASSERT_TRUE(e.Open(&b, 1, store::OpenOptions{}, &diag).ok()) << diag.text;
+  fn(e);
+  ASSERT_TRUE(e.Close().ok());
+}
+
+// Flips kInodeFlagCaps of `ino` behind posix's back.
+void FlipCapsFlag(fixture::Image& img, u64 ino) {
+  WithStore(img, [&](store::Store& e) {
+    u8 v[sizeof(posix::InodeFormat)];
+    auto r = e.btrees().Get(btree::Pos{btree::kBtreeInodes, ino, 0}, v, sizeof(v));
+    ASSERT_TRUE(r.ok());
+    posix::InodeFormat f;
+    ASSERT_TRUE(posix::ParseInode(v, r.value(), &f).ok());
+    f.flags.set(u16(f.flags.get() ^ posix::kInodeFlagCaps));
+    btree::Transaction tx(&e.btrees());
+    ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeInodes, ino, 0}, &f, sizeof(f)).ok());
+    ASSERT_TRUE(tx.Commit().ok());
+  });
+}
+
+// What a build before the features leaves (or `which` of them).
+void DropFeatureFlag(fixture::Image& img, u16 which = posix::kSbFeatures) {
+  sb::Superblock s = img.SbOf();
+  s.flags &= u16(~which);
+  s.seq++;
+  ASSERT_TRUE(sb::Write(*img.dev, s, 0).ok());
+}
+
+u16 CapsFlagOf(fixture::Image& img, u64 ino) {
+  u16 flags = 0xffff;
+  WithStore(img, [&](store::Store& e) {
+    u8 v[sizeof(posix::InodeFormat)];
+    auto r = e.btrees().Get(btree::Pos{btree::kBtreeInodes, ino, 0}, v, sizeof(v));
+    ASSERT_TRUE(r.ok());
+    posix::InodeFormat f;
+    ASSERT_TRUE(posix::ParseInode(v, r.value(), &f).ok());
+    flags = u16(f.flags.get() & posix::kInodeFlagCaps);
+  });
+  return flags;
+}
+
+}  // namespace
+
 // kSbXattrChunks: format leaves it off (an older build mounts a new
 // filesystem); every read-write mount sets it, and fsck -y clears it again
 // while nothing needs it -- no chunked xattr entry, no chunk key, no inode
@@ -1446,12 +1494,6 @@ TEST(FsckRepairTest, DamagedChunkedXattrsAreRepaired) {
 // filesystem (no flag, inline xattrs) checks clean and mounts.
 TEST(FsckNamespaceTest, TheChunkedXattrFlagFollowsWhatNeedsIt) {
   auto flag = [](fixture::Image& img) { return (img.SbOf().flags & sb::kSbXattrChunks) != 0; };
-  auto drop_flag = [](fixture::Image& img) {
-    sb::Superblock s = img.SbOf();
-    s.flags &= u16(~sb::kSbXattrChunks);
-    s.seq++;
-    ASSERT_TRUE(sb::Write(*img.dev, s, 0).ok());
-  };
   fixture::Image img;
   EXPECT_FALSE(flag(img));  // format: no feature yet
   u64 ino = 0;
@@ -1460,14 +1502,15 @@ TEST(FsckNamespaceTest, TheChunkedXattrFlagFollowsWhatNeedsIt) {
     ASSERT_TRUE(fs.SetXattr(ino, "user.a", 6, "old", 3, 0).ok());
   });
   EXPECT_TRUE(flag(img));  // a read-write mount
-  // Unused: -n says so (a note) and writes nothing; -y clears it.
+  // Unused: the normal state after a mount -- -n says nothing and writes
+  // nothing; -y clears it and says so.
   auto [r1, out1] = img.Fsck(false);
   EXPECT_EQ(r1.exit_code, kExitClean) << out1;
-  EXPECT_NE(out1.find("chunked-xattrs flag is set but unused"), std::string::npos) << out1;
+  EXPECT_EQ(out1.find("chunked-xattrs flag"), std::string::npos) << out1;
   EXPECT_TRUE(flag(img)) << "fsck -n wrote the superblock";
   auto [r2, out2] = img.Fsck(true);
   EXPECT_EQ(r2.exit_code, kExitClean) << out2;
-  EXPECT_NE(out2.find("cleared it"), std::string::npos) << out2;
+  EXPECT_NE(out2.find("cleared the chunked-xattrs flag, which nothing uses"), std::string::npos) << out2;
   EXPECT_FALSE(flag(img));
   auto [r3, out3] = img.Fsck(true);  // nothing to say the second time
   EXPECT_EQ(r3.exit_code, kExitClean) << out3;
@@ -1500,7 +1543,7 @@ TEST(FsckNamespaceTest, TheChunkedXattrFlagFollowsWhatNeedsIt) {
   img.WithFs([&](Filesystem& fs, store::Store&) {
     ASSERT_TRUE(fs.SetXattr(ino, "user.big", 8, big.data(), u32(big.size()), 0).ok());
   });
-  drop_flag(img);
+  DropFeatureFlag(img);
   auto [r7, out7] = img.Fsck(false);
   EXPECT_EQ(r7.exit_code, kExitUncorrected) << out7;
   EXPECT_NE(out7.find("chunked-xattrs flag is missing"), std::string::npos) << out7;
@@ -1513,7 +1556,7 @@ TEST(FsckNamespaceTest, TheChunkedXattrFlagFollowsWhatNeedsIt) {
   // An older build's filesystem (no flag, inline xattrs only) checks clean
   // and mounts; the mount marks it.
   img.WithFs([&](Filesystem& fs, store::Store&) { ASSERT_TRUE(fs.RemoveXattr(ino, "user.big", 8).ok()); });
-  drop_flag(img);
+  DropFeatureFlag(img);
   auto [r10, out10] = img.Fsck(false);
   EXPECT_EQ(r10.exit_code, kExitClean) << out10;
   EXPECT_EQ(out10.find("chunked-xattrs flag"), std::string::npos) << out10;
@@ -1526,8 +1569,77 @@ TEST(FsckNamespaceTest, TheChunkedXattrFlagFollowsWhatNeedsIt) {
   EXPECT_TRUE(flag(img));
 }
 
-// kInodeFlagCaps agrees with the security.capability xattr: a file an older
-// build gave a capability (no flag) and a flag without the xattr are each
+// A filesystem an older build gave security.capability xattrs (no inode
+// flag, no superblock feature): fsck -n calls it a note (exit 0); the first
+// read-write mount records kSbXattrChunks, flags the inodes
+// (posix.caps_flagged), then records kSbCapsFlagged; a mount's upgrade cut
+// before that (some flagged, kSbCapsFlagged missing) is notes too, which the
+// next mount finishes. fsck -y upgrades it as the mount does.
+TEST(FsckRepairTest, AFilesystemFromBeforeTheCapabilityFlagIsUpgraded) {
+  fixture::Image img;
+  u64 a = 0, b = 0;
+  img.WithFs([&](Filesystem& fs, store::Store&) {
+    a = fs.Mknod(posix::kRootIno, "a", 1, posix::kModeReg | 0755, 0, fixture::kRoot).value().ino;
+    b = fs.Mknod(posix::kRootIno, "b", 1, posix::kModeReg | 0755, 0, fixture::kRoot).value().ino;
+    ASSERT_TRUE(fs.SetXattr(a, "security.capability", 19, "cap", 3, 0).ok());
+    ASSERT_TRUE(fs.SetXattr(b, "security.capability", 19, "cap", 3, 0).ok());
+  });
+  EXPECT_EQ(img.SbOf().flags & posix::kSbFeatures, posix::kSbFeatures);
+  auto older_build = [&] {
+    if (CapsFlagOf(img, a) != 0) FlipCapsFlag(img, a);
+    if (CapsFlagOf(img, b) != 0) FlipCapsFlag(img, b);
+    DropFeatureFlag(img);
+  };
+  const std::string note_a = "inode " + std::to_string(a) + " has a security.capability xattr from before the "
+                             "capability flag: the next read-write mount flags it";
+  older_build();
+  auto [r1, out1] = img.Fsck(false);
+  EXPECT_EQ(r1.exit_code, kExitClean) << out1;
+  EXPECT_NE(out1.find(note_a), std::string::npos) << out1;
+  EXPECT_EQ(r1.notes, 2u) << out1;
+  img.WithFs([&](Filesystem& fs, store::Store&) { EXPECT_EQ(fs.GetStats().caps_flagged, 2u); });
+  EXPECT_EQ(img.SbOf().flags & posix::kSbFeatures, posix::kSbFeatures);
+  EXPECT_EQ(CapsFlagOf(img, a), posix::kInodeFlagCaps);
+  EXPECT_EQ(CapsFlagOf(img, b), posix::kInodeFlagCaps);
+  auto [r2, out2] = img.Fsck(false);
+  EXPECT_EQ(r2.exit_code, kExitClean) << out2;
+  EXPECT_EQ(r2.notes, 0u) << out2;
+  img.WithFs([&](Filesystem& fs, store::Store&) { EXPECT_EQ(fs.GetStats().caps_flagged, 0u); });  // done once
+
+  // Cut short: a flagged, b not, kSbCapsFlagged not recorded.
+  FlipCapsFlag(img, b);
+  DropFeatureFlag(img, sb::kSbCapsFlagged);
+  auto [r3, out3] = img.Fsck(false);
+  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+  EXPECT_EQ(r3.notes, 1u) << out3;
+  EXPECT_NE(out3.find("inode " + std::to_string(b) + " has a security.capability xattr from before"),
+            std::string::npos) << out3;
+  img.WithFs([&](Filesystem& fs, store::Store&) { EXPECT_EQ(fs.GetStats().caps_flagged, 1u); });
+  EXPECT_EQ(CapsFlagOf(img, b), posix::kInodeFlagCaps);
+  EXPECT_EQ(img.SbOf().flags & posix::kSbFeatures, posix::kSbFeatures);
+  EXPECT_EQ(img.Fsck(false).first.exit_code, kExitClean);
+
+  // fsck -y, as the mount.
+  older_build();
+  auto [r4, out4] = img.Fsck(true);
+  EXPECT_EQ(r4.exit_code, kExitClean) << out4;
+  EXPECT_NE(out4.find("flagged it"), std::string::npos) << out4;
+  EXPECT_NE(out4.find("recorded that every security.capability is flagged"), std::string::npos) << out4;
+  EXPECT_EQ(img.SbOf().flags & posix::kSbFeatures, posix::kSbFeatures);
+  EXPECT_EQ(CapsFlagOf(img, a), posix::kInodeFlagCaps);
+  auto [r5, out5] = img.Fsck(false);
+  EXPECT_EQ(r5.exit_code, kExitClean) << out5;
+  EXPECT_EQ(r5.notes, 0u) << out5;
+
+  // Flags without kSbXattrChunks no mount leaves: an error, -y sets it.
+  DropFeatureFlag(img);
+  auto [r6, out6] = img.Fsck(false);
+  EXPECT_EQ(r6.exit_code, kExitUncorrected) << out6;
+  EXPECT_NE(out6.find("chunked-xattrs flag is missing"), std::string::npos) << out6;
+}
+
+// kInodeFlagCaps agrees with the security.capability xattr: a flag missing
+// (on a filesystem with the feature) and a flag without the xattr are each
 // one error, -y sets or clears the flag.
 TEST(FsckRepairTest, TheCapabilityFlagFollowsItsXattr) {
   fixture::Image img;
@@ -1537,21 +1649,8 @@ TEST(FsckRepairTest, TheCapabilityFlagFollowsItsXattr) {
     without = fs.Mknod(posix::kRootIno, "without", 7, posix::kModeReg | 0755, 0, fixture::kRoot).value().ino;
     ASSERT_TRUE(fs.SetXattr(with, "security.capability", 19, "cap", 3, 0).ok());
   });
-  auto flip = [&](u64 ino) {
-    img.WithFs([&](Filesystem&, store::Store& e) {
-      u8 v[sizeof(posix::InodeFormat)];
-      auto r = e.btrees().Get(btree::Pos{btree::kBtreeInodes, ino, 0}, v, sizeof(v));
-      ASSERT_TRUE(r.ok());
-      posix::InodeFormat f;
-      ASSERT_TRUE(posix::ParseInode(v, r.value(), &f).ok());
-      f.flags.set(u16(f.flags.get() ^ posix::kInodeFlagCaps));
-      btree::Transaction tx(&e.btrees());
-      ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeInodes, ino, 0}, &f, sizeof(f)).ok());
-      ASSERT_TRUE(tx.Commit().ok());
-    });
-  };
-  flip(with);
-  flip(without);
+  FlipCapsFlag(img, with);
+  FlipCapsFlag(img, without);
   auto [r1, out1] = img.Fsck(false);
   EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
   EXPECT_NE(out1.find("inode " + std::to_string(with) + " has a security.capability xattr but not its flag"),

@@ -37,9 +37,13 @@ struct Ctx {
 // The namespace and file data (namespace.cc), on a store opened writable
 // exactly when opt.repair is set. False when it could not run to the end (a
 // read or a repair's write failed).
-// `features`: when it returns true, the superblock features
-// (posix::kSbFeatures bits) the namespace needs -- what fsck -y leaves set.
-bool CheckNamespace(store::Store& e, const Options& opt, Ctx& c, u16* features);
+// `had`: the superblock's features (posix::kSbFeatures bits) before the
+// open. When it returns true, `use` says what of them the namespace uses.
+struct FeatureUse {
+  bool in_use = false;    // chunked xattr values or kInodeFlagCaps (as the repairs left them)
+  bool upgraded = false;  // -y flagged capabilities of a filesystem without kSbCapsFlagged
+};
+bool CheckNamespace(store::Store& e, const Options& opt, Ctx& c, u16 had, FeatureUse* use);
 
 }  // namespace tfs::fsck
 

@@ -60,8 +60,7 @@ struct Image {
     BlockDevice* b = dev.get();
     auto e = std::make_unique<store::Store>();
     Diag diag;
-    store::OpenOptions oo;
-    oo.features = posix::kSbFeatures;  // as a mount opens it (mount::Instance)
+    store::OpenOptions oo;  // as a mount opens it (posix's Mount records the features)
     EXPECT_TRUE(e->Open(&b, 1, oo, &diag).ok()) << diag.text;
     auto fs = std::make_unique<Filesystem>();
     EXPECT_TRUE(fs->Mount(e.get()).ok());

@@ -23,12 +23,9 @@ Status Instance::Open(BlockDevice* const* bdevs, u32 count, const Options& optio
                       store::OpenReport* report) {
   if (used_) return DiagError(diag, Err::kBusy, open_ ? "already open" : "an instance opens once");
   used_ = true;
-  // The store records posix's incompatible features at a read-write open
-  // (before anything is written): builds that cannot read what posix writes
-  // refuse the filesystem from then on.
-  store::OpenOptions so = options.store;
-  so.features |= posix::kSbFeatures;
-  TFS_TRY(store_.Open(bdevs, count, so, diag, report));
+  // (posix's mount records its incompatible features in the superblock,
+  // after bringing an older filesystem up to them.)
+  TFS_TRY(store_.Open(bdevs, count, options.store, diag, report));
   Status st = fs_.Mount(&store_, options.posix);
   if (!st.ok()) {
     Status cst = store_.Close();

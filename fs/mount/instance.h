@@ -31,7 +31,7 @@
 namespace tfs::mount {
 
 struct Options {
-  store::OpenOptions store;  // (Open adds posix::kSbFeatures to its features)
+  store::OpenOptions store;  // (posix's mount records its features: posix::kSbFeatures)
   posix::Filesystem::Options posix;
 };
 

@@ -227,6 +227,8 @@ u32 BuildDirent(u8* buf, u64 ino, u8 type, const char* name, u32 len) { return B
 
 constexpr u32 kDirentMax = u32(sizeof(DirentFormat)) + kNameMax;
 
+bool IsCapsName(const char* name, u32 len) { return len == kXattrCapsLen && MemCompare(name, kXattrCaps, len) == 0; }
+
 }  // namespace
 
 NameTable DirTable(u64 dir, const InodeFormat& d) {
@@ -574,6 +576,12 @@ Status Filesystem::Mount(store::Store* store, const Options& options) {
       TFS_TRY(FinishFree(ino));
       ctr_.orphans_freed.FetchAdd(1, MemOrder::kRelaxed);
     }
+    // The format's features, before anything of theirs is written.
+    if (!store->read_only() && (store->sb().flags & kSbFeatures) != kSbFeatures) {
+      TFS_TRY(store->AddFeatures(sb::kSbXattrChunks));
+      TFS_TRY(FlagCapsInodes());
+      TFS_TRY(store->AddFeatures(sb::kSbCapsFlagged));
+    }
     // Inodes in use, and the next number (numbers are not reused within a mount).
     u64 count = 0;
     u64 last = kRootIno;
@@ -626,6 +634,44 @@ Status Filesystem::Mount(store::Store* store, const Options& options) {
     trees_ = nullptr;
   }
   return st;
+}
+
+Status Filesystem::FlagCapsInodes() {
+  Vector<u64> inos;  // ascending: the xattrs btree's order
+  Iterator it(trees_, btree::kBtreeXattrs);
+  TFS_TRY(it.SeekToFirst());
+  for (; it.Valid(); TFS_TRY(it.Next())) {
+    const Pos p = it.pos();
+    if (p.offset >= kXattrChunkBase) continue;  // (none without the feature; fsck's to judge)
+    if (!inos.empty() && inos[inos.size() - 1] == p.inode) continue;
+    DirentFormat e;
+    const char* name;
+    const u8* after;
+    // A key that does not parse is fsck's to report: the flag follows the
+    // names that do.
+    if (!ParseNamedEntry(btree::kBtreeXattrs, it.value(), it.val_bytes(), &e, &name, &after).ok()) continue;
+    if (e.type != kDtTombstone && IsCapsName(name, e.name_len)) TFS_TRY(inos.PushBack(p.inode));
+  }
+  constexpr u32 kBatch = 64;  // inodes a transaction
+  for (u64 i = 0; i < inos.size(); i += kBatch) {
+    Transaction tx(trees_);
+    u32 n = 0;
+    for (u64 j = i; j < inos.size() && j < i + kBatch; j++) {
+      InodeFormat f;
+      Status st = ReadInode(inos[j], &f);
+      if (st.Is(ErrorClass::kNotFound)) continue;  // keys of no inode: fsck's
+      TFS_TRY(st);
+      if ((f.flags.get() & kInodeFlagCaps) != 0) continue;  // an earlier, cut run
+      f.flags.set(u16(f.flags.get() | kInodeFlagCaps));
+      TFS_TRY(tx.Set(InodePos(inos[j]), &f, sizeof(f)));
+      n++;
+    }
+    if (n == 0) continue;
+    DebugNoSharedLock();
+    TFS_TRY(tx.Commit().status());
+    ctr_.caps_flagged.FetchAdd(n, MemOrder::kRelaxed);
+  }
+  return Status::Ok();
 }
 
 Status Filesystem::Unmount() {
@@ -2046,8 +2092,6 @@ Status ReadXattrChunks(btree::Btrees* trees, u64 ino, const XattrChunksFormat& d
   return platform::Crc32c(out, n) == desc.crc.get() ? Status::Ok() : Status(Err::kCorrupt);
 }
 
-bool IsCapsName(const char* name, u32 len) { return len == kXattrCapsLen && MemCompare(name, kXattrCaps, len) == 0; }
-
 // The inline value of `name` at `slot` (up to cap bytes; its length). kNoData
 // when the slot holds another name or none (removed meanwhile); *chunked (and
 // kNoData) when it holds `name` as a chunked value (replaced meanwhile).
@@ -2294,12 +2338,16 @@ bool Filesystem::DropHandle(u64 ino, bool* last, Buffered** buf) {
 
 // --- the front ends' operations -------------------------------------------------
 
-Status Filesystem::Open(u64 ino, u32 flags) {
+Status Filesystem::Open(u64 ino, u32 flags, Writer* writer) {
   if ((flags & ~u32(kOpenTruncate)) != 0) return Err::kInvalidArgument;
   TFS_TRY(OpenInode(ino));
   if ((flags & kOpenTruncate) == 0) return Status::Ok();
   InodeFormat f;
   Status st = ReadInode(ino, &f);
+  if (st.ok() && (f.mode.get() & kModeTypeMask) == kModeReg) {
+    if (SetidWriteDrops(f.mode.get()) != 0 || (f.flags.get() & kInodeFlagCaps) != 0)
+      st = DropPrivs(ino, f, writer);
+  }
   if (st.ok() && (f.mode.get() & kModeTypeMask) == kModeReg) {
     SetAttr set;
     set.valid = kSetSize;

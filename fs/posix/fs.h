@@ -80,9 +80,12 @@
 namespace tfs::posix {
 
 // The superblock's incompatible features posix writes (chunked xattr values,
-// kInodeFlagCaps): whoever opens a store read-write for posix passes them in
-// store::OpenOptions::features (mount::Instance, fsck -y).
-inline constexpr u16 kSbFeatures = sb::kSbXattrChunks;
+// kInodeFlagCaps) and keeps (every capability flagged). A read-write Mount
+// records kSbXattrChunks (store::AddFeatures) before it writes anything of
+// either, brings a filesystem from before them up to them (FlagCapsInodes),
+// then records kSbCapsFlagged; fsck -y passes kSbXattrChunks in
+// store::OpenOptions::features and sets the rest when its check is done.
+inline constexpr u16 kSbFeatures = sb::kSbXattrChunks | sb::kSbCapsFlagged;
 
 // What stat(2) reports of an inode.
 struct Attr {
@@ -192,6 +195,7 @@ struct StatFs {
   X(readdirs, counter, "directory listings (pages)")                               \
   X(inodes_freed, counter, "last link gone and not open (or its last Release)")    \
   X(orphans_freed, counter, "at mount: left by a crash while open")                \
+  X(caps_flagged, counter, "at mount: capability xattrs from before their flag")  \
   X(open_inodes, gauge, "inodes open now")                                         \
   X(inode_locks_now, level, "per-inode lock entries in use now")
 #define TFS_WBUF_COUNTERS(X, A)                                                             \
@@ -363,8 +367,11 @@ class Filesystem {
   // regular file's truncation to 0 (other types ignore it); if the truncation
   // fails the handle is released and the error returned -- part of the data
   // may be gone (truncation frees in batches), as on any filesystem. The
-  // handle comes first, so no unlink can free the inode in between.
-  Status Open(u64 ino, u32 flags);
+  // handle comes first, so no unlink can free the inode in between. The
+  // truncation takes the privileges a write takes (the VFS's do_truncate:
+  // setid bits unless `writer` may keep them, security.capability), before
+  // the data, whether or not the file had any (Write's rules, Writer).
+  Status Open(u64 ino, u32 flags, Writer* writer = nullptr);
   // creat(2) / open(O_CREAT) of a new name: a regular file (mode's
   // permission bits) with a handle open on it. The handle is counted (in
   // memory) before the create commits, under the directory's lock, so no
@@ -432,6 +439,12 @@ class Filesystem {
   Status QueueFree(btree::Transaction* tx, u64 ino);
   // Frees an orphaned inode no handle holds: its data in batches, then the inode.
   Status FinishFree(u64 ino);
+  // A read-write mount of a filesystem without kSbCapsFlagged (written by a
+  // build before the flag): sets kInodeFlagCaps on every inode with a
+  // security.capability xattr (Mount has recorded kSbXattrChunks, and
+  // records kSbCapsFlagged after). Idempotent: a cut before that record
+  // redoes it at the next mount.
+  Status FlagCapsInodes();
   // FinishFree under the inode's own lock (after an unlink or rename let go of
   // the directories' locks).
   Status FreeUnlinked(u64 ino);

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <set>
 #include <string>
@@ -1412,6 +1413,107 @@ TEST(PosixTest, EveryWriteClearsSetuidAndSetgid) {
     }
     m.Remount();
     for (size_t i = 0; i < inos.size(); i++) EXPECT_EQ(m.fs.GetAttr(inos[i]).value().mode, kModeReg | cases[i].want);
+  }
+}
+
+// Readers of an xattr that a writer keeps turning from inline to chunked, to
+// another chunked value and to nothing see a whole value or none -- never a
+// mix of two values' chunks, never kCorrupt (inline values are read without
+// the inode lock, chunked ones under it).
+TEST(PosixTest, ReadersOfAnXattrAWriterReshapesSeeWholeValues) {
+  Mounted m;
+  const u64 ino = Mkfile(m.fs, kRootIno, "x", 0644).value().ino;
+  const std::string values[] = {XVal(100, 1), XVal(20000, 2), XVal(65536, 3), XVal(2000, 4)};
+  std::atomic<bool> done{false};
+  std::atomic<u64> whole{0}, none{0};
+  std::atomic<int> bad{0};
+  std::string first_bad;
+  std::mutex bad_mu;
+  auto reader = [&] {
+    std::vector<char> buf(65536);
+    do {
+      auto r = m.fs.GetXattr(ino, "user.v", 6, buf.data(), u32(buf.size()));
+      if (!r.ok() && r.status().code() == Err::kNoData) {
+        none++;
+        continue;
+      }
+      bool ok = r.ok();
+      if (ok) {
+        const std::string got(buf.data(), r.value());
+        ok = false;
+        for (const std::string& v : values) ok = ok || got == v;
+      }
+      if (ok) {
+        whole++;
+      } else if (bad++ == 0) {
+        std::lock_guard<std::mutex> l(bad_mu);
+        first_bad = r.ok() ? "a value of " + std::to_string(r.value()) + " bytes that was never set"
+                           : std::string(r.status().Message());
+      }
+    } while (!done.load());
+  };
+  std::thread r1(reader), r2(reader);
+  for (int i = 0; i < 200; i++) {
+    const u32 k = u32(i % 5);
+    if (k == 4) {
+      ASSERT_TRUE(m.fs.RemoveXattr(ino, "user.v", 6).ok());
+    } else {
+      ASSERT_TRUE(SetX(m.fs, ino, "user.v", values[k]).ok());
+    }
+  }
+  done = true;
+  r1.join();
+  r2.join();
+  EXPECT_EQ(bad.load(), 0) << first_bad;
+  EXPECT_GT(whole.load() + none.load(), 0u);
+}
+
+// An open with O_TRUNC takes what a write takes (the VFS's do_truncate:
+// FUSE's atomic O_TRUNC sends no mode), even of an empty file, before the
+// truncation; CAP_FSETID keeps the setid bits, not a capability; an open
+// without O_TRUNC takes nothing.
+TEST(PosixTest, AnOpenThatTruncatesClearsSetuidAndCapability) {
+  Mounted m;
+  const std::string cap("\x01\x00\x00\x02", 4);
+  struct Case {
+    u32 mode;
+    bool fsetid, trunc, with_cap, empty;
+    u32 want;
+    bool cap_stays;
+    const char* what;
+  };
+  const Case cases[] = {
+      {06755, false, true, false, false, 0755, false, "setid bits go"},
+      {06755, false, true, false, true, 0755, false, "of an empty file too"},
+      {02745, false, true, false, false, 02745, false, "setgid without group execute stays"},
+      {06755, true, true, true, false, 06755, false, "CAP_FSETID keeps the bits, not the capability"},
+      {0755, false, true, true, false, 0755, false, "a capability alone goes"},
+      {06755, false, false, true, false, 06755, true, "no O_TRUNC: nothing goes"},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const u64 ino = Mkfile(m.fs, kRootIno, "t" + std::to_string(n++), c.mode).value().ino;
+    if (!c.empty) {
+      ASSERT_TRUE(m.fs.OpenInode(ino).ok());
+      ASSERT_TRUE(m.fs.Write(ino, 0, "data", 4, Filesystem::kWritePrivsRemoved).ok());
+      ASSERT_TRUE(m.fs.Release(ino).ok());
+    }
+    if (c.with_cap) {
+      ASSERT_TRUE(SetX(m.fs, ino, "security.capability", cap).ok());
+    }
+    ASSERT_EQ(m.fs.GetAttr(ino).value().mode, kModeReg | c.mode);
+    TestWriter tw(c.fsetid);
+    ASSERT_TRUE(m.fs.Open(ino, c.trunc ? kOpenTruncate : 0u, &tw.w).ok());
+    EXPECT_EQ(m.fs.GetAttr(ino).value().mode, kModeReg | c.want);
+    EXPECT_EQ(Committed(m, ino).mode.get(), kModeReg | c.want);
+    EXPECT_EQ(m.fs.GetAttr(ino).value().size, c.trunc ? 0u : (c.empty ? 0u : 4u));
+    char v[8];
+    auto got = m.fs.GetXattr(ino, "security.capability", 19, v, sizeof(v));
+    EXPECT_EQ(got.ok(), c.with_cap && c.cap_stays);
+    EXPECT_EQ((Committed(m, ino).flags.get() & kInodeFlagCaps) != 0, c.with_cap && c.cap_stays);
+    EXPECT_EQ(tw.w.dropped, c.want != c.mode || (c.with_cap && !c.cap_stays));
+    ASSERT_TRUE(m.fs.Release(ino).ok());
   }
 }
 

@@ -45,15 +45,21 @@ inline constexpr u16 kSbClean = 1 << 0;  // unmounted cleanly: no journal replay
 inline constexpr u16 kSbLostData = 1 << 1;
 // An incompatible feature: the xattrs btree may hold xattr values kept in
 // chunk keys, and inodes the kInodeFlagCaps bit (posix/format.h,
-// docs/format/inodes-extents.md). The store sets it on every read-write open
-// whose caller asks for it (store::OpenOptions::features; a mount and fsck -y
-// pass posix::kSbFeatures), before anything is written; builds before it
-// reject the unknown bit and refuse the filesystem (rather than report those
-// keys as corrupt and have an older fsck delete them). fsck -y clears it
-// again when nothing needs it (the downgrade path).
+// docs/format/inodes-extents.md). posix's read-write mount records it
+// (store::AddFeatures; fsck -y through store::OpenOptions::features) before
+// anything of either is written; builds before it reject the unknown bit and
+// refuse the filesystem (rather than report those keys and inodes as corrupt
+// and have an older fsck delete them). fsck -y clears it again when nothing
+// needs it (the downgrade path).
 inline constexpr u16 kSbXattrChunks = 1 << 2;
+// Every inode with a security.capability xattr has kInodeFlagCaps: set after
+// the mount that brought an older build's filesystem up to the flag has
+// flagged them all (posix::Filesystem::FlagCapsInodes; kSbXattrChunks came
+// first). Until then a mount redoes that (a cut in between leaves some
+// flagged, some not: not corruption).
+inline constexpr u16 kSbCapsFlagged = 1 << 3;
 // The incompatible feature bits (what OpenOptions::features may name).
-inline constexpr u16 kSbFeatureFlags = kSbXattrChunks;
+inline constexpr u16 kSbFeatureFlags = kSbXattrChunks | kSbCapsFlagged;
 inline constexpr u16 kSbFlagsKnown = kSbClean | kSbLostData | kSbFeatureFlags;
 
 enum class ChecksumType : u8 { kNone = 0, kCrc32c = 1 };

@@ -96,19 +96,19 @@ TEST(SuperblockTest, LostDataRecordSetsItsFlag) {
   EXPECT_TRUE(Decode(buf.data(), kDevSize, &out).Is(ErrorClass::kCorrupt));
 }
 
-// kSbXattrChunks (chunked xattr values may exist) decodes; a flag bit this
-// build does not know makes the copy corrupt (an older build's view of the
-// chunk flag).
+// kSbXattrChunks (chunked xattr values may exist) and kSbCapsFlagged
+// decode; a flag bit this build does not know makes the copy corrupt (an
+// older build's view of those).
 TEST(SuperblockTest, KnownFlagsDecodeAndUnknownOnesAreRefused) {
   Superblock sb = MakeSb(2);
-  sb.flags = kSbClean | kSbXattrChunks;
+  sb.flags = kSbClean | kSbXattrChunks | kSbCapsFlagged;
   std::vector<u8> buf(kSbSize);
   Encode(sb, 0, buf.data());
   Superblock out;
   Diag d;
   ASSERT_TRUE(Decode(buf.data(), kDevSize, &out, &d).ok()) << d.text;
-  EXPECT_EQ(out.flags, kSbClean | kSbXattrChunks);
-  sb.flags = kSbClean | u16(1u << 3);
+  EXPECT_EQ(out.flags, kSbClean | kSbXattrChunks | kSbCapsFlagged);
+  sb.flags = kSbClean | u16(1u << 4);
   Encode(sb, 0, buf.data());
   EXPECT_TRUE(Decode(buf.data(), kDevSize, &out, &d).Is(ErrorClass::kCorrupt));
   EXPECT_NE(std::string(d.text).find("flags"), std::string::npos) << d.text;

@@ -431,10 +431,19 @@ void Store::RecordCheckpoints() {
 
 Status Store::WriteSuperblocks() {
   for (u32 m = 0; m < sb_.nr_members; m++) {
-    // Mount and unmount only: no other I/O is in flight, so this bypasses the queue.
+    // Open, close and AddFeatures (at posix's mount) only: the superblock's
+    // blocks are written by nothing else, so this bypasses the queue.
     TFS_TRY(sb::Write(*devs_.member(m)->bdev(), sb_, u16(m)));
   }
   return Status::Ok();
+}
+
+Status Store::AddFeatures(u16 features) {
+  if (!open_ || read_only_ || (features & ~sb::kSbFeatureFlags) != 0) return Err::kInvalidArgument;
+  if ((sb_.flags & features) == features) return Status::Ok();
+  sb_.flags |= features;
+  sb_.seq++;
+  return WriteSuperblocks();
 }
 
 Status Store::Close() {

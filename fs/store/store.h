@@ -91,8 +91,8 @@ struct OpenOptions {
   // Incompatible features (sb::kSbFeatureFlags bits) the caller's writes may
   // use: a read-write open records them in the superblock before anything
   // else is written, so builds that do not know them refuse the filesystem
-  // from then on. The store writes no such key itself: posix does, and its
-  // callers (a mount, fsck -y) pass posix::kSbFeatures.
+  // from then on. The store writes no such key itself: posix does (its
+  // mount records them with AddFeatures; fsck -y passes kSbXattrChunks).
   u16 features = 0;
 };
 
@@ -155,6 +155,12 @@ class Store {
   void SetFeatures(u16 features) {
     sb_.flags = u16((sb_.flags & ~sb::kSbFeatureFlags) | (features & sb::kSbFeatureFlags));
   }
+  // posix's mount: records incompatible features (sb::kSbFeatureFlags bits)
+  // in the superblocks now, once what the older format lacked is added
+  // (posix::Filesystem::Mount). The fields beside the flags are the ones the
+  // open wrote; read-write opens only (kInvalidArgument otherwise).
+  Status AddFeatures(u16 features);
+  bool read_only() const { return read_only_; }
   dev::DeviceSet& devs() { return devs_; }
   alloc::Allocator& alloc() { return alloc_; }
   journal::Journal& journal() { return journal_; }

@@ -1160,6 +1160,15 @@ def write_one(path: Path, direct: bool) -> None:
         os.close(fd)
 
 
+def ftruncate_path(path: Path) -> None:
+    """ftruncate to 0 through a descriptor of its own."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
+
+
 # A file capability (struct vfs_cap_data, revision 2: cap_net_raw effective).
 FILE_CAP = (0x02000001).to_bytes(4, "little") + (1 << 13).to_bytes(4, "little") + bytes(12)
 
@@ -1641,6 +1650,32 @@ def test_permissions_of_another_user(tmp_path: Path) -> None:
              last(lambda: (d / "rcap2").write_bytes(b"r"),
                   lambda: os.setxattr(d / "rcap2", "security.capability", FILE_CAP),
                   lambda: write_one(d / "rcap2", False), lambda: os.listxattr(d / "rcap2")), []),
+            # An open's truncation (atomic O_TRUNC) carries no mode from the
+            # kernel: posix takes the bits, as do_truncate would.
+            ("an O_TRUNC open by another user clears setuid and setgid",
+             last(lambda: (d / "tsuid").write_bytes(b"r"), lambda: os.chmod(d / "tsuid", 0o6777),
+                  nobody(lambda: os.close(os.open(d / "tsuid", os.O_WRONLY | os.O_TRUNC))),
+                  lambda: (mode_of(d / "tsuid"), os.stat(d / "tsuid").st_size)), (0o777, 0)),
+            ("an O_TRUNC open by root without CAP_FSETID clears them",
+             last(lambda: (d / "tsuid2").write_bytes(b"r"), lambda: os.chmod(d / "tsuid2", 0o6755),
+                  lambda: as_user(0, 0, lambda: os.close(os.open(d / "tsuid2", os.O_WRONLY | os.O_TRUNC)),
+                                  drop_caps=(CAP_FSETID,)),
+                  lambda: mode_of(d / "tsuid2")), 0o755),
+            ("an O_TRUNC open by root keeps them (CAP_FSETID)",
+             last(lambda: (d / "tsuid3").write_bytes(b"r"), lambda: os.chmod(d / "tsuid3", 0o6755),
+                  lambda: os.close(os.open(d / "tsuid3", os.O_WRONLY | os.O_TRUNC)),
+                  lambda: mode_of(d / "tsuid3")), 0o6755),
+            ("truncate(2) by another user clears them (the kernel's SETATTR)",
+             last(lambda: (d / "tsuid4").write_bytes(b"r"), lambda: os.chmod(d / "tsuid4", 0o6777),
+                  nobody(lambda: os.truncate(d / "tsuid4", 0)), lambda: mode_of(d / "tsuid4")), 0o777),
+            ("ftruncate by root without CAP_FSETID clears them",
+             last(lambda: (d / "tsuid5").write_bytes(b"r"), lambda: os.chmod(d / "tsuid5", 0o6755),
+                  lambda: as_user(0, 0, lambda: ftruncate_path(d / "tsuid5"), drop_caps=(CAP_FSETID,)),
+                  lambda: mode_of(d / "tsuid5")), 0o755),
+            ("an O_TRUNC open removes security.capability",
+             last(lambda: (d / "tcap").write_bytes(b"r"), lambda: os.setxattr(d / "tcap", "security.capability", FILE_CAP),
+                  lambda: os.close(os.open(d / "tcap", os.O_WRONLY | os.O_TRUNC)),
+                  lambda: os.listxattr(d / "tcap")), []),
             ("user.* xattr of a 0644 file of root: get", nobody(lambda: os.getxattr(d / "readable", "user.k")), b"v"),
             ("user.* xattr of a 0644 file of root: set", nobody(lambda: os.setxattr(d / "readable", "user.k", b"w")),
              E(errno.EACCES)),

@@ -218,12 +218,60 @@ void MarkDirect(Context* c, fuse_ino_t ino, fuse_file_info* fi) {
   }
 }
 
+// Whether the writer of a request has CAP_FSETID, for posix's question on
+// an O_DIRECT write or an O_TRUNC open of a file with setid bits
+// (posix::Filesystem::Writer; ctx: the request's pid). The kernel takes the
+// privileges itself on neither (its direct_io write path does not call
+// file_remove_privs; an open's truncation sends no mode), and would send its
+// own capable() answer (FUSE_WRITE_KILL_SUIDGID) only with handle_killpriv_v2,
+// which tierfs does not negotiate. A translation of the request's
+// credentials, not a filesystem decision: fuse_ctx carries uid, gid and pid
+// but no capabilities, so they come from /proc/<pid>/status: CapEff, bit 4. pid is the writing thread's id, and
+// capabilities are per thread. The kernel's capable() asks the initial user
+// namespace: a capability counts here only if the writer is in it (root in a
+// container's user namespace has no CAP_FSETID for the kernel either, and
+// its buffered writes lose the bits). Races: the writer may
+// have exited and its pid been reused, or changed its capabilities, between
+// the write and this read -- the answer is then another process's or a
+// later one's. A pid of 0 (a writer in a pid namespace the daemon cannot
+// see) or any failure to read (a non-root daemon may not read another
+// user's namespace link) answers no: the bits go, the safe side. The kernel
+// module will ask capable() itself.
+bool WriterHasFsetid(void* ctx) {
+  const pid_t pid = *static_cast<const pid_t*>(ctx);
+  if (pid <= 0) return false;
+  char path[64];
+  char theirs[128];
+  snprintf(path, sizeof(path), "/proc/%d/ns/user", int(pid));
+  const ssize_t a = readlink(path, theirs, sizeof(theirs));
+  // The initial user namespace's link (PROC_USER_INIT_INO, 0xEFFFFFFD).
+  static constexpr char kInitialUserNs[] = "user:[4026531837]";
+  if (a != ssize_t(sizeof(kInitialUserNs) - 1) || memcmp(theirs, kInitialUserNs, size_t(a)) != 0) return false;
+  snprintf(path, sizeof(path), "/proc/%d/status", int(pid));
+  FILE* f = fopen(path, "re");
+  if (f == nullptr) return false;
+  char line[256];
+  unsigned long long eff = 0;
+  bool found = false;
+  while (!found && fgets(line, sizeof(line), f) != nullptr) found = sscanf(line, "CapEff: %llx", &eff) == 1;
+  fclose(f);
+  constexpr int kCapFsetid = 4;  // linux/capability.h
+  return found && ((eff >> kCapFsetid) & 1) != 0;
+}
+
 void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Context* c = Ctx(req);
   // With atomic O_TRUNC (libfuse's default) the kernel sends the truncation
   // inside the open, not as a separate SETATTR.
+  // Nor does it take the setid bits away first (fuse_do_setattr skips the
+  // mode for an open's truncation): posix does, as for a direct write.
   const bool trunc = (fi->flags & O_TRUNC) != 0;
-  Status st = c->fs->Open(ino, trunc ? uint32_t(posix::kOpenTruncate) : 0u);
+  pid_t pid = fuse_req_ctx(req)->pid;
+  posix::Filesystem::Writer writer;
+  writer.may_keep_setid = WriterHasFsetid;
+  writer.ctx = &pid;
+  Status st = c->fs->Open(ino, trunc ? uint32_t(posix::kOpenTruncate) : 0u, &writer);
+  if (writer.dropped && c->se != nullptr) (void)fuse_lowlevel_notify_inval_inode(c->se, ino, -1, 0);
   if (!st.ok()) {
     // The kernel truncates its cache only if the open succeeds, and posix may
     // have freed part of the data: the next open drops the cache (needlessly
@@ -265,44 +313,6 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
   auto r = Ctx(req)->fs->Read(ino, uint64_t(off), buf.data(), uint32_t(buf.size()));
   if (!r.ok()) return Reply(req, r.status());
   fuse_reply_buf(req, buf.data(), r.value());
-}
-
-// Whether the writer of a request has CAP_FSETID, for posix's question on
-// an O_DIRECT write of a file with setid bits (posix::Filesystem::Writer;
-// ctx: the request's pid). A translation of the request's credentials, not a
-// filesystem decision: fuse_ctx carries uid, gid and pid but no
-// capabilities (and libfuse 3.14 drops the FUSE_WRITE_KILL_SUIDGID flag in
-// which the kernel sends its own capable() answer), so they come from
-// /proc/<pid>/status: CapEff, bit 4. pid is the writing thread's id, and
-// capabilities are per thread. The kernel's capable() asks the initial user
-// namespace: a capability counts here only if the writer is in the daemon's
-// own user namespace (where a daemon normally runs; root in a container's
-// namespace has no CAP_FSETID for the kernel either). Races: the writer may
-// have exited and its pid been reused, or changed its capabilities, between
-// the write and this read -- the answer is then another process's or a
-// later one's. A pid of 0 (a writer in a pid namespace the daemon cannot
-// see) or any failure to read (a non-root daemon may not read another
-// user's namespace link) answers no: the bits go, the safe side. The kernel
-// module will ask capable() itself.
-bool WriterHasFsetid(void* ctx) {
-  const pid_t pid = *static_cast<const pid_t*>(ctx);
-  if (pid <= 0) return false;
-  char path[64];
-  char theirs[128], ours[128];
-  snprintf(path, sizeof(path), "/proc/%d/ns/user", int(pid));
-  const ssize_t a = readlink(path, theirs, sizeof(theirs));
-  const ssize_t b = readlink("/proc/self/ns/user", ours, sizeof(ours));
-  if (a <= 0 || a != b || memcmp(theirs, ours, size_t(a)) != 0) return false;
-  snprintf(path, sizeof(path), "/proc/%d/status", int(pid));
-  FILE* f = fopen(path, "re");
-  if (f == nullptr) return false;
-  char line[256];
-  unsigned long long eff = 0;
-  bool found = false;
-  while (!found && fgets(line, sizeof(line), f) != nullptr) found = sscanf(line, "CapEff: %llx", &eff) == 1;
-  fclose(f);
-  constexpr int kCapFsetid = 4;  // linux/capability.h
-  return found && ((eff >> kCapFsetid) & 1) != 0;
 }
 
 void Write(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off_t off, fuse_file_info* fi) {
