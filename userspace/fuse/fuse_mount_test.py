@@ -443,6 +443,60 @@ def test_sigterm_unmounts_a_daemon_mounted_by_a_relative_path(tmp_path: Path) ->
     m.close()
 
 
+def task_flags(stat_path: Path) -> int:
+    """A task's PF_* flags: field 9 of /proc/.../stat (after the
+    parenthesised command name, which may hold spaces)."""
+    text = stat_path.read_text()
+    return int(text[text.rindex(")") + 2:].split()[6])
+
+
+IO_FLUSHER_PROBE = """
+import ctypes, sys
+def flags():
+    t = open('/proc/thread-self/stat').read()
+    return int(t[t.rindex(')') + 2:].split()[6])
+before = flags()
+if ctypes.CDLL(None, use_errno=True).prctl(57, 1, 0, 0, 0) != 0:
+    sys.exit('prctl(PR_SET_IO_FLUSHER) failed: errno %d' % ctypes.get_errno())
+print(flags() & ~before)
+"""
+
+
+def test_the_daemon_and_every_thread_of_it_are_io_flushers(tmp_path: Path) -> None:
+    """The daemon sets PR_SET_IO_FLUSHER before its threads start, so
+    reclaim on behalf of any of them (btree writer, FUSE workers, fault
+    devices) never waits for swap or filesystem writes. The bits the prctl
+    sets are learnt from a process that sets it (so no PF_* value is
+    assumed), then found on every thread of the daemon. Where the prctl is
+    refused (no CAP_SYS_RESOURCE: a container's root) the daemon says so in
+    its log and serves anyway."""
+    probe = subprocess.run(["/usr/bin/python3", "-c", IO_FLUSHER_PROBE], capture_output=True, text=True)
+    refused = probe.returncode != 0
+    assert not refused or "errno 1\n" in probe.stderr, probe.stderr  # EPERM, or it must work
+    dev = image(tmp_path / "fs.img")
+    (tmp_path / "mnt").mkdir()
+    log = tmp_path / "daemon.log"
+    proc = run([tool("tierfs"), "mount", "fs.img", "mnt", "-o", f"log={log}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    try:
+        (tmp_path / "mnt" / "f").write_bytes(b"x" * 65536)  # (the workers and the writer have run)
+        if refused:
+            assert "prctl(PR_SET_IO_FLUSHER): Operation not permitted" in log.read_text(), log.read_text()
+            return
+        bits = int(probe.stdout)
+        assert bits != 0, "PR_SET_IO_FLUSHER set no task flag"
+        pids = daemon_pids("mnt", dev)
+        assert len(pids) == 1, pids
+        tasks = sorted((Path("/proc") / str(pids[0]) / "task").iterdir())
+        assert len(tasks) > 1
+        for t in tasks:
+            assert task_flags(t / "stat") & bits == bits, f"thread {t.name} is not an I/O flusher"
+        assert "PR_SET_IO_FLUSHER" not in log.read_text()
+    finally:
+        umount(tmp_path / "mnt")
+        wait_for(lambda: unlocked(dev), "the daemon to exit")
+
+
 def test_allow_other_owns_new_files_by_the_caller(tmp_path: Path) -> None:
     dev = image(tmp_path / "fs.img")
     # Other users must reach the mount point: pytest's own directories are 0700.

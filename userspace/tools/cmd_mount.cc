@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include <fcntl.h>
+#include <sys/prctl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -56,6 +57,24 @@ std::string TakeOption(std::vector<std::string>* options, const std::string& key
   return value;
 }
 
+// The daemon is a filesystem's I/O path: memory it allocates under pressure
+// must not wait for reclaim to write someone else's pages to swap or to
+// another filesystem (the VM lab's mem-pressure profile found its btree writer
+// in direct reclaim behind a stalled swap device, and every probe lane behind
+// it; docs/lab/vmlab.md). PR_SET_IO_FLUSHER (Linux 5.6, CAP_SYS_RESOURCE)
+// makes its allocations PF_MEMALLOC_NOIO; set before any thread starts, so
+// every thread inherits it. Without it the mount still serves: a warning.
+void BecomeIoFlusher() {
+#ifndef PR_SET_IO_FLUSHER
+#define PR_SET_IO_FLUSHER 57
+#endif
+  if (prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) != 0)
+    platform::Log(platform::LogLevel::kWarn,
+                  "mount: prctl(PR_SET_IO_FLUSHER): %s: under memory pressure the daemon's allocations may wait "
+                  "for swap or filesystem writes",
+                  strerror(errno));
+}
+
 // Everything after the (optional) fork: open, mount, tell the parent, serve.
 // `ready_fd` (-1 in the foreground) gets "ok" once the mount is live. `log`:
 // where the daemon's messages go ("" : nowhere).
@@ -76,6 +95,7 @@ int Serve(const std::vector<std::string>& devices, const std::vector<FaultSpec>&
     // (PrintError) go to the log too.
     userspace::SetLogCopy(log_fd);
   }
+  BecomeIoFlusher();  // (before the members' threads)
   Members members;
   if (!members.Open("mount", devices, /*read_only=*/false, faults)) return 1;
   MemberControls controls(&members);
