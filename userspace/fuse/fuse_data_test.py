@@ -6,6 +6,7 @@ and root; the helpers are fusetest.py's."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import mmap
@@ -165,6 +166,48 @@ def test_chattr_c_compresses_and_other_flags_are_refused(fs: Mount) -> None:
     assert path.read_bytes() == text
     assert "c" in run(["lsattr", path]).stdout.split()[0]
     m.close()
+
+
+STATX_ATTR_COMPRESSED = 0x4  # linux/stat.h
+
+
+def statx_attributes(path: Path) -> tuple[int, int]:
+    """statx(2)'s stx_attributes and stx_attributes_mask."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(256)
+    if libc.statx(-100, os.fsencode(path), 0, 0xFFF, buf) != 0:  # AT_FDCWD, STATX_BASIC_STATS
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()), str(path))
+    # struct statx: stx_attributes at 8, stx_attributes_mask at 40.
+    return int.from_bytes(buf.raw[8:16], "little"), int.from_bytes(buf.raw[40:48], "little")
+
+
+def test_what_fuse_cannot_pass_on(fs: Mount) -> None:
+    """Two answers posix has that FUSE (libfuse 3.14) cannot give
+    (docs/usage.md, docs/design/posix.md): statx's STATX_ATTR_COMPRESSED of a
+    chattr +c file (posix's GetFlags says FS_COMPR_FL, which lsattr shows;
+    libfuse 3.14 has no statx operation, so the kernel's statx has no
+    attributes), and a shared mapping of a file opened with O_DIRECT (ENODEV:
+    the kernel refuses MAP_SHARED of a direct_io file unless the daemon
+    negotiates FUSE_DIRECT_IO_ALLOW_MMAP, which libfuse 3.14 lacks; a
+    private mapping works). If either starts working (a newer libfuse or
+    kernel), this test says so and the docs must change."""
+    path = fs.mnt / "c"
+    path.write_bytes(b"")
+    assert run(["chattr", "+c", path]).returncode == 0
+    assert "c" in run(["lsattr", path]).stdout.split()[0]
+    attrs, mask = statx_attributes(path)
+    assert attrs & STATX_ATTR_COMPRESSED == 0 and mask & STATX_ATTR_COMPRESSED == 0, (attrs, mask)
+    data = b"m" * 8192
+    (fs.mnt / "d").write_bytes(data)
+    fd = os.open(fs.mnt / "d", os.O_RDWR | os.O_DIRECT)
+    try:
+        with pytest.raises(OSError) as e:
+            mmap.mmap(fd, len(data), mmap.MAP_SHARED, mmap.PROT_READ)
+        assert e.value.errno == errno.ENODEV
+        with mmap.mmap(fd, len(data), mmap.MAP_PRIVATE, mmap.PROT_READ) as mm:
+            assert mm[:] == data
+    finally:
+        os.close(fd)
 
 
 def test_daemon_log_option(tmp_path: Path) -> None:
