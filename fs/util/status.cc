@@ -17,7 +17,7 @@ struct ErrorInfo {
 constexpr ErrorInfo kErrors[] = {
     {ErrorClass::kOk, 0, "Ok", "success"},
 #define TFS_X(code, cls, errno_value, message) \
-  {ErrorClass::cls, errno_value, #code + 1, message},
+  {ErrorClass::cls, errno_value, &(#code)[1], message}, /* the name without its k */
     TFS_ERROR_CODES(TFS_X)
 #undef TFS_X
 };
