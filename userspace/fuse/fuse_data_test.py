@@ -175,10 +175,10 @@ def statx_attributes(path: Path) -> tuple[int, int]:
     """statx(2)'s stx_attributes and stx_attributes_mask."""
     libc = ctypes.CDLL(None, use_errno=True)
     buf = ctypes.create_string_buffer(256)
-    if libc.statx(-100, os.fsencode(path), 0, 0xFFF, buf) != 0:  # AT_FDCWD, STATX_BASIC_STATS
+    if libc.statx(-100, os.fsencode(path), 0, 0xFFF, buf) != 0:  # AT_FDCWD, STATX_BASIC_STATS | STATX_BTIME
         raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()), str(path))
-    # struct statx: stx_attributes at 8, stx_attributes_mask at 40.
-    return int.from_bytes(buf.raw[8:16], "little"), int.from_bytes(buf.raw[40:48], "little")
+    # struct statx (linux/stat.h): stx_attributes at 8, stx_attributes_mask at 56.
+    return int.from_bytes(buf.raw[8:16], "little"), int.from_bytes(buf.raw[56:64], "little")
 
 
 def test_what_fuse_cannot_pass_on(fs: Mount) -> None:

@@ -458,7 +458,9 @@ def flags():
 before = flags()
 if ctypes.CDLL(None, use_errno=True).prctl(57, 1, 0, 0, 0) != 0:
     sys.exit('prctl(PR_SET_IO_FLUSHER) failed: errno %d' % ctypes.get_errno())
-print(flags() & ~before)
+# Less PF_SUPERPRIV (0x100): the capability check sets it on the calling
+# thread only, and new threads do not inherit it.
+print(flags() & ~before & ~0x100)
 """
 
 
@@ -488,9 +490,15 @@ def test_the_daemon_and_every_thread_of_it_are_io_flushers(tmp_path: Path) -> No
         pids = daemon_pids("mnt", dev)
         assert len(pids) == 1, pids
         tasks = sorted((Path("/proc") / str(pids[0]) / "task").iterdir())
-        assert len(tasks) > 1
+        checked = 0
         for t in tasks:
-            assert task_flags(t / "stat") & bits == bits, f"thread {t.name} is not an I/O flusher"
+            try:
+                flags = task_flags(t / "stat")
+            except OSError:  # a worker that exited meanwhile (io_uring's idle ones do)
+                continue
+            assert flags & bits == bits, f"thread {t.name} is not an I/O flusher"
+            checked += 1
+        assert checked > 1
         assert "PR_SET_IO_FLUSHER" not in log.read_text()
     finally:
         umount(tmp_path / "mnt")

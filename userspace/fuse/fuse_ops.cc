@@ -259,6 +259,28 @@ bool WriterHasFsetid(void* ctx) {
   return found && ((eff >> kCapFsetid) & 1) != 0;
 }
 
+// A request's writer, for posix's privilege removal (Writer: asks
+// WriterHasFsetid of the request's pid).
+class RequestWriter {
+ public:
+  explicit RequestWriter(fuse_req_t req) : pid_(fuse_req_ctx(req)->pid) {
+    writer_.may_keep_setid = WriterHasFsetid;
+    writer_.ctx = &pid_;
+  }
+  RequestWriter(const RequestWriter&) = delete;
+  RequestWriter& operator=(const RequestWriter&) = delete;
+  posix::Filesystem::Writer* get() { return &writer_; }
+  // The kernel's cached mode still has the bits posix took (for
+  // attr_timeout): drop its attributes before the request is answered.
+  void InvalidateIfDropped(Context* c, fuse_ino_t ino) const {
+    if (writer_.dropped && c->se != nullptr) (void)fuse_lowlevel_notify_inval_inode(c->se, ino, -1, 0);
+  }
+
+ private:
+  pid_t pid_;
+  posix::Filesystem::Writer writer_;
+};
+
 void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Context* c = Ctx(req);
   // With atomic O_TRUNC (libfuse's default) the kernel sends the truncation
@@ -266,12 +288,9 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   // Nor does it take the setid bits away first (fuse_do_setattr skips the
   // mode for an open's truncation): posix does, as for a direct write.
   const bool trunc = (fi->flags & O_TRUNC) != 0;
-  pid_t pid = fuse_req_ctx(req)->pid;
-  posix::Filesystem::Writer writer;
-  writer.may_keep_setid = WriterHasFsetid;
-  writer.ctx = &pid;
-  Status st = c->fs->Open(ino, trunc ? uint32_t(posix::kOpenTruncate) : 0u, &writer);
-  if (writer.dropped && c->se != nullptr) (void)fuse_lowlevel_notify_inval_inode(c->se, ino, -1, 0);
+  RequestWriter writer(req);
+  Status st = c->fs->Open(ino, trunc ? uint32_t(posix::kOpenTruncate) : 0u, writer.get());
+  writer.InvalidateIfDropped(c, ino);
   if (!st.ok()) {
     // The kernel truncates its cache only if the open succeeds, and posix may
     // have freed part of the data: the next open drops the cache (needlessly
@@ -325,17 +344,12 @@ void Write(fuse_req_t req, fuse_ino_t ino, const char* data, size_t size, off_t 
   // security.capability), but not a direct_io write's: posix does those,
   // asking WriterHasFsetid only for a file with setid bits.
   const bool direct = (fi->fh & kFhDirect) != 0;
-  pid_t pid = fuse_req_ctx(req)->pid;
-  posix::Filesystem::Writer writer;
-  writer.may_keep_setid = WriterHasFsetid;
-  writer.ctx = &pid;
+  RequestWriter writer(req);
   const uint32_t flags = direct ? uint32_t(posix::Filesystem::kWriteDirect)
                                 : uint32_t(posix::Filesystem::kWritePrivsRemoved);
-  auto r = c->fs->Write(ino, uint64_t(off), data, uint32_t(size), flags, &writer);
+  auto r = c->fs->Write(ino, uint64_t(off), data, uint32_t(size), flags, writer.get());
   if (direct) MarkStale(c, ino);
-  // The kernel's cached mode still has the bits (for attr_timeout): drop its
-  // attributes before the write returns.
-  if (writer.dropped && c->se != nullptr) (void)fuse_lowlevel_notify_inval_inode(c->se, ino, -1, 0);
+  writer.InvalidateIfDropped(c, ino);
   if (!r.ok()) return Reply(req, r.status());
   fuse_reply_write(req, r.value());
 }

@@ -63,16 +63,14 @@ std::string TakeOption(std::vector<std::string>* options, const std::string& key
 // in direct reclaim behind a stalled swap device, and every probe lane behind
 // it; docs/lab/vmlab.md). PR_SET_IO_FLUSHER (Linux 5.6, CAP_SYS_RESOURCE)
 // makes its allocations PF_MEMALLOC_NOIO; set before any thread starts, so
-// every thread inherits it. Without it the mount still serves: a warning.
-void BecomeIoFlusher() {
+// every thread inherits it. Returns 0 or the errno: without it the mount
+// still serves, with a warning once it is live (in the daemon's log: a mount
+// that fails says one line, its reason).
+int BecomeIoFlusher() {
 #ifndef PR_SET_IO_FLUSHER
 #define PR_SET_IO_FLUSHER 57
 #endif
-  if (prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) != 0)
-    platform::Log(platform::LogLevel::kWarn,
-                  "mount: prctl(PR_SET_IO_FLUSHER): %s: under memory pressure the daemon's allocations may wait "
-                  "for swap or filesystem writes",
-                  strerror(errno));
+  return prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) == 0 ? 0 : errno;
 }
 
 // Everything after the (optional) fork: open, mount, tell the parent, serve.
@@ -95,7 +93,7 @@ int Serve(const std::vector<std::string>& devices, const std::vector<FaultSpec>&
     // (PrintError) go to the log too.
     userspace::SetLogCopy(log_fd);
   }
-  BecomeIoFlusher();  // (before the members' threads)
+  const int io_flusher_err = BecomeIoFlusher();  // (before the members' threads)
   Members members;
   if (!members.Open("mount", devices, /*read_only=*/false, faults)) return 1;
   MemberControls controls(&members);
@@ -151,6 +149,11 @@ int Serve(const std::vector<std::string>& devices, const std::vector<FaultSpec>&
       (void)!chdir("/");
     }
     platform::Log(platform::LogLevel::kInfo, "%s mounted on %s", source.c_str(), mountpoint.c_str());
+    if (io_flusher_err != 0)
+      platform::Log(platform::LogLevel::kWarn,
+                    "mount: prctl(PR_SET_IO_FLUSHER): %s: under memory pressure the daemon's allocations may wait "
+                    "for swap or filesystem writes",
+                    strerror(io_flusher_err));
     fuse_loop_config* cfg = fuse_loop_cfg_create();
     // Reads and O_DIRECT writes are synchronous in a worker: the threads are
     // the I/O depth the kernel's requests get (fio's randrw keeps 128 queued).
