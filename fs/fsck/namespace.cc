@@ -1313,8 +1313,7 @@ class NamespaceCheck {
       }
       if (xe.type == posix::kDtTombstone) continue;
       xattrs_++;
-      const bool caps =
-          xe.name_len == posix::kXattrCapsLen && MemCompare(name, posix::kXattrCaps, posix::kXattrCapsLen) == 0;
+      const bool caps = posix::IsCapsName(name, xe.name_len);
       x_.caps = x_.caps || caps;
       if (xe.type != posix::kXattrChunked) continue;
       posix::XattrChunksFormat d;

@@ -1448,13 +1448,18 @@ void WithStore(fixture::Image& img, const std::function<void(store::Store&)>& fn
 }
 
 // Flips kInodeFlagCaps of `ino` behind posix's back.
+// The inode's committed record, read and parsed on the store alone.
+void ReadInodeOf(store::Store& e, u64 ino, posix::InodeFormat* f) {
+  u8 v[sizeof(posix::InodeFormat)];
+  auto r = e.btrees().Get(btree::Pos{btree::kBtreeInodes, ino, 0}, v, sizeof(v));
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(posix::ParseInode(v, r.value(), f).ok());
+}
+
 void FlipCapsFlag(fixture::Image& img, u64 ino) {
   WithStore(img, [&](store::Store& e) {
-    u8 v[sizeof(posix::InodeFormat)];
-    auto r = e.btrees().Get(btree::Pos{btree::kBtreeInodes, ino, 0}, v, sizeof(v));
-    ASSERT_TRUE(r.ok());
     posix::InodeFormat f;
-    ASSERT_TRUE(posix::ParseInode(v, r.value(), &f).ok());
+    ASSERT_NO_FATAL_FAILURE(ReadInodeOf(e, ino, &f));
     f.flags.set(u16(f.flags.get() ^ posix::kInodeFlagCaps));
     btree::Transaction tx(&e.btrees());
     ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeInodes, ino, 0}, &f, sizeof(f)).ok());
@@ -1473,11 +1478,8 @@ void DropFeatureFlag(fixture::Image& img, u16 which = posix::kSbFeatures) {
 u16 CapsFlagOf(fixture::Image& img, u64 ino) {
   u16 flags = 0xffff;
   WithStore(img, [&](store::Store& e) {
-    u8 v[sizeof(posix::InodeFormat)];
-    auto r = e.btrees().Get(btree::Pos{btree::kBtreeInodes, ino, 0}, v, sizeof(v));
-    ASSERT_TRUE(r.ok());
     posix::InodeFormat f;
-    ASSERT_TRUE(posix::ParseInode(v, r.value(), &f).ok());
+    ASSERT_NO_FATAL_FAILURE(ReadInodeOf(e, ino, &f));
     flags = u16(f.flags.get() & posix::kInodeFlagCaps);
   });
   return flags;

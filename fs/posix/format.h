@@ -117,6 +117,9 @@ inline constexpr u16 kInodeFlagsKnown = kInodeFlagCompress | kInodeFlagCaps;
 // file capabilities, which must not survive a change of the program).
 inline constexpr char kXattrCaps[] = "security.capability";
 inline constexpr u32 kXattrCapsLen = sizeof(kXattrCaps) - 1;
+inline bool IsCapsName(const char* name, u32 len) {
+  return len == kXattrCapsLen && MemCompare(name, kXattrCaps, len) == 0;
+}
 
 // The longest symlink target (PATH_MAX - 1), kept in keys (ino, 1), (ino, 2), ...
 // of up to btree::kMaxValueBytes each.

@@ -227,8 +227,6 @@ u32 BuildDirent(u8* buf, u64 ino, u8 type, const char* name, u32 len) { return B
 
 constexpr u32 kDirentMax = u32(sizeof(DirentFormat)) + kNameMax;
 
-bool IsCapsName(const char* name, u32 len) { return len == kXattrCapsLen && MemCompare(name, kXattrCaps, len) == 0; }
-
 }  // namespace
 
 NameTable DirTable(u64 dir, const InodeFormat& d) {
