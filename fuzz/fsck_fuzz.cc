@@ -57,11 +57,15 @@ Base Build(bool crash) {
   {
     store::Store e;
     if (!e.Open(&bd, 1, store::OpenOptions{}, &diag).ok()) fuzz::Fail(diag.text);
+    data::DataPath data;
+    if (!data.Open(&e).ok()) fuzz::Fail("data path");
     posix::Filesystem fs;
-    if (!fs.Mount(&e).ok()) fuzz::Fail("mount");
+    if (!fs.Mount(&e, &data).ok()) fuzz::Fail("mount");
     Populate(fs, 0, 6);
     if (crash) b.image = dev.SnapshotDurable();
-    if (!fs.Unmount().ok() || !e.Close().ok()) fuzz::Fail("unmount");
+    if (!fs.Unmount().ok()) fuzz::Fail("unmount");
+    data.Close();
+    if (!e.Close().ok()) fuzz::Fail("unmount");
   }
   if (!crash) b.image = dev.SnapshotDurable();
   static const u8 zero[kBlock] = {};

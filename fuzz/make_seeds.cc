@@ -123,8 +123,10 @@ void Values() {
   BlockDevice* b = dev.get();
   store::Store e;
   Need(e.Open(&b, 1, store::OpenOptions{}, &diag).ok(), "open");
+  data::DataPath data;
+  Need(data.Open(&e).ok(), "data path");
   posix::Filesystem fs;
-  Need(fs.Mount(&e).ok(), "mount");
+  Need(fs.Mount(&e, &data).ok(), "mount");
   const posix::Caller root{0, 0};
   auto d = fs.Mkdir(posix::kRootIno, "dir", 3, 0755, root);
   Need(d.ok(), "mkdir");
@@ -172,6 +174,7 @@ void Values() {
     Put("values", "xattr-chunked", in.data(), in.size());
   }
   Need(fs.Unmount().ok(), "unmount");
+  data.Close();
   Need(e.Close().ok(), "close");
 }
 

@@ -19,6 +19,19 @@ constexpr u32 kPointBatch = 2;
 
 Pos ExtentPos(u64 ino, u64 end) { return Pos{btree::kBtreeExtents, ino, end}; }
 
+// One request for ctx on a member's queue, waited for: tagged with ctx's
+// origin, queued in ctx's class.
+Status ContextIo(const IoContext& ctx, dev::IoQueue& queue, IoOp op, u64 offset, void* buf, u64 length) {
+  dev::Io io;
+  io.req.op = op;
+  io.req.origin = ctx.origin;
+  io.req.offset = offset;
+  io.req.length = length;
+  io.req.buf = buf;
+  io.cls = ctx.io_class;
+  return dev::SubmitAndWait(queue, &io);
+}
+
 // An extent value for `e` holding `blocks` blocks from `offset` with these crcs.
 u32 BuildExtent(u8* buf, const ExtentPtr& ptr, u32 offset, u32 blocks, const u8* crcs) {
   ExtentFormat h;
@@ -112,7 +125,7 @@ Status ParseExtent(const Pos& pos, const u8* value, u32 len, Extent* out) {
 DataPath::~DataPath() { Close(); }
 
 Status DataPath::Open(store::Store* store) {
-  if (store_ != nullptr || store == nullptr) return Err::kInvalidArgument;
+  if (store_ != nullptr || store == nullptr || !store->open()) return Err::kInvalidArgument;
   store_ = store;
   trees_ = &store->btrees();
   const sb::Superblock& sb = store->sb();
@@ -120,11 +133,19 @@ Status DataPath::Open(store::Store* store) {
   journal_members_ = 0;
   for (u32 m = 0; m < sb.nr_members; m++)
     if (sb.members[m].journal_nbuckets > 0) journal_members_ |= dev::DevMask(1) << m;
+  // The targets, once: the superblock's options do not change while mounted.
+  // One that names nothing is no preference (the fallback: every member).
+  const char* names[] = {sb.options.foreground_target, sb.options.background_target, sb.options.promote_target};
+  for (u32 k = 0; k < 3; k++) {
+    auto t = store->devs().ResolveTarget(names[k]);
+    targets_[k] = t.ok() ? t.value() : 0;
+  }
   alloc::Allocator& a = store->alloc();
   for (u32 d = 0; d < a.members(); d++) {
     TFS_TRY(live_[d].Resize(a.nbuckets(d)));
     TFS_TRY(pending_[d].Resize(a.nbuckets(d)));
     TFS_TRY(reads_[d].Resize(a.nbuckets(d)));
+    TFS_TRY(held_[d].Resize(a.nbuckets(d)));
   }
   // Live blocks per bucket, from the extents: the one record of what is live.
   Iterator it(trees_, btree::kBtreeExtents);
@@ -166,20 +187,31 @@ Status DataPath::Open(store::Store* store) {
 void DataPath::Close() {
   if (store_ == nullptr) return;
   {
-    MutexLock l(wp_mu_);
-    if (wp_open_) {
-      bool empty;
+    MutexLock t(wps_mu_);
+    const u32 n = nr_wps_.Load(MemOrder::kAcquire);
+    for (u32 i = 0; i < n; i++) {
+      WritePoint* wp = wps_[i];
+      bool free_it = false;
+      alloc::BucketRef ref{};
       {
-        MutexLock a(acct_mu_);
-        empty = live_[wp_.dev][wp_.bucket] == 0 && pending_[wp_.dev][wp_.bucket] == 0;
+        MutexLock l(wp->mu);
+        if (wp->open) {
+          MutexLock a(acct_mu_);
+          held_[wp->ref.dev][wp->ref.bucket] = 0;
+          free_it = ReleaseLocked(wp->ref.dev, wp->ref.bucket, &ref);
+          wp->open = false;
+        }
       }
-      if (empty && store_->alloc().Free(wp_).ok()) ctr_.buckets_freed.FetchAdd(1, MemOrder::kRelaxed);
-      wp_open_ = false;
+      if (free_it && store_->alloc().Free(ref).ok()) ctr_.buckets_freed.FetchAdd(1, MemOrder::kRelaxed);
+      platform::Delete(wp);
+      wps_[i] = nullptr;
     }
+    nr_wps_.Store(0, MemOrder::kRelease);
   }
   for (auto& v : live_) v.Resize(0).IgnoreError();
   for (auto& v : pending_) v.Resize(0).IgnoreError();
   for (auto& v : reads_) v.Resize(0).IgnoreError();
+  for (auto& v : held_) v.Resize(0).IgnoreError();
   reserved_ = 0;
   store_ = nullptr;
   trees_ = nullptr;
@@ -194,34 +226,85 @@ u64 DataPath::FreeBlocksLocked() const {
     const u64 floor = a.FreeFloor(d, alloc::Watermark::kForeground);
     if (free > floor) buckets += free - floor;
   }
-  return buckets * bucket_blocks_ + (wp_open_ ? bucket_blocks_ - wp_used_ : 0);
+  // What is left in the write points (each read once: a write point moving
+  // on meanwhile is the same race as an allocation right after this).
+  u64 blocks = buckets * bucket_blocks_;
+  const u32 n = nr_wps_.Load(MemOrder::kAcquire);
+  for (u32 i = 0; i < n; i++) blocks += wps_[i]->left.Load(MemOrder::kRelaxed);
+  return blocks;
 }
 
-Status DataPath::Reserve(u32 want, u64 covered, bool whole, alloc::BucketRef* ref, u64* offset, u32* got) {
+Result<DataPath::WritePoint*> DataPath::FindWritePoint(const IoContext& ctx) {
+  // Lock-free for the ones that exist (every write looks its up).
+  u32 n = nr_wps_.Load(MemOrder::kAcquire);
+  for (u32 i = 0; i < n; i++)
+    if (wps_[i]->target == ctx.target && wps_[i]->io_class == ctx.io_class) return wps_[i];
+  MutexLock t(wps_mu_);
+  n = nr_wps_.Load(MemOrder::kAcquire);
+  for (u32 i = 0; i < n; i++)
+    if (wps_[i]->target == ctx.target && wps_[i]->io_class == ctx.io_class) return wps_[i];
+  if (n == kMaxWritePoints) {
+    platform::Log(platform::LogLevel::kError, "data: more than %u write points asked for", kMaxWritePoints);
+    return Err::kInvalidArgument;
+  }
+  WritePoint* wp = platform::New<WritePoint>();
+  if (wp == nullptr) return Err::kNoMemory;
+  wp->target = ctx.target;
+  wp->io_class = ctx.io_class;
+  wps_[n] = wp;
+  nr_wps_.Store(n + 1, MemOrder::kRelease);
+  return wp;
+}
+
+bool DataPath::WritePointBucket(const IoContext& ctx, alloc::BucketRef* out) {
+  auto wp = FindWritePoint(ctx);
+  if (!wp.ok()) return false;
+  MutexLock l(wp.value()->mu);
+  *out = wp.value()->ref;
+  return wp.value()->open;
+}
+
+bool DataPath::ReleaseLocked(u32 dev, u64 bucket, alloc::BucketRef* ref) {
+  if (live_[dev][bucket] != 0 || pending_[dev][bucket] != 0 || held_[dev][bucket] != 0) return false;
+  if (reads_[dev][bucket] != 0) {
+    reads_[dev][bucket] |= kDoomed;  // the last read frees it (Unpin)
+    return false;
+  }
+  *ref = alloc::BucketRef{dev, bucket, store_->alloc().Get(dev, bucket).gen};
+  return true;
+}
+
+Status DataPath::Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole, alloc::BucketRef* ref,
+                         u64* offset, u32* got) {
+  auto found = FindWritePoint(ctx);
+  TFS_TRY(found.status());
+  WritePoint& wp = *found.value();
   alloc::BucketRef retired{};
   bool retire = false;
   Status st;
   {
-    MutexLock l(wp_mu_);
-    if (!wp_open_ || wp_used_ == bucket_blocks_ || (whole && bucket_blocks_ - wp_used_ < want)) {
-      dev::DevMask fg = 0;
-      auto t = store_->devs().ResolveTarget(store_->sb().options.foreground_target);
-      if (t.ok()) fg = t.value();
-      auto r = store_->alloc().Allocate(fg, store_->devs().all(), alloc::BucketState::kUser,
-                                         alloc::Watermark::kForeground);
+    MutexLock l(wp.mu);
+    if (!wp.open || wp.used == bucket_blocks_ || (whole && bucket_blocks_ - wp.used < want)) {
+      const dev::DevMask target = ctx.target.kind == TargetKind::kMember
+                                      ? dev::DevMask(1) << (ctx.target.member % dev::kMaxDevices)
+                                      : targets_[u32(ctx.target.kind) % kTargetKinds];
+      auto r = store_->alloc().Allocate(target, store_->devs().all(), alloc::BucketState::kUser, ctx.watermark);
       if (!r.ok()) return r.status();
-      if (wp_open_) {
-        MutexLock a(acct_mu_);
-        // All of it overwritten already, and no write in flight into it.
-        retire = live_[wp_.dev][wp_.bucket] == 0 && pending_[wp_.dev][wp_.bucket] == 0;
-        retired = wp_;
+      MutexLock a(acct_mu_);
+      if (wp.open) {
+        // All of it overwritten already, and no write in flight into it:
+        // freed (or by the last read of it).
+        held_[wp.ref.dev][wp.ref.bucket] = 0;
+        retire = ReleaseLocked(wp.ref.dev, wp.ref.bucket, &retired);
       }
-      wp_ = r.value();
-      wp_used_ = 0;
-      wp_open_ = true;
+      wp.ref = r.value();
+      wp.used = 0;
+      wp.left.Store(bucket_blocks_, MemOrder::kRelaxed);
+      wp.open = true;
+      held_[wp.ref.dev][wp.ref.bucket] = 1;
       ctr_.buckets_opened.FetchAdd(1, MemOrder::kRelaxed);
     }
-    const u32 n = u32(Min<u64>(want, bucket_blocks_ - wp_used_));
+    const u32 n = u32(Min<u64>(want, bucket_blocks_ - wp.used));
     MutexLock a(acct_mu_);
     // The reservations of others must still fit in what stays free.
     const u64 others = reserved_ > covered ? reserved_ - covered : 0;
@@ -229,18 +312,19 @@ Status DataPath::Reserve(u32 want, u64 covered, bool whole, alloc::BucketRef* re
       ctr_.reserve_refused.FetchAdd(1, MemOrder::kRelaxed);
       st = Err::kNoSpace;
     } else {
-      *ref = wp_;
+      *ref = wp.ref;
       *got = n;
-      *offset = store_->sb().BucketOffset(wp_.bucket) + wp_used_ * kBlockSize;
-      wp_used_ += n;
-      pending_[wp_.dev][wp_.bucket] += n;
+      *offset = store_->sb().BucketOffset(wp.ref.bucket) + wp.used * kBlockSize;
+      wp.used += n;
+      wp.left.Store(bucket_blocks_ - wp.used, MemOrder::kRelaxed);
+      pending_[wp.ref.dev][wp.ref.bucket] += n;
     }
   }
   if (retire && store_->alloc().Free(retired).ok()) ctr_.buckets_freed.FetchAdd(1, MemOrder::kRelaxed);
   return st;
 }
 
-Status DataPath::WriteBlob(u32 dev, u64 offset, const u8* data, u32 nblocks) {
+Status DataPath::WriteBlob(const IoContext& ctx, u32 dev, u64 offset, const u8* data, u32 nblocks) {
   const u64 len = u64(nblocks) * kBlockSize;
   // O_DIRECT devices need aligned buffers: copy only data that is not.
   u8* buf = nullptr;
@@ -249,17 +333,17 @@ Status DataPath::WriteBlob(u32 dev, u64 offset, const u8* data, u32 nblocks) {
     if (buf == nullptr) return Err::kNoMemory;
     MemCopy(buf, data, len);
   }
-  Status st = dev::QueueSyncIo(store_->devs().member(dev)->queue(), IoOp::kWrite, offset,
-                               buf != nullptr ? buf : const_cast<u8*>(data), len, 0, IoOrigin::kForegroundWrite);
+  Status st = ContextIo(ctx, store_->devs().member(dev)->queue(), IoOp::kWrite, offset,
+                        buf != nullptr ? buf : const_cast<u8*>(data), len);
   platform::Free(buf);
   return st;
 }
 
-Status DataPath::QueueWrite(btree::Transaction* tx, u64 ino, u64 first, const u8* blocks, u32 nblocks,
-                            Delta* delta, bool compress) {
+Status DataPath::QueueWrite(const IoContext& ctx, btree::Transaction* tx, u64 ino, u64 first, const u8* blocks,
+                            u32 nblocks, Delta* delta, bool compress) {
   Prepared* p = platform::New<Prepared>();
   if (p == nullptr) return Err::kNoMemory;
-  Status st = Prepare(ino, first, blocks, nblocks, compress, p, delta);
+  Status st = Prepare(ctx, ino, first, blocks, nblocks, compress, p, delta);
   if (st.ok()) st = QueuePrepared(tx, *p, delta);
   platform::Delete(p);
   return st;
@@ -315,8 +399,8 @@ Status DataPath::QueueDataCheck(btree::Transaction* tx, const Prepared::Item& it
   return tx->AddDataCheck(buf, journal::DataCheckBytes(ncrcs));
 }
 
-Status DataPath::Prepare(u64 ino, u64 first, const u8* blocks, u32 nblocks, bool compress, Prepared* p,
-                         Delta* delta) {
+Status DataPath::Prepare(const IoContext& ctx, u64 ino, u64 first, const u8* blocks, u32 nblocks, bool compress,
+                         Prepared* p, Delta* delta) {
   if (store_ == nullptr || nblocks == 0) return Err::kInvalidArgument;
   p->ino = ino;
   p->first = first;
@@ -331,7 +415,7 @@ Status DataPath::Prepare(u64 ino, u64 first, const u8* blocks, u32 nblocks, bool
   for (u32 done = 0; done < nblocks;) {
     if (done >= plain_end) {
       const u32 n = Min(nblocks - done, kMaxCompressedBlocks);
-      Status st = WriteCompressed(p, first + done, blocks + u64(done) * kBlockSize, n, covered.value(), delta);
+      Status st = WriteCompressed(ctx, p, first + done, blocks + u64(done) * kBlockSize, n, covered.value(), delta);
       if (st.ok()) {
         done += n;
         continue;
@@ -343,7 +427,7 @@ Status DataPath::Prepare(u64 ino, u64 first, const u8* blocks, u32 nblocks, bool
     alloc::BucketRef ref;
     u64 offset;
     u32 got;
-    TFS_TRY(Reserve(Min(plain_end - done, kMaxExtentBlocks), covered.value(), false, &ref, &offset, &got));
+    TFS_TRY(Reserve(ctx, Min(plain_end - done, kMaxExtentBlocks), covered.value(), false, &ref, &offset, &got));
     // Recorded at once, so that Abort gives the reserved space back whatever fails next.
     Status st = delta->changes.PushBack(Delta::Change{ref.dev, ref.bucket, i64(got), i64(got)});
     if (!st.ok()) {
@@ -352,7 +436,7 @@ Status DataPath::Prepare(u64 ino, u64 first, const u8* blocks, u32 nblocks, bool
     }
     delta->deps |= dev::DevMask(1) << ref.dev;
     const u8* data = blocks + u64(done) * kBlockSize;
-    TFS_TRY(WriteBlob(ref.dev, offset, data, got));
+    TFS_TRY(WriteBlob(ctx, ref.dev, offset, data, got));
     for (u32 i = 0; i < got; i++) {
       Le32 c;
       c.set(platform::Crc32c(data + u64(i) * kBlockSize, kBlockSize));
@@ -375,7 +459,8 @@ Status DataPath::Prepare(u64 ino, u64 first, const u8* blocks, u32 nblocks, bool
   return Status::Ok();
 }
 
-Status DataPath::WriteCompressed(Prepared* p, u64 first, const u8* data, u32 nblocks, u64 covered, Delta* delta) {
+Status DataPath::WriteCompressed(const IoContext& ctx, Prepared* p, u64 first, const u8* data, u32 nblocks,
+                                 u64 covered, Delta* delta) {
   if (nblocks < 2) return Err::kNotSupported;  // nothing to save
   const u64 in = u64(nblocks) * kBlockSize;
   const u64 cap = in - kBlockSize;  // it must save a block
@@ -392,15 +477,15 @@ Status DataPath::WriteCompressed(Prepared* p, u64 first, const u8* data, u32 nbl
   alloc::BucketRef ref;
   u64 offset;
   u32 got;
-  Status st = Reserve(zblocks, covered, true, &ref, &offset, &got);
+  Status st = Reserve(ctx, zblocks, covered, true, &ref, &offset, &got);
   if (st.ok()) {
     st = delta->changes.PushBack(Delta::Change{ref.dev, ref.bucket, i64(nblocks), i64(zblocks)});
     if (!st.ok()) Account(ref.dev, ref.bucket, 0, -i64(zblocks));
   }
   if (st.ok()) {
     delta->deps |= dev::DevMask(1) << ref.dev;
-    st = dev::QueueSyncIo(store_->devs().member(ref.dev)->queue(), IoOp::kWrite, offset, z,
-                          u64(zblocks) * kBlockSize, 0, IoOrigin::kForegroundWrite);
+    st = ContextIo(ctx, store_->devs().member(ref.dev)->queue(), IoOp::kWrite, offset, z,
+                   u64(zblocks) * kBlockSize);
   }
   if (st.ok()) {
     Le32 c;
@@ -496,7 +581,6 @@ Status DataPath::QueueReserve(btree::Transaction* tx, u64 ino, u64 first, u64 en
     if (covered) continue;
     const u32 n = u32(Min<u64>(hole_end - at, kMaxUnwrittenBlocks));
     {
-      MutexLock w(wp_mu_);
       MutexLock a(acct_mu_);
       const u64 free = FreeBlocksLocked();
       if (free < reserved_ || free - reserved_ < n) {
@@ -519,7 +603,6 @@ void DataPath::Account(u32 dev, u64 bucket, i64 blocks, i64 pending) {
   bool free_it = false;
   alloc::BucketRef ref{};
   {
-    MutexLock w(wp_mu_);
     MutexLock l(acct_mu_);
     if (dev >= dev::kMaxDevices || bucket >= live_[dev].size()) return;
     u32& live = live_[dev][bucket];
@@ -528,14 +611,7 @@ void DataPath::Account(u32 dev, u64 bucket, i64 blocks, i64 pending) {
     live = u32(i64(live) + blocks);
     pend = u32(i64(pend) + pending);
     if (blocks < 0) ctr_.blocks_released.FetchAdd(u64(-blocks), MemOrder::kRelaxed);
-    if (live == 0 && pend == 0 && !(wp_open_ && wp_.dev == dev && wp_.bucket == bucket)) {
-      if (reads_[dev][bucket] != 0) {
-        reads_[dev][bucket] |= kDoomed;  // the last read frees it (Unpin)
-      } else {
-        free_it = true;
-        ref = alloc::BucketRef{dev, bucket, store_->alloc().Get(dev, bucket).gen};
-      }
-    }
+    free_it = ReleaseLocked(dev, bucket, &ref);
   }
   if (free_it && store_->alloc().Free(ref).ok()) ctr_.buckets_freed.FetchAdd(1, MemOrder::kRelaxed);
 }
@@ -565,27 +641,26 @@ void DataPath::Abort(const Delta& delta) {
   }
 }
 
-Status DataPath::FlushMembers(dev::DevMask mask) {
+Status DataPath::FlushMembers(const IoContext& ctx, dev::DevMask mask) {
   for (u32 m : dev::Bits(mask)) {
-    TFS_TRY(dev::QueueSyncIo(store_->devs().member(m)->queue(), IoOp::kFlush, 0, nullptr, 0, 0,
-                             IoOrigin::kForegroundWrite));
+    TFS_TRY(ContextIo(ctx, store_->devs().member(m)->queue(), IoOp::kFlush, 0, nullptr, 0));
     ctr_.slow_member_flushes.FetchAdd(1, MemOrder::kRelaxed);
   }
   return Status::Ok();
 }
 
-Status DataPath::FlushSlowMembers(Delta* delta) {
+Status DataPath::FlushSlowMembers(const IoContext& ctx, Delta* delta) {
   const dev::DevMask slow = delta->deps & ~journal_members_;
-  TFS_TRY(FlushMembers(slow));
+  TFS_TRY(FlushMembers(ctx, slow));
   delta->deps &= ~slow;  // durable now: the commit depends on journal members only
   return Status::Ok();
 }
 
-Status DataPath::Commit(btree::Transaction* tx, const Delta& delta, journal::CommitMode mode) {
+Status DataPath::Commit(const IoContext& ctx, btree::Transaction* tx, const Delta& delta, journal::CommitMode mode) {
   // Data on members without a journal, if the caller did not flush it
   // already (FlushSlowMembers).
   const dev::DevMask slow = delta.deps & ~journal_members_;
-  Status fst = FlushMembers(slow);
+  Status fst = FlushMembers(ctx, slow);
   if (!fst.ok()) {
     Abort(delta);
     return fst;
@@ -613,7 +688,6 @@ bool DataPath::Pin(u32 dev, u64 bucket, u8 gen) {
 void DataPath::Unpin(u32 dev, u64 bucket) {
   alloc::BucketRef ref{};
   {
-    MutexLock w(wp_mu_);
     MutexLock a(acct_mu_);
     u32& r = reads_[dev][bucket];
     TFS_BUG_ON((r & ~kDoomed) == 0);
@@ -660,7 +734,7 @@ Status DataPath::FindPieces(u64 ino, u64 first, u64 end, Piece* pieces, u32* n, 
   return st;
 }
 
-Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
+Status DataPath::ReadBlocks(const IoContext& ctx, u64 ino, u64 first, u32 nblocks, u8* buf) {
   if (store_ == nullptr) return Err::kInvalidArgument;
   const u64 end = first + nblocks;
   // Phase 1 finds the extents, copying what phase 2 needs, and is repeated
@@ -747,7 +821,7 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
         break;
       }
       if (e.compressed) {
-        st = ReadCompressed(e, tmp);
+        st = ReadCompressed(ctx, e, tmp);
         Unpin(e.ptr.dev, b);
         if (!st.ok()) break;
         MemCopy(buf + (lo - first) * kBlockSize, tmp + (u64(e.offset) + (lo - e.start)) * kBlockSize, len);
@@ -756,8 +830,7 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
         continue;
       }
       u8* into = direct ? buf + (lo - first) * kBlockSize : tmp;
-      st = dev::QueueSyncIo(store_->devs().member(e.ptr.dev)->queue(), IoOp::kRead, at, into, len, 0,
-                            IoOrigin::kForegroundRead);
+      st = ContextIo(ctx, store_->devs().member(e.ptr.dev)->queue(), IoOp::kRead, at, into, len);
       Unpin(e.ptr.dev, b);
       if (!st.ok()) break;
       for (u64 blk = lo; blk < hi; blk++) {
@@ -787,12 +860,11 @@ Status DataPath::ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf) {
   return st;
 }
 
-Status DataPath::ReadCompressed(const Extent& e, u8* out) {
+Status DataPath::ReadCompressed(const IoContext& ctx, const Extent& e, u8* out) {
   const u64 disk = e.DiskBlocks() * kBlockSize;
   u8* z = static_cast<u8*>(platform::Alloc(disk, kBlockSize));
   if (z == nullptr) return Err::kNoMemory;
-  Status st = dev::QueueSyncIo(store_->devs().member(e.ptr.dev)->queue(), IoOp::kRead, e.ptr.offset.get(), z,
-                               disk, 0, IoOrigin::kForegroundRead);
+  Status st = ContextIo(ctx, store_->devs().member(e.ptr.dev)->queue(), IoOp::kRead, e.ptr.offset.get(), z, disk);
   if (st.ok()) {
     Le32 want;
     MemCopy(&want, e.crcs, 4);
@@ -850,6 +922,7 @@ Result<u64> DataPath::SeekBlock(u64 ino, u64 block, bool data) {
 Stats DataPath::GetStats() const {
   Stats s;
   TFS_COUNTER_LOAD(TFS_DATA_COUNTERS, ctr_, s);
+  s.write_points = nr_wps_.Load(MemOrder::kAcquire);
   MutexLock a(acct_mu_);
   s.blocks_reserved = reserved_;
   return s;

@@ -7,7 +7,9 @@
 // (a piece of a split extent keeps its blob), and each block's crc32c.
 //
 // Writing: whole 4 KiB blocks. Space comes from a write point (one open bucket,
-// filled in order) on the foreground target; the data is written and completed
+// filled in order) -- one per (target, I/O class) of the callers' IoContexts
+// (io_context.h), so a background writer never shares a bucket with the
+// foreground nor waits on its write point's lock; the data is written and completed
 // before the caller commits the transaction that QueueWrite filled: the new
 // extent keys and the trimmed or deleted old ones. The commit must name the
 // members written (Delta::deps) so that it becomes durable only after they are
@@ -42,16 +44,21 @@
 // QueueReserve refuses what free space cannot cover. A write over reserved
 // blocks releases them as it commits.
 //
+// Ownership: the mount (mount::Instance) owns the data path and opens it on
+// the store before posix and the background engines, which borrow it; it
+// closes after them.
+//
 // Thread safety: all methods from any thread. Prepare needs no lock (its
 // blobs are new); the Queue* calls for one inode and the commit that follows
 // them must be serialized by the caller (the posix layer's inode stripe);
-// reads need no lock. Lock order: the write point mutex, then the accounting
-// mutex; neither is held across I/O or a btree call.
+// reads need no lock. Lock order: the write point table's mutex, or one write
+// point's, then the accounting mutex; none is held across I/O or a btree call.
 #ifndef TFS_DATA_DATA_H_
 #define TFS_DATA_DATA_H_
 
 #include "alloc/allocator.h"
 #include "btree/tree.h"
+#include "data/io_context.h"
 #include "platform/atomic.h"
 #include "platform/sync.h"
 #include "store/store.h"
@@ -161,6 +168,7 @@ struct Delta {
   X(blocks_released, counter, "blocks overwritten, punched or freed")                                    \
   X(csum_errors, counter, "blocks whose checksum did not match")                                         \
   X(buckets_opened, counter, "buckets opened for new data")                                              \
+  X(write_points, level, "write points open (one per target and I/O class in use)")                     \
   X(buckets_freed, counter, "data buckets freed")                                                        \
   X(blocks_reserved, level, "unwritten blocks (fallocate) committed or queued now")                    \
   X(reserve_refused, counter, "writes and fallocates refused to keep reservations whole")                \
@@ -188,14 +196,19 @@ class DataPath {
   Status Open(store::Store* store);
   void Close();
 
-  // Writes `nblocks` whole blocks at file block `first` and queues their
+  bool open() const { return store_ != nullptr; }
+  store::Store* store() const { return store_; }
+
+  // Writes `nblocks` whole blocks at file block `first` for `ctx` (its
+  // target's write point, its origin, class and watermark) and queues their
   // extents into tx, replacing whatever the range held; compressed where zstd
   // saves a block if `compress`.
-  Status QueueWrite(btree::Transaction* tx, u64 ino, u64 first, const u8* blocks, u32 nblocks, Delta* delta,
-                    bool compress = false);
+  Status QueueWrite(const IoContext& ctx, btree::Transaction* tx, u64 ino, u64 first, const u8* blocks,
+                    u32 nblocks, Delta* delta, bool compress = false);
   // QueueWrite in two steps (see Prepared). Delta collects both; a Prepare
   // that fails, or whose transaction does not commit, is undone by Abort.
-  Status Prepare(u64 ino, u64 first, const u8* blocks, u32 nblocks, bool compress, Prepared* out, Delta* delta);
+  Status Prepare(const IoContext& ctx, u64 ino, u64 first, const u8* blocks, u32 nblocks, bool compress,
+                 Prepared* out, Delta* delta);
   Status QueuePrepared(btree::Transaction* tx, const Prepared& p, Delta* delta);
   // QueuePrepared for a caller that has queued the punch of p's blocks itself
   // (in the same transaction: a truncate's punch from p's first block on).
@@ -219,17 +232,18 @@ class DataPath {
   // ever waits for that member; a commit of HDD data waits for the HDD, as it
   // must. FlushSlowMembers does it ahead of the commit (so a caller can do it
   // before taking its inode lock) and takes those members out of
-  // delta->deps; Commit does it for whatever is left.
-  Status FlushSlowMembers(Delta* delta);
+  // delta->deps; Commit does it for whatever is left. The flushes carry
+  // ctx's origin and class.
+  Status FlushSlowMembers(const IoContext& ctx, Delta* delta);
   // Commits tx (kNoFlush, with delta.deps) and then Applies the delta, or
   // Aborts it if the commit fails. The usual end of a write or punch.
-  Status Commit(btree::Transaction* tx, const Delta& delta,
+  Status Commit(const IoContext& ctx, btree::Transaction* tx, const Delta& delta,
                 journal::CommitMode mode = journal::CommitMode::kNoFlush);
 
   // Reads blocks [first, first + nblocks) into buf (nblocks * kBlockSize bytes;
-  // read into directly if kBlockSize-aligned, else through a bounce buffer).
-  // On failure buf's contents are unspecified.
-  Status ReadBlocks(u64 ino, u64 first, u32 nblocks, u8* buf);
+  // read into directly if kBlockSize-aligned, else through a bounce buffer)
+  // with ctx's origin and class. On failure buf's contents are unspecified.
+  Status ReadBlocks(const IoContext& ctx, u64 ino, u64 first, u32 nblocks, u8* buf);
   // Whether the inode has any extent.
   Result<bool> HasData(u64 ino);
   // Whether a written extent (not a hole, not unwritten) holds the block.
@@ -242,21 +256,40 @@ class DataPath {
   Result<u64> SeekBlock(u64 ino, u64 block, bool data);
 
   Stats GetStats() const;
+  // The bucket ctx's write point has open (false: none yet). For tests and
+  // the ctl document.
+  bool WritePointBucket(const IoContext& ctx, alloc::BucketRef* out);
 
  private:
-  // Space for up to `want` blocks at the write point: member, bucket, byte offset.
-  // kNoSpace unless what stays free after it covers the reservations other
-  // than `covered` (the reserved blocks this write replaces).
+  // An open bucket new data of one (target, class) is appended to. Created on
+  // first use, kept until Close (the table only grows: a handful of
+  // contexts exist, kMaxWritePoints at most).
+  struct WritePoint {
+    Target target;
+    dev::IoClass io_class = dev::IoClass::kForegroundSync;
+    Mutex mu;
+    bool open = false;            // under mu
+    alloc::BucketRef ref{};       // under mu
+    u64 used = 0;                 // blocks handed out, under mu
+    Atomic<u64> left{0};          // blocks not handed out (FreeBlocksLocked reads it without mu)
+  };
+  // ctx's write point, created if new (kNoMemory).
+  Result<WritePoint*> FindWritePoint(const IoContext& ctx);
+  // Space for up to `want` blocks at ctx's write point: member, bucket, byte
+  // offset. kNoSpace unless what stays free after it covers the reservations
+  // other than `covered` (the reserved blocks this write replaces).
   // `whole`: all `want` blocks or none (a compressed blob): a write point with
   // less room left is retired for a new bucket.
-  Status Reserve(u32 want, u64 covered, bool whole, alloc::BucketRef* ref, u64* offset, u32* got);
+  Status Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole, alloc::BucketRef* ref, u64* offset,
+                 u32* got);
   // One chunk of QueueWrite, stored compressed: kNotSupported if zstd does not
   // save a block (the caller stores it plain).
-  Status WriteCompressed(Prepared* p, u64 first, const u8* data, u32 nblocks, u64 covered, Delta* delta);
+  Status WriteCompressed(const IoContext& ctx, Prepared* p, u64 first, const u8* data, u32 nblocks, u64 covered,
+                         Delta* delta);
   // Unwritten blocks in [first, end) (the reservation a write there replaces).
   Result<u64> UnwrittenBlocks(u64 ino, u64 first, u64 end);
   // Reads and decompresses a compressed extent's blob into out (stored_blocks blocks).
-  Status ReadCompressed(const Extent& e, u8* out);
+  Status ReadCompressed(const IoContext& ctx, const Extent& e, u8* out);
   // A read holds the bucket it reads from: Pin fails if the bucket is no
   // longer the user bucket of generation `gen` (freed since the lookup);
   // while pinned, a bucket that empties is only marked, and the last Unpin
@@ -284,26 +317,34 @@ class DataPath {
   // retried and not counted.)
   static constexpr u32 kMaxTornWalks = 2000;
   // Blocks free for user data: free and soon-free buckets above the foreground
-  // floor, plus what is left of the write point. Under wp_mu_.
-  u64 FreeBlocksLocked() const;
-  Status WriteBlob(u32 dev, u64 offset, const u8* data, u32 nblocks);
-  Status FlushMembers(dev::DevMask mask);
+  // floor, plus what is left in the write points. Under acct_mu_.
+  u64 FreeBlocksLocked() const TFS_REQUIRES(acct_mu_);
+  Status WriteBlob(const IoContext& ctx, u32 dev, u64 offset, const u8* data, u32 nblocks);
+  Status FlushMembers(const IoContext& ctx, dev::DevMask mask);
   // Moves a bucket's counts (live by `blocks`, pending by `pending`) and frees it
-  // once both are zero and it is not the write point.
+  // once both are zero and no write point holds it.
   void Account(u32 dev, u64 bucket, i64 blocks, i64 pending);
+  // A bucket no extent, write or write point holds any more: freed now, or by
+  // the last read that has it pinned (kDoomed). Sets *ref and returns true
+  // when the caller is to free it (after dropping acct_mu_).
+  bool ReleaseLocked(u32 dev, u64 bucket, alloc::BucketRef* ref) TFS_REQUIRES(acct_mu_);
 
   store::Store* store_ = nullptr;
   btree::Btrees* trees_ = nullptr;
   u64 bucket_blocks_ = 0;
   dev::DevMask journal_members_ = 0;  // members holding a journal ring
-  Mutex wp_mu_;
-  bool wp_open_ = false;
-  alloc::BucketRef wp_{};
-  u64 wp_used_ = 0;            // blocks of wp_ handed out
+  dev::DevMask targets_[kTargetKinds] = {};  // the superblock's targets, resolved at Open (0: none)
+  // The write points: entries [0, nr_wps_) are set (published with release)
+  // and stay until Close; wps_mu_ serializes adding one.
+  static constexpr u32 kMaxWritePoints = 64;
+  Mutex wps_mu_;
+  WritePoint* wps_[kMaxWritePoints] = {};
+  Atomic<u32> nr_wps_{0};
   mutable Mutex acct_mu_;
   Vector<u32> live_[dev::kMaxDevices];     // live blocks per bucket (committed extents)
   Vector<u32> pending_[dev::kMaxDevices];  // blocks reserved by writes not yet applied or aborted
   Vector<u32> reads_[dev::kMaxDevices];    // reads in flight per bucket (| kDoomed)
+  Vector<u8> held_[dev::kMaxDevices];      // 1: a write point's open bucket
   u64 reserved_ = 0;           // unwritten blocks, under acct_mu_
   struct Live {
     TFS_COUNTER_ATOMICS(TFS_DATA_COUNTERS)

@@ -160,10 +160,12 @@ struct Fixture {
     store::Store e;
     Diag diag;
     ASSERT_TRUE(e.Open(&b, 1, MountOptions(), &diag).ok()) << diag.text;
+    data::DataPath data;
+    ASSERT_TRUE(data.Open(&e).ok());
     Filesystem fs;
     Filesystem::Options o;
     o.dir_hash_bits = hash_bits;
-    ASSERT_TRUE(fs.Mount(&e, o).ok());
+    ASSERT_TRUE(fs.Mount(&e, &data, o).ok());
     fn(fs, e.btrees());
     ASSERT_TRUE(fs.Unmount().ok());
     ASSERT_TRUE(e.Close().ok());
@@ -361,8 +363,10 @@ TEST(FsckNamespaceTest, AnOrphanIsANoteNotAnError) {
     store::Store e;
     Diag diag;
     ASSERT_TRUE(e.Open(&b, 1, MountOptions(), &diag).ok());
+    data::DataPath data;
+    ASSERT_TRUE(data.Open(&e).ok());
     Filesystem fs;
-    ASSERT_TRUE(fs.Mount(&e).ok());
+    ASSERT_TRUE(fs.Mount(&e, &data).ok());
     ASSERT_TRUE(fs.OpenInode(fx.link).ok());
     ASSERT_TRUE(fs.Unlink(posix::kRootIno, "sym", 3).ok());
     ASSERT_TRUE(e.Close().ok());
@@ -400,8 +404,10 @@ TEST(FsckNamespaceTest, AnOrphanFreedHalfWayIsStillANote) {
     cut.e = &e;
     Diag diag;
     ASSERT_TRUE(e.Open(&b, 1, oo, &diag).ok()) << diag.text;
+    data::DataPath data;
+    ASSERT_TRUE(data.Open(&e).ok());
     Filesystem fs;
-    ASSERT_TRUE(fs.Mount(&e).ok());
+    ASSERT_TRUE(fs.Mount(&e, &data).ok());
     const Caller who{0, 0};
     const u64 f = fs.Mknod(posix::kRootIno, "big", 3, posix::kModeReg | 0644, 0, who).value().ino;
     const std::string block(4096, 'b');
@@ -1707,8 +1713,10 @@ TEST(FsckRepairTest, AnOrphanWithTooManyXattrKeysIsRepairedAndThenFreed) {
     store::Store e;
     Diag diag;
     ASSERT_TRUE(e.Open(&b, 1, MountOptions(), &diag).ok());
+    data::DataPath data;
+    ASSERT_TRUE(data.Open(&e).ok());
     Filesystem fs;
-    ASSERT_TRUE(fs.Mount(&e).ok());
+    ASSERT_TRUE(fs.Mount(&e, &data).ok());
     ASSERT_TRUE(fs.OpenInode(fx.file).ok());
     ASSERT_TRUE(fs.Unlink(posix::kRootIno, "hard", 4).ok());
     ASSERT_TRUE(fs.Unlink(fx.dir, "f1", 2).ok());
@@ -1719,8 +1727,10 @@ TEST(FsckRepairTest, AnOrphanWithTooManyXattrKeysIsRepairedAndThenFreed) {
     store::Store e;
     Diag diag;
     EXPECT_TRUE(e.Open(&b, 1, MountOptions(), &diag).ok()) << diag.text;
+    data::DataPath data;
+    EXPECT_TRUE(data.Open(&e).ok());
     Filesystem fs;
-    const bool ok = fs.Mount(&e).ok();
+    const bool ok = fs.Mount(&e, &data).ok();
     if (ok) {
       EXPECT_TRUE(fs.Unmount().ok());
     }

@@ -62,18 +62,17 @@ struct Image {
     Diag diag;
     store::OpenOptions oo;  // as a mount opens it (posix's Mount records the features)
     EXPECT_TRUE(e->Open(&b, 1, oo, &diag).ok()) << diag.text;
+    auto data = std::make_unique<data::DataPath>();
+    EXPECT_TRUE(data->Open(e.get()).ok());
     auto fs = std::make_unique<Filesystem>();
-    EXPECT_TRUE(fs->Mount(e.get()).ok());
+    EXPECT_TRUE(fs->Mount(e.get(), data.get()).ok());
     fn(*fs, *e);
-    if (crash) {
-      std::vector<u8> cut = dev->SnapshotDurable();
-      EXPECT_TRUE(fs->Unmount().ok());
-      EXPECT_TRUE(e->Close().ok());
-      return cut;
-    }
+    std::vector<u8> cut;
+    if (crash) cut = dev->SnapshotDurable();
     EXPECT_TRUE(fs->Unmount().ok());
+    data->Close();
     EXPECT_TRUE(e->Close().ok());
-    return {};
+    return cut;
   }
 
   Status Open(bool read_only, store::OpenReport* rep, Diag* diag) {

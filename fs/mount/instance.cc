@@ -1,6 +1,7 @@
 // mount::Instance: the bring-up and take-down order of one mount (instance.h).
 //
-// Up: the store, then posix on it. Down: posix, then the store. A stage that
+// Up: the store, the data path on it, then posix. Down: posix, the data path,
+// then the store. A stage that
 // fails on the way up closes what came before it, so a failed Open leaves the
 // members as a read-only open would (the store's close marks them clean only
 // if its open had written them). Every stage of a Close runs even after an
@@ -27,12 +28,20 @@ Status Instance::Open(BlockDevice* const* bdevs, u32 count, const Options& optio
   // kSbXattrChunks before it writes anything of them, kSbCapsFlagged once it
   // has flagged an older filesystem's capabilities.)
   TFS_TRY(store_.Open(bdevs, count, options.store, diag, report));
-  Status st = fs_.Mount(&store_, options.posix);
+  // The data path rebuilds its accounting from the extents (and frees the
+  // buckets a crash left unreferenced) before anything reads or writes data.
+  Status st = data_.Open(&store_);
+  const char* stage = "the data path does not open";
+  if (st.ok()) {
+    st = fs_.Mount(&store_, &data_, options.posix);
+    stage = "the namespace does not mount";
+  }
   if (!st.ok()) {
+    data_.Close();  // (what it opened of itself, if anything)
     Status cst = store_.Close();
     if (!cst.ok())
       platform::Log(platform::LogLevel::kError, "mount: closing the store after a failed open: %s", cst.Message());
-    return DiagError(diag, st, "the namespace does not mount: %s", st.Message());
+    return DiagError(diag, st, "%s: %s", stage, st.Message());
   }
   open_ = true;
   return Status::Ok();
@@ -44,6 +53,7 @@ Status Instance::Close(CloseTimes* times) {
   const u64 t0 = platform::NowNs();
   const Status posix_st = fs_.Unmount();
   const u64 t1 = platform::NowNs();
+  data_.Close();
   const Status store_st = store_.Close();
   const u64 t2 = platform::NowNs();
   if (times != nullptr) *times = CloseTimes{t1 - t0, t2 - t1};

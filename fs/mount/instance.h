@@ -3,10 +3,11 @@
 //
 // It owns everything a mount runs, and is the one place that knows the order
 // they come up and go down in: the persistent store (devices, superblock,
-// allocator, journal, btrees: store/store.h), then posix (the namespace and,
-// through it for now, the data path), and -- with their issues -- the
-// background engines (bg/). Close() takes them down in reverse and leaves the
-// filesystem clean. cmd_mount, the tests and the kernel glue call this instead
+// allocator, journal, btrees: store/store.h), then the data path (extents,
+// space accounting, write points: data/data.h), then posix (the namespace,
+// which borrows the data path) and -- with their issues -- the background
+// engines (bg/), which borrow it too. Close() takes them down in reverse and
+// leaves the filesystem clean. cmd_mount, the tests and the kernel glue call this instead
 // of writing the order out themselves (docs/design/core.md, step 2).
 //
 // Errors: Open() fills a Diag with one line saying which stage refused (the
@@ -22,6 +23,7 @@
 #ifndef TFS_MOUNT_INSTANCE_H_
 #define TFS_MOUNT_INSTANCE_H_
 
+#include "data/data.h"
 #include "platform/block_device.h"
 #include "posix/fs.h"
 #include "store/store.h"
@@ -38,7 +40,8 @@ struct Options {
 // How long each stage of Close() took (the daemon logs it at unmount).
 struct CloseTimes {
   u64 posix_ns = 0;  // posix's unmount: the write buffers written out, open orphans freed
-  u64 store_ns = 0;  // the store's close: journal flushed, tables written, marked clean
+  u64 store_ns = 0;  // the data path's close (its write points' empty buckets freed) and
+                     // the store's: journal flushed, tables written, marked clean
 };
 
 class Instance {
@@ -57,10 +60,13 @@ class Instance {
 
   bool open() const { return open_; }
   store::Store& store() { return store_; }
+  data::DataPath& data() { return data_; }
   posix::Filesystem& fs() { return fs_; }
 
  private:
+  // Members in bring-up order (destroyed in reverse).
   store::Store store_;
+  data::DataPath data_;
   posix::Filesystem fs_;
   bool open_ = false;
   bool used_ = false;  // Open was called (see above)

@@ -142,7 +142,7 @@ Status WriteStats(Instance& inst, JsonOut& w, const MemberExtras* extras) {
 
   w.Key("data");
   w.BeginObject();
-  TFS_COUNTER_JSON(TFS_DATA_COUNTERS, w, fs.GetDataStats());
+  TFS_COUNTER_JSON(TFS_DATA_COUNTERS, w, inst.data().GetStats());
   w.EndObject();
 
   const posix::Stats p = fs.GetStats();

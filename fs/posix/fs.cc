@@ -401,12 +401,12 @@ Status Filesystem::FinishFree(u64 ino) {
   // finishes the free). Nothing else reaches the inode (no entry, no handle),
   // so no lock is taken.
   for (;;) {
-    auto has = data_.HasData(ino);
+    auto has = data_->HasData(ino);
     if (!has.ok()) return has.status();
     if (!has.value()) break;
     Transaction tx(trees_);
     data::Delta delta;
-    TFS_TRY(data_.QueuePunch(&tx, ino, 0, ~u64(0), &delta, kBatchExtents));
+    TFS_TRY(data_->QueuePunch(&tx, ino, 0, ~u64(0), &delta, kBatchExtents));
     InodeFormat f;
     Status rd = ReadInode(ino, &f);
     if (rd.ok()) {
@@ -414,11 +414,11 @@ Status Filesystem::FinishFree(u64 ino) {
       rd = tx.Set(InodePos(ino), &f, sizeof(f));
     }
     if (!rd.ok() && !rd.Is(ErrorClass::kNotFound)) {
-      data_.Abort(delta);
+      data_->Abort(delta);
       return rd;
     }
     DebugNoSharedLock();
-    TFS_TRY(data_.Commit(&tx, delta));
+    TFS_TRY(data_->Commit(data::kForegroundWrite, &tx, delta));
   }
   Transaction tx(trees_);
   TFS_TRY(QueueFree(&tx, ino));
@@ -555,16 +555,17 @@ class Filesystem::DataGuard {
 
 // --- mount ---------------------------------------------------------------------
 
-Status Filesystem::Mount(store::Store* store, const Options& options) {
+Status Filesystem::Mount(store::Store* store, data::DataPath* data, const Options& options) {
   if (store_ != nullptr || store == nullptr || !store->open()) return Err::kInvalidArgument;
+  if (data == nullptr || data->store() != store) return Err::kInvalidArgument;
   if (options.dir_hash_bits < 1 || options.dir_hash_bits > 62) return Err::kInvalidArgument;
   opt_ = options;
   store_ = store;
+  data_ = data;
   trees_ = &store->btrees();
   compress_all_ = store->sb().options.compression == sb::CompressionType::kZstd;
   next_gen_.Store(u32(u64(Now()) / platform::kNsPerSec), MemOrder::kRelaxed);
   Status st = [&]() -> Status {
-    TFS_TRY(data_.Open(store));
     // Orphans a crash left: inodes unlinked while open, or not yet freed whole.
     Iterator it(trees_, btree::kBtreeInodes);
     TFS_TRY(it.Seek(OrphanPos(1)));
@@ -632,7 +633,7 @@ Status Filesystem::Mount(store::Store* store, const Options& options) {
     st = flusher_.Start(&FlusherMain, this, "tfs-flush");
   }
   if (!st.ok()) {
-    data_.Close();
+    data_ = nullptr;
     store_ = nullptr;
     trees_ = nullptr;
   }
@@ -725,7 +726,7 @@ Status Filesystem::Unmount() {
     }
   }
   ctr_.open_inodes.Store(0, MemOrder::kRelaxed);
-  data_.Close();
+  data_ = nullptr;  // (the mount's: it closes the data path after posix)
   store_ = nullptr;
   trees_ = nullptr;
   return first;
@@ -814,7 +815,7 @@ Status Filesystem::GetStatFs(StatFs* out) {
     out->blocks_avail += (free - reserved) * per_bucket;
   }
   // Reserved (fallocated, unwritten) blocks are not free.
-  const u64 reserved = data_.GetStats().blocks_reserved;
+  const u64 reserved = data_->GetStats().blocks_reserved;
   out->blocks_free -= Min(out->blocks_free, reserved);
   out->blocks_avail -= Min(out->blocks_avail, reserved);
   // Inodes are btree records, not a preallocated table: one can be made
@@ -1326,10 +1327,10 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
       // one, that block again with zeros past the size, and the inode. (Both
       // punches computed against the tree before it would overlap.)
       if (shrink) {
-        st = data_.QueuePunch(&tx, ino, punch_from, ~u64(0), &tail_delta, kBatchExtents);
-        if (st.ok() && tail != nullptr) st = data_.QueuePreparedOverPunch(&tx, *tail);
+        st = data_->QueuePunch(&tx, ino, punch_from, ~u64(0), &tail_delta, kBatchExtents);
+        if (st.ok() && tail != nullptr) st = data_->QueuePreparedOverPunch(&tx, *tail);
       } else if (tail != nullptr) {
-        st = data_.QueuePrepared(&tx, *tail, &tail_delta);
+        st = data_->QueuePrepared(&tx, *tail, &tail_delta);
       }
       if (st.ok()) {
         f.sectors.set(u64(i64(f.sectors.get()) + tail_delta.sectors));
@@ -1337,12 +1338,12 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
       }
       if (st.ok()) {
         DebugNoSharedLock();
-        st = data_.Commit(&tx, tail_delta);
+        st = data_->Commit(data::kForegroundWrite, &tx, tail_delta);
         tail_delta = data::Delta{};  // applied or aborted
       }
     }
   }
-  data_.Abort(tail_delta);  // (nothing left if it was committed)
+  data_->Abort(tail_delta);  // (nothing left if it was committed)
   platform::Delete(tail);
   TFS_TRY(st);
   ctr_.setattrs.FetchAdd(1, MemOrder::kRelaxed);
@@ -1420,9 +1421,9 @@ Status Filesystem::CommitData(u64 ino, const data::Prepared* p, data::Delta* del
   // An HDD's flush before the inode lock: opens and stats of this file do not
   // wait for it.
   DebugNoSharedLock();
-  Status fst = data_.FlushSlowMembers(delta);
+  Status fst = data_->FlushSlowMembers(data::kForegroundWrite, delta);
   if (!fst.ok()) {
-    data_.Abort(*delta);
+    data_->Abort(*delta);
     return fst;
   }
   const u64 lock[1] = {ino};
@@ -1431,7 +1432,7 @@ Status Filesystem::CommitData(u64 ino, const data::Prepared* p, data::Delta* del
   InodeFormat f;
   Transaction tx(trees_);
   Status st = ReadInode(ino, &f);
-  if (st.ok() && p != nullptr) st = data_.QueuePrepared(&tx, *p, delta);
+  if (st.ok() && p != nullptr) st = data_->QueuePrepared(&tx, *p, delta);
   if (st.ok()) {
     f.size.set(Max(f.size.get(), min_size));
     f.sectors.set(u64(i64(f.sectors.get()) + delta->sectors));
@@ -1442,27 +1443,28 @@ Status Filesystem::CommitData(u64 ino, const data::Prepared* p, data::Delta* del
     st = tx.Set(InodePos(ino), &f, sizeof(f));
   }
   if (!st.ok()) {
-    data_.Abort(*delta);  // failed before the commit
+    data_->Abort(*delta);  // failed before the commit
     return st;
   }
   DebugNoSharedLock();
-  return data_.Commit(&tx, *delta, mode);
+  return data_->Commit(data::kForegroundWrite, &tx, *delta, mode);
 }
 
 Status Filesystem::PrepareZero(u64 ino, u64 block, u32 from, u32 to, data::Prepared** out, data::Delta* delta) {
   *out = nullptr;
-  auto mapped = data_.HasBlockData(ino, block);
+  auto mapped = data_->HasBlockData(ino, block);
   TFS_TRY(mapped.status());
   if (!mapped.value()) return Status::Ok();  // a hole or unwritten block reads as zeros already
   InodeFormat f;
   TFS_TRY(ReadInode(ino, &f));
   u8* buf = static_cast<u8*>(platform::Alloc(kBlock, kBlock));
   data::Prepared* p = platform::New<data::Prepared>();
-  Status st = buf == nullptr || p == nullptr ? Status(Err::kNoMemory) : data_.ReadBlocks(ino, block, 1, buf);
+  Status st = buf == nullptr || p == nullptr ? Status(Err::kNoMemory)
+                                             : data_->ReadBlocks(data::kForegroundRead, ino, block, 1, buf);
   if (st.ok()) {
     MemSet(buf + from, 0, to - from);
     DebugNoSharedLock();
-    st = data_.Prepare(ino, block, buf, 1, Compress(f), p, delta);
+    st = data_->Prepare(data::kForegroundWrite, ino, block, buf, 1, Compress(f), p, delta);
   }
   platform::Free(buf);
   if (!st.ok()) {  // (the caller aborts the delta)
@@ -1478,7 +1480,7 @@ Status Filesystem::ZeroInBlock(u64 ino, u64 block, u32 from, u32 to, i64 mtime) 
   data::Delta delta;
   Status st = PrepareZero(ino, block, from, to, &p, &delta);
   if (!st.ok()) {
-    data_.Abort(delta);
+    data_->Abort(delta);
     return st;
   }
   if (p == nullptr) return Status::Ok();
@@ -1495,13 +1497,13 @@ Status Filesystem::FlushRun(u64 ino, Buffered* b, FlushCause cause) {
   data::Delta delta;
   if (st.ok() && p == nullptr) st = Err::kNoMemory;
   DebugNoSharedLock();
-  if (st.ok()) st = data_.Prepare(ino, b->first, b->data, b->blocks, Compress(f), p, &delta);
+  if (st.ok()) st = data_->Prepare(data::kForegroundWrite, ino, b->first, b->data, b->blocks, Compress(f), p, &delta);
   if (st.ok()) {
     // Fsync flushes the journal right after: the writer thread need not wake.
     st = CommitData(ino, p, &delta, b->size, b->mtime_ns,
                     cause == kFlushFsync ? journal::CommitMode::kFlushNext : journal::CommitMode::kNoFlush);
   } else {
-    data_.Abort(delta);
+    data_->Abort(delta);
   }
   platform::Delete(p);
   if (!st.ok()) {  // the run stays, for the next flush to try again
@@ -1721,7 +1723,8 @@ Result<u32> Filesystem::WriteBuffered(u64 ino, InodeFormat* f, Buffered* b, u64 
     if (blk == ~u64(0) || blk < new_from || blk == edge_block[0]) continue;
     if (edge == nullptr && (edge = static_cast<u8*>(platform::Alloc(2 * kBlock, kBlock))) == nullptr)
       return Err::kNoMemory;
-    Status st = blk < size_blocks ? data_.ReadBlocks(ino, blk, 1, edge + i * kBlock) : Status::Ok();
+    Status st = blk < size_blocks ? data_->ReadBlocks(data::kForegroundRead, ino, blk, 1, edge + i * kBlock)
+                                  : Status::Ok();
     if (!st.ok()) {
       platform::Free(edge);
       return st;
@@ -1773,7 +1776,7 @@ Result<u32> Filesystem::WriteThrough(u64 ino, InodeFormat f, u64 off, const u8* 
     // an exclusive data lock holder gets here with such blocks.
     const u64 size_blocks = (f.size.get() + kBlock - 1) / kBlock;
     auto complete = [&](u64 blk, u8* at) {
-      if (blk < size_blocks) return data_.ReadBlocks(ino, blk, 1, at);
+      if (blk < size_blocks) return data_->ReadBlocks(data::kForegroundRead, ino, blk, 1, at);
       MemSet(at, 0, kBlock);
       return Status::Ok();
     };
@@ -1784,9 +1787,9 @@ Result<u32> Filesystem::WriteThrough(u64 ino, InodeFormat f, u64 off, const u8* 
     MemCopy(blocks + skip, buf + done, n);
     data::Delta delta;
     DebugNoSharedLock();
-    st = data_.Prepare(ino, b0, blocks, nb, Compress(f), p, &delta);
+    st = data_->Prepare(data::kForegroundWrite, ino, b0, blocks, nb, Compress(f), p, &delta);
     if (!st.ok()) {
-      data_.Abort(delta);
+      data_->Abort(delta);
       break;
     }
     st = CommitData(ino, p, &delta, pos + n, Now());
@@ -1812,7 +1815,7 @@ Result<u64> Filesystem::Seek(u64 ino, i64 offset, bool data) {
   const u64 size = f.size.get();
   if (offset < 0 || u64(offset) >= size) return Err::kNoSuchOffset;  // (ext4's answers)
   const u64 off = u64(offset);
-  const u64 block = TFS_TRY(data_.SeekBlock(ino, off / kBlock, data));
+  const u64 block = TFS_TRY(data_->SeekBlock(ino, off / kBlock, data));
   if (data) {
     if (block == data::DataPath::kNoBlock || block * kBlock >= size) return Err::kNoSuchOffset;
     return Max(off, block * kBlock);
@@ -1849,7 +1852,7 @@ Result<u32> Filesystem::Read(u64 ino, u64 off, void* buf, u32 len) {
     const u64 b1 = (off + n + kBlock - 1) / kBlock;
     u8* blocks = static_cast<u8*>(platform::Alloc((b1 - b0) * kBlock, kBlock));  // (read into directly)
     if (blocks == nullptr) return Err::kNoMemory;
-    Status st = data_.ReadBlocks(ino, b0, u32(b1 - b0), blocks);
+    Status st = data_->ReadBlocks(data::kForegroundRead, ino, b0, u32(b1 - b0), blocks);
     bool again = false;
     if (st.ok() && b != nullptr) {
       SharedLock l(open_mu_[s]);
@@ -1875,16 +1878,16 @@ Status Filesystem::PunchPast(u64 ino, InodeFormat* f, u64 keep) {
   // transaction. A crash between the batches of a longer one leaves holes in
   // what was being truncated away. The caller commits *f.
   for (;;) {
-    const u32 left = TFS_TRY(data_.CountExtentsFrom(ino, keep, kBatchExtents + 1));
+    const u32 left = TFS_TRY(data_->CountExtentsFrom(ino, keep, kBatchExtents + 1));
     if (left <= kBatchExtents) return Status::Ok();
     Transaction tx(trees_);
     data::Delta delta;
-    TFS_TRY(data_.QueuePunch(&tx, ino, keep, ~u64(0), &delta, kBatchExtents));
+    TFS_TRY(data_->QueuePunch(&tx, ino, keep, ~u64(0), &delta, kBatchExtents));
     if (delta.empty()) return Status::Ok();
     f->sectors.set(u64(i64(f->sectors.get()) + delta.sectors));
     TFS_TRY(tx.Set(InodePos(ino), f, sizeof(*f)));
     DebugNoSharedLock();
-    TFS_TRY(data_.Commit(&tx, delta));
+    TFS_TRY(data_->Commit(data::kForegroundWrite, &tx, delta));
   }
 }
 
@@ -1932,14 +1935,14 @@ Status Filesystem::Fallocate(u64 ino, u32 mode, u64 off, u64 len) {
       TFS_TRY(ReadInode(ino, &f));
       Transaction tx(trees_);
       data::Delta delta;
-      TFS_TRY(data_.QueuePunch(&tx, ino, first_whole, end_whole, &delta, kBatchExtents));
+      TFS_TRY(data_->QueuePunch(&tx, ino, first_whole, end_whole, &delta, kBatchExtents));
       more = !delta.empty();
       f.sectors.set(u64(i64(f.sectors.get()) + delta.sectors));
       SetTime(&f.mtime_ns, now);
       SetTime(&f.ctime_ns, now);
       TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
       DebugNoSharedLock();
-      TFS_TRY(data_.Commit(&tx, delta));
+      TFS_TRY(data_->Commit(data::kForegroundWrite, &tx, delta));
     }
     if (punch) {
       const u64 lock[1] = {ino};
@@ -1968,7 +1971,7 @@ Status Filesystem::Fallocate(u64 ino, u32 mode, u64 off, u64 len) {
     Transaction tx(trees_);
     data::Delta delta;
     u64 next = at;
-    Status st = at < last ? data_.QueueReserve(&tx, ino, at, last, &delta, kBatchExtents, &next) : Status::Ok();
+    Status st = at < last ? data_->QueueReserve(&tx, ino, at, last, &delta, kBatchExtents, &next) : Status::Ok();
     if (st.ok()) {
       SetTime(&f.ctime_ns, now);
       if (next == last && !keep && end > f.size.get()) {
@@ -1979,11 +1982,11 @@ Status Filesystem::Fallocate(u64 ino, u32 mode, u64 off, u64 len) {
       st = tx.Set(InodePos(ino), &f, sizeof(f));
     }
     if (!st.ok()) {
-      data_.Abort(delta);  // failed before the commit
+      data_->Abort(delta);  // failed before the commit
       return st;
     }
     DebugNoSharedLock();
-    TFS_TRY(data_.Commit(&tx, delta));
+    TFS_TRY(data_->Commit(data::kForegroundWrite, &tx, delta));
     at = next;
   } while (at < last);
   return Status::Ok();

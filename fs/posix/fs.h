@@ -245,8 +245,10 @@ class Filesystem {
     // per directory). Tests shrink it to force hash collisions; keep 62.
     u32 dir_hash_bits = 62;
   };
-  Status Mount(store::Store* store, const Options& options);
-  Status Mount(store::Store* store) { return Mount(store, Options{}); }
+  // `data` is the mount's data path, open on `store` (mount::Instance owns
+  // both and opens them first); posix borrows it until Unmount.
+  Status Mount(store::Store* store, data::DataPath* data, const Options& options);
+  Status Mount(store::Store* store, data::DataPath* data) { return Mount(store, data, Options{}); }
   // Frees inodes still open but unlinked (their handles die with the mount).
   // The caller then closes the store, which makes everything durable.
   Status Unmount();
@@ -324,7 +326,6 @@ class Filesystem {
   // if free space minus the other reservations cannot hold the holes (what was
   // reserved before the failure stays).
   Status Fallocate(u64 ino, u32 mode, u64 off, u64 len);
-  data::Stats GetDataStats() const { return data_.GetStats(); }
 
   // Copies up to cap bytes of a symlink's target; returns its full length.
   Result<u32> ReadLink(u64 ino, char* buf, u32 cap);
@@ -522,7 +523,7 @@ class Filesystem {
   store::Store* store_ = nullptr;
   Options opt_;
   bool compress_all_ = false;  // the filesystem's compression option
-  data::DataPath data_;
+  data::DataPath* data_ = nullptr;  // the mount's (see Mount)
   btree::Btrees* trees_ = nullptr;
   Mutex rename_mu_;
   // Inode lock entries in use, per stripe, under locks_mu_ (held only to find,

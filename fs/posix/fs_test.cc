@@ -45,6 +45,7 @@ std::unique_ptr<MemDevice> Dev(std::vector<uint8_t> image = {}) {
 struct Mounted {
   std::unique_ptr<MemDevice> dev;
   std::unique_ptr<store::Store> eng;
+  data::DataPath data;  // (what mount::Instance owns; posix borrows it)
   Filesystem fs;
   Filesystem::Options opt;
 
@@ -65,12 +66,15 @@ struct Mounted {
     Diag diag;
     eng = std::make_unique<store::Store>();  // an Store opens once
     ASSERT_TRUE(eng->Open(&b, 1, store::OpenOptions{}, &diag).ok()) << diag.text;
-    Status ms = fs.Mount(eng.get(), opt);
+    Status ds = data.Open(eng.get());
+    ASSERT_TRUE(ds.ok()) << ds.Message();
+    Status ms = fs.Mount(eng.get(), &data, opt);
     ASSERT_TRUE(ms.ok()) << ms.Message();
   }
   void Close() {
     if (eng == nullptr || !eng->open()) return;
     EXPECT_TRUE(fs.Unmount().ok());
+    data.Close();
     EXPECT_TRUE(eng->Close().ok());
   }
   void Remount() {
@@ -1263,7 +1267,7 @@ void FileModel(bool handles, bool compress = false) {
   }
   for (int k = 0; k < 3; k++) check(k);
   EXPECT_GT(fallocates, 50u);
-  EXPECT_GT(m.fs.GetDataStats().blocks_released, 0u);
+  EXPECT_GT(m.data.GetStats().blocks_released, 0u);
   if (handles) {
     const Stats st = m.fs.GetStats();
     EXPECT_GT(st.writes_buffered, 500u);
@@ -1272,7 +1276,7 @@ void FileModel(bool handles, bool compress = false) {
     EXPECT_GT(st.flushes_fsync + st.flushes_close, 10u);
   }
   if (compress) {
-    const data::Stats d = m.fs.GetDataStats();
+    const data::Stats d = m.data.GetStats();
     EXPECT_GT(d.compressed_in, 4 * d.compressed_out);
     EXPECT_GT(d.incompressible, 100u);
     EXPECT_GT(d.compressed_reads, 100u);
@@ -1288,7 +1292,7 @@ void FileModel(bool handles, bool compress = false) {
   close_all();
   for (int k = 0; k < 3; k++) ASSERT_TRUE(Unlink(m.fs, kRootIno, "f" + std::to_string(k)).ok());
   EXPECT_LE(UserBuckets(*m.eng), 1u);  // only the open write point may stay
-  EXPECT_EQ(m.fs.GetDataStats().blocks_reserved, 0u);
+  EXPECT_EQ(m.data.GetStats().blocks_reserved, 0u);
   m.Remount();
   EXPECT_EQ(UserBuckets(*m.eng), 0u);
 }
@@ -1673,9 +1677,9 @@ TEST(PosixTest, CompressionStoresLessAndIsChecked) {
   EXPECT_EQ(m.fs.SetFlags(f, 0x10 /* FS_IMMUTABLE_FL */).code(), Err::kNotSupported);
   std::string text;
   for (int i = 0; text.size() < (1u << 20); i++) text += "line " + std::to_string(i) + ": the quick brown fox\n";
-  const data::Stats before = m.fs.GetDataStats();
+  const data::Stats before = m.data.GetStats();
   ASSERT_TRUE(m.fs.Write(f, 0, text.data(), u32(text.size())).ok());
-  const data::Stats after = m.fs.GetDataStats();
+  const data::Stats after = m.data.GetStats();
   EXPECT_LT(after.bytes_written - before.bytes_written, text.size() / 4);
   EXPECT_EQ(m.fs.GetAttr(f).value().sectors, (text.size() + 4095) / 4096 * 8);  // st_blocks: logical
   m.Remount();
@@ -1699,7 +1703,7 @@ TEST(PosixTest, CompressionStoresLessAndIsChecked) {
   Mounted bad(62, Dev(image));
   char buf[4096];
   EXPECT_EQ(bad.fs.Read(f, 4096, buf, 4096).status().code(), Err::kDataCorrupt);
-  EXPECT_EQ(bad.fs.GetDataStats().csum_errors, 1u);
+  EXPECT_EQ(bad.data.GetStats().csum_errors, 1u);
   EXPECT_EQ(bad.fs.Read(f, 1 << 19, buf, 4096).value(), 4096u);  // another blob
 
   // A filesystem formatted with --compression zstd compresses every file.
@@ -1710,7 +1714,7 @@ TEST(PosixTest, CompressionStoresLessAndIsChecked) {
   Mounted z(62, std::move(dev));
   const u64 g = Mkfile(z.fs, kRootIno, "plain").value().ino;
   ASSERT_TRUE(z.fs.Write(g, 0, text.data(), u32(text.size())).ok());
-  EXPECT_GT(z.fs.GetDataStats().compressed_in, 4 * z.fs.GetDataStats().compressed_out);
+  EXPECT_GT(z.data.GetStats().compressed_in, 4 * z.data.GetStats().compressed_out);
   EXPECT_TRUE(ReadAll(z.fs, g) == text);
 }
 
@@ -1724,7 +1728,7 @@ TEST(PosixTest, WriteBufferCoalescesAndAgesOut) {
   const u64 f = Mkfile(m.fs, kRootIno, "log").value().ino;
   ASSERT_TRUE(m.fs.OpenInode(f).ok());
   std::string model;
-  const u64 extents0 = m.fs.GetDataStats().extents_written;
+  const u64 extents0 = m.data.GetStats().extents_written;
   for (int i = 0; i < 2000; i++) {
     std::string line = "line " + std::to_string(i) + " of the log, some bytes to make it longer\n";
     ASSERT_EQ(m.fs.Write(f, model.size(), line.data(), u32(line.size())).value(), line.size());
@@ -1736,7 +1740,7 @@ TEST(PosixTest, WriteBufferCoalescesAndAgesOut) {
   }
   ASSERT_TRUE(m.fs.Fsync(f).ok());
   // ~125 KiB in 2,000 writes: a few extents, not one a write.
-  EXPECT_LE(m.fs.GetDataStats().extents_written - extents0, 4u);
+  EXPECT_LE(m.data.GetStats().extents_written - extents0, 4u);
   EXPECT_EQ(m.fs.GetStats().writes_buffered, 2000u);
   // Unsynced: a crash loses what is still buffered, keeps what is synced.
   const std::string synced = model;
@@ -1877,7 +1881,7 @@ TEST(PosixTest, ReadsRacingOverwritesNeverFail) {
         reads++;
       }
     });
-  const u64 freed0 = m.fs.GetDataStats().buckets_freed;
+  const u64 freed0 = m.data.GetStats().buckets_freed;
   for (u32 version = 1; version <= 150; version++) {
     std::string v = fill(version);
     auto r = m.fs.Write(f, 0, v.data(), u32(v.size()));
@@ -1888,8 +1892,8 @@ TEST(PosixTest, ReadsRacingOverwritesNeverFail) {
   EXPECT_EQ(errors.load(), 0u);
   EXPECT_EQ(torn.load(), 0u);
   EXPECT_GT(reads.load(), 100u);
-  EXPECT_GT(m.fs.GetDataStats().buckets_freed - freed0, 500u);  // buckets were freed and reused
-  EXPECT_EQ(m.fs.GetDataStats().csum_errors, 0u);
+  EXPECT_GT(m.data.GetStats().buckets_freed - freed0, 500u);  // buckets were freed and reused
+  EXPECT_EQ(m.data.GetStats().csum_errors, 0u);
 }
 
 // Writers of one file at once: four write their own 1 KiB quarter of every
@@ -1963,7 +1967,7 @@ TEST(PosixTest, FallocateReservesSpace) {
   StatFs after;
   ASSERT_TRUE(m.fs.GetStatFs(&after).ok());
   EXPECT_LE(after.blocks_free, before.blocks_free - want / 4096);
-  EXPECT_EQ(m.fs.GetDataStats().blocks_reserved, want / 4096);
+  EXPECT_EQ(m.data.GetStats().blocks_reserved, want / 4096);
   // Another file gets at most the leftover.
   std::string chunk(1 << 20, 'o');
   Status other;
@@ -1975,7 +1979,7 @@ TEST(PosixTest, FallocateReservesSpace) {
   }
   EXPECT_EQ(other.code(), Err::kNoSpace);
   EXPECT_LT(written, 8u << 20);  // the leftover and the foreground reserve
-  EXPECT_GT(m.fs.GetDataStats().reserve_refused, 0u);
+  EXPECT_GT(m.data.GetStats().reserve_refused, 0u);
   // The reserved file takes all of its space, reads zeros where not written.
   std::string data(1 << 20, 'r');
   u64 filled = 0;
@@ -1985,7 +1989,7 @@ TEST(PosixTest, FallocateReservesSpace) {
   }
   ASSERT_GT(filled, 8u);
   m.Remount();  // the reservation is rebuilt from the unwritten extents
-  EXPECT_EQ(m.fs.GetDataStats().blocks_reserved, want / 4096 - filled * 256);
+  EXPECT_EQ(m.data.GetStats().blocks_reserved, want / 4096 - filled * 256);
   a = m.fs.GetAttr(f).value();
   EXPECT_EQ(a.sectors, want / 512);
   char buf[8192];
@@ -1997,11 +2001,11 @@ TEST(PosixTest, FallocateReservesSpace) {
   EXPECT_EQ(std::string(buf, 4096), std::string(4096, 'r'));
   EXPECT_EQ(std::string(buf + 4096, 4096), std::string(4096, '\0'));
   // Punching a reserved range gives it back; so does the unlink.
-  const u64 reserved = m.fs.GetDataStats().blocks_reserved;
+  const u64 reserved = m.data.GetStats().blocks_reserved;
   ASSERT_TRUE(m.fs.Fallocate(f, kFallocPunchHole | kFallocKeepSize, 1 << 20, 3 << 20).ok());
-  EXPECT_EQ(m.fs.GetDataStats().blocks_reserved, reserved - 768);
+  EXPECT_EQ(m.data.GetStats().blocks_reserved, reserved - 768);
   ASSERT_TRUE(Unlink(m.fs, kRootIno, "prealloc").ok());
-  EXPECT_EQ(m.fs.GetDataStats().blocks_reserved, 0u);
+  EXPECT_EQ(m.data.GetStats().blocks_reserved, 0u);
   auto r = m.fs.Write(g, written, chunk.data(), u32(chunk.size()));
   EXPECT_TRUE(r.ok()) << r.status().Message();
 
@@ -2057,7 +2061,7 @@ TEST(PosixTest, ChecksumMismatchIsAnErrorNotData) {
   EXPECT_EQ(bad.fs.Read(f, 0, buf, 4096).value(), 4096u);  // block 0 is fine
   EXPECT_EQ(bad.fs.Read(f, 4096, buf, 4096).status().code(), Err::kDataCorrupt);
   EXPECT_EQ(bad.fs.Read(f, 0, buf, 4096 * 2 > 20000 ? 20000 : 8192).status().code(), Err::kDataCorrupt);
-  EXPECT_EQ(bad.fs.GetDataStats().csum_errors, 2u);
+  EXPECT_EQ(bad.data.GetStats().csum_errors, 2u);
 }
 
 // Extents that overlap on disk (damage fsck reports) fail a read over them
@@ -2086,7 +2090,7 @@ TEST(PosixTest, OverlappingExtentsFailReadsInsteadOfHanging) {
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(m.fs.Read(f, 0, buf, sizeof(buf)).status().code(), Err::kCorrupt);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
-  EXPECT_GT(m.fs.GetDataStats().read_retries, 100u);
+  EXPECT_GT(m.data.GetStats().read_retries, 100u);
   EXPECT_EQ(m.fs.Read(f, 0, buf, 4096).value(), 4096u);  // block 0 alone is fine
 }
 

@@ -40,6 +40,7 @@ std::unique_ptr<MemDevice> Mem(const char* name, uint64_t size) {
 struct Full {
   std::vector<std::unique_ptr<MemDevice>> devs;
   std::unique_ptr<store::Store> eng;
+  data::DataPath data;  // (mount::Instance owns it in a mount; posix borrows it)
   Filesystem fs;
 
   Full(bool with_hdd, uint64_t ssd_mib) {
@@ -61,6 +62,7 @@ struct Full {
   ~Full() {
     if (eng != nullptr && eng->open()) {
       EXPECT_TRUE(fs.Unmount().ok());
+      data.Close();
       EXPECT_TRUE(eng->Close().ok());
     }
   }
@@ -71,7 +73,9 @@ struct Full {
     eng = std::make_unique<store::Store>();
     Status st = eng->Open(b.data(), u32(b.size()), store::OpenOptions{}, &diag);
     ASSERT_TRUE(st.ok()) << st.Message() << ": " << diag.text;
-    Status ms = fs.Mount(eng.get(), Filesystem::Options{});
+    Status ds = data.Open(eng.get());
+    ASSERT_TRUE(ds.ok()) << ds.Message();
+    Status ms = fs.Mount(eng.get(), &data, Filesystem::Options{});
     ASSERT_TRUE(ms.ok()) << ms.Message();
   }
   bool ok() const { return eng != nullptr && eng->open(); }
@@ -80,6 +84,7 @@ struct Full {
   void RemountAndCheck() {
     Status u = fs.Unmount();
     ASSERT_TRUE(u.ok()) << "unmount of a full filesystem: " << u.Message();
+    data.Close();
     Status c = eng->Close();
     ASSERT_TRUE(c.ok()) << "close of a full filesystem: " << c.Message();
     eng.reset();

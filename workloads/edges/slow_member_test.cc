@@ -88,6 +88,7 @@ struct TwoTier {
   std::unique_ptr<MemDevice> ssd;
   std::unique_ptr<FaultDevice> hdd;
   std::unique_ptr<store::Store> eng;
+  data::DataPath data;  // (mount::Instance owns it in a mount; posix borrows it)
   Filesystem fs;
 
   // `data_on`: the foreground (data) target, "ssd" or "hdd".
@@ -113,13 +114,16 @@ struct TwoTier {
     BlockDevice* b[2] = {ssd.get(), hdd.get()};
     eng = std::make_unique<store::Store>();
     EXPECT_TRUE(eng->Open(b, 2, open, &diag).ok()) << diag.text;
-    Status ms = fs.Mount(eng.get(), Filesystem::Options{});
+    Status ds = data.Open(eng.get());
+    EXPECT_TRUE(ds.ok()) << ds.Message();
+    Status ms = fs.Mount(eng.get(), &data, Filesystem::Options{});
     EXPECT_TRUE(ms.ok()) << ms.Message();
   }
   ~TwoTier() {
     if (hdd != nullptr) hdd->Unstall();
     if (eng != nullptr && eng->open()) {
       EXPECT_TRUE(fs.Unmount().ok());
+      data.Close();
       EXPECT_TRUE(eng->Close().ok());
     }
   }
@@ -127,12 +131,15 @@ struct TwoTier {
   // A clean unmount and mount of the same members.
   void Remount() {
     ASSERT_TRUE(fs.Unmount().ok());
+    data.Close();
     ASSERT_TRUE(eng->Close().ok());
     BlockDevice* b[2] = {ssd.get(), hdd.get()};
     Diag diag;
     eng = std::make_unique<store::Store>();
     ASSERT_TRUE(eng->Open(b, 2, store::OpenOptions{}, &diag).ok()) << diag.text;
-    Status ms = fs.Mount(eng.get(), Filesystem::Options{});
+    Status ds = data.Open(eng.get());
+    ASSERT_TRUE(ds.ok()) << ds.Message();
+    Status ms = fs.Mount(eng.get(), &data, Filesystem::Options{});
     ASSERT_TRUE(ms.ok()) << ms.Message();
   }
   uint64_t HddTableWrites() const {
@@ -399,7 +406,7 @@ TEST(SlowMember, FsyncOfSsdOnlyChangesDoesNotFlushAnHddWrittenBefore) {
   const uint64_t a = t.Create("a");
   std::string data(65536, 'a');
   ASSERT_TRUE(t.fs.Write(a, 0, data.data(), uint32_t(data.size()), Filesystem::kWriteDirect).ok());
-  EXPECT_GE(t.fs.GetDataStats().slow_member_flushes, 1u);
+  EXPECT_GE(t.data.GetStats().slow_member_flushes, 1u);
   t.hdd->StallFor(kHour);
   // (The HDD's table may be written in the background meanwhile: not counted.)
   const uint64_t before = t.HddRequestsButTables();

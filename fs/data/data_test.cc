@@ -1,0 +1,171 @@
+// data::DataPath with IoContexts: each (target, class) has its own write
+// point, every request carries its context's origin and class, and the
+// targets place new data.
+#include "data/data.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mount/testing.h"
+#include "userspace/platform/mem_device.h"
+
+namespace tfs::data {
+namespace {
+
+// Two members: "ssd.a" (foreground and metadata target) and "hdd.b"
+// (background target), with the store and the data path open on them.
+struct TwoMembers {
+  std::unique_ptr<userspace::MemDevice> ssd = testing::MemMember();
+  std::unique_ptr<userspace::MemDevice> hdd = testing::MemMember();
+  store::Store store;
+  DataPath data;
+
+  TwoMembers() {
+    store::FormatMember m[2] = {{ssd.get(), "ssd.a", 1}, {hdd.get(), "hdd.b", 1}};
+    store::FormatOptions fo = testing::SmallFormat();
+    fo.foreground_target = "ssd";
+    fo.metadata_target = "ssd";
+    fo.background_target = "hdd";
+    Diag diag;
+    EXPECT_TRUE(store::Format(m, 2, fo, &diag).ok()) << diag.text;
+    BlockDevice* b[2] = {ssd.get(), hdd.get()};
+    EXPECT_TRUE(store.Open(b, 2, store::OpenOptions{}, &diag).ok()) << diag.text;
+    EXPECT_TRUE(data.Open(&store).ok());
+  }
+  ~TwoMembers() {
+    data.Close();
+    EXPECT_TRUE(store.Close().ok());
+  }
+  u32 Member(const char* label) const {
+    for (u32 i = 0; i < store.sb().nr_members; i++)
+      if (std::string(store.sb().members[i].label) == label) return i;
+    ADD_FAILURE() << "no member " << label;
+    return 0;
+  }
+  // Writes `nblocks` blocks of `fill` at block `first` of `ino` for ctx and commits them.
+  void Write(const IoContext& ctx, u64 ino, u64 first, u32 nblocks, char fill) {
+    std::vector<u8> buf(u64(nblocks) * kBlockSize, u8(fill));
+    btree::Transaction tx(&store.btrees());
+    Delta delta;
+    ASSERT_TRUE(data.QueueWrite(ctx, &tx, ino, first, buf.data(), nblocks, &delta).ok());
+    ASSERT_TRUE(data.Commit(ctx, &tx, delta).ok());
+  }
+  u64 Ops(u32 member, IoOrigin origin, IoOp op) {
+    dev::OriginStats s;
+    store.devs().member(member)->queue().ReadStats(origin, &s);
+    return s.ops[int(op)];
+  }
+};
+
+constexpr IoContext kBackgroundWrite = {IoOrigin::kReconcile, dev::IoClass::kBackground,
+                                        alloc::Watermark::kBackground, Target{TargetKind::kBackground, 0}};
+
+TEST(DataPathTest, EachTargetAndClassHasItsOwnWritePoint) {
+  TwoMembers t;
+  const u32 ssd = t.Member("ssd.a");
+  const u32 hdd = t.Member("hdd.b");
+  t.Write(kForegroundWrite, 100, 0, 4, 'f');
+  t.Write(kBackgroundWrite, 101, 0, 4, 'b');
+  alloc::BucketRef fg, bg;
+  ASSERT_TRUE(t.data.WritePointBucket(kForegroundWrite, &fg));
+  ASSERT_TRUE(t.data.WritePointBucket(kBackgroundWrite, &bg));
+  // Each on its target's member, never one bucket for both.
+  EXPECT_EQ(fg.dev, ssd);
+  EXPECT_EQ(bg.dev, hdd);
+  // The same target in another class is another write point (another bucket).
+  IoContext fg_async = kForegroundWrite;
+  fg_async.io_class = dev::IoClass::kForegroundAsync;
+  t.Write(fg_async, 102, 0, 1, 'a');
+  alloc::BucketRef fa;
+  ASSERT_TRUE(t.data.WritePointBucket(fg_async, &fa));
+  EXPECT_EQ(fa.dev, ssd);
+  EXPECT_NE(fa.bucket, fg.bucket);
+  EXPECT_EQ(t.data.GetStats().write_points, 3u);
+  // Interleaved writes keep appending to their own buckets.
+  t.Write(kForegroundWrite, 100, 4, 4, 'g');
+  t.Write(kBackgroundWrite, 101, 4, 4, 'c');
+  alloc::BucketRef fg2, bg2;
+  ASSERT_TRUE(t.data.WritePointBucket(kForegroundWrite, &fg2));
+  ASSERT_TRUE(t.data.WritePointBucket(kBackgroundWrite, &bg2));
+  EXPECT_EQ(fg2.bucket, fg.bucket);
+  EXPECT_EQ(bg2.bucket, bg.bucket);
+  // A member target places data on that member, whatever the groups say.
+  IoContext on_hdd = kForegroundWrite;
+  on_hdd.target = Target{TargetKind::kMember, u8(hdd)};
+  t.Write(on_hdd, 103, 0, 1, 'm');
+  alloc::BucketRef m;
+  ASSERT_TRUE(t.data.WritePointBucket(on_hdd, &m));
+  EXPECT_EQ(m.dev, hdd);
+  EXPECT_NE(m.bucket, bg.bucket);
+  // Everything reads back.
+  std::vector<u8> buf(8 * kBlockSize);
+  ASSERT_TRUE(t.data.ReadBlocks(kForegroundRead, 101, 0, 8, buf.data()).ok());
+  EXPECT_EQ(buf[0], 'b');
+  EXPECT_EQ(buf[4 * kBlockSize], 'c');
+  ASSERT_TRUE(t.data.ReadBlocks(kForegroundRead, 100, 0, 8, buf.data()).ok());
+  EXPECT_EQ(buf[0], 'f');
+  EXPECT_EQ(buf[4 * kBlockSize], 'g');
+}
+
+TEST(DataPathTest, RequestsCarryTheirContextsOrigin) {
+  TwoMembers t;
+  const u32 hdd = t.Member("hdd.b");
+  const u32 ssd = t.Member("ssd.a");
+  const u64 fg0 = t.Ops(hdd, IoOrigin::kForegroundWrite, IoOp::kWrite);
+  t.Write(kBackgroundWrite, 7, 0, 2, 'x');
+  // The data write on the HDD is the reconcile's, not the foreground's ...
+  EXPECT_EQ(t.Ops(hdd, IoOrigin::kReconcile, IoOp::kWrite), 1u);
+  EXPECT_EQ(t.Ops(hdd, IoOrigin::kForegroundWrite, IoOp::kWrite), fg0);
+  // ... and so is the flush its commit needs first (the HDD holds no journal).
+  EXPECT_EQ(t.Ops(hdd, IoOrigin::kReconcile, IoOp::kFlush), 1u);
+  // A read tagged as a promote's.
+  IoContext promote = kForegroundRead;
+  promote.origin = IoOrigin::kPromote;
+  promote.io_class = dev::IoClass::kBackground;
+  std::vector<u8> buf(2 * kBlockSize);
+  ASSERT_TRUE(t.data.ReadBlocks(promote, 7, 0, 2, buf.data()).ok());
+  EXPECT_EQ(buf[kBlockSize], 'x');
+  EXPECT_EQ(t.Ops(hdd, IoOrigin::kPromote, IoOp::kRead), 1u);
+  EXPECT_EQ(t.Ops(hdd, IoOrigin::kForegroundRead, IoOp::kRead), 0u);
+  EXPECT_EQ(t.Ops(ssd, IoOrigin::kPromote, IoOp::kRead), 0u);
+}
+
+// A write point's bucket is not freed while it is open, even when every
+// block written into it has been overwritten; once the write point moves
+// on, the emptied bucket is freed.
+TEST(DataPathTest, AnEmptiedBucketIsFreedOnlyWhenItsWritePointLeavesIt) {
+  TwoMembers t;
+  t.Write(kForegroundWrite, 9, 0, 1, 'a');
+  alloc::BucketRef first;
+  ASSERT_TRUE(t.data.WritePointBucket(kForegroundWrite, &first));
+  const u64 freed0 = t.data.GetStats().buckets_freed;
+  // Overwrite the block from another write point: the first bucket holds nothing live.
+  t.Write(kBackgroundWrite, 9, 0, 1, 'b');
+  EXPECT_EQ(t.data.GetStats().buckets_freed, freed0);
+  EXPECT_EQ(t.store.alloc().Get(first.dev, first.bucket).state, alloc::BucketState::kUser);
+  // Fill the foreground write point's bucket and go past it.
+  const u32 per_bucket = u32(t.store.sb().bucket_size / kBlockSize);
+  for (u32 i = 1; i < per_bucket + 1; i += 32) t.Write(kForegroundWrite, 10, i, 32, 'c');
+  alloc::BucketRef now;
+  ASSERT_TRUE(t.data.WritePointBucket(kForegroundWrite, &now));
+  ASSERT_NE(now.bucket, first.bucket);
+  // The first bucket still holds inode 10's blocks: only its own emptying frees it.
+  EXPECT_EQ(t.store.alloc().Get(first.dev, first.bucket).state, alloc::BucketState::kUser);
+  for (u32 i = 1; i < per_bucket + 1; i += 32) t.Write(kBackgroundWrite, 10, i, 32, 'd');
+  EXPECT_NE(t.store.alloc().Get(first.dev, first.bucket).state, alloc::BucketState::kUser);
+  EXPECT_GT(t.data.GetStats().buckets_freed, freed0);
+}
+
+TEST(DataPathTest, OpenNeedsAnOpenStore) {
+  store::Store closed;
+  DataPath d;
+  EXPECT_EQ(d.Open(&closed).code(), Err::kInvalidArgument);
+  EXPECT_EQ(d.Open(nullptr).code(), Err::kInvalidArgument);
+  EXPECT_FALSE(d.open());
+}
+
+}  // namespace
+}  // namespace tfs::data
