@@ -5,8 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "mount/testing.h"
@@ -15,10 +18,55 @@
 namespace tfs::data {
 namespace {
 
+// A device over another that holds back reads of one origin while closed
+// (a read kept in flight for as long as a test needs).
+class GateDevice final : public BlockDevice {
+ public:
+  GateDevice(BlockDevice* inner, IoOrigin held) : inner_(inner), held_(held) {}
+  void Submit(IoRequest* req) override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (closed_ && req->op == IoOp::kRead && req->origin == held_) {
+        parked_.push_back(req);
+        return;
+      }
+    }
+    inner_->Submit(req);
+  }
+  const BlockDeviceInfo& Info() const override { return inner_->Info(); }
+  const char* Name() const override { return inner_->Name(); }
+  void Close() {
+    std::lock_guard<std::mutex> l(mu_);
+    closed_ = true;
+  }
+  size_t parked() {
+    std::lock_guard<std::mutex> l(mu_);
+    return parked_.size();
+  }
+  void Open() {
+    std::vector<IoRequest*> go;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      closed_ = false;
+      go.swap(parked_);
+    }
+    for (IoRequest* r : go) inner_->Submit(r);
+  }
+
+ private:
+  BlockDevice* inner_;
+  IoOrigin held_;
+  std::mutex mu_;
+  bool closed_ = false;
+  std::vector<IoRequest*> parked_;
+};
+
 // Two members: "ssd.a" (foreground and metadata target) and "hdd.b"
-// (background target), with the store and the data path open on them.
+// (background target), with the store and the data path open on them. The
+// SSD is seen through a gate holding back promote reads.
 struct TwoMembers {
-  std::unique_ptr<userspace::MemDevice> ssd = testing::MemMember();
+  std::unique_ptr<userspace::MemDevice> ssd_mem = testing::MemMember();
+  std::unique_ptr<GateDevice> ssd = std::make_unique<GateDevice>(ssd_mem.get(), IoOrigin::kPromote);
   std::unique_ptr<userspace::MemDevice> hdd = testing::MemMember();
   store::Store store;
   DataPath data;
@@ -157,6 +205,42 @@ TEST(DataPathTest, AnEmptiedBucketIsFreedOnlyWhenItsWritePointLeavesIt) {
   for (u32 i = 1; i < per_bucket + 1; i += 32) t.Write(kBackgroundWrite, 10, i, 32, 'd');
   EXPECT_NE(t.store.alloc().Get(first.dev, first.bucket).state, alloc::BucketState::kUser);
   EXPECT_GT(t.data.GetStats().buckets_freed, freed0);
+}
+
+// A read holds the bucket it reads from: a write point that moves on from a
+// bucket emptied under a read in flight leaves it to the read, which frees
+// it when it is done (before, the write point freed it under the read).
+TEST(DataPathTest, ARetiredWritePointsBucketWaitsForItsReads) {
+  TwoMembers t;
+  const u32 per_bucket = u32(t.store.sb().bucket_size / kBlockSize);
+  // Fill the foreground write point's bucket with inode 5, one extent per 32 blocks.
+  for (u32 i = 0; i < per_bucket; i += 32) t.Write(kForegroundWrite, 5, i, 32, 'r');
+  alloc::BucketRef b;
+  ASSERT_TRUE(t.data.WritePointBucket(kForegroundWrite, &b));
+  // A read of it, held in flight at the device.
+  IoContext promote = kForegroundRead;
+  promote.origin = IoOrigin::kPromote;
+  t.ssd->Close();
+  std::vector<u8> buf(4 * kBlockSize);
+  std::atomic<int> read_code{-1};
+  std::thread reader([&] { read_code = int(t.data.ReadBlocks(promote, 5, 0, 4, buf.data()).code()); });
+  while (t.ssd->parked() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // Everything in the bucket overwritten elsewhere, then the write point moves on.
+  for (u32 i = 0; i < per_bucket; i += 32) t.Write(kBackgroundWrite, 5, i, 32, 'o');
+  t.Write(kForegroundWrite, 6, 0, 1, 'n');
+  alloc::BucketRef now;
+  ASSERT_TRUE(t.data.WritePointBucket(kForegroundWrite, &now));
+  EXPECT_NE(now.bucket, b.bucket);
+  const u64 freed = t.data.GetStats().buckets_freed;
+  EXPECT_EQ(t.store.alloc().Get(b.dev, b.bucket).state, alloc::BucketState::kUser);  // the read's
+  t.ssd->Open();
+  reader.join();
+  EXPECT_EQ(read_code.load(), int(Err::kOk));
+  EXPECT_EQ(buf[0], 'r');
+  EXPECT_EQ(buf[4 * kBlockSize - 1], 'r');
+  // The read's Unpin freed it.
+  EXPECT_NE(t.store.alloc().Get(b.dev, b.bucket).state, alloc::BucketState::kUser);
+  EXPECT_EQ(t.data.GetStats().buckets_freed, freed + 1);
 }
 
 TEST(DataPathTest, OpenNeedsAnOpenStore) {
