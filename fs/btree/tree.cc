@@ -120,6 +120,7 @@ struct Btrees::Impl {
   Status failed;        // sticky: memory no longer matches the journal
 
   // Cache.
+  platform::Shrinker shrinker;  // registered while open (memory pressure)
   Mutex cache_mu;
   IntrusiveList<CachedNode, &CachedNode::lru> lru;
   Atomic<u64> cached_bytes{0};
@@ -609,6 +610,26 @@ class TreeOps {
     if (im->cached_bytes.Load(MemOrder::kRelaxed) > im->opt.cache_bytes) EvictIfNeeded(im);
   }
 
+  // The memory-pressure shrinker (platform.h's rules: no waiting for a lock,
+  // no I/O, no allocation). count: the clean nodes' bytes, in pages; scan:
+  // evicts clean nodes down to what was asked, from the trees whose lock is
+  // free right now.
+  static u64 ShrinkCount(void* ctx) {
+    Impl* im = static_cast<Impl*>(ctx);
+    const u64 cached = im->cached_bytes.Load(MemOrder::kRelaxed);
+    const u64 dirty = im->dirty_nodes.Load(MemOrder::kRelaxed) * im->node_size;
+    return cached > dirty ? (cached - dirty) / platform::kShrinkPage : 0;
+  }
+  static u64 ShrinkScan(void* ctx, u64 pages) {
+    Impl* im = static_cast<Impl*>(ctx);
+    im->ctr.shrinks.FetchAdd(1, MemOrder::kRelaxed);
+    const u64 cached = im->cached_bytes.Load(MemOrder::kRelaxed);
+    const u64 want = Min(pages, cached / platform::kShrinkPage) * platform::kShrinkPage;
+    const u64 freed = EvictTo(im, cached - want, /*wait=*/false);
+    im->ctr.shrunk_bytes.FetchAdd(freed, MemOrder::kRelaxed);
+    return freed / platform::kShrinkPage;
+  }
+
   static bool StillPointsTo(Impl* im, Tree& t, const Miss& miss) {
     ReadGuard g(t.lock);
     if (t.root == nullptr) return false;
@@ -635,13 +656,29 @@ class TreeOps {
   static void EvictIfNeeded(Impl* im) {
     const u64 limit = im->opt.cache_bytes;
     if (im->cached_bytes.Load(MemOrder::kRelaxed) <= limit) return;
-    const u64 goal = limit - limit / 10;
-    for (u32 id = 0; id < kNrBtreeIds; id++) {
+    (void)EvictTo(im, limit - limit / 10, /*wait=*/true);
+  }
+
+  // Evicts clean nodes until the cache holds at most `goal` bytes, one pass of
+  // the clock; each tree under its lock, exclusive: waited for if `wait`,
+  // else a tree whose lock is taken is skipped. Returns the bytes evicted.
+  static u64 EvictTo(Impl* im, u64 goal, bool wait) {
+    const u64 before = im->cached_bytes.Load(MemOrder::kRelaxed);
+    for (u32 id = 0; id < kNrBtreeIds && im->cached_bytes.Load(MemOrder::kRelaxed) > goal; id++) {
       Tree& t = im->trees[id];
-      WriteGuard g(t.lock);
+      if (wait) {
+        t.lock.WriteLock();
+      } else if (!t.lock.TryWriteLock()) {
+        continue;
+      }
       CachedNode* victims = nullptr;
+      if (wait) {
+        im->cache_mu.Lock();
+      } else if (!im->cache_mu.TryLock()) {
+        t.lock.WriteUnlock();
+        continue;
+      }
       {
-        MutexLock l(im->cache_mu);
         usize budget = im->lru.size();  // one pass: a node used since the last one survives
         CachedNode* n = im->lru.front();
         while (n != nullptr && budget-- > 0 && im->cached_bytes.Load(MemOrder::kRelaxed) > goal) {
@@ -667,13 +704,16 @@ class TreeOps {
           n = next;
         }
       }
+      im->cache_mu.Unlock();
       while (victims != nullptr) {
         CachedNode* next = victims->parent;
         Unref(victims);
         victims = next;
       }
-      if (im->cached_bytes.Load(MemOrder::kRelaxed) <= goal) return;
+      t.lock.WriteUnlock();
     }
+    const u64 after = im->cached_bytes.Load(MemOrder::kRelaxed);
+    return before > after ? before - after : 0;
   }
 
   // --- structure changes (tree lock exclusive) -----------------------------------
@@ -2142,6 +2182,10 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
   }
   lost_ = Move(im->lost);
   im->opened = true;
+  // (A platform that cannot take the hook leaves the cache at its bound.)
+  Status sh = im->shrinker.Register(&TreeOps::ShrinkCount, &TreeOps::ShrinkScan, im, "btree-cache");
+  if (!sh.ok())
+    platform::Log(platform::LogLevel::kWarn, "btree: no memory-pressure hook for the node cache: %s", sh.Message());
   return Status::Ok();
 }
 
@@ -2212,6 +2256,7 @@ Status Btrees::Checkpoint() {
 Status Btrees::Close() {
   Impl* im = impl_;
   if (im == nullptr) return Status::Ok();
+  im->shrinker.Unregister();  // returns once no scan runs
   if (im->writer_running) {
     {
       MutexLock l(im->wmu);

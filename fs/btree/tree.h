@@ -42,7 +42,9 @@
 //
 // Node cache. Bounded by Options::cache_bytes. Clean, unreferenced nodes are
 // evicted least-recently-used first; dirty nodes are never evicted (the writer is
-// woken to clean them). Nodes read from disk are checksum-verified and must be
+// woken to clean them). Under memory pressure the platform's shrinker
+// (platform::Shrinker) evicts below the bound too: clean nodes only, and only
+// from trees whose lock it gets without waiting. Nodes read from disk are checksum-verified and must be
 // exactly the node the parent points to: a bad node is a kCorrupt-class error for
 // the operation (Stats::corrupt_reads), never a crash.
 #ifndef TFS_BTREE_TREE_H_
@@ -119,6 +121,8 @@ struct Options {
   X(cache_hits, total, "descents (lookup, iterator refill, update) that found every node cached") \
   X(cache_misses, counter, "nodes read on demand")                                                  \
   X(evictions, counter, "nodes evicted from the cache")                                             \
+  X(shrinks, counter, "memory-pressure calls that asked the cache to give memory back")             \
+  X(shrunk_bytes, counter, "bytes of nodes they evicted")                                           \
   X(node_reads, counter, "nodes read")                                                              \
   X(node_read_bytes, counter, "bytes of nodes read")                                                \
   X(corrupt_reads, counter, "node reads that found damage")                                         \

@@ -48,6 +48,29 @@ void tfs_plat_sleep_ns(u64 ns);
 // --- memory -------------------------------------------------------------------
 u64 tfs_plat_memory_bytes(void);  // physical memory of the machine, bytes (0: unknown)
 
+// --- memory pressure ------------------------------------------------------------
+// A cache that can give memory back registers a shrinker; the platform calls
+// it when memory is short (the kernel: a struct shrinker, from reclaim; the
+// userspace build: a thread watching the cgroup's PSI memory pressure and the
+// process's RSS against a limit, userspace/platform/pressure.h). Units are
+// 4 KiB pages. `count` says how many the cache could give back now; `scan`
+// gives back up to `pages` and returns how many it did. Both may run in
+// reclaim, from any thread, also one that holds the cache's own locks or is
+// inside the filesystem: they never wait for a lock (try-locks only), never
+// do device I/O and never allocate; work that needs any of that (writing
+// dirty data out) is handed to the cache's own thread, and scan returns what
+// it freed itself. `plat` is the platform's (zero it before registering).
+struct tfs_plat_shrinker {
+  u64 (*count)(void* ctx);
+  u64 (*scan)(void* ctx, u64 pages);
+  void* ctx;
+  const char* name;  // for logs and counters
+  void* plat;
+};
+// 0 or a negative errno. Unregister returns once no call of it runs or will.
+int tfs_plat_shrinker_register(struct tfs_plat_shrinker* shrinker);
+void tfs_plat_shrinker_unregister(struct tfs_plat_shrinker* shrinker);
+
 // --- debugging ------------------------------------------------------------------
 // A word private to the calling thread (the kernel: the task), zero when the
 // thread starts. Debug builds count held locks in it for lock-rule checks
@@ -134,6 +157,38 @@ class Owned {
 };
 
 inline u64 MemoryBytes() { return tfs_plat_memory_bytes(); }
+inline constexpr u64 kShrinkPage = 4096;  // the shrinkers' unit
+
+// A registered shrinker for the lifetime of its owner: Register() once the
+// cache exists, Unregister() (also the destructor) before it goes.
+class Shrinker {
+ public:
+  Shrinker() = default;
+  ~Shrinker() { Unregister(); }
+  Shrinker(const Shrinker&) = delete;
+  Shrinker& operator=(const Shrinker&) = delete;
+  Status Register(u64 (*count)(void*), u64 (*scan)(void*, u64), void* ctx, const char* name) {
+    if (registered_) return Err::kBusy;
+    s_.count = count;
+    s_.scan = scan;
+    s_.ctx = ctx;
+    s_.name = name;
+    s_.plat = nullptr;
+    const int rc = tfs_plat_shrinker_register(&s_);
+    if (rc < 0) return Status::FromErrno(-rc);
+    registered_ = true;
+    return Status::Ok();
+  }
+  void Unregister() {
+    if (!registered_) return;
+    tfs_plat_shrinker_unregister(&s_);
+    registered_ = false;
+  }
+
+ private:
+  tfs_plat_shrinker s_ = {};
+  bool registered_ = false;
+};
 
 // Time.
 inline u64 NowNs() { return tfs_plat_now_ns(); }

@@ -631,6 +631,10 @@ Status Filesystem::Mount(store::Store* store, data::DataPath* data, const Option
   if (st.ok() && opt_.write_buffers > 0) {
     flusher_stop_ = false;
     st = flusher_.Start(&FlusherMain, this, "tfs-flush");
+    // (A platform that cannot take the hook leaves the buffers to their bound.)
+    Status sh = st.ok() ? shrinker_.Register(&BufferPages, &AskShrink, this, "write-buffer") : Status::Ok();
+    if (!sh.ok())
+      platform::Log(platform::LogLevel::kWarn, "posix: no memory-pressure hook for the write buffer: %s", sh.Message());
   }
   if (!st.ok()) {
     data_ = nullptr;
@@ -1514,6 +1518,7 @@ Status Filesystem::FlushRun(u64 ino, Buffered* b, FlushCause cause) {
        : cause == kFlushClose ? ctr_.flushes_close
        : cause == kFlushFsync ? ctr_.flushes_fsync
        : cause == kFlushAge   ? ctr_.flushes_age
+       : cause == kFlushPressure ? ctr_.flushes_pressure
                               : ctr_.flushes_other);
   ctr_.bytes_flushed.FetchAdd(u64(b->blocks) * kBlock, MemOrder::kRelaxed);
   SharedLock l(open_mu_[Stripe(ino)]);
@@ -1567,15 +1572,19 @@ void Filesystem::FlusherMain(void* self) {
   Filesystem* fs = static_cast<Filesystem*>(self);
   MutexLock l(fs->flusher_mu_);
   while (!fs->flusher_stop_) {
-    (void)fs->flusher_cv_.WaitFor(fs->flusher_mu_, Max<u64>(u64(fs->opt_.buffer_age_ms) * 1000000 / 4, 1000000));
+    if (fs->shrink_pages_.Load(MemOrder::kAcquire) == 0)
+      (void)fs->flusher_cv_.WaitFor(fs->flusher_mu_, Max<u64>(u64(fs->opt_.buffer_age_ms) * 1000000 / 4, 1000000));
     if (fs->flusher_stop_) break;
     fs->flusher_mu_.Unlock();
+    const u64 shrink = fs->shrink_pages_.Exchange(0, MemOrder::kAcqRel);
+    if (shrink > 0) (void)fs->ShrinkBuffers(shrink);
     fs->FlushAged();
     fs->flusher_mu_.Lock();
   }
 }
 
 void Filesystem::StopFlusher() {
+  shrinker_.Unregister();  // (returns once no call of it runs: none asks the flusher after this)
   if (!flusher_.running()) return;
   {
     MutexLock l(flusher_mu_);
@@ -1583,6 +1592,62 @@ void Filesystem::StopFlusher() {
     flusher_cv_.Signal();
   }
   flusher_.Join();
+}
+
+u64 Filesystem::BufferPages(void* self) {
+  const Filesystem* fs = static_cast<const Filesystem*>(self);
+  return u64(fs->buffers_.Load(MemOrder::kRelaxed)) * (u64(kBufferBlocks) * kBlock / platform::kShrinkPage);
+}
+
+u64 Filesystem::AskShrink(void* self, u64 pages) {
+  Filesystem* fs = static_cast<Filesystem*>(self);
+  fs->shrink_pages_.FetchAdd(pages, MemOrder::kAcqRel);
+  fs->flusher_cv_.Signal();
+  return 0;  // (freed by the flusher, not here: the next count shows it)
+}
+
+u64 Filesystem::ShrinkBuffers(u64 pages) {
+  constexpr u64 kPagesPerBuffer = u64(kBufferBlocks) * kBlock / platform::kShrinkPage;
+  u64 freed = 0;
+  for (u32 s = 0; s < kStripes && freed < pages; s++) {
+    u64 inos[16];
+    u32 n = 0;
+    {
+      SharedLock l(open_mu_[s]);
+      for (const OpenCount& o : open_[s])
+        if (n < 16 && o.buf != nullptr) inos[n++] = o.ino;
+    }
+    for (u32 i = 0; i < n && freed < pages; i++) {
+      // Under the inode's data lock, exclusive: no write or read of it uses
+      // the buffer meanwhile. A run that does not go out keeps its buffer.
+      DataGuard data(this, inos[i], true);
+      if (!data.status().ok()) continue;
+      Buffered* b = FindBuffer(inos[i], false);
+      if (b == nullptr) continue;
+      if (b->blocks > 0) {
+        Status st = FlushRun(inos[i], b, kFlushPressure);
+        if (!st.ok()) {
+          platform::Log(platform::LogLevel::kError, "posix: writing out buffered data of inode %llu: %s",
+                        (unsigned long long)inos[i], st.Message());
+          continue;
+        }
+      }
+      {
+        SharedLock l(open_mu_[s]);
+        b = nullptr;
+        for (OpenCount& o : open_[s])
+          if (o.ino == inos[i] && o.buf != nullptr && o.buf->blocks == 0) {
+            b = o.buf;
+            o.buf = nullptr;
+          }
+      }
+      if (b == nullptr) continue;
+      FreeBuffer(b);
+      ctr_.buffers_shrunk.FetchAdd(1, MemOrder::kRelaxed);
+      freed += kPagesPerBuffer;
+    }
+  }
+  return freed;
 }
 
 void Filesystem::FlushAged() {
@@ -1628,10 +1693,12 @@ Result<u32> Filesystem::Write(u64 ino, u64 off, const void* buf, u32 len, u32 fl
   const u8* in = static_cast<const u8*>(buf);
   const u64 nb = (off + len + kBlock - 1) / kBlock - off / kBlock;
   if ((flags & kWriteDirect) == 0 && nb <= kBufferBlocks / 2) {
+    // The buffer is found under the data lock: the memory-pressure shrinker
+    // (ShrinkBuffers) frees an open file's buffer under it.
+    DataGuard data(this, ino, true);
+    TFS_TRY(data.status());
     Buffered* b = FindBuffer(ino, true);
     if (b != nullptr) {
-      DataGuard data(this, ino, true);
-      TFS_TRY(data.status());
       TFS_TRY(ReadInode(ino, &f));  // the size, now stable
       return WriteBuffered(ino, &f, b, off, in, len);
     }
@@ -1827,14 +1894,13 @@ Result<u32> Filesystem::Read(u64 ino, u64 off, void* buf, u32 len) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
   const u32 s = Stripe(ino);
   for (;;) {
-    InodeFormat f;
-    TFS_TRY(ReadInode(ino, &f));
-    if (IsDir(f)) return Err::kIsDir;
-    if ((f.mode.get() & kModeTypeMask) != kModeReg) return Err::kInvalidArgument;
     // A buffered run is newer than the extents: note it first, read the
     // extents, then lay the run over them -- unless it was written out in
-    // between (the extents read may predate that commit): then again.
-    u64 size = f.size.get();
+    // between (the extents read may predate that commit): then again. The
+    // inode (its size) is read after the note: a run written out before it
+    // has committed its size (FlushRun empties the buffer after the commit),
+    // so a note of an empty buffer never pairs with a size from before.
+    u64 size = 0;
     const Buffered* b = nullptr;
     u64 gen = 0;
     {
@@ -1843,9 +1909,14 @@ Result<u32> Filesystem::Read(u64 ino, u64 off, void* buf, u32 len) {
         if (o.ino == ino && o.buf != nullptr && o.buf->blocks > 0) {
           b = o.buf;
           gen = b->gen;
-          size = Max(size, b->size);
+          size = b->size;
         }
     }
+    InodeFormat f;
+    TFS_TRY(ReadInode(ino, &f));
+    if (IsDir(f)) return Err::kIsDir;
+    if ((f.mode.get() & kModeTypeMask) != kModeReg) return Err::kInvalidArgument;
+    size = Max(size, f.size.get());
     if (off >= size || len == 0) return u32(0);
     const u32 n = u32(Min<u64>(len, size - off));
     const u64 b0 = off / kBlock;
@@ -1860,9 +1931,11 @@ Result<u32> Filesystem::Read(u64 ino, u64 off, void* buf, u32 len) {
       again = true;
       for (const OpenCount& o : open_[s])
         if (o.ino == ino && o.buf == b && b->gen == gen) again = false;
-      const u64 lo = Max(b0, b->first);
-      const u64 hi = Min(b1, b->first + b->blocks);
-      if (!again && lo < hi) MemCopy(blocks + (lo - b0) * kBlock, b->data + (lo - b->first) * kBlock, (hi - lo) * kBlock);
+      // (Only then is b still a buffer: the shrinker frees an open file's
+      // buffer, under open_mu_.)
+      const u64 lo = again ? 0 : Max(b0, b->first);
+      const u64 hi = again ? 0 : Min(b1, b->first + b->blocks);
+      if (lo < hi) MemCopy(blocks + (lo - b0) * kBlock, b->data + (lo - b->first) * kBlock, (hi - lo) * kBlock);
     }
     if (st.ok() && !again) MemCopy(buf, blocks + off % kBlock, n);
     platform::Free(blocks);

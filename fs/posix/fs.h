@@ -210,6 +210,8 @@ struct StatFs {
   X(flush_errors, counter, "runs that failed to write (they stay for the next flush)")      \
   X(buffers_dropped, counter, "runs dropped with their file")                               \
   X(closes_unbuffered, counter, "closes with nothing buffered: no lock taken")              \
+  X(flushes_pressure, counter, "runs written out: memory pressure")                         \
+  X(buffers_shrunk, counter, "buffers freed under memory pressure")                        \
   X(buffers_now, level, "buffers in use now")
 
 struct Stats {
@@ -487,7 +489,7 @@ class Filesystem {
   // Counts an inode freed by a committed operation.
   void NoteFreed(bool freed);
   // The write buffer: changed under the inode's exclusive data lock.
-  enum FlushCause : u32 { kFlushFull, kFlushClose, kFlushFsync, kFlushAge, kFlushOther };
+  enum FlushCause : u32 { kFlushFull, kFlushClose, kFlushFsync, kFlushAge, kFlushPressure, kFlushOther };
   Buffered* FindBuffer(u64 ino, bool create);
   // Writes out b's run (if any; b may be null) as one extent.
   Status FlushRun(u64 ino, Buffered* b, FlushCause cause);
@@ -514,6 +516,14 @@ class Filesystem {
   static void FlusherMain(void* self);
   void StopFlusher();
   void FlushAged();
+  // The write buffer's memory-pressure shrinker (platform.h's rules): count
+  // is the buffers' pages; scan only asks the flusher (ShrinkBuffers), which
+  // writes runs out and frees buffers in its own thread.
+  static u64 BufferPages(void* self);
+  static u64 AskShrink(void* self, u64 pages);
+  // Writes out and frees open files' buffers until `pages` are freed (or
+  // none is left); returns the pages freed.
+  u64 ShrinkBuffers(u64 pages);
   bool IsOpen(u64 ino);
   bool Compress(const InodeFormat& f) const;
   u64 AllocIno();
@@ -548,6 +558,8 @@ class Filesystem {
     TFS_COUNTER_ATOMICS(TFS_WBUF_COUNTERS)
   } ctr_;
   Atomic<u32> buffers_{0};  // write buffers allocated
+  Atomic<u64> shrink_pages_{0};  // pages the shrinker asked the flusher to free
+  platform::Shrinker shrinker_;  // registered while the flusher runs
   Atomic<u64> buf_gen_{1};  // Buffered::gen values
   // The background flusher (ages buffers out).
   platform::Thread flusher_;

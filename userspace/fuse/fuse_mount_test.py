@@ -529,3 +529,48 @@ def test_allow_other_owns_new_files_by_the_caller(tmp_path: Path) -> None:
     finally:
         m.close()
         mnt.rmdir()
+
+
+def test_memory_limit_makes_the_caches_give_memory_back(tmp_path: Path) -> None:
+    import json
+    dev = image(tmp_path / "fs.img")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    # Bad values: one line, exit 2, nothing mounted.
+    for opt, what in (("memory_limit=lots", "not a size"), ("memory_limit=0", "not a size"),
+                      ("memory_psi=101", "not a percentage"), ("memory_psi=x", "not a percentage")):
+        bad = run([tool("tierfs"), "mount", dev, mnt, "-o", opt])
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and what in bad.stderr, (opt, bad.stderr)
+        assert not os.path.ismount(mnt)
+    m = Mount(dev, mnt)
+    (mnt / "d").mkdir()
+    for i in range(300):
+        (mnt / "d" / f"file-{i:04d}").write_bytes(bytes([i % 251]) * (1000 + i))
+    m.close()
+    # A limit the daemon is always over: its pressure thread keeps the caches
+    # small, and every byte stays. (A tree this small is a few dirty nodes,
+    # which cannot go: the node cache's shrinking is fs/mount/pressure_test.cc's.)
+    m = Mount(dev, mnt, "memory_limit=1M", "memory_psi=0")
+    try:
+        assert len(os.listdir(mnt / "d")) == 300
+        with open(mnt / "held", "wb", buffering=0) as f:
+            f.write(b"x" * 3000)  # buffered in the daemon while the file stays open
+
+            def ctl() -> dict:
+                proc = run([tool("tierfs"), "ctl", mnt])
+                assert proc.returncode == 0, proc.stderr
+                return json.loads(proc.stdout)
+
+            wait_for(lambda: ctl()["posix"]["write_buffer"]["buffers_shrunk"] > 0, "a buffer freed by the pressure")
+            f.write(b"y" * 100)
+        assert (mnt / "held").read_bytes() == b"x" * 3000 + b"y" * 100
+        for i in range(300):
+            assert (mnt / "d" / f"file-{i:04d}").read_bytes() == bytes([i % 251]) * (1000 + i)
+        # (Whether the run was still there to write out when the buffer went
+        # depends on the kernel's flushes: fs/mount/pressure_test.cc checks
+        # that write-out.)
+        assert ctl()["posix"]["write_buffer"]["buffers_dropped"] == 0
+    except BaseException:
+        m.abandon()
+        raise
+    m.close()

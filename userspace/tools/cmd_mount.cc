@@ -25,6 +25,7 @@
 #include "mount/instance.h"
 #include "userspace/fuse/fuse_ops.h"
 #include "userspace/platform/log.h"
+#include "userspace/platform/pressure.h"
 #include "userspace/tools/common.h"
 #include "userspace/tools/members.h"
 #include "userspace/tools/mount_table.h"
@@ -194,7 +195,9 @@ int CmdMount(int argc, char** argv) {
   std::vector<std::string> options;
   bool foreground = false;
   app.add_option("args", args, "every member device, then the mount point")->required()->expected(2, -1);
-  app.add_option("-o", options, "mount options, comma-separated (e.g. allow_other; log=FILE: the daemon's messages)");
+  app.add_option("-o", options,
+                 "mount options, comma-separated (e.g. allow_other; log=FILE: the daemon's messages; "
+                 "memory_limit=SIZE, memory_psi=PCT: when the caches give memory back)");
   app.add_flag("-f,--foreground", foreground, "serve in the foreground (no daemon)");
   FaultArgs fault_args;
   AddFaultOptions(&app, &fault_args);
@@ -219,6 +222,28 @@ int CmdMount(int argc, char** argv) {
   }
   mountpoint = abs;
   free(abs);
+  // The caches' memory-pressure hooks (userspace/platform/pressure.h):
+  // memory_limit=SIZE gives memory back above that resident size,
+  // memory_psi=PCT at that much PSI "some avg10" (default 10; 0: off).
+  userspace::PressureOptions pressure;
+  if (const std::string v = TakeOption(&options, "memory_limit"); !v.empty()) {
+    const auto bytes = ParseSize(v);
+    if (!bytes || *bytes == 0) {
+      PrintError("mount", "memory_limit=" + v + ": not a size (e.g. 512M)");
+      return 2;
+    }
+    pressure.rss_limit = *bytes;
+  }
+  if (const std::string v = TakeOption(&options, "memory_psi"); !v.empty()) {
+    char* end = nullptr;
+    const unsigned long pct = strtoul(v.c_str(), &end, 10);
+    if (end == v.c_str() || *end != '\0' || pct > 100) {
+      PrintError("mount", "memory_psi=" + v + ": not a percentage (0-100)");
+      return 2;
+    }
+    pressure.psi_some_pct = uint32_t(pct);
+  }
+  userspace::SetPressureOptions(pressure);
   std::string log = TakeOption(&options, "log");
   if (!log.empty() && log[0] != '/') {  // the daemon leaves the working directory
     char* cwd = getcwd(nullptr, 0);
