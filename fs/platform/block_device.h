@@ -12,11 +12,13 @@
 // never be submitted with a made-up origin.
 //
 // Implementations: userspace/platform/ (io_uring over a file or block device, an
-// in-memory device for tests), faultdevices/ (fault-injecting wrappers), and the
-// kernel module's bio-backed device.
+// in-memory device for tests), faultdevices/ (fault-injecting wrappers), and any
+// device written in C against platform/tfs_block_device.h -- the kernel module's
+// bio-backed one -- through the adapter in platform/c_block_device.h.
 #ifndef TFS_PLATFORM_BLOCK_DEVICE_H_
 #define TFS_PLATFORM_BLOCK_DEVICE_H_
 
+#include "platform/tfs_block_device.h"
 #include "platform/types.h"
 #include "util/status.h"
 
@@ -84,10 +86,16 @@ struct IoRequest {
     void* ptr = nullptr;
     u64 u0 = 0;
     u64 u1 = 0;
+    // CBlockDevice: the request its C device sees, so that no submit
+    // allocates (a separate field, not a union with the words above: each
+    // device's scratch stays plain and typed).
+    tfs_block_request c = {};
   } dev;
 };
 
-// Static facts about a device.
+// Static facts about a device. Mirrored for C devices by
+// TFS_BLOCK_DEVICE_INFO_FIELDS (platform/tfs_block_device.h): a field added
+// here is added there too (c_block_device.cc fails to build until it is).
 struct BlockDeviceInfo {
   u64 size = 0;                 // bytes, a multiple of logical_block_size
   u32 logical_block_size = 0;   // smallest aligned unit for offset and length
@@ -98,9 +106,13 @@ struct BlockDeviceInfo {
 
 class BlockDevice {
  public:
-  // Out of line and defined by each platform (so the vtable, and with it any
-  // reference to operator delete, is emitted there and never in the core).
-  virtual ~BlockDevice();
+  // Inline, so that a device class in the core (CBlockDevice) needs no
+  // platform symbol. BlockDevice's own vtable (pure-virtual slots, a deleting
+  // destructor calling operator delete) is then emitted only where it is
+  // used: in the core's optimized, kernel-flag build it never is, as a base
+  // class's vtable is stored only to be overwritten (kernel_safe_check.py
+  // proves it for every build); userspace devices emit it in their own code.
+  virtual ~BlockDevice() = default;
 
   // Starts the request; never blocks waiting for I/O. Invalid requests (misaligned,
   // past the end, write to a read-only device) complete with an error through `done`,

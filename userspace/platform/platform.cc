@@ -14,15 +14,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "platform/block_device.h"
 #include "platform/platform.h"
 #include "userspace/platform/huge_arena.h"
 #include "userspace/platform/log.h"
 
 namespace tfs {
-// The BlockDevice vtable is emitted here, in the platform, never in the core.
-BlockDevice::~BlockDevice() = default;
-
 namespace {
 int g_log_copy_fd = -1;  // SetLogCopy (atomic: lines come from any thread)
 }  // namespace
