@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "btree/tree.h"
+#include "mount/testing.h"
 #include "store/store.h"
 #include "userspace/platform/mem_device.h"
 
@@ -33,14 +34,10 @@ std::unique_ptr<MemDevice> Dev(std::vector<uint8_t> image = {}) {
 }
 
 Status Open(Store* e, MemDevice* d, bool writer = false) {
-  BlockDevice* list[] = {d};
   store::OpenOptions o;
   o.btree.writer_thread = writer;
   o.btree.cache_bytes = 1 << 20;
-  Diag diag;
-  Status st = e->Open(list, 1, o, &diag);
-  if (!st.ok()) ADD_FAILURE() << diag.text;
-  return st;
+  return testing::OpenStore(e, {d}, o);
 }
 
 void ExpectTreeEquals(Btrees& t, const Model& m) {
@@ -73,12 +70,7 @@ void ExpectTreeEquals(Btrees& t, const Model& m) {
 
 TEST(TreeSmokeTest, RandomUpdatesReopenAndPowerCut) {
   auto d = Dev();
-  store::FormatOptions fo;
-  fo.bucket_size = 256 * 1024;
-  fo.btree_node_size = 4096;
-  store::FormatMember fm[] = {{d.get(), "ssd", 1}};
-  Diag diag;
-  ASSERT_TRUE(store::Format(fm, 1, fo, &diag).ok()) << diag.text;
+  ASSERT_TRUE(testing::FormatMembers({d.get()}, testing::SmallFormat(4096)).ok());
   Model m;
   std::mt19937_64 rng(7);
   {

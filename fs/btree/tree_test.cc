@@ -47,6 +47,7 @@
 #include <utility>
 #include <vector>
 
+#include "mount/testing.h"
 #include "platform/platform.h"
 #include "store/store.h"
 #include "userspace/platform/mem_device.h"
@@ -183,17 +184,10 @@ struct Fs {
 
   // Every member may hold btree nodes (no metadata target).
   Status Format(u32 node_size, u32 bucket_size = 256 * 1024, u32 journal_buckets = 0) {
-    static const char* const kLabels[] = {"ssd.a", "ssd.b", "ssd.c", "ssd.d"};
-    std::vector<store::FormatMember> m;
-    for (usize i = 0; i < devs.size(); i++) m.push_back({devs[i].get(), kLabels[i], 1});
-    store::FormatOptions o;
+    store::FormatOptions o = testing::SmallFormat(node_size);
     o.bucket_size = bucket_size;
-    o.btree_node_size = node_size;
     o.journal_buckets = journal_buckets;
-    Diag diag;
-    Status st = store::Format(m.data(), u32(m.size()), o, &diag);
-    if (!st.ok()) ADD_FAILURE() << "format: " << Str(st) << ": " << diag.text;
-    return st;
+    return testing::FormatMembers(List(), o);  // "ssd.a", "ssd.b", ...
   }
   std::vector<BlockDevice*> List() const {
     std::vector<BlockDevice*> l;
@@ -218,12 +212,7 @@ store::OpenOptions EngineOptions(const Options& bo) {
 
 Status OpenEngine(Store* e, Fs& fs, const Options& bo, store::OpenReport* rep = nullptr,
                   const store::OpenOptions* oo = nullptr) {
-  Diag diag;
-  std::vector<BlockDevice*> l = fs.List();
-  store::OpenOptions opts = oo != nullptr ? *oo : EngineOptions(bo);
-  Status st = e->Open(l.data(), u32(l.size()), opts, &diag, rep);
-  if (!st.ok()) ADD_FAILURE() << "store open: " << Str(st) << ": " << diag.text;
-  return st;
+  return testing::OpenStore(e, fs.List(), oo != nullptr ? *oo : EngineOptions(bo), rep);
 }
 
 // ---------------------------------------------------------------------------

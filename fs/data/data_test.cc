@@ -72,15 +72,8 @@ struct TwoMembers {
   DataPath data;
 
   TwoMembers() {
-    store::FormatMember m[2] = {{ssd.get(), "ssd.a", 1}, {hdd.get(), "hdd.b", 1}};
-    store::FormatOptions fo = testing::SmallFormat();
-    fo.foreground_target = "ssd";
-    fo.metadata_target = "ssd";
-    fo.background_target = "hdd";
-    Diag diag;
-    EXPECT_TRUE(store::Format(m, 2, fo, &diag).ok()) << diag.text;
-    BlockDevice* b[2] = {ssd.get(), hdd.get()};
-    EXPECT_TRUE(store.Open(b, 2, store::OpenOptions{}, &diag).ok()) << diag.text;
+    if (!testing::FormatTwoTier(ssd.get(), hdd.get()).ok()) return;
+    if (!testing::OpenStore(&store, {ssd.get(), hdd.get()}).ok()) return;
     EXPECT_TRUE(data.Open(&store).ok());
   }
   ~TwoMembers() {

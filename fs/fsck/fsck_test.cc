@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "mount/testing.h"
 #include "store/store.h"
 #include "userspace/platform/mem_device.h"
 
@@ -27,14 +28,9 @@ struct Fs {
     ssd = std::make_unique<userspace::MemDevice>(o);
     o.name = "hdd0";
     hdd = std::make_unique<userspace::MemDevice>(o);
-    store::FormatOptions f;
-    f.foreground_target = f.metadata_target = "ssd";
-    f.background_target = "hdd";
-    f.bucket_size = 256 << 10;
+    store::FormatOptions f = testing::TwoTierFormat();
     f.btree_node_size = node_size;
-    store::FormatMember m[2] = {{ssd.get(), "ssd.a", 1}, {hdd.get(), "hdd.b", 1}};
-    Diag d;
-    EXPECT_TRUE(store::Format(m, 2, f, &d).ok()) << d.text;
+    testing::FormatTwoTier(ssd.get(), hdd.get(), f).IgnoreError();  // (a failure is the test's already)
   }
   Report Run(bool repair) {
     lines.clear();
@@ -45,11 +41,9 @@ struct Fs {
       static_cast<std::vector<std::string>*>(ctx)->push_back(line);
     }, &lines);
   }
-  // Opens the filesystem read-write; the caller closes it.
-  void Open(store::Store* e) {
-    BlockDevice* devs[2] = {ssd.get(), hdd.get()};
-    Diag d;
-    ASSERT_TRUE(e->Open(devs, 2, store::OpenOptions{}, &d).ok()) << d.text;
+  // Opens the filesystem (read-write unless `oo` says); the caller closes it.
+  Status Open(store::Store* e, const store::OpenOptions& oo = store::OpenOptions{}) {
+    return testing::OpenStore(e, {ssd.get(), hdd.get()}, oo);
   }
   userspace::MemDevice* Member(u8 m) { return m == 0 ? ssd.get() : hdd.get(); }
   std::string Text() const {
@@ -83,9 +77,7 @@ TEST(FsckTest, AllocationStateThatContradictsTheLayoutIsRepaired) {
   Fs fs;
   {
     store::Store e;
-    BlockDevice* devs[2] = {fs.ssd.get(), fs.hdd.get()};
-    Diag d;
-    ASSERT_TRUE(e.Open(devs, 2, store::OpenOptions{}, &d).ok()) << d.text;
+    ASSERT_TRUE(fs.Open(&e).ok());
     u64 jb = e.sb().members[0].journal_first_bucket;
     ASSERT_TRUE(e.alloc().RepairState(0, jb, alloc::BucketState::kUser).ok());      // journal bucket lost
     ASSERT_TRUE(e.alloc().RepairState(1, 20, alloc::BucketState::kJournal).ok());   // stray journal bucket
@@ -104,9 +96,7 @@ TEST(FsckTest, AllocationStateThatContradictsTheLayoutIsRepaired) {
 TEST(FsckTest, UncleanShutdownIsANoteNotAnError) {
   Fs fs;
   store::Store e;
-  BlockDevice* devs[2] = {fs.ssd.get(), fs.hdd.get()};
-  Diag d;
-  ASSERT_TRUE(e.Open(devs, 2, store::OpenOptions{}, &d).ok()) << d.text;
+  ASSERT_TRUE(fs.Open(&e).ok());
   ASSERT_TRUE(e.alloc().Allocate(0b10, 0, alloc::BucketState::kUser, alloc::Watermark::kForeground).ok());
   ASSERT_TRUE(e.journal().Flush().ok());
   // fsck while "crashed" (the store never closed); read-only, so it changes nothing.
@@ -136,7 +126,7 @@ TEST(FsckTest, MissingMemberOrNoSuperblockIsAnOperationalError) {
 // A filesystem with 4 KiB nodes and a test tree of `nkeys` keys (three levels).
 void FillTree(Fs& fs, u32 nkeys) {
   store::Store e;
-  fs.Open(&e);
+  ASSERT_TRUE(fs.Open(&e).ok());
   for (u32 k = 0; k < nkeys;) {
     btree::Transaction tx(&e.btrees());
     for (u32 j = 0; j < 100 && k < nkeys; j++, k++) {
@@ -157,12 +147,11 @@ struct NodeAt {
 // Where the nodes of the filesystem are (a read-only open).
 std::vector<NodeAt> Nodes(Fs& fs) {
   store::Store e;
-  BlockDevice* devs[2] = {fs.ssd.get(), fs.hdd.get()};
   store::OpenOptions oo;
   oo.read_only = true;
   Diag d;
   std::vector<NodeAt> out;
-  EXPECT_TRUE(e.Open(devs, 2, oo, &d).ok()) << d.text;
+  EXPECT_TRUE(fs.Open(&e, oo).ok());
   Status st = e.btrees().ForEachNode(
       [](void* ctx, const btree::Btrees::NodeVisit& v) {
         static_cast<std::vector<NodeAt>*>(ctx)->push_back(
@@ -298,7 +287,7 @@ TEST(FsckTest, NodeScanIgnoresAnotherFilesystemsNodes) {
   old.ssd->ReadRaw(0, all.data(), all.size());
   {
     store::Store e;
-    fs.Open(&e);  // the new filesystem's layout, then its buckets replaced by the old ones
+    ASSERT_TRUE(fs.Open(&e).ok());  // the new filesystem's layout, then its buckets replaced by the old ones
     ASSERT_TRUE(e.Close().ok());
   }
   // Keep the new superblocks, roots, tables and journal (the first buckets);
@@ -321,7 +310,7 @@ TEST(FsckTest, BtreeBucketWithoutNodesIsFreed) {
   u64 stray = 0;
   {
     store::Store e;
-    fs.Open(&e);
+    ASSERT_TRUE(fs.Open(&e).ok());
     // A data bucket of the ssd no one uses, marked btree.
     const sb::Member& m = e.sb().members[0];
     for (u64 b = m.journal_first_bucket + m.journal_nbuckets; b < m.nbuckets; b++) {
@@ -354,7 +343,7 @@ TEST(FsckTest, MountAndUnmountLeaveNoEmptyBtreeBucket) {
   FillTree(fs, 500);
   for (int i = 0; i < 2; i++) {
     store::Store e;
-    fs.Open(&e);
+    ASSERT_TRUE(fs.Open(&e).ok());
     ASSERT_TRUE(e.Close().ok());
     Report r = fs.Run(false);
     EXPECT_EQ(r.exit_code, kExitClean) << fs.Text();

@@ -64,8 +64,7 @@ std::vector<u8> XattrEntry(const std::string& name, const std::string& value) {
 // an xattr's reachability), in transactions of 500.
 void PokeXattrs(BlockDevice* b, u64 ino, u64 first, u32 n) {
   store::Store e;
-  Diag diag;
-  ASSERT_TRUE(e.Open(&b, 1, store::OpenOptions{}, &diag).ok()) << diag.text;
+  ASSERT_TRUE(testing::OpenStore(&e, {b}).ok());
   for (u32 done = 0; done < n;) {
     btree::Transaction tx(&e.btrees());
     for (u32 k = 0; k < 500 && done < n; k++, done++) {
@@ -106,8 +105,7 @@ struct Fixture {
       dev = std::make_unique<userspace::MemDevice>(o);
       return;
     }
-    dev = std::make_unique<userspace::MemDevice>(o);
-    testing::FormatOne(dev.get());
+    dev = testing::FormattedMember();
     // A namespace with everything in it; directories hash into two slots, so
     // chains are long and removals leave tombstones.
     WithFs([&](Filesystem& fs, btree::Btrees&) {
@@ -156,28 +154,18 @@ struct Fixture {
 
   // Mounts, runs fn, unmounts cleanly.
   void WithFs(const std::function<void(Filesystem&, btree::Btrees&)>& fn, u32 hash_bits = 62) {
-    BlockDevice* b = dev.get();
-    store::Store e;
-    Diag diag;
-    ASSERT_TRUE(e.Open(&b, 1, MountOptions(), &diag).ok()) << diag.text;
-    data::DataPath data;
-    ASSERT_TRUE(data.Open(&e).ok());
-    Filesystem fs;
     Filesystem::Options o;
     o.dir_hash_bits = hash_bits;
-    ASSERT_TRUE(fs.Mount(&e, &data, o).ok());
-    fn(fs, e.btrees());
-    ASSERT_TRUE(fs.Unmount().ok());
-    ASSERT_TRUE(e.Close().ok());
+    testing::MountedFs m({dev.get()}, MountOptions(), o);
+    ASSERT_TRUE(m.open());
+    fn(m.fs, m.store->btrees());
   }
 
   // Writes (or deletes, value null) one key behind the filesystem's back (on
   // the store alone: a mount would act on the damage done so far).
   void Poke(const btree::Pos& pos, const void* value, u32 len) {
-    BlockDevice* b = dev.get();
     store::Store e;
-    Diag diag;
-    ASSERT_TRUE(e.Open(&b, 1, store::OpenOptions{}, &diag).ok()) << diag.text;
+    ASSERT_TRUE(testing::OpenStore(&e, {dev.get()}).ok());
     btree::Transaction tx(&e.btrees());
     ASSERT_TRUE((value != nullptr ? tx.Set(pos, value, len) : tx.Delete(pos)).ok());
     ASSERT_TRUE(tx.Commit().ok());
@@ -358,18 +346,12 @@ TEST(FsckNamespaceTest, AnOrphanIsANoteNotAnError) {
   Fixture fx;
   // Unlink while open, then "crash": close the store without the Filesystem's
   // unmount (which would free it).
-  BlockDevice* b = fx.dev.get();
   {
-    store::Store e;
-    Diag diag;
-    ASSERT_TRUE(e.Open(&b, 1, MountOptions(), &diag).ok());
-    data::DataPath data;
-    ASSERT_TRUE(data.Open(&e).ok());
-    Filesystem fs;
-    ASSERT_TRUE(fs.Mount(&e, &data).ok());
-    ASSERT_TRUE(fs.OpenInode(fx.link).ok());
-    ASSERT_TRUE(fs.Unlink(posix::kRootIno, "sym", 3).ok());
-    ASSERT_TRUE(e.Close().ok());
+    testing::MountedFs m({fx.dev.get()}, MountOptions());
+    ASSERT_TRUE(m.open());
+    ASSERT_TRUE(m.fs.OpenInode(fx.link).ok());
+    ASSERT_TRUE(m.fs.Unlink(posix::kRootIno, "sym", 3).ok());
+    m.Crash();
   }
   auto [r, out] = fx.Fsck();
   EXPECT_EQ(r.exit_code, kExitClean) << out;
@@ -1365,10 +1347,8 @@ TEST(FsckRepairTest, DamagedChunkedXattrsAreRepaired) {
          const posix::NameTable t = posix::XattrTable(f.file, f.Inode(f.file));
          u64 slot = posix::NameHash(t.seed, t.bits, name.data(), u32(name.size()));
          while (!f.Value(btree::Pos{btree::kBtreeXattrs, f.file, slot}, true).empty()) slot++;
-         BlockDevice* b = f.dev.get();
          store::Store e;
-         Diag diag;
-         ASSERT_TRUE(e.Open(&b, 1, store::OpenOptions{}, &diag).ok()) << diag.text;
+         ASSERT_TRUE(testing::OpenStore(&e, {f.dev.get()}).ok());
          btree::Transaction tx(&e.btrees());
          for (u32 i = 0; i < 30; i++)
            ASSERT_TRUE(tx.Set(ChunkPos(f.file, 40, i), v.data() + i * posix::kXattrChunkBytes,
@@ -1445,10 +1425,8 @@ namespace {
 // Runs fn on the image's store, with no posix mount (which would upgrade
 // what an older build left).
 void WithStore(fixture::Image& img, const std::function<void(store::Store&)>& fn) {
-  BlockDevice* b = img.dev.get();
   store::Store e;
-  Diag diag;
-  ASSERT_TRUE(e.Open(&b, 1, store::OpenOptions{}, &diag).ok()) << diag.text;
+  ASSERT_TRUE(testing::OpenStore(&e, {img.dev.get()}).ok());
   fn(e);
   ASSERT_TRUE(e.Close().ok());
 }
@@ -1710,17 +1688,12 @@ TEST(FsckRepairTest, AnOrphanWithTooManyXattrKeysIsRepairedAndThenFreed) {
   Fixture fx;
   BlockDevice* b = fx.dev.get();
   {
-    store::Store e;
-    Diag diag;
-    ASSERT_TRUE(e.Open(&b, 1, MountOptions(), &diag).ok());
-    data::DataPath data;
-    ASSERT_TRUE(data.Open(&e).ok());
-    Filesystem fs;
-    ASSERT_TRUE(fs.Mount(&e, &data).ok());
-    ASSERT_TRUE(fs.OpenInode(fx.file).ok());
-    ASSERT_TRUE(fs.Unlink(posix::kRootIno, "hard", 4).ok());
-    ASSERT_TRUE(fs.Unlink(fx.dir, "f1", 2).ok());
-    ASSERT_TRUE(e.Close().ok());  // a crash: the orphan stays
+    testing::MountedFs m({b}, MountOptions());
+    ASSERT_TRUE(m.open());
+    ASSERT_TRUE(m.fs.OpenInode(fx.file).ok());
+    ASSERT_TRUE(m.fs.Unlink(posix::kRootIno, "hard", 4).ok());
+    ASSERT_TRUE(m.fs.Unlink(fx.dir, "f1", 2).ok());
+    m.Crash();  // the orphan stays
   }
   PokeXattrs(b, fx.file, posix::kSlotEnd - 20000, 12000);
   auto mounts = [&] {

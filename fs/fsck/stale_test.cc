@@ -337,10 +337,8 @@ TEST(FsckStaleTest, NodesInBucketsTheTableCallsFreeAfterACutOpenAreANote) {
   Image reopened(crashed);
   std::vector<u8> opened;
   {
-    BlockDevice* b = reopened.dev.get();
     store::Store e;
-    Diag d;
-    ASSERT_TRUE(e.Open(&b, 1, store::OpenOptions{}, &d).ok()) << d.text;
+    ASSERT_TRUE(testing::OpenStore(&e, {reopened.dev.get()}).ok());
     opened = reopened.dev->SnapshotDurable();
     ASSERT_TRUE(e.Close().ok());
   }

@@ -36,13 +36,7 @@ struct Image {
   std::unique_ptr<userspace::MemDevice> dev;
 
   // Node size 64 KiB: four nodes to a bucket (node_size = bucket: a bucket each).
-  explicit Image(u32 node_size = 64 * 1024) {
-    userspace::MemDeviceOptions o;
-    o.name = "ssd0";
-    o.size = 64ull << 20;
-    dev = std::make_unique<userspace::MemDevice>(o);
-    testing::FormatOne(dev.get(), testing::SmallFormat(node_size));
-  }
+  explicit Image(u32 node_size = 64 * 1024) : dev(testing::FormattedMember(testing::SmallFormat(node_size))) {}
   // From an image's bytes; with `volatile_cache` writes stay volatile until a
   // flush or FUA (what a power cut would leave: dev->SnapshotDurable()).
   explicit Image(const std::vector<u8>& bytes, bool volatile_cache = false) {
@@ -57,22 +51,12 @@ struct Image {
   // Mounts read-write, runs fn, unmounts; with `crash` the store is left
   // open and what a power cut would leave is returned instead.
   std::vector<u8> WithFs(const std::function<void(Filesystem&, store::Store&)>& fn, bool crash = false) {
-    BlockDevice* b = dev.get();
-    auto e = std::make_unique<store::Store>();
-    Diag diag;
-    store::OpenOptions oo;  // as a mount opens it (posix's Mount records the features)
-    EXPECT_TRUE(e->Open(&b, 1, oo, &diag).ok()) << diag.text;
-    auto data = std::make_unique<data::DataPath>();
-    EXPECT_TRUE(data->Open(e.get()).ok());
-    auto fs = std::make_unique<Filesystem>();
-    EXPECT_TRUE(fs->Mount(e.get(), data.get()).ok());
-    fn(*fs, *e);
+    testing::MountedFs m({dev.get()});  // as a mount opens it (posix's Mount records the features)
+    if (!m.open()) return {};
+    fn(m.fs, *m.store);
     std::vector<u8> cut;
     if (crash) cut = dev->SnapshotDurable();
-    EXPECT_TRUE(fs->Unmount().ok());
-    data->Close();
-    EXPECT_TRUE(e->Close().ok());
-    return cut;
+    return cut;  // (m unmounts)
   }
 
   Status Open(bool read_only, store::OpenReport* rep, Diag* diag) {
@@ -178,12 +162,10 @@ inline void Populate(Image& img, int mounts, int per_mount) {
 // checks then fail); returns the node's offset (0: the tree has no root).
 inline u64 DamageRoot(userspace::MemDevice* dev, u8 id) {
   btree::NodePtrFormat root{};
-  BlockDevice* b = dev;
   store::Store e;
   store::OpenOptions oo;
   oo.read_only = true;
-  Diag d;
-  EXPECT_TRUE(e.Open(&b, 1, oo, &d).ok()) << d.text;
+  if (!testing::OpenStore(&e, {dev}, oo).ok()) return 0;
   root = e.btrees().roots().roots[id];
   EXPECT_TRUE(e.Close().ok());
   if (root.member == btree::kNoMember) return 0;

@@ -41,50 +41,29 @@ std::unique_ptr<MemDevice> Dev(std::vector<uint8_t> image = {}) {
   return std::make_unique<MemDevice>(o);
 }
 
-// One device, formatted, with a store and a mounted Filesystem on it.
-struct Mounted {
+// One device, formatted, with posix mounted on it (testing::MountedFs).
+struct Mounted : testing::MountedFs {
   std::unique_ptr<MemDevice> dev;
-  std::unique_ptr<store::Store> eng;
-  data::DataPath data;  // (what mount::Instance owns; posix borrows it)
-  Filesystem fs;
-  Filesystem::Options opt;
 
   explicit Mounted(u32 hash_bits = 62, std::unique_ptr<MemDevice> d = nullptr) {
-    opt.dir_hash_bits = hash_bits;
-    opt.root_owner = Caller{1000, 1000};
+    fs_options.dir_hash_bits = hash_bits;
+    fs_options.root_owner = Caller{1000, 1000};
     if (d == nullptr) {
       dev = Dev();
       testing::FormatOne(dev.get());
     } else {
       dev = std::move(d);
     }
-    Open();
+    devs = {dev.get()};
+    Mount();
   }
-  ~Mounted() { Close(); }
-  void Open() {
-    BlockDevice* b = dev.get();
-    Diag diag;
-    eng = std::make_unique<store::Store>();  // an Store opens once
-    ASSERT_TRUE(eng->Open(&b, 1, store::OpenOptions{}, &diag).ok()) << diag.text;
-    Status ds = data.Open(eng.get());
-    ASSERT_TRUE(ds.ok()) << ds.Message();
-    Status ms = fs.Mount(eng.get(), &data, opt);
-    ASSERT_TRUE(ms.ok()) << ms.Message();
-  }
-  void Close() {
-    if (eng == nullptr || !eng->open()) return;
-    EXPECT_TRUE(fs.Unmount().ok());
-    data.Close();
-    EXPECT_TRUE(eng->Close().ok());
-  }
-  void Remount() {
-    Close();
-    Open();
-  }
+  ~Mounted() { Unmount(); }  // (before dev goes)
   // Makes every commit so far durable (as fsync will).
-  void Sync() { ASSERT_TRUE(eng->journal().Flush().ok()); }
+  void Sync() { ASSERT_TRUE(store->journal().Flush().ok()); }
   // What a power cut now leaves, mounted.
-  std::unique_ptr<Mounted> AfterPowerCut() { return std::make_unique<Mounted>(opt.dir_hash_bits, Dev(dev->SnapshotDurable())); }
+  std::unique_ptr<Mounted> AfterPowerCut() {
+    return std::make_unique<Mounted>(fs_options.dir_hash_bits, Dev(dev->SnapshotDurable()));
+  }
 };
 
 const Caller kUser{1000, 1000};
@@ -542,12 +521,12 @@ TEST(PosixTest, ATruncateIsOneTransaction) {
     ASSERT_TRUE(m.fs.Write(f, u64(i) * 8 * 4096, data.data(), 8 * 4096, Filesystem::kWriteDirect).ok());
   }
   m.Sync();
-  const u64 before = m.eng->btrees().GetStats().commits;
+  const u64 before = m.store->btrees().GetStats().commits;
   SetAttr set;
   set.valid = kSetSize;
   set.size = 3 * 4096 + 100;  // inside an extent, with a partial last block
   ASSERT_TRUE(m.fs.SetAttrs(f, set).ok());
-  EXPECT_EQ(m.eng->btrees().GetStats().commits - before, 1u);
+  EXPECT_EQ(m.store->btrees().GetStats().commits - before, 1u);
   std::vector<u8> got(5 * 4096, 1);
   auto r = m.fs.Read(f, 0, got.data(), u32(got.size()));
   ASSERT_TRUE(r.ok());
@@ -674,7 +653,7 @@ TEST(PosixTest, CorruptRecordsAreErrorsNotCrashes) {
   Mounted m;
   const u64 f = Mkfile(m.fs, kRootIno, "f").value().ino;
   ASSERT_TRUE(Mkfile(m.fs, kRootIno, "g").ok());
-  btree::Btrees& t = m.eng->btrees();
+  btree::Btrees& t = m.store->btrees();
   // An inode of an unknown version, then one of the wrong size.
   InodeFormat bad{};
   bad.version.set(9);
@@ -785,14 +764,14 @@ TEST(PosixTest, XattrsSetGetListRemoveAndTheirErrors) {
   // XATTR_SIZE_MAX before asking).
   const std::string big_name = "user.big";
   EXPECT_TRUE(SetX(m.fs, f, big_name, std::string(XattrInlineMax(8), 'v')).ok());
-  EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, 0u);
+  EXPECT_EQ(CountXattrKeys(*m.store, f).chunks, 0u);
   const std::string one_chunk = XVal(XattrInlineMax(8) + 1, 1);
   ASSERT_TRUE(SetX(m.fs, f, big_name, one_chunk).ok());
-  EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, 1u);
+  EXPECT_EQ(CountXattrKeys(*m.store, f).chunks, 1u);
   EXPECT_EQ(GetX(m.fs, f, big_name).value(), one_chunk);
   const std::string max = XVal(kXattrSizeMax, 2);
   ASSERT_TRUE(SetX(m.fs, f, "user.max", max).ok());
-  EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, 33u);
+  EXPECT_EQ(CountXattrKeys(*m.store, f).chunks, 33u);
   EXPECT_EQ(SetX(m.fs, f, "user.max", XVal(kXattrSizeMax + 1, 3)).code(), Err::kNoSpace);
   EXPECT_EQ(SetX(m.fs, f, "user.new", XVal(kXattrSizeMax + 1, 3)).code(), Err::kNoSpace);
   EXPECT_EQ(GetX(m.fs, f, "user.max").value(), max);
@@ -808,7 +787,7 @@ TEST(PosixTest, XattrsSetGetListRemoveAndTheirErrors) {
   EXPECT_EQ(ListX(m.fs, f), (std::set<std::string>{"trusted.b", "security.c", big_name, "user.max"}));
   // Freeing the inode frees its xattrs: no key of it is left.
   ASSERT_TRUE(Unlink(m.fs, kRootIno, "f").ok());
-  btree::Iterator it(&m.eng->btrees(), btree::kBtreeXattrs);
+  btree::Iterator it(&m.store->btrees(), btree::kBtreeXattrs);
   ASSERT_TRUE(it.Seek(btree::Pos{btree::kBtreeXattrs, f, 0}).ok());
   EXPECT_FALSE(it.Valid() && it.pos().inode == f);
 }
@@ -864,39 +843,39 @@ TEST(PosixTest, ChunkedXattrsLeaveNoStaleChunks) {
   u64 seed = 0;
   for (const Step& s : steps) {
     const std::string v = XVal(s.len, ++seed);
-    const u64 before = m.eng->btrees().GetStats().commits;
+    const u64 before = m.store->btrees().GetStats().commits;
     ASSERT_TRUE(SetX(m.fs, f, "user.v", v).ok()) << s.len;
-    EXPECT_EQ(m.eng->btrees().GetStats().commits - before, 1u) << s.len;
-    EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, s.chunks) << s.len;
+    EXPECT_EQ(m.store->btrees().GetStats().commits - before, 1u) << s.len;
+    EXPECT_EQ(CountXattrKeys(*m.store, f).chunks, s.chunks) << s.len;
     EXPECT_EQ(GetX(m.fs, f, "user.v").value(), v) << s.len;
   }
   ASSERT_TRUE(m.fs.RemoveXattr(f, "user.v", 6).ok());
-  EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, 0u);
-  EXPECT_EQ(CountXattrKeys(*m.eng, f).table, 0u);
+  EXPECT_EQ(CountXattrKeys(*m.store, f).chunks, 0u);
+  EXPECT_EQ(CountXattrKeys(*m.store, f).table, 0u);
   // Two chunked values: removing one leaves the other whole.
   const std::string a = XVal(40000, 100), b = XVal(40000, 101);
   ASSERT_TRUE(SetX(m.fs, f, "user.a", a).ok());
   ASSERT_TRUE(SetX(m.fs, f, "user.b", b).ok());
-  EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, 40u);
+  EXPECT_EQ(CountXattrKeys(*m.store, f).chunks, 40u);
   ASSERT_TRUE(m.fs.RemoveXattr(f, "user.a", 6).ok());
-  EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, 20u);
+  EXPECT_EQ(CountXattrKeys(*m.store, f).chunks, 20u);
   EXPECT_EQ(GetX(m.fs, f, "user.b").value(), b);
   ASSERT_TRUE(SetX(m.fs, f, "user.a", a).ok());
   EXPECT_EQ(GetX(m.fs, f, "user.a").value(), a);
   // The last unlink frees every key.
   ASSERT_TRUE(Unlink(m.fs, kRootIno, "f").ok());
-  EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, 0u);
-  EXPECT_EQ(CountXattrKeys(*m.eng, f).table, 0u);
+  EXPECT_EQ(CountXattrKeys(*m.store, f).chunks, 0u);
+  EXPECT_EQ(CountXattrKeys(*m.store, f).table, 0u);
   // An orphan keeps them until its last release.
   const u64 g = Mkfile(m.fs, kRootIno, "g").value().ino;
   ASSERT_TRUE(m.fs.OpenInode(g).ok());
   ASSERT_TRUE(SetX(m.fs, g, "user.g", XVal(kXattrSizeMax, 7)).ok());
   ASSERT_TRUE(Unlink(m.fs, kRootIno, "g").ok());
-  EXPECT_EQ(CountXattrKeys(*m.eng, g).chunks, 32u);
+  EXPECT_EQ(CountXattrKeys(*m.store, g).chunks, 32u);
   EXPECT_EQ(GetX(m.fs, g, "user.g").value(), XVal(kXattrSizeMax, 7));
   ASSERT_TRUE(m.fs.Release(g).ok());
-  EXPECT_EQ(CountXattrKeys(*m.eng, g).chunks, 0u);
-  EXPECT_EQ(CountXattrKeys(*m.eng, g).table, 0u);
+  EXPECT_EQ(CountXattrKeys(*m.store, g).chunks, 0u);
+  EXPECT_EQ(CountXattrKeys(*m.store, g).table, 0u);
   // An orphan a crash left: the next mount frees it, chunks and all.
   const u64 h = Mkfile(m.fs, kRootIno, "h").value().ino;
   ASSERT_TRUE(SetX(m.fs, h, "user.h", XVal(50000, 8)).ok());
@@ -907,8 +886,8 @@ TEST(PosixTest, ChunkedXattrsLeaveNoStaleChunks) {
   {
     auto after = m.AfterPowerCut();
     EXPECT_EQ(after->fs.GetStats().orphans_freed, 1u);
-    EXPECT_EQ(CountXattrKeys(*after->eng, h).chunks, 0u);
-    EXPECT_EQ(CountXattrKeys(*after->eng, h).table, 0u);
+    EXPECT_EQ(CountXattrKeys(*after->store, h).chunks, 0u);
+    EXPECT_EQ(CountXattrKeys(*after->store, h).table, 0u);
   }
   ASSERT_TRUE(m.fs.Release(h).ok());
 }
@@ -938,7 +917,7 @@ TEST(PosixTest, XattrsOfEverySizeAgainstAModel) {
       ASSERT_TRUE(got.value() == v) << k << " (" << v.size() << " bytes)";
     }
     ASSERT_EQ(ListX(m.fs, f), listed);
-    ASSERT_EQ(CountXattrKeys(*m.eng, f).chunks, chunks);
+    ASSERT_EQ(CountXattrKeys(*m.store, f).chunks, chunks);
   };
   for (int op = 0; op < 600; op++) {
     const std::string& n = names[rng() % names.size()];
@@ -974,13 +953,13 @@ TEST(PosixTest, XattrsOfEverySizeAgainstAModel) {
   const u64 g = Mkfile(m.fs, kRootIno, "g").value().ino;
   for (u32 i = 0; i < kMaxXattrChunks / kXattrChunksPerValue; i++)
     ASSERT_TRUE(SetX(m.fs, g, "user." + std::to_string(i), XVal(kXattrSizeMax, i)).ok()) << i;
-  EXPECT_EQ(CountXattrKeys(*m.eng, g).chunks, kMaxXattrChunks);
+  EXPECT_EQ(CountXattrKeys(*m.store, g).chunks, kMaxXattrChunks);
   EXPECT_TRUE(SetX(m.fs, g, "user.0", XVal(kXattrSizeMax, 99)).ok());
   EXPECT_EQ(SetX(m.fs, g, "user.more", XVal(3000, 1)).code(), Err::kNoSpace);
   EXPECT_TRUE(SetX(m.fs, g, "user.more", "inline").ok());
   EXPECT_EQ(GetX(m.fs, g, "user.0").value(), XVal(kXattrSizeMax, 99));
   ASSERT_TRUE(Unlink(m.fs, kRootIno, "g").ok());  // one transaction frees them all
-  EXPECT_EQ(CountXattrKeys(*m.eng, g).chunks, 0u);
+  EXPECT_EQ(CountXattrKeys(*m.store, g).chunks, 0u);
 }
 
 // After a power cut, the value reads as one it had, whole, with exactly its
@@ -1014,7 +993,7 @@ TEST(PosixTest, ChunkedXattrsAreWholeAfterAPowerCut) {
     ASSERT_LT(which, had.size()) << "not a value it had since the last flush (" << got.value().size()
                                  << " bytes) after set " << i;
     const size_t want = sizes[which] > XattrInlineMax(6) ? XattrChunkCount(u32(sizes[which])) : 0;
-    EXPECT_EQ(CountXattrKeys(*after->eng, f).chunks, want);
+    EXPECT_EQ(CountXattrKeys(*after->store, f).chunks, want);
   }
 }
 
@@ -1081,13 +1060,13 @@ TEST(PosixTest, CorruptXattrChunksAreErrorsNotCrashes) {
     Mounted m;
     const u64 f = Mkfile(m.fs, kRootIno, "f").value().ino;
     ASSERT_TRUE(SetX(m.fs, f, "user.big", XVal(kLen, 1)).ok());
-    ASSERT_EQ(CountXattrKeys(*m.eng, f).chunks, 5u);
-    btree::Iterator it(&m.eng->btrees(), btree::kBtreeXattrs);
+    ASSERT_EQ(CountXattrKeys(*m.store, f).chunks, 5u);
+    btree::Iterator it(&m.store->btrees(), btree::kBtreeXattrs);
     ASSERT_TRUE(it.Seek(btree::Pos{btree::kBtreeXattrs, f, 0}).ok());
     ASSERT_TRUE(it.Valid() && it.pos().inode == f && it.pos().offset < kSlotEnd);
     const u64 slot = it.pos().offset;
     const std::vector<u8> entry(it.value(), it.value() + it.val_bytes());
-    btree::Transaction tx(&m.eng->btrees());
+    btree::Transaction tx(&m.store->btrees());
     c.damage(tx, f, slot, entry);
     ASSERT_TRUE(tx.Commit().ok());
     std::string buf(kXattrSizeMax, '\0');
@@ -1102,8 +1081,8 @@ TEST(PosixTest, CorruptXattrChunksAreErrorsNotCrashes) {
       EXPECT_EQ(ListX(m.fs, f), (std::set<std::string>{"user.big"}));
     }
     ASSERT_TRUE(Unlink(m.fs, kRootIno, "f").ok());
-    EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, 0u);
-    EXPECT_EQ(CountXattrKeys(*m.eng, f).table, 0u);
+    EXPECT_EQ(CountXattrKeys(*m.store, f).chunks, 0u);
+    EXPECT_EQ(CountXattrKeys(*m.store, f).table, 0u);
   }
 }
 
@@ -1119,13 +1098,13 @@ TEST(PosixTest, SmallJournalEntriesRefuseTheLargestXattrsWhole) {
   const u64 f = Mkfile(m.fs, kRootIno, "f").value().ino;
   EXPECT_EQ(SetX(m.fs, f, "user.v", XVal(kXattrSizeMax, 1)).code(), Err::kNoSpace);
   EXPECT_EQ(GetX(m.fs, f, "user.v").status().code(), Err::kNoData);
-  EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, 0u);
+  EXPECT_EQ(CountXattrKeys(*m.store, f).chunks, 0u);
   const std::string v = XVal(62000, 2);
   ASSERT_TRUE(SetX(m.fs, f, "user.v", v).ok());
   EXPECT_EQ(SetX(m.fs, f, "user.v", XVal(kXattrSizeMax, 3)).code(), Err::kNoSpace);
   m.Remount();
   EXPECT_EQ(GetX(m.fs, f, "user.v").value(), v);
-  EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, XattrChunkCount(62000));
+  EXPECT_EQ(CountXattrKeys(*m.store, f).chunks, XattrChunkCount(62000));
 }
 
 std::string ReadAll(Filesystem& fs, u64 ino) {
@@ -1291,10 +1270,10 @@ void FileModel(bool handles, bool compress = false) {
   }
   close_all();
   for (int k = 0; k < 3; k++) ASSERT_TRUE(Unlink(m.fs, kRootIno, "f" + std::to_string(k)).ok());
-  EXPECT_LE(UserBuckets(*m.eng), 1u);  // only the open write point may stay
+  EXPECT_LE(UserBuckets(*m.store), 1u);  // only the open write point may stay
   EXPECT_EQ(m.data.GetStats().blocks_reserved, 0u);
   m.Remount();
-  EXPECT_EQ(UserBuckets(*m.eng), 0u);
+  EXPECT_EQ(UserBuckets(*m.store), 0u);
 }
 
 TEST(PosixTest, FileDataAgainstAModel) { FileModel(false); }
@@ -1304,7 +1283,7 @@ InodeFormat Committed(Mounted& m, u64 ino) {
   u8 v[sizeof(InodeFormat)];
   InodeFormat f;
   memset(&f, 0, sizeof(f));
-  auto r = m.eng->btrees().Get(btree::Pos{btree::kBtreeInodes, ino, 0}, v, sizeof(v));
+  auto r = m.store->btrees().Get(btree::Pos{btree::kBtreeInodes, ino, 0}, v, sizeof(v));
   EXPECT_TRUE(r.ok() && ParseInode(v, r.value(), &f).ok());
   return f;
 }
@@ -1316,7 +1295,7 @@ void PlantInode(Mounted& m, u64 ino, bool caps_flag) {
   InodeFormat f = Committed(m, ino);
   f.ctime_ns.set(1);
   f.flags.set(u16(caps_flag ? f.flags.get() | kInodeFlagCaps : f.flags.get() & ~kInodeFlagCaps));
-  btree::Transaction tx(&m.eng->btrees());
+  btree::Transaction tx(&m.store->btrees());
   ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeInodes, ino, 0}, &f, sizeof(f)).ok());
   ASSERT_TRUE(tx.Commit().ok());
 }
@@ -1371,7 +1350,7 @@ TEST(PosixTest, EveryWriteClearsSetuidAndSetgid) {
   for (u32 buffers : {128u, 0u}) {
     SCOPED_TRACE("write_buffers " + std::to_string(buffers));
     Mounted m;
-    m.opt.write_buffers = buffers;
+    m.fs_options.write_buffers = buffers;
     m.Remount();
     std::vector<u64> inos;
     for (const Case& c : cases) {
@@ -1387,7 +1366,7 @@ TEST(PosixTest, EveryWriteClearsSetuidAndSetgid) {
       EXPECT_EQ(tw.asked, 0);
       PlantInode(m, ino, false);
       const Stats before = m.fs.GetStats();
-      const u64 commits = m.eng->btrees().GetStats().commits;
+      const u64 commits = m.store->btrees().GetStats().commits;
       const i64 t0 = platform::RealTimeNs();
       ASSERT_TRUE(m.fs.Write(ino, 0, "x", 1, c.flags, w).ok());
       const Stats after = m.fs.GetStats();
@@ -1402,7 +1381,7 @@ TEST(PosixTest, EveryWriteClearsSetuidAndSetgid) {
         EXPECT_EQ(tw.w.dropped, loses);
       }
       // The drop is a commit of its own; a buffered write commits nothing else.
-      EXPECT_EQ(m.eng->btrees().GetStats().commits - commits, (loses ? 1u : 0u) + (buffered ? 0u : 1u));
+      EXPECT_EQ(m.store->btrees().GetStats().commits - commits, (loses ? 1u : 0u) + (buffered ? 0u : 1u));
       const Attr a = m.fs.GetAttr(ino).value();
       EXPECT_EQ(a.mode, kModeReg | c.want);
       const InodeFormat f = Committed(m, ino);
@@ -1546,9 +1525,9 @@ TEST(PosixTest, WritesRemoveSecurityCapability) {
 
   // FUSE's buffered path: untouched by posix (no commit, nothing asked).
   TestWriter with(true);
-  u64 commits = m.eng->btrees().GetStats().commits;
+  u64 commits = m.store->btrees().GetStats().commits;
   ASSERT_TRUE(m.fs.Write(f, 0, "x", 1, Filesystem::kWritePrivsRemoved, &with.w).ok());
-  EXPECT_EQ(m.eng->btrees().GetStats().commits - commits, 0u);
+  EXPECT_EQ(m.store->btrees().GetStats().commits - commits, 0u);
   EXPECT_EQ(with.asked, 0);
   EXPECT_FALSE(with.w.dropped);
   EXPECT_EQ(GetX(m.fs, f, "security.capability").value(), cap);
@@ -1557,9 +1536,9 @@ TEST(PosixTest, WritesRemoveSecurityCapability) {
 
   // A direct write by a writer with CAP_FSETID: the bits stay, the
   // capability goes, in one commit before the data's.
-  commits = m.eng->btrees().GetStats().commits;
+  commits = m.store->btrees().GetStats().commits;
   ASSERT_TRUE(m.fs.Write(f, 0, "y", 1, Filesystem::kWriteDirect, &with.w).ok());
-  EXPECT_EQ(m.eng->btrees().GetStats().commits - commits, 2u);
+  EXPECT_EQ(m.store->btrees().GetStats().commits - commits, 2u);
   EXPECT_EQ(with.asked, 1);
   EXPECT_TRUE(with.w.dropped);
   EXPECT_EQ(GetX(m.fs, f, "security.capability").status().code(), Err::kNoData);
@@ -1569,9 +1548,9 @@ TEST(PosixTest, WritesRemoveSecurityCapability) {
   // The next write of the file: nothing left to remove, nothing committed
   // but the data.
   TestWriter again(true);
-  commits = m.eng->btrees().GetStats().commits;
+  commits = m.store->btrees().GetStats().commits;
   ASSERT_TRUE(m.fs.Write(f, 0, "z", 1, Filesystem::kWriteDirect, &again.w).ok());
-  EXPECT_EQ(m.eng->btrees().GetStats().commits - commits, 1u);
+  EXPECT_EQ(m.store->btrees().GetStats().commits - commits, 1u);
   EXPECT_FALSE(again.w.dropped);
 
   // A buffered write posix removes privileges for (no kWritePrivsRemoved),
@@ -1579,15 +1558,15 @@ TEST(PosixTest, WritesRemoveSecurityCapability) {
   // capability and its chunks go in one commit; the data stays buffered.
   ASSERT_TRUE(SetX(m.fs, f, "security.capability", big_cap).ok());
   EXPECT_TRUE(caps_flag(f));
-  EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, 2u);
+  EXPECT_EQ(CountXattrKeys(*m.store, f).chunks, 2u);
   TestWriter without(false);
-  commits = m.eng->btrees().GetStats().commits;
+  commits = m.store->btrees().GetStats().commits;
   ASSERT_TRUE(m.fs.Write(f, 1, "b", 1, 0, &without.w).ok());
-  EXPECT_EQ(m.eng->btrees().GetStats().commits - commits, 1u);
+  EXPECT_EQ(m.store->btrees().GetStats().commits - commits, 1u);
   EXPECT_TRUE(without.w.dropped);
   EXPECT_EQ(m.fs.GetAttr(f).value().mode, kModeReg | 0755);
   EXPECT_EQ(GetX(m.fs, f, "security.capability").status().code(), Err::kNoData);
-  EXPECT_EQ(CountXattrKeys(*m.eng, f).chunks, 0u);
+  EXPECT_EQ(CountXattrKeys(*m.store, f).chunks, 0u);
   EXPECT_FALSE(caps_flag(f));
 
   // A flag without its xattr (left by damage): the write clears it and goes on.
@@ -1656,7 +1635,7 @@ TEST(PosixTest, FsyncedOverwritesSurviveAPowerCut) {
     want.replace(off, 4096, block);
     ASSERT_TRUE(m.fs.Fsync(f).ok());
   }
-  const journal::Stats js = m.eng->journal().GetStats();
+  const journal::Stats js = m.store->journal().GetStats();
   EXPECT_GE(js.unordered_entries, 20u);
   auto after = m.AfterPowerCut();
   EXPECT_TRUE(ReadAll(after->fs, f) == want);
@@ -1690,14 +1669,14 @@ TEST(PosixTest, CompressionStoresLessAndIsChecked) {
   text.replace(70000, 3, "XYZ");
   EXPECT_TRUE(ReadAll(m.fs, f) == text);
   // Flip a byte of the first compressed blob on the device.
-  btree::Iterator it(&m.eng->btrees(), btree::kBtreeExtents);
+  btree::Iterator it(&m.store->btrees(), btree::kBtreeExtents);
   ASSERT_TRUE(it.Seek(btree::Pos{btree::kBtreeExtents, f, 0}).ok());
   ASSERT_TRUE(it.Valid());
   data::Extent e;
   ASSERT_TRUE(data::ParseExtent(it.pos(), it.value(), it.val_bytes(), &e).ok());
   ASSERT_TRUE(e.compressed);
   const u64 at = e.ptr.offset.get() + e.disk_bytes / 2;
-  m.Close();
+  m.Unmount();
   std::vector<uint8_t> image = m.dev->SnapshotDurable();
   image[at] ^= 0x40;
   Mounted bad(62, Dev(image));
@@ -1723,7 +1702,7 @@ TEST(PosixTest, CompressionStoresLessAndIsChecked) {
 // written out is what a crash loses, and fsync is what keeps it.
 TEST(PosixTest, WriteBufferCoalescesAndAgesOut) {
   Mounted m;
-  m.opt.buffer_age_ms = 100;
+  m.fs_options.buffer_age_ms = 100;
   m.Remount();
   const u64 f = Mkfile(m.fs, kRootIno, "log").value().ino;
   ASSERT_TRUE(m.fs.OpenInode(f).ok());
@@ -1768,7 +1747,7 @@ TEST(PosixTest, WriteBufferCoalescesAndAgesOut) {
 // written: every byte's value is a function of its offset.
 TEST(PosixTest, ReadsRacingBufferedWritesSeeWrittenBytes) {
   Mounted m;
-  m.opt.buffer_age_ms = 20;
+  m.fs_options.buffer_age_ms = 20;
   m.Remount();
   const u64 f = Mkfile(m.fs, kRootIno, "race").value().ino;
   ASSERT_TRUE(m.fs.OpenInode(f).ok());
@@ -2047,13 +2026,13 @@ TEST(PosixTest, ChecksumMismatchIsAnErrorNotData) {
   std::string data(20000, 'a');
   ASSERT_TRUE(m.fs.Write(f, 0, data.data(), u32(data.size())).ok());
   // Where the second block lives.
-  btree::Iterator it(&m.eng->btrees(), btree::kBtreeExtents);
+  btree::Iterator it(&m.store->btrees(), btree::kBtreeExtents);
   ASSERT_TRUE(it.Seek(btree::Pos{btree::kBtreeExtents, f, 0}).ok());
   ASSERT_TRUE(it.Valid());
   data::Extent e;
   ASSERT_TRUE(data::ParseExtent(it.pos(), it.value(), it.val_bytes(), &e).ok());
   const u64 at = e.ptr.offset.get() + (e.offset + 1) * data::kBlockSize + 100;
-  m.Close();
+  m.Unmount();
   std::vector<uint8_t> image = m.dev->SnapshotDurable();
   image[at] ^= 0x40;
   Mounted bad(62, Dev(image));
@@ -2074,7 +2053,7 @@ TEST(PosixTest, OverlappingExtentsFailReadsInsteadOfHanging) {
   ASSERT_TRUE(m.fs.Write(f, 4096 + 10, "xyz", 3).ok());  // extents [0,1) [1,2) [2,3)
   // Make [2,3) claim [1,3).
   std::vector<u8> v(btree::kMaxValueBytes);
-  auto got = m.eng->btrees().Get(btree::Pos{btree::kBtreeExtents, f, 3}, v.data(), u32(v.size()));
+  auto got = m.store->btrees().Get(btree::Pos{btree::kBtreeExtents, f, 3}, v.data(), u32(v.size()));
   ASSERT_TRUE(got.ok());
   v.resize(got.value());
   data::Extent e;
@@ -2083,7 +2062,7 @@ TEST(PosixTest, OverlappingExtentsFailReadsInsteadOfHanging) {
   v[4] = 2;          // blocks
   v[8] = u8(v[8] - 1);  // offset: one block earlier in its blob (a piece of the first write)
   v.insert(v.begin() + 32, v.begin() + 32, v.begin() + 36);  // a crc for the extra block
-  btree::Transaction tx(&m.eng->btrees());
+  btree::Transaction tx(&m.store->btrees());
   ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeExtents, f, 3}, v.data(), u32(v.size())).ok());
   ASSERT_TRUE(tx.Commit().ok());
   char buf[3 * 4096];
@@ -2332,7 +2311,7 @@ TEST(PosixFrontEndTest, ReadDirPlusNeverEndsEarlyWhenAPageVanishes) {
   ASSERT_EQ(order.size(), 6u);
   // Entries [2] and [3] name inodes that are gone (as when an unlink frees
   // them between the listing and the lookups).
-  btree::Transaction tx(&m.eng->btrees());
+  btree::Transaction tx(&m.store->btrees());
   for (int i : {2, 3}) ASSERT_TRUE(tx.Delete(btree::Pos{btree::kBtreeInodes, order[size_t(i)].ino, 0}).ok());
   ASSERT_TRUE(tx.Commit().ok());
   struct Sink {

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "mount/testing.h"
 #include "userspace/platform/mem_device.h"
 
 namespace tfs::store {
@@ -36,23 +37,12 @@ std::unique_ptr<MemDevice> Dev(const char* name, u64 size, std::vector<uint8_t> 
   return std::make_unique<MemDevice>(o);
 }
 
-FormatOptions SmallOptions() {
-  FormatOptions o;
-  o.foreground_target = "ssd";
-  o.background_target = "hdd";
-  o.metadata_target = "ssd";
-  o.bucket_size = 256 * 1024;
-  o.btree_node_size = 64 * 1024;
-  return o;
-}
-
 struct Disks {
   std::unique_ptr<MemDevice> ssd = Dev("ssd0", kSsdSize);
   std::unique_ptr<MemDevice> hdd = Dev("hdd0", kHddSize);
 
-  Status Format(const FormatOptions& o = SmallOptions(), Diag* d = nullptr) {
-    FormatMember m[2] = {{ssd.get(), "ssd.a", 1}, {hdd.get(), "hdd.b", 1}};
-    return store::Format(m, 2, o, d);
+  Status Format(const FormatOptions& o = testing::TwoTierFormat()) {
+    return testing::FormatTwoTier(ssd.get(), hdd.get(), o);
   }
   std::vector<BlockDevice*> List(bool reversed = false) {
     if (reversed) return {hdd.get(), ssd.get()};
@@ -70,13 +60,12 @@ struct Disks {
 
 TEST(StoreTest, FormatOpenCloseRoundTrip) {
   Disks d;
-  Diag diag;
-  ASSERT_TRUE(d.Format(SmallOptions(), &diag).ok()) << diag.text;
+  ASSERT_TRUE(d.Format().ok());
   std::vector<u64> allocated;
   {
     Store e;
     OpenReport rep;
-    ASSERT_TRUE(e.Open(d.List(true).data(), 2, OpenOptions{}, &diag, &rep).ok()) << diag.text;
+    ASSERT_TRUE(testing::OpenStore(&e, d.List(true), OpenOptions{}, &rep).ok());
     EXPECT_TRUE(rep.was_clean);
     EXPECT_EQ(e.sb().nr_members, 2u);
     EXPECT_STREQ(e.devs().member(0)->label(), "ssd.a");  // member order, not argument order
@@ -95,7 +84,7 @@ TEST(StoreTest, FormatOpenCloseRoundTrip) {
   // Clean reopen: no replay, the allocations are in the tables.
   Store e;
   OpenReport rep;
-  ASSERT_TRUE(e.Open(d.List().data(), 2, OpenOptions{}, &diag, &rep).ok()) << diag.text;
+  ASSERT_TRUE(testing::OpenStore(&e, d.List(), OpenOptions{}, &rep).ok());
   EXPECT_TRUE(rep.was_clean);
   EXPECT_EQ(rep.replayed_keys, 0u);
   for (u64 b : allocated) EXPECT_EQ(e.alloc().Get(0, b).state, BucketState::kUser);
@@ -114,7 +103,7 @@ TEST(StoreTest, FormatOpenCloseRoundTrip) {
 TEST(StoreTest, ReadWriteOpensRecordTheFeaturesTheirCallersAsk) {
   Disks d;
   Diag diag;
-  ASSERT_TRUE(d.Format(SmallOptions(), &diag).ok()) << diag.text;
+  ASSERT_TRUE(d.Format().ok());
   auto on_disk = [&] {
     sb::Superblock s;
     EXPECT_TRUE(sb::Read(*d.ssd, &s, &diag).ok()) << diag.text;
@@ -126,7 +115,7 @@ TEST(StoreTest, ReadWriteOpensRecordTheFeaturesTheirCallersAsk) {
     OpenOptions oo;
     oo.read_only = read_only;
     oo.features = features;
-    ASSERT_TRUE(e.Open(d.List().data(), 2, oo, &diag, rep).ok()) << diag.text;
+    ASSERT_TRUE(testing::OpenStore(&e, d.List(), oo, rep).ok());
     EXPECT_EQ(on_disk(), read_only ? rep->features : u16(rep->features | features)) << "while open";
     if (set_at_close != 0xffff) e.SetFeatures(set_at_close);
     ASSERT_TRUE(e.Close().ok());
@@ -151,8 +140,7 @@ TEST(StoreTest, ReplayAfterPowerCutKeepsDurableAllocations) {
   Disks d;
   ASSERT_TRUE(d.Format().ok());
   Store e;
-  Diag diag;
-  ASSERT_TRUE(e.Open(d.List().data(), 2, OpenOptions{}, &diag).ok()) << diag.text;
+  ASSERT_TRUE(testing::OpenStore(&e, d.List()).ok());
   std::vector<alloc::BucketRef> durable;
   for (int i = 0; i < 20; i++) {
     Result<alloc::BucketRef> r = e.alloc().Allocate(0b11, 0, BucketState::kUser, Watermark::kForeground);
@@ -166,7 +154,7 @@ TEST(StoreTest, ReplayAfterPowerCutKeepsDurableAllocations) {
 
   Store e2;
   OpenReport rep;
-  ASSERT_TRUE(e2.Open(cut.List().data(), 2, OpenOptions{}, &diag, &rep).ok()) << diag.text;
+  ASSERT_TRUE(testing::OpenStore(&e2, cut.List(), OpenOptions{}, &rep).ok());
   EXPECT_FALSE(rep.was_clean);
   EXPECT_EQ(rep.replayed_keys, 22u);
   EXPECT_EQ(e2.alloc().Get(durable[0].dev, durable[0].bucket).state, BucketState::kFree);
@@ -181,20 +169,19 @@ TEST(StoreTest, ReplayAfterPowerCutKeepsDurableAllocations) {
   // The replayed state was checkpointed at open: a later crash does not need it.
   Disks cut2 = cut.AfterPowerCut();
   Store e3;
-  ASSERT_TRUE(e3.Open(cut2.List().data(), 2, OpenOptions{}, &diag, &rep).ok()) << diag.text;
+  ASSERT_TRUE(testing::OpenStore(&e3, cut2.List(), OpenOptions{}, &rep).ok());
   EXPECT_EQ(e3.alloc().Get(durable[1].dev, durable[1].bucket).live_sectors, 100u);
 }
 
 TEST(StoreTest, JournalReclaimCheckpointsAllocator) {
   Disks d;
-  FormatOptions o = SmallOptions();
+  FormatOptions o = testing::TwoTierFormat();
   o.journal_buckets = 4;  // 4 x 256 KiB: fills quickly
   ASSERT_TRUE(d.Format(o).ok());
   Store e;
-  Diag diag;
   OpenOptions oo;
   oo.journal.write_delay_ns = 0;
-  ASSERT_TRUE(e.Open(d.List().data(), 2, oo, &diag).ok()) << diag.text;
+  ASSERT_TRUE(testing::OpenStore(&e, d.List(), oo).ok());
   // Each allocate/free pair is two journaled changes; flush often so entries are
   // many and small.
   for (int i = 0; i < 600; i++) {
@@ -207,7 +194,7 @@ TEST(StoreTest, JournalReclaimCheckpointsAllocator) {
   EXPECT_GE(e.journal().GetStats().reclaim_calls, 1u);
   Disks cut = d.AfterPowerCut();
   Store e2;
-  ASSERT_TRUE(e2.Open(cut.List().data(), 2, OpenOptions{}, &diag).ok()) << diag.text;
+  ASSERT_TRUE(testing::OpenStore(&e2, cut.List()).ok());
   alloc::DeviceUsage u = e2.alloc().Usage(1);
   EXPECT_EQ(u.by_state[u8(BucketState::kUser)], 0u);  // every pair ended freed
 }
@@ -219,14 +206,13 @@ TEST(StoreTest, JournalReclaimCheckpointsAllocator) {
 // a state it reached later -- never an older or an invented one.
 TEST(StoreTest, PowerCutsDuringAllocationKeepEveryAcknowledgedChange) {
   Disks d;
-  FormatOptions o = SmallOptions();
+  FormatOptions o = testing::TwoTierFormat();
   o.journal_buckets = 4;
   ASSERT_TRUE(d.Format(o).ok());
   Store e;
-  Diag diag;
   OpenOptions oo;
   oo.journal.write_delay_ns = 100 * 1000;
-  ASSERT_TRUE(e.Open(d.List().data(), 2, oo, &diag).ok()) << diag.text;
+  ASSERT_TRUE(testing::OpenStore(&e, d.List(), oo).ok());
 
   struct Key {
     u32 dev;
@@ -310,7 +296,7 @@ TEST(StoreTest, PowerCutsDuringAllocationKeepEveryAcknowledgedChange) {
     Store e2;
     OpenOptions ro;
     ro.read_only = true;
-    ASSERT_TRUE(e2.Open(cd.List().data(), 2, ro, &diag).ok()) << diag.text;
+    ASSERT_TRUE(testing::OpenStore(&e2, cd.List(), ro).ok());
     for (auto& [k, h] : history) {
       alloc::Bucket b = e2.alloc().Get(k.dev, k.bucket);
       auto f = c.flushed.find(k);
@@ -329,8 +315,7 @@ TEST(StoreTest, WatermarksHoldUnderConcurrentForegroundAndBackground) {
   Disks d;
   ASSERT_TRUE(d.Format().ok());
   Store e;
-  Diag diag;
-  ASSERT_TRUE(e.Open(d.List().data(), 2, OpenOptions{}, &diag).ok()) << diag.text;
+  ASSERT_TRUE(testing::OpenStore(&e, d.List()).ok());
   const u32 ssd = 0;
   u64 fg_floor = e.alloc().FreeFloor(ssd, Watermark::kForeground);
   u64 bg_floor = e.alloc().FreeFloor(ssd, Watermark::kBackground);
@@ -370,11 +355,10 @@ TEST(StoreTest, FreedBucketsAreReusedOnlyOnceTheFreeIsDurable) {
   Disks d;
   ASSERT_TRUE(d.Format().ok());
   Store e;
-  Diag diag;
   OpenOptions oo;
   oo.journal.write_delay_ns = 60 * platform::kNsPerSec;  // nothing durable on its own
   oo.journal.flush_delay_ns = 60 * platform::kNsPerSec;
-  ASSERT_TRUE(e.Open(d.List().data(), 2, oo, &diag).ok()) << diag.text;
+  ASSERT_TRUE(testing::OpenStore(&e, d.List(), oo).ok());
   const dev::DevMask hdd = 0b10;
   alloc::BucketRef a = *e.alloc().Allocate(hdd, 0, BucketState::kUser, Watermark::kForeground);
   ASSERT_TRUE(e.alloc().Free(a).ok());
@@ -403,8 +387,7 @@ TEST(StoreTest, AllocatorRefusesWrongPurposeAndStaleRefs) {
   Disks d;
   ASSERT_TRUE(d.Format().ok());
   Store e;
-  Diag diag;
-  ASSERT_TRUE(e.Open(d.List().data(), 2, OpenOptions{}, &diag).ok()) << diag.text;
+  ASSERT_TRUE(testing::OpenStore(&e, d.List()).ok());
   // The HDD accepts only user data.
   EXPECT_EQ(e.alloc().Allocate(0b10, 0, BucketState::kBtree, Watermark::kBtree).status(),
             Status(Err::kNoSpace));
@@ -419,17 +402,18 @@ TEST(StoreTest, AllocatorRefusesWrongPurposeAndStaleRefs) {
 TEST(StoreTest, FormatRejectsBadInput) {
   Diag diag;
   Disks d;
-  FormatOptions o = SmallOptions();
+  FormatMember two[2] = {{d.ssd.get(), "ssd.a", 1}, {d.hdd.get(), "hdd.b", 1}};
+  FormatOptions o = testing::TwoTierFormat();
   o.bucket_size = 3000;
-  EXPECT_TRUE(d.Format(o, &diag).Is(ErrorClass::kInvalid));
+  EXPECT_TRUE(Format(two, 2, o, &diag).Is(ErrorClass::kInvalid));
   EXPECT_NE(std::string(diag.text).find("bucket size"), std::string::npos) << diag.text;
-  o = SmallOptions();
+  o = testing::TwoTierFormat();
   o.background_target = "tape";
-  EXPECT_TRUE(d.Format(o, &diag).Is(ErrorClass::kNotFound));
+  EXPECT_TRUE(Format(two, 2, o, &diag).Is(ErrorClass::kNotFound));
   EXPECT_NE(std::string(diag.text).find("tape"), std::string::npos) << diag.text;
-  o = SmallOptions();
+  o = testing::TwoTierFormat();
   o.journal_buckets = journal::kMinRingBuckets - 1;  // no room for reserve and slack
-  EXPECT_TRUE(d.Format(o, &diag).Is(ErrorClass::kInvalid));
+  EXPECT_TRUE(Format(two, 2, o, &diag).Is(ErrorClass::kInvalid));
   EXPECT_NE(std::string(diag.text).find("at least 4 buckets"), std::string::npos) << diag.text;
   auto tiny = Dev("tiny", 2 << 20);
   FormatMember m[1] = {{tiny.get(), "ssd", 1}};
@@ -471,7 +455,7 @@ TEST(StoreTest, OpenRefusesIncompleteOrMixedSetsAndUsesBackupSuperblock) {
   a.ssd->WriteRaw(sb::kSbPrimaryOffset + 64, junk, sizeof(junk));
   Store e;
   OpenReport rep;
-  ASSERT_TRUE(e.Open(a.List().data(), 2, OpenOptions{}, &diag, &rep).ok()) << diag.text;
+  ASSERT_TRUE(testing::OpenStore(&e, a.List(), OpenOptions{}, &rep).ok());
   EXPECT_EQ(rep.used_backup_sb, 1u);
   ASSERT_TRUE(e.Close().ok());
   sb::Superblock s;

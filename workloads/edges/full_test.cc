@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fsck/fsck.h"
+#include "mount/testing.h"
 #include "posix/fs.h"
 #include "store/store.h"
 #include "userspace/platform/mem_device.h"
@@ -37,67 +38,37 @@ std::unique_ptr<MemDevice> Mem(const char* name, uint64_t size) {
 // ssd.a (data and metadata, the foreground target) and optionally hdd.b (user
 // data only, the fallback), small buckets and nodes so that a few MiB of
 // metadata is many buckets' worth of checkpoints.
-struct Full {
-  std::vector<std::unique_ptr<MemDevice>> devs;
-  std::unique_ptr<store::Store> eng;
-  data::DataPath data;  // (mount::Instance owns it in a mount; posix borrows it)
-  Filesystem fs;
+struct Full : testing::MountedFs {
+  std::vector<std::unique_ptr<MemDevice>> mem;
 
   Full(bool with_hdd, uint64_t ssd_mib) {
-    devs.push_back(Mem("ssd0", ssd_mib << 20));
-    if (with_hdd) devs.push_back(Mem("hdd0", 48ull << 20));
-    store::FormatMember m[2] = {{devs[0].get(), "ssd.a", 1}, {nullptr, "hdd.b", 1}};
-    if (with_hdd) m[1].bdev = devs[1].get();
-    store::FormatOptions fo;
-    fo.foreground_target = "ssd";
-    fo.metadata_target = "ssd";
-    if (with_hdd) fo.background_target = "hdd";
-    fo.bucket_size = 256 * 1024;
-    fo.btree_node_size = 64 * 1024;
+    mem.push_back(Mem("ssd0", ssd_mib << 20));
+    if (with_hdd) mem.push_back(Mem("hdd0", 48ull << 20));
+    for (auto& d : mem) devs.push_back(d.get());
+    store::FormatOptions fo = testing::TwoTierFormat();
+    if (!with_hdd) fo.background_target = "";
     fo.journal_buckets = journal::kMinRingBuckets;
-    Diag diag;
-    EXPECT_TRUE(store::Format(m, u32(devs.size()), fo, &diag).ok()) << diag.text;
-    Open();
+    if (!testing::FormatMembers(devs, fo, {"ssd.a", "hdd.b"}).ok()) return;
+    Mount();
   }
-  ~Full() {
-    if (eng != nullptr && eng->open()) {
-      EXPECT_TRUE(fs.Unmount().ok());
-      data.Close();
-      EXPECT_TRUE(eng->Close().ok());
-    }
-  }
-  void Open() {
-    std::vector<BlockDevice*> b;
-    for (auto& d : devs) b.push_back(d.get());
-    Diag diag;
-    eng = std::make_unique<store::Store>();
-    Status st = eng->Open(b.data(), u32(b.size()), store::OpenOptions{}, &diag);
-    ASSERT_TRUE(st.ok()) << st.Message() << ": " << diag.text;
-    Status ds = data.Open(eng.get());
-    ASSERT_TRUE(ds.ok()) << ds.Message();
-    Status ms = fs.Mount(eng.get(), &data, Filesystem::Options{});
-    ASSERT_TRUE(ms.ok()) << ms.Message();
-  }
-  bool ok() const { return eng != nullptr && eng->open(); }
+  ~Full() { Unmount(); }
   // A clean unmount (it must succeed on a full filesystem), fsck -n clean,
   // and a mount again.
   void RemountAndCheck() {
     Status u = fs.Unmount();
     ASSERT_TRUE(u.ok()) << "unmount of a full filesystem: " << u.Message();
     data.Close();
-    Status c = eng->Close();
+    Status c = store->Close();
     ASSERT_TRUE(c.ok()) << "close of a full filesystem: " << c.Message();
-    eng.reset();
-    std::vector<BlockDevice*> b;
-    for (auto& d : devs) b.push_back(d.get());
+    store.reset();
     std::string out;
-    fsck::Report r = fsck::Check(b.data(), u32(b.size()), fsck::Options{},
+    fsck::Report r = fsck::Check(devs.data(), u32(devs.size()), fsck::Options{},
                                  [](void* ctx, const char* line) {
                                    *static_cast<std::string*>(ctx) += std::string(line) + "\n";
                                  },
                                  &out);
     EXPECT_EQ(r.exit_code, fsck::kExitClean) << out;
-    Open();
+    Mount();
   }
   Result<posix::Attr> Create(const std::string& name) {
     return fs.Mknod(posix::kRootIno, name.data(), u32(name.size()), posix::kModeReg | 0644, 0, kUser);
@@ -128,7 +99,7 @@ struct Full {
   }
   // The metadata member (ssd.a) keeps what the btree declared it needs.
   void ExpectBtreeRoom() {
-    const alloc::DeviceUsage u = eng->alloc().Usage(0);
+    const alloc::DeviceUsage u = store->alloc().Usage(0);
     const u64 free = u.by_state[u32(alloc::BucketState::kFree)];  // pending frees included
     EXPECT_GT(u.metadata_need, 0u);
     EXPECT_GE(free, u.metadata_need) << "user data took the btree's room";
@@ -169,14 +140,14 @@ void FullStillWorks(Full& t, int files) {
   half.size = 128 * 1024;
   Result<posix::Attr> tr = t.fs.SetAttrs(f1.value().ino, half);
   ASSERT_TRUE(tr.ok()) << "truncate on a full filesystem: " << tr.status().Message();
-  ASSERT_TRUE(t.eng->btrees().Checkpoint().ok());
+  ASSERT_TRUE(t.store->btrees().Checkpoint().ok());
   // Deleting half the files frees their space: writes work again.
   for (int i = 0; i < files; i += 2) {
     const std::string name = "fill" + std::to_string(i);
     Status st = t.fs.Unlink(posix::kRootIno, name.data(), u32(name.size()));
     ASSERT_TRUE(st.ok()) << "rm on a full filesystem: " << st.Message();
   }
-  ASSERT_TRUE(t.eng->btrees().Checkpoint().ok());
+  ASSERT_TRUE(t.store->btrees().Checkpoint().ok());
   Result<posix::Attr> a = t.Create("after");
   ASSERT_TRUE(a.ok()) << a.status().Message();
   std::string block(64 * 1024, 'z');
@@ -190,34 +161,34 @@ void FullStillWorks(Full& t, int files) {
 // HDD is full too, a write fails with ENOSPC and nothing else does.
 TEST(FullFilesystem, SpillsToTheHddBeforeMetadataSpaceAndStaysUsable) {
   Full t(/*with_hdd=*/true, 24);
-  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(t.open());
   int files = 0;
   Status st = t.FillData(&files);
   EXPECT_EQ(st.code(), Err::kNoSpace) << st.Message();
-  EXPECT_GT(t.eng->alloc().Stats().fallbacks, 0u) << "no data spilled onto the HDD";
-  const alloc::DeviceUsage hdd = t.eng->alloc().Usage(1);
+  EXPECT_GT(t.store->alloc().Stats().fallbacks, 0u) << "no data spilled onto the HDD";
+  const alloc::DeviceUsage hdd = t.store->alloc().Usage(1);
   EXPECT_GT(hdd.by_state[u32(alloc::BucketState::kUser)], hdd.nbuckets / 2) << "the HDD did not fill";
   t.ExpectBtreeRoom();
-  ASSERT_TRUE(t.eng->btrees().Checkpoint().ok()) << "a checkpoint of a full filesystem";
+  ASSERT_TRUE(t.store->btrees().Checkpoint().ok()) << "a checkpoint of a full filesystem";
   FullStillWorks(t, files);
   t.RemountAndCheck();
-  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(t.open());
   t.ExpectOddFilesIntact(files);
 }
 
 // One member: nothing to spill to. Data stops at the reserve; metadata goes on.
 TEST(FullFilesystem, OneMemberFullStaysUsableAndRemounts) {
   Full t(/*with_hdd=*/false, 24);
-  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(t.open());
   int files = 0;
   Status st = t.FillData(&files);
   EXPECT_EQ(st.code(), Err::kNoSpace) << st.Message();
   ASSERT_GT(files, 8);
   t.ExpectBtreeRoom();
-  ASSERT_TRUE(t.eng->btrees().Checkpoint().ok()) << "a checkpoint of a full filesystem";
+  ASSERT_TRUE(t.store->btrees().Checkpoint().ok()) << "a checkpoint of a full filesystem";
   FullStillWorks(t, files);
   t.RemountAndCheck();
-  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(t.open());
   t.ExpectOddFilesIntact(files);
 }
 
@@ -228,7 +199,7 @@ TEST(FullFilesystem, OneMemberFullStaysUsableAndRemounts) {
 // of the checkpoint ("btree: checkpoint failed") and nothing would work.
 TEST(FullFilesystem, MetadataGrowthStopsWithEnospcBeforeTheCheckpointsRoom) {
   Full t(/*with_hdd=*/false, 24);
-  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(t.open());
   int files = 0;
   Status st = t.FillData(&files);
   ASSERT_EQ(st.code(), Err::kNoSpace) << st.Message();
@@ -248,20 +219,20 @@ TEST(FullFilesystem, MetadataGrowthStopsWithEnospcBeforeTheCheckpointsRoom) {
   }
   ASSERT_EQ(grow.code(), Err::kNoSpace) << "metadata never filled the member: " << grow.Message();
   EXPECT_GT(made, 20);
-  EXPECT_GT(t.eng->alloc().Stats().metadata_refused, 0u);
-  ASSERT_TRUE(t.eng->btrees().Checkpoint().ok()) << "the btree's room was taken";
+  EXPECT_GT(t.store->alloc().Stats().metadata_refused, 0u);
+  ASSERT_TRUE(t.store->btrees().Checkpoint().ok()) << "the btree's room was taken";
   // Deletes always work; then metadata may grow again.
   for (int i = 0; i < made; i++) {
     const std::string name = "meta-" + std::string(180, char('a' + i % 26)) + "-" + std::to_string(i);
     Status u = t.fs.Unlink(posix::kRootIno, name.data(), u32(name.size()));
     ASSERT_TRUE(u.ok()) << "rm of " << i << " on a metadata-full filesystem: " << u.Message();
   }
-  ASSERT_TRUE(t.eng->btrees().Checkpoint().ok());
+  ASSERT_TRUE(t.store->btrees().Checkpoint().ok());
   Result<posix::Attr> again = t.Create("again");
   ASSERT_TRUE(again.ok()) << "a create after the deletes: " << again.status().Message();
   t.fs.Release(again.value().ino).IgnoreError();
   t.RemountAndCheck();
-  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(t.open());
 }
 
 }  // namespace

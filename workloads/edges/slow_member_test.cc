@@ -20,6 +20,7 @@
 
 #include "faultdevices/device.h"
 #include "faultdevices/profile.h"
+#include "mount/testing.h"
 #include "posix/fs.h"
 #include "store/store.h"
 #include "userspace/platform/mem_device.h"
@@ -84,12 +85,9 @@ bool FinishesInTime(const std::function<void()>& fn, const std::function<void()>
 // ssd.a (memory) + hdd.b (a FaultDevice over memory, no delay until stalled);
 // data and metadata on the SSD, the HDD the background target. Small buckets
 // and a small journal ring so that checkpoints come often.
-struct TwoTier {
+struct TwoTier : testing::MountedFs {
   std::unique_ptr<MemDevice> ssd;
   std::unique_ptr<FaultDevice> hdd;
-  std::unique_ptr<store::Store> eng;
-  data::DataPath data;  // (mount::Instance owns it in a mount; posix borrows it)
-  Filesystem fs;
 
   // `data_on`: the foreground (data) target, "ssd" or "hdd".
   explicit TwoTier(store::OpenOptions open = store::OpenOptions{}, const char* data_on = "ssd") {
@@ -101,46 +99,16 @@ struct TwoTier {
     hdd = FaultDevice::Open(*p, Mem("hdd0", 256ull << 20), &error);
     EXPECT_TRUE(hdd != nullptr) << error;
     if (hdd == nullptr) return;
-    store::FormatMember m[2] = {{ssd.get(), "ssd.a", 1}, {hdd.get(), "hdd.b", 1}};
-    store::FormatOptions fo;
-    fo.foreground_target = data_on;
-    fo.metadata_target = "ssd";
-    fo.background_target = "hdd";
-    fo.bucket_size = 256 * 1024;
-    fo.btree_node_size = 64 * 1024;
+    store::FormatOptions fo = testing::TwoTierFormat(data_on);
     fo.journal_buckets = journal::kMinRingBuckets;
-    Diag diag;
-    EXPECT_TRUE(store::Format(m, 2, fo, &diag).ok()) << diag.text;
-    BlockDevice* b[2] = {ssd.get(), hdd.get()};
-    eng = std::make_unique<store::Store>();
-    EXPECT_TRUE(eng->Open(b, 2, open, &diag).ok()) << diag.text;
-    Status ds = data.Open(eng.get());
-    EXPECT_TRUE(ds.ok()) << ds.Message();
-    Status ms = fs.Mount(eng.get(), &data, Filesystem::Options{});
-    EXPECT_TRUE(ms.ok()) << ms.Message();
+    if (!testing::FormatTwoTier(ssd.get(), hdd.get(), fo).ok()) return;
+    devs = {ssd.get(), hdd.get()};
+    store_options = open;
+    Mount();
   }
   ~TwoTier() {
     if (hdd != nullptr) hdd->Unstall();
-    if (eng != nullptr && eng->open()) {
-      EXPECT_TRUE(fs.Unmount().ok());
-      data.Close();
-      EXPECT_TRUE(eng->Close().ok());
-    }
-  }
-  bool ok() const { return eng != nullptr && eng->open(); }
-  // A clean unmount and mount of the same members.
-  void Remount() {
-    ASSERT_TRUE(fs.Unmount().ok());
-    data.Close();
-    ASSERT_TRUE(eng->Close().ok());
-    BlockDevice* b[2] = {ssd.get(), hdd.get()};
-    Diag diag;
-    eng = std::make_unique<store::Store>();
-    ASSERT_TRUE(eng->Open(b, 2, store::OpenOptions{}, &diag).ok()) << diag.text;
-    Status ds = data.Open(eng.get());
-    ASSERT_TRUE(ds.ok()) << ds.Message();
-    Status ms = fs.Mount(eng.get(), &data, Filesystem::Options{});
-    ASSERT_TRUE(ms.ok()) << ms.Message();
+    Unmount();
   }
   uint64_t HddTableWrites() const {
     return hdd->Stats().by_origin[int(IoOrigin::kAlloc)][int(IoOp::kWrite)].ops;
@@ -183,10 +151,10 @@ struct TwoTier {
 // Now a member nothing changed on is not written, and the HDD sees nothing.
 TEST(SlowMember, IdleStalledMemberHoldsBackNoCheckpointOrCommit) {
   TwoTier t;
-  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(t.open());
   t.hdd->StallFor(kHour);
   const uint64_t hdd_before = t.HddRequests();
-  const uint64_t ckpt_before = t.eng->alloc().Stats().checkpoints;
+  const uint64_t ckpt_before = t.store->alloc().Stats().checkpoints;
   std::atomic<int> failures{0};
   std::atomic<uint64_t> ops{0};
   // SSD-only creates, writes and fsyncs until the allocator has checkpointed
@@ -194,7 +162,7 @@ TEST(SlowMember, IdleStalledMemberHoldsBackNoCheckpointOrCommit) {
   auto work = [&] {
     std::string block(16384, 'x');
     for (int i = 0; i < 200000 && failures == 0; i++) {
-      if (t.eng->alloc().Stats().checkpoints >= ckpt_before + 3) return;
+      if (t.store->alloc().Stats().checkpoints >= ckpt_before + 3) return;
       const std::string name = "f" + std::to_string(i % 64);
       Result<posix::Attr> a = t.fs.Lookup(posix::kRootIno, name.data(), uint32_t(name.size()));
       if (!a.ok()) a = t.fs.Mknod(posix::kRootIno, name.data(), uint32_t(name.size()), posix::kModeReg | 0644, 0, kUser);
@@ -219,11 +187,11 @@ TEST(SlowMember, IdleStalledMemberHoldsBackNoCheckpointOrCommit) {
   };
   const bool in_time = FinishesInTime(work, [&] { t.hdd->Unstall(); });
   EXPECT_TRUE(in_time) << "SSD-only operations waited for the stalled HDD (" << ops.load() << " done, "
-                       << t.eng->alloc().Stats().checkpoints - ckpt_before << " allocator checkpoints)";
+                       << t.store->alloc().Stats().checkpoints - ckpt_before << " allocator checkpoints)";
   EXPECT_EQ(failures.load(), 0);
   const uint64_t hdd_after = t.HddRequests();
   EXPECT_EQ(hdd_after, hdd_before) << "SSD-only work sent requests to the idle HDD";
-  const alloc::AllocStats a = t.eng->alloc().Stats();
+  const alloc::AllocStats a = t.store->alloc().Stats();
   EXPECT_EQ(a.background_table_writes, 0u) << "the idle HDD's table was written";
   EXPECT_EQ(a.relogs, 0u) << "the idle HDD was relogged";
 }
@@ -287,7 +255,7 @@ struct CommitGate {
 TEST(SlowMember, ReadsDoNotWaitForACommitStuckInTheJournal) {
   CommitGate gate;
   TwoTier t(gate.Options());
-  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(t.open());
   const uint64_t ino = t.Create("f");
   std::string v1(8192, '1'), v2(8192, '2');
   ASSERT_TRUE(t.fs.Write(ino, 0, v1.data(), uint32_t(v1.size()), Filesystem::kWriteDirect).ok());
@@ -319,7 +287,7 @@ TEST(SlowMember, ReadsDoNotWaitForACommitStuckInTheJournal) {
 TEST(SlowMember, OtherFilesDoNotWaitForACommitHoldingAnInodeLock) {
   CommitGate gate;
   TwoTier t(gate.Options());
-  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(t.open());
   const uint64_t a = t.Create("a");
   const uint64_t b = t.CreateColliding(a, SameOldInodeStripe);
   ASSERT_NE(b, 0u);
@@ -357,7 +325,7 @@ TEST(SlowMember, OtherFilesDoNotWaitForACommitHoldingAnInodeLock) {
 // metadata on the SSD.
 TEST(SlowMember, CloseOfAFileDoesNotWaitForAnotherFilesStalledWrite) {
   TwoTier t(store::OpenOptions{}, "hdd");
-  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(t.open());
   const uint64_t a = t.Create("a");
   const uint64_t b = t.CreateColliding(a, SameOldDataStripe);
   ASSERT_NE(b, 0u);
@@ -402,7 +370,7 @@ TEST(SlowMember, FsyncOfSsdOnlyChangesDoesNotFlushAnHddWrittenBefore) {
   store::OpenOptions open;
   open.journal.flush_delay_ns = kHour;
   TwoTier t(open, "hdd");
-  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(t.open());
   const uint64_t a = t.Create("a");
   std::string data(65536, 'a');
   ASSERT_TRUE(t.fs.Write(a, 0, data.data(), uint32_t(data.size()), Filesystem::kWriteDirect).ok());
@@ -437,18 +405,18 @@ TEST(SlowMember, FsyncOfSsdOnlyChangesDoesNotFlushAnHddWrittenBefore) {
 // relogs, the entries of the original changes long overwritten.
 TEST(SlowMember, StalledHddWithChangedBucketsHoldsBackNoCommitAndItsStateSurvives) {
   TwoTier t(store::OpenOptions{}, "hdd");
-  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(t.open());
   const uint64_t a = t.Create("a");
   std::string data(1 << 20, 'a');
   ASSERT_TRUE(t.fs.Write(a, 0, data.data(), uint32_t(data.size()), Filesystem::kWriteDirect).ok());
-  ASSERT_GT(t.eng->alloc().Usage(1).by_state[uint8_t(alloc::BucketState::kUser)], 0u);
+  ASSERT_GT(t.store->alloc().Usage(1).by_state[uint8_t(alloc::BucketState::kUser)], 0u);
   // The counters, then no table write of the HDD in flight, then the stall:
   // a write counted in a0 has finished before the stall, and one the writer
   // starts after a0 (before the stall, then held by it, or during it)
   // counts. (Taken after the stall, a write started just before it and held
   // by it was in a0 and kept any other from starting: CI saw that once.)
-  const alloc::AllocStats a0 = t.eng->alloc().Stats();
-  t.eng->alloc().WaitForBackgroundWrites();
+  const alloc::AllocStats a0 = t.store->alloc().Stats();
+  t.store->alloc().WaitForBackgroundWrites();
   t.hdd->StallFor(kHour);
   // The HDD's buckets change while it stalls, with no HDD I/O: a truncate
   // frees them (its table, maybe written meanwhile, is stale again).
@@ -464,7 +432,7 @@ TEST(SlowMember, StalledHddWithChangedBucketsHoldsBackNoCommitAndItsStateSurvive
   // has been reclaimed over several allocator checkpoints.
   auto work = [&] {
     for (int i = 0; i < 400000 && failures == 0; i++) {
-      const alloc::AllocStats s = t.eng->alloc().Stats();
+      const alloc::AllocStats s = t.store->alloc().Stats();
       if (s.checkpoints >= a0.checkpoints + 4 && s.relogs >= a0.relogs + 3) return;
       const std::string name = "m" + std::to_string(i % 512);
       Result<posix::Attr> r = t.fs.Lookup(posix::kRootIno, name.data(), uint32_t(name.size()));
@@ -485,7 +453,7 @@ TEST(SlowMember, StalledHddWithChangedBucketsHoldsBackNoCommitAndItsStateSurvive
     failures++;
   };
   const bool in_time = FinishesInTime(work, [&] { t.hdd->Unstall(); });
-  const alloc::AllocStats a1 = t.eng->alloc().Stats();
+  const alloc::AllocStats a1 = t.store->alloc().Stats();
   EXPECT_TRUE(in_time) << "SSD-only operations waited for the stalled HDD (" << ops.load() << " done, "
                        << a1.checkpoints - a0.checkpoints << " checkpoints, " << a1.relogs - a0.relogs << " relogs)";
   EXPECT_EQ(failures.load(), 0);
@@ -496,10 +464,10 @@ TEST(SlowMember, StalledHddWithChangedBucketsHoldsBackNoCommitAndItsStateSurvive
 
   // A crash now, the HDD's background table write still held by the stall
   // (never flushed): what is durable on both members, remounted.
-  ASSERT_TRUE(t.eng->journal().Flush().ok());
-  const uint64_t n = t.eng->alloc().nbuckets(1);
+  ASSERT_TRUE(t.store->journal().Flush().ok());
+  const uint64_t n = t.store->alloc().nbuckets(1);
   std::vector<alloc::Bucket> want(n);
-  for (uint64_t b = 0; b < n; b++) want[b] = t.eng->alloc().Get(1, b);
+  for (uint64_t b = 0; b < n; b++) want[b] = t.store->alloc().Get(1, b);
   auto copy = [](const std::vector<uint8_t>& image, const char* name) {
     MemDeviceOptions o;
     o.name = name;
@@ -510,9 +478,7 @@ TEST(SlowMember, StalledHddWithChangedBucketsHoldsBackNoCommitAndItsStateSurvive
   auto ssd2 = copy(t.ssd->SnapshotDurable(), "ssd1");
   auto hdd2 = copy(static_cast<MemDevice&>(t.hdd->backing()).SnapshotDurable(), "hdd1");
   store::Store e2;
-  BlockDevice* b2[2] = {ssd2.get(), hdd2.get()};
-  Diag diag;
-  ASSERT_TRUE(e2.Open(b2, 2, store::OpenOptions{}, &diag).ok()) << diag.text;
+  ASSERT_TRUE(testing::OpenStore(&e2, {ssd2.get(), hdd2.get()}).ok());
   uint64_t differ = 0;
   for (uint64_t b = 0; b < n; b++) {
     const alloc::Bucket got = e2.alloc().Get(1, b);
@@ -535,7 +501,7 @@ TEST(SlowMember, StalledHddWithChangedBucketsHoldsBackNoCommitAndItsStateSurvive
 // mount cycle.
 TEST(SlowMember, IdleMemberTablesConvergeAndAreNotRewrittenPerMount) {
   TwoTier t;
-  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(t.open());
   const uint64_t a = t.Create("a");
   std::string data(65536, 'a');
   ASSERT_TRUE(t.fs.Write(a, 0, data.data(), uint32_t(data.size()), Filesystem::kWriteDirect).ok());
