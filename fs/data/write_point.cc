@@ -42,11 +42,15 @@ Result<DataPath::WritePoint*> DataPath::FindWritePoint(const IoContext& ctx) {
 }
 
 bool DataPath::WritePointBucket(const IoContext& ctx, alloc::BucketRef* out) {
-  auto wp = FindWritePoint(ctx);
-  if (!wp.ok()) return false;
-  MutexLock l(wp.value()->mu);
-  *out = wp.value()->ref;
-  return wp.value()->open;
+  const u32 n = nr_wps_.Load(MemOrder::kAcquire);
+  for (u32 i = 0; i < n; i++) {
+    WritePoint* wp = wps_[i];
+    if (!(wp->target == ctx.target && wp->io_class == ctx.io_class)) continue;
+    MutexLock l(wp->mu);
+    *out = wp->ref;
+    return wp->open;
+  }
+  return false;  // (a query: no write point is made for it)
 }
 
 Status DataPath::Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole, alloc::BucketRef* ref,

@@ -629,7 +629,7 @@ Status Filesystem::Mount(store::Store* store, data::DataPath* data, const Option
     return Status::Ok();
   }();
   if (st.ok() && opt_.write_buffers > 0) {
-    flusher_stop_ = false;
+    flusher_stop_.Store(false, MemOrder::kRelaxed);
     st = flusher_.Start(&FlusherMain, this, "tfs-flush");
     // (A platform that cannot take the hook leaves the buffers to their bound.)
     Status sh = st.ok() ? shrinker_.Register(&BufferPages, &AskShrink, this, "write-buffer") : Status::Ok();
@@ -1404,6 +1404,14 @@ Filesystem::Buffered* Filesystem::FindBuffer(u64 ino, bool create) {
   return nullptr;  // not open (a caller without a handle): write through
 }
 
+bool Filesystem::MayBuffer(u64 ino) {
+  const u32 s = Stripe(ino);
+  SharedLock l(open_mu_[s]);
+  for (const OpenCount& o : open_[s])
+    if (o.ino == ino) return o.buf != nullptr || buffers_.Load(MemOrder::kRelaxed) < opt_.write_buffers;
+  return false;
+}
+
 void Filesystem::FreeBuffer(Buffered* b) {
   if (b == nullptr) return;
   if (b->blocks > 0) ctr_.buffers_dropped.FetchAdd(1, MemOrder::kRelaxed);
@@ -1570,27 +1578,31 @@ void Filesystem::OverlayBuffered(u64 ino, Attr* a) {
 
 void Filesystem::FlusherMain(void* self) {
   Filesystem* fs = static_cast<Filesystem*>(self);
-  MutexLock l(fs->flusher_mu_);
-  while (!fs->flusher_stop_) {
-    if (fs->shrink_pages_.Load(MemOrder::kAcquire) == 0)
-      (void)fs->flusher_cv_.WaitFor(fs->flusher_mu_, Max<u64>(u64(fs->opt_.buffer_age_ms) * 1000000 / 4, 1000000));
-    if (fs->flusher_stop_) break;
-    fs->flusher_mu_.Unlock();
+  const u64 period = Max<u64>(u64(fs->opt_.buffer_age_ms) * 1000000 / 4, 1000000);
+  for (;;) {
+    // The kick is read before the checks: a stop or a shrinker's ask after
+    // them changes it, and the wait returns at once (no lost wake-up; the
+    // shrinker may not take a lock to signal).
+    const u32 kick = fs->flusher_kick_.Load(MemOrder::kAcquire);
+    if (fs->flusher_stop_.Load(MemOrder::kAcquire)) break;
+    if (fs->shrink_pages_.Load(MemOrder::kAcquire) == 0) (void)tfs_plat_wait(fs->flusher_kick_.Address(), kick, period);
+    if (fs->flusher_stop_.Load(MemOrder::kAcquire)) break;
     const u64 shrink = fs->shrink_pages_.Exchange(0, MemOrder::kAcqRel);
     if (shrink > 0) (void)fs->ShrinkBuffers(shrink);
     fs->FlushAged();
-    fs->flusher_mu_.Lock();
   }
+}
+
+void Filesystem::KickFlusher() {
+  flusher_kick_.FetchAdd(1, MemOrder::kAcqRel);
+  tfs_plat_wake(flusher_kick_.Address(), 0);
 }
 
 void Filesystem::StopFlusher() {
   shrinker_.Unregister();  // (returns once no call of it runs: none asks the flusher after this)
   if (!flusher_.running()) return;
-  {
-    MutexLock l(flusher_mu_);
-    flusher_stop_ = true;
-    flusher_cv_.Signal();
-  }
+  flusher_stop_.Store(true, MemOrder::kRelease);
+  KickFlusher();
   flusher_.Join();
 }
 
@@ -1601,8 +1613,12 @@ u64 Filesystem::BufferPages(void* self) {
 
 u64 Filesystem::AskShrink(void* self, u64 pages) {
   Filesystem* fs = static_cast<Filesystem*>(self);
-  fs->shrink_pages_.FetchAdd(pages, MemOrder::kAcqRel);
-  fs->flusher_cv_.Signal();
+  // The largest ask not yet served, not their sum: a look that finds the
+  // buffers not yet freed asks again for the same pages.
+  u64 cur = fs->shrink_pages_.Load(MemOrder::kAcquire);
+  while (cur < pages && !fs->shrink_pages_.CompareExchange(cur, pages, MemOrder::kAcqRel)) {
+  }
+  fs->KickFlusher();
   return 0;  // (freed by the flusher, not here: the next count shows it)
 }
 
@@ -1692,9 +1708,10 @@ Result<u32> Filesystem::Write(u64 ino, u64 off, const void* buf, u32 len, u32 fl
     TFS_TRY(DropPrivs(ino, f, writer));
   const u8* in = static_cast<const u8*>(buf);
   const u64 nb = (off + len + kBlock - 1) / kBlock - off / kBlock;
-  if ((flags & kWriteDirect) == 0 && nb <= kBufferBlocks / 2) {
+  if ((flags & kWriteDirect) == 0 && nb <= kBufferBlocks / 2 && MayBuffer(ino)) {
     // The buffer is found under the data lock: the memory-pressure shrinker
-    // (ShrinkBuffers) frees an open file's buffer under it.
+    // (ShrinkBuffers) frees an open file's buffer under it. (MayBuffer keeps
+    // writes that cannot be buffered off the exclusive lock.)
     DataGuard data(this, ino, true);
     TFS_TRY(data.status());
     Buffered* b = FindBuffer(ino, true);

@@ -521,6 +521,10 @@ class Filesystem {
   // writes runs out and frees buffers in its own thread.
   static u64 BufferPages(void* self);
   static u64 AskShrink(void* self, u64 pages);
+  // Whether a write of ino could be buffered: open, with a buffer or one to
+  // spare (a hint, read without the data lock).
+  bool MayBuffer(u64 ino);
+  void KickFlusher();
   // Writes out and frees open files' buffers until `pages` are freed (or
   // none is left); returns the pages freed.
   u64 ShrinkBuffers(u64 pages);
@@ -563,9 +567,8 @@ class Filesystem {
   Atomic<u64> buf_gen_{1};  // Buffered::gen values
   // The background flusher (ages buffers out).
   platform::Thread flusher_;
-  Mutex flusher_mu_;
-  CondVar flusher_cv_;
-  bool flusher_stop_ = false;
+  Atomic<u32> flusher_kick_{0};  // bumped (and woken) to make the flusher look now
+  Atomic<bool> flusher_stop_{false};
 };
 
 NameTable DirTable(u64 dir, const InodeFormat& d);

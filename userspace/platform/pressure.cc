@@ -1,4 +1,12 @@
 // The userspace shrinker registry and its pressure thread (see pressure.h).
+//
+// One registry per process: the shrinkers (held in a vector under one mutex,
+// which every call of a shrinker runs under, so that unregistering waits for
+// it) and the thread, started with the first shrinker and joined with the
+// last. The thread reads its files without the mutex, decides with the pure
+// functions below (PagesToShrink, UnderPressure, PressureEpisode) and logs
+// when pressure starts and ends. It may not take any filesystem lock itself:
+// the shrinkers try theirs.
 #include "userspace/platform/pressure.h"
 
 #include <errno.h>
@@ -29,6 +37,7 @@ struct Registry {
   std::condition_variable cv;  // with mu: wakes the thread to stop
   bool stop = false;
   bool pressured = false;  // the last look found pressure (logged on change)
+  PressureEpisode episode;
 };
 
 Registry& R() {
@@ -87,8 +96,8 @@ void ThreadMain() {
     r.stats.looks++;
     u64 countable = 0;
     for (tfs_plat_shrinker* s : r.shrinkers) countable += s->count(s->ctx);
-    const u64 pages = PagesToShrink(options, reading, countable);
-    const bool pressured = pages > 0;
+    const bool pressured = UnderPressure(options, reading);
+    const u64 pages = r.episode.Ask(pressured, PagesToShrink(options, reading, countable), countable);
     if (pressured != r.pressured) {
       r.pressured = pressured;
       char line[200];
@@ -100,6 +109,7 @@ void ThreadMain() {
     }
     if (!pressured) continue;
     r.stats.pressured++;
+    if (pages == 0) continue;
     r.stats.pages_asked += pages;
     r.stats.pages_freed += ShrinkLocked(r, pages);
   }
@@ -160,6 +170,24 @@ u64 PagesToShrink(const PressureOptions& options, const PressureReading& reading
   if (options.psi_some_pct > 0 && reading.psi_known && reading.some_avg10 >= double(options.psi_some_pct))
     pages = std::max<u64>(pages, (countable + 3) / 4);
   return std::min(pages, countable);
+}
+
+bool UnderPressure(const PressureOptions& options, const PressureReading& reading) {
+  return (options.rss_limit > 0 && reading.rss > options.rss_limit) ||
+         (options.psi_some_pct > 0 && reading.psi_known && reading.some_avg10 >= double(options.psi_some_pct));
+}
+
+u64 PressureEpisode::Ask(bool pressure, u64 pages, u64 countable) {
+  if (!pressure) {
+    active = false;
+    return 0;
+  }
+  if (!active) {
+    active = true;
+    floor = countable - std::min(pages, countable);
+    return pages;
+  }
+  return countable > floor ? std::min(pages, countable - floor) : 0;
 }
 
 u64 ShrinkAll(u64 pages) {

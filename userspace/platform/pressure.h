@@ -13,6 +13,11 @@
 // and asks the shrinkers for that many pages, shared in proportion to what
 // each could give (count). What a shrinker cannot free at once (dirty data:
 // the write buffer) it hands to its own thread, so the next look sees less.
+// Once per pressure episode: freed cache memory does not lower the RSS one
+// for one (the allocator keeps part of it mapped) and PSI's avg10 stays up
+// for seconds after a spike, so asking again every look would empty the
+// caches; after the first ask the caches are only held at the level it left
+// (what they grew back is asked for), until the pressure is over.
 //
 // Thread safety: everything from any thread. A shrinker's calls run with
 // the registry's mutex held, so unregistering waits for them.
@@ -44,6 +49,14 @@ std::string PressureFile();
 PressureReading ReadPressure();
 // Pages to ask of shrinkers that could give `countable` pages, for a reading.
 u64 PagesToShrink(const PressureOptions& options, const PressureReading& reading, u64 countable);
+bool UnderPressure(const PressureOptions& options, const PressureReading& reading);
+// One pressure episode (see above): what a look asks, given whether it found
+// pressure, PagesToShrink's answer and what the caches hold now.
+struct PressureEpisode {
+  bool active = false;
+  u64 floor = 0;  // what the caches held after the episode's first ask
+  u64 Ask(bool pressure, u64 pages, u64 countable);
+};
 // Asks every registered shrinker for its share of `pages`; returns the pages
 // they gave back. (The thread's step; tests and tools call it directly.)
 u64 ShrinkAll(u64 pages);

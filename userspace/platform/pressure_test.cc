@@ -49,6 +49,24 @@ TEST(PressureTest, PagesToShrinkFollowsRssAndPsi) {
   EXPECT_EQ(PagesToShrink(o, r, 1000), 0u);  // no PSI file: only the RSS limit counts
 }
 
+TEST(PressureTest, AnEpisodeTrimsOnceAndThenHoldsTheLevel) {
+  PressureEpisode e;
+  EXPECT_EQ(e.Ask(false, 0, 1000), 0u);
+  EXPECT_EQ(e.Ask(true, 250, 1000), 250u);  // the first look of an episode: all of it
+  EXPECT_EQ(e.Ask(true, 250, 750), 0u);     // the same pressure again: held, not emptied
+  EXPECT_EQ(e.Ask(true, 250, 800), 50u);    // what it grew back
+  EXPECT_EQ(e.Ask(true, 10, 900), 10u);     // at most what the look asks
+  EXPECT_EQ(e.Ask(false, 0, 900), 0u);      // over
+  EXPECT_EQ(e.Ask(true, 225, 900), 225u);   // a new episode trims again
+  PressureOptions o;
+  o.rss_limit = 100;
+  PressureReading r;
+  r.rss = 101;
+  EXPECT_TRUE(UnderPressure(o, r));
+  r.rss = 100;
+  EXPECT_FALSE(UnderPressure(o, r));
+}
+
 TEST(PressureTest, ShrinkAllSharesByWhatEachCouldGive) {
   FakeCache a, b;
   a.pages = 300;
@@ -84,7 +102,14 @@ TEST(PressureTest, TheThreadAsksTheCachesWhenOverTheLimit) {
   {
     platform::Shrinker s;
     ASSERT_TRUE(s.Register(&FakeCache::Count, &FakeCache::Scan, &c, "c").ok());
-    while (c.scans.load() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    while (c.scans.load() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    // The first ask emptied it (the limit is far below); within the episode
+    // only what it grows back is asked for.
+    while (GetPressureStats().looks - looks0 < 3) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_EQ(c.scans.load(), 1u);
+    c.pages += 100;
+    while (c.scans.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    while (c.pages.load() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }  // unregistered (and the thread stopped): no scan after this
   const u64 scans = c.scans.load();
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
