@@ -137,6 +137,17 @@ static void submit(struct tfs_block_device* dev, struct tfs_block_request* r) {
 
 static const struct tfs_block_device_ops c_mem_ops = {submit};
 
+/* Frees a device whose worker is not running (never started, or joined). */
+static void release(struct c_mem* m) {
+  pthread_cond_destroy(&m->idle);
+  pthread_cond_destroy(&m->work);
+  pthread_mutex_destroy(&m->mu);
+  free(m->current);
+  free(m->durable);
+  free(m->dirty);
+  free(m);
+}
+
 struct tfs_block_device* tfs_c_mem_create(const struct tfs_c_mem_options* o) {
   struct c_mem* m;
   tfs_u64 lbs = o->logical_block_size;
@@ -161,13 +172,7 @@ struct tfs_block_device* tfs_c_mem_create(const struct tfs_c_mem_options* o) {
   pthread_cond_init(&m->work, NULL);
   pthread_cond_init(&m->idle, NULL);
   if (pthread_create(&m->worker, NULL, worker_main, m) != 0) {
-    pthread_cond_destroy(&m->idle);
-    pthread_cond_destroy(&m->work);
-    pthread_mutex_destroy(&m->mu);
-    free(m->current);
-    free(m->durable);
-    free(m->dirty);
-    free(m);
+    release(m);
     return NULL;
   }
   m->dev.ops = &c_mem_ops;
@@ -190,13 +195,7 @@ void tfs_c_mem_destroy(struct tfs_block_device* dev) {
   pthread_cond_signal(&m->work);
   pthread_mutex_unlock(&m->mu);
   pthread_join(m->worker, NULL);
-  pthread_cond_destroy(&m->idle);
-  pthread_cond_destroy(&m->work);
-  pthread_mutex_destroy(&m->mu);
-  free(m->current);
-  free(m->durable);
-  free(m->dirty);
-  free(m);
+  release(m);
 }
 
 void tfs_c_mem_fail_next(struct tfs_block_device* dev, int op, int error) {
