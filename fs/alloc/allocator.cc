@@ -763,7 +763,9 @@ Status Allocator::CheckpointForRoom(bool relog) {
   return st;
 }
 
-// A slow member's background table write: the slot, then a flush.
+// A slow member's background table write: the slot, then a flush. Each step
+// is submitted from process context: StartTableWrite, then the deferred work
+// that each completion queues (OnTableWritten -> ContinueTableWrite).
 struct Allocator::TableWrite {
   Allocator* a = nullptr;
   u32 dev = 0;
@@ -775,6 +777,11 @@ struct Allocator::TableWrite {
   u64 offset = 0, bytes = 0, head = 0;  // the slot, and its first logical block (written last)
   // The slot but its head, a flush; then the head, FUA (WriteTable's order).
   dev::Io write, flush, head_write;
+  // The step that completed last, for the deferred work (one step in flight
+  // at a time, so one Work item).
+  dev::Io* completed = nullptr;
+  Status completed_status;
+  Work next;
 };
 
 void Allocator::StartTableWrite(u32 dev) {
@@ -797,6 +804,8 @@ void Allocator::StartTableWrite(u32 dev) {
     }
     w->a = this;
     w->dev = dev;
+    w->next.fn = ContinueTableWrite;
+    w->next.arg = w;
     w->slot = d.last_slot ^ 1;
     w->checkpoint = d.checkpoint + 1;
     w->changes = unsettled ? d.changes - 1 : d.changes;  // frees left out: written again
@@ -843,8 +852,19 @@ void Allocator::SubmitTableIo(TableWrite* w, dev::Io* io, IoOp op, u64 at, u64 l
 }
 
 void Allocator::OnTableWritten(dev::Io* io, Status st) {
+  // A completion: it may not submit the next step or take mu_ (FinishTableWrite).
+  // Always deferred -- a background write, never on a latency path.
   auto* w = static_cast<TableWrite*>(io->caller_data);
+  w->completed = io;
+  w->completed_status = st;
+  w->a->devs_->work().Queue(&w->next);
+}
+
+void Allocator::ContinueTableWrite(void* arg) {
+  auto* w = static_cast<TableWrite*>(arg);
   Allocator* a = w->a;
+  const dev::Io* io = w->completed;
+  const Status st = w->completed_status;
   if (!st.ok() || io == &w->head_write) {
     a->FinishTableWrite(w, st);
   } else if (io == &w->write) {

@@ -46,6 +46,8 @@
 // differs from its newest durable table is journaled again as it is now, so
 // the member's journal pin moves to the journal's head instead of holding the
 // ring until its table is on disk. Replay (newest version wins) is unchanged.
+// The write's steps (records, flush, head) follow one another on the device
+// set's deferred work (dev::DeviceSet::work()), never inside a completion.
 //
 // Load() + Apply() of replayed keys rebuild the state
 // without scanning any other metadata.
@@ -289,7 +291,10 @@ class Allocator {
     journal::Pin writing_pin;      // what that write covers (moved to a relog if one runs first)
   };
   struct TableWrite;  // one background table write
+  // Its completions (which only queue the next step on the device set's
+  // deferred work: completion context) and that next step (process context).
   static void OnTableWritten(dev::Io* io, Status st);
+  static void ContinueTableWrite(void* arg);
   void SubmitTableIo(TableWrite* w, dev::Io* io, IoOp op, u64 at, u64 len);
   void FinishTableWrite(TableWrite* w, Status st);
   // Starts a slow member's background table write (mu_ not held).

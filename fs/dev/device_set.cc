@@ -20,6 +20,8 @@ Status ValidateLabel(const char* label) {
 }
 
 DeviceSet::~DeviceSet() {
+  // First: no deferred work may run once a queue is gone.
+  work_.Stop();
   for (u32 i = 0; i < count_; i++) platform::Delete(members_[i]);
 }
 
@@ -29,9 +31,10 @@ Result<Member*> DeviceSet::Add(BlockDevice* bdev, const char* label, const Queue
   for (u32 i = 0; i < count_; i++) {
     if (StrEqual(members_[i]->label_, label)) return Err::kInvalidArgument;
   }
+  if (!work_.started()) TFS_TRY(work_.Start("tfs-work"));
   Member* m = platform::New<Member>();
   if (m == nullptr) return Err::kNoMemory;
-  Status st = m->queue_.Init(bdev, qc);
+  Status st = m->queue_.Init(bdev, qc, &work_);
   if (!st.ok()) {
     platform::Delete(m);
     return st;

@@ -9,6 +9,12 @@
 // The set is built once at format or mount time (Add) and is then read-only, so
 // lookups need no lock. Members do not own their BlockDevice: the front end that
 // opened a device closes it after the set is gone.
+//
+// The set also owns the deferred work of its members' completions
+// (platform/work.h): one WorkQueue, started with the first member, for the I/O
+// a completion may not send to its device itself and for the allocator's
+// background table writes. It outlives every completion of its queues, and
+// ~DeviceSet drains and stops it before any member (and its queue) goes.
 #ifndef TFS_DEV_DEVICE_SET_H_
 #define TFS_DEV_DEVICE_SET_H_
 
@@ -67,9 +73,15 @@ class DeviceSet {
   // Members whose queues hold durability debt (writes not yet covered by a flush).
   DevMask DebtMask() const;
 
+  // The members' deferred work (running once a member was added). Items
+  // queued here must be done before whatever they touch goes (the allocator
+  // waits for its table writes); the set's destructor runs what is left.
+  WorkQueue& work() { return work_; }
+
  private:
   Member* members_[kMaxDevices] = {};
   u32 count_ = 0;
+  WorkQueue work_;
 };
 
 // Iterates over the set bits of a mask: for (u32 i : Bits(mask)).

@@ -2,10 +2,13 @@
 // admission, origin accounting, stall detection and durability-debt tracking
 // (see io_queue.h and docs/design/io-queues.md).
 //
-// Invariants: in_flight_ <= max_in_flight; I/Os of classes below kForegroundAsync
-// never push in_flight_ past max_in_flight - reserved; a queued I/O never waits
-// while a slot its class may use is free (every completion and every submission
-// re-runs TakeRunnable). mu_ is dropped before calling the device or a callback.
+// Invariants: in_flight_ <= max_in_flight (deferred_ I/Os count: their slot is
+// taken); I/Os of classes below kForegroundAsync never push in_flight_ past
+// max_in_flight - reserved; a queued I/O never waits while a slot its class may
+// use is free (every completion and every submission re-runs TakeRunnable).
+// mu_ is dropped before calling the device or a callback. A completion takes
+// no sleeping lock, allocates nothing, and on a device whose completions may
+// not submit (defer_) sends nothing to it: deferred_ and dispatch_work_ do.
 #include "dev/io_queue.h"
 
 #include "platform/platform.h"
@@ -49,20 +52,28 @@ IoClass DefaultClass(IoOrigin origin) {
 }
 
 IoQueue::~IoQueue() {
+  // (The last completion may have queued the dispatch work for nothing.)
+  if (defer_) work_->Cancel(&dispatch_work_);
   if (stats_ != nullptr) {
-    MutexLock lock(mu_);
-    TFS_BUG_ON(in_flight_ != 0 || queued_ != 0);
+    SpinGuard lock(mu_);
+    TFS_BUG_ON(in_flight_ != 0 || queued_ != 0 || !deferred_.empty());
   }
   for (int i = 0; stats_ != nullptr && i < kIoOriginCount; i++) stats_[i].~OriginStats();
   platform::Free(stats_);
 }
 
-Status IoQueue::Init(BlockDevice* bdev, const QueueConfig& config) {
+Status IoQueue::Init(BlockDevice* bdev, const QueueConfig& config, WorkQueue* work) {
   if (bdev == nullptr || config.max_in_flight == 0 || config.reserved >= config.max_in_flight ||
       config.readahead_max_in_flight == 0)
     return Err::kInvalidArgument;
+  const bool defer = !bdev->Info().completions_may_submit;
+  if (defer && work == nullptr) return Err::kInvalidArgument;
   bdev_ = bdev;
   config_ = config;
+  defer_ = defer;
+  work_ = work;
+  dispatch_work_.fn = DispatchDeferred;
+  dispatch_work_.arg = this;
   stats_ = static_cast<OriginStats*>(
       platform::Alloc(sizeof(OriginStats) * kIoOriginCount, alignof(OriginStats)));
   if (stats_ == nullptr) return Err::kNoMemory;
@@ -108,6 +119,7 @@ void IoQueue::Dispatch(IntrusiveList<Io, &Io::link>* ready) {
 }
 
 void IoQueue::Submit(Io* io, bool waiting) {
+  TFS_MAY_SLEEP("IoQueue::Submit");  // (a completion hands its next I/O to work)
   io->queue = this;
   io->req.done = OnComplete;
   io->req.caller_data = io;
@@ -120,7 +132,7 @@ void IoQueue::Submit(Io* io, bool waiting) {
   }
   IntrusiveList<Io, &Io::link> ready;
   {
-    MutexLock lock(mu_);
+    SpinGuard lock(mu_);
     io->enqueue_ns = platform::NowNs();
     queues_[u8(io->cls) % kIoClassCount].PushBack(io);
     queued_++;
@@ -150,13 +162,14 @@ void IoQueue::Submit(Io* io, bool waiting) {
 }
 
 Status IoQueue::SubmitReadahead(Io* io) {
+  TFS_MAY_SLEEP("IoQueue::SubmitReadahead");
   io->cls = IoClass::kReadahead;
   io->queue = this;
   io->req.done = OnComplete;
   io->req.caller_data = io;
   io->fua_phase = 0;
   {
-    MutexLock lock(mu_);
+    SpinGuard lock(mu_);
     u64 now = platform::NowNs();
     if (queued_ > 0 || in_flight_ >= config_.readahead_max_in_flight ||
         !SlotAvailable(IoClass::kReadahead) || StalledLocked(now)) {
@@ -172,7 +185,15 @@ Status IoQueue::SubmitReadahead(Io* io) {
 
 void IoQueue::OnComplete(IoRequest* req, Status st) {
   Io* io = static_cast<Io*>(req->caller_data);
+#if TFS_LOCK_CHECKS
+  // The whole completion, done callback included, must not sleep: the
+  // kernel may run it in interrupt context.
+  platform::NoSleepEnter();
   io->queue->Complete(io, st);
+  platform::NoSleepLeave();
+#else
+  io->queue->Complete(io, st);
+#endif
 }
 
 void IoQueue::Complete(Io* io, Status st) {
@@ -192,8 +213,9 @@ void IoQueue::Complete(Io* io, Status st) {
   io->req.flags &= u8(~IoRequest::kInline);  // (a flush continuing it runs from here)
   bool continue_as_flush = st.ok() && io->fua_phase == 1;
   IntrusiveList<Io, &Io::link> ready;
+  bool kick = false;  // deferred_ has I/Os for dispatch_work_
   {
-    MutexLock lock(mu_);
+    SpinGuard lock(mu_);
     u64 service = now - io->dispatch_ns;
     OriginStats& s = stats_[u8(io->req.origin) % kIoOriginCount];
     s.ops[u8(op) % kIoOpCount]++;
@@ -204,19 +226,27 @@ void IoQueue::Complete(Io* io, Status st) {
                            ? service
                            : u64(i64(latency_ewma_ns_) + (i64(service) - i64(latency_ewma_ns_)) / 8);
     last_completion_ns_ = now;
+    const usize deferred_before = deferred_.size();
     if (continue_as_flush) {
       // Keep the slot: the same Io now flushes what it wrote.
       io->fua_phase = 2;
       io->req.op = IoOp::kFlush;
       io->flush_gen = write_gen_.Load(MemOrder::kAcquire);
       io->dispatch_ns = now;
+      if (defer_) deferred_.PushBack(io);
     } else {
       in_flight_--;
-      TakeRunnable(&ready);
+      TakeRunnable(defer_ ? &deferred_ : &ready);
     }
+    const usize added = deferred_.size() - deferred_before;
+    deferred_dispatches_ += added;
+    kick = added != 0;
   }
+  // (Queued after the unlock: a worker already sending deferred_ may take
+  // these too, and then runs once more for nothing.)
+  if (kick) work_->Queue(&dispatch_work_);
   if (continue_as_flush) {
-    bdev_->Submit(&io->req);
+    if (!defer_) bdev_->Submit(&io->req);
     return;
   }
   if (io->fua_phase == 2) {
@@ -226,6 +256,16 @@ void IoQueue::Complete(Io* io, Status st) {
   }
   Dispatch(&ready);
   io->done(io, st);
+}
+
+void IoQueue::DispatchDeferred(void* self) {
+  auto* q = static_cast<IoQueue*>(self);
+  IntrusiveList<Io, &Io::link> ready;
+  {
+    SpinGuard lock(q->mu_);
+    while (Io* io = q->deferred_.PopFront()) ready.PushBack(io);
+  }
+  q->Dispatch(&ready);
 }
 
 bool IoQueue::StalledLocked(u64 now) const {
@@ -241,12 +281,12 @@ bool IoQueue::StalledLocked(u64 now) const {
 }
 
 bool IoQueue::Stalled() const {
-  MutexLock lock(mu_);
+  SpinGuard lock(mu_);
   return StalledLocked(platform::NowNs());
 }
 
 QueueState IoQueue::State() const {
-  MutexLock lock(mu_);
+  SpinGuard lock(mu_);
   QueueState s;
   s.in_flight = in_flight_;
   s.queued = queued_;
@@ -255,11 +295,12 @@ QueueState IoQueue::State() const {
   s.durability_debt = HasDurabilityDebt();
   s.readahead_declined = readahead_declined_;
   s.stall_events = stall_events_;
+  s.deferred_dispatches = deferred_dispatches_;
   return s;
 }
 
 void IoQueue::ReadStats(IoOrigin origin, OriginStats* out) const {
-  MutexLock lock(mu_);
+  SpinGuard lock(mu_);  // (two histograms' copies: bounded)
   const OriginStats& s = stats_[u8(origin) % kIoOriginCount];
   MemCopy(out->ops, s.ops, sizeof(s.ops));
   MemCopy(out->bytes, s.bytes, sizeof(s.bytes));

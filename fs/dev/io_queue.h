@@ -14,15 +14,27 @@
 //  - it tracks durability debt: writes that completed but that no later flush has
 //    covered. A journal commit pre-flushes only devices with debt.
 //
-// Thread safety: all methods from any thread. `mu_` guards the queues, slot counts
-// and statistics; it is never held while calling into the BlockDevice or a
-// completion callback (both may re-enter the queue).
+// Completion context: the device's completion (OnComplete) may run in
+// interrupt context in the kernel. It does only the queue's bookkeeping under
+// a SpinLock, then calls the Io's `done`, which obeys the same rule (only
+// SpinLocks, wakes; no Mutex, no allocation, no submission). The I/Os a
+// completion makes runnable go to the device from the completion itself when
+// the device allows it (BlockDeviceInfo::completions_may_submit: every
+// userspace device -- no thread hop on the foreground path), otherwise from
+// deferred work on the owner's WorkQueue (process context). Checked builds
+// (TFS_LOCK_CHECKS) mark the whole completion as one where nothing may sleep.
+//
+// Thread safety: all methods from any thread; Submit and SubmitReadahead from
+// process context only. `mu_` (a SpinLock: completions take it) guards the
+// queues, slot counts and statistics; it is never held while calling into the
+// BlockDevice or a completion callback (both may re-enter the queue).
 #ifndef TFS_DEV_IO_QUEUE_H_
 #define TFS_DEV_IO_QUEUE_H_
 
 #include "platform/atomic.h"
 #include "platform/block_device.h"
 #include "platform/sync.h"
+#include "platform/work.h"
 #include "util/counters.h"
 #include "util/histogram.h"
 #include "util/list.h"
@@ -88,7 +100,8 @@ struct OriginStats {
   X(stalled, flag, "no completion for stall_threshold_ns")              \
   X(durability_debt, flag, "writes completed that no later flush has covered") \
   X(readahead_declined, counter, "readaheads declined: the queue was busy or stalled") \
-  X(stall_events, counter, "times a stall was observed (see Stalled())")
+  X(stall_events, counter, "times a stall was observed (see Stalled())") \
+  X(deferred_dispatches, counter, "I/Os a completion made runnable, sent to the device by deferred work")
 
 struct QueueState {
   TFS_COUNTER_FIELDS(TFS_QUEUE_COUNTERS)
@@ -101,9 +114,11 @@ class IoQueue {
   IoQueue(const IoQueue&) = delete;
   IoQueue& operator=(const IoQueue&) = delete;
 
-  // kInvalidArgument for an unusable config (reserved >= max_in_flight, zeros);
-  // kNoMemory if the statistics cannot be allocated.
-  Status Init(BlockDevice* bdev, const QueueConfig& config);
+  // kInvalidArgument for an unusable config (reserved >= max_in_flight, zeros)
+  // or for a device whose completions may not submit without a `work` queue
+  // to defer to (it must outlive the IoQueue); kNoMemory if the statistics
+  // cannot be allocated.
+  Status Init(BlockDevice* bdev, const QueueConfig& config, WorkQueue* work = nullptr);
 
   // Starts `io` now if its class may take a slot, else queues it. Never blocks,
   // unless `waiting` (the caller waits for it next, in this thread): then an io
@@ -127,20 +142,31 @@ class IoQueue {
  private:
   static void OnComplete(IoRequest* req, Status st);
   void Complete(Io* io, Status st);
-  // Whether an I/O of class `c` may take a slot now. Requires mu_.
-  bool SlotAvailable(IoClass c) const;
-  // Moves queued I/Os that may run into `out` (in priority order). Requires mu_.
-  void TakeRunnable(IntrusiveList<Io, &Io::link>* out);
-  // Marks `io` dispatched (slot taken, timestamps). Requires mu_.
-  void MarkDispatched(Io* io, u64 now);
+  // The deferred work: sends deferred_ to the device (process context).
+  static void DispatchDeferred(void* self);
+  // Whether an I/O of class `c` may take a slot now.
+  bool SlotAvailable(IoClass c) const TFS_REQUIRES(mu_);
+  // Moves queued I/Os that may run into `out` (in priority order).
+  void TakeRunnable(IntrusiveList<Io, &Io::link>* out) TFS_REQUIRES(mu_);
+  // Marks `io` dispatched (slot taken, timestamps).
+  void MarkDispatched(Io* io, u64 now) TFS_REQUIRES(mu_);
   void Dispatch(IntrusiveList<Io, &Io::link>* ready);
-  bool StalledLocked(u64 now) const;
+  bool StalledLocked(u64 now) const TFS_REQUIRES(mu_);
 
   BlockDevice* bdev_ = nullptr;
   QueueConfig config_;
+  // !completions_may_submit: what completions make runnable goes through
+  // deferred_ and dispatch_work_ on work_.
+  bool defer_ = false;
+  WorkQueue* work_ = nullptr;
+  Work dispatch_work_;
 
-  mutable Mutex mu_;
+  mutable SpinLock mu_;
   IntrusiveList<Io, &Io::link> queues_[kIoClassCount] TFS_GUARDED_BY(mu_);
+  // Dispatched (slot taken, in priority order) by a completion, waiting for
+  // dispatch_work_ to send them to the device.
+  IntrusiveList<Io, &Io::link> deferred_ TFS_GUARDED_BY(mu_);
+  u64 deferred_dispatches_ TFS_GUARDED_BY(mu_) = 0;
   u32 in_flight_ TFS_GUARDED_BY(mu_) = 0;
   u32 queued_ TFS_GUARDED_BY(mu_) = 0;
   u64 busy_since_ns_ TFS_GUARDED_BY(mu_) = 0;

@@ -56,6 +56,136 @@ QueueConfig SmallConfig() {
   return c;
 }
 
+// Waits (up to 10 s) until `pred` holds.
+template <typename Pred>
+bool Eventually(Pred pred) {
+  for (int i = 0; i < 10000; i++) {
+    if (pred()) return true;
+    platform::SleepNs(platform::kNsPerMs);
+  }
+  return pred();
+}
+
+int TagOf(const IoRequest& logged) {
+  return static_cast<TestIo*>(static_cast<Io*>(logged.caller_data)->caller_data)->tag;
+}
+
+// A device whose completions may run in interrupt context is never submitted
+// to from one: the I/Os a completion makes runnable take their slots there,
+// in class priority order, and deferred work sends them. The completions here
+// run on the test thread; the device counts submissions made inside them.
+TEST(IoQueueTest, ACompletionThatMayNotSubmitLeavesTheDispatchToDeferredWork) {
+  ManualDevice dev(1 << 20, /*supports_fua=*/true, /*completions_may_submit=*/false);
+  {
+    IoQueue no_work;
+    EXPECT_TRUE(no_work.Init(&dev, SmallConfig()).Is(ErrorClass::kInvalid));  // nowhere to defer to
+  }
+  WorkQueue wq;
+  ASSERT_TRUE(wq.Start("io-queue-test").ok());
+  IoQueue q;
+  QueueConfig c = SmallConfig();
+  c.max_in_flight = 2;
+  c.reserved = 0;
+  ASSERT_TRUE(q.Init(&dev, c, &wq).ok());
+  Tracker t;
+  std::vector<std::unique_ptr<TestIo>> ios;
+  auto submit = [&](int tag, IoOrigin o, IoClass cls) {
+    ios.push_back(MakeIo(&t, tag, IoOp::kRead, o, cls));
+    q.Submit(&ios.back()->io);
+  };
+  submit(90, IoOrigin::kOther, IoClass::kForegroundAsync);  // both slots, from this thread
+  submit(91, IoOrigin::kOther, IoClass::kForegroundAsync);
+  submit(5, IoOrigin::kCopygc, IoClass::kBackground);
+  submit(4, IoOrigin::kBtree, IoClass::kBtree);
+  submit(3, IoOrigin::kForegroundWrite, IoClass::kForegroundAsync);
+  submit(2, IoOrigin::kJournal, IoClass::kJournal);
+  submit(1, IoOrigin::kForegroundRead, IoClass::kForegroundSync);
+  EXPECT_EQ(dev.pending(), 2u);
+  EXPECT_EQ(q.State().queued, 5u);
+  // One completion at a time, each followed by the deferred dispatch of the
+  // I/O it made runnable (its slot is taken at once: in_flight counts it).
+  while (dev.CompleteNext()) {
+    ASSERT_TRUE(Eventually([&] { return dev.pending() == q.State().in_flight; }));
+  }
+  EXPECT_EQ(t.completed, (std::vector<int>{90, 91, 1, 2, 3, 4, 5}));
+  std::vector<int> dispatched;
+  for (const IoRequest& r : dev.log()) dispatched.push_back(TagOf(r));
+  EXPECT_EQ(dispatched, (std::vector<int>{90, 91, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(dev.submits_in_completion(), 0u);
+  EXPECT_EQ(q.State().deferred_dispatches, 5u);
+  EXPECT_EQ(q.State().in_flight, 0u);
+  EXPECT_GE(wq.Stats().ran, 1u);
+}
+
+// The same for an emulated FUA write: its flush part goes out from deferred
+// work, under the slot the write part held.
+TEST(IoQueueTest, AnEmulatedFuaWritesFlushIsDeferredToo) {
+  ManualDevice dev(1 << 20, /*supports_fua=*/false, /*completions_may_submit=*/false);
+  WorkQueue wq;
+  ASSERT_TRUE(wq.Start("io-queue-test").ok());
+  IoQueue q;
+  ASSERT_TRUE(q.Init(&dev, SmallConfig(), &wq).ok());
+  Tracker t;
+  auto w = MakeIo(&t, 1, IoOp::kWrite, IoOrigin::kJournal, IoClass::kJournal, IoRequest::kFua);
+  q.Submit(&w->io);
+  ASSERT_TRUE(dev.CompleteNext());  // the write part
+  ASSERT_TRUE(Eventually([&] { return dev.pending() == 1; }));
+  EXPECT_EQ(q.State().in_flight, 1u);
+  EXPECT_TRUE(t.completed.empty());
+  ASSERT_TRUE(dev.CompleteNext());  // the flush part
+  EXPECT_EQ(t.completed, (std::vector<int>{1}));
+  const std::vector<IoRequest> log = dev.log();
+  ASSERT_EQ(log.size(), 2u);
+  EXPECT_EQ(log[1].op, IoOp::kFlush);
+  EXPECT_EQ(dev.submits_in_completion(), 0u);
+  EXPECT_EQ(q.State().deferred_dispatches, 1u);
+  EXPECT_FALSE(q.HasDurabilityDebt());
+}
+
+// A full queue over a device completing in random order on its own thread
+// (played interrupt context: a submission from one of its completions
+// traps): every I/O completes.
+TEST(IoQueueTest, EveryQueuedIoCompletesOnADeviceWhoseCompletionsMayNotSubmit) {
+  userspace::MemDeviceOptions o;
+  o.size = 1 << 20;
+  o.completions_may_submit = false;
+  userspace::MemDevice dev(o);
+  WorkQueue wq;
+  ASSERT_TRUE(wq.Start("io-queue-test").ok());
+  IoQueue q;
+  ASSERT_TRUE(q.Init(&dev, SmallConfig(), &wq).ok());
+  constexpr int kIos = 300;
+  Latch latch(kIos);
+  struct Ctx {
+    Io io;
+    char buf[512];
+    Latch* latch;
+  };
+  std::vector<std::unique_ptr<Ctx>> ctxs;
+  const IoClass classes[] = {IoClass::kForegroundSync, IoClass::kJournal, IoClass::kBtree, IoClass::kBackground};
+  for (int i = 0; i < kIos; i++) {
+    auto c = std::make_unique<Ctx>();
+    c->latch = &latch;
+    c->io.req.op = i % 3 == 0 ? IoOp::kRead : IoOp::kWrite;
+    c->io.req.origin = IoOrigin::kOther;
+    c->io.req.offset = u64(i % 64) * 512;
+    c->io.req.length = 512;
+    c->io.req.buf = c->buf;
+    c->io.cls = classes[i % 4];
+    c->io.caller_data = c.get();
+    c->io.done = [](Io* io, Status st) {
+      EXPECT_TRUE(st.ok());
+      static_cast<Ctx*>(io->caller_data)->latch->CountDown();
+    };
+    q.Submit(&c->io);
+    ctxs.push_back(std::move(c));
+  }
+  ASSERT_TRUE(latch.WaitFor(60 * platform::kNsPerSec));
+  EXPECT_EQ(q.State().in_flight, 0u);
+  EXPECT_EQ(q.State().queued, 0u);
+  EXPECT_GT(q.State().deferred_dispatches, 0u);
+}
+
 TEST(IoQueueTest, RejectsBadConfig) {
   ManualDevice dev;
   IoQueue q;

@@ -8,6 +8,7 @@
 #include "dev/io_queue.h"
 #include "journal/journal.h"
 #include "platform/platform.h"
+#include "platform/work.h"
 #include "posix/fs.h"
 #include "store/store.h"
 #include "util/counters.h"
@@ -122,6 +123,13 @@ Status WriteStats(Instance& inst, JsonOut& w, const MemberExtras* extras) {
   }
   w.EndArray();
   platform::Delete(origin);
+
+  // The members' deferred work (platform/work.h): I/O dispatches completions
+  // left to it, background table writes' steps.
+  w.Key("work");
+  w.BeginObject();
+  TFS_COUNTER_JSON(TFS_WORK_COUNTERS, w, store.devs().work().Stats());
+  w.EndObject();
 
   w.Key("journal");
   w.BeginObject();

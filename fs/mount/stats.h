@@ -4,8 +4,8 @@
 //
 // The document: "bucket_size"; "devices" (per member: label, group, its I/O
 // queue's state, I/O by origin and operation with service-time quantiles,
-// and what the front end adds: its path, its fault device); "journal",
-// "btree", "alloc" (per member bucket states and reserves, per tier totals,
+// and what the front end adds: its path, its fault device); "work" (the
+// members' deferred work: platform/work.h); "journal", "btree", "alloc" (per member bucket states and reserves, per tier totals,
 // the allocator's counters), "data", "posix" (with "write_buffer"). Every
 // group's fields come from its subsystem's counter table (util/counters.h), so
 // a counter added there shows up here.

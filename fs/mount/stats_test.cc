@@ -31,6 +31,7 @@ constexpr CounterInfo kData[] = {TFS_COUNTER_INFO(TFS_DATA_COUNTERS)};
 constexpr CounterInfo kPosix[] = {TFS_COUNTER_INFO(TFS_POSIX_COUNTERS)};
 constexpr CounterInfo kWbuf[] = {TFS_COUNTER_INFO(TFS_WBUF_COUNTERS)};
 constexpr CounterInfo kQueue[] = {TFS_COUNTER_INFO(TFS_QUEUE_COUNTERS)};
+constexpr CounterInfo kWork[] = {TFS_COUNTER_INFO(TFS_WORK_COUNTERS)};
 
 // The text from the last `"group":{` to its closing brace: the top-level
 // groups follow the devices, whose I/O by origin has keys of the same names
@@ -76,6 +77,7 @@ TEST(StatsTest, EveryCounterOfEveryTableIsInTheDocument) {
   ExpectRows(Group(doc, "data"), kData, "data");
   ExpectRows(Group(doc, "posix"), kPosix, "posix");
   ExpectRows(Group(doc, "write_buffer"), kWbuf, "write_buffer");
+  ExpectRows(Group(doc, "work"), kWork, "work");
   // The queue's rows inside the member's own object (from its index to the
   // front end's field that closes it).
   const size_t member = doc.find(R"({"index":0,)");

@@ -3,7 +3,10 @@
 // Asynchronous and callback-based, like a bio: the caller fills an IoRequest,
 // Submit()s it, and the device calls `done` exactly once -- possibly on another
 // thread, possibly before Submit() returns, and in any order relative to other
-// requests. No ordering between requests is implied; a caller that needs write A on
+// requests. `done` may run in interrupt context (the kernel): it takes only
+// SpinLocks and wakes waiters -- no sleeping lock, no allocation, and no
+// Submit() unless Info().completions_may_submit (docs/design/core.md,
+// "Completion context"). No ordering between requests is implied; a caller that needs write A on
 // media before write B waits for A's completion (and a flush) before submitting B.
 //
 // Every request carries an IoOrigin tag saying who asked for it. Devices and the
@@ -102,6 +105,12 @@ struct BlockDeviceInfo {
   bool read_only = false;       // writes and discards fail with kReadOnly
   bool supports_fua = true;     // false: the device turns FUA into write + flush
   bool supports_discard = false;
+  // Whether the device may be submitted to from inside its own completion
+  // callback: true when completions run on an ordinary thread (the io_uring
+  // reaper, the memory and fault devices); false when they may run in
+  // interrupt context (the kernel's bio end_io), where dev::IoQueue leaves the
+  // I/O a completion made runnable to deferred work (platform/work.h).
+  bool completions_may_submit = true;
 };
 
 class BlockDevice {

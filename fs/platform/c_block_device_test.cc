@@ -276,11 +276,15 @@ TEST(CBlockDeviceTest, InfoAndNameAreTheCDevices) {
   EXPECT_FALSE(info.read_only);
   EXPECT_FALSE(info.supports_fua);
   EXPECT_FALSE(info.supports_discard);
+  EXPECT_FALSE(info.completions_may_submit);  // a zeroed C info: the kernel's answer
   EXPECT_STREQ(d.dev->Name(), "cmem0");
   EXPECT_EQ(d.dev->c_device(), d.c);
   // 4096-byte blocks: 512 is misaligned now.
   std::vector<u8> buf(4096);
   EXPECT_EQ(SyncIo(*d.dev, IoOp::kRead, 512, buf.data(), 4096).code(), Err::kMisaligned);
+  o.completions_may_submit = true;
+  CDev e(o);
+  EXPECT_TRUE(e.dev->Info().completions_may_submit);
 }
 
 // The adapter is made and deleted with the core's allocator, whichever way:
@@ -307,8 +311,9 @@ TEST(CBlockDeviceTest, MadeAndDeletedEitherWay) {
 TEST(CBlockDeviceMountTest, FilesystemRoundTripOnCMembers) {
   tfs_c_mem_options so = Options(TFS_C_MEM_ALTERNATE, testing::kMemberBytes);
   so.name = "c-ssd";
+  so.completions_may_submit = true;  // the I/O queue dispatches from completions
   tfs_c_mem_options ho = Options(TFS_C_MEM_THREAD, testing::kMemberBytes);
-  ho.name = "c-hdd";
+  ho.name = "c-hdd";  // the kernel's case: deferred dispatch
   CDev ssd(so), hdd(ho);
   {
     store::FormatOptions f = testing::SmallFormat();

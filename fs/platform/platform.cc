@@ -1,6 +1,7 @@
 // Core-side half of the seam: the C++ wrappers that add policy on top of the raw
 // tfs_plat_* entry points (log level filtering, bounded formatting, errno ->
-// Status). Shared by the userspace and kernel builds.
+// Status) and the lock-rule checks' per-thread depth (platform.h). Shared by
+// the userspace and kernel builds.
 #include "platform/platform.h"
 
 #include "platform/atomic.h"
@@ -34,6 +35,24 @@ int Format(char* buf, usize size, const char* fmt, ...) {
   int n = tfs_plat_vsnprintf(buf, size, fmt, ap);
   __builtin_va_end(ap);
   return n;
+}
+
+void NoSleepEnter() { tfs_plat_thread_word()[TFS_THREAD_WORD_NO_SLEEP]++; }
+
+void NoSleepLeave() {
+  u32& depth = tfs_plat_thread_word()[TFS_THREAD_WORD_NO_SLEEP];
+  TFS_BUG_ON(depth == 0);
+  depth--;
+}
+
+bool InNoSleep() { return tfs_plat_thread_word()[TFS_THREAD_WORD_NO_SLEEP] != 0; }
+
+void CheckMaySleep(const char* what) {
+  const u32 depth = tfs_plat_thread_word()[TFS_THREAD_WORD_NO_SLEEP];
+  if (TFS_LIKELY(depth == 0)) return;
+  Log(LogLevel::kFatal, "lock rule: %s in a completion or under a SpinLock (depth %u), where nothing may sleep",
+      what, depth);
+  TFS_BUG_ON(depth != 0);
 }
 
 Result<usize> ZstdCompress(void* dst, usize dst_cap, const void* src, usize src_len,

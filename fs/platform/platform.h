@@ -10,8 +10,9 @@
 // __stack_chk_fail.
 //
 // Implementations: userspace/platform/ (pthreads, futex, clock_gettime, SSE4.2
-// crc32c, libzstd, getrandom) and, later, fs/kernel/ (kmalloc, wait_var_event,
-// ktime, kthreads, printk, crc32c(), zstd_*, get_random_bytes).
+// crc32c, libzstd, getrandom, sched_yield) and, later, fs/kernel/ (kmalloc,
+// wait_var_event, ktime, kthreads, printk, crc32c(), zstd_*, get_random_bytes,
+// local_irq_save, cpu_relax).
 //
 // Conventions: functions that can fail return 0 or a negative Linux errno (the
 // kernel's convention; the C++ wrappers turn it into a Status). All functions are
@@ -22,6 +23,20 @@
 
 #include "platform/types.h"
 #include "util/status.h"
+
+// Lock-rule checks (docs/design/core.md, "Completion context"): a completion
+// and a SpinLock holder must not sleep -- no Mutex, RwLock, CondVar or Latch
+// wait, no platform::Alloc, no I/O submission. On in debug builds and in the
+// checked test build (fs/checked/ compiles the core with TFS_LOCK_CHECKS=1,
+// because `make test` builds with NDEBUG); off, and free, in release builds.
+// Every file linked into one program must see the same value.
+#ifndef TFS_LOCK_CHECKS
+#ifdef NDEBUG
+#define TFS_LOCK_CHECKS 0
+#else
+#define TFS_LOCK_CHECKS 1
+#endif
+#endif
 
 extern "C" {
 
@@ -72,10 +87,31 @@ int tfs_plat_shrinker_register(struct tfs_plat_shrinker* shrinker);
 void tfs_plat_shrinker_unregister(struct tfs_plat_shrinker* shrinker);
 
 // --- debugging ------------------------------------------------------------------
-// A word private to the calling thread (the kernel: the task), zero when the
-// thread starts. Debug builds count held locks in it for lock-rule checks
-// (posix's slow-member rule); nothing else may use it.
+// TFS_THREAD_WORDS words private to the calling thread (the kernel: the task),
+// zero when the thread starts, for the lock-rule checks and nothing else:
+// [TFS_THREAD_WORD_SHARED_LOCKS] posix's count of held shared locks (its
+// slow-member rule, debug builds), [TFS_THREAD_WORD_NO_SLEEP] the depth of
+// completions and SpinLocks the thread is inside (platform::NoSleepEnter,
+// checked builds). In interrupt context the kernel may hand out the
+// interrupted task's words: a completion's enter and leave are balanced, so it
+// leaves them as it found them.
+enum { TFS_THREAD_WORD_SHARED_LOCKS = 0, TFS_THREAD_WORD_NO_SLEEP = 1, TFS_THREAD_WORDS = 2 };
 u32* tfs_plat_thread_word(void);
+
+// --- interrupts and spinning (SpinLock, platform/sync.h) --------------------------
+// irq_save disables the calling CPU's interrupts and returns their previous
+// state; irq_restore puts it back (the kernel: local_irq_save/restore). A
+// SpinLock holds them off so that a completion running in interrupt context
+// on the same CPU never spins on a lock its own CPU holds. Userspace has no
+// interrupts: both do nothing.
+u64 tfs_plat_irq_save(void);
+void tfs_plat_irq_restore(u64 flags);
+// A spinner that has spun for a while without getting its SpinLock calls
+// this: userspace yields the CPU (sched_yield: the holder may have been
+// preempted, and spinning on would only burn the rest of a timeslice); the
+// kernel only relaxes (cpu_relax: a holder has interrupts off and runs on).
+// Never sleeps.
+void tfs_plat_spin_yield(void);
 
 // --- threads ------------------------------------------------------------------
 // A thread runs fn(arg) once and ends when fn returns; join waits for that and
@@ -110,14 +146,38 @@ void tfs_plat_random_bytes(void* buf, usize len);
 
 namespace tfs::platform {
 
+// The lock-rule checks' per-thread state (TFS_LOCK_CHECKS). The calling thread
+// enters and leaves a section that must not sleep -- a completion (dev::IoQueue
+// marks each, done callback included) or a held SpinLock; they nest.
+// CheckMaySleep is a bug, naming `what`, inside one. Always defined (so
+// checked and unchecked objects link alike); called only where
+// TFS_LOCK_CHECKS is on, through TFS_MAY_SLEEP.
+void NoSleepEnter();
+void NoSleepLeave();
+bool InNoSleep();
+void CheckMaySleep(const char* what);
+
+}  // namespace tfs::platform
+
+#if TFS_LOCK_CHECKS
+#define TFS_MAY_SLEEP(what) ::tfs::platform::CheckMaySleep(what)
+#else
+#define TFS_MAY_SLEEP(what) ((void)0)
+#endif
+
+namespace tfs::platform {
+
 // Memory. New/Delete replace operator new/delete, which the core may not use.
+// Neither in a completion nor under a SpinLock (TFS_MAY_SLEEP); Free may.
 inline void* Alloc(usize size, usize align = 16, bool zero = false) {
+  TFS_MAY_SLEEP("platform::Alloc");
   return tfs_plat_alloc(size, align, zero ? TFS_ALLOC_ZERO : 0);
 }
 inline void Free(void* p) { tfs_plat_free(p); }
 
 template <typename T, typename... Args>
 T* New(Args&&... args) {
+  TFS_MAY_SLEEP("platform::New");
   void* mem = tfs_plat_alloc(sizeof(T), alignof(T) < 16 ? 16 : alignof(T), 0);
   if (mem == nullptr) return nullptr;
   return new (mem) T(Forward<Args>(args)...);
@@ -193,7 +253,10 @@ class Shrinker {
 // Time.
 inline u64 NowNs() { return tfs_plat_now_ns(); }
 inline i64 RealTimeNs() { return tfs_plat_realtime_ns(); }
-inline void SleepNs(u64 ns) { tfs_plat_sleep_ns(ns); }
+inline void SleepNs(u64 ns) {
+  TFS_MAY_SLEEP("platform::SleepNs");
+  tfs_plat_sleep_ns(ns);
+}
 constexpr u64 kNsPerUs = 1000;
 constexpr u64 kNsPerMs = 1000 * 1000;
 constexpr u64 kNsPerSec = 1000 * 1000 * 1000;

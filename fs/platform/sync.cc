@@ -1,5 +1,7 @@
 // Slow paths of the core's locks (see sync.h). Fast paths are one atomic
-// instruction and live in the header.
+// instruction and live in the header. The sleeping primitives' checks
+// (TFS_MAY_SLEEP) are at their entry points: a wait that would not have slept
+// this time is as wrong in a completion as one that does.
 //
 // Every sleeper follows the same protocol to avoid lost wake-ups: announce itself
 // (waiters_ or the mutex's state 2), read the sequence word, re-check its
@@ -46,7 +48,22 @@ void Mutex::UnlockSlow() {
   tfs_plat_wake(state_.Address(), 1);
 }
 
+void SpinLock::LockSlow() {
+  // Test-and-test-and-set: spin on a plain load (the cache line stays shared
+  // while the holder works), try the exchange only when it looks free. Some
+  // microseconds of relaxing, then the CPU is offered to a preempted holder.
+  constexpr int kSpinsBeforeYield = 128;
+  for (;;) {
+    for (int i = 0; i < kSpinsBeforeYield; i++) {
+      if (state_.Load(MemOrder::kRelaxed) == 0 && state_.Exchange(1, MemOrder::kAcquire) == 0) return;
+      CpuRelax();
+    }
+    tfs_plat_spin_yield();
+  }
+}
+
 bool CondVar::WaitFor(Mutex& m, u64 timeout_ns) {
+  TFS_MAY_SLEEP("CondVar::Wait");
   u32 seq = seq_.Load(MemOrder::kSeqCst);
   waiters_.FetchAdd(1);
   m.Unlock();
@@ -74,9 +91,13 @@ bool RwLock::TryRead() {
   return false;
 }
 
-bool RwLock::TryReadLock() { return TryRead(); }
+bool RwLock::TryReadLock() {
+  TFS_MAY_SLEEP("RwLock::TryReadLock");
+  return TryRead();
+}
 
 void RwLock::ReadLock() {
+  TFS_MAY_SLEEP("RwLock::ReadLock");
   if (TFS_LIKELY(TryRead())) return;
   waiters_.FetchAdd(1);
   for (;;) {
@@ -94,11 +115,13 @@ void RwLock::ReadUnlock() {
 }
 
 bool RwLock::TryWriteLock() {
+  TFS_MAY_SLEEP("RwLock::TryWriteLock");
   u32 expected = 0;
   return state_.CompareExchange(expected, kWriter, MemOrder::kAcquire);
 }
 
 void RwLock::WriteLock() {
+  TFS_MAY_SLEEP("RwLock::WriteLock");
   if (TFS_LIKELY(TryWriteLock())) return;
   writers_waiting_.FetchAdd(1);
   waiters_.FetchAdd(1);
@@ -124,6 +147,7 @@ void RwLock::WakeWaiters() {
 }
 
 bool Latch::WaitFor(u64 timeout_ns) {
+  TFS_MAY_SLEEP("Latch::Wait");
   u64 deadline = DeadlineAfter(timeout_ns);
   for (;;) {
     u32 c = count_.Load(MemOrder::kAcquire);

@@ -7,6 +7,13 @@
 // recursive. None of them may be held across device I/O when it protects a btree
 // node: the btree drops its locks, does the I/O, and retries.
 //
+// Two kinds of lock. Mutex, RwLock, CondVar and Latch sleep: never in a
+// completion (which may run in interrupt context in the kernel) nor under a
+// SpinLock. SpinLock never sleeps: it is what a completion may take, held for a
+// few instructions with local interrupts off. Checked builds (TFS_LOCK_CHECKS,
+// platform.h) catch a sleeping primitive used where it may not sleep: every
+// Mutex/RwLock acquisition and every CondVar/Latch wait asks.
+//
 // Thread safety: every method is safe to call from any thread. Lifetime: a lock must
 // outlive all its users; destroying a held lock is a bug.
 #ifndef TFS_PLATFORM_SYNC_H_
@@ -24,12 +31,19 @@ class TFS_CAPABILITY("mutex") Mutex {
   Mutex(const Mutex&) = delete;
   Mutex& operator=(const Mutex&) = delete;
 
+  // The check is here, not in LockSlow: an uncontended Lock in a completion
+  // is as wrong as a contended one, it only fails less often. Release builds
+  // compile it out (the fast path stays one CAS).
   void Lock() TFS_ACQUIRE() {
+    TFS_MAY_SLEEP("Mutex::Lock");
     u32 c = 0;
     if (TFS_LIKELY(state_.CompareExchange(c, 1, MemOrder::kAcquire))) return;
     LockSlow(c);
   }
+  // (Not in a completion either: the kernel's mutex_trylock is not for
+  // interrupt context.)
   bool TryLock() TFS_TRY_ACQUIRE(true) {
+    TFS_MAY_SLEEP("Mutex::TryLock");
     u32 c = 0;
     return state_.CompareExchange(c, 1, MemOrder::kAcquire);
   }
@@ -53,6 +67,56 @@ class MutexLock {
 
  private:
   Mutex& m_;
+};
+
+// A lock that never sleeps, for what a completion shares with the rest of the
+// core (dev::IoQueue's queues and counters, WorkQueue's list). Lock() turns
+// local interrupts off (tfs_plat_irq_save: the kernel's local_irq_save;
+// nothing in userspace) before it takes the lock, so that a completion in
+// interrupt context on this CPU cannot spin on it forever, and returns the
+// state Unlock() puts back -- use SpinGuard. A spinner relaxes the CPU, and
+// after a while yields it (tfs_plat_spin_yield): in userspace a holder can be
+// preempted. So: critical sections of a few dozen instructions and bounded
+// copies; under a SpinLock nothing may sleep, allocate, take another lock
+// that a completion takes, or call into a BlockDevice. Not recursive.
+class TFS_CAPABILITY("spinlock") SpinLock {
+ public:
+  constexpr SpinLock() = default;
+  SpinLock(const SpinLock&) = delete;
+  SpinLock& operator=(const SpinLock&) = delete;
+
+  [[nodiscard]] u64 Lock() TFS_ACQUIRE() {
+    const u64 irq = tfs_plat_irq_save();
+    if (TFS_UNLIKELY(state_.Exchange(1, MemOrder::kAcquire) != 0)) LockSlow();
+#if TFS_LOCK_CHECKS
+    platform::NoSleepEnter();
+#endif
+    return irq;
+  }
+  void Unlock(u64 irq) TFS_RELEASE() {
+#if TFS_LOCK_CHECKS
+    platform::NoSleepLeave();
+#endif
+    state_.Store(0, MemOrder::kRelease);
+    tfs_plat_irq_restore(irq);
+  }
+  bool held() const { return state_.Load(MemOrder::kRelaxed) != 0; }
+
+ private:
+  void LockSlow();
+  Atomic<u32> state_{0};  // 0 free, 1 held
+};
+
+class TFS_SCOPED_CAPABILITY SpinGuard {
+ public:
+  explicit SpinGuard(SpinLock& l) TFS_ACQUIRE(l) : l_(l), irq_(l.Lock()) {}
+  ~SpinGuard() TFS_RELEASE() { l_.Unlock(irq_); }
+  SpinGuard(const SpinGuard&) = delete;
+  SpinGuard& operator=(const SpinGuard&) = delete;
+
+ private:
+  SpinLock& l_;
+  const u64 irq_;
 };
 
 // Condition variable for Mutex. Wait may return spuriously: loop on the predicate.
@@ -132,6 +196,7 @@ class Latch {
 
   // Wakes only a waiter that sleeps: a latch that reaches zero before anyone
   // waits (an inline I/O done inside Submit) costs no wake-up call.
+  // May run in a completion (a wake, never a sleep); Wait may not.
   void CountDown() {
     if (count_.FetchSub(1, MemOrder::kAcqRel) == (kSleeper | 1)) tfs_plat_wake(count_.Address(), 0);
   }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -33,6 +34,50 @@ TEST(MutexTest, TryLock) {
   mu.Unlock();
   EXPECT_TRUE(mu.TryLock());
   mu.Unlock();
+}
+
+// Four threads on (here) two loaded cores: a holder is often preempted, and
+// its spinners must still neither get in beside it nor spin forever (they
+// yield the CPU to it).
+TEST(SpinLockTest, ExcludesUnderContention) {
+  SpinLock lock;
+  u64 counter = 0;  // guarded by lock
+  std::atomic<int> inside{0};
+  std::atomic<bool> violated{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; t++) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 200000; i++) {
+        SpinGuard g(lock);
+        if (inside.fetch_add(1, std::memory_order_relaxed) != 0) violated = true;
+        counter++;
+        inside.fetch_sub(1, std::memory_order_relaxed);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(counter, 800000u);
+  EXPECT_FALSE(violated.load());
+  EXPECT_FALSE(lock.held());
+}
+
+// A waiter gets the lock once a long holder (here: asleep) lets go, and not
+// before.
+TEST(SpinLockTest, WaiterGetsTheLockWhenALongHolderReleases) {
+  SpinLock lock;
+  std::atomic<bool> released{false};
+  std::atomic<bool> got_early{false};
+  const u64 irq = lock.Lock();
+  std::thread waiter([&] {
+    SpinGuard g(lock);
+    if (!released.load()) got_early = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  released = true;
+  lock.Unlock(irq);
+  waiter.join();
+  EXPECT_FALSE(got_early.load());
+  EXPECT_FALSE(lock.held());
 }
 
 TEST(RwLockTest, ReadersShareWritersExclude) {

@@ -20,6 +20,10 @@
  *  - req->complete(req, error) is called exactly once per request, with 0 or a
  *    negative Linux errno (-EIO, -ETIMEDOUT, -ENOSPC...), from any context: in
  *    submit itself, another thread, or interrupt context (a bio's end_io).
+ *    info.completions_may_submit says whether the core may call submit from
+ *    inside complete: false for a device whose completions may run in
+ *    interrupt context (the core then submits from its own worker thread),
+ *    true where they always run on an ordinary thread.
  *    From that call on the C side never touches req again: the request and
  *    its buffer may be reused, even submitted again, or freed before complete
  *    returns. An error is final: a transient one (-EAGAIN) the device retries.
@@ -103,7 +107,8 @@ struct tfs_block_request {
   X(tfs_u32, logical_block_size) /* a power of two: the unit of offset, length */ \
   X(tfs_bool, read_only)         /* writes and discards are refused */            \
   X(tfs_bool, supports_fua)      /* false: FUA costs a flush (see the rules) */   \
-  X(tfs_bool, supports_discard)
+  X(tfs_bool, supports_discard)                                                   \
+  X(tfs_bool, completions_may_submit) /* see the rules above */
 
 #define TFS_BLOCK_DEVICE_INFO_MEMBER(type, name) type name;
 struct tfs_block_device_info {

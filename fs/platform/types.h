@@ -43,6 +43,7 @@ inline void* operator new[](usize, void* where) noexcept { return where; }
 #if defined(__clang__)
 #define TFS_GUARDED_BY(x) __attribute__((guarded_by(x)))
 #define TFS_CAPABILITY(x) __attribute__((capability(x)))
+#define TFS_SCOPED_CAPABILITY __attribute__((scoped_lockable))
 #define TFS_ACQUIRE(...) __attribute__((acquire_capability(__VA_ARGS__)))
 #define TFS_RELEASE(...) __attribute__((release_capability(__VA_ARGS__)))
 #define TFS_ACQUIRE_SHARED(...) __attribute__((acquire_shared_capability(__VA_ARGS__)))
@@ -52,6 +53,7 @@ inline void* operator new[](usize, void* where) noexcept { return where; }
 #else
 #define TFS_GUARDED_BY(x)
 #define TFS_CAPABILITY(x)
+#define TFS_SCOPED_CAPABILITY
 #define TFS_ACQUIRE(...)
 #define TFS_RELEASE(...)
 #define TFS_ACQUIRE_SHARED(...)

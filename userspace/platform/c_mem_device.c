@@ -182,6 +182,7 @@ struct tfs_block_device* tfs_c_mem_create(const struct tfs_c_mem_options* o) {
   m->dev.info.read_only = o->read_only;
   m->dev.info.supports_fua = o->supports_fua;
   m->dev.info.supports_discard = o->supports_discard;
+  m->dev.info.completions_may_submit = o->completions_may_submit;
   m->dev.name = o->name != NULL ? o->name : "c-mem";
   return &m->dev;
 }

@@ -37,6 +37,9 @@ struct tfs_c_mem_options {
   tfs_bool supports_discard;
   tfs_bool volatile_cache;
   int completion; /* enum tfs_c_mem_completion */
+  /* Said in the info: false (a zeroed options) plays the kernel's bio device,
+   * whose completions may not submit; the I/O queue defers what they free. */
+  tfs_bool completions_may_submit;
 };
 
 /* Requests the device received (after the adapter's checks), by op and origin. */

@@ -46,16 +46,22 @@ class ScratchFile {
 // A device that completes nothing until the test says so: requests pile up in
 // arrival order and CompleteNext()/CompleteAll() finish them (data is not moved;
 // reads return whatever is in the buffer). Lets queue tests hold slots busy.
+// With `completions_may_submit` false it plays an interrupt-context device:
+// Info() says so, and it counts the requests submitted to it from inside one
+// of its completions (submits_in_completion(), which must stay 0).
 class ManualDevice final : public BlockDevice {
  public:
-  explicit ManualDevice(uint64_t size = 1 << 20, bool supports_fua = true) {
+  explicit ManualDevice(uint64_t size = 1 << 20, bool supports_fua = true,
+                        bool completions_may_submit = true) {
     info_.size = size;
     info_.logical_block_size = 512;
     info_.supports_fua = supports_fua;
     info_.supports_discard = true;
+    info_.completions_may_submit = completions_may_submit;
   }
   void Submit(IoRequest* req) override {
     std::lock_guard<std::mutex> lock(mu_);
+    if (completing_ == this) submits_in_completion_++;
     pending_.push_back(req);
     log_.push_back(*req);
   }
@@ -75,7 +81,10 @@ class ManualDevice final : public BlockDevice {
       req = pending_.front();
       pending_.pop_front();
     }
+    const ManualDevice* outer = completing_;
+    completing_ = this;
     req->done(req, st);
+    completing_ = outer;
     return true;
   }
   void CompleteAll() {
@@ -87,9 +96,17 @@ class ManualDevice final : public BlockDevice {
     std::lock_guard<std::mutex> lock(mu_);
     return log_;
   }
+  uint64_t submits_in_completion() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return submits_in_completion_;
+  }
 
  private:
+  // The device whose completion this thread runs (innermost).
+  static inline thread_local const ManualDevice* completing_ = nullptr;
+
   BlockDeviceInfo info_;
+  uint64_t submits_in_completion_ = 0;
   std::mutex mu_;
   std::deque<IoRequest*> pending_;
   std::vector<IoRequest> log_;

@@ -9,6 +9,12 @@
 #include <cstring>
 
 namespace tfs::userspace {
+namespace {
+
+// The MemDevice whose completion callback this thread is running (innermost).
+thread_local const MemDevice* t_completing = nullptr;
+
+}  // namespace
 
 MemDevice::MemDevice(const MemDeviceOptions& o)
     : name_(o.name),
@@ -22,6 +28,7 @@ MemDevice::MemDevice(const MemDeviceOptions& o)
   info_.read_only = o.read_only;
   info_.supports_fua = o.supports_fua;
   info_.supports_discard = o.supports_discard;
+  info_.completions_may_submit = o.completions_may_submit;
   if (!o.initial_image.empty()) {
     TFS_BUG_ON(o.initial_image.size() != o.size);
     current_ = o.initial_image;
@@ -47,6 +54,8 @@ MemDevice::~MemDevice() {
 }
 
 void MemDevice::Submit(IoRequest* req) {
+  // Interrupt context, played: nothing may be submitted to this device there.
+  TFS_BUG_ON(!info_.completions_may_submit && t_completing != nullptr);
   if (!threaded_) {
     Execute(req);
     return;
@@ -125,7 +134,10 @@ void MemDevice::Execute(IoRequest* req) {
     ops_[int(req->op) % kIoOpCount][int(req->origin) % kIoOriginCount]++;
     if (st.ok() && req->op != IoOp::kFlush) bytes_[int(req->op)] += req->length;
   }
+  const MemDevice* outer = t_completing;
+  t_completing = this;
   req->done(req, st);
+  t_completing = outer;
 }
 
 void MemDevice::ReadRaw(uint64_t offset, void* buf, uint64_t len) const {

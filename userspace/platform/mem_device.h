@@ -9,6 +9,11 @@
 // durable, as a power cut does to a disk's write cache. Counters by op and origin
 // let tests assert which I/O a layer issued (e.g. "no flush reached the HDD").
 //
+// With `completions_may_submit` false it plays a device whose completions run
+// in interrupt context (the kernel's): its Info() says so, and a Submit() to it
+// from inside any MemDevice completion callback is a bug (it traps) -- the
+// I/O queue must hand such dispatches to deferred work.
+//
 // Thread safety: Submit() and every accessor from any thread. The destructor waits
 // for queued requests to complete; no Submit() may race with it.
 #ifndef TFS_USERSPACE_PLATFORM_MEM_DEVICE_H_
@@ -39,6 +44,7 @@ struct MemDeviceOptions {
   bool reorder = true;         // threaded only: complete in random order
   uint64_t seed = 1;
   bool volatile_cache = false;  // see Crash()
+  bool completions_may_submit = true;  // false: see above
   std::vector<uint8_t> initial_image;  // if not empty: the starting contents (size bytes)
 };
 

@@ -1,9 +1,11 @@
 // Userspace implementation of the platform seam (fs/platform/platform.h):
 // malloc and the huge-page arena, futex, clock_gettime(CLOCK_MONOTONIC), pthreads,
-// stderr logging, getrandom. crc32c and zstd live in their own files.
+// sched_yield for spinners (no interrupts to mask), stderr logging, getrandom.
+// crc32c and zstd live in their own files.
 #include <errno.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -95,9 +97,17 @@ u64 tfs_plat_memory_bytes(void) {
 }
 
 u32* tfs_plat_thread_word(void) {
-  static thread_local u32 word = 0;
-  return &word;
+  static thread_local u32 words[TFS_THREAD_WORDS] = {};
+  return words;
 }
+
+// No interrupts in userspace: a completion runs on an ordinary thread.
+u64 tfs_plat_irq_save(void) { return 0; }
+void tfs_plat_irq_restore(u64) {}
+
+// A SpinLock's holder may have been preempted (more threads than cores):
+// give it the CPU instead of spinning through the rest of the timeslice.
+void tfs_plat_spin_yield(void) { sched_yield(); }
 
 void tfs_plat_sleep_ns(u64 ns) {
   struct timespec ts = ToTimespec(ns);
