@@ -108,6 +108,7 @@ Status Journal::Start(dev::DeviceSet* devs, const sb::Superblock& sb, u64 next_s
   replicas_ = sb.options.metadata_replicas;
   NoteRootsGen(sb.roots_gen);
 
+  ring_members_ = 0;
   for (u32 i = 0; i < sb.nr_members; i++) {
     const sb::Member& m = sb.members[i];
     if (m.journal_nbuckets == 0) continue;
@@ -118,6 +119,7 @@ Status Journal::Start(dev::DeviceSet* devs, const sb::Superblock& sb, u64 next_s
     r.first_bucket = m.journal_first_bucket;
     r.nbuckets = m.journal_nbuckets;
     TFS_TRY(r.bucket_seq.Resize(r.nbuckets));
+    ring_members_ |= DevMask(1) << i;
   }
   if (rings_.empty()) return Err::kInvalidArgument;
   for (const Ring& r : rings_) {
@@ -196,6 +198,21 @@ Result<u64> Journal::Commit(const Key* keys, u32 nkeys, DevMask deps, CommitMode
     space += KeySpace(keys[i].len);
     if (space > config_.max_entry_bytes - sizeof(EntryHeader)) return Err::kTooBig;
   }
+#if TFS_LOCK_CHECKS
+  // Lock rule (docs/design/core.md): a commit's flush set is its own debt,
+  // and a slow member never joins one. deps enter the entry's pre-flush, so
+  // they name journal members only: a member without a ring (an HDD) is
+  // flushed by its committer before the commit and left out
+  // (data::DataPath::Commit); named here, it would be flushed for every
+  // foreground commit that shares the entry.
+  if (TFS_UNLIKELY((deps & ~ring_members_) != 0)) {
+    platform::Log(platform::LogLevel::kFatal,
+                  "lock rule: a commit depends on member(s) 0x%llx without a journal ring; "
+                  "its committer must flush them itself (data::DataPath::Commit)",
+                  static_cast<unsigned long long>(deps & ~ring_members_));
+    TFS_BUG_ON(true);
+  }
+#endif
   MutexLock lock(mu_);
   if (!started_ || stop_) return Err::kInvalidArgument;
   Buf* buf;

@@ -320,6 +320,7 @@ class Journal {
   u64 oldest_nondurable_ns_ = 0;  // write time of the oldest written-not-durable entry
   dev::DevMask pending_deps_ = 0;      // deps of entries not yet durable
   dev::DevMask nonfua_written_ = 0;    // journal members with non-FUA entries since durable
+  dev::DevMask ring_members_ = 0;      // members holding a ring (set by Start)
   // Pin counts per sequence number, starting at pin_base_.
   u64 pin_base_ = 0;
   Vector<u32> pin_counts_;
