@@ -717,6 +717,7 @@ Status Allocator::Checkpoint() {
 }
 
 Status Allocator::CheckpointForRoom(bool relog) {
+  platform::NoFsScope nofs;  // the tables are written under checkpoint_mu_
   // The reclaim hook runs in whichever thread holds the journal's writer role
   // -- the thread of a Relog below, flushing, among them: it must not wait
   // for checkpoint_mu_ (a running checkpoint frees the room anyway).

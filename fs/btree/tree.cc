@@ -1104,6 +1104,7 @@ class TreeOps {
   // Merges a leaf's sets into one (leaf write-locked). Its contents do not
   // change, so it stays clean.
   static void MergeForReads(Impl* im, CachedNode* leaf) {
+    platform::NoFsScope nofs;  // a lookup's merge: Compact allocates under the leaf lock
     if (leaf->node.nsets() >= 2 && leaf->node.Compact(0).ok()) {
       leaf->version.FetchAdd(1, MemOrder::kRelease);
       im->ctr.read_merges.FetchAdd(1, MemOrder::kRelaxed);

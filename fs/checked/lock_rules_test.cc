@@ -1,19 +1,25 @@
-// The flush-set rule, checked (docs/design/core.md, "Lock rules stated and
-// asserted"): a commit's flush set is its own durability debt, and a slow
-// member -- one without a journal ring, an HDD -- never joins one. Built with
-// TFS_LOCK_CHECKS on (fs/checked/CMakeLists.txt), where the journal traps a
-// commit whose deps name a member without a ring. The tests run the data
-// path's commits on an HDD-backed file (the committer flushes the HDD itself
-// and leaves it out) with the check on, and show that a commit naming the HDD
-// is caught.
+// Two lock rules, checked (docs/design/core.md, "Lock rules stated and
+// asserted" and "Allocation scope"); built with TFS_LOCK_CHECKS on
+// (fs/checked/CMakeLists.txt).
+// - The flush set: a commit's flush set is its own durability debt, and a
+//   slow member -- one without a journal ring, an HDD -- never joins one: the
+//   journal traps a commit whose deps name a member without a ring. The data
+//   path's commits on an HDD-backed file run under the check (the committer
+//   flushes the HDD itself and leaves it out), and a commit naming the HDD is
+//   caught.
+// - The allocation scope: an allocation under a Mutex or RwLock is made in a
+//   NoFsScope (the lock guards open one); one outside is caught, and so is a
+//   lock released by a thread that does not hold it.
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "journal/format.h"
 #include "mount/instance.h"
 #include "mount/testing.h"
+#include "platform/sync.h"
 #include "userspace/platform/mem_device.h"
 
 static_assert(TFS_LOCK_CHECKS, "fs/checked builds everything with the lock checks on");
@@ -106,6 +112,85 @@ TEST(LockRulesTest, ACommitNamingARingMemberPasses) {
   const journal::Key k{journal::kKeyTest, sizeof(v), &v};
   ASSERT_TRUE(inst.store().journal().Commit(&k, 1, dev::DevMask(1) << 0, journal::CommitMode::kFlush).ok());
   ASSERT_TRUE(inst.Close().ok());
+}
+
+// The scope nests and restores what it found; the guards hold one while
+// they hold their lock, and the core's threads run in one.
+TEST(AllocScopeTest, ScopesNestAndGuardsAndThreadsOpenThem) {
+  EXPECT_FALSE(platform::InNoFs());
+  {
+    platform::NoFsScope outer;
+    EXPECT_TRUE(platform::InNoFs());
+    {
+      platform::NoFsScope inner;
+      EXPECT_TRUE(platform::InNoFs());
+    }
+    EXPECT_TRUE(platform::InNoFs());  // the inner one put back what it found
+  }
+  EXPECT_FALSE(platform::InNoFs());
+  Mutex m;
+  RwLock rw;
+  {
+    MutexLock l(m);
+    EXPECT_TRUE(platform::InNoFs());
+    EXPECT_EQ(platform::LocksHeld(), 1u);
+    platform::Free(platform::Alloc(64));  // allowed: inside the guard's scope
+  }
+  {
+    ReadGuard r(rw);
+    EXPECT_TRUE(platform::InNoFs());
+  }
+  {
+    WriteGuard w(rw);
+    EXPECT_TRUE(platform::InNoFs());
+  }
+  EXPECT_FALSE(platform::InNoFs());
+  EXPECT_EQ(platform::LocksHeld(), 0u);
+  // A raw lock with its own scope.
+  {
+    platform::NoFsScope nofs;
+    m.Lock();
+    platform::Free(platform::Alloc(64));
+    m.Unlock();
+  }
+  // Outside any lock, no scope is needed.
+  platform::Free(platform::Alloc(64));
+  bool in_thread = false;
+  platform::Thread t;
+  ASSERT_TRUE(t.Start([](void* p) { *static_cast<bool*>(p) = platform::InNoFs(); }, &in_thread, "nofs-test").ok());
+  t.Join();
+  EXPECT_TRUE(in_thread);
+}
+
+Mutex g_mutex;
+
+TEST_F(LockRulesDeathTest, AnAllocationUnderALockOutsideAScopeIsCaught) {
+  EXPECT_DEATH(
+      {
+        g_mutex.Lock();
+        platform::Free(platform::Alloc(64));
+      },
+      "lock rule: platform::Alloc under 1 lock\\(s\\) outside a NoFsScope");
+}
+
+TEST_F(LockRulesDeathTest, ANewUnderAReadLockOutsideAScopeIsCaught) {
+  EXPECT_DEATH(
+      {
+        static RwLock rw;
+        rw.ReadLock();
+        platform::Delete(platform::New<u64>(1));
+      },
+      "lock rule: platform::New under 1 lock\\(s\\) outside a NoFsScope");
+}
+
+TEST_F(LockRulesDeathTest, AnUnlockByAThreadThatHoldsNoLockIsCaught) {
+  EXPECT_DEATH(
+      {
+        static Mutex m;
+        std::thread([] { m.Lock(); }).join();
+        m.Unlock();
+      },
+      "lock rule: a lock released by a thread that holds none");
 }
 
 }  // namespace

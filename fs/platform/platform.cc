@@ -47,6 +47,30 @@ void NoSleepLeave() {
 
 bool InNoSleep() { return tfs_plat_thread_word()[TFS_THREAD_WORD_NO_SLEEP] != 0; }
 
+void NoteLocked() { tfs_plat_thread_word()[TFS_THREAD_WORD_LOCKS]++; }
+
+void NoteUnlocked() {
+  u32& held = tfs_plat_thread_word()[TFS_THREAD_WORD_LOCKS];
+  if (TFS_UNLIKELY(held == 0)) {
+    Log(LogLevel::kFatal, "lock rule: a lock released by a thread that holds none (taken by another thread?)");
+    TFS_BUG_ON(held == 0);
+  }
+  held--;
+}
+
+u32 LocksHeld() { return tfs_plat_thread_word()[TFS_THREAD_WORD_LOCKS]; }
+
+void CheckMayAlloc(const char* what) {
+  CheckMaySleep(what);
+  const u32 held = tfs_plat_thread_word()[TFS_THREAD_WORD_LOCKS];
+  if (TFS_LIKELY(held == 0 || tfs_plat_nofs_active() != 0)) return;
+  Log(LogLevel::kFatal,
+      "lock rule: %s under %u lock(s) outside a NoFsScope: in the kernel, reclaim could call into "
+      "tierfs and need them",
+      what, held);
+  TFS_BUG_ON(true);
+}
+
 void CheckMaySleep(const char* what) {
   const u32 depth = tfs_plat_thread_word()[TFS_THREAD_WORD_NO_SLEEP];
   if (TFS_LIKELY(depth == 0)) return;

@@ -63,6 +63,19 @@ void tfs_plat_sleep_ns(u64 ns);
 // --- memory -------------------------------------------------------------------
 u64 tfs_plat_memory_bytes(void);  // physical memory of the machine, bytes (0: unknown)
 
+// --- reclaim scope ----------------------------------------------------------------
+// Between nofs_save and the restore given its token, on the calling thread,
+// no allocation may recurse into filesystem reclaim: the kernel's
+// memalloc_nofs_save/restore (every allocation in the scope is GFP_NOFS), so
+// that reclaim never calls into tierfs -- evicting an inode, which commits --
+// while the allocating thread holds a lock that call would need. Scopes nest:
+// restore puts back the state save found. nofs_active says whether the thread
+// is inside one (the checks). Userspace reclaim never calls back into the
+// process: the scope is only recorded.
+u32 tfs_plat_nofs_save(void);
+void tfs_plat_nofs_restore(u32 token);
+int tfs_plat_nofs_active(void);
+
 // --- memory pressure ------------------------------------------------------------
 // A cache that can give memory back registers a shrinker; the platform calls
 // it when memory is short (the kernel: a struct shrinker, from reclaim; the
@@ -92,10 +105,16 @@ void tfs_plat_shrinker_unregister(struct tfs_plat_shrinker* shrinker);
 // [TFS_THREAD_WORD_SHARED_LOCKS] posix's count of held shared locks (its
 // slow-member rule, debug builds), [TFS_THREAD_WORD_NO_SLEEP] the depth of
 // completions and SpinLocks the thread is inside (platform::NoSleepEnter,
-// checked builds). In interrupt context the kernel may hand out the
+// checked builds), [TFS_THREAD_WORD_LOCKS] the Mutexes and RwLocks it holds
+// (checked builds). In interrupt context the kernel may hand out the
 // interrupted task's words: a completion's enter and leave are balanced, so it
 // leaves them as it found them.
-enum { TFS_THREAD_WORD_SHARED_LOCKS = 0, TFS_THREAD_WORD_NO_SLEEP = 1, TFS_THREAD_WORDS = 2 };
+enum {
+  TFS_THREAD_WORD_SHARED_LOCKS = 0,
+  TFS_THREAD_WORD_NO_SLEEP = 1,
+  TFS_THREAD_WORD_LOCKS = 2,
+  TFS_THREAD_WORDS = 3
+};
 u32* tfs_plat_thread_word(void);
 
 // --- interrupts and spinning (SpinLock, platform/sync.h) --------------------------
@@ -156,28 +175,44 @@ void NoSleepEnter();
 void NoSleepLeave();
 bool InNoSleep();
 void CheckMaySleep(const char* what);
+// Mutexes and RwLocks the thread holds (NoteLocked on every acquisition,
+// NoteUnlocked on every release; a release by a thread that holds none is a
+// bug: the core's locks are released by the thread that took them).
+// CheckMayAlloc is CheckMaySleep, and a bug when the thread holds a lock
+// outside a NoFsScope (the allocation rule, docs/design/core.md).
+void NoteLocked();
+void NoteUnlocked();
+u32 LocksHeld();
+void CheckMayAlloc(const char* what);
 
 }  // namespace tfs::platform
 
 #if TFS_LOCK_CHECKS
 #define TFS_MAY_SLEEP(what) ::tfs::platform::CheckMaySleep(what)
+#define TFS_MAY_ALLOC(what) ::tfs::platform::CheckMayAlloc(what)
+#define TFS_NOTE_LOCKED() ::tfs::platform::NoteLocked()
+#define TFS_NOTE_UNLOCKED() ::tfs::platform::NoteUnlocked()
 #else
 #define TFS_MAY_SLEEP(what) ((void)0)
+#define TFS_MAY_ALLOC(what) ((void)0)
+#define TFS_NOTE_LOCKED() ((void)0)
+#define TFS_NOTE_UNLOCKED() ((void)0)
 #endif
 
 namespace tfs::platform {
 
 // Memory. New/Delete replace operator new/delete, which the core may not use.
-// Neither in a completion nor under a SpinLock (TFS_MAY_SLEEP); Free may.
+// Neither in a completion nor under a SpinLock, and under a Mutex or RwLock
+// only inside a NoFsScope (TFS_MAY_ALLOC); Free may, anywhere.
 inline void* Alloc(usize size, usize align = 16, bool zero = false) {
-  TFS_MAY_SLEEP("platform::Alloc");
+  TFS_MAY_ALLOC("platform::Alloc");
   return tfs_plat_alloc(size, align, zero ? TFS_ALLOC_ZERO : 0);
 }
 inline void Free(void* p) { tfs_plat_free(p); }
 
 template <typename T, typename... Args>
 T* New(Args&&... args) {
-  TFS_MAY_SLEEP("platform::New");
+  TFS_MAY_ALLOC("platform::New");
   void* mem = tfs_plat_alloc(sizeof(T), alignof(T) < 16 ? 16 : alignof(T), 0);
   if (mem == nullptr) return nullptr;
   return new (mem) T(Forward<Args>(args)...);
@@ -188,6 +223,28 @@ void Delete(T* p) {
   p->~T();
   tfs_plat_free(p);
 }
+
+// Allocations in this scope never recurse into filesystem reclaim (the
+// kernel's memalloc_nofs_save: GFP_NOFS for all of them), so reclaim cannot
+// call into tierfs -- evict an inode, commit -- while this thread holds a lock
+// that call needs. Rule (docs/design/core.md, "Allocation scope"): an
+// allocation under a core lock is made inside one. The lock guards
+// (MutexLock, ReadGuard, WriteGuard) open one for as long as they hold their
+// lock, btree::Transaction for its life, the core's threads for theirs;
+// a lock taken without a guard around an allocation needs its own.
+// Nests; on one thread, LIFO.
+class NoFsScope {
+ public:
+  NoFsScope() : token_(tfs_plat_nofs_save()) {}
+  ~NoFsScope() { tfs_plat_nofs_restore(token_); }
+  NoFsScope(const NoFsScope&) = delete;
+  NoFsScope& operator=(const NoFsScope&) = delete;
+
+ private:
+  const u32 token_;
+};
+
+inline bool InNoFs() { return tfs_plat_nofs_active() != 0; }
 
 // The one owner of an object from New, deleted with its owner: how big
 // objects (a Store, a DeviceSet, an Allocator) stay off the stack -- the
@@ -297,7 +354,8 @@ Result<usize> ZstdDecompress(void* dst, usize dst_cap, const void* src, usize sr
 inline void RandomBytes(void* buf, usize len) { tfs_plat_random_bytes(buf, len); }
 
 // A joinable thread. Start() may fail (kNoMemory, kAgain); Join() must be called
-// before destruction if Start() succeeded.
+// before destruction if Start() succeeded. The core's threads run in a
+// NoFsScope for their whole life, as a filesystem's kernel threads do.
 class Thread {
  public:
   Thread() = default;
@@ -307,7 +365,9 @@ class Thread {
 
   Status Start(void (*fn)(void*), void* arg, const char* name) {
     TFS_BUG_ON(handle_ != nullptr);
-    return Status::FromErrno(tfs_plat_thread_start(&handle_, fn, arg, name));
+    fn_ = fn;
+    arg_ = arg;
+    return Status::FromErrno(tfs_plat_thread_start(&handle_, &Thread::Run, this, name));
   }
   void Join() {
     if (handle_ == nullptr) return;
@@ -317,7 +377,15 @@ class Thread {
   bool running() const { return handle_ != nullptr; }
 
  private:
+  static void Run(void* self) {
+    const auto* t = static_cast<const Thread*>(self);
+    NoFsScope nofs;
+    t->fn_(t->arg_);
+  }
+
   tfs_plat_thread* handle_ = nullptr;
+  void (*fn_)(void*) = nullptr;
+  void* arg_ = nullptr;
 };
 
 }  // namespace tfs::platform

@@ -93,49 +93,63 @@ bool RwLock::TryRead() {
 
 bool RwLock::TryReadLock() {
   TFS_MAY_SLEEP("RwLock::TryReadLock");
-  return TryRead();
+  const bool got = TryRead();
+  if (got) TFS_NOTE_LOCKED();
+  return got;
 }
 
 void RwLock::ReadLock() {
   TFS_MAY_SLEEP("RwLock::ReadLock");
-  if (TFS_LIKELY(TryRead())) return;
-  waiters_.FetchAdd(1);
-  for (;;) {
-    u32 seq = seq_.Load();
-    if (TryRead()) break;
-    tfs_plat_wait(seq_.Address(), seq, platform::kForever);
+  if (TFS_UNLIKELY(!TryRead())) {
+    waiters_.FetchAdd(1);
+    for (;;) {
+      u32 seq = seq_.Load();
+      if (TryRead()) break;
+      tfs_plat_wait(seq_.Address(), seq, platform::kForever);
+    }
+    waiters_.FetchSub(1);
   }
-  waiters_.FetchSub(1);
+  TFS_NOTE_LOCKED();
 }
 
 void RwLock::ReadUnlock() {
+  TFS_NOTE_UNLOCKED();
   u32 prev = state_.FetchSub(1, MemOrder::kRelease);
   TFS_BUG_ON((prev & ~kWriter) == 0);
   if (prev == 1) WakeWaiters();  // last reader out: a writer may be waiting
 }
 
-bool RwLock::TryWriteLock() {
-  TFS_MAY_SLEEP("RwLock::TryWriteLock");
+bool RwLock::TryWrite() {
   u32 expected = 0;
   return state_.CompareExchange(expected, kWriter, MemOrder::kAcquire);
 }
 
+bool RwLock::TryWriteLock() {
+  TFS_MAY_SLEEP("RwLock::TryWriteLock");
+  const bool got = TryWrite();
+  if (got) TFS_NOTE_LOCKED();
+  return got;
+}
+
 void RwLock::WriteLock() {
   TFS_MAY_SLEEP("RwLock::WriteLock");
-  if (TFS_LIKELY(TryWriteLock())) return;
-  writers_waiting_.FetchAdd(1);
-  waiters_.FetchAdd(1);
-  for (;;) {
-    u32 seq = seq_.Load();
-    if (TryWriteLock()) break;
-    tfs_plat_wait(seq_.Address(), seq, platform::kForever);
+  if (TFS_UNLIKELY(!TryWrite())) {
+    writers_waiting_.FetchAdd(1);
+    waiters_.FetchAdd(1);
+    for (;;) {
+      u32 seq = seq_.Load();
+      if (TryWrite()) break;
+      tfs_plat_wait(seq_.Address(), seq, platform::kForever);
+    }
+    waiters_.FetchSub(1);
+    // Readers held back by this writer re-check once it is gone (WriteUnlock wakes).
+    writers_waiting_.FetchSub(1);
   }
-  waiters_.FetchSub(1);
-  // Readers held back by this writer re-check once it is gone (WriteUnlock wakes).
-  writers_waiting_.FetchSub(1);
+  TFS_NOTE_LOCKED();
 }
 
 void RwLock::WriteUnlock() {
+  TFS_NOTE_UNLOCKED();
   TFS_BUG_ON(state_.Load(MemOrder::kRelaxed) != kWriter);
   state_.Store(0, MemOrder::kRelease);
   WakeWaiters();

@@ -37,17 +37,20 @@ class TFS_CAPABILITY("mutex") Mutex {
   void Lock() TFS_ACQUIRE() {
     TFS_MAY_SLEEP("Mutex::Lock");
     u32 c = 0;
-    if (TFS_LIKELY(state_.CompareExchange(c, 1, MemOrder::kAcquire))) return;
-    LockSlow(c);
+    if (TFS_UNLIKELY(!state_.CompareExchange(c, 1, MemOrder::kAcquire))) LockSlow(c);
+    TFS_NOTE_LOCKED();
   }
   // (Not in a completion either: the kernel's mutex_trylock is not for
   // interrupt context.)
   bool TryLock() TFS_TRY_ACQUIRE(true) {
     TFS_MAY_SLEEP("Mutex::TryLock");
     u32 c = 0;
-    return state_.CompareExchange(c, 1, MemOrder::kAcquire);
+    const bool got = state_.CompareExchange(c, 1, MemOrder::kAcquire);
+    if (got) TFS_NOTE_LOCKED();
+    return got;
   }
   void Unlock() TFS_RELEASE() {
+    TFS_NOTE_UNLOCKED();
     if (TFS_UNLIKELY(state_.FetchSub(1, MemOrder::kRelease) != 1)) UnlockSlow();
   }
   bool held() const { return state_.Load(MemOrder::kRelaxed) != 0; }
@@ -58,6 +61,9 @@ class TFS_CAPABILITY("mutex") Mutex {
   Atomic<u32> state_{0};
 };
 
+// The guards also hold a NoFsScope (platform.h) for as long as they hold
+// their lock: what is allocated under a core lock never recurses into
+// filesystem reclaim.
 class MutexLock {
  public:
   explicit MutexLock(Mutex& m) TFS_ACQUIRE(m) : m_(m) { m_.Lock(); }
@@ -67,6 +73,7 @@ class MutexLock {
 
  private:
   Mutex& m_;
+  platform::NoFsScope nofs_;
 };
 
 // A lock that never sleeps, for what a completion shares with the rest of the
@@ -156,6 +163,7 @@ class TFS_CAPABILITY("rwlock") RwLock {
  private:
   static constexpr u32 kWriter = 1u << 31;
   bool TryRead();
+  bool TryWrite();
   void WakeWaiters();
 
   Atomic<u32> state_{0};            // kWriter | reader count
@@ -173,6 +181,7 @@ class ReadGuard {
 
  private:
   RwLock& l_;
+  platform::NoFsScope nofs_;
 };
 
 class WriteGuard {
@@ -184,6 +193,7 @@ class WriteGuard {
 
  private:
   RwLock& l_;
+  platform::NoFsScope nofs_;
 };
 
 // A countdown latch: Wait() returns once CountDown() has been called `count` times.

@@ -23,7 +23,7 @@ void DebugNoSharedLock() { TFS_BUG_ON(*tfs_plat_thread_word() != 0); }
 void DebugNoSharedLock() {}
 #endif
 
-// A mutex held for the scope, or nothing.
+// A mutex held for the scope, or nothing (with a NoFsScope, as MutexLock).
 class OptionalLock {
  public:
   OptionalLock(Mutex& m, bool take) : m_(take ? &m : nullptr) {
@@ -37,6 +37,7 @@ class OptionalLock {
 
  private:
   Mutex* m_;
+  platform::NoFsScope nofs_;
 };
 
 class SharedLock {
@@ -58,6 +59,7 @@ class SharedLock {
 
  private:
   Mutex& m_;
+  platform::NoFsScope nofs_;
 };
 
 
@@ -509,6 +511,7 @@ struct Filesystem::Locked {
     }
     n_ = 0;
   }
+  platform::NoFsScope nofs_;  // first: it covers taking the locks
   Filesystem* fs_;
   InodeLocks* held_[4] = {};
   u32 n_ = 0;
@@ -547,6 +550,7 @@ class Filesystem::DataGuard {
   Status status() const { return status_; }
 
  private:
+  platform::NoFsScope nofs_;  // first: it covers taking the lock
   Filesystem* fs_;
   bool exclusive_;
   InodeLocks* e_ = nullptr;

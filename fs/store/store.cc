@@ -23,6 +23,7 @@ struct SbArray {
 }  // namespace
 
 Status Format(const FormatMember* members, u32 count, const FormatOptions& o, Diag* diag) {
+  platform::NoFsScope nofs;  // mount-time work takes the btree's locks and allocates under them
   if (count == 0) return DiagError(diag, Err::kInvalidArgument, "format: no devices given");
   if (count > sb::kSbMaxMembers)
     return DiagError(diag, Err::kInvalidArgument, "format: at most %u devices", sb::kSbMaxMembers);
@@ -156,6 +157,7 @@ Store::~Store() {
 
 Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& options, Diag* diag,
                     OpenReport* report) {
+  platform::NoFsScope nofs;  // replay applies keys under the btree's locks
   if (open_) return Err::kBusy;
   if (count == 0 || count > sb::kSbMaxMembers)
     return DiagError(diag, Err::kInvalidArgument, "open: need 1..%u devices", sb::kSbMaxMembers);
@@ -447,6 +449,7 @@ Status Store::AddFeatures(u16 features) {
 }
 
 Status Store::Close() {
+  platform::NoFsScope nofs;  // the last checkpoint writes under the btree's locks
   if (!open_) return Status::Ok();
   open_ = false;
   if (read_only_) return btrees_.Close();

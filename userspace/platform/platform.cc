@@ -96,6 +96,20 @@ u64 tfs_plat_memory_bytes(void) {
   return pages > 0 && page > 0 ? u64(pages) * u64(page) : 0;
 }
 
+// Userspace reclaim never calls into the process: the scope is only recorded,
+// for platform::InNoFs and the checks.
+static thread_local u32 nofs_scope = 0;
+
+u32 tfs_plat_nofs_save(void) {
+  const u32 old = nofs_scope;
+  nofs_scope = 1;
+  return old;
+}
+
+void tfs_plat_nofs_restore(u32 token) { nofs_scope = token; }
+
+int tfs_plat_nofs_active(void) { return nofs_scope != 0 ? 1 : 0; }
+
 u32* tfs_plat_thread_word(void) {
   static thread_local u32 words[TFS_THREAD_WORDS] = {};
   return words;
