@@ -36,9 +36,11 @@
 // a lookup that needs a node not in the cache drops every lock, reads and verifies
 // the node with none held, inserts it into the cache and restarts (counted in
 // Stats::restarts); a checkpoint snapshots a node under its lock and writes the
-// copy with no lock held. The one exception is commit_mu_, which is not a node
-// lock: it is held across the journal commit (which may wait for journal buffer
-// space) so that apply order equals journal order; readers never take it.
+// copy with no lock held. The two exceptions are not node locks: commit_mu_ is
+// held across the journal commit (which may wait for journal buffer space) so
+// that apply order equals journal order, and ckpt_mu (one checkpoint at a
+// time, taken before any other) across a whole checkpoint, its writes
+// included; readers never take either.
 //
 // Node cache. Bounded by Options::cache_bytes. Clean, unreferenced nodes are
 // evicted least-recently-used first; dirty nodes are never evicted (the writer is

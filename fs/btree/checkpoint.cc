@@ -1,0 +1,787 @@
+// Write-out (docs/design/btree.md, "Write-out: copy-on-write checkpoints"):
+// the roots block; node slots in btree buckets (holes, then the open bucket,
+// then buckets reserved ahead; a bucket is freed with its last slot) and the
+// need for them published to the allocator (PublishNeed, space.md);
+// RunCheckpoint (images of dirty leaves; per tree, exclusive, new pointers
+// installed and new or changed interior nodes imaged; then journal flush,
+// node writes, device flushes, the roots block with FUA, and only then old
+// slots freed and the journal pin moved); the writer thread that runs it.
+//
+// ckpt_mu (one checkpoint at a time) is held throughout, I/O included: no
+// lookup or commit takes it, and a checkpoint never takes commit_mu (a
+// committer may wait inside it for the room a checkpoint makes). Under a
+// tree or leaf lock: no I/O and no Allocate (it may settle the journal);
+// slot_mu may be taken there, the allocator's Get and Free under slot_mu.
+#include "btree/internal.h"
+
+#include "dev/io_queue.h"
+#include "util/sort.h"
+
+namespace tfs::btree {
+
+// ---------------------------------------------------------------------------
+// Roots blocks.
+
+namespace {
+
+Status CheckPtrShape(const NodePtrFormat& p, u8 id, u32 nr_members, Diag* diag, const char* what) {
+  if (p.btree_id != id || p.level > kMaxLevel || (p.member != kNoMember && p.member >= nr_members))
+    return DiagError(diag, Err::kCorrupt, "%s: bad node pointer (btree %u, level %u, member %u)", what,
+                     unsigned(p.btree_id), unsigned(p.level), unsigned(p.member));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ReadRoots(dev::DeviceSet& devs, const sb::Superblock& sb, Roots* out, Diag* diag) {
+  u8* buf = static_cast<u8*>(platform::Alloc(2 * kRootsSlotSize, 4096, false));
+  if (buf == nullptr) return Err::kNoMemory;
+  bool found = false;
+  u32 bad = 0;
+  Status io;  // the first read that failed
+  for (u32 m = 0; m < sb.nr_members; m++) {
+    if (!HoldsBtree(sb, m)) continue;
+    Status st = dev::QueueSyncIo(devs.member(m)->queue(), IoOp::kRead, kRootsOffset, buf, 2 * kRootsSlotSize, 0,
+                                 IoOrigin::kBtree);
+    if (!st.ok()) {
+      bad++;
+      if (io.ok()) io = st;
+      continue;
+    }
+    for (u32 slot = 0; slot < 2; slot++) {
+      const auto* r = reinterpret_cast<const RootsFormat*>(buf + slot * kRootsSlotSize);
+      if (r->magic.get() != kRootsMagic || r->version.get() != kNodeVersion || r->nroots.get() != kNrBtreeIds ||
+          MemCompare(r->fs_uuid, sb.fs_uuid, 16) != 0 ||
+          r->csum.get() != platform::Crc32cSkippingField(r, kRootsSlotSize, __builtin_offsetof(RootsFormat, csum))) {
+        bad++;
+        continue;
+      }
+      bool shape_ok = true;
+      for (u32 t = 0; t < kNrBtreeIds; t++) {
+        const NodePtrFormat& p = r->roots[t];
+        if (!CheckPtrShape(p, u8(t), sb.nr_members, nullptr, "roots").ok() ||
+            (p.member != kNoMember && !IsMin(PtrMin(p))))
+          shape_ok = false;
+      }
+      if (!shape_ok) {
+        bad++;
+        continue;
+      }
+      if (found && r->gen.get() <= out->gen) continue;
+      found = true;
+      out->gen = r->gen.get();
+      out->journal_seq = r->journal_seq.get();
+      out->node_seq_hi = r->node_seq_hi.get();
+      MemCopy(out->roots, r->roots, sizeof(out->roots));
+    }
+  }
+  platform::Free(buf);
+  // Not read is not damaged: fsck must not rebuild trees it could not read.
+  if (!found && !io.ok())
+    return DiagError(diag, io, "btree roots: reading the roots block failed: %s", io.Message());
+  if (!found)
+    return DiagError(diag, Err::kCorrupt, "btree roots: no valid roots block on any member (%u copies rejected)",
+                     bad);
+  out->rejected = bad;
+  if (bad > 0)
+    platform::Log(platform::LogLevel::kWarn, "btree roots: %u roots block cop%s rejected; using gen %llu", bad,
+                  bad == 1 ? "y" : "ies", (unsigned long long)out->gen);
+  return Status::Ok();
+}
+
+namespace {
+
+Status WriteRootsBlock(dev::DeviceSet& devs, const sb::Superblock& sb, const Roots& roots) {
+  auto* r = static_cast<RootsFormat*>(platform::Alloc(kRootsSlotSize, 4096, true));
+  if (r == nullptr) return Err::kNoMemory;
+  r->magic.set(kRootsMagic);
+  r->version.set(kNodeVersion);
+  r->nroots.set(kNrBtreeIds);
+  MemCopy(r->fs_uuid, sb.fs_uuid, 16);
+  r->gen.set(roots.gen);
+  r->journal_seq.set(roots.journal_seq);
+  r->node_seq_hi.set(roots.node_seq_hi);
+  MemCopy(r->roots, roots.roots, sizeof(r->roots));
+  r->csum.set(platform::Crc32cSkippingField(r, kRootsSlotSize, __builtin_offsetof(RootsFormat, csum)));
+  const u64 off = kRootsOffset + (roots.gen & 1) * kRootsSlotSize;
+  Status first;
+  for (u32 m = 0; m < sb.nr_members; m++) {
+    if (!HoldsBtree(sb, m)) continue;
+    Status st = dev::QueueSyncIo(devs.member(m)->queue(), IoOp::kWrite, off, r, kRootsSlotSize, IoRequest::kFua,
+                                 IoOrigin::kBtree);
+    if (!st.ok() && first.ok()) first = st;
+  }
+  platform::Free(r);
+  return first;
+}
+
+}  // namespace
+
+Status FormatRoots(dev::DeviceSet& devs, const sb::Superblock& sb) {
+  Roots roots;
+  roots.gen = 1;
+  for (u32 t = 0; t < kNrBtreeIds; t++) roots.roots[t] = EmptyPtr(u8(t));
+  // Both slots, so that no stale block from an earlier filesystem survives.
+  TFS_TRY(WriteRootsBlock(devs, sb, roots));
+  roots.gen = kFormatRootsGen;
+  return WriteRootsBlock(devs, sb, roots);
+}
+
+// ---------------------------------------------------------------------------
+// The slots a checkpoint will need, and the node slots in btree buckets.
+
+// The node slots a checkpoint would take now (docs/design/space.md). Phase
+// 1 takes one per dirty node it images; phase 2 a spare per node of the
+// exclusive set -- cached interior nodes and nodes never written (phase 1
+// may have taken one for them already) -- plus 1 + 2 * kMaxLevel for
+// structure that changes before it locks.
+u64 TreeOps::CheckpointSlots(Impl* im) {
+  return im->dirty_nodes.Load(MemOrder::kRelaxed) + im->interior_nodes.Load(MemOrder::kRelaxed) +
+         im->unwritten_nodes.Load(MemOrder::kRelaxed) + 1 + 2 * kMaxLevel;
+}
+// Tells the allocator how many free buckets the next checkpoint may take on
+// the metadata target (alloc.h, SetMetadataNeed): CheckpointSlots, or, if
+// larger, what is left of the bound a running checkpoint started from (it
+// clears dirty flags before it has taken its slots: the bound less the
+// slots it took), less the slots at hand (holes, the open bucket's rest,
+// the buckets it reserved, which the allocator also gets as `held`: they
+// are back when it ends, and the growth room counts them), in
+// whole buckets, plus two: the tree growing while the checkpoint runs (it
+// then reserves more) and a spare. Called whenever a count changes; user
+// data leaves that much free.
+void TreeOps::PublishNeed(Impl* im) {
+  if (im->alloc == nullptr || im->slots_per_bucket == 0) return;
+  MutexLock l(im->need_mu);
+  const u64 hold = im->ckpt_hold.Load(MemOrder::kRelaxed);
+  const u64 taken = im->ckpt_taken.Load(MemOrder::kRelaxed);
+  const u64 left = hold > taken ? hold - taken : 0;  // the running checkpoint's
+  const u64 avail = im->avail_slots.Load(MemOrder::kRelaxed);
+  const u64 bound = Max<u64>(CheckpointSlots(im), left);
+  const u64 slots = bound > avail ? bound - avail : 0;
+  const u64 need = (slots + im->slots_per_bucket - 1) / im->slots_per_bucket + 2;
+  const u64 held = im->reserved_slots.Load(MemOrder::kRelaxed) / im->slots_per_bucket;
+  for (u32 m : dev::Bits(im->target)) im->alloc->SetMetadataNeed(m, need, held);
+}
+
+// avail_slots from the holes, the open bucket and the reserved ones.
+// slot_mu held.
+void TreeOps::NoteAvailLocked(Impl* im) {
+  const u64 open = im->open_valid ? im->slots_per_bucket - im->open_next : 0;
+  const u64 reserved = u64(im->reserved.size()) * im->slots_per_bucket;
+  im->avail_slots.Store(u64(im->holes.size()) + open + reserved, MemOrder::kRelaxed);
+  im->reserved_slots.Store(reserved, MemOrder::kRelaxed);
+}
+
+bool TreeOps::IsOpenLocked(Impl* im, u32 m, u64 b) {
+  return im->open_valid && im->open_bucket.dev == m && im->open_bucket.bucket == b;
+}
+
+// Whether hole h can still be taken: its bucket is still the btree's (the
+// same incarnation) and has room, and is not freed (no live node and not
+// being filled). slot_mu held.
+bool TreeOps::HoleValidLocked(Impl* im, const Impl::Hole& h) {
+  const u64 b = im->sb.BucketOf(h.offset);
+  if (h.member >= im->sb.nr_members || b >= im->live[h.member].size()) return false;
+  const u16 live = im->live[h.member][b];
+  if (live >= im->slots_per_bucket || (live == 0 && !IsOpenLocked(im, h.member, b))) return false;
+  const alloc::Bucket bk = im->alloc->Get(h.member, b);
+  return bk.state == alloc::BucketState::kBtree && bk.gen == h.gen;
+}
+
+// Drops the holes that can no longer be taken -- those of freed buckets
+// (after a checkpoint's frees, before anything is allocated again, so a
+// freed bucket is recognised by live 0) -- so that avail_slots counts only
+// what AllocSlot can take. One pass when a bucket was freed since the
+// last; slot_mu held.
+void TreeOps::PurgeHolesLocked(Impl* im) {
+  if (!im->holes_stale) return;
+  im->holes_stale = false;
+  usize k = 0;
+  for (usize i = 0; i < im->holes.size(); i++) {
+    const Impl::Hole h = im->holes[i];
+    if (HoleValidLocked(im, h)) im->holes[k++] = h;
+  }
+  while (im->holes.size() > k) im->holes.PopBack();
+  NoteAvailLocked(im);
+}
+
+// Takes a slot without the allocator: a hole, else the open bucket's
+// next, else a reserved bucket's first (it becomes the open one). False
+// when none is left. slot_mu held.
+bool TreeOps::TakeSlotLocked(Impl* im, NodePtrFormat* dst) {
+  while (!im->holes.empty()) {
+    const Impl::Hole h = im->holes.back();
+    im->holes.PopBack();
+    if (!HoleValidLocked(im, h)) continue;  // (not reached: purged after every free)
+    im->ckpt_taken.FetchAdd(1, MemOrder::kRelaxed);
+    dst->member = h.member;
+    dst->offset.set(h.offset);
+    im->live[h.member][im->sb.BucketOf(h.offset)]++;
+    im->ctr.hole_slots.FetchAdd(1, MemOrder::kRelaxed);
+    return true;
+  }
+  if (!im->open_valid || im->open_next >= im->slots_per_bucket) {
+    if (im->reserved.empty()) return false;
+    im->open_bucket = im->reserved.back();
+    im->reserved.PopBack();
+    im->open_valid = true;
+    im->open_next = 0;
+  }
+  const u32 m = im->open_bucket.dev;
+  const u64 b = im->open_bucket.bucket;
+  im->ckpt_taken.FetchAdd(1, MemOrder::kRelaxed);
+  dst->member = u8(m);
+  dst->offset.set(im->sb.BucketOffset(b) + u64(im->open_next) * im->node_size);
+  im->open_next++;
+  im->live[m][b]++;
+  return true;
+}
+
+// A node slot for a checkpoint's image. With may_allocate, a new bucket
+// is reserved when nothing is left; without (the exclusive phase, which
+// holds a tree lock and must not wait for the allocator) the caller has
+// checked AvailSlots.
+Status TreeOps::AllocSlot(Impl* im, NodePtrFormat* dst, bool may_allocate) {
+  for (;;) {
+    bool taken;
+    {
+      MutexLock l(im->slot_mu);
+      taken = TakeSlotLocked(im, dst);
+      NoteAvailLocked(im);
+    }
+    if (taken) break;
+    if (!may_allocate) return Err::kNoSpace;  // (not reached: see above)
+    TFS_TRY(ReserveBucket(im));
+  }
+  PublishNeed(im);
+  return Status::Ok();
+}
+
+// One more empty bucket among the reserved. Allocate runs without slot_mu
+// (it may settle the journal).
+Status TreeOps::ReserveBucket(Impl* im) {
+  auto r = im->alloc->Allocate(im->target, im->capable, alloc::BucketState::kBtree, alloc::Watermark::kBtree);
+  if (!r.ok()) return r.status();
+  MutexLock l(im->slot_mu);
+  Status st = im->reserved.PushBack(r.value());
+  if (!st.ok()) {
+    im->alloc->Free(r.value()).IgnoreError();
+    return st;
+  }
+  im->ctr.reserved_buckets.FetchAdd(1, MemOrder::kRelaxed);
+  NoteAvailLocked(im);
+  return Status::Ok();
+}
+
+// The slots AllocSlot can take without the allocator, exactly.
+u64 TreeOps::AvailSlots(Impl* im) {
+  MutexLock l(im->slot_mu);
+  PurgeHolesLocked(im);
+  return im->avail_slots.Load(MemOrder::kRelaxed);
+}
+
+// Takes empty buckets ahead until `slots` node slots can be taken without
+// the allocator. Only the checkpoint (ckpt_mu) takes slots, so what it
+// counted stays.
+Status TreeOps::ReserveSlots(Impl* im, u64 slots) {
+  while (AvailSlots(im) < slots) TFS_TRY(ReserveBucket(im));
+  PublishNeed(im);
+  return Status::Ok();
+}
+
+// The checkpoint's end (every path): the reserved buckets it did not use
+// go back to the allocator, empty (pending until the journal settles, as
+// every free).
+void TreeOps::ReturnReserved(Impl* im) {
+  {
+    MutexLock l(im->slot_mu);
+    for (const alloc::BucketRef& r : im->reserved) {
+      im->alloc->Free(r).IgnoreError();
+      im->ctr.returned_buckets.FetchAdd(1, MemOrder::kRelaxed);
+    }
+    im->reserved.Clear();
+    NoteAvailLocked(im);
+  }
+  PublishNeed(im);
+}
+
+// At mount: the holes of the btree buckets the trees use in part, from the
+// offsets of their nodes (each member's list sorted here). Only an
+// optimisation: without memory there are just no holes.
+void TreeOps::FindHoles(Impl* im, Vector<u64>* used) {
+  MutexLock l(im->slot_mu);
+  for (u32 m = 0; m < im->sb.nr_members; m++) {
+    if ((im->target & (dev::DevMask(1) << m)) == 0) continue;  // (as FreeSlot)
+    Vector<u64>& u = used[m];
+    Sort(u.data(), u.size(), [](u64 a, u64 b) { return a < b; });
+    for (usize i = 0; i < u.size();) {
+      const u64 b = im->sb.BucketOf(u[i]);
+      usize j = i;
+      bool shared = false;
+      while (j < u.size() && im->sb.BucketOf(u[j]) == b) {
+        if (j > i && u[j] == u[j - 1]) {  // (one of them fails its read check)
+          platform::Log(platform::LogLevel::kWarn, "btree: two node pointers share the slot at %llu of member %u",
+                        (unsigned long long)u[j], m);
+          // Its live count is off: no holes in it now (a later free of
+          // one of the two may still make one, of a slot whose other
+          // pointer already fails its read check).
+          shared = true;
+        }
+        j++;
+      }
+      const alloc::Bucket bk = im->alloc->Get(m, b);
+      if (!shared && bk.state == alloc::BucketState::kBtree && im->live[m][b] < im->slots_per_bucket) {
+        usize k = i;
+        for (u32 slot = 0; slot < im->slots_per_bucket; slot++) {
+          const u64 off = im->sb.BucketOffset(b) + u64(slot) * im->node_size;
+          while (k < j && u[k] < off) k++;
+          if (k < j && u[k] == off) continue;
+          if (!im->holes.PushBack(Impl::Hole{u8(m), bk.gen, off}).ok()) {
+            im->holes.Clear();
+            NoteAvailLocked(im);
+            return;
+          }
+        }
+      }
+      i = j;
+    }
+  }
+  NoteAvailLocked(im);  // (every hole found is valid: no purge)
+}
+
+// Releases a node slot after the roots block that stopped pointing at it
+// is durable. Its bucket is freed once it holds no node (and is not being
+// filled); otherwise the slot becomes a hole. The caller purges the holes
+// of freed buckets after its frees (PurgeHoles).
+void TreeOps::FreeSlot(Impl* im, const NodePtrFormat& p) {
+  if (p.member == kNoMember) return;
+  MutexLock l(im->slot_mu);
+  const u32 m = p.member;
+  const u64 b = im->sb.BucketOf(p.offset.get());
+  if (m >= im->sb.nr_members || b >= im->live[m].size() || im->live[m][b] == 0) return;
+  const alloc::Bucket bk = im->alloc->Get(m, b);
+  const bool open = IsOpenLocked(im, m, b);
+  // (Without memory for the hole the slot stays unused until the bucket goes.)
+  // Holes only on the metadata target: nodes that spilled elsewhere drain
+  // back as they are rewritten.
+  if (--im->live[m][b] != 0 || (open && im->open_next < im->slots_per_bucket)) {
+    if (bk.state == alloc::BucketState::kBtree && (im->target & (dev::DevMask(1) << m)) != 0)
+      im->holes.PushBack(Impl::Hole{u8(m), bk.gen, p.offset.get()}).IgnoreError();
+    NoteAvailLocked(im);
+    return;
+  }
+  if (open) im->open_valid = false;
+  im->holes_stale = true;
+  NoteAvailLocked(im);
+  if (bk.state == alloc::BucketState::kBtree) im->alloc->Free(alloc::BucketRef{m, b, bk.gen}).IgnoreError();
+}
+void TreeOps::PurgeHoles(Impl* im) {
+  MutexLock l(im->slot_mu);
+  PurgeHolesLocked(im);
+}
+
+// At unmount: the bucket slots were being taken from is no longer "being
+// filled"; freed if it holds no live node (a checkpoint's unused reserve),
+// so that a clean filesystem has no btree bucket without nodes.
+void TreeOps::ReleaseOpenBucket(Impl* im) {
+  MutexLock l(im->slot_mu);
+  if (!im->open_valid) return;
+  im->open_valid = false;
+  const u32 m = im->open_bucket.dev;
+  const u64 b = im->open_bucket.bucket;
+  if (im->live[m][b] == 0) {
+    alloc::Bucket bk = im->alloc->Get(m, b);
+    if (bk.state == alloc::BucketState::kBtree) im->alloc->Free(alloc::BucketRef{m, b, bk.gen}).IgnoreError();
+    im->holes_stale = true;
+  }
+  PurgeHolesLocked(im);
+  NoteAvailLocked(im);  // (the open bucket's rest is gone)
+}
+
+// ---------------------------------------------------------------------------
+// Checkpoints.
+
+struct TreeOps::Job {
+  CachedNode* node;
+  Tree* tree;
+  u8* img;
+  u32 bytes;
+  u64 seq;
+  NodePtrFormat dst;
+  bool installed;
+};
+
+// Takes the image of n (which must not change meanwhile) into a new job.
+Status TreeOps::TakeImage(Impl* im, Tree& t, CachedNode* n, Vector<Job>* jobs) {
+  Job j;
+  j.node = n;
+  j.tree = &t;
+  j.img = static_cast<u8*>(platform::Alloc(im->node_size, 4096, false));
+  if (j.img == nullptr) return Err::kNoMemory;
+  j.seq = NewSeq(im);
+  j.bytes = n->node.WriteImage(j.img, j.seq, im->sb.fs_uuid);
+  j.dst = n->ptr;
+  j.installed = false;
+  Status st = jobs->PushBack(j);
+  if (!st.ok()) {
+    platform::Free(j.img);
+    return st;
+  }
+  Ref(n);
+  ClearDirty(im, n);
+  return Status::Ok();
+}
+
+// Gives job j its slot and points the node (and its parent's key) at it.
+// Tree lock exclusive.
+void TreeOps::Install(Impl* im, Job& j, const NodePtrFormat& slot, Vector<NodePtrFormat>* to_free) {
+  CachedNode* n = j.node;
+  j.dst.member = slot.member;
+  j.dst.offset = slot.offset;
+  j.dst.seq.set(j.seq);
+  j.installed = true;
+  if (n->dead.Load(MemOrder::kAcquire) != 0) {
+    to_free->PushBack(j.dst).IgnoreError();  // nobody points there
+    return;
+  }
+  if (n->ptr.member != kNoMember) {
+    to_free->PushBack(n->ptr).IgnoreError();
+  } else {
+    im->unwritten_nodes.FetchSub(1, MemOrder::kRelaxed);  // the checkpoint's hold covers it
+  }
+  n->ptr = j.dst;
+  n->node.SetSeq(j.seq);
+  n->version.FetchAdd(1, MemOrder::kRelease);
+  if (n->parent != nullptr) {
+    CachedNode* p = n->parent;
+    p->node.OverwriteValue(p->node.set(0).Key(ChildIndex(p, n)), &n->ptr);
+    SetDirty(im, p);
+  }
+}
+
+// Post-order: collects the nodes the exclusive phase must image -- nodes never
+// written, interior nodes that changed, and every ancestor of those (installing
+// a child's new location changes its parent). True if n was collected.
+Result<bool> TreeOps::CollectExclusive(CachedNode* n, Vector<CachedNode*>* out) {
+  bool below = false;
+  for (usize i = 0; i < n->children.size(); i++) {
+    if (n->children[i] == nullptr) continue;
+    bool c = TFS_TRY(CollectExclusive(n->children[i], out));
+    below = below || c;
+  }
+  const bool changed_interior = n->dirty.Load(MemOrder::kRelaxed) != 0 && n->node.info().level > 0;
+  const bool need = below || n->ptr.member == kNoMember || changed_interior;
+  if (need) TFS_TRY(out->PushBack(n));
+  return need;
+}
+
+void TreeOps::CollectDirtyLeaves(CachedNode* n, Vector<CachedNode*>* out) {
+  if (n->node.info().level == 0) {
+    if (n->dirty.Load(MemOrder::kRelaxed) != 0) out->PushBack(n).IgnoreError();
+    return;
+  }
+  for (usize i = 0; i < n->children.size(); i++)
+    if (n->children[i] != nullptr) CollectDirtyLeaves(n->children[i], out);
+}
+
+Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out) {
+  MutexLock ck(im->ckpt_mu);
+  // The need stays at least what this checkpoint may take until it is done
+  // (it clears dirty flags before it has taken its slots).
+  struct Hold {
+    Impl* im;
+    explicit Hold(Impl* i) : im(i) {
+      im->ckpt_taken.Store(0, MemOrder::kRelaxed);
+      im->ckpt_hold.Store(CheckpointSlots(im), MemOrder::kRelaxed);
+      PublishNeed(im);
+    }
+    ~Hold() {
+      im->ckpt_hold.Store(0, MemOrder::kRelaxed);
+      im->ckpt_taken.Store(0, MemOrder::kRelaxed);
+      PublishNeed(im);
+    }
+  } hold(im);
+  u64 covered;
+  if (im->journal != nullptr) {
+    // Close the open journal entry if it holds applied commits, so that it can
+    // be covered (below) rather than replayed at the next mount.
+    u64 applied;
+    {
+      MutexLock c(im->state_mu);
+      applied = im->applied_seq;
+    }
+    if (im->journal->next_seq() <= applied) TFS_TRY(im->journal->Flush());
+  }
+  {
+    // Not commit_mu: a committer may be waiting for journal room while holding
+    // it, and this checkpoint is what makes room.
+    MutexLock c(im->state_mu);
+    // After a failed apply the trees hold part of a transaction: never persist
+    // that (replay of the journal applies the whole of it instead).
+    if (!im->failed.ok()) return im->failed;
+    // The roots block will claim every journal entry up to `covered`: each must
+    // be fully applied before the images below are taken, and no later commit
+    // may join it. Commits are serialized and their seqs never decrease, so
+    // entries before applied_seq are complete; entry applied_seq itself is only
+    // if no commit is in flight and the journal has moved past it (else a commit
+    // could still land in it after this snapshot and be skipped by replay).
+    // Claiming one entry less is always safe: replay applies it again, and
+    // applying an entry's updates again in order is idempotent.
+    covered = im->applied_seq;
+    if (covered > 0 && im->journal != nullptr && (im->committing || im->journal->next_seq() <= covered))
+      covered--;
+  }
+  Vector<Job> jobs;
+  Vector<NodePtrFormat> to_free;
+  struct Reserved {  // ReserveSlots' buckets go back on every path
+    Impl* im;
+    ~Reserved() { ReturnReserved(im); }
+  } reserved{im};
+  Status st;
+  Roots roots = *roots_out;
+  // Phase 1: dirty leaves, each under its own lock, the tree lock shared.
+  for (u32 id = 0; id < kNrBtreeIds && st.ok(); id++) {
+    Tree& t = im->trees[id];
+    Vector<CachedNode*> leaves;
+    {
+      ReadGuard g(t.lock);
+      if (t.root != nullptr) CollectDirtyLeaves(t.root, &leaves);
+      for (CachedNode* n : leaves) Ref(n);
+    }
+    for (CachedNode* n : leaves) {
+      if (st.ok()) {
+        ReadGuard g(t.lock);
+        if (n->dead.Load() == 0) {
+          n->lock.ReadLock();
+          if (n->dirty.Load(MemOrder::kRelaxed) != 0) {
+            st = TakeImage(im, t, n, &jobs);
+          }
+          n->lock.ReadUnlock();
+        }
+      }
+      Unref(n);
+    }
+  }
+  // Slots for the images taken, and a reserve for the exclusive phase.
+  for (usize i = 0; i < jobs.size() && st.ok(); i++) {
+    NodePtrFormat s = jobs[i].dst;
+    st = AllocSlot(im, &s);
+    if (st.ok()) {
+      jobs[i].dst.member = s.member;
+      jobs[i].dst.offset = s.offset;
+    }
+  }
+  // Phase 2: per tree, exclusive: install, then image interior and new nodes.
+  for (u32 id = 0; id < kNrBtreeIds && st.ok(); id++) {
+    Tree& t = im->trees[id];
+    // Buckets are reserved only when the slots at hand (holes, the open
+    // bucket's rest, reserved buckets) do not cover the exclusive set, and
+    // then with room for structure that changes before we lock.
+    bool reserve = false;
+    for (;;) {
+      u64 need = 0;
+      {
+        ReadGuard g(t.lock);
+        if (t.root != nullptr) {
+          Vector<CachedNode*> v;
+          st = CollectExclusive(t.root, &v).status();
+          need = v.size() + (reserve ? 1 + 2 * kMaxLevel : 0);
+        }
+      }
+      if (st.ok() && need > 0 && AvailSlots(im) < need) {
+        if (!reserve) need += 1 + 2 * kMaxLevel;
+        reserve = true;
+        st = ReserveSlots(im, need);
+      }
+      if (!st.ok()) break;
+      WriteGuard g(t.lock);
+      for (Job& j : jobs)
+        if (j.tree == &t && !j.installed) Install(im, j, j.dst, &to_free);
+      Vector<CachedNode*> v;
+      if (t.root != nullptr) st = CollectExclusive(t.root, &v).status();
+      if (!st.ok()) break;
+      if (v.size() > AvailSlots(im)) {  // grew meanwhile: reserve more
+        reserve = true;
+        continue;
+      }
+      for (CachedNode* n : v) {
+        // The slot first: taking the image clears the node's dirty flag.
+        NodePtrFormat s = EmptyPtr(u8(id));
+        st = AllocSlot(im, &s, false);
+        if (!st.ok()) break;
+        st = TakeImage(im, t, n, &jobs);
+        if (!st.ok()) break;  // (the filesystem fails: the slot stays unused)
+        Install(im, jobs.back(), s, &to_free);
+      }
+      for (const NodePtrFormat& d : t.dead_slots) to_free.PushBack(d).IgnoreError();
+      t.dead_slots.Clear();
+      roots.roots[id] = t.root != nullptr ? t.root->ptr : EmptyPtr(u8(id));
+      break;
+    }
+  }
+  // Nothing new since the last roots block: write nothing.
+  if (st.ok() && jobs.empty() && to_free.empty() && covered <= roots_out->journal_seq) {
+    return Status::Ok();
+  }
+  // Phase 3, no locks: write-ahead (the journal holds everything the images
+  // contain), node writes, flush, roots block.
+  if (st.ok() && im->journal != nullptr) st = im->journal->Flush();
+  dev::DevMask written = 0;
+  if (st.ok() && !jobs.empty()) {
+    dev::Io* ios = static_cast<dev::Io*>(platform::Alloc(sizeof(dev::Io) * jobs.size(), 16, false));
+    if (ios == nullptr) st = Err::kNoMemory;
+    if (st.ok()) {
+      for (usize i = 0; i < jobs.size(); i++) new (&ios[i]) dev::Io();
+      dev::IoBatch batch(u32(jobs.size()));
+      for (usize i = 0; i < jobs.size(); i++) {
+        dev::Io& io = ios[i];
+        io.req.op = IoOp::kWrite;
+        io.req.origin = IoOrigin::kBtree;
+        io.req.offset = jobs[i].dst.offset.get();
+        io.req.length = jobs[i].bytes;
+        io.req.buf = jobs[i].img;
+        io.cls = dev::IoClass::kBtree;
+        io.done = dev::IoBatch::Done;
+        io.caller_data = &batch;
+        written |= dev::DevMask(1) << jobs[i].dst.member;
+        im->ctr.node_writes.FetchAdd(1, MemOrder::kRelaxed);
+        im->ctr.node_write_bytes.FetchAdd(jobs[i].bytes, MemOrder::kRelaxed);
+      }
+      for (usize i = 0; i < jobs.size(); i++) im->devs->member(jobs[i].dst.member)->queue().Submit(&ios[i]);
+      st = batch.Wait();
+      for (usize i = 0; i < jobs.size(); i++) ios[i].~Io();
+      platform::Free(ios);
+    }
+  }
+  for (u32 m = 0; m < im->sb.nr_members && st.ok(); m++) {
+    if ((written & (dev::DevMask(1) << m)) == 0) continue;
+    st = dev::QueueSyncIo(im->devs->member(m)->queue(), IoOp::kFlush, 0, nullptr, 0, 0, IoOrigin::kBtree);
+  }
+  if (st.ok()) {
+    roots.gen = roots_out->gen + 1;
+    roots.journal_seq = Max(covered, roots_out->journal_seq);
+    st = WriteRootsBlock(*im->devs, im->sb, roots);
+  }
+  for (Job& j : jobs) {
+    platform::Free(j.img);
+    Unref(j.node);
+  }
+  if (!st.ok()) {
+    // The images are not durable; the previous roots block still stands. The
+    // nodes were marked clean: the filesystem must not go on as if they were.
+    MutexLock c(im->state_mu);
+    if (im->failed.ok()) im->failed = st;
+    return st;
+  }
+  *roots_out = roots;
+  // Entries written from now on record this roots block as durable: a mount
+  // that finds an older one (this one damaged) knows it (Store::Open).
+  if (im->journal != nullptr) im->journal->NoteRootsGen(roots.gen);
+  for (const NodePtrFormat& s : to_free) FreeSlot(im, s);
+  PurgeHoles(im);  // those of the buckets just freed
+  // The journal up to `covered` is no longer needed.
+  if (im->journal != nullptr) {
+    MutexLock c(im->state_mu);
+    if (im->pin.active && im->pin.seq <= covered) {
+      // Entries after `covered` still matter: applied ones, and the entry of a
+      // commit in flight (which relied on this pin when it started). The new
+      // pin is taken before the old one is dropped: in between, an entry the
+      // journal writes would record a last_seq past them, and replay would
+      // start after them (CheckpointsRacingCommitsLoseNothing).
+      journal::Pin next;
+      const bool needed = im->applied_seq > covered || im->committing;
+      const Status pst = needed ? im->journal->PinAt(&next, covered + 1) : Status::Ok();
+      if (pst.ok()) {
+        im->journal->PinDrop(&im->pin);
+        im->pin = next;  // inactive if nothing after `covered` needs it
+      } else {
+        // Keep the old pin: it holds those entries too (and older ones).
+        platform::Log(platform::LogLevel::kWarn, "btree: journal pin not moved: %s", pst.Message());
+      }
+    }
+  }
+  im->ctr.checkpoints.FetchAdd(1, MemOrder::kRelaxed);
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------
+// The writer thread.
+
+// Journal ring room (lock-free hint): the writer checkpoints once half of the
+// ring is held, commits wait once three quarters are -- and, on small rings,
+// while fewer free buckets remain than a checkpoint's write-ahead flush entry
+// could need beside the reserve -- so the journal never fills with commits
+// that flush would need room for.
+bool TreeOps::JournalBelow(Impl* im, u32 num, u32 den, u32 min_free) {
+  if (im->journal == nullptr) return false;
+  u32 free, ring;
+  im->journal->Room(&free, &ring);
+  if (ring == 0) return false;
+  return u64(free) * den < u64(ring) * num || free < min_free;
+}
+
+// Whether the journal needs room that the trees hold (their pin is set).
+bool TreeOps::JournalNeedsRoom(Impl* im) {
+  bool pinned;
+  {
+    MutexLock c(im->state_mu);
+    pinned = im->pin.active;
+  }
+  return pinned && JournalBelow(im, 1, 2, 4);
+}
+
+void TreeOps::WriterMain(void* arg) {
+  auto* self = static_cast<Btrees*>(arg);
+  Impl* im = self->impl_;
+  MutexLock l(im->wmu);
+  while (!im->stop) {
+    const bool memory = im->dirty_nodes.Load(MemOrder::kRelaxed) * im->node_size > im->opt.cache_bytes / 2;
+    const bool room = JournalNeedsRoom(im);
+    // Space: the metadata member is down to the btree's growth room (user data
+    // at its floor): write the dirty nodes so that the need drops
+    // (docs/design/space.md).
+    const bool space = im->dirty_nodes.Load(MemOrder::kRelaxed) > 0 && im->alloc->MetadataTight();
+    if (!im->wake && !memory && !room && !space) {
+      if (!im->merge_queue.empty()) {
+        im->wmu.Unlock();
+        MergeQueued(im);
+        im->wmu.Lock();
+        continue;
+      }
+      (void)im->wcv.WaitFor(im->wmu, 100 * platform::kNsPerMs);
+      continue;
+    }
+    im->wake = false;
+    im->wmu.Unlock();
+    // The allocator's pin holds the journal too: checkpoint it as well when the
+    // journal needs room (journal reclaim would, once the ring is full).
+    Status st = room ? im->alloc->CheckpointForRoom(true) : Status::Ok();
+    if (st.ok()) st = self->Checkpoint();
+    // Make the ring space the checkpoints released reusable at once.
+    if (st.ok() && im->journal != nullptr) st = im->journal->AdvanceLastSeq();
+    if (!st.ok()) platform::Log(platform::LogLevel::kError, "btree: checkpoint failed: %s", st.Message());
+    EvictIfNeeded(im);
+    im->wmu.Lock();
+    im->ckpt_done++;
+    im->done_cv.Broadcast();
+    // Do not spin when a checkpoint cannot help (or failed).
+    if (!st.ok() || (room && !memory && JournalBelow(im, 1, 2, 4)) || (space && !room && !memory))
+      (void)im->wcv.WaitFor(im->wmu, (st.ok() ? 100 : 1000) * platform::kNsPerMs);
+  }
+}
+
+void Btrees::ReclaimHook(void* self, u64) {
+  auto* b = static_cast<Btrees*>(self);
+  Impl* im = b->impl_;
+  if (im == nullptr) return;
+  MutexLock l(im->wmu);
+  im->wake = true;
+  im->wcv.Signal();
+}
+
+Status Btrees::Checkpoint() {
+  if (impl_ == nullptr) return Err::kInvalidArgument;
+  return TreeOps::RunCheckpoint(impl_, &roots_);
+}
+
+}  // namespace tfs::btree

@@ -1,0 +1,346 @@
+// What the btree's own files share: the cached node, the trees' state
+// (Btrees::Tree, Btrees::Impl, with what guards each field), pure helpers on
+// positions and node pointers, and TreeOps, whose static functions are the
+// machinery (a friend of Btrees, so they reach Impl). Each is defined, under
+// the comment that says what it does, in the file its group below names;
+// the few that lookups and iterators call from several files stay inline
+// here. Private to fs/btree/: nothing outside it includes this header (the
+// API is tree.h, which also states the lock order every file keeps).
+#ifndef TFS_BTREE_INTERNAL_H_
+#define TFS_BTREE_INTERNAL_H_
+
+#include "btree/tree.h"
+#include "sb/format.h"
+#include "util/list.h"
+
+namespace tfs::btree {
+
+// What a lookup touches comes first -- the lock, the clock bit, the read count,
+// then the node with its sets inline -- so that these few lines can be
+// prefetched together as soon as the parent yields the pointer (Descend).
+struct CachedNode {
+  RwLock lock;                    // leaves: contents (interior nodes: the tree lock)
+  Atomic<u8> accessed{0};         // clock bit for eviction
+  Atomic<u8> dead{0};             // replaced by a structure change
+  Atomic<u8> merge_queued{0};     // on Impl::merge_queue
+  Atomic<u32> reads{0};           // lookups since the last update (approximate; see ReadMostly)
+  Node node;
+  NodePtrFormat ptr{};            // where the node is on disk (kNoMember: never written)
+  CachedNode* parent = nullptr;   // null for the root
+  Vector<CachedNode*> children;   // interior: the cached child of each key, or null
+  Atomic<u32> refs{1};            // the tree's own reference + iterators + checkpoints
+  Atomic<u64> version{0};         // bumped by every change (iterators re-read)
+  // Changed since the last image. Set and cleared under the leaf lock or the
+  // tree lock exclusive; the checkpoint's collection passes read it under the
+  // tree lock shared, racing a committer, and check again under the leaf lock.
+  Atomic<u8> dirty{0};
+  u64 compacted_version = ~u64(0);  // version at which a merge check compacted it
+  ListNode lru;                   // on Impl::lru while in the tree (cache_mu)
+  u8 tree_id = 0;                 // its tree, set before it joins the LRU (cache_mu)
+  u8 tree_level = 0;              // its level, set with tree_id (interior_nodes)
+  u32 charged = 0;                // bytes counted in the cache
+};
+
+// The bytes of a CachedNode a lookup reads: through the node's first two sets.
+inline constexpr uptr kHotBytes = 256;
+
+inline bool IsMin(const Pos& p) { return p.inode == 0 && p.offset == 0; }
+inline bool IsMax(const Pos& p) { return p.inode == ~u64(0) && p.offset == ~u64(0); }
+inline Pos Succ(Pos p) {
+  if (++p.offset == 0) p.inode++;
+  return p;
+}
+inline Pos Pred(Pos p) {
+  if (p.offset-- == 0) p.inode--;
+  return p;
+}
+
+inline Pos PtrMin(const NodePtrFormat& p) { return Pos{p.btree_id, p.min_inode.get(), p.min_offset.get()}; }
+
+inline NodePtrFormat ReadPtr(KeyRef k) {
+  NodePtrFormat p;
+  MemCopy(&p, k.value(), sizeof(p));
+  return p;
+}
+
+inline NodePtrFormat EmptyPtr(u8 id) {
+  NodePtrFormat p;
+  MemSet(&p, 0, sizeof(p));
+  p.member = kNoMember;
+  p.btree_id = id;
+  return p;
+}
+
+inline bool StatusIsCorrupt(const Status& st) { return st.error_class() == ErrorClass::kCorrupt; }
+// What Options::drop_bad_nodes drops: damage, not a node of a newer format.
+inline bool Droppable(const Status& st) { return StatusIsCorrupt(st) && st.code() != Err::kBadVersion; }
+
+inline bool HoldsBtree(const sb::Superblock& sb, u32 m) { return (sb.members[m].data_allowed & sb::kDataBtree) != 0; }
+
+struct Btrees::Tree {
+  u8 id = 0;
+  RwLock lock;
+  CachedNode* root = nullptr;
+  Vector<NodePtrFormat> dead_slots;  // slots of replaced nodes (tree lock exclusive)
+};
+
+struct Btrees::Impl {
+  dev::DeviceSet* devs = nullptr;
+  alloc::Allocator* alloc = nullptr;
+  journal::Journal* journal = nullptr;
+  sb::Superblock sb{};
+  Options opt;
+  u32 node_size = 0;
+  u32 slots_per_bucket = 0;
+  dev::DevMask capable = 0;  // members that may hold btree nodes
+  dev::DevMask target = 0;   // where new nodes go first
+  Tree trees[kNrBtreeIds];
+
+  // Transactions.
+  Mutex commit_mu;      // one commit + apply at a time
+  Mutex state_mu;       // the three below (never held while taking commit_mu)
+  u64 applied_seq = 0;  // newest journal entry applied
+  bool committing = false;  // a commit is between its journal commit and its apply
+  journal::Pin pin;     // oldest applied entry not yet in a checkpoint
+  Status failed;        // sticky: memory no longer matches the journal
+
+  // Cache.
+  platform::Shrinker shrinker;  // registered while open (memory pressure)
+  Mutex cache_mu;
+  IntrusiveList<CachedNode, &CachedNode::lru> lru;
+  Atomic<u64> cached_bytes{0};
+  Atomic<u64> cached_nodes{0};
+  Atomic<u64> dirty_nodes{0};
+  // What PublishNeed counts: cached interior nodes, nodes never written (no
+  // slot yet), and the bound a running checkpoint started from (0 when none
+  // runs).
+  Atomic<u64> interior_nodes{0};
+  Atomic<u64> unwritten_nodes{0};
+  Atomic<u64> ckpt_hold{0};
+  Atomic<u64> ckpt_taken{0};  // slots the running checkpoint has taken (AllocSlot)
+  // PublishNeed: the need is computed and stored under this (a leaf lock), so
+  // the last store is never an older, lower value.
+  Mutex need_mu;
+  // Some node may not be cached: set for good once an interior node is read from
+  // disk (its children are not) or a node is evicted. Until then every node is
+  // in memory and commits skip their prefetch descent.
+  Atomic<u8> partial{0};
+
+  // Node slots in btree buckets.
+  Mutex slot_mu;
+  Vector<u16> live[dev::kMaxDevices];  // live node slots per bucket
+  bool open_valid = false;
+  alloc::BucketRef open_bucket;
+  u32 open_next = 0;
+  // Empty buckets a running checkpoint took ahead (ReserveBucket: for its
+  // exclusive phase, or one when phase 1 ran out of slots): slots are taken
+  // from them only as nodes are imaged, and
+  // what is left goes back whole at the checkpoint's end -- never a slot
+  // burnt in a bucket that stays.
+  Vector<alloc::BucketRef> reserved;
+  // Free slots in btree buckets that still hold live nodes (a node rewritten
+  // elsewhere, its slot released after the roots block that stopped pointing
+  // at it): taken before any other, so that the trees' footprint follows
+  // their size instead of growing with every bucket a cold node pins. The
+  // holes of a freed bucket are purged after the frees (holes_stale).
+  struct Hole {
+    u8 member;
+    u8 gen;  // the bucket's, checked again when taken
+    u64 offset;
+  };
+  Vector<Hole> holes;
+  bool holes_stale = false;  // a bucket was freed since the last purge
+  // Slots the next node images can take without a new bucket: the holes,
+  // the rest of the open bucket and the reserved buckets; and of them, the
+  // reserved buckets' (PublishNeed declares them as held).
+  Atomic<u64> avail_slots{0};
+  Atomic<u64> reserved_slots{0};
+  Mutex seq_mu;  // rng (NewSeq: committers creating nodes, never behind slot_mu's allocations)
+  u64 rng = 0;
+
+  // Checkpoints.
+  Mutex ckpt_mu;  // one checkpoint at a time
+  bool opened = false;  // Open() finished: Close() checkpoints
+
+  // Writer thread.
+  Mutex wmu;
+  CondVar wcv;       // wakes the writer
+  CondVar done_cv;   // a checkpoint finished
+  bool wake = false;
+  bool stop = false;
+  bool writer_running = false;
+  u64 ckpt_done = 0;
+  platform::Thread writer;
+  // Read-mostly leaves for the writer to merge into one set (ReadMostly), each
+  // holding a reference.
+  Vector<CachedNode*> merge_queue;
+
+  // Stats (relaxed counters: btree/tree.h's table).
+  struct Live {
+    TFS_COUNTER_ATOMICS(TFS_BTREE_COUNTERS)
+  } ctr;
+  // cache_hits is their sum. Counters of the apply path (this one and, in
+  // ctr, inserts, deletes, commits, compactions) have serialized writers
+  // (commit_mu, or the single-threaded replay), so they are bumped with a
+  // load and a store (BumpSerial), not a locked read-modify-write (each of
+  // those costs as much as a cache miss).
+  Atomic<u64> c_hits{0};
+  Atomic<u64> c_apply_hits{0};
+  // Options::drop_bad_nodes (written by Open only, before anything reads them).
+  Vector<LostNode> lost;
+  u64 s_dropped = 0, s_scanned = 0, s_copies = 0, s_recovered = 0;
+};
+
+// All the machinery lives in this class so that it can reach Btrees' privates.
+class TreeOps {
+ public:
+  using Tree = Btrees::Tree;
+  using Impl = Btrees::Impl;
+
+  // Here: the few that the lookup path and the iterators call from several
+  // files, kept inline.
+
+  static void Unref(CachedNode* n) {
+    if (n->refs.FetchSub(1, MemOrder::kAcqRel) == 1) platform::Delete(n);
+  }
+  static void Ref(CachedNode* n) { n->refs.FetchAdd(1, MemOrder::kRelaxed); }
+
+  static void SetDirty(Impl* im, CachedNode* n) {
+    if (n->dirty.Load(MemOrder::kRelaxed) == 0) {
+      n->dirty.Store(1, MemOrder::kRelaxed);
+      im->dirty_nodes.FetchAdd(1, MemOrder::kRelaxed);
+      PublishNeed(im);
+    }
+  }
+  static void ClearDirty(Impl* im, CachedNode* n) {
+    if (n->dirty.Load(MemOrder::kRelaxed) != 0) {
+      n->dirty.Store(0, MemOrder::kRelaxed);
+      im->dirty_nodes.FetchSub(1, MemOrder::kRelaxed);
+    }
+  }
+
+  struct Miss {
+    NodePtrFormat ptr;
+    Pos max;
+  };
+
+  // Walks from the root to the node at `level` covering pos (tree lock held, any
+  // mode). Null with *miss set when a node on the way is not cached.
+  static CachedNode* Descend(Impl*, Tree& t, const Pos& pos, u8 level, Miss* miss) {
+    CachedNode* n = t.root;
+    while (n->node.info().level > level) {
+      const Set& s = n->node.set(0);
+      u32 i = s.LowerBound(pos);
+      TFS_BUG_ON(i >= s.size());  // the root covers everything; children partition it
+      CachedNode* c = n->children[i];
+      if (c == nullptr) {
+        KeyRef k = s.Key(i);
+        miss->ptr = ReadPtr(k);
+        miss->max = k.pos();
+        return nullptr;
+      }
+      // Start loading the child's lock, node and sets at once: they are
+      // independent lines, which the lock's atomic operation would otherwise
+      // fetch one after another.
+      for (uptr line = 0; line < kHotBytes; line += 64)
+        __builtin_prefetch(reinterpret_cast<const u8*>(c) + line);
+      if (c->accessed.Load(MemOrder::kRelaxed) == 0) c->accessed.Store(1, MemOrder::kRelaxed);
+      n = c;
+    }
+    return n;
+  }
+
+  static void MaybeEvict(Impl* im) {
+    if (im->cached_bytes.Load(MemOrder::kRelaxed) > im->opt.cache_bytes) EvictIfNeeded(im);
+  }
+
+  // --- cache.cc: a node's life in the cache, reading nodes in, eviction -----
+
+  static CachedNode* NewNode(Impl* im);
+  static void Charge(Impl* im, CachedNode* n);
+  static void Kill(Impl* im, Tree& t, CachedNode* n);
+  static u64 NewSeq(Impl* im);
+  static Status CheckInterior(const Impl* im, const Node& node, Diag* diag);
+  static Status ReadNode(Impl* im, const NodePtrFormat& ptr, const Pos& max, CachedNode** out, Diag* diag,
+                         bool count_corrupt = true);
+  static Status FetchMiss(Impl* im, Tree& t, const Miss& miss, Diag* diag = nullptr);
+  static u64 ShrinkCount(void* ctx);
+  static u64 ShrinkScan(void* ctx, u64 pages);
+  static bool StillPointsTo(Impl* im, Tree& t, const Miss& miss);
+  static bool Evictable(const CachedNode* n);
+  static void EvictIfNeeded(Impl* im);
+  static u64 EvictTo(Impl* im, u64 goal, bool wait);
+  static Status ReadRaw(Impl* im, u32 m, u64 off, u32 len, u8* buf);
+
+  // --- interior.cc: structure changes (tree lock exclusive) -----------------
+
+  struct Edit {
+    Pos pos;
+    const NodePtrFormat* ptr;  // null: remove the key
+    CachedNode* child;
+  };
+  static u32 ChildIndex(const CachedNode* p, const CachedNode* c);
+  static Status RebuildInterior(Impl* im, CachedNode* p, const Edit* edits, u32 nedits);
+  static Status MakeNode(Impl* im, u8 id, u8 level, const Pos& min, const Pos& max, const Node* const* srcs,
+                         u32 nsrcs, CachedNode** out);
+  static Status TakeChildren(CachedNode* dst, const CachedNode* src);
+  static Status Split(Impl* im, Tree& t, CachedNode* n, bool append, const Pos& at);
+  static void ShrinkRoot(Impl* im, Tree& t);
+  static void TryMerge(Impl* im, Tree& t, CachedNode* n);
+  static void MergeUp(Impl* im, Tree& t, CachedNode* n);
+
+  // --- checkpoint.cc: the slot need, node slots, checkpoints, the writer thread ---
+
+  static u64 CheckpointSlots(Impl* im);
+  static void PublishNeed(Impl* im);
+  struct Job;
+  static void NoteAvailLocked(Impl* im);
+  static bool IsOpenLocked(Impl* im, u32 m, u64 b);
+  static bool HoleValidLocked(Impl* im, const Impl::Hole& h);
+  static void PurgeHolesLocked(Impl* im);
+  static bool TakeSlotLocked(Impl* im, NodePtrFormat* dst);
+  static Status AllocSlot(Impl* im, NodePtrFormat* dst, bool may_allocate = true);
+  static Status ReserveBucket(Impl* im);
+  static u64 AvailSlots(Impl* im);
+  static Status ReserveSlots(Impl* im, u64 slots);
+  static void ReturnReserved(Impl* im);
+  static void FindHoles(Impl* im, Vector<u64>* used);
+  static void FreeSlot(Impl* im, const NodePtrFormat& p);
+  static void PurgeHoles(Impl* im);
+  static void ReleaseOpenBucket(Impl* im);
+  static Status TakeImage(Impl* im, Tree& t, CachedNode* n, Vector<Job>* jobs);
+  static void Install(Impl* im, Job& j, const NodePtrFormat& slot, Vector<NodePtrFormat>* to_free);
+  static Result<bool> CollectExclusive(CachedNode* n, Vector<CachedNode*>* out);
+  static void CollectDirtyLeaves(CachedNode* n, Vector<CachedNode*>* out);
+  static Status RunCheckpoint(Impl* im, Roots* roots_out);
+  static bool JournalBelow(Impl* im, u32 num, u32 den, u32 min_free);
+  static bool JournalNeedsRoom(Impl* im);
+  static void WriterMain(void* arg);
+
+  // --- recover.cc: damaged nodes (Options::drop_bad_nodes) ------------------
+
+  static void KillChain(Impl* im, Tree& t, CachedNode* n);
+  static Status MakeEmptySubtree(Impl* im, Tree& t, u8 level, const Pos& min, const Pos& max, CachedNode** out);
+  static Status NoteLost(Impl* im, const Tree& t, const NodePtrFormat& p, const Pos& min, const Pos& max,
+                         const Diag& why, const Status& st);
+  struct Gap;
+  struct Copy;
+  static bool Overlaps(const Pos& a_lo, const Pos& a_hi, const Pos& b_lo, const Pos& b_hi);
+  static bool Wanted(const Vector<Gap>& gaps, u8 id, const Pos& lo, const Pos& hi);
+  static Status ScanCopies(Impl* im, const Vector<u64>* used, const Vector<Gap>& gaps, Vector<Copy>* copies);
+  static Status KeepCopy(Impl* im, const Copy& c, Vector<u64>* used);
+  static Status RecoverLost(Impl* im, Vector<u64>* used);
+
+  // --- tree.cc: applying one update, read-mostly leaves, prefetch -----------
+
+  static Status ApplyKey(Impl* im, const KeyInput& key, u64 seq);
+  static void ReadMostly(Impl* im, CachedNode* leaf);
+  static void MergeForReads(Impl* im, CachedNode* leaf);
+  static void MergeQueued(Impl* im);
+  static void DropMergeQueue(Impl* im);
+  static Status Prefetch(Impl* im, const Pos& pos);
+};
+
+}  // namespace tfs::btree
+
+#endif  // TFS_BTREE_INTERNAL_H_
