@@ -268,24 +268,24 @@ void TreeOps::MergeUp(Impl* im, Tree& t, CachedNode* n) {
     const NodeInfo& li = left->node.info();
     const NodeInfo& ri = right->node.info();
     if (!MakeNode(im, li.btree_id, li.level, li.min, ri.max, src, 2, &m).ok()) return;
-    if (m->node.used_bytes() > im->node_size / 4 * 3 || !TakeChildren(m, left).ok() ||
-        !TakeChildren(m, right).ok()) {
+    // Gives up the merge: the children taken point back at left and right
+    // (which still list them), and m goes.
+    auto undo = [&] {
       for (usize k = 0; k < m->children.size(); k++) {
         CachedNode* c = m->children[k];
         if (c != nullptr) c->parent = k < left->children.size() ? left : right;
       }
       ClearDirty(im, m);
       platform::Delete(m);
+    };
+    if (m->node.used_bytes() > im->node_size / 4 * 3 || !TakeChildren(m, left).ok() ||
+        !TakeChildren(m, right).ok()) {
+      undo();
       return;
     }
     Edit edits[2] = {{li.max, nullptr, nullptr}, {ri.max, &m->ptr, m}};
     if (!RebuildInterior(im, p, edits, 2).ok()) {
-      for (usize k = 0; k < m->children.size(); k++) {
-        CachedNode* c = m->children[k];
-        if (c != nullptr) c->parent = k < left->children.size() ? left : right;
-      }
-      ClearDirty(im, m);
-      platform::Delete(m);
+      undo();
       return;
     }
     Charge(im, m);

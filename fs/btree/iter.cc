@@ -73,6 +73,9 @@ void Iterator::SetCurrent(u32 i) {
 // (forward) or the last keys <= from (backward), crossing to the next leaf while
 // one has none.
 Status Iterator::Fill(bool forward, Pos from) {
+  // The batch grows under the leaf's lock. (The scope is the call's, not the
+  // iterator's: an iterator may be kept between calls, even by another thread.)
+  platform::NoFsScope nofs;
   Btrees::Impl* im = trees_->impl_;
   Btrees::Tree& t = im->trees[id_];
   valid_ = false;

@@ -241,7 +241,9 @@ class Transaction {
   Vector<journal::Key> jkeys_;  // Commit's list of them for the journal
   u32 n_ = 0;
   Atomic<u64>* apply_seq_ = nullptr;  // see SetApplySeq
-  platform::NoFsScope nofs_;  // Commit allocates under node locks and the journal's
+  // Commit allocates under node locks and the journal's. A Transaction lives
+  // on the stack of the thread that made it (the scope is that thread's).
+  platform::NoFsScope nofs_;
 };
 
 // A cursor over one btree. Holds no lock between calls (it remembers a position
@@ -299,7 +301,6 @@ class Iterator {
   u32 first_batch_ = 32;
   CachedNode* leaf_ = nullptr;  // referenced: its version stays readable
   u64 leaf_version_ = 0;
-  platform::NoFsScope nofs_;  // Fill copies keys under the leaf's lock
 };
 
 class Btrees {

@@ -94,8 +94,8 @@ TEST(CompletionChecksTest, QueueCompletionsInlineAndDeferred) {
   completer.join();
   EXPECT_EQ(b->submits_in_completion(), 0u);
   EXPECT_EQ(devs.member(0)->queue().State().deferred_dispatches, 0u);
+  // (Sent by the member's own dispatch worker: every one of them.)
   EXPECT_GE(devs.member(1)->queue().State().deferred_dispatches, kIos - qc.max_in_flight);
-  EXPECT_GT(devs.work().Stats().ran, 0u);
   EXPECT_FALSE(platform::InNoSleep());
 }
 
@@ -108,6 +108,12 @@ class CompletionRoundTripTest : public ::testing::TestWithParam<RoundTripCase> {
 
 // Format, mount, write (buffered and direct), fsync (journal commits), read,
 // unmount, mount again and read: every completion on the way under the checks.
+// One slot a queue, so that completions often find I/O waiting and a device
+// that may not submit from them defers it. How often is the scheduler's: a
+// completion that comes before the next submission finds nothing waiting, so
+// the count is recorded (deferred_dispatches), not asserted;
+// QueueCompletionsInlineAndDeferred holds completions back and proves the
+// deferral itself.
 TEST_P(CompletionRoundTripTest, FormatMountWriteRead) {
   auto dev = Mem("ssd0", testing::kMemberBytes, GetParam().may_submit, GetParam().threaded);
   testing::FormatOne(dev.get());
@@ -116,9 +122,12 @@ TEST_P(CompletionRoundTripTest, FormatMountWriteRead) {
   std::string data(3 << 20, '\0');
   for (size_t i = 0; i < data.size(); i++) data[i] = char('a' + (i * 7 + i / 4096) % 26);
   u64 ino = 0;
+  mount::Options mo;
+  mo.store.queue.max_in_flight = 1;  // any second I/O waits for a completion
+  mo.store.queue.reserved = 0;
   {
     auto inst = std::make_unique<mount::Instance>();
-    ASSERT_TRUE(inst->Open(&b, 1, mount::Options{}, &diag).ok()) << diag.text;
+    ASSERT_TRUE(inst->Open(&b, 1, mo, &diag).ok()) << diag.text;
     auto f = inst->fs().Mknod(posix::kRootIno, "f", 1, posix::kModeReg | 0644, 0, posix::Caller{});
     ASSERT_TRUE(f.ok());
     ino = f.value().ino;
@@ -133,10 +142,15 @@ TEST_P(CompletionRoundTripTest, FormatMountWriteRead) {
     EXPECT_EQ(r.value(), data.size());
     EXPECT_TRUE(got == data);
     ASSERT_TRUE(inst->fs().Release(ino).ok());
+    const u64 deferred = inst->store().devs().member(0)->queue().State().deferred_dispatches;
+    RecordProperty("deferred_dispatches", std::to_string(deferred));
+    if (GetParam().may_submit) {
+      EXPECT_EQ(deferred, 0u);
+    }
     ASSERT_TRUE(inst->Close().ok());
   }
   auto inst = std::make_unique<mount::Instance>();
-  ASSERT_TRUE(inst->Open(&b, 1, mount::Options{}, &diag).ok()) << diag.text;
+  ASSERT_TRUE(inst->Open(&b, 1, mo, &diag).ok()) << diag.text;
   std::string got(data.size(), '\0');
   auto r = inst->fs().Read(ino, 0, got.data(), u32(got.size()));
   ASSERT_TRUE(r.ok());

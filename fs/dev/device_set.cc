@@ -20,8 +20,11 @@ Status ValidateLabel(const char* label) {
 }
 
 DeviceSet::~DeviceSet() {
-  // First: no deferred work may run once a queue is gone.
+  // First: no deferred work may run once a queue is gone. The set's work
+  // (table writes) may still submit to members, whose completions may queue
+  // their dispatch: the set's queue stops first.
   work_.Stop();
+  for (u32 i = 0; i < count_; i++) members_[i]->dispatch_.Stop();
   for (u32 i = 0; i < count_; i++) platform::Delete(members_[i]);
 }
 
@@ -34,7 +37,9 @@ Result<Member*> DeviceSet::Add(BlockDevice* bdev, const char* label, const Queue
   if (!work_.started()) TFS_TRY(work_.Start("tfs-work"));
   Member* m = platform::New<Member>();
   if (m == nullptr) return Err::kNoMemory;
-  Status st = m->queue_.Init(bdev, qc, &work_);
+  Status st = Status::Ok();
+  if (bdev != nullptr && !bdev->Info().completions_may_submit) st = m->dispatch_.Start("tfs-dispatch");
+  if (st.ok()) st = m->queue_.Init(bdev, qc, m->dispatch_.started() ? &m->dispatch_ : nullptr);
   if (!st.ok()) {
     platform::Delete(m);
     return st;

@@ -11,10 +11,13 @@
 // opened a device closes it after the set is gone.
 //
 // The set also owns the deferred work of its members' completions
-// (platform/work.h): one WorkQueue, started with the first member, for the I/O
-// a completion may not send to its device itself and for the allocator's
-// background table writes. It outlives every completion of its queues, and
-// ~DeviceSet drains and stops it before any member (and its queue) goes.
+// (platform/work.h): each member whose device's completions may not submit
+// has its own WorkQueue for the I/O they make runnable (a member's dispatch
+// never waits behind another's: an HDD's submission, which may sleep for a
+// request tag in the kernel, never holds up an SSD's), and the set has one,
+// started with the first member, for the allocator's background table
+// writes. They outlive every completion of the queues: ~DeviceSet drains and
+// stops the set's, then the members', before any member goes.
 #ifndef TFS_DEV_DEVICE_SET_H_
 #define TFS_DEV_DEVICE_SET_H_
 
@@ -49,6 +52,10 @@ class Member {
   char label_[kLabelMax] = {};
   char group_[kLabelMax] = {};
   BlockDevice* bdev_ = nullptr;
+  // The member's own deferred dispatch (a device whose completions may not
+  // submit; not started otherwise): declared before queue_, which cancels
+  // its item on it when it goes.
+  WorkQueue dispatch_;
   IoQueue queue_;
 };
 
@@ -73,7 +80,7 @@ class DeviceSet {
   // Members whose queues hold durability debt (writes not yet covered by a flush).
   DevMask DebtMask() const;
 
-  // The members' deferred work (running once a member was added). Items
+  // The set's deferred work (running once a member was added). Items
   // queued here must be done before whatever they touch goes (the allocator
   // waits for its table writes); the set's destructor runs what is left.
   WorkQueue& work() { return work_; }

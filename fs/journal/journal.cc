@@ -198,6 +198,8 @@ Result<u64> Journal::Commit(const Key* keys, u32 nkeys, DevMask deps, CommitMode
     space += KeySpace(keys[i].len);
     if (space > config_.max_entry_bytes - sizeof(EntryHeader)) return Err::kTooBig;
   }
+  MutexLock lock(mu_);
+  if (!started_ || stop_) return Err::kInvalidArgument;
 #if TFS_LOCK_CHECKS
   // Lock rule (docs/design/core.md): a commit's flush set is its own debt,
   // and a slow member never joins one. deps enter the entry's pre-flush, so
@@ -213,8 +215,6 @@ Result<u64> Journal::Commit(const Key* keys, u32 nkeys, DevMask deps, CommitMode
     TFS_BUG_ON(true);
   }
 #endif
-  MutexLock lock(mu_);
-  if (!started_ || stop_) return Err::kInvalidArgument;
   Buf* buf;
   bool waited = false;
   for (;;) {

@@ -231,6 +231,8 @@ void Delete(T* p) {
 // allocation under a core lock is made inside one. The lock guards
 // (MutexLock, ReadGuard, WriteGuard) open one for as long as they hold their
 // lock, btree::Transaction for its life, the core's threads for theirs;
+// an object holding one is destroyed on its thread, inside the scopes
+// opened before it;
 // a lock taken without a guard around an allocation needs its own.
 // Nests; on one thread, LIFO.
 class NoFsScope {

@@ -24,18 +24,20 @@ Status WorkQueue::Start(const char* name) {
   return st;
 }
 
+// The wake is under the lock too: once the item is on the list the worker may
+// run it, its owner see it done and the queue be stopped and freed -- nothing
+// after the unlock may touch the queue (Stop cannot pass the lock while we
+// hold it, and a wake never sleeps).
 bool WorkQueue::Queue(Work* w) {
-  {
-    SpinGuard g(lock_);
-    TFS_BUG_ON(state_ == State::kIdle || state_ == State::kExited);
-    if (w->queued) {
-      stats_.requeued++;
-      return false;
-    }
-    w->queued = true;
-    list_.PushBack(w);
-    stats_.queued++;
+  SpinGuard g(lock_);
+  TFS_BUG_ON(state_ == State::kIdle || state_ == State::kExited);
+  if (w->queued) {
+    stats_.requeued++;
+    return false;
   }
+  w->queued = true;
+  list_.PushBack(w);
+  stats_.queued++;
   seq_.FetchAdd(1);
   if (worker_asleep_.Load() != 0) tfs_plat_wake(seq_.Address(), 1);
   return true;

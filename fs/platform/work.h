@@ -15,11 +15,13 @@
 // builds behave alike and the userspace tests prove the kernel's behaviour
 // (FIFO, one item at a time, drained at Stop); the kernel's work_struct would
 // need mirroring through the seam with its own lifetime rules. One worker per
-// owner (dev::DeviceSet) is cheap: it sleeps while there is nothing to do.
+// owner is cheap (it sleeps while there is nothing to do), so owners do not
+// share: each member of a dev::DeviceSet whose completions may not submit has
+// its own for its dispatch, the set one for the allocator's table writes.
 //
 // Rules for a Work's fn: process context, may sleep and take Mutexes, but must
-// not wait for I/O (or for a lock held across I/O): every deferred dispatch of
-// the owner's devices queues behind it. It may free its own Work (the worker
+// not wait for I/O (or for a lock held across I/O): everything else queued on
+// the same queue waits behind it. It may free its own Work (the worker
 // never touches an item after calling it) and queue items, itself included.
 //
 // Thread safety: Queue() from any context, completions included; Start,

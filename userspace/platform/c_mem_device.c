@@ -4,6 +4,8 @@
  * own blocks, a FUA write) copies them to `durable`, and a crash copies the
  * durable blocks back. One mutex guards the images, the FIFO and the counters;
  * it is never held while a completion runs (a completion may submit again).
+ * A device whose info says its completions may not submit plays the kernel's:
+ * a submit to it from inside any C memory device's completion aborts.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -11,8 +13,12 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The device whose completion this thread is inside (NULL: none). */
+static _Thread_local const void* completing;
 
 struct c_mem {
   struct tfs_block_device dev; /* dev.priv points back here */
@@ -90,7 +96,12 @@ static void execute(struct c_mem* m, struct tfs_block_request* r) {
   }
   pthread_mutex_unlock(&m->mu);
   /* The last touch of r: its owner may reuse it as soon as this is called. */
-  r->complete(r, error);
+  {
+    const void* outer = completing;
+    completing = m;
+    r->complete(r, error);
+    completing = outer;
+  }
 }
 
 static void* worker_main(void* arg) {
@@ -117,6 +128,11 @@ static void* worker_main(void* arg) {
 static void submit(struct tfs_block_device* dev, struct tfs_block_request* r) {
   struct c_mem* m = of(dev);
   int on_worker;
+  if (completing != NULL && !m->options.completions_may_submit) {
+    fprintf(stderr, "c_mem_device %s: submit from inside a completion, and its completions may not submit\n",
+            m->dev.name);
+    abort();
+  }
   pthread_mutex_lock(&m->mu);
   m->submitted++;
   on_worker = m->options.completion == TFS_C_MEM_THREAD ||
