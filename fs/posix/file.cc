@@ -268,7 +268,7 @@ Status Filesystem::DropPrivs(u64 ino, const InodeFormat& seen, Writer* writer) {
     const NameTable t = XattrTable(ino, f);
     Entry e;
     XattrChunksFormat chunks;
-    TFS_TRY(FindEntry(t, kXattrCaps, kXattrCapsLen, &e, &chunks));
+    TFS_TRY(FindEntry(trees_, t, kXattrCaps, kXattrCapsLen, &e, &chunks));
     if (e.found) TFS_TRY(QueueRemoveXattr(&tx, t, e, chunks));
     f.flags.set(u16(f.flags.get() & ~kInodeFlagCaps));
   }

@@ -402,7 +402,6 @@ class Filesystem {
   Stats GetStats() const;
 
  private:
-  struct Entry;     // a directory entry found by FindEntry
   struct Locked;      // inode locks held by one operation
   struct Buffered;    // one open inode's write buffer
   struct InodeLocks;  // one inode's inode lock and data lock, while in use
@@ -414,10 +413,6 @@ class Filesystem {
 
   Status ReadInode(u64 ino, InodeFormat* out, char* link = nullptr, u32* link_len = nullptr);
   Status ReadDirInode(u64 dir, InodeFormat* out);
-  // chunks (xattr tables; may be null): a found chunked value's descriptor,
-  // else zeros (value_len 0: inline, or not found).
-  Status FindEntry(const NameTable& t, const char* name, u32 len, Entry* out,
-                   XattrChunksFormat* chunks = nullptr);
   // open_handle: the new inode is counted open before the commit (CreateOpen).
   Result<Attr> Create(u64 dir, const char* name, u32 len, u32 mode, u64 rdev, const char* target,
                       u32 target_len, const Caller& who, bool open_handle = false);
@@ -426,8 +421,6 @@ class Filesystem {
   // *buf is its write buffer, for the caller to free).
   Status AddHandle(u64 ino);
   bool DropHandle(u64 ino, bool* last, Buffered** buf);
-  // Queues the removal of entry `e` (tombstone, or delete with trailing tombstones).
-  Status QueueRemoveEntry(btree::Transaction* tx, const NameTable& t, const Entry& e);
   // Queues the inode's new state after losing a link: deleted (with whatever it
   // owns) when no link and no handle is left, else written, with an orphan key
   // when only handles are left.

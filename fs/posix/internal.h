@@ -1,7 +1,7 @@
 // What posix's own files share (fs.cc, names.cc, namei.cc, file.cc, wbuf.cc,
 // xattr.cc): the slow-member rule's check and the counted table lock, key
 // positions and limits, and the definitions of Filesystem's private helper
-// types (a found entry, an inode's locks and their holders, a write buffer).
+// types (an inode's locks and their holders, a write buffer).
 // Private to fs/posix/: nothing outside it includes this header (fs.h is the
 // API; names.h holds the name-table rules fsck shares).
 //
@@ -77,28 +77,11 @@ inline void SetTime(Le64* f, i64 ns) { f->set(u64(ns)); }
 // Name rules shared by every operation: 1..kNameMax bytes, no '/' or NUL (names.cc).
 Status CheckName(const char* name, u32 len);
 
-// What FindEntry learns of one name's probe chain.
-struct Filesystem::Entry {
-  bool found = false;
-  u64 slot = 0;    // found: the entry's slot
-  u64 ino = 0;     // found: the inode it names (directories)
-  u8 type = 0;     // found: its DirentType (directories)
-  u64 free = 0;    // not found: where the name would go (0: the chain reached kSlotEnd)
-};
-
 // ParseNamedEntry for table t's btree.
 inline Status ParseNamed(const NameTable& t, const u8* v, u32 len, DirentFormat* out, const char** name,
                          const u8** value = nullptr) {
   return ParseNamedEntry(t.btree_id, v, len, out, name, value);
 }
-
-// A named entry (header, name, value) in buf (names.cc).
-u32 BuildNamed(u8* buf, u64 ino, u8 type, const char* name, u32 len, const void* value = nullptr,
-               u32 value_len = 0);
-u32 BuildDirent(u8* buf, u64 ino, u8 type, const char* name, u32 len);
-
-// The largest directory entry: header and name.
-inline constexpr u32 kDirentMax = u32(sizeof(DirentFormat)) + kNameMax;
 
 // Per-inode locks (fs.h, "Concurrency"). An entry lives in its stripe's table
 // while any operation holds or waits for one of its locks (refs, under

@@ -54,7 +54,7 @@ Result<Attr> Filesystem::Lookup(u64 dir, const char* name, u32 len) {
   if (IsDot(name, len)) return ToAttr(dir, d);
   if (IsDotDot(name, len)) return GetAttr(d.parent.get());
   Entry e;
-  TFS_TRY(FindEntry(DirTable(dir, d), name, len, &e));
+  TFS_TRY(FindEntry(trees_, DirTable(dir, d), name, len, &e));
   if (!e.found) return Err::kNotFound;
   InodeFormat f;
   Status st = ReadInode(e.ino, &f);
@@ -84,7 +84,7 @@ Result<Attr> Filesystem::Create(u64 dir, const char* name, u32 len, u32 mode, u6
   TFS_TRY(ReadDirInode(dir, &d));
   if (is_dir && d.nlink.get() >= kLinkMax) return Err::kTooManyLinks;
   Entry e;
-  TFS_TRY(FindEntry(DirTable(dir, d), name, len, &e));
+  TFS_TRY(FindEntry(trees_, DirTable(dir, d), name, len, &e));
   if (e.found) return Err::kExists;
   if (e.free == 0) return Err::kNoSpace;  // the name's chain ran to the end of the slots
   const u64 ino = AllocIno();
@@ -180,7 +180,7 @@ Result<Attr> Filesystem::Link(u64 ino, u64 dir, const char* name, u32 len) {
   InodeFormat d;
   TFS_TRY(ReadDirInode(dir, &d));
   Entry e;
-  TFS_TRY(FindEntry(DirTable(dir, d), name, len, &e));
+  TFS_TRY(FindEntry(trees_, DirTable(dir, d), name, len, &e));
   if (e.found) return Err::kExists;
   if (e.free == 0) return Err::kNoSpace;
   const i64 now = Now();
@@ -235,14 +235,14 @@ Status Filesystem::Remove(u64 dir, const char* name, u32 len, bool rmdir) {
     InodeFormat d;
     TFS_TRY(ReadDirInode(dir, &d));
     Entry e;
-    TFS_TRY(FindEntry(DirTable(dir, d), name, len, &e));
+    TFS_TRY(FindEntry(trees_, DirTable(dir, d), name, len, &e));
     if (!e.found) return Err::kNotFound;
     const u64 lock[2] = {dir, e.ino};
     Locked locked(this, lock, 2);
     TFS_TRY(locked.status());
     TFS_TRY(ReadDirInode(dir, &d));
     Entry again;
-    TFS_TRY(FindEntry(DirTable(dir, d), name, len, &again));
+    TFS_TRY(FindEntry(trees_, DirTable(dir, d), name, len, &again));
     if (!again.found) return Err::kNotFound;
     if (again.ino != e.ino) continue;  // replaced meanwhile: lock the new target
     if (rmdir != (e.type == kDtDir)) return rmdir ? Err::kNotDir : Err::kIsDir;
@@ -258,7 +258,7 @@ Status Filesystem::Remove(u64 dir, const char* name, u32 len, bool rmdir) {
     }
     const i64 now = Now();
     Transaction tx(trees_);
-    TFS_TRY(QueueRemoveEntry(&tx, DirTable(dir, d), again));
+    TFS_TRY(QueueRemoveEntry(trees_, &tx, btree::kBtreeDirents, dir, again.slot));
     f.nlink.set(rmdir ? 0 : f.nlink.get() - 1);
     SetTime(&f.ctime_ns, now);
     bool freed = false;
@@ -333,9 +333,9 @@ Status Filesystem::RenameEntries(u64 old_dir, const char* old_name, u32 old_len,
   auto find = [&](Entry* s, Entry* d) -> Status {
     TFS_TRY(ReadDirInode(old_dir, &od));
     TFS_TRY(ReadDirInode(new_dir, &nd));
-    TFS_TRY(FindEntry(DirTable(old_dir, od), old_name, old_len, s));
+    TFS_TRY(FindEntry(trees_, DirTable(old_dir, od), old_name, old_len, s));
     if (!s->found) return Err::kNotFound;
-    return FindEntry(DirTable(new_dir, nd), new_name, new_len, d);
+    return FindEntry(trees_, DirTable(new_dir, nd), new_name, new_len, d);
   };
   for (;;) {
     Entry src;
@@ -438,7 +438,8 @@ Status Filesystem::RenameEntries(u64 old_dir, const char* old_name, u32 old_len,
         if (src.slot >= home && (slot == 0 || src.slot < slot)) slot = src.slot;
       }
       if (slot == 0) return Err::kNoSpace;
-      if (!(same_dir && slot == src.slot)) TFS_TRY(QueueRemoveEntry(&tx, DirTable(old_dir, od), src));
+      if (!(same_dir && slot == src.slot))
+        TFS_TRY(QueueRemoveEntry(trees_, &tx, btree::kBtreeDirents, old_dir, src.slot));
       TFS_TRY(tx.Set(DirentPos(new_dir, slot), dent, BuildDirent(dent, src.ino, src.type, new_name, new_len)));
       if (src_dir && !same_dir) {
         o->nlink.set(o->nlink.get() - 1);

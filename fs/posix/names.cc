@@ -2,15 +2,17 @@
 // entries and an inode's xattrs are hash tables laid over a key range of the
 // dirents or xattrs btree -- linear probing from a name's home slot
 // (NameHash), tombstones where a removed entry's slot still carries a chain.
-// This file holds their on-disk rules: the name rule (CheckName), the entry
-// format (ParseNamedEntry, ParseXattrChunks, BuildNamed), the probe
-// (FindEntry) and the removal that keeps every chain whole (QueueRemoveEntry).
+// This file holds their on-disk rules, for posix and fsck alike: the name
+// rule (CheckName), the entry format (ParseNamedEntry, ParseXattrChunks,
+// BuildNamed), the probe (FindEntry) and the removal that keeps every chain
+// whole (QueueRemoveEntry, QueueDeleteTombstonesBefore).
 //
-// No lock is taken here: FindEntry reads committed keys, and a caller that
-// will change the table holds the owner's inode lock across the find and its
-// commit; QueueRemoveEntry only queues into the caller's transaction. Nothing
-// here commits, does data I/O or touches Filesystem's tables (handles, locks,
-// buffers).
+// No lock is taken here and nothing here commits: FindEntry reads committed
+// keys through the btree API, and a caller that will change the table holds
+// what keeps it still (posix: the owner's inode lock across the find and its
+// commit; fsck: it runs alone); the Queue* functions only queue into the
+// caller's transaction. Nothing here may use a Filesystem (handles, locks,
+// buffers): fsck calls it on a store with no posix mounted.
 #include "posix/names.h"
 
 #include "posix/internal.h"
@@ -100,12 +102,12 @@ NameTable XattrTable(u64 ino, const InodeFormat& f) {
   return NameTable{btree::kBtreeXattrs, ino, Mix64(ino * 0x9e3779b97f4a7c15ull ^ f.generation.get()), f.xattr_bits};
 }
 
-// Walks the probe chain of `name` from its home slot.
-Status Filesystem::FindEntry(const NameTable& t, const char* name, u32 len, Entry* out, XattrChunksFormat* chunks) {
+Status FindEntry(btree::Btrees* trees, const NameTable& t, const char* name, u32 len, Entry* out,
+                 XattrChunksFormat* chunks, Damaged damaged) {
   *out = Entry{};
   if (chunks != nullptr) MemSet(chunks, 0, sizeof(*chunks));
   const u64 home = NameHash(t.seed, t.bits, name, len);
-  Iterator it(trees_, t.btree_id);
+  Iterator it(trees, t.btree_id);
   TFS_TRY(it.Seek(Pos{t.btree_id, t.owner, home}));
   for (u64 slot = home; slot < kSlotEnd; slot++) {
     if (!it.Valid() || it.pos().inode != t.owner || it.pos().offset != slot) {
@@ -115,8 +117,11 @@ Status Filesystem::FindEntry(const NameTable& t, const char* name, u32 len, Entr
     DirentFormat d;
     const char* n;
     const u8* value;
-    TFS_TRY(ParseNamed(t, it.value(), it.val_bytes(), &d, &n, &value));
-    if (d.type == kDtTombstone) {
+    Status parsed = ParseNamed(t, it.value(), it.val_bytes(), &d, &n, &value);
+    if (!parsed.ok()) {
+      if (damaged == Damaged::kFail) return parsed;
+      // kOccupied: neither a tombstone nor the name; the chain runs on.
+    } else if (d.type == kDtTombstone) {
       if (out->free == 0) out->free = slot;
     } else if (d.name_len == len && MemCompare(n, name, len) == 0) {
       out->found = true;
@@ -132,31 +137,50 @@ Status Filesystem::FindEntry(const NameTable& t, const char* name, u32 len, Entr
   return Status::Ok();  // ran into kSlotEnd: free stays as found (maybe 0)
 }
 
-Status Filesystem::QueueRemoveEntry(Transaction* tx, const NameTable& t, const Entry& e) {
+namespace {
+
+// QueueDeleteTombstonesBefore's walk, on an iterator of the table's btree.
+Status DeleteTombstonesBefore(Iterator& it, Transaction* tx, u8 btree_id, u64 owner, u64 slot, Damaged damaged) {
+  if (slot == 0) return Status::Ok();
+  TFS_TRY(it.SeekForPrev(Pos{btree_id, owner, slot - 1}));
+  for (u64 s = slot - 1; it.Valid() && it.pos().inode == owner && it.pos().offset == s; s--) {
+    DirentFormat d;
+    const char* n;
+    Status parsed = ParseNamedEntry(btree_id, it.value(), it.val_bytes(), &d, &n);
+    if (!parsed.ok() && damaged == Damaged::kFail) return parsed;
+    if (!parsed.ok() || d.type != kDtTombstone) break;  // (kOccupied: a damaged key is in use)
+    TFS_TRY(tx->Delete(Pos{btree_id, owner, s}));
+    if (s == 0) break;
+    TFS_TRY(it.Prev());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status QueueRemoveEntry(btree::Btrees* trees, Transaction* tx, u8 btree_id, u64 owner, u64 slot,
+                        Damaged damaged) {
   // Another chain may run on through the next slot: then keep this one occupied.
   // (No slot is at kSlotEnd: xattr chunk keys are.)
-  Iterator it(trees_, t.btree_id);
-  TFS_TRY(it.Seek(Pos{t.btree_id, t.owner, e.slot + 1}));
-  if (it.Valid() && it.pos().inode == t.owner && it.pos().offset == e.slot + 1 && e.slot + 1 < kSlotEnd) {
+  Iterator it(trees, btree_id);
+  TFS_TRY(it.Seek(Pos{btree_id, owner, slot + 1}));
+  if (it.Valid() && it.pos().inode == owner && it.pos().offset == slot + 1 && slot + 1 < kSlotEnd) {
     u8 buf[sizeof(DirentFormat)];
     DirentFormat d;
     MemSet(&d, 0, sizeof(d));
     d.type = kDtTombstone;
     MemCopy(buf, &d, sizeof(d));
-    return tx->Set(Pos{t.btree_id, t.owner, e.slot}, buf, sizeof(buf));
+    return tx->Set(Pos{btree_id, owner, slot}, buf, sizeof(buf));
   }
   // The chain ends here: drop the entry and the tombstones right before it.
-  TFS_TRY(tx->Delete(Pos{t.btree_id, t.owner, e.slot}));
-  TFS_TRY(it.SeekForPrev(Pos{t.btree_id, t.owner, e.slot - 1}));
-  for (u64 slot = e.slot - 1; it.Valid() && it.pos().inode == t.owner && it.pos().offset == slot; slot--) {
-    DirentFormat d;
-    const char* n;
-    TFS_TRY(ParseNamed(t, it.value(), it.val_bytes(), &d, &n));
-    if (d.type != kDtTombstone) break;
-    TFS_TRY(tx->Delete(Pos{t.btree_id, t.owner, slot}));
-    TFS_TRY(it.Prev());
-  }
-  return Status::Ok();
+  TFS_TRY(tx->Delete(Pos{btree_id, owner, slot}));
+  return DeleteTombstonesBefore(it, tx, btree_id, owner, slot, damaged);
+}
+
+Status QueueDeleteTombstonesBefore(btree::Btrees* trees, Transaction* tx, u8 btree_id, u64 owner, u64 slot,
+                                   Damaged damaged) {
+  Iterator it(trees, btree_id);
+  return DeleteTombstonesBefore(it, tx, btree_id, owner, slot, damaged);
 }
 
 }  // namespace tfs::posix

@@ -165,7 +165,7 @@ Status Filesystem::SetXattr(u64 ino, const char* name, u32 len, const void* valu
   const NameTable t = XattrTable(ino, f);
   Entry e;
   XattrChunksFormat old;  // the value being replaced, if chunked
-  TFS_TRY(FindEntry(t, name, len, &e, &old));
+  TFS_TRY(FindEntry(trees_, t, name, len, &e, &old));
   const u32 old_chunks = XattrChunkCount(old.value_len.get());
   if (e.found && (flags & kXattrCreate) != 0) return Err::kExists;
   if (!e.found && (flags & kXattrReplace) != 0) return Err::kNoData;
@@ -224,7 +224,7 @@ Result<u32> Filesystem::GetXattr(u64 ino, const char* name, u32 len, void* buf, 
   TFS_TRY(ReadInode(ino, &f));
   Entry e;
   XattrChunksFormat chunks;
-  TFS_TRY(FindEntry(XattrTable(ino, f), name, len, &e, &chunks));
+  TFS_TRY(FindEntry(trees_, XattrTable(ino, f), name, len, &e, &chunks));
   if (!e.found) return Err::kNoData;
   if (chunks.value_len.get() == 0) {
     bool chunked = false;
@@ -238,7 +238,7 @@ Result<u32> Filesystem::GetXattr(u64 ino, const char* name, u32 len, void* buf, 
   TFS_TRY(locked.status());
   TFS_TRY(ReadInode(ino, &f));
   const NameTable t = XattrTable(ino, f);
-  TFS_TRY(FindEntry(t, name, len, &e, &chunks));
+  TFS_TRY(FindEntry(trees_, t, name, len, &e, &chunks));
   if (!e.found) return Err::kNoData;
   if (chunks.value_len.get() == 0) {
     bool chunked = false;
@@ -278,7 +278,7 @@ Result<u32> Filesystem::ListXattr(u64 ino, char* buf, u32 cap, bool trusted) {
 
 Status Filesystem::QueueRemoveXattr(Transaction* tx, const NameTable& t, const Entry& e,
                                     const XattrChunksFormat& chunks) {
-  TFS_TRY(QueueRemoveEntry(tx, t, e));
+  TFS_TRY(QueueRemoveEntry(trees_, tx, t.btree_id, t.owner, e.slot));
   for (u32 i = 0; i < XattrChunkCount(chunks.value_len.get()); i++)
     TFS_TRY(tx->Delete(XattrPos(t.owner, XattrChunkOffset(chunks.id.get(), i))));
   return Status::Ok();
@@ -295,7 +295,7 @@ Status Filesystem::RemoveXattr(u64 ino, const char* name, u32 len) {
   const NameTable t = XattrTable(ino, f);
   Entry e;
   XattrChunksFormat chunks;
-  TFS_TRY(FindEntry(t, name, len, &e, &chunks));
+  TFS_TRY(FindEntry(trees_, t, name, len, &e, &chunks));
   if (!e.found) return Err::kNoData;
   Transaction tx(trees_);
   TFS_TRY(QueueRemoveXattr(&tx, t, e, chunks));
