@@ -1,6 +1,7 @@
 // fsck's namespace and file data pass (see fsck.h; design: docs/design/fsck.md):
 // inodes, directory entries, symlinks, orphans, extents and xattrs, read through
-// the btree API, and with -y repaired.
+// the btree API, and with -y repaired. The name tables' rules -- probing, entry
+// removal, the entry format -- are posix's own functions (posix/names.h).
 //
 // Four scans in key order -- inodes, directory entries, extents, xattrs -- build
 // one record per inode (InodeRec: what the inode says, and what the entries and
@@ -23,6 +24,7 @@
 #include "data/data.h"
 #include "fsck/pass.h"
 #include "posix/fs.h"
+#include "posix/names.h"
 #include "util/bits.h"
 #include "util/sort.h"
 
@@ -65,24 +67,6 @@ bool IsLinkMode(u32 mode) { return (mode & posix::kModeTypeMask) == posix::kMode
 Pos InodePos(u64 ino) { return Pos{btree::kBtreeInodes, ino, 0}; }
 Pos OrphanPos(u64 ino) { return Pos{btree::kBtreeInodes, 0, ino}; }
 Pos DirentPos(u64 dir, u64 slot) { return Pos{btree::kBtreeDirents, dir, slot}; }
-
-bool IsTombstone(u8 btree_id, const u8* v, u32 len) {
-  posix::DirentFormat d;
-  const char* name;
-  return posix::ParseNamedEntry(btree_id, v, len, &d, &name).ok() && d.type == posix::kDtTombstone;
-}
-
-// A named entry (header and name) in buf; returns its length.
-u32 BuildEntry(u8* buf, u64 ino, u8 type, const char* name, u32 len) {
-  posix::DirentFormat d;
-  MemSet(&d, 0, sizeof(d));
-  d.ino.set(ino);
-  d.type = type;
-  d.name_len = u8(len);
-  MemCopy(buf, &d, sizeof(d));
-  MemCopy(buf + sizeof(d), name, len);
-  return u32(sizeof(d)) + len;
-}
 
 // A new empty directory owned by root, as posix would make it.
 posix::InodeFormat NewDirInode(u64 ino, u64 parent, u32 perm) {
@@ -128,13 +112,6 @@ struct SlotFix {
   u8 kind;      // FixKind bits; kFixRemove overrides the others
   u8 type;      // kFixRetype
   u8 problems;  // findings this fix resolves
-};
-
-// What the walk of one name's probe chain finds.
-struct Probe {
-  bool found = false;
-  u64 slot = 0;  // found: where
-  u64 free = 0;  // first tombstone or gap of the chain (0: none before kSlotEnd)
 };
 
 class NamespaceCheck {
@@ -244,65 +221,20 @@ class NamespaceCheck {
   }
 
   // --- name tables ----------------------------------------------------------------
+  //
+  // posix's own rules (posix/names.h), walking on past a key that does not
+  // parse: it occupies its slot until fsck's fix removes it (posix::Damaged).
 
-  // Walks the probe chain of `name` from its home slot (what posix's FindEntry
-  // does; an entry that does not parse occupies its slot).
-  Status ProbeName(const posix::NameTable& nt, const char* name, u32 len, Probe* out) {
-    *out = Probe{};
-    const u64 home = posix::NameHash(nt.seed, nt.bits, name, len);
-    btree::Iterator it(&t_, nt.btree_id);
-    TFS_TRY(it.Seek(Pos{nt.btree_id, nt.owner, home}));
-    for (u64 slot = home; slot < posix::kSlotEnd; slot++) {
-      if (!it.Valid() || it.pos().inode != nt.owner || it.pos().offset != slot) {
-        if (out->free == 0) out->free = slot;
-        return Status::Ok();
-      }
-      posix::DirentFormat d;
-      const char* n;
-      if (posix::ParseNamedEntry(nt.btree_id, it.value(), it.val_bytes(), &d, &n).ok()) {
-        if (d.type == posix::kDtTombstone) {
-          if (out->free == 0) out->free = slot;
-        } else if (d.name_len == len && MemCompare(n, name, len) == 0) {
-          out->found = true;
-          out->slot = slot;
-          return Status::Ok();
-        }
-      }
-      TFS_TRY(it.Next());
-    }
-    return Status::Ok();
+  // Walks the probe chain of `name` from its home slot, as posix's lookups do.
+  Status ProbeName(const posix::NameTable& nt, const char* name, u32 len, posix::Entry* out) {
+    return posix::FindEntry(&t_, nt, name, len, out, nullptr, posix::Damaged::kOccupied);
   }
 
-  // Queues the deletion of the tombstones right before `slot` (down to the first
-  // slot that is empty or holds anything else).
-  Status QueueDeleteTombstonesBefore(Transaction& tx, u8 id, u64 owner, u64 slot) {
-    if (slot == 0) return Status::Ok();
-    btree::Iterator it(&t_, id);
-    TFS_TRY(it.SeekForPrev(Pos{id, owner, slot - 1}));
-    for (u64 s = slot - 1; it.Valid() && it.pos().inode == owner && it.pos().offset == s; s--) {
-      if (!IsTombstone(id, it.value(), it.val_bytes())) break;
-      TFS_TRY(tx.Delete(it.pos()));
-      if (s == 0) break;
-      TFS_TRY(it.Prev());
-    }
-    return Status::Ok();
-  }
-
-  // Queues the removal of the entry at (owner, slot) the way posix removes one: a
-  // tombstone if the next slot is in use (chains may run through it), else a
-  // deletion together with the tombstones right before it.
+  // Queues the removal of the entry at (owner, slot) as posix removes one: a
+  // tombstone if the next slot is in use, else a deletion together with the
+  // tombstones right before it.
   Status QueueRemoveEntry(Transaction& tx, u8 id, u64 owner, u64 slot) {
-    btree::Iterator it(&t_, id);
-    TFS_TRY(it.Seek(Pos{id, owner, slot + 1}));
-    // (No slot is at kSlotEnd: xattr chunk keys are.)
-    if (it.Valid() && it.pos().inode == owner && it.pos().offset == slot + 1 && slot + 1 < posix::kSlotEnd) {
-      posix::DirentFormat d;
-      MemSet(&d, 0, sizeof(d));
-      d.type = posix::kDtTombstone;
-      return tx.Set(Pos{id, owner, slot}, &d, sizeof(d));
-    }
-    TFS_TRY(tx.Delete(Pos{id, owner, slot}));
-    return QueueDeleteTombstonesBefore(tx, id, owner, slot);
+    return posix::QueueRemoveEntry(&t_, &tx, id, owner, slot, posix::Damaged::kOccupied);
   }
 
   // An entry stops counting towards its inode's links (it is being removed).
@@ -640,7 +572,7 @@ class NamespaceCheck {
         // Reachable, so its chain's first entry of this name is what a lookup
         // finds; a later one is a duplicate, unless the first is going (it
         // names no inode).
-        Probe pr;
+        posix::Entry pr;
         TFS_TRY(ProbeName(posix::DirTable(dir, dfmt), name, de.name_len, &pr));
         if (pr.found && pr.slot != p.offset && TFS_TRY(NamesLiveInode(dir, pr.slot))) {
           Problem("namespace: duplicate name in directory %llu: '%.*s' at slot %llu (first at slot %llu)",
@@ -744,13 +676,13 @@ class NamespaceCheck {
     const u8 type = (f.kind & kFixRetype) != 0 ? f.type : de.type;
     posix::InodeFormat dfmt;
     TFS_TRY(ReadInode(f.dir, &dfmt));
-    Probe pr;
+    posix::Entry pr;
     TFS_TRY(ProbeName(posix::DirTable(f.dir, dfmt), name, len, &pr));
     Transaction tx(&t_);
     if (pr.found && pr.slot == f.slot) {  // an earlier fix closed the gap
       if (type != de.type) {
-        u8 v[sizeof(posix::DirentFormat) + posix::kNameMax];
-        TFS_TRY(tx.Set(DirentPos(f.dir, f.slot), v, BuildEntry(v, ino, type, name, len)));
+        u8 v[posix::kDirentMax];
+        TFS_TRY(tx.Set(DirentPos(f.dir, f.slot), v, posix::BuildDirent(v, ino, type, name, len)));
         TFS_TRY(Commit(tx));
       }
       Repaired(f.problems, "namespace: entry '%s' in directory %llu is reachable from its home slot now%s", name,
@@ -774,8 +706,8 @@ class NamespaceCheck {
     // The walk from the home slot stops before the entry's own run, so the
     // removal and the insert touch different slots.
     TFS_TRY(QueueRemoveEntry(tx, btree::kBtreeDirents, f.dir, f.slot));
-    u8 v[sizeof(posix::DirentFormat) + posix::kNameMax];
-    TFS_TRY(tx.Set(DirentPos(f.dir, pr.free), v, BuildEntry(v, ino, type, name, len)));
+    u8 v[posix::kDirentMax];
+    TFS_TRY(tx.Set(DirentPos(f.dir, pr.free), v, posix::BuildDirent(v, ino, type, name, len)));
     TFS_TRY(Commit(tx));
     InodeRec* t = Find(ino);
     if (t != nullptr && IsDirMode(t->mode) && t->entry_dir == f.dir && t->entry_slot == f.slot) t->entry_slot = pr.free;
@@ -791,7 +723,8 @@ class NamespaceCheck {
     TFS_TRY(it.Seek(DirentPos(f.dir, f.slot + 1)));
     if (!(it.Valid() && it.pos().inode == f.dir && it.pos().offset == f.slot + 1)) {
       Transaction tx(&t_);
-      TFS_TRY(QueueDeleteTombstonesBefore(tx, btree::kBtreeDirents, f.dir, f.slot + 1));
+      TFS_TRY(posix::QueueDeleteTombstonesBefore(&t_, &tx, btree::kBtreeDirents, f.dir, f.slot + 1,
+                                                 posix::Damaged::kOccupied));
       TFS_TRY(Commit(tx));
     }
     Repaired(f.problems, "namespace: deleted the tombstones ending the chain at slot %llu of directory %llu",
@@ -872,7 +805,7 @@ class NamespaceCheck {
       c_.Line("namespace: no root directory: nothing can be reattached");
       return Status::Ok();
     }
-    Probe pr;
+    posix::Entry pr;
     TFS_TRY(ProbeName(posix::DirTable(posix::kRootIno, rf), kName, kLen, &pr));
     if (pr.found) {
       posix::DirentFormat de;
@@ -899,7 +832,8 @@ class NamespaceCheck {
     u8 v[sizeof(posix::DirentFormat) + kLen];
     Transaction tx(&t_);
     TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));
-    TFS_TRY(tx.Set(DirentPos(posix::kRootIno, pr.free), v, BuildEntry(v, ino, posix::kDtDir, kName, kLen)));
+    TFS_TRY(
+        tx.Set(DirentPos(posix::kRootIno, pr.free), v, posix::BuildDirent(v, ino, posix::kDtDir, kName, kLen)));
     TFS_TRY(tx.Set(InodePos(posix::kRootIno), &rf, sizeof(rf)));
     TFS_TRY(Commit(tx));
     InodeRec r{};
@@ -931,7 +865,7 @@ class NamespaceCheck {
     posix::InodeFormat lff, f;
     TFS_TRY(ReadInode(lf->ino, &lff));
     TFS_TRY(ReadInode(r.ino, &f));
-    Probe pr;
+    posix::Entry pr;
     TFS_TRY(ProbeName(posix::DirTable(lf->ino, lff), name, len, &pr));
     if (pr.found || pr.free == 0) {
       c_.Line("namespace: /lost+found/%s %s; inode %llu left unreachable", name,
@@ -941,7 +875,8 @@ class NamespaceCheck {
     const bool dir = IsDirMode(r.mode);
     u8 v[sizeof(posix::DirentFormat) + 32];
     Transaction tx(&t_);
-    TFS_TRY(tx.Set(DirentPos(lf->ino, pr.free), v, BuildEntry(v, r.ino, posix::DirentTypeOf(r.mode), name, len)));
+    TFS_TRY(tx.Set(DirentPos(lf->ino, pr.free), v,
+                   posix::BuildDirent(v, r.ino, posix::DirentTypeOf(r.mode), name, len)));
     if (dir) {
       f.parent.set(lf->ino);
       lff.nlink.set(lff.nlink.get() + 1);

@@ -26,7 +26,7 @@
 // VFS's inode locks, inode locks are held across btree reads and the commit.
 // Lookups, GetAttr and ReadDir take none: each reads committed state key by
 // key. A regular file's data also has a per-inode data lock (a reader-writer
-// lock, taken before any inode lock; see "Locking" in fs.cc): device I/O
+// lock, taken before any inode lock; see "Locking" in file.cc): device I/O
 // happens under it alone, and the inode lock is taken only to commit. Data
 // operations on an inode need an open handle (OpenInode) or must not race its
 // last unlink.
@@ -71,6 +71,7 @@
 #include "platform/atomic.h"
 #include "platform/sync.h"
 #include "posix/format.h"
+#include "posix/names.h"
 #include "sb/format.h"
 #include "store/store.h"
 #include "util/counters.h"
@@ -217,14 +218,6 @@ struct StatFs {
 struct Stats {
   TFS_COUNTER_FIELDS(TFS_POSIX_COUNTERS)
   TFS_COUNTER_FIELDS(TFS_WBUF_COUNTERS)
-};
-
-// One hash table of named entries: a directory's entries or an inode's xattrs.
-struct NameTable {
-  u8 btree_id;  // kBtreeDirents or kBtreeXattrs
-  u64 owner;    // the directory or inode: the keys' inode field
-  u64 seed;
-  u32 bits;     // home slots: 2^bits from kFirstSlot
 };
 
 class Filesystem {
@@ -409,7 +402,6 @@ class Filesystem {
   Stats GetStats() const;
 
  private:
-  struct Entry;     // a directory entry found by FindEntry
   struct Locked;      // inode locks held by one operation
   struct Buffered;    // one open inode's write buffer
   struct InodeLocks;  // one inode's inode lock and data lock, while in use
@@ -421,10 +413,6 @@ class Filesystem {
 
   Status ReadInode(u64 ino, InodeFormat* out, char* link = nullptr, u32* link_len = nullptr);
   Status ReadDirInode(u64 dir, InodeFormat* out);
-  // chunks (xattr tables; may be null): a found chunked value's descriptor,
-  // else zeros (value_len 0: inline, or not found).
-  Status FindEntry(const NameTable& t, const char* name, u32 len, Entry* out,
-                   XattrChunksFormat* chunks = nullptr);
   // open_handle: the new inode is counted open before the commit (CreateOpen).
   Result<Attr> Create(u64 dir, const char* name, u32 len, u32 mode, u64 rdev, const char* target,
                       u32 target_len, const Caller& who, bool open_handle = false);
@@ -433,8 +421,6 @@ class Filesystem {
   // *buf is its write buffer, for the caller to free).
   Status AddHandle(u64 ino);
   bool DropHandle(u64 ino, bool* last, Buffered** buf);
-  // Queues the removal of entry `e` (tombstone, or delete with trailing tombstones).
-  Status QueueRemoveEntry(btree::Transaction* tx, const NameTable& t, const Entry& e);
   // Queues the inode's new state after losing a link: deleted (with whatever it
   // owns) when no link and no handle is left, else written, with an orphan key
   // when only handles are left.
@@ -467,7 +453,7 @@ class Filesystem {
   // and its release (the last user frees or keeps it as a spare).
   InodeLocks* AcquireLocks(u64 ino);
   void ReleaseLocks(InodeLocks* l);
-  // The file data section (see "Locking" in fs.cc). Callers hold the inode's
+  // The file data section (see "Locking" in file.cc). Callers hold the inode's
   // data lock (exclusive unless said otherwise) and no inode lock.
   // Under the inode lock: queues p (if any; punching its range), raises the size
   // to at least min_size, sets mtime and ctime (if mtime != 0), and commits
@@ -571,26 +557,9 @@ class Filesystem {
   Atomic<bool> flusher_stop_{false};
 };
 
-NameTable DirTable(u64 dir, const InodeFormat& d);
-NameTable XattrTable(u64 ino, const InodeFormat& f);
-
-// Parses a named entry of the dirents or xattrs btree (dirents: a live inode and
-// type, no value; xattrs: inode 0, type kXattrValue with a value after the
-// name, or kXattrChunked with a valid descriptor); a tombstone has no name.
-// `value` (if not null) gets where the bytes after the name start.
-Status ParseNamedEntry(u8 btree_id, const u8* v, u32 len, DirentFormat* out, const char** name,
-                       const u8** value = nullptr);
-// The descriptor of a chunked xattr value (d: its parsed entry, after_name:
-// the bytes after its name): kCorrupt unless d is kXattrChunked with a
-// descriptor of the right size, a length that does not fit inline and at most
-// kXattrSizeMax, and an id below kXattrIdLimit.
-Status ParseXattrChunks(const DirentFormat& d, const u8* after_name, XattrChunksFormat* out);
 // Parses an inode value (kCorrupt if it is not one of this version).
 Status ParseInode(const u8* value, u32 len, InodeFormat* out);
 Attr ToAttr(u64 ino, const InodeFormat& inode);
-// The home slot of `name` in a directory whose hash_seed is `seed` and hash_bits
-// `bits` (1..62).
-u64 NameHash(u64 seed, u32 bits, const char* name, u32 len);
 
 }  // namespace tfs::posix
 
