@@ -115,7 +115,9 @@ TEST(LockRulesTest, ACommitNamingARingMemberPasses) {
 }
 
 // The scope nests and restores what it found; the guards hold one while
-// they hold their lock, and the core's threads run in one.
+// they hold their lock, and the core's threads run in one. (The checks turn
+// the scopes on even where the build compiles them out, platform.h.)
+static_assert(TFS_NOFS_SCOPES == 1, "the lock checks need the allocation scopes");
 TEST(AllocScopeTest, ScopesNestAndGuardsAndThreadsOpenThem) {
   EXPECT_FALSE(platform::InNoFs());
   {

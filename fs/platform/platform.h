@@ -38,6 +38,22 @@
 #endif
 #endif
 
+// Allocation scopes (NoFsScope below). The kernel needs them: they are its
+// memalloc_nofs_save. Userspace reclaim never calls into the process, so
+// there only the lock checks read them, and a release build compiles them
+// out: CMake gives tierfs_core, and so everything linked with it,
+// TFS_NOFS_SCOPES=0 (a guard then costs nothing for its scope; 3-5% of a
+// single-key btree commit otherwise, docs/benchmarks.md). Default on (the
+// kernel build, the kernel-safe check); always on where the checks are.
+// Every file linked into one program must see the same value.
+#ifndef TFS_NOFS_SCOPES
+#define TFS_NOFS_SCOPES 1
+#endif
+#if TFS_LOCK_CHECKS && !TFS_NOFS_SCOPES
+#undef TFS_NOFS_SCOPES
+#define TFS_NOFS_SCOPES 1
+#endif
+
 extern "C" {
 
 // --- memory -----------------------------------------------------------------
@@ -232,13 +248,18 @@ void Delete(T* p) {
 // (MutexLock, ReadGuard, WriteGuard) open one for as long as they hold their
 // lock, btree::Transaction for its life, the core's threads for theirs;
 // an object holding one is destroyed on its thread, inside the scopes
-// opened before it;
-// a lock taken without a guard around an allocation needs its own.
-// Nests; on one thread, LIFO.
+// opened before it; a lock taken without a guard around an allocation needs
+// its own. Nests; on one thread, LIFO. Compiled out (empty, same layout) when
+// TFS_NOFS_SCOPES is 0: userspace release builds, where nothing reads it.
 class NoFsScope {
  public:
+#if TFS_NOFS_SCOPES
   NoFsScope() : token_(tfs_plat_nofs_save()) {}
   ~NoFsScope() { tfs_plat_nofs_restore(token_); }
+#else
+  NoFsScope() : token_(0) {}
+  ~NoFsScope() = default;
+#endif
   NoFsScope(const NoFsScope&) = delete;
   NoFsScope& operator=(const NoFsScope&) = delete;
 
@@ -246,6 +267,8 @@ class NoFsScope {
   const u32 token_;
 };
 
+// Whether the calling thread is inside a scope (always false when scopes are
+// compiled out: only the checks and their tests ask).
 inline bool InNoFs() { return tfs_plat_nofs_active() != 0; }
 
 // The one owner of an object from New, deleted with its owner: how big

@@ -11,6 +11,7 @@
 
 #include "platform/atomic.h"
 #include "platform/block_device.h"
+#include "platform/sync.h"
 
 namespace tfs::platform {
 namespace {
@@ -125,6 +126,28 @@ TEST(MemoryTest, AlignedZeroedAllocations) {
   ASSERT_NE(o, nullptr);
   EXPECT_EQ(o->a, 5);
   Delete(o);
+}
+
+// Userspace builds compile the allocation scopes out (fs/CMakeLists.txt:
+// TFS_NOFS_SCOPES=0; nothing there reads them but the lock checks), so a lock
+// guard pays no seam call for its scope. Where the checks are on (debug
+// builds, fs/checked/) the header turns them back on, and
+// fs/checked/lock_rules_test.cc tests them.
+TEST(NoFsScopeTest, CompiledOutOfUserspaceBuilds) {
+#if TFS_LOCK_CHECKS
+  static_assert(TFS_NOFS_SCOPES == 1, "the lock checks need the allocation scopes");
+  GTEST_SKIP() << "lock checks on: the scopes are on (fs/checked/lock_rules_test.cc tests them)";
+#else
+  static_assert(TFS_NOFS_SCOPES == 0, "tierfs_core's PUBLIC TFS_NOFS_SCOPES=0 did not reach this test");
+  static_assert(sizeof(NoFsScope) == sizeof(u32), "same layout either way");
+  NoFsScope nofs;
+  EXPECT_FALSE(InNoFs());
+  Mutex m;
+  {
+    MutexLock l(m);
+    EXPECT_FALSE(InNoFs());
+  }
+#endif
 }
 
 TEST(RandomTest, FillsBytes) {
