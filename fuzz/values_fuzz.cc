@@ -1,5 +1,5 @@
 // The value parsers of the namespace and file data: extents (data::ParseExtent),
-// inodes (posix::ParseInode), directory entries and xattrs
+// inodes (posix::ParseInode, and their options' check and repair), directory entries and xattrs
 // (posix::ParseNamedEntry, and a chunked value's descriptor). The first byte picks the parser; for extents the
 // next 16 are the key's inode and offset. Whatever a parser accepts is read
 // whole (the sanitizers catch a parser that vouches for bytes it does not have).
@@ -9,6 +9,7 @@
 #include "fuzz/fuzz.h"
 #include "posix/fs.h"
 #include "posix/format.h"
+#include "posix/opts.h"
 
 using namespace tfs;
 
@@ -50,7 +51,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<u8> val(v, v + len);
   if (which == 1) {
     posix::InodeFormat ino;
-    (void)posix::ParseInode(val.data(), u32(val.size()), &ino);
+    if (!posix::ParseInode(val.data(), u32(val.size()), &ino).ok()) return 0;
+    // Its options, as fsck judges and repairs them (for 1..32 members):
+    // whatever the bytes, a repaired inode checks clean.
+    const u32 members = 1 + data[0] / 8 % dev::kMaxDevices;
+    posix::RepairOpts(&ino, members);
+    if (posix::CheckOpts(ino, members).any()) fuzz::Fail("inode options still damaged after RepairOpts");
     return 0;
   }
   posix::DirentFormat d;

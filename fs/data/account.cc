@@ -40,6 +40,13 @@ Status DataPath::Open(store::Store* store) {
     auto t = store->devs().ResolveTarget(names[k]);
     targets_[k] = t.ok() ? t.value() : 0;
   }
+  // Each member's group, for kGroup targets (files' options).
+  const dev::DeviceSet& devs = store->devs();
+  for (u32 m = 0; m < devs.size(); m++) {
+    groups_[m] = 0;
+    for (u32 i = 0; i < devs.size(); i++)
+      if (StrEqual(devs.member(i)->group(), devs.member(m)->group())) groups_[m] |= dev::DevMask(1) << i;
+  }
   alloc::Allocator& a = store->alloc();
   for (u32 d = 0; d < a.members(); d++) {
     TFS_TRY(live_[d].Resize(a.nbuckets(d)));

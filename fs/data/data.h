@@ -263,7 +263,8 @@ class DataPath {
  private:
   // An open bucket new data of one (target, class) is appended to. Created on
   // first use, kept until Close (the table only grows: a handful of
-  // contexts exist, kMaxWritePoints at most).
+  // contexts exist, kMaxWritePoints at most -- files' targets add one per
+  // member or group they name).
   struct WritePoint {
     Target target;
     dev::IoClass io_class = dev::IoClass::kForegroundSync;
@@ -334,9 +335,10 @@ class DataPath {
   u64 bucket_blocks_ = 0;
   dev::DevMask journal_members_ = 0;  // members holding a journal ring
   dev::DevMask targets_[kTargetKinds] = {};  // the superblock's targets, resolved at Open (0: none)
+  dev::DevMask groups_[dev::kMaxDevices] = {};  // per member: the members of its group (kGroup targets)
   // The write points: entries [0, nr_wps_) are set (published with release)
   // and stay until Close; wps_mu_ serializes adding one.
-  static constexpr u32 kMaxWritePoints = 64;
+  static constexpr u32 kMaxWritePoints = 128;
   Mutex wps_mu_;
   WritePoint* wps_[kMaxWritePoints] = {};
   Atomic<u32> nr_wps_{0};

@@ -10,7 +10,8 @@
 //  - io_class: the device queue class its requests wait in (dev/io_queue.h);
 //  - watermark: how deep into the allocator's reserves its allocations may go
 //    (alloc::Watermark: a background writer stops before the foreground does);
-//  - target: where new data goes (a superblock target, or one member).
+//  - target: where new data goes (a superblock target, one member, or the
+//    group of one member -- a file's foreground_target option, posix/opts.h).
 // New data is appended at a write point per (target, io_class): a background
 // writer never shares a bucket with the foreground, so its allocations never
 // hold up a foreground write, and each bucket holds data of one temperature.
@@ -27,22 +28,25 @@
 namespace tfs::data {
 
 // Where new data goes: one of the superblock's targets (resolved when the data
-// path opens; a target that names nothing means "no preference") or one
-// member. Any member may serve when the target's cannot (the allocator's
-// fallback), as foreground writes always have.
+// path opens; a target that names nothing means "no preference"), one
+// member, or every member of one member's group. Any member may serve when
+// the target's cannot (the allocator's fallback), as foreground writes
+// always have.
 enum class TargetKind : u8 {
   kForeground = 0,  // sb options.foreground_target
   kBackground,      // sb options.background_target
   kPromote,         // sb options.promote_target
-  kMember,          // Target::member alone (copygc's evacuation, tests)
+  kMember,          // Target::member alone (a file's target naming a member; copygc's evacuation, tests)
+  kGroup,           // every member whose group is Target::member's (a file's target naming a group)
 };
-inline constexpr u32 kTargetKinds = 4;
+inline constexpr u32 kTargetKinds = 5;
 
 struct Target {
   TargetKind kind = TargetKind::kForeground;
-  u8 member = 0;  // kMember only
+  u8 member = 0;  // kMember, kGroup only
   bool operator==(const Target& o) const {
-    return kind == o.kind && (kind != TargetKind::kMember || member == o.member);
+    const bool by_member = kind == TargetKind::kMember || kind == TargetKind::kGroup;
+    return kind == o.kind && (!by_member || member == o.member);
   }
 };
 

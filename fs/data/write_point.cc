@@ -64,9 +64,10 @@ Status DataPath::Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole
   {
     MutexLock l(wp.mu);
     if (!wp.open || wp.used == bucket_blocks_ || (whole && bucket_blocks_ - wp.used < want)) {
-      const dev::DevMask target = ctx.target.kind == TargetKind::kMember
-                                      ? dev::DevMask(1) << (ctx.target.member % dev::kMaxDevices)
-                                      : targets_[u32(ctx.target.kind) % kTargetKinds];
+      const u32 member = ctx.target.member % dev::kMaxDevices;
+      dev::DevMask target = targets_[u32(ctx.target.kind) % kTargetKinds];  // (0 for kMember, kGroup)
+      if (ctx.target.kind == TargetKind::kMember) target = dev::DevMask(1) << member;
+      if (ctx.target.kind == TargetKind::kGroup) target = groups_[member];
       auto r = store_->alloc().Allocate(target, store_->devs().all(), alloc::BucketState::kUser, ctx.watermark);
       if (!r.ok()) return r.status();
       MutexLock a(acct_mu_);

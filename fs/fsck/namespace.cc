@@ -25,6 +25,7 @@
 #include "fsck/pass.h"
 #include "posix/fs.h"
 #include "posix/names.h"
+#include "posix/opts.h"
 #include "util/bits.h"
 #include "util/sort.h"
 
@@ -58,6 +59,7 @@ struct InodeRec {
   bool gone;         // deleted by a repair
   bool caps_flag;    // kInodeFlagCaps is set
   bool caps_xattr;   // a security.capability xattr was found
+  posix::OptsDamage opts;  // what is wrong with its option fields (CheckOptions)
 };
 
 bool IsDirMode(u32 mode) { return (mode & posix::kModeTypeMask) == posix::kModeDir; }
@@ -308,6 +310,7 @@ class NamespaceCheck {
       r.parent = f.parent.get();
       r.sectors = f.sectors.get();
       r.caps_flag = (f.flags.get() & posix::kInodeFlagCaps) != 0;
+      r.opts = posix::CheckOpts(f, e_.sb().nr_members);
       TFS_TRY(inodes_.PushBack(r));
     }
     TFS_TRY(st);
@@ -1492,6 +1495,53 @@ class NamespaceCheck {
     return Status::Ok();
   }
 
+  // The inodes' options (posix/opts.h): each value one this filesystem can
+  // hold (a target naming one of its members or a member's group, replicas
+  // 1..4, compression none or zstd), the reserved bytes and inherited bits
+  // past the options zero, kInodeFlagCompress mirroring the compression
+  // option. Repair, one transaction per inode: a bad option is unset (the
+  // filesystem's applies; its data stays where it is), the reserved bytes
+  // zeroed, the flag made to follow the option (a flag with the option
+  // unset: zstd, what chattr +c asked for). Nothing else reads them: posix
+  // places and compresses data as if a bad option were unset.
+  Status CheckOptions() {
+    const u32 members = e_.sb().nr_members;
+    for (InodeRec& r : inodes_) {
+      if (r.gone || !r.opts.any()) continue;
+      posix::InodeFormat f;
+      TFS_TRY(ReadInode(r.ino, &f));
+      const unsigned long long ino = r.ino;
+      const posix::OptsDamage d = r.opts;
+      for (u32 i = 0; i < posix::kInodeOpts; i++) {
+        if ((d.bad_values & (1u << i)) == 0) continue;
+        const posix::InodeOpt o = posix::InodeOpt(i);
+        Problem("namespace: inode %llu: bad option %s: stored value %u %s", ino, posix::OptName(o),
+                unsigned(posix::GetOpt(f, o)),
+                posix::IsTargetOpt(o)       ? "names no member or group of this filesystem"
+                : o == posix::kOptReplicas ? "is outside 1..4"
+                                           : "is neither none nor zstd");
+      }
+      if (d.reserved) Problem("namespace: inode %llu: reserved option bytes or bits are not zero", ino);
+      const bool flag = (f.flags.get() & posix::kInodeFlagCompress) != 0;
+      if (d.flag_mismatch)
+        Problem("namespace: inode %llu: the compression flag (chattr +c) is %s but its compression option is %s", ino,
+                flag ? "set" : "clear", f.compression == 0 ? "unset" : f.compression == 1 ? "none" : "zstd");
+      if (!repair_) continue;
+      TFS_TRY(UpdateInode(r.ino, [&](posix::InodeFormat& g) { posix::RepairOpts(&g, members); }));
+      r.opts = posix::OptsDamage{};
+      for (u32 i = 0; i < posix::kInodeOpts; i++)
+        if ((d.bad_values & (1u << i)) != 0)
+          Repaired(1, "namespace: inode %llu: unset option %s (the filesystem's applies)", ino,
+                   posix::OptName(posix::InodeOpt(i)));
+      if (d.reserved) Repaired(1, "namespace: inode %llu: zeroed its reserved option bytes", ino);
+      if (d.flag_mismatch)
+        Repaired(1, "namespace: inode %llu: %s", ino,
+                 flag && f.compression == 0 ? "set its compression option to zstd, as its flag asked"
+                                            : "made its compression flag follow its compression option");
+    }
+    return Status::Ok();
+  }
+
   Status Passes() {
     TFS_TRY(ScanInodes());
     if (TFS_TRY(Empty())) return Status::Ok();  // formatted, never mounted: no root yet
@@ -1500,6 +1550,7 @@ class NamespaceCheck {
     if (repair_) TFS_TRY(ApplyFixes());
     TFS_TRY(CheckLoops());
     TFS_TRY(CheckInodes());
+    TFS_TRY(CheckOptions());
     TFS_TRY(ScanExtents());
     TFS_TRY(ScanXattrs());
     u64 live = 0;

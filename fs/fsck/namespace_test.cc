@@ -21,6 +21,7 @@
 #include "fsck/fsck.h"
 #include "fsck/testing.h"
 #include "posix/fs.h"
+#include "posix/opts.h"
 #include "userspace/platform/mem_device.h"
 
 namespace tfs::fsck {
@@ -1678,6 +1679,62 @@ TEST(FsckRepairTest, TheCapabilityFlagFollowsItsXattr) {
   EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
   auto [r3, out3] = img.Fsck(false);
   EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+}
+
+// The inodes' options (posix/opts.h): set ones check clean; a value naming
+// a member the filesystem does not have, replicas out of range, reserved
+// bytes in use and a compression flag that disagrees with the option are
+// each one error; -y unsets the bad options, zeroes the bytes and makes the
+// flag follow the option, and the good options stay.
+TEST(FsckRepairTest, DamagedInodeOptionsAreCleared) {
+  Fixture fx;
+  fx.WithFs([&](Filesystem& fs, btree::Btrees&) {
+    ASSERT_TRUE(fs.SetXattr(fx.file, "tierfs.replicas", 15, "2", 1, 0).ok());
+    ASSERT_TRUE(fs.SetXattr(fx.file, "tierfs.foreground_target", 24, "ssd", 3, 0).ok());
+    ASSERT_TRUE(fs.SetXattr(fx.file, "tierfs.promote_target", 21, "ssd.a", 5, 0).ok());
+    ASSERT_TRUE(fs.SetXattr(fx.dir, "tierfs.compression", 18, "zstd", 4, 0).ok());
+  });
+  auto [r0, out0] = fx.Fsck();
+  ASSERT_EQ(r0.exit_code, kExitClean) << out0;
+  fx.SetInode(fx.file, [](posix::InodeFormat& i) {
+    i.foreground_target.set(posix::kOptTargetMember + 7);  // member 7 of 1
+    i.replicas = 9;
+  });
+  fx.SetInode(fx.dir, [](posix::InodeFormat& i) {
+    i.reserved0[2] = 1;
+    i.flags.set(u16(i.flags.get() & ~posix::kInodeFlagCompress));  // compression zstd, flag clear
+  });
+  const std::string file = "inode " + std::to_string(fx.file);
+  const std::string dir = "inode " + std::to_string(fx.dir);
+  auto [r1, out1] = fx.Fsck();
+  EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
+  EXPECT_NE(out1.find(file + ": bad option foreground_target: stored value 8 names no member or group of this "
+                             "filesystem"),
+            std::string::npos) << out1;
+  EXPECT_NE(out1.find(file + ": bad option replicas: stored value 9 is outside 1..4"), std::string::npos) << out1;
+  EXPECT_NE(out1.find(dir + ": reserved option bytes or bits are not zero"), std::string::npos) << out1;
+  EXPECT_NE(out1.find(dir + ": the compression flag (chattr +c) is clear but its compression option is zstd"),
+            std::string::npos) << out1;
+  EXPECT_NE(out1.find("4 problem(s)"), std::string::npos) << out1;
+  auto [r2, out2] = fx.Fsck(true);
+  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
+  EXPECT_NE(out2.find(file + ": unset option foreground_target (the filesystem's applies)"), std::string::npos)
+      << out2;
+  EXPECT_NE(out2.find(file + ": unset option replicas"), std::string::npos) << out2;
+  EXPECT_NE(out2.find(dir + ": zeroed its reserved option bytes"), std::string::npos) << out2;
+  EXPECT_NE(out2.find(dir + ": made its compression flag follow its compression option"), std::string::npos) << out2;
+  auto [r3, out3] = fx.Fsck();
+  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+  fx.WithFs([&](Filesystem& fs, btree::Btrees&) {
+    char v[32];
+    EXPECT_EQ(fs.GetXattr(fx.file, "tierfs.replicas", 15, v, sizeof(v)).status().code(), Err::kNoData);
+    EXPECT_EQ(fs.GetXattr(fx.file, "tierfs.foreground_target", 24, v, sizeof(v)).status().code(), Err::kNoData);
+    ASSERT_EQ(fs.GetXattr(fx.file, "tierfs.promote_target", 21, v, sizeof(v)).value(), 5u);  // kept
+    EXPECT_EQ(std::string(v, 5), "ssd.a");
+    ASSERT_EQ(fs.GetXattr(fx.dir, "tierfs.compression", 18, v, sizeof(v)).value(), 4u);
+    EXPECT_EQ(fs.GetFlags(fx.dir).value(), Filesystem::kFsComprFl);
+    EXPECT_TRUE(Contents(fs, fx.file) == FileBytes());
+  });
 }
 
 // An orphan whose xattr table holds more keys than posix allows cannot be

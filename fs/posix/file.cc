@@ -15,6 +15,7 @@
 #include "posix/fs.h"
 
 #include "posix/internal.h"
+#include "posix/opts.h"
 
 namespace tfs::posix {
 
@@ -162,7 +163,7 @@ Status Filesystem::PrepareZero(u64 ino, u64 block, u32 from, u32 to, data::Prepa
   if (st.ok()) {
     MemSet(buf + from, 0, to - from);
     DebugNoSharedLock();
-    st = data_->Prepare(data::kForegroundWrite, ino, block, buf, 1, Compress(f), p, delta);
+    st = data_->Prepare(WriteContext(f), ino, block, buf, 1, Compress(f), p, delta);
   }
   platform::Free(buf);
   if (!st.ok()) {  // (the caller aborts the delta)
@@ -310,7 +311,7 @@ Result<u32> Filesystem::WriteThrough(u64 ino, InodeFormat f, u64 off, const u8* 
     MemCopy(blocks + skip, buf + done, n);
     data::Delta delta;
     DebugNoSharedLock();
-    st = data_->Prepare(data::kForegroundWrite, ino, b0, blocks, nb, Compress(f), p, &delta);
+    st = data_->Prepare(WriteContext(f), ino, b0, blocks, nb, Compress(f), p, &delta);
     if (!st.ok()) {
       data_->Abort(delta);
       break;
@@ -521,8 +522,6 @@ Status Filesystem::Fallocate(u64 ino, u32 mode, u64 off, u64 len) {
   return Status::Ok();
 }
 
-bool Filesystem::Compress(const InodeFormat& f) const {
-  return compress_all_ || (f.flags.get() & kInodeFlagCompress) != 0;
-}
+bool Filesystem::Compress(const InodeFormat& f) const { return CompressNewData(f, compress_all_); }
 
 }  // namespace tfs::posix

@@ -98,13 +98,27 @@ struct InodeFormat {
   Le64 hash_seed;    // directories: keys the name hash of this directory's entries
   u8 hash_bits;      // directories: home slots are kFirstSlot + hash >> (64 - hash_bits) (1..62)
   u8 xattr_bits;     // the same for this inode's xattr table (1..62)
-  u8 reserved0[6];   // 0
-  Le64 reserved[3];  // 0
+  // The inode's options (posix/opts.h; 0: unset, the filesystem's applies).
+  // Targets: kOptTargetMember + m (member m), kOptTargetGroup | m (the group
+  // member m belongs to, resolved at use). Changed with ctime in one
+  // transaction; copied from the parent directory at creation.
+  Le16 foreground_target;
+  Le16 background_target;
+  Le16 promote_target;
+  u8 replicas;         // 1..kOptReplicasMax
+  u8 compression;      // kOptCompressNone, kOptCompressZstd
+  u8 opts_inherited;   // bit i: option i (InodeOpt) was copied from the parent
+  u8 reserved0[5];     // 0
+  Le64 reserved[2];    // 0
 };
 static_assert(sizeof(InodeFormat) == 128, "inode value size");
+static_assert(__builtin_offsetof(InodeFormat, foreground_target) == 98, "options start at byte 98");
+static_assert(__builtin_offsetof(InodeFormat, opts_inherited) == 106, "inode option layout");
 
 // InodeFormat::flags.
-inline constexpr u16 kInodeFlagCompress = 1;  // new data is zstd-compressed (chattr +c)
+// New data is zstd-compressed (chattr +c): mirrors the compression option
+// (set iff it is kOptCompressZstd; posix/opts.h), which decides.
+inline constexpr u16 kInodeFlagCompress = 1;
 // The inode has a "security.capability" xattr (kXattrCaps): set and cleared
 // with that xattr, in its transaction (set, remove, and the write that
 // removes it), so that a write tests this bit instead of looking the name

@@ -17,6 +17,7 @@
 #include "journal/format.h"
 #include "platform/platform.h"
 #include "posix/internal.h"
+#include "posix/opts.h"
 #include "sb/format.h"
 #include "util/bits.h"
 
@@ -551,9 +552,17 @@ Status Filesystem::SetFlags(u64 ino, u32 flags) {
   TFS_TRY(locked.status());
   InodeFormat f;
   TFS_TRY(ReadInode(ino, &f));
-  const u16 want = u16((f.flags.get() & ~kInodeFlagCompress) | ((flags & kFsComprFl) != 0 ? kInodeFlagCompress : 0));
-  if (want == f.flags.get()) return Status::Ok();
-  f.flags.set(want);
+  // The flag mirrors the compression option (opts.h): +c makes it zstd, -c
+  // unsets a zstd one (a "none" stays: it is not compressing either).
+  const InodeFormat before = f;
+  const bool zstd = f.compression == kOptCompressZstd;
+  const bool flag = (f.flags.get() & kInodeFlagCompress) != 0;
+  if ((flags & kFsComprFl) != 0 && !(zstd && flag)) {
+    SetOpt(&f, kOptCompression, kOptCompressZstd);
+  } else if ((flags & kFsComprFl) == 0 && (zstd || flag)) {
+    SetOpt(&f, kOptCompression, zstd ? 0 : f.compression);
+  }
+  if (MemCompare(&before, &f, sizeof(f)) == 0) return Status::Ok();
   SetTime(&f.ctime_ns, Now());
   Transaction tx(trees_);
   TFS_TRY(tx.Set(InodePos(ino), &f, sizeof(f)));

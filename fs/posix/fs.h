@@ -296,7 +296,10 @@ class Filesystem {
   // Inode flags in Linux's FS_IOC_GETFLAGS/SETFLAGS values. Only kFsComprFl
   // (chattr +c: the file's new data is zstd-compressed, as all files' are on a
   // filesystem formatted with --compression zstd); setting others is
-  // kNotSupported. Existing data stays as written.
+  // kNotSupported. Existing data stays as written. The flag is the
+  // compression option's mirror (opts.h): +c sets tierfs.compression to
+  // zstd, -c unsets a zstd one (the filesystem's applies), and the option
+  // sets and clears the flag.
   static constexpr u32 kFsComprFl = 0x00000004;
   Result<u32> GetFlags(u64 ino);
   Status SetFlags(u64 ino, u32 flags);
@@ -329,8 +332,8 @@ class Filesystem {
   Status ReadDir(u64 dir, u64 cookie, DirFiller fill, void* ctx);
   Status GetStatFs(StatFs* out);
 
-  // Extended attributes: names "user.*", "trusted.*", "security.*" (others:
-  // kNotSupported), up to kNameMax bytes; values up to kXattrSizeMax (64 KiB,
+  // Extended attributes: names "user.*", "trusted.*", "security.*",
+  // "tierfs.*" (others: kNotSupported), up to kNameMax bytes; values up to kXattrSizeMax (64 KiB,
   // the VFS's XATTR_SIZE_MAX) bytes, those longer than XattrInlineMax(name) in
   // chunk keys (format.h). kNoSpace beyond, as when an inode already has
   // kMaxXattrs, when its chunked values would pass kMaxXattrChunks, or (64 KiB
@@ -343,12 +346,37 @@ class Filesystem {
   // transaction; Get reads a chunked value under the inode lock. Setting
   // and removing "security.capability" sets and clears kInodeFlagCaps in
   // the same transaction (what a write tests).
-  Status SetXattr(u64 ino, const char* name, u32 len, const void* value, u32 value_len, u32 flags);
+  //
+  // "tierfs.<option>" names are the inode's options (posix/opts.h), not
+  // keys: foreground_target, background_target, promote_target, replicas,
+  // compression, with text values. Set validates the value (kInvalidArgument
+  // for a target naming no member or group, replicas outside 1..4,
+  // compression other than none or zstd, or a name that is no option) and
+  // changes the inode with its ctime in one transaction; a target "none"
+  // unsets it. Get: the value (kNoData if unset; kCorrupt if the stored one
+  // is not valid here); "tierfs.inherited" (read-only, never listed): the
+  // names of the options copied from the parent directory, comma-separated.
+  // List adds the set options' names after the keys'. Remove: unset (kNoData
+  // if it was). `who`: the caller of a set or remove, for chattr's rule --
+  // the owner or CAP_FOWNER (kPermission otherwise); null: the front end
+  // has checked. Other names ignore it.
+  struct OptionCaller {
+    u32 uid = 0;
+    // Whether the caller has CAP_FOWNER (the VFS asks capable_wrt_inode_uidgid);
+    // asked at most once, and only of a caller who is not the owner; null: no.
+    bool (*has_fowner)(void* ctx) = nullptr;
+    void* ctx = nullptr;
+    // Out: why a set or remove of an option was refused (one line, static
+    // text), for the front end's log; null if it was not.
+    const char* refused = nullptr;
+  };
+  Status SetXattr(u64 ino, const char* name, u32 len, const void* value, u32 value_len, u32 flags,
+                  OptionCaller* who = nullptr);
   Result<u32> GetXattr(u64 ino, const char* name, u32 len, void* buf, u32 cap);
   // `trusted`: whether the caller may see trusted.* names (CAP_SYS_ADMIN; the
   // VFS checks get and set, but leaves listing to the filesystem).
   Result<u32> ListXattr(u64 ino, char* buf, u32 cap, bool trusted = true);
-  Status RemoveXattr(u64 ino, const char* name, u32 len);
+  Status RemoveXattr(u64 ino, const char* name, u32 len, OptionCaller* who = nullptr);
 
   // A handle on the inode is open / closed (see "Open files" above).
   Status OpenInode(u64 ino);
@@ -515,7 +543,19 @@ class Filesystem {
   // none is left); returns the pages freed.
   u64 ShrinkBuffers(u64 pages);
   bool IsOpen(u64 ino);
+  // Whether f's new data is compressed (its option, chattr +c, the filesystem's).
   bool Compress(const InodeFormat& f) const;
+  // The context of f's data writes: kForegroundWrite at f's foreground_target
+  // if it has one (opts.h), else at the filesystem's.
+  data::IoContext WriteContext(const InodeFormat& f) const;
+  // The "tierfs." xattrs (opts.cc): a set (or with `remove` an unset) of an
+  // option under the inode lock; a get from the committed inode; the set
+  // options' names appended at buf + at (returns the new end; cap 0: sizes
+  // only).
+  Status ChangeOption(u64 ino, const char* name, u32 len, const void* value, u32 value_len, u32 flags, bool remove,
+                      OptionCaller* who);
+  Result<u32> GetOption(u64 ino, const char* name, u32 len, void* buf, u32 cap);
+  Result<u32> ListOptions(const InodeFormat& f, char* buf, u32 cap, u32 at);
   u64 AllocIno();
   u32 NextGeneration();
   i64 Now() const;

@@ -14,6 +14,7 @@
 #include "posix/fs.h"
 
 #include "posix/internal.h"
+#include "posix/opts.h"
 #include "util/bits.h"
 
 namespace tfs::posix {
@@ -110,6 +111,7 @@ Result<Attr> Filesystem::Create(u64 dir, const char* name, u32 len, u32 mode, u6
   SetTime(&f.ctime_ns, now);
   SetTime(&f.btime_ns, now);
   if (type == kDtChar || type == kDtBlock) f.rdev.set(rdev);
+  InheritOpts(d, &f);  // the directory's options, marked inherited (opts.h)
   if (is_dir) {
     f.parent.set(dir);
     f.hash_seed.set(Mix64(ino ^ u64(now) ^ 0x6469726563746f72ull));

@@ -76,7 +76,7 @@ Status Filesystem::FlushRun(u64 ino, Buffered* b, FlushCause cause) {
   data::Delta delta;
   if (st.ok() && p == nullptr) st = Err::kNoMemory;
   DebugNoSharedLock();
-  if (st.ok()) st = data_->Prepare(data::kForegroundWrite, ino, b->first, b->data, b->blocks, Compress(f), p, &delta);
+  if (st.ok()) st = data_->Prepare(WriteContext(f), ino, b->first, b->data, b->blocks, Compress(f), p, &delta);
   if (st.ok()) {
     // Fsync flushes the journal right after: the writer thread need not wake.
     st = CommitData(ino, p, &delta, b->size, b->mtime_ns,

@@ -1,5 +1,6 @@
 // Extended attributes (fs.h; docs/design/posix.md "Xattrs"): an inode's
-// xattrs are a name table (names.cc) in the xattrs btree. A value up to
+// xattrs are a name table (names.cc) in the xattrs btree. "tierfs." names
+// are not keys but the inode's options: routed to opts.cc. A value up to
 // XattrInlineMax(name) bytes sits in its entry; a longer one, up to 64 KiB,
 // in 2048-byte chunk keys above every slot, found through the descriptor in
 // its entry (format.h). Set, replace and remove change an entry and its
@@ -14,6 +15,7 @@
 #include "posix/fs.h"
 
 #include "posix/internal.h"
+#include "posix/opts.h"
 
 namespace tfs::posix {
 
@@ -139,8 +141,11 @@ Result<u32> ReadInlineXattr(btree::Btrees* trees, const NameTable& t, u64 slot, 
 
 }  // namespace
 
-Status Filesystem::SetXattr(u64 ino, const char* name, u32 len, const void* value, u32 value_len, u32 flags) {
+Status Filesystem::SetXattr(u64 ino, const char* name, u32 len, const void* value, u32 value_len, u32 flags,
+                            OptionCaller* who) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
+  if (name != nullptr && IsOptXattr(name, len))
+    return ChangeOption(ino, name, len, value, value_len, flags, false, who);
   TFS_TRY(CheckXattrName(name, len));
   if ((flags & ~u32(kXattrCreate | kXattrReplace)) != 0 || flags == (kXattrCreate | kXattrReplace))
     return Err::kInvalidArgument;
@@ -219,6 +224,7 @@ Status Filesystem::SetXattr(u64 ino, const char* name, u32 len, const void* valu
 // corruption, never a race). A size query (cap 0) reads the descriptor alone.
 Result<u32> Filesystem::GetXattr(u64 ino, const char* name, u32 len, void* buf, u32 cap) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
+  if (name != nullptr && IsOptXattr(name, len)) return GetOption(ino, name, len, buf, cap);
   TFS_TRY(CheckXattrName(name, len));
   InodeFormat f;
   TFS_TRY(ReadInode(ino, &f));
@@ -273,7 +279,7 @@ Result<u32> Filesystem::ListXattr(u64 ino, char* buf, u32 cap, bool trusted) {
     }
     total += d.name_len + 1;
   }
-  return total;
+  return ListOptions(f, buf, cap, total);  // the options' names last
 }
 
 Status Filesystem::QueueRemoveXattr(Transaction* tx, const NameTable& t, const Entry& e,
@@ -284,8 +290,9 @@ Status Filesystem::QueueRemoveXattr(Transaction* tx, const NameTable& t, const E
   return Status::Ok();
 }
 
-Status Filesystem::RemoveXattr(u64 ino, const char* name, u32 len) {
+Status Filesystem::RemoveXattr(u64 ino, const char* name, u32 len, OptionCaller* who) {
   if (trees_ == nullptr) return Err::kInvalidArgument;
+  if (name != nullptr && IsOptXattr(name, len)) return ChangeOption(ino, name, len, nullptr, 0, 0, true, who);
   TFS_TRY(CheckXattrName(name, len));
   const u64 lock[1] = {ino};
   Locked locked(this, lock, 1);

@@ -1,6 +1,7 @@
 // libfuse3 low-level operations -> posix::Filesystem (see fuse_ops.h).
 #include "userspace/fuse/fuse_ops.h"
 
+#include "platform/platform.h"
 #include "userspace/fuse/ctl.h"
 
 #include <fcntl.h>
@@ -218,9 +219,11 @@ void MarkDirect(Context* c, fuse_ino_t ino, fuse_file_info* fi) {
   }
 }
 
-// Whether the writer of a request has CAP_FSETID, for posix's question on
-// an O_DIRECT write or an O_TRUNC open of a file with setid bits
-// (posix::Filesystem::Writer; ctx: the request's pid). The kernel takes the
+// Whether the process of a request has a capability: CAP_FSETID for posix's
+// question on an O_DIRECT write or an O_TRUNC open of a file with setid bits
+// (posix::Filesystem::Writer; ctx: the request's pid), CAP_FOWNER for a
+// change of a file's tierfs.* options by another than its owner
+// (posix::Filesystem::OptionCaller). The kernel takes the
 // privileges itself on neither (its direct_io write path does not call
 // file_remove_privs; an open's truncation sends no mode), and would send its
 // own capable() answer (FUSE_WRITE_KILL_SUIDGID) only with handle_killpriv_v2,
@@ -237,8 +240,7 @@ void MarkDirect(Context* c, fuse_ino_t ino, fuse_file_info* fi) {
 // see) or any failure to read (a non-root daemon may not read another
 // user's namespace link) answers no: the bits go, the safe side. The kernel
 // module will ask capable() itself.
-bool WriterHasFsetid(void* ctx) {
-  const pid_t pid = *static_cast<const pid_t*>(ctx);
+bool HasCapability(pid_t pid, int cap) {
   if (pid <= 0) return false;
   char path[64];
   char theirs[128];
@@ -255,9 +257,13 @@ bool WriterHasFsetid(void* ctx) {
   bool found = false;
   while (!found && fgets(line, sizeof(line), f) != nullptr) found = sscanf(line, "CapEff: %llx", &eff) == 1;
   fclose(f);
-  constexpr int kCapFsetid = 4;  // linux/capability.h
-  return found && ((eff >> kCapFsetid) & 1) != 0;
+  return found && ((eff >> cap) & 1) != 0;
 }
+
+constexpr int kCapFowner = 3;  // linux/capability.h
+constexpr int kCapFsetid = 4;
+
+bool WriterHasFsetid(void* ctx) { return HasCapability(*static_cast<const pid_t*>(ctx), kCapFsetid); }
 
 // A request's writer, for posix's privilege removal (Writer: asks
 // WriterHasFsetid of the request's pid).
@@ -481,9 +487,41 @@ void StatFs(fuse_req_t req, fuse_ino_t) {
   fuse_reply_statfs(req, &v);
 }
 
+// The caller of a set or remove of a tierfs.* option, for posix's owner
+// check (chattr's rule: the kernel asks only for write access to names
+// outside its namespaces); a refusal's reason goes to the log, one line.
+class RequestOptionCaller {
+ public:
+  explicit RequestOptionCaller(fuse_req_t req) : pid_(fuse_req_ctx(req)->pid) {
+    who_.uid = uint32_t(fuse_req_ctx(req)->uid);
+    who_.has_fowner = [](void* ctx) { return HasCapability(*static_cast<const pid_t*>(ctx), kCapFowner); };
+    who_.ctx = &pid_;
+  }
+  RequestOptionCaller(const RequestOptionCaller&) = delete;
+  RequestOptionCaller& operator=(const RequestOptionCaller&) = delete;
+  posix::Filesystem::OptionCaller* get() { return &who_; }
+  void LogRefusal(const char* op, fuse_ino_t ino, const char* name, const char* value, size_t size) const {
+    if (who_.refused == nullptr) return;
+    // The value as given, cut at 64 bytes, control bytes shown as '?' (one line).
+    std::string shown(value != nullptr ? value : "", value != nullptr ? std::min<size_t>(size, 64) : 0);
+    for (char& c : shown)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+    platform::Log(platform::LogLevel::kInfo, "%s %s=\"%s\" on inode %llu refused: %s", op, name, shown.c_str(),
+                  (unsigned long long)ino, who_.refused);
+  }
+
+ private:
+  pid_t pid_;
+  posix::Filesystem::OptionCaller who_;
+};
+
 void SetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size, int flags) {
   if (size > UINT32_MAX) return (void)fuse_reply_err(req, ENOSPC);
-  Reply(req, Ctx(req)->fs->SetXattr(ino, name, uint32_t(strlen(name)), value, uint32_t(size), uint32_t(flags)));
+  RequestOptionCaller who(req);
+  Status st = Ctx(req)->fs->SetXattr(ino, name, uint32_t(strlen(name)), value, uint32_t(size), uint32_t(flags),
+                                     who.get());
+  who.LogRefusal("setxattr", ino, name, value, size);
+  Reply(req, st);
 }
 
 void GetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
@@ -507,7 +545,10 @@ void ListXattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 }
 
 void RemoveXattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
-  Reply(req, Ctx(req)->fs->RemoveXattr(ino, name, uint32_t(strlen(name))));
+  RequestOptionCaller who(req);
+  Status st = Ctx(req)->fs->RemoveXattr(ino, name, uint32_t(strlen(name)), who.get());
+  who.LogRefusal("removexattr", ino, name, nullptr, 0);
+  Reply(req, st);
 }
 
 // tierfs ctl (ctl.h): only on the root directory.

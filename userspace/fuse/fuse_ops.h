@@ -4,6 +4,9 @@
 // are Status::ToErrno(), the caller's uid and gid come from the request.
 //
 // Access checks are the kernel's: mounts always use `default_permissions`.
+// (posix adds chattr's owner-or-CAP_FOWNER rule for tierfs.* options, which
+// the kernel leaves to write access: the request's uid and capability are
+// handed to it, RequestOptionCaller in fuse_ops.cc.)
 #ifndef TFS_USERSPACE_FUSE_FUSE_OPS_H_
 #define TFS_USERSPACE_FUSE_FUSE_OPS_H_
 

@@ -16,7 +16,9 @@ literals removed first):
 Reading the request's credentials is translation too, not a decision: the
 caller's uid, gid (Who) and, for posix's question on an O_DIRECT write of a
 file with setid bits, whether the writer has CAP_FSETID (WriterHasFsetid
-reads it from /proc/<pid>/status, since fuse_ctx carries no capabilities).
+reads it from /proc/<pid>/status, since fuse_ctx carries no capabilities),
+and for a set or remove of a tierfs.* option by another than the file's
+owner whether the caller has CAP_FOWNER (the same way; posix decides).
 posix decides what a write takes away; the glue only answers and, when posix
 says it took something, drops the kernel's cached attributes.
 """

@@ -46,6 +46,8 @@ int CmdFormat(int argc, char** argv);
 int CmdMount(int argc, char** argv);
 int CmdMountHelper(int argc, char** argv);  // mount.fuse.tierfs
 int CmdCtl(int argc, char** argv);
+int CmdSetopt(int argc, char** argv);
+int CmdGetopt(int argc, char** argv);
 int CmdShow(int argc, char** argv);
 int CmdFsck(int argc, char** argv);
 int CmdBench(int argc, char** argv);

@@ -17,6 +17,8 @@ const char kUsage[] =
     "  format   create a filesystem on one or more devices (also: mkfs.tierfs)\n"
     "  mount    mount a filesystem through FUSE (also: mount.fuse.tierfs, for mount -t)\n"
     "  ctl      live counters of a mounted filesystem (JSON)\n"
+    "  setopt   set per-file or per-directory options (targets, replicas, compression)\n"
+    "  getopt   print a file's or directory's options\n"
     "  show     print the superblock, members and per-device usage\n"
     "  fsck     check (-n) or repair (-y) a filesystem (also: fsck.tierfs)\n"
     "  bench    micro-benchmarks (bench journal, bench btree)\n"
@@ -43,6 +45,8 @@ int main(int argc, char** argv) {
   if (cmd == "format" || cmd == "mkfs") return tfs::tools::CmdFormat(argc - 1, argv + 1);
   if (cmd == "mount") return tfs::tools::CmdMount(argc - 1, argv + 1);
   if (cmd == "ctl") return tfs::tools::CmdCtl(argc - 1, argv + 1);
+  if (cmd == "setopt") return tfs::tools::CmdSetopt(argc - 1, argv + 1);
+  if (cmd == "getopt") return tfs::tools::CmdGetopt(argc - 1, argv + 1);
   if (cmd == "show") return tfs::tools::CmdShow(argc - 1, argv + 1);
   if (cmd == "fsck") return tfs::tools::CmdFsck(argc - 1, argv + 1);
   if (cmd == "bench") return tfs::tools::CmdBench(argc - 1, argv + 1);

@@ -113,6 +113,10 @@ def test_show_and_fsck_refuse_foreign_devices(tmp_path: Path, fs: list[Path]) ->
     (["show"], 2, "devices is required"),
     (["mount", "X"], 2, "args"),
     (["ctl"], 2, "mountpoint is required"),
+    (["setopt"], 2, "paths is required"),
+    (["setopt", "X", "--bogus", "1"], 2, "--bogus"),
+    (["setopt", "X"], 2, "nothing to set"),
+    (["getopt"], 2, "paths is required"),
     (["bench", "journal", "--commits", "x"], 2, "--commits"),
     (["bench", "btree", "--nope"], 2, "--nope"),
 ])
@@ -125,7 +129,7 @@ def test_command_line_mistakes_are_one_line(args: list[str], code: int, needle: 
 
 
 def test_help_is_still_exit_0() -> None:
-    for cmd in ("format", "fsck", "mount", "show", "ctl"):
+    for cmd in ("format", "fsck", "mount", "show", "ctl", "setopt", "getopt"):
         proc = run([tool("tierfs"), cmd, "--help"])
         assert proc.returncode == 0 and "Usage" in proc.stdout and not proc.stderr, (cmd, proc.stderr)
 

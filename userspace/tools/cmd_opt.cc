@@ -1,0 +1,185 @@
+// tierfs setopt PATH... --KEY VALUE... and tierfs getopt PATH...: a file's or
+// directory's options (docs/usage.md "Per-file options"; fs/posix/opts.h)
+// through the "tierfs.<option>" xattrs of a mounted path -- so they work on
+// any tierfs mount without a control protocol of their own, and do exactly
+// what setfattr/getfattr do. The filesystem validates (a target must name a
+// member or group of it); the syntax of replicas and compression is checked
+// here first, so that a typo is a usage error before anything is changed.
+// Each option is one setxattr (one transaction of its own); the first that
+// fails stops the command, with one line naming the path, the option and why.
+#include <CLI/CLI.hpp>
+
+#include <sys/xattr.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "userspace/tools/common.h"
+
+namespace tfs::tools {
+
+namespace {
+
+// The options, as posix names them (fs/posix/opts.h) and as flags.
+struct OptKey {
+  const char* name;  // foreground_target
+  const char* flag;  // --foreground-target
+};
+constexpr OptKey kKeys[] = {
+    {"foreground_target", "--foreground-target"},
+    {"background_target", "--background-target"},
+    {"promote_target", "--promote-target"},
+    {"replicas", "--replicas"},
+    {"compression", "--compression"},
+};
+constexpr size_t kNumKeys = sizeof(kKeys) / sizeof(kKeys[0]);
+
+std::string XattrName(const OptKey& k) { return std::string("tierfs.") + k.name; }
+
+// "foreground_target", "foreground-target" or "--foreground-target" -> its index.
+std::optional<size_t> FindKey(std::string text) {
+  if (text.rfind("--", 0) == 0) text = text.substr(2);
+  for (char& c : text)
+    if (c == '-') c = '_';
+  for (size_t i = 0; i < kNumKeys; i++)
+    if (text == kKeys[i].name) return i;
+  return std::nullopt;
+}
+
+// An errno of a call on `path` as one line's tail.
+std::string Why(int err) {
+  if (err == EOPNOTSUPP) return "not on a tierfs filesystem (options are tierfs.* xattrs of a tierfs mount)";
+  if (err == EPERM) return "only the owner (or CAP_FOWNER) may set a file's options";
+  if (err == EUCLEAN) return "the stored option is damaged (run tierfs fsck)";
+  return strerror(err);
+}
+
+}  // namespace
+
+int CmdSetopt(int argc, char** argv) {
+  CLI::App app("Set per-file or per-directory options of paths on a mounted tierfs filesystem. A directory's "
+               "options are copied to what is created in it later (existing children keep theirs).",
+               "tierfs setopt");
+  std::vector<std::string> paths;
+  std::optional<std::string> values[kNumKeys];
+  std::vector<std::string> unset;
+  app.add_option("paths", paths, "files or directories on a tierfs mount")->required();
+  app.add_option("--foreground-target", values[0],
+                 "where new data of the file is written: a member label or group name (none: the filesystem's)");
+  app.add_option("--background-target", values[1],
+                 "where background work moves its data (stored now; used by reconcile, a later step)");
+  app.add_option("--promote-target", values[2],
+                 "where read-hot data is copied (stored now; used by promote, a later step)");
+  app.add_option("--replicas", values[3], "copies of its data, 1..4 (stored now; used by a later step)");
+  app.add_option("--compression", values[4], "none or zstd: how its new data is stored");
+  app.add_option("--unset", unset, "KEY: unset an option (the filesystem's applies); repeatable")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.footer("Options are the xattrs tierfs.foreground_target, tierfs.background_target, tierfs.promote_target,\n"
+             "tierfs.replicas and tierfs.compression: setfattr/getfattr work the same.\n"
+             "e.g. tierfs setopt /mnt/t/db --foreground-target ssd --compression none");
+  app.allow_extras(false);
+  if (int rc = ParseCommandLine(app, "setopt", argc, argv); rc >= 0) return rc;
+
+  std::vector<size_t> unset_keys;
+  for (const std::string& u : unset) {
+    auto k = FindKey(u);
+    if (!k) {
+      PrintError("setopt", "--unset: '" + u +
+                               "' is not an option (foreground_target, background_target, promote_target, replicas, "
+                               "compression)");
+      return 2;
+    }
+    if (values[*k]) {
+      PrintError("setopt", std::string(kKeys[*k].name) + " is both set and unset");
+      return 2;
+    }
+    unset_keys.push_back(*k);
+  }
+  bool any = !unset_keys.empty();
+  for (size_t k = 0; k < kNumKeys; k++) any |= values[k].has_value();
+  if (!any) {
+    PrintError("setopt", "nothing to set: give an option (see 'tierfs setopt --help')");
+    return 2;
+  }
+  // The syntax the filesystem would refuse anyway, before anything changes.
+  if (values[3] && (values[3]->size() != 1 || (*values[3])[0] < '1' || (*values[3])[0] > '4')) {
+    PrintError("setopt", "--replicas '" + *values[3] + "': must be 1, 2, 3 or 4");
+    return 2;
+  }
+  if (values[4] && *values[4] != "none" && *values[4] != "zstd") {
+    PrintError("setopt", "--compression '" + *values[4] + "': must be none or zstd");
+    return 2;
+  }
+  for (const std::string& path : paths) {
+    for (size_t k = 0; k < kNumKeys; k++) {
+      if (!values[k]) continue;
+      const std::string& v = *values[k];
+      if (setxattr(path.c_str(), XattrName(kKeys[k]).c_str(), v.data(), v.size(), 0) == 0) continue;
+      const int err = errno;
+      if (err == EINVAL) {
+        PrintError("setopt", path + ": " + kKeys[k].flag + " '" + v + "': " +
+                                 (k < 3 ? "names no member or group of this filesystem" : "refused as invalid"));
+      } else {
+        PrintError("setopt", path + ": " + Why(err));
+      }
+      return 1;
+    }
+    for (size_t k : unset_keys) {
+      if (removexattr(path.c_str(), XattrName(kKeys[k]).c_str()) == 0 || errno == ENODATA) continue;
+      PrintError("setopt", path + ": " + Why(errno));
+      return 1;
+    }
+  }
+  return 0;
+}
+
+int CmdGetopt(int argc, char** argv) {
+  CLI::App app("Print the per-file or per-directory options of paths on a mounted tierfs filesystem: each "
+               "option's value or 'unset' (the filesystem's applies), '(inherited)' when it was copied from the "
+               "parent directory at creation.",
+               "tierfs getopt");
+  std::vector<std::string> paths;
+  app.add_option("paths", paths, "files or directories on a tierfs mount")->required();
+  app.allow_extras(false);
+  if (int rc = ParseCommandLine(app, "getopt", argc, argv); rc >= 0) return rc;
+
+  int rc = 0;
+  for (const std::string& path : paths) {
+    // The inherited ones' names: also the test that this is tierfs (it always
+    // answers there, "" when none).
+    char buf[256];
+    ssize_t n = getxattr(path.c_str(), "tierfs.inherited", buf, sizeof(buf) - 1);
+    if (n < 0) {
+      PrintError("getopt", path + ": " + Why(errno));
+      rc = 1;
+      continue;
+    }
+    const std::string inherited = "," + std::string(buf, size_t(n)) + ",";
+    if (paths.size() > 1) printf("%s:\n", path.c_str());
+    for (const OptKey& k : kKeys) {
+      std::string value;
+      n = getxattr(path.c_str(), XattrName(k).c_str(), buf, sizeof(buf) - 1);
+      if (n >= 0) {
+        value = std::string(buf, size_t(n));
+        if (inherited.find("," + std::string(k.name) + ",") != std::string::npos) value += " (inherited)";
+      } else if (errno == ENODATA) {
+        value = "unset";
+      } else {
+        const int err = errno;
+        fflush(stdout);
+        PrintError("getopt", path + ": " + k.name + ": " + Why(err));
+        rc = 1;
+        continue;
+      }
+      printf("%s%s: %s\n", paths.size() > 1 ? "  " : "", k.name, value.c_str());
+    }
+  }
+  return rc;
+}
+
+}  // namespace tfs::tools
