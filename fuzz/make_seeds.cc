@@ -13,6 +13,7 @@
 
 #include "btree/node.h"
 #include "btree/tree.h"
+#include "data/extent.h"
 #include "dev/device_set.h"
 #include "fuzz/fuzz.h"
 #include "journal/journal.h"
@@ -159,6 +160,55 @@ void Values() {
       in.insert(in.end(), it.value(), it.value() + it.val_bytes());
       Put("values", std::string(k.name) + "-" + std::to_string(n), in.data(), in.size());
     }
+  }
+  // Extents with several copies (nothing writes them yet): built with the
+  // extent API from the first extent above.
+  {
+    btree::Iterator it(&e.btrees(), btree::kBtreeExtents);
+    Need(it.SeekToFirst().ok() && it.Valid(), "seek");
+    const btree::Pos pos = it.pos();
+    data::Extent x;
+    Need(data::ParseExtent(pos, it.value(), it.val_bytes(), &x).ok(), "parse extent");
+    std::vector<u8> crcs(x.crcs, x.crcs + 4 * x.blocks());
+    x.crcs = crcs.data();
+    auto put = [&](const char* name, const data::Extent& v) {
+      u8 buf[data::kExtentValueMax];
+      auto len = data::BuildExtent(v, buf);
+      Need(len.ok(), name);
+      std::vector<u8> in = {0};
+      in.insert(in.end(), reinterpret_cast<const u8*>(&pos.inode), reinterpret_cast<const u8*>(&pos.inode) + 8);
+      in.insert(in.end(), reinterpret_cast<const u8*>(&pos.offset), reinterpret_cast<const u8*>(&pos.offset) + 8);
+      in.insert(in.end(), buf, buf + len.value());
+      Put("values", name, in.data(), in.size());
+    };
+    data::Extent::Ptr zp{};  // a compressed copy of the same blocks
+    zp.dev = 1;
+    zp.offset = x.ptrs[0].offset + (4ull << 20);
+    zp.compressed = true;
+    zp.stored_blocks = u8(x.blocks());
+    zp.disk_bytes = 1000;
+    zp.crc = 0x12345678;
+    data::Extent two = x;
+    two.ptrs[1] = x.ptrs[0];
+    two.ptrs[1].dev = 1;
+    two.ptrs[1].cached = true;
+    two.nr_ptrs = 2;
+    put("extent-2-copies", two);
+    data::Extent four = two;
+    four.ptrs[2] = zp;
+    four.ptrs[2].dev = 2;
+    four.ptrs[3] = zp;
+    four.ptrs[3].dev = 3;
+    four.ptrs[3].cached = true;
+    four.nr_ptrs = 4;
+    put("extent-4-copies-mixed", four);
+    data::Extent zz = x;
+    zz.ptrs[0] = zp;
+    zz.ptrs[0].dev = 0;
+    zz.ptrs[1] = zp;
+    zz.nr_ptrs = 2;
+    zz.crcs = nullptr;
+    put("extent-2-compressed-copies", zz);
   }
   // A chunked xattr's entry (its descriptor after the name), of a file made
   // last so that the seeds above stay what they were.

@@ -1,8 +1,11 @@
-// The value parsers of the namespace and file data: extents (data::ParseExtent),
-// inodes (posix::ParseInode, and their options' check and repair), directory entries and xattrs
-// (posix::ParseNamedEntry, and a chunked value's descriptor). The first byte picks the parser; for extents the
-// next 16 are the key's inode and offset. Whatever a parser accepts is read
-// whole (the sanitizers catch a parser that vouches for bytes it does not have).
+// The value parsers of the namespace and file data: extents (data::ParseExtent
+// and the extent API's builders), inodes (posix::ParseInode, and their
+// options' check and repair), directory entries and xattrs
+// (posix::ParseNamedEntry, and a chunked value's descriptor). The first byte
+// picks the parser; for extents the next 16 are the key's inode and offset.
+// Whatever a parser accepts is read whole (the sanitizers catch a parser that
+// vouches for bytes it does not have); an accepted extent rebuilds to the same
+// bytes, and its pieces and pointer edits build values that parse.
 #include <cstring>
 
 #include "data/data.h"
@@ -41,10 +44,32 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     data::Extent x;
     if (!data::ParseExtent(pos, val.data(), u32(val.size()), &x).ok()) return 0;
     if (x.end != pos.offset || x.start >= x.end) fuzz::Fail("an extent that does not end at its key");
+    if (x.unwritten != (x.nr_ptrs == 0) || x.nr_ptrs > data::kMaxPtrs) fuzz::Fail("a bad pointer count");
+    if (x.HasPlain() != (x.crcs != nullptr)) fuzz::Fail("crcs without a plain copy, or the reverse");
+    if (x.crcs != nullptr) Touch(x.crcs, 4 * u64(x.blocks()));
+    // The value is canonical: it rebuilds to the same bytes.
+    u8 buf[data::kExtentValueMax];
+    auto len = data::BuildExtent(x, buf);
+    if (!len.ok() || len.value() != val.size() || memcmp(buf, val.data(), val.size()) != 0)
+      fuzz::Fail("a parsed extent that does not rebuild to its value");
+    // What the edits build parses again (or they refuse).
+    auto reparse = [&](const Result<u32>& r, u64 end) {
+      data::Extent y;
+      if (r.ok() && !data::ParseExtent(btree::Pos{btree::kBtreeExtents, pos.inode, end}, buf, r.value(), &y).ok())
+        fuzz::Fail("an extent edit built a value that does not parse");
+    };
+    const u32 blocks = x.blocks();
+    const u64 skip = blocks > 1 ? pos.offset % blocks : 0;
+    reparse(data::BuildPiece(x, skip, blocks - u32(skip), buf), pos.offset);
+    reparse(data::BuildPiece(x, 0, Max<u32>(1, blocks / 2), buf), x.start + Max<u32>(1, blocks / 2));
+    for (u32 i = 0; i < x.nr_ptrs; i++) {
+      reparse(data::DropPtr(x, i, buf), pos.offset);
+      reparse(data::SetCached(x, i, !x.ptrs[i].cached, buf), pos.offset);
+    }
     if (!x.unwritten) {
-      const u64 ncrcs = x.compressed ? 1 : x.end - x.start;
-      if (x.crcs == nullptr) fuzz::Fail("a written extent without crcs");
-      Touch(x.crcs, 4 * ncrcs);
+      data::Extent::Ptr p = x.ptrs[0];
+      p.dev = u8(p.dev + 1);
+      reparse(data::AddPtr(x, p, x.crcs, buf), pos.offset);
     }
     return 0;
   }

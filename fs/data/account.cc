@@ -1,11 +1,15 @@
 // Space accounting (data.h): per bucket, the live blocks of committed
-// extents, the blocks reserved by writes not yet applied or aborted
-// (pending), the reads in flight (Pin/Unpin) and whether a write point holds
-// it; and the sum of unwritten reservations. It lives in memory and is
-// rebuilt from the extents at Open -- the one record of what is live, so a
-// crash cannot leave the two disagreeing -- and a user bucket no extent
-// points into is freed there. Afterwards a bucket none of them holds is freed
-// at once, or by the last read that has it pinned (kDoomed).
+// extents (their pointers that are not cached), the blocks of their cached
+// pointers (counted apart: a cached copy is not what keeps the data, and the
+// cache will be dropped by bucket, issue 22), the blocks reserved by writes
+// not yet applied or aborted (pending), the reads in flight (Pin/Unpin) and
+// whether a write point holds it; and the sum of unwritten reservations. It
+// lives in memory and is rebuilt from the extents at Open -- the one record
+// of what is live, so a crash cannot leave the two disagreeing -- and a user
+// bucket no extent points into is freed there. Afterwards a bucket none of
+// them holds is freed at once, or by the last read that has it pinned
+// (kDoomed). Which pointers count is one rule (PtrBucket), so that Open and
+// QueuePunch count and uncount the same ones.
 //
 // All of it is under acct_mu_, the innermost lock (taken after the write
 // point table's mutex or one write point's). acct_mu_ is never held across
@@ -50,32 +54,39 @@ Status DataPath::Open(store::Store* store) {
   alloc::Allocator& a = store->alloc();
   for (u32 d = 0; d < a.members(); d++) {
     TFS_TRY(live_[d].Resize(a.nbuckets(d)));
+    TFS_TRY(cached_[d].Resize(a.nbuckets(d)));
     TFS_TRY(pending_[d].Resize(a.nbuckets(d)));
     TFS_TRY(reads_[d].Resize(a.nbuckets(d)));
     TFS_TRY(held_[d].Resize(a.nbuckets(d)));
   }
-  // Live blocks per bucket, from the extents: the one record of what is live.
+  // Live and cached blocks per bucket, from the extents: the one record of
+  // what is live. A bad pointer (fsck's business) counts nowhere; the
+  // extent's other pointers still count.
   Iterator it(trees_, btree::kBtreeExtents);
   Status st = it.SeekToFirst();
   u64 bad = 0;
   reserved_ = 0;
   for (; st.ok() && it.Valid(); st = it.Next()) {
     Extent e;
-    const bool parsed = ParseExtent(it.pos(), it.value(), it.val_bytes(), &e).ok();
-    if (parsed && e.unwritten) {
-      reserved_ += e.end - e.start;
-      continue;
-    }
-    if (!parsed || e.ptr.dev >= a.members() || e.ptr.offset.get() < sb::kBucketsOffset) {
+    if (!ParseExtent(it.pos(), it.value(), it.val_bytes(), &e).ok()) {
       bad++;
       continue;
     }
-    const u64 b = sb.BucketOf(e.ptr.offset.get());
-    if (b >= live_[e.ptr.dev].size()) {
-      bad++;
+    if (e.unwritten) {
+      reserved_ += e.blocks();
       continue;
     }
-    live_[e.ptr.dev][b] += u32(e.end - e.start);
+    bool bad_ptr = false;
+    for (u32 i = 0; i < e.nr_ptrs; i++) {
+      const Extent::Ptr& p = e.ptrs[i];
+      u64 b;
+      if (!PtrBucket(p, &b)) {
+        bad_ptr = true;
+        continue;
+      }
+      (p.cached ? cached_ : live_)[p.dev][b] += e.blocks();
+    }
+    bad += bad_ptr;
   }
   if (!st.ok()) return st;
   if (bad > 0) platform::Log(platform::LogLevel::kError, "data: %llu extents with bad pointers (fsck)", (unsigned long long)bad);
@@ -84,7 +95,7 @@ Status DataPath::Open(store::Store* store) {
   for (u32 d = 0; d < a.members(); d++)
     for (u64 b = 0; b < live_[d].size(); b++) {
       const alloc::Bucket k = a.Get(d, b);
-      if (k.state != alloc::BucketState::kUser || live_[d][b] != 0) continue;
+      if (k.state != alloc::BucketState::kUser || live_[d][b] != 0 || cached_[d][b] != 0) continue;
       TFS_TRY(a.Free(alloc::BucketRef{d, b, k.gen}));
       ctr_.buckets_freed.FetchAdd(1, MemOrder::kRelaxed);
     }
@@ -119,6 +130,7 @@ void DataPath::Close() {
     nr_wps_.Store(0, MemOrder::kRelease);
   }
   for (auto& v : live_) v.Resize(0).IgnoreError();
+  for (auto& v : cached_) v.Resize(0).IgnoreError();
   for (auto& v : pending_) v.Resize(0).IgnoreError();
   for (auto& v : reads_) v.Resize(0).IgnoreError();
   for (auto& v : held_) v.Resize(0).IgnoreError();
@@ -144,8 +156,16 @@ u64 DataPath::FreeBlocksLocked() const {
   return blocks;
 }
 
+bool DataPath::PtrBucket(const Extent::Ptr& p, u64* bucket) const {
+  const sb::Superblock& sb = store_->sb();
+  if (p.dev >= store_->alloc().members() || p.offset < sb::kBucketsOffset) return false;
+  *bucket = sb.BucketOf(p.offset);
+  return *bucket < live_[p.dev].size();
+}
+
 bool DataPath::ReleaseLocked(u32 dev, u64 bucket, alloc::BucketRef* ref) {
-  if (live_[dev][bucket] != 0 || pending_[dev][bucket] != 0 || held_[dev][bucket] != 0) return false;
+  if (live_[dev][bucket] != 0 || cached_[dev][bucket] != 0 || pending_[dev][bucket] != 0 || held_[dev][bucket] != 0)
+    return false;
   if (reads_[dev][bucket] != 0) {
     reads_[dev][bucket] |= kDoomed;  // the last read frees it (Unpin)
     return false;
@@ -154,16 +174,19 @@ bool DataPath::ReleaseLocked(u32 dev, u64 bucket, alloc::BucketRef* ref) {
   return true;
 }
 
-void DataPath::Account(u32 dev, u64 bucket, i64 blocks, i64 pending) {
+void DataPath::Account(u32 dev, u64 bucket, i64 blocks, i64 cached, i64 pending) {
   bool free_it = false;
   alloc::BucketRef ref{};
   {
     MutexLock l(acct_mu_);
     if (dev >= dev::kMaxDevices || bucket >= live_[dev].size()) return;
     u32& live = live_[dev][bucket];
+    u32& cach = cached_[dev][bucket];
     u32& pend = pending_[dev][bucket];
-    TFS_BUG_ON((blocks < 0 && u64(-blocks) > live) || (pending < 0 && u64(-pending) > pend));
+    TFS_BUG_ON((blocks < 0 && u64(-blocks) > live) || (cached < 0 && u64(-cached) > cach) ||
+               (pending < 0 && u64(-pending) > pend));
     live = u32(i64(live) + blocks);
+    cach = u32(i64(cach) + cached);
     pend = u32(i64(pend) + pending);
     if (blocks < 0) ctr_.blocks_released.FetchAdd(u64(-blocks), MemOrder::kRelaxed);
     free_it = ReleaseLocked(dev, bucket, &ref);
@@ -172,12 +195,12 @@ void DataPath::Account(u32 dev, u64 bucket, i64 blocks, i64 pending) {
 }
 
 void DataPath::Apply(const Delta& delta) {
-  // Gains first (reserved space becomes live): a bucket losing and gaining in
-  // one delta never looks empty.
+  // Gains first (reserved space becomes live or cached): a bucket losing and
+  // gaining in one delta never looks empty.
   for (const Delta::Change& c : delta.changes)
-    if (c.pending > 0) Account(c.dev, c.bucket, c.blocks, -c.pending);
+    if (c.pending > 0) Account(c.dev, c.bucket, c.blocks, c.cached, -c.pending);
   for (const Delta::Change& c : delta.changes)
-    if (c.blocks < 0) Account(c.dev, c.bucket, c.blocks, 0);
+    if (c.pending <= 0 && (c.blocks < 0 || c.cached < 0)) Account(c.dev, c.bucket, c.blocks, c.cached, 0);
   if (delta.unreserved > 0) {
     MutexLock a(acct_mu_);
     TFS_BUG_ON(delta.unreserved > reserved_);
@@ -188,7 +211,7 @@ void DataPath::Apply(const Delta& delta) {
 void DataPath::Abort(const Delta& delta) {
   // The space reserved for it is unreferenced: its bucket may go once empty.
   for (const Delta::Change& c : delta.changes)
-    if (c.pending > 0) Account(c.dev, c.bucket, 0, -c.pending);
+    if (c.pending > 0) Account(c.dev, c.bucket, 0, 0, -c.pending);
   if (delta.reserved > 0) {
     MutexLock a(acct_mu_);
     TFS_BUG_ON(delta.reserved > reserved_);

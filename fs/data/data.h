@@ -1,10 +1,13 @@
 // The data path, first step: file data as copy-on-write extents with a crc32c per
 // 4 KiB block (docs/design/data.md; format: docs/format/inodes-extents.md).
 //
-// An extent is the key kBtreeExtents (ino, end block) whose value
-// (ExtentFormat) says how many blocks it holds, where its blob is (one pointer:
-// member, generation, byte offset of the blob), how far into the blob it starts
-// (a piece of a split extent keeps its blob), and each block's crc32c.
+// An extent is the key kBtreeExtents (ino, end block) whose value (extent.h,
+// the one API that knows its bytes) says how many blocks it holds and where
+// its copies are: up to kMaxPtrs pointers (member, generation, byte offset of
+// the blob, how far into the blob the extent starts -- a piece of a split
+// extent keeps its blob -- cached or not, compressed or not), and each
+// block's crc32c, shared by the plain copies. Today's write path writes one
+// copy; everything else handles several.
 //
 // Writing: whole 4 KiB blocks. Space comes from a write point (one open bucket,
 // filled in order) -- one per (target, I/O class) of the callers' IoContexts
@@ -19,14 +22,21 @@
 //
 // Space accounting lives in memory and is rebuilt from the extents at Open: the
 // extents are the only record of which blocks are live, so a crash cannot leave
-// the two disagreeing. Buckets marked user that no extent points into are freed
-// at Open (a crash between allocating and committing).
+// the two disagreeing. Every pointer that is not cached counts its extent's
+// blocks as live in its bucket; a cached pointer counts them as cached, apart
+// (a cached copy is not what keeps the data: docs/design/copies.md). A bucket
+// is freed when neither count, nor a write in flight, holds it. Buckets marked
+// user that no extent points into are freed at Open (a crash between
+// allocating and committing).
 //
 // Reading verifies every block it returns; a mismatch is kDataCorrupt (EIO at
-// the FUSE edge) and counted, never the bytes. Holes read as zeros. A read
-// pins the bucket it reads from (Pin/Unpin), so an overwrite committing
-// meanwhile cannot free and reuse it under the read; a read whose lookup went
-// stale before it pinned looks again.
+// the FUSE edge) and counted, never the bytes. Holes read as zeros. The
+// copies of an extent are tried in order and the first that reads and
+// verifies is used (copy_retries counts the fallbacks); only when every copy
+// fails is the read an error, the first failing copy's. A read pins the bucket it
+// reads from (Pin/Unpin), so an overwrite committing meanwhile cannot free and
+// reuse it under the read; a read whose lookup went stale before it pinned
+// any copy looks again.
 //
 // Compressed extents (QueueWrite with compress): each chunk of up to
 // kMaxCompressedBlocks blocks is zstd-compressed and, if that saves at least a
@@ -58,6 +68,7 @@
 
 #include "alloc/allocator.h"
 #include "btree/tree.h"
+#include "data/extent.h"
 #include "data/io_context.h"
 #include "platform/atomic.h"
 #include "platform/sync.h"
@@ -67,62 +78,6 @@
 #include "util/vector.h"
 
 namespace tfs::data {
-
-inline constexpr u32 kBlockSize = 4096;
-inline constexpr u32 kMaxExtentBlocks = 128;  // 512 KiB of data, 512 bytes of crcs
-inline constexpr u32 kMaxUnwrittenBlocks = 1u << 18;  // 1 GiB of reservation a key
-inline constexpr u8 kExtentVersion = 1;
-inline constexpr u8 kExtentUnwritten = 1;  // ExtentFormat::flags: no pointer, reads as zeros
-inline constexpr u8 kExtentCompressed = 2;  // ExtentFormat::flags: a zstd blob, one crc
-inline constexpr u32 kMaxCompressedBlocks = 16;  // 64 KiB of input a blob
-
-struct ExtentPtr {  // 16 bytes
-  u8 dev;
-  u8 gen;          // the bucket's generation when written
-  u8 flags;        // none yet (cached copies later)
-  u8 reserved;
-  Le32 reserved2;
-  Le64 offset;     // byte offset of the blob's first block on the member
-};
-static_assert(sizeof(ExtentPtr) == 16, "extent pointer size");
-
-struct ExtentFormat {  // 16 bytes, then nr_ptrs ExtentPtr, then blocks Le32 crcs
-  u8 version;      // kExtentVersion
-  u8 flags;        // 0, kExtentUnwritten or kExtentCompressed
-  u8 nr_ptrs;      // 1; 0 if unwritten (replicas later)
-  u8 stored_blocks;  // compressed: the blob's blocks before compression; else 0
-  Le32 blocks;     // 1..kMaxExtentBlocks (unwritten: ..kMaxUnwrittenBlocks)
-  Le32 offset;     // blocks from the blob's start to this extent's first block
-  Le32 disk_bytes;   // compressed: the blob's bytes on disk; else 0
-};
-static_assert(sizeof(ExtentFormat) == 16, "extent header size");
-
-// A parsed extent value (ptrs[0] only; the crcs stay in the value).
-struct Extent {
-  u64 ino = 0;
-  u64 start = 0;  // first file block
-  u64 end = 0;    // one past the last
-  u32 offset = 0;
-  bool unwritten = false;    // then ptr is zeros and crcs null
-  bool compressed = false;   // then crcs is the one crc of the blob's disk_bytes
-  u32 stored_blocks = 0;     // compressed: blocks of the blob before compression
-  u32 disk_bytes = 0;        // compressed: bytes of the blob on disk
-  ExtentPtr ptr{};
-  const u8* crcs = nullptr;  // blocks Le32 values
-  // Blocks of the member the blob takes from ptr.offset.
-  u64 DiskBlocks() const {
-    return compressed ? (disk_bytes + kBlockSize - 1) / kBlockSize : u64(offset) + (end - start);
-  }
-};
-// kCorrupt unless the value is a valid extent ending at `end` (pos.offset).
-Status ParseExtent(const btree::Pos& pos, const u8* value, u32 len, Extent* out);
-
-inline constexpr u32 kExtentValueMax = u32(sizeof(ExtentFormat) + sizeof(ExtentPtr)) + 4 * kMaxExtentBlocks;
-
-// The value of piece [start + skip, start + skip + blocks) of extent e -- what
-// an overwrite or punch leaves of it (fsck trims overlaps with it) -- into buf
-// (kExtentValueMax bytes); returns its length.
-u32 BuildPiece(u8* buf, const Extent& e, u64 skip, u32 blocks);
 
 // New extents whose blobs are written (their space pending in a Delta) but
 // that are not yet in any transaction. Prepare does a write's device I/O with
@@ -148,6 +103,7 @@ struct Delta {
     u64 bucket;
     i64 blocks;    // live (file) blocks gained or lost
     i64 pending;   // disk blocks reserved for the write (released by Apply or Abort)
+    i64 cached;    // cached (file) blocks gained or lost (a cached pointer's: never live)
   };
   Vector<Change> changes;
   // Whether it changes nothing (a punch that found no extent).
@@ -178,6 +134,7 @@ struct Delta {
   X(compressed_reads, counter, "blobs read and decompressed")                                            \
   X(stale_lookups, counter, "reads that found a bucket freed since their lookup, and looked again")      \
   X(read_retries, counter, "extent lookups of reads repeated: a commit of the inode overlapped")         \
+  X(copy_retries, counter, "reads that fell back to another copy (checksum, I/O error, bad or stale pointer)") \
   X(slow_member_flushes, counter, "commits that flushed a member without a journal (an HDD) before entering it")
 
 struct Stats {
@@ -289,8 +246,19 @@ class DataPath {
                          Delta* delta);
   // Unwritten blocks in [first, end) (the reservation a write there replaces).
   Result<u64> UnwrittenBlocks(u64 ino, u64 first, u64 end);
-  // Reads and decompresses a compressed extent's blob into out (stored_blocks blocks).
-  Status ReadCompressed(const IoContext& ctx, const Extent& e, u8* out);
+  // Reads and decompresses the blob of e's compressed pointer p into out (p.stored_blocks blocks).
+  Status ReadCompressed(const IoContext& ctx, const Extent& e, const Extent::Ptr& p, u8* out);
+  // Reads blocks [lo, hi) of piece e from its copy p into buf (the read's
+  // buffer for block lo) through bounce buffer *tmp (allocated on first
+  // use) and verifies them. *stale (and kAgain) if p's bucket is not (any
+  // more) the one it names: freed since the lookup, or a stale copy.
+  Status ReadCopy(const IoContext& ctx, const Extent& e, const Extent::Ptr& p, u64 lo, u64 hi, u8* buf, u8** tmp,
+                  bool* stale);
+  // The bucket pointer p points into (false: a member or offset outside the
+  // buckets -- a bad pointer, fsck's business). The accounting's one rule, so
+  // Open and QueuePunch count and uncount the same pointers; it holds for
+  // every piece of an extent alike (the read checks that the blob fits).
+  bool PtrBucket(const Extent::Ptr& p, u64* bucket) const;
   // A read holds the bucket it reads from: Pin fails if the bucket is no
   // longer the user bucket of generation `gen` (freed since the lookup);
   // while pinned, a bucket that empties is only marked, and the last Unpin
@@ -322,9 +290,9 @@ class DataPath {
   u64 FreeBlocksLocked() const TFS_REQUIRES(acct_mu_);
   Status WriteBlob(const IoContext& ctx, u32 dev, u64 offset, const u8* data, u32 nblocks);
   Status FlushMembers(const IoContext& ctx, dev::DevMask mask);
-  // Moves a bucket's counts (live by `blocks`, pending by `pending`) and frees it
-  // once both are zero and no write point holds it.
-  void Account(u32 dev, u64 bucket, i64 blocks, i64 pending);
+  // Moves a bucket's counts (live by `blocks`, cached by `cached`, pending by
+  // `pending`) and frees it once all are zero and no write point holds it.
+  void Account(u32 dev, u64 bucket, i64 blocks, i64 cached, i64 pending);
   // A bucket no extent, write or write point holds any more: freed now, or by
   // the last read that has it pinned (kDoomed). Sets *ref and returns true
   // when the caller is to free it (after dropping acct_mu_).
@@ -343,7 +311,8 @@ class DataPath {
   WritePoint* wps_[kMaxWritePoints] = {};
   Atomic<u32> nr_wps_{0};
   mutable Mutex acct_mu_;
-  Vector<u32> live_[dev::kMaxDevices];     // live blocks per bucket (committed extents)
+  Vector<u32> live_[dev::kMaxDevices];     // live blocks per bucket (committed extents' pointers not cached)
+  Vector<u32> cached_[dev::kMaxDevices];   // blocks of committed extents' cached pointers per bucket
   Vector<u32> pending_[dev::kMaxDevices];  // blocks reserved by writes not yet applied or aborted
   Vector<u32> reads_[dev::kMaxDevices];    // reads in flight per bucket (| kDoomed)
   Vector<u8> held_[dev::kMaxDevices];      // 1: a write point's open bucket

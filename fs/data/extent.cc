@@ -1,104 +1,184 @@
-// The extent value format (data.h, docs/format/inodes-extents.md): the value
-// of a kBtreeExtents key (ino, end block) -- a header (ExtentFormat), then one
-// pointer and a crc32c per block for written data; the header alone for an
-// unwritten extent (a reservation that reads as zeros); one pointer and one
-// crc over the blob's disk_bytes for a compressed extent. BuildPiece is what
-// an overwrite or punch leaves of an extent (a piece keeps its blob), and
-// fsck trims overlaps with it; ParseExtent is kCorrupt for any value that is
-// not a valid extent ending at its key.
+// Extent values, format v2 (extent.h, docs/format/inodes-extents.md): the
+// parser of hostile bytes, the builder, the piece an overwrite leaves and the
+// pointer edits. The rules live once, in Valid(), on the decoded form: the
+// parser decodes (checking only what the decoded form cannot show: the
+// version, unknown flags, reserved bytes, the exact length) and then applies
+// them, and every builder applies them before it writes a byte -- so nothing
+// builds a value ParseExtent would refuse.
 //
-// Pure functions of their arguments: no lock, no I/O, no btree call, no
+// Pure functions of their arguments: no lock, no I/O, no allocation, no
 // state -- the write path, the read path, fsck and the fuzz targets call them
 // alike.
-#include "data/data.h"
-#include "data/internal.h"
+#include "data/extent.h"
 
 namespace tfs::data {
 
-using btree::Pos;
+namespace {
 
-u32 BuildExtent(u8* buf, const ExtentPtr& ptr, u32 offset, u32 blocks, const u8* crcs) {
+constexpr u32 kHeaderBytes = u32(sizeof(ExtentFormat));
+constexpr u32 kPtrBytes = u32(sizeof(ExtentPtr));
+
+bool AllZero(const u8* p, usize n) {
+  for (usize i = 0; i < n; i++)
+    if (p[i] != 0) return false;
+  return true;
+}
+
+// The rules of ParseExtent (extent.h) on a decoded extent.
+bool Valid(const Extent& e) {
+  if (e.end <= e.start) return false;
+  const u64 blocks = e.end - e.start;
+  if (e.unwritten) return e.nr_ptrs == 0 && blocks <= kMaxUnwrittenBlocks && e.crcs == nullptr;
+  if (e.nr_ptrs == 0 || e.nr_ptrs > kMaxPtrs) return false;
+  bool authoritative = false;
+  bool plain = false;
+  for (u32 i = 0; i < e.nr_ptrs; i++) {
+    const Extent::Ptr& p = e.ptrs[i];
+    for (u32 j = 0; j < i; j++)
+      if (e.ptrs[j].dev == p.dev) return false;  // copies on distinct members
+    authoritative |= !p.cached;
+    if (p.compressed) {
+      const u32 stored = p.stored_blocks;
+      if (stored == 0 || stored > kMaxCompressedBlocks || u64(p.blob_offset) + blocks > stored ||
+          p.disk_bytes == 0 || p.disk_bytes >= stored * kBlockSize)
+        return false;
+    } else {
+      plain = true;
+      if (blocks > kMaxExtentBlocks || p.stored_blocks != 0 || p.disk_bytes != 0 || p.crc != 0) return false;
+    }
+  }
+  return authoritative && plain == (e.crcs != nullptr);
+}
+
+}  // namespace
+
+Status CheckExtent(const Extent& e) { return Valid(e) ? Status::Ok() : Status(Err::kInvalidArgument); }
+
+Status ParseExtent(const btree::Pos& pos, const u8* value, u32 len, Extent* out) {
+  if (len < kHeaderBytes) return Err::kCorrupt;
+  ExtentFormat h;
+  MemCopy(&h, value, sizeof(h));
+  const u32 blocks = h.blocks.get();
+  if (h.version != kExtentVersion || (h.flags & ~kExtentUnwritten) != 0 || h.reserved != 0 ||
+      !AllZero(h.reserved2, sizeof(h.reserved2)) || h.nr_ptrs > kMaxPtrs || blocks == 0 || pos.offset < blocks)
+    return Err::kCorrupt;
+  Extent e;
+  e.ino = pos.inode;
+  e.end = pos.offset;
+  e.start = pos.offset - blocks;
+  e.unwritten = h.flags == kExtentUnwritten;
+  e.nr_ptrs = h.nr_ptrs;
+  u64 need = kHeaderBytes + u64(e.nr_ptrs) * kPtrBytes;
+  if (len < need) return Err::kCorrupt;
+  for (u32 i = 0; i < e.nr_ptrs; i++) {
+    ExtentPtr f;
+    MemCopy(&f, value + kHeaderBytes + i * kPtrBytes, sizeof(f));
+    if ((f.flags & ~(kPtrCached | kPtrCompressed)) != 0 || !AllZero(f.reserved, sizeof(f.reserved)))
+      return Err::kCorrupt;
+    Extent::Ptr& p = e.ptrs[i];
+    p.dev = f.dev;
+    p.gen = f.gen;
+    p.cached = (f.flags & kPtrCached) != 0;
+    p.compressed = (f.flags & kPtrCompressed) != 0;
+    p.stored_blocks = f.stored_blocks;
+    p.blob_offset = f.blob_offset.get();
+    p.offset = f.offset.get();
+    p.disk_bytes = f.disk_bytes.get();
+    p.crc = f.crc.get();
+  }
+  if (e.HasPlain()) {
+    need += 4 * u64(blocks);
+    e.crcs = value + kHeaderBytes + e.nr_ptrs * kPtrBytes;
+  }
+  if (len != need || !Valid(e)) return Err::kCorrupt;
+  *out = e;
+  return Status::Ok();
+}
+
+Result<u32> BuildExtent(const Extent& e, u8* buf) {
+  if (!Valid(e)) return Err::kInvalidArgument;
+  const u32 blocks = e.blocks();
+  const u32 at = kHeaderBytes + e.nr_ptrs * kPtrBytes;
+  // The crcs first: e may have been parsed from buf, and they move (see extent.h).
+  const u32 ncrcs = e.crcs != nullptr ? blocks : 0;
+  MemMove(buf + at, e.crcs, 4 * usize(ncrcs));
   ExtentFormat h;
   MemSet(&h, 0, sizeof(h));
   h.version = kExtentVersion;
-  h.nr_ptrs = 1;
+  h.flags = e.unwritten ? kExtentUnwritten : 0;
+  h.nr_ptrs = u8(e.nr_ptrs);
   h.blocks.set(blocks);
-  h.offset.set(offset);
   MemCopy(buf, &h, sizeof(h));
-  MemCopy(buf + sizeof(h), &ptr, sizeof(ptr));
-  MemCopy(buf + sizeof(h) + sizeof(ptr), crcs, 4 * usize(blocks));
-  return u32(sizeof(h) + sizeof(ptr)) + 4 * blocks;
+  for (u32 i = 0; i < e.nr_ptrs; i++) {
+    const Extent::Ptr& p = e.ptrs[i];
+    ExtentPtr f;
+    MemSet(&f, 0, sizeof(f));
+    f.dev = p.dev;
+    f.gen = p.gen;
+    f.flags = u8((p.cached ? kPtrCached : 0) | (p.compressed ? kPtrCompressed : 0));
+    f.stored_blocks = p.stored_blocks;
+    f.blob_offset.set(p.blob_offset);
+    f.offset.set(p.offset);
+    f.disk_bytes.set(p.disk_bytes);
+    f.crc.set(p.crc);
+    MemCopy(buf + kHeaderBytes + i * kPtrBytes, &f, sizeof(f));
+  }
+  return at + 4 * ncrcs;
 }
 
-u32 BuildUnwritten(u8* buf, u32 blocks) {
+u32 BuildUnwritten(u32 blocks, u8* buf) {
   ExtentFormat h;
   MemSet(&h, 0, sizeof(h));
   h.version = kExtentVersion;
   h.flags = kExtentUnwritten;
   h.blocks.set(blocks);
   MemCopy(buf, &h, sizeof(h));
-  return u32(sizeof(h));
+  return kHeaderBytes;
 }
 
-u32 BuildCompressed(u8* buf, const ExtentPtr& ptr, u32 offset, u32 blocks, u32 stored_blocks, u32 disk_bytes,
-                    const u8* crc) {
-  ExtentFormat h;
-  MemSet(&h, 0, sizeof(h));
-  h.version = kExtentVersion;
-  h.flags = kExtentCompressed;
-  h.nr_ptrs = 1;
-  h.stored_blocks = u8(stored_blocks);
-  h.blocks.set(blocks);
-  h.offset.set(offset);
-  h.disk_bytes.set(disk_bytes);
-  MemCopy(buf, &h, sizeof(h));
-  MemCopy(buf + sizeof(h), &ptr, sizeof(ptr));
-  MemCopy(buf + sizeof(h) + sizeof(ptr), crc, 4);
-  return u32(sizeof(h) + sizeof(ptr)) + 4;
-}
-
-u32 BuildPiece(u8* buf, const Extent& e, u64 skip, u32 blocks) {
-  if (e.unwritten) return BuildUnwritten(buf, blocks);
-  if (e.compressed) return BuildCompressed(buf, e.ptr, e.offset + u32(skip), blocks, e.stored_blocks, e.disk_bytes, e.crcs);
-  return BuildExtent(buf, e.ptr, e.offset + u32(skip), blocks, e.crcs + 4 * skip);
-}
-
-Status ParseExtent(const Pos& pos, const u8* value, u32 len, Extent* out) {
-  if (len < sizeof(ExtentFormat)) return Err::kCorrupt;
-  ExtentFormat h;
-  MemCopy(&h, value, sizeof(h));
-  const u32 blocks = h.blocks.get();
-  if (h.version != kExtentVersion || blocks == 0 || pos.offset < blocks) return Err::kCorrupt;
-  if (h.flags == kExtentUnwritten) {
-    if (h.nr_ptrs != 0 || blocks > kMaxUnwrittenBlocks || h.offset.get() != 0 || h.stored_blocks != 0 ||
-        h.disk_bytes.get() != 0 || len != sizeof(h))
-      return Err::kCorrupt;
-  } else if (h.flags == kExtentCompressed) {
-    const u32 stored = h.stored_blocks;
-    if (h.nr_ptrs != 1 || stored == 0 || stored > kMaxCompressedBlocks || blocks > stored ||
-        h.offset.get() > stored - blocks || h.disk_bytes.get() == 0 || h.disk_bytes.get() >= stored * kBlockSize ||
-        len != sizeof(h) + sizeof(ExtentPtr) + 4)
-      return Err::kCorrupt;
-  } else if (h.flags != 0 || h.nr_ptrs != 1 || blocks > kMaxExtentBlocks || h.stored_blocks != 0 ||
-             h.disk_bytes.get() != 0 || len != sizeof(h) + sizeof(ExtentPtr) + 4 * blocks) {
-    return Err::kCorrupt;
+Result<u32> BuildPiece(const Extent& e, u64 skip, u32 blocks, u8* buf) {
+  if (blocks == 0 || skip > e.end - e.start || blocks > e.end - e.start - skip) return Err::kInvalidArgument;
+  Extent x = e;
+  x.start = e.start + skip;
+  x.end = x.start + blocks;
+  for (u32 i = 0; i < x.nr_ptrs; i++) {
+    const u64 off = u64(x.ptrs[i].blob_offset) + skip;
+    if (off > ~u32(0)) return Err::kInvalidArgument;
+    x.ptrs[i].blob_offset = u32(off);
   }
-  out->ino = pos.inode;
-  out->end = pos.offset;
-  out->start = pos.offset - blocks;
-  out->offset = h.offset.get();
-  out->unwritten = h.flags == kExtentUnwritten;
-  out->compressed = h.flags == kExtentCompressed;
-  out->stored_blocks = h.stored_blocks;
-  out->disk_bytes = h.disk_bytes.get();
-  if (out->unwritten) {
-    MemSet(&out->ptr, 0, sizeof(ExtentPtr));
-    out->crcs = nullptr;
-  } else {
-    MemCopy(&out->ptr, value + sizeof(h), sizeof(ExtentPtr));
-    out->crcs = value + sizeof(h) + sizeof(ExtentPtr);
+  if (x.crcs != nullptr) x.crcs += 4 * skip;
+  return BuildExtent(x, buf);
+}
+
+Result<u32> AddPtr(const Extent& e, const Extent::Ptr& p, const u8* crcs, u8* buf) {
+  if (e.unwritten || e.nr_ptrs >= kMaxPtrs) return Err::kInvalidArgument;
+  Extent x = e;
+  x.ptrs[x.nr_ptrs++] = p;
+  if (!p.compressed) {
+    if (e.crcs == nullptr) {
+      if (crcs == nullptr) return Err::kInvalidArgument;
+      x.crcs = crcs;
+    } else if (crcs != nullptr && MemCompare(crcs, e.crcs, 4 * usize(e.blocks())) != 0) {
+      return Err::kInvalidArgument;  // not a copy of the same bytes
+    }
   }
-  return Status::Ok();
+  return BuildExtent(x, buf);
+}
+
+Result<u32> DropPtr(const Extent& e, u32 i, u8* buf) {
+  if (i >= e.nr_ptrs) return Err::kInvalidArgument;
+  Extent x = e;
+  for (u32 j = i; j + 1 < x.nr_ptrs; j++) x.ptrs[j] = x.ptrs[j + 1];
+  x.ptrs[--x.nr_ptrs] = Extent::Ptr{};
+  if (!x.HasPlain()) x.crcs = nullptr;  // the last plain copy took the crcs with it
+  return BuildExtent(x, buf);
+}
+
+Result<u32> SetCached(const Extent& e, u32 i, bool cached, u8* buf) {
+  if (i >= e.nr_ptrs) return Err::kInvalidArgument;
+  Extent x = e;
+  x.ptrs[i].cached = cached;
+  return BuildExtent(x, buf);
 }
 
 }  // namespace tfs::data

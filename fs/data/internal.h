@@ -1,8 +1,8 @@
-// What the data path's own files share (extent.cc, write.cc, read.cc): the
-// extent key, the lookup batch, the one way it submits a request to a member,
-// and the builders of extent values. Private to fs/data/: nothing outside it
-// includes this header (the public API is data.h). None keeps state or takes
-// a lock; ContextIo alone does I/O (and waits for it).
+// What the data path's own files share (write.cc, read.cc): the extent key,
+// the lookup batch and the one way it submits a request to a member. Private
+// to fs/data/: nothing outside it includes this header (the public API is
+// data.h; extent values: extent.h). None keeps state or takes a lock;
+// ContextIo alone does I/O (and waits for it).
 #ifndef TFS_DATA_INTERNAL_H_
 #define TFS_DATA_INTERNAL_H_
 
@@ -32,17 +32,6 @@ inline Status ContextIo(const IoContext& ctx, dev::IoQueue& queue, IoOp op, u64 
   io.cls = ctx.io_class;
   return dev::SubmitAndWait(queue, &io);
 }
-
-// An extent value for `e` holding `blocks` blocks from `offset` with these crcs.
-u32 BuildExtent(u8* buf, const ExtentPtr& ptr, u32 offset, u32 blocks, const u8* crcs);
-
-// An unwritten extent's value: the header alone.
-u32 BuildUnwritten(u8* buf, u32 blocks);
-
-// A compressed extent's value: blocks [offset, offset + blocks) of a blob of
-// stored_blocks blocks kept as disk_bytes compressed bytes whose crc is `crc`.
-u32 BuildCompressed(u8* buf, const ExtentPtr& ptr, u32 offset, u32 blocks, u32 stored_blocks, u32 disk_bytes,
-                    const u8* crc);
 
 }  // namespace tfs::data
 

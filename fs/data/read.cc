@@ -1,9 +1,13 @@
 // Reads of file data (data.h): ReadBlocks finds the extents over the range
-// (phase 1, FindPieces), then pins each bucket and reads it (phase 2),
-// verifying every block it returns: a mismatch is kDataCorrupt and counted,
-// never the bytes. Holes and unwritten extents read as zeros; a compressed
-// blob is read and decompressed whole. HasData, HasBlockData and SeekBlock
-// answer from the extents alone.
+// (phase 1, FindPieces), then reads each from one of its copies (phase 2,
+// ReadCopy: pin the bucket, read, verify every block it returns): a mismatch
+// is kDataCorrupt and counted, never the bytes. The copies are tried in the
+// order the extent lists them and the first good one wins (copy_retries);
+// the read fails only when every copy did, with the first failing copy's error.
+// (Choosing by latency, hedging and repairing the bad copy are a later step:
+// docs/design/copies.md.) Holes and unwritten extents read as zeros; a
+// compressed blob is read and decompressed whole. HasData, HasBlockData and
+// SeekBlock answer from the extents alone.
 //
 // Reads need no lock of the caller's. Phase 1 waits out, and is repeated
 // after, an extent commit of the inode's stripe applying its keys
@@ -22,7 +26,7 @@ using btree::Iterator;
 
 // One extent's part of a read, found in phase 1 of ReadBlocks.
 struct DataPath::Piece {
-  Extent e;   // e.crcs: the read's own copy of block lo's crc onwards (compressed: the blob's)
+  Extent e;   // e.crcs: the read's own copy of block lo's crc onwards (null: no plain copy)
   u64 lo, hi;
 };
 
@@ -46,13 +50,72 @@ Status DataPath::FindPieces(u64 ino, u64 first, u64 end, Piece* pieces, u32* n, 
     p.e = e;
     p.lo = Max(e.start, first);
     p.hi = Min(e.end, end);
-    // Only the crcs this read needs: the blocks' own, or the blob's one.
-    const u32 count = e.compressed ? 1 : u32(p.hi - p.lo);
-    MemCopy(crcs + 4 * ncrc, e.compressed ? e.crcs : e.crcs + 4 * (p.lo - e.start), 4 * count);
-    p.e.crcs = crcs + 4 * ncrc;  // block lo's (or the blob's)
-    ncrc += count;
+    // Only the crcs this read needs (the plain copies' blocks; a compressed
+    // copy's crc is in its pointer).
+    if (e.crcs != nullptr) {
+      const u32 count = u32(p.hi - p.lo);
+      MemCopy(crcs + 4 * ncrc, e.crcs + 4 * (p.lo - e.start), 4 * count);
+      p.e.crcs = crcs + 4 * ncrc;  // block lo's
+      ncrc += count;
+    }
   }
   return st;
+}
+
+Status DataPath::ReadCopy(const IoContext& ctx, const Extent& e, const Extent::Ptr& p, u64 lo, u64 hi, u8* out,
+                          u8** tmp, bool* stale) {
+  *stale = false;
+  const sb::Superblock& sb = store_->sb();
+  // The pointer must land in one bucket.
+  u64 b;
+  if (!PtrBucket(p, &b) || p.offset + e.DiskBlocks(p) * kBlockSize > sb.BucketOffset(b) + sb.bucket_size)
+    return Err::kCorrupt;
+  // A user bucket of the pointer's generation, held until the read is done.
+  // If it is not (any more), an overwrite committed and freed it since phase
+  // 1, or the copy is stale: the caller decides.
+  if (!Pin(p.dev, b, p.gen)) {
+    *stale = true;
+    return Err::kAgain;
+  }
+  // Into the caller's buffer if it is aligned for O_DIRECT devices (it then
+  // holds unverified bytes until the check below passes or fails the copy),
+  // else through a bounce buffer; a compressed blob always decompresses into
+  // one.
+  const bool direct = !p.compressed && reinterpret_cast<uptr>(out) % kBlockSize == 0;
+  if (!direct && *tmp == nullptr) *tmp = static_cast<u8*>(platform::Alloc(u64(kMaxExtentBlocks) * kBlockSize, kBlockSize));
+  if (!direct && *tmp == nullptr) {
+    Unpin(p.dev, b);
+    return Err::kNoMemory;
+  }
+  const u64 len = (hi - lo) * kBlockSize;
+  if (p.compressed) {
+    Status st = ReadCompressed(ctx, e, p, *tmp);
+    Unpin(p.dev, b);
+    TFS_TRY(st);
+    MemCopy(out, *tmp + (u64(p.blob_offset) + (lo - e.start)) * kBlockSize, len);
+    ctr_.bytes_read.FetchAdd(e.DiskBlocks(p) * kBlockSize, MemOrder::kRelaxed);
+    ctr_.blocks_read.FetchAdd(hi - lo, MemOrder::kRelaxed);
+    return Status::Ok();
+  }
+  const u64 at = p.offset + (u64(p.blob_offset) + (lo - e.start)) * kBlockSize;
+  u8* into = direct ? out : *tmp;
+  Status st = ContextIo(ctx, store_->devs().member(p.dev)->queue(), IoOp::kRead, at, into, len);
+  Unpin(p.dev, b);
+  TFS_TRY(st);
+  for (u64 blk = lo; blk < hi; blk++) {
+    const u8* data = into + (blk - lo) * kBlockSize;
+    if (platform::Crc32c(data, kBlockSize) != e.BlockCrc(blk - lo)) {
+      ctr_.csum_errors.FetchAdd(1, MemOrder::kRelaxed);
+      platform::Log(platform::LogLevel::kError, "data: checksum mismatch: inode %llu block %llu (member %u offset %llu)",
+                    (unsigned long long)e.ino, (unsigned long long)blk, unsigned(p.dev),
+                    (unsigned long long)(at + (blk - lo) * kBlockSize));
+      return Err::kDataCorrupt;
+    }
+  }
+  if (!direct) MemCopy(out, *tmp, len);
+  ctr_.bytes_read.FetchAdd(len, MemOrder::kRelaxed);
+  ctr_.blocks_read.FetchAdd(hi - lo, MemOrder::kRelaxed);
+  return Status::Ok();
 }
 
 Status DataPath::ReadBlocks(const IoContext& ctx, u64 ino, u64 first, u32 nblocks, u8* buf) {
@@ -69,7 +132,6 @@ Status DataPath::ReadBlocks(const IoContext& ctx, u64 ino, u64 first, u32 nblock
   u8* tmp = nullptr;
   Status st = pieces == nullptr || crcs == nullptr ? Status(Err::kNoMemory) : Status::Ok();
   const u32 s = CommitStripe(ino);
-  const sb::Superblock& sb = store_->sb();
   u32 stale = 0;
   u32 torn = 0;
   for (u32 attempt = 0; st.ok(); attempt++) {
@@ -108,70 +170,42 @@ Status DataPath::ReadBlocks(const IoContext& ctx, u64 ino, u64 first, u32 nblock
     for (u32 i = 0; st.ok() && !again && i < n; i++) {
       const Extent& e = pieces[i].e;
       const u64 lo = pieces[i].lo;
-      const u64 hi = pieces[i].hi;
-      const u64 at = e.ptr.offset.get() + (u64(e.offset) + (lo - e.start)) * kBlockSize;
-      const u64 len = (hi - lo) * kBlockSize;
-      // The pointer must land in one bucket.
-      const u64 b = sb.BucketOf(e.ptr.offset.get());
-      if (e.ptr.dev >= sb.nr_members || b >= store_->alloc().nbuckets(e.ptr.dev) ||
-          e.ptr.offset.get() + e.DiskBlocks() * kBlockSize > sb.BucketOffset(b) + sb.bucket_size) {
-        st = Err::kCorrupt;
-        break;
-      }
-      // A user bucket of the pointer's generation, held until the read is
-      // done. If it is not (any more), an overwrite committed and freed it
-      // since phase 1: again. A pointer that stays wrong is corrupt.
-      if (!Pin(e.ptr.dev, b, e.ptr.gen)) {
-        if (++stale > kMaxStaleLookups) {
-          st = Err::kCorrupt;
+      u8* out = buf + (lo - first) * kBlockSize;
+      // The copies in order; the first good one wins. A copy whose bucket is
+      // not the one it names is skipped: stale, or freed by an overwrite
+      // since phase 1. If no copy read and none failed otherwise, the lookup
+      // went stale: again. Otherwise the first failing copy's error.
+      Status failed = Status::Ok();
+      bool stale_copy = false;
+      bool done = false;
+      for (u32 c = 0; c < e.nr_ptrs && !done; c++) {
+        if (c > 0) ctr_.copy_retries.FetchAdd(1, MemOrder::kRelaxed);
+        bool stale_ptr = false;
+        Status cs = ReadCopy(ctx, e, e.ptrs[c], lo, pieces[i].hi, out, &tmp, &stale_ptr);
+        if (cs.ok()) {
+          done = true;
+        } else if (cs.code() == Err::kNoMemory) {
+          failed = cs;
           break;
-        }
-        ctr_.stale_lookups.FetchAdd(1, MemOrder::kRelaxed);
-        again = true;
-        break;
-      }
-      // Into the caller's buffer if it is aligned for O_DIRECT devices (it then
-      // holds unverified bytes until the check below passes or fails the read),
-      // else through a bounce buffer; a compressed blob always decompresses
-      // into one.
-      const bool direct = !e.compressed && reinterpret_cast<uptr>(buf) % kBlockSize == 0;
-      if (!direct && tmp == nullptr) tmp = static_cast<u8*>(platform::Alloc(u64(kMaxExtentBlocks) * kBlockSize, kBlockSize));
-      if (!direct && tmp == nullptr) {
-        Unpin(e.ptr.dev, b);
-        st = Err::kNoMemory;
-        break;
-      }
-      if (e.compressed) {
-        st = ReadCompressed(ctx, e, tmp);
-        Unpin(e.ptr.dev, b);
-        if (!st.ok()) break;
-        MemCopy(buf + (lo - first) * kBlockSize, tmp + (u64(e.offset) + (lo - e.start)) * kBlockSize, len);
-        ctr_.bytes_read.FetchAdd(e.DiskBlocks() * kBlockSize, MemOrder::kRelaxed);
-        ctr_.blocks_read.FetchAdd(hi - lo, MemOrder::kRelaxed);
-        continue;
-      }
-      u8* into = direct ? buf + (lo - first) * kBlockSize : tmp;
-      st = ContextIo(ctx, store_->devs().member(e.ptr.dev)->queue(), IoOp::kRead, at, into, len);
-      Unpin(e.ptr.dev, b);
-      if (!st.ok()) break;
-      for (u64 blk = lo; blk < hi; blk++) {
-        const u8* data = into + (blk - lo) * kBlockSize;
-        Le32 want;
-        MemCopy(&want, e.crcs + 4 * (blk - lo), 4);
-        if (platform::Crc32c(data, kBlockSize) != want.get()) {
-          ctr_.csum_errors.FetchAdd(1, MemOrder::kRelaxed);
-          platform::Log(platform::LogLevel::kError,
-                        "data: checksum mismatch: inode %llu block %llu (member %u offset %llu)",
-                        (unsigned long long)ino, (unsigned long long)blk, unsigned(e.ptr.dev),
-                        (unsigned long long)(at + (blk - lo) * kBlockSize));
-          st = Err::kDataCorrupt;
-          break;
+        } else if (stale_ptr) {
+          stale_copy = true;
+        } else if (failed.ok()) {
+          failed = cs;
         }
       }
-      if (!st.ok()) break;
-      if (!direct) MemCopy(buf + (lo - first) * kBlockSize, tmp, len);
-      ctr_.bytes_read.FetchAdd(len, MemOrder::kRelaxed);
-      ctr_.blocks_read.FetchAdd(hi - lo, MemOrder::kRelaxed);
+      if (done) continue;
+      if (!failed.ok()) {
+        st = failed;
+        break;
+      }
+      // (stale_copy: every copy was; e.nr_ptrs is at least 1.)
+      TFS_BUG_ON(!stale_copy);
+      if (++stale > kMaxStaleLookups) {
+        st = Err::kCorrupt;  // a pointer that stays wrong
+        break;
+      }
+      ctr_.stale_lookups.FetchAdd(1, MemOrder::kRelaxed);
+      again = true;
     }
     if (!again) break;
   }
@@ -181,28 +215,24 @@ Status DataPath::ReadBlocks(const IoContext& ctx, u64 ino, u64 first, u32 nblock
   return st;
 }
 
-Status DataPath::ReadCompressed(const IoContext& ctx, const Extent& e, u8* out) {
-  const u64 disk = e.DiskBlocks() * kBlockSize;
+Status DataPath::ReadCompressed(const IoContext& ctx, const Extent& e, const Extent::Ptr& p, u8* out) {
+  const u64 disk = e.DiskBlocks(p) * kBlockSize;
   u8* z = static_cast<u8*>(platform::Alloc(disk, kBlockSize));
   if (z == nullptr) return Err::kNoMemory;
-  Status st = ContextIo(ctx, store_->devs().member(e.ptr.dev)->queue(), IoOp::kRead, e.ptr.offset.get(), z, disk);
-  if (st.ok()) {
-    Le32 want;
-    MemCopy(&want, e.crcs, 4);
-    if (platform::Crc32c(z, e.disk_bytes) != want.get()) {
-      ctr_.csum_errors.FetchAdd(1, MemOrder::kRelaxed);
-      platform::Log(platform::LogLevel::kError,
-                    "data: checksum mismatch: inode %llu compressed blob at block %llu (member %u offset %llu)",
-                    (unsigned long long)e.ino, (unsigned long long)(e.start - e.offset), unsigned(e.ptr.dev),
-                    (unsigned long long)e.ptr.offset.get());
-      st = Err::kDataCorrupt;
-    }
+  Status st = ContextIo(ctx, store_->devs().member(p.dev)->queue(), IoOp::kRead, p.offset, z, disk);
+  if (st.ok() && platform::Crc32c(z, p.disk_bytes) != p.crc) {
+    ctr_.csum_errors.FetchAdd(1, MemOrder::kRelaxed);
+    platform::Log(platform::LogLevel::kError,
+                  "data: checksum mismatch: inode %llu compressed blob at block %llu (member %u offset %llu)",
+                  (unsigned long long)e.ino, (unsigned long long)(e.start - p.blob_offset), unsigned(p.dev),
+                  (unsigned long long)p.offset);
+    st = Err::kDataCorrupt;
   }
   if (st.ok()) {
     // A blob that passes its crc but does not decompress to exactly its
     // blocks was written wrong: corrupt, never partial data.
-    const u64 want = u64(e.stored_blocks) * kBlockSize;
-    auto r = platform::ZstdDecompress(out, want, z, e.disk_bytes);
+    const u64 want = u64(p.stored_blocks) * kBlockSize;
+    auto r = platform::ZstdDecompress(out, want, z, p.disk_bytes);
     if (!r.ok() || r.value() != want) st = Err::kDataCorrupt;
   }
   if (st.ok()) ctr_.compressed_reads.FetchAdd(1, MemOrder::kRelaxed);

@@ -22,12 +22,6 @@ namespace tfs::data {
 
 using btree::Iterator;
 
-namespace {
-
-constexpr u32 kValueMax = kExtentValueMax;
-
-}  // namespace
-
 Status DataPath::WriteBlob(const IoContext& ctx, u32 dev, u64 offset, const u8* data, u32 nblocks) {
   const u64 len = u64(nblocks) * kBlockSize;
   // O_DIRECT devices need aligned buffers: copy only data that is not.
@@ -82,25 +76,35 @@ Status DataPath::QueuePreparedOverPunch(btree::Transaction* tx, const Prepared& 
 }
 
 Status DataPath::QueueDataCheck(btree::Transaction* tx, const Prepared::Item& item) {
-  // The blob was just written whole: the check covers it with the crcs the
-  // extent already holds (per block, or the compressed blob's one), so replay
-  // can tell whether it reached the disk (journal/format.h, kKeyDataCheck).
+  // The blobs were just written whole: a check per copy covers it with the
+  // crcs the extent already holds (per block, or a compressed blob's one), so
+  // replay can tell whether it reached the disk (journal/format.h,
+  // kKeyDataCheck).
   Extent e;
   TFS_TRY(ParseExtent(ExtentPos(0, item.end), item.value, item.len, &e));
-  if (e.unwritten) return Status::Ok();
-  // A member without a journal is flushed by the committer (Commit): its data
-  // is durable before the entry, and replay has nothing to check.
-  if ((journal_members_ & (dev::DevMask(1) << e.ptr.dev)) == 0) return Status::Ok();
-  const u32 ncrcs = e.compressed ? 1 : u32(e.end - e.start);
-  u8 buf[sizeof(journal::DataCheckFormat) + 4 * kMaxExtentBlocks];
-  auto* dc = reinterpret_cast<journal::DataCheckFormat*>(buf);
-  MemSet(dc, 0, sizeof(*dc));
-  dc->member.set(e.ptr.dev);
-  dc->offset.set(e.ptr.offset.get());
-  dc->length.set(e.compressed ? e.disk_bytes : ncrcs * kBlockSize);
-  dc->unit.set(e.compressed ? e.disk_bytes : kBlockSize);
-  MemCopy(buf + sizeof(*dc), e.crcs, 4 * ncrcs);
-  return tx->AddDataCheck(buf, journal::DataCheckBytes(ncrcs));
+  for (u32 i = 0; i < e.nr_ptrs; i++) {
+    const Extent::Ptr& p = e.ptrs[i];
+    // A member without a journal is flushed by the committer (Commit): its
+    // data is durable before the entry, and replay has nothing to check.
+    if ((journal_members_ & (dev::DevMask(1) << p.dev)) == 0) continue;
+    const u32 ncrcs = p.compressed ? 1 : e.blocks();
+    u8 buf[sizeof(journal::DataCheckFormat) + 4 * kMaxExtentBlocks];
+    auto* dc = reinterpret_cast<journal::DataCheckFormat*>(buf);
+    MemSet(dc, 0, sizeof(*dc));
+    dc->member.set(p.dev);
+    dc->offset.set(p.offset + u64(p.compressed ? 0 : p.blob_offset) * kBlockSize);
+    dc->length.set(p.compressed ? p.disk_bytes : ncrcs * kBlockSize);
+    dc->unit.set(p.compressed ? p.disk_bytes : kBlockSize);
+    if (p.compressed) {
+      Le32 c;
+      c.set(p.crc);
+      MemCopy(buf + sizeof(*dc), &c, 4);
+    } else {
+      MemCopy(buf + sizeof(*dc), e.crcs, 4 * ncrcs);
+    }
+    TFS_TRY(tx->AddDataCheck(buf, journal::DataCheckBytes(ncrcs)));
+  }
+  return Status::Ok();
 }
 
 Status DataPath::Prepare(const IoContext& ctx, u64 ino, u64 first, const u8* blocks, u32 nblocks, bool compress,
@@ -133,9 +137,9 @@ Status DataPath::Prepare(const IoContext& ctx, u64 ino, u64 first, const u8* blo
     u32 got;
     TFS_TRY(Reserve(ctx, Min(plain_end - done, kMaxExtentBlocks), covered.value(), false, &ref, &offset, &got));
     // Recorded at once, so that Abort gives the reserved space back whatever fails next.
-    Status st = delta->changes.PushBack(Delta::Change{ref.dev, ref.bucket, i64(got), i64(got)});
+    Status st = delta->changes.PushBack(Delta::Change{ref.dev, ref.bucket, i64(got), i64(got), 0});
     if (!st.ok()) {
-      Account(ref.dev, ref.bucket, 0, -i64(got));
+      Account(ref.dev, ref.bucket, 0, 0, -i64(got));
       return st;
     }
     delta->deps |= dev::DevMask(1) << ref.dev;
@@ -146,15 +150,19 @@ Status DataPath::Prepare(const IoContext& ctx, u64 ino, u64 first, const u8* blo
       c.set(platform::Crc32c(data + u64(i) * kBlockSize, kBlockSize));
       MemCopy(crcs + 4 * i, &c, 4);
     }
-    ExtentPtr ptr;
-    MemSet(&ptr, 0, sizeof(ptr));
-    ptr.dev = u8(ref.dev);
-    ptr.gen = ref.gen;
-    ptr.offset.set(offset);
+    // One plain copy (the write path writes one; replicas are a later step).
+    Extent x;
+    x.start = first + done;
+    x.end = x.start + got;
+    x.nr_ptrs = 1;
+    x.ptrs[0].dev = u8(ref.dev);
+    x.ptrs[0].gen = ref.gen;
+    x.ptrs[0].offset = offset;
+    x.crcs = crcs;
     TFS_TRY(p->items.PushBack(Prepared::Item{}));
     Prepared::Item& item = p->items[p->items.size() - 1];
-    item.end = first + done + got;
-    item.len = BuildExtent(item.value, ptr, 0, got, crcs);
+    item.end = x.end;
+    item.len = TFS_TRY(BuildExtent(x, item.value));
     delta->sectors += i64(got) * (kBlockSize / 512);
     ctr_.bytes_written.FetchAdd(u64(got) * kBlockSize, MemOrder::kRelaxed);
     ctr_.extents_written.FetchAdd(1, MemOrder::kRelaxed);
@@ -183,8 +191,8 @@ Status DataPath::WriteCompressed(const IoContext& ctx, Prepared* p, u64 first, c
   u32 got;
   Status st = Reserve(ctx, zblocks, covered, true, &ref, &offset, &got);
   if (st.ok()) {
-    st = delta->changes.PushBack(Delta::Change{ref.dev, ref.bucket, i64(nblocks), i64(zblocks)});
-    if (!st.ok()) Account(ref.dev, ref.bucket, 0, -i64(zblocks));
+    st = delta->changes.PushBack(Delta::Change{ref.dev, ref.bucket, i64(nblocks), i64(zblocks), 0});
+    if (!st.ok()) Account(ref.dev, ref.bucket, 0, 0, -i64(zblocks));
   }
   if (st.ok()) {
     delta->deps |= dev::DevMask(1) << ref.dev;
@@ -192,18 +200,26 @@ Status DataPath::WriteCompressed(const IoContext& ctx, Prepared* p, u64 first, c
                    u64(zblocks) * kBlockSize);
   }
   if (st.ok()) {
-    Le32 c;
-    c.set(platform::Crc32c(z, zbytes));
-    ExtentPtr ptr;
-    MemSet(&ptr, 0, sizeof(ptr));
+    // One compressed copy: the whole blob, its own crc.
+    Extent x;
+    x.start = first;
+    x.end = first + nblocks;
+    x.nr_ptrs = 1;
+    Extent::Ptr& ptr = x.ptrs[0];
     ptr.dev = u8(ref.dev);
     ptr.gen = ref.gen;
-    ptr.offset.set(offset);
+    ptr.offset = offset;
+    ptr.compressed = true;
+    ptr.stored_blocks = u8(nblocks);
+    ptr.disk_bytes = zbytes;
+    ptr.crc = platform::Crc32c(z, zbytes);
     st = p->items.PushBack(Prepared::Item{});
     if (st.ok()) {
       Prepared::Item& item = p->items[p->items.size() - 1];
-      item.end = first + nblocks;
-      item.len = BuildCompressed(item.value, ptr, 0, nblocks, nblocks, zbytes, reinterpret_cast<const u8*>(&c));
+      item.end = x.end;
+      auto len = BuildExtent(x, item.value);
+      st = len.status();
+      if (st.ok()) item.len = len.value();
     }
   }
   platform::Free(z);
@@ -221,7 +237,7 @@ Status DataPath::QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end,
   delta->ino = ino;
   Iterator it(trees_, btree::kBtreeExtents, kPointBatch);
   TFS_TRY(it.Seek(ExtentPos(ino, first + 1)));
-  u8 value[kValueMax];
+  u8 value[kExtentValueMax];
   u32 touched = 0;
   for (; it.Valid() && it.pos().inode == ino && touched < max_keys; TFS_TRY(it.Next())) {
     Extent e;
@@ -230,18 +246,25 @@ Status DataPath::QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end,
     touched++;
     const u64 lo = Max(e.start, first);
     const u64 hi = Min(e.end, end);
-    if (e.start < first)  // the piece before the range: a new key at `first`
-      TFS_TRY(tx->Set(ExtentPos(ino, first), value, BuildPiece(value, e, 0, u32(first - e.start))));
+    if (e.start < first) {  // the piece before the range: a new key at `first`
+      const u32 len = TFS_TRY(BuildPiece(e, 0, u32(first - e.start), value));
+      TFS_TRY(tx->Set(ExtentPos(ino, first), value, len));
+    }
     if (e.end > end) {  // the piece after it keeps the key
-      TFS_TRY(tx->Set(ExtentPos(ino, e.end), value, BuildPiece(value, e, end - e.start, u32(e.end - end))));
+      const u32 len = TFS_TRY(BuildPiece(e, end - e.start, u32(e.end - end), value));
+      TFS_TRY(tx->Set(ExtentPos(ino, e.end), value, len));
     } else {
       TFS_TRY(tx->Delete(ExtentPos(ino, e.end)));
     }
-    if (e.unwritten) {
-      delta->unreserved += hi - lo;
-    } else {
-      const u64 b = store_->sb().BucketOf(e.ptr.offset.get());
-      TFS_TRY(delta->changes.PushBack(Delta::Change{e.ptr.dev, b, -i64(hi - lo), 0}));
+    if (e.unwritten) delta->unreserved += hi - lo;
+    // Each copy releases the blocks in its bucket (live, or cached); a bad
+    // pointer was never counted (PtrBucket).
+    for (u32 i = 0; i < e.nr_ptrs; i++) {
+      const Extent::Ptr& ptr = e.ptrs[i];
+      u64 b;
+      if (!PtrBucket(ptr, &b)) continue;
+      const i64 n = -i64(hi - lo);
+      TFS_TRY(delta->changes.PushBack(Delta::Change{ptr.dev, b, ptr.cached ? 0 : n, 0, ptr.cached ? n : 0}));
     }
     delta->sectors -= i64(hi - lo) * (kBlockSize / 512);
   }
@@ -264,7 +287,7 @@ Status DataPath::QueueReserve(btree::Transaction* tx, u64 ino, u64 first, u64 en
   delta->ino = ino;
   Iterator it(trees_, btree::kBtreeExtents, kPointBatch);
   TFS_TRY(it.Seek(ExtentPos(ino, first + 1)));
-  u8 value[sizeof(ExtentFormat)];
+  u8 value[kExtentValueMax];  // (an unwritten extent's value: the header alone)
   u64 at = first;
   u32 keys = 0;
   while (at < end && keys < max_keys) {
@@ -294,7 +317,7 @@ Status DataPath::QueueReserve(btree::Transaction* tx, u64 ino, u64 first, u64 en
       reserved_ += n;
     }
     delta->reserved += n;  // counted now, so that Abort returns it whatever fails next
-    TFS_TRY(tx->Set(ExtentPos(ino, at + n), value, BuildUnwritten(value, n)));
+    TFS_TRY(tx->Set(ExtentPos(ino, at + n), value, BuildUnwritten(n, value)));
     delta->sectors += i64(n) * (kBlockSize / 512);
     at += n;
     keys++;

@@ -427,8 +427,8 @@ void RepairBtreeBuckets(store::Store& e, const BtreeFindings& found, bool was_cl
 // fsck -y's rebuild of allocation state that is older than the filesystem
 // (Store::Open found it; docs/design/fsck.md, "Stale tables"): every bucket
 // back to its layout state, then the buckets of every node the trees reach
-// marked btree and those every extent points into marked user, with the
-// extent's generation and its blocks as live sectors.
+// marked btree and those every pointer of every extent points into marked
+// user, with the pointer's generation and its blob's blocks as live sectors.
 struct AllocRebuild {
   store::Store* e = nullptr;
   u64 nodes = 0, extents = 0, bad_extents = 0;
@@ -459,15 +459,19 @@ Status RebuildAlloc(void* ctx, store::Store& e) {
       continue;
     }
     if (x.unwritten) continue;  // a reservation: no bucket
-    const u64 off = x.ptr.offset.get();
-    const u64 b = e.sb().BucketOf(off);
-    if (x.ptr.dev >= a.members() || b >= a.nbuckets(x.ptr.dev)) {
-      r->bad_extents++;
-      continue;
+    // Every copy's bucket, cached ones too (they hold data a pointer names).
+    // A bad pointer is left to the data pass, which drops it (or the extent).
+    bool bad = false;
+    for (u32 i = 0; i < x.nr_ptrs; i++) {
+      const data::Extent::Ptr& p = x.ptrs[i];
+      const u64 b = e.sb().BucketOf(p.offset);
+      if (p.dev >= a.members() || b >= a.nbuckets(p.dev) ||
+          !a.RebuildMark(p.dev, b, alloc::BucketState::kUser, p.gen,
+                         u32(x.DiskBlocks(p) * (data::kBlockSize / 512))))
+        bad = true;  // outside, or into a node or layout bucket
     }
-    if (!a.RebuildMark(x.ptr.dev, b, alloc::BucketState::kUser, x.ptr.gen,
-                       u32(x.DiskBlocks() * (data::kBlockSize / 512)))) {
-      r->bad_extents++;  // into a node or layout bucket: the data pass deletes it
+    if (bad) {
+      r->bad_extents++;
       continue;
     }
     r->extents++;

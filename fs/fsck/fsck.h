@@ -40,7 +40,9 @@
 //    kSbXattrChunks is set if anything needs it (-y clears it when nothing
 //    does).
 //    File data: extents parse, belong to regular files,
-//    do not overlap, point inside a user bucket of their generation; each
+//    do not overlap, and every pointer (copy) points inside a user bucket of
+//    its generation (a bad one is dropped if a good copy not cached is left,
+//    else the extent is deleted); each
 //    inode's sector count is what its extents hold and its size covers them; a
 //    user bucket holding no extent is a note (left by a crash; the next mount
 //    frees it). Repair: one btree transaction per finding -- bad keys deleted,

@@ -1005,7 +1005,6 @@ class NamespaceCheck {
   // dropped.
   Status TrimEarlier(const data::Extent& x, u64* dropped) {
     *dropped = 0;
-    const sb::Superblock& sbk = e_.sb();
     btree::Iterator it(&t_, btree::kBtreeExtents);
     TFS_TRY(it.SeekForPrev(Pos{btree::kBtreeExtents, x.ino, x.end - 1}));
     Transaction tx(&t_);
@@ -1014,25 +1013,30 @@ class NamespaceCheck {
       if (!data::ParseExtent(it.pos(), it.value(), it.val_bytes(), &y).ok() || y.end <= x.start) break;
       if (y.start < x.start) {
         const u32 keep = u32(x.start - y.start);
-        TFS_TRY(tx.Set(Pos{btree::kBtreeExtents, x.ino, x.start}, buf_, data::BuildPiece(buf_, y, 0, keep)));
+        const u32 len = TFS_TRY(data::BuildPiece(y, 0, keep, buf_));
+        TFS_TRY(tx.Set(Pos{btree::kBtreeExtents, x.ino, x.start}, buf_, len));
         TFS_TRY(tx.Delete(it.pos()));
         *dropped += y.end - x.start;
         break;
       }
       TFS_TRY(tx.Delete(it.pos()));
       *dropped += y.end - y.start;
-      const u64 b = sbk.BucketOf(y.ptr.offset.get());
-      if (!y.unwritten && y.ptr.dev < dev::kMaxDevices && b < used_[y.ptr.dev].size() && used_[y.ptr.dev][b] > 0)
-        used_[y.ptr.dev][b]--;
+      for (u32 i = 0; i < y.nr_ptrs; i++) {
+        const data::Extent::Ptr& ptr = y.ptrs[i];
+        const u64 b = e_.sb().BucketOf(ptr.offset);
+        if (ptr.dev < dev::kMaxDevices && b < used_[ptr.dev].size() && used_[ptr.dev][b] > 0) used_[ptr.dev][b]--;
+      }
     }
     return Commit(tx);
   }
 
-  // Extents parse, belong to regular files, point inside a user bucket of their
-  // generation (unwritten ones have no pointer) and do not overlap; each file's sector count is what its extents
-  // hold and its size covers them; user buckets no extent points into are a note.
-  // Repairs delete bad extents (the data they held is lost, and says so), trim
-  // overlaps (TrimEarlier), and set sector counts and sizes.
+  // Extents parse, belong to regular files, have every pointer inside a user
+  // bucket of its generation (unwritten ones have no pointer) and do not
+  // overlap; each file's sector count is what its extents hold and its size
+  // covers them; user buckets no extent points into are a note. Repairs drop
+  // the bad pointers of an extent that keeps a copy not cached, and delete
+  // bad extents and those left without one (the data they held is lost, and
+  // says so), trim overlaps (TrimEarlier), and set sector counts and sizes.
   Status ScanExtents() {
     const sb::Superblock& sbk = e_.sb();
     alloc::Allocator& a = e_.alloc();
@@ -1063,38 +1067,58 @@ class NamespaceCheck {
         }
         continue;
       }
-      // An unwritten extent (fallocate) is a reservation: it has no pointer.
-      const u64 off = x.ptr.offset.get();
-      const u64 b = sbk.BucketOf(off);
-      const u64 last = off + x.DiskBlocks() * data::kBlockSize;
-      const bool outside = !x.unwritten && (off < sb::kBucketsOffset || x.ptr.dev >= a.members() ||
-                                            b >= a.nbuckets(x.ptr.dev) || last > sbk.BucketOffset(b) + sbk.bucket_size);
-      if (outside) {
-        Problem("data: extent points outside the buckets, inode %llu at block %llu", ino, start);
-        if (repair_) {
-          TFS_TRY(DeleteKey(p));
-          Repaired(1,
-                   "data: deleted the extent of inode %llu at blocks [%llu, %llu): it points outside the buckets "
-                   "(data lost)",
-                   ino, start, end);
+      // Each copy: inside the buckets (else `outside`), and in a user bucket
+      // of its generation (else stale) -- unless there is no table to check
+      // that against. An unwritten extent (fallocate) is a reservation: it
+      // has no pointer.
+      u32 outside = 0, stale = 0;  // bit i: pointer i
+      for (u32 i = 0; i < x.nr_ptrs; i++) {
+        const data::Extent::Ptr& q = x.ptrs[i];
+        const u64 b = sbk.BucketOf(q.offset);
+        char which[40] = "";
+        if (x.nr_ptrs > 1) platform::Format(which, sizeof(which), " (copy %u of %u)", i + 1, x.nr_ptrs);
+        if (q.offset < sb::kBucketsOffset || q.dev >= a.members() || b >= a.nbuckets(q.dev) ||
+            q.offset + x.DiskBlocks(q) * data::kBlockSize > sbk.BucketOffset(b) + sbk.bucket_size) {
+          outside |= 1u << i;
+          Problem("data: extent points outside the buckets, inode %llu at block %llu%s", ino, start, which);
           continue;
         }
-      } else if (x.unwritten || c_.alloc_stale) {
-        // (no bucket to check, or no table to check it against)
-      } else if (const alloc::Bucket k = a.Get(x.ptr.dev, b);
-                 k.state != alloc::BucketState::kUser || k.gen != x.ptr.gen) {
-        Problem("data: stale extent pointer, inode %llu at block %llu: member %u bucket %llu is %s, generation %u "
-                "(extent: %u)",
-                ino, start, unsigned(x.ptr.dev), (unsigned long long)b, alloc::BucketStateName(k.state),
-                unsigned(k.gen), unsigned(x.ptr.gen));
-        if (repair_) {
+        if (c_.alloc_stale) continue;
+        const alloc::Bucket k = a.Get(q.dev, b);
+        if (k.state != alloc::BucketState::kUser || k.gen != q.gen) {
+          stale |= 1u << i;
+          Problem("data: stale extent pointer, inode %llu at block %llu%s: member %u bucket %llu is %s, generation "
+                  "%u (extent: %u)",
+                  ino, start, which, unsigned(q.dev), (unsigned long long)b, alloc::BucketStateName(k.state),
+                  unsigned(k.gen), unsigned(q.gen));
+        }
+      }
+      const u32 bad = outside | stale;
+      if (bad != 0 && repair_) {
+        const u32 nbad = PopCount(bad);
+        bool kept = false;  // a good copy that is not cached
+        for (u32 i = 0; i < x.nr_ptrs; i++) kept |= (bad & (1u << i)) == 0 && !x.ptrs[i].cached;
+        if (!kept) {
           TFS_TRY(DeleteKey(p));
-          Repaired(1,
-                   "data: deleted the extent of inode %llu at blocks [%llu, %llu): its bucket holds other data now "
-                   "(data lost)",
-                   ino, start, end);
+          Repaired(nbad, "data: deleted the extent of inode %llu at blocks [%llu, %llu): %s (data lost)", ino, start,
+                   end, (outside & 1u) != 0 || stale == 0 ? "it points outside the buckets"
+                                                          : "its bucket holds other data now");
           continue;
         }
+        // Drop the bad copies (the last first, so the indices hold), then go
+        // on with what is left.
+        u32 len = 0;
+        for (u32 i = x.nr_ptrs; i-- > 0;) {
+          if ((bad & (1u << i)) == 0) continue;
+          len = TFS_TRY(data::DropPtr(x, i, buf_));
+          TFS_TRY(data::ParseExtent(p, buf_, len, &x));
+        }
+        Transaction tx(&t_);
+        TFS_TRY(tx.Set(p, buf_, len));
+        TFS_TRY(Commit(tx));
+        Repaired(nbad, "data: dropped %u bad pointer%s of the extent of inode %llu at blocks [%llu, %llu); its other "
+                 "copies keep the data", nbad, nbad == 1 ? "" : "s", ino, start, end);
+        outside = 0;
       }
       if (p.inode == prev_ino && x.start < prev_end) {
         Problem("data: overlapping extents in inode %llu at block %llu", ino, start);
@@ -1111,7 +1135,10 @@ class NamespaceCheck {
       prev_end = x.end;
       r->data_sectors += (x.end - x.start) * kSectorsPerBlock;  // (reservations count too)
       if (x.unwritten) continue;  // may lie past the size (fallocate with KEEP_SIZE)
-      if (!outside) used_[x.ptr.dev][b]++;
+      // Every copy inside the buckets holds its bucket (cached ones too: the
+      // data path frees a bucket only when no pointer counts in it).
+      for (u32 i = 0; i < x.nr_ptrs; i++)
+        if ((outside & (1u << i)) == 0) used_[x.ptrs[i].dev][sbk.BucketOf(x.ptrs[i].offset)]++;
       r->data_end = Max(r->data_end, x.end);
     }
     TFS_TRY(st);

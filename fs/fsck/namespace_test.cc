@@ -257,6 +257,55 @@ struct Fixture {
   }
 };
 
+// An extent value like `like` (written, plain copies) but of `blocks` blocks
+// from `offset` blocks into its blob with these crcs (through the extent API:
+// tests do not know the byte layout either).
+std::vector<u8> ExtentValue(const std::vector<u8>& like, u32 blocks, u32 offset, const std::vector<u32>& crcs) {
+  data::Extent e;
+  const btree::Pos any{btree::kBtreeExtents, 1, 1000};
+  EXPECT_TRUE(data::ParseExtent(any, like.data(), u32(like.size()), &e).ok());
+  e.start = e.end - blocks;
+  for (u32 i = 0; i < e.nr_ptrs; i++) e.ptrs[i].blob_offset = offset;
+  std::vector<u8> c(4 * crcs.size());
+  memcpy(c.data(), crcs.data(), c.size());  // (a little-endian host)
+  e.crcs = c.data();
+  std::vector<u8> v(data::kExtentValueMax);
+  auto len = data::BuildExtent(e, v.data());
+  EXPECT_TRUE(len.ok());
+  v.resize(len.ok() ? len.value() : 0);
+  return v;
+}
+
+// An extent value with `edit` applied to it (through the extent API).
+template <typename Fn>
+std::vector<u8> Edited(const std::vector<u8>& value, Fn edit) {
+  data::Extent e;
+  const btree::Pos any{btree::kBtreeExtents, 1, 1000};
+  EXPECT_TRUE(data::ParseExtent(any, value.data(), u32(value.size()), &e).ok());
+  edit(e);
+  std::vector<u8> v(data::kExtentValueMax);
+  auto len = data::BuildExtent(e, v.data());
+  EXPECT_TRUE(len.ok());
+  v.resize(len.ok() ? len.value() : 0);
+  return v;
+}
+
+// The crc of block i of a plain extent value.
+u32 Crc(const std::vector<u8>& extent, u32 i) {
+  data::Extent e;
+  const btree::Pos any{btree::kBtreeExtents, 1, 1000};
+  EXPECT_TRUE(data::ParseExtent(any, extent.data(), u32(extent.size()), &e).ok());
+  return e.BlockCrc(i);
+}
+
+// Whether an extent value's (only) copy is compressed.
+bool Compressed(const std::vector<u8>& extent) {
+  data::Extent e;
+  const btree::Pos any{btree::kBtreeExtents, 1, 1000};
+  return data::ParseExtent(any, extent.data(), u32(extent.size()), &e).ok() && e.nr_ptrs == 1 &&
+         e.ptrs[0].compressed;
+}
+
 TEST(FsckNamespaceTest, CleanNamespaceIsClean) {
   Fixture fx;
   auto [r, out] = fx.Fsck();
@@ -312,13 +361,12 @@ TEST(FsckNamespaceTest, EachDamageIsReported) {
        }, "wrong sector count of inode"},
       {"stale extent pointer", [](Fixture& f) {
          std::vector<u8> v = f.Value(btree::Pos{btree::kBtreeExtents, f.file, 1});
-         v[16 + 1] ^= 1;  // ExtentPtr::gen
+         v = Edited(v, [](data::Extent& e) { e.ptrs[0].gen ^= 1; });
          f.Poke(btree::Pos{btree::kBtreeExtents, f.file, 1}, v.data(), u32(v.size()));
        }, "stale extent pointer"},
       {"overlapping extents", [](Fixture& f) {
          std::vector<u8> v = f.Value(btree::Pos{btree::kBtreeExtents, f.file, 3});
-         v[4] = 2;  // blocks: [1, 3) now overlaps [1, 2)
-         v.resize(16 + 16 + 4 * 2);
+         v = ExtentValue(v, 2, 0, {Crc(v, 0), Crc(v, 0)});  // blocks: [1, 3) now overlaps [1, 2)
          f.Poke(btree::Pos{btree::kBtreeExtents, f.file, 3}, v.data(), u32(v.size()));
        }, "overlapping extents"},
       {"extent of a directory", [](Fixture& f) {
@@ -535,22 +583,6 @@ void RunRepairCase(const RepairCase& c) {
   EXPECT_EQ(r4.exit_code, kExitClean) << out4;
 }
 
-// An extent value: one pointer, `blocks` crcs.
-std::vector<u8> ExtentValue(const std::vector<u8>& like, u32 blocks, u32 offset, const std::vector<u32>& crcs) {
-  std::vector<u8> v(like.begin(), like.begin() + 32);
-  v[4] = u8(blocks);
-  v[5] = v[6] = v[7] = 0;
-  memcpy(v.data() + 8, &offset, 4);  // (a little-endian host)
-  for (u32 c : crcs) v.insert(v.end(), reinterpret_cast<u8*>(&c), reinterpret_cast<u8*>(&c) + 4);
-  return v;
-}
-
-u32 Crc(const std::vector<u8>& extent, u32 i) {
-  u32 c;
-  memcpy(&c, extent.data() + 32 + 4 * i, 4);
-  return c;
-}
-
 TEST(FsckRepairTest, EachDamageIsRepaired) {
   const RepairCase cases[] = {
       {"wrong nlink",
@@ -658,7 +690,7 @@ TEST(FsckRepairTest, EachDamageIsRepaired) {
       {"stale extent pointer",
        [](Fixture& f) {
          std::vector<u8> v = f.Value(btree::Pos{btree::kBtreeExtents, f.file, 1});
-         v[16 + 1] ^= 1;  // ExtentPtr::gen
+         v = Edited(v, [](data::Extent& e) { e.ptrs[0].gen ^= 1; });
          f.Poke(btree::Pos{btree::kBtreeExtents, f.file, 1}, v.data(), u32(v.size()));
        },
        "stale extent pointer", "(data lost)",
@@ -696,8 +728,7 @@ TEST(FsckRepairTest, EachDamageIsRepaired) {
       {"extent outside the buckets",
        [](Fixture& f) {
          std::vector<u8> v = f.Value(btree::Pos{btree::kBtreeExtents, f.file, 1});
-         const u64 far = 1ull << 40;
-         memcpy(v.data() + 24, &far, 8);  // ExtentPtr::offset
+         v = Edited(v, [](data::Extent& e) { e.ptrs[0].offset = 1ull << 40; });
          f.Poke(btree::Pos{btree::kBtreeExtents, f.file, 1}, v.data(), u32(v.size()));
        },
        "extent points outside the buckets", "points outside the buckets (data lost)",
@@ -944,12 +975,12 @@ TEST(FsckRepairTest, OverlapsTrimCompressedAndUnwrittenExtents) {
     ASSERT_TRUE(fs.Write(w, 0, wdata.data(), u32(wdata.size())).ok());  // (w, 4)
   });
   const std::vector<u8> zv = fx.Value(btree::Pos{btree::kBtreeExtents, z, 16});
-  ASSERT_EQ(zv[1], data::kExtentCompressed);
+  ASSERT_TRUE(Compressed(zv));
   ASSERT_EQ(fx.Value(btree::Pos{btree::kBtreeExtents, u, 8})[1], data::kExtentUnwritten);
   // (z, 20): unwritten [8, 20) over the blob's second half; (u, 10): w's
   // blocks at [6, 10), over the reservation's end.
-  u8 unwritten[16] = {data::kExtentVersion, data::kExtentUnwritten, 0, 0, 12};
-  fx.Poke(btree::Pos{btree::kBtreeExtents, z, 20}, unwritten, sizeof(unwritten));
+  u8 unwritten[data::kExtentValueMax];
+  fx.Poke(btree::Pos{btree::kBtreeExtents, z, 20}, unwritten, data::BuildUnwritten(12, unwritten));
   const std::vector<u8> wv = fx.Value(btree::Pos{btree::kBtreeExtents, w, 4});
   fx.Poke(btree::Pos{btree::kBtreeExtents, u, 10}, wv.data(), u32(wv.size()));
   auto [r1, out1] = fx.Fsck();
@@ -963,7 +994,7 @@ TEST(FsckRepairTest, OverlapsTrimCompressedAndUnwrittenExtents) {
   auto [r3, out3] = fx.Fsck();
   EXPECT_EQ(r3.exit_code, kExitClean) << out2 << out3;
   std::vector<u8> piece = fx.Value(btree::Pos{btree::kBtreeExtents, z, 8});
-  EXPECT_EQ(piece[1], data::kExtentCompressed);
+  EXPECT_TRUE(Compressed(piece));
   EXPECT_EQ(piece.size(), zv.size());  // the same blob and crc, 8 blocks of it
   EXPECT_EQ(fx.Value(btree::Pos{btree::kBtreeExtents, u, 6})[1], data::kExtentUnwritten);
   fx.WithFs([&](Filesystem& fs, btree::Btrees&) {

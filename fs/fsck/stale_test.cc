@@ -209,9 +209,11 @@ TEST(FsckStaleTest, RebuildNeverGivesANodeBucketToAnExtent) {
     btree::Iterator it(&e.btrees(), btree::kBtreeExtents);
     ASSERT_TRUE(it.SeekToFirst().ok());
     ASSERT_TRUE(it.Valid());
-    std::vector<u8> v(it.value(), it.value() + it.val_bytes());
-    auto* ptr = reinterpret_cast<data::ExtentPtr*>(v.data() + sizeof(data::ExtentFormat));
-    ptr->offset.set(e.sb().BucketOffset(e.sb().BucketOf(node_off)));
+    data::Extent x;
+    ASSERT_TRUE(data::ParseExtent(it.pos(), it.value(), it.val_bytes(), &x).ok());
+    x.ptrs[0].offset = e.sb().BucketOffset(e.sb().BucketOf(node_off));
+    std::vector<u8> v(data::kExtentValueMax);
+    v.resize(data::BuildExtent(x, v.data()).value());
     const btree::Pos pos = it.pos();
     btree::Transaction tx(&e.btrees());
     ASSERT_TRUE(tx.Set(pos, v.data(), u32(v.size())).ok());

@@ -1674,8 +1674,8 @@ TEST(PosixTest, CompressionStoresLessAndIsChecked) {
   ASSERT_TRUE(it.Valid());
   data::Extent e;
   ASSERT_TRUE(data::ParseExtent(it.pos(), it.value(), it.val_bytes(), &e).ok());
-  ASSERT_TRUE(e.compressed);
-  const u64 at = e.ptr.offset.get() + e.disk_bytes / 2;
+  ASSERT_TRUE(e.ptrs[0].compressed);
+  const u64 at = e.ptrs[0].offset + e.ptrs[0].disk_bytes / 2;
   m.Unmount();
   std::vector<uint8_t> image = m.dev->SnapshotDurable();
   image[at] ^= 0x40;
@@ -2031,7 +2031,7 @@ TEST(PosixTest, ChecksumMismatchIsAnErrorNotData) {
   ASSERT_TRUE(it.Valid());
   data::Extent e;
   ASSERT_TRUE(data::ParseExtent(it.pos(), it.value(), it.val_bytes(), &e).ok());
-  const u64 at = e.ptr.offset.get() + (e.offset + 1) * data::kBlockSize + 100;
+  const u64 at = e.ptrs[0].offset + (e.ptrs[0].blob_offset + 1) * data::kBlockSize + 100;
   m.Unmount();
   std::vector<uint8_t> image = m.dev->SnapshotDurable();
   image[at] ^= 0x40;
@@ -2058,10 +2058,17 @@ TEST(PosixTest, OverlappingExtentsFailReadsInsteadOfHanging) {
   v.resize(got.value());
   data::Extent e;
   ASSERT_TRUE(data::ParseExtent(btree::Pos{btree::kBtreeExtents, f, 3}, v.data(), u32(v.size()), &e).ok());
-  ASSERT_FALSE(e.compressed || e.unwritten);
-  v[4] = 2;          // blocks
-  v[8] = u8(v[8] - 1);  // offset: one block earlier in its blob (a piece of the first write)
-  v.insert(v.begin() + 32, v.begin() + 32, v.begin() + 36);  // a crc for the extra block
+  ASSERT_FALSE(e.ptrs[0].compressed || e.unwritten);
+  // Two blocks, one earlier in its blob (a piece of the first write), a crc
+  // for the extra block.
+  std::vector<u8> crcs(8);
+  memcpy(crcs.data(), e.crcs, 4);
+  memcpy(crcs.data() + 4, e.crcs, 4);
+  e.start--;
+  e.ptrs[0].blob_offset--;
+  e.crcs = crcs.data();
+  v.resize(data::kExtentValueMax);
+  v.resize(data::BuildExtent(e, v.data()).value());
   btree::Transaction tx(&m.store->btrees());
   ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeExtents, f, 3}, v.data(), u32(v.size())).ok());
   ASSERT_TRUE(tx.Commit().ok());

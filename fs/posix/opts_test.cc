@@ -100,9 +100,8 @@ u64 Mkdir(Filesystem& fs, u64 dir, const std::string& n) {
   return r.ok() ? r.value().ino : 0;
 }
 
-// The members the extents of `ino` point into, and whether any is compressed.
-// (The one place here that reads extent values: extent v2 changes ptr to
-// ptrs[], one line.)
+// The members the extents of `ino` point into, and how many have a
+// compressed copy (the one place here that reads extent values).
 struct Placement {
   std::set<u32> members;
   u32 extents = 0;
@@ -116,8 +115,12 @@ Placement Extents(store::Store& s, u64 ino) {
     data::Extent e;
     EXPECT_TRUE(data::ParseExtent(it.pos(), it.value(), it.val_bytes(), &e).ok());
     p.extents++;
-    if (e.compressed) p.compressed++;
-    if (!e.unwritten) p.members.insert(e.ptr.dev);
+    bool compressed = false;
+    for (u32 i = 0; i < e.nr_ptrs; i++) {
+      p.members.insert(e.ptrs[i].dev);
+      compressed |= e.ptrs[i].compressed;
+    }
+    if (compressed) p.compressed++;
   }
   return p;
 }

@@ -22,7 +22,9 @@
 namespace tfs::sb {
 
 inline constexpr u64 kSbMagic = 0x3130734672656954ull;  // "TierFs01" read as LE bytes
-inline constexpr u16 kSbVersion = 1;
+// 2: extents with pointer lists (data/extent.h, docs/design/copies.md). Version
+// 1 (one pointer an extent) was never released: refused, never migrated.
+inline constexpr u16 kSbVersion = 2;
 inline constexpr u32 kSbSize = 8192;
 inline constexpr u64 kSbPrimaryOffset = 4096;
 inline constexpr u64 kSbBackupOffset = 512 * 1024;

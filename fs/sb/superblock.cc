@@ -95,6 +95,11 @@ Status Decode(const void* buf, u64 device_size, Superblock* out, Diag* diag) {
   const auto* f = static_cast<const SuperblockFormat*>(buf);
   if (f->magic.get() != kSbMagic) return DiagError(diag, Err::kBadMagic, "no tierfs superblock (bad magic)");
   if (f->csum.get() != SbCsum(buf)) return DiagError(diag, Err::kBadChecksum, "superblock checksum mismatch");
+  if (f->version.get() == 1)
+    return DiagError(diag, Err::kBadVersion,
+                     "superblock format version 1 predates extent pointer lists and nothing released used it; "
+                     "this build reads version %u: reformat",
+                     unsigned(kSbVersion));
   if (f->version.get() != kSbVersion)
     return DiagError(diag, Err::kBadVersion, "superblock version %u not supported (this build reads %u)",
                      unsigned(f->version.get()), unsigned(kSbVersion));
@@ -216,6 +221,10 @@ Result<ReadResult> Read(BlockDevice& dev, Superblock* out, Diag* diag) {
   }
   if (r.primary_status.code() == Err::kBadMagic && backup.code() == Err::kBadMagic)
     return DiagError(diag, Err::kBadMagic, "%s: not a tierfs device (no superblock)", dev.Name());
+  // A filesystem of another format version: said once, not once a copy.
+  if (r.primary_status.code() == Err::kBadVersion && backup.code() == Err::kBadVersion &&
+      StrEqual(primary_diag.text, backup_diag.text))
+    return DiagError(diag, Err::kBadVersion, "%s: %s", dev.Name(), primary_diag.text);
   return DiagError(diag, r.primary_status.Is(ErrorClass::kIo) ? r.primary_status : Status(Err::kCorrupt),
                    "%s: both superblock copies are unusable: primary: %s; backup: %s", dev.Name(),
                    primary_diag.text, backup_diag.text);

@@ -184,6 +184,37 @@ TEST(SuperblockTest, ReadFallsBackToBackupWhenPrimaryIsCorrupt) {
   EXPECT_NE(std::string(d.text).find("both superblock copies"), std::string::npos) << d.text;
 }
 
+// Format version 1 (one pointer an extent) was never released: a device
+// with it is refused in one line that says to reformat; other versions get
+// the plain line.
+TEST(SuperblockTest, VersionOneIsRefusedWithOneLine) {
+  ASSERT_EQ(kSbVersion, 2);
+  auto dev = Dev("old");
+  ASSERT_TRUE(Write(*dev, MakeSb(1), 0).ok());
+  auto set_version = [&](u16 v) {
+    for (u64 at : {kSbPrimaryOffset, kSbBackupOffset}) {
+      std::vector<u8> b(kSbSize);
+      dev->ReadRaw(at, b.data(), b.size());
+      auto* f = reinterpret_cast<SuperblockFormat*>(b.data());
+      f->version.set(v);
+      f->csum.set(0);
+      f->csum.set(platform::Crc32c(b.data(), kSbSize));
+      dev->WriteRaw(at, b.data(), b.size());
+    }
+  };
+  set_version(1);
+  Superblock out;
+  Diag d;
+  EXPECT_EQ(Read(*dev, &out, &d).status(), Status(Err::kBadVersion));
+  const std::string text = d.text;
+  EXPECT_EQ(text,
+            "old: superblock format version 1 predates extent pointer lists and nothing released used it; "
+            "this build reads version 2: reformat");
+  set_version(3);
+  EXPECT_EQ(Read(*dev, &out, &d).status(), Status(Err::kBadVersion));
+  EXPECT_EQ(std::string(d.text), "old: superblock version 3 not supported (this build reads 2)");
+}
+
 TEST(SuperblockTest, BlankDeviceIsNotTierfs) {
   auto dev = Dev("blank");
   Superblock out;
