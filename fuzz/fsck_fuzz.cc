@@ -42,7 +42,7 @@ void Populate(posix::Filesystem& fs, int from, int to) {
     if (!fs.Write(a.value().ino, 0, c.data(), u32(c.size())).ok()) fuzz::Fail("populate: write");
     if (!fs.Fsync(a.value().ino).ok()) fuzz::Fail("populate: fsync");
     if (i == from) {
-      (void)fs.SetXattr(a.value().ino, "user.k", 6, "value", 5, 0);
+      (void)fs.SetXattr(a.value().ino, "user.k", 6, "value", 5, 0, posix::Filesystem::kFrontEndChecked);
       (void)fs.Symlink(dir, "l", 1, name.data(), u32(name.size()), root);
     }
   }

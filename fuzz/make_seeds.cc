@@ -137,7 +137,8 @@ void Values() {
     Need(a.ok(), "mknod");
     const std::string c(4096 * (1 + i) + 100, char('x' + i));
     Need(fs.Write(a.value().ino, 0, c.data(), u32(c.size())).ok(), "write");
-    Need(fs.SetXattr(a.value().ino, "user.seed", 9, "value", 5, 0).ok(), "setxattr");
+    Need(fs.SetXattr(a.value().ino, "user.seed", 9, "value", 5, 0, posix::Filesystem::kFrontEndChecked).ok(),
+         "setxattr");
     Need(fs.Fsync(a.value().ino).ok(), "fsync");
   }
   struct Kind {
@@ -215,7 +216,8 @@ void Values() {
   auto big = fs.Mknod(d.value().ino, "big", 3, posix::kModeReg | 0644, 0, root);
   Need(big.ok(), "mknod");
   const std::string v(5000, 'b');
-  Need(fs.SetXattr(big.value().ino, "user.big", 8, v.data(), u32(v.size()), 0).ok(), "setxattr");
+  Need(fs.SetXattr(big.value().ino, "user.big", 8, v.data(), u32(v.size()), 0,
+                   posix::Filesystem::kFrontEndChecked).ok(), "setxattr");
   {
     btree::Iterator it(&e.btrees(), btree::kBtreeXattrs);
     Need(it.Seek(btree::Pos{btree::kBtreeXattrs, big.value().ino, 0}).ok() && it.Valid(), "seek");

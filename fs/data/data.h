@@ -135,7 +135,8 @@ struct Delta {
   X(stale_lookups, counter, "reads that found a bucket freed since their lookup, and looked again")      \
   X(read_retries, counter, "extent lookups of reads repeated: a commit of the inode overlapped")         \
   X(copy_retries, counter, "reads that fell back to another copy (checksum, I/O error, bad or stale pointer)") \
-  X(slow_member_flushes, counter, "commits that flushed a member without a journal (an HDD) before entering it")
+  X(slow_member_flushes, counter, "commits that flushed a member without a journal (an HDD) before entering it") \
+  X(write_point_fallbacks, counter, "writes sent to the foreground target's write point (the table was full)")
 
 struct Stats {
   TFS_COUNTER_FIELDS(TFS_DATA_COUNTERS)
@@ -216,12 +217,17 @@ class DataPath {
   // The bucket ctx's write point has open (false: none yet). For tests and
   // the ctl document.
   bool WritePointBucket(const IoContext& ctx, alloc::BucketRef* out);
+  // Tests: at most `n` write points for targets other than kForeground (at
+  // most kMaxWritePoints - kIoClassCount), to reach the full table's
+  // fallback. Before the first write.
+  void LimitWritePointsForTest(u32 n) { wp_limit_ = Min<u32>(n, kMaxWritePoints - dev::kIoClassCount); }
 
  private:
   // An open bucket new data of one (target, class) is appended to. Created on
   // first use, kept until Close (the table only grows: a handful of
   // contexts exist, kMaxWritePoints at most -- files' targets add one per
-  // member or group they name).
+  // member or group they name). Keyed by the target WritePointTarget makes
+  // of ctx's, so targets with the same members share one.
   struct WritePoint {
     Target target;
     dev::IoClass io_class = dev::IoClass::kForegroundSync;
@@ -231,7 +237,17 @@ class DataPath {
     u64 used = 0;                 // blocks handed out, under mu
     Atomic<u64> left{0};          // blocks not handed out (FreeBlocksLocked reads it without mu)
   };
-  // ctx's write point, created if new (kNoMemory).
+  // The key of t's write point: a member's group of one member is that
+  // member (kMember), a larger group is named by its first member, and a
+  // member index is taken modulo kMaxDevices (as Reserve's mask takes it) --
+  // so no two keys place data on the same members, and at most
+  // kSbTargetKinds + 2 * kMaxDevices targets have write points.
+  Target WritePointTarget(Target t) const;
+  // ctx's write point (WritePointTarget's), created if new (kNoMemory). When
+  // the table is full (it cannot be while the bound below holds), the
+  // filesystem's foreground target's write point of ctx's class instead
+  // (counted: write_point_fallbacks): a write still lands, on the
+  // filesystem's target, never fails for want of a table entry.
   Result<WritePoint*> FindWritePoint(const IoContext& ctx);
   // Space for up to `want` blocks at ctx's write point: member, bucket, byte
   // offset. kNoSpace unless what stays free after it covers the reservations
@@ -305,11 +321,19 @@ class DataPath {
   dev::DevMask targets_[kTargetKinds] = {};  // the superblock's targets, resolved at Open (0: none)
   dev::DevMask groups_[dev::kMaxDevices] = {};  // per member: the members of its group (kGroup targets)
   // The write points: entries [0, nr_wps_) are set (published with release)
-  // and stay until Close; wps_mu_ serializes adding one.
-  static constexpr u32 kMaxWritePoints = 128;
+  // and stay until Close; wps_mu_ serializes adding one. Every key
+  // (WritePointTarget) in every class fits; the last kIoClassCount entries
+  // are kept for the foreground target's, so the fallback always has one.
+  static constexpr u32 kMaxWritePoints = 402;
+  static_assert(kMaxWritePoints >= (kSbTargetKinds + 2 * dev::kMaxDevices) * dev::kIoClassCount,
+                "a write point for every superblock target, member and group in every I/O class");
+  static_assert(kTargetKinds == kSbTargetKinds + 2, "a new target kind needs its write points counted above");
   Mutex wps_mu_;
   WritePoint* wps_[kMaxWritePoints] = {};
   Atomic<u32> nr_wps_{0};
+  // Entries a target other than kForeground may take (tests lower it to
+  // reach the fallback); the rest are the foreground target's.
+  u32 wp_limit_ = kMaxWritePoints - dev::kIoClassCount;
   mutable Mutex acct_mu_;
   Vector<u32> live_[dev::kMaxDevices];     // live blocks per bucket (committed extents' pointers not cached)
   Vector<u32> cached_[dev::kMaxDevices];   // blocks of committed extents' cached pointers per bucket

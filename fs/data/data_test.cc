@@ -1,6 +1,7 @@
 // data::DataPath with IoContexts: each (target, class) has its own write
-// point, every request carries its context's origin and class, and the
-// targets place new data.
+// point -- one per set of members a target names -- every request carries
+// its context's origin and class, the targets place new data, and a full
+// write point table sends a write to the foreground target's.
 #include "data/data.h"
 
 #include <gtest/gtest.h>
@@ -234,6 +235,99 @@ TEST(DataPathTest, ARetiredWritePointsBucketWaitsForItsReads) {
   // The read's Unpin freed it.
   EXPECT_NE(t.store.alloc().Get(b.dev, b.bucket).state, alloc::BucketState::kUser);
   EXPECT_EQ(t.data.GetStats().buckets_freed, freed + 1);
+}
+
+// A write point is keyed by the members its target places data on: a
+// member and the group it is alone in share one, as do two members' names
+// for one group of two; a member of that group alone is another (its own
+// mask). Before, each spelling had a write point of its own, and the table
+// could fill.
+TEST(DataPathTest, TargetsWithTheSameMembersShareAWritePoint) {
+  auto ssd = testing::MemMember();
+  auto hdd_b = testing::MemMember();
+  auto hdd_c = testing::MemMember();
+  ASSERT_TRUE(testing::FormatMembers({ssd.get(), hdd_b.get(), hdd_c.get()}, testing::TwoTierFormat(),
+                                     {"ssd.a", "hdd.b", "hdd.c"})
+                  .ok());
+  store::Store store;
+  ASSERT_TRUE(testing::OpenStore(&store, {ssd.get(), hdd_b.get(), hdd_c.get()}).ok());
+  DataPath data;
+  ASSERT_TRUE(data.Open(&store).ok());
+  u32 idx[3] = {};
+  for (u32 i = 0; i < store.sb().nr_members; i++) {
+    const std::string label = store.sb().members[i].label;
+    idx[label == "ssd.a" ? 0 : label == "hdd.b" ? 1 : 2] = i;
+  }
+  auto ctx = [](TargetKind kind, u32 member) {
+    IoContext c = kForegroundWrite;
+    c.target = Target{kind, u8(member)};
+    return c;
+  };
+  auto write = [&](const IoContext& c, u64 ino) {
+    std::vector<u8> buf(4 * kBlockSize, u8('a' + ino));
+    btree::Transaction tx(&store.btrees());
+    Delta delta;
+    ASSERT_TRUE(data.QueueWrite(c, &tx, ino, 0, buf.data(), 4, &delta).ok());
+    ASSERT_TRUE(data.Commit(c, &tx, delta).ok());
+  };
+  const IoContext group_b = ctx(TargetKind::kGroup, idx[1]);
+  const IoContext group_c = ctx(TargetKind::kGroup, idx[2]);
+  const IoContext member_ssd = ctx(TargetKind::kMember, idx[0]);
+  const IoContext group_ssd = ctx(TargetKind::kGroup, idx[0]);
+  const IoContext member_b = ctx(TargetKind::kMember, idx[1]);
+  write(group_b, 20);
+  write(group_c, 21);
+  write(member_ssd, 22);
+  write(group_ssd, 23);
+  write(member_b, 24);
+  EXPECT_EQ(data.GetStats().write_points, 3u);
+  alloc::BucketRef gb, gc, ms, gs, mb;
+  ASSERT_TRUE(data.WritePointBucket(group_b, &gb));
+  ASSERT_TRUE(data.WritePointBucket(group_c, &gc));
+  ASSERT_TRUE(data.WritePointBucket(member_ssd, &ms));
+  ASSERT_TRUE(data.WritePointBucket(group_ssd, &gs));
+  ASSERT_TRUE(data.WritePointBucket(member_b, &mb));
+  EXPECT_TRUE(gb.dev == gc.dev && gb.bucket == gc.bucket);
+  EXPECT_TRUE(gb.dev == idx[1] || gb.dev == idx[2]) << gb.dev;
+  EXPECT_TRUE(ms.dev == gs.dev && ms.bucket == gs.bucket);
+  EXPECT_EQ(ms.dev, idx[0]);
+  EXPECT_EQ(mb.dev, idx[1]);
+  EXPECT_FALSE(mb.dev == gb.dev && mb.bucket == gb.bucket);
+  std::vector<u8> buf(4 * kBlockSize);
+  for (u64 ino = 20; ino <= 24; ino++) {
+    ASSERT_TRUE(data.ReadBlocks(kForegroundRead, ino, 0, 4, buf.data()).ok());
+    EXPECT_EQ(buf[0], u8('a' + ino));
+  }
+  data.Close();
+  EXPECT_TRUE(store.Close().ok());
+}
+
+// A full write point table (reached here by lowering the limit: the real
+// one holds every key) sends a write to the foreground target's write point
+// and counts it, instead of failing it (before: EINVAL to the user).
+TEST(DataPathTest, AFullWritePointTableFallsBackToTheForegroundTarget) {
+  TwoMembers t;
+  const u32 ssd = t.Member("ssd.a");
+  const u32 hdd = t.Member("hdd.b");
+  t.data.LimitWritePointsForTest(1);
+  t.Write(kBackgroundWrite, 30, 0, 2, 'b');  // the one entry a non-foreground target may take
+  IoContext on_hdd = kForegroundWrite;
+  on_hdd.target = Target{TargetKind::kMember, u8(hdd)};
+  t.Write(on_hdd, 31, 0, 2, 'h');
+  t.Write(on_hdd, 31, 2, 2, 'i');
+  EXPECT_EQ(t.data.GetStats().write_point_fallbacks, 2u);
+  EXPECT_EQ(t.data.GetStats().write_points, 2u);
+  alloc::BucketRef fg, none;
+  ASSERT_TRUE(t.data.WritePointBucket(kForegroundWrite, &fg));
+  EXPECT_EQ(fg.dev, ssd);  // the filesystem's foreground target
+  EXPECT_FALSE(t.data.WritePointBucket(on_hdd, &none));
+  // The foreground target itself never falls back; the data reads back.
+  t.Write(kForegroundWrite, 32, 0, 1, 'f');
+  EXPECT_EQ(t.data.GetStats().write_point_fallbacks, 2u);
+  std::vector<u8> buf(4 * kBlockSize);
+  ASSERT_TRUE(t.data.ReadBlocks(kForegroundRead, 31, 0, 4, buf.data()).ok());
+  EXPECT_EQ(buf[0], 'h');
+  EXPECT_EQ(buf[2 * kBlockSize], 'i');
 }
 
 TEST(DataPathTest, OpenNeedsAnOpenStore) {

@@ -40,6 +40,9 @@ enum class TargetKind : u8 {
   kGroup,           // every member whose group is Target::member's (a file's target naming a group)
 };
 inline constexpr u32 kTargetKinds = 5;
+// The superblock's target kinds (kForeground..kPromote): one write point per
+// class each; kMember and kGroup add at most one per member each.
+inline constexpr u32 kSbTargetKinds = 3;
 
 struct Target {
   TargetKind kind = TargetKind::kForeground;

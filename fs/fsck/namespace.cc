@@ -1529,8 +1529,9 @@ class NamespaceCheck {
   // option. Repair, one transaction per inode: a bad option is unset (the
   // filesystem's applies; its data stays where it is), the reserved bytes
   // zeroed, the flag made to follow the option (a flag with the option
-  // unset: zstd, what chattr +c asked for). Nothing else reads them: posix
-  // places and compresses data as if a bad option were unset.
+  // unset -- damage, as no path sets one without the other -- makes the
+  // option zstd, the one value the flag mirrors). Nothing else reads them:
+  // posix places and compresses data as if a bad option were unset.
   Status CheckOptions() {
     const u32 members = e_.sb().nr_members;
     for (InodeRec& r : inodes_) {
@@ -1550,9 +1551,16 @@ class NamespaceCheck {
       }
       if (d.reserved) Problem("namespace: inode %llu: reserved option bytes or bits are not zero", ino);
       const bool flag = (f.flags.get() & posix::kInodeFlagCompress) != 0;
-      if (d.flag_mismatch)
+      // (A flag without the option is damage too: every change that sets
+      // the flag sets compression=zstd with it, and no image from before
+      // the options mounts.)
+      const bool flag_alone = flag && f.compression == 0;
+      if (d.flag_mismatch && flag_alone)
+        Problem("namespace: inode %llu: the compression flag (chattr +c) is set without its compression option "
+                "(the flag mirrors compression=zstd)", ino);
+      else if (d.flag_mismatch)
         Problem("namespace: inode %llu: the compression flag (chattr +c) is %s but its compression option is %s", ino,
-                flag ? "set" : "clear", f.compression == 0 ? "unset" : f.compression == 1 ? "none" : "zstd");
+                flag ? "set" : "clear", f.compression == 1 ? "none" : "zstd");
       if (!repair_) continue;
       TFS_TRY(UpdateInode(r.ino, [&](posix::InodeFormat& g) { posix::RepairOpts(&g, members); }));
       r.opts = posix::OptsDamage{};
@@ -1563,8 +1571,8 @@ class NamespaceCheck {
       if (d.reserved) Repaired(1, "namespace: inode %llu: zeroed its reserved option bytes", ino);
       if (d.flag_mismatch)
         Repaired(1, "namespace: inode %llu: %s", ino,
-                 flag && f.compression == 0 ? "set its compression option to zstd, as its flag asked"
-                                            : "made its compression flag follow its compression option");
+                 flag_alone ? "set its compression option to zstd, the one value its flag mirrors"
+                            : "made its compression flag follow its compression option");
     }
     return Status::Ok();
   }

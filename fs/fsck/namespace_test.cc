@@ -129,9 +129,9 @@ struct Fixture {
       ASSERT_TRUE(fs.Write(file, 0, bytes.data(), u32(bytes.size())).ok());
       ASSERT_TRUE(fs.Write(file, 4096 + 10, "xyz", 3).ok());
       link = fs.Symlink(posix::kRootIno, "sym", 3, kLinkTarget.data(), u32(kLinkTarget.size()), who).value().ino;
-      ASSERT_TRUE(fs.SetXattr(file, "user.x", 6, "v", 1, 0).ok());
+      ASSERT_TRUE(fs.SetXattr(file, "user.x", 6, "v", 1, 0, Filesystem::kFrontEndChecked).ok());
       const std::string big = BigXattr();
-      ASSERT_TRUE(fs.SetXattr(file, "user.big", 8, big.data(), u32(big.size()), 0).ok());
+      ASSERT_TRUE(fs.SetXattr(file, "user.big", 8, big.data(), u32(big.size()), 0, Filesystem::kFrontEndChecked).ok());
       for (const std::string& n : Names(fs, dir)) in_dir[n] = fs.Lookup(dir, n.data(), u32(n.size())).value().ino;
     }, 1);
   }
@@ -882,7 +882,7 @@ TEST(FsckRepairTest, EachDamageIsRepaired) {
       {"missing root",
        [](Fixture& f) {
          f.WithFs([](Filesystem& fs, btree::Btrees&) {
-           ASSERT_TRUE(fs.SetXattr(posix::kRootIno, "user.r", 6, "r", 1, 0).ok());
+           ASSERT_TRUE(fs.SetXattr(posix::kRootIno, "user.r", 6, "r", 1, 0, Filesystem::kFrontEndChecked).ok());
          });
          f.Poke(btree::Pos{btree::kBtreeInodes, posix::kRootIno, 0}, nullptr, 0);
        },
@@ -1323,7 +1323,8 @@ TEST(FsckRepairTest, DamagedChunkedXattrsAreRepaired) {
        [](Fixture& f) {
          const std::string other(3000, 'o');
          f.WithFs([&](Filesystem& fs, btree::Btrees&) {
-           ASSERT_TRUE(fs.SetXattr(f.file, "user.other", 10, other.data(), u32(other.size()), 0).ok());
+           ASSERT_TRUE(fs.SetXattr(f.file, "user.other", 10, other.data(), u32(other.size()), 0,
+                                   Filesystem::kFrontEndChecked).ok());
          });
          const btree::Pos at{btree::kBtreeXattrs, f.file, XattrSlot(f, f.file, "user.other")};
          std::vector<u8> v = f.Value(at);
@@ -1343,7 +1344,8 @@ TEST(FsckRepairTest, DamagedChunkedXattrsAreRepaired) {
        [](Fixture& f) {
          const std::string other(3000, 'o');
          f.WithFs([&](Filesystem& fs, btree::Btrees&) {
-           ASSERT_TRUE(fs.SetXattr(f.file, "user.other", 10, other.data(), u32(other.size()), 0).ok());
+           ASSERT_TRUE(fs.SetXattr(f.file, "user.other", 10, other.data(), u32(other.size()), 0,
+                                   Filesystem::kFrontEndChecked).ok());
          });
          const btree::Pos at{btree::kBtreeXattrs, f.file, XattrSlot(f, f.file, "user.big")};
          std::vector<u8> v = f.Value(at);
@@ -1371,7 +1373,8 @@ TEST(FsckRepairTest, DamagedChunkedXattrsAreRepaired) {
            const std::string v(posix::kXattrSizeMax, 'm');
            for (int i = 0; i < 31; i++) {
              const std::string n = "user.m" + std::to_string(i);
-             ASSERT_TRUE(fs.SetXattr(f.file, n.data(), u32(n.size()), v.data(), u32(v.size()), 0).ok()) << i;
+             ASSERT_TRUE(fs.SetXattr(f.file, n.data(), u32(n.size()), v.data(), u32(v.size()), 0,
+                                     Filesystem::kFrontEndChecked).ok()) << i;
            }
          });
          const std::string name = "user.poked";
@@ -1422,8 +1425,10 @@ TEST(FsckRepairTest, DamagedChunkedXattrsAreRepaired) {
        [](Fixture& f) {
          const std::string o1(3000, '1'), o2(3000, '2');
          f.WithFs([&](Filesystem& fs, btree::Btrees&) {
-           ASSERT_TRUE(fs.SetXattr(f.file, "user.o1", 7, o1.data(), u32(o1.size()), 0).ok());
-           ASSERT_TRUE(fs.SetXattr(f.file, "user.o2", 7, o2.data(), u32(o2.size()), 0).ok());
+           ASSERT_TRUE(fs.SetXattr(f.file, "user.o1", 7, o1.data(), u32(o1.size()), 0,
+                                   Filesystem::kFrontEndChecked).ok());
+           ASSERT_TRUE(fs.SetXattr(f.file, "user.o2", 7, o2.data(), u32(o2.size()), 0,
+                                   Filesystem::kFrontEndChecked).ok());
          });
          ASSERT_EQ(f.Value(ChunkPos(f.file, 1, 1)).size(), 3000u - posix::kXattrChunkBytes);  // o1's id is 1
          f.Poke(ChunkPos(f.file, 1, 0), nullptr, 0);
@@ -1517,7 +1522,7 @@ TEST(FsckNamespaceTest, TheChunkedXattrFlagFollowsWhatNeedsIt) {
   u64 ino = 0;
   img.WithFs([&](Filesystem& fs, store::Store&) {
     ino = fs.Mknod(posix::kRootIno, "f", 1, posix::kModeReg | 0644, 0, fixture::kRoot).value().ino;
-    ASSERT_TRUE(fs.SetXattr(ino, "user.a", 6, "old", 3, 0).ok());
+    ASSERT_TRUE(fs.SetXattr(ino, "user.a", 6, "old", 3, 0, Filesystem::kFrontEndChecked).ok());
   });
   EXPECT_TRUE(flag(img));  // a read-write mount
   // Unused: the normal state after a mount -- -n says nothing and writes
@@ -1538,20 +1543,20 @@ TEST(FsckNamespaceTest, TheChunkedXattrFlagFollowsWhatNeedsIt) {
   // What needs it keeps it: a chunked value; a capability (its inode flag).
   const std::string big(20000, 'b');
   img.WithFs([&](Filesystem& fs, store::Store&) {
-    ASSERT_TRUE(fs.SetXattr(ino, "user.big", 8, big.data(), u32(big.size()), 0).ok());
+    ASSERT_TRUE(fs.SetXattr(ino, "user.big", 8, big.data(), u32(big.size()), 0, Filesystem::kFrontEndChecked).ok());
   });
   auto [r4, out4] = img.Fsck(true);
   EXPECT_EQ(r4.exit_code, kExitClean) << out4;
   EXPECT_TRUE(flag(img)) << out4;
   img.WithFs([&](Filesystem& fs, store::Store&) {
-    ASSERT_TRUE(fs.RemoveXattr(ino, "user.big", 8).ok());
-    ASSERT_TRUE(fs.SetXattr(ino, "security.capability", 19, "cap", 3, 0).ok());
+    ASSERT_TRUE(fs.RemoveXattr(ino, "user.big", 8, Filesystem::kFrontEndChecked).ok());
+    ASSERT_TRUE(fs.SetXattr(ino, "security.capability", 19, "cap", 3, 0, Filesystem::kFrontEndChecked).ok());
   });
   auto [r5, out5] = img.Fsck(true);
   EXPECT_EQ(r5.exit_code, kExitClean) << out5;
   EXPECT_TRUE(flag(img)) << out5;
   img.WithFs([&](Filesystem& fs, store::Store&) {
-    ASSERT_TRUE(fs.RemoveXattr(ino, "security.capability", 19).ok());
+    ASSERT_TRUE(fs.RemoveXattr(ino, "security.capability", 19, Filesystem::kFrontEndChecked).ok());
   });
   auto [r6, out6] = img.Fsck(true);
   EXPECT_EQ(r6.exit_code, kExitClean) << out6;
@@ -1559,7 +1564,7 @@ TEST(FsckNamespaceTest, TheChunkedXattrFlagFollowsWhatNeedsIt) {
 
   // The flag lost while a chunked value exists: an error, -y sets it.
   img.WithFs([&](Filesystem& fs, store::Store&) {
-    ASSERT_TRUE(fs.SetXattr(ino, "user.big", 8, big.data(), u32(big.size()), 0).ok());
+    ASSERT_TRUE(fs.SetXattr(ino, "user.big", 8, big.data(), u32(big.size()), 0, Filesystem::kFrontEndChecked).ok());
   });
   DropFeatureFlag(img);
   auto [r7, out7] = img.Fsck(false);
@@ -1573,7 +1578,9 @@ TEST(FsckNamespaceTest, TheChunkedXattrFlagFollowsWhatNeedsIt) {
 
   // An older build's filesystem (no flag, inline xattrs only) checks clean
   // and mounts; the mount marks it.
-  img.WithFs([&](Filesystem& fs, store::Store&) { ASSERT_TRUE(fs.RemoveXattr(ino, "user.big", 8).ok()); });
+  img.WithFs([&](Filesystem& fs, store::Store&) {
+    ASSERT_TRUE(fs.RemoveXattr(ino, "user.big", 8, Filesystem::kFrontEndChecked).ok());
+  });
   DropFeatureFlag(img);
   auto [r10, out10] = img.Fsck(false);
   EXPECT_EQ(r10.exit_code, kExitClean) << out10;
@@ -1599,8 +1606,8 @@ TEST(FsckRepairTest, AFilesystemFromBeforeTheCapabilityFlagIsUpgraded) {
   img.WithFs([&](Filesystem& fs, store::Store&) {
     a = fs.Mknod(posix::kRootIno, "a", 1, posix::kModeReg | 0755, 0, fixture::kRoot).value().ino;
     b = fs.Mknod(posix::kRootIno, "b", 1, posix::kModeReg | 0755, 0, fixture::kRoot).value().ino;
-    ASSERT_TRUE(fs.SetXattr(a, "security.capability", 19, "cap", 3, 0).ok());
-    ASSERT_TRUE(fs.SetXattr(b, "security.capability", 19, "cap", 3, 0).ok());
+    ASSERT_TRUE(fs.SetXattr(a, "security.capability", 19, "cap", 3, 0, Filesystem::kFrontEndChecked).ok());
+    ASSERT_TRUE(fs.SetXattr(b, "security.capability", 19, "cap", 3, 0, Filesystem::kFrontEndChecked).ok());
   });
   EXPECT_EQ(img.SbOf().flags & posix::kSbFeatures, posix::kSbFeatures);
   auto older_build = [&] {
@@ -1696,7 +1703,7 @@ TEST(FsckRepairTest, TheCapabilityFlagFollowsItsXattr) {
   img.WithFs([&](Filesystem& fs, store::Store&) {
     with = fs.Mknod(posix::kRootIno, "with", 4, posix::kModeReg | 0755, 0, fixture::kRoot).value().ino;
     without = fs.Mknod(posix::kRootIno, "without", 7, posix::kModeReg | 0755, 0, fixture::kRoot).value().ino;
-    ASSERT_TRUE(fs.SetXattr(with, "security.capability", 19, "cap", 3, 0).ok());
+    ASSERT_TRUE(fs.SetXattr(with, "security.capability", 19, "cap", 3, 0, Filesystem::kFrontEndChecked).ok());
   });
   FlipCapsFlag(img, with);
   FlipCapsFlag(img, without);
@@ -1714,16 +1721,20 @@ TEST(FsckRepairTest, TheCapabilityFlagFollowsItsXattr) {
 
 // The inodes' options (posix/opts.h): set ones check clean; a value naming
 // a member the filesystem does not have, replicas out of range, reserved
-// bytes in use and a compression flag that disagrees with the option are
-// each one error; -y unsets the bad options, zeroes the bytes and makes the
-// flag follow the option, and the good options stay.
+// bytes in use, a compression flag that disagrees with the option and one
+// without the option (damage: no path sets one without the other) are each
+// one error; -y unsets the bad options, zeroes the bytes, makes the flag
+// follow the option (a flag alone: compression=zstd), and the good options
+// stay.
 TEST(FsckRepairTest, DamagedInodeOptionsAreCleared) {
   Fixture fx;
   fx.WithFs([&](Filesystem& fs, btree::Btrees&) {
-    ASSERT_TRUE(fs.SetXattr(fx.file, "tierfs.replicas", 15, "2", 1, 0).ok());
-    ASSERT_TRUE(fs.SetXattr(fx.file, "tierfs.foreground_target", 24, "ssd", 3, 0).ok());
-    ASSERT_TRUE(fs.SetXattr(fx.file, "tierfs.promote_target", 21, "ssd.a", 5, 0).ok());
-    ASSERT_TRUE(fs.SetXattr(fx.dir, "tierfs.compression", 18, "zstd", 4, 0).ok());
+    ASSERT_TRUE(fs.SetXattr(fx.file, "tierfs.replicas", 15, "2", 1, 0, Filesystem::kFrontEndChecked).ok());
+    ASSERT_TRUE(
+        fs.SetXattr(fx.file, "tierfs.foreground_target", 24, "ssd", 3, 0, Filesystem::kFrontEndChecked).ok());
+    ASSERT_TRUE(
+        fs.SetXattr(fx.file, "tierfs.promote_target", 21, "ssd.a", 5, 0, Filesystem::kFrontEndChecked).ok());
+    ASSERT_TRUE(fs.SetXattr(fx.dir, "tierfs.compression", 18, "zstd", 4, 0, Filesystem::kFrontEndChecked).ok());
   });
   auto [r0, out0] = fx.Fsck();
   ASSERT_EQ(r0.exit_code, kExitClean) << out0;
@@ -1735,8 +1746,12 @@ TEST(FsckRepairTest, DamagedInodeOptionsAreCleared) {
     i.reserved0[2] = 1;
     i.flags.set(u16(i.flags.get() & ~posix::kInodeFlagCompress));  // compression zstd, flag clear
   });
+  // The flag without the option: no path writes it (each that sets the
+  // flag sets zstd with it), so it is damage, and zstd the repair.
+  fx.SetInode(fx.sub, [](posix::InodeFormat& i) { i.flags.set(u16(i.flags.get() | posix::kInodeFlagCompress)); });
   const std::string file = "inode " + std::to_string(fx.file);
   const std::string dir = "inode " + std::to_string(fx.dir);
+  const std::string sub = "inode " + std::to_string(fx.sub);
   auto [r1, out1] = fx.Fsck();
   EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
   EXPECT_NE(out1.find(file + ": bad option foreground_target: stored value 8 names no member or group of this "
@@ -1746,7 +1761,10 @@ TEST(FsckRepairTest, DamagedInodeOptionsAreCleared) {
   EXPECT_NE(out1.find(dir + ": reserved option bytes or bits are not zero"), std::string::npos) << out1;
   EXPECT_NE(out1.find(dir + ": the compression flag (chattr +c) is clear but its compression option is zstd"),
             std::string::npos) << out1;
-  EXPECT_NE(out1.find("4 problem(s)"), std::string::npos) << out1;
+  EXPECT_NE(out1.find(sub + ": the compression flag (chattr +c) is set without its compression option (the flag "
+                            "mirrors compression=zstd)"),
+            std::string::npos) << out1;
+  EXPECT_NE(out1.find("5 problem(s)"), std::string::npos) << out1;
   auto [r2, out2] = fx.Fsck(true);
   EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
   EXPECT_NE(out2.find(file + ": unset option foreground_target (the filesystem's applies)"), std::string::npos)
@@ -1754,6 +1772,8 @@ TEST(FsckRepairTest, DamagedInodeOptionsAreCleared) {
   EXPECT_NE(out2.find(file + ": unset option replicas"), std::string::npos) << out2;
   EXPECT_NE(out2.find(dir + ": zeroed its reserved option bytes"), std::string::npos) << out2;
   EXPECT_NE(out2.find(dir + ": made its compression flag follow its compression option"), std::string::npos) << out2;
+  EXPECT_NE(out2.find(sub + ": set its compression option to zstd, the one value its flag mirrors"), std::string::npos)
+      << out2;
   auto [r3, out3] = fx.Fsck();
   EXPECT_EQ(r3.exit_code, kExitClean) << out3;
   fx.WithFs([&](Filesystem& fs, btree::Btrees&) {
@@ -1764,6 +1784,9 @@ TEST(FsckRepairTest, DamagedInodeOptionsAreCleared) {
     EXPECT_EQ(std::string(v, 5), "ssd.a");
     ASSERT_EQ(fs.GetXattr(fx.dir, "tierfs.compression", 18, v, sizeof(v)).value(), 4u);
     EXPECT_EQ(fs.GetFlags(fx.dir).value(), Filesystem::kFsComprFl);
+    ASSERT_EQ(fs.GetXattr(fx.sub, "tierfs.compression", 18, v, sizeof(v)).value(), 4u);
+    EXPECT_EQ(std::string(v, 4), "zstd");
+    EXPECT_EQ(fs.GetFlags(fx.sub).value(), Filesystem::kFsComprFl);
     EXPECT_TRUE(Contents(fs, fx.file) == FileBytes());
   });
 }

@@ -349,17 +349,26 @@ class Filesystem {
   //
   // "tierfs.<option>" names are the inode's options (posix/opts.h), not
   // keys: foreground_target, background_target, promote_target, replicas,
-  // compression, with text values. Set validates the value (kInvalidArgument
-  // for a target naming no member or group, replicas outside 1..4,
-  // compression other than none or zstd, or a name that is no option) and
-  // changes the inode with its ctime in one transaction; a target "none"
-  // unsets it. Get: the value (kNoData if unset; kCorrupt if the stored one
-  // is not valid here); "tierfs.inherited" (read-only, never listed): the
-  // names of the options copied from the parent directory, comma-separated.
-  // List adds the set options' names after the keys'. Remove: unset (kNoData
-  // if it was). `who`: the caller of a set or remove, for chattr's rule --
-  // the owner or CAP_FOWNER (kPermission otherwise); null: the front end
-  // has checked. Other names ignore it.
+  // compression, with text values (one trailing NUL is taken: C callers
+  // pass strlen + 1). Set validates the value (kInvalidArgument for a target
+  // naming no member or group, replicas outside 1..4, compression other than
+  // none or zstd, or a name that is no option), is kNoSpace when metadata
+  // may not grow (MetadataRoom), and changes the inode with its ctime in one
+  // transaction; a target "none" unsets it. Get: the value (kNoData if
+  // unset; kCorrupt if the stored one is not valid here); "tierfs.inherited"
+  // (read-only, never listed): the names of the options copied from the
+  // parent directory, comma-separated. List adds the set options' names
+  // after the keys' -- but not one whose stored value Get calls corrupt, so
+  // that getfattr -d, cp -a and rsync -X still copy the rest of the file
+  // (fsck clears it). Remove: unset (kNoData if it was not).
+  //
+  // `who` (no default, so no caller forgets it): the caller of a set or
+  // remove of an option, for chattr's rule -- the owner or CAP_FOWNER,
+  // checked before the value (kPermission otherwise, as the kernel answers a
+  // non-owner whatever the value). kFrontEndChecked: the front end applied
+  // the rule itself (the kernel glue: inode_owner_or_capable; tools and
+  // tests acting as the owner). Null is refused (kPermission): the check
+  // fails closed. Names other than "tierfs." ones ignore it.
   struct OptionCaller {
     u32 uid = 0;
     // Whether the caller has CAP_FOWNER (the VFS asks capable_wrt_inode_uidgid);
@@ -370,13 +379,16 @@ class Filesystem {
     // text), for the front end's log; null if it was not.
     const char* refused = nullptr;
   };
+  // `who` for a caller whose front end has checked chattr's rule (above).
+  // A tag: only its address means anything; nothing is written to it.
+  static OptionCaller* const kFrontEndChecked;
   Status SetXattr(u64 ino, const char* name, u32 len, const void* value, u32 value_len, u32 flags,
-                  OptionCaller* who = nullptr);
+                  OptionCaller* who);
   Result<u32> GetXattr(u64 ino, const char* name, u32 len, void* buf, u32 cap);
   // `trusted`: whether the caller may see trusted.* names (CAP_SYS_ADMIN; the
   // VFS checks get and set, but leaves listing to the filesystem).
   Result<u32> ListXattr(u64 ino, char* buf, u32 cap, bool trusted = true);
-  Status RemoveXattr(u64 ino, const char* name, u32 len, OptionCaller* who = nullptr);
+  Status RemoveXattr(u64 ino, const char* name, u32 len, OptionCaller* who);
 
   // A handle on the inode is open / closed (see "Open files" above).
   Status OpenInode(u64 ino);

@@ -708,7 +708,7 @@ XKeys CountXattrKeys(store::Store& s, u64 ino) {
 }
 
 Status SetX(Filesystem& fs, u64 ino, const std::string& n, const std::string& v, u32 flags = 0) {
-  return fs.SetXattr(ino, n.data(), u32(n.size()), v.data(), u32(v.size()), flags);
+  return fs.SetXattr(ino, n.data(), u32(n.size()), v.data(), u32(v.size()), flags, Filesystem::kFrontEndChecked);
 }
 Result<std::string> GetX(Filesystem& fs, u64 ino, const std::string& n) {
   auto len = fs.GetXattr(ino, n.data(), u32(n.size()), nullptr, 0);
@@ -754,7 +754,7 @@ TEST(PosixTest, XattrsSetGetListRemoveAndTheirErrors) {
   ASSERT_TRUE(SetX(m.fs, f, "user.a", "replaced", kXattrReplace).ok());
   EXPECT_EQ(GetX(m.fs, f, "user.a").value(), "replaced");
   EXPECT_EQ(GetX(m.fs, f, "user.nope").status().code(), Err::kNoData);
-  EXPECT_EQ(m.fs.RemoveXattr(f, "user.nope", 9).code(), Err::kNoData);
+  EXPECT_EQ(m.fs.RemoveXattr(f, "user.nope", 9, Filesystem::kFrontEndChecked).code(), Err::kNoData);
   EXPECT_EQ(SetX(m.fs, f, "system.posix_acl_access", "x").code(), Err::kNotSupported);
   EXPECT_EQ(SetX(m.fs, f, "user.", "x").code(), Err::kNotSupported);
   EXPECT_EQ(SetX(m.fs, f, "user." + std::string(251, 'n'), "x").code(), Err::kNameTooLong);
@@ -783,7 +783,7 @@ TEST(PosixTest, XattrsSetGetListRemoveAndTheirErrors) {
   EXPECT_EQ(GetX(m.fs, f, "user.a").value(), "replaced");
   EXPECT_EQ(GetX(m.fs, f, "user.max").value(), max);
   EXPECT_EQ(GetX(m.fs, f, big_name).value(), one_chunk);
-  ASSERT_TRUE(m.fs.RemoveXattr(f, "user.a", 6).ok());
+  ASSERT_TRUE(m.fs.RemoveXattr(f, "user.a", 6, Filesystem::kFrontEndChecked).ok());
   EXPECT_EQ(ListX(m.fs, f), (std::set<std::string>{"trusted.b", "security.c", big_name, "user.max"}));
   // Freeing the inode frees its xattrs: no key of it is left.
   ASSERT_TRUE(Unlink(m.fs, kRootIno, "f").ok());
@@ -806,7 +806,8 @@ TEST(PosixTest, CollidingXattrsAgainstAModel) {
       ASSERT_TRUE(SetX(m.fs, f, n, v).ok()) << n;
       model[n] = v;
     } else {
-      ASSERT_EQ(m.fs.RemoveXattr(f, n.data(), u32(n.size())).code(), model.erase(n) ? Err::kOk : Err::kNoData);
+      ASSERT_EQ(m.fs.RemoveXattr(f, n.data(), u32(n.size()), Filesystem::kFrontEndChecked).code(),
+                model.erase(n) ? Err::kOk : Err::kNoData);
     }
     if (op % 300 == 299) {
       if (op == 899) m.Remount();
@@ -849,7 +850,7 @@ TEST(PosixTest, ChunkedXattrsLeaveNoStaleChunks) {
     EXPECT_EQ(CountXattrKeys(*m.store, f).chunks, s.chunks) << s.len;
     EXPECT_EQ(GetX(m.fs, f, "user.v").value(), v) << s.len;
   }
-  ASSERT_TRUE(m.fs.RemoveXattr(f, "user.v", 6).ok());
+  ASSERT_TRUE(m.fs.RemoveXattr(f, "user.v", 6, Filesystem::kFrontEndChecked).ok());
   EXPECT_EQ(CountXattrKeys(*m.store, f).chunks, 0u);
   EXPECT_EQ(CountXattrKeys(*m.store, f).table, 0u);
   // Two chunked values: removing one leaves the other whole.
@@ -857,7 +858,7 @@ TEST(PosixTest, ChunkedXattrsLeaveNoStaleChunks) {
   ASSERT_TRUE(SetX(m.fs, f, "user.a", a).ok());
   ASSERT_TRUE(SetX(m.fs, f, "user.b", b).ok());
   EXPECT_EQ(CountXattrKeys(*m.store, f).chunks, 40u);
-  ASSERT_TRUE(m.fs.RemoveXattr(f, "user.a", 6).ok());
+  ASSERT_TRUE(m.fs.RemoveXattr(f, "user.a", 6, Filesystem::kFrontEndChecked).ok());
   EXPECT_EQ(CountXattrKeys(*m.store, f).chunks, 20u);
   EXPECT_EQ(GetX(m.fs, f, "user.b").value(), b);
   ASSERT_TRUE(SetX(m.fs, f, "user.a", a).ok());
@@ -941,7 +942,8 @@ TEST(PosixTest, XattrsOfEverySizeAgainstAModel) {
       ASSERT_TRUE(st.ok()) << n << " " << len << ": " << st.Message();
       model[n] = v;
     } else {
-      ASSERT_EQ(m.fs.RemoveXattr(f, n.data(), u32(n.size())).code(), model.erase(n) ? Err::kOk : Err::kNoData);
+      ASSERT_EQ(m.fs.RemoveXattr(f, n.data(), u32(n.size()), Filesystem::kFrontEndChecked).code(),
+                model.erase(n) ? Err::kOk : Err::kNoData);
     }
     if (op % 100 == 99) {
       if (op % 200 == 199) m.Remount();
@@ -1076,7 +1078,7 @@ TEST(PosixTest, CorruptXattrChunksAreErrorsNotCrashes) {
     if (c.descriptor) {
       EXPECT_EQ(m.fs.ListXattr(f, nullptr, 0).status().code(), Err::kCorrupt);
       EXPECT_EQ(SetX(m.fs, f, "user.big", "x").code(), Err::kCorrupt);
-      EXPECT_EQ(m.fs.RemoveXattr(f, "user.big", 8).code(), Err::kCorrupt);
+      EXPECT_EQ(m.fs.RemoveXattr(f, "user.big", 8, Filesystem::kFrontEndChecked).code(), Err::kCorrupt);
     } else {
       EXPECT_EQ(ListX(m.fs, f), (std::set<std::string>{"user.big"}));
     }
@@ -1439,7 +1441,8 @@ TEST(PosixTest, ReadersOfAnXattrAWriterReshapesSeeWholeValues) {
   bool writes_ok = true;  // (no ASSERT while the readers run: they must be joined)
   for (int i = 0; i < 200 && writes_ok; i++) {
     const u32 k = u32(i % 5);
-    Status st = k == 4 ? m.fs.RemoveXattr(ino, "user.v", 6) : SetX(m.fs, ino, "user.v", values[k]);
+    Status st = k == 4 ? m.fs.RemoveXattr(ino, "user.v", 6, Filesystem::kFrontEndChecked)
+                       : SetX(m.fs, ino, "user.v", values[k]);
     EXPECT_TRUE(st.ok()) << "write " << i << ": " << st.Message();
     writes_ok = st.ok();
   }
@@ -1516,7 +1519,7 @@ TEST(PosixTest, WritesRemoveSecurityCapability) {
   EXPECT_FALSE(caps_flag(f));
   ASSERT_TRUE(SetX(m.fs, f, "security.capability", cap).ok());
   EXPECT_TRUE(caps_flag(f));
-  ASSERT_TRUE(m.fs.RemoveXattr(f, "security.capability", 19).ok());
+  ASSERT_TRUE(m.fs.RemoveXattr(f, "security.capability", 19, Filesystem::kFrontEndChecked).ok());
   EXPECT_FALSE(caps_flag(f));
   ASSERT_TRUE(SetX(m.fs, f, "security.capability", cap).ok());
   m.Remount();

@@ -111,7 +111,7 @@ Result<Attr> Filesystem::Create(u64 dir, const char* name, u32 len, u32 mode, u6
   SetTime(&f.ctime_ns, now);
   SetTime(&f.btime_ns, now);
   if (type == kDtChar || type == kDtBlock) f.rdev.set(rdev);
-  InheritOpts(d, &f);  // the directory's options, marked inherited (opts.h)
+  InheritOpts(d, &f, store_->devs().size());  // the directory's valid options, marked inherited (opts.h)
   if (is_dir) {
     f.parent.set(dir);
     f.hash_seed.set(Mix64(ino ^ u64(now) ^ 0x6469726563746f72ull));

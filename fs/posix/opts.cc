@@ -7,8 +7,9 @@
 // An option is an inode field, never an xattr key: a set or remove rewrites
 // the inode with its ctime in one transaction under the inode lock, like
 // chattr (SetFlags), and is permitted by chattr's rule -- the inode's owner,
-// or a caller with CAP_FOWNER (Filesystem::OptionCaller; the VFS itself only
-// asks for write access to a name outside its namespaces). Get and list read
+// or a caller with CAP_FOWNER (Filesystem::OptionCaller, or
+// kFrontEndChecked from a front end that asked itself; the VFS only asks
+// for write access to a name outside its namespaces). Get and list read
 // the committed inode without a lock. No data I/O, no xattr keys touched;
 // every commit asserts that no table mutex is held (DebugNoSharedLock).
 #include "posix/opts.h"
@@ -110,6 +111,7 @@ bool OptValid(InodeOpt o, u16 v, u32 nr_members) {
 Status ParseOpt(InodeOpt o, const char* text, u32 len, const dev::DeviceSet& devs, u16* out, const char** why) {
   *why = nullptr;
   if (len > 0 && text == nullptr) return Err::kInvalidArgument;
+  if (len > 0 && text[len - 1] == '\0') len--;  // a C string's terminator (one; a NUL inside is refused)
   if (IsTargetOpt(o)) {
     char t[kOptTextMax];
     if (!TargetText(text, len, t)) {
@@ -176,11 +178,11 @@ u32 FormatOpt(InodeOpt o, u16 v, const dev::DeviceSet& devs, char* buf) {
   return n;
 }
 
-void InheritOpts(const InodeFormat& dir, InodeFormat* child) {
+void InheritOpts(const InodeFormat& dir, InodeFormat* child, u32 nr_members) {
   for (u32 i = 0; i < kInodeOpts; i++) {
     const InodeOpt o = InodeOpt(i);
     const u16 v = GetOpt(dir, o);
-    if (v == 0) continue;
+    if (v == 0 || !OptValid(o, v, nr_members)) continue;  // (a damaged one is the directory's alone)
     StoreOpt(child, o, v);
     child->opts_inherited = u8(child->opts_inherited | (1u << i));
   }
@@ -216,8 +218,9 @@ void RepairOpts(InodeFormat* f, u32 nr_members) {
   MemSet(f->reserved0, 0, sizeof(f->reserved0));
   f->reserved[0].set(0);
   f->reserved[1].set(0);
-  // The flag follows the option; a flag alone (or over a damaged value)
-  // is chattr +c's request: zstd.
+  // The flag follows the option; a flag alone (or over a damaged value) is
+  // damage -- every path that sets the flag sets zstd with it -- and zstd
+  // is the one value it can mirror.
   if (flag && f->compression == 0) f->compression = kOptCompressZstd;
   StoreOpt(f, kOptCompression, f->compression);  // (sets the flag from the value)
   f->opts_inherited = u8(f->opts_inherited & SetMask(*f));
@@ -244,44 +247,66 @@ bool CompressNewData(const InodeFormat& f, bool fs_default) {
 
 namespace {
 
+// Only its address is used (Filesystem::kFrontEndChecked): never read or written.
+Filesystem::OptionCaller front_end_checked;
+
+}  // namespace
+
+Filesystem::OptionCaller* const Filesystem::kFrontEndChecked = &front_end_checked;
+
+namespace {
+
 Status Refuse(Filesystem::OptionCaller* who, Status st, const char* why) {
-  if (who != nullptr) who->refused = why;
+  if (who != nullptr && who != Filesystem::kFrontEndChecked) who->refused = why;
   return st;
 }
 
 constexpr const char kNotAnOption[] =
     "not an option (foreground_target, background_target, promote_target, replicas, compression)";
+constexpr const char kReadOnly[] = "tierfs.inherited is read-only (the names of the inherited options)";
+constexpr const char kNotTheOwner[] = "only the owner (or CAP_FOWNER) may set a file's options";
 
 }  // namespace
 
 Status Filesystem::ChangeOption(u64 ino, const char* name, u32 len, const void* value, u32 value_len, u32 flags,
                                 bool remove, OptionCaller* who) {
   InodeOpt o;
+  if (len == sizeof(kOptInheritedXattr) - 1 && MemCompare(name, kOptInheritedXattr, len) == 0)
+    return Refuse(who, Err::kInvalidArgument, kReadOnly);
   if (!FindOpt(name, len, &o)) return Refuse(who, Err::kInvalidArgument, kNotAnOption);
   if ((flags & ~u32(kXattrCreate | kXattrReplace)) != 0 || flags == (kXattrCreate | kXattrReplace))
     return Err::kInvalidArgument;
+  // chattr's rule (the VFS's inode_owner_or_capable): the owner, or
+  // CAP_FOWNER -- before the value is looked at (a non-owner gets EPERM
+  // whatever the value, as the kernel would answer), and before the lock (a
+  // front end may make a syscall for CAP_FOWNER; asked only of a caller who
+  // is not the owner). A null caller is refused, so forgetting it fails
+  // closed; only kFrontEndChecked skips the check.
+  if (who == nullptr) return Err::kPermission;
+  const bool check = who != kFrontEndChecked;
+  bool fowner = false;
+  if (check) {
+    InodeFormat seen;
+    TFS_TRY(ReadInode(ino, &seen));
+    if (seen.uid.get() != who->uid) {
+      fowner = who->has_fowner != nullptr && who->has_fowner(who->ctx);
+      if (!fowner) return Refuse(who, Err::kPermission, kNotTheOwner);
+    }
+  }
   u16 v = 0;
   if (!remove) {
     const char* why = nullptr;
     Status st = ParseOpt(o, static_cast<const char*>(value), value_len, store_->devs(), &v, &why);
     if (!st.ok()) return Refuse(who, st, why);
-  }
-  // chattr's rule (the VFS's inode_owner_or_capable): the owner, or
-  // CAP_FOWNER -- asked before the lock (a front end may make a syscall for
-  // it), and only of a caller who is not the owner.
-  bool fowner = false;
-  if (who != nullptr) {
-    InodeFormat seen;
-    TFS_TRY(ReadInode(ino, &seen));
-    if (seen.uid.get() != who->uid && who->has_fowner != nullptr) fowner = who->has_fowner(who->ctx);
+    TFS_TRY(MetadataRoom());  // (as SetXattr's; a remove always may)
   }
   const u64 lock[1] = {ino};
   Locked locked(this, lock, 1);
   TFS_TRY(locked.status());
   InodeFormat f;
   TFS_TRY(ReadInode(ino, &f));
-  if (who != nullptr && f.uid.get() != who->uid && !fowner)
-    return Refuse(who, Err::kPermission, "only the owner (or CAP_FOWNER) may set a file's options");
+  // (A chown between the two reads: the owner now is the one that counts.)
+  if (check && f.uid.get() != who->uid && !fowner) return Refuse(who, Err::kPermission, kNotTheOwner);
   const bool set = GetOpt(f, o) != 0;
   if (remove && !set) return Err::kNoData;
   if (set && (flags & kXattrCreate) != 0) return Err::kExists;
@@ -322,8 +347,13 @@ Result<u32> Filesystem::GetOption(u64 ino, const char* name, u32 len, void* buf,
 }
 
 Result<u32> Filesystem::ListOptions(const InodeFormat& f, char* buf, u32 cap, u32 at) {
+  const u32 members = store_->devs().size();
   for (u32 i = 0; i < kInodeOpts; i++) {
-    if (GetOpt(f, InodeOpt(i)) == 0) continue;
+    // A damaged value is left out: GetOption answers it kCorrupt, and a
+    // listed name that cannot be read fails getfattr -d, cp -a and rsync -X
+    // for the whole file (fsck clears it).
+    const u16 v = GetOpt(f, InodeOpt(i));
+    if (v == 0 || !OptValid(InodeOpt(i), v, members)) continue;
     const u32 l = u32(StrLen(kOptNames[i]));
     const u32 need = kOptXattrPrefixLen + l + 1;
     if (cap != 0) {

@@ -20,8 +20,9 @@
 //
 // The functions here are pure (no lock, no I/O): posix, fsck and the fuzz
 // targets call them. A stored value is hostile like any record: OptValid
-// says whether a value is one this filesystem can hold; posix's writes treat
-// an invalid one as unset, getxattr reports it as corrupt, fsck clears it.
+// says whether a value is one this filesystem can hold; posix's writes and
+// inheritance treat an invalid one as unset, getxattr reports it as corrupt,
+// listxattr leaves it out, fsck clears it.
 #ifndef TFS_POSIX_OPTS_H_
 #define TFS_POSIX_OPTS_H_
 
@@ -78,18 +79,21 @@ void SetOpt(InodeFormat* f, InodeOpt o, u16 v);
 // (0 is: unset).
 bool OptValid(InodeOpt o, u16 v, u32 nr_members);
 
-// A value's text (len bytes, no NUL needed) -> its stored value. Targets: a
-// group name, else a member label (dev::DeviceSet::ResolveTarget's order),
-// or "none" (or empty): unset. kInvalidArgument with a one-line reason
-// (static text) in *why.
+// A value's text (len bytes, no NUL needed; one trailing NUL is dropped, as
+// C callers pass strlen + 1 and bcachefs accepts it) -> its stored value.
+// Targets: a group name, else a member label (dev::DeviceSet::ResolveTarget's
+// order), or "none" (or empty): unset. kInvalidArgument with a one-line
+// reason (static text) in *why.
 Status ParseOpt(InodeOpt o, const char* text, u32 len, const dev::DeviceSet& devs, u16* out, const char** why);
 // A valid nonzero value's text into buf (up to kOptTextMax bytes, no NUL);
 // returns its length.
 u32 FormatOpt(InodeOpt o, u16 v, const dev::DeviceSet& devs, char* buf);
 
-// A new inode's options: the directory's set ones, marked inherited (and
-// kInodeFlagCompress with an inherited zstd).
-void InheritOpts(const InodeFormat& dir, InodeFormat* child);
+// A new inode's options: the directory's set ones that OptValid takes for a
+// filesystem of nr_members members, marked inherited (and kInodeFlagCompress
+// with an inherited zstd). A damaged value stays with the directory (fsck's
+// to clear) instead of spreading to every new child.
+void InheritOpts(const InodeFormat& dir, InodeFormat* child, u32 nr_members);
 
 // What fsck finds wrong with the option fields: values this filesystem
 // cannot hold (a bit per option), reserved bytes in use or inherited bits
@@ -104,14 +108,17 @@ struct OptsDamage {
 OptsDamage CheckOpts(const InodeFormat& f, u32 nr_members);
 // Clears what CheckOpts finds: bad values unset, reserved bytes and stray
 // bits zeroed; the flag follows the option -- but a flag with compression
-// unset makes it zstd (what chattr +c asked for).
+// unset (damage: every path that sets the flag sets zstd with it, and no
+// image from before the options mounts) makes it zstd, the one value the
+// flag can mirror.
 void RepairOpts(InodeFormat* f, u32 nr_members);
 
 // Where a file's new data goes: its foreground_target if set and valid
 // (*out; true), else false (the filesystem's).
 bool ForegroundTarget(const InodeFormat& f, u32 nr_members, data::Target* out);
 // Whether a file's new data is compressed: its compression option if set,
-// else chattr +c, else the filesystem's option (`fs_default`).
+// else the filesystem's option (`fs_default`) -- or a flag without the
+// option (damage, which fsck repairs to zstd) compresses, as the repair will.
 bool CompressNewData(const InodeFormat& f, bool fs_default);
 
 }  // namespace tfs::posix

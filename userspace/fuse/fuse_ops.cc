@@ -500,14 +500,13 @@ class RequestOptionCaller {
   RequestOptionCaller(const RequestOptionCaller&) = delete;
   RequestOptionCaller& operator=(const RequestOptionCaller&) = delete;
   posix::Filesystem::OptionCaller* get() { return &who_; }
-  void LogRefusal(const char* op, fuse_ino_t ino, const char* name, const char* value, size_t size) const {
+  // One line for the log if posix refused with a reason (RefusalLog: the
+  // name and value sanitized, at most 10 lines per 10 s).
+  void LogRefusal(fuse_req_t req, const char* op, fuse_ino_t ino, const char* name, const char* value,
+                  size_t size) const {
     if (who_.refused == nullptr) return;
-    // The value as given, cut at 64 bytes, control bytes shown as '?' (one line).
-    std::string shown(value != nullptr ? value : "", value != nullptr ? std::min<size_t>(size, 64) : 0);
-    for (char& c : shown)
-      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
-    platform::Log(platform::LogLevel::kInfo, "%s %s=\"%s\" on inode %llu refused: %s", op, name, shown.c_str(),
-                  (unsigned long long)ino, who_.refused);
+    for (const std::string& line : Ctx(req)->refusals.Refused(op, ino, name, value, size, who_.refused))
+      platform::Log(platform::LogLevel::kInfo, "%s", line.c_str());
   }
 
  private:
@@ -520,7 +519,7 @@ void SetXattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* valu
   RequestOptionCaller who(req);
   Status st = Ctx(req)->fs->SetXattr(ino, name, uint32_t(strlen(name)), value, uint32_t(size), uint32_t(flags),
                                      who.get());
-  who.LogRefusal("setxattr", ino, name, value, size);
+  who.LogRefusal(req, "setxattr", ino, name, value, size);
   Reply(req, st);
 }
 
@@ -547,7 +546,7 @@ void ListXattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 void RemoveXattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
   RequestOptionCaller who(req);
   Status st = Ctx(req)->fs->RemoveXattr(ino, name, uint32_t(strlen(name)), who.get());
-  who.LogRefusal("removexattr", ino, name, nullptr, 0);
+  who.LogRefusal(req, "removexattr", ino, name, nullptr, 0);
   Reply(req, st);
 }
 

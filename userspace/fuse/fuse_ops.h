@@ -19,6 +19,7 @@
 #include "mount/instance.h"
 #include "posix/fs.h"
 #include "userspace/fuse/ctl.h"
+#include "userspace/fuse/refusal_log.h"
 
 namespace tfs::fuse {
 
@@ -36,6 +37,10 @@ struct Context {
   // MarkDirect in fuse_ops.cc): their next open drops it.
   std::mutex stale_mu;
   std::unordered_set<uint64_t> stale;
+
+  // The log lines of refused option changes: sanitized and rate-limited
+  // (any user of an allow_other mount can cause them).
+  RefusalLog refusals;
 };
 
 // The operation table (static; valid for the life of the process).

@@ -85,6 +85,19 @@ def test_setfattr_and_getfattr_set_and_show_options(fs: Mount) -> None:
         lines = [ln for ln in fs.log.read_text().splitlines() if f'{name}="{value}"' in ln]  # type: ignore[attr-defined]
         assert len(lines) == 1 and why in lines[0] and "refused" in lines[0], lines
     assert run(["getfattr", "--only-values", "-n", "tierfs.replicas", f]).stdout == "2"  # unchanged
+    # tierfs.inherited is read-only, and says so.
+    expect(errno.EINVAL, lambda: os.setxattr(f, "tierfs.inherited", b"replicas"), "a read-only name")
+    lines = [ln for ln in fs.log.read_text().splitlines() if "tierfs.inherited" in ln]  # type: ignore[attr-defined]
+    assert len(lines) == 1 and "read-only" in lines[0], lines
+    # A name or value holding a newline cannot forge a log line: shown as '?'.
+    expect(errno.EINVAL, lambda: os.setxattr(f, "tierfs.x\nforged refusal", b"1\nforged value"), "a bad name")
+    log = fs.log.read_text().splitlines()  # type: ignore[attr-defined]
+    assert not any(ln.startswith("forged") for ln in log), log
+    assert any('tierfs.x?forged refusal="1?forged value"' in ln for ln in log), log
+    # A value with its C string's NUL (strlen + 1 bytes) is taken.
+    os.setxattr(f, "tierfs.replicas", b"3\0")
+    assert os.getxattr(f, "tierfs.replicas") == b"3"
+    os.setxattr(f, "tierfs.replicas", b"2")
     # Remove unsets; the os module's calls are the same syscalls.
     assert run(["setfattr", "-x", "tierfs.replicas", f]).returncode == 0
     expect(errno.ENODATA, lambda: os.getxattr(f, "tierfs.replicas"), "an unset option")
@@ -219,7 +232,19 @@ def test_setopt_and_getopt(fs: Mount, tmp_path: Path) -> None:
     assert_one_line_error(run([tierfs, "setopt", d, "--replicas", "3", "--unset", "replicas"]), 2,
                           "both set and unset")
     assert_one_line_error(run([tierfs, "setopt", d, "--bogus", "1"]), 2, "--bogus")
+    assert_one_line_error(run([tierfs, "setopt", d, "--unset", "inherited"]), 2, "'inherited' is read-only")
     assert getopt(d)["replicas"] == "2"
+    # A path gets all its changes or none: foreground_target is set first,
+    # then promote_target is refused, and foreground_target is put back.
+    before = getopt(d)
+    assert_one_line_error(run([tierfs, "setopt", d, "--foreground-target", "hdd.b", "--promote-target", "nvme",
+                               "--replicas", "3"]), 1,
+                          "--promote-target 'nvme': names no member or group of this filesystem; nothing changed")
+    assert getopt(d) == before
+    os.setxattr(d, "tierfs.foreground_target", b"ssd")
+    assert_one_line_error(run([tierfs, "setopt", d, "--foreground-target", "hdd", "--unset", "compression",
+                               "--background-target", "nvme"]), 1, "nothing changed")
+    assert getopt(d) == dict(before, foreground_target="ssd")
     help_ = run([tierfs, "setopt", "--help"])
     assert help_.returncode == 0 and "--foreground-target" in help_.stdout and "--unset" in help_.stdout
 

@@ -5,8 +5,12 @@
 // what setfattr/getfattr do. The filesystem validates (a target must name a
 // member or group of it); the syntax of replicas and compression is checked
 // here first, so that a typo is a usage error before anything is changed.
-// Each option is one setxattr (one transaction of its own); the first that
-// fails stops the command, with one line naming the path, the option and why.
+// Each option is one setxattr or removexattr (one transaction of its own),
+// so a path's options are changed one by one: their old values are read
+// first, and when one change fails the ones made before it on that path are
+// put back -- a path gets all its changes or none (paths before it keep
+// theirs: the command stops there), with one line naming the path, the
+// option and why.
 #include <CLI/CLI.hpp>
 
 #include <sys/xattr.h>
@@ -50,12 +54,89 @@ std::optional<size_t> FindKey(std::string text) {
   return std::nullopt;
 }
 
+// An option's value before setopt changed it: set (its text) or not -- a
+// damaged one (EUCLEAN) counts as not set: putting it back unsets it, which
+// is how writes treat it anyway.
+struct OldValue {
+  bool set = false;
+  std::string text;
+};
+
 // An errno of a call on `path` as one line's tail.
 std::string Why(int err) {
   if (err == EOPNOTSUPP) return "not on a tierfs filesystem (options are tierfs.* xattrs of a tierfs mount)";
   if (err == EPERM) return "only the owner (or CAP_FOWNER) may set a file's options";
   if (err == EUCLEAN) return "the stored option is damaged (run tierfs fsck)";
   return strerror(err);
+}
+
+// One path's changes, all or none: the old values first (so that nothing
+// is changed when one cannot be read), then each set and unset; when one
+// fails, those before it are put back. 0, or the exit code after one line.
+int SetPath(const std::string& path, const std::optional<std::string> (&values)[kNumKeys],
+            const std::vector<size_t>& unset_keys) {
+  OldValue old[kNumKeys];
+  bool touched[kNumKeys] = {};
+  for (size_t k = 0; k < kNumKeys; k++) touched[k] = values[k].has_value();
+  for (size_t k : unset_keys) touched[k] = true;
+  for (size_t k = 0; k < kNumKeys; k++) {
+    if (!touched[k]) continue;
+    char buf[256];
+    const ssize_t n = getxattr(path.c_str(), XattrName(kKeys[k]).c_str(), buf, sizeof(buf));
+    if (n >= 0) {
+      old[k].set = true;
+      old[k].text.assign(buf, size_t(n));
+    } else if (errno != ENODATA && errno != EUCLEAN) {  // (a damaged one is replaced, or put back unset)
+      PrintError("setopt", path + ": " + Why(errno));
+      return 1;
+    }
+  }
+  // Puts back the options changed so far (changed[k]), after a failure.
+  bool changed[kNumKeys] = {};
+  auto restore = [&]() -> std::string {
+    std::string failed;
+    int err = 0;
+    for (size_t k = 0; k < kNumKeys; k++) {
+      if (!changed[k]) continue;
+      const std::string name = XattrName(kKeys[k]);
+      const int r = old[k].set ? setxattr(path.c_str(), name.c_str(), old[k].text.data(), old[k].text.size(), 0)
+                               : removexattr(path.c_str(), name.c_str());
+      if (r == 0 || (errno == ENODATA && !old[k].set)) continue;
+      err = errno;
+      failed += (failed.empty() ? "" : ", ") + std::string(kKeys[k].name);
+    }
+    if (failed.empty()) return "; nothing changed";
+    return "; could not put back " + failed + " (" + strerror(err) + "): they keep the new values";
+  };
+  for (size_t k = 0; k < kNumKeys; k++) {
+    if (!values[k]) continue;
+    const std::string& v = *values[k];
+    if (setxattr(path.c_str(), XattrName(kKeys[k]).c_str(), v.data(), v.size(), 0) == 0) {
+      changed[k] = true;
+      continue;
+    }
+    const int err = errno;
+    std::string why;
+    if (err == EINVAL && k < 3) {
+      why = std::string(kKeys[k].flag) + " '" + v + "': names no member or group of this filesystem";
+    } else if (err == EINVAL) {  // (its syntax was checked above: the filesystem disagrees)
+      why = std::string(kKeys[k].flag) + " '" + v + "': refused by the filesystem (the mount's log says why)";
+    } else {
+      why = std::string(kKeys[k].flag) + ": " + Why(err);
+    }
+    PrintError("setopt", path + ": " + why + restore());
+    return 1;
+  }
+  for (size_t k : unset_keys) {
+    if (removexattr(path.c_str(), XattrName(kKeys[k]).c_str()) == 0 || errno == ENODATA) {
+      changed[k] = true;
+      continue;
+    }
+    const int err = errno;
+    PrintError("setopt", path + ": --unset " + kKeys[k].name + ": " + Why(err) + restore());
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -81,6 +162,8 @@ int CmdSetopt(int argc, char** argv) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.footer("Options are the xattrs tierfs.foreground_target, tierfs.background_target, tierfs.promote_target,\n"
              "tierfs.replicas and tierfs.compression: setfattr/getfattr work the same.\n"
+             "Each path gets all of its changes or none: when one is refused, those made before it are put\n"
+             "back, and the paths after it are not touched (those before it keep theirs).\n"
              "e.g. tierfs setopt /mnt/t/db --foreground-target ssd --compression none");
   app.allow_extras(false);
   if (int rc = ParseCommandLine(app, "setopt", argc, argv); rc >= 0) return rc;
@@ -88,6 +171,10 @@ int CmdSetopt(int argc, char** argv) {
   std::vector<size_t> unset_keys;
   for (const std::string& u : unset) {
     auto k = FindKey(u);
+    if (!k && (u == "inherited" || u == "tierfs.inherited")) {
+      PrintError("setopt", "--unset: '" + u + "' is read-only: the names of the inherited options (getopt shows them)");
+      return 2;
+    }
     if (!k) {
       PrintError("setopt", "--unset: '" + u +
                                "' is not an option (foreground_target, background_target, promote_target, replicas, "
@@ -116,24 +203,7 @@ int CmdSetopt(int argc, char** argv) {
     return 2;
   }
   for (const std::string& path : paths) {
-    for (size_t k = 0; k < kNumKeys; k++) {
-      if (!values[k]) continue;
-      const std::string& v = *values[k];
-      if (setxattr(path.c_str(), XattrName(kKeys[k]).c_str(), v.data(), v.size(), 0) == 0) continue;
-      const int err = errno;
-      if (err == EINVAL) {
-        PrintError("setopt", path + ": " + kKeys[k].flag + " '" + v + "': " +
-                                 (k < 3 ? "names no member or group of this filesystem" : "refused as invalid"));
-      } else {
-        PrintError("setopt", path + ": " + Why(err));
-      }
-      return 1;
-    }
-    for (size_t k : unset_keys) {
-      if (removexattr(path.c_str(), XattrName(kKeys[k]).c_str()) == 0 || errno == ENODATA) continue;
-      PrintError("setopt", path + ": " + Why(errno));
-      return 1;
-    }
+    if (int rc = SetPath(path, values, unset_keys); rc != 0) return rc;
   }
   return 0;
 }

@@ -128,6 +128,12 @@ def test_command_line_mistakes_are_one_line(args: list[str], code: int, needle: 
     assert proc.stderr.startswith("tierfs "), proc.stderr
 
 
+def test_setopt_says_tierfs_inherited_is_read_only() -> None:
+    """It names the inherited options (getopt shows them): nothing to unset."""
+    for name in ("inherited", "tierfs.inherited"):
+        assert_one_line_error(run([tool("tierfs"), "setopt", "X", "--unset", name]), 2, f"'{name}' is read-only")
+
+
 def test_help_is_still_exit_0() -> None:
     for cmd in ("format", "fsck", "mount", "show", "ctl", "setopt", "getopt"):
         proc = run([tool("tierfs"), cmd, "--help"])

@@ -213,7 +213,7 @@ TEST(FullFilesystem, MetadataGrowthStopsWithEnospcBeforeTheCheckpointsRoom) {
       grow = a.status();
       break;
     }
-    grow = t.fs.SetXattr(a.value().ino, "user.x", 6, xv.data(), u32(xv.size()), 0);
+    grow = t.fs.SetXattr(a.value().ino, "user.x", 6, xv.data(), u32(xv.size()), 0, Filesystem::kFrontEndChecked);
     t.fs.Release(a.value().ino).IgnoreError();
     if (grow.ok()) made++;
   }
