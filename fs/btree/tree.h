@@ -105,6 +105,13 @@ struct Options {
   // applied yet; the committer holds commit_mu there).
   void (*test_point)(void* ctx, const char* point) = nullptr;
   void* test_point_ctx = nullptr;
+  // drop_bad_nodes: called by Open once the trees are read and before the
+  // node scan, which reads only buckets the allocator calls free or btree:
+  // it loads what is known of the allocation state by then (the Store: the
+  // alloc tree as read and the journal's alloc keys). Null: the allocator as
+  // it is.
+  Status (*before_scan)(void* ctx) = nullptr;
+  void* before_scan_ctx = nullptr;
 };
 
 // The btrees' counters (util/counters.h).
@@ -225,12 +232,24 @@ class Transaction {
   // Commits apply one at a time, so one counter may serve many transactions.
   // Cleared by Commit and Reset.
   void SetApplySeq(Atomic<u64>* seq) { apply_seq_ = seq; }
+  // Makes the next Commit a *reclaim commit* (docs/format/alloc.md,
+  // "Checkpoints and the recursion"): journaled at the journal's reclaim
+  // watermark (never waits for ring room), not throttled, and applied
+  // without commit_mu -- for kBtreeAlloc keys only (kInvalidArgument
+  // otherwise), whose apply order does not matter (newest version wins).
+  // Only from a checkpoint (the allocation records of its node buckets) or
+  // while nothing else commits (mount, unmount): at most one is in flight,
+  // never while a checkpoint decides what it covers. Cleared by Commit and
+  // Reset.
+  void SetReclaim() { reclaim_ = true; }
   void Reset();
   u32 size() const { return n_; }
 
  private:
   friend class Btrees;
   Status Append(const KeyInput& in);
+  // Commit of a reclaim transaction (SetReclaim).
+  Result<u64> CommitReclaim();
   // The journal bytes the commit takes so far, and what one entry may hold.
   usize JournalBytes() const;
   usize JournalLimit() const;
@@ -241,6 +260,7 @@ class Transaction {
   Vector<journal::Key> jkeys_;  // Commit's list of them for the journal
   u32 n_ = 0;
   Atomic<u64>* apply_seq_ = nullptr;  // see SetApplySeq
+  bool reclaim_ = false;              // see SetReclaim
   // Commit allocates under node locks and the journal's. A Transaction lives
   // on the stack of the thread that made it (the scope is that thread's).
   platform::NoFsScope nofs_;
@@ -310,12 +330,19 @@ class Btrees {
   Btrees(const Btrees&) = delete;
   Btrees& operator=(const Btrees&) = delete;
 
-  // Attaches to a filesystem whose roots are `roots` (ReadRoots). `journal` may be
-  // null while replaying (updates are then applied without journaling). Reads every
-  // interior node to learn which btree buckets are in use and frees the allocator's
-  // btree buckets no tree reaches (left by a checkpoint a crash interrupted).
+  // Attaches to a filesystem whose roots are `roots` (ReadRoots). No journal
+  // until AttachJournal: updates (replay's, the mount's) are applied without
+  // journaling. Reads every interior node to learn which node slots are in
+  // use; changes no allocation state (the allocator is loaded from the alloc
+  // tree after replay: ReconcileBuckets then).
   Status Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Superblock& sb,
               const Roots& roots, const Options& options, Diag* diag = nullptr);
+  // Read-write mounts, once the allocator is loaded (Store::Open): frees the
+  // btree buckets no tree reaches (a checkpoint a crash interrupted, or the
+  // buckets an unmount's last checkpoint emptied) and marks as btree every
+  // bucket that holds nodes, then finds the holes (free slots in buckets that
+  // hold nodes). Before anything else commits.
+  Status ReconcileBuckets();
   // Starts journaling updates (and the writer thread, unless disabled).
   void AttachJournal(journal::Journal* journal);
   // Replay: applies one journal key of entry `seq` (a kKeyBtree key) unless the
@@ -324,8 +351,14 @@ class Btrees {
   // Writes every dirty node and a new roots block. Safe to call concurrently with
   // everything else; one checkpoint runs at a time.
   Status Checkpoint();
-  // Stops the writer, checkpoints, detaches from the journal. Idempotent.
-  Status Close();
+  // Stops the writer, checkpoints until nothing is dirty (the checkpoints'
+  // own allocation records dirty alloc leaves: at most a few rounds, then a
+  // final checkpoint that takes its buckets before imaging and frees none,
+  // docs/format/alloc.md), detaches from the journal. *settled (if given):
+  // whether the trees on disk then hold everything, allocation records
+  // included; false if a node stayed dirty (the journal still holds it).
+  // Idempotent.
+  Status Close(bool* settled = nullptr);
 
   // Reads the value at pos into `value` (resized). kNotFound if absent.
   Status Get(const Pos& pos, Vector<u8>* value);
