@@ -500,6 +500,11 @@ Status Btrees::Close(bool* settled) {
   return st;
 }
 
+void Btrees::Abandon() {
+  if (impl_ != nullptr) impl_->opened = false;  // (Close checkpoints only an opened store)
+  Close().IgnoreError();
+}
+
 Status Btrees::ApplyReplayed(u64 seq, const journal::Key& key) {
   Impl* im = impl_;
   if (im == nullptr) return Err::kInvalidArgument;
@@ -939,7 +944,6 @@ Result<u64> Transaction::CommitReclaim() {
     in.val_bytes = h->val_bytes.get();
     in.value = h + 1;
     st = TreeOps::ApplyKey(im, in, seq);
-    im->ctr.inserts.FetchAdd(1, MemOrder::kRelaxed);  // (not BumpSerial: no commit_mu here)
   }
   {
     MutexLock sl(im->state_mu);
@@ -949,7 +953,8 @@ Result<u64> Transaction::CommitReclaim() {
       im->failed = st;  // journaled but not fully applied: stop here
     }
   }
-  im->ctr.commits.FetchAdd(1, MemOrder::kRelaxed);
+  // (Not counted in commits or inserts, the transactions' counters: a
+  // checkpoint's bookkeeping, counted by the allocator as record commits.)
   TreeOps::MaybeEvict(im);
   TFS_TRY(st);
   return seq;

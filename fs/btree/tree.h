@@ -359,6 +359,10 @@ class Btrees {
   // included; false if a node stayed dirty (the journal still holds it).
   // Idempotent.
   Status Close(bool* settled = nullptr);
+  // Close without writing anything (a mount that fails or refuses after the
+  // trees opened: the allocator may not be loaded, so no checkpoint may
+  // allocate). Idempotent.
+  void Abandon();
 
   // Reads the value at pos into `value` (resized). kNotFound if absent.
   Status Get(const Pos& pos, Vector<u8>* value);

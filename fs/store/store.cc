@@ -257,7 +257,7 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
     bopt.before_scan_ctx = this;
   }
   auto fail = [&](Status st) {
-    btrees_.Close().IgnoreError();
+    btrees_.Abandon();  // (writes nothing: the allocator may not be loaded yet)
     loading_roots_ = nullptr;
     loading_replay_ = nullptr;
     loading_rep_ = nullptr;
