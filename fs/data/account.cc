@@ -184,8 +184,16 @@ void DataPath::Account(u32 dev, u64 bucket, i64 blocks, i64 cached, i64 pending)
     u32& live = live_[dev][bucket];
     u32& cach = cached_[dev][bucket];
     u32& pend = pending_[dev][bucket];
-    TFS_BUG_ON((blocks < 0 && u64(-blocks) > live) || (cached < 0 && u64(-cached) > cach) ||
-               (pending < 0 && u64(-pending) > pend));
+    TFS_BUG_ON((blocks < 0 && u64(-blocks) > live) || (pending < 0 && u64(-pending) > pend));
+    // Cached blocks may be uncounted that were never counted: a cached
+    // pointer stale at mount (counted nowhere) looks current again once its
+    // bucket is reused at the pointer's generation (a wrap, or a hostile
+    // value one ahead). The count stops at 0: a cache bucket freed early only
+    // makes its other cached pointers stale, which reads and fsck expect.
+    if (cached < 0 && u64(-cached) > cach) {
+      ctr_.cached_underflows.FetchAdd(1, MemOrder::kRelaxed);
+      cached = -i64(cach);
+    }
     live = u32(i64(live) + blocks);
     cach = u32(i64(cach) + cached);
     pend = u32(i64(pend) + pending);

@@ -139,7 +139,8 @@ struct Delta {
   X(read_retries, counter, "extent lookups of reads repeated: a commit of the inode overlapped")         \
   X(copy_retries, counter, "reads that fell back to another copy (checksum, I/O error, bad or stale pointer)") \
   X(slow_member_flushes, counter, "commits that flushed a member without a journal (an HDD) before entering it") \
-  X(write_point_fallbacks, counter, "writes sent to the foreground target's write point (the table was full)")
+  X(write_point_fallbacks, counter, "writes sent to the foreground target's write point (the table was full)") \
+  X(cached_underflows, counter, "cached blocks uncounted that were never counted (a stale cached pointer current again)")
 
 struct Stats {
   TFS_COUNTER_FIELDS(TFS_DATA_COUNTERS)

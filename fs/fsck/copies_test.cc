@@ -604,6 +604,59 @@ TEST(CopiesTest, AStaleCachedCopyIsNormal) {
   });
 }
 
+// A cached pointer one generation ahead of its bucket (hostile, or a stale
+// one after the u8 wraps) counts nowhere at mount, and the mount frees its
+// bucket -- which makes the bucket's generation the pointer's. Once the
+// bucket holds data again the pointer looks current, and a punch uncounts
+// blocks never counted: the cache count stops at 0 (counted), never a crash.
+TEST(CopiesTest, ACachedPointerCurrentAgainAfterItsBucketIsReusedPunchesSafely) {
+  Copies t({CopySpec{.cached = true}});
+  t.EditExtent([&](data::Extent& e) { e.ptrs[1].gen = u8(e.ptrs[1].gen + 1); });
+  t.WithFs([&](testing::MountedFs& m) {
+    const data::Extent::Ptr p = [&] {
+      std::vector<u8> v;
+      return Copies::ExtentOf(m, t.ino, &v).ptrs[1];
+    }();
+    const u64 b = Copies::BucketOf(m, p);
+    ASSERT_NE(m.store->alloc().Get(p.dev, b).state, alloc::BucketState::kUser);  // freed at mount
+    ASSERT_EQ(m.store->alloc().Get(p.dev, b).gen, p.gen);
+    // Write on the pointer's member until its bucket holds data again (its
+    // free settled first: a bucket is reused only then).
+    ASSERT_TRUE(m.store->journal().Settle().ok());
+    auto f = m.fs.Mknod(posix::kRootIno, "g", 1, posix::kModeReg | 0644, 0, posix::Caller{0, 0});
+    ASSERT_TRUE(f.ok());
+    const u64 g = f.value().ino;
+    bool reused = false;
+    for (u64 off = 0; !reused && off < (u64(1) << 20); off += kBlocks) {
+      data::Prepared prep;
+      data::Delta delta;
+      const Status st = m.data.Prepare(Copies::On(p.dev), g, off, reinterpret_cast<const u8*>(t.content.data()),
+                                       kBlocks, false, &prep, &delta);
+      ASSERT_TRUE(st.ok()) << st.Name() << " at block " << off;
+      data::Extent w;
+      ASSERT_TRUE(data::ParseExtent(Copies::At(g, prep.items[0].end), prep.items[0].value, prep.items[0].len, &w).ok());
+      u64 wb = 0;
+      reused = w.ptrs[0].dev == p.dev && data::PtrBucket(m.store->sb(), w.ptrs[0], &wb) && wb == b;
+      btree::Transaction tx(&m.store->btrees());
+      for (const auto& item : prep.items) ASSERT_TRUE(tx.Set(Copies::At(g, item.end), item.value, item.len).ok());
+      delta.ino = g;
+      ASSERT_TRUE(m.data.Commit(Copies::On(p.dev), &tx, delta).ok());
+    }
+    ASSERT_TRUE(reused);
+    const alloc::Bucket k = m.store->alloc().Get(p.dev, b);
+    ASSERT_EQ(k.state, alloc::BucketState::kUser);
+    ASSERT_EQ(k.gen, p.gen);  // the stale pointer looks current now
+    // Punching the first file uncounts its cached blocks there: none were counted.
+    ASSERT_TRUE(m.fs.Fallocate(t.ino, posix::kFallocPunchHole | posix::kFallocKeepSize, 0,
+                               u64(kBlocks) * data::kBlockSize).ok());
+    EXPECT_EQ(m.data.GetStats().cached_underflows, 1u);
+    u32 live = 0, cached = 0;
+    m.data.BucketCounts(p.dev, b, &live, &cached);
+    EXPECT_EQ(cached, 0u);
+    EXPECT_GT(live, 0u);  // the second file's data keeps its bucket
+  });
+}
+
 // A read whose copies are one stale and one failing looks the extent up
 // again before it reports the failure: an overwrite may have replaced the
 // extent since the lookup (here a commit between the lookup and the reads
