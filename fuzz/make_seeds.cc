@@ -210,6 +210,9 @@ void Values() {
     zz.nr_ptrs = 2;
     zz.crcs = nullptr;
     put("extent-2-compressed-copies", zz);
+    data::Extent edge = two;  // a plain blob ending at 128 blocks, the most there is
+    edge.ptrs[0].blob_offset = data::kMaxExtentBlocks - x.blocks();
+    put("extent-plain-blob-end", edge);
   }
   // A chunked xattr's entry (its descriptor after the name), of a file made
   // last so that the seeds above stay what they were.

@@ -8,8 +8,9 @@
 // of what is live, so a crash cannot leave the two disagreeing -- and a user
 // bucket no extent points into is freed there. Afterwards a bucket none of
 // them holds is freed at once, or by the last read that has it pinned
-// (kDoomed). Which pointers count is one rule (PtrBucket), so that Open and
-// QueuePunch count and uncount the same ones.
+// (kDoomed). Which pointers count is one rule (PtrCounts), so that Open and
+// QueuePunch count and uncount the same ones: not a pointer outside the
+// buckets, nor a stale cached one.
 //
 // All of it is under acct_mu_, the innermost lock (taken after the write
 // point table's mutex or one write point's). acct_mu_ is never held across
@@ -60,8 +61,8 @@ Status DataPath::Open(store::Store* store) {
     TFS_TRY(held_[d].Resize(a.nbuckets(d)));
   }
   // Live and cached blocks per bucket, from the extents: the one record of
-  // what is live. A bad pointer (fsck's business) counts nowhere; the
-  // extent's other pointers still count.
+  // what is live. A bad pointer (fsck's business) counts nowhere, nor does a
+  // stale cached one (normal); the extent's other pointers still count.
   Iterator it(trees_, btree::kBtreeExtents);
   Status st = it.SeekToFirst();
   u64 bad = 0;
@@ -80,8 +81,8 @@ Status DataPath::Open(store::Store* store) {
     for (u32 i = 0; i < e.nr_ptrs; i++) {
       const Extent::Ptr& p = e.ptrs[i];
       u64 b;
-      if (!PtrBucket(p, &b)) {
-        bad_ptr = true;
+      if (!PtrCounts(p, &b)) {
+        bad_ptr |= !PtrBucket(store_->sb(), p, &b);  // (a stale cached pointer is not bad)
         continue;
       }
       (p.cached ? cached_ : live_)[p.dev][b] += e.blocks();
@@ -156,11 +157,11 @@ u64 DataPath::FreeBlocksLocked() const {
   return blocks;
 }
 
-bool DataPath::PtrBucket(const Extent::Ptr& p, u64* bucket) const {
-  const sb::Superblock& sb = store_->sb();
-  if (p.dev >= store_->alloc().members() || p.offset < sb::kBucketsOffset) return false;
-  *bucket = sb.BucketOf(p.offset);
-  return *bucket < live_[p.dev].size();
+bool DataPath::PtrCounts(const Extent::Ptr& p, u64* bucket) const {
+  if (!PtrBucket(store_->sb(), p, bucket)) return false;
+  if (!p.cached) return true;
+  const alloc::Bucket k = store_->alloc().Get(p.dev, *bucket);
+  return k.state == alloc::BucketState::kUser && k.gen == p.gen;
 }
 
 bool DataPath::ReleaseLocked(u32 dev, u64 bucket, alloc::BucketRef* ref) {
@@ -183,8 +184,16 @@ void DataPath::Account(u32 dev, u64 bucket, i64 blocks, i64 cached, i64 pending)
     u32& live = live_[dev][bucket];
     u32& cach = cached_[dev][bucket];
     u32& pend = pending_[dev][bucket];
-    TFS_BUG_ON((blocks < 0 && u64(-blocks) > live) || (cached < 0 && u64(-cached) > cach) ||
-               (pending < 0 && u64(-pending) > pend));
+    TFS_BUG_ON((blocks < 0 && u64(-blocks) > live) || (pending < 0 && u64(-pending) > pend));
+    // Cached blocks may be uncounted that were never counted: a cached
+    // pointer stale at mount (counted nowhere) looks current again once its
+    // bucket is reused at the pointer's generation (a wrap, or a hostile
+    // value one ahead). The count stops at 0: a cache bucket freed early only
+    // makes its other cached pointers stale, which reads and fsck expect.
+    if (cached < 0 && u64(-cached) > cach) {
+      ctr_.cached_underflows.FetchAdd(1, MemOrder::kRelaxed);
+      cached = -i64(cach);
+    }
     live = u32(i64(live) + blocks);
     cach = u32(i64(cach) + cached);
     pend = u32(i64(pend) + pending);
@@ -195,12 +204,17 @@ void DataPath::Account(u32 dev, u64 bucket, i64 blocks, i64 cached, i64 pending)
 }
 
 void DataPath::Apply(const Delta& delta) {
-  // Gains first (reserved space becomes live or cached): a bucket losing and
-  // gaining in one delta never looks empty.
+  // Gains first: reserved space that becomes live or cached, and blocks a
+  // pointer into a blob counted already gains (a copy added to an extent, a
+  // cached copy made authoritative); then every change that loses
+  // something. A bucket losing and gaining in one delta never looks empty.
+  // (A change's pending is what its write reserved: Apply releases it.)
+  auto gains = [](const Delta::Change& c) { return c.blocks >= 0 && c.cached >= 0; };
   for (const Delta::Change& c : delta.changes)
-    if (c.pending > 0) Account(c.dev, c.bucket, c.blocks, c.cached, -c.pending);
+    if (gains(c) && (c.blocks > 0 || c.cached > 0 || c.pending > 0))
+      Account(c.dev, c.bucket, c.blocks, c.cached, -Max<i64>(c.pending, 0));
   for (const Delta::Change& c : delta.changes)
-    if (c.pending <= 0 && (c.blocks < 0 || c.cached < 0)) Account(c.dev, c.bucket, c.blocks, c.cached, 0);
+    if (!gains(c)) Account(c.dev, c.bucket, c.blocks, c.cached, -Max<i64>(c.pending, 0));
   if (delta.unreserved > 0) {
     MutexLock a(acct_mu_);
     TFS_BUG_ON(delta.unreserved > reserved_);
@@ -239,6 +253,13 @@ void DataPath::Unpin(u32 dev, u64 bucket) {
     ref = alloc::BucketRef{dev, bucket, store_->alloc().Get(dev, bucket).gen};
   }
   if (store_->alloc().Free(ref).ok()) ctr_.buckets_freed.FetchAdd(1, MemOrder::kRelaxed);
+}
+
+void DataPath::BucketCounts(u32 dev, u64 bucket, u32* live, u32* cached) const {
+  MutexLock a(acct_mu_);
+  const bool in = dev < dev::kMaxDevices && bucket < live_[dev].size();
+  *live = in ? live_[dev][bucket] : 0;
+  *cached = in ? cached_[dev][bucket] : 0;
 }
 
 Stats DataPath::GetStats() const {

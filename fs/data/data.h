@@ -23,8 +23,9 @@
 // Space accounting lives in memory and is rebuilt from the extents at Open: the
 // extents are the only record of which blocks are live, so a crash cannot leave
 // the two disagreeing. Every pointer that is not cached counts its extent's
-// blocks as live in its bucket; a cached pointer counts them as cached, apart
-// (a cached copy is not what keeps the data: docs/design/copies.md). A bucket
+// blocks as live in its bucket; a current cached pointer counts them as
+// cached, apart (a cached copy is not what keeps the data), and a stale one
+// nowhere (docs/design/copies.md, "As built: step 1"). A bucket
 // is freed when neither count, nor a write in flight, holds it. Buckets marked
 // user that no extent points into are freed at Open (a crash between
 // allocating and committing).
@@ -35,8 +36,8 @@
 // verifies is used (copy_retries counts the fallbacks); only when every copy
 // fails is the read an error, the first failing copy's. A read pins the bucket it
 // reads from (Pin/Unpin), so an overwrite committing meanwhile cannot free and
-// reuse it under the read; a read whose lookup went stale before it pinned
-// any copy looks again.
+// reuse it under the read; a read that found a copy stale (freed since its
+// lookup, or a stale cached copy) and none good looks again before it fails.
 //
 // Compressed extents (QueueWrite with compress): each chunk of up to
 // kMaxCompressedBlocks blocks is zstd-compressed and, if that saves at least a
@@ -98,12 +99,14 @@ struct Prepared {
 
 // Space changes a write or punch makes, applied once its transaction commits.
 struct Delta {
+  // One bucket's change, its fields in the order Account takes them (and
+  // named at every construction: .dev = ..., .blocks = ...).
   struct Change {
-    u32 dev;
-    u64 bucket;
-    i64 blocks;    // live (file) blocks gained or lost
-    i64 pending;   // disk blocks reserved for the write (released by Apply or Abort)
-    i64 cached;    // cached (file) blocks gained or lost (a cached pointer's: never live)
+    u32 dev = 0;
+    u64 bucket = 0;
+    i64 blocks = 0;   // live (file) blocks gained or lost
+    i64 cached = 0;   // cached (file) blocks gained or lost (a cached pointer's: never live)
+    i64 pending = 0;  // disk blocks reserved for the write (released by Apply or Abort)
   };
   Vector<Change> changes;
   // Whether it changes nothing (a punch that found no extent).
@@ -136,7 +139,8 @@ struct Delta {
   X(read_retries, counter, "extent lookups of reads repeated: a commit of the inode overlapped")         \
   X(copy_retries, counter, "reads that fell back to another copy (checksum, I/O error, bad or stale pointer)") \
   X(slow_member_flushes, counter, "commits that flushed a member without a journal (an HDD) before entering it") \
-  X(write_point_fallbacks, counter, "writes sent to the foreground target's write point (the table was full)")
+  X(write_point_fallbacks, counter, "writes sent to the foreground target's write point (the table was full)") \
+  X(cached_underflows, counter, "cached blocks uncounted that were never counted (a stale cached pointer current again)")
 
 struct Stats {
   TFS_COUNTER_FIELDS(TFS_DATA_COUNTERS)
@@ -181,6 +185,11 @@ class DataPath {
   // free space minus the reservations cannot hold the holes queued.
   Status QueueReserve(btree::Transaction* tx, u64 ino, u64 first, u64 end, Delta* delta, u32 max_keys,
                       u64* next);
+  // After the commit: every change moves its bucket's counts -- gains first
+  // (space reserved by the write becomes live or cached; blocks a new
+  // pointer into a blob already counted elsewhere, such as an added copy,
+  // count as they are), then losses, so a bucket losing and gaining in one
+  // delta never looks empty.
   void Apply(const Delta& delta);
   void Abort(const Delta& delta);
   // The slow-member rule for the journal (docs/format/journal.md): data on a
@@ -214,6 +223,10 @@ class DataPath {
   Result<u64> SeekBlock(u64 ino, u64 block, bool data);
 
   Stats GetStats() const;
+  // The blocks a bucket's counts hold now: live (pointers not cached) and
+  // cached (0 for a bucket outside the members). For tests and the ctl
+  // document.
+  void BucketCounts(u32 dev, u64 bucket, u32* live, u32* cached) const;
   // The bucket ctx's write point has open (false: none yet). For tests and
   // the ctl document.
   bool WritePointBucket(const IoContext& ctx, alloc::BucketRef* out);
@@ -221,6 +234,13 @@ class DataPath {
   // most kMaxWritePoints - kIoClassCount), to reach the full table's
   // fallback. Before the first write.
   void LimitWritePointsForTest(u32 n) { wp_limit_ = Min<u32>(n, kMaxWritePoints - dev::kIoClassCount); }
+  // Tests: fn(ctx) runs after each extent lookup of a read (phase 1) and
+  // before its device reads, with no lock held -- a commit in between, as
+  // another thread's could land. Before the first read; null to remove.
+  void SetLookupHookForTest(void (*fn)(void*), void* ctx) {
+    lookup_hook_ = fn;
+    lookup_hook_ctx_ = ctx;
+  }
 
  private:
   // An open bucket new data of one (target, class) is appended to. Created on
@@ -270,11 +290,17 @@ class DataPath {
   // more) the one it names: freed since the lookup, or a stale copy.
   Status ReadCopy(const IoContext& ctx, const Extent& e, const Extent::Ptr& p, u64 lo, u64 hi, u8* buf, u8** tmp,
                   bool* stale);
-  // The bucket pointer p points into (false: a member or offset outside the
-  // buckets -- a bad pointer, fsck's business). The accounting's one rule, so
-  // Open and QueuePunch count and uncount the same pointers; it holds for
-  // every piece of an extent alike (the read checks that the blob fits).
-  bool PtrBucket(const Extent::Ptr& p, u64* bucket) const;
+  // Whether pointer p counts in a bucket, and which (*bucket): the
+  // accounting's one rule, so Open and QueuePunch count and uncount the same
+  // pointers. A pointer outside the buckets (data::PtrBucket: the same for
+  // every piece of an extent) counts nowhere (fsck's business); a cached
+  // pointer counts only while it is current -- its bucket a user bucket of
+  // its generation. A stale cached pointer (its bucket was invalidated or
+  // reused) is normal, not damage: it counts nowhere, and fsck -y drops it.
+  // A counted cached pointer stays current: its count keeps the bucket from
+  // being freed (until step 3's generation guard, a bucket reused 256 times
+  // could make a stale one look current again).
+  bool PtrCounts(const Extent::Ptr& p, u64* bucket) const;
   // A read holds the bucket it reads from: Pin fails if the bucket is no
   // longer the user bucket of generation `gen` (freed since the lookup);
   // while pinned, a bucket that empties is only marked, and the last Unpin
@@ -283,9 +309,10 @@ class DataPath {
   void Unpin(u32 dev, u64 bucket);
   static constexpr u32 kDoomed = 1u << 31;  // reads_: emptied while read
   struct Piece;
-  // ReadBlocks' phase 1: the extents over [first, end) with the crcs the read
-  // needs copied into `crcs` (at most end - first pieces).
-  Status FindPieces(u64 ino, u64 first, u64 end, Piece* pieces, u32* n, u8* crcs);
+  // ReadBlocks' phase 1: the extents over [first, end) into `pieces` (one
+  // per extent: it grows as they are found), with the crcs the read needs
+  // copied into `crcs` (end - first of them at most).
+  Status FindPieces(u64 ino, u64 first, u64 end, Vector<Piece>* pieces, u8* crcs);
   // Adds the journal data check of a prepared item's new blob to `tx`.
   Status QueueDataCheck(btree::Transaction* tx, const Prepared::Item& item);
   // Extent commits' applies to the tree, per stripe of inodes (see ReadBlocks):
@@ -341,6 +368,8 @@ class DataPath {
   Vector<u32> reads_[dev::kMaxDevices];    // reads in flight per bucket (| kDoomed)
   Vector<u8> held_[dev::kMaxDevices];      // 1: a write point's open bucket
   u64 reserved_ = 0;           // unwritten blocks, under acct_mu_
+  void (*lookup_hook_)(void*) = nullptr;  // SetLookupHookForTest
+  void* lookup_hook_ctx_ = nullptr;
   struct Live {
     TFS_COUNTER_ATOMICS(TFS_DATA_COUNTERS)
   } ctr_;

@@ -4,7 +4,8 @@
 // parser decodes (checking only what the decoded form cannot show: the
 // version, unknown flags, reserved bytes, the exact length) and then applies
 // them, and every builder applies them before it writes a byte -- so nothing
-// builds a value ParseExtent would refuse.
+// builds a value ParseExtent would refuse. The edits check the extent they
+// are given before they index its pointers: it may be anything.
 //
 // Pure functions of their arguments: no lock, no I/O, no allocation, no
 // state -- the write path, the read path, fsck and the fuzz targets call them
@@ -44,7 +45,9 @@ bool Valid(const Extent& e) {
         return false;
     } else {
       plain = true;
-      if (blocks > kMaxExtentBlocks || p.stored_blocks != 0 || p.disk_bytes != 0 || p.crc != 0) return false;
+      // (A plain blob is at most kMaxExtentBlocks: a piece never reaches past it.)
+      if (u64(p.blob_offset) + blocks > kMaxExtentBlocks || p.stored_blocks != 0 || p.disk_bytes != 0 || p.crc != 0)
+        return false;
     }
   }
   return authoritative && plain == (e.crcs != nullptr);
@@ -137,7 +140,8 @@ u32 BuildUnwritten(u32 blocks, u8* buf) {
 }
 
 Result<u32> BuildPiece(const Extent& e, u64 skip, u32 blocks, u8* buf) {
-  if (blocks == 0 || skip > e.end - e.start || blocks > e.end - e.start - skip) return Err::kInvalidArgument;
+  if (!Valid(e) || blocks == 0 || skip > e.end - e.start || blocks > e.end - e.start - skip)
+    return Err::kInvalidArgument;
   Extent x = e;
   x.start = e.start + skip;
   x.end = x.start + blocks;
@@ -151,7 +155,7 @@ Result<u32> BuildPiece(const Extent& e, u64 skip, u32 blocks, u8* buf) {
 }
 
 Result<u32> AddPtr(const Extent& e, const Extent::Ptr& p, const u8* crcs, u8* buf) {
-  if (e.unwritten || e.nr_ptrs >= kMaxPtrs) return Err::kInvalidArgument;
+  if (!Valid(e) || e.unwritten || e.nr_ptrs >= kMaxPtrs) return Err::kInvalidArgument;
   Extent x = e;
   x.ptrs[x.nr_ptrs++] = p;
   if (!p.compressed) {
@@ -166,7 +170,7 @@ Result<u32> AddPtr(const Extent& e, const Extent::Ptr& p, const u8* crcs, u8* bu
 }
 
 Result<u32> DropPtr(const Extent& e, u32 i, u8* buf) {
-  if (i >= e.nr_ptrs) return Err::kInvalidArgument;
+  if (!Valid(e) || i >= e.nr_ptrs) return Err::kInvalidArgument;
   Extent x = e;
   for (u32 j = i; j + 1 < x.nr_ptrs; j++) x.ptrs[j] = x.ptrs[j + 1];
   x.ptrs[--x.nr_ptrs] = Extent::Ptr{};
@@ -175,10 +179,22 @@ Result<u32> DropPtr(const Extent& e, u32 i, u8* buf) {
 }
 
 Result<u32> SetCached(const Extent& e, u32 i, bool cached, u8* buf) {
-  if (i >= e.nr_ptrs) return Err::kInvalidArgument;
+  if (!Valid(e) || i >= e.nr_ptrs) return Err::kInvalidArgument;
   Extent x = e;
   x.ptrs[i].cached = cached;
   return BuildExtent(x, buf);
+}
+
+bool PtrBucket(const sb::Superblock& sb, const Extent::Ptr& p, u64* bucket) {
+  if (p.dev >= sb.nr_members || p.offset < sb::kBucketsOffset) return false;
+  *bucket = sb.BucketOf(p.offset);
+  return *bucket < sb.members[p.dev].nbuckets;
+}
+
+bool PtrInBucket(const sb::Superblock& sb, const Extent& e, const Extent::Ptr& p, u64* bucket) {
+  // (No overflow: the bucket is a member's, and DiskBlocks is below 2^33.)
+  return PtrBucket(sb, p, bucket) &&
+         p.offset + e.DiskBlocks(p) * kBlockSize <= sb.BucketOffset(*bucket) + sb.bucket_size;
 }
 
 }  // namespace tfs::data

@@ -12,14 +12,18 @@
 // or not. At least one pointer is not cached: an extent whose every copy is
 // cached has lost its data. An unwritten extent (fallocate) has no pointer.
 //
+// Where a copy lives is decided here too (PtrBucket, PtrInBucket), once for
+// the data path, the read and fsck.
+//
 // Pure functions of their arguments: no lock, no I/O, no allocation, no
-// state. Kernel-safe (an Extent is ~140 bytes: fine on a stack, not in big
+// state. Kernel-safe (an Extent is ~170 bytes: fine on a stack, not in big
 // arrays there).
 #ifndef TFS_DATA_EXTENT_H_
 #define TFS_DATA_EXTENT_H_
 
 #include "btree/key.h"
 #include "platform/types.h"
+#include "sb/superblock.h"
 #include "util/endian.h"
 #include "util/status.h"
 
@@ -68,7 +72,7 @@ inline constexpr u32 kExtentValueMax = u32(sizeof(ExtentFormat) + kMaxPtrs * siz
 struct Extent {
   struct Ptr {
     u64 offset = 0;        // byte offset of the blob's first block on the member
-    u32 blob_offset = 0;   // blocks from the blob's start to the extent's first block
+    u32 blob_offset = 0;   // blocks from the blob's start to the extent's first block (plain: + blocks <= 128)
     u32 disk_bytes = 0;    // compressed: bytes of the blob on disk
     u32 crc = 0;           // compressed: crc32c of them
     u8 dev = 0;
@@ -110,9 +114,10 @@ struct Extent {
 // the header alone); else 1..kMaxPtrs pointers on distinct members, at least
 // one not cached, no unknown flag; a compressed pointer with stored_blocks
 // 1..16, blob_offset + blocks <= stored_blocks and 0 < disk_bytes <
-// stored_blocks * 4096; a plain one with blocks <= 128 and stored_blocks,
-// disk_bytes and crc zero; every reserved field zero; the crcs present iff
-// some pointer is plain; no byte more or less.
+// stored_blocks * 4096; a plain one with blob_offset + blocks <= 128 (a plain
+// blob is at most kMaxExtentBlocks) and stored_blocks, disk_bytes and crc
+// zero; every reserved field zero; the crcs present iff some pointer is
+// plain; no byte more or less.
 Status ParseExtent(const btree::Pos& pos, const u8* value, u32 len, Extent* out);
 
 // The same rules on an Extent built or edited in memory (ok or kInvalidArgument).
@@ -134,15 +139,30 @@ Result<u32> BuildPiece(const Extent& e, u64 skip, u32 blocks, u8* buf);
 // AddPtr: e with pointer p appended; `crcs` (blocks() values) are needed when
 // p is plain and e has no plain copy yet, and must equal e's when it has
 // (a plain copy holds the same bytes). DropPtr: e without pointer i.
-// SetCached: pointer i marked cached or not. kInvalidArgument if the result
-// would break a rule (a fifth pointer, a member twice, no pointer left that
-// is not cached: dropping an extent's last copy is deleting the extent).
+// SetCached: pointer i marked cached or not. kInvalidArgument if e itself
+// breaks a rule or i is not one of its pointers (checked before anything is
+// read: e may come from anywhere), or if the result would break a rule (a
+// fifth pointer, a member twice, no pointer left that is not cached:
+// dropping an extent's last copy is deleting the extent).
 Result<u32> AddPtr(const Extent& e, const Extent::Ptr& p, const u8* crcs, u8* buf);
 Result<u32> DropPtr(const Extent& e, u32 i, u8* buf);
 Result<u32> SetCached(const Extent& e, u32 i, bool cached, u8* buf);
 
-// An unwritten extent of `blocks` blocks (a reservation): its value into buf.
+// An unwritten extent of `blocks` blocks (a reservation): its value into buf
+// (the header alone: kUnwrittenValueBytes).
+inline constexpr u32 kUnwrittenValueBytes = u32(sizeof(ExtentFormat));
 u32 BuildUnwritten(u32 blocks, u8* buf);
+
+// Where a copy lives. PtrBucket: the bucket p's blob starts in (*bucket);
+// false if p's member is not one of sb's or the blob starts outside its
+// buckets. Every piece of an extent has the same answer (pieces share their
+// blobs' offsets), which is why the data path's accounting counts by it: what
+// mount counts, a punch of any piece uncounts. PtrInBucket: PtrBucket, and
+// the blocks p holds for e (a plain copy: its blob up to e's end; a
+// compressed one: the whole blob) end inside that bucket -- the copy lies
+// whole in one bucket, as a write leaves it. fsck and the read ask this one.
+bool PtrBucket(const sb::Superblock& sb, const Extent::Ptr& p, u64* bucket);
+bool PtrInBucket(const sb::Superblock& sb, const Extent& e, const Extent::Ptr& p, u64* bucket);
 
 }  // namespace tfs::data
 

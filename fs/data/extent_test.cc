@@ -110,7 +110,7 @@ TEST(ExtentTest, LayoutSizes) {
 }
 
 TEST(ExtentTest, EveryKindRoundTripsWithOneToFourCopies) {
-  const std::vector<u8> c128 = Crcs(128), c5 = Crcs(5);
+  const std::vector<u8> c125 = Crcs(125), c5 = Crcs(5);
   {
     Extent u;
     u.start = 100;
@@ -124,8 +124,9 @@ TEST(ExtentTest, EveryKindRoundTripsWithOneToFourCopies) {
   }
   for (u32 n = 1; n <= kMaxPtrs; n++) {
     SCOPED_TRACE("copies " + std::to_string(n));
-    // Plain copies, the first authoritative, the others cached or not.
-    Extent p = Make(1000, 1128, {}, &c128);
+    // Plain copies, the first authoritative, the others cached or not (the
+    // fourth's blob ends at 128 blocks: the most a plain blob holds).
+    Extent p = Make(1000, 1125, {}, &c125);
     for (u32 i = 0; i < n; i++) p.ptrs[p.nr_ptrs++] = Plain(u8(3 * i), (1ull << 20) * (i + 1), i, i == 2);
     RoundTrip(p);
     // Compressed copies only: no crcs.
@@ -262,6 +263,37 @@ TEST(ExtentTest, PointerEdits) {
   EXPECT_EQ(SetCached(x, 3, true, buf).status(), Status(Err::kInvalidArgument));
 }
 
+// The edits take an Extent from anywhere: one that breaks a rule, or an index
+// that is not one of its pointers, is refused before a pointer is read or
+// written (a pointer count past the array once sent DropPtr and SetCached
+// gigabytes past it, and AddPtr compared terabytes of crcs).
+TEST(ExtentTest, EditsCheckTheExtentBeforeIndexingIt) {
+  const std::vector<u8> c = Crcs(4);
+  const Extent two = Make(0, 4, {Plain(0, 1 << 20), Plain(1, 2 << 20, 0, true)}, &c);
+  u8 buf[kExtentValueMax];
+  for (u32 i : {2u, 3u, 4u, 1000u, ~0u}) {
+    EXPECT_EQ(DropPtr(two, i, buf).status(), Status(Err::kInvalidArgument)) << i;
+    EXPECT_EQ(SetCached(two, i, true, buf).status(), Status(Err::kInvalidArgument)) << i;
+  }
+  Extent many = two;
+  many.nr_ptrs = 1u << 30;
+  EXPECT_EQ(DropPtr(many, 0, buf).status(), Status(Err::kInvalidArgument));
+  EXPECT_EQ(SetCached(many, (1u << 30) - 1, false, buf).status(), Status(Err::kInvalidArgument));
+  EXPECT_EQ(BuildPiece(many, 1, 2, buf).status(), Status(Err::kInvalidArgument));
+  EXPECT_EQ(AddPtr(many, Plain(2, 3 << 20), nullptr, buf).status(), Status(Err::kInvalidArgument));
+  Extent long_one = two;  // 2^40 blocks: far past its 4 crcs
+  long_one.end = 1ull << 40;
+  const std::vector<u8> same = c;
+  EXPECT_EQ(AddPtr(long_one, Plain(2, 3 << 20), same.data(), buf).status(), Status(Err::kInvalidArgument));
+  EXPECT_EQ(BuildPiece(long_one, 0, 2, buf).status(), Status(Err::kInvalidArgument));
+  Extent unwritten_with_ptrs = two;  // (breaks a rule too)
+  unwritten_with_ptrs.unwritten = true;
+  EXPECT_EQ(DropPtr(unwritten_with_ptrs, 1, buf).status(), Status(Err::kInvalidArgument));
+  // The valid extent still edits.
+  EXPECT_TRUE(DropPtr(two, 1, buf).ok());
+  EXPECT_TRUE(SetCached(two, 1, false, buf).ok());
+}
+
 // A valid value to break: two plain copies and a compressed one, 3 blocks.
 struct Sample {
   std::vector<u8> crcs = Crcs(3);
@@ -308,6 +340,8 @@ TEST(ExtentTest, EveryRuleRefusesHostileValues) {
       {"compressed blob overrun", [](Sample& s) { s.p(1)->blob_offset.set(2); }},
       {"compressed disk_bytes 0", [](Sample& s) { s.p(1)->disk_bytes.set(0); }},
       {"compressed disk_bytes saves nothing", [](Sample& s) { s.p(1)->disk_bytes.set(4 * 4096); }},
+      {"plain blob past 128 blocks", [](Sample& s) { s.p(2)->blob_offset.set(126); }},
+      {"plain blob_offset huge", [](Sample& s) { s.p(0)->blob_offset.set(0xffffffffu); }},
       {"plain with stored_blocks", [](Sample& s) { s.p(0)->stored_blocks = 1; }},
       {"plain with disk_bytes", [](Sample& s) { s.p(0)->disk_bytes.set(1); }},
       {"plain with a crc", [](Sample& s) { s.p(2)->crc.set(1); }},
@@ -345,6 +379,10 @@ TEST(ExtentTest, EveryRuleRefusesHostileValues) {
     c.edit(s);
     EXPECT_EQ(s.Parse(c.end), Status(Err::kCorrupt)) << c.name;
   }
+  // A plain blob of exactly 128 blocks is fine.
+  Sample edge;
+  edge.p(2)->blob_offset.set(125);
+  EXPECT_TRUE(edge.Parse().ok());
   // An unwritten extent with the header alone is fine; one starting before block 0 is not.
   Sample u;
   u.h()->flags = kExtentUnwritten;
@@ -386,8 +424,8 @@ TEST(ExtentTest, RandomBytesNeverCrash) {
       if (rng() % 8 == 0) v.resize(rng() % (v.size() + 1));
     }
     // In a buffer of exactly its size: a read past it is the sanitizers' to catch.
-    std::unique_ptr<u8[]> exact(new u8[v.size() + 1]);
-    memcpy(exact.get(), v.data(), v.size());
+    std::unique_ptr<u8[]> exact(new u8[v.size()]);
+    if (!v.empty()) memcpy(exact.get(), v.data(), v.size());
     Extent x;
     const u64 end = 8 + rng() % 4;
     if (!ParseExtent(At(end), exact.get(), u32(v.size()), &x).ok()) continue;

@@ -3,7 +3,9 @@
 // ReadCopy: pin the bucket, read, verify every block it returns): a mismatch
 // is kDataCorrupt and counted, never the bytes. The copies are tried in the
 // order the extent lists them and the first good one wins (copy_retries);
-// the read fails only when every copy did, with the first failing copy's error.
+// the read fails only when every copy did, with the first failing copy's
+// error -- unless a copy was stale (its bucket freed since the lookup, maybe:
+// the extent was overwritten), then the lookup is repeated first.
 // (Choosing by latency, hedging and repairing the bad copy are a later step:
 // docs/design/copies.md.) Holes and unwritten extents read as zeros; a
 // compressed blob is read and decompressed whole. HasData, HasBlockData and
@@ -30,8 +32,26 @@ struct DataPath::Piece {
   u64 lo, hi;
 };
 
-Status DataPath::FindPieces(u64 ino, u64 first, u64 end, Piece* pieces, u32* n, u8* crcs) {
-  *n = 0;
+namespace {
+
+// Whether a and b are the same extent (range and pointers; the crcs follow
+// from the pointers' blobs).
+bool SameExtent(const Extent& a, const Extent& b) {
+  if (a.ino != b.ino || a.start != b.start || a.end != b.end || a.nr_ptrs != b.nr_ptrs) return false;
+  for (u32 i = 0; i < a.nr_ptrs && i < kMaxPtrs; i++) {
+    const Extent::Ptr& p = a.ptrs[i];
+    const Extent::Ptr& q = b.ptrs[i];
+    if (p.dev != q.dev || p.gen != q.gen || p.offset != q.offset || p.blob_offset != q.blob_offset ||
+        p.cached != q.cached || p.compressed != q.compressed || p.disk_bytes != q.disk_bytes || p.crc != q.crc)
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Status DataPath::FindPieces(u64 ino, u64 first, u64 end, Vector<Piece>* pieces, u8* crcs) {
+  TFS_TRY(pieces->Resize(0));
   u32 ncrc = 0;
   u64 covered_to = 0;  // the end of the extent before (the first may start before `first`)
   Iterator it(trees_, btree::kBtreeExtents, kPointBatch);
@@ -41,12 +61,13 @@ Status DataPath::FindPieces(u64 ino, u64 first, u64 end, Piece* pieces, u32* n, 
     TFS_TRY(ParseExtent(it.pos(), it.value(), it.val_bytes(), &e));
     if (e.start >= end) break;
     // Keys come in order, so the extents of one committed state are disjoint;
-    // an overlap means the walk crossed a commit: kAgain (and the arrays,
+    // an overlap means the walk crossed a commit: kAgain (and the crcs,
     // sized for disjoint pieces of the range, stay in bounds).
     if (e.start < covered_to) return Err::kAgain;
     covered_to = e.end;
     if (e.unwritten) continue;  // zeros
-    Piece& p = pieces[(*n)++];
+    TFS_TRY(pieces->PushBack(Piece{}));
+    Piece& p = (*pieces)[pieces->size() - 1];
     p.e = e;
     p.lo = Max(e.start, first);
     p.hi = Min(e.end, end);
@@ -65,11 +86,9 @@ Status DataPath::FindPieces(u64 ino, u64 first, u64 end, Piece* pieces, u32* n, 
 Status DataPath::ReadCopy(const IoContext& ctx, const Extent& e, const Extent::Ptr& p, u64 lo, u64 hi, u8* out,
                           u8** tmp, bool* stale) {
   *stale = false;
-  const sb::Superblock& sb = store_->sb();
   // The pointer must land in one bucket.
   u64 b;
-  if (!PtrBucket(p, &b) || p.offset + e.DiskBlocks(p) * kBlockSize > sb.BucketOffset(b) + sb.bucket_size)
-    return Err::kCorrupt;
+  if (!PtrInBucket(store_->sb(), e, p, &b)) return Err::kCorrupt;
   // A user bucket of the pointer's generation, held until the read is done.
   // If it is not (any more), an overwrite committed and freed it since phase
   // 1, or the copy is stale: the caller decides.
@@ -126,14 +145,18 @@ Status DataPath::ReadBlocks(const IoContext& ctx, u64 ino, u64 first, u32 nblock
   // one by one, and a walk through the middle of one could see neither the
   // old nor the new extent of a block (and read zeros that were never
   // there). Phase 2 pins each bucket and reads it; if the bucket was freed
-  // since phase 1, everything starts again.
-  Piece* pieces = static_cast<Piece*>(platform::Alloc(u64(nblocks) * sizeof(Piece), 16));
+  // since phase 1, everything starts again. The pieces: one per extent found
+  // (a few for most reads), not one per block.
+  Vector<Piece> pieces;
   u8* crcs = static_cast<u8*>(platform::Alloc(u64(nblocks) * 4, 16));
   u8* tmp = nullptr;
-  Status st = pieces == nullptr || crcs == nullptr ? Status(Err::kNoMemory) : Status::Ok();
+  Status st = crcs == nullptr ? Status(Err::kNoMemory) : pieces.Reserve(Min<u32>(nblocks, 4));
   const u32 s = CommitStripe(ino);
   u32 stale = 0;
   u32 torn = 0;
+  // The extent of the last piece that failed with a stale copy (see below).
+  Extent failed_extent;
+  bool failed_before = false;
   for (u32 attempt = 0; st.ok(); attempt++) {
     if (attempt > 0) platform::SleepNs(attempt < 8 ? 1000 : 100000);
     // While a commit of this stripe applies its keys (microseconds: no journal
@@ -144,8 +167,7 @@ Status DataPath::ReadBlocks(const IoContext& ctx, u64 ino, u64 first, u32 nblock
       ctr_.read_retries.FetchAdd(1, MemOrder::kRelaxed);
       continue;
     }
-    u32 n = 0;
-    st = FindPieces(ino, first, end, pieces, &n, crcs);
+    st = FindPieces(ino, first, end, &pieces, crcs);
     const bool walk_torn = st.code() == Err::kAgain;
     if (walk_torn) st = Status::Ok();
     if (!st.ok()) break;
@@ -165,16 +187,21 @@ Status DataPath::ReadBlocks(const IoContext& ctx, u64 ino, u64 first, u32 nblock
       ctr_.read_retries.FetchAdd(1, MemOrder::kRelaxed);
       continue;
     }
+    if (lookup_hook_ != nullptr) lookup_hook_(lookup_hook_ctx_);
     MemSet(buf, 0, u64(nblocks) * kBlockSize);
     bool again = false;
-    for (u32 i = 0; st.ok() && !again && i < n; i++) {
+    for (u32 i = 0; st.ok() && !again && i < pieces.size(); i++) {
       const Extent& e = pieces[i].e;
       const u64 lo = pieces[i].lo;
       u8* out = buf + (lo - first) * kBlockSize;
       // The copies in order; the first good one wins. A copy whose bucket is
-      // not the one it names is skipped: stale, or freed by an overwrite
-      // since phase 1. If no copy read and none failed otherwise, the lookup
-      // went stale: again. Otherwise the first failing copy's error.
+      // not the one it names is skipped: stale (a cached copy whose bucket
+      // was invalidated: normal), or freed by an overwrite since phase 1.
+      // If no copy read, the lookup is repeated when a copy was stale -- an
+      // overwrite may have replaced the extent -- and the failure reported
+      // when none was, or when the repeated lookup found the same extent
+      // again (then its stale copies are stale for good: an overwrite
+      // removes the extent before it frees a bucket).
       Status failed = Status::Ok();
       bool stale_copy = false;
       bool done = false;
@@ -194,15 +221,23 @@ Status DataPath::ReadBlocks(const IoContext& ctx, u64 ino, u64 first, u32 nblock
         }
       }
       if (done) continue;
-      if (!failed.ok()) {
+      if (!failed.ok() && (!stale_copy || failed.code() == Err::kNoMemory ||
+                           (failed_before && SameExtent(e, failed_extent)))) {
         st = failed;
         break;
       }
-      // (stale_copy: every copy was; e.nr_ptrs is at least 1.)
+      // (stale_copy: some copy was, every one if none failed; e.nr_ptrs is at least 1.)
       TFS_BUG_ON(!stale_copy);
       if (++stale > kMaxStaleLookups) {
-        st = Err::kCorrupt;  // a pointer that stays wrong
+        // A pointer that stays wrong, or a failing copy whose extent kept
+        // changing: its failure.
+        st = failed.ok() ? Status(Err::kCorrupt) : failed;
         break;
+      }
+      if (!failed.ok()) {
+        failed_extent = e;
+        failed_extent.crcs = nullptr;
+        failed_before = true;
       }
       ctr_.stale_lookups.FetchAdd(1, MemOrder::kRelaxed);
       again = true;
@@ -211,7 +246,6 @@ Status DataPath::ReadBlocks(const IoContext& ctx, u64 ino, u64 first, u32 nblock
   }
   platform::Free(tmp);
   platform::Free(crcs);
-  platform::Free(pieces);
   return st;
 }
 

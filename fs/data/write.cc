@@ -137,7 +137,8 @@ Status DataPath::Prepare(const IoContext& ctx, u64 ino, u64 first, const u8* blo
     u32 got;
     TFS_TRY(Reserve(ctx, Min(plain_end - done, kMaxExtentBlocks), covered.value(), false, &ref, &offset, &got));
     // Recorded at once, so that Abort gives the reserved space back whatever fails next.
-    Status st = delta->changes.PushBack(Delta::Change{ref.dev, ref.bucket, i64(got), i64(got), 0});
+    Status st = delta->changes.PushBack(
+        Delta::Change{.dev = ref.dev, .bucket = ref.bucket, .blocks = i64(got), .pending = i64(got)});
     if (!st.ok()) {
       Account(ref.dev, ref.bucket, 0, 0, -i64(got));
       return st;
@@ -191,7 +192,8 @@ Status DataPath::WriteCompressed(const IoContext& ctx, Prepared* p, u64 first, c
   u32 got;
   Status st = Reserve(ctx, zblocks, covered, true, &ref, &offset, &got);
   if (st.ok()) {
-    st = delta->changes.PushBack(Delta::Change{ref.dev, ref.bucket, i64(nblocks), i64(zblocks), 0});
+    st = delta->changes.PushBack(
+        Delta::Change{.dev = ref.dev, .bucket = ref.bucket, .blocks = i64(nblocks), .pending = i64(zblocks)});
     if (!st.ok()) Account(ref.dev, ref.bucket, 0, 0, -i64(zblocks));
   }
   if (st.ok()) {
@@ -258,13 +260,14 @@ Status DataPath::QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end,
     }
     if (e.unwritten) delta->unreserved += hi - lo;
     // Each copy releases the blocks in its bucket (live, or cached); a bad
-    // pointer was never counted (PtrBucket).
+    // pointer or a stale cached one was never counted (PtrCounts).
     for (u32 i = 0; i < e.nr_ptrs; i++) {
       const Extent::Ptr& ptr = e.ptrs[i];
       u64 b;
-      if (!PtrBucket(ptr, &b)) continue;
+      if (!PtrCounts(ptr, &b)) continue;
       const i64 n = -i64(hi - lo);
-      TFS_TRY(delta->changes.PushBack(Delta::Change{ptr.dev, b, ptr.cached ? 0 : n, 0, ptr.cached ? n : 0}));
+      TFS_TRY(delta->changes.PushBack(
+          Delta::Change{.dev = ptr.dev, .bucket = b, .blocks = ptr.cached ? 0 : n, .cached = ptr.cached ? n : 0}));
     }
     delta->sectors -= i64(hi - lo) * (kBlockSize / 512);
   }
@@ -287,7 +290,7 @@ Status DataPath::QueueReserve(btree::Transaction* tx, u64 ino, u64 first, u64 en
   delta->ino = ino;
   Iterator it(trees_, btree::kBtreeExtents, kPointBatch);
   TFS_TRY(it.Seek(ExtentPos(ino, first + 1)));
-  u8 value[kExtentValueMax];  // (an unwritten extent's value: the header alone)
+  u8 value[kUnwrittenValueBytes];  // an unwritten extent's value: the header alone
   u64 at = first;
   u32 keys = 0;
   while (at < end && keys < max_keys) {

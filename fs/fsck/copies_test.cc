@@ -1,14 +1,23 @@
-// Extents with two copies (docs/design/copies.md, step 1) in a real
-// filesystem of two members. Nothing writes them yet, so the test makes one:
-// a file written through posix, a second copy of its blocks written on the
-// other member by the data path (Prepare with that member as the target),
-// and the pointer added with data::AddPtr in a transaction the data path
-// commits (so the accounting counts both copies). Then: a read falls back to
-// the good copy when the first is damaged, and fails only when both are;
-// fsck finds the extent clean; and fsck -y drops a stale pointer -- the
-// second or the first -- keeping the extent and its data.
+// Extents with several copies (docs/design/copies.md, step 1) in a real
+// filesystem of two to four members. Nothing writes them yet, so the test
+// makes them: a file written through posix, each further copy of its blocks
+// written on the next member by the data path (Prepare with that member as
+// the target; plain or compressed, cached or not), and the pointers added
+// with data::AddPtr in a transaction the data path commits (so the
+// accounting counts every copy). Then: a read falls back to a good copy --
+// plain or compressed -- when one is damaged, fails only when all are, and
+// looks the extent up again when a copy was stale; cached copies count apart
+// from live ones, across remounts and punches; a stale cached copy is normal
+// (counted nowhere, dropped by fsck -y without an error); fsck -y drops bad
+// pointers -- any of them, several of four -- keeps the extent while a good
+// copy is left (promoting a cached one if it is the only good one), and says
+// copy by copy why an extent with none is lost; and a crash after the commit
+// of a two-copy extent keeps it only if the journal's data check of each
+// copy holds.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -29,19 +38,34 @@ using fsck::kExitUncorrected;
 
 constexpr u32 kBlocks = 3;
 
-struct TwoCopies {
-  std::unique_ptr<userspace::MemDevice> a = testing::MemMember();
-  std::unique_ptr<userspace::MemDevice> b = testing::MemMember();
+// One more copy: on the next member, compressed or plain, cached or not.
+struct CopySpec {
+  bool cached = false;
+  bool compressed = false;
+};
+
+struct Copies {
+  std::vector<std::unique_ptr<userspace::MemDevice>> mems;
   u64 ino = 0;
   std::string content;
-  data::Extent::Ptr ptrs[2];  // the extent's copies, as made
+  std::vector<data::Extent::Ptr> ptrs;  // the extent's copies, as made, in its order
 
-  TwoCopies() {
-    EXPECT_TRUE(testing::FormatMembers({a.get(), b.get()}).ok());
+  // A file of kBlocks blocks on the member its write lands on, and one copy
+  // more per spec, each on the next member (members "ssd.a", "ssd.b", ...:
+  // one a copy, `members` at least). With `last_first` the last copy made is
+  // listed first.
+  explicit Copies(const std::vector<CopySpec>& more = {CopySpec{}}, bool last_first = false, u32 members = 0) {
+    for (size_t i = 0; i < std::max<size_t>(members, 1 + more.size()); i++) mems.push_back(testing::MemMember());
+    EXPECT_TRUE(testing::FormatMembers(Devs()).ok());
     for (u32 i = 0; i < kBlocks * data::kBlockSize; i++) content.push_back(char('A' + (i * 7 + i / 4096) % 26));
-    Make();
+    Make(more, last_first);
   }
-  std::vector<BlockDevice*> Devs() { return {a.get(), b.get()}; }
+  std::vector<BlockDevice*> Devs() {
+    std::vector<BlockDevice*> d;
+    for (auto& m : mems) d.push_back(m.get());
+    return d;
+  }
+  u32 members() const { return u32(mems.size()); }
 
   // Runs fn on the mounted filesystem.
   void WithFs(const std::function<void(testing::MountedFs&)>& fn) {
@@ -50,11 +74,13 @@ struct TwoCopies {
     fn(m);
   }
 
+  static btree::Pos At(u64 ino, u64 end) { return btree::Pos{btree::kBtreeExtents, ino, end}; }
+
   // The file's one extent; its value is kept in *v (e.crcs points into it).
   static data::Extent ExtentOf(testing::MountedFs& m, u64 ino, std::vector<u8>* v) {
     data::Extent e;
     btree::Iterator it(&m.store->btrees(), btree::kBtreeExtents);
-    EXPECT_TRUE(it.Seek(btree::Pos{btree::kBtreeExtents, ino, 0}).ok());
+    EXPECT_TRUE(it.Seek(At(ino, 0)).ok());
     EXPECT_TRUE(it.Valid() && it.pos().inode == ino);
     if (!it.Valid()) return e;
     v->assign(it.value(), it.value() + it.val_bytes());
@@ -62,7 +88,13 @@ struct TwoCopies {
     return e;
   }
 
-  void Make() {
+  // A context writing on member `dev` alone (the engines' class).
+  static data::IoContext On(u32 dev) {
+    return {IoOrigin::kReconcile, dev::IoClass::kBackground, alloc::Watermark::kBackground,
+            data::Target{data::TargetKind::kMember, u8(dev)}};
+  }
+
+  void Make(const std::vector<CopySpec>& more, bool last_first) {
     WithFs([&](testing::MountedFs& m) {
       auto f = m.fs.Mknod(posix::kRootIno, "f", 1, posix::kModeReg | 0644, 0, posix::Caller{0, 0});
       ASSERT_TRUE(f.ok());
@@ -70,44 +102,68 @@ struct TwoCopies {
       ASSERT_EQ(m.fs.Write(ino, 0, content.data(), u32(content.size())).value(), content.size());
       ASSERT_TRUE(m.fs.Fsync(ino).ok());
       std::vector<u8> v;
-      const data::Extent e = ExtentOf(m, ino, &v);
-      ASSERT_EQ(e.nr_ptrs, 1u);
-      ASSERT_EQ(e.blocks(), kBlocks);
-      // The second copy, on the other member, by the data path.
-      const u8 other = u8(1 - e.ptrs[0].dev);
-      const data::IoContext ctx = {IoOrigin::kReconcile, dev::IoClass::kBackground, alloc::Watermark::kBackground,
-                                   data::Target{data::TargetKind::kMember, other}};
-      data::Prepared p;
+      data::Extent x = ExtentOf(m, ino, &v);
+      ASSERT_EQ(x.nr_ptrs, 1u);
+      ASSERT_EQ(x.blocks(), kBlocks);
+      // The other copies, each on the next member, by the data path; one
+      // commit adds them all.
       data::Delta delta;
-      ASSERT_TRUE(m.data.Prepare(ctx, ino, e.start, reinterpret_cast<const u8*>(content.data()), kBlocks, false, &p,
-                                 &delta).ok());
-      ASSERT_EQ(p.items.size(), 1u);
-      data::Extent copy;
-      ASSERT_TRUE(data::ParseExtent(btree::Pos{btree::kBtreeExtents, ino, p.items[0].end}, p.items[0].value,
-                                    p.items[0].len, &copy).ok());
-      ASSERT_EQ(copy.ptrs[0].dev, other);
+      std::vector<std::unique_ptr<data::Prepared>> preps;
+      u32 dev = x.ptrs[0].dev;
       u8 buf[data::kExtentValueMax];
-      auto len = data::AddPtr(e, copy.ptrs[0], copy.crcs, buf);  // (the same bytes: the same crcs)
-      ASSERT_TRUE(len.ok());
+      for (const CopySpec& spec : more) {
+        dev = (dev + 1) % members();
+        preps.push_back(std::make_unique<data::Prepared>());
+        data::Prepared* p = preps.back().get();
+        const size_t before = delta.changes.size();
+        ASSERT_TRUE(m.data.Prepare(On(dev), ino, x.start, reinterpret_cast<const u8*>(content.data()), kBlocks,
+                                   spec.compressed, p, &delta).ok());
+        ASSERT_EQ(p->items.size(), 1u);
+        data::Extent copy;
+        ASSERT_TRUE(data::ParseExtent(At(ino, p->items[0].end), p->items[0].value, p->items[0].len, &copy).ok());
+        ASSERT_EQ(copy.ptrs[0].dev, dev);
+        ASSERT_EQ(copy.ptrs[0].compressed, spec.compressed);
+        data::Extent::Ptr q = copy.ptrs[0];
+        q.cached = spec.cached;
+        if (spec.cached) {  // what the write reserved counts as cached, not live
+          for (size_t i = before; i < delta.changes.size(); i++) {
+            delta.changes[i].cached = delta.changes[i].blocks;
+            delta.changes[i].blocks = 0;
+          }
+        }
+        auto len = data::AddPtr(x, q, copy.crcs, buf);  // (a plain copy: the same bytes, the same crcs)
+        ASSERT_TRUE(len.ok());
+        v.assign(buf, buf + len.value());
+        ASSERT_TRUE(data::ParseExtent(At(ino, x.end), v.data(), u32(v.size()), &x).ok());
+      }
+      if (last_first) {
+        data::Extent y = x;
+        y.ptrs[0] = x.ptrs[x.nr_ptrs - 1];
+        for (u32 i = 1; i < x.nr_ptrs; i++) y.ptrs[i] = x.ptrs[i - 1];
+        auto len = data::BuildExtent(y, buf);
+        ASSERT_TRUE(len.ok());
+        v.assign(buf, buf + len.value());
+      }
       btree::Transaction tx(&m.store->btrees());
-      ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeExtents, ino, e.end}, buf, len.value()).ok());
+      ASSERT_TRUE(tx.Set(At(ino, x.end), v.data(), u32(v.size())).ok());
       delta.ino = ino;
       delta.sectors = 0;  // the file holds the same blocks
-      ASSERT_TRUE(m.data.Commit(ctx, &tx, delta).ok());
-      const data::Extent two = ExtentOf(m, ino, &v);
-      ASSERT_EQ(two.nr_ptrs, 2u);
-      ptrs[0] = two.ptrs[0];
-      ptrs[1] = two.ptrs[1];
+      ASSERT_TRUE(m.data.Commit(On(dev), &tx, delta).ok());
+      const data::Extent all = ExtentOf(m, ino, &v);
+      ASSERT_EQ(all.nr_ptrs, 1 + more.size());
+      ptrs.assign(all.ptrs, all.ptrs + all.nr_ptrs);
     });
   }
 
-  // The device of member `dev` (members are "ssd.a" and "ssd.b", in that order).
-  userspace::MemDevice* Member(u32 dev) { return dev == 0 ? a.get() : b.get(); }
+  // The device of member `dev` (members are formatted in the order of mems).
+  userspace::MemDevice* Member(u32 dev) { return mems[dev].get(); }
 
-  // Flips a byte of block `block` of copy `c` on its member.
+  // Flips a byte of block `block` of copy `c` on its member (a compressed
+  // copy: a byte of its blob, whichever block).
   void Damage(u32 c, u32 block) {
     const data::Extent::Ptr& p = ptrs[c];
-    const u64 at = p.offset + (u64(p.blob_offset) + block) * data::kBlockSize + 100;
+    const u64 at = p.compressed ? p.offset + p.disk_bytes / 2
+                                : p.offset + (u64(p.blob_offset) + block) * data::kBlockSize + 100;
     u8 x;
     Member(p.dev)->ReadRaw(at, &x, 1);
     x ^= 0x40;
@@ -125,21 +181,45 @@ struct TwoCopies {
     return {r, out};
   }
 
-  // Sets the generation of copy `c` one behind its bucket's (a pointer left
-  // from before the bucket was reused).
-  void MakeStale(u32 c) {
+  // Rewrites the extent's key with edit(e) applied (no accounting: the next
+  // mount counts what the extents say).
+  void EditExtent(const std::function<void(data::Extent&)>& edit) {
     WithFs([&](testing::MountedFs& m) {
       std::vector<u8> v;
       data::Extent e = ExtentOf(m, ino, &v);
-      ASSERT_EQ(e.nr_ptrs, 2u);
-      e.ptrs[c].gen = u8(e.ptrs[c].gen - 1);
+      ASSERT_EQ(e.nr_ptrs, ptrs.size());
+      edit(e);
       u8 buf[data::kExtentValueMax];
       auto len = data::BuildExtent(e, buf);
       ASSERT_TRUE(len.ok());
       btree::Transaction tx(&m.store->btrees());
-      ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeExtents, ino, e.end}, buf, len.value()).ok());
+      ASSERT_TRUE(tx.Set(At(ino, e.end), buf, len.value()).ok());
       ASSERT_TRUE(tx.Commit().ok());
     });
+  }
+
+  // Sets the generation of copy `c` one behind its bucket's (a pointer left
+  // from before the bucket was reused).
+  void MakeStale(u32 c) {
+    EditExtent([&](data::Extent& e) { e.ptrs[c].gen = u8(e.ptrs[c].gen - 1); });
+  }
+
+  // Points copy `c` past the end of its member.
+  void MakeOutside(u32 c) {
+    EditExtent([&](data::Extent& e) { e.ptrs[c].offset = 1ull << 40; });
+  }
+
+  // The bucket copy `c` lies in.
+  static u64 BucketOf(testing::MountedFs& m, const data::Extent::Ptr& p) {
+    u64 b = 0;
+    EXPECT_TRUE(data::PtrBucket(m.store->sb(), p, &b));
+    return b;
+  }
+  // The live and cached blocks counted in copy c's bucket.
+  std::pair<u32, u32> Counts(testing::MountedFs& m, u32 c) {
+    u32 live = 0, cached = 0;
+    m.data.BucketCounts(ptrs[c].dev, BucketOf(m, ptrs[c]), &live, &cached);
+    return {live, cached};
   }
 
   // The file reads back whole, from a fresh mount; the extent's copies now.
@@ -158,8 +238,10 @@ struct TwoCopies {
   }
 };
 
+std::string Str(u64 v) { return std::to_string(v); }
+
 TEST(CopiesTest, TwoCopiesOnDistinctMembersReadAndCheckClean) {
-  TwoCopies t;
+  Copies t;
   EXPECT_NE(t.ptrs[0].dev, t.ptrs[1].dev);
   EXPECT_FALSE(t.ptrs[0].cached || t.ptrs[1].cached);
   auto [r, out] = t.Fsck(false);
@@ -170,7 +252,7 @@ TEST(CopiesTest, TwoCopiesOnDistinctMembersReadAndCheckClean) {
 }
 
 TEST(CopiesTest, AReadFallsBackToTheGoodCopy) {
-  TwoCopies t;
+  Copies t;
   t.Damage(0, 1);
   t.WithFs([&](testing::MountedFs& m) {
     std::string got(t.content.size(), '\0');
@@ -195,20 +277,152 @@ TEST(CopiesTest, AReadFallsBackToTheGoodCopy) {
   });
 }
 
+// A plain and a compressed copy of the same blocks: each one alone reads the
+// file, whichever is listed first.
+TEST(CopiesTest, APlainAndACompressedCopyEachReadTheFile) {
+  for (bool compressed_first : {false, true}) {
+    SCOPED_TRACE(compressed_first ? "compressed first" : "plain first");
+    Copies t({CopySpec{.compressed = true}}, compressed_first);
+    const u32 plain = compressed_first ? 1 : 0, zstd = 1 - plain;
+    ASSERT_TRUE(t.ptrs[zstd].compressed);
+    ASSERT_FALSE(t.ptrs[plain].compressed);
+    auto [r, out] = t.Fsck(false);
+    EXPECT_EQ(r.exit_code, kExitClean) << out;
+    // The first copy damaged: the other reads the file.
+    t.Damage(0, 1);
+    t.WithFs([&](testing::MountedFs& m) {
+      std::string got(t.content.size(), '\0');
+      auto rd = m.fs.Read(t.ino, 0, got.data(), u32(got.size()));
+      ASSERT_TRUE(rd.ok()) << rd.status().Message();
+      EXPECT_TRUE(got == t.content);
+      const data::Stats s = m.data.GetStats();
+      EXPECT_EQ(s.copy_retries, 1u);
+      EXPECT_GE(s.csum_errors, 1u);
+      // The compressed copy read (and decompressed) only when the plain one failed.
+      EXPECT_EQ(s.compressed_reads, compressed_first ? 0u : 1u);
+    });
+    t.Damage(0, 1);  // (undone: the first copy reads again)
+    t.WithFs([&](testing::MountedFs& m) {
+      std::string got(t.content.size(), '\0');
+      ASSERT_TRUE(m.fs.Read(t.ino, 0, got.data(), u32(got.size())).ok());
+      EXPECT_TRUE(got == t.content);
+      EXPECT_EQ(m.data.GetStats().copy_retries, 0u);
+      EXPECT_EQ(m.data.GetStats().compressed_reads, compressed_first ? 1u : 0u);
+    });
+  }
+}
+
+// A cached copy counts its blocks as cached in its bucket, never as live;
+// the authoritative copy counts them live -- after the commit, across a
+// remount, and after punches (which release both), the last of which frees
+// the cached copy's bucket.
+TEST(CopiesTest, CachedCopiesCountApartAcrossRemountsAndPunches) {
+  Copies t({CopySpec{.cached = true}});
+  ASSERT_FALSE(t.ptrs[0].cached);
+  ASSERT_TRUE(t.ptrs[1].cached);
+  auto expect = [&](testing::MountedFs& m, u32 blocks) {
+    EXPECT_EQ(t.Counts(m, 0), (std::pair<u32, u32>{blocks, 0}));
+    EXPECT_EQ(t.Counts(m, 1), (std::pair<u32, u32>{0, blocks}));
+  };
+  t.WithFs([&](testing::MountedFs& m) {
+    expect(m, kBlocks);
+    ASSERT_TRUE(m.fs.Fallocate(t.ino, posix::kFallocPunchHole | posix::kFallocKeepSize, 0, data::kBlockSize).ok());
+    expect(m, kBlocks - 1);
+  });
+  t.WithFs([&](testing::MountedFs& m) {
+    expect(m, kBlocks - 1);  // what the extents say at mount
+    const u64 b = Copies::BucketOf(m, t.ptrs[1]);
+    ASSERT_EQ(m.store->alloc().Get(t.ptrs[1].dev, b).state, alloc::BucketState::kUser);
+    ASSERT_TRUE(m.fs.Fallocate(t.ino, posix::kFallocPunchHole | posix::kFallocKeepSize, 0,
+                               kBlocks * data::kBlockSize).ok());
+    expect(m, 0);
+    // Nothing holds the cached copy's bucket any more (no write point since the remount).
+    EXPECT_NE(m.store->alloc().Get(t.ptrs[1].dev, b).state, alloc::BucketState::kUser);
+  });
+  auto [r, out] = t.Fsck(false);
+  EXPECT_EQ(r.exit_code, kExitClean) << out;
+}
+
+// A copy added to an extent whose blob the accounting counts already (here
+// another file's extent on the other member: the copy reserved nothing)
+// counts its blocks live in that bucket as the commit applies, as the next
+// mount counts them; a punch of either extent then uncounts only its own,
+// and the other's data stays.
+TEST(CopiesTest, ACopyOfACommittedBlobCountsLive) {
+  Copies t({}, false, 2);  // f: one copy, two members
+  u32 dev = 0;
+  u64 gino = 0, gb = 0;
+  t.WithFs([&](testing::MountedFs& m) {
+    dev = 1 - t.ptrs[0].dev;
+    auto g = m.fs.Mknod(posix::kRootIno, "g", 1, posix::kModeReg | 0644, 0, posix::Caller{0, 0});
+    ASSERT_TRUE(g.ok());
+    gino = g.value().ino;
+    {
+      btree::Transaction tx(&m.store->btrees());
+      data::Delta delta;
+      ASSERT_TRUE(m.data.QueueWrite(Copies::On(dev), &tx, gino, 0, reinterpret_cast<const u8*>(t.content.data()),
+                                    kBlocks, &delta).ok());
+      ASSERT_TRUE(m.data.Commit(Copies::On(dev), &tx, delta).ok());
+    }
+    std::vector<u8> gv, fv;
+    const data::Extent ge = Copies::ExtentOf(m, gino, &gv);
+    const data::Extent fe = Copies::ExtentOf(m, t.ino, &fv);
+    ASSERT_EQ(ge.ptrs[0].dev, dev);
+    gb = Copies::BucketOf(m, ge.ptrs[0]);
+    u32 live, cached;
+    m.data.BucketCounts(dev, gb, &live, &cached);
+    ASSERT_EQ(live, kBlocks);
+    // g's blob becomes f's second copy: nothing reserved, kBlocks live more.
+    u8 buf[data::kExtentValueMax];
+    auto len = data::AddPtr(fe, ge.ptrs[0], ge.crcs, buf);
+    ASSERT_TRUE(len.ok());
+    btree::Transaction tx(&m.store->btrees());
+    ASSERT_TRUE(tx.Set(Copies::At(t.ino, fe.end), buf, len.value()).ok());
+    data::Delta delta;
+    delta.ino = t.ino;
+    ASSERT_TRUE(delta.changes.PushBack(data::Delta::Change{.dev = dev, .bucket = gb, .blocks = kBlocks}).ok());
+    ASSERT_TRUE(m.data.Commit(Copies::On(dev), &tx, delta).ok());
+    m.data.BucketCounts(dev, gb, &live, &cached);
+    EXPECT_EQ(live, 2 * kBlocks);
+    EXPECT_EQ(cached, 0u);
+  });
+  t.WithFs([&](testing::MountedFs& m) {
+    u32 live, cached;
+    m.data.BucketCounts(dev, gb, &live, &cached);
+    EXPECT_EQ(live, 2 * kBlocks);  // the mount counts what the commit counted
+    // f goes: g's blocks stay counted, and read.
+    ASSERT_TRUE(m.fs.Fallocate(t.ino, posix::kFallocPunchHole | posix::kFallocKeepSize, 0,
+                               kBlocks * data::kBlockSize).ok());
+    m.data.BucketCounts(dev, gb, &live, &cached);
+    EXPECT_EQ(live, kBlocks);
+    EXPECT_EQ(m.store->alloc().Get(dev, gb).state, alloc::BucketState::kUser);
+    std::string got(t.content.size(), '\0');
+    ASSERT_TRUE(m.data.ReadBlocks(data::kForegroundRead, gino, 0, kBlocks, reinterpret_cast<u8*>(got.data())).ok());
+    EXPECT_TRUE(got == t.content);
+    // Then g: nothing is left, and nothing went below zero.
+    btree::Transaction tx(&m.store->btrees());
+    data::Delta delta;
+    ASSERT_TRUE(m.data.QueuePunch(&tx, gino, 0, kBlocks, &delta).ok());
+    ASSERT_TRUE(m.data.Commit(Copies::On(dev), &tx, delta).ok());
+    m.data.BucketCounts(dev, gb, &live, &cached);
+    EXPECT_EQ(live, 0u);
+    EXPECT_NE(m.store->alloc().Get(dev, gb).state, alloc::BucketState::kUser);
+  });
+}
+
 // A stale second pointer: fsck -n reports it, -y drops it (not the extent),
 // and the next check is clean; the data reads from the first copy.
 TEST(CopiesTest, FsckDropsAStaleSecondPointer) {
-  TwoCopies t;
+  Copies t;
   t.MakeStale(1);
   auto [r1, out1] = t.Fsck(false);
   EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
-  EXPECT_NE(out1.find("stale extent pointer, inode " + std::to_string(t.ino) + " at block 0 (copy 2 of 2)"),
-            std::string::npos)
+  EXPECT_NE(out1.find("stale extent pointer, inode " + Str(t.ino) + " at block 0 (copy 2 of 2)"), std::string::npos)
       << out1;
   auto [r2, out2] = t.Fsck(true);
   EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
   EXPECT_EQ(r2.repaired, r2.errors) << out2;
-  EXPECT_NE(out2.find("dropped 1 bad pointer of the extent of inode " + std::to_string(t.ino) +
+  EXPECT_NE(out2.find("dropped 1 bad pointer of the extent of inode " + Str(t.ino) +
                       " at blocks [0, 3); its other copies keep the data"),
             std::string::npos)
       << out2;
@@ -220,7 +434,7 @@ TEST(CopiesTest, FsckDropsAStaleSecondPointer) {
 
 // The same with the first pointer stale: the second copy is what is left.
 TEST(CopiesTest, FsckDropsAStaleFirstPointer) {
-  TwoCopies t;
+  Copies t;
   t.MakeStale(0);
   auto [r2, out2] = t.Fsck(true);
   EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
@@ -231,22 +445,315 @@ TEST(CopiesTest, FsckDropsAStaleFirstPointer) {
   t.ExpectContent(1, t.ptrs[1].dev);
 }
 
-// Both stale: no copy is left, and the extent goes as a lost one does.
-TEST(CopiesTest, FsckDeletesAnExtentWithNoGoodCopy) {
-  TwoCopies t;
+// Two bad pointers of three, and of four (one of the good ones cached): both
+// go in one repair, the rest keep their order and the data.
+TEST(CopiesTest, FsckDropsTwoBadPointersOfThreeAndOfFour) {
+  {
+    Copies t({CopySpec{}, CopySpec{}});
+    t.MakeStale(0);
+    t.MakeOutside(1);
+    auto [r, out] = t.Fsck(true);
+    EXPECT_EQ(r.exit_code, kExitRepaired) << out;
+    EXPECT_EQ(r.repaired, r.errors) << out;
+    EXPECT_NE(out.find("dropped 2 bad pointers of the extent of inode " + Str(t.ino) +
+                       " at blocks [0, 3); its other copies keep the data"),
+              std::string::npos)
+        << out;
+    auto [r2, out2] = t.Fsck(false);
+    EXPECT_EQ(r2.exit_code, kExitClean) << out << out2;
+    t.ExpectContent(1, t.ptrs[2].dev);
+  }
+  {
+    Copies t({CopySpec{}, CopySpec{.cached = true}, CopySpec{}});
+    t.MakeStale(1);
+    t.MakeStale(3);
+    auto [r, out] = t.Fsck(true);
+    EXPECT_EQ(r.exit_code, kExitRepaired) << out;
+    EXPECT_NE(out.find("(copy 2 of 4)"), std::string::npos) << out;
+    EXPECT_NE(out.find("(copy 4 of 4)"), std::string::npos) << out;
+    EXPECT_NE(out.find("dropped 2 bad pointers"), std::string::npos) << out;
+    auto [r2, out2] = t.Fsck(false);
+    EXPECT_EQ(r2.exit_code, kExitClean) << out << out2;
+    t.ExpectContent(2, t.ptrs[0].dev);
+    t.WithFs([&](testing::MountedFs& m) {
+      std::vector<u8> v;
+      const data::Extent e = Copies::ExtentOf(m, t.ino, &v);
+      ASSERT_EQ(e.nr_ptrs, 2u);
+      EXPECT_EQ(e.ptrs[1].dev, t.ptrs[2].dev);
+      EXPECT_TRUE(e.ptrs[1].cached);
+      EXPECT_EQ(t.Counts(m, 0), (std::pair<u32, u32>{kBlocks, 0}));
+      EXPECT_EQ(t.Counts(m, 2), (std::pair<u32, u32>{0, kBlocks}));
+    });
+  }
+}
+
+// The only authoritative copy is bad and a good cached copy is left: -y
+// promotes the cached copy (it holds the extent's bytes) instead of deleting
+// the extent, in one line, and the file keeps its data.
+TEST(CopiesTest, FsckPromotesTheGoodCachedCopyOfABadOne) {
+  Copies t({CopySpec{.cached = true}});
   t.MakeStale(0);
-  t.MakeStale(1);
+  auto [r1, out1] = t.Fsck(false);
+  EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
+  EXPECT_NE(out1.find("(copy 1 of 2)"), std::string::npos) << out1;
   auto [r2, out2] = t.Fsck(true);
   EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
   EXPECT_EQ(r2.repaired, r2.errors) << out2;
-  EXPECT_NE(out2.find("its bucket holds other data now (data lost)"), std::string::npos) << out2;
+  EXPECT_NE(out2.find("data: dropped 1 bad pointer of the extent of inode " + Str(t.ino) +
+                      " at blocks [0, 3) and promoted its cached copy on member " + Str(t.ptrs[1].dev) + "\n"),
+            std::string::npos)
+      << out2;
+  EXPECT_NE(out2.find("data: promoted 1 cached copy whose authoritative copy was bad"), std::string::npos) << out2;
+  EXPECT_EQ(out2.find("data lost"), std::string::npos) << out2;
   auto [r3, out3] = t.Fsck(false);
   EXPECT_EQ(r3.exit_code, kExitClean) << out2 << out3;
+  t.ExpectContent(1, t.ptrs[1].dev);
   t.WithFs([&](testing::MountedFs& m) {
-    std::string got(t.content.size(), 'x');
-    ASSERT_TRUE(m.fs.Read(t.ino, 0, got.data(), u32(got.size())).ok());
-    EXPECT_TRUE(got == std::string(t.content.size(), '\0'));  // a hole now
+    std::vector<u8> v;
+    EXPECT_FALSE(Copies::ExtentOf(m, t.ino, &v).ptrs[0].cached);
+    EXPECT_EQ(t.Counts(m, 1), (std::pair<u32, u32>{kBlocks, 0}));  // live now
   });
+}
+
+// No good copy: the extent goes as a lost one does, and the line says why,
+// copy by copy.
+TEST(CopiesTest, FsckDeletesAnExtentWithNoGoodCopyAndSaysWhyForEach) {
+  struct Case {
+    std::vector<CopySpec> more;
+    std::function<void(Copies&)> damage;
+    const char* why;
+  };
+  const Case cases[] = {
+      {{CopySpec{}},
+       [](Copies& t) {
+         t.MakeStale(0);
+         t.MakeStale(1);
+       },
+       "copy 1 is in a bucket that holds other data now; copy 2 is in a bucket that holds other data now"},
+      {{CopySpec{}},
+       [](Copies& t) {
+         t.MakeOutside(0);
+         t.MakeStale(1);
+       },
+       "copy 1 points outside the buckets; copy 2 is in a bucket that holds other data now"},
+      {{CopySpec{.cached = true}},
+       [](Copies& t) {
+         t.MakeStale(0);
+         t.MakeStale(1);
+       },
+       "copy 1 is in a bucket that holds other data now; copy 2 is a stale cached copy"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.why);
+    Copies t(c.more);
+    c.damage(t);
+    auto [r2, out2] = t.Fsck(true);
+    EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
+    EXPECT_EQ(r2.repaired, r2.errors) << out2;
+    EXPECT_NE(out2.find("data: deleted the extent of inode " + Str(t.ino) + " at blocks [0, 3): " + c.why +
+                        " (data lost)"),
+              std::string::npos)
+        << out2;
+    auto [r3, out3] = t.Fsck(false);
+    EXPECT_EQ(r3.exit_code, kExitClean) << out2 << out3;
+    t.WithFs([&](testing::MountedFs& m) {
+      std::string got(t.content.size(), 'x');
+      ASSERT_TRUE(m.fs.Read(t.ino, 0, got.data(), u32(got.size())).ok());
+      EXPECT_TRUE(got == std::string(t.content.size(), '\0'));  // a hole now
+    });
+  }
+}
+
+// A cached copy whose bucket has another generation is stale: normal (the
+// cache let the bucket go), not damage. It counts nowhere -- the mount frees
+// its bucket, which nothing else holds -- fsck -n is clean and says how many
+// there are, and fsck -y drops it without calling it a repair.
+TEST(CopiesTest, AStaleCachedCopyIsNormal) {
+  Copies t({CopySpec{.cached = true}});
+  t.MakeStale(1);
+  auto [r1, out1] = t.Fsck(false);
+  EXPECT_EQ(r1.exit_code, kExitClean) << out1;
+  EXPECT_EQ(r1.errors, 0u) << out1;
+  EXPECT_NE(out1.find("data: 1 stale cached pointer (their cache buckets hold other data now: not damage; fsck -y "
+                      "drops them)"),
+            std::string::npos)
+      << out1;
+  t.WithFs([&](testing::MountedFs& m) {
+    EXPECT_EQ(t.Counts(m, 0), (std::pair<u32, u32>{kBlocks, 0}));
+    EXPECT_EQ(t.Counts(m, 1), (std::pair<u32, u32>{0, 0}));
+    EXPECT_NE(m.store->alloc().Get(t.ptrs[1].dev, Copies::BucketOf(m, t.ptrs[1])).state, alloc::BucketState::kUser);
+    // Reads skip it; a punch does not uncount it.
+    std::string got(t.content.size(), '\0');
+    ASSERT_TRUE(m.fs.Read(t.ino, 0, got.data(), u32(got.size())).ok());
+    EXPECT_TRUE(got == t.content);
+    ASSERT_TRUE(m.fs.Fallocate(t.ino, posix::kFallocPunchHole | posix::kFallocKeepSize, 0, data::kBlockSize).ok());
+    EXPECT_EQ(t.Counts(m, 0), (std::pair<u32, u32>{kBlocks - 1, 0}));
+  });
+  auto [r2, out2] = t.Fsck(true);
+  EXPECT_EQ(r2.exit_code, kExitClean) << out2;
+  EXPECT_EQ(r2.errors, 0u) << out2;
+  EXPECT_NE(out2.find("data: 1 stale cached pointer dropped"), std::string::npos) << out2;
+  auto [r3, out3] = t.Fsck(false);
+  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+  EXPECT_EQ(out3.find("stale cached"), std::string::npos) << out3;
+  t.WithFs([&](testing::MountedFs& m) {
+    std::vector<u8> v;
+    const data::Extent e = Copies::ExtentOf(m, t.ino, &v);
+    EXPECT_EQ(e.nr_ptrs, 1u);
+    EXPECT_EQ(e.ptrs[0].dev, t.ptrs[0].dev);
+  });
+}
+
+// A cached pointer one generation ahead of its bucket (hostile, or a stale
+// one after the u8 wraps) counts nowhere at mount, and the mount frees its
+// bucket -- which makes the bucket's generation the pointer's. Once the
+// bucket holds data again the pointer looks current, and a punch uncounts
+// blocks never counted: the cache count stops at 0 (counted), never a crash.
+TEST(CopiesTest, ACachedPointerCurrentAgainAfterItsBucketIsReusedPunchesSafely) {
+  Copies t({CopySpec{.cached = true}});
+  t.EditExtent([&](data::Extent& e) { e.ptrs[1].gen = u8(e.ptrs[1].gen + 1); });
+  t.WithFs([&](testing::MountedFs& m) {
+    const data::Extent::Ptr p = [&] {
+      std::vector<u8> v;
+      return Copies::ExtentOf(m, t.ino, &v).ptrs[1];
+    }();
+    const u64 b = Copies::BucketOf(m, p);
+    ASSERT_NE(m.store->alloc().Get(p.dev, b).state, alloc::BucketState::kUser);  // freed at mount
+    ASSERT_EQ(m.store->alloc().Get(p.dev, b).gen, p.gen);
+    // Write on the pointer's member until its bucket holds data again (its
+    // free settled first: a bucket is reused only then).
+    ASSERT_TRUE(m.store->journal().Settle().ok());
+    auto f = m.fs.Mknod(posix::kRootIno, "g", 1, posix::kModeReg | 0644, 0, posix::Caller{0, 0});
+    ASSERT_TRUE(f.ok());
+    const u64 g = f.value().ino;
+    bool reused = false;
+    for (u64 off = 0; !reused && off < (u64(1) << 20); off += kBlocks) {
+      data::Prepared prep;
+      data::Delta delta;
+      const Status st = m.data.Prepare(Copies::On(p.dev), g, off, reinterpret_cast<const u8*>(t.content.data()),
+                                       kBlocks, false, &prep, &delta);
+      ASSERT_TRUE(st.ok()) << st.Name() << " at block " << off;
+      data::Extent w;
+      ASSERT_TRUE(data::ParseExtent(Copies::At(g, prep.items[0].end), prep.items[0].value, prep.items[0].len, &w).ok());
+      u64 wb = 0;
+      reused = w.ptrs[0].dev == p.dev && data::PtrBucket(m.store->sb(), w.ptrs[0], &wb) && wb == b;
+      btree::Transaction tx(&m.store->btrees());
+      for (const auto& item : prep.items) ASSERT_TRUE(tx.Set(Copies::At(g, item.end), item.value, item.len).ok());
+      delta.ino = g;
+      ASSERT_TRUE(m.data.Commit(Copies::On(p.dev), &tx, delta).ok());
+    }
+    ASSERT_TRUE(reused);
+    const alloc::Bucket k = m.store->alloc().Get(p.dev, b);
+    ASSERT_EQ(k.state, alloc::BucketState::kUser);
+    ASSERT_EQ(k.gen, p.gen);  // the stale pointer looks current now
+    // Punching the first file uncounts its cached blocks there: none were counted.
+    ASSERT_TRUE(m.fs.Fallocate(t.ino, posix::kFallocPunchHole | posix::kFallocKeepSize, 0,
+                               u64(kBlocks) * data::kBlockSize).ok());
+    EXPECT_EQ(m.data.GetStats().cached_underflows, 1u);
+    u32 live = 0, cached = 0;
+    m.data.BucketCounts(p.dev, b, &live, &cached);
+    EXPECT_EQ(cached, 0u);
+    EXPECT_GT(live, 0u);  // the second file's data keeps its bucket
+  });
+}
+
+// A read whose copies are one stale and one failing looks the extent up
+// again before it reports the failure: an overwrite may have replaced the
+// extent since the lookup (here a commit between the lookup and the reads
+// makes the stale copy current again). If the second lookup finds the same
+// extent, its stale copy is stale for good and the failure is the answer,
+// after that one lookup.
+TEST(CopiesTest, AReadWithAStaleCopyLooksAgainBeforeFailing) {
+  Copies t;
+  t.MakeStale(0);
+  t.Damage(1, 1);
+  t.WithFs([&](testing::MountedFs& m) {
+    char buf[kBlocks * data::kBlockSize];
+    EXPECT_EQ(m.fs.Read(t.ino, 0, buf, sizeof(buf)).status().code(), Err::kDataCorrupt);
+    EXPECT_EQ(m.data.GetStats().stale_lookups, 1u);
+  });
+  t.WithFs([&](testing::MountedFs& m) {
+    struct Hook {
+      testing::MountedFs* m;
+      u64 ino;
+      u8 gen;
+      int calls = 0;
+    } hook{&m, t.ino, t.ptrs[0].gen};
+    m.data.SetLookupHookForTest([](void* ctx) {
+      auto* h = static_cast<Hook*>(ctx);
+      if (h->calls++ > 0) return;
+      std::vector<u8> v;
+      data::Extent e = Copies::ExtentOf(*h->m, h->ino, &v);
+      e.ptrs[0].gen = h->gen;
+      u8 buf[data::kExtentValueMax];
+      auto len = data::BuildExtent(e, buf);
+      ASSERT_TRUE(len.ok());
+      btree::Transaction tx(&h->m->store->btrees());
+      ASSERT_TRUE(tx.Set(Copies::At(h->ino, e.end), buf, len.value()).ok());
+      ASSERT_TRUE(tx.Commit().ok());
+    }, &hook);
+    std::string got(t.content.size(), '\0');
+    auto r = m.fs.Read(t.ino, 0, got.data(), u32(got.size()));
+    m.data.SetLookupHookForTest(nullptr, nullptr);
+    ASSERT_TRUE(r.ok()) << r.status().Message();
+    EXPECT_TRUE(got == t.content);
+    EXPECT_EQ(hook.calls, 2);
+    EXPECT_EQ(m.data.GetStats().stale_lookups, 1u);
+  });
+}
+
+// A two-copy extent written by the data path carries a journal data check per
+// copy: a power cut that kept the commit's (unordered) flush entry but not the
+// second copy's blocks is caught at replay, which then keeps the extent as it
+// was before -- never one pointing at blocks that never reached the disk.
+TEST(CopiesTest, ReplayChecksEveryCopysDataAfterACut) {
+  Copies t({}, false, 2);
+  const std::string now(t.content.size(), 'n');
+  std::vector<std::vector<u8>> images;
+  data::Extent::Ptr lost{};
+  t.WithFs([&](testing::MountedFs& m) {
+    // Both copies, one Prepare each, in one extent: one item with two pointers.
+    data::Delta delta;
+    data::Prepared p[2];
+    for (u32 d = 0; d < 2; d++)
+      ASSERT_TRUE(m.data.Prepare(Copies::On(d), t.ino, 0, reinterpret_cast<const u8*>(now.data()), kBlocks, false,
+                                 &p[d], &delta).ok());
+    data::Extent x[2];
+    for (u32 d = 0; d < 2; d++) {
+      ASSERT_EQ(p[d].items.size(), 1u);
+      ASSERT_TRUE(data::ParseExtent(Copies::At(t.ino, kBlocks), p[d].items[0].value, p[d].items[0].len, &x[d]).ok());
+    }
+    auto len = data::AddPtr(x[0], x[1].ptrs[0], x[1].crcs, p[0].items[0].value);
+    ASSERT_TRUE(len.ok());
+    p[0].items[0].len = len.value();
+    lost = x[1].ptrs[0];
+    btree::Transaction tx(&m.store->btrees());
+    ASSERT_TRUE(m.data.QueuePrepared(&tx, p[0], &delta).ok());
+    ASSERT_TRUE(m.data.Commit(Copies::On(0), &tx, delta, journal::CommitMode::kFlush).ok());
+    images = userspace::MemDevice::SnapshotDurable({t.mems[0].get(), t.mems[1].get()});
+  });
+  // The cut kept the entry, and the first copy, but not the second copy's
+  // blocks (as a cache that had not written them yet): the members as they
+  // were then (not what the unmount wrote after), the blocks zero.
+  ASSERT_EQ(images.size(), 2u);
+  std::vector<u8>& img = images[lost.dev];
+  memset(img.data() + lost.offset, 0, kBlocks * data::kBlockSize);
+  for (u32 d = 0; d < 2; d++) t.mems[d]->WriteRaw(0, images[d].data(), images[d].size());
+  store::Store s;
+  store::OpenOptions oo;
+  oo.read_only = true;
+  store::OpenReport rep;
+  ASSERT_TRUE(testing::OpenStore(&s, t.Devs(), oo, &rep).ok());
+  EXPECT_NE(rep.replay.unverified_seq, 0u);
+  EXPECT_GE(rep.replay.checked_bytes, 2u * kBlocks * data::kBlockSize);
+  btree::Iterator it(&s.btrees(), btree::kBtreeExtents);
+  ASSERT_TRUE(it.Seek(Copies::At(t.ino, 0)).ok());
+  ASSERT_TRUE(it.Valid() && it.pos().inode == t.ino);
+  data::Extent e;
+  ASSERT_TRUE(data::ParseExtent(it.pos(), it.value(), it.val_bytes(), &e).ok());
+  EXPECT_EQ(e.nr_ptrs, 1u);  // the extent from before the cut
+  EXPECT_EQ(e.ptrs[0].offset, t.ptrs[0].offset);
+  EXPECT_TRUE(s.Close().ok());
 }
 
 }  // namespace

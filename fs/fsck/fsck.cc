@@ -481,8 +481,8 @@ Status RebuildAlloc(void* ctx, store::Store& e) {
     bool bad = false;
     for (u32 i = 0; i < x.nr_ptrs; i++) {
       const data::Extent::Ptr& p = x.ptrs[i];
-      const u64 b = e.sb().BucketOf(p.offset);
-      if (p.dev >= a.members() || b >= a.nbuckets(p.dev) ||
+      u64 b;
+      if (!data::PtrInBucket(e.sb(), x, p, &b) ||
           !a.RebuildMark(p.dev, b, alloc::BucketState::kUser, p.gen,
                          u32(x.DiskBlocks(p) * (data::kBlockSize / 512))))
         bad = true;  // outside, or into a node or layout bucket

@@ -41,8 +41,10 @@
 //    does).
 //    File data: extents parse, belong to regular files,
 //    do not overlap, and every pointer (copy) points inside a user bucket of
-//    its generation (a bad one is dropped if a good copy not cached is left,
-//    else the extent is deleted); each
+//    its generation (a bad one is dropped if a good copy is left -- a good
+//    cached one promoted if no other is -- else the extent is deleted; a
+//    cached pointer of another generation is a stale cached copy: a note,
+//    dropped by -y, not an error); each
 //    inode's sector count is what its extents hold and its size covers them; a
 //    user bucket holding no extent is a note (left by a crash; the next mount
 //    frees it). Repair: one btree transaction per finding -- bad keys deleted,

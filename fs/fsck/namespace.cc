@@ -1021,22 +1021,48 @@ class NamespaceCheck {
       }
       TFS_TRY(tx.Delete(it.pos()));
       *dropped += y.end - y.start;
+      // (Its copies counted in used_: with -y its bad and stale cached ones are gone.)
       for (u32 i = 0; i < y.nr_ptrs; i++) {
         const data::Extent::Ptr& ptr = y.ptrs[i];
-        const u64 b = e_.sb().BucketOf(ptr.offset);
-        if (ptr.dev < dev::kMaxDevices && b < used_[ptr.dev].size() && used_[ptr.dev][b] > 0) used_[ptr.dev][b]--;
+        u64 b;
+        if (data::PtrInBucket(e_.sb(), y, ptr, &b) && used_[ptr.dev][b] > 0) used_[ptr.dev][b]--;
       }
     }
     return Commit(tx);
   }
 
+  // Why extent x has no good copy left, copy by copy (`outside`,
+  // `old_cache`: bits of its pointers outside the buckets and stale cached;
+  // the other bad ones' buckets hold other data), into why.
+  static void LostWhy(const data::Extent& x, u32 outside, u32 old_cache, char* why, usize size) {
+    if (x.nr_ptrs == 1) {
+      platform::Format(why, size, "%s", (outside & 1u) != 0 ? "it points outside the buckets"
+                                                              : "its bucket holds other data now");
+      return;
+    }
+    why[0] = '\0';
+    for (u32 i = 0; i < x.nr_ptrs; i++) {
+      const u32 bit = 1u << i;
+      const char* what = (outside & bit) != 0     ? "points outside the buckets"
+                         : (old_cache & bit) != 0 ? "is a stale cached copy"
+                                                  : "is in a bucket that holds other data now";
+      const usize at = StrLen(why);
+      platform::Format(why + at, size - at, "%scopy %u %s", i == 0 ? "" : "; ", i + 1, what);
+    }
+  }
+
   // Extents parse, belong to regular files, have every pointer inside a user
   // bucket of its generation (unwritten ones have no pointer) and do not
   // overlap; each file's sector count is what its extents hold and its size
-  // covers them; user buckets no extent points into are a note. Repairs drop
-  // the bad pointers of an extent that keeps a copy not cached, and delete
-  // bad extents and those left without one (the data they held is lost, and
-  // says so), trim overlaps (TrimEarlier), and set sector counts and sizes.
+  // covers them; user buckets no extent points into are a note. A cached
+  // pointer of another generation than its bucket's is a stale cached copy:
+  // normal (the cache dropped the bucket), not damage -- counted, and
+  // dropped by -y. Repairs drop the bad pointers of an extent that keeps a
+  // good copy: if none of those is authoritative, a good cached copy is
+  // promoted first (data::SetCached: its bytes are the extent's); an extent
+  // with no good copy at all is deleted (the data it held is lost, and the
+  // line says why, copy by copy). Bad extents are deleted, overlaps trimmed
+  // (TrimEarlier), sector counts and sizes set.
   Status ScanExtents() {
     const sb::Superblock& sbk = e_.sb();
     alloc::Allocator& a = e_.alloc();
@@ -1067,24 +1093,28 @@ class NamespaceCheck {
         }
         continue;
       }
-      // Each copy: inside the buckets (else `outside`), and in a user bucket
-      // of its generation (else stale) -- unless there is no table to check
-      // that against. An unwritten extent (fallocate) is a reservation: it
-      // has no pointer.
-      u32 outside = 0, stale = 0;  // bit i: pointer i
+      // Each copy: inside one bucket (else `outside`), and in a user bucket
+      // of its generation (else `stale`) -- unless there is no table to check
+      // that against; a cached copy of another generation is a stale cached
+      // copy (`old_cache`: not damage). An unwritten extent (fallocate) is a
+      // reservation: it has no pointer.
+      u32 outside = 0, stale = 0, old_cache = 0;  // bit i: pointer i
       for (u32 i = 0; i < x.nr_ptrs; i++) {
         const data::Extent::Ptr& q = x.ptrs[i];
-        const u64 b = sbk.BucketOf(q.offset);
+        u64 b;
         char which[40] = "";
         if (x.nr_ptrs > 1) platform::Format(which, sizeof(which), " (copy %u of %u)", i + 1, x.nr_ptrs);
-        if (q.offset < sb::kBucketsOffset || q.dev >= a.members() || b >= a.nbuckets(q.dev) ||
-            q.offset + x.DiskBlocks(q) * data::kBlockSize > sbk.BucketOffset(b) + sbk.bucket_size) {
+        if (!data::PtrInBucket(sbk, x, q, &b)) {
           outside |= 1u << i;
           Problem("data: extent points outside the buckets, inode %llu at block %llu%s", ino, start, which);
           continue;
         }
         if (c_.alloc_stale) continue;
         const alloc::Bucket k = a.Get(q.dev, b);
+        if (q.cached && k.gen != q.gen) {
+          old_cache |= 1u << i;
+          continue;
+        }
         if (k.state != alloc::BucketState::kUser || k.gen != q.gen) {
           stale |= 1u << i;
           Problem("data: stale extent pointer, inode %llu at block %llu%s: member %u bucket %llu is %s, generation "
@@ -1093,32 +1123,55 @@ class NamespaceCheck {
                   unsigned(k.gen), unsigned(q.gen));
         }
       }
+      stale_cached_ += PopCount(old_cache);
       const u32 bad = outside | stale;
-      if (bad != 0 && repair_) {
+      if ((bad | old_cache) != 0 && repair_) {
         const u32 nbad = PopCount(bad);
-        bool kept = false;  // a good copy that is not cached
-        for (u32 i = 0; i < x.nr_ptrs; i++) kept |= (bad & (1u << i)) == 0 && !x.ptrs[i].cached;
-        if (!kept) {
+        const u32 drop = bad | old_cache;
+        // A good copy that is not cached keeps the data; else the first good
+        // cached one is promoted to keep it.
+        bool kept = false;
+        u32 promote = x.nr_ptrs;
+        for (u32 i = 0; i < x.nr_ptrs; i++) {
+          if ((drop & (1u << i)) != 0) continue;
+          kept |= !x.ptrs[i].cached;
+          if (x.ptrs[i].cached && promote == x.nr_ptrs) promote = i;
+        }
+        if (!kept && promote == x.nr_ptrs) {
+          char why[200];
+          LostWhy(x, outside, old_cache, why, sizeof(why));
           TFS_TRY(DeleteKey(p));
           Repaired(nbad, "data: deleted the extent of inode %llu at blocks [%llu, %llu): %s (data lost)", ino, start,
-                   end, (outside & 1u) != 0 || stale == 0 ? "it points outside the buckets"
-                                                          : "its bucket holds other data now");
+                   end, why);
           continue;
         }
-        // Drop the bad copies (the last first, so the indices hold), then go
-        // on with what is left.
+        const u32 promoted_dev = promote < x.nr_ptrs ? x.ptrs[promote].dev : 0;
         u32 len = 0;
+        // Promote first (the bad authoritative copy still makes the extent
+        // valid meanwhile), then drop the bad and stale cached copies (the
+        // last first, so the indices hold), then go on with what is left.
+        if (!kept) {
+          len = TFS_TRY(data::SetCached(x, promote, false, buf_));
+          TFS_TRY(data::ParseExtent(p, buf_, len, &x));
+        }
         for (u32 i = x.nr_ptrs; i-- > 0;) {
-          if ((bad & (1u << i)) == 0) continue;
+          if ((drop & (1u << i)) == 0) continue;
           len = TFS_TRY(data::DropPtr(x, i, buf_));
           TFS_TRY(data::ParseExtent(p, buf_, len, &x));
         }
         Transaction tx(&t_);
         TFS_TRY(tx.Set(p, buf_, len));
         TFS_TRY(Commit(tx));
-        Repaired(nbad, "data: dropped %u bad pointer%s of the extent of inode %llu at blocks [%llu, %llu); its other "
-                 "copies keep the data", nbad, nbad == 1 ? "" : "s", ino, start, end);
-        outside = 0;
+        if (!kept) {
+          promoted_++;
+          Repaired(nbad, "data: dropped %u bad pointer%s of the extent of inode %llu at blocks [%llu, %llu) and "
+                   "promoted its cached copy on member %u", nbad, nbad == 1 ? "" : "s", ino, start, end,
+                   promoted_dev);
+        } else if (nbad > 0) {
+          Repaired(nbad, "data: dropped %u bad pointer%s of the extent of inode %llu at blocks [%llu, %llu); its "
+                   "other copies keep the data", nbad, nbad == 1 ? "" : "s", ino, start, end);
+        }
+        outside = old_cache = 0;
       }
       if (p.inode == prev_ino && x.start < prev_end) {
         Problem("data: overlapping extents in inode %llu at block %llu", ino, start);
@@ -1136,12 +1189,30 @@ class NamespaceCheck {
       r->data_sectors += (x.end - x.start) * kSectorsPerBlock;  // (reservations count too)
       if (x.unwritten) continue;  // may lie past the size (fallocate with KEEP_SIZE)
       // Every copy inside the buckets holds its bucket (cached ones too: the
-      // data path frees a bucket only when no pointer counts in it).
-      for (u32 i = 0; i < x.nr_ptrs; i++)
-        if ((outside & (1u << i)) == 0) used_[x.ptrs[i].dev][sbk.BucketOf(x.ptrs[i].offset)]++;
+      // data path frees a bucket only when no pointer counts in it), but a
+      // stale cached one (it counts nowhere: DataPath::PtrCounts).
+      for (u32 i = 0; i < x.nr_ptrs; i++) {
+        u64 b;
+        if (((outside | old_cache) & (1u << i)) == 0 && data::PtrBucket(sbk, x.ptrs[i], &b))
+          used_[x.ptrs[i].dev][b]++;
+      }
       r->data_end = Max(r->data_end, x.end);
     }
     TFS_TRY(st);
+    if (stale_cached_ > 0) {
+      // Normal, not damage (bcachefs's view too): one note for all of them.
+      c_.report->notes++;
+      if (repair_) {  // (each dropped, or gone with its extent)
+        c_.Line("data: %llu stale cached pointer%s dropped (their cache buckets hold other data now: not damage)",
+                (unsigned long long)stale_cached_, stale_cached_ == 1 ? "" : "s");
+      } else {
+        c_.Line("data: %llu stale cached pointer%s (their cache buckets hold other data now: not damage; fsck -y "
+                "drops them)", (unsigned long long)stale_cached_, stale_cached_ == 1 ? "" : "s");
+      }
+    }
+    if (promoted_ > 0)
+      c_.Line("data: promoted %llu cached cop%s whose authoritative copy was bad", (unsigned long long)promoted_,
+              promoted_ == 1 ? "y" : "ies");
     for (u32 d = 0; d < a.members(); d++)
       for (u64 b = 0; b < a.nbuckets(d); b++)
         if (a.Get(d, b).state == alloc::BucketState::kUser && used_[d][b] == 0 && !c_.alloc_stale) {
@@ -1608,6 +1679,8 @@ class NamespaceCheck {
   u64 lost_found_ = 0;
   bool lost_found_failed_ = false;
   u64 entries_ = 0, dirs_ = 0, extents_ = 0, xattrs_ = 0;
+  u64 stale_cached_ = 0;  // stale cached pointers found (not damage; -y drops them)
+  u64 promoted_ = 0;      // cached copies -y made authoritative (their extent's was bad)
   u32 found_ = 0;
   // What needs posix::kSbFeatures: chunked values (with their chunk keys)
   // and inodes with kInodeFlagCaps (or a capability xattr, which gets it).

@@ -22,6 +22,7 @@
 
 #include "data/data.h"
 #include "mount/testing.h"
+#include "posix/testing.h"
 #include "userspace/platform/mem_device.h"
 
 namespace tfs::posix {
@@ -722,21 +723,10 @@ Result<std::string> GetX(Filesystem& fs, u64 ino, const std::string& n) {
   if (r.value() != v.size()) return Err::kInternal;
   return v;
 }
+// The names as a set (the order ListXattr gives is the table's).
 std::set<std::string> ListX(Filesystem& fs, u64 ino) {
-  auto len = fs.ListXattr(ino, nullptr, 0);
-  EXPECT_TRUE(len.ok());
-  std::string buf(len.value(), '\0');
-  auto r = fs.ListXattr(ino, buf.data(), u32(buf.size()));
-  EXPECT_TRUE(r.ok());
-  EXPECT_EQ(r.value(), buf.size());
-  std::set<std::string> names;
-  for (size_t at = 0; at < buf.size();) {
-    const size_t end = buf.find('\0', at);
-    EXPECT_NE(end, std::string::npos);
-    names.insert(buf.substr(at, end - at));
-    at = end + 1;
-  }
-  return names;
+  const std::vector<std::string> names = fixture::XattrNames(fs, ino);
+  return std::set<std::string>(names.begin(), names.end());
 }
 
 TEST(PosixTest, XattrsSetGetListRemoveAndTheirErrors) {

@@ -24,10 +24,13 @@
 #include "data/data.h"
 #include "mount/testing.h"
 #include "posix/fs.h"
+#include "posix/testing.h"
 #include "userspace/platform/mem_device.h"
 
 namespace tfs::posix {
 namespace {
+
+using fixture::XattrNames;
 
 const Caller kUser{1000, 1000};
 
@@ -102,21 +105,6 @@ std::string GetOr(Filesystem& fs, u64 ino, const std::string& n) {
   auto r = Get(fs, ino, n);
   return r.ok() ? r.value() : std::string("<") + r.status().Message() + ">";
 }
-std::vector<std::string> List(Filesystem& fs, u64 ino) {
-  auto len = fs.ListXattr(ino, nullptr, 0);
-  EXPECT_TRUE(len.ok());
-  std::string buf(len.value(), '\0');
-  auto r = fs.ListXattr(ino, buf.data(), u32(buf.size()));
-  EXPECT_TRUE(r.ok());
-  EXPECT_EQ(r.value(), buf.size());
-  std::vector<std::string> names;
-  for (size_t at = 0; at < buf.size();) {
-    const size_t end = buf.find('\0', at);
-    names.push_back(buf.substr(at, end - at));
-    at = end + 1;
-  }
-  return names;
-}
 u64 Mkfile(Filesystem& fs, u64 dir, const std::string& n) {
   auto r = fs.Mknod(dir, n.data(), u32(n.size()), kModeReg | 0644, 0, kUser);
   EXPECT_TRUE(r.ok()) << n;
@@ -179,7 +167,7 @@ TEST(InodeOptsTest, SetGetListAndRemove) {
     EXPECT_EQ(Get(m.fs, f, std::string("tierfs.") + o).status().code(), Err::kNoData) << o;
   EXPECT_EQ(GetOr(m.fs, f, "tierfs.inherited"), "");
   ASSERT_TRUE(Set(m.fs, f, "user.k", "v").ok());
-  EXPECT_EQ(List(m.fs, f), std::vector<std::string>{"user.k"});
+  EXPECT_EQ(XattrNames(m.fs, f), std::vector<std::string>{"user.k"});
 
   const i64 ctime0 = m.fs.GetAttr(f).value().ctime_ns;
   ASSERT_TRUE(Set(m.fs, f, "tierfs.foreground_target", "hdd.b").ok());
@@ -200,9 +188,9 @@ TEST(InodeOptsTest, SetGetListAndRemove) {
   ASSERT_TRUE(it.Seek(btree::Pos{btree::kBtreeXattrs, f, 0}).ok());
   for (; it.Valid() && it.pos().inode == f; (void)it.Next()) keys++;
   EXPECT_EQ(keys, 1u);
-  EXPECT_EQ(List(m.fs, f), (std::vector<std::string>{"user.k", "tierfs.foreground_target", "tierfs.background_target",
-                                                     "tierfs.promote_target", "tierfs.replicas",
-                                                     "tierfs.compression"}));
+  EXPECT_EQ(XattrNames(m.fs, f), (std::vector<std::string>{"user.k", "tierfs.foreground_target",
+                                                           "tierfs.background_target", "tierfs.promote_target",
+                                                           "tierfs.replicas", "tierfs.compression"}));
   // Sizes and short buffers, as for any xattr.
   EXPECT_EQ(m.fs.GetXattr(f, "tierfs.foreground_target", 24, nullptr, 0).value(), 5u);
   char small[4];
@@ -235,7 +223,7 @@ TEST(InodeOptsTest, SetGetListAndRemove) {
   EXPECT_EQ(GetOr(m.fs, f, "tierfs.replicas"), "1");
   EXPECT_EQ(GetOr(m.fs, f, "tierfs.compression"), "zstd");
   EXPECT_EQ(GetOr(m.fs, d, "tierfs.compression"), "none");
-  EXPECT_EQ(List(m.fs, f), (std::vector<std::string>{"user.k", "tierfs.foreground_target", "tierfs.replicas",
+  EXPECT_EQ(XattrNames(m.fs, f), (std::vector<std::string>{"user.k", "tierfs.foreground_target", "tierfs.replicas",
                                                      "tierfs.compression"}));
 }
 
@@ -274,7 +262,7 @@ TEST(InodeOptsTest, BadValuesAndNamesAreRefusedWithAReason) {
     EXPECT_EQ(std::string(who.refused).find('\n'), std::string::npos);
   }
   // Nothing was stored by any of them.
-  EXPECT_EQ(List(m.fs, f), std::vector<std::string>{});
+  EXPECT_EQ(XattrNames(m.fs, f), std::vector<std::string>{});
   // Unknown tierfs.* names are EINVAL for get and remove too; other
   // namespaces stay unsupported.
   EXPECT_EQ(Get(m.fs, f, "tierfs.bogus").status().code(), Err::kInvalidArgument);
@@ -467,7 +455,7 @@ TEST(InodeOptsTest, ADamagedDirectoryOptionIsNotInherited) {
     EXPECT_EQ(GetOr(m.fs, ino, "tierfs.promote_target"), "ssd.a") << ino;
     for (const char* o : {"tierfs.foreground_target", "tierfs.background_target", "tierfs.replicas"})
       EXPECT_EQ(Get(m.fs, ino, o).status().code(), Err::kNoData) << ino << " " << o;
-    EXPECT_EQ(List(m.fs, ino), (std::vector<std::string>{"tierfs.promote_target", "tierfs.compression"})) << ino;
+    EXPECT_EQ(XattrNames(m.fs, ino), (std::vector<std::string>{"tierfs.promote_target", "tierfs.compression"})) << ino;
   }
   EXPECT_EQ(Get(m.fs, d, "tierfs.replicas").status().code(), Err::kCorrupt);  // the directory's own, still
 }
@@ -515,7 +503,7 @@ TEST(InodeOptsTest, CreatesRacingAnOptionChangeSeeBeforeOrAfter) {
   // The last change stands (kChanges even: its last set replicas 2 and -c).
   EXPECT_EQ(GetOr(m.fs, d, "tierfs.replicas"), "2");
   EXPECT_EQ(m.fs.GetFlags(d).value(), 0u);
-  EXPECT_EQ(List(m.fs, d), std::vector<std::string>{"tierfs.replicas"});
+  EXPECT_EQ(XattrNames(m.fs, d), std::vector<std::string>{"tierfs.replicas"});
 }
 
 // foreground_target: a file's new data goes to the member or group it
@@ -659,7 +647,7 @@ TEST(InodeOptsTest, ADamagedValueIsCorruptToReadersAndIgnoredByWrites) {
   EXPECT_EQ(Get(m.fs, f, "tierfs.replicas").status().code(), Err::kCorrupt);
   // Not listed: a name getxattr refuses would fail getfattr -d, cp -a and
   // rsync -X for the whole file; the rest is listed (and copied) as ever.
-  EXPECT_EQ(List(m.fs, f), (std::vector<std::string>{"user.k", "tierfs.compression"}));
+  EXPECT_EQ(XattrNames(m.fs, f), (std::vector<std::string>{"user.k", "tierfs.compression"}));
   EXPECT_EQ(m.fs.ListXattr(f, nullptr, 0).value(), u32(sizeof("user.k") + sizeof("tierfs.compression")));
   const std::string data = Text(64 << 10);
   ASSERT_TRUE(m.fs.Write(f, 0, data.data(), u32(data.size()), Filesystem::kWriteDirect).ok());

@@ -73,9 +73,14 @@ def test_open_loop_charges_a_stall_to_every_delayed_operation(tmp_path: Path) ->
                 "--inject-stall", "1s:1s")
     meas = doc["measurements"]
     lat, svc = meas["ops"]["read"]["latency"], meas["ops"]["read"]["service"]
-    delayed = count_above(lat, 5_000_000)
-    # The ~200 operations intended during the stall are each charged their wait.
-    assert 170 <= delayed <= 215, delayed
+    # The ~200 operations intended during the stall are each charged their wait
+    # (all but the last few intended in it wait more than 50 ms). The bounds
+    # hold on a loaded machine too: the scheduler can delay an operation past
+    # 5 ms (a bound of 5 ms counted 218 under load 8), not past 50 ms dozens of
+    # times; a probe that charged nothing would count about none, one that
+    # charged every later operation about 400.
+    delayed = count_above(lat, 50_000_000)
+    assert 170 <= delayed <= 230, delayed
     assert 0.95e9 <= lat["max"] <= 1.5e9, lat["max"]
     # ... while the calls themselves were as quick as ever.
     assert count_above(svc, 5_000_000) <= 5
