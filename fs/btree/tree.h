@@ -289,6 +289,12 @@ class Iterator {
   [[nodiscard]] Status Next();
   [[nodiscard]] Status Prev();
 
+  // Where a node that cannot be read or fails its checks is described, in
+  // one line naming the tree, the level, the member and the offset (the
+  // Status alone says only what failed): null (the default) for nowhere.
+  // The mount's load of the allocator names a damaged alloc leaf with it.
+  void SetDiag(Diag* diag) { diag_ = diag; }
+
   bool Valid() const { return valid_; }
   Pos pos() const { return pos_; }
   // The current value: a copy owned by the iterator, valid until it moves.
@@ -321,6 +327,7 @@ class Iterator {
   u32 first_batch_ = 32;
   CachedNode* leaf_ = nullptr;  // referenced: its version stays readable
   u64 leaf_version_ = 0;
+  Diag* diag_ = nullptr;  // see SetDiag
 };
 
 class Btrees {

@@ -62,6 +62,98 @@ TEST(FsckStaleTest, DamagedAllocNodeRefusesMountAndFsckRebuildsTheAllocationStat
   EXPECT_EQ(r4.exit_code, kExitClean) << out4;
 }
 
+// The same for a damaged alloc *leaf* below an interior root: the mount
+// reads no leaf before it loads the allocator, so it is the load's walk that
+// meets the damage -- and refuses in one line naming the node and fsck -y;
+// fsck -n reports it, fsck -y drops it and rebuilds the allocation state.
+TEST(FsckStaleTest, DamagedAllocLeafBelowTheRootIsRefusedAndRepaired) {
+  Image img(4096);  // 4 KiB nodes: at most 84 records a leaf
+  const std::string chunk(256 << 10, 'z');
+  std::vector<std::string> names;
+  img.WithFs([&](Filesystem& fs, store::Store& e) {
+    // About 150 data buckets, each with a record.
+    for (int i = 0; i < 150; i++) {
+      const std::string name = "z" + std::to_string(i);
+      auto a = fs.Mknod(posix::kRootIno, name.data(), u32(name.size()), posix::kModeReg | 0644, 0, kRoot);
+      ASSERT_TRUE(a.ok());
+      std::string c = chunk;
+      c[0] = char(i);
+      ASSERT_TRUE(fs.Write(a.value().ino, 0, c.data(), u32(c.size())).ok());
+      ASSERT_TRUE(fs.Fsync(a.value().ino).ok());
+      names.push_back(name);
+    }
+    ASSERT_TRUE(e.btrees().Checkpoint().ok());
+  });
+  ASSERT_EQ(names.size(), 150u);
+  // An alloc leaf of a tree of two levels or more.
+  u64 leaf = 0;
+  u32 alloc_leaves = 0, root_level = 0;
+  {
+    store::Store e;
+    store::OpenOptions oo;
+    oo.read_only = true;
+    ASSERT_TRUE(testing::OpenStore(&e, {img.dev.get()}, oo).ok());
+    struct Ctx {
+      u64* leaf;
+      u32* leaves;
+      u32* root_level;
+    } ctx{&leaf, &alloc_leaves, &root_level};
+    Diag d;
+    ASSERT_TRUE(e.btrees()
+                    .ForEachNode(
+                        [](void* c, const btree::Btrees::NodeVisit& v) -> Status {
+                          auto* x = static_cast<Ctx*>(c);
+                          if (v.node->info().btree_id != btree::kBtreeAlloc) return Status::Ok();
+                          if (v.node->info().level > *x->root_level) *x->root_level = v.node->info().level;
+                          if (v.node->info().level == 0 && ++*x->leaves == 2) *x->leaf = v.ptr->offset.get();
+                          return Status::Ok();
+                        },
+                        &ctx, &d)
+                    .ok())
+        << d.text;
+    ASSERT_TRUE(e.Close().ok());
+  }
+  ASSERT_GE(root_level, 1u) << "the alloc tree is one leaf";
+  ASSERT_NE(leaf, 0u);
+  u8 b;
+  img.dev->ReadRaw(leaf + 200, &b, 1);
+  b ^= 0x40;
+  img.dev->WriteRaw(leaf + 200, &b, 1);
+
+  store::OpenReport rep;
+  Diag d;
+  Status st = img.Open(false, &rep, &d);
+  ASSERT_TRUE(st.Is(ErrorClass::kCorrupt)) << "a read-write mount used a damaged alloc leaf: " << d.text;
+  const std::string line(d.text);
+  EXPECT_EQ(line.find('\n'), std::string::npos) << line;
+  EXPECT_NE(line.find("alloc: btree 4: level-0 node at member 0 offset " + std::to_string(leaf) + ": "),
+            std::string::npos)
+      << line;
+  EXPECT_NE(line.find("checksum mismatch"), std::string::npos) << line;
+  EXPECT_NE(line.find("fsck -y"), std::string::npos) << line;
+  auto [r, out] = img.Fsck(false);
+  EXPECT_EQ(r.exit_code, kExitUncorrected) << out;
+  EXPECT_NE(out.find("would drop the damaged level-0 node"), std::string::npos) << out;
+  auto [r2, out2] = img.Fsck(true);
+  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
+  EXPECT_NE(out2.find("rebuilt every member's allocation state"), std::string::npos) << out2;
+  EXPECT_EQ(out2.find("data lost"), std::string::npos) << out2;
+  auto [r3, out3] = img.Fsck(false);
+  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+  img.WithFs([&](Filesystem& fs, store::Store&) {
+    for (size_t i = 0; i < names.size(); i++) {
+      auto a = fs.Lookup(posix::kRootIno, names[i].data(), u32(names[i].size()));
+      ASSERT_TRUE(a.ok()) << names[i];
+      std::string got(chunk.size(), '\0');
+      auto n = fs.Read(a.value().ino, 0, got.data(), u32(got.size()));
+      ASSERT_TRUE(n.ok()) << names[i] << ": " << n.status().Message();
+      std::string want = chunk;
+      want[0] = char(i);
+      EXPECT_TRUE(n.value() == want.size() && got == want) << names[i];
+    }
+  });
+}
+
 // A record that fails its checks (docs/format/alloc.md, "Validity"): a
 // read-write mount refuses in one line naming the member, the bucket and the
 // rule; fsck -n reports it; fsck -y rebuilds the allocation state -- the bad

@@ -272,8 +272,17 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
     rep.replayed_keys += e.nkeys;
   }
   // The allocator: one walk of the alloc btree.
-  st = LoadAlloc(false, rep);
-  if (!st.ok()) return fail(DiagError(diag, st, "alloc: loading the allocation records: %s", st.Message()));
+  Diag why;
+  st = LoadAlloc(false, rep, &why);
+  if (!st.ok()) {
+    const char* what = why.empty() ? st.Message() : why.text;
+    if (!st.Is(ErrorClass::kCorrupt))
+      return fail(DiagError(diag, st, "alloc: loading the allocation records: %s", what));
+    // A damaged node of the alloc tree (the mount reads no leaf before this
+    // walk): one line naming it. fsck -y drops it and rebuilds the state.
+    return fail(DiagError(diag, st, "alloc: %s; run 'tierfs fsck -y' to drop it and rebuild the allocation state",
+                          what));
+  }
   if (rep.bad_alloc_records != 0) {
     platform::Log(platform::LogLevel::kError, "%s (%llu bad allocation record%s)", rep.alloc_why.text,
                   (unsigned long long)rep.bad_alloc_records, rep.bad_alloc_records == 1 ? "" : "s");
@@ -362,7 +371,7 @@ Status Store::ApplyBtreeKey(void* self, u64 seq, const journal::Key& key) {
   }
 }
 
-Status Store::LoadAlloc(bool journal_keys, OpenReport& rep) {
+Status Store::LoadAlloc(bool journal_keys, OpenReport& rep, Diag* why) {
   alloc_.BeginLoad();
   rep.alloc_records = 0;
   rep.bad_alloc_records = 0;
@@ -381,6 +390,7 @@ Status Store::LoadAlloc(bool journal_keys, OpenReport& rep) {
       bad_alloc_keys_.PushBack(pos).IgnoreError();  // (without memory: left for the next fsck)
   };
   btree::Iterator it(&btrees_, btree::kBtreeAlloc, 1024);
+  it.SetDiag(why);
   Status st;
   for (st = it.SeekToFirst(); st.ok() && it.Valid(); st = it.Next()) take(it.pos(), it.value(), it.val_bytes());
   if (!st.ok()) return st;

@@ -189,8 +189,9 @@ class Store {
   // "Mount order"); with `journal_keys`, the replayed entries' alloc keys
   // newer than the roots block on top (the node scan's preliminary state,
   // before replay). Bad records are counted in rep (and keys outside every
-  // member noted in bad_alloc_keys_); kCorrupt only for a walk that fails.
-  Status LoadAlloc(bool journal_keys, OpenReport& rep);
+  // member noted in bad_alloc_keys_); kCorrupt only for a walk that fails
+  // (`why`, when not null: the node it failed on, Iterator::SetDiag).
+  Status LoadAlloc(bool journal_keys, OpenReport& rep, Diag* why = nullptr);
   static Status LoadAllocForScan(void* self);
   // The allocator's persistence sink (alloc::PersistFn).
   static Result<u64> PersistAlloc(void* self, const alloc::RecordChange* changes, u32 n, alloc::BucketState owner);

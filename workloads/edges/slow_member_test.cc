@@ -540,6 +540,96 @@ TEST(SlowMember, StalledHddWithChangedBucketsHoldsBackNoCommitAndItsStateSurvive
   EXPECT_TRUE(e2.Close().ok());
 }
 
+// Since format version 3 a bucket the foreground opens for new data, and one
+// an overwrite frees, is an ordinary commit of its allocation record
+// (Store::PersistAlloc) made on the write path: the commit throttle,
+// commit_mu, journal room. None of those waits may reach the HDD. Here a
+// write to a file placed on the HDD has taken an HDD bucket (its record
+// committed) and is held by the stall, inside its own inode's lock, while
+// SSD files open and free buckets by the dozen through several checkpoints
+// (the throttle's and the ring's waits): they finish with the HDD write still
+// held, and the HDD is sent nothing meanwhile.
+TEST(SlowMember, StalledHddWriteHoldsBackNoAllocationRecordOfAnSsdBucket) {
+  TwoTier t;  // data on the SSD
+  ASSERT_TRUE(t.open());
+  const uint64_t h = t.Create("h");
+  ASSERT_NE(h, 0u);
+  const std::string opt = "tierfs.foreground_target", where = "hdd.b";
+  ASSERT_TRUE(t.fs.SetXattr(h, opt.data(), uint32_t(opt.size()), where.data(), uint32_t(where.size()), 0,
+                            Filesystem::kFrontEndChecked)
+                  .ok());
+  const uint64_t s = t.Create("s");
+  ASSERT_NE(s, 0u);
+  const uint64_t hdd_user0 = t.store->alloc().Usage(1).by_state[uint8_t(alloc::BucketState::kUser)];
+  const uint64_t before = t.HddRequests();
+  t.hdd->StallFor(kHour);
+  std::string hdata(65536, 'h');
+  Status wst;
+  std::atomic<bool> written{false};
+  std::thread writer([&] {
+    wst = t.fs.Write(h, 0, hdata.data(), uint32_t(hdata.size()), Filesystem::kWriteDirect).status();
+    written = true;
+  });
+  const auto give_up = std::chrono::steady_clock::now() + kDeadline;
+  while (t.HddRequests() == before && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_GT(t.HddRequests(), before) << "the write never reached the HDD";
+  EXPECT_GT(t.store->alloc().Usage(1).by_state[uint8_t(alloc::BucketState::kUser)], hdd_user0)
+      << "the HDD write took no HDD bucket";
+  const uint64_t held = t.HddRequests();
+  const alloc::AllocStats a0 = t.store->alloc().Stats();
+  const uint64_t opened0 = t.data.GetStats().buckets_opened;
+  const uint64_t freed0 = t.data.GetStats().buckets_freed;
+  const uint64_t ckpt0 = t.store->btrees().GetStats().checkpoints;
+  std::atomic<int> failures{0};
+  std::atomic<uint64_t> rounds{0};
+  // 1 MiB (four buckets) over s's first MiB, then its fsync: four buckets
+  // opened and, once overwritten, the previous four freed, every round.
+  auto work = [&] {
+    std::string data(1 << 20, 's');
+    for (int i = 0; i < 20000 && failures == 0; i++) {
+      if (t.data.GetStats().buckets_opened >= opened0 + 64 &&
+          t.store->btrees().GetStats().checkpoints >= ckpt0 + 3)
+        return;
+      data[0] = char('a' + i % 26);
+      Status st = t.fs.Write(s, 0, data.data(), uint32_t(data.size()), Filesystem::kWriteDirect).status();
+      if (st.ok()) st = t.fs.Fsync(s);
+      if (!st.ok()) {
+        ADD_FAILURE() << "round " << i << ": " << st.Message();
+        failures++;
+        return;
+      }
+      rounds++;
+    }
+    ADD_FAILURE() << "not enough buckets opened and checkpoints in 20000 rounds";
+    failures++;
+  };
+  const bool in_time = FinishesInTime(work, [&] { t.hdd->Unstall(); });
+  const bool still_held = !written.load();
+  const uint64_t hdd_after = t.HddRequests();
+  t.hdd->Unstall();
+  writer.join();
+  EXPECT_TRUE(in_time) << "SSD allocations waited for the stalled HDD (" << rounds.load() << " rounds, "
+                       << t.data.GetStats().buckets_opened - opened0 << " buckets opened)";
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_TRUE(wst.ok()) << wst.Message();
+  if (!in_time) return;
+  EXPECT_TRUE(still_held) << "the HDD write finished during the stall";
+  EXPECT_EQ(hdd_after, held) << "SSD allocations sent requests to the stalled HDD";
+  const alloc::AllocStats a1 = t.store->alloc().Stats();
+  // Every bucket opened and freed was a record commit of its own.
+  const uint64_t changes = (t.data.GetStats().buckets_opened - opened0) + (t.data.GetStats().buckets_freed - freed0);
+  EXPECT_GE(changes, 64u + 32u);
+  EXPECT_GE(a1.record_commits - a0.record_commits, changes);
+  EXPECT_EQ(a1.record_errors, a0.record_errors);
+  // And the HDD's data, written once the stall ended, reads back.
+  std::string back(hdata.size(), '\0');
+  Result<u32> r = t.fs.Read(h, 0, back.data(), uint32_t(back.size()));
+  ASSERT_TRUE(r.ok()) << r.status().Message();
+  EXPECT_EQ(r.value(), hdata.size());
+  EXPECT_TRUE(back == hdata);
+}
+
 // A mount cycle writes an idle HDD nothing but its superblock (format
 // version 2 rewrote its table's older slot once, and then nothing).
 TEST(SlowMember, IdleMemberIsNotWrittenPerMountButItsSuperblock) {
