@@ -101,6 +101,14 @@ Status ParseRecord(const sb::Superblock& sb, u64 dev, u64 bucket, const void* va
   if ((layout == BucketState::kJournal) != (state == BucketState::kJournal) || state == BucketState::kSb)
     return DiagError(diag, Err::kCorrupt, "alloc: member %s bucket %llu: state %s where the layout has %s", m.label,
                      (unsigned long long)bucket, BucketStateName(state), BucketStateName(layout));
+  if (state == BucketState::kJournal && (r.live_sectors.get() != 0 || r.cached_sectors.get() != 0))
+    return bad("journal, yet with live or cached sectors:", r.live_sectors.get() + u64(r.cached_sectors.get()));
+  // (The member's allowed data is fixed at format: nothing allocates a
+  // bucket for data it does not allow.)
+  if (state != BucketState::kFree && (m.data_allowed & DataBit(state)) == 0)
+    return DiagError(diag, Err::kCorrupt, "alloc: member %s bucket %llu: state %s on a member that does not allow it",
+                     m.label, (unsigned long long)bucket, BucketStateName(state));
+  if (r.oldest_gen != r.gen) return bad("oldest_gen is not gen:", r.oldest_gen);
   if (r.version.get() >= kRecordVersionLimit) return bad("version out of range:", r.version.get());
   out->gen = r.gen;
   out->oldest_gen = r.oldest_gen;
@@ -252,7 +260,36 @@ Status Allocator::EndRebuild() {
   return Persist(changes.data(), u32(changes.size()), BucketState::kFree).status();
 }
 
-Result<u64> Allocator::Persist(const RecordChange* changes, u32 n, BucketState owner) {
+Result<u64> Allocator::RebaseVersions() {
+  Vector<RecordChange> changes;
+  {
+    MutexLock lock(mu_);
+    TFS_BUG_ON(journal_ != nullptr);
+    u64 n = 0;
+    for (u32 i = 0; i < nr_; i++)
+      for (const Bucket& bk : devices_[i].buckets) n += bk.version >= kRecordVersionRebase;
+    if (n == 0) return u64(0);
+    TFS_TRY(changes.Reserve(n));
+    for (u32 i = 0; i < nr_; i++) {
+      for (u64 b = 0; b < devices_[i].buckets.size(); b++) {
+        Bucket& bk = devices_[i].buckets[b];
+        if (bk.version < kRecordVersionRebase) continue;
+        bk.version = 1;
+        bk.recorded = true;
+        RecordChange c{i, b, bk};
+        c.replace = true;
+        changes.PushBack(c).IgnoreError();  // reserved
+      }
+    }
+    stats_.rebased_records += n;
+  }
+  platform::Log(platform::LogLevel::kWarn, "alloc: %llu allocation records had versions of 2^47 or more: started "
+                "again at 1", (unsigned long long)changes.size());
+  TFS_TRY(Persist(changes.data(), u32(changes.size()), BucketState::kFree).status());
+  return u64(changes.size());
+}
+
+Result<u64> Allocator::Persist(const RecordChange* changes, u32 n, BucketState owner, PersistProgress* progress) {
   PersistFn fn;
   void* ctx;
   {
@@ -260,13 +297,20 @@ Result<u64> Allocator::Persist(const RecordChange* changes, u32 n, BucketState o
     fn = persist_;
     ctx = persist_ctx_;
   }
-  if (fn == nullptr || n == 0) return u64(0);
-  Result<u64> r = fn(ctx, changes, n, owner);
+  PersistProgress local;
+  if (progress == nullptr) progress = &local;
+  *progress = PersistProgress{};
+  if (fn == nullptr || n == 0) {
+    progress->committed = n;
+    return u64(0);
+  }
+  Result<u64> r = fn(ctx, changes, n, owner, progress);
   MutexLock lock(mu_);
+  stats_.record_commits += progress->transactions;
   if (r.ok()) {
-    stats_.record_commits++;
     stats_.records += n;
   } else {
+    stats_.records += progress->committed;
     stats_.record_errors++;
   }
   return r;
@@ -428,7 +472,22 @@ Result<BucketRef> Allocator::TryAllocate(dev::DevMask target, dev::DevMask fallb
     ref = BucketRef{u32(best), b, bk.gen};
     change = RecordChange{u32(best), b, bk};
   }
-  TFS_TRY(Persist(&change, 1, purpose));
+  Result<u64> seq = Persist(&change, 1, purpose);
+  if (!seq.ok()) {
+    // Handed to no one: back to the free list, or it would be lost until the
+    // next mount. (Not journaled; or possibly, by a journal that failed:
+    // then nothing commits any more. The version stays: it only grows.)
+    MutexLock lock(mu_);
+    Dev& d = devices_[ref.dev];
+    Bucket& bk = d.buckets[ref.bucket];
+    if (bk.state == purpose && bk.gen == ref.gen && bk.version == change.b.version) {
+      bk.state = BucketState::kFree;
+      d.free_list.PushBack(ref.bucket).IgnoreError();  // capacity reserved at Init
+      d.free_count++;
+      stats_.allocs[u8(wm)]--;
+    }
+    return seq.status();
+  }
   return ref;
 }
 
@@ -479,7 +538,9 @@ Status Allocator::Free(const BucketRef& ref) {
     MutexLock lock(mu_);
     if (!FreeLocked(ref.dev, ref, &change, &was)) return Err::kInvalidArgument;
   }
-  Result<u64> seq = Persist(&change, 1, was);
+  // (Never a reclaim commit, whatever the bucket was: a checkpoint frees
+  // its buckets with FreeBuckets.)
+  Result<u64> seq = Persist(&change, 1, was == BucketState::kBtree ? BucketState::kFree : was);
   if (!seq.ok()) return seq.status();
   MutexLock lock(mu_);
   if (journal_ != nullptr) NotePendingSeq(ref.dev, ref.bucket, seq.value());
@@ -506,11 +567,16 @@ Status Allocator::FreeBuckets(const BucketRef* refs, u32 n) {
     }
   }
   if (changes.empty()) return first;
-  Result<u64> seq = Persist(changes.data(), u32(changes.size()), owner);
-  if (!seq.ok()) return seq.status();
+  PersistProgress done;
+  Result<u64> seq = Persist(changes.data(), u32(changes.size()), owner, &done);
+  // The frees committed (all, or the pieces before a failed one: a batch
+  // too big for one entry is split) become reusable once settled; the rest
+  // stay pending for good, as a failed Free.
   MutexLock lock(mu_);
   if (journal_ != nullptr)
-    for (const RecordChange& c : changes) NotePendingSeq(c.dev, c.bucket, seq.value());
+    for (u32 i = 0; i < done.committed && i < changes.size(); i++)
+      NotePendingSeq(changes[i].dev, changes[i].bucket, done.seq);
+  if (!seq.ok()) return seq.status();
   return first;
 }
 
@@ -527,7 +593,8 @@ Status Allocator::SetLiveSectors(const BucketRef& ref, u32 live_sectors) {
     bk.recorded = true;
     change = RecordChange{ref.dev, ref.bucket, bk};
   }
-  return Persist(&change, 1, change.b.state).status();
+  // (Never a reclaim commit: no checkpoint counts sectors.)
+  return Persist(&change, 1, change.b.state == BucketState::kBtree ? BucketState::kFree : change.b.state).status();
 }
 
 Status Allocator::RepairState(u32 dev, u64 bucket, BucketState state) {

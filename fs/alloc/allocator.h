@@ -94,6 +94,10 @@ struct RecordChange {
   u32 dev;
   u64 bucket;
   Bucket b;
+  // The record starts the bucket's versions again (RebaseVersions): the
+  // sink deletes the key first (a whiteout always applies), in the same
+  // transaction.
+  bool replace = false;
 };
 
 // The record of `b` (oldest_gen = gen until step 3c).
@@ -104,12 +108,23 @@ void EncodeRecord(const Bucket& b, AllocRecord* out);
 Status ParseRecord(const sb::Superblock& sb, u64 dev, u64 bucket, const void* val, u32 len, Bucket* out,
                    Diag* diag);
 
+// How far a persistence sink got: the first `committed` changes are in the
+// journal (or, before it runs, applied), in entries up to `seq`. All of
+// them on success; on an error, those of the pieces committed before it
+// (a batch too big for one journal entry is committed in pieces).
+struct PersistProgress {
+  u32 committed = 0;
+  u64 seq = 0;
+  u32 transactions = 0;  // the commits that carried them
+};
+
 // Persists `n` bucket changes (the Store: kBtreeAlloc keys in a btree
 // transaction) and returns the journal sequence that holds them (0 before
-// the journal runs). `owner` is the state the change is made for (a free:
-// the state it had); kBtree changes come from checkpoints and must never
-// wait for journal room.
-using PersistFn = Result<u64> (*)(void* ctx, const RecordChange* changes, u32 n, BucketState owner);
+// the journal runs), filling `progress`. `owner` is the state the change is
+// made for (a free: the state it had); kBtree changes come from checkpoints
+// and must never wait for journal room.
+using PersistFn = Result<u64> (*)(void* ctx, const RecordChange* changes, u32 n, BucketState owner,
+                                  PersistProgress* progress);
 
 struct Reserves {
   u64 foreground = 0;
@@ -134,10 +149,11 @@ struct DeviceUsage {
   X(fallbacks, counter, "allocations served outside their target")                                     \
   X(flush_waits, counter, "allocations that flushed the journal to reuse freed buckets")               \
   X(frees, counter, "buckets freed")                                                                   \
-  X(record_commits, counter, "commits of allocation records (alloc btree keys)")                       \
+  X(record_commits, counter, "transactions committing allocation records (alloc btree keys)")           \
   X(records, counter, "records those commits carried")                                                 \
   X(record_errors, counter, "record commits that failed (the change stays in memory; a free is never reused)") \
   X(records_loaded, level, "records the mount loaded from the alloc btree")                            \
+  X(rebased_records, counter, "records a mount started again at version 1 (RebaseVersions)")           \
   X(metadata_refused, counter, "operations that add metadata refused with ENOSPC (MetadataRoom)")
 
 struct AllocStats {
@@ -190,6 +206,14 @@ class Allocator {
   void BeginRebuild();
   bool RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen, u32 sectors);
   Status EndRebuild();
+  // A read-write mount's, after the load (and a rebuild), before the journal
+  // runs: every bucket whose version is kRecordVersionRebase or more (only
+  // a hostile record, or fsck's rebuild past one, gets there) starts again
+  // at version 1 -- its key deleted, then its record written, in one
+  // transaction (RecordChange::replace). Returns how many; the caller must
+  // checkpoint them before the journal runs (a journaled change of version
+  // 2 would otherwise lose to the old version in the tree after a crash).
+  Result<u64> RebaseVersions();
 
   // Allocates a free bucket on a member of `target` (else of `fallback`) that
   // accepts `purpose` data, at watermark `wm`. kNoSpace if none can.
@@ -253,8 +277,9 @@ class Allocator {
   // with `growth`, than its btree reserve (MetadataTight). mu_ held.
   bool MetadataShortLocked(bool growth) const;
   // Hands `n` changes to the sink (mu_ not held); returns the journal
-  // sequence (0 without a sink or a journal). Counted.
-  Result<u64> Persist(const RecordChange* changes, u32 n, BucketState owner);
+  // sequence (0 without a sink or a journal). Counted. `progress` (if
+  // given): how far it got (PersistProgress), on an error too.
+  Result<u64> Persist(const RecordChange* changes, u32 n, BucketState owner, PersistProgress* progress = nullptr);
   // The free of bucket `b` of `d` (mu_ held): the change, and the bucket on
   // the pending list (with a journal) or the free list. False for a stale
   // ref or a bucket that cannot be freed.

@@ -50,7 +50,8 @@ TEST(AllocRecordTest, EncodeParseRoundTrip) {
     const AllocRecord r = Good(st);
     Bucket out;
     Diag d;
-    ASSERT_TRUE(ParseRecord(s, 1, 299, &r, sizeof(r), &out, &d).ok()) << d.text;
+    const u32 dev = st == BucketState::kBtree ? 0 : 1;  // (the HDD member allows user data only)
+    ASSERT_TRUE(ParseRecord(s, dev, dev == 0 ? 99 : 299, &r, sizeof(r), &out, &d).ok()) << d.text;
     EXPECT_EQ(out.state, st);
     EXPECT_EQ(out.gen, 7);
     EXPECT_EQ(out.oldest_gen, 7);  // = gen until step 3c
@@ -61,7 +62,8 @@ TEST(AllocRecordTest, EncodeParseRoundTrip) {
     EXPECT_EQ(memcmp(&again, &r, sizeof(r)), 0);
   }
   // A journal bucket's record says journal.
-  const AllocRecord j = Good(BucketState::kJournal);
+  AllocRecord j = Good(BucketState::kJournal);
+  j.live_sectors.set(0);  // (a journal bucket holds no data)
   Bucket out;
   EXPECT_TRUE(ParseRecord(s, 0, 3, &j, sizeof(j), &out, nullptr).ok());
 }
@@ -119,6 +121,13 @@ TEST(AllocRecordTest, HostileBytesAreCorruptWithOneLine) {
   r = Good();
   r.version.set(kRecordVersionLimit);
   cases.push_back({"version", 0, 20, bytes(r), "version out of range"});
+  r = Good();
+  r.oldest_gen = 6;
+  cases.push_back({"oldest_gen", 0, 20, bytes(r), "oldest_gen is not gen: 6"});
+  cases.push_back({"btree on a user-only member", 1, 20, bytes(Good(BucketState::kBtree)),
+                   "state btree on a member that does not allow it"});
+  cases.push_back({"journal with data", 0, 2, bytes(Good(BucketState::kJournal)),
+                   "journal, yet with live or cached sectors: 100"});
   for (const Case& c : cases) {
     Bucket out;
     out.version = 99;
@@ -133,24 +142,141 @@ TEST(AllocRecordTest, HostileBytesAreCorruptWithOneLine) {
   }
 }
 
-// Every byte of a record flipped in turn: either a valid record or kCorrupt,
-// never anything else (and never a crash).
+// Every bit of a record flipped in turn: valid exactly when the field it
+// lands in allows the new value (gen: any; oldest_gen: must equal gen;
+// state: a known one the HDD member may hold, not free with data; reserved:
+// never; sectors: within the bucket; version: below the limit) -- and then
+// the parse gives back exactly those bytes; kCorrupt otherwise (never
+// another error, never a crash). Valid implies plausible.
 TEST(AllocRecordTest, EveryFlippedByteParsesOrIsCorrupt) {
   const sb::Superblock s = TwoMembers();
   const AllocRecord good = Good();
+  const u64 sectors = s.bucket_size / 512;
+  u32 valid = 0;
   for (u32 i = 0; i < sizeof(good); i++) {
     for (u8 bit = 0; bit < 8; bit++) {
       AllocRecord r = good;
       reinterpret_cast<u8*>(&r)[i] ^= u8(1 << bit);
+      bool want;
+      if (i == 0) {
+        want = false;  // gen: oldest_gen (still 7) must equal it
+      } else if (i == 1) {
+        want = false;  // oldest_gen != gen
+      } else if (i == 2) {
+        want = r.state == u8(BucketState::kCached);  // user 4 ^ 1; 0 is free with data, 6.. unknown
+      } else if (i == 3 || (i >= 12 && i < 16)) {
+        want = false;  // reserved
+      } else if (i < 8) {
+        want = r.live_sectors.get() <= sectors;
+      } else if (i < 12) {
+        want = r.cached_sectors.get() <= sectors;
+      } else {
+        want = r.version.get() < kRecordVersionLimit;
+      }
       Bucket out;
       Status st = ParseRecord(s, 1, 5, &r, sizeof(r), &out, nullptr);
-      EXPECT_TRUE(st.ok() || st.code() == Err::kCorrupt) << i << "/" << int(bit);
-      u64 v;
-      if (!RecordPlausible(&r, sizeof(r), &v)) {
-        EXPECT_FALSE(st.ok()) << "plausible is weaker than valid";
+      EXPECT_EQ(st.ok(), want) << "byte " << i << " bit " << int(bit) << ": " << st.Message();
+      if (!st.ok()) {
+        EXPECT_EQ(st.code(), Err::kCorrupt) << i << "/" << int(bit);
+        continue;
       }
+      valid++;
+      AllocRecord again;
+      EncodeRecord(out, &again);
+      EXPECT_EQ(memcmp(&again, &r, sizeof(r)), 0) << "byte " << i << " bit " << int(bit);
+      u64 v = 0;
+      EXPECT_TRUE(RecordPlausible(&r, sizeof(r), &v)) << "plausible is weaker than valid";
+      EXPECT_EQ(v, r.version.get());
     }
   }
+  EXPECT_GT(valid, 50u);  // (sectors and versions: most of their bits)
+}
+
+// Validity stays far below plausibility: a change of a valid record (version
+// + 1) or fsck's rebuild past a plausible bad one is never implausible.
+TEST(AllocRecordTest, AnIncrementOfAValidOrPlausibleVersionStaysPlausible) {
+  const sb::Superblock s = TwoMembers();
+  AllocRecord r = Good();
+  Bucket out;
+  u64 v;
+  r.version.set(kRecordVersionLimit - 1);
+  ASSERT_TRUE(ParseRecord(s, 1, 5, &r, sizeof(r), &out, nullptr).ok());
+  r.version.set(kRecordVersionLimit);
+  EXPECT_EQ(ParseRecord(s, 1, 5, &r, sizeof(r), &out, nullptr).code(), Err::kCorrupt);
+  EXPECT_TRUE(RecordPlausible(&r, sizeof(r), &v));
+  r.version.set(kRecordVersionPlausible - 1);
+  EXPECT_TRUE(RecordPlausible(&r, sizeof(r), &v));
+  EXPECT_LT(kRecordVersionRebase, kRecordVersionLimit);
+  EXPECT_LT(kRecordVersionLimit, kRecordVersionPlausible);
+}
+
+// A sink that fails: the first `ok_changes` changes of a call are committed
+// (at seq 0), the call fails (a journal error, or a later piece of a split
+// batch).
+struct FailingSink {
+  u32 ok_changes = 0;
+  u32 calls = 0;
+  static Result<u64> Persist(void* ctx, const RecordChange*, u32 n, BucketState, PersistProgress* p) {
+    auto* f = static_cast<FailingSink*>(ctx);
+    f->calls++;
+    p->committed = f->ok_changes < n ? f->ok_changes : n;
+    p->seq = 0;
+    p->transactions = p->committed != 0 ? 1 : 0;
+    if (f->ok_changes >= n) return u64(0);
+    return Err::kIo;
+  }
+};
+
+// An allocation whose record fails to commit hands the bucket back to the
+// free list (before: allocated in memory, off the free list, handed to no
+// one -- lost until the next mount).
+TEST(AllocatorTest, AnAllocationWhoseRecordFailsLosesNoBucket) {
+  const sb::Superblock s = TwoMembers();
+  Allocator a;
+  ASSERT_TRUE(a.Init(s).ok());
+  FailingSink sink;
+  a.SetPersist(FailingSink::Persist, &sink);
+  const u64 free_before = a.Usage(0).by_state[u8(BucketState::kFree)];
+  for (int i = 0; i < 5; i++)
+    EXPECT_EQ(a.Allocate(0b01, 0, BucketState::kBtree, Watermark::kBtree).status().code(), Err::kIo);
+  EXPECT_EQ(sink.calls, 5u);
+  EXPECT_EQ(a.Usage(0).by_state[u8(BucketState::kFree)], free_before);
+  EXPECT_EQ(a.Stats().record_errors, 5u);
+  sink.ok_changes = ~0u;
+  u64 n = 0;
+  while (a.Allocate(0b01, 0, BucketState::kBtree, Watermark::kBtree).ok()) n++;
+  EXPECT_EQ(n, free_before);
+}
+
+// A batch of frees split in pieces, a later piece failing: the frees the
+// earlier pieces committed become reusable once settled (before: every
+// bucket of the batch stayed pending for good); the others stay pending.
+TEST(AllocatorTest, APartlyCommittedBatchOfFreesReleasesWhatWasCommitted) {
+  const sb::Superblock s = TwoMembers();
+  Allocator a;
+  ASSERT_TRUE(a.Init(s).ok());
+  FailingSink sink;
+  sink.ok_changes = ~0u;
+  a.SetPersist(FailingSink::Persist, &sink);
+  std::vector<BucketRef> refs;
+  for (int i = 0; i < 4; i++) {
+    Result<BucketRef> r = a.Allocate(0b10, 0, BucketState::kUser, Watermark::kBtree);
+    ASSERT_TRUE(r.ok());
+    refs.push_back(*r);
+  }
+  journal::Journal journal;  // never started: settled_seq 0 settles what was committed at 0
+  a.SetJournal(&journal);
+  sink.ok_changes = 2;
+  EXPECT_EQ(a.FreeBuckets(refs.data(), 4).code(), Err::kIo);
+  EXPECT_EQ(a.Usage(1).pending_free, 4u);
+  // Allocating releases the settled ones: the two committed frees only.
+  u64 n = 0;
+  sink.ok_changes = ~0u;
+  const u64 free_now = a.Usage(1).by_state[u8(BucketState::kFree)] - 4;
+  while (a.Allocate(0b10, 0, BucketState::kUser, Watermark::kBtree).ok()) n++;
+  EXPECT_EQ(n, free_now + 2);
+  EXPECT_EQ(a.Usage(1).pending_free, 2u);
+  a.SetJournal(nullptr);
 }
 
 TEST(AllocRecordTest, PlausibleIsWhatTheMergeRuleChecks) {

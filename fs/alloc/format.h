@@ -39,21 +39,28 @@ struct AllocRecord {  // 24 bytes, the value of a kBtreeAlloc key
 static_assert(sizeof(AllocRecord) == 24, "alloc record");
 static_assert(__builtin_offsetof(AllocRecord, version) == 16, "alloc record layout");
 
-// Versions a record may carry: below 2^63 (no count of changes gets there; a
-// hostile huge version must not make every later change look older).
-inline constexpr u64 kRecordVersionLimit = u64(1) << 63;
+// Versions a valid record may carry: below 2^48 (no count of changes gets
+// there; a hostile huge version must not make every later change look
+// older). Far below what the merge rule still calls plausible (2^63): a
+// change of a valid record, or fsck's rebuild past a plausible bad one, is
+// never implausible. A read-write mount starts every bucket at or above
+// kRecordVersionRebase again (a whiteout, then a record of version 1), so
+// that no run of changes from a valid record reaches the limit.
+inline constexpr u64 kRecordVersionLimit = u64(1) << 48;
+inline constexpr u64 kRecordVersionRebase = u64(1) << 47;
+inline constexpr u64 kRecordVersionPlausible = u64(1) << 63;
 
 // Whether `len` bytes at `val` could be a record, as far as can be told
-// without the member's geometry (size, state, reserved bytes, version), and
-// its version. The btree's merge rule uses it: an implausible value never
-// blocks its replacement.
+// without the member's geometry (size, state, reserved bytes, version below
+// kRecordVersionPlausible), and its version. The btree's merge rule uses it:
+// an implausible value never blocks its replacement.
 inline bool RecordPlausible(const void* val, u32 len, u64* version) {
   if (len != sizeof(AllocRecord)) return false;
   AllocRecord r;
   __builtin_memcpy(&r, val, sizeof(r));
   if (r.state >= kBucketStateCount || r.reserved0 != 0 || r.reserved1.get() != 0) return false;
   const u64 v = r.version.get();
-  if (v >= kRecordVersionLimit) return false;
+  if (v >= kRecordVersionPlausible) return false;
   *version = v;
   return true;
 }

@@ -278,7 +278,7 @@ Status TreeOps::ReserveBucket(Impl* im) {
       NoteAvailLocked(im);
     }
   }
-  if (!st.ok()) im->alloc->Free(r.value()).IgnoreError();
+  if (!st.ok()) im->alloc->FreeBuckets(&r.value(), 1).IgnoreError();  // (a reclaim commit: Free never is)
   return st;
 }
 
@@ -527,6 +527,11 @@ Status TreeOps::ReserveAhead(Impl* im) {
 
 Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
   MutexLock ck(im->ckpt_mu);
+  struct ReclaimOk {  // (destroyed after Reserved below: its frees are reclaim commits)
+    Impl* im;
+    explicit ReclaimOk(Impl* i) : im(i) { im->reclaim_ok.FetchAdd(1, MemOrder::kRelaxed); }
+    ~ReclaimOk() { im->reclaim_ok.FetchSub(1, MemOrder::kRelaxed); }
+  } reclaim_ok(im);
   // The need stays at least what this checkpoint may take until it is done
   // (it clears dirty flags before it has taken its slots).
   struct Hold {
@@ -786,6 +791,12 @@ bool TreeOps::JournalNeedsRoom(Impl* im) {
 void TreeOps::WriterMain(void* arg) {
   auto* self = static_cast<Btrees*>(arg);
   Impl* im = self->impl_;
+  // The transactions committed when the last checkpoint started: dirt made
+  // since by the checkpoints' own allocation records alone (reclaim commits,
+  // not counted) must not re-arm `space` -- on a nearly full filesystem
+  // whose every rewrite takes a new bucket, each checkpoint would dirty the
+  // alloc leaf for the next, forever.
+  u64 commits_at_ckpt = ~u64(0);
   MutexLock l(im->wmu);
   while (!im->stop) {
     const bool memory = im->dirty_nodes.Load(MemOrder::kRelaxed) * im->node_size > im->opt.cache_bytes / 2;
@@ -793,7 +804,9 @@ void TreeOps::WriterMain(void* arg) {
     // Space: the metadata member is down to the btree's growth room (user data
     // at its floor): write the dirty nodes so that the need drops
     // (docs/design/space.md).
-    const bool space = im->dirty_nodes.Load(MemOrder::kRelaxed) > 0 && im->alloc->MetadataTight();
+    const u64 commits = im->ctr.commits.Load(MemOrder::kRelaxed);
+    const bool space = im->dirty_nodes.Load(MemOrder::kRelaxed) > 0 && commits != commits_at_ckpt &&
+                       im->alloc->MetadataTight();
     if (!im->wake && !memory && !room && !space) {
       if (!im->merge_queue.empty()) {
         im->wmu.Unlock();
@@ -805,6 +818,7 @@ void TreeOps::WriterMain(void* arg) {
       continue;
     }
     im->wake = false;
+    commits_at_ckpt = commits;
     im->wmu.Unlock();
     Status st = self->Checkpoint();
     // Make the ring space the checkpoints released reusable at once.

@@ -165,6 +165,10 @@ struct Btrees::Impl {
 
   // Checkpoints.
   Mutex ckpt_mu;  // one checkpoint at a time
+  // Nonzero while a checkpoint holds ckpt_mu, and from the start of Close:
+  // when reclaim commits may be made with a journal attached (a cheap check,
+  // not of the calling thread: Transaction::Commit).
+  Atomic<u32> reclaim_ok{0};
   bool opened = false;  // Open() finished: Close() checkpoints
   // Open (read-write, or drop_bad_nodes): the offsets of every node slot the
   // trees use, per member, for ReconcileBuckets' holes (all or none:

@@ -86,6 +86,7 @@ Status TreeOps::ApplyKey(Impl* im, const KeyInput& key, u64 seq) {
       st = Status::Ok();  // nothing to delete
     } else if (alloc_key && KeepsNewer(old, key)) {
       st = Status::Ok();  // an older record arriving second: the newer one stays
+      im->ctr.alloc_older_kept.FetchAdd(1, MemOrder::kRelaxed);  // (reclaim commits apply without commit_mu)
     } else {
       const u32 old_space = del ? old.space() : 0;
       const u64 compactions = leaf->node.compactions();
@@ -221,6 +222,7 @@ Btrees::Btrees() = default;
 
 Btrees::~Btrees() {
   Close().IgnoreError();
+  DetachJournal();
 }
 
 static void FreeSubtree(CachedNode* n) {
@@ -424,12 +426,18 @@ Status Btrees::ReconcileBuckets() {
         platform::Log(platform::LogLevel::kWarn, "btree: member %u bucket %llu holds nodes but was %s", m,
                       (unsigned long long)b, alloc::BucketStateName(bk.state));
         TFS_TRY(alloc->RepairState(m, b, alloc::BucketState::kBtree));
+        im->ctr.reconcile_marks.FetchAdd(1, MemOrder::kRelaxed);
       } else if (im->live[m][b] == 0 && bk.state == alloc::BucketState::kBtree) {
         TFS_TRY(frees.PushBack(alloc::BucketRef{m, b, bk.gen}));
       }
     }
   }
-  if (!frees.empty()) TFS_TRY(alloc->FreeBuckets(frees.data(), u32(frees.size())));
+  if (!frees.empty()) {
+    TFS_TRY(alloc->FreeBuckets(frees.data(), u32(frees.size())));
+    im->ctr.reconcile_frees.FetchAdd(frees.size(), MemOrder::kRelaxed);
+    platform::Log(platform::LogLevel::kInfo, "btree: freed %llu btree buckets no tree reaches",
+                  (unsigned long long)frees.size());
+  }
   if (im->used_ok) TreeOps::FindHoles(im, im->used);
   for (u32 m = 0; m < im->sb.nr_members; m++) im->used[m].Clear();
   im->used_ok = false;
@@ -462,6 +470,7 @@ Status Btrees::Close(bool* settled) {
     im->writer_running = false;
   }
   TreeOps::DropMergeQueue(im);
+  im->reclaim_ok.FetchAdd(1, MemOrder::kRelaxed);  // nothing else commits now (never taken back)
   Status st;
   // Nothing commits any more, so these checkpoints cover every journal entry
   // (a clean filesystem is mounted without replay). Each checkpoint's own
@@ -477,7 +486,14 @@ Status Btrees::Close(bool* settled) {
     constexpr int kRounds = 3;
     for (int round = 0; round < kRounds && st.ok() && !clean; round++) {
       st = Checkpoint();
-      if (st.ok()) TreeOps::ReleaseOpenBucket(im);
+      clean = im->dirty_nodes.Load(MemOrder::kRelaxed) == 0;
+    }
+    // Once, after the rounds: released in every round, the next round's
+    // rewrite would take a hole or a new bucket instead of the open bucket's
+    // next slot (a record: the alloc leaf dirty again). Its free (no node in
+    // it) dirties the alloc leaf: the final checkpoint writes that.
+    if (st.ok()) {
+      TreeOps::ReleaseOpenBucket(im);
       clean = im->dirty_nodes.Load(MemOrder::kRelaxed) == 0;
     }
     if (st.ok() && !clean) {
@@ -489,7 +505,18 @@ Status Btrees::Close(bool* settled) {
     }
   }
   if (settled != nullptr) *settled = st.ok() && clean;
-  if (im->journal != nullptr && im->pin.active) im->journal->PinDrop(&im->pin);
+  if (im->journal != nullptr && im->pin.active) {
+    if (st.ok() && clean) {
+      im->journal->PinDrop(&im->pin);
+    } else {
+      // The journal still holds what the trees on disk lack: its final entry
+      // must not record a last_seq past it (DetachJournal, after Stop).
+      TFS_BUG_ON(kept_pin_.active);
+      kept_journal_ = im->journal;
+      kept_pin_ = im->pin;
+      im->pin.active = false;
+    }
+  }
   for (u32 id = 0; id < kNrBtreeIds; id++) {
     Tree& t = im->trees[id];
     if (t.root != nullptr) FreeSubtree(t.root);
@@ -498,6 +525,11 @@ Status Btrees::Close(bool* settled) {
   platform::Delete(im);
   impl_ = nullptr;
   return st;
+}
+
+void Btrees::DetachJournal() {
+  if (kept_journal_ != nullptr && kept_pin_.active) kept_journal_->PinDrop(&kept_pin_);
+  kept_journal_ = nullptr;
 }
 
 void Btrees::Abandon() {
@@ -775,6 +807,26 @@ Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
     Reset();
     return u64(0);
   }
+  // Only a checkpoint's own changes (or, with no journal, the mount's; or
+  // the unmount's) may skip commit_mu and the ring's room: anything else
+  // marked so (a btree bucket allocated or freed outside a checkpoint) is
+  // committed as an ordinary transaction, which is always safe there. (A
+  // cheap check, not of the calling thread: while a checkpoint runs, such
+  // a change would still go as a reclaim commit; Allocator::Free and
+  // SetLiveSectors never ask for one.)
+  if (reclaim_ && im->journal != nullptr && im->reclaim_ok.Load(MemOrder::kRelaxed) == 0) {
+    bool alloc_only = nchecks_ == 0;  // (what a reclaim commit may carry, as CommitReclaim checks)
+    for (usize off = 0; alloc_only && off < keys_.size();) {
+      const auto* h = reinterpret_cast<const KeyHeader*>(keys_.data() + off);
+      alloc_only = h->btree_id == kBtreeAlloc;
+      off += KeySpace(h->val_bytes.get());
+    }
+    if (!alloc_only) {
+      Reset();
+      return Err::kInvalidArgument;
+    }
+    reclaim_ = false;
+  }
   if (reclaim_) {
     Result<u64> r = CommitReclaim();
     Reset();
@@ -955,6 +1007,7 @@ Result<u64> Transaction::CommitReclaim() {
   }
   // (Not counted in commits or inserts, the transactions' counters: a
   // checkpoint's bookkeeping, counted by the allocator as record commits.)
+  if (st.ok()) im->ctr.reclaim_commits.FetchAdd(1, MemOrder::kRelaxed);
   TreeOps::MaybeEvict(im);
   TFS_TRY(st);
   return seq;

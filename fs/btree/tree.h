@@ -142,6 +142,10 @@ struct Options {
   X(returned_buckets, counter, "of which went back unused at the checkpoint's end (whole)")         \
   X(hole_slots, counter, "node slots reused in buckets that still hold other nodes")                \
   X(throttles, counter, "commits that waited for a checkpoint (memory, journal)")                   \
+  X(reclaim_commits, counter, "reclaim commits (a checkpoint's allocation records, the mount's, the unmount's)") \
+  X(alloc_older_kept, counter, "alloc records not applied: the leaf held a newer version (merge rule)") \
+  X(reconcile_frees, counter, "mount: btree buckets no tree reaches, freed")                        \
+  X(reconcile_marks, counter, "mount: buckets holding nodes, marked btree")                         \
   X(cached_nodes, level, "nodes in the cache now")                                                \
   X(cached_bytes, level, "their bytes")                                                           \
   X(dirty_nodes, level, "of which dirty now")                                                     \
@@ -239,8 +243,9 @@ class Transaction {
   // otherwise), whose apply order does not matter (newest version wins).
   // Only from a checkpoint (the allocation records of its node buckets) or
   // while nothing else commits (mount, unmount): at most one is in flight,
-  // never while a checkpoint decides what it covers. Cleared by Commit and
-  // Reset.
+  // never while a checkpoint decides what it covers. With a journal
+  // attached and neither a checkpoint nor Close running, Commit makes it an
+  // ordinary commit. Cleared by Commit and Reset.
   void SetReclaim() { reclaim_ = true; }
   void Reset();
   u32 size() const { return n_; }
@@ -370,6 +375,12 @@ class Btrees {
   // trees opened: the allocator may not be loaded, so no checkpoint may
   // allocate). Idempotent.
   void Abandon();
+  // Drops the journal pin a Close that did not settle kept (an error, or a
+  // node left dirty): until the journal has stopped, an entry it writes
+  // would otherwise record a last_seq past every entry since the last roots
+  // block, and the next mount's replay would start after them. The Store
+  // calls it after Journal::Stop (the destructor does too). Idempotent.
+  void DetachJournal();
 
   // Reads the value at pos into `value` (resized). kNotFound if absent.
   Status Get(const Pos& pos, Vector<u8>* value);
@@ -425,6 +436,9 @@ class Btrees {
   Roots roots_{};
   u32 node_size_ = 0;
   Vector<LostNode> lost_;  // Options::drop_bad_nodes: what Open dropped
+  // Close: the trees' pin when they did not settle (DetachJournal drops it).
+  journal::Journal* kept_journal_ = nullptr;
+  journal::Pin kept_pin_{};
 };
 
 }  // namespace tfs::btree

@@ -313,7 +313,13 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
     // checkpoint's allocations and their records), before anything allocates.
     st = btrees_.ReconcileBuckets();
     if (!st.ok()) return fail(DiagError(diag, st, "open: reconciling node buckets: %s", st.Message()));
-    if (!rep.was_clean || dropped || rep.alloc_rebuilt) {
+    // Versions near the validity limit start again (alloc/format.h); the
+    // checkpoint below must write them before the journal runs.
+    Result<u64> rebased = alloc_.RebaseVersions();
+    if (!rebased.ok())
+      return fail(DiagError(diag, rebased.status(), "open: rebasing allocation versions: %s",
+                            rebased.status().Message()));
+    if (!rep.was_clean || dropped || rep.alloc_rebuilt || rebased.value() != 0) {
       // Persist what replay applied: the journal restarts at the ring starts.
       // (And the nodes that replaced dropped ones, and a rebuild's records.)
       if (dropped) {
@@ -442,27 +448,46 @@ Status Store::DeleteBadAllocKeys() {
   return Status::Ok();
 }
 
-Result<u64> Store::PersistAlloc(void* self, const alloc::RecordChange* changes, u32 n, alloc::BucketState owner) {
+Result<u64> Store::PersistAlloc(void* self, const alloc::RecordChange* changes, u32 n, alloc::BucketState owner,
+                                alloc::PersistProgress* progress) {
   auto* e = static_cast<Store*>(self);
   // A checkpoint's changes of its own node buckets: a reclaim commit (never
   // waits for ring room or the commit mutex, docs/format/alloc.md).
   const bool reclaim = owner == alloc::BucketState::kBtree;
   btree::Transaction tx(&e->btrees_);
-  u64 seq = 0;
+  *progress = alloc::PersistProgress{};
+  u32 queued = 0;  // changes in tx, after the `progress->committed` committed ones
   for (u32 i = 0; i < n; i++) {
     alloc::AllocRecord r;
     alloc::EncodeRecord(changes[i].b, &r);
     const btree::Pos pos{btree::kBtreeAlloc, changes[i].dev, changes[i].bucket};
-    Status st = tx.Set(pos, &r, sizeof(r));
+    // A replacing record (RebaseVersions: only at mount, before the journal
+    // runs) deletes the key first. (Should only the whiteout fit, it is
+    // committed alone and the pair follows: the mount's checkpoint writes
+    // the end state.)
+    auto queue = [&]() -> Status {
+      if (changes[i].replace) TFS_TRY(tx.Delete(pos));
+      return tx.Set(pos, &r, sizeof(r));
+    };
+    Status st = queue();
     if (st.code() == Err::kTooBig && tx.size() > 0) {  // one entry's worth at a time: each record stands alone
       if (reclaim) tx.SetReclaim();
-      seq = Max(seq, TFS_TRY(tx.Commit()));
-      st = tx.Set(pos, &r, sizeof(r));
+      const u64 seq = TFS_TRY(tx.Commit());
+      progress->committed += queued;
+      progress->transactions++;
+      progress->seq = Max(progress->seq, seq);
+      queued = 0;
+      st = queue();
     }
     TFS_TRY(st);
+    queued++;
   }
   if (reclaim) tx.SetReclaim();
-  return Max(seq, TFS_TRY(tx.Commit()));
+  const u64 seq = TFS_TRY(tx.Commit());
+  progress->committed += queued;
+  progress->transactions++;
+  progress->seq = Max(progress->seq, seq);
+  return progress->seq;
 }
 
 void Store::CheckCurrent(const btree::Roots& roots, OpenReport& rep) const {
@@ -508,6 +533,7 @@ Status Store::Close() {
   bool settled = false;
   Status bst = btrees_.Close(&settled);
   Status st = journal_.Stop();
+  btrees_.DetachJournal();  // (a pin the trees kept because they did not settle)
   journal_started_ = false;
   alloc_.SetJournal(nullptr);
   if (!st.ok()) return st;  // leave the superblock unclean: replay will sort it out

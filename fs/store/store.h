@@ -194,7 +194,8 @@ class Store {
   Status LoadAlloc(bool journal_keys, OpenReport& rep, Diag* why = nullptr);
   static Status LoadAllocForScan(void* self);
   // The allocator's persistence sink (alloc::PersistFn).
-  static Result<u64> PersistAlloc(void* self, const alloc::RecordChange* changes, u32 n, alloc::BucketState owner);
+  static Result<u64> PersistAlloc(void* self, const alloc::RecordChange* changes, u32 n, alloc::BucketState owner,
+                                  alloc::PersistProgress* progress);
   // Deletes the alloc keys the load found outside every member's buckets
   // (fsck -y's rebuild: they are no bucket's record).
   Status DeleteBadAllocKeys();

@@ -492,6 +492,108 @@ TEST(StoreTest, AllocatorRefusesWrongPurposeAndStaleRefs) {
   EXPECT_EQ(e.alloc().Free(journal_bucket), Status(Err::kInvalidArgument));
 }
 
+// An unmount whose checkpoint fails leaves the superblock unclean, and the
+// journal must still hold every commit since the last roots block: the
+// trees' pin stays until the journal has stopped (Btrees::DetachJournal).
+// Dropped at Close, the entry Journal::Stop writes (here: the failed
+// checkpoint's record of the one bucket it got, before it ran out of room at
+// the btree watermark) records a last_seq of its own, and the next mount
+// replays nothing before it -- the acknowledged allocations were lost.
+TEST(StoreTest, AFailedUnmountCheckpointLosesNoFlushedCommit) {
+  Disks d;
+  FormatOptions o = testing::TwoTierFormat();
+  o.btree_node_size = o.bucket_size;  // one slot per bucket: a checkpoint takes a bucket per node
+  ASSERT_TRUE(d.Format(o).ok());
+  std::vector<alloc::BucketRef> held;
+  {
+    Store e;
+    OpenOptions oo;
+    oo.btree.writer_thread = false;  // no checkpoint but the unmount's
+    ASSERT_TRUE(testing::OpenStore(&e, d.List(), oo).ok());
+    for (int i = 0; i < 12; i++) {
+      Result<alloc::BucketRef> r = e.alloc().Allocate(0b11, 0, BucketState::kUser, Watermark::kForeground);
+      ASSERT_TRUE(r.ok());
+      held.push_back(*r);
+    }
+    ASSERT_TRUE(e.alloc().SetLiveSectors(held[0], 77).ok());
+    ASSERT_TRUE(e.journal().Flush().ok());  // acknowledged
+    // The SSD full but for one bucket: the unmount's checkpoint gets it, and
+    // no second one.
+    alloc::BucketRef last{};
+    for (;;) {
+      Result<alloc::BucketRef> r = e.alloc().Allocate(0b01, 0, BucketState::kUser, Watermark::kBtree);
+      if (!r.ok()) break;
+      last = *r;
+    }
+    ASSERT_TRUE(e.alloc().Free(last).ok());
+    EXPECT_EQ(e.Close().code(), Err::kNoSpace);
+  }
+  // Read-only: what replay brings back, without the post-replay checkpoint
+  // (which the SSD, filled past the btree's reserve, has no room for either).
+  Store e;
+  OpenReport rep;
+  OpenOptions ro;
+  ro.read_only = true;
+  ASSERT_TRUE(testing::OpenStore(&e, d.List(), ro, &rep).ok());
+  EXPECT_FALSE(rep.was_clean);
+  for (const alloc::BucketRef& b : held) {
+    const alloc::Bucket got = e.alloc().Get(b.dev, b.bucket);
+    EXPECT_EQ(got.state, BucketState::kUser) << b.dev << "/" << b.bucket;
+    EXPECT_EQ(got.gen, b.gen);
+  }
+  EXPECT_EQ(e.alloc().Get(held[0].dev, held[0].bucket).live_sectors, 77u);
+  ASSERT_TRUE(e.Close().ok());
+}
+
+// Versions near the validity limit (alloc/format.h): a valid record one
+// below it is started again at version 1 by the read-write mount that loads
+// it, so a later change is valid at the next mount (before: the change made
+// it 2^63, implausible, and the next mount refused it as out of range).
+TEST(StoreTest, AVersionJustBelowTheLimitStaysMountable) {
+  Disks d;
+  ASSERT_TRUE(d.Format().ok());
+  const u64 bucket = 40;  // an HDD bucket nothing else touches
+  for (u64 version : {alloc::kRecordVersionLimit - 1, alloc::kRecordVersionRebase}) {
+    SCOPED_TRACE(version);
+    {
+      Store e;
+      ASSERT_TRUE(testing::OpenStore(&e, d.List()).ok());
+      alloc::Bucket b = e.alloc().Get(1, bucket);
+      ASSERT_EQ(b.state, BucketState::kFree);
+      b.state = BucketState::kUser;
+      b.version = version;
+      alloc::AllocRecord rec;
+      alloc::EncodeRecord(b, &rec);
+      btree::Transaction tx(&e.btrees());
+      ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeAlloc, 1, bucket}, &rec, sizeof(rec)).ok());
+      ASSERT_TRUE(tx.Commit().ok());
+      ASSERT_TRUE(e.Close().ok());
+    }
+    u8 gen;
+    {
+      Store e;
+      ASSERT_TRUE(testing::OpenStore(&e, d.List()).ok());
+      const alloc::Bucket b = e.alloc().Get(1, bucket);
+      ASSERT_EQ(b.state, BucketState::kUser);
+      EXPECT_LT(b.version, alloc::kRecordVersionRebase);
+      EXPECT_GE(e.alloc().Stats().rebased_records, 1u);
+      gen = b.gen;
+      ASSERT_TRUE(e.alloc().Free(alloc::BucketRef{1, bucket, gen}).ok());  // a live change
+      ASSERT_TRUE(e.Close().ok());
+    }
+    {
+      Store e;
+      OpenReport rep;
+      ASSERT_TRUE(testing::OpenStore(&e, d.List(), OpenOptions{}, &rep).ok());
+      EXPECT_EQ(rep.bad_alloc_records, 0u);
+      EXPECT_EQ(e.alloc().Get(1, bucket).state, BucketState::kFree);
+      EXPECT_EQ(e.alloc().Get(1, bucket).gen, u8(gen + 1));
+      EXPECT_EQ(e.alloc().Stats().rebased_records, 0u);
+      ASSERT_TRUE(e.Close().ok());
+    }
+  }
+}
+
 TEST(StoreTest, FormatRejectsBadInput) {
   Diag diag;
   Disks d;
