@@ -41,7 +41,6 @@ sb::Superblock JournalSuperblock() {
   strcpy(m.label, "ssd.a");
   m.size = kJournalDevSize;
   m.nbuckets = (kJournalDevSize - sb::kBucketsOffset) / kJournalBucket;
-  m.alloc_table_buckets = 1;
   m.journal_first_bucket = 1;
   m.journal_nbuckets = kJournalRingBuckets;
   m.data_allowed = sb::kDataAll;

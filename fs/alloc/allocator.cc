@@ -1,10 +1,11 @@
-// Bucket allocator with watermark reserves and journaled, checkpointed state (see
-// allocator.h and docs/format/alloc.md).
+// Bucket allocator with watermark reserves; every change persisted as a
+// record of the alloc btree through the Store's sink (see allocator.h and
+// docs/format/alloc.md).
 //
-// Invariants: every bucket in state kFree is either on free_list (its free is
-// durable) or on pending (not yet), each once; free_count == free_list.size(); a
-// bucket's version only grows; pin_, when active, is at or before the journal
-// sequence of every change made since the last checkpoint snapshot.
+// Invariants: every bucket in state kFree is either on free_list (reusable)
+// or on pending (its free not yet settled), each once; free_count ==
+// free_list.size(); a bucket's version only grows, by one per change, and
+// the record handed to the sink carries the version it was changed to.
 #include "alloc/allocator.h"
 
 #include "platform/platform.h"
@@ -22,26 +23,11 @@ u8 DataBit(BucketState purpose) {
   }
 }
 
-// The journal key that records bucket `bucket`'s state `b`.
-AllocKey KeyFor(u32 dev, u64 bucket, const Bucket& b) {
-  AllocKey k;
-  MemSet(&k, 0, sizeof(k));
-  k.dev.set(u16(dev));
-  k.gen = b.gen;
-  k.state = u8(b.state);
-  k.live_sectors.set(b.live_sectors);
-  k.bucket.set(bucket);
-  k.version.set(b.version);
-  return k;
-}
-
-u32 HeadCsum(const TableHeader& h) {
-  return platform::Crc32cSkippingField(reinterpret_cast<const u8*>(&h), __builtin_offsetof(TableHeader, head_csum),
-                                       __builtin_offsetof(TableHeader, csum));
-}
-
-u32 TableCsum(const u8* slot, u64 bytes) {
-  return platform::Crc32cSkippingField(slot, bytes, __builtin_offsetof(TableHeader, csum));
+// A bucket as an absent record leaves it.
+Bucket AbsentBucket(const sb::Member& m, u64 b) {
+  Bucket bk;
+  bk.state = LayoutState(m, b);
+  return bk;
 }
 
 }  // namespace
@@ -49,7 +35,7 @@ u32 TableCsum(const u8* slot, u64 bytes) {
 const char* BucketStateName(BucketState s) {
   switch (s) {
     case BucketState::kFree: return "free";
-    case BucketState::kMeta: return "meta";
+    case BucketState::kSb: return "superblock";
     case BucketState::kJournal: return "journal";
     case BucketState::kBtree: return "btree";
     case BucketState::kUser: return "user";
@@ -59,7 +45,6 @@ const char* BucketStateName(BucketState s) {
 }
 
 BucketState LayoutState(const sb::Member& m, u64 b) {
-  if (b < m.alloc_table_buckets) return BucketState::kMeta;
   if (m.journal_nbuckets > 0 && b >= m.journal_first_bucket &&
       b < m.journal_first_bucket + m.journal_nbuckets)
     return BucketState::kJournal;
@@ -77,14 +62,65 @@ const char* WatermarkName(Watermark w) {
   return "unknown";
 }
 
-void Allocator::SetJournal(journal::Journal* journal) {
-  MutexLock lock(mu_);
-  journal_ = journal;
+void EncodeRecord(const Bucket& b, AllocRecord* out) {
+  MemSet(out, 0, sizeof(*out));
+  out->gen = b.gen;
+  out->oldest_gen = b.gen;  // (step 3c keeps its own)
+  out->state = u8(b.state);
+  out->live_sectors.set(b.live_sectors);
+  out->cached_sectors.set(b.cached_sectors);
+  out->version.set(b.version);
 }
 
-Status Allocator::Init(dev::DeviceSet* devs, const sb::Superblock& sb, journal::Journal* journal) {
-  devs_ = devs;
-  journal_ = journal;
+Status ParseRecord(const sb::Superblock& sb, u64 dev, u64 bucket, const void* val, u32 len, Bucket* out,
+                   Diag* diag) {
+  if (dev >= sb.nr_members)
+    return DiagError(diag, Err::kCorrupt, "alloc: record of member %llu bucket %llu: no such member",
+                     (unsigned long long)dev, (unsigned long long)bucket);
+  const sb::Member& m = sb.members[dev];
+  if (bucket >= m.nbuckets)
+    return DiagError(diag, Err::kCorrupt, "alloc: member %s bucket %llu: outside the member's %llu buckets",
+                     m.label, (unsigned long long)bucket, (unsigned long long)m.nbuckets);
+  auto bad = [&](const char* what, unsigned long long v) {
+    return DiagError(diag, Err::kCorrupt, "alloc: member %s bucket %llu: %s %llu", m.label,
+                     (unsigned long long)bucket, what, v);
+  };
+  if (len != sizeof(AllocRecord)) return bad("record of bad size", len);
+  AllocRecord r;
+  MemCopy(&r, val, sizeof(r));
+  if (r.state >= kBucketStateCount) return bad("unknown state", r.state);
+  if (r.reserved0 != 0 || r.reserved1.get() != 0)
+    return bad("nonzero reserved field", r.reserved0 != 0 ? r.reserved0 : r.reserved1.get());
+  const u64 sectors = sb.bucket_size / 512;
+  if (r.live_sectors.get() > sectors) return bad("live sectors beyond the bucket:", r.live_sectors.get());
+  if (r.cached_sectors.get() > sectors) return bad("cached sectors beyond the bucket:", r.cached_sectors.get());
+  const BucketState state = BucketState(r.state);
+  if (state == BucketState::kFree && (r.live_sectors.get() != 0 || r.cached_sectors.get() != 0))
+    return bad("free, yet with live or cached sectors:", r.live_sectors.get() + u64(r.cached_sectors.get()));
+  const BucketState layout = LayoutState(m, bucket);
+  if ((layout == BucketState::kJournal) != (state == BucketState::kJournal) || state == BucketState::kSb)
+    return DiagError(diag, Err::kCorrupt, "alloc: member %s bucket %llu: state %s where the layout has %s", m.label,
+                     (unsigned long long)bucket, BucketStateName(state), BucketStateName(layout));
+  if (state == BucketState::kJournal && (r.live_sectors.get() != 0 || r.cached_sectors.get() != 0))
+    return bad("journal, yet with live or cached sectors:", r.live_sectors.get() + u64(r.cached_sectors.get()));
+  // (The member's allowed data is fixed at format: nothing allocates a
+  // bucket for data it does not allow.)
+  if (state != BucketState::kFree && (m.data_allowed & DataBit(state)) == 0)
+    return DiagError(diag, Err::kCorrupt, "alloc: member %s bucket %llu: state %s on a member that does not allow it",
+                     m.label, (unsigned long long)bucket, BucketStateName(state));
+  if (r.oldest_gen != r.gen) return bad("oldest_gen is not gen:", r.oldest_gen);
+  if (r.version.get() >= kRecordVersionLimit) return bad("version out of range:", r.version.get());
+  out->gen = r.gen;
+  out->oldest_gen = r.oldest_gen;
+  out->state = state;
+  out->recorded = true;
+  out->live_sectors = r.live_sectors.get();
+  out->cached_sectors = r.cached_sectors.get();
+  out->version = r.version.get();
+  return Status::Ok();
+}
+
+Status Allocator::Init(const sb::Superblock& sb) {
   sb_ = sb;
   nr_ = sb.nr_members;
   for (u32 i = 0; i < nr_; i++) {
@@ -94,31 +130,56 @@ Status Allocator::Init(dev::DeviceSet* devs, const sb::Superblock& sb, journal::
     TFS_TRY(d.free_list.Reserve(m.nbuckets));
     TFS_TRY(d.pending.Reserve(m.nbuckets));
     d.data_allowed = m.data_allowed;
-    d.table_buckets = m.alloc_table_buckets;
-    d.slow = m.journal_nbuckets == 0;
-    if (d.slow) TFS_TRY(d.durable_version.Resize(m.nbuckets));
     d.reserves.btree = Max<u64>(1, m.nbuckets / 128);
     d.reserves.copygc = Max<u64>(1, m.nbuckets / 128);
     d.reserves.foreground = Max<u64>(2, m.nbuckets / 64);
   }
-  return Status::Ok();
+  BeginLoad();
+  return Finish();
 }
 
-void Allocator::InitFresh() {
+void Allocator::SetPersist(PersistFn fn, void* ctx) {
+  MutexLock lock(mu_);
+  persist_ = fn;
+  persist_ctx_ = ctx;
+}
+
+void Allocator::SetJournal(journal::Journal* journal) {
+  MutexLock lock(mu_);
+  journal_ = journal;
+}
+
+void Allocator::BeginLoad() {
+  MutexLock lock(mu_);
   for (u32 i = 0; i < nr_; i++) {
-    const sb::Member& m = sb_.members[i];
     Dev& d = devices_[i];
-    for (u64 b = 0; b < d.buckets.size(); b++) {
-      Bucket& bk = d.buckets[b];
-      bk = Bucket();
-      bk.state = LayoutState(m, b);
-      if (bk.state != BucketState::kFree) bk.version = 1;
-    }
-    d.checkpoint = 0;
-    d.last_slot = 1;
-    d.changes++;  // no table on disk yet
+    for (u64 b = 0; b < d.buckets.size(); b++) d.buckets[b] = AbsentBucket(sb_.members[i], b);
   }
-  Finish().IgnoreError();  // free lists were reserved at Init: cannot fail
+  stats_.records_loaded = 0;
+}
+
+Status Allocator::LoadRecord(u64 dev, u64 bucket, const void* val, u32 len, Diag* diag) {
+  Bucket b;
+  Status st = ParseRecord(sb_, dev, bucket, val, len, &b, diag);
+  if (!st.ok()) {
+    if (dev < nr_ && bucket < devices_[dev].buckets.size()) {
+      // The bucket keeps its state, but a rebuild must replace the record:
+      // one is written for it (recorded), with a version past the bad one's
+      // when the merge rule would otherwise keep that (a plausible value).
+      MutexLock lock(mu_);
+      Bucket& cur = devices_[dev].buckets[bucket];
+      cur.recorded = true;
+      u64 v;
+      if (RecordPlausible(val, len, &v)) cur.version = Max(cur.version, v);
+    }
+    return st;
+  }
+  MutexLock lock(mu_);
+  Bucket& cur = devices_[dev].buckets[bucket];
+  if (cur.recorded && cur.version >= b.version) return Status::Ok();  // a newer one is loaded
+  if (!cur.recorded) stats_.records_loaded++;
+  cur = b;
+  return Status::Ok();
 }
 
 Status Allocator::Finish() {
@@ -126,103 +187,13 @@ Status Allocator::Finish() {
   for (u32 i = 0; i < nr_; i++) {
     Dev& d = devices_[i];
     d.free_list.Clear();
-    d.pending.Clear();  // after load or repair, every free bucket's state is on disk
+    d.pending.Clear();  // (load and rebuild only: nothing is pending then)
     for (u64 b = d.buckets.size(); b-- > 0;) {
       if (d.buckets[b].state == BucketState::kFree) TFS_TRY(d.free_list.PushBack(b));
     }
     d.free_count = d.free_list.size();
   }
   return Status::Ok();
-}
-
-Status Allocator::Load(Diag* diag) {
-  for (u32 i = 0; i < nr_; i++) {
-    Dev& d = devices_[i];
-    const u64 n = d.buckets.size();
-    const u64 slot_bytes = TableSlotBytes(n);
-    u8* buf = static_cast<u8*>(platform::Alloc(slot_bytes, 4096));
-    if (buf == nullptr) return Err::kNoMemory;
-    u64 best_checkpoint = 0, best_journal_seq = 0;
-    i32 best_slot = -1;
-    Status io_error;
-    i32 bad_slot = -1;  // a slot that could not be read or fails its checks
-    u64 bad_checkpoint = 0;  // its header's checkpoint, if the header is ours
-    u32 records_crc[2] = {};
-    u32 valid = 0;
-    for (u32 slot = 0; slot < 2; slot++) {
-      u64 offset = sb_.BucketOffset(0) + slot * slot_bytes;
-      Status st = dev::QueueSyncIo(devs_->member(i)->queue(), IoOp::kRead, offset, buf, slot_bytes, 0,
-                                   IoOrigin::kAlloc);
-      if (!st.ok()) {
-        io_error = st;
-        bad_slot = i32(slot);
-        continue;
-      }
-      const auto* h = reinterpret_cast<const TableHeader*>(buf);
-      bool ok = h->magic.get() == kAllocMagic && h->version.get() == kAllocVersion &&
-                h->dev_idx.get() == i && h->nbuckets.get() == n &&
-                MemCompare(h->fs_uuid, sb_.fs_uuid, 16) == 0 && h->csum.get() == TableCsum(buf, slot_bytes);
-      const auto* rec = reinterpret_cast<const BucketFormat*>(buf + sizeof(TableHeader));
-      for (u64 b = 0; b < n && ok; b++) ok = rec[b].state < kBucketStateCount;
-      if (!ok) {
-        bad_slot = i32(slot);
-        const bool ours = h->magic.get() == kAllocMagic && h->version.get() == kAllocVersion &&
-                          h->dev_idx.get() == i && h->nbuckets.get() == n &&
-                          MemCompare(h->fs_uuid, sb_.fs_uuid, 16) == 0 && h->head_csum.get() != 0 &&
-                          h->head_csum.get() == HeadCsum(*h);
-        bad_checkpoint = ours ? h->checkpoint.get() : 0;
-        continue;
-      }
-      records_crc[valid++] = platform::Crc32c(buf + sizeof(TableHeader), slot_bytes - sizeof(TableHeader));
-      if (best_slot >= 0 && h->checkpoint.get() <= best_checkpoint) continue;
-      for (u64 b = 0; b < n; b++) {
-        Bucket& bk = d.buckets[b];
-        bk.gen = rec[b].gen;
-        bk.state = BucketState(rec[b].state);
-        bk.live_sectors = rec[b].live_sectors.get();
-        bk.version = rec[b].version.get();
-        if (d.slow) d.durable_version[b] = bk.version;
-      }
-      best_checkpoint = h->checkpoint.get();
-      best_journal_seq = h->journal_seq.get();
-      best_slot = i32(slot);
-    }
-    platform::Free(buf);
-    if (best_slot < 0) {
-      return DiagError(diag, io_error.ok() ? Status(Err::kCorrupt) : io_error,
-                       "member %s: no valid allocation table in either slot%s", sb_.members[i].label,
-                       io_error.ok() ? "" : " (I/O error)");
-    }
-    // One slot unusable: the other may be older than the newest checkpoint
-    // (a torn checkpoint write, or damage). Never silent: the journal covers
-    // only changes since the newest checkpoint.
-    if (bad_slot >= 0)
-      platform::Log(platform::LogLevel::kWarn,
-                    "alloc: member %s: allocation table slot %d %s; using slot %d (checkpoint %llu)",
-                    sb_.members[i].label, bad_slot, io_error.ok() ? "fails its checks" : "could not be read",
-                    best_slot, (unsigned long long)best_checkpoint);
-    d.checkpoint = best_checkpoint;
-    d.last_slot = u32(best_slot);
-    d.loaded = LoadedTable{best_checkpoint, best_journal_seq, best_slot, bad_slot, bad_slot >= 0 && !io_error.ok(),
-                           bad_checkpoint};
-    // Both slots hold the same buckets (a converged checkpoint): nothing to
-    // rewrite at the next Checkpoint.
-    d.other_slot_stale = !(valid == 2 && records_crc[0] == records_crc[1]);
-  }
-  return Status::Ok();
-}
-
-u64 Allocator::DurableCheckpoint(u32 dev) const {
-  MutexLock lock(mu_);
-  return dev < nr_ ? devices_[dev].checkpoint : 0;
-}
-
-void Allocator::SetJournalSeqFloor(u64 seq) { journal_seq_floor_.Store(seq, MemOrder::kRelaxed); }
-
-u64 Allocator::TableJournalSeq() const {
-  const u64 floor = journal_seq_floor_.Load(MemOrder::kRelaxed);
-  const u64 head = journal_ != nullptr ? journal_->next_seq() : 0;
-  return Max(floor, head);
 }
 
 void Allocator::BeginRebuild() {
@@ -234,9 +205,9 @@ void Allocator::BeginRebuild() {
       Bucket& bk = d.buckets[b];
       bk.state = LayoutState(sb_.members[i], b);
       bk.live_sectors = 0;
-      bk.version++;  // past the loaded table and every key replayed into it
+      bk.cached_sectors = 0;
+      bk.version++;  // past every record in the tree (a bad one was never loaded: it is replaced anyway)
     }
-    d.changes++;
   }
 }
 
@@ -244,7 +215,7 @@ bool Allocator::RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen, u32 
   MutexLock lock(mu_);
   if (dev >= nr_ || bucket >= devices_[dev].buckets.size()) return false;
   Bucket& bk = devices_[dev].buckets[bucket];
-  if (bk.state == BucketState::kMeta || bk.state == BucketState::kJournal) return false;  // the layout's
+  if (bk.state == BucketState::kSb || bk.state == BucketState::kJournal) return false;  // the layout's
   if ((bk.state == BucketState::kBtree || bk.state == BucketState::kUser) && bk.state != state) return false;
   if (bk.state == state && state == BucketState::kUser && bk.gen != gen) {
     // Two generations point in: the newer one's data is there now (a bucket
@@ -258,24 +229,91 @@ bool Allocator::RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen, u32 
   return true;
 }
 
-Status Allocator::EndRebuild() { return Finish(); }
+Status Allocator::EndRebuild() {
+  TFS_TRY(Finish());
+  // A record for every bucket that has one (a bad one included: the merge
+  // rule replaces an implausible value whatever its version) or is not in
+  // its absent-record state.
+  Vector<RecordChange> changes;
+  {
+    MutexLock lock(mu_);
+    u64 n = 0;
+    for (u32 i = 0; i < nr_; i++) {
+      for (u64 b = 0; b < devices_[i].buckets.size(); b++) {
+        const Bucket& bk = devices_[i].buckets[b];
+        const Bucket absent = AbsentBucket(sb_.members[i], b);
+        n += bk.recorded || bk.state != absent.state || bk.gen != 0 || bk.live_sectors != 0;
+      }
+    }
+    TFS_TRY(changes.Reserve(n));
+    for (u32 i = 0; i < nr_; i++) {
+      for (u64 b = 0; b < devices_[i].buckets.size(); b++) {
+        Bucket& bk = devices_[i].buckets[b];
+        const Bucket absent = AbsentBucket(sb_.members[i], b);
+        if (!(bk.recorded || bk.state != absent.state || bk.gen != 0 || bk.live_sectors != 0)) continue;
+        bk.recorded = true;
+        changes.PushBack(RecordChange{i, b, bk}).IgnoreError();  // reserved
+      }
+    }
+  }
+  if (changes.empty()) return Status::Ok();
+  return Persist(changes.data(), u32(changes.size()), BucketState::kFree).status();
+}
 
-Status Allocator::Apply(const journal::Key& key) {
-  if (key.type != journal::kKeyAlloc || key.len != sizeof(AllocKey)) return Err::kCorrupt;
-  const auto* k = static_cast<const AllocKey*>(key.val);
-  u32 dev = k->dev.get();
-  u64 bucket = k->bucket.get();
-  if (dev >= nr_ || bucket >= devices_[dev].buckets.size() || k->state >= kBucketStateCount)
-    return Err::kCorrupt;
+Result<u64> Allocator::RebaseVersions() {
+  Vector<RecordChange> changes;
+  {
+    MutexLock lock(mu_);
+    TFS_BUG_ON(journal_ != nullptr);
+    u64 n = 0;
+    for (u32 i = 0; i < nr_; i++)
+      for (const Bucket& bk : devices_[i].buckets) n += bk.version >= kRecordVersionRebase;
+    if (n == 0) return u64(0);
+    TFS_TRY(changes.Reserve(n));
+    for (u32 i = 0; i < nr_; i++) {
+      for (u64 b = 0; b < devices_[i].buckets.size(); b++) {
+        Bucket& bk = devices_[i].buckets[b];
+        if (bk.version < kRecordVersionRebase) continue;
+        bk.version = 1;
+        bk.recorded = true;
+        RecordChange c{i, b, bk};
+        c.replace = true;
+        changes.PushBack(c).IgnoreError();  // reserved
+      }
+    }
+    stats_.rebased_records += n;
+  }
+  platform::Log(platform::LogLevel::kWarn, "alloc: %llu allocation records had versions of 2^47 or more: started "
+                "again at 1", (unsigned long long)changes.size());
+  TFS_TRY(Persist(changes.data(), u32(changes.size()), BucketState::kFree).status());
+  return u64(changes.size());
+}
+
+Result<u64> Allocator::Persist(const RecordChange* changes, u32 n, BucketState owner, PersistProgress* progress) {
+  PersistFn fn;
+  void* ctx;
+  {
+    MutexLock lock(mu_);
+    fn = persist_;
+    ctx = persist_ctx_;
+  }
+  PersistProgress local;
+  if (progress == nullptr) progress = &local;
+  *progress = PersistProgress{};
+  if (fn == nullptr || n == 0) {
+    progress->committed = n;
+    return u64(0);
+  }
+  Result<u64> r = fn(ctx, changes, n, owner, progress);
   MutexLock lock(mu_);
-  Bucket& b = devices_[dev].buckets[bucket];
-  if (k->version.get() <= b.version) return Status::Ok();  // the table is newer
-  devices_[dev].changes++;
-  b.gen = k->gen;
-  b.state = BucketState(k->state);
-  b.live_sectors = k->live_sectors.get();
-  b.version = k->version.get();
-  return Status::Ok();
+  stats_.record_commits += progress->transactions;
+  if (r.ok()) {
+    stats_.records += n;
+  } else {
+    stats_.records += progress->committed;
+    stats_.record_errors++;
+  }
+  return r;
 }
 
 void Allocator::SetMetadataNeed(u32 dev, u64 buckets, u64 held) {
@@ -354,9 +392,26 @@ void Allocator::ReleasePending(Dev& d, u64 settled_seq) {
   d.pending.Resize(keep).IgnoreError();  // shrinking never allocates
 }
 
+void Allocator::UnlistFreeLocked(Dev& d, u64 b) {
+  for (usize i = 0; i < d.free_list.size(); i++) {
+    if (d.free_list[i] != b) continue;
+    d.free_list[i] = d.free_list.back();
+    d.free_list.PopBack();
+    d.free_count--;
+    return;
+  }
+  for (usize i = 0; i < d.pending.size(); i++) {
+    if (d.pending[i].bucket != b) continue;
+    d.pending[i] = d.pending.back();
+    d.pending.PopBack();
+    return;
+  }
+}
+
 Result<BucketRef> Allocator::Allocate(dev::DevMask target, dev::DevMask fallback,
                                       BucketState purpose, Watermark wm) {
-  if (purpose == BucketState::kFree || purpose == BucketState::kMeta || u8(wm) > u8(Watermark::kJournal))
+  if (purpose == BucketState::kFree || purpose == BucketState::kSb || purpose == BucketState::kJournal ||
+      u8(wm) > u8(Watermark::kJournal))
     return Err::kInvalidArgument;
   bool pending_seen = false;
   Result<BucketRef> r = TryAllocate(target, fallback, purpose, wm, &pending_seen);
@@ -375,9 +430,10 @@ Result<BucketRef> Allocator::TryAllocate(dev::DevMask target, dev::DevMask fallb
                                          BucketState purpose, Watermark wm, bool* pending_seen) {
   // Reuse waits for settled, not just durable: replay may still read what the
   // newest unordered entry's group wrote to check it (journal.h, settled_seq).
-  u64 settled = journal_ != nullptr ? journal_->settled_seq() : ~u64(0);
+  journal::Journal* const journal = journal_;
+  u64 settled = journal != nullptr ? journal->settled_seq() : ~u64(0);
   BucketRef ref;
-  Bucket snapshot;
+  RecordChange change;
   {
     MutexLock lock(mu_);
     for (u32 i = 0; i < nr_; i++) {
@@ -409,77 +465,123 @@ Result<BucketRef> Allocator::TryAllocate(dev::DevMask target, dev::DevMask fallb
     TFS_BUG_ON(bk.state != BucketState::kFree);
     bk.state = purpose;
     bk.live_sectors = 0;
+    bk.cached_sectors = 0;
     bk.version++;
-    d.changes++;
+    bk.recorded = true;
     stats_.allocs[u8(wm)]++;
     ref = BucketRef{u32(best), b, bk.gen};
-    snapshot = bk;
+    change = RecordChange{u32(best), b, bk};
   }
-  TFS_TRY(JournalChange(ref.dev, ref.bucket, snapshot, purpose));
+  Result<u64> seq = Persist(&change, 1, purpose);
+  if (!seq.ok()) {
+    // Handed to no one: back to the free list, or it would be lost until the
+    // next mount. (Not journaled; or possibly, by a journal that failed:
+    // then nothing commits any more. The version stays: it only grows.)
+    MutexLock lock(mu_);
+    Dev& d = devices_[ref.dev];
+    Bucket& bk = d.buckets[ref.bucket];
+    if (bk.state == purpose && bk.gen == ref.gen && bk.version == change.b.version) {
+      bk.state = BucketState::kFree;
+      d.free_list.PushBack(ref.bucket).IgnoreError();  // capacity reserved at Init
+      d.free_count++;
+      stats_.allocs[u8(wm)]--;
+    }
+    return seq.status();
+  }
   return ref;
 }
 
+bool Allocator::FreeLocked(u32 dev, const BucketRef& ref, RecordChange* change, BucketState* was) {
+  if (ref.dev >= nr_ || ref.bucket >= devices_[ref.dev].buckets.size()) return false;
+  Dev& d = devices_[ref.dev];
+  Bucket& bk = d.buckets[ref.bucket];
+  if (bk.gen != ref.gen || bk.state == BucketState::kFree || bk.state == BucketState::kSb ||
+      bk.state == BucketState::kJournal)
+    return false;
+  *was = bk.state;
+  bk.gen++;
+  bk.oldest_gen = bk.gen;
+  bk.state = BucketState::kFree;
+  bk.live_sectors = 0;
+  bk.cached_sectors = 0;
+  bk.version++;
+  bk.recorded = true;
+  stats_.frees++;
+  *change = RecordChange{dev, ref.bucket, bk};
+  if (journal_ == nullptr) {
+    // Before the journal runs (the mount): nothing written survives a cut
+    // unless the mount's checkpoint does, and then with the free.
+    d.free_list.PushBack(ref.bucket).IgnoreError();  // capacity reserved at Init
+    d.free_count++;
+  } else {
+    // Pending from the change on: reused once the entry recording it is
+    // settled. A free whose commit fails stays here for good.
+    d.pending.PushBack(Dev::Pending{ref.bucket, kUnjournaled}).IgnoreError();  // reserved at Init
+  }
+  return true;
+}
+
+void Allocator::NotePendingSeq(u32 dev, u64 bucket, u64 seq) {
+  Dev& d = devices_[dev];
+  for (usize i = d.pending.size(); i-- > 0;) {  // just pushed: near the back
+    if (d.pending[i].bucket == bucket && d.pending[i].seq == kUnjournaled) {
+      d.pending[i].seq = seq;
+      return;
+    }
+  }
+}
+
 Status Allocator::Free(const BucketRef& ref) {
-  Bucket snapshot;
+  RecordChange change;
   BucketState was;
   {
     MutexLock lock(mu_);
-    if (ref.dev >= nr_ || ref.bucket >= devices_[ref.dev].buckets.size()) return Err::kInvalidArgument;
-    Dev& d = devices_[ref.dev];
-    Bucket& bk = d.buckets[ref.bucket];
-    if (bk.gen != ref.gen || bk.state == BucketState::kFree || bk.state == BucketState::kMeta ||
-        bk.state == BucketState::kJournal)
-      return Err::kInvalidArgument;
-    was = bk.state;
-    const Bucket before = bk;
-    bk.gen++;
-    bk.state = BucketState::kFree;
-    bk.live_sectors = 0;
-    bk.version++;
-    d.changes++;
-    stats_.frees++;
-    snapshot = bk;
-    // Pending from the change on, so that no table holds the free before it is
-    // journaled and settled (TableCopy). A free whose commit fails stays here.
-    if (journal_ != nullptr) d.pending.PushBack(Dev::Pending{ref.bucket, kUnjournaled, before}).IgnoreError();
+    if (!FreeLocked(ref.dev, ref, &change, &was)) return Err::kInvalidArgument;
   }
-  Result<u64> seq = JournalChange(ref.dev, ref.bucket, snapshot, was);
-  MutexLock lock(mu_);
-  Dev& d = devices_[ref.dev];
-  if (journal_ == nullptr) {
-    if (!seq.ok()) return seq.status();
-    d.free_list.PushBack(ref.bucket).IgnoreError();  // capacity reserved at Init
-    d.free_count++;
-    return Status::Ok();
-  }
+  // (Never a reclaim commit, whatever the bucket was: a checkpoint frees
+  // its buckets with FreeBuckets.)
+  Result<u64> seq = Persist(&change, 1, was == BucketState::kBtree ? BucketState::kFree : was);
   if (!seq.ok()) return seq.status();
-  for (usize i = d.pending.size(); i-- > 0;) {  // just pushed: near the back
-    if (d.pending[i].bucket == ref.bucket && d.pending[i].seq == kUnjournaled) {
-      d.pending[i].seq = seq.value();
-      break;
+  MutexLock lock(mu_);
+  if (journal_ != nullptr) NotePendingSeq(ref.dev, ref.bucket, seq.value());
+  return Status::Ok();
+}
+
+Status Allocator::FreeBuckets(const BucketRef* refs, u32 n) {
+  if (n == 0) return Status::Ok();
+  Vector<RecordChange> changes;
+  TFS_TRY(changes.Reserve(n));
+  Status first;
+  BucketState owner = BucketState::kBtree;
+  {
+    MutexLock lock(mu_);
+    for (u32 i = 0; i < n; i++) {
+      RecordChange c;
+      BucketState was;
+      if (!FreeLocked(refs[i].dev, refs[i], &c, &was)) {
+        if (first.ok()) first = Err::kInvalidArgument;
+        continue;
+      }
+      if (was != BucketState::kBtree) owner = BucketState::kUser;  // (not only a checkpoint's)
+      changes.PushBack(c).IgnoreError();  // reserved
     }
   }
-  return Status::Ok();
-}
-
-u64 Allocator::TableSettledSeq() const {
-  if (journal_ == nullptr || journal_stopped_.Load(MemOrder::kRelaxed)) return kUnjournaled - 1;
-  return journal_->settled_seq();
-}
-
-Status Allocator::TableCopy(const Dev& d, u64 settled, Vector<Bucket>* out, bool* left_out) const {
-  TFS_TRY(out->CopyFrom(d.buckets));
-  *left_out = false;
-  for (const Dev::Pending& p : d.pending) {
-    if (p.seq <= settled) continue;
-    (*out)[p.bucket] = p.before;
-    *left_out = true;
-  }
-  return Status::Ok();
+  if (changes.empty()) return first;
+  PersistProgress done;
+  Result<u64> seq = Persist(changes.data(), u32(changes.size()), owner, &done);
+  // The frees committed (all, or the pieces before a failed one: a batch
+  // too big for one entry is split) become reusable once settled; the rest
+  // stay pending for good, as a failed Free.
+  MutexLock lock(mu_);
+  if (journal_ != nullptr)
+    for (u32 i = 0; i < done.committed && i < changes.size(); i++)
+      NotePendingSeq(changes[i].dev, changes[i].bucket, done.seq);
+  if (!seq.ok()) return seq.status();
+  return first;
 }
 
 Status Allocator::SetLiveSectors(const BucketRef& ref, u32 live_sectors) {
-  Bucket snapshot;
+  RecordChange change;
   {
     MutexLock lock(mu_);
     if (ref.dev >= nr_ || ref.bucket >= devices_[ref.dev].buckets.size()) return Err::kInvalidArgument;
@@ -488,509 +590,52 @@ Status Allocator::SetLiveSectors(const BucketRef& ref, u32 live_sectors) {
     if (u64(live_sectors) * 512 > sb_.bucket_size) return Err::kInvalidArgument;
     bk.live_sectors = live_sectors;
     bk.version++;
-    devices_[ref.dev].changes++;
-    snapshot = bk;
+    bk.recorded = true;
+    change = RecordChange{ref.dev, ref.bucket, bk};
   }
-  return JournalChange(ref.dev, ref.bucket, snapshot, snapshot.state).status();
+  // (Never a reclaim commit: no checkpoint counts sectors.)
+  return Persist(&change, 1, change.b.state == BucketState::kBtree ? BucketState::kFree : change.b.state).status();
 }
 
 Status Allocator::RepairState(u32 dev, u64 bucket, BucketState state) {
-  Bucket snapshot;
+  if (u8(state) >= kBucketStateCount) return Err::kInvalidArgument;
+  RecordChange change;
+  bool freed = false;
   {
     MutexLock lock(mu_);
     if (dev >= nr_ || bucket >= devices_[dev].buckets.size()) return Err::kInvalidArgument;
-    Bucket& bk = devices_[dev].buckets[bucket];
-    if (bk.state == BucketState::kFree) bk.gen++;
+    Dev& d = devices_[dev];
+    Bucket& bk = d.buckets[bucket];
+    const BucketState was = bk.state;
+    if (was == BucketState::kFree) {
+      UnlistFreeLocked(d, bucket);
+      bk.gen++;  // whatever pointed in while it was free is stale
+    }
+    bk.oldest_gen = bk.gen;
     bk.state = state;
     bk.live_sectors = 0;
+    bk.cached_sectors = 0;
     bk.version++;
-    devices_[dev].changes++;
-    snapshot = bk;
-  }
-  TFS_TRY(Finish());
-  return JournalChange(dev, bucket, snapshot, state).status();
-}
-
-Result<u64> Allocator::JournalChange(u32 dev, u64 bucket, const Bucket& b, BucketState owner) {
-  if (journal_ == nullptr) return u64(0);
-  const AllocKey k = KeyFor(dev, bucket, b);
-  journal::Key key{journal::kKeyAlloc, sizeof(k), &k};
-  journal::Pin local;
-  // Btree buckets change only in checkpoints, which journal reclaim waits for:
-  // those changes must not wait for journal room themselves.
-  const journal::Watermark wm = owner == BucketState::kBtree ? journal::Watermark::kReclaim : journal::Watermark::kNormal;
-  u64 seq = TFS_TRY(journal_->Commit(&key, 1, 0, journal::CommitMode::kNoFlush, &local, wm));
-  journal::Pin drop;
-  {
-    MutexLock lock(mu_);
-    // Keep the oldest pin: it holds every newer change in the ring too. A
-    // slow member's changes are pinned apart (relogged, see CheckpointForRoom).
-    drop = KeepOlder(devices_[dev].slow ? &devices_[dev].pin : &pin_, local);
-  }
-  journal_->PinDrop(&drop);
-  return seq;
-}
-
-journal::Pin Allocator::KeepOlder(journal::Pin* into, journal::Pin p) {
-  if (!p.active) return journal::Pin();
-  if (!into->active) {
-    *into = p;
-    return journal::Pin();
-  }
-  if (p.seq < into->seq) Swap(*into, p);
-  return p;
-}
-
-u8* Allocator::BuildTable(u32 dev, const Bucket* snapshot, u64 n, u64 checkpoint, u64 journal_seq) {
-  const u64 slot_bytes = TableSlotBytes(n);
-  u8* buf = static_cast<u8*>(platform::Alloc(slot_bytes, 4096, true));
-  if (buf == nullptr) return nullptr;
-  auto* h = reinterpret_cast<TableHeader*>(buf);
-  h->magic.set(kAllocMagic);
-  h->version.set(kAllocVersion);
-  h->dev_idx.set(u16(dev));
-  MemCopy(h->fs_uuid, sb_.fs_uuid, 16);
-  h->checkpoint.set(checkpoint);
-  h->journal_seq.set(journal_seq);
-  h->nbuckets.set(n);
-  h->head_csum.set(HeadCsum(*h));
-  auto* rec = reinterpret_cast<BucketFormat*>(buf + sizeof(TableHeader));
-  for (u64 b = 0; b < n; b++) {
-    rec[b].gen = snapshot[b].gen;
-    rec[b].state = u8(snapshot[b].state);
-    rec[b].live_sectors.set(snapshot[b].live_sectors);
-    rec[b].version.set(snapshot[b].version);
-  }
-  h->csum.set(TableCsum(buf, slot_bytes));
-  return buf;
-}
-
-Status Allocator::WriteTable(u32 dev, const Bucket* snapshot, u64 n, u64 checkpoint, u32 slot,
-                             u64 journal_seq) {
-  const u64 slot_bytes = TableSlotBytes(n);
-  u8* buf = BuildTable(dev, snapshot, n, checkpoint, journal_seq);
-  if (buf == nullptr) return Err::kNoMemory;
-  dev::IoQueue& q = devs_->member(dev)->queue();
-  u64 offset = sb_.BucketOffset(0) + slot * slot_bytes;
-  // The rest first and a flush, then the head, written through (FUA: no
-  // second flush of the whole cache). LoadedTable::rejected_checkpoint.
-  const u64 head = TableHeadBytes(dev, slot_bytes);
-  Status st;
-  if (head < slot_bytes) {
-    st = dev::QueueSyncIo(q, IoOp::kWrite, offset + head, buf + head, slot_bytes - head, 0, IoOrigin::kAlloc);
-    if (st.ok()) st = dev::QueueSyncIo(q, IoOp::kFlush, 0, nullptr, 0, 0, IoOrigin::kAlloc);
-  }
-  if (st.ok()) st = dev::QueueSyncIo(q, IoOp::kWrite, offset, buf, head, IoRequest::kFua, IoOrigin::kAlloc);
-  platform::Free(buf);
-  return st;
-}
-
-u64 Allocator::TableHeadBytes(u32 dev, u64 slot_bytes) const {
-  const u64 lbs = devs_->member(dev)->bdev()->Info().logical_block_size;
-  return Min(Max(u64(sizeof(TableHeader)), lbs), slot_bytes);
-}
-
-Allocator::~Allocator() { WaitForBackgroundWrites(); }
-
-Status Allocator::WriteTables(dev::DevMask mask, bool converge, bool counted) {
-  // Per member, on the heap (2.7 KiB: more than a kernel frame may hold).
-  struct PerMember {
-    Vector<Bucket> copies[dev::kMaxDevices];
-    u64 snap_changes[dev::kMaxDevices] = {};
-    u64 slot_checkpoint[dev::kMaxDevices] = {};
-    u32 slot[dev::kMaxDevices] = {};
-    bool write[dev::kMaxDevices] = {};
-    bool catch_up[dev::kMaxDevices] = {};  // unchanged, rewritten into the older slot
-    journal::Pin slow_pin[dev::kMaxDevices];
-    bool unsettled[dev::kMaxDevices] = {};  // a table leaves frees out (TableCopy): not every change
-    journal::Pin drop[dev::kMaxDevices + 1];
-  };
-  auto per = platform::Owned<PerMember>::Make();
-  if (!per) return Err::kNoMemory;
-  auto& copies = per->copies;
-  auto& snap_changes = per->snap_changes;
-  auto& slot_checkpoint = per->slot_checkpoint;
-  auto& slot = per->slot;
-  auto& write = per->write;
-  auto& catch_up = per->catch_up;
-  auto& slow_pin = per->slow_pin;
-  auto& unsettled = per->unsettled;
-  auto& drop = per->drop;
-  journal::Pin fast_pin;
-  bool fast_all = true;  // every fast member is in mask: pin_ is covered
-  u64 journal_seq = TableJournalSeq();
-  const u64 settled = TableSettledSeq();
-  {
-    MutexLock lock(mu_);
-    // A member whose table already holds every change is left alone: every
-    // journaled change a pin keeps was made (under mu_) on a member counted
-    // here as changed, so its table is in this checkpoint.
-    for (u32 i = 0; i < nr_; i++) {
-      Dev& d = devices_[i];
-      const bool in = (mask & (dev::DevMask(1) << i)) != 0;
-      if (!in) {
-        fast_all &= d.slow;
-        continue;
-      }
-      TFS_BUG_ON(d.writing);  // the caller waited, or skipped slow members
-      write[i] = d.changes != d.written_changes;
-      catch_up[i] = !write[i] && converge && d.other_slot_stale;
-      write[i] |= catch_up[i];
-      snap_changes[i] = d.changes;
-      slot[i] = d.last_slot ^ 1;
-      slot_checkpoint[i] = d.checkpoint + 1;
-      if (write[i]) TFS_TRY(TableCopy(d, settled, &copies[i], &unsettled[i]));  // (no pin taken yet)
-    }
-    for (u32 i : dev::Bits(mask & all_devices())) {
-      Dev& d = devices_[i];
-      if (d.slow) {
-        slow_pin[i] = d.pin;
-        d.pin = journal::Pin();
-      }
-    }
-    if (fast_all) {
-      fast_pin = pin_;
-      pin_ = journal::Pin();
-    }
-  }
-  Status st;
-  bool fast_failed = false;
-  u64 written = 0, unchanged = 0;
-  u32 ndrop = 0;
-  for (u32 i = 0; i < nr_; i++) {
-    if ((mask & (dev::DevMask(1) << i)) == 0) continue;
-    Dev& d = devices_[i];
-    Status wst;
-    if (!write[i]) {
-      unchanged++;
-    } else {
-      wst = st.ok() ? WriteTable(i, copies[i].data(), copies[i].size(), slot_checkpoint[i], slot[i], journal_seq)
-                    : st;  // after a failure, the rest stay pinned too
-    }
-    MutexLock lock(mu_);
-    if (write[i] && wst.ok()) {
-      d.checkpoint = slot_checkpoint[i];
-      d.last_slot = slot[i];
-      // A table that left frees out does not hold every change: written again.
-      d.written_changes = unsettled[i] ? snap_changes[i] - 1 : snap_changes[i];
-      d.other_slot_stale = !catch_up[i];  // a catch-up wrote what the newer slot holds
-      if (d.slow)
-        for (u64 b = 0; b < copies[i].size(); b++) d.durable_version[b] = copies[i][b].version;
-      written++;
-    }
-    if (!wst.ok()) {
-      if (st.ok()) st = wst;
-      if (d.slow) {
-        drop[ndrop++] = KeepOlder(&d.pin, slow_pin[i]);  // not on disk yet: keep pinned
+    bk.recorded = true;
+    if (state == BucketState::kFree) {
+      freed = journal_ != nullptr;
+      if (freed) {
+        d.pending.PushBack(Dev::Pending{bucket, kUnjournaled}).IgnoreError();  // reserved at Init
       } else {
-        fast_failed = true;
+        d.free_list.PushBack(bucket).IgnoreError();
+        d.free_count++;
       }
-    } else if (d.slow) {
-      drop[ndrop++] = slow_pin[i];
     }
+    change = RecordChange{dev, bucket, bk};
   }
-  {
+  // (An ordinary commit, whatever the state: fsck and the mount, never a checkpoint.)
+  Result<u64> seq = Persist(&change, 1, BucketState::kFree);
+  if (!seq.ok()) return seq.status();
+  if (freed) {
     MutexLock lock(mu_);
-    stats_.table_writes += written;
-    stats_.tables_unchanged += unchanged;
-    if (fast_failed) {
-      drop[ndrop++] = KeepOlder(&pin_, fast_pin);  // not on disk yet: keep pinned
-    } else {
-      drop[ndrop++] = fast_pin;
-    }
-    if (st.ok() && counted) stats_.checkpoints++;
+    NotePendingSeq(dev, bucket, seq.value());
   }
-  if (journal_ != nullptr)
-    for (u32 i = 0; i < ndrop; i++) journal_->PinDrop(&drop[i]);
-  return st;
-}
-
-Status Allocator::Checkpoint() {
-  MutexLock serial(checkpoint_mu_);
-  WaitForBackgroundWrites();
-  // Twice when needed: a member whose older slot is stale gets the same state
-  // written there too, so that a later fallback to it (the newer one damaged
-  // or unreadable) loses nothing -- an idle member is otherwise never written
-  // again (see CheckpointForRoom).
-  TFS_TRY(WriteTables(all_devices(), true));
-  return WriteTables(all_devices(), true, false);  // one checkpoint, in two passes
-}
-
-Status Allocator::CheckpointForRoom(bool relog) {
-  platform::NoFsScope nofs;  // the tables are written under checkpoint_mu_
-  // The reclaim hook runs in whichever thread holds the journal's writer role
-  // -- the thread of a Relog below, flushing, among them: it must not wait
-  // for checkpoint_mu_ (a running checkpoint frees the room anyway).
-  if (relog) {
-    checkpoint_mu_.Lock();
-  } else if (!checkpoint_mu_.TryLock()) {
-    return Status::Ok();
-  }
-  struct Unlock {
-    Mutex& m;
-    ~Unlock() { m.Unlock(); }
-  } unlock{checkpoint_mu_};
-  dev::DevMask fast = 0, slow = 0;
-  for (u32 i = 0; i < nr_; i++) (devices_[i].slow ? slow : fast) |= dev::DevMask(1) << i;
-  Status st = WriteTables(fast, false);
-  room_round_++;
-  for (u32 i : dev::Bits(slow)) StartTableWrite(i);
-  if (relog && journal_ != nullptr) {
-    // One relog budget per round for all slow members, within what the
-    // journal's reserve can take next to the entries that advance last_seq.
-    u64 budget = RelogBudget();
-    for (u32 i : dev::Bits(slow)) {
-      bool relogged = true;
-      Status r = Relog(i, &budget, &relogged);
-      if (!r.ok()) {
-        // The pins stay (Relog restored them); the round goes on, so the
-        // btree checkpoint that frees the rest of the ring still runs.
-        platform::Log(platform::LogLevel::kError, "alloc: relog of member %u failed: %s", i, r.Message());
-        continue;
-      }
-      if (relogged) continue;
-      // Too many changed buckets to relog: as before slow members existed,
-      // this checkpoint waits for the member's table (its background write,
-      // then one more if it changed since) -- the ring must not fill with
-      // its pin while a btree checkpoint needs room to settle.
-      {
-        MutexLock lock(mu_);
-        while (devices_[i].writing) table_cv_.Wait(mu_);
-      }
-      Status w = WriteTables(dev::DevMask(1) << i, false);
-      if (st.ok()) st = w;
-    }
-  }
-  return st;
-}
-
-// A slow member's background table write: the slot, then a flush. Each step
-// is submitted from process context: StartTableWrite, then the deferred work
-// that each completion queues (OnTableWritten -> ContinueTableWrite).
-struct Allocator::TableWrite {
-  Allocator* a = nullptr;
-  u32 dev = 0;
-  u32 slot = 0;
-  u64 checkpoint = 0;
-  u64 changes = 0;        // the member's change count the snapshot holds
-  Vector<u32> versions;   // the snapshot's bucket versions
-  u8* buf = nullptr;
-  u64 offset = 0, bytes = 0, head = 0;  // the slot, and its first logical block (written last)
-  // The slot but its head, a flush; then the head, FUA (WriteTable's order).
-  dev::Io write, flush, head_write;
-  // The step that completed last, for the deferred work (one step in flight
-  // at a time, so one Work item).
-  dev::Io* completed = nullptr;
-  Status completed_status;
-  Work next;
-};
-
-void Allocator::StartTableWrite(u32 dev) {
-  TableWrite* w = platform::New<TableWrite>();
-  Vector<Bucket> copy;
-  u64 journal_seq = TableJournalSeq();
-  const u64 settled = TableSettledSeq();
-  bool unsettled = false;
-  {
-    MutexLock lock(mu_);
-    Dev& d = devices_[dev];
-    if (d.writing || d.changes == d.written_changes) {
-      platform::Delete(w);
-      return;
-    }
-    if (w == nullptr || !TableCopy(d, settled, &copy, &unsettled).ok()) {
-      platform::Delete(w);
-      stats_.background_table_errors++;
-      return;  // out of memory: the changes stay pinned (and relogged)
-    }
-    w->a = this;
-    w->dev = dev;
-    w->next.fn = ContinueTableWrite;
-    w->next.arg = w;
-    w->slot = d.last_slot ^ 1;
-    w->checkpoint = d.checkpoint + 1;
-    w->changes = unsettled ? d.changes - 1 : d.changes;  // frees left out: written again
-    d.writing = true;
-    d.write_round = room_round_;
-    d.writing_pin = d.pin;
-    d.pin = journal::Pin();
-    stats_.background_table_writes++;
-  }
-
-  Status st = w->versions.Resize(copy.size());
-  if (st.ok()) {
-    for (u64 b = 0; b < copy.size(); b++) w->versions[b] = copy[b].version;
-    w->buf = BuildTable(dev, copy.data(), copy.size(), w->checkpoint, journal_seq);
-    if (w->buf == nullptr) st = Err::kNoMemory;
-  }
-  if (!st.ok()) {
-    FinishTableWrite(w, st);
-    return;
-  }
-  w->bytes = TableSlotBytes(copy.size());
-  w->offset = sb_.BucketOffset(0) + w->slot * w->bytes;
-  w->head = TableHeadBytes(dev, w->bytes);
-  if (w->head < w->bytes) {
-    SubmitTableIo(w, &w->write, IoOp::kWrite, w->head, w->bytes - w->head);
-  } else {
-    SubmitTableIo(w, &w->head_write, IoOp::kWrite, 0, w->head);
-  }
-}
-
-void Allocator::SubmitTableIo(TableWrite* w, dev::Io* io, IoOp op, u64 at, u64 len) {
-  io->req.op = op;
-  io->req.origin = IoOrigin::kAlloc;
-  if (op == IoOp::kWrite) {
-    io->req.offset = w->offset + at;
-    io->req.length = len;
-    io->req.buf = w->buf + at;
-    if (io == &w->head_write) io->req.flags = IoRequest::kFua;  // durable when done
-  }
-  io->cls = dev::DefaultClass(IoOrigin::kAlloc);
-  io->done = OnTableWritten;
-  io->caller_data = w;
-  devs_->member(w->dev)->queue().Submit(io);
-}
-
-void Allocator::OnTableWritten(dev::Io* io, Status st) {
-  // A completion: it may not submit the next step or take mu_ (FinishTableWrite).
-  // Always deferred -- a background write, never on a latency path.
-  auto* w = static_cast<TableWrite*>(io->caller_data);
-  w->completed = io;
-  w->completed_status = st;
-  w->a->devs_->work().Queue(&w->next);
-}
-
-void Allocator::ContinueTableWrite(void* arg) {
-  auto* w = static_cast<TableWrite*>(arg);
-  Allocator* a = w->a;
-  const dev::Io* io = w->completed;
-  const Status st = w->completed_status;
-  if (!st.ok() || io == &w->head_write) {
-    a->FinishTableWrite(w, st);
-  } else if (io == &w->write) {
-    a->SubmitTableIo(w, &w->flush, IoOp::kFlush, 0, 0);
-  } else {  // the flush after the records: the head, written through
-    a->SubmitTableIo(w, &w->head_write, IoOp::kWrite, 0, w->head);
-  }
-}
-
-void Allocator::FinishTableWrite(TableWrite* w, Status st) {
-  journal::Pin drop;
-  {
-    MutexLock lock(mu_);
-    Dev& d = devices_[w->dev];
-    if (st.ok()) {
-      d.checkpoint = w->checkpoint;
-      d.last_slot = w->slot;
-      d.other_slot_stale = true;
-      for (u64 b = 0; b < w->versions.size(); b++) d.durable_version[b] = w->versions[b];
-      if (w->changes > d.written_changes) d.written_changes = w->changes;
-      drop = d.writing_pin;  // (inactive if a relog took it over)
-      stats_.table_writes++;
-    } else {
-      drop = KeepOlder(&d.pin, d.writing_pin);  // not on disk: keep pinned
-      stats_.background_table_errors++;
-      platform::Log(platform::LogLevel::kError, "alloc: background table write of member %u failed: %s", w->dev,
-                    st.Message());
-    }
-    d.writing_pin = journal::Pin();
-  }
-  if (journal_ != nullptr) journal_->PinDrop(&drop);
-  platform::Free(w->buf);
-  const u32 dev = w->dev;
-  platform::Delete(w);
-  // Last: a waiter (Checkpoint, WaitForBackgroundWrites, the destructor) may
-  // free the allocator and the journal as soon as it sees this.
-  MutexLock lock(mu_);
-  devices_[dev].writing = false;
-  table_cv_.Broadcast();
-}
-
-void Allocator::WaitForBackgroundWrites() {
-  MutexLock lock(mu_);
-  for (u32 i = 0; i < nr_; i++)
-    while (devices_[i].writing) table_cv_.Wait(mu_);
-}
-
-u64 Allocator::RelogBudget() const {
-  // Buckets (journal key + header each) a round may relog: a quarter of a
-  // journal bucket, so that two generations of relogs pinned at once (the new
-  // one is pinned before the old goes) stay within the ring's reserve.
-  return Min<u64>(8192, sb_.bucket_size / 4 / (sizeof(journal::KeyHeader) + sizeof(AllocKey)));
-}
-
-Status Allocator::Relog(u32 dev, u64* budget, bool* relogged) {
-  Vector<AllocKey> keys;
-  journal::Pin covered[2];
-  {
-    MutexLock lock(mu_);
-    Dev& d = devices_[dev];
-    if (!d.pin.active && !d.writing_pin.active) return Status::Ok();
-    // Only a member whose table write has been in flight since an earlier
-    // round (slow, or stalled) is relogged; one that started this round is
-    // given until the next round to finish.
-    if (d.writing && d.write_round == room_round_) return Status::Ok();
-    u64 n = 0;
-    for (u64 b = 0; b < d.buckets.size(); b++) n += d.buckets[b].version != d.durable_version[b];
-    if (n > *budget) {
-      stats_.relogs_too_big++;
-      *relogged = false;
-      return Status::Ok();
-    }
-    *budget -= n;
-    TFS_TRY(keys.Resize(n));
-    n = 0;
-    for (u64 b = 0; b < d.buckets.size(); b++) {
-      if (d.buckets[b].version != d.durable_version[b]) keys[n++] = KeyFor(dev, b, d.buckets[b]);
-    }
-    covered[0] = d.pin;
-    covered[1] = d.writing_pin;
-    d.pin = journal::Pin();
-    d.writing_pin = journal::Pin();
-  }
-  // Journaled again as they are now (replay keeps the newest version), then
-  // durable -- a flush of journal members only -- before the pins go: until
-  // then only the old entries hold these changes.
-  journal::Pin relog_pin;
-  Status st;
-  constexpr u32 kBatch = 128;  // 4 KiB of keys: fits any entry size the journal accepts
-  Vector<journal::Key> jk;     // (2 KiB: on the heap, not a kernel frame)
-  st = jk.Resize(kBatch);
-  const u32 per_entry = u32(Min<u64>(kBatch, (journal_->max_entry_bytes() / 2) / (sizeof(journal::KeyHeader) + sizeof(AllocKey))));
-  for (u64 at = 0; st.ok() && at < keys.size(); at += per_entry) {
-    const u32 n = u32(Min<u64>(per_entry, keys.size() - at));
-    for (u32 i = 0; i < n; i++) jk[i] = journal::Key{journal::kKeyAlloc, sizeof(AllocKey), &keys[at + i]};
-    journal::Pin local;
-    auto r = journal_->Commit(jk.data(), n, 0, journal::CommitMode::kNoFlush, &local, journal::Watermark::kReclaim);
-    st = r.status();
-    journal::Pin extra = KeepOlder(&relog_pin, local);
-    journal_->PinDrop(&extra);
-  }
-  if (st.ok() && !keys.empty()) st = journal_->Flush();
-  journal::Pin drop[3];
-  {
-    MutexLock lock(mu_);
-    Dev& d = devices_[dev];
-    if (st.ok()) {
-      drop[0] = KeepOlder(&d.pin, relog_pin);
-      drop[1] = covered[0];
-      drop[2] = covered[1];
-      if (!keys.empty()) stats_.relogs++;
-      stats_.relogged_buckets += keys.size();
-    } else {
-      drop[0] = KeepOlder(&d.pin, covered[0]);
-      drop[1] = KeepOlder(&d.pin, covered[1]);
-      drop[2] = KeepOlder(&d.pin, relog_pin);
-    }
-  }
-  for (journal::Pin& p : drop) journal_->PinDrop(&p);
-  return st;
-}
-
-void Allocator::ReclaimHook(void* self, u64) {
-  Status st = static_cast<Allocator*>(self)->CheckpointForRoom(false);
-  if (!st.ok()) platform::Log(platform::LogLevel::kError, "alloc: checkpoint failed: %s", st.Message());
+  return Status::Ok();
 }
 
 Bucket Allocator::Get(u32 dev, u64 bucket) const {

@@ -1,11 +1,12 @@
 // On-disk allocation state (documented in docs/format/alloc.md).
 //
-// Interim structure until the alloc btree exists: each member keeps a table of
-// per-bucket records in its first buckets, in two slots (A at the table's start, B
-// right after it) written alternately, so a torn checkpoint leaves the other slot
-// intact; the valid slot with the higher checkpoint number wins. Changes between
-// checkpoints are journaled as AllocKeys; each carries the bucket's change version,
-// so replay applies a key only if it is newer than the table's record, in any order.
+// Every bucket's state is one key of the alloc btree (btree::kBtreeAlloc),
+// which lives on the metadata target like every btree: key (member index,
+// bucket), value AllocRecord. An absent key means the state the layout fixes
+// (the journal ring's buckets: journal; any other: free), gen 0, version 0.
+// Each change bumps the bucket's version; the btree keeps, for alloc keys, the
+// value with the higher version (the merge rule, btree/tree.cc ApplyKey), so
+// two changes of a bucket may reach the journal in either order.
 #ifndef TFS_ALLOC_FORMAT_H_
 #define TFS_ALLOC_FORMAT_H_
 
@@ -14,13 +15,9 @@
 
 namespace tfs::alloc {
 
-inline constexpr u64 kAllocMagic = 0x434f4c4c41534654ull;  // "TFSALLOC" as LE bytes
-inline constexpr u16 kAllocVersion = 1;
-inline constexpr u32 kAllocBlock = 4096;
-
 enum class BucketState : u8 {
   kFree = 0,
-  kMeta = 1,     // allocation table
+  kSb = 1,       // a superblock copy (none in this layout: they lie before bucket 0)
   kJournal = 2,  // journal ring
   kBtree = 3,
   kUser = 4,
@@ -29,54 +26,43 @@ enum class BucketState : u8 {
 inline constexpr int kBucketStateCount = 6;
 const char* BucketStateName(BucketState s);
 
-struct BucketFormat {  // 16 bytes
-  u8 gen;              // bumped when the bucket is freed: stale pointers are detectable
-  u8 state;            // BucketState
-  Le16 reserved0;
-  Le32 live_sectors;   // 512-byte sectors of live data
-  Le32 version;        // bumped on every change; orders journal keys
-  Le32 reserved1;
+struct AllocRecord {  // 24 bytes, the value of a kBtreeAlloc key
+  u8 gen;             // bumped when the bucket is freed: stale pointers are detectable
+  u8 oldest_gen;      // oldest gen a pointer into it may carry (= gen until step 3c)
+  u8 state;           // BucketState
+  u8 reserved0;       // 0
+  Le32 live_sectors;  // 512-byte sectors of live data
+  Le32 cached_sectors;  // 512-byte sectors of cached copies (0 until step 3b)
+  Le32 reserved1;     // 0
+  Le64 version;       // bumped on every change of the bucket; < kRecordVersionLimit
 };
-static_assert(sizeof(BucketFormat) == 16, "bucket record");
+static_assert(sizeof(AllocRecord) == 24, "alloc record");
+static_assert(__builtin_offsetof(AllocRecord, version) == 16, "alloc record layout");
 
-struct TableHeader {  // one 4 KiB block, then nbuckets BucketFormat records
-  Le64 magic;
-  Le32 csum;          // CRC-32C of header (csum as zero) and all records
-  Le16 version;
-  Le16 dev_idx;
-  u8 fs_uuid[16];
-  Le64 checkpoint;    // checkpoint number: the valid slot with the higher one wins
-  Le64 journal_seq;   // journal sequence at the checkpoint (informational)
-  Le64 nbuckets;
-  // CRC-32C of the 56 bytes above with csum as zero (0 in tables of older
-  // builds): the header's own check, so that a slot whose records a crash cut
-  // short (the header is written last, in its own block) still says which
-  // checkpoint it held.
-  Le32 head_csum;
-  u8 reserved[kAllocBlock - 60];
-};
-static_assert(sizeof(TableHeader) == kAllocBlock, "table header");
+// Versions a valid record may carry: below 2^48 (no count of changes gets
+// there; a hostile huge version must not make every later change look
+// older). Far below what the merge rule still calls plausible (2^63): a
+// change of a valid record, or fsck's rebuild past a plausible bad one, is
+// never implausible. A read-write mount starts every bucket at or above
+// kRecordVersionRebase again (a whiteout, then a record of version 1), so
+// that no run of changes from a valid record reaches the limit.
+inline constexpr u64 kRecordVersionLimit = u64(1) << 48;
+inline constexpr u64 kRecordVersionRebase = u64(1) << 47;
+inline constexpr u64 kRecordVersionPlausible = u64(1) << 63;
 
-// The journal key for one bucket change (journal::kKeyAlloc).
-struct AllocKey {  // 24 bytes
-  Le16 dev;
-  u8 gen;
-  u8 state;
-  Le32 live_sectors;
-  Le64 bucket;
-  Le32 version;
-  Le32 reserved;
-};
-static_assert(sizeof(AllocKey) == 24, "alloc key");
-
-// Bytes of one table slot for a member with `nbuckets` buckets (block-aligned).
-inline constexpr u64 TableSlotBytes(u64 nbuckets) {
-  return (sizeof(TableHeader) + nbuckets * sizeof(BucketFormat) + kAllocBlock - 1) / kAllocBlock *
-         kAllocBlock;
-}
-// Buckets the two slots need.
-inline constexpr u64 TableBuckets(u64 nbuckets, u64 bucket_size) {
-  return (2 * TableSlotBytes(nbuckets) + bucket_size - 1) / bucket_size;
+// Whether `len` bytes at `val` could be a record, as far as can be told
+// without the member's geometry (size, state, reserved bytes, version below
+// kRecordVersionPlausible), and its version. The btree's merge rule uses it:
+// an implausible value never blocks its replacement.
+inline bool RecordPlausible(const void* val, u32 len, u64* version) {
+  if (len != sizeof(AllocRecord)) return false;
+  AllocRecord r;
+  __builtin_memcpy(&r, val, sizeof(r));
+  if (r.state >= kBucketStateCount || r.reserved0 != 0 || r.reserved1.get() != 0) return false;
+  const u64 v = r.version.get();
+  if (v >= kRecordVersionPlausible) return false;
+  *version = v;
+  return true;
 }
 
 }  // namespace tfs::alloc

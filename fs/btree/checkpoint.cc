@@ -10,8 +10,15 @@
 // ckpt_mu (one checkpoint at a time) is held throughout, I/O included: no
 // lookup or commit takes it, and a checkpoint never takes commit_mu (a
 // committer may wait inside it for the room a checkpoint makes). Under a
-// tree or leaf lock: no I/O and no Allocate (it may settle the journal);
-// slot_mu may be taken there, the allocator's Get and Free under slot_mu.
+// tree or leaf lock: no I/O and no allocator change (an allocation may
+// settle the journal, and every change commits an allocation record);
+// slot_mu may be taken there, and the allocator's Get under slot_mu. The
+// allocator changes a checkpoint makes -- a node bucket reserved (Allocate),
+// emptied buckets freed after the roots block (FreeBuckets, one batch) --
+// are made with no tree, leaf or slot lock held; their records are reclaim
+// commits (Transaction::SetReclaim: no commit_mu, never waiting for ring
+// room), journaled before the write-ahead flush when they precede the roots
+// block (docs/format/alloc.md, "Checkpoints and the recursion").
 #include "btree/internal.h"
 
 #include "dev/io_queue.h"
@@ -258,19 +265,21 @@ Status TreeOps::AllocSlot(Impl* im, NodePtrFormat* dst, bool may_allocate) {
 }
 
 // One more empty bucket among the reserved. Allocate runs without slot_mu
-// (it may settle the journal).
+// (it may settle the journal, and commits the bucket's record).
 Status TreeOps::ReserveBucket(Impl* im) {
   auto r = im->alloc->Allocate(im->target, im->capable, alloc::BucketState::kBtree, alloc::Watermark::kBtree);
   if (!r.ok()) return r.status();
-  MutexLock l(im->slot_mu);
-  Status st = im->reserved.PushBack(r.value());
-  if (!st.ok()) {
-    im->alloc->Free(r.value()).IgnoreError();
-    return st;
+  Status st;
+  {
+    MutexLock l(im->slot_mu);
+    st = im->reserved.PushBack(r.value());
+    if (st.ok()) {
+      im->ctr.reserved_buckets.FetchAdd(1, MemOrder::kRelaxed);
+      NoteAvailLocked(im);
+    }
   }
-  im->ctr.reserved_buckets.FetchAdd(1, MemOrder::kRelaxed);
-  NoteAvailLocked(im);
-  return Status::Ok();
+  if (!st.ok()) im->alloc->FreeBuckets(&r.value(), 1).IgnoreError();  // (a reclaim commit: Free never is)
+  return st;
 }
 
 // The slots AllocSlot can take without the allocator, exactly.
@@ -291,18 +300,29 @@ Status TreeOps::ReserveSlots(Impl* im, u64 slots) {
 
 // The checkpoint's end (every path): the reserved buckets it did not use
 // go back to the allocator, empty (pending until the journal settles, as
-// every free).
-void TreeOps::ReturnReserved(Impl* im) {
+// every free) -- in one record commit, after slot_mu. Not `free_them` (an
+// unmount's final checkpoint): they keep their btree records, hold no node,
+// and the next mount frees them.
+void TreeOps::ReturnReserved(Impl* im, bool free_them) {
+  Vector<alloc::BucketRef> frees;
   {
     MutexLock l(im->slot_mu);
-    for (const alloc::BucketRef& r : im->reserved) {
-      im->alloc->Free(r).IgnoreError();
-      im->ctr.returned_buckets.FetchAdd(1, MemOrder::kRelaxed);
-    }
+    if (free_them) frees = Move(im->reserved);
+    im->ctr.returned_buckets.FetchAdd(frees.size(), MemOrder::kRelaxed);
     im->reserved.Clear();
     NoteAvailLocked(im);
   }
+  FreeBuckets(im, frees);
   PublishNeed(im);
+}
+
+// Frees emptied node buckets with one record commit (no tree, leaf or slot
+// lock held). A failure leaves them allocated: the next mount frees them.
+void TreeOps::FreeBuckets(Impl* im, const Vector<alloc::BucketRef>& frees) {
+  if (frees.empty()) return;
+  Status st = im->alloc->FreeBuckets(frees.data(), u32(frees.size()));
+  if (!st.ok()) platform::Log(platform::LogLevel::kWarn, "btree: freeing %llu emptied node buckets: %s",
+                              (unsigned long long)frees.size(), st.Message());
 }
 
 // At mount: the holes of the btree buckets the trees use in part, from the
@@ -350,10 +370,12 @@ void TreeOps::FindHoles(Impl* im, Vector<u64>* used) {
 }
 
 // Releases a node slot after the roots block that stopped pointing at it
-// is durable. Its bucket is freed once it holds no node (and is not being
-// filled); otherwise the slot becomes a hole. The caller purges the holes
-// of freed buckets after its frees (PurgeHoles).
-void TreeOps::FreeSlot(Impl* im, const NodePtrFormat& p) {
+// is durable. Its bucket goes on `frees` (the caller frees them after
+// slot_mu, FreeBuckets) once it holds no node and is not being filled
+// (without `frees`: stays allocated, for the next mount to free);
+// otherwise the slot becomes a hole. The caller purges the holes of freed
+// buckets after its frees (PurgeHoles).
+void TreeOps::FreeSlot(Impl* im, const NodePtrFormat& p, Vector<alloc::BucketRef>* frees) {
   if (p.member == kNoMember) return;
   MutexLock l(im->slot_mu);
   const u32 m = p.member;
@@ -373,7 +395,8 @@ void TreeOps::FreeSlot(Impl* im, const NodePtrFormat& p) {
   if (open) im->open_valid = false;
   im->holes_stale = true;
   NoteAvailLocked(im);
-  if (bk.state == alloc::BucketState::kBtree) im->alloc->Free(alloc::BucketRef{m, b, bk.gen}).IgnoreError();
+  if (bk.state == alloc::BucketState::kBtree && frees != nullptr)
+    frees->PushBack(alloc::BucketRef{m, b, bk.gen}).IgnoreError();  // (without memory: the next mount frees it)
 }
 void TreeOps::PurgeHoles(Impl* im) {
   MutexLock l(im->slot_mu);
@@ -382,20 +405,25 @@ void TreeOps::PurgeHoles(Impl* im) {
 
 // At unmount: the bucket slots were being taken from is no longer "being
 // filled"; freed if it holds no live node (a checkpoint's unused reserve),
-// so that a clean filesystem has no btree bucket without nodes.
+// so that a clean filesystem has no btree bucket without nodes but those
+// the unmount's final checkpoint leaves (docs/format/alloc.md).
 void TreeOps::ReleaseOpenBucket(Impl* im) {
-  MutexLock l(im->slot_mu);
-  if (!im->open_valid) return;
-  im->open_valid = false;
-  const u32 m = im->open_bucket.dev;
-  const u64 b = im->open_bucket.bucket;
-  if (im->live[m][b] == 0) {
-    alloc::Bucket bk = im->alloc->Get(m, b);
-    if (bk.state == alloc::BucketState::kBtree) im->alloc->Free(alloc::BucketRef{m, b, bk.gen}).IgnoreError();
-    im->holes_stale = true;
+  Vector<alloc::BucketRef> frees;
+  {
+    MutexLock l(im->slot_mu);
+    if (!im->open_valid) return;
+    im->open_valid = false;
+    const u32 m = im->open_bucket.dev;
+    const u64 b = im->open_bucket.bucket;
+    if (im->live[m][b] == 0) {
+      alloc::Bucket bk = im->alloc->Get(m, b);
+      if (bk.state == alloc::BucketState::kBtree) frees.PushBack(alloc::BucketRef{m, b, bk.gen}).IgnoreError();
+      im->holes_stale = true;
+    }
+    PurgeHolesLocked(im);
+    NoteAvailLocked(im);  // (the open bucket's rest is gone)
   }
-  PurgeHolesLocked(im);
-  NoteAvailLocked(im);  // (the open bucket's rest is gone)
+  FreeBuckets(im, frees);
 }
 
 // ---------------------------------------------------------------------------
@@ -484,8 +512,26 @@ void TreeOps::CollectDirtyLeaves(CachedNode* n, Vector<CachedNode*>* out) {
     if (n->children[i] != nullptr) CollectDirtyLeaves(n->children[i], out);
 }
 
-Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out) {
+// An unmount's final checkpoint takes the buckets it will need before it
+// images anything, so that their records are in its own images: as many
+// slots as the next checkpoint may take (CheckpointSlots), counted again
+// after each round (the records themselves may dirty an alloc leaf).
+Status TreeOps::ReserveAhead(Impl* im) {
+  for (int round = 0; round < 16; round++) {
+    const u64 want = CheckpointSlots(im);
+    if (AvailSlots(im) >= want) return Status::Ok();
+    TFS_TRY(ReserveSlots(im, want));
+  }
+  return Status::Ok();  // (counted short: a later allocation is journaled, Close says so)
+}
+
+Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
   MutexLock ck(im->ckpt_mu);
+  struct ReclaimOk {  // (destroyed after Reserved below: its frees are reclaim commits)
+    Impl* im;
+    explicit ReclaimOk(Impl* i) : im(i) { im->reclaim_ok.FetchAdd(1, MemOrder::kRelaxed); }
+    ~ReclaimOk() { im->reclaim_ok.FetchSub(1, MemOrder::kRelaxed); }
+  } reclaim_ok(im);
   // The need stays at least what this checkpoint may take until it is done
   // (it clears dirty flags before it has taken its slots).
   struct Hold {
@@ -501,6 +547,12 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out) {
       PublishNeed(im);
     }
   } hold(im);
+  struct Reserved {  // reserved buckets go back on every path (not after a final one)
+    Impl* im;
+    bool final;
+    ~Reserved() { ReturnReserved(im, !final); }
+  } reserved{im, final};
+  if (final) TFS_TRY(ReserveAhead(im));
   u64 covered;
   if (im->journal != nullptr) {
     // Close the open journal entry if it holds applied commits, so that it can
@@ -508,7 +560,7 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out) {
     u64 applied;
     {
       MutexLock c(im->state_mu);
-      applied = im->applied_seq;
+      applied = Max(im->applied_seq, im->reclaim_applied);
     }
     if (im->journal->next_seq() <= applied) TFS_TRY(im->journal->Flush());
   }
@@ -521,22 +573,24 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out) {
     if (!im->failed.ok()) return im->failed;
     // The roots block will claim every journal entry up to `covered`: each must
     // be fully applied before the images below are taken, and no later commit
-    // may join it. Commits are serialized and their seqs never decrease, so
-    // entries before applied_seq are complete; entry applied_seq itself is only
-    // if no commit is in flight and the journal has moved past it (else a commit
-    // could still land in it after this snapshot and be skipped by replay).
-    // Claiming one entry less is always safe: replay applies it again, and
-    // applying an entry's updates again in order is idempotent.
-    covered = im->applied_seq;
-    if (covered > 0 && im->journal != nullptr && (im->committing || im->journal->next_seq() <= covered))
-      covered--;
+    // may join it. Normal commits are serialized and their seqs never
+    // decrease, so entries before applied_seq are complete, and every entry
+    // up to the newest applied one is if no commit is in flight (a later
+    // one lands in the open entry or after it); reclaim commits are this
+    // checkpoint's own (or made while nothing commits), none in flight now.
+    // Never the open entry: a commit could still land in it after this
+    // snapshot and be skipped by replay. Claiming one entry less is always
+    // safe: replay applies it again, and applying an entry's updates again in
+    // order is idempotent (alloc records: newest version wins).
+    covered = im->committing ? (im->applied_seq > 0 ? im->applied_seq - 1 : 0)
+                             : Max(im->applied_seq, im->reclaim_applied);
+    if (im->journal != nullptr) {
+      const u64 next = im->journal->next_seq();
+      if (next <= covered) covered = next > 0 ? next - 1 : 0;
+    }
   }
   Vector<Job> jobs;
   Vector<NodePtrFormat> to_free;
-  struct Reserved {  // ReserveSlots' buckets go back on every path
-    Impl* im;
-    ~Reserved() { ReturnReserved(im); }
-  } reserved{im};
   Status st;
   Roots roots = *roots_out;
   // Phase 1: dirty leaves, each under its own lock, the tree lock shared.
@@ -677,7 +731,11 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out) {
   // Entries written from now on record this roots block as durable: a mount
   // that finds an older one (this one damaged) knows it (Store::Open).
   if (im->journal != nullptr) im->journal->NoteRootsGen(roots.gen);
-  for (const NodePtrFormat& s : to_free) FreeSlot(im, s);
+  // Old slots released; emptied buckets freed in one record commit (a
+  // final checkpoint frees none: the next mount does, ReconcileBuckets).
+  Vector<alloc::BucketRef> frees;
+  for (const NodePtrFormat& s : to_free) FreeSlot(im, s, final ? nullptr : &frees);
+  FreeBuckets(im, frees);
   PurgeHoles(im);  // those of the buckets just freed
   // The journal up to `covered` is no longer needed.
   if (im->journal != nullptr) {
@@ -689,7 +747,7 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out) {
       // journal writes would record a last_seq past them, and replay would
       // start after them (CheckpointsRacingCommitsLoseNothing).
       journal::Pin next;
-      const bool needed = im->applied_seq > covered || im->committing;
+      const bool needed = im->applied_seq > covered || im->committing || im->reclaim_applied > covered;
       const Status pst = needed ? im->journal->PinAt(&next, covered + 1) : Status::Ok();
       if (pst.ok()) {
         im->journal->PinDrop(&im->pin);
@@ -733,6 +791,12 @@ bool TreeOps::JournalNeedsRoom(Impl* im) {
 void TreeOps::WriterMain(void* arg) {
   auto* self = static_cast<Btrees*>(arg);
   Impl* im = self->impl_;
+  // The transactions committed when the last checkpoint started: dirt made
+  // since by the checkpoints' own allocation records alone (reclaim commits,
+  // not counted) must not re-arm `space` -- on a nearly full filesystem
+  // whose every rewrite takes a new bucket, each checkpoint would dirty the
+  // alloc leaf for the next, forever.
+  u64 commits_at_ckpt = ~u64(0);
   MutexLock l(im->wmu);
   while (!im->stop) {
     const bool memory = im->dirty_nodes.Load(MemOrder::kRelaxed) * im->node_size > im->opt.cache_bytes / 2;
@@ -740,7 +804,9 @@ void TreeOps::WriterMain(void* arg) {
     // Space: the metadata member is down to the btree's growth room (user data
     // at its floor): write the dirty nodes so that the need drops
     // (docs/design/space.md).
-    const bool space = im->dirty_nodes.Load(MemOrder::kRelaxed) > 0 && im->alloc->MetadataTight();
+    const u64 commits = im->ctr.commits.Load(MemOrder::kRelaxed);
+    const bool space = im->dirty_nodes.Load(MemOrder::kRelaxed) > 0 && commits != commits_at_ckpt &&
+                       im->alloc->MetadataTight();
     if (!im->wake && !memory && !room && !space) {
       if (!im->merge_queue.empty()) {
         im->wmu.Unlock();
@@ -752,11 +818,9 @@ void TreeOps::WriterMain(void* arg) {
       continue;
     }
     im->wake = false;
+    commits_at_ckpt = commits;
     im->wmu.Unlock();
-    // The allocator's pin holds the journal too: checkpoint it as well when the
-    // journal needs room (journal reclaim would, once the ring is full).
-    Status st = room ? im->alloc->CheckpointForRoom(true) : Status::Ok();
-    if (st.ok()) st = self->Checkpoint();
+    Status st = self->Checkpoint();
     // Make the ring space the checkpoints released reusable at once.
     if (st.ok() && im->journal != nullptr) st = im->journal->AdvanceLastSeq();
     if (!st.ok()) platform::Log(platform::LogLevel::kError, "btree: checkpoint failed: %s", st.Message());

@@ -99,8 +99,13 @@ struct Btrees::Impl {
   // Transactions.
   Mutex commit_mu;      // one commit + apply at a time
   Mutex state_mu;       // the three below (never held while taking commit_mu)
-  u64 applied_seq = 0;  // newest journal entry applied
+  u64 applied_seq = 0;  // newest journal entry applied (by a normal commit, or replay)
   bool committing = false;  // a commit is between its journal commit and its apply
+  // Newest journal entry a reclaim commit (Transaction::SetReclaim: the
+  // allocation records of a checkpoint's node buckets) applied. Reclaim
+  // commits are made by the checkpoint itself (or while nothing commits),
+  // so none is in flight when a checkpoint decides what it covers.
+  u64 reclaim_applied = 0;
   journal::Pin pin;     // oldest applied entry not yet in a checkpoint
   Status failed;        // sticky: memory no longer matches the journal
 
@@ -160,7 +165,16 @@ struct Btrees::Impl {
 
   // Checkpoints.
   Mutex ckpt_mu;  // one checkpoint at a time
+  // Nonzero while a checkpoint holds ckpt_mu, and from the start of Close:
+  // when reclaim commits may be made with a journal attached (a cheap check,
+  // not of the calling thread: Transaction::Commit).
+  Atomic<u32> reclaim_ok{0};
   bool opened = false;  // Open() finished: Close() checkpoints
+  // Open (read-write, or drop_bad_nodes): the offsets of every node slot the
+  // trees use, per member, for ReconcileBuckets' holes (all or none:
+  // used_ok false without the memory for them).
+  Vector<u64> used[dev::kMaxDevices];
+  bool used_ok = false;
 
   // Writer thread.
   Mutex wmu;
@@ -303,16 +317,18 @@ class TreeOps {
   static Status ReserveBucket(Impl* im);
   static u64 AvailSlots(Impl* im);
   static Status ReserveSlots(Impl* im, u64 slots);
-  static void ReturnReserved(Impl* im);
+  static void ReturnReserved(Impl* im, bool free_them);
   static void FindHoles(Impl* im, Vector<u64>* used);
-  static void FreeSlot(Impl* im, const NodePtrFormat& p);
+  static void FreeSlot(Impl* im, const NodePtrFormat& p, Vector<alloc::BucketRef>* frees);
+  static void FreeBuckets(Impl* im, const Vector<alloc::BucketRef>& frees);
   static void PurgeHoles(Impl* im);
   static void ReleaseOpenBucket(Impl* im);
   static Status TakeImage(Impl* im, Tree& t, CachedNode* n, Vector<Job>* jobs);
   static void Install(Impl* im, Job& j, const NodePtrFormat& slot, Vector<NodePtrFormat>* to_free);
   static Result<bool> CollectExclusive(CachedNode* n, Vector<CachedNode*>* out);
   static void CollectDirtyLeaves(CachedNode* n, Vector<CachedNode*>* out);
-  static Status RunCheckpoint(Impl* im, Roots* roots_out);
+  static Status RunCheckpoint(Impl* im, Roots* roots_out, bool final = false);
+  static Status ReserveAhead(Impl* im);
   static bool JournalBelow(Impl* im, u32 num, u32 den, u32 min_free);
   static bool JournalNeedsRoom(Impl* im);
   static void WriterMain(void* arg);
@@ -334,6 +350,7 @@ class TreeOps {
   // --- tree.cc: applying one update, read-mostly leaves, prefetch -----------
 
   static Status ApplyKey(Impl* im, const KeyInput& key, u64 seq);
+  static bool KeepsNewer(const KeyRef& cur, const KeyInput& key);
   static void ReadMostly(Impl* im, CachedNode* leaf);
   static void MergeForReads(Impl* im, CachedNode* leaf);
   static void MergeQueued(Impl* im);

@@ -90,7 +90,16 @@ Status Iterator::Fill(bool forward, Pos from) {
     if (leaf != nullptr) im->c_hits.FetchAdd(1, MemOrder::kRelaxed);
     if (leaf == nullptr) {
       t.lock.ReadUnlock();
-      TFS_TRY(TreeOps::FetchMiss(im, t, miss));
+      Diag why;
+      Status st = TreeOps::FetchMiss(im, t, miss, diag_ != nullptr ? &why : nullptr);
+      if (!st.ok()) {
+        if (diag_ != nullptr)
+          DiagError(diag_, st, "btree %u: level-%u node at member %u offset %llu: %s", unsigned(id_),
+                    unsigned(miss.ptr.level), unsigned(miss.ptr.member),
+                    (unsigned long long)miss.ptr.offset.get(), why.empty() ? st.Message() : why.text)
+              .IgnoreError();
+        return st;
+      }
       continue;
     }
     if (leaf != leaf_) {

@@ -1,10 +1,14 @@
 // The btrees' front (tree.h): mount and unmount (Open reads the roots and
-// every interior node, counts the slots in use and reconciles the allocator;
-// Close stops the writer, checkpoints and frees the cache), lookups (Get),
+// every interior node and counts the slots in use; ReconcileBuckets, once
+// the allocator is loaded, reconciles its node buckets with them; Close stops
+// the writer, checkpoints until nothing is dirty and frees the cache),
+// lookups (Get),
 // the walks fsck uses (ForEachNode*, ForEachSlot), transactions (Commit:
 // throttle, leaves prefetched, one journal commit, then each key applied),
-// replay (ApplyReplayed), applying one key to its leaf (ApplyKey: a split on
-// kNoSpace, a merge after a delete that leaves it underfull), and merging
+// replay (ApplyReplayed), applying one key to its leaf (ApplyKey: the merge
+// rule of alloc keys -- the newer version wins --, a split on kNoSpace, a
+// merge after a delete that leaves it underfull), reclaim commits (alloc
+// records of a checkpoint's node buckets, without commit_mu), and merging
 // the sets of leaves that are read many times and not updated.
 //
 // Lock order (tree.h): commit_mu -> tree lock -> leaf lock (one at a time)
@@ -31,7 +35,21 @@ void BumpSerial(Atomic<u64>& c, u64 n = 1) { c.Store(c.Load(MemOrder::kRelaxed) 
 // ---------------------------------------------------------------------------
 // Applying one update; leaves read much more than updated.
 
-// Applies one key to its leaf (commit_mu held, or replay). May read nodes.
+// The merge rule of alloc keys (docs/format/alloc.md, "Newest version
+// wins"): whether the leaf's current value `cur` at key's position is to be
+// kept, because key is an alloc record no newer than it. An implausible
+// current value (a hostile record) never blocks its replacement; a whiteout
+// always applies.
+bool TreeOps::KeepsNewer(const KeyRef& cur, const KeyInput& key) {
+  if (key.pos.btree_id != kBtreeAlloc || key.type != kKeyValue || !cur.valid()) return false;
+  u64 have, want;
+  if (!alloc::RecordPlausible(cur.value(), cur.val_bytes(), &have)) return false;
+  if (!alloc::RecordPlausible(key.value, key.val_bytes, &want)) return false;  // (the journal's word: applied)
+  return have >= want;
+}
+
+// Applies one key to its leaf (commit_mu held, replay, or a reclaim commit:
+// alloc keys only, whose order does not matter). May read nodes.
 Status TreeOps::ApplyKey(Impl* im, const KeyInput& key, u64 seq) {
   Tree& t = im->trees[key.pos.btree_id];
   const bool del = key.type == kKeyWhiteout;
@@ -62,9 +80,13 @@ Status TreeOps::ApplyKey(Impl* im, const KeyInput& key, u64 seq) {
     Status st;
     bool merge = false;
     bool append = false;
-    KeyRef old = del ? leaf->node.Find(key.pos) : KeyRef();
+    const bool alloc_key = key.pos.btree_id == kBtreeAlloc && !del;
+    KeyRef old = del || alloc_key ? leaf->node.Find(key.pos) : KeyRef();
     if (del && !old.valid()) {
       st = Status::Ok();  // nothing to delete
+    } else if (alloc_key && KeepsNewer(old, key)) {
+      st = Status::Ok();  // an older record arriving second: the newer one stays
+      im->ctr.alloc_older_kept.FetchAdd(1, MemOrder::kRelaxed);  // (reclaim commits apply without commit_mu)
     } else {
       const u32 old_space = del ? old.space() : 0;
       const u64 compactions = leaf->node.compactions();
@@ -200,6 +222,7 @@ Btrees::Btrees() = default;
 
 Btrees::~Btrees() {
   Close().IgnoreError();
+  DetachJournal();
 }
 
 static void FreeSubtree(CachedNode* n) {
@@ -361,27 +384,17 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
   }
   if (!im->lost.empty()) {
     if (!used.ok) return Err::kNoMemory;
+    // The scan reads the buckets the allocator calls free or btree: it
+    // learns what is known of them first (the allocator is loaded from the
+    // alloc tree only after replay).
+    if (options.before_scan != nullptr) TFS_TRY(options.before_scan(options.before_scan_ctx));
     TFS_TRY(TreeOps::RecoverLost(im, used.v));
   }
-  TreeOps::PublishNeed(im);
-  if (!options.read_only) {
-    // Buckets a crash left allocated to an unfinished checkpoint are freed; a
-    // bucket the trees use is marked as btree (replay already did, normally).
-    for (u32 m = 0; m < sb.nr_members; m++) {
-      for (u64 b = 0; b < im->live[m].size(); b++) {
-        alloc::Bucket bk = alloc->Get(m, b);
-        if (im->live[m][b] != 0 && bk.state != alloc::BucketState::kBtree) {
-          platform::Log(platform::LogLevel::kWarn, "btree: member %u bucket %llu holds nodes but was %s", m,
-                        (unsigned long long)b, alloc::BucketStateName(bk.state));
-          TFS_TRY(alloc->RepairState(m, b, alloc::BucketState::kBtree));
-        } else if (im->live[m][b] == 0 && bk.state == alloc::BucketState::kBtree) {
-          TFS_TRY(alloc->Free(alloc::BucketRef{m, b, bk.gen}));
-        }
-      }
-    }
-    if (used.ok) TreeOps::FindHoles(im, used.v);
-    TreeOps::PublishNeed(im);
+  if (collect && used.ok) {
+    for (u32 m = 0; m < sb.nr_members; m++) im->used[m] = Move(used.v[m]);
+    im->used_ok = true;
   }
+  TreeOps::PublishNeed(im);
   {
     MutexLock c(im->state_mu);
     im->applied_seq = roots.journal_seq;
@@ -395,6 +408,43 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
   return Status::Ok();
 }
 
+Status Btrees::ReconcileBuckets() {
+  Impl* im = impl_;
+  if (im == nullptr || im->opt.read_only) return Err::kInvalidArgument;
+  alloc::Allocator* alloc = im->alloc;
+  // Buckets a crash left allocated to an unfinished checkpoint (or an
+  // unmount's final checkpoint emptied) are freed; a bucket the trees use is
+  // marked as btree (a cut between a checkpoint's allocation and its record
+  // being in a written leaf; replay already did, normally). The trees are the
+  // truth for node buckets. (Nothing else commits yet: the frees' records
+  // are reclaim commits, docs/format/alloc.md.)
+  Vector<alloc::BucketRef> frees;
+  for (u32 m = 0; m < im->sb.nr_members; m++) {
+    for (u64 b = 0; b < im->live[m].size(); b++) {
+      alloc::Bucket bk = alloc->Get(m, b);
+      if (im->live[m][b] != 0 && bk.state != alloc::BucketState::kBtree) {
+        platform::Log(platform::LogLevel::kWarn, "btree: member %u bucket %llu holds nodes but was %s", m,
+                      (unsigned long long)b, alloc::BucketStateName(bk.state));
+        TFS_TRY(alloc->RepairState(m, b, alloc::BucketState::kBtree));
+        im->ctr.reconcile_marks.FetchAdd(1, MemOrder::kRelaxed);
+      } else if (im->live[m][b] == 0 && bk.state == alloc::BucketState::kBtree) {
+        TFS_TRY(frees.PushBack(alloc::BucketRef{m, b, bk.gen}));
+      }
+    }
+  }
+  if (!frees.empty()) {
+    TFS_TRY(alloc->FreeBuckets(frees.data(), u32(frees.size())));
+    im->ctr.reconcile_frees.FetchAdd(frees.size(), MemOrder::kRelaxed);
+    platform::Log(platform::LogLevel::kInfo, "btree: freed %llu btree buckets no tree reaches",
+                  (unsigned long long)frees.size());
+  }
+  if (im->used_ok) TreeOps::FindHoles(im, im->used);
+  for (u32 m = 0; m < im->sb.nr_members; m++) im->used[m].Clear();
+  im->used_ok = false;
+  TreeOps::PublishNeed(im);
+  return Status::Ok();
+}
+
 void Btrees::AttachJournal(journal::Journal* journal) {
   Impl* im = impl_;
   if (im == nullptr) return;
@@ -405,7 +455,8 @@ void Btrees::AttachJournal(journal::Journal* journal) {
   }
 }
 
-Status Btrees::Close() {
+Status Btrees::Close(bool* settled) {
+  if (settled != nullptr) *settled = false;
   Impl* im = impl_;
   if (im == nullptr) return Status::Ok();
   im->shrinker.Unregister();  // returns once no scan runs
@@ -419,12 +470,53 @@ Status Btrees::Close() {
     im->writer_running = false;
   }
   TreeOps::DropMergeQueue(im);
+  im->reclaim_ok.FetchAdd(1, MemOrder::kRelaxed);  // nothing else commits now (never taken back)
   Status st;
-  // Nothing commits any more, so this checkpoint covers every journal entry (a
-  // clean filesystem is mounted without replay).
-  if (!im->opt.read_only && im->opened) st = Checkpoint();
-  if (st.ok() && !im->opt.read_only) TreeOps::ReleaseOpenBucket(im);
-  if (im->journal != nullptr && im->pin.active) im->journal->PinDrop(&im->pin);
+  // Nothing commits any more, so these checkpoints cover every journal entry
+  // (a clean filesystem is mounted without replay). Each checkpoint's own
+  // allocation records (a bucket freed after its roots block, one reserved)
+  // dirty an alloc leaf, which the next one writes; a rewrite that takes a
+  // hole or the open bucket's next slot changes no allocation state, so a
+  // few rounds leave nothing dirty. If not (one slot per bucket: every
+  // rewrite takes a new bucket), a final checkpoint reserves before it
+  // images and frees nothing (docs/format/alloc.md, "Checkpoints and the
+  // recursion").
+  bool clean = im->opt.read_only || !im->opened;
+  if (!im->opt.read_only && im->opened) {
+    constexpr int kRounds = 3;
+    for (int round = 0; round < kRounds && st.ok() && !clean; round++) {
+      st = Checkpoint();
+      clean = im->dirty_nodes.Load(MemOrder::kRelaxed) == 0;
+    }
+    // Once, after the rounds: released in every round, the next round's
+    // rewrite would take a hole or a new bucket instead of the open bucket's
+    // next slot (a record: the alloc leaf dirty again). Its free (no node in
+    // it) dirties the alloc leaf: the final checkpoint writes that.
+    if (st.ok()) {
+      TreeOps::ReleaseOpenBucket(im);
+      clean = im->dirty_nodes.Load(MemOrder::kRelaxed) == 0;
+    }
+    if (st.ok() && !clean) {
+      st = TreeOps::RunCheckpoint(im, &roots_, /*final=*/true);
+      clean = st.ok() && im->dirty_nodes.Load(MemOrder::kRelaxed) == 0;
+      if (st.ok() && !clean)
+        platform::Log(platform::LogLevel::kWarn, "btree: %llu nodes still dirty after the unmount's checkpoints",
+                      (unsigned long long)im->dirty_nodes.Load(MemOrder::kRelaxed));
+    }
+  }
+  if (settled != nullptr) *settled = st.ok() && clean;
+  if (im->journal != nullptr && im->pin.active) {
+    if (st.ok() && clean) {
+      im->journal->PinDrop(&im->pin);
+    } else {
+      // The journal still holds what the trees on disk lack: its final entry
+      // must not record a last_seq past it (DetachJournal, after Stop).
+      TFS_BUG_ON(kept_pin_.active);
+      kept_journal_ = im->journal;
+      kept_pin_ = im->pin;
+      im->pin.active = false;
+    }
+  }
   for (u32 id = 0; id < kNrBtreeIds; id++) {
     Tree& t = im->trees[id];
     if (t.root != nullptr) FreeSubtree(t.root);
@@ -433,6 +525,16 @@ Status Btrees::Close() {
   platform::Delete(im);
   impl_ = nullptr;
   return st;
+}
+
+void Btrees::DetachJournal() {
+  if (kept_journal_ != nullptr && kept_pin_.active) kept_journal_->PinDrop(&kept_pin_);
+  kept_journal_ = nullptr;
+}
+
+void Btrees::Abandon() {
+  if (impl_ != nullptr) impl_->opened = false;  // (Close checkpoints only an opened store)
+  Close().IgnoreError();
 }
 
 Status Btrees::ApplyReplayed(u64 seq, const journal::Key& key) {
@@ -633,6 +735,7 @@ void Transaction::Reset() {
   n_ = 0;
   nchecks_ = 0;
   apply_seq_ = nullptr;
+  reclaim_ = false;
 }
 
 Status Transaction::AddDataCheck(const void* check, u32 len) {
@@ -704,6 +807,31 @@ Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
     Reset();
     return u64(0);
   }
+  // Only a checkpoint's own changes (or, with no journal, the mount's; or
+  // the unmount's) may skip commit_mu and the ring's room: anything else
+  // marked so (a btree bucket allocated or freed outside a checkpoint) is
+  // committed as an ordinary transaction, which is always safe there. (A
+  // cheap check, not of the calling thread: while a checkpoint runs, such
+  // a change would still go as a reclaim commit; Allocator::Free and
+  // SetLiveSectors never ask for one.)
+  if (reclaim_ && im->journal != nullptr && im->reclaim_ok.Load(MemOrder::kRelaxed) == 0) {
+    bool alloc_only = nchecks_ == 0;  // (what a reclaim commit may carry, as CommitReclaim checks)
+    for (usize off = 0; alloc_only && off < keys_.size();) {
+      const auto* h = reinterpret_cast<const KeyHeader*>(keys_.data() + off);
+      alloc_only = h->btree_id == kBtreeAlloc;
+      off += KeySpace(h->val_bytes.get());
+    }
+    if (!alloc_only) {
+      Reset();
+      return Err::kInvalidArgument;
+    }
+    reclaim_ = false;
+  }
+  if (reclaim_) {
+    Result<u64> r = CommitReclaim();
+    Reset();
+    return r;
+  }
   // Throttle: while dirty nodes fill the cache, or the journal ring is three
   // quarters held, wait for the writer's checkpoint (no lock held).
   if (im->writer_running) {
@@ -750,7 +878,10 @@ Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
     {
       MutexLock sl(im->state_mu);
       st = im->failed;
-      seq = im->applied_seq + 1;  // without a journal (tests): order only
+      // Without a journal (the mount, before it starts): part of the newest
+      // entry replayed -- never a sequence the journal will give a later
+      // entry, which a checkpoint's `covered` would then claim.
+      seq = im->applied_seq;
       im->committing = true;      // see RunCheckpoint's `covered` and pin
       // The trees hold one pin, on the oldest entry not yet in a checkpoint; it
       // keeps every newer entry in the ring too. Only without one does this
@@ -768,9 +899,15 @@ Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
       } else {
         seq = r.value();
         if (need_pin) {
-          MutexLock sl(im->state_mu);
-          TFS_BUG_ON(im->pin.active);  // only this commit or a checkpoint sets it
-          im->pin = local;
+          journal::Pin extra;
+          {
+            MutexLock sl(im->state_mu);
+            // Set meanwhile only by a reclaim commit (of a later entry, or
+            // this one): the older pin holds both.
+            extra = local;
+            if (!im->pin.active || local.seq < im->pin.seq) Swap(im->pin, extra);
+          }
+          if (extra.active) im->journal->PinDrop(&extra);
         }
       }
     }
@@ -792,7 +929,7 @@ Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
     MutexLock sl(im->state_mu);
     im->committing = false;
     if (st.ok()) {
-      im->applied_seq = seq;
+      im->applied_seq = Max(im->applied_seq, seq);
     } else if (seq != 0 && im->journal != nullptr && im->failed.ok() && st.code() != Err::kTooBig) {
       // Journaled (or possibly journaled) but not fully applied: stop here.
       im->failed = st;
@@ -802,6 +939,77 @@ Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
   TreeOps::MaybeEvict(im);
   if (!st.ok()) return st;
   if (mode == journal::CommitMode::kFlush && im->journal != nullptr) TFS_TRY(im->journal->Flush());
+  return seq;
+}
+
+Result<u64> Transaction::CommitReclaim() {
+  Btrees::Impl* im = trees_->impl_;
+  Vector<journal::Key>& jkeys = jkeys_;
+  jkeys.Clear();
+  TFS_TRY(jkeys.Reserve(n_));
+  for (usize off = 0; off < keys_.size();) {
+    const auto* h = reinterpret_cast<const KeyHeader*>(keys_.data() + off);
+    const u32 space = KeySpace(h->val_bytes.get());
+    if (h->btree_id != kBtreeAlloc) return Err::kInvalidArgument;  // order matters for every other key
+    jkeys.PushBack(journal::Key{journal::kKeyBtree, space, h}).IgnoreError();
+    off += space;
+  }
+  if (nchecks_ != 0) return Err::kInvalidArgument;
+  u64 seq;
+  bool need_pin;
+  {
+    MutexLock sl(im->state_mu);
+    TFS_TRY(im->failed);
+    seq = im->applied_seq;  // (without a journal: see Commit)
+    need_pin = !im->pin.active;
+  }
+  bool journaled = false;
+  if (im->journal != nullptr) {
+    journal::Pin local;
+    auto r = im->journal->Commit(jkeys.data(), u32(jkeys.size()), 0, journal::CommitMode::kNoFlush,
+                                 need_pin ? &local : nullptr, journal::Watermark::kReclaim);
+    if (!r.ok()) {
+      MutexLock sl(im->state_mu);
+      if (im->failed.ok()) im->failed = r.status();  // (maybe journaled: memory must not go on without it)
+      return r.status();
+    }
+    seq = r.value();
+    journaled = true;
+    if (need_pin) {
+      // Without a pin (none since the last checkpoint moved it) this entry
+      // must stay in the ring until a roots block covers it; a normal commit
+      // may have pinned an older entry meanwhile: the older pin holds both.
+      journal::Pin extra = local;
+      {
+        MutexLock sl(im->state_mu);
+        if (!im->pin.active || local.seq < im->pin.seq) Swap(im->pin, extra);
+      }
+      if (extra.active) im->journal->PinDrop(&extra);
+    }
+  }
+  Status st;
+  for (usize i = 0; st.ok() && i < n_; i++) {
+    const auto* h = static_cast<const KeyHeader*>(jkeys[i].val);
+    KeyInput in;
+    in.pos = KeyRef(h).pos();
+    in.type = h->type;
+    in.val_bytes = h->val_bytes.get();
+    in.value = h + 1;
+    st = TreeOps::ApplyKey(im, in, seq);
+  }
+  {
+    MutexLock sl(im->state_mu);
+    if (st.ok()) {
+      im->reclaim_applied = Max(im->reclaim_applied, seq);
+    } else if (journaled && im->failed.ok()) {
+      im->failed = st;  // journaled but not fully applied: stop here
+    }
+  }
+  // (Not counted in commits or inserts, the transactions' counters: a
+  // checkpoint's bookkeeping, counted by the allocator as record commits.)
+  if (st.ok()) im->ctr.reclaim_commits.FetchAdd(1, MemOrder::kRelaxed);
+  TreeOps::MaybeEvict(im);
+  TFS_TRY(st);
   return seq;
 }
 

@@ -105,6 +105,13 @@ struct Options {
   // applied yet; the committer holds commit_mu there).
   void (*test_point)(void* ctx, const char* point) = nullptr;
   void* test_point_ctx = nullptr;
+  // drop_bad_nodes: called by Open once the trees are read and before the
+  // node scan, which reads only buckets the allocator calls free or btree:
+  // it loads what is known of the allocation state by then (the Store: the
+  // alloc tree as read and the journal's alloc keys). Null: the allocator as
+  // it is.
+  Status (*before_scan)(void* ctx) = nullptr;
+  void* before_scan_ctx = nullptr;
 };
 
 // The btrees' counters (util/counters.h).
@@ -135,6 +142,10 @@ struct Options {
   X(returned_buckets, counter, "of which went back unused at the checkpoint's end (whole)")         \
   X(hole_slots, counter, "node slots reused in buckets that still hold other nodes")                \
   X(throttles, counter, "commits that waited for a checkpoint (memory, journal)")                   \
+  X(reclaim_commits, counter, "reclaim commits (a checkpoint's allocation records, the mount's, the unmount's)") \
+  X(alloc_older_kept, counter, "alloc records not applied: the leaf held a newer version (merge rule)") \
+  X(reconcile_frees, counter, "mount: btree buckets no tree reaches, freed")                        \
+  X(reconcile_marks, counter, "mount: buckets holding nodes, marked btree")                         \
   X(cached_nodes, level, "nodes in the cache now")                                                \
   X(cached_bytes, level, "their bytes")                                                           \
   X(dirty_nodes, level, "of which dirty now")                                                     \
@@ -225,12 +236,25 @@ class Transaction {
   // Commits apply one at a time, so one counter may serve many transactions.
   // Cleared by Commit and Reset.
   void SetApplySeq(Atomic<u64>* seq) { apply_seq_ = seq; }
+  // Makes the next Commit a *reclaim commit* (docs/format/alloc.md,
+  // "Checkpoints and the recursion"): journaled at the journal's reclaim
+  // watermark (never waits for ring room), not throttled, and applied
+  // without commit_mu -- for kBtreeAlloc keys only (kInvalidArgument
+  // otherwise), whose apply order does not matter (newest version wins).
+  // Only from a checkpoint (the allocation records of its node buckets) or
+  // while nothing else commits (mount, unmount): at most one is in flight,
+  // never while a checkpoint decides what it covers. With a journal
+  // attached and neither a checkpoint nor Close running, Commit makes it an
+  // ordinary commit. Cleared by Commit and Reset.
+  void SetReclaim() { reclaim_ = true; }
   void Reset();
   u32 size() const { return n_; }
 
  private:
   friend class Btrees;
   Status Append(const KeyInput& in);
+  // Commit of a reclaim transaction (SetReclaim).
+  Result<u64> CommitReclaim();
   // The journal bytes the commit takes so far, and what one entry may hold.
   usize JournalBytes() const;
   usize JournalLimit() const;
@@ -241,6 +265,7 @@ class Transaction {
   Vector<journal::Key> jkeys_;  // Commit's list of them for the journal
   u32 n_ = 0;
   Atomic<u64>* apply_seq_ = nullptr;  // see SetApplySeq
+  bool reclaim_ = false;              // see SetReclaim
   // Commit allocates under node locks and the journal's. A Transaction lives
   // on the stack of the thread that made it (the scope is that thread's).
   platform::NoFsScope nofs_;
@@ -268,6 +293,12 @@ class Iterator {
   // Next key after / last key before the current one (only while Valid()).
   [[nodiscard]] Status Next();
   [[nodiscard]] Status Prev();
+
+  // Where a node that cannot be read or fails its checks is described, in
+  // one line naming the tree, the level, the member and the offset (the
+  // Status alone says only what failed): null (the default) for nowhere.
+  // The mount's load of the allocator names a damaged alloc leaf with it.
+  void SetDiag(Diag* diag) { diag_ = diag; }
 
   bool Valid() const { return valid_; }
   Pos pos() const { return pos_; }
@@ -301,6 +332,7 @@ class Iterator {
   u32 first_batch_ = 32;
   CachedNode* leaf_ = nullptr;  // referenced: its version stays readable
   u64 leaf_version_ = 0;
+  Diag* diag_ = nullptr;  // see SetDiag
 };
 
 class Btrees {
@@ -310,12 +342,19 @@ class Btrees {
   Btrees(const Btrees&) = delete;
   Btrees& operator=(const Btrees&) = delete;
 
-  // Attaches to a filesystem whose roots are `roots` (ReadRoots). `journal` may be
-  // null while replaying (updates are then applied without journaling). Reads every
-  // interior node to learn which btree buckets are in use and frees the allocator's
-  // btree buckets no tree reaches (left by a checkpoint a crash interrupted).
+  // Attaches to a filesystem whose roots are `roots` (ReadRoots). No journal
+  // until AttachJournal: updates (replay's, the mount's) are applied without
+  // journaling. Reads every interior node to learn which node slots are in
+  // use; changes no allocation state (the allocator is loaded from the alloc
+  // tree after replay: ReconcileBuckets then).
   Status Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Superblock& sb,
               const Roots& roots, const Options& options, Diag* diag = nullptr);
+  // Read-write mounts, once the allocator is loaded (Store::Open): frees the
+  // btree buckets no tree reaches (a checkpoint a crash interrupted, or the
+  // buckets an unmount's last checkpoint emptied) and marks as btree every
+  // bucket that holds nodes, then finds the holes (free slots in buckets that
+  // hold nodes). Before anything else commits.
+  Status ReconcileBuckets();
   // Starts journaling updates (and the writer thread, unless disabled).
   void AttachJournal(journal::Journal* journal);
   // Replay: applies one journal key of entry `seq` (a kKeyBtree key) unless the
@@ -324,8 +363,24 @@ class Btrees {
   // Writes every dirty node and a new roots block. Safe to call concurrently with
   // everything else; one checkpoint runs at a time.
   Status Checkpoint();
-  // Stops the writer, checkpoints, detaches from the journal. Idempotent.
-  Status Close();
+  // Stops the writer, checkpoints until nothing is dirty (the checkpoints'
+  // own allocation records dirty alloc leaves: at most a few rounds, then a
+  // final checkpoint that takes its buckets before imaging and frees none,
+  // docs/format/alloc.md), detaches from the journal. *settled (if given):
+  // whether the trees on disk then hold everything, allocation records
+  // included; false if a node stayed dirty (the journal still holds it).
+  // Idempotent.
+  Status Close(bool* settled = nullptr);
+  // Close without writing anything (a mount that fails or refuses after the
+  // trees opened: the allocator may not be loaded, so no checkpoint may
+  // allocate). Idempotent.
+  void Abandon();
+  // Drops the journal pin a Close that did not settle kept (an error, or a
+  // node left dirty): until the journal has stopped, an entry it writes
+  // would otherwise record a last_seq past every entry since the last roots
+  // block, and the next mount's replay would start after them. The Store
+  // calls it after Journal::Stop (the destructor does too). Idempotent.
+  void DetachJournal();
 
   // Reads the value at pos into `value` (resized). kNotFound if absent.
   Status Get(const Pos& pos, Vector<u8>* value);
@@ -381,6 +436,9 @@ class Btrees {
   Roots roots_{};
   u32 node_size_ = 0;
   Vector<LostNode> lost_;  // Options::drop_bad_nodes: what Open dropped
+  // Close: the trees' pin when they did not settle (DetachJournal drops it).
+  journal::Journal* kept_journal_ = nullptr;
+  journal::Pin kept_pin_{};
 };
 
 }  // namespace tfs::btree

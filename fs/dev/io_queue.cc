@@ -37,7 +37,7 @@ IoClass DefaultClass(IoOrigin origin) {
       return IoClass::kJournal;
     case IoOrigin::kBtree:
     case IoOrigin::kSuperblock:
-    case IoOrigin::kAlloc:  // written by the btree writer's checkpoint, as btree nodes are
+    case IoOrigin::kAlloc:  // (unused since the alloc btree: as btree nodes, if ever)
       return IoClass::kBtree;
     case IoOrigin::kReconcile:
     case IoOrigin::kPromote:

@@ -1,6 +1,7 @@
 // Issue 18: a power cut while `fsck -y` repairs must not make the damage worse.
 //
-// Each case damages an image as a repair test does (a stale allocation table,
+// Each case damages an image as a repair test does (a damaged alloc node, a
+// hostile allocation record,
 // damaged or lost roots, a damaged journal entry that durable ones follow, a
 // damaged leaf of the inodes tree, a plain crash), runs fsck -y over it once
 // uncut -- counting its writes and flushes -- and then again from the same
@@ -219,12 +220,37 @@ u64 Points() {
 }
 const u64 kPoints = Points();
 
-TEST(FsckCutTest, StaleAllocTableRebuild) {
+// The alloc tree's root damaged: dropped, its range recovered from older
+// copies, then the allocation state rebuilt from the trees.
+TEST(FsckCutTest, DamagedAllocNodeRebuild) {
   Image img;
   Populate(img, 3, 8);
   img.DamageNewest(false);
   CutEveryWhere(img.dev->SnapshotDurable(), kPoints, [](const std::string& out) {
-    EXPECT_NE(out.find("rebuilt"), std::string::npos) << out;
+    EXPECT_NE(out.find("rebuilt every member's allocation state"), std::string::npos) << out;
+  });
+}
+
+// A record that fails its checks: the allocation state rebuilt, the bad
+// record replaced.
+TEST(FsckCutTest, HostileAllocRecordRebuild) {
+  Image img;
+  Populate(img, 3, 8);
+  img.WithFs([](Filesystem&, store::Store& e) {
+    u64 bucket = 0;
+    for (u64 b = 0; b < e.alloc().nbuckets(0) && bucket == 0; b++)
+      if (e.alloc().Get(0, b).state == alloc::BucketState::kUser) bucket = b;
+    ASSERT_NE(bucket, 0u);
+    alloc::AllocRecord rec;
+    alloc::EncodeRecord(e.alloc().Get(0, bucket), &rec);
+    rec.reserved0 = 1;
+    btree::Transaction tx(&e.btrees());
+    ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeAlloc, 0, bucket}, &rec, sizeof(rec)).ok());
+    ASSERT_TRUE(tx.Commit().ok());
+  });
+  CutEveryWhere(img.dev->SnapshotDurable(), kPoints, [](const std::string& out) {
+    EXPECT_NE(out.find("nonzero reserved field"), std::string::npos) << out;
+    EXPECT_NE(out.find("rebuilt every member's allocation state"), std::string::npos) << out;
   });
 }
 

@@ -65,6 +65,16 @@ bool CheckCopies(BlockDevice& dev, const Options& opt, Ctx& c) {
   return ok;
 }
 
+// Whether the allocation state an open loaded is known to be wrong: bad
+// records skipped, or a node of the alloc tree dropped (its range recovered
+// from older copies, or lost) -- until a rebuild.
+bool AllocSuspect(store::Store& e, const store::OpenReport& rep) {
+  if (rep.bad_alloc_records != 0) return true;
+  for (const btree::LostNode& ln : e.btrees().lost_nodes())
+    if (ln.btree_id == btree::kBtreeAlloc) return true;
+  return false;
+}
+
 void CheckAllocator(store::Store& e, const Options& opt, Ctx& c) {
   const sb::Superblock& s = e.sb();
   alloc::Allocator& a = e.alloc();
@@ -75,8 +85,8 @@ void CheckAllocator(store::Store& e, const Options& opt, Ctx& c) {
       alloc::Bucket bk = a.Get(m, b);
       alloc::BucketState want = alloc::LayoutState(mem, b);
       if (want == alloc::BucketState::kFree) {
-        // Not reserved by the layout: any state but the reserved ones is fine.
-        bool reserved = bk.state == alloc::BucketState::kMeta || bk.state == alloc::BucketState::kJournal;
+        // Not reserved by the layout: any state but the layout's is fine.
+        bool reserved = bk.state == alloc::BucketState::kSb || bk.state == alloc::BucketState::kJournal;
         want = reserved ? alloc::BucketState::kFree : bk.state;
       }
       bool live_bad = u64(bk.live_sectors) * 512 > s.bucket_size;
@@ -348,7 +358,8 @@ void CheckBtrees(store::Store& e, bool was_clean, Ctx& c, BtreeFindings* found) 
   if (bc->lines > kMaxLines) c.Line("btree: %u more node errors", bc->lines - kMaxLines);
   // 4. Slots against buckets, both ways. Unless a subtree was lost: its nodes'
   // buckets would look unused, and freeing them would destroy what is left of
-  // it; nor against a stale table (its rebuild marks them).
+  // it; nor against allocation state known to be wrong (bad records, a lost
+  // alloc node: its rebuild marks them).
   const sb::Superblock& s = e.sb();
   u32 bad = 0;
   for (u32 m = 0; m < s.nr_members && bc->lost_subtrees == 0 && !c.alloc_stale; m++) {
@@ -357,16 +368,21 @@ void CheckBtrees(store::Store& e, bool was_clean, Ctx& c, BtreeFindings* found) 
       const u32 used = bc->refs[m][b];
       const bool is_btree = state == alloc::BucketState::kBtree;
       if ((used != 0) == is_btree) continue;
-      if (used == 0 && !was_clean) {
+      if (used == 0) {
+        // After a crash: a checkpoint's bucket the cut left without nodes; on
+        // a clean image: one the unmount's final checkpoint emptied
+        // (docs/format/alloc.md). Harmless either way: the next mount frees
+        // it before it allocates anything (Btrees::ReconcileBuckets).
         c.report->notes++;
-        c.Line("btree: %s: bucket %llu holds no node (not cleanly unmounted: the next mount frees it)",
-               s.members[m].label, (unsigned long long)b);
+        c.Line("btree: %s: bucket %llu holds no node (%s: the next mount frees it)", s.members[m].label,
+               (unsigned long long)b, was_clean ? "left by the unmount's last checkpoint" : "not cleanly unmounted");
         continue;
       }
       if (used != 0 && state == alloc::BucketState::kFree && !was_clean) {
-        // A checkpoint cut between its roots write and its table writes (the
-        // open-time one journals no allocation): the trees are the truth, and the
-        // next mount marks the bucket before it allocates anything (Btrees::Open).
+        // A cut after the mount's checkpoint (whose allocation records are
+        // not journaled: the journal does not run yet) wrote its roots: the
+        // trees are the truth, and the next mount marks the bucket before it
+        // allocates anything (Btrees::ReconcileBuckets).
         c.report->notes++;
         c.Line("btree: %s: bucket %llu holds %u nodes but is free (not cleanly unmounted: the next mount marks it)",
                s.members[m].label, (unsigned long long)b, used);
@@ -424,8 +440,9 @@ void RepairBtreeBuckets(store::Store& e, const BtreeFindings& found, bool was_cl
   }
 }
 
-// fsck -y's rebuild of allocation state that is older than the filesystem
-// (Store::Open found it; docs/design/fsck.md, "Stale tables"): every bucket
+// fsck -y's rebuild of allocation state that may be wrong -- nodes dropped
+// (the alloc tree's among them), bad records, a journal replayed past damage
+// (Store::Open calls it; docs/format/alloc.md, "fsck"): every bucket
 // back to its layout state, then the buckets of every node the trees reach
 // marked btree and those every pointer of every extent points into marked
 // user, with the pointer's generation and its blob's blocks as live sectors.
@@ -591,7 +608,7 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
       // nodes and buckets are the newer trees'): the writable open rebuilds
       // every tree from a node scan, and says so.
       if (!rrep.stale_roots) {
-        c.alloc_stale = rrep.stale_alloc != 0;
+        c.alloc_stale = AllocSuspect(ro, rrep);
         CheckBtrees(ro, rrep.was_clean, c, &btree_found);
         c.alloc_stale = false;
       }
@@ -685,27 +702,30 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
     c.Line("btree roots: rebuilt every tree from the newest copies of its leaves a scan for nodes found (%llu keys)",
            (unsigned long long)e.btrees().GetStats().recovered_keys);
   }
-  if (rep.stale_alloc != 0) {
-    report.errors++;
-    c.Line("alloc: %s", rep.stale_why.text);
+  if (rep.bad_alloc_records != 0) {
+    // Each a bucket whose state is unknown (docs/format/alloc.md, "Validity").
+    report.errors += rep.bad_alloc_records;
+    c.Line("%s", rep.alloc_why.text);
+    if (rep.bad_alloc_records > 1)
+      c.Line("alloc: %llu more bad allocation records", (unsigned long long)(rep.bad_alloc_records - 1));
     if (rep.alloc_rebuilt) {
-      report.repaired++;
+      report.repaired += rep.bad_alloc_records;
     } else {
-      c.Line("alloc: data is not checked against the stale table; 'tierfs fsck -y' rebuilds it");
+      c.Line("alloc: data is not checked against allocation state with bad records; 'tierfs fsck -y' rebuilds it");
     }
   }
   if (rep.alloc_rebuilt) {
     c.Line("alloc: rebuilt every member's allocation state from %llu btree nodes and %llu extents (%llu bad "
-           "extents left to the data pass) and wrote the tables",
+           "extents left to the data pass) and wrote its records",
            (unsigned long long)rebuild.nodes, (unsigned long long)rebuild.extents,
            (unsigned long long)rebuild.bad_extents);
   }
   ReportDroppedNodes(e, opt, rep.roots_rebuilt, c);
-  c.alloc_stale = rep.stale_alloc != 0 && !rep.alloc_rebuilt;
+  c.alloc_stale = AllocSuspect(e, rep) && !rep.alloc_rebuilt;
   CheckAllocator(e, opt, c);
   if (opt.repair) {
-    // A rebuilt table already has every bucket holding a node marked btree
-    // and no other; the read-only pass's fixes were against the stale one.
+    // A rebuilt state already has every bucket holding a node marked btree
+    // and no other; the read-only pass's fixes were against the old one.
     if (!rep.alloc_rebuilt) RepairBtreeBuckets(e, btree_found, rep.was_clean, c);
   } else {
     CheckBtrees(e, rep.was_clean, c, &btree_found);
@@ -722,13 +742,8 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
       c.Line("btree: finished the repair the earlier 'fsck -y' left unfinished");
     }
   }
-  if (opt.repair && report.repaired > 0) {
-    Status cp = e.alloc().Checkpoint();
-    if (!cp.ok()) {
-      c.Line("writing repaired allocation tables failed: %s", cp.Message());
-      report.repaired = 0;
-    }
-  }
+  // (Repairs are records and keys committed through the journal: the
+  // unmount's checkpoints write them.)
   st = e.Close();
   if (!st.ok()) {
     c.Line("closing the filesystem failed: %s", st.Message());

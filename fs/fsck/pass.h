@@ -17,8 +17,8 @@ struct Ctx {
   EmitFn emit;
   void* ctx;
   Report* report;
-  // The allocation state is older than the filesystem (and not rebuilt): the
-  // passes do not compare buckets with it.
+  // The allocation state is known to be wrong (bad records, a dropped node
+  // of the alloc tree; not rebuilt): the passes do not compare buckets with it.
   bool alloc_stale = false;
 
   void Line(const char* fmt, ...) TFS_PRINTF(2, 3) {

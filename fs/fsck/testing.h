@@ -32,6 +32,8 @@ inline const Caller kRoot{0, 0};
 
 inline std::string Content(int i) { return std::string(20000 + 997 * i, char('a' + i % 26)); }
 
+inline u64 DamageRoot(userspace::MemDevice* dev, u8 id);
+
 struct Image {
   std::unique_ptr<userspace::MemDevice> dev;
 
@@ -84,32 +86,27 @@ struct Image {
     return {r, out};
   }
 
-  // Flips a byte inside the newest valid copy: of the allocation table
-  // (`roots` false) or of the roots block.
+  // Damages the newest state of the allocation records (`roots` false: the
+  // alloc tree's root node, whose checks then fail) or flips a byte inside
+  // the newest valid copy of the roots block.
   void DamageNewest(bool roots) {
-    const sb::Superblock s = SbOf();
+    if (!roots) {
+      ASSERT_NE(DamageRoot(dev.get(), btree::kBtreeAlloc), 0u) << "no alloc tree";
+      return;
+    }
     u64 best_off = 0, best = 0;
     for (u32 slot = 0; slot < 2; slot++) {
-      u64 off;
-      u64 n;
-      if (roots) {
-        off = btree::kRootsOffset + slot * btree::kRootsSlotSize;
-        btree::RootsFormat r;
-        dev->ReadRaw(off, &r, sizeof(r));
-        n = r.gen.get();
-      } else {
-        off = s.BucketOffset(0) + slot * alloc::TableSlotBytes(s.members[0].nbuckets);
-        alloc::TableHeader h;
-        dev->ReadRaw(off, &h, sizeof(h));
-        n = h.checkpoint.get();
-      }
+      const u64 off = btree::kRootsOffset + slot * btree::kRootsSlotSize;
+      btree::RootsFormat r;
+      dev->ReadRaw(off, &r, sizeof(r));
+      const u64 n = r.gen.get();
       if (n > best) {
         best = n;
         best_off = off;
       }
     }
     ASSERT_GT(best, 2u);  // a newer copy than format's
-    const u64 at = best_off + (roots ? 200 : sizeof(alloc::TableHeader) + 100);
+    const u64 at = best_off + 200;
     u8 v;
     dev->ReadRaw(at, &v, 1);
     v ^= 0x5a;
@@ -152,7 +149,7 @@ inline void MakeFiles(Filesystem& fs, int from, int to) {
   }
 }
 
-// Several mounts, each with files: the tables and roots move well past format's.
+// Several mounts, each with files: the trees and roots move well past format's.
 inline void Populate(Image& img, int mounts, int per_mount) {
   for (int m = 0; m < mounts; m++)
     img.WithFs([&](Filesystem& fs, store::Store&) { MakeFiles(fs, m * per_mount, (m + 1) * per_mount); });

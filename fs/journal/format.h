@@ -62,7 +62,7 @@ inline constexpr u32 KeySpace(u32 len) { return u32(sizeof(KeyHeader)) + ((len +
 // collide; the journal itself accepts any nonzero type.
 enum KeyType : u16 {
   kKeyInvalid = 0,
-  kKeyAlloc = 1,          // alloc/format.h: AllocKey
+  // 1: format version 2's allocation change (never reused; unknown now: corrupt).
   kKeyBtree = 2,          // btree/format.h: one btree key (KeyHeader + value)
   kKeyDataCheck = 3,      // DataCheckFormat: data a commit points at, for replay to verify
   kKeyTest = 0xff00,      // tests only

@@ -231,6 +231,20 @@ Result<u64> Journal::Commit(const Key* keys, u32 nkeys, DevMask deps, CommitMode
       continue;
     }
     if (wm == Watermark::kReclaim) {
+      // Joining an entry of admitted commits, reclaim keys may not grow it
+      // past the blocks its admission counted: placed as admitted it could
+      // then not fit where admission found room, and -- being a reclaim
+      // entry now -- would take the reserve whole, leaving no room for the
+      // entry that records a newer last_seq (a full ring for good, seen
+      // once alloc records became btree keys: docs/format/alloc.md). Such
+      // keys wait for the next entry instead (the writer writes this one
+      // without reclaim: it was admitted).
+      if (buf->admitted != 0 && RoundUp(need, kJournalBlock) > RoundUp(buf->admitted, kJournalBlock)) {
+        buf->full = true;
+        cv_.Signal();
+        done_cv_.Wait(mu_);
+        continue;
+      }
       buf->reclaim = true;
       break;
     }

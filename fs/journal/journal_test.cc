@@ -44,7 +44,6 @@ struct Fixture {
       strcpy(m.label, i == 0 ? "ssd.a" : "hdd.b");
       m.size = kDevSize;
       m.nbuckets = (kDevSize - sb::kBucketsOffset) / kBucket;
-      m.alloc_table_buckets = 1;
       m.journal_first_bucket = 1;
       m.journal_nbuckets = i == 0 ? journal_buckets : 0;
       m.data_allowed = i == 0 ? sb::kDataAll : sb::kDataUser;

@@ -47,7 +47,7 @@ enum class IoOrigin : u8 {
   kReadahead,
   kSuperblock,
   kFsck,
-  kAlloc,  // allocation state: the per-member bucket tables and their flushes
+  kAlloc,  // allocation state (format version 2's per-member tables); none now: the alloc btree's writes are kBtree
   kOther,
 };
 inline constexpr int kIoOriginCount = 12;

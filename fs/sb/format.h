@@ -6,9 +6,10 @@
 //   [4 KiB, 12 KiB)            superblock, primary copy
 //   [512 KiB, 520 KiB)         superblock, backup copy
 //   [1 MiB, ...)               buckets of bucket_size bytes, bucket 0 first:
-//                              buckets [0, alloc_table_buckets) hold the allocation
-//                              table (alloc/format.h), then the journal ring on
-//                              members that carry one, then everything else.
+//                              the journal ring on members that carry one
+//                              (journal_first_bucket, journal_nbuckets), and
+//                              everything else. Allocation state is not on the
+//                              members: it is the alloc btree's (alloc/format.h).
 //
 // The two copies are identical; dev_idx records which member a copy lives on. All
 // integers little-endian; every struct has a fixed size checked by static_assert. The checksum is CRC-32C of the whole kSbSize
@@ -22,9 +23,11 @@
 namespace tfs::sb {
 
 inline constexpr u64 kSbMagic = 0x3130734672656954ull;  // "TierFs01" read as LE bytes
-// 2: extents with pointer lists (data/extent.h, docs/design/copies.md). Version
-// 1 (one pointer an extent) was never released: refused, never migrated.
-inline constexpr u16 kSbVersion = 2;
+// 3: allocation state in the alloc btree instead of a table on every member
+// (docs/format/alloc.md). 2: extents with pointer lists (data/extent.h,
+// docs/design/copies.md). Versions 1 and 2 were never released: refused,
+// never migrated.
+inline constexpr u16 kSbVersion = 3;
 inline constexpr u32 kSbSize = 8192;
 inline constexpr u64 kSbPrimaryOffset = 4096;
 inline constexpr u64 kSbBackupOffset = 512 * 1024;
@@ -74,15 +77,12 @@ struct MemberFormat {         // 128 bytes
   Le64 nbuckets;              // buckets starting at kBucketsOffset
   Le64 journal_first_bucket;  // journal ring: [first, first + nbuckets)
   Le32 journal_nbuckets;      // 0 on members without a journal
-  Le32 alloc_table_buckets;   // buckets [0, n) hold the allocation table
+  Le32 reserved_table;        // 0 (version 2: the allocation table's buckets)
   u8 durability;              // copies this member counts as (0 = cache only)
   u8 data_allowed;            // kData* bits
   u8 state;                   // 0 = read-write (others reserved)
   u8 reserved0[5];
-  // The member's newest durable allocation-table checkpoint when this copy was
-  // written (format, mount, unmount; 0: unknown). A mount that finds only an
-  // older table slot knows it lost state (docs/format/superblock.md).
-  Le64 alloc_checkpoint;
+  Le64 reserved_checkpoint;   // 0 (version 2: the newest durable table checkpoint)
   u8 reserved1[32];
 };
 static_assert(sizeof(MemberFormat) == 128, "member entry size");

@@ -82,11 +82,9 @@ void Encode(const Superblock& sb, u16 dev_idx, void* out) {
     mf.nbuckets.set(m.nbuckets);
     mf.journal_first_bucket.set(m.journal_first_bucket);
     mf.journal_nbuckets.set(m.journal_nbuckets);
-    mf.alloc_table_buckets.set(m.alloc_table_buckets);
     mf.durability = m.durability;
     mf.data_allowed = m.data_allowed;
     mf.state = m.state;
-    mf.alloc_checkpoint.set(m.alloc_checkpoint);
   }
   f->csum.set(SbCsum(out));
 }
@@ -99,6 +97,11 @@ Status Decode(const void* buf, u64 device_size, Superblock* out, Diag* diag) {
     return DiagError(diag, Err::kBadVersion,
                      "superblock format version 1 predates extent pointer lists and nothing released used it; "
                      "this build reads version %u: reformat",
+                     unsigned(kSbVersion));
+  if (f->version.get() == 2)
+    return DiagError(diag, Err::kBadVersion,
+                     "superblock format version 2 kept allocation tables on every member; this build reads "
+                     "version %u: reformat; nothing released used it",
                      unsigned(kSbVersion));
   if (f->version.get() != kSbVersion)
     return DiagError(diag, Err::kBadVersion, "superblock version %u not supported (this build reads %u)",
@@ -159,11 +162,9 @@ Status Decode(const void* buf, u64 device_size, Superblock* out, Diag* diag) {
     m.nbuckets = mf.nbuckets.get();
     m.journal_first_bucket = mf.journal_first_bucket.get();
     m.journal_nbuckets = mf.journal_nbuckets.get();
-    m.alloc_table_buckets = mf.alloc_table_buckets.get();
     m.durability = mf.durability;
     m.data_allowed = mf.data_allowed;
     m.state = mf.state;
-    m.alloc_checkpoint = mf.alloc_checkpoint.get();
     auto bad = [&](const char* what) {
       return DiagError(diag, Err::kCorrupt, "superblock: member %u (%s): bad %s", i, m.label, what);
     };
@@ -174,11 +175,10 @@ Status Decode(const void* buf, u64 device_size, Superblock* out, Diag* diag) {
       return DiagError(diag, Err::kCorrupt,
                        "member %s claims %llu bytes but the device has %llu (truncated image?)",
                        m.label, (unsigned long long)m.size, (unsigned long long)device_size);
-    if (m.alloc_table_buckets == 0 || m.alloc_table_buckets >= m.nbuckets) return bad("alloc table size");
+    if (mf.reserved_table.get() != 0 || mf.reserved_checkpoint.get() != 0) return bad("reserved field");
     if (m.journal_nbuckets > 0) {
       if (!(m.data_allowed & kDataJournal)) return bad("journal on a member without journal data");
-      if (m.journal_first_bucket < m.alloc_table_buckets ||
-          m.journal_first_bucket > m.nbuckets ||
+      if (m.journal_first_bucket > m.nbuckets ||
           m.journal_nbuckets > m.nbuckets - m.journal_first_bucket)
         return bad("journal range");
       any_journal = true;

@@ -3,7 +3,7 @@
 //
 // The bytes on disk are hostile until proven otherwise: Decode() checks magic,
 // version, checksum and then every field's range (member count, sizes, labels,
-// layout of journal and allocation table inside the device) and returns kBadMagic,
+// layout of the journal inside the device) and returns kBadMagic,
 // kBadVersion, kBadChecksum or kCorrupt with a Diag naming the field. Read() tries
 // the primary copy and falls back to the backup. CheckMembers() refuses device sets
 // that do not form exactly one complete filesystem.
@@ -27,11 +27,9 @@ struct Member {
   u64 nbuckets;
   u64 journal_first_bucket;
   u32 journal_nbuckets;
-  u32 alloc_table_buckets;
   u8 durability;
   u8 data_allowed;
   u8 state;
-  u64 alloc_checkpoint;  // newest durable table checkpoint at the last write (0: unknown)
 };
 
 struct Options {

@@ -36,7 +36,6 @@ Superblock MakeSb(u32 members) {
     snprintf(m.label, sizeof(m.label), "%s.d%u", i == 0 ? "ssd" : "hdd", i);
     m.size = kDevSize;
     m.nbuckets = (kDevSize - kBucketsOffset) / sb.bucket_size;
-    m.alloc_table_buckets = 1;
     m.journal_first_bucket = i == 0 ? 1 : 0;
     m.journal_nbuckets = i == 0 ? 8 : 0;
     m.durability = 1;
@@ -143,7 +142,7 @@ TEST(SuperblockTest, DecodeRejectsHostileBytes) {
   EXPECT_TRUE(mutate([](Superblock& s) { s.btree_node_size = 2 << 20; }).Is(ErrorClass::kCorrupt));
   EXPECT_TRUE(mutate([](Superblock& s) { s.members[0].nbuckets = ~0ull / 2; }).Is(ErrorClass::kCorrupt));
   EXPECT_TRUE(mutate([](Superblock& s) { s.members[0].journal_nbuckets = 1000; }).Is(ErrorClass::kCorrupt));
-  EXPECT_TRUE(mutate([](Superblock& s) { s.members[0].journal_first_bucket = 0; }).Is(ErrorClass::kCorrupt));
+  EXPECT_TRUE(mutate([](Superblock& s) { s.members[0].journal_first_bucket = s.members[0].nbuckets; }).Is(ErrorClass::kCorrupt));
   EXPECT_TRUE(mutate([](Superblock& s) { strcpy(s.members[1].label, "BAD LABEL"); }).Is(ErrorClass::kCorrupt));
   EXPECT_TRUE(mutate([](Superblock& s) { strcpy(s.members[1].label, s.members[0].label); }).Is(ErrorClass::kCorrupt));
   EXPECT_TRUE(mutate([](Superblock& s) { s.members[0].size = kDevSize * 2; }).Is(ErrorClass::kCorrupt));
@@ -184,11 +183,11 @@ TEST(SuperblockTest, ReadFallsBackToBackupWhenPrimaryIsCorrupt) {
   EXPECT_NE(std::string(d.text).find("both superblock copies"), std::string::npos) << d.text;
 }
 
-// Format version 1 (one pointer an extent) was never released: a device
-// with it is refused in one line that says to reformat; other versions get
-// the plain line.
-TEST(SuperblockTest, VersionOneIsRefusedWithOneLine) {
-  ASSERT_EQ(kSbVersion, 2);
+// Format versions 1 (one pointer an extent) and 2 (allocation tables on
+// every member) were never released: a device with either is refused in one
+// line that says to reformat; other versions get the plain line.
+TEST(SuperblockTest, VersionsOneAndTwoAreRefusedWithOneLine) {
+  ASSERT_EQ(kSbVersion, 3);
   auto dev = Dev("old");
   ASSERT_TRUE(Write(*dev, MakeSb(1), 0).ok());
   auto set_version = [&](u16 v) {
@@ -209,10 +208,15 @@ TEST(SuperblockTest, VersionOneIsRefusedWithOneLine) {
   const std::string text = d.text;
   EXPECT_EQ(text,
             "old: superblock format version 1 predates extent pointer lists and nothing released used it; "
-            "this build reads version 2: reformat");
-  set_version(3);
+            "this build reads version 3: reformat");
+  set_version(2);
   EXPECT_EQ(Read(*dev, &out, &d).status(), Status(Err::kBadVersion));
-  EXPECT_EQ(std::string(d.text), "old: superblock version 3 not supported (this build reads 2)");
+  EXPECT_EQ(std::string(d.text),
+            "old: superblock format version 2 kept allocation tables on every member; this build reads version 3: "
+            "reformat; nothing released used it");
+  set_version(4);
+  EXPECT_EQ(Read(*dev, &out, &d).status(), Status(Err::kBadVersion));
+  EXPECT_EQ(std::string(d.text), "old: superblock version 4 not supported (this build reads 3)");
 }
 
 TEST(SuperblockTest, BlankDeviceIsNotTierfs) {

@@ -105,7 +105,6 @@ Status Format(const FormatMember* members, u32 count, const FormatOptions& o, Di
     StrCopyPadded(m.label, members[i].label, sb::kSbLabelLen);
     u64 size = bdev->Size();
     u64 nbuckets = size > sb::kBucketsOffset ? (size - sb::kBucketsOffset) / o.bucket_size : 0;
-    u64 table = alloc::TableBuckets(nbuckets, o.bucket_size);
     bool is_meta = (meta >> i) & 1;
     u64 journal = 0;
     if (is_meta) {
@@ -114,7 +113,7 @@ Status Format(const FormatMember* members, u32 count, const FormatOptions& o, Di
                          journal::kMinRingBuckets, unsigned(o.journal_buckets));
       journal = o.journal_buckets != 0 ? o.journal_buckets : Min<u64>(Max<u64>(nbuckets / 64, 8), 256);
     }
-    u64 need = table + journal + kMinDataBuckets;
+    u64 need = journal + kMinDataBuckets;
     if (nbuckets < need) {
       u64 min_bytes = sb::kBucketsOffset + need * o.bucket_size;
       return DiagError(diag, Err::kNoSpace, "format: %s is too small: %llu bytes, need at least %llu with %u KiB buckets",
@@ -123,25 +122,18 @@ Status Format(const FormatMember* members, u32 count, const FormatOptions& o, Di
     }
     m.size = sb::kBucketsOffset + nbuckets * o.bucket_size;
     m.nbuckets = nbuckets;
-    m.alloc_table_buckets = u32(table);
-    m.journal_first_bucket = is_meta ? table : 0;
+    m.journal_first_bucket = 0;  // (the ring is the layout's only bucket range)
     m.journal_nbuckets = u32(journal);
     m.durability = members[i].durability;
     m.data_allowed = is_meta ? sb::kDataAll : sb::kDataUser;
   }
 
-  // Allocation tables first, superblocks last: the superblock makes it a filesystem.
-  auto a_owned = platform::Owned<alloc::Allocator>::Make();
-  if (!a_owned) return Err::kNoMemory;
-  alloc::Allocator& a = *a_owned;
-  TFS_TRY(a.Init(&devs, s, nullptr));
-  a.InitFresh();
-  Status st = a.Checkpoint();
-  if (!st.ok()) return DiagError(diag, st, "format: writing allocation tables: %s", st.Message());
-  st = btree::FormatRoots(devs, s);
+  // The roots block first, superblocks last: the superblock makes it a
+  // filesystem. No allocation record: every bucket is in the state an absent
+  // record means (its journal ring's, or free).
+  Status st = btree::FormatRoots(devs, s);
   if (!st.ok()) return DiagError(diag, st, "format: writing the btree roots: %s", st.Message());
   s.roots_gen = btree::kFormatRootsGen;
-  for (u32 i = 0; i < count; i++) s.members[i].alloc_checkpoint = a.DurableCheckpoint(i);
   for (u32 i = 0; i < count; i++) {
     st = sb::Write(*members[i].bdev, s, u16(i));
     if (!st.ok())
@@ -183,10 +175,12 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
     Result<dev::Member*> r = devs_.Add(bdevs[order[m]], sb_.members[m].label, options.queue);
     if (!r.ok()) return DiagError(diag, r.status(), "open: member %s: %s", sb_.members[m].label, r.status().Message());
   }
-  // The journal is attached once it runs: replay and the mount checkpoint change
-  // the allocator only in memory and in its tables.
-  TFS_TRY(alloc_.Init(&devs_, sb_, nullptr));
-  TFS_TRY(alloc_.Load(diag));
+  // The allocator starts with every bucket in its absent-record state; it is
+  // loaded from the alloc btree after replay. Its changes are records of the
+  // trees (PersistAlloc): before the journal runs, in memory only, written
+  // by the mount's checkpoint.
+  TFS_TRY(alloc_.Init(sb_));
+  alloc_.SetPersist(PersistAlloc, this);
   rep.was_clean = sb_.clean();
   rep.lost_data_btrees = sb_.lost_data_btrees;
   rep.features = u16(sb_.flags & sb::kSbFeatureFlags);
@@ -214,14 +208,7 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
                        (unsigned long long)rr.lost_entries);
     }
     rep.replayed_past_damage = past && rr.durable_end != 0;
-    for (const journal::ReplayedEntry& e : rep.replay.entries) {
-      Status st = journal::ForEachKey(e, ApplyAllocKey, this);
-      if (!st.ok())
-        return DiagError(diag, st, "journal entry %llu: %s", (unsigned long long)e.seq, st.Message());
-      rep.replayed_keys += e.nkeys;
-    }
   }
-  TFS_TRY(alloc_.Finish());
   const bool can_rebuild_roots =
       options.rebuild_roots && options.rebuild_alloc != nullptr && options.btree.drop_bad_nodes && !read_only_;
   btree::Roots roots;
@@ -242,14 +229,12 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
       roots.roots[t].btree_id = u8(t);
     }
   }
-  CheckCurrent(roots, rep);  // (the tables too, whatever the roots)
-  const bool stale = rep.stale_roots || rep.stale_alloc != 0;
-  if (stale && !read_only_ &&
-      (rep.stale_roots ? !can_rebuild_roots : options.rebuild_alloc == nullptr)) {
+  CheckCurrent(roots, rep);
+  if (rep.stale_roots && !read_only_ && !can_rebuild_roots) {
     if (diag != nullptr) *diag = rep.stale_why;
     return Err::kCorrupt;
   }
-  if (stale) platform::Log(platform::LogLevel::kError, "%s", rep.stale_why.text);
+  if (rep.stale_roots) platform::Log(platform::LogLevel::kError, "%s", rep.stale_why.text);
   btree::Options bopt = options.btree;
   bopt.read_only = read_only_;
   if (rep.stale_roots && can_rebuild_roots) {
@@ -262,40 +247,81 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
     rep.roots_rebuilt = true;
     platform::Log(platform::LogLevel::kWarn, "btree roots: rebuilding every tree from a node scan");
   }
-  Status st = btrees_.Open(&devs_, &alloc_, sb_, roots, bopt, diag);
-  if (!st.ok()) {
-    btrees_.Close().IgnoreError();
-    return st;
+  // The node scan (drop_bad_nodes) reads the buckets the allocator calls
+  // free or btree: it gets the state known before replay.
+  loading_roots_ = &roots;
+  loading_replay_ = &rep.replay;
+  loading_rep_ = &rep;
+  if (bopt.drop_bad_nodes) {
+    bopt.before_scan = LoadAllocForScan;
+    bopt.before_scan_ctx = this;
   }
+  auto fail = [&](Status st) {
+    btrees_.Abandon();  // (writes nothing: the allocator may not be loaded yet)
+    loading_roots_ = nullptr;
+    loading_replay_ = nullptr;
+    loading_rep_ = nullptr;
+    return st;
+  };
+  Status st = btrees_.Open(&devs_, &alloc_, sb_, roots, bopt, diag);
+  if (!st.ok()) return fail(st);
+  // Replay: every btree key, the allocation records among them.
   for (const journal::ReplayedEntry& e : rep.replay.entries) {
     st = journal::ForEachKey(e, ApplyBtreeKey, this);
-    if (!st.ok()) {
-      btrees_.Close().IgnoreError();
-      return DiagError(diag, st, "journal entry %llu: btree: %s", (unsigned long long)e.seq, st.Message());
+    if (!st.ok()) return fail(DiagError(diag, st, "journal entry %llu: %s", (unsigned long long)e.seq, st.Message()));
+    rep.replayed_keys += e.nkeys;
+  }
+  // The allocator: one walk of the alloc btree.
+  Diag why;
+  st = LoadAlloc(false, rep, &why);
+  if (!st.ok()) {
+    const char* what = why.empty() ? st.Message() : why.text;
+    if (!st.Is(ErrorClass::kCorrupt))
+      return fail(DiagError(diag, st, "alloc: loading the allocation records: %s", what));
+    // A damaged node of the alloc tree (the mount reads no leaf before this
+    // walk): one line naming it. fsck -y drops it and rebuilds the state.
+    return fail(DiagError(diag, st, "alloc: %s; run 'tierfs fsck -y' to drop it and rebuild the allocation state",
+                          what));
+  }
+  if (rep.bad_alloc_records != 0) {
+    platform::Log(platform::LogLevel::kError, "%s (%llu bad allocation record%s)", rep.alloc_why.text,
+                  (unsigned long long)rep.bad_alloc_records, rep.bad_alloc_records == 1 ? "" : "s");
+    if (!read_only_ && options.rebuild_alloc == nullptr) {
+      return fail(DiagError(diag, Err::kCorrupt, "%s; run 'tierfs fsck -y' to rebuild the allocation state",
+                            rep.alloc_why.text));
     }
   }
+  st = alloc_.Finish();
+  if (!st.ok()) return fail(st);
   if (!read_only_) {
     u64 next_seq = rep.was_clean ? sb_.journal_seq : Max(rep.replay.next_seq, sb_.journal_seq);
-    // Tables written before the journal starts: changes from next_seq on are not in them.
-    alloc_.SetJournalSeqFloor(next_seq);
     // Entries lost in the journal may have held allocation changes the
-    // replayed ones depend on: the trees decide.
-    // So may the keys of damaged nodes fsck dropped (btree::Options::drop_bad_nodes).
+    // replayed ones depend on: the trees decide. So may the keys of damaged
+    // nodes fsck dropped (btree::Options::drop_bad_nodes), and the buckets
+    // of bad records.
     const bool dropped = !btrees_.lost_nodes().empty();
-    if (rep.stale_alloc != 0 || rep.replayed_past_damage || dropped) {
+    if (rep.bad_alloc_records != 0 || rep.replayed_past_damage || dropped) {
       st = options.rebuild_alloc != nullptr
                ? options.rebuild_alloc(options.rebuild_ctx, *this)
                : Status(Err::kInvalidArgument);  // drop_bad_nodes read-write without a rebuild: a caller's bug
-      if (st.ok()) st = alloc_.Checkpoint();
-      if (!st.ok()) {
-        btrees_.Close().IgnoreError();
-        return DiagError(diag, st, "open: rebuilding the allocation state: %s", st.Message());
-      }
+      if (st.ok()) st = DeleteBadAllocKeys();
+      if (!st.ok()) return fail(DiagError(diag, st, "open: rebuilding the allocation state: %s", st.Message()));
       rep.alloc_rebuilt = true;
     }
-    if (!rep.was_clean || dropped) {
+    // Node buckets against the trees: a btree bucket no tree reaches is
+    // freed, one holding nodes is marked (whatever a cut left between a
+    // checkpoint's allocations and their records), before anything allocates.
+    st = btrees_.ReconcileBuckets();
+    if (!st.ok()) return fail(DiagError(diag, st, "open: reconciling node buckets: %s", st.Message()));
+    // Versions near the validity limit start again (alloc/format.h); the
+    // checkpoint below must write them before the journal runs.
+    Result<u64> rebased = alloc_.RebaseVersions();
+    if (!rebased.ok())
+      return fail(DiagError(diag, rebased.status(), "open: rebasing allocation versions: %s",
+                            rebased.status().Message()));
+    if (!rep.was_clean || dropped || rep.alloc_rebuilt || rebased.value() != 0) {
       // Persist what replay applied: the journal restarts at the ring starts.
-      // (And the nodes that replaced dropped ones.)
+      // (And the nodes that replaced dropped ones, and a rebuild's records.)
       if (dropped) {
         // Right before the first write of a tree without the dropped nodes
         // (until then the next fsck drops the same nodes again): a cut from
@@ -306,17 +332,10 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
         sb_.flags &= u16(~sb::kSbClean);
         sb_.seq++;
         st = WriteSuperblocks();
-        if (!st.ok()) {
-          btrees_.Close().IgnoreError();
-          return DiagError(diag, st, "open: recording the dropped nodes: %s", st.Message());
-        }
+        if (!st.ok()) return fail(DiagError(diag, st, "open: recording the dropped nodes: %s", st.Message()));
       }
       st = btrees_.Checkpoint();
-      if (st.ok()) st = alloc_.Checkpoint();
-      if (!st.ok()) {
-        btrees_.Close().IgnoreError();
-        return DiagError(diag, st, "open: persisting replayed state: %s", st.Message());
-      }
+      if (!st.ok()) return fail(DiagError(diag, st, "open: persisting replayed state: %s", st.Message()));
     }
     sb_.journal_seq = next_seq;
     sb_.flags &= u16(~sb::kSbClean);
@@ -324,18 +343,18 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
     // not know them refuse the filesystem from this write on (sb/format.h).
     sb_.flags |= u16(options.features & sb::kSbFeatureFlags);
     sb_.seq++;
-    RecordCheckpoints();
+    sb_.roots_gen = btrees_.roots().gen;
     st = WriteSuperblocks();
     if (st.ok()) st = journal_.Start(&devs_, sb_, next_seq, options.journal);
-    if (!st.ok()) {
-      btrees_.Close().IgnoreError();
-      return st;
-    }
+    if (!st.ok()) return fail(st);
     journal_started_ = true;
     alloc_.SetJournal(&journal_);
     btrees_.AttachJournal(&journal_);
     journal_.SetReclaimHook(ReclaimHook, this);
   }
+  loading_roots_ = nullptr;
+  loading_replay_ = nullptr;
+  loading_rep_ = nullptr;
   open_ = true;
   return Status::Ok();
 }
@@ -343,16 +362,13 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
 void Store::ReclaimHook(void* self, u64 seq) {
   auto* e = static_cast<Store*>(self);
   btree::Btrees::ReclaimHook(&e->btrees_, seq);
-  alloc::Allocator::ReclaimHook(&e->alloc_, seq);
 }
 
-Status Store::ApplyAllocKey(void* self, u64, const journal::Key& key) {
+Status Store::ApplyBtreeKey(void* self, u64 seq, const journal::Key& key) {
   auto* e = static_cast<Store*>(self);
   switch (key.type) {
-    case journal::kKeyAlloc:
-      return e->alloc_.Apply(key);
     case journal::kKeyBtree:
-      return Status::Ok();  // the second pass
+      return e->btrees_.ApplyReplayed(seq, key);
     case journal::kKeyDataCheck:
       return Status::Ok();  // for ReadForReplay only
     default:
@@ -361,74 +377,133 @@ Status Store::ApplyAllocKey(void* self, u64, const journal::Key& key) {
   }
 }
 
-Status Store::ApplyBtreeKey(void* self, u64 seq, const journal::Key& key) {
+Status Store::LoadAlloc(bool journal_keys, OpenReport& rep, Diag* why) {
+  alloc_.BeginLoad();
+  rep.alloc_records = 0;
+  rep.bad_alloc_records = 0;
+  rep.alloc_why = Diag{};
+  bad_alloc_keys_.Clear();
+  auto take = [&](const btree::Pos& pos, const void* val, u32 len) {
+    Diag d;
+    Status st = alloc_.LoadRecord(pos.inode, pos.offset, val, len, &d);
+    if (st.ok()) {
+      rep.alloc_records++;
+      return;
+    }
+    rep.bad_alloc_records++;
+    if (rep.alloc_why.empty()) rep.alloc_why = d;
+    if (pos.inode >= sb_.nr_members || pos.offset >= sb_.members[pos.inode].nbuckets)
+      bad_alloc_keys_.PushBack(pos).IgnoreError();  // (without memory: left for the next fsck)
+  };
+  btree::Iterator it(&btrees_, btree::kBtreeAlloc, 1024);
+  it.SetDiag(why);
+  Status st;
+  for (st = it.SeekToFirst(); st.ok() && it.Valid(); st = it.Next()) take(it.pos(), it.value(), it.val_bytes());
+  if (!st.ok()) return st;
+  if (!journal_keys || loading_replay_ == nullptr || loading_roots_ == nullptr) return Status::Ok();
+  // The records replay will apply (newer versions win, as in the tree).
+  struct Ctx {
+    Store* e;
+    decltype(take)* load;
+    static Status Key(void* c, u64 seq, const journal::Key& key) {
+      auto* x = static_cast<Ctx*>(c);
+      if (key.type != journal::kKeyBtree || seq <= x->e->loading_roots_->journal_seq ||
+          key.len < sizeof(btree::KeyHeader))
+        return Status::Ok();
+      const auto* h = static_cast<const btree::KeyHeader*>(key.val);
+      const btree::Pos pos = btree::KeyRef(h).pos();
+      if (pos.btree_id != btree::kBtreeAlloc || h->type != btree::kKeyValue ||
+          btree::KeySpace(h->val_bytes.get()) > key.len)
+        return Status::Ok();
+      (*x->load)(pos, h + 1, h->val_bytes.get());
+      return Status::Ok();
+    }
+  } ctx{this, &take};
+  for (const journal::ReplayedEntry& e : loading_replay_->entries) TFS_TRY(journal::ForEachKey(e, Ctx::Key, &ctx));
+  return Status::Ok();
+}
+
+Status Store::LoadAllocForScan(void* self) {
   auto* e = static_cast<Store*>(self);
-  return key.type == journal::kKeyBtree ? e->btrees_.ApplyReplayed(seq, key) : Status::Ok();
+  if (e->loading_rep_ == nullptr) return Status::Ok();
+  OpenReport scratch;  // (the counts that matter are the load's after replay)
+  return e->LoadAlloc(true, scratch);
+}
+
+Status Store::DeleteBadAllocKeys() {
+  if (bad_alloc_keys_.empty()) return Status::Ok();
+  btree::Transaction tx(&btrees_);
+  for (const btree::Pos& pos : bad_alloc_keys_) {
+    Status st = tx.Delete(pos);
+    if (st.code() == Err::kTooBig) {
+      TFS_TRY(tx.Commit().status());
+      st = tx.Delete(pos);
+    }
+    TFS_TRY(st);
+  }
+  TFS_TRY(tx.Commit().status());
+  platform::Log(platform::LogLevel::kWarn, "alloc: deleted %llu allocation keys outside every member's buckets",
+                (unsigned long long)bad_alloc_keys_.size());
+  bad_alloc_keys_.Clear();
+  return Status::Ok();
+}
+
+Result<u64> Store::PersistAlloc(void* self, const alloc::RecordChange* changes, u32 n, alloc::BucketState owner,
+                                alloc::PersistProgress* progress) {
+  auto* e = static_cast<Store*>(self);
+  // A checkpoint's changes of its own node buckets: a reclaim commit (never
+  // waits for ring room or the commit mutex, docs/format/alloc.md).
+  const bool reclaim = owner == alloc::BucketState::kBtree;
+  btree::Transaction tx(&e->btrees_);
+  *progress = alloc::PersistProgress{};
+  u32 queued = 0;  // changes in tx, after the `progress->committed` committed ones
+  for (u32 i = 0; i < n; i++) {
+    alloc::AllocRecord r;
+    alloc::EncodeRecord(changes[i].b, &r);
+    const btree::Pos pos{btree::kBtreeAlloc, changes[i].dev, changes[i].bucket};
+    // A replacing record (RebaseVersions: only at mount, before the journal
+    // runs) deletes the key first. (Should only the whiteout fit, it is
+    // committed alone and the pair follows: the mount's checkpoint writes
+    // the end state.)
+    auto queue = [&]() -> Status {
+      if (changes[i].replace) TFS_TRY(tx.Delete(pos));
+      return tx.Set(pos, &r, sizeof(r));
+    };
+    Status st = queue();
+    if (st.code() == Err::kTooBig && tx.size() > 0) {  // one entry's worth at a time: each record stands alone
+      if (reclaim) tx.SetReclaim();
+      const u64 seq = TFS_TRY(tx.Commit());
+      progress->committed += queued;
+      progress->transactions++;
+      progress->seq = Max(progress->seq, seq);
+      queued = 0;
+      st = queue();
+    }
+    TFS_TRY(st);
+    queued++;
+  }
+  if (reclaim) tx.SetReclaim();
+  const u64 seq = TFS_TRY(tx.Commit());
+  progress->committed += queued;
+  progress->transactions++;
+  progress->seq = Max(progress->seq, seq);
+  return progress->seq;
 }
 
 void Store::CheckCurrent(const btree::Roots& roots, OpenReport& rep) const {
-  // Where the journal's proof starts: on a clean filesystem nothing is
-  // replayed and the superblock's journal_seq is the next entry; otherwise
-  // replay's start (its first entry, if any): durable changes from there on
-  // are in the journal, older ones only in the tables.
-  u64 first = sb_.journal_seq;
-  if (!rep.was_clean) first = Max(rep.replay.start_seq, sb_.journal_seq);
-  Diag why;  // each finding's line; the first one is kept
-  auto keep = [&] {
-    if (rep.stale_why.empty()) rep.stale_why = why;
-  };
   // Roots: the superblock (mount, unmount) and every journal entry record the
   // newest durable roots gen; the roots found may not be older.
   const u64 proved_gen = Max(sb_.roots_gen, rep.replay.roots_gen);
   if (roots.gen < proved_gen) {
     rep.stale_roots = true;
-    DiagError(&why, Err::kCorrupt,
+    DiagError(&rep.stale_why, Err::kCorrupt,
               "btree roots: newest valid block is gen %llu but gen %llu was durable (%s): the newer one is damaged "
               "and the changes since would be lost; run 'tierfs fsck -y' to rebuild the trees from a scan for their "
               "nodes",
               (unsigned long long)roots.gen, (unsigned long long)proved_gen,
               proved_gen == sb_.roots_gen ? "superblock" : "journal")
         .IgnoreError();
-    keep();
   }
-  for (u32 m = 0; m < sb_.nr_members; m++) {
-    const alloc::LoadedTable& t = alloc_.loaded(m);
-    const char* label = sb_.members[m].label;
-    const char* other = t.rejected < 0 ? "is older too" : t.rejected_io ? "could not be read" : "is damaged";
-    if (t.checkpoint < sb_.members[m].alloc_checkpoint) {
-      rep.stale_alloc |= dev::DevMask(1) << m;
-      DiagError(&why, Err::kCorrupt,
-                "member %s: allocation table is checkpoint %llu but %llu was durable (superblock; the other slot "
-                "%s); run 'tierfs fsck -y' to rebuild it",
-                label, (unsigned long long)t.checkpoint, (unsigned long long)sb_.members[m].alloc_checkpoint, other)
-          .IgnoreError();
-      keep();
-    } else if (t.rejected >= 0 && !(t.rejected_checkpoint != 0 && t.rejected_checkpoint < t.checkpoint) &&
-               !rep.was_clean && t.journal_seq != 0 && t.journal_seq < first) {
-      // (A rejected slot whose header still shows an older checkpoint was
-      // being rewritten when the crash came -- tables are written header last
-      // -- or is an older copy gone bad: this slot is the newest durable one,
-      // and the journal still holds its changes since, but frees it left out
-      // unsettled: those the ring passed come back unreferenced, and the mount
-      // frees them again; format/alloc.md.)
-      // (journal_seq 0: a table header of an older build, which did not
-      // record it at mount; nothing is known.)
-      // The other slot may have been the newer one; the journal holds only
-      // the changes from `first` on, not those since this slot was written.
-      rep.stale_alloc |= dev::DevMask(1) << m;
-      DiagError(&why, Err::kCorrupt,
-                "member %s: allocation table slot %d %s and slot %d lacks changes from journal entry %llu on, "
-                "which the journal no longer holds (from %llu); run 'tierfs fsck -y' to rebuild it",
-                label, t.rejected, other, t.slot, (unsigned long long)t.journal_seq, (unsigned long long)first)
-          .IgnoreError();
-      keep();
-    }
-  }
-}
-
-void Store::RecordCheckpoints() {
-  sb_.roots_gen = btrees_.roots().gen;
-  for (u32 m = 0; m < sb_.nr_members; m++) sb_.members[m].alloc_checkpoint = alloc_.DurableCheckpoint(m);
 }
 
 Status Store::WriteSuperblocks() {
@@ -453,22 +528,28 @@ Status Store::Close() {
   if (!open_) return Status::Ok();
   open_ = false;
   if (read_only_) return btrees_.Close();
-  // Trees first: their checkpoint commits through the running journal.
-  Status bst = btrees_.Close();
+  // Trees first: their checkpoints (the allocation state with them) commit
+  // through the running journal.
+  bool settled = false;
+  Status bst = btrees_.Close(&settled);
   Status st = journal_.Stop();
+  btrees_.DetachJournal();  // (a pin the trees kept because they did not settle)
   journal_started_ = false;
-  // Slow members' background table writes drop journal pins when they
-  // complete: none may outlive this (on every path: the store may go next).
-  alloc_.WaitForBackgroundWrites();
+  alloc_.SetJournal(nullptr);
   if (!st.ok()) return st;  // leave the superblock unclean: replay will sort it out
   if (!bst.ok()) return bst;
-  alloc_.SetJournalSeqFloor(journal_.next_seq());
-  alloc_.JournalStopped();  // a clean image is not replayed: its tables hold every free
-  TFS_TRY(alloc_.Checkpoint());
+  if (!settled) {
+    // The trees could not be left with nothing dirty (docs/format/alloc.md,
+    // "Checkpoints and the recursion"): the journal, stopped durably, holds
+    // what they lack, and the next mount replays it.
+    platform::Log(platform::LogLevel::kWarn, "store: unmounted with allocation records only in the journal; "
+                                             "the next mount replays it");
+    return Status::Ok();
+  }
   sb_.journal_seq = journal_.next_seq();
   sb_.flags |= sb::kSbClean;
   sb_.seq++;
-  RecordCheckpoints();
+  sb_.roots_gen = btrees_.roots().gen;
   return WriteSuperblocks();
 }
 

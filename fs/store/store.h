@@ -6,17 +6,21 @@
 // engine::Engine before issue 20: "engine" is DESIGN.md's word for the
 // background workers in bg/.)
 //
-// Open(): read every device's superblock (backup copy if the primary is bad),
-// refuse device sets that are not exactly one filesystem, build the device set in
-// member order, load the allocation tables, and -- unless the filesystem was
-// unmounted cleanly -- replay the journal's durable prefix into them. Then
-// checkpoint what replay applied, record the journal floor in the superblock, clear
-// the clean flag and start the journal. Close() makes everything durable, writes
-// the tables and marks the superblock clean.
+// Open() (docs/format/alloc.md, "Mount order"): read every device's
+// superblock (backup copy if the primary is bad), refuse device sets that are
+// not exactly one filesystem, build the device set in member order; read the
+// journal's durable prefix (unless the filesystem was unmounted cleanly) and
+// the roots block; open the btrees (roots and interior nodes), replay the
+// journal's btree keys into them -- allocation records are btree keys of
+// kBtreeAlloc -- and then load the allocator by one walk of the alloc btree;
+// reconcile the node buckets with the trees, checkpoint what replay applied,
+// record the journal floor in the superblock, clear the clean flag and start
+// the journal. Close() checkpoints the trees (the allocation state with
+// them), stops the journal and marks the superblock clean.
 //
-// The btrees (btree/tree.h) come up after the allocator: their roots block is read,
-// journaled btree keys newer than it are replayed into them and checkpointed before
-// the journal restarts. Close() checkpoints them first.
+// The allocator persists its changes through the Store (PersistAlloc): each
+// change is a kBtreeAlloc key, committed in a btree transaction -- a reclaim
+// commit for the changes a checkpoint makes for its own node buckets.
 //
 // Replay applies keys by type; a key type this build does not know is a corrupt
 // journal (kCorrupt), never silently skipped.
@@ -57,26 +61,29 @@ struct FormatOptions {
   u32 journal_buckets = 0;             // per journal member; 0 = automatic
 };
 
-// Writes a new filesystem over `members` (allocation tables, then superblocks).
+// Writes a new filesystem over `members` (an empty roots block, then the
+// superblocks; no allocation record: every bucket is in its absent-record
+// state, docs/format/alloc.md).
 // Errors name the offending device or option in `diag`: bad or duplicate labels,
 // unresolvable targets, devices too small, bad sizes.
 Status Format(const FormatMember* members, u32 count, const FormatOptions& options, Diag* diag);
 
 class Store;
 
-// fsck -y's rebuild of allocation state that Open found older than the
-// filesystem (OpenReport::stale_alloc): called on a writable open after replay,
-// before anything is allocated or written; it rebuilds the allocator's state
-// from the trees (Allocator::BeginRebuild .. EndRebuild). Open then writes the
-// tables.
+// fsck -y's rebuild of allocation state that may be wrong (nodes dropped,
+// bad allocation records, a journal replayed past damage): called on a
+// writable open after replay and the allocator's load, before anything is
+// allocated or written; it rebuilds the allocator's state from the trees
+// (Allocator::BeginRebuild .. EndRebuild, whose records Open's checkpoint
+// writes).
 using RebuildAllocFn = Status (*)(void* ctx, Store& store);
 
 struct OpenOptions {
-  bool read_only = false;  // no journal, no superblock or table writes (show, fsck -n)
+  bool read_only = false;  // no journal, no superblock or tree writes (show, fsck -n)
   dev::QueueConfig queue;
   journal::Config journal;
   btree::Options btree;
-  RebuildAllocFn rebuild_alloc = nullptr;  // see RebuildAllocFn; without it a stale table refuses read-write
+  RebuildAllocFn rebuild_alloc = nullptr;  // see RebuildAllocFn; without it a bad record refuses read-write
   void* rebuild_ctx = nullptr;
   // fsck -y, with rebuild_alloc: a journal damaged in the middle (entries after
   // the damage durable, ReplayResult::durable_end) is replayed past the damage
@@ -101,15 +108,19 @@ struct OpenReport {
   u32 used_backup_sb = 0;  // members whose primary superblock copy was unusable
   journal::ReplayResult replay;
   u64 replayed_keys = 0;
-  // Older state than the filesystem (docs/format/alloc.md, "Which slot is
-  // current"; docs/format/btree.md, "Which roots block is current"): members
-  // whose allocation table is older than the superblock or the journal prove
-  // (bit per member), and whether the roots block is. A read-write open
-  // refuses either (kCorrupt, the reason in its Diag) unless rebuild_alloc
-  // rebuilds the tables; a read-only one goes on and says why here.
-  dev::DevMask stale_alloc = 0;
+  // Older state than the filesystem (docs/format/btree.md, "Which roots block
+  // is current"): the roots block is older than the superblock or the journal
+  // prove. A read-write open refuses (kCorrupt, the reason in its Diag) unless
+  // rebuild_roots rebuilds the trees; a read-only one goes on and says why here.
   bool stale_roots = false;
-  Diag stale_why;  // the first reason, one line
+  Diag stale_why;  // the reason, one line
+  // The allocation records the load took, and the bad ones it skipped
+  // (docs/format/alloc.md, "Validity": the bucket keeps its absent-record
+  // state); alloc_why is the first bad one's line. A read-write open refuses
+  // a bad record unless rebuild_alloc rebuilds the allocation state.
+  u64 alloc_records = 0;
+  u64 bad_alloc_records = 0;
+  Diag alloc_why;
   bool alloc_rebuilt = false;  // rebuild_alloc ran
   bool roots_rebuilt = false;  // rebuild_roots rebuilt the trees from a node scan
   // Journal damage (replay.durable_end != 0) was replayed past
@@ -136,8 +147,10 @@ class Store {
   // `bdevs` in any order.
   Status Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& options, Diag* diag,
               OpenReport* report = nullptr);
-  // Durable shutdown: journal flushed and stopped, tables written, superblocks
-  // marked clean. Idempotent.
+  // Durable shutdown: the trees (allocation state included) checkpointed,
+  // the journal flushed and stopped, superblocks marked clean (unless the
+  // trees could not be left with nothing dirty: then unclean, and the next
+  // mount replays the journal). Idempotent.
   Status Close();
 
   const sb::Superblock& sb() const { return sb_; }
@@ -169,14 +182,25 @@ class Store {
 
  private:
   Status WriteSuperblocks();
-  // Whether the loaded tables and roots are the newest the superblock and the
-  // journal prove durable (fills rep's stale_* fields).
+  // Whether the roots are the newest the superblock and the journal prove
+  // durable (fills rep's stale_* fields).
   void CheckCurrent(const btree::Roots& roots, OpenReport& rep) const;
-  // The durable table checkpoints and roots gen, into sb_ (written next).
-  void RecordCheckpoints();
-  static Status ApplyAllocKey(void* self, u64 seq, const journal::Key& key);
+  // The allocator's load: one walk of the alloc btree (docs/format/alloc.md,
+  // "Mount order"); with `journal_keys`, the replayed entries' alloc keys
+  // newer than the roots block on top (the node scan's preliminary state,
+  // before replay). Bad records are counted in rep (and keys outside every
+  // member noted in bad_alloc_keys_); kCorrupt only for a walk that fails
+  // (`why`, when not null: the node it failed on, Iterator::SetDiag).
+  Status LoadAlloc(bool journal_keys, OpenReport& rep, Diag* why = nullptr);
+  static Status LoadAllocForScan(void* self);
+  // The allocator's persistence sink (alloc::PersistFn).
+  static Result<u64> PersistAlloc(void* self, const alloc::RecordChange* changes, u32 n, alloc::BucketState owner,
+                                  alloc::PersistProgress* progress);
+  // Deletes the alloc keys the load found outside every member's buckets
+  // (fsck -y's rebuild: they are no bucket's record).
+  Status DeleteBadAllocKeys();
   static Status ApplyBtreeKey(void* self, u64 seq, const journal::Key& key);
-  // Journal reclaim: checkpoint the btrees (on their writer) and the allocator.
+  // Journal reclaim: checkpoint the btrees (on their writer).
   static void ReclaimHook(void* self, u64 seq);
 
   sb::Superblock sb_{};
@@ -187,6 +211,11 @@ class Store {
   bool open_ = false;
   bool read_only_ = false;
   bool journal_started_ = false;
+  // Open: what LoadAlloc needs of the open in progress.
+  const btree::Roots* loading_roots_ = nullptr;
+  const journal::ReplayResult* loading_replay_ = nullptr;
+  OpenReport* loading_rep_ = nullptr;
+  Vector<btree::Pos> bad_alloc_keys_;  // alloc keys outside every member (DeleteBadAllocKeys)
 };
 
 }  // namespace tfs::store

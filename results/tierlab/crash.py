@@ -24,8 +24,9 @@ is kept, dropped or torn (sector by sector) from the cut's seed. A cycle:
   5. `tierfs fsck -n` of the cut image must exit 0.
 
 Cuts, by the cache trigger armed on ssd.a (or hdd.b): after the Nth write (any,
-btree nodes only -- in the middle of a checkpoint --, allocation-table writes
-only, or hdd.b's writes), at the Nth flush (mid-flush), or idle (the command).
+btree nodes only -- in the middle of a checkpoint, the alloc btree's leaves
+among them --, or hdd.b's writes), at the Nth flush (mid-flush), or idle (the
+command).
 A cut while the mount replays fails the mount (mount_failed_by_cut), one while
 it verifies is cut_during_recovery; the next mount verifies again. After the image's last cycle the filesystem
 is unmounted cleanly, verified and checked once more, and the next image is
@@ -45,7 +46,6 @@ import functools
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import struct
@@ -66,10 +66,6 @@ DIRS = ("d0", "d1", "d2")
 FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
 SSD_MIB, HDD_MIB = 64, 128
 MOUNT_TIMEOUT = 30.0
-# fsck -n's line for a table slot that failed its checks while the other lacks
-# changes the journal no longer holds (docs/format/alloc.md): a failure, counted
-# as table_refusals too, and repaired with fsck -y so that the image goes on.
-KNOWN_TABLE_REFUSAL = "which the journal no longer holds"
 OP_TIMEOUT = 60.0          # one operation; past it the cycle is a hang (a failure)
 
 
@@ -172,10 +168,12 @@ class Cut:
 
 def plan_cut(rng: random.Random, data_on_hdd: bool) -> Cut:
     """This cycle's cut. The ranges fit what a cycle of 120 operations does here:
-    ~150-200 writes and 20-30 flushes to ssd.a, 4-8 btree node writes and 4-12
-    table writes; the counts start at the mount (its replay's writes count)."""
-    kinds = ["writes", "flush", "checkpoint", "alloc", "hdd", "idle"]
-    weights = [30, 20, 20, 8, 10 if data_on_hdd else 0, 12]
+    ~150-200 writes and 20-30 flushes to ssd.a, 4-8 btree node writes; the
+    counts start at the mount (its replay's writes count). (Until format
+    version 3 a kind "alloc" cut allocation-table writes; allocation state is
+    the alloc btree's now, its writes btree writes.)"""
+    kinds = ["writes", "flush", "checkpoint", "hdd", "idle"]
+    weights = [30, 20, 28, 10 if data_on_hdd else 0, 12]
     kind = rng.choices(kinds, weights=weights)[0]
     seed = rng.randrange(1 << 40)
     if kind == "writes":
@@ -185,11 +183,6 @@ def plan_cut(rng: random.Random, data_on_hdd: bool) -> Cut:
     if kind == "checkpoint":
         return Cut(kind, "ssd.a", ["cache.powercut_origin=\"btree\"",
                                    f"cache.powercut_after_writes={rng.randint(1, 6)}"], seed)
-    if kind == "alloc":
-        # Each table write is two (records, then the header); a replaying
-        # mount's checkpoint makes about four: past them, the running ones.
-        return Cut(kind, "ssd.a", ["cache.powercut_origin=\"alloc\"",
-                                   f"cache.powercut_after_writes={rng.randint(1, 14)}"], seed)
     if kind == "hdd":
         return Cut(kind, "hdd.b", [f"cache.powercut_after_writes={rng.randint(1, 120)}"], seed)
     return Cut(kind, "", [], seed)
@@ -220,7 +213,6 @@ class Job:
             "triggered": 0, "commanded": 0, "ops": 0, "syncs": 0, "images": 0,
             "fsynced_bytes_verified": 0, "lost_fsynced_bytes": 0, "failures": [],
             "kept": 0, "dropped": 0, "torn": 0, "states_after_sync_survived": 0, "daemon_exited": 0,
-            "table_refusals": 0,
         }
         self.next_ident = 1
 
@@ -351,26 +343,7 @@ class Job:
         if proc.returncode == 0:
             return
         out = (proc.stdout + proc.stderr).strip()
-        if proc.returncode == 4 and KNOWN_TABLE_REFUSAL in out and self.only_table_errors(out):
-            # A stale allocation table (docs/format/alloc.md): a failure -- a
-            # false refusal, or a table that really lost changes -- but one
-            # fsck -y must repair with nothing lost, so the image goes on and
-            # the next verification checks every byte.
-            self.stats["table_refusals"] += 1
-            self.keep_failure(f"fsck -n {when}: a stale allocation table: {out[-600:]}")
-            fix = self.run("fsck", "-y", self.a, self.b, check=False)
-            again = self.run("fsck", "-n", self.a, self.b, check=False)
-            if fix.returncode in (0, 1) and "data lost" not in fix.stdout and again.returncode == 0:
-                return
-            out = f"fsck -y exited {fix.returncode}: {fix.stdout.strip()[-600:]}; then fsck -n exited " \
-                  f"{again.returncode}: {again.stdout.strip()[-600:]}"
         raise CheckFailed(f"fsck -n {when} exited {proc.returncode}: {out[-1500:]}")
-
-    @staticmethod
-    def only_table_errors(out: str) -> bool:
-        """Whether the table refusal is all fsck -n found: its two lines and notes."""
-        m = re.search(r"fsck: (\d+) error", out)
-        return m is not None and int(m.group(1)) <= 1
 
     # --- verification ---
 

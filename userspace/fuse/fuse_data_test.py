@@ -289,25 +289,31 @@ def test_damaged_file_data_reads_as_eio(tmp_path: Path) -> None:
         m.close()
 
 
-def _newest_table_slot(dev: Path) -> int:
-    """Byte offset of the newest allocation-table slot of a one-member image
-    (docs/format/alloc.md: two slots from bucket 0, header checkpoint at 32)."""
-    doc = json.loads(run([tool("tierfs"), "show", "--json", dev]).stdout)
-    nbuckets = doc["members"][0]["nbuckets"]
-    slot_bytes = (4096 + nbuckets * 16 + 4095) // 4096 * 4096
+def _alloc_root(dev: Path) -> int:
+    """Byte offset of the alloc btree's root node on a one-member image: the
+    newest roots block (two 4 KiB slots at 64 KiB, gen at 32) names it
+    (docs/format/btree.md: 48-byte pointers from byte 64, one per btree id; the
+    alloc btree is id 4, its offset at byte 8 of the pointer)."""
     with open(dev, "rb") as f:
-        ck = []
+        best_gen, best = -1, b""
         for slot in range(2):
-            f.seek((1 << 20) + slot * slot_bytes + 32)
-            ck.append(int.from_bytes(f.read(8), "little"))
-    return (1 << 20) + (0 if ck[0] > ck[1] else slot_bytes)
+            f.seek((64 << 10) + slot * 4096)
+            blk = f.read(4096)
+            gen = int.from_bytes(blk[32:40], "little")
+            if blk[:8] == (0x53544F4F52534654).to_bytes(8, "little") and gen > best_gen:
+                best_gen, best = gen, blk
+    ptr = best[64 + 4 * 48:64 + 5 * 48]
+    assert ptr[0] != 0xFF, "the alloc btree is empty"
+    return int.from_bytes(ptr[8:16], "little")
 
 
-def test_a_damaged_newest_table_refuses_the_mount_and_fsck_rebuilds_it(tmp_path: Path) -> None:
+def test_a_damaged_alloc_node_refuses_the_mount_and_fsck_rebuilds_it(tmp_path: Path) -> None:
     """Issue 18: one damaged byte in the current allocation-table slot made mount
     fall back to the older slot silently, and new writes overwrote live files.
-    Now the mount refuses with one line naming fsck -y, fsck -n exits 4, and
-    fsck -y rebuilds the table from the btrees with every file intact."""
+    Since format version 3 the allocation state is the alloc btree's
+    (docs/format/alloc.md): a damaged alloc node makes the mount refuse in one
+    line, fsck -n exits 4, and fsck -y drops the node and rebuilds the
+    allocation state from the trees with every file intact."""
     dev = image(tmp_path / "fs.img")
     mnt = tmp_path / "mnt"
     mnt.mkdir()
@@ -320,7 +326,7 @@ def test_a_damaged_newest_table_refuses_the_mount_and_fsck_rebuilds_it(tmp_path:
         for i in range(rnd * 10, rnd * 10 + 10):
             (mnt / f"f{i}").write_bytes(content(i))
         m.close()
-    at = _newest_table_slot(dev) + 4096 + 100
+    at = _alloc_root(dev) + 100  # the first set's header: its checksum fails
     with open(dev, "r+b") as f:
         f.seek(at)
         b = f.read(1)
@@ -329,12 +335,13 @@ def test_a_damaged_newest_table_refuses_the_mount_and_fsck_rebuilds_it(tmp_path:
     proc = run([tool("tierfs"), "mount", dev, mnt], timeout=120)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and not os.path.ismount(mnt), proc.stderr
-    assert "allocation table" in lines[-1] and "fsck -y" in lines[-1], lines
+    assert "btree 4 root" in lines[-1], lines
     wait_for(lambda: unlocked(dev), "the refused daemon to let go")
     proc = run([tool("tierfs"), "fsck", "-n", dev])
-    assert proc.returncode == 4 and "allocation table" in proc.stdout, proc.stdout
+    assert proc.returncode == 4 and "would drop the damaged level-0 node" in proc.stdout, proc.stdout
     proc = run([tool("tierfs"), "fsck", "-y", dev])
-    assert proc.returncode == 1 and "rebuilt" in proc.stdout and "data lost" not in proc.stdout, proc.stdout
+    assert proc.returncode == 1 and "rebuilt every member's allocation state" in proc.stdout \
+        and "data lost" not in proc.stdout, proc.stdout
     fsck_clean(dev)
     m = Mount(dev, mnt)
     try:

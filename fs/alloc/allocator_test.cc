@@ -1,0 +1,341 @@
+// The allocation record (alloc/format.h, docs/format/alloc.md): encode and
+// parse round trips, every rule of "Validity" against hostile bytes (each a
+// kCorrupt with a one-line Diag naming member, bucket and rule), the
+// plausibility check the btree's merge rule uses, and the allocator's load
+// (newer versions win, absent keys are the layout's state). The allocator
+// against a store is tested in fs/store/store_test.cc.
+#include "alloc/allocator.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace tfs::alloc {
+namespace {
+
+sb::Superblock TwoMembers() {
+  sb::Superblock s;
+  memset(&s, 0, sizeof(s));
+  s.nr_members = 2;
+  s.bucket_size = 256 * 1024;
+  s.btree_node_size = 64 * 1024;
+  s.block_size = 4096;
+  strcpy(s.members[0].label, "ssd.a");
+  s.members[0].nbuckets = 100;
+  s.members[0].journal_first_bucket = 0;
+  s.members[0].journal_nbuckets = 8;
+  s.members[0].data_allowed = sb::kDataAll;
+  strcpy(s.members[1].label, "hdd.b");
+  s.members[1].nbuckets = 300;
+  s.members[1].data_allowed = sb::kDataUser;
+  return s;
+}
+
+AllocRecord Good(BucketState state = BucketState::kUser) {
+  Bucket b;
+  b.gen = 7;
+  b.state = state;
+  b.live_sectors = state == BucketState::kFree ? 0 : 100;
+  b.version = 42;
+  AllocRecord r;
+  EncodeRecord(b, &r);
+  return r;
+}
+
+TEST(AllocRecordTest, EncodeParseRoundTrip) {
+  const sb::Superblock s = TwoMembers();
+  for (BucketState st : {BucketState::kFree, BucketState::kBtree, BucketState::kUser, BucketState::kCached}) {
+    const AllocRecord r = Good(st);
+    Bucket out;
+    Diag d;
+    const u32 dev = st == BucketState::kBtree ? 0 : 1;  // (the HDD member allows user data only)
+    ASSERT_TRUE(ParseRecord(s, dev, dev == 0 ? 99 : 299, &r, sizeof(r), &out, &d).ok()) << d.text;
+    EXPECT_EQ(out.state, st);
+    EXPECT_EQ(out.gen, 7);
+    EXPECT_EQ(out.oldest_gen, 7);  // = gen until step 3c
+    EXPECT_EQ(out.version, 42u);
+    EXPECT_TRUE(out.recorded);
+    AllocRecord again;
+    EncodeRecord(out, &again);
+    EXPECT_EQ(memcmp(&again, &r, sizeof(r)), 0);
+  }
+  // A journal bucket's record says journal.
+  AllocRecord j = Good(BucketState::kJournal);
+  j.live_sectors.set(0);  // (a journal bucket holds no data)
+  Bucket out;
+  EXPECT_TRUE(ParseRecord(s, 0, 3, &j, sizeof(j), &out, nullptr).ok());
+}
+
+TEST(AllocRecordTest, HostileBytesAreCorruptWithOneLine) {
+  const sb::Superblock s = TwoMembers();
+  struct Case {
+    const char* name;
+    u64 dev, bucket;
+    std::vector<u8> bytes;
+    const char* needle;
+  };
+  auto bytes = [](AllocRecord r) {
+    std::vector<u8> v(sizeof(r));
+    memcpy(v.data(), &r, sizeof(r));
+    return v;
+  };
+  std::vector<Case> cases;
+  {
+    std::vector<u8> v = bytes(Good());
+    v.push_back(0);
+    cases.push_back({"long", 0, 20, v, "record of bad size 25"});
+    v.resize(23);
+    cases.push_back({"short", 0, 20, v, "record of bad size 23"});
+    cases.push_back({"empty", 0, 20, {}, "record of bad size 0"});
+  }
+  AllocRecord r = Good();
+  r.state = 6;
+  cases.push_back({"state", 0, 20, bytes(r), "unknown state 6"});
+  r = Good();
+  r.state = 0xff;
+  cases.push_back({"state ff", 0, 20, bytes(r), "unknown state 255"});
+  r = Good();
+  r.reserved0 = 1;
+  cases.push_back({"reserved0", 0, 20, bytes(r), "nonzero reserved field"});
+  r = Good();
+  r.reserved1.set(0x100);
+  cases.push_back({"reserved1", 0, 20, bytes(r), "nonzero reserved field"});
+  cases.push_back({"member", 2, 20, bytes(Good()), "member 2 bucket 20: no such member"});
+  cases.push_back({"member huge", ~u64(0), 20, bytes(Good()), "no such member"});
+  cases.push_back({"bucket", 0, 100, bytes(Good()), "outside the member's 100 buckets"});
+  cases.push_back({"bucket huge", 1, ~u64(0), bytes(Good()), "outside the member's 300 buckets"});
+  r = Good();
+  r.live_sectors.set(513);  // a 256 KiB bucket has 512
+  cases.push_back({"live", 0, 20, bytes(r), "live sectors beyond the bucket"});
+  r = Good();
+  r.cached_sectors.set(~u32(0));
+  cases.push_back({"cached", 0, 20, bytes(r), "cached sectors beyond the bucket"});
+  r = Good(BucketState::kFree);
+  r.live_sectors.set(8);
+  cases.push_back({"free with data", 0, 20, bytes(r), "free, yet with live or cached sectors"});
+  cases.push_back({"journal outside the ring", 0, 20, bytes(Good(BucketState::kJournal)), "state journal where the layout has free"});
+  cases.push_back({"ring bucket not journal", 0, 2, bytes(Good(BucketState::kUser)), "state user where the layout has journal"});
+  cases.push_back({"superblock", 1, 20, bytes(Good(BucketState::kSb)), "state superblock"});
+  r = Good();
+  r.version.set(kRecordVersionLimit);
+  cases.push_back({"version", 0, 20, bytes(r), "version out of range"});
+  r = Good();
+  r.oldest_gen = 6;
+  cases.push_back({"oldest_gen", 0, 20, bytes(r), "oldest_gen is not gen: 6"});
+  cases.push_back({"btree on a user-only member", 1, 20, bytes(Good(BucketState::kBtree)),
+                   "state btree on a member that does not allow it"});
+  cases.push_back({"journal with data", 0, 2, bytes(Good(BucketState::kJournal)),
+                   "journal, yet with live or cached sectors: 100"});
+  for (const Case& c : cases) {
+    Bucket out;
+    out.version = 99;
+    Diag d;
+    Status st = ParseRecord(s, c.dev, c.bucket, c.bytes.data(), u32(c.bytes.size()), &out, &d);
+    EXPECT_EQ(st.code(), Err::kCorrupt) << c.name;
+    const std::string line(d.text);
+    EXPECT_NE(line.find(c.needle), std::string::npos) << c.name << ": " << line;
+    EXPECT_EQ(line.rfind("alloc: ", 0), 0u) << c.name << ": " << line;
+    EXPECT_EQ(line.find('\n'), std::string::npos) << c.name;
+    EXPECT_EQ(out.version, 99u) << c.name << ": a bad record changed the output";
+  }
+}
+
+// Every bit of a record flipped in turn: valid exactly when the field it
+// lands in allows the new value (gen: any; oldest_gen: must equal gen;
+// state: a known one the HDD member may hold, not free with data; reserved:
+// never; sectors: within the bucket; version: below the limit) -- and then
+// the parse gives back exactly those bytes; kCorrupt otherwise (never
+// another error, never a crash). Valid implies plausible.
+TEST(AllocRecordTest, EveryFlippedByteParsesOrIsCorrupt) {
+  const sb::Superblock s = TwoMembers();
+  const AllocRecord good = Good();
+  const u64 sectors = s.bucket_size / 512;
+  u32 valid = 0;
+  for (u32 i = 0; i < sizeof(good); i++) {
+    for (u8 bit = 0; bit < 8; bit++) {
+      AllocRecord r = good;
+      reinterpret_cast<u8*>(&r)[i] ^= u8(1 << bit);
+      bool want;
+      if (i == 0) {
+        want = false;  // gen: oldest_gen (still 7) must equal it
+      } else if (i == 1) {
+        want = false;  // oldest_gen != gen
+      } else if (i == 2) {
+        want = r.state == u8(BucketState::kCached);  // user 4 ^ 1; 0 is free with data, 6.. unknown
+      } else if (i == 3 || (i >= 12 && i < 16)) {
+        want = false;  // reserved
+      } else if (i < 8) {
+        want = r.live_sectors.get() <= sectors;
+      } else if (i < 12) {
+        want = r.cached_sectors.get() <= sectors;
+      } else {
+        want = r.version.get() < kRecordVersionLimit;
+      }
+      Bucket out;
+      Status st = ParseRecord(s, 1, 5, &r, sizeof(r), &out, nullptr);
+      EXPECT_EQ(st.ok(), want) << "byte " << i << " bit " << int(bit) << ": " << st.Message();
+      if (!st.ok()) {
+        EXPECT_EQ(st.code(), Err::kCorrupt) << i << "/" << int(bit);
+        continue;
+      }
+      valid++;
+      AllocRecord again;
+      EncodeRecord(out, &again);
+      EXPECT_EQ(memcmp(&again, &r, sizeof(r)), 0) << "byte " << i << " bit " << int(bit);
+      u64 v = 0;
+      EXPECT_TRUE(RecordPlausible(&r, sizeof(r), &v)) << "plausible is weaker than valid";
+      EXPECT_EQ(v, r.version.get());
+    }
+  }
+  EXPECT_GT(valid, 50u);  // (sectors and versions: most of their bits)
+}
+
+// Validity stays far below plausibility: a change of a valid record (version
+// + 1) or fsck's rebuild past a plausible bad one is never implausible.
+TEST(AllocRecordTest, AnIncrementOfAValidOrPlausibleVersionStaysPlausible) {
+  const sb::Superblock s = TwoMembers();
+  AllocRecord r = Good();
+  Bucket out;
+  u64 v;
+  r.version.set(kRecordVersionLimit - 1);
+  ASSERT_TRUE(ParseRecord(s, 1, 5, &r, sizeof(r), &out, nullptr).ok());
+  r.version.set(kRecordVersionLimit);
+  EXPECT_EQ(ParseRecord(s, 1, 5, &r, sizeof(r), &out, nullptr).code(), Err::kCorrupt);
+  EXPECT_TRUE(RecordPlausible(&r, sizeof(r), &v));
+  r.version.set(kRecordVersionPlausible - 1);
+  EXPECT_TRUE(RecordPlausible(&r, sizeof(r), &v));
+  EXPECT_LT(kRecordVersionRebase, kRecordVersionLimit);
+  EXPECT_LT(kRecordVersionLimit, kRecordVersionPlausible);
+}
+
+// A sink that fails: the first `ok_changes` changes of a call are committed
+// (at seq 0), the call fails (a journal error, or a later piece of a split
+// batch).
+struct FailingSink {
+  u32 ok_changes = 0;
+  u32 calls = 0;
+  static Result<u64> Persist(void* ctx, const RecordChange*, u32 n, BucketState, PersistProgress* p) {
+    auto* f = static_cast<FailingSink*>(ctx);
+    f->calls++;
+    p->committed = f->ok_changes < n ? f->ok_changes : n;
+    p->seq = 0;
+    p->transactions = p->committed != 0 ? 1 : 0;
+    if (f->ok_changes >= n) return u64(0);
+    return Err::kIo;
+  }
+};
+
+// An allocation whose record fails to commit hands the bucket back to the
+// free list (before: allocated in memory, off the free list, handed to no
+// one -- lost until the next mount).
+TEST(AllocatorTest, AnAllocationWhoseRecordFailsLosesNoBucket) {
+  const sb::Superblock s = TwoMembers();
+  Allocator a;
+  ASSERT_TRUE(a.Init(s).ok());
+  FailingSink sink;
+  a.SetPersist(FailingSink::Persist, &sink);
+  const u64 free_before = a.Usage(0).by_state[u8(BucketState::kFree)];
+  for (int i = 0; i < 5; i++)
+    EXPECT_EQ(a.Allocate(0b01, 0, BucketState::kBtree, Watermark::kBtree).status().code(), Err::kIo);
+  EXPECT_EQ(sink.calls, 5u);
+  EXPECT_EQ(a.Usage(0).by_state[u8(BucketState::kFree)], free_before);
+  EXPECT_EQ(a.Stats().record_errors, 5u);
+  sink.ok_changes = ~0u;
+  u64 n = 0;
+  while (a.Allocate(0b01, 0, BucketState::kBtree, Watermark::kBtree).ok()) n++;
+  EXPECT_EQ(n, free_before);
+}
+
+// A batch of frees split in pieces, a later piece failing: the frees the
+// earlier pieces committed become reusable once settled (before: every
+// bucket of the batch stayed pending for good); the others stay pending.
+TEST(AllocatorTest, APartlyCommittedBatchOfFreesReleasesWhatWasCommitted) {
+  const sb::Superblock s = TwoMembers();
+  Allocator a;
+  ASSERT_TRUE(a.Init(s).ok());
+  FailingSink sink;
+  sink.ok_changes = ~0u;
+  a.SetPersist(FailingSink::Persist, &sink);
+  std::vector<BucketRef> refs;
+  for (int i = 0; i < 4; i++) {
+    Result<BucketRef> r = a.Allocate(0b10, 0, BucketState::kUser, Watermark::kBtree);
+    ASSERT_TRUE(r.ok());
+    refs.push_back(*r);
+  }
+  journal::Journal journal;  // never started: settled_seq 0 settles what was committed at 0
+  a.SetJournal(&journal);
+  sink.ok_changes = 2;
+  EXPECT_EQ(a.FreeBuckets(refs.data(), 4).code(), Err::kIo);
+  EXPECT_EQ(a.Usage(1).pending_free, 4u);
+  // Allocating releases the settled ones: the two committed frees only.
+  u64 n = 0;
+  sink.ok_changes = ~0u;
+  const u64 free_now = a.Usage(1).by_state[u8(BucketState::kFree)] - 4;
+  while (a.Allocate(0b10, 0, BucketState::kUser, Watermark::kBtree).ok()) n++;
+  EXPECT_EQ(n, free_now + 2);
+  EXPECT_EQ(a.Usage(1).pending_free, 2u);
+  a.SetJournal(nullptr);
+}
+
+TEST(AllocRecordTest, PlausibleIsWhatTheMergeRuleChecks) {
+  u64 v = 0;
+  AllocRecord r = Good();
+  EXPECT_TRUE(RecordPlausible(&r, sizeof(r), &v));
+  EXPECT_EQ(v, 42u);
+  EXPECT_FALSE(RecordPlausible(&r, sizeof(r) - 1, &v));
+  r.state = 9;
+  EXPECT_FALSE(RecordPlausible(&r, sizeof(r), &v));
+  r = Good();
+  r.reserved0 = 3;
+  EXPECT_FALSE(RecordPlausible(&r, sizeof(r), &v));
+  r = Good();
+  r.version.set(~u64(0));
+  EXPECT_FALSE(RecordPlausible(&r, sizeof(r), &v));
+}
+
+// The load: an absent record is the layout's state; a record replaces it; a
+// second record of a bucket (the journal's keys over the tree's, for the node
+// scan) wins only with a newer version; a bad one changes nothing.
+TEST(AllocRecordTest, LoadKeepsTheNewerRecordAndTheLayoutForAbsentOnes) {
+  const sb::Superblock s = TwoMembers();
+  Allocator a;
+  ASSERT_TRUE(a.Init(s).ok());
+  EXPECT_EQ(a.Get(0, 3).state, BucketState::kJournal);
+  EXPECT_EQ(a.Get(0, 50).state, BucketState::kFree);
+  a.BeginLoad();
+  AllocRecord r = Good();
+  ASSERT_TRUE(a.LoadRecord(1, 10, &r, sizeof(r)).ok());
+  r.version.set(40);
+  r.state = u8(BucketState::kFree);
+  r.live_sectors.set(0);
+  ASSERT_TRUE(a.LoadRecord(1, 10, &r, sizeof(r)).ok());  // older: ignored
+  EXPECT_EQ(a.Get(1, 10).state, BucketState::kUser);
+  r.version.set(43);
+  ASSERT_TRUE(a.LoadRecord(1, 10, &r, sizeof(r)).ok());  // newer: taken
+  EXPECT_EQ(a.Get(1, 10).state, BucketState::kFree);
+  EXPECT_EQ(a.Get(1, 10).version, 43u);
+  r.state = 9;
+  r.version.set(50);
+  Diag d;
+  EXPECT_EQ(a.LoadRecord(1, 10, &r, sizeof(r), &d).code(), Err::kCorrupt);
+  EXPECT_EQ(a.Get(1, 10).version, 43u);  // (implausible: the merge rule replaces it whatever its version)
+  // A plausible but invalid record (free with data): the bucket keeps its
+  // state, and its version moves past the bad one's, so that a rebuild's
+  // record replaces it under the merge rule.
+  r.state = u8(BucketState::kFree);
+  r.live_sectors.set(8);
+  r.version.set(70);
+  EXPECT_EQ(a.LoadRecord(1, 11, &r, sizeof(r), &d).code(), Err::kCorrupt);
+  EXPECT_EQ(a.Get(1, 11).state, BucketState::kFree);
+  EXPECT_EQ(a.Get(1, 11).version, 70u);
+  EXPECT_TRUE(a.Get(1, 11).recorded);
+  ASSERT_TRUE(a.Finish().ok());
+  EXPECT_EQ(a.Stats().records_loaded, 1u);
+  EXPECT_EQ(a.Usage(0).by_state[u8(BucketState::kJournal)], 8u);
+  EXPECT_EQ(a.Usage(1).by_state[u8(BucketState::kFree)], 300u);
+}
+
+}  // namespace
+}  // namespace tfs::alloc
