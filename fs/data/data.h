@@ -10,8 +10,9 @@
 //
 // Replicas (docs/design/copies.md, "As built: step 5a"): a write wants
 // ctx.replicas copies (else the filesystem's data_replicas), counted by the
-// members' durability. Its write point keeps an open bucket on each of up to
-// kMaxPtrs distinct members of its target; the blob goes to all the copies
+// members' durability. Its write point keeps up to kMaxPtrs open buckets
+// and the write takes one on each of that many distinct members of its
+// target (chosen by member: write_point.cc); the blob goes to all the copies
 // at once (one submission each, completions joined) and the extent gets one
 // pointer per copy written. Too few members (the target has fewer, one is
 // full, a copy's write fails): the write goes on with the copies it has --
@@ -264,10 +265,12 @@ class DataPath {
   // member or group they name). Keyed by the target WritePointTarget makes
   // of ctx's, so targets with the same members share one.
   //
-  // A write point has up to kMaxPtrs open buckets (slots), one per copy a
-  // write wants, on distinct members: slot 0 serves every write (the first
-  // copy, as before replicas), slot i the (i+1)-th copy of writes that want
-  // more. Files of the target wanting 1 and 2 copies share it.
+  // A write point has up to kMaxPtrs open buckets (slots); a write takes
+  // one per copy it wants, on distinct members, chosen by member rather
+  // than by index (Reserve): any open slot with room on a member the copy
+  // may use, and a new bucket only when none has room. Files of the target
+  // wanting 1 and 2 copies share it. WritePointBucket reports slot 0 (the
+  // one a one-copy write point fills and refills).
   struct WritePoint {
     struct Slot {
       bool open = false;       // under mu
@@ -304,13 +307,16 @@ class DataPath {
   // allocator's fallback), the others from the target's members of nonzero
   // durability only. Fewer when too few members have room (degraded: the
   // caller counts it); kNoSpace (or the allocator's error) only when no
-  // copy has space, or unless what stays free after the first copy covers
-  // the reservations other than `covered` (the reserved blocks this write
-  // replaces) -- further copies are dropped before the reservations would
-  // be eaten into. `whole`: all `want` blocks or none (a compressed blob): a
-  // slot with less room left is retired for a new bucket.
+  // copy has space -- no open slot has room and no bucket is free -- or
+  // unless what stays free after the first copy covers the reservations
+  // other than `covered` (the reserved blocks this write replaces) --
+  // further copies are dropped before the reservations would be eaten
+  // into. `whole`: all `want` blocks or none (a compressed blob): a slot
+  // with less room left is passed over (a new bucket goes into another
+  // slot, or replaces the emptiest).
   Status Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole, Space* out, u32* copies, u32* got);
-  // The copies ctx wants (its replicas, else the filesystem's), 1..kMaxPtrs.
+  // The copies ctx wants (its replicas, else the filesystem's for the
+  // foreground write path and one for any other origin), 1..kMaxPtrs.
   u32 Wanted(const IoContext& ctx) const;
   // Writes `len` bytes of `data` to every copy in sp[0..copies) at once
   // (one submission each, then one wait for all): each copy's result in
@@ -325,6 +331,9 @@ class DataPath {
   // copy's error when none was written.
   Status KeepWritten(const IoContext& ctx, const Space* sp, u32 copies, const Status* per, u64 first_change,
                      u64 blocks, Delta* delta, Extent* x);
+  // KeepWritten's log line for a copy whose write failed: at most one per
+  // member per kCopyErrorLogNs, naming the failures not logged since.
+  void LogCopyError(u32 dev, const Status& st);
   // Records the pending space of sp[0..copies) (`blocks` live, `pending`
   // disk blocks each) in delta, or gives it back when the delta cannot grow.
   Status RecordCopies(const Space* sp, u32 copies, u32 blocks, u32 pending, Delta* delta);
@@ -422,6 +431,14 @@ class DataPath {
   Vector<u32> reads_[dev::kMaxDevices];    // reads in flight per bucket (| kDoomed)
   Vector<u8> held_[dev::kMaxDevices];      // 1: a write point's open bucket
   u64 reserved_ = 0;           // unwritten blocks, under acct_mu_
+  // The log of failed copies (KeepWritten), at most one line per member per
+  // kCopyErrorLogNs: a failing member fails every copy of every extent.
+  // Per member: when its last line was logged (platform::NowNs; 0: never)
+  // and the failures not logged since. Lock-free: a race only logs a line
+  // more or counts one in the next line.
+  static constexpr u64 kCopyErrorLogNs = 10'000'000'000ull;
+  Atomic<u64> copy_error_logged_[dev::kMaxDevices] = {};  // (the time + 1: 0 is never)
+  Atomic<u64> copy_errors_unlogged_[dev::kMaxDevices] = {};
   void (*lookup_hook_)(void*) = nullptr;  // SetLookupHookForTest
   void* lookup_hook_ctx_ = nullptr;
   struct Live {

@@ -574,6 +574,160 @@ TEST(ReplicasTest, CopiesAreSubmittedTogether) {
   EXPECT_TRUE(t.Read(ino, content.size()) == content);
 }
 
+// Space a write point opens counts as free at once (helper-40's fix of
+// 7e86001): with a fallocate holding all but two copies' worth of a write
+// and a bucket's worth more, a two-copy write whose slots are both full
+// (each copy needs a new bucket) gets both copies. (Counted while the new
+// buckets were in neither the allocator's free count nor the write point's,
+// the free space looked two buckets short: ENOSPC.)
+TEST(ReplicasTest, BucketsOpenedCountAsFreeBeforeTheReservationCheck) {
+  Replicas t(2, 2);
+  const u64 bucket_blocks = t.m->store->sb().bucket_size / data::kBlockSize;
+  ASSERT_EQ(bucket_blocks, 64u);
+  // Both slots filled to the end: a bucket on each member, no room left.
+  const u64 full = t.Create("full");
+  t.Write(full, 0, Bytes(bucket_blocks * data::kBlockSize, 30));
+  ASSERT_TRUE(t.fs().Fsync(full).ok());
+  t.ExpectCopies(full, 2);
+  // Reserve all that is free (the largest fallocates that fit, halving the
+  // step on each refusal), then give back two copies of the write plus a
+  // bucket (slack for a metadata bucket taken meanwhile; the undercount
+  // was two buckets).
+  const u64 g = t.Create("reserved");
+  u64 at = 0;
+  for (u64 step = 1ull << 20; step > 0;) {
+    if (t.fs().Fallocate(g, posix::kFallocKeepSize, at * data::kBlockSize, step * data::kBlockSize).ok()) {
+      at += step;
+    } else {
+      step /= 2;
+    }
+  }
+  constexpr u64 kWriteBlocks = 16;
+  const u64 give_back = 2 * kWriteBlocks + bucket_blocks;
+  ASSERT_GT(at, give_back + 4 * bucket_blocks);
+  ASSERT_TRUE(t.fs()
+                  .Fallocate(g, posix::kFallocPunchHole | posix::kFallocKeepSize, (at - give_back) * data::kBlockSize,
+                             give_back * data::kBlockSize)
+                  .ok());
+  const data::Stats before = t.data().GetStats();
+  const u64 ino = t.Create("f");
+  const std::string content = Bytes(kWriteBlocks * data::kBlockSize, 31);
+  t.Write(ino, 0, content);
+  Status st = t.fs().Fsync(ino);
+  ASSERT_TRUE(st.ok()) << st.Message();
+  t.ExpectCopies(ino, 2);
+  const data::Stats s = t.data().GetStats();
+  EXPECT_EQ(s.degraded_writes, before.degraded_writes);
+  EXPECT_EQ(s.reserve_refused, before.reserve_refused);
+  EXPECT_EQ(s.buckets_opened, before.buckets_opened + 2);
+  EXPECT_TRUE(t.Read(ino, content.size()) == content);
+  t.ExpectFsckClean();
+}
+
+// Files wanting one and two copies share a write point: each copy takes an
+// open slot with room on a member the write may use, so a one-copy write
+// never moves a slot onto the member another slot has room on, and no
+// half-filled bucket is retired. The buckets opened stay at the data
+// written (in buckets) plus the two left open.
+TEST(ReplicasTest, OneAndTwoCopyFilesSharingAWritePointRetireNoHalfFilledBucket) {
+  Replicas t(2, 1);
+  const u64 bucket_blocks = t.m->store->sb().bucket_size / data::kBlockSize;
+  const u64 one = t.Create("one");
+  const u64 two = t.Create("two", "2");
+  std::string m1, m2;
+  u64 blocks = 0;  // disk blocks written, every copy
+  for (int i = 0; i < 120; i++) {
+    const std::string a = Bytes((3 + i % 11) * data::kBlockSize, 200 + i);
+    t.Write(one, m1.size(), a);
+    m1 += a;
+    ASSERT_TRUE(t.fs().Fsync(one).ok());
+    const std::string b = Bytes((2 + i % 7) * data::kBlockSize, 300 + i);
+    t.Write(two, m2.size(), b);
+    m2 += b;
+    ASSERT_TRUE(t.fs().Fsync(two).ok());
+    blocks += a.size() / data::kBlockSize + 2 * (b.size() / data::kBlockSize);
+  }
+  t.ExpectCopies(one, 1);
+  t.ExpectCopies(two, 2);
+  const data::Stats s = t.data().GetStats();
+  EXPECT_EQ(s.degraded_writes, 0u);
+  // Every bucket opened is full but the (at most two) still open.
+  EXPECT_LT(s.buckets_opened * bucket_blocks, blocks + 2 * bucket_blocks)
+      << s.buckets_opened << " buckets opened for " << blocks << " blocks";
+  EXPECT_TRUE(t.Read(one, m1.size()) == m1);
+  EXPECT_TRUE(t.Read(two, m2.size()) == m2);
+  t.ExpectFsckClean();
+}
+
+// A write whose usual slot is full when no bucket is free still lands in
+// another open slot with room (statfs counts that room free): kNoSpace only
+// when no copy has space anywhere.
+TEST(ReplicasTest, AFullSlotWithNoFreeBucketFallsBackToAnotherOpenSlot) {
+  Replicas t(2, 2);
+  const u64 bucket_blocks = t.m->store->sb().bucket_size / data::kBlockSize;
+  // Half a bucket on each member (two copies), then a one-copy file fills one of them.
+  const u64 two = t.Create("two");
+  t.Write(two, 0, Bytes(bucket_blocks / 2 * data::kBlockSize, 40));
+  ASSERT_TRUE(t.fs().Fsync(two).ok());
+  const u64 one = t.Create("one", "1");
+  t.Write(one, 0, Bytes(bucket_blocks / 2 * data::kBlockSize, 41));
+  ASSERT_TRUE(t.fs().Fsync(one).ok());
+  const u64 opened = t.data().GetStats().buckets_opened;
+  ASSERT_EQ(opened, 2u);
+  // No bucket left for foreground data.
+  std::vector<alloc::BucketRef> taken;
+  const dev::DevMask all = t.m->store->devs().all();
+  for (;;) {
+    auto r = t.m->store->alloc().Allocate(all, all, alloc::BucketState::kUser, alloc::Watermark::kForeground);
+    if (!r.ok()) break;
+    taken.push_back(r.value());
+  }
+  ASSERT_FALSE(taken.empty());
+  // (O_DIRECT: the write's own result, no write-out left behind.)
+  auto direct = [&](u64 off, const std::string& s) {
+    return t.fs().Write(one, off, s.data(), u32(s.size()), Filesystem::kWriteDirect).status();
+  };
+  const std::string more = Bytes(4 * data::kBlockSize, 42);
+  Status st = direct(bucket_blocks / 2 * data::kBlockSize, more);
+  EXPECT_TRUE(st.ok()) << st.Message();
+  EXPECT_EQ(t.data().GetStats().buckets_opened, opened);
+  // Both open buckets full now: the next write has no space at all.
+  const std::string rest = Bytes((bucket_blocks / 2 - 4) * data::kBlockSize, 43);
+  st = direct((bucket_blocks / 2 + 4) * data::kBlockSize, rest);
+  EXPECT_TRUE(st.ok()) << st.Message();
+  EXPECT_EQ(direct(bucket_blocks * data::kBlockSize, more).code(), Err::kNoSpace);
+  for (const alloc::BucketRef& r : taken) EXPECT_TRUE(t.m->store->alloc().Free(r).ok());
+  const std::string want = Bytes(bucket_blocks / 2 * data::kBlockSize, 41) + more + rest;
+  EXPECT_TRUE(t.Read(one, want.size()) == want);
+  t.ExpectFsckClean();
+}
+
+// data_replicas is the foreground write path's: a context of another origin
+// (a background engine's) writes one copy unless it asks for more.
+TEST(ReplicasTest, OtherOriginsWriteOneCopyUnlessTheyAsk) {
+  Replicas t(2, 2);
+  const data::IoContext reconcile = {IoOrigin::kReconcile, dev::IoClass::kBackground, alloc::Watermark::kBackground,
+                                     data::Target{}};
+  data::IoContext two = reconcile;
+  two.replicas = 2;
+  const u64 ino = t.Create("f");
+  std::vector<u8> buf(8 * data::kBlockSize, 'r');
+  u64 first = 0;
+  for (const data::IoContext* ctx : std::vector<const data::IoContext*>{&reconcile, &two}) {
+    btree::Transaction tx(&t.m->store->btrees());
+    data::Delta delta;
+    ASSERT_TRUE(t.data().QueueWrite(*ctx, &tx, ino, first, buf.data(), 8, &delta).ok());
+    ASSERT_TRUE(t.data().Commit(*ctx, &tx, delta).ok());
+    first += 8;
+  }
+  std::vector<std::vector<u8>> vals;
+  auto ext = t.Extents(ino, &vals);
+  ASSERT_EQ(ext.size(), 2u);
+  EXPECT_EQ(ext[0].nr_ptrs, 1u);
+  EXPECT_EQ(ext[1].nr_ptrs, 2u);
+  EXPECT_EQ(t.data().GetStats().degraded_writes, 0u);
+}
+
 // Random writes, overwrites, punches and truncates of a few files with two
 // copies, checked against a model; after each round a clean remount, or a
 // power cut (durable contents or torn) after an fsync followed by unsynced

@@ -109,6 +109,27 @@ Status DataPath::RecordCopies(const Space* sp, u32 copies, u32 blocks, u32 pendi
   return Status::Ok();
 }
 
+void DataPath::LogCopyError(u32 dev, const Status& st) {
+  const u32 m = dev % dev::kMaxDevices;
+  const u64 now = platform::NowNs();
+  u64 last = copy_error_logged_[m].Load(MemOrder::kRelaxed);
+  // (now + 1: a clock at 0 still counts as logged)
+  if ((last != 0 && now + 1 < last + kCopyErrorLogNs) ||
+      !copy_error_logged_[m].CompareExchange(last, now + 1, MemOrder::kRelaxed)) {
+    copy_errors_unlogged_[m].FetchAdd(1, MemOrder::kRelaxed);
+    return;
+  }
+  const u64 unlogged = copy_errors_unlogged_[m].Exchange(0, MemOrder::kRelaxed);
+  if (unlogged != 0) {
+    platform::Log(platform::LogLevel::kError,
+                  "data: write of a copy to member %u failed: %s (and %llu more not logged since the last line)",
+                  unsigned(m), st.Message(), static_cast<unsigned long long>(unlogged));
+  } else {
+    platform::Log(platform::LogLevel::kError, "data: write of a copy to member %u failed: %s", unsigned(m),
+                  st.Message());
+  }
+}
+
 Status DataPath::KeepWritten(const IoContext& ctx, const Space* sp, u32 copies, const Status* per, u64 first_change,
                              u64 blocks, Delta* delta, Extent* x) {
   x->nr_ptrs = 0;
@@ -125,8 +146,7 @@ Status DataPath::KeepWritten(const IoContext& ctx, const Space* sp, u32 copies, 
       if (first_error.ok()) first_error = per[c];
       if (copies > 1) {  // (one copy: the write fails with its error)
         ctr_.copy_write_errors.FetchAdd(1, MemOrder::kRelaxed);
-        platform::Log(platform::LogLevel::kError, "data: write of a copy to member %u failed: %s",
-                      unsigned(sp[c].ref.dev), per[c].Message());
+        LogCopyError(sp[c].ref.dev, per[c]);
       }
       continue;
     }
