@@ -45,9 +45,14 @@ Status DataPath::Open(store::Store* store) {
     auto t = store->devs().ResolveTarget(names[k]);
     targets_[k] = t.ok() ? t.value() : 0;
   }
-  // Each member's group, for kGroup targets (files' options).
+  // Each member's group, for kGroup targets (files' options), and what a
+  // copy on it counts for (replicas).
   const dev::DeviceSet& devs = store->devs();
+  data_replicas_ = sb.options.data_replicas;
+  durable_ = 0;
   for (u32 m = 0; m < devs.size(); m++) {
+    durability_[m] = m < sb.nr_members ? sb.members[m].durability : 0;
+    if (durability_[m] > 0) durable_ |= dev::DevMask(1) << m;
     groups_[m] = 0;
     for (u32 i = 0; i < devs.size(); i++)
       if (StrEqual(devs.member(i)->group(), devs.member(m)->group())) groups_[m] |= dev::DevMask(1) << i;
@@ -110,21 +115,22 @@ void DataPath::Close() {
     const u32 n = nr_wps_.Load(MemOrder::kAcquire);
     for (u32 i = 0; i < n; i++) {
       WritePoint* wp = wps_[i];
-      bool free_it = false;
-      alloc::BucketRef ref{};
+      alloc::BucketRef refs[kMaxPtrs];
+      u32 nfree = 0;
       {
         MutexLock l(wp->mu);
-        if (wp->open) {
+        for (WritePoint::Slot& s : wp->slots) {
+          if (!s.open) continue;
           MutexLock a(acct_mu_);
-          held_[wp->ref.dev][wp->ref.bucket] = 0;
-          free_it = ReleaseLocked(wp->ref.dev, wp->ref.bucket, &ref);
-          wp->open = false;
+          held_[s.ref.dev][s.ref.bucket] = 0;
+          if (ReleaseLocked(s.ref.dev, s.ref.bucket, &refs[nfree])) nfree++;
+          s.open = false;
         }
       }
       // (Not on a store closed already -- a test's crash: the next mount
       // frees a user bucket no extent points into.)
-      if (free_it && store_->open() && store_->alloc().Free(ref).ok())
-        ctr_.buckets_freed.FetchAdd(1, MemOrder::kRelaxed);
+      for (u32 k = 0; k < nfree; k++)
+        if (store_->open() && store_->alloc().Free(refs[k]).ok()) ctr_.buckets_freed.FetchAdd(1, MemOrder::kRelaxed);
       platform::Delete(wp);
       wps_[i] = nullptr;
     }

@@ -6,8 +6,20 @@
 // its copies are: up to kMaxPtrs pointers (member, generation, byte offset of
 // the blob, how far into the blob the extent starts -- a piece of a split
 // extent keeps its blob -- cached or not, compressed or not), and each
-// block's crc32c, shared by the plain copies. Today's write path writes one
-// copy; everything else handles several.
+// block's crc32c, shared by the plain copies.
+//
+// Replicas (docs/design/copies.md, "As built: step 5a"): a write wants
+// ctx.replicas copies (else the filesystem's data_replicas), counted by the
+// members' durability. Its write point keeps up to kMaxPtrs open buckets
+// and the write takes one on each of that many distinct members of its
+// target (chosen by member: write_point.cc); the blob goes to all the copies
+// at once (one submission each, completions joined) and the extent gets one
+// pointer per copy written. Too few members (the target has fewer, one is
+// full, a copy's write fails): the write goes on with the copies it has --
+// degraded, counted (degraded_writes, degraded_sectors) -- and fails only
+// when no copy was written. Extra copies come from the target alone: the
+// allocator's fallback to any member serves the first copy only, so a
+// replica never lands on a slow member the target does not name.
 //
 // Writing: whole 4 KiB blocks. Space comes from a write point (one open bucket,
 // filled in order) -- one per (target, I/O class) of the callers' IoContexts
@@ -15,8 +27,8 @@
 // foreground nor waits on its write point's lock; the data is written and completed
 // before the caller commits the transaction that QueueWrite filled: the new
 // extent keys and the trimmed or deleted old ones. The commit must name the
-// members written (Delta::deps) so that it becomes durable only after they are
-// flushed. After the commit, Apply(delta) moves the space accounting; a bucket
+// members written (Delta::deps: every copy written, and no other member) so
+// that it becomes durable only after they are flushed. After the commit, Apply(delta) moves the space accounting; a bucket
 // no extent points into any more (and no write in flight has space in) is
 // freed. Abort(delta) after a failed commit.
 //
@@ -140,7 +152,11 @@ struct Delta {
   X(copy_retries, counter, "reads that fell back to another copy (checksum, I/O error, bad or stale pointer)") \
   X(slow_member_flushes, counter, "commits that flushed a member without a journal (an HDD) before entering it") \
   X(write_point_fallbacks, counter, "writes sent to the foreground target's write point (the table was full)") \
-  X(cached_underflows, counter, "cached blocks uncounted that were never counted (a stale cached pointer current again)")
+  X(cached_underflows, counter, "cached blocks uncounted that were never counted (a stale cached pointer current again)") \
+  X(replica_copies, counter, "copies written beside an extent's first (replicas)")                                      \
+  X(copy_write_errors, counter, "copies whose write failed: the extent kept the copies written")                        \
+  X(degraded_writes, counter, "extents written with fewer copies than wanted (too few members, full or failing)")      \
+  X(degraded_sectors, counter, "512-byte sectors of those extents")
 
 struct Stats {
   TFS_COUNTER_FIELDS(TFS_DATA_COUNTERS)
@@ -248,14 +264,24 @@ class DataPath {
   // contexts exist, kMaxWritePoints at most -- files' targets add one per
   // member or group they name). Keyed by the target WritePointTarget makes
   // of ctx's, so targets with the same members share one.
+  //
+  // A write point has up to kMaxPtrs open buckets (slots); a write takes
+  // one per copy it wants, on distinct members, chosen by member rather
+  // than by index (Reserve): any open slot with room on a member the copy
+  // may use, and a new bucket only when none has room. Files of the target
+  // wanting 1 and 2 copies share it. WritePointBucket reports slot 0 (the
+  // one a one-copy write point fills and refills).
   struct WritePoint {
+    struct Slot {
+      bool open = false;       // under mu
+      alloc::BucketRef ref{};  // under mu
+      u64 used = 0;            // blocks handed out, under mu
+    };
     Target target;
     dev::IoClass io_class = dev::IoClass::kForegroundSync;
     Mutex mu;
-    bool open = false;            // under mu
-    alloc::BucketRef ref{};       // under mu
-    u64 used = 0;                 // blocks handed out, under mu
-    Atomic<u64> left{0};          // blocks not handed out (FreeBlocksLocked reads it without mu)
+    Slot slots[kMaxPtrs];
+    Atomic<u64> left{0};  // blocks not handed out, all slots (FreeBlocksLocked reads it without mu)
   };
   // The key of t's write point: a member's group of one member is that
   // member (kMember), a larger group is named by its first member, and a
@@ -269,13 +295,48 @@ class DataPath {
   // (counted: write_point_fallbacks): a write still lands, on the
   // filesystem's target, never fails for want of a table entry.
   Result<WritePoint*> FindWritePoint(const IoContext& ctx);
-  // Space for up to `want` blocks at ctx's write point: member, bucket, byte
-  // offset. kNoSpace unless what stays free after it covers the reservations
-  // other than `covered` (the reserved blocks this write replaces).
-  // `whole`: all `want` blocks or none (a compressed blob): a write point with
-  // less room left is retired for a new bucket.
-  Status Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole, alloc::BucketRef* ref, u64* offset,
-                 u32* got);
+  // Space Reserve found for one copy: the bucket and the byte offset in it.
+  struct Space {
+    alloc::BucketRef ref{};
+    u64 offset = 0;
+  };
+  // Space for up to `want` blocks (*got, the same for every copy) at ctx's
+  // write point, on as many distinct members (*copies, into out[]) as it
+  // takes to reach the copies ctx wants by durability (Wanted), kMaxPtrs at
+  // most: the first from the write point's target (else any member, the
+  // allocator's fallback), the others from the target's members of nonzero
+  // durability only. Fewer when too few members have room (degraded: the
+  // caller counts it); kNoSpace (or the allocator's error) only when no
+  // copy has space -- no open slot has room and no bucket is free -- or
+  // unless what stays free after the first copy covers the reservations
+  // other than `covered` (the reserved blocks this write replaces) --
+  // further copies are dropped before the reservations would be eaten
+  // into. `whole`: all `want` blocks or none (a compressed blob): a slot
+  // with less room left is passed over (a new bucket goes into another
+  // slot, or replaces the emptiest).
+  Status Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole, Space* out, u32* copies, u32* got);
+  // The copies ctx wants (its replicas, else the filesystem's for the
+  // foreground write path and one for any other origin), 1..kMaxPtrs.
+  u32 Wanted(const IoContext& ctx) const;
+  // Writes `len` bytes of `data` to every copy in sp[0..copies) at once
+  // (one submission each, then one wait for all): each copy's result in
+  // per[]. Returns kNoMemory if the bounce buffer (unaligned data) or the
+  // requests could not be allocated (nothing written), else ok.
+  Status WriteCopies(const IoContext& ctx, const Space* sp, u32 copies, const u8* data, u64 len, Status* per);
+  // After WriteCopies: a copy that failed gives its space back (its change
+  // in delta, from index first_change on, zeroed) and is counted; the
+  // written ones become x's pointers (dev, gen, offset; the caller fills
+  // the rest) and join delta->deps; an extent whose copies count less than
+  // ctx wants is counted degraded (blocks: its file blocks). The first
+  // copy's error when none was written.
+  Status KeepWritten(const IoContext& ctx, const Space* sp, u32 copies, const Status* per, u64 first_change,
+                     u64 blocks, Delta* delta, Extent* x);
+  // KeepWritten's log line for a copy whose write failed: at most one per
+  // member per kCopyErrorLogNs, naming the failures not logged since.
+  void LogCopyError(u32 dev, const Status& st);
+  // Records the pending space of sp[0..copies) (`blocks` live, `pending`
+  // disk blocks each) in delta, or gives it back when the delta cannot grow.
+  Status RecordCopies(const Space* sp, u32 copies, u32 blocks, u32 pending, Delta* delta);
   // One chunk of QueueWrite, stored compressed: kNotSupported if zstd does not
   // save a block (the caller stores it plain).
   Status WriteCompressed(const IoContext& ctx, Prepared* p, u64 first, const u8* data, u32 nblocks, u64 covered,
@@ -331,7 +392,6 @@ class DataPath {
   // Blocks free for user data: free and soon-free buckets above the foreground
   // floor, plus what is left in the write points. Under acct_mu_.
   u64 FreeBlocksLocked() const TFS_REQUIRES(acct_mu_);
-  Status WriteBlob(const IoContext& ctx, u32 dev, u64 offset, const u8* data, u32 nblocks);
   Status FlushMembers(const IoContext& ctx, dev::DevMask mask);
   // Moves a bucket's counts (live by `blocks`, cached by `cached`, pending by
   // `pending`) and frees it once all are zero and no write point holds it.
@@ -347,6 +407,9 @@ class DataPath {
   dev::DevMask journal_members_ = 0;  // members holding a journal ring
   dev::DevMask targets_[kTargetKinds] = {};  // the superblock's targets, resolved at Open (0: none)
   dev::DevMask groups_[dev::kMaxDevices] = {};  // per member: the members of its group (kGroup targets)
+  u8 durability_[dev::kMaxDevices] = {};  // per member: the copies it counts as (sb; 0: cache only)
+  dev::DevMask durable_ = 0;              // members of nonzero durability (further copies go there only)
+  u32 data_replicas_ = 1;                 // the filesystem's copies (sb options.data_replicas)
   // The write points: entries [0, nr_wps_) are set (published with release)
   // and stay until Close; wps_mu_ serializes adding one. Every key
   // (WritePointTarget) in every class fits; the last kIoClassCount entries
@@ -368,6 +431,14 @@ class DataPath {
   Vector<u32> reads_[dev::kMaxDevices];    // reads in flight per bucket (| kDoomed)
   Vector<u8> held_[dev::kMaxDevices];      // 1: a write point's open bucket
   u64 reserved_ = 0;           // unwritten blocks, under acct_mu_
+  // The log of failed copies (KeepWritten), at most one line per member per
+  // kCopyErrorLogNs: a failing member fails every copy of every extent.
+  // Per member: when its last line was logged (platform::NowNs; 0: never)
+  // and the failures not logged since. Lock-free: a race only logs a line
+  // more or counts one in the next line.
+  static constexpr u64 kCopyErrorLogNs = 10'000'000'000ull;
+  Atomic<u64> copy_error_logged_[dev::kMaxDevices] = {};  // (the time + 1: 0 is never)
+  Atomic<u64> copy_errors_unlogged_[dev::kMaxDevices] = {};
   void (*lookup_hook_)(void*) = nullptr;  // SetLookupHookForTest
   void* lookup_hook_ctx_ = nullptr;
   struct Live {

@@ -11,7 +11,13 @@
 //  - watermark: how deep into the allocator's reserves its allocations may go
 //    (alloc::Watermark: a background writer stops before the foreground does);
 //  - target: where new data goes (a superblock target, one member, or the
-//    group of one member -- a file's foreground_target option, posix/opts.h).
+//    group of one member -- a file's foreground_target option, posix/opts.h);
+//  - replicas: how many copies a write wants (a file's replicas option; 0:
+//    the filesystem's data_replicas for the foreground write path -- origin
+//    kForegroundWrite -- and one copy for any other writer: promote,
+//    copygc, reconcile set it when they must keep an extent's copies), each
+//    on a distinct member of the target, counted by the members'
+//    durability (docs/design/copies.md).
 // New data is appended at a write point per (target, io_class): a background
 // writer never shares a bucket with the foreground, so its allocations never
 // hold up a foreground write, and each bucket holds data of one temperature.
@@ -58,6 +64,7 @@ struct IoContext {
   dev::IoClass io_class = dev::IoClass::kForegroundSync;
   alloc::Watermark watermark = alloc::Watermark::kForeground;
   Target target;
+  u8 replicas = 0;  // copies wanted, 1..kMaxPtrs (more: kMaxPtrs); 0: data_replicas (foreground writes), else 1
 };
 
 // posix's writes (buffered write-out, O_DIRECT, fallocate's zeroing) and reads.

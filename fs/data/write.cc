@@ -7,8 +7,11 @@
 // Commit commits the transaction and then Applies the delta, or Aborts it.
 //
 // Prepare needs no lock (its blobs are new) and does its device I/O before
-// anything is queued; the Queue* calls for one inode and the commit that
-// follows must be serialized by the caller (posix's inode stripe). Data is
+// anything is queued: each blob to every copy at once (WriteCopies: one
+// submission per copy, one wait for all), a copy that fails dropped (the
+// extent keeps the others; counted); the Queue* calls for one inode and the
+// commit that follows must be serialized by the caller (posix's inode
+// stripe). Data is
 // written and completed before its commit, which names the members written
 // (Delta::deps); data on a member without a journal ring is flushed before
 // the commit enters the journal (the slow-member rule). No lock of the data
@@ -22,19 +25,146 @@ namespace tfs::data {
 
 using btree::Iterator;
 
-Status DataPath::WriteBlob(const IoContext& ctx, u32 dev, u64 offset, const u8* data, u32 nblocks) {
-  const u64 len = u64(nblocks) * kBlockSize;
-  // O_DIRECT devices need aligned buffers: copy only data that is not.
+namespace {
+
+// One copy's write among several in flight (WriteCopies): its request and
+// result; the batch's latch counts the copies down.
+struct CopyWrite {
+  dev::Io io;
+  Latch* latch = nullptr;
+  Atomic<i32> err{0};
+
+  // The queue's completion: only an atomic store and a wake (it may run in
+  // interrupt context). The waiter may free this once the latch opens.
+  static void Done(dev::Io* io, Status st) {
+    auto* c = static_cast<CopyWrite*>(io->caller_data);
+    Latch* latch = c->latch;
+    c->err.Store(i32(st.code()), MemOrder::kRelease);
+    latch->CountDown();
+  }
+};
+
+struct CopyWrites {
+  CopyWrite copy[kMaxPtrs];
+};
+
+}  // namespace
+
+Status DataPath::WriteCopies(const IoContext& ctx, const Space* sp, u32 copies, const u8* data, u64 len,
+                             Status* per) {
+  // O_DIRECT devices need aligned buffers: copy only data that is not (once,
+  // for every copy).
   u8* buf = nullptr;
   if (reinterpret_cast<uptr>(data) % kBlockSize != 0) {
     buf = static_cast<u8*>(platform::Alloc(len, kBlockSize));
     if (buf == nullptr) return Err::kNoMemory;
     MemCopy(buf, data, len);
   }
-  Status st = ContextIo(ctx, store_->devs().member(dev)->queue(), IoOp::kWrite, offset,
-                        buf != nullptr ? buf : const_cast<u8*>(data), len);
+  u8* from = buf != nullptr ? buf : const_cast<u8*>(data);
+  if (copies == 1) {  // (the one-copy write as it always was: submitted and waited for)
+    per[0] = ContextIo(ctx, store_->devs().member(sp[0].ref.dev)->queue(), IoOp::kWrite, sp[0].offset, from, len);
+    platform::Free(buf);
+    return Status::Ok();
+  }
+  // Every copy is submitted before any is waited for: the write takes as
+  // long as its slowest copy, not the sum (the queues never block a
+  // submission). The last goes inline if the device may do it at once.
+  CopyWrites* w = platform::New<CopyWrites>();
+  if (w == nullptr) {
+    platform::Free(buf);
+    return Err::kNoMemory;
+  }
+  Latch latch(copies);
+  for (u32 c = 0; c < copies; c++) {
+    CopyWrite& cw = w->copy[c];
+    cw.latch = &latch;
+    cw.io.req.op = IoOp::kWrite;
+    cw.io.req.origin = ctx.origin;
+    cw.io.req.offset = sp[c].offset;
+    cw.io.req.length = len;
+    cw.io.req.buf = from;
+    cw.io.cls = ctx.io_class;
+    cw.io.done = CopyWrite::Done;
+    cw.io.caller_data = &cw;
+  }
+  for (u32 c = 0; c < copies; c++)
+    store_->devs().member(sp[c].ref.dev)->queue().Submit(&w->copy[c].io, /*waiting=*/c + 1 == copies);
+  latch.Wait();
+  for (u32 c = 0; c < copies; c++) per[c] = Status(Err(w->copy[c].err.Load(MemOrder::kAcquire)));
+  platform::Delete(w);
   platform::Free(buf);
-  return st;
+  return Status::Ok();
+}
+
+Status DataPath::RecordCopies(const Space* sp, u32 copies, u32 blocks, u32 pending, Delta* delta) {
+  for (u32 c = 0; c < copies; c++) {
+    Status st = delta->changes.PushBack(Delta::Change{
+        .dev = sp[c].ref.dev, .bucket = sp[c].ref.bucket, .blocks = i64(blocks), .pending = i64(pending)});
+    if (!st.ok()) {
+      // The recorded ones go back with Abort; these are in no delta.
+      for (u32 k = c; k < copies; k++) Account(sp[k].ref.dev, sp[k].ref.bucket, 0, 0, -i64(pending));
+      return st;
+    }
+  }
+  return Status::Ok();
+}
+
+void DataPath::LogCopyError(u32 dev, const Status& st) {
+  const u32 m = dev % dev::kMaxDevices;
+  const u64 now = platform::NowNs();
+  u64 last = copy_error_logged_[m].Load(MemOrder::kRelaxed);
+  // (now + 1: a clock at 0 still counts as logged)
+  if ((last != 0 && now + 1 < last + kCopyErrorLogNs) ||
+      !copy_error_logged_[m].CompareExchange(last, now + 1, MemOrder::kRelaxed)) {
+    copy_errors_unlogged_[m].FetchAdd(1, MemOrder::kRelaxed);
+    return;
+  }
+  const u64 unlogged = copy_errors_unlogged_[m].Exchange(0, MemOrder::kRelaxed);
+  if (unlogged != 0) {
+    platform::Log(platform::LogLevel::kError,
+                  "data: write of a copy to member %u failed: %s (and %llu more not logged since the last line)",
+                  unsigned(m), st.Message(), static_cast<unsigned long long>(unlogged));
+  } else {
+    platform::Log(platform::LogLevel::kError, "data: write of a copy to member %u failed: %s", unsigned(m),
+                  st.Message());
+  }
+}
+
+Status DataPath::KeepWritten(const IoContext& ctx, const Space* sp, u32 copies, const Status* per, u64 first_change,
+                             u64 blocks, Delta* delta, Extent* x) {
+  x->nr_ptrs = 0;
+  u32 durability = 0;
+  Status first_error = Status::Ok();
+  for (u32 c = 0; c < copies; c++) {
+    Delta::Change& ch = delta->changes[first_change + c];
+    if (!per[c].ok()) {
+      // Its space back now (the bucket may go once empty); the others keep
+      // the data.
+      Account(ch.dev, ch.bucket, 0, 0, -ch.pending);
+      ch.blocks = 0;
+      ch.pending = 0;
+      if (first_error.ok()) first_error = per[c];
+      if (copies > 1) {  // (one copy: the write fails with its error)
+        ctr_.copy_write_errors.FetchAdd(1, MemOrder::kRelaxed);
+        LogCopyError(sp[c].ref.dev, per[c]);
+      }
+      continue;
+    }
+    Extent::Ptr& p = x->ptrs[x->nr_ptrs++];
+    p = Extent::Ptr{};
+    p.dev = u8(sp[c].ref.dev);
+    p.gen = sp[c].ref.gen;
+    p.offset = sp[c].offset;
+    delta->deps |= dev::DevMask(1) << sp[c].ref.dev;
+    durability += durability_[sp[c].ref.dev];
+  }
+  if (x->nr_ptrs == 0) return first_error;
+  if (x->nr_ptrs > 1) ctr_.replica_copies.FetchAdd(x->nr_ptrs - 1, MemOrder::kRelaxed);
+  if (durability < Wanted(ctx)) {
+    ctr_.degraded_writes.FetchAdd(1, MemOrder::kRelaxed);
+    ctr_.degraded_sectors.FetchAdd(blocks * (kBlockSize / 512), MemOrder::kRelaxed);
+  }
+  return Status::Ok();
 }
 
 Status DataPath::QueueWrite(const IoContext& ctx, btree::Transaction* tx, u64 ino, u64 first, const u8* blocks,
@@ -132,33 +262,26 @@ Status DataPath::Prepare(const IoContext& ctx, u64 ino, u64 first, const u8* blo
       ctr_.incompressible.FetchAdd(1, MemOrder::kRelaxed);
       plain_end = done + n;
     }
-    alloc::BucketRef ref;
-    u64 offset;
+    Space sp[kMaxPtrs];
+    u32 copies;
     u32 got;
-    TFS_TRY(Reserve(ctx, Min(plain_end - done, kMaxExtentBlocks), covered.value(), false, &ref, &offset, &got));
+    TFS_TRY(Reserve(ctx, Min(plain_end - done, kMaxExtentBlocks), covered.value(), false, sp, &copies, &got));
     // Recorded at once, so that Abort gives the reserved space back whatever fails next.
-    Status st = delta->changes.PushBack(
-        Delta::Change{.dev = ref.dev, .bucket = ref.bucket, .blocks = i64(got), .pending = i64(got)});
-    if (!st.ok()) {
-      Account(ref.dev, ref.bucket, 0, 0, -i64(got));
-      return st;
-    }
-    delta->deps |= dev::DevMask(1) << ref.dev;
+    const u64 first_change = delta->changes.size();
+    TFS_TRY(RecordCopies(sp, copies, got, got, delta));
     const u8* data = blocks + u64(done) * kBlockSize;
-    TFS_TRY(WriteBlob(ctx, ref.dev, offset, data, got));
+    Status per[kMaxPtrs];
+    TFS_TRY(WriteCopies(ctx, sp, copies, data, u64(got) * kBlockSize, per));
     for (u32 i = 0; i < got; i++) {
       Le32 c;
       c.set(platform::Crc32c(data + u64(i) * kBlockSize, kBlockSize));
       MemCopy(crcs + 4 * i, &c, 4);
     }
-    // One plain copy (the write path writes one; replicas are a later step).
+    // One plain pointer per copy written; they share the crcs.
     Extent x;
     x.start = first + done;
     x.end = x.start + got;
-    x.nr_ptrs = 1;
-    x.ptrs[0].dev = u8(ref.dev);
-    x.ptrs[0].gen = ref.gen;
-    x.ptrs[0].offset = offset;
+    TFS_TRY(KeepWritten(ctx, sp, copies, per, first_change, got, delta, &x));
     x.crcs = crcs;
     TFS_TRY(p->items.PushBack(Prepared::Item{}));
     Prepared::Item& item = p->items[p->items.size() - 1];
@@ -187,34 +310,28 @@ Status DataPath::WriteCompressed(const IoContext& ctx, Prepared* p, u64 first, c
   const u32 zbytes = u32(r.value());
   const u32 zblocks = (zbytes + kBlockSize - 1) / kBlockSize;
   MemSet(z + zbytes, 0, u64(zblocks) * kBlockSize - zbytes);
-  alloc::BucketRef ref;
-  u64 offset;
+  Space sp[kMaxPtrs];
+  u32 copies;
   u32 got;
-  Status st = Reserve(ctx, zblocks, covered, true, &ref, &offset, &got);
+  Status st = Reserve(ctx, zblocks, covered, true, sp, &copies, &got);
+  const u64 first_change = delta->changes.size();
+  if (st.ok()) st = RecordCopies(sp, copies, nblocks, zblocks, delta);
+  Status per[kMaxPtrs];
+  if (st.ok()) st = WriteCopies(ctx, sp, copies, z, u64(zblocks) * kBlockSize, per);
+  Extent x;
+  x.start = first;
+  x.end = first + nblocks;
+  if (st.ok()) st = KeepWritten(ctx, sp, copies, per, first_change, nblocks, delta, &x);
   if (st.ok()) {
-    st = delta->changes.PushBack(
-        Delta::Change{.dev = ref.dev, .bucket = ref.bucket, .blocks = i64(nblocks), .pending = i64(zblocks)});
-    if (!st.ok()) Account(ref.dev, ref.bucket, 0, 0, -i64(zblocks));
-  }
-  if (st.ok()) {
-    delta->deps |= dev::DevMask(1) << ref.dev;
-    st = ContextIo(ctx, store_->devs().member(ref.dev)->queue(), IoOp::kWrite, offset, z,
-                   u64(zblocks) * kBlockSize);
-  }
-  if (st.ok()) {
-    // One compressed copy: the whole blob, its own crc.
-    Extent x;
-    x.start = first;
-    x.end = first + nblocks;
-    x.nr_ptrs = 1;
-    Extent::Ptr& ptr = x.ptrs[0];
-    ptr.dev = u8(ref.dev);
-    ptr.gen = ref.gen;
-    ptr.offset = offset;
-    ptr.compressed = true;
-    ptr.stored_blocks = u8(nblocks);
-    ptr.disk_bytes = zbytes;
-    ptr.crc = platform::Crc32c(z, zbytes);
+    // One compressed pointer per copy written: the whole blob, its own crc.
+    const u32 crc = platform::Crc32c(z, zbytes);
+    for (u32 c = 0; c < x.nr_ptrs; c++) {
+      Extent::Ptr& ptr = x.ptrs[c];
+      ptr.compressed = true;
+      ptr.stored_blocks = u8(nblocks);
+      ptr.disk_bytes = zbytes;
+      ptr.crc = crc;
+    }
     st = p->items.PushBack(Prepared::Item{});
     if (st.ok()) {
       Prepared::Item& item = p->items[p->items.size() - 1];

@@ -1,10 +1,14 @@
-// Write points (data.h, io_context.h): one open bucket per (target, I/O
+// Write points (data.h, io_context.h): open buckets per (target, I/O
 // class) that new data is appended to, filled in order, so a background
 // writer never shares a bucket with the foreground nor waits on its write
-// point's lock. Reserve hands out space at ctx's write point, allocating a
-// new bucket (at ctx's watermark, on ctx's target) when it is full -- or,
-// for a compressed blob that must be whole, too full -- and refuses space
-// that the unwritten reservations of others need.
+// point's lock -- up to kMaxPtrs open buckets (slots), a write taking one
+// per copy on distinct members (replicas). Reserve hands out space at ctx's
+// write point on as many members as the write wants copies, from open
+// slots with room first, allocating a new bucket (at ctx's watermark, on
+// ctx's target) only for a copy no open slot has room for -- for a
+// compressed blob that must be whole, room for all of it -- and refuses
+// space that the unwritten reservations of others need. A bucket opened
+// counts in the write point's free blocks (left) at once.
 //
 // The table only grows until Close: lookups read it without a lock (entries
 // published with release) and wps_mu_ serializes adding one. Targets are
@@ -74,61 +78,153 @@ bool DataPath::WritePointBucket(const IoContext& ctx, alloc::BucketRef* out) {
     WritePoint* wp = wps_[i];
     if (!(wp->target == key && wp->io_class == ctx.io_class)) continue;
     MutexLock l(wp->mu);
-    *out = wp->ref;
-    return wp->open;
+    *out = wp->slots[0].ref;
+    return wp->slots[0].open;
   }
   return false;  // (a query: no write point is made for it)
 }
 
-Status DataPath::Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole, alloc::BucketRef* ref,
-                         u64* offset, u32* got) {
+u32 DataPath::Wanted(const IoContext& ctx) const {
+  // data_replicas is the foreground write path's default; any other writer
+  // (promote, copygc, reconcile) writes one copy unless it asks for more.
+  const u32 dflt = ctx.origin == IoOrigin::kForegroundWrite ? data_replicas_ : 1;
+  const u32 r = ctx.replicas != 0 ? ctx.replicas : dflt;
+  return Max<u32>(1, Min<u32>(r, kMaxPtrs));
+}
+
+Status DataPath::Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole, Space* out, u32* copies,
+                         u32* got) {
   auto found = FindWritePoint(ctx);
   TFS_TRY(found.status());
   WritePoint& wp = *found.value();
-  alloc::BucketRef retired{};
-  bool retire = false;
+  const u32 wanted = Wanted(ctx);
+  alloc::BucketRef retired[kMaxPtrs];
+  u32 nretired = 0;
   Status st;
   {
     MutexLock l(wp.mu);
-    if (!wp.open || wp.used == bucket_blocks_ || (whole && bucket_blocks_ - wp.used < want)) {
-      // The write point's target (ctx's, or the foreground's after a fallback).
-      const u32 member = wp.target.member % dev::kMaxDevices;
-      dev::DevMask target = targets_[u32(wp.target.kind) % kTargetKinds];  // (0 for kMember, kGroup)
-      if (wp.target.kind == TargetKind::kMember) target = dev::DevMask(1) << member;
-      if (wp.target.kind == TargetKind::kGroup) target = groups_[member];
-      auto r = store_->alloc().Allocate(target, store_->devs().all(), alloc::BucketState::kUser, ctx.watermark);
-      if (!r.ok()) return r.status();
-      MutexLock a(acct_mu_);
-      if (wp.open) {
-        // All of it overwritten already, and no write in flight into it:
-        // freed (or by the last read of it).
-        held_[wp.ref.dev][wp.ref.bucket] = 0;
-        retire = ReleaseLocked(wp.ref.dev, wp.ref.bucket, &retired);
+    // The write point's target (ctx's, or the foreground's after a fallback).
+    const u32 member = wp.target.member % dev::kMaxDevices;
+    dev::DevMask target = targets_[u32(wp.target.kind) % kTargetKinds];  // (0 for kMember, kGroup)
+    if (wp.target.kind == TargetKind::kMember) target = dev::DevMask(1) << member;
+    if (wp.target.kind == TargetKind::kGroup) target = groups_[member];
+    const dev::DevMask all = store_->devs().all();
+    // Further copies: members the target names (every member if it names
+    // none: no preference) that count as a copy. Never the fallback: a
+    // replica must not put a slow member the target leaves out on the
+    // foreground path.
+    const dev::DevMask further = (target != 0 ? target : all) & durable_;
+    auto bit = [](const WritePoint::Slot& s) { return dev::DevMask(1) << (s.ref.dev % dev::kMaxDevices); };
+    // Blocks a slot has left (0: none open), and for this write (`whole`:
+    // all `want` or nothing).
+    auto rest = [&](const WritePoint::Slot& s) -> u64 { return s.open ? bucket_blocks_ - s.used : 0; };
+    auto room = [&](const WritePoint::Slot& s) -> u64 {
+      const u64 r = rest(s);
+      return whole && r < want ? 0 : r;
+    };
+    // The copies this write uses, as slots: chosen by member, not by index.
+    // Each copy takes an open slot with room on a member it may use and no
+    // earlier copy of the write has (the first copy: the target's members
+    // first, then any -- a fallback bucket is filled before the target gets
+    // another); only when there is none does it get a new bucket -- on a
+    // member no open slot has room on, if it may (so files wanting one and
+    // two copies sharing the write point swap members between slots rather
+    // than retire half-filled buckets) -- into a slot this write does not
+    // use: an unopened or the emptiest one (retired as before).
+    u32 chosen[kMaxPtrs];
+    u32 nchosen = 0;
+    dev::DevMask used = 0;
+    u32 durability = 0;
+    while (nchosen < kMaxPtrs && durability < wanted) {
+      const bool first = nchosen == 0;
+      const dev::DevMask may = first ? all : further & ~used;
+      const dev::DevMask prefer = first ? (target != 0 ? target : all) : may;
+      if (may == 0) break;  // (further copies: too few members: degraded)
+      bool taken[kMaxPtrs] = {};
+      for (u32 c = 0; c < nchosen; c++) taken[chosen[c]] = true;
+      u32 pick = kMaxPtrs;
+      const dev::DevMask masks[2] = {prefer, may};
+      for (u32 k = 0; k < 2 && pick == kMaxPtrs; k++)
+        for (u32 i = 0; i < kMaxPtrs && pick == kMaxPtrs; i++)
+          if (!taken[i] && room(wp.slots[i]) > 0 && (bit(wp.slots[i]) & masks[k] & ~used) != 0) pick = i;
+      if (pick == kMaxPtrs) {
+        dev::DevMask holding = 0;  // members an open slot has room on
+        for (const WritePoint::Slot& s : wp.slots)
+          if (rest(s) > 0) holding |= bit(s);
+        const dev::DevMask fresh = prefer & ~holding;
+        Result<alloc::BucketRef> r = Err::kNoSpace;
+        if (fresh != 0) r = store_->alloc().Allocate(fresh, fresh, alloc::BucketState::kUser, ctx.watermark);
+        if (!r.ok()) r = store_->alloc().Allocate(prefer, may, alloc::BucketState::kUser, ctx.watermark);
+        if (!r.ok()) {
+          // No open slot had room either (one would have been picked): no
+          // copy at all fails as a one-copy write does; a further copy's
+          // members have no room, and later copies' (fewer) neither.
+          if (first) return r.status();
+          break;
+        }
+        u64 least = ~u64(0);
+        for (u32 i = 0; i < kMaxPtrs; i++)
+          if (!taken[i] && rest(wp.slots[i]) < least) {
+            least = rest(wp.slots[i]);
+            pick = i;
+          }
+        WritePoint::Slot& s = wp.slots[pick];
+        MutexLock a(acct_mu_);
+        if (s.open) {
+          // All of it overwritten already, and no write in flight into it:
+          // freed (or by the last read of it).
+          held_[s.ref.dev][s.ref.bucket] = 0;
+          if (ReleaseLocked(s.ref.dev, s.ref.bucket, &retired[nretired])) nretired++;
+        }
+        s.ref = r.value();
+        s.used = 0;
+        s.open = true;
+        held_[s.ref.dev][s.ref.bucket] = 1;
+        ctr_.buckets_opened.FetchAdd(1, MemOrder::kRelaxed);
+        // The new bucket left the allocator's free count: it counts in the
+        // write point's at once (FreeBlocksLocked: the check below, and a
+        // concurrent QueueReserve), and a retired one's rest no more.
+        u64 total = 0;
+        for (const WritePoint::Slot& o : wp.slots) total += rest(o);
+        wp.left.Store(total, MemOrder::kRelaxed);
       }
-      wp.ref = r.value();
-      wp.used = 0;
-      wp.left.Store(bucket_blocks_, MemOrder::kRelaxed);
-      wp.open = true;
-      held_[wp.ref.dev][wp.ref.bucket] = 1;
-      ctr_.buckets_opened.FetchAdd(1, MemOrder::kRelaxed);
+      chosen[nchosen++] = pick;
+      used |= bit(wp.slots[pick]);
+      durability += durability_[wp.slots[pick].ref.dev];
     }
-    const u32 n = u32(Min<u64>(want, bucket_blocks_ - wp.used));
     MutexLock a(acct_mu_);
-    // The reservations of others must still fit in what stays free.
+    // The reservations of others must still fit in what stays free: the
+    // first copy's blocks, and as many further copies as fit beside them.
+    // Every copy gets the same blocks: the least room among the copies kept.
     const u64 others = reserved_ > covered ? reserved_ - covered : 0;
-    if (others > 0 && FreeBlocksLocked() < others + n) {
+    const u64 free = others > 0 ? FreeBlocksLocked() : 0;
+    u32 n = want;
+    u32 keep = 0;
+    for (; keep < nchosen; keep++) {
+      const u32 m = u32(Min<u64>(n, rest(wp.slots[chosen[keep]])));
+      if (others > 0 && free < others + u64(m) * (keep + 1)) break;
+      n = m;
+    }
+    if (keep == 0) {
       ctr_.reserve_refused.FetchAdd(1, MemOrder::kRelaxed);
       st = Err::kNoSpace;
     } else {
-      *ref = wp.ref;
+      for (u32 c = 0; c < keep; c++) {
+        WritePoint::Slot& s = wp.slots[chosen[c]];
+        out[c].ref = s.ref;
+        out[c].offset = store_->sb().BucketOffset(s.ref.bucket) + s.used * kBlockSize;
+        s.used += n;
+        pending_[s.ref.dev][s.ref.bucket] += n;
+      }
+      *copies = keep;
       *got = n;
-      *offset = store_->sb().BucketOffset(wp.ref.bucket) + wp.used * kBlockSize;
-      wp.used += n;
-      wp.left.Store(bucket_blocks_ - wp.used, MemOrder::kRelaxed);
-      pending_[wp.ref.dev][wp.ref.bucket] += n;
     }
+    u64 total = 0;
+    for (const WritePoint::Slot& s : wp.slots) total += rest(s);
+    wp.left.Store(total, MemOrder::kRelaxed);
   }
-  if (retire && store_->alloc().Free(retired).ok()) ctr_.buckets_freed.FetchAdd(1, MemOrder::kRelaxed);
+  for (u32 i = 0; i < nretired; i++)
+    if (store_->alloc().Free(retired[i]).ok()) ctr_.buckets_freed.FetchAdd(1, MemOrder::kRelaxed);
   return st;
 }
 

@@ -558,7 +558,8 @@ class Filesystem {
   // Whether f's new data is compressed (its option, chattr +c, the filesystem's).
   bool Compress(const InodeFormat& f) const;
   // The context of f's data writes: kForegroundWrite at f's foreground_target
-  // if it has one (opts.h), else at the filesystem's.
+  // if it has one (opts.h), else at the filesystem's, wanting f's replicas if
+  // set, else the filesystem's data_replicas.
   data::IoContext WriteContext(const InodeFormat& f) const;
   // The "tierfs." xattrs (opts.cc): a set (or with `remove` an unset) of an
   // option under the inode lock; a get from the committed inode; the set

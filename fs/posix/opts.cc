@@ -237,6 +237,10 @@ bool ForegroundTarget(const InodeFormat& f, u32 nr_members, data::Target* out) {
   return true;
 }
 
+u8 Replicas(const InodeFormat& f, u32 nr_members) {
+  return f.replicas != 0 && OptValid(kOptReplicas, f.replicas, nr_members) ? f.replicas : 0;  // (fsck's to clear)
+}
+
 bool CompressNewData(const InodeFormat& f, bool fs_default) {
   if (f.compression == kOptCompressZstd) return true;
   if (f.compression == kOptCompressNone) return false;
@@ -371,6 +375,7 @@ data::IoContext Filesystem::WriteContext(const InodeFormat& f) const {
   data::IoContext ctx = data::kForegroundWrite;
   data::Target t;
   if (ForegroundTarget(f, store_->devs().size(), &t)) ctx.target = t;
+  ctx.replicas = Replicas(f, store_->devs().size());
   return ctx;
 }
 

@@ -2,7 +2,8 @@
 // format: docs/format/inodes-extents.md, InodeFormat bytes 98..106): where a
 // file's new data goes (foreground_target), where the background moves it
 // (background_target), where read-hot data is copied (promote_target), how
-// many copies it wants (replicas) and whether it is compressed
+// many copies it wants (replicas: honoured by the data path's writes since
+// issue 21 step 5a) and whether it is compressed
 // (compression). 0 is "unset": the filesystem's option applies.
 //
 // Users see them as xattrs "tierfs.<option>" with text values (a member
@@ -116,6 +117,9 @@ void RepairOpts(InodeFormat* f, u32 nr_members);
 // Where a file's new data goes: its foreground_target if set and valid
 // (*out; true), else false (the filesystem's).
 bool ForegroundTarget(const InodeFormat& f, u32 nr_members, data::Target* out);
+// How many copies a file's new data wants: its replicas option if set and
+// valid, else 0 (the filesystem's data_replicas; data::IoContext::replicas).
+u8 Replicas(const InodeFormat& f, u32 nr_members);
 // Whether a file's new data is compressed: its compression option if set,
 // else the filesystem's option (`fs_default`) -- or a flag without the
 // option (damage, which fsck repairs to zstd) compresses, as the repair will.

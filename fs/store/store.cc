@@ -37,12 +37,8 @@ Status Format(const FormatMember* members, u32 count, const FormatOptions& o, Di
                      o.btree_node_size);
   if (o.data_replicas < 1 || o.data_replicas > 4 || o.metadata_replicas < 1 || o.metadata_replicas > 4)
     return DiagError(diag, Err::kInvalidArgument, "format: replicas must be 1..4");
-  // Accepting a setting the data path does not honour would promise copies that
-  // do not exist: user data is written once until replication lands.
-  if (o.data_replicas > 1)
-    return DiagError(diag, Err::kNotSupported,
-                     "format: --replicas %u: user data is written as one copy in this version (use --replicas 1)",
-                     unsigned(o.data_replicas));
+  // (More data replicas than members is allowed: writes are degraded --
+  // fewer copies, counted -- until members are added.)
 
   // A device set in member order: validates labels and resolves targets.
   // It and the allocator are big: on the heap (the kernel's 2 KiB frames).

@@ -3,8 +3,9 @@ options"): the tierfs.* xattrs with setfattr/getfattr and the os module (the
 kernel passes the namespace through to FUSE), their validation with the
 daemon's one-line reason, chattr's permission rule (the owner or CAP_FOWNER),
 inheritance by new children, `tierfs setopt` / `tierfs getopt` and their
-errors, and the two options honoured now: foreground_target placing a file's
-data on the member or group it names, compression compressing it.
+errors, and the options honoured now: foreground_target placing a file's
+data on the member or group it names, compression compressing it, replicas
+putting a copy on each of that many members (shown by `tierfs ctl`).
 
 Two members, ssd.a (the filesystem's foreground target) and hdd.b. Each test
 unmounts and runs `tierfs fsck` (Mount.close does). Needs /dev/fuse and root;
@@ -277,3 +278,27 @@ def test_foreground_target_and_compression_are_honoured(fs: Mount) -> None:
     m = Mount(fs.dev, fs.mnt)
     assert (d / "f").read_bytes() == data and z.read_bytes() == text
     m.close()
+
+
+def test_replicas_put_a_copy_on_each_member_and_count_degraded_writes(fs: Mount) -> None:
+    """replicas=2 on two members: every byte is written to both (the data
+    counters and each member's foreground writes say so); replicas=3 on two:
+    two copies, the writes counted degraded; both read back, and the mount's
+    close runs fsck."""
+    data = os.urandom(1 << 20)
+    two, three = fs.mnt / "two", fs.mnt / "three"
+    for f, n in ((two, b"2"), (three, b"3")):
+        f.touch()
+        os.setxattr(f, "tierfs.replicas", n)
+    before = ctl(fs.mnt)
+    two.write_bytes(data)
+    after = ctl(fs.mnt)
+    for label in ("ssd.a", "hdd.b"):
+        assert fg_bytes(after, label) - fg_bytes(before, label) >= len(data), label
+    assert after["data"]["replica_copies"] > before["data"]["replica_copies"]
+    assert after["data"]["degraded_writes"] == before["data"]["degraded_writes"]
+    three.write_bytes(data)
+    last = ctl(fs.mnt)
+    assert last["data"]["degraded_writes"] > after["data"]["degraded_writes"]
+    assert last["data"]["degraded_sectors"] - after["data"]["degraded_sectors"] == len(data) // 512
+    assert two.read_bytes() == data and three.read_bytes() == data

@@ -140,13 +140,17 @@ def test_help_is_still_exit_0() -> None:
         assert proc.returncode == 0 and "Usage" in proc.stdout and not proc.stderr, (cmd, proc.stderr)
 
 
-def test_replicas_not_honoured_are_refused(tmp_path: Path) -> None:
-    """User data has one copy in this version: --replicas 2 was accepted (even
-    on one device) and silently not honoured."""
+def test_replicas_are_accepted_and_shown(tmp_path: Path) -> None:
+    """Data replicas are honoured (issue 21 step 5a): --replicas 2 formats, on
+    two devices or on one (then writes are degraded: one copy, counted), and
+    show reports it; outside 1..4 is still refused."""
     a, b = image(tmp_path / "a.img", 64), image(tmp_path / "b.img", 64)
-    for devs in ([a], [a, b]):
-        proc = run([tool("tierfs"), "format", "--replicas", "2", *devs])
-        assert_one_line_error(proc, 1, "--replicas 2", "one copy")
+    for devs in ([a, b], [a]):
+        proc = run([tool("tierfs"), "format", "-f", "--replicas", "2", *devs])
+        assert proc.returncode == 0, proc.stderr
+        doc = json.loads(run([tool("tierfs"), "show", "--json", *devs]).stdout)
+        assert doc["options"]["data_replicas"] == 2
+    assert_one_line_error(run([tool("tierfs"), "format", "-f", "--replicas", "5", a]), 2, "replicas must be 1..4")
 
 
 def test_a_fifo_or_directory_is_no_member(tmp_path: Path) -> None:

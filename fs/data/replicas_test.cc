@@ -1,0 +1,819 @@
+// Replicas (docs/design/copies.md, "As built: step 5a"): a write wants the
+// file's replicas option, else the filesystem's data_replicas, and puts one
+// copy on each of that many distinct members of its target -- submitted all
+// at once, the commit depending on exactly the members written -- and one
+// pointer per copy in the extent. Each copy alone reads the file; too few
+// members (fewer than wanted, one full, one whose writes fail) leave the
+// write degraded and counted, never failed; overwrites, punches and
+// truncates free every copy; and a model of random writes, overwrites,
+// punches and truncates with two copies holds across remounts and power
+// cuts (every copy of every extent verifies after the cut, fsck clean).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "data/data.h"
+#include "fsck/fsck.h"
+#include "mount/testing.h"
+#include "platform/platform.h"
+#include "posix/fs.h"
+#include "userspace/platform/mem_device.h"
+
+namespace tfs {
+namespace {
+
+using posix::Filesystem;
+using userspace::MemDevice;
+
+const posix::Caller kRoot{0, 0};
+
+// A device over a MemDevice that holds back foreground data writes while
+// closed (counting them), and fails them with an I/O error while failing.
+class GateDevice final : public BlockDevice {
+ public:
+  explicit GateDevice(BlockDevice* inner) : inner_(inner) {}
+  void Submit(IoRequest* req) override {
+    const bool data = req->op == IoOp::kWrite && req->origin == IoOrigin::kForegroundWrite;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (data && failing_) {
+        failed_++;
+      } else if (data && closed_) {
+        parked_.push_back(req);
+        return;
+      } else {
+        inner_->Submit(req);
+        return;
+      }
+    }
+    req->done(req, Status(Err::kIo));
+  }
+  const BlockDeviceInfo& Info() const override { return inner_->Info(); }
+  const char* Name() const override { return inner_->Name(); }
+  void Close() {
+    std::lock_guard<std::mutex> l(mu_);
+    closed_ = true;
+  }
+  size_t parked() {
+    std::lock_guard<std::mutex> l(mu_);
+    return parked_.size();
+  }
+  void Open() {
+    std::vector<IoRequest*> go;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      closed_ = false;
+      go.swap(parked_);
+    }
+    for (IoRequest* r : go) inner_->Submit(r);
+  }
+  void Fail(bool on) {
+    std::lock_guard<std::mutex> l(mu_);
+    failing_ = on;
+  }
+  u64 failed() {
+    std::lock_guard<std::mutex> l(mu_);
+    return failed_;
+  }
+
+ private:
+  BlockDevice* inner_;
+  std::mutex mu_;
+  bool closed_ = false;
+  bool failing_ = false;
+  u64 failed_ = 0;
+  std::vector<IoRequest*> parked_;
+};
+
+std::unique_ptr<MemDevice> Member(u64 size = testing::kMemberBytes, std::vector<u8> image = {}) {
+  userspace::MemDeviceOptions o;
+  o.name = "ssd0";
+  o.size = size;
+  o.volatile_cache = true;
+  o.initial_image = std::move(image);
+  return std::make_unique<MemDevice>(o);
+}
+
+std::string Bytes(u64 n, u32 seed) {
+  std::mt19937 rng(seed);
+  std::string s(n, '\0');
+  for (char& c : s) c = char(rng());
+  return s;
+}
+
+// Members "ssd.a", "ssd.b", ... (each seen through a gate), formatted with
+// `replicas` data replicas, and posix mounted on them.
+struct Replicas {
+  std::vector<std::unique_ptr<MemDevice>> mems;
+  std::vector<std::unique_ptr<GateDevice>> gates;
+  std::unique_ptr<testing::MountedFs> m;
+
+  explicit Replicas(u32 members, u32 replicas, store::FormatOptions fo = testing::SmallFormat(),
+                    std::vector<u64> sizes = {}) {
+    for (u32 i = 0; i < members; i++) mems.push_back(Member(i < sizes.size() ? sizes[i] : testing::kMemberBytes));
+    MakeGates();
+    fo.data_replicas = u8(replicas);
+    EXPECT_TRUE(testing::FormatMembers(Devs(), fo).ok());
+    Mount();
+  }
+  // From images (what a power cut left).
+  explicit Replicas(const std::vector<std::vector<u8>>& images) {
+    for (auto& img : images) mems.push_back(Member(img.size(), img));
+    MakeGates();
+    Mount();
+  }
+  ~Replicas() { m.reset(); }
+  void MakeGates() {
+    for (auto& mem : mems) gates.push_back(std::make_unique<GateDevice>(mem.get()));
+  }
+  std::vector<BlockDevice*> Devs() {
+    std::vector<BlockDevice*> d;
+    for (auto& g : gates) d.push_back(g.get());
+    return d;
+  }
+  void Mount() { m = std::make_unique<testing::MountedFs>(Devs()); }
+  void Remount() {
+    m.reset();
+    Mount();
+  }
+  Filesystem& fs() { return m->fs; }
+  data::DataPath& data() { return m->data; }
+
+  u64 Create(const std::string& name, const char* replicas = nullptr) {
+    auto a = fs().Mknod(posix::kRootIno, name.data(), u32(name.size()), posix::kModeReg | 0644, 0, kRoot);
+    EXPECT_TRUE(a.ok());
+    if (replicas != nullptr) {
+      EXPECT_TRUE(fs().SetXattr(a.value().ino, "tierfs.replicas", 15, replicas, u32(strlen(replicas)), 0,
+                                Filesystem::kFrontEndChecked)
+                      .ok());
+    }
+    return a.value().ino;
+  }
+  void Write(u64 ino, u64 off, const std::string& s) {
+    auto r = fs().Write(ino, off, s.data(), u32(s.size()));
+    ASSERT_TRUE(r.ok()) << r.status().Message();
+    ASSERT_EQ(r.value(), s.size());
+  }
+  std::string Read(u64 ino, u64 size) {
+    std::string got(size, '\0');
+    auto r = fs().Read(ino, 0, got.data(), u32(size));
+    EXPECT_TRUE(r.ok()) << r.status().Message();
+    if (r.ok()) got.resize(r.value());
+    return got;
+  }
+  // The extents of `ino`, parsed (their values kept in *vals).
+  std::vector<data::Extent> Extents(u64 ino, std::vector<std::vector<u8>>* vals) {
+    std::vector<data::Extent> out;
+    vals->clear();
+    vals->reserve(4096);
+    btree::Iterator it(&m->store->btrees(), btree::kBtreeExtents);
+    EXPECT_TRUE(it.Seek(btree::Pos{btree::kBtreeExtents, ino, 0}).ok());
+    for (; it.Valid() && it.pos().inode == ino; it.Next().IgnoreError()) {
+      vals->emplace_back(it.value(), it.value() + it.val_bytes());
+      data::Extent e;
+      EXPECT_TRUE(data::ParseExtent(it.pos(), vals->back().data(), u32(vals->back().size()), &e).ok());
+      out.push_back(e);
+    }
+    return out;
+  }
+  // Every written extent of `ino` has `copies` pointers, on distinct members,
+  // none cached.
+  void ExpectCopies(u64 ino, u32 copies) {
+    std::vector<std::vector<u8>> vals;
+    auto ext = Extents(ino, &vals);
+    ASSERT_FALSE(ext.empty());
+    for (const data::Extent& e : ext) {
+      if (e.unwritten) continue;
+      ASSERT_EQ(e.nr_ptrs, copies) << "extent ending at " << e.end;
+      std::set<u32> devs;
+      for (u32 c = 0; c < e.nr_ptrs; c++) {
+        EXPECT_FALSE(e.ptrs[c].cached);
+        devs.insert(e.ptrs[c].dev);
+      }
+      EXPECT_EQ(devs.size(), copies);
+    }
+  }
+  // Each copy of each written extent of every file, read from the member
+  // itself, matches its checksum (its blocks', or a compressed blob's).
+  // Returns the copies checked.
+  u64 VerifyEveryCopy() {
+    u64 n = 0;
+    btree::Iterator it(&m->store->btrees(), btree::kBtreeExtents);
+    EXPECT_TRUE(it.SeekToFirst().ok());
+    for (; it.Valid(); it.Next().IgnoreError()) {
+      std::vector<u8> v(it.value(), it.value() + it.val_bytes());
+      data::Extent e;
+      EXPECT_TRUE(data::ParseExtent(it.pos(), v.data(), u32(v.size()), &e).ok());
+      if (e.unwritten) continue;
+      for (u32 c = 0; c < e.nr_ptrs; c++) {
+        const data::Extent::Ptr& p = e.ptrs[c];
+        MemDevice& dev = *mems.at(p.dev);
+        if (p.compressed) {
+          std::vector<u8> z(p.disk_bytes);
+          dev.ReadRaw(p.offset, z.data(), z.size());
+          EXPECT_EQ(platform::Crc32c(z.data(), z.size()), p.crc)
+              << "inode " << e.ino << " extent ending at " << e.end << " copy " << c;
+        } else {
+          std::vector<u8> b(data::kBlockSize);
+          for (u32 i = 0; i < e.blocks(); i++) {
+            dev.ReadRaw(p.offset + (u64(p.blob_offset) + i) * data::kBlockSize, b.data(), b.size());
+            if (platform::Crc32c(b.data(), b.size()) == e.BlockCrc(i)) continue;
+            ADD_FAILURE() << "inode " << e.ino << " block " << e.start + i << " copy " << c << " on member "
+                          << u32(p.dev) << " does not match its crc";
+            break;
+          }
+        }
+        n++;
+      }
+    }
+    return n;
+  }
+  // The data path's live count of every bucket equals the blocks the
+  // extents' pointers that are not cached hold in it (what a mount would
+  // count): every copy was counted by its write and uncounted by its punch.
+  void ExpectCountsMatchExtents() {
+    std::map<std::pair<u32, u64>, u64> want;
+    btree::Iterator it(&m->store->btrees(), btree::kBtreeExtents);
+    EXPECT_TRUE(it.SeekToFirst().ok());
+    for (; it.Valid(); it.Next().IgnoreError()) {
+      std::vector<u8> v(it.value(), it.value() + it.val_bytes());
+      data::Extent e;
+      ASSERT_TRUE(data::ParseExtent(it.pos(), v.data(), u32(v.size()), &e).ok());
+      for (u32 c = 0; c < e.nr_ptrs; c++) {
+        u64 b;
+        ASSERT_TRUE(data::PtrBucket(m->store->sb(), e.ptrs[c], &b));
+        if (!e.ptrs[c].cached) want[{e.ptrs[c].dev, b}] += e.blocks();
+      }
+    }
+    for (u32 d = 0; d < mems.size(); d++)
+      for (u64 b = 0; b < m->store->alloc().nbuckets(d); b++) {
+        u32 live, cached;
+        m->data.BucketCounts(d, b, &live, &cached);
+        auto w = want.find({d, b});
+        EXPECT_EQ(live, w == want.end() ? 0 : w->second) << "member " << d << " bucket " << b;
+      }
+  }
+  u64 UserBuckets(u32 dev) {
+    return m->store->alloc().Usage(dev).by_state[u32(alloc::BucketState::kUser)];
+  }
+  // fsck -n of the members (unmounted): clean.
+  void ExpectFsckClean() {
+    m.reset();
+    std::string out;
+    fsck::Options o;
+    auto devs = Devs();
+    fsck::Report r = fsck::Check(devs.data(), u32(devs.size()), o, [](void* ctx, const char* line) {
+      *static_cast<std::string*>(ctx) += std::string(line) + "\n";
+    }, &out);
+    EXPECT_EQ(r.exit_code, fsck::kExitClean) << out;
+    EXPECT_EQ(r.errors, 0u) << out;
+    Mount();
+  }
+  // What a power cut leaves now (every member's volatile cache lost at
+  // once; `torn`: each unflushed block kept or not by a seeded coin).
+  std::vector<std::vector<u8>> Cut(bool torn, u64 seed) {
+    std::vector<const MemDevice*> d;
+    for (auto& mem : mems) d.push_back(mem.get());
+    auto images = torn ? MemDevice::SnapshotTorn(d, seed) : MemDevice::SnapshotDurable(d);
+    m->Crash();
+    m.reset();
+    return images;
+  }
+};
+
+// --replicas 2: every extent has a copy on each of the two members, each
+// copy alone reads the file (the first damaged: the second serves; both:
+// EIO), and the copies' blocks count live in both members' buckets.
+TEST(ReplicasTest, TwoCopiesOnDistinctMembersEachReadTheFile) {
+  Replicas t(2, 2);
+  const std::string content = Bytes(700 * 1024 + 100, 1);
+  const u64 ino = t.Create("f");
+  t.Write(ino, 0, content);
+  ASSERT_TRUE(t.fs().Fsync(ino).ok());
+  t.ExpectCopies(ino, 2);
+  {
+    const data::Stats s = t.data().GetStats();
+    EXPECT_GT(s.replica_copies, 0u);
+    EXPECT_EQ(s.degraded_writes, 0u);
+    EXPECT_EQ(s.copy_write_errors, 0u);
+  }
+  // Both copies counted: each member's buckets hold the file's blocks.
+  std::vector<std::vector<u8>> vals;
+  auto ext = t.Extents(ino, &vals);
+  u64 live[2] = {0, 0};
+  std::set<std::pair<u32, u64>> buckets;
+  for (const data::Extent& e : ext)
+    for (u32 c = 0; c < e.nr_ptrs; c++) {
+      u64 b;
+      ASSERT_TRUE(data::PtrBucket(t.m->store->sb(), e.ptrs[c], &b));
+      buckets.insert({e.ptrs[c].dev, b});
+    }
+  for (auto [d, b] : buckets) {
+    u32 l, c;
+    t.data().BucketCounts(d, b, &l, &c);
+    live[d] += l;
+  }
+  const u64 blocks = (content.size() + 4095) / 4096;
+  EXPECT_EQ(live[0], blocks);
+  EXPECT_EQ(live[1], blocks);
+  EXPECT_EQ(t.VerifyEveryCopy(), 2 * ext.size());
+  t.ExpectFsckClean();
+
+  // The first copy of every extent damaged (a byte in each of its blocks):
+  // the read still returns the file, from the other copies.
+  auto damage = [&](u32 copy) {
+    std::vector<std::vector<u8>> v;
+    for (const data::Extent& e : t.Extents(ino, &v)) {
+      const data::Extent::Ptr& p = e.ptrs[copy];
+      for (u32 i = 0; i < e.blocks(); i++) {
+        const u64 at = p.offset + (u64(p.blob_offset) + i) * data::kBlockSize + 17;
+        u8 byte;
+        t.mems[p.dev]->ReadRaw(at, &byte, 1);
+        byte ^= 0x40;
+        t.mems[p.dev]->WriteRaw(at, &byte, 1);
+      }
+    }
+  };
+  damage(0);
+  EXPECT_TRUE(t.Read(ino, content.size()) == content);
+  EXPECT_GT(t.data().GetStats().copy_retries, 0u);
+  EXPECT_GT(t.data().GetStats().csum_errors, 0u);
+  // The second too: no copy is good, the read fails.
+  damage(1);
+  std::string buf(content.size(), '\0');
+  EXPECT_EQ(t.fs().Read(ino, 0, buf.data(), u32(buf.size())).status().code(), Err::kDataCorrupt);
+  // Only the first undone: the first copies serve again.
+  damage(0);
+  const u64 retries = t.data().GetStats().copy_retries;
+  EXPECT_TRUE(t.Read(ino, content.size()) == content);
+  EXPECT_EQ(t.data().GetStats().copy_retries, retries);
+}
+
+// The same with compression: every copy of a blob is compressed, each with
+// the blob's crc, and each reads the file.
+TEST(ReplicasTest, CompressedBlobsHaveEveryCopyToo) {
+  store::FormatOptions fo = testing::SmallFormat();
+  fo.compression = sb::CompressionType::kZstd;
+  Replicas t(3, 3, fo);
+  std::string content;
+  for (int i = 0; i < 200 * 1024; i++) content.push_back(char('a' + (i / 64) % 7));
+  const u64 ino = t.Create("z");
+  t.Write(ino, 0, content);
+  ASSERT_TRUE(t.fs().Fsync(ino).ok());
+  t.ExpectCopies(ino, 3);
+  std::vector<std::vector<u8>> vals;
+  for (const data::Extent& e : t.Extents(ino, &vals))
+    for (u32 c = 0; c < e.nr_ptrs; c++) EXPECT_TRUE(e.ptrs[c].compressed);
+  EXPECT_GT(t.data().GetStats().compressed_in, 4 * t.data().GetStats().compressed_out);
+  EXPECT_GT(t.VerifyEveryCopy(), 0u);
+  t.Remount();
+  EXPECT_TRUE(t.Read(ino, content.size()) == content);
+  t.ExpectFsckClean();
+}
+
+// The per-file option decides over the filesystem's: replicas=2 on a
+// filesystem of one copy, replicas=1 on one of two -- set or inherited from
+// the directory.
+TEST(ReplicasTest, TheFilesOptionOverridesTheFilesystems) {
+  for (u32 fs_replicas : {1u, 2u}) {
+    SCOPED_TRACE("filesystem replicas " + std::to_string(fs_replicas));
+    Replicas t(2, fs_replicas);
+    const char* other = fs_replicas == 1 ? "2" : "1";
+    const u32 other_copies = fs_replicas == 1 ? 2 : 1;
+    const u64 plain = t.Create("plain");
+    const u64 opted = t.Create("opted", other);
+    // Inherited: a directory with the option, a file made in it.
+    auto dir = t.fs().Mkdir(posix::kRootIno, "d", 1, 0755, kRoot);
+    ASSERT_TRUE(dir.ok());
+    ASSERT_TRUE(t.fs().SetXattr(dir.value().ino, "tierfs.replicas", 15, other, 1, 0, Filesystem::kFrontEndChecked)
+                    .ok());
+    auto child = t.fs().Mknod(dir.value().ino, "c", 1, posix::kModeReg | 0644, 0, kRoot);
+    ASSERT_TRUE(child.ok());
+    const std::string content = Bytes(300 * 1024, 2);
+    for (u64 ino : {plain, opted, child.value().ino}) {
+      t.Write(ino, 0, content);
+      ASSERT_TRUE(t.fs().Fsync(ino).ok());
+    }
+    t.ExpectCopies(plain, fs_replicas);
+    t.ExpectCopies(opted, other_copies);
+    t.ExpectCopies(child.value().ino, other_copies);
+    EXPECT_EQ(t.data().GetStats().degraded_writes, 0u);
+    t.ExpectFsckClean();
+    for (u64 ino : {plain, opted, child.value().ino}) EXPECT_TRUE(t.Read(ino, content.size()) == content);
+  }
+}
+
+// Three copies wanted on two members: two, degraded and counted (extents
+// and sectors), never an error.
+TEST(ReplicasTest, TooFewMembersWriteDegraded) {
+  Replicas t(2, 3);
+  const std::string content = Bytes(256 * 1024, 3);
+  const u64 ino = t.Create("f");
+  t.Write(ino, 0, content);
+  ASSERT_TRUE(t.fs().Fsync(ino).ok());
+  t.ExpectCopies(ino, 2);
+  std::vector<std::vector<u8>> vals;
+  const u64 extents = t.Extents(ino, &vals).size();
+  const data::Stats s = t.data().GetStats();
+  EXPECT_EQ(s.degraded_writes, extents);
+  EXPECT_EQ(s.degraded_sectors, content.size() / 512);
+  EXPECT_EQ(s.copy_write_errors, 0u);
+  EXPECT_TRUE(t.Read(ino, content.size()) == content);
+  t.ExpectFsckClean();
+}
+
+// Further copies come from the target alone: an SSD target of one member
+// beside an HDD, two copies wanted -- one copy on the SSD, degraded; the
+// HDD sees no foreground write (the allocator's fallback to any member
+// serves a first copy only).
+TEST(ReplicasTest, FurtherCopiesNeverLeaveTheTarget) {
+  auto ssd = Member();
+  auto hdd = Member();
+  store::FormatOptions fo = testing::TwoTierFormat("ssd");
+  fo.data_replicas = 2;
+  ASSERT_TRUE(testing::FormatTwoTier(ssd.get(), hdd.get(), fo).ok());
+  testing::MountedFs m({ssd.get(), hdd.get()});
+  ASSERT_TRUE(m.open());
+  auto f = m.fs.Mknod(posix::kRootIno, "f", 1, posix::kModeReg | 0644, 0, kRoot);
+  ASSERT_TRUE(f.ok());
+  const std::string content = Bytes(300 * 1024, 7);
+  ASSERT_TRUE(m.fs.Write(f.value().ino, 0, content.data(), u32(content.size())).ok());
+  ASSERT_TRUE(m.fs.Fsync(f.value().ino).ok());
+  const data::Stats s = m.data.GetStats();
+  EXPECT_EQ(s.replica_copies, 0u);
+  EXPECT_GT(s.degraded_writes, 0u);
+  dev::OriginStats os;
+  m.store->devs().member(1)->queue().ReadStats(IoOrigin::kForegroundWrite, &os);
+  EXPECT_EQ(os.ops[int(IoOp::kWrite)], 0u);
+}
+
+// Durability counts, not members: with every member of durability 2 one
+// copy meets replicas 2 (no second, not degraded); with every member of
+// durability 0 (cache only) no copy counts and further copies go nowhere --
+// one copy, degraded. (The CLI gives every member one durability.)
+TEST(ReplicasTest, DurabilityCountsCopies) {
+  for (u8 durability : {u8(2), u8(0)}) {
+    SCOPED_TRACE("durability " + std::to_string(durability));
+    std::vector<std::unique_ptr<MemDevice>> mems;
+    mems.push_back(Member());
+    mems.push_back(Member());
+    store::FormatOptions fo = testing::SmallFormat();
+    fo.data_replicas = 2;
+    std::vector<store::FormatMember> fm = {{mems[0].get(), "ssd.a", durability}, {mems[1].get(), "ssd.b", durability}};
+    Diag diag;
+    ASSERT_TRUE(store::Format(fm.data(), 2, fo, &diag).ok()) << diag.text;
+    testing::MountedFs m({mems[0].get(), mems[1].get()});
+    ASSERT_TRUE(m.open());
+    auto f = m.fs.Mknod(posix::kRootIno, "f", 1, posix::kModeReg | 0644, 0, kRoot);
+    ASSERT_TRUE(f.ok());
+    const std::string content = Bytes(200 * 1024, 4);
+    ASSERT_TRUE(m.fs.Write(f.value().ino, 0, content.data(), u32(content.size())).ok());
+    ASSERT_TRUE(m.fs.Fsync(f.value().ino).ok());
+    const data::Stats s = m.data.GetStats();
+    EXPECT_EQ(s.replica_copies, 0u);  // one copy each extent
+    EXPECT_EQ(s.degraded_writes > 0, durability == 0);
+    std::string got(content.size(), '\0');
+    ASSERT_TRUE(m.fs.Read(f.value().ino, 0, got.data(), u32(got.size())).ok());
+    EXPECT_TRUE(got == content);
+  }
+}
+
+// A member whose writes fail: the write keeps the copy written, counted
+// (copy_write_errors, degraded), and succeeds; the failed copy's space goes
+// back. A member that fills: later writes have one copy, degraded, and the
+// file reads back whole; fsck is clean and deleting the file frees every
+// copy's buckets on both members.
+TEST(ReplicasTest, AFailingOrFullMemberLeavesTheWriteDegraded) {
+  {
+    Replicas t(2, 2);
+    t.gates[1]->Fail(true);
+    const std::string content = Bytes(300 * 1024, 5);
+    const u64 ino = t.Create("f");
+    t.Write(ino, 0, content);
+    ASSERT_TRUE(t.fs().Fsync(ino).ok());
+    t.gates[1]->Fail(false);
+    EXPECT_GT(t.gates[1]->failed(), 0u);
+    t.ExpectCopies(ino, 1);
+    std::vector<std::vector<u8>> vals;
+    for (const data::Extent& e : t.Extents(ino, &vals)) EXPECT_EQ(e.ptrs[0].dev, 0u);
+    const data::Stats s = t.data().GetStats();
+    EXPECT_EQ(s.copy_write_errors, t.gates[1]->failed());
+    EXPECT_EQ(s.degraded_writes, t.Extents(ino, &vals).size());
+    EXPECT_TRUE(t.Read(ino, content.size()) == content);
+    t.ExpectFsckClean();
+    EXPECT_TRUE(t.Read(ino, content.size()) == content);
+  }
+  {
+    // Metadata on a, data on both; b small: it fills long before a.
+    store::FormatOptions fo = testing::SmallFormat();
+    fo.metadata_target = "ssd.a";
+    fo.foreground_target = "ssd";
+    Replicas t(2, 2, fo, {testing::kMemberBytes, 8ull << 20});
+    const u64 ino = t.Create("f");
+    std::string model;
+    for (int i = 0; i < 24; i++) {
+      const std::string chunk = Bytes(512 * 1024, 100 + i);
+      t.Write(ino, model.size(), chunk);
+      model += chunk;
+      ASSERT_TRUE(t.fs().Fsync(ino).ok());
+    }
+    const data::Stats s = t.data().GetStats();
+    EXPECT_GT(s.replica_copies, 0u);   // while b had room
+    EXPECT_GT(s.degraded_writes, 0u);  // once it had none
+    EXPECT_EQ(s.copy_write_errors, 0u);
+    EXPECT_TRUE(t.Read(ino, model.size()) == model);
+    EXPECT_GT(t.VerifyEveryCopy(), 0u);
+    t.ExpectFsckClean();
+    EXPECT_TRUE(t.Read(ino, model.size()) == model);
+    ASSERT_TRUE(t.fs().Unlink(posix::kRootIno, "f", 1).ok());
+    t.Remount();
+    EXPECT_EQ(t.UserBuckets(0), 0u);
+    EXPECT_EQ(t.UserBuckets(1), 0u);
+    t.ExpectFsckClean();
+  }
+}
+
+// The copies are written at once: with both members holding data writes
+// back, each has received its copy before either completes (written one
+// after another, the second would not be submitted until the first
+// completed: never, here). No clock is read: the test waits for the second
+// submission (up to a minute, which only a serial write path reaches).
+TEST(ReplicasTest, CopiesAreSubmittedTogether) {
+  Replicas t(2, 2);
+  const u64 ino = t.Create("f");
+  const std::string content = Bytes(64 * 1024, 6);
+  for (auto& g : t.gates) g->Close();
+  std::atomic<bool> done{false};
+  Status wst;
+  std::thread writer([&] {
+    auto r = t.fs().Write(ino, 0, content.data(), u32(content.size()), Filesystem::kWriteDirect);
+    wst = r.status();
+    done.store(true);
+  });
+  bool both = false;
+  for (int i = 0; i < 60000 && !both; i++) {
+    both = t.gates[0]->parked() >= 1 && t.gates[1]->parked() >= 1;
+    if (!both) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(both) << "parked: " << t.gates[0]->parked() << " and " << t.gates[1]->parked();
+  EXPECT_FALSE(done.load());  // nothing completed: the write waits for both
+  for (auto& g : t.gates) g->Open();
+  writer.join();
+  ASSERT_TRUE(wst.ok()) << wst.Message();
+  t.ExpectCopies(ino, 2);
+  EXPECT_TRUE(t.Read(ino, content.size()) == content);
+}
+
+// Space a write point opens counts as free at once (helper-40's fix of
+// 7e86001): with a fallocate holding all but two copies' worth of a write
+// and a bucket's worth more, a two-copy write whose slots are both full
+// (each copy needs a new bucket) gets both copies. (Counted while the new
+// buckets were in neither the allocator's free count nor the write point's,
+// the free space looked two buckets short: ENOSPC.)
+TEST(ReplicasTest, BucketsOpenedCountAsFreeBeforeTheReservationCheck) {
+  Replicas t(2, 2);
+  const u64 bucket_blocks = t.m->store->sb().bucket_size / data::kBlockSize;
+  ASSERT_EQ(bucket_blocks, 64u);
+  // Both slots filled to the end: a bucket on each member, no room left.
+  const u64 full = t.Create("full");
+  t.Write(full, 0, Bytes(bucket_blocks * data::kBlockSize, 30));
+  ASSERT_TRUE(t.fs().Fsync(full).ok());
+  t.ExpectCopies(full, 2);
+  // Reserve all that is free (the largest fallocates that fit, halving the
+  // step on each refusal), then give back two copies of the write plus a
+  // bucket (slack for a metadata bucket taken meanwhile; the undercount
+  // was two buckets).
+  const u64 g = t.Create("reserved");
+  u64 at = 0;
+  for (u64 step = 1ull << 20; step > 0;) {
+    if (t.fs().Fallocate(g, posix::kFallocKeepSize, at * data::kBlockSize, step * data::kBlockSize).ok()) {
+      at += step;
+    } else {
+      step /= 2;
+    }
+  }
+  constexpr u64 kWriteBlocks = 16;
+  const u64 give_back = 2 * kWriteBlocks + bucket_blocks;
+  ASSERT_GT(at, give_back + 4 * bucket_blocks);
+  ASSERT_TRUE(t.fs()
+                  .Fallocate(g, posix::kFallocPunchHole | posix::kFallocKeepSize, (at - give_back) * data::kBlockSize,
+                             give_back * data::kBlockSize)
+                  .ok());
+  const data::Stats before = t.data().GetStats();
+  const u64 ino = t.Create("f");
+  const std::string content = Bytes(kWriteBlocks * data::kBlockSize, 31);
+  t.Write(ino, 0, content);
+  Status st = t.fs().Fsync(ino);
+  ASSERT_TRUE(st.ok()) << st.Message();
+  t.ExpectCopies(ino, 2);
+  const data::Stats s = t.data().GetStats();
+  EXPECT_EQ(s.degraded_writes, before.degraded_writes);
+  EXPECT_EQ(s.reserve_refused, before.reserve_refused);
+  EXPECT_EQ(s.buckets_opened, before.buckets_opened + 2);
+  EXPECT_TRUE(t.Read(ino, content.size()) == content);
+  t.ExpectFsckClean();
+}
+
+// Files wanting one and two copies share a write point: each copy takes an
+// open slot with room on a member the write may use, so a one-copy write
+// never moves a slot onto the member another slot has room on, and no
+// half-filled bucket is retired. The buckets opened stay at the data
+// written (in buckets) plus the two left open.
+TEST(ReplicasTest, OneAndTwoCopyFilesSharingAWritePointRetireNoHalfFilledBucket) {
+  Replicas t(2, 1);
+  const u64 bucket_blocks = t.m->store->sb().bucket_size / data::kBlockSize;
+  const u64 one = t.Create("one");
+  const u64 two = t.Create("two", "2");
+  std::string m1, m2;
+  u64 blocks = 0;  // disk blocks written, every copy
+  for (int i = 0; i < 120; i++) {
+    const std::string a = Bytes((3 + i % 11) * data::kBlockSize, 200 + i);
+    t.Write(one, m1.size(), a);
+    m1 += a;
+    ASSERT_TRUE(t.fs().Fsync(one).ok());
+    const std::string b = Bytes((2 + i % 7) * data::kBlockSize, 300 + i);
+    t.Write(two, m2.size(), b);
+    m2 += b;
+    ASSERT_TRUE(t.fs().Fsync(two).ok());
+    blocks += a.size() / data::kBlockSize + 2 * (b.size() / data::kBlockSize);
+  }
+  t.ExpectCopies(one, 1);
+  t.ExpectCopies(two, 2);
+  const data::Stats s = t.data().GetStats();
+  EXPECT_EQ(s.degraded_writes, 0u);
+  // Every bucket opened is full but the (at most two) still open.
+  EXPECT_LT(s.buckets_opened * bucket_blocks, blocks + 2 * bucket_blocks)
+      << s.buckets_opened << " buckets opened for " << blocks << " blocks";
+  EXPECT_TRUE(t.Read(one, m1.size()) == m1);
+  EXPECT_TRUE(t.Read(two, m2.size()) == m2);
+  t.ExpectFsckClean();
+}
+
+// A write whose usual slot is full when no bucket is free still lands in
+// another open slot with room (statfs counts that room free): kNoSpace only
+// when no copy has space anywhere.
+TEST(ReplicasTest, AFullSlotWithNoFreeBucketFallsBackToAnotherOpenSlot) {
+  Replicas t(2, 2);
+  const u64 bucket_blocks = t.m->store->sb().bucket_size / data::kBlockSize;
+  // Half a bucket on each member (two copies), then a one-copy file fills one of them.
+  const u64 two = t.Create("two");
+  t.Write(two, 0, Bytes(bucket_blocks / 2 * data::kBlockSize, 40));
+  ASSERT_TRUE(t.fs().Fsync(two).ok());
+  const u64 one = t.Create("one", "1");
+  t.Write(one, 0, Bytes(bucket_blocks / 2 * data::kBlockSize, 41));
+  ASSERT_TRUE(t.fs().Fsync(one).ok());
+  const u64 opened = t.data().GetStats().buckets_opened;
+  ASSERT_EQ(opened, 2u);
+  // No bucket left for foreground data.
+  std::vector<alloc::BucketRef> taken;
+  const dev::DevMask all = t.m->store->devs().all();
+  for (;;) {
+    auto r = t.m->store->alloc().Allocate(all, all, alloc::BucketState::kUser, alloc::Watermark::kForeground);
+    if (!r.ok()) break;
+    taken.push_back(r.value());
+  }
+  ASSERT_FALSE(taken.empty());
+  // (O_DIRECT: the write's own result, no write-out left behind.)
+  auto direct = [&](u64 off, const std::string& s) {
+    return t.fs().Write(one, off, s.data(), u32(s.size()), Filesystem::kWriteDirect).status();
+  };
+  const std::string more = Bytes(4 * data::kBlockSize, 42);
+  Status st = direct(bucket_blocks / 2 * data::kBlockSize, more);
+  EXPECT_TRUE(st.ok()) << st.Message();
+  EXPECT_EQ(t.data().GetStats().buckets_opened, opened);
+  // Both open buckets full now: the next write has no space at all.
+  const std::string rest = Bytes((bucket_blocks / 2 - 4) * data::kBlockSize, 43);
+  st = direct((bucket_blocks / 2 + 4) * data::kBlockSize, rest);
+  EXPECT_TRUE(st.ok()) << st.Message();
+  EXPECT_EQ(direct(bucket_blocks * data::kBlockSize, more).code(), Err::kNoSpace);
+  for (const alloc::BucketRef& r : taken) EXPECT_TRUE(t.m->store->alloc().Free(r).ok());
+  const std::string want = Bytes(bucket_blocks / 2 * data::kBlockSize, 41) + more + rest;
+  EXPECT_TRUE(t.Read(one, want.size()) == want);
+  t.ExpectFsckClean();
+}
+
+// data_replicas is the foreground write path's: a context of another origin
+// (a background engine's) writes one copy unless it asks for more.
+TEST(ReplicasTest, OtherOriginsWriteOneCopyUnlessTheyAsk) {
+  Replicas t(2, 2);
+  const data::IoContext reconcile = {IoOrigin::kReconcile, dev::IoClass::kBackground, alloc::Watermark::kBackground,
+                                     data::Target{}};
+  data::IoContext two = reconcile;
+  two.replicas = 2;
+  const u64 ino = t.Create("f");
+  std::vector<u8> buf(8 * data::kBlockSize, 'r');
+  u64 first = 0;
+  for (const data::IoContext* ctx : std::vector<const data::IoContext*>{&reconcile, &two}) {
+    btree::Transaction tx(&t.m->store->btrees());
+    data::Delta delta;
+    ASSERT_TRUE(t.data().QueueWrite(*ctx, &tx, ino, first, buf.data(), 8, &delta).ok());
+    ASSERT_TRUE(t.data().Commit(*ctx, &tx, delta).ok());
+    first += 8;
+  }
+  std::vector<std::vector<u8>> vals;
+  auto ext = t.Extents(ino, &vals);
+  ASSERT_EQ(ext.size(), 2u);
+  EXPECT_EQ(ext[0].nr_ptrs, 1u);
+  EXPECT_EQ(ext[1].nr_ptrs, 2u);
+  EXPECT_EQ(t.data().GetStats().degraded_writes, 0u);
+}
+
+// Random writes, overwrites, punches and truncates of a few files with two
+// copies, checked against a model; after each round a clean remount, or a
+// power cut (durable contents or torn) after an fsync followed by unsynced
+// writes: the synced files are whole, the unsynced one reads without
+// error, every copy of every extent verifies on its member (the commit
+// waited for every member written), every extent has both copies, and fsck
+// is clean. In the end deleting everything frees every bucket of both.
+TEST(ReplicasTest, TwoCopiesAgainstAModelAcrossRemountsAndPowerCuts) {
+  auto t = std::make_unique<Replicas>(2, 2);
+  std::mt19937_64 rng(21);
+  constexpr int kFiles = 3;
+  std::vector<u64> inos;
+  std::vector<std::string> model(kFiles);
+  for (int i = 0; i < kFiles; i++) inos.push_back(t->Create("f" + std::to_string(i)));
+  const u64 scratch = t->Create("scratch");
+  for (int round = 0; round < 8; round++) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    for (int op = 0; op < 60; op++) {
+      const int i = int(rng() % kFiles);
+      const int kind = int(rng() % 10);
+      if (kind < 6) {
+        const u64 off = rng() % (2 << 20);
+        const std::string s = Bytes(1 + rng() % (200 << 10), u32(rng()));
+        const u32 flags = rng() % 3 == 0 ? u32(Filesystem::kWriteDirect) : 0u;
+        auto r = t->fs().Write(inos[i], off, s.data(), u32(s.size()), flags);
+        ASSERT_TRUE(r.ok()) << r.status().Message();
+        if (model[i].size() < off + s.size()) model[i].resize(off + s.size(), '\0');
+        model[i].replace(off, s.size(), s);
+      } else if (kind < 8) {
+        const u64 off = rng() % (2 << 20);
+        const u64 len = 1 + rng() % (400 << 10);
+        ASSERT_TRUE(t->fs().Fallocate(inos[i], posix::kFallocPunchHole | posix::kFallocKeepSize, off, len).ok());
+        if (off < model[i].size()) {
+          const u64 n = std::min<u64>(off + len, model[i].size()) - off;
+          model[i].replace(off, n, n, '\0');
+        }
+      } else if (kind < 9) {
+        posix::SetAttr a;
+        a.valid = posix::kSetSize;
+        a.size = rng() % (2 << 20);
+        ASSERT_TRUE(t->fs().SetAttrs(inos[i], a).ok());
+        model[i].resize(a.size, '\0');
+      } else {
+        ASSERT_TRUE(t->Read(inos[i], model[i].size()) == model[i]) << "file " << i;
+      }
+    }
+    for (int i = 0; i < kFiles; i++) ASSERT_TRUE(t->fs().Fsync(inos[i]).ok());
+    t->ExpectCountsMatchExtents();
+    if (round % 2 == 0) {
+      t->Remount();
+    } else {
+      // Unsynced writes, then the power goes.
+      for (int k = 0; k < 4; k++) {
+        const std::string s = Bytes(1 + rng() % (150 << 10), u32(rng()));
+        ASSERT_TRUE(t->fs().Write(scratch, rng() % (1 << 20), s.data(), u32(s.size()), Filesystem::kWriteDirect).ok());
+      }
+      auto images = t->Cut(round % 4 == 3, rng());
+      t = std::make_unique<Replicas>(images);
+      ASSERT_TRUE(t->m->open());
+      std::string buf(2 << 20, '\0');
+      auto r = t->fs().Read(scratch, 0, buf.data(), u32(buf.size()));
+      EXPECT_TRUE(r.ok()) << r.status().Message();
+    }
+    for (int i = 0; i < kFiles; i++) {
+      ASSERT_TRUE(t->Read(inos[i], model[i].size() + 1) == model[i]) << "file " << i;
+      std::vector<std::vector<u8>> vals;
+      if (!t->Extents(inos[i], &vals).empty()) t->ExpectCopies(inos[i], 2);
+    }
+    EXPECT_GT(t->VerifyEveryCopy(), 0u);
+    t->ExpectFsckClean();
+  }
+  EXPECT_EQ(t->data().GetStats().degraded_writes, 0u);
+  for (int i = 0; i < kFiles; i++) {
+    const std::string n = "f" + std::to_string(i);
+    ASSERT_TRUE(t->fs().Unlink(posix::kRootIno, n.data(), u32(n.size())).ok());
+  }
+  ASSERT_TRUE(t->fs().Unlink(posix::kRootIno, "scratch", 7).ok());
+  t->ExpectCountsMatchExtents();
+  // Only the write point's open buckets (one a member) may stay.
+  EXPECT_LE(t->UserBuckets(0), 1u);
+  EXPECT_LE(t->UserBuckets(1), 1u);
+  t->Remount();
+  EXPECT_EQ(t->UserBuckets(0), 0u);
+  EXPECT_EQ(t->UserBuckets(1), 0u);
+  t->ExpectFsckClean();
+}
+
+}  // namespace
+}  // namespace tfs
