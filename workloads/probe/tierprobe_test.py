@@ -88,7 +88,12 @@ def test_open_loop_charges_a_stall_to_every_delayed_operation(tmp_path: Path) ->
     # The series shows when: the stall second holds the maximum.
     pts = meas["timeseries"]["points"]
     assert pts[1]["max_ns"] >= 0.95e9 and pts[1]["p50_ns"] >= 0.3e9
-    assert pts[0]["max_ns"] < 0.5e9 and pts[2]["max_ns"] < 0.5e9
+    # Second 0 may hold an operation or two charged the whole stall: one intended
+    # in its last milliseconds whose wake-up the scheduler delayed past t=1 s is
+    # rightly charged until the stall ends (CI saw a 1.015 s maximum there under
+    # load). Its median stays quick; nothing intended after the stall waits for it.
+    assert pts[0]["p50_ns"] < 50e6, pts[0]
+    assert pts[2]["max_ns"] < 0.5e9, pts[2]
     assert meas["counters"]["stalled_threads"] == 1
     assert meas["counters"]["late_ops"] >= 170
     # The probe caught up long before the end: a stall is charged, not "fell behind".
