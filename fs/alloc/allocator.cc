@@ -144,6 +144,12 @@ void Allocator::SetPersist(PersistFn fn, void* ctx) {
   persist_ctx_ = ctx;
 }
 
+void Allocator::GetPersist(PersistFn* fn, void** ctx) const {
+  MutexLock lock(mu_);
+  *fn = persist_;
+  *ctx = persist_ctx_;
+}
+
 void Allocator::SetJournal(journal::Journal* journal) {
   MutexLock lock(mu_);
   journal_ = journal;
@@ -547,7 +553,10 @@ Status Allocator::Free(const BucketRef& ref) {
   return Status::Ok();
 }
 
-Status Allocator::FreeBuckets(const BucketRef* refs, u32 n) {
+Status Allocator::FreeBuckets(const BucketRef* refs, u32 n, u32* freed) {
+  u32 unused;
+  if (freed == nullptr) freed = &unused;
+  *freed = 0;
   if (n == 0) return Status::Ok();
   Vector<RecordChange> changes;
   TFS_TRY(changes.Reserve(n));
@@ -573,9 +582,9 @@ Status Allocator::FreeBuckets(const BucketRef* refs, u32 n) {
   // too big for one entry is split) become reusable once settled; the rest
   // stay pending for good, as a failed Free.
   MutexLock lock(mu_);
+  *freed = u32(Min<u64>(done.committed, changes.size()));
   if (journal_ != nullptr)
-    for (u32 i = 0; i < done.committed && i < changes.size(); i++)
-      NotePendingSeq(changes[i].dev, changes[i].bucket, done.seq);
+    for (u32 i = 0; i < *freed; i++) NotePendingSeq(changes[i].dev, changes[i].bucket, done.seq);
   if (!seq.ok()) return seq.status();
   return first;
 }

@@ -173,6 +173,9 @@ class Allocator {
   // Where changes are persisted from now on (Store::Open, before the trees
   // open). Not while changes are made.
   void SetPersist(PersistFn fn, void* ctx);
+  // The sink set now (tests put a sink in front of it that fails chosen
+  // changes, and SetPersist it back after).
+  void GetPersist(PersistFn* fn, void** ctx) const;
   // Frees wait for the journal to settle them from now on (mount: once the
   // journal runs). Until then a free is reusable at once.
   void SetJournal(journal::Journal* journal);
@@ -222,8 +225,11 @@ class Allocator {
   // Frees a bucket (its generation is bumped). kInvalidArgument for a stale ref.
   Status Free(const BucketRef& ref);
   // Frees `n` buckets with one record commit (a checkpoint's emptied node
-  // buckets); stale refs are skipped. The first error is returned.
-  Status FreeBuckets(const BucketRef* refs, u32 n);
+  // buckets, the data path's emptied user buckets; split in pieces only when
+  // too big for one journal entry); stale refs are skipped. The first error
+  // is returned; `freed` (if given): the frees whose records committed --
+  // what n calls of Free would have returned ok for.
+  Status FreeBuckets(const BucketRef* refs, u32 n, u32* freed = nullptr);
   Status SetLiveSectors(const BucketRef& ref, u32 live_sectors);
 
   // fsck repair (and the mount's reconciliation of node buckets): force a

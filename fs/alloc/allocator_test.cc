@@ -267,7 +267,9 @@ TEST(AllocatorTest, APartlyCommittedBatchOfFreesReleasesWhatWasCommitted) {
   journal::Journal journal;  // never started: settled_seq 0 settles what was committed at 0
   a.SetJournal(&journal);
   sink.ok_changes = 2;
-  EXPECT_EQ(a.FreeBuckets(refs.data(), 4).code(), Err::kIo);
+  u32 freed = 0;
+  EXPECT_EQ(a.FreeBuckets(refs.data(), 4, &freed).code(), Err::kIo);
+  EXPECT_EQ(freed, 2u);  // what the data path counts freed (buckets_freed)
   EXPECT_EQ(a.Usage(1).pending_free, 4u);
   // Allocating releases the settled ones: the two committed frees only.
   u64 n = 0;

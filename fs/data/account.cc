@@ -97,19 +97,26 @@ Status DataPath::Open(store::Store* store) {
   if (!st.ok()) return st;
   if (bad > 0) platform::Log(platform::LogLevel::kError, "data: %llu extents with bad pointers (fsck)", (unsigned long long)bad);
   // User buckets no extent points into (a crash between allocating and
-  // committing, or the last write point of a crash): free them.
+  // committing, or the last write point of a crash): free them, with one
+  // record commit.
+  Vector<alloc::BucketRef> orphans;
   for (u32 d = 0; d < a.members(); d++)
     for (u64 b = 0; b < live_[d].size(); b++) {
       const alloc::Bucket k = a.Get(d, b);
       if (k.state != alloc::BucketState::kUser || live_[d][b] != 0 || cached_[d][b] != 0) continue;
-      TFS_TRY(a.Free(alloc::BucketRef{d, b, k.gen}));
-      ctr_.buckets_freed.FetchAdd(1, MemOrder::kRelaxed);
+      TFS_TRY(orphans.PushBack(alloc::BucketRef{d, b, k.gen}));
     }
-  return Status::Ok();
+  return FreeReleased(orphans.data(), u32(orphans.size()));
 }
 
 void DataPath::Close() {
   if (store_ == nullptr) return;
+  // The write points' buckets nothing else holds are freed with one record
+  // commit (one per write point, should the list not grow), after the
+  // locks. Not on a store closed already -- a test's crash: the next mount
+  // frees a user bucket no extent points into.
+  const bool free_them = store_->open();
+  Vector<alloc::BucketRef> frees;
   {
     MutexLock t(wps_mu_);
     const u32 n = nr_wps_.Load(MemOrder::kAcquire);
@@ -127,15 +134,15 @@ void DataPath::Close() {
           s.open = false;
         }
       }
-      // (Not on a store closed already -- a test's crash: the next mount
-      // frees a user bucket no extent points into.)
-      for (u32 k = 0; k < nfree; k++)
-        if (store_->open() && store_->alloc().Free(refs[k]).ok()) ctr_.buckets_freed.FetchAdd(1, MemOrder::kRelaxed);
+      u32 listed = 0;
+      while (free_them && listed < nfree && frees.PushBack(refs[listed]).ok()) listed++;
+      if (free_them) FreeReleased(refs + listed, nfree - listed).IgnoreError();  // (counted)
       platform::Delete(wp);
       wps_[i] = nullptr;
     }
     nr_wps_.Store(0, MemOrder::kRelease);
   }
+  FreeReleased(frees.data(), u32(frees.size())).IgnoreError();  // (counted; a failed commit: record_errors)
   for (auto& v : live_) v.Resize(0).IgnoreError();
   for (auto& v : cached_) v.Resize(0).IgnoreError();
   for (auto& v : pending_) v.Resize(0).IgnoreError();
@@ -150,8 +157,10 @@ u64 DataPath::FreeBlocksLocked() const {
   const alloc::Allocator& a = store_->alloc();
   u64 buckets = 0;
   for (u32 d = 0; d < a.members(); d++) {
-    const alloc::DeviceUsage u = a.Usage(d);
-    const u64 free = u.by_state[u32(alloc::BucketState::kFree)] + u.pending_free;
+    // Free buckets, those whose free is not settled yet among them: a bucket
+    // is kFree from its free on, on the pending list or the free list
+    // (pending_free counts a subset of these, never more).
+    const u64 free = a.Usage(d).by_state[u32(alloc::BucketState::kFree)];
     const u64 floor = a.FreeFloor(d, alloc::Watermark::kForeground);
     if (free > floor) buckets += free - floor;
   }
@@ -161,6 +170,17 @@ u64 DataPath::FreeBlocksLocked() const {
   const u32 n = nr_wps_.Load(MemOrder::kAcquire);
   for (u32 i = 0; i < n; i++) blocks += wps_[i]->left.Load(MemOrder::kRelaxed);
   return blocks;
+}
+
+Status DataPath::FreeReleased(const alloc::BucketRef* refs, u32 n) {
+  if (n == 0) return Status::Ok();
+  // (One alone: Free, which needs no memory. A batch whose list cannot be
+  // allocated frees nothing: the next mount frees those buckets.)
+  u32 freed = 0;
+  Status st = n == 1 ? store_->alloc().Free(refs[0]) : store_->alloc().FreeBuckets(refs, n, &freed);
+  if (n == 1 && st.ok()) freed = 1;
+  ctr_.buckets_freed.FetchAdd(freed, MemOrder::kRelaxed);
+  return st;
 }
 
 bool DataPath::PtrCounts(const Extent::Ptr& p, u64* bucket) const {

@@ -155,6 +155,7 @@ struct Delta {
   X(cached_underflows, counter, "cached blocks uncounted that were never counted (a stale cached pointer current again)") \
   X(replica_copies, counter, "copies written beside an extent's first (replicas)")                                      \
   X(copy_write_errors, counter, "copies whose write failed: the extent kept the copies written")                        \
+  X(copy_alloc_errors, counter, "further copies whose bucket's allocation failed, not for want of space: degraded")     \
   X(degraded_writes, counter, "extents written with fewer copies than wanted (too few members, full or failing)")      \
   X(degraded_sectors, counter, "512-byte sectors of those extents")
 
@@ -334,6 +335,14 @@ class DataPath {
   // KeepWritten's log line for a copy whose write failed: at most one per
   // member per kCopyErrorLogNs, naming the failures not logged since.
   void LogCopyError(u32 dev, const Status& st);
+  // Reserve's for a further copy whose bucket's allocation failed other
+  // than for want of space (its record's commit): at most one per
+  // kCopyErrorLogNs, the same way.
+  void LogCopyAllocError(const Status& st);
+  // Frees buckets ReleaseLocked gave out (no lock held) with one record
+  // commit (Allocator::FreeBuckets; Free for one), counting those freed
+  // (buckets_freed). The allocator's first error.
+  Status FreeReleased(const alloc::BucketRef* refs, u32 n);
   // Records the pending space of sp[0..copies) (`blocks` live, `pending`
   // disk blocks each) in delta, or gives it back when the delta cannot grow.
   Status RecordCopies(const Space* sp, u32 copies, u32 blocks, u32 pending, Delta* delta);
@@ -431,14 +440,22 @@ class DataPath {
   Vector<u32> reads_[dev::kMaxDevices];    // reads in flight per bucket (| kDoomed)
   Vector<u8> held_[dev::kMaxDevices];      // 1: a write point's open bucket
   u64 reserved_ = 0;           // unwritten blocks, under acct_mu_
-  // The log of failed copies (KeepWritten), at most one line per member per
-  // kCopyErrorLogNs: a failing member fails every copy of every extent.
-  // Per member: when its last line was logged (platform::NowNs; 0: never)
-  // and the failures not logged since. Lock-free: a race only logs a line
-  // more or counts one in the next line.
+  // The logs of failed copies, at most one line per kCopyErrorLogNs each: a
+  // failing member fails every copy of every extent, a failing record
+  // commit every further copy's allocation. A LogLimit keeps when its last
+  // line was logged (platform::NowNs + 1; 0: never) and the events not
+  // logged since. Lock-free: a race only logs a line more or counts one in
+  // the next line.
   static constexpr u64 kCopyErrorLogNs = 10'000'000'000ull;
-  Atomic<u64> copy_error_logged_[dev::kMaxDevices] = {};  // (the time + 1: 0 is never)
-  Atomic<u64> copy_errors_unlogged_[dev::kMaxDevices] = {};
+  struct LogLimit {
+    Atomic<u64> logged{0};
+    Atomic<u64> unlogged{0};
+    // Whether to log a line now; if so, `more` (size bytes) says how many
+    // were not logged since the last (empty for none), else counts this one.
+    bool Admit(char* more, usize size);
+  };
+  LogLimit copy_error_log_[dev::kMaxDevices];  // KeepWritten's, per member
+  LogLimit copy_alloc_error_log_;              // Reserve's (further copies' allocations)
   void (*lookup_hook_)(void*) = nullptr;  // SetLookupHookForTest
   void* lookup_hook_ctx_ = nullptr;
   struct Live {

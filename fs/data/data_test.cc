@@ -8,73 +8,31 @@
 
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "data/testing.h"
 #include "mount/testing.h"
 #include "userspace/platform/mem_device.h"
 
 namespace tfs::data {
 namespace {
 
-// A device over another that holds back reads of one origin while closed
-// (a read kept in flight for as long as a test needs).
-class GateDevice final : public BlockDevice {
- public:
-  GateDevice(BlockDevice* inner, IoOrigin held) : inner_(inner), held_(held) {}
-  void Submit(IoRequest* req) override {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      if (closed_ && req->op == IoOp::kRead && req->origin == held_) {
-        parked_.push_back(req);
-        return;
-      }
-    }
-    inner_->Submit(req);
-  }
-  const BlockDeviceInfo& Info() const override { return inner_->Info(); }
-  const char* Name() const override { return inner_->Name(); }
-  void Close() {
-    std::lock_guard<std::mutex> l(mu_);
-    closed_ = true;
-  }
-  size_t parked() {
-    std::lock_guard<std::mutex> l(mu_);
-    return parked_.size();
-  }
-  void Open() {
-    std::vector<IoRequest*> go;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      closed_ = false;
-      go.swap(parked_);
-    }
-    for (IoRequest* r : go) inner_->Submit(r);
-  }
-
- private:
-  BlockDevice* inner_;
-  IoOrigin held_;
-  std::mutex mu_;
-  bool closed_ = false;
-  std::vector<IoRequest*> parked_;
-};
-
 // Two members: "ssd.a" (foreground and metadata target) and "hdd.b"
 // (background target), with the store and the data path open on them. The
 // SSD is seen through a gate holding back promote reads.
 struct TwoMembers {
   std::unique_ptr<userspace::MemDevice> ssd_mem = testing::MemMember();
-  std::unique_ptr<GateDevice> ssd = std::make_unique<GateDevice>(ssd_mem.get(), IoOrigin::kPromote);
+  std::unique_ptr<testing::GateDevice> ssd =
+      std::make_unique<testing::GateDevice>(ssd_mem.get(), IoOp::kRead, IoOrigin::kPromote);
   std::unique_ptr<userspace::MemDevice> hdd = testing::MemMember();
   store::Store store;
   DataPath data;
 
-  TwoMembers() {
+  explicit TwoMembers(const store::OpenOptions& oo = store::OpenOptions{}) {
     if (!testing::FormatTwoTier(ssd.get(), hdd.get()).ok()) return;
-    if (!testing::OpenStore(&store, {ssd.get(), hdd.get()}).ok()) return;
+    if (!testing::OpenStore(&store, {ssd.get(), hdd.get()}, oo).ok()) return;
     EXPECT_TRUE(data.Open(&store).ok());
   }
   ~TwoMembers() {
@@ -94,6 +52,13 @@ struct TwoMembers {
     Delta delta;
     ASSERT_TRUE(data.QueueWrite(ctx, &tx, ino, first, buf.data(), nblocks, &delta).ok());
     ASSERT_TRUE(data.Commit(ctx, &tx, delta).ok());
+  }
+  // Punches blocks [first, end) of `ino` and commits it.
+  void Punch(u64 ino, u64 first, u64 end) {
+    btree::Transaction tx(&store.btrees());
+    Delta delta;
+    ASSERT_TRUE(data.QueuePunch(&tx, ino, first, end, &delta).ok());
+    ASSERT_TRUE(data.Commit(kForegroundWrite, &tx, delta).ok());
   }
   u64 Ops(u32 member, IoOrigin origin, IoOp op) {
     dev::OriginStats s;
@@ -328,6 +293,71 @@ TEST(DataPathTest, AFullWritePointTableFallsBackToTheForegroundTarget) {
   ASSERT_TRUE(t.data.ReadBlocks(kForegroundRead, 31, 0, 4, buf.data()).ok());
   EXPECT_EQ(buf[0], 'h');
   EXPECT_EQ(buf[2 * kBlockSize], 'i');
+}
+
+// The free space reservations (fallocate) and further copies may not eat
+// into is the free buckets above the foreground floor, those whose free is
+// still pending counted once: a freed bucket is kFree at once, pending or
+// not (before: by_state[kFree] + pending_free counted the pending ones
+// twice, and a fallocate reserved space that was not there).
+TEST(DataPathTest, PendingFreesCountOnceInTheSpaceReservationsMayTake) {
+  store::OpenOptions oo;
+  oo.btree.writer_thread = false;  // no checkpoint takes or frees a bucket meanwhile
+  TwoMembers t(oo);
+  const u32 per_bucket = u32(t.store.sb().bucket_size / kBlockSize);
+  // Five buckets' worth, then all of it punched: the four buckets the write
+  // point left are freed -- pending: no allocation has looked since -- and
+  // the fifth, full, stays the write point's (no room left in it).
+  t.Write(kForegroundWrite, 40, 0, 5 * per_bucket, 'p');
+  t.Punch(40, 0, 5 * per_bucket);
+  alloc::Allocator& a = t.store.alloc();
+  u64 pending = 0, free_blocks = 0;
+  for (u32 d = 0; d < a.members(); d++) {
+    const alloc::DeviceUsage u = a.Usage(d);
+    pending += u.pending_free;
+    const u64 free = u.by_state[u32(alloc::BucketState::kFree)];
+    const u64 floor = a.FreeFloor(d, alloc::Watermark::kForeground);
+    if (free > floor) free_blocks += (free - floor) * per_bucket;
+  }
+  ASSERT_EQ(pending, 4u);
+  auto reserve = [&](u64 blocks) {
+    btree::Transaction tx(&t.store.btrees());
+    Delta delta;
+    u64 next = 0;
+    Status st = t.data.QueueReserve(&tx, 41, 0, blocks, &delta, ~0u, &next);
+    t.data.Abort(delta);  // (never committed)
+    return st;
+  };
+  EXPECT_EQ(reserve(free_blocks + 1).code(), Err::kNoSpace);
+  EXPECT_TRUE(reserve(free_blocks).ok());
+  EXPECT_EQ(t.data.GetStats().blocks_reserved, 0u);
+}
+
+// Close frees the buckets its write points leave with one record commit
+// (before: one commit a bucket), and counts them.
+TEST(DataPathTest, CloseFreesTheWritePointsBucketsWithOneCommit) {
+  testing::SinkTap tap;  // (outlives the store)
+  TwoMembers t;
+  tap.Attach(&t.store.alloc());
+  IoContext fg_async = kForegroundWrite;
+  fg_async.io_class = dev::IoClass::kForegroundAsync;
+  // Three write points (two on the SSD, one on the HDD), each holding a
+  // bucket whose blocks are all punched since.
+  const IoContext ctxs[3] = {kForegroundWrite, fg_async, kBackgroundWrite};
+  alloc::BucketRef held[3];
+  for (u32 i = 0; i < 3; i++) {
+    t.Write(ctxs[i], 50 + i, 0, 4, char('a' + i));
+    ASSERT_TRUE(t.data.WritePointBucket(ctxs[i], &held[i]));
+    t.Punch(50 + i, 0, 4);
+  }
+  EXPECT_EQ(tap.free_commits.load(), 0u);  // the write points hold them
+  const u64 freed = t.data.GetStats().buckets_freed;
+  t.data.Close();
+  EXPECT_EQ(tap.free_commits.load(), 1u);
+  EXPECT_EQ(tap.frees.load(), 3u);
+  EXPECT_EQ(t.data.GetStats().buckets_freed, freed + 3);
+  for (const alloc::BucketRef& r : held)
+    EXPECT_EQ(t.store.alloc().Get(r.dev, r.bucket).state, alloc::BucketState::kFree);
 }
 
 TEST(DataPathTest, OpenNeedsAnOpenStore) {

@@ -15,7 +15,6 @@
 #include <cstring>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <set>
 #include <string>
@@ -23,6 +22,7 @@
 #include <vector>
 
 #include "data/data.h"
+#include "data/testing.h"
 #include "fsck/fsck.h"
 #include "mount/testing.h"
 #include "platform/platform.h"
@@ -36,64 +36,6 @@ using posix::Filesystem;
 using userspace::MemDevice;
 
 const posix::Caller kRoot{0, 0};
-
-// A device over a MemDevice that holds back foreground data writes while
-// closed (counting them), and fails them with an I/O error while failing.
-class GateDevice final : public BlockDevice {
- public:
-  explicit GateDevice(BlockDevice* inner) : inner_(inner) {}
-  void Submit(IoRequest* req) override {
-    const bool data = req->op == IoOp::kWrite && req->origin == IoOrigin::kForegroundWrite;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      if (data && failing_) {
-        failed_++;
-      } else if (data && closed_) {
-        parked_.push_back(req);
-        return;
-      } else {
-        inner_->Submit(req);
-        return;
-      }
-    }
-    req->done(req, Status(Err::kIo));
-  }
-  const BlockDeviceInfo& Info() const override { return inner_->Info(); }
-  const char* Name() const override { return inner_->Name(); }
-  void Close() {
-    std::lock_guard<std::mutex> l(mu_);
-    closed_ = true;
-  }
-  size_t parked() {
-    std::lock_guard<std::mutex> l(mu_);
-    return parked_.size();
-  }
-  void Open() {
-    std::vector<IoRequest*> go;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      closed_ = false;
-      go.swap(parked_);
-    }
-    for (IoRequest* r : go) inner_->Submit(r);
-  }
-  void Fail(bool on) {
-    std::lock_guard<std::mutex> l(mu_);
-    failing_ = on;
-  }
-  u64 failed() {
-    std::lock_guard<std::mutex> l(mu_);
-    return failed_;
-  }
-
- private:
-  BlockDevice* inner_;
-  std::mutex mu_;
-  bool closed_ = false;
-  bool failing_ = false;
-  u64 failed_ = 0;
-  std::vector<IoRequest*> parked_;
-};
 
 std::unique_ptr<MemDevice> Member(u64 size = testing::kMemberBytes, std::vector<u8> image = {}) {
   userspace::MemDeviceOptions o;
@@ -115,7 +57,7 @@ std::string Bytes(u64 n, u32 seed) {
 // `replicas` data replicas, and posix mounted on them.
 struct Replicas {
   std::vector<std::unique_ptr<MemDevice>> mems;
-  std::vector<std::unique_ptr<GateDevice>> gates;
+  std::vector<std::unique_ptr<testing::GateDevice>> gates;
   std::unique_ptr<testing::MountedFs> m;
 
   explicit Replicas(u32 members, u32 replicas, store::FormatOptions fo = testing::SmallFormat(),
@@ -134,7 +76,8 @@ struct Replicas {
   }
   ~Replicas() { m.reset(); }
   void MakeGates() {
-    for (auto& mem : mems) gates.push_back(std::make_unique<GateDevice>(mem.get()));
+    for (auto& mem : mems)
+      gates.push_back(std::make_unique<testing::GateDevice>(mem.get(), IoOp::kWrite, IoOrigin::kForegroundWrite));
   }
   std::vector<BlockDevice*> Devs() {
     std::vector<BlockDevice*> d;
@@ -543,6 +486,74 @@ TEST(ReplicasTest, AFailingOrFullMemberLeavesTheWriteDegraded) {
   }
 }
 
+// A further copy whose bucket's allocation fails other than for want of
+// space -- its record's commit fails -- leaves the write degraded, as a full
+// member does (the design: never refused while one copy can be written),
+// but not silently: counted (copy_alloc_errors) and logged. (Before, it
+// was taken for "no bucket" and showed only as degraded.) The bucket goes
+// back to the free list: the next write gets both copies.
+TEST(ReplicasTest, AFurtherCopysAllocationErrorIsCountedNotSilent) {
+  testing::SinkTap tap;  // (outlives the store)
+  Replicas t(2, 2);
+  tap.Attach(&t.m->store->alloc());
+  const u64 ino = t.Create("f");
+  const data::Stats before = t.data().GetStats();
+  const u64 record_errors = t.m->store->alloc().Stats().record_errors;
+  tap.FailUserAllocations(1);  // the first copy's bucket; the second's fails
+  const std::string content = Bytes(8 * data::kBlockSize, 7);
+  auto r = t.fs().Write(ino, 0, content.data(), u32(content.size()), Filesystem::kWriteDirect);
+  tap.StopFailing();
+  ASSERT_TRUE(r.ok()) << r.status().Message();
+  t.ExpectCopies(ino, 1);
+  const data::Stats s = t.data().GetStats();
+  EXPECT_EQ(s.copy_alloc_errors, before.copy_alloc_errors + 1);
+  EXPECT_EQ(s.degraded_writes, before.degraded_writes + 1);
+  EXPECT_EQ(s.copy_write_errors, before.copy_write_errors);
+  EXPECT_GT(tap.failed.load(), 0u);
+  EXPECT_EQ(t.m->store->alloc().Stats().record_errors, record_errors + tap.failed.load());
+  EXPECT_TRUE(t.Read(ino, content.size()) == content);
+  const u64 next = t.Create("g");
+  t.Write(next, 0, content);
+  ASSERT_TRUE(t.fs().Fsync(next).ok());
+  t.ExpectCopies(next, 2);
+  EXPECT_EQ(t.data().GetStats().copy_alloc_errors, before.copy_alloc_errors + 1);
+  t.ExpectFsckClean();
+}
+
+// A two-copy write whose slots are both full, their blocks truncated away,
+// retires both buckets and frees them with one record commit (before: one
+// commit a bucket), counted.
+TEST(ReplicasTest, BucketsRetiredTogetherAreFreedWithOneCommit) {
+  testing::SinkTap tap;  // (outlives the store)
+  Replicas t(2, 2);
+  tap.Attach(&t.m->store->alloc());
+  const u64 bucket_blocks = t.m->store->sb().bucket_size / data::kBlockSize;
+  auto direct = [&](u64 ino, const std::string& s) {
+    auto r = t.fs().Write(ino, 0, s.data(), u32(s.size()), Filesystem::kWriteDirect);
+    ASSERT_TRUE(r.ok()) << r.status().Message();
+  };
+  const u64 full = t.Create("full");
+  direct(full, Bytes(bucket_blocks * data::kBlockSize, 8));
+  t.ExpectCopies(full, 2);
+  posix::SetAttr set;
+  set.valid = posix::kSetSize;
+  set.size = 0;
+  ASSERT_TRUE(t.fs().SetAttrs(full, set).ok());
+  EXPECT_EQ(tap.free_commits.load(), 0u);  // the write point holds both
+  const data::Stats before = t.data().GetStats();
+  const u64 ino = t.Create("f");
+  const std::string content = Bytes(4 * data::kBlockSize, 9);
+  direct(ino, content);
+  t.ExpectCopies(ino, 2);
+  const data::Stats s = t.data().GetStats();
+  EXPECT_EQ(s.buckets_opened, before.buckets_opened + 2);
+  EXPECT_EQ(s.buckets_freed, before.buckets_freed + 2);
+  EXPECT_EQ(tap.free_commits.load(), 1u);
+  EXPECT_EQ(tap.frees.load(), 2u);
+  EXPECT_TRUE(t.Read(ino, content.size()) == content);
+  t.ExpectFsckClean();
+}
+
 // The copies are written at once: with both members holding data writes
 // back, each has received its copy before either completes (written one
 // after another, the second would not be submitted until the first
@@ -660,8 +671,8 @@ TEST(ReplicasTest, OneAndTwoCopyFilesSharingAWritePointRetireNoHalfFilledBucket)
 }
 
 // A write whose usual slot is full when no bucket is free still lands in
-// another open slot with room (statfs counts that room free): kNoSpace only
-// when no copy has space anywhere.
+// another open slot with room (the reservation check counts that room
+// free): kNoSpace only when no copy has space anywhere.
 TEST(ReplicasTest, AFullSlotWithNoFreeBucketFallsBackToAnotherOpenSlot) {
   Replicas t(2, 2);
   const u64 bucket_blocks = t.m->store->sb().bucket_size / data::kBlockSize;

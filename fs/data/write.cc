@@ -109,25 +109,36 @@ Status DataPath::RecordCopies(const Space* sp, u32 copies, u32 blocks, u32 pendi
   return Status::Ok();
 }
 
+bool DataPath::LogLimit::Admit(char* more, usize size) {
+  const u64 now = platform::NowNs();
+  u64 last = logged.Load(MemOrder::kRelaxed);
+  // (now + 1: a clock at 0 still counts as logged)
+  if ((last != 0 && now + 1 < last + kCopyErrorLogNs) || !logged.CompareExchange(last, now + 1, MemOrder::kRelaxed)) {
+    unlogged.FetchAdd(1, MemOrder::kRelaxed);
+    return false;
+  }
+  const u64 skipped = unlogged.Exchange(0, MemOrder::kRelaxed);
+  more[0] = '\0';
+  if (skipped != 0)
+    platform::Format(more, size, " (and %llu more not logged since the last line)",
+                     static_cast<unsigned long long>(skipped));
+  return true;
+}
+
 void DataPath::LogCopyError(u32 dev, const Status& st) {
   const u32 m = dev % dev::kMaxDevices;
-  const u64 now = platform::NowNs();
-  u64 last = copy_error_logged_[m].Load(MemOrder::kRelaxed);
-  // (now + 1: a clock at 0 still counts as logged)
-  if ((last != 0 && now + 1 < last + kCopyErrorLogNs) ||
-      !copy_error_logged_[m].CompareExchange(last, now + 1, MemOrder::kRelaxed)) {
-    copy_errors_unlogged_[m].FetchAdd(1, MemOrder::kRelaxed);
-    return;
-  }
-  const u64 unlogged = copy_errors_unlogged_[m].Exchange(0, MemOrder::kRelaxed);
-  if (unlogged != 0) {
-    platform::Log(platform::LogLevel::kError,
-                  "data: write of a copy to member %u failed: %s (and %llu more not logged since the last line)",
-                  unsigned(m), st.Message(), static_cast<unsigned long long>(unlogged));
-  } else {
-    platform::Log(platform::LogLevel::kError, "data: write of a copy to member %u failed: %s", unsigned(m),
-                  st.Message());
-  }
+  char more[64];
+  if (!copy_error_log_[m].Admit(more, sizeof(more))) return;
+  platform::Log(platform::LogLevel::kError, "data: write of a copy to member %u failed: %s%s", unsigned(m),
+                st.Message(), more);
+}
+
+void DataPath::LogCopyAllocError(const Status& st) {
+  char more[64];
+  if (!copy_alloc_error_log_.Admit(more, sizeof(more))) return;
+  platform::Log(platform::LogLevel::kError,
+                "data: allocating a bucket for a further copy failed: %s: written with fewer copies (degraded)%s",
+                st.Message(), more);
 }
 
 Status DataPath::KeepWritten(const IoContext& ctx, const Space* sp, u32 copies, const Status* per, u64 first_change,

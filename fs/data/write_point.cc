@@ -16,10 +16,10 @@
 // one for every key in every class; were it ever full, a write would go to
 // the foreground target's write point (counted), never fail. A write point's
 // fields are under its own mu; the accounting mutex (acct_mu_) is taken
-// inside it, never the other way round. The bucket a write point moves on
-// from is released like any other (a read pinned on it keeps it) and freed
-// after both locks are dropped. No device I/O here: the caller writes into
-// the space Reserve returns.
+// inside it, never the other way round. The buckets a write point moves on
+// from are released like any other (a read pinned on one keeps it) and
+// freed after both locks are dropped, with one record commit. No device
+// I/O here: the caller writes into the space Reserve returns.
 #include "data/data.h"
 
 #include "platform/platform.h"
@@ -101,6 +101,7 @@ Status DataPath::Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole
   alloc::BucketRef retired[kMaxPtrs];
   u32 nretired = 0;
   Status st;
+  Status copy_alloc_error;  // a further copy's allocation that failed other than for want of space
   {
     MutexLock l(wp.mu);
     // The write point's target (ctx's, or the foreground's after a fallback).
@@ -153,13 +154,23 @@ Status DataPath::Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole
           if (rest(s) > 0) holding |= bit(s);
         const dev::DevMask fresh = prefer & ~holding;
         Result<alloc::BucketRef> r = Err::kNoSpace;
-        if (fresh != 0) r = store_->alloc().Allocate(fresh, fresh, alloc::BucketState::kUser, ctx.watermark);
-        if (!r.ok()) r = store_->alloc().Allocate(prefer, may, alloc::BucketState::kUser, ctx.watermark);
+        Status failed;  // an attempt's error other than kNoSpace (a record commit's, a journal settle's)
+        auto allocate = [&](dev::DevMask t, dev::DevMask fb) {
+          r = store_->alloc().Allocate(t, fb, alloc::BucketState::kUser, ctx.watermark);
+          if (!r.ok() && r.status().code() != Err::kNoSpace && failed.ok()) failed = r.status();
+        };
+        if (fresh != 0) allocate(fresh, fresh);
+        if (!r.ok()) allocate(prefer, may);
         if (!r.ok()) {
           // No open slot had room either (one would have been picked): no
-          // copy at all fails as a one-copy write does; a further copy's
-          // members have no room, and later copies' (fewer) neither.
+          // copy at all fails as a one-copy write does. A further copy goes
+          // without, as a degraded write (counted by KeepWritten), and later
+          // copies (fewer members) too: for want of space, or for an error
+          // -- logged and counted below, never silent. Failing the write
+          // for it would refuse data that has a copy to go to; a journal
+          // that no longer commits fails the extent's own commit anyway.
           if (first) return r.status();
+          copy_alloc_error = failed;
           break;
         }
         u64 least = ~u64(0);
@@ -223,8 +234,11 @@ Status DataPath::Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole
     for (const WritePoint::Slot& s : wp.slots) total += rest(s);
     wp.left.Store(total, MemOrder::kRelaxed);
   }
-  for (u32 i = 0; i < nretired; i++)
-    if (store_->alloc().Free(retired[i]).ok()) ctr_.buckets_freed.FetchAdd(1, MemOrder::kRelaxed);
+  if (!copy_alloc_error.ok()) {
+    ctr_.copy_alloc_errors.FetchAdd(1, MemOrder::kRelaxed);
+    LogCopyAllocError(copy_alloc_error);
+  }
+  FreeReleased(retired, nretired).IgnoreError();  // (one record commit; counted)
   return st;
 }
 

@@ -35,6 +35,34 @@ using posix::Caller;
 using posix::Filesystem;
 using namespace fixture;  // NOLINT: the test images' helpers
 
+// What fsck -n and fsck -y said of a damaged image.
+struct Repair {
+  std::string report;  // fsck -n's
+  std::string repair;  // fsck -y's
+};
+
+// fsck -n reports the damage (exit 4, saying `reported` if given) and
+// writes nothing; fsck -y repairs it (exit 1, saying `repaired` if given);
+// and fsck -n then finds the image clean. Their outputs, for the caller's
+// further checks.
+Repair ExpectReportedRepairedClean(Image& img, const char* reported, const char* repaired) {
+  const std::vector<u8> before = img.dev->SnapshotDurable();
+  auto [r, out] = img.Fsck(false);
+  EXPECT_EQ(r.exit_code, kExitUncorrected) << out;
+  EXPECT_TRUE(img.dev->SnapshotDurable() == before) << "fsck -n wrote";
+  if (reported != nullptr) {
+    EXPECT_NE(out.find(reported), std::string::npos) << out;
+  }
+  auto [r2, out2] = img.Fsck(true);
+  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
+  if (repaired != nullptr) {
+    EXPECT_NE(out2.find(repaired), std::string::npos) << out2;
+  }
+  auto [r3, out3] = img.Fsck(false);
+  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+  return {out, out2};
+}
+
 TEST(FsckStaleTest, DamagedAllocNodeRefusesMountAndFsckRebuildsTheAllocationState) {
   Image img;
   Populate(img, 3, 8);
@@ -44,16 +72,10 @@ TEST(FsckStaleTest, DamagedAllocNodeRefusesMountAndFsckRebuildsTheAllocationStat
   Status st = img.Open(false, &rep, &d);
   ASSERT_TRUE(st.Is(ErrorClass::kCorrupt)) << "a read-write mount used a damaged alloc node: " << d.text;
   EXPECT_NE(std::string(d.text).find("btree 4 root"), std::string::npos) << d.text;
-  auto [r, out] = img.Fsck(false);
-  EXPECT_EQ(r.exit_code, kExitUncorrected) << out;
-  EXPECT_NE(out.find("would drop the damaged level-0 node"), std::string::npos) << out;
-  EXPECT_EQ(out.find("stale extent pointer"), std::string::npos) << out;  // not checked against it
-  auto [r2, out2] = img.Fsck(true);
-  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
-  EXPECT_NE(out2.find("rebuilt every member's allocation state"), std::string::npos) << out2;
-  EXPECT_EQ(out2.find("data lost"), std::string::npos) << out2;
-  auto [r3, out3] = img.Fsck(false);
-  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+  const Repair fix = ExpectReportedRepairedClean(img, "would drop the damaged level-0 node",
+                                                 "rebuilt every member's allocation state");
+  EXPECT_EQ(fix.report.find("stale extent pointer"), std::string::npos) << fix.report;  // not checked against it
+  EXPECT_EQ(fix.repair.find("data lost"), std::string::npos) << fix.repair;
   img.ExpectFiles(24);
   // And new writes after the rebuild overwrite nothing.
   img.WithFs([](Filesystem& fs, store::Store&) { MakeFiles(fs, 24, 40); });
@@ -131,15 +153,9 @@ TEST(FsckStaleTest, DamagedAllocLeafBelowTheRootIsRefusedAndRepaired) {
       << line;
   EXPECT_NE(line.find("checksum mismatch"), std::string::npos) << line;
   EXPECT_NE(line.find("fsck -y"), std::string::npos) << line;
-  auto [r, out] = img.Fsck(false);
-  EXPECT_EQ(r.exit_code, kExitUncorrected) << out;
-  EXPECT_NE(out.find("would drop the damaged level-0 node"), std::string::npos) << out;
-  auto [r2, out2] = img.Fsck(true);
-  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
-  EXPECT_NE(out2.find("rebuilt every member's allocation state"), std::string::npos) << out2;
-  EXPECT_EQ(out2.find("data lost"), std::string::npos) << out2;
-  auto [r3, out3] = img.Fsck(false);
-  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+  const Repair fix = ExpectReportedRepairedClean(img, "would drop the damaged level-0 node",
+                                                 "rebuilt every member's allocation state");
+  EXPECT_EQ(fix.repair.find("data lost"), std::string::npos) << fix.repair;
   img.WithFs([&](Filesystem& fs, store::Store&) {
     for (size_t i = 0; i < names.size(); i++) {
       auto a = fs.Lookup(posix::kRootIno, names[i].data(), u32(names[i].size()));
@@ -202,14 +218,7 @@ TEST(FsckStaleTest, AHostileAllocRecordIsReportedAndRepaired) {
     store::OpenReport ro;
     ASSERT_TRUE(img.Open(true, &ro, &d).ok()) << d.text;  // read-only: goes on, says why
     EXPECT_EQ(ro.bad_alloc_records, 1u);
-    auto [r, out] = img.Fsck(false);
-    EXPECT_EQ(r.exit_code, kExitUncorrected) << out;
-    EXPECT_NE(out.find("alloc: member ssd.a bucket"), std::string::npos) << out;
-    auto [r2, out2] = img.Fsck(true);
-    EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
-    EXPECT_NE(out2.find("rebuilt every member's allocation state"), std::string::npos) << out2;
-    auto [r3, out3] = img.Fsck(false);
-    EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+    ExpectReportedRepairedClean(img, "alloc: member ssd.a bucket", "rebuilt every member's allocation state");
     img.ExpectFiles(12);
     if (kind != 2) {
       img.WithFs([&](Filesystem&, store::Store& e) {
@@ -237,16 +246,7 @@ TEST(FsckStaleTest, DamagedNewestRootsRefusesMountAndFsckRebuildsThem) {
   store::OpenReport ro;
   ASSERT_TRUE(img.Open(true, &ro, &d).ok()) << d.text;
   EXPECT_TRUE(ro.stale_roots);
-  const std::vector<u8> before = img.dev->SnapshotDurable();
-  auto [r, out] = img.Fsck(false);
-  EXPECT_EQ(r.exit_code, kExitUncorrected) << out;
-  EXPECT_NE(out.find("btree roots"), std::string::npos) << out;
-  EXPECT_TRUE(img.dev->SnapshotDurable() == before) << "fsck -n wrote";
-  auto [r2, out2] = img.Fsck(true);
-  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
-  EXPECT_NE(out2.find("btree roots: rebuilt every tree"), std::string::npos) << out2;
-  auto [r3, out3] = img.Fsck(false);
-  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+  ExpectReportedRepairedClean(img, "btree roots", "btree roots: rebuilt every tree");
   img.ExpectFiles(24);
 }
 
@@ -260,13 +260,7 @@ TEST(FsckStaleTest, BothRootsSlotsDamagedAreRebuiltFromANodeScan) {
   store::OpenReport rep;
   Diag d;
   ASSERT_FALSE(img.Open(false, &rep, &d).ok());
-  auto [r, out] = img.Fsck(false);
-  EXPECT_EQ(r.exit_code, kExitUncorrected) << out;
-  auto [r2, out2] = img.Fsck(true);
-  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
-  EXPECT_NE(out2.find("no valid roots block"), std::string::npos) << out2;
-  auto [r3, out3] = img.Fsck(false);
-  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+  ExpectReportedRepairedClean(img, nullptr, "no valid roots block");
   img.ExpectFiles(24);
 }
 
@@ -413,15 +407,9 @@ TEST(FsckStaleTest, DamagedJournalEntryBeforeDurableOnesRefusesMountAndFsckRepla
   EXPECT_EQ(ro.replay.lost_entries, 1u);
   EXPECT_FALSE(ro.replayed_past_damage);
 
-  auto [r, out] = after.Fsck(false);
-  EXPECT_EQ(r.exit_code, kExitUncorrected) << out;
-  EXPECT_NE(out.find("is damaged, but later entries up to"), std::string::npos) << out;
-  auto [r2, out2] = after.Fsck(true);
-  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
-  EXPECT_NE(out2.find("replayed every surviving entry"), std::string::npos) << out2;
-  EXPECT_NE(out2.find("rebuilt every member's allocation state"), std::string::npos) << out2;
-  auto [r3, out3] = after.Fsck(false);
-  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+  const Repair fix =
+      ExpectReportedRepairedClean(after, "is damaged, but later entries up to", "replayed every surviving entry");
+  EXPECT_NE(fix.repair.find("rebuilt every member's allocation state"), std::string::npos) << fix.repair;
   // Files of the mount before, and those fsynced well after the damage.
   after.ExpectFiles(4);
   after.ExpectFiles(16, 13);

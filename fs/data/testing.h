@@ -1,0 +1,142 @@
+// Test fixtures for the data path's tests: a device that holds back or fails
+// the requests of one kind (an op and an origin), so a test can keep a read
+// or a copy's write in flight for as long as it needs, or make a member's
+// data writes fail; and a tap on the allocator's persistence sink that
+// counts the data path's free commits and fails chosen allocations. Tests
+// only (kernel_safe_check.py skips testing.h headers); the store and posix
+// fixtures are mount/testing.h's.
+#ifndef TFS_DATA_TESTING_H_
+#define TFS_DATA_TESTING_H_
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include "alloc/allocator.h"
+#include "platform/block_device.h"
+
+namespace tfs::testing {
+
+// A device over another. Requests of op `op` and origin `origin` are parked
+// while closed (Close; Open submits them, in order) and completed with an
+// I/O error while failing (Fail; counted, failed()) -- failing first. Every
+// other request goes straight through. Thread-safe.
+class GateDevice final : public BlockDevice {
+ public:
+  GateDevice(BlockDevice* inner, IoOp op, IoOrigin origin) : inner_(inner), op_(op), origin_(origin) {}
+  void Submit(IoRequest* req) override {
+    const bool gated = req->op == op_ && req->origin == origin_;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (gated && failing_) {
+        failed_++;
+      } else if (gated && closed_) {
+        parked_.push_back(req);
+        return;
+      } else {
+        inner_->Submit(req);
+        return;
+      }
+    }
+    req->done(req, Status(Err::kIo));
+  }
+  const BlockDeviceInfo& Info() const override { return inner_->Info(); }
+  const char* Name() const override { return inner_->Name(); }
+  void Close() {
+    std::lock_guard<std::mutex> l(mu_);
+    closed_ = true;
+  }
+  size_t parked() {
+    std::lock_guard<std::mutex> l(mu_);
+    return parked_.size();
+  }
+  void Open() {
+    std::vector<IoRequest*> go;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      closed_ = false;
+      go.swap(parked_);
+    }
+    for (IoRequest* r : go) inner_->Submit(r);
+  }
+  void Fail(bool on) {
+    std::lock_guard<std::mutex> l(mu_);
+    failing_ = on;
+  }
+  u64 failed() {
+    std::lock_guard<std::mutex> l(mu_);
+    return failed_;
+  }
+
+ private:
+  BlockDevice* inner_;
+  const IoOp op_;
+  const IoOrigin origin_;
+  std::mutex mu_;
+  bool closed_ = false;
+  bool failing_ = false;
+  u64 failed_ = 0;
+  std::vector<IoRequest*> parked_;
+};
+
+// A sink put in front of an allocator's (Allocator::SetPersist): it passes
+// every change on to the sink that was there, and counts the commits of
+// user buckets' frees (the data path's: alloc::PersistFn's owner kUser,
+// every change a free) and the frees they carry. With FailUserAllocations,
+// allocations of user buckets after the first `pass` from then on fail with
+// kIo, nothing committed (as a record commit that failed). Attach it once
+// the store is open; it must outlive the store (calls through it may run
+// until the store has closed), so declare it before the fixture that owns
+// the store. Counters: read after the calls they count have returned.
+class SinkTap {
+ public:
+  SinkTap() = default;
+  SinkTap(const SinkTap&) = delete;
+  SinkTap& operator=(const SinkTap&) = delete;
+  void Attach(alloc::Allocator* a) {
+    a->GetPersist(&fn_, &ctx_);
+    a->SetPersist(Persist, this);
+  }
+  void FailUserAllocations(u64 pass) {
+    pass_.store(pass);
+    failing_.store(true);
+  }
+  void StopFailing() { failing_.store(false); }
+  std::atomic<u64> free_commits{0};  // commits of user buckets' frees
+  std::atomic<u64> frees{0};         // the frees they carried
+  std::atomic<u64> failed{0};        // allocations failed
+
+ private:
+  static Result<u64> Persist(void* self, const alloc::RecordChange* changes, u32 n, alloc::BucketState owner,
+                             alloc::PersistProgress* progress) {
+    auto* t = static_cast<SinkTap*>(self);
+    bool all_free = n > 0;
+    for (u32 i = 0; i < n; i++) all_free &= changes[i].b.state == alloc::BucketState::kFree;
+    const bool user_alloc = n == 1 && owner == alloc::BucketState::kUser && changes[0].b.state == owner;
+    if (user_alloc && t->failing_.load()) {
+      u64 pass = t->pass_.load();
+      while (pass > 0 && !t->pass_.compare_exchange_weak(pass, pass - 1)) {
+      }
+      if (pass == 0) {
+        t->failed++;
+        *progress = alloc::PersistProgress{};
+        return Err::kIo;
+      }
+    }
+    Result<u64> r = t->fn_(t->ctx_, changes, n, owner, progress);
+    if (owner == alloc::BucketState::kUser && all_free) {
+      t->free_commits += progress->transactions;
+      t->frees += progress->committed;
+    }
+    return r;
+  }
+
+  alloc::PersistFn fn_ = nullptr;
+  void* ctx_ = nullptr;
+  std::atomic<u64> pass_{0};
+  std::atomic<bool> failing_{false};
+};
+
+}  // namespace tfs::testing
+
+#endif  // TFS_DATA_TESTING_H_
