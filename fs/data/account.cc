@@ -134,6 +134,8 @@ void DataPath::Close() {
           s.open = false;
         }
       }
+      // (A list that cannot grow: these are freed here, under wps_mu_ --
+      // which nothing on the commit path takes.)
       u32 listed = 0;
       while (free_them && listed < nfree && frees.PushBack(refs[listed]).ok()) listed++;
       if (free_them) FreeReleased(refs + listed, nfree - listed).IgnoreError();  // (counted)
@@ -175,10 +177,16 @@ u64 DataPath::FreeBlocksLocked() const {
 Status DataPath::FreeReleased(const alloc::BucketRef* refs, u32 n) {
   if (n == 0) return Status::Ok();
   // (One alone: Free, which needs no memory. A batch whose list cannot be
-  // allocated frees nothing: the next mount frees those buckets.)
+  // allocated -- FreeBuckets changed nothing then -- goes one by one.)
   u32 freed = 0;
-  Status st = n == 1 ? store_->alloc().Free(refs[0]) : store_->alloc().FreeBuckets(refs, n, &freed);
-  if (n == 1 && st.ok()) freed = 1;
+  Status st = n == 1 ? Status(Err::kNoMemory) : store_->alloc().FreeBuckets(refs, n, &freed);
+  if (st.code() == Err::kNoMemory && freed == 0) {
+    // (Were the frees made and their commit short of memory instead, each
+    // Free finds a stale ref and changes nothing.)
+    for (u32 i = 0; i < n; i++)
+      if (store_->alloc().Free(refs[i]).ok()) freed++;
+    if (freed == n) st = Status::Ok();
+  }
   ctr_.buckets_freed.FetchAdd(freed, MemOrder::kRelaxed);
   return st;
 }

@@ -155,7 +155,7 @@ struct Delta {
   X(cached_underflows, counter, "cached blocks uncounted that were never counted (a stale cached pointer current again)") \
   X(replica_copies, counter, "copies written beside an extent's first (replicas)")                                      \
   X(copy_write_errors, counter, "copies whose write failed: the extent kept the copies written")                        \
-  X(copy_alloc_errors, counter, "further copies whose bucket's allocation failed, not for want of space: degraded")     \
+  X(copy_alloc_errors, counter, "further copies whose bucket's allocation failed, not for want of space: the write went on with fewer")     \
   X(degraded_writes, counter, "extents written with fewer copies than wanted (too few members, full or failing)")      \
   X(degraded_sectors, counter, "512-byte sectors of those extents")
 
@@ -339,9 +339,11 @@ class DataPath {
   // than for want of space (its record's commit): at most one per
   // kCopyErrorLogNs, the same way.
   void LogCopyAllocError(const Status& st);
-  // Frees buckets ReleaseLocked gave out (no lock held) with one record
-  // commit (Allocator::FreeBuckets; Free for one), counting those freed
-  // (buckets_freed). The allocator's first error.
+  // Frees buckets ReleaseLocked gave out (no lock of the data path's held
+  // but, in Close when memory is short, wps_mu_) with one record commit
+  // (Allocator::FreeBuckets; Free for one, or for each when the batch's
+  // list cannot be allocated), counting those freed (buckets_freed). The
+  // allocator's first error.
   Status FreeReleased(const alloc::BucketRef* refs, u32 n);
   // Records the pending space of sp[0..copies) (`blocks` live, `pending`
   // disk blocks each) in delta, or gives it back when the delta cannot grow.

@@ -137,7 +137,7 @@ void DataPath::LogCopyAllocError(const Status& st) {
   char more[64];
   if (!copy_alloc_error_log_.Admit(more, sizeof(more))) return;
   platform::Log(platform::LogLevel::kError,
-                "data: allocating a bucket for a further copy failed: %s: written with fewer copies (degraded)%s",
+                "data: allocating a bucket for a further copy failed: %s: the write goes on with fewer copies%s",
                 st.Message(), more);
 }
 

@@ -169,7 +169,7 @@ Status DataPath::Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole
           // -- logged and counted below, never silent. Failing the write
           // for it would refuse data that has a copy to go to; a journal
           // that no longer commits fails the extent's own commit anyway.
-          if (first) return r.status();
+          if (first) return failed.ok() ? r.status() : failed;  // (an I/O error is not ENOSPC)
           copy_alloc_error = failed;
           break;
         }
