@@ -6,7 +6,9 @@
 // commits (so the accounting counts both copies). Then: a read falls back to
 // the good copy when the first is damaged, and fails only when both are;
 // fsck finds the extent clean; and fsck -y drops a stale pointer -- the
-// second or the first -- keeping the extent and its data.
+// second or the first -- keeping the extent and its data. The backpointers
+// follow every change: one per copy, set with AddPtr's transaction, and the
+// dropped copy's deleted with fsck's.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -14,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "data/backpointer.h"
 #include "data/data.h"
 #include "fsck/fsck.h"
 #include "mount/testing.h"
@@ -89,8 +92,11 @@ struct TwoCopies {
       u8 buf[data::kExtentValueMax];
       auto len = data::AddPtr(e, copy.ptrs[0], copy.crcs, buf);  // (the same bytes: the same crcs)
       ASSERT_TRUE(len.ok());
+      data::Extent added;
+      ASSERT_TRUE(data::ParseExtent(btree::Pos{btree::kBtreeExtents, ino, e.end}, buf, len.value(), &added).ok());
       btree::Transaction tx(&m.store->btrees());
       ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeExtents, ino, e.end}, buf, len.value()).ok());
+      ASSERT_TRUE(data::QueueBackpointers(&tx, m.store->sb(), &e, &added).ok());
       delta.ino = ino;
       delta.sectors = 0;  // the file holds the same blocks
       ASSERT_TRUE(m.data.Commit(ctx, &tx, delta).ok());
@@ -132,13 +138,42 @@ struct TwoCopies {
       std::vector<u8> v;
       data::Extent e = ExtentOf(m, ino, &v);
       ASSERT_EQ(e.nr_ptrs, 2u);
+      const data::Extent was = e;
       e.ptrs[c].gen = u8(e.ptrs[c].gen - 1);
       u8 buf[data::kExtentValueMax];
       auto len = data::BuildExtent(e, buf);
       ASSERT_TRUE(len.ok());
       btree::Transaction tx(&m.store->btrees());
       ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeExtents, ino, e.end}, buf, len.value()).ok());
+      ASSERT_TRUE(data::QueueBackpointers(&tx, m.store->sb(), &was, &e).ok());  // (the same: gen is not in them)
       ASSERT_TRUE(tx.Commit().ok());
+    });
+  }
+
+  // The backpointers tree: what the extents imply, nothing else; one per
+  // copy, on the copies' members.
+  void ExpectBackpointers(const std::vector<u32>& devs) {
+    WithFs([&](testing::MountedFs& m) {
+      std::vector<std::string> bad;
+      data::BackpointerCheckStats stats;
+      ASSERT_TRUE(data::CheckBackpointers(&m.store->btrees(), m.store->sb(), [](void* ctx, const data::BackpointerMismatch& x) {
+        static_cast<std::vector<std::string>*>(ctx)->push_back(std::to_string(x.kind) + "@" + std::to_string(x.pos.inode) +
+                                                               ":" + std::to_string(x.pos.offset));
+        return Status::Ok();
+      }, &bad, &stats).ok());
+      EXPECT_TRUE(bad.empty()) << bad.size() << " mismatches, first " << bad[0];
+      EXPECT_EQ(stats.keys, devs.size());
+      std::vector<u32> got;
+      btree::Iterator it(&m.store->btrees(), btree::kBtreeBackpointers);
+      ASSERT_TRUE(it.SeekToFirst().ok());
+      for (; it.Valid(); (void)it.Next()) {
+        data::Backpointer bp;
+        ASSERT_TRUE(data::ParseBackpointer(it.pos(), it.value(), it.val_bytes(), &bp).ok());
+        EXPECT_EQ(bp.ino, ino);
+        EXPECT_EQ(bp.blocks, kBlocks);
+        got.push_back(bp.dev);
+      }
+      EXPECT_EQ(got, devs);
     });
   }
 
@@ -166,7 +201,9 @@ TEST(CopiesTest, TwoCopiesOnDistinctMembersReadAndCheckClean) {
   EXPECT_EQ(r.exit_code, kExitClean) << out;
   EXPECT_EQ(r.errors, 0u) << out;
   EXPECT_EQ(out.find("holds no extent"), std::string::npos) << out;  // both buckets count
+  EXPECT_NE(out.find("backpointers: 2 keys, 2 implied by the pointers of 1 extents"), std::string::npos) << out;
   t.ExpectContent(2, t.ptrs[0].dev);
+  t.ExpectBackpointers({0, 1});
 }
 
 TEST(CopiesTest, AReadFallsBackToTheGoodCopy) {
@@ -213,9 +250,11 @@ TEST(CopiesTest, FsckDropsAStaleSecondPointer) {
             std::string::npos)
       << out2;
   EXPECT_EQ(out2.find("data lost"), std::string::npos) << out2;
+  EXPECT_NE(out2.find("backpointers: 1 keys, 1 implied by the pointers of 1 extents"), std::string::npos) << out2;
   auto [r3, out3] = t.Fsck(false);
   EXPECT_EQ(r3.exit_code, kExitClean) << out2 << out3;
   t.ExpectContent(1, t.ptrs[0].dev);
+  t.ExpectBackpointers({t.ptrs[0].dev});
 }
 
 // The same with the first pointer stale: the second copy is what is left.
@@ -226,9 +265,11 @@ TEST(CopiesTest, FsckDropsAStaleFirstPointer) {
   EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
   EXPECT_NE(out2.find("(copy 1 of 2)"), std::string::npos) << out2;
   EXPECT_NE(out2.find("dropped 1 bad pointer"), std::string::npos) << out2;
+  EXPECT_NE(out2.find("backpointers: 1 keys, 1 implied by the pointers of 1 extents"), std::string::npos) << out2;
   auto [r3, out3] = t.Fsck(false);
   EXPECT_EQ(r3.exit_code, kExitClean) << out2 << out3;
   t.ExpectContent(1, t.ptrs[1].dev);
+  t.ExpectBackpointers({t.ptrs[1].dev});
 }
 
 // Both stale: no copy is left, and the extent goes as a lost one does.
@@ -240,8 +281,10 @@ TEST(CopiesTest, FsckDeletesAnExtentWithNoGoodCopy) {
   EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
   EXPECT_EQ(r2.repaired, r2.errors) << out2;
   EXPECT_NE(out2.find("its bucket holds other data now (data lost)"), std::string::npos) << out2;
+  EXPECT_NE(out2.find("backpointers: 0 keys, 0 implied"), std::string::npos) << out2;
   auto [r3, out3] = t.Fsck(false);
   EXPECT_EQ(r3.exit_code, kExitClean) << out2 << out3;
+  t.ExpectBackpointers({});
   t.WithFs([&](testing::MountedFs& m) {
     std::string got(t.content.size(), 'x');
     ASSERT_TRUE(m.fs.Read(t.ino, 0, got.data(), u32(got.size())).ok());

@@ -21,6 +21,7 @@
 // against the committed table: removals and type fixes first, then moves of
 // unreachable entries (so a name is never judged taken by an entry about to go),
 // then tombstones that end chains.
+#include "data/backpointer.h"
 #include "data/data.h"
 #include "fsck/pass.h"
 #include "posix/fs.h"
@@ -169,6 +170,14 @@ class NamespaceCheck {
   Status DeleteKey(const Pos& pos) {
     Transaction tx(&t_);
     TFS_TRY(tx.Delete(pos));
+    return Commit(tx);
+  }
+
+  // Deletes extent x at pos with its backpointers (data::QueueBackpointers).
+  Status DeleteExtent(const Pos& pos, const data::Extent& x) {
+    Transaction tx(&t_);
+    TFS_TRY(tx.Delete(pos));
+    TFS_TRY(data::QueueBackpointers(&tx, e_.sb(), &x, nullptr));
     return Commit(tx);
   }
 
@@ -1016,10 +1025,14 @@ class NamespaceCheck {
         const u32 len = TFS_TRY(data::BuildPiece(y, 0, keep, buf_));
         TFS_TRY(tx.Set(Pos{btree::kBtreeExtents, x.ino, x.start}, buf_, len));
         TFS_TRY(tx.Delete(it.pos()));
+        data::Extent piece;
+        TFS_TRY(data::ParseExtent(Pos{btree::kBtreeExtents, x.ino, x.start}, buf_, len, &piece));
+        TFS_TRY(data::QueueBackpointers(&tx, e_.sb(), &y, &piece));  // (the piece keeps y's positions)
         *dropped += y.end - x.start;
         break;
       }
       TFS_TRY(tx.Delete(it.pos()));
+      TFS_TRY(data::QueueBackpointers(&tx, e_.sb(), &y, nullptr));
       *dropped += y.end - y.start;
       for (u32 i = 0; i < y.nr_ptrs; i++) {
         const data::Extent::Ptr& ptr = y.ptrs[i];
@@ -1062,7 +1075,7 @@ class NamespaceCheck {
       if (r == nullptr || !IsRegMode(r->mode)) {
         Problem("data: extent of a missing or non-regular inode %llu", ino);
         if (repair_) {
-          TFS_TRY(DeleteKey(p));
+          TFS_TRY(DeleteExtent(p, x));
           Repaired(1, "data: deleted the extent of inode %llu at blocks [%llu, %llu)", ino, start, end);
         }
         continue;
@@ -1099,7 +1112,7 @@ class NamespaceCheck {
         bool kept = false;  // a good copy that is not cached
         for (u32 i = 0; i < x.nr_ptrs; i++) kept |= (bad & (1u << i)) == 0 && !x.ptrs[i].cached;
         if (!kept) {
-          TFS_TRY(DeleteKey(p));
+          TFS_TRY(DeleteExtent(p, x));
           Repaired(nbad, "data: deleted the extent of inode %llu at blocks [%llu, %llu): %s (data lost)", ino, start,
                    end, (outside & 1u) != 0 || stale == 0 ? "it points outside the buckets"
                                                           : "its bucket holds other data now");
@@ -1108,6 +1121,7 @@ class NamespaceCheck {
         // Drop the bad copies (the last first, so the indices hold), then go
         // on with what is left.
         u32 len = 0;
+        const data::Extent had = x;
         for (u32 i = x.nr_ptrs; i-- > 0;) {
           if ((bad & (1u << i)) == 0) continue;
           len = TFS_TRY(data::DropPtr(x, i, buf_));
@@ -1115,6 +1129,7 @@ class NamespaceCheck {
         }
         Transaction tx(&t_);
         TFS_TRY(tx.Set(p, buf_, len));
+        TFS_TRY(data::QueueBackpointers(&tx, e_.sb(), &had, &x));
         TFS_TRY(Commit(tx));
         Repaired(nbad, "data: dropped %u bad pointer%s of the extent of inode %llu at blocks [%llu, %llu); its other "
                  "copies keep the data", nbad, nbad == 1 ? "" : "s", ino, start, end);
