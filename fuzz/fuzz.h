@@ -44,6 +44,15 @@ inline constexpr uint32_t kJournalRingBuckets = 4;
 inline constexpr uint64_t kJournalDevSize = 2ull << 20;
 sb::Superblock JournalSuperblock();
 
+// The values target's filesystem, whose geometry judges alloc records: one
+// 64 MiB member of 256 KiB buckets and 64 KiB nodes, as fuzz_make_seeds
+// formats it for the values seeds (ValuesSuperblock formats one and reads
+// its superblock back).
+inline constexpr uint64_t kValuesDevSize = 64ull << 20;
+inline constexpr uint32_t kValuesBucket = 256 * 1024;
+inline constexpr uint32_t kValuesNode = 64 * 1024;
+sb::Superblock ValuesSuperblock();
+
 }  // namespace tfs::fuzz
 
 #endif  // TFS_FUZZ_FUZZ_H_

@@ -47,4 +47,12 @@ sb::Superblock JournalSuperblock() {
   return s;
 }
 
+sb::Superblock ValuesSuperblock() {
+  auto dev = Formatted(kValuesDevSize, kValuesBucket, kValuesNode);
+  sb::Superblock s;
+  Diag diag;
+  if (!sb::Read(*dev, &s, &diag).status().ok()) Fail(diag.text);
+  return s;
+}
+
 }  // namespace tfs::fuzz

@@ -119,7 +119,7 @@ void Journal() {
 }
 
 void Values() {
-  auto dev = fuzz::Formatted(64ull << 20, 256 * 1024, 64 * 1024);
+  auto dev = fuzz::Formatted(fuzz::kValuesDevSize, fuzz::kValuesBucket, fuzz::kValuesNode);
   Diag diag;
   BlockDevice* b = dev.get();
   store::Store e;
@@ -147,13 +147,14 @@ void Values() {
     const char* name;
   };
   for (const Kind& k : {Kind{btree::kBtreeExtents, 0, "extent"}, Kind{btree::kBtreeInodes, 1, "inode"},
-                        Kind{btree::kBtreeDirents, 2, "dirent"}, Kind{btree::kBtreeXattrs, 3, "xattr"}}) {
+                        Kind{btree::kBtreeDirents, 2, "dirent"}, Kind{btree::kBtreeXattrs, 3, "xattr"},
+                        Kind{btree::kBtreeBackpointers, 4, "backpointer"}, Kind{btree::kBtreeAlloc, 5, "alloc"}}) {
     btree::Iterator it(&e.btrees(), k.btree_id);
     int n = 0;
     for (Status st = it.SeekToFirst(); st.ok() && it.Valid() && n < 3; st = it.Next(), n++) {
       std::vector<u8> in;
       in.push_back(k.selector);
-      if (k.selector == 0) {
+      if (k.selector == 0 || k.selector >= 4) {  // (the key too)
         const btree::Pos p = it.pos();
         in.insert(in.end(), reinterpret_cast<const u8*>(&p.inode), reinterpret_cast<const u8*>(&p.inode) + 8);
         in.insert(in.end(), reinterpret_cast<const u8*>(&p.offset), reinterpret_cast<const u8*>(&p.offset) + 8);

@@ -1,13 +1,21 @@
 // The value parsers of the namespace and file data: extents (data::ParseExtent
 // and the extent API's builders), inodes (posix::ParseInode, and their
 // options' check and repair), directory entries and xattrs
-// (posix::ParseNamedEntry, and a chunked value's descriptor). The first byte
-// picks the parser; for extents the next 16 are the key's inode and offset.
-// Whatever a parser accepts is read whole (the sanitizers catch a parser that
-// vouches for bytes it does not have); an accepted extent rebuilds to the same
-// bytes, and its pieces and pointer edits build values that parse.
+// (posix::ParseNamedEntry, and a chunked value's descriptor), backpointers
+// (data::ParseBackpointer) and alloc records (alloc::ParseRecord, against
+// the seeds' geometry: fuzz::ValuesSuperblock). The first byte picks the
+// parser; for extents, backpointers and alloc records the next 16 are the
+// key's inode and offset. Whatever a parser accepts is read whole (the
+// sanitizers catch a parser that vouches for bytes it does not have); an
+// accepted extent rebuilds to the same bytes, its pieces and pointer edits
+// build values that parse, and so do its pointers' backpointers; an accepted
+// backpointer rebuilds to the same bytes and key; an accepted alloc record
+// rebuilds to the same bytes, and the btree's merge rule calls it plausible
+// with the same version.
 #include <cstring>
 
+#include "alloc/allocator.h"
+#include "data/backpointer.h"
 #include "data/data.h"
 #include "fuzz/fuzz.h"
 #include "posix/fs.h"
@@ -31,10 +39,43 @@ void Touch(const void* p, usize n) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1 || size > 70000) return 0;
-  const u8 which = data[0] % 4;
+  const u8 which = data[0] % 6;
   // The value in a buffer of its own size, so a read past it is caught.
   const u8* v = data + 1;
   u32 len = u32(size - 1);
+  if (which == 5) {
+    if (len < 16) return 0;
+    static const sb::Superblock geometry = fuzz::ValuesSuperblock();
+    u64 dev, bucket;
+    memcpy(&dev, v, 8);
+    memcpy(&bucket, v + 8, 8);
+    std::vector<u8> val(v + 16, v + len);
+    alloc::Bucket b;
+    Diag diag;
+    if (!alloc::ParseRecord(geometry, dev, bucket, val.data(), u32(val.size()), &b, &diag).ok()) return 0;
+    alloc::AllocRecord r;
+    alloc::EncodeRecord(b, &r);
+    if (val.size() != sizeof(r) || memcmp(&r, val.data(), sizeof(r)) != 0)
+      fuzz::Fail("a parsed alloc record that does not rebuild to its bytes");
+    u64 version = 0;
+    if (!alloc::RecordPlausible(val.data(), u32(val.size()), &version) || version != b.version)
+      fuzz::Fail("a valid alloc record the merge rule calls implausible");
+    return 0;
+  }
+  if (which == 4) {
+    if (len < 16) return 0;
+    btree::Pos pos{btree::kBtreeBackpointers, 0, 0};
+    memcpy(&pos.inode, v, 8);
+    memcpy(&pos.offset, v + 8, 8);
+    std::vector<u8> val(v + 16, v + len);
+    data::Backpointer bp;
+    if (!data::ParseBackpointer(pos, val.data(), u32(val.size()), &bp).ok()) return 0;
+    const data::BackpointerFormat f = data::BuildBackpointer(bp);
+    if (val.size() != sizeof(f) || memcmp(&f, val.data(), sizeof(f)) != 0 || bp.pos() != pos)
+      fuzz::Fail("a parsed backpointer that does not rebuild to its key and value");
+    if (bp.blocks == 0 || bp.end < bp.blocks) fuzz::Fail("a backpointer to an extent before block 0");
+    return 0;
+  }
   if (which == 0) {
     if (len < 16) return 0;
     btree::Pos pos{btree::kBtreeExtents, 0, 0};
@@ -70,6 +111,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       data::Extent::Ptr p = x.ptrs[0];
       p.dev = u8(p.dev + 1);
       reparse(data::AddPtr(x, p, x.crcs, buf), pos.offset);
+    }
+    // Every backpointer the pointers get parses back to itself (geometry:
+    // every member, 1 MiB buckets up to 2^40 bytes).
+    static sb::Superblock geometry = [] {
+      sb::Superblock s{};
+      s.bucket_size = 1u << 20;
+      s.nr_members = sb::kSbMaxMembers;
+      for (u32 m = 0; m < sb::kSbMaxMembers; m++) s.members[m].nbuckets = u64(1) << 20;
+      return s;
+    }();
+    for (u32 i = 0; i < x.nr_ptrs; i++) {
+      data::Backpointer bp, back;
+      if (!data::BackpointerOf(geometry, x, x.ptrs[i], &bp)) continue;
+      const data::BackpointerFormat f = data::BuildBackpointer(bp);
+      if (!data::ParseBackpointer(bp.pos(), reinterpret_cast<const u8*>(&f), sizeof(f), &back).ok() ||
+          !back.SameValue(bp) || back.pos() != bp.pos())
+        fuzz::Fail("a pointer's backpointer that does not parse back");
     }
     return 0;
   }

@@ -3,7 +3,9 @@
 // block -- into space from ctx's write point, and builds their extent values;
 // the Queue* calls put extent keys into the caller's transaction (the new
 // ones, what an overwrite or punch leaves of the old ones, unwritten ones for
-// fallocate) and record in a Delta how the space accounting is to move;
+// fallocate), each with its backpointers (backpointer.h: QueueBackpointers,
+// in the same transaction), and record in a Delta how the space accounting
+// is to move;
 // Commit commits the transaction and then Applies the delta, or Aborts it.
 //
 // Prepare needs no lock (its blobs are new) and does its device I/O before
@@ -16,6 +18,7 @@
 // (Delta::deps); data on a member without a journal ring is flushed before
 // the commit enters the journal (the slow-member rule). No lock of the data
 // path is held across I/O or a btree call.
+#include "data/backpointer.h"
 #include "data/data.h"
 #include "data/internal.h"
 
@@ -210,7 +213,10 @@ Status DataPath::QueuePrepared(btree::Transaction* tx, const Prepared& p, Delta*
 Status DataPath::QueuePreparedOverPunch(btree::Transaction* tx, const Prepared& p) {
   if (store_ == nullptr || p.blocks == 0) return Err::kInvalidArgument;
   for (const Prepared::Item& item : p.items) {
+    Extent e;
+    TFS_TRY(ParseExtent(ExtentPos(p.ino, item.end), item.value, item.len, &e));
     TFS_TRY(tx->Set(ExtentPos(p.ino, item.end), item.value, item.len));
+    TFS_TRY(QueueBackpointers(tx, store_->sb(), nullptr, &e));
     TFS_TRY(QueueDataCheck(tx, item));
   }
   return Status::Ok();
@@ -376,16 +382,28 @@ Status DataPath::QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end,
     touched++;
     const u64 lo = Max(e.start, first);
     const u64 hi = Min(e.end, end);
-    if (e.start < first) {  // the piece before the range: a new key at `first`
-      const u32 len = TFS_TRY(BuildPiece(e, 0, u32(first - e.start), value));
-      TFS_TRY(tx->Set(ExtentPos(ino, first), value, len));
-    }
-    if (e.end > end) {  // the piece after it keeps the key
+    // The pieces (parsed back for their backpointers; their crcs, which
+    // point into `value`, are not used after).
+    const bool has_back = e.end > end, has_front = e.start < first;
+    Extent back, front;
+    if (has_back) {  // the piece after the range keeps the key
       const u32 len = TFS_TRY(BuildPiece(e, end - e.start, u32(e.end - end), value));
       TFS_TRY(tx->Set(ExtentPos(ino, e.end), value, len));
+      TFS_TRY(ParseExtent(ExtentPos(ino, e.end), value, len, &back));
     } else {
       TFS_TRY(tx->Delete(ExtentPos(ino, e.end)));
     }
+    if (has_front) {  // the piece before the range: a new key at `first`
+      const u32 len = TFS_TRY(BuildPiece(e, 0, u32(first - e.start), value));
+      TFS_TRY(tx->Set(ExtentPos(ino, first), value, len));
+      TFS_TRY(ParseExtent(ExtentPos(ino, first), value, len, &front));
+    }
+    // The backpointers (QueueBackpointers): the front piece keeps e's
+    // positions (its pointers' blob offsets are e's), so e's are rewritten
+    // for it -- or moved to the back piece, or deleted -- and a back piece
+    // beside a front one gets new ones.
+    TFS_TRY(QueueBackpointers(tx, store_->sb(), &e, has_front ? &front : has_back ? &back : nullptr));
+    if (has_front && has_back) TFS_TRY(QueueBackpointers(tx, store_->sb(), nullptr, &back));
     if (e.unwritten) delta->unreserved += hi - lo;
     // Each copy releases the blocks in its bucket (live, or cached); a bad
     // pointer or a stale cached one was never counted (PtrCounts).

@@ -13,7 +13,10 @@
 // copy is left (promoting a cached one if it is the only good one), and says
 // copy by copy why an extent with none is lost; and a crash after the commit
 // of a two-copy extent keeps it only if the journal's data check of each
-// copy holds.
+// copy holds. The backpointers follow every change: one per copy that is not
+// cached, set with AddPtr's transaction, a dropped copy's deleted and a
+// promoted one's set with fsck's; a stale cached copy whose bucket holds new
+// data leaves that data's backpointer alone.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "data/backpointer.h"
 #include "data/data.h"
 #include "fsck/fsck.h"
 #include "mount/testing.h"
@@ -105,6 +109,7 @@ struct Copies {
       data::Extent x = ExtentOf(m, ino, &v);
       ASSERT_EQ(x.nr_ptrs, 1u);
       ASSERT_EQ(x.blocks(), kBlocks);
+      const data::Extent one = x;  // (for the backpointers; its crcs are not used)
       // The other copies, each on the next member, by the data path; one
       // commit adds them all.
       data::Delta delta;
@@ -144,8 +149,11 @@ struct Copies {
         ASSERT_TRUE(len.ok());
         v.assign(buf, buf + len.value());
       }
+      data::Extent now;
+      ASSERT_TRUE(data::ParseExtent(At(ino, x.end), v.data(), u32(v.size()), &now).ok());
       btree::Transaction tx(&m.store->btrees());
       ASSERT_TRUE(tx.Set(At(ino, x.end), v.data(), u32(v.size())).ok());
+      ASSERT_TRUE(data::QueueBackpointers(&tx, m.store->sb(), &one, &now).ok());
       delta.ino = ino;
       delta.sectors = 0;  // the file holds the same blocks
       ASSERT_TRUE(m.data.Commit(On(dev), &tx, delta).ok());
@@ -188,12 +196,16 @@ struct Copies {
       std::vector<u8> v;
       data::Extent e = ExtentOf(m, ino, &v);
       ASSERT_EQ(e.nr_ptrs, ptrs.size());
+      const data::Extent was = e;
       edit(e);
       u8 buf[data::kExtentValueMax];
       auto len = data::BuildExtent(e, buf);
       ASSERT_TRUE(len.ok());
       btree::Transaction tx(&m.store->btrees());
       ASSERT_TRUE(tx.Set(At(ino, e.end), buf, len.value()).ok());
+      // The backpointers follow (a copy moved outside the buckets loses
+      // its): only the extent is damaged.
+      ASSERT_TRUE(data::QueueBackpointers(&tx, m.store->sb(), &was, &e).ok());
       ASSERT_TRUE(tx.Commit().ok());
     });
   }
@@ -222,6 +234,37 @@ struct Copies {
     return {live, cached};
   }
 
+  // The backpointers tree: what the extents imply, nothing else; one per
+  // copy that is not cached, on the copies' members (`devs`, any order).
+  void ExpectBackpointers(std::vector<u32> devs) {
+    WithFs([&](testing::MountedFs& m) {
+      std::vector<std::string> bad;
+      data::BackpointerCheckStats stats;
+      ASSERT_TRUE(data::CheckBackpointers(&m.store->btrees(), m.store->sb(),
+                                          [](void* ctx, const data::BackpointerMismatch& x) {
+                                            static_cast<std::vector<std::string>*>(ctx)->push_back(
+                                                std::to_string(x.kind) + "@" + std::to_string(x.pos.inode) + ":" +
+                                                std::to_string(x.pos.offset));
+                                            return Status::Ok();
+                                          },
+                                          &bad, &stats).ok());
+      EXPECT_TRUE(bad.empty()) << bad.size() << " mismatches, first " << bad[0];
+      EXPECT_EQ(stats.keys, devs.size());
+      std::vector<u32> got;
+      btree::Iterator it(&m.store->btrees(), btree::kBtreeBackpointers);
+      ASSERT_TRUE(it.SeekToFirst().ok());
+      for (; it.Valid(); (void)it.Next()) {
+        data::Backpointer bp;
+        ASSERT_TRUE(data::ParseBackpointer(it.pos(), it.value(), it.val_bytes(), &bp).ok());
+        EXPECT_EQ(bp.ino, ino);
+        EXPECT_EQ(bp.blocks, kBlocks);
+        got.push_back(bp.dev);
+      }
+      std::sort(devs.begin(), devs.end());  // (the tree's order: by member)
+      EXPECT_EQ(got, devs);
+    });
+  }
+
   // The file reads back whole, from a fresh mount; the extent's copies now.
   void ExpectContent(u32 copies, u32 first_dev) {
     WithFs([&](testing::MountedFs& m) {
@@ -248,7 +291,9 @@ TEST(CopiesTest, TwoCopiesOnDistinctMembersReadAndCheckClean) {
   EXPECT_EQ(r.exit_code, kExitClean) << out;
   EXPECT_EQ(r.errors, 0u) << out;
   EXPECT_EQ(out.find("holds no extent"), std::string::npos) << out;  // both buckets count
+  EXPECT_NE(out.find("backpointers: 2 keys, 2 implied by the pointers of 1 extents"), std::string::npos) << out;
   t.ExpectContent(2, t.ptrs[0].dev);
+  t.ExpectBackpointers({t.ptrs[0].dev, t.ptrs[1].dev});
 }
 
 TEST(CopiesTest, AReadFallsBackToTheGoodCopy) {
@@ -427,9 +472,11 @@ TEST(CopiesTest, FsckDropsAStaleSecondPointer) {
             std::string::npos)
       << out2;
   EXPECT_EQ(out2.find("data lost"), std::string::npos) << out2;
+  EXPECT_NE(out2.find("backpointers: 1 keys, 1 implied by the pointers of 1 extents"), std::string::npos) << out2;
   auto [r3, out3] = t.Fsck(false);
   EXPECT_EQ(r3.exit_code, kExitClean) << out2 << out3;
   t.ExpectContent(1, t.ptrs[0].dev);
+  t.ExpectBackpointers({t.ptrs[0].dev});
 }
 
 // The same with the first pointer stale: the second copy is what is left.
@@ -440,9 +487,11 @@ TEST(CopiesTest, FsckDropsAStaleFirstPointer) {
   EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
   EXPECT_NE(out2.find("(copy 1 of 2)"), std::string::npos) << out2;
   EXPECT_NE(out2.find("dropped 1 bad pointer"), std::string::npos) << out2;
+  EXPECT_NE(out2.find("backpointers: 1 keys, 1 implied by the pointers of 1 extents"), std::string::npos) << out2;
   auto [r3, out3] = t.Fsck(false);
   EXPECT_EQ(r3.exit_code, kExitClean) << out2 << out3;
   t.ExpectContent(1, t.ptrs[1].dev);
+  t.ExpectBackpointers({t.ptrs[1].dev});
 }
 
 // Two bad pointers of three, and of four (one of the good ones cached): both
@@ -462,6 +511,7 @@ TEST(CopiesTest, FsckDropsTwoBadPointersOfThreeAndOfFour) {
     auto [r2, out2] = t.Fsck(false);
     EXPECT_EQ(r2.exit_code, kExitClean) << out << out2;
     t.ExpectContent(1, t.ptrs[2].dev);
+    t.ExpectBackpointers({t.ptrs[2].dev});
   }
   {
     Copies t({CopySpec{}, CopySpec{.cached = true}, CopySpec{}});
@@ -484,6 +534,7 @@ TEST(CopiesTest, FsckDropsTwoBadPointersOfThreeAndOfFour) {
       EXPECT_EQ(t.Counts(m, 0), (std::pair<u32, u32>{kBlocks, 0}));
       EXPECT_EQ(t.Counts(m, 2), (std::pair<u32, u32>{0, kBlocks}));
     });
+    t.ExpectBackpointers({t.ptrs[0].dev});  // (the cached copy has none)
   }
 }
 
@@ -508,6 +559,7 @@ TEST(CopiesTest, FsckPromotesTheGoodCachedCopyOfABadOne) {
   auto [r3, out3] = t.Fsck(false);
   EXPECT_EQ(r3.exit_code, kExitClean) << out2 << out3;
   t.ExpectContent(1, t.ptrs[1].dev);
+  t.ExpectBackpointers({t.ptrs[1].dev});  // (not cached any more: it has one now)
   t.WithFs([&](testing::MountedFs& m) {
     std::vector<u8> v;
     EXPECT_FALSE(Copies::ExtentOf(m, t.ino, &v).ptrs[0].cached);
@@ -554,8 +606,10 @@ TEST(CopiesTest, FsckDeletesAnExtentWithNoGoodCopyAndSaysWhyForEach) {
                         " (data lost)"),
               std::string::npos)
         << out2;
+    EXPECT_NE(out2.find("backpointers: 0 keys, 0 implied"), std::string::npos) << out2;
     auto [r3, out3] = t.Fsck(false);
     EXPECT_EQ(r3.exit_code, kExitClean) << out2 << out3;
+    t.ExpectBackpointers({});
     t.WithFs([&](testing::MountedFs& m) {
       std::string got(t.content.size(), 'x');
       ASSERT_TRUE(m.fs.Read(t.ino, 0, got.data(), u32(got.size())).ok());
@@ -601,6 +655,68 @@ TEST(CopiesTest, AStaleCachedCopyIsNormal) {
     const data::Extent e = Copies::ExtentOf(m, t.ino, &v);
     EXPECT_EQ(e.nr_ptrs, 1u);
     EXPECT_EQ(e.ptrs[0].dev, t.ptrs[0].dev);
+  });
+}
+
+// A stale cached copy is normal (the cache let its bucket go), and so is
+// the bucket then holding new data -- at the very blocks the stale copy
+// points at. The new data's backpointer is the one the tree holds there:
+// the stale copy has none to collide with (cached copies have none), so
+// fsck -n is clean, and fsck -y's dropping of the stale pointer leaves the
+// new extent's backpointer alone.
+TEST(CopiesTest, AStaleCachedCopysBucketHoldingNewDataKeepsTheNewBackpointer) {
+  Copies t({CopySpec{.cached = true}});
+  t.MakeStale(1);
+  const data::Extent::Ptr p = t.ptrs[1];
+  u64 g = 0;
+  t.WithFs([&](testing::MountedFs& m) {
+    ASSERT_NE(m.store->alloc().Get(p.dev, Copies::BucketOf(m, p)).state, alloc::BucketState::kUser);  // freed
+    ASSERT_TRUE(m.store->journal().Settle().ok());  // (a freed bucket is reused once its free settled)
+    auto f = m.fs.Mknod(posix::kRootIno, "g", 1, posix::kModeReg | 0644, 0, posix::Caller{0, 0});
+    ASSERT_TRUE(f.ok());
+    g = f.value().ino;
+    // Writes on the stale copy's member (the file's foreground target)
+    // until an extent starts at its blocks.
+    const std::string n = "tierfs.foreground_target", label = m.store->sb().members[p.dev].label;
+    ASSERT_TRUE(m.fs.SetXattr(g, n.data(), u32(n.size()), label.data(), u32(label.size()), 0,
+                              posix::Filesystem::kFrontEndChecked).ok());
+    bool there = false;
+    for (u64 off = 0; !there && off < 4096; off += kBlocks) {
+      ASSERT_TRUE(m.fs.Write(g, off * data::kBlockSize, t.content.data(), u32(t.content.size())).ok());
+      ASSERT_TRUE(m.fs.Fsync(g).ok());
+      btree::Iterator it(&m.store->btrees(), btree::kBtreeExtents);
+      ASSERT_TRUE(it.Seek(Copies::At(g, off + 1)).ok());
+      ASSERT_TRUE(it.Valid() && it.pos().inode == g);
+      data::Extent w;
+      ASSERT_TRUE(data::ParseExtent(it.pos(), it.value(), it.val_bytes(), &w).ok());
+      there = w.ptrs[0].dev == p.dev && w.ptrs[0].offset == p.offset;
+    }
+    ASSERT_TRUE(there);
+  });
+  auto [r1, out1] = t.Fsck(false);
+  EXPECT_EQ(r1.exit_code, kExitClean) << out1;
+  EXPECT_EQ(r1.errors, 0u) << out1;
+  EXPECT_NE(out1.find("data: 1 stale cached pointer"), std::string::npos) << out1;
+  auto [r2, out2] = t.Fsck(true);
+  EXPECT_EQ(r2.exit_code, kExitClean) << out2;
+  EXPECT_EQ(r2.errors, 0u) << out2;
+  EXPECT_NE(out2.find("data: 1 stale cached pointer dropped"), std::string::npos) << out2;
+  auto [r3, out3] = t.Fsck(false);
+  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+  t.WithFs([&](testing::MountedFs& m) {
+    // The bucket's backpointers name the new file's extent there.
+    struct Found {
+      u64 block;
+      u64 ino = 0;
+    } found{p.offset / data::kBlockSize};
+    ASSERT_TRUE(data::ForEachInBucket(&m.store->btrees(), m.store->sb(), p.dev, Copies::BucketOf(m, p),
+                                      [](void* ctx, const data::Backpointer& bp) {
+                                        auto* f = static_cast<Found*>(ctx);
+                                        if (bp.block == f->block && bp.piece == 0) f->ino = bp.ino;
+                                        return Status::Ok();
+                                      },
+                                      &found).ok());
+    EXPECT_EQ(found.ino, g);
   });
 }
 

@@ -54,6 +54,11 @@
 //    xattr removed with its chunks and a stray chunk deleted, xattr table
 //    keys past 128 deleted, the capability flag set or cleared. A summary line
 //    counts inodes, directories, entries, xattrs and extents.
+//  - the backpointers (fsck/backpointers.cc): the tree holds exactly the
+//    backpointer every pointer of every extent implies (data/backpointer.h:
+//    none for a cached copy);
+//    -y sets the missing and wrong ones from the extents and deletes the ones
+//    no extent implies. Blocks two pointers claim are a note.
 //
 // Results follow fsck(8): 0 clean, 1 errors corrected, 4 errors left uncorrected,
 // 8 operational error (a device could not be read, is not a tierfs member (no

@@ -21,6 +21,7 @@
 // against the committed table: removals and type fixes first, then moves of
 // unreachable entries (so a name is never judged taken by an entry about to go),
 // then tombstones that end chains.
+#include "data/backpointer.h"
 #include "data/data.h"
 #include "fsck/pass.h"
 #include "posix/fs.h"
@@ -169,6 +170,14 @@ class NamespaceCheck {
   Status DeleteKey(const Pos& pos) {
     Transaction tx(&t_);
     TFS_TRY(tx.Delete(pos));
+    return Commit(tx);
+  }
+
+  // Deletes extent x at pos with its backpointers (data::QueueBackpointers).
+  Status DeleteExtent(const Pos& pos, const data::Extent& x) {
+    Transaction tx(&t_);
+    TFS_TRY(tx.Delete(pos));
+    TFS_TRY(data::QueueBackpointers(&tx, e_.sb(), &x, nullptr));
     return Commit(tx);
   }
 
@@ -1016,10 +1025,14 @@ class NamespaceCheck {
         const u32 len = TFS_TRY(data::BuildPiece(y, 0, keep, buf_));
         TFS_TRY(tx.Set(Pos{btree::kBtreeExtents, x.ino, x.start}, buf_, len));
         TFS_TRY(tx.Delete(it.pos()));
+        data::Extent piece;
+        TFS_TRY(data::ParseExtent(Pos{btree::kBtreeExtents, x.ino, x.start}, buf_, len, &piece));
+        TFS_TRY(data::QueueBackpointers(&tx, e_.sb(), &y, &piece));  // (the piece keeps y's positions)
         *dropped += y.end - x.start;
         break;
       }
       TFS_TRY(tx.Delete(it.pos()));
+      TFS_TRY(data::QueueBackpointers(&tx, e_.sb(), &y, nullptr));
       *dropped += y.end - y.start;
       // (Its copies counted in used_: with -y its bad and stale cached ones are gone.)
       for (u32 i = 0; i < y.nr_ptrs; i++) {
@@ -1088,7 +1101,7 @@ class NamespaceCheck {
       if (r == nullptr || !IsRegMode(r->mode)) {
         Problem("data: extent of a missing or non-regular inode %llu", ino);
         if (repair_) {
-          TFS_TRY(DeleteKey(p));
+          TFS_TRY(DeleteExtent(p, x));
           Repaired(1, "data: deleted the extent of inode %llu at blocks [%llu, %llu)", ino, start, end);
         }
         continue;
@@ -1140,13 +1153,16 @@ class NamespaceCheck {
         if (!kept && promote == x.nr_ptrs) {
           char why[200];
           LostWhy(x, outside, old_cache, why, sizeof(why));
-          TFS_TRY(DeleteKey(p));
+          TFS_TRY(DeleteExtent(p, x));
           Repaired(nbad, "data: deleted the extent of inode %llu at blocks [%llu, %llu): %s (data lost)", ino, start,
                    end, why);
           continue;
         }
         const u32 promoted_dev = promote < x.nr_ptrs ? x.ptrs[promote].dev : 0;
         u32 len = 0;
+        // The extent as it was, for its backpointers: the promoted copy gets
+        // one (a cached copy has none), the dropped copies' go.
+        const data::Extent had = x;
         // Promote first (the bad authoritative copy still makes the extent
         // valid meanwhile), then drop the bad and stale cached copies (the
         // last first, so the indices hold), then go on with what is left.
@@ -1161,6 +1177,7 @@ class NamespaceCheck {
         }
         Transaction tx(&t_);
         TFS_TRY(tx.Set(p, buf_, len));
+        TFS_TRY(data::QueueBackpointers(&tx, e_.sb(), &had, &x));
         TFS_TRY(Commit(tx));
         if (!kept) {
           promoted_++;

@@ -45,6 +45,11 @@ struct FeatureUse {
 };
 bool CheckNamespace(store::Store& e, const Options& opt, Ctx& c, u16 had, FeatureUse* use);
 
+// The backpointers tree against the extents (backpointers.cc), after the
+// namespace pass; -y rewrites it from the extents. False when it could not
+// run to the end.
+bool CheckBackpointerTree(store::Store& e, const Options& opt, Ctx& c);
+
 }  // namespace tfs::fsck
 
 #endif  // TFS_FSCK_PASS_H_

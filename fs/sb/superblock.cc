@@ -103,6 +103,11 @@ Status Decode(const void* buf, u64 device_size, Superblock* out, Diag* diag) {
                      "superblock format version 2 kept allocation tables on every member; this build reads "
                      "version %u: reformat; nothing released used it",
                      unsigned(kSbVersion));
+  if (f->version.get() == 3)
+    return DiagError(diag, Err::kBadVersion,
+                     "superblock format version 3 kept no backpointers; this build reads version %u: reformat; "
+                     "nothing released used it",
+                     unsigned(kSbVersion));
   if (f->version.get() != kSbVersion)
     return DiagError(diag, Err::kBadVersion, "superblock version %u not supported (this build reads %u)",
                      unsigned(f->version.get()), unsigned(kSbVersion));

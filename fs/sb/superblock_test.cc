@@ -183,11 +183,12 @@ TEST(SuperblockTest, ReadFallsBackToBackupWhenPrimaryIsCorrupt) {
   EXPECT_NE(std::string(d.text).find("both superblock copies"), std::string::npos) << d.text;
 }
 
-// Format versions 1 (one pointer an extent) and 2 (allocation tables on
-// every member) were never released: a device with either is refused in one
-// line that says to reformat; other versions get the plain line.
-TEST(SuperblockTest, VersionsOneAndTwoAreRefusedWithOneLine) {
-  ASSERT_EQ(kSbVersion, 3);
+// Format versions 1 (one pointer an extent), 2 (allocation tables on every
+// member) and 3 (the alloc btree without backpointers) were never released:
+// a device with any of them is refused in one line that says to reformat;
+// other versions get the plain line.
+TEST(SuperblockTest, VersionsOneToThreeAreRefusedWithOneLine) {
+  ASSERT_EQ(kSbVersion, 4);
   auto dev = Dev("old");
   ASSERT_TRUE(Write(*dev, MakeSb(1), 0).ok());
   auto set_version = [&](u16 v) {
@@ -208,15 +209,20 @@ TEST(SuperblockTest, VersionsOneAndTwoAreRefusedWithOneLine) {
   const std::string text = d.text;
   EXPECT_EQ(text,
             "old: superblock format version 1 predates extent pointer lists and nothing released used it; "
-            "this build reads version 3: reformat");
+            "this build reads version 4: reformat");
   set_version(2);
   EXPECT_EQ(Read(*dev, &out, &d).status(), Status(Err::kBadVersion));
   EXPECT_EQ(std::string(d.text),
-            "old: superblock format version 2 kept allocation tables on every member; this build reads version 3: "
+            "old: superblock format version 2 kept allocation tables on every member; this build reads version 4: "
             "reformat; nothing released used it");
-  set_version(4);
+  set_version(3);
   EXPECT_EQ(Read(*dev, &out, &d).status(), Status(Err::kBadVersion));
-  EXPECT_EQ(std::string(d.text), "old: superblock version 4 not supported (this build reads 3)");
+  EXPECT_EQ(std::string(d.text),
+            "old: superblock format version 3 kept no backpointers; this build reads version 4: reformat; nothing "
+            "released used it");
+  set_version(5);
+  EXPECT_EQ(Read(*dev, &out, &d).status(), Status(Err::kBadVersion));
+  EXPECT_EQ(std::string(d.text), "old: superblock version 5 not supported (this build reads 4)");
 }
 
 TEST(SuperblockTest, BlankDeviceIsNotTierfs) {
