@@ -62,6 +62,11 @@ const char* WatermarkName(Watermark w) {
   return "unknown";
 }
 
+u64 MaxCountSectors(const sb::Superblock& sb, BucketState state) {
+  const u64 sectors = sb.bucket_size / 512;
+  return state == BucketState::kUser || state == BucketState::kCached ? sectors * kCountFactor : sectors;
+}
+
 void EncodeRecord(const Bucket& b, AllocRecord* out) {
   MemSet(out, 0, sizeof(*out));
   out->gen = b.gen;
@@ -91,10 +96,11 @@ Status ParseRecord(const sb::Superblock& sb, u64 dev, u64 bucket, const void* va
   if (r.state >= kBucketStateCount) return bad("unknown state", r.state);
   if (r.reserved0 != 0 || r.reserved1.get() != 0)
     return bad("nonzero reserved field", r.reserved0 != 0 ? r.reserved0 : r.reserved1.get());
-  const u64 sectors = sb.bucket_size / 512;
-  if (r.live_sectors.get() > sectors) return bad("live sectors beyond the bucket:", r.live_sectors.get());
-  if (r.cached_sectors.get() > sectors) return bad("cached sectors beyond the bucket:", r.cached_sectors.get());
   const BucketState state = BucketState(r.state);
+  const u64 most = MaxCountSectors(sb, state);  // (logical sectors: compressed data counts more than it takes)
+  if (r.live_sectors.get() > most) return bad("live sectors beyond what the bucket can count:", r.live_sectors.get());
+  if (r.cached_sectors.get() > most)
+    return bad("cached sectors beyond what the bucket can count:", r.cached_sectors.get());
   if (state == BucketState::kFree && (r.live_sectors.get() != 0 || r.cached_sectors.get() != 0))
     return bad("free, yet with live or cached sectors:", r.live_sectors.get() + u64(r.cached_sectors.get()));
   const BucketState layout = LayoutState(m, bucket);
@@ -211,21 +217,27 @@ void Allocator::BeginRebuild() {
   }
 }
 
-bool Allocator::RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen, u32 sectors) {
+bool Allocator::RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen) {
   MutexLock lock(mu_);
   if (dev >= nr_ || bucket >= devices_[dev].buckets.size()) return false;
   Bucket& bk = devices_[dev].buckets[bucket];
   if (bk.state == BucketState::kSb || bk.state == BucketState::kJournal) return false;  // the layout's
   if ((bk.state == BucketState::kBtree || bk.state == BucketState::kUser) && bk.state != state) return false;
-  if (bk.state == state && state == BucketState::kUser && bk.gen != gen) {
-    // Two generations point in: the newer one's data is there now (a bucket
-    // is freed, gen bumped, before it is reused); the older extents are stale.
-    if (u8(gen - bk.gen) > 127) return true;
-    bk.live_sectors = 0;
-  }
+  // Two generations point in: the newer one's data is there now (a bucket
+  // is freed, gen bumped, before it is reused); the older extents are stale.
+  if (bk.state == state && state == BucketState::kUser && bk.gen != gen && u8(gen - bk.gen) > 127) return true;
   bk.state = state;
   if (state == BucketState::kUser) bk.gen = gen;  // btree buckets keep theirs (node pointers carry none)
-  bk.live_sectors = Min<u64>(u64(bk.live_sectors) + sectors, sb_.bucket_size / 512);
+  return true;
+}
+
+bool Allocator::RebuildCount(u32 dev, u64 bucket, bool cached, u32 sectors) {
+  MutexLock lock(mu_);
+  if (dev >= nr_ || bucket >= devices_[dev].buckets.size()) return false;
+  Bucket& bk = devices_[dev].buckets[bucket];
+  if (bk.state != BucketState::kUser) return false;
+  u32& count = cached ? bk.cached_sectors : bk.live_sectors;
+  count = u32(Min<u64>(u64(count) + sectors, MaxCountSectors(sb_, bk.state)));
   return true;
 }
 
@@ -242,7 +254,7 @@ Status Allocator::EndRebuild() {
       for (u64 b = 0; b < devices_[i].buckets.size(); b++) {
         const Bucket& bk = devices_[i].buckets[b];
         const Bucket absent = AbsentBucket(sb_.members[i], b);
-        n += bk.recorded || bk.state != absent.state || bk.gen != 0 || bk.live_sectors != 0;
+        n += bk.recorded || bk.state != absent.state || bk.gen != 0 || bk.live_sectors != 0 || bk.cached_sectors != 0;
       }
     }
     TFS_TRY(changes.Reserve(n));
@@ -250,7 +262,8 @@ Status Allocator::EndRebuild() {
       for (u64 b = 0; b < devices_[i].buckets.size(); b++) {
         Bucket& bk = devices_[i].buckets[b];
         const Bucket absent = AbsentBucket(sb_.members[i], b);
-        if (!(bk.recorded || bk.state != absent.state || bk.gen != 0 || bk.live_sectors != 0)) continue;
+        if (!(bk.recorded || bk.state != absent.state || bk.gen != 0 || bk.live_sectors != 0 || bk.cached_sectors != 0))
+          continue;
         bk.recorded = true;
         changes.PushBack(RecordChange{i, b, bk}).IgnoreError();  // reserved
       }

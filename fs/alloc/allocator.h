@@ -100,6 +100,11 @@ struct RecordChange {
   bool replace = false;
 };
 
+// The most sectors a bucket of `state` may count live or cached (records'
+// validity, fsck): kCountFactor times the bucket's for user and cached
+// buckets, the bucket's own for the others.
+u64 MaxCountSectors(const sb::Superblock& sb, BucketState state);
+
 // The record of `b` (oldest_gen = gen until step 3c).
 void EncodeRecord(const Bucket& b, AllocRecord* out);
 // Parses the record of bucket `bucket` of member `dev` (the key's position)
@@ -192,19 +197,23 @@ class Allocator {
   // fsck's rebuild of allocation state the trees contradict or that may have
   // lost changes (docs/format/alloc.md, "fsck"): BeginRebuild resets every
   // bucket to its layout state (journal buckets; everything else free,
-  // generations kept, versions bumped past every record in the tree);
-  // RebuildMark marks one bucket as holding btree nodes or user data of
-  // generation `gen` (user only) and adds `sectors` to its live count (a
-  // second mark of one bucket keeps the newer generation's); EndRebuild
-  // rebuilds the free lists and persists a record for every bucket that has
-  // one or is not in its absent-record state. No journal may be attached
-  // (Store::Open's rebuild hook). RebuildMark returns false and changes
-  // nothing for a bucket that cannot hold `state`: outside the member, the
-  // layout's (journal), or already holding the other kind (nodes are marked
-  // first: an extent pointing into a node bucket is bad, never the bucket's
-  // new owner).
+  // generations kept, counts 0, versions bumped past every record in the
+  // tree); RebuildMark marks one bucket as holding btree nodes or user data
+  // of generation `gen` (user only; a second mark of one bucket keeps the
+  // newer generation's); once every bucket is marked, RebuildCount adds a
+  // counted pointer's sectors (data::PtrCountsIn, data::PtrSectors: the data
+  // path's rule, against the marked state) to a user bucket's live or
+  // cached count, up to MaxCountSectors; EndRebuild rebuilds the free lists
+  // and persists a record for every bucket that has one or is not in its
+  // absent-record state. No journal may be attached (Store::Open's rebuild
+  // hook). RebuildMark returns false and changes nothing for a bucket that
+  // cannot hold `state`: outside the member, the layout's (journal), or
+  // already holding the other kind (nodes are marked first: an extent
+  // pointing into a node bucket is bad, never the bucket's new owner);
+  // RebuildCount for a bucket that is not user.
   void BeginRebuild();
-  bool RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen, u32 sectors);
+  bool RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen);
+  bool RebuildCount(u32 dev, u64 bucket, bool cached, u32 sectors);
   Status EndRebuild();
   // A read-write mount's, after the load (and a rebuild), before the journal
   // runs: every bucket whose version is kRecordVersionRebase or more (only

@@ -165,9 +165,9 @@ u64 DataPath::FreeBlocksLocked() const {
 
 bool DataPath::PtrCounts(const Extent::Ptr& p, u64* bucket) const {
   if (!PtrBucket(store_->sb(), p, bucket)) return false;
-  if (!p.cached) return true;
-  const alloc::Bucket k = store_->alloc().Get(p.dev, *bucket);
-  return k.state == alloc::BucketState::kUser && k.gen == p.gen;
+  alloc::Bucket k;
+  if (p.cached) k = store_->alloc().Get(p.dev, *bucket);  // (only a cached pointer asks: one lock less)
+  return PtrCountsIn(p, k.state == alloc::BucketState::kUser, k.gen);
 }
 
 bool DataPath::ReleaseLocked(u32 dev, u64 bucket, alloc::BucketRef* ref) {
