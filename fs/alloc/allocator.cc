@@ -62,6 +62,11 @@ const char* WatermarkName(Watermark w) {
   return "unknown";
 }
 
+u64 MaxCountSectors(const sb::Superblock& sb, BucketState state) {
+  const u64 sectors = sb.bucket_size / 512;
+  return state == BucketState::kUser || state == BucketState::kCached ? sectors * kCountFactor : sectors;
+}
+
 void EncodeRecord(const Bucket& b, AllocRecord* out) {
   MemSet(out, 0, sizeof(*out));
   out->gen = b.gen;
@@ -91,10 +96,11 @@ Status ParseRecord(const sb::Superblock& sb, u64 dev, u64 bucket, const void* va
   if (r.state >= kBucketStateCount) return bad("unknown state", r.state);
   if (r.reserved0 != 0 || r.reserved1.get() != 0)
     return bad("nonzero reserved field", r.reserved0 != 0 ? r.reserved0 : r.reserved1.get());
-  const u64 sectors = sb.bucket_size / 512;
-  if (r.live_sectors.get() > sectors) return bad("live sectors beyond the bucket:", r.live_sectors.get());
-  if (r.cached_sectors.get() > sectors) return bad("cached sectors beyond the bucket:", r.cached_sectors.get());
   const BucketState state = BucketState(r.state);
+  const u64 most = MaxCountSectors(sb, state);  // (logical sectors: compressed data counts more than it takes)
+  if (r.live_sectors.get() > most) return bad("live sectors beyond what the bucket can count:", r.live_sectors.get());
+  if (r.cached_sectors.get() > most)
+    return bad("cached sectors beyond what the bucket can count:", r.cached_sectors.get());
   if (state == BucketState::kFree && (r.live_sectors.get() != 0 || r.cached_sectors.get() != 0))
     return bad("free, yet with live or cached sectors:", r.live_sectors.get() + u64(r.cached_sectors.get()));
   const BucketState layout = LayoutState(m, bucket);
@@ -217,21 +223,27 @@ void Allocator::BeginRebuild() {
   }
 }
 
-bool Allocator::RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen, u32 sectors) {
+bool Allocator::RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen) {
   MutexLock lock(mu_);
   if (dev >= nr_ || bucket >= devices_[dev].buckets.size()) return false;
   Bucket& bk = devices_[dev].buckets[bucket];
   if (bk.state == BucketState::kSb || bk.state == BucketState::kJournal) return false;  // the layout's
   if ((bk.state == BucketState::kBtree || bk.state == BucketState::kUser) && bk.state != state) return false;
-  if (bk.state == state && state == BucketState::kUser && bk.gen != gen) {
-    // Two generations point in: the newer one's data is there now (a bucket
-    // is freed, gen bumped, before it is reused); the older extents are stale.
-    if (u8(gen - bk.gen) > 127) return true;
-    bk.live_sectors = 0;
-  }
+  // Two generations point in: the newer one's data is there now (a bucket
+  // is freed, gen bumped, before it is reused); the older extents are stale.
+  if (bk.state == state && state == BucketState::kUser && bk.gen != gen && u8(gen - bk.gen) > 127) return true;
   bk.state = state;
   if (state == BucketState::kUser) bk.gen = gen;  // btree buckets keep theirs (node pointers carry none)
-  bk.live_sectors = Min<u64>(u64(bk.live_sectors) + sectors, sb_.bucket_size / 512);
+  return true;
+}
+
+bool Allocator::RebuildCount(u32 dev, u64 bucket, bool cached, u32 sectors) {
+  MutexLock lock(mu_);
+  if (dev >= nr_ || bucket >= devices_[dev].buckets.size()) return false;
+  Bucket& bk = devices_[dev].buckets[bucket];
+  if (bk.state != BucketState::kUser) return false;
+  u32& count = cached ? bk.cached_sectors : bk.live_sectors;
+  count = u32(Min<u64>(u64(count) + sectors, MaxCountSectors(sb_, bk.state)));
   return true;
 }
 
@@ -248,7 +260,7 @@ Status Allocator::EndRebuild() {
       for (u64 b = 0; b < devices_[i].buckets.size(); b++) {
         const Bucket& bk = devices_[i].buckets[b];
         const Bucket absent = AbsentBucket(sb_.members[i], b);
-        n += bk.recorded || bk.state != absent.state || bk.gen != 0 || bk.live_sectors != 0;
+        n += bk.recorded || bk.state != absent.state || bk.gen != 0 || bk.live_sectors != 0 || bk.cached_sectors != 0;
       }
     }
     TFS_TRY(changes.Reserve(n));
@@ -256,7 +268,8 @@ Status Allocator::EndRebuild() {
       for (u64 b = 0; b < devices_[i].buckets.size(); b++) {
         Bucket& bk = devices_[i].buckets[b];
         const Bucket absent = AbsentBucket(sb_.members[i], b);
-        if (!(bk.recorded || bk.state != absent.state || bk.gen != 0 || bk.live_sectors != 0)) continue;
+        if (!(bk.recorded || bk.state != absent.state || bk.gen != 0 || bk.live_sectors != 0 || bk.cached_sectors != 0))
+          continue;
         bk.recorded = true;
         changes.PushBack(RecordChange{i, b, bk}).IgnoreError();  // reserved
       }
@@ -606,6 +619,144 @@ Status Allocator::SetLiveSectors(const BucketRef& ref, u32 live_sectors) {
   return Persist(&change, 1, change.b.state == BucketState::kBtree ? BucketState::kFree : change.b.state).status();
 }
 
+Status Allocator::StageCounts(CountStage* stages, u32 n) {
+  // The first damage found, logged once the lock is dropped.
+  struct Note {
+    const char* what = nullptr;
+    u32 dev = 0;
+    u64 bucket = 0;
+    i64 have = 0, change = 0;
+  } note;
+  Status result;
+  {
+    MutexLock lock(mu_);
+    for (u32 i = 0; i < n; i++) {
+      CountStage& s = stages[i];
+      if (s.dev >= nr_ || s.bucket >= devices_[s.dev].buckets.size()) {
+        result = Err::kInvalidArgument;
+        break;
+      }
+      const Bucket& cur = devices_[s.dev].buckets[s.bucket];
+      s.b = cur;
+      s.changed = false;
+      if (cur.state != BucketState::kUser) {
+        if (s.live > 0 || s.cached > 0) {
+          note = Note{"gains sectors, but is not a user bucket", s.dev, s.bucket, 0, s.live > 0 ? s.live : s.cached};
+          result = Err::kCorrupt;
+          break;
+        }
+        // Losses of pointers never counted here: the record stays as it is.
+        if (s.live < 0) {
+          stats_.count_underflows++;
+          if (note.what == nullptr)
+            note = Note{"loses live sectors, but is not a user bucket", s.dev, s.bucket, 0, s.live};
+        }
+        if (s.cached < 0) stats_.cached_underflows++;
+      } else {
+        const i64 most = i64(MaxCountSectors(sb_, cur.state));
+        auto add = [&](u32 have, i64 change, bool live) -> u32 {
+          i64 v = i64(have) + change;
+          if (v < 0) {
+            (live ? stats_.count_underflows : stats_.cached_underflows)++;
+            if (live && note.what == nullptr) note = Note{"live count would go below 0", s.dev, s.bucket, have, change};
+            v = 0;
+          } else if (v > most) {
+            stats_.count_overflows++;
+            if (note.what == nullptr)
+              note = Note{"count would pass what the bucket can count", s.dev, s.bucket, have, change};
+            v = most;
+          }
+          return u32(v);
+        };
+        const u32 live = add(cur.live_sectors, s.live, true);
+        const u32 cached = add(cur.cached_sectors, s.cached, false);
+        if (live != cur.live_sectors || cached != cur.cached_sectors) {
+          s.b.live_sectors = live;
+          s.b.cached_sectors = cached;
+          s.b.version = cur.version + 1;
+          s.b.recorded = true;
+          s.changed = true;
+        }
+      }
+      EncodeRecord(s.b, &s.rec);
+    }
+    if (note.what != nullptr) {
+      // At most one line per 10 s: damage repeats itself.
+      const u64 now = platform::NowNs();
+      if (underflow_logged_ns_ != 0 && now + 1 < underflow_logged_ns_ + 10'000'000'000ull && result.ok())
+        note.what = nullptr;
+      else
+        underflow_logged_ns_ = now + 1;
+    }
+  }
+  if (note.what != nullptr) {
+    const char* label = note.dev < nr_ ? sb_.members[note.dev].label : "?";
+    platform::Log(result.ok() ? platform::LogLevel::kWarn : platform::LogLevel::kError,
+                  "alloc: member %s bucket %llu: %s (%lld sectors, change %lld)%s", label,
+                  (unsigned long long)note.bucket, note.what, (long long)note.have, (long long)note.change,
+                  result.ok() ? "; stopped there: 'tierfs fsck -y' recounts it from the extents" : "");
+  }
+  return result;
+}
+
+void Allocator::PublishCounts(const CountStage* stages, u32 n) {
+  u64 broken = 0;
+  {
+    MutexLock lock(mu_);
+    for (u32 i = 0; i < n; i++) {
+      const CountStage& s = stages[i];
+      if (!s.changed) continue;
+      Bucket& b = devices_[s.dev].buckets[s.bucket];
+      // The invariant (allocator.h): nothing changed the bucket since
+      // StageCounts. Checked builds stop; others keep what the other change
+      // made and say so (fsck recounts).
+      if (b.version + 1 != s.b.version || b.state != s.b.state || b.gen != s.b.gen) {
+#if TFS_LOCK_CHECKS
+        TFS_BUG_ON(true);
+#endif
+        broken++;
+        continue;
+      }
+      b.live_sectors = s.b.live_sectors;
+      b.cached_sectors = s.b.cached_sectors;
+      b.version = s.b.version;
+      b.recorded = true;
+      stats_.count_records++;
+    }
+  }
+  if (broken != 0)
+    platform::Log(platform::LogLevel::kError, "alloc: %llu bucket counts changed by another change while their "
+                  "transaction committed (a bug): kept the other change; 'tierfs fsck -y' recounts them",
+                  (unsigned long long)broken);
+}
+
+Status Allocator::RepairCounts(const CountFix* fixes, u32 n) {
+  Vector<RecordChange> changes;
+  TFS_TRY(changes.Reserve(n));
+  Status first;
+  {
+    MutexLock lock(mu_);
+    for (u32 i = 0; i < n; i++) {
+      const CountFix& f = fixes[i];
+      if (f.dev >= nr_ || f.bucket >= devices_[f.dev].buckets.size() ||
+          devices_[f.dev].buckets[f.bucket].state != BucketState::kUser) {
+        if (first.ok()) first = Err::kInvalidArgument;
+        continue;
+      }
+      Bucket& bk = devices_[f.dev].buckets[f.bucket];
+      const u64 most = MaxCountSectors(sb_, bk.state);
+      bk.live_sectors = u32(Min<u64>(f.live_sectors, most));
+      bk.cached_sectors = u32(Min<u64>(f.cached_sectors, most));
+      bk.version++;
+      bk.recorded = true;
+      stats_.count_repairs++;
+      changes.PushBack(RecordChange{f.dev, f.bucket, bk}).IgnoreError();  // reserved
+    }
+  }
+  if (!changes.empty()) TFS_TRY(Persist(changes.data(), u32(changes.size()), BucketState::kUser).status());
+  return first;
+}
+
 Status Allocator::RepairState(u32 dev, u64 bucket, BucketState state) {
   if (u8(state) >= kBucketStateCount) return Err::kInvalidArgument;
   RecordChange change;
@@ -663,6 +814,7 @@ DeviceUsage Allocator::Usage(u32 dev) const {
   for (const Bucket& b : d.buckets) {
     u.by_state[u8(b.state)]++;
     u.live_sectors += b.live_sectors;
+    u.cached_sectors += b.cached_sectors;
   }
   u.reserves = d.reserves;
   u.metadata_need = d.metadata_need.Load(MemOrder::kRelaxed);

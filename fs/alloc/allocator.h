@@ -89,6 +89,31 @@ struct Bucket {
   u64 version = 0;
 };
 
+// One bucket's count change from one extent transaction, and what
+// StageCounts made of it (docs/design/copies.md, "Step 3b"). The data path
+// fills dev, bucket, live and cached (sectors; net: the transaction's gains
+// and losses of the bucket summed); StageCounts the rest.
+struct CountStage {
+  u32 dev = 0;
+  u64 bucket = 0;
+  i64 live = 0;
+  i64 cached = 0;
+  // StageCounts: the bucket's new state (the published one plus the change,
+  // version + 1) when `changed`, else the published one as it is; and its
+  // record, the value the transaction journals.
+  Bucket b;
+  bool changed = false;
+  AllocRecord rec{};
+};
+
+// A user bucket's counts as the mount's check (or fsck) finds them.
+struct CountFix {
+  u32 dev = 0;
+  u64 bucket = 0;
+  u32 live_sectors = 0;
+  u32 cached_sectors = 0;
+};
+
 // One bucket's new state, for the persistence sink.
 struct RecordChange {
   u32 dev;
@@ -99,6 +124,11 @@ struct RecordChange {
   // transaction.
   bool replace = false;
 };
+
+// The most sectors a bucket of `state` may count live or cached (records'
+// validity, fsck): kCountFactor times the bucket's for user and cached
+// buckets, the bucket's own for the others.
+u64 MaxCountSectors(const sb::Superblock& sb, BucketState state);
 
 // The record of `b` (oldest_gen = gen until step 3c).
 void EncodeRecord(const Bucket& b, AllocRecord* out);
@@ -136,7 +166,8 @@ struct DeviceUsage {
   u64 nbuckets = 0;
   u64 pending_free = 0;  // freed, waiting for the free to be durable
   u64 by_state[kBucketStateCount] = {};
-  u64 live_sectors = 0;
+  u64 live_sectors = 0;   // summed over its buckets (logical sectors: see AllocRecord)
+  u64 cached_sectors = 0;
   Reserves reserves;     // btree: the reserve in force (need + growth room)
   u64 metadata_need = 0; // what the btree declared (SetMetadataNeed)
 };
@@ -154,6 +185,11 @@ struct DeviceUsage {
   X(record_errors, counter, "record commits that failed (the change stays in memory; a free is never reused)") \
   X(records_loaded, level, "records the mount loaded from the alloc btree")                            \
   X(rebased_records, counter, "records a mount started again at version 1 (RebaseVersions)")           \
+  X(count_records, counter, "bucket records extent transactions carried: their changed counts (StageCounts)") \
+  X(count_underflows, counter, "live counts that would have gone below 0: stopped at 0 (damage; fsck recounts)") \
+  X(cached_underflows, counter, "cached counts uncounted that were never counted (a stale cached pointer current again)") \
+  X(count_overflows, counter, "counts that would have passed what the bucket can count: stopped there (damage)") \
+  X(count_repairs, counter, "bucket counts set to what the extents say (the mount's check, fsck)")     \
   X(metadata_refused, counter, "operations that add metadata refused with ENOSPC (MetadataRoom)")
 
 struct AllocStats {
@@ -195,19 +231,23 @@ class Allocator {
   // fsck's rebuild of allocation state the trees contradict or that may have
   // lost changes (docs/format/alloc.md, "fsck"): BeginRebuild resets every
   // bucket to its layout state (journal buckets; everything else free,
-  // generations kept, versions bumped past every record in the tree);
-  // RebuildMark marks one bucket as holding btree nodes or user data of
-  // generation `gen` (user only) and adds `sectors` to its live count (a
-  // second mark of one bucket keeps the newer generation's); EndRebuild
-  // rebuilds the free lists and persists a record for every bucket that has
-  // one or is not in its absent-record state. No journal may be attached
-  // (Store::Open's rebuild hook). RebuildMark returns false and changes
-  // nothing for a bucket that cannot hold `state`: outside the member, the
-  // layout's (journal), or already holding the other kind (nodes are marked
-  // first: an extent pointing into a node bucket is bad, never the bucket's
-  // new owner).
+  // generations kept, counts 0, versions bumped past every record in the
+  // tree); RebuildMark marks one bucket as holding btree nodes or user data
+  // of generation `gen` (user only; a second mark of one bucket keeps the
+  // newer generation's); once every bucket is marked, RebuildCount adds a
+  // counted pointer's sectors (data::PtrCountsIn, data::PtrSectors: the data
+  // path's rule, against the marked state) to a user bucket's live or
+  // cached count, up to MaxCountSectors; EndRebuild rebuilds the free lists
+  // and persists a record for every bucket that has one or is not in its
+  // absent-record state. No journal may be attached (Store::Open's rebuild
+  // hook). RebuildMark returns false and changes nothing for a bucket that
+  // cannot hold `state`: outside the member, the layout's (journal), or
+  // already holding the other kind (nodes are marked first: an extent
+  // pointing into a node bucket is bad, never the bucket's new owner);
+  // RebuildCount for a bucket that is not user.
   void BeginRebuild();
-  bool RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen, u32 sectors);
+  bool RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen);
+  bool RebuildCount(u32 dev, u64 bucket, bool cached, u32 sectors);
   Status EndRebuild();
   // A read-write mount's, after the load (and a rebuild), before the journal
   // runs: every bucket whose version is kRecordVersionRebase or more (only
@@ -231,6 +271,35 @@ class Allocator {
   // what n calls of Free would have returned ok for.
   Status FreeBuckets(const BucketRef* refs, u32 n, u32* freed = nullptr);
   Status SetLiveSectors(const BucketRef& ref, u32 live_sectors);
+
+  // The counts of user buckets (docs/design/copies.md, "Step 3b"): changed
+  // only inside the extent transactions that change them, by the data
+  // path's commit hook, under the btree's commit_mu -- so each record is
+  // the state every earlier journaled commit left plus this one's change,
+  // and the records' version order is their journal order.
+  // StageCounts (the hook's prepare): the new state and record of each
+  // stage's bucket -- the published counts plus the change, version + 1; a
+  // count that would go below 0 stops at 0 (live: count_underflows, logged
+  // at most once per 10 s; cached: cached_underflows, normal, see
+  // docs/design/copies.md "As built: step 1"), one that would pass
+  // MaxCountSectors stops there (count_overflows). A bucket that is not a
+  // user bucket (a loss of a pointer never counted there: damage or a
+  // stale cached pointer) keeps its state and record as they are (counted
+  // as underflows); a gain there is a bug (kCorrupt, logged: nothing adds a
+  // counted pointer into a bucket it did not get from Allocate). Changes
+  // nothing shared.
+  Status StageCounts(CountStage* stages, u32 n);
+  // The hook's finish, once the journal took the records: the staged states
+  // become the published ones. Requires that nothing else changed those
+  // buckets since StageCounts (the invariant: a bucket with a change in
+  // flight is held -- by pending blocks or by the counted pointer a loss
+  // removes -- so it is neither freed nor allocated meanwhile).
+  void PublishCounts(const CountStage* stages, u32 n);
+  // Sets user buckets' counts (version + 1, persisted through the sink like
+  // any change): the mount's check of the counts against the extents
+  // (DataPath::Open) and fsck. A bucket that is not user is skipped
+  // (kInvalidArgument, after the others).
+  Status RepairCounts(const CountFix* fixes, u32 n);
 
   // fsck repair (and the mount's reconciliation of node buckets): force a
   // bucket's state, persisted like any change. Not for normal operation.
@@ -314,6 +383,7 @@ class Allocator {
 
   mutable Mutex mu_;
   AllocStats stats_{};
+  u64 underflow_logged_ns_ = 0;  // StageCounts' last log line (platform::NowNs + 1; 0: never), under mu_
 };
 
 }  // namespace tfs::alloc

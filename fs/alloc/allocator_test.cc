@@ -107,11 +107,14 @@ TEST(AllocRecordTest, HostileBytesAreCorruptWithOneLine) {
   cases.push_back({"bucket", 0, 100, bytes(Good()), "outside the member's 100 buckets"});
   cases.push_back({"bucket huge", 1, ~u64(0), bytes(Good()), "outside the member's 300 buckets"});
   r = Good();
-  r.live_sectors.set(513);  // a 256 KiB bucket has 512
-  cases.push_back({"live", 0, 20, bytes(r), "live sectors beyond the bucket"});
+  r.live_sectors.set(16 * 512 + 1);  // a 256 KiB bucket has 512, and counts 16 times that at most
+  cases.push_back({"live", 0, 20, bytes(r), "live sectors beyond what the bucket can count: 8193"});
   r = Good();
   r.cached_sectors.set(~u32(0));
-  cases.push_back({"cached", 0, 20, bytes(r), "cached sectors beyond the bucket"});
+  cases.push_back({"cached", 0, 20, bytes(r), "cached sectors beyond what the bucket can count"});
+  r = Good(BucketState::kBtree);
+  r.live_sectors.set(513);  // not a user bucket: its own sectors at most
+  cases.push_back({"btree live", 0, 20, bytes(r), "live sectors beyond what the bucket can count: 513"});
   r = Good(BucketState::kFree);
   r.live_sectors.set(8);
   cases.push_back({"free with data", 0, 20, bytes(r), "free, yet with live or cached sectors"});
@@ -142,10 +145,30 @@ TEST(AllocRecordTest, HostileBytesAreCorruptWithOneLine) {
   }
 }
 
+// A user (or cached) bucket counts logical sectors (data::PtrSectors): a
+// bucket of compressed blobs counts up to 16 times its own sectors, live and
+// cached alike; other states count their own at most.
+TEST(AllocRecordTest, AUserBucketCountsUpToSixteenTimesItsSectors) {
+  const sb::Superblock s = TwoMembers();
+  for (BucketState st : {BucketState::kUser, BucketState::kCached}) {
+    AllocRecord r = Good(st);
+    r.live_sectors.set(16 * 512);
+    r.cached_sectors.set(16 * 512);
+    Bucket out;
+    Diag d;
+    ASSERT_TRUE(ParseRecord(s, 1, 5, &r, sizeof(r), &out, &d).ok()) << d.text;
+    EXPECT_EQ(out.live_sectors, 16u * 512);
+    EXPECT_EQ(out.cached_sectors, 16u * 512);
+  }
+  EXPECT_EQ(MaxCountSectors(s, BucketState::kUser), 16u * 512);
+  EXPECT_EQ(MaxCountSectors(s, BucketState::kBtree), 512u);
+}
+
 // Every bit of a record flipped in turn: valid exactly when the field it
 // lands in allows the new value (gen: any; oldest_gen: must equal gen;
 // state: a known one the HDD member may hold, not free with data; reserved:
-// never; sectors: within the bucket; version: below the limit) -- and then
+// never; sectors: within 16 times the bucket's, the most a user bucket of
+// compressed blobs counts; version: below the limit) -- and then
 // the parse gives back exactly those bytes; kCorrupt otherwise (never
 // another error, never a crash). Valid implies plausible.
 TEST(AllocRecordTest, EveryFlippedByteParsesOrIsCorrupt) {
@@ -167,9 +190,9 @@ TEST(AllocRecordTest, EveryFlippedByteParsesOrIsCorrupt) {
       } else if (i == 3 || (i >= 12 && i < 16)) {
         want = false;  // reserved
       } else if (i < 8) {
-        want = r.live_sectors.get() <= sectors;
+        want = r.live_sectors.get() <= kCountFactor * sectors;  // (user: logical sectors)
       } else if (i < 12) {
-        want = r.cached_sectors.get() <= sectors;
+        want = r.cached_sectors.get() <= kCountFactor * sectors;
       } else {
         want = r.version.get() < kRecordVersionLimit;
       }

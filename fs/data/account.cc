@@ -1,27 +1,40 @@
-// Space accounting (data.h): per bucket, the live blocks of committed
-// extents (their pointers that are not cached), the blocks of their cached
-// pointers (counted apart: a cached copy is not what keeps the data, and the
-// cache will be dropped by bucket, issue 22), the blocks reserved by writes
-// not yet applied or aborted (pending), the reads in flight (Pin/Unpin) and
-// whether a write point holds it; and the sum of unwritten reservations. It
-// lives in memory and is rebuilt from the extents at Open -- the one record
-// of what is live, so a crash cannot leave the two disagreeing -- and a user
-// bucket no extent points into is freed there. Afterwards a bucket none of
-// them holds is freed at once, or by the last read that has it pinned
-// (kDoomed). Which pointers count is one rule (PtrCounts), so that Open and
-// QueuePunch count and uncount the same ones: not a pointer outside the
-// buckets, nor a stale cached one.
+// Space accounting (data.h). The live and cached counts of every bucket
+// are the allocator's (its records in the alloc btree: docs/design/copies.md,
+// "As built: step 3b-2"), changed only inside the extent transactions that
+// change them: Commit sums the delta per bucket (QueueCounts), queues one
+// SetLater slot per bucket, and the transaction's commit hook stages the new
+// counts and fills the records under the btree's commit_mu (PrepareCounts)
+// and publishes them once journaled (FinishCounts) -- so a record's version
+// order is its journal order and a crash keeps an extent change and its
+// buckets' records together. Kept here, in memory only: per bucket, the
+// blocks reserved by writes not yet applied or aborted (pending), the reads
+// in flight (Pin/Unpin) and whether a write point holds it; and the sum of
+// unwritten reservations. Open still walks the extents: it checks the
+// loaded counts against them (count_mismatches) and publishes the extents'
+// where they differ. A user bucket none of them holds is freed -- by the
+// transaction's Apply when its publish emptied it, by whoever drops the last
+// pending block or write point hold, or by the last read that has it pinned
+// (kDoomed). Which pointers count is one rule (PtrCounts: data::PtrBucket and
+// data::PtrCountsIn), so that Open and QueuePunch count and uncount the same
+// ones: not a pointer outside the buckets, nor a stale cached one.
 //
-// All of it is under acct_mu_, the innermost lock (taken after the write
-// point table's mutex or one write point's). acct_mu_ is never held across
-// I/O, a btree call or the allocator's Free: ReleaseLocked only says which
-// bucket to free, and its caller frees it after dropping acct_mu_. Open and
-// Close run alone: the mount opens the data path before its users and closes
-// it after them.
+// acct_mu_ guards pending, reads, held and the reservations; it is the
+// innermost of the data path's locks (taken after the write point table's
+// mutex or one write point's), taken before the allocator's mu_ (reading
+// counts), and never held across I/O, a btree call or the allocator's Free
+// or RepairCounts: ReleaseLocked only says which bucket to free, and its
+// caller frees it after dropping acct_mu_. The commit hook takes no data
+// path lock (only the allocator's mu_, under commit_mu). Open and Close run
+// alone: the mount opens the data path before its users and closes it after
+// them.
 #include "data/data.h"
 
 #include "platform/platform.h"
 #include "sb/format.h"
+#include "util/sort.h"
+
+static_assert(tfs::alloc::kCountFactor == tfs::data::kMaxCompressedBlocks,
+              "a bucket counts logical sectors: up to a compressed blob's blocks per disk block");
 
 namespace tfs::data {
 
@@ -59,15 +72,19 @@ Status DataPath::Open(store::Store* store) {
   }
   alloc::Allocator& a = store->alloc();
   for (u32 d = 0; d < a.members(); d++) {
-    TFS_TRY(live_[d].Resize(a.nbuckets(d)));
-    TFS_TRY(cached_[d].Resize(a.nbuckets(d)));
     TFS_TRY(pending_[d].Resize(a.nbuckets(d)));
     TFS_TRY(reads_[d].Resize(a.nbuckets(d)));
     TFS_TRY(held_[d].Resize(a.nbuckets(d)));
   }
-  // Live and cached blocks per bucket, from the extents: the one record of
-  // what is live. A bad pointer (fsck's business) counts nowhere, nor does a
+  // The counts the extents say (sectors), to check the records against
+  // (step 3b-2: the walk stays until the accounting records make it
+  // redundant). A bad pointer (fsck's business) counts nowhere, nor does a
   // stale cached one (normal); the extent's other pointers still count.
+  Vector<u64> live[dev::kMaxDevices], cached[dev::kMaxDevices];
+  for (u32 d = 0; d < a.members(); d++) {
+    TFS_TRY(live[d].Resize(a.nbuckets(d)));
+    TFS_TRY(cached[d].Resize(a.nbuckets(d)));
+  }
   Iterator it(trees_, btree::kBtreeExtents);
   Status st = it.SeekToFirst();
   u64 bad = 0;
@@ -90,20 +107,54 @@ Status DataPath::Open(store::Store* store) {
         bad_ptr |= !PtrBucket(store_->sb(), p, &b);  // (a stale cached pointer is not bad)
         continue;
       }
-      (p.cached ? cached_ : live_)[p.dev][b] += e.blocks();
+      (p.cached ? cached : live)[p.dev][b] += PtrSectors(e);
     }
     bad += bad_ptr;
   }
   if (!st.ok()) return st;
   if (bad > 0) platform::Log(platform::LogLevel::kError, "data: %llu extents with bad pointers (fsck)", (unsigned long long)bad);
+  // The records against the extents: a user bucket whose counts differ gets
+  // the extents' (the truth); counts in a bucket that is not a user bucket
+  // are pointers into it that fsck drops (they count nowhere: a punch of
+  // them changes nothing there).
+  Vector<alloc::CountFix> fixes;
+  u64 foreign = 0;
+  for (u32 d = 0; d < a.members(); d++) {
+    for (u64 b = 0; b < live[d].size(); b++) {
+      const alloc::Bucket k = a.Get(d, b);
+      if (k.state != alloc::BucketState::kUser) {
+        foreign += live[d][b] != 0 || cached[d][b] != 0;
+        continue;
+      }
+      const u64 most = alloc::MaxCountSectors(sb, k.state);
+      const u32 want_live = u32(Min(live[d][b], most)), want_cached = u32(Min(cached[d][b], most));
+      if (k.live_sectors == want_live && k.cached_sectors == want_cached) continue;
+      if (fixes.size() < 10) {
+        platform::Log(platform::LogLevel::kWarn,
+                      "data: member %u bucket %llu: its record counts %u live and %u cached sectors, its extents "
+                      "%u and %u: set to the extents'",
+                      d, (unsigned long long)b, k.live_sectors, k.cached_sectors, want_live, want_cached);
+      }
+      TFS_TRY(fixes.PushBack(alloc::CountFix{d, b, want_live, want_cached}));
+    }
+  }
+  if (foreign > 0)
+    platform::Log(platform::LogLevel::kError, "data: %llu buckets that are not user buckets have extents pointing "
+                  "into them (fsck)", (unsigned long long)foreign);
+  if (!fixes.empty()) {
+    platform::Log(platform::LogLevel::kWarn, "data: %llu bucket records counted otherwise than their extents: "
+                  "set to the extents' counts", (unsigned long long)fixes.size());
+    ctr_.count_mismatches.FetchAdd(fixes.size(), MemOrder::kRelaxed);
+    TFS_TRY(a.RepairCounts(fixes.data(), u32(fixes.size())));
+  }
   // User buckets no extent points into (a crash between allocating and
   // committing, or the last write point of a crash): free them, with one
   // record commit.
   Vector<alloc::BucketRef> orphans;
   for (u32 d = 0; d < a.members(); d++)
-    for (u64 b = 0; b < live_[d].size(); b++) {
+    for (u64 b = 0; b < a.nbuckets(d); b++) {
       const alloc::Bucket k = a.Get(d, b);
-      if (k.state != alloc::BucketState::kUser || live_[d][b] != 0 || cached_[d][b] != 0) continue;
+      if (k.state != alloc::BucketState::kUser || k.live_sectors != 0 || k.cached_sectors != 0) continue;
       TFS_TRY(orphans.PushBack(alloc::BucketRef{d, b, k.gen}));
     }
   return FreeReleased(orphans.data(), u32(orphans.size()));
@@ -145,8 +196,6 @@ void DataPath::Close() {
     nr_wps_.Store(0, MemOrder::kRelease);
   }
   FreeReleased(frees.data(), u32(frees.size())).IgnoreError();  // (counted; a failed commit: record_errors)
-  for (auto& v : live_) v.Resize(0).IgnoreError();
-  for (auto& v : cached_) v.Resize(0).IgnoreError();
   for (auto& v : pending_) v.Resize(0).IgnoreError();
   for (auto& v : reads_) v.Resize(0).IgnoreError();
   for (auto& v : held_) v.Resize(0).IgnoreError();
@@ -193,62 +242,116 @@ Status DataPath::FreeReleased(const alloc::BucketRef* refs, u32 n) {
 
 bool DataPath::PtrCounts(const Extent::Ptr& p, u64* bucket) const {
   if (!PtrBucket(store_->sb(), p, bucket)) return false;
-  if (!p.cached) return true;
-  const alloc::Bucket k = store_->alloc().Get(p.dev, *bucket);
-  return k.state == alloc::BucketState::kUser && k.gen == p.gen;
+  alloc::Bucket k;
+  if (p.cached) k = store_->alloc().Get(p.dev, *bucket);  // (only a cached pointer asks: one lock less)
+  return PtrCountsIn(p, k.state == alloc::BucketState::kUser, k.gen);
 }
 
-bool DataPath::ReleaseLocked(u32 dev, u64 bucket, alloc::BucketRef* ref) {
-  if (live_[dev][bucket] != 0 || cached_[dev][bucket] != 0 || pending_[dev][bucket] != 0 || held_[dev][bucket] != 0)
+bool DataPath::ReleaseLocked(u32 dev, u64 bucket, alloc::BucketRef* ref, u32 gen) {
+  const alloc::Bucket k = store_->alloc().Get(dev, bucket);
+  // Another generation: freed (and maybe reused) since the caller's
+  // transaction emptied it -- not the caller's bucket any more.
+  if (k.state != alloc::BucketState::kUser || (gen != kCurrentGen && k.gen != gen)) return false;
+  if (k.live_sectors != 0 || k.cached_sectors != 0 || pending_[dev][bucket] != 0 || held_[dev][bucket] != 0)
     return false;
   if (reads_[dev][bucket] != 0) {
     reads_[dev][bucket] |= kDoomed;  // the last read frees it (Unpin)
     return false;
   }
-  *ref = alloc::BucketRef{dev, bucket, store_->alloc().Get(dev, bucket).gen};
+  *ref = alloc::BucketRef{dev, bucket, k.gen};
   return true;
 }
 
-void DataPath::Account(u32 dev, u64 bucket, i64 blocks, i64 cached, i64 pending) {
+void DataPath::Account(u32 dev, u64 bucket, i64 pending, u32 gen) {
   bool free_it = false;
   alloc::BucketRef ref{};
   {
     MutexLock l(acct_mu_);
-    if (dev >= dev::kMaxDevices || bucket >= live_[dev].size()) return;
-    u32& live = live_[dev][bucket];
-    u32& cach = cached_[dev][bucket];
+    if (dev >= dev::kMaxDevices || bucket >= pending_[dev].size()) return;
     u32& pend = pending_[dev][bucket];
-    TFS_BUG_ON((blocks < 0 && u64(-blocks) > live) || (pending < 0 && u64(-pending) > pend));
-    // Cached blocks may be uncounted that were never counted: a cached
-    // pointer stale at mount (counted nowhere) looks current again once its
-    // bucket is reused at the pointer's generation (a wrap, or a hostile
-    // value one ahead). The count stops at 0: a cache bucket freed early only
-    // makes its other cached pointers stale, which reads and fsck expect.
-    if (cached < 0 && u64(-cached) > cach) {
-      ctr_.cached_underflows.FetchAdd(1, MemOrder::kRelaxed);
-      cached = -i64(cach);
-    }
-    live = u32(i64(live) + blocks);
-    cach = u32(i64(cach) + cached);
+    TFS_BUG_ON(pending < 0 && u64(-pending) > pend);
     pend = u32(i64(pend) + pending);
-    if (blocks < 0) ctr_.blocks_released.FetchAdd(u64(-blocks), MemOrder::kRelaxed);
-    free_it = ReleaseLocked(dev, bucket, &ref);
+    free_it = ReleaseLocked(dev, bucket, &ref, gen);
   }
   if (free_it && store_->alloc().Free(ref).ok()) ctr_.buckets_freed.FetchAdd(1, MemOrder::kRelaxed);
 }
 
-void DataPath::Apply(const Delta& delta) {
-  // Gains first: reserved space that becomes live or cached, and blocks a
-  // pointer into a blob counted already gains (a copy added to an extent, a
-  // cached copy made authoritative); then every change that loses
-  // something. A bucket losing and gaining in one delta never looks empty.
-  // (A change's pending is what its write reserved: Apply releases it.)
-  auto gains = [](const Delta::Change& c) { return c.blocks >= 0 && c.cached >= 0; };
-  for (const Delta::Change& c : delta.changes)
-    if (gains(c) && (c.blocks > 0 || c.cached > 0 || c.pending > 0))
-      Account(c.dev, c.bucket, c.blocks, c.cached, -Max<i64>(c.pending, 0));
-  for (const Delta::Change& c : delta.changes)
-    if (!gains(c)) Account(c.dev, c.bucket, c.blocks, c.cached, -Max<i64>(c.pending, 0));
+Status DataPath::QueueCounts(btree::Transaction* tx, const Delta& delta, CommitCounts* cc) {
+  Vector<alloc::CountStage>& st = cc->stages;
+  st.Clear();
+  u32 n = 0;
+  for (const Delta::Change& c : delta.changes) n += c.blocks != 0 || c.cached != 0;
+  if (n == 0) return Status::Ok();
+  TFS_TRY(st.Reserve(n));
+  constexpr i64 kSectors = kBlockSize / 512;
+  for (const Delta::Change& c : delta.changes) {
+    if (c.blocks == 0 && c.cached == 0) continue;
+    alloc::CountStage s;
+    s.dev = c.dev;
+    s.bucket = c.bucket;
+    s.live = c.blocks * kSectors;
+    s.cached = c.cached * kSectors;
+    st.PushBack(s).IgnoreError();  // reserved
+  }
+  // One stage per bucket: the changes of a bucket summed (a write's
+  // overwrite of its own bucket's blocks nets out), those that net 0 gone.
+  Sort(st.data(), st.size(), [](const alloc::CountStage& x, const alloc::CountStage& y) {
+    return x.dev != y.dev ? x.dev < y.dev : x.bucket < y.bucket;
+  });
+  usize k = 0;
+  for (usize i = 0; i < st.size(); i++) {
+    if (k > 0 && st[k - 1].dev == st[i].dev && st[k - 1].bucket == st[i].bucket) {
+      st[k - 1].live += st[i].live;
+      st[k - 1].cached += st[i].cached;
+    } else {
+      st[k++] = st[i];
+    }
+  }
+  usize kept = 0;
+  for (usize i = 0; i < k; i++)
+    if (st[i].live != 0 || st[i].cached != 0) st[kept++] = st[i];
+  st.Resize(kept).IgnoreError();  // (shrinking)
+  if (kept == 0) return Status::Ok();
+  // A record's slot per bucket, in stage order (their bytes: PrepareCounts).
+  for (usize i = 0; i < kept; i++) {
+    const u32 slot = TFS_TRY(tx->SetLater(btree::Pos{btree::kBtreeAlloc, st[i].dev, st[i].bucket},
+                                          u32(sizeof(alloc::AllocRecord))));
+    if (i == 0) cc->first_slot = slot;
+  }
+  cc->dp = this;
+  cc->hook = btree::CommitHook{PrepareCounts, FinishCounts, cc};
+  tx->SetCommitHook(&cc->hook);
+  return Status::Ok();
+}
+
+Status DataPath::PrepareCounts(void* ctx, btree::Transaction* tx) {
+  auto* cc = static_cast<CommitCounts*>(ctx);
+  Vector<alloc::CountStage>& st = cc->stages;
+  TFS_TRY(cc->dp->store_->alloc().StageCounts(st.data(), u32(st.size())));
+  for (usize i = 0; i < st.size(); i++) MemCopy(tx->LaterValue(cc->first_slot + u32(i)), &st[i].rec, sizeof(st[i].rec));
+  return Status::Ok();
+}
+
+void DataPath::FinishCounts(void* ctx, u64 /*seq*/, bool journaled) {
+  auto* cc = static_cast<CommitCounts*>(ctx);
+  if (!journaled) return;  // nothing published: the counts stay the last journaled ones
+  cc->dp->store_->alloc().PublishCounts(cc->stages.data(), u32(cc->stages.size()));
+  cc->published = true;
+}
+
+void DataPath::Apply(const Delta& delta, const CommitCounts& cc) {
+  // The counts moved with the commit (published by its hook); what the
+  // writes reserved is released now, and a bucket the commit emptied that
+  // nothing else holds is freed -- checked at the generation it was
+  // emptied at, so a bucket freed and reused meanwhile is left alone.
+  for (const Delta::Change& c : delta.changes) {
+    if (c.blocks < 0) ctr_.blocks_released.FetchAdd(u64(-c.blocks), MemOrder::kRelaxed);
+    if (c.pending > 0) Account(c.dev, c.bucket, -c.pending);
+  }
+  if (cc.published) {
+    for (const alloc::CountStage& s : cc.stages)
+      if (s.changed && s.b.live_sectors == 0 && s.b.cached_sectors == 0) Account(s.dev, s.bucket, 0, s.b.gen);
+  }
   if (delta.unreserved > 0) {
     MutexLock a(acct_mu_);
     TFS_BUG_ON(delta.unreserved > reserved_);
@@ -259,7 +362,7 @@ void DataPath::Apply(const Delta& delta) {
 void DataPath::Abort(const Delta& delta) {
   // The space reserved for it is unreferenced: its bucket may go once empty.
   for (const Delta::Change& c : delta.changes)
-    if (c.pending > 0) Account(c.dev, c.bucket, 0, 0, -c.pending);
+    if (c.pending > 0) Account(c.dev, c.bucket, -c.pending);
   if (delta.reserved > 0) {
     MutexLock a(acct_mu_);
     TFS_BUG_ON(delta.reserved > reserved_);
@@ -290,10 +393,9 @@ void DataPath::Unpin(u32 dev, u64 bucket) {
 }
 
 void DataPath::BucketCounts(u32 dev, u64 bucket, u32* live, u32* cached) const {
-  MutexLock a(acct_mu_);
-  const bool in = dev < dev::kMaxDevices && bucket < live_[dev].size();
-  *live = in ? live_[dev][bucket] : 0;
-  *cached = in ? cached_[dev][bucket] : 0;
+  const alloc::Bucket k = store_->alloc().Get(dev, bucket);  // (outside the members: counts 0)
+  *live = k.live_sectors / (kBlockSize / 512);
+  *cached = k.cached_sectors / (kBlockSize / 512);
 }
 
 Stats DataPath::GetStats() const {

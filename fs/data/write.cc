@@ -6,7 +6,8 @@
 // fallocate), each with its backpointers (backpointer.h: QueueBackpointers,
 // in the same transaction), and record in a Delta how the space accounting
 // is to move;
-// Commit commits the transaction and then Applies the delta, or Aborts it.
+// Commit commits the transaction with the records of the buckets whose
+// counts move (account.cc), or Aborts the delta.
 //
 // Prepare needs no lock (its blobs are new) and does its device I/O before
 // anything is queued: each blob to every copy at once (WriteCopies: one
@@ -105,7 +106,7 @@ Status DataPath::RecordCopies(const Space* sp, u32 copies, u32 blocks, u32 pendi
         .dev = sp[c].ref.dev, .bucket = sp[c].ref.bucket, .blocks = i64(blocks), .pending = i64(pending)});
     if (!st.ok()) {
       // The recorded ones go back with Abort; these are in no delta.
-      for (u32 k = c; k < copies; k++) Account(sp[k].ref.dev, sp[k].ref.bucket, 0, 0, -i64(pending));
+      for (u32 k = c; k < copies; k++) Account(sp[k].ref.dev, sp[k].ref.bucket, -i64(pending));
       return st;
     }
   }
@@ -154,7 +155,7 @@ Status DataPath::KeepWritten(const IoContext& ctx, const Space* sp, u32 copies, 
     if (!per[c].ok()) {
       // Its space back now (the bucket may go once empty); the others keep
       // the data.
-      Account(ch.dev, ch.bucket, 0, 0, -ch.pending);
+      Account(ch.dev, ch.bucket, -ch.pending);
       ch.blocks = 0;
       ch.pending = 0;
       if (first_error.ok()) first_error = per[c];
@@ -499,6 +500,15 @@ Status DataPath::Commit(const IoContext& ctx, btree::Transaction* tx, const Delt
     Abort(delta);
     return fst;
   }
+  // The records of the buckets whose counts move, computed by the commit
+  // hook in journal order (account.cc).
+  CommitCounts cc;
+  Status qst = QueueCounts(tx, delta, &cc);
+  if (!qst.ok()) {
+    tx->Reset();
+    Abort(delta);
+    return qst;
+  }
   // Readers of this inode's extents see the commit whole or not at all (see
   // ReadBlocks): its stripe's counter is odd while the keys are applied.
   tx->SetApplySeq(&applying_[CommitStripe(delta.ino)]);
@@ -507,7 +517,7 @@ Status DataPath::Commit(const IoContext& ctx, btree::Transaction* tx, const Delt
     Abort(delta);
     return r.status();
   }
-  Apply(delta);
+  Apply(delta, cc);
   return Status::Ok();
 }
 
