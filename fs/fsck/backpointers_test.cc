@@ -307,14 +307,11 @@ struct TwoReplicas {
     fn(m.fs, *m.store);
   }
 
-  std::pair<Report, std::string> Fsck(bool repair) {
-    std::string out;
-    Options o;
-    o.repair = repair;
-    Report r = Check(devs.data(), u32(devs.size()), o, [](void* ctx, const char* line) {
-      *static_cast<std::string*>(ctx) += std::string(line) + "\n";
-    }, &out);
-    return {r, out};
+  std::pair<Report, std::string> Fsck(bool repair) { return RunFsck(devs.data(), u32(devs.size()), repair); }
+
+  // Both members' durable bytes.
+  std::vector<std::vector<u8>> Bytes() const {
+    return userspace::MemDevice::SnapshotDurable({mems[0].get(), mems[1].get()});
   }
 };
 
@@ -416,19 +413,12 @@ TEST(FsckBackpointersTest, AMissingBackpointerOfASecondCopyIsRepaired) {
   const std::string line = "backpointers: missing at member " + label + " block " + std::to_string(lost.block) +
                            " piece " + std::to_string(lost.piece) + ": the extent inode " + std::to_string(ino) +
                            " blocks [8, 12) points there";
-  auto [r1, out1] = t.Fsck(false);
-  EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
-  EXPECT_EQ(r1.errors, 1u) << out1;
-  EXPECT_NE(out1.find(line), std::string::npos) << out1;
-  auto [r2, out2] = t.Fsck(true);
-  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
-  EXPECT_EQ(r2.repaired, 1u) << out2;
-  EXPECT_NE(out2.find(line), std::string::npos) << out2;
-  EXPECT_NE(out2.find("backpointers: 1 missing, 0 wrong, 0 with no extent: rewritten from the extents"),
+  const Repair fix = ExpectReportedRepairedClean(t, line.c_str(), line.c_str());
+  EXPECT_EQ(fix.checked.errors, 1u) << fix.report;
+  EXPECT_EQ(fix.fixed.repaired, 1u) << fix.repair;
+  EXPECT_NE(fix.repair.find("backpointers: 1 missing, 0 wrong, 0 with no extent: rewritten from the extents"),
             std::string::npos)
-      << out2;
-  auto [r3, out3] = t.Fsck(false);
-  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+      << fix.repair;
   t.WithFs([&](Filesystem& fs, store::Store& s) {
     EXPECT_EQ(ExpectTwoCopiesEachWithItsBackpointer(s), 3u);
     std::vector<std::pair<btree::Pos, std::vector<u8>>> now;
@@ -541,24 +531,15 @@ TEST(FsckBackpointersTest, RandomDamageIsFoundAndRepaired) {
       poke.emplace_back(at, v);
     }
     Poke(img, poke);
-    const std::vector<u8> before = img.dev->SnapshotDurable();
-    auto [r1, out1] = img.Fsck(false);
-    EXPECT_TRUE(img.dev->SnapshotDurable() == before) << "the check wrote to the device";
-    EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
-    EXPECT_EQ(r1.errors, n) << out1;
-    EXPECT_EQ(Count(out1, "backpointers: missing at "), missing) << out1;
-    EXPECT_EQ(Count(out1, "backpointers: wrong at "), wrong) << out1;
-    EXPECT_EQ(Count(out1, "backpointers: no extent points at "), stray) << out1;
-    EXPECT_NE(out1.find("backpointers: " + std::to_string(missing) + " missing, " + std::to_string(wrong) +
-                        " wrong, " + std::to_string(stray) + " with no extent; 'tierfs fsck -y'"),
-              std::string::npos)
-        << out1;
-    auto [r2, out2] = img.Fsck(true);
-    EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
-    EXPECT_EQ(r2.errors, n) << out2;
-    EXPECT_EQ(r2.repaired, n) << out2;
-    auto [r3, out3] = img.Fsck(false);
-    EXPECT_EQ(r3.exit_code, kExitClean) << out2 << out3;
+    const std::string summary = "backpointers: " + std::to_string(missing) + " missing, " + std::to_string(wrong) +
+                                " wrong, " + std::to_string(stray) + " with no extent; 'tierfs fsck -y'";
+    const Repair fix = ExpectReportedRepairedClean(img, summary.c_str(), nullptr);
+    EXPECT_EQ(fix.checked.errors, n) << fix.report;
+    EXPECT_EQ(Count(fix.report, "backpointers: missing at "), missing) << fix.report;
+    EXPECT_EQ(Count(fix.report, "backpointers: wrong at "), wrong) << fix.report;
+    EXPECT_EQ(Count(fix.report, "backpointers: no extent points at "), stray) << fix.report;
+    EXPECT_EQ(fix.fixed.errors, n) << fix.repair;
+    EXPECT_EQ(fix.fixed.repaired, n) << fix.repair;
     EXPECT_TRUE(TreeKeys(img) == keys) << "the repair rebuilt exactly the keys the writes made";
     img.ExpectFiles(12);
     if (::testing::Test::HasFailure()) break;
@@ -579,19 +560,11 @@ TEST(FsckBackpointersTest, AWholeTreeLostIsListedCappedAndRebuilt) {
   std::vector<std::pair<btree::Pos, std::vector<u8>>> poke;
   for (const auto& k : keys) poke.emplace_back(k.first, std::vector<u8>{});
   Poke(img, poke);
-  auto [r1, out1] = img.Fsck(false);
-  EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
-  EXPECT_EQ(r1.errors, keys.size()) << out1;
-  EXPECT_EQ(Count(out1, "backpointers: missing at "), 20u) << out1;
-  EXPECT_NE(out1.find("backpointers: " + std::to_string(keys.size() - 20) + " more finding(s) not listed"),
-            std::string::npos)
-      << out1;
-  auto [r2, out2] = img.Fsck(true);
-  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
-  EXPECT_EQ(r2.repaired, keys.size()) << out2;
-  EXPECT_NE(out2.find("rewritten from the extents"), std::string::npos) << out2;
-  auto [r3, out3] = img.Fsck(false);
-  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+  const std::string more = "backpointers: " + std::to_string(keys.size() - 20) + " more finding(s) not listed";
+  const Repair fix = ExpectReportedRepairedClean(img, more.c_str(), "rewritten from the extents");
+  EXPECT_EQ(fix.checked.errors, keys.size()) << fix.report;
+  EXPECT_EQ(Count(fix.report, "backpointers: missing at "), 20u) << fix.report;
+  EXPECT_EQ(fix.fixed.repaired, keys.size()) << fix.repair;
   EXPECT_TRUE(TreeKeys(img) == keys);
 }
 

@@ -29,6 +29,7 @@
 #include "data/backpointer.h"
 #include "data/data.h"
 #include "fsck/fsck.h"
+#include "fsck/testing.h"
 #include "mount/testing.h"
 #include "posix/fs.h"
 #include "userspace/platform/mem_device.h"
@@ -38,7 +39,8 @@ namespace {
 
 using fsck::kExitClean;
 using fsck::kExitRepaired;
-using fsck::kExitUncorrected;
+using fsck::fixture::ExpectReportedRepairedClean;
+using fsck::fixture::Repair;
 
 constexpr u32 kBlocks = 3;
 
@@ -180,13 +182,14 @@ struct Copies {
 
   std::pair<fsck::Report, std::string> Fsck(bool repair) {
     std::vector<BlockDevice*> devs = Devs();
-    std::string out;
-    fsck::Options o;
-    o.repair = repair;
-    fsck::Report r = fsck::Check(devs.data(), u32(devs.size()), o, [](void* ctx, const char* line) {
-      *static_cast<std::string*>(ctx) += std::string(line) + "\n";
-    }, &out);
-    return {r, out};
+    return fsck::fixture::RunFsck(devs.data(), u32(devs.size()), repair);
+  }
+
+  // Every member's durable bytes.
+  std::vector<std::vector<u8>> Bytes() const {
+    std::vector<const userspace::MemDevice*> d;
+    for (const auto& m : mems) d.push_back(m.get());
+    return userspace::MemDevice::SnapshotDurable(d);
   }
 
   // Rewrites the extent's key with edit(e) applied (no accounting: the next
@@ -523,21 +526,14 @@ TEST(CopiesTest, ACopyOfACommittedBlobCountsLive) {
 TEST(CopiesTest, FsckDropsAStaleSecondPointer) {
   Copies t;
   t.MakeStale(1);
-  auto [r1, out1] = t.Fsck(false);
-  EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
-  EXPECT_NE(out1.find("stale extent pointer, inode " + Str(t.ino) + " at block 0 (copy 2 of 2)"), std::string::npos)
-      << out1;
-  auto [r2, out2] = t.Fsck(true);
-  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
-  EXPECT_EQ(r2.repaired, r2.errors) << out2;
-  EXPECT_NE(out2.find("dropped 1 bad pointer of the extent of inode " + Str(t.ino) +
-                      " at blocks [0, 3); its other copies keep the data"),
-            std::string::npos)
-      << out2;
-  EXPECT_EQ(out2.find("data lost"), std::string::npos) << out2;
-  EXPECT_NE(out2.find("backpointers: 1 keys, 1 implied by the pointers of 1 extents"), std::string::npos) << out2;
-  auto [r3, out3] = t.Fsck(false);
-  EXPECT_EQ(r3.exit_code, kExitClean) << out2 << out3;
+  const std::string found = "stale extent pointer, inode " + Str(t.ino) + " at block 0 (copy 2 of 2)";
+  const std::string dropped = "dropped 1 bad pointer of the extent of inode " + Str(t.ino) +
+                              " at blocks [0, 3); its other copies keep the data";
+  const Repair fix = ExpectReportedRepairedClean(t, found.c_str(), dropped.c_str());
+  EXPECT_EQ(fix.fixed.repaired, fix.fixed.errors) << fix.repair;
+  EXPECT_EQ(fix.repair.find("data lost"), std::string::npos) << fix.repair;
+  EXPECT_NE(fix.repair.find("backpointers: 1 keys, 1 implied by the pointers of 1 extents"), std::string::npos)
+      << fix.repair;
   t.ExpectContent(1, t.ptrs[0].dev);
   t.ExpectBackpointers({t.ptrs[0].dev});
 }
@@ -607,20 +603,14 @@ TEST(CopiesTest, FsckDropsTwoBadPointersOfThreeAndOfFour) {
 TEST(CopiesTest, FsckPromotesTheGoodCachedCopyOfABadOne) {
   Copies t({CopySpec{.cached = true}});
   t.MakeStale(0);
-  auto [r1, out1] = t.Fsck(false);
-  EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
-  EXPECT_NE(out1.find("(copy 1 of 2)"), std::string::npos) << out1;
-  auto [r2, out2] = t.Fsck(true);
-  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
-  EXPECT_EQ(r2.repaired, r2.errors) << out2;
-  EXPECT_NE(out2.find("data: dropped 1 bad pointer of the extent of inode " + Str(t.ino) +
-                      " at blocks [0, 3) and promoted its cached copy on member " + Str(t.ptrs[1].dev) + "\n"),
-            std::string::npos)
-      << out2;
-  EXPECT_NE(out2.find("data: promoted 1 cached copy whose authoritative copy was bad"), std::string::npos) << out2;
-  EXPECT_EQ(out2.find("data lost"), std::string::npos) << out2;
-  auto [r3, out3] = t.Fsck(false);
-  EXPECT_EQ(r3.exit_code, kExitClean) << out2 << out3;
+  const std::string promoted = "data: dropped 1 bad pointer of the extent of inode " + Str(t.ino) +
+                               " at blocks [0, 3) and promoted its cached copy on member " + Str(t.ptrs[1].dev) +
+                               "\n";
+  const Repair fix = ExpectReportedRepairedClean(t, "(copy 1 of 2)", promoted.c_str());
+  EXPECT_EQ(fix.fixed.repaired, fix.fixed.errors) << fix.repair;
+  EXPECT_NE(fix.repair.find("data: promoted 1 cached copy whose authoritative copy was bad"), std::string::npos)
+      << fix.repair;
+  EXPECT_EQ(fix.repair.find("data lost"), std::string::npos) << fix.repair;
   t.ExpectContent(1, t.ptrs[1].dev);
   t.ExpectBackpointers({t.ptrs[1].dev});  // (not cached any more: it has one now)
   t.WithFs([&](testing::MountedFs& m) {
