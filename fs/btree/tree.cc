@@ -779,6 +779,11 @@ usize Transaction::JournalLimit() const {
   return j != nullptr ? j->max_entry_bytes() : journal::Config{}.max_entry_bytes;
 }
 
+usize Transaction::Room() const {
+  const usize used = JournalBytes(), limit = JournalLimit();
+  return used < limit ? limit - used : 0;
+}
+
 Status Transaction::Set(const Pos& pos, const void* value, u32 len) {
   KeyInput in;
   in.pos = pos;
@@ -837,6 +842,10 @@ Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
     return u64(0);
   }
   if (hook_ != nullptr && reclaim_) {  // (a reclaim commit skips commit_mu: no journal order to compute in)
+    Reset();
+    return Err::kInvalidArgument;
+  }
+  if (!later_.empty() && hook_ == nullptr) {  // nothing would fill the slots: they would journal zeros
     Reset();
     return Err::kInvalidArgument;
   }

@@ -223,9 +223,10 @@ struct CommitHook {
   // it -- or after a failure, whenever prepare ran. `journaled`: the
   // journal took the entry `seq` (without a journal: the keys were applied);
   // true also when an apply failed after it (the trees are failed then:
-  // what the journal holds is what memory must say). False: prepare failed,
-  // or the journal refused or failed (then the trees are failed and the
-  // next mount replays whatever reached disk).
+  // what the journal holds is what memory must say). False: prepare failed
+  // (nothing journaled; the trees go on), the journal refused the entry
+  // (kTooBig: nothing written; the trees go on), or the journal failed (then
+  // the trees are failed and the next mount replays whatever reached disk).
   void (*finish)(void* ctx, u64 seq, bool journaled) = nullptr;
   void* ctx = nullptr;
 };
@@ -262,6 +263,13 @@ class Transaction {
   // must carry one for every device range its Commit `deps` stand for. Nothing
   // is applied to a tree; kTooBig as for Set.
   [[nodiscard]] Status AddDataCheck(const void* check, u32 len);
+  // The journal bytes still free in this transaction's entry: what more
+  // keys may take before Set, Delete, SetLater or AddDataCheck return
+  // kTooBig (a caller that splits its work into batches stops before that).
+  usize Room() const;
+  // The journal bytes one queued key with a `val_bytes`-byte value takes
+  // (a whiteout: 0), headers and padding included.
+  static constexpr usize KeyBytes(u32 val_bytes) { return KeySpace(val_bytes) + sizeof(journal::KeyHeader); }
   // Journals every queued update in one commit and applies them; returns the
   // journal sequence. kFlush returns once that commit is durable; kFlushNext is
   // kNoFlush from a caller that flushes the journal next. `deps`: the
@@ -269,7 +277,9 @@ class Transaction {
   // commit): the entry becomes durable only after they are flushed. The queue is
   // empty afterwards, whatever the result. Errors: kIo from the journal (the
   // filesystem must go read-only), kCorrupt / kIo reading a leaf that must be
-  // updated (nothing was journaled or applied then).
+  // updated (nothing was journaled or applied then); kInvalidArgument, before
+  // anything happens, for SetLater slots without a commit hook to fill them
+  // (they would journal zeros) or a hook with SetReclaim.
   Result<u64> Commit(journal::CommitMode mode = journal::CommitMode::kNoFlush, dev::DevMask deps = 0);
   // For readers that must see this commit's keys all or none (the data path's
   // extent readers, which walk a file's extents in batches): Commit makes `seq`

@@ -2371,6 +2371,28 @@ TEST_F(BtreeEdgeTest, TheCommitHookFillsLaterValuesInsideTheCommit) {
   }
 }
 
+// SetLater slots with no hook to fill them: Commit refuses before anything
+// happens (review 3b F8) -- before, the slot's zeros were journaled and
+// applied as a record (free, gen 0, version 0), which for a journal
+// bucket is a bad record the next read-write mount refuses.
+TEST_F(BtreeEdgeTest, LaterSlotsWithoutAHookAreRefused) {
+  const Pos p{kBtreeAlloc, 0, e_->alloc().nbuckets(0) - 1};
+  Set(p, AllocRec(3, 30));
+  const u64 commits = t().GetStats().commits;
+  {
+    Transaction tx(&t());
+    ASSERT_OK(tx.Set(T(2, 1), "a", 1));
+    ASSERT_OK(tx.SetLater(p, 24).status());
+    EXPECT_EQ(tx.Commit().status(), Status(Err::kInvalidArgument));
+    EXPECT_EQ(tx.size(), 0u);  // the queue is empty afterwards, as after any commit
+  }
+  EXPECT_EQ(t().GetStats().commits, commits);
+  Vector<u8> v;
+  EXPECT_EQ(t().Get(T(2, 1), &v), Status(Err::kNotFound));
+  EXPECT_EQ(RecVersion(t(), p), 3u);  // the record as it was, not zeros
+  Set(T(2, 2), "b");  // the trees still take commits
+}
+
 // The journal fills (a 1 MiB ring, several MiB of commits, nobody calls
 // Checkpoint): its reclaim hook must get the trees checkpointed so that commits
 // keep going; a power cut afterwards loses nothing that was flushed.

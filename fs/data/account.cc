@@ -22,8 +22,12 @@
 // innermost of the data path's locks (taken after the write point table's
 // mutex or one write point's), taken before the allocator's mu_ (reading
 // counts), and never held across I/O, a btree call or the allocator's Free
-// or RepairCounts: ReleaseLocked only says which bucket to free, and its
-// caller frees it after dropping acct_mu_. The commit hook takes no data
+// or RepairCounts: ReleaseLocked only says which bucket to free (marking it
+// kFreeing, so that no read pins it and no commit's gain holds it before
+// the Free changes its generation), and its caller frees it after dropping
+// acct_mu_ (FreeReleased). A commit holds every bucket it gains in from
+// before its commit until Apply or Abort (HoldGains), so no free comes
+// between a record's staging and its publishing. The commit hook takes no data
 // path lock (only the allocator's mu_, under commit_mu). Open and Close run
 // alone: the mount opens the data path before its users and closes it after
 // them.
@@ -225,18 +229,32 @@ u64 DataPath::FreeBlocksLocked() const {
 
 Status DataPath::FreeReleased(const alloc::BucketRef* refs, u32 n) {
   if (n == 0) return Status::Ok();
+  TestPoint("free.decided");
   // (One alone: Free, which needs no memory. A batch whose list cannot be
   // allocated -- FreeBuckets changed nothing then -- goes one by one.)
+  alloc::Allocator& a = store_->alloc();
   u32 freed = 0;
-  Status st = n == 1 ? Status(Err::kNoMemory) : store_->alloc().FreeBuckets(refs, n, &freed);
+  Status st = n == 1 ? Status(Err::kNoMemory) : a.FreeBuckets(refs, n, &freed);
   if (st.code() == Err::kNoMemory && freed == 0) {
     // (Were the frees made and their commit short of memory instead, each
     // Free finds a stale ref and changes nothing.)
     for (u32 i = 0; i < n; i++)
-      if (store_->alloc().Free(refs[i]).ok()) freed++;
+      if (a.Free(refs[i]).ok()) freed++;
     if (freed == n) st = Status::Ok();
   }
   ctr_.buckets_freed.FetchAdd(freed, MemOrder::kRelaxed);
+  if (freed != n) {
+    // A bucket still the user bucket of its ref's generation was not freed
+    // (a Free changes the generation first, whatever its commit does): no
+    // longer being freed -- its record says user, the next mount frees it.
+    MutexLock l(acct_mu_);
+    for (u32 i = 0; i < n; i++) {
+      const alloc::BucketRef& r = refs[i];
+      if (r.dev >= dev::kMaxDevices || r.bucket >= held_[r.dev].size()) continue;
+      const alloc::Bucket k = a.Get(r.dev, r.bucket);
+      if (k.state == alloc::BucketState::kUser && k.gen == r.gen) held_[r.dev][r.bucket] &= u8(~kFreeing);
+    }
+  }
   return st;
 }
 
@@ -259,6 +277,7 @@ bool DataPath::ReleaseLocked(u32 dev, u64 bucket, alloc::BucketRef* ref, u32 gen
     return false;
   }
   *ref = alloc::BucketRef{dev, bucket, k.gen};
+  held_[dev][bucket] |= kFreeing;  // until the Free: Pin and a gain refuse it
   return true;
 }
 
@@ -273,7 +292,7 @@ void DataPath::Account(u32 dev, u64 bucket, i64 pending, u32 gen) {
     pend = u32(i64(pend) + pending);
     free_it = ReleaseLocked(dev, bucket, &ref, gen);
   }
-  if (free_it && store_->alloc().Free(ref).ok()) ctr_.buckets_freed.FetchAdd(1, MemOrder::kRelaxed);
+  if (free_it) FreeReleased(&ref, 1).IgnoreError();  // (counted; a failed Free: the next mount)
 }
 
 Status DataPath::QueueCounts(btree::Transaction* tx, const Delta& delta, CommitCounts* cc) {
@@ -318,10 +337,61 @@ Status DataPath::QueueCounts(btree::Transaction* tx, const Delta& delta, CommitC
                                           u32(sizeof(alloc::AllocRecord))));
     if (i == 0) cc->first_slot = slot;
   }
+  TFS_TRY(HoldGains(delta, cc));
   cc->dp = this;
   cc->hook = btree::CommitHook{PrepareCounts, FinishCounts, cc};
   tx->SetCommitHook(&cc->hook);
   return Status::Ok();
+}
+
+Status DataPath::HoldGains(const Delta& delta, CommitCounts* cc) {
+  // The invariant PublishCounts relies on (allocator.h): a bucket with a
+  // change in flight is neither freed nor reallocated until the change is
+  // published. A loss is held by the counted pointer it removes; a gain is
+  // held here -- a new write's bucket has its pending blocks already, but a
+  // new pointer into a blob committed before (a copy of another extent's)
+  // has nothing else, and the blob's own extent may be punched meanwhile.
+  // (A bucket the delta has pending blocks in is held by them until Apply or
+  // Abort already: no hold of its own.)
+  auto needs_hold = [&](const alloc::CountStage& s) {
+    if (s.live <= 0 && s.cached <= 0) return false;
+    for (const Delta::Change& c : delta.changes)
+      if (c.pending > 0 && c.dev == s.dev && c.bucket == s.bucket) return false;
+    return true;
+  };
+  bool check = false;  // a gain with no pending blocks: its bucket may have gone since the caller read it
+  for (const Delta::Change& c : delta.changes) {
+    if (c.blocks <= 0 && c.cached <= 0) continue;
+    if (c.gen > 0xff || c.dev >= dev::kMaxDevices || c.bucket >= held_[c.dev].size()) return Err::kInvalidArgument;
+    check |= c.pending == 0;
+  }
+  u32 n = 0;
+  for (const alloc::CountStage& s : cc->stages) n += needs_hold(s);
+  if (!check && n == 0) return Status::Ok();  // (a write: its pending blocks hold its buckets)
+  TFS_TRY(cc->holds.Reserve(n));
+  const alloc::Allocator& a = store_->alloc();
+  MutexLock l(acct_mu_);
+  for (const Delta::Change& c : delta.changes) {
+    if ((c.blocks <= 0 && c.cached <= 0) || c.pending > 0) continue;
+    const alloc::Bucket k = a.Get(c.dev, c.bucket);
+    if (k.state != alloc::BucketState::kUser || k.gen != c.gen || (held_[c.dev][c.bucket] & kFreeing) != 0) {
+      // Freed (or being freed, or reused) since the caller read the pointer:
+      // its blob is gone. Not damage: the caller looks again.
+      ctr_.gains_refused.FetchAdd(1, MemOrder::kRelaxed);
+      return Err::kAgain;
+    }
+  }
+  for (const alloc::CountStage& s : cc->stages) {
+    if (!needs_hold(s)) continue;
+    pending_[s.dev][s.bucket]++;
+    cc->holds.PushBack(alloc::BucketRef{s.dev, s.bucket, a.Get(s.dev, s.bucket).gen}).IgnoreError();  // reserved
+  }
+  return Status::Ok();
+}
+
+void DataPath::DropHolds(CommitCounts* cc) {
+  for (const alloc::BucketRef& h : cc->holds) Account(h.dev, h.bucket, -1);
+  cc->holds.Clear();
 }
 
 Status DataPath::PrepareCounts(void* ctx, btree::Transaction* tx) {
@@ -339,17 +409,18 @@ void DataPath::FinishCounts(void* ctx, u64 /*seq*/, bool journaled) {
   cc->published = true;
 }
 
-void DataPath::Apply(const Delta& delta, const CommitCounts& cc) {
+void DataPath::Apply(const Delta& delta, CommitCounts* cc, bool frees) {
   // The counts moved with the commit (published by its hook); what the
-  // writes reserved is released now, and a bucket the commit emptied that
-  // nothing else holds is freed -- checked at the generation it was
-  // emptied at, so a bucket freed and reused meanwhile is left alone.
+  // writes reserved is released now, and the holds, and a bucket the commit
+  // emptied that nothing else holds is freed -- checked at the generation
+  // it was emptied at, so a bucket freed and reused meanwhile is left alone.
   for (const Delta::Change& c : delta.changes) {
     if (c.blocks < 0) ctr_.blocks_released.FetchAdd(u64(-c.blocks), MemOrder::kRelaxed);
     if (c.pending > 0) Account(c.dev, c.bucket, -c.pending);
   }
-  if (cc.published) {
-    for (const alloc::CountStage& s : cc.stages)
+  DropHolds(cc);
+  if (cc->published && frees) {
+    for (const alloc::CountStage& s : cc->stages)
       if (s.changed && s.b.live_sectors == 0 && s.b.cached_sectors == 0) Account(s.dev, s.bucket, 0, s.b.gen);
   }
   if (delta.unreserved > 0) {
@@ -374,6 +445,7 @@ bool DataPath::Pin(u32 dev, u64 bucket, u8 gen) {
   MutexLock a(acct_mu_);
   const alloc::Bucket k = store_->alloc().Get(dev, bucket);
   if (k.gen != gen || k.state != alloc::BucketState::kUser) return false;
+  if ((held_[dev][bucket] & kFreeing) != 0) return false;  // decided: the Free is on its way
   reads_[dev][bucket]++;
   return true;
 }
@@ -386,10 +458,12 @@ void DataPath::Unpin(u32 dev, u64 bucket) {
     TFS_BUG_ON((r & ~kDoomed) == 0);
     r--;
     if (r != kDoomed) return;
-    r = 0;  // the last read of a bucket emptied meanwhile: free it now
-    ref = alloc::BucketRef{dev, bucket, store_->alloc().Get(dev, bucket).gen};
+    // The last read of a bucket emptied meanwhile: free it now -- if it is
+    // still empty (a commit's gain may have held it since: HoldGains).
+    r = 0;
+    if (!ReleaseLocked(dev, bucket, &ref)) return;
   }
-  if (store_->alloc().Free(ref).ok()) ctr_.buckets_freed.FetchAdd(1, MemOrder::kRelaxed);
+  FreeReleased(&ref, 1).IgnoreError();  // (counted; a failed Free: the next mount)
 }
 
 void DataPath::BucketCounts(u32 dev, u64 bucket, u32* live, u32* cached) const {

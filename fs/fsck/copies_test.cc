@@ -20,10 +20,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "data/backpointer.h"
@@ -491,7 +495,9 @@ TEST(CopiesTest, ACopyOfACommittedBlobCountsLive) {
     ASSERT_TRUE(tx.Set(Copies::At(t.ino, fe.end), buf, len.value()).ok());
     data::Delta delta;
     delta.ino = t.ino;
-    ASSERT_TRUE(delta.changes.PushBack(data::Delta::Change{.dev = dev, .bucket = gb, .blocks = kBlocks}).ok());
+    ASSERT_TRUE(delta.changes
+                    .PushBack(data::Delta::Change{.dev = dev, .bucket = gb, .blocks = kBlocks, .gen = ge.ptrs[0].gen})
+                    .ok());
     ASSERT_TRUE(m.data.Commit(Copies::On(dev), &tx, delta).ok());
     m.data.BucketCounts(dev, gb, &live, &cached);
     EXPECT_EQ(live, 2 * kBlocks);
@@ -519,6 +525,167 @@ TEST(CopiesTest, ACopyOfACommittedBlobCountsLive) {
     EXPECT_EQ(live, 0u);
     EXPECT_NE(m.store->alloc().Get(dev, gb).state, alloc::BucketState::kUser);
   });
+}
+
+// The test points of CopyRacingItsPunch: holds the thread that asked at
+// the data path's "commit.applying" until released; at the btree's
+// "commit.journaled" in the armed thread, releases it and waits until its
+// commit returned or it freed the bucket (whichever comes: before the fix
+// its free's record commit waits for the commit_mu the armed thread holds).
+struct PunchRace {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::thread::id puncher, armed;
+  bool reached = false, released = false, applied = false;
+  alloc::Allocator* alloc = nullptr;
+  u32 dev = 0;
+  u64 bucket = 0;
+
+  static void DataPoint(void* ctx, const char* point) {
+    auto* r = static_cast<PunchRace*>(ctx);
+    std::unique_lock<std::mutex> l(r->mu);
+    if (std::this_thread::get_id() != r->puncher || strcmp(point, "commit.applying") != 0 || r->reached) return;
+    r->reached = true;
+    r->cv.notify_all();
+    r->cv.wait(l, [&] { return r->released; });
+  }
+  static void BtreePoint(void* ctx, const char* point) {
+    auto* r = static_cast<PunchRace*>(ctx);
+    {
+      std::lock_guard<std::mutex> l(r->mu);
+      if (std::this_thread::get_id() != r->armed || strcmp(point, "commit.journaled") != 0) return;
+      r->armed = std::thread::id();
+      r->released = true;
+      r->cv.notify_all();
+    }
+    for (;;) {  // (under commit_mu: the allocator's mu_ comes after it)
+      {
+        std::lock_guard<std::mutex> l(r->mu);
+        if (r->applied) return;
+      }
+      if (r->alloc->Get(r->dev, r->bucket).state != alloc::BucketState::kUser) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+};
+
+// A new pointer into a committed blob (a gain without pending blocks)
+// racing the punch of the blob's own extent (review 3b F3): g's punch
+// publishes its bucket's count 0 and is held before its Apply; f's commit
+// adding a copy of g's blob is journaled, and g's Apply -- which frees a
+// bucket its commit emptied -- runs before f's publish. Before, the bucket
+// was freed under f's staged record (checked builds stopped at
+// PublishCounts' invariant; others kept the free, and f's new copy named a
+// freed bucket: fsck found it stale). Now f's commit holds every bucket it
+// gains in from before its commit: g's Apply leaves the bucket, f's count
+// keeps it, and fsck is clean. A gain into a bucket already freed is
+// refused (kAgain), not kCorrupt.
+TEST(CopiesTest, ACopyOfACommittedBlobRacingItsPunchKeepsTheBucket) {
+  Copies t({}, false, 2);  // f: one copy, two members
+  u32 dev = 0;
+  u64 gino = 0;
+  t.WithFs([&](testing::MountedFs& m) {  // g's blob, on the other member (its write point let go at unmount)
+    dev = 1 - t.ptrs[0].dev;
+    auto g = m.fs.Mknod(posix::kRootIno, "g", 1, posix::kModeReg | 0644, 0, posix::Caller{0, 0});
+    ASSERT_TRUE(g.ok());
+    gino = g.value().ino;
+    btree::Transaction tx(&m.store->btrees());
+    data::Delta delta;
+    ASSERT_TRUE(m.data.QueueWrite(Copies::On(dev), &tx, gino, 0, reinterpret_cast<const u8*>(t.content.data()),
+                                  kBlocks, &delta).ok());
+    ASSERT_TRUE(m.data.Commit(Copies::On(dev), &tx, delta).ok());
+  });
+  PunchRace race;
+  store::OpenOptions so;
+  so.btree.test_point = PunchRace::BtreePoint;
+  so.btree.test_point_ctx = &race;
+  {
+    testing::MountedFs m(t.Devs(), so);
+    ASSERT_TRUE(m.open());
+    m.data.SetTestPointForTest(PunchRace::DataPoint, &race);
+    std::vector<u8> gv, fv;
+    const data::Extent ge = Copies::ExtentOf(m, gino, &gv);
+    const data::Extent fe = Copies::ExtentOf(m, t.ino, &fv);
+    ASSERT_EQ(ge.ptrs[0].dev, dev);
+    const u64 gb = Copies::BucketOf(m, ge.ptrs[0]);
+    race.alloc = &m.store->alloc();
+    race.dev = dev;
+    race.bucket = gb;
+    // g's punch: published, held before its Apply.
+    Status pst;
+    std::thread punch([&] {
+      {
+        std::lock_guard<std::mutex> l(race.mu);
+        race.puncher = std::this_thread::get_id();
+      }
+      btree::Transaction tx(&m.store->btrees());
+      data::Delta delta;
+      pst = m.data.QueuePunch(&tx, gino, 0, kBlocks, &delta);
+      if (pst.ok()) pst = m.data.Commit(Copies::On(dev), &tx, delta);
+      std::lock_guard<std::mutex> l(race.mu);
+      race.applied = true;
+    });
+    {
+      std::unique_lock<std::mutex> l(race.mu);
+      race.cv.wait(l, [&] { return race.reached; });
+    }
+    u32 live, cached;
+    m.data.BucketCounts(dev, gb, &live, &cached);
+    ASSERT_EQ(live, 0u);  // published
+    ASSERT_EQ(m.store->alloc().Get(dev, gb).state, alloc::BucketState::kUser);  // not freed yet
+    // f's copy of g's blob, committed now.
+    u8 buf[data::kExtentValueMax];
+    auto len = data::AddPtr(fe, ge.ptrs[0], ge.crcs, buf);
+    ASSERT_TRUE(len.ok());
+    data::Extent now;
+    ASSERT_TRUE(data::ParseExtent(Copies::At(t.ino, fe.end), buf, len.value(), &now).ok());
+    btree::Transaction tx(&m.store->btrees());
+    ASSERT_TRUE(tx.Set(Copies::At(t.ino, fe.end), buf, len.value()).ok());
+    ASSERT_TRUE(data::QueueBackpointers(&tx, m.store->sb(), &fe, &now).ok());
+    data::Delta delta;
+    delta.ino = t.ino;
+    ASSERT_TRUE(delta.changes
+                    .PushBack(data::Delta::Change{.dev = dev, .bucket = gb, .blocks = kBlocks, .gen = ge.ptrs[0].gen})
+                    .ok());
+    {
+      std::lock_guard<std::mutex> l(race.mu);
+      race.armed = std::this_thread::get_id();
+    }
+    Status fst = m.data.Commit(Copies::On(dev), &tx, delta);
+    punch.join();
+    ASSERT_TRUE(pst.ok()) << pst.Message();
+    ASSERT_TRUE(fst.ok()) << fst.Message();
+    // The bucket stays: f's copy counts in it, and reads.
+    EXPECT_EQ(m.store->alloc().Get(dev, gb).state, alloc::BucketState::kUser);
+    EXPECT_EQ(m.store->alloc().Get(dev, gb).gen, ge.ptrs[0].gen);
+    m.data.BucketCounts(dev, gb, &live, &cached);
+    EXPECT_EQ(live, kBlocks);
+    m.data.SetTestPointForTest(nullptr, nullptr);
+    // A gain into a bucket freed meanwhile is refused, as "look again": g's
+    // blob again, after f's punch emptied and freed the bucket.
+    ASSERT_TRUE(m.fs.Fallocate(t.ino, posix::kFallocPunchHole | posix::kFallocKeepSize, 0,
+                               kBlocks * data::kBlockSize).ok());
+    ASSERT_NE(m.store->alloc().Get(dev, gb).state, alloc::BucketState::kUser);
+    const u64 refused = m.data.GetStats().gains_refused;
+    btree::Transaction tx2(&m.store->btrees());
+    ASSERT_TRUE(tx2.Set(Copies::At(t.ino, fe.end), buf, len.value()).ok());
+    data::Delta d2;
+    d2.ino = t.ino;
+    ASSERT_TRUE(
+        d2.changes.PushBack(data::Delta::Change{.dev = dev, .bucket = gb, .blocks = kBlocks, .gen = ge.ptrs[0].gen})
+            .ok());
+    EXPECT_EQ(m.data.Commit(Copies::On(dev), &tx2, d2).code(), Err::kAgain);
+    EXPECT_EQ(m.data.GetStats().gains_refused, refused + 1);
+    // ... and one naming no generation is a caller's bug.
+    btree::Transaction tx3(&m.store->btrees());
+    ASSERT_TRUE(tx3.Set(Copies::At(t.ino, fe.end), buf, len.value()).ok());
+    data::Delta d3;
+    d3.ino = t.ino;
+    ASSERT_TRUE(d3.changes.PushBack(data::Delta::Change{.dev = dev, .bucket = gb, .blocks = kBlocks}).ok());
+    EXPECT_EQ(m.data.Commit(Copies::On(dev), &tx3, d3).code(), Err::kInvalidArgument);
+  }
+  auto [r, out] = t.Fsck(false);
+  EXPECT_EQ(r.exit_code, kExitClean) << out;
 }
 
 // A stale second pointer: fsck -n reports it, -y drops it (not the extent),
