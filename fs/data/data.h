@@ -439,6 +439,7 @@ class DataPath {
     u32 first_slot = 0;
     btree::CommitHook hook;
     bool published = false;  // FinishCounts published the stages
+    alloc::CountNote note;   // what the hook met, logged by Commit after tx->Commit (no log under commit_mu)
   };
   // Before tx->Commit: sums the delta per bucket (sectors), queues one
   // SetLater slot per bucket whose counts change (kBtreeAlloc (dev,
