@@ -47,8 +47,12 @@
 // one walk of the alloc btree: BeginLoad, LoadRecord per key, Finish.
 //
 // Thread safety: all methods from any thread (the load and rebuild ones while
-// nothing else uses the allocator). `mu_` guards the bucket arrays and free
-// lists; it is never held across the sink, journal calls or device I/O.
+// nothing else uses the allocator). `mu_` guards the bucket arrays, their
+// per-member sums and the free lists; it is never held across the sink,
+// journal calls or device I/O, nor for a walk of a member's buckets outside
+// the load, the rebuild and the checked builds' check of the sums: the
+// btree's commit hook takes it under commit_mu (StageCounts,
+// PublishCounts), so every hold is a few memory operations per bucket.
 #ifndef TFS_ALLOC_ALLOCATOR_H_
 #define TFS_ALLOC_ALLOCATOR_H_
 
@@ -104,6 +108,36 @@ struct CountStage {
   Bucket b;
   bool changed = false;
   AllocRecord rec{};
+  // StageCounts: what the change met, counted by PublishCounts -- so only
+  // for a commit the journal took (a refused one, or its retry, counts
+  // nothing): a live or cached count that would have gone below 0, one that
+  // would have passed MaxCountSectors, a loss in a bucket that is not user.
+  bool live_underflow = false;
+  bool cached_underflow = false;
+  bool overflow = false;
+  bool foreign_loss = false;
+};
+
+// What StageCounts and PublishCounts found worth a log line, carried out of
+// commit_mu to the committing thread, which logs it (LogCountNote) once the
+// commit returned: no log line is written under commit_mu (a console or a
+// pipe that stops draining would hold every commit).
+struct CountNote {
+  const char* what = nullptr;  // the first damage or bug StageCounts met (null: none)
+  bool error = false;          // a bug: StageCounts refused the commit (kCorrupt)
+  u32 dev = 0;
+  u64 bucket = 0;
+  i64 have = 0, change = 0;
+  u64 broken = 0;  // PublishCounts: buckets another change had changed meanwhile (a bug)
+};
+
+// A member's buckets summed (Usage): kept up to date by every change of a
+// bucket's state or counts, under mu_, so that Usage never walks the
+// buckets.
+struct BucketSums {
+  u64 by_state[kBucketStateCount] = {};
+  u64 live_sectors = 0;
+  u64 cached_sectors = 0;
 };
 
 // A user bucket's counts as the mount's check (or fsck) finds them.
@@ -186,9 +220,10 @@ struct DeviceUsage {
   X(records_loaded, level, "records the mount loaded from the alloc btree")                            \
   X(rebased_records, counter, "records a mount started again at version 1 (RebaseVersions)")           \
   X(count_records, counter, "bucket records extent transactions carried: their changed counts (StageCounts)") \
-  X(count_underflows, counter, "live counts that would have gone below 0: stopped at 0 (damage; fsck recounts)") \
-  X(cached_underflows, counter, "cached counts uncounted that were never counted (a stale cached pointer current again)") \
+  X(count_underflows, counter, "user buckets' live counts that would have gone below 0 in a journaled commit: stopped at 0 (damage; fsck recounts)") \
+  X(cached_underflows, counter, "user buckets' cached counts uncounted that were never counted (a stale cached pointer current again)") \
   X(count_overflows, counter, "counts that would have passed what the bucket can count: stopped there (damage)") \
+  X(foreign_losses, counter, "journaled losses in buckets that are not user buckets: pointers never counted there (damage fsck owns); the record kept as it is") \
   X(count_repairs, counter, "bucket counts set to what the extents say (the mount's check, fsck)")     \
   X(metadata_refused, counter, "operations that add metadata refused with ENOSPC (MetadataRoom)")
 
@@ -279,22 +314,29 @@ class Allocator {
   // and the records' version order is their journal order.
   // StageCounts (the hook's prepare): the new state and record of each
   // stage's bucket -- the published counts plus the change, version + 1; a
-  // count that would go below 0 stops at 0 (live: count_underflows, logged
-  // at most once per 10 s; cached: cached_underflows, normal, see
-  // docs/design/copies.md "As built: step 1"), one that would pass
-  // MaxCountSectors stops there (count_overflows). A bucket that is not a
-  // user bucket (a loss of a pointer never counted there: damage or a
-  // stale cached pointer) keeps its state and record as they are (counted
-  // as underflows); a gain there is a bug (kCorrupt, logged: nothing adds a
-  // counted pointer into a bucket it did not get from Allocate). Changes
-  // nothing shared.
-  Status StageCounts(CountStage* stages, u32 n);
+  // count that would go below 0 stops at 0 (live: count_underflows, logged;
+  // cached: cached_underflows, normal, see docs/design/copies.md "As
+  // built: step 1"), one that would pass MaxCountSectors stops there
+  // (count_overflows). A bucket that is not a user bucket (a loss of a
+  // pointer never counted there: damage fsck owns) keeps its state and
+  // record as they are (foreign_losses); a gain there is a bug (kCorrupt,
+  // logged: nothing adds a counted pointer into a bucket it did not get
+  // from Allocate). Changes
+  // nothing shared: what it met (underflows, overflows, losses in other
+  // buckets) is marked in the stages and counted by PublishCounts, the
+  // first damage or bug noted in *note for LogCountNote.
+  Status StageCounts(CountStage* stages, u32 n, CountNote* note);
   // The hook's finish, once the journal took the records: the staged states
-  // become the published ones. Requires that nothing else changed those
-  // buckets since StageCounts (the invariant: a bucket with a change in
-  // flight is held -- by pending blocks or by the counted pointer a loss
-  // removes -- so it is neither freed nor allocated meanwhile).
-  void PublishCounts(const CountStage* stages, u32 n);
+  // become the published ones, and what StageCounts met is counted.
+  // Requires that nothing else changed those buckets since StageCounts (the
+  // invariant: a bucket with a change in flight is held -- by pending
+  // blocks or by the counted pointer a loss removes -- so it is neither
+  // freed nor allocated meanwhile); a breach is noted in *note (broken).
+  void PublishCounts(const CountStage* stages, u32 n, CountNote* note);
+  // After the commit returned, with no lock held: logs what the note says
+  // -- damage only if the commit was `published` (else nothing was stopped
+  // anywhere), a bug always -- each kind at most once per 10 s.
+  void LogCountNote(const CountNote& note, bool published);
   // Sets user buckets' counts (version + 1, persisted through the sink like
   // any change): the mount's check of the counts against the extents
   // (DataPath::Open) and fsck. A bucket that is not user is skipped
@@ -324,7 +366,15 @@ class Allocator {
   bool MetadataTight() const;
 
   Bucket Get(u32 dev, u64 bucket) const;
+  // The member's sums (kept: O(1) under mu_; checked builds also recount
+  // them by a walk and stop on a difference), reserves and pending frees.
   DeviceUsage Usage(u32 dev) const;
+  // Buckets of `dev` in state free: reusable now or once their free
+  // settles (the free and pending lists). O(1) under mu_.
+  u64 FreeCount(u32 dev) const;
+  // Tests: recounts the member's sums by a walk of its buckets into
+  // *scanned (if given) and says whether they are the kept ones.
+  bool SumsMatchScan(u32 dev, BucketSums* scanned = nullptr) const;
   AllocStats Stats() const;
   u64 FreeFloor(u32 dev, Watermark wm) const;
   u32 members() const { return nr_; }
@@ -341,6 +391,7 @@ class Allocator {
     };
     Vector<Pending> pending;  // freed, not yet reusable
     Reserves reserves;
+    BucketSums sums;  // of buckets[]: every change of a state or count moves them (Resum)
     Atomic<u64> metadata_need{0};  // SetMetadataNeed; read without mu_
     Atomic<u64> metadata_held{0};
     u8 data_allowed = 0;
@@ -351,6 +402,11 @@ class Allocator {
   // pending buckets than that need plus its copygc reserve (MetadataRoom) or,
   // with `growth`, than its btree reserve (MetadataTight). mu_ held.
   bool MetadataShortLocked(bool growth) const;
+  // The member's sums by a walk of its buckets (mu_ held).
+  BucketSums ScanSumsLocked(u32 dev) const;
+  // Sets every member's sums from a walk (mu_ held): after BeginLoad and
+  // BeginRebuild, which change every bucket.
+  void ResumAllLocked();
   // Hands `n` changes to the sink (mu_ not held); returns the journal
   // sequence (0 without a sink or a journal). Counted. `progress` (if
   // given): how far it got (PersistProgress), on an error too.
@@ -383,7 +439,10 @@ class Allocator {
 
   mutable Mutex mu_;
   AllocStats stats_{};
-  u64 underflow_logged_ns_ = 0;  // StageCounts' last log line (platform::NowNs + 1; 0: never), under mu_
+  // LogCountNote's last line of damage and of a bug (platform::NowNs + 1;
+  // 0: never), under mu_.
+  u64 underflow_logged_ns_ = 0;
+  u64 count_bug_logged_ns_ = 0;
 };
 
 }  // namespace tfs::alloc

@@ -98,7 +98,10 @@ Status TreeOps::ApplyKey(Impl* im, const KeyInput& key, u64 seq) {
       st = Status::Ok();  // nothing to delete
     } else if (alloc_key && KeepsNewer(old, key)) {
       st = Status::Ok();  // an older record arriving second: the newer one stays
-      im->ctr.alloc_older_kept.FetchAdd(1, MemOrder::kRelaxed);  // (reclaim commits apply without commit_mu)
+      // (Not the same record again: a commit hook's record of a bucket it
+      // left as it is. Reclaim commits apply without commit_mu: atomic.)
+      if (old.val_bytes() != key.val_bytes || MemCompare(old.value(), key.value, key.val_bytes) != 0)
+        im->ctr.alloc_older_kept.FetchAdd(1, MemOrder::kRelaxed);
     } else {
       const u32 old_space = del ? old.space() : 0;
       const u64 compactions = leaf->node.compactions();
@@ -917,6 +920,10 @@ Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
   u64 seq = 0;
   const CommitHook* const hook = hook_;
   {
+    if (im->commit_mu.held()) {  // (a glance, for the counter and the tests: it may be free by the Lock)
+      im->ctr.commit_waits.FetchAdd(1, MemOrder::kRelaxed);
+      if (im->opt.test_point != nullptr) im->opt.test_point(im->opt.test_point_ctx, "commit.waiting");
+    }
     MutexLock c(im->commit_mu);
     bool need_pin;
     {

@@ -102,9 +102,10 @@ struct Options {
   // read on demand has just been linked into its tree; a committer's descent
   // gets there holding commit_mu, so hold only readers there);
   // "commit.throttled" (a commit is past the throttle and has not taken
-  // commit_mu yet: no lock held); "commit.journaled" (a commit is in the
-  // journal and none of its keys is applied yet; the committer holds
-  // commit_mu there).
+  // commit_mu yet: no lock held); "commit.waiting" (the commit found
+  // commit_mu held and is about to wait for it: no lock held);
+  // "commit.journaled" (a commit is in the journal and none of its keys is
+  // applied yet; the committer holds commit_mu there).
   void (*test_point)(void* ctx, const char* point) = nullptr;
   void* test_point_ctx = nullptr;
   // drop_bad_nodes: called by Open once the trees are read and before the
@@ -122,6 +123,7 @@ struct Options {
   X(inserts, counter, "keys set")                                                                   \
   X(deletes, counter, "keys deleted")                                                               \
   X(commits, counter, "transactions committed")                                                     \
+  X(commit_waits, counter, "commits that found commit_mu held and waited for it")                   \
   X(restarts, counter, "descents restarted (node read, structure change)")                         \
   X(splits, counter, "nodes split")                                                                 \
   X(merges, counter, "nodes merged")                                                                \

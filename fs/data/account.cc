@@ -84,11 +84,11 @@ Status DataPath::Open(store::Store* store) {
   // (step 3b-2: the walk stays until the accounting records make it
   // redundant). A bad pointer (fsck's business) counts nowhere, nor does a
   // stale cached one (normal); the extent's other pointers still count.
-  Vector<u64> live[dev::kMaxDevices], cached[dev::kMaxDevices];
-  for (u32 d = 0; d < a.members(); d++) {
-    TFS_TRY(live[d].Resize(a.nbuckets(d)));
-    TFS_TRY(cached[d].Resize(a.nbuckets(d)));
-  }
+  // Per member, live and cached of bucket b at 2b and 2b + 1: u32 each (8
+  // bytes a bucket), saturating -- a sum past MaxCountSectors (< 2^32) is
+  // clamped to it below anyway.
+  Vector<u32> sums[dev::kMaxDevices];
+  for (u32 d = 0; d < a.members(); d++) TFS_TRY(sums[d].Resize(2 * a.nbuckets(d)));
   Iterator it(trees_, btree::kBtreeExtents);
   Status st = it.SeekToFirst();
   u64 bad = 0;
@@ -111,7 +111,9 @@ Status DataPath::Open(store::Store* store) {
         bad_ptr |= !PtrBucket(store_->sb(), p, &b);  // (a stale cached pointer is not bad)
         continue;
       }
-      (p.cached ? cached : live)[p.dev][b] += PtrSectors(e);
+      u32& sum = sums[p.dev][2 * b + (p.cached ? 1 : 0)];
+      const u32 add = PtrSectors(e);
+      sum = add > ~u32(0) - sum ? ~u32(0) : sum + add;
     }
     bad += bad_ptr;
   }
@@ -124,14 +126,15 @@ Status DataPath::Open(store::Store* store) {
   Vector<alloc::CountFix> fixes;
   u64 foreign = 0;
   for (u32 d = 0; d < a.members(); d++) {
-    for (u64 b = 0; b < live[d].size(); b++) {
+    for (u64 b = 0; b < a.nbuckets(d); b++) {
+      const u32 live = sums[d][2 * b], cached = sums[d][2 * b + 1];
       const alloc::Bucket k = a.Get(d, b);
       if (k.state != alloc::BucketState::kUser) {
-        foreign += live[d][b] != 0 || cached[d][b] != 0;
+        foreign += live != 0 || cached != 0;
         continue;
       }
       const u64 most = alloc::MaxCountSectors(sb, k.state);
-      const u32 want_live = u32(Min(live[d][b], most)), want_cached = u32(Min(cached[d][b], most));
+      const u32 want_live = u32(Min<u64>(live, most)), want_cached = u32(Min<u64>(cached, most));
       if (k.live_sectors == want_live && k.cached_sectors == want_cached) continue;
       if (fixes.size() < 10) {
         platform::Log(platform::LogLevel::kWarn,
@@ -213,9 +216,10 @@ u64 DataPath::FreeBlocksLocked() const {
   u64 buckets = 0;
   for (u32 d = 0; d < a.members(); d++) {
     // Free buckets, those whose free is not settled yet among them: a bucket
-    // is kFree from its free on, on the pending list or the free list
-    // (pending_free counts a subset of these, never more).
-    const u64 free = a.Usage(d).by_state[u32(alloc::BucketState::kFree)];
+    // is kFree from its free on, on the pending list or the free list.
+    // (FreeCount, not Usage: only this, O(1) under the allocator's mu_ --
+    // which the commit hook takes under commit_mu.)
+    const u64 free = a.FreeCount(d);
     const u64 floor = a.FreeFloor(d, alloc::Watermark::kForeground);
     if (free > floor) buckets += free - floor;
   }
@@ -397,7 +401,7 @@ void DataPath::DropHolds(CommitCounts* cc) {
 Status DataPath::PrepareCounts(void* ctx, btree::Transaction* tx) {
   auto* cc = static_cast<CommitCounts*>(ctx);
   Vector<alloc::CountStage>& st = cc->stages;
-  TFS_TRY(cc->dp->store_->alloc().StageCounts(st.data(), u32(st.size())));
+  TFS_TRY(cc->dp->store_->alloc().StageCounts(st.data(), u32(st.size()), &cc->note));
   for (usize i = 0; i < st.size(); i++) MemCopy(tx->LaterValue(cc->first_slot + u32(i)), &st[i].rec, sizeof(st[i].rec));
   return Status::Ok();
 }
@@ -405,7 +409,7 @@ Status DataPath::PrepareCounts(void* ctx, btree::Transaction* tx) {
 void DataPath::FinishCounts(void* ctx, u64 /*seq*/, bool journaled) {
   auto* cc = static_cast<CommitCounts*>(ctx);
   if (!journaled) return;  // nothing published: the counts stay the last journaled ones
-  cc->dp->store_->alloc().PublishCounts(cc->stages.data(), u32(cc->stages.size()));
+  cc->dp->store_->alloc().PublishCounts(cc->stages.data(), u32(cc->stages.size()), &cc->note);
   cc->published = true;
 }
 

@@ -493,6 +493,7 @@ class DataPath {
     u32 first_slot = 0;
     btree::CommitHook hook;
     bool published = false;  // FinishCounts published the stages
+    alloc::CountNote note;   // what the hook met, logged by Commit after tx->Commit (no log under commit_mu)
     // The buckets the delta gains in, each held by one pending block from
     // QueueCounts until Apply or the abort (DropHolds).
     Vector<alloc::BucketRef> holds;

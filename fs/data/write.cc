@@ -547,6 +547,7 @@ Status DataPath::Commit(const IoContext& ctx, btree::Transaction* tx, const Delt
   // ReadBlocks): its stripe's counter is odd while the keys are applied.
   tx->SetApplySeq(&applying_[CommitStripe(delta.ino)]);
   auto r = tx->Commit(mode, delta.deps & ~slow);
+  store_->alloc().LogCountNote(cc.note, cc.published);  // (out of commit_mu)
   if (!r.ok() && !cc.published) {  // nothing published: as if never committed
     Abort(delta);
     DropHolds(&cc);

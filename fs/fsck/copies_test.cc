@@ -24,6 +24,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,6 +46,32 @@ using fsck::kExitClean;
 using fsck::kExitRepaired;
 using fsck::fixture::ExpectReportedRepairedClean;
 using fsck::fixture::Repair;
+
+// The extents' counts per bucket (member, bucket) -> (live, cached)
+// sectors, recounted from the extents tree by the one rule (data::PtrBucket,
+// data::PtrCountsIn against the allocator's state, data::PtrSectors): what
+// the allocator's counts must be.
+std::map<std::pair<u32, u64>, std::pair<u64, u64>> RecountExtents(testing::MountedFs& m) {
+  std::map<std::pair<u32, u64>, std::pair<u64, u64>> counts;
+  btree::Iterator it(&m.store->btrees(), btree::kBtreeExtents);
+  EXPECT_TRUE(it.SeekToFirst().ok());
+  for (; it.Valid(); it.Next().IgnoreError()) {
+    std::vector<u8> v(it.value(), it.value() + it.val_bytes());
+    data::Extent e;
+    EXPECT_TRUE(data::ParseExtent(it.pos(), v.data(), u32(v.size()), &e).ok());
+    if (e.unwritten) continue;
+    for (u32 c = 0; c < e.nr_ptrs; c++) {
+      const data::Extent::Ptr& p = e.ptrs[c];
+      u64 b;
+      EXPECT_TRUE(data::PtrBucket(m.store->sb(), p, &b));
+      const alloc::Bucket k = m.store->alloc().Get(p.dev, b);
+      if (!data::PtrCountsIn(p, k.state == alloc::BucketState::kUser, k.gen)) continue;
+      auto& w = counts[{p.dev, b}];
+      (p.cached ? w.second : w.first) += data::PtrSectors(e);
+    }
+  }
+  return counts;
+}
 
 constexpr u32 kBlocks = 3;
 
@@ -432,16 +459,19 @@ TEST(CopiesTest, FsckRebuildCountsWhatTheDataPathCounts) {
     // The mount's check of the records against the extents (step 3b-2)
     // found the rebuild's counts right.
     EXPECT_EQ(m.data.GetStats().count_mismatches, 0u);
+    // Every bucket's counts are the extents' recount (and the allocator's
+    // kept sums its buckets').
+    const auto recount = RecountExtents(m);
     u64 buckets = 0;
     for (u32 d = 0; d < t.members(); d++) {
+      EXPECT_TRUE(m.store->alloc().SumsMatchScan(d)) << "member " << d;
       for (u64 b = 0; b < m.store->alloc().nbuckets(d); b++) {
         const alloc::Bucket k = m.store->alloc().Get(d, b);
-        if (k.state != alloc::BucketState::kUser) continue;
-        u32 live = 0, cached = 0;
-        m.data.BucketCounts(d, b, &live, &cached);
-        EXPECT_EQ(k.live_sectors, live * 8) << "member " << d << " bucket " << b;
-        EXPECT_EQ(k.cached_sectors, cached * 8) << "member " << d << " bucket " << b;
-        buckets++;
+        auto w = recount.find({d, b});
+        const std::pair<u64, u64> want = w == recount.end() ? std::pair<u64, u64>{0, 0} : w->second;
+        EXPECT_EQ((std::pair<u64, u64>{k.live_sectors, k.cached_sectors}), want)
+            << "member " << d << " bucket " << b << " (" << alloc::BucketStateName(k.state) << ")";
+        buckets += k.state == alloc::BucketState::kUser;
       }
     }
     EXPECT_EQ(buckets, 3u);
