@@ -35,6 +35,19 @@ void Touch(const void* p, usize n) {
   g_sink = x;
 }
 
+// A key of tree `btree_id` from the input's first 16 bytes (its inode, then
+// its offset: for an alloc key the member and the bucket) and the value after
+// them, in a buffer of its own size so a read past it is caught. False: the
+// input is shorter than a key.
+bool KeyAndValue(const u8* in, u32 len, u8 btree_id, btree::Pos* pos, std::vector<u8>* val) {
+  if (len < 16) return false;
+  *pos = btree::Pos{btree_id, 0, 0};
+  memcpy(&pos->inode, in, 8);
+  memcpy(&pos->offset, in + 8, 8);
+  *val = std::vector<u8>(in + 16, in + len);
+  return true;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -43,16 +56,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The value in a buffer of its own size, so a read past it is caught.
   const u8* v = data + 1;
   u32 len = u32(size - 1);
+  btree::Pos pos;
+  std::vector<u8> val;
   if (which == 5) {
-    if (len < 16) return 0;
+    if (!KeyAndValue(v, len, btree::kBtreeAlloc, &pos, &val)) return 0;
     static const sb::Superblock geometry = fuzz::ValuesSuperblock();
-    u64 dev, bucket;
-    memcpy(&dev, v, 8);
-    memcpy(&bucket, v + 8, 8);
-    std::vector<u8> val(v + 16, v + len);
     alloc::Bucket b;
     Diag diag;
-    if (!alloc::ParseRecord(geometry, dev, bucket, val.data(), u32(val.size()), &b, &diag).ok()) return 0;
+    if (!alloc::ParseRecord(geometry, pos.inode, pos.offset, val.data(), u32(val.size()), &b, &diag).ok()) return 0;
     alloc::AllocRecord r;
     alloc::EncodeRecord(b, &r);
     if (val.size() != sizeof(r) || memcmp(&r, val.data(), sizeof(r)) != 0)
@@ -63,11 +74,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   if (which == 4) {
-    if (len < 16) return 0;
-    btree::Pos pos{btree::kBtreeBackpointers, 0, 0};
-    memcpy(&pos.inode, v, 8);
-    memcpy(&pos.offset, v + 8, 8);
-    std::vector<u8> val(v + 16, v + len);
+    if (!KeyAndValue(v, len, btree::kBtreeBackpointers, &pos, &val)) return 0;
     data::Backpointer bp;
     if (!data::ParseBackpointer(pos, val.data(), u32(val.size()), &bp).ok()) return 0;
     const data::BackpointerFormat f = data::BuildBackpointer(bp);
@@ -77,11 +84,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   if (which == 0) {
-    if (len < 16) return 0;
-    btree::Pos pos{btree::kBtreeExtents, 0, 0};
-    memcpy(&pos.inode, v, 8);
-    memcpy(&pos.offset, v + 8, 8);
-    std::vector<u8> val(v + 16, v + len);
+    if (!KeyAndValue(v, len, btree::kBtreeExtents, &pos, &val)) return 0;
     data::Extent x;
     if (!data::ParseExtent(pos, val.data(), u32(val.size()), &x).ok()) return 0;
     if (x.end != pos.offset || x.start >= x.end) fuzz::Fail("an extent that does not end at its key");
@@ -131,7 +134,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     return 0;
   }
-  std::vector<u8> val(v, v + len);
+  val = std::vector<u8>(v, v + len);
   if (which == 1) {
     posix::InodeFormat ino;
     if (!posix::ParseInode(val.data(), u32(val.size()), &ino).ok()) return 0;

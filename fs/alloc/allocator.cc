@@ -5,7 +5,10 @@
 // Invariants: every bucket in state kFree is either on free_list (reusable)
 // or on pending (its free not yet settled), each once; free_count ==
 // free_list.size(); a bucket's version only grows, by one per change, and
-// the record handed to the sink carries the version it was changed to.
+// the record handed to the sink carries the version it was changed to; a
+// member's sums (Usage) are its buckets' summed: every change of a bucket's
+// state or counts is made inside a Resum, which moves the bucket's share
+// (SumsMatchScan recounts them; checked builds do in Usage).
 #include "alloc/allocator.h"
 
 #include "platform/platform.h"
@@ -29,6 +32,34 @@ Bucket AbsentBucket(const sb::Member& m, u64 b) {
   bk.state = LayoutState(m, b);
   return bk;
 }
+
+// Adds bucket b's share to a member's sums, or takes it out.
+void AddShare(BucketSums& s, const Bucket& b, bool add) {
+  if (add) {
+    s.by_state[u8(b.state)]++;
+    s.live_sectors += b.live_sectors;
+    s.cached_sectors += b.cached_sectors;
+  } else {
+    s.by_state[u8(b.state)]--;
+    s.live_sectors -= b.live_sectors;
+    s.cached_sectors -= b.cached_sectors;
+  }
+}
+
+// Keeps a member's sums right across a change of one of its buckets (mu_
+// held): the bucket's share out now, its new share in at the end of the
+// scope -- whatever the scope changed, or did not.
+class Resum {
+ public:
+  Resum(BucketSums& s, const Bucket& b) : s_(s), b_(b) { AddShare(s_, b_, false); }
+  ~Resum() { AddShare(s_, b_, true); }
+  Resum(const Resum&) = delete;
+  Resum& operator=(const Resum&) = delete;
+
+ private:
+  BucketSums& s_;
+  const Bucket& b_;
+};
 
 }  // namespace
 
@@ -62,6 +93,11 @@ const char* WatermarkName(Watermark w) {
   return "unknown";
 }
 
+u64 MaxCountSectors(const sb::Superblock& sb, BucketState state) {
+  const u64 sectors = sb.bucket_size / 512;
+  return state == BucketState::kUser || state == BucketState::kCached ? sectors * kCountFactor : sectors;
+}
+
 void EncodeRecord(const Bucket& b, AllocRecord* out) {
   MemSet(out, 0, sizeof(*out));
   out->gen = b.gen;
@@ -91,10 +127,11 @@ Status ParseRecord(const sb::Superblock& sb, u64 dev, u64 bucket, const void* va
   if (r.state >= kBucketStateCount) return bad("unknown state", r.state);
   if (r.reserved0 != 0 || r.reserved1.get() != 0)
     return bad("nonzero reserved field", r.reserved0 != 0 ? r.reserved0 : r.reserved1.get());
-  const u64 sectors = sb.bucket_size / 512;
-  if (r.live_sectors.get() > sectors) return bad("live sectors beyond the bucket:", r.live_sectors.get());
-  if (r.cached_sectors.get() > sectors) return bad("cached sectors beyond the bucket:", r.cached_sectors.get());
   const BucketState state = BucketState(r.state);
+  const u64 most = MaxCountSectors(sb, state);  // (logical sectors: compressed data counts more than it takes)
+  if (r.live_sectors.get() > most) return bad("live sectors beyond what the bucket can count:", r.live_sectors.get());
+  if (r.cached_sectors.get() > most)
+    return bad("cached sectors beyond what the bucket can count:", r.cached_sectors.get());
   if (state == BucketState::kFree && (r.live_sectors.get() != 0 || r.cached_sectors.get() != 0))
     return bad("free, yet with live or cached sectors:", r.live_sectors.get() + u64(r.cached_sectors.get()));
   const BucketState layout = LayoutState(m, bucket);
@@ -161,6 +198,7 @@ void Allocator::BeginLoad() {
     Dev& d = devices_[i];
     for (u64 b = 0; b < d.buckets.size(); b++) d.buckets[b] = AbsentBucket(sb_.members[i], b);
   }
+  ResumAllLocked();
   stats_.records_loaded = 0;
 }
 
@@ -184,6 +222,7 @@ Status Allocator::LoadRecord(u64 dev, u64 bucket, const void* val, u32 len, Diag
   Bucket& cur = devices_[dev].buckets[bucket];
   if (cur.recorded && cur.version >= b.version) return Status::Ok();  // a newer one is loaded
   if (!cur.recorded) stats_.records_loaded++;
+  Resum r(devices_[dev].sums, cur);
   cur = b;
   return Status::Ok();
 }
@@ -215,23 +254,32 @@ void Allocator::BeginRebuild() {
       bk.version++;  // past every record in the tree (a bad one was never loaded: it is replaced anyway)
     }
   }
+  ResumAllLocked();
 }
 
-bool Allocator::RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen, u32 sectors) {
+bool Allocator::RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen) {
   MutexLock lock(mu_);
   if (dev >= nr_ || bucket >= devices_[dev].buckets.size()) return false;
   Bucket& bk = devices_[dev].buckets[bucket];
   if (bk.state == BucketState::kSb || bk.state == BucketState::kJournal) return false;  // the layout's
   if ((bk.state == BucketState::kBtree || bk.state == BucketState::kUser) && bk.state != state) return false;
-  if (bk.state == state && state == BucketState::kUser && bk.gen != gen) {
-    // Two generations point in: the newer one's data is there now (a bucket
-    // is freed, gen bumped, before it is reused); the older extents are stale.
-    if (u8(gen - bk.gen) > 127) return true;
-    bk.live_sectors = 0;
-  }
+  // Two generations point in: the newer one's data is there now (a bucket
+  // is freed, gen bumped, before it is reused); the older extents are stale.
+  if (bk.state == state && state == BucketState::kUser && bk.gen != gen && u8(gen - bk.gen) > 127) return true;
+  Resum r(devices_[dev].sums, bk);
   bk.state = state;
   if (state == BucketState::kUser) bk.gen = gen;  // btree buckets keep theirs (node pointers carry none)
-  bk.live_sectors = Min<u64>(u64(bk.live_sectors) + sectors, sb_.bucket_size / 512);
+  return true;
+}
+
+bool Allocator::RebuildCount(u32 dev, u64 bucket, bool cached, u32 sectors) {
+  MutexLock lock(mu_);
+  if (dev >= nr_ || bucket >= devices_[dev].buckets.size()) return false;
+  Bucket& bk = devices_[dev].buckets[bucket];
+  if (bk.state != BucketState::kUser) return false;
+  Resum r(devices_[dev].sums, bk);
+  u32& count = cached ? bk.cached_sectors : bk.live_sectors;
+  count = u32(Min<u64>(u64(count) + sectors, MaxCountSectors(sb_, bk.state)));
   return true;
 }
 
@@ -248,7 +296,7 @@ Status Allocator::EndRebuild() {
       for (u64 b = 0; b < devices_[i].buckets.size(); b++) {
         const Bucket& bk = devices_[i].buckets[b];
         const Bucket absent = AbsentBucket(sb_.members[i], b);
-        n += bk.recorded || bk.state != absent.state || bk.gen != 0 || bk.live_sectors != 0;
+        n += bk.recorded || bk.state != absent.state || bk.gen != 0 || bk.live_sectors != 0 || bk.cached_sectors != 0;
       }
     }
     TFS_TRY(changes.Reserve(n));
@@ -256,7 +304,8 @@ Status Allocator::EndRebuild() {
       for (u64 b = 0; b < devices_[i].buckets.size(); b++) {
         Bucket& bk = devices_[i].buckets[b];
         const Bucket absent = AbsentBucket(sb_.members[i], b);
-        if (!(bk.recorded || bk.state != absent.state || bk.gen != 0 || bk.live_sectors != 0)) continue;
+        if (!(bk.recorded || bk.state != absent.state || bk.gen != 0 || bk.live_sectors != 0 || bk.cached_sectors != 0))
+          continue;
         bk.recorded = true;
         changes.PushBack(RecordChange{i, b, bk}).IgnoreError();  // reserved
       }
@@ -469,11 +518,14 @@ Result<BucketRef> Allocator::TryAllocate(dev::DevMask target, dev::DevMask fallb
     d.free_count--;
     Bucket& bk = d.buckets[b];
     TFS_BUG_ON(bk.state != BucketState::kFree);
-    bk.state = purpose;
-    bk.live_sectors = 0;
-    bk.cached_sectors = 0;
-    bk.version++;
-    bk.recorded = true;
+    {
+      Resum r(d.sums, bk);
+      bk.state = purpose;
+      bk.live_sectors = 0;
+      bk.cached_sectors = 0;
+      bk.version++;
+      bk.recorded = true;
+    }
     stats_.allocs[u8(wm)]++;
     ref = BucketRef{u32(best), b, bk.gen};
     change = RecordChange{u32(best), b, bk};
@@ -487,6 +539,7 @@ Result<BucketRef> Allocator::TryAllocate(dev::DevMask target, dev::DevMask fallb
     Dev& d = devices_[ref.dev];
     Bucket& bk = d.buckets[ref.bucket];
     if (bk.state == purpose && bk.gen == ref.gen && bk.version == change.b.version) {
+      Resum r(d.sums, bk);
       bk.state = BucketState::kFree;
       d.free_list.PushBack(ref.bucket).IgnoreError();  // capacity reserved at Init
       d.free_count++;
@@ -505,13 +558,16 @@ bool Allocator::FreeLocked(u32 dev, const BucketRef& ref, RecordChange* change, 
       bk.state == BucketState::kJournal)
     return false;
   *was = bk.state;
-  bk.gen++;
-  bk.oldest_gen = bk.gen;
-  bk.state = BucketState::kFree;
-  bk.live_sectors = 0;
-  bk.cached_sectors = 0;
-  bk.version++;
-  bk.recorded = true;
+  {
+    Resum r(d.sums, bk);
+    bk.gen++;
+    bk.oldest_gen = bk.gen;
+    bk.state = BucketState::kFree;
+    bk.live_sectors = 0;
+    bk.cached_sectors = 0;
+    bk.version++;
+    bk.recorded = true;
+  }
   stats_.frees++;
   *change = RecordChange{dev, ref.bucket, bk};
   if (journal_ == nullptr) {
@@ -597,6 +653,7 @@ Status Allocator::SetLiveSectors(const BucketRef& ref, u32 live_sectors) {
     Bucket& bk = devices_[ref.dev].buckets[ref.bucket];
     if (bk.gen != ref.gen || bk.state == BucketState::kFree) return Err::kInvalidArgument;
     if (u64(live_sectors) * 512 > sb_.bucket_size) return Err::kInvalidArgument;
+    Resum r(devices_[ref.dev].sums, bk);
     bk.live_sectors = live_sectors;
     bk.version++;
     bk.recorded = true;
@@ -604,6 +661,152 @@ Status Allocator::SetLiveSectors(const BucketRef& ref, u32 live_sectors) {
   }
   // (Never a reclaim commit: no checkpoint counts sectors.)
   return Persist(&change, 1, change.b.state == BucketState::kBtree ? BucketState::kFree : change.b.state).status();
+}
+
+Status Allocator::StageCounts(CountStage* stages, u32 n, CountNote* note) {
+  // (Nothing is counted or logged here: PublishCounts counts what a
+  // journaled commit met, the committing thread logs the note.)
+  Status result;
+  MutexLock lock(mu_);
+  for (u32 i = 0; i < n; i++) {
+    CountStage& s = stages[i];
+    if (s.dev >= nr_ || s.bucket >= devices_[s.dev].buckets.size()) {
+      result = Err::kInvalidArgument;
+      break;
+    }
+    const Bucket& cur = devices_[s.dev].buckets[s.bucket];
+    s.b = cur;
+    s.changed = false;
+    s.live_underflow = s.cached_underflow = s.overflow = s.foreign_loss = false;
+    if (cur.state != BucketState::kUser) {
+      if (s.live > 0 || s.cached > 0) {
+        *note = CountNote{"gains sectors, but is not a user bucket", true, s.dev, s.bucket, 0,
+                          s.live > 0 ? s.live : s.cached};
+        result = Err::kCorrupt;
+        break;
+      }
+      // Losses of pointers never counted here: the record stays as it is.
+      s.foreign_loss = true;
+      if (note->what == nullptr)
+        *note = CountNote{"loses sectors, but is not a user bucket", false, s.dev, s.bucket, 0,
+                          s.live < 0 ? s.live : s.cached};
+    } else {
+      const i64 most = i64(MaxCountSectors(sb_, cur.state));
+      auto add = [&](u32 have, i64 change, bool live) -> u32 {
+        i64 v = i64(have) + change;
+        if (v < 0) {
+          (live ? s.live_underflow : s.cached_underflow) = true;
+          if (live && note->what == nullptr)
+            *note = CountNote{"live count would go below 0", false, s.dev, s.bucket, have, change};
+          v = 0;
+        } else if (v > most) {
+          s.overflow = true;
+          if (note->what == nullptr)
+            *note = CountNote{"count would pass what the bucket can count", false, s.dev, s.bucket, have, change};
+          v = most;
+        }
+        return u32(v);
+      };
+      const u32 live = add(cur.live_sectors, s.live, true);
+      const u32 cached = add(cur.cached_sectors, s.cached, false);
+      if (live != cur.live_sectors || cached != cur.cached_sectors) {
+        s.b.live_sectors = live;
+        s.b.cached_sectors = cached;
+        s.b.version = cur.version + 1;
+        s.b.recorded = true;
+        s.changed = true;
+      }
+    }
+    EncodeRecord(s.b, &s.rec);
+  }
+  return result;
+}
+
+void Allocator::PublishCounts(const CountStage* stages, u32 n, CountNote* note) {
+  MutexLock lock(mu_);
+  for (u32 i = 0; i < n; i++) {
+    const CountStage& s = stages[i];
+    stats_.count_underflows += s.live_underflow;
+    stats_.cached_underflows += s.cached_underflow;
+    stats_.count_overflows += s.overflow;
+    stats_.foreign_losses += s.foreign_loss;
+    if (!s.changed) continue;
+    Dev& d = devices_[s.dev];
+    Bucket& b = d.buckets[s.bucket];
+    // The invariant (allocator.h): nothing changed the bucket since
+    // StageCounts. Checked builds stop; others keep what the other change
+    // made and say so (fsck recounts).
+    if (b.version + 1 != s.b.version || b.state != s.b.state || b.gen != s.b.gen) {
+#if TFS_LOCK_CHECKS
+      TFS_BUG_ON(true);
+#endif
+      note->broken++;
+      continue;
+    }
+    Resum r(d.sums, b);
+    b.live_sectors = s.b.live_sectors;
+    b.cached_sectors = s.b.cached_sectors;
+    b.version = s.b.version;
+    b.recorded = true;
+    stats_.count_records++;
+  }
+}
+
+void Allocator::LogCountNote(const CountNote& note, bool published) {
+  const bool damage = note.what != nullptr && !note.error && published;
+  const bool bug = (note.what != nullptr && note.error) || note.broken != 0;
+  if (!damage && !bug) return;
+  {
+    // At most one line of each kind per 10 s: damage repeats itself, and so
+    // would a bug on every commit that meets it (the counters count them all).
+    MutexLock lock(mu_);
+    const u64 now = platform::NowNs();
+    u64& last = bug ? count_bug_logged_ns_ : underflow_logged_ns_;
+    if (last != 0 && now + 1 < last + 10'000'000'000ull) return;
+    last = now + 1;
+  }
+  if (note.what != nullptr && (note.error || published)) {
+    const char* label = note.dev < nr_ ? sb_.members[note.dev].label : "?";
+    platform::Log(note.error ? platform::LogLevel::kError : platform::LogLevel::kWarn,
+                  "alloc: member %s bucket %llu: %s (%lld sectors, change %lld)%s", label,
+                  (unsigned long long)note.bucket, note.what, (long long)note.have, (long long)note.change,
+                  note.error ? ": the commit is refused (a bug)"
+                             : "; stopped there: 'tierfs fsck -y' recounts it from the extents");
+  }
+  if (note.broken != 0)
+    platform::Log(platform::LogLevel::kError, "alloc: %llu bucket counts changed by another change while their "
+                  "transaction committed (a bug): kept the other change; 'tierfs fsck -y' recounts them",
+                  (unsigned long long)note.broken);
+}
+
+Status Allocator::RepairCounts(const CountFix* fixes, u32 n) {
+  Vector<RecordChange> changes;
+  TFS_TRY(changes.Reserve(n));
+  Status first;
+  {
+    MutexLock lock(mu_);
+    for (u32 i = 0; i < n; i++) {
+      const CountFix& f = fixes[i];
+      if (f.dev >= nr_ || f.bucket >= devices_[f.dev].buckets.size() ||
+          devices_[f.dev].buckets[f.bucket].state != BucketState::kUser) {
+        if (first.ok()) first = Err::kInvalidArgument;
+        continue;
+      }
+      Bucket& bk = devices_[f.dev].buckets[f.bucket];
+      const u64 most = MaxCountSectors(sb_, bk.state);
+      {
+        Resum r(devices_[f.dev].sums, bk);
+        bk.live_sectors = u32(Min<u64>(f.live_sectors, most));
+        bk.cached_sectors = u32(Min<u64>(f.cached_sectors, most));
+        bk.version++;
+        bk.recorded = true;
+      }
+      stats_.count_repairs++;
+      changes.PushBack(RecordChange{f.dev, f.bucket, bk}).IgnoreError();  // reserved
+    }
+  }
+  if (!changes.empty()) TFS_TRY(Persist(changes.data(), u32(changes.size()), BucketState::kUser).status());
+  return first;
 }
 
 Status Allocator::RepairState(u32 dev, u64 bucket, BucketState state) {
@@ -615,6 +818,7 @@ Status Allocator::RepairState(u32 dev, u64 bucket, BucketState state) {
     if (dev >= nr_ || bucket >= devices_[dev].buckets.size()) return Err::kInvalidArgument;
     Dev& d = devices_[dev];
     Bucket& bk = d.buckets[bucket];
+    Resum r(d.sums, bk);
     const BucketState was = bk.state;
     if (was == BucketState::kFree) {
       UnlistFreeLocked(d, bucket);
@@ -653,21 +857,49 @@ Bucket Allocator::Get(u32 dev, u64 bucket) const {
   return devices_[dev].buckets[bucket];
 }
 
+BucketSums Allocator::ScanSumsLocked(u32 dev) const {
+  BucketSums s;
+  for (const Bucket& b : devices_[dev].buckets) AddShare(s, b, true);
+  return s;
+}
+
+void Allocator::ResumAllLocked() {
+  for (u32 i = 0; i < nr_; i++) devices_[i].sums = ScanSumsLocked(i);
+}
+
+bool Allocator::SumsMatchScan(u32 dev, BucketSums* scanned) const {
+  MutexLock lock(mu_);
+  if (dev >= nr_) return false;
+  const BucketSums s = ScanSumsLocked(dev);
+  if (scanned != nullptr) *scanned = s;
+  return MemCompare(&s, &devices_[dev].sums, sizeof(s)) == 0;
+}
+
 DeviceUsage Allocator::Usage(u32 dev) const {
   DeviceUsage u;
   MutexLock lock(mu_);
   if (dev >= nr_) return u;
   const Dev& d = devices_[dev];
+#if TFS_LOCK_CHECKS
+  {
+    const BucketSums scan = ScanSumsLocked(dev);
+    TFS_BUG_ON(MemCompare(&scan, &d.sums, sizeof(scan)) != 0);
+  }
+#endif
   u.nbuckets = d.buckets.size();
   u.pending_free = d.pending.size();
-  for (const Bucket& b : d.buckets) {
-    u.by_state[u8(b.state)]++;
-    u.live_sectors += b.live_sectors;
-  }
+  for (u32 k = 0; k < kBucketStateCount; k++) u.by_state[k] = d.sums.by_state[k];
+  u.live_sectors = d.sums.live_sectors;
+  u.cached_sectors = d.sums.cached_sectors;
   u.reserves = d.reserves;
   u.metadata_need = d.metadata_need.Load(MemOrder::kRelaxed);
   u.reserves.btree = BtreeReserve(d.reserves, u.metadata_need, d.metadata_held.Load(MemOrder::kRelaxed));
   return u;
+}
+
+u64 Allocator::FreeCount(u32 dev) const {
+  MutexLock lock(mu_);
+  return dev < nr_ ? devices_[dev].sums.by_state[u8(BucketState::kFree)] : 0;
 }
 
 AllocStats Allocator::Stats() const {

@@ -47,8 +47,12 @@
 // one walk of the alloc btree: BeginLoad, LoadRecord per key, Finish.
 //
 // Thread safety: all methods from any thread (the load and rebuild ones while
-// nothing else uses the allocator). `mu_` guards the bucket arrays and free
-// lists; it is never held across the sink, journal calls or device I/O.
+// nothing else uses the allocator). `mu_` guards the bucket arrays, their
+// per-member sums and the free lists; it is never held across the sink,
+// journal calls or device I/O, nor for a walk of a member's buckets outside
+// the load, the rebuild and the checked builds' check of the sums: the
+// btree's commit hook takes it under commit_mu (StageCounts,
+// PublishCounts), so every hold is a few memory operations per bucket.
 #ifndef TFS_ALLOC_ALLOCATOR_H_
 #define TFS_ALLOC_ALLOCATOR_H_
 
@@ -89,6 +93,61 @@ struct Bucket {
   u64 version = 0;
 };
 
+// One bucket's count change from one extent transaction, and what
+// StageCounts made of it (docs/design/copies.md, "Step 3b"). The data path
+// fills dev, bucket, live and cached (sectors; net: the transaction's gains
+// and losses of the bucket summed); StageCounts the rest.
+struct CountStage {
+  u32 dev = 0;
+  u64 bucket = 0;
+  i64 live = 0;
+  i64 cached = 0;
+  // StageCounts: the bucket's new state (the published one plus the change,
+  // version + 1) when `changed`, else the published one as it is; and its
+  // record, the value the transaction journals.
+  Bucket b;
+  bool changed = false;
+  AllocRecord rec{};
+  // StageCounts: what the change met, counted by PublishCounts -- so only
+  // for a commit the journal took (a refused one, or its retry, counts
+  // nothing): a live or cached count that would have gone below 0, one that
+  // would have passed MaxCountSectors, a loss in a bucket that is not user.
+  bool live_underflow = false;
+  bool cached_underflow = false;
+  bool overflow = false;
+  bool foreign_loss = false;
+};
+
+// What StageCounts and PublishCounts found worth a log line, carried out of
+// commit_mu to the committing thread, which logs it (LogCountNote) once the
+// commit returned: no log line is written under commit_mu (a console or a
+// pipe that stops draining would hold every commit).
+struct CountNote {
+  const char* what = nullptr;  // the first damage or bug StageCounts met (null: none)
+  bool error = false;          // a bug: StageCounts refused the commit (kCorrupt)
+  u32 dev = 0;
+  u64 bucket = 0;
+  i64 have = 0, change = 0;
+  u64 broken = 0;  // PublishCounts: buckets another change had changed meanwhile (a bug)
+};
+
+// A member's buckets summed (Usage): kept up to date by every change of a
+// bucket's state or counts, under mu_, so that Usage never walks the
+// buckets.
+struct BucketSums {
+  u64 by_state[kBucketStateCount] = {};
+  u64 live_sectors = 0;
+  u64 cached_sectors = 0;
+};
+
+// A user bucket's counts as the mount's check (or fsck) finds them.
+struct CountFix {
+  u32 dev = 0;
+  u64 bucket = 0;
+  u32 live_sectors = 0;
+  u32 cached_sectors = 0;
+};
+
 // One bucket's new state, for the persistence sink.
 struct RecordChange {
   u32 dev;
@@ -99,6 +158,11 @@ struct RecordChange {
   // transaction.
   bool replace = false;
 };
+
+// The most sectors a bucket of `state` may count live or cached (records'
+// validity, fsck): kCountFactor times the bucket's for user and cached
+// buckets, the bucket's own for the others.
+u64 MaxCountSectors(const sb::Superblock& sb, BucketState state);
 
 // The record of `b` (oldest_gen = gen until step 3c).
 void EncodeRecord(const Bucket& b, AllocRecord* out);
@@ -136,7 +200,8 @@ struct DeviceUsage {
   u64 nbuckets = 0;
   u64 pending_free = 0;  // freed, waiting for the free to be durable
   u64 by_state[kBucketStateCount] = {};
-  u64 live_sectors = 0;
+  u64 live_sectors = 0;   // summed over its buckets (logical sectors: see AllocRecord)
+  u64 cached_sectors = 0;
   Reserves reserves;     // btree: the reserve in force (need + growth room)
   u64 metadata_need = 0; // what the btree declared (SetMetadataNeed)
 };
@@ -154,6 +219,12 @@ struct DeviceUsage {
   X(record_errors, counter, "record commits that failed (the change stays in memory; a free is never reused)") \
   X(records_loaded, level, "records the mount loaded from the alloc btree")                            \
   X(rebased_records, counter, "records a mount started again at version 1 (RebaseVersions)")           \
+  X(count_records, counter, "bucket records extent transactions carried: their changed counts (StageCounts)") \
+  X(count_underflows, counter, "user buckets' live counts that would have gone below 0 in a journaled commit: stopped at 0 (damage; fsck recounts)") \
+  X(cached_underflows, counter, "user buckets' cached counts uncounted that were never counted (a stale cached pointer current again)") \
+  X(count_overflows, counter, "counts that would have passed what the bucket can count: stopped there (damage)") \
+  X(foreign_losses, counter, "journaled losses in buckets that are not user buckets: pointers never counted there (damage fsck owns); the record kept as it is") \
+  X(count_repairs, counter, "bucket counts set to what the extents say (the mount's check, fsck)")     \
   X(metadata_refused, counter, "operations that add metadata refused with ENOSPC (MetadataRoom)")
 
 struct AllocStats {
@@ -195,19 +266,23 @@ class Allocator {
   // fsck's rebuild of allocation state the trees contradict or that may have
   // lost changes (docs/format/alloc.md, "fsck"): BeginRebuild resets every
   // bucket to its layout state (journal buckets; everything else free,
-  // generations kept, versions bumped past every record in the tree);
-  // RebuildMark marks one bucket as holding btree nodes or user data of
-  // generation `gen` (user only) and adds `sectors` to its live count (a
-  // second mark of one bucket keeps the newer generation's); EndRebuild
-  // rebuilds the free lists and persists a record for every bucket that has
-  // one or is not in its absent-record state. No journal may be attached
-  // (Store::Open's rebuild hook). RebuildMark returns false and changes
-  // nothing for a bucket that cannot hold `state`: outside the member, the
-  // layout's (journal), or already holding the other kind (nodes are marked
-  // first: an extent pointing into a node bucket is bad, never the bucket's
-  // new owner).
+  // generations kept, counts 0, versions bumped past every record in the
+  // tree); RebuildMark marks one bucket as holding btree nodes or user data
+  // of generation `gen` (user only; a second mark of one bucket keeps the
+  // newer generation's); once every bucket is marked, RebuildCount adds a
+  // counted pointer's sectors (data::PtrCountsIn, data::PtrSectors: the data
+  // path's rule, against the marked state) to a user bucket's live or
+  // cached count, up to MaxCountSectors; EndRebuild rebuilds the free lists
+  // and persists a record for every bucket that has one or is not in its
+  // absent-record state. No journal may be attached (Store::Open's rebuild
+  // hook). RebuildMark returns false and changes nothing for a bucket that
+  // cannot hold `state`: outside the member, the layout's (journal), or
+  // already holding the other kind (nodes are marked first: an extent
+  // pointing into a node bucket is bad, never the bucket's new owner);
+  // RebuildCount for a bucket that is not user.
   void BeginRebuild();
-  bool RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen, u32 sectors);
+  bool RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen);
+  bool RebuildCount(u32 dev, u64 bucket, bool cached, u32 sectors);
   Status EndRebuild();
   // A read-write mount's, after the load (and a rebuild), before the journal
   // runs: every bucket whose version is kRecordVersionRebase or more (only
@@ -232,6 +307,42 @@ class Allocator {
   Status FreeBuckets(const BucketRef* refs, u32 n, u32* freed = nullptr);
   Status SetLiveSectors(const BucketRef& ref, u32 live_sectors);
 
+  // The counts of user buckets (docs/design/copies.md, "Step 3b"): changed
+  // only inside the extent transactions that change them, by the data
+  // path's commit hook, under the btree's commit_mu -- so each record is
+  // the state every earlier journaled commit left plus this one's change,
+  // and the records' version order is their journal order.
+  // StageCounts (the hook's prepare): the new state and record of each
+  // stage's bucket -- the published counts plus the change, version + 1; a
+  // count that would go below 0 stops at 0 (live: count_underflows, logged;
+  // cached: cached_underflows, normal, see docs/design/copies.md "As
+  // built: step 1"), one that would pass MaxCountSectors stops there
+  // (count_overflows). A bucket that is not a user bucket (a loss of a
+  // pointer never counted there: damage fsck owns) keeps its state and
+  // record as they are (foreign_losses); a gain there is a bug (kCorrupt,
+  // logged: nothing adds a counted pointer into a bucket it did not get
+  // from Allocate). Changes
+  // nothing shared: what it met (underflows, overflows, losses in other
+  // buckets) is marked in the stages and counted by PublishCounts, the
+  // first damage or bug noted in *note for LogCountNote.
+  Status StageCounts(CountStage* stages, u32 n, CountNote* note);
+  // The hook's finish, once the journal took the records: the staged states
+  // become the published ones, and what StageCounts met is counted.
+  // Requires that nothing else changed those buckets since StageCounts (the
+  // invariant: a bucket with a change in flight is held -- by pending
+  // blocks or by the counted pointer a loss removes -- so it is neither
+  // freed nor allocated meanwhile); a breach is noted in *note (broken).
+  void PublishCounts(const CountStage* stages, u32 n, CountNote* note);
+  // After the commit returned, with no lock held: logs what the note says
+  // -- damage only if the commit was `published` (else nothing was stopped
+  // anywhere), a bug always -- each kind at most once per 10 s.
+  void LogCountNote(const CountNote& note, bool published);
+  // Sets user buckets' counts (version + 1, persisted through the sink like
+  // any change): the mount's check of the counts against the extents
+  // (DataPath::Open) and fsck. A bucket that is not user is skipped
+  // (kInvalidArgument, after the others).
+  Status RepairCounts(const CountFix* fixes, u32 n);
+
   // fsck repair (and the mount's reconciliation of node buckets): force a
   // bucket's state, persisted like any change. Not for normal operation.
   Status RepairState(u32 dev, u64 bucket, BucketState state);
@@ -255,7 +366,15 @@ class Allocator {
   bool MetadataTight() const;
 
   Bucket Get(u32 dev, u64 bucket) const;
+  // The member's sums (kept: O(1) under mu_; checked builds also recount
+  // them by a walk and stop on a difference), reserves and pending frees.
   DeviceUsage Usage(u32 dev) const;
+  // Buckets of `dev` in state free: reusable now or once their free
+  // settles (the free and pending lists). O(1) under mu_.
+  u64 FreeCount(u32 dev) const;
+  // Tests: recounts the member's sums by a walk of its buckets into
+  // *scanned (if given) and says whether they are the kept ones.
+  bool SumsMatchScan(u32 dev, BucketSums* scanned = nullptr) const;
   AllocStats Stats() const;
   u64 FreeFloor(u32 dev, Watermark wm) const;
   u32 members() const { return nr_; }
@@ -272,6 +391,7 @@ class Allocator {
     };
     Vector<Pending> pending;  // freed, not yet reusable
     Reserves reserves;
+    BucketSums sums;  // of buckets[]: every change of a state or count moves them (Resum)
     Atomic<u64> metadata_need{0};  // SetMetadataNeed; read without mu_
     Atomic<u64> metadata_held{0};
     u8 data_allowed = 0;
@@ -282,6 +402,11 @@ class Allocator {
   // pending buckets than that need plus its copygc reserve (MetadataRoom) or,
   // with `growth`, than its btree reserve (MetadataTight). mu_ held.
   bool MetadataShortLocked(bool growth) const;
+  // The member's sums by a walk of its buckets (mu_ held).
+  BucketSums ScanSumsLocked(u32 dev) const;
+  // Sets every member's sums from a walk (mu_ held): after BeginLoad and
+  // BeginRebuild, which change every bucket.
+  void ResumAllLocked();
   // Hands `n` changes to the sink (mu_ not held); returns the journal
   // sequence (0 without a sink or a journal). Counted. `progress` (if
   // given): how far it got (PersistProgress), on an error too.
@@ -314,6 +439,10 @@ class Allocator {
 
   mutable Mutex mu_;
   AllocStats stats_{};
+  // LogCountNote's last line of damage and of a bug (platform::NowNs + 1;
+  // 0: never), under mu_.
+  u64 underflow_logged_ns_ = 0;
+  u64 count_bug_logged_ns_ = 0;
 };
 
 }  // namespace tfs::alloc

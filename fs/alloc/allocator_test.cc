@@ -2,15 +2,26 @@
 // parse round trips, every rule of "Validity" against hostile bytes (each a
 // kCorrupt with a one-line Diag naming member, bucket and rule), the
 // plausibility check the btree's merge rule uses, and the allocator's load
-// (newer versions win, absent keys are the layout's state). The allocator
-// against a store is tested in fs/store/store_test.cc.
+// (newer versions win, absent keys are the layout's state); the per-member
+// sums Usage returns, kept by every change (equal to a walk of the buckets
+// after every kind of change), and the commit hook's side (StageCounts
+// counts nothing and logs nothing; PublishCounts counts what a journaled
+// commit met; LogCountNote logs it, rate-limited). The allocator against a
+// store is tested in fs/store/store_test.cc.
 #include "alloc/allocator.h"
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
+
+#include "userspace/platform/log.h"
 
 namespace tfs::alloc {
 namespace {
@@ -107,11 +118,14 @@ TEST(AllocRecordTest, HostileBytesAreCorruptWithOneLine) {
   cases.push_back({"bucket", 0, 100, bytes(Good()), "outside the member's 100 buckets"});
   cases.push_back({"bucket huge", 1, ~u64(0), bytes(Good()), "outside the member's 300 buckets"});
   r = Good();
-  r.live_sectors.set(513);  // a 256 KiB bucket has 512
-  cases.push_back({"live", 0, 20, bytes(r), "live sectors beyond the bucket"});
+  r.live_sectors.set(16 * 512 + 1);  // a 256 KiB bucket has 512, and counts 16 times that at most
+  cases.push_back({"live", 0, 20, bytes(r), "live sectors beyond what the bucket can count: 8193"});
   r = Good();
   r.cached_sectors.set(~u32(0));
-  cases.push_back({"cached", 0, 20, bytes(r), "cached sectors beyond the bucket"});
+  cases.push_back({"cached", 0, 20, bytes(r), "cached sectors beyond what the bucket can count"});
+  r = Good(BucketState::kBtree);
+  r.live_sectors.set(513);  // not a user bucket: its own sectors at most
+  cases.push_back({"btree live", 0, 20, bytes(r), "live sectors beyond what the bucket can count: 513"});
   r = Good(BucketState::kFree);
   r.live_sectors.set(8);
   cases.push_back({"free with data", 0, 20, bytes(r), "free, yet with live or cached sectors"});
@@ -142,10 +156,30 @@ TEST(AllocRecordTest, HostileBytesAreCorruptWithOneLine) {
   }
 }
 
+// A user (or cached) bucket counts logical sectors (data::PtrSectors): a
+// bucket of compressed blobs counts up to 16 times its own sectors, live and
+// cached alike; other states count their own at most.
+TEST(AllocRecordTest, AUserBucketCountsUpToSixteenTimesItsSectors) {
+  const sb::Superblock s = TwoMembers();
+  for (BucketState st : {BucketState::kUser, BucketState::kCached}) {
+    AllocRecord r = Good(st);
+    r.live_sectors.set(16 * 512);
+    r.cached_sectors.set(16 * 512);
+    Bucket out;
+    Diag d;
+    ASSERT_TRUE(ParseRecord(s, 1, 5, &r, sizeof(r), &out, &d).ok()) << d.text;
+    EXPECT_EQ(out.live_sectors, 16u * 512);
+    EXPECT_EQ(out.cached_sectors, 16u * 512);
+  }
+  EXPECT_EQ(MaxCountSectors(s, BucketState::kUser), 16u * 512);
+  EXPECT_EQ(MaxCountSectors(s, BucketState::kBtree), 512u);
+}
+
 // Every bit of a record flipped in turn: valid exactly when the field it
 // lands in allows the new value (gen: any; oldest_gen: must equal gen;
 // state: a known one the HDD member may hold, not free with data; reserved:
-// never; sectors: within the bucket; version: below the limit) -- and then
+// never; sectors: within 16 times the bucket's, the most a user bucket of
+// compressed blobs counts; version: below the limit) -- and then
 // the parse gives back exactly those bytes; kCorrupt otherwise (never
 // another error, never a crash). Valid implies plausible.
 TEST(AllocRecordTest, EveryFlippedByteParsesOrIsCorrupt) {
@@ -167,9 +201,9 @@ TEST(AllocRecordTest, EveryFlippedByteParsesOrIsCorrupt) {
       } else if (i == 3 || (i >= 12 && i < 16)) {
         want = false;  // reserved
       } else if (i < 8) {
-        want = r.live_sectors.get() <= sectors;
+        want = r.live_sectors.get() <= kCountFactor * sectors;  // (user: logical sectors)
       } else if (i < 12) {
-        want = r.cached_sectors.get() <= sectors;
+        want = r.cached_sectors.get() <= kCountFactor * sectors;
       } else {
         want = r.version.get() < kRecordVersionLimit;
       }
@@ -337,6 +371,246 @@ TEST(AllocRecordTest, LoadKeepsTheNewerRecordAndTheLayoutForAbsentOnes) {
   EXPECT_EQ(a.Stats().records_loaded, 1u);
   EXPECT_EQ(a.Usage(0).by_state[u8(BucketState::kJournal)], 8u);
   EXPECT_EQ(a.Usage(1).by_state[u8(BucketState::kFree)], 300u);
+}
+
+
+// The sums Usage returns (buckets by state, live and cached sectors) are
+// kept by every change instead of walked (Usage held mu_ for a walk of every
+// bucket, and the commit hook takes mu_ under commit_mu): after random
+// allocations, frees (one and batched, with and without a journal),
+// published and unpublished count stages (underflows and overflows among
+// them), count repairs, state repairs, SetLiveSectors, a load and a rebuild,
+// they are what a walk of the buckets finds -- and FreeCount is the free
+// state's count.
+TEST(AllocatorTest, TheKeptSumsAreTheBucketsSummedAfterEveryKindOfChange) {
+  const sb::Superblock s = TwoMembers();
+  Allocator a;
+  ASSERT_TRUE(a.Init(s).ok());
+  std::mt19937_64 rng(12);
+  std::vector<BucketRef> held;  // allocated, not freed
+  auto check = [&](const char* after) {
+    for (u32 d = 0; d < 2; d++) {
+      BucketSums scan;
+      EXPECT_TRUE(a.SumsMatchScan(d, &scan)) << after << ", member " << d;
+      const DeviceUsage u = a.Usage(d);
+      for (u32 k = 0; k < kBucketStateCount; k++) EXPECT_EQ(u.by_state[k], scan.by_state[k]) << after << " state " << k;
+      EXPECT_EQ(u.live_sectors, scan.live_sectors) << after;
+      EXPECT_EQ(u.cached_sectors, scan.cached_sectors) << after;
+      EXPECT_EQ(a.FreeCount(d), scan.by_state[u8(BucketState::kFree)]) << after;
+      u64 buckets = 0;
+      for (u32 k = 0; k < kBucketStateCount; k++) buckets += u.by_state[k];
+      EXPECT_EQ(buckets, s.members[d].nbuckets) << after;
+    }
+  };
+  check("init");
+  journal::Journal journal;  // never started: frees go pending, settled at 0
+  for (int op = 0; op < 3000 && !HasFailure(); op++) {
+    if (op == 1500) a.SetJournal(&journal);
+    const int kind = int(rng() % 10);
+    if (kind < 3 || held.empty()) {
+      const BucketState purpose = rng() % 4 == 0 ? BucketState::kBtree
+                                  : rng() % 3 == 0 ? BucketState::kCached : BucketState::kUser;
+      const dev::DevMask target = purpose == BucketState::kBtree ? 0b01 : dev::DevMask(1 + rng() % 3);
+      Result<BucketRef> r = a.Allocate(target, 0, purpose, Watermark::kBtree);
+      if (r.ok()) held.push_back(*r);
+    } else if (kind < 5) {  // count changes of a few buckets, published or not
+      std::vector<CountStage> st;
+      for (int i = 0, n = 1 + int(rng() % 4); i < n; i++) {
+        const BucketRef& b = held[rng() % held.size()];
+        bool dup = false;
+        for (const CountStage& c : st) dup |= c.dev == b.dev && c.bucket == b.bucket;
+        if (dup) continue;
+        CountStage c;
+        c.dev = b.dev;
+        c.bucket = b.bucket;
+        c.live = i64(rng() % 600) - 200;
+        c.cached = i64(rng() % 300) - 100;
+        if (a.Get(b.dev, b.bucket).state != BucketState::kUser) {  // (a gain there is kCorrupt)
+          c.live = -i64(rng() % 50) - 1;
+          c.cached = 0;
+        }
+        st.push_back(c);
+      }
+      CountNote note;
+      ASSERT_TRUE(a.StageCounts(st.data(), u32(st.size()), &note).ok());
+      if (rng() % 4 != 0) a.PublishCounts(st.data(), u32(st.size()), &note);
+    } else if (kind < 6) {
+      const size_t i = rng() % held.size();
+      a.Free(held[i]).IgnoreError();
+      held.erase(held.begin() + long(i));
+    } else if (kind < 7) {
+      std::vector<BucketRef> refs;
+      for (int i = 0, n = 1 + int(rng() % 5); i < n && !held.empty(); i++) {
+        const size_t k = rng() % held.size();
+        refs.push_back(held[k]);
+        held.erase(held.begin() + long(k));
+      }
+      a.FreeBuckets(refs.data(), u32(refs.size())).IgnoreError();
+    } else if (kind < 8) {
+      const BucketRef& b = held[rng() % held.size()];
+      CountFix f{b.dev, b.bucket, u32(rng() % 9000), u32(rng() % 9000)};  // (past the bound: clamped)
+      a.RepairCounts(&f, 1).IgnoreError();  // (kInvalidArgument for a bucket that is not user)
+    } else if (kind < 9) {
+      const BucketRef& b = held[rng() % held.size()];
+      if (a.Get(b.dev, b.bucket).state == BucketState::kBtree) {
+        ASSERT_TRUE(a.SetLiveSectors(b, u32(rng() % 512)).ok());
+      } else {
+        // fsck's: forced to another state (free, btree on the member that
+        // allows it, user).
+        const u32 pick = u32(rng() % 3);
+        const BucketState to = pick == 0 ? BucketState::kFree
+                               : pick == 1 && b.dev == 0 ? BucketState::kBtree : BucketState::kUser;
+        ASSERT_TRUE(a.RepairState(b.dev, b.bucket, to).ok());
+        const Bucket k = a.Get(b.dev, b.bucket);
+        for (BucketRef& r : held)
+          if (r.dev == b.dev && r.bucket == b.bucket) r.gen = k.gen;
+        if (to == BucketState::kFree) {
+          for (size_t i = 0; i < held.size(); i++)
+            if (held[i].dev == b.dev && held[i].bucket == b.bucket) held.erase(held.begin() + long(i--));
+        }
+      }
+    } else {
+      check("a stretch of changes");
+    }
+  }
+  check("the random changes");
+  a.SetJournal(nullptr);
+  // A load over the state as it is: records of some buckets replaced (and
+  // a bad record, which changes no state).
+  a.BeginLoad();
+  check("BeginLoad");
+  AllocRecord r = Good();
+  for (u64 b = 20; b < 60; b++) ASSERT_TRUE(a.LoadRecord(1, b, &r, sizeof(r)).ok());
+  r.state = 9;
+  EXPECT_EQ(a.LoadRecord(1, 70, &r, sizeof(r)).code(), Err::kCorrupt);
+  ASSERT_TRUE(a.Finish().ok());
+  check("a load");
+  EXPECT_EQ(a.Usage(1).live_sectors, 40u * 100);
+  // fsck's rebuild.
+  a.BeginRebuild();
+  check("BeginRebuild");
+  for (u64 b = 30; b < 50; b++) {
+    ASSERT_TRUE(a.RebuildMark(1, b, BucketState::kUser, 3));
+    ASSERT_TRUE(a.RebuildCount(1, b, b % 2 == 0, 16));
+  }
+  ASSERT_TRUE(a.RebuildMark(0, 40, BucketState::kBtree, 0));
+  ASSERT_TRUE(a.EndRebuild().ok());
+  check("a rebuild");
+  EXPECT_EQ(a.Usage(1).by_state[u8(BucketState::kUser)], 20u);
+  EXPECT_EQ(a.Usage(1).live_sectors + a.Usage(1).cached_sectors, 20u * 16);
+}
+
+// Captures the log lines written while it lives (SetLogCopy to a file).
+class LogLines {
+ public:
+  LogLines() {
+    char name[] = "/tmp/tierfs-alloc-log-XXXXXX";
+    fd_ = mkstemp(name);
+    unlink(name);
+    userspace::SetLogCopy(fd_);
+  }
+  ~LogLines() {
+    userspace::SetLogCopy(-1);
+    close(fd_);
+  }
+  // Lines written so far that contain `needle`.
+  u32 Count(const char* needle) const {
+    std::string all;
+    char buf[4096];
+    for (off_t off = 0;;) {
+      const ssize_t n = pread(fd_, buf, sizeof(buf), off);
+      if (n <= 0) break;
+      all.append(buf, size_t(n));
+      off += n;
+    }
+    u32 c = 0;
+    for (size_t at = all.find(needle); at != std::string::npos; at = all.find(needle, at + 1)) c++;
+    return c;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// The hook's side counts only what a journaled commit met and logs nothing
+// itself (it runs under commit_mu): StageCounts marks a live underflow, an
+// overflow, a cached underflow and a loss in a bucket that is not user in
+// the stages and counts nothing (a commit the journal then refuses, and its
+// retry, count nothing); PublishCounts counts each once -- the loss in a
+// free bucket as foreign_losses, not as a live underflow. Neither writes a
+// log line: LogCountNote does, after the commit, damage only when published
+// and at most once per 10 s; a refused gain (a bug) likewise rate-limited.
+TEST(AllocatorTest, CountStagesAreCountedWhenPublishedAndLoggedAfterTheCommit) {
+  const sb::Superblock s = TwoMembers();
+  Allocator a;
+  ASSERT_TRUE(a.Init(s).ok());
+  Result<BucketRef> u = a.Allocate(0b10, 0, BucketState::kUser, Watermark::kBtree);
+  Result<BucketRef> v = a.Allocate(0b10, 0, BucketState::kUser, Watermark::kBtree);
+  ASSERT_TRUE(u.ok() && v.ok());
+  CountFix f{u->dev, u->bucket, 16, 0};
+  ASSERT_TRUE(a.RepairCounts(&f, 1).ok());
+  const u64 free_bucket = 299;  // (free: Allocate takes the lowest free bucket first)
+  ASSERT_EQ(a.Get(1, free_bucket).state, BucketState::kFree);
+  LogLines log;
+  auto stages = [&] {
+    std::vector<CountStage> st(3);
+    st[0].dev = u->dev, st[0].bucket = u->bucket, st[0].live = -40, st[0].cached = -8;  // below 0, both
+    st[1].dev = v->dev, st[1].bucket = v->bucket, st[1].live = 16 * 512 + 1;            // past the bound
+    st[2].dev = 1, st[2].bucket = free_bucket, st[2].live = -8;                         // not user
+    return st;
+  };
+  // Staged twice (a refused commit and its retry): nothing counted, nothing logged.
+  for (int i = 0; i < 2; i++) {
+    std::vector<CountStage> st = stages();
+    CountNote note;
+    ASSERT_TRUE(a.StageCounts(st.data(), u32(st.size()), &note).ok());
+    EXPECT_TRUE(st[0].live_underflow && st[0].cached_underflow && st[1].overflow && st[2].foreign_loss);
+    EXPECT_FALSE(st[2].changed);
+    ASSERT_NE(note.what, nullptr);
+    EXPECT_FALSE(note.error);
+    const AllocStats stats = a.Stats();
+    EXPECT_EQ(stats.count_underflows + stats.cached_underflows + stats.count_overflows + stats.foreign_losses, 0u);
+    a.LogCountNote(note, false);  // (refused: damage is not logged)
+  }
+  EXPECT_EQ(log.Count("alloc:"), 0u);
+  // Journaled: counted once each, logged once, after.
+  std::vector<CountStage> st = stages();
+  CountNote note;
+  ASSERT_TRUE(a.StageCounts(st.data(), u32(st.size()), &note).ok());
+  a.PublishCounts(st.data(), u32(st.size()), &note);
+  EXPECT_EQ(log.Count("alloc:"), 0u);
+  AllocStats stats = a.Stats();
+  EXPECT_EQ(stats.count_underflows, 1u);
+  EXPECT_EQ(stats.cached_underflows, 1u);
+  EXPECT_EQ(stats.count_overflows, 1u);
+  EXPECT_EQ(stats.foreign_losses, 1u);
+  EXPECT_EQ(stats.count_records, 2u);
+  EXPECT_EQ(a.Get(u->dev, u->bucket).live_sectors, 0u);
+  EXPECT_EQ(a.Get(v->dev, v->bucket).live_sectors, 16u * 512);
+  a.LogCountNote(note, true);
+  EXPECT_EQ(log.Count("live count would go below 0"), 1u);
+  // Damage repeats itself: the next lines within 10 s are dropped (the
+  // counters count every one).
+  for (int i = 0; i < 50; i++) a.LogCountNote(note, true);
+  EXPECT_LT(log.Count("live count would go below 0"), 51u);
+  // A gain in a bucket that is not user: kCorrupt, a bug; logged only by
+  // LogCountNote, rate-limited too.
+  for (int i = 0; i < 50; i++) {
+    CountStage g;
+    g.dev = 1, g.bucket = free_bucket, g.live = 8;
+    CountNote n;
+    EXPECT_EQ(a.StageCounts(&g, 1, &n).code(), Err::kCorrupt);
+    EXPECT_TRUE(n.error);
+    if (i == 0) {
+      EXPECT_EQ(log.Count("is not a user bucket"), 0u);
+    }
+    a.LogCountNote(n, false);
+    if (i == 0) {
+      EXPECT_EQ(log.Count("gains sectors, but is not a user bucket"), 1u);
+    }
+  }
+  EXPECT_LT(log.Count("gains sectors, but is not a user bucket"), 50u);
+  EXPECT_EQ(a.Stats().foreign_losses, 1u);
 }
 
 }  // namespace

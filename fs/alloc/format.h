@@ -31,13 +31,21 @@ struct AllocRecord {  // 24 bytes, the value of a kBtreeAlloc key
   u8 oldest_gen;      // oldest gen a pointer into it may carry (= gen until step 3c)
   u8 state;           // BucketState
   u8 reserved0;       // 0
-  Le32 live_sectors;  // 512-byte sectors of live data
-  Le32 cached_sectors;  // 512-byte sectors of cached copies (0 until step 3b)
+  Le32 live_sectors;  // user: logical 512-byte sectors of the extents' pointers not cached (kCountFactor)
+  Le32 cached_sectors;  // user: logical 512-byte sectors of their current cached pointers
   Le32 reserved1;     // 0
   Le64 version;       // bumped on every change of the bucket; < kRecordVersionLimit
 };
 static_assert(sizeof(AllocRecord) == 24, "alloc record");
 static_assert(__builtin_offsetof(AllocRecord, version) == 16, "alloc record layout");
+
+// How far a user (or cached) bucket's counts may exceed its own sectors:
+// they count logical sectors (data::PtrSectors: the file blocks of every
+// counted pointer, compressed or not), and a compressed blob holds at most
+// data::kMaxCompressedBlocks (16) file blocks in at least one disk block.
+// Every other state counts at most its own sectors (btree buckets: 0 in
+// practice, docs/format/alloc.md).
+inline constexpr u32 kCountFactor = 16;
 
 // Versions a valid record may carry: below 2^48 (no count of changes gets
 // there; a hostile huge version must not make every later change look

@@ -4,7 +4,9 @@
 // the writer, checkpoints until nothing is dirty and frees the cache),
 // lookups (Get),
 // the walks fsck uses (ForEachNode*, ForEachSlot), transactions (Commit:
-// throttle, leaves prefetched, one journal commit, then each key applied),
+// throttle, leaves prefetched, under commit_mu the commit hook's prepare --
+// the values only journal order can compute --, one journal commit, each key
+// applied, the hook's finish),
 // replay (ApplyReplayed), applying one key to its leaf (ApplyKey: the merge
 // rule of alloc keys -- the newer version wins --, a split on kNoSpace, a
 // merge after a delete that leaves it underfull), reclaim commits (alloc
@@ -29,6 +31,16 @@ constexpr u32 kReadsBeforeMerge = 64;
 
 // Adds n to a counter that only one thread at a time writes (see Impl).
 void BumpSerial(Atomic<u64>& c, u64 n = 1) { c.Store(c.Load(MemOrder::kRelaxed) + n, MemOrder::kRelaxed); }
+
+// The key a transaction's packed key stands for (its header, then its value).
+KeyInput KeyInputOf(const KeyHeader* h) {
+  KeyInput in;
+  in.pos = KeyRef(h).pos();
+  in.type = h->type;
+  in.val_bytes = h->val_bytes.get();
+  in.value = h + 1;
+  return in;
+}
 
 }  // namespace
 
@@ -86,7 +98,10 @@ Status TreeOps::ApplyKey(Impl* im, const KeyInput& key, u64 seq) {
       st = Status::Ok();  // nothing to delete
     } else if (alloc_key && KeepsNewer(old, key)) {
       st = Status::Ok();  // an older record arriving second: the newer one stays
-      im->ctr.alloc_older_kept.FetchAdd(1, MemOrder::kRelaxed);  // (reclaim commits apply without commit_mu)
+      // (Not the same record again: a commit hook's record of a bucket it
+      // left as it is. Reclaim commits apply without commit_mu: atomic.)
+      if (old.val_bytes() != key.val_bytes || MemCompare(old.value(), key.value, key.val_bytes) != 0)
+        im->ctr.alloc_older_kept.FetchAdd(1, MemOrder::kRelaxed);
     } else {
       const u32 old_space = del ? old.space() : 0;
       const u64 compactions = leaf->node.compactions();
@@ -732,10 +747,12 @@ Transaction::~Transaction() = default;
 void Transaction::Reset() {
   keys_.Clear();
   checks_.Clear();
+  later_.Clear();
   n_ = 0;
   nchecks_ = 0;
   apply_seq_ = nullptr;
   reclaim_ = false;
+  hook_ = nullptr;
 }
 
 Status Transaction::AddDataCheck(const void* check, u32 len) {
@@ -763,6 +780,11 @@ usize Transaction::JournalBytes() const {
 usize Transaction::JournalLimit() const {
   const journal::Journal* j = trees_->impl_ != nullptr ? trees_->impl_->journal : nullptr;
   return j != nullptr ? j->max_entry_bytes() : journal::Config{}.max_entry_bytes;
+}
+
+usize Transaction::Room() const {
+  const usize used = JournalBytes(), limit = JournalLimit();
+  return used < limit ? limit - used : 0;
 }
 
 Status Transaction::Set(const Pos& pos, const void* value, u32 len) {
@@ -797,6 +819,21 @@ Status Transaction::Delete(const Pos& pos) {
   return Append(in);
 }
 
+Result<u32> Transaction::SetLater(const Pos& pos, u32 len) {
+  static constexpr u8 kZeros[kMaxLaterBytes] = {};
+  if (pos.btree_id != kBtreeAlloc || len == 0 || len > kMaxLaterBytes) return Err::kInvalidArgument;
+  KeyInput in;
+  in.pos = pos;
+  in.type = kKeyValue;
+  in.value = kZeros;
+  in.val_bytes = len;
+  const usize at = keys_.size();
+  TFS_TRY(later_.Reserve(later_.size() + 1));  // (before the key: nothing to undo)
+  TFS_TRY(Append(in));
+  later_.PushBack(u32(at)).IgnoreError();  // reserved
+  return u32(later_.size() - 1);
+}
+
 Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
   Btrees::Impl* im = trees_->impl_;
   if (im == nullptr) {
@@ -806,6 +843,14 @@ Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
   if (n_ == 0) {
     Reset();
     return u64(0);
+  }
+  if (hook_ != nullptr && reclaim_) {  // (a reclaim commit skips commit_mu: no journal order to compute in)
+    Reset();
+    return Err::kInvalidArgument;
+  }
+  if (!later_.empty() && hook_ == nullptr) {  // nothing would fill the slots: they would journal zeros
+    Reset();
+    return Err::kInvalidArgument;
   }
   // Only a checkpoint's own changes (or, with no journal, the mount's; or
   // the unmount's) may skip commit_mu and the ring's room: anything else
@@ -847,6 +892,7 @@ Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
       while (im->ckpt_done == seen && !im->stop) (void)im->done_cv.WaitFor(im->wmu, 100 * platform::kNsPerMs);
     }
   }
+  if (im->opt.test_point != nullptr) im->opt.test_point(im->opt.test_point_ctx, "commit.throttled");
   // The leaves to update are read now, before the journal commit, with no lock
   // held -- unless every node is cached (then ApplyKey cannot miss; were one
   // evicted meanwhile, ApplyKey would read it itself: slower, still correct).
@@ -872,7 +918,12 @@ Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
     return st;
   }
   u64 seq = 0;
+  const CommitHook* const hook = hook_;
   {
+    if (im->commit_mu.held()) {  // (a glance, for the counter and the tests: it may be free by the Lock)
+      im->ctr.commit_waits.FetchAdd(1, MemOrder::kRelaxed);
+      if (im->opt.test_point != nullptr) im->opt.test_point(im->opt.test_point_ctx, "commit.waiting");
+    }
     MutexLock c(im->commit_mu);
     bool need_pin;
     {
@@ -889,7 +940,14 @@ Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
       // in flight re-pins past what it covered, see RunCheckpoint).
       need_pin = !im->pin.active;
     }
+    // The hook fills the SetLater values now: every earlier commit is
+    // journaled (and published) or failed, so what it computes follows them
+    // in journal order.
+    const bool prepared = st.ok() && hook != nullptr;
+    if (prepared) st = hook->prepare(hook->ctx, this);
+    bool tried = false;  // the journal was asked to take the entry
     if (st.ok() && im->journal != nullptr) {
+      tried = true;
       journal::Pin local;
       auto r = im->journal->Commit(jkeys.data(), u32(jkeys.size()), deps,
                                    mode == journal::CommitMode::kFlushNext ? mode : journal::CommitMode::kNoFlush,
@@ -911,26 +969,24 @@ Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
         }
       }
     }
+    const bool journaled = st.ok();  // (without a journal: applied below, as the mount's keys are)
     if (st.ok() && im->opt.test_point != nullptr) im->opt.test_point(im->opt.test_point_ctx, "commit.journaled");
     Atomic<u64>* const apply_seq = apply_seq_;
     if (apply_seq != nullptr) apply_seq->FetchAdd(1, MemOrder::kSeqCst);  // odd: applying
     for (usize i = 0; st.ok() && i < n_; i++) {  // the btree keys (data checks follow)
-      const auto* h = static_cast<const KeyHeader*>(jkeys[i].val);
-      KeyInput in;
-      in.pos = KeyRef(h).pos();
-      in.type = h->type;
-      in.val_bytes = h->val_bytes.get();
-      in.value = h + 1;
+      const KeyInput in = KeyInputOf(static_cast<const KeyHeader*>(jkeys[i].val));
       st = TreeOps::ApplyKey(im, in, seq);
       BumpSerial(in.type == kKeyWhiteout ? im->ctr.deletes : im->ctr.inserts);
     }
+    // Published with the keys, before a reader of the apply window may look.
+    if (prepared) hook->finish(hook->ctx, journaled ? seq : 0, journaled);
     if (apply_seq != nullptr) apply_seq->FetchAdd(1, MemOrder::kSeqCst);  // even: applied (or failed)
     if (st.ok()) BumpSerial(im->ctr.commits);
     MutexLock sl(im->state_mu);
     im->committing = false;
     if (st.ok()) {
       im->applied_seq = Max(im->applied_seq, seq);
-    } else if (seq != 0 && im->journal != nullptr && im->failed.ok() && st.code() != Err::kTooBig) {
+    } else if (tried && seq != 0 && im->failed.ok() && st.code() != Err::kTooBig) {
       // Journaled (or possibly journaled) but not fully applied: stop here.
       im->failed = st;
     }
@@ -988,15 +1044,8 @@ Result<u64> Transaction::CommitReclaim() {
     }
   }
   Status st;
-  for (usize i = 0; st.ok() && i < n_; i++) {
-    const auto* h = static_cast<const KeyHeader*>(jkeys[i].val);
-    KeyInput in;
-    in.pos = KeyRef(h).pos();
-    in.type = h->type;
-    in.val_bytes = h->val_bytes.get();
-    in.value = h + 1;
-    st = TreeOps::ApplyKey(im, in, seq);
-  }
+  for (usize i = 0; st.ok() && i < n_; i++)
+    st = TreeOps::ApplyKey(im, KeyInputOf(static_cast<const KeyHeader*>(jkeys[i].val)), seq);
   {
     MutexLock sl(im->state_mu);
     if (st.ok()) {

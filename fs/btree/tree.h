@@ -101,6 +101,9 @@ struct Options {
   // another thread into the gap a race needs. Points: "fetch.linked" (a node
   // read on demand has just been linked into its tree; a committer's descent
   // gets there holding commit_mu, so hold only readers there);
+  // "commit.throttled" (a commit is past the throttle and has not taken
+  // commit_mu yet: no lock held); "commit.waiting" (the commit found
+  // commit_mu held and is about to wait for it: no lock held);
   // "commit.journaled" (a commit is in the journal and none of its keys is
   // applied yet; the committer holds commit_mu there).
   void (*test_point)(void* ctx, const char* point) = nullptr;
@@ -120,6 +123,7 @@ struct Options {
   X(inserts, counter, "keys set")                                                                   \
   X(deletes, counter, "keys deleted")                                                               \
   X(commits, counter, "transactions committed")                                                     \
+  X(commit_waits, counter, "commits that found commit_mu held and waited for it")                   \
   X(restarts, counter, "descents restarted (node read, structure change)")                         \
   X(splits, counter, "nodes split")                                                                 \
   X(merges, counter, "nodes merged")                                                                \
@@ -199,6 +203,36 @@ Status ReadRoots(dev::DeviceSet& devs, const sb::Superblock& sb, Roots* out, Dia
 // that may hold btree nodes (Format).
 Status FormatRoots(dev::DeviceSet& devs, const sb::Superblock& sb);
 
+class Transaction;
+
+// Work a transaction's owner does inside its commit (docs/design/copies.md,
+// "Step 3b"): fills values that must be computed in journal order -- the
+// data path's bucket records, each the published state plus this
+// transaction's change, so that a record's version order is its journal
+// order. Both calls run under commit_mu with no tree, leaf or node lock
+// held; they must not do device I/O, call btree code, or wait for anything
+// but short mutexes below commit_mu in the lock order (the allocator's
+// mu_). Lifetime: the hook and its ctx outlive the Commit they are set for.
+struct CommitHook {
+  // After the throttle, the prefetch and the failed-trees check, before the
+  // journal commit: writes the value of every slot queued with SetLater
+  // (Transaction::LaterValue). Changes no shared state (it stages). An
+  // error: nothing is journaled or applied, Commit returns it (after
+  // finish(ctx, 0, false)).
+  Status (*prepare)(void* ctx, Transaction* tx) = nullptr;
+  // After the last key is applied -- inside the SetApplySeq window, so a
+  // reader that meets the published state waits for the keys that go with
+  // it -- or after a failure, whenever prepare ran. `journaled`: the
+  // journal took the entry `seq` (without a journal: the keys were applied);
+  // true also when an apply failed after it (the trees are failed then:
+  // what the journal holds is what memory must say). False: prepare failed
+  // (nothing journaled; the trees go on), the journal refused the entry
+  // (kTooBig: nothing written; the trees go on), or the journal failed (then
+  // the trees are failed and the next mount replays whatever reached disk).
+  void (*finish)(void* ctx, u64 seq, bool journaled) = nullptr;
+  void* ctx = nullptr;
+};
+
 // A set of updates to commit atomically. Not thread-safe; one per thread.
 class Transaction {
  public:
@@ -213,11 +247,31 @@ class Transaction {
   [[nodiscard]] Status Set(const Pos& pos, const void* value, u32 len);
   // Queues a deletion (a whiteout): deleting an absent key is not an error.
   [[nodiscard]] Status Delete(const Pos& pos);
+  // Queues a `len`-byte value at pos whose bytes the commit hook writes
+  // (zeros until then): sized, counted against the journal entry (kTooBig
+  // as for Set) and prefetched like any key, so the hook only fills bytes.
+  // Returns the slot's index (0, 1, ... in the order queued). kBtreeAlloc
+  // positions only, len 1..kMaxLaterBytes (kInvalidArgument otherwise).
+  static constexpr u32 kMaxLaterBytes = 64;
+  [[nodiscard]] Result<u32> SetLater(const Pos& pos, u32 len);
+  // Inside CommitHook::prepare: slot i's value, `len` bytes as queued.
+  u8* LaterValue(u32 i) { return keys_.data() + later_[i] + sizeof(KeyHeader); }
+  u32 later_slots() const { return u32(later_.size()); }
+  // The hook of the next Commit (one; null: none). Cleared by Commit and
+  // Reset. Not with SetReclaim (Commit: kInvalidArgument).
+  void SetCommitHook(const CommitHook* hook) { hook_ = hook; }
   // Adds a journal data check (journal::DataCheckFormat and its crcs, `len`
   // bytes) for data the queued keys point at. Once a transaction carries one, it
   // must carry one for every device range its Commit `deps` stand for. Nothing
   // is applied to a tree; kTooBig as for Set.
   [[nodiscard]] Status AddDataCheck(const void* check, u32 len);
+  // The journal bytes still free in this transaction's entry: what more
+  // keys may take before Set, Delete, SetLater or AddDataCheck return
+  // kTooBig (a caller that splits its work into batches stops before that).
+  usize Room() const;
+  // The journal bytes one queued key with a `val_bytes`-byte value takes
+  // (a whiteout: 0), headers and padding included.
+  static constexpr usize KeyBytes(u32 val_bytes) { return KeySpace(val_bytes) + sizeof(journal::KeyHeader); }
   // Journals every queued update in one commit and applies them; returns the
   // journal sequence. kFlush returns once that commit is durable; kFlushNext is
   // kNoFlush from a caller that flushes the journal next. `deps`: the
@@ -225,7 +279,9 @@ class Transaction {
   // commit): the entry becomes durable only after they are flushed. The queue is
   // empty afterwards, whatever the result. Errors: kIo from the journal (the
   // filesystem must go read-only), kCorrupt / kIo reading a leaf that must be
-  // updated (nothing was journaled or applied then).
+  // updated (nothing was journaled or applied then); kInvalidArgument, before
+  // anything happens, for SetLater slots without a commit hook to fill them
+  // (they would journal zeros) or a hook with SetReclaim.
   Result<u64> Commit(journal::CommitMode mode = journal::CommitMode::kNoFlush, dev::DevMask deps = 0);
   // For readers that must see this commit's keys all or none (the data path's
   // extent readers, which walk a file's extents in batches): Commit makes `seq`
@@ -266,6 +322,8 @@ class Transaction {
   u32 n_ = 0;
   Atomic<u64>* apply_seq_ = nullptr;  // see SetApplySeq
   bool reclaim_ = false;              // see SetReclaim
+  Vector<u32> later_;                 // SetLater: offsets into keys_ of the slots' keys
+  const CommitHook* hook_ = nullptr;  // see SetCommitHook
   // Commit allocates under node locks and the journal's. A Transaction lives
   // on the stack of the thread that made it (the scope is that thread's).
   platform::NoFsScope nofs_;

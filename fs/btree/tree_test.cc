@@ -2269,6 +2269,130 @@ TEST_F(BtreeEdgeTest, AllocKeysKeepTheNewerVersionAcrossReplay) {
   ASSERT_OK(e2.Close());
 }
 
+// The commit hook (docs/design/copies.md, "Step 3b"): SetLater slots are
+// queued with zeros and filled by prepare under commit_mu, before the
+// journal commit, so what the journal holds and the tree applies are the
+// hook's bytes; finish follows the apply with the entry's sequence and
+// `journaled`. A prepare that fails journals and applies nothing, tells
+// finish so, and leaves the trees working. A hook is refused on a reclaim
+// commit, and SetLater outside the alloc tree.
+TEST_F(BtreeEdgeTest, TheCommitHookFillsLaterValuesInsideTheCommit) {
+  const Pos p{kBtreeAlloc, 0, e_->alloc().nbuckets(0) - 1};
+  struct Ctx {
+    std::string value;          // what prepare writes into slot 0
+    Status fail;                // prepare's answer
+    std::vector<std::string> calls;
+    u64 finish_seq = 0;
+    bool finish_journaled = false;
+    static Status Prepare(void* c, Transaction* tx) {
+      auto* x = static_cast<Ctx*>(c);
+      x->calls.push_back("prepare");
+      EXPECT_EQ(tx->later_slots(), 1u);
+      const u8* v = tx->LaterValue(0);
+      for (u32 i = 0; i < x->value.size(); i++) EXPECT_EQ(v[i], 0) << "a slot is zeros until the hook fills it";
+      if (!x->fail.ok()) return x->fail;
+      memcpy(tx->LaterValue(0), x->value.data(), x->value.size());
+      return Status::Ok();
+    }
+    static void Finish(void* c, u64 seq, bool journaled) {
+      auto* x = static_cast<Ctx*>(c);
+      x->calls.push_back("finish");
+      x->finish_seq = seq;
+      x->finish_journaled = journaled;
+    }
+  } ctx;
+  const CommitHook hook{Ctx::Prepare, Ctx::Finish, &ctx};
+  ctx.value = AllocRec(5, 50);
+  {
+    Transaction tx(&t());
+    ASSERT_OK(tx.Set(T(1, 1), "a", 1));
+    auto slot = tx.SetLater(p, u32(ctx.value.size()));
+    ASSERT_OK(slot.status());
+    EXPECT_EQ(slot.value(), 0u);
+    tx.SetCommitHook(&hook);
+    auto r = tx.Commit();
+    ASSERT_OK(r.status());
+    EXPECT_EQ(ctx.calls, (std::vector<std::string>{"prepare", "finish"}));
+    EXPECT_TRUE(ctx.finish_journaled);
+    EXPECT_EQ(ctx.finish_seq, r.value());
+    EXPECT_NE(r.value(), 0u);
+  }
+  EXPECT_EQ(RecVersion(t(), p), 5u);  // the hook's bytes, in the tree
+  // A failing prepare: nothing journaled or applied, finish told so, the
+  // trees still take commits.
+  ctx.calls.clear();
+  ctx.value = AllocRec(6, 60);
+  ctx.fail = Status(Err::kCorrupt);
+  {
+    Transaction tx(&t());
+    ASSERT_OK(tx.Set(T(1, 2), "b", 1));
+    ASSERT_OK(tx.SetLater(p, u32(ctx.value.size())).status());
+    tx.SetCommitHook(&hook);
+    EXPECT_EQ(tx.Commit().status(), Status(Err::kCorrupt));
+    EXPECT_EQ(ctx.calls, (std::vector<std::string>{"prepare", "finish"}));
+    EXPECT_FALSE(ctx.finish_journaled);
+    EXPECT_EQ(ctx.finish_seq, 0u);
+  }
+  Vector<u8> v;
+  EXPECT_EQ(t().Get(T(1, 2), &v), Status(Err::kNotFound));
+  EXPECT_EQ(RecVersion(t(), p), 5u);
+  Set(T(1, 3), "c");  // not failed
+  // After a power cut the journal gives back what the hook wrote.
+  ctx.calls.clear();
+  ctx.fail = Status::Ok();
+  ctx.value = AllocRec(7, 70);
+  {
+    Transaction tx(&t());
+    ASSERT_OK(tx.SetLater(p, u32(ctx.value.size())).status());
+    tx.SetCommitHook(&hook);
+    ASSERT_OK(tx.Commit(CommitMode::kFlush).status());
+  }
+  {
+    std::unique_ptr<Fs> cut = fs_->AfterPowerCut();
+    Store e2;
+    store::OpenReport rep;
+    ASSERT_OK(OpenEngine(&e2, *cut, opts_, &rep));
+    EXPECT_FALSE(rep.was_clean);
+    EXPECT_EQ(RecVersion(e2.btrees(), p), 7u);
+    EXPECT_EQ(e2.alloc().Get(0, p.offset).live_sectors, 70u);
+    ASSERT_OK(e2.Close());
+  }
+  // Refused: a hook on a reclaim commit; SetLater outside the alloc tree or
+  // of a bad length.
+  {
+    Transaction tx(&t());
+    ASSERT_OK(tx.SetLater(p, 24).status());
+    tx.SetCommitHook(&hook);
+    tx.SetReclaim();
+    EXPECT_EQ(tx.Commit().status(), Status(Err::kInvalidArgument));
+    EXPECT_EQ(tx.SetLater(T(1, 1), 24).status(), Status(Err::kInvalidArgument));
+    EXPECT_EQ(tx.SetLater(p, 0).status(), Status(Err::kInvalidArgument));
+    EXPECT_EQ(tx.SetLater(p, Transaction::kMaxLaterBytes + 1).status(), Status(Err::kInvalidArgument));
+  }
+}
+
+// SetLater slots with no hook to fill them: Commit refuses before anything
+// happens (review 3b F8) -- before, the slot's zeros were journaled and
+// applied as a record (free, gen 0, version 0), which for a journal
+// bucket is a bad record the next read-write mount refuses.
+TEST_F(BtreeEdgeTest, LaterSlotsWithoutAHookAreRefused) {
+  const Pos p{kBtreeAlloc, 0, e_->alloc().nbuckets(0) - 1};
+  Set(p, AllocRec(3, 30));
+  const u64 commits = t().GetStats().commits;
+  {
+    Transaction tx(&t());
+    ASSERT_OK(tx.Set(T(2, 1), "a", 1));
+    ASSERT_OK(tx.SetLater(p, 24).status());
+    EXPECT_EQ(tx.Commit().status(), Status(Err::kInvalidArgument));
+    EXPECT_EQ(tx.size(), 0u);  // the queue is empty afterwards, as after any commit
+  }
+  EXPECT_EQ(t().GetStats().commits, commits);
+  Vector<u8> v;
+  EXPECT_EQ(t().Get(T(2, 1), &v), Status(Err::kNotFound));
+  EXPECT_EQ(RecVersion(t(), p), 3u);  // the record as it was, not zeros
+  Set(T(2, 2), "b");  // the trees still take commits
+}
+
 // The journal fills (a 1 MiB ring, several MiB of commits, nobody calls
 // Checkpoint): its reclaim hook must get the trees checkpointed so that commits
 // keep going; a power cut afterwards loses nothing that was flushed.

@@ -1,27 +1,44 @@
-// Space accounting (data.h): per bucket, the live blocks of committed
-// extents (their pointers that are not cached), the blocks of their cached
-// pointers (counted apart: a cached copy is not what keeps the data, and the
-// cache will be dropped by bucket, issue 22), the blocks reserved by writes
-// not yet applied or aborted (pending), the reads in flight (Pin/Unpin) and
-// whether a write point holds it; and the sum of unwritten reservations. It
-// lives in memory and is rebuilt from the extents at Open -- the one record
-// of what is live, so a crash cannot leave the two disagreeing -- and a user
-// bucket no extent points into is freed there. Afterwards a bucket none of
-// them holds is freed at once, or by the last read that has it pinned
-// (kDoomed). Which pointers count is one rule (PtrCounts), so that Open and
-// QueuePunch count and uncount the same ones: not a pointer outside the
-// buckets, nor a stale cached one.
+// Space accounting (data.h). The live and cached counts of every bucket
+// are the allocator's (its records in the alloc btree: docs/design/copies.md,
+// "As built: step 3b-2"), changed only inside the extent transactions that
+// change them: Commit sums the delta per bucket (QueueCounts), queues one
+// SetLater slot per bucket, and the transaction's commit hook stages the new
+// counts and fills the records under the btree's commit_mu (PrepareCounts)
+// and publishes them once journaled (FinishCounts) -- so a record's version
+// order is its journal order and a crash keeps an extent change and its
+// buckets' records together. Kept here, in memory only: per bucket, the
+// blocks reserved by writes not yet applied or aborted (pending), the reads
+// in flight (Pin/Unpin) and whether a write point holds it; and the sum of
+// unwritten reservations. Open still walks the extents: it checks the
+// loaded counts against them (count_mismatches) and publishes the extents'
+// where they differ. A user bucket none of them holds is freed -- by the
+// transaction's Apply when its publish emptied it, by whoever drops the last
+// pending block or write point hold, or by the last read that has it pinned
+// (kDoomed). Which pointers count is one rule (PtrCounts: data::PtrBucket and
+// data::PtrCountsIn), so that Open and QueuePunch count and uncount the same
+// ones: not a pointer outside the buckets, nor a stale cached one.
 //
-// All of it is under acct_mu_, the innermost lock (taken after the write
-// point table's mutex or one write point's). acct_mu_ is never held across
-// I/O, a btree call or the allocator's Free: ReleaseLocked only says which
-// bucket to free, and its caller frees it after dropping acct_mu_. Open and
-// Close run alone: the mount opens the data path before its users and closes
-// it after them.
+// acct_mu_ guards pending, reads, held and the reservations; it is the
+// innermost of the data path's locks (taken after the write point table's
+// mutex or one write point's), taken before the allocator's mu_ (reading
+// counts), and never held across I/O, a btree call or the allocator's Free
+// or RepairCounts: ReleaseLocked only says which bucket to free (marking it
+// kFreeing, so that no read pins it and no commit's gain holds it before
+// the Free changes its generation), and its caller frees it after dropping
+// acct_mu_ (FreeReleased). A commit holds every bucket it gains in from
+// before its commit until Apply or Abort (HoldGains), so no free comes
+// between a record's staging and its publishing. The commit hook takes no data
+// path lock (only the allocator's mu_, under commit_mu). Open and Close run
+// alone: the mount opens the data path before its users and closes it after
+// them.
 #include "data/data.h"
 
 #include "platform/platform.h"
 #include "sb/format.h"
+#include "util/sort.h"
+
+static_assert(tfs::alloc::kCountFactor == tfs::data::kMaxCompressedBlocks,
+              "a bucket counts logical sectors: up to a compressed blob's blocks per disk block");
 
 namespace tfs::data {
 
@@ -59,15 +76,19 @@ Status DataPath::Open(store::Store* store) {
   }
   alloc::Allocator& a = store->alloc();
   for (u32 d = 0; d < a.members(); d++) {
-    TFS_TRY(live_[d].Resize(a.nbuckets(d)));
-    TFS_TRY(cached_[d].Resize(a.nbuckets(d)));
     TFS_TRY(pending_[d].Resize(a.nbuckets(d)));
     TFS_TRY(reads_[d].Resize(a.nbuckets(d)));
     TFS_TRY(held_[d].Resize(a.nbuckets(d)));
   }
-  // Live and cached blocks per bucket, from the extents: the one record of
-  // what is live. A bad pointer (fsck's business) counts nowhere, nor does a
+  // The counts the extents say (sectors), to check the records against
+  // (step 3b-2: the walk stays until the accounting records make it
+  // redundant). A bad pointer (fsck's business) counts nowhere, nor does a
   // stale cached one (normal); the extent's other pointers still count.
+  // Per member, live and cached of bucket b at 2b and 2b + 1: u32 each (8
+  // bytes a bucket), saturating -- a sum past MaxCountSectors (< 2^32) is
+  // clamped to it below anyway.
+  Vector<u32> sums[dev::kMaxDevices];
+  for (u32 d = 0; d < a.members(); d++) TFS_TRY(sums[d].Resize(2 * a.nbuckets(d)));
   Iterator it(trees_, btree::kBtreeExtents);
   Status st = it.SeekToFirst();
   u64 bad = 0;
@@ -90,20 +111,57 @@ Status DataPath::Open(store::Store* store) {
         bad_ptr |= !PtrBucket(store_->sb(), p, &b);  // (a stale cached pointer is not bad)
         continue;
       }
-      (p.cached ? cached_ : live_)[p.dev][b] += e.blocks();
+      u32& sum = sums[p.dev][2 * b + (p.cached ? 1 : 0)];
+      const u32 add = PtrSectors(e);
+      sum = add > ~u32(0) - sum ? ~u32(0) : sum + add;
     }
     bad += bad_ptr;
   }
   if (!st.ok()) return st;
   if (bad > 0) platform::Log(platform::LogLevel::kError, "data: %llu extents with bad pointers (fsck)", (unsigned long long)bad);
+  // The records against the extents: a user bucket whose counts differ gets
+  // the extents' (the truth); counts in a bucket that is not a user bucket
+  // are pointers into it that fsck drops (they count nowhere: a punch of
+  // them changes nothing there).
+  Vector<alloc::CountFix> fixes;
+  u64 foreign = 0;
+  for (u32 d = 0; d < a.members(); d++) {
+    for (u64 b = 0; b < a.nbuckets(d); b++) {
+      const u32 live = sums[d][2 * b], cached = sums[d][2 * b + 1];
+      const alloc::Bucket k = a.Get(d, b);
+      if (k.state != alloc::BucketState::kUser) {
+        foreign += live != 0 || cached != 0;
+        continue;
+      }
+      const u64 most = alloc::MaxCountSectors(sb, k.state);
+      const u32 want_live = u32(Min<u64>(live, most)), want_cached = u32(Min<u64>(cached, most));
+      if (k.live_sectors == want_live && k.cached_sectors == want_cached) continue;
+      if (fixes.size() < 10) {
+        platform::Log(platform::LogLevel::kWarn,
+                      "data: member %u bucket %llu: its record counts %u live and %u cached sectors, its extents "
+                      "%u and %u: set to the extents'",
+                      d, (unsigned long long)b, k.live_sectors, k.cached_sectors, want_live, want_cached);
+      }
+      TFS_TRY(fixes.PushBack(alloc::CountFix{d, b, want_live, want_cached}));
+    }
+  }
+  if (foreign > 0)
+    platform::Log(platform::LogLevel::kError, "data: %llu buckets that are not user buckets have extents pointing "
+                  "into them (fsck)", (unsigned long long)foreign);
+  if (!fixes.empty()) {
+    platform::Log(platform::LogLevel::kWarn, "data: %llu bucket records counted otherwise than their extents: "
+                  "set to the extents' counts", (unsigned long long)fixes.size());
+    ctr_.count_mismatches.FetchAdd(fixes.size(), MemOrder::kRelaxed);
+    TFS_TRY(a.RepairCounts(fixes.data(), u32(fixes.size())));
+  }
   // User buckets no extent points into (a crash between allocating and
   // committing, or the last write point of a crash): free them, with one
   // record commit.
   Vector<alloc::BucketRef> orphans;
   for (u32 d = 0; d < a.members(); d++)
-    for (u64 b = 0; b < live_[d].size(); b++) {
+    for (u64 b = 0; b < a.nbuckets(d); b++) {
       const alloc::Bucket k = a.Get(d, b);
-      if (k.state != alloc::BucketState::kUser || live_[d][b] != 0 || cached_[d][b] != 0) continue;
+      if (k.state != alloc::BucketState::kUser || k.live_sectors != 0 || k.cached_sectors != 0) continue;
       TFS_TRY(orphans.PushBack(alloc::BucketRef{d, b, k.gen}));
     }
   return FreeReleased(orphans.data(), u32(orphans.size()));
@@ -145,8 +203,6 @@ void DataPath::Close() {
     nr_wps_.Store(0, MemOrder::kRelease);
   }
   FreeReleased(frees.data(), u32(frees.size())).IgnoreError();  // (counted; a failed commit: record_errors)
-  for (auto& v : live_) v.Resize(0).IgnoreError();
-  for (auto& v : cached_) v.Resize(0).IgnoreError();
   for (auto& v : pending_) v.Resize(0).IgnoreError();
   for (auto& v : reads_) v.Resize(0).IgnoreError();
   for (auto& v : held_) v.Resize(0).IgnoreError();
@@ -160,9 +216,10 @@ u64 DataPath::FreeBlocksLocked() const {
   u64 buckets = 0;
   for (u32 d = 0; d < a.members(); d++) {
     // Free buckets, those whose free is not settled yet among them: a bucket
-    // is kFree from its free on, on the pending list or the free list
-    // (pending_free counts a subset of these, never more).
-    const u64 free = a.Usage(d).by_state[u32(alloc::BucketState::kFree)];
+    // is kFree from its free on, on the pending list or the free list.
+    // (FreeCount, not Usage: only this, O(1) under the allocator's mu_ --
+    // which the commit hook takes under commit_mu.)
+    const u64 free = a.FreeCount(d);
     const u64 floor = a.FreeFloor(d, alloc::Watermark::kForeground);
     if (free > floor) buckets += free - floor;
   }
@@ -176,79 +233,200 @@ u64 DataPath::FreeBlocksLocked() const {
 
 Status DataPath::FreeReleased(const alloc::BucketRef* refs, u32 n) {
   if (n == 0) return Status::Ok();
+  TestPoint("free.decided");
   // (One alone: Free, which needs no memory. A batch whose list cannot be
   // allocated -- FreeBuckets changed nothing then -- goes one by one.)
+  alloc::Allocator& a = store_->alloc();
   u32 freed = 0;
-  Status st = n == 1 ? Status(Err::kNoMemory) : store_->alloc().FreeBuckets(refs, n, &freed);
+  Status st = n == 1 ? Status(Err::kNoMemory) : a.FreeBuckets(refs, n, &freed);
   if (st.code() == Err::kNoMemory && freed == 0) {
     // (Were the frees made and their commit short of memory instead, each
     // Free finds a stale ref and changes nothing.)
     for (u32 i = 0; i < n; i++)
-      if (store_->alloc().Free(refs[i]).ok()) freed++;
+      if (a.Free(refs[i]).ok()) freed++;
     if (freed == n) st = Status::Ok();
   }
   ctr_.buckets_freed.FetchAdd(freed, MemOrder::kRelaxed);
+  if (freed != n) {
+    // A bucket still the user bucket of its ref's generation was not freed
+    // (a Free changes the generation first, whatever its commit does): no
+    // longer being freed -- its record says user, the next mount frees it.
+    MutexLock l(acct_mu_);
+    for (u32 i = 0; i < n; i++) {
+      const alloc::BucketRef& r = refs[i];
+      if (r.dev >= dev::kMaxDevices || r.bucket >= held_[r.dev].size()) continue;
+      const alloc::Bucket k = a.Get(r.dev, r.bucket);
+      if (k.state == alloc::BucketState::kUser && k.gen == r.gen) held_[r.dev][r.bucket] &= u8(~kFreeing);
+    }
+  }
   return st;
 }
 
 bool DataPath::PtrCounts(const Extent::Ptr& p, u64* bucket) const {
   if (!PtrBucket(store_->sb(), p, bucket)) return false;
-  if (!p.cached) return true;
-  const alloc::Bucket k = store_->alloc().Get(p.dev, *bucket);
-  return k.state == alloc::BucketState::kUser && k.gen == p.gen;
+  alloc::Bucket k;
+  if (p.cached) k = store_->alloc().Get(p.dev, *bucket);  // (only a cached pointer asks: one lock less)
+  return PtrCountsIn(p, k.state == alloc::BucketState::kUser, k.gen);
 }
 
-bool DataPath::ReleaseLocked(u32 dev, u64 bucket, alloc::BucketRef* ref) {
-  if (live_[dev][bucket] != 0 || cached_[dev][bucket] != 0 || pending_[dev][bucket] != 0 || held_[dev][bucket] != 0)
+bool DataPath::ReleaseLocked(u32 dev, u64 bucket, alloc::BucketRef* ref, u32 gen) {
+  const alloc::Bucket k = store_->alloc().Get(dev, bucket);
+  // Another generation: freed (and maybe reused) since the caller's
+  // transaction emptied it -- not the caller's bucket any more.
+  if (k.state != alloc::BucketState::kUser || (gen != kCurrentGen && k.gen != gen)) return false;
+  if (k.live_sectors != 0 || k.cached_sectors != 0 || pending_[dev][bucket] != 0 || held_[dev][bucket] != 0)
     return false;
   if (reads_[dev][bucket] != 0) {
     reads_[dev][bucket] |= kDoomed;  // the last read frees it (Unpin)
     return false;
   }
-  *ref = alloc::BucketRef{dev, bucket, store_->alloc().Get(dev, bucket).gen};
+  *ref = alloc::BucketRef{dev, bucket, k.gen};
+  held_[dev][bucket] |= kFreeing;  // until the Free: Pin and a gain refuse it
   return true;
 }
 
-void DataPath::Account(u32 dev, u64 bucket, i64 blocks, i64 cached, i64 pending) {
+void DataPath::Account(u32 dev, u64 bucket, i64 pending, u32 gen) {
   bool free_it = false;
   alloc::BucketRef ref{};
   {
     MutexLock l(acct_mu_);
-    if (dev >= dev::kMaxDevices || bucket >= live_[dev].size()) return;
-    u32& live = live_[dev][bucket];
-    u32& cach = cached_[dev][bucket];
+    if (dev >= dev::kMaxDevices || bucket >= pending_[dev].size()) return;
     u32& pend = pending_[dev][bucket];
-    TFS_BUG_ON((blocks < 0 && u64(-blocks) > live) || (pending < 0 && u64(-pending) > pend));
-    // Cached blocks may be uncounted that were never counted: a cached
-    // pointer stale at mount (counted nowhere) looks current again once its
-    // bucket is reused at the pointer's generation (a wrap, or a hostile
-    // value one ahead). The count stops at 0: a cache bucket freed early only
-    // makes its other cached pointers stale, which reads and fsck expect.
-    if (cached < 0 && u64(-cached) > cach) {
-      ctr_.cached_underflows.FetchAdd(1, MemOrder::kRelaxed);
-      cached = -i64(cach);
-    }
-    live = u32(i64(live) + blocks);
-    cach = u32(i64(cach) + cached);
+    TFS_BUG_ON(pending < 0 && u64(-pending) > pend);
     pend = u32(i64(pend) + pending);
-    if (blocks < 0) ctr_.blocks_released.FetchAdd(u64(-blocks), MemOrder::kRelaxed);
-    free_it = ReleaseLocked(dev, bucket, &ref);
+    free_it = ReleaseLocked(dev, bucket, &ref, gen);
   }
-  if (free_it && store_->alloc().Free(ref).ok()) ctr_.buckets_freed.FetchAdd(1, MemOrder::kRelaxed);
+  if (free_it) FreeReleased(&ref, 1).IgnoreError();  // (counted; a failed Free: the next mount)
 }
 
-void DataPath::Apply(const Delta& delta) {
-  // Gains first: reserved space that becomes live or cached, and blocks a
-  // pointer into a blob counted already gains (a copy added to an extent, a
-  // cached copy made authoritative); then every change that loses
-  // something. A bucket losing and gaining in one delta never looks empty.
-  // (A change's pending is what its write reserved: Apply releases it.)
-  auto gains = [](const Delta::Change& c) { return c.blocks >= 0 && c.cached >= 0; };
-  for (const Delta::Change& c : delta.changes)
-    if (gains(c) && (c.blocks > 0 || c.cached > 0 || c.pending > 0))
-      Account(c.dev, c.bucket, c.blocks, c.cached, -Max<i64>(c.pending, 0));
-  for (const Delta::Change& c : delta.changes)
-    if (!gains(c)) Account(c.dev, c.bucket, c.blocks, c.cached, -Max<i64>(c.pending, 0));
+Status DataPath::QueueCounts(btree::Transaction* tx, const Delta& delta, CommitCounts* cc) {
+  Vector<alloc::CountStage>& st = cc->stages;
+  st.Clear();
+  u32 n = 0;
+  for (const Delta::Change& c : delta.changes) n += c.blocks != 0 || c.cached != 0;
+  if (n == 0) return Status::Ok();
+  TFS_TRY(st.Reserve(n));
+  constexpr i64 kSectors = kBlockSize / 512;
+  for (const Delta::Change& c : delta.changes) {
+    if (c.blocks == 0 && c.cached == 0) continue;
+    alloc::CountStage s;
+    s.dev = c.dev;
+    s.bucket = c.bucket;
+    s.live = c.blocks * kSectors;
+    s.cached = c.cached * kSectors;
+    st.PushBack(s).IgnoreError();  // reserved
+  }
+  // One stage per bucket: the changes of a bucket summed (a write's
+  // overwrite of its own bucket's blocks nets out), those that net 0 gone.
+  Sort(st.data(), st.size(), [](const alloc::CountStage& x, const alloc::CountStage& y) {
+    return x.dev != y.dev ? x.dev < y.dev : x.bucket < y.bucket;
+  });
+  usize k = 0;
+  for (usize i = 0; i < st.size(); i++) {
+    if (k > 0 && st[k - 1].dev == st[i].dev && st[k - 1].bucket == st[i].bucket) {
+      st[k - 1].live += st[i].live;
+      st[k - 1].cached += st[i].cached;
+    } else {
+      st[k++] = st[i];
+    }
+  }
+  usize kept = 0;
+  for (usize i = 0; i < k; i++)
+    if (st[i].live != 0 || st[i].cached != 0) st[kept++] = st[i];
+  st.Resize(kept).IgnoreError();  // (shrinking)
+  if (kept == 0) return Status::Ok();
+  // A record's slot per bucket, in stage order (their bytes: PrepareCounts).
+  for (usize i = 0; i < kept; i++) {
+    const u32 slot = TFS_TRY(tx->SetLater(btree::Pos{btree::kBtreeAlloc, st[i].dev, st[i].bucket},
+                                          u32(sizeof(alloc::AllocRecord))));
+    if (i == 0) cc->first_slot = slot;
+  }
+  TFS_TRY(HoldGains(delta, cc));
+  cc->dp = this;
+  cc->hook = btree::CommitHook{PrepareCounts, FinishCounts, cc};
+  tx->SetCommitHook(&cc->hook);
+  return Status::Ok();
+}
+
+Status DataPath::HoldGains(const Delta& delta, CommitCounts* cc) {
+  // The invariant PublishCounts relies on (allocator.h): a bucket with a
+  // change in flight is neither freed nor reallocated until the change is
+  // published. A loss is held by the counted pointer it removes; a gain is
+  // held here -- a new write's bucket has its pending blocks already, but a
+  // new pointer into a blob committed before (a copy of another extent's)
+  // has nothing else, and the blob's own extent may be punched meanwhile.
+  // (A bucket the delta has pending blocks in is held by them until Apply or
+  // Abort already: no hold of its own.)
+  auto needs_hold = [&](const alloc::CountStage& s) {
+    if (s.live <= 0 && s.cached <= 0) return false;
+    for (const Delta::Change& c : delta.changes)
+      if (c.pending > 0 && c.dev == s.dev && c.bucket == s.bucket) return false;
+    return true;
+  };
+  bool check = false;  // a gain with no pending blocks: its bucket may have gone since the caller read it
+  for (const Delta::Change& c : delta.changes) {
+    if (c.blocks <= 0 && c.cached <= 0) continue;
+    if (c.gen > 0xff || c.dev >= dev::kMaxDevices || c.bucket >= held_[c.dev].size()) return Err::kInvalidArgument;
+    check |= c.pending == 0;
+  }
+  u32 n = 0;
+  for (const alloc::CountStage& s : cc->stages) n += needs_hold(s);
+  if (!check && n == 0) return Status::Ok();  // (a write: its pending blocks hold its buckets)
+  TFS_TRY(cc->holds.Reserve(n));
+  const alloc::Allocator& a = store_->alloc();
+  MutexLock l(acct_mu_);
+  for (const Delta::Change& c : delta.changes) {
+    if ((c.blocks <= 0 && c.cached <= 0) || c.pending > 0) continue;
+    const alloc::Bucket k = a.Get(c.dev, c.bucket);
+    if (k.state != alloc::BucketState::kUser || k.gen != c.gen || (held_[c.dev][c.bucket] & kFreeing) != 0) {
+      // Freed (or being freed, or reused) since the caller read the pointer:
+      // its blob is gone. Not damage: the caller looks again.
+      ctr_.gains_refused.FetchAdd(1, MemOrder::kRelaxed);
+      return Err::kAgain;
+    }
+  }
+  for (const alloc::CountStage& s : cc->stages) {
+    if (!needs_hold(s)) continue;
+    pending_[s.dev][s.bucket]++;
+    cc->holds.PushBack(alloc::BucketRef{s.dev, s.bucket, a.Get(s.dev, s.bucket).gen}).IgnoreError();  // reserved
+  }
+  return Status::Ok();
+}
+
+void DataPath::DropHolds(CommitCounts* cc) {
+  for (const alloc::BucketRef& h : cc->holds) Account(h.dev, h.bucket, -1);
+  cc->holds.Clear();
+}
+
+Status DataPath::PrepareCounts(void* ctx, btree::Transaction* tx) {
+  auto* cc = static_cast<CommitCounts*>(ctx);
+  Vector<alloc::CountStage>& st = cc->stages;
+  TFS_TRY(cc->dp->store_->alloc().StageCounts(st.data(), u32(st.size()), &cc->note));
+  for (usize i = 0; i < st.size(); i++) MemCopy(tx->LaterValue(cc->first_slot + u32(i)), &st[i].rec, sizeof(st[i].rec));
+  return Status::Ok();
+}
+
+void DataPath::FinishCounts(void* ctx, u64 /*seq*/, bool journaled) {
+  auto* cc = static_cast<CommitCounts*>(ctx);
+  if (!journaled) return;  // nothing published: the counts stay the last journaled ones
+  cc->dp->store_->alloc().PublishCounts(cc->stages.data(), u32(cc->stages.size()), &cc->note);
+  cc->published = true;
+}
+
+void DataPath::Apply(const Delta& delta, CommitCounts* cc, bool frees) {
+  // The counts moved with the commit (published by its hook); what the
+  // writes reserved is released now, and the holds, and a bucket the commit
+  // emptied that nothing else holds is freed -- checked at the generation
+  // it was emptied at, so a bucket freed and reused meanwhile is left alone.
+  for (const Delta::Change& c : delta.changes) {
+    if (c.blocks < 0) ctr_.blocks_released.FetchAdd(u64(-c.blocks), MemOrder::kRelaxed);
+    if (c.pending > 0) Account(c.dev, c.bucket, -c.pending);
+  }
+  DropHolds(cc);
+  if (cc->published && frees) {
+    for (const alloc::CountStage& s : cc->stages)
+      if (s.changed && s.b.live_sectors == 0 && s.b.cached_sectors == 0) Account(s.dev, s.bucket, 0, s.b.gen);
+  }
   if (delta.unreserved > 0) {
     MutexLock a(acct_mu_);
     TFS_BUG_ON(delta.unreserved > reserved_);
@@ -259,7 +437,7 @@ void DataPath::Apply(const Delta& delta) {
 void DataPath::Abort(const Delta& delta) {
   // The space reserved for it is unreferenced: its bucket may go once empty.
   for (const Delta::Change& c : delta.changes)
-    if (c.pending > 0) Account(c.dev, c.bucket, 0, 0, -c.pending);
+    if (c.pending > 0) Account(c.dev, c.bucket, -c.pending);
   if (delta.reserved > 0) {
     MutexLock a(acct_mu_);
     TFS_BUG_ON(delta.reserved > reserved_);
@@ -271,6 +449,7 @@ bool DataPath::Pin(u32 dev, u64 bucket, u8 gen) {
   MutexLock a(acct_mu_);
   const alloc::Bucket k = store_->alloc().Get(dev, bucket);
   if (k.gen != gen || k.state != alloc::BucketState::kUser) return false;
+  if ((held_[dev][bucket] & kFreeing) != 0) return false;  // decided: the Free is on its way
   reads_[dev][bucket]++;
   return true;
 }
@@ -283,17 +462,18 @@ void DataPath::Unpin(u32 dev, u64 bucket) {
     TFS_BUG_ON((r & ~kDoomed) == 0);
     r--;
     if (r != kDoomed) return;
-    r = 0;  // the last read of a bucket emptied meanwhile: free it now
-    ref = alloc::BucketRef{dev, bucket, store_->alloc().Get(dev, bucket).gen};
+    // The last read of a bucket emptied meanwhile: free it now -- if it is
+    // still empty (a commit's gain may have held it since: HoldGains).
+    r = 0;
+    if (!ReleaseLocked(dev, bucket, &ref)) return;
   }
-  if (store_->alloc().Free(ref).ok()) ctr_.buckets_freed.FetchAdd(1, MemOrder::kRelaxed);
+  FreeReleased(&ref, 1).IgnoreError();  // (counted; a failed Free: the next mount)
 }
 
 void DataPath::BucketCounts(u32 dev, u64 bucket, u32* live, u32* cached) const {
-  MutexLock a(acct_mu_);
-  const bool in = dev < dev::kMaxDevices && bucket < live_[dev].size();
-  *live = in ? live_[dev][bucket] : 0;
-  *cached = in ? cached_[dev][bucket] : 0;
+  const alloc::Bucket k = store_->alloc().Get(dev, bucket);  // (outside the members: counts 0)
+  *live = k.live_sectors / (kBlockSize / 512);
+  *cached = k.cached_sectors / (kBlockSize / 512);
 }
 
 Stats DataPath::GetStats() const {

@@ -28,19 +28,27 @@
 // before the caller commits the transaction that QueueWrite filled: the new
 // extent keys and the trimmed or deleted old ones. The commit must name the
 // members written (Delta::deps: every copy written, and no other member) so
-// that it becomes durable only after they are flushed. After the commit, Apply(delta) moves the space accounting; a bucket
-// no extent points into any more (and no write in flight has space in) is
-// freed. Abort(delta) after a failed commit.
+// that it becomes durable only after they are flushed. Commit moves the
+// space accounting with the transaction (below); a bucket no extent points
+// into any more (and no write in flight has space in) is then freed.
+// Abort(delta) after a failed commit.
 //
-// Space accounting lives in memory and is rebuilt from the extents at Open: the
-// extents are the only record of which blocks are live, so a crash cannot leave
-// the two disagreeing. Every pointer that is not cached counts its extent's
-// blocks as live in its bucket; a current cached pointer counts them as
-// cached, apart (a cached copy is not what keeps the data), and a stale one
-// nowhere (docs/design/copies.md, "As built: step 1"). A bucket
-// is freed when neither count, nor a write in flight, holds it. Buckets marked
-// user that no extent points into are freed at Open (a crash between
-// allocating and committing).
+// Space accounting (docs/design/copies.md, "As built: step 3b-2"): every
+// pointer that is not cached counts its extent's blocks as live sectors in
+// its bucket; a current cached pointer counts them as cached, apart (a
+// cached copy is not what keeps the data), and a stale one nowhere
+// (data::PtrCountsIn, data::PtrSectors). The counts are the allocator's --
+// each bucket's record in the alloc btree -- and change only inside the
+// extent transaction that changes them: Commit gives the transaction a
+// commit hook that computes the buckets' new records under the btree's
+// commit_mu (in journal order) and publishes them once journaled, so the
+// extent change and its buckets' records are one journal entry and a crash
+// keeps both or neither. Open still walks the extents, checks the loaded
+// counts against them (count_mismatches: 0 unless something edited extents
+// without the data path -- fsck, or damage) and sets the extents' where
+// they differ. A bucket is freed when neither count, nor a write in flight,
+// nor a write point holds it. Buckets marked user that no extent points
+// into are freed at Open (a crash between allocating and committing).
 //
 // Reading verifies every block it returns; a mismatch is kDataCorrupt (EIO at
 // the FUSE edge) and counted, never the bytes. Holes read as zeros. The
@@ -61,8 +69,8 @@
 //
 // Unwritten extents (fallocate) have no pointer and no blob: they read as
 // zeros and hold a *reservation* of as many blocks (bcachefs's reservation
-// keys). The sum of the reservations is kept in memory (rebuilt at Open like
-// the bucket counts) and is space no other write may take: a write that does
+// keys). The sum of the reservations is kept in memory (rebuilt at Open by
+// the walk of the extents) and is space no other write may take: a write that does
 // not replace reserved blocks gets kNoSpace rather than eat into them, and
 // QueueReserve refuses what free space cannot cover. A write over reserved
 // blocks releases them as it commits.
@@ -76,6 +84,8 @@
 // them must be serialized by the caller (the posix layer's inode stripe);
 // reads need no lock. Lock order: the write point table's mutex, or one write
 // point's, then the accounting mutex; none is held across I/O or a btree call.
+// The commit hook (account.cc) runs under the btree's commit_mu and takes
+// only the allocator's mutex.
 #ifndef TFS_DATA_DATA_H_
 #define TFS_DATA_DATA_H_
 
@@ -119,6 +129,14 @@ struct Delta {
     i64 blocks = 0;   // live (file) blocks gained or lost
     i64 cached = 0;   // cached (file) blocks gained or lost (a cached pointer's: never live)
     i64 pending = 0;  // disk blocks reserved for the write (released by Apply or Abort)
+    // A gain's (blocks or cached > 0): the generation of the bucket the
+    // gained pointer names. Without pending blocks (a new pointer into a
+    // blob committed before), Commit refuses the gain (kAgain) unless the
+    // bucket is still the user bucket of that generation, and not being
+    // freed, and holds it until the counts are published. kNoGen: none
+    // given (kInvalidArgument for a gain).
+    u32 gen = kNoGen;
+    static constexpr u32 kNoGen = 0x100;
   };
   Vector<Change> changes;
   // Whether it changes nothing (a punch that found no extent).
@@ -152,7 +170,9 @@ struct Delta {
   X(copy_retries, counter, "reads that fell back to another copy (checksum, I/O error, bad or stale pointer)") \
   X(slow_member_flushes, counter, "commits that flushed a member without a journal (an HDD) before entering it") \
   X(write_point_fallbacks, counter, "writes sent to the foreground target's write point (the table was full)") \
-  X(cached_underflows, counter, "cached blocks uncounted that were never counted (a stale cached pointer current again)") \
+  X(count_mismatches, counter, "buckets whose loaded counts differed from their extents' at Open (set to the extents')") \
+  X(gains_refused, counter, "commits refused (kAgain): a pointer they add names a bucket freed, reused or being freed since it was read") \
+  X(punch_batches_cut, counter, "punch batches (truncate, punch, free) ended early to fit the journal entry")         \
   X(replica_copies, counter, "copies written beside an extent's first (replicas)")                                      \
   X(copy_write_errors, counter, "copies whose write failed: the extent kept the copies written")                        \
   X(copy_alloc_errors, counter, "further copies whose bucket's allocation failed, not for want of space: the write went on with fewer")     \
@@ -170,8 +190,10 @@ class DataPath {
   DataPath(const DataPath&) = delete;
   DataPath& operator=(const DataPath&) = delete;
 
-  // Rebuilds the accounting from the extents and frees user buckets no extent
-  // points into. The store stays open until Close.
+  // Checks the allocator's counts against the extents (one walk: the
+  // counts set to the extents' where they differ, count_mismatches), sums
+  // the reservations, and frees user buckets no extent points into. The
+  // store stays open until Close.
   Status Open(store::Store* store);
   void Close();
 
@@ -193,21 +215,34 @@ class DataPath {
   // (in the same transaction: a truncate's punch from p's first block on).
   Status QueuePreparedOverPunch(btree::Transaction* tx, const Prepared& p);
   // Queues the removal of the blocks in [first, end) (holes afterwards).
-  Status QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end, Delta* delta, u32 max_keys = ~0u);
-  // How many extent keys of `ino` hold blocks from `first` on, counting up to
-  // `limit` (QueuePunch's key count for [first, end of file)).
-  Result<u32> CountExtentsFrom(u64 ino, u64 first, u32 limit);
+  // With max_keys (a batch of a truncate, punch or free; the caller commits
+  // and calls again for the rest): at most max_keys extents, and it stops
+  // before an extent whose worst case -- its keys, backpointers and the
+  // bucket records Commit adds for it (Transaction::KeyBytes) -- would not
+  // leave `reserve` journal bytes of the entry for what the caller queues
+  // after (the inode; a tail and its records: PreparedJournalBytes); always
+  // one extent at least. *more (optional): whether it stopped before the end
+  // (an extent of the range is left). Without max_keys (a write's own
+  // punch, which must be whole) it queues everything, kTooBig if that does
+  // not fit.
+  Status QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end, Delta* delta, u32 max_keys = ~0u,
+                    usize reserve = 0, bool* more = nullptr);
+  // The journal bytes QueuePreparedOverPunch queues for p, and the records
+  // Commit adds for delta's changes (at most one each): what a caller
+  // punching in batches before p keeps room for (QueuePunch's reserve).
+  Result<usize> PreparedJournalBytes(const Prepared& p, const Delta& delta);
   // Queues unwritten extents over the holes of [first, end), at most max_keys
   // of them, and sets *next to where it stopped (end when done). kNoSpace if
   // free space minus the reservations cannot hold the holes queued.
   Status QueueReserve(btree::Transaction* tx, u64 ino, u64 first, u64 end, Delta* delta, u32 max_keys,
                       u64* next);
-  // After the commit: every change moves its bucket's counts -- gains first
-  // (space reserved by the write becomes live or cached; blocks a new
-  // pointer into a blob already counted elsewhere, such as an added copy,
-  // count as they are), then losses, so a bucket losing and gaining in one
-  // delta never looks empty.
-  void Apply(const Delta& delta);
+  // When a delta is given up before its commit, or by Commit when its
+  // commit published nothing (it failed before the journal took the entry):
+  // the space its writes reserved goes back, and so do its reservations; a
+  // bucket left empty is freed. (The counts never moved: they move only in
+  // a journaled commit. A commit whose apply failed after the journal took
+  // it published them: Commit releases that one as a successful one, not
+  // with Abort.)
   void Abort(const Delta& delta);
   // The slow-member rule for the journal (docs/format/journal.md): data on a
   // member that holds no journal ring (an HDD) is flushed by its own
@@ -219,8 +254,22 @@ class DataPath {
   // delta->deps; Commit does it for whatever is left. The flushes carry
   // ctx's origin and class.
   Status FlushSlowMembers(const IoContext& ctx, Delta* delta);
-  // Commits tx (kNoFlush, with delta.deps) and then Applies the delta, or
-  // Aborts it if the commit fails. The usual end of a write or punch.
+  // Commits tx (kNoFlush, with delta.deps) with the records of the buckets
+  // whose counts the delta changes (one per bucket: the changes summed, in
+  // sectors; computed and published by the commit hook), then releases the
+  // space the writes reserved and frees the buckets the commit emptied -- or
+  // Aborts the delta if the commit fails (kTooBig too when the records do
+  // not fit the journal entry beside the keys). A commit whose apply failed
+  // after the journal took it (the trees are failed) published the counts:
+  // its delta is released as a successful one's, without the frees. Every
+  // bucket the delta gains in is held from before the commit until then (by
+  // the write's pending blocks, or a transient one: HoldGains), so no free
+  // can come between the count's staging and its publishing; a gain whose
+  // bucket is no longer the user bucket of its Change::gen, or is being
+  // freed, refuses the commit (kAgain, counted: gains_refused; the caller
+  // reads the extent again).
+  // The end of every write, punch and reservation: nothing else moves the
+  // counts.
   Status Commit(const IoContext& ctx, btree::Transaction* tx, const Delta& delta,
                 journal::CommitMode mode = journal::CommitMode::kNoFlush);
 
@@ -240,9 +289,9 @@ class DataPath {
   Result<u64> SeekBlock(u64 ino, u64 block, bool data);
 
   Stats GetStats() const;
-  // The blocks a bucket's counts hold now: live (pointers not cached) and
-  // cached (0 for a bucket outside the members). For tests and the ctl
-  // document.
+  // The blocks a bucket's counts hold now (the allocator's, published):
+  // live (pointers not cached) and cached (0 for a bucket outside the
+  // members). For tests and the ctl document.
   void BucketCounts(u32 dev, u64 bucket, u32* live, u32* cached) const;
   // The bucket ctx's write point has open (false: none yet). For tests and
   // the ctl document.
@@ -257,6 +306,15 @@ class DataPath {
   void SetLookupHookForTest(void (*fn)(void*), void* ctx) {
     lookup_hook_ = fn;
     lookup_hook_ctx_ = ctx;
+  }
+  // Tests: fn(ctx, point) runs, with no data path lock held, at
+  // "commit.applying" (Commit: the transaction committed, before Apply) and
+  // "free.decided" (FreeReleased, before it frees the buckets ReleaseLocked
+  // or the last Unpin chose, or Open's empty ones). Before the first commit;
+  // null to remove.
+  void SetTestPointForTest(void (*fn)(void*, const char*), void* ctx) {
+    test_point_ = fn;
+    test_point_ctx_ = ctx;
   }
 
  private:
@@ -342,7 +400,9 @@ class DataPath {
   // Frees buckets ReleaseLocked gave out (no lock of the data path's held
   // but, in Close when memory is short, wps_mu_) with one record commit
   // (Allocator::FreeBuckets; Free for one, or for each when the batch's
-  // list cannot be allocated), counting those freed (buckets_freed). The
+  // list cannot be allocated), counting those freed (buckets_freed). One
+  // the allocator did not free (still the user bucket of its ref's
+  // generation) loses its kFreeing mark: the next mount frees it. The
   // allocator's first error.
   Status FreeReleased(const alloc::BucketRef* refs, u32 n);
   // Records the pending space of sp[0..copies) (`blocks` live, `pending`
@@ -374,9 +434,10 @@ class DataPath {
   // could make a stale one look current again).
   bool PtrCounts(const Extent::Ptr& p, u64* bucket) const;
   // A read holds the bucket it reads from: Pin fails if the bucket is no
-  // longer the user bucket of generation `gen` (freed since the lookup);
-  // while pinned, a bucket that empties is only marked, and the last Unpin
-  // frees it.
+  // longer the user bucket of generation `gen` (freed since the lookup), or
+  // is being freed (kFreeing: the free is decided and not yet made); while
+  // pinned, a bucket that empties is only marked, and the last Unpin frees
+  // it.
   bool Pin(u32 dev, u64 bucket, u8 gen);
   void Unpin(u32 dev, u64 bucket);
   static constexpr u32 kDoomed = 1u << 31;  // reads_: emptied while read
@@ -404,13 +465,67 @@ class DataPath {
   // floor, plus what is left in the write points. Under acct_mu_.
   u64 FreeBlocksLocked() const TFS_REQUIRES(acct_mu_);
   Status FlushMembers(const IoContext& ctx, dev::DevMask mask);
-  // Moves a bucket's counts (live by `blocks`, cached by `cached`, pending by
-  // `pending`) and frees it once all are zero and no write point holds it.
-  void Account(u32 dev, u64 bucket, i64 blocks, i64 cached, i64 pending);
-  // A bucket no extent, write or write point holds any more: freed now, or by
-  // the last read that has it pinned (kDoomed). Sets *ref and returns true
-  // when the caller is to free it (after dropping acct_mu_).
-  bool ReleaseLocked(u32 dev, u64 bucket, alloc::BucketRef* ref) TFS_REQUIRES(acct_mu_);
+  // Moves a bucket's pending blocks by `pending` and frees it once its
+  // counts, pending blocks and write point hold are all zero -- if it is
+  // still at generation `gen` (kCurrentGen: the caller held it until now,
+  // by the pending blocks or the hold it drops).
+  static constexpr u32 kCurrentGen = 0x100;
+  void Account(u32 dev, u64 bucket, i64 pending, u32 gen = kCurrentGen);
+  // A user bucket (of generation `gen`, see Account) no extent, write or
+  // write point holds any more: freed now, or by the last read that has it
+  // pinned (kDoomed). Sets *ref, marks the bucket kFreeing and returns true
+  // when the caller is to free it (after dropping acct_mu_: FreeReleased).
+  bool ReleaseLocked(u32 dev, u64 bucket, alloc::BucketRef* ref, u32 gen = kCurrentGen) TFS_REQUIRES(acct_mu_);
+  // held_'s bits. kFreeing: the bucket's free is decided (ReleaseLocked, the
+  // last Unpin) and not made yet -- Pin and a commit's gain refuse it, so
+  // nothing takes it between the decision and the Free (which bumps its
+  // generation: from then on the state says so). A write point taking a
+  // bucket from the allocator (a new life) sets held_ to kWritePointHold,
+  // clearing it; a Free that fails clears it (FreeReleased).
+  static constexpr u8 kWritePointHold = 1;
+  static constexpr u8 kFreeing = 2;
+  // One commit's count changes (Commit's stack): a stage per bucket whose
+  // counts the delta changes, in the order of their SetLater slots (from
+  // first_slot), and the hook that stages and publishes them.
+  struct CommitCounts {
+    DataPath* dp = nullptr;
+    Vector<alloc::CountStage> stages;
+    u32 first_slot = 0;
+    btree::CommitHook hook;
+    bool published = false;  // FinishCounts published the stages
+    alloc::CountNote note;   // what the hook met, logged by Commit after tx->Commit (no log under commit_mu)
+    // The buckets the delta gains in, each held by one pending block from
+    // QueueCounts until Apply or the abort (DropHolds).
+    Vector<alloc::BucketRef> holds;
+  };
+  // Before tx->Commit: sums the delta per bucket (sectors), queues one
+  // SetLater slot per bucket whose counts change (kBtreeAlloc (dev,
+  // bucket), a record), holds the buckets it gains in (HoldGains) and sets
+  // the hook. kTooBig if the records do not fit the entry, kAgain (or
+  // kInvalidArgument) from HoldGains; the caller aborts (no hold is left).
+  Status QueueCounts(btree::Transaction* tx, const Delta& delta, CommitCounts* cc);
+  // Every gaining change names its gen (else kInvalidArgument). Under
+  // acct_mu_, the bucket of each gain without pending blocks of its own (a
+  // new pointer into a committed blob) must still be the user bucket of
+  // that gen and not kFreeing (else kAgain, counted); then each stage that
+  // gains in a bucket the delta has no pending blocks in takes one, listed
+  // in cc->holds (pending blocks hold their buckets until Apply or Abort
+  // already: a write takes no lock here). All or nothing.
+  Status HoldGains(const Delta& delta, CommitCounts* cc);
+  // Drops cc's holds (Account: a bucket nothing holds any more is freed).
+  void DropHolds(CommitCounts* cc);
+  // The commit hook (btree::CommitHook), under commit_mu: PrepareCounts
+  // stages the new counts (Allocator::StageCounts) and writes the records
+  // into the slots; FinishCounts publishes them once journaled.
+  static Status PrepareCounts(void* ctx, btree::Transaction* tx);
+  static void FinishCounts(void* ctx, u64 seq, bool journaled);
+  // After a commit that published its counts: releases the writes' pending
+  // blocks, the holds and the removed reservations, and (`frees`: the
+  // commit succeeded) frees the buckets the commit emptied, at the
+  // generation they were emptied at. Without `frees` (the apply failed
+  // after the journal took the entry: the trees are failed, nothing
+  // commits) those are left to the next mount.
+  void Apply(const Delta& delta, CommitCounts* cc, bool frees);
 
   store::Store* store_ = nullptr;
   btree::Btrees* trees_ = nullptr;
@@ -436,11 +551,9 @@ class DataPath {
   // reach the fallback); the rest are the foreground target's.
   u32 wp_limit_ = kMaxWritePoints - dev::kIoClassCount;
   mutable Mutex acct_mu_;
-  Vector<u32> live_[dev::kMaxDevices];     // live blocks per bucket (committed extents' pointers not cached)
-  Vector<u32> cached_[dev::kMaxDevices];   // blocks of committed extents' cached pointers per bucket
   Vector<u32> pending_[dev::kMaxDevices];  // blocks reserved by writes not yet applied or aborted
   Vector<u32> reads_[dev::kMaxDevices];    // reads in flight per bucket (| kDoomed)
-  Vector<u8> held_[dev::kMaxDevices];      // 1: a write point's open bucket
+  Vector<u8> held_[dev::kMaxDevices];      // kWritePointHold: a write point's open bucket; kFreeing
   u64 reserved_ = 0;           // unwritten blocks, under acct_mu_
   // The logs of failed copies, at most one line per kCopyErrorLogNs each: a
   // failing member fails every copy of every extent, a failing record
@@ -460,6 +573,11 @@ class DataPath {
   LogLimit copy_alloc_error_log_;              // Reserve's (further copies' allocations)
   void (*lookup_hook_)(void*) = nullptr;  // SetLookupHookForTest
   void* lookup_hook_ctx_ = nullptr;
+  void (*test_point_)(void*, const char*) = nullptr;  // SetTestPointForTest
+  void* test_point_ctx_ = nullptr;
+  void TestPoint(const char* point) {
+    if (test_point_ != nullptr) test_point_(test_point_ctx_, point);
+  }
   struct Live {
     TFS_COUNTER_ATOMICS(TFS_DATA_COUNTERS)
   } ctr_;

@@ -7,7 +7,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -200,6 +204,77 @@ TEST(DataPathTest, ARetiredWritePointsBucketWaitsForItsReads) {
   // The read's Unpin freed it.
   EXPECT_NE(t.store.alloc().Get(b.dev, b.bucket).state, alloc::BucketState::kUser);
   EXPECT_EQ(t.data.GetStats().buckets_freed, freed + 1);
+}
+
+// A read that looked its extent up before a punch pins the bucket only if
+// the punch's free of it is not decided yet (review 3b F10): between the
+// decision (ReleaseLocked, under acct_mu_) and the Free (which bumps the
+// generation, after acct_mu_ is dropped) Pin used to succeed, and the
+// bucket was then freed under the read -- reusable and rewritable while the
+// read waits at its device, which would then fail as corrupt. Now the
+// decision marks the bucket being freed: the pin fails as stale, and the
+// read looks again and finds the hole.
+TEST(DataPathTest, APinBetweenAFreesDecisionAndTheFreeIsRefused) {
+  TwoMembers t;
+  const u32 per_bucket = u32(t.store.sb().bucket_size / kBlockSize);
+  for (u32 i = 0; i < per_bucket; i += 32) t.Write(kForegroundWrite, 5, i, 32, 'r');
+  alloc::BucketRef b;
+  ASSERT_TRUE(t.data.WritePointBucket(kForegroundWrite, &b));
+  t.Write(kForegroundWrite, 6, 0, 1, 'n');  // the write point moves on: inode 5's blocks alone hold b
+  alloc::BucketRef now;
+  ASSERT_TRUE(t.data.WritePointBucket(kForegroundWrite, &now));
+  ASSERT_NE(now.bucket, b.bucket);
+  struct Race {
+    std::mutex mu;
+    std::condition_variable cv;
+    int lookups = 0;
+    bool decided = false;
+    std::thread::id puncher;
+    testing::GateDevice* gate = nullptr;
+  } race;
+  race.puncher = std::this_thread::get_id();
+  race.gate = t.ssd.get();
+  // The read's first lookup waits for the free's decision.
+  t.data.SetLookupHookForTest([](void* ctx) {
+    auto* r = static_cast<Race*>(ctx);
+    std::unique_lock<std::mutex> l(r->mu);
+    r->lookups++;
+    r->cv.notify_all();
+    if (r->lookups == 1) r->cv.wait(l, [&] { return r->decided; });
+  }, &race);
+  // The decision waits for the read to pin (its device read parked) or to
+  // look again (its pin refused).
+  t.data.SetTestPointForTest([](void* ctx, const char* point) {
+    auto* r = static_cast<Race*>(ctx);
+    if (std::this_thread::get_id() != r->puncher || strcmp(point, "free.decided") != 0) return;
+    std::unique_lock<std::mutex> l(r->mu);
+    r->decided = true;
+    r->cv.notify_all();
+    while (r->lookups < 2 && r->gate->parked() == 0) r->cv.wait_for(l, std::chrono::milliseconds(1));
+  }, &race);
+  IoContext promote = kForegroundRead;
+  promote.origin = IoOrigin::kPromote;
+  t.ssd->Close();
+  std::vector<u8> buf(4 * kBlockSize, 'x');
+  std::atomic<int> read_code{-1};
+  std::thread reader([&] { read_code = int(t.data.ReadBlocks(promote, 5, 0, 4, buf.data()).code()); });
+  {
+    std::unique_lock<std::mutex> l(race.mu);
+    race.cv.wait(l, [&] { return race.lookups >= 1; });
+  }
+  const u64 stale0 = t.data.GetStats().stale_lookups;
+  t.Punch(5, 0, per_bucket);  // empties b: its Apply decides the free
+  // Freed, and no read holds it.
+  EXPECT_NE(t.store.alloc().Get(b.dev, b.bucket).state, alloc::BucketState::kUser);
+  EXPECT_EQ(t.ssd->parked(), 0u) << "a read pinned the bucket being freed, and reads it freed";
+  t.ssd->Open();
+  reader.join();
+  t.data.SetLookupHookForTest(nullptr, nullptr);
+  t.data.SetTestPointForTest(nullptr, nullptr);
+  EXPECT_EQ(read_code.load(), int(Err::kOk));
+  EXPECT_EQ(buf[0], 0);  // the hole the second lookup found
+  EXPECT_EQ(buf[4 * kBlockSize - 1], 0);
+  EXPECT_EQ(t.data.GetStats().stale_lookups, stale0 + 1);
 }
 
 // A write point is keyed by the members its target places data on: a

@@ -13,7 +13,9 @@
 // cached has lost its data. An unwritten extent (fallocate) has no pointer.
 //
 // Where a copy lives is decided here too (PtrBucket, PtrInBucket), once for
-// the data path, the read and fsck.
+// the data path, the read and fsck; and whether and how much it counts in
+// its bucket (PtrCountsIn, PtrSectors), once for the data path, the mount
+// and fsck's recount.
 //
 // Pure functions of their arguments: no lock, no I/O, no allocation, no
 // state. Kernel-safe (an Extent is ~170 bytes: fine on a stack, not in big
@@ -163,6 +165,27 @@ u32 BuildUnwritten(u32 blocks, u8* buf);
 // whole in one bucket, as a write leaves it. fsck and the read ask this one.
 bool PtrBucket(const sb::Superblock& sb, const Extent::Ptr& p, u64* bucket);
 bool PtrInBucket(const sb::Superblock& sb, const Extent& e, const Extent::Ptr& p, u64* bucket);
+
+// The one rule of the space accounting (docs/design/copies.md, "Step 3b:
+// counts in the records"), shared by the data path (its counts), the mount,
+// fsck's rebuild and the tests, after PtrBucket has said which bucket p
+// lies in (a pointer outside the buckets counts nowhere: fsck's business).
+// PtrCountsIn: whether p counts there, given what the caller's allocation
+// state says of that bucket (the data path: the allocator; fsck: the state
+// it loaded or rebuilt). A pointer that is not cached always counts; a
+// cached one only while current -- its bucket a user bucket of its
+// generation (a stale cached pointer is normal, not damage: it counts
+// nowhere). Counted cached pointers count apart from live ones.
+inline bool PtrCountsIn(const Extent::Ptr& p, bool bucket_user, u8 bucket_gen) {
+  return !p.cached || (bucket_user && bucket_gen == p.gen);
+}
+// What a counted pointer of e adds to its bucket's count: e's file blocks in
+// 512-byte sectors, cached or not, compressed or not -- logical, not
+// physical: the pieces of one compressed blob each count their own blocks,
+// so a bucket of compressed blobs counts more than it holds (at most
+// kMaxCompressedBlocks times its sectors: a blob of up to 16 blocks takes at
+// least one disk block), and a punch's arithmetic stays additive.
+inline u32 PtrSectors(const Extent& e) { return e.blocks() * (kBlockSize / 512); }
 
 }  // namespace tfs::data
 

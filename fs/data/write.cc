@@ -6,7 +6,8 @@
 // fallocate), each with its backpointers (backpointer.h: QueueBackpointers,
 // in the same transaction), and record in a Delta how the space accounting
 // is to move;
-// Commit commits the transaction and then Applies the delta, or Aborts it.
+// Commit commits the transaction with the records of the buckets whose
+// counts move (account.cc), or Aborts the delta.
 //
 // Prepare needs no lock (its blobs are new) and does its device I/O before
 // anything is queued: each blob to every copy at once (WriteCopies: one
@@ -101,11 +102,14 @@ Status DataPath::WriteCopies(const IoContext& ctx, const Space* sp, u32 copies, 
 
 Status DataPath::RecordCopies(const Space* sp, u32 copies, u32 blocks, u32 pending, Delta* delta) {
   for (u32 c = 0; c < copies; c++) {
-    Status st = delta->changes.PushBack(Delta::Change{
-        .dev = sp[c].ref.dev, .bucket = sp[c].ref.bucket, .blocks = i64(blocks), .pending = i64(pending)});
+    Status st = delta->changes.PushBack(Delta::Change{.dev = sp[c].ref.dev,
+                                                      .bucket = sp[c].ref.bucket,
+                                                      .blocks = i64(blocks),
+                                                      .pending = i64(pending),
+                                                      .gen = sp[c].ref.gen});
     if (!st.ok()) {
       // The recorded ones go back with Abort; these are in no delta.
-      for (u32 k = c; k < copies; k++) Account(sp[k].ref.dev, sp[k].ref.bucket, 0, 0, -i64(pending));
+      for (u32 k = c; k < copies; k++) Account(sp[k].ref.dev, sp[k].ref.bucket, -i64(pending));
       return st;
     }
   }
@@ -154,7 +158,7 @@ Status DataPath::KeepWritten(const IoContext& ctx, const Space* sp, u32 copies, 
     if (!per[c].ok()) {
       // Its space back now (the bucket may go once empty); the others keep
       // the data.
-      Account(ch.dev, ch.bucket, 0, 0, -ch.pending);
+      Account(ch.dev, ch.bucket, -ch.pending);
       ch.blocks = 0;
       ch.pending = 0;
       if (first_error.ok()) first_error = per[c];
@@ -368,17 +372,53 @@ Status DataPath::WriteCompressed(const IoContext& ctx, Prepared* p, u64 first, c
   return Status::Ok();
 }
 
-Status DataPath::QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end, Delta* delta, u32 max_keys) {
+Result<usize> DataPath::PreparedJournalBytes(const Prepared& p, const Delta& delta) {
+  if (store_ == nullptr) return Err::kInvalidArgument;
+  // Measured, not restated: p queued into a transaction of its own.
+  btree::Transaction scratch(trees_);
+  const usize room = scratch.Room();
+  TFS_TRY(QueuePreparedOverPunch(&scratch, p));
+  return room - scratch.Room() +
+         delta.changes.size() * btree::Transaction::KeyBytes(u32(sizeof(alloc::AllocRecord)));
+}
+
+Status DataPath::QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end, Delta* delta, u32 max_keys,
+                            usize reserve, bool* more) {
+  if (more != nullptr) *more = false;
   if (store_ == nullptr || end <= first) return store_ == nullptr ? Status(Err::kInvalidArgument) : Status::Ok();
   delta->ino = ino;
   Iterator it(trees_, btree::kBtreeExtents, kPointBatch);
   TFS_TRY(it.Seek(ExtentPos(ino, first + 1)));
   u8 value[kExtentValueMax];
   u32 touched = 0;
-  for (; it.Valid() && it.pos().inode == ino && touched < max_keys; TFS_TRY(it.Next())) {
+  // A batch's bound in journal bytes (review 3b F1): the keys queued so far
+  // are in tx->Room(); the bucket records Commit adds for this punch's
+  // changes are not yet -- `records` counts them (one per change, but a
+  // change of a bucket one of the last few changes named: consecutive
+  // extents share buckets). An extent's worst case: both pieces' keys (each
+  // at most its value), two backpointer keys per pointer (its own rewritten
+  // or deleted, and the back piece's), a record per pointer.
+  const bool batch = max_keys != ~0u;
+  const usize record_bytes = btree::Transaction::KeyBytes(u32(sizeof(alloc::AllocRecord)));
+  const usize bp_bytes = btree::Transaction::KeyBytes(u32(sizeof(BackpointerFormat)));
+  const usize first_change = delta->changes.size();
+  usize records = 0;
+  for (; it.Valid() && it.pos().inode == ino; TFS_TRY(it.Next())) {
     Extent e;
     TFS_TRY(ParseExtent(it.pos(), it.value(), it.val_bytes(), &e));
     if (e.start >= end) break;
+    if (touched == max_keys) {
+      if (more != nullptr) *more = true;
+      break;
+    }
+    if (batch && touched > 0) {
+      const usize worst = 2 * btree::Transaction::KeyBytes(it.val_bytes()) + e.nr_ptrs * (2 * bp_bytes + record_bytes);
+      if (records * record_bytes + worst + reserve > tx->Room()) {
+        ctr_.punch_batches_cut.FetchAdd(1, MemOrder::kRelaxed);
+        if (more != nullptr) *more = true;
+        break;
+      }
+    }
     touched++;
     const u64 lo = Max(e.start, first);
     const u64 hi = Min(e.end, end);
@@ -412,21 +452,16 @@ Status DataPath::QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end,
       u64 b;
       if (!PtrCounts(ptr, &b)) continue;
       const i64 n = -i64(hi - lo);
+      bool seen = false;  // a record Commit adds for a change before already
+      for (usize k = delta->changes.size(); k > first_change && k + 2 * kMaxPtrs > delta->changes.size() && !seen; k--)
+        seen = delta->changes[k - 1].dev == ptr.dev && delta->changes[k - 1].bucket == b;
+      records += !seen;
       TFS_TRY(delta->changes.PushBack(
           Delta::Change{.dev = ptr.dev, .bucket = b, .blocks = ptr.cached ? 0 : n, .cached = ptr.cached ? n : 0}));
     }
     delta->sectors -= i64(hi - lo) * (kBlockSize / 512);
   }
   return Status::Ok();
-}
-
-Result<u32> DataPath::CountExtentsFrom(u64 ino, u64 first, u32 limit) {
-  if (store_ == nullptr) return Err::kInvalidArgument;
-  Iterator it(trees_, btree::kBtreeExtents, kPointBatch);
-  TFS_TRY(it.Seek(ExtentPos(ino, first + 1)));
-  u32 n = 0;
-  for (; it.Valid() && it.pos().inode == ino && n < limit; TFS_TRY(it.Next())) n++;
-  return n;
 }
 
 Status DataPath::QueueReserve(btree::Transaction* tx, u64 ino, u64 first, u64 end, Delta* delta, u32 max_keys,
@@ -499,16 +534,30 @@ Status DataPath::Commit(const IoContext& ctx, btree::Transaction* tx, const Delt
     Abort(delta);
     return fst;
   }
+  // The records of the buckets whose counts move, computed by the commit
+  // hook in journal order (account.cc).
+  CommitCounts cc;
+  Status qst = QueueCounts(tx, delta, &cc);
+  if (!qst.ok()) {
+    tx->Reset();
+    Abort(delta);
+    return qst;
+  }
   // Readers of this inode's extents see the commit whole or not at all (see
   // ReadBlocks): its stripe's counter is odd while the keys are applied.
   tx->SetApplySeq(&applying_[CommitStripe(delta.ino)]);
   auto r = tx->Commit(mode, delta.deps & ~slow);
-  if (!r.ok()) {
+  store_->alloc().LogCountNote(cc.note, cc.published);  // (out of commit_mu)
+  if (!r.ok() && !cc.published) {  // nothing published: as if never committed
     Abort(delta);
+    DropHolds(&cc);
     return r.status();
   }
-  Apply(delta);
-  return Status::Ok();
+  // Published -- also when an apply failed after the journal took the entry
+  // (the trees are failed then: no frees, the next mount makes them).
+  if (r.ok()) TestPoint("commit.applying");
+  Apply(delta, &cc, r.ok());
+  return r.status();
 }
 
 }  // namespace tfs::data

@@ -190,7 +190,7 @@ Status DataPath::Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole
         s.ref = r.value();
         s.used = 0;
         s.open = true;
-        held_[s.ref.dev][s.ref.bucket] = 1;
+        held_[s.ref.dev][s.ref.bucket] = kWritePointHold;  // (a new life: no kFreeing)
         ctr_.buckets_opened.FetchAdd(1, MemOrder::kRelaxed);
         // The new bucket left the allocator's free count: it counts in the
         // write point's at once (FreeBlocksLocked: the check below, and a

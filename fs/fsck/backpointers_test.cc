@@ -4,8 +4,9 @@
 // punch, truncate, fallocate, unlink of a closed and of an open file -- the
 // tree holds exactly what the extents imply (data::CheckBackpointers, the
 // check fsck runs), also after a remount and after power cuts at every
-// point of a workload; the largest transaction the write path makes (a 1
-// MiB overwrite of 256 four-copy extents on 64 KiB buckets) fits; damage to
+// point of a workload; the largest transactions the write path makes (a 1
+// MiB overwrite of 256 four-copy extents on 64 KiB buckets) and the frees'
+// batches over scattered four-copy extents fit the entry; damage to
 // the tree is found by fsck -n, one line each, and repaired by -y; the
 // namespace pass's extent repairs keep the tree in step themselves.
 #include <gtest/gtest.h>
@@ -201,12 +202,15 @@ TEST(BackpointersTest, AgreeAfterPowerCuts) {
   EXPECT_GT(nonempty, 10u);  // the cuts kept data (fsyncs), not just empty files
 }
 
-// The largest transaction the write path makes: a 1 MiB overwrite (one
-// transaction, posix's write chunk) of 256 one-block extents with four
-// copies each, on 64 KiB buckets (the smallest: their 64 KiB journal
-// entries are the smallest a transaction must fit). It punches 256 extents
-// and 1024 backpointers and sets at least 16 new extents with theirs.
-TEST(BackpointersTest, AMiBOverwriteOfManyFourCopyExtentsFitsOneTransaction) {
+// The largest transactions the write path makes: a 1 MiB overwrite of 256
+// one-block extents with four copies each, on 64 KiB buckets (the
+// smallest: their 64 KiB journal entries are the smallest a transaction
+// must fit) -- two transactions of posix's write chunk there, 512 KiB
+// (WriteChunkBlocks: with records, a fragmented file's 1 MiB would not fit
+// one; the scattered case is BatchesOfScatteredFourCopyExtentsFitTheEntry).
+// Each punches 128 extents and 512 backpointers and sets new extents with
+// theirs.
+TEST(BackpointersTest, AMiBOverwriteOfManyFourCopyExtentsFitsItsTransactions) {
   std::vector<std::unique_ptr<userspace::MemDevice>> members;
   std::vector<BlockDevice*> devs;
   for (int i = 0; i < 4; i++) {
@@ -277,11 +281,133 @@ TEST(BackpointersTest, AMiBOverwriteOfManyFourCopyExtentsFitsOneTransaction) {
   const std::string neu = Pattern(kN, 'n');
   auto w = m.fs.Write(ino, 0, neu.data(), u32(neu.size()));
   ASSERT_TRUE(w.ok()) << w.status().Message();
-  EXPECT_EQ(commits(), before + 1) << "one transaction";
+  EXPECT_EQ(commits(), before + 2) << "two transactions of 512 KiB";
   EXPECT_AGREE(*m.store, "after the overwrite");
   std::string got(neu.size(), '\0');
   ASSERT_TRUE(m.fs.Read(ino, 0, got.data(), u32(got.size())).ok());
   EXPECT_TRUE(got == neu);
+}
+
+// The batches that free extents -- unlink, the mount's orphan pass,
+// truncate (PunchPast and its last batch, with a partial tail block) and
+// punch-hole -- and a 1 MiB overwrite, over files of 300 one-block
+// extents, each in buckets no other extent of the file uses, four copies
+// each, on 64 KiB buckets (the smallest journal entries). Every punched
+// pointer costs a backpointer whiteout and its bucket a record, so a batch
+// of 256 such extents is about 98 KiB: before review 3b F1 each of these
+// failed with kTooBig at every try (unlink, truncate and the write EFBIG,
+// and the orphan's filesystem failed every mount). Batches are bounded by
+// journal bytes now, and writes go in 512 KiB transactions with 64 KiB
+// entries: more of them, each fits.
+TEST(BackpointersTest, BatchesOfScatteredFourCopyExtentsFitTheEntry) {
+  std::vector<std::unique_ptr<userspace::MemDevice>> members;
+  std::vector<BlockDevice*> devs;
+  for (int i = 0; i < 4; i++) {
+    members.push_back(testing::MemMember());
+    devs.push_back(members.back().get());
+  }
+  store::FormatOptions fo = testing::SmallFormat();
+  fo.bucket_size = 64 * 1024;
+  fo.data_replicas = 4;
+  ASSERT_TRUE(testing::FormatMembers(devs, fo).ok());
+  constexpr u32 kN = 300;
+  constexpr u64 kTruncTo = 7 * data::kBlockSize + 100;  // a partial last block: the tail's path
+  constexpr int kFiles = 5;
+  const char* const names[kFiles] = {"unlinked", "truncated", "punched", "orphan", "overwritten"};
+  u64 ino[kFiles];
+  const std::string one = Pattern(1, 'a');
+  std::vector<std::vector<u8>> images;
+  {
+    testing::MountedFs m(devs);
+    ASSERT_TRUE(m.open());
+    for (int k = 0; k < kFiles; k++) ino[k] = MakeFile(m.fs, names[k]);
+    const u64 fill = MakeFile(m.fs, "fill");
+    // Block i of each file, then the rest of the write point's four buckets
+    // (one per member) with the filler: the next block i lands in new ones.
+    const u32 per_bucket = u32(fo.bucket_size / data::kBlockSize);
+    const std::string rest = Pattern(per_bucket - kFiles, 'f');
+    for (u32 i = 0; i < kN; i++) {
+      for (int k = 0; k < kFiles; k++) {
+        auto w = m.fs.Write(ino[k], u64(i) * data::kBlockSize, one.data(), u32(one.size()), Filesystem::kWriteDirect);
+        ASSERT_TRUE(w.ok()) << w.status().Message();
+      }
+      auto w = m.fs.Write(fill, u64(i) * rest.size(), rest.data(), u32(rest.size()), Filesystem::kWriteDirect);
+      ASSERT_TRUE(w.ok()) << w.status().Message();
+    }
+    for (int k = 0; k < kFiles; k++) {  // the shape: kN extents, 4 kN distinct buckets
+      std::set<std::pair<u32, u64>> buckets;
+      u32 extents = 0;
+      btree::Iterator it(&m.store->btrees(), btree::kBtreeExtents);
+      ASSERT_TRUE(it.Seek(btree::Pos{btree::kBtreeExtents, ino[k], 0}).ok());
+      for (; it.Valid() && it.pos().inode == ino[k]; (void)it.Next(), extents++) {
+        data::Extent e;
+        ASSERT_TRUE(data::ParseExtent(it.pos(), it.value(), it.val_bytes(), &e).ok());
+        ASSERT_EQ(e.nr_ptrs, 4u);
+        for (u32 p = 0; p < e.nr_ptrs; p++)
+          buckets.insert({e.ptrs[p].dev, e.ptrs[p].offset / fo.bucket_size});
+      }
+      ASSERT_EQ(extents, kN) << names[k];
+      ASSERT_EQ(buckets.size(), 4u * kN) << names[k];
+    }
+    const u64 cut0 = m.data.GetStats().punch_batches_cut;
+    Status st = m.fs.Unlink(posix::kRootIno, "unlinked", 8);
+    EXPECT_TRUE(st.ok()) << "unlink: " << st.Message();
+    posix::SetAttr sa;
+    sa.valid = posix::kSetSize;
+    sa.size = kTruncTo;
+    auto tr = m.fs.SetAttrs(ino[1], sa);
+    EXPECT_TRUE(tr.ok()) << "truncate: " << tr.status().Message();
+    st = m.fs.Fallocate(ino[2], posix::kFallocPunchHole | posix::kFallocKeepSize, 0, u64(kN) * data::kBlockSize);
+    EXPECT_TRUE(st.ok()) << "punch: " << st.Message();
+    EXPECT_GE(m.data.GetStats().punch_batches_cut, cut0 + 3);  // each of the three took more than one batch
+    const std::string neu = Pattern(256, 'n');
+    auto w = m.fs.Write(ino[4], 0, neu.data(), u32(neu.size()), Filesystem::kWriteDirect);
+    EXPECT_TRUE(w.ok()) << "overwrite: " << w.status().Message();
+    // The orphan: unlinked while open, and the power goes before its release.
+    ASSERT_TRUE(m.fs.OpenInode(ino[3]).ok());
+    ASSERT_TRUE(m.fs.Unlink(posix::kRootIno, "orphan", 6).ok());
+    ASSERT_TRUE(m.store->journal().Flush().ok());
+    std::vector<const userspace::MemDevice*> d;
+    for (auto& mem : members) d.push_back(mem.get());
+    images = userspace::MemDevice::SnapshotDurable(d);
+    EXPECT_TRUE(m.fs.Release(ino[3]).ok());
+  }
+  // The next mount's orphan pass frees it, in batches.
+  std::vector<std::unique_ptr<userspace::MemDevice>> cut;
+  std::vector<BlockDevice*> cut_devs;
+  for (auto& img : images) {
+    userspace::MemDeviceOptions o;
+    o.name = "ssd0";
+    o.size = img.size();
+    o.initial_image = img;
+    cut.push_back(std::make_unique<userspace::MemDevice>(o));
+    cut_devs.push_back(cut.back().get());
+  }
+  {
+    testing::MountedFs m(cut_devs);
+    ASSERT_TRUE(m.open()) << "the orphan pass failed the mount";
+    EXPECT_EQ(m.fs.GetStats().orphans_freed, 1u);
+    for (u64 gone : {ino[0], ino[3]}) EXPECT_FALSE(m.fs.GetAttr(gone).ok()) << gone;
+    EXPECT_FALSE(m.data.HasData(ino[2]).value());
+    auto a = m.fs.GetAttr(ino[1]);
+    ASSERT_TRUE(a.ok());
+    EXPECT_EQ(a.value().size, kTruncTo);
+    std::string got(kTruncTo, '\0');
+    auto r = m.fs.Read(ino[1], 0, got.data(), u32(got.size()));
+    ASSERT_TRUE(r.ok());
+    for (u32 i = 0; i < 7; i++) EXPECT_TRUE(got.compare(i * data::kBlockSize, data::kBlockSize, one) == 0) << i;
+    EXPECT_TRUE(got.compare(7 * data::kBlockSize, 100, one, 0, 100) == 0);
+    std::string over(256 * data::kBlockSize, '\0');
+    ASSERT_TRUE(m.fs.Read(ino[4], 0, over.data(), u32(over.size())).ok());
+    EXPECT_TRUE(over == Pattern(256, 'n'));
+    EXPECT_AGREE(*m.store, "after the frees");
+  }
+  std::string out;
+  Options o;
+  Report rep = Check(cut_devs.data(), u32(cut_devs.size()), o, [](void* ctx, const char* line) {
+    *static_cast<std::string*>(ctx) += std::string(line) + "\n";
+  }, &out);
+  EXPECT_EQ(rep.exit_code, kExitClean) << out;
 }
 
 // Replicas (issue 21 step 5a): two members formatted with two data
@@ -307,14 +433,11 @@ struct TwoReplicas {
     fn(m.fs, *m.store);
   }
 
-  std::pair<Report, std::string> Fsck(bool repair) {
-    std::string out;
-    Options o;
-    o.repair = repair;
-    Report r = Check(devs.data(), u32(devs.size()), o, [](void* ctx, const char* line) {
-      *static_cast<std::string*>(ctx) += std::string(line) + "\n";
-    }, &out);
-    return {r, out};
+  std::pair<Report, std::string> Fsck(bool repair) { return RunFsck(devs.data(), u32(devs.size()), repair); }
+
+  // Both members' durable bytes.
+  std::vector<std::vector<u8>> Bytes() const {
+    return userspace::MemDevice::SnapshotDurable({mems[0].get(), mems[1].get()});
   }
 };
 
@@ -416,19 +539,12 @@ TEST(FsckBackpointersTest, AMissingBackpointerOfASecondCopyIsRepaired) {
   const std::string line = "backpointers: missing at member " + label + " block " + std::to_string(lost.block) +
                            " piece " + std::to_string(lost.piece) + ": the extent inode " + std::to_string(ino) +
                            " blocks [8, 12) points there";
-  auto [r1, out1] = t.Fsck(false);
-  EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
-  EXPECT_EQ(r1.errors, 1u) << out1;
-  EXPECT_NE(out1.find(line), std::string::npos) << out1;
-  auto [r2, out2] = t.Fsck(true);
-  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
-  EXPECT_EQ(r2.repaired, 1u) << out2;
-  EXPECT_NE(out2.find(line), std::string::npos) << out2;
-  EXPECT_NE(out2.find("backpointers: 1 missing, 0 wrong, 0 with no extent: rewritten from the extents"),
+  const Repair fix = ExpectReportedRepairedClean(t, line.c_str(), line.c_str());
+  EXPECT_EQ(fix.checked.errors, 1u) << fix.report;
+  EXPECT_EQ(fix.fixed.repaired, 1u) << fix.repair;
+  EXPECT_NE(fix.repair.find("backpointers: 1 missing, 0 wrong, 0 with no extent: rewritten from the extents"),
             std::string::npos)
-      << out2;
-  auto [r3, out3] = t.Fsck(false);
-  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+      << fix.repair;
   t.WithFs([&](Filesystem& fs, store::Store& s) {
     EXPECT_EQ(ExpectTwoCopiesEachWithItsBackpointer(s), 3u);
     std::vector<std::pair<btree::Pos, std::vector<u8>>> now;
@@ -541,24 +657,15 @@ TEST(FsckBackpointersTest, RandomDamageIsFoundAndRepaired) {
       poke.emplace_back(at, v);
     }
     Poke(img, poke);
-    const std::vector<u8> before = img.dev->SnapshotDurable();
-    auto [r1, out1] = img.Fsck(false);
-    EXPECT_TRUE(img.dev->SnapshotDurable() == before) << "the check wrote to the device";
-    EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
-    EXPECT_EQ(r1.errors, n) << out1;
-    EXPECT_EQ(Count(out1, "backpointers: missing at "), missing) << out1;
-    EXPECT_EQ(Count(out1, "backpointers: wrong at "), wrong) << out1;
-    EXPECT_EQ(Count(out1, "backpointers: no extent points at "), stray) << out1;
-    EXPECT_NE(out1.find("backpointers: " + std::to_string(missing) + " missing, " + std::to_string(wrong) +
-                        " wrong, " + std::to_string(stray) + " with no extent; 'tierfs fsck -y'"),
-              std::string::npos)
-        << out1;
-    auto [r2, out2] = img.Fsck(true);
-    EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
-    EXPECT_EQ(r2.errors, n) << out2;
-    EXPECT_EQ(r2.repaired, n) << out2;
-    auto [r3, out3] = img.Fsck(false);
-    EXPECT_EQ(r3.exit_code, kExitClean) << out2 << out3;
+    const std::string summary = "backpointers: " + std::to_string(missing) + " missing, " + std::to_string(wrong) +
+                                " wrong, " + std::to_string(stray) + " with no extent; 'tierfs fsck -y'";
+    const Repair fix = ExpectReportedRepairedClean(img, summary.c_str(), nullptr);
+    EXPECT_EQ(fix.checked.errors, n) << fix.report;
+    EXPECT_EQ(Count(fix.report, "backpointers: missing at "), missing) << fix.report;
+    EXPECT_EQ(Count(fix.report, "backpointers: wrong at "), wrong) << fix.report;
+    EXPECT_EQ(Count(fix.report, "backpointers: no extent points at "), stray) << fix.report;
+    EXPECT_EQ(fix.fixed.errors, n) << fix.repair;
+    EXPECT_EQ(fix.fixed.repaired, n) << fix.repair;
     EXPECT_TRUE(TreeKeys(img) == keys) << "the repair rebuilt exactly the keys the writes made";
     img.ExpectFiles(12);
     if (::testing::Test::HasFailure()) break;
@@ -579,19 +686,11 @@ TEST(FsckBackpointersTest, AWholeTreeLostIsListedCappedAndRebuilt) {
   std::vector<std::pair<btree::Pos, std::vector<u8>>> poke;
   for (const auto& k : keys) poke.emplace_back(k.first, std::vector<u8>{});
   Poke(img, poke);
-  auto [r1, out1] = img.Fsck(false);
-  EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
-  EXPECT_EQ(r1.errors, keys.size()) << out1;
-  EXPECT_EQ(Count(out1, "backpointers: missing at "), 20u) << out1;
-  EXPECT_NE(out1.find("backpointers: " + std::to_string(keys.size() - 20) + " more finding(s) not listed"),
-            std::string::npos)
-      << out1;
-  auto [r2, out2] = img.Fsck(true);
-  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
-  EXPECT_EQ(r2.repaired, keys.size()) << out2;
-  EXPECT_NE(out2.find("rewritten from the extents"), std::string::npos) << out2;
-  auto [r3, out3] = img.Fsck(false);
-  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+  const std::string more = "backpointers: " + std::to_string(keys.size() - 20) + " more finding(s) not listed";
+  const Repair fix = ExpectReportedRepairedClean(img, more.c_str(), "rewritten from the extents");
+  EXPECT_EQ(fix.checked.errors, keys.size()) << fix.report;
+  EXPECT_EQ(Count(fix.report, "backpointers: missing at "), 20u) << fix.report;
+  EXPECT_EQ(fix.fixed.repaired, keys.size()) << fix.repair;
   EXPECT_TRUE(TreeKeys(img) == keys);
 }
 
@@ -644,6 +743,66 @@ TEST(FsckBackpointersTest, NamespaceRepairsKeepTheTreeInStep) {
     EXPECT_EQ(a.diffs[0].rfind("shared", 0), 0u) << a.diffs[0];
     EXPECT_EQ(a.keys, Pointers(s) - 1);  // the two claimants share a key
   });
+}
+
+// fsck's overlap trim (TrimEarlier) over hundreds of four-copy extents: an
+// extent key covering 450 one-block extents before it (an unwritten one:
+// damage, no write makes it) makes -y delete all 450 and their 1800
+// backpointers -- about 72 KiB of journal keys, more than the 64 KiB entry
+// of 64 KiB buckets. The trim commits in batches that fit (before: one
+// transaction, kTooBig, and fsck -y failed).
+TEST(FsckBackpointersTest, AnOverlapOfHundredsOfFourCopyExtentsIsTrimmedInBatches) {
+  std::vector<std::unique_ptr<userspace::MemDevice>> members;
+  std::vector<BlockDevice*> devs;
+  for (int i = 0; i < 4; i++) {
+    members.push_back(testing::MemMember());
+    devs.push_back(members.back().get());
+  }
+  store::FormatOptions fo = testing::SmallFormat();
+  fo.bucket_size = 64 * 1024;
+  fo.data_replicas = 4;
+  ASSERT_TRUE(testing::FormatMembers(devs, fo).ok());
+  constexpr u32 kN = 450;
+  u64 ino = 0;
+  {
+    testing::MountedFs m(devs);
+    ASSERT_TRUE(m.open());
+    ino = MakeFile(m.fs, "f");
+    const std::string one = Pattern(1, 'a');
+    for (u32 i = 0; i < kN; i++) {
+      auto w = m.fs.Write(ino, u64(i) * data::kBlockSize, one.data(), u32(one.size()), Filesystem::kWriteDirect);
+      ASSERT_TRUE(w.ok()) << w.status().Message();
+    }
+    ASSERT_EQ(Pointers(*m.store), 4u * kN);
+  }
+  {
+    store::Store e;
+    ASSERT_TRUE(testing::OpenStore(&e, devs).ok());
+    u8 v[data::kUnwrittenValueBytes];
+    btree::Transaction tx(&e.btrees());
+    ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeExtents, ino, kN + 1}, v, data::BuildUnwritten(kN + 1, v)).ok());
+    ASSERT_TRUE(tx.Commit().ok());
+    ASSERT_TRUE(e.Close().ok());
+  }
+  auto fsck = [&](bool repair) {
+    std::string out;
+    Options o;
+    o.repair = repair;
+    Report r = Check(devs.data(), u32(devs.size()), o, [](void* ctx, const char* line) {
+      *static_cast<std::string*>(ctx) += std::string(line) + "\n";
+    }, &out);
+    return std::pair<Report, std::string>(r, out);
+  };
+  auto [r1, out1] = fsck(true);
+  EXPECT_EQ(r1.exit_code, kExitRepaired) << out1;
+  EXPECT_NE(out1.find("dropped " + std::to_string(kN) + " overlapped blocks of earlier extents"), std::string::npos)
+      << out1;
+  auto [r2, out2] = fsck(false);
+  EXPECT_EQ(r2.exit_code, kExitClean) << out2;
+  testing::MountedFs m(devs);
+  ASSERT_TRUE(m.open());
+  EXPECT_EQ(Pointers(*m.store), 0u);  // the unwritten extent alone
+  EXPECT_AGREE(*m.store, "after the trim");
 }
 
 }  // namespace

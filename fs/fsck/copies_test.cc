@@ -20,15 +20,21 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "data/backpointer.h"
 #include "data/data.h"
 #include "fsck/fsck.h"
+#include "fsck/testing.h"
 #include "mount/testing.h"
 #include "posix/fs.h"
 #include "userspace/platform/mem_device.h"
@@ -38,7 +44,34 @@ namespace {
 
 using fsck::kExitClean;
 using fsck::kExitRepaired;
-using fsck::kExitUncorrected;
+using fsck::fixture::ExpectReportedRepairedClean;
+using fsck::fixture::Repair;
+
+// The extents' counts per bucket (member, bucket) -> (live, cached)
+// sectors, recounted from the extents tree by the one rule (data::PtrBucket,
+// data::PtrCountsIn against the allocator's state, data::PtrSectors): what
+// the allocator's counts must be.
+std::map<std::pair<u32, u64>, std::pair<u64, u64>> RecountExtents(testing::MountedFs& m) {
+  std::map<std::pair<u32, u64>, std::pair<u64, u64>> counts;
+  btree::Iterator it(&m.store->btrees(), btree::kBtreeExtents);
+  EXPECT_TRUE(it.SeekToFirst().ok());
+  for (; it.Valid(); it.Next().IgnoreError()) {
+    std::vector<u8> v(it.value(), it.value() + it.val_bytes());
+    data::Extent e;
+    EXPECT_TRUE(data::ParseExtent(it.pos(), v.data(), u32(v.size()), &e).ok());
+    if (e.unwritten) continue;
+    for (u32 c = 0; c < e.nr_ptrs; c++) {
+      const data::Extent::Ptr& p = e.ptrs[c];
+      u64 b;
+      EXPECT_TRUE(data::PtrBucket(m.store->sb(), p, &b));
+      const alloc::Bucket k = m.store->alloc().Get(p.dev, b);
+      if (!data::PtrCountsIn(p, k.state == alloc::BucketState::kUser, k.gen)) continue;
+      auto& w = counts[{p.dev, b}];
+      (p.cached ? w.second : w.first) += data::PtrSectors(e);
+    }
+  }
+  return counts;
+}
 
 constexpr u32 kBlocks = 3;
 
@@ -180,13 +213,14 @@ struct Copies {
 
   std::pair<fsck::Report, std::string> Fsck(bool repair) {
     std::vector<BlockDevice*> devs = Devs();
-    std::string out;
-    fsck::Options o;
-    o.repair = repair;
-    fsck::Report r = fsck::Check(devs.data(), u32(devs.size()), o, [](void* ctx, const char* line) {
-      *static_cast<std::string*>(ctx) += std::string(line) + "\n";
-    }, &out);
-    return {r, out};
+    return fsck::fixture::RunFsck(devs.data(), u32(devs.size()), repair);
+  }
+
+  // Every member's durable bytes.
+  std::vector<std::vector<u8>> Bytes() const {
+    std::vector<const userspace::MemDevice*> d;
+    for (const auto& m : mems) d.push_back(m.get());
+    return userspace::MemDevice::SnapshotDurable(d);
   }
 
   // Rewrites the extent's key with edit(e) applied (no accounting: the next
@@ -388,6 +422,72 @@ TEST(CopiesTest, CachedCopiesCountApartAcrossRemountsAndPunches) {
   EXPECT_EQ(r.exit_code, kExitClean) << out;
 }
 
+// fsck -y's rebuild of the allocation state counts what the data path
+// counts (docs/design/copies.md, "As built: step 3b-1"): per bucket, the
+// file blocks of every pointer not cached as live sectors and of every
+// current cached one as cached sectors -- logical sectors, a piece of a
+// split blob counting its own blocks (not its blob's from the start, nor a
+// compressed blob whole per piece). Here an extent of a plain copy, a cached
+// copy and a compressed copy, split by a punch into two pieces; a hostile
+// record makes fsck -y rebuild; then every bucket's record says exactly
+// what the data path counts.
+TEST(CopiesTest, FsckRebuildCountsWhatTheDataPathCounts) {
+  Copies t({CopySpec{.cached = true}, CopySpec{.compressed = true}});
+  ASSERT_EQ(t.ptrs.size(), 3u);
+  ASSERT_TRUE(t.ptrs[1].cached);
+  ASSERT_TRUE(t.ptrs[2].compressed);
+  t.WithFs([&](testing::MountedFs& m) {
+    ASSERT_TRUE(m.fs.Fallocate(t.ino, posix::kFallocPunchHole | posix::kFallocKeepSize, data::kBlockSize,
+                               data::kBlockSize).ok());
+    std::vector<u8> v;
+    const data::Extent e = Copies::ExtentOf(m, t.ino, &v);
+    ASSERT_EQ(e.blocks(), 1u);  // the first piece; the second ends the file
+    ASSERT_EQ(e.nr_ptrs, 3u);
+    // Hostile: an unknown state in the record of the plain copy's bucket.
+    const u64 b = Copies::BucketOf(m, t.ptrs[0]);
+    alloc::AllocRecord rec;
+    alloc::EncodeRecord(m.store->alloc().Get(t.ptrs[0].dev, b), &rec);
+    rec.state = 9;
+    btree::Transaction tx(&m.store->btrees());
+    ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeAlloc, t.ptrs[0].dev, b}, &rec, sizeof(rec)).ok());
+    ASSERT_TRUE(tx.Commit().ok());
+  });
+  auto [r, out] = t.Fsck(true);
+  EXPECT_EQ(r.exit_code, kExitRepaired) << out;
+  EXPECT_NE(out.find("rebuilt every member's allocation state"), std::string::npos) << out;
+  t.WithFs([&](testing::MountedFs& m) {
+    // The mount's check of the records against the extents (step 3b-2)
+    // found the rebuild's counts right.
+    EXPECT_EQ(m.data.GetStats().count_mismatches, 0u);
+    // Every bucket's counts are the extents' recount (and the allocator's
+    // kept sums its buckets').
+    const auto recount = RecountExtents(m);
+    u64 buckets = 0;
+    for (u32 d = 0; d < t.members(); d++) {
+      EXPECT_TRUE(m.store->alloc().SumsMatchScan(d)) << "member " << d;
+      for (u64 b = 0; b < m.store->alloc().nbuckets(d); b++) {
+        const alloc::Bucket k = m.store->alloc().Get(d, b);
+        auto w = recount.find({d, b});
+        const std::pair<u64, u64> want = w == recount.end() ? std::pair<u64, u64>{0, 0} : w->second;
+        EXPECT_EQ((std::pair<u64, u64>{k.live_sectors, k.cached_sectors}), want)
+            << "member " << d << " bucket " << b << " (" << alloc::BucketStateName(k.state) << ")";
+        buckets += k.state == alloc::BucketState::kUser;
+      }
+    }
+    EXPECT_EQ(buckets, 3u);
+    // The two pieces hold 2 blocks: live on the plain and the compressed
+    // copies' members, cached on the cached copy's.
+    auto rec = [&](u32 c) { return m.store->alloc().Get(t.ptrs[c].dev, Copies::BucketOf(m, t.ptrs[c])); };
+    EXPECT_EQ(rec(0).live_sectors, 2u * 8);
+    EXPECT_EQ(rec(0).cached_sectors, 0u);
+    EXPECT_EQ(rec(1).live_sectors, 0u);
+    EXPECT_EQ(rec(1).cached_sectors, 2u * 8);
+    EXPECT_EQ(rec(2).live_sectors, 2u * 8);
+  });
+  auto [r2, out2] = t.Fsck(false);
+  EXPECT_EQ(r2.exit_code, kExitClean) << out2;
+}
+
 // A copy added to an extent whose blob the accounting counts already (here
 // another file's extent on the other member: the copy reserved nothing)
 // counts its blocks live in that bucket as the commit applies, as the next
@@ -425,7 +525,9 @@ TEST(CopiesTest, ACopyOfACommittedBlobCountsLive) {
     ASSERT_TRUE(tx.Set(Copies::At(t.ino, fe.end), buf, len.value()).ok());
     data::Delta delta;
     delta.ino = t.ino;
-    ASSERT_TRUE(delta.changes.PushBack(data::Delta::Change{.dev = dev, .bucket = gb, .blocks = kBlocks}).ok());
+    ASSERT_TRUE(delta.changes
+                    .PushBack(data::Delta::Change{.dev = dev, .bucket = gb, .blocks = kBlocks, .gen = ge.ptrs[0].gen})
+                    .ok());
     ASSERT_TRUE(m.data.Commit(Copies::On(dev), &tx, delta).ok());
     m.data.BucketCounts(dev, gb, &live, &cached);
     EXPECT_EQ(live, 2 * kBlocks);
@@ -455,26 +557,180 @@ TEST(CopiesTest, ACopyOfACommittedBlobCountsLive) {
   });
 }
 
+// The test points of CopyRacingItsPunch: holds the thread that asked at
+// the data path's "commit.applying" until released; at the btree's
+// "commit.journaled" in the armed thread, releases it and waits until its
+// commit returned or it freed the bucket (whichever comes: before the fix
+// its free's record commit waits for the commit_mu the armed thread holds).
+struct PunchRace {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::thread::id puncher, armed;
+  bool reached = false, released = false, applied = false;
+  alloc::Allocator* alloc = nullptr;
+  u32 dev = 0;
+  u64 bucket = 0;
+
+  static void DataPoint(void* ctx, const char* point) {
+    auto* r = static_cast<PunchRace*>(ctx);
+    std::unique_lock<std::mutex> l(r->mu);
+    if (std::this_thread::get_id() != r->puncher || strcmp(point, "commit.applying") != 0 || r->reached) return;
+    r->reached = true;
+    r->cv.notify_all();
+    r->cv.wait(l, [&] { return r->released; });
+  }
+  static void BtreePoint(void* ctx, const char* point) {
+    auto* r = static_cast<PunchRace*>(ctx);
+    {
+      std::lock_guard<std::mutex> l(r->mu);
+      if (std::this_thread::get_id() != r->armed || strcmp(point, "commit.journaled") != 0) return;
+      r->armed = std::thread::id();
+      r->released = true;
+      r->cv.notify_all();
+    }
+    for (;;) {  // (under commit_mu: the allocator's mu_ comes after it)
+      {
+        std::lock_guard<std::mutex> l(r->mu);
+        if (r->applied) return;
+      }
+      if (r->alloc->Get(r->dev, r->bucket).state != alloc::BucketState::kUser) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+};
+
+// A new pointer into a committed blob (a gain without pending blocks)
+// racing the punch of the blob's own extent (review 3b F3): g's punch
+// publishes its bucket's count 0 and is held before its Apply; f's commit
+// adding a copy of g's blob is journaled, and g's Apply -- which frees a
+// bucket its commit emptied -- runs before f's publish. Before, the bucket
+// was freed under f's staged record (checked builds stopped at
+// PublishCounts' invariant; others kept the free, and f's new copy named a
+// freed bucket: fsck found it stale). Now f's commit holds every bucket it
+// gains in from before its commit: g's Apply leaves the bucket, f's count
+// keeps it, and fsck is clean. A gain into a bucket already freed is
+// refused (kAgain), not kCorrupt.
+TEST(CopiesTest, ACopyOfACommittedBlobRacingItsPunchKeepsTheBucket) {
+  Copies t({}, false, 2);  // f: one copy, two members
+  u32 dev = 0;
+  u64 gino = 0;
+  t.WithFs([&](testing::MountedFs& m) {  // g's blob, on the other member (its write point let go at unmount)
+    dev = 1 - t.ptrs[0].dev;
+    auto g = m.fs.Mknod(posix::kRootIno, "g", 1, posix::kModeReg | 0644, 0, posix::Caller{0, 0});
+    ASSERT_TRUE(g.ok());
+    gino = g.value().ino;
+    btree::Transaction tx(&m.store->btrees());
+    data::Delta delta;
+    ASSERT_TRUE(m.data.QueueWrite(Copies::On(dev), &tx, gino, 0, reinterpret_cast<const u8*>(t.content.data()),
+                                  kBlocks, &delta).ok());
+    ASSERT_TRUE(m.data.Commit(Copies::On(dev), &tx, delta).ok());
+  });
+  PunchRace race;
+  store::OpenOptions so;
+  so.btree.test_point = PunchRace::BtreePoint;
+  so.btree.test_point_ctx = &race;
+  {
+    testing::MountedFs m(t.Devs(), so);
+    ASSERT_TRUE(m.open());
+    m.data.SetTestPointForTest(PunchRace::DataPoint, &race);
+    std::vector<u8> gv, fv;
+    const data::Extent ge = Copies::ExtentOf(m, gino, &gv);
+    const data::Extent fe = Copies::ExtentOf(m, t.ino, &fv);
+    ASSERT_EQ(ge.ptrs[0].dev, dev);
+    const u64 gb = Copies::BucketOf(m, ge.ptrs[0]);
+    race.alloc = &m.store->alloc();
+    race.dev = dev;
+    race.bucket = gb;
+    // g's punch: published, held before its Apply.
+    Status pst;
+    std::thread punch([&] {
+      {
+        std::lock_guard<std::mutex> l(race.mu);
+        race.puncher = std::this_thread::get_id();
+      }
+      btree::Transaction tx(&m.store->btrees());
+      data::Delta delta;
+      pst = m.data.QueuePunch(&tx, gino, 0, kBlocks, &delta);
+      if (pst.ok()) pst = m.data.Commit(Copies::On(dev), &tx, delta);
+      std::lock_guard<std::mutex> l(race.mu);
+      race.applied = true;
+    });
+    {
+      std::unique_lock<std::mutex> l(race.mu);
+      race.cv.wait(l, [&] { return race.reached; });
+    }
+    u32 live, cached;
+    m.data.BucketCounts(dev, gb, &live, &cached);
+    ASSERT_EQ(live, 0u);  // published
+    ASSERT_EQ(m.store->alloc().Get(dev, gb).state, alloc::BucketState::kUser);  // not freed yet
+    // f's copy of g's blob, committed now.
+    u8 buf[data::kExtentValueMax];
+    auto len = data::AddPtr(fe, ge.ptrs[0], ge.crcs, buf);
+    ASSERT_TRUE(len.ok());
+    data::Extent now;
+    ASSERT_TRUE(data::ParseExtent(Copies::At(t.ino, fe.end), buf, len.value(), &now).ok());
+    btree::Transaction tx(&m.store->btrees());
+    ASSERT_TRUE(tx.Set(Copies::At(t.ino, fe.end), buf, len.value()).ok());
+    ASSERT_TRUE(data::QueueBackpointers(&tx, m.store->sb(), &fe, &now).ok());
+    data::Delta delta;
+    delta.ino = t.ino;
+    ASSERT_TRUE(delta.changes
+                    .PushBack(data::Delta::Change{.dev = dev, .bucket = gb, .blocks = kBlocks, .gen = ge.ptrs[0].gen})
+                    .ok());
+    {
+      std::lock_guard<std::mutex> l(race.mu);
+      race.armed = std::this_thread::get_id();
+    }
+    Status fst = m.data.Commit(Copies::On(dev), &tx, delta);
+    punch.join();
+    ASSERT_TRUE(pst.ok()) << pst.Message();
+    ASSERT_TRUE(fst.ok()) << fst.Message();
+    // The bucket stays: f's copy counts in it, and reads.
+    EXPECT_EQ(m.store->alloc().Get(dev, gb).state, alloc::BucketState::kUser);
+    EXPECT_EQ(m.store->alloc().Get(dev, gb).gen, ge.ptrs[0].gen);
+    m.data.BucketCounts(dev, gb, &live, &cached);
+    EXPECT_EQ(live, kBlocks);
+    m.data.SetTestPointForTest(nullptr, nullptr);
+    // A gain into a bucket freed meanwhile is refused, as "look again": g's
+    // blob again, after f's punch emptied and freed the bucket.
+    ASSERT_TRUE(m.fs.Fallocate(t.ino, posix::kFallocPunchHole | posix::kFallocKeepSize, 0,
+                               kBlocks * data::kBlockSize).ok());
+    ASSERT_NE(m.store->alloc().Get(dev, gb).state, alloc::BucketState::kUser);
+    const u64 refused = m.data.GetStats().gains_refused;
+    btree::Transaction tx2(&m.store->btrees());
+    ASSERT_TRUE(tx2.Set(Copies::At(t.ino, fe.end), buf, len.value()).ok());
+    data::Delta d2;
+    d2.ino = t.ino;
+    ASSERT_TRUE(
+        d2.changes.PushBack(data::Delta::Change{.dev = dev, .bucket = gb, .blocks = kBlocks, .gen = ge.ptrs[0].gen})
+            .ok());
+    EXPECT_EQ(m.data.Commit(Copies::On(dev), &tx2, d2).code(), Err::kAgain);
+    EXPECT_EQ(m.data.GetStats().gains_refused, refused + 1);
+    // ... and one naming no generation is a caller's bug.
+    btree::Transaction tx3(&m.store->btrees());
+    ASSERT_TRUE(tx3.Set(Copies::At(t.ino, fe.end), buf, len.value()).ok());
+    data::Delta d3;
+    d3.ino = t.ino;
+    ASSERT_TRUE(d3.changes.PushBack(data::Delta::Change{.dev = dev, .bucket = gb, .blocks = kBlocks}).ok());
+    EXPECT_EQ(m.data.Commit(Copies::On(dev), &tx3, d3).code(), Err::kInvalidArgument);
+  }
+  auto [r, out] = t.Fsck(false);
+  EXPECT_EQ(r.exit_code, kExitClean) << out;
+}
+
 // A stale second pointer: fsck -n reports it, -y drops it (not the extent),
 // and the next check is clean; the data reads from the first copy.
 TEST(CopiesTest, FsckDropsAStaleSecondPointer) {
   Copies t;
   t.MakeStale(1);
-  auto [r1, out1] = t.Fsck(false);
-  EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
-  EXPECT_NE(out1.find("stale extent pointer, inode " + Str(t.ino) + " at block 0 (copy 2 of 2)"), std::string::npos)
-      << out1;
-  auto [r2, out2] = t.Fsck(true);
-  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
-  EXPECT_EQ(r2.repaired, r2.errors) << out2;
-  EXPECT_NE(out2.find("dropped 1 bad pointer of the extent of inode " + Str(t.ino) +
-                      " at blocks [0, 3); its other copies keep the data"),
-            std::string::npos)
-      << out2;
-  EXPECT_EQ(out2.find("data lost"), std::string::npos) << out2;
-  EXPECT_NE(out2.find("backpointers: 1 keys, 1 implied by the pointers of 1 extents"), std::string::npos) << out2;
-  auto [r3, out3] = t.Fsck(false);
-  EXPECT_EQ(r3.exit_code, kExitClean) << out2 << out3;
+  const std::string found = "stale extent pointer, inode " + Str(t.ino) + " at block 0 (copy 2 of 2)";
+  const std::string dropped = "dropped 1 bad pointer of the extent of inode " + Str(t.ino) +
+                              " at blocks [0, 3); its other copies keep the data";
+  const Repair fix = ExpectReportedRepairedClean(t, found.c_str(), dropped.c_str());
+  EXPECT_EQ(fix.fixed.repaired, fix.fixed.errors) << fix.repair;
+  EXPECT_EQ(fix.repair.find("data lost"), std::string::npos) << fix.repair;
+  EXPECT_NE(fix.repair.find("backpointers: 1 keys, 1 implied by the pointers of 1 extents"), std::string::npos)
+      << fix.repair;
   t.ExpectContent(1, t.ptrs[0].dev);
   t.ExpectBackpointers({t.ptrs[0].dev});
 }
@@ -544,20 +800,14 @@ TEST(CopiesTest, FsckDropsTwoBadPointersOfThreeAndOfFour) {
 TEST(CopiesTest, FsckPromotesTheGoodCachedCopyOfABadOne) {
   Copies t({CopySpec{.cached = true}});
   t.MakeStale(0);
-  auto [r1, out1] = t.Fsck(false);
-  EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
-  EXPECT_NE(out1.find("(copy 1 of 2)"), std::string::npos) << out1;
-  auto [r2, out2] = t.Fsck(true);
-  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
-  EXPECT_EQ(r2.repaired, r2.errors) << out2;
-  EXPECT_NE(out2.find("data: dropped 1 bad pointer of the extent of inode " + Str(t.ino) +
-                      " at blocks [0, 3) and promoted its cached copy on member " + Str(t.ptrs[1].dev) + "\n"),
-            std::string::npos)
-      << out2;
-  EXPECT_NE(out2.find("data: promoted 1 cached copy whose authoritative copy was bad"), std::string::npos) << out2;
-  EXPECT_EQ(out2.find("data lost"), std::string::npos) << out2;
-  auto [r3, out3] = t.Fsck(false);
-  EXPECT_EQ(r3.exit_code, kExitClean) << out2 << out3;
+  const std::string promoted = "data: dropped 1 bad pointer of the extent of inode " + Str(t.ino) +
+                               " at blocks [0, 3) and promoted its cached copy on member " + Str(t.ptrs[1].dev) +
+                               "\n";
+  const Repair fix = ExpectReportedRepairedClean(t, "(copy 1 of 2)", promoted.c_str());
+  EXPECT_EQ(fix.fixed.repaired, fix.fixed.errors) << fix.repair;
+  EXPECT_NE(fix.repair.find("data: promoted 1 cached copy whose authoritative copy was bad"), std::string::npos)
+      << fix.repair;
+  EXPECT_EQ(fix.repair.find("data lost"), std::string::npos) << fix.repair;
   t.ExpectContent(1, t.ptrs[1].dev);
   t.ExpectBackpointers({t.ptrs[1].dev});  // (not cached any more: it has one now)
   t.WithFs([&](testing::MountedFs& m) {
@@ -765,7 +1015,7 @@ TEST(CopiesTest, ACachedPointerCurrentAgainAfterItsBucketIsReusedPunchesSafely) 
     // Punching the first file uncounts its cached blocks there: none were counted.
     ASSERT_TRUE(m.fs.Fallocate(t.ino, posix::kFallocPunchHole | posix::kFallocKeepSize, 0,
                                u64(kBlocks) * data::kBlockSize).ok());
-    EXPECT_EQ(m.data.GetStats().cached_underflows, 1u);
+    EXPECT_EQ(m.store->alloc().Stats().cached_underflows, 1u);
     u32 live = 0, cached = 0;
     m.data.BucketCounts(p.dev, b, &live, &cached);
     EXPECT_EQ(cached, 0u);

@@ -89,13 +89,14 @@ void CheckAllocator(store::Store& e, const Options& opt, Ctx& c) {
         bool reserved = bk.state == alloc::BucketState::kSb || bk.state == alloc::BucketState::kJournal;
         want = reserved ? alloc::BucketState::kFree : bk.state;
       }
-      bool live_bad = u64(bk.live_sectors) * 512 > s.bucket_size;
+      const u64 most = alloc::MaxCountSectors(s, bk.state);
+      bool live_bad = bk.live_sectors > most || bk.cached_sectors > most;
       if (bk.state == want && !live_bad) continue;
       bad++;
       c.report->errors++;
       if (bad <= 10) {
         c.Line("%s: bucket %llu is %s%s, expected %s", mem.label, (unsigned long long)b,
-               alloc::BucketStateName(bk.state), live_bad ? " with too many live sectors" : "",
+               alloc::BucketStateName(bk.state), live_bad ? " with more live or cached sectors than it can count" : "",
                alloc::BucketStateName(want));
       }
       if (opt.repair && a.RepairState(m, b, want).ok()) c.report->repaired++;
@@ -445,7 +446,10 @@ void RepairBtreeBuckets(store::Store& e, const BtreeFindings& found, bool was_cl
 // (Store::Open calls it; docs/format/alloc.md, "fsck"): every bucket
 // back to its layout state, then the buckets of every node the trees reach
 // marked btree and those every pointer of every extent points into marked
-// user, with the pointer's generation and its blob's blocks as live sectors.
+// user, with the pointer's generation; then, in a second walk, each counted
+// pointer's sectors added to its bucket's live or cached count by the data
+// path's rule (data::PtrCountsIn, data::PtrSectors: docs/design/copies.md,
+// "As built: step 3b-1").
 struct AllocRebuild {
   store::Store* e = nullptr;
   u64 nodes = 0, extents = 0, bad_extents = 0;
@@ -454,9 +458,9 @@ struct AllocRebuild {
 Status MarkNodeBucket(void* ctx, const btree::NodePtrFormat& p) {
   auto* r = static_cast<AllocRebuild*>(ctx);
   const sb::Superblock& s = r->e->sb();
-  // (A node outside the btree's buckets is the btree pass's finding.)
-  (void)r->e->alloc().RebuildMark(p.member, s.BucketOf(p.offset.get()), alloc::BucketState::kBtree, 0,
-                                  s.btree_node_size / 512);
+  // (A node outside the btree's buckets is the btree pass's finding. Node
+  // slots are not counted in records: a btree bucket's live_sectors stay 0.)
+  (void)r->e->alloc().RebuildMark(p.member, s.BucketOf(p.offset.get()), alloc::BucketState::kBtree, 0);
   r->nodes++;
   return Status::Ok();
 }
@@ -468,32 +472,49 @@ Status RebuildAlloc(void* ctx, store::Store& e) {
   a.BeginRebuild();
   Status st = e.btrees().ForEachSlot(MarkNodeBucket, r);
   if (!st.ok()) return st;  // a tree that cannot be walked: nothing is written
-  btree::Iterator it(&e.btrees(), btree::kBtreeExtents);
-  for (st = it.SeekToFirst(); st.ok() && it.Valid(); st = it.Next()) {
-    data::Extent x;
-    if (!data::ParseExtent(it.pos(), it.value(), it.val_bytes(), &x).ok()) {
-      r->bad_extents++;  // the data pass deletes it
-      continue;
+  // Two walks of the extents: the states and generations first, then the
+  // counts against them -- the data path's rule (data::PtrCountsIn,
+  // data::PtrSectors), so the records say what the data path counts.
+  for (int pass = 0; pass < 2; pass++) {
+    btree::Iterator it(&e.btrees(), btree::kBtreeExtents);
+    for (st = it.SeekToFirst(); st.ok() && it.Valid(); st = it.Next()) {
+      data::Extent x;
+      if (!data::ParseExtent(it.pos(), it.value(), it.val_bytes(), &x).ok()) {
+        r->bad_extents += pass == 0;  // the data pass deletes it
+        continue;
+      }
+      if (x.unwritten) continue;  // a reservation: no bucket
+      if (pass == 1) {
+        // Every counted pointer counts in a user bucket (one the first walk
+        // did not mark -- it points outside, or into a node or layout
+        // bucket -- is the data pass's, which drops it).
+        for (u32 i = 0; i < x.nr_ptrs; i++) {
+          const data::Extent::Ptr& p = x.ptrs[i];
+          u64 b;
+          if (!data::PtrBucket(e.sb(), p, &b)) continue;
+          const alloc::Bucket k = a.Get(p.dev, b);
+          const bool user = k.state == alloc::BucketState::kUser;
+          if (user && data::PtrCountsIn(p, user, k.gen)) (void)a.RebuildCount(p.dev, b, p.cached, data::PtrSectors(x));
+        }
+        continue;
+      }
+      // Every copy's bucket, cached ones too (they hold data a pointer names).
+      // A bad pointer is left to the data pass, which drops it (or the extent).
+      bool bad = false;
+      for (u32 i = 0; i < x.nr_ptrs; i++) {
+        const data::Extent::Ptr& p = x.ptrs[i];
+        u64 b;
+        if (!data::PtrInBucket(e.sb(), x, p, &b) || !a.RebuildMark(p.dev, b, alloc::BucketState::kUser, p.gen))
+          bad = true;  // outside, or into a node or layout bucket
+      }
+      if (bad) {
+        r->bad_extents++;
+        continue;
+      }
+      r->extents++;
     }
-    if (x.unwritten) continue;  // a reservation: no bucket
-    // Every copy's bucket, cached ones too (they hold data a pointer names).
-    // A bad pointer is left to the data pass, which drops it (or the extent).
-    bool bad = false;
-    for (u32 i = 0; i < x.nr_ptrs; i++) {
-      const data::Extent::Ptr& p = x.ptrs[i];
-      u64 b;
-      if (!data::PtrInBucket(e.sb(), x, p, &b) ||
-          !a.RebuildMark(p.dev, b, alloc::BucketState::kUser, p.gen,
-                         u32(x.DiskBlocks(p) * (data::kBlockSize / 512))))
-        bad = true;  // outside, or into a node or layout bucket
-    }
-    if (bad) {
-      r->bad_extents++;
-      continue;
-    }
-    r->extents++;
+    if (!st.ok()) return st;
   }
-  if (!st.ok()) return st;
   return a.EndRebuild();
 }
 

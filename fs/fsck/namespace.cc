@@ -1010,16 +1010,23 @@ class NamespaceCheck {
   // comes later -- the one ending later -- is kept whole; each earlier one loses
   // the blocks it shares with it: one starting before x keeps the piece before
   // x.start (data::BuildPiece: what an overwrite leaves of an extent, of any
-  // kind), one starting inside x is deleted. One transaction; returns the blocks
-  // dropped.
+  // kind), one starting inside x is deleted. Returns the blocks dropped.
+  // Batched by journal bytes (a transaction commits before the next extent's
+  // worst case -- both its keys and two backpointer keys per pointer --
+  // would not fit its entry): x may overlap thousands of small extents; a
+  // cut between batches leaves x overlapping fewer, which the next fsck
+  // trims.
   Status TrimEarlier(const data::Extent& x, u64* dropped) {
     *dropped = 0;
     btree::Iterator it(&t_, btree::kBtreeExtents);
     TFS_TRY(it.SeekForPrev(Pos{btree::kBtreeExtents, x.ino, x.end - 1}));
     Transaction tx(&t_);
+    const usize bp_bytes = Transaction::KeyBytes(u32(sizeof(data::BackpointerFormat)));
     for (; it.Valid() && it.pos().inode == x.ino; TFS_TRY(it.Prev())) {
       data::Extent y;
       if (!data::ParseExtent(it.pos(), it.value(), it.val_bytes(), &y).ok() || y.end <= x.start) break;
+      if (tx.size() > 0 && 2 * Transaction::KeyBytes(it.val_bytes()) + y.nr_ptrs * 2 * bp_bytes > tx.Room())
+        TFS_TRY(Commit(tx));  // (the iterator sees it: the keys it passed are gone)
       if (y.start < x.start) {
         const u32 keep = u32(x.start - y.start);
         const u32 len = TFS_TRY(data::BuildPiece(y, 0, keep, buf_));

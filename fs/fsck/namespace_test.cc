@@ -566,18 +566,9 @@ void RunRepairCase(const RepairCase& c) {
   SCOPED_TRACE(c.what);
   Fixture fx;
   c.damage(fx);
-  const std::vector<u8> before = fx.Bytes();
-  auto [r1, out1] = fx.Fsck();
-  EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
-  EXPECT_NE(out1.find(c.found), std::string::npos) << out1;
-  EXPECT_EQ(r1.repaired, 0u);
-  EXPECT_TRUE(fx.Bytes() == before) << "the check wrote to the device";
-  auto [r2, out2] = fx.Fsck(true);
-  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
-  EXPECT_EQ(r2.repaired, r2.errors) << out2;
-  EXPECT_NE(out2.find(c.repaired), std::string::npos) << out2;
-  auto [r3, out3] = fx.Fsck();
-  EXPECT_EQ(r3.exit_code, kExitClean) << "after the repair:\n" << out2 << "the next check:\n" << out3;
+  const fixture::Repair fix = fixture::ExpectReportedRepairedClean(fx, c.found, c.repaired);
+  EXPECT_EQ(fix.checked.repaired, 0u);
+  EXPECT_EQ(fix.fixed.repaired, fix.fixed.errors) << fix.repair;
   fx.WithFs([&](Filesystem& fs, btree::Btrees&) { c.verify(fx, fs); });
   auto [r4, out4] = fx.Fsck();
   EXPECT_EQ(r4.exit_code, kExitClean) << out4;
@@ -932,16 +923,10 @@ TEST(FsckRepairTest, OverlapsKeepTheLaterExtentAndTrimTheEarlier) {
   // (a, 3): g's blob, blocks [0, 3): over all of (a, 2) and the first block of (a, 4).
   std::vector<u8> v = fx.Value(btree::Pos{btree::kBtreeExtents, g, 3});
   fx.Poke(btree::Pos{btree::kBtreeExtents, a, 3}, v.data(), u32(v.size()));
-  const std::vector<u8> before = fx.Bytes();
-  auto [r1, out1] = fx.Fsck();
-  EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
-  EXPECT_TRUE(fx.Bytes() == before);
-  auto [r2, out2] = fx.Fsck(true);
-  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
-  EXPECT_NE(out2.find("kept blocks [0, 3) of the extent ending last, dropped 2 "), std::string::npos) << out2;
-  EXPECT_NE(out2.find("kept blocks [2, 4) of the extent ending last, dropped 1 "), std::string::npos) << out2;
-  auto [r3, out3] = fx.Fsck();
-  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+  const fixture::Repair fix = fixture::ExpectReportedRepairedClean(
+      fx, nullptr, "kept blocks [0, 3) of the extent ending last, dropped 2 ");
+  EXPECT_NE(fix.repair.find("kept blocks [2, 4) of the extent ending last, dropped 1 "), std::string::npos)
+      << fix.repair;
   fx.WithFs([&](Filesystem& fs, btree::Btrees&) {
     // (a, 3) won over (a, 2); (a, 4) won over the last block of (a, 3), which
     // keeps its first two blocks as (a, 2).
@@ -983,16 +968,13 @@ TEST(FsckRepairTest, OverlapsTrimCompressedAndUnwrittenExtents) {
   fx.Poke(btree::Pos{btree::kBtreeExtents, z, 20}, unwritten, data::BuildUnwritten(12, unwritten));
   const std::vector<u8> wv = fx.Value(btree::Pos{btree::kBtreeExtents, w, 4});
   fx.Poke(btree::Pos{btree::kBtreeExtents, u, 10}, wv.data(), u32(wv.size()));
-  auto [r1, out1] = fx.Fsck();
-  EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
-  auto [r2, out2] = fx.Fsck(true);
-  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
-  EXPECT_EQ(r2.repaired, r2.errors) << out2;
-  EXPECT_NE(out2.find("kept blocks [8, 20) of the extent ending last, dropped 8 "), std::string::npos) << out2;
-  EXPECT_NE(out2.find("kept blocks [6, 10) of the extent ending last, dropped 2 "), std::string::npos) << out2;
-  EXPECT_NE(out2.find("set the size of inode " + std::to_string(u) + " to 40960"), std::string::npos) << out2;
-  auto [r3, out3] = fx.Fsck();
-  EXPECT_EQ(r3.exit_code, kExitClean) << out2 << out3;
+  const fixture::Repair fix = fixture::ExpectReportedRepairedClean(
+      fx, nullptr, "kept blocks [8, 20) of the extent ending last, dropped 8 ");
+  EXPECT_EQ(fix.fixed.repaired, fix.fixed.errors) << fix.repair;
+  EXPECT_NE(fix.repair.find("kept blocks [6, 10) of the extent ending last, dropped 2 "), std::string::npos)
+      << fix.repair;
+  EXPECT_NE(fix.repair.find("set the size of inode " + std::to_string(u) + " to 40960"), std::string::npos)
+      << fix.repair;
   std::vector<u8> piece = fx.Value(btree::Pos{btree::kBtreeExtents, z, 8});
   EXPECT_TRUE(Compressed(piece));
   EXPECT_EQ(piece.size(), zv.size());  // the same blob and crc, 8 blocks of it
@@ -1202,18 +1184,12 @@ TEST(FsckRepairTest, ADamagedLeafOfEachTreeIsRepaired) {
     Fixture f;
     const u64 root_offset = fixture::DamageRoot(f.dev.get(), id);
     ASSERT_NE(root_offset, 0u);
-    auto [r1, out1] = f.Fsck(false);
-    EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
-    EXPECT_NE(out1.find("would drop the damaged level-0 node"), std::string::npos) << out1;
-    EXPECT_NE(out1.find("namespace:"), std::string::npos) << "the namespace pass ran: " << out1;
-    auto [r2, out2] = f.Fsck(true);
-    EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
-    EXPECT_NE(out2.find("dropped the damaged level-0 node at member ssd.a offset " +
-                        std::to_string(root_offset)),
-              std::string::npos)
-        << out2;
-    auto [r3, out3] = f.Fsck(false);
-    EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+    const std::string dropped =
+        "dropped the damaged level-0 node at member ssd.a offset " + std::to_string(root_offset);
+    const fixture::Repair fix =
+        fixture::ExpectReportedRepairedClean(f, "would drop the damaged level-0 node", dropped.c_str());
+    EXPECT_NE(fix.report.find("namespace:"), std::string::npos) << "the namespace pass ran: " << fix.report;
+    const std::string& out2 = fix.repair;
     f.WithFs([&](Filesystem& fs, btree::Btrees&) {
       const std::set<std::string> root = Fixture::Names(fs, posix::kRootIno);
       if (id != btree::kBtreeInodes) return;
@@ -1260,6 +1236,28 @@ u64 XattrSlot(Fixture& f, u64 ino, const std::string& name) {
     }
   });
   return slot;
+}
+
+// Rewrites the chunk descriptor of f.file's chunked xattr `name` (in its
+// entry: a 16-byte header, the name, the descriptor) with edit(d) applied.
+void EditDescriptor(Fixture& f, const std::string& name, const std::function<void(posix::XattrChunksFormat&)>& edit) {
+  const btree::Pos at{btree::kBtreeXattrs, f.file, XattrSlot(f, f.file, name)};
+  std::vector<u8> v = f.Value(at);
+  posix::XattrChunksFormat d;
+  memcpy(&d, v.data() + 16 + name.size(), sizeof(d));
+  edit(d);
+  if (::testing::Test::HasFatalFailure()) return;  // (edit's ASSERTs)
+  memcpy(v.data() + 16 + name.size(), &d, sizeof(d));
+  f.Poke(at, v.data(), u32(v.size()));
+}
+
+// A second chunked xattr of f.file, "user.other" (3000 bytes 'o', id 1).
+void AddOther(Fixture& f) {
+  const std::string other(3000, 'o');
+  f.WithFs([&](Filesystem& fs, btree::Btrees&) {
+    ASSERT_TRUE(fs.SetXattr(f.file, "user.other", 10, other.data(), u32(other.size()), 0,
+                            Filesystem::kFrontEndChecked).ok());
+  });
 }
 
 // The fixture file without "user.big": "user.x" alone, the data intact.
@@ -1309,31 +1307,15 @@ TEST(FsckRepairTest, DamagedChunkedXattrsAreRepaired) {
        "bad or ownerless xattr key (7777, 9223372036854775808)", "no such inode",
        [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
       {"a descriptor whose length fits inline",
-       [](Fixture& f) {
-         const btree::Pos at{btree::kBtreeXattrs, f.file, XattrSlot(f, f.file, "user.big")};
-         std::vector<u8> v = f.Value(at);
-         posix::XattrChunksFormat d;
-         memcpy(&d, v.data() + 16 + 8, sizeof(d));
-         d.value_len.set(100);
-         memcpy(v.data() + 16 + 8, &d, sizeof(d));
-         f.Poke(at, v.data(), u32(v.size()));
-       },
+       [](Fixture& f) { EditDescriptor(f, "user.big", [](posix::XattrChunksFormat& d) { d.value_len.set(100); }); },
        "bad or ownerless xattr key", "deleted xattr chunk", ExpectBigXattrGone},
       {"two values with one id",
        [](Fixture& f) {
-         const std::string other(3000, 'o');
-         f.WithFs([&](Filesystem& fs, btree::Btrees&) {
-           ASSERT_TRUE(fs.SetXattr(f.file, "user.other", 10, other.data(), u32(other.size()), 0,
-                                   Filesystem::kFrontEndChecked).ok());
+         AddOther(f);
+         EditDescriptor(f, "user.other", [](posix::XattrChunksFormat& d) {
+           ASSERT_EQ(d.id.get(), 1u);
+           d.id.set(0);  // user.big's
          });
-         const btree::Pos at{btree::kBtreeXattrs, f.file, XattrSlot(f, f.file, "user.other")};
-         std::vector<u8> v = f.Value(at);
-         posix::XattrChunksFormat d;
-         memcpy(&d, v.data() + 16 + 10, sizeof(d));
-         ASSERT_EQ(d.id.get(), 1u);
-         d.id.set(0);  // user.big's
-         memcpy(v.data() + 16 + 10, &d, sizeof(d));
-         f.Poke(at, v.data(), u32(v.size()));
        },
        "has the id 0 of another value of its inode", "deleted xattr chunk",
        [](Fixture& f, Filesystem& fs) {
@@ -1342,19 +1324,11 @@ TEST(FsckRepairTest, DamagedChunkedXattrsAreRepaired) {
        }},
       {"two values with one id (the later one keeps it)",  // (with the case above: both slot orders)
        [](Fixture& f) {
-         const std::string other(3000, 'o');
-         f.WithFs([&](Filesystem& fs, btree::Btrees&) {
-           ASSERT_TRUE(fs.SetXattr(f.file, "user.other", 10, other.data(), u32(other.size()), 0,
-                                   Filesystem::kFrontEndChecked).ok());
+         AddOther(f);
+         EditDescriptor(f, "user.big", [](posix::XattrChunksFormat& d) {
+           ASSERT_EQ(d.id.get(), 0u);
+           d.id.set(1);  // user.other's
          });
-         const btree::Pos at{btree::kBtreeXattrs, f.file, XattrSlot(f, f.file, "user.big")};
-         std::vector<u8> v = f.Value(at);
-         posix::XattrChunksFormat d;
-         memcpy(&d, v.data() + 16 + 8, sizeof(d));
-         ASSERT_EQ(d.id.get(), 0u);
-         d.id.set(1);  // user.other's
-         memcpy(v.data() + 16 + 8, &d, sizeof(d));
-         f.Poke(at, v.data(), u32(v.size()));
        },
        "has the id 1 of another value of its inode", "deleted xattr chunk",
        [](Fixture& f, Filesystem& fs) {
@@ -1567,14 +1541,8 @@ TEST(FsckNamespaceTest, TheChunkedXattrFlagFollowsWhatNeedsIt) {
     ASSERT_TRUE(fs.SetXattr(ino, "user.big", 8, big.data(), u32(big.size()), 0, Filesystem::kFrontEndChecked).ok());
   });
   DropFeatureFlag(img);
-  auto [r7, out7] = img.Fsck(false);
-  EXPECT_EQ(r7.exit_code, kExitUncorrected) << out7;
-  EXPECT_NE(out7.find("chunked-xattrs flag is missing"), std::string::npos) << out7;
-  auto [r8, out8] = img.Fsck(true);
-  EXPECT_EQ(r8.exit_code, kExitRepaired) << out8;
+  fixture::ExpectReportedRepairedClean(img, "chunked-xattrs flag is missing", nullptr);
   EXPECT_TRUE(flag(img));
-  auto [r9, out9] = img.Fsck(false);
-  EXPECT_EQ(r9.exit_code, kExitClean) << out9;
 
   // An older build's filesystem (no flag, inline xattrs only) checks clean
   // and mounts; the mount marks it.
@@ -1707,16 +1675,10 @@ TEST(FsckRepairTest, TheCapabilityFlagFollowsItsXattr) {
   });
   FlipCapsFlag(img, with);
   FlipCapsFlag(img, without);
-  auto [r1, out1] = img.Fsck(false);
-  EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
-  EXPECT_NE(out1.find("inode " + std::to_string(with) + " has a security.capability xattr but not its flag"),
-            std::string::npos) << out1;
-  EXPECT_NE(out1.find("inode " + std::to_string(without) + " has the security.capability flag but no such xattr"),
-            std::string::npos) << out1;
-  auto [r2, out2] = img.Fsck(true);
-  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
-  auto [r3, out3] = img.Fsck(false);
-  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+  const std::string no_flag = "inode " + std::to_string(with) + " has a security.capability xattr but not its flag";
+  const fixture::Repair fix = fixture::ExpectReportedRepairedClean(img, no_flag.c_str(), nullptr);
+  EXPECT_NE(fix.report.find("inode " + std::to_string(without) + " has the security.capability flag but no such xattr"),
+            std::string::npos) << fix.report;
 }
 
 // The inodes' options (posix/opts.h): set ones check clean; a value naming
@@ -1752,8 +1714,9 @@ TEST(FsckRepairTest, DamagedInodeOptionsAreCleared) {
   const std::string file = "inode " + std::to_string(fx.file);
   const std::string dir = "inode " + std::to_string(fx.dir);
   const std::string sub = "inode " + std::to_string(fx.sub);
-  auto [r1, out1] = fx.Fsck();
-  EXPECT_EQ(r1.exit_code, kExitUncorrected) << out1;
+  const fixture::Repair fix = fixture::ExpectReportedRepairedClean(fx, "5 problem(s)", nullptr);
+  const std::string& out1 = fix.report;
+  const std::string& out2 = fix.repair;
   EXPECT_NE(out1.find(file + ": bad option foreground_target: stored value 8 names no member or group of this "
                              "filesystem"),
             std::string::npos) << out1;
@@ -1764,9 +1727,6 @@ TEST(FsckRepairTest, DamagedInodeOptionsAreCleared) {
   EXPECT_NE(out1.find(sub + ": the compression flag (chattr +c) is set without its compression option (the flag "
                             "mirrors compression=zstd)"),
             std::string::npos) << out1;
-  EXPECT_NE(out1.find("5 problem(s)"), std::string::npos) << out1;
-  auto [r2, out2] = fx.Fsck(true);
-  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
   EXPECT_NE(out2.find(file + ": unset option foreground_target (the filesystem's applies)"), std::string::npos)
       << out2;
   EXPECT_NE(out2.find(file + ": unset option replicas"), std::string::npos) << out2;
@@ -1774,8 +1734,6 @@ TEST(FsckRepairTest, DamagedInodeOptionsAreCleared) {
   EXPECT_NE(out2.find(dir + ": made its compression flag follow its compression option"), std::string::npos) << out2;
   EXPECT_NE(out2.find(sub + ": set its compression option to zstd, the one value its flag mirrors"), std::string::npos)
       << out2;
-  auto [r3, out3] = fx.Fsck();
-  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
   fx.WithFs([&](Filesystem& fs, btree::Btrees&) {
     char v[32];
     EXPECT_EQ(fs.GetXattr(fx.file, "tierfs.replicas", 15, v, sizeof(v)).status().code(), Err::kNoData);

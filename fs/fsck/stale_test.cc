@@ -35,34 +35,6 @@ using posix::Caller;
 using posix::Filesystem;
 using namespace fixture;  // NOLINT: the test images' helpers
 
-// What fsck -n and fsck -y said of a damaged image.
-struct Repair {
-  std::string report;  // fsck -n's
-  std::string repair;  // fsck -y's
-};
-
-// fsck -n reports the damage (exit 4, saying `reported` if given) and
-// writes nothing; fsck -y repairs it (exit 1, saying `repaired` if given);
-// and fsck -n then finds the image clean. Their outputs, for the caller's
-// further checks.
-Repair ExpectReportedRepairedClean(Image& img, const char* reported, const char* repaired) {
-  const std::vector<u8> before = img.dev->SnapshotDurable();
-  auto [r, out] = img.Fsck(false);
-  EXPECT_EQ(r.exit_code, kExitUncorrected) << out;
-  EXPECT_TRUE(img.dev->SnapshotDurable() == before) << "fsck -n wrote";
-  if (reported != nullptr) {
-    EXPECT_NE(out.find(reported), std::string::npos) << out;
-  }
-  auto [r2, out2] = img.Fsck(true);
-  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
-  if (repaired != nullptr) {
-    EXPECT_NE(out2.find(repaired), std::string::npos) << out2;
-  }
-  auto [r3, out3] = img.Fsck(false);
-  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
-  return {out, out2};
-}
-
 TEST(FsckStaleTest, DamagedAllocNodeRefusesMountAndFsckRebuildsTheAllocationState) {
   Image img;
   Populate(img, 3, 8);

@@ -1,6 +1,8 @@
 // Test fixtures for fsck's tests: a one-member posix filesystem in memory
-// (`Image`), files whose bytes say which file they are (`Content`), and the
-// journal entries on an image. Tests only; each test binary includes it once.
+// (`Image`), files whose bytes say which file they are (`Content`), the
+// journal entries on an image, and the check / repair / check sequence a
+// damaged image goes through (`ExpectReportedRepairedClean`, for any
+// fixture). Tests only; each test binary includes it once.
 #ifndef TFS_FSCK_TESTING_H_
 #define TFS_FSCK_TESTING_H_
 
@@ -11,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "alloc/format.h"
@@ -33,6 +36,18 @@ inline const Caller kRoot{0, 0};
 inline std::string Content(int i) { return std::string(20000 + 997 * i, char('a' + i % 26)); }
 
 inline u64 DamageRoot(userspace::MemDevice* dev, u8 id);
+
+// fsck of the members `devs` (a repair run, -y, with `repair`; else a check,
+// -n): its report, and its output a line each.
+inline std::pair<Report, std::string> RunFsck(BlockDevice* const* devs, u32 count, bool repair) {
+  std::string out;
+  Options o;
+  o.repair = repair;
+  Report r = Check(devs, count, o, [](void* ctx, const char* line) {
+    *static_cast<std::string*>(ctx) += std::string(line) + "\n";
+  }, &out);
+  return {r, out};
+}
 
 struct Image {
   std::unique_ptr<userspace::MemDevice> dev;
@@ -77,13 +92,7 @@ struct Image {
   // shows.
   std::pair<Report, std::string> Fsck(bool repair, BlockDevice* through = nullptr) {
     BlockDevice* b = through != nullptr ? through : dev.get();
-    std::string out;
-    Options o;
-    o.repair = repair;
-    Report r = Check(&b, 1, o, [](void* ctx, const char* line) {
-      *static_cast<std::string*>(ctx) += std::string(line) + "\n";
-    }, &out);
-    return {r, out};
+    return RunFsck(&b, 1, repair);
   }
 
   // Damages the newest state of the allocation records (`roots` false: the
@@ -112,6 +121,9 @@ struct Image {
     v ^= 0x5a;
     dev->WriteRaw(at, &v, 1);
   }
+
+  // The image's durable bytes (what a power cut would leave).
+  std::vector<u8> Bytes() const { return dev->SnapshotDurable(); }
 
   sb::Superblock SbOf() {
     sb::Superblock s;
@@ -197,6 +209,38 @@ inline std::vector<EntryAt> JournalEntries(Image& img) {
   }
   std::sort(out.begin(), out.end(), [](const EntryAt& a, const EntryAt& b) { return a.seq < b.seq; });
   return out;
+}
+
+// What fsck -n and fsck -y said of a damaged image.
+struct Repair {
+  Report checked;      // fsck -n's
+  std::string report;  // fsck -n's output
+  Report fixed;        // fsck -y's
+  std::string repair;  // fsck -y's output
+};
+
+// fsck -n reports the damage (exit 4, saying `reported` if given) and
+// writes nothing; fsck -y repairs it (exit 1, saying `repaired` if given);
+// and fsck -n then finds the image clean. Their results, for the caller's
+// further checks. `img` is any fixture with Fsck(repair), giving the Report
+// and the output, and Bytes(), its members' durable bytes.
+template <typename Img>
+Repair ExpectReportedRepairedClean(Img& img, const char* reported, const char* repaired) {
+  const auto before = img.Bytes();
+  auto [r, out] = img.Fsck(false);
+  EXPECT_EQ(r.exit_code, kExitUncorrected) << out;
+  EXPECT_TRUE(img.Bytes() == before) << "fsck -n wrote";
+  if (reported != nullptr) {
+    EXPECT_NE(out.find(reported), std::string::npos) << out;
+  }
+  auto [r2, out2] = img.Fsck(true);
+  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
+  if (repaired != nullptr) {
+    EXPECT_NE(out2.find(repaired), std::string::npos) << out2;
+  }
+  auto [r3, out3] = img.Fsck(false);
+  EXPECT_EQ(r3.exit_code, kExitClean) << "after the repair:\n" << out2 << "the next check:\n" << out3;
+  return {r, out, r2, out2};
 }
 
 }  // namespace tfs::fsck::fixture

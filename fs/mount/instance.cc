@@ -28,8 +28,9 @@ Status Instance::Open(BlockDevice* const* bdevs, u32 count, const Options& optio
   // kSbXattrChunks before it writes anything of them, kSbCapsFlagged once it
   // has flagged an older filesystem's capabilities.)
   TFS_TRY(store_.Open(bdevs, count, options.store, diag, report));
-  // The data path rebuilds its accounting from the extents (and frees the
-  // buckets a crash left unreferenced) before anything reads or writes data.
+  // The data path checks the buckets' counts against the extents (and frees
+  // the buckets a crash left unreferenced) before anything reads or writes
+  // data.
   Status st = data_.Open(&store_);
   const char* stage = "the data path does not open";
   if (st.ok()) {

@@ -24,7 +24,24 @@ using btree::Transaction;
 namespace {
 
 constexpr u64 kMaxFileSize = u64(1) << 50;  // bytes (EFBIG beyond)
-constexpr u32 kWriteChunkBlocks = 256;  // blocks per write transaction (1 MiB)
+constexpr u32 kWriteChunkBlocks = 256;  // blocks per write transaction (1 MiB), at most
+
+// Blocks per write transaction with journal entries of `entry_bytes`: an
+// overwrite punches up to one extent per block, each with up to kMaxPtrs
+// pointers in buckets of their own -- its whiteout and, per pointer, a
+// backpointer whiteout and the bucket's record (384 bytes a block at four
+// copies) -- beside the new extents, their backpointers and data checks,
+// the pieces at the range's edges and the inode (12 KiB covers them for
+// kWriteChunkBlocks). 256 with 128 KiB entries and up, 128 with 64 KiB
+// ones (64 KiB buckets; review 3b F1: a 1 MiB overwrite of a fragmented
+// file with three or four copies did not fit one).
+u32 WriteChunkBlocks(usize entry_bytes) {
+  constexpr usize kRecord = Transaction::KeyBytes(u32(sizeof(alloc::AllocRecord)));
+  constexpr usize kPerBlock = Transaction::KeyBytes(0) + data::kMaxPtrs * (Transaction::KeyBytes(0) + kRecord);
+  constexpr usize kRest = 12 * 1024;
+  const usize fit = entry_bytes > kRest ? (entry_bytes - kRest) / kPerBlock : 0;
+  return u32(Max<usize>(32, Min<usize>(kWriteChunkBlocks, fit / 32 * 32)));
+}
 
 }  // namespace
 
@@ -64,6 +81,7 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
     const i64 now = Now();
     bool shrink = false;  // a size is set and does not grow: blocks past it go
     u64 punch_from = 0;   // ... from this block on
+    usize reserve = 0;    // ... and the last batch keeps this much room (PunchPast)
     if (st.ok()) {
       if ((set.valid & kSetMode) != 0) f.mode.set(type | (set.mode & kModePermMask));
       if ((set.valid & kSetUid) != 0) f.uid.set(set.uid);
@@ -76,7 +94,17 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
         // From the partial last block if it is rewritten below, else the
         // first block past the size: PunchPast and the final punch agree.
         punch_from = tail != nullptr ? set.size / kBlock : (set.size + kBlock - 1) / kBlock;
-        if (shrink) st = PunchPast(ino, &f, punch_from);
+        if (shrink) {
+          // Room kept in the last batch's transaction for the rest of it:
+          // the tail block and its records, and the inode.
+          reserve = Transaction::KeyBytes(u32(sizeof(f)));
+          if (tail != nullptr) {
+            auto tb = data_->PreparedJournalBytes(*tail, tail_delta);
+            st = tb.status();
+            if (st.ok()) reserve += tb.value();
+          }
+          if (st.ok()) st = PunchPast(ino, &f, punch_from, reserve);
+        }
         f.size.set(set.size);
       }
     }
@@ -92,7 +120,10 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
       // one, that block again with zeros past the size, and the inode. (Both
       // punches computed against the tree before it would overlap.)
       if (shrink) {
-        st = data_->QueuePunch(&tx, ino, punch_from, ~u64(0), &tail_delta, kBatchExtents);
+        bool more = false;
+        st = data_->QueuePunch(&tx, ino, punch_from, ~u64(0), &tail_delta, kBatchExtents, reserve, &more);
+        // (PunchPast left what this batch takes, by the same bound: never.)
+        if (st.ok() && more) st = Err::kTooBig;
         if (st.ok() && tail != nullptr) st = data_->QueuePreparedOverPunch(&tx, *tail);
       } else if (tail != nullptr) {
         st = data_->QueuePrepared(&tx, *tail, &tail_delta);
@@ -285,14 +316,15 @@ Status Filesystem::DropPrivs(u64 ino, const InodeFormat& seen, Writer* writer) {
 Result<u32> Filesystem::WriteThrough(u64 ino, InodeFormat f, u64 off, const u8* buf, u32 len) {
   // Block-aligned, so that the blobs go to the device without another copy.
   const u64 span = (off + len + kBlock - 1) / kBlock - off / kBlock;
-  u8* blocks = static_cast<u8*>(platform::Alloc(Min<u64>(span, kWriteChunkBlocks + 1) * kBlock, kBlock));
+  const u32 chunk = WriteChunkBlocks(store_->journal().max_entry_bytes());
+  u8* blocks = static_cast<u8*>(platform::Alloc(Min<u64>(span, chunk + 1) * kBlock, kBlock));
   data::Prepared* p = platform::New<data::Prepared>();
   Status st = blocks == nullptr || p == nullptr ? Status(Err::kNoMemory) : Status::Ok();
   for (u32 done = 0; st.ok() && done < len;) {
     const u64 pos = off + done;
     const u64 b0 = pos / kBlock;
     const u32 skip = u32(pos % kBlock);
-    const u32 n = u32(Min<u64>(len - done, u64(kWriteChunkBlocks) * kBlock - skip));
+    const u32 n = u32(Min<u64>(len - done, u64(chunk) * kBlock - skip));
     const u64 b1 = (pos + n + kBlock - 1) / kBlock;
     const u32 nb = u32(b1 - b0);
     // Blocks the write covers only in part keep their other bytes (zeros past
@@ -401,19 +433,23 @@ Result<u32> Filesystem::Read(u64 ino, u64 off, void* buf, u32 len) {
   }
 }
 
-Status Filesystem::PunchPast(u64 ino, InodeFormat* f, u64 keep) {
+Status Filesystem::PunchPast(u64 ino, InodeFormat* f, u64 keep, usize reserve) {
   // A batch of extents per transaction, all but the last: the caller queues
   // that one into the transaction that sets the size (QueuePunch from the
-  // same block `keep`), so a truncate of up to kBatchExtents extents is one
-  // transaction. A crash between the batches of a longer one leaves holes in
-  // what was being truncated away. The caller commits *f.
+  // same block `keep`, with the same bounds), so a truncate of one batch is
+  // one transaction. A batch is kBatchExtents extents, or fewer when their
+  // keys and records would not leave `reserve` bytes of the journal entry.
+  // A crash between the batches of a longer one leaves holes in what was
+  // being truncated away. The caller commits *f.
   for (;;) {
-    const u32 left = TFS_TRY(data_->CountExtentsFrom(ino, keep, kBatchExtents + 1));
-    if (left <= kBatchExtents) return Status::Ok();
     Transaction tx(trees_);
     data::Delta delta;
-    TFS_TRY(data_->QueuePunch(&tx, ino, keep, ~u64(0), &delta, kBatchExtents));
-    if (delta.empty()) return Status::Ok();
+    bool more = false;
+    TFS_TRY(data_->QueuePunch(&tx, ino, keep, ~u64(0), &delta, kBatchExtents, reserve, &more));
+    if (!more) {
+      data_->Abort(delta);  // the caller's batch (a punch reserved nothing: this releases nothing)
+      return Status::Ok();
+    }
     f->sectors.set(u64(i64(f->sectors.get()) + delta.sectors));
     TFS_TRY(tx.Set(InodePos(ino), f, sizeof(*f)));
     DebugNoSharedLock();
@@ -465,8 +501,8 @@ Status Filesystem::Fallocate(u64 ino, u32 mode, u64 off, u64 len) {
       TFS_TRY(ReadInode(ino, &f));
       Transaction tx(trees_);
       data::Delta delta;
-      TFS_TRY(data_->QueuePunch(&tx, ino, first_whole, end_whole, &delta, kBatchExtents));
-      more = !delta.empty();
+      TFS_TRY(data_->QueuePunch(&tx, ino, first_whole, end_whole, &delta, kBatchExtents,
+                                Transaction::KeyBytes(u32(sizeof(f))), &more));
       f.sectors.set(u64(i64(f.sectors.get()) + delta.sectors));
       SetTime(&f.mtime_ns, now);
       SetTime(&f.ctime_ns, now);

@@ -178,8 +178,10 @@ Status Filesystem::FinishFree(u64 ino) {
     if (!has.value()) break;
     Transaction tx(trees_);
     data::Delta delta;
-    TFS_TRY(data_->QueuePunch(&tx, ino, 0, ~u64(0), &delta, kBatchExtents));
     InodeFormat f;
+    // (A batch keeps room for the inode: QueuePunch stops short of the
+    // journal entry's end, so an orphan of any shape is freed.)
+    TFS_TRY(data_->QueuePunch(&tx, ino, 0, ~u64(0), &delta, kBatchExtents, Transaction::KeyBytes(u32(sizeof(f)))));
     Status rd = ReadInode(ino, &f);
     if (rd.ok()) {
       f.sectors.set(u64(Max<i64>(0, i64(f.sectors.get()) + delta.sectors)));

@@ -484,11 +484,11 @@ class Filesystem {
   // Rename's work under its locks; *to_free: a replaced inode to free after.
   Status RenameEntries(u64 old_dir, const char* old_name, u32 old_len, u64 new_dir, const char* new_name,
                        u32 new_len, u32 flags, u64* to_free);
-  // Frees a regular file's blocks past `size` bytes (committing *f's sector
-  // count with each batch); under the inode's lock.
-  // Punches the extents from block `keep` on, in batches, all but the last
-  // (the caller's transaction punches that one).
-  Status PunchPast(u64 ino, InodeFormat* f, u64 keep);
+  // Punches the extents from block `keep` on in batches (committing *f's
+  // sector count with each), all but the last: what is left fits one
+  // QueuePunch batch that keeps `reserve` journal bytes for the rest of the
+  // caller's transaction, which punches it. Under the inode's lock.
+  Status PunchPast(u64 ino, InodeFormat* f, u64 keep, usize reserve);
   // The inode's lock entry, created if none is in use (null: out of memory),
   // and its release (the last user frees or keeps it as a spare).
   InodeLocks* AcquireLocks(u64 ino);

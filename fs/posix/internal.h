@@ -56,7 +56,11 @@ class SharedLock {
 };
 
 inline constexpr u32 kBlock = data::kBlockSize;
-inline constexpr u32 kBatchExtents = 256;  // extent keys per transaction of a truncate, punch or free
+// Extent keys per transaction of a truncate, punch or free, at most: a batch
+// ends sooner when its keys and records would pass the journal entry
+// (DataPath::QueuePunch's reserve: 64 KiB entries with four copies per
+// extent hold about 165 scattered extents).
+inline constexpr u32 kBatchExtents = 256;
 inline constexpr u32 kBufferBlocks = data::kMaxExtentBlocks;  // a write buffer: one extent's worth
 // A symlink's target is kept in keys (ino, 1), (ino, 2), ... of this many bytes.
 inline constexpr u32 kLinkChunk = btree::kMaxValueBytes;

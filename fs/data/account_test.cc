@@ -1,0 +1,910 @@
+// The counts in the records (docs/design/copies.md, "As built: step 3b-2"):
+// every bucket's live and cached sectors are the allocator's, changed only
+// inside the extent transactions that change them -- computed by the data
+// path's commit hook under commit_mu, journaled with the extents, published
+// once journaled. Three views must agree for every bucket after every step:
+// (1) the allocator in memory, (2) the records read back from the alloc
+// btree, (3) a recount of the extents by the one rule (data::PtrBucket,
+// PtrCountsIn, PtrSectors); and every mount's check of the loaded counts
+// against the extents finds nothing to fix (data.count_mismatches 0) --
+// across writes, overwrites, punches, truncates, fallocates, unlinks,
+// replicas, compression and cached copies, remounts and power cuts (durable
+// and torn), two files committing into one bucket in either order, and a
+// journal that refuses a commit. The mount's check itself: records made
+// wrong (as an image from before step 3b-2 has them) are set to the
+// extents' and the repair survives a cut; a punch over a count made too low
+// stops at 0 and the next mount repairs it; an apply that fails after the
+// journal took the entry has published the counts. The allocator's kept
+// per-member sums equal a walk of its buckets at every check.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "btree/format.h"
+#include "data/data.h"
+#include "fsck/fsck.h"
+#include "mount/testing.h"
+#include "platform/platform.h"
+#include "posix/fs.h"
+#include "userspace/platform/log.h"
+#include "userspace/platform/mem_device.h"
+#include "userspace/platform/pressure.h"
+
+namespace tfs {
+namespace {
+
+using posix::Filesystem;
+using userspace::MemDevice;
+
+const posix::Caller kRoot{0, 0};
+
+// A device over a MemDevice that fails journal writes while told to (what
+// a member whose journal ring stops taking writes does to the journal), and
+// reads of alloc btree leaves while told to (a leaf read error: the node's
+// header, as the device holds it, names the tree).
+class JournalFailDevice final : public BlockDevice {
+ public:
+  explicit JournalFailDevice(MemDevice* inner) : inner_(inner) {}
+  void Submit(IoRequest* req) override {
+    if (req->op == IoOp::kWrite && req->origin == IoOrigin::kJournal && failing_.load()) {
+      failed_++;
+      req->done(req, Status(Err::kIo));
+      return;
+    }
+    if (req->op == IoOp::kRead && req->origin == IoOrigin::kBtree && failing_alloc_reads_.load() &&
+        req->length >= sizeof(btree::NodeHeader)) {
+      btree::NodeHeader h;
+      inner_->ReadRaw(req->offset, &h, sizeof(h));
+      if (h.magic.get() == btree::kNodeMagic && h.btree_id == btree::kBtreeAlloc && h.level == 0) {
+        failed_reads_++;
+        req->done(req, Status(Err::kIo));
+        return;
+      }
+    }
+    inner_->Submit(req);
+  }
+  const BlockDeviceInfo& Info() const override { return inner_->Info(); }
+  const char* Name() const override { return inner_->Name(); }
+  void Fail(bool on) { failing_.store(on); }
+  u64 failed() const { return failed_.load(); }
+  void FailAllocLeafReads(bool on) { failing_alloc_reads_.store(on); }
+  u64 failed_reads() const { return failed_reads_.load(); }
+
+ private:
+  MemDevice* inner_;
+  std::atomic<bool> failing_{false};
+  std::atomic<u64> failed_{0};
+  std::atomic<bool> failing_alloc_reads_{false};
+  std::atomic<u64> failed_reads_{0};
+};
+
+std::unique_ptr<MemDevice> Member(u64 size = testing::kMemberBytes, std::vector<u8> image = {}) {
+  userspace::MemDeviceOptions o;
+  o.name = "ssd0";
+  o.size = size;
+  o.volatile_cache = true;
+  o.initial_image = std::move(image);
+  return std::make_unique<MemDevice>(o);
+}
+
+// n bytes from `seed`: random, or (compressible) runs of a few letters.
+std::string Bytes(u64 n, u32 seed, bool compressible = false) {
+  std::mt19937 rng(seed);
+  std::string s(n, '\0');
+  if (!compressible) {
+    for (char& c : s) c = char(rng());
+    return s;
+  }
+  const u32 letters = 2 + rng() % 5;
+  for (u64 i = 0; i < n; i++) s[i] = char('a' + (i / 97 + seed) % letters);
+  return s;
+}
+
+// A context writing on member `dev` alone (the engines' class).
+data::IoContext On(u32 dev) {
+  return {IoOrigin::kReconcile, dev::IoClass::kBackground, alloc::Watermark::kBackground,
+          data::Target{data::TargetKind::kMember, u8(dev)}};
+}
+
+btree::Pos At(u64 ino, u64 end) { return btree::Pos{btree::kBtreeExtents, ino, end}; }
+
+// Members "ssd.a", "ssd.b", ... (each seen through a JournalFailDevice),
+// and posix mounted on them.
+struct Accounts {
+  std::vector<std::unique_ptr<MemDevice>> mems;
+  std::vector<std::unique_ptr<JournalFailDevice>> fails;
+  store::OpenOptions so;
+  std::unique_ptr<testing::MountedFs> m;
+  // What the next mounts' check must find to fix (-1: whatever it finds).
+  i64 want_mismatches = 0;
+
+  Accounts(u32 members, const store::FormatOptions& fo, const store::OpenOptions& o = {}) : so(o) {
+    for (u32 i = 0; i < members; i++) mems.push_back(Member());
+    MakeDevs();
+    EXPECT_TRUE(testing::FormatMembers(Devs(), fo).ok());
+    Mount();
+  }
+  // From images (what a power cut left).
+  Accounts(const std::vector<std::vector<u8>>& images, const store::OpenOptions& o = {}, i64 mismatches = 0)
+      : so(o), want_mismatches(mismatches) {
+    for (auto& img : images) mems.push_back(Member(img.size(), img));
+    MakeDevs();
+    Mount();
+  }
+  ~Accounts() { m.reset(); }
+  void MakeDevs() {
+    for (auto& mem : mems) fails.push_back(std::make_unique<JournalFailDevice>(mem.get()));
+  }
+  std::vector<BlockDevice*> Devs() {
+    std::vector<BlockDevice*> d;
+    for (auto& f : fails) d.push_back(f.get());
+    return d;
+  }
+  // Every mount checks the loaded counts against the extents: nothing to
+  // fix (or what the test made wrong: want_mismatches), each set to the
+  // extents' (alloc.count_repairs).
+  void Mount() {
+    m = std::make_unique<testing::MountedFs>(Devs(), so);
+    ASSERT_TRUE(m->open());
+    const u64 found = m->data.GetStats().count_mismatches;
+    if (want_mismatches >= 0) {
+      EXPECT_EQ(found, u64(want_mismatches)) << "the records' counts differed from the extents'";
+    }
+    EXPECT_EQ(m->store->alloc().Stats().count_repairs, found);
+  }
+  void Remount() {
+    m.reset();
+    Mount();
+  }
+  Filesystem& fs() { return m->fs; }
+  data::DataPath& data() { return m->data; }
+  alloc::Allocator& alloc() { return m->store->alloc(); }
+
+  u64 Create(const std::string& name, const char* replicas = nullptr) {
+    auto a = fs().Mknod(posix::kRootIno, name.data(), u32(name.size()), posix::kModeReg | 0644, 0, kRoot);
+    EXPECT_TRUE(a.ok());
+    if (!a.ok()) return 0;
+    if (replicas != nullptr) {
+      EXPECT_TRUE(fs().SetXattr(a.value().ino, "tierfs.replicas", 15, replicas, u32(strlen(replicas)), 0,
+                                Filesystem::kFrontEndChecked)
+                      .ok());
+    }
+    return a.value().ino;
+  }
+  std::string Read(u64 ino, u64 size) {
+    std::string got(size, '\0');
+    auto r = fs().Read(ino, 0, got.data(), u32(size));
+    EXPECT_TRUE(r.ok()) << r.status().Message();
+    if (r.ok()) got.resize(r.value());
+    return got;
+  }
+  // Writes `n` blocks of `seed`'s bytes at block `first` of `ino` (O_DIRECT:
+  // one commit, in this call), and with `sync` fsyncs them.
+  Status DirectWrite(u64 ino, u64 first, u32 n, u32 seed, bool sync = false) {
+    const std::string b = Bytes(u64(n) * data::kBlockSize, seed);
+    auto r = fs().Write(ino, first * data::kBlockSize, b.data(), u32(b.size()), Filesystem::kWriteDirect);
+    if (!r.ok()) return r.status();
+    return sync ? fs().Fsync(ino) : Status::Ok();
+  }
+  // The extents of `ino`, parsed (their values kept in *vals).
+  std::vector<data::Extent> Extents(u64 ino, std::vector<std::vector<u8>>* vals) {
+    std::vector<data::Extent> out;
+    vals->clear();
+    vals->reserve(4096);
+    btree::Iterator it(&m->store->btrees(), btree::kBtreeExtents);
+    EXPECT_TRUE(it.Seek(At(ino, 0)).ok());
+    for (; it.Valid() && it.pos().inode == ino; it.Next().IgnoreError()) {
+      vals->emplace_back(it.value(), it.value() + it.val_bytes());
+      data::Extent e;
+      EXPECT_TRUE(data::ParseExtent(it.pos(), vals->back().data(), u32(vals->back().size()), &e).ok());
+      out.push_back(e);
+    }
+    return out;
+  }
+
+  // The three views of every bucket agree: the allocator's state (1) is the
+  // record the alloc btree holds (2) -- byte for byte, or no key for a
+  // bucket never recorded -- and its counts are the extents' recount (3);
+  // no counted pointer lies in a bucket that is not user. Returns the user
+  // buckets seen.
+  u64 CheckViews() {
+    store::Store& s = *m->store;
+    std::map<std::pair<u64, u64>, std::vector<u8>> tree;
+    {
+      btree::Iterator it(&s.btrees(), btree::kBtreeAlloc);
+      EXPECT_TRUE(it.SeekToFirst().ok());
+      for (; it.Valid(); it.Next().IgnoreError())
+        tree[{it.pos().inode, it.pos().offset}].assign(it.value(), it.value() + it.val_bytes());
+    }
+    std::map<std::pair<u64, u64>, std::pair<u64, u64>> want;  // (live, cached) sectors
+    {
+      btree::Iterator it(&s.btrees(), btree::kBtreeExtents);
+      EXPECT_TRUE(it.SeekToFirst().ok());
+      for (; it.Valid(); it.Next().IgnoreError()) {
+        std::vector<u8> v(it.value(), it.value() + it.val_bytes());
+        data::Extent e;
+        EXPECT_TRUE(data::ParseExtent(it.pos(), v.data(), u32(v.size()), &e).ok());
+        for (u32 c = 0; c < e.nr_ptrs; c++) {
+          const data::Extent::Ptr& p = e.ptrs[c];
+          u64 b;
+          EXPECT_TRUE(data::PtrBucket(s.sb(), p, &b));
+          const alloc::Bucket k = s.alloc().Get(p.dev, b);
+          if (!data::PtrCountsIn(p, k.state == alloc::BucketState::kUser, k.gen)) continue;
+          auto& w = want[{p.dev, b}];
+          (p.cached ? w.second : w.first) += data::PtrSectors(e);
+        }
+      }
+    }
+    u64 users = 0;
+    for (u32 d = 0; d < mems.size(); d++) {
+      // The allocator's kept sums (Usage) are its buckets summed.
+      alloc::BucketSums scan;
+      EXPECT_TRUE(s.alloc().SumsMatchScan(d, &scan)) << "member " << d << ": the kept sums are not the buckets'";
+      EXPECT_EQ(s.alloc().Usage(d).live_sectors, scan.live_sectors);
+      for (u64 b = 0; b < s.alloc().nbuckets(d); b++) {
+        const alloc::Bucket k = s.alloc().Get(d, b);
+        auto w = want.find({d, b});
+        const std::pair<u64, u64> counts = w == want.end() ? std::pair<u64, u64>{0, 0} : w->second;
+        if (k.state == alloc::BucketState::kUser) {
+          users++;
+          EXPECT_EQ(k.live_sectors, counts.first) << "member " << d << " bucket " << b << ": live, memory vs extents";
+          EXPECT_EQ(k.cached_sectors, counts.second)
+              << "member " << d << " bucket " << b << ": cached, memory vs extents";
+        } else {
+          EXPECT_EQ(counts, (std::pair<u64, u64>{0, 0}))
+              << "member " << d << " bucket " << b << ": counted pointers in a " << alloc::BucketStateName(k.state)
+              << " bucket";
+        }
+        auto t = tree.find({d, b});
+        if (!k.recorded) {
+          EXPECT_TRUE(t == tree.end()) << "member " << d << " bucket " << b << ": a record of a bucket never recorded";
+          continue;
+        }
+        if (t == tree.end()) {
+          ADD_FAILURE() << "member " << d << " bucket " << b << ": no record in the tree";
+          continue;
+        }
+        alloc::AllocRecord r;
+        alloc::EncodeRecord(k, &r);
+        alloc::Bucket got;
+        Diag diag;
+        EXPECT_TRUE(alloc::ParseRecord(s.sb(), d, b, t->second.data(), u32(t->second.size()), &got, &diag).ok())
+            << diag.text;
+        EXPECT_TRUE(t->second.size() == sizeof(r) && memcmp(t->second.data(), &r, sizeof(r)) == 0)
+            << "member " << d << " bucket " << b << ": the tree's record (live " << got.live_sectors << ", cached "
+            << got.cached_sectors << ", v" << got.version << ") is not memory's (live " << k.live_sectors
+            << ", cached " << k.cached_sectors << ", v" << k.version << ")";
+      }
+    }
+    return users;
+  }
+
+  // A cached copy of the first written extent of `ino` that has a member
+  // free for one (and fits a bucket's room whole), on that member, holding
+  // `content`'s bytes of its blocks: written by the data path on that
+  // member, added with data::AddPtr and committed through the data path
+  // (cached blocks). False if no extent could take one.
+  bool AddCachedCopy(u64 ino, const std::string& content) {
+    std::vector<std::vector<u8>> vals;
+    for (const data::Extent& e : Extents(ino, &vals)) {
+      if (e.unwritten || e.nr_ptrs >= data::kMaxPtrs) continue;
+      u32 used = 0;
+      for (u32 c = 0; c < e.nr_ptrs; c++) used |= 1u << e.ptrs[c].dev;
+      u32 dev = 0;
+      while (dev < mems.size() && (used & (1u << dev)) != 0) dev++;
+      if (dev == mems.size()) continue;
+      std::string blocks(u64(e.blocks()) * data::kBlockSize, '\0');
+      const u64 at = e.start * data::kBlockSize;
+      if (at < content.size()) {
+        const u64 n = std::min<u64>(blocks.size(), content.size() - at);
+        blocks.replace(0, n, content, at, n);
+      }
+      data::Prepared p;
+      data::Delta delta;
+      Status st = data().Prepare(On(dev), ino, e.start, reinterpret_cast<const u8*>(blocks.data()), e.blocks(), false,
+                                 &p, &delta);
+      if (!st.ok() || p.items.size() != 1) {
+        data().Abort(delta);
+        continue;
+      }
+      data::Extent copy;
+      EXPECT_TRUE(data::ParseExtent(At(ino, p.items[0].end), p.items[0].value, p.items[0].len, &copy).ok());
+      data::Extent::Ptr q = copy.ptrs[0];
+      q.cached = true;
+      for (data::Delta::Change& c : delta.changes) {  // what the write reserved counts as cached
+        c.cached = c.blocks;
+        c.blocks = 0;
+      }
+      u8 buf[data::kExtentValueMax];
+      auto len = data::AddPtr(e, q, copy.crcs, buf);
+      EXPECT_TRUE(len.ok()) << len.status().Message();
+      if (!len.ok()) {
+        data().Abort(delta);
+        return false;
+      }
+      btree::Transaction tx(&m->store->btrees());
+      EXPECT_TRUE(tx.Set(At(ino, e.end), buf, len.value()).ok());
+      delta.ino = ino;
+      delta.sectors = 0;  // the file holds the same blocks
+      st = data().Commit(On(dev), &tx, delta);
+      EXPECT_TRUE(st.ok()) << st.Message();
+      return st.ok();
+    }
+    return false;
+  }
+
+  // fsck -n of the members (unmounted): clean.
+  void ExpectFsckClean() {
+    m.reset();
+    std::string out;
+    fsck::Options o;
+    auto devs = Devs();
+    fsck::Report r = fsck::Check(devs.data(), u32(devs.size()), o, [](void* ctx, const char* line) {
+      *static_cast<std::string*>(ctx) += std::string(line) + "\n";
+    }, &out);
+    EXPECT_EQ(r.exit_code, fsck::kExitClean) << out;
+    EXPECT_EQ(r.errors, 0u) << out;
+    Mount();
+  }
+  // What a power cut leaves now (every member's volatile cache lost at
+  // once; `torn`: each unflushed block kept or not by a seeded coin).
+  std::vector<std::vector<u8>> Cut(bool torn, u64 seed) {
+    std::vector<const MemDevice*> d;
+    for (auto& mem : mems) d.push_back(mem.get());
+    auto images = torn ? MemDevice::SnapshotTorn(d, seed) : MemDevice::SnapshotDurable(d);
+    m->Crash();
+    m.reset();
+    return images;
+  }
+};
+
+struct ModelParams {
+  u32 replicas;      // the filesystem's data_replicas
+  bool compression;  // zstd on
+};
+
+void PrintTo(const ModelParams& p, std::ostream* os) {
+  *os << "replicas " << p.replicas << (p.compression ? ", zstd" : ", plain");
+}
+
+class AccountModelTest : public ::testing::TestWithParam<ModelParams> {};
+
+// Random writes (buffered and O_DIRECT, plain and compressible), overwrites,
+// punches, truncates, fallocates, unlinks and cached copies of a few files
+// -- some with two copies by the replicas option -- checked against a model
+// of their bytes and, after every round, the three views of every bucket;
+// then a clean remount or a power cut (after every file's fsync and some
+// unsynced writes; durable contents or torn), after which the mount's check
+// finds every record as the extents say, the views agree again and fsck is
+// clean. In the end deleting everything leaves no user bucket.
+TEST_P(AccountModelTest, MemoryRecordsAndRecountAgreeAcrossRemountsAndPowerCuts) {
+  const ModelParams prm = GetParam();
+  store::FormatOptions fo = testing::SmallFormat();
+  fo.data_replicas = u8(prm.replicas);
+  if (prm.compression) fo.compression = sb::CompressionType::kZstd;
+  auto t = std::make_unique<Accounts>(3, fo);
+  std::mt19937_64 rng(31 + prm.replicas * 7 + (prm.compression ? 1 : 0));
+  constexpr int kFiles = 4;
+  struct File {
+    std::string name;
+    u64 ino = 0;
+    std::string model;
+  };
+  std::vector<File> files(kFiles);
+  u32 generation = 0;
+  auto create = [&](File& f) {
+    f.name = "f" + std::to_string(generation++);
+    f.ino = t->Create(f.name, rng() % 3 == 0 ? "2" : nullptr);
+    f.model.clear();
+  };
+  for (File& f : files) create(f);
+  u64 scratch = t->Create("scratch");
+  u64 cached_copies = 0;
+  for (int round = 0; round < 6; round++) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    for (int op = 0; op < 40; op++) {
+      File& f = files[rng() % kFiles];
+      const int kind = int(rng() % 20);
+      if (kind < 9) {  // write
+        const u64 off = rng() % (1536 << 10);
+        const std::string s = Bytes(1 + rng() % (160 << 10), u32(rng()), rng() % 2 == 0);
+        const u32 flags = rng() % 3 == 0 ? u32(Filesystem::kWriteDirect) : 0u;
+        auto r = t->fs().Write(f.ino, off, s.data(), u32(s.size()), flags);
+        ASSERT_TRUE(r.ok()) << r.status().Message();
+        if (f.model.size() < off + s.size()) f.model.resize(off + s.size(), '\0');
+        f.model.replace(off, s.size(), s);
+      } else if (kind < 12) {  // punch
+        const u64 off = rng() % (1536 << 10);
+        const u64 len = 1 + rng() % (300 << 10);
+        ASSERT_TRUE(t->fs().Fallocate(f.ino, posix::kFallocPunchHole | posix::kFallocKeepSize, off, len).ok());
+        if (off < f.model.size()) {
+          const u64 n = std::min<u64>(off + len, f.model.size()) - off;
+          f.model.replace(off, n, n, '\0');
+        }
+      } else if (kind < 14) {  // truncate
+        posix::SetAttr a;
+        a.valid = posix::kSetSize;
+        a.size = rng() % (1536 << 10);
+        ASSERT_TRUE(t->fs().SetAttrs(f.ino, a).ok());
+        f.model.resize(a.size, '\0');
+      } else if (kind < 15) {  // fallocate (reserved blocks, the size kept)
+        const u64 off = rng() % (1536 << 10);
+        const u64 len = 1 + rng() % (128 << 10);
+        ASSERT_TRUE(t->fs().Fallocate(f.ino, posix::kFallocKeepSize, off, len).ok());
+      } else if (kind < 16) {  // unlink, and a new file in its place
+        ASSERT_TRUE(t->fs().Unlink(posix::kRootIno, f.name.data(), u32(f.name.size())).ok());
+        create(f);
+      } else if (kind < 18) {  // a cached copy of one of its extents
+        ASSERT_TRUE(t->fs().Fsync(f.ino).ok());
+        cached_copies += t->AddCachedCopy(f.ino, f.model);
+      } else {
+        ASSERT_TRUE(t->Read(f.ino, f.model.size()) == f.model) << f.name;
+      }
+    }
+    for (File& f : files) ASSERT_TRUE(t->fs().Fsync(f.ino).ok());
+    ASSERT_TRUE(t->m->store->journal().Flush().ok());
+    EXPECT_GT(t->CheckViews(), 0u);
+    EXPECT_GT(t->alloc().Stats().count_records, 0u);  // (since this round's mount)
+    if (round % 2 == 0) {
+      t->Remount();
+    } else {
+      // Unsynced writes, then the power goes.
+      for (int k = 0; k < 4; k++) {
+        const std::string s = Bytes(1 + rng() % (150 << 10), u32(rng()));
+        ASSERT_TRUE(t->fs().Write(scratch, rng() % (1 << 20), s.data(), u32(s.size()), Filesystem::kWriteDirect).ok());
+      }
+      auto images = t->Cut(round % 4 == 3, rng());
+      t = std::make_unique<Accounts>(images);
+      ASSERT_TRUE(t->m->open());
+    }
+    t->CheckViews();
+    for (File& f : files) ASSERT_TRUE(t->Read(f.ino, f.model.size() + 1) == f.model) << f.name;
+    t->ExpectFsckClean();
+    t->CheckViews();
+  }
+  EXPECT_GT(cached_copies, 0u);
+  for (File& f : files) ASSERT_TRUE(t->fs().Unlink(posix::kRootIno, f.name.data(), u32(f.name.size())).ok());
+  ASSERT_TRUE(t->fs().Unlink(posix::kRootIno, "scratch", 7).ok());
+  t->CheckViews();
+  t->Remount();
+  EXPECT_EQ(t->CheckViews(), 0u);  // every user bucket freed
+  t->ExpectFsckClean();
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, AccountModelTest,
+                         ::testing::Values(ModelParams{1, false}, ModelParams{2, false}, ModelParams{1, true}),
+                         [](const ::testing::TestParamInfo<ModelParams>& i) {
+                           return "replicas" + std::to_string(i.param.replicas) +
+                                  (i.param.compression ? "_zstd" : "_plain");
+                         });
+
+// Holds one thread's commit at a btree test point until released; notes
+// when another thread passes "commit.waiting" (its commit found commit_mu
+// held and is about to wait for it).
+struct Hold {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::thread::id held;     // the thread to hold (set by itself)
+  std::string point;        // where
+  bool reached = false, released = false;
+  std::thread::id watched;  // the thread whose passing of commit.waiting is noted
+  bool watched_passed = false;
+
+  static void Point(void* ctx, const char* point) {
+    auto* h = static_cast<Hold*>(ctx);
+    std::unique_lock<std::mutex> l(h->mu);
+    const std::thread::id me = std::this_thread::get_id();
+    if (me == h->watched && strcmp(point, "commit.waiting") == 0) {
+      h->watched_passed = true;
+      h->cv.notify_all();
+    }
+    if (me != h->held || h->point != point || h->reached) return;
+    h->reached = true;
+    h->cv.notify_all();
+    h->cv.wait(l, [&] { return h->released; });
+  }
+  void HoldMe(const char* at) {
+    std::lock_guard<std::mutex> l(mu);
+    held = std::this_thread::get_id();
+    point = at;
+  }
+  void WatchMe() {
+    std::lock_guard<std::mutex> l(mu);
+    watched = std::this_thread::get_id();
+  }
+  void WaitReached() {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return reached; });
+  }
+  // (A watchdog, not a timing assertion: the watched commit gets there in
+  // far less; without it a commit that never waits would hang the test.)
+  bool WaitWatchedPassed() {
+    std::unique_lock<std::mutex> l(mu);
+    return cv.wait_for(l, std::chrono::minutes(2), [&] { return watched_passed; });
+  }
+  void Release() {
+    std::lock_guard<std::mutex> l(mu);
+    released = true;
+    cv.notify_all();
+  }
+};
+
+// Two files' writes into one write point's bucket, committed in the order
+// opposite to the one they reserved space in (the first held after the
+// throttle, before commit_mu, while the second commits whole), or with the
+// second waiting for commit_mu while the first is held between its journal
+// commit and its apply (the first is released only once the second's commit
+// has found commit_mu held: the "commit.waiting" test point, which the btree
+// passes only then -- so the second's records are staged after the first's
+// publish, whatever the timing): each record is computed from the state every
+// earlier journaled commit left, so the bucket's records come out with
+// consecutive versions in journal order and the counts of both -- and a cut
+// between them (the first journaled durable, the other not) leaves exactly
+// the first's count, which the next mount finds right (fsck clean).
+TEST(AccountTest, TwoFilesCommittingIntoOneBucketInEitherOrder) {
+  for (const char* where : {"commit.throttled", "commit.journaled"}) {
+    SCOPED_TRACE(where);
+    Hold hold;
+    store::OpenOptions so;
+    so.btree.test_point = Hold::Point;
+    so.btree.test_point_ctx = &hold;
+    auto t = std::make_unique<Accounts>(1, testing::SmallFormat(), so);
+    const u64 f = t->Create("f"), g = t->Create("g");
+    // f opens the write point's bucket.
+    ASSERT_TRUE(t->DirectWrite(f, 0, 4, 1, true).ok());
+    alloc::BucketRef b;
+    ASSERT_TRUE(t->data().WritePointBucket(data::kForegroundWrite, &b));
+    const alloc::Bucket before = t->alloc().Get(b.dev, b.bucket);
+    ASSERT_EQ(before.live_sectors, 4u * 8);
+    // g reserves its blocks in the bucket first and is held.
+    Status gst;
+    std::thread held([&] {
+      hold.HoldMe(where);
+      gst = t->DirectWrite(g, 0, 2, 2);
+    });
+    hold.WaitReached();
+    std::vector<std::vector<u8>> cut;
+    if (strcmp(where, "commit.throttled") == 0) {
+      // f commits whole meanwhile: journaled first, version + 1, its count.
+      ASSERT_TRUE(t->DirectWrite(f, 4, 3, 3, true).ok());
+      const alloc::Bucket mid = t->alloc().Get(b.dev, b.bucket);
+      EXPECT_EQ(mid.version, before.version + 1);
+      EXPECT_EQ(mid.live_sectors, (4u + 3) * 8);
+      std::vector<const MemDevice*> d{t->mems[0].get()};
+      cut = MemDevice::SnapshotDurable(d);  // f's entry durable, g's not journaled
+      hold.Release();
+      held.join();
+    } else {
+      // f waits for commit_mu while g holds it, journaled and not applied.
+      const u64 waits = t->m->store->btrees().GetStats().commit_waits;
+      Status fst;
+      std::thread waiting([&] {
+        hold.WatchMe();
+        fst = t->DirectWrite(f, 4, 3, 3, true);
+      });
+      // (f's extent commit: f's blocks fit the bucket, f allocates nothing.)
+      EXPECT_TRUE(hold.WaitWatchedPassed()) << "f's commit never found commit_mu held";
+      EXPECT_GT(t->m->store->btrees().GetStats().commit_waits, waits);
+      hold.Release();
+      held.join();
+      waiting.join();
+      ASSERT_TRUE(fst.ok()) << fst.Message();
+    }
+    ASSERT_TRUE(gst.ok()) << gst.Message();
+    const alloc::Bucket after = t->alloc().Get(b.dev, b.bucket);
+    EXPECT_EQ(after.version, before.version + 2);  // one record each, consecutive
+    EXPECT_EQ(after.live_sectors, (4u + 3 + 2) * 8);  // both counted
+    t->CheckViews();
+    t->ExpectFsckClean();
+    t->CheckViews();
+    if (cut.empty()) continue;
+    // The cut between them: f's count only, as its record said.
+    t.reset();
+    auto c = std::make_unique<Accounts>(cut);
+    const alloc::Bucket k = c->alloc().Get(b.dev, b.bucket);
+    EXPECT_EQ(k.live_sectors, (4u + 3) * 8);
+    EXPECT_EQ(k.version, before.version + 1);
+    c->CheckViews();
+    c->ExpectFsckClean();
+  }
+}
+
+// A commit the journal refuses publishes nothing: the journal's writes fail
+// (its flush then fails, and the journal with it); a commit after that runs
+// its hook's prepare and is refused by the journal -- the bucket's counts
+// and version stay what the last journaled commit made them. After the cut
+// the next mount finds the records the extents' (the journal kept neither
+// the refused commit nor the one whose flush failed).
+TEST(AccountTest, ACommitTheJournalRefusesPublishesNothing) {
+  auto t = std::make_unique<Accounts>(1, testing::SmallFormat());
+  const u64 f = t->Create("f");
+  ASSERT_TRUE(t->DirectWrite(f, 0, 4, 1, true).ok());
+  alloc::BucketRef b;
+  ASSERT_TRUE(t->data().WritePointBucket(data::kForegroundWrite, &b));
+  const alloc::Bucket before = t->alloc().Get(b.dev, b.bucket);
+  t->fails[0]->Fail(true);
+  // Taken by the journal (published: memory says what the journal holds),
+  // but its flush fails.
+  EXPECT_TRUE(t->DirectWrite(f, 4, 2, 2).ok());
+  EXPECT_FALSE(t->fs().Fsync(f).ok());
+  EXPECT_GT(t->fails[0]->failed(), 0u);
+  const alloc::Bucket mid = t->alloc().Get(b.dev, b.bucket);
+  EXPECT_EQ(mid.version, before.version + 1);
+  EXPECT_EQ(mid.live_sectors, (4u + 2) * 8);
+  const u64 records = t->alloc().Stats().count_records;
+  // Refused by the failed journal after its prepare: nothing published.
+  Status st = t->DirectWrite(f, 6, 3, 3);
+  EXPECT_EQ(st.code(), Err::kIo) << st.Message();
+  const alloc::Bucket now = t->alloc().Get(b.dev, b.bucket);
+  EXPECT_EQ(now.version, mid.version);
+  EXPECT_EQ(now.live_sectors, mid.live_sectors);
+  EXPECT_EQ(t->alloc().Stats().count_records, records);
+  // The power goes; the trees were failed (nothing commits any more).
+  std::vector<const MemDevice*> d{t->mems[0].get()};
+  auto images = MemDevice::SnapshotDurable(d);
+  (void)t->fs().Unmount();
+  t->data().Close();
+  (void)t->m->store->Close();
+  t.reset();
+  auto c = std::make_unique<Accounts>(images);
+  EXPECT_EQ(c->alloc().Get(b.dev, b.bucket).live_sectors, 4u * 8);
+  c->CheckViews();
+  c->ExpectFsckClean();
+}
+
+
+// A punch over a count made too low whose commit the journal then refuses
+// counts no underflow (the count never went anywhere: nothing was
+// published), as a retry of it would count none again; the next mount
+// finds the lowered record and sets it from the extents.
+TEST(AccountTest, AnUnderflowIsCountedOnlyWhenItsCommitIsJournaled) {
+  auto t = std::make_unique<Accounts>(1, testing::SmallFormat());
+  const u64 f = t->Create("f");
+  ASSERT_TRUE(t->DirectWrite(f, 0, 8, 1, true).ok());
+  alloc::BucketRef b;
+  ASSERT_TRUE(t->data().WritePointBucket(data::kForegroundWrite, &b));
+  alloc::CountFix low{b.dev, b.bucket, 2 * 8, 0};
+  ASSERT_TRUE(t->alloc().RepairCounts(&low, 1).ok());
+  ASSERT_TRUE(t->fs().Fsync(f).ok());
+  // The journal fails (a write taken, its flush failed), then refuses.
+  t->fails[0]->Fail(true);
+  EXPECT_TRUE(t->DirectWrite(f, 8, 1, 2).ok());
+  EXPECT_FALSE(t->fs().Fsync(f).ok());
+  const alloc::Bucket mid = t->alloc().Get(b.dev, b.bucket);
+  EXPECT_EQ(mid.live_sectors, (2u + 1) * 8);
+  for (int i = 0; i < 2; i++) {  // (and its retry)
+    EXPECT_FALSE(
+        t->fs().Fallocate(f, posix::kFallocPunchHole | posix::kFallocKeepSize, 0, 4 * data::kBlockSize).ok());
+  }
+  EXPECT_EQ(t->alloc().Stats().count_underflows, 0u);
+  EXPECT_EQ(t->alloc().Get(b.dev, b.bucket).version, mid.version);
+  std::vector<const MemDevice*> d{t->mems[0].get()};
+  auto images = MemDevice::SnapshotDurable(d);
+  (void)t->fs().Unmount();
+  t->data().Close();
+  (void)t->m->store->Close();
+  t.reset();
+  auto c = std::make_unique<Accounts>(images, store::OpenOptions{}, 1);  // (the lowered record, set right)
+  EXPECT_EQ(c->alloc().Get(b.dev, b.bucket).live_sectors, 8u * 8);
+  c->CheckViews();
+  c->want_mismatches = 0;
+  c->ExpectFsckClean();
+}
+
+// Every user bucket's record made wrong behind the allocator's back -- one
+// in three zeroed (what an image written before step 3b-2 holds), the others
+// lowered or raised, live and cached -- by a transaction of records one
+// version newer than memory's, then an unmount: the next mount's check
+// finds exactly those buckets (data.count_mismatches), sets each to the
+// extents' counts (alloc.count_repairs), frees none of them, and the three
+// views agree; the mount after that finds nothing. A power cut right after
+// such a repairing mount (the repair's records durable or not, whole or
+// torn) leaves counts the following mount finds right or sets right again,
+// and every file reads back.
+TEST(AccountTest, TheMountSetsRecordsThatCountOtherwiseThanTheExtentsAndTheRepairSurvivesACut) {
+  for (int cut = 0; cut < 3; cut++) {  // none, durable, torn
+    SCOPED_TRACE("cut " + std::to_string(cut));
+    auto t = std::make_unique<Accounts>(2, testing::SmallFormat());
+    const u64 f = t->Create("f"), g = t->Create("g", "2");
+    const std::string fb = Bytes(150 * data::kBlockSize, 7), gb = Bytes(40 * data::kBlockSize, 8);
+    ASSERT_TRUE(t->fs().Write(f, 0, fb.data(), u32(fb.size()), Filesystem::kWriteDirect).ok());
+    ASSERT_TRUE(t->fs().Write(g, 0, gb.data(), u32(gb.size()), Filesystem::kWriteDirect).ok());
+    ASSERT_TRUE(t->fs().Fsync(f).ok());
+    ASSERT_TRUE(t->fs().Fsync(g).ok());
+    ASSERT_TRUE(t->AddCachedCopy(f, fb));
+    ASSERT_TRUE(t->fs().Fsync(f).ok());
+    t->CheckViews();
+    // The wrong records.
+    btree::Transaction tx(&t->m->store->btrees());
+    u64 wrong = 0, cached = 0;
+    for (u32 d = 0; d < 2; d++) {
+      for (u64 b = 0; b < t->alloc().nbuckets(d); b++) {
+        alloc::Bucket k = t->alloc().Get(d, b);
+        if (k.state != alloc::BucketState::kUser) continue;
+        cached += k.cached_sectors != 0;
+        switch (wrong % 3) {
+          case 0: k.live_sectors = 0, k.cached_sectors = 0; break;
+          case 1: k.live_sectors /= 2, k.cached_sectors = k.cached_sectors == 0 ? 8 : k.cached_sectors / 2; break;
+          default: k.live_sectors += 8 * 5; break;
+        }
+        k.version++;
+        alloc::AllocRecord r;
+        alloc::EncodeRecord(k, &r);
+        ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeAlloc, d, b}, &r, sizeof(r)).ok());
+        wrong++;
+      }
+    }
+    ASSERT_GE(wrong, 5u);
+    ASSERT_GT(cached, 0u);
+    ASSERT_TRUE(tx.Commit().ok());
+    t->want_mismatches = i64(wrong);
+    t->Remount();  // (count_mismatches == count_repairs == wrong)
+    const u64 freed = t->data().GetStats().buckets_freed;
+    t->CheckViews();
+    EXPECT_TRUE(t->Read(f, fb.size() + 1) == fb);
+    EXPECT_TRUE(t->Read(g, gb.size() + 1) == gb);
+    if (cut == 0) {
+      EXPECT_EQ(freed, 0u);  // (only user buckets no extent names are freed at mount)
+      t->want_mismatches = 0;
+      t->Remount();
+      t->CheckViews();
+      t->ExpectFsckClean();
+      continue;
+    }
+    // The power goes right after the repairing mount.
+    auto images = t->Cut(cut == 2, 77);
+    auto c = std::make_unique<Accounts>(images, store::OpenOptions{}, -1);
+    const u64 found = c->data().GetStats().count_mismatches;
+    EXPECT_LE(found, wrong);  // (what the cut lost of the repair is repaired again)
+    c->CheckViews();
+    EXPECT_TRUE(c->Read(f, fb.size() + 1) == fb);
+    EXPECT_TRUE(c->Read(g, gb.size() + 1) == gb);
+    c->want_mismatches = 0;
+    c->ExpectFsckClean();  // (and a mount that finds nothing)
+    c->CheckViews();
+  }
+}
+
+// A record lowered below what its extents count (damage, or a bug), then a
+// punch of more than it says, before any remount: the count stops at 0
+// (alloc.count_underflows 1, counted once the commit is journaled; one log
+// line, written after the commit), nothing crashes, the bucket -- held by
+// the write point -- is not freed, and the rest of the file reads back; a
+// second punch leaves the record as it is (not counted as an older record
+// the merge rule kept); after a power cut the next mount sets the count to
+// what the extents left.
+TEST(AccountTest, APunchOverACountMadeTooLowStopsAtZeroAndTheNextMountRepairs) {
+  auto t = std::make_unique<Accounts>(1, testing::SmallFormat());
+  const u64 f = t->Create("f");
+  ASSERT_TRUE(t->DirectWrite(f, 0, 8, 1, true).ok());
+  alloc::BucketRef b;
+  ASSERT_TRUE(t->data().WritePointBucket(data::kForegroundWrite, &b));
+  ASSERT_EQ(t->alloc().Get(b.dev, b.bucket).live_sectors, 8u * 8);
+  // Lowered to 2 blocks, in memory and in its record (version + 1).
+  alloc::CountFix low{b.dev, b.bucket, 2 * 8, 0};
+  ASSERT_TRUE(t->alloc().RepairCounts(&low, 1).ok());
+  char logname[] = "/tmp/tierfs-account-log-XXXXXX";
+  const int logfd = mkstemp(logname);
+  ASSERT_GE(logfd, 0);
+  unlink(logname);
+  userspace::SetLogCopy(logfd);
+  // A punch of 4 blocks: 2 - 4 stops at 0.
+  ASSERT_TRUE(t->fs().Fallocate(f, posix::kFallocPunchHole | posix::kFallocKeepSize, 0, 4 * data::kBlockSize).ok());
+  userspace::SetLogCopy(-1);
+  std::string log(4096, '\0');
+  log.resize(size_t(std::max<ssize_t>(0, pread(logfd, log.data(), log.size(), 0))));
+  close(logfd);
+  EXPECT_NE(log.find("live count would go below 0"), std::string::npos) << log;
+  const alloc::Bucket k = t->alloc().Get(b.dev, b.bucket);
+  EXPECT_EQ(k.state, alloc::BucketState::kUser);
+  EXPECT_EQ(k.gen, b.gen);
+  EXPECT_EQ(k.live_sectors, 0u);
+  EXPECT_EQ(t->alloc().Stats().count_underflows, 1u);
+  // A punch of 2 more: the count stays 0 -- the record goes as it is (its
+  // own version: the merge rule keeps the leaf's, and it is no older
+  // record, btree.alloc_older_kept unchanged).
+  const u64 kept = t->m->store->btrees().GetStats().alloc_older_kept;
+  const u64 version = k.version;
+  ASSERT_TRUE(t->fs().Fallocate(f, posix::kFallocPunchHole | posix::kFallocKeepSize, 4 * data::kBlockSize,
+                                2 * data::kBlockSize).ok());
+  EXPECT_EQ(t->alloc().Stats().count_underflows, 2u);
+  EXPECT_EQ(t->alloc().Get(b.dev, b.bucket).version, version);
+  EXPECT_EQ(t->m->store->btrees().GetStats().alloc_older_kept, kept);
+  std::string want = std::string(6 * data::kBlockSize, '\0') + Bytes(8 * data::kBlockSize, 1).substr(6 * data::kBlockSize);
+  EXPECT_TRUE(t->Read(f, want.size() + 1) == want);
+  ASSERT_TRUE(t->fs().Fsync(f).ok());
+  // (A clean unmount would free the bucket: the write point's hold is the
+  // last thing holding it once its count says 0. A cut keeps it for the
+  // mount's check.)
+  auto images = t->Cut(false, 0);
+  auto c = std::make_unique<Accounts>(images, store::OpenOptions{}, 1);
+  EXPECT_EQ(c->alloc().Get(b.dev, b.bucket).live_sectors, 2u * 8);
+  c->CheckViews();
+  EXPECT_TRUE(c->Read(f, want.size() + 1) == want);
+  c->want_mismatches = 0;
+  c->ExpectFsckClean();
+}
+
+// An apply that fails after the journal took the entry (an alloc leaf's
+// read fails under commit_mu: the leaf was evicted between the prefetch and
+// the apply) has published the counts -- memory says what the journal
+// holds -- and fails the trees: nothing commits any more. The next mount
+// replays the entry and finds every record right.
+TEST(AccountTest, AnApplyThatFailsAfterTheJournalTookTheEntryHasPublishedTheCounts) {
+  struct Evict {
+    std::atomic<bool> armed{false};
+    JournalFailDevice* dev = nullptr;
+    static void Point(void* ctx, const char* point) {
+      auto* e = static_cast<Evict*>(ctx);
+      if (strcmp(point, "commit.journaled") != 0 || !e->armed.exchange(false)) return;
+      // (The clock gives a node read since the last pass a second chance.)
+      for (int i = 0; i < 3; i++) userspace::ShrinkAll(userspace::CountAll() + 1);
+      e->dev->FailAllocLeafReads(true);
+    }
+  } evict;
+  store::OpenOptions so;
+  so.btree.test_point = Evict::Point;
+  so.btree.test_point_ctx = &evict;
+  so.btree.writer_thread = false;  // (no checkpoint takes a tree's lock while the shrinker runs)
+  store::FormatOptions fo = testing::SmallFormat(4096);
+  fo.bucket_size = 64 * 1024;  // (many records: an alloc tree of several 4 KiB leaves, ~400 records)
+  auto t = std::make_unique<Accounts>(1, fo, so);
+  evict.dev = t->fails[0].get();
+  const u64 big = t->Create("big"), f = t->Create("f");
+  const std::string bb = Bytes(24 << 20, 3);
+  for (u64 off = 0; off < bb.size(); off += 1 << 20)
+    ASSERT_TRUE(t->fs().Write(big, off, bb.data() + off, 1 << 20, Filesystem::kWriteDirect).ok());
+  ASSERT_TRUE(t->DirectWrite(f, 0, 4, 1, true).ok());
+  alloc::BucketRef b;
+  ASSERT_TRUE(t->data().WritePointBucket(data::kForegroundWrite, &b));
+  // Every leaf clean (evictable): the checkpoints' own records dirty alloc
+  // leaves again, a few rounds.
+  for (int i = 0; i < 4 && t->m->store->btrees().GetStats().dirty_nodes != 0; i++)
+    ASSERT_TRUE(t->m->store->btrees().Checkpoint().ok());
+  const alloc::Bucket before = t->alloc().Get(b.dev, b.bucket);
+  const u64 records = t->alloc().Stats().count_records;
+  evict.armed = true;
+  Status st = t->DirectWrite(f, 4, 2, 2);
+  EXPECT_EQ(st.code(), Err::kIo) << st.Message();
+  EXPECT_FALSE(evict.armed.load());
+  EXPECT_GT(t->fails[0]->failed_reads(), 0u);
+  t->fails[0]->FailAllocLeafReads(false);
+  // Published: the journal holds the record.
+  const alloc::Bucket mid = t->alloc().Get(b.dev, b.bucket);
+  EXPECT_EQ(mid.version, before.version + 1);
+  EXPECT_EQ(mid.live_sectors, (4u + 2) * 8);
+  EXPECT_EQ(t->alloc().Stats().count_records, records + 1);
+  // The trees are failed: nothing commits any more.
+  EXPECT_FALSE(t->DirectWrite(f, 6, 1, 4).ok());
+  ASSERT_TRUE(t->m->store->journal().Flush().ok());
+  std::vector<const MemDevice*> d{t->mems[0].get()};
+  auto images = MemDevice::SnapshotDurable(d);
+  (void)t->fs().Unmount();
+  t->data().Close();
+  (void)t->m->store->Close();
+  t.reset();
+  auto c = std::make_unique<Accounts>(images);  // (count_mismatches 0)
+  EXPECT_EQ(c->alloc().Get(b.dev, b.bucket).live_sectors, (4u + 2) * 8);
+  EXPECT_EQ(c->alloc().Get(b.dev, b.bucket).version, mid.version);
+  c->CheckViews();
+  const std::string want = Bytes(4 * data::kBlockSize, 1) + Bytes(2 * data::kBlockSize, 2);
+  EXPECT_TRUE(c->Read(f, want.size() + 1) == want);
+  c->ExpectFsckClean();
+}
+
+}  // namespace
+}  // namespace tfs
