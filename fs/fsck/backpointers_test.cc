@@ -28,6 +28,25 @@ namespace {
 
 using namespace fixture;  // NOLINT: the test images' helpers
 
+// Four in-memory members formatted with 64 KiB buckets -- the smallest
+// journal entries a transaction must fit -- and `replicas` data copies.
+struct SmallBucketMembers {
+  std::vector<std::unique_ptr<userspace::MemDevice>> members;
+  std::vector<BlockDevice*> devs;
+  store::FormatOptions fo;
+};
+
+Status FormatSmallBuckets(SmallBucketMembers* s, u8 replicas) {
+  for (int i = 0; i < 4; i++) {
+    s->members.push_back(testing::MemMember());
+    s->devs.push_back(s->members.back().get());
+  }
+  s->fo = testing::SmallFormat();
+  s->fo.bucket_size = 64 * 1024;
+  s->fo.data_replicas = replicas;
+  return testing::FormatMembers(s->devs, s->fo);
+}
+
 // The differences between the tree and the extents (empty: they agree), and
 // how many backpointers the extents imply.
 struct Agreement {
@@ -211,15 +230,9 @@ TEST(BackpointersTest, AgreeAfterPowerCuts) {
 // Each punches 128 extents and 512 backpointers and sets new extents with
 // theirs.
 TEST(BackpointersTest, AMiBOverwriteOfManyFourCopyExtentsFitsItsTransactions) {
-  std::vector<std::unique_ptr<userspace::MemDevice>> members;
-  std::vector<BlockDevice*> devs;
-  for (int i = 0; i < 4; i++) {
-    members.push_back(testing::MemMember());
-    devs.push_back(members.back().get());
-  }
-  store::FormatOptions fo = testing::SmallFormat();
-  fo.bucket_size = 64 * 1024;
-  ASSERT_TRUE(testing::FormatMembers(devs, fo).ok());
+  SmallBucketMembers sm;
+  ASSERT_TRUE(FormatSmallBuckets(&sm, 1).ok());
+  std::vector<BlockDevice*>& devs = sm.devs;
   testing::MountedFs m(devs);
   ASSERT_TRUE(m.open());
   const u64 ino = MakeFile(m.fs, "f");
@@ -300,16 +313,11 @@ TEST(BackpointersTest, AMiBOverwriteOfManyFourCopyExtentsFitsItsTransactions) {
 // journal bytes now, and writes go in 512 KiB transactions with 64 KiB
 // entries: more of them, each fits.
 TEST(BackpointersTest, BatchesOfScatteredFourCopyExtentsFitTheEntry) {
-  std::vector<std::unique_ptr<userspace::MemDevice>> members;
-  std::vector<BlockDevice*> devs;
-  for (int i = 0; i < 4; i++) {
-    members.push_back(testing::MemMember());
-    devs.push_back(members.back().get());
-  }
-  store::FormatOptions fo = testing::SmallFormat();
-  fo.bucket_size = 64 * 1024;
-  fo.data_replicas = 4;
-  ASSERT_TRUE(testing::FormatMembers(devs, fo).ok());
+  SmallBucketMembers sm;
+  ASSERT_TRUE(FormatSmallBuckets(&sm, 4).ok());
+  std::vector<BlockDevice*>& devs = sm.devs;
+  auto& members = sm.members;
+  const store::FormatOptions& fo = sm.fo;
   constexpr u32 kN = 300;
   constexpr u64 kTruncTo = 7 * data::kBlockSize + 100;  // a partial last block: the tail's path
   constexpr int kFiles = 5;
@@ -752,16 +760,9 @@ TEST(FsckBackpointersTest, NamespaceRepairsKeepTheTreeInStep) {
 // of 64 KiB buckets. The trim commits in batches that fit (before: one
 // transaction, kTooBig, and fsck -y failed).
 TEST(FsckBackpointersTest, AnOverlapOfHundredsOfFourCopyExtentsIsTrimmedInBatches) {
-  std::vector<std::unique_ptr<userspace::MemDevice>> members;
-  std::vector<BlockDevice*> devs;
-  for (int i = 0; i < 4; i++) {
-    members.push_back(testing::MemMember());
-    devs.push_back(members.back().get());
-  }
-  store::FormatOptions fo = testing::SmallFormat();
-  fo.bucket_size = 64 * 1024;
-  fo.data_replicas = 4;
-  ASSERT_TRUE(testing::FormatMembers(devs, fo).ok());
+  SmallBucketMembers sm;
+  ASSERT_TRUE(FormatSmallBuckets(&sm, 4).ok());
+  std::vector<BlockDevice*>& devs = sm.devs;
   constexpr u32 kN = 450;
   u64 ino = 0;
   {
