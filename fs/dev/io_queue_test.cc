@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "dev/device_set.h"
@@ -144,7 +146,11 @@ TEST(IoQueueTest, AnEmulatedFuaWritesFlushIsDeferredToo) {
 
 // A full queue over a device completing in random order on its own thread
 // (played interrupt context: a submission from one of its completions
-// traps): every I/O completes.
+// traps): every I/O completes. The first completion's callback holds the
+// device's completion thread until all I/Os are submitted, so the queue is
+// surely full and what completions make runnable goes through deferred work
+// (without the hold, a busy machine could let the device keep up with the
+// submitter and nothing would ever queue).
 TEST(IoQueueTest, EveryQueuedIoCompletesOnADeviceWhoseCompletionsMayNotSubmit) {
   userspace::MemDeviceOptions o;
   o.size = 1 << 20;
@@ -156,16 +162,22 @@ TEST(IoQueueTest, EveryQueuedIoCompletesOnADeviceWhoseCompletionsMayNotSubmit) {
   ASSERT_TRUE(q.Init(&dev, SmallConfig(), &wq).ok());
   constexpr int kIos = 300;
   Latch latch(kIos);
+  std::atomic<bool> submitted{false};
+  std::atomic<bool> held{false};
   struct Ctx {
     Io io;
     char buf[512];
     Latch* latch;
+    std::atomic<bool>* submitted;
+    std::atomic<bool>* held;
   };
   std::vector<std::unique_ptr<Ctx>> ctxs;
   const IoClass classes[] = {IoClass::kForegroundSync, IoClass::kJournal, IoClass::kBtree, IoClass::kBackground};
   for (int i = 0; i < kIos; i++) {
     auto c = std::make_unique<Ctx>();
     c->latch = &latch;
+    c->submitted = &submitted;
+    c->held = &held;
     c->io.req.op = i % 3 == 0 ? IoOp::kRead : IoOp::kWrite;
     c->io.req.origin = IoOrigin::kOther;
     c->io.req.offset = u64(i % 64) * 512;
@@ -175,11 +187,17 @@ TEST(IoQueueTest, EveryQueuedIoCompletesOnADeviceWhoseCompletionsMayNotSubmit) {
     c->io.caller_data = c.get();
     c->io.done = [](Io* io, Status st) {
       EXPECT_TRUE(st.ok());
-      static_cast<Ctx*>(io->caller_data)->latch->CountDown();
+      Ctx* ctx = static_cast<Ctx*>(io->caller_data);
+      if (!ctx->held->exchange(true)) {
+        while (!ctx->submitted->load()) std::this_thread::yield();
+      }
+      ctx->latch->CountDown();
     };
     q.Submit(&c->io);
     ctxs.push_back(std::move(c));
   }
+  EXPECT_GT(q.State().queued, 0u);
+  submitted.store(true);
   ASSERT_TRUE(latch.WaitFor(60 * platform::kNsPerSec));
   EXPECT_EQ(q.State().in_flight, 0u);
   EXPECT_EQ(q.State().queued, 0u);
