@@ -839,12 +839,12 @@ TEST(AccountTest, APunchOverACountMadeTooLowStopsAtZeroAndTheNextMountRepairs) {
   c->ExpectFsckClean();
 }
 
-// An apply that fails after the journal took the entry (an alloc leaf's
-// read fails under commit_mu: the leaf was evicted between the prefetch and
-// the apply) has published the counts -- memory says what the journal
-// holds -- and fails the trees: nothing commits any more. The next mount
-// replays the entry and finds every record right.
-TEST(AccountTest, AnApplyThatFailsAfterTheJournalTookTheEntryHasPublishedTheCounts) {
+// A filesystem whose next armed commit's apply fails after the journal took
+// its entry: at `commit.journaled` the alloc leaves are evicted (the
+// shrinker; every leaf clean first) and their reads fail, so the apply,
+// which reads the leaf of a record it applies, fails. 64 KiB buckets and a
+// 24 MiB file: an alloc tree of several 4 KiB leaves (~400 records).
+struct ApplyFailsAfterJournal {
   struct Evict {
     std::atomic<bool> armed{false};
     JournalFailDevice* dev = nullptr;
@@ -856,53 +856,112 @@ TEST(AccountTest, AnApplyThatFailsAfterTheJournalTookTheEntryHasPublishedTheCoun
       e->dev->FailAllocLeafReads(true);
     }
   } evict;
-  store::OpenOptions so;
-  so.btree.test_point = Evict::Point;
-  so.btree.test_point_ctx = &evict;
-  so.btree.writer_thread = false;  // (no checkpoint takes a tree's lock while the shrinker runs)
-  store::FormatOptions fo = testing::SmallFormat(4096);
-  fo.bucket_size = 64 * 1024;  // (many records: an alloc tree of several 4 KiB leaves, ~400 records)
-  auto t = std::make_unique<Accounts>(1, fo, so);
-  evict.dev = t->fails[0].get();
-  const u64 big = t->Create("big"), f = t->Create("f");
-  const std::string bb = Bytes(24 << 20, 3);
-  for (u64 off = 0; off < bb.size(); off += 1 << 20)
-    ASSERT_TRUE(t->fs().Write(big, off, bb.data() + off, 1 << 20, Filesystem::kWriteDirect).ok());
+  std::unique_ptr<Accounts> t;
+
+  ApplyFailsAfterJournal() {
+    store::OpenOptions so;
+    so.btree.test_point = Evict::Point;
+    so.btree.test_point_ctx = &evict;
+    so.btree.writer_thread = false;  // (no checkpoint takes a tree's lock while the shrinker runs)
+    store::FormatOptions fo = testing::SmallFormat(4096);
+    fo.bucket_size = 64 * 1024;
+    t = std::make_unique<Accounts>(1, fo, so);
+    evict.dev = t->fails[0].get();
+    const u64 big = t->Create("big");
+    const std::string bb = Bytes(24 << 20, 3);
+    for (u64 off = 0; off < bb.size(); off += 1 << 20)
+      EXPECT_TRUE(t->fs().Write(big, off, bb.data() + off, 1 << 20, Filesystem::kWriteDirect).ok());
+  }
+  // Every leaf clean (evictable: the checkpoints' own records dirty alloc
+  // leaves again, a few rounds), and the next commit's apply armed to fail.
+  void Arm() {
+    for (int i = 0; i < 4 && t->m->store->btrees().GetStats().dirty_nodes != 0; i++)
+      ASSERT_TRUE(t->m->store->btrees().Checkpoint().ok());
+    evict.armed = true;
+  }
+  // Checks the apply failed, stops failing reads, and shows that the trees
+  // are failed (nothing commits any more). `f`: a file to try a write on.
+  void ExpectFailed(const Status& st, u64 f) {
+    EXPECT_EQ(st.code(), Err::kIo) << st.Message();
+    EXPECT_FALSE(evict.armed.load());
+    EXPECT_GT(t->fails[0]->failed_reads(), 0u);
+    t->fails[0]->FailAllocLeafReads(false);
+    EXPECT_FALSE(t->DirectWrite(f, 60, 1, 4).ok());
+  }
+  // The durable images, the filesystem closed, and a new one mounted on
+  // them (the entry replayed).
+  std::unique_ptr<Accounts> Remount() {
+    EXPECT_TRUE(t->m->store->journal().Flush().ok());
+    std::vector<const MemDevice*> d{t->mems[0].get()};
+    auto images = MemDevice::SnapshotDurable(d);
+    (void)t->fs().Unmount();
+    t->data().Close();
+    (void)t->m->store->Close();
+    t.reset();
+    return std::make_unique<Accounts>(images);
+  }
+};
+
+// An apply that fails after the journal took the entry (an alloc leaf's
+// read fails under commit_mu: the leaf was evicted between the prefetch and
+// the apply) has published the counts -- memory says what the journal
+// holds -- and fails the trees: nothing commits any more. The next mount
+// replays the entry and finds every record right.
+TEST(AccountTest, AnApplyThatFailsAfterTheJournalTookTheEntryHasPublishedTheCounts) {
+  ApplyFailsAfterJournal a;
+  Accounts* t = a.t.get();
+  const u64 f = t->Create("f");
   ASSERT_TRUE(t->DirectWrite(f, 0, 4, 1, true).ok());
   alloc::BucketRef b;
   ASSERT_TRUE(t->data().WritePointBucket(data::kForegroundWrite, &b));
-  // Every leaf clean (evictable): the checkpoints' own records dirty alloc
-  // leaves again, a few rounds.
-  for (int i = 0; i < 4 && t->m->store->btrees().GetStats().dirty_nodes != 0; i++)
-    ASSERT_TRUE(t->m->store->btrees().Checkpoint().ok());
   const alloc::Bucket before = t->alloc().Get(b.dev, b.bucket);
   const u64 records = t->alloc().Stats().count_records;
-  evict.armed = true;
-  Status st = t->DirectWrite(f, 4, 2, 2);
-  EXPECT_EQ(st.code(), Err::kIo) << st.Message();
-  EXPECT_FALSE(evict.armed.load());
-  EXPECT_GT(t->fails[0]->failed_reads(), 0u);
-  t->fails[0]->FailAllocLeafReads(false);
+  ASSERT_NO_FATAL_FAILURE(a.Arm());
+  a.ExpectFailed(t->DirectWrite(f, 4, 2, 2), f);
   // Published: the journal holds the record.
   const alloc::Bucket mid = t->alloc().Get(b.dev, b.bucket);
   EXPECT_EQ(mid.version, before.version + 1);
   EXPECT_EQ(mid.live_sectors, (4u + 2) * 8);
   EXPECT_EQ(t->alloc().Stats().count_records, records + 1);
-  // The trees are failed: nothing commits any more.
-  EXPECT_FALSE(t->DirectWrite(f, 6, 1, 4).ok());
-  ASSERT_TRUE(t->m->store->journal().Flush().ok());
-  std::vector<const MemDevice*> d{t->mems[0].get()};
-  auto images = MemDevice::SnapshotDurable(d);
-  (void)t->fs().Unmount();
-  t->data().Close();
-  (void)t->m->store->Close();
-  t.reset();
-  auto c = std::make_unique<Accounts>(images);  // (count_mismatches 0)
+  auto c = a.Remount();  // (count_mismatches 0)
   EXPECT_EQ(c->alloc().Get(b.dev, b.bucket).live_sectors, (4u + 2) * 8);
   EXPECT_EQ(c->alloc().Get(b.dev, b.bucket).version, mid.version);
   c->CheckViews();
   const std::string want = Bytes(4 * data::kBlockSize, 1) + Bytes(2 * data::kBlockSize, 2);
   EXPECT_TRUE(c->Read(f, want.size() + 1) == want);
+  c->ExpectFsckClean();
+}
+
+// Review 3b N2 (the F7 path): a punch that empties a bucket, whose apply
+// fails after the journal took the entry, has published the bucket's count
+// (0) but frees nothing -- the trees are failed and the free's record could
+// not commit; the next mount, replaying the punch, frees the empty bucket.
+// (Aborting would leave memory counting the punched blocks; applying with
+// the frees would free a bucket while the trees are failed.)
+TEST(AccountTest, APunchWhoseApplyFailsAfterTheJournalTookTheEntryFreesNothing) {
+  ApplyFailsAfterJournal a;
+  Accounts* t = a.t.get();
+  // f fills one bucket of its own (16 blocks of 64 KiB), and g moves the
+  // write point on: no write point holds f's bucket.
+  const u64 f = t->Create("f"), g = t->Create("g");
+  ASSERT_TRUE(t->DirectWrite(f, 0, 16, 1, true).ok());
+  alloc::BucketRef b;
+  ASSERT_TRUE(t->data().WritePointBucket(data::kForegroundWrite, &b));
+  ASSERT_TRUE(t->DirectWrite(g, 0, 1, 2, true).ok());
+  alloc::BucketRef next;
+  ASSERT_TRUE(t->data().WritePointBucket(data::kForegroundWrite, &next));
+  ASSERT_FALSE(next.dev == b.dev && next.bucket == b.bucket) << "the write point moved on";
+  ASSERT_EQ(t->alloc().Get(b.dev, b.bucket).live_sectors, 16u * 8);
+  ASSERT_NO_FATAL_FAILURE(a.Arm());
+  a.ExpectFailed(t->fs().Fallocate(f, posix::kFallocPunchHole | posix::kFallocKeepSize, 0, 16 * data::kBlockSize),
+                 g);
+  const alloc::Bucket mid = t->alloc().Get(b.dev, b.bucket);
+  EXPECT_EQ(mid.live_sectors, 0u) << "the count is published";
+  EXPECT_EQ(mid.state, alloc::BucketState::kUser) << "nothing freed while the trees are failed";
+  auto c = a.Remount();
+  EXPECT_EQ(c->alloc().Get(b.dev, b.bucket).state, alloc::BucketState::kFree) << "freed by the next mount";
+  c->CheckViews();
+  EXPECT_TRUE(c->Read(f, 16 * data::kBlockSize) == std::string(16 * data::kBlockSize, '\0'));
   c->ExpectFsckClean();
 }
 
