@@ -219,7 +219,7 @@ struct DeviceUsage {
   X(record_errors, counter, "record commits that failed (the change stays in memory; a free is never reused)") \
   X(records_loaded, level, "records the mount loaded from the alloc btree")                            \
   X(rebased_records, counter, "records a mount started again at version 1 (RebaseVersions)")           \
-  X(count_records, counter, "bucket records extent transactions carried: their changed counts (StageCounts)") \
+  X(count_records, counter, "bucket records extent transactions carried (one per bucket whose counts a commit changed)") \
   X(count_underflows, counter, "user buckets' live counts that would have gone below 0 in a journaled commit: stopped at 0 (damage; fsck recounts)") \
   X(cached_underflows, counter, "user buckets' cached counts uncounted that were never counted (a stale cached pointer current again)") \
   X(count_overflows, counter, "counts that would have passed what the bucket can count: stopped there (damage)") \

@@ -123,7 +123,7 @@ struct Options {
   X(inserts, counter, "keys set")                                                                   \
   X(deletes, counter, "keys deleted")                                                               \
   X(commits, counter, "transactions committed")                                                     \
-  X(commit_waits, counter, "commits that found commit_mu held and waited for it")                   \
+  X(commit_waits, counter, "commits that found commit_mu held as they came to it (a glance: it may be free by the lock)")                   \
   X(restarts, counter, "descents restarted (node read, structure change)")                         \
   X(splits, counter, "nodes split")                                                                 \
   X(merges, counter, "nodes merged")                                                                \

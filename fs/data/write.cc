@@ -382,6 +382,46 @@ Result<usize> DataPath::PreparedJournalBytes(const Prepared& p, const Delta& del
          delta.changes.size() * btree::Transaction::KeyBytes(u32(sizeof(alloc::AllocRecord)));
 }
 
+usize WriteJournalBytes(u32 nblocks, u32 bucket_blocks, u32 copies) {
+  using btree::Transaction;
+  const u64 n = nblocks;
+  const u64 c = Min<u32>(Max<u32>(copies, 1), kMaxPtrs);
+  const u64 b = Max<u32>(bucket_blocks, 1);
+  const u64 record = Transaction::KeyBytes(u32(sizeof(alloc::AllocRecord)));
+  const u64 bp = Transaction::KeyBytes(u32(sizeof(BackpointerFormat)));
+  const u64 whiteout = Transaction::KeyBytes(0);
+  // The punch: n extents at worst, and the two edge pieces set again.
+  const u64 punch = n * (whiteout + c * (whiteout + record)) + 2 * (Transaction::KeyBytes(kExtentValueMax) + c * bp);
+  // The new extents: a copy's blocks cross at most ceil(n / b) bucket ends.
+  const u64 crossings = (n + b - 1) / b;
+  const u64 pieces = Min<u64>(n, 1 + c * crossings + (n - 1) / kMaxCompressedBlocks);
+  const u32 header = u32(sizeof(ExtentFormat) + c * sizeof(ExtentPtr));
+  // (A piece's crcs are in its value: 4 bytes a block, and 8 of padding.)
+  const u64 written = pieces * (Transaction::KeyBytes(header) + 8 + c * bp) + 4 * n + c * (crossings + 1) * record;
+  // A data check per copy of each piece (QueueDataCheck), the crcs again.
+  const u64 checks = c * (pieces * (journal::KeySpace(u32(sizeof(journal::DataCheckFormat))) + 8) + 4 * n);
+  return usize(punch + written + checks);
+}
+
+u32 DataPath::WriteBlocksFitting(usize reserve) {
+  if (store_ == nullptr) return 1;
+  btree::Transaction scratch(trees_);
+  const usize room = scratch.Room();
+  const u32 copies = Min<u32>(store_->sb().nr_members, kMaxPtrs);
+  const u32 bucket = u32(Min<u64>(bucket_blocks_, ~0u));
+  // Largest fitting by bisection (WriteJournalBytes grows with nblocks).
+  u32 lo = 1, hi = kWriteBlocksMax;
+  while (lo < hi) {
+    const u32 mid = lo + (hi - lo + 1) / 2;
+    if (WriteJournalBytes(mid, bucket, copies) + reserve <= room) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
 Status DataPath::QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end, Delta* delta, u32 max_keys,
                             usize reserve, bool* more) {
   if (more != nullptr) *more = false;

@@ -224,11 +224,13 @@ TEST(BackpointersTest, AgreeAfterPowerCuts) {
 // The largest transactions the write path makes: a 1 MiB overwrite of 256
 // one-block extents with four copies each, on 64 KiB buckets (the
 // smallest: their 64 KiB journal entries are the smallest a transaction
-// must fit) -- two transactions of posix's write chunk there, 512 KiB
-// (WriteChunkBlocks: with records, a fragmented file's 1 MiB would not fit
-// one; the scattered case is BatchesOfScatteredFourCopyExtentsFitTheEntry).
-// Each punches 128 extents and 512 backpointers and sets new extents with
-// theirs.
+// must fit) -- in transactions of posix's write chunk there
+// (DataPath::WriteBlocksFitting: with records, a fragmented file's 1 MiB
+// would not fit one; the scattered case is
+// BatchesOfScatteredFourCopyExtentsFitTheEntry, the staggered one
+// AnOverwriteOfAFragmentedFourCopyFileOnStaggeredBucketsFitsItsTransactions).
+// Each punches up to a chunk's extents and four backpointers each and sets
+// new extents with theirs.
 TEST(BackpointersTest, AMiBOverwriteOfManyFourCopyExtentsFitsItsTransactions) {
   SmallBucketMembers sm;
   ASSERT_TRUE(FormatSmallBuckets(&sm, 1).ok());
@@ -294,11 +296,169 @@ TEST(BackpointersTest, AMiBOverwriteOfManyFourCopyExtentsFitsItsTransactions) {
   const std::string neu = Pattern(kN, 'n');
   auto w = m.fs.Write(ino, 0, neu.data(), u32(neu.size()));
   ASSERT_TRUE(w.ok()) << w.status().Message();
-  EXPECT_EQ(commits(), before + 2) << "two transactions of 512 KiB";
+  const u32 chunk = m.fs.WriteChunk();
+  EXPECT_EQ(commits(), before + (kN + chunk - 1) / chunk) << "transactions of " << chunk << " blocks";
+  EXPECT_EQ(m.fs.GetStats().write_splits, 0u);
   EXPECT_AGREE(*m.store, "after the overwrite");
   std::string got(neu.size(), '\0');
   ASSERT_TRUE(m.fs.Read(ino, 0, got.data(), u32(got.size())).ok());
   EXPECT_TRUE(got == neu);
+}
+
+// Writes blocks [0, n) of each of the `files` files (four data replicas on
+// four members: FormatSmallBuckets) as one-block extents, each in buckets no
+// other extent uses: block i of each file, then the rest of the write
+// point's four buckets (one per member) with a filler, so that the next
+// block i lands in new ones. Checks the shape: n extents a file, 4 n
+// distinct buckets.
+void ScatterFourCopyBlocks(testing::MountedFs& m, const store::FormatOptions& fo, const u64* ino, int files, u32 n,
+                           const std::string& block) {
+  const u64 fill = MakeFile(m.fs, "fill");
+  const u32 per_bucket = u32(fo.bucket_size / data::kBlockSize);
+  const std::string rest = Pattern(per_bucket - u32(files), 'f');
+  for (u32 i = 0; i < n; i++) {
+    for (int k = 0; k < files; k++) {
+      auto w = m.fs.Write(ino[k], u64(i) * data::kBlockSize, block.data(), u32(block.size()), Filesystem::kWriteDirect);
+      ASSERT_TRUE(w.ok()) << w.status().Message();
+    }
+    auto w = m.fs.Write(fill, u64(i) * rest.size(), rest.data(), u32(rest.size()), Filesystem::kWriteDirect);
+    ASSERT_TRUE(w.ok()) << w.status().Message();
+  }
+  for (int k = 0; k < files; k++) {
+    std::set<std::pair<u32, u64>> buckets;
+    u32 extents = 0;
+    btree::Iterator it(&m.store->btrees(), btree::kBtreeExtents);
+    ASSERT_TRUE(it.Seek(btree::Pos{btree::kBtreeExtents, ino[k], 0}).ok());
+    for (; it.Valid() && it.pos().inode == ino[k]; (void)it.Next(), extents++) {
+      data::Extent e;
+      ASSERT_TRUE(data::ParseExtent(it.pos(), it.value(), it.val_bytes(), &e).ok());
+      ASSERT_EQ(e.nr_ptrs, 4u);
+      for (u32 p = 0; p < e.nr_ptrs; p++) buckets.insert({e.ptrs[p].dev, e.ptrs[p].offset / fo.bucket_size});
+    }
+    ASSERT_EQ(extents, n) << "file " << k;
+    ASSERT_EQ(buckets.size(), 4u * n) << "file " << k;
+  }
+}
+
+// Staggers the write point's four buckets (after ScatterFourCopyBlocks
+// filled them to their ends): a block written with one copy, one with two,
+// one with three -- the slots then stand 3, 2, 1 and 0 blocks into their
+// buckets, so a four-copy write's copies cross bucket ends at four different
+// blocks and its extents split at each (four times as many as with aligned
+// buckets).
+void StaggerWritePoint(testing::MountedFs& m) {
+  const std::string one = Pattern(1, 's');
+  for (int copies = 1; copies <= 3; copies++) {
+    const u64 f = MakeFile(m.fs, "stagger" + std::to_string(copies));
+    const std::string r = std::to_string(copies);
+    ASSERT_TRUE(m.fs.SetXattr(f, "tierfs.replicas", 15, r.data(), u32(r.size()), 0, Filesystem::kFrontEndChecked).ok());
+    ASSERT_TRUE(m.fs.Write(f, 0, one.data(), u32(one.size()), Filesystem::kWriteDirect).ok());
+  }
+}
+
+u32 ExtentsOf(store::Store& s, u64 ino) {
+  u32 n = 0;
+  btree::Iterator it(&s.btrees(), btree::kBtreeExtents);
+  EXPECT_TRUE(it.Seek(btree::Pos{btree::kBtreeExtents, ino, 0}).ok());
+  for (; it.Valid() && it.pos().inode == ino; (void)it.Next()) n++;
+  return n;
+}
+
+// Review 3b N1: the overwrite of a fragmented four-copy file -- 256
+// one-block extents in buckets of their own -- by a write whose copies'
+// buckets are staggered. The punch (a backpointer whiteout and a record per
+// copy and extent) and the new extents (split at every copy's bucket end:
+// ~4x as many pieces, each with four backpointers and four data checks)
+// together did not fit posix's 512 KiB transactions in 64 KiB entries:
+// the 1 MiB write failed with EFBIG at every try, direct or buffered.
+// WriteBlocksFitting bounds both sides: each transaction fits the first time
+// (no split).
+TEST(BackpointersTest, AnOverwriteOfAFragmentedFourCopyFileOnStaggeredBucketsFitsItsTransactions) {
+  SmallBucketMembers sm;
+  ASSERT_TRUE(FormatSmallBuckets(&sm, 4).ok());
+  testing::MountedFs m(sm.devs);
+  ASSERT_TRUE(m.open());
+  constexpr u32 kN = 256;
+  u64 ino[2] = {MakeFile(m.fs, "direct"), MakeFile(m.fs, "buffered")};
+  ASSERT_NO_FATAL_FAILURE(ScatterFourCopyBlocks(m, sm.fo, ino, 2, kN, Pattern(1, 'o')));
+  ASSERT_NO_FATAL_FAILURE(StaggerWritePoint(m));
+  const u32 chunk = m.fs.WriteChunk();
+  EXPECT_LT(chunk, 128u);  // (posix's old 512 KiB, which N1 did not fit)
+  const std::string neu = Pattern(kN, 'n');
+  auto w = m.fs.Write(ino[0], 0, neu.data(), u32(neu.size()), Filesystem::kWriteDirect);
+  ASSERT_TRUE(w.ok()) << w.status().Message();
+  // The buffered path (an open file): 64 KiB writes fill a run, fsync
+  // writes it out.
+  ASSERT_TRUE(m.fs.OpenInode(ino[1]).ok());
+  for (u32 i = 0; i < kN; i += 16) {
+    auto b = m.fs.Write(ino[1], u64(i) * data::kBlockSize, neu.data() + u64(i) * data::kBlockSize,
+                        16 * data::kBlockSize);
+    ASSERT_TRUE(b.ok()) << b.status().Message();
+  }
+  ASSERT_TRUE(m.fs.Fsync(ino[1]).ok());
+  EXPECT_TRUE(m.fs.Release(ino[1]).ok());
+  EXPECT_GT(m.fs.GetStats().flushes_full + m.fs.GetStats().flushes_fsync, 0u);
+  EXPECT_EQ(m.fs.GetStats().write_splits, 0u) << "chunk " << chunk;
+  EXPECT_EQ(m.fs.GetStats().flush_errors, 0u);
+  // Staggered indeed: far more pieces than 1 MiB in aligned 64 KiB buckets.
+  EXPECT_GT(ExtentsOf(*m.store, ino[0]), 2 * kN / 16);
+  EXPECT_AGREE(*m.store, "after the overwrites");
+  for (u64 f : ino) {
+    std::string got(neu.size(), '\0');
+    ASSERT_TRUE(m.fs.Read(f, 0, got.data(), u32(got.size())).ok());
+    EXPECT_TRUE(got == neu) << f;
+  }
+}
+
+// A transaction the journal entry cannot hold after all (the chunk forced to
+// 1 MiB over the same fragmented file and staggered buckets) is written and
+// committed again in halves: the write succeeds, counted, the data and the
+// backpointers are right, and the space the failed tries took went back.
+TEST(BackpointersTest, AWriteTheJournalEntryCannotHoldIsDoneAgainInHalves) {
+  SmallBucketMembers sm;
+  ASSERT_TRUE(FormatSmallBuckets(&sm, 4).ok());
+  const std::string neu = Pattern(256, 'n');
+  u64 ino[2];
+  {
+    testing::MountedFs m(sm.devs);
+    ASSERT_TRUE(m.open());
+    ino[0] = MakeFile(m.fs, "direct");
+    ino[1] = MakeFile(m.fs, "buffered");
+    ASSERT_NO_FATAL_FAILURE(ScatterFourCopyBlocks(m, sm.fo, ino, 2, 256, Pattern(1, 'o')));
+    ASSERT_NO_FATAL_FAILURE(StaggerWritePoint(m));
+    m.fs.SetWriteChunkForTest(256);
+    auto w = m.fs.Write(ino[0], 0, neu.data(), u32(neu.size()), Filesystem::kWriteDirect);
+    ASSERT_TRUE(w.ok()) << w.status().Message();
+    const u64 direct_splits = m.fs.GetStats().write_splits;
+    EXPECT_GE(direct_splits, 1u);
+    ASSERT_TRUE(m.fs.OpenInode(ino[1]).ok());
+    for (u32 i = 0; i < 256; i += 16) {
+      auto b = m.fs.Write(ino[1], u64(i) * data::kBlockSize, neu.data() + u64(i) * data::kBlockSize,
+                          16 * data::kBlockSize);
+      ASSERT_TRUE(b.ok()) << b.status().Message();
+    }
+    ASSERT_TRUE(m.fs.Fsync(ino[1]).ok());
+    EXPECT_TRUE(m.fs.Release(ino[1]).ok());
+    EXPECT_GT(m.fs.GetStats().flushes_full + m.fs.GetStats().flushes_fsync, 0u);
+    EXPECT_GT(m.fs.GetStats().write_splits, direct_splits) << "a 512 KiB run halved";
+    EXPECT_EQ(m.fs.GetStats().flush_errors, 0u);
+    EXPECT_AGREE(*m.store, "after the halved writes");
+  }
+  {
+    // The counts the commits recorded are the extents' (no try that failed
+    // moved one).
+    testing::MountedFs m(sm.devs);
+    ASSERT_TRUE(m.open());
+    EXPECT_EQ(m.data.GetStats().count_mismatches, 0u);
+    for (u64 f : ino) {
+      std::string got(neu.size(), '\0');
+      ASSERT_TRUE(m.fs.Read(f, 0, got.data(), u32(got.size())).ok());
+      EXPECT_TRUE(got == neu) << f;
+    }
+    EXPECT_AGREE(*m.store, "after a remount");
+  }
+  auto [rep, out] = RunFsck(sm.devs.data(), u32(sm.devs.size()), false);
+  EXPECT_EQ(rep.exit_code, kExitClean) << out;
 }
 
 // The batches that free extents -- unlink, the mount's orphan pass,
@@ -310,8 +470,8 @@ TEST(BackpointersTest, AMiBOverwriteOfManyFourCopyExtentsFitsItsTransactions) {
 // of 256 such extents is about 98 KiB: before review 3b F1 each of these
 // failed with kTooBig at every try (unlink, truncate and the write EFBIG,
 // and the orphan's filesystem failed every mount). Batches are bounded by
-// journal bytes now, and writes go in 512 KiB transactions with 64 KiB
-// entries: more of them, each fits.
+// journal bytes now, and writes go in transactions whose worst case fits
+// the entry (WriteBlocksFitting): more of them, each fits.
 TEST(BackpointersTest, BatchesOfScatteredFourCopyExtentsFitTheEntry) {
   SmallBucketMembers sm;
   ASSERT_TRUE(FormatSmallBuckets(&sm, 4).ok());
@@ -329,34 +489,7 @@ TEST(BackpointersTest, BatchesOfScatteredFourCopyExtentsFitTheEntry) {
     testing::MountedFs m(devs);
     ASSERT_TRUE(m.open());
     for (int k = 0; k < kFiles; k++) ino[k] = MakeFile(m.fs, names[k]);
-    const u64 fill = MakeFile(m.fs, "fill");
-    // Block i of each file, then the rest of the write point's four buckets
-    // (one per member) with the filler: the next block i lands in new ones.
-    const u32 per_bucket = u32(fo.bucket_size / data::kBlockSize);
-    const std::string rest = Pattern(per_bucket - kFiles, 'f');
-    for (u32 i = 0; i < kN; i++) {
-      for (int k = 0; k < kFiles; k++) {
-        auto w = m.fs.Write(ino[k], u64(i) * data::kBlockSize, one.data(), u32(one.size()), Filesystem::kWriteDirect);
-        ASSERT_TRUE(w.ok()) << w.status().Message();
-      }
-      auto w = m.fs.Write(fill, u64(i) * rest.size(), rest.data(), u32(rest.size()), Filesystem::kWriteDirect);
-      ASSERT_TRUE(w.ok()) << w.status().Message();
-    }
-    for (int k = 0; k < kFiles; k++) {  // the shape: kN extents, 4 kN distinct buckets
-      std::set<std::pair<u32, u64>> buckets;
-      u32 extents = 0;
-      btree::Iterator it(&m.store->btrees(), btree::kBtreeExtents);
-      ASSERT_TRUE(it.Seek(btree::Pos{btree::kBtreeExtents, ino[k], 0}).ok());
-      for (; it.Valid() && it.pos().inode == ino[k]; (void)it.Next(), extents++) {
-        data::Extent e;
-        ASSERT_TRUE(data::ParseExtent(it.pos(), it.value(), it.val_bytes(), &e).ok());
-        ASSERT_EQ(e.nr_ptrs, 4u);
-        for (u32 p = 0; p < e.nr_ptrs; p++)
-          buckets.insert({e.ptrs[p].dev, e.ptrs[p].offset / fo.bucket_size});
-      }
-      ASSERT_EQ(extents, kN) << names[k];
-      ASSERT_EQ(buckets.size(), 4u * kN) << names[k];
-    }
+    ASSERT_NO_FATAL_FAILURE(ScatterFourCopyBlocks(m, fo, ino, kFiles, kN, one));
     const u64 cut0 = m.data.GetStats().punch_batches_cut;
     Status st = m.fs.Unlink(posix::kRootIno, "unlinked", 8);
     EXPECT_TRUE(st.ok()) << "unlink: " << st.Message();

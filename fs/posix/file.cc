@@ -24,25 +24,6 @@ using btree::Transaction;
 namespace {
 
 constexpr u64 kMaxFileSize = u64(1) << 50;  // bytes (EFBIG beyond)
-constexpr u32 kWriteChunkBlocks = 256;  // blocks per write transaction (1 MiB), at most
-
-// Blocks per write transaction with journal entries of `entry_bytes`: an
-// overwrite punches up to one extent per block, each with up to kMaxPtrs
-// pointers in buckets of their own -- its whiteout and, per pointer, a
-// backpointer whiteout and the bucket's record (384 bytes a block at four
-// copies) -- beside the new extents, their backpointers and data checks,
-// the pieces at the range's edges and the inode (12 KiB covers them for
-// kWriteChunkBlocks). 256 with 128 KiB entries and up, 128 with 64 KiB
-// ones (64 KiB buckets; review 3b F1: a 1 MiB overwrite of a fragmented
-// file with three or four copies did not fit one).
-u32 WriteChunkBlocks(usize entry_bytes) {
-  constexpr usize kRecord = Transaction::KeyBytes(u32(sizeof(alloc::AllocRecord)));
-  constexpr usize kPerBlock = Transaction::KeyBytes(0) + data::kMaxPtrs * (Transaction::KeyBytes(0) + kRecord);
-  constexpr usize kRest = 12 * 1024;
-  const usize fit = entry_bytes > kRest ? (entry_bytes - kRest) / kPerBlock : 0;
-  return u32(Max<usize>(32, Min<usize>(kWriteChunkBlocks, fit / 32 * 32)));
-}
-
 }  // namespace
 
 // --- SetAttrs: truncation, and the other attributes with it ------------------
@@ -158,10 +139,10 @@ Status Filesystem::CommitData(u64 ino, const data::Prepared* p, data::Delta* del
   }
   const u64 lock[1] = {ino};
   Locked locked(this, lock, 1);
-  TFS_TRY(locked.status());
   InodeFormat f;
   Transaction tx(trees_);
-  Status st = ReadInode(ino, &f);
+  Status st = locked.status();
+  if (st.ok()) st = ReadInode(ino, &f);
   if (st.ok() && p != nullptr) st = data_->QueuePrepared(&tx, *p, delta);
   if (st.ok()) {
     f.size.set(Max(f.size.get(), min_size));
@@ -178,6 +159,41 @@ Status Filesystem::CommitData(u64 ino, const data::Prepared* p, data::Delta* del
   }
   DebugNoSharedLock();
   return data_->Commit(data::kForegroundWrite, &tx, *delta, mode);
+}
+
+u32 Filesystem::WriteChunk() {
+  if (write_chunk_for_test_ != 0) return write_chunk_for_test_;
+  return data_->WriteBlocksFitting(Transaction::KeyBytes(u32(sizeof(InodeFormat))));
+}
+
+Status Filesystem::CommitBlocks(u64 ino, const InodeFormat& f, u64 first, const u8* blocks, u32 nb, u64 size,
+                                i64 mtime, journal::CommitMode mode) {
+  data::Prepared* p = platform::New<data::Prepared>();
+  if (p == nullptr) return Err::kNoMemory;
+  u32 chunk = WriteChunk();
+  Status st = Status::Ok();
+  for (u32 done = 0; st.ok() && done < nb;) {
+    const u32 n = Min(chunk, nb - done);
+    data::Delta delta;
+    DebugNoSharedLock();
+    st = data_->Prepare(WriteContext(f), ino, first + done, blocks + u64(done) * kBlock, n, Compress(f), p, &delta);
+    if (!st.ok()) {
+      data_->Abort(delta);
+      break;
+    }
+    st = CommitData(ino, p, &delta, Min(size, (first + done + n) * kBlock), mtime, mode);
+    if (st.code() == Err::kTooBig && n > 1) {
+      // The entry cannot hold it (CommitData aborted the delta: the blocks
+      // written go back): the same blocks again, half as many at a time.
+      ctr_.write_splits.FetchAdd(1, MemOrder::kRelaxed);
+      chunk = (n + 1) / 2;
+      st = Status::Ok();
+      continue;
+    }
+    done += n;
+  }
+  platform::Delete(p);
+  return st;
 }
 
 Status Filesystem::PrepareZero(u64 ino, u64 block, u32 from, u32 to, data::Prepared** out, data::Delta* delta) {
@@ -316,10 +332,9 @@ Status Filesystem::DropPrivs(u64 ino, const InodeFormat& seen, Writer* writer) {
 Result<u32> Filesystem::WriteThrough(u64 ino, InodeFormat f, u64 off, const u8* buf, u32 len) {
   // Block-aligned, so that the blobs go to the device without another copy.
   const u64 span = (off + len + kBlock - 1) / kBlock - off / kBlock;
-  const u32 chunk = WriteChunkBlocks(store_->journal().max_entry_bytes());
+  const u32 chunk = WriteChunk();
   u8* blocks = static_cast<u8*>(platform::Alloc(Min<u64>(span, chunk + 1) * kBlock, kBlock));
-  data::Prepared* p = platform::New<data::Prepared>();
-  Status st = blocks == nullptr || p == nullptr ? Status(Err::kNoMemory) : Status::Ok();
+  Status st = blocks == nullptr ? Status(Err::kNoMemory) : Status::Ok();
   for (u32 done = 0; st.ok() && done < len;) {
     const u64 pos = off + done;
     const u64 b0 = pos / kBlock;
@@ -341,19 +356,11 @@ Result<u32> Filesystem::WriteThrough(u64 ino, InodeFormat f, u64 off, const u8* 
       st = complete(b1 - 1, blocks + u64(nb - 1) * kBlock);
     if (!st.ok()) break;
     MemCopy(blocks + skip, buf + done, n);
-    data::Delta delta;
-    DebugNoSharedLock();
-    st = data_->Prepare(WriteContext(f), ino, b0, blocks, nb, Compress(f), p, &delta);
-    if (!st.ok()) {
-      data_->Abort(delta);
-      break;
-    }
-    st = CommitData(ino, p, &delta, pos + n, Now());
+    st = CommitBlocks(ino, f, b0, blocks, nb, pos + n, Now(), journal::CommitMode::kNoFlush);
     f.size.set(Max(f.size.get(), pos + n));
     done += n;
   }
   platform::Free(blocks);
-  platform::Delete(p);
   TFS_TRY(st);
   return len;
 }

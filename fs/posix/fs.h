@@ -213,6 +213,7 @@ struct StatFs {
   X(closes_unbuffered, counter, "closes with nothing buffered: no lock taken")              \
   X(flushes_pressure, counter, "runs written out: memory pressure")                         \
   X(buffers_shrunk, counter, "buffers freed under memory pressure")                        \
+  X(write_splits, counter, "write transactions the journal entry could not hold, done again in halves") \
   X(buffers_now, level, "buffers in use now")
 
 struct Stats {
@@ -440,6 +441,12 @@ class Filesystem {
   Status SetFsxattr(u64 ino, const Fsxattr& x);
 
   Stats GetStats() const;
+  // Tests: `blocks` a write transaction carries (0: WriteBlocksFitting's),
+  // to reach the halving of one the journal entry cannot hold.
+  void SetWriteChunkForTest(u32 blocks) { write_chunk_for_test_ = blocks; }
+  // Blocks a write transaction carries: DataPath::WriteBlocksFitting beside
+  // the inode (or the test's).
+  u32 WriteChunk();
 
  private:
   struct Locked;      // inode locks held by one operation
@@ -500,6 +507,16 @@ class Filesystem {
   // with the delta's dependencies -- or aborts the delta.
   Status CommitData(u64 ino, const data::Prepared* p, data::Delta* delta, u64 min_size, i64 mtime,
                     journal::CommitMode mode = journal::CommitMode::kNoFlush);
+  // Writes nb whole blocks from `blocks` at file block `first` (the options
+  // of f, the inode as the caller read it) and commits them with CommitData:
+  // the size raised to `size` bytes, or to the end of the blocks committed
+  // so far where that is less, mtime and ctime to `mtime`. WriteChunk blocks
+  // a transaction at most; one the journal entry still cannot hold (kTooBig:
+  // the bound is only as good as its model of the worst case) is written
+  // and committed again in halves (counted: write_splits). A failure may
+  // leave the blocks before it committed.
+  Status CommitBlocks(u64 ino, const InodeFormat& f, u64 first, const u8* blocks, u32 nb, u64 size, i64 mtime,
+                      journal::CommitMode mode);
   // Bytes [from, to) of a block that holds data, zeroed and written as a new
   // blob (*out; null for a hole or unwritten block, which reads as zeros).
   Status PrepareZero(u64 ino, u64 block, u32 from, u32 to, data::Prepared** out, data::Delta* delta);
@@ -575,6 +592,7 @@ class Filesystem {
 
   store::Store* store_ = nullptr;
   Options opt_;
+  u32 write_chunk_for_test_ = 0;
   bool compress_all_ = false;  // the filesystem's compression option
   data::DataPath* data_ = nullptr;  // the mount's (see Mount)
   btree::Btrees* trees_ = nullptr;

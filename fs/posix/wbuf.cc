@@ -72,20 +72,11 @@ Status Filesystem::FlushRun(u64 ino, Buffered* b, FlushCause cause) {
   if (b == nullptr || b->blocks == 0) return Status::Ok();
   InodeFormat f;
   Status st = ReadInode(ino, &f);
-  data::Prepared* p = platform::New<data::Prepared>();
-  data::Delta delta;
-  if (st.ok() && p == nullptr) st = Err::kNoMemory;
-  DebugNoSharedLock();
-  if (st.ok()) st = data_->Prepare(WriteContext(f), ino, b->first, b->data, b->blocks, Compress(f), p, &delta);
-  if (st.ok()) {
-    // Fsync flushes the journal right after: the writer thread need not wake.
-    st = CommitData(ino, p, &delta, b->size, b->mtime_ns,
-                    cause == kFlushFsync ? journal::CommitMode::kFlushNext : journal::CommitMode::kNoFlush);
-  } else {
-    data_->Abort(delta);
-  }
-  platform::Delete(p);
-  if (!st.ok()) {  // the run stays, for the next flush to try again
+  // Fsync flushes the journal right after: the writer thread need not wake.
+  if (st.ok())
+    st = CommitBlocks(ino, f, b->first, b->data, b->blocks, b->size, b->mtime_ns,
+                      cause == kFlushFsync ? journal::CommitMode::kFlushNext : journal::CommitMode::kNoFlush);
+  if (!st.ok()) {  // the run stays (even a part committed: the same bytes), for the next flush to try again
     ctr_.flush_errors.FetchAdd(1, MemOrder::kRelaxed);
     return st;
   }
