@@ -372,6 +372,19 @@ struct Accounts {
   }
 };
 
+// The one member's durable bytes (what a power cut now would leave) of a
+// filesystem whose trees may be failed, which is then closed as far as it
+// goes and dropped.
+std::vector<std::vector<u8>> CloseFailed(std::unique_ptr<Accounts>* t) {
+  std::vector<const MemDevice*> d{(*t)->mems[0].get()};
+  auto images = MemDevice::SnapshotDurable(d);
+  (void)(*t)->fs().Unmount();
+  (*t)->data().Close();
+  (void)(*t)->m->store->Close();
+  t->reset();
+  return images;
+}
+
 struct ModelParams {
   u32 replicas;      // the filesystem's data_replicas
   bool compression;  // zstd on
@@ -654,12 +667,7 @@ TEST(AccountTest, ACommitTheJournalRefusesPublishesNothing) {
   EXPECT_EQ(now.live_sectors, mid.live_sectors);
   EXPECT_EQ(t->alloc().Stats().count_records, records);
   // The power goes; the trees were failed (nothing commits any more).
-  std::vector<const MemDevice*> d{t->mems[0].get()};
-  auto images = MemDevice::SnapshotDurable(d);
-  (void)t->fs().Unmount();
-  t->data().Close();
-  (void)t->m->store->Close();
-  t.reset();
+  auto images = CloseFailed(&t);
   auto c = std::make_unique<Accounts>(images);
   EXPECT_EQ(c->alloc().Get(b.dev, b.bucket).live_sectors, 4u * 8);
   c->CheckViews();
@@ -692,12 +700,7 @@ TEST(AccountTest, AnUnderflowIsCountedOnlyWhenItsCommitIsJournaled) {
   }
   EXPECT_EQ(t->alloc().Stats().count_underflows, 0u);
   EXPECT_EQ(t->alloc().Get(b.dev, b.bucket).version, mid.version);
-  std::vector<const MemDevice*> d{t->mems[0].get()};
-  auto images = MemDevice::SnapshotDurable(d);
-  (void)t->fs().Unmount();
-  t->data().Close();
-  (void)t->m->store->Close();
-  t.reset();
+  auto images = CloseFailed(&t);
   auto c = std::make_unique<Accounts>(images, store::OpenOptions{}, 1);  // (the lowered record, set right)
   EXPECT_EQ(c->alloc().Get(b.dev, b.bucket).live_sectors, 8u * 8);
   c->CheckViews();
@@ -892,13 +895,7 @@ struct ApplyFailsAfterJournal {
   // them (the entry replayed).
   std::unique_ptr<Accounts> Remount() {
     EXPECT_TRUE(t->m->store->journal().Flush().ok());
-    std::vector<const MemDevice*> d{t->mems[0].get()};
-    auto images = MemDevice::SnapshotDurable(d);
-    (void)t->fs().Unmount();
-    t->data().Close();
-    (void)t->m->store->Close();
-    t.reset();
-    return std::make_unique<Accounts>(images);
+    return std::make_unique<Accounts>(CloseFailed(&t));
   }
 };
 

@@ -356,6 +356,19 @@ void StaggerWritePoint(testing::MountedFs& m) {
   }
 }
 
+// Writes `bytes` from offset 0 through the write buffer (an open file:
+// 64 KiB writes fill runs, fsync writes the last out), then closes it.
+void WriteBuffered(Filesystem& fs, u64 ino, const std::string& bytes) {
+  ASSERT_TRUE(fs.OpenInode(ino).ok());
+  constexpr u32 kPiece = 16 * data::kBlockSize;
+  for (u64 off = 0; off < bytes.size(); off += kPiece) {
+    auto b = fs.Write(ino, off, bytes.data() + off, u32(Min<u64>(kPiece, bytes.size() - off)));
+    ASSERT_TRUE(b.ok()) << b.status().Message();
+  }
+  ASSERT_TRUE(fs.Fsync(ino).ok());
+  EXPECT_TRUE(fs.Release(ino).ok());
+}
+
 u32 ExtentsOf(store::Store& s, u64 ino) {
   u32 n = 0;
   btree::Iterator it(&s.btrees(), btree::kBtreeExtents);
@@ -387,16 +400,7 @@ TEST(BackpointersTest, AnOverwriteOfAFragmentedFourCopyFileOnStaggeredBucketsFit
   const std::string neu = Pattern(kN, 'n');
   auto w = m.fs.Write(ino[0], 0, neu.data(), u32(neu.size()), Filesystem::kWriteDirect);
   ASSERT_TRUE(w.ok()) << w.status().Message();
-  // The buffered path (an open file): 64 KiB writes fill a run, fsync
-  // writes it out.
-  ASSERT_TRUE(m.fs.OpenInode(ino[1]).ok());
-  for (u32 i = 0; i < kN; i += 16) {
-    auto b = m.fs.Write(ino[1], u64(i) * data::kBlockSize, neu.data() + u64(i) * data::kBlockSize,
-                        16 * data::kBlockSize);
-    ASSERT_TRUE(b.ok()) << b.status().Message();
-  }
-  ASSERT_TRUE(m.fs.Fsync(ino[1]).ok());
-  EXPECT_TRUE(m.fs.Release(ino[1]).ok());
+  ASSERT_NO_FATAL_FAILURE(WriteBuffered(m.fs, ino[1], neu));
   EXPECT_GT(m.fs.GetStats().flushes_full + m.fs.GetStats().flushes_fsync, 0u);
   EXPECT_EQ(m.fs.GetStats().write_splits, 0u) << "chunk " << chunk;
   EXPECT_EQ(m.fs.GetStats().flush_errors, 0u);
@@ -431,14 +435,7 @@ TEST(BackpointersTest, AWriteTheJournalEntryCannotHoldIsDoneAgainInHalves) {
     ASSERT_TRUE(w.ok()) << w.status().Message();
     const u64 direct_splits = m.fs.GetStats().write_splits;
     EXPECT_GE(direct_splits, 1u);
-    ASSERT_TRUE(m.fs.OpenInode(ino[1]).ok());
-    for (u32 i = 0; i < 256; i += 16) {
-      auto b = m.fs.Write(ino[1], u64(i) * data::kBlockSize, neu.data() + u64(i) * data::kBlockSize,
-                          16 * data::kBlockSize);
-      ASSERT_TRUE(b.ok()) << b.status().Message();
-    }
-    ASSERT_TRUE(m.fs.Fsync(ino[1]).ok());
-    EXPECT_TRUE(m.fs.Release(ino[1]).ok());
+    ASSERT_NO_FATAL_FAILURE(WriteBuffered(m.fs, ino[1], neu));
     EXPECT_GT(m.fs.GetStats().flushes_full + m.fs.GetStats().flushes_fsync, 0u);
     EXPECT_GT(m.fs.GetStats().write_splits, direct_splits) << "a 512 KiB run halved";
     EXPECT_EQ(m.fs.GetStats().flush_errors, 0u);
