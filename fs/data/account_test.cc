@@ -872,14 +872,16 @@ struct ApplyFailsAfterJournal {
     evict.dev = t->fails[0].get();
     const u64 big = t->Create("big");
     const std::string bb = Bytes(24 << 20, 3);
-    for (u64 off = 0; off < bb.size(); off += 1 << 20)
-      EXPECT_TRUE(t->fs().Write(big, off, bb.data() + off, 1 << 20, Filesystem::kWriteDirect).ok());
+    for (u64 off = 0; off < bb.size() && setup.ok(); off += 1 << 20)
+      setup = t->fs().Write(big, off, bb.data() + off, 1 << 20, Filesystem::kWriteDirect).status();
   }
+  Status setup;  // the 24 MiB's writes (the test asserts it)
   // Every leaf clean (evictable: the checkpoints' own records dirty alloc
   // leaves again, a few rounds), and the next commit's apply armed to fail.
   void Arm() {
     for (int i = 0; i < 4 && t->m->store->btrees().GetStats().dirty_nodes != 0; i++)
       ASSERT_TRUE(t->m->store->btrees().Checkpoint().ok());
+    ASSERT_EQ(t->m->store->btrees().GetStats().dirty_nodes, 0u) << "a dirty leaf would not be evicted";
     evict.armed = true;
   }
   // Checks the apply failed, stops failing reads, and shows that the trees
@@ -906,6 +908,7 @@ struct ApplyFailsAfterJournal {
 // replays the entry and finds every record right.
 TEST(AccountTest, AnApplyThatFailsAfterTheJournalTookTheEntryHasPublishedTheCounts) {
   ApplyFailsAfterJournal a;
+  ASSERT_TRUE(a.setup.ok()) << a.setup.Message();
   Accounts* t = a.t.get();
   const u64 f = t->Create("f");
   ASSERT_TRUE(t->DirectWrite(f, 0, 4, 1, true).ok());
@@ -937,6 +940,7 @@ TEST(AccountTest, AnApplyThatFailsAfterTheJournalTookTheEntryHasPublishedTheCoun
 // the frees would free a bucket while the trees are failed.)
 TEST(AccountTest, APunchWhoseApplyFailsAfterTheJournalTookTheEntryFreesNothing) {
   ApplyFailsAfterJournal a;
+  ASSERT_TRUE(a.setup.ok()) << a.setup.Message();
   Accounts* t = a.t.get();
   // f fills one bucket of its own (16 blocks of 64 KiB), and g moves the
   // write point on: no write point holds f's bucket.

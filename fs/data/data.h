@@ -119,18 +119,19 @@ struct Prepared {
   Vector<Item> items;
 };
 
-// The journal bytes a write of `nblocks` blocks queues at worst, the
-// records its commit adds included: the punch of what the range held (an
-// extent a block at worst: its whiteout, and per copy a backpointer
-// whiteout and its bucket's record; the two extents cut at the range's
-// edges set again whole, with their backpointers) and the new extents
+// The journal bytes a write of `nblocks` blocks queues at worst when no
+// other writer shares its write point, the records its commit adds
+// included: the punch of what the range held (an extent a block at worst:
+// its whiteout, and per copy -- `old_copies` -- a backpointer whiteout and
+// its bucket's record; the two extents cut at the range's edges set again
+// whole, with their backpointers) and the new extents with `copies` copies
 // (split wherever a copy's bucket ends -- the copies' buckets need not be
 // aligned with each other -- and every kMaxCompressedBlocks: each with a
 // backpointer per copy; a crc per block; a record per bucket a copy
-// touches; a data check per copy). `copies` 1..kMaxPtrs, `bucket_blocks` >= 1 (review 3b N1: the
-// new extents' side was a fixed 12 KiB, which a fragmented four-copy
-// file's overwrite on 64 KiB buckets exceeded).
-usize WriteJournalBytes(u32 nblocks, u32 bucket_blocks, u32 copies);
+// touches; a data check per copy). Copies 1..kMaxPtrs, `bucket_blocks` >=
+// 1 (review 3b N1: the new extents' side was a fixed 12 KiB, which a
+// fragmented four-copy file's overwrite on 64 KiB buckets exceeded).
+usize WriteJournalBytes(u32 nblocks, u32 bucket_blocks, u32 old_copies, u32 copies);
 inline constexpr u32 kWriteBlocksMax = 256;  // blocks a write transaction carries at most (1 MiB)
 
 // Space changes a write or punch makes, applied once its transaction commits.
@@ -245,12 +246,15 @@ class DataPath {
   // Commit adds for delta's changes (at most one each): what a caller
   // punching in batches before p keeps room for (QueuePunch's reserve).
   Result<usize> PreparedJournalBytes(const Prepared& p, const Delta& delta);
-  // The most blocks (kWriteBlocksMax at most, 1 at least) one write
-  // transaction may carry so that its worst case (WriteJournalBytes, with
-  // this filesystem's bucket size and as many copies as it has members,
-  // kMaxPtrs at most) leaves `reserve` bytes of a journal entry for what the
-  // caller queues beside it (the inode).
-  u32 WriteBlocksFitting(usize reserve);
+  // The most blocks (kWriteBlocksMax at most, 1 at least) one write for
+  // ctx may carry in a transaction so that its worst case alone on its
+  // write point (WriteJournalBytes: this filesystem's bucket size, the
+  // copies ctx wants, old extents with a copy on every member, kMaxPtrs at
+  // most) leaves `reserve` bytes of a journal entry for what the caller
+  // queues beside it (the inode). Writers sharing the write point can end
+  // each other's buckets sooner -- more pieces than the bound has: the
+  // caller redoes a transaction refused with kTooBig in smaller pieces.
+  u32 WriteBlocksFitting(const IoContext& ctx, usize reserve);
   // Queues unwritten extents over the holes of [first, end), at most max_keys
   // of them, and sets *next to where it stopped (end when done). kNoSpace if
   // free space minus the reservations cannot hold the holes queued.

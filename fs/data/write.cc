@@ -382,16 +382,17 @@ Result<usize> DataPath::PreparedJournalBytes(const Prepared& p, const Delta& del
          delta.changes.size() * btree::Transaction::KeyBytes(u32(sizeof(alloc::AllocRecord)));
 }
 
-usize WriteJournalBytes(u32 nblocks, u32 bucket_blocks, u32 copies) {
+usize WriteJournalBytes(u32 nblocks, u32 bucket_blocks, u32 old_copies, u32 copies) {
   using btree::Transaction;
   const u64 n = nblocks;
+  const u64 o = Min<u32>(Max<u32>(old_copies, 1), kMaxPtrs);
   const u64 c = Min<u32>(Max<u32>(copies, 1), kMaxPtrs);
   const u64 b = Max<u32>(bucket_blocks, 1);
   const u64 record = Transaction::KeyBytes(u32(sizeof(alloc::AllocRecord)));
   const u64 bp = Transaction::KeyBytes(u32(sizeof(BackpointerFormat)));
   const u64 whiteout = Transaction::KeyBytes(0);
   // The punch: n extents at worst, and the two edge pieces set again.
-  const u64 punch = n * (whiteout + c * (whiteout + record)) + 2 * (Transaction::KeyBytes(kExtentValueMax) + c * bp);
+  const u64 punch = n * (whiteout + o * (whiteout + record)) + 2 * (Transaction::KeyBytes(kExtentValueMax) + o * bp);
   // The new extents: a copy's blocks cross at most ceil(n / b) bucket ends.
   const u64 crossings = (n + b - 1) / b;
   const u64 pieces = Min<u64>(n, 1 + c * crossings + (n - 1) / kMaxCompressedBlocks);
@@ -403,17 +404,20 @@ usize WriteJournalBytes(u32 nblocks, u32 bucket_blocks, u32 copies) {
   return usize(punch + written + checks);
 }
 
-u32 DataPath::WriteBlocksFitting(usize reserve) {
+u32 DataPath::WriteBlocksFitting(const IoContext& ctx, usize reserve) {
   if (store_ == nullptr) return 1;
   btree::Transaction scratch(trees_);
   const usize room = scratch.Room();
-  const u32 copies = Min<u32>(store_->sb().nr_members, kMaxPtrs);
+  // What the range holds may have a copy on every member; the new extents
+  // have the copies ctx wants (on distinct members).
+  const u32 members = Min<u32>(store_->sb().nr_members, kMaxPtrs);
+  const u32 copies = Min(Wanted(ctx), members);
   const u32 bucket = u32(Min<u64>(bucket_blocks_, ~0u));
   // Largest fitting by bisection (WriteJournalBytes grows with nblocks).
   u32 lo = 1, hi = kWriteBlocksMax;
   while (lo < hi) {
     const u32 mid = lo + (hi - lo + 1) / 2;
-    if (WriteJournalBytes(mid, bucket, copies) + reserve <= room) {
+    if (WriteJournalBytes(mid, bucket, members, copies) + reserve <= room) {
       lo = mid;
     } else {
       hi = mid - 1;

@@ -296,7 +296,7 @@ TEST(BackpointersTest, AMiBOverwriteOfManyFourCopyExtentsFitsItsTransactions) {
   const std::string neu = Pattern(kN, 'n');
   auto w = m.fs.Write(ino, 0, neu.data(), u32(neu.size()));
   ASSERT_TRUE(w.ok()) << w.status().Message();
-  const u32 chunk = m.fs.WriteChunk();
+  const u32 chunk = m.fs.WriteChunkOf(ino).value();
   EXPECT_EQ(commits(), before + (kN + chunk - 1) / chunk) << "transactions of " << chunk << " blocks";
   EXPECT_EQ(m.fs.GetStats().write_splits, 0u);
   EXPECT_AGREE(*m.store, "after the overwrite");
@@ -395,8 +395,13 @@ TEST(BackpointersTest, AnOverwriteOfAFragmentedFourCopyFileOnStaggeredBucketsFit
   u64 ino[2] = {MakeFile(m.fs, "direct"), MakeFile(m.fs, "buffered")};
   ASSERT_NO_FATAL_FAILURE(ScatterFourCopyBlocks(m, sm.fo, ino, 2, kN, Pattern(1, 'o')));
   ASSERT_NO_FATAL_FAILURE(StaggerWritePoint(m));
-  const u32 chunk = m.fs.WriteChunk();
+  const u32 chunk = m.fs.WriteChunkOf(ino[0]).value();
   EXPECT_LT(chunk, 128u);  // (posix's old 512 KiB, which N1 did not fit)
+  // A file wanting one copy writes more blocks a transaction (its new
+  // extents have one copy each; the old ones may have four).
+  const u64 single = MakeFile(m.fs, "single");
+  ASSERT_TRUE(m.fs.SetXattr(single, "tierfs.replicas", 15, "1", 1, 0, Filesystem::kFrontEndChecked).ok());
+  EXPECT_GT(m.fs.WriteChunkOf(single).value(), chunk);
   const std::string neu = Pattern(kN, 'n');
   auto w = m.fs.Write(ino[0], 0, neu.data(), u32(neu.size()), Filesystem::kWriteDirect);
   ASSERT_TRUE(w.ok()) << w.status().Message();

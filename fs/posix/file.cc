@@ -161,16 +161,24 @@ Status Filesystem::CommitData(u64 ino, const data::Prepared* p, data::Delta* del
   return data_->Commit(data::kForegroundWrite, &tx, *delta, mode);
 }
 
-u32 Filesystem::WriteChunk() {
-  if (write_chunk_for_test_ != 0) return write_chunk_for_test_;
-  return data_->WriteBlocksFitting(Transaction::KeyBytes(u32(sizeof(InodeFormat))));
+u32 Filesystem::WriteChunk(const InodeFormat& f) {
+  const u32 forced = write_chunk_for_test_.Load(MemOrder::kRelaxed);
+  if (forced != 0) return forced;
+  return data_->WriteBlocksFitting(WriteContext(f), Transaction::KeyBytes(u32(sizeof(InodeFormat))));
+}
+
+Result<u32> Filesystem::WriteChunkOf(u64 ino) {
+  if (trees_ == nullptr) return Err::kInvalidArgument;
+  InodeFormat f;
+  TFS_TRY(ReadInode(ino, &f));
+  return WriteChunk(f);
 }
 
 Status Filesystem::CommitBlocks(u64 ino, const InodeFormat& f, u64 first, const u8* blocks, u32 nb, u64 size,
                                 i64 mtime, journal::CommitMode mode) {
   data::Prepared* p = platform::New<data::Prepared>();
   if (p == nullptr) return Err::kNoMemory;
-  u32 chunk = WriteChunk();
+  u32 chunk = WriteChunk(f);
   Status st = Status::Ok();
   for (u32 done = 0; st.ok() && done < nb;) {
     const u32 n = Min(chunk, nb - done);
@@ -189,6 +197,12 @@ Status Filesystem::CommitBlocks(u64 ino, const InodeFormat& f, u64 first, const 
       chunk = (n + 1) / 2;
       st = Status::Ok();
       continue;
+    }
+    if (st.code() == Err::kTooBig) {
+      // One block cannot: no fault of the file's size (EFBIG would say so).
+      platform::Log(platform::LogLevel::kError, "posix: a one-block write of inode %llu does not fit a journal entry",
+                    static_cast<unsigned long long>(ino));
+      st = Err::kIo;
     }
     done += n;
   }
@@ -332,7 +346,7 @@ Status Filesystem::DropPrivs(u64 ino, const InodeFormat& seen, Writer* writer) {
 Result<u32> Filesystem::WriteThrough(u64 ino, InodeFormat f, u64 off, const u8* buf, u32 len) {
   // Block-aligned, so that the blobs go to the device without another copy.
   const u64 span = (off + len + kBlock - 1) / kBlock - off / kBlock;
-  const u32 chunk = WriteChunk();
+  const u32 chunk = WriteChunk(f);
   u8* blocks = static_cast<u8*>(platform::Alloc(Min<u64>(span, chunk + 1) * kBlock, kBlock));
   Status st = blocks == nullptr ? Status(Err::kNoMemory) : Status::Ok();
   for (u32 done = 0; st.ok() && done < len;) {

@@ -443,10 +443,9 @@ class Filesystem {
   Stats GetStats() const;
   // Tests: `blocks` a write transaction carries (0: WriteBlocksFitting's),
   // to reach the halving of one the journal entry cannot hold.
-  void SetWriteChunkForTest(u32 blocks) { write_chunk_for_test_ = blocks; }
-  // Blocks a write transaction carries: DataPath::WriteBlocksFitting beside
-  // the inode (or the test's).
-  u32 WriteChunk();
+  void SetWriteChunkForTest(u32 blocks) { write_chunk_for_test_.Store(blocks, MemOrder::kRelaxed); }
+  // Blocks a write transaction of file `ino` carries now (WriteChunk).
+  Result<u32> WriteChunkOf(u64 ino);
 
  private:
   struct Locked;      // inode locks held by one operation
@@ -512,9 +511,13 @@ class Filesystem {
   // the size raised to `size` bytes, or to the end of the blocks committed
   // so far where that is less, mtime and ctime to `mtime`. WriteChunk blocks
   // a transaction at most; one the journal entry still cannot hold (kTooBig:
-  // the bound is only as good as its model of the worst case) is written
-  // and committed again in halves (counted: write_splits). A failure may
-  // leave the blocks before it committed.
+  // the bound assumes no other writer shares the write point) is written
+  // and committed again in halves (counted: write_splits); a single block
+  // refused is kIo (logged), not the caller's EFBIG. A failure may leave
+  // the blocks before it committed.
+  // Blocks a write transaction of a file (f: its inode, for its options)
+  // carries: DataPath::WriteBlocksFitting beside the inode (or the test's).
+  u32 WriteChunk(const InodeFormat& f);
   Status CommitBlocks(u64 ino, const InodeFormat& f, u64 first, const u8* blocks, u32 nb, u64 size, i64 mtime,
                       journal::CommitMode mode);
   // Bytes [from, to) of a block that holds data, zeroed and written as a new
@@ -592,7 +595,7 @@ class Filesystem {
 
   store::Store* store_ = nullptr;
   Options opt_;
-  u32 write_chunk_for_test_ = 0;
+  Atomic<u32> write_chunk_for_test_{0};
   bool compress_all_ = false;  // the filesystem's compression option
   data::DataPath* data_ = nullptr;  // the mount's (see Mount)
   btree::Btrees* trees_ = nullptr;
