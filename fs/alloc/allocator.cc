@@ -251,6 +251,7 @@ void Allocator::BeginRebuild() {
       bk.state = LayoutState(sb_.members[i], b);
       bk.live_sectors = 0;
       bk.cached_sectors = 0;
+      bk.unrecorded = false;
       bk.version++;  // past every record in the tree (a bad one was never loaded: it is replaced anyway)
     }
   }
@@ -465,11 +466,34 @@ void Allocator::UnlistFreeLocked(Dev& d, u64 b) {
 
 Result<BucketRef> Allocator::Allocate(dev::DevMask target, dev::DevMask fallback,
                                       BucketState purpose, Watermark wm) {
+  return AllocateWith(target, fallback, purpose, wm, true);
+}
+
+void Allocator::SetAllocFaultForTest(AllocFaultFn fn, void* ctx) {
+  MutexLock lock(mu_);
+  alloc_fault_ = fn;
+  alloc_fault_ctx_ = ctx;
+}
+
+Result<BucketRef> Allocator::AllocateUnrecorded(dev::DevMask target, dev::DevMask fallback, Watermark wm) {
+  return AllocateWith(target, fallback, BucketState::kUser, wm, false);
+}
+
+Result<BucketRef> Allocator::AllocateWith(dev::DevMask target, dev::DevMask fallback, BucketState purpose,
+                                          Watermark wm, bool record) {
   if (purpose == BucketState::kFree || purpose == BucketState::kSb || purpose == BucketState::kJournal ||
       u8(wm) > u8(Watermark::kJournal))
     return Err::kInvalidArgument;
+  AllocFaultFn fault;
+  void* fault_ctx;
+  {
+    MutexLock lock(mu_);
+    fault = alloc_fault_;
+    fault_ctx = alloc_fault_ctx_;
+  }
+  if (fault != nullptr) TFS_TRY(fault(fault_ctx, purpose, record));
   bool pending_seen = false;
-  Result<BucketRef> r = TryAllocate(target, fallback, purpose, wm, &pending_seen);
+  Result<BucketRef> r = TryAllocate(target, fallback, purpose, wm, record, &pending_seen);
   if (r.ok() || !pending_seen || journal_ == nullptr) return r;
   // Only buckets whose free is not yet settled are left: settle it (a durable
   // free in an unordered journal entry settles with the next durable entry).
@@ -478,11 +502,11 @@ Result<BucketRef> Allocator::Allocate(dev::DevMask target, dev::DevMask fallback
     stats_.flush_waits++;
   }
   TFS_TRY(journal_->Settle());
-  return TryAllocate(target, fallback, purpose, wm, &pending_seen);
+  return TryAllocate(target, fallback, purpose, wm, record, &pending_seen);
 }
 
 Result<BucketRef> Allocator::TryAllocate(dev::DevMask target, dev::DevMask fallback,
-                                         BucketState purpose, Watermark wm, bool* pending_seen) {
+                                         BucketState purpose, Watermark wm, bool record, bool* pending_seen) {
   // Reuse waits for settled, not just durable: replay may still read what the
   // newest unordered entry's group wrote to check it (journal.h, settled_seq).
   journal::Journal* const journal = journal_;
@@ -523,13 +547,19 @@ Result<BucketRef> Allocator::TryAllocate(dev::DevMask target, dev::DevMask fallb
       bk.state = purpose;
       bk.live_sectors = 0;
       bk.cached_sectors = 0;
-      bk.version++;
-      bk.recorded = true;
+      if (record) {
+        bk.version++;
+        bk.recorded = true;
+      } else {
+        bk.unrecorded = true;  // (version kept: the first record is the next)
+      }
     }
     stats_.allocs[u8(wm)]++;
+    stats_.unrecorded_allocs += !record;
     ref = BucketRef{u32(best), b, bk.gen};
     change = RecordChange{u32(best), b, bk};
   }
+  if (!record) return ref;
   Result<u64> seq = Persist(&change, 1, purpose);
   if (!seq.ok()) {
     // Handed to no one: back to the free list, or it would be lost until the
@@ -550,7 +580,7 @@ Result<BucketRef> Allocator::TryAllocate(dev::DevMask target, dev::DevMask fallb
   return ref;
 }
 
-bool Allocator::FreeLocked(u32 dev, const BucketRef& ref, RecordChange* change, BucketState* was) {
+bool Allocator::FreeLocked(u32 dev, const BucketRef& ref, RecordChange* change, BucketState* was, bool* persist) {
   if (ref.dev >= nr_ || ref.bucket >= devices_[ref.dev].buckets.size()) return false;
   Dev& d = devices_[ref.dev];
   Bucket& bk = d.buckets[ref.bucket];
@@ -558,6 +588,28 @@ bool Allocator::FreeLocked(u32 dev, const BucketRef& ref, RecordChange* change, 
       bk.state == BucketState::kJournal)
     return false;
   *was = bk.state;
+  *persist = !bk.unrecorded;
+  if (bk.unrecorded) {
+    // Never recorded: the tree says free with this generation, and no
+    // journal entry, written or not, names it -- a transaction counting in
+    // it publishes its record (PublishCounts clears the flag) as soon as
+    // the journal takes its keys, before the entry is written, so a
+    // transaction that failed before that left nothing anywhere, and one
+    // after it recorded the bucket. Free again at once, nothing to commit,
+    // no settle to wait for (no replay can check data in it).
+    {
+      Resum r(d.sums, bk);
+      bk.state = BucketState::kFree;
+      bk.live_sectors = 0;
+      bk.cached_sectors = 0;
+      bk.unrecorded = false;
+    }
+    stats_.frees++;
+    stats_.unrecorded_frees++;
+    d.free_list.PushBack(ref.bucket).IgnoreError();  // capacity reserved at Init
+    d.free_count++;
+    return true;
+  }
   {
     Resum r(d.sums, bk);
     bk.gen++;
@@ -596,10 +648,12 @@ void Allocator::NotePendingSeq(u32 dev, u64 bucket, u64 seq) {
 Status Allocator::Free(const BucketRef& ref) {
   RecordChange change;
   BucketState was;
+  bool persist;
   {
     MutexLock lock(mu_);
-    if (!FreeLocked(ref.dev, ref, &change, &was)) return Err::kInvalidArgument;
+    if (!FreeLocked(ref.dev, ref, &change, &was, &persist)) return Err::kInvalidArgument;
   }
+  if (!persist) return Status::Ok();
   // (Never a reclaim commit, whatever the bucket was: a checkpoint frees
   // its buckets with FreeBuckets.)
   Result<u64> seq = Persist(&change, 1, was == BucketState::kBtree ? BucketState::kFree : was);
@@ -618,19 +672,26 @@ Status Allocator::FreeBuckets(const BucketRef* refs, u32 n, u32* freed) {
   TFS_TRY(changes.Reserve(n));
   Status first;
   BucketState owner = BucketState::kBtree;
+  u32 unrecorded = 0;  // freed without a record
   {
     MutexLock lock(mu_);
     for (u32 i = 0; i < n; i++) {
       RecordChange c;
       BucketState was;
-      if (!FreeLocked(refs[i].dev, refs[i], &c, &was)) {
+      bool persist;
+      if (!FreeLocked(refs[i].dev, refs[i], &c, &was, &persist)) {
         if (first.ok()) first = Err::kInvalidArgument;
+        continue;
+      }
+      if (!persist) {
+        unrecorded++;
         continue;
       }
       if (was != BucketState::kBtree) owner = BucketState::kUser;  // (not only a checkpoint's)
       changes.PushBack(c).IgnoreError();  // reserved
     }
   }
+  *freed = unrecorded;
   if (changes.empty()) return first;
   PersistProgress done;
   Result<u64> seq = Persist(changes.data(), u32(changes.size()), owner, &done);
@@ -638,9 +699,10 @@ Status Allocator::FreeBuckets(const BucketRef* refs, u32 n, u32* freed) {
   // too big for one entry is split) become reusable once settled; the rest
   // stay pending for good, as a failed Free.
   MutexLock lock(mu_);
-  *freed = u32(Min<u64>(done.committed, changes.size()));
+  const u32 committed = u32(Min<u64>(done.committed, changes.size()));
+  *freed += committed;
   if (journal_ != nullptr)
-    for (u32 i = 0; i < *freed; i++) NotePendingSeq(changes[i].dev, changes[i].bucket, done.seq);
+    for (u32 i = 0; i < committed; i++) NotePendingSeq(changes[i].dev, changes[i].bucket, done.seq);
   if (!seq.ok()) return seq.status();
   return first;
 }
@@ -657,6 +719,7 @@ Status Allocator::SetLiveSectors(const BucketRef& ref, u32 live_sectors) {
     bk.live_sectors = live_sectors;
     bk.version++;
     bk.recorded = true;
+    bk.unrecorded = false;
     change = RecordChange{ref.dev, ref.bucket, bk};
   }
   // (Never a reclaim commit: no checkpoint counts sectors.)
@@ -709,7 +772,9 @@ Status Allocator::StageCounts(CountStage* stages, u32 n, CountNote* note) {
       };
       const u32 live = add(cur.live_sectors, s.live, true);
       const u32 cached = add(cur.cached_sectors, s.cached, false);
-      if (live != cur.live_sectors || cached != cur.cached_sectors) {
+      // (An unrecorded bucket's first transaction records it whatever it
+      // counts.)
+      if (live != cur.live_sectors || cached != cur.cached_sectors || cur.unrecorded) {
         s.b.live_sectors = live;
         s.b.cached_sectors = cached;
         s.b.version = cur.version + 1;
@@ -748,6 +813,7 @@ void Allocator::PublishCounts(const CountStage* stages, u32 n, CountNote* note) 
     b.cached_sectors = s.b.cached_sectors;
     b.version = s.b.version;
     b.recorded = true;
+    b.unrecorded = false;
     stats_.count_records++;
   }
 }
@@ -800,6 +866,7 @@ Status Allocator::RepairCounts(const CountFix* fixes, u32 n) {
         bk.cached_sectors = u32(Min<u64>(f.cached_sectors, most));
         bk.version++;
         bk.recorded = true;
+        bk.unrecorded = false;
       }
       stats_.count_repairs++;
       changes.PushBack(RecordChange{f.dev, f.bucket, bk}).IgnoreError();  // reserved
@@ -830,6 +897,7 @@ Status Allocator::RepairState(u32 dev, u64 bucket, BucketState state) {
     bk.cached_sectors = 0;
     bk.version++;
     bk.recorded = true;
+    bk.unrecorded = false;
     if (state == BucketState::kFree) {
       freed = journal_ != nullptr;
       if (freed) {

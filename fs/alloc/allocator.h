@@ -88,6 +88,11 @@ struct Bucket {
   u8 oldest_gen = 0;
   BucketState state = BucketState::kFree;
   bool recorded = false;  // the alloc btree holds (or will hold) a record of it
+  // Allocated for user data by AllocateUnrecorded and not yet recorded: the
+  // tree still holds the bucket's free record (or none); the first extent
+  // transaction counting in it writes its record (state user), and a free
+  // before that commits nothing.
+  bool unrecorded = false;
   u32 live_sectors = 0;
   u32 cached_sectors = 0;
   u64 version = 0;
@@ -214,6 +219,8 @@ struct DeviceUsage {
   X(fallbacks, counter, "allocations served outside their target")                                     \
   X(flush_waits, counter, "allocations that flushed the journal to reuse freed buckets")               \
   X(frees, counter, "buckets freed")                                                                   \
+  X(unrecorded_allocs, counter, "user buckets allocated without a record commit (recorded by their first extent transaction)") \
+  X(unrecorded_frees, counter, "of those, freed before any transaction recorded them: no commit, reusable at once") \
   X(record_commits, counter, "transactions committing allocation records (alloc btree keys)")           \
   X(records, counter, "records those commits carried")                                                 \
   X(record_errors, counter, "record commits that failed (the change stays in memory; a free is never reused)") \
@@ -297,7 +304,26 @@ class Allocator {
   // accepts `purpose` data, at watermark `wm`. kNoSpace if none can.
   Result<BucketRef> Allocate(dev::DevMask target, dev::DevMask fallback, BucketState purpose,
                              Watermark wm);
-  // Frees a bucket (its generation is bumped). kInvalidArgument for a stale ref.
+  // Allocate for user data without a record commit (docs/design/copies.md,
+  // "Allocation (piece 3b-3): folded"): the bucket leaves the free list in
+  // memory only (unrecorded), and the first extent transaction that counts
+  // in it records it (state user, its gen, the counts: StageCounts) in the
+  // entry that holds the extent -- so the write point, which allocates
+  // under its mutex, never waits there for a commit (commit_mu, journal
+  // room). A cut before that record leaves the bucket free in the tree,
+  // which no durable pointer names. Counted: unrecorded_allocs.
+  Result<BucketRef> AllocateUnrecorded(dev::DevMask target, dev::DevMask fallback, Watermark wm);
+  // Tests: `fn` is asked before every allocation takes a bucket; an error
+  // it returns is the allocation's -- as a record commit or a journal
+  // settle that failed, the errors an allocation has besides kNoSpace
+  // (an unrecorded one has only the settle's). Null: none.
+  using AllocFaultFn = Status (*)(void* ctx, BucketState purpose, bool recorded);
+  void SetAllocFaultForTest(AllocFaultFn fn, void* ctx);
+  // Frees a bucket (its generation is bumped). kInvalidArgument for a stale
+  // ref. An unrecorded bucket (AllocateUnrecorded, no transaction counted
+  // in it) commits nothing and keeps its generation -- the tree says free
+  // already and no durable pointer names it -- and is reusable at once
+  // (counted: unrecorded_frees); FreeBuckets does the same.
   Status Free(const BucketRef& ref);
   // Frees `n` buckets with one record commit (a checkpoint's emptied node
   // buckets, the data path's emptied user buckets; split in pieces only when
@@ -413,8 +439,9 @@ class Allocator {
   Result<u64> Persist(const RecordChange* changes, u32 n, BucketState owner, PersistProgress* progress = nullptr);
   // The free of bucket `b` of `d` (mu_ held): the change, and the bucket on
   // the pending list (with a journal) or the free list. False for a stale
-  // ref or a bucket that cannot be freed.
-  bool FreeLocked(u32 dev, const BucketRef& ref, RecordChange* change, BucketState* was);
+  // ref or a bucket that cannot be freed. *persist: whether the change is to
+  // be committed (false for an unrecorded bucket: back on the free list).
+  bool FreeLocked(u32 dev, const BucketRef& ref, RecordChange* change, BucketState* was, bool* persist);
   // Records the sequence a free's commit returned on its pending entry.
   void NotePendingSeq(u32 dev, u64 bucket, u64 seq);
   // Takes bucket `b` off the free list or the pending list, if it is on one
@@ -426,13 +453,17 @@ class Allocator {
   // One allocation attempt; kNoSpace with *pending_seen if only pending buckets
   // could have served it.
   Result<BucketRef> TryAllocate(dev::DevMask target, dev::DevMask fallback, BucketState purpose,
-                                Watermark wm, bool* pending_seen);
+                                Watermark wm, bool record, bool* pending_seen);
+  Result<BucketRef> AllocateWith(dev::DevMask target, dev::DevMask fallback, BucketState purpose, Watermark wm,
+                                 bool record);
   bool Usable(u32 dev, BucketState purpose, Watermark wm) const;
   dev::DevMask all_devices() const { return nr_ >= 32 ? ~dev::DevMask(0) : (dev::DevMask(1) << nr_) - 1; }
 
   journal::Journal* journal_ = nullptr;
   PersistFn persist_ = nullptr;
   void* persist_ctx_ = nullptr;
+  AllocFaultFn alloc_fault_ TFS_GUARDED_BY(mu_) = nullptr;
+  void* alloc_fault_ctx_ TFS_GUARDED_BY(mu_) = nullptr;
   sb::Superblock sb_{};
   u32 nr_ = 0;
   Dev devices_[dev::kMaxDevices];

@@ -270,6 +270,20 @@ struct Accounts {
               << " bucket";
         }
         auto t = tree.find({d, b});
+        if (k.unrecorded) {
+          // Allocated, no transaction counted in it yet: the tree still
+          // holds its free record (or none), and memory counts nothing.
+          EXPECT_EQ(k.state, alloc::BucketState::kUser) << "member " << d << " bucket " << b;
+          EXPECT_EQ(counts, (std::pair<u64, u64>{0, 0})) << "member " << d << " bucket " << b;
+          alloc::Bucket was = k;
+          was.state = alloc::BucketState::kFree;
+          alloc::AllocRecord r;
+          alloc::EncodeRecord(was, &r);
+          EXPECT_TRUE(t == tree.end() ? !k.recorded
+                                      : t->second.size() == sizeof(r) && memcmp(t->second.data(), &r, sizeof(r)) == 0)
+              << "member " << d << " bucket " << b << ": an unrecorded bucket's record is not its free one";
+          continue;
+        }
         if (!k.recorded) {
           EXPECT_TRUE(t == tree.end()) << "member " << d << " bucket " << b << ": a record of a bucket never recorded";
           continue;
@@ -964,6 +978,81 @@ TEST(AccountTest, APunchWhoseApplyFailsAfterTheJournalTookTheEntryFreesNothing) 
   c->CheckViews();
   EXPECT_TRUE(c->Read(f, 16 * data::kBlockSize) == std::string(16 * data::kBlockSize, '\0'));
   c->ExpectFsckClean();
+}
+
+// Step 3b-3: the write point allocates without a record commit. Forty
+// fresh 64 KiB buckets of writes make no record commit at all -- each
+// bucket is recorded by the first extent transaction counting in it (its
+// record in the extent's entry) -- and every view agrees, also after a
+// remount.
+TEST(AccountTest, TheWritePointOpensBucketsWithoutARecordCommit) {
+  store::FormatOptions fo = testing::SmallFormat(4096);
+  fo.bucket_size = 64 * 1024;
+  Accounts t(1, fo);
+  const u64 f = t.Create("f");
+  const alloc::AllocStats before = t.alloc().Stats();
+  for (u32 i = 0; i < 40; i++) ASSERT_TRUE(t.DirectWrite(f, u64(i) * 16, 16, i + 1).ok());
+  const alloc::AllocStats after = t.alloc().Stats();
+  EXPECT_GE(after.unrecorded_allocs, before.unrecorded_allocs + 40);
+  EXPECT_EQ(after.record_commits, before.record_commits) << "an allocation committed a record";
+  EXPECT_GE(after.count_records, before.count_records + 40);
+  t.CheckViews();
+  t.Remount();
+  t.CheckViews();
+  EXPECT_TRUE(t.Read(f, 40 * 16 * data::kBlockSize) == [] {
+    std::string want;
+    for (u32 i = 0; i < 40; i++) want += Bytes(16 * data::kBlockSize, i + 1);
+    return want;
+  }());
+}
+
+// A bucket opened and written but never committed in: a cut leaves it free
+// in the tree (no record says user), and a write whose commit failed, then
+// the write point's close, frees it with no commit at all -- reusable at
+// once (unrecorded_frees).
+TEST(AccountTest, ABucketNoTransactionRecordedIsFreeInTheTreeAndFreedWithoutACommit) {
+  store::FormatOptions fo = testing::SmallFormat(4096);
+  fo.bucket_size = 64 * 1024;
+  auto t = std::make_unique<Accounts>(1, fo);
+  const u64 f = t->Create("f");
+  ASSERT_TRUE(t->DirectWrite(f, 0, 16, 1, true).ok());  // fills a bucket: the next write opens one
+  const std::string blocks = Bytes(4 * data::kBlockSize, 2);
+  data::Prepared p;
+  data::Delta delta;
+  ASSERT_TRUE(t->data().Prepare(data::kForegroundWrite, f, 16, reinterpret_cast<const u8*>(blocks.data()), 4, false,
+                                &p, &delta)
+                  .ok());
+  alloc::BucketRef b;
+  ASSERT_TRUE(t->data().WritePointBucket(data::kForegroundWrite, &b));
+  EXPECT_TRUE(t->alloc().Get(b.dev, b.bucket).unrecorded);
+  t->CheckViews();
+  // The cut: the data is on the disk, no extent and no record.
+  ASSERT_TRUE(t->m->store->journal().Flush().ok());
+  std::vector<const MemDevice*> d{t->mems[0].get()};
+  {
+    Accounts c(MemDevice::SnapshotDurable(d));
+    // Free in the tree (the mount may have taken it for btree nodes since):
+    // no record said user.
+    EXPECT_NE(c.alloc().Get(b.dev, b.bucket).state, alloc::BucketState::kUser);
+    c.CheckViews();
+    c.ExpectFsckClean();
+  }
+  // The write gives up; the write point's close frees the bucket it opened
+  // with no commit, free at once.
+  t->data().Abort(delta);
+  const u64 frees = t->alloc().Stats().unrecorded_frees;
+  const u64 free_before = t->alloc().Usage(b.dev).by_state[u8(alloc::BucketState::kFree)];
+  const u64 pending_before = t->alloc().Usage(b.dev).pending_free;
+  (void)t->fs().Unmount();
+  t->data().Close();  // (retires the write point's buckets)
+  EXPECT_EQ(t->alloc().Stats().unrecorded_frees, frees + 1);
+  const alloc::Bucket now = t->alloc().Get(b.dev, b.bucket);
+  EXPECT_EQ(now.state, alloc::BucketState::kFree);
+  EXPECT_FALSE(now.unrecorded);
+  EXPECT_EQ(now.gen, b.gen) << "no pointer named it: the generation stays";
+  EXPECT_EQ(t->alloc().Usage(b.dev).by_state[u8(alloc::BucketState::kFree)], free_before + 1);
+  EXPECT_EQ(t->alloc().Usage(b.dev).pending_free, pending_before) << "on the free list at once, not pending";
+  (void)t->m->store->Close();
 }
 
 }  // namespace

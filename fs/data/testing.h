@@ -84,7 +84,8 @@ class GateDevice final : public BlockDevice {
 // user buckets' frees (the data path's: alloc::PersistFn's owner kUser,
 // every change a free) and the frees they carry. With FailUserAllocations,
 // allocations of user buckets after the first `pass` from then on fail with
-// kIo, nothing committed (as a record commit that failed). Attach it once
+// kIo (Allocator::SetAllocFaultForTest: as a journal settle that failed --
+// the write point's allocations commit no record since step 3b-3). Attach it once
 // the store is open; it must outlive the store (calls through it may run
 // until the store has closed), so declare it before the fixture that owns
 // the store. Counters: read after the calls they count have returned.
@@ -96,6 +97,7 @@ class SinkTap {
   void Attach(alloc::Allocator* a) {
     a->GetPersist(&fn_, &ctx_);
     a->SetPersist(Persist, this);
+    a->SetAllocFaultForTest(Fault, this);
   }
   void FailUserAllocations(u64 pass) {
     pass_.store(pass);
@@ -112,23 +114,22 @@ class SinkTap {
     auto* t = static_cast<SinkTap*>(self);
     bool all_free = n > 0;
     for (u32 i = 0; i < n; i++) all_free &= changes[i].b.state == alloc::BucketState::kFree;
-    const bool user_alloc = n == 1 && owner == alloc::BucketState::kUser && changes[0].b.state == owner;
-    if (user_alloc && t->failing_.load()) {
-      u64 pass = t->pass_.load();
-      while (pass > 0 && !t->pass_.compare_exchange_weak(pass, pass - 1)) {
-      }
-      if (pass == 0) {
-        t->failed++;
-        *progress = alloc::PersistProgress{};
-        return Err::kIo;
-      }
-    }
     Result<u64> r = t->fn_(t->ctx_, changes, n, owner, progress);
     if (owner == alloc::BucketState::kUser && all_free) {
       t->free_commits += progress->transactions;
       t->frees += progress->committed;
     }
     return r;
+  }
+  static Status Fault(void* self, alloc::BucketState purpose, bool /*recorded*/) {
+    auto* t = static_cast<SinkTap*>(self);
+    if (purpose != alloc::BucketState::kUser || !t->failing_.load()) return Status::Ok();
+    u64 pass = t->pass_.load();
+    while (pass > 0 && !t->pass_.compare_exchange_weak(pass, pass - 1)) {
+    }
+    if (pass > 0) return Status::Ok();
+    t->failed++;
+    return Err::kIo;
   }
 
   alloc::PersistFn fn_ = nullptr;

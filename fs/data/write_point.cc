@@ -156,7 +156,7 @@ Status DataPath::Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole
         Result<alloc::BucketRef> r = Err::kNoSpace;
         Status failed;  // an attempt's error other than kNoSpace (a record commit's, a journal settle's)
         auto allocate = [&](dev::DevMask t, dev::DevMask fb) {
-          r = store_->alloc().Allocate(t, fb, alloc::BucketState::kUser, ctx.watermark);
+          r = store_->alloc().AllocateUnrecorded(t, fb, ctx.watermark);  // (no commit under wp.mu)
           if (!r.ok() && r.status().code() != Err::kNoSpace && failed.ok()) failed = r.status();
         };
         if (fresh != 0) allocate(fresh, fresh);
