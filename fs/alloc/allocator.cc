@@ -307,6 +307,7 @@ Status Allocator::EndRebuild() {
         const Bucket absent = AbsentBucket(sb_.members[i], b);
         if (!(bk.recorded || bk.state != absent.state || bk.gen != 0 || bk.live_sectors != 0 || bk.cached_sectors != 0))
           continue;
+        TFS_BUG_ON(bk.unrecorded);  // (a rebuild runs before anything allocates: BeginRebuild cleared it)
         bk.recorded = true;
         changes.PushBack(RecordChange{i, b, bk}).IgnoreError();  // reserved
       }
@@ -330,6 +331,7 @@ Result<u64> Allocator::RebaseVersions() {
       for (u64 b = 0; b < devices_[i].buckets.size(); b++) {
         Bucket& bk = devices_[i].buckets[b];
         if (bk.version < kRecordVersionRebase) continue;
+        TFS_BUG_ON(bk.unrecorded);  // (before the journal runs: nothing allocated yet)
         bk.version = 1;
         bk.recorded = true;
         RecordChange c{i, b, bk};
@@ -484,14 +486,6 @@ Result<BucketRef> Allocator::AllocateWith(dev::DevMask target, dev::DevMask fall
   if (purpose == BucketState::kFree || purpose == BucketState::kSb || purpose == BucketState::kJournal ||
       u8(wm) > u8(Watermark::kJournal))
     return Err::kInvalidArgument;
-  AllocFaultFn fault;
-  void* fault_ctx;
-  {
-    MutexLock lock(mu_);
-    fault = alloc_fault_;
-    fault_ctx = alloc_fault_ctx_;
-  }
-  if (fault != nullptr) TFS_TRY(fault(fault_ctx, purpose, record));
   bool pending_seen = false;
   Result<BucketRef> r = TryAllocate(target, fallback, purpose, wm, record, &pending_seen);
   if (r.ok() || !pending_seen || journal_ == nullptr) return r;
@@ -515,6 +509,7 @@ Result<BucketRef> Allocator::TryAllocate(dev::DevMask target, dev::DevMask fallb
   RecordChange change;
   {
     MutexLock lock(mu_);
+    if (alloc_fault_ != nullptr) TFS_TRY(alloc_fault_(alloc_fault_ctx_, purpose, record));  // (tests)
     for (u32 i = 0; i < nr_; i++) {
       if (!devices_[i].pending.empty()) ReleasePending(devices_[i], settled);
     }
@@ -806,6 +801,9 @@ void Allocator::PublishCounts(const CountStage* stages, u32 n, CountNote* note) 
       TFS_BUG_ON(true);
 #endif
       note->broken++;
+      // The journal holds this record now: a bucket of that life must not
+      // be freed as never recorded (no commit, generation kept).
+      if (b.state == BucketState::kUser && b.gen == s.b.gen) b.unrecorded = false;
       continue;
     }
     Resum r(d.sums, b);

@@ -36,7 +36,9 @@
 // slow or stalled member's allocation state holds up no commit and no journal
 // reclaim. Every change (Allocate, Free, FreeBuckets, SetLiveSectors,
 // RepairState, the rebuild) takes the bucket's new state and version + 1
-// under mu_, and then, outside it, hands the records to the persistence sink
+// under mu_ -- but AllocateUnrecorded, whose record the bucket's first
+// extent transaction writes (StageCounts), and the free of a bucket so
+// allocated and never recorded -- and then, outside it, hands the records to the persistence sink
 // (SetPersist): the Store commits them as kBtreeAlloc keys and returns the
 // journal sequence (0 before the journal runs), which the pending-free rule
 // waits on. The allocator calls no btree code (btree/ depends on alloc/).
@@ -347,7 +349,7 @@ class Allocator {
   // pointer never counted there: damage fsck owns) keeps its state and
   // record as they are (foreign_losses); a gain there is a bug (kCorrupt,
   // logged: nothing adds a counted pointer into a bucket it did not get
-  // from Allocate). Changes
+  // from Allocate or AllocateUnrecorded). Changes
   // nothing shared: what it met (underflows, overflows, losses in other
   // buckets) is marked in the stages and counted by PublishCounts, the
   // first damage or bug noted in *note for LogCountNote.

@@ -315,6 +315,71 @@ TEST(AllocatorTest, APartlyCommittedBatchOfFreesReleasesWhatWasCommitted) {
   a.SetJournal(nullptr);
 }
 
+// Step 3b-3 at the allocator: AllocateUnrecorded commits nothing and
+// keeps the version; the first stage of the bucket records it (state user,
+// version + 1) even when it counts nothing, and its publishing clears the
+// flag; a batch of frees commits only the recorded bucket's, and the
+// unrecorded one is free at once with its generation kept.
+TEST(AllocatorTest, AnUnrecordedBucketCommitsNothingUntilItsFirstStage) {
+  const sb::Superblock s = TwoMembers();
+  Allocator a;
+  ASSERT_TRUE(a.Init(s).ok());
+  FailingSink sink;
+  sink.ok_changes = ~0u;
+  a.SetPersist(FailingSink::Persist, &sink);
+  journal::Journal journal;  // never started: a recorded free goes pending
+  a.SetJournal(&journal);
+  BucketRef ref[3];
+  for (BucketRef& r : ref) {
+    Result<BucketRef> got = a.AllocateUnrecorded(0b10, 0, Watermark::kBtree);
+    ASSERT_TRUE(got.ok());
+    r = *got;
+    const Bucket b = a.Get(r.dev, r.bucket);
+    EXPECT_TRUE(b.unrecorded);
+    EXPECT_EQ(b.state, BucketState::kUser);
+    EXPECT_EQ(b.version, 0u);
+  }
+  EXPECT_EQ(sink.calls, 0u);
+  EXPECT_EQ(a.Stats().unrecorded_allocs, 3u);
+  // Stages: a gain in ref[1], nothing at all in ref[2] -- both recorded.
+  CountStage st[2];
+  st[0].dev = ref[1].dev;
+  st[0].bucket = ref[1].bucket;
+  st[0].live = 8;
+  st[1].dev = ref[2].dev;
+  st[1].bucket = ref[2].bucket;
+  CountNote note;
+  ASSERT_TRUE(a.StageCounts(st, 2, &note).ok());
+  for (const CountStage& c : st) {
+    EXPECT_TRUE(c.changed);
+    EXPECT_EQ(c.b.version, 1u);
+    Bucket parsed;
+    Diag diag;
+    ASSERT_TRUE(ParseRecord(s, c.dev, c.bucket, &c.rec, sizeof(c.rec), &parsed, &diag).ok()) << diag.text;
+    EXPECT_EQ(parsed.state, BucketState::kUser);
+  }
+  EXPECT_TRUE(a.Get(ref[1].dev, ref[1].bucket).unrecorded) << "staged, not yet published";
+  a.PublishCounts(st, 2, &note);
+  EXPECT_FALSE(a.Get(ref[1].dev, ref[1].bucket).unrecorded);
+  EXPECT_EQ(a.Get(ref[1].dev, ref[1].bucket).live_sectors, 8u);
+  EXPECT_EQ(sink.calls, 0u);
+  // The frees: ref[0] never recorded, ref[1] recorded.
+  const u64 pending = a.Usage(1).pending_free;
+  u32 freed = 0;
+  BucketRef both[2] = {ref[0], ref[1]};
+  ASSERT_TRUE(a.FreeBuckets(both, 2, &freed).ok());
+  EXPECT_EQ(freed, 2u);
+  EXPECT_EQ(sink.calls, 1u) << "one commit, the recorded bucket's";
+  EXPECT_EQ(a.Stats().unrecorded_frees, 1u);
+  EXPECT_EQ(a.Usage(1).pending_free, pending + 1) << "the recorded one waits for its settle";
+  EXPECT_EQ(a.Get(ref[0].dev, ref[0].bucket).gen, ref[0].gen);
+  EXPECT_EQ(a.Get(ref[0].dev, ref[0].bucket).state, BucketState::kFree);
+  EXPECT_EQ(a.Get(ref[1].dev, ref[1].bucket).gen, u8(ref[1].gen + 1));
+  BucketSums scan;
+  EXPECT_TRUE(a.SumsMatchScan(1, &scan));
+  a.SetJournal(nullptr);
+}
+
 TEST(AllocRecordTest, PlausibleIsWhatTheMergeRuleChecks) {
   u64 v = 0;
   AllocRecord r = Good();
@@ -411,7 +476,9 @@ TEST(AllocatorTest, TheKeptSumsAreTheBucketsSummedAfterEveryKindOfChange) {
       const BucketState purpose = rng() % 4 == 0 ? BucketState::kBtree
                                   : rng() % 3 == 0 ? BucketState::kCached : BucketState::kUser;
       const dev::DevMask target = purpose == BucketState::kBtree ? 0b01 : dev::DevMask(1 + rng() % 3);
-      Result<BucketRef> r = a.Allocate(target, 0, purpose, Watermark::kBtree);
+      Result<BucketRef> r = purpose == BucketState::kUser && rng() % 2 == 0
+                                ? a.AllocateUnrecorded(target, 0, Watermark::kBtree)
+                                : a.Allocate(target, 0, purpose, Watermark::kBtree);
       if (r.ok()) held.push_back(*r);
     } else if (kind < 5) {  // count changes of a few buckets, published or not
       std::vector<CountStage> st;

@@ -154,9 +154,10 @@ Status DataPath::Open(store::Store* store) {
     ctr_.count_mismatches.FetchAdd(fixes.size(), MemOrder::kRelaxed);
     TFS_TRY(a.RepairCounts(fixes.data(), u32(fixes.size())));
   }
-  // User buckets no extent points into (a crash between allocating and
-  // committing, or the last write point of a crash): free them, with one
-  // record commit.
+  // User buckets no extent points into (recorded, then emptied by a punch
+  // whose free was lost to a crash or a failed commit): free them, with
+  // one record commit. (Since step 3b-3 an allocation no transaction
+  // recorded is free in the tree already.)
   Vector<alloc::BucketRef> orphans;
   for (u32 d = 0; d < a.members(); d++)
     for (u64 b = 0; b < a.nbuckets(d); b++) {

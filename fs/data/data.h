@@ -48,7 +48,8 @@
 // without the data path -- fsck, or damage) and sets the extents' where
 // they differ. A bucket is freed when neither count, nor a write in flight,
 // nor a write point holds it. Buckets marked user that no extent points
-// into are freed at Open (a crash between allocating and committing).
+// into are freed at Open (recorded, then emptied by a punch whose free a
+// crash or a failed commit lost, or held by a write point at the crash).
 //
 // Reading verifies every block it returns; a mismatch is kDataCorrupt (EIO at
 // the FUSE edge) and counted, never the bytes. Holes read as zeros. The
@@ -418,7 +419,7 @@ class DataPath {
   // member per kCopyErrorLogNs, naming the failures not logged since.
   void LogCopyError(u32 dev, const Status& st);
   // Reserve's for a further copy whose bucket's allocation failed other
-  // than for want of space (its record's commit): at most one per
+  // than for want of space (a journal settle's error): at most one per
   // kCopyErrorLogNs, the same way.
   void LogCopyAllocError(const Status& st);
   // Frees buckets ReleaseLocked gave out (no lock of the data path's held

@@ -106,6 +106,7 @@ class SinkTap {
   void StopFailing() { failing_.store(false); }
   std::atomic<u64> free_commits{0};  // commits of user buckets' frees
   std::atomic<u64> frees{0};         // the frees they carried
+  std::atomic<u64> user_commits{0};  // commits for user buckets that are not frees only (allocations, repairs)
   std::atomic<u64> failed{0};        // allocations failed
 
  private:
@@ -115,6 +116,7 @@ class SinkTap {
     bool all_free = n > 0;
     for (u32 i = 0; i < n; i++) all_free &= changes[i].b.state == alloc::BucketState::kFree;
     Result<u64> r = t->fn_(t->ctx_, changes, n, owner, progress);
+    if (owner == alloc::BucketState::kUser && !all_free) t->user_commits += progress->transactions;
     if (owner == alloc::BucketState::kUser && all_free) {
       t->free_commits += progress->transactions;
       t->frees += progress->committed;

@@ -18,7 +18,8 @@
 // fields are under its own mu; the accounting mutex (acct_mu_) is taken
 // inside it, never the other way round. The buckets a write point moves on
 // from are released like any other (a read pinned on one keeps it) and
-// freed after both locks are dropped, with one record commit. No device
+// freed after both locks are dropped, with one record commit (none for a
+// bucket no transaction recorded: AllocateUnrecorded). No device
 // I/O here: the caller writes into the space Reserve returns.
 #include "data/data.h"
 
@@ -154,7 +155,7 @@ Status DataPath::Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole
           if (rest(s) > 0) holding |= bit(s);
         const dev::DevMask fresh = prefer & ~holding;
         Result<alloc::BucketRef> r = Err::kNoSpace;
-        Status failed;  // an attempt's error other than kNoSpace (a record commit's, a journal settle's)
+        Status failed;  // an attempt's error other than kNoSpace (a journal settle's)
         auto allocate = [&](dev::DevMask t, dev::DevMask fb) {
           r = store_->alloc().AllocateUnrecorded(t, fb, ctx.watermark);  // (no commit under wp.mu)
           if (!r.ok() && r.status().code() != Err::kNoSpace && failed.ok()) failed = r.status();
@@ -238,7 +239,7 @@ Status DataPath::Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole
     ctr_.copy_alloc_errors.FetchAdd(1, MemOrder::kRelaxed);
     LogCopyAllocError(copy_alloc_error);
   }
-  FreeReleased(retired, nretired).IgnoreError();  // (one record commit; counted)
+  FreeReleased(retired, nretired).IgnoreError();  // (one record commit at most; counted)
   return st;
 }
 

@@ -1240,7 +1240,7 @@ class NamespaceCheck {
     for (u32 d = 0; d < a.members(); d++)
       for (u64 b = 0; b < a.nbuckets(d); b++)
         if (a.Get(d, b).state == alloc::BucketState::kUser && used_[d][b] == 0 && !c_.alloc_stale) {
-          // Left by a crash between allocating and committing: mount frees it.
+          // Emptied, its free lost (a crash, a failed commit): mount frees it.
           c_.report->notes++;
           c_.Line("data: member %u bucket %llu is marked user but holds no extent; the next mount frees it", d,
                   (unsigned long long)b);
