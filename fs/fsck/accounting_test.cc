@@ -22,6 +22,7 @@
 #include "sb/format.h"
 #include "sb/superblock.h"
 #include "store/store.h"
+#include "userspace/platform/mem_device.h"
 
 namespace tfs::fsck {
 namespace {
@@ -186,6 +187,72 @@ TEST(FsckAccountingTest, ARepairCutShortKeepsMountsOffUntilFsckFinishesIt) {
   EXPECT_EQ(img.SbOf().flags & sb::kSbAcctRepair, 0);
   ExpectMountFindsNothing(img);
   img.ExpectFiles(12);
+}
+
+
+// What a cut right after fsck -y has recorded its repair would leave: a
+// device that, once the superblock's backup copy (written second) has been
+// written with kSbAcctRepair, keeps the durable image at the next request.
+class FlagWatch final : public BlockDevice {
+ public:
+  explicit FlagWatch(userspace::MemDevice* inner) : inner_(inner) {}
+  void Submit(IoRequest* req) override {
+    if (armed_ && image_.empty()) image_ = inner_->SnapshotDurable();
+    if (req->op == IoOp::kWrite && req->offset == sb::kSbBackupOffset && req->length > 43) {
+      const u8* b = static_cast<const u8*>(req->buf);
+      const u16 flags = u16(b[42] | (b[43] << 8));  // docs/format/superblock.md: flags at 42
+      if ((flags & sb::kSbAcctRepair) != 0) armed_ = true;
+    }
+    inner_->Submit(req);
+  }
+  const BlockDeviceInfo& Info() const override { return inner_->Info(); }
+  const char* Name() const override { return inner_->Name(); }
+  const std::vector<u8>& image() const { return image_; }
+
+ private:
+  userspace::MemDevice* const inner_;
+  bool armed_ = false;  // (fsck runs its passes on one thread; the store's I/O threads only complete)
+  std::vector<u8> image_;
+};
+
+// fsck -y records the repair durably, and a cut right after that leaves the
+// flag with the old counts: the mount refuses the image and the next fsck -y
+// repairs it. (It does not prove the order against RepairCounts: that
+// commit's journal entry reaches the device only later, so a flag written
+// just after it would pass too.)
+TEST(FsckAccountingTest, ACutAfterFsckRecordedTheRepairKeepsTheMountOff) {
+  Image img;
+  Populate(img, 2, 6);
+  bool picked = false;
+  const auto edited = EditRecords(
+      img,
+      [&](const alloc::Bucket& k) {
+        if (picked || k.state != alloc::BucketState::kUser || k.live_sectors < 16) return false;
+        return picked = true;
+      },
+      [](alloc::AllocRecord& r) { r.live_sectors.set(r.live_sectors.get() - 8); });
+  ASSERT_EQ(edited.size(), 1u);
+  FlagWatch watch(img.dev.get());
+  auto [r, out] = img.Fsck(true, &watch);
+  EXPECT_EQ(r.exit_code, kExitRepaired) << out;
+  EXPECT_EQ(img.SbOf().flags & sb::kSbAcctRepair, 0);  // cleared at the end
+  ASSERT_FALSE(watch.image().empty()) << "fsck -y never wrote the flag";
+  Image cut(watch.image());
+  EXPECT_NE(cut.SbOf().flags & sb::kSbAcctRepair, 0);
+  {
+    store::Store e;
+    store::OpenOptions oo;
+    oo.read_only = true;
+    ASSERT_TRUE(testing::OpenStore(&e, {cut.dev.get()}, oo).ok());
+    EXPECT_EQ(e.alloc().Get(0, edited[0].first).live_sectors, edited[0].second.live_sectors.get());  // not yet set
+    EXPECT_TRUE(e.Close().ok());
+  }
+  store::OpenReport rep;
+  Diag d;
+  EXPECT_TRUE(cut.Open(false, &rep, &d).Is(ErrorClass::kCorrupt)) << "a read-write open went on";
+  ExpectReportedRepairedClean(cut, "cut short in its repair of the space accounting", "alloc: set the counts of 1");
+  ExpectMountFindsNothing(cut);
+  cut.ExpectFiles(12);
 }
 
 }  // namespace
