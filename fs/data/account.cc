@@ -84,55 +84,22 @@ Status DataPath::Open(store::Store* store) {
   // (step 3b-2: the walk stays until the accounting records make it
   // redundant). A bad pointer (fsck's business) counts nowhere, nor does a
   // stale cached one (normal); the extent's other pointers still count.
-  // Per member, live and cached of bucket b at 2b and 2b + 1: u32 each (8
-  // bytes a bucket), saturating -- a sum past MaxCountSectors (< 2^32) is
-  // clamped to it below anyway.
-  Vector<u32> sums[dev::kMaxDevices];
-  for (u32 d = 0; d < a.members(); d++) TFS_TRY(sums[d].Resize(2 * a.nbuckets(d)));
-  Iterator it(trees_, btree::kBtreeExtents);
-  Status st = it.SeekToFirst();
-  u64 bad = 0;
-  reserved_ = 0;
-  for (; st.ok() && it.Valid(); st = it.Next()) {
-    Extent e;
-    if (!ParseExtent(it.pos(), it.value(), it.val_bytes(), &e).ok()) {
-      bad++;
-      continue;
-    }
-    if (e.unwritten) {
-      reserved_ += e.blocks();
-      continue;
-    }
-    bool bad_ptr = false;
-    for (u32 i = 0; i < e.nr_ptrs; i++) {
-      const Extent::Ptr& p = e.ptrs[i];
-      u64 b;
-      if (!PtrCounts(p, &b)) {
-        bad_ptr |= !PtrBucket(store_->sb(), p, &b);  // (a stale cached pointer is not bad)
-        continue;
-      }
-      u32& sum = sums[p.dev][2 * b + (p.cached ? 1 : 0)];
-      const u32 add = PtrSectors(e);
-      sum = add > ~u32(0) - sum ? ~u32(0) : sum + add;
-    }
-    bad += bad_ptr;
-  }
-  if (!st.ok()) return st;
-  if (bad > 0) platform::Log(platform::LogLevel::kError, "data: %llu extents with bad pointers (fsck)", (unsigned long long)bad);
+  ExtentCounts counts;
+  TFS_TRY(CountExtents(trees_, sb, a, &counts));
+  reserved_ = counts.unwritten_blocks;
+  if (counts.bad_extents > 0)
+    platform::Log(platform::LogLevel::kError, "data: %llu extents with bad pointers (fsck)",
+                  (unsigned long long)counts.bad_extents);
   // The records against the extents: a user bucket whose counts differ gets
   // the extents' (the truth); counts in a bucket that is not a user bucket
   // are pointers into it that fsck drops (they count nowhere: a punch of
   // them changes nothing there).
   Vector<alloc::CountFix> fixes;
-  u64 foreign = 0;
   for (u32 d = 0; d < a.members(); d++) {
     for (u64 b = 0; b < a.nbuckets(d); b++) {
-      const u32 live = sums[d][2 * b], cached = sums[d][2 * b + 1];
+      const u32 live = counts.live(d, b), cached = counts.cached(d, b);
       const alloc::Bucket k = a.Get(d, b);
-      if (k.state != alloc::BucketState::kUser) {
-        foreign += live != 0 || cached != 0;
-        continue;
-      }
+      if (k.state != alloc::BucketState::kUser) continue;
       const u64 most = alloc::MaxCountSectors(sb, k.state);
       const u32 want_live = u32(Min<u64>(live, most)), want_cached = u32(Min<u64>(cached, most));
       if (k.live_sectors == want_live && k.cached_sectors == want_cached) continue;
@@ -145,9 +112,9 @@ Status DataPath::Open(store::Store* store) {
       TFS_TRY(fixes.PushBack(alloc::CountFix{d, b, want_live, want_cached}));
     }
   }
-  if (foreign > 0)
-    platform::Log(platform::LogLevel::kError, "data: %llu buckets that are not user buckets have extents pointing "
-                  "into them (fsck)", (unsigned long long)foreign);
+  if (counts.foreign_ptrs > 0)
+    platform::Log(platform::LogLevel::kError, "data: %llu extent pointers point into buckets that are not user "
+                  "buckets (fsck)", (unsigned long long)counts.foreign_ptrs);
   if (!fixes.empty()) {
     platform::Log(platform::LogLevel::kWarn, "data: %llu bucket records counted otherwise than their extents: "
                   "set to the extents' counts", (unsigned long long)fixes.size());
@@ -166,6 +133,45 @@ Status DataPath::Open(store::Store* store) {
       TFS_TRY(orphans.PushBack(alloc::BucketRef{d, b, k.gen}));
     }
   return FreeReleased(orphans.data(), u32(orphans.size()));
+}
+
+Status CountExtents(btree::Btrees* trees, const sb::Superblock& sb, const alloc::Allocator& a, ExtentCounts* out) {
+  for (u32 d = 0; d < a.members(); d++) TFS_TRY(out->sums[d].Resize(2 * a.nbuckets(d)));
+  Iterator it(trees, btree::kBtreeExtents);
+  Status st = it.SeekToFirst();
+  for (; st.ok() && it.Valid(); st = it.Next()) {
+    Extent e;
+    if (!ParseExtent(it.pos(), it.value(), it.val_bytes(), &e).ok()) {
+      out->bad_extents++;
+      continue;
+    }
+    if (e.unwritten) {
+      out->unwritten_blocks += e.blocks();
+      continue;
+    }
+    out->extents++;
+    bool bad_ptr = false;
+    for (u32 i = 0; i < e.nr_ptrs; i++) {
+      const Extent::Ptr& p = e.ptrs[i];
+      u64 b;
+      if (!PtrBucket(sb, p, &b) || p.dev >= a.members()) {
+        bad_ptr = true;
+        continue;
+      }
+      const alloc::Bucket k = a.Get(p.dev, b);
+      const bool user = k.state == alloc::BucketState::kUser;
+      if (!PtrCountsIn(p, user, k.gen)) continue;  // a stale cached pointer: normal
+      if (!user) {
+        out->foreign_ptrs++;
+        continue;
+      }
+      u32& sum = out->sums[p.dev][2 * b + (p.cached ? 1 : 0)];
+      const u32 add = PtrSectors(e);
+      sum = add > ~u32(0) - sum ? ~u32(0) : sum + add;
+    }
+    out->bad_extents += bad_ptr;
+  }
+  return st;
 }
 
 void DataPath::Close() {

@@ -135,6 +135,27 @@ struct Prepared {
 usize WriteJournalBytes(u32 nblocks, u32 bucket_blocks, u32 old_copies, u32 copies);
 inline constexpr u32 kWriteBlocksMax = 256;  // blocks a write transaction carries at most (1 MiB)
 
+// The counts the extents say (docs/design/copies.md, "Step 3b": the one
+// rule), from one walk of the extents tree: each pointer's bucket
+// (PtrBucket), whether it counts there against `a`'s states and generations
+// (PtrCountsIn: user buckets only), what it adds (PtrSectors). Shared by the
+// mount's check (DataPath::Open), fsck's rebuild of the allocation state and
+// its accounting pass, so that all three count alike. Memory: 8 bytes a
+// bucket, never per extent. Thread safety: reads the trees and the
+// allocator (Get) like any reader; the caller runs it alone (mount, fsck).
+struct ExtentCounts {
+  // Per member: bucket b's live sectors at [2b], cached at [2b + 1]
+  // (saturating at ~0u: past MaxCountSectors anyway).
+  Vector<u32> sums[dev::kMaxDevices];
+  u64 extents = 0;           // written extents parsed
+  u64 bad_extents = 0;       // unparsable, or with a pointer outside every bucket (fsck's)
+  u64 unwritten_blocks = 0;  // blocks of unwritten extents (reservations: no bucket)
+  u64 foreign_ptrs = 0;      // pointers that would count, into buckets that are not user (fsck drops them)
+  u32 live(u32 dev, u64 bucket) const { return sums[dev][2 * bucket]; }
+  u32 cached(u32 dev, u64 bucket) const { return sums[dev][2 * bucket + 1]; }
+};
+Status CountExtents(btree::Btrees* trees, const sb::Superblock& sb, const alloc::Allocator& a, ExtentCounts* out);
+
 // Space changes a write or punch makes, applied once its transaction commits.
 struct Delta {
   // One bucket's change, its fields in the order Account takes them (and

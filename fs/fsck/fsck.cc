@@ -473,48 +473,42 @@ Status RebuildAlloc(void* ctx, store::Store& e) {
   Status st = e.btrees().ForEachSlot(MarkNodeBucket, r);
   if (!st.ok()) return st;  // a tree that cannot be walked: nothing is written
   // Two walks of the extents: the states and generations first, then the
-  // counts against them -- the data path's rule (data::PtrCountsIn,
-  // data::PtrSectors), so the records say what the data path counts.
-  for (int pass = 0; pass < 2; pass++) {
-    btree::Iterator it(&e.btrees(), btree::kBtreeExtents);
-    for (st = it.SeekToFirst(); st.ok() && it.Valid(); st = it.Next()) {
-      data::Extent x;
-      if (!data::ParseExtent(it.pos(), it.value(), it.val_bytes(), &x).ok()) {
-        r->bad_extents += pass == 0;  // the data pass deletes it
-        continue;
-      }
-      if (x.unwritten) continue;  // a reservation: no bucket
-      if (pass == 1) {
-        // Every counted pointer counts in a user bucket (one the first walk
-        // did not mark -- it points outside, or into a node or layout
-        // bucket -- is the data pass's, which drops it).
-        for (u32 i = 0; i < x.nr_ptrs; i++) {
-          const data::Extent::Ptr& p = x.ptrs[i];
-          u64 b;
-          if (!data::PtrBucket(e.sb(), p, &b)) continue;
-          const alloc::Bucket k = a.Get(p.dev, b);
-          const bool user = k.state == alloc::BucketState::kUser;
-          if (user && data::PtrCountsIn(p, user, k.gen)) (void)a.RebuildCount(p.dev, b, p.cached, data::PtrSectors(x));
-        }
-        continue;
-      }
-      // Every copy's bucket, cached ones too (they hold data a pointer names).
-      // A bad pointer is left to the data pass, which drops it (or the extent).
-      bool bad = false;
-      for (u32 i = 0; i < x.nr_ptrs; i++) {
-        const data::Extent::Ptr& p = x.ptrs[i];
-        u64 b;
-        if (!data::PtrInBucket(e.sb(), x, p, &b) || !a.RebuildMark(p.dev, b, alloc::BucketState::kUser, p.gen))
-          bad = true;  // outside, or into a node or layout bucket
-      }
-      if (bad) {
-        r->bad_extents++;
-        continue;
-      }
-      r->extents++;
+  // counts against them -- the data path's rule, by the data path's own
+  // walk (data::CountExtents), so the records say what the data path counts.
+  btree::Iterator it(&e.btrees(), btree::kBtreeExtents);
+  for (st = it.SeekToFirst(); st.ok() && it.Valid(); st = it.Next()) {
+    data::Extent x;
+    if (!data::ParseExtent(it.pos(), it.value(), it.val_bytes(), &x).ok()) {
+      r->bad_extents++;  // the data pass deletes it
+      continue;
     }
-    if (!st.ok()) return st;
+    if (x.unwritten) continue;  // a reservation: no bucket
+    // Every copy's bucket, cached ones too (they hold data a pointer names).
+    // A bad pointer is left to the data pass, which drops it (or the extent).
+    bool bad = false;
+    for (u32 i = 0; i < x.nr_ptrs; i++) {
+      const data::Extent::Ptr& p = x.ptrs[i];
+      u64 b;
+      if (!data::PtrInBucket(e.sb(), x, p, &b) || !a.RebuildMark(p.dev, b, alloc::BucketState::kUser, p.gen))
+        bad = true;  // outside, or into a node or layout bucket
+    }
+    if (bad) {
+      r->bad_extents++;
+      continue;
+    }
+    r->extents++;
   }
+  if (!st.ok()) return st;
+  // Every counted pointer counts in a user bucket (one the first walk did
+  // not mark -- it points outside, or into a node or layout bucket -- is
+  // the data pass's, which drops it).
+  data::ExtentCounts counts;
+  TFS_TRY(data::CountExtents(&e.btrees(), e.sb(), a, &counts));
+  for (u32 d = 0; d < a.members(); d++)
+    for (u64 b = 0; b < a.nbuckets(d); b++) {
+      if (counts.live(d, b) != 0) (void)a.RebuildCount(d, b, false, counts.live(d, b));
+      if (counts.cached(d, b) != 0) (void)a.RebuildCount(d, b, true, counts.cached(d, b));
+    }
   return a.EndRebuild();
 }
 
@@ -763,6 +757,7 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
   FeatureUse features;
   const bool namespace_done = CheckNamespace(e, opt, c, rep.features, &features);
   CheckBackpointerTree(e, opt, c);
+  CheckBucketCounts(e, opt, c);
   if (namespace_done) FeatureFlags(e, opt, rep.features, features, c);
   if (opt.repair && namespace_done && e.lost_data_btrees() != 0) {
     // What depended on the dropped nodes is repaired; the unmount below

@@ -59,6 +59,12 @@
 //    none for a cached copy);
 //    -y sets the missing and wrong ones from the extents and deletes the ones
 //    no extent implies. Blocks two pointers claim are a note.
+//  - the space accounting (fsck/accounting.cc): each user bucket's live and
+//    cached counts in its record are a recount of the extents' (the data
+//    path's rule, data::CountExtents) and no other bucket's record counts
+//    anything; -y sets them (sb::kSbAcctRepair set durably before the first
+//    repair, cleared when the pass ends: a read-write mount refuses while it
+//    is set).
 //
 // Results follow fsck(8): 0 clean, 1 errors corrected, 4 errors left uncorrected,
 // 8 operational error (a device could not be read, is not a tierfs member (no

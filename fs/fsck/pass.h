@@ -50,6 +50,13 @@ bool CheckNamespace(store::Store& e, const Options& opt, Ctx& c, u16 had, Featur
 // run to the end.
 bool CheckBackpointerTree(store::Store& e, const Options& opt, Ctx& c);
 
+// The buckets' live and cached counts against a recount of the extents
+// (accounting.cc), after the data pass, so it counts what that pass's
+// repairs left; -y sets them (sb::kSbAcctRepair durably set before the
+// first repair, cleared when the pass ends). False when it could not run
+// to the end (the recount or a repair's write failed, out of memory).
+bool CheckBucketCounts(store::Store& e, const Options& opt, Ctx& c);
+
 }  // namespace tfs::fsck
 
 #endif  // TFS_FSCK_PASS_H_

@@ -66,7 +66,14 @@ inline constexpr u16 kSbXattrChunks = 1 << 2;
 inline constexpr u16 kSbCapsFlagged = 1 << 3;
 // The incompatible feature bits (what OpenOptions::features may name).
 inline constexpr u16 kSbFeatureFlags = kSbXattrChunks | kSbCapsFlagged;
-inline constexpr u16 kSbFlagsKnown = kSbClean | kSbLostData | kSbFeatureFlags;
+// A repair of the space accounting (fsck -y's accounting pass: the buckets'
+// counts set from the extents) is under way: set durably before its first
+// repair, cleared by the unmount of the fsck run whose pass finished (after
+// the repaired records are checkpointed). A read-write mount refuses while it
+// is set (the counts may be half repaired: some buckets' records set, others
+// not); fsck -y finishes the repair. Builds before it reject the unknown bit.
+inline constexpr u16 kSbAcctRepair = 1 << 4;
+inline constexpr u16 kSbFlagsKnown = kSbClean | kSbLostData | kSbFeatureFlags | kSbAcctRepair;
 
 enum class ChecksumType : u8 { kNone = 0, kCrc32c = 1 };
 enum class CompressionType : u8 { kNone = 0, kZstd = 1 };

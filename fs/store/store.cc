@@ -191,6 +191,13 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
                   "btree: a repair of damaged nodes (trees 0x%x) was cut short before it finished",
                   unsigned(rep.lost_data_btrees));
   }
+  if ((sb_.flags & sb::kSbAcctRepair) != 0) {
+    // fsck -y's accounting pass was cut short: some buckets' counts may be
+    // set and others not (sb/format.h). Only fsck's open goes on writable.
+    if (!read_only_ && !options.btree.drop_bad_nodes)
+      return DiagError(diag, Err::kCorrupt, "a repair of the space accounting was cut short; run 'tierfs fsck -y'");
+    platform::Log(platform::LogLevel::kWarn, "a repair of the space accounting was cut short");
+  }
   if (!rep.was_clean) {
     const bool past = options.replay_past_damage && options.rebuild_alloc != nullptr && !read_only_;
     TFS_TRY(journal::ReadForReplay(devs_, sb_, &rep.replay, diag, past));
@@ -509,6 +516,14 @@ Status Store::WriteSuperblocks() {
     TFS_TRY(sb::Write(*devs_.member(m)->bdev(), sb_, u16(m)));
   }
   return Status::Ok();
+}
+
+Status Store::BeginAcctRepair() {
+  if (!open_ || read_only_) return Err::kInvalidArgument;
+  if ((sb_.flags & sb::kSbAcctRepair) != 0) return Status::Ok();
+  sb_.flags |= sb::kSbAcctRepair;
+  sb_.seq++;
+  return WriteSuperblocks();
 }
 
 Status Store::AddFeatures(u16 features) {

@@ -168,6 +168,14 @@ class Store {
   void SetFeatures(u16 features) {
     sb_.flags = u16((sb_.flags & ~sb::kSbFeatureFlags) | (features & sb::kSbFeatureFlags));
   }
+  // fsck -y's accounting pass (sb::kSbAcctRepair): BeginAcctRepair records
+  // durably, now, that a repair of the buckets' counts is under way (before
+  // the first); EndAcctRepair clears it in memory once the pass has ended,
+  // and Close()'s superblock write records that -- after the checkpoint that
+  // writes the repaired records, so a cut before leaves the flag set.
+  // Read-write opens only (kInvalidArgument otherwise).
+  Status BeginAcctRepair();
+  void EndAcctRepair() { sb_.flags &= u16(~sb::kSbAcctRepair); }
   // posix's mount: records incompatible features (sb::kSbFeatureFlags bits)
   // in the superblocks now, once what the older format lacked is added
   // (posix::Filesystem::Mount). The fields beside the flags are the ones the

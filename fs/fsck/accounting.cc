@@ -1,0 +1,143 @@
+// fsck's accounting pass (docs/design/copies.md, "Step 3b", "### fsck";
+// "As built: step 3b-4"): every bucket's live and cached counts in its
+// allocation record against a recount of the extents, which are the truth.
+// It runs after the data pass, so it counts what that pass's repairs left.
+//
+// The recount is the data path's own walk (data::CountExtents: PtrBucket,
+// PtrCountsIn against the allocator's states and generations, PtrSectors),
+// 8 bytes a bucket, never per extent. A user bucket whose record counts
+// otherwise is an error; -y sets the extents' counts (Allocator::RepairCounts,
+// one batch). A bucket that is not user with counts in its record is an error
+// too; -y zeroes them (RepairState to its own state). A user bucket no
+// pointer counts in is the data pass's note already ("marked user but holds
+// no extent"): the next mount frees it, and -y leaves it to the mount.
+//
+// Invariant kept for a cut: -y sets sb::kSbAcctRepair durably before its
+// first repair and clears it when the pass has ended (Close() writes the
+// clear after checkpointing the repaired records), so a read-write mount
+// never runs on half-repaired counts.
+#include "alloc/allocator.h"
+#include "data/data.h"
+#include "fsck/pass.h"
+#include "sb/format.h"
+
+namespace tfs::fsck {
+namespace {
+
+constexpr u32 kMaxLines = 10;  // per member and kind of finding; the rest are counted
+
+// A bucket that is not user, with counts in its record: its state, to keep.
+struct ForeignFix {
+  u32 dev;
+  u64 bucket;
+  alloc::BucketState state;
+};
+
+}  // namespace
+
+bool CheckBucketCounts(store::Store& e, const Options& opt, Ctx& c) {
+  const bool cut_short = (e.sb().flags & sb::kSbAcctRepair) != 0;
+  if (cut_short) {
+    c.report->errors++;
+    c.Line("alloc: an earlier 'fsck -y' was cut short in its repair of the space accounting; %s",
+           opt.repair ? "the accounting pass finishes it" : "'tierfs fsck -y' finishes it");
+  }
+  // Allocation state known to be wrong (bad records, -n): the data pass did
+  // not check against it, nor does this one (the line above it said why).
+  if (c.alloc_stale) return true;
+  const sb::Superblock& s = e.sb();
+  alloc::Allocator& a = e.alloc();
+  auto counts = platform::Owned<data::ExtentCounts>::Make();  // (16 Vectors: off the stack)
+  if (!counts) {
+    c.Line("alloc: cannot recount the buckets: out of memory");
+    c.report->errors++;
+    return false;
+  }
+  Status st = data::CountExtents(&e.btrees(), s, a, counts.get());
+  if (!st.ok()) {
+    c.Line("alloc: the recount of the buckets from the extents failed: %s", st.Message());
+    c.report->errors++;
+    return false;
+  }
+  Vector<alloc::CountFix> fixes;
+  Vector<ForeignFix> foreign;
+  for (u32 m = 0; m < s.nr_members && m < a.members(); m++) {
+    const char* label = s.members[m].label;
+    u64 wrong = 0, stray = 0;
+    for (u64 b = 0; b < a.nbuckets(m); b++) {
+      const alloc::Bucket k = a.Get(m, b);
+      if (k.state != alloc::BucketState::kUser) {
+        // (ParseRecord refuses counts in a free or journal bucket's record;
+        // a btree or cached one may carry up to its own sectors.)
+        if (k.live_sectors == 0 && k.cached_sectors == 0) continue;
+        c.report->errors++;
+        if (++stray <= kMaxLines)
+          c.Line("alloc: member %s bucket %llu is %s, yet its record counts %u live / %u cached sectors", label,
+                 (unsigned long long)b, alloc::BucketStateName(k.state), k.live_sectors, k.cached_sectors);
+        if (opt.repair && !foreign.PushBack(ForeignFix{m, b, k.state}).ok()) return false;
+        continue;
+      }
+      // As the data path sets them: clamped to what a record can hold.
+      const u64 most = alloc::MaxCountSectors(s, k.state);
+      const u32 live = u32(Min<u64>(counts->live(m, b), most));
+      const u32 cached = u32(Min<u64>(counts->cached(m, b), most));
+      if (k.live_sectors == live && k.cached_sectors == cached) continue;
+      c.report->errors++;
+      if (++wrong <= kMaxLines)
+        c.Line("alloc: member %s bucket %llu counts %u live / %u cached sectors, its extents %u / %u", label,
+               (unsigned long long)b, k.live_sectors, k.cached_sectors, live, cached);
+      if (opt.repair && !fixes.PushBack(alloc::CountFix{m, b, live, cached}).ok()) {
+        c.Line("alloc: cannot repair the counts: out of memory");
+        return false;
+      }
+    }
+    if (wrong > kMaxLines)
+      c.Line("alloc: member %s: %llu more buckets whose counts are not their extents'", label,
+             (unsigned long long)(wrong - kMaxLines));
+    if (stray > kMaxLines)
+      c.Line("alloc: member %s: %llu more buckets that are not user with counts in their records", label,
+             (unsigned long long)(stray - kMaxLines));
+  }
+  if (!opt.repair) return true;
+  if (!fixes.empty() || !foreign.empty()) {
+    // Durably before the first repair: a cut from here on leaves some
+    // records repaired and others not, and the mount must not trust them.
+    st = e.BeginAcctRepair();
+    if (!st.ok()) {
+      c.Line("alloc: recording the repair of the counts in the superblock failed: %s", st.Message());
+      return false;
+    }
+  }
+  if (!fixes.empty()) {
+    st = a.RepairCounts(fixes.data(), u32(fixes.size()));
+    if (!st.ok()) {
+      c.Line("alloc: setting the counts of %llu buckets failed: %s", (unsigned long long)fixes.size(),
+             st.Message());
+      return false;
+    }
+    c.report->repaired += u32(fixes.size());
+    c.Line("alloc: set the counts of %llu buckets to their extents'", (unsigned long long)fixes.size());
+  }
+  u64 zeroed = 0;
+  for (const ForeignFix& f : foreign) {
+    // Its own state again: the counts 0, version + 1 (the data pass has
+    // dropped every pointer into it).
+    st = a.RepairState(f.dev, f.bucket, f.state);
+    if (!st.ok()) {
+      c.Line("alloc: zeroing the counts of member %s bucket %llu failed: %s", s.members[f.dev].label,
+             (unsigned long long)f.bucket, st.Message());
+      return false;
+    }
+    zeroed++;
+    c.report->repaired++;
+  }
+  if (zeroed != 0) c.Line("alloc: zeroed the counts of %llu buckets that are not user", (unsigned long long)zeroed);
+  e.EndAcctRepair();
+  if (cut_short) {
+    c.report->repaired++;
+    c.Line("alloc: finished the repair of the space accounting the earlier 'fsck -y' left unfinished");
+  }
+  return true;
+}
+
+}  // namespace tfs::fsck

@@ -1,0 +1,259 @@
+// fsck's accounting pass (fsck/accounting.cc; docs/design/copies.md, "As
+// built: step 3b-4"): hostile counts in the buckets' allocation records --
+// raised, lowered, zeroed under live extents, a cached count changed, counts
+// in a node bucket -- are each reported by fsck -n in one line, set from the
+// extents by fsck -y, clean at the next check, and the next mount's own
+// check (data.count_mismatches) finds nothing. The lines are capped at 10 a
+// member. The superblock's kSbAcctRepair (a repair cut short) keeps
+// read-write mounts off until fsck -y finishes it.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "alloc/allocator.h"
+#include "alloc/format.h"
+#include "btree/tree.h"
+#include "data/data.h"
+#include "fsck/fsck.h"
+#include "fsck/testing.h"
+#include "mount/testing.h"
+#include "sb/format.h"
+#include "sb/superblock.h"
+#include "store/store.h"
+#include "userspace/platform/mem_device.h"
+
+namespace tfs::fsck {
+namespace {
+
+using posix::Filesystem;
+using namespace fixture;  // NOLINT: the test images' helpers
+
+// Edits the records of the buckets `which` picks as hostile bytes would:
+// `edit` changes each, written one version ahead of the allocator's (the
+// newest wins at the next load), through a store opened without the data
+// path -- so no mount's check sets them right before fsck sees them.
+// Returns the buckets edited, with their records as written.
+std::vector<std::pair<u64, alloc::AllocRecord>> EditRecords(Image& img,
+                                                             const std::function<bool(const alloc::Bucket&)>& which,
+                                                             const std::function<void(alloc::AllocRecord&)>& edit) {
+  std::vector<std::pair<u64, alloc::AllocRecord>> out;
+  store::Store e;
+  store::OpenOptions oo;
+  if (!testing::OpenStore(&e, {img.dev.get()}, oo).ok()) {
+    ADD_FAILURE() << "open";
+    return out;
+  }
+  btree::Transaction tx(&e.btrees());
+  for (u64 b = 0; b < e.alloc().nbuckets(0); b++) {
+    const alloc::Bucket k = e.alloc().Get(0, b);
+    if (!which(k)) continue;
+    alloc::AllocRecord rec;
+    alloc::EncodeRecord(k, &rec);
+    edit(rec);
+    rec.version.set(rec.version.get() + 1);
+    EXPECT_TRUE(tx.Set(btree::Pos{btree::kBtreeAlloc, 0, b}, &rec, sizeof(rec)).ok());
+    out.push_back({b, rec});
+  }
+  EXPECT_TRUE(tx.Commit().ok());
+  EXPECT_TRUE(e.Close().ok());
+  // The load takes them (the store's own close wrote nothing newer).
+  store::Store r;
+  oo.read_only = true;
+  EXPECT_TRUE(testing::OpenStore(&r, {img.dev.get()}, oo).ok());
+  for (const auto& [b, rec] : out) {
+    const alloc::Bucket k = r.alloc().Get(0, b);
+    EXPECT_EQ(k.live_sectors, rec.live_sectors.get()) << b;
+    EXPECT_EQ(k.cached_sectors, rec.cached_sectors.get()) << b;
+  }
+  EXPECT_TRUE(r.Close().ok());
+  return out;
+}
+
+usize CountOf(const std::string& s, const std::string& what) {
+  usize n = 0;
+  for (usize at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) n++;
+  return n;
+}
+
+// The mount after the repair finds every record as the extents count it.
+void ExpectMountFindsNothing(Image& img) {
+  testing::MountedFs m({img.dev.get()});
+  ASSERT_TRUE(m.open());
+  EXPECT_EQ(m.data.GetStats().count_mismatches, 0u);
+}
+
+TEST(FsckAccountingTest, AHostileCountIsReportedInOneLineAndSetFromTheExtents) {
+  const char* const kinds[] = {"raised", "lowered", "zeroed", "cached changed"};
+  for (int kind = 0; kind < 4; kind++) {
+    SCOPED_TRACE(kinds[kind]);
+    Image img;
+    Populate(img, 2, 6);
+    bool picked = false;
+    u32 live = 0;
+    const auto edited = EditRecords(
+        img,
+        [&](const alloc::Bucket& k) {
+          if (picked || k.state != alloc::BucketState::kUser || k.live_sectors < 16) return false;
+          live = k.live_sectors;
+          return picked = true;
+        },
+        [&](alloc::AllocRecord& r) {
+          if (kind == 0) r.live_sectors.set(r.live_sectors.get() + 8);
+          if (kind == 1) r.live_sectors.set(r.live_sectors.get() - 8);
+          if (kind == 2) r.live_sectors.set(0);
+          if (kind == 3) r.cached_sectors.set(r.cached_sectors.get() + 24);
+        });
+    ASSERT_EQ(edited.size(), 1u);
+    const u64 b = edited[0].first;
+    const alloc::AllocRecord& rec = edited[0].second;
+    const std::string line = "alloc: member ssd.a bucket " + std::to_string(b) + " counts " +
+                             std::to_string(rec.live_sectors.get()) + " live / " +
+                             std::to_string(rec.cached_sectors.get()) + " cached sectors, its extents " +
+                             std::to_string(live) + " / 0";
+    const Repair fix = ExpectReportedRepairedClean(img, line.c_str(), "alloc: set the counts of 1 buckets");
+    EXPECT_EQ(CountOf(fix.report, " counts "), 1u) << fix.report;  // one line
+    EXPECT_EQ(fix.checked.errors, 1u) << fix.report;
+    ExpectMountFindsNothing(img);
+    img.ExpectFiles(12);
+  }
+}
+
+TEST(FsckAccountingTest, CountsInANodeBucketsRecordAreZeroed) {
+  Image img;
+  Populate(img, 2, 6);
+  bool picked = false;
+  const auto edited = EditRecords(
+      img,
+      [&](const alloc::Bucket& k) {
+        if (picked || k.state != alloc::BucketState::kBtree) return false;
+        return picked = true;
+      },
+      [](alloc::AllocRecord& r) { r.live_sectors.set(8); });
+  ASSERT_EQ(edited.size(), 1u);
+  const std::string line =
+      "alloc: member ssd.a bucket " + std::to_string(edited[0].first) + " is btree, yet its record counts 8 live";
+  ExpectReportedRepairedClean(img, line.c_str(), "alloc: zeroed the counts of 1 buckets that are not user");
+  ExpectMountFindsNothing(img);
+  img.ExpectFiles(12);
+}
+
+// Every user bucket's counts zeroed: ten lines, then one counting the rest;
+// -y sets them all in one batch.
+TEST(FsckAccountingTest, ManyWrongBucketsAreReportedInTenLinesAndACount) {
+  Image img;
+  const std::string chunk(256 << 10, 'q');
+  img.WithFs([&](Filesystem& fs, store::Store&) {
+    for (int i = 0; i < 16; i++) {
+      const std::string name = "q" + std::to_string(i);
+      auto a = fs.Mknod(posix::kRootIno, name.data(), u32(name.size()), posix::kModeReg | 0644, 0, kRoot);
+      ASSERT_TRUE(a.ok());
+      ASSERT_TRUE(fs.Write(a.value().ino, 0, chunk.data(), u32(chunk.size())).ok());
+      ASSERT_TRUE(fs.Fsync(a.value().ino).ok());
+    }
+  });
+  const auto edited = EditRecords(
+      img, [](const alloc::Bucket& k) { return k.state == alloc::BucketState::kUser && k.live_sectors != 0; },
+      [](alloc::AllocRecord& r) { r.live_sectors.set(0); });
+  ASSERT_GT(edited.size(), 12u);
+  const std::string more = "alloc: member ssd.a: " + std::to_string(edited.size() - 10) +
+                           " more buckets whose counts are not their extents'";
+  const std::string set = "alloc: set the counts of " + std::to_string(edited.size()) + " buckets";
+  const Repair fix = ExpectReportedRepairedClean(img, more.c_str(), set.c_str());
+  EXPECT_EQ(CountOf(fix.report, " live / "), 10u) << fix.report;
+  EXPECT_EQ(fix.checked.errors, edited.size()) << fix.report;
+  EXPECT_EQ(fix.fixed.repaired, fix.fixed.errors) << fix.repair;
+  ExpectMountFindsNothing(img);
+}
+
+// A repair of the counts cut short (the flag set by hand, as a cut would
+// leave it): a read-write mount refuses in one line, a read-only open goes
+// on; fsck -n reports it, fsck -y finishes the pass and clears the flag.
+TEST(FsckAccountingTest, ARepairCutShortKeepsMountsOffUntilFsckFinishesIt) {
+  Image img;
+  Populate(img, 2, 6);
+  sb::Superblock s = img.SbOf();
+  s.flags |= sb::kSbAcctRepair;
+  ASSERT_TRUE(sb::Write(*img.dev, s, s.dev_idx).ok());
+  store::OpenReport rep;
+  Diag d;
+  Status st = img.Open(false, &rep, &d);
+  ASSERT_TRUE(st.Is(ErrorClass::kCorrupt)) << "a read-write open went on";
+  EXPECT_EQ(std::string(d.text), "a repair of the space accounting was cut short; run 'tierfs fsck -y'");
+  ASSERT_TRUE(img.Open(true, &rep, &d).ok()) << d.text;
+  ExpectReportedRepairedClean(img, "cut short in its repair of the space accounting",
+                              "finished the repair of the space accounting");
+  EXPECT_EQ(img.SbOf().flags & sb::kSbAcctRepair, 0);
+  ExpectMountFindsNothing(img);
+  img.ExpectFiles(12);
+}
+
+
+// What a cut right after fsck -y has recorded its repair would leave: a
+// device that, once the superblock's backup copy (written second) has been
+// written with kSbAcctRepair, keeps the durable image at the next request.
+class FlagWatch final : public BlockDevice {
+ public:
+  explicit FlagWatch(userspace::MemDevice* inner) : inner_(inner) {}
+  void Submit(IoRequest* req) override {
+    if (armed_ && image_.empty()) image_ = inner_->SnapshotDurable();
+    if (req->op == IoOp::kWrite && req->offset == sb::kSbBackupOffset && req->length > 43) {
+      const u8* b = static_cast<const u8*>(req->buf);
+      const u16 flags = u16(b[42] | (b[43] << 8));  // docs/format/superblock.md: flags at 42
+      if ((flags & sb::kSbAcctRepair) != 0) armed_ = true;
+    }
+    inner_->Submit(req);
+  }
+  const BlockDeviceInfo& Info() const override { return inner_->Info(); }
+  const char* Name() const override { return inner_->Name(); }
+  const std::vector<u8>& image() const { return image_; }
+
+ private:
+  userspace::MemDevice* const inner_;
+  bool armed_ = false;  // (fsck runs its passes on one thread; the store's I/O threads only complete)
+  std::vector<u8> image_;
+};
+
+// fsck -y records the repair durably, and a cut right after that leaves the
+// flag with the old counts: the mount refuses the image and the next fsck -y
+// repairs it. (It does not prove the order against RepairCounts: that
+// commit's journal entry reaches the device only later, so a flag written
+// just after it would pass too.)
+TEST(FsckAccountingTest, ACutAfterFsckRecordedTheRepairKeepsTheMountOff) {
+  Image img;
+  Populate(img, 2, 6);
+  bool picked = false;
+  const auto edited = EditRecords(
+      img,
+      [&](const alloc::Bucket& k) {
+        if (picked || k.state != alloc::BucketState::kUser || k.live_sectors < 16) return false;
+        return picked = true;
+      },
+      [](alloc::AllocRecord& r) { r.live_sectors.set(r.live_sectors.get() - 8); });
+  ASSERT_EQ(edited.size(), 1u);
+  FlagWatch watch(img.dev.get());
+  auto [r, out] = img.Fsck(true, &watch);
+  EXPECT_EQ(r.exit_code, kExitRepaired) << out;
+  EXPECT_EQ(img.SbOf().flags & sb::kSbAcctRepair, 0);  // cleared at the end
+  ASSERT_FALSE(watch.image().empty()) << "fsck -y never wrote the flag";
+  Image cut(watch.image());
+  EXPECT_NE(cut.SbOf().flags & sb::kSbAcctRepair, 0);
+  {
+    store::Store e;
+    store::OpenOptions oo;
+    oo.read_only = true;
+    ASSERT_TRUE(testing::OpenStore(&e, {cut.dev.get()}, oo).ok());
+    EXPECT_EQ(e.alloc().Get(0, edited[0].first).live_sectors, edited[0].second.live_sectors.get());  // not yet set
+    EXPECT_TRUE(e.Close().ok());
+  }
+  store::OpenReport rep;
+  Diag d;
+  EXPECT_TRUE(cut.Open(false, &rep, &d).Is(ErrorClass::kCorrupt)) << "a read-write open went on";
+  ExpectReportedRepairedClean(cut, "cut short in its repair of the space accounting", "alloc: set the counts of 1");
+  ExpectMountFindsNothing(cut);
+  cut.ExpectFiles(12);
+}
+
+}  // namespace
+}  // namespace tfs::fsck
