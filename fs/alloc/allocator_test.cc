@@ -261,6 +261,19 @@ struct FailingSink {
   }
 };
 
+// An allocator of TwoMembers() whose records go to a FailingSink that takes
+// every change (ok_changes: all).
+struct SinkedAllocator {
+  const sb::Superblock s = TwoMembers();
+  Allocator a;
+  FailingSink sink;
+  SinkedAllocator() {
+    EXPECT_TRUE(a.Init(s).ok());
+    sink.ok_changes = ~0u;
+    a.SetPersist(FailingSink::Persist, &sink);
+  }
+};
+
 // An allocation whose record fails to commit hands the bucket back to the
 // free list (before: allocated in memory, off the free list, handed to no
 // one -- lost until the next mount).
@@ -286,12 +299,9 @@ TEST(AllocatorTest, AnAllocationWhoseRecordFailsLosesNoBucket) {
 // earlier pieces committed become reusable once settled (before: every
 // bucket of the batch stayed pending for good); the others stay pending.
 TEST(AllocatorTest, APartlyCommittedBatchOfFreesReleasesWhatWasCommitted) {
-  const sb::Superblock s = TwoMembers();
-  Allocator a;
-  ASSERT_TRUE(a.Init(s).ok());
-  FailingSink sink;
-  sink.ok_changes = ~0u;
-  a.SetPersist(FailingSink::Persist, &sink);
+  SinkedAllocator t;
+  Allocator& a = t.a;
+  FailingSink& sink = t.sink;
   std::vector<BucketRef> refs;
   for (int i = 0; i < 4; i++) {
     Result<BucketRef> r = a.Allocate(0b10, 0, BucketState::kUser, Watermark::kBtree);
@@ -321,12 +331,10 @@ TEST(AllocatorTest, APartlyCommittedBatchOfFreesReleasesWhatWasCommitted) {
 // flag; a batch of frees commits only the recorded bucket's, and the
 // unrecorded one is free at once with its generation kept.
 TEST(AllocatorTest, AnUnrecordedBucketCommitsNothingUntilItsFirstStage) {
-  const sb::Superblock s = TwoMembers();
-  Allocator a;
-  ASSERT_TRUE(a.Init(s).ok());
-  FailingSink sink;
-  sink.ok_changes = ~0u;
-  a.SetPersist(FailingSink::Persist, &sink);
+  SinkedAllocator t;
+  Allocator& a = t.a;
+  FailingSink& sink = t.sink;
+  const sb::Superblock& s = t.s;
   journal::Journal journal;  // never started: a recorded free goes pending
   a.SetJournal(&journal);
   BucketRef ref[3];

@@ -71,6 +71,14 @@ std::vector<std::pair<u64, alloc::AllocRecord>> EditRecords(Image& img,
   return out;
 }
 
+// EditRecords of the first bucket `which` picks.
+std::vector<std::pair<u64, alloc::AllocRecord>> EditFirstRecord(
+    Image& img, const std::function<bool(const alloc::Bucket&)>& which,
+    const std::function<void(alloc::AllocRecord&)>& edit) {
+  bool picked = false;
+  return EditRecords(img, [&](const alloc::Bucket& k) { return !picked && (picked = which(k)); }, edit);
+}
+
 usize CountOf(const std::string& s, const std::string& what) {
   usize n = 0;
   for (usize at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) n++;
@@ -90,14 +98,13 @@ TEST(FsckAccountingTest, AHostileCountIsReportedInOneLineAndSetFromTheExtents) {
     SCOPED_TRACE(kinds[kind]);
     Image img;
     Populate(img, 2, 6);
-    bool picked = false;
     u32 live = 0;
-    const auto edited = EditRecords(
+    const auto edited = EditFirstRecord(
         img,
         [&](const alloc::Bucket& k) {
-          if (picked || k.state != alloc::BucketState::kUser || k.live_sectors < 16) return false;
+          if (k.state != alloc::BucketState::kUser || k.live_sectors < 16) return false;
           live = k.live_sectors;
-          return picked = true;
+          return true;
         },
         [&](alloc::AllocRecord& r) {
           if (kind == 0) r.live_sectors.set(r.live_sectors.get() + 8);
@@ -123,13 +130,8 @@ TEST(FsckAccountingTest, AHostileCountIsReportedInOneLineAndSetFromTheExtents) {
 TEST(FsckAccountingTest, CountsInANodeBucketsRecordAreZeroed) {
   Image img;
   Populate(img, 2, 6);
-  bool picked = false;
-  const auto edited = EditRecords(
-      img,
-      [&](const alloc::Bucket& k) {
-        if (picked || k.state != alloc::BucketState::kBtree) return false;
-        return picked = true;
-      },
+  const auto edited = EditFirstRecord(
+      img, [](const alloc::Bucket& k) { return k.state == alloc::BucketState::kBtree; },
       [](alloc::AllocRecord& r) { r.live_sectors.set(8); });
   ASSERT_EQ(edited.size(), 1u);
   const std::string line =
@@ -223,13 +225,8 @@ class FlagWatch final : public BlockDevice {
 TEST(FsckAccountingTest, ACutAfterFsckRecordedTheRepairKeepsTheMountOff) {
   Image img;
   Populate(img, 2, 6);
-  bool picked = false;
-  const auto edited = EditRecords(
-      img,
-      [&](const alloc::Bucket& k) {
-        if (picked || k.state != alloc::BucketState::kUser || k.live_sectors < 16) return false;
-        return picked = true;
-      },
+  const auto edited = EditFirstRecord(
+      img, [](const alloc::Bucket& k) { return k.state == alloc::BucketState::kUser && k.live_sectors >= 16; },
       [](alloc::AllocRecord& r) { r.live_sectors.set(r.live_sectors.get() - 8); });
   ASSERT_EQ(edited.size(), 1u);
   FlagWatch watch(img.dev.get());
