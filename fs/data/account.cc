@@ -84,7 +84,9 @@ Status DataPath::Open(store::Store* store) {
   // (step 3b-2: the walk stays until the accounting records make it
   // redundant). A bad pointer (fsck's business) counts nowhere, nor does a
   // stale cached one (normal); the extent's other pointers still count.
-  ExtentCounts counts;
+  auto owned = platform::Owned<ExtentCounts>::Make();  // (kMaxDevices Vectors: off the kernel's stack)
+  if (!owned) return Err::kNoMemory;
+  ExtentCounts& counts = *owned;
   TFS_TRY(CountExtents(trees_, sb, a, &counts));
   reserved_ = counts.unwritten_blocks;
   if (counts.bad_extents > 0)
@@ -112,9 +114,9 @@ Status DataPath::Open(store::Store* store) {
       TFS_TRY(fixes.PushBack(alloc::CountFix{d, b, want_live, want_cached}));
     }
   }
-  if (counts.foreign_ptrs > 0)
-    platform::Log(platform::LogLevel::kError, "data: %llu extent pointers point into buckets that are not user "
-                  "buckets (fsck)", (unsigned long long)counts.foreign_ptrs);
+  if (counts.foreign_buckets > 0)
+    platform::Log(platform::LogLevel::kError, "data: extent pointers point into %llu buckets that are not user "
+                  "buckets (fsck)", (unsigned long long)counts.foreign_buckets);
   if (!fixes.empty()) {
     platform::Log(platform::LogLevel::kWarn, "data: %llu bucket records counted otherwise than their extents: "
                   "set to the extents' counts", (unsigned long long)fixes.size());
@@ -149,21 +151,21 @@ Status CountExtents(btree::Btrees* trees, const sb::Superblock& sb, const alloc:
       out->unwritten_blocks += e.blocks();
       continue;
     }
-    out->extents++;
     bool bad_ptr = false;
     for (u32 i = 0; i < e.nr_ptrs; i++) {
       const Extent::Ptr& p = e.ptrs[i];
       u64 b;
-      if (!PtrBucket(sb, p, &b) || p.dev >= a.members()) {
+      if (!PtrBucket(sb, p, &b) || p.dev >= a.members() || b >= a.nbuckets(p.dev)) {
         bad_ptr = true;
         continue;
       }
-      const alloc::Bucket k = a.Get(p.dev, b);
-      const bool user = k.state == alloc::BucketState::kUser;
-      if (!PtrCountsIn(p, user, k.gen)) continue;  // a stale cached pointer: normal
-      if (!user) {
-        out->foreign_ptrs++;
-        continue;
+      // A plain pointer counts whatever its bucket (one that is not user is
+      // settled below, per bucket); a cached one only in the user bucket of
+      // its generation -- the allocator is asked for those only (its lock
+      // per pointer would slow the mount's walk).
+      if (p.cached) {
+        const alloc::Bucket k = a.Get(p.dev, b);
+        if (!PtrCountsIn(p, k.state == alloc::BucketState::kUser, k.gen)) continue;  // stale: normal
       }
       u32& sum = out->sums[p.dev][2 * b + (p.cached ? 1 : 0)];
       const u32 add = PtrSectors(e);
@@ -171,7 +173,16 @@ Status CountExtents(btree::Btrees* trees, const sb::Superblock& sb, const alloc:
     }
     out->bad_extents += bad_ptr;
   }
-  return st;
+  TFS_TRY(st);
+  // Sums in buckets that are not user: pointers fsck drops, counted nowhere.
+  for (u32 d = 0; d < a.members(); d++)
+    for (u64 b = 0; b < a.nbuckets(d); b++) {
+      if (out->live(d, b) == 0 && out->cached(d, b) == 0) continue;
+      if (a.Get(d, b).state == alloc::BucketState::kUser) continue;
+      out->foreign_buckets++;
+      out->sums[d][2 * b] = out->sums[d][2 * b + 1] = 0;
+    }
+  return Status::Ok();
 }
 
 void DataPath::Close() {

@@ -146,11 +146,11 @@ inline constexpr u32 kWriteBlocksMax = 256;  // blocks a write transaction carri
 struct ExtentCounts {
   // Per member: bucket b's live sectors at [2b], cached at [2b + 1]
   // (saturating at ~0u: past MaxCountSectors anyway).
+  // Buckets that are not user read 0 (their pointers are foreign_buckets').
   Vector<u32> sums[dev::kMaxDevices];
-  u64 extents = 0;           // written extents parsed
   u64 bad_extents = 0;       // unparsable, or with a pointer outside every bucket (fsck's)
   u64 unwritten_blocks = 0;  // blocks of unwritten extents (reservations: no bucket)
-  u64 foreign_ptrs = 0;      // pointers that would count, into buckets that are not user (fsck drops them)
+  u64 foreign_buckets = 0;   // buckets that are not user with pointers that would count there (fsck drops them)
   u32 live(u32 dev, u64 bucket) const { return sums[dev][2 * bucket]; }
   u32 cached(u32 dev, u64 bucket) const { return sums[dev][2 * bucket + 1]; }
 };

@@ -47,7 +47,7 @@ bool CheckBucketCounts(store::Store& e, const Options& opt, Ctx& c) {
   if (c.alloc_stale) return true;
   const sb::Superblock& s = e.sb();
   alloc::Allocator& a = e.alloc();
-  auto counts = platform::Owned<data::ExtentCounts>::Make();  // (16 Vectors: off the stack)
+  auto counts = platform::Owned<data::ExtentCounts>::Make();  // (kMaxDevices Vectors: off the stack)
   if (!counts) {
     c.Line("alloc: cannot recount the buckets: out of memory");
     c.report->errors++;
@@ -74,7 +74,10 @@ bool CheckBucketCounts(store::Store& e, const Options& opt, Ctx& c) {
         if (++stray <= kMaxLines)
           c.Line("alloc: member %s bucket %llu is %s, yet its record counts %u live / %u cached sectors", label,
                  (unsigned long long)b, alloc::BucketStateName(k.state), k.live_sectors, k.cached_sectors);
-        if (opt.repair && !foreign.PushBack(ForeignFix{m, b, k.state}).ok()) return false;
+        if (opt.repair && !foreign.PushBack(ForeignFix{m, b, k.state}).ok()) {
+          c.Line("alloc: cannot repair the counts: out of memory");
+          return false;
+        }
         continue;
       }
       // As the data path sets them: clamped to what a record can hold.
@@ -116,7 +119,8 @@ bool CheckBucketCounts(store::Store& e, const Options& opt, Ctx& c) {
       return false;
     }
     c.report->repaired += u32(fixes.size());
-    c.Line("alloc: set the counts of %llu buckets to their extents'", (unsigned long long)fixes.size());
+    c.Line("alloc: set the counts of %llu bucket%s to their extents'", (unsigned long long)fixes.size(),
+           fixes.size() == 1 ? "" : "s");
   }
   u64 zeroed = 0;
   for (const ForeignFix& f : foreign) {
@@ -131,7 +135,9 @@ bool CheckBucketCounts(store::Store& e, const Options& opt, Ctx& c) {
     zeroed++;
     c.report->repaired++;
   }
-  if (zeroed != 0) c.Line("alloc: zeroed the counts of %llu buckets that are not user", (unsigned long long)zeroed);
+  if (zeroed != 0)
+    c.Line("alloc: zeroed the counts of %llu bucket%s that %s not user", (unsigned long long)zeroed,
+           zeroed == 1 ? "" : "s", zeroed == 1 ? "is" : "are");
   e.EndAcctRepair();
   if (cut_short) {
     c.report->repaired++;

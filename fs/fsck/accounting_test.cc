@@ -119,7 +119,7 @@ TEST(FsckAccountingTest, AHostileCountIsReportedInOneLineAndSetFromTheExtents) {
                              std::to_string(rec.live_sectors.get()) + " live / " +
                              std::to_string(rec.cached_sectors.get()) + " cached sectors, its extents " +
                              std::to_string(live) + " / 0";
-    const Repair fix = ExpectReportedRepairedClean(img, line.c_str(), "alloc: set the counts of 1 buckets");
+    const Repair fix = ExpectReportedRepairedClean(img, line.c_str(), "alloc: set the counts of 1 bucket to");
     EXPECT_EQ(CountOf(fix.report, " counts "), 1u) << fix.report;  // one line
     EXPECT_EQ(fix.checked.errors, 1u) << fix.report;
     ExpectMountFindsNothing(img);
@@ -136,7 +136,7 @@ TEST(FsckAccountingTest, CountsInANodeBucketsRecordAreZeroed) {
   ASSERT_EQ(edited.size(), 1u);
   const std::string line =
       "alloc: member ssd.a bucket " + std::to_string(edited[0].first) + " is btree, yet its record counts 8 live";
-  ExpectReportedRepairedClean(img, line.c_str(), "alloc: zeroed the counts of 1 buckets that are not user");
+  ExpectReportedRepairedClean(img, line.c_str(), "alloc: zeroed the counts of 1 bucket that is not user");
   ExpectMountFindsNothing(img);
   img.ExpectFiles(12);
 }
@@ -199,21 +199,29 @@ class FlagWatch final : public BlockDevice {
  public:
   explicit FlagWatch(userspace::MemDevice* inner) : inner_(inner) {}
   void Submit(IoRequest* req) override {
-    if (armed_ && image_.empty()) image_ = inner_->SnapshotDurable();
-    if (req->op == IoOp::kWrite && req->offset == sb::kSbBackupOffset && req->length > 43) {
-      const u8* b = static_cast<const u8*>(req->buf);
-      const u16 flags = u16(b[42] | (b[43] << 8));  // docs/format/superblock.md: flags at 42
-      if ((flags & sb::kSbAcctRepair) != 0) armed_ = true;
+    {
+      // (Submit runs on fsck's thread, the journal writer's and completions'.)
+      std::lock_guard<std::mutex> l(mu_);
+      if (armed_ && image_.empty()) image_ = inner_->SnapshotDurable();
+      if (req->op == IoOp::kWrite && req->offset == sb::kSbBackupOffset && req->length > 43) {
+        const u8* b = static_cast<const u8*>(req->buf);
+        const u16 flags = u16(b[42] | (b[43] << 8));  // docs/format/superblock.md: flags at 42
+        if ((flags & sb::kSbAcctRepair) != 0) armed_ = true;
+      }
     }
     inner_->Submit(req);
   }
   const BlockDeviceInfo& Info() const override { return inner_->Info(); }
   const char* Name() const override { return inner_->Name(); }
-  const std::vector<u8>& image() const { return image_; }
+  std::vector<u8> image() {
+    std::lock_guard<std::mutex> l(mu_);
+    return image_;
+  }
 
  private:
   userspace::MemDevice* const inner_;
-  bool armed_ = false;  // (fsck runs its passes on one thread; the store's I/O threads only complete)
+  std::mutex mu_;
+  bool armed_ = false;
   std::vector<u8> image_;
 };
 

@@ -502,12 +502,13 @@ Status RebuildAlloc(void* ctx, store::Store& e) {
   // Every counted pointer counts in a user bucket (one the first walk did
   // not mark -- it points outside, or into a node or layout bucket -- is
   // the data pass's, which drops it).
-  data::ExtentCounts counts;
-  TFS_TRY(data::CountExtents(&e.btrees(), e.sb(), a, &counts));
+  auto counts = platform::Owned<data::ExtentCounts>::Make();  // (kMaxDevices Vectors: off the stack)
+  if (!counts) return Err::kNoMemory;
+  TFS_TRY(data::CountExtents(&e.btrees(), e.sb(), a, counts.get()));
   for (u32 d = 0; d < a.members(); d++)
     for (u64 b = 0; b < a.nbuckets(d); b++) {
-      if (counts.live(d, b) != 0) (void)a.RebuildCount(d, b, false, counts.live(d, b));
-      if (counts.cached(d, b) != 0) (void)a.RebuildCount(d, b, true, counts.cached(d, b));
+      if (counts->live(d, b) != 0) (void)a.RebuildCount(d, b, false, counts->live(d, b));
+      if (counts->cached(d, b) != 0) (void)a.RebuildCount(d, b, true, counts->cached(d, b));
     }
   return a.EndRebuild();
 }
