@@ -47,6 +47,7 @@ int CmdShow(int argc, char** argv) {
     w.UintField("seq", s.seq);
     w.BoolField("clean", rep.was_clean);
     w.UintField("lost_data_btrees", rep.lost_data_btrees);
+    w.BoolField("accounting_repair_unfinished", (s.flags & sb::kSbAcctRepair) != 0);
     w.UintField("bucket_size", s.bucket_size);
     w.UintField("btree_node_size", s.btree_node_size);
     w.UintField("journal_seq", s.journal_seq);
@@ -109,6 +110,9 @@ int CmdShow(int argc, char** argv) {
            "run 'tierfs fsck -y'\n",
            unsigned(rep.lost_data_btrees));
   }
+  if ((s.flags & sb::kSbAcctRepair) != 0)
+    printf("repair:          unfinished: an 'fsck -y' repair of the space accounting was cut short; "
+           "run 'tierfs fsck -y'\n");
   printf("bucket size:     %u KiB\n", s.bucket_size >> 10);
   printf("btree node size: %u KiB\n", s.btree_node_size >> 10);
   printf("targets:         foreground=%s background=%s promote=%s metadata=%s\n",

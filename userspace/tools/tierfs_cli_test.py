@@ -64,6 +64,47 @@ def test_fsck_exit_codes_on_a_damaged_superblock(fs: list[Path]) -> None:
     assert proc.returncode == 0, proc.stdout
 
 
+def crc32c(data: bytes) -> int:
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+    return crc ^ 0xFFFFFFFF
+
+
+def set_sb_flag(dev: Path, bit: int) -> None:
+    """Sets a flag bit in both superblock copies of a member (flags at 42,
+    the CRC-32C at 8 over the 8192 bytes with it zeroed: docs/format/superblock.md)."""
+    with open(dev, "r+b") as f:
+        for at in (SB_PRIMARY, 512 * 1024):
+            f.seek(at)
+            sb = bytearray(f.read(8192))
+            flags = int.from_bytes(sb[42:44], "little") | (1 << bit)
+            sb[42:44] = flags.to_bytes(2, "little")
+            sb[8:12] = b"\0\0\0\0"
+            sb[8:12] = crc32c(bytes(sb)).to_bytes(4, "little")
+            f.seek(at)
+            f.write(sb)
+
+
+def test_an_unfinished_accounting_repair_is_shown_and_finished_by_fsck(fs: list[Path]) -> None:
+    for dev in fs:
+        set_sb_flag(dev, 4)  # kSbAcctRepair: an fsck -y cut short in its recount of the counts
+    doc = json.loads(run([tool("tierfs"), "show", "--json", *fs]).stdout)
+    assert doc["accounting_repair_unfinished"] is True
+    assert "repair of the space accounting was cut short" in run([tool("tierfs"), "show", *fs]).stdout
+    proc = run([tool("tierfs"), "fsck", "-n", *fs])
+    assert proc.returncode == 4, proc.stdout
+    assert "cut short in its repair of the space accounting" in proc.stdout
+    proc = run([tool("tierfs"), "fsck", "-y", *fs])
+    assert proc.returncode == 1, proc.stdout
+    doc = json.loads(run([tool("tierfs"), "show", "--json", *fs]).stdout)
+    assert doc["accounting_repair_unfinished"] is False
+    proc = run([tool("tierfs"), "fsck", *fs])
+    assert proc.returncode == 0, proc.stdout
+
+
 def test_format_refuses_formatted_devices_without_force(fs: list[Path]) -> None:
     proc = run([tool("mkfs.tierfs"), fs[0]])
     assert_one_line_error(proc, 1, "already holds a tierfs filesystem", "--force")
