@@ -8,6 +8,7 @@
 // read-write mounts off until fsck -y finishes it.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <functional>
 #include <string>
 #include <vector>
@@ -258,6 +259,50 @@ TEST(FsckAccountingTest, ACutAfterFsckRecordedTheRepairKeepsTheMountOff) {
   ExpectReportedRepairedClean(cut, "cut short in its repair of the space accounting", "alloc: set the counts of 1");
   ExpectMountFindsNothing(cut);
   cut.ExpectFiles(12);
+}
+
+// The first superblock write carrying the flag fails (kIo); everything
+// else, later writes of the flag too, passes.
+class FlagWriteFails final : public BlockDevice {
+ public:
+  explicit FlagWriteFails(userspace::MemDevice* inner) : inner_(inner) {}
+  void Submit(IoRequest* req) override {
+    if (req->op == IoOp::kWrite && (req->offset == sb::kSbPrimaryOffset || req->offset == sb::kSbBackupOffset) &&
+        req->length > 43) {
+      const u8* b = static_cast<const u8*>(req->buf);
+      if ((u16(b[42] | (b[43] << 8)) & sb::kSbAcctRepair) != 0 && !failed_.exchange(true)) {
+        req->done(req, Status(Err::kIo));
+        return;
+      }
+    }
+    inner_->Submit(req);
+  }
+  const BlockDeviceInfo& Info() const override { return inner_->Info(); }
+  const char* Name() const override { return inner_->Name(); }
+
+ private:
+  userspace::MemDevice* const inner_;
+  std::atomic<bool> failed_{false};
+};
+
+// fsck -y that cannot record its repair in the superblock repairs no count
+// (the flag comes first) and exits with fsck(8)'s operational error, the
+// reason in its line (the unmount's superblock write then records the flag:
+// the mount stays off); the next -y on a working device repairs it.
+TEST(FsckAccountingTest, ARepairThatCannotRecordItselfIsAnOperationalError) {
+  Image img;
+  Populate(img, 2, 6);
+  const auto edited = EditFirstRecord(
+      img, [](const alloc::Bucket& k) { return k.state == alloc::BucketState::kUser && k.live_sectors >= 16; },
+      [](alloc::AllocRecord& r) { r.live_sectors.set(r.live_sectors.get() + 8); });
+  ASSERT_EQ(edited.size(), 1u);
+  FlagWriteFails failing(img.dev.get());
+  auto [r, out] = img.Fsck(true, &failing);
+  EXPECT_EQ(r.exit_code, kExitOperational) << out;
+  EXPECT_NE(out.find("recording the repair of the counts in the superblock failed"), std::string::npos) << out;
+  EXPECT_EQ(out.find("alloc: set the counts"), std::string::npos) << out;
+  EXPECT_NE(img.SbOf().flags & sb::kSbAcctRepair, 0) << "the mount must stay off";
+  ExpectReportedRepairedClean(img, " counts ", "alloc: set the counts of 1");
 }
 
 }  // namespace

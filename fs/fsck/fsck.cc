@@ -758,7 +758,9 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
   FeatureUse features;
   const bool namespace_done = CheckNamespace(e, opt, c, rep.features, &features);
   CheckBackpointerTree(e, opt, c);
-  CheckBucketCounts(e, opt, c);
+  // (A pass that could not run to the end said why in its line: fsck(8)'s
+  // operational error. The flag it set, if any, stays for the next -y.)
+  if (!CheckBucketCounts(e, opt, c)) report.exit_code = kExitOperational;
   if (namespace_done) FeatureFlags(e, opt, rep.features, features, c);
   if (opt.repair && namespace_done && e.lost_data_btrees() != 0) {
     // What depended on the dropped nodes is repaired; the unmount below
