@@ -192,6 +192,13 @@ TEST(FsckAccountingTest, ARepairCutShortKeepsMountsOffUntilFsckFinishesIt) {
   img.ExpectFiles(12);
 }
 
+// Whether `req` writes a superblock copy (the backup only, unless
+// `either`) whose flags carry kSbAcctRepair.
+bool WritesAcctRepair(const IoRequest* req, bool either) {
+  if (req->op != IoOp::kWrite || req->length < sizeof(sb::SuperblockFormat)) return false;
+  if (req->offset != sb::kSbBackupOffset && !(either && req->offset == sb::kSbPrimaryOffset)) return false;
+  return (static_cast<const sb::SuperblockFormat*>(req->buf)->flags.get() & sb::kSbAcctRepair) != 0;
+}
 
 // What a cut right after fsck -y has recorded its repair would leave: a
 // device that, once the superblock's backup copy (written second) has been
@@ -204,11 +211,7 @@ class FlagWatch final : public BlockDevice {
       // (Submit runs on fsck's thread, the journal writer's and completions'.)
       std::lock_guard<std::mutex> l(mu_);
       if (armed_ && image_.empty()) image_ = inner_->SnapshotDurable();
-      if (req->op == IoOp::kWrite && req->offset == sb::kSbBackupOffset && req->length > 43) {
-        const u8* b = static_cast<const u8*>(req->buf);
-        const u16 flags = u16(b[42] | (b[43] << 8));  // docs/format/superblock.md: flags at 42
-        if ((flags & sb::kSbAcctRepair) != 0) armed_ = true;
-      }
+      if (WritesAcctRepair(req, false)) armed_ = true;
     }
     inner_->Submit(req);
   }
@@ -267,13 +270,9 @@ class FlagWriteFails final : public BlockDevice {
  public:
   explicit FlagWriteFails(userspace::MemDevice* inner) : inner_(inner) {}
   void Submit(IoRequest* req) override {
-    if (req->op == IoOp::kWrite && (req->offset == sb::kSbPrimaryOffset || req->offset == sb::kSbBackupOffset) &&
-        req->length > 43) {
-      const u8* b = static_cast<const u8*>(req->buf);
-      if ((u16(b[42] | (b[43] << 8)) & sb::kSbAcctRepair) != 0 && !failed_.exchange(true)) {
-        req->done(req, Status(Err::kIo));
-        return;
-      }
+    if (WritesAcctRepair(req, true) && !failed_.exchange(true)) {
+      req->done(req, Status(Err::kIo));
+      return;
     }
     inner_->Submit(req);
   }
