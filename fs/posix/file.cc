@@ -174,11 +174,10 @@ Result<u32> Filesystem::WriteChunkOf(u64 ino) {
   return WriteChunk(f);
 }
 
-Status Filesystem::CommitBlocks(u64 ino, const InodeFormat& f, u64 first, const u8* blocks, u32 nb, u64 size,
-                                i64 mtime, journal::CommitMode mode) {
+Status Filesystem::CommitBlocks(u64 ino, const InodeFormat& f, u64 first, const u8* blocks, u32 nb, u32 chunk,
+                                u64 size, i64 mtime, journal::CommitMode mode) {
   data::Prepared* p = platform::New<data::Prepared>();
   if (p == nullptr) return Err::kNoMemory;
-  u32 chunk = WriteChunk(f);
   Status st = Status::Ok();
   for (u32 done = 0; st.ok() && done < nb;) {
     const u32 n = Min(chunk, nb - done);
@@ -370,7 +369,7 @@ Result<u32> Filesystem::WriteThrough(u64 ino, InodeFormat f, u64 off, const u8* 
       st = complete(b1 - 1, blocks + u64(nb - 1) * kBlock);
     if (!st.ok()) break;
     MemCopy(blocks + skip, buf + done, n);
-    st = CommitBlocks(ino, f, b0, blocks, nb, pos + n, Now(), journal::CommitMode::kNoFlush);
+    st = CommitBlocks(ino, f, b0, blocks, nb, chunk, pos + n, Now(), journal::CommitMode::kNoFlush);
     f.size.set(Max(f.size.get(), pos + n));
     done += n;
   }

@@ -509,8 +509,9 @@ class Filesystem {
   // Writes nb whole blocks from `blocks` at file block `first` (the options
   // of f, the inode as the caller read it) and commits them with CommitData:
   // the size raised to `size` bytes, or to the end of the blocks committed
-  // so far where that is less, mtime and ctime to `mtime`. WriteChunk blocks
-  // a transaction at most; one the journal entry still cannot hold (kTooBig:
+  // so far where that is less, mtime and ctime to `mtime`. `chunk` blocks
+  // (WriteChunk's, which the caller has) a transaction at most; one the
+  // journal entry still cannot hold (kTooBig:
   // the bound assumes no other writer shares the write point) is written
   // and committed again in halves (counted: write_splits); a single block
   // refused is kIo (logged), not the caller's EFBIG. A failure may leave
@@ -518,8 +519,8 @@ class Filesystem {
   // Blocks a write transaction of a file (f: its inode, for its options)
   // carries: DataPath::WriteBlocksFitting beside the inode (or the test's).
   u32 WriteChunk(const InodeFormat& f);
-  Status CommitBlocks(u64 ino, const InodeFormat& f, u64 first, const u8* blocks, u32 nb, u64 size, i64 mtime,
-                      journal::CommitMode mode);
+  Status CommitBlocks(u64 ino, const InodeFormat& f, u64 first, const u8* blocks, u32 nb, u32 chunk, u64 size,
+                      i64 mtime, journal::CommitMode mode);
   // Bytes [from, to) of a block that holds data, zeroed and written as a new
   // blob (*out; null for a hole or unwritten block, which reads as zeros).
   Status PrepareZero(u64 ino, u64 block, u32 from, u32 to, data::Prepared** out, data::Delta* delta);

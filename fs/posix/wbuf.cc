@@ -74,7 +74,7 @@ Status Filesystem::FlushRun(u64 ino, Buffered* b, FlushCause cause) {
   Status st = ReadInode(ino, &f);
   // Fsync flushes the journal right after: the writer thread need not wake.
   if (st.ok())
-    st = CommitBlocks(ino, f, b->first, b->data, b->blocks, b->size, b->mtime_ns,
+    st = CommitBlocks(ino, f, b->first, b->data, b->blocks, WriteChunk(f), b->size, b->mtime_ns,
                       cause == kFlushFsync ? journal::CommitMode::kFlushNext : journal::CommitMode::kNoFlush);
   if (!st.ok()) {  // the run stays (even a part committed: the same bytes), for the next flush to try again
     ctr_.flush_errors.FetchAdd(1, MemOrder::kRelaxed);
