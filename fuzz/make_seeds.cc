@@ -163,6 +163,20 @@ void Values() {
       Put("values", std::string(k.name) + "-" + std::to_string(n), in.data(), in.size());
     }
   }
+  // Accounting keys (alloc keys above the members: alloc/accounting.h).
+  {
+    btree::Iterator it(&e.btrees(), btree::kBtreeAlloc);
+    int n = 0;
+    for (Status st = it.Seek(btree::Pos{btree::kBtreeAlloc, alloc::kAcctInodeBase, 0}); st.ok() && it.Valid() && n < 2;
+         st = it.Next(), n++) {
+      const btree::Pos p = it.pos();
+      std::vector<u8> in = {5};
+      in.insert(in.end(), reinterpret_cast<const u8*>(&p.inode), reinterpret_cast<const u8*>(&p.inode) + 8);
+      in.insert(in.end(), reinterpret_cast<const u8*>(&p.offset), reinterpret_cast<const u8*>(&p.offset) + 8);
+      in.insert(in.end(), it.value(), it.value() + it.val_bytes());
+      Put("values", "acct-" + std::to_string(n), in.data(), in.size());
+    }
+  }
   // Extents with several copies (nothing writes them yet): built with the
   // extent API from the first extent above.
   {

@@ -11,9 +11,11 @@
 // build values that parse, and so do its pointers' backpointers; an accepted
 // backpointer rebuilds to the same bytes and key; an accepted alloc record
 // rebuilds to the same bytes, and the btree's merge rule calls it plausible
-// with the same version.
+// with the same version; so does an accepted accounting key (alloc keys at
+// inode 2^32 and above: alloc::ParseAcct), within its bound.
 #include <cstring>
 
+#include "alloc/accounting.h"
 #include "alloc/allocator.h"
 #include "data/backpointer.h"
 #include "data/data.h"
@@ -61,8 +63,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (which == 5) {
     if (!KeyAndValue(v, len, btree::kBtreeAlloc, &pos, &val)) return 0;
     static const sb::Superblock geometry = fuzz::ValuesSuperblock();
-    alloc::Bucket b;
     Diag diag;
+    if (alloc::IsAcctKey(pos.inode)) {  // an accounting key (alloc/accounting.h)
+      u64 sectors = 0;
+      if (!alloc::ParseAcct(geometry, pos.inode, pos.offset, val.data(), u32(val.size()), &sectors, &diag).ok())
+        return 0;
+      alloc::AcctRecord r;
+      alloc::EncodeAcct(alloc::AcctKind(pos.inode - alloc::kAcctInodeBase), sectors, &r);
+      if (val.size() != sizeof(r) || memcmp(&r, val.data(), sizeof(r)) != 0)
+        fuzz::Fail("a parsed accounting key that does not rebuild to its bytes");
+      if (sectors > alloc::AcctMaxSectors(geometry)) fuzz::Fail("an accounting total past the bound parsed");
+      return 0;
+    }
+    alloc::Bucket b;
     if (!alloc::ParseRecord(geometry, pos.inode, pos.offset, val.data(), u32(val.size()), &b, &diag).ok()) return 0;
     alloc::AllocRecord r;
     alloc::EncodeRecord(b, &r);

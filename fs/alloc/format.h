@@ -73,6 +73,36 @@ inline bool RecordPlausible(const void* val, u32 len, u64* version) {
   return true;
 }
 
+// Accounting keys (docs/format/alloc.md, "Accounting keys"): what the
+// bucket records cannot give, kept as keys of the alloc btree above every
+// member's range -- (kBtreeAlloc, kAcctInodeBase + kind, offset), value
+// AcctRecord. Each holds a total itself (not a delta): the data path's
+// commit hook computes it under the btree's commit_mu, in journal order, so
+// the last value replayed is the total and applying one twice is harmless.
+// The btree's merge rule (newest version wins) is for bucket records only:
+// these keys take the last value written.
+inline constexpr u64 kAcctInodeBase = u64(1) << 32;
+inline bool IsAcctKey(u64 inode) { return inode >= kAcctInodeBase; }
+
+enum class AcctKind : u32 {
+  // offset 0: the filesystem's unwritten (fallocate) blocks, in 512-byte
+  // sectors.
+  kReserved = 0,
+  // offset: a member mask (bit m: member m), 1..kAcctMaxMembers bits: the
+  // logical sectors of extents whose counted non-cached pointers are on
+  // exactly those members (bcachefs's replicas entries).
+  kReplicas = 1,
+};
+inline constexpr u32 kAcctKinds = 2;
+inline constexpr u32 kAcctMaxMembers = 4;  // bits of a kReplicas mask: an extent's pointers (data::kMaxPtrs)
+
+struct AcctRecord {  // 16 bytes, the value of an accounting key
+  Le64 sectors;      // the total
+  u8 kind;           // AcctKind, the key's own: a value at another kind's key is corrupt
+  u8 reserved[7];    // 0
+};
+static_assert(sizeof(AcctRecord) == 16, "accounting record");
+
 }  // namespace tfs::alloc
 
 #endif  // TFS_ALLOC_FORMAT_H_

@@ -54,6 +54,9 @@ KeyInput KeyInputOf(const KeyHeader* h) {
 // always applies.
 bool TreeOps::KeepsNewer(const KeyRef& cur, const KeyInput& key) {
   if (key.pos.btree_id != kBtreeAlloc || key.type != kKeyValue || !cur.valid()) return false;
+  // Accounting keys hold totals written in journal order under commit_mu:
+  // the last one written wins, whatever its bytes (alloc/format.h).
+  if (alloc::IsAcctKey(key.pos.inode)) return false;
   u64 have, want;
   if (!alloc::RecordPlausible(cur.value(), cur.val_bytes(), &have)) return false;
   if (!alloc::RecordPlausible(key.value, key.val_bytes, &want)) return false;  // (the journal's word: applied)
@@ -863,7 +866,7 @@ Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
     bool alloc_only = nchecks_ == 0;  // (what a reclaim commit may carry, as CommitReclaim checks)
     for (usize off = 0; alloc_only && off < keys_.size();) {
       const auto* h = reinterpret_cast<const KeyHeader*>(keys_.data() + off);
-      alloc_only = h->btree_id == kBtreeAlloc;
+      alloc_only = h->btree_id == kBtreeAlloc && !alloc::IsAcctKey(h->inode.get());
       off += KeySpace(h->val_bytes.get());
     }
     if (!alloc_only) {
@@ -1006,7 +1009,8 @@ Result<u64> Transaction::CommitReclaim() {
   for (usize off = 0; off < keys_.size();) {
     const auto* h = reinterpret_cast<const KeyHeader*>(keys_.data() + off);
     const u32 space = KeySpace(h->val_bytes.get());
-    if (h->btree_id != kBtreeAlloc) return Err::kInvalidArgument;  // order matters for every other key
+    // Order matters for every other key -- the accounting keys' too.
+    if (h->btree_id != kBtreeAlloc || alloc::IsAcctKey(h->inode.get())) return Err::kInvalidArgument;
     jkeys.PushBack(journal::Key{journal::kKeyBtree, space, h}).IgnoreError();
     off += space;
   }

@@ -165,6 +165,9 @@ struct Accounts {
     if (want_mismatches >= 0) {
       EXPECT_EQ(found, u64(want_mismatches)) << "the records' counts differed from the extents'";
     }
+    if (want_mismatches == 0) {
+      EXPECT_EQ(m->data.GetStats().acct_mismatches, 0u) << "the accounting totals differed from the extents'";
+    }
     EXPECT_EQ(m->store->alloc().Stats().count_repairs, found);
   }
   void Remount() {
@@ -220,8 +223,12 @@ struct Accounts {
   // The three views of every bucket agree: the allocator's state (1) is the
   // record the alloc btree holds (2) -- byte for byte, or no key for a
   // bucket never recorded -- and its counts are the extents' recount (3);
-  // no counted pointer lies in a bucket that is not user. Returns the user
-  // buckets seen.
+  // no counted pointer lies in a bucket that is not user. The accounting
+  // totals too (alloc/accounting.h): memory's is the tree's key (byte for
+  // byte; a set's key of 0 may stay after its data went) and the extents'
+  // recount -- the unwritten sectors, and the sectors per set of members
+  // each extent's counted plain pointers are on. Returns the user buckets
+  // seen.
   u64 CheckViews() {
     store::Store& s = *m->store;
     std::map<std::pair<u64, u64>, std::vector<u8>> tree;
@@ -232,6 +239,8 @@ struct Accounts {
         tree[{it.pos().inode, it.pos().offset}].assign(it.value(), it.value() + it.val_bytes());
     }
     std::map<std::pair<u64, u64>, std::pair<u64, u64>> want;  // (live, cached) sectors
+    std::map<u64, u64> want_sets;  // member mask -> sectors
+    u64 want_reserved = 0;
     {
       btree::Iterator it(&s.btrees(), btree::kBtreeExtents);
       EXPECT_TRUE(it.SeekToFirst().ok());
@@ -239,6 +248,10 @@ struct Accounts {
         std::vector<u8> v(it.value(), it.value() + it.val_bytes());
         data::Extent e;
         EXPECT_TRUE(data::ParseExtent(it.pos(), v.data(), u32(v.size()), &e).ok());
+        if (e.unwritten) want_reserved += u64(e.blocks()) * (data::kBlockSize / 512);
+        u64 mask = 0;
+        for (u32 c = 0; c < e.nr_ptrs; c++) mask |= e.ptrs[c].cached ? 0 : u64(1) << e.ptrs[c].dev;
+        if (mask != 0) want_sets[mask] += data::PtrSectors(e);
         for (u32 c = 0; c < e.nr_ptrs; c++) {
           const data::Extent::Ptr& p = e.ptrs[c];
           u64 b;
@@ -305,7 +318,47 @@ struct Accounts {
             << ", cached " << k.cached_sectors << ", v" << k.version << ")";
       }
     }
+    CheckAcctViews(tree, want_sets, want_reserved);
     return users;
+  }
+  void CheckAcctViews(const std::map<std::pair<u64, u64>, std::vector<u8>>& tree,
+                      const std::map<u64, u64>& want_sets, u64 want_reserved) {
+    store::Store& s = *m->store;
+    const u64 reserved_key = alloc::AcctInode(alloc::AcctKind::kReserved);
+    const u64 replicas_key = alloc::AcctInode(alloc::AcctKind::kReplicas);
+    EXPECT_EQ(s.acct().reserved_sectors(), want_reserved) << "reserved: memory vs extents";
+    std::vector<alloc::ReplicasEntry> mem(s.acct().Replicas(nullptr, 0));
+    s.acct().Replicas(mem.data(), u32(mem.size()));
+    std::map<u64, u64> have;
+    for (const alloc::ReplicasEntry& r : mem) have[r.members] = r.sectors;
+    for (const auto& [mask, sectors] : want_sets)
+      EXPECT_EQ(have.count(mask) ? have[mask] : ~u64(0), sectors) << "replicas 0x" << std::hex << mask
+                                                                  << ": memory vs extents";
+    for (const auto& [mask, sectors] : have) {
+      if (!want_sets.count(mask)) {
+        EXPECT_EQ(sectors, 0u) << "replicas 0x" << std::hex << mask << ": no extent";
+      }
+    }
+    // Every key of the tree's accounting range is memory's total.
+    for (const auto& [pos, val] : tree) {
+      if (!alloc::IsAcctKey(pos.first)) continue;
+      u64 sectors = ~u64(0);
+      Diag diag;
+      EXPECT_TRUE(alloc::ParseAcct(s.sb(), pos.first, pos.second, val.data(), u32(val.size()), &sectors, &diag).ok())
+          << diag.text;
+      if (pos.first == reserved_key) {
+        EXPECT_EQ(sectors, s.acct().reserved_sectors()) << "reserved: tree vs memory";
+      } else {
+        EXPECT_EQ(pos.first, replicas_key);
+        EXPECT_TRUE(have.count(pos.second) && have[pos.second] == sectors)
+            << "replicas 0x" << std::hex << pos.second << ": tree vs memory";
+      }
+    }
+    // ... and every nonzero total of memory's has its key.
+    for (const auto& [mask, sectors] : have)
+      EXPECT_TRUE(sectors == 0 || tree.count({replicas_key, mask})) << "replicas 0x" << std::hex << mask
+                                                                    << ": no key in the tree";
+    EXPECT_TRUE(s.acct().reserved_sectors() == 0 || tree.count({reserved_key, 0})) << "reserved: no key in the tree";
   }
 
   // A cached copy of the first written extent of `ino` that has a member
@@ -344,6 +397,7 @@ struct Accounts {
         c.cached = c.blocks;
         c.blocks = 0;
       }
+      delta.sets.Clear();  // (the prepared extent is not inserted; a cached copy changes no set)
       u8 buf[data::kExtentValueMax];
       auto len = data::AddPtr(e, q, copy.crcs, buf);
       EXPECT_TRUE(len.ok()) << len.status().Message();

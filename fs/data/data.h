@@ -123,16 +123,19 @@ struct Prepared {
 // The journal bytes a write of `nblocks` blocks queues at worst when no
 // other writer shares its write point, the records its commit adds
 // included: the punch of what the range held (an extent a block at worst:
-// its whiteout, and per copy -- `old_copies` -- a backpointer whiteout and
-// its bucket's record; the two extents cut at the range's edges set again
-// whole, with their backpointers) and the new extents with `copies` copies
-// (split wherever a copy's bucket ends -- the copies' buckets need not be
-// aligned with each other -- and every kMaxCompressedBlocks: each with a
-// backpointer per copy; a crc per block; a record per bucket a copy
-// touches; a data check per copy). Copies 1..kMaxPtrs, `bucket_blocks` >=
-// 1 (review 3b N1: the new extents' side was a fixed 12 KiB, which a
+// its whiteout, and per copy -- one on each of `members` members, kMaxPtrs
+// at most -- a backpointer whiteout and its bucket's record; the two
+// extents cut at the range's edges set again whole, with their
+// backpointers) and the new extents with `copies` copies (split wherever a
+// copy's bucket ends -- the copies' buckets need not be aligned with each
+// other -- and every kMaxCompressedBlocks: each with a backpointer per
+// copy; a crc per block; a record per bucket a copy touches; a data check
+// per copy); and an accounting key per set of members the extents have
+// copies on (at most one per extent, at most the sets `members` members
+// make) and the reserved total's. Copies 1..kMaxPtrs, `bucket_blocks` >= 1
+// (review 3b N1: the new extents' side was a fixed 12 KiB, which a
 // fragmented four-copy file's overwrite on 64 KiB buckets exceeded).
-usize WriteJournalBytes(u32 nblocks, u32 bucket_blocks, u32 old_copies, u32 copies);
+usize WriteJournalBytes(u32 nblocks, u32 bucket_blocks, u32 members, u32 copies);
 inline constexpr u32 kWriteBlocksMax = 256;  // blocks a write transaction carries at most (1 MiB)
 
 // The counts the extents say (docs/design/copies.md, "Step 3b": the one
@@ -151,10 +154,19 @@ struct ExtentCounts {
   u64 bad_extents = 0;       // unparsable, or with a pointer outside every bucket (fsck's)
   u64 unwritten_blocks = 0;  // blocks of unwritten extents (reservations: no bucket)
   u64 foreign_buckets = 0;   // buckets that are not user with pointers that would count there (fsck drops them)
+  // The kReplicas totals (alloc/accounting.h): sectors per set of members
+  // an extent's counted non-cached pointers are on (CountedMembers), in
+  // mask order; and the unwritten blocks' sectors are the kReserved total.
+  Vector<alloc::ReplicasEntry> replicas;
   u32 live(u32 dev, u64 bucket) const { return sums[dev][2 * bucket]; }
   u32 cached(u32 dev, u64 bucket) const { return sums[dev][2 * bucket + 1]; }
 };
 Status CountExtents(btree::Btrees* trees, const sb::Superblock& sb, const alloc::Allocator& a, ExtentCounts* out);
+// The accounting totals (alloc/accounting.h) the counts say: the kReserved
+// total first (the unwritten blocks' sectors, 0 included), then every
+// kReplicas set's, in mask order. For the mount's check, fsck's pass and
+// its rebuild (which writes them whole).
+Status AcctTotals(const ExtentCounts& counts, Vector<alloc::AcctValue>* out);
 
 // Space changes a write or punch makes, applied once its transaction commits.
 struct Delta {
@@ -176,14 +188,32 @@ struct Delta {
     static constexpr u32 kNoGen = 0x100;
   };
   Vector<Change> changes;
+  // The kReplicas totals it changes (alloc/accounting.h): per set of
+  // members an extent's counted non-cached pointers are on
+  // (CountedMembers), the sectors gained or lost -- one entry per set
+  // (AddSet sums). Whoever adds or removes a counted pointer of an extent
+  // moves its sectors from the old set to the new one.
+  struct SetChange {
+    dev::DevMask members = 0;
+    i64 sectors = 0;
+  };
+  Vector<SetChange> sets;
+  [[nodiscard]] Status AddSet(dev::DevMask members, i64 sectors);
   // Whether it changes nothing (a punch that found no extent).
-  bool empty() const { return changes.empty() && reserved == 0 && unreserved == 0; }
+  bool empty() const { return changes.empty() && sets.empty() && reserved == 0 && unreserved == 0; }
   dev::DevMask deps = 0;   // members written
   i64 sectors = 0;         // change of the inode's allocated 512-byte sectors
   u64 ino = 0;             // the inode whose extents it changes (set by the Queue* calls)
   u64 reserved = 0;        // unwritten blocks added (counted at once; Abort returns them)
   u64 unreserved = 0;      // unwritten blocks removed (released by Apply)
 };
+
+// The kReplicas change of an extent whose pointers change from `from` to
+// `to` (the same blocks: a copy added or dropped, one made cached): its
+// sectors leave from's set and join to's (nothing when the sets are the
+// same). For whoever re-keys an extent outside QueueWrite and QueuePunch
+// (which keep the sets themselves).
+Status MoveSet(const sb::Superblock& sb, const Extent& from, const Extent& to, Delta* delta);
 
 // The data path's counters (util/counters.h).
 #define TFS_DATA_COUNTERS(X, A)                                                                          \
@@ -208,6 +238,7 @@ struct Delta {
   X(slow_member_flushes, counter, "commits that flushed a member without a journal (an HDD) before entering it") \
   X(write_point_fallbacks, counter, "writes sent to the foreground target's write point (the table was full)") \
   X(count_mismatches, counter, "buckets whose loaded counts differed from their extents' at Open (set to the extents')") \
+  X(acct_mismatches, counter, "accounting totals (reserved, replicas sets) that differed from their extents' at Open (set to the extents')") \
   X(gains_refused, counter, "commits refused (kAgain): a pointer they add names a bucket freed, reused or being freed since it was read") \
   X(punch_batches_cut, counter, "punch batches (truncate, punch, free) ended early to fit the journal entry")         \
   X(replica_copies, counter, "copies written beside an extent's first (replicas)")                                      \
@@ -537,6 +568,12 @@ class DataPath {
     DataPath* dp = nullptr;
     Vector<alloc::CountStage> stages;
     u32 first_slot = 0;
+    // The accounting totals it changes (the delta's sets and reserved
+    // blocks, in sectors), their slots from first_acct_slot, and what
+    // Accounting::Stage made of them.
+    Vector<alloc::AcctChange> acct;
+    Vector<alloc::AcctValue> acct_staged;
+    u32 first_acct_slot = 0;
     btree::CommitHook hook;
     bool published = false;  // FinishCounts published the stages
     alloc::CountNote note;   // what the hook met, logged by Commit after tx->Commit (no log under commit_mu)
@@ -560,6 +597,10 @@ class DataPath {
   Status HoldGains(const Delta& delta, CommitCounts* cc);
   // Drops cc's holds (Account: a bucket nothing holds any more is freed).
   void DropHolds(CommitCounts* cc);
+  // Open's check of the accounting totals (reserved, replicas sets)
+  // against the extents' (counts): those that differ are set to the
+  // extents' (Store::RepairAcct), counted: acct_mismatches.
+  Status CheckAcct(const ExtentCounts& counts);
   // The commit hook (btree::CommitHook), under commit_mu: PrepareCounts
   // stages the new counts (Allocator::StageCounts) and writes the records
   // into the slots; FinishCounts publishes them once journaled.

@@ -191,6 +191,14 @@ bool PtrBucket(const sb::Superblock& sb, const Extent::Ptr& p, u64* bucket) {
   return *bucket < sb.members[p.dev].nbuckets;
 }
 
+u32 CountedMembers(const sb::Superblock& sb, const Extent& e) {
+  u32 mask = 0;
+  u64 b;
+  for (u32 i = 0; i < e.nr_ptrs; i++)
+    if (!e.ptrs[i].cached && PtrBucket(sb, e.ptrs[i], &b)) mask |= u32(1) << e.ptrs[i].dev;
+  return mask;
+}
+
 bool PtrInBucket(const sb::Superblock& sb, const Extent& e, const Extent::Ptr& p, u64* bucket) {
   // (No overflow: the bucket is a member's, and DiskBlocks is below 2^33.)
   return PtrBucket(sb, p, bucket) &&

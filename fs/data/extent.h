@@ -186,6 +186,10 @@ inline bool PtrCountsIn(const Extent::Ptr& p, bool bucket_user, u8 bucket_gen) {
 // kMaxCompressedBlocks times its sectors: a blob of up to 16 blocks takes at
 // least one disk block), and a punch's arithmetic stays additive.
 inline u32 PtrSectors(const Extent& e) { return e.blocks() * (kBlockSize / 512); }
+// The members of e's pointers that count live (not cached, PtrBucket): the
+// set of its kReplicas total (alloc/accounting.h), a bit per member; 0 for
+// an extent with none (unwritten, or every pointer cached or bad).
+u32 CountedMembers(const sb::Superblock& sb, const Extent& e);
 
 }  // namespace tfs::data
 

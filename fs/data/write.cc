@@ -177,6 +177,8 @@ Status DataPath::KeepWritten(const IoContext& ctx, const Space* sp, u32 copies, 
     durability += durability_[sp[c].ref.dev];
   }
   if (x->nr_ptrs == 0) return first_error;
+  // Its sectors join the total of the set its copies are on.
+  TFS_TRY(delta->AddSet(CountedMembers(store_->sb(), *x), i64(blocks) * (kBlockSize / 512)));
   if (x->nr_ptrs > 1) ctr_.replica_copies.FetchAdd(x->nr_ptrs - 1, MemOrder::kRelaxed);
   if (durability < Wanted(ctx)) {
     ctr_.degraded_writes.FetchAdd(1, MemOrder::kRelaxed);
@@ -378,14 +380,17 @@ Result<usize> DataPath::PreparedJournalBytes(const Prepared& p, const Delta& del
   btree::Transaction scratch(trees_);
   const usize room = scratch.Room();
   TFS_TRY(QueuePreparedOverPunch(&scratch, p));
+  // (The accounting keys: the delta's sets, a set per item at most, the
+  // reserved total.)
   return room - scratch.Room() +
-         delta.changes.size() * btree::Transaction::KeyBytes(u32(sizeof(alloc::AllocRecord)));
+         delta.changes.size() * btree::Transaction::KeyBytes(u32(sizeof(alloc::AllocRecord))) +
+         (delta.sets.size() + p.items.size() + 1) * btree::Transaction::KeyBytes(u32(sizeof(alloc::AcctRecord)));
 }
 
-usize WriteJournalBytes(u32 nblocks, u32 bucket_blocks, u32 old_copies, u32 copies) {
+usize WriteJournalBytes(u32 nblocks, u32 bucket_blocks, u32 members, u32 copies) {
   using btree::Transaction;
   const u64 n = nblocks;
-  const u64 o = Min<u32>(Max<u32>(old_copies, 1), kMaxPtrs);
+  const u64 o = Min<u32>(Max<u32>(members, 1), kMaxPtrs);
   const u64 c = Min<u32>(Max<u32>(copies, 1), kMaxPtrs);
   const u64 b = Max<u32>(bucket_blocks, 1);
   const u64 record = Transaction::KeyBytes(u32(sizeof(alloc::AllocRecord)));
@@ -401,7 +406,16 @@ usize WriteJournalBytes(u32 nblocks, u32 bucket_blocks, u32 old_copies, u32 copi
   const u64 written = pieces * (Transaction::KeyBytes(header) + 8 + c * bp) + 4 * n + c * (crossings + 1) * record;
   // A data check per copy of each piece (QueueDataCheck), the crcs again.
   const u64 checks = c * (pieces * (journal::KeySpace(u32(sizeof(journal::DataCheckFormat))) + 8) + 4 * n);
-  return usize(punch + written + checks);
+  // The accounting keys: a set per extent at most, and no more than the
+  // sets of 1..kMaxPtrs members there are; the reserved total.
+  u64 subsets = 0, choose = 1;
+  for (u64 k = 1; k <= kMaxPtrs && k <= Max<u32>(members, 1); k++) {
+    choose = choose * (Max<u32>(members, 1) - k + 1) / k;
+    subsets += choose;
+  }
+  const u64 sets = Min<u64>(n + pieces, subsets) + 1;
+  const u64 acct = sets * Transaction::KeyBytes(u32(sizeof(alloc::AcctRecord)));
+  return usize(punch + written + checks + acct);
 }
 
 u32 DataPath::WriteBlocksFitting(const IoContext& ctx, usize reserve) {
@@ -410,8 +424,8 @@ u32 DataPath::WriteBlocksFitting(const IoContext& ctx, usize reserve) {
   const usize room = scratch.Room();
   // What the range holds may have a copy on every member; the new extents
   // have the copies ctx wants (on distinct members).
-  const u32 members = Min<u32>(store_->sb().nr_members, kMaxPtrs);
-  const u32 copies = Min(Wanted(ctx), members);
+  const u32 members = store_->sb().nr_members;
+  const u32 copies = Min(Wanted(ctx), Min<u32>(members, kMaxPtrs));
   const u32 bucket = u32(Min<u64>(bucket_blocks_, ~0u));
   // Largest fitting by bisection (WriteJournalBytes grows with nblocks).
   u32 lo = 1, hi = kWriteBlocksMax;
@@ -441,9 +455,12 @@ Status DataPath::QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end,
   // change of a bucket one of the last few changes named: consecutive
   // extents share buckets). An extent's worst case: both pieces' keys (each
   // at most its value), two backpointer keys per pointer (its own rewritten
-  // or deleted, and the back piece's), a record per pointer.
+  // or deleted, and the back piece's), a record per pointer, an accounting
+  // key (its set's; the reserved total's, counted once: `acct` starts at 1).
   const bool batch = max_keys != ~0u;
   const usize record_bytes = btree::Transaction::KeyBytes(u32(sizeof(alloc::AllocRecord)));
+  const usize acct_bytes = btree::Transaction::KeyBytes(u32(sizeof(alloc::AcctRecord)));
+  const usize first_set = delta->sets.size();
   const usize bp_bytes = btree::Transaction::KeyBytes(u32(sizeof(BackpointerFormat)));
   const usize first_change = delta->changes.size();
   usize records = 0;
@@ -456,8 +473,10 @@ Status DataPath::QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end,
       break;
     }
     if (batch && touched > 0) {
-      const usize worst = 2 * btree::Transaction::KeyBytes(it.val_bytes()) + e.nr_ptrs * (2 * bp_bytes + record_bytes);
-      if (records * record_bytes + worst + reserve > tx->Room()) {
+      const usize worst =
+          2 * btree::Transaction::KeyBytes(it.val_bytes()) + e.nr_ptrs * (2 * bp_bytes + record_bytes) + acct_bytes;
+      const usize acct = (delta->sets.size() - first_set + 1) * acct_bytes;
+      if (records * record_bytes + acct + worst + reserve > tx->Room()) {
         ctr_.punch_batches_cut.FetchAdd(1, MemOrder::kRelaxed);
         if (more != nullptr) *more = true;
         break;
@@ -489,6 +508,8 @@ Status DataPath::QueuePunch(btree::Transaction* tx, u64 ino, u64 first, u64 end,
     TFS_TRY(QueueBackpointers(tx, store_->sb(), &e, has_front ? &front : has_back ? &back : nullptr));
     if (has_front && has_back) TFS_TRY(QueueBackpointers(tx, store_->sb(), nullptr, &back));
     if (e.unwritten) delta->unreserved += hi - lo;
+    // Its set's total loses the blocks (a set of none: nothing counted).
+    TFS_TRY(delta->AddSet(CountedMembers(store_->sb(), e), -i64(hi - lo) * (kBlockSize / 512)));
     // Each copy releases the blocks in its bucket (live, or cached); a bad
     // pointer or a stale cached one was never counted (PtrCounts).
     for (u32 i = 0; i < e.nr_ptrs; i++) {

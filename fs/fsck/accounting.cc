@@ -12,6 +12,12 @@
 // pointer counts in is the data pass's note already ("marked user but holds
 // no extent"): the next mount frees it, and -y leaves it to the mount.
 //
+// The accounting keys (alloc/accounting.h: the reserved total, a total per
+// set of members) against the same walk's (data::AcctTotals): a total that
+// differs, or a set with sectors no extent has, is an error; -y sets the
+// extents' (Store::RepairAcct; an extra set's key deleted). A set's key of
+// 0 sectors is normal (its data was deleted) and left.
+//
 // Invariant kept for a cut: -y sets sb::kSbAcctRepair durably before its
 // first repair and clears it when the pass has ended (Close() writes the
 // clear after checkpointing the repaired records), so a read-write mount
@@ -101,8 +107,49 @@ bool CheckBucketCounts(store::Store& e, const Options& opt, Ctx& c) {
       c.Line("alloc: member %s: %llu more buckets that are not user with counts in their records", label,
              (unsigned long long)(stray - kMaxLines));
   }
+  // The accounting totals against the recount.
+  Vector<alloc::AcctValue> want, acct_fixes;
+  Vector<alloc::ReplicasEntry> have;
+  st = data::AcctTotals(*counts, &want);
+  if (st.ok()) st = have.Resize(e.acct().Replicas(nullptr, 0));
+  if (!st.ok()) {
+    c.Line("alloc: cannot check the accounting totals: %s", st.Message());
+    c.report->errors++;
+    return false;
+  }
+  e.acct().Replicas(have.data(), u32(have.size()));
+  u64 acct_wrong = 0;
+  auto acct = [&](const alloc::AcctValue& w, u64 h) -> bool {
+    if (h == w.sectors) return true;
+    c.report->errors++;
+    if (++acct_wrong <= kMaxLines) {
+      if (w.kind == alloc::AcctKind::kReserved)
+        c.Line("alloc: the reserved total is %llu sectors, the unwritten extents hold %llu", (unsigned long long)h,
+               (unsigned long long)w.sectors);
+      else
+        c.Line("alloc: the total of data on members 0x%llx is %llu sectors, its extents hold %llu",
+               (unsigned long long)w.offset, (unsigned long long)h, (unsigned long long)w.sectors);
+    }
+    if (opt.repair && !acct_fixes.PushBack(w).ok()) {
+      c.Line("alloc: cannot repair the accounting totals: out of memory");
+      return false;
+    }
+    return true;
+  };
+  for (const alloc::AcctValue& w : want)
+    if (!acct(w, e.acct().Get(w.kind, w.offset))) return false;
+  for (const alloc::ReplicasEntry& h : have) {
+    bool listed = false;
+    for (const alloc::AcctValue& w : want) listed |= w.kind == alloc::AcctKind::kReplicas && w.offset == h.members;
+    alloc::AcctValue gone;
+    gone.kind = alloc::AcctKind::kReplicas;
+    gone.offset = h.members;
+    if (!listed && !acct(gone, h.sectors)) return false;  // (0 sectors: a key of 0 is normal)
+  }
+  if (acct_wrong > kMaxLines)
+    c.Line("alloc: %llu more accounting totals that are not their extents'", (unsigned long long)(acct_wrong - kMaxLines));
   if (!opt.repair) return true;
-  if (!fixes.empty() || !foreign.empty()) {
+  if (!fixes.empty() || !foreign.empty() || !acct_fixes.empty()) {
     // Durably before the first repair: a cut from here on leaves some
     // records repaired and others not, and the mount must not trust them.
     st = e.BeginAcctRepair();
@@ -138,6 +185,16 @@ bool CheckBucketCounts(store::Store& e, const Options& opt, Ctx& c) {
   if (zeroed != 0)
     c.Line("alloc: zeroed the counts of %llu bucket%s that %s not user", (unsigned long long)zeroed,
            zeroed == 1 ? "" : "s", zeroed == 1 ? "is" : "are");
+  if (!acct_fixes.empty()) {
+    st = e.RepairAcct(acct_fixes.data(), u32(acct_fixes.size()), false);
+    if (!st.ok()) {
+      c.Line("alloc: setting %llu accounting totals failed: %s", (unsigned long long)acct_fixes.size(), st.Message());
+      return false;
+    }
+    c.report->repaired += u32(acct_fixes.size());
+    c.Line("alloc: set %llu accounting total%s to the extents'", (unsigned long long)acct_fixes.size(),
+           acct_fixes.size() == 1 ? "" : "s");
+  }
   e.EndAcctRepair();
   if (cut_short) {
     c.report->repaired++;

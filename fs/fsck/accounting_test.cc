@@ -5,7 +5,11 @@
 // extents by fsck -y, clean at the next check, and the next mount's own
 // check (data.count_mismatches) finds nothing. The lines are capped at 10 a
 // member. The superblock's kSbAcctRepair (a repair cut short) keeps
-// read-write mounts off until fsck -y finishes it.
+// read-write mounts off until fsck -y finishes it. The accounting keys
+// (alloc/accounting.h) the same way: a total raised, lowered, its key
+// deleted, the reserved total changed -- one line each, set by -y; a key
+// whose bytes are bad makes the allocation state stale and -y rewrites the
+// keys whole.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -91,6 +95,32 @@ void ExpectMountFindsNothing(Image& img) {
   testing::MountedFs m({img.dev.get()});
   ASSERT_TRUE(m.open());
   EXPECT_EQ(m.data.GetStats().count_mismatches, 0u);
+  EXPECT_EQ(m.data.GetStats().acct_mismatches, 0u);
+}
+
+// Sets (or, with `del`, deletes) the accounting key (kind, offset) to
+// `rec`'s bytes through a store opened without the data path (whose
+// mount would set it right before fsck sees it). Returns the total the
+// store had before.
+u64 EditAcct(Image& img, alloc::AcctKind kind, u64 offset, bool del, const void* rec, u32 len) {
+  store::Store e;
+  store::OpenOptions oo;
+  if (!testing::OpenStore(&e, {img.dev.get()}, oo).ok()) {
+    ADD_FAILURE() << "open";
+    return 0;
+  }
+  const u64 was = e.acct().Get(kind, offset);
+  btree::Transaction tx(&e.btrees());
+  const btree::Pos pos{btree::kBtreeAlloc, alloc::AcctInode(kind), offset};
+  EXPECT_TRUE((del ? tx.Delete(pos) : tx.Set(pos, rec, len)).ok());
+  EXPECT_TRUE(tx.Commit().ok());
+  EXPECT_TRUE(e.Close().ok());
+  return was;
+}
+u64 SetAcct(Image& img, alloc::AcctKind kind, u64 offset, u64 sectors) {
+  alloc::AcctRecord r;
+  alloc::EncodeAcct(kind, sectors, &r);
+  return EditAcct(img, kind, offset, false, &r, sizeof(r));
 }
 
 TEST(FsckAccountingTest, AHostileCountIsReportedInOneLineAndSetFromTheExtents) {
@@ -302,6 +332,68 @@ TEST(FsckAccountingTest, ARepairThatCannotRecordItselfIsAnOperationalError) {
   EXPECT_EQ(out.find("alloc: set the counts"), std::string::npos) << out;
   EXPECT_NE(img.SbOf().flags & sb::kSbAcctRepair, 0) << "the mount must stay off";
   ExpectReportedRepairedClean(img, " counts ", "alloc: set the counts of 1");
+}
+
+// A hostile accounting total -- the data's set raised, lowered, its key
+// deleted; the reserved total set where nothing is unwritten -- is one
+// line of fsck -n, set from the extents by -y, clean after; the mount's
+// own check then finds nothing.
+TEST(FsckAccountingTest, AHostileAccountingTotalIsReportedInOneLineAndSetFromTheExtents) {
+  const char* const kinds[] = {"raised", "lowered", "deleted", "reserved"};
+  for (int kind = 0; kind < 4; kind++) {
+    SCOPED_TRACE(kinds[kind]);
+    Image img;
+    Populate(img, 2, 6);
+    std::string line;
+    if (kind == 3) {
+      ASSERT_EQ(SetAcct(img, alloc::AcctKind::kReserved, 0, 80), 0u);
+      line = "alloc: the reserved total is 80 sectors, the unwritten extents hold 0";
+    } else {
+      u64 was;
+      u64 now = 0;
+      if (kind == 2) {
+        was = EditAcct(img, alloc::AcctKind::kReplicas, 1, true, nullptr, 0);
+      } else {
+        store::Store e;
+        store::OpenOptions oo;
+        oo.read_only = true;
+        ASSERT_TRUE(testing::OpenStore(&e, {img.dev.get()}, oo).ok());
+        const u64 have = e.acct().Get(alloc::AcctKind::kReplicas, 1);
+        ASSERT_TRUE(e.Close().ok());
+        ASSERT_GT(have, 8u);
+        now = kind == 0 ? have + 8 : have - 8;
+        was = SetAcct(img, alloc::AcctKind::kReplicas, 1, now);
+      }
+      ASSERT_GT(was, 0u);
+      line = "alloc: the total of data on members 0x1 is " + std::to_string(now) + " sectors, its extents hold " +
+             std::to_string(was);
+    }
+    const Repair fix = ExpectReportedRepairedClean(img, line.c_str(), "alloc: set 1 accounting total to the extents'");
+    EXPECT_EQ(fix.checked.errors, 1u) << fix.report;
+    ExpectMountFindsNothing(img);
+    img.ExpectFiles(12);
+  }
+}
+
+// An accounting key whose bytes break a rule (here: a value of another
+// kind) is a bad allocation record: a read-write mount refuses in one line,
+// fsck -n reports it, and -y rebuilds the allocation state -- the keys
+// rewritten whole from the extents.
+TEST(FsckAccountingTest, ABadAccountingKeyIsRebuiltWithTheAllocationState) {
+  Image img;
+  Populate(img, 2, 6);
+  alloc::AcctRecord r;
+  alloc::EncodeAcct(alloc::AcctKind::kReserved, 8, &r);  // at a replicas key
+  ASSERT_GT(EditAcct(img, alloc::AcctKind::kReplicas, 1, false, &r, sizeof(r)), 0u);
+  store::OpenReport rep;
+  Diag d;
+  Status st = img.Open(false, &rep, &d);
+  ASSERT_TRUE(st.Is(ErrorClass::kCorrupt)) << "a read-write open went on";
+  EXPECT_NE(std::string(d.text).find("accounting key (kind 1, 1): its value says kind 0"), std::string::npos) << d.text;
+  EXPECT_EQ(std::string(d.text).find('\n'), std::string::npos);
+  ExpectReportedRepairedClean(img, "its value says kind 0", nullptr);
+  ExpectMountFindsNothing(img);
+  img.ExpectFiles(12);
 }
 
 }  // namespace

@@ -189,6 +189,10 @@ struct Copies {
       ASSERT_TRUE(data::QueueBackpointers(&tx, m.store->sb(), &one, &now).ok());
       delta.ino = ino;
       delta.sectors = 0;  // the file holds the same blocks
+      // The prepared extents are not inserted: the file's extent moves
+      // from its one copy's set to its copies'.
+      delta.sets.Clear();
+      ASSERT_TRUE(data::MoveSet(m.store->sb(), one, now, &delta).ok());
       ASSERT_TRUE(m.data.Commit(On(dev), &tx, delta).ok());
       const data::Extent all = ExtentOf(m, ino, &v);
       ASSERT_EQ(all.nr_ptrs, 1 + more.size());
@@ -523,11 +527,14 @@ TEST(CopiesTest, ACopyOfACommittedBlobCountsLive) {
     ASSERT_TRUE(len.ok());
     btree::Transaction tx(&m.store->btrees());
     ASSERT_TRUE(tx.Set(Copies::At(t.ino, fe.end), buf, len.value()).ok());
+    data::Extent now;
+    ASSERT_TRUE(data::ParseExtent(Copies::At(t.ino, fe.end), buf, len.value(), &now).ok());
     data::Delta delta;
     delta.ino = t.ino;
     ASSERT_TRUE(delta.changes
                     .PushBack(data::Delta::Change{.dev = dev, .bucket = gb, .blocks = kBlocks, .gen = ge.ptrs[0].gen})
                     .ok());
+    ASSERT_TRUE(data::MoveSet(m.store->sb(), fe, now, &delta).ok());
     ASSERT_TRUE(m.data.Commit(Copies::On(dev), &tx, delta).ok());
     m.data.BucketCounts(dev, gb, &live, &cached);
     EXPECT_EQ(live, 2 * kBlocks);
@@ -677,6 +684,7 @@ TEST(CopiesTest, ACopyOfACommittedBlobRacingItsPunchKeepsTheBucket) {
     ASSERT_TRUE(delta.changes
                     .PushBack(data::Delta::Change{.dev = dev, .bucket = gb, .blocks = kBlocks, .gen = ge.ptrs[0].gen})
                     .ok());
+    ASSERT_TRUE(data::MoveSet(m.store->sb(), fe, now, &delta).ok());
     {
       std::lock_guard<std::mutex> l(race.mu);
       race.armed = std::this_thread::get_id();

@@ -510,7 +510,13 @@ Status RebuildAlloc(void* ctx, store::Store& e) {
       if (counts->live(d, b) != 0) (void)a.RebuildCount(d, b, false, counts->live(d, b));
       if (counts->cached(d, b) != 0) (void)a.RebuildCount(d, b, true, counts->cached(d, b));
     }
-  return a.EndRebuild();
+  TFS_TRY(a.EndRebuild());
+  // The accounting keys from the same walk, rewritten whole: every old
+  // one (bad ones too: the load skipped them) deleted, the recounted ones
+  // written.
+  Vector<alloc::AcctValue> totals;
+  TFS_TRY(data::AcctTotals(*counts, &totals));
+  return e.RepairAcct(totals.data(), u32(totals.size()), true);
 }
 
 // The account of every damaged node the open dropped and what the node scan

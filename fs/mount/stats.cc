@@ -98,6 +98,33 @@ void WriteAlloc(store::Store& store, JsonOut& w) {
   TFS_COUNTER_JSON(TFS_ALLOC_COUNTERS, w, store.alloc().Stats());
 }
 
+// The accounting totals (alloc/accounting.h): the reserved (unwritten)
+// sectors and, per set of members data has copies on, its sectors -- the
+// members named by label -- then the counters.
+void WriteAccounting(store::Store& store, JsonOut& w) {
+  const alloc::Accounting& acct = store.acct();
+  w.UintField("reserved_sectors", acct.reserved_sectors());
+  Vector<alloc::ReplicasEntry> sets;
+  // (A set added between the two calls is left for the next reading.)
+  const bool listed = sets.Resize(acct.Replicas(nullptr, 0)).ok();
+  const u32 n = listed ? Min<u32>(acct.Replicas(sets.data(), u32(sets.size())), u32(sets.size())) : 0;
+  w.Key("replicas");
+  w.BeginArray();
+  for (u32 i = 0; i < n; i++) {
+    if (sets[i].sectors == 0) continue;
+    w.BeginObject();
+    w.Key("members");
+    w.BeginArray();
+    for (u32 m : dev::Bits(sets[i].members))
+      if (m < store.devs().size()) w.String(store.devs().member(m)->label());
+    w.EndArray();
+    w.UintField("sectors", sets[i].sectors);
+    w.EndObject();
+  }
+  w.EndArray();
+  TFS_COUNTER_JSON(TFS_ACCT_COUNTERS, w, acct.Stats());
+}
+
 }  // namespace
 
 Status WriteStats(Instance& inst, JsonOut& w, const MemberExtras* extras) {
@@ -146,6 +173,11 @@ Status WriteStats(Instance& inst, JsonOut& w, const MemberExtras* extras) {
   w.Key("alloc");
   w.BeginObject();
   WriteAlloc(store, w);
+  w.EndObject();
+
+  w.Key("accounting");
+  w.BeginObject();
+  WriteAccounting(store, w);
   w.EndObject();
 
   w.Key("data");

@@ -27,6 +27,7 @@ std::string Document(Instance& inst, const MemberExtras* extras = nullptr) {
 constexpr CounterInfo kJournal[] = {TFS_COUNTER_INFO(TFS_JOURNAL_COUNTERS)};
 constexpr CounterInfo kBtree[] = {TFS_COUNTER_INFO(TFS_BTREE_COUNTERS)};
 constexpr CounterInfo kAlloc[] = {TFS_COUNTER_INFO(TFS_ALLOC_COUNTERS)};
+constexpr CounterInfo kAcct[] = {TFS_COUNTER_INFO(TFS_ACCT_COUNTERS)};
 constexpr CounterInfo kData[] = {TFS_COUNTER_INFO(TFS_DATA_COUNTERS)};
 constexpr CounterInfo kPosix[] = {TFS_COUNTER_INFO(TFS_POSIX_COUNTERS)};
 constexpr CounterInfo kWbuf[] = {TFS_COUNTER_INFO(TFS_WBUF_COUNTERS)};
@@ -63,6 +64,12 @@ TEST(StatsTest, EveryCounterOfEveryTableIsInTheDocument) {
   ASSERT_TRUE(inst->Open(&b, 1, Options{}, &diag).ok()) << diag.text;
   ASSERT_TRUE(inst->fs().Mknod(posix::kRootIno, "f", 1, posix::kModeReg | 0644, 0, posix::Caller{}).ok());
   ASSERT_TRUE(inst->fs().FsyncDir(posix::kRootIno).ok());
+  {
+    auto f = inst->fs().Lookup(posix::kRootIno, "f", 1);
+    ASSERT_TRUE(f.ok());
+    const std::string block(4096, 'b');
+    ASSERT_TRUE(inst->fs().Write(f.value().ino, 0, block.data(), 4096, posix::Filesystem::kWriteDirect).ok());
+  }
 
   MemberExtras extras;
   extras.write = [](void* ctx, u32 member, JsonOut& w) {
@@ -74,6 +81,7 @@ TEST(StatsTest, EveryCounterOfEveryTableIsInTheDocument) {
   ExpectRows(Group(doc, "journal"), kJournal, "journal");
   ExpectRows(Group(doc, "btree"), kBtree, "btree");
   ExpectRows(Group(doc, "alloc"), kAlloc, "alloc");
+  ExpectRows(Group(doc, "accounting"), kAcct, "accounting");
   ExpectRows(Group(doc, "data"), kData, "data");
   ExpectRows(Group(doc, "posix"), kPosix, "posix");
   ExpectRows(Group(doc, "write_buffer"), kWbuf, "write_buffer");
@@ -93,6 +101,10 @@ TEST(StatsTest, EveryCounterOfEveryTableIsInTheDocument) {
   EXPECT_NE(doc.find(R"("extra":40})"), std::string::npos) << "the front end's fields close the member";
   EXPECT_NE(doc.find(R"("tiers":{"ssd":{"buckets":)"), std::string::npos) << doc;
   EXPECT_NE(Group(doc, "posix").find(R"("creates":1)"), std::string::npos) << "live values, not zeros";
+  // One block on ssd.a: 8 sectors of data with its one copy there.
+  EXPECT_NE(Group(doc, "accounting").find(R"("reserved_sectors":0,"replicas":[{"members":["ssd.a"],"sectors":8}])"),
+            std::string::npos)
+      << Group(doc, "accounting");
 
   // Too small a buffer: marked, never a document.
   char small[256];

@@ -176,6 +176,7 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
   // trees (PersistAlloc): before the journal runs, in memory only, written
   // by the mount's checkpoint.
   TFS_TRY(alloc_.Init(sb_));
+  TFS_TRY(acct_.Init(sb_));
   alloc_.SetPersist(PersistAlloc, this);
   rep.was_clean = sb_.clean();
   rep.lost_data_btrees = sb_.lost_data_btrees;
@@ -382,20 +383,25 @@ Status Store::ApplyBtreeKey(void* self, u64 seq, const journal::Key& key) {
 
 Status Store::LoadAlloc(bool journal_keys, OpenReport& rep, Diag* why) {
   alloc_.BeginLoad();
+  acct_.BeginLoad();
   rep.alloc_records = 0;
   rep.bad_alloc_records = 0;
   rep.alloc_why = Diag{};
   bad_alloc_keys_.Clear();
   auto take = [&](const btree::Pos& pos, const void* val, u32 len) {
     Diag d;
-    Status st = alloc_.LoadRecord(pos.inode, pos.offset, val, len, &d);
+    // Accounting keys above the members' range (a bad one: the rebuild
+    // rewrites them all, Store::RepairAcct), bucket records below.
+    const bool acct = alloc::IsAcctKey(pos.inode);
+    Status st = acct ? acct_.LoadKey(pos.inode, pos.offset, val, len, &d)
+                     : alloc_.LoadRecord(pos.inode, pos.offset, val, len, &d);
     if (st.ok()) {
       rep.alloc_records++;
       return;
     }
     rep.bad_alloc_records++;
     if (rep.alloc_why.empty()) rep.alloc_why = d;
-    if (pos.inode >= sb_.nr_members || pos.offset >= sb_.members[pos.inode].nbuckets)
+    if (!acct && (pos.inode >= sb_.nr_members || pos.offset >= sb_.members[pos.inode].nbuckets))
       bad_alloc_keys_.PushBack(pos).IgnoreError();  // (without memory: left for the next fsck)
   };
   btree::Iterator it(&btrees_, btree::kBtreeAlloc, 1024);
@@ -431,6 +437,49 @@ Status Store::LoadAllocForScan(void* self) {
   if (e->loading_rep_ == nullptr) return Status::Ok();
   OpenReport scratch;  // (the counts that matter are the load's after replay)
   return e->LoadAlloc(true, scratch);
+}
+
+Status Store::RepairAcct(const alloc::AcctValue* want, u32 n, bool whole) {
+  btree::Transaction tx(&btrees_);
+  auto queue = [&](auto&& op) -> Status {  // one key; a full entry is committed first
+    Status st = op();
+    if (st.code() == Err::kTooBig && tx.size() > 0) {
+      TFS_TRY(tx.Commit().status());
+      st = op();
+    }
+    return st;
+  };
+  if (whole) {
+    // Every accounting key the tree holds that want[] does not set: gone
+    // (bad ones included -- the load skipped them).
+    // (Listed first, deleted after: no commit under the walk.)
+    Vector<btree::Pos> drop;
+    btree::Iterator it(&btrees_, btree::kBtreeAlloc, 256);
+    Status st;
+    for (st = it.Seek(btree::Pos{btree::kBtreeAlloc, alloc::kAcctInodeBase, 0}); st.ok() && it.Valid();
+         st = it.Next()) {
+      const btree::Pos pos = it.pos();
+      bool listed = false;
+      for (u32 i = 0; i < n && !listed; i++)
+        listed = want[i].sectors != 0 && pos.inode == alloc::AcctInode(want[i].kind) && pos.offset == want[i].offset;
+      if (!listed) TFS_TRY(drop.PushBack(pos));
+    }
+    TFS_TRY(st);
+    for (const btree::Pos& pos : drop) TFS_TRY(queue([&] { return tx.Delete(pos); }));
+  }
+  for (u32 i = 0; i < n; i++) {
+    const btree::Pos pos{btree::kBtreeAlloc, alloc::AcctInode(want[i].kind), want[i].offset};
+    alloc::AcctRecord r;
+    alloc::EncodeAcct(want[i].kind, want[i].sectors, &r);
+    if (want[i].sectors == 0) {
+      TFS_TRY(queue([&] { return tx.Delete(pos); }));
+    } else {
+      TFS_TRY(queue([&] { return tx.Set(pos, &r, sizeof(r)); }));
+    }
+  }
+  if (tx.size() > 0) TFS_TRY(tx.Commit().status());
+  if (whole) acct_.BeginLoad();
+  return acct_.Set(want, n);
 }
 
 Status Store::DeleteBadAllocKeys() {

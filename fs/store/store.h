@@ -31,6 +31,7 @@
 #ifndef TFS_STORE_STORE_H_
 #define TFS_STORE_STORE_H_
 
+#include "alloc/accounting.h"
 #include "alloc/allocator.h"
 #include "btree/tree.h"
 #include "dev/device_set.h"
@@ -119,7 +120,7 @@ struct OpenReport {
   // state); alloc_why is the first bad one's line. A read-write open refuses
   // a bad record unless rebuild_alloc rebuilds the allocation state.
   u64 alloc_records = 0;
-  u64 bad_alloc_records = 0;
+  u64 bad_alloc_records = 0;  // accounting keys among them (alloc/accounting.h)
   Diag alloc_why;
   bool alloc_rebuilt = false;  // rebuild_alloc ran
   bool roots_rebuilt = false;  // rebuild_roots rebuilt the trees from a node scan
@@ -184,6 +185,17 @@ class Store {
   bool read_only() const { return read_only_; }
   dev::DeviceSet& devs() { return devs_; }
   alloc::Allocator& alloc() { return alloc_; }
+  // The accounting keys' totals (alloc/accounting.h), loaded with the
+  // allocator by the walk of the alloc btree.
+  alloc::Accounting& acct() { return acct_; }
+  const alloc::Accounting& acct() const { return acct_; }
+  // Sets accounting keys to `n` totals (a total of 0 deletes its key) in
+  // btree transactions, then the totals in memory: the mount's check of the
+  // totals against the extents and fsck's repairs, while nothing else
+  // commits (no commit hook may stage meanwhile). With `whole`, every other
+  // accounting key in the tree is deleted too (fsck's rebuild: want[] is
+  // every total). kTooBig never: a batch too big for one entry is split.
+  Status RepairAcct(const alloc::AcctValue* want, u32 n, bool whole);
   journal::Journal& journal() { return journal_; }
   btree::Btrees& btrees() { return btrees_; }
   bool open() const { return open_; }
@@ -214,6 +226,7 @@ class Store {
   sb::Superblock sb_{};
   dev::DeviceSet devs_;
   alloc::Allocator alloc_;
+  alloc::Accounting acct_;
   journal::Journal journal_;
   btree::Btrees btrees_;
   bool open_ = false;

@@ -1,0 +1,218 @@
+// Accounting keys and their totals (see accounting.h).
+#include "alloc/accounting.h"
+
+#include "platform/platform.h"
+#include "util/bits.h"
+
+namespace tfs::alloc {
+
+u64 AcctMaxSectors(const sb::Superblock& sb) {
+  const u64 bucket_sectors = sb.bucket_size / 512;
+  u64 total = 0;
+  for (u32 m = 0; m < sb.nr_members && m < sb::kSbMaxMembers; m++) total += sb.members[m].nbuckets;
+  // (No overflow: below 2^64 / kCountFactor members' worth of sectors.)
+  return total * bucket_sectors * kCountFactor;
+}
+
+void EncodeAcct(AcctKind kind, u64 sectors, AcctRecord* out) {
+  MemSet(out, 0, sizeof(*out));
+  out->sectors.set(sectors);
+  out->kind = u8(kind);
+}
+
+Status ParseAcct(const sb::Superblock& sb, u64 inode, u64 offset, const void* val, u32 len, u64* sectors,
+                 Diag* diag) {
+  if (inode < kAcctInodeBase || inode - kAcctInodeBase >= kAcctKinds)
+    return DiagError(diag, Err::kCorrupt, "alloc: accounting key (%llu, %llu): no such kind",
+                     (unsigned long long)inode, (unsigned long long)offset);
+  const u32 kind = u32(inode - kAcctInodeBase);
+  if (len != sizeof(AcctRecord))
+    return DiagError(diag, Err::kCorrupt, "alloc: accounting key (kind %u, %llu): value of %u bytes, not %u", kind,
+                     (unsigned long long)offset, len, unsigned(sizeof(AcctRecord)));
+  AcctRecord r;
+  MemCopy(&r, val, sizeof(r));
+  bool zero = true;
+  for (u8 b : r.reserved) zero &= b == 0;
+  if (r.kind != kind || !zero)
+    return DiagError(diag, Err::kCorrupt, "alloc: accounting key (kind %u, %llu): its value says kind %u%s", kind,
+                     (unsigned long long)offset, unsigned(r.kind), zero ? "" : " and has reserved bytes set");
+  switch (AcctKind(kind)) {
+    case AcctKind::kReserved:
+      if (offset != 0)
+        return DiagError(diag, Err::kCorrupt, "alloc: reserved-sectors key at offset %llu, not 0",
+                         (unsigned long long)offset);
+      break;
+    case AcctKind::kReplicas: {
+      const u64 all = sb.nr_members >= 64 ? ~u64(0) : (u64(1) << sb.nr_members) - 1;
+      if (offset == 0 || PopCount(offset) > kAcctMaxMembers || (offset & ~all) != 0)
+        return DiagError(diag, Err::kCorrupt,
+                         "alloc: replicas key for members 0x%llx: not 1 to %u of the filesystem's %u members",
+                         (unsigned long long)offset, kAcctMaxMembers, unsigned(sb.nr_members));
+      break;
+    }
+  }
+  const u64 s = r.sectors.get();
+  if (s > AcctMaxSectors(sb))
+    return DiagError(diag, Err::kCorrupt, "alloc: accounting key (kind %u, %llu): %llu sectors, more than the "
+                     "members can hold (%llu)", kind, (unsigned long long)offset, (unsigned long long)s,
+                     (unsigned long long)AcctMaxSectors(sb));
+  *sectors = s;
+  return Status::Ok();
+}
+
+Status Accounting::Init(const sb::Superblock& sb) {
+  MutexLock l(mu_);
+  sb_ = sb;
+  max_sectors_ = AcctMaxSectors(sb);
+  reserved_ = 0;
+  replicas_.Clear();
+  keys_loaded_ = 0;
+  return Status::Ok();
+}
+
+void Accounting::BeginLoad() {
+  MutexLock l(mu_);
+  reserved_ = 0;
+  replicas_.Clear();
+  keys_loaded_ = 0;
+}
+
+usize Accounting::FindLocked(dev::DevMask mask, bool* found) const {
+  usize lo = 0, hi = replicas_.size();
+  while (lo < hi) {
+    const usize mid = lo + (hi - lo) / 2;
+    if (replicas_[mid].members < mask) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  *found = lo < replicas_.size() && replicas_[lo].members == mask;
+  return lo;
+}
+
+void Accounting::PutLocked(AcctKind kind, u64 offset, u64 sectors) {
+  if (kind == AcctKind::kReserved) {
+    reserved_ = sectors;
+    return;
+  }
+  bool found;
+  const usize at = FindLocked(dev::DevMask(offset), &found);
+  if (found) {
+    replicas_[at].sectors = sectors;
+    return;
+  }
+  // A new set, in order (the caller made room: the push cannot fail).
+  TFS_BUG_ON(replicas_.size() == replicas_.capacity());
+  replicas_.PushBack(ReplicasEntry{}).IgnoreError();
+  for (usize i = replicas_.size() - 1; i > at; i--) replicas_[i] = replicas_[i - 1];
+  replicas_[at] = ReplicasEntry{dev::DevMask(offset), sectors};
+}
+
+Status Accounting::LoadKey(u64 inode, u64 offset, const void* val, u32 len, Diag* diag) {
+  u64 sectors;
+  TFS_TRY(ParseAcct(sb_, inode, offset, val, len, &sectors, diag));
+  MutexLock l(mu_);
+  TFS_TRY(replicas_.Grow(replicas_.size() + 1));
+  PutLocked(AcctKind(inode - kAcctInodeBase), offset, sectors);
+  keys_loaded_++;
+  return Status::Ok();
+}
+
+Status Accounting::Stage(const AcctChange* changes, u32 n, AcctValue* out) {
+  MutexLock l(mu_);
+  u32 fresh = 0;
+  for (u32 i = 0; i < n; i++) {
+    const AcctChange& c = changes[i];
+    AcctValue& v = out[i];
+    v = AcctValue{};
+    v.kind = c.kind;
+    v.offset = c.offset;
+    u64 have = 0;
+    if (c.kind == AcctKind::kReserved) {
+      have = reserved_;
+    } else {
+      bool found;
+      const usize at = FindLocked(dev::DevMask(c.offset), &found);
+      if (found) {
+        have = replicas_[at].sectors;
+      } else {
+        fresh++;
+      }
+    }
+    if (c.sectors < 0 && u64(-c.sectors) > have) {
+      v.sectors = 0;
+      v.underflow = true;
+    } else if (c.sectors > 0 && u64(c.sectors) > max_sectors_ - Min(have, max_sectors_)) {
+      v.sectors = max_sectors_;
+      v.overflow = true;
+    } else {
+      v.sectors = u64(i64(have) + c.sectors);
+    }
+  }
+  // Room for the new sets now (Publish cannot fail).
+  if (fresh > 0) TFS_TRY(replicas_.Grow(replicas_.size() + fresh));
+  return Status::Ok();
+}
+
+void Accounting::Publish(const AcctValue* staged, u32 n) {
+  u64 under = 0, over = 0;
+  {
+    MutexLock l(mu_);
+    for (u32 i = 0; i < n; i++) {
+      PutLocked(staged[i].kind, staged[i].offset, staged[i].sectors);
+      under += staged[i].underflow;
+      over += staged[i].overflow;
+    }
+  }
+  ctr_.acct_records.FetchAdd(n, MemOrder::kRelaxed);
+  if (under != 0) ctr_.acct_underflows.FetchAdd(under, MemOrder::kRelaxed);
+  if (over != 0) ctr_.acct_overflows.FetchAdd(over, MemOrder::kRelaxed);
+}
+
+Status Accounting::Set(const AcctValue* values, u32 n) {
+  MutexLock l(mu_);
+  TFS_TRY(replicas_.Grow(replicas_.size() + n));
+  for (u32 i = 0; i < n; i++) {
+    const AcctValue& v = values[i];
+    if (v.kind == AcctKind::kReplicas && v.sectors == 0) {
+      bool found;
+      const usize at = FindLocked(dev::DevMask(v.offset), &found);
+      if (found) replicas_.Erase(at);
+      continue;
+    }
+    PutLocked(v.kind, v.offset, v.sectors);
+  }
+  ctr_.acct_repairs.FetchAdd(n, MemOrder::kRelaxed);
+  return Status::Ok();
+}
+
+u64 Accounting::reserved_sectors() const {
+  MutexLock l(mu_);
+  return reserved_;
+}
+
+u64 Accounting::Get(AcctKind kind, u64 offset) const {
+  MutexLock l(mu_);
+  if (kind == AcctKind::kReserved) return offset == 0 ? reserved_ : 0;
+  bool found;
+  const usize at = FindLocked(dev::DevMask(offset), &found);
+  return found && offset == u64(dev::DevMask(offset)) ? replicas_[at].sectors : 0;
+}
+
+u32 Accounting::Replicas(ReplicasEntry* out, u32 cap) const {
+  MutexLock l(mu_);
+  for (u32 i = 0; i < cap && i < replicas_.size(); i++) out[i] = replicas_[i];
+  return u32(replicas_.size());
+}
+
+AcctStats Accounting::Stats() const {
+  AcctStats s;
+  TFS_COUNTER_LOAD(TFS_ACCT_COUNTERS, ctr_, s);
+  MutexLock l(mu_);
+  s.keys_loaded = keys_loaded_;
+  s.replicas_entries = replicas_.size();
+  return s;
+}
+
+}  // namespace tfs::alloc

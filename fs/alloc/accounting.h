@@ -1,0 +1,139 @@
+// Accounting: the totals the bucket records cannot give (docs/design/copies.md,
+// "Accounting records"; format: docs/format/alloc.md, "Accounting keys") --
+// the unwritten (fallocate) sectors of the filesystem (kReserved) and the
+// sectors of extents per set of members their copies are on (kReplicas,
+// bcachefs's replicas entries: degraded data and sole copies are read from
+// them). Each is one key of the alloc btree above the members' range
+// (alloc/format.h, kAcctInodeBase) holding the total itself.
+//
+// Who changes them: the data path's commit hook, under the btree's
+// commit_mu (Stage: the new totals of the keys a transaction changes, from
+// the published ones plus its change; Publish once the journal took them),
+// so the keys' values follow journal order and the last one replayed is the
+// total. The Store loads them at mount (BeginLoad, LoadKey per key: the
+// last value wins, so the journal's keys may be loaded over the tree's) and
+// repairs them (Store::RepairAcct: the mount's check, fsck), while nothing
+// else commits. Everything that is a sum over buckets (per member, per
+// target, by state) is the allocator's, not kept here.
+//
+// Thread safety: every method from any thread; mu_ guards the totals and
+// is held only for a few memory operations (the commit hook takes it under
+// commit_mu), never across I/O or a btree call.
+#ifndef TFS_ALLOC_ACCOUNTING_H_
+#define TFS_ALLOC_ACCOUNTING_H_
+
+#include "alloc/format.h"
+#include "dev/device_set.h"
+#include "platform/sync.h"
+#include "sb/superblock.h"
+#include "util/counters.h"
+#include "util/diag.h"
+#include "util/vector.h"
+
+namespace tfs::alloc {
+
+// The key of (kind, offset): its inode in the alloc btree.
+inline u64 AcctInode(AcctKind kind) { return kAcctInodeBase + u64(kind); }
+
+// Parses the accounting key (inode, offset) and its value against the
+// filesystem's geometry: kCorrupt with a one-line Diag for an inode past
+// the kinds, a value of another size or kind, reserved bytes set, a
+// kReserved key at an offset other than 0, a kReplicas mask of 0 or more
+// than kAcctMaxMembers bits or a bit past the members, and sectors beyond
+// what the members can count (AcctMaxSectors).
+Status ParseAcct(const sb::Superblock& sb, u64 inode, u64 offset, const void* val, u32 len, u64* sectors,
+                 Diag* diag);
+void EncodeAcct(AcctKind kind, u64 sectors, AcctRecord* out);
+// The most sectors a valid key may hold: every member's buckets full of
+// logical sectors (kCountFactor times their own).
+u64 AcctMaxSectors(const sb::Superblock& sb);
+
+// One transaction's change of one key (one per key: the caller sums).
+struct AcctChange {
+  AcctKind kind = AcctKind::kReserved;
+  u64 offset = 0;   // kReplicas: the member mask; kReserved: 0
+  i64 sectors = 0;  // the net change
+};
+// A key's new total: Stage's (from a change), or a repair's.
+struct AcctValue {
+  AcctKind kind = AcctKind::kReserved;
+  u64 offset = 0;
+  u64 sectors = 0;
+  // Stage: the change would have gone below 0, or past AcctMaxSectors
+  // (stopped there; counted by Publish: damage, fsck recounts).
+  bool underflow = false;
+  bool overflow = false;
+};
+struct ReplicasEntry {
+  dev::DevMask members = 0;
+  u64 sectors = 0;
+};
+
+#define TFS_ACCT_COUNTERS(X, A)                                                                               \
+  X(keys_loaded, level, "accounting keys the mount loaded from the alloc btree")                            \
+  X(acct_records, counter, "accounting keys extent transactions carried (one per total a commit changed)")  \
+  X(acct_underflows, counter, "totals that would have gone below 0 in a journaled commit: stopped at 0 (damage; fsck recounts)") \
+  X(acct_overflows, counter, "totals that would have passed what the members can hold: stopped there (damage)") \
+  X(acct_repairs, counter, "accounting keys set to what the extents say (the mount's check, fsck)")         \
+  X(replicas_entries, level, "sets of members data has copies on (kReplicas keys in memory)")
+
+struct AcctStats {
+  TFS_COUNTER_FIELDS(TFS_ACCT_COUNTERS)
+};
+
+class Accounting {
+ public:
+  Accounting() = default;
+  Accounting(const Accounting&) = delete;
+  Accounting& operator=(const Accounting&) = delete;
+
+  // Every total 0, for sb's geometry.
+  Status Init(const sb::Superblock& sb);
+  // The mount's load (nothing else uses it meanwhile): BeginLoad forgets
+  // every total; LoadKey takes one key's (ParseAcct's kCorrupt for a bad
+  // one: the total is left as it was), replacing what an earlier key of
+  // the same position gave.
+  void BeginLoad();
+  Status LoadKey(u64 inode, u64 offset, const void* val, u32 len, Diag* diag = nullptr);
+
+  // The commit hook's prepare (under commit_mu): each change's new total
+  // (published + change) into out[i], with its key's record; changes no
+  // total. Makes room for the sets not seen before, so that Publish cannot
+  // fail: kNoMemory (the commit fails, nothing journaled) without it.
+  Status Stage(const AcctChange* changes, u32 n, AcctValue* out);
+  // Once the journal took them: the staged totals become the published
+  // ones (a total of 0 stays a key of 0: SetLater slots hold values).
+  // Counts what Stage met.
+  void Publish(const AcctValue* staged, u32 n);
+  // A repair's totals (Store::RepairAcct, after its commit): a total of 0
+  // forgets the set (its key was deleted). kNoMemory with nothing changed.
+  Status Set(const AcctValue* values, u32 n);
+
+  u64 reserved_sectors() const;
+  // The total of one key (0 when none).
+  u64 Get(AcctKind kind, u64 offset) const;
+  // Every kReplicas total, zeros included, in mask order: into out[0..cap);
+  // returns how many there are.
+  u32 Replicas(ReplicasEntry* out, u32 cap) const;
+  AcctStats Stats() const;
+
+ private:
+  // The entry of `mask` in replicas_ (sorted by mask), or where it would go.
+  usize FindLocked(dev::DevMask mask, bool* found) const TFS_REQUIRES(mu_);
+  // Sets one total (mu_ held; room made): a new mask inserted in order.
+  void PutLocked(AcctKind kind, u64 offset, u64 sectors) TFS_REQUIRES(mu_);
+
+  sb::Superblock sb_{};
+  u64 max_sectors_ = 0;
+  mutable Mutex mu_;
+  u64 reserved_ TFS_GUARDED_BY(mu_) = 0;
+  Vector<ReplicasEntry> replicas_ TFS_GUARDED_BY(mu_);
+  u64 keys_loaded_ TFS_GUARDED_BY(mu_) = 0;
+  struct Live {
+    TFS_COUNTER_ATOMICS(TFS_ACCT_COUNTERS)
+  } ctr_;
+};
+
+}  // namespace tfs::alloc
+
+#endif  // TFS_ALLOC_ACCOUNTING_H_
