@@ -170,9 +170,13 @@ void Accounting::Publish(const AcctValue* staged, u32 n) {
   if (over != 0) ctr_.acct_overflows.FetchAdd(over, MemOrder::kRelaxed);
 }
 
-Status Accounting::Set(const AcctValue* values, u32 n) {
+Status Accounting::MakeRoom(u32 n) {
   MutexLock l(mu_);
-  TFS_TRY(replicas_.Grow(replicas_.size() + n));
+  return replicas_.Grow(replicas_.size() + n);
+}
+
+void Accounting::Set(const AcctValue* values, u32 n) {
+  MutexLock l(mu_);
   for (u32 i = 0; i < n; i++) {
     const AcctValue& v = values[i];
     if (v.kind == AcctKind::kReplicas && v.sectors == 0) {
@@ -184,7 +188,6 @@ Status Accounting::Set(const AcctValue* values, u32 n) {
     PutLocked(v.kind, v.offset, v.sectors);
   }
   ctr_.acct_repairs.FetchAdd(n, MemOrder::kRelaxed);
-  return Status::Ok();
 }
 
 u64 Accounting::reserved_sectors() const {

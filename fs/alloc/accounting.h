@@ -92,7 +92,8 @@ class Accounting {
   // The mount's load (nothing else uses it meanwhile): BeginLoad forgets
   // every total; LoadKey takes one key's (ParseAcct's kCorrupt for a bad
   // one: the total is left as it was), replacing what an earlier key of
-  // the same position gave.
+  // the same position gave; kNoMemory (not a bad key) when a new set
+  // finds no room.
   void BeginLoad();
   Status LoadKey(u64 inode, u64 offset, const void* val, u32 len, Diag* diag = nullptr);
 
@@ -105,9 +106,12 @@ class Accounting {
   // ones (a total of 0 stays a key of 0: SetLater slots hold values).
   // Counts what Stage met.
   void Publish(const AcctValue* staged, u32 n);
-  // A repair's totals (Store::RepairAcct, after its commit): a total of 0
-  // forgets the set (its key was deleted). kNoMemory with nothing changed.
-  Status Set(const AcctValue* values, u32 n);
+  // Room for `n` sets more (kNoMemory): a repair makes it before its
+  // commit, so that Set, after the commit, cannot fail.
+  Status MakeRoom(u32 n);
+  // A repair's totals (Store::RepairAcct, after its commit and MakeRoom(n)):
+  // a total of 0 forgets the set (its key was deleted).
+  void Set(const AcctValue* values, u32 n);
 
   u64 reserved_sectors() const;
   // The total of one key (0 when none).

@@ -162,7 +162,8 @@ TEST(AccountingTest, StageChangesNothingAndPublishCountsWhatItMet) {
   fix.kind = AcctKind::kReplicas;
   fix.offset = 0x1;
   fix.sectors = 0;
-  ASSERT_TRUE(a.Set(&fix, 1).ok());
+  ASSERT_TRUE(a.MakeRoom(1).ok());
+  a.Set(&fix, 1);
   ReplicasEntry e[4];
   ASSERT_EQ(a.Replicas(e, 4), 1u);
   EXPECT_EQ(e[0].members, 0x6u);

@@ -167,9 +167,13 @@ Status DataPath::CheckAcct(const ExtentCounts& counts) {
   auto fix = [&](alloc::AcctKind kind, u64 offset, u64 have, u64 want) -> Status {
     if (have == want) return Status::Ok();
     if (fixes.size() < 10) {
-      platform::Log(platform::LogLevel::kWarn, "data: accounting total (%s 0x%llx) is %llu sectors, its extents "
-                    "%llu: set to the extents'", kind == alloc::AcctKind::kReserved ? "reserved" : "replicas",
-                    (unsigned long long)offset, (unsigned long long)have, (unsigned long long)want);
+      if (kind == alloc::AcctKind::kReserved)
+        platform::Log(platform::LogLevel::kWarn, "data: the reserved total is %llu sectors, the unwritten extents "
+                      "hold %llu: set to theirs", (unsigned long long)have, (unsigned long long)want);
+      else
+        platform::Log(platform::LogLevel::kWarn, "data: the total of data on members 0x%llx is %llu sectors, its "
+                      "extents hold %llu: set to theirs", (unsigned long long)offset, (unsigned long long)have,
+                      (unsigned long long)want);
     }
     alloc::AcctValue v;
     v.kind = kind;
@@ -212,6 +216,7 @@ Status AcctTotals(const ExtentCounts& counts, Vector<alloc::AcctValue>* out) {
 Status CountExtents(btree::Btrees* trees, const sb::Superblock& sb, const alloc::Allocator& a, ExtentCounts* out) {
   for (u32 d = 0; d < a.members(); d++) TFS_TRY(out->sums[d].Resize(2 * a.nbuckets(d)));
   Iterator it(trees, btree::kBtreeExtents);
+  usize last_set = ~usize(0);
   Status st = it.SeekToFirst();
   for (; st.ok() && it.Valid(); st = it.Next()) {
     Extent e;
@@ -224,16 +229,20 @@ Status CountExtents(btree::Btrees* trees, const sb::Superblock& sb, const alloc:
       continue;
     }
     // Its set's total (the same rule as the data path's: CountedMembers).
+    // (Consecutive extents mostly share a set: the last one's is tried first.)
     const dev::DevMask set = CountedMembers(sb, e);
     if (set != 0) {
-      usize k = 0;
-      while (k < out->replicas.size() && out->replicas[k].members < set) k++;
-      if (k == out->replicas.size() || out->replicas[k].members != set) {
-        TFS_TRY(out->replicas.PushBack(alloc::ReplicasEntry{}));
-        for (usize j = out->replicas.size() - 1; j > k; j--) out->replicas[j] = out->replicas[j - 1];
-        out->replicas[k] = alloc::ReplicasEntry{set, 0};
+      if (last_set >= out->replicas.size() || out->replicas[last_set].members != set) {
+        usize k = 0;
+        while (k < out->replicas.size() && out->replicas[k].members < set) k++;
+        if (k == out->replicas.size() || out->replicas[k].members != set) {
+          TFS_TRY(out->replicas.PushBack(alloc::ReplicasEntry{}));
+          for (usize j = out->replicas.size() - 1; j > k; j--) out->replicas[j] = out->replicas[j - 1];
+          out->replicas[k] = alloc::ReplicasEntry{set, 0};
+        }
+        last_set = k;
       }
-      out->replicas[k].sectors += PtrSectors(e);
+      out->replicas[last_set].sectors += PtrSectors(e);
     }
     bool bad_ptr = false;
     for (u32 i = 0; i < e.nr_ptrs; i++) {

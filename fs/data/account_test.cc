@@ -130,8 +130,10 @@ struct Accounts {
   std::vector<std::unique_ptr<JournalFailDevice>> fails;
   store::OpenOptions so;
   std::unique_ptr<testing::MountedFs> m;
-  // What the next mounts' check must find to fix (-1: whatever it finds).
+  // What the next mounts' check must find to fix (-1: whatever it finds):
+  // bucket counts, accounting totals.
   i64 want_mismatches = 0;
+  i64 want_acct = 0;
 
   Accounts(u32 members, const store::FormatOptions& fo, const store::OpenOptions& o = {}) : so(o) {
     for (u32 i = 0; i < members; i++) mems.push_back(Member());
@@ -165,8 +167,8 @@ struct Accounts {
     if (want_mismatches >= 0) {
       EXPECT_EQ(found, u64(want_mismatches)) << "the records' counts differed from the extents'";
     }
-    if (want_mismatches == 0) {
-      EXPECT_EQ(m->data.GetStats().acct_mismatches, 0u) << "the accounting totals differed from the extents'";
+    if (want_acct >= 0) {
+      EXPECT_EQ(m->data.GetStats().acct_mismatches, u64(want_acct)) << "the accounting totals differed from the extents'";
     }
     EXPECT_EQ(m->store->alloc().Stats().count_repairs, found);
   }
@@ -420,14 +422,19 @@ struct Accounts {
   void ExpectFsckClean() {
     m.reset();
     std::string out;
-    fsck::Options o;
-    auto devs = Devs();
-    fsck::Report r = fsck::Check(devs.data(), u32(devs.size()), o, [](void* ctx, const char* line) {
-      *static_cast<std::string*>(ctx) += std::string(line) + "\n";
-    }, &out);
+    fsck::Report r = FsckUnmounted(&out);
     EXPECT_EQ(r.exit_code, fsck::kExitClean) << out;
     EXPECT_EQ(r.errors, 0u) << out;
     Mount();
+  }
+  // fsck -n of the members; unmounts first (and leaves them unmounted).
+  fsck::Report FsckUnmounted(std::string* out) {
+    m.reset();
+    fsck::Options o;
+    auto devs = Devs();
+    return fsck::Check(devs.data(), u32(devs.size()), o, [](void* ctx, const char* line) {
+      *static_cast<std::string*>(ctx) += std::string(line) + "\n";
+    }, out);
   }
   // What a power cut leaves now (every member's volatile cache lost at
   // once; `torn`: each unflushed block kept or not by a seeded coin).
@@ -775,6 +782,56 @@ TEST(AccountTest, AnUnderflowIsCountedOnlyWhenItsCommitIsJournaled) {
   c->CheckViews();
   c->want_mismatches = 0;
   c->ExpectFsckClean();
+}
+
+// Accounting totals made wrong behind the data path's back -- the set the
+// data is on raised, a set no extent has (both members: every file here
+// has one copy), the reserved total where nothing is unwritten -- by a
+// transaction of keys, then an unmount: fsck -n reports each, the next
+// mount's check finds exactly those (data.acct_mismatches), sets them to
+// the extents' (the set with no extent deleted), the three views agree,
+// and the mount after that finds nothing.
+TEST(AccountTest, TheMountSetsAccountingTotalsThatDifferFromTheExtents) {
+  auto t = std::make_unique<Accounts>(2, testing::SmallFormat());
+  const u64 f = t->Create("f");
+  const std::string fb = Bytes(50 * data::kBlockSize, 3);
+  ASSERT_TRUE(t->fs().Write(f, 0, fb.data(), u32(fb.size()), Filesystem::kWriteDirect).ok());
+  ASSERT_TRUE(t->fs().Fsync(f).ok());
+  t->CheckViews();
+  std::vector<alloc::ReplicasEntry> sets(t->m->store->acct().Replicas(nullptr, 0));
+  t->m->store->acct().Replicas(sets.data(), u32(sets.size()));
+  ASSERT_FALSE(sets.empty());
+  ASSERT_EQ(t->m->store->acct().Get(alloc::AcctKind::kReplicas, 0x3), 0u) << "a file of one copy on both members";
+  const alloc::ReplicasEntry data_set = sets[0];
+  btree::Transaction tx(&t->m->store->btrees());
+  auto put = [&](alloc::AcctKind kind, u64 offset, u64 sectors) {
+    alloc::AcctRecord r;
+    alloc::EncodeAcct(kind, sectors, &r);
+    ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeAlloc, alloc::AcctInode(kind), offset}, &r, sizeof(r)).ok());
+  };
+  put(alloc::AcctKind::kReplicas, data_set.members, data_set.sectors + 80);
+  put(alloc::AcctKind::kReplicas, 0x3, 160);
+  put(alloc::AcctKind::kReserved, 0, 40);
+  ASSERT_TRUE(tx.Commit().ok());
+  std::string out;
+  const fsck::Report r = t->FsckUnmounted(&out);
+  EXPECT_EQ(r.exit_code, fsck::kExitUncorrected) << out;
+  EXPECT_EQ(r.errors, 3u) << out;
+  EXPECT_NE(out.find("alloc: the total of data on members 0x3 is 160 sectors, its extents hold 0"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("alloc: the reserved total is 40 sectors, the unwritten extents hold 0"), std::string::npos)
+      << out;
+  t->want_acct = 3;
+  t->Mount();
+  EXPECT_EQ(t->m->store->acct().Stats().acct_repairs, 3u);
+  EXPECT_EQ(t->m->store->acct().Get(alloc::AcctKind::kReplicas, data_set.members), data_set.sectors);
+  EXPECT_EQ(t->m->store->acct().reserved_sectors(), 0u);
+  t->CheckViews();
+  EXPECT_TRUE(t->Read(f, fb.size() + 1) == fb);
+  t->want_acct = 0;
+  t->Remount();
+  t->CheckViews();
+  t->ExpectFsckClean();
 }
 
 // Every user bucket's record made wrong behind the allocator's back -- one

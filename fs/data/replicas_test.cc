@@ -84,7 +84,13 @@ struct Replicas {
     for (auto& g : gates) d.push_back(g.get());
     return d;
   }
-  void Mount() { m = std::make_unique<testing::MountedFs>(Devs()); }
+  // Every mount's check finds the counts and the accounting totals (the
+  // sets of the copies written, degraded ones included) as the extents say.
+  void Mount() {
+    m = std::make_unique<testing::MountedFs>(Devs());
+    EXPECT_EQ(m->data.GetStats().count_mismatches, 0u);
+    EXPECT_EQ(m->data.GetStats().acct_mismatches, 0u);
+  }
   void Remount() {
     m.reset();
     Mount();

@@ -461,8 +461,9 @@ TEST(CopiesTest, FsckRebuildCountsWhatTheDataPathCounts) {
   EXPECT_NE(out.find("rebuilt every member's allocation state"), std::string::npos) << out;
   t.WithFs([&](testing::MountedFs& m) {
     // The mount's check of the records against the extents (step 3b-2)
-    // found the rebuild's counts right.
+    // found the rebuild's counts right, and its accounting totals.
     EXPECT_EQ(m.data.GetStats().count_mismatches, 0u);
+    EXPECT_EQ(m.data.GetStats().acct_mismatches, 0u);
     // Every bucket's counts are the extents' recount (and the allocator's
     // kept sums its buckets').
     const auto recount = RecountExtents(m);

@@ -100,7 +100,8 @@ void WriteAlloc(store::Store& store, JsonOut& w) {
 
 // The accounting totals (alloc/accounting.h): the reserved (unwritten)
 // sectors and, per set of members data has copies on, its sectors -- the
-// members named by label -- then the counters.
+// members named by label; the first kCtlSets sets with data, then how many
+// more there are (the document has a fixed buffer) -- then the counters.
 void WriteAccounting(store::Store& store, JsonOut& w) {
   const alloc::Accounting& acct = store.acct();
   w.UintField("reserved_sectors", acct.reserved_sectors());
@@ -108,10 +109,17 @@ void WriteAccounting(store::Store& store, JsonOut& w) {
   // (A set added between the two calls is left for the next reading.)
   const bool listed = sets.Resize(acct.Replicas(nullptr, 0)).ok();
   const u32 n = listed ? Min<u32>(acct.Replicas(sets.data(), u32(sets.size())), u32(sets.size())) : 0;
+  constexpr u32 kCtlSets = 16;
+  u32 listed_sets = 0, more = 0;
   w.Key("replicas");
   w.BeginArray();
   for (u32 i = 0; i < n; i++) {
     if (sets[i].sectors == 0) continue;
+    if (listed_sets == kCtlSets) {
+      more++;
+      continue;
+    }
+    listed_sets++;
     w.BeginObject();
     w.Key("members");
     w.BeginArray();
@@ -122,6 +130,7 @@ void WriteAccounting(store::Store& store, JsonOut& w) {
     w.EndObject();
   }
   w.EndArray();
+  w.UintField("replicas_unlisted", more);
   TFS_COUNTER_JSON(TFS_ACCT_COUNTERS, w, acct.Stats());
 }
 

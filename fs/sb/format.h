@@ -28,7 +28,7 @@ inline constexpr u64 kSbMagic = 0x3130734672656954ull;  // "TierFs01" read as LE
 // (docs/format/alloc.md), no backpointers. 2: extents with pointer lists
 // (data/extent.h, docs/design/copies.md). Versions 1 to 3 were never
 // released: refused, never migrated.
-inline constexpr u16 kSbVersion = 4;
+inline constexpr u16 kSbVersion = 5;
 inline constexpr u32 kSbSize = 8192;
 inline constexpr u64 kSbPrimaryOffset = 4096;
 inline constexpr u64 kSbBackupOffset = 512 * 1024;

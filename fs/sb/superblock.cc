@@ -108,6 +108,11 @@ Status Decode(const void* buf, u64 device_size, Superblock* out, Diag* diag) {
                      "superblock format version 3 kept no backpointers; this build reads version %u: reformat; "
                      "nothing released used it",
                      unsigned(kSbVersion));
+  if (f->version.get() == 4)
+    return DiagError(diag, Err::kBadVersion,
+                     "superblock format version 4 kept no accounting keys; this build reads version %u: reformat; "
+                     "nothing released used it",
+                     unsigned(kSbVersion));
   if (f->version.get() != kSbVersion)
     return DiagError(diag, Err::kBadVersion, "superblock version %u not supported (this build reads %u)",
                      unsigned(f->version.get()), unsigned(kSbVersion));

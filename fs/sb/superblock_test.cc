@@ -184,11 +184,12 @@ TEST(SuperblockTest, ReadFallsBackToBackupWhenPrimaryIsCorrupt) {
 }
 
 // Format versions 1 (one pointer an extent), 2 (allocation tables on every
-// member) and 3 (the alloc btree without backpointers) were never released:
+// member), 3 (the alloc btree without backpointers) and 4 (no accounting
+// keys) were never released:
 // a device with any of them is refused in one line that says to reformat;
 // other versions get the plain line.
-TEST(SuperblockTest, VersionsOneToThreeAreRefusedWithOneLine) {
-  ASSERT_EQ(kSbVersion, 4);
+TEST(SuperblockTest, VersionsOneToFourAreRefusedWithOneLine) {
+  ASSERT_EQ(kSbVersion, 5);
   auto dev = Dev("old");
   ASSERT_TRUE(Write(*dev, MakeSb(1), 0).ok());
   auto set_version = [&](u16 v) {
@@ -209,20 +210,25 @@ TEST(SuperblockTest, VersionsOneToThreeAreRefusedWithOneLine) {
   const std::string text = d.text;
   EXPECT_EQ(text,
             "old: superblock format version 1 predates extent pointer lists and nothing released used it; "
-            "this build reads version 4: reformat");
+            "this build reads version 5: reformat");
   set_version(2);
   EXPECT_EQ(Read(*dev, &out, &d).status(), Status(Err::kBadVersion));
   EXPECT_EQ(std::string(d.text),
-            "old: superblock format version 2 kept allocation tables on every member; this build reads version 4: "
+            "old: superblock format version 2 kept allocation tables on every member; this build reads version 5: "
             "reformat; nothing released used it");
   set_version(3);
   EXPECT_EQ(Read(*dev, &out, &d).status(), Status(Err::kBadVersion));
   EXPECT_EQ(std::string(d.text),
-            "old: superblock format version 3 kept no backpointers; this build reads version 4: reformat; nothing "
+            "old: superblock format version 3 kept no backpointers; this build reads version 5: reformat; nothing "
             "released used it");
-  set_version(5);
+  set_version(4);
   EXPECT_EQ(Read(*dev, &out, &d).status(), Status(Err::kBadVersion));
-  EXPECT_EQ(std::string(d.text), "old: superblock version 5 not supported (this build reads 4)");
+  EXPECT_EQ(std::string(d.text),
+            "old: superblock format version 4 kept no accounting keys; this build reads version 5: reformat; nothing "
+            "released used it");
+  set_version(6);
+  EXPECT_EQ(Read(*dev, &out, &d).status(), Status(Err::kBadVersion));
+  EXPECT_EQ(std::string(d.text), "old: superblock version 6 not supported (this build reads 5)");
 }
 
 TEST(SuperblockTest, BlankDeviceIsNotTierfs) {

@@ -388,6 +388,7 @@ Status Store::LoadAlloc(bool journal_keys, OpenReport& rep, Diag* why) {
   rep.bad_alloc_records = 0;
   rep.alloc_why = Diag{};
   bad_alloc_keys_.Clear();
+  Status load_error;  // not a bad key: the load could not take a good one (no memory)
   auto take = [&](const btree::Pos& pos, const void* val, u32 len) {
     Diag d;
     // Accounting keys above the members' range (a bad one: the rebuild
@@ -397,6 +398,10 @@ Status Store::LoadAlloc(bool journal_keys, OpenReport& rep, Diag* why) {
                      : alloc_.LoadRecord(pos.inode, pos.offset, val, len, &d);
     if (st.ok()) {
       rep.alloc_records++;
+      return;
+    }
+    if (!st.Is(ErrorClass::kCorrupt)) {
+      if (load_error.ok()) load_error = st;
       return;
     }
     rep.bad_alloc_records++;
@@ -409,6 +414,7 @@ Status Store::LoadAlloc(bool journal_keys, OpenReport& rep, Diag* why) {
   Status st;
   for (st = it.SeekToFirst(); st.ok() && it.Valid(); st = it.Next()) take(it.pos(), it.value(), it.val_bytes());
   if (!st.ok()) return st;
+  TFS_TRY(load_error);
   if (!journal_keys || loading_replay_ == nullptr || loading_roots_ == nullptr) return Status::Ok();
   // The records replay will apply (newer versions win, as in the tree).
   struct Ctx {
@@ -429,7 +435,7 @@ Status Store::LoadAlloc(bool journal_keys, OpenReport& rep, Diag* why) {
     }
   } ctx{this, &take};
   for (const journal::ReplayedEntry& e : loading_replay_->entries) TFS_TRY(journal::ForEachKey(e, Ctx::Key, &ctx));
-  return Status::Ok();
+  return load_error;
 }
 
 Status Store::LoadAllocForScan(void* self) {
@@ -440,6 +446,9 @@ Status Store::LoadAllocForScan(void* self) {
 }
 
 Status Store::RepairAcct(const alloc::AcctValue* want, u32 n, bool whole) {
+  // Room first: once the keys are committed, memory must follow (a hook
+  // staging from the old totals would undo the repair).
+  TFS_TRY(acct_.MakeRoom(n));
   btree::Transaction tx(&btrees_);
   auto queue = [&](auto&& op) -> Status {  // one key; a full entry is committed first
     Status st = op();
@@ -478,8 +487,9 @@ Status Store::RepairAcct(const alloc::AcctValue* want, u32 n, bool whole) {
     }
   }
   if (tx.size() > 0) TFS_TRY(tx.Commit().status());
-  if (whole) acct_.BeginLoad();
-  return acct_.Set(want, n);
+  if (whole) acct_.BeginLoad();  // (keeps the room)
+  acct_.Set(want, n);
+  return Status::Ok();
 }
 
 Status Store::DeleteBadAllocKeys() {
