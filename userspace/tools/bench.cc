@@ -16,6 +16,7 @@ const char kBenchUsage[] =
     "benchmarks:\n"
     "  journal  journal commits/s and commit latency, no-flush and flush\n"
     "  btree    btree inserts, lookups, deletes and a mixed load on a fresh filesystem\n"
+    "  mount    mount time by stage as the data grows, clean and after a cut\n"
     "\n"
     "'tierfs bench BENCHMARK --help' describes each one.\n";
 
@@ -29,7 +30,8 @@ int CmdBench(int argc, char** argv) {
   std::string name = argv[1];
   if (name == "journal") return BenchJournal(argc - 1, argv + 1);
   if (name == "btree") return BenchBtree(argc - 1, argv + 1);
-  PrintError("bench", "unknown benchmark '" + name + "' (known: journal, btree)");
+  if (name == "mount") return BenchMount(argc - 1, argv + 1);
+  PrintError("bench", "unknown benchmark '" + name + "' (known: journal, btree, mount)");
   return 2;
 }
 

@@ -54,6 +54,7 @@ int CmdBench(int argc, char** argv);
 // The benchmarks behind `tierfs bench NAME` (argv[0] is NAME).
 int BenchJournal(int argc, char** argv);
 int BenchBtree(int argc, char** argv);
+int BenchMount(int argc, char** argv);
 
 }  // namespace tfs::tools
 

@@ -21,7 +21,7 @@ const char kUsage[] =
     "  getopt   print a file's or directory's options\n"
     "  show     print the superblock, members and per-device usage\n"
     "  fsck     check (-n) or repair (-y) a filesystem (also: fsck.tierfs)\n"
-    "  bench    micro-benchmarks (bench journal, bench btree)\n"
+    "  bench    micro-benchmarks (bench journal, bench btree, bench mount)\n"
     "\n"
     "'tierfs COMMAND --help' describes each command.\n";
 

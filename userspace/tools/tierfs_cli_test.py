@@ -1,5 +1,5 @@
 """The tierfs command line end to end on image files: format, show, fsck and their
-errors, fsck's exit codes on a damaged image, and the journal and btree benchmarks' output."""
+errors, fsck's exit codes on a damaged image, and the journal, btree and mount benchmarks' output."""
 
 from __future__ import annotations
 
@@ -160,6 +160,7 @@ def test_show_and_fsck_refuse_foreign_devices(tmp_path: Path, fs: list[Path]) ->
     (["getopt"], 2, "paths is required"),
     (["bench", "journal", "--commits", "x"], 2, "--commits"),
     (["bench", "btree", "--nope"], 2, "--nope"),
+    (["bench", "mount", "--mounts", "0"], 2, "--mounts"),
 ])
 def test_command_line_mistakes_are_one_line(args: list[str], code: int, needle: str) -> None:
     """CLI11 reports a parse error in two lines with its own exit codes (104-114);
@@ -230,6 +231,42 @@ def test_bench_journal_writes_json(tmp_path: Path) -> None:
     assert 0 < phases[("flush", 1)]["flush_entries"] <= 300
     assert phases[("noflush", 1)]["entries"] < 300
     assert not list(tmp_path.glob("tierfs-bench-journal-*.img"))  # cleaned up
+
+
+def test_bench_mount_writes_json(tmp_path: Path) -> None:
+    """Two small images, each filled, then timed clean and after a cut: every
+    mount of the dirty image replayed the journal, every stage is timed."""
+    out = tmp_path / "mount.json"
+    proc = run([tool("tierfs"), "bench", "mount", "--sizes", "8M,16M", "--file-sizes", "4K,64K",
+                "--mounts", "2", "--dir", tmp_path, "--json", out])
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["benchmark"] == "mount" and doc["mounts"] == 2
+    assert [i["data_bytes"] for i in doc["images"]] == [8 << 20, 16 << 20]
+    for image in doc["images"]:
+        # The same bytes of each size: 4 MiB of 4 KiB files and of 64 KiB ones.
+        want = image["data_bytes"] // 2 // 4096 + image["data_bytes"] // 2 // 65536
+        assert image["files"] == want, image
+        assert image["extents"] >= image["files"]
+        for state in ("clean", "dirty"):
+            each = image[state]["each"]
+            assert len(each) == 2 and image[state]["mounts"] == 2
+            for m in each:
+                assert m["store_ms"] > 0 and m["data_ms"] > 0 and m["posix_ms"] > 0, m
+                assert (m["replayed_keys"] > 0) == (state == "dirty"), m
+            assert image[state]["total_ms_median"] > 0
+    assert "clean" in proc.stdout and "dirty" in proc.stdout
+    assert not list(tmp_path.glob("tierfs-bench-mount-*.img"))  # cleaned up
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--sizes", "1K"], "--sizes: '1K' is not a size from 4M to 1T"),
+    (["--sizes", "1G,lots"], "--sizes: 'lots'"),
+    (["--file-sizes", "1000"], "--file-sizes: '1000' is not a multiple of 4K"),
+])
+def test_bench_mount_bad_sizes_are_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
+    assert_one_line_error(run([tool("tierfs"), "bench", "mount", "--dir", tmp_path, *args]), 2, needle)
+    assert not list(tmp_path.iterdir())  # nothing made
 
 
 BTREE_PHASES = ["seq_insert", "seq_lookup", "seq_delete", "rand_insert", "rand_lookup", "rand_mixed"]
