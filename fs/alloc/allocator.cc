@@ -241,6 +241,39 @@ Status Allocator::Finish() {
   return Status::Ok();
 }
 
+Result<u64> Allocator::FreeEmptyUserBuckets() {
+  Vector<BucketRef> refs;
+  {
+    MutexLock lock(mu_);
+    for (u32 i = 0; i < nr_; i++) {
+      const Dev& d = devices_[i];
+      for (u64 b = 0; b < d.buckets.size(); b++) {
+        const Bucket& bk = d.buckets[b];
+        if (bk.state != BucketState::kUser || bk.unrecorded || bk.live_sectors != 0 || bk.cached_sectors != 0)
+          continue;
+        TFS_TRY(refs.PushBack(BucketRef{i, b, bk.gen}));
+      }
+    }
+  }
+  u32 freed = 0;
+  Status st = FreeBuckets(refs.data(), u32(refs.size()), &freed);
+  {
+    MutexLock lock(mu_);
+    stats_.empty_freed_at_mount += freed;
+  }
+  TFS_TRY(st);
+  return u64(freed);
+}
+
+u64 Allocator::UserLiveSectors() const {
+  MutexLock lock(mu_);
+  u64 sum = 0;
+  for (u32 i = 0; i < nr_; i++)
+    for (const Bucket& bk : devices_[i].buckets)
+      if (bk.state == BucketState::kUser) sum += bk.live_sectors;
+  return sum;
+}
+
 void Allocator::BeginRebuild() {
   MutexLock lock(mu_);
   TFS_BUG_ON(journal_ != nullptr);

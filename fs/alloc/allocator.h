@@ -233,7 +233,8 @@ struct DeviceUsage {
   X(cached_underflows, counter, "user buckets' cached counts uncounted that were never counted (a stale cached pointer current again)") \
   X(count_overflows, counter, "counts that would have passed what the bucket can count: stopped there (damage)") \
   X(foreign_losses, counter, "journaled losses in buckets that are not user buckets: pointers never counted there (damage fsck owns); the record kept as it is") \
-  X(count_repairs, counter, "bucket counts set to what the extents say (the mount's check, fsck)")     \
+  X(count_repairs, counter, "bucket counts set to what the extents say (fsck)")     \
+  X(empty_freed_at_mount, counter, "user buckets whose records counted nothing, freed by the mount")     \
   X(metadata_refused, counter, "operations that add metadata refused with ENOSPC (MetadataRoom)")
 
 struct AllocStats {
@@ -301,6 +302,18 @@ class Allocator {
   // checkpoint them before the journal runs (a journaled change of version
   // 2 would otherwise lose to the old version in the tree after a crash).
   Result<u64> RebaseVersions();
+  // A read-write mount's, once the journal runs (Store::Open, after the
+  // check of the accounting): every user bucket whose record counts
+  // nothing -- recorded, then emptied by a punch whose free a cut or a
+  // failed commit lost -- is freed (FreeBuckets: journaled record commits,
+  // pending until settled like any free). Returns how many (counted:
+  // empty_freed_at_mount). The counts are trusted: the caller has checked
+  // them against the accounting keys.
+  Result<u64> FreeEmptyUserBuckets();
+  // The live counts of user buckets summed, by a walk of every member's
+  // buckets (the mount's cross-check, while nothing else runs: O(buckets)
+  // under mu_). Other states' counts (damage) are left out.
+  u64 UserLiveSectors() const;
 
   // Allocates a free bucket on a member of `target` (else of `fallback`) that
   // accepts `purpose` data, at watermark `wm`. kNoSpace if none can.

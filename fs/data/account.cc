@@ -9,14 +9,14 @@
 // buckets' records together. Kept here, in memory only: per bucket, the
 // blocks reserved by writes not yet applied or aborted (pending), the reads
 // in flight (Pin/Unpin) and whether a write point holds it; and the sum of
-// unwritten reservations. Open still walks the extents: it checks the
-// loaded counts against them (count_mismatches) and publishes the extents'
-// where they differ. A user bucket none of them holds is freed -- by the
+// unwritten reservations (from the kReserved accounting key at Open,
+// which walks no extent: step 3b-5b). A user bucket none of them holds is freed -- by the
 // transaction's Apply when its publish emptied it, by whoever drops the last
 // pending block or write point hold, or by the last read that has it pinned
 // (kDoomed). Which pointers count is one rule (PtrCounts: data::PtrBucket and
-// data::PtrCountsIn), so that Open and QueuePunch count and uncount the same
-// ones: not a pointer outside the buckets, nor a stale cached one.
+// data::PtrCountsIn), so that CountExtents (fsck) and QueuePunch count and
+// uncount the same ones: not a pointer outside the buckets, nor a stale
+// cached one.
 //
 // acct_mu_ guards pending, reads, held and the reservations; it is the
 // innermost of the data path's locks (taken after the write point table's
@@ -98,103 +98,45 @@ Status DataPath::Open(store::Store* store) {
     TFS_TRY(reads_[d].Resize(a.nbuckets(d)));
     TFS_TRY(held_[d].Resize(a.nbuckets(d)));
   }
-  // The counts the extents say (sectors), to check the records against
-  // (step 3b-2: the walk stays until the accounting records make it
-  // redundant). A bad pointer (fsck's business) counts nowhere, nor does a
-  // stale cached one (normal); the extent's other pointers still count.
+  // The counts, the reservations and the replicas totals are the records'
+  // and the accounting keys' (step 3b-5b): no walk of the extents. The
+  // store checked them against each other and freed the user buckets
+  // counting nothing.
+  reserved_ = store->acct().reserved_sectors() / (kBlockSize / 512);
+  return Status::Ok();
+}
+
+Status DataPath::VerifyAgainstExtents(u64* counts_wrong, u64* totals_wrong) {
+  *counts_wrong = *totals_wrong = 0;
+  if (store_ == nullptr) return Err::kInvalidArgument;
+  const sb::Superblock& sb = store_->sb();
+  const alloc::Allocator& a = store_->alloc();
   auto owned = platform::Owned<ExtentCounts>::Make();  // (kMaxDevices Vectors: off the kernel's stack)
   if (!owned) return Err::kNoMemory;
   ExtentCounts& counts = *owned;
   TFS_TRY(CountExtents(trees_, sb, a, &counts));
-  reserved_ = counts.unwritten_blocks;
-  if (counts.bad_extents > 0)
-    platform::Log(platform::LogLevel::kError, "data: %llu extents with bad pointers (fsck)",
-                  (unsigned long long)counts.bad_extents);
-  // The records against the extents: a user bucket whose counts differ gets
-  // the extents' (the truth); counts in a bucket that is not a user bucket
-  // are pointers into it that fsck drops (they count nowhere: a punch of
-  // them changes nothing there).
-  Vector<alloc::CountFix> fixes;
   for (u32 d = 0; d < a.members(); d++) {
     for (u64 b = 0; b < a.nbuckets(d); b++) {
-      const u32 live = counts.live(d, b), cached = counts.cached(d, b);
       const alloc::Bucket k = a.Get(d, b);
       if (k.state != alloc::BucketState::kUser) continue;
       const u64 most = alloc::MaxCountSectors(sb, k.state);
-      const u32 want_live = u32(Min<u64>(live, most)), want_cached = u32(Min<u64>(cached, most));
-      if (k.live_sectors == want_live && k.cached_sectors == want_cached) continue;
-      if (fixes.size() < 10) {
-        platform::Log(platform::LogLevel::kWarn,
-                      "data: member %u bucket %llu: its record counts %u live and %u cached sectors, its extents "
-                      "%u and %u: set to the extents'",
-                      d, (unsigned long long)b, k.live_sectors, k.cached_sectors, want_live, want_cached);
-      }
-      TFS_TRY(fixes.PushBack(alloc::CountFix{d, b, want_live, want_cached}));
+      if (k.live_sectors != Min<u64>(counts.live(d, b), most) || k.cached_sectors != Min<u64>(counts.cached(d, b), most))
+        ++*counts_wrong;
     }
   }
-  if (counts.foreign_buckets > 0)
-    platform::Log(platform::LogLevel::kError, "data: extent pointers point into %llu buckets that are not user "
-                  "buckets (fsck)", (unsigned long long)counts.foreign_buckets);
-  if (!fixes.empty()) {
-    platform::Log(platform::LogLevel::kWarn, "data: %llu bucket records counted otherwise than their extents: "
-                  "set to the extents' counts", (unsigned long long)fixes.size());
-    ctr_.count_mismatches.FetchAdd(fixes.size(), MemOrder::kRelaxed);
-    TFS_TRY(a.RepairCounts(fixes.data(), u32(fixes.size())));
-  }
-  TFS_TRY(CheckAcct(counts));
-  // User buckets no extent points into (recorded, then emptied by a punch
-  // whose free was lost to a crash or a failed commit): free them, with
-  // one record commit. (Since step 3b-3 an allocation no transaction
-  // recorded is free in the tree already.)
-  Vector<alloc::BucketRef> orphans;
-  for (u32 d = 0; d < a.members(); d++)
-    for (u64 b = 0; b < a.nbuckets(d); b++) {
-      const alloc::Bucket k = a.Get(d, b);
-      if (k.state != alloc::BucketState::kUser || k.live_sectors != 0 || k.cached_sectors != 0) continue;
-      TFS_TRY(orphans.PushBack(alloc::BucketRef{d, b, k.gen}));
-    }
-  return FreeReleased(orphans.data(), u32(orphans.size()));
-}
-
-Status DataPath::CheckAcct(const ExtentCounts& counts) {
-  // The accounting totals against the extents (step 3b-5's verification
-  // period, as 3b-2's for the counts): a total that differs gets the
-  // extents' -- a set no extent has goes (a key of 0 is left: a set that
-  // had data keeps its key).
   const alloc::Accounting& acct = store_->acct();
-  Vector<alloc::AcctValue> want, fixes;
+  Vector<alloc::AcctValue> want;
   TFS_TRY(AcctTotals(counts, &want));
-  auto fix = [&](alloc::AcctKind kind, u64 offset, u64 have, u64 want) -> Status {
-    if (have == want) return Status::Ok();
-    if (fixes.size() < 10) {
-      if (kind == alloc::AcctKind::kReserved)
-        platform::Log(platform::LogLevel::kWarn, "data: the reserved total is %llu sectors, the unwritten extents "
-                      "hold %llu: set to theirs", (unsigned long long)have, (unsigned long long)want);
-      else
-        platform::Log(platform::LogLevel::kWarn, "data: the total of data on members 0x%llx is %llu sectors, its "
-                      "extents hold %llu: set to theirs", (unsigned long long)offset, (unsigned long long)have,
-                      (unsigned long long)want);
-    }
-    alloc::AcctValue v;
-    v.kind = kind;
-    v.offset = offset;
-    v.sectors = want;
-    return fixes.PushBack(v);
-  };
-  for (const alloc::AcctValue& w : want) TFS_TRY(fix(w.kind, w.offset, acct.Get(w.kind, w.offset), w.sectors));
+  for (const alloc::AcctValue& w : want) *totals_wrong += acct.Get(w.kind, w.offset) != w.sectors;
   Vector<alloc::ReplicasEntry> have;
   TFS_TRY(have.Resize(acct.Replicas(nullptr, 0)));
-  acct.Replicas(have.data(), u32(have.size()));  // (nothing else changes them while the data path opens)
+  acct.Replicas(have.data(), u32(have.size()));
   for (const alloc::ReplicasEntry& r : have) {
     bool listed = false;
-    for (const alloc::ReplicasEntry& c : counts.replicas) listed |= c.members == r.members;
-    if (!listed) TFS_TRY(fix(alloc::AcctKind::kReplicas, r.members, r.sectors, 0));
+    for (const alloc::AcctValue& w : want) listed |= w.kind == alloc::AcctKind::kReplicas && w.offset == r.members;
+    *totals_wrong += !listed && r.sectors != 0;
   }
-  if (fixes.empty()) return Status::Ok();
-  platform::Log(platform::LogLevel::kWarn, "data: %llu accounting totals differed from their extents': set to the "
-                "extents'", (unsigned long long)fixes.size());
-  ctr_.acct_mismatches.FetchAdd(fixes.size(), MemOrder::kRelaxed);
-  return store_->RepairAcct(fixes.data(), u32(fixes.size()), false);
+  return Status::Ok();
 }
 
 Status AcctTotals(const ExtentCounts& counts, Vector<alloc::AcctValue>* out) {
@@ -563,9 +505,13 @@ void DataPath::Apply(const Delta& delta, CommitCounts* cc, bool frees) {
       if (s.changed && s.b.live_sectors == 0 && s.b.cached_sectors == 0) Account(s.dev, s.bucket, 0, s.b.gen);
   }
   if (delta.unreserved > 0) {
+    // More released than the sum holds: the reserved total the mount took
+    // was too low (damage the mount cannot see; fsck recounts it). Stops
+    // at 0, counted -- never a crash (review of 3b-5b, finding 4).
     MutexLock a(acct_mu_);
-    TFS_BUG_ON(delta.unreserved > reserved_);
-    reserved_ -= delta.unreserved;
+    const u64 take = Min(delta.unreserved, reserved_);
+    if (take != delta.unreserved) ctr_.reserve_underflows.FetchAdd(1, MemOrder::kRelaxed);
+    reserved_ -= take;
   }
 }
 
@@ -574,9 +520,12 @@ void DataPath::Abort(const Delta& delta) {
   for (const Delta::Change& c : delta.changes)
     if (c.pending > 0) Account(c.dev, c.bucket, -c.pending);
   if (delta.reserved > 0) {
+    // (An Apply that released more than the sum held -- a reserved total
+    // too low -- may have taken this delta's blocks already: stop at 0.)
     MutexLock a(acct_mu_);
-    TFS_BUG_ON(delta.reserved > reserved_);
-    reserved_ -= delta.reserved;
+    const u64 take = Min(delta.reserved, reserved_);
+    if (take != delta.reserved) ctr_.reserve_underflows.FetchAdd(1, MemOrder::kRelaxed);
+    reserved_ -= take;
   }
 }
 

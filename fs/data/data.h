@@ -43,13 +43,11 @@
 // commit hook that computes the buckets' new records under the btree's
 // commit_mu (in journal order) and publishes them once journaled, so the
 // extent change and its buckets' records are one journal entry and a crash
-// keeps both or neither. Open still walks the extents, checks the loaded
-// counts against them (count_mismatches: 0 unless something edited extents
-// without the data path -- fsck, or damage) and sets the extents' where
-// they differ. A bucket is freed when neither count, nor a write in flight,
-// nor a write point holds it. Buckets marked user that no extent points
-// into are freed at Open (recorded, then emptied by a punch whose free a
-// crash or a failed commit lost, or held by a write point at the crash).
+// keeps both or neither. Open trusts them (step 3b-5b: no walk of the
+// extents; the store cross-checks them against the accounting keys and
+// frees user buckets whose records count nothing -- emptied by a punch
+// whose free a crash or a failed commit lost). A bucket is freed when
+// neither count, nor a write in flight, nor a write point holds it.
 //
 // Reading verifies every block it returns; a mismatch is kDataCorrupt (EIO at
 // the FUSE edge) and counted, never the bytes. Holes read as zeros. The
@@ -70,8 +68,8 @@
 //
 // Unwritten extents (fallocate) have no pointer and no blob: they read as
 // zeros and hold a *reservation* of as many blocks (bcachefs's reservation
-// keys). The sum of the reservations is kept in memory (rebuilt at Open by
-// the walk of the extents) and is space no other write may take: a write that does
+// keys). The sum of the reservations is kept in memory (from the kReserved
+// accounting key at Open) and is space no other write may take: a write that does
 // not replace reserved blocks gets kNoSpace rather than eat into them, and
 // QueueReserve refuses what free space cannot cover. A write over reserved
 // blocks releases them as it commits.
@@ -141,9 +139,9 @@ inline constexpr u32 kWriteBlocksMax = 256;  // blocks a write transaction carri
 // The counts the extents say (docs/design/copies.md, "Step 3b": the one
 // rule), from one walk of the extents tree: each pointer's bucket
 // (PtrBucket), whether it counts there against `a`'s states and generations
-// (PtrCountsIn: user buckets only), what it adds (PtrSectors). Shared by the
-// mount's check (DataPath::Open), fsck's rebuild of the allocation state and
-// its accounting pass, so that all three count alike. Memory: 8 bytes a
+// (PtrCountsIn: user buckets only), what it adds (PtrSectors). Shared by
+// fsck's rebuild of the allocation state, its accounting pass and the
+// tests' check (DataPath::VerifyAgainstExtents), so that all count alike. Memory: 8 bytes a
 // bucket, never per extent. Thread safety: reads the trees and the
 // allocator (Get) like any reader; the caller runs it alone (mount, fsck).
 struct ExtentCounts {
@@ -228,6 +226,7 @@ Status MoveSet(const sb::Superblock& sb, const Extent& from, const Extent& to, D
   X(buckets_freed, counter, "data buckets freed")                                                        \
   X(blocks_reserved, level, "unwritten blocks (fallocate) committed or queued now")                    \
   X(reserve_refused, counter, "writes and fallocates refused to keep reservations whole")                \
+  X(reserve_underflows, counter, "commits releasing more unwritten blocks than the sum held (a reserved total too low: damage, fsck)") \
   X(compressed_in, counter, "bytes given to zstd")                                                       \
   X(compressed_out, counter, "bytes stored for them")                                                    \
   X(incompressible, counter, "chunks stored plain: zstd saved less than a block")                        \
@@ -237,8 +236,6 @@ Status MoveSet(const sb::Superblock& sb, const Extent& from, const Extent& to, D
   X(copy_retries, counter, "reads that fell back to another copy (checksum, I/O error, bad or stale pointer)") \
   X(slow_member_flushes, counter, "commits that flushed a member without a journal (an HDD) before entering it") \
   X(write_point_fallbacks, counter, "writes sent to the foreground target's write point (the table was full)") \
-  X(count_mismatches, counter, "buckets whose loaded counts differed from their extents' at Open (set to the extents')") \
-  X(acct_mismatches, counter, "accounting totals (reserved, replicas sets) that differed from their extents' at Open (set to the extents')") \
   X(gains_refused, counter, "commits refused (kAgain): a pointer they add names a bucket freed, reused or being freed since it was read") \
   X(punch_batches_cut, counter, "punch batches (truncate, punch, free) ended early to fit the journal entry")         \
   X(replica_copies, counter, "copies written beside an extent's first (replicas)")                                      \
@@ -258,12 +255,17 @@ class DataPath {
   DataPath(const DataPath&) = delete;
   DataPath& operator=(const DataPath&) = delete;
 
-  // Checks the allocator's counts against the extents (one walk: the
-  // counts set to the extents' where they differ, count_mismatches), sums
-  // the reservations, and frees user buckets no extent points into. The
-  // store stays open until Close.
+  // Takes the counts, the reservations and the replicas totals as the
+  // store loaded them (the bucket records, the accounting keys: no walk of
+  // the extents, step 3b-5b -- the store cross-checked them and freed the
+  // user buckets counting nothing). The store stays open until Close.
   Status Open(store::Store* store);
   void Close();
+  // Tests and the benchmarks' checks: one walk of the extents (CountExtents,
+  // AcctTotals) against what the mount trusts -- the user buckets whose
+  // counts differ, and the accounting totals that differ (or sets with
+  // sectors no extent has). Changes nothing. While nothing commits.
+  Status VerifyAgainstExtents(u64* counts_wrong, u64* totals_wrong);
 
   bool open() const { return store_ != nullptr; }
   store::Store* store() const { return store_; }
@@ -387,7 +389,7 @@ class DataPath {
   // Tests: fn(ctx, point) runs, with no data path lock held, at
   // "commit.applying" (Commit: the transaction committed, before Apply) and
   // "free.decided" (FreeReleased, before it frees the buckets ReleaseLocked
-  // or the last Unpin chose, or Open's empty ones). Before the first commit;
+  // or the last Unpin chose). Before the first commit;
   // null to remove.
   void SetTestPointForTest(void (*fn)(void*, const char*), void* ctx) {
     test_point_ = fn;
@@ -597,10 +599,6 @@ class DataPath {
   Status HoldGains(const Delta& delta, CommitCounts* cc);
   // Drops cc's holds (Account: a bucket nothing holds any more is freed).
   void DropHolds(CommitCounts* cc);
-  // Open's check of the accounting totals (reserved, replicas sets)
-  // against the extents' (counts): those that differ are set to the
-  // extents' (Store::RepairAcct), counted: acct_mismatches.
-  Status CheckAcct(const ExtentCounts& counts);
   // The commit hook (btree::CommitHook), under commit_mu: PrepareCounts
   // stages the new counts (Allocator::StageCounts) and writes the records
   // into the slots; FinishCounts publishes them once journaled.

@@ -88,8 +88,10 @@ struct Replicas {
   // sets of the copies written, degraded ones included) as the extents say.
   void Mount() {
     m = std::make_unique<testing::MountedFs>(Devs());
-    EXPECT_EQ(m->data.GetStats().count_mismatches, 0u);
-    EXPECT_EQ(m->data.GetStats().acct_mismatches, 0u);
+    u64 counts = 0, totals = 0;
+    ASSERT_TRUE(m->data.VerifyAgainstExtents(&counts, &totals).ok());
+    EXPECT_EQ(counts, 0u);
+    EXPECT_EQ(totals, 0u);
   }
   void Remount() {
     m.reset();

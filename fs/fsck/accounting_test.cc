@@ -2,8 +2,8 @@
 // built: step 3b-4"): hostile counts in the buckets' allocation records --
 // raised, lowered, zeroed under live extents, a cached count changed, counts
 // in a node bucket -- are each reported by fsck -n in one line, set from the
-// extents by fsck -y, clean at the next check, and the next mount's own
-// check (data.count_mismatches) finds nothing. The lines are capped at 10 a
+// extents by fsck -y, clean at the next check, and a walk of the extents
+// after the next mount (DataPath::VerifyAgainstExtents) finds nothing. The lines are capped at 10 a
 // member. The superblock's kSbAcctRepair (a repair cut short) keeps
 // read-write mounts off until fsck -y finishes it. The accounting keys
 // (alloc/accounting.h) the same way: a total raised, lowered, its key
@@ -94,8 +94,10 @@ usize CountOf(const std::string& s, const std::string& what) {
 void ExpectMountFindsNothing(Image& img) {
   testing::MountedFs m({img.dev.get()});
   ASSERT_TRUE(m.open());
-  EXPECT_EQ(m.data.GetStats().count_mismatches, 0u);
-  EXPECT_EQ(m.data.GetStats().acct_mismatches, 0u);
+  u64 counts = 0, totals = 0;
+  ASSERT_TRUE(m.data.VerifyAgainstExtents(&counts, &totals).ok());
+  EXPECT_EQ(counts, 0u);
+  EXPECT_EQ(totals, 0u);
 }
 
 // Sets (or, with `del`, deletes) the accounting key (kind, offset) to

@@ -451,8 +451,10 @@ TEST(BackpointersTest, AWriteTheJournalEntryCannotHoldIsDoneAgainInHalves) {
     // moved one).
     testing::MountedFs m(sm.devs);
     ASSERT_TRUE(m.open());
-    EXPECT_EQ(m.data.GetStats().count_mismatches, 0u);
-    EXPECT_EQ(m.data.GetStats().acct_mismatches, 0u);
+    u64 counts = 0, totals = 0;
+    ASSERT_TRUE(m.data.VerifyAgainstExtents(&counts, &totals).ok());
+    EXPECT_EQ(counts, 0u);
+    EXPECT_EQ(totals, 0u);
     for (u64 f : ino) {
       std::string got(neu.size(), '\0');
       ASSERT_TRUE(m.fs.Read(f, 0, got.data(), u32(got.size())).ok());

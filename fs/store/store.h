@@ -102,6 +102,11 @@ struct OpenOptions {
   // from then on. The store writes no such key itself: posix does (its
   // mount records them with AddFeatures; fsck -y passes kSbXattrChunks).
   u16 features = 0;
+  // Tests only: false when the user buckets' counts are the test's own
+  // (Allocator::SetLiveSectors, with no accounting keys beside them) --
+  // no cross-check of the accounting, and no user bucket freed for
+  // counting nothing (docs/format/alloc.md, "Mount order" 6 and 7).
+  bool data_counts = true;
 };
 
 struct OpenReport {
@@ -123,6 +128,16 @@ struct OpenReport {
   u64 bad_alloc_records = 0;  // accounting keys among them (alloc/accounting.h)
   Diag alloc_why;
   bool alloc_rebuilt = false;  // rebuild_alloc ran
+  // The check of the space accounting (docs/format/alloc.md, "Mount"): the
+  // replicas totals' sectors, each times its set's members, against the
+  // user buckets' live counts. A read-write open refuses a mismatch (one line)
+  // unless it is fsck's (rebuild_alloc: its accounting pass recounts);
+  // nothing is freed then. empty_freed: user buckets counting nothing that
+  // the open freed (Allocator::FreeEmptyUserBuckets).
+  bool acct_mismatch = false;
+  u64 acct_replicas_sectors = 0;  // the replicas totals, each times its set's members
+  u64 acct_bucket_sectors = 0;    // the buckets' live counts
+  u64 empty_freed = 0;
   bool roots_rebuilt = false;  // rebuild_roots rebuilt the trees from a node scan
   // Journal damage (replay.durable_end != 0) was replayed past
   // (OpenOptions::replay_past_damage); a read-write open without that refuses,
@@ -212,6 +227,9 @@ class Store {
   // member noted in bad_alloc_keys_); kCorrupt only for a walk that fails
   // (`why`, when not null: the node it failed on, Iterator::SetDiag).
   Status LoadAlloc(bool journal_keys, OpenReport& rep, Diag* why = nullptr);
+  // The cross-check of the accounting keys against the bucket records
+  // (fills rep's acct_* fields). False when it could not run (no memory).
+  bool CheckAccounting(OpenReport& rep) const;
   static Status LoadAllocForScan(void* self);
   // The allocator's persistence sink (alloc::PersistFn).
   static Result<u64> PersistAlloc(void* self, const alloc::RecordChange* changes, u32 n, alloc::BucketState owner,

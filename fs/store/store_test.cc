@@ -58,6 +58,16 @@ struct Disks {
   }
 };
 
+// The store's tests change user buckets' counts by hand (SetLiveSectors,
+// Allocate without a data path): no accounting keys beside them, so their
+// opens neither cross-check the accounting nor free user buckets counting
+// nothing (OpenOptions::data_counts); FormatOpenCloseRoundTrip shows both.
+OpenOptions Raw() {
+  OpenOptions o;
+  o.data_counts = false;
+  return o;
+}
+
 TEST(StoreTest, FormatOpenCloseRoundTrip) {
   Disks d;
   ASSERT_TRUE(d.Format().ok());
@@ -81,18 +91,40 @@ TEST(StoreTest, FormatOpenCloseRoundTrip) {
     }
     ASSERT_TRUE(e.Close().ok());
   }
-  // Clean reopen: no replay, the allocations are records of the alloc tree.
+  // Clean reopen: no replay, the allocations are records of the alloc
+  // tree (read-only: a read-write open frees user buckets counting nothing).
+  {
+    Store e;
+    OpenReport rep;
+    OpenOptions ro;
+    ro.read_only = true;
+    ASSERT_TRUE(testing::OpenStore(&e, d.List(), ro, &rep).ok());
+    EXPECT_TRUE(rep.was_clean);
+    EXPECT_EQ(rep.replayed_keys, 0u);
+    for (u64 b : allocated) EXPECT_EQ(e.alloc().Get(0, b).state, BucketState::kUser);
+    alloc::DeviceUsage u = e.alloc().Usage(0);
+    EXPECT_EQ(u.by_state[u8(BucketState::kUser)], 10u);
+    EXPECT_EQ(u.by_state[u8(BucketState::kJournal)], e.sb().members[0].journal_nbuckets);
+    EXPECT_EQ(u.by_state[u8(BucketState::kSb)], 0u);
+    EXPECT_GE(e.alloc().Stats().records_loaded, 10u);
+    EXPECT_EQ(rep.empty_freed, 0u);
+  }
+  // Read-write: the ten hold no data (no extent counted in them): freed,
+  // and the checkpoint of the open wrote that.
+  {
+    Store e;
+    OpenReport rep;
+    ASSERT_TRUE(testing::OpenStore(&e, d.List(), OpenOptions{}, &rep).ok());
+    EXPECT_EQ(rep.empty_freed, 10u);
+    EXPECT_EQ(e.alloc().Stats().empty_freed_at_mount, 10u);
+    for (u64 b : allocated) EXPECT_EQ(e.alloc().Get(0, b).state, BucketState::kFree);
+    ASSERT_TRUE(e.Close().ok());
+  }
   Store e;
   OpenReport rep;
   ASSERT_TRUE(testing::OpenStore(&e, d.List(), OpenOptions{}, &rep).ok());
-  EXPECT_TRUE(rep.was_clean);
-  EXPECT_EQ(rep.replayed_keys, 0u);
-  for (u64 b : allocated) EXPECT_EQ(e.alloc().Get(0, b).state, BucketState::kUser);
-  alloc::DeviceUsage u = e.alloc().Usage(0);
-  EXPECT_EQ(u.by_state[u8(BucketState::kUser)], 10u);
-  EXPECT_EQ(u.by_state[u8(BucketState::kJournal)], e.sb().members[0].journal_nbuckets);
-  EXPECT_EQ(u.by_state[u8(BucketState::kSb)], 0u);
-  EXPECT_GE(e.alloc().Stats().records_loaded, 10u);
+  EXPECT_EQ(rep.empty_freed, 0u);
+  EXPECT_EQ(e.alloc().Usage(0).by_state[u8(BucketState::kUser)], 0u);
 }
 
 // Incompatible feature flags (sb::kSbFeatureFlags): format sets none; a
@@ -113,7 +145,7 @@ TEST(StoreTest, ReadWriteOpensRecordTheFeaturesTheirCallersAsk) {
   EXPECT_EQ(on_disk(), 0u);
   auto open = [&](bool read_only, u16 features, OpenReport* rep, u16 set_at_close = 0xffff) {
     Store e;
-    OpenOptions oo;
+    OpenOptions oo = Raw();
     oo.read_only = read_only;
     oo.features = features;
     ASSERT_TRUE(testing::OpenStore(&e, d.List(), oo, rep).ok());
@@ -141,7 +173,7 @@ TEST(StoreTest, ReplayAfterPowerCutKeepsDurableAllocations) {
   Disks d;
   ASSERT_TRUE(d.Format().ok());
   Store e;
-  ASSERT_TRUE(testing::OpenStore(&e, d.List()).ok());
+  ASSERT_TRUE(testing::OpenStore(&e, d.List(), Raw()).ok());
   std::vector<alloc::BucketRef> durable;
   for (int i = 0; i < 20; i++) {
     Result<alloc::BucketRef> r = e.alloc().Allocate(0b11, 0, BucketState::kUser, Watermark::kForeground);
@@ -155,7 +187,7 @@ TEST(StoreTest, ReplayAfterPowerCutKeepsDurableAllocations) {
 
   Store e2;
   OpenReport rep;
-  ASSERT_TRUE(testing::OpenStore(&e2, cut.List(), OpenOptions{}, &rep).ok());
+  ASSERT_TRUE(testing::OpenStore(&e2, cut.List(), Raw(), &rep).ok());
   EXPECT_FALSE(rep.was_clean);
   EXPECT_EQ(rep.replayed_keys, 22u);
   EXPECT_EQ(e2.alloc().Get(durable[0].dev, durable[0].bucket).state, BucketState::kFree);
@@ -170,7 +202,7 @@ TEST(StoreTest, ReplayAfterPowerCutKeepsDurableAllocations) {
   // The replayed state was checkpointed at open: a later crash does not need it.
   Disks cut2 = cut.AfterPowerCut();
   Store e3;
-  ASSERT_TRUE(testing::OpenStore(&e3, cut2.List(), OpenOptions{}, &rep).ok());
+  ASSERT_TRUE(testing::OpenStore(&e3, cut2.List(), Raw(), &rep).ok());
   EXPECT_EQ(e3.alloc().Get(durable[1].dev, durable[1].bucket).live_sectors, 100u);
 }
 
@@ -220,7 +252,7 @@ TEST(StoreTest, AllocationStateComesBackFromTheAllocTree) {
   };
   {
     Store e;
-    ASSERT_TRUE(testing::OpenStore(&e, d.List()).ok());
+    ASSERT_TRUE(testing::OpenStore(&e, d.List(), Raw()).ok());
     ASSERT_NO_FATAL_FAILURE(run(e, 300));
     note(e);
     EXPECT_GE(e.alloc().Stats().record_commits, 300u);
@@ -229,7 +261,7 @@ TEST(StoreTest, AllocationStateComesBackFromTheAllocTree) {
   {
     Store e;
     OpenReport rep;
-    ASSERT_TRUE(testing::OpenStore(&e, d.List(), OpenOptions{}, &rep).ok());
+    ASSERT_TRUE(testing::OpenStore(&e, d.List(), Raw(), &rep).ok());
     EXPECT_TRUE(rep.was_clean);
     EXPECT_EQ(rep.replayed_keys, 0u);
     EXPECT_GE(rep.alloc_records, touched.size());
@@ -243,7 +275,7 @@ TEST(StoreTest, AllocationStateComesBackFromTheAllocTree) {
     note(e);
     Disks cut = d.AfterPowerCut();
     Store e2;
-    ASSERT_TRUE(testing::OpenStore(&e2, cut.List(), OpenOptions{}, &rep).ok());
+    ASSERT_TRUE(testing::OpenStore(&e2, cut.List(), Raw(), &rep).ok());
     EXPECT_FALSE(rep.was_clean);
     EXPECT_GT(rep.replayed_keys, 0u);
     expect(e2, "after a power cut");
@@ -261,7 +293,7 @@ TEST(StoreTest, JournalReclaimCheckpointsAllocationRecords) {
   o.journal_buckets = 4;  // 4 x 256 KiB: fills quickly
   ASSERT_TRUE(d.Format(o).ok());
   Store e;
-  OpenOptions oo;
+  OpenOptions oo = Raw();
   oo.journal.write_delay_ns = 0;
   ASSERT_TRUE(testing::OpenStore(&e, d.List(), oo).ok());
   // Each allocate/free pair is two journaled changes; flush often so entries are
@@ -276,7 +308,7 @@ TEST(StoreTest, JournalReclaimCheckpointsAllocationRecords) {
   EXPECT_GE(e.alloc().Stats().record_commits, 1200u);
   Disks cut = d.AfterPowerCut();
   Store e2;
-  ASSERT_TRUE(testing::OpenStore(&e2, cut.List()).ok());
+  ASSERT_TRUE(testing::OpenStore(&e2, cut.List(), Raw()).ok());
   alloc::DeviceUsage u = e2.alloc().Usage(1);
   EXPECT_EQ(u.by_state[u8(BucketState::kUser)], 0u);  // every pair ended freed
 }
@@ -292,7 +324,7 @@ TEST(StoreTest, PowerCutsDuringAllocationKeepEveryAcknowledgedChange) {
   o.journal_buckets = 4;
   ASSERT_TRUE(d.Format(o).ok());
   Store e;
-  OpenOptions oo;
+  OpenOptions oo = Raw();
   oo.journal.write_delay_ns = 100 * 1000;
   ASSERT_TRUE(testing::OpenStore(&e, d.List(), oo).ok());
 
@@ -376,7 +408,7 @@ TEST(StoreTest, PowerCutsDuringAllocationKeepEveryAcknowledgedChange) {
     cd.ssd = Dev("ssd0", kSsdSize, std::move(c.ssd));
     cd.hdd = Dev("hdd0", kHddSize, std::move(c.hdd));
     Store e2;
-    OpenOptions ro;
+    OpenOptions ro = Raw();
     ro.read_only = true;
     ASSERT_TRUE(testing::OpenStore(&e2, cd.List(), ro).ok());
     for (auto& [k, h] : history) {
@@ -403,7 +435,7 @@ TEST(StoreTest, WatermarksHoldUnderConcurrentForegroundAndBackground) {
   Disks d;
   ASSERT_TRUE(d.Format().ok());
   Store e;
-  ASSERT_TRUE(testing::OpenStore(&e, d.List()).ok());
+  ASSERT_TRUE(testing::OpenStore(&e, d.List(), Raw()).ok());
   const u32 ssd = 0;
   u64 fg_floor = e.alloc().FreeFloor(ssd, Watermark::kForeground);
   u64 bg_floor = e.alloc().FreeFloor(ssd, Watermark::kBackground);
@@ -448,7 +480,7 @@ TEST(StoreTest, FreedBucketsAreReusedOnlyOnceTheFreeIsDurable) {
   Disks d;
   ASSERT_TRUE(d.Format().ok());
   Store e;
-  OpenOptions oo;
+  OpenOptions oo = Raw();
   oo.journal.write_delay_ns = 60 * platform::kNsPerSec;  // nothing durable on its own
   oo.journal.flush_delay_ns = 60 * platform::kNsPerSec;
   ASSERT_TRUE(testing::OpenStore(&e, d.List(), oo).ok());
@@ -480,7 +512,7 @@ TEST(StoreTest, AllocatorRefusesWrongPurposeAndStaleRefs) {
   Disks d;
   ASSERT_TRUE(d.Format().ok());
   Store e;
-  ASSERT_TRUE(testing::OpenStore(&e, d.List()).ok());
+  ASSERT_TRUE(testing::OpenStore(&e, d.List(), Raw()).ok());
   // The HDD accepts only user data.
   EXPECT_EQ(e.alloc().Allocate(0b10, 0, BucketState::kBtree, Watermark::kBtree).status(),
             Status(Err::kNoSpace));
@@ -507,7 +539,7 @@ TEST(StoreTest, AFailedUnmountCheckpointLosesNoFlushedCommit) {
   std::vector<alloc::BucketRef> held;
   {
     Store e;
-    OpenOptions oo;
+    OpenOptions oo = Raw();
     oo.btree.writer_thread = false;  // no checkpoint but the unmount's
     ASSERT_TRUE(testing::OpenStore(&e, d.List(), oo).ok());
     for (int i = 0; i < 12; i++) {
@@ -532,7 +564,7 @@ TEST(StoreTest, AFailedUnmountCheckpointLosesNoFlushedCommit) {
   // (which the SSD, filled past the btree's reserve, has no room for either).
   Store e;
   OpenReport rep;
-  OpenOptions ro;
+  OpenOptions ro = Raw();
   ro.read_only = true;
   ASSERT_TRUE(testing::OpenStore(&e, d.List(), ro, &rep).ok());
   EXPECT_FALSE(rep.was_clean);
@@ -557,7 +589,7 @@ TEST(StoreTest, AVersionJustBelowTheLimitStaysMountable) {
     SCOPED_TRACE(version);
     {
       Store e;
-      ASSERT_TRUE(testing::OpenStore(&e, d.List()).ok());
+      ASSERT_TRUE(testing::OpenStore(&e, d.List(), Raw()).ok());
       alloc::Bucket b = e.alloc().Get(1, bucket);
       ASSERT_EQ(b.state, BucketState::kFree);
       b.state = BucketState::kUser;
@@ -572,7 +604,7 @@ TEST(StoreTest, AVersionJustBelowTheLimitStaysMountable) {
     u8 gen;
     {
       Store e;
-      ASSERT_TRUE(testing::OpenStore(&e, d.List()).ok());
+      ASSERT_TRUE(testing::OpenStore(&e, d.List(), Raw()).ok());
       const alloc::Bucket b = e.alloc().Get(1, bucket);
       ASSERT_EQ(b.state, BucketState::kUser);
       EXPECT_LT(b.version, alloc::kRecordVersionRebase);
@@ -584,7 +616,7 @@ TEST(StoreTest, AVersionJustBelowTheLimitStaysMountable) {
     {
       Store e;
       OpenReport rep;
-      ASSERT_TRUE(testing::OpenStore(&e, d.List(), OpenOptions{}, &rep).ok());
+      ASSERT_TRUE(testing::OpenStore(&e, d.List(), Raw(), &rep).ok());
       EXPECT_EQ(rep.bad_alloc_records, 0u);
       EXPECT_EQ(e.alloc().Get(1, bucket).state, BucketState::kFree);
       EXPECT_EQ(e.alloc().Get(1, bucket).gen, u8(gen + 1));
@@ -628,20 +660,20 @@ TEST(StoreTest, OpenRefusesIncompleteOrMixedSetsAndUsesBackupSuperblock) {
   {
     Store e;
     BlockDevice* only_ssd[1] = {a.ssd.get()};
-    EXPECT_EQ(e.Open(only_ssd, 1, OpenOptions{}, &diag), Status(Err::kNotFound));
+    EXPECT_EQ(e.Open(only_ssd, 1, Raw(), &diag), Status(Err::kNotFound));
     EXPECT_NE(std::string(diag.text).find("hdd.b"), std::string::npos) << diag.text;
   }
   {
     Store e;
     BlockDevice* mixed[2] = {a.ssd.get(), b.hdd.get()};
-    EXPECT_TRUE(e.Open(mixed, 2, OpenOptions{}, &diag).Is(ErrorClass::kInvalid));
+    EXPECT_TRUE(e.Open(mixed, 2, Raw(), &diag).Is(ErrorClass::kInvalid));
     EXPECT_NE(std::string(diag.text).find("different filesystems"), std::string::npos) << diag.text;
   }
   {
     auto blank = Dev("blank", kHddSize);
     Store e;
     BlockDevice* with_blank[2] = {a.ssd.get(), blank.get()};
-    EXPECT_EQ(e.Open(with_blank, 2, OpenOptions{}, &diag), Status(Err::kBadMagic));
+    EXPECT_EQ(e.Open(with_blank, 2, Raw(), &diag), Status(Err::kBadMagic));
     EXPECT_NE(std::string(diag.text).find("not a tierfs device"), std::string::npos) << diag.text;
   }
   // Corrupt the SSD's primary superblock: open uses the backup, and rewrites both.
@@ -650,7 +682,7 @@ TEST(StoreTest, OpenRefusesIncompleteOrMixedSetsAndUsesBackupSuperblock) {
   a.ssd->WriteRaw(sb::kSbPrimaryOffset + 64, junk, sizeof(junk));
   Store e;
   OpenReport rep;
-  ASSERT_TRUE(testing::OpenStore(&e, a.List(), OpenOptions{}, &rep).ok());
+  ASSERT_TRUE(testing::OpenStore(&e, a.List(), Raw(), &rep).ok());
   EXPECT_EQ(rep.used_backup_sb, 1u);
   ASSERT_TRUE(e.Close().ok());
   sb::Superblock s;

@@ -538,7 +538,9 @@ TEST(SlowMember, StalledHddWithChangedBucketsHoldsBackNoCommitAndItsStateSurvive
   auto ssd2 = copy(t.ssd->SnapshotDurable(), "ssd1");
   auto hdd2 = copy(static_cast<MemDevice&>(t.hdd->backing()).SnapshotDurable(), "hdd1");
   store::Store e2;
-  ASSERT_TRUE(testing::OpenStore(&e2, {ssd2.get(), hdd2.get()}).ok());
+  store::OpenOptions ro;  // (a read-write open would free the user buckets that count nothing yet)
+  ro.read_only = true;
+  ASSERT_TRUE(testing::OpenStore(&e2, {ssd2.get(), hdd2.get()}, ro).ok());
   uint64_t differ = 0;
   for (uint64_t b = 0; b < n; b++) {
     const alloc::Bucket got = e2.alloc().Get(1, b);
