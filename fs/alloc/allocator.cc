@@ -232,12 +232,13 @@ Status Allocator::Finish() {
   for (u32 i = 0; i < nr_; i++) {
     Dev& d = devices_[i];
     d.free_list.Clear();
-    d.pending.Clear();  // (load and rebuild only: nothing is pending then)
+    d.pending.Clear();  // (load and rebuild only: nothing is pending or held then)
     for (u64 b = d.buckets.size(); b-- > 0;) {
       if (d.buckets[b].state == BucketState::kFree) TFS_TRY(d.free_list.PushBack(b));
     }
     d.free_count = d.free_list.size();
   }
+  held_ = 0;
   return Status::Ok();
 }
 
@@ -473,7 +474,7 @@ bool Allocator::Usable(u32 dev, BucketState purpose, Watermark wm) const {
 void Allocator::ReleasePending(Dev& d, u64 settled_seq) {
   usize keep = 0;
   for (usize i = 0; i < d.pending.size(); i++) {
-    if (d.pending[i].seq <= settled_seq) {
+    if (d.pending[i].seq <= settled_seq && d.pending[i].seq != kHeld) {
       d.free_list.PushBack(d.pending[i].bucket).IgnoreError();  // capacity reserved at Init
       d.free_count++;
     } else {
@@ -481,6 +482,55 @@ void Allocator::ReleasePending(Dev& d, u64 settled_seq) {
     }
   }
   d.pending.Resize(keep).IgnoreError();  // shrinking never allocates
+}
+
+bool Allocator::HoldFree(u32 dev, u64 bucket) {
+  MutexLock lock(mu_);
+  TFS_BUG_ON(journal_ != nullptr);
+  if (dev >= nr_ || bucket >= devices_[dev].buckets.size()) return false;
+  Dev& d = devices_[dev];
+  if (d.buckets[bucket].state != BucketState::kFree) return false;
+  for (usize i = 0; i < d.free_list.size(); i++) {
+    if (d.free_list[i] != bucket) continue;
+    d.free_list[i] = d.free_list.back();
+    d.free_list.PopBack();
+    d.free_count--;
+    d.pending.PushBack(Dev::Pending{bucket, kHeld}).IgnoreError();  // capacity reserved at Init
+    held_++;
+    stats_.replay_held++;
+    return true;
+  }
+  return false;  // (already held, or pending)
+}
+
+u64 Allocator::ReleaseHeldLocked() {
+  u64 n = 0;
+  for (u32 i = 0; i < nr_ && held_ != 0; i++) {
+    Dev& d = devices_[i];
+    usize keep = 0;
+    for (usize k = 0; k < d.pending.size(); k++) {
+      if (d.pending[k].seq == kHeld) {
+        d.free_list.PushBack(d.pending[k].bucket).IgnoreError();  // capacity reserved at Init
+        d.free_count++;
+        n++;
+      } else {
+        d.pending[keep++] = d.pending[k];
+      }
+    }
+    d.pending.Resize(keep).IgnoreError();  // shrinking never allocates
+  }
+  held_ = 0;
+  return n;
+}
+
+u64 Allocator::ReleaseHeld() {
+  MutexLock lock(mu_);
+  return ReleaseHeldLocked();
+}
+
+u64 Allocator::HeldTaken() const {
+  MutexLock lock(mu_);
+  return stats_.replay_held_taken;
 }
 
 void Allocator::UnlistFreeLocked(Dev& d, u64 b) {
@@ -493,6 +543,7 @@ void Allocator::UnlistFreeLocked(Dev& d, u64 b) {
   }
   for (usize i = 0; i < d.pending.size(); i++) {
     if (d.pending[i].bucket != b) continue;
+    if (d.pending[i].seq == kHeld) held_--;
     d.pending[i] = d.pending.back();
     d.pending.PopBack();
     return;
@@ -546,14 +597,24 @@ Result<BucketRef> Allocator::TryAllocate(dev::DevMask target, dev::DevMask fallb
     for (u32 i = 0; i < nr_; i++) {
       if (!devices_[i].pending.empty()) ReleasePending(devices_[i], settled);
     }
-    i32 best = -1;
-    for (int pass = 0; pass < 2 && best < 0; pass++) {
-      dev::DevMask mask = pass == 0 ? target : (fallback & ~target);
-      for (u32 i : dev::Bits(mask)) {
-        if (i >= nr_ || !Usable(i, purpose, wm)) continue;
-        if (best < 0 || devices_[i].free_count > devices_[u32(best)].free_count) best = i32(i);
+    auto pick = [&]() {  // the member with the most free buckets, targets first
+      i32 best = -1;
+      for (int pass = 0; pass < 2 && best < 0; pass++) {
+        dev::DevMask mask = pass == 0 ? target : (fallback & ~target);
+        for (u32 i : dev::Bits(mask)) {
+          if (i >= nr_ || !Usable(i, purpose, wm)) continue;
+          if (best < 0 || devices_[i].free_count > devices_[u32(best)].free_count) best = i32(i);
+        }
+        if (best >= 0 && pass == 1) stats_.fallbacks++;
       }
-      if (best >= 0 && pass == 1) stats_.fallbacks++;
+      return best;
+    };
+    i32 best = pick();
+    if (best < 0 && held_ != 0) {
+      // Only the mount's held buckets are left: better a mount whose next
+      // cut may lose the newest group than one that fails (HoldFree).
+      stats_.replay_held_taken += ReleaseHeldLocked();
+      best = pick();
     }
     if (best < 0) {
       for (u32 i : dev::Bits((target | fallback) & all_devices())) {

@@ -235,6 +235,8 @@ struct DeviceUsage {
   X(foreign_losses, counter, "journaled losses in buckets that are not user buckets: pointers never counted there (damage fsck owns); the record kept as it is") \
   X(count_repairs, counter, "bucket counts set to what the extents say (fsck)")     \
   X(empty_freed_at_mount, counter, "user buckets whose records counted nothing, freed by the mount")     \
+  X(replay_held, counter, "free buckets a mount held off the free list until its superblock (the newest replayed group's data checks read them)") \
+  X(replay_held_taken, counter, "of those, released before then because an allocation found nothing else free (a cut before the superblock may lose that group)") \
   X(metadata_refused, counter, "operations that add metadata refused with ENOSPC (MetadataRoom)")
 
 struct AllocStats {
@@ -310,6 +312,24 @@ class Allocator {
   // empty_freed_at_mount). The counts are trusted: the caller has checked
   // them against the accounting keys.
   Result<u64> FreeEmptyUserBuckets();
+  // A read-write mount's, before anything allocates (Store::Open): a free
+  // bucket the newest replayed group's data checks read (journal.h,
+  // ReplayResult::checked) leaves the free list -- held on the pending list
+  // -- until ReleaseHeld, which the mount calls once its superblock has
+  // moved the journal past that group. Until then a cut makes the next
+  // mount check the group again, and the mount's checkpoint must not have
+  // written nodes over the data it reads (or the group, acknowledged, is
+  // dropped). An allocation that finds nothing else free takes them back
+  // (all of them, counted: replay_held_taken) rather than fail the mount.
+  // True if the bucket was free and is now held (counted: replay_held).
+  // Not once the journal is attached.
+  bool HoldFree(u32 dev, u64 bucket);
+  // Puts the held buckets that are still free back on the free list;
+  // returns how many were held.
+  u64 ReleaseHeld();
+  // The replay_held_taken counter alone (Stats() is large for a kernel
+  // stack frame that already holds the mount's).
+  u64 HeldTaken() const;
   // The live counts of user buckets summed, by a walk of every member's
   // buckets (the mount's cross-check, while nothing else runs: O(buckets)
   // under mu_). Other states' counts (damage) are left out.
@@ -438,6 +458,11 @@ class Allocator {
     u8 data_allowed = 0;
   };
   static constexpr u64 kUnjournaled = ~u64(0);
+  // A pending entry HoldFree made: only ReleaseHeld (or an allocation that
+  // finds nothing else) releases it.
+  static constexpr u64 kHeld = ~u64(0) - 1;
+  // Moves every held entry to the free list (mu_ held); returns how many.
+  u64 ReleaseHeldLocked();
 
   // Whether some member with a declared metadata need has fewer free and
   // pending buckets than that need plus its copygc reserve (MetadataRoom) or,
@@ -463,7 +488,7 @@ class Allocator {
   // (mu_ held).
   void UnlistFreeLocked(Dev& d, u64 b);
   // Moves pending frees settled by `settled_seq` (Journal::settled_seq) to the
-  // free list. Requires mu_.
+  // free list; held ones stay. Requires mu_.
   void ReleasePending(Dev& d, u64 settled_seq);
   // One allocation attempt; kNoSpace with *pending_seen if only pending buckets
   // could have served it.
@@ -489,6 +514,7 @@ class Allocator {
   // 0: never), under mu_.
   u64 underflow_logged_ns_ = 0;
   u64 count_bug_logged_ns_ = 0;
+  u64 held_ = 0;  // pending entries of kHeld (HoldFree), under mu_
 };
 
 }  // namespace tfs::alloc

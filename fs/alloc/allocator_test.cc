@@ -295,6 +295,50 @@ TEST(AllocatorTest, AnAllocationWhoseRecordFailsLosesNoBucket) {
   EXPECT_EQ(n, free_before);
 }
 
+// The mount's hold (HoldFree): held buckets leave the free list, no
+// allocation takes one while anything else is free (nor does the release of
+// pending frees, which before the journal releases everything), the last
+// ones are taken back and counted rather than fail, and ReleaseHeld puts
+// back what is still held.
+TEST(AllocatorTest, HeldBucketsAreTakenOnlyWhenNothingElseIsFree) {
+  SinkedAllocator t;
+  auto reusable = [](const Allocator& a) {
+    const DeviceUsage u = a.Usage(0);
+    return u.by_state[u8(BucketState::kFree)] - u.pending_free;
+  };
+  const u64 free_before = reusable(t.a);
+  for (u64 b = 10; b < 20; b++) EXPECT_TRUE(t.a.HoldFree(0, b));
+  EXPECT_FALSE(t.a.HoldFree(0, 10));  // (already held)
+  EXPECT_FALSE(t.a.HoldFree(0, 0));   // (a journal bucket: not free)
+  EXPECT_FALSE(t.a.HoldFree(5, 0));   // (no such member)
+  EXPECT_EQ(t.a.Stats().replay_held, 10u);
+  EXPECT_EQ(reusable(t.a), free_before - 10);
+  EXPECT_EQ(t.a.Usage(0).pending_free, 10u);
+  for (u64 n = 0; n < free_before - 10; n++) {
+    auto r = t.a.Allocate(0b01, 0, BucketState::kBtree, Watermark::kBtree);
+    ASSERT_TRUE(r.ok());
+    EXPECT_TRUE(r->bucket < 10 || r->bucket >= 20) << r->bucket;
+  }
+  EXPECT_EQ(t.a.Stats().replay_held_taken, 0u);
+  auto r = t.a.Allocate(0b01, 0, BucketState::kBtree, Watermark::kBtree);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->bucket >= 10 && r->bucket < 20);
+  EXPECT_EQ(t.a.Stats().replay_held_taken, 10u);
+  EXPECT_EQ(t.a.Usage(0).pending_free, 0u);
+  EXPECT_EQ(t.a.ReleaseHeld(), 0u);
+
+  SinkedAllocator u;
+  EXPECT_TRUE(u.a.HoldFree(0, 50));
+  EXPECT_TRUE(u.a.HoldFree(0, 51));
+  ASSERT_TRUE(u.a.RepairState(0, 51, BucketState::kBtree).ok());  // (the mount's ReconcileBuckets: nodes there)
+  EXPECT_EQ(u.a.Usage(0).pending_free, 1u);
+  EXPECT_EQ(u.a.ReleaseHeld(), 1u);
+  ASSERT_TRUE(u.a.RepairState(0, 51, BucketState::kFree).ok());
+  EXPECT_EQ(u.a.Usage(0).pending_free, 0u);
+  EXPECT_EQ(reusable(u.a), free_before);
+  EXPECT_EQ(u.a.Stats().replay_held_taken, 0u);
+}
+
 // A batch of frees split in pieces, a later piece failing: the frees the
 // earlier pieces committed become reusable once settled (before: every
 // bucket of the batch stayed pending for good); the others stay pending.

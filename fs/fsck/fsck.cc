@@ -657,7 +657,9 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
     // The end of the check clears what nothing needs (FeatureFlags).
     oo.features = sb::kSbXattrChunks;  // (kSbCapsFlagged: once the check has flagged every capability)
   }
-  store::OpenReport rep;
+  auto rep_owned = platform::Owned<store::OpenReport>::Make();  // (the kernel's frame limit: off the stack)
+  if (!rep_owned) return no_memory();
+  store::OpenReport& rep = *rep_owned;
   Diag d;
   Status st = e.Open(bdevs, count, oo, &d, &rep);
   if (!st.ok()) {

@@ -134,6 +134,14 @@ struct ReplayedEntry {
   Vector<u8> payload;  // the keys, validated
 };
 
+// A device range a replayed group's data check read (member, byte offset,
+// bytes rounded up to 4 KiB).
+struct CheckedRange {
+  u32 member;
+  u64 offset;
+  u64 bytes;
+};
+
 struct ReplayResult {
   Vector<ReplayedEntry> entries;  // consecutive sequence numbers, oldest first
   u64 next_seq = 1;               // first sequence number not seen on disk
@@ -143,6 +151,11 @@ struct ReplayResult {
   u64 gap_at = 0;                 // first missing sequence in the replay range, 0 if none
   u64 unverified_seq = 0;  // an unordered flush entry whose data checks failed: not replayed
   u64 checked_bytes = 0;   // data read to verify the newest unordered flush entry's group
+  // The ranges that group's data checks read, when it passed and is
+  // replayed: until the superblock moves the journal past it, the next
+  // mount checks them again, so nothing may be written there (Store::Open
+  // holds their free buckets; allocator.h, HoldFree).
+  Vector<CheckedRange> checked;
   u64 roots_gen = 0;       // the newest roots gen any valid entry records as durable (EntryHeader)
   // Damage, not a torn tail: a valid entry after the gap proves the missing
   // ones were durable (docs/format/journal.md, "Damage in the middle"). The

@@ -136,10 +136,12 @@ Status VerifyCheck(dev::DeviceSet& devs, const sb::Superblock& sb, const Key& k,
   return Status::Ok();
 }
 
-// Verifies every data check in found[from, to).
+// Verifies every data check in found[from, to); `ranges` gets the range of
+// each (cleared first; left empty unless all pass).
 Status VerifyGroup(dev::DeviceSet& devs, const sb::Superblock& sb, const Vector<Found>& found, usize from,
-                   usize to, bool* ok, u64* read_bytes, Diag* diag) {
+                   usize to, bool* ok, u64* read_bytes, Vector<CheckedRange>* ranges, Diag* diag) {
   *ok = true;
+  ranges->Clear();
   constexpr u32 kBuf = kMaxDataCheckUnit;
   u8* buf = nullptr;
   Status st;
@@ -153,9 +155,15 @@ Status VerifyGroup(dev::DeviceSet& devs, const sb::Superblock& sb, const Vector<
       if (k.type != kKeyDataCheck) continue;
       if (buf == nullptr) buf = static_cast<u8*>(platform::Alloc(kBuf, 4096));
       st = buf == nullptr ? Status(Err::kNoMemory) : VerifyCheck(devs, sb, k, buf, kBuf, ok, read_bytes, diag);
+      if (st.ok() && *ok) {  // (VerifyCheck validated the header)
+        const auto* dc = static_cast<const DataCheckFormat*>(k.val);
+        st = ranges->PushBack(CheckedRange{dc->member.get(), dc->offset.get(),
+                                           (u64(dc->length.get()) + 4095) / 4096 * 4096});
+      }
     }
   }
   platform::Free(buf);
+  if (!st.ok() || !*ok) ranges->Clear();
   return st;
 }
 
@@ -195,6 +203,7 @@ Status ReadForReplay(dev::DeviceSet& devs, const sb::Superblock& sb, ReplayResul
   out->valid_entries = out->discarded_entries = out->bad_headers = out->gap_at = 0;
   out->unverified_seq = out->checked_bytes = 0;
   out->durable_end = out->lost_entries = out->start_seq = 0;
+  out->checked.Clear();
 
   u8* bucket = static_cast<u8*>(platform::Alloc(sb.bucket_size, 4096));
   if (bucket == nullptr) return Err::kNoMemory;
@@ -260,7 +269,7 @@ Status ReadForReplay(dev::DeviceSet& devs, const sb::Superblock& sb, ReplayResul
     // unproven; its group's data decides.
     if (last_flush == i || last_flush != found.size() || !found[last_flush - 1].unordered) break;
     bool ok;
-    TFS_TRY(VerifyGroup(devs, sb, found, prev_flush, last_flush, &ok, &out->checked_bytes, diag));
+    TFS_TRY(VerifyGroup(devs, sb, found, prev_flush, last_flush, &ok, &out->checked_bytes, &out->checked, diag));
     if (ok) break;
     Found& f = found[last_flush - 1];
     out->unverified_seq = f.seq;
@@ -282,7 +291,7 @@ Status ReadForReplay(dev::DeviceSet& devs, const sb::Superblock& sb, ReplayResul
       const bool consecutive = end < found.size() && newest.seq - found[end - 1].seq == found.size() - end;
       if (consecutive && found[end - 1].seq == out->durable_end && newest.flush && newest.unordered) {
         bool ok;
-        TFS_TRY(VerifyGroup(devs, sb, found, end, found.size(), &ok, &out->checked_bytes, diag));
+        TFS_TRY(VerifyGroup(devs, sb, found, end, found.size(), &ok, &out->checked_bytes, &out->checked, diag));
         if (ok) {
           end = found.size();
         } else {

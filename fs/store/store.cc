@@ -329,6 +329,19 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
       // that the accounting contradicts: fsck recounts both from the extents.
       return fail(DiagError(diag, Err::kCorrupt, TFS_ACCT_MISMATCH));
     }
+    // The buckets the newest replayed group's data checks read stay off the
+    // free list until the superblock below moves the journal past it: a
+    // cut before that makes the next mount check the group again, so the
+    // checkpoint must not write nodes there (review of 3b-5b). After the
+    // loads and the rebuild (Finish rebuilds the lists), before anything
+    // allocates.
+    const u64 taken_before = alloc_.HeldTaken();
+    for (const journal::CheckedRange& r : rep.replay.checked) {
+      if (r.member >= sb_.nr_members || r.bytes == 0) continue;
+      const u64 first = sb_.BucketOf(r.offset), last = sb_.BucketOf(r.offset + r.bytes - 1);
+      for (u64 b = first; b <= last && b < sb_.members[r.member].nbuckets; b++)
+        rep.held_buckets += alloc_.HoldFree(r.member, b);
+    }
     // Node buckets against the trees: a btree bucket no tree reaches is
     // freed, one holding nodes is marked (whatever a cut left between a
     // checkpoint's allocations and their records), before anything allocates.
@@ -366,7 +379,18 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
     sb_.seq++;
     sb_.roots_gen = btrees_.roots().gen;
     st = WriteSuperblocks();
-    if (st.ok()) st = journal_.Start(&devs_, sb_, next_seq, options.journal);
+    if (!st.ok()) return fail(st);
+    if (rep.held_buckets != 0) {
+      alloc_.ReleaseHeld();
+      rep.held_taken = alloc_.HeldTaken() - taken_before;
+      if (rep.held_taken != 0)
+        platform::Log(platform::LogLevel::kWarn,
+                      "alloc: the mount's checkpoint found no free bucket but the %llu held for the newest "
+                      "journal group's data checks, and took them (a cut before its superblock could have lost "
+                      "that group)",
+                      (unsigned long long)rep.held_taken);
+    }
+    st = journal_.Start(&devs_, sb_, next_seq, options.journal);
     if (!st.ok()) return fail(st);
     journal_started_ = true;
     alloc_.SetJournal(&journal_);

@@ -138,6 +138,11 @@ struct OpenReport {
   u64 acct_replicas_sectors = 0;  // the replicas totals, each times its set's members
   u64 acct_bucket_sectors = 0;    // the buckets' live counts
   u64 empty_freed = 0;
+  // Free buckets the newest replayed group's data checks read, held off the
+  // free list until the open's superblock (Allocator::HoldFree), and how
+  // many of them an allocation took before that (nothing else was free).
+  u64 held_buckets = 0;
+  u64 held_taken = 0;
   bool roots_rebuilt = false;  // rebuild_roots rebuilt the trees from a node scan
   // Journal damage (replay.durable_end != 0) was replayed past
   // (OpenOptions::replay_past_damage); a read-write open without that refuses,
