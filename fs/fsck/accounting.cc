@@ -19,9 +19,11 @@
 // 0 sectors is normal (its data was deleted) and left.
 //
 // Invariant kept for a cut: -y sets sb::kSbAcctRepair durably before its
-// first repair and clears it when the pass has ended (Close() writes the
-// clear after checkpointing the repaired records), so a read-write mount
-// never runs on half-repaired counts.
+// first repair -- or the data pass's first extent edit, which changes what
+// the counts count without changing them (BeginCountRepair) -- and clears
+// it when this pass has ended (Close() writes the clear after checkpointing
+// the repaired records), so a read-write mount never runs on counts a cut
+// left half-repaired or out of step with the edited extents.
 #include "alloc/allocator.h"
 #include "data/data.h"
 #include "fsck/pass.h"
@@ -41,8 +43,15 @@ struct ForeignFix {
 
 }  // namespace
 
+Status BeginCountRepair(store::Store& e, Ctx& c) {
+  if (c.acct_begun) return Status::Ok();
+  TFS_TRY(e.BeginAcctRepair());
+  c.acct_begun = true;
+  return Status::Ok();
+}
+
 bool CheckBucketCounts(store::Store& e, const Options& opt, Ctx& c) {
-  const bool cut_short = (e.sb().flags & sb::kSbAcctRepair) != 0;
+  const bool cut_short = c.acct_cut_short;  // (not this run's own flag: the data pass may have set it)
   if (cut_short) {
     c.report->errors++;
     c.Line("alloc: an earlier 'fsck -y' was cut short in its repair of the space accounting; %s",
@@ -152,7 +161,7 @@ bool CheckBucketCounts(store::Store& e, const Options& opt, Ctx& c) {
   if (!fixes.empty() || !foreign.empty() || !acct_fixes.empty()) {
     // Durably before the first repair: a cut from here on leaves some
     // records repaired and others not, and the mount must not trust them.
-    st = e.BeginAcctRepair();
+    st = BeginCountRepair(e, c);
     if (!st.ok()) {
       c.Line("alloc: recording the repair of the counts in the superblock failed: %s", st.Message());
       return false;

@@ -13,7 +13,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <chrono>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -334,6 +337,124 @@ TEST(FsckAccountingTest, ARepairThatCannotRecordItselfIsAnOperationalError) {
   EXPECT_EQ(out.find("alloc: set the counts"), std::string::npos) << out;
   EXPECT_NE(img.SbOf().flags & sb::kSbAcctRepair, 0) << "the mount must stay off";
   ExpectReportedRepairedClean(img, " counts ", "alloc: set the counts of 1");
+}
+
+// Watches the order of fsck -y's writes: a journal write submitted while
+// the superblock on the device does not carry kSbAcctRepair is counted
+// (`unflagged`). The first superblock write that carries the flag is held
+// until a journal write comes (at most 500 ms): a repair committed before
+// the flag was recorded has its entry written meanwhile, whatever the
+// journal's timing (its writer writes an entry within write_delay).
+class FlagOrderWatch final : public BlockDevice {
+ public:
+  explicit FlagOrderWatch(userspace::MemDevice* inner) : inner_(inner) {}
+  void Submit(IoRequest* req) override {
+    if (req->op == IoOp::kWrite && req->origin == IoOrigin::kJournal) {
+      sb::SuperblockFormat f;
+      inner_->ReadRaw(sb::kSbPrimaryOffset, &f, sizeof(f));
+      std::lock_guard<std::mutex> l(mu_);
+      if ((f.flags.get() & sb::kSbAcctRepair) == 0) unflagged_++;
+      journal_writes_++;
+      cv_.notify_all();
+    } else if (WritesAcctRepair(req, true)) {
+      std::unique_lock<std::mutex> l(mu_);
+      if (!held_) {
+        held_ = true;
+        const u64 before = journal_writes_;
+        cv_.wait_for(l, std::chrono::milliseconds(500), [&] { return journal_writes_ != before; });
+      }
+    }
+    inner_->Submit(req);
+  }
+  const BlockDeviceInfo& Info() const override { return inner_->Info(); }
+  const char* Name() const override { return inner_->Name(); }
+  u64 unflagged() {
+    std::lock_guard<std::mutex> l(mu_);
+    return unflagged_;
+  }
+  bool held() {
+    std::lock_guard<std::mutex> l(mu_);
+    return held_;
+  }
+
+ private:
+  userspace::MemDevice* const inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool held_ = false;
+  u64 journal_writes_ = 0;
+  u64 unflagged_ = 0;
+};
+
+// The data pass edits extents without the data path (a file's extents
+// deleted, its inode gone): the buckets' counts and the totals still count
+// them until the accounting pass. fsck -y records kSbAcctRepair before
+// that first edit, so no journal entry of the run reaches the device
+// before the flag (before: the edits' entries did, and a cut then left
+// the mount going on, on counts the edits had made wrong); a cut after it
+// keeps the mount off until the next fsck -y finishes the repair.
+TEST(FsckAccountingTest, TheFlagIsRecordedBeforeTheDataPassesFirstEdit) {
+  Image img;
+  Populate(img, 2, 6);
+  u64 victim = 0;
+  img.WithFs([&](Filesystem& fs, store::Store&) { victim = fs.Lookup(posix::kRootIno, "f1", 2).value().ino; });
+  {
+    store::Store e;
+    ASSERT_TRUE(testing::OpenStore(&e, {img.dev.get()}).ok());
+    btree::Transaction tx(&e.btrees());
+    ASSERT_TRUE(tx.Delete(btree::Pos{btree::kBtreeInodes, victim, 0}).ok());
+    ASSERT_TRUE(tx.Commit().ok());
+    ASSERT_TRUE(e.Close().ok());
+  }
+  const std::vector<u8> before = img.Bytes();
+  FlagOrderWatch watch(img.dev.get());
+  auto [r, out] = img.Fsck(true, &watch);
+  EXPECT_EQ(r.exit_code, kExitRepaired) << out;
+  EXPECT_NE(out.find("deleted the extent of inode " + std::to_string(victim)), std::string::npos) << out;
+  EXPECT_TRUE(watch.held()) << "fsck -y never wrote the flag";
+  EXPECT_EQ(watch.unflagged(), 0u) << "journal entries reached the device before the flag";
+  EXPECT_EQ(img.SbOf().flags & sb::kSbAcctRepair, 0);  // cleared at the end
+
+  // A cut once the flag is recorded (here: the image before, the flag set
+  // by hand, as the namespace pass's edits may not have reached the
+  // journal yet) keeps the mount off; fsck -y finishes it.
+  Image cut(before);
+  sb::Superblock s = cut.SbOf();
+  s.flags |= sb::kSbAcctRepair;
+  ASSERT_TRUE(sb::Write(*cut.dev, s, s.dev_idx).ok());
+  store::OpenReport rep;
+  Diag d;
+  EXPECT_TRUE(cut.Open(false, &rep, &d).Is(ErrorClass::kCorrupt)) << "a read-write open went on";
+  auto [r2, out2] = cut.Fsck(true);
+  EXPECT_EQ(r2.exit_code, kExitRepaired) << out2;
+  EXPECT_NE(out2.find("cut short in its repair of the space accounting"), std::string::npos) << out2;
+  EXPECT_EQ(cut.SbOf().flags & sb::kSbAcctRepair, 0);
+  auto [r3, out3] = cut.Fsck(false);
+  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+  ExpectMountFindsNothing(cut);
+  cut.ExpectFiles(1);
+  cut.ExpectFiles(12, 2);
+}
+
+// fsck -y that repairs nothing writes no superblock with the flag (it is
+// written before the first repair, not for every run).
+TEST(FsckAccountingTest, ARepairRunWithNothingToRepairWritesNoFlag) {
+  Image img;
+  Populate(img, 1, 4);
+  struct Count final : BlockDevice {
+    userspace::MemDevice* inner;
+    std::atomic<u32> flagged{0};
+    explicit Count(userspace::MemDevice* d) : inner(d) {}
+    void Submit(IoRequest* req) override {
+      if (WritesAcctRepair(req, true)) flagged++;
+      inner->Submit(req);
+    }
+    const BlockDeviceInfo& Info() const override { return inner->Info(); }
+    const char* Name() const override { return inner->Name(); }
+  } watch(img.dev.get());
+  auto [r, out] = img.Fsck(true, &watch);
+  EXPECT_EQ(r.exit_code, kExitClean) << out;
+  EXPECT_EQ(watch.flagged.load(), 0u);
 }
 
 // A hostile accounting total -- the data's set raised, lowered, its key

@@ -671,6 +671,7 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
     report.exit_code = st.Is(ErrorClass::kCorrupt) ? kExitUncorrected : kExitOperational;
     return report;
   }
+  c.acct_cut_short = (e.sb().flags & sb::kSbAcctRepair) != 0;
   if (!rep.was_clean) {
     report.notes++;
     c.Line("not cleanly unmounted: %llu journal entries (%llu keys) %s", (unsigned long long)rep.replay.entries.size(),

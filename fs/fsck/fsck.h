@@ -63,8 +63,9 @@
 //    cached counts in its record are a recount of the extents' (the data
 //    path's rule, data::CountExtents) and no other bucket's record counts
 //    anything; -y sets them (sb::kSbAcctRepair set durably before the first
-//    repair, cleared when the pass ends: a read-write mount refuses while it
-//    is set).
+//    repair that changes what they count -- the data pass's extent edits
+//    included -- cleared when this pass ends: a read-write mount refuses
+//    while it is set).
 //
 // Results follow fsck(8): 0 clean, 1 errors corrected, 4 errors left uncorrected,
 // 8 operational error (a device could not be read, is not a tierfs member (no

@@ -160,11 +160,18 @@ class NamespaceCheck {
 
   // --- btree helpers --------------------------------------------------------------
 
+  // Every repair commits here: the first records that the counts may no
+  // longer match the extents (BeginCountRepair) -- one superblock write per
+  // run that repairs anything, cleared by the accounting pass.
   Status Commit(Transaction& tx) {
-    auto r = tx.Commit();
-    if (r.ok()) return Status::Ok();
+    Status st = BeginCountRepair(e_, c_);
+    if (st.ok()) {
+      auto r = tx.Commit();
+      if (r.ok()) return Status::Ok();
+      st = r.status();
+    }
     write_failed_ = true;
-    return r.status();
+    return st;
   }
 
   Status DeleteKey(const Pos& pos) {

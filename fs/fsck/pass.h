@@ -20,6 +20,10 @@ struct Ctx {
   // The allocation state is known to be wrong (bad records, a dropped node
   // of the alloc tree; not rebuilt): the passes do not compare buckets with it.
   bool alloc_stale = false;
+  // sb::kSbAcctRepair as the open found it (an earlier -y cut short), and
+  // whether this -y has set it (BeginCountRepair).
+  bool acct_cut_short = false;
+  bool acct_begun = false;
 
   void Line(const char* fmt, ...) TFS_PRINTF(2, 3) {
     __builtin_va_list ap;
@@ -53,9 +57,18 @@ bool CheckBackpointerTree(store::Store& e, const Options& opt, Ctx& c);
 // The buckets' live and cached counts against a recount of the extents
 // (accounting.cc), after the data pass, so it counts what that pass's
 // repairs left; -y sets them (sb::kSbAcctRepair durably set before the
-// first repair, cleared when the pass ends). False when it could not run
+// first repair of this pass or the data pass, BeginCountRepair; cleared
+// when this pass ends). False when it could not run
 // to the end (the recount or a repair's write failed, out of memory).
 bool CheckBucketCounts(store::Store& e, const Options& opt, Ctx& c);
+
+// -y, before its first repair that changes what the counts or totals count
+// -- an extent edited without the data path (the data pass) or a count or
+// total set (the accounting pass): records sb::kSbAcctRepair durably, once
+// (Store::BeginAcctRepair). A cut from then until the accounting pass has
+// ended leaves the flag, and no read-write mount runs on counts the edits
+// made wrong (the pass clears it). On failure nothing may be repaired.
+Status BeginCountRepair(store::Store& e, Ctx& c);
 
 }  // namespace tfs::fsck
 
