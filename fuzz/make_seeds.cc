@@ -167,7 +167,7 @@ void Values() {
   {
     btree::Iterator it(&e.btrees(), btree::kBtreeAlloc);
     int n = 0;
-    for (Status st = it.Seek(btree::Pos{btree::kBtreeAlloc, alloc::kAcctInodeBase, 0}); st.ok() && it.Valid() && n < 2;
+    for (Status st = it.Seek(btree::Pos{btree::kBtreeAlloc, alloc::kAcctInodeBase, 0}); st.ok() && it.Valid() && n < 4;
          st = it.Next(), n++) {
       const btree::Pos p = it.pos();
       std::vector<u8> in = {5};

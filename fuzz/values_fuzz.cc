@@ -72,7 +72,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       alloc::EncodeAcct(alloc::AcctKind(pos.inode - alloc::kAcctInodeBase), sectors, &r);
       if (val.size() != sizeof(r) || memcmp(&r, val.data(), sizeof(r)) != 0)
         fuzz::Fail("a parsed accounting key that does not rebuild to its bytes");
-      if (sectors > alloc::AcctMaxSectors(geometry)) fuzz::Fail("an accounting total past the bound parsed");
+      if (sectors > alloc::AcctMax(geometry, alloc::AcctKind(pos.inode - alloc::kAcctInodeBase)))
+        fuzz::Fail("an accounting total past the bound parsed");
       return 0;
     }
     alloc::Bucket b;

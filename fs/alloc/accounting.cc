@@ -6,12 +6,12 @@
 
 namespace tfs::alloc {
 
-u64 AcctMaxSectors(const sb::Superblock& sb) {
-  const u64 bucket_sectors = sb.bucket_size / 512;
-  u64 total = 0;
-  for (u32 m = 0; m < sb.nr_members && m < sb::kSbMaxMembers; m++) total += sb.members[m].nbuckets;
+u64 AcctMax(const sb::Superblock& sb, AcctKind kind) {
+  u64 buckets = 0;
+  for (u32 m = 0; m < sb.nr_members && m < sb::kSbMaxMembers; m++) buckets += sb.members[m].nbuckets;
   // (No overflow: below 2^64 / kCountFactor members' worth of sectors.)
-  return total * bucket_sectors * kCountFactor;
+  if (kind == AcctKind::kInodes) return buckets * (sb.bucket_size / kInodeMinBytes);
+  return buckets * (sb.bucket_size / 512) * kCountFactor;
 }
 
 void EncodeAcct(AcctKind kind, u64 sectors, AcctRecord* out) {
@@ -38,8 +38,10 @@ Status ParseAcct(const sb::Superblock& sb, u64 inode, u64 offset, const void* va
                      (unsigned long long)offset, unsigned(r.kind), zero ? "" : " and has reserved bytes set");
   switch (AcctKind(kind)) {
     case AcctKind::kReserved:
+    case AcctKind::kInodes:
       if (offset != 0)
-        return DiagError(diag, Err::kCorrupt, "alloc: reserved-sectors key at offset %llu, not 0",
+        return DiagError(diag, Err::kCorrupt, "alloc: %s key at offset %llu, not 0",
+                         AcctKind(kind) == AcctKind::kReserved ? "reserved-sectors" : "inode-count",
                          (unsigned long long)offset);
       break;
     case AcctKind::kReplicas: {
@@ -52,10 +54,11 @@ Status ParseAcct(const sb::Superblock& sb, u64 inode, u64 offset, const void* va
     }
   }
   const u64 s = r.sectors.get();
-  if (s > AcctMaxSectors(sb))
-    return DiagError(diag, Err::kCorrupt, "alloc: accounting key (kind %u, %llu): %llu sectors, more than the "
+  const u64 most = AcctMax(sb, AcctKind(kind));
+  if (s > most)
+    return DiagError(diag, Err::kCorrupt, "alloc: accounting key (kind %u, %llu): %llu %s, more than the "
                      "members can hold (%llu)", kind, (unsigned long long)offset, (unsigned long long)s,
-                     (unsigned long long)AcctMaxSectors(sb));
+                     AcctKind(kind) == AcctKind::kInodes ? "inodes" : "sectors", (unsigned long long)most);
   *sectors = s;
   return Status::Ok();
 }
@@ -63,8 +66,9 @@ Status ParseAcct(const sb::Superblock& sb, u64 inode, u64 offset, const void* va
 Status Accounting::Init(const sb::Superblock& sb) {
   MutexLock l(mu_);
   sb_ = sb;
-  max_sectors_ = AcctMaxSectors(sb);
+  for (u32 k = 0; k < kAcctKinds; k++) max_[k] = AcctMax(sb, AcctKind(k));
   reserved_ = 0;
+  inodes_ = 0;
   replicas_.Clear();
   keys_loaded_ = 0;
   return Status::Ok();
@@ -73,6 +77,7 @@ Status Accounting::Init(const sb::Superblock& sb) {
 void Accounting::BeginLoad() {
   MutexLock l(mu_);
   reserved_ = 0;
+  inodes_ = 0;
   replicas_.Clear();
   keys_loaded_ = 0;
 }
@@ -91,9 +96,18 @@ usize Accounting::FindLocked(dev::DevMask mask, bool* found) const {
   return lo;
 }
 
+u64* Accounting::ScalarLocked(AcctKind kind) {
+  switch (kind) {
+    case AcctKind::kReserved: return &reserved_;
+    case AcctKind::kInodes: return &inodes_;
+    case AcctKind::kReplicas: break;
+  }
+  return nullptr;
+}
+
 void Accounting::PutLocked(AcctKind kind, u64 offset, u64 sectors) {
-  if (kind == AcctKind::kReserved) {
-    reserved_ = sectors;
+  if (u64* one = ScalarLocked(kind)) {
+    *one = sectors;
     return;
   }
   bool found;
@@ -129,8 +143,8 @@ Status Accounting::Stage(const AcctChange* changes, u32 n, AcctValue* out) {
     v.kind = c.kind;
     v.offset = c.offset;
     u64 have = 0;
-    if (c.kind == AcctKind::kReserved) {
-      have = reserved_;
+    if (const u64* one = ScalarLocked(c.kind)) {
+      have = *one;
     } else {
       bool found;
       const usize at = FindLocked(dev::DevMask(c.offset), &found);
@@ -143,8 +157,9 @@ Status Accounting::Stage(const AcctChange* changes, u32 n, AcctValue* out) {
     if (c.sectors < 0 && u64(-c.sectors) > have) {
       v.sectors = 0;
       v.underflow = true;
-    } else if (c.sectors > 0 && u64(c.sectors) > max_sectors_ - Min(have, max_sectors_)) {
-      v.sectors = max_sectors_;
+    } else if (const u64 most = max_[u32(c.kind) < kAcctKinds ? u32(c.kind) : 0];
+               c.sectors > 0 && u64(c.sectors) > most - Min(have, most)) {
+      v.sectors = most;
       v.overflow = true;
     } else {
       v.sectors = u64(i64(have) + c.sectors);
@@ -195,9 +210,15 @@ u64 Accounting::reserved_sectors() const {
   return reserved_;
 }
 
+u64 Accounting::inodes() const {
+  MutexLock l(mu_);
+  return inodes_;
+}
+
 u64 Accounting::Get(AcctKind kind, u64 offset) const {
   MutexLock l(mu_);
   if (kind == AcctKind::kReserved) return offset == 0 ? reserved_ : 0;
+  if (kind == AcctKind::kInodes) return offset == 0 ? inodes_ : 0;
   bool found;
   const usize at = FindLocked(dev::DevMask(offset), &found);
   return found && offset == u64(dev::DevMask(offset)) ? replicas_[at].sectors : 0;

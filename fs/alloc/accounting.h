@@ -1,14 +1,16 @@
 // Accounting: the totals the bucket records cannot give (docs/design/copies.md,
 // "Accounting records"; format: docs/format/alloc.md, "Accounting keys") --
-// the unwritten (fallocate) sectors of the filesystem (kReserved) and the
+// the unwritten (fallocate) sectors of the filesystem (kReserved), the
 // sectors of extents per set of members their copies are on (kReplicas,
 // bcachefs's replicas entries: degraded data and sole copies are read from
-// them). Each is one key of the alloc btree above the members' range
-// (alloc/format.h, kAcctInodeBase) holding the total itself.
+// them) and the inodes in use (kInodes: posix's mount reads it instead of
+// walking every inode). Each is one key of the alloc btree above the
+// members' range (alloc/format.h, kAcctInodeBase) holding the total itself.
 //
-// Who changes them: the data path's commit hook, under the btree's
-// commit_mu (Stage: the new totals of the keys a transaction changes, from
-// the published ones plus its change; Publish once the journal took them),
+// Who changes them: a commit hook, under the btree's commit_mu -- the data
+// path's for the first two, store::AcctCommit's for the inode count (Stage:
+// the new totals of the keys a transaction changes, from the published
+// ones plus its change; Publish once the journal took them),
 // so the keys' values follow journal order and the last one replayed is the
 // total. The Store loads them at mount (BeginLoad, LoadKey per key: the
 // last value wins, so the journal's keys may be loaded over the tree's) and
@@ -38,28 +40,30 @@ inline u64 AcctInode(AcctKind kind) { return kAcctInodeBase + u64(kind); }
 // Parses the accounting key (inode, offset) and its value against the
 // filesystem's geometry: kCorrupt with a one-line Diag for an inode past
 // the kinds, a value of another size or kind, reserved bytes set, a
-// kReserved key at an offset other than 0, a kReplicas mask of 0 or more
-// than kAcctMaxMembers bits or a bit past the members, and sectors beyond
-// what the members can count (AcctMaxSectors).
+// kReserved or kInodes key at an offset other than 0, a kReplicas mask of
+// 0 or more than kAcctMaxMembers bits or a bit past the members, and a
+// total beyond what the members can hold (AcctMax).
 Status ParseAcct(const sb::Superblock& sb, u64 inode, u64 offset, const void* val, u32 len, u64* sectors,
                  Diag* diag);
 void EncodeAcct(AcctKind kind, u64 sectors, AcctRecord* out);
-// The most sectors a valid key may hold: every member's buckets full of
-// logical sectors (kCountFactor times their own).
-u64 AcctMaxSectors(const sb::Superblock& sb);
+// The most a valid key of `kind` may hold: sectors, every member's buckets
+// full of logical sectors (kCountFactor times their own); inodes, every
+// member's bytes in records of kInodeMinBytes.
+u64 AcctMax(const sb::Superblock& sb, AcctKind kind);
+inline constexpr u64 kInodeMinBytes = 128;  // an inode record's value alone (posix::InodeFormat)
 
 // One transaction's change of one key (one per key: the caller sums).
 struct AcctChange {
   AcctKind kind = AcctKind::kReserved;
-  u64 offset = 0;   // kReplicas: the member mask; kReserved: 0
-  i64 sectors = 0;  // the net change
+  u64 offset = 0;   // kReplicas: the member mask; kReserved, kInodes: 0
+  i64 sectors = 0;  // the net change (kInodes: of the count)
 };
 // A key's new total: Stage's (from a change), or a repair's.
 struct AcctValue {
   AcctKind kind = AcctKind::kReserved;
   u64 offset = 0;
   u64 sectors = 0;
-  // Stage: the change would have gone below 0, or past AcctMaxSectors
+  // Stage: the change would have gone below 0, or past AcctMax
   // (stopped there; counted by Publish: damage, fsck recounts).
   bool underflow = false;
   bool overflow = false;
@@ -114,6 +118,7 @@ class Accounting {
   void Set(const AcctValue* values, u32 n);
 
   u64 reserved_sectors() const;
+  u64 inodes() const;  // the kInodes total
   // The total of one key (0 when none).
   u64 Get(AcctKind kind, u64 offset) const;
   // Every kReplicas total, zeros included, in mask order: into out[0..cap);
@@ -126,11 +131,14 @@ class Accounting {
   usize FindLocked(dev::DevMask mask, bool* found) const TFS_REQUIRES(mu_);
   // Sets one total (mu_ held; room made): a new mask inserted in order.
   void PutLocked(AcctKind kind, u64 offset, u64 sectors) TFS_REQUIRES(mu_);
+  // A one-key kind's total (kReserved, kInodes); null for kReplicas.
+  u64* ScalarLocked(AcctKind kind) TFS_REQUIRES(mu_);
 
   sb::Superblock sb_{};
-  u64 max_sectors_ = 0;
+  u64 max_[kAcctKinds] = {};  // AcctMax of each kind
   mutable Mutex mu_;
   u64 reserved_ TFS_GUARDED_BY(mu_) = 0;
+  u64 inodes_ TFS_GUARDED_BY(mu_) = 0;
   Vector<ReplicasEntry> replicas_ TFS_GUARDED_BY(mu_);
   u64 keys_loaded_ TFS_GUARDED_BY(mu_) = 0;
   struct Live {

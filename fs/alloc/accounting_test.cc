@@ -47,9 +47,13 @@ TEST(AcctRecordTest, EncodeParseRoundTrip) {
   ASSERT_TRUE(Parse(s, AcctInode(AcctKind::kReplicas), 0x5, Rec(AcctKind::kReplicas, 8), &got, &d).ok()) << d.text;
   EXPECT_EQ(got, 8u);
   // The bound: every member's buckets full of logical sectors.
-  EXPECT_EQ(AcctMaxSectors(s), 30u * (1 << 20) / 512 * kCountFactor);
-  ASSERT_TRUE(Parse(s, AcctInode(AcctKind::kReplicas), 0x7, Rec(AcctKind::kReplicas, AcctMaxSectors(s)), &got, &d)
+  EXPECT_EQ(AcctMax(s, AcctKind::kReplicas), 30u * (1 << 20) / 512 * kCountFactor);
+  ASSERT_TRUE(Parse(s, AcctInode(AcctKind::kReplicas), 0x7, Rec(AcctKind::kReplicas, AcctMax(s, AcctKind::kReplicas)), &got, &d)
                   .ok());
+  // The inode count: a count, bounded by the members' bytes in 128-byte records.
+  ASSERT_TRUE(Parse(s, AcctInode(AcctKind::kInodes), 0, Rec(AcctKind::kInodes, 7), &got, &d).ok()) << d.text;
+  EXPECT_EQ(got, 7u);
+  EXPECT_EQ(AcctMax(s, AcctKind::kInodes), 30u * (1 << 20) / kInodeMinBytes);
   EXPECT_TRUE(IsAcctKey(AcctInode(AcctKind::kReserved)));
   EXPECT_FALSE(IsAcctKey(2));
 }
@@ -73,7 +77,10 @@ TEST(AcctRecordTest, HostileKeysAreCorruptInOneLine) {
       {"mask 0", AcctInode(AcctKind::kReplicas), 0, Rec(AcctKind::kReplicas, 8), 16},
       {"a bit past the members", AcctInode(AcctKind::kReplicas), 0x9, Rec(AcctKind::kReplicas, 8), 16},
       {"a bit far past", AcctInode(AcctKind::kReplicas), u64(1) << 40, Rec(AcctKind::kReplicas, 8), 16},
-      {"too many sectors", AcctInode(AcctKind::kReplicas), 0x3, Rec(AcctKind::kReplicas, AcctMaxSectors(s) + 1), 16},
+      {"too many sectors", AcctInode(AcctKind::kReplicas), 0x3, Rec(AcctKind::kReplicas, AcctMax(s, AcctKind::kReplicas) + 1), 16},
+      {"inodes at offset 2", AcctInode(AcctKind::kInodes), 2, Rec(AcctKind::kInodes, 8), 16},
+      {"an inode count at a reserved key", AcctInode(AcctKind::kReserved), 0, Rec(AcctKind::kInodes, 8), 16},
+      {"too many inodes", AcctInode(AcctKind::kInodes), 0, Rec(AcctKind::kInodes, AcctMax(s, AcctKind::kInodes) + 1), 16},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
@@ -123,9 +130,15 @@ TEST(AccountingTest, LoadTakesTheLastKeyOfAPositionAndRefusesBadOnes) {
   EXPECT_EQ(e[1].members, 0x3u);
   EXPECT_EQ(a.Stats().keys_loaded, 4u);
   EXPECT_EQ(a.Stats().replicas_entries, 2u);
+  r = Rec(AcctKind::kInodes, 9);
+  ASSERT_TRUE(a.LoadKey(AcctInode(AcctKind::kInodes), 0, &r, sizeof(r)).ok());
+  EXPECT_EQ(a.inodes(), 9u);
+  EXPECT_EQ(a.Get(AcctKind::kInodes, 0), 9u);
+  EXPECT_EQ(a.Get(AcctKind::kInodes, 1), 0u);
   a.BeginLoad();
   EXPECT_EQ(a.Replicas(e, 4), 0u);
   EXPECT_EQ(a.reserved_sectors(), 0u);
+  EXPECT_EQ(a.inodes(), 0u);
 }
 
 TEST(AccountingTest, StageChangesNothingAndPublishCountsWhatItMet) {
@@ -146,16 +159,29 @@ TEST(AccountingTest, StageChangesNothingAndPublishCountsWhatItMet) {
   EXPECT_EQ(a.reserved_sectors(), 16u);
   EXPECT_EQ(a.Stats().acct_records, 3u);
   // Below 0 and past the bound: stopped there, counted only when published.
-  AcctChange bad[2] = {{AcctKind::kReplicas, 0x1, -100}, {AcctKind::kReplicas, 0x6, i64(AcctMaxSectors(s))}};
+  AcctChange bad[2] = {{AcctKind::kReplicas, 0x1, -100}, {AcctKind::kReplicas, 0x6, i64(AcctMax(s, AcctKind::kReplicas))}};
   ASSERT_TRUE(a.Stage(bad, 2, v).ok());
   EXPECT_TRUE(v[0].underflow);
   EXPECT_EQ(v[0].sectors, 0u);
   EXPECT_TRUE(v[1].overflow);
-  EXPECT_EQ(v[1].sectors, AcctMaxSectors(s));
+  EXPECT_EQ(v[1].sectors, AcctMax(s, AcctKind::kReplicas));
   EXPECT_EQ(a.Stats().acct_underflows, 0u);
   a.Publish(v, 2);
   EXPECT_EQ(a.Stats().acct_underflows, 1u);
   EXPECT_EQ(a.Stats().acct_overflows, 1u);
+  // The inode count: its own total and bound.
+  AcctChange ino[1] = {{AcctKind::kInodes, 0, 3}};
+  ASSERT_TRUE(a.Stage(ino, 1, v).ok());
+  a.Publish(v, 1);
+  ino[0].sectors = -1;
+  ASSERT_TRUE(a.Stage(ino, 1, v).ok());
+  a.Publish(v, 1);
+  EXPECT_EQ(a.inodes(), 2u);
+  EXPECT_EQ(a.reserved_sectors(), 16u);  // (untouched)
+  ino[0].sectors = i64(AcctMax(s, AcctKind::kInodes));
+  ASSERT_TRUE(a.Stage(ino, 1, v).ok());
+  EXPECT_TRUE(v[0].overflow);
+  EXPECT_EQ(v[0].sectors, AcctMax(s, AcctKind::kInodes));
   // A total of 0 stays a set (its key holds 0); a repair's 0 forgets it.
   EXPECT_EQ(a.Replicas(nullptr, 0), 2u);
   AcctValue fix;

@@ -484,23 +484,39 @@ void Allocator::ReleasePending(Dev& d, u64 settled_seq) {
   d.pending.Resize(keep).IgnoreError();  // shrinking never allocates
 }
 
-bool Allocator::HoldFree(u32 dev, u64 bucket) {
+u64 Allocator::HoldFree(u32 dev, const u64* buckets, usize n) {
   MutexLock lock(mu_);
   TFS_BUG_ON(journal_ != nullptr);
-  if (dev >= nr_ || bucket >= devices_[dev].buckets.size()) return false;
+  if (dev >= nr_ || n == 0) return 0;
   Dev& d = devices_[dev];
-  if (d.buckets[bucket].state != BucketState::kFree) return false;
-  for (usize i = 0; i < d.free_list.size(); i++) {
-    if (d.free_list[i] != bucket) continue;
-    d.free_list[i] = d.free_list.back();
+  auto listed = [&](u64 b) {  // (binary search: buckets is sorted)
+    usize lo = 0, hi = n;
+    while (lo < hi) {
+      const usize mid = lo + (hi - lo) / 2;
+      if (buckets[mid] < b) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    return lo < n && buckets[lo] == b;
+  };
+  u64 held = 0;
+  for (usize i = 0; i < d.free_list.size();) {
+    const u64 b = d.free_list[i];
+    if (!listed(b)) {
+      i++;
+      continue;
+    }
+    d.free_list[i] = d.free_list.back();  // (the swapped-in entry is looked at next)
     d.free_list.PopBack();
     d.free_count--;
-    d.pending.PushBack(Dev::Pending{bucket, kHeld}).IgnoreError();  // capacity reserved at Init
-    held_++;
-    stats_.replay_held++;
-    return true;
+    d.pending.PushBack(Dev::Pending{b, kHeld}).IgnoreError();  // capacity reserved at Init
+    held++;
   }
-  return false;  // (already held, or pending)
+  held_ += held;
+  stats_.replay_held += held;
+  return held;
 }
 
 u64 Allocator::ReleaseHeldLocked() {

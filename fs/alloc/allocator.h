@@ -321,9 +321,10 @@ class Allocator {
   // written nodes over the data it reads (or the group, acknowledged, is
   // dropped). An allocation that finds nothing else free takes them back
   // (all of them, counted: replay_held_taken) rather than fail the mount.
-  // True if the bucket was free and is now held (counted: replay_held).
-  // Not once the journal is attached.
-  bool HoldFree(u32 dev, u64 bucket);
+  // `buckets`: n of member `dev`, sorted, each once -- one pass over its
+  // free list. Returns how many were free and are now held (counted:
+  // replay_held). Not once the journal is attached.
+  u64 HoldFree(u32 dev, const u64* buckets, usize n);
   // Puts the held buckets that are still free back on the free list;
   // returns how many were held.
   u64 ReleaseHeld();

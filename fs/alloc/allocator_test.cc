@@ -307,10 +307,13 @@ TEST(AllocatorTest, HeldBucketsAreTakenOnlyWhenNothingElseIsFree) {
     return u.by_state[u8(BucketState::kFree)] - u.pending_free;
   };
   const u64 free_before = reusable(t.a);
-  for (u64 b = 10; b < 20; b++) EXPECT_TRUE(t.a.HoldFree(0, b));
-  EXPECT_FALSE(t.a.HoldFree(0, 10));  // (already held)
-  EXPECT_FALSE(t.a.HoldFree(0, 0));   // (a journal bucket: not free)
-  EXPECT_FALSE(t.a.HoldFree(5, 0));   // (no such member)
+  std::vector<u64> ten;
+  for (u64 b = 10; b < 20; b++) ten.push_back(b);
+  EXPECT_EQ(t.a.HoldFree(0, ten.data(), ten.size()), 10u);
+  EXPECT_EQ(t.a.HoldFree(0, ten.data(), 1), 0u);  // (already held)
+  const u64 journal_bucket = 0;
+  EXPECT_EQ(t.a.HoldFree(0, &journal_bucket, 1), 0u);  // (not free)
+  EXPECT_EQ(t.a.HoldFree(5, &journal_bucket, 1), 0u);  // (no such member)
   EXPECT_EQ(t.a.Stats().replay_held, 10u);
   EXPECT_EQ(reusable(t.a), free_before - 10);
   EXPECT_EQ(t.a.Usage(0).pending_free, 10u);
@@ -328,8 +331,8 @@ TEST(AllocatorTest, HeldBucketsAreTakenOnlyWhenNothingElseIsFree) {
   EXPECT_EQ(t.a.ReleaseHeld(), 0u);
 
   SinkedAllocator u;
-  EXPECT_TRUE(u.a.HoldFree(0, 50));
-  EXPECT_TRUE(u.a.HoldFree(0, 51));
+  const u64 two[2] = {50, 51};
+  EXPECT_EQ(u.a.HoldFree(0, two, 2), 2u);
   ASSERT_TRUE(u.a.RepairState(0, 51, BucketState::kBtree).ok());  // (the mount's ReconcileBuckets: nodes there)
   EXPECT_EQ(u.a.Usage(0).pending_free, 1u);
   EXPECT_EQ(u.a.ReleaseHeld(), 1u);

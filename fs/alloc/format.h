@@ -92,12 +92,16 @@ enum class AcctKind : u32 {
   // logical sectors of extents whose counted non-cached pointers are on
   // exactly those members (bcachefs's replicas entries).
   kReplicas = 1,
+  // offset 0: the inodes in use -- posix's inode records (kBtreeInodes keys
+  // (ino >= 1, 0)), changed by the transactions that create and free
+  // them; the value is a count, not sectors (format version 6).
+  kInodes = 2,
 };
-inline constexpr u32 kAcctKinds = 2;
+inline constexpr u32 kAcctKinds = 3;
 inline constexpr u32 kAcctMaxMembers = 4;  // bits of a kReplicas mask: an extent's pointers (data::kMaxPtrs)
 
 struct AcctRecord {  // 16 bytes, the value of an accounting key
-  Le64 sectors;      // the total
+  Le64 sectors;      // the total (kInodes: a count)
   u8 kind;           // AcctKind, the key's own: a value at another kind's key is corrupt
   u8 reserved[7];    // 0
 };

@@ -358,7 +358,13 @@ struct Accounts {
     store::Store& s = *m->store;
     const u64 reserved_key = alloc::AcctInode(alloc::AcctKind::kReserved);
     const u64 replicas_key = alloc::AcctInode(alloc::AcctKind::kReplicas);
+    const u64 inodes_key = alloc::AcctInode(alloc::AcctKind::kInodes);
     EXPECT_EQ(s.acct().reserved_sectors(), want_reserved) << "reserved: memory vs extents";
+    // The inode count: memory = the inode records (posix made at least its root).
+    auto records = posix::CountInodeRecords(&s.btrees());
+    ASSERT_TRUE(records.ok());
+    EXPECT_EQ(s.acct().inodes(), records.value()) << "inodes: memory vs records";
+    EXPECT_GE(records.value(), 1u);
     std::vector<alloc::ReplicasEntry> mem(s.acct().Replicas(nullptr, 0));
     s.acct().Replicas(mem.data(), u32(mem.size()));
     std::map<u64, u64> have;
@@ -380,6 +386,9 @@ struct Accounts {
           << diag.text;
       if (pos.first == reserved_key) {
         EXPECT_EQ(sectors, s.acct().reserved_sectors()) << "reserved: tree vs memory";
+      } else if (pos.first == inodes_key) {
+        EXPECT_EQ(pos.second, 0u);
+        EXPECT_EQ(sectors, s.acct().inodes()) << "inodes: tree vs memory";
       } else {
         EXPECT_EQ(pos.first, replicas_key);
         EXPECT_TRUE(have.count(pos.second) && have[pos.second] == sectors)
@@ -391,6 +400,7 @@ struct Accounts {
       EXPECT_TRUE(sectors == 0 || tree.count({replicas_key, mask})) << "replicas 0x" << std::hex << mask
                                                                     << ": no key in the tree";
     EXPECT_TRUE(s.acct().reserved_sectors() == 0 || tree.count({reserved_key, 0})) << "reserved: no key in the tree";
+    EXPECT_TRUE(tree.count({inodes_key, 0})) << "inodes: no key in the tree";
   }
 
   // A cached copy of the first written extent of `ino` that has a member

@@ -16,7 +16,9 @@
 // set of members) against the same walk's (data::AcctTotals): a total that
 // differs, or a set with sectors no extent has, is an error; -y sets the
 // extents' (Store::RepairAcct; an extra set's key deleted). A set's key of
-// 0 sectors is normal (its data was deleted) and left.
+// 0 sectors is normal (its data was deleted) and left. The inode count
+// against a walk of the inode records (posix::CountInodeRecords) the same
+// way.
 //
 // Invariant kept for a cut: -y sets sb::kSbAcctRepair durably before its
 // first repair -- or the data pass's first extent edit, which changes what
@@ -27,6 +29,7 @@
 #include "alloc/allocator.h"
 #include "data/data.h"
 #include "fsck/pass.h"
+#include "posix/fs.h"
 #include "sb/format.h"
 
 namespace tfs::fsck {
@@ -157,6 +160,26 @@ bool CheckBucketCounts(store::Store& e, const Options& opt, Ctx& c) {
   }
   if (acct_wrong > kMaxLines)
     c.Line("alloc: %llu more accounting totals that are not their extents'", (unsigned long long)(acct_wrong - kMaxLines));
+  // The inode count against the inode records (after the namespace pass's
+  // repairs: what they left).
+  Result<u64> records = posix::CountInodeRecords(&e.btrees());
+  if (!records.ok()) {
+    c.Line("alloc: the count of the inode records failed: %s", records.status().Message());
+    c.report->errors++;
+    return false;
+  }
+  if (const u64 have_inodes = e.acct().inodes(); have_inodes != records.value()) {
+    c.report->errors++;
+    c.Line("alloc: the inode count is %llu, the inode records number %llu", (unsigned long long)have_inodes,
+           (unsigned long long)records.value());
+    alloc::AcctValue w;
+    w.kind = alloc::AcctKind::kInodes;
+    w.sectors = records.value();
+    if (opt.repair && !acct_fixes.PushBack(w).ok()) {
+      c.Line("alloc: cannot repair the accounting totals: out of memory");
+      return false;
+    }
+  }
   if (!opt.repair) return true;
   if (!fixes.empty() || !foreign.empty() || !acct_fixes.empty()) {
     // Durably before the first repair: a cut from here on leaves some
@@ -201,7 +224,7 @@ bool CheckBucketCounts(store::Store& e, const Options& opt, Ctx& c) {
       return false;
     }
     c.report->repaired += u32(acct_fixes.size());
-    c.Line("alloc: set %llu accounting total%s to the extents'", (unsigned long long)acct_fixes.size(),
+    c.Line("alloc: set %llu accounting total%s to what the trees hold", (unsigned long long)acct_fixes.size(),
            acct_fixes.size() == 1 ? "" : "s");
   }
   e.EndAcctRepair();

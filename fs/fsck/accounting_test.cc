@@ -491,9 +491,40 @@ TEST(FsckAccountingTest, AHostileAccountingTotalIsReportedInOneLineAndSetFromThe
       line = "alloc: the total of data on members 0x1 is " + std::to_string(now) + " sectors, its extents hold " +
              std::to_string(was);
     }
-    const Repair fix = ExpectReportedRepairedClean(img, line.c_str(), "alloc: set 1 accounting total to the extents'");
+    const Repair fix = ExpectReportedRepairedClean(img, line.c_str(), "alloc: set 1 accounting total to what the trees hold");
     EXPECT_EQ(fix.checked.errors, 1u) << fix.report;
     ExpectMountFindsNothing(img);
+    img.ExpectFiles(12);
+  }
+}
+
+// A hostile inode count -- raised, lowered, its key deleted -- is one line
+// of fsck -n (against a walk of the inode records), set by -y, clean after;
+// statfs then counts the files again.
+TEST(FsckAccountingTest, AHostileInodeCountIsReportedInOneLineAndSetFromTheRecords) {
+  const char* const kinds[] = {"raised", "lowered", "deleted"};
+  for (int kind = 0; kind < 3; kind++) {
+    SCOPED_TRACE(kinds[kind]);
+    Image img;
+    Populate(img, 2, 6);
+    u64 now = 0, was = 0;
+    if (kind == 2) {
+      was = EditAcct(img, alloc::AcctKind::kInodes, 0, true, nullptr, 0);
+    } else {
+      now = kind == 0 ? 20 : 5;
+      was = SetAcct(img, alloc::AcctKind::kInodes, 0, now);
+    }
+    ASSERT_EQ(was, 13u);  // the root and twelve files
+    const std::string line =
+        "alloc: the inode count is " + std::to_string(now) + ", the inode records number " + std::to_string(was);
+    const Repair fix = ExpectReportedRepairedClean(img, line.c_str(), "alloc: set 1 accounting total to what the trees hold");
+    EXPECT_EQ(fix.checked.errors, 1u) << fix.report;
+    img.WithFs([&](Filesystem& fs, store::Store& s) {
+      EXPECT_EQ(s.acct().inodes(), 13u);
+      posix::StatFs st;
+      ASSERT_TRUE(fs.GetStatFs(&st).ok());
+      EXPECT_EQ(st.files - st.files_free, 13u);
+    });
     img.ExpectFiles(12);
   }
 }

@@ -99,7 +99,9 @@ void CheckAllocator(store::Store& e, const Options& opt, Ctx& c) {
                alloc::BucketStateName(bk.state), live_bad ? " with more live or cached sectors than it can count" : "",
                alloc::BucketStateName(want));
       }
-      if (opt.repair && a.RepairState(m, b, want).ok()) c.report->repaired++;
+      // (A state set zeroes the bucket's counts: under the flag, as every
+      // repair that changes what the counts say.)
+      if (opt.repair && BeginCountRepair(e, c).ok() && a.RepairState(m, b, want).ok()) c.report->repaired++;
     }
     if (bad > 10) c.Line("%s: %llu more bucket errors", mem.label, (unsigned long long)(bad - 10));
   }
@@ -434,7 +436,7 @@ void RepairBtreeBuckets(store::Store& e, const BtreeFindings& found, bool was_cl
              (unsigned long long)f.bucket);
       continue;
     }
-    if (!done) done = e.alloc().RepairState(f.member, f.bucket, f.want).ok();
+    if (!done) done = BeginCountRepair(e, c).ok() && e.alloc().RepairState(f.member, f.bucket, f.want).ok();
     if (!done) continue;
     c.report->repaired++;
     c.Line("btree: %s: bucket %llu is now %s", label, (unsigned long long)f.bucket, alloc::BucketStateName(f.want));
@@ -516,6 +518,12 @@ Status RebuildAlloc(void* ctx, store::Store& e) {
   // written.
   Vector<alloc::AcctValue> totals;
   TFS_TRY(data::AcctTotals(*counts, &totals));
+  // And the inode count, from a walk of the inode records (the namespace
+  // pass may delete or recreate some: the accounting pass recounts).
+  alloc::AcctValue inodes;
+  inodes.kind = alloc::AcctKind::kInodes;
+  inodes.sectors = TFS_TRY(posix::CountInodeRecords(&e.btrees()));
+  TFS_TRY(totals.PushBack(inodes));
   return e.RepairAcct(totals.data(), u32(totals.size()), true);
 }
 

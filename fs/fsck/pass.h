@@ -62,12 +62,16 @@ bool CheckBackpointerTree(store::Store& e, const Options& opt, Ctx& c);
 // to the end (the recount or a repair's write failed, out of memory).
 bool CheckBucketCounts(store::Store& e, const Options& opt, Ctx& c);
 
-// -y, before its first repair that changes what the counts or totals count
-// -- an extent edited without the data path (the data pass) or a count or
-// total set (the accounting pass): records sb::kSbAcctRepair durably, once
-// (Store::BeginAcctRepair). A cut from then until the accounting pass has
-// ended leaves the flag, and no read-write mount runs on counts the edits
-// made wrong (the pass clears it). On failure nothing may be repaired.
+// -y, before its first repair that changes the counts or totals or what
+// they count -- a bucket's state set (CheckAllocator, RepairBtreeBuckets:
+// its counts zeroed), any repair commit of the namespace and data pass
+// (extents edited without the data path, inodes made or deleted without
+// the inode count), a count or total set (the accounting pass): records
+// sb::kSbAcctRepair durably, once (Store::BeginAcctRepair; a failed write
+// is tried again by the next call). A cut from then until the accounting
+// pass has ended leaves the flag, and no read-write mount runs on counts
+// the repairs made wrong (the pass clears it). On failure nothing may be
+// repaired.
 Status BeginCountRepair(store::Store& e, Ctx& c);
 
 }  // namespace tfs::fsck

@@ -99,12 +99,13 @@ void WriteAlloc(store::Store& store, JsonOut& w) {
 }
 
 // The accounting totals (alloc/accounting.h): the reserved (unwritten)
-// sectors and, per set of members data has copies on, its sectors -- the
+// sectors, the inodes in use and, per set of members data has copies on, its sectors -- the
 // members named by label; the first kCtlSets sets with data, then how many
 // more there are (the document has a fixed buffer) -- then the counters.
 void WriteAccounting(store::Store& store, JsonOut& w) {
   const alloc::Accounting& acct = store.acct();
   w.UintField("reserved_sectors", acct.reserved_sectors());
+  w.UintField("inodes", acct.inodes());
   Vector<alloc::ReplicasEntry> sets;
   // (A set added between the two calls is left for the next reading.)
   const bool listed = sets.Resize(acct.Replicas(nullptr, 0)).ok();

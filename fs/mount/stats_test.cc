@@ -101,8 +101,10 @@ TEST(StatsTest, EveryCounterOfEveryTableIsInTheDocument) {
   EXPECT_NE(doc.find(R"("extra":40})"), std::string::npos) << "the front end's fields close the member";
   EXPECT_NE(doc.find(R"("tiers":{"ssd":{"buckets":)"), std::string::npos) << doc;
   EXPECT_NE(Group(doc, "posix").find(R"("creates":1)"), std::string::npos) << "live values, not zeros";
-  // One block on ssd.a: 8 sectors of data with its one copy there.
-  EXPECT_NE(Group(doc, "accounting").find(R"("reserved_sectors":0,"replicas":[{"members":["ssd.a"],"sectors":8}])"),
+  // One block on ssd.a: 8 sectors of data with its one copy there; two
+  // inodes (the root and the file).
+  EXPECT_NE(Group(doc, "accounting")
+                .find(R"("reserved_sectors":0,"inodes":2,"replicas":[{"members":["ssd.a"],"sectors":8}])"),
             std::string::npos)
       << Group(doc, "accounting");
 

@@ -48,6 +48,15 @@ u8 DirentTypeOf(u32 mode) {
   }
 }
 
+Result<u64> CountInodeRecords(btree::Btrees* trees) {
+  Iterator it(trees, btree::kBtreeInodes, 1024);
+  u64 n = 0;
+  Status st;
+  for (st = it.Seek(InodePos(1)); st.ok() && it.Valid(); st = it.Next()) n += it.pos().offset == 0;  // (not a symlink target's chunk)
+  TFS_TRY(st);
+  return n;
+}
+
 Status ParseInode(const u8* value, u32 len, InodeFormat* out) {
   if (len != sizeof(InodeFormat)) return Err::kCorrupt;
   MemCopy(out, value, sizeof(*out));
@@ -196,6 +205,8 @@ Status Filesystem::FinishFree(u64 ino) {
   }
   Transaction tx(trees_);
   TFS_TRY(QueueFree(&tx, ino));
+  store::AcctCommit count;  // the inode count, in the same transaction
+  TFS_TRY(count.Queue(store_, &tx, alloc::AcctKind::kInodes, 0, -1));
   DebugNoSharedLock();
   TFS_TRY(tx.Commit().status());
   NoteFreed(true);
@@ -209,7 +220,6 @@ Status Filesystem::MetadataRoom() {
 void Filesystem::NoteFreed(bool freed) {
   if (!freed) return;
   ctr_.inodes_freed.FetchAdd(1, MemOrder::kRelaxed);
-  inodes_.FetchSub(1, MemOrder::kRelaxed);
 }
 
 Status Filesystem::FreeUnlinked(u64 ino) {
@@ -311,24 +321,18 @@ Status Filesystem::Mount(store::Store* store, data::DataPath* data, const Option
       TFS_TRY(store->journal().Flush());
       if (complete) TFS_TRY(store->AddFeatures(sb::kSbCapsFlagged));
     }
-    // Inodes in use, and the next number (numbers are not reused within a mount).
-    u64 count = 0;
-    u64 last = kRootIno;
-    TFS_TRY(it.Seek(InodePos(1)));
-    for (; it.Valid(); TFS_TRY(it.Next())) {
-      if (it.pos().offset != 0) continue;  // a symlink's target
-      count++;
-      last = it.pos().inode;
-    }
+    // The next number: past the last inode's (its record or a symlink
+    // target's chunk; orphan keys sort first) -- one seek, not a walk; the
+    // inodes in use are the accounting's count (statfs). Numbers are not
+    // reused within a mount.
+    TFS_TRY(it.SeekToLast());
+    const u64 last = it.Valid() ? it.pos().inode : 0;
     next_ino_.Store(Max(last + 1, kFirstIno), MemOrder::kRelaxed);
     InodeFormat root;
     Status rs = ReadInode(kRootIno, &root);
-    if (rs.ok()) {
-      inodes_.Store(count, MemOrder::kRelaxed);
-      return IsDir(root) ? Status::Ok() : Status(Err::kCorrupt);
-    }
+    if (rs.ok()) return IsDir(root) ? Status::Ok() : Status(Err::kCorrupt);
     if (!rs.Is(ErrorClass::kNotFound)) return rs;
-    if (count != 0) return Err::kCorrupt;  // inodes but no root
+    if (last != 0) return Err::kCorrupt;  // inodes but no root
     // A new filesystem: its root directory.
     MemSet(&root, 0, sizeof(root));
     root.version.set(kInodeVersion);
@@ -348,9 +352,10 @@ Status Filesystem::Mount(store::Store* store, data::DataPath* data, const Option
     root.xattr_bits = u8(opt_.dir_hash_bits);
     Transaction tx(trees_);
     TFS_TRY(tx.Set(InodePos(kRootIno), &root, sizeof(root)));
+    store::AcctCommit count;
+    TFS_TRY(count.Queue(store, &tx, alloc::AcctKind::kInodes, 0, 1));
     DebugNoSharedLock();
     TFS_TRY(tx.Commit().status());
-    inodes_.Store(1, MemOrder::kRelaxed);
     return Status::Ok();
   }();
   if (st.ok() && opt_.write_buffers > 0) {
@@ -533,7 +538,7 @@ Status Filesystem::GetStatFs(StatFs* out) {
   // None while creates are refused for want of metadata room.
   constexpr u64 kInodeCostBytes = 256;
   out->files_free = store_->alloc().MetadataShort() ? 0 : out->blocks_avail * (out->block_size / kInodeCostBytes);
-  out->files = inodes_.Load(MemOrder::kRelaxed) + out->files_free;
+  out->files = store_->acct().inodes() + out->files_free;
   return Status::Ok();
 }
 

@@ -617,7 +617,6 @@ class Filesystem {
   Vector<OpenCount> open_[kStripes];
   Atomic<u64> next_ino_{kFirstIno};
   Atomic<u32> next_gen_{0};
-  Atomic<u64> inodes_{0};  // inodes in use (statfs)
   struct Live {
     TFS_COUNTER_ATOMICS(TFS_POSIX_COUNTERS)
     TFS_COUNTER_ATOMICS(TFS_WBUF_COUNTERS)
@@ -634,6 +633,10 @@ class Filesystem {
 
 // Parses an inode value (kCorrupt if it is not one of this version).
 Status ParseInode(const u8* value, u32 len, InodeFormat* out);
+// The inode records the trees hold (keys (ino >= 1, 0) of kBtreeInodes),
+// by a walk: what the accounting's inode count must say (fsck's recount
+// and rebuild; the mount reads the count instead).
+Result<u64> CountInodeRecords(btree::Btrees* trees);
 Attr ToAttr(u64 ino, const InodeFormat& inode);
 
 }  // namespace tfs::posix

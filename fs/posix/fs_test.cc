@@ -489,6 +489,70 @@ TEST(PosixTest, OrphansOfACrashAreFreedAtMount) {
   ASSERT_TRUE(m.fs.Release(f).ok());
 }
 
+// The files in use are the accounting's inode count (alloc::AcctKind::
+// kInodes): changed in the transaction that creates or frees an inode, so
+// statfs counts them right across remounts, crashes and the orphans a
+// crash left; the mount reads the count and one seek for the next inode
+// number, never a walk of the inodes (before: every inode leaf), and a new
+// inode after it gets a number past every existing one.
+TEST(PosixTest, TheInodeCountIsKeptAndTheMountWalksNoInode) {
+  Mounted m;
+  auto files_used = [](Filesystem& fs) {
+    StatFs sf;
+    EXPECT_TRUE(fs.GetStatFs(&sf).ok());
+    return sf.files - sf.files_free;
+  };
+  const u64 d = Mkdir(m.fs, kRootIno, "d").value().ino;
+  constexpr int kFiles = 6000;  // (inode records of many leaves)
+  for (int i = 0; i < kFiles; i++) ASSERT_TRUE(Mkfile(m.fs, d, "f" + std::to_string(i)).ok());
+  const std::string target = "f1";
+  const u64 link = m.fs.Symlink(kRootIno, "l", 1, target.data(), u32(target.size()), kUser).value().ino;
+  EXPECT_EQ(files_used(m.fs), u64(kFiles) + 3);
+  for (int i = 0; i < kFiles; i += 3) ASSERT_TRUE(Unlink(m.fs, d, "f" + std::to_string(i)).ok());
+  const u64 left = u64(kFiles) + 3 - kFiles / 3;
+  EXPECT_EQ(files_used(m.fs), left);
+  // A remount reads the count; its posix stage reads a few nodes, not the
+  // inode leaves (the trees' cache is new with the store).
+  m.Unmount();
+  m.store = std::make_unique<store::Store>();
+  ASSERT_TRUE(testing::OpenStore(m.store.get(), m.devs, m.store_options).ok());
+  ASSERT_TRUE(m.data.Open(m.store.get()).ok());
+  const u64 walk_from = m.store->btrees().GetStats().node_reads;
+  auto leaves = posix::CountInodeRecords(&m.store->btrees());  // (what the old mount walked)
+  ASSERT_TRUE(leaves.ok());
+  EXPECT_EQ(leaves.value(), left);
+  const u64 walked = m.store->btrees().GetStats().node_reads - walk_from;
+  EXPECT_GT(walked, 12u) << "too few inode leaves to tell";
+  m.data.Close();
+  ASSERT_TRUE(m.store->Close().ok());
+  m.store = std::make_unique<store::Store>();
+  ASSERT_TRUE(testing::OpenStore(m.store.get(), m.devs, m.store_options).ok());
+  ASSERT_TRUE(m.data.Open(m.store.get()).ok());
+  const u64 before = m.store->btrees().GetStats().node_reads;
+  ASSERT_TRUE(m.fs.Mount(m.store.get(), &m.data, m.fs_options).ok());
+  const u64 read = m.store->btrees().GetStats().node_reads - before;
+  EXPECT_LE(read, 6u) << "posix's mount read " << read << " nodes";
+  EXPECT_EQ(files_used(m.fs), left);
+  // The next number is past the symlink's (the last inode, its target's
+  // chunk the last key).
+  const u64 next = Mkfile(m.fs, kRootIno, "new").value().ino;
+  EXPECT_GT(next, link);
+  // A crash: the durable count comes back with the durable creates, and an
+  // orphan the crash left is freed (its count with it) by the next mount.
+  const u64 open = Mkfile(m.fs, kRootIno, "open").value().ino;
+  ASSERT_TRUE(m.fs.OpenInode(open).ok());
+  ASSERT_TRUE(Unlink(m.fs, kRootIno, "open").ok());
+  m.Sync();
+  ASSERT_TRUE(Mkfile(m.fs, kRootIno, "lost").ok());  // (not durable)
+  auto after = m.AfterPowerCut();
+  EXPECT_EQ(after->fs.GetStats().orphans_freed, 1u);
+  EXPECT_EQ(files_used(after->fs), left + 1);  // "new"
+  auto records = posix::CountInodeRecords(&after->store->btrees());
+  ASSERT_TRUE(records.ok());
+  EXPECT_EQ(records.value(), left + 1);
+  ASSERT_TRUE(m.fs.Release(open).ok());
+}
+
 // A crash keeps whole operations: after a power cut the namespace is the one of
 // the last durable commit, and every later operation is either fully there or
 // fully absent.

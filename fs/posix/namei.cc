@@ -129,6 +129,8 @@ Result<Attr> Filesystem::Create(u64 dir, const char* name, u32 len, u32 mode, u6
   TFS_TRY(tx.Set(InodePos(dir), &d, sizeof(d)));
   // CreateOpen: the handle exists before the name does; the directory's lock
   // keeps every unlink of the name out until both are in place.
+  store::AcctCommit count;  // the inode count, in the same transaction
+  TFS_TRY(count.Queue(store_, &tx, alloc::AcctKind::kInodes, 0, 1));
   if (open_handle) TFS_TRY(AddHandle(ino));
   DebugNoSharedLock();
   Status st = tx.Commit().status();
@@ -142,7 +144,6 @@ Result<Attr> Filesystem::Create(u64 dir, const char* name, u32 len, u32 mode, u6
     return st;
   }
   ctr_.creates.FetchAdd(1, MemOrder::kRelaxed);
-  inodes_.FetchAdd(1, MemOrder::kRelaxed);
   return ToAttr(ino, f);
 }
 

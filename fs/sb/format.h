@@ -23,12 +23,14 @@
 namespace tfs::sb {
 
 inline constexpr u64 kSbMagic = 0x3130734672656954ull;  // "TierFs01" read as LE bytes
-// 4: backpointers (docs/format/backpointers.md) beside the alloc btree. 3:
-// allocation state in the alloc btree instead of a table on every member
+// 6: the inode count as an accounting key (alloc/format.h, kInodes). 5:
+// the accounting keys (reserved, replicas). 4: backpointers
+// (docs/format/backpointers.md) beside the alloc btree. 3: allocation state
+// in the alloc btree instead of a table on every member
 // (docs/format/alloc.md), no backpointers. 2: extents with pointer lists
-// (data/extent.h, docs/design/copies.md). Versions 1 to 3 were never
-// released: refused, never migrated.
-inline constexpr u16 kSbVersion = 5;
+// (data/extent.h, docs/design/copies.md). Versions 1 to 5 were never
+// released: refused in one line (superblock.cc), never migrated.
+inline constexpr u16 kSbVersion = 6;
 inline constexpr u32 kSbSize = 8192;
 inline constexpr u64 kSbPrimaryOffset = 4096;
 inline constexpr u64 kSbBackupOffset = 512 * 1024;

@@ -93,26 +93,21 @@ Status Decode(const void* buf, u64 device_size, Superblock* out, Diag* diag) {
   const auto* f = static_cast<const SuperblockFormat*>(buf);
   if (f->magic.get() != kSbMagic) return DiagError(diag, Err::kBadMagic, "no tierfs superblock (bad magic)");
   if (f->csum.get() != SbCsum(buf)) return DiagError(diag, Err::kBadChecksum, "superblock checksum mismatch");
-  if (f->version.get() == 1)
+  // Versions never released, each refused in one line that says why.
+  static const char* const kOlder[] = {
+      nullptr,
+      "predates extent pointer lists",             // 1
+      "kept allocation tables on every member",    // 2
+      "kept no backpointers",                      // 3
+      "kept no accounting keys",                   // 4
+      "kept no inode count",                       // 5
+  };
+  static_assert(sizeof(kOlder) / sizeof(kOlder[0]) == kSbVersion, "a line for every older version");
+  if (f->version.get() >= 1 && f->version.get() < kSbVersion)
     return DiagError(diag, Err::kBadVersion,
-                     "superblock format version 1 predates extent pointer lists and nothing released used it; "
-                     "this build reads version %u: reformat",
-                     unsigned(kSbVersion));
-  if (f->version.get() == 2)
-    return DiagError(diag, Err::kBadVersion,
-                     "superblock format version 2 kept allocation tables on every member; this build reads "
-                     "version %u: reformat; nothing released used it",
-                     unsigned(kSbVersion));
-  if (f->version.get() == 3)
-    return DiagError(diag, Err::kBadVersion,
-                     "superblock format version 3 kept no backpointers; this build reads version %u: reformat; "
-                     "nothing released used it",
-                     unsigned(kSbVersion));
-  if (f->version.get() == 4)
-    return DiagError(diag, Err::kBadVersion,
-                     "superblock format version 4 kept no accounting keys; this build reads version %u: reformat; "
-                     "nothing released used it",
-                     unsigned(kSbVersion));
+                     "superblock format version %u %s; this build reads version %u: reformat; nothing released "
+                     "used it",
+                     unsigned(f->version.get()), kOlder[f->version.get()], unsigned(kSbVersion));
   if (f->version.get() != kSbVersion)
     return DiagError(diag, Err::kBadVersion, "superblock version %u not supported (this build reads %u)",
                      unsigned(f->version.get()), unsigned(kSbVersion));

@@ -184,12 +184,12 @@ TEST(SuperblockTest, ReadFallsBackToBackupWhenPrimaryIsCorrupt) {
 }
 
 // Format versions 1 (one pointer an extent), 2 (allocation tables on every
-// member), 3 (the alloc btree without backpointers) and 4 (no accounting
-// keys) were never released:
-// a device with any of them is refused in one line that says to reformat;
-// other versions get the plain line.
-TEST(SuperblockTest, VersionsOneToFourAreRefusedWithOneLine) {
-  ASSERT_EQ(kSbVersion, 5);
+// member), 3 (the alloc btree without backpointers), 4 (no accounting keys)
+// and 5 (no inode count) were never released: a device with any of them is
+// refused in one line that says to reformat; other versions get the plain
+// line.
+TEST(SuperblockTest, VersionsOneToFiveAreRefusedWithOneLine) {
+  ASSERT_EQ(kSbVersion, 6);
   auto dev = Dev("old");
   ASSERT_TRUE(Write(*dev, MakeSb(1), 0).ok());
   auto set_version = [&](u16 v) {
@@ -203,32 +203,22 @@ TEST(SuperblockTest, VersionsOneToFourAreRefusedWithOneLine) {
       dev->WriteRaw(at, b.data(), b.size());
     }
   };
-  set_version(1);
+  const char* const why[] = {nullptr, "predates extent pointer lists", "kept allocation tables on every member",
+                             "kept no backpointers", "kept no accounting keys", "kept no inode count"};
   Superblock out;
   Diag d;
+  for (u16 v = 1; v <= 5; v++) {
+    set_version(v);
+    EXPECT_EQ(Read(*dev, &out, &d).status(), Status(Err::kBadVersion));
+    EXPECT_EQ(std::string(d.text), "old: superblock format version " + std::to_string(v) + " " + why[v] +
+                                       "; this build reads version 6: reformat; nothing released used it");
+  }
+  set_version(7);
   EXPECT_EQ(Read(*dev, &out, &d).status(), Status(Err::kBadVersion));
-  const std::string text = d.text;
-  EXPECT_EQ(text,
-            "old: superblock format version 1 predates extent pointer lists and nothing released used it; "
-            "this build reads version 5: reformat");
-  set_version(2);
+  EXPECT_EQ(std::string(d.text), "old: superblock version 7 not supported (this build reads 6)");
+  set_version(0);
   EXPECT_EQ(Read(*dev, &out, &d).status(), Status(Err::kBadVersion));
-  EXPECT_EQ(std::string(d.text),
-            "old: superblock format version 2 kept allocation tables on every member; this build reads version 5: "
-            "reformat; nothing released used it");
-  set_version(3);
-  EXPECT_EQ(Read(*dev, &out, &d).status(), Status(Err::kBadVersion));
-  EXPECT_EQ(std::string(d.text),
-            "old: superblock format version 3 kept no backpointers; this build reads version 5: reformat; nothing "
-            "released used it");
-  set_version(4);
-  EXPECT_EQ(Read(*dev, &out, &d).status(), Status(Err::kBadVersion));
-  EXPECT_EQ(std::string(d.text),
-            "old: superblock format version 4 kept no accounting keys; this build reads version 5: reformat; nothing "
-            "released used it");
-  set_version(6);
-  EXPECT_EQ(Read(*dev, &out, &d).status(), Status(Err::kBadVersion));
-  EXPECT_EQ(std::string(d.text), "old: superblock version 6 not supported (this build reads 5)");
+  EXPECT_EQ(std::string(d.text), "old: superblock version 0 not supported (this build reads 6)");
 }
 
 TEST(SuperblockTest, BlankDeviceIsNotTierfs) {

@@ -4,6 +4,7 @@
 #include "alloc/format.h"
 #include "platform/platform.h"
 #include "util/bits.h"
+#include "util/sort.h"
 
 namespace tfs::store {
 namespace {
@@ -165,6 +166,7 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
     if (sbs.p[i].seq > sbs.p[newest].seq) newest = i;
   }
   sb_ = sbs.p[newest];
+  acct_flag_durable_ = (sb_.flags & sb::kSbAcctRepair) != 0;
   read_only_ = options.read_only;
 
   for (u32 m = 0; m < sb_.nr_members; m++) {
@@ -336,12 +338,8 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
     // loads and the rebuild (Finish rebuilds the lists), before anything
     // allocates.
     const u64 taken_before = alloc_.HeldTaken();
-    for (const journal::CheckedRange& r : rep.replay.checked) {
-      if (r.member >= sb_.nr_members || r.bytes == 0) continue;
-      const u64 first = sb_.BucketOf(r.offset), last = sb_.BucketOf(r.offset + r.bytes - 1);
-      for (u64 b = first; b <= last && b < sb_.members[r.member].nbuckets; b++)
-        rep.held_buckets += alloc_.HoldFree(r.member, b);
-    }
+    st = HoldCheckedBuckets(rep);
+    if (!st.ok()) return fail(DiagError(diag, st, "open: holding the checked buckets: %s", st.Message()));
     // Node buckets against the trees: a btree bucket no tree reaches is
     // freed, one holding nodes is marked (whatever a cut left between a
     // checkpoint's allocations and their records), before anything allocates.
@@ -555,6 +553,52 @@ Status Store::RepairAcct(const alloc::AcctValue* want, u32 n, bool whole) {
   return Status::Ok();
 }
 
+Status Store::HoldCheckedBuckets(OpenReport& rep) {
+  rep.held_buckets = 0;
+  // Each member's buckets the ranges touch, sorted and once each (a bucket
+  // holds many checked ranges: one a commit), for one pass over its free list.
+  for (u32 m = 0; m < sb_.nr_members; m++) {
+    Vector<u64> buckets;
+    for (const journal::CheckedRange& r : rep.replay.checked) {
+      if (r.member != m || r.bytes == 0) continue;
+      const u64 first = sb_.BucketOf(r.offset), last = sb_.BucketOf(r.offset + r.bytes - 1);
+      for (u64 b = first; b <= last && b < sb_.members[m].nbuckets; b++) TFS_TRY(buckets.PushBack(b));
+    }
+    if (buckets.empty()) continue;
+    Sort(buckets.data(), buckets.size(), [](u64 a, u64 b) { return a < b; });
+    usize n = 0;
+    for (usize i = 0; i < buckets.size(); i++)
+      if (n == 0 || buckets[n - 1] != buckets[i]) buckets[n++] = buckets[i];
+    rep.held_buckets += alloc_.HoldFree(m, buckets.data(), n);
+  }
+  return Status::Ok();
+}
+
+Status AcctCommit::Queue(Store* store, btree::Transaction* tx, alloc::AcctKind kind, u64 offset, i64 change) {
+  if (store == nullptr || !store->open() || store->read_only() || tx == nullptr) return Err::kInvalidArgument;
+  store_ = store;
+  change_ = alloc::AcctChange{kind, offset, change};
+  slot_ = TFS_TRY(tx->SetLater(btree::Pos{btree::kBtreeAlloc, alloc::AcctInode(kind), offset},
+                               u32(sizeof(alloc::AcctRecord))));
+  hook_ = btree::CommitHook{Prepare, Finish, this};
+  tx->SetCommitHook(&hook_);
+  return Status::Ok();
+}
+
+Status AcctCommit::Prepare(void* ctx, btree::Transaction* tx) {
+  auto* c = static_cast<AcctCommit*>(ctx);
+  TFS_TRY(c->store_->acct().Stage(&c->change_, 1, &c->staged_));
+  alloc::AcctRecord r;
+  alloc::EncodeAcct(c->staged_.kind, c->staged_.sectors, &r);
+  MemCopy(tx->LaterValue(c->slot_), &r, sizeof(r));
+  return Status::Ok();
+}
+
+void AcctCommit::Finish(void* ctx, u64 /*seq*/, bool journaled) {
+  auto* c = static_cast<AcctCommit*>(ctx);
+  if (journaled) c->store_->acct().Publish(&c->staged_, 1);
+}
+
 bool Store::CheckAccounting(OpenReport& rep) const {
   // Every counted non-cached pointer adds its extent's sectors to its
   // bucket's live count and to its set's total once: the totals, each
@@ -660,10 +704,14 @@ Status Store::WriteSuperblocks() {
 
 Status Store::BeginAcctRepair() {
   if (!open_ || read_only_) return Err::kInvalidArgument;
-  if ((sb_.flags & sb::kSbAcctRepair) != 0) return Status::Ok();
+  if ((sb_.flags & sb::kSbAcctRepair) != 0 && acct_flag_durable_) return Status::Ok();
+  // (Set in memory even when the write fails: Close's superblock write
+  // records it then. A later call writes it again.)
   sb_.flags |= sb::kSbAcctRepair;
   sb_.seq++;
-  return WriteSuperblocks();
+  TFS_TRY(WriteSuperblocks());
+  acct_flag_durable_ = true;
+  return Status::Ok();
 }
 
 Status Store::AddFeatures(u16 features) {
@@ -692,10 +740,15 @@ Status Store::Close() {
   if (!settled) {
     // The trees could not be left with nothing dirty (docs/format/alloc.md,
     // "Checkpoints and the recursion"): the journal, stopped durably, holds
-    // what they lack, and the next mount replays it.
+    // what they lack, and the next mount replays it. The superblock is
+    // written unclean with the journal's floor where it was, for the flags
+    // this mount changed (a finished repair's kSbAcctRepair cleared: what
+    // it repaired is in that journal).
     platform::Log(platform::LogLevel::kWarn, "store: unmounted with allocation records only in the journal; "
                                              "the next mount replays it");
-    return Status::Ok();
+    sb_.flags &= u16(~sb::kSbClean);
+    sb_.seq++;
+    return WriteSuperblocks();
   }
   sb_.journal_seq = journal_.next_seq();
   sb_.flags |= sb::kSbClean;

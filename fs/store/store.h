@@ -196,7 +196,10 @@ class Store {
   // writes the repaired records, so a cut before leaves the flag set.
   // Read-write opens only (kInvalidArgument otherwise).
   Status BeginAcctRepair();
-  void EndAcctRepair() { sb_.flags &= u16(~sb::kSbAcctRepair); }
+  void EndAcctRepair() {
+    sb_.flags &= u16(~sb::kSbAcctRepair);
+    acct_flag_durable_ = false;
+  }
   // posix's mount: records incompatible features (sb::kSbFeatureFlags bits)
   // in the superblocks now, once what the older format lacked is added
   // (posix::Filesystem::Mount). The fields beside the flags are the ones the
@@ -239,6 +242,10 @@ class Store {
   // The allocator's persistence sink (alloc::PersistFn).
   static Result<u64> PersistAlloc(void* self, const alloc::RecordChange* changes, u32 n, alloc::BucketState owner,
                                   alloc::PersistProgress* progress);
+  // The open's hold (Allocator::HoldFree) of the free buckets the newest
+  // replayed group's data checks read (rep.replay.checked): counts them in
+  // rep.held_buckets. kNoMemory only.
+  Status HoldCheckedBuckets(OpenReport& rep);
   // Deletes the alloc keys the load found outside every member's buckets
   // (fsck -y's rebuild: they are no bucket's record).
   Status DeleteBadAllocKeys();
@@ -255,11 +262,37 @@ class Store {
   bool open_ = false;
   bool read_only_ = false;
   bool journal_started_ = false;
+  bool acct_flag_durable_ = false;  // kSbAcctRepair is on the devices (the open found it, or BeginAcctRepair wrote it)
   // Open: what LoadAlloc needs of the open in progress.
   const btree::Roots* loading_roots_ = nullptr;
   const journal::ReplayResult* loading_replay_ = nullptr;
   OpenReport* loading_rep_ = nullptr;
   Vector<btree::Pos> bad_alloc_keys_;  // alloc keys outside every member (DeleteBadAllocKeys)
+};
+
+// One accounting total changed by a transaction that is not the data
+// path's (which stages its own: data/data.h) -- posix's inode count, +1 in
+// the transaction that creates an inode, -1 in the one that frees it
+// (docs/format/alloc.md, "Accounting keys"). Queue reserves the key's slot
+// (Transaction::SetLater) and sets the transaction's commit hook: under
+// commit_mu it stages the published total plus `change` (alloc::Accounting
+// ::Stage: stopped at 0 or the bound, counted), and once the journal took
+// the entry publishes it -- so the key's values follow journal order, as
+// the data path's. The object outlives the Commit; the transaction has no
+// other hook. On a store without a journal (read-only) Queue refuses.
+class AcctCommit {
+ public:
+  Status Queue(Store* store, btree::Transaction* tx, alloc::AcctKind kind, u64 offset, i64 change);
+
+ private:
+  static Status Prepare(void* ctx, btree::Transaction* tx);
+  static void Finish(void* ctx, u64 seq, bool journaled);
+
+  Store* store_ = nullptr;
+  alloc::AcctChange change_{};
+  alloc::AcctValue staged_{};
+  u32 slot_ = 0;
+  btree::CommitHook hook_{};
 };
 
 }  // namespace tfs::store
