@@ -75,6 +75,20 @@ bool AllocSuspect(store::Store& e, const store::OpenReport& rep) {
   return false;
 }
 
+// BeginCountRepair before a bucket state repair (its counts zeroed): false
+// when the flag could not be recorded -- the repair is not made, and the
+// first such failure is one line.
+bool FlagForStateRepair(store::Store& e, Ctx& c) {
+  Status st = BeginCountRepair(e, c);
+  if (st.ok()) return true;
+  if (!c.acct_flag_failed) {
+    c.acct_flag_failed = true;
+    c.Line("alloc: recording the repair in the superblock failed: %s; bucket states are left as they are",
+           st.Message());
+  }
+  return false;
+}
+
 void CheckAllocator(store::Store& e, const Options& opt, Ctx& c) {
   const sb::Superblock& s = e.sb();
   alloc::Allocator& a = e.alloc();
@@ -101,7 +115,7 @@ void CheckAllocator(store::Store& e, const Options& opt, Ctx& c) {
       }
       // (A state set zeroes the bucket's counts: under the flag, as every
       // repair that changes what the counts say.)
-      if (opt.repair && BeginCountRepair(e, c).ok() && a.RepairState(m, b, want).ok()) c.report->repaired++;
+      if (opt.repair && FlagForStateRepair(e, c) && a.RepairState(m, b, want).ok()) c.report->repaired++;
     }
     if (bad > 10) c.Line("%s: %llu more bucket errors", mem.label, (unsigned long long)(bad - 10));
   }
@@ -436,7 +450,7 @@ void RepairBtreeBuckets(store::Store& e, const BtreeFindings& found, bool was_cl
              (unsigned long long)f.bucket);
       continue;
     }
-    if (!done) done = BeginCountRepair(e, c).ok() && e.alloc().RepairState(f.member, f.bucket, f.want).ok();
+    if (!done) done = FlagForStateRepair(e, c) && e.alloc().RepairState(f.member, f.bucket, f.want).ok();
     if (!done) continue;
     c.report->repaired++;
     c.Line("btree: %s: bucket %llu is now %s", label, (unsigned long long)f.bucket, alloc::BucketStateName(f.want));

@@ -24,6 +24,7 @@ struct Ctx {
   // whether this -y has set it (BeginCountRepair).
   bool acct_cut_short = false;
   bool acct_begun = false;
+  bool acct_flag_failed = false;  // a state repair found the flag unwritable (said once)
 
   void Line(const char* fmt, ...) TFS_PRINTF(2, 3) {
     __builtin_va_list ap;

@@ -28,10 +28,11 @@ using btree::Pos;
 using btree::Transaction;
 
 // Freeing an inode is one transaction (QueueFree): its inode and orphan keys,
-// its symlink target and every xattr key, as whiteouts, fit the smallest
-// journal entry (a 64 KiB bucket's).
+// its symlink target and every xattr key, as whiteouts, and the inode
+// count's key fit the smallest journal entry (a 64 KiB bucket's).
 static_assert(sizeof(journal::EntryHeader) + (2 + kLinkChunks + kMaxXattrs + kMaxXattrChunks) *
-                                                 journal::KeySpace(sizeof(btree::KeyHeader)) <=
+                                                     journal::KeySpace(sizeof(btree::KeyHeader)) +
+                      journal::KeySpace(sizeof(btree::KeyHeader) + sizeof(alloc::AcctRecord)) <=
                   sb::kMinBucket,
               "freeing an inode fits one journal entry");
 
@@ -144,9 +145,12 @@ bool Filesystem::IsOpen(u64 ino) {
   return false;
 }
 
-Status Filesystem::QueueFree(Transaction* tx, u64 ino) {
+Status Filesystem::QueueFree(Transaction* tx, u64 ino, bool* had_record) {
   InodeFormat f;
   Status st = ReadInode(ino, &f);
+  // (A record that reads as corrupt, or not at all, is still one: its key
+  // is deleted below and uncounted. Only a missing one is not.)
+  *had_record = !st.Is(ErrorClass::kNotFound);
   if (st.ok() && (f.mode.get() & kModeTypeMask) == kModeLink)
     for (u32 c = 0; c < kLinkChunks; c++) TFS_TRY(tx->Delete(LinkPos(ino, c)));
   // Its xattrs: the table (at most kMaxXattrs keys, tombstones included) and
@@ -204,9 +208,10 @@ Status Filesystem::FinishFree(u64 ino) {
     TFS_TRY(data_->Commit(data::kForegroundWrite, &tx, delta));
   }
   Transaction tx(trees_);
-  TFS_TRY(QueueFree(&tx, ino));
+  bool had_record = false;
+  TFS_TRY(QueueFree(&tx, ino, &had_record));
   store::AcctCommit count;  // the inode count, in the same transaction
-  TFS_TRY(count.Queue(store_, &tx, alloc::AcctKind::kInodes, 0, -1));
+  if (had_record) TFS_TRY(count.Queue(store_, &tx, alloc::AcctKind::kInodes, 0, -1));
   DebugNoSharedLock();
   TFS_TRY(tx.Commit().status());
   NoteFreed(true);
@@ -327,6 +332,13 @@ Status Filesystem::Mount(store::Store* store, data::DataPath* data, const Option
     // reused within a mount.
     TFS_TRY(it.SeekToLast());
     const u64 last = it.Valid() ? it.pos().inode : 0;
+    if (last == ~u64(0)) {
+      // (Only a hostile key gets there: the next number would wrap onto
+      // inodes in use.)
+      platform::Log(platform::LogLevel::kError,
+                    "posix: an inode key at number 2^64-1 leaves no inode number to give; run 'tierfs fsck'");
+      return Status(Err::kCorrupt);
+    }
     next_ino_.Store(Max(last + 1, kFirstIno), MemOrder::kRelaxed);
     InodeFormat root;
     Status rs = ReadInode(kRootIno, &root);

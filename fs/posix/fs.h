@@ -471,7 +471,10 @@ class Filesystem {
   // owns) when no link and no handle is left, else written, with an orphan key
   // when only handles are left.
   Status QueueUnlinked(btree::Transaction* tx, u64 ino, InodeFormat* inode, bool* freed);
-  Status QueueFree(btree::Transaction* tx, u64 ino);
+  // Queues the deletion of every key the inode owns but its file data
+  // (FinishFree's last transaction); *had_record: its inode record was there
+  // (an orphan key with no record is damage: nothing to uncount).
+  Status QueueFree(btree::Transaction* tx, u64 ino, bool* had_record);
   // Frees an orphaned inode no handle holds: its data in batches, then the inode.
   Status FinishFree(u64 ino);
   // A read-write mount of a filesystem without kSbCapsFlagged (written by a

@@ -538,19 +538,52 @@ TEST(PosixTest, TheInodeCountIsKeptAndTheMountWalksNoInode) {
   const u64 next = Mkfile(m.fs, kRootIno, "new").value().ino;
   EXPECT_GT(next, link);
   // A crash: the durable count comes back with the durable creates, and an
-  // orphan the crash left is freed (its count with it) by the next mount.
+  // orphan the crash left is freed (its count with it) by the next mount --
+  // as is an orphan key with no inode record (damage), which uncounts
+  // nothing.
   const u64 open = Mkfile(m.fs, kRootIno, "open").value().ino;
   ASSERT_TRUE(m.fs.OpenInode(open).ok());
   ASSERT_TRUE(Unlink(m.fs, kRootIno, "open").ok());
+  {
+    btree::Transaction tx(&m.store->btrees());
+    u8 v[8] = {};
+    ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeInodes, 0, next + 1000}, v, sizeof(v)).ok());  // (an orphan key)
+    ASSERT_TRUE(tx.Commit().ok());
+  }
   m.Sync();
-  ASSERT_TRUE(Mkfile(m.fs, kRootIno, "lost").ok());  // (not durable)
+  ASSERT_TRUE(Mkfile(m.fs, kRootIno, "lost").ok());  // (durable or not: the cut decides)
   auto after = m.AfterPowerCut();
-  EXPECT_EQ(after->fs.GetStats().orphans_freed, 1u);
-  EXPECT_EQ(files_used(after->fs), left + 1);  // "new"
+  EXPECT_EQ(after->fs.GetStats().orphans_freed, 2u);
+  const u64 lost = Lookup(after->fs, kRootIno, "lost").ok() ? 1 : 0;
+  EXPECT_EQ(files_used(after->fs), left + 1 + lost);  // "new" (and "lost")
   auto records = posix::CountInodeRecords(&after->store->btrees());
   ASSERT_TRUE(records.ok());
-  EXPECT_EQ(records.value(), left + 1);
+  EXPECT_EQ(records.value(), left + 1 + lost);
   ASSERT_TRUE(m.fs.Release(open).ok());
+}
+
+// A key at inode number 2^64-1 (only a hostile image has one) leaves no
+// next number: the mount refuses as corrupt instead of wrapping onto the
+// inodes in use.
+TEST(PosixTest, AnInodeKeyAtTheLastNumberIsRefused) {
+  Mounted m;
+  ASSERT_TRUE(Mkfile(m.fs, kRootIno, "f").ok());
+  {
+    btree::Transaction tx(&m.store->btrees());
+    u8 v[4] = {'a', 'b', 'c', 'd'};
+    ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeInodes, ~u64(0), 1}, v, sizeof(v)).ok());  // (a target's chunk)
+    ASSERT_TRUE(tx.Commit().ok());
+  }
+  m.Unmount();
+  store::Store s;
+  ASSERT_TRUE(testing::OpenStore(&s, m.devs, m.store_options).ok());
+  data::DataPath d;
+  ASSERT_TRUE(d.Open(&s).ok());
+  Filesystem fs;
+  EXPECT_EQ(fs.Mount(&s, &d, m.fs_options).code(), Err::kCorrupt);
+  d.Close();
+  EXPECT_TRUE(s.Close().ok());
+  m.store.reset();  // (nothing left for m's destructor to unmount)
 }
 
 // A crash keeps whole operations: after a power cut the namespace is the one of
