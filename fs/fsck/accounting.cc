@@ -21,8 +21,9 @@
 // way.
 //
 // Invariant kept for a cut: -y sets sb::kSbAcctRepair durably before its
-// first repair -- or the data pass's first extent edit, which changes what
-// the counts count without changing them (BeginCountRepair) -- and clears
+// first repair -- or an earlier pass's first repair that changes the counts
+// or what they count: a bucket state set, the data pass's extent edits
+// (BeginCountRepair, pass.h) -- and clears
 // it when this pass has ended (Close() writes the clear after checkpointing
 // the repaired records), so a read-write mount never runs on counts a cut
 // left half-repaired or out of step with the edited extents.

@@ -53,7 +53,8 @@ Result<u64> CountInodeRecords(btree::Btrees* trees) {
   Iterator it(trees, btree::kBtreeInodes, 1024);
   u64 n = 0;
   Status st;
-  for (st = it.Seek(InodePos(1)); st.ok() && it.Valid(); st = it.Next()) n += it.pos().offset == 0;  // (not a symlink target's chunk)
+  for (st = it.Seek(InodePos(1)); st.ok() && it.Valid(); st = it.Next())
+    n += it.pos().offset == 0;  // (not a symlink target's chunk)
   TFS_TRY(st);
   return n;
 }

@@ -127,10 +127,10 @@ Result<Attr> Filesystem::Create(u64 dir, const char* name, u32 len, u32 mode, u6
   SetTime(&d.mtime_ns, now);
   SetTime(&d.ctime_ns, now);
   TFS_TRY(tx.Set(InodePos(dir), &d, sizeof(d)));
-  // CreateOpen: the handle exists before the name does; the directory's lock
-  // keeps every unlink of the name out until both are in place.
   store::AcctCommit count;  // the inode count, in the same transaction
   TFS_TRY(count.Queue(store_, &tx, alloc::AcctKind::kInodes, 0, 1));
+  // CreateOpen: the handle exists before the name does; the directory's lock
+  // keeps every unlink of the name out until both are in place.
   if (open_handle) TFS_TRY(AddHandle(ino));
   DebugNoSharedLock();
   Status st = tx.Commit().status();
