@@ -3,6 +3,7 @@
 
 #include "platform/platform.h"
 #include "util/bits.h"
+#include "util/sort.h"
 
 namespace tfs::alloc {
 
@@ -83,15 +84,8 @@ void Accounting::BeginLoad() {
 }
 
 usize Accounting::FindLocked(dev::DevMask mask, bool* found) const {
-  usize lo = 0, hi = replicas_.size();
-  while (lo < hi) {
-    const usize mid = lo + (hi - lo) / 2;
-    if (replicas_[mid].members < mask) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
-    }
-  }
+  const usize lo = LowerBound(replicas_.data(), replicas_.size(),
+                              [mask](const ReplicasEntry& e) { return e.members < mask; });
   *found = lo < replicas_.size() && replicas_[lo].members == mask;
   return lo;
 }

@@ -12,6 +12,7 @@
 #include "alloc/allocator.h"
 
 #include "platform/platform.h"
+#include "util/sort.h"
 
 namespace tfs::alloc {
 namespace {
@@ -471,17 +472,25 @@ bool Allocator::Usable(u32 dev, BucketState purpose, Watermark wm) const {
   return (d.data_allowed & DataBit(purpose)) != 0 && d.free_count > FreeFloor(dev, wm);
 }
 
-void Allocator::ReleasePending(Dev& d, u64 settled_seq) {
+template <typename Release>
+u64 Allocator::ReleaseWhere(Dev& d, Release release) {
   usize keep = 0;
+  u64 n = 0;
   for (usize i = 0; i < d.pending.size(); i++) {
-    if (d.pending[i].seq <= settled_seq && d.pending[i].seq != kHeld) {
+    if (release(d.pending[i].seq)) {
       d.free_list.PushBack(d.pending[i].bucket).IgnoreError();  // capacity reserved at Init
       d.free_count++;
+      n++;
     } else {
       d.pending[keep++] = d.pending[i];
     }
   }
   d.pending.Resize(keep).IgnoreError();  // shrinking never allocates
+  return n;
+}
+
+void Allocator::ReleasePending(Dev& d, u64 settled_seq) {
+  ReleaseWhere(d, [settled_seq](u64 seq) { return seq <= settled_seq && seq != kHeld; });
 }
 
 u64 Allocator::HoldFree(u32 dev, const u64* buckets, usize n) {
@@ -489,17 +498,9 @@ u64 Allocator::HoldFree(u32 dev, const u64* buckets, usize n) {
   TFS_BUG_ON(journal_ != nullptr);
   if (dev >= nr_ || n == 0) return 0;
   Dev& d = devices_[dev];
-  auto listed = [&](u64 b) {  // (binary search: buckets is sorted)
-    usize lo = 0, hi = n;
-    while (lo < hi) {
-      const usize mid = lo + (hi - lo) / 2;
-      if (buckets[mid] < b) {
-        lo = mid + 1;
-      } else {
-        hi = mid;
-      }
-    }
-    return lo < n && buckets[lo] == b;
+  auto listed = [&](u64 b) {
+    const usize at = LowerBound(buckets, n, [b](u64 x) { return x < b; });
+    return at < n && buckets[at] == b;
   };
   u64 held = 0;
   for (usize i = 0; i < d.free_list.size();) {
@@ -521,20 +522,7 @@ u64 Allocator::HoldFree(u32 dev, const u64* buckets, usize n) {
 
 u64 Allocator::ReleaseHeldLocked() {
   u64 n = 0;
-  for (u32 i = 0; i < nr_ && held_ != 0; i++) {
-    Dev& d = devices_[i];
-    usize keep = 0;
-    for (usize k = 0; k < d.pending.size(); k++) {
-      if (d.pending[k].seq == kHeld) {
-        d.free_list.PushBack(d.pending[k].bucket).IgnoreError();  // capacity reserved at Init
-        d.free_count++;
-        n++;
-      } else {
-        d.pending[keep++] = d.pending[k];
-      }
-    }
-    d.pending.Resize(keep).IgnoreError();  // shrinking never allocates
-  }
+  for (u32 i = 0; i < nr_ && held_ != 0; i++) n += ReleaseWhere(devices_[i], [](u64 seq) { return seq == kHeld; });
   held_ = 0;
   return n;
 }

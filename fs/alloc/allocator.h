@@ -488,6 +488,10 @@ class Allocator {
   // Takes bucket `b` off the free list or the pending list, if it is on one
   // (mu_ held).
   void UnlistFreeLocked(Dev& d, u64 b);
+  // Moves the pending entries whose seq `release(seq)` picks to the free
+  // list; returns how many. Requires mu_ (ReleasePending, ReleaseHeldLocked).
+  template <typename Release>
+  u64 ReleaseWhere(Dev& d, Release release);
   // Moves pending frees settled by `settled_seq` (Journal::settled_seq) to the
   // free list; held ones stay. Requires mu_.
   void ReleasePending(Dev& d, u64 settled_seq);

@@ -1,5 +1,6 @@
 // Sort: an in-place heapsort for the core (no <algorithm>): O(n log n) worst case,
 // no allocation, no recursion -- suitable for kernel stacks. Not stable.
+// LowerBound: a binary search over a sorted range.
 #ifndef TFS_UTIL_SORT_H_
 #define TFS_UTIL_SORT_H_
 
@@ -26,6 +27,22 @@ void Sort(T* first, usize n, Less less) {
     Swap(first[0], first[end]);
     sift_down(0, end);
   }
+}
+
+// The first i in [0, n) with !before(first[i]), or n: `before` holds for a
+// prefix of the range and not after it (a range sorted by what it tests).
+template <typename T, typename Before>
+usize LowerBound(const T* first, usize n, Before before) {
+  usize lo = 0, hi = n;
+  while (lo < hi) {
+    const usize mid = lo + (hi - lo) / 2;
+    if (before(first[mid])) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
 }
 
 }  // namespace tfs
