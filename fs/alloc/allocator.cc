@@ -2,8 +2,10 @@
 // record of the alloc btree through the Store's sink (see allocator.h and
 // docs/format/alloc.md).
 //
-// Invariants: every bucket in state kFree is either on free_list (reusable)
-// or on pending (its free not yet settled), each once; free_count ==
+// Invariants: every bucket in state kFree is on exactly one of free_list
+// (reusable), blocked (settled, but at the generation guard: GenGap(gen,
+// oldest_gen) == kGenGuard) or pending (its free not yet settled); every
+// bucket's GenGap is at most kGenGuard, and below it on free_list; free_count ==
 // free_list.size(); a bucket's version only grows, by one per change, and
 // the record handed to the sink carries the version it was changed to; a
 // member's sums (Usage) are its buckets' summed: every change of a bucket's
@@ -102,7 +104,7 @@ u64 MaxCountSectors(const sb::Superblock& sb, BucketState state) {
 void EncodeRecord(const Bucket& b, AllocRecord* out) {
   MemSet(out, 0, sizeof(*out));
   out->gen = b.gen;
-  out->oldest_gen = b.gen;  // (step 3c keeps its own)
+  out->oldest_gen = b.oldest_gen;
   out->state = u8(b.state);
   out->live_sectors.set(b.live_sectors);
   out->cached_sectors.set(b.cached_sectors);
@@ -146,7 +148,8 @@ Status ParseRecord(const sb::Superblock& sb, u64 dev, u64 bucket, const void* va
   if (state != BucketState::kFree && (m.data_allowed & DataBit(state)) == 0)
     return DiagError(diag, Err::kCorrupt, "alloc: member %s bucket %llu: state %s on a member that does not allow it",
                      m.label, (unsigned long long)bucket, BucketStateName(state));
-  if (r.oldest_gen != r.gen) return bad("oldest_gen is not gen:", r.oldest_gen);
+  if (GenGap(r.gen, r.oldest_gen) > kGenGuard)
+    return bad("oldest_gen further behind gen than the generation guard allows:", r.oldest_gen);
   if (r.version.get() >= kRecordVersionLimit) return bad("version out of range:", r.version.get());
   out->gen = r.gen;
   out->oldest_gen = r.oldest_gen;
@@ -167,6 +170,7 @@ Status Allocator::Init(const sb::Superblock& sb) {
     TFS_TRY(d.buckets.Resize(m.nbuckets));
     TFS_TRY(d.free_list.Reserve(m.nbuckets));
     TFS_TRY(d.pending.Reserve(m.nbuckets));
+    TFS_TRY(d.blocked.Reserve(m.nbuckets));
     d.data_allowed = m.data_allowed;
     d.reserves.btree = Max<u64>(1, m.nbuckets / 128);
     d.reserves.copygc = Max<u64>(1, m.nbuckets / 128);
@@ -233,11 +237,12 @@ Status Allocator::Finish() {
   for (u32 i = 0; i < nr_; i++) {
     Dev& d = devices_[i];
     d.free_list.Clear();
+    d.blocked.Clear();
+    d.free_count = 0;
     d.pending.Clear();  // (load and rebuild only: nothing is pending or held then)
     for (u64 b = d.buckets.size(); b-- > 0;) {
-      if (d.buckets[b].state == BucketState::kFree) TFS_TRY(d.free_list.PushBack(b));
+      if (d.buckets[b].state == BucketState::kFree) ListFreeLocked(d, b);  // (capacity reserved at Init)
     }
-    d.free_count = d.free_list.size();
   }
   held_ = 0;
   return Status::Ok();
@@ -304,7 +309,13 @@ bool Allocator::RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen) {
   if (bk.state == state && state == BucketState::kUser && bk.gen != gen && u8(gen - bk.gen) > 127) return true;
   Resum r(devices_[dev].sums, bk);
   bk.state = state;
-  if (state == BucketState::kUser) bk.gen = gen;  // btree buckets keep theirs (node pointers carry none)
+  if (state == BucketState::kUser) {
+    bk.gen = gen;  // btree buckets keep theirs (node pointers carry none)
+    // A record must stay within the guard: the pointers marked carry gen,
+    // and the stale cached ones are the data pass's to drop (it raises
+    // oldest_gen after).
+    if (GenGap(bk.gen, bk.oldest_gen) > kGenGuard) bk.oldest_gen = bk.gen;
+  }
   return true;
 }
 
@@ -478,8 +489,7 @@ u64 Allocator::ReleaseWhere(Dev& d, Release release) {
   u64 n = 0;
   for (usize i = 0; i < d.pending.size(); i++) {
     if (release(d.pending[i].seq)) {
-      d.free_list.PushBack(d.pending[i].bucket).IgnoreError();  // capacity reserved at Init
-      d.free_count++;
+      ListFreeLocked(d, d.pending[i].bucket);
       n++;
     } else {
       d.pending[keep++] = d.pending[i];
@@ -537,12 +547,29 @@ u64 Allocator::HeldTaken() const {
   return stats_.replay_held_taken;
 }
 
+void Allocator::ListFreeLocked(Dev& d, u64 b) {
+  const Bucket& bk = d.buckets[b];
+  if (GenGap(bk.gen, bk.oldest_gen) >= kGenGuard) {
+    d.blocked.PushBack(b).IgnoreError();  // capacity reserved at Init (each bucket listed once)
+    stats_.gen_guard_blocked++;
+    return;
+  }
+  d.free_list.PushBack(b).IgnoreError();  // capacity reserved at Init
+  d.free_count++;
+}
+
 void Allocator::UnlistFreeLocked(Dev& d, u64 b) {
   for (usize i = 0; i < d.free_list.size(); i++) {
     if (d.free_list[i] != b) continue;
     d.free_list[i] = d.free_list.back();
     d.free_list.PopBack();
     d.free_count--;
+    return;
+  }
+  for (usize i = 0; i < d.blocked.size(); i++) {
+    if (d.blocked[i] != b) continue;
+    d.blocked[i] = d.blocked.back();
+    d.blocked.PopBack();
     return;
   }
   for (usize i = 0; i < d.pending.size(); i++) {
@@ -699,14 +726,18 @@ bool Allocator::FreeLocked(u32 dev, const BucketRef& ref, RecordChange* change, 
     }
     stats_.frees++;
     stats_.unrecorded_frees++;
-    d.free_list.PushBack(ref.bucket).IgnoreError();  // capacity reserved at Init
-    d.free_count++;
+    ListFreeLocked(d, ref.bucket);  // (its generation kept: below the guard, as when it was allocated)
     return true;
   }
   {
     Resum r(d.sums, bk);
+    // Nothing counted in it and nothing older behind: no pointer names it,
+    // oldest_gen moves with gen. Else (its cached copies dropped, or stale
+    // ones from before) the pointers stay behind and so does oldest_gen: the
+    // guard counts this free.
+    const bool none = bk.cached_sectors == 0 && bk.live_sectors == 0 && bk.oldest_gen == bk.gen;
     bk.gen++;
-    bk.oldest_gen = bk.gen;
+    if (none) bk.oldest_gen = bk.gen;
     bk.state = BucketState::kFree;
     bk.live_sectors = 0;
     bk.cached_sectors = 0;
@@ -718,8 +749,7 @@ bool Allocator::FreeLocked(u32 dev, const BucketRef& ref, RecordChange* change, 
   if (journal_ == nullptr) {
     // Before the journal runs (the mount): nothing written survives a cut
     // unless the mount's checkpoint does, and then with the free.
-    d.free_list.PushBack(ref.bucket).IgnoreError();  // capacity reserved at Init
-    d.free_count++;
+    ListFreeLocked(d, ref.bucket);
   } else {
     // Pending from the change on: reused once the entry recording it is
     // settled. A free whose commit fails stays here for good.
@@ -817,6 +847,64 @@ Status Allocator::SetLiveSectors(const BucketRef& ref, u32 live_sectors) {
   }
   // (Never a reclaim commit: no checkpoint counts sectors.)
   return Persist(&change, 1, change.b.state == BucketState::kBtree ? BucketState::kFree : change.b.state).status();
+}
+
+template <typename Edit>
+Status Allocator::EditBuckets(u32 n, BucketState owner, u64* changed, Edit edit) {
+  Vector<RecordChange> changes;
+  TFS_TRY(changes.Reserve(n));
+  Status first;
+  {
+    MutexLock lock(mu_);
+    for (u32 i = 0; i < n; i++) {
+      u32 dev;
+      u64 bucket;
+      const int r = edit(i, &dev, &bucket);
+      if (r < 0 && first.ok()) first = Err::kInvalidArgument;
+      if (r <= 0) continue;
+      Bucket& bk = devices_[dev].buckets[bucket];
+      bk.version++;
+      bk.recorded = true;
+      bk.unrecorded = false;
+      changes.PushBack(RecordChange{dev, bucket, bk}).IgnoreError();  // reserved
+    }
+  }
+  if (changed != nullptr) *changed = changes.size();
+  if (!changes.empty()) TFS_TRY(Persist(changes.data(), u32(changes.size()), owner).status());
+  return first;
+}
+
+Status Allocator::RaiseOldestGen(const OldestRaise* raises, u32 n, u64* raised, bool user_too) {
+  return EditBuckets(n, BucketState::kFree, raised, [&](u32 i, u32* dev, u64* bucket) {  // (under mu_)
+    const OldestRaise& r = raises[i];
+    if (r.dev >= nr_ || r.bucket >= devices_[r.dev].buckets.size()) return -1;
+    Dev& d = devices_[r.dev];
+    Bucket& bk = d.buckets[r.bucket];
+    // Newer than oldest_gen, not newer than gen: fewer generations behind.
+    // A user bucket is left to the pass after its free: its record
+    // changes only in its extent transactions while it is in use (a
+    // staged count carries the version after the published one).
+    if ((bk.state == BucketState::kUser && (!user_too || bk.unrecorded)) ||
+        GenGap(bk.gen, r.oldest) >= GenGap(bk.gen, bk.oldest_gen))
+      return 0;
+    const bool was_blocked = GenGap(bk.gen, bk.oldest_gen) >= kGenGuard;
+    bk.oldest_gen = r.oldest;
+    stats_.oldest_raised++;
+    if (was_blocked && bk.state == BucketState::kFree) {
+      for (usize j = 0; j < d.blocked.size(); j++) {
+        if (d.blocked[j] != r.bucket) continue;  // (pending: listed when it settles)
+        d.blocked[j] = d.blocked.back();
+        d.blocked.PopBack();
+        d.free_list.PushBack(r.bucket).IgnoreError();  // capacity reserved at Init
+        d.free_count++;
+        stats_.gen_guard_released++;
+        break;
+      }
+    }
+    *dev = r.dev;
+    *bucket = r.bucket;
+    return 1;
+  });
 }
 
 Status Allocator::StageCounts(CountStage* stages, u32 n, CountNote* note) {
@@ -942,34 +1030,23 @@ void Allocator::LogCountNote(const CountNote& note, bool published) {
 }
 
 Status Allocator::RepairCounts(const CountFix* fixes, u32 n) {
-  Vector<RecordChange> changes;
-  TFS_TRY(changes.Reserve(n));
-  Status first;
-  {
-    MutexLock lock(mu_);
-    for (u32 i = 0; i < n; i++) {
-      const CountFix& f = fixes[i];
-      if (f.dev >= nr_ || f.bucket >= devices_[f.dev].buckets.size() ||
-          devices_[f.dev].buckets[f.bucket].state != BucketState::kUser) {
-        if (first.ok()) first = Err::kInvalidArgument;
-        continue;
-      }
-      Bucket& bk = devices_[f.dev].buckets[f.bucket];
-      const u64 most = MaxCountSectors(sb_, bk.state);
-      {
-        Resum r(devices_[f.dev].sums, bk);
-        bk.live_sectors = u32(Min<u64>(f.live_sectors, most));
-        bk.cached_sectors = u32(Min<u64>(f.cached_sectors, most));
-        bk.version++;
-        bk.recorded = true;
-        bk.unrecorded = false;
-      }
-      stats_.count_repairs++;
-      changes.PushBack(RecordChange{f.dev, f.bucket, bk}).IgnoreError();  // reserved
+  return EditBuckets(n, BucketState::kUser, nullptr, [&](u32 i, u32* dev, u64* bucket) {  // (under mu_)
+    const CountFix& f = fixes[i];
+    if (f.dev >= nr_ || f.bucket >= devices_[f.dev].buckets.size() ||
+        devices_[f.dev].buckets[f.bucket].state != BucketState::kUser)
+      return -1;
+    Bucket& bk = devices_[f.dev].buckets[f.bucket];
+    const u64 most = MaxCountSectors(sb_, bk.state);
+    {
+      Resum r(devices_[f.dev].sums, bk);
+      bk.live_sectors = u32(Min<u64>(f.live_sectors, most));
+      bk.cached_sectors = u32(Min<u64>(f.cached_sectors, most));
     }
-  }
-  if (!changes.empty()) TFS_TRY(Persist(changes.data(), u32(changes.size()), BucketState::kUser).status());
-  return first;
+    stats_.count_repairs++;
+    *dev = f.dev;
+    *bucket = f.bucket;
+    return 1;
+  });
 }
 
 Status Allocator::RepairState(u32 dev, u64 bucket, BucketState state) {
@@ -985,9 +1062,16 @@ Status Allocator::RepairState(u32 dev, u64 bucket, BucketState state) {
     const BucketState was = bk.state;
     if (was == BucketState::kFree) {
       UnlistFreeLocked(d, bucket);
-      bk.gen++;  // whatever pointed in while it was free is stale
+      // Whatever pointed in while it was free is stale (damage: nothing
+      // counted names a free bucket). oldest_gen moves with gen when
+      // nothing older was behind (as a free of a bucket counting nothing);
+      // else it stays -- older stale pointers may remain -- unless that
+      // would pass the guard (a record must stay valid; fsck's data pass
+      // drops stale cached pointers and raises it after).
+      const bool none = bk.oldest_gen == bk.gen;
+      bk.gen++;
+      if (none || GenGap(bk.gen, bk.oldest_gen) > kGenGuard) bk.oldest_gen = none ? bk.gen : u8(bk.gen - kGenGuard);
     }
-    bk.oldest_gen = bk.gen;
     bk.state = state;
     bk.live_sectors = 0;
     bk.cached_sectors = 0;
@@ -999,8 +1083,7 @@ Status Allocator::RepairState(u32 dev, u64 bucket, BucketState state) {
       if (freed) {
         d.pending.PushBack(Dev::Pending{bucket, kUnjournaled}).IgnoreError();  // reserved at Init
       } else {
-        d.free_list.PushBack(bucket).IgnoreError();
-        d.free_count++;
+        ListFreeLocked(d, bucket);
       }
     }
     change = RecordChange{dev, bucket, bk};
@@ -1052,6 +1135,7 @@ DeviceUsage Allocator::Usage(u32 dev) const {
 #endif
   u.nbuckets = d.buckets.size();
   u.pending_free = d.pending.size();
+  u.gen_blocked = d.blocked.size();
   for (u32 k = 0; k < kBucketStateCount; k++) u.by_state[k] = d.sums.by_state[k];
   u.live_sectors = d.sums.live_sectors;
   u.cached_sectors = d.sums.cached_sectors;
@@ -1063,12 +1147,15 @@ DeviceUsage Allocator::Usage(u32 dev) const {
 
 u64 Allocator::FreeCount(u32 dev) const {
   MutexLock lock(mu_);
-  return dev < nr_ ? devices_[dev].sums.by_state[u8(BucketState::kFree)] : 0;
+  return dev < nr_ ? devices_[dev].sums.by_state[u8(BucketState::kFree)] - devices_[dev].blocked.size() : 0;
 }
 
 AllocStats Allocator::Stats() const {
   MutexLock lock(mu_);
-  return stats_;
+  AllocStats s = stats_;
+  s.gen_guard_waiting = 0;
+  for (u32 i = 0; i < nr_; i++) s.gen_guard_waiting += devices_[i].blocked.size();
+  return s;
 }
 
 }  // namespace tfs::alloc

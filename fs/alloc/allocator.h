@@ -87,6 +87,12 @@ struct BucketRef {
 
 struct Bucket {
   u8 gen = 0;
+  // The oldest generation a pointer into the bucket may still carry
+  // (format.h, kGenGuard): gen until a free leaves pointers behind -- a
+  // bucket freed with cached sectors counted (its cached copies dropped:
+  // their pointers stay, stale) or already behind keeps it, one freed with
+  // nothing counting in it moves it along with gen. Raised by a generation
+  // pass (RaiseOldestGen).
   u8 oldest_gen = 0;
   BucketState state = BucketState::kFree;
   bool recorded = false;  // the alloc btree holds (or will hold) a record of it
@@ -155,6 +161,16 @@ struct CountFix {
   u32 cached_sectors = 0;
 };
 
+// A generation pass's finding for one bucket (RaiseOldestGen): `oldest`,
+// the oldest generation of the pointers into it the pass found and kept
+// -- or, for none, the bucket's gen when the pass began (a pointer added
+// since carries that gen or a newer one).
+struct OldestRaise {
+  u32 dev = 0;
+  u64 bucket = 0;
+  u8 oldest = 0;
+};
+
 // One bucket's new state, for the persistence sink.
 struct RecordChange {
   u32 dev;
@@ -171,7 +187,7 @@ struct RecordChange {
 // buckets, the bucket's own for the others.
 u64 MaxCountSectors(const sb::Superblock& sb, BucketState state);
 
-// The record of `b` (oldest_gen = gen until step 3c).
+// The record of `b`.
 void EncodeRecord(const Bucket& b, AllocRecord* out);
 // Parses the record of bucket `bucket` of member `dev` (the key's position)
 // against the filesystem's geometry (docs/format/alloc.md, "Validity"):
@@ -209,6 +225,7 @@ struct DeviceUsage {
   u64 by_state[kBucketStateCount] = {};
   u64 live_sectors = 0;   // summed over its buckets (logical sectors: see AllocRecord)
   u64 cached_sectors = 0;
+  u64 gen_blocked = 0;   // free buckets the generation guard holds back (among by_state[free])
   Reserves reserves;     // btree: the reserve in force (need + growth room)
   u64 metadata_need = 0; // what the btree declared (SetMetadataNeed)
 };
@@ -230,14 +247,18 @@ struct DeviceUsage {
   X(rebased_records, counter, "records a mount started again at version 1 (RebaseVersions)")           \
   X(count_records, counter, "bucket records extent transactions carried (one per bucket whose counts a commit changed)") \
   X(count_underflows, counter, "user buckets' live counts that would have gone below 0 in a journaled commit: stopped at 0 (damage; fsck recounts)") \
-  X(cached_underflows, counter, "user buckets' cached counts uncounted that were never counted (a stale cached pointer current again)") \
+  X(cached_underflows, counter, "user buckets' cached counts uncounted that were never counted (a cached pointer current by a hostile generation: the guard keeps stale ones from wrapping)") \
   X(count_overflows, counter, "counts that would have passed what the bucket can count: stopped there (damage)") \
   X(foreign_losses, counter, "journaled losses in buckets that are not user buckets: pointers never counted there (damage fsck owns); the record kept as it is") \
   X(count_repairs, counter, "bucket counts set to what the extents say (fsck)")     \
   X(empty_freed_at_mount, counter, "user buckets whose records counted nothing, freed by the mount")     \
   X(replay_held, counter, "free buckets a mount held off the free list until its superblock (the newest replayed group's data checks read them)") \
   X(replay_held_taken, counter, "of those, released before then because an allocation found nothing else free (a cut before the superblock may lose that group)") \
-  X(metadata_refused, counter, "operations that add metadata refused with ENOSPC (MetadataRoom)")
+  X(metadata_refused, counter, "operations that add metadata refused with ENOSPC (MetadataRoom)")     \
+  X(gen_guard_blocked, counter, "free buckets held back by the generation guard (gen kGenGuard past oldest_gen: stale pointers may remain)") \
+  X(gen_guard_waiting, level, "free buckets the guard holds back now, waiting for a generation pass")   \
+  X(gen_guard_released, counter, "of those, handed back to the free list by a generation pass")        \
+  X(oldest_raised, counter, "buckets whose oldest_gen a generation pass raised")
 
 struct AllocStats {
   TFS_COUNTER_FIELDS(TFS_ALLOC_COUNTERS)
@@ -356,7 +377,11 @@ class Allocator {
   using AllocFaultFn = Status (*)(void* ctx, BucketState purpose, bool recorded);
   void SetAllocFaultForTest(AllocFaultFn fn, void* ctx);
   // Frees a bucket (its generation is bumped). kInvalidArgument for a stale
-  // ref. An unrecorded bucket (AllocateUnrecorded, no transaction counted
+  // ref. Its counts go to 0: a bucket freed with cached sectors counted has
+  // its cached copies dropped -- their pointers, left in their extents, are
+  // stale from now on -- and keeps its oldest_gen (as one already behind
+  // does); one with nothing counted moves oldest_gen to the new gen (no
+  // pointer names it). An unrecorded bucket (AllocateUnrecorded, no transaction counted
   // in it) commits nothing and keeps its generation -- the tree says free
   // already and no durable pointer names it -- and is reusable at once
   // (counted: unrecorded_frees); FreeBuckets does the same.
@@ -368,6 +393,20 @@ class Allocator {
   // what n calls of Free would have returned ok for.
   Status FreeBuckets(const BucketRef* refs, u32 n, u32* freed = nullptr);
   Status SetLiveSectors(const BucketRef& ref, u32 live_sectors);
+  // A generation pass's end (fsck -y today; docs/format/alloc.md,
+  // "Generations"): each bucket's oldest_gen becomes raises[i].oldest if
+  // that is newer than its oldest_gen and not newer than its gen (mod 256:
+  // within the guard's window), else it is left (a raise never lowers it);
+  // a user bucket is left too -- its record changes only in its extent
+  // transactions while in use (StageCounts), and the guard acts on frees:
+  // the pass after its free raises it -- unless `user_too` (fsck: no
+  // extent transaction commits meanwhile; an unrecorded one is still left);
+  // a free bucket the guard held back that is now below it goes back on
+  // the free list (gen_guard_released). The changed records persisted in
+  // one commit (split as needed); counted: oldest_raised. *raised (if
+  // given): how many changed. kInvalidArgument for a bucket outside the
+  // members (after the others).
+  Status RaiseOldestGen(const OldestRaise* raises, u32 n, u64* raised = nullptr, bool user_too = false);
 
   // The counts of user buckets (docs/design/copies.md, "Step 3b"): changed
   // only inside the extent transactions that change them, by the data
@@ -377,7 +416,7 @@ class Allocator {
   // StageCounts (the hook's prepare): the new state and record of each
   // stage's bucket -- the published counts plus the change, version + 1; a
   // count that would go below 0 stops at 0 (live: count_underflows, logged;
-  // cached: cached_underflows, normal, see docs/design/copies.md "As
+  // cached: cached_underflows, not logged: see docs/design/copies.md "As
   // built: step 1"), one that would pass MaxCountSectors stops there
   // (count_overflows). A bucket that is not a user bucket (a loss of a
   // pointer never counted there: damage fsck owns) keeps its state and
@@ -447,6 +486,9 @@ class Allocator {
     Vector<Bucket> buckets;
     Vector<u64> free_list;  // free (durably) bucket numbers; allocation pops from the back
     u64 free_count = 0;
+    // Free and settled, but gen kGenGuard past oldest_gen: off the free
+    // list until a generation pass raises oldest_gen (RaiseOldestGen).
+    Vector<u64> blocked;
     struct Pending {
       u64 bucket;
       u64 seq;  // journal entry that records the free (kUnjournaled while it commits)
@@ -485,8 +527,18 @@ class Allocator {
   bool FreeLocked(u32 dev, const BucketRef& ref, RecordChange* change, BucketState* was, bool* persist);
   // Records the sequence a free's commit returned on its pending entry.
   void NotePendingSeq(u32 dev, u64 bucket, u64 seq);
-  // Takes bucket `b` off the free list or the pending list, if it is on one
-  // (mu_ held).
+  // Changes buckets with one record commit (split as needed) for `owner`:
+  // under mu_, edit(i, &dev, &bucket) for i < n changes one bucket and says
+  // which (1), changes nothing (0) or refuses a bad entry (-1: the call's
+  // kInvalidArgument, after the others); each changed bucket's version is
+  // bumped and its record persisted. *changed (if given): how many.
+  template <typename Edit>
+  Status EditBuckets(u32 n, BucketState owner, u64* changed, Edit edit);
+  // Puts free bucket `b` on the free list -- or, at the generation guard,
+  // on the blocked list (counted) (mu_ held).
+  void ListFreeLocked(Dev& d, u64 b);
+  // Takes bucket `b` off the free list, the blocked list or the pending
+  // list, if it is on one (mu_ held).
   void UnlistFreeLocked(Dev& d, u64 b);
   // Moves the pending entries whose seq `release(seq)` picks to the free
   // list; returns how many. Requires mu_ (ReleasePending, ReleaseHeldLocked).

@@ -47,6 +47,7 @@ sb::Superblock TwoMembers() {
 AllocRecord Good(BucketState state = BucketState::kUser) {
   Bucket b;
   b.gen = 7;
+  b.oldest_gen = 7;
   b.state = state;
   b.live_sectors = state == BucketState::kFree ? 0 : 100;
   b.version = 42;
@@ -65,7 +66,7 @@ TEST(AllocRecordTest, EncodeParseRoundTrip) {
     ASSERT_TRUE(ParseRecord(s, dev, dev == 0 ? 99 : 299, &r, sizeof(r), &out, &d).ok()) << d.text;
     EXPECT_EQ(out.state, st);
     EXPECT_EQ(out.gen, 7);
-    EXPECT_EQ(out.oldest_gen, 7);  // = gen until step 3c
+    EXPECT_EQ(out.oldest_gen, 7);
     EXPECT_EQ(out.version, 42u);
     EXPECT_TRUE(out.recorded);
     AllocRecord again;
@@ -136,8 +137,10 @@ TEST(AllocRecordTest, HostileBytesAreCorruptWithOneLine) {
   r.version.set(kRecordVersionLimit);
   cases.push_back({"version", 0, 20, bytes(r), "version out of range"});
   r = Good();
-  r.oldest_gen = 6;
-  cases.push_back({"oldest_gen", 0, 20, bytes(r), "oldest_gen is not gen: 6"});
+  r.oldest_gen = u8(7 - kGenGuard - 1);  // one generation past the guard
+  cases.push_back({"oldest_gen", 0, 20, bytes(r), "oldest_gen further behind gen than the generation guard allows: 166"});
+  r.oldest_gen = 8;  // newer than gen: 255 generations behind
+  cases.push_back({"oldest_gen ahead", 0, 20, bytes(r), "generation guard allows: 8"});
   cases.push_back({"btree on a user-only member", 1, 20, bytes(Good(BucketState::kBtree)),
                    "state btree on a member that does not allow it"});
   cases.push_back({"journal with data", 0, 2, bytes(Good(BucketState::kJournal)),
@@ -176,7 +179,8 @@ TEST(AllocRecordTest, AUserBucketCountsUpToSixteenTimesItsSectors) {
 }
 
 // Every bit of a record flipped in turn: valid exactly when the field it
-// lands in allows the new value (gen: any; oldest_gen: must equal gen;
+// lands in allows the new value (gen, oldest_gen: gen at most kGenGuard
+// (96) generations past oldest_gen, mod 256;
 // state: a known one the HDD member may hold, not free with data; reserved:
 // never; sectors: within 16 times the bucket's, the most a user bucket of
 // compressed blobs counts; version: below the limit) -- and then
@@ -192,10 +196,8 @@ TEST(AllocRecordTest, EveryFlippedByteParsesOrIsCorrupt) {
       AllocRecord r = good;
       reinterpret_cast<u8*>(&r)[i] ^= u8(1 << bit);
       bool want;
-      if (i == 0) {
-        want = false;  // gen: oldest_gen (still 7) must equal it
-      } else if (i == 1) {
-        want = false;  // oldest_gen != gen
+      if (i <= 1) {
+        want = GenGap(r.gen, r.oldest_gen) <= kGenGuard;  // (7 ^ 1 << bit against 7)
       } else if (i == 2) {
         want = r.state == u8(BucketState::kCached);  // user 4 ^ 1; 0 is free with data, 6.. unknown
       } else if (i == 3 || (i >= 12 && i < 16)) {
@@ -433,6 +435,118 @@ TEST(AllocatorTest, AnUnrecordedBucketCommitsNothingUntilItsFirstStage) {
   BucketSums scan;
   EXPECT_TRUE(a.SumsMatchScan(1, &scan));
   a.SetJournal(nullptr);
+}
+
+// The generation guard (format.h, kGenGuard; docs/format/alloc.md,
+// "Generations"): a bucket freed with cached sectors counted leaves its
+// cached pointers behind, stale, and keeps its oldest_gen; reused and freed
+// again and again (300 times here -- more than the 256 generations a u8
+// has) its gen never comes back to the stale pointers' while oldest_gen is
+// not raised: at kGenGuard generations past it the bucket stays off the
+// free list (counted), and the allocator hands out other buckets. A
+// generation pass's raise (RaiseOldestGen) puts it back: never lowering
+// oldest_gen, never past gen, never a user bucket's. Without the guard the
+// 256th reuse would hand the bucket out at the stale pointers' generation.
+TEST(AllocatorTest, TheGenerationGuardKeepsAStalePointersGenerationFromComingBack) {
+  SinkedAllocator t;
+  Allocator& a = t.a;
+  // A user bucket of member 1 holding only a cached copy (8 sectors).
+  Result<BucketRef> got = a.Allocate(0b10, 0, BucketState::kUser, Watermark::kForeground);
+  ASSERT_TRUE(got.ok());
+  const BucketRef b = *got;
+  CountStage st;
+  st.dev = b.dev;
+  st.bucket = b.bucket;
+  st.cached = 8;
+  CountNote note;
+  ASSERT_TRUE(a.StageCounts(&st, 1, &note).ok());
+  a.PublishCounts(&st, 1, &note);
+  const u8 stale_gen = b.gen;  // the cached pointer's
+  // Its cache dropped: freed with the cached sectors counted.
+  ASSERT_TRUE(a.Free(b).ok());
+  Bucket k = a.Get(b.dev, b.bucket);
+  EXPECT_EQ(k.gen, u8(stale_gen + 1));
+  EXPECT_EQ(k.oldest_gen, stale_gen) << "the stale pointer's generation stays the oldest";
+  // A bucket freed with nothing counted moves oldest_gen along.
+  {
+    Result<BucketRef> other = a.Allocate(0b01, 0, BucketState::kUser, Watermark::kForeground);
+    ASSERT_TRUE(other.ok());
+    ASSERT_TRUE(a.Free(*other).ok());
+    const Bucket o = a.Get(other->dev, other->bucket);
+    EXPECT_EQ(o.oldest_gen, o.gen);
+  }
+  // 300 allocations of member 1 (each freed at once, nothing counted: the
+  // allocator reuses the last freed bucket first).
+  u32 reused = 0;
+  for (int i = 0; i < 300; i++) {
+    got = a.Allocate(0b10, 0, BucketState::kUser, Watermark::kForeground);
+    ASSERT_TRUE(got.ok());
+    if (got->bucket == b.bucket) {
+      reused++;
+      EXPECT_NE(got->gen, stale_gen) << "reuse " << reused << ": the stale pointer looks current";
+    }
+    ASSERT_TRUE(a.Free(*got).ok());
+  }
+  EXPECT_EQ(reused, kGenGuard - 1u) << "reused until its gen is kGenGuard past the stale pointer's";
+  k = a.Get(b.dev, b.bucket);
+  EXPECT_EQ(k.state, BucketState::kFree);
+  EXPECT_EQ(GenGap(k.gen, k.oldest_gen), kGenGuard);
+  EXPECT_EQ(a.Usage(1).gen_blocked, 1u);
+  EXPECT_EQ(a.FreeCount(1), a.Usage(1).by_state[u8(BucketState::kFree)] - 1) << "not allocatable space";
+  AllocStats s = a.Stats();
+  EXPECT_EQ(s.gen_guard_blocked, 1u);
+  EXPECT_EQ(s.gen_guard_waiting, 1u);
+  // Its record stays valid (at the guard, not past it).
+  AllocRecord rec;
+  EncodeRecord(k, &rec);
+  Bucket parsed;
+  Diag diag;
+  ASSERT_TRUE(ParseRecord(t.s, b.dev, b.bucket, &rec, sizeof(rec), &parsed, &diag).ok()) << diag.text;
+  EXPECT_EQ(parsed.oldest_gen, stale_gen);
+  // A load of that record keeps it off the free list.
+  {
+    SinkedAllocator u;
+    u.a.BeginLoad();
+    ASSERT_TRUE(u.a.LoadRecord(b.dev, b.bucket, &rec, sizeof(rec)).ok());
+    ASSERT_TRUE(u.a.Finish().ok());
+    EXPECT_EQ(u.a.Usage(1).gen_blocked, 1u);
+  }
+  // Raises that do nothing: an older oldest_gen, one newer than gen, a user
+  // bucket's, a bucket outside the members.
+  OldestRaise lower{b.dev, b.bucket, u8(stale_gen - 1)};
+  OldestRaise ahead{b.dev, b.bucket, u8(k.gen + 1)};
+  u64 raised = 9;
+  ASSERT_TRUE(a.RaiseOldestGen(&lower, 1, &raised).ok());
+  EXPECT_EQ(raised, 0u);
+  ASSERT_TRUE(a.RaiseOldestGen(&ahead, 1, &raised).ok());
+  EXPECT_EQ(raised, 0u);
+  EXPECT_EQ(a.Usage(1).gen_blocked, 1u);
+  got = a.Allocate(0b10, 0, BucketState::kUser, Watermark::kForeground);
+  ASSERT_TRUE(got.ok());
+  ASSERT_NE(got->bucket, b.bucket);
+  const u32 calls = t.sink.calls;
+  OldestRaise user{got->dev, got->bucket, got->gen};
+  ASSERT_TRUE(a.RaiseOldestGen(&user, 1, &raised).ok());
+  EXPECT_EQ(raised, 0u);
+  OldestRaise outside{7, 0, 0};
+  EXPECT_EQ(a.RaiseOldestGen(&outside, 1).code(), Err::kInvalidArgument);
+  EXPECT_EQ(t.sink.calls, calls) << "nothing to persist";
+  // The pass found no pointer left: oldest_gen = gen, back on the free list.
+  OldestRaise pass{b.dev, b.bucket, k.gen};
+  ASSERT_TRUE(a.RaiseOldestGen(&pass, 1, &raised).ok());
+  EXPECT_EQ(raised, 1u);
+  EXPECT_EQ(t.sink.calls, calls + 1);
+  EXPECT_EQ(a.Get(b.dev, b.bucket).oldest_gen, k.gen);
+  EXPECT_EQ(a.Get(b.dev, b.bucket).version, k.version + 1);
+  s = a.Stats();
+  EXPECT_EQ(s.gen_guard_released, 1u);
+  EXPECT_EQ(s.gen_guard_waiting, 0u);
+  EXPECT_EQ(s.oldest_raised, 1u);
+  got = a.Allocate(0b10, 0, BucketState::kUser, Watermark::kForeground);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->bucket, b.bucket) << "reusable again";
+  BucketSums scan;
+  EXPECT_TRUE(a.SumsMatchScan(1, &scan));
 }
 
 TEST(AllocRecordTest, PlausibleIsWhatTheMergeRuleChecks) {

@@ -28,7 +28,7 @@ const char* BucketStateName(BucketState s);
 
 struct AllocRecord {  // 24 bytes, the value of a kBtreeAlloc key
   u8 gen;             // bumped when the bucket is freed: stale pointers are detectable
-  u8 oldest_gen;      // oldest gen a pointer into it may carry (= gen until step 3c)
+  u8 oldest_gen;      // oldest gen a pointer into it may carry: gen - oldest_gen <= kGenGuard (mod 256)
   u8 state;           // BucketState
   u8 reserved0;       // 0
   Le32 live_sectors;  // user: logical 512-byte sectors of the extents' pointers not cached (kCountFactor)
@@ -38,6 +38,19 @@ struct AllocRecord {  // 24 bytes, the value of a kBtreeAlloc key
 };
 static_assert(sizeof(AllocRecord) == 24, "alloc record");
 static_assert(__builtin_offsetof(AllocRecord, version) == 16, "alloc record layout");
+
+// The generation guard (docs/format/alloc.md, "Generations"): a pointer is
+// current iff its gen is its bucket's, and a stale cached pointer stays in
+// its extent until something rewrites it -- so after 256 frees of its
+// bucket it would look current again. A record's oldest_gen is the oldest
+// generation a pointer into the bucket may still carry; a free bucket whose
+// gen is kGenGuard generations past it (mod 256) is not handed out again
+// until a generation pass (fsck -y today) has dropped the stale pointers
+// and raised oldest_gen (bcachefs's BUCKET_GC_GEN_MAX). A record further
+// apart is corrupt.
+inline constexpr u8 kGenGuard = 96;
+// How many generations gen is past oldest (mod 256).
+inline u8 GenGap(u8 gen, u8 oldest) { return u8(gen - oldest); }
 
 // How far a user (or cached) bucket's counts may exceed its own sectors:
 // they count logical sectors (data::PtrSectors: the file blocks of every

@@ -509,8 +509,9 @@ class DataPath {
   // its generation. A stale cached pointer (its bucket was invalidated or
   // reused) is normal, not damage: it counts nowhere, and fsck -y drops it.
   // A counted cached pointer stays current: its count keeps the bucket from
-  // being freed (until step 3's generation guard, a bucket reused 256 times
-  // could make a stale one look current again).
+  // being freed but by the cache letting it go; and a stale one never looks
+  // current again, however often its bucket is reused (the generation guard:
+  // docs/format/alloc.md, "Generations").
   bool PtrCounts(const Extent::Ptr& p, u64* bucket) const;
   // A read holds the bucket it reads from: Pin fails if the bucket is no
   // longer the user bucket of generation `gen` (freed since the lookup), or

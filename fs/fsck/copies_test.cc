@@ -254,15 +254,23 @@ struct Copies {
     EditExtent([&](data::Extent& e) { e.ptrs[c].gen = u8(e.ptrs[c].gen - 1); });
   }
 
-  // What the cache's free of copy c's bucket leaves beside a stale
-  // pointer (MakeStale edits the pointer only, so the bucket's record still
-  // counts it, which the mount -- trusting the records -- cannot see: its
-  // cached counts are in no accounting total): the record counting
-  // nothing. The next mount frees the bucket.
-  void LetGo(u32 c) {
+  // Makes cached copy c stale as the cache letting its bucket go does
+  // (issue 22's eviction): the allocator frees the bucket with its cached
+  // sectors counted -- its generation bumped, its oldest generation kept
+  // (the generation guard) -- and the pointer stays in the extent. (A
+  // cached copy made stale by MakeStale is older than its bucket's oldest
+  // generation: the guard broken, damage.)
+  void DropCache(u32 c) {
     WithFs([&](testing::MountedFs& m) {
-      const alloc::CountFix none{ptrs[c].dev, BucketOf(m, ptrs[c]), 0, 0};
-      ASSERT_TRUE(m.store->alloc().RepairCounts(&none, 1).ok());
+      const u64 b = BucketOf(m, ptrs[c]);
+      const alloc::Bucket k = m.store->alloc().Get(ptrs[c].dev, b);
+      ASSERT_TRUE(ptrs[c].cached);
+      ASSERT_EQ(k.state, alloc::BucketState::kUser);
+      ASSERT_EQ(k.live_sectors, 0u);
+      ASSERT_GT(k.cached_sectors, 0u);
+      ASSERT_TRUE(m.store->alloc().Free(alloc::BucketRef{ptrs[c].dev, b, k.gen}).ok());
+      const alloc::Bucket now = m.store->alloc().Get(ptrs[c].dev, b);
+      ASSERT_EQ(now.oldest_gen, ptrs[c].gen);
     });
   }
 
@@ -862,8 +870,8 @@ TEST(CopiesTest, FsckDeletesAnExtentWithNoGoodCopyAndSaysWhyForEach) {
        "copy 1 points outside the buckets; copy 2 is in a bucket that holds other data now"},
       {{CopySpec{.cached = true}},
        [](Copies& t) {
+         t.DropCache(1);
          t.MakeStale(0);
-         t.MakeStale(1);
        },
        "copy 1 is in a bucket that holds other data now; copy 2 is a stale cached copy"},
   };
@@ -891,24 +899,18 @@ TEST(CopiesTest, FsckDeletesAnExtentWithNoGoodCopyAndSaysWhyForEach) {
 }
 
 // A cached copy whose bucket has another generation is stale: normal (the
-// cache let the bucket go), not damage. It counts nowhere -- the mount frees
-// its bucket, which nothing else holds -- fsck -n is clean and says how many
-// there are, and fsck -y drops it without calling it a repair.
+// cache let the bucket go), not damage. It counts nowhere, fsck -n is clean
+// and says how many there are, and fsck -y drops it without calling it a
+// repair -- and, no stale pointer left, raises the bucket's oldest
+// generation (the generation pass).
 TEST(CopiesTest, AStaleCachedCopyIsNormal) {
   Copies t({CopySpec{.cached = true}});
-  t.MakeStale(1);
-  // Until the cache's free is made (LetGo), the bucket's record counts
-  // the stale pointer: fsck's accounting pass, step 3b-4, calls that an
-  // error, and the mount cannot see it.
+  t.DropCache(1);
   t.WithFs([&](testing::MountedFs& m) {
     u64 counts = 0, totals = 0;
     ASSERT_TRUE(m.data.VerifyAgainstExtents(&counts, &totals).ok());
-    EXPECT_EQ(counts, 1u);
+    EXPECT_EQ(counts, 0u);
     EXPECT_EQ(totals, 0u);
-  });
-  t.LetGo(1);
-  t.WithFs([&](testing::MountedFs& m) {
-    EXPECT_EQ(m.store->alloc().Stats().empty_freed_at_mount, 1u);
     EXPECT_NE(m.store->alloc().Get(t.ptrs[1].dev, Copies::BucketOf(m, t.ptrs[1])).state, alloc::BucketState::kUser);
   });
   auto [r1, out1] = t.Fsck(false);
@@ -933,6 +935,8 @@ TEST(CopiesTest, AStaleCachedCopyIsNormal) {
   EXPECT_EQ(r2.exit_code, kExitClean) << out2;
   EXPECT_EQ(r2.errors, 0u) << out2;
   EXPECT_NE(out2.find("data: 1 stale cached pointer dropped"), std::string::npos) << out2;
+  EXPECT_NE(out2.find("alloc: generation pass: the oldest generation of 1 bucket raised"), std::string::npos)
+      << out2;
   auto [r3, out3] = t.Fsck(false);
   EXPECT_EQ(r3.exit_code, kExitClean) << out3;
   EXPECT_EQ(out3.find("stale cached"), std::string::npos) << out3;
@@ -941,7 +945,101 @@ TEST(CopiesTest, AStaleCachedCopyIsNormal) {
     const data::Extent e = Copies::ExtentOf(m, t.ino, &v);
     EXPECT_EQ(e.nr_ptrs, 1u);
     EXPECT_EQ(e.ptrs[0].dev, t.ptrs[0].dev);
+    const alloc::Bucket k = m.store->alloc().Get(t.ptrs[1].dev, Copies::BucketOf(m, t.ptrs[1]));
+    EXPECT_EQ(k.oldest_gen, k.gen);
   });
+}
+
+// The generation guard (docs/format/alloc.md, "Generations"): a stale
+// cached pointer stays in its extent while its bucket is reused 300 times
+// -- more than the 256 generations a u8 has -- and never looks current:
+// the bucket's gen stops kGenGuard generations past the pointer's and the
+// bucket waits, free, off the free list, across a remount too. fsck -n
+// says so (a note); fsck -y drops the stale pointer and raises the oldest
+// generation (the generation pass), and the bucket is allocated again.
+// Without the guard the 255th reuse hands the bucket out at the pointer's
+// generation, and the pointer would count and read as current.
+TEST(CopiesTest, AStaleCachedPointerNeverLooksCurrentWhileItsBucketIsReused) {
+  Copies t({CopySpec{.cached = true}});
+  t.DropCache(1);
+  const data::Extent::Ptr p = t.ptrs[1];
+  const dev::DevMask member = dev::DevMask(1) << p.dev;
+  u64 b = 0;
+  t.WithFs([&](testing::MountedFs& m) {
+    alloc::Allocator& a = m.store->alloc();
+    b = Copies::BucketOf(m, p);
+    u32 reused = 0;
+    for (int i = 0; i < 300; i++) {
+      ASSERT_TRUE(m.store->journal().Settle().ok());  // (the last free reusable: the allocator takes it first)
+      Result<alloc::BucketRef> r = a.Allocate(member, 0, alloc::BucketState::kUser, alloc::Watermark::kForeground);
+      ASSERT_TRUE(r.ok()) << r.status().Name();
+      if (r->bucket == b) {
+        reused++;
+        ASSERT_FALSE(data::PtrCountsIn(p, true, r->gen)) << "reuse " << reused << ": the stale pointer is current";
+      }
+      ASSERT_TRUE(a.Free(*r).ok());
+    }
+    EXPECT_EQ(reused, alloc::kGenGuard - 1u);
+    const alloc::Bucket k = a.Get(p.dev, b);
+    EXPECT_EQ(k.state, alloc::BucketState::kFree);
+    EXPECT_EQ(alloc::GenGap(k.gen, p.gen), alloc::kGenGuard);
+    EXPECT_EQ(k.oldest_gen, p.gen);
+    EXPECT_EQ(a.Stats().gen_guard_blocked, 1u);
+  });
+  t.WithFs([&](testing::MountedFs& m) {
+    EXPECT_EQ(m.store->alloc().Usage(p.dev).gen_blocked, 1u) << "held back after a remount too";
+    EXPECT_EQ(m.store->alloc().Stats().gen_guard_waiting, 1u);
+    std::string got(t.content.size(), '\0');
+    ASSERT_TRUE(m.fs.Read(t.ino, 0, got.data(), u32(got.size())).ok());
+    EXPECT_TRUE(got == t.content);
+  });
+  auto [r1, out1] = t.Fsck(false);
+  EXPECT_EQ(r1.exit_code, kExitClean) << out1;
+  EXPECT_NE(out1.find("data: 1 stale cached pointer (their"), std::string::npos) << out1;
+  EXPECT_NE(out1.find("alloc: 1 free bucket waits for a generation pass"), std::string::npos) << out1;
+  auto [r2, out2] = t.Fsck(true);
+  EXPECT_EQ(r2.exit_code, kExitClean) << out2;
+  EXPECT_NE(out2.find("data: 1 stale cached pointer dropped"), std::string::npos) << out2;
+  EXPECT_NE(out2.find("alloc: generation pass: the oldest generation of "), std::string::npos) << out2;
+  EXPECT_NE(out2.find("(the buckets the generation guard held back are free again)"), std::string::npos) << out2;
+  auto [r3, out3] = t.Fsck(false);
+  EXPECT_EQ(r3.exit_code, kExitClean) << out3;
+  EXPECT_EQ(out3.find("generation"), std::string::npos) << out3;
+  t.WithFs([&](testing::MountedFs& m) {
+    alloc::Allocator& a = m.store->alloc();
+    EXPECT_EQ(a.Usage(p.dev).gen_blocked, 0u);
+    const alloc::Bucket k = a.Get(p.dev, b);
+    EXPECT_EQ(k.oldest_gen, k.gen);
+    bool again = false;
+    for (int i = 0; i < 8 && !again; i++) {  // (other free buckets may come first)
+      Result<alloc::BucketRef> r = a.Allocate(member, 0, alloc::BucketState::kUser, alloc::Watermark::kForeground);
+      ASSERT_TRUE(r.ok());
+      again = r->bucket == b;
+    }
+    EXPECT_TRUE(again);
+  });
+}
+
+// The guard broken (a hostile or damaged record whose oldest generation is
+// newer than a stale cached pointer into its bucket): fsck -n calls it an
+// error, naming the generations; -y drops the pointer, and the next check
+// is clean.
+TEST(CopiesTest, AStaleCachedPointerOlderThanItsBucketsOldestGenerationIsDamage) {
+  Copies t({CopySpec{.cached = true}});
+  t.DropCache(1);
+  const data::Extent::Ptr p = t.ptrs[1];
+  t.WithFs([&](testing::MountedFs& m) {
+    const u64 b = Copies::BucketOf(m, p);
+    const alloc::Bucket k = m.store->alloc().Get(p.dev, b);
+    ASSERT_EQ(k.oldest_gen, p.gen);
+    const alloc::OldestRaise raise{p.dev, b, k.gen};  // (what a pass that missed the pointer would do)
+    ASSERT_TRUE(m.store->alloc().RaiseOldestGen(&raise, 1).ok());
+  });
+  const std::string found = "data: stale cached pointer older than its bucket's oldest generation, inode " +
+                            Str(t.ino) + " at block 0 (copy 2 of 2)";
+  const Repair fix = ExpectReportedRepairedClean(t, found.c_str(), "dropped 1 bad pointer");
+  EXPECT_EQ(fix.fixed.repaired, fix.fixed.errors) << fix.repair;
+  t.ExpectContent(1, t.ptrs[0].dev);
 }
 
 // A stale cached copy is normal (the cache let its bucket go), and so is
@@ -952,8 +1050,7 @@ TEST(CopiesTest, AStaleCachedCopyIsNormal) {
 // new extent's backpointer alone.
 TEST(CopiesTest, AStaleCachedCopysBucketHoldingNewDataKeepsTheNewBackpointer) {
   Copies t({CopySpec{.cached = true}});
-  t.MakeStale(1);
-  t.LetGo(1);
+  t.DropCache(1);
   const data::Extent::Ptr p = t.ptrs[1];
   u64 g = 0;
   t.WithFs([&](testing::MountedFs& m) {
@@ -1015,7 +1112,10 @@ TEST(CopiesTest, AStaleCachedCopysBucketHoldingNewDataKeepsTheNewBackpointer) {
 TEST(CopiesTest, ACachedPointerCurrentAgainAfterItsBucketIsReusedPunchesSafely) {
   Copies t({CopySpec{.cached = true}});
   t.EditExtent([&](data::Extent& e) { e.ptrs[1].gen = u8(e.ptrs[1].gen + 1); });
-  t.LetGo(1);  // (its record counting nothing, as a cache's free leaves it)
+  t.WithFs([&](testing::MountedFs& m) {  // its record counting nothing: the mount frees it
+    const alloc::CountFix none{t.ptrs[1].dev, Copies::BucketOf(m, t.ptrs[1]), 0, 0};
+    ASSERT_TRUE(m.store->alloc().RepairCounts(&none, 1).ok());
+  });
   t.WithFs([&](testing::MountedFs& m) {
     const data::Extent::Ptr p = [&] {
       std::vector<u8> v;

@@ -1058,6 +1058,47 @@ class NamespaceCheck {
     return Commit(tx);
   }
 
+  // The generation pass's end (docs/format/alloc.md, "Generations"), after
+  // the walk of every extent. With -y every stale pointer is gone now
+  // (dropped, or gone with its extent): each bucket's oldest generation is
+  // its gen, and the buckets the guard held back are free again -- one
+  // allocator call, a note. Without -y: a note of the buckets the guard
+  // holds back (their stale pointers are what -y drops). Not when the
+  // allocation state is suspect (nothing was checked against it).
+  Status GenerationPass() {
+    if (c_.alloc_stale) return Status::Ok();
+    alloc::Allocator& a = e_.alloc();
+    u64 blocked = 0;
+    for (u32 d = 0; d < a.members(); d++) blocked += a.Usage(d).gen_blocked;
+    if (!repair_) {
+      if (blocked > 0) {
+        c_.report->notes++;
+        c_.Line("alloc: %llu free bucket%s wait%s for a generation pass (stale cached pointers may name them: fsck -y "
+                "drops those and frees them)", (unsigned long long)blocked, blocked == 1 ? "" : "s",
+                blocked == 1 ? "s" : "");
+      }
+      return Status::Ok();
+    }
+    Vector<alloc::OldestRaise> raises;
+    for (u32 d = 0; d < a.members(); d++)
+      for (u64 b = 0; b < a.nbuckets(d); b++) {
+        const alloc::Bucket k = a.Get(d, b);
+        if (k.oldest_gen != k.gen) TFS_TRY(raises.PushBack(alloc::OldestRaise{d, b, k.gen}));
+      }
+    if (raises.empty()) return Status::Ok();
+    u64 raised = 0;
+    Status st = a.RaiseOldestGen(raises.data(), u32(raises.size()), &raised, true);
+    if (!st.ok()) {
+      write_failed_ = true;
+      return st;
+    }
+    c_.report->notes++;
+    c_.Line("alloc: generation pass: the oldest generation of %llu bucket%s raised to its current one%s",
+            (unsigned long long)raised, raised == 1 ? "" : "s",
+            blocked > 0 ? " (the buckets the generation guard held back are free again)" : "");
+    return Status::Ok();
+  }
+
   // Why extent x has no good copy left, copy by copy (`outside`,
   // `old_cache`: bits of its pointers outside the buckets and stale cached;
   // the other bad ones' buckets hold other data), into why.
@@ -1138,6 +1179,16 @@ class NamespaceCheck {
         }
         if (c_.alloc_stale) continue;
         const alloc::Bucket k = a.Get(q.dev, b);
+        if (q.cached && k.gen != q.gen && alloc::GenGap(k.gen, q.gen) > alloc::GenGap(k.gen, k.oldest_gen)) {
+          // Older than the oldest generation its bucket says may remain:
+          // the guard was broken, and reuses could make it look current.
+          stale |= 1u << i;
+          Problem("data: stale cached pointer older than its bucket's oldest generation, inode %llu at block "
+                  "%llu%s: member %u bucket %llu is at generation %u, oldest %u (pointer: %u)",
+                  ino, start, which, unsigned(q.dev), (unsigned long long)b, unsigned(k.gen),
+                  unsigned(k.oldest_gen), unsigned(q.gen));
+          continue;
+        }
         if (q.cached && k.gen != q.gen) {
           old_cache |= 1u << i;
           continue;
@@ -1244,6 +1295,7 @@ class NamespaceCheck {
     if (promoted_ > 0)
       c_.Line("data: promoted %llu cached cop%s whose authoritative copy was bad", (unsigned long long)promoted_,
               promoted_ == 1 ? "y" : "ies");
+    TFS_TRY(GenerationPass());
     for (u32 d = 0; d < a.members(); d++)
       for (u64 b = 0; b < a.nbuckets(d); b++)
         if (a.Get(d, b).state == alloc::BucketState::kUser && used_[d][b] == 0 && !c_.alloc_stale) {
