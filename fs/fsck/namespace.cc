@@ -289,6 +289,19 @@ class NamespaceCheck {
         TFS_TRY(orphans_.PushBack(p.offset));
         continue;
       }
+      if (p.inode == ~u64(0)) {
+        // No number follows it: the mount would have to wrap onto inodes
+        // in use, and refuses (posix's Mount). An inode there goes like a
+        // corrupt one: its names, data and xattrs follow in the later scans.
+        Problem("namespace: key (2^64-1, %llu) of the inodes btree: no inode number follows it (the mount refuses it)",
+                (unsigned long long)p.offset);
+        if (repair_) {
+          TFS_TRY(DeleteKey(p));
+          Repaired(1, "namespace: deleted key (2^64-1, %llu) of the inodes btree%s", (unsigned long long)p.offset,
+                   p.offset == 0 ? " (an inode record: its names, data and xattrs follow)" : "");
+        }
+        continue;
+      }
       if (p.offset != 0) {  // a symlink's target chunk
         InodeRec* r = inodes_.empty() ? nullptr : &inodes_[inodes_.size() - 1];
         if (r == nullptr || r->ino != p.inode || !IsLinkMode(r->mode) || p.offset > kLinkChunks) {

@@ -834,6 +834,18 @@ TEST(FsckRepairTest, EachDamageIsRepaired) {
        [](Fixture& f) { f.Poke(btree::Pos{btree::kBtreeInodes, f.file, 1}, "junk", 4); },
        "stray key in the inodes btree", "deleted key",
        [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
+      {"key at inode number 2^64-1",  // (a target's chunk: the mount refuses any key there)
+       [](Fixture& f) { f.Poke(btree::Pos{btree::kBtreeInodes, ~u64(0), 1}, "abcd", 4); },
+       "key (2^64-1, 1) of the inodes btree: no inode number follows it", "deleted key (2^64-1, 1)",
+       [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
+      {"inode record at number 2^64-1 named by an entry",
+       [](Fixture& f) {
+         const posix::InodeFormat rec = f.Inode(f.file);  // (a valid record, a file's)
+         f.PutEntry(posix::kRootIno, "last", ~u64(0), posix::kDtReg);  // (mounts: before the record)
+         f.Poke(btree::Pos{btree::kBtreeInodes, ~u64(0), 0}, &rec, sizeof(rec));
+       },
+       "key (2^64-1, 0) of the inodes btree", "(an inode record: its names, data and xattrs follow)",
+       [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
       {"duplicate name",
        [](Fixture& f) { f.PutEntry(posix::kRootIno, "sym", f.in_dir.at("f2"), posix::kDtReg); },
        "duplicate name in directory 1: 'sym'", "removed entry 'sym'",
