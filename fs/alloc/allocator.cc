@@ -5,7 +5,9 @@
 // Invariants: every bucket in state kFree is on exactly one of free_list
 // (reusable), blocked (settled, but at the generation guard: GenGap(gen,
 // oldest_gen) == kGenGuard) or pending (its free not yet settled); every
-// bucket's GenGap is at most kGenGuard, and below it on free_list; free_count ==
+// bucket's GenGap is at most kGenGuard, and below it for every bucket that
+// is not free (so a free, one generation more, stays within it: KeepBelowGuard
+// where a state is set other than by an allocation); free_count ==
 // free_list.size(); a bucket's version only grows, by one per change, and
 // the record handed to the sink carries the version it was changed to; a
 // member's sums (Usage) are its buckets' summed: every change of a bucket's
@@ -27,6 +29,15 @@ u8 DataBit(BucketState purpose) {
     case BucketState::kCached: return sb::kDataUser;
     default: return 0;
   }
+}
+
+// A bucket taking a state other than free keeps its gen below the guard
+// (the file's invariants), so that its free -- one generation more --
+// stays within it: oldest_gen raised to kGenGuard - 1 generations behind
+// at most. (Pointers older than that may remain: damage then, which
+// fsck's check finds; no valid sequence of changes gets here.)
+void KeepBelowGuard(Bucket& bk) {
+  if (GenGap(bk.gen, bk.oldest_gen) >= kGenGuard) bk.oldest_gen = u8(bk.gen - (kGenGuard - 1));
 }
 
 // A bucket as an absent record leaves it.
@@ -150,6 +161,8 @@ Status ParseRecord(const sb::Superblock& sb, u64 dev, u64 bucket, const void* va
                      m.label, (unsigned long long)bucket, BucketStateName(state));
   if (GenGap(r.gen, r.oldest_gen) > kGenGuard)
     return bad("oldest_gen further behind gen than the generation guard allows:", r.oldest_gen);
+  if (state != BucketState::kFree && GenGap(r.gen, r.oldest_gen) == kGenGuard)
+    return bad("in use, yet at the generation guard: oldest_gen", r.oldest_gen);
   if (r.version.get() >= kRecordVersionLimit) return bad("version out of range:", r.version.get());
   out->gen = r.gen;
   out->oldest_gen = r.oldest_gen;
@@ -241,7 +254,7 @@ Status Allocator::Finish() {
     d.free_count = 0;
     d.pending.Clear();  // (load and rebuild only: nothing is pending or held then)
     for (u64 b = d.buckets.size(); b-- > 0;) {
-      if (d.buckets[b].state == BucketState::kFree) ListFreeLocked(d, b);  // (capacity reserved at Init)
+      if (d.buckets[b].state == BucketState::kFree) ListFreeLocked(d, b, false);  // (capacity reserved at Init)
     }
   }
   held_ = 0;
@@ -298,7 +311,7 @@ void Allocator::BeginRebuild() {
   ResumAllLocked();
 }
 
-bool Allocator::RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen) {
+bool Allocator::RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen, bool cached) {
   MutexLock lock(mu_);
   if (dev >= nr_ || bucket >= devices_[dev].buckets.size()) return false;
   Bucket& bk = devices_[dev].buckets[bucket];
@@ -307,15 +320,18 @@ bool Allocator::RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen) {
   // Two generations point in: the newer one's data is there now (a bucket
   // is freed, gen bumped, before it is reused); the older extents are stale.
   if (bk.state == state && state == BucketState::kUser && bk.gen != gen && u8(gen - bk.gen) > 127) return true;
+  // A cached pointer older than the generation the bucket had (kept by
+  // BeginRebuild) is stale -- its cache was dropped -- and marks nothing:
+  // it must not take the bucket back to its generation (it would look
+  // current, and count). A copy that is not cached marks whatever the
+  // record said: the records are what a rebuild distrusts.
+  if (cached && bk.state != BucketState::kUser && bk.gen != gen && u8(gen - bk.gen) > 127) return true;
   Resum r(devices_[dev].sums, bk);
   bk.state = state;
-  if (state == BucketState::kUser) {
-    bk.gen = gen;  // btree buckets keep theirs (node pointers carry none)
-    // A record must stay within the guard: the pointers marked carry gen,
-    // and the stale cached ones are the data pass's to drop (it raises
-    // oldest_gen after).
-    if (GenGap(bk.gen, bk.oldest_gen) > kGenGuard) bk.oldest_gen = bk.gen;
-  }
+  if (state == BucketState::kUser) bk.gen = gen;  // btree buckets keep theirs (node pointers carry none)
+  // (A record must stay within the guard; the data pass drops the stale
+  // cached pointers and raises oldest_gen after.)
+  KeepBelowGuard(bk);
   return true;
 }
 
@@ -547,11 +563,11 @@ u64 Allocator::HeldTaken() const {
   return stats_.replay_held_taken;
 }
 
-void Allocator::ListFreeLocked(Dev& d, u64 b) {
+void Allocator::ListFreeLocked(Dev& d, u64 b, bool count) {
   const Bucket& bk = d.buckets[b];
   if (GenGap(bk.gen, bk.oldest_gen) >= kGenGuard) {
     d.blocked.PushBack(b).IgnoreError();  // capacity reserved at Init (each bucket listed once)
-    stats_.gen_guard_blocked++;
+    stats_.gen_guard_blocked += count;
     return;
   }
   d.free_list.PushBack(b).IgnoreError();  // capacity reserved at Init
@@ -738,6 +754,9 @@ bool Allocator::FreeLocked(u32 dev, const BucketRef& ref, RecordChange* change, 
     const bool none = bk.cached_sectors == 0 && bk.live_sectors == 0 && bk.oldest_gen == bk.gen;
     bk.gen++;
     if (none) bk.oldest_gen = bk.gen;
+    // (Below the guard before, as every bucket not free: at most at it now.
+    // Should that ever break, the record still stays valid.)
+    if (GenGap(bk.gen, bk.oldest_gen) > kGenGuard) bk.oldest_gen = u8(bk.gen - kGenGuard);
     bk.state = BucketState::kFree;
     bk.live_sectors = 0;
     bk.cached_sectors = 0;
@@ -875,7 +894,8 @@ Status Allocator::EditBuckets(u32 n, BucketState owner, u64* changed, Edit edit)
 }
 
 Status Allocator::RaiseOldestGen(const OldestRaise* raises, u32 n, u64* raised, bool user_too) {
-  return EditBuckets(n, BucketState::kFree, raised, [&](u32 i, u32* dev, u64* bucket) {  // (under mu_)
+  u64 changed = 0, released = 0;
+  Status st = EditBuckets(n, BucketState::kFree, &changed, [&](u32 i, u32* dev, u64* bucket) {  // (under mu_)
     const OldestRaise& r = raises[i];
     if (r.dev >= nr_ || r.bucket >= devices_[r.dev].buckets.size()) return -1;
     Dev& d = devices_[r.dev];
@@ -889,7 +909,6 @@ Status Allocator::RaiseOldestGen(const OldestRaise* raises, u32 n, u64* raised, 
       return 0;
     const bool was_blocked = GenGap(bk.gen, bk.oldest_gen) >= kGenGuard;
     bk.oldest_gen = r.oldest;
-    stats_.oldest_raised++;
     if (was_blocked && bk.state == BucketState::kFree) {
       for (usize j = 0; j < d.blocked.size(); j++) {
         if (d.blocked[j] != r.bucket) continue;  // (pending: listed when it settles)
@@ -897,7 +916,7 @@ Status Allocator::RaiseOldestGen(const OldestRaise* raises, u32 n, u64* raised, 
         d.blocked.PopBack();
         d.free_list.PushBack(r.bucket).IgnoreError();  // capacity reserved at Init
         d.free_count++;
-        stats_.gen_guard_released++;
+        released++;
         break;
       }
     }
@@ -905,6 +924,15 @@ Status Allocator::RaiseOldestGen(const OldestRaise* raises, u32 n, u64* raised, 
     *bucket = r.bucket;
     return 1;
   });
+  // Counted once persisted (a failed commit leaves the change in memory, as
+  // any failed record commit does, uncounted).
+  if (raised != nullptr) *raised = changed;
+  if (st.ok() || st.code() == Err::kInvalidArgument) {
+    MutexLock lock(mu_);
+    stats_.oldest_raised += changed;
+    stats_.gen_guard_released += released;
+  }
+  return st;
 }
 
 Status Allocator::StageCounts(CountStage* stages, u32 n, CountNote* note) {
@@ -1070,9 +1098,17 @@ Status Allocator::RepairState(u32 dev, u64 bucket, BucketState state) {
       // drops stale cached pointers and raises it after).
       const bool none = bk.oldest_gen == bk.gen;
       bk.gen++;
-      if (none || GenGap(bk.gen, bk.oldest_gen) > kGenGuard) bk.oldest_gen = none ? bk.gen : u8(bk.gen - kGenGuard);
+      if (none) bk.oldest_gen = bk.gen;
     }
     bk.state = state;
+    // (A bucket that is not free stays below the guard; a free one at most
+    // at it. fsck's data pass drops stale cached pointers and raises
+    // oldest_gen after.)
+    if (state != BucketState::kFree) {
+      KeepBelowGuard(bk);
+    } else if (GenGap(bk.gen, bk.oldest_gen) > kGenGuard) {
+      bk.oldest_gen = u8(bk.gen - kGenGuard);
+    }
     bk.live_sectors = 0;
     bk.cached_sectors = 0;
     bk.version++;

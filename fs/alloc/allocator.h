@@ -302,7 +302,9 @@ class Allocator {
   // generations kept, counts 0, versions bumped past every record in the
   // tree); RebuildMark marks one bucket as holding btree nodes or user data
   // of generation `gen` (user only; a second mark of one bucket keeps the
-  // newer generation's); once every bucket is marked, RebuildCount adds a
+  // newer generation's; a cached pointer older than the generation the
+  // bucket had before the rebuild is stale and marks nothing); once every
+  // bucket is marked, RebuildCount adds a
   // counted pointer's sectors (data::PtrCountsIn, data::PtrSectors: the data
   // path's rule, against the marked state) to a user bucket's live or
   // cached count, up to MaxCountSectors; EndRebuild rebuilds the free lists
@@ -314,7 +316,7 @@ class Allocator {
   // pointing into a node bucket is bad, never the bucket's new owner);
   // RebuildCount for a bucket that is not user.
   void BeginRebuild();
-  bool RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen);
+  bool RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen, bool cached = false);
   bool RebuildCount(u32 dev, u64 bucket, bool cached, u32 sectors);
   Status EndRebuild();
   // A read-write mount's, after the load (and a rebuild), before the journal
@@ -380,8 +382,8 @@ class Allocator {
   // ref. Its counts go to 0: a bucket freed with cached sectors counted has
   // its cached copies dropped -- their pointers, left in their extents, are
   // stale from now on -- and keeps its oldest_gen (as one already behind
-  // does); one with nothing counted moves oldest_gen to the new gen (no
-  // pointer names it). An unrecorded bucket (AllocateUnrecorded, no transaction counted
+  // does); one with nothing counted and oldest_gen == gen moves oldest_gen
+  // to the new gen (no pointer names it). An unrecorded bucket (AllocateUnrecorded, no transaction counted
   // in it) commits nothing and keeps its generation -- the tree says free
   // already and no durable pointer names it -- and is reusable at once
   // (counted: unrecorded_frees); FreeBuckets does the same.
@@ -535,8 +537,9 @@ class Allocator {
   template <typename Edit>
   Status EditBuckets(u32 n, BucketState owner, u64* changed, Edit edit);
   // Puts free bucket `b` on the free list -- or, at the generation guard,
-  // on the blocked list (counted) (mu_ held).
-  void ListFreeLocked(Dev& d, u64 b);
+  // on the blocked list (counted if `count`: a free or a settle, not a
+  // load) (mu_ held).
+  void ListFreeLocked(Dev& d, u64 b, bool count = true);
   // Takes bucket `b` off the free list, the blocked list or the pending
   // list, if it is on one (mu_ held).
   void UnlistFreeLocked(Dev& d, u64 b);

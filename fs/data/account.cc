@@ -471,14 +471,8 @@ Status DataPath::PrepareCounts(void* ctx, btree::Transaction* tx) {
   store::Store* store = cc->dp->store_;
   if (!st.empty()) TFS_TRY(store->alloc().StageCounts(st.data(), u32(st.size()), &cc->note));
   for (usize i = 0; i < st.size(); i++) MemCopy(tx->LaterValue(cc->first_slot + u32(i)), &st[i].rec, sizeof(st[i].rec));
-  if (cc->acct.empty()) return Status::Ok();
-  TFS_TRY(store->acct().Stage(cc->acct.data(), u32(cc->acct.size()), cc->acct_staged.data()));
-  for (usize i = 0; i < cc->acct.size(); i++) {
-    alloc::AcctRecord r;
-    alloc::EncodeAcct(cc->acct_staged[i].kind, cc->acct_staged[i].sectors, &r);
-    MemCopy(tx->LaterValue(cc->first_acct_slot + u32(i)), &r, sizeof(r));
-  }
-  return Status::Ok();
+  return store::StageAcctInto(store, tx, cc->first_acct_slot, cc->acct.data(), u32(cc->acct.size()),
+                              cc->acct_staged.data());
 }
 
 void DataPath::FinishCounts(void* ctx, u64 /*seq*/, bool journaled) {

@@ -957,7 +957,7 @@ TEST(CopiesTest, AStaleCachedCopyIsNormal) {
 // bucket waits, free, off the free list, across a remount too. fsck -n
 // says so (a note); fsck -y drops the stale pointer and raises the oldest
 // generation (the generation pass), and the bucket is allocated again.
-// Without the guard the 255th reuse hands the bucket out at the pointer's
+// Without the guard the 256th reuse hands the bucket out at the pointer's
 // generation, and the pointer would count and read as current.
 TEST(CopiesTest, AStaleCachedPointerNeverLooksCurrentWhileItsBucketIsReused) {
   Copies t({CopySpec{.cached = true}});
@@ -989,6 +989,15 @@ TEST(CopiesTest, AStaleCachedPointerNeverLooksCurrentWhileItsBucketIsReused) {
   t.WithFs([&](testing::MountedFs& m) {
     EXPECT_EQ(m.store->alloc().Usage(p.dev).gen_blocked, 1u) << "held back after a remount too";
     EXPECT_EQ(m.store->alloc().Stats().gen_guard_waiting, 1u);
+    // statfs leaves it out of the free space (writes cannot have it).
+    posix::StatFs st;
+    ASSERT_TRUE(m.fs.GetStatFs(&st).ok());
+    u64 free_buckets = 0;
+    for (u32 d = 0; d < m.store->sb().nr_members; d++) {
+      const alloc::DeviceUsage u = m.store->alloc().Usage(d);
+      free_buckets += u.by_state[u32(alloc::BucketState::kFree)] - u.gen_blocked;
+    }
+    EXPECT_EQ(st.blocks_free, free_buckets * (m.store->sb().bucket_size / 4096) - m.data.GetStats().blocks_reserved);
     std::string got(t.content.size(), '\0');
     ASSERT_TRUE(m.fs.Read(t.ino, 0, got.data(), u32(got.size())).ok());
     EXPECT_TRUE(got == t.content);

@@ -1193,11 +1193,15 @@ class NamespaceCheck {
         if (c_.alloc_stale) continue;
         const alloc::Bucket k = a.Get(q.dev, b);
         if (q.cached && k.gen != q.gen && alloc::GenGap(k.gen, q.gen) > alloc::GenGap(k.gen, k.oldest_gen)) {
-          // Older than the oldest generation its bucket says may remain:
-          // the guard was broken, and reuses could make it look current.
+          // Older than the oldest generation its bucket says may remain
+          // (the guard was broken: reuses could make it look current), or
+          // of a generation the bucket has not reached (hostile).
+          const bool ahead = alloc::GenGap(k.gen, q.gen) > 127;
           stale |= 1u << i;
-          Problem("data: stale cached pointer older than its bucket's oldest generation, inode %llu at block "
-                  "%llu%s: member %u bucket %llu is at generation %u, oldest %u (pointer: %u)",
+          Problem("data: %s, inode %llu at block %llu%s: member %u bucket %llu is at generation %u, oldest %u "
+                  "(pointer: %u)",
+                  ahead ? "cached pointer of a generation its bucket has not reached"
+                        : "stale cached pointer older than its bucket's oldest generation",
                   ino, start, which, unsigned(q.dev), (unsigned long long)b, unsigned(k.gen),
                   unsigned(k.oldest_gen), unsigned(q.gen));
           continue;

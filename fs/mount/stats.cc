@@ -48,8 +48,9 @@ void WriteQueue(dev::Member* m, dev::OriginStats* stats, JsonOut& w) {
 }
 
 // Per member: bucket states and reserves (docs/design/space.md); then per
-// tier (the members of one group) the buckets and the free ones, summed from
-// the same reading of each member.
+// tier (the members of one group) the buckets and the free ones (less those
+// the generation guard holds back), summed from the same reading of each
+// member.
 void WriteAlloc(store::Store& store, JsonOut& w) {
   dev::DeviceSet& devs = store.devs();
   u32 tier_of[dev::kMaxDevices];  // the first member of each member's group
@@ -65,6 +66,7 @@ void WriteAlloc(store::Store& store, JsonOut& w) {
     for (int s = 0; s < alloc::kBucketStateCount; s++)
       w.UintField(alloc::BucketStateName(alloc::BucketState(s)), u.by_state[s]);
     w.UintField("pending_free", u.pending_free);
+    w.UintField("gen_blocked", u.gen_blocked);  // (among the free: held back by the generation guard)
     w.UintField("live_sectors", u.live_sectors);
     // The btree reserve in force (its declared need plus growth room), the
     // need itself, and the free buckets user data leaves (copygc + btree
@@ -81,7 +83,7 @@ void WriteAlloc(store::Store& store, JsonOut& w) {
       }
     }
     tier_buckets[tier_of[i]] += u.nbuckets;
-    tier_free[tier_of[i]] += u.by_state[int(alloc::BucketState::kFree)];
+    tier_free[tier_of[i]] += u.by_state[int(alloc::BucketState::kFree)] - u.gen_blocked;
   }
   w.EndArray();
   w.Key("tiers");

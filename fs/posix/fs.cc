@@ -534,7 +534,10 @@ Status Filesystem::GetStatFs(StatFs* out) {
   const u64 per_bucket = sb.bucket_size / out->block_size;
   for (u32 m = 0; m < sb.nr_members; m++) {
     const alloc::DeviceUsage u = store_->alloc().Usage(m);
-    const u64 free = u.by_state[u32(alloc::BucketState::kFree)];
+    // (Free buckets the generation guard holds back are not free space
+    // until a generation pass: docs/format/alloc.md, "Generations".)
+    const u64 all_free = u.by_state[u32(alloc::BucketState::kFree)];
+    const u64 free = all_free - Min(u.gen_blocked, all_free);
     const u64 reserved = Min(free, u.reserves.foreground + u.reserves.copygc + u.reserves.btree);
     out->blocks += u.nbuckets * per_bucket;
     out->blocks_free += free * per_bucket;

@@ -585,13 +585,21 @@ Status AcctCommit::Queue(Store* store, btree::Transaction* tx, alloc::AcctKind k
   return Status::Ok();
 }
 
+Status StageAcctInto(Store* store, btree::Transaction* tx, u32 first_slot, const alloc::AcctChange* changes, u32 n,
+                     alloc::AcctValue* staged) {
+  if (n == 0) return Status::Ok();
+  TFS_TRY(store->acct().Stage(changes, n, staged));
+  for (u32 i = 0; i < n; i++) {
+    alloc::AcctRecord r;
+    alloc::EncodeAcct(staged[i].kind, staged[i].sectors, &r);
+    MemCopy(tx->LaterValue(first_slot + i), &r, sizeof(r));
+  }
+  return Status::Ok();
+}
+
 Status AcctCommit::Prepare(void* ctx, btree::Transaction* tx) {
   auto* c = static_cast<AcctCommit*>(ctx);
-  TFS_TRY(c->store_->acct().Stage(&c->change_, 1, &c->staged_));
-  alloc::AcctRecord r;
-  alloc::EncodeAcct(c->staged_.kind, c->staged_.sectors, &r);
-  MemCopy(tx->LaterValue(c->slot_), &r, sizeof(r));
-  return Status::Ok();
+  return StageAcctInto(c->store_, tx, c->slot_, &c->change_, 1, &c->staged_);
 }
 
 void AcctCommit::Finish(void* ctx, u64 /*seq*/, bool journaled) {

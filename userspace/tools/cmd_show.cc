@@ -87,6 +87,7 @@ int CmdShow(int argc, char** argv) {
       w.BeginObject();
       for (int k = 0; k < alloc::kBucketStateCount; k++) w.UintField(state_names[k], u.by_state[k]);
       w.EndObject();
+      w.UintField("gen_blocked", u.gen_blocked);  // free buckets the generation guard holds back
       w.UintField("live_sectors", u.live_sectors);
       w.Key("reserves");
       w.BeginObject();
@@ -129,6 +130,12 @@ int CmdShow(int argc, char** argv) {
            (unsigned long long)u.nbuckets);
     for (int k = 0; k < alloc::kBucketStateCount; k++) printf(" %7llu", (unsigned long long)u.by_state[k]);
     printf("\n");
+  }
+  for (uint32_t i = 0; i < s.nr_members; i++) {
+    const u64 blocked = e.alloc().Usage(i).gen_blocked;
+    if (blocked != 0)
+      printf("%s: %llu of its free buckets wait for a generation pass ('tierfs fsck -y' runs one)\n",
+             s.members[i].label, (unsigned long long)blocked);
   }
   return 0;
 }
