@@ -34,8 +34,12 @@ u8 DataBit(BucketState purpose) {
 // A bucket taking a state other than free keeps its gen below the guard
 // (the file's invariants), so that its free -- one generation more --
 // stays within it: oldest_gen raised to kGenGuard - 1 generations behind
-// at most. (Pointers older than that may remain: damage then, which
-// fsck's check finds; no valid sequence of changes gets here.)
+// at most. Pointers older than that may remain: fsck's check then calls
+// them older than the bucket's oldest generation. Only RepairState of a
+// free bucket at the guard's last generation gets here (the mount's
+// reconciliation of a node bucket whose allocation a cut lost, while a
+// stale cached pointer into it was 95 generations old), and fsck -y drops
+// such a pointer.
 void KeepBelowGuard(Bucket& bk) {
   if (GenGap(bk.gen, bk.oldest_gen) >= kGenGuard) bk.oldest_gen = u8(bk.gen - (kGenGuard - 1));
 }
@@ -311,7 +315,7 @@ void Allocator::BeginRebuild() {
   ResumAllLocked();
 }
 
-bool Allocator::RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen, bool cached) {
+bool Allocator::RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen) {
   MutexLock lock(mu_);
   if (dev >= nr_ || bucket >= devices_[dev].buckets.size()) return false;
   Bucket& bk = devices_[dev].buckets[bucket];
@@ -320,12 +324,6 @@ bool Allocator::RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen, bool
   // Two generations point in: the newer one's data is there now (a bucket
   // is freed, gen bumped, before it is reused); the older extents are stale.
   if (bk.state == state && state == BucketState::kUser && bk.gen != gen && u8(gen - bk.gen) > 127) return true;
-  // A cached pointer older than the generation the bucket had (kept by
-  // BeginRebuild) is stale -- its cache was dropped -- and marks nothing:
-  // it must not take the bucket back to its generation (it would look
-  // current, and count). A copy that is not cached marks whatever the
-  // record said: the records are what a rebuild distrusts.
-  if (cached && bk.state != BucketState::kUser && bk.gen != gen && u8(gen - bk.gen) > 127) return true;
   Resum r(devices_[dev].sums, bk);
   bk.state = state;
   if (state == BucketState::kUser) bk.gen = gen;  // btree buckets keep theirs (node pointers carry none)
@@ -894,8 +892,10 @@ Status Allocator::EditBuckets(u32 n, BucketState owner, u64* changed, Edit edit)
 }
 
 Status Allocator::RaiseOldestGen(const OldestRaise* raises, u32 n, u64* raised, bool user_too) {
-  u64 changed = 0, released = 0;
-  Status st = EditBuckets(n, BucketState::kFree, &changed, [&](u32 i, u32* dev, u64* bucket) {  // (under mu_)
+  // (Counted as made in memory, as every change is: a record commit that
+  // fails is record_errors'; the raised bucket is back on the free list
+  // either way.)
+  return EditBuckets(n, BucketState::kFree, raised, [&](u32 i, u32* dev, u64* bucket) {  // (under mu_)
     const OldestRaise& r = raises[i];
     if (r.dev >= nr_ || r.bucket >= devices_[r.dev].buckets.size()) return -1;
     Dev& d = devices_[r.dev];
@@ -909,6 +909,7 @@ Status Allocator::RaiseOldestGen(const OldestRaise* raises, u32 n, u64* raised, 
       return 0;
     const bool was_blocked = GenGap(bk.gen, bk.oldest_gen) >= kGenGuard;
     bk.oldest_gen = r.oldest;
+    stats_.oldest_raised++;
     if (was_blocked && bk.state == BucketState::kFree) {
       for (usize j = 0; j < d.blocked.size(); j++) {
         if (d.blocked[j] != r.bucket) continue;  // (pending: listed when it settles)
@@ -916,7 +917,7 @@ Status Allocator::RaiseOldestGen(const OldestRaise* raises, u32 n, u64* raised, 
         d.blocked.PopBack();
         d.free_list.PushBack(r.bucket).IgnoreError();  // capacity reserved at Init
         d.free_count++;
-        released++;
+        stats_.gen_guard_released++;
         break;
       }
     }
@@ -924,15 +925,6 @@ Status Allocator::RaiseOldestGen(const OldestRaise* raises, u32 n, u64* raised, 
     *bucket = r.bucket;
     return 1;
   });
-  // Counted once persisted (a failed commit leaves the change in memory, as
-  // any failed record commit does, uncounted).
-  if (raised != nullptr) *raised = changed;
-  if (st.ok() || st.code() == Err::kInvalidArgument) {
-    MutexLock lock(mu_);
-    stats_.oldest_raised += changed;
-    stats_.gen_guard_released += released;
-  }
-  return st;
 }
 
 Status Allocator::StageCounts(CountStage* stages, u32 n, CountNote* note) {

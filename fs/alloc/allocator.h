@@ -255,7 +255,7 @@ struct DeviceUsage {
   X(replay_held, counter, "free buckets a mount held off the free list until its superblock (the newest replayed group's data checks read them)") \
   X(replay_held_taken, counter, "of those, released before then because an allocation found nothing else free (a cut before the superblock may lose that group)") \
   X(metadata_refused, counter, "operations that add metadata refused with ENOSPC (MetadataRoom)")     \
-  X(gen_guard_blocked, counter, "free buckets held back by the generation guard (gen kGenGuard past oldest_gen: stale pointers may remain)") \
+  X(gen_guard_blocked, counter, "free buckets a free or a settle held back at the generation guard (gen kGenGuard past oldest_gen: stale pointers may remain); a mount's load holds such buckets back uncounted") \
   X(gen_guard_waiting, level, "free buckets the guard holds back now, waiting for a generation pass")   \
   X(gen_guard_released, counter, "of those, handed back to the free list by a generation pass")        \
   X(oldest_raised, counter, "buckets whose oldest_gen a generation pass raised")
@@ -302,8 +302,10 @@ class Allocator {
   // generations kept, counts 0, versions bumped past every record in the
   // tree); RebuildMark marks one bucket as holding btree nodes or user data
   // of generation `gen` (user only; a second mark of one bucket keeps the
-  // newer generation's; a cached pointer older than the generation the
-  // bucket had before the rebuild is stale and marks nothing); once every
+  // newer generation's -- a cached pointer's too: a bucket whose only
+  // pointer is a stale cached one comes back at its generation, counting it
+  // cached, since the generations loaded are what a rebuild distrusts; a
+  // read verifies that copy's blocks and falls back); once every
   // bucket is marked, RebuildCount adds a
   // counted pointer's sectors (data::PtrCountsIn, data::PtrSectors: the data
   // path's rule, against the marked state) to a user bucket's live or
@@ -316,7 +318,7 @@ class Allocator {
   // pointing into a node bucket is bad, never the bucket's new owner);
   // RebuildCount for a bucket that is not user.
   void BeginRebuild();
-  bool RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen, bool cached = false);
+  bool RebuildMark(u32 dev, u64 bucket, BucketState state, u8 gen);
   bool RebuildCount(u32 dev, u64 bucket, bool cached, u32 sectors);
   Status EndRebuild();
   // A read-write mount's, after the load (and a rebuild), before the journal

@@ -505,7 +505,7 @@ Status RebuildAlloc(void* ctx, store::Store& e) {
     for (u32 i = 0; i < x.nr_ptrs; i++) {
       const data::Extent::Ptr& p = x.ptrs[i];
       u64 b;
-      if (!data::PtrInBucket(e.sb(), x, p, &b) || !a.RebuildMark(p.dev, b, alloc::BucketState::kUser, p.gen, p.cached))
+      if (!data::PtrInBucket(e.sb(), x, p, &b) || !a.RebuildMark(p.dev, b, alloc::BucketState::kUser, p.gen))
         bad = true;  // outside, or into a node or layout bucket
     }
     if (bad) {

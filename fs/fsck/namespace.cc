@@ -457,10 +457,15 @@ class NamespaceCheck {
     u64 last = inodes_.empty() ? posix::kRootIno : Max(posix::kRootIno, inodes_[inodes_.size() - 1].ino);
     const u8 ids[4] = {btree::kBtreeInodes, btree::kBtreeDirents, btree::kBtreeExtents, btree::kBtreeXattrs};
     for (u8 id : ids) {
+      // Keys at 2^64-1 left aside: no inode can own them (the inodes scan
+      // deleted that number's inode keys; the later scans delete its
+      // entries, extents and xattrs as a missing inode's), and the number
+      // after it would wrap onto the root.
       btree::Iterator it(&t_, id);
-      TFS_TRY(it.SeekToLast());
+      TFS_TRY(it.SeekForPrev(Pos{id, ~u64(0) - 1, ~u64(0)}));
       if (it.Valid()) last = Max(last, it.pos().inode);
     }
+    if (last >= ~u64(0) - 1) return Err::kNoSpace;  // (2^64-2 in use: no number left)
     return Max(last + 1, posix::kFirstIno);
   }
 

@@ -838,6 +838,20 @@ TEST(FsckRepairTest, EachDamageIsRepaired) {
        [](Fixture& f) { f.Poke(btree::Pos{btree::kBtreeInodes, ~u64(0), 1}, "abcd", 4); },
        "key (2^64-1, 1) of the inodes btree: no inode number follows it", "deleted key (2^64-1, 1)",
        [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
+      {"key at 2^64-1 while a directory needs /lost+found",  // (its number: not after 2^64-1, wrapped onto 2)
+       [](Fixture& f) {
+         f.Poke(btree::Pos{btree::kBtreeDirents, posix::kRootIno, f.Slot(posix::kRootIno, "dir")}, nullptr, 0);
+         f.Poke(btree::Pos{btree::kBtreeXattrs, ~u64(0), 5}, "junk", 4);
+       },
+       "unreachable directory", "as /lost+found/#",
+       [](Fixture& f, Filesystem& fs) {
+         const u64 lf = LostFound(fs);
+         EXPECT_GT(lf, f.sub);
+         EXPECT_LT(lf, ~u64(0));
+         EXPECT_EQ(LookupIno(fs, lf, Hash(f.dir)), f.dir);
+         EXPECT_EQ(Fixture::Names(fs, f.dir), f.DirNames());
+         ExpectFixtureFile(fs, f);
+       }},
       {"inode record at number 2^64-1 named by an entry",
        [](Fixture& f) {
          const posix::InodeFormat rec = f.Inode(f.file);  // (a valid record, a file's)

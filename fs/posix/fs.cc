@@ -53,8 +53,10 @@ Result<u64> CountInodeRecords(btree::Btrees* trees) {
   Iterator it(trees, btree::kBtreeInodes, 1024);
   u64 n = 0;
   Status st;
+  // (Not a symlink target's chunk, nor a key at 2^64-1: no inode is there --
+  // the mount refuses such a key, fsck deletes it.)
   for (st = it.Seek(InodePos(1)); st.ok() && it.Valid(); st = it.Next())
-    n += it.pos().offset == 0;  // (not a symlink target's chunk)
+    n += it.pos().offset == 0 && it.pos().inode != ~u64(0);
   TFS_TRY(st);
   return n;
 }
@@ -105,7 +107,16 @@ Filesystem::~Filesystem() {
 
 i64 Filesystem::Now() const { return platform::RealTimeNs(); }
 
-u64 Filesystem::AllocIno() { return next_ino_.FetchAdd(1, MemOrder::kRelaxed); }
+Result<u64> Filesystem::AllocIno() {
+  // Never 2^64-1 (the mount refuses a key there: no number follows it) nor
+  // past it (the numbers would wrap onto the root and the inodes in use).
+  const u64 ino = next_ino_.FetchAdd(1, MemOrder::kRelaxed);
+  if (ino == ~u64(0) || ino < kFirstIno) {
+    next_ino_.Store(~u64(0), MemOrder::kRelaxed);  // (stays spent: a wrapped counter must not come back)
+    return Err::kNoSpace;
+  }
+  return ino;
+}
 
 u32 Filesystem::NextGeneration() { return next_gen_.FetchAdd(1, MemOrder::kRelaxed); }
 

@@ -593,7 +593,9 @@ class Filesystem {
                       OptionCaller* who);
   Result<u32> GetOption(u64 ino, const char* name, u32 len, void* buf, u32 cap);
   Result<u32> ListOptions(const InodeFormat& f, char* buf, u32 cap, u32 at);
-  u64 AllocIno();
+  // The next inode number; kNoSpace once the numbers are spent (2^64-2 is
+  // the last one given).
+  Result<u64> AllocIno();
   u32 NextGeneration();
   i64 Now() const;
 

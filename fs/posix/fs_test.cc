@@ -130,7 +130,9 @@ TEST(PosixTest, NewFilesystemHasARootThatSurvivesRemount) {
   EXPECT_EQ(root.value().nlink, 2u);
   EXPECT_EQ(root.value().uid, 1000u);
   EXPECT_GT(root.value().btime_ns, 1600000000ll * 1000000000ll);  // a real clock
-  m.Remount();
+  m.Unmount();
+  m.Mount();
+  ASSERT_TRUE(m.open());
   auto again = m.fs.GetAttr(kRootIno);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again.value().generation, root.value().generation);
@@ -170,7 +172,9 @@ TEST(PosixTest, CreateLookupListUnlinkAndRemount) {
     EXPECT_EQ(a.value().ino, l.ino);
     EXPECT_EQ(l.type, DirentTypeOf(a.value().mode));
   }
-  m.Remount();
+  m.Unmount();
+  m.Mount();
+  ASSERT_TRUE(m.open());
   char buf[64];
   auto r = m.fs.ReadLink(ln.value().ino, buf, sizeof(buf));
   ASSERT_TRUE(r.ok());
@@ -293,7 +297,9 @@ TEST(PosixTest, LinksRenamesAndTheirCounts) {
   EXPECT_EQ(Lookup(m.fs, sub, "..").value().ino, b);
   EXPECT_EQ(m.fs.GetAttr(a).value().nlink, 2u);
   EXPECT_EQ(m.fs.GetAttr(b).value().nlink, 3u);
-  m.Remount();
+  m.Unmount();
+  m.Mount();
+  ASSERT_TRUE(m.open());
   EXPECT_EQ(Lookup(m.fs, b, "x").value().ino, sub);
   EXPECT_EQ(m.fs.GetAttr(f).value().nlink, 2u);
 }
@@ -315,7 +321,9 @@ TEST(PosixTest, AttributesTimesAndSetgidDirectories) {
   s.mtime_ns = 123456789012345678;
   auto a = m.fs.SetAttrs(f.value().ino, s);
   ASSERT_TRUE(a.ok());
-  m.Remount();
+  m.Unmount();
+  m.Mount();
+  ASSERT_TRUE(m.open());
   auto g = m.fs.GetAttr(f.value().ino).value();
   EXPECT_EQ(g.mode, kModeReg | 04711);
   EXPECT_EQ(g.uid, 7u);
@@ -470,7 +478,9 @@ TEST(PosixTest, UnlinkedWhileOpenLivesUntilRelease) {
   const u64 g = Mkfile(m.fs, kRootIno, "g").value().ino;
   ASSERT_TRUE(m.fs.OpenInode(g).ok());
   ASSERT_TRUE(Unlink(m.fs, kRootIno, "g").ok());
-  m.Remount();
+  m.Unmount();
+  m.Mount();
+  ASSERT_TRUE(m.open());
   EXPECT_EQ(m.fs.GetAttr(g).status().code(), Err::kNotFound);
 }
 
@@ -584,6 +594,29 @@ TEST(PosixTest, AnInodeKeyAtTheLastNumberIsRefused) {
   d.Close();
   EXPECT_TRUE(s.Close().ok());
   m.store.reset();  // (nothing left for m's destructor to unmount)
+}
+
+// Inode numbers end at 2^64-2: with a key there (only a hostile image, or
+// 2^64 creates, gets one) the mount goes on, and a create gets ENOSPC
+// rather than 2^64-1 -- which the next mount would refuse -- or a number
+// wrapped onto the root. The image still mounts after.
+TEST(PosixTest, InodeNumbersEndBeforeTheLastNumber) {
+  Mounted m;
+  {
+    btree::Transaction tx(&m.store->btrees());
+    u8 v[4] = {'a', 'b', 'c', 'd'};
+    ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeInodes, ~u64(0) - 1, 1}, v, sizeof(v)).ok());  // (a target's chunk)
+    ASSERT_TRUE(tx.Commit().ok());
+  }
+  m.Unmount();
+  m.Mount();
+  ASSERT_TRUE(m.open());
+  EXPECT_EQ(Mkfile(m.fs, kRootIno, "f").status().code(), Err::kNoSpace);
+  EXPECT_EQ(Mkfile(m.fs, kRootIno, "g").status().code(), Err::kNoSpace) << "the numbers stay spent";
+  m.Unmount();
+  m.Mount();
+  ASSERT_TRUE(m.open());
+  EXPECT_TRUE(m.fs.GetAttr(kRootIno).ok());
 }
 
 // A crash keeps whole operations: after a power cut the namespace is the one of
@@ -869,7 +902,9 @@ TEST(PosixTest, XattrsSetGetListRemoveAndTheirErrors) {
   std::string short_buf(kXattrSizeMax - 1, '\0');
   EXPECT_EQ(m.fs.GetXattr(f, "user.max", 8, short_buf.data(), u32(short_buf.size())).status().code(), Err::kRange);
   EXPECT_EQ(m.fs.GetXattr(f, "user.max", 8, nullptr, 0).value(), kXattrSizeMax);
-  m.Remount();
+  m.Unmount();
+  m.Mount();
+  ASSERT_TRUE(m.open());
   EXPECT_EQ(GetX(m.fs, f, "user.a").value(), "replaced");
   EXPECT_EQ(GetX(m.fs, f, "user.max").value(), max);
   EXPECT_EQ(GetX(m.fs, f, big_name).value(), one_chunk);
@@ -1194,7 +1229,9 @@ TEST(PosixTest, SmallJournalEntriesRefuseTheLargestXattrsWhole) {
   const std::string v = XVal(62000, 2);
   ASSERT_TRUE(SetX(m.fs, f, "user.v", v).ok());
   EXPECT_EQ(SetX(m.fs, f, "user.v", XVal(kXattrSizeMax, 3)).code(), Err::kNoSpace);
-  m.Remount();
+  m.Unmount();
+  m.Mount();
+  ASSERT_TRUE(m.open());
   EXPECT_EQ(GetX(m.fs, f, "user.v").value(), v);
   EXPECT_EQ(CountXattrKeys(*m.store, f).chunks, XattrChunkCount(62000));
 }
@@ -1364,7 +1401,9 @@ void FileModel(bool handles, bool compress = false) {
   for (int k = 0; k < 3; k++) ASSERT_TRUE(Unlink(m.fs, kRootIno, "f" + std::to_string(k)).ok());
   EXPECT_LE(UserBuckets(*m.store), 1u);  // only the open write point may stay
   EXPECT_EQ(m.data.GetStats().blocks_reserved, 0u);
-  m.Remount();
+  m.Unmount();
+  m.Mount();
+  ASSERT_TRUE(m.open());
   EXPECT_EQ(UserBuckets(*m.store), 0u);
 }
 
@@ -1616,7 +1655,9 @@ TEST(PosixTest, WritesRemoveSecurityCapability) {
   ASSERT_TRUE(m.fs.RemoveXattr(f, "security.capability", 19, Filesystem::kFrontEndChecked).ok());
   EXPECT_FALSE(caps_flag(f));
   ASSERT_TRUE(SetX(m.fs, f, "security.capability", cap).ok());
-  m.Remount();
+  m.Unmount();
+  m.Mount();
+  ASSERT_TRUE(m.open());
   ASSERT_TRUE(m.fs.OpenInode(f).ok());
   EXPECT_TRUE(caps_flag(f));
 
@@ -1674,7 +1715,9 @@ TEST(PosixTest, WritesRemoveSecurityCapability) {
   EXPECT_FALSE(caps_flag(f));
   EXPECT_GT(Committed(m, f).ctime_ns.get(), 1u);
   ASSERT_TRUE(m.fs.Release(f).ok());
-  m.Remount();
+  m.Unmount();
+  m.Mount();
+  ASSERT_TRUE(m.open());
   EXPECT_EQ(ReadAll(m.fs, f), "zbc");
   EXPECT_EQ(ListX(m.fs, f), (std::set<std::string>{"user.keep"}));
 }
@@ -1758,7 +1801,9 @@ TEST(PosixTest, CompressionStoresLessAndIsChecked) {
   const data::Stats after = m.data.GetStats();
   EXPECT_LT(after.bytes_written - before.bytes_written, text.size() / 4);
   EXPECT_EQ(m.fs.GetAttr(f).value().sectors, (text.size() + 4095) / 4096 * 8);  // st_blocks: logical
-  m.Remount();
+  m.Unmount();
+  m.Mount();
+  ASSERT_TRUE(m.open());
   EXPECT_TRUE(ReadAll(m.fs, f) == text);
   EXPECT_EQ(m.fs.GetFlags(f).value(), Filesystem::kFsComprFl);
   // Overwrite a middle piece: the blob's other pieces still read right.
@@ -1800,7 +1845,9 @@ TEST(PosixTest, CompressionStoresLessAndIsChecked) {
 TEST(PosixTest, WriteBufferCoalescesAndAgesOut) {
   Mounted m;
   m.fs_options.buffer_age_ms = 100;
-  m.Remount();
+  m.Unmount();
+  m.Mount();
+  ASSERT_TRUE(m.open());
   const u64 f = Mkfile(m.fs, kRootIno, "log").value().ino;
   ASSERT_TRUE(m.fs.OpenInode(f).ok());
   std::string model;
@@ -1845,7 +1892,9 @@ TEST(PosixTest, WriteBufferCoalescesAndAgesOut) {
 TEST(PosixTest, ReadsRacingBufferedWritesSeeWrittenBytes) {
   Mounted m;
   m.fs_options.buffer_age_ms = 20;
-  m.Remount();
+  m.Unmount();
+  m.Mount();
+  ASSERT_TRUE(m.open());
   const u64 f = Mkfile(m.fs, kRootIno, "race").value().ino;
   ASSERT_TRUE(m.fs.OpenInode(f).ok());
   auto byte = [](u64 off) { return char('a' + (off * 7 + off / 4096) % 26); };
@@ -1911,7 +1960,9 @@ TEST(PosixTest, ReadsRacingBufferedWritesSeeWrittenBytes) {
   const Stats st = m.fs.GetStats();
   EXPECT_GE(st.flushes_full + st.flushes_age + st.flushes_close + st.flushes_other, 11u);
   ASSERT_TRUE(m.fs.Release(f).ok());
-  m.Remount();
+  m.Unmount();
+  m.Mount();
+  ASSERT_TRUE(m.open());
   std::string all = ReadAll(m.fs, f);
   ASSERT_EQ(all.size(), size);
   for (u64 i = 0; i < size; i++) ASSERT_EQ(all[i], byte(i)) << i;
@@ -2190,7 +2241,9 @@ TEST(PosixTest, HundredThousandEntries) {
   const u64 d = Mkdir(m.fs, kRootIno, "big").value().ino;
   constexpr int kN = 100000;
   for (int i = 0; i < kN; i++) ASSERT_TRUE(Mkfile(m.fs, d, "entry-" + std::to_string(i)).ok()) << i;
-  m.Remount();
+  m.Unmount();
+  m.Mount();
+  ASSERT_TRUE(m.open());
   auto listed = List(m.fs, d, 500);  // 200 pages, each resumed from a cookie
   ASSERT_EQ(listed.size(), size_t(kN));
   std::set<std::string> names;
@@ -2489,7 +2542,9 @@ TEST(PosixFrontEndTest, AnOpenDirectoryOutlivesItsRemoval) {
   const u64 u = Mkdir(m.fs, kRootIno, "u").value().ino;
   ASSERT_TRUE(m.fs.OpenDir(u).ok());
   ASSERT_TRUE(Rmdir(m.fs, kRootIno, "u").ok());
-  m.Remount();
+  m.Unmount();
+  m.Mount();
+  ASSERT_TRUE(m.open());
   EXPECT_EQ(m.fs.GetAttr(u).status().code(), Err::kNotFound);
   EXPECT_EQ(m.fs.GetStats().orphans_freed, 0u);  // (the unmount did it, not the mount)
 }

@@ -89,7 +89,7 @@ Result<Attr> Filesystem::Create(u64 dir, const char* name, u32 len, u32 mode, u6
   TFS_TRY(FindEntry(trees_, DirTable(dir, d), name, len, &e));
   if (e.found) return Err::kExists;
   if (e.free == 0) return Err::kNoSpace;  // the name's chain ran to the end of the slots
-  const u64 ino = AllocIno();
+  const u64 ino = TFS_TRY(AllocIno());
   const i64 now = Now();
   InodeFormat f;
   MemSet(&f, 0, sizeof(f));

@@ -270,6 +270,14 @@ class Store {
   Vector<btree::Pos> bad_alloc_keys_;  // alloc keys outside every member (DeleteBadAllocKeys)
 };
 
+// The accounting half of a commit hook's prepare, under commit_mu (the
+// data path's and AcctCommit's): stages n changes (alloc::Accounting::
+// Stage, into staged[0..n)) and writes their records into tx's SetLater
+// slots first_slot.. first_slot + n - 1. Publishing is the caller's
+// (Accounting::Publish) once the journal took the entry.
+Status StageAcctInto(Store* store, btree::Transaction* tx, u32 first_slot, const alloc::AcctChange* changes, u32 n,
+                     alloc::AcctValue* staged);
+
 // One accounting total changed by a transaction that is not the data
 // path's (which stages its own: data/data.h) -- posix's inode count, +1 in
 // the transaction that creates an inode, -1 in the one that frees it
@@ -280,14 +288,6 @@ class Store {
 // the entry publishes it -- so the key's values follow journal order, as
 // the data path's. The object outlives the Commit; the transaction has no
 // other hook. On a store without a journal (read-only) Queue refuses.
-// The accounting half of a commit hook's prepare, under commit_mu (the
-// data path's and AcctCommit's): stages n changes (alloc::Accounting::
-// Stage, into staged[0..n)) and writes their records into tx's SetLater
-// slots first_slot.. first_slot + n - 1. Publishing is the caller's
-// (Accounting::Publish) once the journal took the entry.
-Status StageAcctInto(Store* store, btree::Transaction* tx, u32 first_slot, const alloc::AcctChange* changes, u32 n,
-                     alloc::AcctValue* staged);
-
 class AcctCommit {
  public:
   Status Queue(Store* store, btree::Transaction* tx, alloc::AcctKind kind, u64 offset, i64 change);
