@@ -40,9 +40,11 @@ u8 DataBit(BucketState purpose) {
 // reconciliation of a node bucket whose allocation a cut lost, while a
 // stale cached pointer into it was 95 generations old), and fsck -y drops
 // such a pointer.
-void KeepBelowGuard(Bucket& bk) {
-  if (GenGap(bk.gen, bk.oldest_gen) >= kGenGuard) bk.oldest_gen = u8(bk.gen - (kGenGuard - 1));
+// Raises oldest_gen so that gen is at most `most` generations past it.
+void CapGenGap(Bucket& bk, u8 most) {
+  if (GenGap(bk.gen, bk.oldest_gen) > most) bk.oldest_gen = u8(bk.gen - most);
 }
+void KeepBelowGuard(Bucket& bk) { CapGenGap(bk, kGenGuard - 1); }
 
 // A bucket as an absent record leaves it.
 Bucket AbsentBucket(const sb::Member& m, u64 b) {
@@ -572,6 +574,16 @@ void Allocator::ListFreeLocked(Dev& d, u64 b, bool count) {
   d.free_count++;
 }
 
+bool Allocator::UnlistBlockedLocked(Dev& d, u64 b) {
+  for (usize i = 0; i < d.blocked.size(); i++) {
+    if (d.blocked[i] != b) continue;
+    d.blocked[i] = d.blocked.back();
+    d.blocked.PopBack();
+    return true;
+  }
+  return false;
+}
+
 void Allocator::UnlistFreeLocked(Dev& d, u64 b) {
   for (usize i = 0; i < d.free_list.size(); i++) {
     if (d.free_list[i] != b) continue;
@@ -580,12 +592,7 @@ void Allocator::UnlistFreeLocked(Dev& d, u64 b) {
     d.free_count--;
     return;
   }
-  for (usize i = 0; i < d.blocked.size(); i++) {
-    if (d.blocked[i] != b) continue;
-    d.blocked[i] = d.blocked.back();
-    d.blocked.PopBack();
-    return;
-  }
+  if (UnlistBlockedLocked(d, b)) return;
   for (usize i = 0; i < d.pending.size(); i++) {
     if (d.pending[i].bucket != b) continue;
     if (d.pending[i].seq == kHeld) held_--;
@@ -754,7 +761,7 @@ bool Allocator::FreeLocked(u32 dev, const BucketRef& ref, RecordChange* change, 
     if (none) bk.oldest_gen = bk.gen;
     // (Below the guard before, as every bucket not free: at most at it now.
     // Should that ever break, the record still stays valid.)
-    if (GenGap(bk.gen, bk.oldest_gen) > kGenGuard) bk.oldest_gen = u8(bk.gen - kGenGuard);
+    CapGenGap(bk, kGenGuard);
     bk.state = BucketState::kFree;
     bk.live_sectors = 0;
     bk.cached_sectors = 0;
@@ -910,16 +917,10 @@ Status Allocator::RaiseOldestGen(const OldestRaise* raises, u32 n, u64* raised, 
     const bool was_blocked = GenGap(bk.gen, bk.oldest_gen) >= kGenGuard;
     bk.oldest_gen = r.oldest;
     stats_.oldest_raised++;
-    if (was_blocked && bk.state == BucketState::kFree) {
-      for (usize j = 0; j < d.blocked.size(); j++) {
-        if (d.blocked[j] != r.bucket) continue;  // (pending: listed when it settles)
-        d.blocked[j] = d.blocked.back();
-        d.blocked.PopBack();
-        d.free_list.PushBack(r.bucket).IgnoreError();  // capacity reserved at Init
-        d.free_count++;
-        stats_.gen_guard_released++;
-        break;
-      }
+    // (A pending one is listed when it settles.)
+    if (was_blocked && bk.state == BucketState::kFree && UnlistBlockedLocked(d, r.bucket)) {
+      ListFreeLocked(d, r.bucket);  // (below the guard now: the free list)
+      stats_.gen_guard_released++;
     }
     *dev = r.dev;
     *bucket = r.bucket;
@@ -1096,11 +1097,7 @@ Status Allocator::RepairState(u32 dev, u64 bucket, BucketState state) {
     // (A bucket that is not free stays below the guard; a free one at most
     // at it. fsck's data pass drops stale cached pointers and raises
     // oldest_gen after.)
-    if (state != BucketState::kFree) {
-      KeepBelowGuard(bk);
-    } else if (GenGap(bk.gen, bk.oldest_gen) > kGenGuard) {
-      bk.oldest_gen = u8(bk.gen - kGenGuard);
-    }
+    CapGenGap(bk, state != BucketState::kFree ? kGenGuard - 1 : kGenGuard);
     bk.live_sectors = 0;
     bk.cached_sectors = 0;
     bk.version++;

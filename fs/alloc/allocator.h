@@ -542,6 +542,8 @@ class Allocator {
   // on the blocked list (counted if `count`: a free or a settle, not a
   // load) (mu_ held).
   void ListFreeLocked(Dev& d, u64 b, bool count = true);
+  // Takes bucket `b` off the blocked list; whether it was there (mu_ held).
+  bool UnlistBlockedLocked(Dev& d, u64 b);
   // Takes bucket `b` off the free list, the blocked list or the pending
   // list, if it is on one (mu_ held).
   void UnlistFreeLocked(Dev& d, u64 b);
