@@ -163,6 +163,25 @@ void Values() {
       Put("values", std::string(k.name) + "-" + std::to_string(n), in.data(), in.size());
     }
   }
+  // Node pointers (selector 6; the first byte also picks the members, 1
+  // for 6, 2 for 13): the roots after a checkpoint, an empty tree's root,
+  // and a pointer with two copies built from the first.
+  {
+    Need(e.btrees().Checkpoint().ok(), "checkpoint");
+    const btree::Roots& r = e.btrees().roots();
+    auto put = [](const char* name, u8 selector, const btree::NodePtrFormat& p) {
+      std::vector<u8> in = {selector};
+      in.insert(in.end(), reinterpret_cast<const u8*>(&p), reinterpret_cast<const u8*>(&p) + sizeof(p));
+      Put("values", name, in.data(), in.size());
+    };
+    const btree::NodePtrFormat& ext = r.roots[btree::kBtreeExtents];
+    Need(btree::PtrCopies(ext) == 1, "an extents root");
+    put("node-ptr-root", 6, ext);
+    put("node-ptr-empty", 6, btree::EmptyPtr(btree::kBtreeTest));
+    btree::NodePtrFormat two = ext;
+    btree::AddPtrCopy(&two, 1, btree::PtrCopy(ext, 0).offset);
+    put("node-ptr-2-copies", 13, two);
+  }
   // Accounting keys (alloc keys above the members: alloc/accounting.h).
   {
     btree::Iterator it(&e.btrees(), btree::kBtreeAlloc);

@@ -12,11 +12,15 @@
 // backpointer rebuilds to the same bytes and key; an accepted alloc record
 // rebuilds to the same bytes, and the btree's merge rule calls it plausible
 // with the same version; so does an accepted accounting key (alloc keys at
-// inode 2^32 and above: alloc::ParseAcct), within its bound.
+// inode 2^32 and above: alloc::ParseAcct), within its bound. Selector 6 is
+// a btree node pointer (an interior key's value or a roots block's entry:
+// btree::NodePtrProblem, for 1..32 members picked by the first byte): an
+// accepted one rebuilds to the same bytes from its copies.
 #include <cstring>
 
 #include "alloc/accounting.h"
 #include "alloc/allocator.h"
+#include "btree/tree.h"
 #include "data/backpointer.h"
 #include "data/data.h"
 #include "fuzz/fuzz.h"
@@ -54,7 +58,7 @@ bool KeyAndValue(const u8* in, u32 len, u8 btree_id, btree::Pos* pos, std::vecto
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1 || size > 70000) return 0;
-  const u8 which = data[0] % 6;
+  const u8 which = data[0] % 7;
   // The value in a buffer of its own size, so a read past it is caught.
   const u8* v = data + 1;
   u32 len = u32(size - 1);
@@ -85,6 +89,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     u64 version = 0;
     if (!alloc::RecordPlausible(val.data(), u32(val.size()), &version) || version != b.version)
       fuzz::Fail("a valid alloc record the merge rule calls implausible");
+    return 0;
+  }
+  if (which == 6) {
+    btree::NodePtrFormat p;
+    if (len != sizeof(p)) return 0;
+    memcpy(&p, v, sizeof(p));
+    const u32 members = 1 + data[0] / 7 % dev::kMaxDevices;
+    if (btree::NodePtrProblem(p, members, /*may_be_empty=*/true) != nullptr) return 0;
+    btree::NodePtrFormat q = btree::EmptyPtr(p.btree_id);
+    q.level = p.level;
+    q.seq = p.seq;
+    q.min_inode = p.min_inode;
+    q.min_offset = p.min_offset;
+    for (u32 i = 0; i < btree::PtrCopies(p); i++) {
+      const btree::NodeCopy c = btree::PtrCopy(p, i);
+      if (c.member >= members) fuzz::Fail("an accepted node pointer with a copy on no member");
+      btree::AddPtrCopy(&q, c.member, c.offset);
+    }
+    if (memcmp(&p, &q, sizeof(p)) != 0 || !btree::SamePtrCopies(p, q))
+      fuzz::Fail("an accepted node pointer that does not rebuild from its copies");
     return 0;
   }
   if (which == 4) {

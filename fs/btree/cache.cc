@@ -67,7 +67,7 @@ void TreeOps::Charge(Impl* im, CachedNode* n) {
 // Takes a node out of its tree (tree lock exclusive): its slot is released by
 // the next checkpoint, its memory when the last reference goes.
 void TreeOps::Kill(Impl* im, Tree& t, CachedNode* n) {
-  if (n->ptr.member != kNoMember) t.dead_slots.PushBack(n->ptr).IgnoreError();  // see Reserve in callers
+  if (!PtrEmpty(n->ptr)) t.dead_slots.PushBack(n->ptr).IgnoreError();  // see Reserve in callers
   ClearDirty(im, n);
   n->dead.Store(1, MemOrder::kRelease);
   n->version.FetchAdd(1, MemOrder::kRelease);
@@ -77,7 +77,7 @@ void TreeOps::Kill(Impl* im, Tree& t, CachedNode* n) {
   }
   im->cached_bytes.FetchSub(n->charged, MemOrder::kRelaxed);
   im->cached_nodes.FetchSub(1, MemOrder::kRelaxed);
-  if (n->ptr.member == kNoMember) im->unwritten_nodes.FetchSub(1, MemOrder::kRelaxed);
+  if (PtrEmpty(n->ptr)) im->unwritten_nodes.FetchSub(1, MemOrder::kRelaxed);
   if (n->tree_level > 0 && n->charged != 0) im->interior_nodes.FetchSub(1, MemOrder::kRelaxed);
   PublishNeed(im);
   n->charged = 0;
@@ -111,11 +111,12 @@ Status TreeOps::CheckInterior(const Impl* im, const Node& node, Diag* diag) {
       return DiagError(diag, Err::kCorrupt, "btree node seq %llu: key %u is not a child pointer",
                        (unsigned long long)info.seq, i);
     NodePtrFormat p = ReadPtr(k);
-    if (p.member == kNoMember || p.member >= im->sb.nr_members || p.btree_id != info.btree_id ||
-        p.level + 1 != info.level || PtrMin(p) != expect_min)
-      return DiagError(diag, Err::kCorrupt,
-                       "btree node seq %llu: child %u has a bad pointer (member, btree, level or min)",
-                       (unsigned long long)info.seq, i);
+    const char* why = NodePtrProblem(p, im->sb.nr_members, false);
+    if (why == nullptr && (p.btree_id != info.btree_id || p.level + 1 != info.level || PtrMin(p) != expect_min))
+      why = "btree, level or min";
+    if (why != nullptr)
+      return DiagError(diag, Err::kCorrupt, "btree node seq %llu: child %u has a bad pointer (%s)",
+                       (unsigned long long)info.seq, i, why);
     if (IsMax(k.pos()) ? i + 1 != s.size() : false)
       return DiagError(diag, Err::kCorrupt, "btree node seq %llu: keys after the max",
                        (unsigned long long)info.seq);
@@ -133,20 +134,24 @@ Status TreeOps::CheckInterior(const Impl* im, const Node& node, Diag* diag) {
 Status TreeOps::ReadNode(Impl* im, const NodePtrFormat& ptr, const Pos& max, CachedNode** out, Diag* diag,
                          bool count_corrupt) {
   const u32 ns = im->node_size;
-  const u64 off = ptr.offset.get();
-  if (ptr.member == kNoMember || ptr.member >= im->sb.nr_members || off % ns != 0 ||
-      off < sb::kBucketsOffset || off - sb::kBucketsOffset >= im->sb.members[ptr.member].nbuckets * im->sb.bucket_size)
+  // One copy (pointer format 2 with nr 1 everywhere until the checkpoint
+  // writes more; docs/design/copies.md, step 5b).
+  if (PtrEmpty(ptr))
+    return DiagError(diag, Err::kCorrupt, "btree: a pointer with no copy (btree %u, level %u)",
+                     unsigned(ptr.btree_id), unsigned(ptr.level));
+  const NodeCopy c = PtrCopy(ptr, 0);
+  if (!NodeSlotInArea(im->sb, ns, c.member, c.offset))
     return DiagError(diag, Err::kCorrupt, "btree: pointer to member %u offset %llu is outside the btree area",
-                     unsigned(ptr.member), (unsigned long long)off);
+                     c.member, (unsigned long long)c.offset);
   u8* buf = static_cast<u8*>(platform::Alloc(ns, 4096, false));
   if (buf == nullptr) return Err::kNoMemory;
-  Status st = ReadRaw(im, ptr.member, off, ns, buf);
+  Status st = ReadRaw(im, c.member, c.offset, ns, buf);
   im->ctr.node_reads.FetchAdd(1, MemOrder::kRelaxed);
   im->ctr.node_read_bytes.FetchAdd(ns, MemOrder::kRelaxed);
   if (!st.ok()) {
     platform::Free(buf);
-    return DiagError(diag, st, "btree: reading node at member %u offset %llu: %s", unsigned(ptr.member),
-                     (unsigned long long)off, st.Message());
+    return DiagError(diag, st, "btree: reading node at member %u offset %llu: %s", c.member,
+                     (unsigned long long)c.offset, st.Message());
   }
   CachedNode* n = NewNode(im);
   if (n == nullptr) {
@@ -274,7 +279,7 @@ u64 TreeOps::ShrinkScan(void* ctx, u64 pages) {
 }
 
 bool TreeOps::Evictable(const CachedNode* n) {
-  if (n->dirty.Load(MemOrder::kRelaxed) != 0 || n->parent == nullptr || n->ptr.member == kNoMember) return false;
+  if (n->dirty.Load(MemOrder::kRelaxed) != 0 || n->parent == nullptr || PtrEmpty(n->ptr)) return false;
   if (n->refs.Load(MemOrder::kAcquire) != 1) return false;
   for (usize i = 0; i < n->children.size(); i++)
     if (n->children[i] != nullptr) return false;

@@ -31,11 +31,12 @@ namespace tfs::btree {
 
 namespace {
 
-Status CheckPtrShape(const NodePtrFormat& p, u8 id, u32 nr_members, Diag* diag, const char* what) {
-  if (p.btree_id != id || p.level > kMaxLevel || (p.member != kNoMember && p.member >= nr_members))
-    return DiagError(diag, Err::kCorrupt, "%s: bad node pointer (btree %u, level %u, member %u)", what,
-                     unsigned(p.btree_id), unsigned(p.level), unsigned(p.member));
-  return Status::Ok();
+// A roots block's entry t: the parse rules (an empty tree's root has no
+// copy) and its tree's root, starting at the tree's min.
+bool RootPtrValid(const NodePtrFormat& p, u8 id, u32 nr_members) {
+  return p.btree_id == id && p.level <= kMaxLevel && NodePtrProblem(p, nr_members, true) == nullptr &&
+         (PtrEmpty(p) ? p.level == 0 && p.seq.get() == 0 && p.min_inode.get() == 0 && p.min_offset.get() == 0
+                      : IsMin(PtrMin(p)));
 }
 
 }  // namespace
@@ -57,19 +58,15 @@ Status ReadRoots(dev::DeviceSet& devs, const sb::Superblock& sb, Roots* out, Dia
     }
     for (u32 slot = 0; slot < 2; slot++) {
       const auto* r = reinterpret_cast<const RootsFormat*>(buf + slot * kRootsSlotSize);
-      if (r->magic.get() != kRootsMagic || r->version.get() != kNodeVersion || r->nroots.get() != kNrBtreeIds ||
+      if (r->magic.get() != kRootsMagic || r->version.get() != kRootsVersion || r->nroots.get() != kNrBtreeIds ||
           MemCompare(r->fs_uuid, sb.fs_uuid, 16) != 0 ||
           r->csum.get() != platform::Crc32cSkippingField(r, kRootsSlotSize, __builtin_offsetof(RootsFormat, csum))) {
         bad++;
         continue;
       }
       bool shape_ok = true;
-      for (u32 t = 0; t < kNrBtreeIds; t++) {
-        const NodePtrFormat& p = r->roots[t];
-        if (!CheckPtrShape(p, u8(t), sb.nr_members, nullptr, "roots").ok() ||
-            (p.member != kNoMember && !IsMin(PtrMin(p))))
-          shape_ok = false;
-      }
+      for (u32 t = 0; t < kNrBtreeIds; t++)
+        if (!RootPtrValid(r->roots[t], u8(t), sb.nr_members)) shape_ok = false;
       if (!shape_ok) {
         bad++;
         continue;
@@ -102,7 +99,7 @@ Status WriteRootsBlock(dev::DeviceSet& devs, const sb::Superblock& sb, const Roo
   auto* r = static_cast<RootsFormat*>(platform::Alloc(kRootsSlotSize, 4096, true));
   if (r == nullptr) return Err::kNoMemory;
   r->magic.set(kRootsMagic);
-  r->version.set(kNodeVersion);
+  r->version.set(kRootsVersion);
   r->nroots.set(kNrBtreeIds);
   MemCopy(r->fs_uuid, sb.fs_uuid, 16);
   r->gen.set(roots.gen);
@@ -215,14 +212,13 @@ void TreeOps::PurgeHolesLocked(Impl* im) {
 // Takes a slot without the allocator: a hole, else the open bucket's
 // next, else a reserved bucket's first (it becomes the open one). False
 // when none is left. slot_mu held.
-bool TreeOps::TakeSlotLocked(Impl* im, NodePtrFormat* dst) {
+bool TreeOps::TakeSlotLocked(Impl* im, NodeCopy* dst) {
   while (!im->holes.empty()) {
     const Impl::Hole h = im->holes.back();
     im->holes.PopBack();
     if (!HoleValidLocked(im, h)) continue;  // (not reached: purged after every free)
     im->ckpt_taken.FetchAdd(1, MemOrder::kRelaxed);
-    dst->member = h.member;
-    dst->offset.set(h.offset);
+    *dst = NodeCopy{h.member, h.offset};
     im->live[h.member][im->sb.BucketOf(h.offset)]++;
     im->ctr.hole_slots.FetchAdd(1, MemOrder::kRelaxed);
     return true;
@@ -237,26 +233,31 @@ bool TreeOps::TakeSlotLocked(Impl* im, NodePtrFormat* dst) {
   const u32 m = im->open_bucket.dev;
   const u64 b = im->open_bucket.bucket;
   im->ckpt_taken.FetchAdd(1, MemOrder::kRelaxed);
-  dst->member = u8(m);
-  dst->offset.set(im->sb.BucketOffset(b) + u64(im->open_next) * im->node_size);
+  *dst = NodeCopy{m, im->sb.BucketOffset(b) + u64(im->open_next) * im->node_size};
   im->open_next++;
   im->live[m][b]++;
   return true;
 }
 
-// A node slot for a checkpoint's image. With may_allocate, a new bucket
+// A node slot for a checkpoint's image: dst's copies become the one slot
+// taken (one copy until step 5b's per-member slots). With may_allocate, a new bucket
 // is reserved when nothing is left; without (the exclusive phase, which
 // holds a tree lock and must not wait for the allocator) the caller has
 // checked AvailSlots.
 Status TreeOps::AllocSlot(Impl* im, NodePtrFormat* dst, bool may_allocate) {
   for (;;) {
     bool taken;
+    NodeCopy c;
     {
       MutexLock l(im->slot_mu);
-      taken = TakeSlotLocked(im, dst);
+      taken = TakeSlotLocked(im, &c);
       NoteAvailLocked(im);
     }
-    if (taken) break;
+    if (taken) {
+      ClearPtrCopies(dst);
+      AddPtrCopy(dst, c.member, c.offset);
+      break;
+    }
     if (!may_allocate) return Err::kNoSpace;  // (not reached: see above)
     TFS_TRY(ReserveBucket(im));
   }
@@ -376,10 +377,12 @@ void TreeOps::FindHoles(Impl* im, Vector<u64>* used) {
 // otherwise the slot becomes a hole. The caller purges the holes of freed
 // buckets after its frees (PurgeHoles).
 void TreeOps::FreeSlot(Impl* im, const NodePtrFormat& p, Vector<alloc::BucketRef>* frees) {
-  if (p.member == kNoMember) return;
+  for (u32 i = 0; i < PtrCopies(p); i++) FreeCopySlot(im, PtrCopy(p, i), frees);
+}
+void TreeOps::FreeCopySlot(Impl* im, const NodeCopy& c, Vector<alloc::BucketRef>* frees) {
   MutexLock l(im->slot_mu);
-  const u32 m = p.member;
-  const u64 b = im->sb.BucketOf(p.offset.get());
+  const u32 m = c.member;
+  const u64 b = im->sb.BucketOf(c.offset);
   if (m >= im->sb.nr_members || b >= im->live[m].size() || im->live[m][b] == 0) return;
   const alloc::Bucket bk = im->alloc->Get(m, b);
   const bool open = IsOpenLocked(im, m, b);
@@ -388,7 +391,7 @@ void TreeOps::FreeSlot(Impl* im, const NodePtrFormat& p, Vector<alloc::BucketRef
   // back as they are rewritten.
   if (--im->live[m][b] != 0 || (open && im->open_next < im->slots_per_bucket)) {
     if (bk.state == alloc::BucketState::kBtree && (im->target & (dev::DevMask(1) << m)) != 0)
-      im->holes.PushBack(Impl::Hole{u8(m), bk.gen, p.offset.get()}).IgnoreError();
+      im->holes.PushBack(Impl::Hole{u8(m), bk.gen, c.offset}).IgnoreError();
     NoteAvailLocked(im);
     return;
   }
@@ -464,15 +467,16 @@ Status TreeOps::TakeImage(Impl* im, Tree& t, CachedNode* n, Vector<Job>* jobs) {
 // Tree lock exclusive.
 void TreeOps::Install(Impl* im, Job& j, const NodePtrFormat& slot, Vector<NodePtrFormat>* to_free) {
   CachedNode* n = j.node;
-  j.dst.member = slot.member;
-  j.dst.offset = slot.offset;
+  const NodePtrFormat copies = slot;  // (slot may be j.dst itself)
+  ClearPtrCopies(&j.dst);
+  for (u32 i = 0; i < PtrCopies(copies); i++) AddPtrCopy(&j.dst, copies.member[i], copies.offset[i].get());
   j.dst.seq.set(j.seq);
   j.installed = true;
   if (n->dead.Load(MemOrder::kAcquire) != 0) {
     to_free->PushBack(j.dst).IgnoreError();  // nobody points there
     return;
   }
-  if (n->ptr.member != kNoMember) {
+  if (!PtrEmpty(n->ptr)) {
     to_free->PushBack(n->ptr).IgnoreError();
   } else {
     im->unwritten_nodes.FetchSub(1, MemOrder::kRelaxed);  // the checkpoint's hold covers it
@@ -498,7 +502,7 @@ Result<bool> TreeOps::CollectExclusive(CachedNode* n, Vector<CachedNode*>* out) 
     below = below || c;
   }
   const bool changed_interior = n->dirty.Load(MemOrder::kRelaxed) != 0 && n->node.info().level > 0;
-  const bool need = below || n->ptr.member == kNoMember || changed_interior;
+  const bool need = below || PtrEmpty(n->ptr) || changed_interior;
   if (need) TFS_TRY(out->PushBack(n));
   return need;
 }
@@ -618,11 +622,11 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
   }
   // Slots for the images taken, and a reserve for the exclusive phase.
   for (usize i = 0; i < jobs.size() && st.ok(); i++) {
-    NodePtrFormat s = jobs[i].dst;
+    NodePtrFormat s = EmptyPtr(jobs[i].dst.btree_id);
     st = AllocSlot(im, &s);
     if (st.ok()) {
-      jobs[i].dst.member = s.member;
-      jobs[i].dst.offset = s.offset;
+      ClearPtrCopies(&jobs[i].dst);
+      for (u32 c = 0; c < PtrCopies(s); c++) AddPtrCopy(&jobs[i].dst, s.member[c], s.offset[c].get());
     }
   }
   // Phase 2: per tree, exclusive: install, then image interior and new nodes.
@@ -681,29 +685,37 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
   // contain), node writes, flush, roots block.
   if (st.ok() && im->journal != nullptr) st = im->journal->Flush();
   dev::DevMask written = 0;
-  if (st.ok() && !jobs.empty()) {
-    dev::Io* ios = static_cast<dev::Io*>(platform::Alloc(sizeof(dev::Io) * jobs.size(), 16, false));
+  usize nwrites = 0;  // one per copy of each image
+  for (const Job& j : jobs) nwrites += PtrCopies(j.dst);
+  if (st.ok() && nwrites > 0) {
+    dev::Io* ios = static_cast<dev::Io*>(platform::Alloc(sizeof(dev::Io) * nwrites, 16, false));
     if (ios == nullptr) st = Err::kNoMemory;
     if (st.ok()) {
-      for (usize i = 0; i < jobs.size(); i++) new (&ios[i]) dev::Io();
-      dev::IoBatch batch(u32(jobs.size()));
-      for (usize i = 0; i < jobs.size(); i++) {
-        dev::Io& io = ios[i];
-        io.req.op = IoOp::kWrite;
-        io.req.origin = IoOrigin::kBtree;
-        io.req.offset = jobs[i].dst.offset.get();
-        io.req.length = jobs[i].bytes;
-        io.req.buf = jobs[i].img;
-        io.cls = dev::IoClass::kBtree;
-        io.done = dev::IoBatch::Done;
-        io.caller_data = &batch;
-        written |= dev::DevMask(1) << jobs[i].dst.member;
-        im->ctr.node_writes.FetchAdd(1, MemOrder::kRelaxed);
-        im->ctr.node_write_bytes.FetchAdd(jobs[i].bytes, MemOrder::kRelaxed);
+      for (usize i = 0; i < nwrites; i++) new (&ios[i]) dev::Io();
+      dev::IoBatch batch(static_cast<u32>(nwrites));
+      usize k = 0;
+      for (const Job& j : jobs) {
+        for (u32 c = 0; c < PtrCopies(j.dst); c++, k++) {
+          const NodeCopy at = PtrCopy(j.dst, c);
+          dev::Io& io = ios[k];
+          io.req.op = IoOp::kWrite;
+          io.req.origin = IoOrigin::kBtree;
+          io.req.offset = at.offset;
+          io.req.length = j.bytes;
+          io.req.buf = j.img;
+          io.cls = dev::IoClass::kBtree;
+          io.done = dev::IoBatch::Done;
+          io.caller_data = &batch;
+          written |= dev::DevMask(1) << at.member;
+          im->ctr.node_writes.FetchAdd(1, MemOrder::kRelaxed);
+          im->ctr.node_write_bytes.FetchAdd(j.bytes, MemOrder::kRelaxed);
+        }
       }
-      for (usize i = 0; i < jobs.size(); i++) im->devs->member(jobs[i].dst.member)->queue().Submit(&ios[i]);
+      k = 0;
+      for (const Job& j : jobs)
+        for (u32 c = 0; c < PtrCopies(j.dst); c++, k++) im->devs->member(PtrCopy(j.dst, c).member)->queue().Submit(&ios[k]);
       st = batch.Wait();
-      for (usize i = 0; i < jobs.size(); i++) ios[i].~Io();
+      for (usize i = 0; i < nwrites; i++) ios[i].~Io();
       platform::Free(ios);
     }
   }

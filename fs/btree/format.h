@@ -117,21 +117,29 @@ static_assert(sizeof(NodeHeader) + sizeof(SetHeader) + kMaxKeySpace <= kMinNodeS
 // Tree structure (docs/format/btree.md, "Pointers and roots").
 
 // Where a node lives: the value of every key in an interior node (the key's
-// position is the child's max), and of each root. 48 bytes.
-inline constexpr u8 kNoMember = 0xff;  // member of a pointer to "no node" (an empty tree)
-
+// position is the child's max), and of each root. 72 bytes (pointer format 2,
+// filesystem format version 7). A node has `nr` copies, each the same bytes
+// (one image, one seq) at offset[i] of member[i]; the members are distinct,
+// entries past `nr` are unused (member kNoMember, offset 0). nr is 1..4, 0
+// only in a roots block, for an empty tree. Parse rules: CheckNodePtr
+// (tree.h).
+inline constexpr u8 kNoMember = 0xff;  // an unused copy entry
+inline constexpr u32 kMaxNodeCopies = 4;
 struct NodePtrFormat {
-  u8 member;         // device index, or kNoMember for an empty tree's root
-  u8 level;          // the child's level (parent level - 1)
-  u8 btree_id;       // the child's btree
-  u8 reserved0[5];   // 0
-  Le64 offset;       // byte offset of the node on the member (node_size aligned)
+  u8 member[kMaxNodeCopies];  // each copy's device index; unused: kNoMember
+  u8 level;                   // the child's level (parent level - 1)
+  u8 btree_id;                // the child's btree
+  u8 nr;                      // copies: 1..kMaxNodeCopies (0: an empty tree's root)
+  u8 reserved0;               // 0
+  Le64 offset[kMaxNodeCopies];  // byte offset of each copy on its member (node_size aligned; unused: 0)
   Le64 seq;          // the child's NodeHeader.seq: a unique id of this node version
   Le64 min_inode;    // the child's min position (its max is the key's position)
   Le64 min_offset;
   Le64 reserved1;    // 0
 };
-static_assert(sizeof(NodePtrFormat) == 48, "node pointer size");
+static_assert(sizeof(NodePtrFormat) == 72, "node pointer size");
+static_assert(__builtin_offsetof(NodePtrFormat, offset) == 8, "node pointer offsets");
+static_assert(__builtin_offsetof(NodePtrFormat, seq) == 40, "node pointer seq");
 
 // The roots block: two 4 KiB slots on every member that may hold btree nodes,
 // written alternately (FUA) at the end of each btree checkpoint. Mount uses the
@@ -139,11 +147,14 @@ static_assert(sizeof(NodePtrFormat) == 48, "node pointer size");
 inline constexpr u64 kRootsMagic = 0x53544f4f52534654ull;  // "TFSROOTS" as LE bytes
 inline constexpr u64 kRootsOffset = 64 * 1024;             // slot 0; slot 1 follows
 inline constexpr u32 kRootsSlotSize = 4096;
+// The roots block's own version (node headers keep kNodeVersion): 2 since
+// node pointers hold copies (format version 7).
+inline constexpr u16 kRootsVersion = 2;
 
 struct RootsFormat {  // kRootsSlotSize bytes
   Le64 magic;         // kRootsMagic
   Le32 csum;          // CRC-32C of the whole slot with this field zero
-  Le16 version;       // kNodeVersion
+  Le16 version;       // kRootsVersion
   Le16 nroots;        // kNrBtreeIds
   u8 fs_uuid[16];     // the filesystem's uuid: a stale block of another fs never matches
   Le64 gen;           // bumped by every checkpoint; the newest valid slot wins

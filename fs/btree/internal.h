@@ -25,7 +25,7 @@ struct CachedNode {
   Atomic<u8> merge_queued{0};     // on Impl::merge_queue
   Atomic<u32> reads{0};           // lookups since the last update (approximate; see ReadMostly)
   Node node;
-  NodePtrFormat ptr{};            // where the node is on disk (kNoMember: never written)
+  NodePtrFormat ptr{};            // where the node's copies are on disk (none: never written)
   CachedNode* parent = nullptr;   // null for the root
   Vector<CachedNode*> children;   // interior: the cached child of each key, or null
   Atomic<u32> refs{1};            // the tree's own reference + iterators + checkpoints
@@ -60,14 +60,6 @@ inline Pos PtrMin(const NodePtrFormat& p) { return Pos{p.btree_id, p.min_inode.g
 inline NodePtrFormat ReadPtr(KeyRef k) {
   NodePtrFormat p;
   MemCopy(&p, k.value(), sizeof(p));
-  return p;
-}
-
-inline NodePtrFormat EmptyPtr(u8 id) {
-  NodePtrFormat p;
-  MemSet(&p, 0, sizeof(p));
-  p.member = kNoMember;
-  p.btree_id = id;
   return p;
 }
 
@@ -312,7 +304,7 @@ class TreeOps {
   static bool IsOpenLocked(Impl* im, u32 m, u64 b);
   static bool HoleValidLocked(Impl* im, const Impl::Hole& h);
   static void PurgeHolesLocked(Impl* im);
-  static bool TakeSlotLocked(Impl* im, NodePtrFormat* dst);
+  static bool TakeSlotLocked(Impl* im, NodeCopy* dst);
   static Status AllocSlot(Impl* im, NodePtrFormat* dst, bool may_allocate = true);
   static Status ReserveBucket(Impl* im);
   static u64 AvailSlots(Impl* im);
@@ -320,6 +312,7 @@ class TreeOps {
   static void ReturnReserved(Impl* im, bool free_them);
   static void FindHoles(Impl* im, Vector<u64>* used);
   static void FreeSlot(Impl* im, const NodePtrFormat& p, Vector<alloc::BucketRef>* frees);
+  static void FreeCopySlot(Impl* im, const NodeCopy& c, Vector<alloc::BucketRef>* frees);
   static void FreeBuckets(Impl* im, const Vector<alloc::BucketRef>& frees);
   static void PurgeHoles(Impl* im);
   static void ReleaseOpenBucket(Impl* im);

@@ -95,8 +95,8 @@ Status Iterator::Fill(bool forward, Pos from) {
       if (!st.ok()) {
         if (diag_ != nullptr)
           DiagError(diag_, st, "btree %u: level-%u node at member %u offset %llu: %s", unsigned(id_),
-                    unsigned(miss.ptr.level), unsigned(miss.ptr.member),
-                    (unsigned long long)miss.ptr.offset.get(), why.empty() ? st.Message() : why.text)
+                    unsigned(miss.ptr.level), PtrCopy(miss.ptr, 0).member,
+                    (unsigned long long)PtrCopy(miss.ptr, 0).offset, why.empty() ? st.Message() : why.text)
               .IgnoreError();
         return st;
       }

@@ -72,13 +72,13 @@ Status TreeOps::NoteLost(Impl* im, const Tree& t, const NodePtrFormat& p, const 
   } else {
     ln.why = why;
   }
-  if (p.member == kNoMember) {
+  if (PtrEmpty(p)) {
     platform::Log(platform::LogLevel::kWarn, "btree %u: rebuilding the tree from a node scan: %s", unsigned(t.id),
                   ln.why.text);
   } else {
     platform::Log(platform::LogLevel::kWarn,
                   "btree %u: dropping the damaged level-%u node at member %u offset %llu: %s", unsigned(t.id),
-                  unsigned(p.level), unsigned(p.member), (unsigned long long)p.offset.get(), ln.why.text);
+                  unsigned(p.level), PtrCopy(p, 0).member, (unsigned long long)PtrCopy(p, 0).offset, ln.why.text);
   }
   TFS_TRY(im->lost.PushBack(ln));
   im->s_dropped++;
@@ -178,10 +178,8 @@ Status TreeOps::ScanCopies(Impl* im, const Vector<u64>* used, const Vector<Gap>&
 // through the tree's dead slots, Btrees::ForEachSlot), and is released by
 // the checkpoint's end like the slot of any node it replaced.
 Status TreeOps::KeepCopy(Impl* im, const Copy& c, Vector<u64>* used) {
-  NodePtrFormat p{};
-  p.member = c.member;
-  p.btree_id = c.id;
-  p.offset.set(c.offset);
+  NodePtrFormat p = EmptyPtr(c.id);
+  AddPtrCopy(&p, c.member, c.offset);
   Tree& t = im->trees[c.id];
   TFS_TRY(t.dead_slots.PushBack(p));
   TFS_TRY(used[c.member].PushBack(c.offset));

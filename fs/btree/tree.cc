@@ -295,7 +295,7 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
       TFS_TRY(TreeOps::MakeEmptySubtree(im, t, 0, Pos::Min(u8(id)), Pos::Max(u8(id)), &t.root));
       continue;
     }
-    if (rp.member == kNoMember) continue;
+    if (PtrEmpty(rp)) continue;
     CachedNode* r = nullptr;
     Diag why;
     Status st = TreeOps::ReadNode(im, rp, Pos::Max(u8(id)), &r, &why);
@@ -306,8 +306,8 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
       continue;
     }
     if (!st.ok()) {
-      return DiagError(diag, st, "btree %u root (member %u, offset %llu): %s", id, unsigned(rp.member),
-                       (unsigned long long)rp.offset.get(), why.empty() ? st.Message() : why.text);
+      return DiagError(diag, st, "btree %u root (member %u, offset %llu): %s", id, PtrCopy(rp, 0).member,
+                       (unsigned long long)PtrCopy(rp, 0).offset, why.empty() ? st.Message() : why.text);
     }
     t.root = r;
     root_read[id] = true;
@@ -325,20 +325,23 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
     }
   } used;
   struct Walk {
-    // Counts slot `off` of member m as live (and used).
-    static Status Count(Impl* im, u32 m, u64 off, Used* used, Diag* diag) {
-      const u64 b = im->sb.BucketOf(off);
-      if (++im->live[m][b] > im->slots_per_bucket)
-        return DiagError(diag, Err::kCorrupt, "btree: more nodes than fit in bucket %llu of member %u",
-                         (unsigned long long)b, m);
-      if (used != nullptr) used->Add(m, off);
+    // Counts the slot of each copy of p as live (and used). The caller
+    // read the node, or checked its offsets (a leaf not read).
+    static Status Count(Impl* im, const NodePtrFormat& p, Used* used, Diag* diag) {
+      for (u32 i = 0; i < PtrCopies(p); i++) {
+        const NodeCopy c = PtrCopy(p, i);
+        const u64 b = im->sb.BucketOf(c.offset);
+        if (++im->live[c.member][b] > im->slots_per_bucket)
+          return DiagError(diag, Err::kCorrupt, "btree: more nodes than fit in bucket %llu of member %u",
+                           (unsigned long long)b, c.member);
+        if (used != nullptr) used->Add(c.member, c.offset);
+      }
       return Status::Ok();
     }
     // `drop` (Options::drop_bad_nodes): leaves are read and verified too, and
     // a child that fails is replaced by an empty subtree.
     static Status Visit(Impl* im, Tree& t, CachedNode* n, Used* used, bool drop, Diag* diag) {
-      const NodePtrFormat& p = n->ptr;
-      TFS_TRY(Count(im, p.member, p.offset.get(), used, diag));
+      TFS_TRY(Count(im, n->ptr, used, diag));
       if (n->node.info().level == 0) return Status::Ok();
       Vector<u32> bad;  // children dropped
       const Set& s = n->node.set(0);
@@ -346,11 +349,10 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
         NodePtrFormat cp = ReadPtr(s.Key(i));
         const Pos cmax = s.Key(i).pos();
         if (cp.level == 0 && !drop) {
-          const u64 cb = im->sb.BucketOf(cp.offset.get());
-          const u64 off = cp.offset.get();
-          if (off < sb::kBucketsOffset || off % im->node_size != 0 || cb >= im->live[cp.member].size())
-            return DiagError(diag, Err::kCorrupt, "btree: leaf pointer outside the btree area");
-          TFS_TRY(Count(im, cp.member, off, used, diag));
+          for (u32 c = 0; c < PtrCopies(cp); c++)
+            if (!NodeSlotInArea(im->sb, im->node_size, PtrCopy(cp, c).member, PtrCopy(cp, c).offset))
+              return DiagError(diag, Err::kCorrupt, "btree: leaf pointer outside the btree area");
+          TFS_TRY(Count(im, cp, used, diag));
           continue;
         }
         CachedNode* c = nullptr;
@@ -367,7 +369,7 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
         }
         if (cp.level == 0) {  // verified; read again when used
           platform::Delete(c);
-          TFS_TRY(Count(im, cp.member, cp.offset.get(), used, diag));
+          TFS_TRY(Count(im, cp, used, diag));
           continue;
         }
         c->parent = n;
@@ -630,12 +632,16 @@ Result<u32> Btrees::Get(const Pos& pos, void* buf, u32 cap) {
   }
 }
 
-Status Btrees::ForEachSlot(Status (*fn)(void* ctx, const NodePtrFormat& ptr), void* ctx) {
+Status Btrees::ForEachSlot(SlotFn fn, void* ctx) {
   Impl* im = impl_;
   if (im == nullptr) return Err::kInvalidArgument;
   struct Walk {
-    static Status Visit(Impl* im, const CachedNode* n, Status (*fn)(void*, const NodePtrFormat&), void* ctx) {
-      if (n->ptr.member != kNoMember) TFS_TRY(fn(ctx, n->ptr));
+    static Status Each(const NodePtrFormat& p, SlotFn fn, void* ctx) {
+      for (u32 i = 0; i < PtrCopies(p); i++) TFS_TRY(fn(ctx, PtrCopy(p, i)));
+      return Status::Ok();
+    }
+    static Status Visit(Impl* im, const CachedNode* n, SlotFn fn, void* ctx) {
+      TFS_TRY(Each(n->ptr, fn, ctx));
       if (n->node.info().level == 0) return Status::Ok();
       const Set& s = n->node.set(0);
       for (u32 i = 0; i < s.size(); i++) {
@@ -645,7 +651,7 @@ Status Btrees::ForEachSlot(Status (*fn)(void* ctx, const NodePtrFormat& ptr), vo
         }
         const NodePtrFormat cp = ReadPtr(s.Key(i));
         if (cp.level == 0) {
-          TFS_TRY(fn(ctx, cp));
+          TFS_TRY(Each(cp, fn, ctx));
           continue;
         }
         CachedNode* c = nullptr;  // evicted: read, walked, dropped
@@ -662,7 +668,7 @@ Status Btrees::ForEachSlot(Status (*fn)(void* ctx, const NodePtrFormat& ptr), vo
     if (t.root != nullptr) TFS_TRY(Walk::Visit(im, t.root, fn, ctx));
     // Slots of nodes replaced since the last roots block (and copies fsck
     // recovered from): that block still names them until the next one.
-    for (const NodePtrFormat& p : t.dead_slots) TFS_TRY(fn(ctx, p));
+    for (const NodePtrFormat& p : t.dead_slots) TFS_TRY(Walk::Each(p, fn, ctx));
   }
   return Status::Ok();
 }
@@ -736,7 +742,7 @@ Status Btrees::ForEachNodeContinuing(Status (*fn)(void* ctx, const NodeVisit& v)
   };
   for (u32 id = 0; id < kNrBtreeIds; id++) {
     const NodePtrFormat& rp = roots_.roots[id];
-    if (rp.member == kNoMember) continue;
+    if (PtrEmpty(rp)) continue;
     TFS_TRY(Walk::Visit(im, rp, Pos::Max(u8(id)), fn, bad, ctx));
   }
   return Status::Ok();

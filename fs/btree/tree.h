@@ -184,6 +184,38 @@ struct LostNode {
 // evicted and read again) and is what memory-tight deployments set.
 u64 DefaultCacheBytes();
 
+// The copies of a node pointer (format.h, NodePtrFormat). A pointer read
+// from disk is used only after NodePtrProblem; PtrCopies bounds nr for the
+// pointers built in memory as well.
+struct NodeCopy {
+  u32 member;
+  u64 offset;
+};
+inline u32 PtrCopies(const NodePtrFormat& p) { return p.nr <= kMaxNodeCopies ? p.nr : 0; }
+inline NodeCopy PtrCopy(const NodePtrFormat& p, u32 i) { return NodeCopy{p.member[i], p.offset[i].get()}; }
+// No copy: an empty tree's root, or a node never written.
+inline bool PtrEmpty(const NodePtrFormat& p) { return p.nr == 0; }
+// Drops every copy (nr 0, every entry unused).
+void ClearPtrCopies(NodePtrFormat* p);
+// A pointer of btree id with no copy and nothing else set: an empty tree's
+// root as a roots block holds it, and a new node's before its first write.
+NodePtrFormat EmptyPtr(u8 id);
+// Appends a copy; the caller keeps nr below kMaxNodeCopies and the members
+// distinct.
+void AddPtrCopy(NodePtrFormat* p, u32 member, u64 offset);
+// The same copies, in the same order.
+bool SamePtrCopies(const NodePtrFormat& a, const NodePtrFormat& b);
+// The parse rules of a pointer read from disk -- an interior node's key or a
+// roots block's entry (the bytes are hostile): nr 1..kMaxNodeCopies (0 only
+// when `may_be_empty`, an empty tree's root), the first nr entries distinct
+// members below nr_members, the rest unused (kNoMember, offset 0), reserved
+// bytes 0. The level and btree are the caller's to check, and each copy's
+// offset is checked where the copy is read (NodeSlotInArea). Null when the
+// pointer keeps them, else what it breaks (for the caller's one line).
+const char* NodePtrProblem(const NodePtrFormat& p, u32 nr_members, bool may_be_empty);
+// Whether `offset` is a node slot of member m's bucket area.
+bool NodeSlotInArea(const sb::Superblock& sb, u32 node_size, u32 m, u64 offset);
+
 // Where the trees are on disk: what a roots block holds.
 struct Roots {
   u64 gen = 0;
@@ -475,14 +507,16 @@ class Btrees {
   };
   Status ForEachNodeContinuing(Status (*fn)(void* ctx, const NodeVisit& v),
                                Status (*bad)(void* ctx, const NodeError& e), void* ctx);
-  // For fsck's rebuild of allocation state: calls fn with the pointer to every
+  // For fsck's rebuild of allocation state: calls fn with every copy of every
   // node the trees reach now (in memory: nodes changed since the last
   // checkpoint at their old slots, nodes never written not at all), reading
   // interior nodes that are not cached, and with every slot the last roots
   // block may still name (nodes replaced since, copies drop_bad_nodes took
   // keys from): all of them must stay allocated until the next roots block. Only while nothing else uses the
-  // trees (Store::Open's rebuild hook). fn returns non-Ok to stop.
-  Status ForEachSlot(Status (*fn)(void* ctx, const NodePtrFormat& ptr), void* ctx);
+  // trees (Store::Open's rebuild hook). fn is called once per copy of each
+  // node (its member and offset) and returns non-Ok to stop.
+  using SlotFn = Status (*)(void* ctx, const NodeCopy& copy);
+  Status ForEachSlot(SlotFn fn, void* ctx);
 
  private:
   friend class Transaction;

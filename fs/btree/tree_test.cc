@@ -1309,8 +1309,8 @@ Status CollectNodes(Btrees& t, std::vector<Visited>* out) {
   auto fn = [](void* ctx, const Btrees::NodeVisit& v) -> Status {
     auto* nodes = static_cast<std::vector<Visited>*>(ctx);
     Visited n;
-    n.member = v.ptr->member;
-    n.offset = v.ptr->offset.get();
+    n.member = PtrCopy(*v.ptr, 0).member;
+    n.offset = PtrCopy(*v.ptr, 0).offset;
     n.seq = v.ptr->seq.get();
     n.level = v.ptr->level;
     n.btree_id = v.ptr->btree_id;
@@ -1725,8 +1725,8 @@ TEST(BtreeTreeTest, RootsBlocks) {
   EXPECT_EQ(r.gen, t.roots().gen);
   EXPECT_EQ(r.journal_seq, t.roots().journal_seq);
   EXPECT_EQ(r.roots[kBtreeTest].seq.get(), t.roots().roots[kBtreeTest].seq.get());
-  EXPECT_EQ(r.roots[kBtreeTest].offset.get(), t.roots().roots[kBtreeTest].offset.get());
-  EXPECT_EQ(r.roots[kBtreeInodes].member, kNoMember);  // untouched trees stay empty
+  EXPECT_TRUE(SamePtrCopies(r.roots[kBtreeTest], t.roots().roots[kBtreeTest]));
+  EXPECT_TRUE(PtrEmpty(r.roots[kBtreeInodes]));  // untouched trees stay empty
 
   // Damage the newest slot on every member: the older one is used.
   u64 newest = 0, older = 0;
@@ -1772,6 +1772,134 @@ TEST(BtreeTreeTest, RootsBlocks) {
   std::vector<BlockDevice*> l = fs.List();
   st = e2.Open(l.data(), u32(l.size()), EngineOptions(o), &diag);
   EXPECT_TRUE(IsCorrupt(st)) << "open without a valid roots block: " << Str(st);
+}
+
+// Node pointers (format 2, NodePtrFormat with copies): every parse rule on
+// its own. Whatever NodePtrProblem accepts, PtrCopies and PtrCopy read
+// within the copies given.
+TEST(NodePtrTest, EveryParseRuleRefusesItsOwnBreak) {
+  auto one = [] {
+    NodePtrFormat p = EmptyPtr(kBtreeTest);
+    p.seq.set(7);
+    AddPtrCopy(&p, 1, 3 << 20);
+    return p;
+  };
+  EXPECT_EQ(NodePtrProblem(one(), 2, false), nullptr);
+  EXPECT_EQ(NodePtrProblem(EmptyPtr(kBtreeTest), 2, true), nullptr);
+  NodePtrFormat four = EmptyPtr(kBtreeTest);
+  for (u32 m = 0; m < 4; m++) AddPtrCopy(&four, 3 - m, (1 + m) << 20);
+  EXPECT_EQ(NodePtrProblem(four, 4, false), nullptr);
+  EXPECT_EQ(PtrCopies(four), 4u);
+  EXPECT_EQ(PtrCopy(four, 3).member, 0u);
+  EXPECT_EQ(PtrCopy(four, 3).offset, u64(4) << 20);
+  EXPECT_STREQ(NodePtrProblem(four, 3, false), "a copy on no member");
+  struct Case {
+    const char* name;
+    void (*bend)(NodePtrFormat* p);
+    const char* why;
+  };
+  const Case cases[] = {
+      {"no copy where one is needed", [](NodePtrFormat* p) { ClearPtrCopies(p); }, "a copy count out of range"},
+      {"five copies", [](NodePtrFormat* p) { p->nr = 5; }, "a copy count out of range"},
+      {"nr past the entries used", [](NodePtrFormat* p) { p->nr = 2; }, "a copy on no member"},
+      {"a copy on member 0xff", [](NodePtrFormat* p) { p->member[0] = kNoMember; }, "a copy on no member"},
+      {"a copy on member 2 of 2", [](NodePtrFormat* p) { p->member[0] = 2; }, "a copy on no member"},
+      {"two copies on one member", [](NodePtrFormat* p) { AddPtrCopy(p, 1, 5 << 20); }, "two copies on one member"},
+      {"an unused entry's member set", [](NodePtrFormat* p) { p->member[3] = 0; }, "an unused copy entry not cleared"},
+      {"an unused entry's offset set", [](NodePtrFormat* p) { p->offset[1].set(4096); },
+       "an unused copy entry not cleared"},
+      {"reserved0", [](NodePtrFormat* p) { p->reserved0 = 1; }, "reserved bytes not zero"},
+      {"reserved1", [](NodePtrFormat* p) { p->reserved1.set(1); }, "reserved bytes not zero"},
+  };
+  for (const Case& c : cases) {
+    NodePtrFormat p = one();
+    c.bend(&p);
+    EXPECT_STREQ(NodePtrProblem(p, 2, false), c.why) << c.name;
+    // A root may have no copy; every other break stays one.
+    if (&c != &cases[0]) {
+      EXPECT_NE(NodePtrProblem(p, 2, true), nullptr) << c.name;
+    }
+  }
+  // An empty pointer is a root's only: refused as a child.
+  EXPECT_STREQ(NodePtrProblem(EmptyPtr(kBtreeTest), 2, false), "a copy count out of range");
+}
+
+// A roots block slot whose entry breaks a parse rule (its checksum good) is
+// rejected as a whole; the mount takes the other slot, and a slot bent on
+// every member leaves the older roots.
+TEST(NodePtrTest, AHostileRootsEntryRejectsItsSlot) {
+  Watchdog wd(CurrentTest(), 60);
+  for (int bend = 0; bend < 4; bend++) {
+    Fs fs(2, kDevSize);
+    ASSERT_OK(fs.Format(4096));
+    Options o;
+    o.writer_thread = false;
+    Store e;
+    ASSERT_OK(OpenEngine(&e, fs, o));
+    Btrees& t = e.btrees();
+    for (int i = 0; i < 2; i++) {
+      Transaction tx(&t);
+      ASSERT_OK(tx.Set(T(1, u64(i)), "v", 1));
+      ASSERT_OK(tx.Commit().status());
+      ASSERT_OK(t.Checkpoint());
+    }
+    const u64 newest = t.roots().gen;
+    for (u32 m = 0; m < fs.devs.size(); m++) {
+      for (u64 s = 0; s < 2; s++) {
+        RootsFormat f;
+        const u64 at = kRootsOffset + s * kRootsSlotSize;
+        fs.devs[m]->ReadRaw(at, &f, sizeof(f));
+        if (f.magic.get() != kRootsMagic || f.gen.get() != newest) continue;
+        EXPECT_EQ(f.version.get(), kRootsVersion);
+        NodePtrFormat& test = f.roots[kBtreeTest];
+        NodePtrFormat& empty = f.roots[kBtreeInodes];
+        ASSERT_EQ(PtrCopies(test), 1u);
+        ASSERT_TRUE(PtrEmpty(empty));
+        if (bend == 0) AddPtrCopy(&test, PtrCopy(test, 0).member, PtrCopy(test, 0).offset);  // one member twice
+        if (bend == 1) test.nr = 0;            // the tree's root dropped, its copy left
+        if (bend == 2) empty.seq.set(1);       // an empty root that names a node
+        if (bend == 3) empty.member[2] = 0;    // a stray entry in an empty root
+        f.csum.set(platform::Crc32cSkippingField(&f, kRootsSlotSize, offsetof(RootsFormat, csum)));
+        fs.devs[m]->WriteRaw(at, &f, sizeof(f));
+      }
+    }
+    Roots r;
+    Diag diag;
+    ASSERT_OK(ReadRoots(e.devs(), e.sb(), &r, &diag));
+    EXPECT_EQ(r.gen, newest - 1) << "bend " << bend;
+    EXPECT_EQ(r.rejected, 2u) << "bend " << bend;
+    ASSERT_OK(e.Close());
+  }
+}
+
+// An interior node whose child pointer breaks a parse rule (its set
+// checksum recomputed, so only the rule can catch it) fails its read with
+// the rule named; a clean one on either side of it reads.
+TEST_F(BtreeCorruption, AHostileChildPointerIsRefusedWithItsRule) {
+  ASSERT_NO_FATAL_FAILURE(Build(3000));
+  const Visited* interior = nullptr;
+  for (const Visited& n : nodes_)
+    if (n.btree_id == kBtreeTest && n.level == 1 && interior == nullptr) interior = &n;
+  ASSERT_NE(interior, nullptr);
+  MemDevice& dev = Dev(*interior);
+  std::vector<u8> img(kNode);
+  dev.ReadRaw(interior->offset, img.data(), img.size());
+  const size_t set = sizeof(NodeHeader);
+  const size_t key1 = set + sizeof(SetHeader) + KeySpace(sizeof(NodePtrFormat));
+  auto* p = reinterpret_cast<NodePtrFormat*>(&img[key1 + sizeof(KeyHeader)]);
+  ASSERT_EQ(PtrCopies(*p), 1u);
+  AddPtrCopy(p, PtrCopy(*p, 0).member, PtrCopy(*p, 0).offset + kNode);
+  auto* sh = reinterpret_cast<SetHeader*>(&img[set]);
+  sh->csum.set(platform::Crc32cSkippingField(sh, sh->bytes.get(), offsetof(SetHeader, csum)));
+  dev.WriteRaw(interior->offset, img.data(), img.size());
+  Options o = Opts();
+  Store e;
+  Diag diag;
+  std::vector<BlockDevice*> l = fs_->List();
+  Status st = e.Open(l.data(), u32(l.size()), EngineOptions(o), &diag);
+  ASSERT_TRUE(IsCorrupt(st)) << Str(st);
+  const std::string want = "seq " + std::to_string(interior->seq) + ": child 1 has a bad pointer (two copies on one member)";
+  EXPECT_NE(std::string(diag.text).find(want), std::string::npos) << diag.text;
 }
 
 // ---------------------------------------------------------------------------

@@ -154,11 +154,10 @@ btree::Pos Succ(btree::Pos p) {
 }
 
 struct BtreeCheck {
-  // What the parent said about one child: where it is and which range it covers.
+  // What the parent said about one child: where its copies are and which
+  // range it covers.
   struct Expect {
-    u8 member;
-    u64 offset;
-    u64 seq;
+    btree::NodePtrFormat ptr;
     btree::Pos min, max;
   };
   struct TreeStats {
@@ -205,23 +204,31 @@ struct BtreeCheck {
     return Status::Ok();
   }
 
-  // Marks the slot a pointer names as referenced; a second reference is an error.
-  // Pointers outside the bucket area were already reported by the read.
+  // Marks the slot of each copy a pointer names as referenced; a second
+  // reference is an error. Copies outside the bucket area were already
+  // reported by the read.
   void Reference(const btree::NodePtrFormat& p, const char* name) {
-    const u64 off = p.offset.get();
-    if (p.member >= sb->nr_members || off < sb::kBucketsOffset || off % node_size != 0) return;
-    const u64 slot = (off - sb::kBucketsOffset) / node_size;
-    const u64 bucket = sb->BucketOf(off);
-    if (bucket >= refs[p.member].size()) return;
-    u64& word = slots[p.member][slot / 64];
-    if (word & (u64(1) << (slot % 64))) {
-      Error("%s: node at member %s offset %llu is referenced twice", name, sb->members[p.member].label,
-            (unsigned long long)off);
-      return;
+    for (u32 i = 0; i < btree::PtrCopies(p); i++) {
+      const btree::NodeCopy c = btree::PtrCopy(p, i);
+      if (!btree::NodeSlotInArea(*sb, node_size, c.member, c.offset)) continue;
+      const u64 slot = (c.offset - sb::kBucketsOffset) / node_size;
+      u64& word = slots[c.member][slot / 64];
+      if (word & (u64(1) << (slot % 64))) {
+        Error("%s: node at member %s offset %llu is referenced twice", name, sb->members[c.member].label,
+              (unsigned long long)c.offset);
+        continue;
+      }
+      word |= u64(1) << (slot % 64);
+      refs[c.member][sb->BucketOf(c.offset)]++;
     }
-    word |= u64(1) << (slot % 64);
-    refs[p.member][bucket]++;
   }
+
+  // The copy a walk's read took (the first, until reads fall back to the
+  // others), for messages.
+  btree::NodeCopy ReadCopy(const btree::NodePtrFormat& p) const {
+    return btree::PtrEmpty(p) ? btree::NodeCopy{btree::kNoMember, 0} : btree::PtrCopy(p, 0);
+  }
+  const char* Label(u32 m) const { return m < sb->nr_members ? sb->members[m].label : "?"; }
 
   // Where the node this pointer names must be and which range it must cover; false
   // (after reporting) when the walk is not where its parent said it would be.
@@ -234,7 +241,7 @@ struct BtreeCheck {
         next[l] = 0;
       }
       stats[id].depth = p.level + 1u;
-      *out = Expect{p.member, p.offset.get(), p.seq.get(), btree::Pos::Min(id), btree::Pos::Max(id)};
+      *out = Expect{p, btree::Pos::Min(id), btree::Pos::Max(id)};
       return true;
     }
     const u8 l = p.level;
@@ -265,24 +272,26 @@ struct BtreeCheck {
     self->Reference(p, kBtreeNames[p.btree_id]);
     if (p.level > 0) self->lost_subtrees++;
     self->stats[p.btree_id].bad++;
+    const btree::NodeCopy at = self->ReadCopy(p);
     self->Error("%s: level-%u node at member %s offset %llu (seq %llu): %s", kBtreeNames[p.btree_id],
-                unsigned(p.level), p.member < self->sb->nr_members ? self->sb->members[p.member].label : "?",
-                (unsigned long long)p.offset.get(), (unsigned long long)p.seq.get(), e.text);
+                unsigned(p.level), self->Label(at.member), (unsigned long long)at.offset,
+                (unsigned long long)p.seq.get(), e.text);
     return Status::Ok();
   }
 
   void Visit(const btree::Node& node, const btree::NodePtrFormat& p) {
     const btree::NodeInfo& info = node.info();
     const char* name = kBtreeNames[info.btree_id];
-    const char* label = sb->members[p.member].label;
-    const unsigned long long off = p.offset.get();
+    const btree::NodeCopy at = ReadCopy(p);
+    const char* label = Label(at.member);
+    const unsigned long long off = at.offset;
     Expect ex;
     if (!Expected(p, &ex)) return;
     Reference(p, name);
     TreeStats& ts = stats[info.btree_id];
     ts.nodes++;
     // The node is the one its parent names, and covers the range the parent gave it.
-    if (ex.member != p.member || ex.offset != off || ex.seq != info.seq || info.min != ex.min ||
+    if (!btree::SamePtrCopies(ex.ptr, p) || ex.ptr.seq.get() != info.seq || info.min != ex.min ||
         info.max != ex.max) {
       Error("%s: node at member %s offset %llu is not the node or range its parent names", name, label, off);
     }
@@ -324,7 +333,7 @@ struct BtreeCheck {
         Error("%s: interior node at member %s offset %llu: child %u does not cover (previous key + 1 .. its key)",
               name, label, off, i);
       }
-      Status st = expect[cl].PushBack(Expect{cp.member, cp.offset.get(), cp.seq.get(), PtrMin(cp), key});
+      Status st = expect[cl].PushBack(Expect{cp, PtrMin(cp), key});
       if (!st.ok()) {
         stop = st;
         return;
@@ -471,12 +480,12 @@ struct AllocRebuild {
   u64 nodes = 0, extents = 0, bad_extents = 0;
 };
 
-Status MarkNodeBucket(void* ctx, const btree::NodePtrFormat& p) {
+Status MarkNodeBucket(void* ctx, const btree::NodeCopy& c) {
   auto* r = static_cast<AllocRebuild*>(ctx);
   const sb::Superblock& s = r->e->sb();
   // (A node outside the btree's buckets is the btree pass's finding. Node
   // slots are not counted in records: a btree bucket's live_sectors stay 0.)
-  (void)r->e->alloc().RebuildMark(p.member, s.BucketOf(p.offset.get()), alloc::BucketState::kBtree, 0);
+  (void)r->e->alloc().RebuildMark(c.member, s.BucketOf(c.offset), alloc::BucketState::kBtree, 0);
   r->nodes++;
   return Status::Ok();
 }
@@ -555,14 +564,15 @@ void ReportDroppedNodes(store::Store& e, const Options& opt, bool roots_rebuilt,
     // A rebuild of lost roots lists every tree. One of them with no copy
     // anywhere: empty before, or its keys are lost -- said once for all such
     // trees, unless the old roots named a root for it.
-    if (roots_rebuilt && ln.copies == 0 && ln.ptr.member == btree::kNoMember) {
+    if (roots_rebuilt && ln.copies == 0 && btree::PtrEmpty(ln.ptr)) {
       const usize at = StrLen(none);
       platform::Format(none + at, sizeof(none) - at, "%s%s", at == 0 ? "" : ", ",
                        ln.btree_id < btree::kNrBtreeIds ? kBtreeNames[ln.btree_id] : "?");
       continue;
     }
     const char* name = ln.btree_id < btree::kNrBtreeIds ? kBtreeNames[ln.btree_id] : "?";
-    const char* label = ln.ptr.member < e.sb().nr_members ? e.sb().members[ln.ptr.member].label : "?";
+    const btree::NodeCopy at = btree::PtrEmpty(ln.ptr) ? btree::NodeCopy{btree::kNoMember, 0} : btree::PtrCopy(ln.ptr, 0);
+    const char* label = at.member < e.sb().nr_members ? e.sb().members[at.member].label : "?";
     char got[160];
     if (ln.copies == 0) {
       platform::Format(got, sizeof(got), "no copy of its range was found: its keys are lost");
@@ -578,7 +588,7 @@ void ReportDroppedNodes(store::Store& e, const Options& opt, bool roots_rebuilt,
       continue;
     }
     c.Line("btree %s: %s the damaged level-%u node at member %s offset %llu (keys %llu:%llu..%llu:%llu): %s", name,
-           opt.repair ? "dropped" : "would drop", unsigned(ln.level), label, (unsigned long long)ln.ptr.offset.get(),
+           opt.repair ? "dropped" : "would drop", unsigned(ln.level), label, (unsigned long long)at.offset,
            (unsigned long long)ln.min.inode, (unsigned long long)ln.min.offset, (unsigned long long)ln.max.inode,
            (unsigned long long)ln.max.offset, got);
     if (opt.repair && !roots_rebuilt) c.report->repaired++;  // (else one repair: the roots)

@@ -205,7 +205,7 @@ std::vector<NodeAt> Nodes(Fs& fs) {
       [](void* ctx, const btree::Btrees::NodeVisit& v) {
         if (v.node->info().btree_id == btree::kBtreeTest)
           static_cast<std::vector<NodeAt>*>(ctx)->push_back(
-              NodeAt{v.ptr->member, v.node->info().level, v.ptr->offset.get()});
+              NodeAt{u8(btree::PtrCopy(*v.ptr, 0).member), v.node->info().level, btree::PtrCopy(*v.ptr, 0).offset});
         return Status::Ok();
       },
       &out, &d);

@@ -99,7 +99,7 @@ TEST(FsckStaleTest, DamagedAllocLeafBelowTheRootIsRefusedAndRepaired) {
                           auto* x = static_cast<Ctx*>(c);
                           if (v.node->info().btree_id != btree::kBtreeAlloc) return Status::Ok();
                           if (v.node->info().level > *x->root_level) *x->root_level = v.node->info().level;
-                          if (v.node->info().level == 0 && ++*x->leaves == 2) *x->leaf = v.ptr->offset.get();
+                          if (v.node->info().level == 0 && ++*x->leaves == 2) *x->leaf = btree::PtrCopy(*v.ptr, 0).offset;
                           return Status::Ok();
                         },
                         &ctx, &d)
@@ -297,7 +297,7 @@ TEST(FsckStaleTest, RebuildNeverGivesANodeBucketToAnExtent) {
     Diag d;
     // A node of the inodes tree: the edit below leaves it where it is.
     ASSERT_TRUE(e.btrees().ForEachNode([](void* ctx, const btree::Btrees::NodeVisit& v) -> Status {
-      if (v.node->info().btree_id == btree::kBtreeInodes) *static_cast<u64*>(ctx) = v.ptr->offset.get();
+      if (v.node->info().btree_id == btree::kBtreeInodes) *static_cast<u64*>(ctx) = btree::PtrCopy(*v.ptr, 0).offset;
       return Status::Ok();
     }, &node_off, &d).ok()) << d.text;
     ASSERT_NE(node_off, 0u);

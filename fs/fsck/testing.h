@@ -177,12 +177,13 @@ inline u64 DamageRoot(userspace::MemDevice* dev, u8 id) {
   if (!testing::OpenStore(&e, {dev}, oo).ok()) return 0;
   root = e.btrees().roots().roots[id];
   EXPECT_TRUE(e.Close().ok());
-  if (root.member == btree::kNoMember) return 0;
+  if (btree::PtrEmpty(root)) return 0;
+  const u64 off = btree::PtrCopy(root, 0).offset;
   u8 byte;
-  dev->ReadRaw(root.offset.get() + 100, &byte, 1);
+  dev->ReadRaw(off + 100, &byte, 1);
   byte ^= 0x10;
-  dev->WriteRaw(root.offset.get() + 100, &byte, 1);
-  return root.offset.get();
+  dev->WriteRaw(off + 100, &byte, 1);
+  return off;
 }
 
 struct EntryAt {

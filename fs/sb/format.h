@@ -23,14 +23,16 @@
 namespace tfs::sb {
 
 inline constexpr u64 kSbMagic = 0x3130734672656954ull;  // "TierFs01" read as LE bytes
-// 6: the inode count as an accounting key (alloc/format.h, kInodes). 5:
+// 7: btree node pointers with copies (btree/format.h NodePtrFormat, 72
+// bytes; the roots block's version 2). 6: the inode count as an accounting
+// key (alloc/format.h, kInodes). 5:
 // the accounting keys (reserved, replicas). 4: backpointers
 // (docs/format/backpointers.md) beside the alloc btree. 3: allocation state
 // in the alloc btree instead of a table on every member
 // (docs/format/alloc.md), no backpointers. 2: extents with pointer lists
-// (data/extent.h, docs/design/copies.md). Versions 1 to 5 were never
+// (data/extent.h, docs/design/copies.md). Versions 1 to 6 were never
 // released: refused in one line (superblock.cc), never migrated.
-inline constexpr u16 kSbVersion = 6;
+inline constexpr u16 kSbVersion = 7;
 inline constexpr u32 kSbSize = 8192;
 inline constexpr u64 kSbPrimaryOffset = 4096;
 inline constexpr u64 kSbBackupOffset = 512 * 1024;

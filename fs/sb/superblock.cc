@@ -101,6 +101,7 @@ Status Decode(const void* buf, u64 device_size, Superblock* out, Diag* diag) {
       "kept no backpointers",                      // 3
       "kept no accounting keys",                   // 4
       "kept no inode count",                       // 5
+      "kept one copy of each btree node",          // 6
   };
   static_assert(sizeof(kOlder) / sizeof(kOlder[0]) == kSbVersion, "a line for every older version");
   if (f->version.get() >= 1 && f->version.get() < kSbVersion)

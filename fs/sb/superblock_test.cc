@@ -185,11 +185,11 @@ TEST(SuperblockTest, ReadFallsBackToBackupWhenPrimaryIsCorrupt) {
 
 // Format versions 1 (one pointer an extent), 2 (allocation tables on every
 // member), 3 (the alloc btree without backpointers), 4 (no accounting keys)
-// and 5 (no inode count) were never released: a device with any of them is
-// refused in one line that says to reformat; other versions get the plain
-// line.
-TEST(SuperblockTest, VersionsOneToFiveAreRefusedWithOneLine) {
-  ASSERT_EQ(kSbVersion, 6);
+// 5 (no inode count) and 6 (one copy of each btree node) were never
+// released: a device with any of them is refused in one line that says to
+// reformat; other versions get the plain line.
+TEST(SuperblockTest, VersionsOneToSixAreRefusedWithOneLine) {
+  ASSERT_EQ(kSbVersion, 7);
   auto dev = Dev("old");
   ASSERT_TRUE(Write(*dev, MakeSb(1), 0).ok());
   auto set_version = [&](u16 v) {
@@ -204,21 +204,22 @@ TEST(SuperblockTest, VersionsOneToFiveAreRefusedWithOneLine) {
     }
   };
   const char* const why[] = {nullptr, "predates extent pointer lists", "kept allocation tables on every member",
-                             "kept no backpointers", "kept no accounting keys", "kept no inode count"};
+                             "kept no backpointers", "kept no accounting keys", "kept no inode count",
+                             "kept one copy of each btree node"};
   Superblock out;
   Diag d;
-  for (u16 v = 1; v <= 5; v++) {
+  for (u16 v = 1; v <= 6; v++) {
     set_version(v);
     EXPECT_EQ(Read(*dev, &out, &d).status(), Status(Err::kBadVersion));
     EXPECT_EQ(std::string(d.text), "old: superblock format version " + std::to_string(v) + " " + why[v] +
-                                       "; this build reads version 6: reformat; nothing released used it");
+                                       "; this build reads version 7: reformat; nothing released used it");
   }
-  set_version(7);
+  set_version(8);
   EXPECT_EQ(Read(*dev, &out, &d).status(), Status(Err::kBadVersion));
-  EXPECT_EQ(std::string(d.text), "old: superblock version 7 not supported (this build reads 6)");
+  EXPECT_EQ(std::string(d.text), "old: superblock version 8 not supported (this build reads 7)");
   set_version(0);
   EXPECT_EQ(Read(*dev, &out, &d).status(), Status(Err::kBadVersion));
-  EXPECT_EQ(std::string(d.text), "old: superblock version 0 not supported (this build reads 6)");
+  EXPECT_EQ(std::string(d.text), "old: superblock version 0 not supported (this build reads 7)");
 }
 
 TEST(SuperblockTest, BlankDeviceIsNotTierfs) {

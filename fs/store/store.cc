@@ -217,7 +217,10 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
   }
   const bool can_rebuild_roots =
       options.rebuild_roots && options.rebuild_alloc != nullptr && options.btree.drop_bad_nodes && !read_only_;
-  btree::Roots roots;
+  // (Off the stack: 8 node pointers of 72 bytes; the kernel's frames are 2 KiB.)
+  platform::Owned<btree::Roots> roots_owned = platform::Owned<btree::Roots>::Make();
+  if (!roots_owned) return Err::kNoMemory;
+  btree::Roots& roots = *roots_owned;
   Diag rd;
   Status rst = btree::ReadRoots(devs_, sb_, &roots, &rd);
   if (!rst.ok() && !(can_rebuild_roots && rst.Is(ErrorClass::kCorrupt))) {
@@ -229,11 +232,7 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
     rep.stale_why = rd;
     roots = btree::Roots{};
     roots.gen = sb_.roots_gen;
-    for (u32 t = 0; t < btree::kNrBtreeIds; t++) {
-      roots.roots[t] = btree::NodePtrFormat{};
-      roots.roots[t].member = btree::kNoMember;
-      roots.roots[t].btree_id = u8(t);
-    }
+    for (u32 t = 0; t < btree::kNrBtreeIds; t++) roots.roots[t] = btree::EmptyPtr(u8(t));
   }
   CheckCurrent(roots, rep);
   if (rep.stale_roots && !read_only_ && !can_rebuild_roots) {
