@@ -14,8 +14,9 @@
 // with the same version; so does an accepted accounting key (alloc keys at
 // inode 2^32 and above: alloc::ParseAcct), within its bound. Selector 6 is
 // a btree node pointer (an interior key's value or a roots block's entry:
-// btree::NodePtrProblem, for 1..32 members picked by the first byte): an
-// accepted one rebuilds to the same bytes from its copies.
+// btree::NodePtrProblem, for 1..32 members of the seeds' geometry picked by
+// the first byte): an accepted one has every copy in its member's bucket
+// area and rebuilds to the same bytes from its copies.
 #include <cstring>
 
 #include "alloc/accounting.h"
@@ -95,8 +96,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     btree::NodePtrFormat p;
     if (len != sizeof(p)) return 0;
     memcpy(&p, v, sizeof(p));
-    const u32 members = 1 + data[0] / 7 % dev::kMaxDevices;
-    if (btree::NodePtrProblem(p, members, /*may_be_empty=*/true) != nullptr) return 0;
+    static const sb::Superblock one = fuzz::ValuesSuperblock();
+    sb::Superblock geometry = one;
+    geometry.nr_members = 1 + data[0] / 7 % dev::kMaxDevices;
+    for (u32 m = 1; m < geometry.nr_members; m++) geometry.members[m] = one.members[0];
+    const u32 members = geometry.nr_members;
+    if (btree::NodePtrProblem(p, geometry, geometry.btree_node_size, /*may_be_empty=*/true) != nullptr) return 0;
     btree::NodePtrFormat q = btree::EmptyPtr(p.btree_id);
     q.level = p.level;
     q.seq = p.seq;
@@ -104,7 +109,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     q.min_offset = p.min_offset;
     for (u32 i = 0; i < btree::PtrCopies(p); i++) {
       const btree::NodeCopy c = btree::PtrCopy(p, i);
-      if (c.member >= members) fuzz::Fail("an accepted node pointer with a copy on no member");
+      if (c.member >= members || !btree::NodeSlotInArea(geometry, geometry.btree_node_size, c.member, c.offset))
+        fuzz::Fail("an accepted node pointer with a copy on no member or outside its bucket area");
       btree::AddPtrCopy(&q, c.member, c.offset);
     }
     if (memcmp(&p, &q, sizeof(p)) != 0 || !btree::SamePtrCopies(p, q))

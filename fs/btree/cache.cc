@@ -111,7 +111,7 @@ Status TreeOps::CheckInterior(const Impl* im, const Node& node, Diag* diag) {
       return DiagError(diag, Err::kCorrupt, "btree node seq %llu: key %u is not a child pointer",
                        (unsigned long long)info.seq, i);
     NodePtrFormat p = ReadPtr(k);
-    const char* why = NodePtrProblem(p, im->sb.nr_members, false);
+    const char* why = NodePtrProblem(p, im->sb, im->node_size, false);
     if (why == nullptr && (p.btree_id != info.btree_id || p.level + 1 != info.level || PtrMin(p) != expect_min))
       why = "btree, level or min";
     if (why != nullptr)

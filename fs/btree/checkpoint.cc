@@ -33,8 +33,8 @@ namespace {
 
 // A roots block's entry t: the parse rules (an empty tree's root has no
 // copy) and its tree's root, starting at the tree's min.
-bool RootPtrValid(const NodePtrFormat& p, u8 id, u32 nr_members) {
-  return p.btree_id == id && p.level <= kMaxLevel && NodePtrProblem(p, nr_members, true) == nullptr &&
+bool RootPtrValid(const NodePtrFormat& p, u8 id, const sb::Superblock& sb) {
+  return p.btree_id == id && p.level <= kMaxLevel && NodePtrProblem(p, sb, sb.btree_node_size, true) == nullptr &&
          (PtrEmpty(p) ? p.level == 0 && p.seq.get() == 0 && p.min_inode.get() == 0 && p.min_offset.get() == 0
                       : IsMin(PtrMin(p)));
 }
@@ -66,7 +66,7 @@ Status ReadRoots(dev::DeviceSet& devs, const sb::Superblock& sb, Roots* out, Dia
       }
       bool shape_ok = true;
       for (u32 t = 0; t < kNrBtreeIds; t++)
-        if (!RootPtrValid(r->roots[t], u8(t), sb.nr_members)) shape_ok = false;
+        if (!RootPtrValid(r->roots[t], u8(t), sb)) shape_ok = false;
       if (!shape_ok) {
         bad++;
         continue;

@@ -121,7 +121,7 @@ static_assert(sizeof(NodeHeader) + sizeof(SetHeader) + kMaxKeySpace <= kMinNodeS
 // filesystem format version 7). A node has `nr` copies, each the same bytes
 // (one image, one seq) at offset[i] of member[i]; the members are distinct,
 // entries past `nr` are unused (member kNoMember, offset 0). nr is 1..4, 0
-// only in a roots block, for an empty tree. Parse rules: CheckNodePtr
+// only in a roots block, for an empty tree. Parse rules: NodePtrProblem
 // (tree.h).
 inline constexpr u8 kNoMember = 0xff;  // an unused copy entry
 inline constexpr u32 kMaxNodeCopies = 4;

@@ -35,7 +35,7 @@ bool SamePtrCopies(const NodePtrFormat& a, const NodePtrFormat& b) {
   return true;
 }
 
-const char* NodePtrProblem(const NodePtrFormat& p, u32 nr_members, bool may_be_empty) {
+const char* NodePtrProblem(const NodePtrFormat& p, const sb::Superblock& sb, u32 node_size, bool may_be_empty) {
   const char* why = nullptr;
   if (p.nr > kMaxNodeCopies || (p.nr == 0 && !may_be_empty)) why = "a copy count out of range";
   if (p.reserved0 != 0 || p.reserved1.get() != 0) why = "reserved bytes not zero";
@@ -44,7 +44,12 @@ const char* NodePtrProblem(const NodePtrFormat& p, u32 nr_members, bool may_be_e
       if (p.member[i] != kNoMember || p.offset[i].get() != 0) why = "an unused copy entry not cleared";
       continue;
     }
-    if (p.member[i] >= nr_members) why = "a copy on no member";
+    if (p.member[i] >= sb.nr_members) {
+      why = "a copy on no member";
+      continue;
+    }
+    if ((sb.members[p.member[i]].data_allowed & sb::kDataBtree) == 0) why = "a copy on a member that holds no btree nodes";
+    if (!NodeSlotInArea(sb, node_size, p.member[i], p.offset[i].get())) why = "a copy outside the btree area";
     for (u32 j = 0; j < i; j++)
       if (p.member[j] == p.member[i]) why = "two copies on one member";
   }

@@ -1778,21 +1778,41 @@ TEST(BtreeTreeTest, RootsBlocks) {
 // its own. Whatever NodePtrProblem accepts, PtrCopies and PtrCopy read
 // within the copies given.
 TEST(NodePtrTest, EveryParseRuleRefusesItsOwnBreak) {
+  // Members of 16 buckets of 1 MiB, 4 KiB nodes.
+  auto geometry = [](u32 members) {
+    sb::Superblock g{};
+    g.nr_members = members;
+    g.bucket_size = 1 << 20;
+    g.btree_node_size = 4096;
+    for (u32 m = 0; m < members; m++) {
+      g.members[m].nbuckets = 16;
+      g.members[m].data_allowed = sb::kDataAll;
+    }
+    return g;
+  };
+  const sb::Superblock g2 = geometry(2), g3 = geometry(3), g4 = geometry(4);
   auto one = [] {
     NodePtrFormat p = EmptyPtr(kBtreeTest);
     p.seq.set(7);
     AddPtrCopy(&p, 1, 3 << 20);
     return p;
   };
-  EXPECT_EQ(NodePtrProblem(one(), 2, false), nullptr);
-  EXPECT_EQ(NodePtrProblem(EmptyPtr(kBtreeTest), 2, true), nullptr);
+  EXPECT_EQ(NodePtrProblem(one(), g2, 4096, false), nullptr);
+  EXPECT_EQ(NodePtrProblem(EmptyPtr(kBtreeTest), g2, 4096, true), nullptr);
   NodePtrFormat four = EmptyPtr(kBtreeTest);
   for (u32 m = 0; m < 4; m++) AddPtrCopy(&four, 3 - m, (1 + m) << 20);
-  EXPECT_EQ(NodePtrProblem(four, 4, false), nullptr);
+  EXPECT_EQ(NodePtrProblem(four, g4, 4096, false), nullptr);
   EXPECT_EQ(PtrCopies(four), 4u);
   EXPECT_EQ(PtrCopy(four, 3).member, 0u);
   EXPECT_EQ(PtrCopy(four, 3).offset, u64(4) << 20);
-  EXPECT_STREQ(NodePtrProblem(four, 3, false), "a copy on no member");
+  EXPECT_STREQ(NodePtrProblem(four, g3, 4096, false), "a copy on no member");
+  // A member that may not hold btree nodes holds no copy.
+  sb::Superblock user_only = g2;
+  user_only.members[1].data_allowed = sb::kDataUser;
+  EXPECT_STREQ(NodePtrProblem(one(), user_only, 4096, false), "a copy on a member that holds no btree nodes");
+  // The last copy's offset, never read while the first serves, is checked too.
+  four.offset[3].set(17 << 20);
+  EXPECT_STREQ(NodePtrProblem(four, g4, 4096, false), "a copy outside the btree area");
   struct Case {
     const char* name;
     void (*bend)(NodePtrFormat* p);
@@ -1805,6 +1825,14 @@ TEST(NodePtrTest, EveryParseRuleRefusesItsOwnBreak) {
       {"a copy on member 0xff", [](NodePtrFormat* p) { p->member[0] = kNoMember; }, "a copy on no member"},
       {"a copy on member 2 of 2", [](NodePtrFormat* p) { p->member[0] = 2; }, "a copy on no member"},
       {"two copies on one member", [](NodePtrFormat* p) { AddPtrCopy(p, 1, 5 << 20); }, "two copies on one member"},
+      {"an offset before the bucket area", [](NodePtrFormat* p) { p->offset[0].set(64 << 10); },
+       "a copy outside the btree area"},
+      {"an offset past the member's buckets", [](NodePtrFormat* p) { p->offset[0].set(17 << 20); },
+       "a copy outside the btree area"},
+      {"an offset inside a slot", [](NodePtrFormat* p) { p->offset[0].set((3 << 20) + 512); },
+       "a copy outside the btree area"},
+      {"a second copy's offset outside", [](NodePtrFormat* p) { AddPtrCopy(p, 0, 0); },
+       "a copy outside the btree area"},
       {"an unused entry's member set", [](NodePtrFormat* p) { p->member[3] = 0; }, "an unused copy entry not cleared"},
       {"an unused entry's offset set", [](NodePtrFormat* p) { p->offset[1].set(4096); },
        "an unused copy entry not cleared"},
@@ -1814,14 +1842,14 @@ TEST(NodePtrTest, EveryParseRuleRefusesItsOwnBreak) {
   for (const Case& c : cases) {
     NodePtrFormat p = one();
     c.bend(&p);
-    EXPECT_STREQ(NodePtrProblem(p, 2, false), c.why) << c.name;
+    EXPECT_STREQ(NodePtrProblem(p, g2, 4096, false), c.why) << c.name;
     // A root may have no copy; every other break stays one.
     if (&c != &cases[0]) {
-      EXPECT_NE(NodePtrProblem(p, 2, true), nullptr) << c.name;
+      EXPECT_NE(NodePtrProblem(p, g2, 4096, true), nullptr) << c.name;
     }
   }
   // An empty pointer is a root's only: refused as a child.
-  EXPECT_STREQ(NodePtrProblem(EmptyPtr(kBtreeTest), 2, false), "a copy count out of range");
+  EXPECT_STREQ(NodePtrProblem(EmptyPtr(kBtreeTest), g2, 4096, false), "a copy count out of range");
 }
 
 // A roots block slot whose entry breaks a parse rule (its checksum good) is
@@ -1829,7 +1857,7 @@ TEST(NodePtrTest, EveryParseRuleRefusesItsOwnBreak) {
 // every member leaves the older roots.
 TEST(NodePtrTest, AHostileRootsEntryRejectsItsSlot) {
   Watchdog wd(CurrentTest(), 60);
-  for (int bend = 0; bend < 4; bend++) {
+  for (int bend = 0; bend < 6; bend++) {
     Fs fs(2, kDevSize);
     ASSERT_OK(fs.Format(4096));
     Options o;
@@ -1859,6 +1887,8 @@ TEST(NodePtrTest, AHostileRootsEntryRejectsItsSlot) {
         if (bend == 1) test.nr = 0;            // the tree's root dropped, its copy left
         if (bend == 2) empty.seq.set(1);       // an empty root that names a node
         if (bend == 3) empty.member[2] = 0;    // a stray entry in an empty root
+        if (bend == 4) empty.level = 1;        // an empty root above a level
+        if (bend == 5) empty.min_offset.set(1);  // an empty root not from the tree's min
         f.csum.set(platform::Crc32cSkippingField(&f, kRootsSlotSize, offsetof(RootsFormat, csum)));
         fs.devs[m]->WriteRaw(at, &f, sizeof(f));
       }
@@ -1874,32 +1904,46 @@ TEST(NodePtrTest, AHostileRootsEntryRejectsItsSlot) {
 
 // An interior node whose child pointer breaks a parse rule (its set
 // checksum recomputed, so only the rule can catch it) fails its read with
-// the rule named; a clean one on either side of it reads.
+// the rule named -- a second copy's offset too, though only the first copy
+// is read (the mount counts every copy's slot).
 TEST_F(BtreeCorruption, AHostileChildPointerIsRefusedWithItsRule) {
-  ASSERT_NO_FATAL_FAILURE(Build(3000));
-  const Visited* interior = nullptr;
-  for (const Visited& n : nodes_)
-    if (n.btree_id == kBtreeTest && n.level == 1 && interior == nullptr) interior = &n;
-  ASSERT_NE(interior, nullptr);
-  MemDevice& dev = Dev(*interior);
-  std::vector<u8> img(kNode);
-  dev.ReadRaw(interior->offset, img.data(), img.size());
-  const size_t set = sizeof(NodeHeader);
-  const size_t key1 = set + sizeof(SetHeader) + KeySpace(sizeof(NodePtrFormat));
-  auto* p = reinterpret_cast<NodePtrFormat*>(&img[key1 + sizeof(KeyHeader)]);
-  ASSERT_EQ(PtrCopies(*p), 1u);
-  AddPtrCopy(p, PtrCopy(*p, 0).member, PtrCopy(*p, 0).offset + kNode);
-  auto* sh = reinterpret_cast<SetHeader*>(&img[set]);
-  sh->csum.set(platform::Crc32cSkippingField(sh, sh->bytes.get(), offsetof(SetHeader, csum)));
-  dev.WriteRaw(interior->offset, img.data(), img.size());
-  Options o = Opts();
-  Store e;
-  Diag diag;
-  std::vector<BlockDevice*> l = fs_->List();
-  Status st = e.Open(l.data(), u32(l.size()), EngineOptions(o), &diag);
-  ASSERT_TRUE(IsCorrupt(st)) << Str(st);
-  const std::string want = "seq " + std::to_string(interior->seq) + ": child 1 has a bad pointer (two copies on one member)";
-  EXPECT_NE(std::string(diag.text).find(want), std::string::npos) << diag.text;
+  struct Bend {
+    const char* why;
+    u32 member;  // the second copy's (the first's: 0xff)
+    u64 offset;  // (the first's + kNode: ~0)
+  };
+  // One member twice; a second copy, never read, outside its member's buckets.
+  for (const Bend& bend : {Bend{"two copies on one member", kNoMember, ~u64(0)}, Bend{"a copy outside the btree area", 2, 0}}) {
+    model_.clear();
+    nodes_.clear();
+    leaves_.clear();
+    ASSERT_NO_FATAL_FAILURE(Build(3000));
+    const Visited* interior = nullptr;
+    for (const Visited& n : nodes_)
+      if (n.btree_id == kBtreeTest && n.level == 1 && interior == nullptr) interior = &n;
+    ASSERT_NE(interior, nullptr);
+    MemDevice& dev = Dev(*interior);
+    std::vector<u8> img(kNode);
+    dev.ReadRaw(interior->offset, img.data(), img.size());
+    const size_t set = sizeof(NodeHeader);
+    const size_t key1 = set + sizeof(SetHeader) + KeySpace(sizeof(NodePtrFormat));
+    auto* p = reinterpret_cast<NodePtrFormat*>(&img[key1 + sizeof(KeyHeader)]);
+    ASSERT_EQ(PtrCopies(*p), 1u);
+    const NodeCopy first = PtrCopy(*p, 0);
+    const u32 member = bend.member == kNoMember ? first.member : 1 - first.member;
+    AddPtrCopy(p, member, bend.offset == ~u64(0) ? first.offset + kNode : bend.offset);
+    auto* sh = reinterpret_cast<SetHeader*>(&img[set]);
+    sh->csum.set(platform::Crc32cSkippingField(sh, sh->bytes.get(), offsetof(SetHeader, csum)));
+    dev.WriteRaw(interior->offset, img.data(), img.size());
+    Store e;
+    Diag diag;
+    std::vector<BlockDevice*> l = fs_->List();
+    Status st = e.Open(l.data(), u32(l.size()), EngineOptions(Opts()), &diag);
+    ASSERT_TRUE(IsCorrupt(st)) << bend.why << ": " << Str(st);
+    const std::string want =
+        "seq " + std::to_string(interior->seq) + ": child 1 has a bad pointer (" + bend.why + ")";
+    EXPECT_NE(std::string(diag.text).find(want), std::string::npos) << diag.text;
+  }
 }
 
 // ---------------------------------------------------------------------------

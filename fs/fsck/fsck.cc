@@ -205,8 +205,8 @@ struct BtreeCheck {
   }
 
   // Marks the slot of each copy a pointer names as referenced; a second
-  // reference is an error. Copies outside the bucket area were already
-  // reported by the read.
+  // reference is an error. (A copy outside the bucket area fails the parse
+  // rules of the read that yielded the pointer: reported there.)
   void Reference(const btree::NodePtrFormat& p, const char* name) {
     for (u32 i = 0; i < btree::PtrCopies(p); i++) {
       const btree::NodeCopy c = btree::PtrCopy(p, i);
@@ -772,7 +772,7 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
     }
   }
   if (rep.alloc_rebuilt) {
-    c.Line("alloc: rebuilt every member's allocation state from %llu btree nodes and %llu extents (%llu bad "
+    c.Line("alloc: rebuilt every member's allocation state from %llu btree node copies and %llu extents (%llu bad "
            "extents left to the data pass) and wrote its records",
            (unsigned long long)rebuild.nodes, (unsigned long long)rebuild.extents,
            (unsigned long long)rebuild.bad_extents);

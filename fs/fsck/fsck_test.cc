@@ -21,7 +21,9 @@ struct Fs {
   std::vector<std::string> lines;
 
   // node_size: small nodes make a multi-level tree out of a few thousand keys.
-  explicit Fs(u32 node_size = 64 << 10) {
+  // metadata_everywhere: both members hold btree nodes (no foreground or
+  // metadata target).
+  explicit Fs(u32 node_size = 64 << 10, bool metadata_everywhere = false) {
     userspace::MemDeviceOptions o;
     o.size = 32 << 20;
     o.name = "ssd0";
@@ -30,6 +32,7 @@ struct Fs {
     hdd = std::make_unique<userspace::MemDevice>(o);
     store::FormatOptions f = testing::TwoTierFormat();
     f.btree_node_size = node_size;
+    if (metadata_everywhere) f.foreground_target = f.metadata_target = "";
     testing::FormatTwoTier(ssd.get(), hdd.get(), f).IgnoreError();  // (a failure is the test's already)
   }
   Report Run(bool repair) {
@@ -431,6 +434,98 @@ TEST(FsckTest, SlotReferencedTwiceIsReported) {
   Report r = fs.Run(false);
   EXPECT_EQ(r.exit_code, kExitUncorrected) << fs.Text();
   EXPECT_NE(fs.Text().find("is referenced twice"), std::string::npos) << fs.Text();
+}
+
+// Pointers with copies, before the checkpoint writes any (step 5b-1): a
+// leaf's image copied to a bucket of the other member (both hold btree
+// nodes) and named as the second copy in its parent's key (the set
+// checksum recomputed). The mount
+// counts both slots (its bucket reconciled to btree), fsck references and
+// counts both, the allocation rebuild marks both buckets, and the leaf's
+// next write frees both slots (the copy's bucket free at the next mount).
+TEST(FsckTest, ASecondCopyOfALeafIsCountedCheckedRebuiltAndFreedWithTheFirst) {
+  // One node a bucket (no holes: the copy's bucket holds nothing else).
+  constexpr u32 kNode = 256 << 10;
+  Fs fs(kNode, /*metadata_everywhere=*/true);
+  FillTree(fs, 10000);
+  const std::vector<NodeAt> nodes = Nodes(fs);
+  const NodeAt* parent = NthNode(nodes, 1, 0);
+  ASSERT_NE(parent, nullptr);
+  std::vector<u8> img(kNode);
+  fs.Member(parent->member)->ReadRaw(parent->offset, img.data(), img.size());
+  const size_t set = sizeof(btree::NodeHeader);
+  const size_t key0 = set + sizeof(btree::SetHeader);
+  auto* key = reinterpret_cast<btree::KeyHeader*>(&img[key0]);
+  auto* ptr = reinterpret_cast<btree::NodePtrFormat*>(&img[key0 + sizeof(btree::KeyHeader)]);
+  ASSERT_EQ(btree::PtrCopies(*ptr), 1u);
+  const btree::NodeCopy first = btree::PtrCopy(*ptr, 0);
+  const u8 other = u8(1 - first.member);
+  u64 bucket = 0, at = 0;
+  {
+    store::Store e;
+    store::OpenOptions oo;
+    oo.read_only = true;
+    ASSERT_TRUE(fs.Open(&e, oo).ok());
+    for (u64 b = e.sb().members[other].nbuckets; b-- > 0 && at == 0;)
+      if (e.alloc().Get(other, b).state == alloc::BucketState::kFree) at = e.sb().BucketOffset(bucket = b);
+    ASSERT_TRUE(e.Close().ok());
+  }
+  ASSERT_NE(at, 0u);
+  std::vector<u8> leaf(kNode);
+  fs.Member(u8(first.member))->ReadRaw(first.offset, leaf.data(), leaf.size());
+  fs.Member(other)->WriteRaw(at, leaf.data(), leaf.size());
+  btree::AddPtrCopy(ptr, other, at);
+  auto* sh = reinterpret_cast<btree::SetHeader*>(&img[set]);
+  sh->csum.set(platform::Crc32cSkippingField(sh, sh->bytes.get(), offsetof(btree::SetHeader, csum)));
+  fs.Member(parent->member)->WriteRaw(parent->offset, img.data(), img.size());
+  const btree::Pos leaf_max{btree::kBtreeTest, key->inode.get(), key->offset.get()};
+  auto state = [&] {
+    store::Store e;
+    store::OpenOptions oo;
+    oo.read_only = true;
+    EXPECT_TRUE(fs.Open(&e, oo).ok());
+    const alloc::BucketState st = e.alloc().Get(other, bucket).state;
+    EXPECT_TRUE(e.Close().ok());
+    return st;
+  };
+  // The mount counts the copy's slot: its bucket becomes btree.
+  EXPECT_EQ(CountTestKeys(fs), 10000);
+  EXPECT_EQ(state(), alloc::BucketState::kBtree);
+  Report r = fs.Run(false);
+  EXPECT_EQ(r.exit_code, kExitClean) << fs.Text();
+  // The rebuild marks the copy's bucket (without it the bucket would be
+  // free and hold a node: the next check's error).
+  {
+    store::Store e;
+    store::OpenOptions oo;
+    oo.read_only = true;  // (a read-write close would move the root)
+    ASSERT_TRUE(fs.Open(&e, oo).ok());
+    const btree::NodeCopy root = btree::PtrCopy(e.btrees().roots().roots[btree::kBtreeAlloc], 0);
+    ASSERT_TRUE(e.Close().ok());
+    Damage(fs, NodeAt{u8(root.member), 0, root.offset});
+  }
+  r = fs.Run(true);
+  EXPECT_EQ(r.exit_code, kExitRepaired) << fs.Text();
+  EXPECT_NE(fs.Text().find("rebuilt every member's allocation state"), std::string::npos) << fs.Text();
+  r = fs.Run(false);
+  EXPECT_EQ(r.exit_code, kExitClean) << fs.Text();
+  EXPECT_EQ(state(), alloc::BucketState::kBtree);
+  // The leaf rewritten: both slots released; the copy's bucket, empty, is
+  // free after the next mount.
+  {
+    store::Store e;
+    ASSERT_TRUE(fs.Open(&e).ok());
+    btree::Transaction tx(&e.btrees());
+    u8 v[40];
+    memset(v, int(u8(leaf_max.offset)), sizeof(v));
+    ASSERT_TRUE(tx.Set(leaf_max, v, sizeof(v)).ok());
+    ASSERT_TRUE(tx.Commit().ok());
+    ASSERT_TRUE(e.Close().ok());
+  }
+  EXPECT_EQ(CountTestKeys(fs), 10000);
+  EXPECT_EQ(state(), alloc::BucketState::kFree);
+  r = fs.Run(false);
+  EXPECT_EQ(r.exit_code, kExitClean) << fs.Text();
 }
 
 // The message names the root once, with where it is and what is wrong (it

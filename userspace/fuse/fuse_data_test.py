@@ -292,8 +292,9 @@ def test_damaged_file_data_reads_as_eio(tmp_path: Path) -> None:
 def _alloc_root(dev: Path) -> int:
     """Byte offset of the alloc btree's root node on a one-member image: the
     newest roots block (two 4 KiB slots at 64 KiB, gen at 32) names it
-    (docs/format/btree.md: 48-byte pointers from byte 64, one per btree id; the
-    alloc btree is id 4, its offset at byte 8 of the pointer)."""
+    (docs/format/btree.md: 72-byte pointers from byte 64, one per btree id; the
+    alloc btree is id 4, its copy count at byte 6 of the pointer, the first
+    copy's offset at byte 8)."""
     with open(dev, "rb") as f:
         best_gen, best = -1, b""
         for slot in range(2):
@@ -302,8 +303,8 @@ def _alloc_root(dev: Path) -> int:
             gen = int.from_bytes(blk[32:40], "little")
             if blk[:8] == (0x53544F4F52534654).to_bytes(8, "little") and gen > best_gen:
                 best_gen, best = gen, blk
-    ptr = best[64 + 4 * 48:64 + 5 * 48]
-    assert ptr[0] != 0xFF, "the alloc btree is empty"
+    ptr = best[64 + 4 * 72:64 + 5 * 72]
+    assert ptr[6] != 0, "the alloc btree is empty"
     return int.from_bytes(ptr[8:16], "little")
 
 
