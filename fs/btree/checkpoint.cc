@@ -713,7 +713,8 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
       }
       k = 0;
       for (const Job& j : jobs)
-        for (u32 c = 0; c < PtrCopies(j.dst); c++, k++) im->devs->member(PtrCopy(j.dst, c).member)->queue().Submit(&ios[k]);
+        for (u32 c = 0; c < PtrCopies(j.dst); c++, k++)
+          im->devs->member(PtrCopy(j.dst, c).member)->queue().Submit(&ios[k]);
       st = batch.Wait();
       for (usize i = 0; i < nwrites; i++) ios[i].~Io();
       platform::Free(ios);

@@ -48,7 +48,8 @@ const char* NodePtrProblem(const NodePtrFormat& p, const sb::Superblock& sb, u32
       why = "a copy on no member";
       continue;
     }
-    if ((sb.members[p.member[i]].data_allowed & sb::kDataBtree) == 0) why = "a copy on a member that holds no btree nodes";
+    if ((sb.members[p.member[i]].data_allowed & sb::kDataBtree) == 0)
+      why = "a copy on a member that holds no btree nodes";
     if (!NodeSlotInArea(sb, node_size, p.member[i], p.offset[i].get())) why = "a copy outside the btree area";
     for (u32 j = 0; j < i; j++)
       if (p.member[j] == p.member[i]) why = "two copies on one member";

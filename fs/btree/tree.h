@@ -208,11 +208,12 @@ bool SamePtrCopies(const NodePtrFormat& a, const NodePtrFormat& b);
 // The parse rules of a pointer read from disk -- an interior node's key or a
 // roots block's entry (the bytes are hostile): nr 1..kMaxNodeCopies (0 only
 // when `may_be_empty`, an empty tree's root), the first nr entries distinct
-// members of sb that may hold btree nodes, each copy's offset a node slot of its member's bucket area
-// (NodeSlotInArea: every copy is counted and freed by its slot, read or
-// not), the rest unused (kNoMember, offset 0), reserved bytes 0. The level
-// and btree are the caller's to check. Null when the pointer keeps them,
-// else what it breaks (for the caller's one line).
+// members of sb that may hold btree nodes, each copy's offset a node slot
+// of its member's bucket area (NodeSlotInArea: every copy is counted and
+// freed by its slot, read or not), the rest unused (kNoMember, offset 0),
+// reserved bytes 0. The level and btree are the caller's to check. Null
+// when the pointer keeps them, else what it breaks (for the caller's one
+// line).
 const char* NodePtrProblem(const NodePtrFormat& p, const sb::Superblock& sb, u32 node_size, bool may_be_empty);
 // Whether `offset` is a node slot of member m's bucket area.
 bool NodeSlotInArea(const sb::Superblock& sb, u32 node_size, u32 m, u64 offset);

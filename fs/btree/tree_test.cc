@@ -1909,11 +1909,12 @@ TEST(NodePtrTest, AHostileRootsEntryRejectsItsSlot) {
 TEST_F(BtreeCorruption, AHostileChildPointerIsRefusedWithItsRule) {
   struct Bend {
     const char* why;
-    u32 member;  // the second copy's (the first's: 0xff)
-    u64 offset;  // (the first's + kNode: ~0)
+    bool same_member;  // the second copy on the first's member, else on the other
+    u64 offset;        // the second copy's (~0: the slot after the first's)
   };
   // One member twice; a second copy, never read, outside its member's buckets.
-  for (const Bend& bend : {Bend{"two copies on one member", kNoMember, ~u64(0)}, Bend{"a copy outside the btree area", 2, 0}}) {
+  const Bend bends[] = {{"two copies on one member", true, ~u64(0)}, {"a copy outside the btree area", false, 0}};
+  for (const Bend& bend : bends) {
     model_.clear();
     nodes_.clear();
     leaves_.clear();
@@ -1930,7 +1931,7 @@ TEST_F(BtreeCorruption, AHostileChildPointerIsRefusedWithItsRule) {
     auto* p = reinterpret_cast<NodePtrFormat*>(&img[key1 + sizeof(KeyHeader)]);
     ASSERT_EQ(PtrCopies(*p), 1u);
     const NodeCopy first = PtrCopy(*p, 0);
-    const u32 member = bend.member == kNoMember ? first.member : 1 - first.member;
+    const u32 member = bend.same_member ? first.member : 1 - first.member;
     AddPtrCopy(p, member, bend.offset == ~u64(0) ? first.offset + kNode : bend.offset);
     auto* sh = reinterpret_cast<SetHeader*>(&img[set]);
     sh->csum.set(platform::Crc32cSkippingField(sh, sh->bytes.get(), offsetof(SetHeader, csum)));

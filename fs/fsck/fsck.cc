@@ -571,7 +571,8 @@ void ReportDroppedNodes(store::Store& e, const Options& opt, bool roots_rebuilt,
       continue;
     }
     const char* name = ln.btree_id < btree::kNrBtreeIds ? kBtreeNames[ln.btree_id] : "?";
-    const btree::NodeCopy at = btree::PtrEmpty(ln.ptr) ? btree::NodeCopy{btree::kNoMember, 0} : btree::PtrCopy(ln.ptr, 0);
+    const btree::NodeCopy at =
+        btree::PtrEmpty(ln.ptr) ? btree::NodeCopy{btree::kNoMember, 0} : btree::PtrCopy(ln.ptr, 0);
     const char* label = at.member < e.sb().nr_members ? e.sb().members[at.member].label : "?";
     char got[160];
     if (ln.copies == 0) {

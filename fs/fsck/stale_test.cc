@@ -99,7 +99,8 @@ TEST(FsckStaleTest, DamagedAllocLeafBelowTheRootIsRefusedAndRepaired) {
                           auto* x = static_cast<Ctx*>(c);
                           if (v.node->info().btree_id != btree::kBtreeAlloc) return Status::Ok();
                           if (v.node->info().level > *x->root_level) *x->root_level = v.node->info().level;
-                          if (v.node->info().level == 0 && ++*x->leaves == 2) *x->leaf = btree::PtrCopy(*v.ptr, 0).offset;
+                          if (v.node->info().level == 0 && ++*x->leaves == 2)
+                            *x->leaf = btree::PtrCopy(*v.ptr, 0).offset;
                           return Status::Ok();
                         },
                         &ctx, &d)
