@@ -467,9 +467,7 @@ Status TreeOps::TakeImage(Impl* im, Tree& t, CachedNode* n, Vector<Job>* jobs) {
 // Tree lock exclusive.
 void TreeOps::Install(Impl* im, Job& j, const NodePtrFormat& slot, Vector<NodePtrFormat>* to_free) {
   CachedNode* n = j.node;
-  const NodePtrFormat copies = slot;  // (slot may be j.dst itself)
-  ClearPtrCopies(&j.dst);
-  for (u32 i = 0; i < PtrCopies(copies); i++) AddPtrCopy(&j.dst, copies.member[i], copies.offset[i].get());
+  SetPtrCopies(&j.dst, slot);  // (slot may be j.dst itself)
   j.dst.seq.set(j.seq);
   j.installed = true;
   if (n->dead.Load(MemOrder::kAcquire) != 0) {
@@ -624,10 +622,7 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
   for (usize i = 0; i < jobs.size() && st.ok(); i++) {
     NodePtrFormat s = EmptyPtr(jobs[i].dst.btree_id);
     st = AllocSlot(im, &s);
-    if (st.ok()) {
-      ClearPtrCopies(&jobs[i].dst);
-      for (u32 c = 0; c < PtrCopies(s); c++) AddPtrCopy(&jobs[i].dst, s.member[c], s.offset[c].get());
-    }
+    if (st.ok()) SetPtrCopies(&jobs[i].dst, s);
   }
   // Phase 2: per tree, exclusive: install, then image interior and new nodes.
   for (u32 id = 0; id < kNrBtreeIds && st.ok(); id++) {

@@ -28,6 +28,12 @@ void AddPtrCopy(NodePtrFormat* p, u32 member, u64 offset) {
   p->nr = u8(i + 1);
 }
 
+void SetPtrCopies(NodePtrFormat* dst, const NodePtrFormat& src) {
+  const NodePtrFormat from = src;
+  ClearPtrCopies(dst);
+  for (u32 i = 0; i < PtrCopies(from); i++) AddPtrCopy(dst, from.member[i], from.offset[i].get());
+}
+
 bool SamePtrCopies(const NodePtrFormat& a, const NodePtrFormat& b) {
   if (a.nr != b.nr) return false;
   for (u32 i = 0; i < PtrCopies(a); i++)

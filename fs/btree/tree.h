@@ -203,6 +203,8 @@ NodePtrFormat EmptyPtr(u8 id);
 // Appends a copy; the caller keeps nr below kMaxNodeCopies and the members
 // distinct.
 void AddPtrCopy(NodePtrFormat* p, u32 member, u64 offset);
+// Gives dst the copies of src (src may be *dst); the rest of dst stays.
+void SetPtrCopies(NodePtrFormat* dst, const NodePtrFormat& src);
 // The same copies, in the same order.
 bool SamePtrCopies(const NodePtrFormat& a, const NodePtrFormat& b);
 // The parse rules of a pointer read from disk -- an interior node's key or a

@@ -1696,16 +1696,36 @@ TEST_F(BtreeCorruption, TinyCache) {
   }
 }
 
+// Formats fs with 4 KiB nodes and opens it without the writer thread
+// (checkpoints by hand); *o: the options it was opened with.
+void FormatAndOpen(Fs& fs, Store* e, Options* o) {
+  ASSERT_OK(fs.Format(4096));
+  o->writer_thread = false;
+  ASSERT_OK(OpenEngine(e, fs, *o));
+}
+
+// Calls fn(member, byte offset, bytes) for each roots block slot of fs that
+// has the roots magic.
+template <typename Fn>
+void ForEachRootsSlot(Fs& fs, Fn fn) {
+  for (u32 m = 0; m < fs.devs.size(); m++) {
+    for (u64 s = 0; s < 2; s++) {
+      RootsFormat f;
+      const u64 at = kRootsOffset + s * kRootsSlotSize;
+      fs.devs[m]->ReadRaw(at, &f, sizeof(f));
+      if (f.magic.get() == kRootsMagic) fn(m, at, f);
+    }
+  }
+}
+
 // Roots blocks: ReadRoots finds the newest valid slot; with every slot damaged the
 // filesystem does not open (Corrupt class).
 TEST(BtreeTreeTest, RootsBlocks) {
   Watchdog wd(CurrentTest(), 60);
   Fs fs(2, kDevSize);
-  ASSERT_OK(fs.Format(4096));
   Options o;
-  o.writer_thread = false;
   Store e;
-  ASSERT_OK(OpenEngine(&e, fs, o));
+  ASSERT_NO_FATAL_FAILURE(FormatAndOpen(fs, &e, &o));
   Btrees& t = e.btrees();
   u64 gen0 = t.roots().gen;
   for (int i = 0; i < 3; i++) {
@@ -1730,28 +1750,16 @@ TEST(BtreeTreeTest, RootsBlocks) {
 
   // Damage the newest slot on every member: the older one is used.
   u64 newest = 0, older = 0;
-  for (u32 m = 0; m < fs.devs.size(); m++) {
-    for (u64 s = 0; s < 2; s++) {
-      RootsFormat f;
-      fs.devs[m]->ReadRaw(kRootsOffset + s * kRootsSlotSize, &f, sizeof(f));
-      if (f.magic.get() != kRootsMagic) continue;
-      newest = std::max(newest, f.gen.get());
-    }
-  }
+  ForEachRootsSlot(fs, [&](u32, u64, const RootsFormat& f) { newest = std::max(newest, f.gen.get()); });
   EXPECT_EQ(newest, r.gen);
-  for (u32 m = 0; m < fs.devs.size(); m++) {
-    for (u64 s = 0; s < 2; s++) {
-      RootsFormat f;
-      fs.devs[m]->ReadRaw(kRootsOffset + s * kRootsSlotSize, &f, sizeof(f));
-      if (f.magic.get() != kRootsMagic) continue;
-      if (f.gen.get() == newest) {
-        u8 x = 0x55;
-        fs.devs[m]->WriteRaw(kRootsOffset + s * kRootsSlotSize + 100, &x, 1);
-      } else {
-        older = std::max(older, f.gen.get());
-      }
+  ForEachRootsSlot(fs, [&](u32 m, u64 at, const RootsFormat& f) {
+    if (f.gen.get() == newest) {
+      u8 x = 0x55;
+      fs.devs[m]->WriteRaw(at + 100, &x, 1);
+    } else {
+      older = std::max(older, f.gen.get());
     }
-  }
+  });
   ASSERT_GT(older, 0u);
   Roots r2;
   ASSERT_OK(ReadRoots(e.devs(), e.sb(), &r2, &diag));
@@ -1859,11 +1867,9 @@ TEST(NodePtrTest, AHostileRootsEntryRejectsItsSlot) {
   Watchdog wd(CurrentTest(), 60);
   for (int bend = 0; bend < 6; bend++) {
     Fs fs(2, kDevSize);
-    ASSERT_OK(fs.Format(4096));
     Options o;
-    o.writer_thread = false;
     Store e;
-    ASSERT_OK(OpenEngine(&e, fs, o));
+    ASSERT_NO_FATAL_FAILURE(FormatAndOpen(fs, &e, &o));
     Btrees& t = e.btrees();
     for (int i = 0; i < 2; i++) {
       Transaction tx(&t);
@@ -1872,27 +1878,23 @@ TEST(NodePtrTest, AHostileRootsEntryRejectsItsSlot) {
       ASSERT_OK(t.Checkpoint());
     }
     const u64 newest = t.roots().gen;
-    for (u32 m = 0; m < fs.devs.size(); m++) {
-      for (u64 s = 0; s < 2; s++) {
-        RootsFormat f;
-        const u64 at = kRootsOffset + s * kRootsSlotSize;
-        fs.devs[m]->ReadRaw(at, &f, sizeof(f));
-        if (f.magic.get() != kRootsMagic || f.gen.get() != newest) continue;
-        EXPECT_EQ(f.version.get(), kRootsVersion);
-        NodePtrFormat& test = f.roots[kBtreeTest];
-        NodePtrFormat& empty = f.roots[kBtreeInodes];
-        ASSERT_EQ(PtrCopies(test), 1u);
-        ASSERT_TRUE(PtrEmpty(empty));
-        if (bend == 0) AddPtrCopy(&test, PtrCopy(test, 0).member, PtrCopy(test, 0).offset);  // one member twice
-        if (bend == 1) test.nr = 0;            // the tree's root dropped, its copy left
-        if (bend == 2) empty.seq.set(1);       // an empty root that names a node
-        if (bend == 3) empty.member[2] = 0;    // a stray entry in an empty root
-        if (bend == 4) empty.level = 1;        // an empty root above a level
-        if (bend == 5) empty.min_offset.set(1);  // an empty root not from the tree's min
-        f.csum.set(platform::Crc32cSkippingField(&f, kRootsSlotSize, offsetof(RootsFormat, csum)));
-        fs.devs[m]->WriteRaw(at, &f, sizeof(f));
-      }
-    }
+    ForEachRootsSlot(fs, [&](u32 m, u64 at, RootsFormat f) {
+      if (f.gen.get() != newest) return;
+      EXPECT_EQ(f.version.get(), kRootsVersion);
+      NodePtrFormat& test = f.roots[kBtreeTest];
+      NodePtrFormat& empty = f.roots[kBtreeInodes];
+      ASSERT_EQ(PtrCopies(test), 1u);
+      ASSERT_TRUE(PtrEmpty(empty));
+      if (bend == 0) AddPtrCopy(&test, PtrCopy(test, 0).member, PtrCopy(test, 0).offset);  // one member twice
+      if (bend == 1) test.nr = 0;              // the tree's root dropped, its copy left
+      if (bend == 2) empty.seq.set(1);         // an empty root that names a node
+      if (bend == 3) empty.member[2] = 0;      // a stray entry in an empty root
+      if (bend == 4) empty.level = 1;          // an empty root above a level
+      if (bend == 5) empty.min_offset.set(1);  // an empty root not from the tree's min
+      f.csum.set(platform::Crc32cSkippingField(&f, kRootsSlotSize, offsetof(RootsFormat, csum)));
+      fs.devs[m]->WriteRaw(at, &f, sizeof(f));
+    });
+    ASSERT_FALSE(HasFatalFailure());
     Roots r;
     Diag diag;
     ASSERT_OK(ReadRoots(e.devs(), e.sb(), &r, &diag));
