@@ -134,61 +134,68 @@ Status FormatRoots(dev::DeviceSet& devs, const sb::Superblock& sb) {
 // ---------------------------------------------------------------------------
 // The slots a checkpoint will need, and the node slots in btree buckets.
 
-// The node slots a checkpoint would take now (docs/design/space.md). Phase
-// 1 takes one per dirty node it images; phase 2 a spare per node of the
-// exclusive set -- cached interior nodes and nodes never written (phase 1
-// may have taken one for them already) -- plus 1 + 2 * kMaxLevel for
-// structure that changes before it locks.
+// The node slots a checkpoint would take now (docs/design/space.md), per
+// member of its copy set (each gets one copy of every node). Phase 1 takes
+// one per dirty node it images; phase 2 a spare per node of the exclusive
+// set -- cached interior nodes and nodes never written (phase 1 may have
+// taken one for them already) -- plus 1 + 2 * kMaxLevel for structure that
+// changes before it locks.
 u64 TreeOps::CheckpointSlots(Impl* im) {
   return im->dirty_nodes.Load(MemOrder::kRelaxed) + im->interior_nodes.Load(MemOrder::kRelaxed) +
          im->unwritten_nodes.Load(MemOrder::kRelaxed) + 1 + 2 * kMaxLevel;
 }
 // Tells the allocator how many free buckets the next checkpoint may take on
-// the metadata target (alloc.h, SetMetadataNeed): CheckpointSlots, or, if
-// larger, what is left of the bound a running checkpoint started from (it
-// clears dirty flags before it has taken its slots: the bound less the
-// slots it took), less the slots at hand (holes, the open bucket's rest,
-// the buckets it reserved, which the allocator also gets as `held`: they
-// are back when it ends, and the growth room counts them), in
-// whole buckets, plus two: the tree growing while the checkpoint runs (it
-// then reserves more) and a spare. Called whenever a count changes; user
-// data leaves that much free.
+// each member of the metadata target (alloc.h, SetMetadataNeed): any of
+// them may be in its copy set, and then holds a copy of every node it
+// writes. CheckpointSlots, or, if larger, what is left of the bound a
+// running checkpoint started from (it clears dirty flags before it has
+// taken its slots: the bound less the nodes it took slots for), less the
+// member's slots at hand (holes, the open bucket's rest, the buckets it
+// reserved, which the allocator also gets as `held`: they are back when
+// it ends, and the growth room counts them), in whole buckets, plus two:
+// the tree growing while the checkpoint runs (it then reserves more) and
+// a spare. Called whenever a count changes; user data leaves that much
+// free.
 void TreeOps::PublishNeed(Impl* im) {
   if (im->alloc == nullptr || im->slots_per_bucket == 0) return;
   MutexLock l(im->need_mu);
   const u64 hold = im->ckpt_hold.Load(MemOrder::kRelaxed);
   const u64 taken = im->ckpt_taken.Load(MemOrder::kRelaxed);
   const u64 left = hold > taken ? hold - taken : 0;  // the running checkpoint's
-  const u64 avail = im->avail_slots.Load(MemOrder::kRelaxed);
   const u64 bound = Max<u64>(CheckpointSlots(im), left);
-  const u64 slots = bound > avail ? bound - avail : 0;
-  const u64 need = (slots + im->slots_per_bucket - 1) / im->slots_per_bucket + 2;
-  const u64 held = im->reserved_slots.Load(MemOrder::kRelaxed) / im->slots_per_bucket;
-  for (u32 m : dev::Bits(im->target)) im->alloc->SetMetadataNeed(m, need, held);
+  for (u32 m : dev::Bits(im->target)) {
+    const Impl::SlotPool& p = im->pool[m];
+    const u64 avail = p.avail_slots.Load(MemOrder::kRelaxed);
+    const u64 slots = bound > avail ? bound - avail : 0;
+    const u64 need = (slots + im->slots_per_bucket - 1) / im->slots_per_bucket + 2;
+    const u64 held = p.reserved_slots.Load(MemOrder::kRelaxed) / im->slots_per_bucket;
+    im->alloc->SetMetadataNeed(m, need, held);
+  }
 }
 
-// avail_slots from the holes, the open bucket and the reserved ones.
+// Member m's avail_slots from its holes, open bucket and reserved ones.
 // slot_mu held.
-void TreeOps::NoteAvailLocked(Impl* im) {
-  const u64 open = im->open_valid ? im->slots_per_bucket - im->open_next : 0;
-  const u64 reserved = u64(im->reserved.size()) * im->slots_per_bucket;
-  im->avail_slots.Store(u64(im->holes.size()) + open + reserved, MemOrder::kRelaxed);
-  im->reserved_slots.Store(reserved, MemOrder::kRelaxed);
+void TreeOps::NoteAvailLocked(Impl* im, u32 m) {
+  Impl::SlotPool& p = im->pool[m];
+  const u64 open = p.open_valid ? im->slots_per_bucket - p.open_next : 0;
+  const u64 reserved = u64(p.reserved.size()) * im->slots_per_bucket;
+  p.avail_slots.Store(u64(p.holes.size()) + open + reserved, MemOrder::kRelaxed);
+  p.reserved_slots.Store(reserved, MemOrder::kRelaxed);
 }
 
 bool TreeOps::IsOpenLocked(Impl* im, u32 m, u64 b) {
-  return im->open_valid && im->open_bucket.dev == m && im->open_bucket.bucket == b;
+  return im->pool[m].open_valid && im->pool[m].open_bucket.bucket == b;
 }
 
-// Whether hole h can still be taken: its bucket is still the btree's (the
-// same incarnation) and has room, and is not freed (no live node and not
-// being filled). slot_mu held.
-bool TreeOps::HoleValidLocked(Impl* im, const Impl::Hole& h) {
+// Whether member m's hole h can still be taken: its bucket is still the
+// btree's (the same incarnation) and has room, and is not freed (no live
+// node and not being filled). slot_mu held.
+bool TreeOps::HoleValidLocked(Impl* im, u32 m, const Impl::Hole& h) {
   const u64 b = im->sb.BucketOf(h.offset);
-  if (h.member >= im->sb.nr_members || b >= im->live[h.member].size()) return false;
-  const u16 live = im->live[h.member][b];
-  if (live >= im->slots_per_bucket || (live == 0 && !IsOpenLocked(im, h.member, b))) return false;
-  const alloc::Bucket bk = im->alloc->Get(h.member, b);
+  if (b >= im->live[m].size()) return false;
+  const u16 live = im->live[m][b];
+  if (live >= im->slots_per_bucket || (live == 0 && !IsOpenLocked(im, m, b))) return false;
+  const alloc::Bucket bk = im->alloc->Get(m, b);
   return bk.state == alloc::BucketState::kBtree && bk.gen == h.gen;
 }
 
@@ -200,101 +207,198 @@ bool TreeOps::HoleValidLocked(Impl* im, const Impl::Hole& h) {
 void TreeOps::PurgeHolesLocked(Impl* im) {
   if (!im->holes_stale) return;
   im->holes_stale = false;
-  usize k = 0;
-  for (usize i = 0; i < im->holes.size(); i++) {
-    const Impl::Hole h = im->holes[i];
-    if (HoleValidLocked(im, h)) im->holes[k++] = h;
+  for (u32 m = 0; m < im->sb.nr_members; m++) {
+    Vector<Impl::Hole>& holes = im->pool[m].holes;
+    usize k = 0;
+    for (usize i = 0; i < holes.size(); i++) {
+      const Impl::Hole h = holes[i];
+      if (HoleValidLocked(im, m, h)) holes[k++] = h;
+    }
+    while (holes.size() > k) holes.PopBack();
+    NoteAvailLocked(im, m);
   }
-  while (im->holes.size() > k) im->holes.PopBack();
-  NoteAvailLocked(im);
 }
 
-// Takes a slot without the allocator: a hole, else the open bucket's
-// next, else a reserved bucket's first (it becomes the open one). False
-// when none is left. slot_mu held.
-bool TreeOps::TakeSlotLocked(Impl* im, NodeCopy* dst) {
-  while (!im->holes.empty()) {
-    const Impl::Hole h = im->holes.back();
-    im->holes.PopBack();
-    if (!HoleValidLocked(im, h)) continue;  // (not reached: purged after every free)
-    im->ckpt_taken.FetchAdd(1, MemOrder::kRelaxed);
-    *dst = NodeCopy{h.member, h.offset};
-    im->live[h.member][im->sb.BucketOf(h.offset)]++;
+// Takes a slot on member m without the allocator: a hole, else the open
+// bucket's next, else a reserved bucket's first (it becomes the open
+// one). False when none is left. slot_mu held.
+bool TreeOps::TakeSlotLocked(Impl* im, u32 m, NodeCopy* dst) {
+  Impl::SlotPool& p = im->pool[m];
+  while (!p.holes.empty()) {
+    const Impl::Hole h = p.holes.back();
+    p.holes.PopBack();
+    if (!HoleValidLocked(im, m, h)) continue;  // (not reached: purged after every free)
+    *dst = NodeCopy{m, h.offset};
+    im->live[m][im->sb.BucketOf(h.offset)]++;
     im->ctr.hole_slots.FetchAdd(1, MemOrder::kRelaxed);
     return true;
   }
-  if (!im->open_valid || im->open_next >= im->slots_per_bucket) {
-    if (im->reserved.empty()) return false;
-    im->open_bucket = im->reserved.back();
-    im->reserved.PopBack();
-    im->open_valid = true;
-    im->open_next = 0;
+  if (!p.open_valid || p.open_next >= im->slots_per_bucket) {
+    if (p.reserved.empty()) return false;
+    p.open_bucket = p.reserved.back();
+    p.reserved.PopBack();
+    p.open_valid = true;
+    p.open_next = 0;
   }
-  const u32 m = im->open_bucket.dev;
-  const u64 b = im->open_bucket.bucket;
-  im->ckpt_taken.FetchAdd(1, MemOrder::kRelaxed);
-  *dst = NodeCopy{m, im->sb.BucketOffset(b) + u64(im->open_next) * im->node_size};
-  im->open_next++;
+  const u64 b = p.open_bucket.bucket;
+  *dst = NodeCopy{m, im->sb.BucketOffset(b) + u64(p.open_next) * im->node_size};
+  p.open_next++;
   im->live[m][b]++;
   return true;
 }
 
-// A node slot for a checkpoint's image: dst's copies become the one slot
-// taken (one copy until step 5b's per-member slots). With may_allocate, a new bucket
-// is reserved when nothing is left; without (the exclusive phase, which
+// The running checkpoint's copy set, chosen at its start (ckpt_mu held:
+// only the checkpoint reads or changes it): members of the metadata
+// target, those that count as a copy (nonzero durability) first, then the
+// most slots at hand plus free buckets first; the first, and after it
+// members that count, until their durability reaches metadata_replicas
+// (at most kMaxNodeCopies). Fewer when the target has fewer: each node
+// is then degraded (AllocSlot counts it).
+void TreeOps::ChooseCopySet(Impl* im) {
+  struct Candidate {
+    u64 room;
+    u8 member;
+    u8 durable;
+  };
+  Candidate c[dev::kMaxDevices];
+  u32 n = 0;
+  for (u32 m : dev::Bits(im->target)) {
+    if (m >= im->sb.nr_members) continue;
+    const u64 room = im->pool[m].avail_slots.Load(MemOrder::kRelaxed) +
+                     im->alloc->FreeCount(m) * im->slots_per_bucket;
+    c[n++] = Candidate{room, u8(m), u8(im->sb.members[m].durability > 0)};
+  }
+  Sort(c, n, [](const Candidate& a, const Candidate& b) {
+    if (a.durable != b.durable) return a.durable > b.durable;
+    if (a.room != b.room) return a.room > b.room;
+    return a.member < b.member;
+  });
+  u32 durability = 0;
+  im->copy_set_n = 0;
+  for (u32 i = 0; i < n && im->copy_set_n < kMaxNodeCopies; i++) {
+    if (im->copy_set_n > 0 && (durability >= im->wanted_durability || c[i].durable == 0)) break;
+    im->copy_set[im->copy_set_n++] = c[i].member;
+    durability += im->sb.members[c[i].member].durability;
+  }
+}
+
+// Member i leaves the copy set (ckpt_mu held): the allocator had no bucket
+// for it. The nodes imaged after have one copy fewer.
+void TreeOps::LeaveCopySetLocked(Impl* im, u32 i) {
+  for (u32 k = i; k + 1 < im->copy_set_n; k++) im->copy_set[k] = im->copy_set[k + 1];
+  im->copy_set_n--;
+  im->ctr.copy_set_leaves.FetchAdd(1, MemOrder::kRelaxed);
+}
+
+// Node slots for a checkpoint's image, one on each member of the copy set
+// in its order: dst's copies. With may_allocate, a member with none at
+// hand gets a new bucket (ReserveBucket; it may leave the set instead,
+// and the node has a copy fewer); without (the exclusive phase, which
 // holds a tree lock and must not wait for the allocator) the caller has
-// checked AvailSlots.
+// checked AvailSlots. A node whose copies' durability falls short of
+// metadata_replicas is counted degraded.
 Status TreeOps::AllocSlot(Impl* im, NodePtrFormat* dst, bool may_allocate) {
-  for (;;) {
-    bool taken;
+  ClearPtrCopies(dst);
+  Status st;
+  for (u32 i = 0; i < im->copy_set_n && st.ok();) {
+    const u32 m = im->copy_set[i];
     NodeCopy c;
+    bool taken;
     {
       MutexLock l(im->slot_mu);
-      taken = TakeSlotLocked(im, &c);
-      NoteAvailLocked(im);
+      taken = TakeSlotLocked(im, m, &c);
+      NoteAvailLocked(im, m);
     }
     if (taken) {
-      ClearPtrCopies(dst);
       AddPtrCopy(dst, c.member, c.offset);
-      break;
+      i++;
+    } else if (may_allocate) {
+      st = ReserveBucket(im, i);  // (copy_set[i] may now name another member, or the next)
+    } else {
+      st = Err::kNoSpace;  // (not reached: see above)
     }
-    if (!may_allocate) return Err::kNoSpace;  // (not reached: see above)
-    TFS_TRY(ReserveBucket(im));
   }
+  if (st.ok() && PtrCopies(*dst) == 0) st = Err::kNoSpace;  // (not reached: the last member spills)
+  if (!st.ok()) {
+    // The copies taken go back as holes (the checkpoint fails).
+    for (u32 k = 0; k < PtrCopies(*dst); k++) FreeCopySlot(im, PtrCopy(*dst, k), nullptr);
+    ClearPtrCopies(dst);
+    return st;
+  }
+  u32 durability = 0;
+  for (u32 k = 0; k < PtrCopies(*dst); k++) durability += im->sb.members[PtrCopy(*dst, k).member].durability;
+  if (durability < im->wanted_durability) im->ctr.degraded_nodes.FetchAdd(1, MemOrder::kRelaxed);
+  im->ckpt_taken.FetchAdd(1, MemOrder::kRelaxed);
   PublishNeed(im);
   return Status::Ok();
 }
 
-// One more empty bucket among the reserved. Allocate runs without slot_mu
-// (it may settle the journal, and commits the bucket's record).
-Status TreeOps::ReserveBucket(Impl* im) {
-  auto r = im->alloc->Allocate(im->target, im->capable, alloc::BucketState::kBtree, alloc::Watermark::kBtree);
+// One more empty bucket among the reserved of the copy set's member i.
+// Allocate runs without slot_mu (it may settle the journal, and commits
+// the bucket's record). A member the allocator has no bucket on leaves
+// the set -- but the last one left, for which any capable member will do
+// (copy_set[i] then names the member that gave it): with one copy, as
+// before copies, a full target's nodes spill rather than fail.
+Status TreeOps::ReserveBucket(Impl* im, u32 i) {
+  const u32 m = im->copy_set[i];
+  auto r = im->alloc->Allocate(dev::DevMask(1) << m, 0, alloc::BucketState::kBtree, alloc::Watermark::kBtree);
+  if (!r.ok() && r.status().code() == Err::kNoSpace) {
+    if (im->copy_set_n > 1) {
+      LeaveCopySetLocked(im, i);
+      return Status::Ok();
+    }
+    r = im->alloc->Allocate(im->target, im->capable, alloc::BucketState::kBtree, alloc::Watermark::kBtree);
+  }
   if (!r.ok()) return r.status();
+  const u32 got = r.value().dev;
   Status st;
   {
     MutexLock l(im->slot_mu);
-    st = im->reserved.PushBack(r.value());
+    st = im->pool[got].reserved.PushBack(r.value());
     if (st.ok()) {
       im->ctr.reserved_buckets.FetchAdd(1, MemOrder::kRelaxed);
-      NoteAvailLocked(im);
+      NoteAvailLocked(im, got);
     }
   }
-  if (!st.ok()) im->alloc->FreeBuckets(&r.value(), 1).IgnoreError();  // (a reclaim commit: Free never is)
-  return st;
+  if (!st.ok()) {
+    im->alloc->FreeBuckets(&r.value(), 1).IgnoreError();  // (a reclaim commit: Free never is)
+    return st;
+  }
+  im->copy_set[i] = u8(got);  // (the same member, but after a spill)
+  return Status::Ok();
 }
 
-// The slots AllocSlot can take without the allocator, exactly.
+// The slots AllocSlot can take for whole pointers without the allocator,
+// exactly: the fewest at hand on a member of the copy set.
 u64 TreeOps::AvailSlots(Impl* im) {
   MutexLock l(im->slot_mu);
   PurgeHolesLocked(im);
-  return im->avail_slots.Load(MemOrder::kRelaxed);
+  u64 least = 0;
+  for (u32 i = 0; i < im->copy_set_n; i++) {
+    const u64 a = im->pool[im->copy_set[i]].avail_slots.Load(MemOrder::kRelaxed);
+    if (i == 0 || a < least) least = a;
+  }
+  return least;
 }
 
-// Takes empty buckets ahead until `slots` node slots can be taken without
-// the allocator. Only the checkpoint (ckpt_mu) takes slots, so what it
-// counted stays.
+// Takes empty buckets ahead until `slots` node slots can be taken on every
+// member of the copy set without the allocator (one that has none leaves
+// it). Only the checkpoint (ckpt_mu) takes slots, so what it counted
+// stays.
 Status TreeOps::ReserveSlots(Impl* im, u64 slots) {
-  while (AvailSlots(im) < slots) TFS_TRY(ReserveBucket(im));
+  for (u32 i = 0; i < im->copy_set_n;) {
+    u64 avail;
+    {
+      MutexLock l(im->slot_mu);
+      PurgeHolesLocked(im);
+      avail = im->pool[im->copy_set[i]].avail_slots.Load(MemOrder::kRelaxed);
+    }
+    if (avail >= slots) {
+      i++;
+    } else {
+      TFS_TRY(ReserveBucket(im, i));  // (copy_set[i] may now name another member, or the next)
+    }
+  }
   PublishNeed(im);
   return Status::Ok();
 }
@@ -304,17 +408,45 @@ Status TreeOps::ReserveSlots(Impl* im, u64 slots) {
 // every free) -- in one record commit, after slot_mu. Not `free_them` (an
 // unmount's final checkpoint): they keep their btree records, hold no node,
 // and the next mount frees them.
+// A bucket nodes spilled to outside the metadata target is not kept open
+// past the checkpoint that filled it (its free slots would be neither
+// holes, which only the target keeps, nor freed with its last node; the
+// unmount releases every open bucket, ReleaseOpenBucket).
 void TreeOps::ReturnReserved(Impl* im, bool free_them) {
   Vector<alloc::BucketRef> frees;
   {
     MutexLock l(im->slot_mu);
-    if (free_them) frees = Move(im->reserved);
-    im->ctr.returned_buckets.FetchAdd(frees.size(), MemOrder::kRelaxed);
-    im->reserved.Clear();
-    NoteAvailLocked(im);
+    for (u32 m = 0; m < im->sb.nr_members; m++) {
+      Impl::SlotPool& p = im->pool[m];
+      if (free_them) {
+        for (const alloc::BucketRef& b : p.reserved) {
+          if (!frees.PushBack(b).ok()) break;  // (without memory: the next mount frees them)
+          im->ctr.returned_buckets.FetchAdd(1, MemOrder::kRelaxed);
+        }
+      }
+      p.reserved.Clear();
+      if (free_them && (im->target & (dev::DevMask(1) << m)) == 0) CloseOpenLocked(im, m, &frees);
+      NoteAvailLocked(im, m);
+    }
+    PurgeHolesLocked(im);
   }
   FreeBuckets(im, frees);
   PublishNeed(im);
+}
+
+// Member m's open bucket is no longer being filled; onto `frees` if it
+// holds no live node. slot_mu held; the caller purges the holes.
+void TreeOps::CloseOpenLocked(Impl* im, u32 m, Vector<alloc::BucketRef>* frees) {
+  Impl::SlotPool& p = im->pool[m];
+  if (!p.open_valid) return;
+  p.open_valid = false;
+  const u64 b = p.open_bucket.bucket;
+  if (im->live[m][b] == 0) {
+    alloc::Bucket bk = im->alloc->Get(m, b);
+    if (bk.state == alloc::BucketState::kBtree) frees->PushBack(alloc::BucketRef{m, b, bk.gen}).IgnoreError();
+    im->holes_stale = true;
+  }
+  NoteAvailLocked(im, m);  // (the open bucket's rest is gone)
 }
 
 // Frees emptied node buckets with one record commit (no tree, leaf or slot
@@ -327,15 +459,17 @@ void TreeOps::FreeBuckets(Impl* im, const Vector<alloc::BucketRef>& frees) {
 }
 
 // At mount: the holes of the btree buckets the trees use in part, from the
-// offsets of their nodes (each member's list sorted here). Only an
-// optimisation: without memory there are just no holes.
+// offsets of their nodes' copies (each member's list sorted here). Only
+// an optimisation: without memory a member just has no holes.
 void TreeOps::FindHoles(Impl* im, Vector<u64>* used) {
   MutexLock l(im->slot_mu);
   for (u32 m = 0; m < im->sb.nr_members; m++) {
     if ((im->target & (dev::DevMask(1) << m)) == 0) continue;  // (as FreeSlot)
     Vector<u64>& u = used[m];
+    Vector<Impl::Hole>& holes = im->pool[m].holes;
     Sort(u.data(), u.size(), [](u64 a, u64 b) { return a < b; });
-    for (usize i = 0; i < u.size();) {
+    bool ok = true;
+    for (usize i = 0; i < u.size() && ok;) {
       const u64 b = im->sb.BucketOf(u[i]);
       usize j = i;
       bool shared = false;
@@ -353,29 +487,26 @@ void TreeOps::FindHoles(Impl* im, Vector<u64>* used) {
       const alloc::Bucket bk = im->alloc->Get(m, b);
       if (!shared && bk.state == alloc::BucketState::kBtree && im->live[m][b] < im->slots_per_bucket) {
         usize k = i;
-        for (u32 slot = 0; slot < im->slots_per_bucket; slot++) {
+        for (u32 slot = 0; slot < im->slots_per_bucket && ok; slot++) {
           const u64 off = im->sb.BucketOffset(b) + u64(slot) * im->node_size;
           while (k < j && u[k] < off) k++;
           if (k < j && u[k] == off) continue;
-          if (!im->holes.PushBack(Impl::Hole{u8(m), bk.gen, off}).ok()) {
-            im->holes.Clear();
-            NoteAvailLocked(im);
-            return;
-          }
+          ok = holes.PushBack(Impl::Hole{bk.gen, off}).ok();
         }
       }
       i = j;
     }
+    if (!ok) holes.Clear();
+    NoteAvailLocked(im, m);  // (every hole found is valid: no purge)
   }
-  NoteAvailLocked(im);  // (every hole found is valid: no purge)
 }
 
 // Releases a node slot after the roots block that stopped pointing at it
 // is durable. Its bucket goes on `frees` (the caller frees them after
 // slot_mu, FreeBuckets) once it holds no node and is not being filled
 // (without `frees`: stays allocated, for the next mount to free);
-// otherwise the slot becomes a hole. The caller purges the holes of freed
-// buckets after its frees (PurgeHoles).
+// otherwise the slot becomes a hole of its member. The caller purges the
+// holes of freed buckets after its frees (PurgeHoles).
 void TreeOps::FreeSlot(Impl* im, const NodePtrFormat& p, Vector<alloc::BucketRef>* frees) {
   for (u32 i = 0; i < PtrCopies(p); i++) FreeCopySlot(im, PtrCopy(p, i), frees);
 }
@@ -384,20 +515,21 @@ void TreeOps::FreeCopySlot(Impl* im, const NodeCopy& c, Vector<alloc::BucketRef>
   const u32 m = c.member;
   const u64 b = im->sb.BucketOf(c.offset);
   if (m >= im->sb.nr_members || b >= im->live[m].size() || im->live[m][b] == 0) return;
+  Impl::SlotPool& p = im->pool[m];
   const alloc::Bucket bk = im->alloc->Get(m, b);
   const bool open = IsOpenLocked(im, m, b);
   // (Without memory for the hole the slot stays unused until the bucket goes.)
   // Holes only on the metadata target: nodes that spilled elsewhere drain
   // back as they are rewritten.
-  if (--im->live[m][b] != 0 || (open && im->open_next < im->slots_per_bucket)) {
+  if (--im->live[m][b] != 0 || (open && p.open_next < im->slots_per_bucket)) {
     if (bk.state == alloc::BucketState::kBtree && (im->target & (dev::DevMask(1) << m)) != 0)
-      im->holes.PushBack(Impl::Hole{u8(m), bk.gen, c.offset}).IgnoreError();
-    NoteAvailLocked(im);
+      p.holes.PushBack(Impl::Hole{bk.gen, c.offset}).IgnoreError();
+    NoteAvailLocked(im, m);
     return;
   }
-  if (open) im->open_valid = false;
+  if (open) p.open_valid = false;
   im->holes_stale = true;
-  NoteAvailLocked(im);
+  NoteAvailLocked(im, m);
   if (bk.state == alloc::BucketState::kBtree && frees != nullptr)
     frees->PushBack(alloc::BucketRef{m, b, bk.gen}).IgnoreError();  // (without memory: the next mount frees it)
 }
@@ -406,25 +538,17 @@ void TreeOps::PurgeHoles(Impl* im) {
   PurgeHolesLocked(im);
 }
 
-// At unmount: the bucket slots were being taken from is no longer "being
-// filled"; freed if it holds no live node (a checkpoint's unused reserve),
-// so that a clean filesystem has no btree bucket without nodes but those
-// the unmount's final checkpoint leaves (docs/format/alloc.md).
+// At unmount: the buckets slots were being taken from are no longer
+// "being filled"; each freed if it holds no live node (a checkpoint's
+// unused reserve), so that a clean filesystem has no btree bucket without
+// nodes but those the unmount's final checkpoint leaves
+// (docs/format/alloc.md).
 void TreeOps::ReleaseOpenBucket(Impl* im) {
   Vector<alloc::BucketRef> frees;
   {
     MutexLock l(im->slot_mu);
-    if (!im->open_valid) return;
-    im->open_valid = false;
-    const u32 m = im->open_bucket.dev;
-    const u64 b = im->open_bucket.bucket;
-    if (im->live[m][b] == 0) {
-      alloc::Bucket bk = im->alloc->Get(m, b);
-      if (bk.state == alloc::BucketState::kBtree) frees.PushBack(alloc::BucketRef{m, b, bk.gen}).IgnoreError();
-      im->holes_stale = true;
-    }
+    for (u32 m = 0; m < im->sb.nr_members; m++) CloseOpenLocked(im, m, &frees);
     PurgeHolesLocked(im);
-    NoteAvailLocked(im);  // (the open bucket's rest is gone)
   }
   FreeBuckets(im, frees);
 }
@@ -554,6 +678,7 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
     bool final;
     ~Reserved() { ReturnReserved(im, !final); }
   } reserved{im, final};
+  ChooseCopySet(im);
   if (final) TFS_TRY(ReserveAhead(im));
   u64 covered;
   if (im->journal != nullptr) {

@@ -114,7 +114,7 @@ struct Btrees::Impl {
   Atomic<u64> interior_nodes{0};
   Atomic<u64> unwritten_nodes{0};
   Atomic<u64> ckpt_hold{0};
-  Atomic<u64> ckpt_taken{0};  // slots the running checkpoint has taken (AllocSlot)
+  Atomic<u64> ckpt_taken{0};  // nodes the running checkpoint has taken slots for (AllocSlot)
   // PublishNeed: the need is computed and stored under this (a leaf lock), so
   // the last store is never an older, lower value.
   Mutex need_mu;
@@ -123,35 +123,46 @@ struct Btrees::Impl {
   // in memory and commits skip their prefetch descent.
   Atomic<u8> partial{0};
 
-  // Node slots in btree buckets.
+  // Node slots in btree buckets, one pool per member (docs/design/copies.md,
+  // "Step 5b-2 in detail"). Only the checkpoint takes slots (ckpt_mu);
+  // frees and the mount's holes come under slot_mu too.
   Mutex slot_mu;
   Vector<u16> live[dev::kMaxDevices];  // live node slots per bucket
-  bool open_valid = false;
-  alloc::BucketRef open_bucket;
-  u32 open_next = 0;
-  // Empty buckets a running checkpoint took ahead (ReserveBucket: for its
-  // exclusive phase, or one when phase 1 ran out of slots): slots are taken
-  // from them only as nodes are imaged, and
-  // what is left goes back whole at the checkpoint's end -- never a slot
-  // burnt in a bucket that stays.
-  Vector<alloc::BucketRef> reserved;
   // Free slots in btree buckets that still hold live nodes (a node rewritten
   // elsewhere, its slot released after the roots block that stopped pointing
   // at it): taken before any other, so that the trees' footprint follows
   // their size instead of growing with every bucket a cold node pins. The
   // holes of a freed bucket are purged after the frees (holes_stale).
   struct Hole {
-    u8 member;
     u8 gen;  // the bucket's, checked again when taken
     u64 offset;
   };
-  Vector<Hole> holes;
+  struct SlotPool {
+    bool open_valid = false;
+    alloc::BucketRef open_bucket;
+    u32 open_next = 0;
+    // Empty buckets a running checkpoint took ahead (ReserveBucket: for its
+    // exclusive phase, or one when phase 1 ran out of slots): slots are
+    // taken from them only as nodes are imaged, and what is left goes back
+    // whole at the checkpoint's end -- never a slot burnt in a bucket that
+    // stays.
+    Vector<alloc::BucketRef> reserved;
+    Vector<Hole> holes;
+    // Slots the next node images can take here without a new bucket: the
+    // holes, the rest of the open bucket and the reserved buckets; and of
+    // them, the reserved buckets' (PublishNeed declares them as held).
+    Atomic<u64> avail_slots{0};
+    Atomic<u64> reserved_slots{0};
+  };
+  SlotPool pool[dev::kMaxDevices];
   bool holes_stale = false;  // a bucket was freed since the last purge
-  // Slots the next node images can take without a new bucket: the holes,
-  // the rest of the open bucket and the reserved buckets; and of them, the
-  // reserved buckets' (PublishNeed declares them as held).
-  Atomic<u64> avail_slots{0};
-  Atomic<u64> reserved_slots{0};
+  // The running checkpoint's copy set (ChooseCopySet, at its start): the
+  // members each node it images gets a copy on, in the pointer's order. A
+  // member the allocator cannot serve leaves it (the nodes after are
+  // degraded); the last one left spills to any capable member.
+  u8 copy_set[kMaxNodeCopies] = {};
+  u32 copy_set_n = 0;
+  u32 wanted_durability = 1;  // metadata_replicas
   Mutex seq_mu;  // rng (NewSeq: committers creating nodes, never behind slot_mu's allocations)
   u64 rng = 0;
 
@@ -300,16 +311,19 @@ class TreeOps {
   static u64 CheckpointSlots(Impl* im);
   static void PublishNeed(Impl* im);
   struct Job;
-  static void NoteAvailLocked(Impl* im);
+  static void NoteAvailLocked(Impl* im, u32 m);
   static bool IsOpenLocked(Impl* im, u32 m, u64 b);
-  static bool HoleValidLocked(Impl* im, const Impl::Hole& h);
+  static bool HoleValidLocked(Impl* im, u32 m, const Impl::Hole& h);
   static void PurgeHolesLocked(Impl* im);
-  static bool TakeSlotLocked(Impl* im, NodeCopy* dst);
+  static bool TakeSlotLocked(Impl* im, u32 m, NodeCopy* dst);
+  static void ChooseCopySet(Impl* im);
+  static void LeaveCopySetLocked(Impl* im, u32 i);
   static Status AllocSlot(Impl* im, NodePtrFormat* dst, bool may_allocate = true);
-  static Status ReserveBucket(Impl* im);
+  static Status ReserveBucket(Impl* im, u32 i);
   static u64 AvailSlots(Impl* im);
   static Status ReserveSlots(Impl* im, u64 slots);
   static void ReturnReserved(Impl* im, bool free_them);
+  static void CloseOpenLocked(Impl* im, u32 m, Vector<alloc::BucketRef>* frees);
   static void FindHoles(Impl* im, Vector<u64>* used);
   static void FreeSlot(Impl* im, const NodePtrFormat& p, Vector<alloc::BucketRef>* frees);
   static void FreeCopySlot(Impl* im, const NodeCopy& c, Vector<alloc::BucketRef>* frees);

@@ -282,6 +282,7 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
     auto r = devs->ResolveTarget(sb.options.metadata_target);
     if (r.ok() && (r.value() & im->capable) != 0) im->target = r.value() & im->capable;
   }
+  im->wanted_durability = Max<u32>(sb.options.metadata_replicas, 1);
   roots_ = roots;
   bool root_read[kNrBtreeIds] = {};
   for (u32 id = 0; id < kNrBtreeIds; id++) {

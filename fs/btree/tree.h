@@ -145,6 +145,8 @@ struct Options {
   X(reserved_buckets, counter, "empty buckets checkpoints took for node slots")                     \
   X(returned_buckets, counter, "of which went back unused at the checkpoint's end (whole)")         \
   X(hole_slots, counter, "node slots reused in buckets that still hold other nodes")                \
+  X(degraded_nodes, counter, "node images written with fewer copies than metadata_replicas asks") \
+  X(copy_set_leaves, counter, "members that left a checkpoint's copy set (no free bucket on them)") \
   X(throttles, counter, "commits that waited for a checkpoint (memory, journal)")                   \
   X(reclaim_commits, counter, "reclaim commits (a checkpoint's allocation records, the mount's, the unmount's)") \
   X(alloc_older_kept, counter, "alloc records not applied: the leaf held a newer version (merge rule)") \

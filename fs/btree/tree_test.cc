@@ -183,10 +183,11 @@ struct Fs {
   Fs& operator=(const Fs&) = delete;
 
   // Every member may hold btree nodes (no metadata target).
-  Status Format(u32 node_size, u32 bucket_size = 256 * 1024, u32 journal_buckets = 0) {
+  Status Format(u32 node_size, u32 bucket_size = 256 * 1024, u32 journal_buckets = 0, u8 metadata_replicas = 1) {
     store::FormatOptions o = testing::SmallFormat(node_size);
     o.bucket_size = bucket_size;
     o.journal_buckets = journal_buckets;
+    o.metadata_replicas = metadata_replicas;
     return testing::FormatMembers(List(), o);  // "ssd.a", "ssd.b", ...
   }
   std::vector<BlockDevice*> List() const {
@@ -379,11 +380,13 @@ struct ModelParams {
   u64 cache_nodes;  // cache_bytes in nodes
   u32 grow_to;      // keys in kBtreeTest before deleting most of them
   u32 big_value = kMaxValueBytes;  // 1 value in 33 has this size
+  u8 metadata_replicas = 1;        // copies of every node (both members)
 };
 
 std::ostream& operator<<(std::ostream& o, const ModelParams& p) {
   return o << "seed " << p.seed << (p.writer_thread ? " writer" : " no-writer") << " cache " << p.cache_nodes
-           << " nodes, big values " << p.big_value << " bytes";
+           << " nodes, big values " << p.big_value << " bytes, " << unsigned(p.metadata_replicas)
+           << " node cop" << (p.metadata_replicas == 1 ? "y" : "ies");
 }
 
 class ModelRun {
@@ -401,7 +404,7 @@ class ModelRun {
 
   void Run() {
     fs_ = std::make_unique<Fs>(2, kDevSize);
-    ASSERT_OK(fs_->Format(kNode));
+    ASSERT_OK(fs_->Format(kNode, 256 * 1024, 0, p_.metadata_replicas));
     e_ = std::make_unique<Store>();
     ASSERT_OK(OpenEngine(e_.get(), *fs_, opts_));
     wd_.Watch(&e_->btrees());
@@ -439,6 +442,20 @@ class ModelRun {
     ASSERT_NO_FATAL_FAILURE(ScanTree(e_->btrees(), kBtreeTest, &got));
     ASSERT_NO_FATAL_FAILURE(ScanTree(e_->btrees(), kOther, &got));
     ASSERT_TRUE(got == model_) << "after a clean close and open: " << DescribeDiff(model_, got);
+    // Every node as the last checkpoint wrote it has a copy on each member.
+    struct Copies {
+      u32 want, nodes = 0, bad = 0;
+    } copies{p_.metadata_replicas};
+    ASSERT_OK(e_->btrees().ForEachNode(
+        [](void* ctx, const Btrees::NodeVisit& v) {
+          auto* c = static_cast<Copies*>(ctx);
+          c->nodes++;
+          if (PtrCopies(*v.ptr) != c->want) c->bad++;
+          return Status::Ok();
+        },
+        &copies));
+    EXPECT_GT(copies.nodes, 0u);
+    EXPECT_EQ(copies.bad, 0u) << "nodes without " << copies.want << " copies, of " << copies.nodes;
     AddStats(&totals_, e_->btrees().GetStats());
     wd_.Watch(nullptr);
     ASSERT_OK(e_->Close());
@@ -457,6 +474,7 @@ class ModelRun {
       EXPECT_GT(totals_.root_shrinks, 0u);
     }
     EXPECT_GT(totals_.checkpoints, 0u);
+    EXPECT_EQ(totals_.degraded_nodes, 0u);
     EXPECT_GE(max_depth_, 3u) << "the test tree never reached 3 levels";
     EXPECT_GE(crashes_, 8u);
     if (opts_.cache_bytes < (1u << 20)) {
@@ -809,7 +827,9 @@ INSTANTIATE_TEST_SUITE_P(Seeds, BtreeModelTest,
                                            ModelParams{3, true, 16384, 5000},
                                            ModelParams{4, false, 48, 3500},
                                            // two big values fit in a 4 KiB node
-                                           ModelParams{5, true, 16384, 4000, 1900}),
+                                           ModelParams{5, true, 16384, 4000, 1900},
+                                           // a copy of every node on each member
+                                           ModelParams{6, true, 64, 4000, kMaxValueBytes, 2}),
                          [](const ::testing::TestParamInfo<ModelParams>& i) {
                            return "Seed" + std::to_string(i.param.seed);
                          });
