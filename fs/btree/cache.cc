@@ -128,18 +128,11 @@ Status TreeOps::CheckInterior(const Impl* im, const Node& node, Diag* diag) {
   return Status::Ok();
 }
 
-// Reads and verifies the node `ptr` points to, with no lock held.
-// Counts a corrupt read in corrupt_reads if count_corrupt (FetchMiss counts
-// its own: only when the pointer did not move meanwhile).
-Status TreeOps::ReadNode(Impl* im, const NodePtrFormat& ptr, const Pos& max, CachedNode** out, Diag* diag,
-                         bool count_corrupt) {
+// Reads and verifies copy i of the node `ptr` points to into a new
+// CachedNode (no lock held).
+Status TreeOps::ReadCopy(Impl* im, const NodePtrFormat& ptr, u32 i, const Pos& max, CachedNode** out, Diag* diag) {
   const u32 ns = im->node_size;
-  // One copy (pointer format 2 with nr 1 everywhere until the checkpoint
-  // writes more; docs/design/copies.md, step 5b).
-  if (PtrEmpty(ptr))
-    return DiagError(diag, Err::kCorrupt, "btree: a pointer with no copy (btree %u, level %u)",
-                     unsigned(ptr.btree_id), unsigned(ptr.level));
-  const NodeCopy c = PtrCopy(ptr, 0);
+  const NodeCopy c = PtrCopy(ptr, i);
   if (!NodeSlotInArea(im->sb, ns, c.member, c.offset))
     return DiagError(diag, Err::kCorrupt, "btree: pointer to member %u offset %llu is outside the btree area",
                      c.member, (unsigned long long)c.offset);
@@ -170,17 +163,71 @@ Status TreeOps::ReadNode(Impl* im, const NodePtrFormat& ptr, const Pos& max, Cac
     st = CheckInterior(im, n->node, diag);
     if (st.ok()) st = n->children.Resize(n->node.set(0).size());
     if (st.ok())
-      for (usize i = 0; i < n->children.size(); i++) n->children[i] = nullptr;
+      for (usize k = 0; k < n->children.size(); k++) n->children[k] = nullptr;
     im->partial.Store(1, MemOrder::kRelaxed);
   }
   if (!st.ok()) {
     platform::Delete(n);
-    if (count_corrupt && StatusIsCorrupt(st)) im->ctr.corrupt_reads.FetchAdd(1, MemOrder::kRelaxed);
     return st;
   }
   n->ptr = ptr;
   *out = n;
   return Status::Ok();
+}
+
+// Reads and verifies the node `ptr` points to, with no lock held: its
+// copies in order, the first that reads and verifies (docs/design/
+// copies.md, step 5b-3). A later copy serving is counted
+// (node_copy_retries, one per copy that failed before it) and noted in
+// the node (repair_from, repair_why) for whoever links it (NoteRepair).
+// Every copy failing: copy 0's error and diag. Counts a corrupt read in
+// corrupt_reads if count_corrupt (FetchMiss counts its own: only when the
+// pointer did not move meanwhile).
+Status TreeOps::ReadNode(Impl* im, const NodePtrFormat& ptr, const Pos& max, CachedNode** out, Diag* diag,
+                         bool count_corrupt) {
+  if (PtrEmpty(ptr))
+    return DiagError(diag, Err::kCorrupt, "btree: a pointer with no copy (btree %u, level %u)",
+                     unsigned(ptr.btree_id), unsigned(ptr.level));
+  Status first;
+  for (u32 i = 0; i < PtrCopies(ptr); i++) {
+    Diag later;  // (a later copy's diag: only copy 0's is the caller's)
+    Status st = ReadCopy(im, ptr, i, max, out, i == 0 ? diag : &later);
+    if (st.ok()) {
+      if (i > 0) {
+        if (diag != nullptr) *diag = Diag{};  // (copy 0's failure is the node's note now)
+        im->ctr.node_copy_retries.FetchAdd(i, MemOrder::kRelaxed);
+        (*out)->repair_from = u8(i);
+        (*out)->repair_why = first;
+      }
+      return Status::Ok();
+    }
+    if (st.code() == Err::kNoMemory) return st;  // (not the copy's fault)
+    if (i == 0) first = st;
+  }
+  if (count_corrupt && StatusIsCorrupt(first)) im->ctr.corrupt_reads.FetchAdd(1, MemOrder::kRelaxed);
+  return first;
+}
+
+// A node linked into its tree (tree lock exclusive, or the open) that an
+// earlier copy failed to serve (ReadNode): dirtied, so that the next
+// checkpoint writes all its copies anew and frees the bad one's slot
+// (node_repairs) -- not on a read-only open, which only reads. Logged.
+void TreeOps::NoteRepair(Impl* im, CachedNode* n) {
+  if (n->repair_from == 0) return;
+  const NodeCopy bad = PtrCopy(n->ptr, 0);
+  const NodeCopy good = PtrCopy(n->ptr, n->repair_from);
+  const bool rewrite = !im->opt.read_only;
+  platform::Log(platform::LogLevel::kWarn,
+                "btree: node seq %llu (btree %u, level %u): copy 1 on member %u at %llu failed (%s)%s; copy %u on "
+                "member %u serves%s",
+                (unsigned long long)n->ptr.seq.get(), unsigned(n->ptr.btree_id), unsigned(n->ptr.level), bad.member,
+                (unsigned long long)bad.offset, n->repair_why.Message(),
+                n->repair_from > 1 ? ", and the copies after it before" : "", unsigned(n->repair_from) + 1,
+                good.member, rewrite ? "; the next checkpoint rewrites the node" : " (read-only: not rewritten)");
+  n->repair_from = 0;
+  if (!rewrite) return;
+  im->ctr.node_repairs.FetchAdd(1, MemOrder::kRelaxed);
+  SetDirty(im, n);
 }
 
 // Reads the missing node and links it under its parent, if the parent still
@@ -212,6 +259,7 @@ Status TreeOps::FetchMiss(Impl* im, Tree& t, const Miss& miss, Diag* diag) {
           n->accessed.Store(1, MemOrder::kRelaxed);
           p->children[i] = n;
           n->parent = p;
+          NoteRepair(im, n);
           // Charged before the tree lock goes: once it does, a writer can
           // split or merge the node and Kill it, which uncharges and frees
           // it; charging it after that put freed memory on the LRU.

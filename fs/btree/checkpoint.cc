@@ -247,38 +247,50 @@ bool TreeOps::TakeSlotLocked(Impl* im, u32 m, NodeCopy* dst) {
   return true;
 }
 
-// The running checkpoint's copy set, chosen at its start (ckpt_mu held:
-// only the checkpoint reads or changes it): members of the metadata
-// target, those that count as a copy (nonzero durability) first, then the
-// most slots at hand plus free buckets first; the first, and after it
-// members that count, until their durability reaches metadata_replicas
-// (at most kMaxNodeCopies). Fewer when the target has fewer: each node
-// is then degraded (AllocSlot counts it).
-void TreeOps::ChooseCopySet(Impl* im) {
-  struct Candidate {
-    u64 room;
-    u8 member;
-    u8 durable;
-  };
-  Candidate c[dev::kMaxDevices];
-  u32 n = 0;
-  for (u32 m : dev::Bits(im->target)) {
+// The member of the metadata target, not in `skip`, that a copy set takes
+// first: one with nonzero durability (only those if `durable_only`), then
+// the most slots at hand plus free buckets, then the lowest index.
+// kNoMember if none is left.
+u32 TreeOps::BestMember(Impl* im, dev::DevMask skip, bool durable_only) {
+  u32 best = kNoMember;
+  bool best_durable = false;
+  u64 best_room = 0;
+  for (u32 m : dev::Bits(im->target & ~skip)) {
     if (m >= im->sb.nr_members) continue;
+    const bool durable = im->sb.members[m].durability > 0;
+    if (durable_only && !durable) continue;
     const u64 room = im->pool[m].avail_slots.Load(MemOrder::kRelaxed) +
                      im->alloc->FreeCount(m) * im->slots_per_bucket;
-    c[n++] = Candidate{room, u8(m), u8(im->sb.members[m].durability > 0)};
+    if (best == kNoMember || (durable && !best_durable) || (durable == best_durable && room > best_room)) {
+      best = m;
+      best_durable = durable;
+      best_room = room;
+    }
   }
-  Sort(c, n, [](const Candidate& a, const Candidate& b) {
-    if (a.durable != b.durable) return a.durable > b.durable;
-    if (a.room != b.room) return a.room > b.room;
-    return a.member < b.member;
-  });
-  u32 durability = 0;
+  return best;
+}
+
+dev::DevMask TreeOps::CopySetMask(const Impl* im) {
+  dev::DevMask mask = 0;
+  for (u32 i = 0; i < im->copy_set_n; i++) mask |= dev::DevMask(1) << im->copy_set[i];
+  return mask;
+}
+
+// The running checkpoint's copy set, chosen at its start (ckpt_mu held:
+// only the checkpoint reads or changes it): the first member BestMember
+// gives, then members with nonzero durability, until their durability
+// reaches metadata_replicas (at most kMaxNodeCopies). Fewer when the
+// target has fewer: each node is then degraded (AllocSlot counts it).
+void TreeOps::ChooseCopySet(Impl* im) {
   im->copy_set_n = 0;
-  for (u32 i = 0; i < n && im->copy_set_n < kMaxNodeCopies; i++) {
-    if (im->copy_set_n > 0 && (durability >= im->wanted_durability || c[i].durable == 0)) break;
-    im->copy_set[im->copy_set_n++] = c[i].member;
-    durability += im->sb.members[c[i].member].durability;
+  im->copy_set_refused = 0;
+  u32 durability = 0;
+  u32 m = BestMember(im, 0, false);
+  while (m != kNoMember && im->copy_set_n < kMaxNodeCopies) {
+    im->copy_set[im->copy_set_n++] = u8(m);
+    durability += im->sb.members[m].durability;
+    if (durability >= im->wanted_durability) break;
+    m = BestMember(im, CopySetMask(im), true);
   }
 }
 
@@ -335,15 +347,30 @@ Status TreeOps::AllocSlot(Impl* im, NodePtrFormat* dst, bool may_allocate) {
 
 // One more empty bucket among the reserved of the copy set's member i.
 // Allocate runs without slot_mu (it may settle the journal, and commits
-// the bucket's record). A member the allocator has no bucket on leaves
-// the set -- but the last one left, for which any capable member will do
-// (copy_set[i] then names the member that gave it): with one copy, as
-// before copies, a full target's nodes spill rather than fail.
+// the bucket's record). A member the allocator has no bucket on is
+// replaced by the best member of the target not in the set and not
+// refused yet in this checkpoint (copy_set_swaps: the caller takes its
+// slots), else leaves the set (copy_set_leaves) -- but the last one left,
+// which takes a bucket on any capable member (a full target's nodes
+// spill rather than fail the checkpoint; copy_set[i] then names the
+// member that gave it, and, outside the target, asks the target first
+// for every bucket after).
 Status TreeOps::ReserveBucket(Impl* im, u32 i) {
   const u32 m = im->copy_set[i];
-  auto r = im->alloc->Allocate(dev::DevMask(1) << m, 0, alloc::BucketState::kBtree, alloc::Watermark::kBtree);
-  if (!r.ok() && r.status().code() == Err::kNoSpace) {
-    if (im->copy_set_n > 1) {
+  const bool in_target = (im->target & (dev::DevMask(1) << m)) != 0;
+  auto r = in_target
+               ? im->alloc->Allocate(dev::DevMask(1) << m, 0, alloc::BucketState::kBtree, alloc::Watermark::kBtree)
+               : im->alloc->Allocate(im->target, im->capable, alloc::BucketState::kBtree, alloc::Watermark::kBtree);
+  if (!r.ok() && r.status().code() == Err::kNoSpace && in_target) {
+    im->copy_set_refused |= dev::DevMask(1) << m;
+    const bool alone = im->copy_set_n == 1;
+    const u32 other = BestMember(im, CopySetMask(im) | im->copy_set_refused, !alone);
+    if (other != kNoMember) {
+      im->copy_set[i] = u8(other);
+      im->ctr.copy_set_swaps.FetchAdd(1, MemOrder::kRelaxed);
+      return Status::Ok();
+    }
+    if (!alone) {
       LeaveCopySetLocked(im, i);
       return Status::Ok();
     }
@@ -364,7 +391,7 @@ Status TreeOps::ReserveBucket(Impl* im, u32 i) {
     im->alloc->FreeBuckets(&r.value(), 1).IgnoreError();  // (a reclaim commit: Free never is)
     return st;
   }
-  im->copy_set[i] = u8(got);  // (the same member, but after a spill)
+  im->copy_set[i] = u8(got);  // (the same member, but after a spill: the set has one)
   return Status::Ok();
 }
 
@@ -408,10 +435,6 @@ Status TreeOps::ReserveSlots(Impl* im, u64 slots) {
 // every free) -- in one record commit, after slot_mu. Not `free_them` (an
 // unmount's final checkpoint): they keep their btree records, hold no node,
 // and the next mount frees them.
-// A bucket nodes spilled to outside the metadata target is not kept open
-// past the checkpoint that filled it (its free slots would be neither
-// holes, which only the target keeps, nor freed with its last node; the
-// unmount releases every open bucket, ReleaseOpenBucket).
 void TreeOps::ReturnReserved(Impl* im, bool free_them) {
   Vector<alloc::BucketRef> frees;
   {
@@ -425,10 +448,8 @@ void TreeOps::ReturnReserved(Impl* im, bool free_them) {
         }
       }
       p.reserved.Clear();
-      if (free_them && (im->target & (dev::DevMask(1) << m)) == 0) CloseOpenLocked(im, m, &frees);
       NoteAvailLocked(im, m);
     }
-    PurgeHolesLocked(im);
   }
   FreeBuckets(im, frees);
   PublishNeed(im);
@@ -520,9 +541,11 @@ void TreeOps::FreeCopySlot(Impl* im, const NodeCopy& c, Vector<alloc::BucketRef>
   const bool open = IsOpenLocked(im, m, b);
   // (Without memory for the hole the slot stays unused until the bucket goes.)
   // Holes only on the metadata target: nodes that spilled elsewhere drain
-  // back as they are rewritten.
-  if (--im->live[m][b] != 0 || (open && p.open_next < im->slots_per_bucket)) {
-    if (bk.state == alloc::BucketState::kBtree && (im->target & (dev::DevMask(1) << m)) != 0)
+  // back as they are rewritten, and a bucket they spilled to goes with its
+  // last node, even open (its free slots are no holes).
+  const bool in_target = (im->target & (dev::DevMask(1) << m)) != 0;
+  if (--im->live[m][b] != 0 || (open && in_target && p.open_next < im->slots_per_bucket)) {
+    if (bk.state == alloc::BucketState::kBtree && in_target)
       p.holes.PushBack(Impl::Hole{bk.gen, c.offset}).IgnoreError();
     NoteAvailLocked(im, m);
     return;
@@ -564,6 +587,7 @@ struct TreeOps::Job {
   u64 seq;
   NodePtrFormat dst;
   bool installed;
+  bool rewrite;  // a copy failed to write: dirtied after the roots block
 };
 
 // Takes the image of n (which must not change meanwhile) into a new job.
@@ -577,6 +601,7 @@ Status TreeOps::TakeImage(Impl* im, Tree& t, CachedNode* n, Vector<Job>* jobs) {
   j.bytes = n->node.WriteImage(j.img, j.seq, im->sb.fs_uuid);
   j.dst = n->ptr;
   j.installed = false;
+  j.rewrite = false;
   Status st = jobs->PushBack(j);
   if (!st.ok()) {
     platform::Free(j.img);
@@ -804,45 +829,94 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
   // Phase 3, no locks: write-ahead (the journal holds everything the images
   // contain), node writes, flush, roots block.
   if (st.ok() && im->journal != nullptr) st = im->journal->Flush();
+  // One write per copy of each image, all in flight at once, then a flush
+  // of each member written. A copy counts once its write and its member's
+  // flush succeeded; a node with at least one keeps its failed copies' names
+  // (a read of one fails its checks and falls back) and is rewritten by the
+  // next checkpoint (rewrite, below); a node with none fails the checkpoint.
   dev::DevMask written = 0;
-  usize nwrites = 0;  // one per copy of each image
+  usize nwrites = 0;
   for (const Job& j : jobs) nwrites += PtrCopies(j.dst);
+  dev::LatchedIo* ws = nullptr;
   if (st.ok() && nwrites > 0) {
-    dev::Io* ios = static_cast<dev::Io*>(platform::Alloc(sizeof(dev::Io) * nwrites, 16, false));
-    if (ios == nullptr) st = Err::kNoMemory;
-    if (st.ok()) {
-      for (usize i = 0; i < nwrites; i++) new (&ios[i]) dev::Io();
-      dev::IoBatch batch(static_cast<u32>(nwrites));
-      usize k = 0;
-      for (const Job& j : jobs) {
-        for (u32 c = 0; c < PtrCopies(j.dst); c++, k++) {
-          const NodeCopy at = PtrCopy(j.dst, c);
-          dev::Io& io = ios[k];
-          io.req.op = IoOp::kWrite;
-          io.req.origin = IoOrigin::kBtree;
-          io.req.offset = at.offset;
-          io.req.length = j.bytes;
-          io.req.buf = j.img;
-          io.cls = dev::IoClass::kBtree;
-          io.done = dev::IoBatch::Done;
-          io.caller_data = &batch;
-          written |= dev::DevMask(1) << at.member;
-          im->ctr.node_writes.FetchAdd(1, MemOrder::kRelaxed);
-          im->ctr.node_write_bytes.FetchAdd(j.bytes, MemOrder::kRelaxed);
-        }
-      }
-      k = 0;
-      for (const Job& j : jobs)
-        for (u32 c = 0; c < PtrCopies(j.dst); c++, k++)
-          im->devs->member(PtrCopy(j.dst, c).member)->queue().Submit(&ios[k]);
-      st = batch.Wait();
-      for (usize i = 0; i < nwrites; i++) ios[i].~Io();
-      platform::Free(ios);
-    }
+    ws = static_cast<dev::LatchedIo*>(platform::Alloc(sizeof(dev::LatchedIo) * nwrites, 16, false));
+    if (ws == nullptr) st = Err::kNoMemory;
   }
+  if (st.ok() && nwrites > 0) {
+    Latch latch(static_cast<u32>(nwrites));
+    usize k = 0;
+    for (const Job& j : jobs) {
+      for (u32 c = 0; c < PtrCopies(j.dst); c++, k++) {
+        const NodeCopy at = PtrCopy(j.dst, c);
+        dev::LatchedIo* w = new (&ws[k]) dev::LatchedIo();
+        w->latch = &latch;
+        dev::Io& io = w->io;
+        io.req.op = IoOp::kWrite;
+        io.req.origin = IoOrigin::kBtree;
+        io.req.offset = at.offset;
+        io.req.length = j.bytes;
+        io.req.buf = j.img;
+        io.cls = dev::IoClass::kBtree;
+        io.done = dev::LatchedIo::Done;
+        io.caller_data = w;
+        written |= dev::DevMask(1) << at.member;
+        im->ctr.node_writes.FetchAdd(1, MemOrder::kRelaxed);
+        im->ctr.node_write_bytes.FetchAdd(j.bytes, MemOrder::kRelaxed);
+      }
+    }
+    k = 0;
+    for (const Job& j : jobs)
+      for (u32 c = 0; c < PtrCopies(j.dst); c++, k++)
+        im->devs->member(PtrCopy(j.dst, c).member)->queue().Submit(&ws[k].io);
+    latch.Wait();
+  }
+  dev::DevMask flush_failed = 0;
+  Status flush_error;
   for (u32 m = 0; m < im->sb.nr_members && st.ok(); m++) {
     if ((written & (dev::DevMask(1) << m)) == 0) continue;
-    st = dev::QueueSyncIo(im->devs->member(m)->queue(), IoOp::kFlush, 0, nullptr, 0, 0, IoOrigin::kBtree);
+    Status fst = dev::QueueSyncIo(im->devs->member(m)->queue(), IoOp::kFlush, 0, nullptr, 0, 0, IoOrigin::kBtree);
+    if (!fst.ok()) {
+      flush_failed |= dev::DevMask(1) << m;
+      if (flush_error.ok()) flush_error = fst;
+    }
+  }
+  u32 copy_errors = 0;
+  NodeCopy first_bad{};
+  Status first_bad_st;
+  if (st.ok() && nwrites > 0) {
+    usize k = 0;
+    for (Job& j : jobs) {
+      u32 good = 0;
+      Status job_error;
+      for (u32 c = 0; c < PtrCopies(j.dst); c++, k++) {
+        const NodeCopy at = PtrCopy(j.dst, c);
+        Status cst = ws[k].status();
+        if (cst.ok() && (flush_failed & (dev::DevMask(1) << at.member)) != 0) cst = flush_error;
+        if (cst.ok()) {
+          good++;
+          continue;
+        }
+        if (job_error.ok()) job_error = cst;
+        if (copy_errors++ == 0) {
+          first_bad = at;
+          first_bad_st = cst;
+        }
+      }
+      if (good == 0 && st.ok()) st = job_error;  // (no copy of this node is durable)
+      j.rewrite = good < PtrCopies(j.dst);
+    }
+  }
+  if (ws != nullptr) {
+    for (usize i = 0; i < nwrites; i++) ws[i].~LatchedIo();
+    platform::Free(ws);
+  }
+  if (st.ok() && copy_errors > 0) {
+    im->ctr.node_copy_write_errors.FetchAdd(copy_errors, MemOrder::kRelaxed);
+    platform::Log(platform::LogLevel::kError,
+                  "btree: %u node cop%s failed to write (the first on member %u at %llu: %s); those nodes keep their "
+                  "other copies, and the next checkpoint rewrites them",
+                  copy_errors, copy_errors == 1 ? "y" : "ies", first_bad.member,
+                  (unsigned long long)first_bad.offset, first_bad_st.Message());
   }
   if (st.ok()) {
     roots.gen = roots_out->gen + 1;
@@ -851,7 +925,8 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
   }
   for (Job& j : jobs) {
     platform::Free(j.img);
-    Unref(j.node);
+    j.img = nullptr;
+    if (!j.rewrite || !st.ok()) Unref(j.node);  // (else after the rewrite's SetDirty, below)
   }
   if (!st.ok()) {
     // The images are not durable; the previous roots block still stands. The
@@ -870,6 +945,16 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
   for (const NodePtrFormat& s : to_free) FreeSlot(im, s, final ? nullptr : &frees);
   FreeBuckets(im, frees);
   PurgeHoles(im);  // those of the buckets just freed
+  // Nodes with a copy that failed to write: dirtied, so that the next
+  // checkpoint writes them whole (new slots; the failed copies' freed).
+  for (Job& j : jobs) {
+    if (!j.rewrite) continue;
+    {
+      WriteGuard g(j.tree->lock);
+      if (j.node->dead.Load(MemOrder::kAcquire) == 0) SetDirty(im, j.node);
+    }
+    Unref(j.node);
+  }
   // The journal up to `covered` is no longer needed.
   if (im->journal != nullptr) {
     MutexLock c(im->state_mu);

@@ -39,6 +39,10 @@ struct CachedNode {
   u8 tree_id = 0;                 // its tree, set before it joins the LRU (cache_mu)
   u8 tree_level = 0;              // its level, set with tree_id (interior_nodes)
   u32 charged = 0;                // bytes counted in the cache
+  // Read from copy repair_from (> 0) after copy 0 failed with repair_why
+  // (ReadNode); NoteRepair dirties it when it is linked, and clears these.
+  u8 repair_from = 0;
+  Status repair_why;
 };
 
 // The bytes of a CachedNode a lookup reads: through the node's first two sets.
@@ -156,12 +160,14 @@ struct Btrees::Impl {
   };
   SlotPool pool[dev::kMaxDevices];
   bool holes_stale = false;  // a bucket was freed since the last purge
-  // The running checkpoint's copy set (ChooseCopySet, at its start): the
-  // members each node it images gets a copy on, in the pointer's order. A
-  // member the allocator cannot serve leaves it (the nodes after are
-  // degraded); the last one left spills to any capable member.
+  // The running checkpoint's copy set (ChooseCopySet, at its start; the
+  // checkpoint's own, under ckpt_mu): the members each node it images gets
+  // a copy on, in the pointer's order. A member the allocator cannot serve
+  // is replaced by another of the target, or leaves it (the nodes after
+  // are degraded); the last one left spills to any capable member.
   u8 copy_set[kMaxNodeCopies] = {};
   u32 copy_set_n = 0;
+  dev::DevMask copy_set_refused = 0;  // members the allocator refused a bucket this checkpoint
   u32 wanted_durability = 1;  // metadata_replicas
   Mutex seq_mu;  // rng (NewSeq: committers creating nodes, never behind slot_mu's allocations)
   u64 rng = 0;
@@ -278,8 +284,10 @@ class TreeOps {
   static void Kill(Impl* im, Tree& t, CachedNode* n);
   static u64 NewSeq(Impl* im);
   static Status CheckInterior(const Impl* im, const Node& node, Diag* diag);
+  static Status ReadCopy(Impl* im, const NodePtrFormat& ptr, u32 i, const Pos& max, CachedNode** out, Diag* diag);
   static Status ReadNode(Impl* im, const NodePtrFormat& ptr, const Pos& max, CachedNode** out, Diag* diag,
                          bool count_corrupt = true);
+  static void NoteRepair(Impl* im, CachedNode* n);
   static Status FetchMiss(Impl* im, Tree& t, const Miss& miss, Diag* diag = nullptr);
   static u64 ShrinkCount(void* ctx);
   static u64 ShrinkScan(void* ctx, u64 pages);
@@ -316,6 +324,8 @@ class TreeOps {
   static bool HoleValidLocked(Impl* im, u32 m, const Impl::Hole& h);
   static void PurgeHolesLocked(Impl* im);
   static bool TakeSlotLocked(Impl* im, u32 m, NodeCopy* dst);
+  static u32 BestMember(Impl* im, dev::DevMask skip, bool durable_only);
+  static dev::DevMask CopySetMask(const Impl* im);
   static void ChooseCopySet(Impl* im);
   static void LeaveCopySetLocked(Impl* im, u32 i);
   static Status AllocSlot(Impl* im, NodePtrFormat* dst, bool may_allocate = true);

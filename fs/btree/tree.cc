@@ -313,6 +313,7 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
     t.root = r;
     root_read[id] = true;
     TreeOps::Charge(im, r);
+    TreeOps::NoteRepair(im, r);
   }
   // Every slot the trees use, reading interior nodes (they stay cached).
   // Their offsets, per member, for FindHoles (read-write mounts): all of
@@ -374,6 +375,7 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
         c->parent = n;
         n->children[i] = c;
         TreeOps::Charge(im, c);
+        TreeOps::NoteRepair(im, c);
         TFS_TRY(Visit(im, t, c, used, drop, diag));
       }
       if (bad.empty()) return Status::Ok();
@@ -631,6 +633,39 @@ Result<u32> Btrees::Get(const Pos& pos, void* buf, u32 cap) {
   }
 }
 
+Status Btrees::CheckCopy(const NodePtrFormat& p, u32 i, const Pos& max, Diag* diag) {
+  Impl* im = impl_;
+  if (im == nullptr || i >= PtrCopies(p)) return Err::kInvalidArgument;
+  CachedNode* n = nullptr;
+  TFS_TRY(TreeOps::ReadCopy(im, p, i, max, &n, diag));
+  platform::Delete(n);
+  return Status::Ok();
+}
+
+Status Btrees::RewriteNode(u8 id, u8 level, const Pos& pos) {
+  Impl* im = impl_;
+  if (im == nullptr || id >= kNrBtreeIds || pos.btree_id != id || im->opt.read_only) return Err::kInvalidArgument;
+  Tree& t = im->trees[id];
+  for (;;) {
+    TreeOps::Miss miss;
+    {
+      WriteGuard g(t.lock);
+      if (t.root == nullptr || t.root->node.info().level < level) return Err::kNotFound;
+      CachedNode* n = TreeOps::Descend(im, t, pos, level, &miss);
+      if (n != nullptr) {
+        if (n->node.info().level != level) return Err::kNotFound;  // (not reached: Descend stops at level)
+        n->repair_from = 0;  // (a fallback read's note: this is the repair)
+        if (n->dirty.Load(MemOrder::kRelaxed) == 0) {  // (else rewritten anyway, or counted by its read)
+          im->ctr.node_repairs.FetchAdd(1, MemOrder::kRelaxed);
+          TreeOps::SetDirty(im, n);
+        }
+        return Status::Ok();
+      }
+    }
+    TFS_TRY(TreeOps::FetchMiss(im, t, miss));
+  }
+}
+
 Status Btrees::ForEachSlot(SlotFn fn, void* ctx) {
   Impl* im = impl_;
   if (im == nullptr) return Err::kInvalidArgument;
@@ -726,7 +761,7 @@ Status Btrees::ForEachNodeContinuing(Status (*fn)(void* ctx, const NodeVisit& v)
       Diag d;
       Status st = TreeOps::ReadNode(im, p, max, &n, &d);
       if (!st.ok()) return bad(ctx, NodeError{&p, max, st, d.empty() ? st.Message() : d.text});
-      NodeVisit v{&n->node, &p};
+      NodeVisit v{&n->node, &p, n->repair_from};
       st = fn(ctx, v);
       if (st.ok() && n->node.info().level > 0) {
         const Set& s = n->node.set(0);

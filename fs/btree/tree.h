@@ -139,6 +139,9 @@ struct Options {
   X(node_reads, counter, "nodes read")                                                              \
   X(node_read_bytes, counter, "bytes of nodes read")                                                \
   X(corrupt_reads, counter, "node reads that found damage")                                         \
+  X(node_copy_retries, counter, "node copies that failed a read (I/O or checks) before another copy served") \
+  X(node_repairs, counter, "nodes dirtied to be rewritten because a copy failed while another served") \
+  X(node_copy_write_errors, counter, "node copies whose write or flush failed while another copy was written") \
   X(node_writes, counter, "nodes written")                                                          \
   X(node_write_bytes, counter, "bytes of nodes written")                                            \
   X(checkpoints, counter, "checkpoints done")                                                       \
@@ -146,7 +149,8 @@ struct Options {
   X(returned_buckets, counter, "of which went back unused at the checkpoint's end (whole)")         \
   X(hole_slots, counter, "node slots reused in buckets that still hold other nodes")                \
   X(degraded_nodes, counter, "node images written with fewer copies than metadata_replicas asks") \
-  X(copy_set_leaves, counter, "members that left a checkpoint's copy set (no free bucket on them)") \
+  X(copy_set_swaps, counter, "members of a checkpoint's copy set replaced by another of the target (no free bucket)") \
+  X(copy_set_leaves, counter, "members that left a checkpoint's copy set (no free bucket, and no other member to take)") \
   X(throttles, counter, "commits that waited for a checkpoint (memory, journal)")                   \
   X(reclaim_commits, counter, "reclaim commits (a checkpoint's allocation records, the mount's, the unmount's)") \
   X(alloc_older_kept, counter, "alloc records not applied: the leaf held a newer version (merge rule)") \
@@ -499,6 +503,7 @@ class Btrees {
   struct NodeVisit {
     const Node* node;
     const NodePtrFormat* ptr;  // how the parent (or the roots block) points to it
+    u32 served;                // the copy that was read (the ones before it failed)
   };
   Status ForEachNode(Status (*fn)(void* ctx, const NodeVisit& v), void* ctx, Diag* diag = nullptr);
   // For fsck: like ForEachNode, but a node that cannot be read or fails
@@ -523,6 +528,16 @@ class Btrees {
   // node (its member and offset) and returns non-Ok to stop.
   using SlotFn = Status (*)(void* ctx, const NodeCopy& copy);
   Status ForEachSlot(SlotFn fn, void* ctx);
+  // For fsck: reads and verifies copy i of the node p names, whose max is
+  // `max` (as a read of the node checks it), and keeps nothing. A
+  // kCorrupt-class error (or the read's) with the reason in *diag.
+  Status CheckCopy(const NodePtrFormat& p, u32 i, const Pos& max, Diag* diag);
+  // For fsck -y: dirties the node of tree `id` at `level` whose range
+  // holds `pos` (reading it and its ancestors if needed), so that the next
+  // checkpoint writes every copy of it anew and releases the old ones (a
+  // damaged copy while another served). Counted in node_repairs.
+  // kNotFound when the tree has no node at that level.
+  Status RewriteNode(u8 id, u8 level, const Pos& pos);
 
  private:
   friend class Transaction;

@@ -31,25 +31,9 @@ using btree::Iterator;
 
 namespace {
 
-// One copy's write among several in flight (WriteCopies): its request and
-// result; the batch's latch counts the copies down.
-struct CopyWrite {
-  dev::Io io;
-  Latch* latch = nullptr;
-  Atomic<i32> err{0};
-
-  // The queue's completion: only an atomic store and a wake (it may run in
-  // interrupt context). The waiter may free this once the latch opens.
-  static void Done(dev::Io* io, Status st) {
-    auto* c = static_cast<CopyWrite*>(io->caller_data);
-    Latch* latch = c->latch;
-    c->err.Store(i32(st.code()), MemOrder::kRelease);
-    latch->CountDown();
-  }
-};
-
+// The copies' writes in flight (WriteCopies).
 struct CopyWrites {
-  CopyWrite copy[kMaxPtrs];
+  dev::LatchedIo copy[kMaxPtrs];
 };
 
 }  // namespace
@@ -80,7 +64,7 @@ Status DataPath::WriteCopies(const IoContext& ctx, const Space* sp, u32 copies, 
   }
   Latch latch(copies);
   for (u32 c = 0; c < copies; c++) {
-    CopyWrite& cw = w->copy[c];
+    dev::LatchedIo& cw = w->copy[c];
     cw.latch = &latch;
     cw.io.req.op = IoOp::kWrite;
     cw.io.req.origin = ctx.origin;
@@ -88,13 +72,13 @@ Status DataPath::WriteCopies(const IoContext& ctx, const Space* sp, u32 copies, 
     cw.io.req.length = len;
     cw.io.req.buf = from;
     cw.io.cls = ctx.io_class;
-    cw.io.done = CopyWrite::Done;
+    cw.io.done = dev::LatchedIo::Done;
     cw.io.caller_data = &cw;
   }
   for (u32 c = 0; c < copies; c++)
     store_->devs().member(sp[c].ref.dev)->queue().Submit(&w->copy[c].io, /*waiting=*/c + 1 == copies);
   latch.Wait();
-  for (u32 c = 0; c < copies; c++) per[c] = Status(Err(w->copy[c].err.Load(MemOrder::kAcquire)));
+  for (u32 c = 0; c < copies; c++) per[c] = w->copy[c].status();
   platform::Delete(w);
   platform::Free(buf);
   return Status::Ok();

@@ -325,6 +325,13 @@ Status IoBatch::Wait() {
   return Status(Err(first_error.Load()));
 }
 
+void LatchedIo::Done(Io* io, Status st) {
+  auto* l = static_cast<LatchedIo*>(io->caller_data);
+  Latch* latch = l->latch;
+  l->err.Store(i32(st.code()), MemOrder::kRelease);
+  latch->CountDown();
+}
+
 Status SubmitAndWait(IoQueue& queue, Io* io) {
   IoBatch batch(1);
   io->caller_data = &batch;

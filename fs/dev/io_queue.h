@@ -194,6 +194,20 @@ struct IoBatch {
   Status Wait();
 };
 
+// One I/O among several in flight whose results the waiter reads one by
+// one (IoBatch keeps only the first error): io.done = LatchedIo::Done,
+// io.caller_data = the LatchedIo, latch = the waiter's, which counts them
+// down. Done is an atomic store and a wake only (it may run in interrupt
+// context); the waiter may free the LatchedIo once the latch opens.
+struct LatchedIo {
+  Io io;
+  Latch* latch = nullptr;
+  Atomic<i32> err{0};
+
+  static void Done(Io* io, Status st);
+  Status status() const { return Status(Err(err.Load(MemOrder::kAcquire))); }
+};
+
 // Submits one I/O through `queue` and sleeps until it completes (format, mount,
 // fsck and tests only). Fills io->done and io->caller_data.
 Status SubmitAndWait(IoQueue& queue, Io* io);

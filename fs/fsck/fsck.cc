@@ -140,8 +140,18 @@ struct BucketFix {
   alloc::BucketState want;
 };
 
+// A node with a damaged copy while another served: fsck -y rewrites it
+// (Btrees::RewriteNode), its range and level naming it.
+struct NodeRewrite {
+  u8 btree_id, level;
+  u32 damaged;  // copies (each an error of the check)
+  btree::Pos max;
+  u64 seq;
+};
+
 struct BtreeFindings {
   Vector<BucketFix> fixes;
+  Vector<NodeRewrite> rewrites;
 };
 
 btree::Pos PtrMin(const btree::NodePtrFormat& p) {
@@ -167,6 +177,8 @@ struct BtreeCheck {
 
   Ctx* c = nullptr;
   const sb::Superblock* sb = nullptr;
+  btree::Btrees* trees = nullptr;
+  BtreeFindings* found = nullptr;
   u32 node_size = 0;
   Vector<u64> slots[dev::kMaxDevices];  // bitmap: node slots referenced so far
   Vector<u32> refs[dev::kMaxDevices];   // referenced node slots per bucket
@@ -223,10 +235,36 @@ struct BtreeCheck {
     }
   }
 
-  // The copy a walk's read took (the first, until reads fall back to the
-  // others), for messages.
+  // The copy a walk's read took first (for the messages of a node that
+  // failed: every copy did).
   btree::NodeCopy ReadCopy(const btree::NodePtrFormat& p) const {
     return btree::PtrEmpty(p) ? btree::NodeCopy{btree::kNoMember, 0} : btree::PtrCopy(p, 0);
+  }
+
+  // Every copy of a node that one copy (`served`) verified: each other one
+  // is read and verified on its own; a damaged one is an error, and the
+  // node goes on the rewrites fsck -y makes.
+  void CheckCopies(const btree::Node& node, const btree::NodePtrFormat& p, u32 served) {
+    const btree::NodeInfo& info = node.info();
+    u32 damaged = 0;
+    for (u32 i = 0; i < btree::PtrCopies(p); i++) {
+      if (i == served) continue;
+      Diag d;
+      const Status st = trees->CheckCopy(p, i, info.max, &d);
+      if (st.Is(ErrorClass::kNoMemory)) {
+        stop = st;
+        return;
+      }
+      if (st.ok()) continue;
+      const btree::NodeCopy at = btree::PtrCopy(p, i);
+      Error("%s: level-%u node seq %llu: copy %u on member %s offset %llu is damaged (%s); copy %u serves",
+            kBtreeNames[info.btree_id], unsigned(info.level), (unsigned long long)info.seq, i + 1, Label(at.member),
+            (unsigned long long)at.offset, d.empty() ? st.Message() : d.text, served + 1);
+      damaged++;
+    }
+    if (damaged != 0 &&
+        !found->rewrites.PushBack(NodeRewrite{info.btree_id, info.level, damaged, info.max, info.seq}).ok())
+      stop = Err::kNoMemory;
   }
   const char* Label(u32 m) const { return m < sb->nr_members ? sb->members[m].label : "?"; }
 
@@ -255,7 +293,8 @@ struct BtreeCheck {
 
   static Status OnNode(void* ctx, const btree::Btrees::NodeVisit& v) {
     auto* self = static_cast<BtreeCheck*>(ctx);
-    self->Visit(*v.node, *v.ptr);
+    self->Visit(*v.node, *v.ptr, v.served);
+    if (self->stop.ok()) self->CheckCopies(*v.node, *v.ptr, v.served);
     return self->stop;
   }
 
@@ -279,10 +318,10 @@ struct BtreeCheck {
     return Status::Ok();
   }
 
-  void Visit(const btree::Node& node, const btree::NodePtrFormat& p) {
+  void Visit(const btree::Node& node, const btree::NodePtrFormat& p, u32 served) {
     const btree::NodeInfo& info = node.info();
     const char* name = kBtreeNames[info.btree_id];
-    const btree::NodeCopy at = ReadCopy(p);
+    const btree::NodeCopy at = btree::PtrCopy(p, served);
     const char* label = Label(at.member);
     const unsigned long long off = at.offset;
     Expect ex;
@@ -364,6 +403,8 @@ void CheckBtrees(store::Store& e, bool was_clean, Ctx& c, BtreeFindings* found) 
   if (bc != nullptr) {
     bc->c = &c;
     bc->sb = &e.sb();
+    bc->trees = &e.btrees();
+    bc->found = found;
     bc->node_size = e.btrees().node_size();
     st = bc->Init();
   }
@@ -463,6 +504,23 @@ void RepairBtreeBuckets(store::Store& e, const BtreeFindings& found, bool was_cl
     if (!done) continue;
     c.report->repaired++;
     c.Line("btree: %s: bucket %llu is now %s", label, (unsigned long long)f.bucket, alloc::BucketStateName(f.want));
+  }
+}
+
+// Rewrites the nodes the btree pass found a damaged copy of (on a
+// read-only open before this writable one): each dirtied, and the
+// unmount's checkpoint writes every copy anew.
+void RepairNodeCopies(store::Store& e, const BtreeFindings& found, Ctx& c) {
+  for (const NodeRewrite& r : found.rewrites) {
+    const Status st = e.btrees().RewriteNode(r.btree_id, r.level, r.max);
+    if (!st.ok()) {
+      c.Line("btree: %s: level-%u node seq %llu not rewritten: %s", kBtreeNames[r.btree_id], unsigned(r.level),
+             (unsigned long long)r.seq, st.Message());
+      continue;
+    }
+    c.report->repaired += r.damaged;
+    c.Line("btree: %s: level-%u node seq %llu: every copy is written anew", kBtreeNames[r.btree_id],
+           unsigned(r.level), (unsigned long long)r.seq);
   }
 }
 
@@ -782,6 +840,7 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
   c.alloc_stale = AllocSuspect(e, rep) && !rep.alloc_rebuilt;
   CheckAllocator(e, opt, c);
   if (opt.repair) {
+    RepairNodeCopies(e, btree_found, c);
     // A rebuilt state already has every bucket holding a node marked btree
     // and no other; the read-only pass's fixes were against the old one.
     if (!rep.alloc_rebuilt) {
