@@ -41,6 +41,7 @@
 #include <ctime>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -209,15 +210,17 @@ std::string UtcNow() {
   return buf;
 }
 
-// An interrupted run (^C, timeout) still removes its image.
-char g_image_path[4096];
+// An interrupted run (^C, timeout) still removes its images.
+char g_image_paths[btree::kMaxNodeCopies][4096];
 void OnSignal(int sig) {
-  unlink(g_image_path);
+  for (const char* p : g_image_paths)
+    if (p[0] != '\0') unlink(p);
   signal(sig, SIG_DFL);
   raise(sig);
 }
-void UnlinkOnSignal(const std::string& path) {
-  snprintf(g_image_path, sizeof g_image_path, "%s", path.c_str());
+void UnlinkOnSignal(const std::vector<std::string>& paths) {
+  for (size_t i = 0; i < paths.size() && i < btree::kMaxNodeCopies; i++)
+    snprintf(g_image_paths[i], sizeof g_image_paths[i], "%s", paths[i].c_str());
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, OnSignal);
 }
 
@@ -441,6 +444,7 @@ int BenchBtree(int argc, char** argv) {
   unsigned threads = 1;
   uint64_t cache_mb = 0;
   uint32_t journal_mb = 0;
+  unsigned replicas = 1;
   std::string dir = "/var/tmp", json_path, image_size;
   app.add_option("--workload", workloads, "phases to run, comma-separated (always run in the order listed in --help)")
       ->delimiter(',');
@@ -454,6 +458,9 @@ int BenchBtree(int argc, char** argv) {
   app.add_option("--image-size", image_size, "size of the SSD image (default: N*256 bytes + 256M)");
   app.add_option("--journal-mb", journal_mb, "journal size in MiB, 1 MiB buckets (default: format's automatic size)")
       ->check(CLI::Range(8u, 4096u));
+  app.add_option("--metadata-replicas", replicas,
+                 "copies of every btree node (and journal entry): this many SSD images in --dir (default 1)")
+      ->check(CLI::Range(1u, unsigned(btree::kMaxNodeCopies)));
   app.footer(
       "phases: seq_insert seq_lookup seq_delete rand_insert rand_lookup rand_mixed.\n"
       "Keys are at {kBtreeTest, inode 0, offset KEY} with 8-byte values; one key per transaction,\n"
@@ -488,36 +495,56 @@ int BenchBtree(int argc, char** argv) {
     bytes = *b;
   }
 
-  std::string path = dir + "/tierfs-bench-btree-" + std::to_string(getpid()) + ".img";
-  int fd = open(path.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    PrintError(kCmd, path + ": " + strerror(errno));
-    return 1;
-  }
-  int rc = posix_fallocate(fd, 0, off_t(bytes));
-  close(fd);
+  // One image per copy (ssd.0, ssd.1, ...), each `bytes` long.
+  std::vector<std::string> paths;
+  for (unsigned i = 0; i < replicas; i++)
+    paths.push_back(dir + "/tierfs-bench-btree-" + std::to_string(getpid()) + (i == 0 ? "" : "-" + std::to_string(i)) +
+                    ".img");
   struct Cleanup {
-    std::string p;
-    ~Cleanup() { unlink(p.c_str()); }
-  } cleanup{path};
-  UnlinkOnSignal(path);
-  if (rc != 0) {
-    PrintError(kCmd, path + ": " + strerror(rc));
-    return 1;
+    std::vector<std::string> made;
+    ~Cleanup() {
+      for (const std::string& p : made) unlink(p.c_str());
+    }
+  } cleanup;
+  UnlinkOnSignal(paths);
+  for (const std::string& path : paths) {
+    int fd = open(path.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      PrintError(kCmd, path + ": " + strerror(errno));
+      return 1;
+    }
+    cleanup.made.push_back(path);
+    int rc = posix_fallocate(fd, 0, off_t(bytes));
+    close(fd);
+    if (rc != 0) {
+      PrintError(kCmd, path + ": " + strerror(rc));
+      return 1;
+    }
   }
-  auto devs = OpenDevices(kCmd, {path}, false);
+  const std::string& path = paths[0];
+  auto devs = OpenDevices(kCmd, paths, false);
   if (devs.empty()) return 1;
-  CountingDevice counted(devs[0].get());
-  store::FormatMember m{&counted, "ssd.0", 1};
+  std::vector<std::unique_ptr<CountingDevice>> counted;
+  std::vector<CountingDevice*> counted_raw;
+  std::vector<BlockDevice*> raw;
+  std::vector<std::string> labels;
+  std::vector<store::FormatMember> members;
+  for (size_t i = 0; i < devs.size(); i++) {
+    counted.push_back(std::make_unique<CountingDevice>(devs[i].get()));
+    counted_raw.push_back(counted.back().get());
+    raw.push_back(counted.back().get());
+    labels.push_back("ssd." + std::to_string(i));
+  }
+  for (size_t i = 0; i < devs.size(); i++) members.push_back(store::FormatMember{raw[i], labels[i].c_str(), 1});
   store::FormatOptions fo;
   fo.journal_buckets = journal_mb;  // 0: automatic
+  fo.metadata_replicas = uint8_t(replicas);
   Diag diag;
-  Status st = store::Format(&m, 1, fo, &diag);
-  BlockDevice* raw[] = {&counted};
+  Status st = store::Format(members.data(), u32(members.size()), fo, &diag);
   store::OpenOptions oo;
   if (cache_mb != 0) oo.btree.cache_bytes = cache_mb << 20;
   store::Store e;
-  if (st.ok()) st = e.Open(raw, 1, oo, &diag);
+  if (st.ok()) st = e.Open(raw.data(), u32(raw.size()), oo, &diag);
   if (!st.ok()) {
     PrintError(kCmd, diag.empty() ? st.Message() : diag.text);
     return 1;
@@ -526,7 +553,7 @@ int BenchBtree(int argc, char** argv) {
   uint64_t journal_bytes = uint64_t(e.sb().members[0].journal_nbuckets) * e.sb().bucket_size;
   std::string started = UtcNow();
   double load_start = LoadAverage1();
-  Bench bench(&e, {&counted}, n, threads);
+  Bench bench(&e, counted_raw, n, threads);
   std::vector<std::string> setups;
   bool seq_present = false, rand_present = false;
   for (size_t i = 0; i < std::size(kWorkloads); i++) {
@@ -564,9 +591,11 @@ int BenchBtree(int argc, char** argv) {
   }
 
   uint64_t cache_bytes = cache_mb != 0 ? cache_mb << 20 : btree::DefaultCacheBytes();
-  printf("btree benchmark: N=%llu, %u thread(s), cache %llu MiB, node %u KiB, journal %llu MiB, image %s (%s)\n",
+  printf("btree benchmark: N=%llu, %u thread(s), cache %llu MiB, node %u KiB, journal %llu MiB, %u node cop%s, "
+         "image %s%s (%s)\n",
          (unsigned long long)n, threads, (unsigned long long)(cache_bytes >> 20), node_size >> 10,
-         (unsigned long long)(journal_bytes >> 20), path.c_str(), devs[0]->direct() ? "O_DIRECT" : "buffered");
+         (unsigned long long)(journal_bytes >> 20), replicas, replicas == 1 ? "y" : "ies", path.c_str(),
+         replicas > 1 ? " and the others beside it" : "", devs[0]->direct() ? "O_DIRECT" : "buffered");
   printf("%-11s %9s %8s %9s %8s %7s %7s %9s %7s %8s %8s %10s %8s %8s %8s\n", "phase", "ops", "seconds", "ops/s",
          "ns/op", "cpu_s", "rss_MiB", "write_MiB", "splits", "node_rd", "node_wr", "hits", "misses", "evicts",
          "restarts");
@@ -596,6 +625,7 @@ int BenchBtree(int argc, char** argv) {
   w.UintField("image_bytes", bytes);
   w.UintField("journal_mb_option", journal_mb);  // 0: --journal-mb not given (automatic)
   w.UintField("journal_bytes", journal_bytes);
+  w.UintField("metadata_replicas", replicas);  // images (members), each image_bytes
   w.StringField("image", path);
   w.BoolField("direct", devs[0]->direct());
   w.StringField("key_layout", "pos {btree kBtreeTest, inode 0, offset key}, 8-byte little-endian value");

@@ -313,6 +313,23 @@ def test_bench_btree_writes_json(tmp_path: Path, threads: int) -> None:
     assert not list(tmp_path.glob("tierfs-bench-btree-*.img"))  # cleaned up
 
 
+def test_bench_btree_two_node_copies(tmp_path: Path) -> None:
+    """--metadata-replicas 2: two images, and every node the checkpoints write goes to both."""
+    out = tmp_path / "btree.json"
+    proc = run([tool("tierfs"), "bench", "btree", "--workload", "rand_insert", "--n", "20000",
+                "--metadata-replicas", "2", "--cache-mb", "1", "--dir", tmp_path, "--json", out], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "2 node copies" in proc.stdout
+    doc = json.loads(out.read_text())
+    assert doc["config"]["metadata_replicas"] == 2
+    (p,) = doc["phases"]
+    assert p["btree"]["node_writes"] > 0  # (a 1 MiB cache: checkpoints during the phase)
+    written = [d["bytes_written_by_origin"].get("btree", 0) for d in p["devices"]]
+    assert len(written) == 2 and written[0] > 0 and written[0] == written[1], written
+    assert doc["final_btree"]["degraded_nodes"] == 0
+    assert not list(tmp_path.glob("tierfs-bench-btree-*.img"))  # both cleaned up
+
+
 def test_bench_btree_runs_missing_setup(tmp_path: Path) -> None:
     """A lookup phase alone first inserts its keys untimed, and reports only itself."""
     out = tmp_path / "btree.json"
@@ -328,6 +345,7 @@ def test_bench_btree_runs_missing_setup(tmp_path: Path) -> None:
     (["--n", "0"], 2, "--n"),
     (["--n", "ten"], 2, "--n"),
     (["--n", "1000", "--threads", "0"], 2, "--threads"),
+    (["--n", "1000", "--metadata-replicas", "5"], 2, "--metadata-replicas"),
     (["--n", "1000", "--workload", "seq_insert,seq_frob"], 2, "unknown workload 'seq_frob'"),
     (["--n", "1000", "--cache-mb", "-3"], 2, "--cache-mb"),
     (["--n", "1000", "--image-size", "1M"], 2, "--image-size"),
