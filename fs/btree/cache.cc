@@ -190,8 +190,7 @@ Status TreeOps::ReadNode(Impl* im, const NodePtrFormat& ptr, const Pos& max, Cac
                      unsigned(ptr.btree_id), unsigned(ptr.level));
   Status first;
   for (u32 i = 0; i < PtrCopies(ptr); i++) {
-    Diag later;  // (a later copy's diag: only copy 0's is the caller's)
-    Status st = ReadCopy(im, ptr, i, max, out, i == 0 ? diag : &later);
+    Status st = ReadCopy(im, ptr, i, max, out, i == 0 ? diag : nullptr);  // (copy 0's diag is the caller's)
     if (st.ok()) {
       if (i > 0) {
         if (diag != nullptr) *diag = Diag{};  // (copy 0's failure is the node's note now)
@@ -211,19 +210,23 @@ Status TreeOps::ReadNode(Impl* im, const NodePtrFormat& ptr, const Pos& max, Cac
 // A node linked into its tree (tree lock exclusive, or the open) that an
 // earlier copy failed to serve (ReadNode): dirtied, so that the next
 // checkpoint writes all its copies anew and frees the bad one's slot
-// (node_repairs) -- not on a read-only open, which only reads. Logged.
+// (node_repairs) -- not on a read-only open, which only reads. Logged (at
+// most a line per 10 s, the rest counted in the next).
 void TreeOps::NoteRepair(Impl* im, CachedNode* n) {
   if (n->repair_from == 0) return;
   const NodeCopy bad = PtrCopy(n->ptr, 0);
   const NodeCopy good = PtrCopy(n->ptr, n->repair_from);
   const bool rewrite = !im->opt.read_only;
-  platform::Log(platform::LogLevel::kWarn,
-                "btree: node seq %llu (btree %u, level %u): copy 1 on member %u at %llu failed (%s)%s; copy %u on "
-                "member %u serves%s",
-                (unsigned long long)n->ptr.seq.get(), unsigned(n->ptr.btree_id), unsigned(n->ptr.level), bad.member,
-                (unsigned long long)bad.offset, n->repair_why.Message(),
-                n->repair_from > 1 ? ", and the copies after it before" : "", unsigned(n->repair_from) + 1,
-                good.member, rewrite ? "; the next checkpoint rewrites the node" : " (read-only: not rewritten)");
+  char more[64];
+  if (im->repair_log.Admit(10 * platform::kNsPerSec, more, sizeof(more)))
+    platform::Log(platform::LogLevel::kWarn,
+                  "btree: node seq %llu (btree %u, level %u): copy 1 on member %u at %llu failed (%s)%s; copy %u on "
+                  "member %u serves%s%s",
+                  (unsigned long long)n->ptr.seq.get(), unsigned(n->ptr.btree_id), unsigned(n->ptr.level), bad.member,
+                  (unsigned long long)bad.offset, n->repair_why.Message(),
+                  n->repair_from > 1 ? ", and the copies after it before" : "", unsigned(n->repair_from) + 1,
+                  good.member, rewrite ? "; the next checkpoint rewrites the node" : " (read-only: not rewritten)",
+                  more);
   n->repair_from = 0;
   if (!rewrite) return;
   im->ctr.node_repairs.FetchAdd(1, MemOrder::kRelaxed);

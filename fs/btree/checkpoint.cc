@@ -544,8 +544,16 @@ void TreeOps::FreeCopySlot(Impl* im, const NodeCopy& c, Vector<alloc::BucketRef>
   // back as they are rewritten, and a bucket they spilled to goes with its
   // last node, even open (its free slots are no holes).
   const bool in_target = (im->target & (dev::DevMask(1) << m)) != 0;
+  // A slot a copy failed to write to is no hole: it stays unused.
+  bool bad = false;
+  for (usize i = 0; i < p.bad.size() && !bad; i++) {
+    if (p.bad[i] != c.offset) continue;
+    p.bad[i] = p.bad.back();
+    p.bad.PopBack();
+    bad = true;
+  }
   if (--im->live[m][b] != 0 || (open && in_target && p.open_next < im->slots_per_bucket)) {
-    if (bk.state == alloc::BucketState::kBtree && in_target)
+    if (bk.state == alloc::BucketState::kBtree && in_target && !bad)
       p.holes.PushBack(Impl::Hole{bk.gen, c.offset}).IgnoreError();
     NoteAvailLocked(im, m);
     return;
@@ -900,6 +908,10 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
         if (copy_errors++ == 0) {
           first_bad = at;
           first_bad_st = cst;
+        }
+        {
+          MutexLock l(im->slot_mu);  // (never a hole again: FreeCopySlot)
+          im->pool[at.member].bad.PushBack(at.offset).IgnoreError();  // (without memory: it may be)
         }
       }
       if (good == 0 && st.ok()) st = job_error;  // (no copy of this node is durable)

@@ -12,6 +12,7 @@
 #include "btree/tree.h"
 #include "sb/format.h"
 #include "util/list.h"
+#include "util/log_limit.h"
 
 namespace tfs::btree {
 
@@ -152,6 +153,10 @@ struct Btrees::Impl {
     // stays.
     Vector<alloc::BucketRef> reserved;
     Vector<Hole> holes;
+    // Slots a copy failed to write to (the write phase): never made holes
+    // when the node's rewrite frees them (a bad sector would fail every
+    // node given it), unused until their bucket empties. Few: a plain list.
+    Vector<u64> bad;
     // Slots the next node images can take here without a new bucket: the
     // holes, the rest of the open bucket and the reserved buckets; and of
     // them, the reserved buckets' (PublishNeed declares them as held).
@@ -211,6 +216,9 @@ struct Btrees::Impl {
   Atomic<u64> c_apply_hits{0};
   // Options::drop_bad_nodes (written by Open only, before anything reads them).
   Vector<LostNode> lost;
+  // NoteRepair's warnings: at most one line per 10 s (a read-only mount reads
+  // a node past its bad copy again after every eviction).
+  LogLimit repair_log;
   u64 s_dropped = 0, s_scanned = 0, s_copies = 0, s_recovered = 0;
 };
 

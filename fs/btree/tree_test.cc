@@ -739,9 +739,6 @@ class ModelRun {
     max_depth_ = std::max(max_depth_, s.depth[kBtreeTest]);
   }
 
-  // A power cut now: the durable images, reopened, must hold exactly the model after
-  // some prefix of the commits that includes every durable one. With `adopt` the
-  // test goes on from the recovered filesystem.
   // Every node the last roots block reaches has metadata_replicas copies,
   // each of which reads and verifies on its own.
   void ExpectEveryCopy(Btrees& t, const std::string& when) {
@@ -764,6 +761,10 @@ class ModelRun {
     EXPECT_EQ(copies.bad, 0u) << when << ": copies that do not verify";
   }
 
+  // A power cut now: the durable images, reopened, must hold exactly the model after
+  // some prefix of the commits that includes every durable one (and, with
+  // node copies, every copy the cut's roots block reaches verifies). With
+  // `adopt` the test goes on from the recovered filesystem.
   void CrashCheck(bool adopt) {
     crashes_++;
     std::unique_ptr<Fs> cut = fs_->AfterPowerCut();

@@ -96,6 +96,7 @@
 #include "platform/sync.h"
 #include "store/store.h"
 #include "util/counters.h"
+#include "util/log_limit.h"
 #include "util/status.h"
 #include "util/vector.h"
 
@@ -643,18 +644,8 @@ class DataPath {
   u64 reserved_ = 0;           // unwritten blocks, under acct_mu_
   // The logs of failed copies, at most one line per kCopyErrorLogNs each: a
   // failing member fails every copy of every extent, a failing record
-  // commit every further copy's allocation. A LogLimit keeps when its last
-  // line was logged (platform::NowNs + 1; 0: never) and the events not
-  // logged since. Lock-free: a race only logs a line more or counts one in
-  // the next line.
+  // commit every further copy's allocation (util/log_limit.h).
   static constexpr u64 kCopyErrorLogNs = 10'000'000'000ull;
-  struct LogLimit {
-    Atomic<u64> logged{0};
-    Atomic<u64> unlogged{0};
-    // Whether to log a line now; if so, `more` (size bytes) says how many
-    // were not logged since the last (empty for none), else counts this one.
-    bool Admit(char* more, usize size);
-  };
   LogLimit copy_error_log_[dev::kMaxDevices];  // KeepWritten's, per member
   LogLimit copy_alloc_error_log_;              // Reserve's (further copies' allocations)
   void (*lookup_hook_)(void*) = nullptr;  // SetLookupHookForTest

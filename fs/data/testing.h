@@ -17,8 +17,8 @@
 
 namespace tfs::testing {
 
-// A device over another. Requests of op `op` and origin `origin` (at or
-// past GateFrom's offset) are parked
+// A device over another. Requests of op `op` and origin `origin` (in
+// GateFrom's range of offsets) are parked
 // while closed (Close; Open submits them, in order) and completed with an
 // I/O error while failing (Fail; counted, failed()) -- failing first. Every
 // other request goes straight through. Thread-safe.
@@ -26,7 +26,8 @@ class GateDevice final : public BlockDevice {
  public:
   GateDevice(BlockDevice* inner, IoOp op, IoOrigin origin) : inner_(inner), op_(op), origin_(origin) {}
   void Submit(IoRequest* req) override {
-    const bool gated = req->op == op_ && req->origin == origin_ && req->offset >= min_offset_;
+    const bool gated = req->op == op_ && req->origin == origin_ && req->offset >= min_offset_ &&
+                       req->offset < end_offset_;
     {
       std::lock_guard<std::mutex> l(mu_);
       if (gated && failing_) {
@@ -65,8 +66,11 @@ class GateDevice final : public BlockDevice {
     failing_ = on;
   }
   // Gates only requests at `offset` or past it (e.g. a member's node
-  // writes, not its roots block). Set before use.
-  void GateFrom(u64 offset) { min_offset_ = offset; }
+  // writes, not its roots block), and before `end`. Set before use.
+  void GateFrom(u64 offset, u64 end = ~u64(0)) {
+    min_offset_ = offset;
+    end_offset_ = end;
+  }
   u64 failed() {
     std::lock_guard<std::mutex> l(mu_);
     return failed_;
@@ -77,6 +81,7 @@ class GateDevice final : public BlockDevice {
   const IoOp op_;
   const IoOrigin origin_;
   u64 min_offset_ = 0;
+  u64 end_offset_ = ~u64(0);
   std::mutex mu_;
   bool closed_ = false;
   bool failing_ = false;

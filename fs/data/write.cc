@@ -100,33 +100,17 @@ Status DataPath::RecordCopies(const Space* sp, u32 copies, u32 blocks, u32 pendi
   return Status::Ok();
 }
 
-bool DataPath::LogLimit::Admit(char* more, usize size) {
-  const u64 now = platform::NowNs();
-  u64 last = logged.Load(MemOrder::kRelaxed);
-  // (now + 1: a clock at 0 still counts as logged)
-  if ((last != 0 && now + 1 < last + kCopyErrorLogNs) || !logged.CompareExchange(last, now + 1, MemOrder::kRelaxed)) {
-    unlogged.FetchAdd(1, MemOrder::kRelaxed);
-    return false;
-  }
-  const u64 skipped = unlogged.Exchange(0, MemOrder::kRelaxed);
-  more[0] = '\0';
-  if (skipped != 0)
-    platform::Format(more, size, " (and %llu more not logged since the last line)",
-                     static_cast<unsigned long long>(skipped));
-  return true;
-}
-
 void DataPath::LogCopyError(u32 dev, const Status& st) {
   const u32 m = dev % dev::kMaxDevices;
   char more[64];
-  if (!copy_error_log_[m].Admit(more, sizeof(more))) return;
+  if (!copy_error_log_[m].Admit(kCopyErrorLogNs, more, sizeof(more))) return;
   platform::Log(platform::LogLevel::kError, "data: write of a copy to member %u failed: %s%s", unsigned(m),
                 st.Message(), more);
 }
 
 void DataPath::LogCopyAllocError(const Status& st) {
   char more[64];
-  if (!copy_alloc_error_log_.Admit(more, sizeof(more))) return;
+  if (!copy_alloc_error_log_.Admit(kCopyErrorLogNs, more, sizeof(more))) return;
   platform::Log(platform::LogLevel::kError,
                 "data: allocating a bucket for a further copy failed: %s: the write goes on with fewer copies%s",
                 st.Message(), more);

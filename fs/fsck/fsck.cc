@@ -513,6 +513,15 @@ void RepairBtreeBuckets(store::Store& e, const BtreeFindings& found, bool was_cl
 void RepairNodeCopies(store::Store& e, const BtreeFindings& found, Ctx& c) {
   for (const NodeRewrite& r : found.rewrites) {
     const Status st = e.btrees().RewriteNode(r.btree_id, r.level, r.max);
+    if (st.code() == Err::kNotFound) {
+      // The journal's replay took the tree below that level (or emptied
+      // it): the node went with it, and its slots are released.
+      c.report->repaired += r.damaged;
+      c.Line("btree: %s: level-%u node seq %llu: gone since (the journal's replay changed the tree); nothing to "
+             "rewrite",
+             kBtreeNames[r.btree_id], unsigned(r.level), (unsigned long long)r.seq);
+      continue;
+    }
     if (!st.ok()) {
       c.Line("btree: %s: level-%u node seq %llu not rewritten: %s", kBtreeNames[r.btree_id], unsigned(r.level),
              (unsigned long long)r.seq, st.Message());
