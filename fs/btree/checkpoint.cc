@@ -71,15 +71,24 @@ Status ReadRoots(dev::DeviceSet& devs, const sb::Superblock& sb, Roots* out, Dia
         bad++;
         continue;
       }
+      out->member_gen[m] = Max(out->member_gen[m], r->gen.get());
       if (found && r->gen.get() <= out->gen) continue;
       found = true;
       out->gen = r->gen.get();
       out->journal_seq = r->journal_seq.get();
       out->node_seq_hi = r->node_seq_hi.get();
+      out->stale_members = r->stale_members.get();
       MemCopy(out->roots, r->roots, sizeof(out->roots));
     }
   }
   platform::Free(buf);
+  // A member behind the newest roots block missed a checkpoint's end (a cut
+  // that reached the members at different moments, a member that failed):
+  // the nodes written since may lack their copy there. Recorded, so that
+  // every roots block from now on says so until fsck -y has verified them
+  // (the open says so once: Store::Open).
+  for (u32 m = 0; found && m < sb.nr_members; m++)
+    if (HoldsBtree(sb, m) && out->member_gen[m] < out->gen) out->stale_members |= u64(1) << m;
   // Not read is not damaged: fsck must not rebuild trees it could not read.
   if (!found && !io.ok())
     return DiagError(diag, io, "btree roots: reading the roots block failed: %s", io.Message());
@@ -105,6 +114,7 @@ Status WriteRootsBlock(dev::DeviceSet& devs, const sb::Superblock& sb, const Roo
   r->gen.set(roots.gen);
   r->journal_seq.set(roots.journal_seq);
   r->node_seq_hi.set(roots.node_seq_hi);
+  r->stale_members.set(roots.stale_members);
   MemCopy(r->roots, roots.roots, sizeof(r->roots));
   r->csum.set(platform::Crc32cSkippingField(r, kRootsSlotSize, __builtin_offsetof(RootsFormat, csum)));
   const u64 off = kRootsOffset + (roots.gen & 1) * kRootsSlotSize;
@@ -831,7 +841,7 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
     }
   }
   // Nothing new since the last roots block: write nothing.
-  if (st.ok() && jobs.empty() && to_free.empty() && covered <= roots_out->journal_seq) {
+  if (st.ok() && jobs.empty() && to_free.empty() && covered <= roots_out->journal_seq && !im->roots_changed) {
     return Status::Ok();
   }
   // Phase 3, no locks: write-ahead (the journal holds everything the images
@@ -948,6 +958,7 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
     return st;
   }
   *roots_out = roots;
+  im->roots_changed = false;
   // Entries written from now on record this roots block as durable: a mount
   // that finds an older one (this one damaged) knows it (Store::Open).
   if (im->journal != nullptr) im->journal->NoteRootsGen(roots.gen);
@@ -1076,6 +1087,15 @@ void Btrees::ReclaimHook(void* self, u64) {
 Status Btrees::Checkpoint() {
   if (impl_ == nullptr) return Err::kInvalidArgument;
   return TreeOps::RunCheckpoint(impl_, &roots_);
+}
+
+void Btrees::ClearStaleMembers(u64 mask) {
+  if (impl_ == nullptr) return;
+  MutexLock ck(impl_->ckpt_mu);  // (roots_ is the checkpoint's)
+  if ((roots_.stale_members & mask) == 0) return;
+  roots_.stale_members &= ~mask;
+  impl_->roots_changed = true;
+  impl_->stale_members.Store(roots_.stale_members, MemOrder::kRelaxed);
 }
 
 }  // namespace tfs::btree

@@ -160,7 +160,12 @@ struct RootsFormat {  // kRootsSlotSize bytes
   Le64 gen;           // bumped by every checkpoint; the newest valid slot wins
   Le64 journal_seq;   // every journal entry up to this one is contained in the trees
   Le64 node_seq_hi;   // node seqs below this may exist on disk; new ones start above
-  u8 reserved0[8];    // 0
+  // Members whose copies of nodes may be missing or stale: each missed a roots
+  // block (its newest valid one older than the newest of the filesystem) and
+  // no fsck -y has verified every copy since. Bit m: member m. 0 before
+  // format version 7's second piece; nothing reads a set bit as damage, only
+  // as where to expect it (fsck's notes, docs/design/copies.md 5b-4).
+  Le64 stale_members;
   NodePtrFormat roots[kNrBtreeIds];
   u8 reserved[kRootsSlotSize - 64 - kNrBtreeIds * sizeof(NodePtrFormat)];
 };

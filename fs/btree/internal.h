@@ -113,6 +113,7 @@ struct Btrees::Impl {
   Atomic<u64> cached_bytes{0};
   Atomic<u64> cached_nodes{0};
   Atomic<u64> dirty_nodes{0};
+  Atomic<u64> stale_members{0};  // the roots block's (as the next one will say): for GetStats
   // What PublishNeed counts: cached interior nodes, nodes never written (no
   // slot yet), and the bound a running checkpoint started from (0 when none
   // runs).
@@ -179,6 +180,10 @@ struct Btrees::Impl {
 
   // Checkpoints.
   Mutex ckpt_mu;  // one checkpoint at a time
+  // The roots block to be written differs from the last one in more than its
+  // roots (ClearStaleMembers): the next checkpoint writes one even with
+  // nothing dirty. Under ckpt_mu.
+  bool roots_changed = false;
   // Nonzero while a checkpoint holds ckpt_mu, and from the start of Close:
   // when reclaim commits may be made with a journal attached (a cheap check,
   // not of the calling thread: Transaction::Commit).

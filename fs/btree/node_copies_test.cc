@@ -23,6 +23,8 @@
 //    checkpoint rewrites the node whole.
 //  - fsck reads every copy: each damaged one an error naming it, and -y
 //    rewrites its node.
+//  - A member that missed a roots block is stale: its damaged copies are
+//    fsck notes, the mark persists until fsck -y has verified every copy.
 //  - With three members and two copies wanted, each node has two copies,
 //    and every member of the target carries the declared need.
 #include <gtest/gtest.h>
@@ -428,6 +430,115 @@ TEST(NodeCopiesTest, FsckFindsEachDamagedCopyAndRepairRewritesItsNode) {
             std::string::npos)
       << out;
   ExpectWholeAndClean(ms, Round(0));
+}
+
+// The stale members a read-only open's roots block names.
+u64 StaleMembers(Members& ms) {
+  Store e;
+  EXPECT_TRUE(ms.Open(&e, /*read_only=*/true).ok());
+  const u64 stale = e.btrees().roots().stale_members;
+  EXPECT_TRUE(e.Close().ok());
+  return stale;
+}
+
+// Member 1 fails every btree write, its roots block's included, while
+// member 0 takes them (a cut that reaches the members at different
+// moments, as tierlab crash --metadata-replicas 2 found): the checkpoint
+// fails, but member 0 holds the newest roots block, which names member 1's
+// copies that were never written. After the cut member 1 is stale: every
+// key reads from member 0's copies; fsck -n calls the damaged copies
+// expected (notes: exit clean); the mark survives the checkpoints of a
+// writable open (which rewrites the nodes it reads); fsck -y verifies or
+// rewrites every copy and clears it. Without the mark the same damage is
+// an error (FsckFindsEachDamagedCopyAndRepairRewritesItsNode).
+TEST(NodeCopiesTest, AMemberThatMissedTheRootsBlockIsStaleUntilFsckRewritesIt) {
+  Members ms(2);
+  ASSERT_TRUE(ms.Format(2).ok());
+  testing::GateDevice gate(ms.devs[1].get(), IoOp::kWrite, IoOrigin::kBtree);
+  gate.GateFrom(0);
+  std::unique_ptr<Members> cut;
+  {
+    Store e;
+    ASSERT_TRUE(ms.Open(&e, false, {ms.devs[0].get(), &gate}, /*no_writer=*/true).ok());
+    SetKeys(e, kKeys, 1, 0);
+    ASSERT_TRUE(e.btrees().Checkpoint().ok());
+    SetKeys(e, kKeys, 2, 1);
+    gate.Fail(true);
+    EXPECT_FALSE(e.btrees().Checkpoint().ok());
+    EXPECT_GT(gate.failed(), 1u);  // node copies and the roots block
+    cut = ms.AfterPowerCut();
+    e.Close().IgnoreError();
+  }
+  auto last = [](u32 k) { return k % 2 == 0 ? 1u : 0u; };
+  std::unique_ptr<Members> cut2 = cut->AfterPowerCut();  // (a second copy of the cut)
+  EXPECT_EQ(StaleMembers(*cut), 2u);
+  std::string out;
+  EXPECT_EQ(cut->Check(&out), fsck::kExitClean) << out;
+  EXPECT_NE(out.find("member ssd.b is stale: it missed the roots block of gen"), std::string::npos) << out;
+  EXPECT_NE(out.find("serves (ssd.b missed a checkpoint's end: expected; fsck -y rewrites it)"), std::string::npos)
+      << out;
+  // fsck -y on the cut: every damaged copy rewritten, the mark cleared.
+  out.clear();
+  EXPECT_EQ(cut2->Check(&out, /*repair=*/true), fsck::kExitClean) << out;  // (notes, no error)
+  EXPECT_NE(out.find("every copy on the stale members is whole: they are stale no longer"), std::string::npos)
+      << out;
+  EXPECT_EQ(StaleMembers(*cut2), 0u);
+  const Walk w2 = ExpectWholeAndClean(*cut2, last);
+  EXPECT_EQ(w2.by_copies[2], w2.nodes);
+  // A writable open of the cut: every key (read past member 1's copies
+  // where they come first); its checkpoints keep the mark (on both
+  // members now), and the copies it did not read stay damaged.
+  {
+    Store e;
+    ASSERT_TRUE(cut->Open(&e, false, {}, /*no_writer=*/true).ok());
+    ExpectKeys(e, kKeys, last);
+    EXPECT_EQ(e.btrees().GetStats().stale_members, 1u);
+    ASSERT_TRUE(e.btrees().Checkpoint().ok());
+    ASSERT_TRUE(e.Close().ok());
+  }
+  EXPECT_EQ(StaleMembers(*cut), 2u);
+  out.clear();
+  EXPECT_EQ(cut->Check(&out), fsck::kExitClean) << out;
+  EXPECT_NE(out.find("member ssd.b is stale: it missed an earlier roots block"), std::string::npos) << out;
+  EXPECT_NE(out.find("missed a checkpoint's end: expected"), std::string::npos) << out;
+  out.clear();
+  EXPECT_EQ(cut->Check(&out, /*repair=*/true), fsck::kExitClean) << out;
+  EXPECT_NE(out.find("every copy is written anew"), std::string::npos) << out;
+  EXPECT_EQ(StaleMembers(*cut), 0u);
+  ExpectWholeAndClean(*cut, last);
+}
+
+// Only member 1's roots block write fails (its node copies are written):
+// member 1 is stale with nothing damaged, and fsck -y, which then rewrites
+// no node, still clears the mark (its last checkpoint writes a roots block
+// with nothing dirty).
+TEST(NodeCopiesTest, AStaleMemberWithNoDamagedCopyIsClearedByFsck) {
+  Members ms(2);
+  ASSERT_TRUE(ms.Format(2).ok());
+  testing::GateDevice gate(ms.devs[1].get(), IoOp::kWrite, IoOrigin::kBtree);
+  gate.GateFrom(kRootsOffset, kRootsOffset + 2 * kRootsSlotSize);
+  std::unique_ptr<Members> cut;
+  {
+    Store e;
+    ASSERT_TRUE(ms.Open(&e, false, {ms.devs[0].get(), &gate}, /*no_writer=*/true).ok());
+    SetKeys(e, kKeys, 1, 0);
+    gate.Fail(true);
+    EXPECT_FALSE(e.btrees().Checkpoint().ok());
+    EXPECT_EQ(gate.failed(), 1u);
+    cut = ms.AfterPowerCut();
+    e.Close().IgnoreError();
+  }
+  EXPECT_EQ(StaleMembers(*cut), 2u);
+  std::string out;
+  EXPECT_EQ(cut->Check(&out), fsck::kExitClean) << out;
+  EXPECT_NE(out.find("member ssd.b is stale"), std::string::npos) << out;
+  EXPECT_EQ(out.find("is damaged"), std::string::npos) << out;
+  out.clear();
+  EXPECT_EQ(cut->Check(&out, /*repair=*/true), fsck::kExitClean) << out;
+  EXPECT_EQ(out.find("every copy is written anew"), std::string::npos) << out;
+  EXPECT_NE(out.find("they are stale no longer"), std::string::npos) << out;
+  EXPECT_EQ(StaleMembers(*cut), 0u);
+  ExpectWholeAndClean(*cut, Round(0));
 }
 
 // A read-only open reads past the damaged copy but rewrites nothing: the

@@ -156,6 +156,7 @@ struct Options {
   X(alloc_older_kept, counter, "alloc records not applied: the leaf held a newer version (merge rule)") \
   X(reconcile_frees, counter, "mount: btree buckets no tree reaches, freed")                        \
   X(reconcile_marks, counter, "mount: buckets holding nodes, marked btree")                         \
+  X(stale_members, level, "members the roots block marks stale (a roots block missed; fsck -y clears)") \
   X(cached_nodes, level, "nodes in the cache now")                                                \
   X(cached_bytes, level, "their bytes")                                                           \
   X(dirty_nodes, level, "of which dirty now")                                                     \
@@ -231,8 +232,14 @@ struct Roots {
   u64 gen = 0;
   u64 journal_seq = 0;  // journal entries <= this are contained in the trees
   u64 node_seq_hi = 0;
+  // RootsFormat::stale_members: as read, plus every member ReadRoots found
+  // behind (its newest valid roots block older than `gen`, or unreadable).
+  u64 stale_members = 0;
   NodePtrFormat roots[kNrBtreeIds];
   u32 rejected = 0;  // ReadRoots: slots that could not be read or failed their checks
+  // ReadRoots: the newest valid gen on each member (0: none, or the member
+  // holds no btree).
+  u64 member_gen[dev::kMaxDevices] = {};
 };
 
 // The gen of the newest roots block format writes (slot 0 holds gen 1, slot 1 gen 2).
@@ -463,6 +470,11 @@ class Btrees {
   // Writes every dirty node and a new roots block. Safe to call concurrently with
   // everything else; one checkpoint runs at a time.
   Status Checkpoint();
+  // fsck -y, once every copy of every node on the members in `mask` has been
+  // verified or rewritten: the next roots block no longer calls them stale
+  // (Roots::stale_members; the next Checkpoint writes one even with nothing
+  // dirty).
+  void ClearStaleMembers(u64 mask);
   // Stops the writer, checkpoints until nothing is dirty (the checkpoints'
   // own allocation records dirty alloc leaves: at most a few rounds, then a
   // final checkpoint that takes its buckets before imaging and frees none,

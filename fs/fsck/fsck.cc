@@ -152,6 +152,11 @@ struct NodeRewrite {
 struct BtreeFindings {
   Vector<BucketFix> fixes;
   Vector<NodeRewrite> rewrites;
+  // The roots block's stale members (btree::Roots::stale_members), and
+  // whether the walk verified every copy of every node the trees reach (no
+  // node unread): then -y's rewrites leave no member stale.
+  u64 stale_members = 0;
+  bool every_copy_checked = false;
 };
 
 btree::Pos PtrMin(const btree::NodePtrFormat& p) {
@@ -257,9 +262,24 @@ struct BtreeCheck {
       }
       if (st.ok()) continue;
       const btree::NodeCopy at = btree::PtrCopy(p, i);
-      Error("%s: level-%u node seq %llu: copy %u on member %s offset %llu is damaged (%s); copy %u serves",
-            kBtreeNames[info.btree_id], unsigned(info.level), (unsigned long long)info.seq, i + 1, Label(at.member),
-            (unsigned long long)at.offset, d.empty() ? st.Message() : d.text, served + 1);
+      // On a member that missed a roots block (found->stale_members), the
+      // copies of the nodes written since may never have been written: the
+      // damage is where the filesystem knows to expect it -- a note, and -y
+      // rewrites it all the same.
+      const bool expected = at.member < 64 && ((found->stale_members >> at.member) & 1) != 0;
+      if (expected) {
+        c->report->notes++;
+        if (++lines <= kMaxLines)
+          c->Line("btree: %s: level-%u node seq %llu: copy %u on member %s offset %llu is damaged (%s); copy %u "
+                  "serves (%s missed a checkpoint's end: expected; fsck -y rewrites it)",
+                  kBtreeNames[info.btree_id], unsigned(info.level), (unsigned long long)info.seq, i + 1,
+                  Label(at.member), (unsigned long long)at.offset, d.empty() ? st.Message() : d.text, served + 1,
+                  Label(at.member));
+      } else {
+        Error("%s: level-%u node seq %llu: copy %u on member %s offset %llu is damaged (%s); copy %u serves",
+              kBtreeNames[info.btree_id], unsigned(info.level), (unsigned long long)info.seq, i + 1,
+              Label(at.member), (unsigned long long)at.offset, d.empty() ? st.Message() : d.text, served + 1);
+      }
       damaged++;
     }
     if (damaged != 0 &&
@@ -391,13 +411,33 @@ struct BtreeCheck {
 // the next mount frees it.
 void CheckBtrees(store::Store& e, bool was_clean, Ctx& c, BtreeFindings* found) {
   // 1. The roots block.
-  btree::Roots roots;
+  platform::Owned<btree::Roots> roots_owned = platform::Owned<btree::Roots>::Make();  // (a kernel frame's limit)
+  if (!roots_owned) {
+    c.Line("btree: out of memory");
+    c.report->exit_code = kExitOperational;
+    return;
+  }
+  btree::Roots& roots = *roots_owned;
   Diag d;
   Status st = btree::ReadRoots(e.devs(), e.sb(), &roots, &d);
   if (!st.ok()) {
     c.report->errors++;
     c.Line("btree: %s", d.empty() ? st.Message() : d.text);
     return;
+  }
+  found->stale_members = roots.stale_members;
+  for (u32 m = 0; m < e.sb().nr_members && m < 64; m++) {
+    if (((roots.stale_members >> m) & 1) == 0) continue;
+    c.report->notes++;
+    const char* what = "copies of nodes written since may be damaged; every copy is checked below, and fsck -y "
+                       "rewrites the damaged ones";
+    if (roots.member_gen[m] < roots.gen)
+      c.Line("btree: member %s is stale: it missed the roots block of gen %llu (its newest valid one: gen %llu), so its "
+             "%s", e.sb().members[m].label, (unsigned long long)roots.gen, (unsigned long long)roots.member_gen[m],
+             what);
+    else
+      c.Line("btree: member %s is stale: it missed an earlier roots block (the roots block says so), so its %s",
+             e.sb().members[m].label, what);
   }
   BtreeCheck* bc = platform::New<BtreeCheck>();  // ~1.5 KiB of arrays: not on a kernel stack
   if (bc != nullptr) {
@@ -416,6 +456,9 @@ void CheckBtrees(store::Store& e, bool was_clean, Ctx& c, BtreeFindings* found) 
   }
   // 2, 3. Every node, and the shape.
   st = e.btrees().ForEachNodeContinuing(BtreeCheck::OnNode, BtreeCheck::OnError, bc);
+  found->every_copy_checked = st.ok() && bc->lost_subtrees == 0;
+  for (u32 id = 0; id < btree::kNrBtreeIds; id++)
+    if (bc->stats[id].bad != 0) found->every_copy_checked = false;
   if (!st.ok()) {
     c.Line("btree: walking the trees failed: %s", st.Message());
     c.report->exit_code = kExitOperational;
@@ -511,6 +554,7 @@ void RepairBtreeBuckets(store::Store& e, const BtreeFindings& found, bool was_cl
 // read-only open before this writable one): each dirtied, and the
 // unmount's checkpoint writes every copy anew.
 void RepairNodeCopies(store::Store& e, const BtreeFindings& found, Ctx& c) {
+  bool all = true;
   for (const NodeRewrite& r : found.rewrites) {
     const Status st = e.btrees().RewriteNode(r.btree_id, r.level, r.max);
     if (st.code() == Err::kNotFound) {
@@ -523,6 +567,7 @@ void RepairNodeCopies(store::Store& e, const BtreeFindings& found, Ctx& c) {
       continue;
     }
     if (!st.ok()) {
+      all = false;
       c.Line("btree: %s: level-%u node seq %llu not rewritten: %s", kBtreeNames[r.btree_id], unsigned(r.level),
              (unsigned long long)r.seq, st.Message());
       continue;
@@ -531,6 +576,17 @@ void RepairNodeCopies(store::Store& e, const BtreeFindings& found, Ctx& c) {
     c.Line("btree: %s: level-%u node seq %llu: every copy is written anew", kBtreeNames[r.btree_id],
            unsigned(r.level), (unsigned long long)r.seq);
   }
+  // Every copy on the stale members verified or rewritten (and none of this
+  // open's own writes failed): the next roots block -- this run's last
+  // checkpoint -- calls them whole again.
+  if (found.stale_members == 0) return;
+  if (!all || !found.every_copy_checked || e.btrees().GetStats().node_copy_write_errors != 0) {
+    c.Line("btree: the stale members stay stale (not every copy could be checked or rewritten)");
+    return;
+  }
+  e.btrees().ClearStaleMembers(found.stale_members);
+  c.report->repaired++;
+  c.Line("btree: every copy on the stale members is whole: they are stale no longer");
 }
 
 // fsck -y's rebuild of allocation state that may be wrong -- nodes dropped

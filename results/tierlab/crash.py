@@ -2,10 +2,11 @@
 tierfs, each followed by recovery and a check of everything that was durable.
 
     tierlab crash [--cuts N] [--seed S] [--jobs J] [--cuts-per-image C] [--ops K]
-                  [--out FILE.json] [--keep DIR] [--build BUILD_DIR]
+                  [--metadata-replicas R] [--out FILE.json] [--keep DIR] [--build BUILD_DIR]
 
 Each job formats a two-member filesystem (ssd.a: metadata and new data, hdd.b:
-background target) and mounts it (`tierfs mount -f`, a child we own) over fault
+background target) -- with --metadata-replicas 2, a three-member one whose
+second SSD ssd.c holds a copy of every journal entry and btree node -- and mounts it (`tierfs mount -f`, a child we own) over fault
 devices with 64 MiB volatile write caches on one power supply
 (`--fault-shared-power`): a cut of one is a cut of both, and each unflushed write
 is kept, dropped or torn (sector by sector) from the cut's seed. A cycle:
@@ -23,7 +24,7 @@ is kept, dropped or torn (sector by sector) from the cut's seed. A cycle:
      1 s write-out may or may not have run); kill -9 the daemon;
   5. `tierfs fsck -n` of the cut image must exit 0.
 
-Cuts, by the cache trigger armed on ssd.a (or hdd.b): after the Nth write (any,
+Cuts, by the cache trigger armed on ssd.a (or, with two copies, ssd.c; or hdd.b): after the Nth write (any,
 btree nodes only -- in the middle of a checkpoint, the alloc btree's leaves
 among them --, or hdd.b's writes), at the Nth flush (mid-flush), or idle (the
 command).
@@ -166,22 +167,24 @@ class Cut:
         return self.kind
 
 
-def plan_cut(rng: random.Random, data_on_hdd: bool) -> Cut:
+def plan_cut(rng: random.Random, data_on_hdd: bool, ssds: tuple[str, ...] = ("ssd.a",)) -> Cut:
     """This cycle's cut. The ranges fit what a cycle of 120 operations does here:
     ~150-200 writes and 20-30 flushes to ssd.a, 4-8 btree node writes; the
     counts start at the mount (its replay's writes count). (Until format
     version 3 a kind "alloc" cut allocation-table writes; allocation state is
-    the alloc btree's now, its writes btree writes.)"""
+    the alloc btree's now, its writes btree writes.) With two metadata copies
+    the SSD kinds arm either SSD: every journal entry and node goes to both."""
     kinds = ["writes", "flush", "checkpoint", "hdd", "idle"]
     weights = [30, 20, 28, 10 if data_on_hdd else 0, 12]
     kind = rng.choices(kinds, weights=weights)[0]
     seed = rng.randrange(1 << 40)
+    ssd = ssds[0] if len(ssds) == 1 else rng.choice(ssds)
     if kind == "writes":
-        return Cut(kind, "ssd.a", [f"cache.powercut_after_writes={rng.randint(1, 180)}"], seed)
+        return Cut(kind, ssd, [f"cache.powercut_after_writes={rng.randint(1, 180)}"], seed)
     if kind == "flush":
-        return Cut(kind, "ssd.a", [f"cache.powercut_at_flush={rng.randint(1, 25)}"], seed)
+        return Cut(kind, ssd, [f"cache.powercut_at_flush={rng.randint(1, 25)}"], seed)
     if kind == "checkpoint":
-        return Cut(kind, "ssd.a", ["cache.powercut_origin=\"btree\"",
+        return Cut(kind, ssd, ["cache.powercut_origin=\"btree\"",
                                    f"cache.powercut_after_writes={rng.randint(1, 6)}"], seed)
     if kind == "hdd":
         return Cut(kind, "hdd.b", [f"cache.powercut_after_writes={rng.randint(1, 120)}"], seed)
@@ -194,13 +197,21 @@ class CheckFailed(Exception):
 
 class Job:
     def __init__(self, build: Path, work: Path, seed: int, cuts: int, per_image: int, ops: int,
-                 keep: Path | None, log: Callable[[str], None], lying_disk: bool = False) -> None:
+                 keep: Path | None, log: Callable[[str], None], lying_disk: bool = False,
+                 metadata_replicas: int = 1) -> None:
         self.lying_disk = lying_disk
+        self.metadata_replicas = metadata_replicas
         self.tierfs = build / "bin" / "tierfs"
         self.work, self.seed, self.cuts, self.per_image, self.ops = work, seed, cuts, per_image, ops
         self.keep, self.log = keep, log
         self.rng = random.Random(seed)
         self.a, self.b, self.mnt = work / "ssd.img", work / "hdd.img", work / "mnt"
+        # The members in mount order: label, image, size. ssd.c (two metadata
+        # copies) is named for its place after hdd.b in the command line.
+        self.members: list[tuple[str, Path, int]] = [("ssd.a", self.a, SSD_MIB), ("hdd.b", self.b, HDD_MIB)]
+        if metadata_replicas == 2:
+            self.members.append(("ssd.c", work / "ssd2.img", SSD_MIB))
+        self.ssds = tuple(label for label, _, _ in self.members if label.startswith("ssd."))
         self.mnt.mkdir(parents=True, exist_ok=True)
         self.proc: subprocess.Popen[str] | None = None
         self.mount_error = ""
@@ -227,25 +238,28 @@ class Job:
     def format(self, data_on_hdd: bool) -> None:
         for p in (self.work / "daemon.log", self.work / "daemon.err"):
             p.unlink(missing_ok=True)
-        for p, mib in ((self.a, SSD_MIB), (self.b, HDD_MIB)):
+        labelled: list[str | Path] = []
+        for label, p, mib in self.members:
             with open(p, "wb") as f:
                 f.truncate(mib << 20)
-        self.run("format", "--force", "--label", "ssd.a", self.a, "--label", "hdd.b", self.b,
+            labelled += ["--label", label, p]
+        self.run("format", "--force", *labelled,
                  "--foreground-target", "hdd" if data_on_hdd else "ssd", "--metadata-target", "ssd",
-                 "--background-target", "hdd",
+                 "--background-target", "hdd", "--metadata-replicas", str(self.metadata_replicas),
                  "--bucket-size", "256K", "--journal-buckets", "4")
 
     def mount(self, cut: Cut | None) -> bool:
         """True once mounted; False if the daemon exited (after printing why)."""
-        args = [str(self.tierfs), "mount", "-f", str(self.a), str(self.b), str(self.mnt),
+        args = [str(self.tierfs), "mount", "-f", *(str(p) for _, p, _ in self.members), str(self.mnt),
                 "-o", f"log={self.work / 'daemon.log'}"]
         if cut is not None:
-            args += ["--fault", "ssd.a=powercut", "--fault", "hdd.b=powercut", "--fault-shared-power",
-                     "--fault-set", f"ssd.a:seed={cut.seed}", "--fault-set", f"hdd.b:seed={cut.seed + 1}"]
+            args.append("--fault-shared-power")
+            for i, (label, _, _) in enumerate(self.members):
+                args += ["--fault", f"{label}=powercut", "--fault-set", f"{label}:seed={cut.seed + i}"]
+                if self.lying_disk:
+                    args += ["--fault-set", f"{label}:cache.ignore_flushes=true"]
             for s in cut.sets:
                 args += ["--fault-set", f"{cut.member}:{s}"]
-            if self.lying_disk:
-                args += ["--fault-set", "ssd.a:cache.ignore_flushes=true", "--fault-set", "hdd.b:cache.ignore_flushes=true"]
         # stderr to a file: a pipe nobody reads would stop a chatty daemon.
         with open(self.work / "daemon.err", "w") as err:
             self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, text=True)
@@ -303,7 +317,7 @@ class Job:
         if os.path.ismount(self.mnt) or self._stale_mount():
             subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
         end = time.monotonic() + 30
-        for dev in (self.a, self.b):
+        for _, dev, _ in self.members:
             with open(dev, "rb") as f:
                 while True:
                     try:
@@ -339,7 +353,7 @@ class Job:
             return ""
 
     def fsck(self, when: str) -> None:
-        proc = self.run("fsck", "-n", self.a, self.b, check=False)
+        proc = self.run("fsck", "-n", *(p for _, p, _ in self.members), check=False)
         if proc.returncode == 0:
             return
         out = (proc.stdout + proc.stderr).strip()
@@ -618,8 +632,9 @@ class Job:
         if self.keep is not None:
             dst = self.keep / f"seed{self.seed}-cut{self.stats['cuts']}"
             dst.mkdir(parents=True, exist_ok=True)
-            for p in (self.a, self.b, self.work / "daemon.log", self.work / "daemon.err", self.work / "oplog.txt",
-                      self.work / "cut-ssd.img", self.work / "cut-hdd.img"):
+            images = [p for _, p, _ in self.members]
+            for p in (*images, self.work / "daemon.log", self.work / "daemon.err", self.work / "oplog.txt",
+                      *(self.work / f"cut-{p.name}" for p in images)):
                 if p.exists():
                     shutil.copy(p, dst / p.name)
             self.log(f"kept the images in {dst}")
@@ -656,12 +671,12 @@ class Job:
         window = [state]          # states recovery may show: the last durable one and those after it
         fsynced = state
         for _ in range(cuts):
-            cut = plan_cut(self.rng, data_on_hdd)
+            cut = plan_cut(self.rng, data_on_hdd, self.ssds)
             ops_seed = self.rng.randrange(1 << 40)
             self.stats["cuts"] += 1
             self.stats["by_kind"][cut.kind] = self.stats["by_kind"].get(cut.kind, 0) + 1
             if self.keep is not None:  # the image as the cut left it, before the mount replays it
-                for p in (self.a, self.b):
+                for _, p, _ in self.members:
                     shutil.copy(p, self.work / f"cut-{p.name}")
             if not self.mount(cut):
                 # The cut came while the mount replayed: it must say so, and the
@@ -791,6 +806,9 @@ def register(sub: Any) -> None:
     p.add_argument("--out", metavar="FILE.json", help="write the summary here too")
     p.add_argument("--keep", metavar="DIR", help="copy the images of a failed check here")
     p.add_argument("--build", metavar="BUILD_DIR", help="the build to test (default: this tierlab's)")
+    p.add_argument("--metadata-replicas", type=int, default=1, choices=(1, 2),
+                   help="1: ssd.a and hdd.b; 2: a second SSD, ssd.c, holds a copy of every journal entry "
+                        "and btree node (default 1)")
     p.add_argument("--dir", default="/dev/shm", help="directory for the member images (default /dev/shm)")
     p.add_argument("--lying-disk", action="store_true",
                    help="the harness's own test: members acknowledge flushes without making anything durable "
@@ -809,7 +827,8 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.exists("/dev/fuse") or os.geteuid() != 0:
         raise LabError("needs root and /dev/fuse")
     summary = crash_run(build, args.cuts, args.seed, args.jobs, args.cuts_per_image, args.ops,
-                        Path(args.keep) if args.keep else None, Path(args.dir), lying_disk=args.lying_disk)
+                        Path(args.keep) if args.keep else None, Path(args.dir), lying_disk=args.lying_disk,
+                        metadata_replicas=args.metadata_replicas)
     text = json.dumps(summary, indent=2, sort_keys=True)
     print(text)
     if args.out:
@@ -819,7 +838,7 @@ def run(args: argparse.Namespace) -> int:
 
 def crash_run(build: Path, cuts: int, seed: int, jobs: int, per_image: int, ops: int,
               keep: Path | None, where: Path, log: Callable[[str], None] | None = None,
-              lying_disk: bool = False) -> dict[str, Any]:
+              lying_disk: bool = False, metadata_replicas: int = 1) -> dict[str, Any]:
     """Runs `cuts` cuts over `jobs` parallel jobs; the merged summary."""
     lock = threading.Lock()
 
@@ -838,10 +857,18 @@ def crash_run(build: Path, cuts: int, seed: int, jobs: int, per_image: int, ops:
         tmp = Path(tempfile.mkdtemp(prefix="tierlab-crash-", dir=where))
         tmps.append(tmp)
         job = Job(build, tmp, seed + j, share, per_image, ops, keep,
-                  lambda s, j=j: say(f"tierlab crash: job {j}: {s}"), lying_disk)
+                  lambda s, j=j: say(f"tierlab crash: job {j}: {s}"), lying_disk, metadata_replicas)
 
-        def go(job: Job = job) -> None:
-            st = job.run_all()
+        def go(job: Job = job, j: int = j) -> None:
+            # A job the harness itself broke (a tierfs binary replaced under
+            # it, a bug here) is a failure of the run, never a silent gap.
+            try:
+                st = job.run_all()
+            except Exception as e:  # noqa: BLE001 -- reported, with the cuts it still made
+                st = dict(job.stats)
+                st["failures"] = list(st.get("failures", [])) + [f"job {j}: the harness failed: "
+                                                                 f"{type(e).__name__}: {e}"]
+                say(f"tierlab crash: job {j}: the harness failed: {type(e).__name__}: {e}")
             with lock:
                 results.append(st)
         t = threading.Thread(target=go)
@@ -853,7 +880,8 @@ def crash_run(build: Path, cuts: int, seed: int, jobs: int, per_image: int, ops:
     finally:
         for tmp in tmps:
             shutil.rmtree(tmp, ignore_errors=True)
-    total: dict[str, Any] = {"seed": seed, "jobs": jobs, "wall_s": round(time.monotonic() - start, 1)}
+    total: dict[str, Any] = {"seed": seed, "jobs": jobs, "metadata_replicas": metadata_replicas,
+                             "wall_s": round(time.monotonic() - start, 1)}
     for st in results:
         for k, v in st.items():
             if isinstance(v, dict):
@@ -865,4 +893,6 @@ def crash_run(build: Path, cuts: int, seed: int, jobs: int, per_image: int, ops:
             else:
                 total[k] = total.get(k, 0) + v
     total.setdefault("failures", [])
+    if total.get("cuts", 0) != cuts and not total["failures"]:
+        total["failures"].append(f"{total.get('cuts', 0)} cuts made of {cuts}")
     return total

@@ -75,6 +75,20 @@ def test_short_run_of_power_cuts_loses_nothing(tmp_path: Path) -> None:
 
 
 @needs_fuse
+def test_short_run_with_two_metadata_copies_loses_nothing(tmp_path: Path) -> None:
+    """Three members, every journal entry and btree node on both SSDs; the cuts
+    arm either SSD, and the shared supply reaches the members a moment apart
+    (a member that missed the last roots block is stale: fsck -n notes, not
+    errors)."""
+    tool("tierfs")
+    summary = crash.crash_run(build_dir(), cuts=20, seed=11, jobs=1, per_image=10, ops=120, keep=tmp_path / "keep",
+                              where=Path("/dev/shm"), log=print, metadata_replicas=2)
+    assert summary["failures"] == [], summary["failures"]
+    assert summary["cuts"] == 20 and summary["images"] == 2 and summary["metadata_replicas"] == 2
+    assert summary["lost_fsynced_bytes"] == 0 and summary["fsynced_bytes_verified"] > 0
+
+
+@needs_fuse
 def test_drives_that_lie_about_flushes_are_caught(tmp_path: Path) -> None:
     tool("tierfs")
     summary = crash.crash_run(build_dir(), cuts=8, seed=3, jobs=1, per_image=4, ops=120, keep=None,
@@ -82,9 +96,20 @@ def test_drives_that_lie_about_flushes_are_caught(tmp_path: Path) -> None:
     assert summary["failures"], "fsyncs lost on a lying drive went unnoticed"
 
 
+def test_a_job_the_harness_breaks_is_a_failure(tmp_path: Path) -> None:
+    """A job that dies of an exception (here: no tierfs to run) fails the run;
+    it once left an empty summary that passed."""
+    (tmp_path / "bin").mkdir()
+    summary = crash.crash_run(tmp_path, cuts=2, seed=1, jobs=2, per_image=1, ops=10, keep=None, where=tmp_path,
+                              log=print)
+    assert len(summary["failures"]) == 2, summary
+    assert all("the harness failed: FileNotFoundError" in f for f in summary["failures"]), summary
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--cuts", "0"], "--cuts must be at least 1"),
     (["--jobs", "x"], "invalid int value"),
+    (["--metadata-replicas", "3"], "invalid choice: 3"),
     (["--build", "/nonexistent"], "/nonexistent/bin/tierfs is missing"),
 ])
 def test_bad_arguments_are_one_line(args: list[str], needle: str) -> None:
