@@ -467,9 +467,13 @@ TEST(FaultDevice, DrainAfterPowerCutDoesNotWaitForTheTimeout) {
 // Regression: each request failed at admission (powered off) admitted the next one
 // from the slot queue recursively; a long backlog overflowed the stack.
 TEST(FaultDevice, PowerCutWithALongSlotQueueDoesNotRecurse) {
-  // (60 s: the request in flight must still be in flight at the cut, however
-  // long submitting the backlog takes on a busy machine; 300 ms was not.)
-  auto t = MakeDevice(MustParse("[delay]\nall_ms = 60000\n[queue]\nmax_in_flight = 1\n"));
+  // The request in flight must still be in flight at the cut, however long
+  // submitting the backlog takes on a busy machine (a 300 ms delay was not):
+  // a stall holds it at the completion gate until the cut releases it. (A
+  // 60 s delay did too, but the device's teardown then waited out the
+  // delay's event: a minute of make test.)
+  auto t = MakeDevice(MustParse("[queue]\nmax_in_flight = 1\n"));
+  t.dev->StallFor(3600'000'000'000u);
   Batch b(*t.dev);
   constexpr int kQueued = 100000;
   for (int i = 0; i < kQueued; i++) b.Add(IoOp::kRead, 0, 512);
