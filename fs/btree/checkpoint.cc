@@ -77,7 +77,7 @@ Status ReadRoots(dev::DeviceSet& devs, const sb::Superblock& sb, Roots* out, Dia
       out->gen = r->gen.get();
       out->journal_seq = r->journal_seq.get();
       out->node_seq_hi = r->node_seq_hi.get();
-      out->stale_members = r->stale_members.get();
+      for (u32 i = 0; i < dev::kMaxDevices; i++) out->stale_since[i] = r->stale_since[i].get();
       MemCopy(out->roots, r->roots, sizeof(out->roots));
     }
   }
@@ -86,9 +86,15 @@ Status ReadRoots(dev::DeviceSet& devs, const sb::Superblock& sb, Roots* out, Dia
   // that reached the members at different moments, a member that failed):
   // the nodes written since may lack their copy there. Recorded, so that
   // every roots block from now on says so until fsck -y has verified them
-  // (the open says so once: Store::Open).
+  // (the open says so once: Store::Open). Only a member with a valid roots
+  // block that is older: one with none (rot, read errors) is no evidence of
+  // a missed checkpoint, and damage on it stays an error; one whose newest
+  // slot rotted is marked from the gen after its older one, which excuses
+  // only the copies of that one checkpoint.
   for (u32 m = 0; found && m < sb.nr_members; m++)
-    if (HoldsBtree(sb, m) && out->member_gen[m] < out->gen) out->stale_members |= u64(1) << m;
+    if (HoldsBtree(sb, m) && out->member_gen[m] != 0 && out->member_gen[m] < out->gen &&
+        (out->stale_since[m] == 0 || out->stale_since[m] > out->member_gen[m] + 1))
+      out->stale_since[m] = out->member_gen[m] + 1;
   // Not read is not damaged: fsck must not rebuild trees it could not read.
   if (!found && !io.ok())
     return DiagError(diag, io, "btree roots: reading the roots block failed: %s", io.Message());
@@ -114,7 +120,7 @@ Status WriteRootsBlock(dev::DeviceSet& devs, const sb::Superblock& sb, const Roo
   r->gen.set(roots.gen);
   r->journal_seq.set(roots.journal_seq);
   r->node_seq_hi.set(roots.node_seq_hi);
-  r->stale_members.set(roots.stale_members);
+  for (u32 i = 0; i < dev::kMaxDevices; i++) r->stale_since[i].set(roots.stale_since[i]);
   MemCopy(r->roots, roots.roots, sizeof(r->roots));
   r->csum.set(platform::Crc32cSkippingField(r, kRootsSlotSize, __builtin_offsetof(RootsFormat, csum)));
   const u64 off = kRootsOffset + (roots.gen & 1) * kRootsSlotSize;
@@ -616,7 +622,7 @@ Status TreeOps::TakeImage(Impl* im, Tree& t, CachedNode* n, Vector<Job>* jobs) {
   j.img = static_cast<u8*>(platform::Alloc(im->node_size, 4096, false));
   if (j.img == nullptr) return Err::kNoMemory;
   j.seq = NewSeq(im);
-  j.bytes = n->node.WriteImage(j.img, j.seq, im->sb.fs_uuid);
+  j.bytes = n->node.WriteImage(j.img, j.seq, im->sb.fs_uuid, im->image_gen);
   j.dst = n->ptr;
   j.installed = false;
   j.rewrite = false;
@@ -696,6 +702,7 @@ Status TreeOps::ReserveAhead(Impl* im) {
 
 Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
   MutexLock ck(im->ckpt_mu);
+  im->image_gen = roots_out->gen + 1;
   struct ReclaimOk {  // (destroyed after Reserved below: its frees are reclaim commits)
     Impl* im;
     explicit ReclaimOk(Impl* i) : im(i) { im->reclaim_ok.FetchAdd(1, MemOrder::kRelaxed); }
@@ -1092,10 +1099,11 @@ Status Btrees::Checkpoint() {
 void Btrees::ClearStaleMembers(u64 mask) {
   if (impl_ == nullptr) return;
   MutexLock ck(impl_->ckpt_mu);  // (roots_ is the checkpoint's)
-  if ((roots_.stale_members & mask) == 0) return;
-  roots_.stale_members &= ~mask;
+  if ((StaleMask(roots_) & mask) == 0) return;
+  for (u32 m = 0; m < dev::kMaxDevices; m++)
+    if ((mask >> m) & 1) roots_.stale_since[m] = 0;
   impl_->roots_changed = true;
-  impl_->stale_members.Store(roots_.stale_members, MemOrder::kRelaxed);
+  impl_->stale_members.Store(StaleMask(roots_), MemOrder::kRelaxed);
 }
 
 }  // namespace tfs::btree

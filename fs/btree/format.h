@@ -79,7 +79,11 @@ struct NodeHeader {  // 96 bytes
   // through the parent's pointer (seq), so reads ignore it; fsck's node scan
   // takes only nodes of this filesystem from slots no pointer names.
   u8 fs_uuid[16];
-  u8 reserved[8];    // 0
+  // The roots gen of the checkpoint that wrote this image (its roots block's,
+  // had it reached every member; 0: not recorded). Only says when a copy was
+  // written -- fsck's test of a damaged copy on a stale member (RootsFormat::
+  // stale_since) -- never which copy is current (the parent's seq does).
+  Le64 gen;
 };
 static_assert(sizeof(NodeHeader) == 96, "node header size");
 static_assert(__builtin_offsetof(NodeHeader, csum) == 8, "node csum offset");
@@ -160,14 +164,16 @@ struct RootsFormat {  // kRootsSlotSize bytes
   Le64 gen;           // bumped by every checkpoint; the newest valid slot wins
   Le64 journal_seq;   // every journal entry up to this one is contained in the trees
   Le64 node_seq_hi;   // node seqs below this may exist on disk; new ones start above
-  // Members whose copies of nodes may be missing or stale: each missed a roots
-  // block (its newest valid one older than the newest of the filesystem) and
-  // no fsck -y has verified every copy since. Bit m: member m. 0 before
-  // format version 7's second piece; nothing reads a set bit as damage, only
-  // as where to expect it (fsck's notes, docs/design/copies.md 5b-4).
-  Le64 stale_members;
+  u8 reserved0[8];    // 0
   NodePtrFormat roots[kNrBtreeIds];
-  u8 reserved[kRootsSlotSize - 64 - kNrBtreeIds * sizeof(NodePtrFormat)];
+  // Per member: 0, or the first roots gen the member missed (its newest valid
+  // roots block was older than the newest of the filesystem) while no fsck -y
+  // has verified its copies since -- node copies on it written at that gen or
+  // later (NodeHeader::gen) may never have been written. Nothing reads an
+  // entry as damage, only as where damage is expected (fsck's notes,
+  // docs/format/btree.md "Stale members").
+  Le64 stale_since[32];
+  u8 reserved[kRootsSlotSize - 64 - kNrBtreeIds * sizeof(NodePtrFormat) - 32 * 8];
 };
 static_assert(sizeof(RootsFormat) == kRootsSlotSize, "roots slot size");
 static_assert(__builtin_offsetof(RootsFormat, roots) == 64, "roots layout");

@@ -184,6 +184,9 @@ struct Btrees::Impl {
   // roots (ClearStaleMembers): the next checkpoint writes one even with
   // nothing dirty. Under ckpt_mu.
   bool roots_changed = false;
+  // The gen the running checkpoint's roots block will have: each image it
+  // takes records it (NodeHeader::gen). Under ckpt_mu.
+  u64 image_gen = 0;
   // Nonzero while a checkpoint holds ckpt_mu, and from the start of Close:
   // when reclaim commits may be made with a journal attached (a cheap check,
   // not of the calling thread: Transaction::Commit).

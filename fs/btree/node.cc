@@ -27,12 +27,6 @@ bool SameInfo(const NodeInfo& a, const NodeInfo& b) {
   return a.btree_id == b.btree_id && a.level == b.level && a.seq == b.seq && a.min == b.min && a.max == b.max;
 }
 
-bool AllZero(const u8* p, usize n) {
-  for (usize i = 0; i < n; i++) {
-    if (p[i] != 0) return false;
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -121,6 +115,7 @@ Status Node::Parse(const void* src, usize len, const NodeInfo* expect, Diag* dia
     info.btree_id = h->btree_id;
     info.level = h->level;
     info.seq = h->seq.get();
+    info.gen = h->gen.get();
     info.min = Pos{h->btree_id, h->min_inode.get(), h->min_offset.get()};
     info.max = Pos{h->btree_id, h->max_inode.get(), h->max_offset.get()};
     const unsigned long long seq = (unsigned long long)info.seq;
@@ -132,7 +127,7 @@ Status Node::Parse(const void* src, usize len, const NodeInfo* expect, Diag* dia
     if (used < sizeof(NodeHeader) || used > len || used % 8 != 0) return bad("used_bytes");
     const u32 nsets = h->nsets.get();
     if (nsets > kMaxSets) return bad("set count");
-    if (h->flags.get() != 0 || h->reserved0.get() != 0 || !AllZero(h->reserved, sizeof(h->reserved)))
+    if (h->flags.get() != 0 || h->reserved0.get() != 0)
       return bad("reserved fields (not zero)");
     if (!ValidBounds(info)) return bad("btree id, level or key range");
     if (expect != nullptr && !SameInfo(info, *expect))
@@ -432,12 +427,13 @@ bool Node::SplitPoint(u32 num, u32 den, Pos* left_max) const {
   return false;
 }
 
-u32 Node::WriteImage(u8* dst, u64 new_seq, const u8* fs_uuid) const {
+u32 Node::WriteImage(u8* dst, u64 new_seq, const u8* fs_uuid, u64 gen) const {
   const u32 bytes = (used_ + 4095u) & ~4095u;
   MemCopy(dst, buf_, used_);
   MemSet(dst + used_, 0, bytes - used_);
   auto* h = reinterpret_cast<NodeHeader*>(dst);
   h->seq.set(new_seq);
+  h->gen.set(gen);
   h->used_bytes.set(used_);
   h->nsets.set(u16(sets_.size()));
   if (fs_uuid != nullptr) {

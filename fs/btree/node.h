@@ -42,6 +42,7 @@ struct NodeInfo {
   u8 btree_id = 0;
   u8 level = 0;
   u64 seq = 0;
+  u64 gen = 0;  // NodeHeader::gen as parsed (not part of the identity: SameInfo ignores it)
   Pos min{};
   Pos max{};
 };
@@ -106,7 +107,7 @@ class Node {
   // aligned, zero-padded to a 4 KiB multiple) under a new seq: every set magic and
   // checksum and the header are recomputed in the copy, and the header names
   // filesystem `fs_uuid` (16 bytes; null: zeros). Returns the bytes to write.
-  u32 WriteImage(u8* dst, u64 new_seq, const u8* fs_uuid = nullptr) const;
+  u32 WriteImage(u8* dst, u64 new_seq, const u8* fs_uuid = nullptr, u64 gen = 0) const;
   // Exchanges the contents of two nodes (a rebuilt node replaces a cached one).
   void Swap(Node& other);
   // Renames the in-memory node to `seq` (after its image was written under it).

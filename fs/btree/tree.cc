@@ -20,6 +20,7 @@
 // journal commit, and the read of a leaf evicted since the prefetch.
 // Structure changes take the tree lock exclusive once the leaf lock is gone.
 #include "btree/internal.h"
+#include "util/bits.h"
 
 namespace tfs::btree {
 
@@ -284,7 +285,7 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
   }
   im->wanted_durability = Max<u32>(sb.options.metadata_replicas, 1);
   roots_ = roots;
-  im->stale_members.Store(roots.stale_members, MemOrder::kRelaxed);
+  im->stale_members.Store(StaleMask(roots), MemOrder::kRelaxed);
   bool root_read[kNrBtreeIds] = {};
   for (u32 id = 0; id < kNrBtreeIds; id++) {
     Tree& t = im->trees[id];
@@ -725,7 +726,7 @@ Stats Btrees::GetStats() const {
   s.cached_bytes = L(im->cached_bytes);
   s.dirty_nodes = L(im->dirty_nodes);
   s.dirty_bytes = s.dirty_nodes * im->node_size;
-  for (u64 m = L(im->stale_members); m != 0; m &= m - 1) s.stale_members++;  // (no libgcc popcount in the kernel)
+  s.stale_members = PopCount(L(im->stale_members));
   for (u32 id = 0; id < kNrBtreeIds; id++) {
     Tree& t = im->trees[id];
     ReadGuard g(t.lock);

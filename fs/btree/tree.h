@@ -232,15 +232,23 @@ struct Roots {
   u64 gen = 0;
   u64 journal_seq = 0;  // journal entries <= this are contained in the trees
   u64 node_seq_hi = 0;
-  // RootsFormat::stale_members: as read, plus every member ReadRoots found
-  // behind (its newest valid roots block older than `gen`, or unreadable).
-  u64 stale_members = 0;
+  // RootsFormat::stale_since: as read, plus every member ReadRoots found
+  // behind (a valid roots block older than `gen`: its newest gen + 1).
+  u64 stale_since[dev::kMaxDevices] = {};
   NodePtrFormat roots[kNrBtreeIds];
   u32 rejected = 0;  // ReadRoots: slots that could not be read or failed their checks
   // ReadRoots: the newest valid gen on each member (0: none, or the member
   // holds no btree).
   u64 member_gen[dev::kMaxDevices] = {};
 };
+
+// The members Roots::stale_since marks (bit m: member m).
+inline u64 StaleMask(const Roots& r) {
+  u64 mask = 0;
+  for (u32 m = 0; m < dev::kMaxDevices; m++)
+    if (r.stale_since[m] != 0) mask |= u64(1) << m;
+  return mask;
+}
 
 // The gen of the newest roots block format writes (slot 0 holds gen 1, slot 1 gen 2).
 inline constexpr u64 kFormatRootsGen = 2;
@@ -472,7 +480,7 @@ class Btrees {
   Status Checkpoint();
   // fsck -y, once every copy of every node on the members in `mask` has been
   // verified or rewritten: the next roots block no longer calls them stale
-  // (Roots::stale_members; the next Checkpoint writes one even with nothing
+  // (Roots::stale_since; the next Checkpoint writes one even with nothing
   // dirty).
   void ClearStaleMembers(u64 mask);
   // Stops the writer, checkpoints until nothing is dirty (the checkpoints'

@@ -144,7 +144,8 @@ struct BucketFix {
 // (Btrees::RewriteNode), its range and level naming it.
 struct NodeRewrite {
   u8 btree_id, level;
-  u32 damaged;  // copies (each an error of the check)
+  u32 damaged;  // copies that were errors of the check (counted repaired; those
+                // on a stale member, notes, are rewritten without counting)
   btree::Pos max;
   u64 seq;
 };
@@ -152,9 +153,11 @@ struct NodeRewrite {
 struct BtreeFindings {
   Vector<BucketFix> fixes;
   Vector<NodeRewrite> rewrites;
-  // The roots block's stale members (btree::Roots::stale_members), and
-  // whether the walk verified every copy of every node the trees reach (no
-  // node unread): then -y's rewrites leave no member stale.
+  // The roots block's stale members (btree::Roots::stale_since: the first
+  // gen each missed), and whether the walk verified every copy of every
+  // node the trees reach (no node unread): then -y's rewrites leave no
+  // member stale.
+  u64 stale_since[dev::kMaxDevices] = {};
   u64 stale_members = 0;
   bool every_copy_checked = false;
 };
@@ -251,7 +254,7 @@ struct BtreeCheck {
   // node goes on the rewrites fsck -y makes.
   void CheckCopies(const btree::Node& node, const btree::NodePtrFormat& p, u32 served) {
     const btree::NodeInfo& info = node.info();
-    u32 damaged = 0;
+    u32 damaged = 0, noted = 0;
     for (u32 i = 0; i < btree::PtrCopies(p); i++) {
       if (i == served) continue;
       Diag d;
@@ -262,13 +265,16 @@ struct BtreeCheck {
       }
       if (st.ok()) continue;
       const btree::NodeCopy at = btree::PtrCopy(p, i);
-      // On a member that missed a roots block (found->stale_members), the
-      // copies of the nodes written since may never have been written: the
-      // damage is where the filesystem knows to expect it -- a note, and -y
-      // rewrites it all the same.
-      const bool expected = at.member < 64 && ((found->stale_members >> at.member) & 1) != 0;
+      // On a member that missed a roots block, the copies of the nodes
+      // written since (their image's gen, from the copy that served) may
+      // never have been written: the damage is where the filesystem knows
+      // to expect it -- a note, and -y rewrites it all the same. Older
+      // nodes' copies there were written before: their damage is an error.
+      const u64 since = at.member < dev::kMaxDevices ? found->stale_since[at.member] : 0;
+      const bool expected = since != 0 && info.gen >= since;
       if (expected) {
         c->report->notes++;
+        noted++;
         if (++lines <= kMaxLines)
           c->Line("btree: %s: level-%u node seq %llu: copy %u on member %s offset %llu is damaged (%s); copy %u "
                   "serves (%s missed a checkpoint's end: expected; fsck -y rewrites it)",
@@ -279,10 +285,10 @@ struct BtreeCheck {
         Error("%s: level-%u node seq %llu: copy %u on member %s offset %llu is damaged (%s); copy %u serves",
               kBtreeNames[info.btree_id], unsigned(info.level), (unsigned long long)info.seq, i + 1,
               Label(at.member), (unsigned long long)at.offset, d.empty() ? st.Message() : d.text, served + 1);
+        damaged++;
       }
-      damaged++;
     }
-    if (damaged != 0 &&
+    if (damaged + noted != 0 &&
         !found->rewrites.PushBack(NodeRewrite{info.btree_id, info.level, damaged, info.max, info.seq}).ok())
       stop = Err::kNoMemory;
   }
@@ -425,19 +431,15 @@ void CheckBtrees(store::Store& e, bool was_clean, Ctx& c, BtreeFindings* found) 
     c.Line("btree: %s", d.empty() ? st.Message() : d.text);
     return;
   }
-  found->stale_members = roots.stale_members;
-  for (u32 m = 0; m < e.sb().nr_members && m < 64; m++) {
-    if (((roots.stale_members >> m) & 1) == 0) continue;
+  found->stale_members = btree::StaleMask(roots);
+  for (u32 m = 0; m < e.sb().nr_members && m < dev::kMaxDevices; m++) {
+    found->stale_since[m] = roots.stale_since[m];
+    if (roots.stale_since[m] == 0) continue;
     c.report->notes++;
-    const char* what = "copies of nodes written since may be damaged; every copy is checked below, and fsck -y "
-                       "rewrites the damaged ones";
-    if (roots.member_gen[m] < roots.gen)
-      c.Line("btree: member %s is stale: it missed the roots block of gen %llu (its newest valid one: gen %llu), so its "
-             "%s", e.sb().members[m].label, (unsigned long long)roots.gen, (unsigned long long)roots.member_gen[m],
-             what);
-    else
-      c.Line("btree: member %s is stale: it missed an earlier roots block (the roots block says so), so its %s",
-             e.sb().members[m].label, what);
+    c.Line("btree: member %s is stale: it missed the roots block of gen %llu (the newest: gen %llu), so its copies "
+           "of nodes written since may be damaged; every copy is checked below, and fsck -y rewrites the damaged "
+           "ones",
+           e.sb().members[m].label, (unsigned long long)roots.stale_since[m], (unsigned long long)roots.gen);
   }
   BtreeCheck* bc = platform::New<BtreeCheck>();  // ~1.5 KiB of arrays: not on a kernel stack
   if (bc != nullptr) {
@@ -576,16 +578,17 @@ void RepairNodeCopies(store::Store& e, const BtreeFindings& found, Ctx& c) {
     c.Line("btree: %s: level-%u node seq %llu: every copy is written anew", kBtreeNames[r.btree_id],
            unsigned(r.level), (unsigned long long)r.seq);
   }
-  // Every copy on the stale members verified or rewritten (and none of this
-  // open's own writes failed): the next roots block -- this run's last
-  // checkpoint -- calls them whole again.
+  // Every copy on the stale members verified, or rewritten (and none of this
+  // open's writes failed so far): the next roots block -- this run's last
+  // checkpoint -- no longer marks them. (A copy whose write fails in that
+  // last checkpoint is not known here: its node is dirtied again, and the
+  // next fsck finds the copy -- an error then, as it should be.)
   if (found.stale_members == 0) return;
   if (!all || !found.every_copy_checked || e.btrees().GetStats().node_copy_write_errors != 0) {
     c.Line("btree: the stale members stay stale (not every copy could be checked or rewritten)");
     return;
   }
-  e.btrees().ClearStaleMembers(found.stale_members);
-  c.report->repaired++;
+  e.btrees().ClearStaleMembers(found.stale_members);  // (no error was found: nothing counted repaired)
   c.Line("btree: every copy on the stale members is whole: they are stale no longer");
 }
 

@@ -228,18 +228,12 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
     return rst;
   }
   for (u32 m = 0; rst.ok() && m < sb_.nr_members; m++) {
-    if (((roots.stale_members >> m) & 1) == 0) continue;
-    if (roots.member_gen[m] < roots.gen)
-      platform::Log(platform::LogLevel::kWarn,
-                    "btree roots: member %s missed the roots block of gen %llu (its newest valid one: gen %llu): its "
-                    "copies of the nodes written since may be damaged; reads use the other copies, and fsck -y "
-                    "rewrites them",
-                    sb_.members[m].label, (unsigned long long)roots.gen, (unsigned long long)roots.member_gen[m]);
-    else
-      platform::Log(platform::LogLevel::kWarn,
-                    "btree roots: member %s is stale (it missed an earlier roots block): its copies of some nodes "
-                    "may be damaged; reads use the other copies, and fsck -y rewrites them",
-                    sb_.members[m].label);
+    if (roots.stale_since[m] == 0) continue;
+    platform::Log(platform::LogLevel::kWarn,
+                  "btree roots: member %s is stale: it missed the roots block of gen %llu (the newest: gen %llu), so "
+                  "its copies of nodes written since may be damaged; reads use the other copies, and fsck -y "
+                  "rewrites them",
+                  sb_.members[m].label, (unsigned long long)roots.stale_since[m], (unsigned long long)roots.gen);
   }
   if (!rst.ok()) {  // no valid roots block at all: every tree from the scan
     rep.stale_roots = true;
