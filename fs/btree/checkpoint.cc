@@ -48,7 +48,7 @@ Status ReadRoots(dev::DeviceSet& devs, const sb::Superblock& sb, Roots* out, Dia
   u32 bad = 0;
   Status io;  // the first read that failed
   for (u32 m = 0; m < sb.nr_members; m++) {
-    if (!HoldsBtree(sb, m)) continue;
+    if (!HoldsBtree(sb, m) || ((devs.missing() >> m) & 1) != 0) continue;  // (a degraded open's: not read)
     Status st = dev::QueueSyncIo(devs.member(m)->queue(), IoOp::kRead, kRootsOffset, buf, 2 * kRootsSlotSize, 0,
                                  IoOrigin::kBtree);
     if (!st.ok()) {
@@ -90,7 +90,8 @@ Status ReadRoots(dev::DeviceSet& devs, const sb::Superblock& sb, Roots* out, Dia
   // block that is older: one with none (rot, read errors) is no evidence of
   // a missed checkpoint, and damage on it stays an error; one whose newest
   // slot rotted is marked from the gen after its older one, which excuses
-  // only the copies of that one checkpoint.
+  // only the copies of that one checkpoint. (A degraded open's missing
+  // member is not read: member_gen 0, never marked.)
   for (u32 m = 0; found && m < sb.nr_members; m++)
     if (HoldsBtree(sb, m) && out->member_gen[m] != 0 && out->member_gen[m] < out->gen &&
         (out->stale_since[m] == 0 || out->stale_since[m] > out->member_gen[m] + 1))

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "data/data.h"
+#include "dev/missing_device.h"
 #include "data/testing.h"
 #include "fsck/fsck.h"
 #include "mount/testing.h"
@@ -312,6 +313,97 @@ TEST(ReplicasTest, TwoCopiesOnDistinctMembersEachReadTheFile) {
 
 // The same with compression: every copy of a blob is compressed, each with
 // the blob's crc, and each reads the file.
+// A store opened (and closed) on `given`, degraded and read-only as asked:
+// the open's status, its reason in *d.
+Status OpenStore(const std::vector<BlockDevice*>& given, bool degraded, bool read_only, Diag* d) {
+  store::Store s;
+  store::OpenOptions oo;
+  oo.degraded = degraded;
+  oo.read_only = read_only;
+  return s.Open(given.data(), u32(given.size()), oo, d);
+}
+
+// Degraded mounts (docs/design/copies.md, "Step 5c", 5c-1): two SSDs with
+// two copies of every extent, journal entry and btree node, cleanly
+// unmounted. Either member left out: refused without -o degraded (the line
+// names it and the option), refused writable, and read-only degraded every
+// file reads back from the other member -- every request to the missing one
+// failing at once. A file of one copy refuses the degraded mount, naming
+// its data.
+TEST(ReplicasTest, ADegradedReadOnlyMountReadsEveryFileFromTheMemberGiven) {
+  store::FormatOptions fo = testing::SmallFormat();
+  fo.metadata_replicas = 2;
+  Replicas t(2, 2, fo);
+  std::vector<std::pair<u64, std::string>> files;
+  for (u32 i = 0; i < 6; i++) {
+    const std::string name = "f" + std::to_string(i);
+    files.push_back({t.Create(name), Bytes(100 * 1024 * (i + 1) + i, 10 + i)});
+    t.Write(files.back().first, 0, files.back().second);
+  }
+  t.m.reset();  // (a clean unmount)
+  u64 met = 0;
+  for (u32 left = 0; left < 2; left++) {
+    SCOPED_TRACE("left out: member " + std::to_string(left));
+    const std::vector<BlockDevice*> given = {t.gates[1 - left].get()};
+    const std::string label = left == 0 ? "ssd.a" : "ssd.b";
+    auto open = [&](bool degraded, bool ro, Diag* d) { return OpenStore(given, degraded, ro, d); };
+    Diag d;
+    EXPECT_EQ(open(false, true, &d), Status(Err::kNotFound));
+    EXPECT_NE(std::string(d.text).find("missing: " + label + " (a degraded mount, -o degraded,ro"),
+              std::string::npos)
+        << d.text;
+    d = Diag{};
+    EXPECT_EQ(open(true, false, &d), Status(Err::kNotSupported));
+    EXPECT_NE(std::string(d.text).find("a degraded mount is read-only for now"), std::string::npos) << d.text;
+    store::OpenOptions oo;
+    oo.degraded = true;
+    oo.read_only = true;
+    testing::MountedFs m(given, oo);
+    ASSERT_TRUE(m.open());
+    EXPECT_EQ(m.store->devs().missing(), 1u << left);
+    for (const auto& [ino, content] : files) {
+      std::string got(content.size(), '\0');
+      auto r = m.fs.Read(ino, 0, got.data(), u32(got.size()));
+      ASSERT_TRUE(r.ok()) << r.status().Message();
+      EXPECT_TRUE(r.value() == content.size() && got == content) << "inode " << ino;
+    }
+    auto* ph = static_cast<dev::MissingDevice*>(m.store->devs().member(left)->bdev());
+    EXPECT_STREQ(ph->Name(), ("missing(" + label + ")").c_str());
+    // (Which copies are tried first is the pointers' order: with each
+    // member left out in turn, some reads meet the placeholder.)
+    met += ph->requests();
+  }
+  EXPECT_GT(met, 0u);
+  // One file of one copy: the data on the member left out has no other.
+  t.Mount();
+  const u64 one = t.Create("one", "1");
+  t.Write(one, 0, Bytes(64 * 1024, 99));
+  std::vector<std::vector<u8>> vals;
+  const u32 where = t.Extents(one, &vals).at(0).ptrs[0].dev;
+  t.m.reset();
+  Diag d;
+  EXPECT_EQ(OpenStore({t.gates[1 - where].get()}, true, true, &d), Status(Err::kNotFound));
+  EXPECT_NE(std::string(d.text).find("-o degraded: 64 KiB of file data has every copy on the missing members"),
+            std::string::npos)
+      << d.text;
+}
+
+// One copy of the metadata: a node may have its only copy on the member
+// left out, so the degraded mount is refused before any is read.
+TEST(ReplicasTest, ADegradedMountWithOneMetadataCopyIsRefused) {
+  store::FormatOptions fo = testing::SmallFormat();
+  fo.metadata_replicas = 1;
+  Replicas t(2, 2, fo);
+  t.Write(t.Create("f"), 0, Bytes(64 * 1024, 5));
+  t.m.reset();
+  Diag d;
+  EXPECT_EQ(OpenStore({t.gates[0].get()}, true, true, &d), Status(Err::kNotFound));
+  EXPECT_NE(std::string(d.text).find("-o degraded: the missing members hold btree nodes with durability 1, and a "
+                                     "node's copies need only reach 1"),
+            std::string::npos)
+      << d.text;
+}
+
 TEST(ReplicasTest, CompressedBlobsHaveEveryCopyToo) {
   store::FormatOptions fo = testing::SmallFormat();
   fo.compression = sb::CompressionType::kZstd;

@@ -79,6 +79,10 @@ class DeviceSet {
   Result<DevMask> ResolveTarget(const char* target) const;
   // Members whose queues hold durability debt (writes not yet covered by a flush).
   DevMask DebtMask() const;
+  // Members a degraded mount opened without (each a dev::MissingDevice: every
+  // request fails at once with Err::kMissing). Set once, before any I/O.
+  DevMask missing() const { return missing_; }
+  void SetMissing(DevMask mask) { missing_ = mask; }
 
   // The set's deferred work (running once a member was added). Items
   // queued here must be done before whatever they touch goes (the allocator
@@ -88,6 +92,7 @@ class DeviceSet {
  private:
   Member* members_[kMaxDevices] = {};
   u32 count_ = 0;
+  DevMask missing_ = 0;
   WorkQueue work_;
 };
 

@@ -212,6 +212,9 @@ Status ReadForReplay(dev::DeviceSet& devs, const sb::Superblock& sb, ReplayResul
   for (u32 m = 0; m < sb.nr_members && st.ok(); m++) {
     const sb::Member& mem = sb.members[m];
     if (mem.journal_nbuckets == 0) continue;
+    // A degraded open's missing member: its ring is not read (Store::Open
+    // made sure every entry has a copy on a ring that is).
+    if (((devs.missing() >> m) & 1) != 0) continue;
     dev::Member* dm = devs.member(m);
     if (dm == nullptr) {
       st = DiagError(diag, Err::kInvalidArgument, "journal: member %u not open", m);

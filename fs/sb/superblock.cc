@@ -246,7 +246,7 @@ Status Write(BlockDevice& dev, const Superblock& sb, u16 dev_idx) {
   return Status::Ok();
 }
 
-Status CheckMembers(const Superblock* sbs, u32 count, u32* order, Diag* diag) {
+Status CheckMembers(const Superblock* sbs, u32 count, u32* order, Diag* diag, u32* missing_out) {
   if (count == 0) return DiagError(diag, Err::kInvalidArgument, "no devices given");
   // The newest copy's member table is the reference.
   u32 ref = 0;
@@ -279,14 +279,18 @@ Status CheckMembers(const Superblock* sbs, u32 count, u32* order, Diag* diag) {
   usize n = 0;
   missing[0] = '\0';
   u32 nmissing = 0;
+  if (missing_out != nullptr) *missing_out = 0;
   for (u32 m = 0; m < r.nr_members; m++) {
     if (order[m] != ~u32(0)) continue;
     nmissing++;
+    if (missing_out != nullptr) *missing_out |= u32(1) << m;
     int w = platform::Format(missing + n, sizeof(missing) - n, "%s%s", n ? ", " : "", r.members[m].label);
     if (w > 0) n = Min<usize>(n + usize(w), sizeof(missing) - 1);
   }
-  if (nmissing > 0)
+  if (nmissing > 0 && (missing_out == nullptr || nmissing == r.nr_members))
     return DiagError(diag, Err::kNotFound, "filesystem has %u members; missing: %s", r.nr_members, missing);
+  if (nmissing > 0)  // (the caller decides; the Diag says which)
+    (void)DiagError(diag, Err::kNotFound, "filesystem has %u members; missing: %s", r.nr_members, missing);
   return Status::Ok();
 }
 

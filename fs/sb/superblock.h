@@ -95,7 +95,10 @@ Status Write(BlockDevice& dev, const Superblock& sb, u16 dev_idx);
 // was read from the i-th device. On success `order[m]` is the index into `sbs` of
 // member m. Refuses: devices of different filesystems, a device that is not the
 // member its copy says, the same member twice, members missing (naming them).
-Status CheckMembers(const Superblock* sbs, u32 count, u32* order, Diag* diag = nullptr);
+// With `missing_out`, members missing are not refused (unless all are):
+// *missing_out gets a bit per missing member (their order[] entries ~0u) and
+// `diag` names them ("filesystem has 3 members; missing: ssd.c").
+Status CheckMembers(const Superblock* sbs, u32 count, u32* order, Diag* diag = nullptr, u32* missing_out = nullptr);
 
 // 16 random bytes with the RFC 4122 version-4 bits set.
 void NewUuid(u8 out[16]);

@@ -139,6 +139,65 @@ Status Format(const FormatMember* members, u32 count, const FormatOptions& o, Di
   return Status::Ok();
 }
 
+Store::MissingDevices::~MissingDevices() {
+  for (dev::MissingDevice*& p : d) {
+    platform::Delete(p);
+    p = nullptr;
+  }
+}
+
+Status Store::CheckDegradedMetadata(Diag* diag) const {
+  const dev::DevMask missing = devs_.missing();
+  // The journal: an entry goes to metadata_replicas rings (Journal::Start
+  // caps it at the rings there are); with fewer rings missing than that,
+  // each entry is on a ring given. (A clean filesystem replays nothing.)
+  u32 rings = 0, rings_missing = 0;
+  for (u32 m = 0; m < sb_.nr_members; m++) {
+    if (sb_.members[m].journal_nbuckets == 0) continue;
+    rings++;
+    if ((missing >> m) & 1) rings_missing++;
+  }
+  const u32 per_entry = Min<u32>(Max<u32>(sb_.options.metadata_replicas, 1), rings);
+  if (!sb_.clean() && rings_missing >= per_entry)
+    return DiagError(diag, Err::kNotFound,
+                     "-o degraded: the filesystem was not cleanly unmounted and %u of its %u journal rings are "
+                     "missing, but each entry is on %u: entries may have no copy on the members given",
+                     rings_missing, rings, per_entry);
+  // The btree: a node written whole has copies whose durabilities reach
+  // metadata_replicas; the missing members that may hold nodes must not
+  // reach it, or a node may have every copy among them.
+  u32 missing_durability = 0;
+  for (u32 m = 0; m < sb_.nr_members; m++)
+    if (((missing >> m) & 1) && (sb_.members[m].data_allowed & sb::kDataBtree) != 0)
+      missing_durability += sb_.members[m].durability;
+  if (missing_durability >= Max<u32>(sb_.options.metadata_replicas, 1))
+    return DiagError(diag, Err::kNotFound,
+                     "-o degraded: the missing members hold btree nodes with durability %u, and a node's copies "
+                     "need only reach %u: nodes may have no copy on the members given",
+                     missing_durability, unsigned(Max<u32>(sb_.options.metadata_replicas, 1)));
+  return Status::Ok();
+}
+
+Status Store::CheckDegradedData(Diag* diag) const {
+  const dev::DevMask missing = devs_.missing();
+  if (missing == 0) return Status::Ok();
+  Vector<alloc::ReplicasEntry> sets;
+  if (!sets.Resize(acct_.Replicas(nullptr, 0)).ok()) return Err::kNoMemory;
+  const u32 n = Min<u32>(acct_.Replicas(sets.data(), u32(sets.size())), u32(sets.size()));
+  u64 lost = 0;
+  u32 nsets = 0;
+  for (u32 i = 0; i < n; i++) {
+    if (sets[i].sectors == 0 || (sets[i].members & ~missing) != 0) continue;
+    lost += sets[i].sectors;
+    nsets++;
+  }
+  if (lost == 0) return Status::Ok();
+  return DiagError(diag, Err::kNotFound,
+                   "-o degraded: %llu KiB of file data has every copy on the missing members (%u set%s of "
+                   "members); mount with them",
+                   (unsigned long long)(lost / 2), nsets, nsets == 1 ? "" : "s");
+}
+
 Store::~Store() {
   Status st = Close();
   if (!st.ok()) platform::Log(platform::LogLevel::kError, "store: close failed: %s", st.Message());
@@ -160,7 +219,20 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
     if (r->used_backup) rep.used_backup_sb++;
   }
   u32 order[sb::kSbMaxMembers];
-  TFS_TRY(sb::CheckMembers(sbs.p, count, order, diag));
+  u32 missing = 0;
+  Diag md;
+  if (Status cst = sb::CheckMembers(sbs.p, count, order, &md, &missing); !cst.ok()) {
+    if (diag != nullptr) *diag = md;
+    return cst;
+  }
+  if (missing != 0 && !options.degraded)
+    return DiagError(diag, Err::kNotFound,
+                     "%s (a degraded mount, -o degraded,ro, goes on without them when every journal entry, btree "
+                     "node and extent has a copy on the members given)",
+                     md.text);
+  if (missing != 0 && !options.read_only)
+    return DiagError(diag, Err::kNotSupported, "%s: a degraded mount is read-only for now (-o degraded,ro)",
+                     md.text);
   u32 newest = 0;
   for (u32 i = 1; i < count; i++) {
     if (sbs.p[i].seq > sbs.p[newest].seq) newest = i;
@@ -170,8 +242,24 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
   read_only_ = options.read_only;
 
   for (u32 m = 0; m < sb_.nr_members; m++) {
-    Result<dev::Member*> r = devs_.Add(bdevs[order[m]], sb_.members[m].label, options.queue);
+    BlockDevice* bdev = nullptr;
+    if ((missing >> m) & 1) {
+      char name[48];
+      (void)platform::Format(name, sizeof(name), "missing(%s)", sb_.members[m].label);
+      missing_devs_.d[m] = platform::New<dev::MissingDevice>(sb_.members[m].size, name);
+      if (missing_devs_.d[m] == nullptr) return Err::kNoMemory;
+      bdev = missing_devs_.d[m];
+    } else {
+      bdev = bdevs[order[m]];
+    }
+    Result<dev::Member*> r = devs_.Add(bdev, sb_.members[m].label, options.queue);
     if (!r.ok()) return DiagError(diag, r.status(), "open: member %s: %s", sb_.members[m].label, r.status().Message());
+  }
+  devs_.SetMissing(missing);
+  if (missing != 0) {
+    TFS_TRY(CheckDegradedMetadata(diag));
+    platform::Log(platform::LogLevel::kWarn, "degraded: %s; every read of theirs fails over to another copy",
+                  md.text);
   }
   // The allocator starts with every bucket in its absent-record state; it is
   // loaded from the alloc btree after replay. Its changes are records of the
@@ -314,6 +402,17 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
   bool acct_checked = false;
   if (options.data_counts) acct_checked = CheckAccounting(rep);
   if (rep.acct_mismatch) platform::Log(platform::LogLevel::kError, TFS_ACCT_MISMATCH);
+  if (devs_.missing() != 0) {
+    // The data's copies, from the accounting (exact per set of members):
+    // only when it was checked against the buckets and agrees.
+    if (!acct_checked || rep.acct_mismatch)
+      return fail(DiagError(diag, Err::kNotFound,
+                            "-o degraded: the space accounting %s, so which data has a copy on the members given "
+                            "is not known; mount with every member",
+                            acct_checked ? "disagrees with the bucket records" : "could not be checked"));
+    st = CheckDegradedData(diag);
+    if (!st.ok()) return fail(st);
+  }
   if (!read_only_) {
     u64 next_seq = rep.was_clean ? sb_.journal_seq : Max(rep.replay.next_seq, sb_.journal_seq);
     // Entries lost in the journal may have held allocation changes the

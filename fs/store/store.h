@@ -35,6 +35,7 @@
 #include "alloc/allocator.h"
 #include "btree/tree.h"
 #include "dev/device_set.h"
+#include "dev/missing_device.h"
 #include "journal/journal.h"
 #include "platform/block_device.h"
 #include "sb/superblock.h"
@@ -102,6 +103,12 @@ struct OpenOptions {
   // from then on. The store writes no such key itself: posix does (its
   // mount records them with AddFeatures; fsck -y passes kSbXattrChunks).
   u16 features = 0;
+  // -o degraded (docs/design/copies.md, "Step 5c"): members missing from the
+  // devices given are opened as dev::MissingDevice placeholders instead of
+  // refused, when every journal entry, btree node and extent keeps a copy
+  // on the members given (else refused, naming what would be missing).
+  // Read-only opens only, for now.
+  bool degraded = false;
   // Tests only: false when the user buckets' counts are the test's own
   // (Allocator::SetLiveSectors, with no accounting keys beside them) --
   // no cross-check of the accounting, and no user bucket freed for
@@ -253,7 +260,24 @@ class Store {
   // Journal reclaim: checkpoint the btrees (on their writer).
   static void ReclaimHook(void* self, u64 seq);
 
+  // The placeholders of a degraded open's missing members: declared before
+  // devs_, so that they outlive its queues.
+  struct MissingDevices {
+    dev::MissingDevice* d[dev::kMaxDevices] = {};
+    MissingDevices() = default;
+    MissingDevices(const MissingDevices&) = delete;
+    MissingDevices& operator=(const MissingDevices&) = delete;
+    ~MissingDevices();
+  };
+  // The checks of a degraded open that need no tree (the journal's rings,
+  // the btree's copies): kNotFound with a Diag when something may have no
+  // copy on the members given.
+  Status CheckDegradedMetadata(Diag* diag) const;
+  // The data's: every kReplicas set with sectors has a member given.
+  Status CheckDegradedData(Diag* diag) const;
+
   sb::Superblock sb_{};
+  MissingDevices missing_devs_;
   dev::DeviceSet devs_;
   alloc::Allocator alloc_;
   alloc::Accounting acct_;

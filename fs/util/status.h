@@ -45,6 +45,7 @@ enum class ErrorClass : u8 {
   X(kNoMemory, kNoMemory, 12, "out of memory")                                         \
   X(kIo, kIo, 5, "I/O error")                                                          \
   X(kIoTimeout, kIo, 5, "I/O timed out")                                               \
+  X(kMissing, kIo, 5, "member device missing (a degraded mount)")                      \
   X(kCorrupt, kCorrupt, 117, "metadata corrupt")                                       \
   X(kBadChecksum, kCorrupt, 117, "checksum mismatch")                                  \
   X(kBadMagic, kCorrupt, 117, "bad magic number")                                      \

@@ -407,6 +407,42 @@ def test_bad_device_sets_are_refused_with_one_line(tmp_path: Path) -> None:
     m.close()  # (fsck clean: the mount rewrote nothing it should not have)
 
 
+def test_a_degraded_mount_reads_every_file_from_the_member_given(tmp_path: Path) -> None:
+    """Two SSDs, two copies of everything: either image alone mounts with
+    -o degraded,ro and reads every file; without the option, or writable, the
+    mount is refused with one line naming why."""
+    a, b = image(tmp_path / "a.img"), image(tmp_path / "b.img")
+    assert run([tool("tierfs"), "format", "--force", "--label", "ssd.a", a, "--label", "ssd.b", b, "--bucket-size",
+                "256K", "--replicas", "2", "--metadata-replicas", "2"]).returncode == 0
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    files = {f"f{i}": os.urandom(50_000 * (i + 1)) for i in range(4)}
+    m = Mount([a, b], mnt)
+    for name, data in files.items():
+        (mnt / name).write_bytes(data)
+    m.close()
+    for given, left in ((a, "ssd.b"), (b, "ssd.a")):
+        for opts, needle in (([], f"missing: {left} (a degraded mount, -o degraded,ro"),
+                             (["-o", "degraded"], "a degraded mount is read-only for now")):
+            proc = run([tool("tierfs"), "mount", given, mnt, *opts])
+            assert proc.returncode == 1, proc.stderr
+            lines = proc.stderr.strip().splitlines()
+            assert len(lines) == 1 and needle in lines[0], proc.stderr
+            assert not os.path.ismount(mnt)
+        proc = subprocess.Popen([str(tool("tierfs")), "mount", "-f", str(given), str(mnt), "-o", "degraded,ro"],
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for(lambda: os.path.ismount(mnt) or proc.poll() is not None, "the degraded mount")
+            assert os.path.ismount(mnt), proc.stderr.read() if proc.stderr else ""
+            for name, data in files.items():
+                assert (mnt / name).read_bytes() == data, name
+            expect(errno.EROFS, lambda: (mnt / "new").write_bytes(b"x"), "a write to a read-only mount")
+        finally:
+            umount(mnt)
+            assert proc.wait(timeout=60) == 0
+    fsck_clean([a, b])  # (nothing was written while degraded)
+
+
 def daemon_pids(mnt_arg: str, image: Path) -> list[int]:
     """The tierfs daemons mounted with MNT_ARG that hold IMAGE open: the
     arguments alone also match another test run's daemon on the machine."""

@@ -33,10 +33,10 @@
 namespace tfs::tools {
 namespace {
 
-// Removes tierfs's own `key=value` from the comma-separated option lists and
-// returns the value ("" if absent); the rest go to libfuse.
-std::string TakeOption(std::vector<std::string>* options, const std::string& key) {
-  std::string value;
+// Removes from the comma-separated option lists every option `take`
+// accepts (it is given each one); the rest go to libfuse.
+template <typename Take>
+void TakeOptions(std::vector<std::string>* options, Take take) {
   std::vector<std::string> kept;
   for (const std::string& list : *options) {
     std::string rest;
@@ -45,17 +45,34 @@ std::string TakeOption(std::vector<std::string>* options, const std::string& key
       size_t comma = list.find(',', at);
       if (comma == std::string::npos) comma = list.size();
       const std::string o = list.substr(at, comma - at);
-      if (o.compare(0, key.size() + 1, key + "=") == 0) {
-        value = o.substr(key.size() + 1);
-      } else if (!o.empty()) {
-        rest += (rest.empty() ? "" : ",") + o;
-      }
+      if (!o.empty() && !take(o)) rest += (rest.empty() ? "" : ",") + o;
       at = comma + 1;
     }
     if (!rest.empty()) kept.push_back(rest);
   }
   *options = kept;
+}
+
+// Removes tierfs's own `key=value`; returns the value ("" if absent).
+std::string TakeOption(std::vector<std::string>* options, const std::string& key) {
+  std::string value;
+  TakeOptions(options, [&](const std::string& o) {
+    if (o.compare(0, key.size() + 1, key + "=") != 0) return false;
+    value = o.substr(key.size() + 1);
+    return true;
+  });
   return value;
+}
+
+// Removes the flag `key` (no value); whether it was there.
+bool TakeFlag(std::vector<std::string>* options, const std::string& key) {
+  bool found = false;
+  TakeOptions(options, [&](const std::string& o) {
+    if (o != key) return false;
+    found = true;
+    return true;
+  });
+  return found;
 }
 
 // The daemon is a filesystem's I/O path: memory it allocates under pressure
@@ -79,7 +96,7 @@ int BecomeIoFlusher() {
 // where the daemon's messages go ("" : nowhere).
 int Serve(const std::vector<std::string>& devices, const std::vector<FaultSpec>& faults,
           const std::string& mountpoint, const std::vector<std::string>& options, const std::string& log,
-          int ready_fd) {
+          bool degraded, int ready_fd) {
   MemberLocks locks;  // refuses a mounted set, waits for a daemon that is finishing
   if (!locks.Take("mount", devices, MemberLocks::Mode::kExclusive)) return 1;
   const std::string source = MountSource(devices);  // before the daemon leaves the working directory
@@ -102,6 +119,14 @@ int Serve(const std::vector<std::string>& devices, const std::vector<FaultSpec>&
   // The store, then posix (mount/instance.h); on the heap: it is large.
   auto inst = std::make_unique<mount::Instance>();
   mount::Options mo;
+  // -o degraded: members left out are opened as placeholders when every
+  // copy has another (docs/usage.md, "Degraded mounts"); read-only for now,
+  // so it needs ro (kept for libfuse: the kernel's mount is read-only too).
+  mo.store.degraded = degraded;
+  if (degraded) {
+    std::vector<std::string> probe = options;
+    mo.store.read_only = TakeFlag(&probe, "ro");
+  }
   mo.posix.root_owner = posix::Caller{uint32_t(getuid()), uint32_t(getgid())};
   store::OpenReport rep;
   Diag diag;
@@ -197,7 +222,8 @@ int CmdMount(int argc, char** argv) {
   app.add_option("args", args, "every member device, then the mount point")->required()->expected(2, -1);
   app.add_option("-o", options,
                  "mount options, comma-separated (e.g. allow_other; log=FILE: the daemon's messages; "
-                 "memory_limit=SIZE, memory_psi=PCT: when the caches give memory back)");
+                 "memory_limit=SIZE, memory_psi=PCT: when the caches give memory back; degraded,ro: mount "
+                 "without members missing from the devices given when every copy has another)");
   app.add_flag("-f,--foreground", foreground, "serve in the foreground (no daemon)");
   FaultArgs fault_args;
   AddFaultOptions(&app, &fault_args);
@@ -250,7 +276,8 @@ int CmdMount(int argc, char** argv) {
     if (cwd != nullptr) log = std::string(cwd) + "/" + log;
     free(cwd);
   }
-  if (foreground) return Serve(args, faults, mountpoint, options, log, -1);
+  const bool degraded = TakeFlag(&options, "degraded");
+  if (foreground) return Serve(args, faults, mountpoint, options, log, degraded, -1);
   // Fork before anything starts a thread; the parent waits for "ok" (or for the
   // child to give up, having printed why).
   int pipefd[2];
@@ -268,7 +295,7 @@ int CmdMount(int argc, char** argv) {
   if (pid == 0) {
     close(pipefd[0]);
     setsid();
-    _exit(Serve(args, faults, mountpoint, options, log, pipefd[1]));
+    _exit(Serve(args, faults, mountpoint, options, log, degraded, pipefd[1]));
   }
   close(pipefd[1]);
   char buf[2] = {};
