@@ -47,6 +47,7 @@ Status ReadRoots(dev::DeviceSet& devs, const sb::Superblock& sb, Roots* out, Dia
   bool found = false;
   u32 bad = 0;
   Status io;  // the first read that failed
+  u64 member_gen[dev::kMaxDevices] = {};  // each member's newest valid gen (0: none)
   for (u32 m = 0; m < sb.nr_members; m++) {
     if (!HoldsBtree(sb, m) || ((devs.missing() >> m) & 1) != 0) continue;  // (a degraded open's: not read)
     Status st = dev::QueueSyncIo(devs.member(m)->queue(), IoOp::kRead, kRootsOffset, buf, 2 * kRootsSlotSize, 0,
@@ -71,13 +72,16 @@ Status ReadRoots(dev::DeviceSet& devs, const sb::Superblock& sb, Roots* out, Dia
         bad++;
         continue;
       }
-      out->member_gen[m] = Max(out->member_gen[m], r->gen.get());
+      member_gen[m] = Max(member_gen[m], r->gen.get());
       if (found && r->gen.get() <= out->gen) continue;
       found = true;
       out->gen = r->gen.get();
       out->journal_seq = r->journal_seq.get();
       out->node_seq_hi = r->node_seq_hi.get();
-      for (u32 i = 0; i < dev::kMaxDevices; i++) out->stale_since[i] = r->stale_since[i].get();
+      for (u32 i = 0; i < dev::kMaxDevices; i++) {
+        out->stale_since[i] = r->stale_since[i].get();
+        out->stale_until[i] = r->stale_until[i].get();
+      }
       MemCopy(out->roots, r->roots, sizeof(out->roots));
     }
   }
@@ -91,11 +95,15 @@ Status ReadRoots(dev::DeviceSet& devs, const sb::Superblock& sb, Roots* out, Dia
   // a missed checkpoint, and damage on it stays an error; one whose newest
   // slot rotted is marked from the gen after its older one, which excuses
   // only the copies of that one checkpoint. (A degraded open's missing
-  // member is not read: member_gen 0, never marked.)
-  for (u32 m = 0; found && m < sb.nr_members; m++)
-    if (HoldsBtree(sb, m) && out->member_gen[m] != 0 && out->member_gen[m] < out->gen &&
-        (out->stale_since[m] == 0 || out->stale_since[m] > out->member_gen[m] + 1))
-      out->stale_since[m] = out->member_gen[m] + 1;
+  // member is not read: member_gen 0, never marked.) The window is the gens
+  // it missed, up to the newest: every later checkpoint writes every member
+  // or fails, so copies of nodes written after it were written (an earlier
+  // window is widened to cover both).
+  for (u32 m = 0; found && m < sb.nr_members; m++) {
+    if (!HoldsBtree(sb, m) || member_gen[m] == 0 || member_gen[m] >= out->gen) continue;
+    if (out->stale_since[m] == 0 || out->stale_since[m] > member_gen[m] + 1) out->stale_since[m] = member_gen[m] + 1;
+    out->stale_until[m] = Max(out->stale_until[m], out->gen);
+  }
   // Not read is not damaged: fsck must not rebuild trees it could not read.
   if (!found && !io.ok())
     return DiagError(diag, io, "btree roots: reading the roots block failed: %s", io.Message());
@@ -121,7 +129,10 @@ Status WriteRootsBlock(dev::DeviceSet& devs, const sb::Superblock& sb, const Roo
   r->gen.set(roots.gen);
   r->journal_seq.set(roots.journal_seq);
   r->node_seq_hi.set(roots.node_seq_hi);
-  for (u32 i = 0; i < dev::kMaxDevices; i++) r->stale_since[i].set(roots.stale_since[i]);
+  for (u32 i = 0; i < dev::kMaxDevices; i++) {
+    r->stale_since[i].set(roots.stale_since[i]);
+    r->stale_until[i].set(roots.stale_until[i]);
+  }
   MemCopy(r->roots, roots.roots, sizeof(r->roots));
   r->csum.set(platform::Crc32cSkippingField(r, kRootsSlotSize, __builtin_offsetof(RootsFormat, csum)));
   const u64 off = kRootsOffset + (roots.gen & 1) * kRootsSlotSize;
@@ -1102,7 +1113,7 @@ void Btrees::ClearStaleMembers(u64 mask) {
   MutexLock ck(impl_->ckpt_mu);  // (roots_ is the checkpoint's)
   if ((StaleMask(roots_) & mask) == 0) return;
   for (u32 m = 0; m < dev::kMaxDevices; m++)
-    if ((mask >> m) & 1) roots_.stale_since[m] = 0;
+    if ((mask >> m) & 1) roots_.stale_since[m] = roots_.stale_until[m] = 0;
   impl_->roots_changed = true;
   impl_->stale_members.Store(StaleMask(roots_), MemOrder::kRelaxed);
 }

@@ -173,7 +173,10 @@ struct RootsFormat {  // kRootsSlotSize bytes
   // entry as damage, only as where damage is expected (fsck's notes,
   // docs/format/btree.md "Stale members").
   Le64 stale_since[32];
-  u8 reserved[kRootsSlotSize - 64 - kNrBtreeIds * sizeof(NodePtrFormat) - 32 * 8];
+  // Per member: the last gen of that window (the newest gen when the member
+  // was found behind); copies of nodes written after it were written to it.
+  Le64 stale_until[32];
+  u8 reserved[kRootsSlotSize - 64 - kNrBtreeIds * sizeof(NodePtrFormat) - 2 * 32 * 8];
 };
 static_assert(sizeof(RootsFormat) == kRootsSlotSize, "roots slot size");
 static_assert(__builtin_offsetof(RootsFormat, roots) == 64, "roots layout");

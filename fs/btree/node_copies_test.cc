@@ -432,6 +432,14 @@ TEST(NodeCopiesTest, FsckFindsEachDamagedCopyAndRepairRewritesItsNode) {
   ExpectWholeAndClean(ms, Round(0));
 }
 
+// The gen a node's image records (NodeHeader::gen), from its first copy.
+u64 NodeGen(Members& ms, const NodePtrFormat& p) {
+  const NodeCopy at = PtrCopy(p, 0);
+  std::vector<u8> raw(kNode);
+  ms.devs[at.member]->ReadRaw(at.offset, raw.data(), raw.size());
+  return reinterpret_cast<const NodeHeader*>(raw.data())->gen.get();
+}
+
 // The stale members a read-only open's roots block names.
 u64 StaleMembers(Members& ms) {
   Store e;
@@ -474,7 +482,7 @@ TEST(NodeCopiesTest, AMemberThatMissedTheRootsBlockIsStaleUntilFsckRewritesIt) {
   EXPECT_EQ(StaleMembers(*cut), 2u);
   std::string out;
   EXPECT_EQ(cut->Check(&out), fsck::kExitClean) << out;
-  EXPECT_NE(out.find("member ssd.b is stale: it missed the roots block of gen"), std::string::npos) << out;
+  EXPECT_NE(out.find("member ssd.b is stale: it missed roots gens"), std::string::npos) << out;
   EXPECT_NE(out.find("serves (ssd.b missed a checkpoint's end: expected; fsck -y rewrites it)"), std::string::npos)
       << out;
   // fsck -y on the cut: every damaged copy rewritten, the mark cleared.
@@ -493,27 +501,49 @@ TEST(NodeCopiesTest, AMemberThatMissedTheRootsBlockIsStaleUntilFsckRewritesIt) {
     ASSERT_TRUE(cut->Open(&e, false, {}, /*no_writer=*/true).ok());
     ExpectKeys(e, kKeys, last);
     EXPECT_EQ(e.btrees().GetStats().stale_members, 1u);
+    SetKeys(e, 1, 1, 1);  // (key 0 to the value it has: its leaf written after the window)
     ASSERT_TRUE(e.btrees().Checkpoint().ok());
     ASSERT_TRUE(e.Close().ok());
   }
   EXPECT_EQ(StaleMembers(*cut), 2u);
+  // The window ends at the gen the member was found behind at: a copy on it
+  // of a node written later (every member written) is an error, not a note.
+  {
+    std::unique_ptr<Members> later = cut->AfterPowerCut();
+    u64 until = 0;
+    {
+      Store e;
+      ASSERT_TRUE(later->Open(&e, /*read_only=*/true).ok());
+      until = e.btrees().roots().stale_until[1];
+      ASSERT_TRUE(e.Close().ok());
+    }
+    ASSERT_NE(until, 0u);
+    const Walk wl = WalkNodes(*later);
+    NodePtrFormat newer{};
+    bool have = false;
+    for (const NodePtrFormat& p : wl.test_nodes)
+      if (!have && NodeGen(*later, p) > until) {
+        newer = p;
+        have = true;
+      }
+    ASSERT_TRUE(have) << "no node written after gen " << until;
+    DamageCopy(*later, newer, PtrCopy(newer, 0).member == 1 ? 0 : 1);
+    std::string lo;
+    EXPECT_EQ(later->Check(&lo), fsck::kExitUncorrected) << lo;
+    const std::string head = "node seq " + std::to_string(newer.seq.get()) + ": copy";
+    const size_t at = lo.find(head);
+    ASSERT_NE(at, std::string::npos) << lo;
+    EXPECT_EQ(lo.substr(at, lo.find('\n', at) - at).find("expected"), std::string::npos) << lo;
+  }
   out.clear();
   EXPECT_EQ(cut->Check(&out), fsck::kExitClean) << out;
-  EXPECT_NE(out.find("member ssd.b is stale: it missed the roots block of gen"), std::string::npos) << out;
+  EXPECT_NE(out.find("member ssd.b is stale: it missed roots gens"), std::string::npos) << out;
   EXPECT_NE(out.find("missed a checkpoint's end: expected"), std::string::npos) << out;
   out.clear();
   EXPECT_EQ(cut->Check(&out, /*repair=*/true), fsck::kExitClean) << out;
   EXPECT_NE(out.find("every copy is written anew"), std::string::npos) << out;
   EXPECT_EQ(StaleMembers(*cut), 0u);
   ExpectWholeAndClean(*cut, last);
-}
-
-// The gen a node's image records (NodeHeader::gen), from its first copy.
-u64 NodeGen(Members& ms, const NodePtrFormat& p) {
-  const NodeCopy at = PtrCopy(p, 0);
-  std::vector<u8> raw(kNode);
-  ms.devs[at.member]->ReadRaw(at.offset, raw.data(), raw.size());
-  return reinterpret_cast<const NodeHeader*>(raw.data())->gen.get();
 }
 
 // Rot in member 1's roots slots is no missed checkpoint: with both slots

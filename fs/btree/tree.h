@@ -232,14 +232,13 @@ struct Roots {
   u64 gen = 0;
   u64 journal_seq = 0;  // journal entries <= this are contained in the trees
   u64 node_seq_hi = 0;
-  // RootsFormat::stale_since: as read, plus every member ReadRoots found
-  // behind (a valid roots block older than `gen`: its newest gen + 1).
+  // RootsFormat::stale_since/stale_until: as read, plus every member
+  // ReadRoots found behind (a valid roots block older than `gen`: the gens
+  // after its newest, up to `gen`, are the ones it missed).
   u64 stale_since[dev::kMaxDevices] = {};
+  u64 stale_until[dev::kMaxDevices] = {};
   NodePtrFormat roots[kNrBtreeIds];
   u32 rejected = 0;  // ReadRoots: slots that could not be read or failed their checks
-  // ReadRoots: the newest valid gen on each member (0: none, or the member
-  // holds no btree).
-  u64 member_gen[dev::kMaxDevices] = {};
 };
 
 // The members Roots::stale_since marks (bit m: member m).

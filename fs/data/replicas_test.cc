@@ -349,7 +349,7 @@ TEST(ReplicasTest, ADegradedReadOnlyMountReadsEveryFileFromTheMemberGiven) {
     auto open = [&](bool degraded, bool ro, Diag* d) { return OpenStore(given, degraded, ro, d); };
     Diag d;
     EXPECT_EQ(open(false, true, &d), Status(Err::kNotFound));
-    EXPECT_NE(std::string(d.text).find("missing: " + label + " (a degraded mount, -o degraded,ro"),
+    EXPECT_NE(std::string(d.text).find("missing: " + label + " (a degraded mount, tierfs mount -o degraded,ro"),
               std::string::npos)
         << d.text;
     d = Diag{};
@@ -386,6 +386,37 @@ TEST(ReplicasTest, ADegradedReadOnlyMountReadsEveryFileFromTheMemberGiven) {
   EXPECT_NE(std::string(d.text).find("-o degraded: 64 KiB of file data has every copy on the missing members"),
             std::string::npos)
       << d.text;
+}
+
+// A power cut after an fsync, then either member alone, degraded: the
+// journal replays from the member given and every fsynced byte reads back.
+// (When the newest entry is an unordered flush entry, replay checks its
+// data: the review of 5c-1 found the open failing on the missing member's
+// copy, now skipped when another verifies. Whether this run's newest entry
+// is one depends on the btree writer's timing: a deterministic test of
+// that path is still to write.)
+TEST(ReplicasTest, ADegradedMountAfterAPowerCutReplaysFromTheMemberGiven) {
+  store::FormatOptions fo = testing::SmallFormat();
+  fo.metadata_replicas = 2;
+  Replicas t(2, 2, fo);
+  const std::string content = Bytes(300 * 1024 + 7, 3);
+  const u64 ino = t.Create("f");
+  t.Write(ino, 0, content);
+  ASSERT_TRUE(t.fs().Fsync(ino).ok());
+  const auto images = MemDevice::SnapshotDurable({t.mems[0].get(), t.mems[1].get()});
+  for (u32 left = 0; left < 2; left++) {
+    SCOPED_TRACE("left out: member " + std::to_string(left));
+    auto dev = Member(images[1 - left].size(), images[1 - left]);
+    store::OpenOptions oo;
+    oo.degraded = true;
+    oo.read_only = true;
+    testing::MountedFs m({dev.get()}, oo);
+    ASSERT_TRUE(m.open());
+    std::string got(content.size(), '\0');
+    auto r = m.fs.Read(ino, 0, got.data(), u32(got.size()));
+    ASSERT_TRUE(r.ok()) << r.status().Message();
+    EXPECT_TRUE(r.value() == content.size() && got == content);
+  }
 }
 
 // One copy of the metadata: a node may have its only copy on the member

@@ -157,7 +157,7 @@ struct BtreeFindings {
   // gen each missed), and whether the walk verified every copy of every
   // node the trees reach (no node unread): then -y's rewrites leave no
   // member stale.
-  u64 stale_since[dev::kMaxDevices] = {};
+  Vector<u64> stale_since, stale_until;  // per member (on the heap: fsck::Check's frame)
   u64 stale_members = 0;
   bool every_copy_checked = false;
 };
@@ -270,8 +270,9 @@ struct BtreeCheck {
       // never have been written: the damage is where the filesystem knows
       // to expect it -- a note, and -y rewrites it all the same. Older
       // nodes' copies there were written before: their damage is an error.
-      const u64 since = at.member < dev::kMaxDevices ? found->stale_since[at.member] : 0;
-      const bool expected = since != 0 && info.gen >= since;
+      const u64 since = at.member < found->stale_since.size() ? found->stale_since[at.member] : 0;
+      const bool expected =
+          since != 0 && info.gen >= since && info.gen <= found->stale_until[at.member];
       if (expected) {
         c->report->notes++;
         noted++;
@@ -432,14 +433,21 @@ void CheckBtrees(store::Store& e, bool was_clean, Ctx& c, BtreeFindings* found) 
     return;
   }
   found->stale_members = btree::StaleMask(roots);
+  if (!found->stale_since.Resize(dev::kMaxDevices).ok() || !found->stale_until.Resize(dev::kMaxDevices).ok()) {
+    c.Line("btree: out of memory");
+    c.report->exit_code = kExitOperational;
+    return;
+  }
+  for (u32 m = 0; m < dev::kMaxDevices; m++) found->stale_since[m] = found->stale_until[m] = 0;
   for (u32 m = 0; m < e.sb().nr_members && m < dev::kMaxDevices; m++) {
     found->stale_since[m] = roots.stale_since[m];
+    found->stale_until[m] = roots.stale_until[m];
     if (roots.stale_since[m] == 0) continue;
     c.report->notes++;
-    c.Line("btree: member %s is stale: it missed the roots block of gen %llu (the newest: gen %llu), so its copies "
-           "of nodes written since may be damaged; every copy is checked below, and fsck -y rewrites the damaged "
-           "ones",
-           e.sb().members[m].label, (unsigned long long)roots.stale_since[m], (unsigned long long)roots.gen);
+    c.Line("btree: member %s is stale: it missed roots gens %llu..%llu (the newest: gen %llu), so its copies of "
+           "nodes written then may be damaged; every copy is checked below, and fsck -y rewrites the damaged ones",
+           e.sb().members[m].label, (unsigned long long)roots.stale_since[m],
+           (unsigned long long)roots.stale_until[m], (unsigned long long)roots.gen);
   }
   BtreeCheck* bc = platform::New<BtreeCheck>();  // ~1.5 KiB of arrays: not on a kernel stack
   if (bc != nullptr) {

@@ -114,6 +114,9 @@ Status VerifyCheck(dev::DeviceSet& devs, const sb::Superblock& sb, const Key& k,
       offset > dm->bdev()->Info().size || span > dm->bdev()->Info().size - offset)
     return DiagError(diag, Err::kCorrupt, "journal: invalid data check (member %u, offset %llu, %u bytes)",
                      member, (unsigned long long)offset, length);
+  // A degraded open's missing member: its copy can be neither read nor
+  // verified (VerifyGroup: another copy of the group must verify).
+  if (((devs.missing() >> member) & 1) != 0) return Err::kMissing;
   const u8* crcs = static_cast<const u8*>(k.val) + sizeof(DataCheckFormat);
   // Whole units per read (one unit when it is the only one, at most buf_bytes).
   const u32 step = ncrcs == 1 ? u32(span) : buf_bytes / unit * unit;
@@ -145,6 +148,7 @@ Status VerifyGroup(dev::DeviceSet& devs, const sb::Superblock& sb, const Vector<
   constexpr u32 kBuf = kMaxDataCheckUnit;
   u8* buf = nullptr;
   Status st;
+  u32 verified = 0, skipped = 0;
   for (usize i = from; i < to && st.ok() && *ok; i++) {
     const Found& f = found[i];
     const u8* p = f.payload.data();
@@ -155,6 +159,12 @@ Status VerifyGroup(dev::DeviceSet& devs, const sb::Superblock& sb, const Vector<
       if (k.type != kKeyDataCheck) continue;
       if (buf == nullptr) buf = static_cast<u8*>(platform::Alloc(kBuf, 4096));
       st = buf == nullptr ? Status(Err::kNoMemory) : VerifyCheck(devs, sb, k, buf, kBuf, ok, read_bytes, diag);
+      if (st.code() == Err::kMissing) {  // (a missing member's copy: neither proof nor disproof)
+        st = Status::Ok();
+        skipped++;
+        continue;
+      }
+      if (st.ok() && *ok) verified++;
       if (st.ok() && *ok) {  // (VerifyCheck validated the header)
         const auto* dc = static_cast<const DataCheckFormat*>(k.val);
         st = ranges->PushBack(CheckedRange{dc->member.get(), dc->offset.get(),
@@ -163,6 +173,9 @@ Status VerifyGroup(dev::DeviceSet& devs, const sb::Superblock& sb, const Vector<
     }
   }
   platform::Free(buf);
+  // Only copies on missing members: nothing proves the group's data durable
+  // (the group is treated as a torn tail's).
+  if (st.ok() && *ok && verified == 0 && skipped != 0) *ok = false;
   if (!st.ok() || !*ok) ranges->Clear();
   return st;
 }

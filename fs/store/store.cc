@@ -227,8 +227,8 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
   }
   if (missing != 0 && !options.degraded)
     return DiagError(diag, Err::kNotFound,
-                     "%s (a degraded mount, -o degraded,ro, goes on without them when every journal entry, btree "
-                     "node and extent has a copy on the members given)",
+                     "%s (a degraded mount, tierfs mount -o degraded,ro, goes on without them when every journal "
+                     "entry, btree node and extent has a copy on the members given)",
                      md.text);
   if (missing != 0 && !options.read_only)
     return DiagError(diag, Err::kNotSupported, "%s: a degraded mount is read-only for now (-o degraded,ro)",
@@ -271,6 +271,16 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
   rep.was_clean = sb_.clean();
   rep.lost_data_btrees = sb_.lost_data_btrees;
   rep.features = u16(sb_.flags & sb::kSbFeatureFlags);
+  const bool degraded = devs_.missing() != 0;
+  // A degraded mount is read-only, but not the leniency read-only opens get
+  // for show and fsck -n: state known to be older or incomplete than what
+  // was acknowledged (a cut-short repair, lost journal entries, roots older
+  // than proved durable -- whose newer copy may be on the missing member)
+  // refuses it, naming why.
+  auto refuse_degraded = [&](const char* why) {
+    return DiagError(diag, Err::kCorrupt, "-o degraded: %s; mount with every member", why);
+  };
+  if (degraded && rep.lost_data_btrees != 0) return refuse_degraded("a repair of damaged nodes was cut short");
   if (rep.lost_data_btrees != 0) {
     if (!read_only_ && !options.btree.drop_bad_nodes) {
       return DiagError(diag, Err::kCorrupt,
@@ -293,6 +303,8 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
     const bool past = options.replay_past_damage && options.rebuild_alloc != nullptr && !read_only_;
     TFS_TRY(journal::ReadForReplay(devs_, sb_, &rep.replay, diag, past));
     const journal::ReplayResult& rr = rep.replay;
+    if (degraded && rr.durable_end != 0)
+      return refuse_degraded("a journal entry is damaged and acknowledged entries after it would be lost");
     if (rr.durable_end != 0 && !read_only_ && !past) {
       return DiagError(diag, Err::kCorrupt,
                        "journal: entry %llu is damaged, but later entries up to %llu were durable: %llu "
@@ -318,10 +330,11 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
   for (u32 m = 0; rst.ok() && m < sb_.nr_members; m++) {
     if (roots.stale_since[m] == 0) continue;
     platform::Log(platform::LogLevel::kWarn,
-                  "btree roots: member %s is stale: it missed the roots block of gen %llu (the newest: gen %llu), so "
-                  "its copies of nodes written since may be damaged; reads use the other copies, and fsck -y "
-                  "rewrites them",
-                  sb_.members[m].label, (unsigned long long)roots.stale_since[m], (unsigned long long)roots.gen);
+                  "btree roots: member %s is stale: it missed roots gens %llu..%llu (the newest: gen %llu), so its "
+                  "copies of nodes written then may be damaged; reads use the other copies, and fsck -y rewrites "
+                  "them",
+                  sb_.members[m].label, (unsigned long long)roots.stale_since[m],
+                  (unsigned long long)roots.stale_until[m], (unsigned long long)roots.gen);
   }
   if (!rst.ok()) {  // no valid roots block at all: every tree from the scan
     rep.stale_roots = true;
@@ -331,6 +344,15 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
     for (u32 t = 0; t < btree::kNrBtreeIds; t++) roots.roots[t] = btree::EmptyPtr(u8(t));
   }
   CheckCurrent(roots, rep);
+  if (degraded && rep.stale_roots) return refuse_degraded("the roots block found is older than the filesystem");
+  // A member given that is stale may lack copies the missing ones have.
+  for (u32 m = 0; degraded && rst.ok() && m < sb_.nr_members; m++) {
+    if (roots.stale_since[m] == 0 || ((devs_.missing() >> m) & 1) != 0) continue;
+    return DiagError(diag, Err::kNotFound,
+                     "-o degraded: member %s is stale (it missed roots gen %llu and maybe later ones), so nodes may have "
+                     "no copy on the members given; mount with every member and run 'tierfs fsck -y'",
+                     sb_.members[m].label, (unsigned long long)roots.stale_since[m]);
+  }
   if (rep.stale_roots && !read_only_ && !can_rebuild_roots) {
     if (diag != nullptr) *diag = rep.stale_why;
     return Err::kCorrupt;

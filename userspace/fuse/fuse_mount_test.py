@@ -422,7 +422,7 @@ def test_a_degraded_mount_reads_every_file_from_the_member_given(tmp_path: Path)
         (mnt / name).write_bytes(data)
     m.close()
     for given, left in ((a, "ssd.b"), (b, "ssd.a")):
-        for opts, needle in (([], f"missing: {left} (a degraded mount, -o degraded,ro"),
+        for opts, needle in (([], f"missing: {left} (a degraded mount, tierfs mount -o degraded,ro"),
                              (["-o", "degraded"], "a degraded mount is read-only for now")):
             proc = run([tool("tierfs"), "mount", given, mnt, *opts])
             assert proc.returncode == 1, proc.stderr
