@@ -173,9 +173,13 @@ Status VerifyGroup(dev::DeviceSet& devs, const sb::Superblock& sb, const Vector<
     }
   }
   platform::Free(buf);
-  // Only copies on missing members: nothing proves the group's data durable
-  // (the group is treated as a torn tail's).
-  if (st.ok() && *ok && verified == 0 && skipped != 0) *ok = false;
+  // Only copies on missing members: nothing proves or disproves the group's
+  // data durable, and treating it as a torn tail could drop acknowledged
+  // fsyncs without a word: the degraded open is refused instead.
+  if (st.ok() && *ok && verified == 0 && skipped != 0)
+    st = DiagError(diag, Err::kMissing,
+                   "-o degraded: the data of the newest journal entries is only on missing members, so whether they "
+                   "were durable is not known; mount with every member");
   if (!st.ok() || !*ok) ranges->Clear();
   return st;
 }
