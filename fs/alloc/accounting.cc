@@ -224,6 +224,12 @@ u32 Accounting::Replicas(ReplicasEntry* out, u32 cap) const {
   return u32(replicas_.size());
 }
 
+Status Accounting::ReplicasInto(Vector<ReplicasEntry>* out) const {
+  TFS_TRY(out->Resize(Replicas(nullptr, 0)));  // (not under mu_: no allocation under it)
+  const u32 n = Replicas(out->data(), u32(out->size()));
+  return n < out->size() ? out->Resize(n) : Status::Ok();
+}
+
 AcctStats Accounting::Stats() const {
   AcctStats s;
   TFS_COUNTER_LOAD(TFS_ACCT_COUNTERS, ctr_, s);

@@ -124,6 +124,9 @@ class Accounting {
   // Every kReplicas total, zeros included, in mask order: into out[0..cap);
   // returns how many there are.
   u32 Replicas(ReplicasEntry* out, u32 cap) const;
+  // Every kReplicas total into *out, sized to what it holds (a set added
+  // between its two looks is left for the next call). kNoMemory.
+  Status ReplicasInto(Vector<ReplicasEntry>* out) const;
   AcctStats Stats() const;
 
  private:

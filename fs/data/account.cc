@@ -129,8 +129,7 @@ Status DataPath::VerifyAgainstExtents(u64* counts_wrong, u64* totals_wrong) {
   TFS_TRY(AcctTotals(counts, &want));
   for (const alloc::AcctValue& w : want) *totals_wrong += acct.Get(w.kind, w.offset) != w.sectors;
   Vector<alloc::ReplicasEntry> have;
-  TFS_TRY(have.Resize(acct.Replicas(nullptr, 0)));
-  acct.Replicas(have.data(), u32(have.size()));
+  TFS_TRY(acct.ReplicasInto(&have));
   for (const alloc::ReplicasEntry& r : have) {
     bool listed = false;
     for (const alloc::AcctValue& w : want) listed |= w.kind == alloc::AcctKind::kReplicas && w.offset == r.members;

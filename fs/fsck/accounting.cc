@@ -124,13 +124,12 @@ bool CheckBucketCounts(store::Store& e, const Options& opt, Ctx& c) {
   Vector<alloc::AcctValue> want, acct_fixes;
   Vector<alloc::ReplicasEntry> have;
   st = data::AcctTotals(*counts, &want);
-  if (st.ok()) st = have.Resize(e.acct().Replicas(nullptr, 0));
+  if (st.ok()) st = e.acct().ReplicasInto(&have);
   if (!st.ok()) {
     c.Line("alloc: cannot check the accounting totals: %s", st.Message());
     c.report->errors++;
     return false;
   }
-  e.acct().Replicas(have.data(), u32(have.size()));
   u64 acct_wrong = 0;
   auto acct = [&](const alloc::AcctValue& w, u64 h) -> bool {
     if (h == w.sectors) return true;

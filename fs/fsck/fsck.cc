@@ -158,8 +158,13 @@ struct BtreeFindings {
   // node the trees reach (no node unread): then -y's rewrites leave no
   // member stale.
   Vector<u64> stale_since, stale_until;  // per member (on the heap: fsck::Check's frame)
-  u64 stale_members = 0;
   bool every_copy_checked = false;
+  u64 StaleMask() const {
+    u64 mask = 0;
+    for (usize m = 0; m < stale_since.size(); m++)
+      if (stale_since[m] != 0) mask |= u64(1) << m;
+    return mask;
+  }
 };
 
 btree::Pos PtrMin(const btree::NodePtrFormat& p) {
@@ -202,15 +207,30 @@ struct BtreeCheck {
   Status stop;            // an operational failure (out of memory)
 
   void Error(const char* fmt, ...) TFS_PRINTF(2, 3) {
-    c->report->errors++;
-    node_errors++;
-    if (++lines > kMaxLines) return;
-    char buf[300];
     __builtin_va_list ap;
     __builtin_va_start(ap, fmt);
-    tfs_plat_vsnprintf(buf, sizeof(buf), fmt, ap);
+    Finding(true, fmt, ap);
     __builtin_va_end(ap);
+  }
+  // A finding: an error, or a note (damage where it is expected); one line
+  // each, up to kMaxLines.
+  void Finding(bool error, const char* fmt, __builtin_va_list ap) {
+    if (error) {
+      c->report->errors++;
+      node_errors++;
+    } else {
+      c->report->notes++;
+    }
+    if (++lines > kMaxLines) return;
+    char buf[300];
+    tfs_plat_vsnprintf(buf, sizeof(buf), fmt, ap);
     c->Line("btree: %s", buf);
+  }
+  void Finding(bool error, const char* fmt, ...) TFS_PRINTF(3, 4) {
+    __builtin_va_list ap;
+    __builtin_va_start(ap, fmt);
+    Finding(error, fmt, ap);
+    __builtin_va_end(ap);
   }
 
   Status Init() {
@@ -273,21 +293,13 @@ struct BtreeCheck {
       const u64 since = at.member < found->stale_since.size() ? found->stale_since[at.member] : 0;
       const bool expected =
           since != 0 && info.gen >= since && info.gen <= found->stale_until[at.member];
-      if (expected) {
-        c->report->notes++;
-        noted++;
-        if (++lines <= kMaxLines)
-          c->Line("btree: %s: level-%u node seq %llu: copy %u on member %s offset %llu is damaged (%s); copy %u "
-                  "serves (%s missed a checkpoint's end: expected; fsck -y rewrites it)",
-                  kBtreeNames[info.btree_id], unsigned(info.level), (unsigned long long)info.seq, i + 1,
-                  Label(at.member), (unsigned long long)at.offset, d.empty() ? st.Message() : d.text, served + 1,
-                  Label(at.member));
-      } else {
-        Error("%s: level-%u node seq %llu: copy %u on member %s offset %llu is damaged (%s); copy %u serves",
+      Finding(!expected,
+              "%s: level-%u node seq %llu: copy %u on member %s offset %llu is damaged (%s); copy %u serves%s%s%s",
               kBtreeNames[info.btree_id], unsigned(info.level), (unsigned long long)info.seq, i + 1,
-              Label(at.member), (unsigned long long)at.offset, d.empty() ? st.Message() : d.text, served + 1);
-        damaged++;
-      }
+              Label(at.member), (unsigned long long)at.offset, d.empty() ? st.Message() : d.text, served + 1,
+              expected ? " (" : "", expected ? Label(at.member) : "",
+              expected ? " missed a checkpoint's end: expected; fsck -y rewrites it)" : "");
+      (expected ? noted : damaged)++;
     }
     if (damaged + noted != 0 &&
         !found->rewrites.PushBack(NodeRewrite{info.btree_id, info.level, damaged, info.max, info.seq}).ok())
@@ -432,7 +444,6 @@ void CheckBtrees(store::Store& e, bool was_clean, Ctx& c, BtreeFindings* found) 
     c.Line("btree: %s", d.empty() ? st.Message() : d.text);
     return;
   }
-  found->stale_members = btree::StaleMask(roots);
   if (!found->stale_since.Resize(dev::kMaxDevices).ok() || !found->stale_until.Resize(dev::kMaxDevices).ok()) {
     c.Line("btree: out of memory");
     c.report->exit_code = kExitOperational;
@@ -591,12 +602,13 @@ void RepairNodeCopies(store::Store& e, const BtreeFindings& found, Ctx& c) {
   // checkpoint -- no longer marks them. (A copy whose write fails in that
   // last checkpoint is not known here: its node is dirtied again, and the
   // next fsck finds the copy -- an error then, as it should be.)
-  if (found.stale_members == 0) return;
+  const u64 stale = found.StaleMask();
+  if (stale == 0) return;
   if (!all || !found.every_copy_checked || e.btrees().GetStats().node_copy_write_errors != 0) {
     c.Line("btree: the stale members stay stale (not every copy could be checked or rewritten)");
     return;
   }
-  e.btrees().ClearStaleMembers(found.stale_members);  // (no error was found: nothing counted repaired)
+  e.btrees().ClearStaleMembers(stale);  // (no error was found: nothing counted repaired)
   c.Line("btree: every copy on the stale members is whole: they are stale no longer");
 }
 

@@ -164,8 +164,8 @@ Status VerifyGroup(dev::DeviceSet& devs, const sb::Superblock& sb, const Vector<
         skipped++;
         continue;
       }
-      if (st.ok() && *ok) verified++;
       if (st.ok() && *ok) {  // (VerifyCheck validated the header)
+        verified++;
         const auto* dc = static_cast<const DataCheckFormat*>(k.val);
         st = ranges->PushBack(CheckedRange{dc->member.get(), dc->offset.get(),
                                            (u64(dc->length.get()) + 4095) / 4096 * 4096});

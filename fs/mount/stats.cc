@@ -109,9 +109,8 @@ void WriteAccounting(store::Store& store, JsonOut& w) {
   w.UintField("reserved_sectors", acct.reserved_sectors());
   w.UintField("inodes", acct.inodes());
   Vector<alloc::ReplicasEntry> sets;
-  // (A set added between the two calls is left for the next reading.)
-  const bool listed = sets.Resize(acct.Replicas(nullptr, 0)).ok();
-  const u32 n = listed ? Min<u32>(acct.Replicas(sets.data(), u32(sets.size())), u32(sets.size())) : 0;
+  // (A set added meanwhile is left for the next reading.)
+  const u32 n = acct.ReplicasInto(&sets).ok() ? u32(sets.size()) : 0;
   constexpr u32 kCtlSets = 16;
   u32 listed_sets = 0, more = 0;
   w.Key("replicas");

@@ -287,11 +287,10 @@ Status CheckMembers(const Superblock* sbs, u32 count, u32* order, Diag* diag, u3
     int w = platform::Format(missing + n, sizeof(missing) - n, "%s%s", n ? ", " : "", r.members[m].label);
     if (w > 0) n = Min<usize>(n + usize(w), sizeof(missing) - 1);
   }
-  if (nmissing > 0 && (missing_out == nullptr || nmissing == r.nr_members))
-    return DiagError(diag, Err::kNotFound, "filesystem has %u members; missing: %s", r.nr_members, missing);
-  if (nmissing > 0)  // (the caller decides; the Diag says which)
-    (void)DiagError(diag, Err::kNotFound, "filesystem has %u members; missing: %s", r.nr_members, missing);
-  return Status::Ok();
+  if (nmissing == 0) return Status::Ok();
+  const Status st = DiagError(diag, Err::kNotFound, "filesystem has %u members; missing: %s", r.nr_members, missing);
+  // With missing_out the caller decides (the Diag says which), unless none is left.
+  return missing_out != nullptr && nmissing < r.nr_members ? Status::Ok() : st;
 }
 
 }  // namespace tfs::sb

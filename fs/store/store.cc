@@ -182,13 +182,12 @@ Status Store::CheckDegradedData(Diag* diag) const {
   const dev::DevMask missing = devs_.missing();
   if (missing == 0) return Status::Ok();
   Vector<alloc::ReplicasEntry> sets;
-  if (!sets.Resize(acct_.Replicas(nullptr, 0)).ok()) return Err::kNoMemory;
-  const u32 n = Min<u32>(acct_.Replicas(sets.data(), u32(sets.size())), u32(sets.size()));
+  TFS_TRY(acct_.ReplicasInto(&sets));
   u64 lost = 0;
   u32 nsets = 0;
-  for (u32 i = 0; i < n; i++) {
-    if (sets[i].sectors == 0 || (sets[i].members & ~missing) != 0) continue;
-    lost += sets[i].sectors;
+  for (const alloc::ReplicasEntry& s : sets) {
+    if (s.sectors == 0 || (s.members & ~missing) != 0) continue;
+    lost += s.sectors;
     nsets++;
   }
   if (lost == 0) return Status::Ok();
@@ -742,12 +741,11 @@ bool Store::CheckAccounting(OpenReport& rep) const {
   Vector<alloc::ReplicasEntry> sets;
   rep.acct_mismatch = false;
   rep.acct_replicas_sectors = rep.acct_bucket_sectors = 0;
-  if (!sets.Resize(acct_.Replicas(nullptr, 0)).ok()) {
+  if (!acct_.ReplicasInto(&sets).ok()) {
     platform::Log(platform::LogLevel::kWarn, "alloc: no memory to check the space accounting at mount");
     return false;
   }
-  const u32 n = Min<u32>(acct_.Replicas(sets.data(), u32(sets.size())), u32(sets.size()));
-  for (u32 i = 0; i < n; i++) rep.acct_replicas_sectors += sets[i].sectors * PopCount(sets[i].members);
+  for (const alloc::ReplicasEntry& s : sets) rep.acct_replicas_sectors += s.sectors * PopCount(s.members);
   rep.acct_bucket_sectors = alloc_.UserLiveSectors();
   rep.acct_mismatch = rep.acct_replicas_sectors != rep.acct_bucket_sectors;
   return true;
