@@ -81,7 +81,9 @@ Status ReadRoots(dev::DeviceSet& devs, const sb::Superblock& sb, Roots* out, Dia
       for (u32 i = 0; i < dev::kMaxDevices; i++) {
         out->stale_since[i] = r->stale_since[i].get();
         out->stale_until[i] = r->stale_until[i].get();
+        out->degraded_on[i] = r->degraded_on[i].get();
       }
+      out->degraded_nodes = r->degraded_nodes.get();
       MemCopy(out->roots, r->roots, sizeof(out->roots));
     }
   }
@@ -132,7 +134,9 @@ Status WriteRootsBlock(dev::DeviceSet& devs, const sb::Superblock& sb, const Roo
   for (u32 i = 0; i < dev::kMaxDevices; i++) {
     r->stale_since[i].set(roots.stale_since[i]);
     r->stale_until[i].set(roots.stale_until[i]);
+    r->degraded_on[i].set(roots.degraded_on[i]);
   }
+  r->degraded_nodes.set(roots.degraded_nodes);
   MemCopy(r->roots, roots.roots, sizeof(r->roots));
   r->csum.set(platform::Crc32cSkippingField(r, kRootsSlotSize, __builtin_offsetof(RootsFormat, csum)));
   const u64 off = kRootsOffset + (roots.gen & 1) * kRootsSlotSize;
@@ -365,12 +369,35 @@ Status TreeOps::AllocSlot(Impl* im, NodePtrFormat* dst, bool may_allocate) {
     ClearPtrCopies(dst);
     return st;
   }
-  u32 durability = 0;
-  for (u32 k = 0; k < PtrCopies(*dst); k++) durability += im->sb.members[PtrCopy(*dst, k).member].durability;
-  if (durability < im->wanted_durability) im->ctr.degraded_nodes.FetchAdd(1, MemOrder::kRelaxed);
+  if (PtrDegraded(*dst, im->sb)) im->ctr.degraded_nodes.FetchAdd(1, MemOrder::kRelaxed);
   im->ckpt_taken.FetchAdd(1, MemOrder::kRelaxed);
   PublishNeed(im);
   return Status::Ok();
+}
+
+// A checkpoint's new pointers are added, the ones it stops reaching
+// (replaced, freed) dropped: the roots block it writes then counts what it
+// reaches (ckpt_mu held). A drop the count does not hold (a count from
+// before the counts existed, or damaged) stays at 0 and is counted; fsck
+// recounts.
+void TreeOps::CountDegraded(Impl* im, Roots* roots, const NodePtrFormat& p, bool add) {
+  if (!PtrDegraded(p, im->sb)) return;
+  bool short_count = false;
+  auto step = [&](auto* v) {
+    if (add) {
+      (*v)++;
+    } else if (*v > 0) {
+      (*v)--;
+    } else {
+      short_count = true;
+    }
+  };
+  step(&roots->degraded_nodes);
+  for (u32 k = 0; k < PtrCopies(p); k++) {
+    const u32 m = PtrCopy(p, k).member;
+    if (m < dev::kMaxDevices) step(&roots->degraded_on[m]);
+  }
+  if (short_count) im->ctr.degraded_count_short.FetchAdd(1, MemOrder::kRelaxed);
 }
 
 // One more empty bucket among the reserved of the copy set's member i.
@@ -780,6 +807,7 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
   }
   Vector<Job> jobs;
   Vector<NodePtrFormat> to_free;
+  Vector<NodePtrFormat> kept;  // the kept slots: freed as to_free, not counted
   Status st;
   Roots roots = *roots_out;
   // Phase 1: dirty leaves, each under its own lock, the tree lock shared.
@@ -855,12 +883,14 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
       }
       for (const NodePtrFormat& d : t.dead_slots) to_free.PushBack(d).IgnoreError();
       t.dead_slots.Clear();
+      for (const NodePtrFormat& d : t.kept_slots) kept.PushBack(d).IgnoreError();
+      t.kept_slots.Clear();
       roots.roots[id] = t.root != nullptr ? t.root->ptr : EmptyPtr(u8(id));
       break;
     }
   }
   // Nothing new since the last roots block: write nothing.
-  if (st.ok() && jobs.empty() && to_free.empty() && covered <= roots_out->journal_seq && !im->roots_changed) {
+  if (st.ok() && jobs.empty() && to_free.empty() && kept.empty() && covered <= roots_out->journal_seq && !im->roots_changed) {
     return Status::Ok();
   }
   // Phase 3, no locks: write-ahead (the journal holds everything the images
@@ -960,6 +990,16 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
                   (unsigned long long)first_bad.offset, first_bad_st.Message());
   }
   if (st.ok()) {
+    // Every job is installed (its pointer reached by the trees, or on
+    // to_free when its node died meanwhile); to_free holds every pointer
+    // the last roots block reached that this one does not.
+    for (const Job& j : jobs) CountDegraded(im, &roots, j.dst, true);
+    for (const NodePtrFormat& s : to_free) CountDegraded(im, &roots, s, false);
+    // (A dropped interior node's subtree is not known: its degraded
+    // pointers stay counted -- a count too high refuses a degraded mount
+    // that might have worked, never the other way; fsck recounts.)
+    for (const NodePtrFormat& s : im->dropped_ptrs) CountDegraded(im, &roots, s, false);
+
     roots.gen = roots_out->gen + 1;
     roots.journal_seq = Max(covered, roots_out->journal_seq);
     st = WriteRootsBlock(*im->devs, im->sb, roots);
@@ -978,6 +1018,8 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
   }
   *roots_out = roots;
   im->roots_changed = false;
+  im->dropped_ptrs.Clear();
+  im->degraded_reachable.Store(roots.degraded_nodes, MemOrder::kRelaxed);
   // Entries written from now on record this roots block as durable: a mount
   // that finds an older one (this one damaged) knows it (Store::Open).
   if (im->journal != nullptr) im->journal->NoteRootsGen(roots.gen);
@@ -985,6 +1027,7 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
   // final checkpoint frees none: the next mount does, ReconcileBuckets).
   Vector<alloc::BucketRef> frees;
   for (const NodePtrFormat& s : to_free) FreeSlot(im, s, final ? nullptr : &frees);
+  for (const NodePtrFormat& s : kept) FreeSlot(im, s, final ? nullptr : &frees);
   FreeBuckets(im, frees);
   PurgeHoles(im);  // those of the buckets just freed
   // Nodes with a copy that failed to write: dirtied, so that the next
@@ -1116,6 +1159,35 @@ void Btrees::ClearStaleMembers(u64 mask) {
     if ((mask >> m) & 1) roots_.stale_since[m] = roots_.stale_until[m] = 0;
   impl_->roots_changed = true;
   impl_->stale_members.Store(StaleMask(roots_), MemOrder::kRelaxed);
+}
+
+Status Btrees::AdjustDegradedCounts(const DegradedCounts& recorded, const DegradedCounts& recount) {
+  if (impl_ == nullptr || impl_->opt.read_only) return Err::kInvalidArgument;
+  MutexLock ck(impl_->ckpt_mu);
+  if (impl_->ctr.degraded_count_short.Load(MemOrder::kRelaxed) != 0) return Err::kBusy;
+  // cur - was + now, each u64, staying within [0, limit].
+  auto moved = [](u64 cur, u64 was, u64 now, u64 limit, u64* out) {
+    if (cur >= was) {
+      const u64 up = cur - was;
+      if (now > limit || up > limit - now) return false;
+      *out = now + up;
+      return true;
+    }
+    const u64 down = was - cur;
+    if (down > now || now - down > limit) return false;
+    *out = now - down;
+    return true;
+  };
+  DegradedCounts next;
+  bool ok = moved(roots_.degraded_nodes, recorded.total, recount.total, ~u64(0), &next.total);
+  for (u32 m = 0; m < dev::kMaxDevices && ok; m++)
+    ok = moved(roots_.degraded_on[m], recorded.on[m], recount.on[m], 0xffffffffu, &next.on[m]);
+  if (!ok) return Err::kBusy;
+  roots_.degraded_nodes = next.total;
+  for (u32 m = 0; m < dev::kMaxDevices; m++) roots_.degraded_on[m] = u32(next.on[m]);
+  impl_->roots_changed = true;
+  impl_->degraded_reachable.Store(roots_.degraded_nodes, MemOrder::kRelaxed);
+  return Status::Ok();
 }
 
 }  // namespace tfs::btree

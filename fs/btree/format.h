@@ -164,7 +164,10 @@ struct RootsFormat {  // kRootsSlotSize bytes
   Le64 gen;           // bumped by every checkpoint; the newest valid slot wins
   Le64 journal_seq;   // every journal entry up to this one is contained in the trees
   Le64 node_seq_hi;   // node seqs below this may exist on disk; new ones start above
-  u8 reserved0[8];    // 0
+  // The node pointers this block reaches (roots and every interior node's
+  // children) whose copies' durability falls short of metadata_replicas:
+  // images written degraded (docs/format/btree.md "Degraded nodes").
+  Le64 degraded_nodes;
   NodePtrFormat roots[kNrBtreeIds];
   // Per member: 0, or the first roots gen the member missed (its newest valid
   // roots block was older than the newest of the filesystem) while no fsck -y
@@ -176,10 +179,16 @@ struct RootsFormat {  // kRootsSlotSize bytes
   // Per member: the last gen of that window (the newest gen when the member
   // was found behind); copies of nodes written after it were written to it.
   Le64 stale_until[32];
-  u8 reserved[kRootsSlotSize - 64 - kNrBtreeIds * sizeof(NodePtrFormat) - 2 * 32 * 8];
+  // Per member: how many of those degraded pointers name a copy on it. A
+  // degraded mount without member m is safe for the btree only when
+  // degraded_on[m] is 0 (one of them may have no other copy).
+  Le32 degraded_on[32];
+  u8 reserved[kRootsSlotSize - 64 - kNrBtreeIds * sizeof(NodePtrFormat) - 2 * 32 * 8 - 32 * 4];
 };
 static_assert(sizeof(RootsFormat) == kRootsSlotSize, "roots slot size");
 static_assert(__builtin_offsetof(RootsFormat, roots) == 64, "roots layout");
+static_assert(__builtin_offsetof(RootsFormat, degraded_nodes) == 56, "roots layout");
+static_assert(__builtin_offsetof(RootsFormat, degraded_on) == 1152, "roots layout");
 
 // The journal key of a btree update (journal key type kKeyBtree): one KeyHeader
 // exactly as in a node (btree id, type, value length, position), then the value.

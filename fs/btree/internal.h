@@ -79,6 +79,10 @@ struct Btrees::Tree {
   RwLock lock;
   CachedNode* root = nullptr;
   Vector<NodePtrFormat> dead_slots;  // slots of replaced nodes (tree lock exclusive)
+  // Slots of the scan's copies a recovery took keys from (KeepCopy): held
+  // like dead_slots until the next roots block, but no tree pointer (never
+  // in Roots::degraded_nodes).
+  Vector<NodePtrFormat> kept_slots;
 };
 
 struct Btrees::Impl {
@@ -114,6 +118,7 @@ struct Btrees::Impl {
   Atomic<u64> cached_nodes{0};
   Atomic<u64> dirty_nodes{0};
   Atomic<u64> stale_members{0};  // the roots block's (as the next one will say): for GetStats
+  Atomic<u64> degraded_reachable{0};  // Roots::degraded_nodes of the last roots block: for GetStats
   // What PublishNeed counts: cached interior nodes, nodes never written (no
   // slot yet), and the bound a running checkpoint started from (0 when none
   // runs).
@@ -224,6 +229,9 @@ struct Btrees::Impl {
   Atomic<u64> c_apply_hits{0};
   // Options::drop_bad_nodes (written by Open only, before anything reads them).
   Vector<LostNode> lost;
+  // Pointers of the nodes dropped (NoteLost): no longer reached, so the
+  // first checkpoint drops them from Roots::degraded_nodes (ckpt_mu).
+  Vector<NodePtrFormat> dropped_ptrs;
   // NoteRepair's warnings: at most one line per 10 s (a read-only mount reads
   // a node past its bad copy again after every eviction).
   LogLimit repair_log;
@@ -345,6 +353,8 @@ class TreeOps {
   static void ChooseCopySet(Impl* im);
   static void LeaveCopySetLocked(Impl* im, u32 i);
   static Status AllocSlot(Impl* im, NodePtrFormat* dst, bool may_allocate = true);
+  // Roots::degraded_nodes/degraded_on with p added or dropped (PtrDegraded).
+  static void CountDegraded(Impl* im, Roots* roots, const NodePtrFormat& p, bool add);
   static Status ReserveBucket(Impl* im, u32 i);
   static u64 AvailSlots(Impl* im);
   static Status ReserveSlots(Impl* im, u64 slots);

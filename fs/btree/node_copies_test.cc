@@ -820,6 +820,130 @@ TEST(NodeCopiesTest, AMemberWithoutFreeBucketsLeavesTheCopySetAndNodesAreDegrade
   EXPECT_EQ(w.by_copies[1] + w.by_copies[2], w.nodes);
 }
 
+// The roots block's degraded counts (Roots::degraded_nodes, degraded_on)
+// of a read-only open, and whether the open's gauge says the same.
+struct Counts {
+  u64 total = 0;
+  u32 on[2] = {};
+};
+Counts DegradedCounts(Members& ms) {
+  Counts c;
+  Store e;
+  EXPECT_TRUE(ms.Open(&e, /*read_only=*/true).ok());
+  c.total = e.btrees().roots().degraded_nodes;
+  c.on[0] = e.btrees().roots().degraded_on[0];
+  c.on[1] = e.btrees().roots().degraded_on[1];
+  EXPECT_EQ(e.btrees().GetStats().degraded_reachable, c.total);
+  EXPECT_TRUE(e.Close().ok());
+  return c;
+}
+
+// A degraded read-only open with only member `given` of two: its Diag's
+// text, empty when it opened (and every key of round `last` read back).
+std::string OpenDegradedWith(Members& ms, u32 given, u32 last) {
+  Store e;
+  store::OpenOptions oo;
+  oo.read_only = true;
+  oo.degraded = true;
+  oo.btree.writer_thread = false;  // (the accounting checked: which data it may reach)
+  std::vector<BlockDevice*> devs{ms.devs[given].get()};
+  Diag diag;
+  const Status st = e.Open(devs.data(), 1, oo, &diag);
+  if (!st.ok()) return std::string(st.Message()) + ": " + diag.text;
+  ExpectKeys(e, kKeys, Round(last));
+  EXPECT_TRUE(e.Close().ok());
+  return "";
+}
+
+// Rewrites the roots block on every member (both slots) with member m's
+// degraded count set to `count` (the checksum made good): a count that
+// disagrees with the trees.
+void SetDegradedOn(Members& ms, u32 m, u32 count) {
+  for (auto& d : ms.devs) {
+    std::vector<u8> raw(2 * kRootsSlotSize);
+    d->ReadRaw(kRootsOffset, raw.data(), raw.size());
+    for (u32 slot = 0; slot < 2; slot++) {
+      auto* r = reinterpret_cast<RootsFormat*>(raw.data() + slot * kRootsSlotSize);
+      r->degraded_on[m].set(count);
+      r->csum.set(platform::Crc32cSkippingField(r, kRootsSlotSize, __builtin_offsetof(RootsFormat, csum)));
+    }
+    d->WriteRaw(kRootsOffset, raw.data(), raw.size());
+  }
+}
+
+// Nodes written degraded (member 1 without free buckets: one copy, on
+// member 0) are counted in the roots block -- in all and on member 0, as
+// many as the walk finds with one copy -- and the count goes back to 0 as
+// they are rewritten whole once member 1 has room. A degraded mount
+// decides from it: without member 1 every key reads (no degraded node has
+// a copy there); without member 0 it is refused, naming the count. fsck
+// agrees with the count (clean), finds a count that disagrees (an error)
+// and -y writes the recount.
+TEST(NodeCopiesTest, DegradedNodesAreCountedInTheRootsBlockAndDecideADegradedMount) {
+  Members ms(2);
+  ASSERT_TRUE(ms.Format(2).ok());
+  std::vector<alloc::BucketRef> taken;
+  {
+    Store e;
+    ASSERT_TRUE(ms.Open(&e).ok());
+    SetKeys(e, kKeys, 1, 0);
+    ASSERT_TRUE(e.btrees().Checkpoint().ok());
+    EXPECT_EQ(e.btrees().roots().degraded_nodes, 0u);
+    ASSERT_NO_FATAL_FAILURE(TakeFreeBuckets(e, 1, &taken));
+    for (u32 round = 1; round <= 4; round++) {
+      SetKeys(e, kKeys, 1, round);
+      ASSERT_TRUE(e.btrees().Checkpoint().ok());
+    }
+    EXPECT_GT(e.btrees().GetStats().degraded_reachable, 0u);
+    ASSERT_TRUE(e.Close().ok());
+  }
+  const Walk w = ExpectWholeAndClean(ms, Round(4));  // (fsck -n: the counts agree)
+  ASSERT_GT(w.by_copies[1], 0u);
+  Counts c = DegradedCounts(ms);
+  EXPECT_EQ(c.total, w.by_copies[1]);
+  EXPECT_EQ(c.on[0], w.by_copies[1]);
+  EXPECT_EQ(c.on[1], 0u);
+
+  EXPECT_EQ(OpenDegradedWith(ms, 0, 4), "");
+  const std::string refused = OpenDegradedWith(ms, 1, 4);
+  EXPECT_NE(refused.find(std::to_string(c.on[0]) + " btree nodes written with fewer copies"), std::string::npos)
+      << refused;
+  EXPECT_NE(refused.find("missing member ssd.a"), std::string::npos) << refused;
+
+  // A count that disagrees: an error naming both; -y writes the recount.
+  SetDegradedOn(ms, 1, 7);
+  std::string out;
+  EXPECT_NE(ms.Check(&out), fsck::kExitClean) << out;
+  EXPECT_NE(out.find("ssd.b 7/0"), std::string::npos) << out;
+  out.clear();
+  EXPECT_EQ(ms.Check(&out, /*repair=*/true), fsck::kExitRepaired) << out;
+  EXPECT_NE(out.find("degraded node counts are the recount now"), std::string::npos) << out;
+  out.clear();
+  EXPECT_EQ(ms.Check(&out), fsck::kExitClean) << out;
+  c = DegradedCounts(ms);
+  EXPECT_EQ(c.total, w.by_copies[1]);
+  EXPECT_EQ(c.on[1], 0u);
+
+  // Member 1's buckets back: every node rewritten whole, none degraded.
+  {
+    Store e;
+    ASSERT_TRUE(ms.Open(&e).ok());
+    ASSERT_TRUE(e.alloc().FreeBuckets(taken.data(), u32(taken.size())).ok());
+    for (u32 round = 5; round <= 6; round++) {
+      SetKeys(e, kKeys, 1, round);
+      ASSERT_TRUE(e.btrees().Checkpoint().ok());
+    }
+    EXPECT_EQ(e.btrees().GetStats().degraded_count_short, 0u);
+    ASSERT_TRUE(e.Close().ok());
+  }
+  const Walk w2 = ExpectWholeAndClean(ms, Round(6));
+  EXPECT_EQ(w2.by_copies[1], 0u);
+  c = DegradedCounts(ms);
+  EXPECT_EQ(c.total, 0u);
+  EXPECT_EQ(c.on[0], 0u);
+  EXPECT_EQ(OpenDegradedWith(ms, 1, 6), "");
+}
+
 // Three members, two copies wanted: two copies a node, on distinct
 // members, and the need declared on all three (any may be chosen).
 TEST(NodeCopiesTest, ThreeMembersTwoCopiesEachNodeHasTwo) {

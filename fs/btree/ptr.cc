@@ -63,6 +63,15 @@ const char* NodePtrProblem(const NodePtrFormat& p, const sb::Superblock& sb, u32
   return why;
 }
 
+bool PtrDegraded(const NodePtrFormat& p, const sb::Superblock& sb) {
+  u32 durability = 0;
+  for (u32 k = 0; k < PtrCopies(p); k++) {
+    const u32 m = PtrCopy(p, k).member;
+    if (m < sb.nr_members) durability += sb.members[m].durability;
+  }
+  return !PtrEmpty(p) && durability < Max<u32>(sb.options.metadata_replicas, 1);
+}
+
 bool NodeSlotInArea(const sb::Superblock& sb, u32 node_size, u32 m, u64 offset) {
   return m < sb.nr_members && offset % node_size == 0 && offset >= sb::kBucketsOffset &&
          (offset - sb::kBucketsOffset) / sb.bucket_size < sb.members[m].nbuckets;

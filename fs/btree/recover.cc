@@ -81,6 +81,7 @@ Status TreeOps::NoteLost(Impl* im, const Tree& t, const NodePtrFormat& p, const 
                   unsigned(p.level), PtrCopy(p, 0).member, (unsigned long long)PtrCopy(p, 0).offset, ln.why.text);
   }
   TFS_TRY(im->lost.PushBack(ln));
+  if (!PtrEmpty(p)) TFS_TRY(im->dropped_ptrs.PushBack(p));
   im->s_dropped++;
   return Status::Ok();
 }
@@ -175,13 +176,13 @@ Status TreeOps::ScanCopies(Impl* im, const Vector<u64>* used, const Vector<Gap>&
 // longer needs it is durable (a cut during the repair leaves the old roots,
 // and the next fsck needs the same copies): its slot counts as live and as
 // used (no hole, its bucket not freed, and the allocation rebuild marks it
-// through the tree's dead slots, Btrees::ForEachSlot), and is released by
+// through the tree's kept slots, Btrees::ForEachSlot), and is released by
 // the checkpoint's end like the slot of any node it replaced.
 Status TreeOps::KeepCopy(Impl* im, const Copy& c, Vector<u64>* used) {
   NodePtrFormat p = EmptyPtr(c.id);
   AddPtrCopy(&p, c.member, c.offset);
   Tree& t = im->trees[c.id];
-  TFS_TRY(t.dead_slots.PushBack(p));
+  TFS_TRY(t.kept_slots.PushBack(p));
   TFS_TRY(used[c.member].PushBack(c.offset));
   im->live[c.member][im->sb.BucketOf(c.offset)]++;
   return Status::Ok();

@@ -286,6 +286,7 @@ Status Btrees::Open(dev::DeviceSet* devs, alloc::Allocator* alloc, const sb::Sup
   im->wanted_durability = Max<u32>(sb.options.metadata_replicas, 1);
   roots_ = roots;
   im->stale_members.Store(StaleMask(roots), MemOrder::kRelaxed);
+  im->degraded_reachable.Store(roots.degraded_nodes, MemOrder::kRelaxed);
   bool root_read[kNrBtreeIds] = {};
   for (u32 id = 0; id < kNrBtreeIds; id++) {
     Tree& t = im->trees[id];
@@ -705,6 +706,7 @@ Status Btrees::ForEachSlot(SlotFn fn, void* ctx) {
     // Slots of nodes replaced since the last roots block (and copies fsck
     // recovered from): that block still names them until the next one.
     for (const NodePtrFormat& p : t.dead_slots) TFS_TRY(Walk::Each(p, fn, ctx));
+    for (const NodePtrFormat& p : t.kept_slots) TFS_TRY(Walk::Each(p, fn, ctx));
   }
   return Status::Ok();
 }
@@ -727,6 +729,7 @@ Stats Btrees::GetStats() const {
   s.dirty_nodes = L(im->dirty_nodes);
   s.dirty_bytes = s.dirty_nodes * im->node_size;
   s.stale_members = PopCount(L(im->stale_members));
+  s.degraded_reachable = L(im->degraded_reachable);
   for (u32 id = 0; id < kNrBtreeIds; id++) {
     Tree& t = im->trees[id];
     ReadGuard g(t.lock);

@@ -156,7 +156,9 @@ struct Options {
   X(alloc_older_kept, counter, "alloc records not applied: the leaf held a newer version (merge rule)") \
   X(reconcile_frees, counter, "mount: btree buckets no tree reaches, freed")                        \
   X(reconcile_marks, counter, "mount: buckets holding nodes, marked btree")                         \
+  X(degraded_count_short, counter, "degraded pointers dropped that the roots block's count did not hold (fsck recounts)") \
   X(stale_members, level, "members the roots block marks stale (a roots block missed; fsck -y clears)") \
+  X(degraded_reachable, level, "node pointers the roots block reaches with fewer copies than metadata_replicas") \
   X(cached_nodes, level, "nodes in the cache now")                                                \
   X(cached_bytes, level, "their bytes")                                                           \
   X(dirty_nodes, level, "of which dirty now")                                                     \
@@ -224,6 +226,10 @@ bool SamePtrCopies(const NodePtrFormat& a, const NodePtrFormat& b);
 // when the pointer keeps them, else what it breaks (for the caller's one
 // line).
 const char* NodePtrProblem(const NodePtrFormat& p, const sb::Superblock& sb, u32 node_size, bool may_be_empty);
+// Whether p names copies whose members' durability falls short of the
+// filesystem's metadata_replicas (an image written degraded: what
+// Roots::degraded_nodes counts). False for an empty pointer.
+bool PtrDegraded(const NodePtrFormat& p, const sb::Superblock& sb);
 // Whether `offset` is a node slot of member m's bucket area.
 bool NodeSlotInArea(const sb::Superblock& sb, u32 node_size, u32 m, u64 offset);
 
@@ -237,6 +243,12 @@ struct Roots {
   // after its newest, up to `gen`, are the ones it missed).
   u64 stale_since[dev::kMaxDevices] = {};
   u64 stale_until[dev::kMaxDevices] = {};
+  // RootsFormat::degraded_nodes/degraded_on: the pointers this block
+  // reaches whose copies fall short of metadata_replicas, in all and per
+  // member holding a copy of one. Kept by each checkpoint (+ its new
+  // pointers, - the ones it drops); fsck recounts.
+  u64 degraded_nodes = 0;
+  u32 degraded_on[dev::kMaxDevices] = {};
   NodePtrFormat roots[kNrBtreeIds];
   u32 rejected = 0;  // ReadRoots: slots that could not be read or failed their checks
 };
@@ -482,6 +494,20 @@ class Btrees {
   // (Roots::stale_since; the next Checkpoint writes one even with nothing
   // dirty).
   void ClearStaleMembers(u64 mask);
+  // fsck -y, after its walk recounted the degraded pointers a roots block
+  // reaches: `recorded` is what that block said (Roots::degraded_nodes,
+  // degraded_on), `recount` what the walk found. The counts the next roots
+  // block carries (written even with nothing dirty) become the current ones
+  // moved by (recount - recorded): checkpoints since the walk changed them
+  // by exactly what they added and dropped, unless one dropped a pointer
+  // the count did not hold (degraded_count_short). Then, or when a count
+  // would leave its range, kBusy and nothing changes (fsck -y again
+  // corrects it).
+  struct DegradedCounts {
+    u64 total = 0;
+    u64 on[dev::kMaxDevices] = {};
+  };
+  Status AdjustDegradedCounts(const DegradedCounts& recorded, const DegradedCounts& recount);
   // Stops the writer, checkpoints until nothing is dirty (the checkpoints'
   // own allocation records dirty alloc leaves: at most a few rounds, then a
   // final checkpoint that takes its buckets before imaging and frees none,

@@ -159,6 +159,10 @@ struct BtreeFindings {
   // member stale.
   Vector<u64> stale_since, stale_until;  // per member (on the heap: fsck::Check's frame)
   bool every_copy_checked = false;
+  // When the roots block's degraded node counts (btree::Roots::degraded_on)
+  // disagree with the walk's, which reached every pointer: [0] what the
+  // block said, [1] the recount (-y's fix). Empty otherwise.
+  Vector<btree::Btrees::DegradedCounts> degraded;
   u64 StaleMask() const {
     u64 mask = 0;
     for (usize m = 0; m < stale_since.size(); m++)
@@ -205,6 +209,14 @@ struct BtreeCheck {
   u32 node_errors = 0, lines = 0;
   u32 lost_subtrees = 0;  // interior nodes that could not be read: slots unknown
   Status stop;            // an operational failure (out of memory)
+  btree::Btrees::DegradedCounts degraded;  // the pointers reached that btree::PtrDegraded calls degraded
+
+  void CountDegraded(const btree::NodePtrFormat& p) {
+    if (!btree::PtrDegraded(p, *sb)) return;
+    degraded.total++;
+    for (u32 i = 0; i < btree::PtrCopies(p); i++)
+      if (btree::PtrCopy(p, i).member < dev::kMaxDevices) degraded.on[btree::PtrCopy(p, i).member]++;
+  }
 
   void Error(const char* fmt, ...) TFS_PRINTF(2, 3) {
     __builtin_va_list ap;
@@ -348,6 +360,7 @@ struct BtreeCheck {
     Expect ex;
     (void)self->Expected(p, &ex);  // keeps the walk's place among its siblings
     self->Reference(p, kBtreeNames[p.btree_id]);
+    self->CountDegraded(p);
     if (p.level > 0) self->lost_subtrees++;
     self->stats[p.btree_id].bad++;
     const btree::NodeCopy at = self->ReadCopy(p);
@@ -366,6 +379,7 @@ struct BtreeCheck {
     Expect ex;
     if (!Expected(p, &ex)) return;
     Reference(p, name);
+    CountDegraded(p);
     TreeStats& ts = stats[info.btree_id];
     ts.nodes++;
     // The node is the one its parent names, and covers the range the parent gave it.
@@ -422,6 +436,45 @@ struct BtreeCheck {
       Error("%s: interior node at member %s offset %llu: children end before the node's max", name, label, off);
   }
 };
+
+// The roots block's degraded node counts (btree::Roots::degraded_nodes,
+// degraded_on) against the walk's recount: the walk started from the
+// roots block the trees were opened with (Btrees::roots) and reached every
+// pointer. A difference is an error (a degraded mount would decide from
+// it); -y moves the counts by it (RepairDegradedCounts).
+void CheckDegradedCounts(store::Store& e, const BtreeCheck& bc, Ctx& c, BtreeFindings* found) {
+  const btree::Roots& r = e.btrees().roots();
+  btree::Btrees::DegradedCounts was;
+  was.total = r.degraded_nodes;
+  bool same = was.total == bc.degraded.total;
+  for (u32 m = 0; m < dev::kMaxDevices; m++) {
+    was.on[m] = r.degraded_on[m];
+    same = same && was.on[m] == bc.degraded.on[m];
+  }
+  if (same) return;
+  if (!found->degraded.PushBack(was).ok() || !found->degraded.PushBack(bc.degraded).ok()) {
+    found->degraded.Clear();
+    c.Line("btree: out of memory");
+    c.report->exit_code = kExitOperational;
+    return;
+  }
+  // Per member: "label recorded/recounted" for each that differs.
+  char per[120];
+  usize n = 0;
+  per[0] = '\0';
+  for (u32 m = 0; m < dev::kMaxDevices && n < sizeof(per); m++) {
+    if (was.on[m] == bc.degraded.on[m]) continue;
+    const char* label = m < e.sb().nr_members ? e.sb().members[m].label : "?";
+    const int w = platform::Format(per + n, sizeof(per) - n, "%s%s %llu/%llu", n == 0 ? "" : ", ", label,
+                                   (unsigned long long)was.on[m], (unsigned long long)bc.degraded.on[m]);
+    if (w < 0 || usize(w) >= sizeof(per) - n) break;  // (the rest cut: the line's length)
+    n += usize(w);
+  }
+  c.report->errors++;
+  c.Line("btree: the roots block counts %llu degraded node pointers (fewer copies than metadata_replicas), the "
+         "walk found %llu (member counted/found: %s); fsck -y writes the recount",
+         (unsigned long long)was.total, (unsigned long long)bc.degraded.total, per[0] != '\0' ? per : "equal");
+}
 
 // Walks the trees of an open store and checks their slots against the allocator.
 // Problems with the allocator's btree buckets go to `found` (repaired by the caller).
@@ -487,6 +540,7 @@ void CheckBtrees(store::Store& e, bool was_clean, Ctx& c, BtreeFindings* found) 
     return;
   }
   if (bc->lines > kMaxLines) c.Line("btree: %u more node errors", bc->lines - kMaxLines);
+  if (bc->lost_subtrees == 0) CheckDegradedCounts(e, *bc, c, found);
   // 4. Slots against buckets, both ways. Unless a subtree was lost: its nodes'
   // buckets would look unused, and freeing them would destroy what is left of
   // it; nor against allocation state known to be wrong (bad records, a lost
@@ -610,6 +664,20 @@ void RepairNodeCopies(store::Store& e, const BtreeFindings& found, Ctx& c) {
   }
   e.btrees().ClearStaleMembers(stale);  // (no error was found: nothing counted repaired)
   c.Line("btree: every copy on the stale members is whole: they are stale no longer");
+}
+
+// The recount CheckDegradedCounts found different, into the roots block
+// this repair writes last.
+void RepairDegradedCounts(store::Store& e, const BtreeFindings& found, Ctx& c) {
+  if (found.degraded.size() != 2) return;
+  const Status st = e.btrees().AdjustDegradedCounts(found.degraded[0], found.degraded[1]);
+  if (!st.ok()) {
+    c.Line("btree: the degraded node counts are not corrected (%s); run 'tierfs fsck -y' again",
+           st.code() == Err::kBusy ? "a checkpoint since the walk dropped a pointer they did not hold" : st.Message());
+    return;
+  }
+  c.report->repaired++;
+  c.Line("btree: the roots block's degraded node counts are the recount now");
 }
 
 // fsck -y's rebuild of allocation state that may be wrong -- nodes dropped
@@ -929,6 +997,7 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
   CheckAllocator(e, opt, c);
   if (opt.repair) {
     RepairNodeCopies(e, btree_found, c);
+    RepairDegradedCounts(e, btree_found, c);
     // A rebuilt state already has every bucket holding a node marked btree
     // and no other; the read-only pass's fixes were against the old one.
     if (!rep.alloc_rebuilt) {

@@ -352,6 +352,17 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
                      "no copy on the members given; mount with every member and run 'tierfs fsck -y'",
                      sb_.members[m].label, (unsigned long long)roots.stale_since[m]);
   }
+  // A node written degraded (fewer copies than metadata_replicas: a member
+  // without room, 5b-2) may have its only copy on a missing member; the
+  // roots block counts them per member holding a copy.
+  for (u32 m = 0; degraded && rst.ok() && m < sb_.nr_members; m++) {
+    if (((devs_.missing() >> m) & 1) == 0 || roots.degraded_on[m] == 0) continue;
+    return DiagError(diag, Err::kNotFound,
+                     "-o degraded: %u btree node%s written with fewer copies than metadata_replicas ha%s a copy on "
+                     "the missing member %s and maybe no other; mount with every member",
+                     roots.degraded_on[m], roots.degraded_on[m] == 1 ? "" : "s",
+                     roots.degraded_on[m] == 1 ? "s" : "ve", sb_.members[m].label);
+  }
   if (rep.stale_roots && !read_only_ && !can_rebuild_roots) {
     if (diag != nullptr) *diag = rep.stale_why;
     return Err::kCorrupt;
