@@ -496,7 +496,18 @@ u64 Allocator::FreeFloor(u32 dev, Watermark wm) const {
 
 bool Allocator::Usable(u32 dev, BucketState purpose, Watermark wm) const {
   const Dev& d = devices_[dev];
-  return (d.data_allowed & DataBit(purpose)) != 0 && d.free_count > FreeFloor(dev, wm);
+  return ((unavailable_ >> dev) & 1) == 0 && (d.data_allowed & DataBit(purpose)) != 0 &&
+         d.free_count > FreeFloor(dev, wm);
+}
+
+void Allocator::SetUnavailable(dev::DevMask mask) {
+  MutexLock lock(mu_);
+  unavailable_ = mask;
+}
+
+dev::DevMask Allocator::unavailable() const {
+  MutexLock lock(mu_);
+  return unavailable_;
 }
 
 template <typename Release>
@@ -669,7 +680,7 @@ Result<BucketRef> Allocator::TryAllocate(dev::DevMask target, dev::DevMask fallb
       best = pick();
     }
     if (best < 0) {
-      for (u32 i : dev::Bits((target | fallback) & all_devices())) {
+      for (u32 i : dev::Bits((target | fallback) & all_devices() & ~unavailable_)) {
         const Dev& d = devices_[i];
         if ((d.data_allowed & DataBit(purpose)) != 0 && d.free_count + d.pending.size() > FreeFloor(i, wm))
           *pending_seen = true;
@@ -1172,7 +1183,8 @@ DeviceUsage Allocator::Usage(u32 dev) const {
 
 u64 Allocator::FreeCount(u32 dev) const {
   MutexLock lock(mu_);
-  return dev < nr_ ? devices_[dev].sums.by_state[u8(BucketState::kFree)] - devices_[dev].blocked.size() : 0;
+  if (dev >= nr_ || ((unavailable_ >> dev) & 1) != 0) return 0;
+  return devices_[dev].sums.by_state[u8(BucketState::kFree)] - devices_[dev].blocked.size();
 }
 
 AllocStats Allocator::Stats() const {

@@ -475,8 +475,17 @@ class Allocator {
   // them by a walk and stop on a difference), reserves and pending frees.
   DeviceUsage Usage(u32 dev) const;
   // Buckets of `dev` in state free: reusable now or once their free
-  // settles (the free and pending lists). O(1) under mu_.
+  // settles (the free and pending lists). O(1) under mu_. 0 for a member
+  // SetUnavailable names.
   u64 FreeCount(u32 dev) const;
+  // Members no bucket is allocated on from now on: a degraded mount's
+  // missing ones (Store::Open, before anything allocates). Their records
+  // stay and change as always (a free of a bucket there is recorded); only
+  // Allocate and AllocateUnrecorded pass them by, as members without a
+  // free bucket (a write with too few members goes degraded, counted by
+  // its caller).
+  void SetUnavailable(dev::DevMask mask);
+  dev::DevMask unavailable() const;
   // Tests: recounts the member's sums by a walk of its buckets into
   // *scanned (if given) and says whether they are the kept ones.
   bool SumsMatchScan(u32 dev, BucketSums* scanned = nullptr) const;
@@ -570,6 +579,7 @@ class Allocator {
   void* alloc_fault_ctx_ TFS_GUARDED_BY(mu_) = nullptr;
   sb::Superblock sb_{};
   u32 nr_ = 0;
+  dev::DevMask unavailable_ = 0;  // SetUnavailable (mu_)
   Dev devices_[dev::kMaxDevices];
 
   mutable Mutex mu_;

@@ -142,7 +142,9 @@ Status WriteRootsBlock(dev::DeviceSet& devs, const sb::Superblock& sb, const Roo
   const u64 off = kRootsOffset + (roots.gen & 1) * kRootsSlotSize;
   Status first;
   for (u32 m = 0; m < sb.nr_members; m++) {
-    if (!HoldsBtree(sb, m)) continue;
+    // (A degraded mount's missing member is behind from now on: when it
+    // returns, ReadRoots marks it stale.)
+    if (!HoldsBtree(sb, m) || ((devs.missing() >> m) & 1) != 0) continue;
     Status st = dev::QueueSyncIo(devs.member(m)->queue(), IoOp::kWrite, off, r, kRootsSlotSize, IoRequest::kFua,
                                  IoOrigin::kBtree);
     if (!st.ok() && first.ok()) first = st;
@@ -287,7 +289,7 @@ u32 TreeOps::BestMember(Impl* im, dev::DevMask skip, bool durable_only) {
   u32 best = kNoMember;
   bool best_durable = false;
   u64 best_room = 0;
-  for (u32 m : dev::Bits(im->target & ~skip)) {
+  for (u32 m : dev::Bits(im->target & ~skip & ~im->devs->missing())) {
     if (m >= im->sb.nr_members) continue;
     const bool durable = im->sb.members[m].durability > 0;
     if (durable_only && !durable) continue;
@@ -384,8 +386,9 @@ void TreeOps::CountDegraded(Impl* im, Roots* roots, const NodePtrFormat& p, bool
   if (!PtrDegraded(p, im->sb)) return;
   bool short_count = false;
   auto step = [&](auto* v) {
+    using T = decltype(+*v);
     if (add) {
-      (*v)++;
+      if (*v != T(~T(0))) (*v)++;  // (saturates: a count at its top stays there -- too high is safe)
     } else if (*v > 0) {
       (*v)--;
     } else {
@@ -1164,7 +1167,9 @@ void Btrees::ClearStaleMembers(u64 mask) {
 Status Btrees::AdjustDegradedCounts(const DegradedCounts& recorded, const DegradedCounts& recount) {
   if (impl_ == nullptr || impl_->opt.read_only) return Err::kInvalidArgument;
   MutexLock ck(impl_->ckpt_mu);
-  if (impl_->ctr.degraded_count_short.Load(MemOrder::kRelaxed) != 0) return Err::kBusy;
+  // (A drop in between that the count did not hold -- degraded_count_short
+  // -- left it higher than the additive model: the result is then too
+  // high, never too low, which is the safe side.)
   // cur - was + now, each u64, staying within [0, limit].
   auto moved = [](u64 cur, u64 was, u64 now, u64 limit, u64* out) {
     if (cur >= was) {

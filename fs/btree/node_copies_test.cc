@@ -910,19 +910,28 @@ TEST(NodeCopiesTest, DegradedNodesAreCountedInTheRootsBlockAndDecideADegradedMou
       << refused;
   EXPECT_NE(refused.find("missing member ssd.a"), std::string::npos) << refused;
 
-  // A count that disagrees: an error naming both; -y writes the recount.
-  SetDegradedOn(ms, 1, 7);
-  std::string out;
-  EXPECT_NE(ms.Check(&out), fsck::kExitClean) << out;
-  EXPECT_NE(out.find("ssd.b 7/0"), std::string::npos) << out;
-  out.clear();
-  EXPECT_EQ(ms.Check(&out, /*repair=*/true), fsck::kExitRepaired) << out;
-  EXPECT_NE(out.find("degraded node counts are the recount now"), std::string::npos) << out;
-  out.clear();
-  EXPECT_EQ(ms.Check(&out), fsck::kExitClean) << out;
-  c = DegradedCounts(ms);
-  EXPECT_EQ(c.total, w.by_copies[1]);
-  EXPECT_EQ(c.on[1], 0u);
+  // A count too low (a degraded mount without ssd.a would go on): an
+  // error naming both; -y writes the recount. Too high (the safe side): a
+  // note, and -y writes it too.
+  for (const bool low : {true, false}) {
+    SCOPED_TRACE(low ? "too low" : "too high");
+    SetDegradedOn(ms, low ? 0 : 1, low ? 1 : 7);
+    const std::string want = low ? "ssd.a 1/" + std::to_string(c.on[0]) : "ssd.b 7/0";
+    std::string out;
+    EXPECT_EQ(ms.Check(&out), low ? fsck::kExitUncorrected : fsck::kExitClean) << out;
+    EXPECT_NE(out.find(want), std::string::npos) << out;
+    EXPECT_EQ(out.find("the safe side") != std::string::npos, !low) << out;
+    out.clear();
+    EXPECT_EQ(ms.Check(&out, /*repair=*/true), low ? fsck::kExitRepaired : fsck::kExitClean) << out;
+    EXPECT_NE(out.find("degraded node counts are the recount now"), std::string::npos) << out;
+    out.clear();
+    EXPECT_EQ(ms.Check(&out), fsck::kExitClean) << out;
+    EXPECT_EQ(out.find("degraded node pointers"), std::string::npos) << out;
+    const Counts now = DegradedCounts(ms);
+    EXPECT_EQ(now.total, c.total);
+    EXPECT_EQ(now.on[0], c.on[0]);
+    EXPECT_EQ(now.on[1], 0u);
+  }
 
   // Member 1's buckets back: every node rewritten whole, none degraded.
   {

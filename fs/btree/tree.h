@@ -499,10 +499,10 @@ class Btrees {
   // degraded_on), `recount` what the walk found. The counts the next roots
   // block carries (written even with nothing dirty) become the current ones
   // moved by (recount - recorded): checkpoints since the walk changed them
-  // by exactly what they added and dropped, unless one dropped a pointer
-  // the count did not hold (degraded_count_short). Then, or when a count
-  // would leave its range, kBusy and nothing changes (fsck -y again
-  // corrects it).
+  // by exactly what they added and dropped (or left them higher, when one
+  // dropped a pointer the count did not hold: degraded_count_short -- too
+  // high is the safe side). kBusy, nothing changed, when a count would
+  // leave its range (fsck -y again corrects it).
   struct DegradedCounts {
     u64 total = 0;
     u64 on[dev::kMaxDevices] = {};

@@ -459,7 +459,7 @@ void CheckDegradedCounts(store::Store& e, const BtreeCheck& bc, Ctx& c, BtreeFin
     return;
   }
   // Per member: "label recorded/recounted" for each that differs.
-  char per[120];
+  char per[110];
   usize n = 0;
   per[0] = '\0';
   for (u32 m = 0; m < dev::kMaxDevices && n < sizeof(per); m++) {
@@ -467,13 +467,24 @@ void CheckDegradedCounts(store::Store& e, const BtreeCheck& bc, Ctx& c, BtreeFin
     const char* label = m < e.sb().nr_members ? e.sb().members[m].label : "?";
     const int w = platform::Format(per + n, sizeof(per) - n, "%s%s %llu/%llu", n == 0 ? "" : ", ", label,
                                    (unsigned long long)was.on[m], (unsigned long long)bc.degraded.on[m]);
-    if (w < 0 || usize(w) >= sizeof(per) - n) break;  // (the rest cut: the line's length)
+    if (w < 0 || usize(w) >= sizeof(per) - n) {  // (the rest cut: the line's length)
+      per[n] = '\0';
+      break;
+    }
     n += usize(w);
   }
-  c.report->errors++;
+  // Counted higher than found on every member is the safe side (a degraded
+  // mount refused that might have gone on): what a dropped subtree or
+  // rebuilt roots leave (docs/format/btree.md, "Degraded nodes"). A note;
+  // lower on any member is an error (a degraded mount could go on without
+  // a node's only copy).
+  bool low = was.total < bc.degraded.total;
+  for (u32 m = 0; m < dev::kMaxDevices; m++) low = low || was.on[m] < bc.degraded.on[m];
+  (low ? c.report->errors : c.report->notes)++;
   c.Line("btree: the roots block counts %llu degraded node pointers (fewer copies than metadata_replicas), the "
-         "walk found %llu (member counted/found: %s); fsck -y writes the recount",
-         (unsigned long long)was.total, (unsigned long long)bc.degraded.total, per[0] != '\0' ? per : "equal");
+         "walk found %llu (member counted/found: %s)%s; fsck -y writes the recount",
+         (unsigned long long)was.total, (unsigned long long)bc.degraded.total, per[0] != '\0' ? per : "equal",
+         low ? "" : " (too high: the safe side)");
 }
 
 // Walks the trees of an open store and checks their slots against the allocator.
@@ -673,10 +684,12 @@ void RepairDegradedCounts(store::Store& e, const BtreeFindings& found, Ctx& c) {
   const Status st = e.btrees().AdjustDegradedCounts(found.degraded[0], found.degraded[1]);
   if (!st.ok()) {
     c.Line("btree: the degraded node counts are not corrected (%s); run 'tierfs fsck -y' again",
-           st.code() == Err::kBusy ? "a checkpoint since the walk dropped a pointer they did not hold" : st.Message());
+           st.code() == Err::kBusy ? "a count would leave its range" : st.Message());
     return;
   }
-  c.report->repaired++;
+  bool low = found.degraded[0].total < found.degraded[1].total;  // (an error, then: counted repaired)
+  for (u32 m = 0; m < dev::kMaxDevices; m++) low = low || found.degraded[0].on[m] < found.degraded[1].on[m];
+  if (low) c.report->repaired++;
   c.Line("btree: the roots block's degraded node counts are the recount now");
 }
 

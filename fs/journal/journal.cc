@@ -106,12 +106,16 @@ Status Journal::Start(dev::DeviceSet* devs, const sb::Superblock& sb, u64 next_s
   MemCopy(&uuid_word, sb.fs_uuid, 8);
   magic_ = kJournalMagic ^ uuid_word;
   replicas_ = sb.options.metadata_replicas;
+  wanted_replicas_ = replicas_;
   NoteRootsGen(sb.roots_gen);
 
   ring_members_ = 0;
   for (u32 i = 0; i < sb.nr_members; i++) {
     const sb::Member& m = sb.members[i];
-    if (m.journal_nbuckets == 0) continue;
+    // A degraded mount's missing member has no ring: its entries go to the
+    // rings there are (its own holds only entries older than next_seq,
+    // which replay ignores once the superblock says so).
+    if (m.journal_nbuckets == 0 || ((devs->missing() >> i) & 1) != 0) continue;
     if (devs->member(i) == nullptr) return Err::kInvalidArgument;
     TFS_TRY(rings_.EmplaceBack());
     Ring& r = rings_.back();
@@ -128,6 +132,9 @@ Status Journal::Start(dev::DeviceSet* devs, const sb::Superblock& sb, u64 next_s
     if (r.nbuckets < config_.reserve_buckets + 3) return Err::kInvalidArgument;
   }
   if (replicas_ > rings_.size()) replicas_ = u32(rings_.size());
+  u32 sb_rings = 0;
+  for (u32 i = 0; i < sb.nr_members; i++) sb_rings += sb.members[i].journal_nbuckets != 0 ? 1 : 0;
+  if (wanted_replicas_ > sb_rings) wanted_replicas_ = sb_rings;  // (a format with fewer: not degraded)
 
   for (Buf*& b : bufs_) {
     b = platform::New<Buf>();
@@ -780,6 +787,7 @@ Status Journal::WriteEntry(Buf* buf) {
   }
   written_seq_ = buf->seq;
   stats_.entries++;
+  if (nrings < wanted_replicas_) stats_.degraded_entries++;
   stats_.bytes += u64(bytes) * nrings;
   if (buf->ncommits > stats_.max_group) stats_.max_group = buf->ncommits;
   if (flush) {

@@ -105,6 +105,7 @@ struct Config {
   X(commits, counter, "transactions committed")                                                \
   X(flush_commits, counter, "of which asked to be durable (fsync)")                            \
   X(entries, counter, "entries written")                                                       \
+  X(degraded_entries, counter, "of which on fewer rings than metadata_replicas (a degraded mount's missing rings)") \
   X(flush_entries, counter, "of which durable (FUA after a pre-flush, or unordered)")          \
   X(unordered_entries, counter, "of which written first and flushed after (see Commit)")      \
   X(bytes, counter, "entry bytes written (per replica)")                                       \
@@ -306,7 +307,8 @@ class Journal {
   Config config_;
   u64 magic_ = 0;
   u32 bucket_size_ = 0;
-  u32 replicas_ = 1;
+  u32 replicas_ = 1;          // rings per entry: metadata_replicas, capped at the rings there are
+  u32 wanted_replicas_ = 1;   // metadata_replicas (degraded_entries: fewer)
   Vector<Ring> rings_;
 
   mutable Mutex mu_;

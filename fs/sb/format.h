@@ -128,14 +128,20 @@ struct SuperblockFormat {  // kSbSize bytes
   // without those nodes is written; cleared by the unmount of the fsck run that
   // finished the namespace repair. Read-write mounts refuse while it is set.
   Le32 lost_data_btrees;
-  u8 reserved[1024 - 208];
+  // The members missing from the writable degraded mount (-o degraded) that
+  // wrote this copy (bit m: member m; 0: a mount with every member). Two
+  // members each written without the other have diverged: refused
+  // together (docs/format/superblock.md).
+  Le32 degraded_missing;
+  u8 reserved[1024 - 212];
   MemberFormat members[kSbMaxMembers];
   u8 tail[kSbSize - 1024 - kSbMaxMembers * sizeof(MemberFormat)];
 };
 static_assert(sizeof(SuperblockFormat) == kSbSize, "superblock size");
 static_assert(__builtin_offsetof(SuperblockFormat, roots_gen) == 196, "header layout");
 static_assert(__builtin_offsetof(SuperblockFormat, lost_data_btrees) == 204, "header layout");
-static_assert(__builtin_offsetof(SuperblockFormat, reserved) == 208, "header layout");
+static_assert(__builtin_offsetof(SuperblockFormat, degraded_missing) == 208, "header layout");
+static_assert(__builtin_offsetof(SuperblockFormat, reserved) == 212, "header layout");
 static_assert(__builtin_offsetof(SuperblockFormat, members) == 1024, "member table offset");
 
 inline constexpr u32 kMinBucket = 64 * 1024;

@@ -65,6 +65,7 @@ void Encode(const Superblock& sb, u16 dev_idx, void* out) {
   f->journal_seq.set(sb.journal_seq);
   f->roots_gen.set(sb.roots_gen);
   f->lost_data_btrees.set(sb.lost_data_btrees);
+  f->degraded_missing.set(sb.degraded_missing);
   StrCopyPadded(f->foreground_target, sb.options.foreground_target, kSbTargetLen);
   StrCopyPadded(f->background_target, sb.options.background_target, kSbTargetLen);
   StrCopyPadded(f->promote_target, sb.options.promote_target, kSbTargetLen);
@@ -124,11 +125,14 @@ Status Decode(const void* buf, u64 device_size, Superblock* out, Diag* diag) {
   sb.journal_seq = f->journal_seq.get();
   sb.roots_gen = f->roots_gen.get();
   sb.lost_data_btrees = f->lost_data_btrees.get();
+  sb.degraded_missing = f->degraded_missing.get();
   sb.nr_members = f->nr_members.get();
 
   auto corrupt = [&](const char* what) { return DiagError(diag, Err::kCorrupt, "superblock: bad %s", what); };
   if (sb.nr_members == 0 || sb.nr_members > kSbMaxMembers) return corrupt("member count");
   if (sb.dev_idx >= sb.nr_members) return corrupt("dev_idx");
+  if ((sb.degraded_missing >> sb.dev_idx) & 1) return corrupt("degraded_missing (names this member)");
+  if (sb.nr_members < 32 && (sb.degraded_missing >> sb.nr_members) != 0) return corrupt("degraded_missing");
   if ((sb.flags & ~kSbFlagsKnown) != 0) return corrupt("flags");
   if (((sb.flags & kSbLostData) != 0) != (sb.lost_data_btrees != 0)) return corrupt("lost-data flag");
   if (!IsPowerOfTwo(sb.bucket_size) || sb.bucket_size < kMinBucket || sb.bucket_size > kMaxBucket)

@@ -55,6 +55,7 @@ struct Superblock {
   u64 journal_seq;
   u64 roots_gen;  // newest durable btree roots gen at the last write (0: unknown)
   u32 lost_data_btrees;  // trees an unfinished fsck -y dropped damaged nodes of (format.h)
+  u32 degraded_missing;  // members missing from the writable degraded mount that wrote this copy (format.h)
   Options options;
   u32 nr_members;
   Member members[kSbMaxMembers];

@@ -10,6 +10,10 @@ namespace tfs::store {
 namespace {
 
 constexpr u64 kMinDataBuckets = 8;
+// How far a writable degraded mount's journal starts past the newest entry
+// on the rings given (Store::Open): one entry is in flight at a time, so
+// the missing rings hold at most one more; the rest is margin.
+constexpr u64 kDegradedSeqGap = 1024;
 
 // An array of superblocks on the heap (each is ~4.5 KiB: too big for a kernel stack).
 struct SbArray {
@@ -226,12 +230,23 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
   }
   if (missing != 0 && !options.degraded)
     return DiagError(diag, Err::kNotFound,
-                     "%s (a degraded mount, tierfs mount -o degraded,ro, goes on without them when every journal "
+                     "%s (a degraded mount, tierfs mount -o degraded, goes on without them when every journal "
                      "entry, btree node and extent has a copy on the members given)",
                      md.text);
-  if (missing != 0 && !options.read_only)
-    return DiagError(diag, Err::kNotSupported, "%s: a degraded mount is read-only for now (-o degraded,ro)",
-                     md.text);
+  // Two members each written by a degraded mount without the other hold
+  // two histories: neither superblock can say which is the filesystem.
+  for (u32 i = 0; i < count; i++) {
+    for (u32 j = i + 1; j < count; j++) {
+      const sb::Superblock& a = sbs.p[i];
+      const sb::Superblock& b = sbs.p[j];
+      if (((a.degraded_missing >> b.dev_idx) & 1) == 0 || ((b.degraded_missing >> a.dev_idx) & 1) == 0) continue;
+      return DiagError(diag, Err::kInvalidArgument,
+                       "members %s and %s were each mounted writable without the other (-o degraded): their "
+                       "changes have diverged and cannot be merged; mount with -o degraded and only the members "
+                       "whose changes to keep",
+                       a.members[a.dev_idx].label, b.members[b.dev_idx].label);
+    }
+  }
   u32 newest = 0;
   for (u32 i = 1; i < count; i++) {
     if (sbs.p[i].seq > sbs.p[newest].seq) newest = i;
@@ -265,6 +280,7 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
   // trees (PersistAlloc): before the journal runs, in memory only, written
   // by the mount's checkpoint.
   TFS_TRY(alloc_.Init(sb_));
+  alloc_.SetUnavailable(devs_.missing());  // (nothing is allocated on a missing member)
   TFS_TRY(acct_.Init(sb_));
   alloc_.SetPersist(PersistAlloc, this);
   rep.was_clean = sb_.clean();
@@ -447,6 +463,21 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
   }
   if (!read_only_) {
     u64 next_seq = rep.was_clean ? sb_.journal_seq : Max(rep.replay.next_seq, sb_.journal_seq);
+    // A missing member's ring may hold an entry the rings given lack (the
+    // one being written when the filesystem stopped: entries are written
+    // one at a time, Journal::WriteOpen). This mount's entries start past
+    // it, so that when the member returns replay never meets two entries of
+    // one seq (the superblock's floor, written below, is the new start).
+    if (degraded) {
+      next_seq += kDegradedSeqGap;
+      // Said before anything else is written: a member given that carries
+      // it and a missing one that was written without it are told apart
+      // even after a cut right after this (the refusal above).
+      sb_.degraded_missing = devs_.missing();
+      sb_.seq++;
+      st = WriteSuperblocks();
+      if (!st.ok()) return fail(DiagError(diag, st, "open: recording the degraded mount: %s", st.Message()));
+    }
     // Entries lost in the journal may have held allocation changes the
     // replayed ones depend on: the trees decide. So may the keys of damaged
     // nodes fsck dropped (btree::Options::drop_bad_nodes), and the buckets
@@ -509,6 +540,9 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
     }
     sb_.journal_seq = next_seq;
     sb_.flags &= u16(~sb::kSbClean);
+    // Every superblock this mount writes says which members it went on
+    // without (0 with every member: a returned member is whole again).
+    sb_.degraded_missing = devs_.missing();
     // The incompatible features the caller's writes may use: builds that do
     // not know them refuse the filesystem from this write on (sb/format.h).
     sb_.flags |= u16(options.features & sb::kSbFeatureFlags);
@@ -840,6 +874,9 @@ void Store::CheckCurrent(const btree::Roots& roots, OpenReport& rep) const {
 
 Status Store::WriteSuperblocks() {
   for (u32 m = 0; m < sb_.nr_members; m++) {
+    // A degraded mount's missing member keeps its older superblock: the
+    // newest (a higher seq, on the members given) wins when it returns.
+    if (((devs_.missing() >> m) & 1) != 0) continue;
     // Open, close and AddFeatures (at posix's mount) only: the superblock's
     // blocks are written by nothing else, so this bypasses the queue.
     TFS_TRY(sb::Write(*devs_.member(m)->bdev(), sb_, u16(m)));

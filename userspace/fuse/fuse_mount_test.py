@@ -409,8 +409,9 @@ def test_bad_device_sets_are_refused_with_one_line(tmp_path: Path) -> None:
 
 def test_a_degraded_mount_reads_every_file_from_the_member_given(tmp_path: Path) -> None:
     """Two SSDs, two copies of everything: either image alone mounts with
-    -o degraded,ro and reads every file; without the option, or writable, the
-    mount is refused with one line naming why."""
+    -o degraded,ro and reads every file; without the option the mount is
+    refused with one line naming why. Then writable: one image alone takes
+    a new file, and with both back a normal mount reads it."""
     a, b = image(tmp_path / "a.img"), image(tmp_path / "b.img")
     assert run([tool("tierfs"), "format", "--force", "--label", "ssd.a", a, "--label", "ssd.b", b, "--bucket-size",
                 "256K", "--replicas", "2", "--metadata-replicas", "2"]).returncode == 0
@@ -422,13 +423,12 @@ def test_a_degraded_mount_reads_every_file_from_the_member_given(tmp_path: Path)
         (mnt / name).write_bytes(data)
     m.close()
     for given, left in ((a, "ssd.b"), (b, "ssd.a")):
-        for opts, needle in (([], f"missing: {left} (a degraded mount, tierfs mount -o degraded,ro"),
-                             (["-o", "degraded"], "a degraded mount is read-only for now")):
-            proc = run([tool("tierfs"), "mount", given, mnt, *opts])
-            assert proc.returncode == 1, proc.stderr
-            lines = proc.stderr.strip().splitlines()
-            assert len(lines) == 1 and needle in lines[0], proc.stderr
-            assert not os.path.ismount(mnt)
+        proc = run([tool("tierfs"), "mount", given, mnt])
+        assert proc.returncode == 1, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"missing: {left} (a degraded mount, tierfs mount -o degraded," in lines[0], \
+            proc.stderr
+        assert not os.path.ismount(mnt)
         proc = subprocess.Popen([str(tool("tierfs")), "mount", "-f", str(given), str(mnt), "-o", "degraded,ro"],
                                 stderr=subprocess.PIPE, text=True)
         try:
@@ -441,6 +441,21 @@ def test_a_degraded_mount_reads_every_file_from_the_member_given(tmp_path: Path)
             umount(mnt)
             assert proc.wait(timeout=60) == 0
     fsck_clean([a, b])  # (nothing was written while degraded)
+    proc = subprocess.Popen([str(tool("tierfs")), "mount", "-f", str(a), str(mnt), "-o", "degraded"],
+                            stderr=subprocess.PIPE, text=True)
+    new = os.urandom(70_000)
+    try:
+        wait_for(lambda: os.path.ismount(mnt) or proc.poll() is not None, "the writable degraded mount")
+        assert os.path.ismount(mnt), proc.stderr.read() if proc.stderr else ""
+        (mnt / "new").write_bytes(new)
+    finally:
+        umount(mnt)
+        assert proc.wait(timeout=60) == 0
+    m = Mount([a, b], mnt)
+    assert (mnt / "new").read_bytes() == new
+    for name, data in files.items():
+        assert (mnt / name).read_bytes() == data, name
+    m.close()
 
 
 def daemon_pids(mnt_arg: str, image: Path) -> list[int]:

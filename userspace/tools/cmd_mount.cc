@@ -120,10 +120,11 @@ int Serve(const std::vector<std::string>& devices, const std::vector<FaultSpec>&
   auto inst = std::make_unique<mount::Instance>();
   mount::Options mo;
   // -o degraded: members left out are opened as placeholders when every
-  // copy has another (docs/usage.md, "Degraded mounts"); read-only for now,
-  // so it needs ro (kept for libfuse: the kernel's mount is read-only too).
+  // copy has another (docs/usage.md, "Degraded mounts"). -o ro opens the
+  // store read-only too (and stays for libfuse: the kernel's mount is
+  // read-only as well).
   mo.store.degraded = degraded;
-  if (degraded) {
+  {
     std::vector<std::string> probe = options;
     mo.store.read_only = TakeFlag(&probe, "ro");
   }
@@ -222,8 +223,8 @@ int CmdMount(int argc, char** argv) {
   app.add_option("args", args, "every member device, then the mount point")->required()->expected(2, -1);
   app.add_option("-o", options,
                  "mount options, comma-separated (e.g. allow_other; log=FILE: the daemon's messages; "
-                 "memory_limit=SIZE, memory_psi=PCT: when the caches give memory back; degraded,ro: mount "
-                 "without members missing from the devices given when every copy has another)");
+                 "memory_limit=SIZE, memory_psi=PCT: when the caches give memory back; degraded: mount "
+                 "without members missing from the devices given when every copy has another; ro)");
   app.add_flag("-f,--foreground", foreground, "serve in the foreground (no daemon)");
   FaultArgs fault_args;
   AddFaultOptions(&app, &fault_args);
