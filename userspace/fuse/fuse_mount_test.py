@@ -407,6 +407,32 @@ def test_bad_device_sets_are_refused_with_one_line(tmp_path: Path) -> None:
     m.close()  # (fsck clean: the mount rewrote nothing it should not have)
 
 
+def test_a_read_only_mount_writes_nothing(tmp_path: Path) -> None:
+    """-o ro opens the filesystem read-only, not only the kernel's mount:
+    files read, a write fails with EROFS, and the image is byte for byte
+    what it was (a writable open writes its superblock and journal)."""
+    import hashlib
+    a = image(tmp_path / "a.img")
+    assert run([tool("tierfs"), "format", "--force", a]).returncode == 0
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    m = Mount([a], mnt)
+    (mnt / "f").write_bytes(b"kept" * 1000)
+    m.close()
+    before = hashlib.sha256(Path(a).read_bytes()).hexdigest()
+    proc = subprocess.Popen([str(tool("tierfs")), "mount", "-f", str(a), str(mnt), "-o", "ro"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: os.path.ismount(mnt) or proc.poll() is not None, "the read-only mount")
+        assert os.path.ismount(mnt), proc.stderr.read() if proc.stderr else ""
+        assert (mnt / "f").read_bytes() == b"kept" * 1000
+        expect(errno.EROFS, lambda: (mnt / "new").write_bytes(b"x"), "a write to a read-only mount")
+    finally:
+        umount(mnt)
+        assert proc.wait(timeout=60) == 0
+    assert hashlib.sha256(Path(a).read_bytes()).hexdigest() == before
+
+
 def test_a_degraded_mount_reads_every_file_from_the_member_given(tmp_path: Path) -> None:
     """Two SSDs, two copies of everything: either image alone mounts with
     -o degraded,ro and reads every file; without the option the mount is
