@@ -478,6 +478,81 @@ TEST(ReplicasTest, AWritableDegradedMountGoesOnAndTheMemberReturns) {
   t.Mount();
 }
 
+// The journal's start after a degraded open. ssd.a's ring holds entries
+// ssd.b's lacks (the images of two instants: ssd.b missed the last entry,
+// as a member that stopped taking writes leaves them). ssd.b alone,
+// writable and degraded, writes its own entries and is cut. With both
+// back, replay must not take ssd.a's old entries for the degraded mount's
+// or run on into them: their seqs never meet (the degraded start is 1024
+// past), so every file the degraded mount fsynced reads back, the old
+// entries' files are not there, and fsck is clean.
+TEST(ReplicasTest, AMissingRingsLastEntryNeverMeetsTheDegradedMountsEntries) {
+  std::vector<std::unique_ptr<MemDevice>> mems;
+  for (u32 i = 0; i < 2; i++) mems.push_back(Member());
+  store::FormatOptions fo = testing::SmallFormat();
+  fo.metadata_replicas = 2;
+  fo.data_replicas = 2;
+  ASSERT_TRUE(testing::FormatMembers({mems[0].get(), mems[1].get()}, fo).ok());
+  store::OpenOptions quiet;
+  quiet.btree.writer_thread = false;  // (no checkpoint between the two instants)
+  std::vector<std::vector<u8>> before, after;
+  const std::string base = Bytes(90 * 1024, 1), lost = Bytes(40 * 1024, 2);
+  {
+    testing::MountedFs m({mems[0].get(), mems[1].get()}, quiet);
+    ASSERT_TRUE(m.open());
+    auto a = m.fs.Mknod(posix::kRootIno, "base", 4, posix::kModeReg | 0644, 0, kRoot);
+    ASSERT_TRUE(a.ok());
+    ASSERT_TRUE(m.fs.Write(a.value().ino, 0, base.data(), u32(base.size())).ok());
+    ASSERT_TRUE(m.fs.Fsync(a.value().ino).ok());
+    before = MemDevice::SnapshotDurable({mems[0].get(), mems[1].get()});
+    // (Entries enough that some have seqs past all the degraded mount's.)
+    for (u32 i = 0; i < 8; i++) {
+      const std::string name = "lost" + std::to_string(i);
+      auto b = m.fs.Mknod(posix::kRootIno, name.data(), u32(name.size()), posix::kModeReg | 0644, 0, kRoot);
+      ASSERT_TRUE(b.ok());
+      ASSERT_TRUE(m.fs.Write(b.value().ino, 0, lost.data(), u32(lost.size())).ok());
+      ASSERT_TRUE(m.fs.Fsync(b.value().ino).ok());
+    }
+    after = MemDevice::SnapshotDurable({mems[0].get(), mems[1].get()});
+    m.Crash();
+  }
+  // ssd.b alone (the image from before "lost"), writable and degraded.
+  auto b_dev = Member(before[1].size(), before[1]);
+  const std::string x = Bytes(70 * 1024, 3);
+  std::vector<u8> b_cut;
+  {
+    store::OpenOptions oo = quiet;
+    oo.degraded = true;
+    testing::MountedFs m({b_dev.get()}, oo);
+    ASSERT_TRUE(m.open());
+    auto a = m.fs.Mknod(posix::kRootIno, "x", 1, posix::kModeReg | 0644, 0, kRoot);
+    ASSERT_TRUE(a.ok());
+    ASSERT_TRUE(m.fs.Write(a.value().ino, 0, x.data(), u32(x.size())).ok());
+    ASSERT_TRUE(m.fs.Fsync(a.value().ino).ok());
+    b_cut = MemDevice::SnapshotDurable({b_dev.get()})[0];
+    m.Crash();
+  }
+  auto a_dev = Member(after[0].size(), after[0]);
+  auto b_back = Member(b_cut.size(), b_cut);
+  {
+    testing::MountedFs m({a_dev.get(), b_back.get()}, quiet);
+    ASSERT_TRUE(m.open());
+    auto got = m.fs.Lookup(posix::kRootIno, "x", 1);
+    ASSERT_TRUE(got.ok()) << got.status().Message();
+    std::string buf(x.size(), '\0');
+    auto r = m.fs.Read(got.value().ino, 0, buf.data(), u32(buf.size()));
+    ASSERT_TRUE(r.ok()) << r.status().Message();
+    EXPECT_TRUE(r.value() == x.size() && buf == x);
+    EXPECT_TRUE(m.fs.Lookup(posix::kRootIno, "base", 4).ok());
+    for (u32 i = 0; i < 8; i++) {
+      const std::string name = "lost" + std::to_string(i);
+      EXPECT_FALSE(m.fs.Lookup(posix::kRootIno, name.data(), u32(name.size())).ok()) << name;
+    }
+  }
+  std::string out;
+  EXPECT_EQ(Fsck({a_dev.get(), b_back.get()}, &out), fsck::kExitClean) << out;
+}
+
 // Each member mounted writable without the other: two histories. Together
 // they are refused in one line naming both; either alone still mounts
 // degraded with its own files.
