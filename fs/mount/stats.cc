@@ -155,6 +155,8 @@ Status WriteStats(Instance& inst, JsonOut& w, const MemberExtras* extras) {
     w.UintField("index", i);
     w.StringField("label", m->label());
     w.StringField("group", m->group());
+    // "missing": a degraded mount opened without it (docs/usage.md).
+    w.StringField("state", ((store.devs().missing() >> i) & 1) != 0 ? "missing" : "ok");
     WriteQueue(m, origin, w);
     if (extras != nullptr && extras->write != nullptr) extras->write(extras->ctx, i, w);
     w.EndObject();

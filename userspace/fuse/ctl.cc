@@ -9,12 +9,18 @@
 namespace tfs::fuse {
 namespace {
 
+struct MemberCtx {
+  MemberControl* members;
+  store::Store* store;
+};
+
 void WriteMember(void* ctx, u32 member, JsonOut& w) {
-  MemberControl* members = static_cast<MemberControl*>(ctx);
-  w.StringField("path", members->Path(member));
+  auto* c = static_cast<MemberCtx*>(ctx);
+  const BlockDevice* dev = c->store->devs().member(member)->bdev();
+  w.StringField("path", c->members->Path(dev));
   userspace::JsonWriter fault;
   w.Key("fault");
-  if (members->WriteFault(member, fault)) {
+  if (c->members->WriteFault(dev, fault)) {
     w.Raw(fault.str());
   } else {
     w.Null();
@@ -28,7 +34,8 @@ Status CtlStats(mount::Instance& inst, MemberControl* members, std::string* out)
   JsonBuffer sink(buf.data(), kCtlMax);
   JsonOut w(&JsonBuffer::Sink, &sink);
   mount::MemberExtras extras;
-  if (members != nullptr) extras = mount::MemberExtras{&WriteMember, members};
+  MemberCtx mctx{members, &inst.store()};
+  if (members != nullptr) extras = mount::MemberExtras{&WriteMember, &mctx};
   TFS_TRY(mount::WriteStats(inst, w, &extras));
   if (sink.overflowed()) return Err::kNoSpace;
   if (!w.complete()) return Err::kInternal;  // never hand out a malformed document

@@ -35,11 +35,13 @@ inline constexpr unsigned kCtlFault = _IOWR('T', 0x02, char[kCtlMax]);
 class MemberControl {
  public:
   virtual ~MemberControl() = default;
-  // The path the member was opened by ("" if unknown).
-  virtual std::string Path(u32 member) = 0;
-  // Writes member's fault state as one JSON value; false (nothing written) if
-  // the member has no fault device.
-  virtual bool WriteFault(u32 member, userspace::JsonWriter& w) = 0;
+  // The path the member whose device is `dev` (the store's member's
+  // bdev(): the store orders members by their superblocks, not as given)
+  // was opened by ("" if unknown: a degraded mount's missing member).
+  virtual std::string Path(const BlockDevice* dev) = 0;
+  // Writes that member's fault state as one JSON value; false (nothing
+  // written) if it has no fault device.
+  virtual bool WriteFault(const BlockDevice* dev, userspace::JsonWriter& w) = 0;
   // Runs "MEMBER COMMAND ARGS"; returns the one-line reply.
   virtual std::string FaultCommand(const std::string& line) = 0;
 };

@@ -474,14 +474,28 @@ def test_a_degraded_mount_reads_every_file_from_the_member_given(tmp_path: Path)
         wait_for(lambda: os.path.ismount(mnt) or proc.poll() is not None, "the writable degraded mount")
         assert os.path.ismount(mnt), proc.stderr.read() if proc.stderr else ""
         (mnt / "new").write_bytes(new)
+        devs = ctl_devices(mnt)
+        assert [(d["label"], d["state"], d["path"]) for d in devs] == [("ssd.a", "ok", str(a)),
+                                                                       ("ssd.b", "missing", "")], devs
     finally:
         umount(mnt)
         assert proc.wait(timeout=60) == 0
-    m = Mount([a, b], mnt)
+    m = Mount([b, a], mnt)  # (in the other order: ctl names each member's own path)
     assert (mnt / "new").read_bytes() == new
     for name, data in files.items():
         assert (mnt / name).read_bytes() == data, name
+    devs = ctl_devices(mnt)
+    assert [(d["label"], d["state"], d["path"]) for d in devs] == [("ssd.a", "ok", str(a)), ("ssd.b", "ok", str(b))], \
+        devs
     m.close()
+
+
+def ctl_devices(mnt: Path) -> list[dict]:
+    """tierfs ctl's devices of the mount at MNT."""
+    import json
+    proc = run([tool("tierfs"), "ctl", mnt])
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)["devices"]
 
 
 def daemon_pids(mnt_arg: str, image: Path) -> list[int]:

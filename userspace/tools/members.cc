@@ -208,12 +208,20 @@ std::string Members::List() const {
   return s;
 }
 
-std::string MemberControls::Path(uint32_t member) {
-  return member < members_->size() ? members_->path(member) : "";
+int Members::IndexOf(const BlockDevice* d) const {
+  for (size_t i = 0; i < devs_.size(); i++)
+    if (devs_[i].get() == d) return int(i);
+  return -1;
 }
 
-bool MemberControls::WriteFault(uint32_t member, userspace::JsonWriter& w) {
-  faultdev::FaultDevice* f = member < members_->size() ? members_->fault(member) : nullptr;
+std::string MemberControls::Path(const BlockDevice* dev) {
+  const int i = members_->IndexOf(dev);
+  return i >= 0 ? members_->path(size_t(i)) : "";
+}
+
+bool MemberControls::WriteFault(const BlockDevice* dev, userspace::JsonWriter& w) {
+  const int i = members_->IndexOf(dev);
+  faultdev::FaultDevice* f = i >= 0 ? members_->fault(size_t(i)) : nullptr;
   if (f == nullptr) return false;
   const faultdev::DeviceStats s = f->Stats();
   w.BeginObject();

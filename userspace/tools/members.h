@@ -82,6 +82,8 @@ class Members {
   const std::string& label(size_t i) const { return labels_[i]; }
   // The member `name` names (label or path), or -1.
   int Find(const std::string& name) const;
+  // The member whose device (dev(i)) is `d`, or -1.
+  int IndexOf(const BlockDevice* d) const;
   // "ssd.a (/tmp/a.img), hdd.b (/tmp/b.img)", for messages.
   std::string List() const;
   // Ends every fault device's stalls (the daemon's unmount: a stall must not
@@ -110,8 +112,8 @@ class Members {
 class MemberControls final : public fuse::MemberControl {
  public:
   explicit MemberControls(Members* members) : members_(members) {}
-  std::string Path(uint32_t member) override;
-  bool WriteFault(uint32_t member, userspace::JsonWriter& w) override;
+  std::string Path(const BlockDevice* dev) override;
+  bool WriteFault(const BlockDevice* dev, userspace::JsonWriter& w) override;
   std::string FaultCommand(const std::string& line) override;
 
  private:
