@@ -42,6 +42,9 @@ Status Instance::Open(BlockDevice* const* bdevs, u32 count, const Options& optio
     Status cst = store_.Close();
     if (!cst.ok())
       platform::Log(platform::LogLevel::kError, "mount: closing the store after a failed open: %s", cst.Message());
+    if (st.code() == Err::kReadOnly)  // (posix: a new filesystem's root is made by its first writable mount)
+      return DiagError(diag, st, "%s: it has no root directory yet, and a read-only mount makes none: mount it "
+                       "writable once", stage);
     return DiagError(diag, st, "%s: %s", stage, st.Message());
   }
   open_ = true;

@@ -323,6 +323,12 @@ Status Filesystem::Mount(store::Store* store, data::DataPath* data, const Option
     TFS_TRY(it.Seek(OrphanPos(1)));
     Vector<u64> orphans;
     for (; it.Valid() && it.pos().inode == 0; TFS_TRY(it.Next())) TFS_TRY(orphans.PushBack(it.pos().offset));
+    if (store->read_only() && !orphans.empty()) {
+      // (No name reaches them: a writable mount frees them.)
+      platform::Log(platform::LogLevel::kInfo, "posix: %llu orphan inode%s left for a writable mount to free",
+                    (unsigned long long)orphans.size(), orphans.size() == 1 ? "" : "s");
+      orphans.Clear();
+    }
     for (u64 ino : orphans) {
       TFS_TRY(FinishFree(ino));
       ctr_.orphans_freed.FetchAdd(1, MemOrder::kRelaxed);
@@ -357,6 +363,7 @@ Status Filesystem::Mount(store::Store* store, data::DataPath* data, const Option
     if (rs.ok()) return IsDir(root) ? Status::Ok() : Status(Err::kCorrupt);
     if (!rs.Is(ErrorClass::kNotFound)) return rs;
     if (last != 0) return Err::kCorrupt;  // inodes but no root
+    if (store->read_only()) return Status(Err::kReadOnly);  // (never mounted writable: no root to show)
     // A new filesystem: its root directory.
     MemSet(&root, 0, sizeof(root));
     root.version.set(kInodeVersion);
@@ -543,11 +550,13 @@ Status Filesystem::GetStatFs(StatFs* out) {
   const sb::Superblock& sb = store_->sb();
   out->block_size = 4096;
   const u64 per_bucket = sb.bucket_size / out->block_size;
+  const dev::DevMask unavailable = store_->alloc().unavailable();
   for (u32 m = 0; m < sb.nr_members; m++) {
     const alloc::DeviceUsage u = store_->alloc().Usage(m);
     // (Free buckets the generation guard holds back are not free space
-    // until a generation pass: docs/format/alloc.md, "Generations".)
-    const u64 all_free = u.by_state[u32(alloc::BucketState::kFree)];
+    // until a generation pass: docs/format/alloc.md, "Generations". Nor are
+    // a degraded mount's missing member's: nothing is written there.)
+    const u64 all_free = ((unavailable >> m) & 1) != 0 ? 0 : u.by_state[u32(alloc::BucketState::kFree)];
     const u64 free = all_free - Min(u.gen_blocked, all_free);
     const u64 reserved = Min(free, u.reserves.foreground + u.reserves.copygc + u.reserves.btree);
     out->blocks += u.nbuckets * per_bucket;

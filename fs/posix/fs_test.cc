@@ -499,6 +499,47 @@ TEST(PosixTest, OrphansOfACrashAreFreedAtMount) {
   ASSERT_TRUE(m.fs.Release(f).ok());
 }
 
+// A read-only mount writes nothing: the orphans of a crash stay for the
+// next writable mount to free (the files around them read), and a
+// filesystem never mounted writable -- no root directory yet -- is refused
+// with kReadOnly (mount::Instance says why in one line).
+TEST(PosixTest, AReadOnlyMountLeavesOrphansAndNeedsARoot) {
+  Mounted m;
+  const u64 f = Mkfile(m.fs, kRootIno, "f").value().ino;
+  const u64 keep = Mkfile(m.fs, kRootIno, "keep").value().ino;
+  ASSERT_TRUE(m.fs.OpenInode(f).ok());
+  ASSERT_TRUE(Unlink(m.fs, kRootIno, "f").ok());
+  m.Sync();
+  auto cut = Dev(m.dev->SnapshotDurable());
+  ASSERT_TRUE(m.fs.Release(f).ok());
+  {
+    testing::MountedFs ro;
+    ro.devs = {cut.get()};
+    ro.store_options.read_only = true;
+    ro.Mount();
+    ASSERT_TRUE(ro.open());
+    EXPECT_EQ(ro.fs.GetStats().orphans_freed, 0u);
+    EXPECT_TRUE(ro.fs.GetAttr(keep).ok());
+    EXPECT_EQ(Names(ro.fs, kRootIno), (std::set<std::string>{"keep"}));
+  }
+  {
+    Mounted after(62, std::move(cut));  // (writable: frees it now)
+    EXPECT_EQ(after.fs.GetStats().orphans_freed, 1u);
+  }
+  auto fresh = Dev();
+  testing::FormatOne(fresh.get());
+  store::Store st;
+  store::OpenOptions oo;
+  oo.read_only = true;
+  ASSERT_TRUE(testing::OpenStore(&st, {fresh.get()}, oo).ok());
+  data::DataPath dp;
+  ASSERT_TRUE(dp.Open(&st).ok());
+  Filesystem fs;
+  EXPECT_EQ(fs.Mount(&st, &dp, Filesystem::Options{}).code(), Err::kReadOnly);
+  dp.Close();
+  ASSERT_TRUE(st.Close().ok());
+}
+
 // The files in use are the accounting's inode count (alloc::AcctKind::
 // kInodes): changed in the transaction that creates or frees an inode, so
 // statfs counts them right across remounts, crashes and the orphans a

@@ -11,9 +11,26 @@ namespace {
 
 constexpr u64 kMinDataBuckets = 8;
 // How far a writable degraded mount's journal starts past the newest entry
-// on the rings given (Store::Open): one entry is in flight at a time, so
-// the missing rings hold at most one more; the rest is margin.
+// on the rings given, at least (Store::Open, DegradedSeqGap): a missing
+// ring may be ahead by every entry written since the last flush the
+// members given kept (entries that are not flushed are written without
+// FUA: a cut may keep them on one member's cache and not the other's), up
+// to all it holds. And how far its roots gen starts past the newest found
+// (a checkpoint writes the roots block to one member after another: a cut
+// may leave the missing one a gen ahead).
 constexpr u64 kDegradedSeqGap = 1024;
+
+// The journal's start gap for the missing members of `sb` in `missing`:
+// more than the entries the largest missing ring can hold (each takes at
+// least one block), and at least kDegradedSeqGap.
+u64 DegradedSeqGap(const sb::Superblock& sb, u32 missing) {
+  u64 gap = kDegradedSeqGap;
+  for (u32 m = 0; m < sb.nr_members; m++) {
+    if (((missing >> m) & 1) == 0) continue;
+    gap = Max(gap, u64(sb.members[m].journal_nbuckets) * (sb.bucket_size / journal::kJournalBlock) + 1);
+  }
+  return gap;
+}
 
 // An array of superblocks on the heap (each is ~4.5 KiB: too big for a kernel stack).
 struct SbArray {
@@ -412,6 +429,12 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
     loading_rep_ = nullptr;
     return st;
   };
+  // A missing member may hold a roots block a gen ahead of the newest
+  // found (a cut between the members' roots writes): a writable degraded
+  // mount's blocks start well past it, so that when the member returns
+  // its block never ties with one of this mount's (ReadRoots takes the
+  // lower member index on a tie) and it is marked stale.
+  if (degraded && !read_only_) roots.gen += kDegradedSeqGap;
   Status st = btrees_.Open(&devs_, &alloc_, sb_, roots, bopt, diag);
   if (!st.ok()) return fail(st);
   // Replay: every btree key, the allocation records among them.
@@ -463,13 +486,13 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
   }
   if (!read_only_) {
     u64 next_seq = rep.was_clean ? sb_.journal_seq : Max(rep.replay.next_seq, sb_.journal_seq);
-    // A missing member's ring may hold an entry the rings given lack (the
-    // one being written when the filesystem stopped: entries are written
-    // one at a time, Journal::WriteOpen). This mount's entries start past
-    // it, so that when the member returns replay never meets two entries of
-    // one seq (the superblock's floor, written below, is the new start).
+    // A missing member's ring may hold entries the rings given lack (those
+    // written since the last flush the members given kept: DegradedSeqGap).
+    // This mount's entries start past all it can hold, so that when the
+    // member returns replay never meets two entries of one seq (the
+    // superblock's floor, written below, is the new start).
     if (degraded) {
-      next_seq += kDegradedSeqGap;
+      next_seq += DegradedSeqGap(sb_, devs_.missing());
       // Said before anything else is written: a member given that carries
       // it and a missing one that was written without it are told apart
       // even after a cut right after this (the refusal above).

@@ -410,12 +410,18 @@ def test_bad_device_sets_are_refused_with_one_line(tmp_path: Path) -> None:
 def test_a_read_only_mount_writes_nothing(tmp_path: Path) -> None:
     """-o ro opens the filesystem read-only, not only the kernel's mount:
     files read, a write fails with EROFS, and the image is byte for byte
-    what it was (a writable open writes its superblock and journal)."""
+    what it was (a writable open writes its superblock and journal). A
+    filesystem never mounted writable has no root yet: refused in a line."""
     import hashlib
     a = image(tmp_path / "a.img")
     assert run([tool("tierfs"), "format", "--force", a]).returncode == 0
     mnt = tmp_path / "mnt"
     mnt.mkdir()
+    # Never mounted writable: no root directory to show, refused in one line.
+    proc = run([tool("tierfs"), "mount", a, mnt, "-o", "ro"])
+    assert proc.returncode == 1 and not os.path.ismount(mnt), proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "a read-only mount makes none: mount it writable once" in lines[0], proc.stderr
     m = Mount([a], mnt)
     (mnt / "f").write_bytes(b"kept" * 1000)
     m.close()
