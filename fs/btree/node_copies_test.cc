@@ -734,6 +734,29 @@ void TakeFreeBuckets(Store& e, u32 m, std::vector<alloc::BucketRef>* taken) {
   }
 }
 
+// Two SSDs, two copies: the test tree's keys set and checkpointed, then
+// every free bucket of member 1 taken (into *taken) and four rounds of
+// rewrites -- enough to need more than member 1's holes and open bucket,
+// so member 1 leaves the copy set and nodes are written degraded, their
+// one copy on member 0. The btree counters of that mount into *stats if
+// given; the mount is closed.
+void WriteDegradedNodes(Members& ms, std::vector<alloc::BucketRef>* taken, Stats* stats = nullptr) {
+  ASSERT_TRUE(ms.Format(2).ok());
+  Store e;
+  ASSERT_TRUE(ms.Open(&e).ok());
+  SetKeys(e, kKeys, 1, 0);
+  ASSERT_TRUE(e.btrees().Checkpoint().ok());
+  EXPECT_EQ(e.btrees().roots().degraded_nodes, 0u);
+  ASSERT_NO_FATAL_FAILURE(TakeFreeBuckets(e, 1, taken));
+  EXPECT_GT(taken->size(), 100u);
+  for (u32 round = 1; round <= 4; round++) {
+    SetKeys(e, kKeys, 1, round);
+    ASSERT_TRUE(e.btrees().Checkpoint().ok());
+  }
+  if (stats != nullptr) *stats = e.btrees().GetStats();
+  ASSERT_TRUE(e.Close().ok());
+}
+
 // Three rounds of rewrites, each checkpoint's first request for a btree
 // bucket refused for want of space (the allocator's test hook, as a
 // member with no free bucket would): the checkpoints succeed. Every key
@@ -796,25 +819,11 @@ TEST(NodeCopiesTest, AMemberRefusedABucketIsReplacedOrAsksAgain) {
 // their copy on member 0 only -- degraded, counted -- and nothing fails.
 TEST(NodeCopiesTest, AMemberWithoutFreeBucketsLeavesTheCopySetAndNodesAreDegraded) {
   Members ms(2);
-  ASSERT_TRUE(ms.Format(2).ok());
-  {
-    Store e;
-    ASSERT_TRUE(ms.Open(&e).ok());
-    SetKeys(e, kKeys, 1, 0);
-    ASSERT_TRUE(e.btrees().Checkpoint().ok());
-    std::vector<alloc::BucketRef> taken;
-    ASSERT_NO_FATAL_FAILURE(TakeFreeBuckets(e, 1, &taken));
-    EXPECT_GT(taken.size(), 100u);
-    // Rewrites enough to need more than member 1's holes and open bucket.
-    for (u32 round = 1; round <= 4; round++) {
-      SetKeys(e, kKeys, 1, round);
-      ASSERT_TRUE(e.btrees().Checkpoint().ok());
-    }
-    const Stats s = e.btrees().GetStats();
-    EXPECT_GT(s.degraded_nodes, 0u);
-    EXPECT_GE(s.copy_set_leaves, 1u);
-    ASSERT_TRUE(e.Close().ok());
-  }
+  std::vector<alloc::BucketRef> taken;
+  Stats s;
+  ASSERT_NO_FATAL_FAILURE(WriteDegradedNodes(ms, &taken, &s));
+  EXPECT_GT(s.degraded_nodes, 0u);
+  EXPECT_GE(s.copy_set_leaves, 1u);
   const Walk w = ExpectWholeAndClean(ms, Round(4));
   EXPECT_GT(w.by_copies[1], 0u);
   EXPECT_EQ(w.by_copies[1] + w.by_copies[2], w.nodes);
@@ -881,22 +890,10 @@ void SetDegradedOn(Members& ms, u32 m, u32 count) {
 // and -y writes the recount.
 TEST(NodeCopiesTest, DegradedNodesAreCountedInTheRootsBlockAndDecideADegradedMount) {
   Members ms(2);
-  ASSERT_TRUE(ms.Format(2).ok());
   std::vector<alloc::BucketRef> taken;
-  {
-    Store e;
-    ASSERT_TRUE(ms.Open(&e).ok());
-    SetKeys(e, kKeys, 1, 0);
-    ASSERT_TRUE(e.btrees().Checkpoint().ok());
-    EXPECT_EQ(e.btrees().roots().degraded_nodes, 0u);
-    ASSERT_NO_FATAL_FAILURE(TakeFreeBuckets(e, 1, &taken));
-    for (u32 round = 1; round <= 4; round++) {
-      SetKeys(e, kKeys, 1, round);
-      ASSERT_TRUE(e.btrees().Checkpoint().ok());
-    }
-    EXPECT_GT(e.btrees().GetStats().degraded_reachable, 0u);
-    ASSERT_TRUE(e.Close().ok());
-  }
+  Stats s;
+  ASSERT_NO_FATAL_FAILURE(WriteDegradedNodes(ms, &taken, &s));
+  EXPECT_GT(s.degraded_reachable, 0u);
   const Walk w = ExpectWholeAndClean(ms, Round(4));  // (fsck -n: the counts agree)
   ASSERT_GT(w.by_copies[1], 0u);
   Counts c = DegradedCounts(ms);
@@ -961,20 +958,8 @@ TEST(NodeCopiesTest, DegradedNodesAreCountedInTheRootsBlockAndDecideADegradedMou
 // pointers would stay counted: too high, a note -- docs/format/btree.md.)
 TEST(NodeCopiesTest, ADroppedDegradedNodeLeavesTheCount) {
   Members ms(2);
-  ASSERT_TRUE(ms.Format(2).ok());
-  {
-    Store e;
-    ASSERT_TRUE(ms.Open(&e).ok());
-    SetKeys(e, kKeys, 1, 0);
-    ASSERT_TRUE(e.btrees().Checkpoint().ok());
-    std::vector<alloc::BucketRef> taken;
-    ASSERT_NO_FATAL_FAILURE(TakeFreeBuckets(e, 1, &taken));
-    for (u32 round = 1; round <= 4; round++) {
-      SetKeys(e, kKeys, 1, round);
-      ASSERT_TRUE(e.btrees().Checkpoint().ok());
-    }
-    ASSERT_TRUE(e.Close().ok());
-  }
+  std::vector<alloc::BucketRef> taken;
+  ASSERT_NO_FATAL_FAILURE(WriteDegradedNodes(ms, &taken));
   const Walk w = WalkNodes(ms);
   // The first degraded level-1 node, and how many of its children (the
   // leaves after it in the walk's depth-first order) are degraded too.
