@@ -1164,6 +1164,12 @@ void Btrees::ClearStaleMembers(u64 mask) {
   impl_->stale_members.Store(StaleMask(roots_), MemOrder::kRelaxed);
 }
 
+void Btrees::NoteRootsChanged() {
+  if (impl_ == nullptr) return;
+  MutexLock ck(impl_->ckpt_mu);
+  impl_->roots_changed = true;
+}
+
 Status Btrees::AdjustDegradedCounts(const DegradedCounts& recorded, const DegradedCounts& recount) {
   if (impl_ == nullptr || impl_->opt.read_only) return Err::kInvalidArgument;
   MutexLock ck(impl_->ckpt_mu);

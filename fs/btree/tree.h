@@ -494,6 +494,9 @@ class Btrees {
   // (Roots::stale_since; the next Checkpoint writes one even with nothing
   // dirty).
   void ClearStaleMembers(u64 mask);
+  // The next Checkpoint writes a roots block even with nothing dirty (a
+  // writable degraded open whose roots gen moved on: Store::Open).
+  void NoteRootsChanged();
   // fsck -y, after its walk recounted the degraded pointers a roots block
   // reaches: `recorded` is what that block said (Roots::degraded_nodes,
   // degraded_on), `recount` what the walk found. The counts the next roots

@@ -571,6 +571,41 @@ void MissingRingAhead(bool checkpoint) {
   EXPECT_EQ(Fsck({a_dev.get(), b_back.get()}, &out), fsck::kExitClean) << out;
 }
 
+// A writable degraded open of a clean filesystem writes nothing but its
+// superblocks and roots block before the first change; cut right there,
+// the filesystem still mounts, degraded or whole (its roots gen starts
+// past the newest found: the roots block of that gen must be durable
+// before a superblock names it -- review of 5c-2).
+TEST(ReplicasTest, ACutRightAfterAWritableDegradedOpenLosesNothing) {
+  store::FormatOptions fo = testing::SmallFormat();
+  fo.metadata_replicas = 2;
+  Replicas t(2, 2, fo);
+  const std::string content = Bytes(50 * 1024, 7);
+  t.Write(t.Create("f"), 0, content);
+  t.m.reset();
+  std::vector<u8> cut;
+  {
+    store::Store s;
+    store::OpenOptions oo;
+    oo.degraded = true;
+    ASSERT_TRUE(testing::OpenStore(&s, {t.gates[0].get()}, oo).ok());
+    cut = MemDevice::SnapshotDurable({t.mems[0].get()})[0];
+    ASSERT_TRUE(s.Close().ok());
+  }
+  auto a = Member(cut.size(), cut);
+  Diag d;
+  EXPECT_TRUE(OpenStore({a.get()}, true, true, &d).ok()) << d.text;
+  // (ssd.b, untouched, comes back with it.)
+  auto b = Member(t.mems[1]->Size(), MemDevice::SnapshotDurable({t.mems[1].get()})[0]);
+  testing::MountedFs m({a.get(), b.get()});
+  ASSERT_TRUE(m.open());
+  auto got = m.fs.Lookup(posix::kRootIno, "f", 1);
+  ASSERT_TRUE(got.ok());
+  std::string buf(content.size(), '\0');
+  auto r = m.fs.Read(got.value().ino, 0, buf.data(), u32(buf.size()));
+  ASSERT_TRUE(r.ok() && r.value() == content.size() && buf == content);
+}
+
 // Each member mounted writable without the other: two histories. Together
 // they are refused in one line naming both; either alone still mounts
 // degraded with its own files.

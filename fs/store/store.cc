@@ -543,7 +543,10 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
     if (!rebased.ok())
       return fail(DiagError(diag, rebased.status(), "open: rebasing allocation versions: %s",
                             rebased.status().Message()));
-    if (!rep.was_clean || dropped || rep.alloc_rebuilt || rebased.value() != 0) {
+    // (A degraded one's roots gen moved on, Btrees::Open above: the block
+    // of that gen must be durable before the superblock below names it.)
+    if (degraded) btrees_.NoteRootsChanged();
+    if (!rep.was_clean || dropped || rep.alloc_rebuilt || rebased.value() != 0 || degraded) {
       // Persist what replay applied: the journal restarts at the ring starts.
       // (And the nodes that replaced dropped ones, and a rebuild's records.)
       if (dropped) {
