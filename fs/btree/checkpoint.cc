@@ -893,7 +893,8 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
     }
   }
   // Nothing new since the last roots block: write nothing.
-  if (st.ok() && jobs.empty() && to_free.empty() && kept.empty() && covered <= roots_out->journal_seq && !im->roots_changed) {
+  if (st.ok() && jobs.empty() && to_free.empty() && kept.empty() && covered <= roots_out->journal_seq &&
+      !im->roots_changed) {
     return Status::Ok();
   }
   // Phase 3, no locks: write-ahead (the journal holds everything the images

@@ -440,8 +440,9 @@ struct BtreeCheck {
 // The roots block's degraded node counts (btree::Roots::degraded_nodes,
 // degraded_on) against the walk's recount: the walk started from the
 // roots block the trees were opened with (Btrees::roots) and reached every
-// pointer. A difference is an error (a degraded mount would decide from
-// it); -y moves the counts by it (RepairDegradedCounts).
+// pointer. A degraded mount decides from the counts: one lower than found
+// is an error, higher (the safe side) a note; -y moves the counts by the
+// difference either way (RepairDegradedCounts).
 void CheckDegradedCounts(store::Store& e, const BtreeCheck& bc, Ctx& c, BtreeFindings* found) {
   const btree::Roots& r = e.btrees().roots();
   btree::Btrees::DegradedCounts was;
