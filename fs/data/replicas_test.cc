@@ -315,6 +315,17 @@ TEST(ReplicasTest, TwoCopiesOnDistinctMembersEachReadTheFile) {
 // the blob's crc, and each reads the file.
 // A store opened (and closed) on `given`, degraded and read-only as asked:
 // the open's status, its reason in *d.
+// Files f0..f<n-1> of 100 KiB * (i + 1) + i bytes, seeds seed + i: their
+// inodes and contents.
+std::vector<std::pair<u64, std::string>> WriteFiles(Replicas& t, u32 n, u32 seed) {
+  std::vector<std::pair<u64, std::string>> files;
+  for (u32 i = 0; i < n; i++) {
+    files.push_back({t.Create("f" + std::to_string(i)), Bytes(100 * 1024 * (i + 1) + i, seed + i)});
+    t.Write(files.back().first, 0, files.back().second);
+  }
+  return files;
+}
+
 Status OpenStore(const std::vector<BlockDevice*>& given, bool degraded, bool read_only, Diag* d) {
   store::Store s;
   store::OpenOptions oo;
@@ -334,12 +345,7 @@ TEST(ReplicasTest, ADegradedReadOnlyMountReadsEveryFileFromTheMemberGiven) {
   store::FormatOptions fo = testing::SmallFormat();
   fo.metadata_replicas = 2;
   Replicas t(2, 2, fo);
-  std::vector<std::pair<u64, std::string>> files;
-  for (u32 i = 0; i < 6; i++) {
-    const std::string name = "f" + std::to_string(i);
-    files.push_back({t.Create(name), Bytes(100 * 1024 * (i + 1) + i, 10 + i)});
-    t.Write(files.back().first, 0, files.back().second);
-  }
+  const std::vector<std::pair<u64, std::string>> files = WriteFiles(t, 6, 10);
   t.m.reset();  // (a clean unmount)
   u64 met = 0;
   for (u32 left = 0; left < 2; left++) {
@@ -409,11 +415,7 @@ TEST(ReplicasTest, AWritableDegradedMountGoesOnAndTheMemberReturns) {
   store::FormatOptions fo = testing::SmallFormat();
   fo.metadata_replicas = 2;
   Replicas t(2, 2, fo);
-  std::vector<std::pair<u64, std::string>> files;
-  for (u32 i = 0; i < 4; i++) {
-    files.push_back({t.Create("f" + std::to_string(i)), Bytes(100 * 1024 * (i + 1) + i, 20 + i)});
-    t.Write(files.back().first, 0, files.back().second);
-  }
+  std::vector<std::pair<u64, std::string>> files = WriteFiles(t, 4, 20);
   const u64 seq_before = t.m->store->journal().next_seq();
   t.m.reset();
   {

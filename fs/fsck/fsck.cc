@@ -437,6 +437,14 @@ struct BtreeCheck {
   }
 };
 
+// Whether `recorded` is below `found` anywhere (in all or on a member): a
+// degraded mount could go on without a node's only copy.
+bool DegradedCountsLow(const btree::Btrees::DegradedCounts& recorded, const btree::Btrees::DegradedCounts& found) {
+  bool low = recorded.total < found.total;
+  for (u32 m = 0; m < dev::kMaxDevices; m++) low = low || recorded.on[m] < found.on[m];
+  return low;
+}
+
 // The roots block's degraded node counts (btree::Roots::degraded_nodes,
 // degraded_on) against the walk's recount: the walk started from the
 // roots block the trees were opened with (Btrees::roots) and reached every
@@ -479,8 +487,7 @@ void CheckDegradedCounts(store::Store& e, const BtreeCheck& bc, Ctx& c, BtreeFin
   // rebuilt roots leave (docs/format/btree.md, "Degraded nodes"). A note;
   // lower on any member is an error (a degraded mount could go on without
   // a node's only copy).
-  bool low = was.total < bc.degraded.total;
-  for (u32 m = 0; m < dev::kMaxDevices; m++) low = low || was.on[m] < bc.degraded.on[m];
+  const bool low = DegradedCountsLow(was, bc.degraded);
   (low ? c.report->errors : c.report->notes)++;
   c.Line("btree: the roots block counts %llu degraded node pointers (fewer copies than metadata_replicas), the "
          "walk found %llu (member counted/found: %s)%s; fsck -y writes the recount",
@@ -688,9 +695,7 @@ void RepairDegradedCounts(store::Store& e, const BtreeFindings& found, Ctx& c) {
            st.code() == Err::kBusy ? "a count would leave its range" : st.Message());
     return;
   }
-  bool low = found.degraded[0].total < found.degraded[1].total;  // (an error, then: counted repaired)
-  for (u32 m = 0; m < dev::kMaxDevices; m++) low = low || found.degraded[0].on[m] < found.degraded[1].on[m];
-  if (low) c.report->repaired++;
+  if (DegradedCountsLow(found.degraded[0], found.degraded[1])) c.report->repaired++;  // (an error: repaired)
   c.Line("btree: the roots block's degraded node counts are the recount now");
 }
 

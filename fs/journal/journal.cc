@@ -110,8 +110,10 @@ Status Journal::Start(dev::DeviceSet* devs, const sb::Superblock& sb, u64 next_s
   NoteRootsGen(sb.roots_gen);
 
   ring_members_ = 0;
+  u32 sb_rings = 0;  // rings formatted, missing ones included
   for (u32 i = 0; i < sb.nr_members; i++) {
     const sb::Member& m = sb.members[i];
+    if (m.journal_nbuckets != 0) sb_rings++;
     // A degraded mount's missing member has no ring: its entries go to the
     // rings there are (its own holds only entries older than next_seq,
     // which replay ignores once the superblock says so).
@@ -132,8 +134,6 @@ Status Journal::Start(dev::DeviceSet* devs, const sb::Superblock& sb, u64 next_s
     if (r.nbuckets < config_.reserve_buckets + 3) return Err::kInvalidArgument;
   }
   if (replicas_ > rings_.size()) replicas_ = u32(rings_.size());
-  u32 sb_rings = 0;
-  for (u32 i = 0; i < sb.nr_members; i++) sb_rings += sb.members[i].journal_nbuckets != 0 ? 1 : 0;
   if (wanted_replicas_ > sb_rings) wanted_replicas_ = sb_rings;  // (a format with fewer: not degraded)
 
   for (Buf*& b : bufs_) {

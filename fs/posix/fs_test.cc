@@ -484,13 +484,20 @@ TEST(PosixTest, UnlinkedWhileOpenLivesUntilRelease) {
   EXPECT_EQ(m.fs.GetAttr(g).status().code(), Err::kNotFound);
 }
 
-TEST(PosixTest, OrphansOfACrashAreFreedAtMount) {
-  Mounted m;
-  const u64 f = Mkfile(m.fs, kRootIno, "f").value().ino;
-  const u64 keep = Mkfile(m.fs, kRootIno, "keep").value().ino;
-  ASSERT_TRUE(m.fs.OpenInode(f).ok());
+// Files "f" (open, then unlinked: an orphan) and "keep", durable; their
+// inodes into *f and *keep.
+void MakeOrphan(Mounted& m, u64* f, u64* keep) {
+  *f = Mkfile(m.fs, kRootIno, "f").value().ino;
+  *keep = Mkfile(m.fs, kRootIno, "keep").value().ino;
+  ASSERT_TRUE(m.fs.OpenInode(*f).ok());
   ASSERT_TRUE(Unlink(m.fs, kRootIno, "f").ok());
   m.Sync();
+}
+
+TEST(PosixTest, OrphansOfACrashAreFreedAtMount) {
+  Mounted m;
+  u64 f = 0, keep = 0;
+  ASSERT_NO_FATAL_FAILURE(MakeOrphan(m, &f, &keep));
   auto after = m.AfterPowerCut();
   EXPECT_EQ(after->fs.GetStats().orphans_freed, 1u);
   EXPECT_EQ(after->fs.GetAttr(f).status().code(), Err::kNotFound);
@@ -505,11 +512,8 @@ TEST(PosixTest, OrphansOfACrashAreFreedAtMount) {
 // with kReadOnly (mount::Instance says why in one line).
 TEST(PosixTest, AReadOnlyMountLeavesOrphansAndNeedsARoot) {
   Mounted m;
-  const u64 f = Mkfile(m.fs, kRootIno, "f").value().ino;
-  const u64 keep = Mkfile(m.fs, kRootIno, "keep").value().ino;
-  ASSERT_TRUE(m.fs.OpenInode(f).ok());
-  ASSERT_TRUE(Unlink(m.fs, kRootIno, "f").ok());
-  m.Sync();
+  u64 f = 0, keep = 0;
+  ASSERT_NO_FATAL_FAILURE(MakeOrphan(m, &f, &keep));
   auto cut = Dev(m.dev->SnapshotDurable());
   ASSERT_TRUE(m.fs.Release(f).ok());
   {
