@@ -496,7 +496,7 @@ u64 Allocator::FreeFloor(u32 dev, Watermark wm) const {
 
 bool Allocator::Usable(u32 dev, BucketState purpose, Watermark wm) const {
   const Dev& d = devices_[dev];
-  return ((unavailable_ >> dev) & 1) == 0 && (d.data_allowed & DataBit(purpose)) != 0 &&
+  return ((UnavailableLocked() >> dev) & 1) == 0 && (d.data_allowed & DataBit(purpose)) != 0 &&
          d.free_count > FreeFloor(dev, wm);
 }
 
@@ -505,9 +505,14 @@ void Allocator::SetUnavailable(dev::DevMask mask) {
   unavailable_ = mask;
 }
 
+void Allocator::WatchFailed(const Atomic<dev::DevMask>* failed) {
+  MutexLock lock(mu_);
+  failed_ = failed;
+}
+
 dev::DevMask Allocator::unavailable() const {
   MutexLock lock(mu_);
-  return unavailable_;
+  return UnavailableLocked();
 }
 
 template <typename Release>
@@ -680,7 +685,7 @@ Result<BucketRef> Allocator::TryAllocate(dev::DevMask target, dev::DevMask fallb
       best = pick();
     }
     if (best < 0) {
-      for (u32 i : dev::Bits((target | fallback) & all_devices() & ~unavailable_)) {
+      for (u32 i : dev::Bits((target | fallback) & all_devices() & ~UnavailableLocked())) {
         const Dev& d = devices_[i];
         if ((d.data_allowed & DataBit(purpose)) != 0 && d.free_count + d.pending.size() > FreeFloor(i, wm))
           *pending_seen = true;
@@ -1183,7 +1188,7 @@ DeviceUsage Allocator::Usage(u32 dev) const {
 
 u64 Allocator::FreeCount(u32 dev) const {
   MutexLock lock(mu_);
-  if (dev >= nr_ || ((unavailable_ >> dev) & 1) != 0) return 0;
+  if (dev >= nr_ || ((UnavailableLocked() >> dev) & 1) != 0) return 0;
   return devices_[dev].sums.by_state[u8(BucketState::kFree)] - devices_[dev].blocked.size();
 }
 

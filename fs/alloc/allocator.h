@@ -485,6 +485,11 @@ class Allocator {
   // free bucket (a write with too few members goes degraded, counted by
   // its caller).
   void SetUnavailable(dev::DevMask mask);
+  // Members marked failed while mounted (dev::DeviceSet::failed_mask, read
+  // at every choice) are unavailable too (step 5c-3). Set before anything
+  // allocates; the mask outlives the allocator's use of it.
+  void WatchFailed(const Atomic<dev::DevMask>* failed);
+  // SetUnavailable's and the failed ones.
   dev::DevMask unavailable() const;
   // Tests: recounts the member's sums by a walk of its buckets into
   // *scanned (if given) and says whether they are the kept ones.
@@ -580,6 +585,10 @@ class Allocator {
   sb::Superblock sb_{};
   u32 nr_ = 0;
   dev::DevMask unavailable_ = 0;  // SetUnavailable (mu_)
+  const Atomic<dev::DevMask>* failed_ = nullptr;  // WatchFailed (mu_)
+  dev::DevMask UnavailableLocked() const TFS_REQUIRES(mu_) {
+    return unavailable_ | (failed_ != nullptr ? failed_->Load(MemOrder::kAcquire) : 0);
+  }
   Dev devices_[dev::kMaxDevices];
 
   mutable Mutex mu_;

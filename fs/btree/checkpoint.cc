@@ -99,8 +99,10 @@ Status ReadRoots(dev::DeviceSet& devs, const sb::Superblock& sb, Roots* out, Dia
   // only the copies of that one checkpoint. (A degraded open's missing
   // member is not read: member_gen 0, never marked.) The window is the gens
   // it missed, up to the newest: every later checkpoint writes every member
-  // or fails, so copies of nodes written after it were written (an earlier
-  // window is widened to cover both).
+  // not marked failed, or fails, so copies of nodes written after it were
+  // written (an earlier window is widened to cover both); one marked failed
+  // (5c-3) is written nothing more, and every later roots block carries its
+  // window up to its own gen.
   for (u32 m = 0; found && m < sb.nr_members; m++) {
     if (!HoldsBtree(sb, m) || member_gen[m] == 0 || member_gen[m] >= out->gen) continue;
     if (out->stale_since[m] == 0 || out->stale_since[m] > member_gen[m] + 1) out->stale_since[m] = member_gen[m] + 1;
@@ -121,7 +123,12 @@ Status ReadRoots(dev::DeviceSet& devs, const sb::Superblock& sb, Roots* out, Dia
 
 namespace {
 
-Status WriteRootsBlock(dev::DeviceSet& devs, const sb::Superblock& sb, const Roots& roots) {
+// Writes the roots block to every member holding btree nodes that is not
+// missing or failed. At format every member must take it; a checkpoint's
+// (`tolerant`) goes on when a member's write fails with a device error --
+// the member is marked failed (5c-3) and the next roots blocks say it is
+// stale -- as long as one member took it.
+Status WriteRootsBlock(dev::DeviceSet& devs, const sb::Superblock& sb, const Roots& roots, bool tolerant) {
   auto* r = static_cast<RootsFormat*>(platform::Alloc(kRootsSlotSize, 4096, true));
   if (r == nullptr) return Err::kNoMemory;
   r->magic.set(kRootsMagic);
@@ -141,16 +148,27 @@ Status WriteRootsBlock(dev::DeviceSet& devs, const sb::Superblock& sb, const Roo
   r->csum.set(platform::Crc32cSkippingField(r, kRootsSlotSize, __builtin_offsetof(RootsFormat, csum)));
   const u64 off = kRootsOffset + (roots.gen & 1) * kRootsSlotSize;
   Status first;
+  u32 taken = 0, unmarked = 0;
   for (u32 m = 0; m < sb.nr_members; m++) {
-    // (A degraded mount's missing member is behind from now on: when it
-    // returns, ReadRoots marks it stale.)
-    if (!HoldsBtree(sb, m) || ((devs.missing() >> m) & 1) != 0) continue;
+    // (A degraded mount's missing member, and one failed while mounted, is
+    // behind from now on: when it returns, ReadRoots marks it stale.)
+    if (!HoldsBtree(sb, m) || ((devs.unavailable() >> m) & 1) != 0) continue;
     Status st = dev::QueueSyncIo(devs.member(m)->queue(), IoOp::kWrite, off, r, kRootsSlotSize, IoRequest::kFua,
                                  IoOrigin::kBtree);
-    if (!st.ok() && first.ok()) first = st;
+    if (st.ok()) {
+      taken++;
+      continue;
+    }
+    if (first.ok()) first = st;
+    if (tolerant) {
+      devs.MarkFailed(m, st);
+      if (((devs.failed() >> m) & 1) != 0) continue;  // (marked: the block goes on without it)
+    }
+    unmarked++;  // (an error that marks nothing, or the last member: as before)
   }
   platform::Free(r);
-  return first;
+  if (tolerant && taken > 0 && unmarked == 0) return Status::Ok();
+  return first.ok() && taken == 0 ? Status(Err::kIo) : first;
 }
 
 }  // namespace
@@ -160,9 +178,9 @@ Status FormatRoots(dev::DeviceSet& devs, const sb::Superblock& sb) {
   roots.gen = 1;
   for (u32 t = 0; t < kNrBtreeIds; t++) roots.roots[t] = EmptyPtr(u8(t));
   // Both slots, so that no stale block from an earlier filesystem survives.
-  TFS_TRY(WriteRootsBlock(devs, sb, roots));
+  TFS_TRY(WriteRootsBlock(devs, sb, roots, false));
   roots.gen = kFormatRootsGen;
-  return WriteRootsBlock(devs, sb, roots);
+  return WriteRootsBlock(devs, sb, roots, false);
 }
 
 // ---------------------------------------------------------------------------
@@ -289,7 +307,7 @@ u32 TreeOps::BestMember(Impl* im, dev::DevMask skip, bool durable_only) {
   u32 best = kNoMember;
   bool best_durable = false;
   u64 best_room = 0;
-  for (u32 m : dev::Bits(im->target & ~skip & ~im->devs->missing())) {
+  for (u32 m : dev::Bits(im->target & ~skip & ~im->devs->unavailable())) {
     if (m >= im->sb.nr_members) continue;
     const bool durable = im->sb.members[m].durability > 0;
     if (durable_only && !durable) continue;
@@ -968,6 +986,7 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
           continue;
         }
         if (job_error.ok()) job_error = cst;
+        im->devs->MarkFailed(at.member, cst);  // (its write or its flush; the rewrite skips it: 5c-3)
         if (copy_errors++ == 0) {
           first_bad = at;
           first_bad_st = cst;
@@ -1006,7 +1025,16 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
 
     roots.gen = roots_out->gen + 1;
     roots.journal_seq = Max(covered, roots_out->journal_seq);
-    st = WriteRootsBlock(*im->devs, im->sb, roots);
+    // A member failed while mounted misses this roots block and the node
+    // copies since: the block says so (its window from the first gen it
+    // missed), so that the window stands even if the member's own roots
+    // slots are lost too.
+    for (u32 m : dev::Bits(im->devs->failed())) {
+      if (m >= im->sb.nr_members || !HoldsBtree(im->sb, m)) continue;
+      if (roots.stale_since[m] == 0) roots.stale_since[m] = roots.gen;
+      roots.stale_until[m] = roots.gen;
+    }
+    st = WriteRootsBlock(*im->devs, im->sb, roots, true);
   }
   for (Job& j : jobs) {
     platform::Free(j.img);
@@ -1024,6 +1052,7 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
   im->roots_changed = false;
   im->dropped_ptrs.Clear();
   im->degraded_reachable.Store(roots.degraded_nodes, MemOrder::kRelaxed);
+  im->stale_members.Store(StaleMask(roots), MemOrder::kRelaxed);  // (a failed member's: 5c-3)
   // Entries written from now on record this roots block as durable: a mount
   // that finds an older one (this one damaged) knows it (Store::Open).
   if (im->journal != nullptr) im->journal->NoteRootsGen(roots.gen);

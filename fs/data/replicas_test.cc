@@ -642,6 +642,253 @@ TEST(ReplicasTest, MembersWrittenEachWithoutTheOtherAreRefusedTogether) {
   }
 }
 
+// Member health (docs/design/copies.md, 5c-3): two SSDs, two copies of
+// everything; mid-session every write to member 1 starts failing (an I/O
+// error, every origin). The first write that fails -- a data copy's goes
+// degraded (5a) -- and the first metadata write (a journal ring's, a node
+// copy's, the roots block's) marks member 1 failed: from then on nothing
+// chooses it (the allocator, the journal's rings, the checkpoint's copy
+// set, the roots block, the unmount's superblock), and new files, an
+// overwrite, an unlink, fsyncs, a checkpoint and the unmount all succeed,
+// degraded and counted. Member 1 back: every file reads as the session
+// left it, member 1 is stale (the roots blocks since said so), fsck -n is
+// clean, -y clears it. Member 1 alone afterwards (it never heard it
+// failed) mounts its older state; written so, it is refused with member 0
+// as a second history (the unmount's superblock named it missing).
+TEST(ReplicasTest, AMemberWhoseWritesFailIsLeftAndReturnsStale) {
+  store::FormatOptions fo = testing::SmallFormat();
+  fo.metadata_replicas = 2;
+  Replicas t(2, 2, fo);
+  std::vector<std::pair<u64, std::string>> files = WriteFiles(t, 3, 60);
+  ASSERT_TRUE(t.fs().Fsync(files[0].first).ok());
+  ASSERT_TRUE(t.m->store->btrees().Checkpoint().ok());
+  ASSERT_EQ(t.m->store->devs().failed(), 0u);
+  const u64 gen_before = t.m->store->btrees().roots().gen;
+  t.gates[1]->GateEveryOrigin(IoOp::kWrite);
+  t.gates[1]->Fail(true);
+  for (u32 i = 3; i < 6; i++) {
+    files.push_back({t.Create("f" + std::to_string(i)), Bytes(90 * 1024 * i + 5, 60 + i)});
+    t.Write(files.back().first, 0, files.back().second);
+    ASSERT_TRUE(t.fs().Fsync(files.back().first).ok());
+  }
+  const std::string patch = Bytes(40 * 1024, 71);
+  t.Write(files[1].first, 8192, patch);
+  files[1].second.replace(8192, patch.size(), patch);
+  ASSERT_TRUE(t.fs().Unlink(posix::kRootIno, "f0", 2).ok());
+  files.erase(files.begin());
+  ASSERT_TRUE(t.fs().Fsync(files[0].first).ok());
+  ASSERT_TRUE(t.m->store->btrees().Checkpoint().ok());
+  ASSERT_TRUE(t.m->store->btrees().Checkpoint().ok());  // (the failed node copies rewritten)
+  const dev::DeviceSet& devs = t.m->store->devs();
+  EXPECT_EQ(devs.failed(), 2u);
+  EXPECT_EQ(devs.FailedError(1), Status(Err::kIo));
+  EXPECT_EQ(devs.FailedError(0), Status::Ok());
+  EXPECT_EQ(t.m->store->alloc().unavailable(), 2u);
+  EXPECT_GT(t.gates[1]->failed(), 0u);
+  const journal::Stats js = t.m->store->journal().GetStats();
+  EXPECT_GT(js.degraded_entries, 0u);
+  EXPECT_LE(js.ring_write_errors, 1u);  // (at most the one that marked it: never chosen again)
+  EXPECT_GT(t.data().GetStats().degraded_writes, 0u);
+  const btree::Roots& r = t.m->store->btrees().roots();
+  EXPECT_GT(r.gen, gen_before);
+  EXPECT_NE(r.stale_since[1], 0u);
+  EXPECT_EQ(r.stale_until[1], r.gen);
+  EXPECT_EQ(r.stale_since[0], 0u);
+  EXPECT_GT(r.degraded_on[0], 0u);
+  EXPECT_EQ(t.m->store->btrees().GetStats().stale_members, 1u);
+  for (const auto& [ino, content] : files) EXPECT_TRUE(t.Read(ino, content.size()) == content) << ino;
+  // Marked: nothing more is sent to it -- a data copy (not even into a
+  // bucket its write point had open), an entry, a node, a roots block, the
+  // unmount's superblock.
+  const u64 failed_writes = t.gates[1]->failed();
+  files.push_back({t.Create("f6"), Bytes(300 * 1024, 66)});
+  t.Write(files.back().first, 0, files.back().second);
+  ASSERT_TRUE(t.fs().Fsync(files.back().first).ok());
+  ASSERT_TRUE(t.m->store->btrees().Checkpoint().ok());
+  EXPECT_EQ(t.gates[1]->failed(), failed_writes);
+  t.m->Unmount();
+  EXPECT_EQ(t.gates[1]->failed(), failed_writes) << "the unmount wrote to the failed member";
+  EXPECT_EQ(t.m->store->sb().degraded_missing, 2u);
+  t.m.reset();
+  t.gates[1]->Fail(false);
+  std::vector<std::vector<u8>> images;  // (for the second history, below)
+  for (auto& mem : t.mems) images.push_back(mem->SnapshotDurable());  // (unmounted: all of it)
+  {
+    testing::MountedFs m(t.Devs());
+    ASSERT_TRUE(m.open());
+    EXPECT_EQ(m.store->devs().failed(), 0u);
+    EXPECT_EQ(m.store->btrees().GetStats().stale_members, 1u);
+    for (const auto& [ino, content] : files) {
+      std::string got(content.size(), '\0');
+      auto rd = m.fs.Read(ino, 0, got.data(), u32(got.size()));
+      ASSERT_TRUE(rd.ok()) << rd.status().Message();
+      EXPECT_TRUE(rd.value() == content.size() && got == content) << "inode " << ino;
+    }
+    EXPECT_FALSE(m.fs.Lookup(posix::kRootIno, "f0", 2).ok());
+  }
+  std::string out;
+  EXPECT_EQ(Fsck(t.Devs(), &out), fsck::kExitClean) << out;
+  out.clear();
+  EXPECT_LE(Fsck(t.Devs(), &out, /*repair=*/true), fsck::kExitRepaired) << out;
+  EXPECT_NE(out.find("they are stale no longer"), std::string::npos) << out;
+  t.Mount();
+  t.m.reset();
+  // (After fsck -y, ssd.b holds the roots block that counts the nodes
+  // written with ssd.a alone: a degraded mount of ssd.b is refused. The
+  // images from before the reunion show the second history.)
+  std::unique_ptr<MemDevice> a = Member(images[0].size(), images[0]);
+  std::unique_ptr<MemDevice> b = Member(images[1].size(), images[1]);
+  {
+    store::OpenOptions oo;
+    oo.degraded = true;
+    testing::MountedFs m({b.get()}, oo);
+    ASSERT_TRUE(m.open());
+    EXPECT_FALSE(m.fs.Lookup(posix::kRootIno, "f5", 2).ok());  // (its older state)
+    ASSERT_TRUE(m.fs.Mknod(posix::kRootIno, "only-b", 6, posix::kModeReg | 0644, 0, kRoot).ok());
+  }
+  Diag d;
+  EXPECT_EQ(OpenStore({a.get(), b.get()}, false, false, &d), Status(Err::kInvalidArgument));
+  EXPECT_NE(std::string(d.text).find("members ssd.a and ssd.b were each mounted writable without the other"),
+            std::string::npos)
+      << d.text;
+}
+
+// A member marked failed is chosen by nothing (5c-3): with a bucket open
+// on it at the write point (room left), a write of more than that room
+// (new buckets from the allocator), an fsync and a checkpoint send it no
+// request at all -- each writer's choice checked: the write point's open
+// slot, the allocator, the journal's rings, the checkpoint's copy set and
+// its roots block.
+TEST(ReplicasTest, AMemberMarkedFailedIsChosenByNothing) {
+  store::FormatOptions fo = testing::SmallFormat();
+  fo.metadata_replicas = 2;
+  Replicas t(2, 2, fo);
+  const u64 first = t.Create("first");
+  t.Write(first, 0, Bytes(8 * 1024, 1));
+  ASSERT_TRUE(t.fs().Fsync(first).ok());
+  t.ExpectCopies(first, 2);
+  EXPECT_TRUE(t.m->store->devs().MarkFailed(1, Status(Err::kIoTimeout)));
+  EXPECT_FALSE(t.m->store->devs().MarkFailed(1, Status(Err::kIo)));  // (once: the first error stays)
+  EXPECT_FALSE(t.m->store->devs().MarkFailed(0, Status(Err::kMissing)));  // (not a device failure)
+  EXPECT_FALSE(t.m->store->devs().MarkFailed(0, Status(Err::kNoMemory)));
+  EXPECT_EQ(t.m->store->devs().FailedError(1), Status(Err::kIoTimeout));
+  t.gates[1]->GateEveryOrigin(IoOp::kWrite);
+  t.gates[1]->Fail(true);
+  const std::string content = Bytes(700 * 1024, 2);
+  const u64 ino = t.Create("second");
+  t.Write(ino, 0, content);
+  ASSERT_TRUE(t.fs().Fsync(ino).ok());
+  ASSERT_TRUE(t.m->store->btrees().Checkpoint().ok());
+  EXPECT_EQ(t.gates[1]->failed(), 0u);
+  t.ExpectCopies(ino, 1);
+  std::vector<std::vector<u8>> vals;
+  for (const data::Extent& e : t.Extents(ino, &vals)) EXPECT_EQ(e.ptrs[0].dev, 0u);
+  EXPECT_GT(t.m->store->journal().GetStats().degraded_entries, 0u);
+  EXPECT_EQ(t.m->store->journal().GetStats().ring_write_errors, 0u);
+  EXPECT_GT(t.m->store->btrees().roots().degraded_on[0], 0u);
+  EXPECT_EQ(t.m->store->btrees().roots().degraded_on[1], 0u);
+  EXPECT_EQ(t.m->store->alloc().FreeCount(1), 0u);
+  t.m->Unmount();
+  EXPECT_EQ(t.gates[1]->failed(), 0u);
+  t.gates[1]->Fail(false);
+  t.m.reset();
+  t.Mount();
+  EXPECT_TRUE(t.Read(ino, content.size()) == content);
+  EXPECT_EQ(t.m->store->btrees().GetStats().stale_members, 1u);
+}
+
+// A roots block write that fails on one member (5c-3; before, it failed
+// the checkpoint: 5b-4's rule): the member is marked failed, the
+// checkpoint succeeds with the block on the other, and every roots block
+// after says the member is stale from the gen after the one it missed the
+// write of (that gen's node copies reached it, flushed).
+TEST(ReplicasTest, ARootsBlockWriteThatFailsMarksTheMemberAndTheCheckpointGoesOn) {
+  store::FormatOptions fo = testing::SmallFormat();
+  fo.metadata_replicas = 2;
+  Replicas t(2, 2, fo);
+  const u64 ino = t.Create("f");
+  t.Write(ino, 0, Bytes(64 * 1024, 4));
+  t.gates[1]->Regate(IoOp::kWrite, IoOrigin::kBtree);
+  t.gates[1]->GateFrom(btree::kRootsOffset, btree::kRootsOffset + 2 * btree::kRootsSlotSize);
+  t.gates[1]->Fail(true);
+  ASSERT_TRUE(t.m->store->btrees().Checkpoint().ok());
+  EXPECT_EQ(t.gates[1]->failed(), 1u);
+  EXPECT_EQ(t.m->store->devs().failed(), 2u);
+  const u64 missed = t.m->store->btrees().roots().gen;
+  EXPECT_EQ(t.m->store->btrees().roots().stale_since[1], 0u);  // (that block went out before the mark)
+  t.Write(ino, 0, Bytes(64 * 1024, 5));
+  ASSERT_TRUE(t.fs().Fsync(ino).ok());
+  ASSERT_TRUE(t.m->store->btrees().Checkpoint().ok());
+  EXPECT_EQ(t.gates[1]->failed(), 1u);
+  EXPECT_EQ(t.m->store->btrees().roots().stale_since[1], missed + 1);
+  EXPECT_EQ(t.m->store->btrees().roots().stale_until[1], t.m->store->btrees().roots().gen);
+  t.m.reset();
+  t.gates[1]->Fail(false);
+  t.Mount();
+  EXPECT_EQ(t.m->store->btrees().roots().stale_since[1], missed);  // (its own block is a gen older)
+  EXPECT_TRUE(t.Read(ino, 64 * 1024) == Bytes(64 * 1024, 5));
+  std::string out;
+  t.m.reset();
+  EXPECT_EQ(Fsck(t.Devs(), &out), fsck::kExitClean) << out;
+  t.Mount();
+}
+
+// A node copy whose write -- or whose member's flush after the node
+// writes -- fails (5c-3): the member is marked failed, the checkpoint
+// succeeds (every node has its other copy, 5b-2), and the next one
+// rewrites those nodes on the other member alone (degraded, counted),
+// sending the failed one nothing more.
+TEST(ReplicasTest, ANodeCopyWriteOrFlushThatFailsMarksTheMember) {
+  for (const IoOp op : {IoOp::kWrite, IoOp::kFlush}) {
+    SCOPED_TRACE(op == IoOp::kWrite ? "write" : "flush");
+    store::FormatOptions fo = testing::SmallFormat();
+    fo.metadata_replicas = 2;
+    Replicas t(2, 2, fo);
+    const u64 ino = t.Create("f");
+    t.Write(ino, 0, Bytes(64 * 1024, 4));
+    t.gates[1]->Regate(op, IoOrigin::kBtree);
+    if (op == IoOp::kWrite) t.gates[1]->GateFrom(btree::kRootsOffset + 2 * btree::kRootsSlotSize);
+    t.gates[1]->Fail(true);
+    ASSERT_TRUE(t.m->store->btrees().Checkpoint().ok());
+    const u64 failed = t.gates[1]->failed();
+    EXPECT_GT(failed, 0u);
+    EXPECT_EQ(t.m->store->devs().failed(), 2u);
+    if (op == IoOp::kWrite) {
+      EXPECT_EQ(t.m->store->btrees().GetStats().node_copy_write_errors, failed);
+    }
+    ASSERT_TRUE(t.m->store->btrees().Checkpoint().ok());
+    EXPECT_EQ(t.gates[1]->failed(), failed);
+    EXPECT_GT(t.m->store->btrees().roots().degraded_on[0], 0u);
+    EXPECT_EQ(t.m->store->btrees().roots().degraded_on[1], 0u);
+    t.m.reset();
+    t.gates[1]->Fail(false);
+    t.Mount();
+    EXPECT_TRUE(t.Read(ino, 64 * 1024) == Bytes(64 * 1024, 4));
+  }
+}
+
+// A member whose flushes fail: the journal's pre-flush of it fails the
+// entry, and so the journal, as before 5c-3 (going on needs to know which
+// entries and data copies only it held: a later piece), but the member is
+// marked failed and says why.
+TEST(ReplicasTest, AMemberWhoseFlushFailsFailsTheJournalAndIsMarked) {
+  store::FormatOptions fo = testing::SmallFormat();
+  fo.metadata_replicas = 2;
+  Replicas t(2, 2, fo);
+  const u64 ino = t.Create("f");
+  t.gates[1]->GateEveryOrigin(IoOp::kFlush);
+  t.gates[1]->Fail(true);
+  t.Write(ino, 0, Bytes(128 * 1024, 3));
+  EXPECT_EQ(t.fs().Fsync(ino), Status(Err::kIo));
+  EXPECT_EQ(t.m->store->devs().failed(), 2u);
+  EXPECT_EQ(t.m->store->devs().FailedError(1), Status(Err::kIo));
+  EXPECT_EQ(t.m->store->Close(), Status(Err::kIo));  // (the journal failed)
+  t.m.reset();
+  t.gates[1]->Fail(false);
+  t.Mount();
+  t.ExpectFsckClean();
+}
+
 // A power cut after an fsync, then either member alone, degraded: the
 // journal replays from the member given and every fsynced byte reads back.
 // (When the newest entry is an unordered flush entry, replay checks its

@@ -26,10 +26,10 @@ class GateDevice final : public BlockDevice {
  public:
   GateDevice(BlockDevice* inner, IoOp op, IoOrigin origin) : inner_(inner), op_(op), origin_(origin) {}
   void Submit(IoRequest* req) override {
-    const bool gated = req->op == op_ && req->origin == origin_ && req->offset >= min_offset_ &&
-                       req->offset < end_offset_;
     {
       std::lock_guard<std::mutex> l(mu_);
+      const bool gated = req->op == op_ && (any_origin_ || req->origin == origin_) && req->offset >= min_offset_ &&
+                         req->offset < end_offset_;
       if (gated && failing_) {
         failed_++;
       } else if (gated && closed_) {
@@ -65,9 +65,23 @@ class GateDevice final : public BlockDevice {
     std::lock_guard<std::mutex> l(mu_);
     failing_ = on;
   }
+  // Gates requests of op `op` from every origin from now on (a member
+  // whose writes, or flushes, all fail); Regate: of `op` and `origin`.
+  void GateEveryOrigin(IoOp op) {
+    std::lock_guard<std::mutex> l(mu_);
+    op_ = op;
+    any_origin_ = true;
+  }
+  void Regate(IoOp op, IoOrigin origin) {
+    std::lock_guard<std::mutex> l(mu_);
+    op_ = op;
+    origin_ = origin;
+    any_origin_ = false;
+  }
   // Gates only requests at `offset` or past it (e.g. a member's node
-  // writes, not its roots block), and before `end`. Set before use.
+  // writes, not its roots block), and before `end`.
   void GateFrom(u64 offset, u64 end = ~u64(0)) {
+    std::lock_guard<std::mutex> l(mu_);
     min_offset_ = offset;
     end_offset_ = end;
   }
@@ -78,8 +92,9 @@ class GateDevice final : public BlockDevice {
 
  private:
   BlockDevice* inner_;
-  const IoOp op_;
-  const IoOrigin origin_;
+  IoOp op_;  // (mu_, as origin_ and any_origin_)
+  IoOrigin origin_;
+  bool any_origin_ = false;
   u64 min_offset_ = 0;
   u64 end_offset_ = ~u64(0);
   std::mutex mu_;

@@ -111,6 +111,9 @@ Status DataPath::Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole
     if (wp.target.kind == TargetKind::kMember) target = dev::DevMask(1) << member;
     if (wp.target.kind == TargetKind::kGroup) target = groups_[member];
     const dev::DevMask all = store_->devs().all();
+    // Never a member missing or marked failed (5c-3): not even an open
+    // slot's bucket there takes another copy.
+    const dev::DevMask avail = all & ~store_->devs().unavailable();
     // Further copies: members the target names (every member if it names
     // none: no preference) that count as a copy. Never the fallback: a
     // replica must not put a slow member the target leaves out on the
@@ -139,8 +142,8 @@ Status DataPath::Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole
     u32 durability = 0;
     while (nchosen < kMaxPtrs && durability < wanted) {
       const bool first = nchosen == 0;
-      const dev::DevMask may = first ? all : further & ~used;
-      const dev::DevMask prefer = first ? (target != 0 ? target : all) : may;
+      const dev::DevMask may = (first ? all : further & ~used) & avail;
+      const dev::DevMask prefer = (first ? (target != 0 ? target : all) : may) & avail;
       if (may == 0) break;  // (further copies: too few members: degraded)
       bool taken[kMaxPtrs] = {};
       for (u32 c = 0; c < nchosen; c++) taken[chosen[c]] = true;

@@ -69,6 +69,30 @@ Result<DevMask> DeviceSet::ResolveTarget(const char* target) const {
   return Err::kNotFound;
 }
 
+bool DeviceSet::MarkFailed(u32 index, Status why) {
+  if (index >= count_ || !IsDeviceFailure(why)) return false;
+  const DevMask bit = DevMask(1) << index;
+  // The error first (kept if it was the first seen): a reader that sees the
+  // bit sees it (FailedError reads it only for a member marked).
+  i32 none = 0;
+  failed_error_[index].CompareExchange(none, i32(why.code()), MemOrder::kAcqRel);
+  DevMask cur = failed_.Load(MemOrder::kAcquire);
+  for (;;) {
+    if ((cur & bit) != 0) return false;
+    // The last member left is not marked: the mark is for going on without
+    // a member, and with none left the error fails the write as it always
+    // did (a one-member filesystem keeps its EIO; the allocator would turn
+    // it into ENOSPC). (A loop: two members failing at once leave one.)
+    if ((missing_ | cur | bit) == all()) return false;
+    if (failed_.CompareExchange(cur, cur | bit, MemOrder::kAcqRel)) break;
+  }
+  platform::Log(platform::LogLevel::kError,
+                "dev: member %s failed a write (%s): nothing is written to it for the rest of this mount (its copies "
+                "are read still); the next mount with it finds it stale and 'tierfs fsck -y' checks it",
+                members_[index]->label_, FailedError(index).Message());
+  return true;
+}
+
 DevMask DeviceSet::DebtMask() const {
   DevMask mask = 0;
   for (u32 i = 0; i < count_; i++) {

@@ -32,6 +32,14 @@ inline constexpr u32 kLabelMax = 32;  // bytes including the terminating NUL
 using DevMask = u32;
 static_assert(kMaxDevices <= 32, "DevMask has one bit per member");
 
+// Whether a write's or flush's error says the device failed (an I/O error or
+// a timeout), as opposed to a missing member (kMissing: a degraded mount's),
+// a caller's mistake or a lack of memory: what marks a member failed
+// (DeviceSet::MarkFailed).
+inline bool IsDeviceFailure(Status st) {
+  return !st.ok() && st.Is(ErrorClass::kIo) && st.code() != Err::kMissing;
+}
+
 // Checks a member label: 1..31 bytes of [a-z0-9_-], at most one '.', which must
 // not be first or last. kInvalidArgument otherwise.
 Status ValidateLabel(const char* label);
@@ -84,6 +92,29 @@ class DeviceSet {
   DevMask missing() const { return missing_; }
   void SetMissing(DevMask mask) { missing_ = mask; }
 
+  // Member health (docs/design/copies.md, step 5c-3): members marked failed
+  // for this mount -- a metadata write or flush of theirs (a node copy, a
+  // roots block, a journal ring's entry, a checkpoint's flush) failed with
+  // a device error (IsDeviceFailure). Nothing chooses a failed member from
+  // then on (the allocator, the checkpoint's copy set, the journal's rings,
+  // the roots block, the unmount's superblock), as a missing one; reads
+  // still go to it. Marked by the thread that waited for the I/O, never in
+  // a completion; the mark is never cleared while mounted. The first mark
+  // logs and keeps its error; MarkFailed says whether this call marked it
+  // (never the last member neither missing nor failed: with nothing to go
+  // on with, the error fails the write as before).
+  DevMask failed() const { return failed_.Load(MemOrder::kAcquire); }
+  // Missing or failed: what no write chooses.
+  DevMask unavailable() const { return missing_ | failed(); }
+  bool MarkFailed(u32 index, Status why);
+  // The error that marked member `index` failed (Ok if it is not).
+  Status FailedError(u32 index) const {
+    if (index >= kMaxDevices || ((failed() >> index) & 1) == 0) return Status::Ok();
+    return Status(Err(failed_error_[index].Load(MemOrder::kAcquire)));
+  }
+  // The mask a writer reads (the allocator: Allocator::WatchFailed).
+  const Atomic<DevMask>* failed_mask() const { return &failed_; }
+
   // The set's deferred work (running once a member was added). Items
   // queued here must be done before whatever they touch goes (the allocator
   // waits for its table writes); the set's destructor runs what is left.
@@ -93,6 +124,8 @@ class DeviceSet {
   Member* members_[kMaxDevices] = {};
   u32 count_ = 0;
   DevMask missing_ = 0;
+  Atomic<DevMask> failed_{0};
+  Atomic<i32> failed_error_[kMaxDevices] = {};
   WorkQueue work_;
 };
 

@@ -24,7 +24,6 @@
 namespace tfs::journal {
 
 using dev::DevMask;
-using dev::IoBatch;
 using dev::Io;
 using dev::IoClass;
 
@@ -66,7 +65,7 @@ namespace {
 
 u32 RoundUp(u32 v, u32 to) { return (v + to - 1) / to * to; }
 
-void PrepareIo(Io* io, IoOp op, u64 offset, void* buf, u64 len, u8 flags, IoBatch* batch) {
+void PrepareIo(Io* io, IoOp op, u64 offset, void* buf, u64 len, u8 flags) {
   io->req.op = op;
   io->req.flags = flags;
   io->req.origin = IoOrigin::kJournal;
@@ -74,8 +73,6 @@ void PrepareIo(Io* io, IoOp op, u64 offset, void* buf, u64 len, u8 flags, IoBatc
   io->req.length = len;
   io->req.buf = buf;
   io->cls = IoClass::kJournal;
-  io->done = IoBatch::Done;
-  io->caller_data = batch;
 }
 
 }  // namespace
@@ -461,13 +458,10 @@ Stats Journal::GetStats() const {
   s.next_seq = bufs_[open_] != nullptr ? bufs_[open_]->seq : 0;
   s.durable_seq = durable_seq_;
   s.last_seq = durable_last_seq_;
-  s.ring_buckets = 0;
-  s.free_buckets = 0;
-  for (usize i = 0; i < rings_.size(); i++) {
-    const u32 f = FreeBuckets(rings_[i]);
-    if (i == 0 || rings_[i].nbuckets < s.ring_buckets) s.ring_buckets = rings_[i].nbuckets;
-    if (i == 0 || f < s.free_buckets) s.free_buckets = f;
-  }
+  u32 ring = 0, free = 0;
+  LiveRoom(&ring, &free);
+  s.ring_buckets = ring;
+  s.free_buckets = free;
   return s;
 }
 
@@ -596,8 +590,12 @@ bool Journal::Admits(u32 open_bytes) const {
   // free; commits are admitted only while one bucket more stays free, so that
   // kReclaim keys joining their entries cannot push them into the reserve.
   const u32 keep = config_.reserve_buckets + 1;
+  const u32 want = Min(replicas_, LiveRings());
+  // (No ring left: admitted, and the entry's write fails every commit.)
+  if (want == 0) return true;
   u32 fit = 0;
   for (const Ring& r : rings_) {
+    if (RingOut(r)) continue;
     u32 free = FreeBuckets(r);
     u32 off = r.cur_reserve ? bucket_size_ : r.offset;
     u32 b = r.cur;
@@ -614,7 +612,27 @@ bool Journal::Admits(u32 open_bytes) const {
     }
     if (ok) fit++;
   }
-  return fit >= replicas_;
+  return fit >= want;
+}
+
+bool Journal::RingOut(const Ring& r) const { return ((devs_->failed() >> r.member) & 1) != 0; }
+
+u32 Journal::LiveRings() const {
+  u32 n = 0;
+  for (const Ring& r : rings_) n += RingOut(r) ? 0 : 1;
+  return n;
+}
+
+void Journal::LiveRoom(u32* ring_buckets, u32* free_buckets) const {
+  bool any = false;
+  *ring_buckets = *free_buckets = 0;
+  for (const Ring& r : rings_) {
+    if (RingOut(r)) continue;
+    const u32 f = FreeBuckets(r);
+    if (!any || r.nbuckets < *ring_buckets) *ring_buckets = r.nbuckets;
+    if (!any || f < *free_buckets) *free_buckets = f;
+    any = true;
+  }
 }
 
 bool Journal::CanPlaceOpen() const {
@@ -650,14 +668,18 @@ bool Journal::Choose(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings) 
   // Prefer the rings with the most free space; an entry goes to `replicas_` rings.
   // Only the entries reclaim needs may use the reserve (see journal.h), and a
   // bucket opened from the reserve takes no others.
+  // A failed member's ring is out (RingOut): fewer rings then.
   u32 chosen = 0;
   bool used[dev::kMaxDevices] = {};
-  while (chosen < replicas_) {
+  const u32 want = Min(replicas_, LiveRings());
+  if (want == 0) return false;
+  while (chosen < want) {
     i32 best = -1;
     u32 best_free = 0;
     for (u32 i = 0; i < rings_.size(); i++) {
       if (used[i]) continue;
       const Ring& r = rings_[i];
+      if (RingOut(r)) continue;
       u32 free = FreeBuckets(r);
       bool fits_here = r.offset + bytes <= bucket_size_ && (allow_reserve || !r.cur_reserve);
       u32 next = (r.cur + 1) % r.nbuckets;
@@ -677,18 +699,42 @@ bool Journal::Choose(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings) 
   return true;
 }
 
+void Journal::SubmitLatched(dev::LatchedIo* ios, u32 n, const u32* members, Status* per) {
+  Latch latch(n);
+  for (u32 k = 0; k < n; k++) {
+    ios[k].latch = &latch;
+    ios[k].err.Store(0, MemOrder::kRelaxed);
+    ios[k].io.done = dev::LatchedIo::Done;
+    ios[k].io.caller_data = &ios[k];
+  }
+  // The writer waits for them next: the last I/O may run in this thread.
+  for (u32 k = 0; k < n; k++) devs_->member(members[k])->queue().Submit(&ios[k].io, /*waiting=*/k + 1 == n);
+  latch.Wait();
+  for (u32 k = 0; k < n; k++) per[k] = ios[k].status();
+}
+
+// A pre-flush that fails fails the entry (the data and entries it was to
+// make durable may not be), and marks its member failed (5c-3): nothing is
+// written to it again. (Going on without it is left for later: it needs to
+// know which entries and data copies only that member held.)
 Status Journal::PreFlush(DevMask mask) {
-  u32 n = PopCount(mask);
+  const u32 n = PopCount(mask);
   if (n == 0) return Status::Ok();
-  IoBatch batch(n);
+  u32 members[dev::kMaxDevices];
+  Status per[dev::kMaxDevices];
   u32 k = 0;
   for (u32 i : dev::Bits(mask)) {
-    PrepareIo(&preflush_ios_[k], IoOp::kFlush, 0, nullptr, 0, 0, &batch);
-    k++;
-    // The writer waits for the batch next: the last I/O may run in this thread.
-    devs_->member(i)->queue().Submit(&preflush_ios_[k - 1], /*waiting=*/k == n);
+    PrepareIo(&preflush_ios_[k].io, IoOp::kFlush, 0, nullptr, 0, 0);
+    members[k++] = i;
   }
-  return batch.Wait();
+  SubmitLatched(preflush_ios_, n, members, per);
+  Status first;
+  for (k = 0; k < n; k++) {
+    if (per[k].ok()) continue;
+    if (first.ok()) first = per[k];
+    devs_->MarkFailed(members[k], per[k]);
+  }
+  return first;
 }
 
 Status Journal::WriteEntry(Buf* buf) {
@@ -706,6 +752,10 @@ Status Journal::WriteEntry(Buf* buf) {
   // pins hold the space, ask owners to persist and drop them.
   unplaced_ = buf;
   for (;;) {
+    if (LiveRings() == 0) {  // (every ring's member failed: no room will come)
+      unplaced_ = nullptr;
+      return Err::kIo;
+    }
     if (Place(bytes, /*allow_reserve=*/false, ring_idx, &nrings, offsets)) break;
     const bool advances = last_seq > durable_last_seq_;
     if (advances || buf->nkeys == 0 || buf->reclaim) {
@@ -768,27 +818,49 @@ Status Journal::WriteEntry(Buf* buf) {
   mu_.Unlock();
 
   Status st = unordered ? Status::Ok() : PreFlush(preflush);
+  // Each ring's write on its own: one that fails with a device error marks
+  // its member failed (5c-3) and leaves the ring set; the entry counts
+  // written when another ring took it (degraded then, as a missing ring's).
+  Status per[dev::kMaxDevices];
+  u32 took = 0, ring_errors = 0;
   if (st.ok()) {
-    IoBatch batch(nrings);
+    u32 members[dev::kMaxDevices];
     for (u32 k = 0; k < nrings; k++) {
-      PrepareIo(&write_ios_[k], IoOp::kWrite, offsets[k], buf->data, bytes,
-                flush && !unordered ? IoRequest::kFua : 0, &batch);
-      devs_->member(rings_[ring_idx[k]].member)->queue().Submit(&write_ios_[k], /*waiting=*/k + 1 == nrings);
+      PrepareIo(&write_ios_[k].io, IoOp::kWrite, offsets[k], buf->data, bytes,
+                flush && !unordered ? IoRequest::kFua : 0);
+      members[k] = rings_[ring_idx[k]].member;
     }
-    st = batch.Wait();
+    SubmitLatched(write_ios_, nrings, members, per);
+    written = 0;
+    Status ring_error;
+    for (u32 k = 0; k < nrings; k++) {
+      if (per[k].ok()) {
+        took++;
+        written |= DevMask(1) << members[k];
+      } else if (dev::IsDeviceFailure(per[k])) {
+        ring_errors++;
+        if (ring_error.ok()) ring_error = per[k];
+        devs_->MarkFailed(members[k], per[k]);
+      } else if (st.ok()) {
+        st = per[k];
+      }
+    }
+    if (st.ok() && took == 0) st = ring_error;
   }
   if (st.ok() && unordered) st = PreFlush(preflush | written);
 
   mu_.Lock();
   if (!st.ok()) return st;
   for (u32 k = 0; k < nrings; k++) {
+    if (!per[k].ok()) continue;
     Ring& r = rings_[ring_idx[k]];
     r.bucket_seq[r.cur] = buf->seq;
   }
   written_seq_ = buf->seq;
   stats_.entries++;
-  if (nrings < wanted_replicas_) stats_.degraded_entries++;
-  stats_.bytes += u64(bytes) * nrings;
+  stats_.ring_write_errors += ring_errors;
+  if (took < wanted_replicas_) stats_.degraded_entries++;
+  stats_.bytes += u64(bytes) * took;
   if (buf->ncommits > stats_.max_group) stats_.max_group = buf->ncommits;
   if (flush) {
     stats_.flush_entries++;
@@ -816,11 +888,7 @@ Status Journal::WriteEntry(Buf* buf) {
 
 void Journal::PublishRoom() {
   u32 ring = 0, free = 0;
-  for (usize i = 0; i < rings_.size(); i++) {
-    const u32 f = FreeBuckets(rings_[i]);
-    if (i == 0 || rings_[i].nbuckets < ring) ring = rings_[i].nbuckets;
-    if (i == 0 || f < free) free = f;
-  }
+  LiveRoom(&ring, &free);
   room_.Store((u64(ring) << 32) | free, MemOrder::kRelease);
 }
 

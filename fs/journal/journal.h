@@ -105,7 +105,8 @@ struct Config {
   X(commits, counter, "transactions committed")                                                \
   X(flush_commits, counter, "of which asked to be durable (fsync)")                            \
   X(entries, counter, "entries written")                                                       \
-  X(degraded_entries, counter, "of which on fewer rings than metadata_replicas (a degraded mount's missing rings)") \
+  X(degraded_entries, counter, "of which on fewer rings than metadata_replicas (missing or failed members' rings)") \
+  X(ring_write_errors, counter, "ring writes failed whose entry another ring took (the member marked failed)") \
   X(flush_entries, counter, "of which durable (FUA after a pre-flush, or unordered)")          \
   X(unordered_entries, counter, "of which written first and flushed after (see Commit)")      \
   X(bytes, counter, "entry bytes written (per replica)")                                       \
@@ -300,6 +301,16 @@ class Journal {
   u64 MinPinnedSeq() const;
   // Publishes the ring room for Room(). Requires mu_.
   void PublishRoom();
+  // Whether ring r's member was marked failed (dev::DeviceSet::MarkFailed,
+  // step 5c-3): nothing is written to it from then on. The rings not out;
+  // the smallest ring and the fewest free buckets among them (0s if none).
+  bool RingOut(const Ring& r) const;
+  u32 LiveRings() const;
+  void LiveRoom(u32* ring_buckets, u32* free_buckets) const;
+  // Submits ios[i] to member members[i] (i < n, each prepared by
+  // PrepareIo), waits for them all and fills per[i] with each one's
+  // result. Without mu_ (the writer's role held).
+  void SubmitLatched(dev::LatchedIo* ios, u32 n, const u32* members, Status* per);
   Status PinAdd(u64 seq);
   void PinRelease(u64 seq);
 
@@ -349,8 +360,8 @@ class Journal {
   platform::Thread writer_;
   // Requests the writer issues (one entry at a time), kept here rather than on the
   // stack: they are large and the kernel stack is small.
-  dev::Io preflush_ios_[dev::kMaxDevices];
-  dev::Io write_ios_[dev::kMaxDevices];
+  dev::LatchedIo preflush_ios_[dev::kMaxDevices];
+  dev::LatchedIo write_ios_[dev::kMaxDevices];
 };
 
 }  // namespace tfs::journal

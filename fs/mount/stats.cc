@@ -155,8 +155,12 @@ Status WriteStats(Instance& inst, JsonOut& w, const MemberExtras* extras) {
     w.UintField("index", i);
     w.StringField("label", m->label());
     w.StringField("group", m->group());
-    // "missing": a degraded mount opened without it (docs/usage.md).
-    w.StringField("state", ((store.devs().missing() >> i) & 1) != 0 ? "missing" : "ok");
+    // "missing": a degraded mount opened without it; "failed": a write of
+    // its metadata failed while mounted, and "error" says how (docs/usage.md).
+    const bool missing = ((store.devs().missing() >> i) & 1) != 0;
+    const bool failed = ((store.devs().failed() >> i) & 1) != 0;
+    w.StringField("state", missing ? "missing" : failed ? "failed" : "ok");
+    if (failed) w.StringField("error", store.devs().FailedError(i).Message());
     WriteQueue(m, origin, w);
     if (extras != nullptr && extras->write != nullptr) extras->write(extras->ctx, i, w);
     w.EndObject();

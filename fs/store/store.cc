@@ -298,6 +298,7 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
   // by the mount's checkpoint.
   TFS_TRY(alloc_.Init(sb_));
   alloc_.SetUnavailable(devs_.missing());  // (nothing is allocated on a missing member)
+  alloc_.WatchFailed(devs_.failed_mask());  // (nor on one failed while mounted: step 5c-3)
   TFS_TRY(acct_.Init(sb_));
   alloc_.SetPersist(PersistAlloc, this);
   rep.was_clean = sb_.clean();
@@ -902,7 +903,10 @@ Status Store::WriteSuperblocks() {
   for (u32 m = 0; m < sb_.nr_members; m++) {
     // A degraded mount's missing member keeps its older superblock: the
     // newest (a higher seq, on the members given) wins when it returns.
-    if (((devs_.missing() >> m) & 1) != 0) continue;
+    // A member failed while mounted is not written either (step 5c-3):
+    // the superblock says it is missing (Close), and it is refused as a
+    // second history if it comes back having been mounted alone.
+    if (((devs_.unavailable() >> m) & 1) != 0) continue;
     // Open, close and AddFeatures (at posix's mount) only: the superblock's
     // blocks are written by nothing else, so this bypasses the queue.
     TFS_TRY(sb::Write(*devs_.member(m)->bdev(), sb_, u16(m)));
@@ -945,6 +949,10 @@ Status Store::Close() {
   alloc_.SetJournal(nullptr);
   if (!st.ok()) return st;  // leave the superblock unclean: replay will sort it out
   if (!bst.ok()) return bst;
+  // Members that failed while mounted missed this mount's end: the
+  // superblock goes on without them and says so, as a degraded mount's
+  // does (step 5c-3).
+  sb_.degraded_missing = devs_.unavailable();
   if (!settled) {
     // The trees could not be left with nothing dirty (docs/format/alloc.md,
     // "Checkpoints and the recursion"): the journal, stopped durably, holds
