@@ -883,7 +883,7 @@ Result<u32> Transaction::SetLater(const Pos& pos, u32 len) {
   return u32(later_.size() - 1);
 }
 
-Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
+Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps, dev::DevMask lossable) {
   Btrees::Impl* im = trees_->impl_;
   if (im == nullptr) {
     Reset();
@@ -1000,7 +1000,7 @@ Result<u64> Transaction::Commit(journal::CommitMode mode, dev::DevMask deps) {
       journal::Pin local;
       auto r = im->journal->Commit(jkeys.data(), u32(jkeys.size()), deps,
                                    mode == journal::CommitMode::kFlushNext ? mode : journal::CommitMode::kNoFlush,
-                                   need_pin ? &local : nullptr);
+                                   need_pin ? &local : nullptr, journal::Watermark::kNormal, lossable);
       if (!r.ok()) {
         st = r.status();
       } else {

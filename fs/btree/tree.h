@@ -349,8 +349,11 @@ class Transaction {
   // filesystem must go read-only), kCorrupt / kIo reading a leaf that must be
   // updated (nothing was journaled or applied then); kInvalidArgument, before
   // anything happens, for SetLater slots without a commit hook to fill them
-  // (they would journal zeros) or a hook with SetReclaim.
-  Result<u64> Commit(journal::CommitMode mode = journal::CommitMode::kNoFlush, dev::DevMask deps = 0);
+  // (they would journal zeros) or a hook with SetReclaim. `lossable`: the
+  // members of deps whose data here all has a copy elsewhere
+  // (journal::Journal::Commit).
+  Result<u64> Commit(journal::CommitMode mode = journal::CommitMode::kNoFlush, dev::DevMask deps = 0,
+                     dev::DevMask lossable = 0);
   // For readers that must see this commit's keys all or none (the data path's
   // extent readers, which walk a file's extents in batches): Commit makes `seq`
   // odd just before it applies the first key to a tree and even again after

@@ -58,6 +58,7 @@ std::string Bytes(u64 n, u32 seed) {
 // `replicas` data replicas, and posix mounted on them.
 struct Replicas {
   std::vector<std::unique_ptr<MemDevice>> mems;
+  std::vector<std::unique_ptr<testing::GateDevice>> under;  // GateUnder's (they outlive the gates over them)
   std::vector<std::unique_ptr<testing::GateDevice>> gates;
   std::unique_ptr<testing::MountedFs> m;
 
@@ -76,6 +77,17 @@ struct Replicas {
     Mount();
   }
   ~Replicas() { m.reset(); }
+  // A second gate under member i's, of `op` from every origin (a member
+  // whose writes and flushes both fail: each gate one op); remounted over
+  // it. Returns it.
+  testing::GateDevice* GateUnder(u32 i, IoOp op) {
+    m.reset();
+    under.push_back(std::make_unique<testing::GateDevice>(mems[i].get(), op, IoOrigin::kForegroundWrite));
+    under.back()->GateEveryOrigin(op);
+    gates[i] = std::make_unique<testing::GateDevice>(under.back().get(), IoOp::kWrite, IoOrigin::kForegroundWrite);
+    Mount();
+    return under.back().get();
+  }
   void MakeGates() {
     for (auto& mem : mems)
       gates.push_back(std::make_unique<testing::GateDevice>(mem.get(), IoOp::kWrite, IoOrigin::kForegroundWrite));
@@ -642,6 +654,28 @@ TEST(ReplicasTest, MembersWrittenEachWithoutTheOtherAreRefusedTogether) {
   }
 }
 
+// Member 1 of `images` (a failed member: its superblock never heard it)
+// mounted alone, degraded, and written (a name `absent`, if given, is not
+// there: its older state); then both images are refused together as two
+// histories.
+void ExpectASecondHistory(const std::vector<std::vector<u8>>& images, const char* absent) {
+  std::unique_ptr<MemDevice> a = Member(images[0].size(), images[0]);
+  std::unique_ptr<MemDevice> b = Member(images[1].size(), images[1]);
+  {
+    store::OpenOptions oo;
+    oo.degraded = true;
+    testing::MountedFs m({b.get()}, oo);
+    ASSERT_TRUE(m.open());
+    if (absent != nullptr) EXPECT_FALSE(m.fs.Lookup(posix::kRootIno, absent, u32(strlen(absent))).ok());
+    ASSERT_TRUE(m.fs.Mknod(posix::kRootIno, "only-b", 6, posix::kModeReg | 0644, 0, kRoot).ok());
+  }
+  Diag d;
+  EXPECT_EQ(OpenStore({a.get(), b.get()}, false, false, &d), Status(Err::kInvalidArgument));
+  EXPECT_NE(std::string(d.text).find("members ssd.a and ssd.b were each mounted writable without the other"),
+            std::string::npos)
+      << d.text;
+}
+
 // Member health (docs/design/copies.md, 5c-3): two SSDs, two copies of
 // everything; mid-session every write to member 1 starts failing (an I/O
 // error, every origin). The first write that fails -- a data copy's goes
@@ -736,21 +770,42 @@ TEST(ReplicasTest, AMemberWhoseWritesFailIsLeftAndReturnsStale) {
   // (After fsck -y, ssd.b holds the roots block that counts the nodes
   // written with ssd.a alone: a degraded mount of ssd.b is refused. The
   // images from before the reunion show the second history.)
-  std::unique_ptr<MemDevice> a = Member(images[0].size(), images[0]);
-  std::unique_ptr<MemDevice> b = Member(images[1].size(), images[1]);
+  ExpectASecondHistory(images, "f5");
+}
+
+// The mark reaches the superblocks at once (the store's health thread),
+// not only at the unmount: after a power cut that follows it, member 1
+// (which never heard it failed) mounted alone and written is refused with
+// member 0 as a second history; without that mount, the two mount
+// together and every fsynced file reads (replay finds the entries member
+// 1's ring lacks on member 0's).
+TEST(ReplicasTest, AMemberMarkedFailedIsNamedInTheSuperblocksBeforeAnyUnmount) {
+  store::FormatOptions fo = testing::SmallFormat();
+  fo.metadata_replicas = 2;
+  Replicas t(2, 2, fo);
+  std::vector<std::pair<u64, std::string>> files = WriteFiles(t, 2, 80);
+  ASSERT_TRUE(t.fs().Fsync(files[0].first).ok());
+  t.gates[1]->GateEveryOrigin(IoOp::kWrite);
+  t.gates[1]->Fail(true);
+  files.push_back({t.Create("f2"), Bytes(200 * 1024, 82)});
+  t.Write(files.back().first, 0, files.back().second);
+  ASSERT_TRUE(t.fs().Fsync(files.back().first).ok());
+  ASSERT_EQ(t.m->store->devs().failed(), 2u);
+  ASSERT_TRUE(t.m->store->SyncFailedMembers().ok());
+  const std::vector<std::vector<u8>> images = t.Cut(/*torn=*/false, 0);
   {
-    store::OpenOptions oo;
-    oo.degraded = true;
-    testing::MountedFs m({b.get()}, oo);
+    std::unique_ptr<MemDevice> a = Member(images[0].size(), images[0]);
+    std::unique_ptr<MemDevice> b = Member(images[1].size(), images[1]);
+    testing::MountedFs m({a.get(), b.get()});
     ASSERT_TRUE(m.open());
-    EXPECT_FALSE(m.fs.Lookup(posix::kRootIno, "f5", 2).ok());  // (its older state)
-    ASSERT_TRUE(m.fs.Mknod(posix::kRootIno, "only-b", 6, posix::kModeReg | 0644, 0, kRoot).ok());
+    for (const auto& [ino, content] : files) {
+      std::string got(content.size(), '\0');
+      auto rd = m.fs.Read(ino, 0, got.data(), u32(got.size()));
+      ASSERT_TRUE(rd.ok()) << rd.status().Message();
+      EXPECT_TRUE(rd.value() == content.size() && got == content) << "inode " << ino;
+    }
   }
-  Diag d;
-  EXPECT_EQ(OpenStore({a.get(), b.get()}, false, false, &d), Status(Err::kInvalidArgument));
-  EXPECT_NE(std::string(d.text).find("members ssd.a and ssd.b were each mounted writable without the other"),
-            std::string::npos)
-      << d.text;
+  ExpectASecondHistory(images, nullptr);
 }
 
 // A member marked failed is chosen by nothing (5c-3): with a bucket open
@@ -763,10 +818,15 @@ TEST(ReplicasTest, AMemberMarkedFailedIsChosenByNothing) {
   store::FormatOptions fo = testing::SmallFormat();
   fo.metadata_replicas = 2;
   Replicas t(2, 2, fo);
+  testing::GateDevice* flushes = t.GateUnder(1, IoOp::kFlush);  // (member 1's flushes counted too)
   const u64 first = t.Create("first");
   t.Write(first, 0, Bytes(8 * 1024, 1));
   ASSERT_TRUE(t.fs().Fsync(first).ok());
   t.ExpectCopies(first, 2);
+  // Written, not yet durable: member 1 owes a flush for its copy, which
+  // the journal now gives up (the copy on member 0 is flushed).
+  const u64 pending = t.Create("pending");
+  t.Write(pending, 0, Bytes(8 * 1024, 3));
   EXPECT_TRUE(t.m->store->devs().MarkFailed(1, Status(Err::kIoTimeout)));
   EXPECT_FALSE(t.m->store->devs().MarkFailed(1, Status(Err::kIo)));  // (once: the first error stays)
   EXPECT_FALSE(t.m->store->devs().MarkFailed(0, Status(Err::kMissing)));  // (not a device failure)
@@ -774,12 +834,16 @@ TEST(ReplicasTest, AMemberMarkedFailedIsChosenByNothing) {
   EXPECT_EQ(t.m->store->devs().FailedError(1), Status(Err::kIoTimeout));
   t.gates[1]->GateEveryOrigin(IoOp::kWrite);
   t.gates[1]->Fail(true);
+  flushes->Fail(true);
   const std::string content = Bytes(700 * 1024, 2);
   const u64 ino = t.Create("second");
   t.Write(ino, 0, content);
   ASSERT_TRUE(t.fs().Fsync(ino).ok());
+  ASSERT_TRUE(t.fs().Fsync(pending).ok());
   ASSERT_TRUE(t.m->store->btrees().Checkpoint().ok());
   EXPECT_EQ(t.gates[1]->failed(), 0u);
+  EXPECT_EQ(flushes->failed(), 0u);
+  EXPECT_GE(t.m->store->journal().GetStats().flushes_given_up, 1u);
   t.ExpectCopies(ino, 1);
   std::vector<std::vector<u8>> vals;
   for (const data::Extent& e : t.Extents(ino, &vals)) EXPECT_EQ(e.ptrs[0].dev, 0u);
@@ -790,7 +854,9 @@ TEST(ReplicasTest, AMemberMarkedFailedIsChosenByNothing) {
   EXPECT_EQ(t.m->store->alloc().FreeCount(1), 0u);
   t.m->Unmount();
   EXPECT_EQ(t.gates[1]->failed(), 0u);
+  EXPECT_EQ(flushes->failed(), 0u);
   t.gates[1]->Fail(false);
+  flushes->Fail(false);
   t.m.reset();
   t.Mount();
   EXPECT_TRUE(t.Read(ino, content.size()) == content);
@@ -867,26 +933,132 @@ TEST(ReplicasTest, ANodeCopyWriteOrFlushThatFailsMarksTheMember) {
   }
 }
 
-// A member whose flushes fail: the journal's pre-flush of it fails the
-// entry, and so the journal, as before 5c-3 (going on needs to know which
-// entries and data copies only it held: a later piece), but the member is
-// marked failed and says why.
-TEST(ReplicasTest, AMemberWhoseFlushFailsFailsTheJournalAndIsMarked) {
+// A member whose writes and flushes all fail (a dead disk), with entries
+// on its ring not yet durable and data with copies on it not yet flushed
+// (review helper-71: before, the next fsync pre-flushed it and failed the
+// journal). Files of two copies: the pre-flush goes on without it (the
+// copies there may be lost, never served: reads verify checksums) --
+// fsyncs, a checkpoint and the unmount succeed, counted in
+// journal.flushes_given_up; with it back every file reads. A file whose
+// only copy is on it: its fsync fails the journal, as before 5c-3 (the
+// data may not be durable), and marks the member.
+TEST(ReplicasTest, ADeadMembersPreFlushIsGivenUpOnlyWhenEveryCopyHasAnother) {
+  for (const bool sole : {false, true}) {
+    SCOPED_TRACE(sole ? "one copy on the dead member" : "two copies");
+    store::FormatOptions fo = testing::SmallFormat();
+    fo.metadata_replicas = 2;
+    Replicas t(2, 2, fo);
+    // Writes and flushes of member 1 both gated (each gate one op).
+    testing::GateDevice* writes = t.GateUnder(1, IoOp::kWrite);
+    t.gates[1]->GateEveryOrigin(IoOp::kFlush);
+    std::vector<std::pair<u64, std::string>> files = WriteFiles(t, 2, 90);
+    ASSERT_TRUE(t.fs().Fsync(files[0].first).ok());
+    ASSERT_TRUE(t.m->store->btrees().Checkpoint().ok());
+    // Not durable yet: an entry on both rings, data with a copy on each
+    // member (written, not flushed).
+    files.push_back({t.Create("pending", sole ? "1" : nullptr), Bytes(96 * 1024, 93)});
+    if (sole) {
+      ASSERT_TRUE(t.fs().SetXattr(files.back().first, "tierfs.foreground_target", 24, "ssd.b", 5, 0,
+                                  Filesystem::kFrontEndChecked)
+                      .ok());
+    }
+    auto w = t.fs().Write(files.back().first, 0, files.back().second.data(), u32(files.back().second.size()),
+                          Filesystem::kWriteDirect);
+    ASSERT_TRUE(w.ok()) << w.status().Message();
+    if (sole) {
+      std::vector<std::vector<u8>> vals;
+      ASSERT_EQ(t.Extents(files.back().first, &vals).at(0).ptrs[0].dev, 1u);
+    }
+    writes->Fail(true);
+    t.gates[1]->Fail(true);
+    if (sole) {
+      EXPECT_EQ(t.fs().Fsync(files.back().first), Status(Err::kIo));
+      EXPECT_EQ(t.m->store->devs().failed(), 2u);
+      EXPECT_EQ(t.m->store->Close(), Status(Err::kIo));  // (the journal failed)
+      continue;
+    }
+    files.push_back({t.Create("after"), Bytes(64 * 1024, 94)});
+    t.Write(files.back().first, 0, files.back().second);
+    ASSERT_TRUE(t.fs().Fsync(files.back().first).ok());
+    ASSERT_TRUE(t.fs().Fsync(files[2].first).ok());
+    EXPECT_EQ(t.m->store->devs().failed(), 2u);
+    EXPECT_GE(t.m->store->journal().GetStats().flushes_given_up, 1u);
+    // Marked: not even a flush is sent to it (a dead disk's may take a
+    // timeout to fail).
+    const u64 flushes = t.gates[1]->failed();
+    files.push_back({t.Create("later"), Bytes(64 * 1024, 95)});
+    t.Write(files.back().first, 0, files.back().second);
+    ASSERT_TRUE(t.fs().Fsync(files.back().first).ok());
+    ASSERT_TRUE(t.m->store->btrees().Checkpoint().ok());
+    EXPECT_EQ(t.gates[1]->failed(), flushes);
+    t.m->Unmount();
+    t.m.reset();
+    writes->Fail(false);
+    t.gates[1]->Fail(false);
+    t.Mount();
+    for (const auto& [ino, content] : files) EXPECT_TRUE(t.Read(ino, content.size()) == content) << ino;
+  }
+}
+
+// A member whose flush fails first (its writes still succeed): the
+// journal's pre-flush finds it, marks it and goes on without it -- the
+// data it was to make durable has its other copy (two copies, checked at
+// every read).
+TEST(ReplicasTest, APreFlushThatFailsIsGivenUpWhenTheDataHasAnotherCopy) {
   store::FormatOptions fo = testing::SmallFormat();
   fo.metadata_replicas = 2;
   Replicas t(2, 2, fo);
   const u64 ino = t.Create("f");
+  const std::string content = Bytes(128 * 1024, 3);
   t.gates[1]->GateEveryOrigin(IoOp::kFlush);
   t.gates[1]->Fail(true);
-  t.Write(ino, 0, Bytes(128 * 1024, 3));
-  EXPECT_EQ(t.fs().Fsync(ino), Status(Err::kIo));
+  t.Write(ino, 0, content);
+  ASSERT_TRUE(t.fs().Fsync(ino).ok());
   EXPECT_EQ(t.m->store->devs().failed(), 2u);
   EXPECT_EQ(t.m->store->devs().FailedError(1), Status(Err::kIo));
-  EXPECT_EQ(t.m->store->Close(), Status(Err::kIo));  // (the journal failed)
+  EXPECT_EQ(t.m->store->journal().GetStats().flushes_given_up, 1u);
+  EXPECT_EQ(t.gates[1]->failed(), 1u);
+  t.m->Unmount();
   t.m.reset();
   t.gates[1]->Fail(false);
   t.Mount();
-  t.ExpectFsckClean();
+  EXPECT_TRUE(t.Read(ino, content.size()) == content);
+}
+
+// metadata_replicas 1 on two rings (each entry on one): the ring an entry
+// was placed on fails its write -- the other ring takes the entry (review
+// helper-71: before, the entry failed and the journal with it).
+TEST(ReplicasTest, AnEntryWhoseOnlyRingFailsGoesToTheRingLeft) {
+  store::FormatOptions fo = testing::SmallFormat();
+  Replicas t(2, 2, fo);
+  t.m.reset();
+  for (auto& g : t.gates) g->Regate(IoOp::kWrite, IoOrigin::kJournal);
+  t.Mount();
+  const u64 ino = t.Create("f");
+  const std::string content = Bytes(64 * 1024, 5);
+  t.Write(ino, 0, content);
+  ASSERT_TRUE(t.fs().Fsync(ino).ok());
+  // Ring 0's writes fail; fsyncs until an entry was placed there (the
+  // rings take turns by free space).
+  t.gates[0]->Fail(true);
+  std::vector<u64> inos = {ino};
+  for (int i = 0; i < 40 && t.gates[0]->failed() == 0; i++) {
+    inos.push_back(t.Create("g" + std::to_string(i)));
+    t.Write(inos.back(), 0, content);
+    ASSERT_TRUE(t.fs().Fsync(inos.back()).ok()) << i;
+  }
+  ASSERT_EQ(t.gates[0]->failed(), 1u);  // (tried once: then out)
+  inos.push_back(t.Create("h"));
+  t.Write(inos.back(), 0, content);
+  ASSERT_TRUE(t.fs().Fsync(inos.back()).ok());
+  EXPECT_EQ(t.m->store->devs().failed(), 1u);
+  EXPECT_EQ(t.gates[0]->failed(), 1u);
+  EXPECT_EQ(t.gates[1]->failed(), 0u);
+  EXPECT_EQ(t.m->store->journal().GetStats().ring_write_errors, 1u);
+  t.m->Unmount();
+  t.gates[0]->Fail(false);
+  t.Remount();
+  for (const u64 i : inos) EXPECT_TRUE(t.Read(i, content.size()) == content) << i;
 }
 
 // A power cut after an fsync, then either member alone, degraded: the

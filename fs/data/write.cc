@@ -145,6 +145,7 @@ Status DataPath::KeepWritten(const IoContext& ctx, const Space* sp, u32 copies, 
     durability += durability_[sp[c].ref.dev];
   }
   if (x->nr_ptrs == 0) return first_error;
+  if (x->nr_ptrs == 1) delta->sole |= dev::DevMask(1) << x->ptrs[0].dev;
   // Its sectors join the total of the set its copies are on.
   TFS_TRY(delta->AddSet(CountedMembers(store_->sb(), *x), i64(blocks) * (kBlockSize / 512)));
   if (x->nr_ptrs > 1) ctr_.replica_copies.FetchAdd(x->nr_ptrs - 1, MemOrder::kRelaxed);
@@ -579,7 +580,9 @@ Status DataPath::Commit(const IoContext& ctx, btree::Transaction* tx, const Delt
   // Readers of this inode's extents see the commit whole or not at all (see
   // ReadBlocks): its stripe's counter is odd while the keys are applied.
   tx->SetApplySeq(&applying_[CommitStripe(delta.ino)]);
-  auto r = tx->Commit(mode, delta.deps & ~slow);
+  // (The members whose flush the journal may lose: every extent there has
+  // another copy, whose checksums a read verifies: 5c-3.)
+  auto r = tx->Commit(mode, delta.deps & ~slow, delta.deps & ~slow & ~delta.sole);
   store_->alloc().LogCountNote(cc.note, cc.published);  // (out of commit_mu)
   if (!r.ok() && !cc.published) {  // nothing published: as if never committed
     Abort(delta);

@@ -79,17 +79,22 @@ bool DeviceSet::MarkFailed(u32 index, Status why) {
   DevMask cur = failed_.Load(MemOrder::kAcquire);
   for (;;) {
     if ((cur & bit) != 0) return false;
-    // The last member left is not marked: the mark is for going on without
-    // a member, and with none left the error fails the write as it always
-    // did (a one-member filesystem keeps its EIO; the allocator would turn
-    // it into ENOSPC). (A loop: two members failing at once leave one.)
-    if ((missing_ | cur | bit) == all()) return false;
+    // The last member left, or the last of a vital group (the journal's
+    // rings, the btree's members), is not marked: the mark is for going on
+    // without a member, and with none left for that role the error fails
+    // the write as it always did (a one-SSD filesystem keeps its EIO; the
+    // allocator would turn it into ENOSPC and pass its SSD by). (A loop:
+    // two members failing at once leave one.)
+    const DevMask gone = missing_ | cur | bit;
+    if (gone == all()) return false;
+    if ((vital_[0] != 0 && (vital_[0] & ~gone) == 0) || (vital_[1] != 0 && (vital_[1] & ~gone) == 0)) return false;
     if (failed_.CompareExchange(cur, cur | bit, MemOrder::kAcqRel)) break;
   }
   platform::Log(platform::LogLevel::kError,
                 "dev: member %s failed a write (%s): nothing is written to it for the rest of this mount (its copies "
                 "are read still); the next mount with it finds it stale and 'tierfs fsck -y' checks it",
                 members_[index]->label_, FailedError(index).Message());
+  if (on_failed_ != nullptr) on_failed_(on_failed_ctx_);
   return true;
 }
 

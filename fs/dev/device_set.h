@@ -101,8 +101,8 @@ class DeviceSet {
   // still go to it. Marked by the thread that waited for the I/O, never in
   // a completion; the mark is never cleared while mounted. The first mark
   // logs and keeps its error; MarkFailed says whether this call marked it
-  // (never the last member neither missing nor failed: with nothing to go
-  // on with, the error fails the write as before).
+  // (never the last member neither missing nor failed, nor the last of a
+  // vital group: SetVitalGroups).
   DevMask failed() const { return failed_.Load(MemOrder::kAcquire); }
   // Missing or failed: what no write chooses.
   DevMask unavailable() const { return missing_ | failed(); }
@@ -114,6 +114,21 @@ class DeviceSet {
   }
   // The mask a writer reads (the allocator: Allocator::WatchFailed).
   const Atomic<DevMask>* failed_mask() const { return &failed_; }
+  // Groups of members each of which must keep one member neither missing
+  // nor failed (the journal's rings, the btree's members): a mark that
+  // would leave one empty is refused -- with nothing to go on with, the
+  // error fails the write as before. Set before any I/O; 0: none.
+  void SetVitalGroups(DevMask a, DevMask b) {
+    vital_[0] = a;
+    vital_[1] = b;
+  }
+  // Called (fn(ctx)) after each mark, in the marking thread: it may take a
+  // Mutex and wake a thread, never wait for I/O (the store's: its health
+  // thread writes the superblocks). Set before any I/O.
+  void SetOnFailed(void (*fn)(void*), void* ctx) {
+    on_failed_ = fn;
+    on_failed_ctx_ = ctx;
+  }
 
   // The set's deferred work (running once a member was added). Items
   // queued here must be done before whatever they touch goes (the allocator
@@ -126,6 +141,9 @@ class DeviceSet {
   DevMask missing_ = 0;
   Atomic<DevMask> failed_{0};
   Atomic<i32> failed_error_[kMaxDevices] = {};
+  DevMask vital_[2] = {};
+  void (*on_failed_)(void*) = nullptr;
+  void* on_failed_ctx_ = nullptr;
   WorkQueue work_;
 };
 

@@ -38,6 +38,7 @@ struct Journal::Buf {
   bool reclaim = false;  // holds a Watermark::kReclaim commit: may use the reserve
   u32 admitted = 0;      // kNormal commits fit up to this size (Admits)
   DevMask deps = 0;
+  DevMask sole = 0;  // members of deps holding some data's only copy (Commit's deps & ~lossable)
   u64 first_commit_ns = 0;
   bool unchecked = false;    // a commit with deps and no data checks joined
   bool force_ordered = false;  // Settle(), Stop: write it ordered
@@ -56,6 +57,7 @@ struct Journal::Buf {
     reclaim = false;
     admitted = 0;
     deps = 0;
+    sole = 0;
     first_commit_ns = 0;
   }
   bool empty() const { return nkeys == 0 && !need_flush; }
@@ -180,7 +182,7 @@ void Journal::SetReclaimHook(void (*fn)(void*, u64), void* ctx) {
 }
 
 Result<u64> Journal::Commit(const Key* keys, u32 nkeys, DevMask deps, CommitMode mode, Pin* pin,
-                            Watermark wm) {
+                            Watermark wm, DevMask lossable) {
   const bool timed =
       mode == CommitMode::kFlush || nofl_commits_.FetchAdd(1, MemOrder::kRelaxed) % kNoFlushSample == 0;
   const u64 start = timed ? platform::NowNs() : 0;
@@ -292,6 +294,7 @@ Result<u64> Journal::Commit(const Key* keys, u32 nkeys, DevMask deps, CommitMode
   buf->nkeys += nkeys;
   buf->ncommits++;
   buf->deps |= deps;
+  buf->sole |= deps & ~lossable;
   if (deps != 0 && !checked) buf->unchecked = true;
   buf->check_bytes += check_bytes;
   u64 seq = buf->seq;
@@ -699,25 +702,34 @@ bool Journal::Choose(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings) 
   return true;
 }
 
-void Journal::SubmitLatched(dev::LatchedIo* ios, u32 n, const u32* members, Status* per) {
-  Latch latch(n);
+void Journal::SubmitLatched(dev::LatchedIo* ios, u32 n, const u32* members, Status* per, bool skip_failed) {
+  u32 go[dev::kMaxDevices];
+  u32 ngo = 0;
   for (u32 k = 0; k < n; k++) {
-    ios[k].latch = &latch;
-    ios[k].err.Store(0, MemOrder::kRelaxed);
-    ios[k].io.done = dev::LatchedIo::Done;
-    ios[k].io.caller_data = &ios[k];
+    // (A member marked failed since it was chosen gets nothing: kIo.)
+    per[k] = skip_failed && ((devs_->failed() >> members[k]) & 1) != 0 ? Status(Err::kIo) : Status::Ok();
+    if (per[k].ok()) go[ngo++] = k;
+  }
+  if (ngo == 0) return;
+  Latch latch(ngo);
+  for (u32 j = 0; j < ngo; j++) {
+    dev::LatchedIo& l = ios[go[j]];
+    l.latch = &latch;
+    l.err.Store(0, MemOrder::kRelaxed);
+    l.io.done = dev::LatchedIo::Done;
+    l.io.caller_data = &l;
   }
   // The writer waits for them next: the last I/O may run in this thread.
-  for (u32 k = 0; k < n; k++) devs_->member(members[k])->queue().Submit(&ios[k].io, /*waiting=*/k + 1 == n);
+  for (u32 j = 0; j < ngo; j++)
+    devs_->member(members[go[j]])->queue().Submit(&ios[go[j]].io, /*waiting=*/j + 1 == ngo);
   latch.Wait();
-  for (u32 k = 0; k < n; k++) per[k] = ios[k].status();
+  for (u32 j = 0; j < ngo; j++) per[go[j]] = ios[go[j]].status();
 }
 
-// A pre-flush that fails fails the entry (the data and entries it was to
-// make durable may not be), and marks its member failed (5c-3): nothing is
-// written to it again. (Going on without it is left for later: it needs to
-// know which entries and data copies only that member held.)
-Status Journal::PreFlush(DevMask mask) {
+Status Journal::PreFlush(DevMask want, DevMask needed, DevMask* given_up) {
+  const DevMask skip = want & devs_->failed() & ~needed;
+  const DevMask mask = want & ~skip;
+  *given_up = skip;
   const u32 n = PopCount(mask);
   if (n == 0) return Status::Ok();
   u32 members[dev::kMaxDevices];
@@ -727,14 +739,21 @@ Status Journal::PreFlush(DevMask mask) {
     PrepareIo(&preflush_ios_[k].io, IoOp::kFlush, 0, nullptr, 0, 0);
     members[k++] = i;
   }
-  SubmitLatched(preflush_ios_, n, members, per);
+  SubmitLatched(preflush_ios_, n, members, per, /*skip_failed=*/false);
   Status first;
   for (k = 0; k < n; k++) {
     if (per[k].ok()) continue;
-    if (first.ok()) first = per[k];
+    const DevMask bit = DevMask(1) << members[k];
     devs_->MarkFailed(members[k], per[k]);
+    if ((devs_->failed() & bit) != 0 && (needed & bit) == 0) {
+      *given_up |= bit;
+      if (first.ok()) first = per[k];
+      continue;
+    }
+    return per[k];  // (its only copies may be gone: the entry must not say they are durable)
   }
-  return first;
+  if (PopCount(*given_up) >= 2) return first.ok() ? Status(Err::kIo) : first;
+  return Status::Ok();
 }
 
 Status Journal::WriteEntry(Buf* buf) {
@@ -783,9 +802,11 @@ Status Journal::WriteEntry(Buf* buf) {
 
   const bool flush = buf->need_flush;
   DevMask preflush = 0;
-  DevMask written = 0;
-  for (u32 k = 0; k < nrings; k++) written |= DevMask(1) << rings_[ring_idx[k]].member;
   if (flush) preflush = (pending_deps_ | buf->deps | nonfua_written_) & devs_->DebtMask();
+  // What has its only copy on one member: data (the commits' sole deps)
+  // and entries written to one ring, since the last durable entry. A failed
+  // member is flushed only for these (PreFlush).
+  const DevMask needed = pending_sole_ | buf->sole | nonfua_sole_;
 #ifdef TIERFS_PLANT_PREFLUSH_ALL
   // The lab's planted regression (CMake TIERFS_PLANT_PREFLUSH_ALL, never in a
   // real build): every durable entry pre-flushes every member, the slow ones too.
@@ -817,37 +838,53 @@ Status Journal::WriteEntry(Buf* buf) {
   for (u32 i : dev::Bits(preflush)) stats_.preflushes[i]++;
   mu_.Unlock();
 
-  Status st = unordered ? Status::Ok() : PreFlush(preflush);
+  DevMask given_up = 0;
+  Status st = unordered ? Status::Ok() : PreFlush(preflush, needed, &given_up);
   // Each ring's write on its own: one that fails with a device error marks
   // its member failed (5c-3) and leaves the ring set; the entry counts
-  // written when another ring took it (degraded then, as a missing ring's).
+  // written when a ring whose member is not failed took it (degraded then,
+  // as a missing ring's); when every ring chosen failed so, the rings left
+  // take it. A ring that failed without its member being marked stays in
+  // the set lacking this entry: the entry fails, as always.
   Status per[dev::kMaxDevices];
   u32 took = 0, ring_errors = 0;
-  if (st.ok()) {
+  DevMask took_mask = 0;
+  while (st.ok()) {
     u32 members[dev::kMaxDevices];
     for (u32 k = 0; k < nrings; k++) {
       PrepareIo(&write_ios_[k].io, IoOp::kWrite, offsets[k], buf->data, bytes,
                 flush && !unordered ? IoRequest::kFua : 0);
       members[k] = rings_[ring_idx[k]].member;
     }
-    SubmitLatched(write_ios_, nrings, members, per);
-    written = 0;
+    SubmitLatched(write_ios_, nrings, members, per, /*skip_failed=*/true);
     Status ring_error;
-    for (u32 k = 0; k < nrings; k++) {
-      if (per[k].ok()) {
-        took++;
-        written |= DevMask(1) << members[k];
-      } else if (dev::IsDeviceFailure(per[k])) {
+    for (u32 k = 0; k < nrings && st.ok(); k++) {
+      const DevMask bit = DevMask(1) << members[k];
+      if (!per[k].ok()) {
         ring_errors++;
         if (ring_error.ok()) ring_error = per[k];
         devs_->MarkFailed(members[k], per[k]);
-      } else if (st.ok()) {
-        st = per[k];
+        if ((devs_->failed() & bit) == 0) st = per[k];
+      } else if ((devs_->failed() & bit) != 0) {
+        per[k] = Status(Err::kIo);  // (written, but to a member marked meanwhile: not counted)
+      } else {
+        took++;
+        took_mask |= bit;
       }
     }
-    if (st.ok() && took == 0) st = ring_error;
+    if (!st.ok() || took > 0) break;
+    mu_.Lock();
+    const bool placed = LiveRings() > 0 && (Place(bytes, /*allow_reserve=*/false, ring_idx, &nrings, offsets) ||
+                                            Place(bytes, /*allow_reserve=*/true, ring_idx, &nrings, offsets));
+    mu_.Unlock();
+    if (!placed) st = ring_error.ok() ? Status(Err::kIo) : ring_error;
   }
-  if (st.ok() && unordered) st = PreFlush(preflush | written);
+  if (st.ok() && unordered) {
+    // (This entry's only copy, if one ring took it, is needed too.)
+    DevMask more = 0;
+    st = PreFlush(preflush | took_mask, needed | (took == 1 ? took_mask : 0), &more);
+    given_up |= more;
+  }
 
   mu_.Lock();
   if (!st.ok()) return st;
@@ -856,6 +893,7 @@ Status Journal::WriteEntry(Buf* buf) {
     Ring& r = rings_[ring_idx[k]];
     r.bucket_seq[r.cur] = buf->seq;
   }
+  stats_.flushes_given_up += PopCount(given_up);
   written_seq_ = buf->seq;
   stats_.entries++;
   stats_.ring_write_errors += ring_errors;
@@ -873,13 +911,17 @@ Status Journal::WriteEntry(Buf* buf) {
     durable_seq_ = buf->seq;
     durable_last_seq_ = last_seq;
     pending_deps_ = 0;
+    pending_sole_ = 0;
     nonfua_written_ = 0;
+    nonfua_sole_ = 0;
     oldest_nondurable_ns_ = 0;
   } else {
     pending_unchecked_ |= buf->unchecked;
     pending_check_bytes_ += buf->check_bytes;
     pending_deps_ |= buf->deps;
-    nonfua_written_ |= written;
+    pending_sole_ |= buf->sole;
+    nonfua_written_ |= took_mask;
+    if (took == 1) nonfua_sole_ |= took_mask;
     if (oldest_nondurable_ns_ == 0) oldest_nondurable_ns_ = platform::NowNs();
   }
   PublishRoom();

@@ -107,6 +107,7 @@ struct Config {
   X(entries, counter, "entries written")                                                       \
   X(degraded_entries, counter, "of which on fewer rings than metadata_replicas (missing or failed members' rings)") \
   X(ring_write_errors, counter, "ring writes failed whose entry another ring took (the member marked failed)") \
+  X(flushes_given_up, counter, "pre-flushes of failed members skipped or failed while the entry went on (their data had copies elsewhere)") \
   X(flush_entries, counter, "of which durable (FUA after a pre-flush, or unordered)")          \
   X(unordered_entries, counter, "of which written first and flushed after (see Commit)")      \
   X(bytes, counter, "entry bytes written (per replica)")                                       \
@@ -209,8 +210,12 @@ class Journal {
   // a commit that carries any carries one for every range its deps stand for,
   // and each names a member in deps (else kInvalidArgument). Commits with deps
   // and no checks make the flush entry that covers them ordered.
+  // `lossable`: the members of deps whose data these keys describe all has
+  // a copy on another member, verified by its checksums at every read: if
+  // such a member's pre-flush fails (5c-3), the entry goes on without it
+  // (those copies may be lost, never served); 0: none may be lost.
   Result<u64> Commit(const Key* keys, u32 nkeys, dev::DevMask deps, CommitMode mode,
-                     Pin* pin = nullptr, Watermark wm = Watermark::kNormal);
+                     Pin* pin = nullptr, Watermark wm = Watermark::kNormal, dev::DevMask lossable = 0);
   // Makes every commit so far durable; returns at once (no I/O) if it already is.
   Status Flush();
   // Makes every commit so far settled (see settled_seq): Flush, then, if the
@@ -285,7 +290,16 @@ class Journal {
   bool CanPlaceOpen() const;
   // Place's choice of rings, without claiming the space. Requires mu_.
   bool Choose(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings) const;
-  Status PreFlush(dev::DevMask mask);
+  // The pre-flush of `want` (members owing durability to the entry) for an
+  // entry whose data or earlier entries have their only copy on `needed`
+  // (5c-3). A failed member that is not needed is not flushed (nothing is
+  // written to it any more; its flush may take a timeout to fail); one
+  // whose flush fails is marked failed and, if not needed, given up too.
+  // Fails the entry when a needed member's flush fails, when a flush fails
+  // without marking its member, or when two members are given up at once
+  // (an extent may have had its copies on both). *given_up: the members
+  // gone on without. Without mu_.
+  Status PreFlush(dev::DevMask want, dev::DevMask needed, dev::DevMask* given_up);
   // Chooses rings (Choose) and claims positions on them for an entry of `bytes`;
   // false if no space.
   bool Place(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings, u64* offsets);
@@ -310,7 +324,8 @@ class Journal {
   // Submits ios[i] to member members[i] (i < n, each prepared by
   // PrepareIo), waits for them all and fills per[i] with each one's
   // result. Without mu_ (the writer's role held).
-  void SubmitLatched(dev::LatchedIo* ios, u32 n, const u32* members, Status* per);
+  // With skip_failed, a member marked failed gets no I/O (per: kIo).
+  void SubmitLatched(dev::LatchedIo* ios, u32 n, const u32* members, Status* per, bool skip_failed);
   Status PinAdd(u64 seq);
   void PinRelease(u64 seq);
 
@@ -346,6 +361,8 @@ class Journal {
   u64 oldest_nondurable_ns_ = 0;  // write time of the oldest written-not-durable entry
   dev::DevMask pending_deps_ = 0;      // deps of entries not yet durable
   dev::DevMask nonfua_written_ = 0;    // journal members with non-FUA entries since durable
+  dev::DevMask pending_sole_ = 0;      // Buf::sole of entries not yet durable
+  dev::DevMask nonfua_sole_ = 0;       // members holding a non-durable entry's only copy
   dev::DevMask ring_members_ = 0;      // members holding a ring (set by Start)
   // Pin counts per sequence number, starting at pin_base_.
   u64 pin_base_ = 0;

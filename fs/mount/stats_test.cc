@@ -119,5 +119,26 @@ TEST(StatsTest, EveryCounterOfEveryTableIsInTheDocument) {
   EXPECT_EQ(WriteStats(*inst, closed).code(), Err::kInvalidArgument);
 }
 
+// Each member's state: ok, or failed with the error that marked it (5c-3;
+// a degraded mount's missing member says "missing": fuse_mount_test.py).
+TEST(StatsTest, AFailedMemberSaysSoAndWhy) {
+  auto a = testing::MemMember();
+  auto b = testing::MemMember();
+  std::vector<BlockDevice*> devs = {a.get(), b.get()};
+  ASSERT_TRUE(testing::FormatMembers(devs).ok());
+  Diag diag;
+  auto inst = std::make_unique<Instance>();
+  ASSERT_TRUE(inst->Open(devs.data(), 2, Options{}, &diag).ok()) << diag.text;
+  std::string doc = Document(*inst);
+  EXPECT_NE(doc.find(R"("label":"ssd.b","group":"ssd","state":"ok",)"), std::string::npos) << doc;
+  ASSERT_TRUE(inst->store().devs().MarkFailed(1, Status(Err::kIoTimeout)));
+  doc = Document(*inst);
+  EXPECT_NE(doc.find(R"("label":"ssd.a","group":"ssd","state":"ok",)"), std::string::npos) << doc;
+  EXPECT_NE(doc.find(R"("label":"ssd.b","group":"ssd","state":"failed","error":"I/O timed out",)"),
+            std::string::npos)
+      << doc;
+  ASSERT_TRUE(inst->Close().ok());
+}
+
 }  // namespace
 }  // namespace tfs::mount

@@ -299,6 +299,15 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
   TFS_TRY(alloc_.Init(sb_));
   alloc_.SetUnavailable(devs_.missing());  // (nothing is allocated on a missing member)
   alloc_.WatchFailed(devs_.failed_mask());  // (nor on one failed while mounted: step 5c-3)
+  devs_.SetOnFailed(OnMemberFailed, this);  // (its superblocks: the health thread)
+  {
+    dev::DevMask rings = 0, btree = 0;
+    for (u32 m = 0; m < sb_.nr_members; m++) {
+      if (sb_.members[m].journal_nbuckets != 0) rings |= dev::DevMask(1) << m;
+      if ((sb_.members[m].data_allowed & sb::kDataBtree) != 0) btree |= dev::DevMask(1) << m;
+    }
+    devs_.SetVitalGroups(rings, btree);  // (never the last ring's or btree member's mark)
+  }
   TFS_TRY(acct_.Init(sb_));
   alloc_.SetPersist(PersistAlloc, this);
   rep.was_clean = sb_.clean();
@@ -618,9 +627,77 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
   loading_roots_ = nullptr;
   loading_replay_ = nullptr;
   loading_rep_ = nullptr;
+  if (!read_only_) {
+    {
+      MutexLock l(health_mu_);
+      health_stop_ = false;
+      health_named_ = 0;
+      health_status_ = Status::Ok();
+    }
+    const Status hst = health_.Start(HealthMain, this, "tierfs-health");
+    if (!hst.ok())
+      platform::Log(platform::LogLevel::kWarn,
+                    "store: no health thread (%s): a member that fails while mounted is named in the "
+                    "superblocks at the unmount only",
+                    hst.Message());
+  }
   open_ = true;
   return Status::Ok();
 #undef TFS_ACCT_MISMATCH
+}
+
+void Store::OnMemberFailed(void* self) {
+  auto* e = static_cast<Store*>(self);
+  MutexLock l(e->health_mu_);
+  e->health_cv_.Broadcast();
+}
+
+// Writes the superblocks whenever a member was marked failed since the last
+// write, naming it in degraded_missing (5c-3); on a stop, after the marks
+// made before it are written.
+void Store::HealthMain(void* self) {
+  auto* e = static_cast<Store*>(self);
+  MutexLock l(e->health_mu_);
+  for (;;) {
+    const dev::DevMask failed = e->devs_.failed();  // (marks only grow)
+    if (failed == e->health_named_) {
+      if (e->health_stop_) return;
+      e->health_cv_.Wait(e->health_mu_);
+      continue;
+    }
+    e->health_mu_.Unlock();
+    Status st;
+    {
+      MutexLock s(e->sb_mu_);
+      e->sb_.degraded_missing = e->devs_.unavailable();
+      e->sb_.seq++;
+      st = e->WriteSuperblocks();
+    }
+    if (!st.ok())
+      platform::Log(platform::LogLevel::kError,
+                    "store: writing the superblocks that name the failed members failed: %s (the unmount tries "
+                    "again)",
+                    st.Message());
+    e->health_mu_.Lock();
+    e->health_named_ = failed;
+    e->health_status_ = st;
+    e->health_cv_.Broadcast();
+  }
+}
+
+void Store::StopHealth() {
+  {
+    MutexLock l(health_mu_);
+    health_stop_ = true;
+    health_cv_.Broadcast();
+  }
+  health_.Join();
+}
+
+Status Store::SyncFailedMembers() {
+  MutexLock l(health_mu_);
+  while (health_.running() && devs_.failed() != health_named_) health_cv_.Wait(health_mu_);
+  return health_status_;
 }
 
 void Store::ReclaimHook(void* self, u64 seq) {
@@ -900,6 +977,9 @@ void Store::CheckCurrent(const btree::Roots& roots, OpenReport& rep) const {
 }
 
 Status Store::WriteSuperblocks() {
+  // Every copy written while a member is marked failed names it (5c-3).
+  sb_.degraded_missing |= devs_.failed();
+  Status first;
   for (u32 m = 0; m < sb_.nr_members; m++) {
     // A degraded mount's missing member keeps its older superblock: the
     // newest (a higher seq, on the members given) wins when it returns.
@@ -907,15 +987,19 @@ Status Store::WriteSuperblocks() {
     // the superblock says it is missing (Close), and it is refused as a
     // second history if it comes back having been mounted alone.
     if (((devs_.unavailable() >> m) & 1) != 0) continue;
-    // Open, close and AddFeatures (at posix's mount) only: the superblock's
-    // blocks are written by nothing else, so this bypasses the queue.
-    TFS_TRY(sb::Write(*devs_.member(m)->bdev(), sb_, u16(m)));
+    // Open, close, AddFeatures (at posix's mount), BeginAcctRepair and the
+    // health thread only: the superblock's blocks are written by nothing
+    // else, so this bypasses the queue. (On past a member that fails: the
+    // others still take it.)
+    const Status st = sb::Write(*devs_.member(m)->bdev(), sb_, u16(m));
+    if (!st.ok() && first.ok()) first = st;
   }
-  return Status::Ok();
+  return first;
 }
 
 Status Store::BeginAcctRepair() {
   if (!open_ || read_only_) return Err::kInvalidArgument;
+  MutexLock l(sb_mu_);
   if ((sb_.flags & sb::kSbAcctRepair) != 0 && acct_flag_durable_) return Status::Ok();
   // (Set in memory even when the write fails: Close's superblock write
   // records it then. A later call writes it again.)
@@ -928,6 +1012,7 @@ Status Store::BeginAcctRepair() {
 
 Status Store::AddFeatures(u16 features) {
   if (!open_ || read_only_ || (features & ~sb::kSbFeatureFlags) != 0) return Err::kInvalidArgument;
+  MutexLock l(sb_mu_);
   if ((sb_.flags & features) == features) return Status::Ok();
   sb_.flags |= features;
   sb_.seq++;
@@ -939,6 +1024,8 @@ Status Store::Close() {
   if (!open_) return Status::Ok();
   open_ = false;
   if (read_only_) return btrees_.Close();
+  // (Close writes the superblocks itself, naming the failed members.)
+  StopHealth();
   // Trees first: their checkpoints (the allocation state with them) commit
   // through the running journal.
   bool settled = false;

@@ -204,6 +204,7 @@ class Store {
   // Read-write opens only (kInvalidArgument otherwise).
   Status BeginAcctRepair();
   void EndAcctRepair() {
+    MutexLock l(sb_mu_);
     sb_.flags &= u16(~sb::kSbAcctRepair);
     acct_flag_durable_ = false;
   }
@@ -213,6 +214,15 @@ class Store {
   // open wrote; read-write opens only (kInvalidArgument otherwise).
   Status AddFeatures(u16 features);
   bool read_only() const { return read_only_; }
+  // Member health (docs/design/copies.md, 5c-3): a member marked failed
+  // while mounted (dev::DeviceSet::MarkFailed) is named missing in the
+  // superblocks of the members left at once -- by the store's own health
+  // thread, which nothing waits for (the write goes to slow members too) --
+  // so that if it comes back having been mounted alone and written, the
+  // two are refused as two histories even after a crash. Tests: waits
+  // until the superblocks on disk name every member marked so far, and
+  // returns the last such write's status.
+  Status SyncFailedMembers();
   dev::DeviceSet& devs() { return devs_; }
   alloc::Allocator& alloc() { return alloc_; }
   // The accounting keys' totals (alloc/accounting.h), loaded with the
@@ -257,6 +267,11 @@ class Store {
   // (fsck -y's rebuild: they are no bucket's record).
   Status DeleteBadAllocKeys();
   static Status ApplyBtreeKey(void* self, u64 seq, const journal::Key& key);
+  // The health thread (SyncFailedMembers): started by a writable open,
+  // stopped first thing by Close.
+  static void OnMemberFailed(void* self);
+  static void HealthMain(void* self);
+  void StopHealth();
   // Journal reclaim: checkpoint the btrees (on their writer).
   static void ReclaimHook(void* self, u64 seq);
 
@@ -292,6 +307,15 @@ class Store {
   const journal::ReplayResult* loading_replay_ = nullptr;
   OpenReport* loading_rep_ = nullptr;
   Vector<btree::Pos> bad_alloc_keys_;  // alloc keys outside every member (DeleteBadAllocKeys)
+  // The superblock's writers (WriteSuperblocks and the fields they change
+  // while mounted: AddFeatures, Begin/EndAcctRepair, the health thread).
+  Mutex sb_mu_;
+  platform::Thread health_;
+  Mutex health_mu_;
+  CondVar health_cv_;                 // a mark, a stop, a write done
+  bool health_stop_ = false;          // health_mu_
+  dev::DevMask health_named_ = 0;     // health_mu_: the failed members the superblocks on disk name
+  Status health_status_;              // health_mu_: the last write's
 };
 
 // The accounting half of a commit hook's prepare, under commit_mu (the
