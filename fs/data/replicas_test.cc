@@ -666,7 +666,9 @@ void ExpectASecondHistory(const std::vector<std::vector<u8>>& images, const char
     oo.degraded = true;
     testing::MountedFs m({b.get()}, oo);
     ASSERT_TRUE(m.open());
-    if (absent != nullptr) EXPECT_FALSE(m.fs.Lookup(posix::kRootIno, absent, u32(strlen(absent))).ok());
+    if (absent != nullptr) {
+      EXPECT_FALSE(m.fs.Lookup(posix::kRootIno, absent, u32(strlen(absent))).ok());  // (its older state)
+    }
     ASSERT_TRUE(m.fs.Mknod(posix::kRootIno, "only-b", 6, posix::kModeReg | 0644, 0, kRoot).ok());
   }
   Diag d;
