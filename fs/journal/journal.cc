@@ -707,7 +707,7 @@ void Journal::SubmitLatched(dev::LatchedIo* ios, u32 n, const u32* members, Stat
   u32 ngo = 0;
   for (u32 k = 0; k < n; k++) {
     // (A member marked failed since it was chosen gets nothing: kIo.)
-    per[k] = skip_failed && ((devs_->failed() >> members[k]) & 1) != 0 ? Status(Err::kIo) : Status::Ok();
+    per[k] = skip_failed && ((devs_->failed() >> members[k]) & 1) != 0 ? Status(Err::kMissing) : Status::Ok();
     if (per[k].ok()) go[ngo++] = k;
   }
   if (ngo == 0) return;
@@ -740,48 +740,42 @@ Status Journal::PreFlush(DevMask want, DevMask needed, DevMask* given_up) {
     members[k++] = i;
   }
   SubmitLatched(preflush_ios_, n, members, per, /*skip_failed=*/false);
-  Status first;
+  Status first, fatal;
   for (k = 0; k < n; k++) {
     if (per[k].ok()) continue;
     const DevMask bit = DevMask(1) << members[k];
-    devs_->MarkFailed(members[k], per[k]);
+    devs_->MarkFailed(members[k], per[k]);  // (every one marked, before deciding)
+    if (first.ok()) first = per[k];
     if ((devs_->failed() & bit) != 0 && (needed & bit) == 0) {
       *given_up |= bit;
-      if (first.ok()) first = per[k];
-      continue;
+    } else if (fatal.ok()) {
+      fatal = per[k];  // (its only copies may be gone: the entry must not say they are durable)
     }
-    return per[k];  // (its only copies may be gone: the entry must not say they are durable)
   }
+  if (!fatal.ok()) return fatal;
   if (PopCount(*given_up) >= 2) return first.ok() ? Status(Err::kIo) : first;
   return Status::Ok();
 }
 
-Status Journal::WriteEntry(Buf* buf) {
-  // Called with mu_ held; drops it for I/O.
-  u32 bytes = RoundUp(buf->used, kJournalBlock);
-  u64 last_seq = MinPinnedSeq();
-  if (last_seq > buf->seq) last_seq = buf->seq;
-  u32 ring_idx[dev::kMaxDevices];
-  u64 offsets[dev::kMaxDevices];
-  u32 nrings = 0;
-  // Find ring space. Commits were admitted only with room for their entries
-  // (Admits), so this normally succeeds at once. Entries reclaim needs may use
-  // the reserve: an empty (flush) entry, one with kReclaim commits, and one made
-  // durable to record a newer last_seq, which frees ring space. Otherwise, if
-  // pins hold the space, ask owners to persist and drop them.
-  unplaced_ = buf;
+// Find ring space. Commits were admitted only with room for their entries
+// (Admits), so this normally succeeds at once. Entries reclaim needs may use
+// the reserve: an empty (flush) entry, one with kReclaim commits, and one made
+// durable to record a newer last_seq, which frees ring space. Otherwise, if
+// pins hold the space, ask owners to persist and drop them. `built`: the
+// entry's header is written already (a second placement after every ring
+// it went to failed: 5c-3) -- it is not made durable here, and its last_seq
+// stays.
+Status Journal::PlaceEntry(Buf* buf, u32 bytes, bool built, u64* last_seq, u32* ring_idx, u32* nrings,
+                           u64* offsets) {
   for (;;) {
-    if (LiveRings() == 0) {  // (every ring's member failed: no room will come)
-      unplaced_ = nullptr;
-      return Err::kIo;
-    }
-    if (Place(bytes, /*allow_reserve=*/false, ring_idx, &nrings, offsets)) break;
-    const bool advances = last_seq > durable_last_seq_;
+    if (LiveRings() == 0) return Err::kIo;  // (every ring's member failed: no room will come)
+    if (Place(bytes, /*allow_reserve=*/false, ring_idx, nrings, offsets)) return Status::Ok();
+    const bool advances = *last_seq > durable_last_seq_ && (!built || buf->need_flush);
     if (advances || buf->nkeys == 0 || buf->reclaim) {
       if (advances) buf->need_flush = true;
-      if (Place(bytes, /*allow_reserve=*/true, ring_idx, &nrings, offsets)) {
+      if (Place(bytes, /*allow_reserve=*/true, ring_idx, nrings, offsets)) {
         stats_.reserve_entries++;
-        break;
+        return Status::Ok();
       }
     }
     stats_.space_waits++;
@@ -794,9 +788,26 @@ Status Journal::WriteEntry(Buf* buf) {
     u64 new_last = MinPinnedSeq();
     if (new_last > buf->seq) new_last = buf->seq;
     // Nothing released: wait for a pin drop (PinDrop wakes done_cv_) or a timeout.
-    if (new_last == last_seq) (void)done_cv_.WaitFor(mu_, 50 * platform::kNsPerMs);
-    last_seq = MinPinnedSeq();
-    if (last_seq > buf->seq) last_seq = buf->seq;
+    if (new_last == *last_seq) (void)done_cv_.WaitFor(mu_, 50 * platform::kNsPerMs);
+    if (built) continue;  // (its header says the last_seq it had)
+    *last_seq = MinPinnedSeq();
+    if (*last_seq > buf->seq) *last_seq = buf->seq;
+  }
+}
+
+Status Journal::WriteEntry(Buf* buf) {
+  // Called with mu_ held; drops it for I/O.
+  u32 bytes = RoundUp(buf->used, kJournalBlock);
+  u64 last_seq = MinPinnedSeq();
+  if (last_seq > buf->seq) last_seq = buf->seq;
+  u32 ring_idx[dev::kMaxDevices];
+  u64 offsets[dev::kMaxDevices];
+  u32 nrings = 0;
+  unplaced_ = buf;
+  Status pst = PlaceEntry(buf, bytes, /*built=*/false, &last_seq, ring_idx, &nrings, offsets);
+  if (!pst.ok()) {
+    unplaced_ = nullptr;
+    return pst;
   }
   unplaced_ = nullptr;
 
@@ -816,9 +827,12 @@ Status Journal::WriteEntry(Buf* buf) {
   // the pre-flush round trip when there is one to save, and only if replay can tell
   // whether the group's data made it: every commit since the last durable entry
   // is dependency-free or carries data checks, within the bytes replay may read.
-  const bool unordered = flush && preflush != 0 && !buf->force_ordered && !stop_ &&
-                         !pending_unchecked_ && !buf->unchecked &&
-                         pending_check_bytes_ + buf->check_bytes <= config_.max_unordered_check_bytes;
+  // Never when a member to flush is marked failed (5c-3): its flush may be
+  // skipped or given up, and replay would then check the group's data and
+  // find the copy there missing (review helper-72).
+  bool unordered = flush && preflush != 0 && !buf->force_ordered && !stop_ && !pending_unchecked_ &&
+                   !buf->unchecked && pending_check_bytes_ + buf->check_bytes <= config_.max_unordered_check_bytes &&
+                   (preflush & devs_->failed()) == 0;
 
   // Fill in the header; zero the padding; checksum.
   auto* h = reinterpret_cast<EntryHeader*>(buf->data);
@@ -839,6 +853,7 @@ Status Journal::WriteEntry(Buf* buf) {
   mu_.Unlock();
 
   DevMask given_up = 0;
+  bool stats_rewritten = false;  // (an unordered entry written again, ordered)
   Status st = unordered ? Status::Ok() : PreFlush(preflush, needed, &given_up);
   // Each ring's write on its own: one that fails with a device error marks
   // its member failed (5c-3) and leaves the ring set; the entry counts
@@ -860,7 +875,9 @@ Status Journal::WriteEntry(Buf* buf) {
     Status ring_error;
     for (u32 k = 0; k < nrings && st.ok(); k++) {
       const DevMask bit = DevMask(1) << members[k];
-      if (!per[k].ok()) {
+      if (per[k].code() == Err::kMissing && (devs_->failed() & bit) != 0) {
+        if (ring_error.ok()) ring_error = Err::kIo;  // (not written: marked after it was chosen)
+      } else if (!per[k].ok()) {
         ring_errors++;
         if (ring_error.ok()) ring_error = per[k];
         devs_->MarkFailed(members[k], per[k]);
@@ -873,17 +890,39 @@ Status Journal::WriteEntry(Buf* buf) {
       }
     }
     if (!st.ok() || took > 0) break;
+    // Every ring it went to failed, each marked: placed again on the rings
+    // left, waiting for room as the first placement does.
     mu_.Lock();
-    const bool placed = LiveRings() > 0 && (Place(bytes, /*allow_reserve=*/false, ring_idx, &nrings, offsets) ||
-                                            Place(bytes, /*allow_reserve=*/true, ring_idx, &nrings, offsets));
+    u64 header_last = last_seq;
+    st = PlaceEntry(buf, bytes, /*built=*/true, &header_last, ring_idx, &nrings, offsets);
     mu_.Unlock();
-    if (!placed) st = ring_error.ok() ? Status(Err::kIo) : ring_error;
+    if (!st.ok() && !ring_error.ok()) st = ring_error;
   }
   if (st.ok() && unordered) {
     // (This entry's only copy, if one ring took it, is needed too.)
     DevMask more = 0;
     st = PreFlush(preflush | took_mask, needed | (took == 1 ? took_mask : 0), &more);
     given_up |= more;
+    // Something given up: replay would check this entry's group (it is
+    // unordered) and find the copies there missing, dropping an entry its
+    // fsyncs were told is durable. Written again in place, ordered (FUA):
+    // replay trusts it, and the reads of those copies fall back.
+    if (st.ok() && more != 0) {
+      h->flags.set(u16(kEntryFlush));
+      h->csum.set(platform::Crc32cSkippingField(buf->data, bytes, __builtin_offsetof(EntryHeader, csum)));
+      u32 members[dev::kMaxDevices];
+      u32 n = 0;
+      for (u32 k = 0; k < nrings; k++) {
+        if (!per[k].ok()) continue;
+        PrepareIo(&write_ios_[n].io, IoOp::kWrite, offsets[k], buf->data, bytes, IoRequest::kFua);
+        members[n++] = rings_[ring_idx[k]].member;
+      }
+      Status again[dev::kMaxDevices];
+      SubmitLatched(write_ios_, n, members, again, /*skip_failed=*/false);
+      for (u32 j = 0; j < n && st.ok(); j++) st = again[j];
+      unordered = false;
+      stats_rewritten = true;
+    }
   }
 
   mu_.Lock();
@@ -894,6 +933,7 @@ Status Journal::WriteEntry(Buf* buf) {
     r.bucket_seq[r.cur] = buf->seq;
   }
   stats_.flushes_given_up += PopCount(given_up);
+  if (stats_rewritten) stats_.rewritten_ordered++;
   written_seq_ = buf->seq;
   stats_.entries++;
   stats_.ring_write_errors += ring_errors;

@@ -108,6 +108,7 @@ struct Config {
   X(degraded_entries, counter, "of which on fewer rings than metadata_replicas (missing or failed members' rings)") \
   X(ring_write_errors, counter, "ring writes failed whose entry another ring took (the member marked failed)") \
   X(flushes_given_up, counter, "pre-flushes of failed members skipped or failed while the entry went on (their data had copies elsewhere)") \
+  X(rewritten_ordered, counter, "unordered entries written again ordered after their flush gave a member up") \
   X(flush_entries, counter, "of which durable (FUA after a pre-flush, or unordered)")          \
   X(unordered_entries, counter, "of which written first and flushed after (see Commit)")      \
   X(bytes, counter, "entry bytes written (per replica)")                                       \
@@ -303,6 +304,9 @@ class Journal {
   // Chooses rings (Choose) and claims positions on them for an entry of `bytes`;
   // false if no space.
   bool Place(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings, u64* offsets);
+  // Place, waiting for reclaim as needed (see the .cc); kIo when no ring
+  // is left. Requires mu_ (drops it around the reclaim hook).
+  Status PlaceEntry(Buf* buf, u32 bytes, bool built, u64* last_seq, u32* ring_idx, u32* nrings, u64* offsets);
   // Whether a kNormal commit may grow the open entry to `open_bytes`: the entries
   // not yet placed fit the rings by Place's rules, leaving the reserve and one
   // bucket of slack (for kReclaim keys joining admitted entries). Requires mu_.
@@ -324,7 +328,7 @@ class Journal {
   // Submits ios[i] to member members[i] (i < n, each prepared by
   // PrepareIo), waits for them all and fills per[i] with each one's
   // result. Without mu_ (the writer's role held).
-  // With skip_failed, a member marked failed gets no I/O (per: kIo).
+  // With skip_failed, a member marked failed gets no I/O (per: kMissing).
   void SubmitLatched(dev::LatchedIo* ios, u32 n, const u32* members, Status* per, bool skip_failed);
   Status PinAdd(u64 seq);
   void PinRelease(u64 seq);

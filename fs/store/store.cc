@@ -633,8 +633,13 @@ Status Store::Open(BlockDevice* const* bdevs, u32 count, const OpenOptions& opti
       health_stop_ = false;
       health_named_ = 0;
       health_status_ = Status::Ok();
+      health_running_ = true;
     }
     const Status hst = health_.Start(HealthMain, this, "tierfs-health");
+    if (!hst.ok()) {
+      MutexLock l(health_mu_);
+      health_running_ = false;
+    }
     if (!hst.ok())
       platform::Log(platform::LogLevel::kWarn,
                     "store: no health thread (%s): a member that fails while mounted is named in the "
@@ -661,7 +666,11 @@ void Store::HealthMain(void* self) {
   for (;;) {
     const dev::DevMask failed = e->devs_.failed();  // (marks only grow)
     if (failed == e->health_named_) {
-      if (e->health_stop_) return;
+      if (e->health_stop_) {
+        e->health_running_ = false;
+        e->health_cv_.Broadcast();
+        return;
+      }
       e->health_cv_.Wait(e->health_mu_);
       continue;
     }
@@ -669,9 +678,7 @@ void Store::HealthMain(void* self) {
     Status st;
     {
       MutexLock s(e->sb_mu_);
-      e->sb_.degraded_missing = e->devs_.unavailable();
-      e->sb_.seq++;
-      st = e->WriteSuperblocks();
+      st = e->NameFailedMembersLocked();
     }
     if (!st.ok())
       platform::Log(platform::LogLevel::kError,
@@ -696,7 +703,7 @@ void Store::StopHealth() {
 
 Status Store::SyncFailedMembers() {
   MutexLock l(health_mu_);
-  while (health_.running() && devs_.failed() != health_named_) health_cv_.Wait(health_mu_);
+  while (health_running_ && devs_.failed() != health_named_) health_cv_.Wait(health_mu_);
   return health_status_;
 }
 
@@ -979,8 +986,21 @@ void Store::CheckCurrent(const btree::Roots& roots, OpenReport& rep) const {
 Status Store::WriteSuperblocks() {
   // Every copy written while a member is marked failed names it (5c-3).
   sb_.degraded_missing |= devs_.failed();
+  const Status st = WriteSuperblockCopies(sb_);
+  sb_disk_ = sb_;
+  return st;
+}
+
+Status Store::NameFailedMembersLocked() {
+  sb_disk_.degraded_missing = devs_.unavailable();
+  sb_disk_.seq = ++sb_.seq;  // (sb_'s seq stays the newest: Close writes after it)
+  sb_.degraded_missing |= devs_.failed();
+  return WriteSuperblockCopies(sb_disk_);
+}
+
+Status Store::WriteSuperblockCopies(const sb::Superblock& s) {
   Status first;
-  for (u32 m = 0; m < sb_.nr_members; m++) {
+  for (u32 m = 0; m < s.nr_members; m++) {
     // A degraded mount's missing member keeps its older superblock: the
     // newest (a higher seq, on the members given) wins when it returns.
     // A member failed while mounted is not written either (step 5c-3):
@@ -991,7 +1011,7 @@ Status Store::WriteSuperblocks() {
     // health thread only: the superblock's blocks are written by nothing
     // else, so this bypasses the queue. (On past a member that fails: the
     // others still take it.)
-    const Status st = sb::Write(*devs_.member(m)->bdev(), sb_, u16(m));
+    const Status st = sb::Write(*devs_.member(m)->bdev(), s, u16(m));
     if (!st.ok() && first.ok()) first = st;
   }
   return first;
@@ -1024,13 +1044,15 @@ Status Store::Close() {
   if (!open_) return Status::Ok();
   open_ = false;
   if (read_only_) return btrees_.Close();
-  // (Close writes the superblocks itself, naming the failed members.)
-  StopHealth();
   // Trees first: their checkpoints (the allocation state with them) commit
   // through the running journal.
   bool settled = false;
   Status bst = btrees_.Close(&settled);
   Status st = journal_.Stop();
+  // The health thread last: a member marked by the final checkpoint or the
+  // journal's last entry is named before it stops (also when they failed:
+  // the returns below write nothing). Close's own writes name them too.
+  StopHealth();
   btrees_.DetachJournal();  // (a pin the trees kept because they did not settle)
   journal_started_ = false;
   alloc_.SetJournal(nullptr);

@@ -188,12 +188,16 @@ class Store {
   u32 lost_data_btrees() const { return sb_.lost_data_btrees; }
   // fsck: the namespace repair that depended on the dropped nodes is done;
   // Close()'s superblock write records it (read-write opens only).
-  void ClearLostData() { sb_.lost_data_btrees = 0; }
+  void ClearLostData() {
+    MutexLock l(sb_mu_);
+    sb_.lost_data_btrees = 0;
+  }
   // fsck: the incompatible features the filesystem has from now on (bits of
   // sb::kSbFeatureFlags; others are ignored) -- fewer when nothing needs one,
   // so that older builds can mount it again. Close()'s superblock write
   // records it (read-write opens only).
   void SetFeatures(u16 features) {
+    MutexLock l(sb_mu_);
     sb_.flags = u16((sb_.flags & ~sb::kSbFeatureFlags) | (features & sb::kSbFeatureFlags));
   }
   // fsck -y's accounting pass (sb::kSbAcctRepair): BeginAcctRepair records
@@ -241,7 +245,15 @@ class Store {
   bool open() const { return open_; }
 
  private:
+  // Writes sb_ to every member neither missing nor failed (naming the
+  // failed ones) and keeps it as sb_disk_.
   Status WriteSuperblocks();
+  // The health thread's write: sb_disk_ (what the last WriteSuperblocks
+  // wrote -- never sb_, which may hold changes that must wait for Close's
+  // checkpoint: fsck's EndAcctRepair, ClearLostData, SetFeatures) with the
+  // failed members named and the next seq. sb_mu_ held.
+  Status NameFailedMembersLocked();
+  Status WriteSuperblockCopies(const sb::Superblock& s);
   // Whether the roots are the newest the superblock and the journal prove
   // durable (fills rep's stale_* fields).
   void CheckCurrent(const btree::Roots& roots, OpenReport& rep) const;
@@ -308,12 +320,15 @@ class Store {
   OpenReport* loading_rep_ = nullptr;
   Vector<btree::Pos> bad_alloc_keys_;  // alloc keys outside every member (DeleteBadAllocKeys)
   // The superblock's writers (WriteSuperblocks and the fields they change
-  // while mounted: AddFeatures, Begin/EndAcctRepair, the health thread).
+  // while mounted: AddFeatures, Begin/EndAcctRepair, ClearLostData,
+  // SetFeatures, the health thread).
   Mutex sb_mu_;
+  sb::Superblock sb_disk_{};  // sb_mu_: the copy last written (WriteSuperblocks)
   platform::Thread health_;
   Mutex health_mu_;
   CondVar health_cv_;                 // a mark, a stop, a write done
   bool health_stop_ = false;          // health_mu_
+  bool health_running_ = false;       // health_mu_: the thread has not returned
   dev::DevMask health_named_ = 0;     // health_mu_: the failed members the superblocks on disk name
   Status health_status_;              // health_mu_: the last write's
 };
