@@ -980,6 +980,7 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
     usize k = 0;
     for (Job& j : jobs) {
       u32 good = 0;
+      bool on_failed = false;  // a good copy on a member marked failed by now
       Status job_error;
       for (u32 c = 0; c < PtrCopies(j.dst); c++, k++) {
         const NodeCopy at = PtrCopy(j.dst, c);
@@ -987,6 +988,7 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
         if (cst.ok() && (flush_failed & (dev::DevMask(1) << at.member)) != 0) cst = flush_error;
         if (cst.ok()) {
           good++;
+          if (((im->devs->failed() >> at.member) & 1) != 0) on_failed = true;
           continue;
         }
         if (job_error.ok()) job_error = cst;
@@ -1001,7 +1003,10 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
         }
       }
       if (good == 0 && st.ok()) st = job_error;  // (no copy of this node is durable)
-      j.rewrite = good < PtrCopies(j.dst);
+      // (A copy on a member marked meanwhile is durable but out of every
+      // roots block from now on: the node is rewritten on the members left
+      // too -- review helper-73.)
+      j.rewrite = good < PtrCopies(j.dst) || on_failed;
     }
   }
   if (ws != nullptr) {

@@ -706,7 +706,7 @@ void Journal::SubmitLatched(dev::LatchedIo* ios, u32 n, const u32* members, Stat
   u32 go[dev::kMaxDevices];
   u32 ngo = 0;
   for (u32 k = 0; k < n; k++) {
-    // (A member marked failed since it was chosen gets nothing: kIo.)
+    // (A member marked failed since it was chosen gets nothing: kMissing.)
     per[k] = skip_failed && ((devs_->failed() >> members[k]) & 1) != 0 ? Status(Err::kMissing) : Status::Ok();
     if (per[k].ok()) go[ngo++] = k;
   }
@@ -763,14 +763,23 @@ Status Journal::PreFlush(DevMask want, DevMask needed, DevMask* given_up) {
 // durable to record a newer last_seq, which frees ring space. Otherwise, if
 // pins hold the space, ask owners to persist and drop them. `built`: the
 // entry's header is written already (a second placement after every ring
-// it went to failed: 5c-3) -- it is not made durable here, and its last_seq
-// stays.
+// it went to failed: 5c-3) -- the reserve or nothing (kIo).
 Status Journal::PlaceEntry(Buf* buf, u32 bytes, bool built, u64* last_seq, u32* ring_idx, u32* nrings,
                            u64* offsets) {
   for (;;) {
     if (LiveRings() == 0) return Err::kIo;  // (every ring's member failed: no room will come)
     if (Place(bytes, /*allow_reserve=*/false, ring_idx, nrings, offsets)) return Status::Ok();
-    const bool advances = *last_seq > durable_last_seq_ && (!built || buf->need_flush);
+    if (built) {
+      // An entry already admitted and written once: the reserve, as the
+      // entries reclaim needs; never a wait -- only this writer could write
+      // the durable entry that frees ring space (review helper-73).
+      if (Place(bytes, /*allow_reserve=*/true, ring_idx, nrings, offsets)) {
+        stats_.reserve_entries++;
+        return Status::Ok();
+      }
+      return Err::kIo;
+    }
+    const bool advances = *last_seq > durable_last_seq_;
     if (advances || buf->nkeys == 0 || buf->reclaim) {
       if (advances) buf->need_flush = true;
       if (Place(bytes, /*allow_reserve=*/true, ring_idx, nrings, offsets)) {
@@ -789,7 +798,6 @@ Status Journal::PlaceEntry(Buf* buf, u32 bytes, bool built, u64* last_seq, u32* 
     if (new_last > buf->seq) new_last = buf->seq;
     // Nothing released: wait for a pin drop (PinDrop wakes done_cv_) or a timeout.
     if (new_last == *last_seq) (void)done_cv_.WaitFor(mu_, 50 * platform::kNsPerMs);
-    if (built) continue;  // (its header says the last_seq it had)
     *last_seq = MinPinnedSeq();
     if (*last_seq > buf->seq) *last_seq = buf->seq;
   }
@@ -894,7 +902,9 @@ Status Journal::WriteEntry(Buf* buf) {
     // left, waiting for room as the first placement does.
     mu_.Lock();
     u64 header_last = last_seq;
+    unplaced_ = buf;  // (Admits counts it while placed again)
     st = PlaceEntry(buf, bytes, /*built=*/true, &header_last, ring_idx, &nrings, offsets);
+    unplaced_ = nullptr;
     mu_.Unlock();
     if (!st.ok() && !ring_error.ok()) st = ring_error;
   }
@@ -910,6 +920,10 @@ Status Journal::WriteEntry(Buf* buf) {
     if (st.ok() && more != 0) {
       h->flags.set(u16(kEntryFlush));
       h->csum.set(platform::Crc32cSkippingField(buf->data, bytes, __builtin_offsetof(EntryHeader, csum)));
+      // To the rings that took it whose member is not failed (the one
+      // given up is: it keeps the unordered copy, and replay prefers the
+      // ordered one of a seq); as the first write, a ring that fails marks
+      // its member, and one live ring taking it is enough.
       u32 members[dev::kMaxDevices];
       u32 n = 0;
       for (u32 k = 0; k < nrings; k++) {
@@ -918,8 +932,23 @@ Status Journal::WriteEntry(Buf* buf) {
         members[n++] = rings_[ring_idx[k]].member;
       }
       Status again[dev::kMaxDevices];
-      SubmitLatched(write_ios_, n, members, again, /*skip_failed=*/false);
-      for (u32 j = 0; j < n && st.ok(); j++) st = again[j];
+      SubmitLatched(write_ios_, n, members, again, /*skip_failed=*/true);
+      u32 ordered = 0;
+      Status rewrite_error = Err::kIo;
+      for (u32 j = 0; j < n; j++) {
+        const DevMask bit = DevMask(1) << members[j];
+        if (again[j].ok() && (devs_->failed() & bit) == 0) {
+          ordered++;
+          continue;
+        }
+        if (again[j].code() == Err::kMissing) continue;  // (skipped: failed)
+        if (!again[j].ok()) {
+          rewrite_error = again[j];
+          devs_->MarkFailed(members[j], again[j]);
+          if ((devs_->failed() & bit) == 0) st = again[j];  // (a live ring with the unordered copy only)
+        }
+      }
+      if (st.ok() && ordered == 0) st = rewrite_error;
       unordered = false;
       stats_rewritten = true;
     }

@@ -252,10 +252,17 @@ Status ReadForReplay(dev::DeviceSet& devs, const sb::Superblock& sb, ReplayResul
   TFS_TRY(st);
 
   Sort(found.data(), found.size(), [](const Found& a, const Found& b) { return a.seq < b.seq; });
-  // Replicas of one entry: keep the first copy.
+  // Replicas of one entry: keep one -- an ordered copy over an unordered one
+  // (the writer writes an unordered entry again, ordered, when its flush
+  // gave a member up; the ring not written again keeps the unordered copy,
+  // which would make replay check the group's data: journal.cc, 5c-3).
   usize unique = 0;
   for (usize i = 0; i < found.size(); i++) {
-    if (unique > 0 && found[unique - 1].seq == found[i].seq) continue;
+    if (unique > 0 && found[unique - 1].seq == found[i].seq) {
+      Found& kept = found[unique - 1];
+      if (kept.flush && kept.unordered && found[i].flush && !found[i].unordered) kept = Move(found[i]);
+      continue;
+    }
     if (unique != i) found[unique] = Move(found[i]);
     unique++;
   }
