@@ -899,7 +899,7 @@ Status Journal::WriteEntry(Buf* buf) {
     }
     if (!st.ok() || took > 0) break;
     // Every ring it went to failed, each marked: placed again on the rings
-    // left, waiting for room as the first placement does.
+    // left (PlaceEntry: their reserve if need be, never a wait).
     mu_.Lock();
     u64 header_last = last_seq;
     unplaced_ = buf;  // (Admits counts it while placed again)
