@@ -122,13 +122,42 @@ def parse_event(text: str, labels: list[str]) -> Event:
     return Event(at, parts[1], cmd)
 
 
+_KVM_PROBE: dict[str, bool] = {}
+
+
 def kvm_usable() -> bool:
+    """Whether guests can use KVM: /dev/kvm opens *and* QEMU starts a KVM
+    vCPU of the machine guests use. The second is probed once per process:
+    some hosts (nested virtualization) expose /dev/kvm but QEMU aborts
+    setting the vCPU's MSRs ("kvm_buf_set_msrs: Assertion ... failed"),
+    and every boot failed there; those fall back to TCG, as a host without
+    /dev/kvm does. The probe runs the machine with no boot device (the
+    firmware waits) and calls it usable if it is still up after 2 s."""
     try:
         fd = os.open("/dev/kvm", os.O_RDWR | os.O_CLOEXEC)
     except OSError:
         return False
     os.close(fd)
-    return True
+    if "kvm" not in _KVM_PROBE:
+        _KVM_PROBE["kvm"] = _qemu_kvm_starts()
+    return _KVM_PROBE["kvm"]
+
+
+def _qemu_kvm_starts() -> bool:
+    cmd = [QEMU, "-machine", "q35", "-accel", "kvm", "-cpu", "host", "-smp", "1", "-m", "64",
+           "-nodefaults", "-display", "none", "-monitor", "none", "-serial", "none", "-net", "none"]
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    except OSError:
+        return False
+    try:
+        proc.wait(timeout=2.0)
+        return False  # (it ended by itself: it could not run)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return True
 
 
 def job_tar(job: Path, inputs: list[Path]) -> bytes:

@@ -281,3 +281,22 @@ def test_hung_guest_is_killed_at_its_timeout(image: vmimage.Image, images_dir: P
         except OSError:
             continue
         assert private not in args and str(images_dir) not in args, args
+
+
+@pytest.mark.parametrize("script,usable", [("exit 1", False), ("exec sleep 30", True)])
+def test_kvm_is_used_only_when_qemu_starts_a_kvm_guest(script: str, usable: bool, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # A host may expose /dev/kvm while QEMU aborts setting up a KVM vCPU
+    # (nested virtualization: "kvm_buf_set_msrs: Assertion ... failed"):
+    # auto then means TCG, not a boot that fails every time.
+    try:
+        open("/dev/kvm", "rb+").close()
+    except OSError:
+        assert not vmboot.kvm_usable()
+        pytest.skip("no usable /dev/kvm here: auto is TCG without the probe")
+    fake = tmp_path / "qemu"
+    fake.write_text(f"#!/bin/sh\n{script}\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(vmboot, "QEMU", str(fake))
+    monkeypatch.setattr(vmboot, "_KVM_PROBE", {})
+    assert vmboot.kvm_usable() is usable
