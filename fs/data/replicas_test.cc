@@ -327,6 +327,14 @@ TEST(ReplicasTest, TwoCopiesOnDistinctMembersEachReadTheFile) {
 // the blob's crc, and each reads the file.
 // A store opened (and closed) on `given`, degraded and read-only as asked:
 // the open's status, its reason in *d.
+// Inode `ino` of `fs` reads back as `content`, whole.
+void ExpectReads(posix::Filesystem& fs, u64 ino, const std::string& content) {
+  std::string got(content.size(), '\0');
+  auto r = fs.Read(ino, 0, got.data(), u32(got.size()));
+  ASSERT_TRUE(r.ok()) << "inode " << ino << ": " << r.status().Message();
+  EXPECT_TRUE(r.value() == content.size() && got == content) << "inode " << ino;
+}
+
 // Files f0..f<n-1> of 100 KiB * (i + 1) + i bytes, seeds seed + i: their
 // inodes and contents.
 std::vector<std::pair<u64, std::string>> WriteFiles(Replicas& t, u32 n, u32 seed) {
@@ -346,12 +354,7 @@ void ExpectTheMemberBackStale(Replicas& t, const std::vector<std::pair<u64, std:
   ASSERT_TRUE(m.open());
   EXPECT_EQ(m.store->devs().unavailable(), 0u);
   EXPECT_EQ(m.store->btrees().GetStats().stale_members, 1u);
-  for (const auto& [ino, content] : files) {
-    std::string got(content.size(), '\0');
-    auto r = m.fs.Read(ino, 0, got.data(), u32(got.size()));
-    ASSERT_TRUE(r.ok()) << r.status().Message();
-    EXPECT_TRUE(r.value() == content.size() && got == content) << "inode " << ino;
-  }
+  for (const auto& [ino, content] : files) ExpectReads(m.fs, ino, content);
   EXPECT_FALSE(m.fs.Lookup(posix::kRootIno, "f0", 2).ok());
 }
 
@@ -393,12 +396,7 @@ TEST(ReplicasTest, ADegradedReadOnlyMountReadsEveryFileFromTheMemberGiven) {
     testing::MountedFs m(given, oo);
     ASSERT_TRUE(m.open());
     EXPECT_EQ(m.store->devs().missing(), 1u << left);
-    for (const auto& [ino, content] : files) {
-      std::string got(content.size(), '\0');
-      auto r = m.fs.Read(ino, 0, got.data(), u32(got.size()));
-      ASSERT_TRUE(r.ok()) << r.status().Message();
-      EXPECT_TRUE(r.value() == content.size() && got == content) << "inode " << ino;
-    }
+    for (const auto& [ino, content] : files) ExpectReads(m.fs, ino, content);
     auto* ph = static_cast<dev::MissingDevice*>(m.store->devs().member(left)->bdev());
     EXPECT_STREQ(ph->Name(), ("missing(" + label + ")").c_str());
     // (Which copies are tried first is the pointers' order: with each
@@ -793,12 +791,7 @@ TEST(ReplicasTest, AMemberMarkedFailedIsNamedInTheSuperblocksBeforeAnyUnmount) {
     std::unique_ptr<MemDevice> b = Member(images[1].size(), images[1]);
     testing::MountedFs m({a.get(), b.get()});
     ASSERT_TRUE(m.open());
-    for (const auto& [ino, content] : files) {
-      std::string got(content.size(), '\0');
-      auto rd = m.fs.Read(ino, 0, got.data(), u32(got.size()));
-      ASSERT_TRUE(rd.ok()) << rd.status().Message();
-      EXPECT_TRUE(rd.value() == content.size() && got == content) << "inode " << ino;
-    }
+    for (const auto& [ino, content] : files) ExpectReads(m.fs, ino, content);
   }
   ExpectASecondHistory(images, nullptr);
 }
@@ -1051,10 +1044,7 @@ TEST(ReplicasTest, AnFsyncAcknowledgedAfterAGivenUpPreFlushSurvivesAPowerCut) {
     std::unique_ptr<MemDevice> b = Member(images[1].size(), images[1]);
     testing::MountedFs m({a.get(), b.get()});
     ASSERT_TRUE(m.open());
-    std::string got(content.size(), '\0');
-    auto rd = m.fs.Read(ino, 0, got.data(), u32(got.size()));
-    ASSERT_TRUE(rd.ok()) << rd.status().Message();
-    EXPECT_TRUE(rd.value() == content.size() && got == content);
+    ExpectReads(m.fs, ino, content);
   }
 }
 
@@ -1123,10 +1113,7 @@ TEST(ReplicasTest, ADegradedMountAfterAPowerCutReplaysFromTheMemberGiven) {
     oo.read_only = true;
     testing::MountedFs m({dev.get()}, oo);
     ASSERT_TRUE(m.open());
-    std::string got(content.size(), '\0');
-    auto r = m.fs.Read(ino, 0, got.data(), u32(got.size()));
-    ASSERT_TRUE(r.ok()) << r.status().Message();
-    EXPECT_TRUE(r.value() == content.size() && got == content);
+    ExpectReads(m.fs, ino, content);
   }
 }
 
