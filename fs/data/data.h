@@ -201,8 +201,9 @@ struct Delta {
   // Whether it changes nothing (a punch that found no extent).
   bool empty() const { return changes.empty() && sets.empty() && reserved == 0 && unreserved == 0; }
   dev::DevMask deps = 0;   // members written
-  // Members holding an extent's only copy: the journal may go on without a
-  // member of deps whose flush fails (5c-3) only if it is not one of these.
+  // Members holding an extent's only counted copy (its one pointer, or the
+  // one not on a cache-only member): the journal may go on without a member
+  // of deps whose flush fails (5c-3) only if it is not one of these.
   dev::DevMask sole = 0;
   i64 sectors = 0;         // change of the inode's allocated 512-byte sectors
   u64 ino = 0;             // the inode whose extents it changes (set by the Queue* calls)

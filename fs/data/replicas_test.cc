@@ -55,7 +55,8 @@ std::string Bytes(u64 n, u32 seed) {
 }
 
 // Members "ssd.a", "ssd.b", ... (each seen through a gate), formatted with
-// `replicas` data replicas, and posix mounted on them.
+// `replicas` data replicas (and each member's `durability`, 1 when not
+// given), and posix mounted on them.
 struct Replicas {
   std::vector<std::unique_ptr<MemDevice>> mems;
   std::vector<std::unique_ptr<testing::GateDevice>> under;  // GateUnder's (they outlive the gates over them)
@@ -63,11 +64,11 @@ struct Replicas {
   std::unique_ptr<testing::MountedFs> m;
 
   explicit Replicas(u32 members, u32 replicas, store::FormatOptions fo = testing::SmallFormat(),
-                    std::vector<u64> sizes = {}) {
+                    std::vector<u64> sizes = {}, std::vector<u8> durability = {}) {
     for (u32 i = 0; i < members; i++) mems.push_back(Member(i < sizes.size() ? sizes[i] : testing::kMemberBytes));
     MakeGates();
     fo.data_replicas = u8(replicas);
-    EXPECT_TRUE(testing::FormatMembers(Devs(), fo).ok());
+    EXPECT_TRUE(testing::FormatMembers(Devs(), fo, {}, durability).ok());
     Mount();
   }
   // From images (what a power cut left).
@@ -1011,6 +1012,52 @@ TEST(ReplicasTest, APreFlushThatFailsIsGivenUpWhenTheDataHasAnotherCopy) {
   t.gates[1]->Fail(false);
   t.Mount();
   EXPECT_TRUE(t.Read(ino, content.size()) == content);
+}
+
+// A copy on a cache-only member (durability 0) is no other copy: when the
+// flush of the member holding an extent's one counted copy fails, the
+// pre-flush is not given up and the fsync fails (before: two pointers made
+// neither member sole, and the fsync was acknowledged with the data's only
+// counted copy unflushed). The cache member's flush failing is given up:
+// the counted copy has it.
+TEST(ReplicasTest, ACopyOnACacheOnlyMemberIsNoOtherCopyForAPreFlush) {
+  for (const u32 failing : {1u, 0u}) {
+    SCOPED_TRACE("member " + std::to_string(failing) + "'s flush fails");
+    store::FormatOptions fo = testing::SmallFormat();
+    fo.metadata_replicas = 2;
+    // ssd.a cache only, ssd.b counted; ssd.a has the most free buckets:
+    // the first copy goes there, the counted one to ssd.b (a target
+    // naming ssd.a alone would keep further copies off ssd.b).
+    Replicas t(2, 1, fo, {2 * testing::kMemberBytes, testing::kMemberBytes}, {0, 1});
+    const u64 ino = t.Create("f");
+    const std::string content = Bytes(128 * 1024, 5);
+    t.gates[failing]->GateEveryOrigin(IoOp::kFlush);
+    t.gates[failing]->Fail(true);
+    auto w = t.fs().Write(ino, 0, content.data(), u32(content.size()), Filesystem::kWriteDirect);
+    ASSERT_TRUE(w.ok()) << w.status().Message();
+    std::vector<std::vector<u8>> vals;
+    const std::vector<data::Extent> ext = t.Extents(ino, &vals);
+    ASSERT_FALSE(ext.empty());
+    for (const data::Extent& e : ext) {
+      ASSERT_EQ(e.nr_ptrs, 2u);  // the cache copy, then the counted one
+      EXPECT_EQ(e.ptrs[0].dev, 0u);
+      EXPECT_EQ(e.ptrs[1].dev, 1u);
+    }
+    if (failing == 1) {
+      EXPECT_EQ(t.fs().Fsync(ino), Status(Err::kIo));
+      EXPECT_EQ(t.m->store->journal().GetStats().flushes_given_up, 0u);
+      EXPECT_EQ(t.m->store->Close(), Status(Err::kIo));  // (the journal failed)
+      continue;
+    }
+    ASSERT_TRUE(t.fs().Fsync(ino).ok());
+    EXPECT_EQ(t.m->store->devs().failed(), 1u);
+    EXPECT_EQ(t.m->store->journal().GetStats().flushes_given_up, 1u);
+    t.m->Unmount();
+    t.m.reset();
+    t.gates[failing]->Fail(false);
+    t.Mount();
+    EXPECT_TRUE(t.Read(ino, content.size()) == content);
+  }
 }
 
 // The same, then a power cut: the fsync the journal acknowledged after

@@ -145,7 +145,13 @@ Status DataPath::KeepWritten(const IoContext& ctx, const Space* sp, u32 copies, 
     durability += durability_[sp[c].ref.dev];
   }
   if (x->nr_ptrs == 0) return first_error;
-  if (x->nr_ptrs == 1) delta->sole |= dev::DevMask(1) << x->ptrs[0].dev;
+  // A member is sole when the other copies count for nothing: one pointer,
+  // or the others all on cache-only members (durability 0) -- losing its
+  // copy loses the data's every counted copy.
+  for (u32 i = 0; i < x->nr_ptrs; i++) {
+    const u32 own = durability_[x->ptrs[i].dev];
+    if (durability - own == 0) delta->sole |= dev::DevMask(1) << x->ptrs[i].dev;
+  }
   // Its sectors join the total of the set its copies are on.
   TFS_TRY(delta->AddSet(CountedMembers(store_->sb(), *x), i64(blocks) * (kBlockSize / 512)));
   if (x->nr_ptrs > 1) ctr_.replica_copies.FetchAdd(x->nr_ptrs - 1, MemOrder::kRelaxed);

@@ -91,7 +91,7 @@ bool DeviceSet::MarkFailed(u32 index, Status why) {
     if (failed_.CompareExchange(cur, cur | bit, MemOrder::kAcqRel)) break;
   }
   platform::Log(platform::LogLevel::kError,
-                "dev: member %s failed a write (%s): nothing is written to it for the rest of this mount (its copies "
+                "dev: member %s failed a write or a flush (%s): nothing is written to it for the rest of this mount (its copies "
                 "are read still); the next mount with it finds it stale and 'tierfs fsck -y' checks it",
                 members_[index]->label_, FailedError(index).Message());
   if (on_failed_ != nullptr) on_failed_(on_failed_ctx_);

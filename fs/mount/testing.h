@@ -55,12 +55,12 @@ inline std::unique_ptr<userspace::MemDevice> MemMember(u64 size = kMemberBytes) 
 
 // Formats devs[i] as member labels[i] (none given: "ssd.a", "ssd.b", ...).
 inline Status FormatMembers(const std::vector<BlockDevice*>& devs, const store::FormatOptions& fo = SmallFormat(),
-                            const std::vector<const char*>& labels = {}) {
+                            const std::vector<const char*>& labels = {}, const std::vector<u8>& durability = {}) {
   std::vector<std::string> names;
   for (size_t i = 0; i < devs.size(); i++)
     names.push_back(i < labels.size() ? std::string(labels[i]) : "ssd." + std::string(1, char('a' + i)));
   std::vector<store::FormatMember> m;
-  for (size_t i = 0; i < devs.size(); i++) m.push_back({devs[i], names[i].c_str(), 1});
+  for (size_t i = 0; i < devs.size(); i++) m.push_back({devs[i], names[i].c_str(), i < durability.size() ? durability[i] : u8(1)});
   Diag diag;
   Status st = store::Format(m.data(), u32(m.size()), fo, &diag);
   EXPECT_TRUE(st.ok()) << "format: " << st.Message() << ": " << diag.text;
