@@ -221,6 +221,11 @@ Status CountExtents(btree::Btrees* trees, const sb::Superblock& sb, const alloc:
 
 void DataPath::Close() {
   if (store_ == nullptr) return;
+  // Copies still at a member that no reader waits for (a hedge's loser)
+  // complete first: their completions touch this data path. (A poll: rare,
+  // and only an unmount's -- as long as that member holds them, as any
+  // I/O in flight there holds the unmount.)
+  for (Reap(); ctr_.abandoned_reads.Load(MemOrder::kAcquire) != 0; Reap()) platform::SleepNs(platform::kNsPerMs);
   // The write points' buckets nothing else holds are freed with one record
   // commit (one per write point, should the list not grow), after the
   // locks. Not on a store closed already -- a test's crash: the next mount

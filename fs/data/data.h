@@ -237,8 +237,12 @@ Status MoveSet(const sb::Superblock& sb, const Extent& from, const Extent& to, D
   X(incompressible, counter, "chunks stored plain: zstd saved less than a block")                        \
   X(compressed_reads, counter, "blobs read and decompressed")                                            \
   X(stale_lookups, counter, "reads that found a bucket freed since their lookup, and looked again")      \
-  X(read_retries, counter, "extent lookups of reads repeated: a commit of the inode overlapped")         \
-  X(copy_retries, counter, "reads that fell back to another copy (checksum, I/O error, bad or stale pointer)") \
+  X(lookup_retries, counter, "extent lookups of reads repeated: a commit of the inode overlapped")       \
+  X(read_retries, counter, "copies read because a copy read before failed (checksum, I/O error, bad or stale pointer)") \
+  X(hedged, counter, "copies read beside another that had not answered within its member's hedge bound") \
+  X(hedge_wins, counter, "reads a hedged copy answered first")                                            \
+  X(copies_reordered, counter, "reads of several copies whose first choice was not the extent's first copy (health, latency)") \
+  X(abandoned_reads, gauge, "reads of copies still at a member that no reader waits for (a hedge's loser)") \
   X(slow_member_flushes, counter, "commits that flushed a member without a journal (an HDD) before entering it") \
   X(write_point_fallbacks, counter, "writes sent to the foreground target's write point (the table was full)") \
   X(gains_refused, counter, "commits refused (kAgain): a pointer they add names a bucket freed, reused or being freed since it was read") \
@@ -384,6 +388,10 @@ class DataPath {
   // most kMaxWritePoints - kIoClassCount), to reach the full table's
   // fallback. Before the first write.
   void LimitWritePointsForTest(u32 n) { wp_limit_ = Min<u32>(n, kMaxWritePoints - dev::kIoClassCount); }
+  // Tests: the copies of an extent are read in the order it lists them,
+  // not ranked by their members' health and latency (hedges and retries as
+  // ever): for tests that damage a chosen copy and count what the read did.
+  void SetListedReadOrderForTest(bool on) { listed_order_ = on; }
   // Tests: fn(ctx) runs after each extent lookup of a read (phase 1) and
   // before its device reads, with no lock held -- a commit in between, as
   // another thread's could land. Before the first read; null to remove.
@@ -498,7 +506,8 @@ class DataPath {
                          Delta* delta);
   // Unwritten blocks in [first, end) (the reservation a write there replaces).
   Result<u64> UnwrittenBlocks(u64 ino, u64 first, u64 end);
-  // Reads and decompresses the blob of e's compressed pointer p into out (p.stored_blocks blocks).
+  // Reads and decompresses the blob of e's compressed pointer p into out
+  // (p.stored_blocks blocks; CheckBlob).
   Status ReadCompressed(const IoContext& ctx, const Extent& e, const Extent::Ptr& p, u8* out);
   // Reads blocks [lo, hi) of piece e from its copy p into buf (the read's
   // buffer for block lo) through bounce buffer *tmp (allocated on first
@@ -526,6 +535,48 @@ class DataPath {
   bool Pin(u32 dev, u64 bucket, u8 gen);
   void Unpin(u32 dev, u64 bucket);
   static constexpr u32 kDoomed = 1u << 31;  // reads_: emptied while read
+  // Reads of an extent with several copies (read.cc; docs/design/copies.md,
+  // "Step 6"): a Flight reads the best copy into its own buffer and, if it
+  // has not answered within its member's hedge bound, the next one too;
+  // the first good answer is copied out. A copy that fails starts the next
+  // at once (read_retries). Returns whether a copy served blocks [lo, hi)
+  // of e into out; else *failed is the first failing copy's error and
+  // *stale_copy whether a copy was stale (as ReadCopy's *stale).
+  struct Flight;
+  bool ReadCopies(const IoContext& ctx, const Extent& e, u64 lo, u64 hi, u8* out, u8** tmp, Status* failed,
+                  bool* stale_copy);
+  // e's copies best first into order[] (indices of e.ptrs), and each one's
+  // hedge bound: ranked by their members' health, then by expected wait
+  // where it differs clearly, then the fast tier when no latency is known
+  // yet; ties keep e's order.
+  void OrderCopies(const Extent& e, u8* order, u64* bound) const;
+  // A member's hedge bound from its read state: 4 x the p99 of its window
+  // (fewer than kHedgeMinSamples: 4 x its EWMA; none: the ceiling), within
+  // [kHedgeMinNs, kHedgeMaxNs].
+  static u64 HedgeBoundNs(const dev::ReadState& rs);
+  static constexpr u64 kHedgeMinNs = 2'000'000ull;
+  static constexpr u64 kHedgeMaxNs = 50'000'000ull;
+  static constexpr u32 kHedgeMinSamples = 16;
+  // A later copy goes first by expected wait only when it is under half
+  // the earlier one's and kReorderMarginNs less (noise of a few requests
+  // never reorders two members of one kind).
+  static constexpr u64 kReorderMarginNs = 1'000'000ull;
+  // A member whose read failed with an I/O error ranks below the healthy
+  // ones for this long (read_error_ns_).
+  static constexpr u64 kReadErrorMemoryNs = 10'000'000'000ull;
+  // The checks of a copy read into `data` (blocks [lo, hi) of e's plain
+  // copy p, read at device offset `at`; or p's whole compressed blob,
+  // decompressed into `out`, p.stored_blocks blocks): a mismatch is logged,
+  // counted and kDataCorrupt.
+  Status CheckBlocks(const Extent& e, const Extent::Ptr& p, u64 lo, u64 hi, const u8* data, u64 at);
+  Status CheckBlob(const Extent& e, const Extent::Ptr& p, const u8* z, u8* out);
+  // Completion of a flight's copy (dev::Io::done): an atomic store, a
+  // wake, and -- for the last reference of a flight its reader left -- a
+  // push on the reap list. Nothing freed, no sleep.
+  static void FlightCopyDone(dev::Io* io, Status st);
+  void FreeFlight(Flight* f);
+  // Frees the abandoned flights that have completed (the reap list).
+  void Reap();
   struct Piece;
   // ReadBlocks' phase 1: the extents over [first, end) into `pieces` (one
   // per extent: it grows as they are found), with the crcs the read needs
@@ -652,6 +703,12 @@ class DataPath {
   static constexpr u64 kCopyErrorLogNs = 10'000'000'000ull;
   LogLimit copy_error_log_[dev::kMaxDevices];  // KeepWritten's, per member
   LogLimit copy_alloc_error_log_;              // Reserve's (further copies' allocations)
+  // Per member: when a copy's read there last failed with an I/O error
+  // (NowNs; 0: never).
+  Atomic<u64> read_error_ns_[dev::kMaxDevices] = {};
+  SpinLock reap_mu_;
+  Flight* reap_ TFS_GUARDED_BY(reap_mu_) = nullptr;  // abandoned flights completed (Flight::next)
+  bool listed_order_ = false;                         // SetListedReadOrderForTest
   void (*lookup_hook_)(void*) = nullptr;  // SetLookupHookForTest
   void* lookup_hook_ctx_ = nullptr;
   void (*test_point_)(void*, const char*) = nullptr;  // SetTestPointForTest

@@ -1,15 +1,19 @@
 // Reads of file data (data.h): ReadBlocks finds the extents over the range
-// (phase 1, FindPieces), then reads each from one of its copies (phase 2,
-// ReadCopy: pin the bucket, read, verify every block it returns): a mismatch
-// is kDataCorrupt and counted, never the bytes. The copies are tried in the
-// order the extent lists them and the first good one wins (copy_retries);
-// the read fails only when every copy did, with the first failing copy's
-// error -- unless a copy was stale (its bucket freed since the lookup, maybe:
-// the extent was overwritten), then the lookup is repeated first.
-// (Choosing by latency, hedging and repairing the bad copy are a later step:
-// docs/design/copies.md.) Holes and unwritten extents read as zeros; a
-// compressed blob is read and decompressed whole. HasData, HasBlockData and
-// SeekBlock answer from the extents alone.
+// (phase 1, FindPieces), then reads each from one of its copies (phase 2:
+// pin the bucket, read, verify every block it returns): a mismatch is
+// kDataCorrupt and counted, never the bytes. An extent with one copy is read
+// by ReadCopy, into the caller's buffer when it is aligned. One with several
+// is read by a Flight (ReadCopies; docs/design/copies.md, "Step 6"): the
+// copies ranked by their members' health and latency (OrderCopies), the
+// best read first into the flight's own buffer; if it has not answered
+// within its member's hedge bound the next is read too (hedged), a copy that
+// fails starts the next at once (read_retries), and the first good answer
+// is copied out. The read fails only when every copy did, with the first
+// failing copy's error -- unless a copy was stale (its bucket freed since
+// the lookup, maybe: the extent was overwritten), then the lookup is
+// repeated first. (Repairing the bad copy is step 6b.) Holes and unwritten
+// extents read as zeros; a compressed blob is read and decompressed whole.
+// HasData, HasBlockData and SeekBlock answer from the extents alone.
 //
 // Reads need no lock of the caller's. Phase 1 waits out, and is repeated
 // after, an extent commit of the inode's stripe applying its keys
@@ -121,24 +125,278 @@ Status DataPath::ReadCopy(const IoContext& ctx, const Extent& e, const Extent::P
   Status st = ContextIo(ctx, store_->devs().member(p.dev)->queue(), IoOp::kRead, at, into, len);
   Unpin(p.dev, b);
   TFS_TRY(st);
-  for (u64 blk = lo; blk < hi; blk++) {
-    const u8* data = into + (blk - lo) * kBlockSize;
-    if (platform::Crc32c(data, kBlockSize) != e.BlockCrc(blk - lo)) {
-      ctr_.csum_errors.FetchAdd(1, MemOrder::kRelaxed);
-      platform::Log(platform::LogLevel::kError, "data: checksum mismatch: inode %llu block %llu (member %u offset %llu)",
-                    (unsigned long long)e.ino, (unsigned long long)blk, unsigned(p.dev),
-                    (unsigned long long)(at + (blk - lo) * kBlockSize));
-      return Err::kDataCorrupt;
-    }
-  }
+  TFS_TRY(CheckBlocks(e, p, lo, hi, into, at));
   if (!direct) MemCopy(out, *tmp, len);
   ctr_.bytes_read.FetchAdd(len, MemOrder::kRelaxed);
   ctr_.blocks_read.FetchAdd(hi - lo, MemOrder::kRelaxed);
   return Status::Ok();
 }
 
+// One multi-copy piece's reads: per copy its request, its own buffer (the
+// blocks [lo, hi), or the compressed blob) and its status. Shared by the
+// reader and the copies at their members: `refs` is one for the reader
+// and one per copy submitted whose completion has not finished. A reader
+// that leaves before them abandons the flight (abandoned_reads); the
+// completion that drops the last reference puts it on the reap list -- a
+// completion never frees (it may run in interrupt context).
+struct DataPath::Flight {
+  struct Copy {
+    dev::Io io;
+    Flight* flight = nullptr;
+    u8* buf = nullptr;  // platform::Alloc'd (kBlockSize-aligned: O_DIRECT members)
+    u64 at = 0;         // the device offset read
+    u64 bucket = 0;     // pinned while the reader waits
+    u32 ptr = 0;        // its index in e.ptrs
+    bool pinned = false;
+    bool hedge = false;  // submitted by a hedge (hedge_wins)
+    bool seen = false;   // the reader has taken its completion
+    Atomic<i32> err{0};
+    Atomic<u32> done{0};
+  };
+  DataPath* dp = nullptr;
+  Copy copies[kMaxPtrs];
+  u32 submitted = 0;
+  Atomic<u32> events{0};  // completions so far (the reader sleeps on it)
+  Atomic<u32> refs{1};
+  Flight* next = nullptr;  // the reap list
+};
+
+void DataPath::FlightCopyDone(dev::Io* io, Status st) {
+  auto* c = static_cast<Flight::Copy*>(io->caller_data);
+  Flight* f = c->flight;
+  c->err.Store(i32(st.code()), MemOrder::kRelaxed);
+  c->done.Store(1, MemOrder::kRelease);
+  f->events.FetchAdd(1, MemOrder::kAcqRel);
+  tfs_plat_wake(f->events.Address(), 0);  // (f is alive: this copy's reference)
+  if (f->refs.FetchSub(1, MemOrder::kAcqRel) != 1) return;
+  // The reader has left: the flight goes on the list the next read (or
+  // Close) frees. The data path outlives it: Close waits for every
+  // abandoned flight to arrive here first.
+  DataPath* dp = f->dp;
+  SpinGuard l(dp->reap_mu_);
+  f->next = dp->reap_;
+  dp->reap_ = f;
+}
+
+void DataPath::FreeFlight(Flight* f) {
+  for (u32 i = 0; i < f->submitted; i++) platform::Free(f->copies[i].buf);
+  platform::Delete(f);
+}
+
+void DataPath::Reap() {
+  Flight* list;
+  {
+    SpinGuard l(reap_mu_);
+    list = reap_;
+    reap_ = nullptr;
+  }
+  while (list != nullptr) {
+    Flight* next = list->next;
+    FreeFlight(list);
+    ctr_.abandoned_reads.FetchSub(1, MemOrder::kRelaxed);
+    list = next;
+  }
+}
+
+u64 DataPath::HedgeBoundNs(const dev::ReadState& rs) {
+  const u64 base = rs.samples >= kHedgeMinSamples ? rs.p99_ns : rs.ewma_ns;
+  if (base == 0) return kHedgeMaxNs;
+  return Min(Max(base > kHedgeMaxNs ? kHedgeMaxNs : 4 * base, kHedgeMinNs), kHedgeMaxNs);
+}
+
+void DataPath::OrderCopies(const Extent& e, u8* order, u64* bound) const {
+  struct Rank {
+    u32 rank;  // 0 healthy, 1 a recent I/O error, 2 stalled or stalling, 3 failed or missing
+    u64 wait;  // expected: EWMA x (1 + in flight + queued); 0: no latency known yet
+    bool fast;  // in the foreground or promote target
+  };
+  Rank r[kMaxPtrs];
+  const u64 now = platform::NowNs();
+  const dev::DevMask gone = store_->devs().unavailable();
+  const dev::DevMask fast = targets_[u32(TargetKind::kForeground)] | targets_[u32(TargetKind::kPromote)];
+  const u32 n = Min<u32>(e.nr_ptrs, kMaxPtrs);
+  for (u32 c = 0; c < n; c++) {
+    order[c] = u8(c);
+    const u32 d = e.ptrs[c].dev;
+    const dev::DevMask bit = dev::DevMask(1) << (d % dev::kMaxDevices);
+    dev::Member* m = store_->devs().member(d);
+    if (m == nullptr || (gone & bit) != 0) {
+      r[c] = Rank{3, 0, false};
+      bound[c] = kHedgeMaxNs;
+      continue;
+    }
+    const dev::ReadState rs = m->queue().GetReadState();
+    bound[c] = HedgeBoundNs(rs);
+    u32 rank = 0;
+    const u64 err = read_error_ns_[d % dev::kMaxDevices].Load(MemOrder::kRelaxed);
+    if (err != 0 && now - err < kReadErrorMemoryNs) rank = 1;
+    if (rs.stalled || rs.oldest_ns > bound[c]) rank = 2;
+    r[c] = Rank{rank, rs.ewma_ns * (1 + u64(rs.in_flight) + rs.queued), (fast & bit) != 0};
+  }
+  if (listed_order_) return;
+  // Whether copy a goes before copy b listed ahead of it.
+  auto before = [&](const Rank& a, const Rank& b) {
+    if (a.rank != b.rank) return a.rank < b.rank;
+    if (a.wait == 0 || b.wait == 0) return a.wait == 0 && b.wait == 0 && a.fast && !b.fast;
+    return 2 * a.wait < b.wait && b.wait - a.wait > kReorderMarginNs;
+  };
+  // (Insertion: a copy moves ahead only past copies it clearly beats.)
+  for (u32 i = 1; i < n; i++)
+    for (u32 j = i; j > 0 && before(r[order[j]], r[order[j - 1]]); j--) {
+      const u8 t = order[j];
+      order[j] = order[j - 1];
+      order[j - 1] = t;
+    }
+}
+
+bool DataPath::ReadCopies(const IoContext& ctx, const Extent& e, u64 lo, u64 hi, u8* out, u8** tmp, Status* failed,
+                          bool* stale_copy) {
+  u8 order[kMaxPtrs];
+  u64 bound[kMaxPtrs];
+  OrderCopies(e, order, bound);
+  const u32 n = Min<u32>(e.nr_ptrs, kMaxPtrs);
+  if (order[0] != 0) ctr_.copies_reordered.FetchAdd(1, MemOrder::kRelaxed);
+  Flight* f = platform::New<Flight>();
+  if (f == nullptr) {
+    *failed = Err::kNoMemory;
+    return false;
+  }
+  f->dp = this;
+  // Reads nobody waits for are not hedged: background work takes the copy
+  // chosen (never a stalled member while a healthy one has a copy) and
+  // its retries, and never doubles its reads.
+  const bool hedging = ctx.io_class == dev::IoClass::kForegroundSync || ctx.io_class == dev::IoClass::kForegroundAsync;
+  const u64 len = (hi - lo) * kBlockSize;
+  u32 next = 0;       // order[next]: the next copy to try
+  u32 out_now = 0;    // copies submitted whose completion the reader has not taken
+  u32 tried = 0;      // copies submitted or skipped
+  u64 deadline = platform::kForever;
+  bool served = false;
+  bool no_memory = false;
+  auto note = [&](Status st) {
+    if (st.code() == Err::kNoMemory) no_memory = true;
+    if (failed->ok() || st.code() == Err::kNoMemory) *failed = st;
+  };
+  // Submits the next copy that can be read (a bad pointer fails it, a
+  // stale one is skipped, as ReadCopy does); `hedge`: beside one in flight.
+  auto launch = [&](bool hedge) {
+    while (next < n && !no_memory) {
+      const u32 c = order[next++];
+      const Extent::Ptr& p = e.ptrs[c];
+      if (tried++ > 0 && !hedge) ctr_.read_retries.FetchAdd(1, MemOrder::kRelaxed);
+      u64 b;
+      if (!PtrInBucket(store_->sb(), e, p, &b)) {
+        note(Err::kCorrupt);
+        continue;
+      }
+      if (!Pin(p.dev, b, p.gen)) {
+        *stale_copy = true;
+        continue;
+      }
+      Flight::Copy& k = f->copies[f->submitted];
+      const u64 bytes = p.compressed ? e.DiskBlocks(p) * kBlockSize : len;
+      k.buf = static_cast<u8*>(platform::Alloc(bytes, kBlockSize));
+      if (k.buf == nullptr) {
+        Unpin(p.dev, b);
+        note(Err::kNoMemory);
+        return;
+      }
+      k.flight = f;
+      k.ptr = c;
+      k.bucket = b;
+      k.pinned = true;
+      k.hedge = hedge;
+      k.at = p.compressed ? p.offset : p.offset + (u64(p.blob_offset) + (lo - e.start)) * kBlockSize;
+      k.io.req.op = IoOp::kRead;
+      k.io.req.origin = ctx.origin;
+      k.io.req.offset = k.at;
+      k.io.req.length = bytes;
+      k.io.req.buf = k.buf;
+      k.io.cls = ctx.io_class;
+      k.io.done = FlightCopyDone;
+      k.io.caller_data = &k;
+      f->submitted++;
+      f->refs.FetchAdd(1, MemOrder::kAcqRel);
+      out_now++;
+      if (hedge) ctr_.hedged.FetchAdd(1, MemOrder::kRelaxed);
+      deadline = hedging && next < n ? platform::NowNs() + bound[c] : platform::kForever;
+      // (Never inline: a member that stalls would hold this thread inside
+      // Submit, past any hedge.)
+      store_->devs().member(p.dev)->queue().Submit(&k.io);
+      return;
+    }
+  };
+  launch(false);
+  while (!served && !no_memory) {
+    if (out_now == 0) {
+      if (next >= n) break;  // every copy tried
+      launch(false);
+      continue;
+    }
+    // Completions first (a copy done and one timed out: the answer wins).
+    const u32 ev = f->events.Load(MemOrder::kAcquire);
+    bool took = false;
+    for (u32 i = 0; i < f->submitted && !served && !no_memory; i++) {
+      Flight::Copy& k = f->copies[i];
+      if (k.seen || k.done.Load(MemOrder::kAcquire) == 0) continue;
+      k.seen = true;
+      took = true;
+      out_now--;
+      const Extent::Ptr& p = e.ptrs[k.ptr];
+      Unpin(p.dev, k.bucket);
+      k.pinned = false;
+      Status st = Status(Err(k.err.Load(MemOrder::kRelaxed)));
+      if (st.ok() && p.compressed) {
+        if (*tmp == nullptr) *tmp = static_cast<u8*>(platform::Alloc(u64(kMaxExtentBlocks) * kBlockSize, kBlockSize));
+        st = *tmp == nullptr ? Status(Err::kNoMemory) : CheckBlob(e, p, k.buf, *tmp);
+        if (st.ok()) MemCopy(out, *tmp + (u64(p.blob_offset) + (lo - e.start)) * kBlockSize, len);
+      } else if (st.ok()) {
+        st = CheckBlocks(e, p, lo, hi, k.buf, k.at);
+        if (st.ok()) MemCopy(out, k.buf, len);
+      }
+      if (st.ok()) {
+        served = true;
+        ctr_.bytes_read.FetchAdd(p.compressed ? e.DiskBlocks(p) * kBlockSize : len, MemOrder::kRelaxed);
+        ctr_.blocks_read.FetchAdd(hi - lo, MemOrder::kRelaxed);
+        if (k.hedge) ctr_.hedge_wins.FetchAdd(1, MemOrder::kRelaxed);
+        break;
+      }
+      if (dev::IsDeviceFailure(st)) read_error_ns_[p.dev % dev::kMaxDevices].Store(platform::NowNs(), MemOrder::kRelaxed);
+      note(st);
+      launch(false);  // (at once, beside any copy still out)
+    }
+    if (took) continue;
+    const u64 now = platform::NowNs();
+    if (now >= deadline) {
+      launch(true);
+      if (out_now > 0 && next >= n) deadline = platform::kForever;
+      continue;
+    }
+    tfs_plat_wait(f->events.Address(), ev, deadline == platform::kForever ? platform::kForever : deadline - now);
+  }
+  // Leave: every pin dropped (a copy still out reads into its own buffer,
+  // dropped unread); the flight freed now, or by Reap once its copies
+  // complete.
+  for (u32 i = 0; i < f->submitted; i++) {
+    Flight::Copy& k = f->copies[i];
+    if (k.pinned) Unpin(e.ptrs[k.ptr].dev, k.bucket);
+    k.pinned = false;
+  }
+  // Counted abandoned before the reference goes: a copy the reader took may
+  // not have dropped its own yet, and its completion then puts the flight
+  // on the reap list (which uncounts it).
+  ctr_.abandoned_reads.FetchAdd(1, MemOrder::kRelaxed);
+  if (f->refs.FetchSub(1, MemOrder::kAcqRel) == 1) {
+    ctr_.abandoned_reads.FetchSub(1, MemOrder::kRelaxed);
+    FreeFlight(f);
+  }
+  return served;
+}
+
 Status DataPath::ReadBlocks(const IoContext& ctx, u64 ino, u64 first, u32 nblocks, u8* buf) {
   if (store_ == nullptr) return Err::kInvalidArgument;
+  // Flights abandoned by earlier reads whose copies have completed since.
+  if (ctr_.abandoned_reads.Load(MemOrder::kRelaxed) != 0) Reap();
   const u64 end = first + nblocks;
   // Phase 1 finds the extents, copying what phase 2 needs, and is repeated
   // if an extent commit of this inode overlapped it: a commit replaces keys
@@ -164,7 +422,7 @@ Status DataPath::ReadBlocks(const IoContext& ctx, u64 ino, u64 first, u32 nblock
     // target), wait; never count that against the read.
     const u64 v = applying_[s].Load(MemOrder::kSeqCst);
     if ((v & 1) != 0) {
-      ctr_.read_retries.FetchAdd(1, MemOrder::kRelaxed);
+      ctr_.lookup_retries.FetchAdd(1, MemOrder::kRelaxed);
       continue;
     }
     st = FindPieces(ino, first, end, &pieces, crcs);
@@ -184,7 +442,7 @@ Status DataPath::ReadBlocks(const IoContext& ctx, u64 ino, u64 first, u32 nblock
       break;
     }
     if (walk_torn || raced) {
-      ctr_.read_retries.FetchAdd(1, MemOrder::kRelaxed);
+      ctr_.lookup_retries.FetchAdd(1, MemOrder::kRelaxed);
       continue;
     }
     if (lookup_hook_ != nullptr) lookup_hook_(lookup_hook_ctx_);
@@ -205,20 +463,12 @@ Status DataPath::ReadBlocks(const IoContext& ctx, u64 ino, u64 first, u32 nblock
       Status failed = Status::Ok();
       bool stale_copy = false;
       bool done = false;
-      for (u32 c = 0; c < e.nr_ptrs && !done; c++) {
-        if (c > 0) ctr_.copy_retries.FetchAdd(1, MemOrder::kRelaxed);
-        bool stale_ptr = false;
-        Status cs = ReadCopy(ctx, e, e.ptrs[c], lo, pieces[i].hi, out, &tmp, &stale_ptr);
-        if (cs.ok()) {
-          done = true;
-        } else if (cs.code() == Err::kNoMemory) {
-          failed = cs;
-          break;
-        } else if (stale_ptr) {
-          stale_copy = true;
-        } else if (failed.ok()) {
-          failed = cs;
-        }
+      if (e.nr_ptrs > 1) {
+        done = ReadCopies(ctx, e, lo, pieces[i].hi, out, &tmp, &failed, &stale_copy);
+      } else {
+        Status cs = ReadCopy(ctx, e, e.ptrs[0], lo, pieces[i].hi, out, &tmp, &stale_copy);
+        done = cs.ok();
+        if (!done && !stale_copy) failed = cs;
       }
       if (done) continue;
       if (!failed.ok() && (!stale_copy || failed.code() == Err::kNoMemory ||
@@ -254,24 +504,39 @@ Status DataPath::ReadCompressed(const IoContext& ctx, const Extent& e, const Ext
   u8* z = static_cast<u8*>(platform::Alloc(disk, kBlockSize));
   if (z == nullptr) return Err::kNoMemory;
   Status st = ContextIo(ctx, store_->devs().member(p.dev)->queue(), IoOp::kRead, p.offset, z, disk);
-  if (st.ok() && platform::Crc32c(z, p.disk_bytes) != p.crc) {
+  if (st.ok()) st = CheckBlob(e, p, z, out);
+  platform::Free(z);
+  return st;
+}
+
+Status DataPath::CheckBlocks(const Extent& e, const Extent::Ptr& p, u64 lo, u64 hi, const u8* data, u64 at) {
+  for (u64 blk = lo; blk < hi; blk++) {
+    if (platform::Crc32c(data + (blk - lo) * kBlockSize, kBlockSize) == e.BlockCrc(blk - lo)) continue;
+    ctr_.csum_errors.FetchAdd(1, MemOrder::kRelaxed);
+    platform::Log(platform::LogLevel::kError, "data: checksum mismatch: inode %llu block %llu (member %u offset %llu)",
+                  (unsigned long long)e.ino, (unsigned long long)blk, unsigned(p.dev),
+                  (unsigned long long)(at + (blk - lo) * kBlockSize));
+    return Err::kDataCorrupt;
+  }
+  return Status::Ok();
+}
+
+Status DataPath::CheckBlob(const Extent& e, const Extent::Ptr& p, const u8* z, u8* out) {
+  if (platform::Crc32c(z, p.disk_bytes) != p.crc) {
     ctr_.csum_errors.FetchAdd(1, MemOrder::kRelaxed);
     platform::Log(platform::LogLevel::kError,
                   "data: checksum mismatch: inode %llu compressed blob at block %llu (member %u offset %llu)",
                   (unsigned long long)e.ino, (unsigned long long)(e.start - p.blob_offset), unsigned(p.dev),
                   (unsigned long long)p.offset);
-    st = Err::kDataCorrupt;
+    return Err::kDataCorrupt;
   }
-  if (st.ok()) {
-    // A blob that passes its crc but does not decompress to exactly its
-    // blocks was written wrong: corrupt, never partial data.
-    const u64 want = u64(p.stored_blocks) * kBlockSize;
-    auto r = platform::ZstdDecompress(out, want, z, p.disk_bytes);
-    if (!r.ok() || r.value() != want) st = Err::kDataCorrupt;
-  }
-  if (st.ok()) ctr_.compressed_reads.FetchAdd(1, MemOrder::kRelaxed);
-  platform::Free(z);
-  return st;
+  // A blob that passes its crc but does not decompress to exactly its
+  // blocks was written wrong: corrupt, never partial data.
+  const u64 want = u64(p.stored_blocks) * kBlockSize;
+  auto r = platform::ZstdDecompress(out, want, z, p.disk_bytes);
+  if (!r.ok() || r.value() != want) return Err::kDataCorrupt;
+  ctr_.compressed_reads.FetchAdd(1, MemOrder::kRelaxed);
+  return Status::Ok();
 }
 
 Result<bool> DataPath::HasData(u64 ino) {

@@ -295,7 +295,9 @@ TEST(ReplicasTest, TwoCopiesOnDistinctMembersEachReadTheFile) {
   t.ExpectFsckClean();
 
   // The first copy of every extent damaged (a byte in each of its blocks):
-  // the read still returns the file, from the other copies.
+  // the read still returns the file, from the other copies (read in the
+  // order listed: the counts below are of that order).
+  t.data().SetListedReadOrderForTest(true);
   auto damage = [&](u32 copy) {
     std::vector<std::vector<u8>> v;
     for (const data::Extent& e : t.Extents(ino, &v)) {
@@ -311,7 +313,7 @@ TEST(ReplicasTest, TwoCopiesOnDistinctMembersEachReadTheFile) {
   };
   damage(0);
   EXPECT_TRUE(t.Read(ino, content.size()) == content);
-  EXPECT_GT(t.data().GetStats().copy_retries, 0u);
+  EXPECT_GT(t.data().GetStats().read_retries, 0u);
   EXPECT_GT(t.data().GetStats().csum_errors, 0u);
   // The second too: no copy is good, the read fails.
   damage(1);
@@ -319,9 +321,119 @@ TEST(ReplicasTest, TwoCopiesOnDistinctMembersEachReadTheFile) {
   EXPECT_EQ(t.fs().Read(ino, 0, buf.data(), u32(buf.size())).status().code(), Err::kDataCorrupt);
   // Only the first undone: the first copies serve again.
   damage(0);
-  const u64 retries = t.data().GetStats().copy_retries;
+  const u64 retries = t.data().GetStats().read_retries;
   EXPECT_TRUE(t.Read(ino, content.size()) == content);
-  EXPECT_EQ(t.data().GetStats().copy_retries, retries);
+  EXPECT_EQ(t.data().GetStats().read_retries, retries);
+}
+
+// Step 6a (docs/design/copies.md, "Step 6"): a member whose data reads
+// fail with EIO -- the read returns the file from the other copy (the
+// failing one read first, as listed: read_retries), and from then on the
+// other member is read first (a recent I/O error ranks a member below the
+// healthy ones): no read goes to the failing member again while the other
+// serves. (A fresh mount first: no background write is at a member while
+// the reads rank them.)
+TEST(ReplicasTest, AMemberWhoseReadsFailIsReadAfterTheOthers) {
+  Replicas t(2, 2);
+  const u64 ino = t.Create("f");
+  const std::string content = Bytes(64 * 1024, 21);
+  t.Write(ino, 0, content);
+  ASSERT_TRUE(t.fs().Fsync(ino).ok());
+  t.Remount();
+  std::vector<std::vector<u8>> vals;
+  const std::vector<data::Extent> ext = t.Extents(ino, &vals);
+  ASSERT_EQ(ext.size(), 1u);
+  ASSERT_EQ(ext[0].nr_ptrs, 2u);
+  const u32 first = ext[0].ptrs[0].dev;
+  t.gates[first]->Regate(IoOp::kRead, IoOrigin::kForegroundRead);
+  t.gates[first]->Fail(true);
+  t.data().SetListedReadOrderForTest(true);
+  EXPECT_TRUE(t.Read(ino, content.size()) == content);
+  EXPECT_EQ(t.gates[first]->failed(), 1u);
+  EXPECT_EQ(t.data().GetStats().read_retries, 1u);
+  t.data().SetListedReadOrderForTest(false);
+  for (int i = 0; i < 5; i++) EXPECT_TRUE(t.Read(ino, content.size()) == content);
+  EXPECT_EQ(t.gates[first]->failed(), 1u) << "a member whose read just failed was read first again";
+  const data::Stats s = t.data().GetStats();
+  EXPECT_EQ(s.read_retries, 1u);
+  EXPECT_EQ(s.copies_reordered, 5u);
+  EXPECT_EQ(s.hedged, 0u);
+  // Both failing: the read fails with the first copy's error.
+  const u32 second = 1 - first;
+  t.gates[second]->Regate(IoOp::kRead, IoOrigin::kForegroundRead);
+  t.gates[second]->Fail(true);
+  std::string buf(content.size(), '\0');
+  EXPECT_EQ(t.fs().Read(ino, 0, buf.data(), u32(buf.size())).status().code(), Err::kIo);
+  t.gates[first]->Fail(false);
+  t.gates[second]->Fail(false);
+  EXPECT_TRUE(t.Read(ino, content.size()) == content);
+  EXPECT_EQ(t.data().GetStats().abandoned_reads, 0u);
+}
+
+// A member that does not answer a read (its data reads parked): a read of
+// two-copy data returns while it holds the read -- once that copy's hedge
+// bound passed, the other copy was read too and served (hedged, a hedge
+// win) -- and later reads go to the other member first (its oldest request
+// is older than its bound: stalling), with no hedge. The parked read,
+// released, completes into the abandoned flight, which the next read frees;
+// the unmount is clean. Plain and compressed copies alike.
+TEST(ReplicasTest, AReadThatAMemberHoldsIsHedgedToTheOtherCopy) {
+  for (const bool zstd : {false, true}) {
+    SCOPED_TRACE(zstd ? "compressed" : "plain");
+    store::FormatOptions fo = testing::SmallFormat();
+    if (zstd) fo.compression = sb::CompressionType::kZstd;
+    Replicas t(2, 2, fo);
+    const u64 ino = t.Create("f");
+    std::string content;
+    for (int i = 0; i < 64 * 1024; i++) content.push_back(zstd ? char('a' + (i / 64) % 7) : char(i * 131 + i / 4096));
+    t.Write(ino, 0, content);
+    ASSERT_TRUE(t.fs().Fsync(ino).ok());
+    t.Remount();
+    std::vector<std::vector<u8>> vals;
+    const std::vector<data::Extent> ext = t.Extents(ino, &vals);
+    ASSERT_EQ(ext.size(), 1u);
+    ASSERT_EQ(ext[0].nr_ptrs, 2u);
+    EXPECT_EQ(ext[0].ptrs[0].compressed, zstd);
+    const u32 first = ext[0].ptrs[0].dev;
+    t.gates[first]->Regate(IoOp::kRead, IoOrigin::kForegroundRead);
+    t.gates[first]->Close();
+    t.data().SetListedReadOrderForTest(true);  // (the held member's copy first)
+    std::atomic<bool> done{false};
+    std::string got;
+    std::thread reader([&] {
+      got = t.Read(ino, content.size());
+      done = true;
+    });
+    // It returns while the member holds the read (a generous bound: it
+    // takes the member's hedge bound, at most 50 ms).
+    for (int i = 0; i < 30000 && !done; i++) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const bool returned = done;
+    if (!returned) t.gates[first]->Open();  // (so the reader ends)
+    reader.join();
+    ASSERT_TRUE(returned) << "the read waited for the member that holds it";
+    EXPECT_TRUE(got == content);
+    EXPECT_EQ(t.gates[first]->parked(), 1u);
+    data::Stats s = t.data().GetStats();
+    EXPECT_EQ(s.hedged, 1u);
+    EXPECT_EQ(s.hedge_wins, 1u);
+    EXPECT_EQ(s.read_retries, 0u);
+    EXPECT_EQ(s.abandoned_reads, 1u);
+    t.data().SetListedReadOrderForTest(false);
+    for (int i = 0; i < 3; i++) EXPECT_TRUE(t.Read(ino, content.size()) == content);
+    s = t.data().GetStats();
+    EXPECT_EQ(s.hedged, 1u) << "a member holding a read was read first again";
+    EXPECT_EQ(s.copies_reordered, 3u);
+    EXPECT_EQ(t.gates[first]->parked(), 1u);
+    // Released: its completion puts the flight on the reap list (the
+    // member's own thread may run it a little later), a read frees it.
+    t.gates[first]->Open();
+    for (int i = 0; i < 10000 && t.data().GetStats().abandoned_reads != 0; i++) {
+      EXPECT_TRUE(t.Read(ino, content.size()) == content);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(t.data().GetStats().abandoned_reads, 0u);
+    t.ExpectFsckClean();
+  }
 }
 
 // The same with compression: every copy of a blob is compressed, each with

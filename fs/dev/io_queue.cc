@@ -95,6 +95,7 @@ bool IoQueue::SlotAvailable(IoClass c) const {
 void IoQueue::MarkDispatched(Io* io, u64 now) {
   if (in_flight_ == 0) busy_since_ns_ = now;
   in_flight_++;
+  dispatched_.PushBack(io);
   io->dispatch_ns = now;
   if (io->req.op == IoOp::kFlush) io->flush_gen = write_gen_.Load(MemOrder::kAcquire);
   OriginStats& s = stats_[u8(io->req.origin) % kIoOriginCount];
@@ -222,6 +223,7 @@ void IoQueue::Complete(Io* io, Status st) {
     if (op != IoOp::kFlush) s.bytes[u8(op) % kIoOpCount] += io->req.length;
     if (!st.ok()) s.errors++;
     s.service_time.Record(service);
+    if (op == IoOp::kRead) read_window_.Record(service);
     latency_ewma_ns_ = latency_ewma_ns_ == 0
                            ? service
                            : u64(i64(latency_ewma_ns_) + (i64(service) - i64(latency_ewma_ns_)) / 8);
@@ -233,9 +235,12 @@ void IoQueue::Complete(Io* io, Status st) {
       io->req.op = IoOp::kFlush;
       io->flush_gen = write_gen_.Load(MemOrder::kAcquire);
       io->dispatch_ns = now;
+      dispatched_.Remove(io);  // (a request at the device from now: dispatched_ stays in dispatch order)
+      dispatched_.PushBack(io);
       if (defer_) deferred_.PushBack(io);
     } else {
       in_flight_--;
+      dispatched_.Remove(io);
       TakeRunnable(defer_ ? &deferred_ : &ready);
     }
     const usize added = deferred_.size() - deferred_before;
@@ -283,6 +288,40 @@ bool IoQueue::StalledLocked(u64 now) const {
 bool IoQueue::Stalled() const {
   SpinGuard lock(mu_);
   return StalledLocked(platform::NowNs());
+}
+
+ReadState IoQueue::GetReadState() const {
+  SpinGuard lock(mu_);
+  const u64 now = platform::NowNs();
+  ReadState r;
+  r.p99_ns = read_window_.Quantile(99, 100);
+  r.samples = read_window_.samples();
+  r.ewma_ns = latency_ewma_ns_;
+  if (const Io* oldest = dispatched_.front(); oldest != nullptr && now > oldest->dispatch_ns)
+    r.oldest_ns = now - oldest->dispatch_ns;
+  r.in_flight = in_flight_;
+  r.queued = queued_;
+  r.stalled = StalledLocked(now);
+  return r;
+}
+
+u64 LatencyWindow::Quantile(u32 num, u32 den) const {
+  if (n_ == 0 || den == 0) return 0;
+  // The rank from the top: the k-th largest, k = n - ceil(n * num / den) + 1.
+  const u64 need = (u64(n_) * num + den - 1) / den;
+  const u64 k = u64(n_) + 1 - (need == 0 ? 1 : need);
+  constexpr u32 kTop = 4;
+  const u64 rank = Min<u64>(k, kTop);  // (a lower quantile: the 4th largest, an underestimate)
+  u64 top[kTop] = {};                  // the largest values, descending
+  u32 have = 0;
+  for (u32 i = 0; i < n_; i++) {
+    const u64 v = v_[i];
+    if (have == kTop && v <= top[kTop - 1]) continue;
+    u32 j = have < kTop ? have++ : kTop - 1;
+    for (; j > 0 && top[j - 1] < v; j--) top[j] = top[j - 1];
+    top[j] = v;
+  }
+  return top[rank - 1];
 }
 
 QueueState IoQueue::State() const {

@@ -69,6 +69,7 @@ struct Io {
 
   // Queue-private.
   ListNode link;
+  ListNode dispatched_link;  // IoQueue::dispatched_: at the device, oldest first
   IoQueue* queue = nullptr;
   u64 enqueue_ns = 0;
   u64 dispatch_ns = 0;
@@ -90,6 +91,42 @@ struct OriginStats {
   u64 errors;
   Histogram queue_time;    // enqueue -> dispatch to the device
   Histogram service_time;  // dispatch -> completion
+};
+
+// The last kSize values recorded (service times in ns), and a high
+// quantile of them: a ring, no allocation, not thread-safe (the queue keeps
+// one under its lock). Quantile(99, 100) of 128 samples is the second
+// largest: the value ceil(n * 99 / 100) of the sorted window.
+class LatencyWindow {
+ public:
+  static constexpr u32 kSize = 128;
+  void Record(u64 ns) {
+    v_[pos_] = ns;
+    pos_ = (pos_ + 1) % kSize;
+    if (n_ < kSize) n_++;
+  }
+  u32 samples() const { return n_; }
+  // The smallest value v such that at least ceil(n * num / den) samples are
+  // <= v; 0 with none. For num/den of 0.97 and above (a top-4 selection: a
+  // lower quantile gets the 4th largest value).
+  u64 Quantile(u32 num, u32 den) const;
+
+ private:
+  u64 v_[kSize] = {};
+  u32 pos_ = 0;
+  u32 n_ = 0;
+};
+
+// What the data path's choice of a copy and its hedge bound read of a
+// member's queue, in one lock hold (docs/design/copies.md, "Step 6").
+struct ReadState {
+  u64 p99_ns = 0;      // of the last LatencyWindow::kSize reads' service times (0: none yet)
+  u32 samples = 0;     // reads in that window
+  u64 ewma_ns = 0;     // service time of every op, moving average (0: none yet)
+  u64 oldest_ns = 0;   // how long the oldest request at the device has been there (0: none)
+  u32 in_flight = 0;
+  u32 queued = 0;
+  bool stalled = false;  // quiet for stall_threshold_ns
 };
 
 // A queue's state and counters now (util/counters.h; State() fills them).
@@ -133,6 +170,7 @@ class IoQueue {
   QueueState State() const;
   // True while requests are outstanding and none completed for stall_threshold_ns.
   bool Stalled() const;
+  ReadState GetReadState() const;
   bool HasDurabilityDebt() const {
     return write_gen_.Load(MemOrder::kAcquire) != flushed_gen_.Load(MemOrder::kAcquire);
   }
@@ -168,10 +206,13 @@ class IoQueue {
   IntrusiveList<Io, &Io::link> deferred_ TFS_GUARDED_BY(mu_);
   u64 deferred_dispatches_ TFS_GUARDED_BY(mu_) = 0;
   u32 in_flight_ TFS_GUARDED_BY(mu_) = 0;
+  // The requests at the device (in_flight_ of them), in dispatch order.
+  IntrusiveList<Io, &Io::dispatched_link> dispatched_ TFS_GUARDED_BY(mu_);
   u32 queued_ TFS_GUARDED_BY(mu_) = 0;
   u64 busy_since_ns_ TFS_GUARDED_BY(mu_) = 0;
   u64 last_completion_ns_ TFS_GUARDED_BY(mu_) = 0;
   u64 latency_ewma_ns_ TFS_GUARDED_BY(mu_) = 0;
+  LatencyWindow read_window_ TFS_GUARDED_BY(mu_);  // service times of reads
   u64 readahead_declined_ TFS_GUARDED_BY(mu_) = 0;
   mutable u64 stall_events_ TFS_GUARDED_BY(mu_) = 0;
   mutable bool stall_seen_ TFS_GUARDED_BY(mu_) = false;

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <thread>
@@ -293,6 +294,67 @@ TEST(IoQueueTest, ReadaheadIsDeclinedNotQueuedWhenBusy) {
   EXPECT_TRUE(q.SubmitReadahead(&ra2->io).ok());
   dev.CompleteAll();
   EXPECT_EQ(t.completed.size(), 3u);
+}
+
+// The window's quantile is the sorted samples' value at ceil(n * q), for
+// every fill from one sample to past a wrap of the ring (the oldest
+// samples dropped), with repeated values too.
+TEST(IoQueueTest, TheLatencyWindowsQuantileIsTheSortedWindowsValue) {
+  const u32 quantiles[][2] = {{99, 100}, {999, 1000}, {97, 100}, {1, 1}};
+  u64 seed = 12345;
+  for (u32 n = 1; n <= 3 * LatencyWindow::kSize + 7; n++) {
+    LatencyWindow w;
+    std::vector<u64> all;
+    for (u32 i = 0; i < n; i++) {
+      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+      const u64 v = (seed >> 33) % (n % 3 == 0 ? 8 : 1000000);  // (every third fill: many repeats)
+      w.Record(v);
+      all.push_back(v);
+    }
+    std::vector<u64> kept(all.end() - std::min<size_t>(all.size(), LatencyWindow::kSize), all.end());
+    std::sort(kept.begin(), kept.end());
+    ASSERT_EQ(w.samples(), kept.size());
+    for (const auto& q : quantiles) {
+      const size_t need = (kept.size() * q[0] + q[1] - 1) / q[1];
+      EXPECT_EQ(w.Quantile(q[0], q[1]), kept[need - 1]) << n << " samples, " << q[0] << "/" << q[1];
+    }
+  }
+  EXPECT_EQ(LatencyWindow().Quantile(99, 100), 0u);
+}
+
+// ReadState: reads' service times fill the window (writes do not), and the
+// oldest request at the device is as old as it is (a later one completing
+// does not make it younger); idle, there is none.
+TEST(IoQueueTest, ReadStateCountsReadsAndTheOldestRequestsAge) {
+  ManualDevice dev;
+  IoQueue q;
+  ASSERT_TRUE(q.Init(&dev, SmallConfig()).ok());
+  Tracker t;
+  EXPECT_EQ(q.GetReadState().samples, 0u);
+  EXPECT_EQ(q.GetReadState().p99_ns, 0u);
+  auto w = MakeIo(&t, 1, IoOp::kWrite, IoOrigin::kForegroundWrite, IoClass::kForegroundSync);
+  q.Submit(&w->io);
+  dev.CompleteAll();
+  EXPECT_EQ(q.GetReadState().samples, 0u);
+  auto r = MakeIo(&t, 2, IoOp::kRead, IoOrigin::kForegroundRead, IoClass::kForegroundSync);
+  q.Submit(&r->io);
+  EXPECT_EQ(q.GetReadState().in_flight, 1u);
+  const u64 t0 = platform::NowNs();
+  ASSERT_TRUE(Eventually([&] { return platform::NowNs() - t0 > 2 * platform::kNsPerMs; }));
+  auto r2 = MakeIo(&t, 3, IoOp::kRead, IoOrigin::kForegroundRead, IoClass::kForegroundSync);
+  q.Submit(&r2->io);
+  ASSERT_EQ(dev.pending(), 2u);
+  dev.CompleteNext(Status::Ok(), /*newest=*/true);  // the younger one
+  const ReadState stuck = q.GetReadState();
+  EXPECT_GE(stuck.oldest_ns, 2 * platform::kNsPerMs);
+  EXPECT_EQ(stuck.samples, 1u);
+  EXPECT_EQ(stuck.in_flight, 1u);
+  dev.CompleteAll();
+  const ReadState after = q.GetReadState();
+  EXPECT_EQ(after.samples, 2u);
+  EXPECT_GE(after.p99_ns, 2 * platform::kNsPerMs);  // (the first's service time: at least the wait above)
+  EXPECT_EQ(after.oldest_ns, 0u);
+  EXPECT_EQ(after.in_flight, 0u);
 }
 
 TEST(IoQueueTest, DurabilityDebtIsClearedOnlyByAFlushThatCoversTheWrites) {

@@ -72,14 +72,18 @@ class ManualDevice final : public BlockDevice {
     std::lock_guard<std::mutex> lock(mu_);
     return pending_.size();
   }
-  // Completes the oldest pending request; false if none.
-  bool CompleteNext(Status st = Status::Ok()) {
+  // Completes the oldest pending request (`newest`: the newest); false if none.
+  bool CompleteNext(Status st = Status::Ok(), bool newest = false) {
     IoRequest* req;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (pending_.empty()) return false;
-      req = pending_.front();
-      pending_.pop_front();
+      req = newest ? pending_.back() : pending_.front();
+      if (newest) {
+        pending_.pop_back();
+      } else {
+        pending_.pop_front();
+      }
     }
     const ManualDevice* outer = completing_;
     completing_ = this;
