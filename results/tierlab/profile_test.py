@@ -28,7 +28,7 @@ size = "256MiB"
 fault = "hdd-fixed-10ms"
 """
 
-SHIPPED = ("fixed-delay", "hdd", "smr", "stall", "timeout", "flaky", "idle", "mem-pressure")
+SHIPPED = ("fixed-delay", "hdd", "smr", "stall", "timeout", "flaky", "idle", "mem-pressure", "replica-stall")
 
 
 def test_shipped_profiles_load() -> None:
@@ -40,6 +40,11 @@ def test_shipped_profiles_load() -> None:
     stall = profile_mod.load("stall")
     assert [(e.at_s, e.command, e.duration_s) for e in stall.events] == [(10, "stall 30s", 30)]
     assert profile_mod.load("fixed-delay").members[1].fault_set == ["delay.all_ms=8"]
+    # Two copies of everything, the member of the first copies stalled, reads gated.
+    rs = profile_mod.load("replica-stall")
+    assert "--replicas" in profile_mod.format_args(rs, {"mirror.a": "a", "mirror.b": "b"})
+    assert [(e.member, e.command) for e in rs.events] == [("mirror.a", "stall 30s")]
+    assert (rs.gate["op"], rs.gate["max_latency_s"]) == ("read", 0.05)
     args = profile_mod.fault_args(profile_mod.load("timeout"), 1)
     assert any(a.endswith("workloads/profiles/faults/hdd-timeout-at.toml") for a in
                (x.split("=", 1)[-1] for x in args))
