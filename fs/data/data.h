@@ -51,9 +51,11 @@
 //
 // Reading verifies every block it returns; a mismatch is kDataCorrupt (EIO at
 // the FUSE edge) and counted, never the bytes. Holes read as zeros. The
-// copies of an extent are tried in order and the first that reads and
-// verifies is used (copy_retries counts the fallbacks); only when every copy
-// fails is the read an error, the first failing copy's. A read pins the bucket it
+// copies of an extent are ranked by their members' health and latency, the
+// best read first, the next too when it has not answered within its
+// member's hedge bound (hedged) or failed (read_retries), and the first
+// good answer is used; only when every copy fails is the read an error, the
+// best-ranked failing copy's (docs/design/copies.md, "Step 6"). A read pins the bucket it
 // reads from (Pin/Unpin), so an overwrite committing meanwhile cannot free and
 // reuse it under the read; a read that found a copy stale (freed since its
 // lookup, or a stale cached copy) and none good looks again before it fails.
@@ -392,6 +394,10 @@ class DataPath {
   // not ranked by their members' health and latency (hedges and retries as
   // ever): for tests that damage a chosen copy and count what the read did.
   void SetListedReadOrderForTest(bool on) { listed_order_ = on; }
+  // Tests: no hedged reads (a copy is read only when the one before it
+  // failed), for tests that count exact results: a hedge bound of 2 ms is
+  // passed by a test device's thread descheduled under load.
+  void SetHedgingForTest(bool on) { hedging_ = on; }
   // Tests: fn(ctx) runs after each extent lookup of a read (phase 1) and
   // before its device reads, with no lock held -- a commit in between, as
   // another thread's could land. Before the first read; null to remove.
@@ -564,6 +570,10 @@ class DataPath {
   // A member whose read failed with an I/O error ranks below the healthy
   // ones for this long (read_error_ns_).
   static constexpr u64 kReadErrorMemoryNs = 10'000'000'000ull;
+  // A reader whose copies have all answered waits this many spins (yields in
+  // userspace) for their completions' last steps before it leaves the
+  // flight to Reap.
+  static constexpr u32 kLeaveSpins = 1000;
   // The checks of a copy read into `data` (blocks [lo, hi) of e's plain
   // copy p, read at device offset `at`; or p's whole compressed blob,
   // decompressed into `out`, p.stored_blocks blocks): a mismatch is logged,
@@ -709,6 +719,7 @@ class DataPath {
   SpinLock reap_mu_;
   Flight* reap_ TFS_GUARDED_BY(reap_mu_) = nullptr;  // abandoned flights completed (Flight::next)
   bool listed_order_ = false;                         // SetListedReadOrderForTest
+  bool hedging_ = true;                               // SetHedgingForTest
   void (*lookup_hook_)(void*) = nullptr;  // SetLookupHookForTest
   void* lookup_hook_ctx_ = nullptr;
   void (*test_point_)(void*, const char*) = nullptr;  // SetTestPointForTest

@@ -147,6 +147,7 @@ struct DataPath::Flight {
     u64 at = 0;         // the device offset read
     u64 bucket = 0;     // pinned while the reader waits
     u32 ptr = 0;        // its index in e.ptrs
+    u32 place = 0;      // its place in the reader's order
     bool pinned = false;
     bool hedge = false;  // submitted by a hedge (hedge_wins)
     bool seen = false;   // the reader has taken its completion
@@ -229,7 +230,7 @@ void DataPath::OrderCopies(const Extent& e, u8* order, u64* bound) const {
     bound[c] = HedgeBoundNs(rs);
     u32 rank = 0;
     const u64 err = read_error_ns_[d % dev::kMaxDevices].Load(MemOrder::kRelaxed);
-    if (err != 0 && now - err < kReadErrorMemoryNs) rank = 1;
+    if (err != 0 && now < err + kReadErrorMemoryNs) rank = 1;  // (err may be newer than now)
     if (rs.stalled || rs.oldest_ns > bound[c]) rank = 2;
     r[c] = Rank{rank, rs.ewma_ns * (1 + u64(rs.in_flight) + rs.queued), (fast & bit) != 0};
   }
@@ -237,7 +238,8 @@ void DataPath::OrderCopies(const Extent& e, u8* order, u64* bound) const {
   // Whether copy a goes before copy b listed ahead of it.
   auto before = [&](const Rank& a, const Rank& b) {
     if (a.rank != b.rank) return a.rank < b.rank;
-    if (a.wait == 0 || b.wait == 0) return a.wait == 0 && b.wait == 0 && a.fast && !b.fast;
+    // (A member not read yet is taken as its tier's: the fast tier first.)
+    if (a.wait == 0 || b.wait == 0) return a.fast && !b.fast;
     return 2 * a.wait < b.wait && b.wait - a.wait > kReorderMarginNs;
   };
   // (Insertion: a copy moves ahead only past copies it clearly beats.)
@@ -265,7 +267,8 @@ bool DataPath::ReadCopies(const IoContext& ctx, const Extent& e, u64 lo, u64 hi,
   // Reads nobody waits for are not hedged: background work takes the copy
   // chosen (never a stalled member while a healthy one has a copy) and
   // its retries, and never doubles its reads.
-  const bool hedging = ctx.io_class == dev::IoClass::kForegroundSync || ctx.io_class == dev::IoClass::kForegroundAsync;
+  const bool hedging = hedging_ &&
+                       (ctx.io_class == dev::IoClass::kForegroundSync || ctx.io_class == dev::IoClass::kForegroundAsync);
   const u64 len = (hi - lo) * kBlockSize;
   u32 next = 0;       // order[next]: the next copy to try
   u32 out_now = 0;    // copies submitted whose completion the reader has not taken
@@ -273,20 +276,24 @@ bool DataPath::ReadCopies(const IoContext& ctx, const Extent& e, u64 lo, u64 hi,
   u64 deadline = platform::kForever;
   bool served = false;
   bool no_memory = false;
-  auto note = [&](Status st) {
+  // Each failed copy's error by its place in `order` (the error reported is
+  // the best-ranked copy's, whichever failed first; kNoMemory wins).
+  Status errors[kMaxPtrs];
+  auto note = [&](u32 place, Status st) {
     if (st.code() == Err::kNoMemory) no_memory = true;
-    if (failed->ok() || st.code() == Err::kNoMemory) *failed = st;
+    errors[place] = st;
   };
   // Submits the next copy that can be read (a bad pointer fails it, a
   // stale one is skipped, as ReadCopy does); `hedge`: beside one in flight.
   auto launch = [&](bool hedge) {
     while (next < n && !no_memory) {
+      const u32 place = next;
       const u32 c = order[next++];
       const Extent::Ptr& p = e.ptrs[c];
       if (tried++ > 0 && !hedge) ctr_.read_retries.FetchAdd(1, MemOrder::kRelaxed);
       u64 b;
       if (!PtrInBucket(store_->sb(), e, p, &b)) {
-        note(Err::kCorrupt);
+        note(place, Err::kCorrupt);
         continue;
       }
       if (!Pin(p.dev, b, p.gen)) {
@@ -298,11 +305,12 @@ bool DataPath::ReadCopies(const IoContext& ctx, const Extent& e, u64 lo, u64 hi,
       k.buf = static_cast<u8*>(platform::Alloc(bytes, kBlockSize));
       if (k.buf == nullptr) {
         Unpin(p.dev, b);
-        note(Err::kNoMemory);
+        note(place, Err::kNoMemory);
         return;
       }
       k.flight = f;
       k.ptr = c;
+      k.place = place;
       k.bucket = b;
       k.pinned = true;
       k.hedge = hedge;
@@ -362,7 +370,7 @@ bool DataPath::ReadCopies(const IoContext& ctx, const Extent& e, u64 lo, u64 hi,
         break;
       }
       if (dev::IsDeviceFailure(st)) read_error_ns_[p.dev % dev::kMaxDevices].Store(platform::NowNs(), MemOrder::kRelaxed);
-      note(st);
+      note(k.place, st);
       launch(false);  // (at once, beside any copy still out)
     }
     if (took) continue;
@@ -374,6 +382,10 @@ bool DataPath::ReadCopies(const IoContext& ctx, const Extent& e, u64 lo, u64 hi,
     }
     tfs_plat_wait(f->events.Address(), ev, deadline == platform::kForever ? platform::kForever : deadline - now);
   }
+  if (!served) {
+    for (u32 i = 0; i < n; i++)
+      if (!errors[i].ok() && (failed->ok() || errors[i].code() == Err::kNoMemory)) *failed = errors[i];
+  }
   // Leave: every pin dropped (a copy still out reads into its own buffer,
   // dropped unread); the flight freed now, or by Reap once its copies
   // complete.
@@ -382,9 +394,19 @@ bool DataPath::ReadCopies(const IoContext& ctx, const Extent& e, u64 lo, u64 hi,
     if (k.pinned) Unpin(e.ptrs[k.ptr].dev, k.bucket);
     k.pinned = false;
   }
-  // Counted abandoned before the reference goes: a copy the reader took may
-  // not have dropped its own yet, and its completion then puts the flight
-  // on the reap list (which uncounts it).
+  // Every copy's completion taken: each is past its stores, at most a wake
+  // and its reference away -- waited for a little (review helper-74:
+  // leaving at once counted such a flight abandoned and left it on the reap
+  // list until the next read). Bounded: a kernel completion deferred to
+  // this CPU's work could not run while this spins.
+  for (u32 spins = 0; out_now == 0 && spins < kLeaveSpins && f->refs.Load(MemOrder::kAcquire) != 1; spins++)
+    tfs_plat_spin_yield();
+  if (f->refs.Load(MemOrder::kAcquire) == 1) {
+    FreeFlight(f);
+    return served;
+  }
+  // Abandoned: counted before the reference goes (the last completion puts
+  // the flight on the reap list, which uncounts it).
   ctr_.abandoned_reads.FetchAdd(1, MemOrder::kRelaxed);
   if (f->refs.FetchSub(1, MemOrder::kAcqRel) == 1) {
     ctr_.abandoned_reads.FetchSub(1, MemOrder::kRelaxed);

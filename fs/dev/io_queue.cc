@@ -308,7 +308,7 @@ ReadState IoQueue::GetReadState() const {
 u64 LatencyWindow::Quantile(u32 num, u32 den) const {
   if (n_ == 0 || den == 0) return 0;
   // The rank from the top: the k-th largest, k = n - ceil(n * num / den) + 1.
-  const u64 need = (u64(n_) * num + den - 1) / den;
+  const u64 need = Min<u64>((u64(n_) * num + den - 1) / den, n_);  // (num > den: the max)
   const u64 k = u64(n_) + 1 - (need == 0 ? 1 : need);
   constexpr u32 kTop = 4;
   const u64 rank = Min<u64>(k, kTop);  // (a lower quantile: the 4th largest, an underestimate)

@@ -108,7 +108,9 @@ struct Copies {
   void WithFs(const std::function<void(testing::MountedFs&)>& fn) {
     testing::MountedFs m(Devs());
     ASSERT_TRUE(m.open());
-    m.data.SetListedReadOrderForTest(true);  // (the tests count what reading the copies in order does)
+    // (The tests count what reading the copies in order, one at a time, does.)
+    m.data.SetListedReadOrderForTest(true);
+    m.data.SetHedgingForTest(false);
     fn(m);
   }
 
