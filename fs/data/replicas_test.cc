@@ -151,6 +151,20 @@ struct Replicas {
     }
     return out;
   }
+  // `content` written to `ino` as one extent of two copies (compressed or
+  // not), then a fresh mount: the member of the extent's first copy.
+  u32 OneExtentRemounted(u64 ino, const std::string& content, bool compressed) {
+    Write(ino, 0, content);
+    EXPECT_TRUE(fs().Fsync(ino).ok());
+    Remount();
+    std::vector<std::vector<u8>> vals;
+    const std::vector<data::Extent> ext = Extents(ino, &vals);
+    EXPECT_EQ(ext.size(), 1u);
+    if (ext.empty()) return 0;
+    EXPECT_EQ(ext[0].nr_ptrs, 2u);
+    EXPECT_EQ(ext[0].ptrs[0].compressed, compressed);
+    return ext[0].ptrs[0].dev;
+  }
   // Every written extent of `ino` has `copies` pointers, on distinct members,
   // none cached.
   void ExpectCopies(u64 ino, u32 copies) {
@@ -339,14 +353,7 @@ TEST(ReplicasTest, AMemberWhoseReadsFailIsReadAfterTheOthers) {
   Replicas t(2, 2);
   const u64 ino = t.Create("f");
   const std::string content = Bytes(64 * 1024, 21);
-  t.Write(ino, 0, content);
-  ASSERT_TRUE(t.fs().Fsync(ino).ok());
-  t.Remount();
-  std::vector<std::vector<u8>> vals;
-  const std::vector<data::Extent> ext = t.Extents(ino, &vals);
-  ASSERT_EQ(ext.size(), 1u);
-  ASSERT_EQ(ext[0].nr_ptrs, 2u);
-  const u32 first = ext[0].ptrs[0].dev;
+  const u32 first = t.OneExtentRemounted(ino, content, false);
   t.gates[first]->Regate(IoOp::kRead, IoOrigin::kForegroundRead);
   t.gates[first]->Fail(true);
   t.data().SetHedgingForTest(false);
@@ -389,15 +396,7 @@ TEST(ReplicasTest, AReadThatAMemberHoldsIsHedgedToTheOtherCopy) {
     const u64 ino = t.Create("f");
     std::string content;
     for (int i = 0; i < 64 * 1024; i++) content.push_back(zstd ? char('a' + (i / 64) % 7) : char(i * 131 + i / 4096));
-    t.Write(ino, 0, content);
-    ASSERT_TRUE(t.fs().Fsync(ino).ok());
-    t.Remount();
-    std::vector<std::vector<u8>> vals;
-    const std::vector<data::Extent> ext = t.Extents(ino, &vals);
-    ASSERT_EQ(ext.size(), 1u);
-    ASSERT_EQ(ext[0].nr_ptrs, 2u);
-    EXPECT_EQ(ext[0].ptrs[0].compressed, zstd);
-    const u32 first = ext[0].ptrs[0].dev;
+    const u32 first = t.OneExtentRemounted(ino, content, zstd);
     t.gates[first]->Regate(IoOp::kRead, IoOrigin::kForegroundRead);
     t.gates[first]->Close();
     t.data().SetListedReadOrderForTest(true);  // (the held member's copy first)
