@@ -68,6 +68,8 @@ Status DataPath::Open(store::Store* store) {
   if (store_ != nullptr || store == nullptr || !store->open()) return Err::kInvalidArgument;
   store_ = store;
   trees_ = &store->btrees();
+  // (A member's read errors are this mount's: the members may be others now.)
+  for (auto& t : read_error_ns_) t.Store(0, MemOrder::kRelaxed);
   const sb::Superblock& sb = store->sb();
   bucket_blocks_ = sb.bucket_size / kBlockSize;
   journal_members_ = 0;

@@ -546,7 +546,7 @@ class DataPath {
   // has not answered within its member's hedge bound, the next one too;
   // the first good answer is copied out. A copy that fails starts the next
   // at once (read_retries). Returns whether a copy served blocks [lo, hi)
-  // of e into out; else *failed is the first failing copy's error and
+  // of e into out; else *failed is the best-ranked failing copy's error and
   // *stale_copy whether a copy was stale (as ReadCopy's *stale).
   struct Flight;
   bool ReadCopies(const IoContext& ctx, const Extent& e, u64 lo, u64 hi, u8* out, u8** tmp, Status* failed,

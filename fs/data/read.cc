@@ -8,10 +8,10 @@
 // best read first into the flight's own buffer; if it has not answered
 // within its member's hedge bound the next is read too (hedged), a copy that
 // fails starts the next at once (read_retries), and the first good answer
-// is copied out. The read fails only when every copy did, with the first
-// failing copy's error -- unless a copy was stale (its bucket freed since
-// the lookup, maybe: the extent was overwritten), then the lookup is
-// repeated first. (Repairing the bad copy is step 6b.) Holes and unwritten
+// is copied out. The read fails only when every copy did, with the
+// best-ranked failing copy's error -- unless a copy was stale (its bucket
+// freed since the lookup, maybe: the extent was overwritten), then the
+// lookup is repeated first. (Repairing the bad copy is step 6b.) Holes and unwritten
 // extents read as zeros; a compressed blob is read and decompressed whole.
 // HasData, HasBlockData and SeekBlock answer from the extents alone.
 //
@@ -168,15 +168,22 @@ void DataPath::FlightCopyDone(dev::Io* io, Status st) {
   c->err.Store(i32(st.code()), MemOrder::kRelaxed);
   c->done.Store(1, MemOrder::kRelease);
   f->events.FetchAdd(1, MemOrder::kAcqRel);
-  tfs_plat_wake(f->events.Address(), 0);  // (f is alive: this copy's reference)
-  if (f->refs.FetchSub(1, MemOrder::kAcqRel) != 1) return;
-  // The reader has left: the flight goes on the list the next read (or
-  // Close) frees. The data path outlives it: Close waits for every
-  // abandoned flight to arrive here first.
-  DataPath* dp = f->dp;
-  SpinGuard l(dp->reap_mu_);
-  f->next = dp->reap_;
-  dp->reap_ = f;
+  // The reference goes before the wake, so a reader that saw `done` waits
+  // at most for these two atomics to free the flight itself. The wake then
+  // names an address that may be freed: neither the futex (private) nor
+  // wake_up_var reads it, and a spurious wake is allowed to any waiter.
+  const u32* word = f->events.Address();
+  if (f->refs.FetchSub(1, MemOrder::kAcqRel) == 1) {
+    // The reader has left: the flight goes on the list the next read (or
+    // Close) frees. The data path outlives it: Close waits for every
+    // abandoned flight to arrive here first. (No waiter: no wake.)
+    DataPath* dp = f->dp;
+    SpinGuard l(dp->reap_mu_);
+    f->next = dp->reap_;
+    dp->reap_ = f;
+    return;
+  }
+  tfs_plat_wake(word, 0);
 }
 
 void DataPath::FreeFlight(Flight* f) {

@@ -311,7 +311,7 @@ u64 LatencyWindow::Quantile(u32 num, u32 den) const {
   const u64 need = Min<u64>((u64(n_) * num + den - 1) / den, n_);  // (num > den: the max)
   const u64 k = u64(n_) + 1 - (need == 0 ? 1 : need);
   constexpr u32 kTop = 4;
-  const u64 rank = Min<u64>(k, kTop);  // (a lower quantile: the 4th largest, an underestimate)
+  const u64 rank = Min<u64>(k, kTop);  // (a lower quantile: the 4th largest, an overestimate)
   u64 top[kTop] = {};                  // the largest values, descending
   u32 have = 0;
   for (u32 i = 0; i < n_; i++) {
