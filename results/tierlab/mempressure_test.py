@@ -103,8 +103,12 @@ def test_short_mem_pressure_run_swaps(image: vmimage.Image, tmp_path: Path) -> N
     vm = info["vmstat"]
     assert set(vm["edges"]) == set(guestmem.EDGES)
     m = vm["measured"]
-    assert m["pswpout"] > 0, m            # the guest really swapped in its measured phase
-    assert m["seconds"] > 0 and m["pswpout_per_s"] > 0
+    # The guest really swapped in its measured phase: pages went out or came
+    # back in (which one a short phase sees depends on how far the hog's fill
+    # ran ahead of it -- a loaded host's guest paged only in: stressed make
+    # test, session 30); the swap in use at the end says pages went out.
+    assert m["pswpout"] + m["pswpin"] > 0, m
+    assert m["seconds"] > 0 and (m["pswpout_per_s"] or 0) + (m["pswpin_per_s"] or 0) > 0
     for key in guestmem.DELTAS:
         assert key in m
     mi = vm["meminfo"]["end"]
