@@ -579,6 +579,9 @@ class DataPath {
   // decompressed into `out`, p.stored_blocks blocks): a mismatch is logged,
   // counted and kDataCorrupt.
   Status CheckBlocks(const Extent& e, const Extent::Ptr& p, u64 lo, u64 hi, const u8* data, u64 at);
+  // Counts blocks [lo, hi) of e served from copy p (bytes_read: what was
+  // read from the member -- a compressed copy's whole blob).
+  void CountRead(const Extent& e, const Extent::Ptr& p, u64 lo, u64 hi);
   Status CheckBlob(const Extent& e, const Extent::Ptr& p, const u8* z, u8* out);
   // Completion of a flight's copy (dev::Io::done): an atomic store, a
   // wake, and -- for the last reference of a flight its reader left -- a

@@ -52,7 +52,26 @@ bool SameExtent(const Extent& a, const Extent& b) {
   return true;
 }
 
+// Where block lo of e sits in copy p's blob, in bytes from the blob's start
+// (a plain copy: from p.offset on the device; a compressed one: in its
+// decompressed blocks).
+u64 BlobByte(const Extent& e, const Extent::Ptr& p, u64 lo) {
+  return (u64(p.blob_offset) + (lo - e.start)) * kBlockSize;
+}
+
+// The read's bounce buffer (an extent's worth), allocated on first use;
+// null when memory is short.
+u8* Bounce(u8** tmp) {
+  if (*tmp == nullptr) *tmp = static_cast<u8*>(platform::Alloc(u64(kMaxExtentBlocks) * kBlockSize, kBlockSize));
+  return *tmp;
+}
+
 }  // namespace
+
+void DataPath::CountRead(const Extent& e, const Extent::Ptr& p, u64 lo, u64 hi) {
+  ctr_.bytes_read.FetchAdd(p.compressed ? e.DiskBlocks(p) * kBlockSize : (hi - lo) * kBlockSize, MemOrder::kRelaxed);
+  ctr_.blocks_read.FetchAdd(hi - lo, MemOrder::kRelaxed);
+}
 
 Status DataPath::FindPieces(u64 ino, u64 first, u64 end, Vector<Piece>* pieces, u8* crcs) {
   TFS_TRY(pieces->Resize(0));
@@ -105,8 +124,7 @@ Status DataPath::ReadCopy(const IoContext& ctx, const Extent& e, const Extent::P
   // else through a bounce buffer; a compressed blob always decompresses into
   // one.
   const bool direct = !p.compressed && reinterpret_cast<uptr>(out) % kBlockSize == 0;
-  if (!direct && *tmp == nullptr) *tmp = static_cast<u8*>(platform::Alloc(u64(kMaxExtentBlocks) * kBlockSize, kBlockSize));
-  if (!direct && *tmp == nullptr) {
+  if (!direct && Bounce(tmp) == nullptr) {
     Unpin(p.dev, b);
     return Err::kNoMemory;
   }
@@ -115,20 +133,18 @@ Status DataPath::ReadCopy(const IoContext& ctx, const Extent& e, const Extent::P
     Status st = ReadCompressed(ctx, e, p, *tmp);
     Unpin(p.dev, b);
     TFS_TRY(st);
-    MemCopy(out, *tmp + (u64(p.blob_offset) + (lo - e.start)) * kBlockSize, len);
-    ctr_.bytes_read.FetchAdd(e.DiskBlocks(p) * kBlockSize, MemOrder::kRelaxed);
-    ctr_.blocks_read.FetchAdd(hi - lo, MemOrder::kRelaxed);
+    MemCopy(out, *tmp + BlobByte(e, p, lo), len);
+    CountRead(e, p, lo, hi);
     return Status::Ok();
   }
-  const u64 at = p.offset + (u64(p.blob_offset) + (lo - e.start)) * kBlockSize;
+  const u64 at = p.offset + BlobByte(e, p, lo);
   u8* into = direct ? out : *tmp;
   Status st = ContextIo(ctx, store_->devs().member(p.dev)->queue(), IoOp::kRead, at, into, len);
   Unpin(p.dev, b);
   TFS_TRY(st);
   TFS_TRY(CheckBlocks(e, p, lo, hi, into, at));
   if (!direct) MemCopy(out, *tmp, len);
-  ctr_.bytes_read.FetchAdd(len, MemOrder::kRelaxed);
-  ctr_.blocks_read.FetchAdd(hi - lo, MemOrder::kRelaxed);
+  CountRead(e, p, lo, hi);
   return Status::Ok();
 }
 
@@ -321,7 +337,7 @@ bool DataPath::ReadCopies(const IoContext& ctx, const Extent& e, u64 lo, u64 hi,
       k.bucket = b;
       k.pinned = true;
       k.hedge = hedge;
-      k.at = p.compressed ? p.offset : p.offset + (u64(p.blob_offset) + (lo - e.start)) * kBlockSize;
+      k.at = p.compressed ? p.offset : p.offset + BlobByte(e, p, lo);
       k.io.req.op = IoOp::kRead;
       k.io.req.origin = ctx.origin;
       k.io.req.offset = k.at;
@@ -362,17 +378,15 @@ bool DataPath::ReadCopies(const IoContext& ctx, const Extent& e, u64 lo, u64 hi,
       k.pinned = false;
       Status st = Status(Err(k.err.Load(MemOrder::kRelaxed)));
       if (st.ok() && p.compressed) {
-        if (*tmp == nullptr) *tmp = static_cast<u8*>(platform::Alloc(u64(kMaxExtentBlocks) * kBlockSize, kBlockSize));
-        st = *tmp == nullptr ? Status(Err::kNoMemory) : CheckBlob(e, p, k.buf, *tmp);
-        if (st.ok()) MemCopy(out, *tmp + (u64(p.blob_offset) + (lo - e.start)) * kBlockSize, len);
+        st = Bounce(tmp) == nullptr ? Status(Err::kNoMemory) : CheckBlob(e, p, k.buf, *tmp);
+        if (st.ok()) MemCopy(out, *tmp + BlobByte(e, p, lo), len);
       } else if (st.ok()) {
         st = CheckBlocks(e, p, lo, hi, k.buf, k.at);
         if (st.ok()) MemCopy(out, k.buf, len);
       }
       if (st.ok()) {
         served = true;
-        ctr_.bytes_read.FetchAdd(p.compressed ? e.DiskBlocks(p) * kBlockSize : len, MemOrder::kRelaxed);
-        ctr_.blocks_read.FetchAdd(hi - lo, MemOrder::kRelaxed);
+        CountRead(e, p, lo, hi);
         if (k.hedge) ctr_.hedge_wins.FetchAdd(1, MemOrder::kRelaxed);
         break;
       }
