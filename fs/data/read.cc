@@ -295,7 +295,6 @@ bool DataPath::ReadCopies(const IoContext& ctx, const Extent& e, u64 lo, u64 hi,
   const u64 len = (hi - lo) * kBlockSize;
   u32 next = 0;       // order[next]: the next copy to try
   u32 out_now = 0;    // copies submitted whose completion the reader has not taken
-  u32 tried = 0;      // copies submitted or skipped
   u64 deadline = platform::kForever;
   bool served = false;
   bool no_memory = false;
@@ -313,7 +312,7 @@ bool DataPath::ReadCopies(const IoContext& ctx, const Extent& e, u64 lo, u64 hi,
       const u32 place = next;
       const u32 c = order[next++];
       const Extent::Ptr& p = e.ptrs[c];
-      if (tried++ > 0 && !hedge) ctr_.read_retries.FetchAdd(1, MemOrder::kRelaxed);
+      if (place > 0 && !hedge) ctr_.read_retries.FetchAdd(1, MemOrder::kRelaxed);  // (an earlier copy failed or was skipped)
       u64 b;
       if (!PtrInBucket(store_->sb(), e, p, &b)) {
         note(place, Err::kCorrupt);
