@@ -228,6 +228,8 @@ void DataPath::Close() {
   // and only an unmount's -- as long as that member holds them, as any
   // I/O in flight there holds the unmount.)
   for (Reap(); ctr_.abandoned_reads.Load(MemOrder::kAcquire) != 0; Reap()) platform::SleepNs(platform::kNsPerMs);
+  // Repairs nobody will take now (the worker stopped with posix's unmount).
+  DropRepairs();
   // The write points' buckets nothing else holds are freed with one record
   // commit (one per write point, should the list not grow), after the
   // locks. Not on a store closed already -- a test's crash: the next mount

@@ -220,6 +220,31 @@ struct Delta {
 // (which keep the sets themselves).
 Status MoveSet(const sb::Superblock& sb, const Extent& from, const Extent& to, Delta* delta);
 
+// A copy a read found bad (docs/design/copies.md, "Step 6b"): queued by
+// the read that another copy served, taken by the mount's repair worker
+// (posix's), which rewrites it from a good copy. Plain values.
+struct CopyRepair {
+  u64 ino = 0;
+  u64 end = 0;    // the extent's key (its end block)
+  u64 start = 0;  // its first block, as read
+  Extent::Ptr bad;   // the pointer as read
+  bool io_error = false;  // the read failed with an I/O error (else: a checksum mismatch)
+};
+
+// The new copy of a repair (or a move) prepared: written, its space
+// pending in the caller's Delta, in no transaction yet; and the extent's
+// value as it was seen, which QueueReplacePtr commits over only if the
+// tree still holds it byte for byte. ~1.3 KiB: on the heap in the kernel.
+struct Replacement {
+  u64 ino = 0;
+  u64 end = 0;
+  u8 seen[kExtentValueMax];
+  u32 seen_len = 0;
+  Extent::Ptr old;       // the pointer replaced
+  bool has_new = false;  // false: `old` is dropped (a cached copy), not replaced
+  Extent::Ptr now;       // the new copy (has_new)
+};
+
 // The data path's counters (util/counters.h).
 #define TFS_DATA_COUNTERS(X, A)                                                                          \
   X(bytes_written, counter, "file data bytes written")                                                   \
@@ -253,7 +278,14 @@ Status MoveSet(const sb::Superblock& sb, const Extent& from, const Extent& to, D
   X(copy_write_errors, counter, "copies whose write failed: the extent kept the copies written")                        \
   X(copy_alloc_errors, counter, "further copies whose bucket's allocation failed, not for want of space: the write went on with fewer")     \
   X(degraded_writes, counter, "extents written with fewer copies than wanted (too few members, full or failing)")      \
-  X(degraded_sectors, counter, "512-byte sectors of those extents")
+  X(degraded_sectors, counter, "512-byte sectors of those extents")                                    \
+  X(repairs_queued, counter, "bad copies (checksum, I/O error) a read served by another copy queued for repair") \
+  X(repairs_dropped, counter, "bad copies not repaired: the queue was full, or they were left in it at unmount (a later read queues them again)") \
+  X(repairs_waiting, gauge, "repairs queued and not yet taken")                                        \
+  X(repaired, counter, "bad copies rewritten from a good copy (on their own member)")                  \
+  X(repair_cached_dropped, counter, "bad cached copies dropped (not rewritten)")                      \
+  X(repair_skipped, counter, "repairs not needed any more: the extent changed since the read")         \
+  X(repair_failed, counter, "repairs that failed (no space on the member, no good copy, an I/O error): logged")
 
 struct Stats {
   TFS_COUNTER_FIELDS(TFS_DATA_COUNTERS)
@@ -377,6 +409,40 @@ class DataPath {
   // XFS report them. Buffered writes are the caller's (posix::Filesystem).
   static constexpr u64 kNoBlock = ~u64(0);
   Result<u64> SeekBlock(u64 ino, u64 block, bool data);
+
+  // The repair of bad copies (docs/design/copies.md, "Step 6b"). The queue:
+  // TakeRepair pops the oldest entry (false: none); a waiter reads
+  // RepairSeq, then, finding nothing, WaitRepairs(seq) until a queue or
+  // KickRepairs changes it (or the timeout passes).
+  bool TakeRepair(CopyRepair* out);
+  u32 RepairSeq() const { return repair_seq_.Load(MemOrder::kAcquire); }
+  void WaitRepairs(u32 seq, u64 timeout_ns);
+  void KickRepairs();
+  // The context of a repair's I/O: the background class and watermark,
+  // origin kReconcile, space on the bad copy's member, one copy.
+  static IoContext RepairContext(const CopyRepair& r);
+  // A repair's first step, no lock held (device I/O): r's extent looked up
+  // again -- kAgain if it no longer has r.bad (changed: nothing to do);
+  // kMissing if r.bad's member is failed or missing (the reconcile's) --
+  // then, unless r.bad is cached (dropped, no I/O), a good copy read and
+  // verified (the copies ranked as a read ranks them, r.bad left out) and
+  // written to new space on r.bad's member (RepairContext; kNoSpace if that
+  // member has none): a compressed source's blob whole, a plain one's
+  // extent blocks. The new space is pending in *delta (Abort it if the
+  // repair goes no further). *out: the extent as seen and the new pointer.
+  Status PrepareRepair(const CopyRepair& r, Replacement* out, Delta* delta);
+  // The re-key (a repair's, later the mover's), under the caller's
+  // serialization of the inode's extent commits (posix's inode lock): if
+  // the extent still holds r.seen byte for byte (else kAgain), queues into
+  // tx its new value -- r.old replaced by r.now in its place, or dropped --
+  // with the backpointers swapped, r.now's journal data check, and in
+  // *delta r.old's blocks uncounted, the replicas set moved, the sole-copy
+  // mark. The caller commits (Commit) or aborts the delta.
+  Status QueueReplacePtr(btree::Transaction* tx, const Replacement& r, Delta* delta);
+  // A repair's outcome, counted (repaired, repair_cached_dropped,
+  // repair_skipped for kAgain, repair_failed) and logged (at most one line
+  // per kRepairLogNs each for the repaired and the failed).
+  void NoteRepair(const CopyRepair& r, const Replacement* done, Status st);
 
   Stats GetStats() const;
   // The blocks a bucket's counts hold now (the allocator's, published):
@@ -583,6 +649,18 @@ class DataPath {
   // read from the member -- a compressed copy's whole blob).
   void CountRead(const Extent& e, const Extent::Ptr& p, u64 lo, u64 hi);
   Status CheckBlob(const Extent& e, const Extent::Ptr& p, const u8* z, u8* out);
+  // Queues a repair of e's copy `c` (ReadCopies, for a copy that failed
+  // while another served): unless the store is read-only, c's member is
+  // failed or missing, or the same copy is queued already; full:
+  // repairs_dropped.
+  void QueueRepair(const Extent& e, u32 c, bool io_error);
+  // Close's: what is still queued is dropped (repairs_dropped).
+  void DropRepairs();
+  // PrepareRepair's read of a good copy of e other than copy `skip`, whole,
+  // verified, into buf (kMaxExtentBlocks blocks; a compressed copy's blob
+  // as stored, decompressed into `scratch` to be checked): the copy that
+  // served (*from), or the best-ranked copy's error.
+  Status ReadGoodCopy(const IoContext& ctx, const Extent& e, u32 skip, u8* buf, u8* scratch, u32* from);
   // Completion of a flight's copy (dev::Io::done): an atomic store, a
   // wake, and -- for the last reference of a flight its reader left -- a
   // push on the reap list. Nothing freed, no sleep.
@@ -719,6 +797,16 @@ class DataPath {
   // Per member: when a copy's read there last failed with an I/O error
   // (NowNs; 0: never).
   Atomic<u64> read_error_ns_[dev::kMaxDevices] = {};
+  // The repair queue (QueueRepair, TakeRepair): a ring of kRepairQueue.
+  static constexpr u32 kRepairQueue = 64;
+  static constexpr u64 kRepairLogNs = 10'000'000'000ull;
+  SpinLock repair_mu_;
+  CopyRepair repairs_[kRepairQueue] TFS_GUARDED_BY(repair_mu_);
+  u32 repair_head_ TFS_GUARDED_BY(repair_mu_) = 0;  // the oldest entry
+  u32 repair_count_ TFS_GUARDED_BY(repair_mu_) = 0;
+  Atomic<u32> repair_seq_{0};  // bumped (and woken) by each queue and KickRepairs
+  LogLimit repaired_log_;
+  LogLimit repair_failed_log_;
   SpinLock reap_mu_;
   Flight* reap_ TFS_GUARDED_BY(reap_mu_) = nullptr;  // abandoned flights completed (Flight::next)
   bool listed_order_ = false;                         // SetListedReadOrderForTest

@@ -169,6 +169,22 @@ Result<u32> AddPtr(const Extent& e, const Extent::Ptr& p, const u8* crcs, u8* bu
   return BuildExtent(x, buf);
 }
 
+Result<u32> ReplacePtr(const Extent& e, u32 i, const Extent::Ptr& p, const u8* crcs, u8* buf) {
+  if (!Valid(e) || i >= e.nr_ptrs) return Err::kInvalidArgument;
+  Extent x = e;
+  x.ptrs[i] = p;
+  if (!p.compressed) {
+    if (e.crcs == nullptr) {
+      if (crcs == nullptr) return Err::kInvalidArgument;
+      x.crcs = crcs;
+    } else if (crcs != nullptr && MemCompare(crcs, e.crcs, 4 * usize(e.blocks())) != 0) {
+      return Err::kInvalidArgument;  // not a copy of the same bytes
+    }
+  }
+  if (!x.HasPlain()) x.crcs = nullptr;  // the last plain copy replaced by a compressed one
+  return BuildExtent(x, buf);
+}
+
 Result<u32> DropPtr(const Extent& e, u32 i, u8* buf) {
   if (!Valid(e) || i >= e.nr_ptrs) return Err::kInvalidArgument;
   Extent x = e;

@@ -148,6 +148,13 @@ Result<u32> BuildPiece(const Extent& e, u64 skip, u32 blocks, u8* buf);
 // dropping an extent's last copy is deleting the extent).
 Result<u32> AddPtr(const Extent& e, const Extent::Ptr& p, const u8* crcs, u8* buf);
 Result<u32> DropPtr(const Extent& e, u32 i, u8* buf);
+// ReplacePtr: e with pointer i replaced by p in its place (the copies'
+// order, a read's preference, kept): a copy rewritten elsewhere, on its own
+// member or another (the repair of a bad copy, a move). `crcs` as AddPtr's:
+// needed when p is plain and e has no crcs (no plain copy), and equal to
+// e's when given and e has them. The rules as AddPtr's (a member twice, no
+// copy left that is not cached: kInvalidArgument).
+Result<u32> ReplacePtr(const Extent& e, u32 i, const Extent::Ptr& p, const u8* crcs, u8* buf);
 Result<u32> SetCached(const Extent& e, u32 i, bool cached, u8* buf);
 
 // An unwritten extent of `blocks` blocks (a reservation): its value into buf

@@ -250,6 +250,38 @@ TEST(ExtentTest, PointerEdits) {
   ASSERT_TRUE(ParseExtent(At(4), v.data(), len.value(), &x).ok());
   EXPECT_EQ(memcmp(x.crcs, c.data(), c.size()), 0);
 
+  // ReplacePtr: the copy in its place (the order kept), on its own member
+  // or another; the crcs rules as AddPtr's.
+  len = ReplacePtr(mixed, 2, Plain(2, 5 << 20), nullptr, buf);
+  ASSERT_TRUE(len.ok());
+  ASSERT_TRUE(ParseExtent(At(4), buf, len.value(), &x).ok());
+  ASSERT_EQ(x.nr_ptrs, 3u);
+  EXPECT_EQ(x.ptrs[0].dev, 0u);
+  EXPECT_EQ(x.ptrs[1].dev, 1u);
+  EXPECT_EQ(x.ptrs[2].dev, 2u);
+  EXPECT_EQ(x.ptrs[2].offset, u64(5) << 20);
+  EXPECT_EQ(memcmp(x.crcs, c.data(), c.size()), 0);
+  EXPECT_EQ(ReplacePtr(mixed, 2, Plain(3, 5 << 20), c.data(), buf).status().ok(), true);  // another member
+  EXPECT_EQ(ReplacePtr(mixed, 2, Plain(1, 5 << 20), nullptr, buf).status(), Status(Err::kInvalidArgument));  // twice
+  EXPECT_EQ(ReplacePtr(mixed, 2, Plain(2, 5 << 20), other.data() + 4, buf).status(),
+            Status(Err::kInvalidArgument));  // other bytes
+  EXPECT_EQ(ReplacePtr(mixed, 3, Plain(3, 5 << 20), nullptr, buf).status(), Status(Err::kInvalidArgument));
+  EXPECT_EQ(ReplacePtr(cached_rest, 0, Plain(0, 5 << 20, 0, true), nullptr, buf).status(),
+            Status(Err::kInvalidArgument));  // no authoritative copy left
+  // The last plain copy replaced by a compressed one takes the crcs away;
+  // a compressed extent gets a plain copy only with its crcs.
+  len = ReplacePtr(one, 0, Compressed(0, 5 << 20, 4, 100), nullptr, buf);
+  ASSERT_TRUE(len.ok());
+  ASSERT_TRUE(ParseExtent(At(4), buf, len.value(), &x).ok());
+  EXPECT_EQ(x.crcs, nullptr);
+  EXPECT_EQ(len.value(), 16u + 32);
+  EXPECT_EQ(ReplacePtr(z, 0, Plain(0, 5 << 20), nullptr, buf).status(), Status(Err::kInvalidArgument));
+  len = ReplacePtr(z, 0, Plain(0, 5 << 20), c.data(), buf);
+  ASSERT_TRUE(len.ok());
+  ASSERT_TRUE(ParseExtent(At(4), buf, len.value(), &x).ok());
+  ASSERT_NE(x.crcs, nullptr);
+  EXPECT_EQ(memcmp(x.crcs, c.data(), c.size()), 0);
+
   // SetCached: any copy, but never the last authoritative one.
   len = SetCached(mixed, 2, true, buf);
   ASSERT_TRUE(len.ok());

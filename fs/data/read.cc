@@ -11,7 +11,8 @@
 // is copied out. The read fails only when every copy did, with the
 // best-ranked failing copy's error -- unless a copy was stale (its bucket
 // freed since the lookup, maybe: the extent was overwritten), then the
-// lookup is repeated first. (Repairing the bad copy is step 6b.) Holes and unwritten
+// lookup is repeated first. A copy that failed (a checksum mismatch, an I/O
+// error) while another served is queued for repair (repair.cc). Holes and unwritten
 // extents read as zeros; a compressed blob is read and decompressed whole.
 // HasData, HasBlockData and SeekBlock answer from the extents alone.
 //
@@ -42,13 +43,8 @@ namespace {
 // from the pointers' blobs).
 bool SameExtent(const Extent& a, const Extent& b) {
   if (a.ino != b.ino || a.start != b.start || a.end != b.end || a.nr_ptrs != b.nr_ptrs) return false;
-  for (u32 i = 0; i < a.nr_ptrs && i < kMaxPtrs; i++) {
-    const Extent::Ptr& p = a.ptrs[i];
-    const Extent::Ptr& q = b.ptrs[i];
-    if (p.dev != q.dev || p.gen != q.gen || p.offset != q.offset || p.blob_offset != q.blob_offset ||
-        p.cached != q.cached || p.compressed != q.compressed || p.disk_bytes != q.disk_bytes || p.crc != q.crc)
-      return false;
-  }
+  for (u32 i = 0; i < a.nr_ptrs && i < kMaxPtrs; i++)
+    if (!SamePtr(a.ptrs[i], b.ptrs[i])) return false;
   return true;
 }
 
@@ -405,6 +401,12 @@ bool DataPath::ReadCopies(const IoContext& ctx, const Extent& e, u64 lo, u64 hi,
   if (!served) {
     for (u32 i = 0; i < n; i++)
       if (!errors[i].ok() && (failed->ok() || errors[i].code() == Err::kNoMemory)) *failed = errors[i];
+  } else {
+    // The copies that failed while another was good: bad copies to rewrite
+    // from a good one (6b; a timeout is a slow member, not a bad copy).
+    for (u32 i = 0; i < n; i++)
+      if (errors[i].code() == Err::kDataCorrupt || errors[i].code() == Err::kIo)
+        QueueRepair(e, order[i], errors[i].code() == Err::kIo);
   }
   // Leave: every pin dropped (a copy still out reads into its own buffer,
   // dropped unread); the flight freed now, or by Reap once its copies

@@ -62,6 +62,10 @@ struct Replicas {
   std::vector<std::unique_ptr<testing::GateDevice>> under;  // GateUnder's (they outlive the gates over them)
   std::vector<std::unique_ptr<testing::GateDevice>> gates;
   std::unique_ptr<testing::MountedFs> m;
+  // The mount's repair worker (6b): off, so that the tests count what the
+  // reads alone do; the repair tests drive it (Filesystem::RepairQueued) or
+  // turn it on.
+  bool repair_worker = false;
 
   explicit Replicas(u32 members, u32 replicas, store::FormatOptions fo = testing::SmallFormat(),
                     std::vector<u64> sizes = {}, std::vector<u8> durability = {}) {
@@ -101,7 +105,9 @@ struct Replicas {
   // Every mount's check finds the counts and the accounting totals (the
   // sets of the copies written, degraded ones included) as the extents say.
   void Mount() {
-    m = std::make_unique<testing::MountedFs>(Devs());
+    posix::Filesystem::Options po;
+    po.repair_copies = repair_worker;
+    m = std::make_unique<testing::MountedFs>(Devs(), store::OpenOptions{}, po);
     u64 counts = 0, totals = 0;
     ASSERT_TRUE(m->data.VerifyAgainstExtents(&counts, &totals).ok());
     EXPECT_EQ(counts, 0u);
@@ -164,6 +170,20 @@ struct Replicas {
     EXPECT_EQ(ext[0].nr_ptrs, 2u);
     EXPECT_EQ(ext[0].ptrs[0].compressed, compressed);
     return ext[0].ptrs[0].dev;
+  }
+  // Flips a byte of copy `c` of extent e on its member: in each of its
+  // blocks (plain), or in its blob (compressed).
+  void Damage(const data::Extent& e, u32 c) {
+    const data::Extent::Ptr& p = e.ptrs[c];
+    const u32 n = p.compressed ? 1 : e.blocks();
+    for (u32 i = 0; i < n; i++) {
+      const u64 at = p.compressed ? p.offset + p.disk_bytes / 2
+                                  : p.offset + (u64(p.blob_offset) + i) * data::kBlockSize + 17;
+      u8 byte;
+      mems[p.dev]->ReadRaw(at, &byte, 1);
+      byte ^= 0x40;
+      mems[p.dev]->WriteRaw(at, &byte, 1);
+    }
   }
   // Every written extent of `ino` has `copies` pointers, on distinct members,
   // none cached.
@@ -315,16 +335,7 @@ TEST(ReplicasTest, TwoCopiesOnDistinctMembersEachReadTheFile) {
   t.data().SetHedgingForTest(false);
   auto damage = [&](u32 copy) {
     std::vector<std::vector<u8>> v;
-    for (const data::Extent& e : t.Extents(ino, &v)) {
-      const data::Extent::Ptr& p = e.ptrs[copy];
-      for (u32 i = 0; i < e.blocks(); i++) {
-        const u64 at = p.offset + (u64(p.blob_offset) + i) * data::kBlockSize + 17;
-        u8 byte;
-        t.mems[p.dev]->ReadRaw(at, &byte, 1);
-        byte ^= 0x40;
-        t.mems[p.dev]->WriteRaw(at, &byte, 1);
-      }
-    }
+    for (const data::Extent& e : t.Extents(ino, &v)) t.Damage(e, copy);
   };
   damage(0);
   EXPECT_TRUE(t.Read(ino, content.size()) == content);
@@ -443,6 +454,177 @@ TEST(ReplicasTest, AReadThatAMemberHoldsIsHedgedToTheOtherCopy) {
     EXPECT_EQ(t.data().GetStats().abandoned_reads, 0u);
     t.ExpectFsckClean();
   }
+}
+
+// Step 6b (docs/design/copies.md, "Step 6b"): a copy that fails a read --
+// damaged (its checksum) or failing with EIO -- while the other copy
+// serves is queued once, and its repair rewrites it on its own member from
+// the good copy (a compressed source's blob as it is): the extent keeps
+// its copies' order, later reads read the new copy without a retry, the
+// counts, totals, backpointers and every copy verify, fsck is clean and a
+// remount reads the file. (The repair driven by the test with the
+// worker's own call: RepairQueued.)
+TEST(ReplicasTest, ABadCopyIsRewrittenOnItsMemberFromAGoodOne) {
+  for (const bool zstd : {false, true})
+    for (const bool eio : {false, true}) {
+      SCOPED_TRACE(std::string(zstd ? "compressed" : "plain") + (eio ? ", EIO" : ", checksum"));
+      store::FormatOptions fo = testing::SmallFormat();
+      if (zstd) fo.compression = sb::CompressionType::kZstd;
+      Replicas t(2, 2, fo);
+      const u64 ino = t.Create("f");
+      std::string content;
+      for (int i = 0; i < 64 * 1024; i++) content.push_back(zstd ? char('a' + (i / 64) % 7) : char(i * 131 + i / 4096));
+      const u32 first = t.OneExtentRemounted(ino, content, zstd);
+      std::vector<std::vector<u8>> vals;
+      const data::Extent was = t.Extents(ino, &vals)[0];
+      const data::Extent::Ptr bad = was.ptrs[0], good = was.ptrs[1];
+      if (eio) {  // (reads of the copy's range fail; the rest of the member reads)
+        t.gates[first]->Regate(IoOp::kRead, IoOrigin::kForegroundRead);
+        t.gates[first]->GateFrom(bad.offset, bad.offset + was.DiskBlocks(bad) * data::kBlockSize);
+        t.gates[first]->Fail(true);
+      } else {
+        t.Damage(was, 0);
+      }
+      t.data().SetListedReadOrderForTest(true);
+      t.data().SetHedgingForTest(false);
+      EXPECT_TRUE(t.Read(ino, content.size()) == content);
+      EXPECT_TRUE(t.Read(ino, content.size()) == content);  // (the same copy: queued once)
+      data::Stats s = t.data().GetStats();
+      EXPECT_EQ(s.read_retries, 2u);
+      EXPECT_EQ(s.repairs_queued, 1u);
+      EXPECT_EQ(s.repairs_waiting, 1u);
+      EXPECT_EQ(s.repaired, 0u);
+      EXPECT_EQ(t.fs().RepairQueued(8), 1u);
+      s = t.data().GetStats();
+      EXPECT_EQ(s.repaired, 1u);
+      EXPECT_EQ(s.repair_failed, 0u);
+      EXPECT_EQ(s.repair_skipped, 0u);
+      EXPECT_EQ(s.repairs_waiting, 0u);
+      // The copy is new, on its member, in its place; the other untouched.
+      const std::vector<data::Extent> now = t.Extents(ino, &vals);
+      ASSERT_EQ(now.size(), 1u);
+      ASSERT_EQ(now[0].nr_ptrs, 2u);
+      EXPECT_EQ(now[0].ptrs[0].dev, first);
+      EXPECT_NE(now[0].ptrs[0].offset, bad.offset);
+      EXPECT_EQ(now[0].ptrs[0].compressed, zstd);
+      EXPECT_FALSE(now[0].ptrs[0].cached);
+      EXPECT_EQ(now[0].ptrs[1].offset, good.offset);
+      EXPECT_EQ(now[0].ptrs[1].dev, good.dev);
+      // Read first (listed order), it serves: no retry, no mismatch.
+      EXPECT_TRUE(t.Read(ino, content.size()) == content);
+      s = t.data().GetStats();
+      EXPECT_EQ(s.read_retries, 2u);
+      EXPECT_EQ(s.repairs_queued, 1u);
+      EXPECT_EQ(t.VerifyEveryCopy(), 2u);
+      t.ExpectCountsMatchExtents();
+      t.gates[first]->Fail(false);
+      t.ExpectFsckClean();  // (and the remount's check of counts and totals)
+      EXPECT_TRUE(t.Read(ino, content.size()) == content);
+    }
+}
+
+// A repair finds the extent changed -- overwritten before its prepare, or
+// between its prepare and the re-key (the inode's lock is taken only for
+// the re-key) -- and does nothing: skipped, the new copy's space given back
+// (the counts and totals as the extents say; fsck clean).
+TEST(ReplicasTest, ARepairOfAnExtentChangedSinceIsSkipped) {
+  for (const bool late : {false, true}) {
+    SCOPED_TRACE(late ? "changed after the prepare" : "changed before the prepare");
+    Replicas t(2, 2);
+    const u64 ino = t.Create("f");
+    const std::string content = Bytes(64 * 1024, 31), other = Bytes(64 * 1024, 32);
+    t.OneExtentRemounted(ino, content, false);
+    std::vector<std::vector<u8>> vals;
+    t.Damage(t.Extents(ino, &vals)[0], 0);
+    t.data().SetListedReadOrderForTest(true);
+    t.data().SetHedgingForTest(false);
+    EXPECT_TRUE(t.Read(ino, content.size()) == content);
+    data::CopyRepair r;
+    ASSERT_TRUE(t.data().TakeRepair(&r));
+    EXPECT_FALSE(t.data().TakeRepair(&r));
+    auto rp = std::make_unique<data::Replacement>();
+    data::Delta delta;
+    if (!late) t.Write(ino, 0, other);
+    Status st = t.data().PrepareRepair(r, rp.get(), &delta);
+    if (late) {
+      ASSERT_TRUE(st.ok()) << st.Message();
+      ASSERT_TRUE(rp->has_new);
+      t.Write(ino, 0, other);
+      ASSERT_TRUE(t.fs().Fsync(ino).ok());
+      btree::Transaction tx(&t.m->store->btrees());
+      st = t.data().QueueReplacePtr(&tx, *rp, &delta);
+    }
+    EXPECT_EQ(st.code(), Err::kAgain);
+    t.data().Abort(delta);
+    t.data().NoteRepair(r, rp.get(), st);
+    const data::Stats s = t.data().GetStats();
+    EXPECT_EQ(s.repair_skipped, 1u);
+    EXPECT_EQ(s.repaired, 0u);
+    EXPECT_TRUE(t.Read(ino, other.size()) == other);
+    t.ExpectCountsMatchExtents();
+    t.ExpectFsckClean();
+    EXPECT_TRUE(t.Read(ino, other.size()) == other);
+  }
+}
+
+// More bad copies than the queue holds (64): those past it are counted
+// dropped, not lost for good -- the next read of each queues it again --
+// and every one is repaired in the end.
+TEST(ReplicasTest, BadCopiesPastAFullRepairQueueAreQueuedByTheirNextRead) {
+  Replicas t(2, 2);
+  constexpr u32 kFiles = 70;
+  std::vector<std::pair<u64, std::string>> files;
+  for (u32 i = 0; i < kFiles; i++) {
+    files.emplace_back(t.Create("f" + std::to_string(i)), Bytes(8192, 100 + i));
+    t.Write(files.back().first, 0, files.back().second);
+  }
+  ASSERT_TRUE(t.fs().Fsync(files[0].first).ok());
+  t.Remount();
+  std::vector<std::vector<u8>> vals;
+  for (auto& [ino, content] : files) {
+    const std::vector<data::Extent> ext = t.Extents(ino, &vals);
+    ASSERT_EQ(ext.size(), 1u);
+    t.Damage(ext[0], 0);
+  }
+  t.data().SetListedReadOrderForTest(true);
+  t.data().SetHedgingForTest(false);
+  for (auto& [ino, content] : files) EXPECT_TRUE(t.Read(ino, content.size()) == content);
+  data::Stats s = t.data().GetStats();
+  EXPECT_EQ(s.repairs_queued, 64u);
+  EXPECT_EQ(s.repairs_dropped, kFiles - 64);
+  EXPECT_EQ(t.fs().RepairQueued(100), 64u);
+  for (auto& [ino, content] : files) EXPECT_TRUE(t.Read(ino, content.size()) == content);
+  EXPECT_EQ(t.fs().RepairQueued(100), kFiles - 64);
+  s = t.data().GetStats();
+  EXPECT_EQ(s.repaired, kFiles);
+  EXPECT_EQ(s.read_retries, kFiles + (kFiles - 64));
+  EXPECT_EQ(t.VerifyEveryCopy(), 2 * kFiles);
+  t.ExpectFsckClean();
+}
+
+// The mount's repair worker (the default): a read that finds a damaged
+// copy returns the file, and the worker rewrites the copy on its own.
+TEST(ReplicasTest, TheRepairWorkerRewritesABadCopyAReadFound) {
+  Replicas t(2, 2);
+  t.repair_worker = true;
+  const u64 ino = t.Create("f");
+  const std::string content = Bytes(200 * 1024, 41);
+  t.OneExtentRemounted(ino, content, false);
+  std::vector<std::vector<u8>> vals;
+  const data::Extent was = t.Extents(ino, &vals)[0];
+  t.Damage(was, 0);
+  t.data().SetListedReadOrderForTest(true);
+  EXPECT_TRUE(t.Read(ino, content.size()) == content);
+  // (A generous bound: the worker is woken by the queue.)
+  for (int i = 0; i < 60000 && t.data().GetStats().repaired == 0; i++)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const data::Stats s = t.data().GetStats();
+  EXPECT_EQ(s.repaired, 1u);
+  EXPECT_EQ(s.repair_failed, 0u);
+  EXPECT_EQ(t.VerifyEveryCopy(), 2u);
+  EXPECT_NE(t.Extents(ino, &vals)[0].ptrs[0].offset, was.ptrs[0].offset);
+  t.ExpectFsckClean();
+  EXPECT_TRUE(t.Read(ino, content.size()) == content);
 }
 
 // The same with compression: every copy of a blob is compressed, each with

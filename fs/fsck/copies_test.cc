@@ -106,7 +106,10 @@ struct Copies {
 
   // Runs fn on the mounted filesystem.
   void WithFs(const std::function<void(testing::MountedFs&)>& fn) {
-    testing::MountedFs m(Devs());
+    // (No repair worker: a damaged copy stays as the test made it.)
+    posix::Filesystem::Options po;
+    po.repair_copies = false;
+    testing::MountedFs m(Devs(), store::OpenOptions{}, po);
     ASSERT_TRUE(m.open());
     // (The tests count what reading the copies in order, one at a time, does.)
     m.data.SetListedReadOrderForTest(true);
@@ -415,6 +418,74 @@ TEST(CopiesTest, APlainAndACompressedCopyEachReadTheFile) {
       EXPECT_EQ(m.data.GetStats().read_retries, 0u);
       EXPECT_EQ(m.data.GetStats().compressed_reads, compressed_first ? 1u : 0u);
     });
+  }
+}
+
+// Step 6b's repair of mixed copies (docs/design/copies.md, "Step 6b"): a
+// bad copy is rewritten as its good source is stored -- from a compressed
+// copy, a compressed clone (its blob whole); from a plain one, plain blocks
+// sharing the extent's crcs -- on its own member; a bad cached copy is
+// dropped, not rewritten. Each time the file reads without a retry after,
+// the cached count leaves the dropped copy's bucket, and fsck is clean.
+TEST(CopiesTest, ARepairRewritesABadCopyAsItsSourceIsStoredAndDropsABadCachedOne) {
+  struct Case {
+    const char* name;
+    std::vector<CopySpec> more;
+    bool last_first;
+  };
+  const Case cases[] = {
+      {"plain bad, compressed source", {CopySpec{.compressed = true}}, false},
+      {"compressed bad, plain source", {CopySpec{.compressed = true}}, true},
+      {"cached bad", {CopySpec{.cached = true}}, true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Copies t(c.more, c.last_first);
+    ASSERT_EQ(t.ptrs.size(), 2u);
+    const data::Extent::Ptr bad = t.ptrs[0], source = t.ptrs[1];
+    t.Damage(0, 1);
+    t.WithFs([&](testing::MountedFs& m) {
+      std::string got(t.content.size(), '\0');
+      ASSERT_TRUE(m.fs.Read(t.ino, 0, got.data(), u32(got.size())).ok());
+      EXPECT_TRUE(got == t.content);
+      EXPECT_EQ(m.data.GetStats().repairs_queued, 1u);
+      const u64 b = Copies::BucketOf(m, bad);
+      EXPECT_EQ(m.fs.RepairQueued(4), 1u);
+      const data::Stats s = m.data.GetStats();
+      std::vector<u8> v;
+      const data::Extent e = Copies::ExtentOf(m, t.ino, &v);
+      if (bad.cached) {
+        EXPECT_EQ(s.repair_cached_dropped, 1u);
+        EXPECT_EQ(s.repaired, 0u);
+        ASSERT_EQ(e.nr_ptrs, 1u);
+        EXPECT_EQ(e.ptrs[0].offset, source.offset);
+        u32 live = 0, cached = 0;
+        m.data.BucketCounts(bad.dev, b, &live, &cached);
+        EXPECT_EQ(cached, 0u);
+      } else {
+        EXPECT_EQ(s.repaired, 1u);
+        ASSERT_EQ(e.nr_ptrs, 2u);
+        EXPECT_EQ(e.ptrs[0].dev, bad.dev);
+        EXPECT_NE(e.ptrs[0].offset, bad.offset);
+        EXPECT_EQ(e.ptrs[0].compressed, source.compressed);
+        EXPECT_EQ(e.HasPlain(), !source.compressed);
+        if (source.compressed) {
+          EXPECT_EQ(e.ptrs[0].crc, source.crc);
+          EXPECT_EQ(e.ptrs[0].disk_bytes, source.disk_bytes);
+        }
+      }
+      EXPECT_EQ(s.repair_failed, 0u);
+      ASSERT_TRUE(m.fs.Read(t.ino, 0, got.data(), u32(got.size())).ok());
+      EXPECT_TRUE(got == t.content);
+      EXPECT_EQ(m.data.GetStats().read_retries, s.read_retries);
+      // The counts and the replicas totals are what the extents say.
+      u64 counts = 0, totals = 0;
+      ASSERT_TRUE(m.data.VerifyAgainstExtents(&counts, &totals).ok());
+      EXPECT_EQ(counts, 0u);
+      EXPECT_EQ(totals, 0u);
+    });
+    auto [r, out] = t.Fsck(false);
+    EXPECT_EQ(r.exit_code, kExitClean) << out;
   }
 }
 

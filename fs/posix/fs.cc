@@ -95,6 +95,7 @@ Attr ToAttr(u64 ino, const InodeFormat& f) {
 
 Filesystem::~Filesystem() {
   // Without Unmount (a test's crash): buffered data is lost, as in a crash.
+  StopRepairer();
   StopFlusher();
   for (u32 i = 0; i < kStripes; i++) {
     for (const OpenCount& o : open_[i]) FreeBuffer(o.buf);
@@ -397,6 +398,11 @@ Status Filesystem::Mount(store::Store* store, data::DataPath* data, const Option
     if (!sh.ok())
       platform::Log(platform::LogLevel::kWarn, "posix: no memory-pressure hook for the write buffer: %s", sh.Message());
   }
+  if (st.ok() && opt_.repair_copies && !store->read_only()) {
+    repairer_stop_.Store(false, MemOrder::kRelaxed);
+    st = repairer_.Start(&RepairerMain, this, "tfs-repair");
+    if (!st.ok()) StopFlusher();
+  }
   if (!st.ok()) {
     data_ = nullptr;
     store_ = nullptr;
@@ -455,6 +461,7 @@ Status Filesystem::FlagCapsInodes(bool* complete) {
 Status Filesystem::Unmount() {
   if (store_ == nullptr) return Status::Ok();
   Status first;
+  StopRepairer();  // (its repair in progress, if any, commits or aborts first)
   StopFlusher();
   for (u32 s = 0; s < kStripes; s++) {
     // Buffered data first, while the entries still show it to readers.

@@ -240,6 +240,11 @@ class Filesystem {
     // New directories hash names into 2^dir_hash_bits home slots (1..62; stored
     // per directory). Tests shrink it to force hash collisions; keep 62.
     u32 dir_hash_bits = 62;
+    // The repair worker (docs/design/copies.md, "Step 6b"): a thread that
+    // rewrites the bad copies reads find (DataPath's repair queue), on a
+    // writable mount. Tests that count exact read results turn it off and
+    // call RepairQueued themselves.
+    bool repair_copies = true;
   };
   // `data` is the mount's data path, open on `store` (mount::Instance owns
   // both and opens them first); posix borrows it until Unmount.
@@ -332,6 +337,12 @@ class Filesystem {
   // of a removed directory that a handle still holds.
   Status ReadDir(u64 dir, u64 cookie, DirFiller fill, void* ctx);
   Status GetStatFs(StatFs* out);
+
+  // Repairs up to `max` of the bad copies reads queued (DataPath::TakeRepair),
+  // in the caller's thread, as the repair worker does (RepairOne); returns
+  // how many it took. Each one's outcome is the data path's counters
+  // (repaired, repair_skipped, repair_failed, ...).
+  u32 RepairQueued(u32 max);
 
   // Extended attributes: names "user.*", "trusted.*", "security.*",
   // "tierfs.*" (others: kNotSupported), up to kNameMax bytes; values up to kXattrSizeMax (64 KiB,
@@ -565,6 +576,14 @@ class Filesystem {
   void FreeBuffer(Buffered* b);
   static void FlusherMain(void* self);
   void StopFlusher();
+  // The repair worker (repair.cc) and one repair: the new copy prepared
+  // with no lock held (DataPath::PrepareRepair, device I/O), a slow
+  // member flushed, then under the inode lock the re-key
+  // (DataPath::QueueReplacePtr: kAgain, skipped, if the extent changed)
+  // and its commit; the outcome counted (DataPath::NoteRepair).
+  static void RepairerMain(void* self);
+  void StopRepairer();
+  Status RepairOne(const data::CopyRepair& r);
   void FlushAged();
   // The write buffer's memory-pressure shrinker (platform.h's rules): count
   // is the buffers' pages; scan only asks the flusher (ShrinkBuffers), which
@@ -634,6 +653,9 @@ class Filesystem {
   platform::Thread flusher_;
   Atomic<u32> flusher_kick_{0};  // bumped (and woken) to make the flusher look now
   Atomic<bool> flusher_stop_{false};
+  // The repair worker (Options::repair_copies, a writable mount).
+  platform::Thread repairer_;
+  Atomic<bool> repairer_stop_{false};
 };
 
 // Parses an inode value (kCorrupt if it is not one of this version).

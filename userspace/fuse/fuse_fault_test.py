@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import mmap
 import os
 import subprocess
 import time
@@ -284,3 +285,113 @@ def test_probe_createsync_is_a_durable_create(tmp_path: Path) -> None:
         # (on a loaded machine an op can outlast the 20 ms between arrivals: 48
         # of 50 seen), so not one per op; but far more than plain create's.
         assert seen["createsync"] >= 25 and seen["create"] < 25, seen
+
+
+@needs_fuse
+@pytest.mark.parametrize("fault", ["checksum", "eio"])
+def test_a_bad_copy_is_read_past_and_rewritten(tmp_path: Path, fault: str) -> None:
+    """--replicas 2 over two SSD members, each under a passthrough fault device:
+    one copy of a file's block damaged on its image (a checksum mismatch) or
+    failing its reads (an EIO range set through ctl). An O_DIRECT read returns
+    the block from the other copy (data.read_retries), the mount's repair worker
+    rewrites the bad copy on its own member (data.repaired; the member's image
+    then holds the block again at a new offset), the unmount is clean, fsck is
+    clean and a remount reads the file (docs/design/copies.md, "Step 6b").
+    Which copy a read takes first is the extent's order: the bad one is tried on
+    ssd.a, then on ssd.b if ssd.a's copy was not the one read."""
+    devs = [tmp_path / "a.img", tmp_path / "b.img"]
+    for p in devs:
+        with open(p, "wb") as f:
+            f.truncate(64 << 20)
+    proc = run([tool("tierfs"), "format", "--label", "ssd.a", devs[0], "--label", "ssd.b", devs[1],
+                "--replicas", "2", "--bucket-size", "256K"])
+    assert proc.returncode == 0, proc.stderr
+    block = bytes(range(256)) * 16  # 4 KiB, found again on the images
+    content = b"\0" * 4096 + block + b"\1" * 4096
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+
+    def start() -> subprocess.Popen[str]:
+        d = subprocess.Popen([str(tool("tierfs")), "mount", "-f", *map(str, devs), str(mnt),
+                              "--fault", "ssd.a=passthrough", "--fault", "ssd.b=passthrough"],
+                             stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: os.path.ismount(mnt) or d.poll() is not None, "the mount")
+        assert os.path.ismount(mnt), d.stderr.read() if d.stderr else ""
+        return d
+
+    def stop(d: subprocess.Popen[str]) -> str:
+        umount(mnt)
+        rc = d.wait(timeout=60)
+        err = d.stderr.read() if d.stderr else ""
+        assert rc == 0, err
+        return err
+
+    def data() -> dict[str, Any]:
+        p = ctl(mnt)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)["data"]
+
+    def read_block() -> bytes:
+        fd = os.open(mnt / "f", os.O_RDONLY | os.O_DIRECT)
+        try:
+            buf = mmap.mmap(-1, 4096)
+            assert os.preadv(fd, [buf], 4096) == 4096
+            return buf[:]
+        finally:
+            os.close(fd)
+
+    d = start()
+    (mnt / "f").write_bytes(content)
+    stop(d)
+    fsck_clean(devs)
+    found = None
+    for i, label in enumerate(("ssd.a", "ssd.b")):
+        img = bytearray(devs[i].read_bytes())
+        at = img.find(block)
+        assert at > 0 and img.find(block, at + 1) < 0, label
+        if fault == "checksum":
+            img[at + 100] ^= 0xFF
+            devs[i].write_bytes(bytes(img))
+        d = start()
+        if fault == "eio":
+            p = ctl(mnt, "fault", label, "error", "read", f"{at}+4K")
+            assert p.returncode == 0, p.stderr
+        before = data()["read_retries"]
+        # (While the mount's own writes are in flight a member may rank
+        # behind the other for a moment -- its oldest request past its hedge
+        # bound -- and a read take the other copy first: a few reads.)
+        for _ in range(20):
+            assert read_block() == block
+            if data()["read_retries"] > before:
+                found = (i, label, at, d)
+                break
+            time.sleep(0.1)
+        if found is not None:
+            break
+        # The other copy is read first: this one is never met.
+        assert ctl(mnt, "fault", label, "clear").returncode == 0
+        stop(d)
+        if fault == "checksum":
+            img[at + 100] ^= 0xFF
+            devs[i].write_bytes(bytes(img))
+    assert found is not None, "neither copy was read first with the other bad"
+    i, label, at, d = found
+    wait_for(lambda: data()["repaired"] >= 1, "the repair worker's rewrite", timeout=60)
+    c = data()
+    assert c["repairs_queued"] == 1 and c["repaired"] == 1 and c["repair_failed"] == 0, c
+    assert read_block() == block
+    assert data()["read_retries"] == c["read_retries"], "the repaired copy failed a read again"
+    assert ctl(mnt, "fault", label, "clear").returncode == 0
+    err = stop(d)
+    assert f"the copy on member {i}" in err and "was rewritten there" in err, err
+    fsck_clean(devs)
+    img = devs[i].read_bytes()
+    found_at, k = [], img.find(block)
+    while k >= 0:
+        found_at.append(k)
+        k = img.find(block, k + 1)
+    assert [k for k in found_at if k != at], "no intact copy of the block at a new offset on the member"
+    d = start()
+    assert (mnt / "f").read_bytes() == content
+    stop(d)
+    fsck_clean(devs)
