@@ -154,18 +154,27 @@ Result<u32> BuildPiece(const Extent& e, u64 skip, u32 blocks, u8* buf) {
   return BuildExtent(x, buf);
 }
 
+namespace {
+
+// AddPtr's and ReplacePtr's rule for the crcs of a new pointer p of e (x: e
+// edited): a plain p needs them -- e's, or `crcs` when e has none -- and
+// `crcs` given beside e's must be the same (a copy of the same bytes).
+bool TakeCrcs(const Extent& e, const Extent::Ptr& p, const u8* crcs, Extent* x) {
+  if (p.compressed) return true;
+  if (e.crcs == nullptr) {
+    x->crcs = crcs;
+    return crcs != nullptr;
+  }
+  return crcs == nullptr || MemCompare(crcs, e.crcs, 4 * usize(e.blocks())) == 0;
+}
+
+}  // namespace
+
 Result<u32> AddPtr(const Extent& e, const Extent::Ptr& p, const u8* crcs, u8* buf) {
   if (!Valid(e) || e.unwritten || e.nr_ptrs >= kMaxPtrs) return Err::kInvalidArgument;
   Extent x = e;
   x.ptrs[x.nr_ptrs++] = p;
-  if (!p.compressed) {
-    if (e.crcs == nullptr) {
-      if (crcs == nullptr) return Err::kInvalidArgument;
-      x.crcs = crcs;
-    } else if (crcs != nullptr && MemCompare(crcs, e.crcs, 4 * usize(e.blocks())) != 0) {
-      return Err::kInvalidArgument;  // not a copy of the same bytes
-    }
-  }
+  if (!TakeCrcs(e, p, crcs, &x)) return Err::kInvalidArgument;
   return BuildExtent(x, buf);
 }
 
@@ -173,14 +182,7 @@ Result<u32> ReplacePtr(const Extent& e, u32 i, const Extent::Ptr& p, const u8* c
   if (!Valid(e) || i >= e.nr_ptrs) return Err::kInvalidArgument;
   Extent x = e;
   x.ptrs[i] = p;
-  if (!p.compressed) {
-    if (e.crcs == nullptr) {
-      if (crcs == nullptr) return Err::kInvalidArgument;
-      x.crcs = crcs;
-    } else if (crcs != nullptr && MemCompare(crcs, e.crcs, 4 * usize(e.blocks())) != 0) {
-      return Err::kInvalidArgument;  // not a copy of the same bytes
-    }
-  }
+  if (!TakeCrcs(e, p, crcs, &x)) return Err::kInvalidArgument;
   if (!x.HasPlain()) x.crcs = nullptr;  // the last plain copy replaced by a compressed one
   return BuildExtent(x, buf);
 }

@@ -54,6 +54,20 @@ std::string Bytes(u64 n, u32 seed) {
   return s;
 }
 
+// The small format, compressed with zstd or not.
+store::FormatOptions ZstdIf(bool zstd) {
+  store::FormatOptions fo = testing::SmallFormat();
+  if (zstd) fo.compression = sb::CompressionType::kZstd;
+  return fo;
+}
+
+// 64 KiB of file data: compressible (to one blob of a few blocks) or not.
+std::string SixtyFourKiB(bool compressible) {
+  std::string s;
+  for (int i = 0; i < 64 * 1024; i++) s.push_back(compressible ? char('a' + (i / 64) % 7) : char(i * 131 + i / 4096));
+  return s;
+}
+
 // Members "ssd.a", "ssd.b", ... (each seen through a gate), formatted with
 // `replicas` data replicas (and each member's `durability`, 1 when not
 // given), and posix mounted on them.
@@ -407,12 +421,9 @@ TEST(ReplicasTest, AMemberWhoseReadsFailIsReadAfterTheOthers) {
 TEST(ReplicasTest, AReadThatAMemberHoldsIsHedgedToTheOtherCopy) {
   for (const bool zstd : {false, true}) {
     SCOPED_TRACE(zstd ? "compressed" : "plain");
-    store::FormatOptions fo = testing::SmallFormat();
-    if (zstd) fo.compression = sb::CompressionType::kZstd;
-    Replicas t(2, 2, fo);
+    Replicas t(2, 2, ZstdIf(zstd));
     const u64 ino = t.Create("f");
-    std::string content;
-    for (int i = 0; i < 64 * 1024; i++) content.push_back(zstd ? char('a' + (i / 64) % 7) : char(i * 131 + i / 4096));
+    const std::string content = SixtyFourKiB(zstd);
     const u32 first = t.OneExtentRemounted(ino, content, zstd);
     t.gates[first]->Regate(IoOp::kRead, IoOrigin::kForegroundRead);
     t.gates[first]->Close();
@@ -468,12 +479,9 @@ TEST(ReplicasTest, ABadCopyIsRewrittenOnItsMemberFromAGoodOne) {
   for (const bool zstd : {false, true})
     for (const bool eio : {false, true}) {
       SCOPED_TRACE(std::string(zstd ? "compressed" : "plain") + (eio ? ", EIO" : ", checksum"));
-      store::FormatOptions fo = testing::SmallFormat();
-      if (zstd) fo.compression = sb::CompressionType::kZstd;
-      Replicas t(2, 2, fo);
+      Replicas t(2, 2, ZstdIf(zstd));
       const u64 ino = t.Create("f");
-      std::string content;
-      for (int i = 0; i < 64 * 1024; i++) content.push_back(zstd ? char('a' + (i / 64) % 7) : char(i * 131 + i / 4096));
+      const std::string content = SixtyFourKiB(zstd);
       const u32 first = t.OneExtentRemounted(ino, content, zstd);
       std::vector<std::vector<u8>> vals;
       const data::Extent was = t.Extents(ino, &vals)[0];
