@@ -230,6 +230,9 @@ void DataPath::Close() {
   for (Reap(); ctr_.abandoned_reads.Load(MemOrder::kAcquire) != 0; Reap()) platform::SleepNs(platform::kNsPerMs);
   // Repairs nobody will take now (the worker stopped with posix's unmount).
   DropRepairs();
+  // Replicated writes' late copies still at their members: their space is
+  // given back once they complete (a poll, as for the reads above).
+  for (Reap(true); ctr_.late_writes.Load(MemOrder::kAcquire) != 0; Reap(true)) platform::SleepNs(platform::kNsPerMs);
   // The write points' buckets nothing else holds are freed with one record
   // commit (one per write point, should the list not grow), after the
   // locks. Not on a store closed already -- a test's crash: the next mount

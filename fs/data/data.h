@@ -234,7 +234,7 @@ struct CopyRepair {
 // The new copy of a repair (or a move) prepared: written, its space
 // pending in the caller's Delta, in no transaction yet; and the extent's
 // value as it was seen, which QueueReplacePtr commits over only if the
-// tree still holds it byte for byte. ~1.3 KiB: on the heap in the kernel.
+// tree still holds it byte for byte. ~750 bytes: on the heap in the kernel.
 struct Replacement {
   u64 ino = 0;
   u64 end = 0;
@@ -279,12 +279,15 @@ struct Replacement {
   X(copy_alloc_errors, counter, "further copies whose bucket's allocation failed, not for want of space: the write went on with fewer")     \
   X(degraded_writes, counter, "extents written with fewer copies than wanted (too few members, full or failing)")      \
   X(degraded_sectors, counter, "512-byte sectors of those extents")                                    \
+  X(late_copies, counter, "copies a replicated write left behind: not written within their member's late bound") \
+  X(late_writes, gauge, "replicated writes whose late copies are still at their member (their space held until done)") \
+  X(copies_passed_stalling, counter, "further copies not given to a member that was stalling (the write went degraded)") \
   X(repairs_queued, counter, "bad copies (checksum, I/O error) a read served by another copy queued for repair") \
   X(repairs_dropped, counter, "bad copies not repaired: the queue was full, or they were left in it at unmount (a later read queues them again)") \
   X(repairs_waiting, gauge, "repairs queued and not yet taken")                                        \
   X(repaired, counter, "bad copies rewritten from a good copy (on their own member)")                  \
   X(repair_cached_dropped, counter, "bad cached copies dropped (not rewritten)")                      \
-  X(repair_skipped, counter, "repairs not needed any more: the extent changed since the read")         \
+  X(repair_skipped, counter, "repairs not done: the extent changed since the read, or the copy's member failed since (the reconcile's)") \
   X(repair_failed, counter, "repairs that failed (no space on the member, no good copy, an I/O error): logged")
 
 struct Stats {
@@ -440,8 +443,9 @@ class DataPath {
   // mark. The caller commits (Commit) or aborts the delta.
   Status QueueReplacePtr(btree::Transaction* tx, const Replacement& r, Delta* delta);
   // A repair's outcome, counted (repaired, repair_cached_dropped,
-  // repair_skipped for kAgain, repair_failed) and logged (at most one line
-  // per kRepairLogNs each for the repaired and the failed).
+  // repair_skipped for kAgain and kMissing, repair_failed) and logged (at
+  // most one line per kRepairLogNs each for the repaired and the failed);
+  // every entry TakeRepair hands out ends here.
   void NoteRepair(const CopyRepair& r, const Replacement* done, Status st);
 
   Stats GetStats() const;
@@ -460,6 +464,14 @@ class DataPath {
   // not ranked by their members' health and latency (hedges and retries as
   // ever): for tests that damage a chosen copy and count what the read did.
   void SetListedReadOrderForTest(bool on) { listed_order_ = on; }
+  // A member's late bound (docs/design/copies.md, "Step 6c"): 8 x its
+  // service-time EWMA within [kLateMinNs, kLateMaxNs]; none known yet:
+  // kLateMaxNs. A replicated write leaves a copy behind that is not
+  // written within it (once another copy is), and a member whose oldest
+  // request is older than it gets no further copy.
+  static u64 LateBoundNs(const dev::ReadState& rs);
+  static constexpr u64 kLateMinNs = 250'000'000ull;
+  static constexpr u64 kLateMaxNs = 1'000'000'000ull;
   // Tests: no hedged reads (a copy is read only when the one before it
   // failed), for tests that count exact results: a hedge bound of 2 ms is
   // passed by a test device's thread descheduled under load.
@@ -542,21 +554,34 @@ class DataPath {
   // foreground write path and one for any other origin), 1..kMaxPtrs.
   u32 Wanted(const IoContext& ctx) const;
   // Writes `len` bytes of `data` to every copy in sp[0..copies) at once
-  // (one submission each, then one wait for all): each copy's result in
-  // per[]. Returns kNoMemory if the bounce buffer (unaligned data) or the
-  // requests could not be allocated (nothing written), else ok.
-  Status WriteCopies(const IoContext& ctx, const Space* sp, u32 copies, const u8* data, u64 len, Status* per);
+  // (one submission each, then one wait): each copy's result in per[].
+  // Two or more copies (docs/design/copies.md, "Step 6c"): from a copy of
+  // the data the write owns (a Flight), never submitted inline, and once
+  // some copy is written a copy still out after its member's late bound
+  // (LateBoundNs, from its submission) is left behind: per[c] kIoTimeout
+  // and late[c] true -- its space stays pending until its request
+  // completes (Reap(true) gives it back), counted late_copies. Returns
+  // kNoMemory if the copy of the data or the requests could not be
+  // allocated (nothing written), else ok.
+  Status WriteCopies(const IoContext& ctx, const Space* sp, u32 copies, const u8* data, u64 len, Status* per,
+                     bool* late);
   // After WriteCopies: a copy that failed gives its space back (its change
-  // in delta, from index first_change on, zeroed) and is counted; the
-  // written ones become x's pointers (dev, gen, offset; the caller fills
-  // the rest) and join delta->deps; an extent whose copies count less than
-  // ctx wants is counted degraded (blocks: its file blocks). The first
-  // copy's error when none was written.
-  Status KeepWritten(const IoContext& ctx, const Space* sp, u32 copies, const Status* per, u64 first_change,
-                     u64 blocks, Delta* delta, Extent* x);
+  // in delta, from index first_change on, zeroed) and is counted; a late
+  // one's change is zeroed too, its space left to Reap(true); the written
+  // ones become x's pointers (dev, gen, offset; the caller fills the rest)
+  // and join delta->deps; an extent whose copies count less than ctx
+  // wants is counted degraded (blocks: its file blocks). The first copy's
+  // error when none was written.
+  Status KeepWritten(const IoContext& ctx, const Space* sp, u32 copies, const Status* per, const bool* late,
+                     u64 first_change, u64 blocks, Delta* delta, Extent* x);
+  // Whether member `dev` is stalling (6c): its queue reports a stall, or
+  // its oldest request at the device is older than its late bound. Further
+  // copies of a write pass it over (Reserve).
+  bool Stalling(u32 dev) const;
+
   // KeepWritten's log line for a copy whose write failed: at most one per
   // member per kCopyErrorLogNs, naming the failures not logged since.
-  void LogCopyError(u32 dev, const Status& st);
+  void LogCopyError(u32 dev, const Status& st, bool late);
   // Reserve's for a further copy whose bucket's allocation failed other
   // than for want of space (a journal settle's error): at most one per
   // kCopyErrorLogNs, the same way.
@@ -666,15 +691,28 @@ class DataPath {
   // push on the reap list. Nothing freed, no sleep.
   static void FlightCopyDone(dev::Io* io, Status st);
   void FreeFlight(Flight* f);
-  // Frees the abandoned flights that have completed (the reap list).
-  void Reap();
+  // A flight done with: a write's late copies' pending blocks given back
+  // (Account: their requests are done), then freed.
+  void FinishFlight(Flight* f);
+  // Finishes the abandoned flights that have completed: the reads' (reap_,
+  // abandoned_reads: at the next read, and Close) or, `writes`, the
+  // replicated writes' (late_, late_writes: from a writer's context -- a
+  // freed bucket is a record commit -- and Close).
+  void Reap(bool writes = false);
+  // The waiter (reader, writer) leaves flight f: when `settled` (every
+  // completion it waits for taken) it waits up to kLeaveSpins for their
+  // last steps; then finishes f if it holds the last reference, else counts
+  // it abandoned (abandoned_reads, late_writes) for the last completion.
+  void LeaveFlight(Flight* f, bool settled);
   struct Piece;
   // ReadBlocks' phase 1: the extents over [first, end) into `pieces` (one
   // per extent: it grows as they are found), with the crcs the read needs
   // copied into `crcs` (end - first of them at most).
   Status FindPieces(u64 ino, u64 first, u64 end, Vector<Piece>* pieces, u8* crcs);
-  // Adds the journal data check of a prepared item's new blob to `tx`.
+  // Adds the journal data check of a prepared item's new blob to `tx`; of
+  // each copy of e (just written whole, e.g. a repair's new copy).
   Status QueueDataCheck(btree::Transaction* tx, const Prepared::Item& item);
+  Status QueueDataChecks(btree::Transaction* tx, const Extent& e);
   // Extent commits' applies to the tree, per stripe of inodes (see ReadBlocks):
   // odd while one is applying its keys (btree::Transaction::SetApplySeq), bumped
   // by two for each. A commit that waits for the journal or a device is not
@@ -804,11 +842,16 @@ class DataPath {
   CopyRepair repairs_[kRepairQueue] TFS_GUARDED_BY(repair_mu_);
   u32 repair_head_ TFS_GUARDED_BY(repair_mu_) = 0;  // the oldest entry
   u32 repair_count_ TFS_GUARDED_BY(repair_mu_) = 0;
+  // The entry TakeRepair handed out, until its NoteRepair (a read finding
+  // the same bad copy meanwhile does not queue it again).
+  CopyRepair repair_taken_ TFS_GUARDED_BY(repair_mu_);
+  bool repair_busy_ TFS_GUARDED_BY(repair_mu_) = false;
   Atomic<u32> repair_seq_{0};  // bumped (and woken) by each queue and KickRepairs
   LogLimit repaired_log_;
   LogLimit repair_failed_log_;
   SpinLock reap_mu_;
   Flight* reap_ TFS_GUARDED_BY(reap_mu_) = nullptr;  // abandoned flights completed (Flight::next)
+  Flight* late_ TFS_GUARDED_BY(reap_mu_) = nullptr;  // writes' flights with late copies, completed
   bool listed_order_ = false;                         // SetListedReadOrderForTest
   bool hedging_ = true;                               // SetHedgingForTest
   void (*lookup_hook_)(void*) = nullptr;  // SetLookupHookForTest

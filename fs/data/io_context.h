@@ -12,6 +12,8 @@
 //    (alloc::Watermark: a background writer stops before the foreground does);
 //  - target: where new data goes (a superblock target, one member, or the
 //    group of one member -- a file's foreground_target option, posix/opts.h);
+//  - target_only: whether the target's members are the only ones (no
+//    fallback to any member: a repair rewrites a copy on its own member);
 //  - replicas: how many copies a write wants (a file's replicas option; 0:
 //    the filesystem's data_replicas for the foreground write path -- origin
 //    kForegroundWrite -- and one copy for any other writer: promote,
@@ -65,6 +67,10 @@ struct IoContext {
   alloc::Watermark watermark = alloc::Watermark::kForeground;
   Target target;
   u8 replicas = 0;  // copies wanted, 1..kMaxPtrs (more: kMaxPtrs); 0: data_replicas (foreground writes), else 1
+  // Space on the target's members only: no fallback to any member when
+  // they have none (kNoSpace instead). A repair's (the copy belongs on its
+  // member), later an evacuation's.
+  bool target_only = false;
 };
 
 // posix's writes (buffered write-out, O_DIRECT, fallocate's zeroing) and reads.

@@ -144,36 +144,6 @@ Status DataPath::ReadCopy(const IoContext& ctx, const Extent& e, const Extent::P
   return Status::Ok();
 }
 
-// One multi-copy piece's reads: per copy its request, its own buffer (the
-// blocks [lo, hi), or the compressed blob) and its status. Shared by the
-// reader and the copies at their members: `refs` is one for the reader
-// and one per copy submitted whose completion has not finished. A reader
-// that leaves before them abandons the flight (abandoned_reads); the
-// completion that drops the last reference puts it on the reap list -- a
-// completion never frees (it may run in interrupt context).
-struct DataPath::Flight {
-  struct Copy {
-    dev::Io io;
-    Flight* flight = nullptr;
-    u8* buf = nullptr;  // platform::Alloc'd (kBlockSize-aligned: O_DIRECT members)
-    u64 at = 0;         // the device offset read
-    u64 bucket = 0;     // pinned while the reader waits
-    u32 ptr = 0;        // its index in e.ptrs
-    u32 place = 0;      // its place in the reader's order
-    bool pinned = false;
-    bool hedge = false;  // submitted by a hedge (hedge_wins)
-    bool seen = false;   // the reader has taken its completion
-    Atomic<i32> err{0};
-    Atomic<u32> done{0};
-  };
-  DataPath* dp = nullptr;
-  Copy copies[kMaxPtrs];
-  u32 submitted = 0;
-  Atomic<u32> events{0};  // completions so far (the reader sleeps on it)
-  Atomic<u32> refs{1};
-  Flight* next = nullptr;  // the reap list
-};
-
 void DataPath::FlightCopyDone(dev::Io* io, Status st) {
   auto* c = static_cast<Flight::Copy*>(io->caller_data);
   Flight* f = c->flight;
@@ -186,13 +156,15 @@ void DataPath::FlightCopyDone(dev::Io* io, Status st) {
   // wake_up_var reads it, and a spurious wake is allowed to any waiter.
   const u32* word = f->events.Address();
   if (f->refs.FetchSub(1, MemOrder::kAcqRel) == 1) {
-    // The reader has left: the flight goes on the list the next read (or
-    // Close) frees. The data path outlives it: Close waits for every
-    // abandoned flight to arrive here first. (No waiter: no wake.)
+    // The waiter has left: the flight goes on the list the next read (a
+    // write's: the next write), or Close, takes. The data path outlives
+    // it: Close waits for every abandoned flight to arrive here first. (No
+    // waiter: no wake.)
     DataPath* dp = f->dp;
     SpinGuard l(dp->reap_mu_);
-    f->next = dp->reap_;
-    dp->reap_ = f;
+    Flight** list = f->write ? &dp->late_ : &dp->reap_;
+    f->next = *list;
+    *list = f;
     return;
   }
   tfs_plat_wake(word, 0);
@@ -200,21 +172,53 @@ void DataPath::FlightCopyDone(dev::Io* io, Status st) {
 
 void DataPath::FreeFlight(Flight* f) {
   for (u32 i = 0; i < f->submitted; i++) platform::Free(f->copies[i].buf);
+  platform::Free(f->data);
   platform::Delete(f);
 }
 
-void DataPath::Reap() {
+void DataPath::FinishFlight(Flight* f) {
+  for (u32 c = 0; f->write && c < f->submitted; c++) {
+    const Flight::Copy& k = f->copies[c];
+    if (k.late) Account(k.dev, k.bucket, -i64(k.pending));  // (its request is done: the space is free to go)
+  }
+  FreeFlight(f);
+}
+
+void DataPath::Reap(bool writes) {
   Flight* list;
   {
     SpinGuard l(reap_mu_);
-    list = reap_;
-    reap_ = nullptr;
+    Flight** from = writes ? &late_ : &reap_;
+    list = *from;
+    *from = nullptr;
   }
   while (list != nullptr) {
     Flight* next = list->next;
-    FreeFlight(list);
-    ctr_.abandoned_reads.FetchSub(1, MemOrder::kRelaxed);
+    FinishFlight(list);
+    (writes ? ctr_.late_writes : ctr_.abandoned_reads).FetchSub(1, MemOrder::kRelaxed);
     list = next;
+  }
+}
+
+void DataPath::LeaveFlight(Flight* f, bool settled) {
+  // Every copy's completion taken: each is past its stores, at most a wake
+  // and its reference away -- waited for a little (review helper-74:
+  // leaving at once counted such a flight abandoned and left it on the reap
+  // list until the next read). Bounded: a kernel completion deferred to
+  // this CPU's work could not run while this spins.
+  for (u32 spins = 0; settled && spins < kLeaveSpins && f->refs.Load(MemOrder::kAcquire) != 1; spins++)
+    tfs_plat_spin_yield();
+  if (f->refs.Load(MemOrder::kAcquire) == 1) {
+    FinishFlight(f);
+    return;
+  }
+  // Abandoned: counted before the reference goes (the last completion puts
+  // the flight on its list, whose Reap uncounts it).
+  auto& gauge = f->write ? ctr_.late_writes : ctr_.abandoned_reads;
+  gauge.FetchAdd(1, MemOrder::kRelaxed);
+  if (f->refs.FetchSub(1, MemOrder::kAcqRel) == 1) {
+    gauge.FetchSub(1, MemOrder::kRelaxed);
+    FinishFlight(f);
   }
 }
 
@@ -416,24 +420,7 @@ bool DataPath::ReadCopies(const IoContext& ctx, const Extent& e, u64 lo, u64 hi,
     if (k.pinned) Unpin(e.ptrs[k.ptr].dev, k.bucket);
     k.pinned = false;
   }
-  // Every copy's completion taken: each is past its stores, at most a wake
-  // and its reference away -- waited for a little (review helper-74:
-  // leaving at once counted such a flight abandoned and left it on the reap
-  // list until the next read). Bounded: a kernel completion deferred to
-  // this CPU's work could not run while this spins.
-  for (u32 spins = 0; out_now == 0 && spins < kLeaveSpins && f->refs.Load(MemOrder::kAcquire) != 1; spins++)
-    tfs_plat_spin_yield();
-  if (f->refs.Load(MemOrder::kAcquire) == 1) {
-    FreeFlight(f);
-    return served;
-  }
-  // Abandoned: counted before the reference goes (the last completion puts
-  // the flight on the reap list, which uncounts it).
-  ctr_.abandoned_reads.FetchAdd(1, MemOrder::kRelaxed);
-  if (f->refs.FetchSub(1, MemOrder::kAcqRel) == 1) {
-    ctr_.abandoned_reads.FetchSub(1, MemOrder::kRelaxed);
-    FreeFlight(f);
-  }
+  LeaveFlight(f, out_now == 0);
   return served;
 }
 

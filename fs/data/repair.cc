@@ -38,10 +38,10 @@ void DataPath::QueueRepair(const Extent& e, u32 c, bool io_error) {
     return;
   {
     SpinGuard l(repair_mu_);
-    for (u32 i = 0; i < repair_count_; i++) {
-      const CopyRepair& q = repairs_[(repair_head_ + i) % kRepairQueue];
-      if (q.ino == e.ino && q.end == e.end && SamePtr(q.bad, p)) return;  // (queued already)
-    }
+    auto same = [&](const CopyRepair& q) { return q.ino == e.ino && q.end == e.end && SamePtr(q.bad, p); };
+    if (repair_busy_ && same(repair_taken_)) return;  // (being repaired)
+    for (u32 i = 0; i < repair_count_; i++)
+      if (same(repairs_[(repair_head_ + i) % kRepairQueue])) return;  // (queued already)
     if (repair_count_ == kRepairQueue) {
       ctr_.repairs_dropped.FetchAdd(1, MemOrder::kRelaxed);
       return;
@@ -64,6 +64,8 @@ bool DataPath::TakeRepair(CopyRepair* out) {
   SpinGuard l(repair_mu_);
   if (repair_count_ == 0) return false;
   *out = repairs_[repair_head_];
+  repair_taken_ = *out;
+  repair_busy_ = true;
   repair_head_ = (repair_head_ + 1) % kRepairQueue;
   repair_count_--;
   ctr_.repairs_waiting.FetchSub(1, MemOrder::kRelaxed);
@@ -83,6 +85,7 @@ void DataPath::DropRepairs() {
   ctr_.repairs_waiting.FetchSub(repair_count_, MemOrder::kRelaxed);
   repair_head_ = 0;
   repair_count_ = 0;
+  repair_busy_ = false;
 }
 
 IoContext DataPath::RepairContext(const CopyRepair& r) {
@@ -92,6 +95,7 @@ IoContext DataPath::RepairContext(const CopyRepair& r) {
   ctx.watermark = alloc::Watermark::kBackground;
   ctx.target = Target{TargetKind::kMember, r.bad.dev};
   ctx.replicas = 1;
+  ctx.target_only = true;  // (the copy belongs on its member: no fallback)
   return ctx;
 }
 
@@ -169,25 +173,26 @@ Status DataPath::PrepareRepair(const CopyRepair& r, Replacement* out, Delta* del
     // pieces' offsets and crc stay valid), a plain copy's extent blocks.
     const Extent::Ptr& g = e.ptrs[from];
     const u32 disk = u32(g.compressed ? e.DiskBlocks(g) : e.blocks());
-    Space sp;
+    Space sp[kMaxPtrs];
     u32 copies = 0, got = 0;
-    st = Reserve(ctx, disk, 0, true, &sp, &copies, &got);
-    if (st.ok()) st = RecordCopies(&sp, 1, e.blocks(), disk, delta);  // (Abort gives it back)
-    // Only on the bad copy's member: space the allocator's fallback found
-    // elsewhere is no repair of this copy.
-    if (st.ok() && sp.ref.dev != r.bad.dev) st = Err::kNoSpace;
+    st = Reserve(ctx, disk, 0, true, sp, &copies, &got);
+    if (st.ok()) st = RecordCopies(sp, copies, e.blocks(), got, delta);  // (Abort gives them back)
+    // One copy of the whole blob, on the bad copy's member (target_only:
+    // never elsewhere; the write point table's fallback could still be):
+    // anything else is no repair of this copy.
+    if (st.ok() && (copies != 1 || got != disk || sp[0].ref.dev != r.bad.dev)) st = Err::kNoSpace;
     if (st.ok())
-      st = ContextIo(ctx, store_->devs().member(sp.ref.dev)->queue(), IoOp::kWrite, sp.offset, buf,
+      st = ContextIo(ctx, store_->devs().member(sp[0].ref.dev)->queue(), IoOp::kWrite, sp[0].offset, buf,
                      u64(disk) * kBlockSize);
     if (st.ok()) {
       Extent::Ptr& now = out->now;
       now = g.compressed ? g : Extent::Ptr{};
-      now.dev = u8(sp.ref.dev);
-      now.gen = sp.ref.gen;
-      now.offset = sp.offset;
+      now.dev = u8(sp[0].ref.dev);
+      now.gen = sp[0].ref.gen;
+      now.offset = sp[0].offset;
       now.cached = false;
       out->has_new = true;
-      delta->deps |= dev::DevMask(1) << sp.ref.dev;
+      delta->deps |= dev::DevMask(1) << sp[0].ref.dev;
     }
   }
   platform::Free(buf);
@@ -227,10 +232,7 @@ Status DataPath::QueueReplacePtr(btree::Transaction* tx, const Replacement& r, D
     one.nr_ptrs = 1;
     one.ptrs[0] = r.now;
     one.crcs = r.now.compressed ? nullptr : e.crcs;
-    Prepared::Item item;
-    item.end = r.end;
-    item.len = TFS_TRY(BuildExtent(one, item.value));
-    TFS_TRY(QueueDataCheck(tx, item));
+    TFS_TRY(QueueDataChecks(tx, one));
     // Sole when the other copies count for nothing (5c-3).
     u32 others = 0;
     for (u32 i = 0; i < x.nr_ptrs; i++)
@@ -249,6 +251,10 @@ Status DataPath::QueueReplacePtr(btree::Transaction* tx, const Replacement& r, D
 }
 
 void DataPath::NoteRepair(const CopyRepair& r, const Replacement* done, Status st) {
+  {
+    SpinGuard l(repair_mu_);
+    repair_busy_ = false;  // (TakeRepair's entry is done with)
+  }
   char more[64];
   const char* why = r.io_error ? "an I/O error" : "a checksum mismatch";
   if (st.ok() && done != nullptr && !done->has_new) {
@@ -265,7 +271,7 @@ void DataPath::NoteRepair(const CopyRepair& r, const Replacement* done, Status s
                     unsigned(r.bad.dev), why, more);
     return;
   }
-  if (st.code() == Err::kAgain) {
+  if (st.code() == Err::kAgain || st.code() == Err::kMissing) {  // (changed; or its member failed: the reconcile's)
     ctr_.repair_skipped.FetchAdd(1, MemOrder::kRelaxed);
     return;
   }

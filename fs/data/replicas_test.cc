@@ -119,7 +119,7 @@ struct Replicas {
   // Every mount's check finds the counts and the accounting totals (the
   // sets of the copies written, degraded ones included) as the extents say.
   void Mount() {
-    posix::Filesystem::Options po;
+    posix::Filesystem::Options po = testing::TestFsOptions();
     po.repair_copies = repair_worker;
     m = std::make_unique<testing::MountedFs>(Devs(), store::OpenOptions{}, po);
     u64 counts = 0, totals = 0;
@@ -531,6 +531,80 @@ TEST(ReplicasTest, ABadCopyIsRewrittenOnItsMemberFromAGoodOne) {
     }
 }
 
+// A bad copy of a piece of a split extent (a punch in the middle: the back
+// piece's copies start 5 blocks into their blobs) is rewritten as the
+// piece's own blocks (plain: a new blob of them, offset 0) or its blob's
+// clone (compressed: the whole blob, the piece's offset kept); the front
+// piece keeps the old blobs; everything verifies and fsck is clean.
+TEST(ReplicasTest, ABadCopyOfAPieceIsRewritten) {
+  for (const bool zstd : {false, true}) {
+    SCOPED_TRACE(zstd ? "compressed" : "plain");
+    Replicas t(2, 2, ZstdIf(zstd));
+    const u64 ino = t.Create("f");
+    std::string content = SixtyFourKiB(zstd);
+    const u32 first = t.OneExtentRemounted(ino, content, zstd);
+    ASSERT_TRUE(t.fs().Fallocate(ino, posix::kFallocPunchHole | posix::kFallocKeepSize, 4 * data::kBlockSize,
+                                 data::kBlockSize).ok());
+    std::fill(content.begin() + 4 * data::kBlockSize, content.begin() + 5 * data::kBlockSize, '\0');
+    std::vector<std::vector<u8>> vals;
+    std::vector<data::Extent> ext = t.Extents(ino, &vals);
+    ASSERT_EQ(ext.size(), 2u);
+    const data::Extent back = ext[1];
+    ASSERT_EQ(back.ptrs[0].blob_offset, 5u);
+    t.Damage(back, 0);
+    t.data().SetListedReadOrderForTest(true);
+    t.data().SetHedgingForTest(false);
+    EXPECT_TRUE(t.Read(ino, content.size()) == content);
+    // (Compressed, the pieces share the damaged blob: both are repaired,
+    // each with a clone of the whole blob.)
+    const u32 bad = zstd ? 2 : 1;
+    EXPECT_EQ(t.fs().RepairQueued(8), bad);
+    EXPECT_EQ(t.data().GetStats().repaired, bad);
+    ext = t.Extents(ino, &vals);
+    ASSERT_EQ(ext.size(), 2u);
+    EXPECT_EQ(ext[0].ptrs[0].offset == back.ptrs[0].offset, !zstd);  // (plain: the front piece keeps its blob)
+    EXPECT_EQ(ext[1].ptrs[0].dev, first);
+    EXPECT_NE(ext[1].ptrs[0].offset, back.ptrs[0].offset);
+    EXPECT_EQ(ext[1].ptrs[0].blob_offset, zstd ? 5u : 0u);
+    const u64 retries = t.data().GetStats().read_retries;
+    EXPECT_TRUE(t.Read(ino, content.size()) == content);
+    EXPECT_EQ(t.data().GetStats().read_retries, retries);
+    t.ExpectCountsMatchExtents();
+    t.ExpectFsckClean();
+  }
+}
+
+// A power cut after a repair (its commit not flushed; each unflushed block
+// kept or not by a seeded coin): the mount replays the repair whole --
+// the new copy verified by its data check -- or not at all, and either
+// way the file reads back and fsck is clean.
+TEST(ReplicasTest, APowerCutAfterARepairLeavesTheExtentWholeEitherWay) {
+  for (u64 seed = 1; seed <= 4; seed++) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::vector<std::vector<u8>> images;
+    u64 ino = 0;
+    const std::string content = Bytes(64 * 1024, 60 + u32(seed));
+    {
+      Replicas t(2, 2);
+      ino = t.Create("f");
+      t.OneExtentRemounted(ino, content, false);
+      std::vector<std::vector<u8>> vals;
+      t.Damage(t.Extents(ino, &vals)[0], 0);
+      t.data().SetListedReadOrderForTest(true);
+      t.data().SetHedgingForTest(false);
+      EXPECT_TRUE(t.Read(ino, content.size()) == content);
+      EXPECT_EQ(t.fs().RepairQueued(8), 1u);
+      EXPECT_EQ(t.data().GetStats().repaired, 1u);
+      images = t.Cut(/*torn=*/true, seed);
+    }
+    Replicas t(images);
+    t.data().SetHedgingForTest(false);
+    EXPECT_TRUE(t.Read(ino, content.size()) == content);
+    t.ExpectFsckClean();
+    EXPECT_TRUE(t.Read(ino, content.size()) == content);
+  }
+}
+
 // A repair finds the extent changed -- overwritten before its prepare, or
 // between its prepare and the re-key (the inode's lock is taken only for
 // the re-key) -- and does nothing: skipped, the new copy's space given back
@@ -622,7 +696,9 @@ TEST(ReplicasTest, TheRepairWorkerRewritesABadCopyAReadFound) {
   const data::Extent was = t.Extents(ino, &vals)[0];
   t.Damage(was, 0);
   t.data().SetListedReadOrderForTest(true);
+  t.data().SetHedgingForTest(false);  // (a hedge won under load would leave the bad copy unmet)
   EXPECT_TRUE(t.Read(ino, content.size()) == content);
+  EXPECT_EQ(t.data().GetStats().repairs_queued, 1u);
   // (A generous bound: the worker is woken by the queue.)
   for (int i = 0; i < 60000 && t.data().GetStats().repaired == 0; i++)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -633,6 +709,74 @@ TEST(ReplicasTest, TheRepairWorkerRewritesABadCopyAReadFound) {
   EXPECT_NE(t.Extents(ino, &vals)[0].ptrs[0].offset, was.ptrs[0].offset);
   t.ExpectFsckClean();
   EXPECT_TRUE(t.Read(ino, content.size()) == content);
+}
+
+// Step 6c (docs/design/copies.md, "Step 6c"): a member that holds a
+// replicated write's copy (its data writes parked) -- the write returns
+// once the other copy is written and the held one is past its member's
+// late bound, committed with one copy (degraded, late_copies); while the
+// request stays at the member the next writes give it no copy and do not
+// wait (copies_passed_stalling); released, the late copy's space is given
+// back by the next write (late_writes 0), the member gets copies again,
+// the counts match the extents and fsck is clean.
+TEST(ReplicasTest, AReplicatedWriteLeavesALateCopyBehindAndPassesAStallingMemberOver) {
+  Replicas t(2, 2);
+  const u64 ino = t.Create("f");
+  const std::string a = Bytes(64 * 1024, 51), b = Bytes(64 * 1024, 52), c = Bytes(64 * 1024, 53);
+  t.gates[1]->Close();  // (its foreground data writes)
+  std::atomic<bool> done{false};
+  Status wst;
+  std::thread writer([&] {
+    wst = t.fs().Write(ino, 0, a.data(), u32(a.size()), Filesystem::kWriteDirect).status();
+    done = true;
+  });
+  // (A generous bound: the write takes the member's late bound, 1 s at most.)
+  for (int i = 0; i < 60000 && !done; i++) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const bool returned = done;
+  if (!returned) t.gates[1]->Open();  // (so the writer ends)
+  writer.join();
+  ASSERT_TRUE(returned) << "the write waited for the member that holds its copy";
+  ASSERT_TRUE(wst.ok()) << wst.Message();
+  EXPECT_EQ(t.gates[1]->parked(), 1u);
+  data::Stats s = t.data().GetStats();
+  EXPECT_EQ(s.late_copies, 1u);
+  EXPECT_EQ(s.late_writes, 1u);
+  EXPECT_EQ(s.degraded_writes, 1u);
+  EXPECT_EQ(s.copy_write_errors, 0u);
+  std::vector<std::vector<u8>> vals;
+  std::vector<data::Extent> ext = t.Extents(ino, &vals);
+  ASSERT_EQ(ext.size(), 1u);
+  ASSERT_EQ(ext[0].nr_ptrs, 1u);
+  EXPECT_EQ(ext[0].ptrs[0].dev, 0u);
+  EXPECT_TRUE(t.Read(ino, a.size()) == a);
+  // The held request is older than any late bound: the member is stalling.
+  dev::IoQueue& q = t.m->store->devs().member(1)->queue();
+  for (int i = 0; i < 60000 && q.GetReadState(false).oldest_ns <= data::DataPath::kLateMaxNs; i++)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  t.Write(ino, a.size(), b);
+  ASSERT_TRUE(t.fs().FlushBuffer(ino).ok());
+  EXPECT_EQ(t.gates[1]->parked(), 1u) << "a stalling member was given a further copy";
+  s = t.data().GetStats();
+  EXPECT_GE(s.copies_passed_stalling, 1u);
+  EXPECT_EQ(s.late_copies, 1u);
+  // Released: its completion leaves the flight to the next write, which
+  // gives the late copy's space back; the member takes copies again.
+  t.gates[1]->Open();
+  for (int i = 0; i < 60000 && t.data().GetStats().late_writes != 0; i++) {
+    t.Write(ino, a.size() + b.size(), c);
+    ASSERT_TRUE(t.fs().FlushBuffer(ino).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(t.data().GetStats().late_writes, 0u);
+  t.Write(ino, a.size() + b.size(), c);
+  ASSERT_TRUE(t.fs().FlushBuffer(ino).ok());
+  ext = t.Extents(ino, &vals);
+  EXPECT_EQ(ext.back().nr_ptrs, 2u) << "the member, answering again, got no copy";
+  std::string all = a + b + c;
+  EXPECT_TRUE(t.Read(ino, all.size()) == all);
+  t.ExpectCountsMatchExtents();
+  t.ExpectFsckClean();
+  EXPECT_TRUE(t.Read(ino, all.size()) == all);
 }
 
 // The same with compression: every copy of a blob is compressed, each with

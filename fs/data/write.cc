@@ -29,58 +29,112 @@ namespace tfs::data {
 
 using btree::Iterator;
 
-namespace {
+u64 DataPath::LateBoundNs(const dev::ReadState& rs) {
+  if (rs.ewma_ns == 0) return kLateMaxNs;
+  return Min(Max(rs.ewma_ns > kLateMaxNs ? kLateMaxNs : 8 * rs.ewma_ns, kLateMinNs), kLateMaxNs);
+}
 
-// The copies' writes in flight (WriteCopies).
-struct CopyWrites {
-  dev::LatchedIo copy[kMaxPtrs];
-};
-
-}  // namespace
+bool DataPath::Stalling(u32 dev) const {
+  const dev::Member* m = store_->devs().member(dev);
+  if (m == nullptr) return false;
+  const dev::ReadState rs = m->queue().GetReadState(/*p99=*/false);
+  return rs.stalled || rs.oldest_ns > LateBoundNs(rs);
+}
 
 Status DataPath::WriteCopies(const IoContext& ctx, const Space* sp, u32 copies, const u8* data, u64 len,
-                             Status* per) {
-  // O_DIRECT devices need aligned buffers: copy only data that is not (once,
-  // for every copy).
-  u8* buf = nullptr;
-  if (reinterpret_cast<uptr>(data) % kBlockSize != 0) {
-    buf = static_cast<u8*>(platform::Alloc(len, kBlockSize));
-    if (buf == nullptr) return Err::kNoMemory;
-    MemCopy(buf, data, len);
-  }
-  u8* from = buf != nullptr ? buf : const_cast<u8*>(data);
+                             Status* per, bool* late) {
+  for (u32 c = 0; c < copies; c++) late[c] = false;
   if (copies == 1) {  // (the one-copy write as it always was: submitted and waited for)
+    // O_DIRECT devices need aligned buffers: copy only data that is not.
+    u8* buf = nullptr;
+    if (reinterpret_cast<uptr>(data) % kBlockSize != 0) {
+      buf = static_cast<u8*>(platform::Alloc(len, kBlockSize));
+      if (buf == nullptr) return Err::kNoMemory;
+      MemCopy(buf, data, len);
+    }
+    u8* from = buf != nullptr ? buf : const_cast<u8*>(data);
     per[0] = ContextIo(ctx, store_->devs().member(sp[0].ref.dev)->queue(), IoOp::kWrite, sp[0].offset, from, len);
     platform::Free(buf);
     return Status::Ok();
   }
   // Every copy is submitted before any is waited for: the write takes as
   // long as its slowest copy, not the sum (the queues never block a
-  // submission). The last goes inline if the device may do it at once.
-  CopyWrites* w = platform::New<CopyWrites>();
-  if (w == nullptr) {
-    platform::Free(buf);
+  // submission). From the write's own copy of the data: a copy left behind
+  // still reads it after the caller has its buffer back.
+  Flight* f = platform::New<Flight>();
+  if (f == nullptr) return Err::kNoMemory;
+  f->dp = this;
+  f->write = true;
+  f->data = static_cast<u8*>(platform::Alloc(len, kBlockSize));
+  if (f->data == nullptr) {
+    platform::Delete(f);
     return Err::kNoMemory;
   }
-  Latch latch(copies);
+  MemCopy(f->data, data, len);
+  u64 bound[kMaxPtrs];
   for (u32 c = 0; c < copies; c++) {
-    dev::LatchedIo& cw = w->copy[c];
-    cw.latch = &latch;
-    cw.io.req.op = IoOp::kWrite;
-    cw.io.req.origin = ctx.origin;
-    cw.io.req.offset = sp[c].offset;
-    cw.io.req.length = len;
-    cw.io.req.buf = from;
-    cw.io.cls = ctx.io_class;
-    cw.io.done = dev::LatchedIo::Done;
-    cw.io.caller_data = &cw;
+    Flight::Copy& k = f->copies[c];
+    k.flight = f;
+    k.dev = sp[c].ref.dev;
+    k.bucket = sp[c].ref.bucket;
+    k.pending = u32(len / kBlockSize);
+    k.at = sp[c].offset;
+    k.io.req.op = IoOp::kWrite;
+    k.io.req.origin = ctx.origin;
+    k.io.req.offset = sp[c].offset;
+    k.io.req.length = len;
+    k.io.req.buf = f->data;
+    k.io.cls = ctx.io_class;
+    k.io.done = FlightCopyDone;
+    k.io.caller_data = &k;
+    bound[c] = LateBoundNs(store_->devs().member(k.dev)->queue().GetReadState(/*p99=*/false));
   }
-  for (u32 c = 0; c < copies; c++)
-    store_->devs().member(sp[c].ref.dev)->queue().Submit(&w->copy[c].io, /*waiting=*/c + 1 == copies);
-  latch.Wait();
-  for (u32 c = 0; c < copies; c++) per[c] = w->copy[c].status();
-  platform::Delete(w);
-  platform::Free(buf);
+  f->submitted = copies;
+  f->refs.FetchAdd(copies, MemOrder::kAcqRel);
+  const u64 start = platform::NowNs();
+  // (Never inline: a member that stalls would hold this thread inside
+  // Submit, past any bound.)
+  for (u32 c = 0; c < copies; c++) store_->devs().member(f->copies[c].dev)->queue().Submit(&f->copies[c].io);
+  u32 out = copies;
+  bool written = false;  // some copy is on its member
+  while (out > 0) {
+    const u32 ev = f->events.Load(MemOrder::kAcquire);
+    for (u32 c = 0; c < copies; c++) {
+      Flight::Copy& k = f->copies[c];
+      if (k.seen || k.done.Load(MemOrder::kAcquire) == 0) continue;
+      k.seen = true;
+      out--;
+      per[c] = Status(Err(k.err.Load(MemOrder::kRelaxed)));
+      written |= per[c].ok();
+    }
+    if (out == 0) break;
+    // Once a copy is written, the others are waited for up to their
+    // members' late bounds; before, as long as it takes (no copy is
+    // anywhere else).
+    u64 deadline = platform::kForever;
+    for (u32 c = 0; c < copies && written; c++)
+      if (!f->copies[c].seen) deadline = Min(deadline, start + bound[c]);
+    const u64 now = platform::NowNs();
+    if (now >= deadline) {
+      for (u32 c = 0; c < copies; c++) {
+        Flight::Copy& k = f->copies[c];
+        if (k.seen || k.done.Load(MemOrder::kAcquire) != 0 || now < start + bound[c]) continue;
+        k.late = true;
+        k.seen = true;  // (the writer is done with it; its completion is Reap(true)'s)
+        late[c] = true;
+        per[c] = Err::kIoTimeout;
+        out--;
+        ctr_.late_copies.FetchAdd(1, MemOrder::kRelaxed);
+      }
+      continue;
+    }
+    tfs_plat_wait(f->events.Address(), ev, deadline == platform::kForever ? platform::kForever : deadline - now);
+  }
+  // Freed now (a late copy that completed meanwhile: its space back), or
+  // left to the completions of its late copies (late_writes; Reap(true)).
+  bool left = false;
+  for (u32 c = 0; c < copies; c++) left |= f->copies[c].late;
+  LeaveFlight(f, !left);
   return Status::Ok();
 }
 
@@ -100,10 +154,17 @@ Status DataPath::RecordCopies(const Space* sp, u32 copies, u32 blocks, u32 pendi
   return Status::Ok();
 }
 
-void DataPath::LogCopyError(u32 dev, const Status& st) {
+void DataPath::LogCopyError(u32 dev, const Status& st, bool late) {
   const u32 m = dev % dev::kMaxDevices;
   char more[64];
   if (!copy_error_log_[m].Admit(kCopyErrorLogNs, more, sizeof(more))) return;
+  if (late) {
+    platform::Log(platform::LogLevel::kWarn,
+                  "data: write of a copy to member %u did not complete within its late bound: the extent is "
+                  "committed with its other copies (degraded)%s",
+                  unsigned(m), more);
+    return;
+  }
   platform::Log(platform::LogLevel::kError, "data: write of a copy to member %u failed: %s%s", unsigned(m),
                 st.Message(), more);
 }
@@ -116,24 +177,23 @@ void DataPath::LogCopyAllocError(const Status& st) {
                 st.Message(), more);
 }
 
-Status DataPath::KeepWritten(const IoContext& ctx, const Space* sp, u32 copies, const Status* per, u64 first_change,
-                             u64 blocks, Delta* delta, Extent* x) {
+Status DataPath::KeepWritten(const IoContext& ctx, const Space* sp, u32 copies, const Status* per, const bool* late,
+                             u64 first_change, u64 blocks, Delta* delta, Extent* x) {
   x->nr_ptrs = 0;
   u32 durability = 0;
   Status first_error = Status::Ok();
   for (u32 c = 0; c < copies; c++) {
     Delta::Change& ch = delta->changes[first_change + c];
     if (!per[c].ok()) {
-      // Its space back now (the bucket may go once empty); the others keep
-      // the data.
-      Account(ch.dev, ch.bucket, -ch.pending);
+      // Its space back now (the bucket may go once empty) -- a late copy's
+      // once its request completes (Reap(true): it still writes there); the
+      // others keep the data.
+      if (!late[c]) Account(ch.dev, ch.bucket, -ch.pending);
       ch.blocks = 0;
       ch.pending = 0;
       if (first_error.ok()) first_error = per[c];
-      if (copies > 1) {  // (one copy: the write fails with its error)
-        ctr_.copy_write_errors.FetchAdd(1, MemOrder::kRelaxed);
-        LogCopyError(sp[c].ref.dev, per[c]);
-      }
+      if (copies > 1 && !late[c]) ctr_.copy_write_errors.FetchAdd(1, MemOrder::kRelaxed);
+      if (copies > 1) LogCopyError(sp[c].ref.dev, per[c], late[c]);  // (one copy: the write fails with its error)
       continue;
     }
     Extent::Ptr& p = x->ptrs[x->nr_ptrs++];
@@ -204,12 +264,16 @@ Status DataPath::QueuePreparedOverPunch(btree::Transaction* tx, const Prepared& 
 }
 
 Status DataPath::QueueDataCheck(btree::Transaction* tx, const Prepared::Item& item) {
+  Extent e;
+  TFS_TRY(ParseExtent(ExtentPos(0, item.end), item.value, item.len, &e));
+  return QueueDataChecks(tx, e);
+}
+
+Status DataPath::QueueDataChecks(btree::Transaction* tx, const Extent& e) {
   // The blobs were just written whole: a check per copy covers it with the
   // crcs the extent already holds (per block, or a compressed blob's one), so
   // replay can tell whether it reached the disk (journal/format.h,
   // kKeyDataCheck).
-  Extent e;
-  TFS_TRY(ParseExtent(ExtentPos(0, item.end), item.value, item.len, &e));
   for (u32 i = 0; i < e.nr_ptrs; i++) {
     const Extent::Ptr& p = e.ptrs[i];
     // A member without a journal is flushed by the committer (Commit): its
@@ -238,6 +302,8 @@ Status DataPath::QueueDataCheck(btree::Transaction* tx, const Prepared::Item& it
 Status DataPath::Prepare(const IoContext& ctx, u64 ino, u64 first, const u8* blocks, u32 nblocks, bool compress,
                          Prepared* p, Delta* delta) {
   if (store_ == nullptr || nblocks == 0) return Err::kInvalidArgument;
+  // Late copies of earlier writes whose requests have completed since: their space back.
+  if (ctr_.late_writes.Load(MemOrder::kRelaxed) != 0) Reap(/*writes=*/true);
   p->ino = ino;
   p->first = first;
   p->blocks = nblocks;
@@ -269,7 +335,8 @@ Status DataPath::Prepare(const IoContext& ctx, u64 ino, u64 first, const u8* blo
     TFS_TRY(RecordCopies(sp, copies, got, got, delta));
     const u8* data = blocks + u64(done) * kBlockSize;
     Status per[kMaxPtrs];
-    TFS_TRY(WriteCopies(ctx, sp, copies, data, u64(got) * kBlockSize, per));
+    bool late[kMaxPtrs];
+    TFS_TRY(WriteCopies(ctx, sp, copies, data, u64(got) * kBlockSize, per, late));
     for (u32 i = 0; i < got; i++) {
       Le32 c;
       c.set(platform::Crc32c(data + u64(i) * kBlockSize, kBlockSize));
@@ -279,7 +346,7 @@ Status DataPath::Prepare(const IoContext& ctx, u64 ino, u64 first, const u8* blo
     Extent x;
     x.start = first + done;
     x.end = x.start + got;
-    TFS_TRY(KeepWritten(ctx, sp, copies, per, first_change, got, delta, &x));
+    TFS_TRY(KeepWritten(ctx, sp, copies, per, late, first_change, got, delta, &x));
     x.crcs = crcs;
     TFS_TRY(p->items.PushBack(Prepared::Item{}));
     Prepared::Item& item = p->items[p->items.size() - 1];
@@ -315,11 +382,12 @@ Status DataPath::WriteCompressed(const IoContext& ctx, Prepared* p, u64 first, c
   const u64 first_change = delta->changes.size();
   if (st.ok()) st = RecordCopies(sp, copies, nblocks, zblocks, delta);
   Status per[kMaxPtrs];
-  if (st.ok()) st = WriteCopies(ctx, sp, copies, z, u64(zblocks) * kBlockSize, per);
+  bool late[kMaxPtrs];
+  if (st.ok()) st = WriteCopies(ctx, sp, copies, z, u64(zblocks) * kBlockSize, per, late);
   Extent x;
   x.start = first;
   x.end = first + nblocks;
-  if (st.ok()) st = KeepWritten(ctx, sp, copies, per, first_change, nblocks, delta, &x);
+  if (st.ok()) st = KeepWritten(ctx, sp, copies, per, late, first_change, nblocks, delta, &x);
   if (st.ok()) {
     // One compressed pointer per copy written: the whole blob, its own crc.
     const u32 crc = platform::Crc32c(z, zbytes);

@@ -103,6 +103,7 @@ Status DataPath::Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole
   u32 nretired = 0;
   Status st;
   Status copy_alloc_error;  // a further copy's allocation that failed other than for want of space
+  u32 passed = 0;           // further copies not given to a stalling member (6c)
   {
     MutexLock l(wp.mu);
     // The write point's target (ctx's, or the foreground's after a fallback).
@@ -110,7 +111,8 @@ Status DataPath::Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole
     dev::DevMask target = targets_[u32(wp.target.kind) % kTargetKinds];  // (0 for kMember, kGroup)
     if (wp.target.kind == TargetKind::kMember) target = dev::DevMask(1) << member;
     if (wp.target.kind == TargetKind::kGroup) target = groups_[member];
-    const dev::DevMask all = store_->devs().all();
+    // (target_only: no member but the target's, even for the first copy.)
+    const dev::DevMask all = ctx.target_only && target != 0 ? target : store_->devs().all();
     // Never a member missing or marked failed (5c-3): not even an open
     // slot's bucket there takes another copy.
     const dev::DevMask avail = all & ~store_->devs().unavailable();
@@ -119,6 +121,12 @@ Status DataPath::Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole
     // replica must not put a slow member the target leaves out on the
     // foreground path.
     const dev::DevMask further = (target != 0 ? target : all) & durable_;
+    // Members stalling now (6c) get no further copy: a replicated write
+    // neither waits for them nor piles more requests on them.
+    dev::DevMask stalling = 0;
+    if (wanted > 1)
+      for (u32 m : dev::Bits(further & avail))
+        if (Stalling(m)) stalling |= dev::DevMask(1) << m;
     auto bit = [](const WritePoint::Slot& s) { return dev::DevMask(1) << (s.ref.dev % dev::kMaxDevices); };
     // Blocks a slot has left (0: none open), and for this write (`whole`:
     // all `want` or nothing).
@@ -142,9 +150,13 @@ Status DataPath::Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole
     u32 durability = 0;
     while (nchosen < kMaxPtrs && durability < wanted) {
       const bool first = nchosen == 0;
-      const dev::DevMask may = (first ? all : further & ~used) & avail;
+      const dev::DevMask open = (first ? all : further & ~used) & avail;
+      const dev::DevMask may = first ? open : open & ~stalling;
       const dev::DevMask prefer = (first ? (target != 0 ? target : all) : may) & avail;
-      if (may == 0) break;  // (further copies: too few members: degraded)
+      if (may == 0) {  // (further copies: too few members, or only stalling ones: degraded)
+        passed += open != 0;
+        break;
+      }
       bool taken[kMaxPtrs] = {};
       for (u32 c = 0; c < nchosen; c++) taken[chosen[c]] = true;
       u32 pick = kMaxPtrs;
@@ -238,6 +250,7 @@ Status DataPath::Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole
     for (const WritePoint::Slot& s : wp.slots) total += rest(s);
     wp.left.Store(total, MemOrder::kRelaxed);
   }
+  if (passed != 0) ctr_.copies_passed_stalling.FetchAdd(passed, MemOrder::kRelaxed);
   if (!copy_alloc_error.ok()) {
     ctr_.copy_alloc_errors.FetchAdd(1, MemOrder::kRelaxed);
     LogCopyAllocError(copy_alloc_error);

@@ -290,11 +290,11 @@ bool IoQueue::Stalled() const {
   return StalledLocked(platform::NowNs());
 }
 
-ReadState IoQueue::GetReadState() const {
+ReadState IoQueue::GetReadState(bool p99) const {
   SpinGuard lock(mu_);
   const u64 now = platform::NowNs();
   ReadState r;
-  r.p99_ns = read_window_.Quantile(99, 100);
+  if (p99) r.p99_ns = read_window_.Quantile(99, 100);
   r.samples = read_window_.samples();
   r.ewma_ns = latency_ewma_ns_;
   if (const Io* oldest = dispatched_.front(); oldest != nullptr && now > oldest->dispatch_ns)

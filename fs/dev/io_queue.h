@@ -170,7 +170,10 @@ class IoQueue {
   QueueState State() const;
   // True while requests are outstanding and none completed for stall_threshold_ns.
   bool Stalled() const;
-  ReadState GetReadState() const;
+  // The read state (data::DataPath's choice of a copy). Without `p99`, the
+  // window's quantile is not computed (p99_ns 0): a writer's look at a
+  // member's load (its EWMA, its oldest request, a stall) costs no scan.
+  ReadState GetReadState(bool p99 = true) const;
   bool HasDurabilityDebt() const {
     return write_gen_.Load(MemOrder::kAcquire) != flushed_gen_.Load(MemOrder::kAcquire);
   }

@@ -106,10 +106,9 @@ struct Copies {
 
   // Runs fn on the mounted filesystem.
   void WithFs(const std::function<void(testing::MountedFs&)>& fn) {
-    // (No repair worker: a damaged copy stays as the test made it.)
-    posix::Filesystem::Options po;
-    po.repair_copies = false;
-    testing::MountedFs m(Devs(), store::OpenOptions{}, po);
+    // (No repair worker -- the fixture's default: a damaged copy stays as
+    // the test made it.)
+    testing::MountedFs m(Devs());
     ASSERT_TRUE(m.open());
     // (The tests count what reading the copies in order, one at a time, does.)
     m.data.SetListedReadOrderForTest(true);

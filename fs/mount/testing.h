@@ -99,17 +99,28 @@ inline Status OpenStore(store::Store* s, const std::vector<BlockDevice*>& devs,
 // stage that fails is a test failure and leaves it not open(). A test type
 // that derives from it and owns the devices calls Unmount() in its own
 // destructor (the devices go before this one's runs).
+// posix's options for the fixtures: the repair worker (docs/design/copies.md,
+// "Step 6b") off -- a test that counts what a read does, checks the counts
+// while nothing commits (VerifyAgainstExtents) or closes the store under a
+// mounted posix (Crash) wants no background commit; the repair tests turn
+// it on, or call Filesystem::RepairQueued themselves.
+inline posix::Filesystem::Options TestFsOptions() {
+  posix::Filesystem::Options o;
+  o.repair_copies = false;
+  return o;
+}
+
 struct MountedFs {
   std::vector<BlockDevice*> devs;
   store::OpenOptions store_options;
-  posix::Filesystem::Options fs_options;
+  posix::Filesystem::Options fs_options = TestFsOptions();
   std::unique_ptr<store::Store> store;  // a new one each Mount (a Store opens once)
   data::DataPath data;                  // (mount::Instance owns it; posix borrows it)
   posix::Filesystem fs;
 
   MountedFs() = default;
   explicit MountedFs(std::vector<BlockDevice*> d, const store::OpenOptions& so = store::OpenOptions{},
-                     const posix::Filesystem::Options& po = posix::Filesystem::Options{})
+                     const posix::Filesystem::Options& po = TestFsOptions())
       : devs(std::move(d)), store_options(so), fs_options(po) {
     Mount();
   }

@@ -11,21 +11,16 @@
 
 namespace tfs::posix {
 
-namespace {
-
-constexpr u32 kRepairBatch = 16;             // repairs between looks at the stop flag
-constexpr u64 kRepairIdleNs = 1000000000ull;  // the worker's longest sleep (a kick wakes it)
-
-}  // namespace
-
 void Filesystem::RepairerMain(void* self) {
   Filesystem* fs = static_cast<Filesystem*>(self);
   for (;;) {
     // The sequence is read before the checks: a queue or a stop after them
-    // changes it, and the wait returns at once (no lost wake-up).
+    // changes it, and the wait returns at once (no lost wake-up). One
+    // repair between looks at the stop flag: an unmount waits for one
+    // repair's I/O at most (DataPath::Close counts the rest dropped).
     const u32 seq = fs->data_->RepairSeq();
     if (fs->repairer_stop_.Load(MemOrder::kAcquire)) break;
-    if (fs->RepairQueued(kRepairBatch) == 0) fs->data_->WaitRepairs(seq, kRepairIdleNs);
+    if (fs->RepairQueued(1) == 0) fs->data_->WaitRepairs(seq, platform::kForever);
   }
 }
 

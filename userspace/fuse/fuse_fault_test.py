@@ -290,21 +290,21 @@ def test_probe_createsync_is_a_durable_create(tmp_path: Path) -> None:
 @needs_fuse
 @pytest.mark.parametrize("fault", ["checksum", "eio"])
 def test_a_bad_copy_is_read_past_and_rewritten(tmp_path: Path, fault: str) -> None:
-    """--replicas 2 over two SSD members, each under a passthrough fault device:
-    one copy of a file's block damaged on its image (a checksum mismatch) or
-    failing its reads (an EIO range set through ctl). An O_DIRECT read returns
-    the block from the other copy (data.read_retries), the mount's repair worker
-    rewrites the bad copy on its own member (data.repaired; the member's image
-    then holds the block again at a new offset), the unmount is clean, fsck is
-    clean and a remount reads the file (docs/design/copies.md, "Step 6b").
-    Which copy a read takes first is the extent's order: the bad one is tried on
-    ssd.a, then on ssd.b if ssd.a's copy was not the one read."""
+    """--replicas 2 over two SSD members, each under a fault device: ssd.a's copy
+    of a file's block damaged on its image (a checksum mismatch) or failing its
+    reads (an EIO range set through ctl). An O_DIRECT read returns the block
+    from ssd.b's copy (ssd.a's queued: data.repairs_queued), the mount's repair
+    worker rewrites ssd.a's copy there (data.repaired; the image then holds the
+    block again at a new offset), the unmount is clean, fsck is clean and a
+    remount reads the file (docs/design/copies.md, "Step 6b"). ssd.a is read
+    first: it is the promote target (the fast tier goes first before latencies
+    are known) and ssd.b answers 5 ms late (clearly slower after)."""
     devs = [tmp_path / "a.img", tmp_path / "b.img"]
     for p in devs:
         with open(p, "wb") as f:
             f.truncate(64 << 20)
     proc = run([tool("tierfs"), "format", "--label", "ssd.a", devs[0], "--label", "ssd.b", devs[1],
-                "--replicas", "2", "--bucket-size", "256K"])
+                "--replicas", "2", "--promote-target", "ssd.a", "--bucket-size", "256K"])
     assert proc.returncode == 0, proc.stderr
     block = bytes(range(256)) * 16  # 4 KiB, found again on the images
     content = b"\0" * 4096 + block + b"\1" * 4096
@@ -313,7 +313,8 @@ def test_a_bad_copy_is_read_past_and_rewritten(tmp_path: Path, fault: str) -> No
 
     def start() -> subprocess.Popen[str]:
         d = subprocess.Popen([str(tool("tierfs")), "mount", "-f", *map(str, devs), str(mnt),
-                              "--fault", "ssd.a=passthrough", "--fault", "ssd.b=passthrough"],
+                              "--fault", "ssd.a=passthrough", "--fault", "ssd.b=passthrough",
+                              "--fault-set", "ssd.b:delay.all_ms=5"],
                              stderr=subprocess.PIPE, text=True)
         wait_for(lambda: os.path.ismount(mnt) or d.poll() is not None, "the mount")
         assert os.path.ismount(mnt), d.stderr.read() if d.stderr else ""
@@ -344,48 +345,29 @@ def test_a_bad_copy_is_read_past_and_rewritten(tmp_path: Path, fault: str) -> No
     (mnt / "f").write_bytes(content)
     stop(d)
     fsck_clean(devs)
-    found = None
-    for i, label in enumerate(("ssd.a", "ssd.b")):
-        img = bytearray(devs[i].read_bytes())
-        at = img.find(block)
-        assert at > 0 and img.find(block, at + 1) < 0, label
-        if fault == "checksum":
-            img[at + 100] ^= 0xFF
-            devs[i].write_bytes(bytes(img))
-        d = start()
-        if fault == "eio":
-            p = ctl(mnt, "fault", label, "error", "read", f"{at}+4K")
-            assert p.returncode == 0, p.stderr
-        before = data()["read_retries"]
-        # (While the mount's own writes are in flight a member may rank
-        # behind the other for a moment -- its oldest request past its hedge
-        # bound -- and a read take the other copy first: a few reads.)
-        for _ in range(20):
-            assert read_block() == block
-            if data()["read_retries"] > before:
-                found = (i, label, at, d)
-                break
-            time.sleep(0.1)
-        if found is not None:
-            break
-        # The other copy is read first: this one is never met.
-        assert ctl(mnt, "fault", label, "clear").returncode == 0
-        stop(d)
-        if fault == "checksum":
-            img[at + 100] ^= 0xFF
-            devs[i].write_bytes(bytes(img))
-    assert found is not None, "neither copy was read first with the other bad"
-    i, label, at, d = found
+    img = bytearray(devs[0].read_bytes())
+    at = img.find(block)
+    assert at > 0 and img.find(block, at + 1) < 0
+    if fault == "checksum":
+        img[at + 100] ^= 0xFF
+        devs[0].write_bytes(bytes(img))
+    d = start()
+    if fault == "eio":
+        p = ctl(mnt, "fault", "ssd.a", "error", "read", f"{at}+4K")
+        assert p.returncode == 0, p.stderr
+    assert read_block() == block
     wait_for(lambda: data()["repaired"] >= 1, "the repair worker's rewrite", timeout=60)
     c = data()
     assert c["repairs_queued"] == 1 and c["repaired"] == 1 and c["repair_failed"] == 0, c
+    assert c["read_retries"] >= 1 and c["csum_errors"] == (1 if fault == "checksum" else 0), c
     assert read_block() == block
-    assert data()["read_retries"] == c["read_retries"], "the repaired copy failed a read again"
-    assert ctl(mnt, "fault", label, "clear").returncode == 0
+    if fault == "checksum":  # (after an EIO the member ranks last for 10 s: the read goes elsewhere)
+        assert data()["read_retries"] == c["read_retries"], "the repaired copy failed a read again"
+    assert ctl(mnt, "fault", "ssd.a", "clear").returncode == 0
     err = stop(d)
-    assert f"the copy on member {i}" in err and "was rewritten there" in err, err
+    assert "the copy on member 0" in err and "was rewritten there" in err, err
     fsck_clean(devs)
-    img = devs[i].read_bytes()
+    img = devs[0].read_bytes()
     found_at, k = [], img.find(block)
     while k >= 0:
         found_at.append(k)
