@@ -349,6 +349,14 @@ bool DataPath::ReleaseLocked(u32 dev, u64 bucket, alloc::BucketRef* ref, u32 gen
   return true;
 }
 
+u64 DataPath::PendingBlocksForTest(u32 dev) const {
+  MutexLock l(acct_mu_);
+  u64 n = 0;
+  if (dev < dev::kMaxDevices)
+    for (u32 p : pending_[dev]) n += p;
+  return n;
+}
+
 void DataPath::Account(u32 dev, u64 bucket, i64 pending, u32 gen) {
   bool free_it = false;
   alloc::BucketRef ref{};

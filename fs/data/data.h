@@ -280,8 +280,8 @@ struct Replacement {
   X(degraded_writes, counter, "extents written with fewer copies than wanted (too few members, full or failing)")      \
   X(degraded_sectors, counter, "512-byte sectors of those extents")                                    \
   X(late_copies, counter, "copies a replicated write left behind: not written within their member's late bound") \
-  X(late_writes, gauge, "replicated writes whose late copies are still at their member (their space held until done)") \
-  X(copies_passed_stalling, counter, "further copies not given to a member that was stalling (the write went degraded)") \
+  X(late_writes, gauge, "replicated writes left to their copies' completions (a late copy still at its member: its space held until done)") \
+  X(copies_passed_stalling, counter, "replicated writes whose further copies passed over stalling members (the write went degraded)") \
   X(repairs_queued, counter, "bad copies (checksum, I/O error) a read served by another copy queued for repair") \
   X(repairs_dropped, counter, "bad copies not repaired: the queue was full, or they were left in it at unmount (a later read queues them again)") \
   X(repairs_waiting, gauge, "repairs queued and not yet taken")                                        \
@@ -472,10 +472,19 @@ class DataPath {
   static u64 LateBoundNs(const dev::ReadState& rs);
   static constexpr u64 kLateMinNs = 250'000'000ull;
   static constexpr u64 kLateMaxNs = 1'000'000'000ull;
+  // Writes with late copies out at once, at most (each holds its data's
+  // copy and its space): past it, a replicated write waits for every copy.
+  static constexpr u64 kMaxLateWrites = 32;
   // Tests: no hedged reads (a copy is read only when the one before it
   // failed), for tests that count exact results: a hedge bound of 2 ms is
   // passed by a test device's thread descheduled under load.
   void SetHedgingForTest(bool on) { hedging_ = on; }
+  // Tests: replicated writes wait for every copy and pass no member over
+  // (6c off), for tests that hold copies and count exact results.
+  void SetLateCopiesForTest(bool on) { late_copies_ = on; }
+  // Tests: the blocks reserved for writes not yet applied or aborted on
+  // member `dev`, all its buckets (0 whenever nothing is being written).
+  u64 PendingBlocksForTest(u32 dev) const;
   // Tests: fn(ctx) runs after each extent lookup of a read (phase 1) and
   // before its device reads, with no lock held -- a commit in between, as
   // another thread's could land. Before the first read; null to remove.
@@ -831,6 +840,7 @@ class DataPath {
   // commit every further copy's allocation (util/log_limit.h).
   static constexpr u64 kCopyErrorLogNs = 10'000'000'000ull;
   LogLimit copy_error_log_[dev::kMaxDevices];  // KeepWritten's, per member
+  LogLimit late_copy_log_[dev::kMaxDevices];   // KeepWritten's for late copies, per member
   LogLimit copy_alloc_error_log_;              // Reserve's (further copies' allocations)
   // Per member: when a copy's read there last failed with an I/O error
   // (NowNs; 0: never).
@@ -854,6 +864,7 @@ class DataPath {
   Flight* late_ TFS_GUARDED_BY(reap_mu_) = nullptr;  // writes' flights with late copies, completed
   bool listed_order_ = false;                         // SetListedReadOrderForTest
   bool hedging_ = true;                               // SetHedgingForTest
+  bool late_copies_ = true;                           // SetLateCopiesForTest
   void (*lookup_hook_)(void*) = nullptr;  // SetLookupHookForTest
   void* lookup_hook_ctx_ = nullptr;
   void (*test_point_)(void*, const char*) = nullptr;  // SetTestPointForTest

@@ -60,18 +60,28 @@ Status DataPath::WriteCopies(const IoContext& ctx, const Space* sp, u32 copies, 
   // Every copy is submitted before any is waited for: the write takes as
   // long as its slowest copy, not the sum (the queues never block a
   // submission). From the write's own copy of the data: a copy left behind
-  // still reads it after the caller has its buffer back.
+  // still reads it after the caller has its buffer back. Without memory for
+  // that copy, from the caller's buffer if it is aligned -- and then no
+  // copy is left behind (nor when kMaxLateWrites are out already: their
+  // buffers and their space are bounded).
   Flight* f = platform::New<Flight>();
   if (f == nullptr) return Err::kNoMemory;
   f->dp = this;
   f->write = true;
   f->data = static_cast<u8*>(platform::Alloc(len, kBlockSize));
-  if (f->data == nullptr) {
+  const u8* from = f->data;
+  if (f->data != nullptr) {
+    MemCopy(f->data, data, len);
+  } else if (reinterpret_cast<uptr>(data) % kBlockSize == 0) {
+    from = data;
+  } else {
     platform::Delete(f);
     return Err::kNoMemory;
   }
-  MemCopy(f->data, data, len);
+  const bool may_leave =
+      late_copies_ && f->data != nullptr && ctr_.late_writes.Load(MemOrder::kRelaxed) < kMaxLateWrites;
   u64 bound[kMaxPtrs];
+  u64 since[kMaxPtrs];  // when each copy's bound started (re-armed while its member is not stalling)
   for (u32 c = 0; c < copies; c++) {
     Flight::Copy& k = f->copies[c];
     k.flight = f;
@@ -83,7 +93,7 @@ Status DataPath::WriteCopies(const IoContext& ctx, const Space* sp, u32 copies, 
     k.io.req.origin = ctx.origin;
     k.io.req.offset = sp[c].offset;
     k.io.req.length = len;
-    k.io.req.buf = f->data;
+    k.io.req.buf = const_cast<u8*>(from);
     k.io.cls = ctx.io_class;
     k.io.done = FlightCopyDone;
     k.io.caller_data = &k;
@@ -92,6 +102,7 @@ Status DataPath::WriteCopies(const IoContext& ctx, const Space* sp, u32 copies, 
   f->submitted = copies;
   f->refs.FetchAdd(copies, MemOrder::kAcqRel);
   const u64 start = platform::NowNs();
+  for (u32 c = 0; c < copies; c++) since[c] = start;
   // (Never inline: a member that stalls would hold this thread inside
   // Submit, past any bound.)
   for (u32 c = 0; c < copies; c++) store_->devs().member(f->copies[c].dev)->queue().Submit(&f->copies[c].io);
@@ -110,15 +121,22 @@ Status DataPath::WriteCopies(const IoContext& ctx, const Space* sp, u32 copies, 
     if (out == 0) break;
     // Once a copy is written, the others are waited for up to their
     // members' late bounds; before, as long as it takes (no copy is
-    // anywhere else).
+    // anywhere else). A copy past its bound is left behind only if its
+    // member is stalling (its oldest request past the bound, or a stall):
+    // a busy member's queue may simply not have sent it yet -- its bound
+    // starts again.
     u64 deadline = platform::kForever;
-    for (u32 c = 0; c < copies && written; c++)
-      if (!f->copies[c].seen) deadline = Min(deadline, start + bound[c]);
+    for (u32 c = 0; c < copies && written && may_leave; c++)
+      if (!f->copies[c].seen) deadline = Min(deadline, since[c] + bound[c]);
     const u64 now = platform::NowNs();
     if (now >= deadline) {
       for (u32 c = 0; c < copies; c++) {
         Flight::Copy& k = f->copies[c];
-        if (k.seen || k.done.Load(MemOrder::kAcquire) != 0 || now < start + bound[c]) continue;
+        if (k.seen || k.done.Load(MemOrder::kAcquire) != 0 || now < since[c] + bound[c]) continue;
+        if (!Stalling(k.dev)) {
+          since[c] = now;
+          continue;
+        }
         k.late = true;
         k.seen = true;  // (the writer is done with it; its completion is Reap(true)'s)
         late[c] = true;
@@ -157,7 +175,7 @@ Status DataPath::RecordCopies(const Space* sp, u32 copies, u32 blocks, u32 pendi
 void DataPath::LogCopyError(u32 dev, const Status& st, bool late) {
   const u32 m = dev % dev::kMaxDevices;
   char more[64];
-  if (!copy_error_log_[m].Admit(kCopyErrorLogNs, more, sizeof(more))) return;
+  if (!(late ? late_copy_log_[m] : copy_error_log_[m]).Admit(kCopyErrorLogNs, more, sizeof(more))) return;
   if (late) {
     platform::Log(platform::LogLevel::kWarn,
                   "data: write of a copy to member %u did not complete within its late bound: the extent is "

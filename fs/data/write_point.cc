@@ -121,11 +121,13 @@ Status DataPath::Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole
     // replica must not put a slow member the target leaves out on the
     // foreground path.
     const dev::DevMask further = (target != 0 ? target : all) & durable_;
-    // Members stalling now (6c) get no further copy: a replicated write
-    // neither waits for them nor piles more requests on them.
+    // Members stalling now (6c) get no copy of a replicated write while
+    // another member may take it: the write neither waits for them nor
+    // piles more requests on them. (A one-copy write goes where it always
+    // did: it has no other copy to go on with.)
     dev::DevMask stalling = 0;
-    if (wanted > 1)
-      for (u32 m : dev::Bits(further & avail))
+    if (wanted > 1 && late_copies_)
+      for (u32 m : dev::Bits(avail))
         if (Stalling(m)) stalling |= dev::DevMask(1) << m;
     auto bit = [](const WritePoint::Slot& s) { return dev::DevMask(1) << (s.ref.dev % dev::kMaxDevices); };
     // Blocks a slot has left (0: none open), and for this write (`whole`:
@@ -151,8 +153,13 @@ Status DataPath::Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole
     while (nchosen < kMaxPtrs && durability < wanted) {
       const bool first = nchosen == 0;
       const dev::DevMask open = (first ? all : further & ~used) & avail;
-      const dev::DevMask may = first ? open : open & ~stalling;
-      const dev::DevMask prefer = (first ? (target != 0 ? target : all) : may) & avail;
+      // (The first copy: a stalling member only when every member it may
+      // take is, and the target's stalling members rather than a member
+      // outside the target.)
+      const dev::DevMask open_ok = open & ~stalling;
+      const dev::DevMask may = first && open_ok == 0 ? open : open_ok;
+      const dev::DevMask tgt = (first ? (target != 0 ? target : all) : may) & avail;
+      const dev::DevMask prefer = first && (tgt & ~stalling) != 0 ? tgt & ~stalling : tgt;
       if (may == 0) {  // (further copies: too few members, or only stalling ones: degraded)
         passed += open != 0;
         break;

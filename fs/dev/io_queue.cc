@@ -297,8 +297,11 @@ ReadState IoQueue::GetReadState(bool p99) const {
   if (p99) r.p99_ns = read_window_.Quantile(99, 100);
   r.samples = read_window_.samples();
   r.ewma_ns = latency_ewma_ns_;
-  if (const Io* oldest = dispatched_.front(); oldest != nullptr && now > oldest->dispatch_ns)
-    r.oldest_ns = now - oldest->dispatch_ns;
+  // (A flush is left out: a healthy device's flush can take long -- a
+  // file's fsync under load -- while its reads and writes go on.)
+  const Io* oldest = dispatched_.front();
+  while (oldest != nullptr && oldest->req.op == IoOp::kFlush) oldest = dispatched_.Next(const_cast<Io*>(oldest));
+  if (oldest != nullptr && now > oldest->dispatch_ns) r.oldest_ns = now - oldest->dispatch_ns;
   r.in_flight = in_flight_;
   r.queued = queued_;
   r.stalled = StalledLocked(now);

@@ -123,7 +123,7 @@ struct ReadState {
   u64 p99_ns = 0;      // of the last LatencyWindow::kSize reads' service times (0: none yet)
   u32 samples = 0;     // reads in that window
   u64 ewma_ns = 0;     // service time of every op, moving average (0: none yet)
-  u64 oldest_ns = 0;   // how long the oldest request at the device has been there (0: none)
+  u64 oldest_ns = 0;   // how long the oldest read or write at the device has been there (0: none; flushes left out)
   u32 in_flight = 0;
   u32 queued = 0;
   bool stalled = false;  // quiet for stall_threshold_ns
