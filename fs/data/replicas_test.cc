@@ -631,6 +631,42 @@ TEST(ReplicasTest, APowerCutAfterARepairLeavesTheExtentWholeEitherWay) {
   std::printf("repairs replayed after the cut: %u of 7\n", replayed);
 }
 
+// A repair that fails (here its bucket's allocation fails, as a journal
+// settle's error would) is counted and logged, gives its space back and
+// leaves the bad copy listed -- reads still go past it -- and the next
+// read that meets it queues it again, whose repair succeeds.
+TEST(ReplicasTest, AFailedRepairLeavesTheCopyForTheNextRead) {
+  testing::SinkTap tap;  // (outlives the store)
+  Replicas t(2, 2);
+  const u64 ino = t.Create("f");
+  const std::string content = Bytes(64 * 1024, 71);
+  t.OneExtentRemounted(ino, content, false);
+  tap.Attach(&t.m->store->alloc());
+  std::vector<std::vector<u8>> vals;
+  const data::Extent was = t.Extents(ino, &vals)[0];
+  t.Damage(was, 0);
+  t.data().SetListedReadOrderForTest(true);
+  t.data().SetHedgingForTest(false);
+  EXPECT_TRUE(t.Read(ino, content.size()) == content);
+  tap.FailUserAllocations(0);
+  EXPECT_EQ(t.fs().RepairQueued(8), 1u);
+  tap.StopFailing();
+  data::Stats s = t.data().GetStats();
+  EXPECT_EQ(s.repair_failed, 1u);
+  EXPECT_EQ(s.repaired, 0u);
+  EXPECT_GT(tap.failed.load(), 0u);
+  EXPECT_EQ(t.Extents(ino, &vals)[0].ptrs[0].offset, was.ptrs[0].offset);  // (the bad copy stays)
+  t.ExpectCountsMatchExtents();  // (and nothing left pending)
+  EXPECT_TRUE(t.Read(ino, content.size()) == content);
+  EXPECT_EQ(t.data().GetStats().repairs_queued, 2u);
+  EXPECT_EQ(t.fs().RepairQueued(8), 1u);
+  s = t.data().GetStats();
+  EXPECT_EQ(s.repaired, 1u);
+  EXPECT_EQ(s.repair_failed, 1u);
+  EXPECT_EQ(t.VerifyEveryCopy(), 2u);
+  t.ExpectFsckClean();
+}
+
 // A repair finds the extent changed -- overwritten before its prepare, or
 // between its prepare and the re-key (the inode's lock is taken only for
 // the re-key) -- and does nothing: skipped, the new copy's space given back
