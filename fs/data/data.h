@@ -660,6 +660,10 @@ class DataPath {
   // (fewer than kHedgeMinSamples: 4 x its EWMA; none: the ceiling), within
   // [kHedgeMinNs, kHedgeMaxNs].
   static u64 HedgeBoundNs(const dev::ReadState& rs);
+  // A copy's read on member `dev` failed with st: an I/O error (not a
+  // checksum mismatch) ranks the member below the healthy ones for
+  // kReadErrorMemoryNs (read_error_ns_). ReadCopies' and ReadGoodCopy's.
+  void NoteReadFailure(u32 dev, const Status& st);
   static constexpr u64 kHedgeMinNs = 2'000'000ull;
   static constexpr u64 kHedgeMaxNs = 50'000'000ull;
   static constexpr u32 kHedgeMinSamples = 16;

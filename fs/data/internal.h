@@ -47,7 +47,7 @@ struct DataPath::Flight {
     dev::Io io;
     Flight* flight = nullptr;
     u8* buf = nullptr;  // a read's: platform::Alloc'd (kBlockSize-aligned: O_DIRECT members)
-    u64 at = 0;         // the device offset read
+    u64 at = 0;         // a read's: the device offset read
     u64 bucket = 0;     // a read's: pinned while the reader waits; a write's: the copy's
     u32 dev = 0;        // a write's: the copy's member
     u32 pending = 0;    // a write's: the blocks pending in its bucket for it
@@ -69,6 +69,13 @@ struct DataPath::Flight {
   Atomic<u32> refs{1};
   Flight* next = nullptr;  // reap_ or late_
 };
+
+// A bound of `times` x `base` within [lo, hi]; `hi` when base is unknown
+// (0). The read's hedge bound and the write's late bound (data.h).
+inline u64 ScaledBoundNs(u64 base, u64 times, u64 lo, u64 hi) {
+  if (base == 0) return hi;
+  return Min(Max(base > hi ? hi : times * base, lo), hi);
+}
 
 // One request for ctx on a member's queue, waited for: tagged with ctx's
 // origin, queued in ctx's class.

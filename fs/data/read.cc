@@ -224,10 +224,12 @@ void DataPath::LeaveFlight(Flight* f, bool settled) {
   }
 }
 
+void DataPath::NoteReadFailure(u32 dev, const Status& st) {
+  if (dev::IsDeviceFailure(st)) read_error_ns_[dev % dev::kMaxDevices].Store(platform::NowNs(), MemOrder::kRelaxed);
+}
+
 u64 DataPath::HedgeBoundNs(const dev::ReadState& rs) {
-  const u64 base = rs.samples >= kHedgeMinSamples ? rs.p99_ns : rs.ewma_ns;
-  if (base == 0) return kHedgeMaxNs;
-  return Min(Max(base > kHedgeMaxNs ? kHedgeMaxNs : 4 * base, kHedgeMinNs), kHedgeMaxNs);
+  return ScaledBoundNs(rs.samples >= kHedgeMinSamples ? rs.p99_ns : rs.ewma_ns, 4, kHedgeMinNs, kHedgeMaxNs);
 }
 
 void DataPath::OrderCopies(const Extent& e, u8* order, u64* bound) const {
@@ -391,7 +393,7 @@ bool DataPath::ReadCopies(const IoContext& ctx, const Extent& e, u64 lo, u64 hi,
         if (k.hedge) ctr_.hedge_wins.FetchAdd(1, MemOrder::kRelaxed);
         break;
       }
-      if (dev::IsDeviceFailure(st)) read_error_ns_[p.dev % dev::kMaxDevices].Store(platform::NowNs(), MemOrder::kRelaxed);
+      NoteReadFailure(p.dev, st);
       note(k.place, st);
       launch(false);  // (at once, beside any copy still out)
     }

@@ -131,7 +131,7 @@ Status DataPath::ReadGoodCopy(const IoContext& ctx, const Extent& e, u32 skip, u
       *from = c;
       return Status::Ok();
     }
-    if (dev::IsDeviceFailure(st)) read_error_ns_[p.dev % dev::kMaxDevices].Store(platform::NowNs(), MemOrder::kRelaxed);
+    NoteReadFailure(p.dev, st);
     if (first_error.ok()) first_error = st;
   }
   // (Every other copy stale: the extent is changing under the repair.)
@@ -256,7 +256,14 @@ void DataPath::NoteRepair(const CopyRepair& r, const Replacement* done, Status s
     repair_busy_ = false;  // (TakeRepair's entry is done with)
   }
   char more[64];
-  const char* why = r.io_error ? "an I/O error" : "a checksum mismatch";
+  // (The subject of both log lines: which copy, and why it was bad.)
+  char what[160];
+  auto subject = [&]() {
+    platform::Format(what, sizeof(what), "data: inode %llu blocks %llu..%llu: the copy on member %u (%s)",
+                     (unsigned long long)r.ino, (unsigned long long)r.start, (unsigned long long)r.end - 1,
+                     unsigned(r.bad.dev), r.io_error ? "an I/O error" : "a checksum mismatch");
+    return what;
+  };
   if (st.ok() && done != nullptr && !done->has_new) {
     ctr_.repair_cached_dropped.FetchAdd(1, MemOrder::kRelaxed);
     return;
@@ -264,11 +271,7 @@ void DataPath::NoteRepair(const CopyRepair& r, const Replacement* done, Status s
   if (st.ok()) {
     ctr_.repaired.FetchAdd(1, MemOrder::kRelaxed);
     if (repaired_log_.Admit(kRepairLogNs, more, sizeof(more)))
-      platform::Log(platform::LogLevel::kWarn,
-                    "data: inode %llu blocks %llu..%llu: the copy on member %u (%s) was rewritten there from a good "
-                    "copy%s",
-                    (unsigned long long)r.ino, (unsigned long long)r.start, (unsigned long long)r.end - 1,
-                    unsigned(r.bad.dev), why, more);
+      platform::Log(platform::LogLevel::kWarn, "%s was rewritten there from a good copy%s", subject(), more);
     return;
   }
   if (st.code() == Err::kAgain || st.code() == Err::kMissing) {  // (changed; or its member failed: the reconcile's)
@@ -278,10 +281,9 @@ void DataPath::NoteRepair(const CopyRepair& r, const Replacement* done, Status s
   ctr_.repair_failed.FetchAdd(1, MemOrder::kRelaxed);
   if (repair_failed_log_.Admit(kRepairLogNs, more, sizeof(more)))
     platform::Log(platform::LogLevel::kError,
-                  "data: inode %llu blocks %llu..%llu: the copy on member %u (%s) could not be repaired: %s; it "
-                  "stays bad (reads use the other copies) and a later read queues it again%s",
-                  (unsigned long long)r.ino, (unsigned long long)r.start, (unsigned long long)r.end - 1,
-                  unsigned(r.bad.dev), why, st.Message(), more);
+                  "%s could not be repaired: %s; it stays bad (reads use the other copies) and a later read queues it "
+                  "again%s",
+                  subject(), st.Message(), more);
 }
 
 }  // namespace tfs::data

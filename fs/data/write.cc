@@ -30,8 +30,7 @@ namespace tfs::data {
 using btree::Iterator;
 
 u64 DataPath::LateBoundNs(const dev::ReadState& rs) {
-  if (rs.ewma_ns == 0) return kLateMaxNs;
-  return Min(Max(rs.ewma_ns > kLateMaxNs ? kLateMaxNs : 8 * rs.ewma_ns, kLateMinNs), kLateMaxNs);
+  return ScaledBoundNs(rs.ewma_ns, 8, kLateMinNs, kLateMaxNs);
 }
 
 bool DataPath::Stalling(u32 dev) const {
@@ -88,7 +87,6 @@ Status DataPath::WriteCopies(const IoContext& ctx, const Space* sp, u32 copies, 
     k.dev = sp[c].ref.dev;
     k.bucket = sp[c].ref.bucket;
     k.pending = u32(len / kBlockSize);
-    k.at = sp[c].offset;
     k.io.req.op = IoOp::kWrite;
     k.io.req.origin = ctx.origin;
     k.io.req.offset = sp[c].offset;
