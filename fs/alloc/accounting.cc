@@ -230,6 +230,25 @@ Status Accounting::ReplicasInto(Vector<ReplicasEntry>* out) const {
   return n < out->size() ? out->Resize(n) : Status::Ok();
 }
 
+CopiesSummary SummarizeCopies(const ReplicasEntry* sets, usize n, dev::DevMask out) {
+  CopiesSummary c;
+  for (usize i = 0; i < n; i++) {
+    const ReplicasEntry& s = sets[i];
+    if (s.sectors == 0) continue;
+    c.sectors += s.sectors;
+    // (A loaded mask has 1..kAcctMaxMembers bits: ParseAcct.)
+    c.by_copies[Min<u32>(PopCount(s.members), kAcctMaxMembers)] += s.sectors;
+    if ((s.members & out) == 0) continue;
+    if ((s.members & ~out) != 0) {
+      c.degraded += s.sectors;
+    } else {
+      c.unavailable += s.sectors;
+      c.unavailable_sets++;
+    }
+  }
+  return c;
+}
+
 AcctStats Accounting::Stats() const {
   AcctStats s;
   TFS_COUNTER_LOAD(TFS_ACCT_COUNTERS, ctr_, s);

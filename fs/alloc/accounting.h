@@ -73,6 +73,22 @@ struct ReplicasEntry {
   u64 sectors = 0;
 };
 
+// What the kReplicas totals say of the data's copies (tierfs ctl, tierfs
+// show, a degraded mount's check): the sectors of extents by how many
+// members hold a counted copy of them (cached copies are not counted), and,
+// of those with a copy on an `out` member (missing or failed), the ones
+// with a copy on another member too (degraded: readable, one copy short
+// until the reconcile) and the ones without (unavailable: every copy on
+// `out` members; `unavailable_sets` sets of members).
+struct CopiesSummary {
+  u64 sectors = 0;
+  u64 by_copies[kAcctMaxMembers + 1] = {};  // [n]: sectors with n copies ([0] unused)
+  u64 degraded = 0;
+  u64 unavailable = 0;
+  u32 unavailable_sets = 0;
+};
+CopiesSummary SummarizeCopies(const ReplicasEntry* sets, usize n, dev::DevMask out);
+
 #define TFS_ACCT_COUNTERS(X, A)                                                                               \
   X(keys_loaded, level, "accounting keys the mount loaded from the alloc btree")                            \
   X(acct_records, counter, "accounting keys extent transactions carried (one per total a commit changed)")  \

@@ -226,5 +226,37 @@ TEST(AccountingTest, ManySetsStayInMaskOrder) {
   }
 }
 
+// The copies the sets say: by count, and with members out (missing or
+// failed) degraded (another copy left) or unavailable (none).
+TEST(AccountingTest, SummarizeCopiesCountsDegradedAndUnavailableData) {
+  const ReplicasEntry sets[] = {
+      {0b0001, 100},  // one copy on member 0
+      {0b0010, 0},    // a set emptied: nothing
+      {0b0011, 40},   // two copies: 0 and 1
+      {0b0110, 8},    // two copies: 1 and 2
+      {0b1111, 2},    // four copies
+      {0b0100, 16},   // one copy on member 2
+  };
+  CopiesSummary c = SummarizeCopies(sets, 6, 0);
+  EXPECT_EQ(c.sectors, 166u);
+  EXPECT_EQ(c.by_copies[1], 116u);
+  EXPECT_EQ(c.by_copies[2], 48u);
+  EXPECT_EQ(c.by_copies[3], 0u);
+  EXPECT_EQ(c.by_copies[4], 2u);
+  EXPECT_EQ(c.degraded, 0u);
+  EXPECT_EQ(c.unavailable, 0u);
+  // Member 1 out: {0,1}, {1,2} and {0..3} keep a copy; nothing lost.
+  c = SummarizeCopies(sets, 6, 0b0010);
+  EXPECT_EQ(c.degraded, 50u);
+  EXPECT_EQ(c.unavailable, 0u);
+  EXPECT_EQ(c.unavailable_sets, 0u);
+  // Members 1 and 2 out: {1,2} and {2} have no copy left.
+  c = SummarizeCopies(sets, 6, 0b0110);
+  EXPECT_EQ(c.degraded, 42u);
+  EXPECT_EQ(c.unavailable, 24u);
+  EXPECT_EQ(c.unavailable_sets, 2u);
+  EXPECT_EQ(c.sectors, 166u) << "the totals do not depend on who is out";
+}
+
 }  // namespace
 }  // namespace tfs::alloc

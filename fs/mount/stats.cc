@@ -68,6 +68,7 @@ void WriteAlloc(store::Store& store, JsonOut& w) {
     w.UintField("pending_free", u.pending_free);
     w.UintField("gen_blocked", u.gen_blocked);  // (among the free: held back by the generation guard)
     w.UintField("live_sectors", u.live_sectors);
+    w.UintField("cached_sectors", u.cached_sectors);
     // The btree reserve in force (its declared need plus growth room), the
     // need itself, and the free buckets user data leaves (copygc + btree
     // reserves).
@@ -103,7 +104,9 @@ void WriteAlloc(store::Store& store, JsonOut& w) {
 // The accounting totals (alloc/accounting.h): the reserved (unwritten)
 // sectors, the inodes in use and, per set of members data has copies on, its sectors -- the
 // members named by label; the first kCtlSets sets with data, then how many
-// more there are (the document has a fixed buffer) -- then the counters.
+// more there are (the document has a fixed buffer) -- what they say of the
+// copies (SummarizeCopies: by number of copies, degraded and unavailable
+// with the missing and failed members out), then the counters.
 void WriteAccounting(store::Store& store, JsonOut& w) {
   const alloc::Accounting& acct = store.acct();
   w.UintField("reserved_sectors", acct.reserved_sectors());
@@ -133,6 +136,15 @@ void WriteAccounting(store::Store& store, JsonOut& w) {
   }
   w.EndArray();
   w.UintField("replicas_unlisted", more);
+  const alloc::CopiesSummary c =
+      alloc::SummarizeCopies(sets.data(), n, store.devs().missing() | store.devs().failed());
+  w.UintField("data_sectors", c.sectors);
+  w.Key("copies_sectors");  // [i]: sectors of data with i + 1 copies
+  w.BeginArray();
+  for (u32 k = 1; k <= alloc::kAcctMaxMembers; k++) w.Uint(c.by_copies[k]);
+  w.EndArray();
+  w.UintField("degraded_sectors", c.degraded);
+  w.UintField("unavailable_sectors", c.unavailable);
   TFS_COUNTER_JSON(TFS_ACCT_COUNTERS, w, acct.Stats());
 }
 

@@ -107,6 +107,12 @@ TEST(StatsTest, EveryCounterOfEveryTableIsInTheDocument) {
                 .find(R"("reserved_sectors":0,"inodes":2,"replicas":[{"members":["ssd.a"],"sectors":8}])"),
             std::string::npos)
       << Group(doc, "accounting");
+  EXPECT_NE(Group(doc, "accounting")
+                .find(R"("replicas_unlisted":0,"data_sectors":8,"copies_sectors":[8,0,0,0],)"
+                      R"("degraded_sectors":0,"unavailable_sectors":0,)"),
+            std::string::npos)
+      << Group(doc, "accounting");
+  EXPECT_NE(doc.find(R"("live_sectors":8,"cached_sectors":0,)"), std::string::npos) << doc;
 
   // Too small a buffer: marked, never a document.
   char small[256];
@@ -120,23 +126,44 @@ TEST(StatsTest, EveryCounterOfEveryTableIsInTheDocument) {
 }
 
 // Each member's state: ok, or failed with the error that marked it (5c-3;
-// a degraded mount's missing member says "missing": fuse_mount_test.py).
-TEST(StatsTest, AFailedMemberSaysSoAndWhy) {
+// a degraded mount's missing member says "missing": fuse_mount_test.py),
+// and the data with a copy there counted degraded (replicas 2: every
+// block has its other copy).
+TEST(StatsTest, AFailedMemberSaysSoAndWhyAndItsDataIsDegraded) {
   auto a = testing::MemMember();
   auto b = testing::MemMember();
   std::vector<BlockDevice*> devs = {a.get(), b.get()};
-  ASSERT_TRUE(testing::FormatMembers(devs).ok());
+  store::FormatOptions fo = testing::SmallFormat();
+  fo.data_replicas = 2;
+  ASSERT_TRUE(testing::FormatMembers(devs, fo).ok());
   Diag diag;
   auto inst = std::make_unique<Instance>();
   ASSERT_TRUE(inst->Open(devs.data(), 2, Options{}, &diag).ok()) << diag.text;
+  ASSERT_TRUE(inst->fs().Mknod(posix::kRootIno, "f", 1, posix::kModeReg | 0644, 0, posix::Caller{}).ok());
+  {
+    auto f = inst->fs().Lookup(posix::kRootIno, "f", 1);
+    ASSERT_TRUE(f.ok());
+    const std::string blocks(2 * 4096, 'b');
+    ASSERT_TRUE(inst->fs().Write(f.value().ino, 0, blocks.data(), blocks.size(), posix::Filesystem::kWriteDirect).ok());
+  }
   std::string doc = Document(*inst);
   EXPECT_NE(doc.find(R"("label":"ssd.b","group":"ssd","state":"ok",)"), std::string::npos) << doc;
+  EXPECT_NE(Group(doc, "accounting")
+                .find(R"("data_sectors":16,"copies_sectors":[0,16,0,0],)"
+                      R"("degraded_sectors":0,"unavailable_sectors":0,)"),
+            std::string::npos)
+      << Group(doc, "accounting");
   ASSERT_TRUE(inst->store().devs().MarkFailed(1, Status(Err::kIoTimeout)));
   doc = Document(*inst);
   EXPECT_NE(doc.find(R"("label":"ssd.a","group":"ssd","state":"ok",)"), std::string::npos) << doc;
   EXPECT_NE(doc.find(R"("label":"ssd.b","group":"ssd","state":"failed","error":"I/O timed out",)"),
             std::string::npos)
       << doc;
+  EXPECT_NE(Group(doc, "accounting")
+                .find(R"("data_sectors":16,"copies_sectors":[0,16,0,0],)"
+                      R"("degraded_sectors":16,"unavailable_sectors":0,)"),
+            std::string::npos)
+      << Group(doc, "accounting");
   ASSERT_TRUE(inst->Close().ok());
 }
 

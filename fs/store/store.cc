@@ -204,18 +204,12 @@ Status Store::CheckDegradedData(Diag* diag) const {
   if (missing == 0) return Status::Ok();
   Vector<alloc::ReplicasEntry> sets;
   TFS_TRY(acct_.ReplicasInto(&sets));
-  u64 lost = 0;
-  u32 nsets = 0;
-  for (const alloc::ReplicasEntry& s : sets) {
-    if (s.sectors == 0 || (s.members & ~missing) != 0) continue;
-    lost += s.sectors;
-    nsets++;
-  }
-  if (lost == 0) return Status::Ok();
+  const alloc::CopiesSummary c = alloc::SummarizeCopies(sets.data(), sets.size(), missing);
+  if (c.unavailable == 0) return Status::Ok();
   return DiagError(diag, Err::kNotFound,
                    "-o degraded: %llu KiB of file data has every copy on the missing members (%u set%s of "
                    "members); mount with them",
-                   (unsigned long long)(lost / 2), nsets, nsets == 1 ? "" : "s");
+                   (unsigned long long)(c.unavailable / 2), c.unavailable_sets, c.unavailable_sets == 1 ? "" : "s");
 }
 
 Store::~Store() {

@@ -8,6 +8,7 @@ sparse 5 GiB file, fsync, and space given back on delete."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 import subprocess
@@ -480,9 +481,16 @@ def test_a_degraded_mount_reads_every_file_from_the_member_given(tmp_path: Path)
         wait_for(lambda: os.path.ismount(mnt) or proc.poll() is not None, "the writable degraded mount")
         assert os.path.ismount(mnt), proc.stderr.read() if proc.stderr else ""
         (mnt / "new").write_bytes(new)
-        devs = ctl_devices(mnt)
+        doc = ctl(mnt)
+        devs = doc["devices"]
         assert [(d["label"], d["state"], d["path"]) for d in devs] == [("ssd.a", "ok", str(a)),
                                                                        ("ssd.b", "missing", "")], devs
+        # Every older file has its other copy on the missing member
+        # (degraded), the new one a copy on ssd.a alone (a degraded write).
+        acct = doc["accounting"]
+        assert (acct["copies_sectors"], acct["degraded_sectors"], acct["unavailable_sectors"]) == \
+            ([sectors(new), sectors(*files.values()), 0, 0], sectors(*files.values()), 0), acct
+        assert doc["data"]["degraded_writes"] == 1, doc["data"]
     finally:
         umount(mnt)
         assert proc.wait(timeout=60) == 0
@@ -490,18 +498,35 @@ def test_a_degraded_mount_reads_every_file_from_the_member_given(tmp_path: Path)
     assert (mnt / "new").read_bytes() == new
     for name, data in files.items():
         assert (mnt / name).read_bytes() == data, name
-    devs = ctl_devices(mnt)
+    doc = ctl(mnt)
+    devs = doc["devices"]
     assert [(d["label"], d["state"], d["path"]) for d in devs] == [("ssd.a", "ok", str(a)), ("ssd.b", "ok", str(b))], \
         devs
+    assert doc["accounting"]["degraded_sectors"] == 0, doc["accounting"]  # (both members back)
     m.close()
+    # tierfs show says the same from the images: per member the data it
+    # holds copies of, and the data by its number of copies.
+    proc = run([tool("tierfs"), "show", "--json", a, b])
+    assert proc.returncode == 0, proc.stderr
+    shown = json.loads(proc.stdout)
+    assert shown["data"]["copies_sectors"] == [sectors(new), sectors(*files.values()), 0, 0], shown["data"]
+    assert [(m["label"], m["live_sectors"], m["cached_sectors"]) for m in shown["members"]] == \
+        [("ssd.a", sectors(new, *files.values()), 0), ("ssd.b", sectors(*files.values()), 0)], shown["members"]
+    text = run([tool("tierfs"), "show", a, b]).stdout
+    assert f"MiB with 1 copy, {sectors(*files.values()) / 2048:.1f} MiB with 2 copies" in text, text
 
 
-def ctl_devices(mnt: Path) -> list[dict]:
-    """tierfs ctl's devices of the mount at MNT."""
-    import json
+def sectors(*datas: bytes) -> int:
+    """The 512-byte sectors of these files' data in whole 4 KiB blocks (as
+    the accounting counts them: no compression here)."""
+    return sum((len(d) + 4095) // 4096 * 8 for d in datas)
+
+
+def ctl(mnt: Path) -> dict:
+    """tierfs ctl's document of the mount at MNT."""
     proc = run([tool("tierfs"), "ctl", mnt])
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)["devices"]
+    return json.loads(proc.stdout)
 
 
 def daemon_pids(mnt_arg: str, image: Path) -> list[int]:

@@ -3,13 +3,25 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <string>
 
+#include "alloc/accounting.h"
 #include "store/store.h"
 #include "userspace/tools/common.h"
 #include "userspace/tools/members.h"
 #include "userspace/util/json.h"
 
 namespace tfs::tools {
+namespace {
+
+// 512-byte sectors in MiB, one decimal ("12.5"; the unit is the caller's).
+std::string MiB(uint64_t sectors) {
+  char buf[32];
+  snprintf(buf, sizeof(buf), "%.1f", double(sectors) / 2048.0);
+  return buf;
+}
+
+}  // namespace
 
 int CmdShow(int argc, char** argv) {
   CLI::App app("Show a tierfs filesystem: superblock, members, usage by bucket state.", "tierfs show");
@@ -39,6 +51,15 @@ int CmdShow(int argc, char** argv) {
   const sb::Superblock& s = e.sb();
   const char* state_names[alloc::kBucketStateCount];
   for (int i = 0; i < alloc::kBucketStateCount; i++) state_names[i] = alloc::BucketStateName(alloc::BucketState(i));
+
+  // What the accounting says of the data's copies (every member is open:
+  // none is out).
+  Vector<alloc::ReplicasEntry> sets;
+  if (!e.acct().ReplicasInto(&sets).ok()) {
+    PrintError("show", "out of memory reading the accounting");
+    return 1;
+  }
+  const alloc::CopiesSummary copies = alloc::SummarizeCopies(sets.data(), sets.size(), 0);
 
   if (json) {
     userspace::JsonWriter w;
@@ -89,6 +110,7 @@ int CmdShow(int argc, char** argv) {
       w.EndObject();
       w.UintField("gen_blocked", u.gen_blocked);  // free buckets the generation guard holds back
       w.UintField("live_sectors", u.live_sectors);
+      w.UintField("cached_sectors", u.cached_sectors);
       w.Key("reserves");
       w.BeginObject();
       w.UintField("foreground", u.reserves.foreground);
@@ -99,6 +121,16 @@ int CmdShow(int argc, char** argv) {
       w.EndObject();
     }
     w.EndArray();
+    w.Key("data");
+    w.BeginObject();
+    w.UintField("sectors", copies.sectors);
+    w.Key("copies_sectors");  // [i]: sectors of data with i + 1 copies
+    w.BeginArray();
+    for (uint32_t k = 1; k <= alloc::kAcctMaxMembers; k++) w.Uint(copies.by_copies[k]);
+    w.EndArray();
+    w.UintField("reserved_sectors", e.acct().reserved_sectors());
+    w.UintField("inodes", e.acct().inodes());
+    w.EndObject();
     w.EndObject();
     printf("%s\n", w.str().c_str());
     return 0;
@@ -122,15 +154,27 @@ int CmdShow(int argc, char** argv) {
          *s.options.promote_target ? s.options.promote_target : "-",
          *s.options.metadata_target ? s.options.metadata_target : "-");
   printf("replicas:        data %u, metadata %u\n", s.options.data_replicas, s.options.metadata_replicas);
-  printf("\n%-3s %-14s %-24s %9s %7s %7s %7s %7s %7s %7s\n", "#", "label", "device", "buckets", "free",
-         "meta", "journal", "btree", "user", "cached");
+  printf("data:            %s MiB", MiB(copies.sectors).c_str());
+  const char* sep = " (";
+  for (uint32_t k = 1; k <= alloc::kAcctMaxMembers; k++) {
+    if (copies.by_copies[k] == 0) continue;
+    printf("%s%s MiB with %u cop%s", sep, MiB(copies.by_copies[k]).c_str(), k, k == 1 ? "y" : "ies");
+    sep = ", ";
+  }
+  printf("%s", *sep == ',' ? ")" : "");
+  const uint64_t reserved = e.acct().reserved_sectors();
+  if (reserved != 0) printf("; %s MiB reserved (fallocated, unwritten)", MiB(reserved).c_str());
+  printf("\n");
+  printf("\n%-3s %-14s %-24s %9s %7s %7s %7s %7s %7s %7s %10s %10s\n", "#", "label", "device", "buckets", "free",
+         "meta", "journal", "btree", "user", "cached", "data MiB", "cache MiB");
   for (uint32_t i = 0; i < s.nr_members; i++) {
     alloc::DeviceUsage u = e.alloc().Usage(i);
     printf("%-3u %-14s %-24s %9llu", i, s.members[i].label, e.devs().member(i)->bdev()->Name(),
            (unsigned long long)u.nbuckets);
     for (int k = 0; k < alloc::kBucketStateCount; k++) printf(" %7llu", (unsigned long long)u.by_state[k]);
-    printf("\n");
+    printf(" %10s %10s\n", MiB(u.live_sectors).c_str(), MiB(u.cached_sectors).c_str());
   }
+  printf("(buckets by state; data MiB, cache MiB: the file data the member holds copies of, and cached copies of)\n");
   for (uint32_t i = 0; i < s.nr_members; i++) {
     const u64 blocked = e.alloc().Usage(i).gen_blocked;
     if (blocked != 0)
