@@ -1,13 +1,29 @@
 #!/usr/bin/python3
 """The filesystem benchmark of issue 6: tierfs through FUSE beside a plain FUSE
 passthrough (libfuse's passthrough_ll example) over the same disk and ext4 on a loop
-device backed by that disk. See docs/benchmarks.md ("Filesystem (issue 6)").
+device backed by that disk; and (issue 21) tierfs over two members with one data
+copy against two. See docs/benchmarks.md ("Filesystem (issue 6)", "Replicas 1 vs 2").
 
     scripts/bench-fs [--build DIR] [--dir DIR] [--rounds 3] [--runtime 30] [--size 1G]
                      [--fsync-size 256M] [--files 100000] [--per-dir 1000]
                      [--image-size 8G] [--targets tierfs,passthrough,ext4] [--json PATH]
                      [--steps randrw,fsync,create,stat,ls_lR,du_s,unlink]
+    scripts/bench-fs --targets tierfs-r1,tierfs-r2 --steps randrw,fsync [...]
     scripts/bench-fs --report FILE.json [--markdown]
+
+Targets (--targets, default tierfs,passthrough,ext4):
+  tierfs       tierfs mount -f of one --image-size image file (format defaults)
+  passthrough  libfuse's passthrough_ll over a directory of --dir
+  ext4         ext4 on a loop device (direct I/O) over one --image-size image file
+  tierfs-r1    tierfs over two --image-size image files, members ssd.a and ssd.b,
+  tierfs-r2    formatted --replicas 1 and --replicas 2 (with 2, each write puts a
+               copy on both members, written in parallel, and its commit waits for
+               both)
+Ratios are taken of these pairs when both are run: tierfs/passthrough,
+tierfs/ext4 and tierfs-r2/tierfs-r1, of the medians and in each round. The goals:
+tierfs's randrw IOPS >= 0.8x the passthrough's and fsync p99 <= 1.5x (issue 6);
+tierfs-r2's randrw IOPS >= 0.8x tierfs-r1's (issue 21). tierfs fsck checks every
+tierfs target's members after the last round.
 
 Steps, each run on every target before the next step starts (the order of the
 targets rotates from round to round, so a noisy machine hits them alike; every
@@ -28,10 +44,12 @@ document into JSON.runs/ (TARGET-STEP-rROUND.json), so `tierlab report --a
 ... --b ...` compares targets like any other runs.
 fio's files are written once before round 1 (sequential 1 MiB writes, untimed, kept
 for every round); fallocate=none everywhere, so every target lays its files out
-alike (written, not reserved). Image files (tierfs's, ext4's) are written through
-with zeros before they are formatted: a real device has no holes, and a sparse
-image makes the host filesystem allocate at each first write, which forces
-io_uring onto its worker threads.
+alike (written, not reserved). Image files (every tierfs member's, ext4's) are
+written through with zeros before they are formatted: a real device has no holes,
+and a sparse image makes the host filesystem allocate at each first write, which
+forces io_uring onto its worker threads. A run whose fio files (times the data
+copies) would take more than 40% of a target's image files is refused up front:
+tierfs's copy-on-write overwrites hold about twice the files' bytes.
 
 The passthrough is /usr/share/doc/libfuse3-dev/examples/passthrough_ll.c compiled
 unchanged into the scratch directory, with one header forced in front of it
@@ -68,7 +86,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -85,17 +103,40 @@ from tierlab.hist import Histogram  # noqa: E402
 FIO_OPS = {"read": "read", "write": "write", "sync": "fsync"}
 SCHEMA = REPO / "results" / "schema" / "bench-fs-v1.schema.json"
 PASSTHROUGH_SRC = Path("/usr/share/doc/libfuse3-dev/examples/passthrough_ll.c")
-TARGETS = ("tierfs", "passthrough", "ext4")
+TARGETS = ("tierfs", "passthrough", "ext4", "tierfs-r1", "tierfs-r2")
+DEFAULT_TARGETS = ("tierfs", "passthrough", "ext4")
+# The tierfs targets: name -> (member labels, None for one unlabeled image;
+# `tierfs format --replicas`, None for format's default). Every member is an
+# --image-size image file of its own.
+TIERFS_TARGETS: dict[str, tuple[tuple[str, ...] | None, int | None]] = {
+    "tierfs": (None, None),
+    "tierfs-r1": (("ssd.a", "ssd.b"), 1),
+    "tierfs-r2": (("ssd.a", "ssd.b"), 2),
+}
+# fio's files (the steps' files: 2 x --size for randrw, --fsync-size for fsync,
+# times the data copies) must stay under this share of the space their target's
+# images hold. tierfs writes every overwrite elsewhere and frees a bucket only once
+# every block in it has been overwritten, so a run of random overwrites holds about
+# twice its files' bytes (up to about 4700 of 8192 1 MiB buckets for 2.25 GiB of
+# files in fs-2026-12-01-s7-final.json), plus the journal, the btree and the reserves.
+ROOM_SHARE = 0.4
 STEPS = ("randrw", "fsync", "create", "stat", "ls_lR", "du_s", "unlink")
 FIO_STEPS = ("randrw", "fsync")
 META_STEPS = ("create", "stat", "ls_lR", "du_s", "unlink")
 # Each target is unmounted, the kernel's caches dropped and the target mounted again
 # before these: the metadata steps start from a fresh mount, ls_lR and du_s are cold.
 REMOUNT_BEFORE = ("create", "ls_lR", "du_s")
-# The issue's targets: tierfs against the passthrough.
+# (numerator, denominator) of the ratios summarize() takes, when both are run.
+RATIO_PAIRS = (("tierfs", "passthrough"), ("tierfs", "ext4"), ("tierfs-r2", "tierfs-r1"))
+# The issues' targets: tierfs against the passthrough (issue 6); two data copies
+# against one (issue 21). Each is judged on the ratio of the medians of its pair.
 GOALS = (
-    {"name": "randrw IOPS >= 80% of passthrough", "metric": "randrw.iops", "bound": 0.8, "at_least": True},
-    {"name": "fsync p99 <= 1.5x passthrough", "metric": "fsync.fsync_p99_us", "bound": 1.5, "at_least": False},
+    {"name": "randrw IOPS >= 80% of passthrough", "pair": "tierfs/passthrough", "metric": "randrw.iops",
+     "bound": 0.8, "at_least": True},
+    {"name": "fsync p99 <= 1.5x passthrough", "pair": "tierfs/passthrough", "metric": "fsync.fsync_p99_us",
+     "bound": 1.5, "at_least": False},
+    {"name": "replicas=2 randrw IOPS >= 80% of replicas=1", "pair": "tierfs-r2/tierfs-r1",
+     "metric": "randrw.iops", "bound": 0.8, "at_least": True},
 )
 
 # Forced in front of passthrough_ll.c (cc -include): passthrough_ll opens the backing
@@ -358,17 +399,47 @@ def write_image(path: Path, size: int) -> None:
 
 @dataclass
 class Tierfs(Target):
+    """tierfs over one image file per member: `labels` names them (None: one
+    unlabeled image); `replicas` is format's --replicas (None: its default)."""
+
     tierfs: Path = Path()
-    image: Path = Path()
+    images: list[Path] = field(default_factory=list)
+    labels: tuple[str, ...] | None = None
+    replicas: int | None = None
+
+    @classmethod
+    def make(cls, name: str, mnt: Path, logs: Path, tierfs: Path, work: Path) -> Tierfs:
+        labels, replicas = TIERFS_TARGETS[name]
+        images = ([work / f"{name}.img"] if labels is None
+                  else [work / f"{name}-{label.replace('.', '-')}.img" for label in labels])
+        return cls(name, mnt, logs, tierfs=tierfs, images=images, labels=labels, replicas=replicas)
 
     def setup(self, image_bytes: int) -> None:
-        write_image(self.image, image_bytes)
-        run([str(self.tierfs), "format", str(self.image)], "tierfs format")
-        self.description = (f"tierfs mount -f of a fresh {size_text(image_bytes)} image file, written "
-                            "through before format (format defaults: 1 MiB buckets, 256 KiB btree nodes)")
+        members: list[str] = []
+        for i, image in enumerate(self.images):
+            write_image(image, image_bytes)
+            members += ["--label", self.labels[i], str(image)] if self.labels else [str(image)]
+        options = ["--replicas", str(self.replicas)] if self.replicas else []
+        run([str(self.tierfs), "format", *options, *members], f"tierfs format of {self.name}")
+        defaults = "1 MiB buckets, 256 KiB btree nodes"
+        if self.labels is None:
+            self.description = (f"tierfs mount -f of a fresh {size_text(image_bytes)} image file, written "
+                                f"through before format (format defaults: {defaults})")
+            return
+        how = (f"each write puts a copy on {self.replicas} members, written in parallel, and its commit "
+               "waits for them all" if (self.replicas or 1) > 1 else "each write puts one copy on one member")
+        self.description = (f"tierfs mount -f of {len(self.images)} fresh {size_text(image_bytes)} image files, "
+                            f"members {' and '.join(self.labels)} (one group, no targets), written through "
+                            f"before format; tierfs format {' '.join(options)} ({how}; "
+                            f"otherwise format defaults: {defaults}, metadata replicas 1)")
 
     def mount(self) -> None:
-        self._start_daemon([str(self.tierfs), "mount", "-f", str(self.image), str(self.mnt)])
+        self._start_daemon([str(self.tierfs), "mount", "-f", *map(str, self.images), str(self.mnt)])
+
+    def fsck(self) -> dict[str, Any]:
+        """tierfs fsck (read-only) of the unmounted members: exit and last line."""
+        proc = subprocess.run([str(self.tierfs), "fsck", *map(str, self.images)], capture_output=True, text=True)
+        return {"exit": proc.returncode, "summary": last_line(proc.stdout + proc.stderr)}
 
     def ctl(self) -> dict[str, Any] | None:
         proc = run([str(self.tierfs), "ctl", str(self.mnt)], "tierfs ctl")
@@ -625,14 +696,17 @@ STEP_FUNCS: dict[str, Callable[[Target, Config, Path], dict[str, float]]] = {
     "ls_lR": step_ls, "du_s": step_du, "unlink": step_unlink,
 }
 
-# tierfs ctl fields that only grow while a mount lives (the rest are gauges).
+# tierfs ctl fields that only grow while a mount lives (the rest are gauges). Arrays
+# are flattened by index (journal.preflushes.0: the first member's), devices by
+# label (which may hold a dot: devices.ssd.a.io...).
 CTL_COUNTER = re.compile(
-    r"^(data\.[a-z_]+|journal\.(commits|flush_commits|entries|flush_entries|bytes|keys|space_waits|"
-    r"room_waits|reclaim_calls)|btree\.(lookups|inserts|deletes|commits|cache_hits|cache_misses|"
-    r"evictions|node_reads|node_writes|node_write_bytes|checkpoints|reserved_buckets|returned_buckets|"
-    r"hole_slots|corrupt_reads)|"
+    r"^(data\.[a-z_]+|journal\.(commits|flush_commits|entries|degraded_entries|ring_write_errors|"
+    r"flushes_given_up|rewritten_ordered|flush_entries|unordered_entries|bytes|keys|preflushes\.[0-9]+|"
+    r"space_waits|room_waits|reserve_entries|reclaim_calls|caller_entries)|"
+    r"btree\.(lookups|inserts|deletes|commits|cache_hits|cache_misses|evictions|node_reads|node_writes|"
+    r"node_write_bytes|checkpoints|reserved_buckets|returned_buckets|hole_slots|corrupt_reads)|"
     r"alloc\.(frees|fallbacks|checkpoints)|posix\.(?!open_inodes)[a-z_]+|"
-    r"devices\.[^.]+\.io\.[^.]+\.(errors|[a-z]+\.(ops|bytes)))$")
+    r"devices\.[^.]+(\.(?!fault\.)[^.]+)?\.io\.[^.]+\.(errors|[a-z]+\.(ops|bytes)))$")
 
 
 def flatten(doc: Any, prefix: str = "") -> dict[str, float]:
@@ -691,8 +765,8 @@ def measure(step: str, t: Target, c: Config, work: Path, rnd: int) -> dict[str, 
 
 
 def summarize(runs: list[dict[str, Any]], targets: list[str]) -> dict[str, Any]:
-    """Medians per target and metric over the rounds, tierfs's ratios against the
-    others (of the medians, and per round), and the issue's goals."""
+    """Medians per target and metric over the rounds, the ratios of RATIO_PAIRS
+    whose two targets ran (of the medians, and per round), and the issues' goals."""
     values: dict[str, dict[str, list[float]]] = {}
     by_round: dict[tuple[int, str, str], float] = {}
     for r in runs:
@@ -702,25 +776,26 @@ def summarize(runs: list[dict[str, Any]], targets: list[str]) -> dict[str, Any]:
             by_round[(r["round"], r["target"], key)] = v
     medians = {t: {k: statistics.median(v) for k, v in sorted(values.get(t, {}).items())} for t in targets}
     ratios: dict[str, dict[str, Any]] = {}
-    if "tierfs" in targets:
-        for other in (x for x in targets if x != "tierfs"):
-            per: dict[str, Any] = {}
-            for key, mine in medians["tierfs"].items():
-                theirs = medians[other].get(key)
-                if not theirs:
-                    continue
-                rounds = sorted({rnd for (rnd, t, k) in by_round if t == "tierfs" and k == key})
-                per[key] = {"of_medians": mine / theirs,
-                            "per_round": [by_round[(n, "tierfs", key)] / by_round[(n, other, key)]
-                                          for n in rounds if by_round.get((n, other, key))]}
-            ratios[f"tierfs/{other}"] = per
+    for num, den in RATIO_PAIRS:
+        if num not in targets or den not in targets:
+            continue
+        per: dict[str, Any] = {}
+        for key, mine in medians[num].items():
+            theirs = medians[den].get(key)
+            if not theirs:
+                continue
+            rounds = sorted({rnd for (rnd, t, k) in by_round if t == num and k == key})
+            per[key] = {"of_medians": mine / theirs,
+                        "per_round": [by_round[(n, num, key)] / by_round[(n, den, key)]
+                                      for n in rounds if by_round.get((n, den, key))]}
+        ratios[f"{num}/{den}"] = per
     goals = []
     for g in GOALS:
-        r = ratios.get("tierfs/passthrough", {}).get(g["metric"])
+        r = ratios.get(g["pair"], {}).get(g["metric"])
         if r is None:
             continue
         ratio = r["of_medians"]
-        goals.append({"name": g["name"], "metric": g["metric"], "bound": g["bound"],
+        goals.append({"name": g["name"], "pair": g["pair"], "metric": g["metric"], "bound": g["bound"],
                       "at_least": g["at_least"], "ratio": ratio,
                       "met": ratio >= g["bound"] if g["at_least"] else ratio <= g["bound"]})
     return {"medians": medians, "ratios": ratios, "goals": goals}
@@ -763,17 +838,17 @@ def table(header: list[str], rows: list[list[str]], markdown: bool) -> list[str]
 
 
 def tables(doc: dict[str, Any], markdown: bool) -> str:
-    """The medians with tierfs's ratios, the goals, and every round's value."""
+    """The medians with the ratios, the goals, and every round's value."""
     s = doc["summary"]
     targets = list(doc["config"]["targets"])
-    others = list(s["ratios"])
+    pairs = list(s["ratios"])
     rows, per_round = [], []
     for label, key, unit in ROWS:
         if all(key not in s["medians"].get(t, {}) for t in targets):
             continue  # a step this run left out
         row = [label] + [fmt(s["medians"].get(t, {}).get(key), unit) for t in targets]
-        for o in others:
-            r = s["ratios"][o].get(key)
+        for pair in pairs:
+            r = s["ratios"][pair].get(key)
             row.append(f"{r['of_medians']:.2f}" if r else "-")
         rows.append(row)
         step, metric = key.split(".")
@@ -784,12 +859,14 @@ def tables(doc: dict[str, Any], markdown: bool) -> str:
             cells.append(" / ".join(vals) if vals else "-")
         per_round.append(cells)
     rounds = doc["config"]["rounds"]
-    out = [f"Medians of {rounds} round{'s' if rounds > 1 else ''}; ratios are tierfs's median over the other's:", ""]
-    out += table(["metric"] + targets + others, rows, markdown)
+    out = [f"Medians of {rounds} round{'s' if rounds > 1 else ''}"
+           + ("; ratios A/B are A's median over B's:" if pairs else ":"), ""]
+    out += table(["metric"] + targets + pairs, rows, markdown)
     if s["goals"]:
         out.append("")
     for g in s["goals"]:
-        per = s["ratios"]["tierfs/passthrough"][g["metric"]]["per_round"]
+        # Results written before issue 21 name no pair: theirs were all tierfs/passthrough.
+        per = s["ratios"][g.get("pair", "tierfs/passthrough")][g["metric"]]["per_round"]
         sign = ">=" if g["at_least"] else "<="
         out.append(f"{'- ' if markdown else ''}{g['name']}: {g['ratio']:.2f} (target {sign} {g['bound']}; "
                    f"per round {', '.join(f'{x:.2f}' for x in per)}): {'met' if g['met'] else 'NOT met'}")
@@ -826,12 +903,43 @@ def check_environment(build: Path, c: Config) -> Path:
     for exe, pkg in need.items():
         if shutil.which(exe) is None:
             raise BenchError(f"{exe} not found (Debian package {pkg})")
-    if any(t in targets for t in ("tierfs", "passthrough")) and not os.path.exists("/dev/fuse"):
+    if any(t in targets for t in ("passthrough", *TIERFS_TARGETS)) and not os.path.exists("/dev/fuse"):
         raise BenchError("/dev/fuse is missing (modprobe fuse)")
     tierfs = build / "bin" / "tierfs"
-    if "tierfs" in targets and not os.access(tierfs, os.X_OK):
+    if any(t in TIERFS_TARGETS for t in targets) and not os.access(tierfs, os.X_OK):
         raise BenchError(f"{tierfs} is missing: build tierfs first (make), or pass --build DIR")
     return tierfs
+
+
+def image_files(target: str) -> int:
+    """The --image-size image files a target is made of."""
+    if target in TIERFS_TARGETS:
+        labels = TIERFS_TARGETS[target][0]
+        return 1 if labels is None else len(labels)
+    return 1 if target == "ext4" else 0
+
+
+def data_copies(target: str) -> int:
+    return TIERFS_TARGETS.get(target, (None, None))[1] or 1
+
+
+def fio_bytes(c: Config) -> int:
+    """The bytes of fio's files in this run (those of the fio steps it runs)."""
+    return (2 * c.size if "randrw" in c.steps else 0) + (c.fsync_size if "fsync" in c.steps else 0)
+
+
+def check_room(c: Config) -> None:
+    """Refuses, up front, a run whose fio files (times their data copies) would fill
+    more than ROOM_SHARE of a target's image files."""
+    files = fio_bytes(c)
+    for t in c.targets:
+        room, copies = c.image_size * image_files(t), data_copies(t)
+        if room and files * copies > room * ROOM_SHARE:
+            least = -(-int(files * copies / ROOM_SHARE / image_files(t)) // (1 << 30))
+            raise BenchError(f"--image-size {size_text(c.image_size)} is too small for {t}: fio's files "
+                             f"({size_text(files)}{f' x {copies} copies' if copies > 1 else ''}) must stay "
+                             f"under {ROOM_SHARE:.0%} of its {size_text(room)} of images; use --image-size "
+                             f"{least}G or more, or a smaller --size/--fsync-size")
 
 
 def machine_info() -> dict[str, Any]:
@@ -915,15 +1023,13 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                steps=args.steps)
     build = Path(args.build).resolve()
     tierfs_bin = check_environment(build, c)
+    check_room(c)
     free = shutil.disk_usage(args.dir).free
-    need = (c.image_size * sum(t in c.targets for t in ("tierfs", "ext4"))
-            + (2 * c.size + c.fsync_size if "passthrough" in c.targets else 0))
+    need = (c.image_size * sum(image_files(t) for t in c.targets)
+            + (fio_bytes(c) if "passthrough" in c.targets else 0))
     if free < need * 1.1:
         raise BenchError(f"{args.dir} has {size_text(free)} free; this run needs about {size_text(need)} "
-                         "(the image files are written as far as the data goes)")
-    if c.fsync_size > c.image_size // 4 or 2 * c.size > c.image_size // 2:
-        raise BenchError("--image-size is too small for --size and --fsync-size (keep 2x--size "
-                         "under half of it)")
+                         "(every image file is written through)")
     machine = machine_info()
     started = now_iso()
     commit, dirty = git_state()
@@ -938,8 +1044,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             mnt = work / "mnt" / name
             mnt.mkdir(parents=True)
             t: Target
-            if name == "tierfs":
-                t = Tierfs(name, mnt, logs, tierfs=tierfs_bin, image=work / "tierfs.img")
+            if name in TIERFS_TARGETS:
+                t = Tierfs.make(name, mnt, logs, tierfs_bin, work)
                 t.setup(c.image_size)
             elif name == "passthrough":
                 t = Passthrough(name, mnt, logs, binary=work / "passthrough_ll", source=work / "passthrough-src")
@@ -973,13 +1079,13 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                     shown = ", ".join(f"{k} {v:.4g}" for k, v in list(rec["metrics"].items())[:3])
                     log(f"round {rnd}/{c.rounds} {step} on {name}: {shown} "
                         f"(load {rec['machine']['load1_end']:.2f})")
-        if "tierfs" in made:
-            t = made["tierfs"]
-            t.unmount()
-            proc = subprocess.run([str(tierfs_bin), "fsck", str(t.image)], capture_output=True, text=True)
-            fsck = {"exit": proc.returncode, "summary": last_line(proc.stdout + proc.stderr)}
-            if proc.returncode != 0:
-                err(f"tierfs fsck after the run: exit {proc.returncode}: {fsck['summary']}")
+        for name, t in made.items():
+            if isinstance(t, Tierfs):
+                t.unmount()
+                fsck[name] = t.fsck()
+                if fsck[name]["exit"] != 0:
+                    err(f"tierfs fsck of {name} after the run: exit {fsck[name]['exit']}: "
+                        f"{fsck[name]['summary']}")
     machine["load_end"] = list(os.getloadavg())
     doc: dict[str, Any] = {
         "benchmark": "fs", "version": 1, "started": started, "finished": now_iso(),
@@ -1016,8 +1122,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--files", type=int, default=100_000, help="files of the metadata steps (default 100000)")
     ap.add_argument("--per-dir", type=int, default=1000, help="files per directory (default 1000)")
     ap.add_argument("--image-size", type=parse_size, default=parse_size("8G"),
-                    help="tierfs and ext4 image files (default 8G)")
-    ap.add_argument("--targets", default=",".join(TARGETS), help="subset of tierfs,passthrough,ext4")
+                    help="each image file: tierfs's, each member of tierfs-r1's and tierfs-r2's, ext4's "
+                         "(default 8G)")
+    ap.add_argument("--targets", default=",".join(DEFAULT_TARGETS),
+                    help=f"some of {','.join(TARGETS)} (default {','.join(DEFAULT_TARGETS)})")
     ap.add_argument("--steps", default=",".join(STEPS),
                     help="subset of the steps (default all; the metadata steps need create and unlink)")
     ap.add_argument("--json", help="result file (default /tmp/bench-fs-DATE.json)")
