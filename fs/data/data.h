@@ -464,14 +464,6 @@ class DataPath {
   // not ranked by their members' health and latency (hedges and retries as
   // ever): for tests that damage a chosen copy and count what the read did.
   void SetListedReadOrderForTest(bool on) { listed_order_ = on; }
-  // A member's late bound (docs/design/copies.md, "Step 6c"): 8 x its
-  // service-time EWMA within [kLateMinNs, kLateMaxNs]; none known yet:
-  // kLateMaxNs. A replicated write leaves a copy behind that is not
-  // written within it (once another copy is), and a member whose oldest
-  // request is older than it gets no further copy.
-  static u64 LateBoundNs(const dev::ReadState& rs);
-  static constexpr u64 kLateMinNs = 250'000'000ull;
-  static constexpr u64 kLateMaxNs = 1'000'000'000ull;
   // Writes with late copies out at once, at most (each holds its data's
   // copy and its space): past it, a replicated write waits for every copy.
   static constexpr u64 kMaxLateWrites = 32;
@@ -583,9 +575,10 @@ class DataPath {
   // error when none was written.
   Status KeepWritten(const IoContext& ctx, const Space* sp, u32 copies, const Status* per, const bool* late,
                      u64 first_change, u64 blocks, Delta* delta, Extent* x);
-  // Whether member `dev` is stalling (6c): its queue reports a stall, or
-  // its oldest request at the device is older than its late bound. Further
-  // copies of a write pass it over (Reserve).
+  // Whether member `dev` is stalling (6c, dev::Stalling): its queue
+  // reports a stall, or its oldest request at the device is older than its
+  // late bound (dev::LateBoundNs). Further copies of a write pass it over
+  // (Reserve).
   bool Stalling(u32 dev) const;
 
   // KeepWritten's log line for a copy whose write failed: at most one per

@@ -70,13 +70,6 @@ struct DataPath::Flight {
   Flight* next = nullptr;  // reap_ or late_
 };
 
-// A bound of `times` x `base` within [lo, hi]; `hi` when base is unknown
-// (0). The read's hedge bound and the write's late bound (data.h).
-inline u64 ScaledBoundNs(u64 base, u64 times, u64 lo, u64 hi) {
-  if (base == 0) return hi;
-  return Min(Max(base > hi ? hi : times * base, lo), hi);
-}
-
 // One request for ctx on a member's queue, waited for: tagged with ctx's
 // origin, queued in ctx's class.
 inline Status ContextIo(const IoContext& ctx, dev::IoQueue& queue, IoOp op, u64 offset, void* buf, u64 length) {

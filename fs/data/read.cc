@@ -229,7 +229,7 @@ void DataPath::NoteReadFailure(u32 dev, const Status& st) {
 }
 
 u64 DataPath::HedgeBoundNs(const dev::ReadState& rs) {
-  return ScaledBoundNs(rs.samples >= kHedgeMinSamples ? rs.p99_ns : rs.ewma_ns, 4, kHedgeMinNs, kHedgeMaxNs);
+  return dev::ScaledBoundNs(rs.samples >= kHedgeMinSamples ? rs.p99_ns : rs.ewma_ns, 4, kHedgeMinNs, kHedgeMaxNs);
 }
 
 void DataPath::OrderCopies(const Extent& e, u8* order, u64* bound) const {

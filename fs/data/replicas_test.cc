@@ -819,7 +819,7 @@ TEST(ReplicasTest, AReplicatedWriteLeavesALateCopyBehindAndPassesAStallingMember
   EXPECT_TRUE(t.Read(ino, a.size()) == a);
   // The held request is older than any late bound: the member is stalling.
   dev::IoQueue& q = t.m->store->devs().member(1)->queue();
-  for (int i = 0; i < 60000 && q.GetReadState(false).oldest_ns <= data::DataPath::kLateMaxNs; i++)
+  for (int i = 0; i < 60000 && q.GetReadState(false).oldest_ns <= dev::kLateMaxNs; i++)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   t.Write(ino, a.size(), b);
   ASSERT_TRUE(t.fs().FlushBuffer(ino).ok());

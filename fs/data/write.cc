@@ -29,15 +29,9 @@ namespace tfs::data {
 
 using btree::Iterator;
 
-u64 DataPath::LateBoundNs(const dev::ReadState& rs) {
-  return ScaledBoundNs(rs.ewma_ns, 8, kLateMinNs, kLateMaxNs);
-}
-
 bool DataPath::Stalling(u32 dev) const {
   const dev::Member* m = store_->devs().member(dev);
-  if (m == nullptr) return false;
-  const dev::ReadState rs = m->queue().GetReadState(/*p99=*/false);
-  return rs.stalled || rs.oldest_ns > LateBoundNs(rs);
+  return m != nullptr && dev::Stalling(m->queue().GetReadState(/*p99=*/false));
 }
 
 Status DataPath::WriteCopies(const IoContext& ctx, const Space* sp, u32 copies, const u8* data, u64 len,
@@ -95,7 +89,7 @@ Status DataPath::WriteCopies(const IoContext& ctx, const Space* sp, u32 copies, 
     k.io.cls = ctx.io_class;
     k.io.done = FlightCopyDone;
     k.io.caller_data = &k;
-    bound[c] = LateBoundNs(store_->devs().member(k.dev)->queue().GetReadState(/*p99=*/false));
+    bound[c] = dev::LateBoundNs(store_->devs().member(k.dev)->queue().GetReadState(/*p99=*/false));
   }
   f->submitted = copies;
   f->refs.FetchAdd(copies, MemOrder::kAcqRel);

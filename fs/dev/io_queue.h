@@ -129,6 +129,27 @@ struct ReadState {
   bool stalled = false;  // quiet for stall_threshold_ns
 };
 
+// A bound of `times` x `base` within [lo, hi]; `hi` when base is unknown
+// (0). The data path's hedge bound and the late bound below.
+inline u64 ScaledBoundNs(u64 base, u64 times, u64 lo, u64 hi) {
+  if (base == 0) return hi;
+  return Min(Max(base > hi ? hi : times * base, lo), hi);
+}
+
+// A member's *late bound* (docs/design/copies.md, "Step 6c"): 8 x its
+// service-time EWMA within [kLateMinNs, kLateMaxNs]; none known yet:
+// kLateMaxNs. A replicated write leaves a copy there behind that is not
+// written within it (once another copy is), and the journal gives up a
+// pre-flush there that is not done within it (6c-2) -- each only while
+// the member is Stalling.
+inline constexpr u64 kLateMinNs = 250'000'000ull;
+inline constexpr u64 kLateMaxNs = 1'000'000'000ull;
+inline u64 LateBoundNs(const ReadState& rs) { return ScaledBoundNs(rs.ewma_ns, 8, kLateMinNs, kLateMaxNs); }
+// Whether the member is *stalling*: its queue reports a stall, or its
+// oldest read or write at the device is older than its late bound (a busy
+// member's queue may simply not have sent a request yet: that is not one).
+inline bool Stalling(const ReadState& rs) { return rs.stalled || rs.oldest_ns > LateBoundNs(rs); }
+
 // A queue's state and counters now (util/counters.h; State() fills them).
 #define TFS_QUEUE_COUNTERS(X, A)                                        \
   X(in_flight, gauge, "requests at the device")                         \

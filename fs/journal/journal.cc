@@ -106,6 +106,9 @@ Status Journal::Start(dev::DeviceSet* devs, const sb::Superblock& sb, u64 next_s
   magic_ = kJournalMagic ^ uuid_word;
   replicas_ = sb.options.metadata_replicas;
   wanted_replicas_ = replicas_;
+  verified_ = sb.options.checksum != sb::ChecksumType::kNone;
+  for (IoSlot& slot : flush_slots_) slot.journal = this;
+  for (IoSlot& slot : write_slots_) slot.journal = this;
   NoteRootsGen(sb.roots_gen);
 
   ring_members_ = 0;
@@ -169,6 +172,11 @@ Status Journal::Stop() {
     cv_.Signal();
   }
   writer_.Join();
+  // I/Os given up late are still at their members: they name this
+  // journal's slots (an unmount waits out a stall here, as the data
+  // path's late copies do).
+  while (slots_busy_.Load(MemOrder::kAcquire) != 0) platform::SleepNs(platform::kNsPerMs);
+  NoteLateIos();
   started_ = false;
   MutexLock lock(mu_);
   done_cv_.Broadcast();
@@ -465,6 +473,8 @@ Stats Journal::GetStats() const {
   LiveRoom(&ring, &free);
   s.ring_buckets = ring;
   s.free_buckets = free;
+  s.flushes_out = PopCount(SlotsOut(flush_slots_));
+  s.rings_held = PopCount(SlotsOut(write_slots_));
   return s;
 }
 
@@ -620,6 +630,8 @@ bool Journal::Admits(u32 open_bytes) const {
 
 bool Journal::RingOut(const Ring& r) const { return ((devs_->failed() >> r.member) & 1) != 0; }
 
+bool Journal::RingHeld(const Ring& r) const { return write_slots_[r.member].busy.Load(MemOrder::kAcquire) != 0; }
+
 u32 Journal::LiveRings() const {
   u32 n = 0;
   for (const Ring& r : rings_) n += RingOut(r) ? 0 : 1;
@@ -652,7 +664,9 @@ bool Journal::CanPlaceOpen() const {
 }
 
 bool Journal::Place(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings, u64* offsets) {
-  if (!Choose(bytes, allow_reserve, ring_idx, nrings)) return false;
+  bool passed = false;
+  if (!Choose(bytes, allow_reserve, ring_idx, nrings, &passed)) return false;
+  if (passed) stats_.rings_passed_stalling++;
   for (u32 k = 0; k < *nrings; k++) {
     Ring& r = rings_[ring_idx[k]];
     if (r.offset + bytes > bucket_size_ || (!allow_reserve && r.cur_reserve)) {
@@ -667,18 +681,29 @@ bool Journal::Place(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings, u
   return true;
 }
 
-bool Journal::Choose(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings) const {
+bool Journal::Choose(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings, bool* passed) const {
   // Prefer the rings with the most free space; an entry goes to `replicas_` rings.
   // Only the entries reclaim needs may use the reserve (see journal.h), and a
   // bucket opened from the reserve takes no others.
-  // A failed member's ring is out (RingOut): fewer rings then.
+  // A failed member's ring is out (RingOut): fewer rings then. With more
+  // rings than the entry takes, a stalling member's comes after every
+  // other (6c-2: the entry's write would wait out the stall).
+  // A held ring (RingHeld) is out until its late write completes.
   u32 chosen = 0;
   bool used[dev::kMaxDevices] = {};
-  const u32 want = Min(replicas_, LiveRings());
+  bool stalling[dev::kMaxDevices] = {};
+  u32 usable = 0;
+  for (u32 i = 0; i < rings_.size(); i++) {
+    used[i] = RingOut(rings_[i]) || RingHeld(rings_[i]);
+    usable += used[i] ? 0 : 1;
+  }
+  const u32 want = Min(replicas_, usable);
   if (want == 0) return false;
+  if (want < usable)
+    for (u32 i = 0; i < rings_.size(); i++)
+      stalling[i] = !used[i] && dev::Stalling(devs_->member(rings_[i].member)->queue().GetReadState(/*p99=*/false));
   while (chosen < want) {
-    i32 best = -1;
-    u32 best_free = 0;
+    i32 best = -1, roomiest = -1;  // (roomiest: by free space alone)
     for (u32 i = 0; i < rings_.size(); i++) {
       if (used[i]) continue;
       const Ring& r = rings_[i];
@@ -689,12 +714,13 @@ bool Journal::Choose(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings) 
       bool next_ok = r.bucket_seq[next] < durable_last_seq_ &&
                      (allow_reserve || free >= config_.reserve_buckets + 1);
       if (!fits_here && !next_ok) continue;
-      if (best < 0 || free > best_free) {
+      if (roomiest < 0 || free > FreeBuckets(rings_[roomiest])) roomiest = i32(i);
+      if (best < 0 || (stalling[best] && !stalling[i]) ||
+          (stalling[best] == stalling[i] && free > FreeBuckets(rings_[best])))
         best = i32(i);
-        best_free = free;
-      }
     }
     if (best < 0) return false;
+    if (passed != nullptr && roomiest != best && stalling[roomiest]) *passed = true;
     used[best] = true;
     ring_idx[chosen++] = u32(best);
   }
@@ -726,30 +752,213 @@ void Journal::SubmitLatched(dev::LatchedIo* ios, u32 n, const u32* members, Stat
   for (u32 j = 0; j < ngo; j++) per[go[j]] = ios[go[j]].status();
 }
 
-Status Journal::PreFlush(DevMask want, DevMask needed, DevMask* given_up) {
-  const DevMask skip = want & devs_->failed() & ~needed;
-  const DevMask mask = want & ~skip;
-  *given_up = skip;
-  const u32 n = PopCount(mask);
-  if (n == 0) return Status::Ok();
-  u32 members[dev::kMaxDevices];
-  Status per[dev::kMaxDevices];
-  u32 k = 0;
-  for (u32 i : dev::Bits(mask)) {
-    PrepareIo(&preflush_ios_[k].io, IoOp::kFlush, 0, nullptr, 0, 0);
-    members[k++] = i;
+void Journal::SlotDone(dev::Io* io, Status st) {
+  auto* slot = static_cast<IoSlot*>(io->caller_data);
+  Journal* j = slot->journal;
+  slot->err.Store(i32(st.code()), MemOrder::kRelaxed);
+  slot->busy.Store(0, MemOrder::kRelease);  // (the writer may submit in it again from here)
+  j->slot_events_.FetchAdd(1, MemOrder::kAcqRel);
+  tfs_plat_wake(j->slot_events_.Address(), 0);
+  j->slots_busy_.FetchSub(1, MemOrder::kAcqRel);  // (the last touch: Stop waits for it)
+}
+
+namespace {
+
+void SubmitInSlot(dev::DeviceSet* devs, u32 member, dev::Io* io, Atomic<i32>* err, Atomic<u32>* busy,
+                  Atomic<u32>* slots_busy, bool waiting) {
+  err->Store(0, MemOrder::kRelaxed);
+  busy->Store(1, MemOrder::kRelease);
+  slots_busy->FetchAdd(1, MemOrder::kAcqRel);
+  devs->member(member)->queue().Submit(io, waiting);
+}
+
+}  // namespace
+
+void Journal::SubmitFlush(u32 member, bool waiting) {
+  IoSlot& slot = flush_slots_[member];
+  PrepareIo(&slot.io, IoOp::kFlush, 0, nullptr, 0, 0);
+  slot.io.done = SlotDone;
+  slot.io.caller_data = &slot;
+  SubmitInSlot(devs_, member, &slot.io, &slot.err, &slot.busy, &slots_busy_, waiting);
+}
+
+DevMask Journal::SlotsOut(const IoSlot* slots) const {
+  DevMask out = 0;
+  for (u32 i = 0; i < dev::kMaxDevices; i++)
+    if (slots[i].busy.Load(MemOrder::kAcquire) != 0) out |= DevMask(1) << i;
+  return out;
+}
+
+void Journal::NoteLateIos() {
+  IoSlot* const lists[] = {flush_slots_, write_slots_};
+  for (IoSlot* slots : lists) {
+    for (u32 i = 0; i < dev::kMaxDevices; i++) {
+      IoSlot& slot = slots[i];
+      if (!slot.late || slot.busy.Load(MemOrder::kAcquire) != 0) continue;
+      slot.late = false;
+      platform::Free(slot.owned);
+      slot.owned = nullptr;
+      const Status st = Status(Err(slot.err.Load(MemOrder::kRelaxed)));
+      if (!st.ok()) devs_->MarkFailed(i, st);
+    }
   }
-  SubmitLatched(preflush_ios_, n, members, per, /*skip_failed=*/false);
+}
+
+void Journal::WriteRings(Buf* buf, u32 bytes, u8 flags, const u32* members, const u64* offsets, u32 n,
+                         Status* per, DevMask* late) {
+  NoteLateIos();
+  *late = 0;
+  DevMask mask = 0;
+  u64 bound[dev::kMaxDevices] = {};
+  u64 since[dev::kMaxDevices] = {};
+  const u64 start = platform::NowNs();
+  // Never inline when another ring could take the entry: a stalled member
+  // would hold this thread inside Submit; one ring alone may be.
+  for (u32 k = 0; k < n; k++) {
+    const u32 m = members[k];
+    // (A member marked failed since it was chosen gets nothing: kMissing.)
+    per[k] = ((devs_->failed() >> m) & 1) != 0 ? Status(Err::kMissing) : Status::Ok();
+    if (!per[k].ok()) continue;
+    IoSlot& slot = write_slots_[m];
+    PrepareIo(&slot.io, IoOp::kWrite, offsets[k], buf->data, bytes, flags);
+    slot.io.done = SlotDone;
+    slot.io.caller_data = &slot;
+    bound[m] = dev::LateBoundNs(devs_->member(m)->queue().GetReadState(/*p99=*/false));
+    since[m] = start;
+    mask |= DevMask(1) << m;
+    SubmitInSlot(devs_, m, &slot.io, &slot.err, &slot.busy, &slots_busy_, /*waiting=*/n == 1);
+  }
+  Status got[dev::kMaxDevices];
+  DevMask pending = mask, took = 0;
+  while (pending != 0) {
+    const u32 ev = slot_events_.Load(MemOrder::kAcquire);
+    for (u32 m : dev::Bits(pending)) {
+      if (write_slots_[m].busy.Load(MemOrder::kAcquire) != 0) continue;
+      got[m] = Status(Err(write_slots_[m].err.Load(MemOrder::kRelaxed)));
+      pending &= ~(DevMask(1) << m);
+      if (got[m].ok() && ((devs_->failed() >> m) & 1) == 0) took |= DevMask(1) << m;
+    }
+    if (pending == 0) break;
+    // Once a ring took the entry, the others are waited for up to their
+    // members' late bounds; past it, one is given up if its member is
+    // stalling (else its bound starts again).
+    u64 deadline = platform::kForever;
+    if (took != 0 && *late == 0)
+      for (u32 m : dev::Bits(pending)) deadline = Min(deadline, since[m] + bound[m]);
+    const u64 now = platform::NowNs();
+    if (now >= deadline) {
+      for (u32 m : dev::Bits(pending)) {
+        if (*late != 0 || now < since[m] + bound[m]) continue;
+        if (!dev::Stalling(devs_->member(m)->queue().GetReadState(/*p99=*/false))) {
+          since[m] = now;
+          continue;
+        }
+        // The write reads buf's bytes until it completes: they become its
+        // slot's, and buf gets a fresh copy (none: waited for).
+        u8* fresh = static_cast<u8*>(platform::Alloc(config_.max_entry_bytes, kJournalBlock));
+        if (fresh == nullptr) {
+          since[m] = now;
+          continue;
+        }
+        MemCopy(fresh, buf->data, bytes);
+        write_slots_[m].owned = buf->data;
+        write_slots_[m].late = true;
+        buf->data = fresh;
+        *late = DevMask(1) << m;
+        got[m] = Err::kIoTimeout;
+        pending &= ~*late;
+      }
+      continue;
+    }
+    tfs_plat_wait(slot_events_.Address(), ev, deadline == platform::kForever ? platform::kForever : deadline - now);
+  }
+  for (u32 k = 0; k < n; k++)
+    if (per[k].ok()) per[k] = got[members[k]];
+}
+
+Status Journal::PreFlush(DevMask want, DevMask needed, DevMask* given_up, DevMask* late) {
+  NoteLateIos();
+  const DevMask skip = want & devs_->failed() & ~needed;
+  DevMask mask = want & ~skip;
+  *given_up = skip;
+  *late = 0;
+  if (mask == 0) return Status::Ok();
+  // One member may be given up late (6c-2), when nothing else is and a
+  // read verifies every copy it would serve instead.
+  const bool may_leave = verified_ && skip == 0;
+  DevMask again = 0;  // an earlier flush still out: waited for, then flushed again
+  for (u32 i : dev::Bits(mask & SlotsOut(flush_slots_))) {
+    const DevMask bit = DevMask(1) << i;
+    if (may_leave && *late == 0 && (needed & bit) == 0) {
+      *late = bit;  // (still stuck: given up again at once)
+    } else {
+      again |= bit;
+    }
+  }
+  mask &= ~*late;
+  // Those that may be left are never done inline (a stalled member would
+  // hold this thread inside Submit); the last needed one may be.
+  const DevMask leavable = may_leave && *late == 0 ? mask & ~needed & ~again : 0;
+  u64 since[dev::kMaxDevices] = {};
+  u64 bound[dev::kMaxDevices] = {};
+  const u64 start = platform::NowNs();
+  for (u32 i : dev::Bits(leavable)) {
+    bound[i] = dev::LateBoundNs(devs_->member(i)->queue().GetReadState(/*p99=*/false));
+    since[i] = start;
+    SubmitFlush(i, /*waiting=*/false);
+  }
+  const DevMask rest = mask & ~leavable & ~again;
+  u32 left = PopCount(rest);
+  for (u32 i : dev::Bits(rest)) SubmitFlush(i, /*waiting=*/--left == 0);
+  Status per[dev::kMaxDevices];
+  DevMask pending = mask;
+  while (pending != 0) {
+    const u32 ev = slot_events_.Load(MemOrder::kAcquire);
+    for (u32 i : dev::Bits(pending)) {
+      const DevMask bit = DevMask(1) << i;
+      if (flush_slots_[i].busy.Load(MemOrder::kAcquire) != 0) continue;
+      if ((again & bit) != 0) {  // (its earlier flush is done: now this entry's)
+        again &= ~bit;
+        SubmitFlush(i, /*waiting=*/false);
+        continue;
+      }
+      per[i] = Status(Err(flush_slots_[i].err.Load(MemOrder::kRelaxed)));
+      pending &= ~bit;
+    }
+    if (pending == 0) break;
+    // A leavable flush past its bound is given up only while its member
+    // is stalling: a busy member's queue may simply not have sent it yet
+    // (its bound starts again).
+    u64 deadline = platform::kForever;
+    if (*late == 0)
+      for (u32 i : dev::Bits(pending & leavable)) deadline = Min(deadline, since[i] + bound[i]);
+    const u64 now = platform::NowNs();
+    if (now >= deadline) {
+      for (u32 i : dev::Bits(pending & leavable)) {
+        if (*late != 0 || now < since[i] + bound[i]) continue;
+        if (!dev::Stalling(devs_->member(i)->queue().GetReadState(/*p99=*/false))) {
+          since[i] = now;
+          continue;
+        }
+        flush_slots_[i].late = true;
+        *late = DevMask(1) << i;
+        pending &= ~*late;
+      }
+      continue;
+    }
+    tfs_plat_wait(slot_events_.Address(), ev, deadline == platform::kForever ? platform::kForever : deadline - now);
+  }
+  *given_up |= *late;
   Status first, fatal;
-  for (k = 0; k < n; k++) {
-    if (per[k].ok()) continue;
-    const DevMask bit = DevMask(1) << members[k];
-    devs_->MarkFailed(members[k], per[k]);  // (every one marked, before deciding)
-    if (first.ok()) first = per[k];
+  for (u32 i : dev::Bits(mask & ~*late)) {
+    if (per[i].ok()) continue;
+    const DevMask bit = DevMask(1) << i;
+    devs_->MarkFailed(i, per[i]);  // (every one marked, before deciding)
+    if (first.ok()) first = per[i];
     if ((devs_->failed() & bit) != 0 && (needed & bit) == 0) {
       *given_up |= bit;
     } else if (fatal.ok()) {
-      fatal = per[k];  // (its only copies may be gone: the entry must not say they are durable)
+      fatal = per[i];  // (its only copies may be gone: the entry must not say they are durable)
     }
   }
   if (!fatal.ok()) return fatal;
@@ -837,10 +1046,11 @@ Status Journal::WriteEntry(Buf* buf) {
   // is dependency-free or carries data checks, within the bytes replay may read.
   // Never when a member to flush is marked failed (5c-3): its flush may be
   // skipped or given up, and replay would then check the group's data and
-  // find the copy there missing (review helper-72).
+  // find the copy there missing (review helper-72) -- nor when one has a
+  // flush given up late still out (6c-2: it would be given up again).
   bool unordered = flush && preflush != 0 && !buf->force_ordered && !stop_ && !pending_unchecked_ &&
                    !buf->unchecked && pending_check_bytes_ + buf->check_bytes <= config_.max_unordered_check_bytes &&
-                   (preflush & devs_->failed()) == 0;
+                   (preflush & (devs_->failed() | SlotsOut(flush_slots_))) == 0;
 
   // Fill in the header; zero the padding; checksum.
   auto* h = reinterpret_cast<EntryHeader*>(buf->data);
@@ -860,9 +1070,9 @@ Status Journal::WriteEntry(Buf* buf) {
   for (u32 i : dev::Bits(preflush)) stats_.preflushes[i]++;
   mu_.Unlock();
 
-  DevMask given_up = 0;
+  DevMask given_up = 0, late = 0;
   bool stats_rewritten = false;  // (an unordered entry written again, ordered)
-  Status st = unordered ? Status::Ok() : PreFlush(preflush, needed, &given_up);
+  Status st = unordered ? Status::Ok() : PreFlush(preflush, needed, &given_up, &late);
   // Each ring's write on its own: one that fails with a device error marks
   // its member failed (5c-3) and leaves the ring set; the entry counts
   // written when a ring whose member is not failed took it (degraded then,
@@ -872,17 +1082,18 @@ Status Journal::WriteEntry(Buf* buf) {
   Status per[dev::kMaxDevices];
   u32 took = 0, ring_errors = 0;
   DevMask took_mask = 0;
+  DevMask ring_late = 0;  // (a ring write given up late: 6c-2)
   while (st.ok()) {
     u32 members[dev::kMaxDevices];
-    for (u32 k = 0; k < nrings; k++) {
-      PrepareIo(&write_ios_[k].io, IoOp::kWrite, offsets[k], buf->data, bytes,
-                flush && !unordered ? IoRequest::kFua : 0);
-      members[k] = rings_[ring_idx[k]].member;
-    }
-    SubmitLatched(write_ios_, nrings, members, per, /*skip_failed=*/true);
+    for (u32 k = 0; k < nrings; k++) members[k] = rings_[ring_idx[k]].member;
+    DevMask this_late = 0;
+    WriteRings(buf, bytes, flush && !unordered ? IoRequest::kFua : 0, members, offsets, nrings, per, &this_late);
+    h = reinterpret_cast<EntryHeader*>(buf->data);  // (a late write keeps the bytes it reads: buf has a copy)
+    ring_late |= this_late;
     Status ring_error;
     for (u32 k = 0; k < nrings && st.ok(); k++) {
       const DevMask bit = DevMask(1) << members[k];
+      if ((this_late & bit) != 0) continue;  // (not taken; its member is well but slow: not marked)
       if (per[k].code() == Err::kMissing && (devs_->failed() & bit) != 0) {
         if (ring_error.ok()) ring_error = Err::kIo;  // (not written: marked after it was chosen)
       } else if (!per[k].ok()) {
@@ -911,7 +1122,7 @@ Status Journal::WriteEntry(Buf* buf) {
   if (st.ok() && unordered) {
     // (This entry's only copy, if one ring took it, is needed too.)
     DevMask more = 0;
-    st = PreFlush(preflush | took_mask, needed | (took == 1 ? took_mask : 0), &more);
+    st = PreFlush(preflush | took_mask, needed | (took == 1 ? took_mask : 0), &more, &late);
     given_up |= more;
     // Something given up: replay would check this entry's group (it is
     // unordered) and find the copies there missing, dropping an entry its
@@ -961,7 +1172,9 @@ Status Journal::WriteEntry(Buf* buf) {
     Ring& r = rings_[ring_idx[k]];
     r.bucket_seq[r.cur] = buf->seq;
   }
-  stats_.flushes_given_up += PopCount(given_up);
+  stats_.flushes_given_up += PopCount(given_up & ~late);
+  stats_.flushes_late += PopCount(late);
+  stats_.ring_writes_late += PopCount(ring_late);
   if (stats_rewritten) stats_.rewritten_ordered++;
   written_seq_ = buf->seq;
   stats_.entries++;

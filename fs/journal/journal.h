@@ -109,6 +109,11 @@ struct Config {
   X(ring_write_errors, counter, "ring writes failed whose entry another ring took (the member marked failed)") \
   X(flushes_given_up, counter, "pre-flushes of failed members skipped or failed while the entry went on (their data had copies elsewhere)") \
   X(rewritten_ordered, counter, "unordered entries written again ordered after their flush gave a member up") \
+  X(flushes_late, counter, "pre-flushes of a stalling member given up past its late bound, or at once while its last one was still out (its data in the entry had copies elsewhere: 6c-2)") \
+  X(flushes_out, gauge, "pre-flushes given up late and not yet completed")                   \
+  X(ring_writes_late, counter, "ring writes of a stalling member given up past its late bound once another ring took the entry (6c-2)") \
+  X(rings_held, gauge, "rings holding a ring write given up late: no entry goes there until it completes") \
+  X(rings_passed_stalling, counter, "entries placed on other rings than a stalling member's (6c-2)") \
   X(flush_entries, counter, "of which durable (FUA after a pre-flush, or unordered)")          \
   X(unordered_entries, counter, "of which written first and flushed after (see Commit)")      \
   X(bytes, counter, "entry bytes written (per replica)")                                       \
@@ -264,6 +269,7 @@ class Journal {
 
  private:
   struct Buf;
+  struct IoSlot;
   struct Ring {
     u32 member;          // device index
     u64 first_bucket;    // on the device
@@ -289,18 +295,48 @@ class Journal {
   // Whether the open buffer, written now, finds ring room without reclaim (Place
   // would succeed at once). Requires mu_.
   bool CanPlaceOpen() const;
-  // Place's choice of rings, without claiming the space. Requires mu_.
-  bool Choose(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings) const;
+  // Place's choice of rings, without claiming the space: those with the
+  // most free space, a stalling member's (dev::Stalling) only if the others
+  // cannot take the entry (*passed: one was passed over). Requires mu_.
+  bool Choose(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings, bool* passed = nullptr) const;
   // The pre-flush of `want` (members owing durability to the entry) for an
   // entry whose data or earlier entries have their only copy on `needed`
   // (5c-3). A failed member that is not needed is not flushed (nothing is
   // written to it any more; its flush may take a timeout to fail); one
   // whose flush fails is marked failed and, if not needed, given up too.
-  // Fails the entry when a needed member's flush fails, when a flush fails
-  // without marking its member, or when two members are given up at once
-  // (an extent may have had its copies on both). *given_up: the members
-  // gone on without. Without mu_.
-  Status PreFlush(dev::DevMask want, dev::DevMask needed, dev::DevMask* given_up);
+  // 6c-2: with every copy verified by its checksum (verified_) and nothing
+  // else given up, one member that is not needed is given up *late* -- its
+  // flush not done within its late bound while it is stalling
+  // (dev::Stalling), or its flush given up before still out -- and its
+  // flush left to complete (flushes_out_; a failure then marks it failed).
+  // A needed member whose earlier flush is still out waits for it, then is
+  // flushed again. Fails the entry when a needed member's flush fails,
+  // when a flush fails without marking its member, or when two members are
+  // given up at once (an extent may have had its copies on both).
+  // *given_up: the members gone on without (*late among them). The writer
+  // role held, without mu_.
+  Status PreFlush(dev::DevMask want, dev::DevMask needed, dev::DevMask* given_up, dev::DevMask* late);
+  // Submits a flush of `member` in its slot (busy until it completes);
+  // `waiting`: the writer waits for it next, it may run in this thread.
+  void SubmitFlush(u32 member, bool waiting);
+  // Writes the entry in buf (`bytes`, with `flags`) to the n rings'
+  // members at `offsets`, each in its member's write slot, and fills per[]
+  // (a failed member gets nothing: kMissing). 6c-2: with two rings or more,
+  // once one took the entry, one whose member is stalling past its late
+  // bound is given up (*late; per kIoTimeout): its write stays out, owning
+  // the buffer it reads (buf gets a fresh one), and its ring is held
+  // (RingHeld) until it completes. The writer role held, without mu_.
+  void WriteRings(Buf* buf, u32 bytes, u8 flags, const u32* members, const u64* offsets, u32 n, Status* per,
+                  dev::DevMask* late);
+  // The I/Os given up late that completed since: their buffers freed, and
+  // a failed one marks its member failed (the entries that went on without
+  // it said nothing of its durability, so nothing else changes). The
+  // writer's (or Stop's).
+  void NoteLateIos();
+  // Members whose slot (flush_slots_ or write_slots_) holds an I/O given
+  // up late that is still out.
+  dev::DevMask SlotsOut(const IoSlot* slots) const;
+  static void SlotDone(dev::Io* io, Status st);
   // Chooses rings (Choose) and claims positions on them for an entry of `bytes`;
   // false if no space.
   bool Place(u32 bytes, bool allow_reserve, u32* ring_idx, u32* nrings, u64* offsets);
@@ -323,6 +359,10 @@ class Journal {
   // step 5c-3): nothing is written to it from then on. The rings not out;
   // the smallest ring and the fewest free buckets among them (0s if none).
   bool RingOut(const Ring& r) const;
+  // Whether ring r's member has a ring write given up late still out
+  // (6c-2): no entry goes there until it completes (a later entry after a
+  // hole would be lost to replay, which ends a ring at a torn entry).
+  bool RingHeld(const Ring& r) const;
   u32 LiveRings() const;
   void LiveRoom(u32* ring_buckets, u32* free_buckets) const;
   // Submits ios[i] to member members[i] (i < n, each prepared by
@@ -381,8 +421,23 @@ class Journal {
   platform::Thread writer_;
   // Requests the writer issues (one entry at a time), kept here rather than on the
   // stack: they are large and the kernel stack is small.
-  dev::LatchedIo preflush_ios_[dev::kMaxDevices];
   dev::LatchedIo write_ios_[dev::kMaxDevices];
+  // The pre-flushes and the ring writes, one slot per member (PreFlush,
+  // WriteRings): an I/O given up late keeps its slot busy until it
+  // completes.
+  struct IoSlot {
+    dev::Io io;
+    Journal* journal = nullptr;
+    Atomic<i32> err{0};
+    Atomic<u32> busy{0};    // submitted and not completed
+    bool late = false;      // given up while out: its result is NoteLateIos' (the writer's)
+    u8* owned = nullptr;    // a late ring write's buffer (freed by NoteLateIos)
+  };
+  IoSlot flush_slots_[dev::kMaxDevices];
+  IoSlot write_slots_[dev::kMaxDevices];
+  Atomic<u32> slot_events_{0};  // slot completions (the writer sleeps on it)
+  Atomic<u32> slots_busy_{0};   // slots busy: Stop waits for 0 (a completion's last touch)
+  bool verified_ = false;        // every data copy carries a checksum a read verifies (6c-2)
 };
 
 }  // namespace tfs::journal

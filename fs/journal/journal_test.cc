@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "data/testing.h"
 #include "userspace/platform/mem_device.h"
 
 namespace tfs::journal {
@@ -29,6 +30,12 @@ constexpr u64 kDevSize = 8ull << 20;  // 1 MiB reserved + 112 buckets
 // Two members: "ssd.a" (journal, volatile cache) and "hdd.b" (data only).
 struct Fixture {
   explicit Fixture(u32 journal_buckets = 8, std::vector<std::vector<uint8_t>> images = {}) {
+    Init(journal_buckets, std::move(images));
+  }
+  // hdd.b behind a GateDevice holding back its requests of (op, origin)
+  // while closed (`gate`).
+  Fixture(IoOp op, IoOrigin origin) : gate_op(op), gate_origin(origin), gated(true) { Init(8, {}); }
+  void Init(u32 journal_buckets, std::vector<std::vector<uint8_t>> images) {
     memset(&sb, 0, sizeof(sb));
     sb::NewUuid(sb.fs_uuid);
     sb.seq = 1;
@@ -58,7 +65,12 @@ struct Fixture {
       o.volatile_cache = true;
       if (!images.empty()) o.initial_image = std::move(images[i]);
       mem[i] = std::make_unique<MemDevice>(o);
-      EXPECT_TRUE(devs.Add(mem[i].get(), sb.members[i].label, dev::QueueConfig{}).ok());
+      BlockDevice* d = mem[i].get();
+      if (i == 1 && gated) {
+        gate = std::make_unique<testing::GateDevice>(d, gate_op, gate_origin);
+        d = gate.get();
+      }
+      EXPECT_TRUE(devs.Add(d, sb.members[i].label, dev::QueueConfig{}).ok());
     }
   }
   // A fresh fixture over what a power cut now would leave on both devices.
@@ -73,8 +85,12 @@ struct Fixture {
     Open(std::move(imgs));
   }
 
+  IoOp gate_op = IoOp::kRead;
+  IoOrigin gate_origin = IoOrigin::kOther;
+  bool gated = false;
   sb::Superblock sb;
   std::unique_ptr<MemDevice> mem[2];
+  std::unique_ptr<testing::GateDevice> gate;  // (before devs: the set's queues go first)
   dev::DeviceSet devs;
 };
 
@@ -782,6 +798,186 @@ TEST(JournalTest, ReplicatedEntriesSurviveTheLossOfOneRing) {
   v = Replayed(g, &rr);
   ASSERT_EQ(v.size(), 40u);
   for (u64 i = 0; i < 40; i++) EXPECT_EQ(v[i], i);
+}
+
+// 6c-2: a durable entry whose data on hdd.b all has copies elsewhere
+// (lossable) does not wait out hdd.b's stuck flush: once hdd.b is
+// stalling (its flush quiet past the queue's stall threshold) the flush is
+// given up late and left out; the next such entry gives it up at once
+// (no second flush issued), and an entry whose data has its only copy
+// there waits for the one out, then flushes again. Everything replays.
+TEST(JournalTest, AStallingMembersFlushIsGivenUpLateWhenItsDataHasCopiesElsewhere) {
+  Fixture f(IoOp::kFlush, IoOrigin::kJournal);
+  f.sb.options.checksum = sb::ChecksumType::kCrc32c;  // (reads verify every copy)
+  Pins pins;
+  Journal j;
+  ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, FastConfig()).ok());
+  std::vector<u8> data(4096, 0x22);
+  ASSERT_TRUE(dev::QueueSyncIo(f.devs.member(1)->queue(), IoOp::kWrite, 4 << 20, data.data(), 4096, 0,
+                               IoOrigin::kForegroundWrite).ok());
+  f.gate->Close();
+  struct OpenAtExit {  // (whatever fails, Stop waits for the held flush)
+    testing::GateDevice* g;
+    ~OpenAtExit() { g->Open(); }
+  } open_at_exit{f.gate.get()};
+  auto commit = [&](u64 v, dev::DevMask lossable) {
+    Key k{kKeyTest, sizeof(v), &v};
+    return j.Commit(&k, 1, /*deps=*/0b10, CommitMode::kFlush, pins.New(), Watermark::kNormal, lossable);
+  };
+  ASSERT_TRUE(commit(1, 0b10).ok());
+  Stats s = j.GetStats();
+  EXPECT_EQ(s.flushes_late, 1u);
+  EXPECT_EQ(s.flushes_out, 1u);
+  EXPECT_EQ(s.flushes_given_up, 0u);
+  EXPECT_EQ(f.gate->parked(), 1u);
+  ASSERT_TRUE(commit(2, 0b10).ok());
+  s = j.GetStats();
+  EXPECT_EQ(s.flushes_late, 2u) << "given up again at once";
+  EXPECT_EQ(f.gate->parked(), 1u) << "no second flush while the first is out";
+  // hdd.b holds this one's only copy: it waits for the flush out, then
+  // for its own.
+  std::atomic<bool> done{false};
+  Result<u64> third = Err::kIo;
+  std::thread t([&] {
+    third = commit(3, 0);
+    done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(done) << "an entry whose data's only copy is on hdd.b went on without its flush";
+  f.gate->Open();
+  t.join();
+  ASSERT_TRUE(third.ok());
+  s = j.GetStats();
+  EXPECT_EQ(s.flushes_late, 2u);
+  EXPECT_EQ(s.flushes_out, 0u);
+  EXPECT_EQ(f.mem[1]->ops(IoOp::kFlush), 2u) << "the late flush, then the third entry's";
+  EXPECT_EQ(f.devs.failed(), 0u);
+  ASSERT_TRUE(j.Stop().ok());
+  EXPECT_EQ(Replayed(f), (std::vector<u64>{1, 2, 3}));
+}
+
+// Without checksums a lost copy could be served: no flush is given up late
+// (the entry waits for it, as before 6c-2).
+TEST(JournalTest, NoFlushIsGivenUpLateWithoutChecksums) {
+  Fixture f(IoOp::kFlush, IoOrigin::kJournal);
+  Journal j;
+  ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, FastConfig()).ok());
+  std::vector<u8> data(4096, 0x22);
+  ASSERT_TRUE(dev::QueueSyncIo(f.devs.member(1)->queue(), IoOp::kWrite, 4 << 20, data.data(), 4096, 0,
+                               IoOrigin::kForegroundWrite).ok());
+  f.gate->Close();
+  struct OpenAtExit {
+    testing::GateDevice* g;
+    ~OpenAtExit() { g->Open(); }
+  } open_at_exit{f.gate.get()};
+  std::atomic<bool> done{false};
+  Result<u64> r = Err::kIo;
+  std::thread t([&] {
+    u64 v = 1;
+    Key k{kKeyTest, sizeof(v), &v};
+    r = j.Commit(&k, 1, 0b10, CommitMode::kFlush, nullptr, Watermark::kNormal, /*lossable=*/0b10);
+    done = true;
+  });
+  // Past the stall threshold (1 s) and the late bound: still waiting.
+  const dev::IoQueue& q = f.devs.member(1)->queue();
+  for (int i = 0; i < 60000 && !q.Stalled(); i++) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(q.Stalled());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(done);
+  f.gate->Open();
+  t.join();
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(j.GetStats().flushes_late, 0u);
+  ASSERT_TRUE(j.Stop().ok());
+}
+
+// 6c-2: with more rings than an entry takes, a stalling member's ring is
+// passed over (its write would wait out the stall); once the member is
+// well, entries go to its ring again (the one with the most room).
+TEST(JournalTest, EntriesPassAStallingMembersRingOver) {
+  Fixture f(IoOp::kWrite, IoOrigin::kForegroundWrite);
+  f.sb.members[1].journal_nbuckets = 16;  // (the roomier ring: chosen first when well)
+  f.sb.members[1].data_allowed = sb::kDataAll;
+  Pins pins;
+  Journal j;
+  ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, FastConfig()).ok());
+  f.gate->Close();
+  struct OpenAtExit {
+    testing::GateDevice* g;
+    ~OpenAtExit() { g->Open(); }
+  } open_at_exit{f.gate.get()};
+  // A data write stuck at hdd.b: past its late bound it is stalling.
+  std::vector<u8> data(4096, 0x33);
+  dev::IoBatch batch(1);
+  dev::Io io;
+  io.req.op = IoOp::kWrite;
+  io.req.origin = IoOrigin::kForegroundWrite;
+  io.req.offset = 4 << 20;
+  io.req.length = 4096;
+  io.req.buf = data.data();
+  io.cls = dev::DefaultClass(IoOrigin::kForegroundWrite);
+  io.done = dev::IoBatch::Done;
+  io.caller_data = &batch;
+  dev::IoQueue& q = f.devs.member(1)->queue();
+  q.Submit(&io);
+  for (int i = 0; i < 60000 && !dev::Stalling(q.GetReadState(false)); i++)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(dev::Stalling(q.GetReadState(false)));
+  for (u64 v = 1; v <= 5; v++) ASSERT_TRUE(CommitValue(j, v, CommitMode::kFlush, 0, nullptr, &pins).ok());
+  EXPECT_EQ(f.mem[1]->ops(IoOp::kWrite), 0u) << "an entry went to the stalling member's ring";
+  EXPECT_GE(j.GetStats().rings_passed_stalling, 5u);
+  f.gate->Open();
+  ASSERT_TRUE(batch.Wait().ok());
+  const u64 before = f.mem[1]->ops(IoOp::kWrite);
+  for (u64 v = 6; v <= 10; v++) ASSERT_TRUE(CommitValue(j, v, CommitMode::kFlush, 0, nullptr, &pins).ok());
+  EXPECT_GT(f.mem[1]->ops(IoOp::kWrite), before) << "the member's ring is used again";
+  ASSERT_TRUE(j.Stop().ok());
+  std::vector<u64> want;
+  for (u64 v = 1; v <= 10; v++) want.push_back(v);
+  EXPECT_EQ(Replayed(f), want);
+}
+
+// 6c-2: with entries on two rings, a ring write stuck at a stalling member
+// is given up once the other ring took the entry: the commit returns, the
+// ring is held (nothing more goes there while the write is out: a later
+// entry past a hole would be lost to replay) and the entries go on, one
+// ring each (degraded); a power cut meanwhile replays everything from the
+// other ring. Once the write completes the ring takes entries again.
+TEST(JournalTest, AStuckRingWriteIsGivenUpLateAndItsRingHeld) {
+  Fixture f(IoOp::kWrite, IoOrigin::kJournal);
+  f.sb.members[1].journal_nbuckets = 8;
+  f.sb.members[1].data_allowed = sb::kDataAll;
+  f.sb.options.metadata_replicas = 2;
+  Pins pins;
+  Journal j;
+  ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, FastConfig()).ok());
+  f.gate->Close();
+  struct OpenAtExit {
+    testing::GateDevice* g;
+    ~OpenAtExit() { g->Open(); }
+  } open_at_exit{f.gate.get()};
+  ASSERT_TRUE(CommitValue(j, 1, CommitMode::kFlush, 0, nullptr, &pins).ok());
+  Stats s = j.GetStats();
+  EXPECT_EQ(s.ring_writes_late, 1u);
+  EXPECT_EQ(s.rings_held, 1u);
+  EXPECT_EQ(f.gate->parked(), 1u);
+  EXPECT_EQ(f.devs.failed(), 0u) << "a slow member is not a failed one";
+  for (u64 v = 2; v <= 5; v++) ASSERT_TRUE(CommitValue(j, v, CommitMode::kFlush, 0, nullptr, &pins).ok());
+  s = j.GetStats();
+  EXPECT_EQ(f.gate->parked(), 1u) << "an entry went to the held ring";
+  EXPECT_EQ(s.ring_writes_late, 1u);
+  EXPECT_GE(s.degraded_entries, 5u);
+  EXPECT_EQ(Replayed(*f.AfterPowerCut()), (std::vector<u64>{1, 2, 3, 4, 5}));
+  f.gate->Open();
+  for (int i = 0; i < 60000 && j.GetStats().rings_held != 0; i++)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(j.GetStats().rings_held, 0u);
+  const u64 before = f.mem[1]->ops(IoOp::kWrite);
+  ASSERT_TRUE(CommitValue(j, 6, CommitMode::kFlush, 0, nullptr, &pins).ok());
+  EXPECT_EQ(f.mem[1]->ops(IoOp::kWrite), before + 1) << "the ring takes entries again";
+  EXPECT_EQ(f.devs.failed(), 0u);
+  ASSERT_TRUE(j.Stop().ok());
+  EXPECT_EQ(Replayed(f), (std::vector<u64>{1, 2, 3, 4, 5, 6}));
 }
 
 TEST(JournalTest, EntriesOfAnotherFilesystemAreIgnored) {
