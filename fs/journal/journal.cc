@@ -473,8 +473,8 @@ Stats Journal::GetStats() const {
   LiveRoom(&ring, &free);
   s.ring_buckets = ring;
   s.free_buckets = free;
-  s.flushes_out = PopCount(SlotsOut(flush_slots_));
-  s.rings_held = PopCount(SlotsOut(write_slots_));
+  s.flushes_out = PopCount(SlotsOut(flush_slots_, /*late_only=*/true));
+  s.rings_held = PopCount(SlotsOut(write_slots_, /*late_only=*/true));
   return s;
 }
 
@@ -782,10 +782,11 @@ void Journal::SubmitFlush(u32 member, bool waiting) {
   SubmitInSlot(devs_, member, &slot.io, &slot.err, &slot.busy, &slots_busy_, waiting);
 }
 
-DevMask Journal::SlotsOut(const IoSlot* slots) const {
+DevMask Journal::SlotsOut(const IoSlot* slots, bool late_only) const {
   DevMask out = 0;
   for (u32 i = 0; i < dev::kMaxDevices; i++)
-    if (slots[i].busy.Load(MemOrder::kAcquire) != 0) out |= DevMask(1) << i;
+    if (slots[i].busy.Load(MemOrder::kAcquire) != 0 && (!late_only || slots[i].late.Load(MemOrder::kRelaxed) != 0))
+      out |= DevMask(1) << i;
   return out;
 }
 
@@ -794,8 +795,8 @@ void Journal::NoteLateIos() {
   for (IoSlot* slots : lists) {
     for (u32 i = 0; i < dev::kMaxDevices; i++) {
       IoSlot& slot = slots[i];
-      if (!slot.late || slot.busy.Load(MemOrder::kAcquire) != 0) continue;
-      slot.late = false;
+      if (slot.late.Load(MemOrder::kRelaxed) == 0 || slot.busy.Load(MemOrder::kAcquire) != 0) continue;
+      slot.late.Store(0, MemOrder::kRelaxed);
       platform::Free(slot.owned);
       slot.owned = nullptr;
       const Status st = Status(Err(slot.err.Load(MemOrder::kRelaxed)));
@@ -823,7 +824,7 @@ void Journal::WriteRings(Buf* buf, u32 bytes, u8 flags, const u32* members, cons
     PrepareIo(&slot.io, IoOp::kWrite, offsets[k], buf->data, bytes, flags);
     slot.io.done = SlotDone;
     slot.io.caller_data = &slot;
-    bound[m] = dev::LateBoundNs(devs_->member(m)->queue().GetReadState(/*p99=*/false));
+    if (n > 1) bound[m] = dev::LateBoundNs(devs_->member(m)->queue().GetReadState(/*p99=*/false));
     since[m] = start;
     mask |= DevMask(1) << m;
     SubmitInSlot(devs_, m, &slot.io, &slot.err, &slot.busy, &slots_busy_, /*waiting=*/n == 1);
@@ -862,7 +863,7 @@ void Journal::WriteRings(Buf* buf, u32 bytes, u8 flags, const u32* members, cons
         }
         MemCopy(fresh, buf->data, bytes);
         write_slots_[m].owned = buf->data;
-        write_slots_[m].late = true;
+        write_slots_[m].late.Store(1, MemOrder::kRelaxed);
         buf->data = fresh;
         *late = DevMask(1) << m;
         got[m] = Err::kIoTimeout;
@@ -917,8 +918,16 @@ Status Journal::PreFlush(DevMask want, DevMask needed, DevMask* given_up, DevMas
     for (u32 i : dev::Bits(pending)) {
       const DevMask bit = DevMask(1) << i;
       if (flush_slots_[i].busy.Load(MemOrder::kAcquire) != 0) continue;
-      if ((again & bit) != 0) {  // (its earlier flush is done: now this entry's)
+      if ((again & bit) != 0) {  // (its earlier flush is done: its result, then this entry's)
         again &= ~bit;
+        IoSlot& slot = flush_slots_[i];
+        const Status old = Status(Err(slot.err.Load(MemOrder::kRelaxed)));
+        if (slot.late.Load(MemOrder::kRelaxed) != 0) slot.late.Store(0, MemOrder::kRelaxed);
+        if (!old.ok()) {  // (data the entry needs there may be gone: as this flush failing)
+          per[i] = old;
+          pending &= ~bit;
+          continue;
+        }
         SubmitFlush(i, /*waiting=*/false);
         continue;
       }
@@ -940,7 +949,7 @@ Status Journal::PreFlush(DevMask want, DevMask needed, DevMask* given_up, DevMas
           since[i] = now;
           continue;
         }
-        flush_slots_[i].late = true;
+        flush_slots_[i].late.Store(1, MemOrder::kRelaxed);
         *late = DevMask(1) << i;
         pending &= ~*late;
       }
@@ -973,11 +982,27 @@ Status Journal::PreFlush(DevMask want, DevMask needed, DevMask* given_up, DevMas
 // pins hold the space, ask owners to persist and drop them. `built`: the
 // entry's header is written already (a second placement after every ring
 // it went to failed: 5c-3) -- the reserve or nothing (kIo).
+bool Journal::WaitHeldRing() {
+  bool free_ring = false;
+  for (const Ring& r : rings_) free_ring |= !RingOut(r) && !RingHeld(r);
+  if (free_ring) return false;
+  const u32 ev = slot_events_.Load(MemOrder::kAcquire);
+  if ((SlotsOut(write_slots_, /*late_only=*/true) & ~devs_->failed()) == 0) return false;
+  mu_.Unlock();
+  tfs_plat_wait(slot_events_.Address(), ev, 50 * platform::kNsPerMs);
+  NoteLateIos();  // (without mu_, as every MarkFailed; the writer's role is held)
+  mu_.Lock();
+  return true;
+}
+
 Status Journal::PlaceEntry(Buf* buf, u32 bytes, bool built, u64* last_seq, u32* ring_idx, u32* nrings,
                            u64* offsets) {
   for (;;) {
     if (LiveRings() == 0) return Err::kIo;  // (every ring's member failed: no room will come)
     if (Place(bytes, /*allow_reserve=*/false, ring_idx, nrings, offsets)) return Status::Ok();
+    // Every live ring held by a late write (6c-2): not a want of space --
+    // wait for one to complete (or fail: then its member is out).
+    if (WaitHeldRing()) continue;
     if (built) {
       // An entry already admitted and written once: the reserve, as the
       // entries reclaim needs; never a wait -- only this writer could write
@@ -1048,9 +1073,11 @@ Status Journal::WriteEntry(Buf* buf) {
   // skipped or given up, and replay would then check the group's data and
   // find the copy there missing (review helper-72) -- nor when one has a
   // flush given up late still out (6c-2: it would be given up again).
+  DevMask ring_members = 0;
+  for (u32 k = 0; k < nrings; k++) ring_members |= DevMask(1) << rings_[ring_idx[k]].member;
   bool unordered = flush && preflush != 0 && !buf->force_ordered && !stop_ && !pending_unchecked_ &&
                    !buf->unchecked && pending_check_bytes_ + buf->check_bytes <= config_.max_unordered_check_bytes &&
-                   (preflush & (devs_->failed() | SlotsOut(flush_slots_))) == 0;
+                   ((preflush | ring_members) & (devs_->failed() | SlotsOut(flush_slots_))) == 0;
 
   // Fill in the header; zero the padding; checksum.
   auto* h = reinterpret_cast<EntryHeader*>(buf->data);
@@ -1135,10 +1162,12 @@ Status Journal::WriteEntry(Buf* buf) {
       // given up is: it keeps the unordered copy, and replay prefers the
       // ordered one of a seq); as the first write, a ring that fails marks
       // its member, and one live ring taking it is enough.
+      // (Nor to a member given up late, 6c-2: it is well but stalling, and
+      // the rewrite would wait it out.)
       u32 members[dev::kMaxDevices];
       u32 n = 0;
       for (u32 k = 0; k < nrings; k++) {
-        if (!per[k].ok()) continue;
+        if (!per[k].ok() || ((more >> rings_[ring_idx[k]].member) & 1) != 0) continue;
         PrepareIo(&write_ios_[n].io, IoOp::kWrite, offsets[k], buf->data, bytes, IoRequest::kFua);
         members[n++] = rings_[ring_idx[k]].member;
       }

@@ -325,7 +325,9 @@ class Journal {
   // once one took the entry, one whose member is stalling past its late
   // bound is given up (*late; per kIoTimeout): its write stays out, owning
   // the buffer it reads (buf gets a fresh one), and its ring is held
-  // (RingHeld) until it completes. The writer role held, without mu_.
+  // (RingHeld) until it completes. With two rings or more no write is
+  // submitted inline (one stalling would hold the writer inside Submit).
+  // The writer role held, without mu_.
   void WriteRings(Buf* buf, u32 bytes, u8 flags, const u32* members, const u64* offsets, u32 n, Status* per,
                   dev::DevMask* late);
   // The I/Os given up late that completed since: their buffers freed, and
@@ -335,7 +337,13 @@ class Journal {
   void NoteLateIos();
   // Members whose slot (flush_slots_ or write_slots_) holds an I/O given
   // up late that is still out.
-  dev::DevMask SlotsOut(const IoSlot* slots) const;
+  // (late_only: those given up late; else any in flight.)
+  dev::DevMask SlotsOut(const IoSlot* slots, bool late_only = false) const;
+  // When every live ring is held (6c-2): waits (mu_ dropped) up to 50 ms
+  // for a late ring write to end, notes the ended ones, returns true (the
+  // caller tries again); false when some live ring is not held. Requires
+  // mu_ and the writer's role.
+  bool WaitHeldRing();
   static void SlotDone(dev::Io* io, Status st);
   // Chooses rings (Choose) and claims positions on them for an entry of `bytes`;
   // false if no space.
@@ -360,8 +368,8 @@ class Journal {
   // the smallest ring and the fewest free buckets among them (0s if none).
   bool RingOut(const Ring& r) const;
   // Whether ring r's member has a ring write given up late still out
-  // (6c-2): no entry goes there until it completes (a later entry after a
-  // hole would be lost to replay, which ends a ring at a torn entry).
+  // (6c-2): no entry goes there until it completes (its write slot is in
+  // use; and the member is stalling).
   bool RingHeld(const Ring& r) const;
   u32 LiveRings() const;
   void LiveRoom(u32* ring_buckets, u32* free_buckets) const;
@@ -430,7 +438,7 @@ class Journal {
     Journal* journal = nullptr;
     Atomic<i32> err{0};
     Atomic<u32> busy{0};    // submitted and not completed
-    bool late = false;      // given up while out: its result is NoteLateIos' (the writer's)
+    Atomic<u32> late{0};    // given up while out: its result is NoteLateIos' (set and cleared by the writer)
     u8* owned = nullptr;    // a late ring write's buffer (freed by NoteLateIos)
   };
   IoSlot flush_slots_[dev::kMaxDevices];

@@ -842,6 +842,11 @@ TEST(JournalTest, AStallingMembersFlushIsGivenUpLateWhenItsDataHasCopiesElsewher
     third = commit(3, 0);
     done = true;
   });
+  // (Its entry is being written once its pre-flush is counted: hdd.b is
+  // among its members to flush, and its flush is still held.)
+  for (int i = 0; i < 60000 && j.GetStats().preflushes[1] < 3; i++)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(j.GetStats().preflushes[1], 3u);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_FALSE(done) << "an entry whose data's only copy is on hdd.b went on without its flush";
   f.gate->Open();
@@ -882,8 +887,10 @@ TEST(JournalTest, NoFlushIsGivenUpLateWithoutChecksums) {
   const dev::IoQueue& q = f.devs.member(1)->queue();
   for (int i = 0; i < 60000 && !q.Stalled(); i++) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_TRUE(q.Stalled());
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Past the longest late bound as well (a give-up would have come by then).
+  std::this_thread::sleep_for(std::chrono::nanoseconds(dev::kLateMaxNs + 500 * platform::kNsPerMs));
   EXPECT_FALSE(done);
+  EXPECT_EQ(j.GetStats().flushes_late, 0u);
   f.gate->Open();
   t.join();
   ASSERT_TRUE(r.ok());
