@@ -80,6 +80,13 @@ Status TreeOps::RebuildInterior(Impl* im, CachedNode* p, const Edit* edits, u32 
   return Status::Ok();
 }
 
+void TreeOps::DiscardNode(Impl* im, CachedNode* n) {
+  ClearDirty(im, n);
+  im->unwritten_nodes.FetchSub(1, MemOrder::kRelaxed);  // (MakeNode's)
+  PublishNeed(im);
+  platform::Delete(n);
+}
+
 Status TreeOps::MakeNode(Impl* im, u8 id, u8 level, const Pos& min, const Pos& max, const Node* const* srcs,
                          u32 nsrcs, CachedNode** out) {
   CachedNode* n = NewNode(im);
@@ -168,8 +175,7 @@ Status TreeOps::Split(Impl* im, Tree& t, CachedNode* n, bool append, const Pos& 
       if (st.ok()) {
         st = RebuildInterior(im, r, edits, 2);
         if (!st.ok()) {
-          ClearDirty(im, r);
-          platform::Delete(r);
+          DiscardNode(im, r);
         } else {
           t.root = r;
           Charge(im, r);
@@ -187,8 +193,7 @@ Status TreeOps::Split(Impl* im, Tree& t, CachedNode* n, bool append, const Pos& 
       if (x == nullptr) continue;
       for (usize i = 0; i < x->children.size(); i++)
         if (x->children[i] != nullptr) x->children[i]->parent = n;
-      ClearDirty(im, x);
-      platform::Delete(x);
+      DiscardNode(im, x);
     }
     return st;
   }
@@ -263,6 +268,9 @@ void TreeOps::MergeUp(Impl* im, Tree& t, CachedNode* n) {
       }
     }
     if (n->node.used_bytes() >= im->node_size / 4) return;
+    if (n->merge_failed_sib == sib && n->merge_failed_sib_version == sib->version.Load() &&
+        n->merge_failed_used + n->node.used_bytes() > im->node_size / 4 * 3 + n->merge_failed_n_used)
+      return;  // (built and given up, and would be again: see CachedNode)
     const Node* src[] = {&left->node, &right->node};
     CachedNode* m = nullptr;
     const NodeInfo& li = left->node.info();
@@ -275,16 +283,27 @@ void TreeOps::MergeUp(Impl* im, Tree& t, CachedNode* n) {
         CachedNode* c = m->children[k];
         if (c != nullptr) c->parent = k < left->children.size() ? left : right;
       }
-      ClearDirty(im, m);
-      platform::Delete(m);
+      DiscardNode(im, m);
     };
-    if (m->node.used_bytes() > im->node_size / 4 * 3 || !TakeChildren(m, left).ok() ||
-        !TakeChildren(m, right).ok()) {
+    if (m->node.used_bytes() > im->node_size / 4 * 3) {
+      // The estimates let it through, the merged node says no: remembered,
+      // so that each update of n does not build it again (review helper-79).
+      n->merge_failed_sib = sib;
+      n->merge_failed_sib_version = sib->version.Load();
+      n->merge_failed_used = m->node.used_bytes();
+      n->merge_failed_n_used = n->node.used_bytes();
+      im->ctr.merges_given_up.FetchAdd(1, MemOrder::kRelaxed);
+      undo();
+      return;
+    }
+    if (!TakeChildren(m, left).ok() || !TakeChildren(m, right).ok()) {
+      im->ctr.merges_given_up.FetchAdd(1, MemOrder::kRelaxed);
       undo();
       return;
     }
     Edit edits[2] = {{li.max, nullptr, nullptr}, {ri.max, &m->ptr, m}};
     if (!RebuildInterior(im, p, edits, 2).ok()) {
+      im->ctr.merges_given_up.FetchAdd(1, MemOrder::kRelaxed);
       undo();
       return;
     }

@@ -36,6 +36,14 @@ struct CachedNode {
   // tree lock shared, racing a committer, and check again under the leaf lock.
   Atomic<u8> dirty{0};
   u64 compacted_version = ~u64(0);  // version at which a merge check compacted it
+  // A merge with this sibling built and given up (the merged node too
+  // full): its size and this node's then. While the sibling is unchanged
+  // the merge is not built again unless this node shrank enough for it to
+  // fit (the merged size follows this node's).
+  const void* merge_failed_sib = nullptr;
+  u64 merge_failed_sib_version = ~u64(0);
+  u64 merge_failed_used = 0;    // the merged node's used bytes
+  u64 merge_failed_n_used = 0;  // this node's then
   ListNode lru;                   // on Impl::lru while in the tree (cache_mu)
   u8 tree_id = 0;                 // its tree, set before it joins the LRU (cache_mu)
   u8 tree_level = 0;              // its level, set with tree_id (interior_nodes)
@@ -332,6 +340,12 @@ class TreeOps {
   static Status RebuildInterior(Impl* im, CachedNode* p, const Edit* edits, u32 nedits);
   static Status MakeNode(Impl* im, u8 id, u8 level, const Pos& min, const Pos& max, const Node* const* srcs,
                          u32 nsrcs, CachedNode** out);
+  // Drops a node MakeNode made that was never linked into a tree (a split,
+  // a merge or a root growth given up): what MakeNode counted -- dirty,
+  // unwritten -- is taken back and the need published again. Without it
+  // each merge given up left unwritten_nodes one higher for the rest of the
+  // mount, and the declared need (metadata_need) grew with them.
+  static void DiscardNode(Impl* im, CachedNode* n);
   static Status TakeChildren(CachedNode* dst, const CachedNode* src);
   static Status Split(Impl* im, Tree& t, CachedNode* n, bool append, const Pos& at);
   static void ShrinkRoot(Impl* im, Tree& t);

@@ -42,9 +42,7 @@ Status TreeOps::MakeEmptySubtree(Impl* im, Tree& t, u8 level, const Pos& min, co
       const Edit e{max, &n->ptr, n};
       st = RebuildInterior(im, p, &e, 1);
       if (!st.ok()) {
-        ClearDirty(im, p);
-        im->unwritten_nodes.FetchSub(1, MemOrder::kRelaxed);  // (MakeNode's)
-        platform::Delete(p);
+        DiscardNode(im, p);
       }
     }
     if (!st.ok()) {

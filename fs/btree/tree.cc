@@ -728,6 +728,7 @@ Stats Btrees::GetStats() const {
   s.cached_bytes = L(im->cached_bytes);
   s.dirty_nodes = L(im->dirty_nodes);
   s.dirty_bytes = s.dirty_nodes * im->node_size;
+  s.unwritten_nodes = L(im->unwritten_nodes);
   s.stale_members = PopCount(L(im->stale_members));
   s.degraded_reachable = L(im->degraded_reachable);
   for (u32 id = 0; id < kNrBtreeIds; id++) {

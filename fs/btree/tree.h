@@ -127,6 +127,7 @@ struct Options {
   X(restarts, counter, "descents restarted (node read, structure change)")                         \
   X(splits, counter, "nodes split")                                                                 \
   X(merges, counter, "nodes merged")                                                                \
+  X(merges_given_up, counter, "merges built and given up (the merged node came out too full, or its parent had no room)") \
   X(root_grows, counter, "trees that grew a level")                                                 \
   X(root_shrinks, counter, "trees that lost a level")                                               \
   X(compactions, counter, "leaf compactions caused by updates")                                     \
@@ -163,6 +164,7 @@ struct Options {
   X(cached_bytes, level, "their bytes")                                                           \
   X(dirty_nodes, level, "of which dirty now")                                                     \
   X(dirty_bytes, level, "their bytes")                                                            \
+  X(unwritten_nodes, level, "nodes made and never written (in the checkpoint's slot need; 0 once the trees are clean)") \
   A(depth, ::tfs::btree::kNrBtreeIds, level, "levels per tree now (0: empty)")                                 \
   X(dropped_nodes, level, "open with drop_bad_nodes: damaged nodes dropped")                      \
   X(scanned_slots, level, "node slots the scan read (node headers outside the trees)")            \

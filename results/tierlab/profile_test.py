@@ -28,7 +28,8 @@ size = "256MiB"
 fault = "hdd-fixed-10ms"
 """
 
-SHIPPED = ("fixed-delay", "hdd", "smr", "stall", "timeout", "flaky", "idle", "mem-pressure", "replica-stall")
+SHIPPED = ("fixed-delay", "hdd", "smr", "stall", "timeout", "flaky", "idle", "mem-pressure", "replica-stall",
+           "replica-stall-writes")
 
 
 def test_shipped_profiles_load() -> None:
@@ -45,6 +46,11 @@ def test_shipped_profiles_load() -> None:
     assert "--replicas" in profile_mod.format_args(rs, {"mirror.a": "a", "mirror.b": "b"})
     assert [(e.member, e.command) for e in rs.events] == [("mirror.a", "stall 30s")]
     assert (rs.gate["op"], rs.gate["max_latency_s"]) == ("read", 0.05)
+    # The mirror with writes: metadata copies too, every op gated.
+    rw = profile_mod.load("replica-stall-writes")
+    fmt = profile_mod.format_args(rw, {"mirror.a": "a", "mirror.b": "b"})
+    assert "--metadata-replicas" in fmt and "write=" in rw.probe["mix"]
+    assert rw.gate.get("op") in (None, "all") and rw.gate["max_latency_s"] == 0.05
     args = profile_mod.fault_args(profile_mod.load("timeout"), 1)
     assert any(a.endswith("workloads/profiles/faults/hdd-timeout-at.toml") for a in
                (x.split("=", 1)[-1] for x in args))
