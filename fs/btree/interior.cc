@@ -268,7 +268,8 @@ void TreeOps::MergeUp(Impl* im, Tree& t, CachedNode* n) {
       }
     }
     if (n->node.used_bytes() >= im->node_size / 4) return;
-    if (n->merge_failed_sib == sib && n->merge_failed_sib_version == sib->version.Load() &&
+    if (n->merge_failed_sib == sib && n->merge_failed_sib_seq == sib->node.info().seq &&
+        n->merge_failed_sib_version == sib->version.Load() &&
         n->merge_failed_used + n->node.used_bytes() > im->node_size / 4 * 3 + n->merge_failed_n_used)
       return;  // (built and given up, and would be again: see CachedNode)
     const Node* src[] = {&left->node, &right->node};
@@ -289,6 +290,7 @@ void TreeOps::MergeUp(Impl* im, Tree& t, CachedNode* n) {
       // The estimates let it through, the merged node says no: remembered,
       // so that each update of n does not build it again (review helper-79).
       n->merge_failed_sib = sib;
+      n->merge_failed_sib_seq = sib->node.info().seq;
       n->merge_failed_sib_version = sib->version.Load();
       n->merge_failed_used = m->node.used_bytes();
       n->merge_failed_n_used = n->node.used_bytes();

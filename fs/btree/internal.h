@@ -40,7 +40,8 @@ struct CachedNode {
   // full): its size and this node's then. While the sibling is unchanged
   // the merge is not built again unless this node shrank enough for it to
   // fit (the merged size follows this node's).
-  const void* merge_failed_sib = nullptr;
+  const void* merge_failed_sib = nullptr;  // (with its image's seq: an address may be reused)
+  u64 merge_failed_sib_seq = 0;
   u64 merge_failed_sib_version = ~u64(0);
   u64 merge_failed_used = 0;    // the merged node's used bytes
   u64 merge_failed_n_used = 0;  // this node's then

@@ -975,19 +975,12 @@ Status Journal::PreFlush(DevMask want, DevMask needed, DevMask* given_up, DevMas
   return Status::Ok();
 }
 
-// Find ring space. Commits were admitted only with room for their entries
-// (Admits), so this normally succeeds at once. Entries reclaim needs may use
-// the reserve: an empty (flush) entry, one with kReclaim commits, and one made
-// durable to record a newer last_seq, which frees ring space. Otherwise, if
-// pins hold the space, ask owners to persist and drop them. `built`: the
-// entry's header is written already (a second placement after every ring
-// it went to failed: 5c-3) -- the reserve or nothing (kIo).
-bool Journal::WaitHeldRing() {
+bool Journal::WaitHeldRing(bool any) {
+  const u32 ev = slot_events_.Load(MemOrder::kAcquire);  // (before looking: a write ending meanwhile wakes)
   bool free_ring = false;
   for (const Ring& r : rings_) free_ring |= !RingOut(r) && !RingHeld(r);
-  if (free_ring) return false;
-  const u32 ev = slot_events_.Load(MemOrder::kAcquire);
-  if ((SlotsOut(write_slots_, /*late_only=*/true) & ~devs_->failed()) == 0) return false;
+  if (free_ring && !any) return false;
+  if ((SlotsOut(write_slots_, /*late_only=*/true) & ~devs_->failed()) == 0) return !free_ring;  // (one ended: again)
   mu_.Unlock();
   tfs_plat_wait(slot_events_.Address(), ev, 50 * platform::kNsPerMs);
   NoteLateIos();  // (without mu_, as every MarkFailed; the writer's role is held)
@@ -995,6 +988,14 @@ bool Journal::WaitHeldRing() {
   return true;
 }
 
+// Find ring space. Commits were admitted only with room for their entries
+// (Admits), so this normally succeeds at once. Entries reclaim needs may use
+// the reserve: an empty (flush) entry, one with kReclaim commits, and one made
+// durable to record a newer last_seq, which frees ring space. Otherwise, if
+// pins hold the space, ask owners to persist and drop them. `built`: the
+// entry's header is written already (a second placement after every ring
+// it went to failed: 5c-3) -- the reserve or nothing (kIo), or a held
+// ring once its late write ends (6c-2).
 Status Journal::PlaceEntry(Buf* buf, u32 bytes, bool built, u64* last_seq, u32* ring_idx, u32* nrings,
                            u64* offsets) {
   for (;;) {
@@ -1002,15 +1003,17 @@ Status Journal::PlaceEntry(Buf* buf, u32 bytes, bool built, u64* last_seq, u32* 
     if (Place(bytes, /*allow_reserve=*/false, ring_idx, nrings, offsets)) return Status::Ok();
     // Every live ring held by a late write (6c-2): not a want of space --
     // wait for one to complete (or fail: then its member is out).
-    if (WaitHeldRing()) continue;
+    if (WaitHeldRing(/*any=*/false)) continue;
     if (built) {
       // An entry already admitted and written once: the reserve, as the
       // entries reclaim needs; never a wait -- only this writer could write
-      // the durable entry that frees ring space (review helper-73).
+      // the durable entry that frees ring space (review helper-73) -- but
+      // for a held ring's late write to end (review helper-81).
       if (Place(bytes, /*allow_reserve=*/true, ring_idx, nrings, offsets)) {
         stats_.reserve_entries++;
         return Status::Ok();
       }
+      if (WaitHeldRing(/*any=*/true)) continue;
       return Err::kIo;
     }
     const bool advances = *last_seq > durable_last_seq_;

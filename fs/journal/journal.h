@@ -339,11 +339,12 @@ class Journal {
   // up late that is still out.
   // (late_only: those given up late; else any in flight.)
   dev::DevMask SlotsOut(const IoSlot* slots, bool late_only = false) const;
-  // When every live ring is held (6c-2): waits (mu_ dropped) up to 50 ms
-  // for a late ring write to end, notes the ended ones, returns true (the
-  // caller tries again); false when some live ring is not held. Requires
-  // mu_ and the writer's role.
-  bool WaitHeldRing();
+  // When every live ring is held (6c-2), or with `any` when some is: waits
+  // (mu_ dropped) up to 50 ms for a late ring write to end, notes the
+  // ended ones, returns true (the caller tries again; also when one ended
+  // while it looked); false when no live ring is held (or, without `any`,
+  // some live ring is free). Requires mu_ and the writer's role.
+  bool WaitHeldRing(bool any);
   static void SlotDone(dev::Io* io, Status st);
   // Chooses rings (Choose) and claims positions on them for an entry of `bytes`;
   // false if no space.

@@ -800,6 +800,13 @@ TEST(JournalTest, ReplicatedEntriesSurviveTheLossOfOneRing) {
   for (u64 i = 0; i < 40; i++) EXPECT_EQ(v[i], i);
 }
 
+// Opens a closed gate when the test ends, however it ends: the journal's
+// Stop (and the device set) wait for the requests it holds.
+struct OpenAtExit {
+  testing::GateDevice* g;
+  ~OpenAtExit() { g->Open(); }
+};
+
 // 6c-2: a durable entry whose data on hdd.b all has copies elsewhere
 // (lossable) does not wait out hdd.b's stuck flush: once hdd.b is
 // stalling (its flush quiet past the queue's stall threshold) the flush is
@@ -816,10 +823,7 @@ TEST(JournalTest, AStallingMembersFlushIsGivenUpLateWhenItsDataHasCopiesElsewher
   ASSERT_TRUE(dev::QueueSyncIo(f.devs.member(1)->queue(), IoOp::kWrite, 4 << 20, data.data(), 4096, 0,
                                IoOrigin::kForegroundWrite).ok());
   f.gate->Close();
-  struct OpenAtExit {  // (whatever fails, Stop waits for the held flush)
-    testing::GateDevice* g;
-    ~OpenAtExit() { g->Open(); }
-  } open_at_exit{f.gate.get()};
+  OpenAtExit open_at_exit{f.gate.get()};  // (whatever fails, Stop waits for what it holds)
   auto commit = [&](u64 v, dev::DevMask lossable) {
     Key k{kKeyTest, sizeof(v), &v};
     return j.Commit(&k, 1, /*deps=*/0b10, CommitMode::kFlush, pins.New(), Watermark::kNormal, lossable);
@@ -871,10 +875,7 @@ TEST(JournalTest, NoFlushIsGivenUpLateWithoutChecksums) {
   ASSERT_TRUE(dev::QueueSyncIo(f.devs.member(1)->queue(), IoOp::kWrite, 4 << 20, data.data(), 4096, 0,
                                IoOrigin::kForegroundWrite).ok());
   f.gate->Close();
-  struct OpenAtExit {
-    testing::GateDevice* g;
-    ~OpenAtExit() { g->Open(); }
-  } open_at_exit{f.gate.get()};
+  OpenAtExit open_at_exit{f.gate.get()};  // (whatever fails, Stop waits for what it holds)
   std::atomic<bool> done{false};
   Result<u64> r = Err::kIo;
   std::thread t([&] {
@@ -909,10 +910,7 @@ TEST(JournalTest, EntriesPassAStallingMembersRingOver) {
   Journal j;
   ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, FastConfig()).ok());
   f.gate->Close();
-  struct OpenAtExit {
-    testing::GateDevice* g;
-    ~OpenAtExit() { g->Open(); }
-  } open_at_exit{f.gate.get()};
+  OpenAtExit open_at_exit{f.gate.get()};  // (whatever fails, Stop waits for what it holds)
   // A data write stuck at hdd.b: past its late bound it is stalling.
   std::vector<u8> data(4096, 0x33);
   dev::IoBatch batch(1);
@@ -946,8 +944,8 @@ TEST(JournalTest, EntriesPassAStallingMembersRingOver) {
 
 // 6c-2: with entries on two rings, a ring write stuck at a stalling member
 // is given up once the other ring took the entry: the commit returns, the
-// ring is held (nothing more goes there while the write is out: a later
-// entry past a hole would be lost to replay) and the entries go on, one
+// ring is held (nothing more goes there while the write is out: its write
+// slot is in use) and the entries go on, one
 // ring each (degraded); a power cut meanwhile replays everything from the
 // other ring. Once the write completes the ring takes entries again.
 TEST(JournalTest, AStuckRingWriteIsGivenUpLateAndItsRingHeld) {
@@ -959,10 +957,7 @@ TEST(JournalTest, AStuckRingWriteIsGivenUpLateAndItsRingHeld) {
   Journal j;
   ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, FastConfig()).ok());
   f.gate->Close();
-  struct OpenAtExit {
-    testing::GateDevice* g;
-    ~OpenAtExit() { g->Open(); }
-  } open_at_exit{f.gate.get()};
+  OpenAtExit open_at_exit{f.gate.get()};  // (whatever fails, Stop waits for what it holds)
   ASSERT_TRUE(CommitValue(j, 1, CommitMode::kFlush, 0, nullptr, &pins).ok());
   Stats s = j.GetStats();
   EXPECT_EQ(s.ring_writes_late, 1u);
