@@ -85,6 +85,14 @@ struct Fixture {
     Open(std::move(imgs));
   }
 
+  // A 4 KiB foreground data write to member m, waited for: the member owes
+  // a flush (durability debt) until one covers it.
+  Status WriteData(u32 m) {
+    std::vector<u8> data(4096, 0x22);
+    return dev::QueueSyncIo(devs.member(m)->queue(), IoOp::kWrite, 4 << 20, data.data(), 4096, 0,
+                            IoOrigin::kForegroundWrite);
+  }
+
   IoOp gate_op = IoOp::kRead;
   IoOrigin gate_origin = IoOrigin::kOther;
   bool gated = false;
@@ -819,9 +827,7 @@ TEST(JournalTest, AStallingMembersFlushIsGivenUpLateWhenItsDataHasCopiesElsewher
   Pins pins;
   Journal j;
   ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, FastConfig()).ok());
-  std::vector<u8> data(4096, 0x22);
-  ASSERT_TRUE(dev::QueueSyncIo(f.devs.member(1)->queue(), IoOp::kWrite, 4 << 20, data.data(), 4096, 0,
-                               IoOrigin::kForegroundWrite).ok());
+  ASSERT_TRUE(f.WriteData(1).ok());  // (hdd.b owes a flush)
   f.gate->Close();
   OpenAtExit open_at_exit{f.gate.get()};  // (whatever fails, Stop waits for what it holds)
   auto commit = [&](u64 v, dev::DevMask lossable) {
@@ -871,9 +877,7 @@ TEST(JournalTest, NoFlushIsGivenUpLateWithoutChecksums) {
   Fixture f(IoOp::kFlush, IoOrigin::kJournal);
   Journal j;
   ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, FastConfig()).ok());
-  std::vector<u8> data(4096, 0x22);
-  ASSERT_TRUE(dev::QueueSyncIo(f.devs.member(1)->queue(), IoOp::kWrite, 4 << 20, data.data(), 4096, 0,
-                               IoOrigin::kForegroundWrite).ok());
+  ASSERT_TRUE(f.WriteData(1).ok());  // (hdd.b owes a flush)
   f.gate->Close();
   OpenAtExit open_at_exit{f.gate.get()};  // (whatever fails, Stop waits for what it holds)
   std::atomic<bool> done{false};
