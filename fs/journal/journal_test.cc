@@ -85,6 +85,13 @@ struct Fixture {
     Open(std::move(imgs));
   }
 
+  // hdd.b carries a journal ring of `buckets` too (and takes metadata), for
+  // a journal Started after this.
+  void GiveHddARing(u32 buckets) {
+    sb.members[1].journal_nbuckets = buckets;
+    sb.members[1].data_allowed = sb::kDataAll;
+  }
+
   // A 4 KiB foreground data write to member m, waited for: the member owes
   // a flush (durability debt) until one covers it.
   Status WriteData(u32 m) {
@@ -780,8 +787,7 @@ TEST(JournalTest, TornLastEntryIsIgnored) {
 TEST(JournalTest, ReplicatedEntriesSurviveTheLossOfOneRing) {
   Fixture f;
   // Both members carry a ring; every entry goes to both.
-  f.sb.members[1].journal_nbuckets = 8;
-  f.sb.members[1].data_allowed = sb::kDataAll;
+  f.GiveHddARing(8);
   f.sb.options.metadata_replicas = 2;
   Pins pins;
   {
@@ -908,8 +914,7 @@ TEST(JournalTest, NoFlushIsGivenUpLateWithoutChecksums) {
 // well, entries go to its ring again (the one with the most room).
 TEST(JournalTest, EntriesPassAStallingMembersRingOver) {
   Fixture f(IoOp::kWrite, IoOrigin::kForegroundWrite);
-  f.sb.members[1].journal_nbuckets = 16;  // (the roomier ring: chosen first when well)
-  f.sb.members[1].data_allowed = sb::kDataAll;
+  f.GiveHddARing(16);  // (the roomier ring: chosen first when well)
   Pins pins;
   Journal j;
   ASSERT_TRUE(j.Start(&f.devs, f.sb, 1, FastConfig()).ok());
@@ -954,8 +959,7 @@ TEST(JournalTest, EntriesPassAStallingMembersRingOver) {
 // other ring. Once the write completes the ring takes entries again.
 TEST(JournalTest, AStuckRingWriteIsGivenUpLateAndItsRingHeld) {
   Fixture f(IoOp::kWrite, IoOrigin::kJournal);
-  f.sb.members[1].journal_nbuckets = 8;
-  f.sb.members[1].data_allowed = sb::kDataAll;
+  f.GiveHddARing(8);
   f.sb.options.metadata_replicas = 2;
   Pins pins;
   Journal j;
