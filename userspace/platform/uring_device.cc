@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -93,7 +94,10 @@ Status UringDevice::Init(const std::string& path, const UringOptions& options) {
   int rc = io_uring_queue_init(depth_, &ring_, 0);
   if (rc < 0) return Status::FromErrno(rc);
   ring_ready_ = true;
-  reaper_ = std::thread([this] { CompletionLoop(); });
+  reaper_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "tfs-uring");  // (per-thread views: top -H, /proc/PID/task)
+    CompletionLoop();
+  });
   return Status::Ok();
 }
 
@@ -252,8 +256,13 @@ void UringDevice::CompletionLoop() {
       std::lock_guard<std::mutex> lock(mu_);
       in_flight_--;
       bool data_op = req->op == IoOp::kRead || req->op == IoOp::kWrite;
-      if (res == -EAGAIN || res == -EINTR) {
-        finished = false;  // transient: resubmit as is
+      if (res == -EAGAIN || res == -EINTR || res == -ECANCELED) {
+        // Transient: resubmit as is. ECANCELED: io_uring's worker had not
+        // started it when the thread that submitted it exited (a request
+        // handed to the kernel's worker pool -- a buffered one, or a direct
+        // one that would have blocked -- belongs to its submitter's task).
+        finished = false;
+        stats_.resubmits++;
       } else if (res < 0) {
         st = Status::FromErrno(res);
       } else if (data_op) {

@@ -3,7 +3,7 @@
 // One ring per device with a bounded number of requests in flight (queue_depth);
 // requests beyond that wait in a FIFO inside the device (linked through the
 // request's own scratch space, so Submit() never allocates for queueing and never
-// blocks). One completion thread per device reaps completions and calls the
+// blocks). One completion thread per device ("tfs-uring") reaps completions and calls the
 // requests' callbacks -- no thread per request. Callbacks run on that thread with no
 // device lock held and may Submit() again.
 //
@@ -42,7 +42,7 @@ struct UringStats {
   uint64_t completed = 0;   // callbacks called (counted just before each call)
   uint64_t errors = 0;      // callbacks called with an error
   uint64_t bounced = 0;     // requests that needed an aligned bounce buffer
-  uint64_t resubmits = 0;   // short transfers continued
+  uint64_t resubmits = 0;   // short transfers continued; transient failures (EAGAIN, EINTR, ECANCELED) sent again
   uint64_t queued_max = 0;  // deepest FIFO seen outside the ring
   uint64_t inline_ios = 0;  // kInline requests done in the submitter's thread
 };
