@@ -269,6 +269,31 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def process_ctx_switches(pid: int) -> dict[int, int]:
+    """Context switches (voluntary + involuntary) of each thread of a running
+    process, by thread id; empty if it is gone."""
+    out: dict[int, int] = {}
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            status = (task / "status").read_text()
+        except OSError:
+            continue  # (exited meanwhile)
+        out[int(task.name)] = sum(int(line.split()[1]) for line in status.splitlines()
+                                  if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")))
+    return out
+
+
+def ctx_switch_delta(before: dict[int, int], after: dict[int, int]) -> int:
+    """Switches between two process_ctx_switches() views: a thread new since
+    `before` counts whole; one gone by `after` is missing (its last count is
+    lost with it)."""
+    return sum(max(0, n - before.get(tid, 0)) for tid, n in after.items())
+
+
 def own_cpu() -> float:
     """CPU seconds of this process and its waited-for children (fio, ls, du)."""
     t = os.times()
@@ -702,9 +727,10 @@ STEP_FUNCS: dict[str, Callable[[Target, Config, Path], dict[str, float]]] = {
 CTL_COUNTER = re.compile(
     r"^(data\.[a-z_]+|journal\.(commits|flush_commits|entries|degraded_entries|ring_write_errors|"
     r"flushes_given_up|rewritten_ordered|flush_entries|unordered_entries|bytes|keys|preflushes\.[0-9]+|"
-    r"space_waits|room_waits|reserve_entries|reclaim_calls|caller_entries)|"
+    r"space_waits|room_waits|reserve_entries|reclaim_calls|caller_entries|flushes_late|"
+    r"ring_writes_late|rings_passed_stalling)|"
     r"btree\.(lookups|inserts|deletes|commits|cache_hits|cache_misses|evictions|node_reads|node_writes|"
-    r"node_write_bytes|checkpoints|reserved_buckets|returned_buckets|hole_slots|corrupt_reads)|"
+    r"node_write_bytes|checkpoints|reserved_buckets|returned_buckets|hole_slots|corrupt_reads|merges_given_up)|"
     r"alloc\.(frees|fallbacks|checkpoints)|posix\.(?!open_inodes)[a-z_]+|"
     r"devices\.[^.]+(\.(?!fault\.)[^.]+)?\.io\.[^.]+\.(errors|[a-z]+\.(ops|bytes)))$")
 
@@ -739,12 +765,14 @@ def measure(step: str, t: Target, c: Config, work: Path, rnd: int) -> dict[str, 
     before_ctl = t.ctl()
     busy0, total0 = cpu_times()
     own0, daemon0 = own_cpu(), process_cpu(t.pid) if t.pid else 0.0
+    switches0 = process_ctx_switches(t.pid) if t.pid else {}
     start, wall0 = now_iso(), time.monotonic()
     load0 = os.getloadavg()[0]
     metrics = STEP_FUNCS[step](t, c, work)
     wall = time.monotonic() - wall0
     busy1, total1 = cpu_times()
     daemon = (process_cpu(t.pid) - daemon0) if t.pid else 0.0
+    switches = ctx_switch_delta(switches0, process_ctx_switches(t.pid)) if t.pid else 0
     ours = own_cpu() - own0 + daemon
     rec: dict[str, Any] = {
         "round": rnd, "step": step, "target": t.name, "start": start, "wall_s": round(wall, 3),
@@ -755,6 +783,7 @@ def measure(step: str, t: Target, c: Config, work: Path, rnd: int) -> dict[str, 
     }
     if t.pid:
         rec["daemon_cpu_s"] = round(daemon, 2)
+        rec["daemon_ctx_switches"] = switches
     delta = ctl_delta(before_ctl, t.ctl())
     if delta is not None:
         rec["tierfs_ctl"] = delta

@@ -80,6 +80,7 @@ def test_tiny_run_every_target(tmp_path: Path) -> None:
         assert 0 < m["ls_lR.seconds"] < 60 and 0 < m["du_s.seconds"] < 60
     fuse = [r for r in doc["runs"] if r["target"] != "ext4"]
     assert all(r["daemon_cpu_s"] >= 0 for r in fuse)
+    assert all(r["daemon_ctx_switches"] > 0 for r in fuse if r["step"] == "randrw")  # (threads that served fio)
     randrw = next(r for r in doc["runs"] if r["target"] == "tierfs" and r["step"] == "randrw")
     assert randrw["tierfs_ctl"]["data.bytes_written"] > 0  # tierfs ctl deltas recorded
     assert list(doc["tierfs_fsck"]) == ["tierfs"] and doc["tierfs_fsck"]["tierfs"]["exit"] == 0, doc["tierfs_fsck"]
@@ -198,13 +199,27 @@ def test_ctl_counters_of_labelled_members() -> None:
         io = {"foreground_write": {"write": {"ops": ops, "bytes": 4096 * ops, "p99_ns": 5000}}}
         return {"devices": [{"label": label, "in_flight": 3, "io": io, "fault": {"io": io}}
                             for label in ("ssd.a", "dev1")],
-                "journal": {"preflushes": flushes, "next_seq": seq, "unordered_entries": seq}}
+                "journal": {"preflushes": flushes, "next_seq": seq, "unordered_entries": seq,
+                            "flushes_late": seq, "flushes_out": seq, "rings_passed_stalling": seq},
+                "btree": {"merges_given_up": seq, "unwritten_nodes": seq}}
 
     delta = bench_fs.ctl_delta(ctl(10, [1, 2], 5), ctl(30, [4, 2], 9))
     assert delta == {
         "devices.dev1.io.foreground_write.write.bytes": 81920, "devices.dev1.io.foreground_write.write.ops": 20,
         "devices.ssd.a.io.foreground_write.write.bytes": 81920, "devices.ssd.a.io.foreground_write.write.ops": 20,
-        "journal.preflushes.0": 3, "journal.unordered_entries": 4}
+        "journal.preflushes.0": 3, "journal.unordered_entries": 4,
+        "journal.flushes_late": 4, "journal.rings_passed_stalling": 4, "btree.merges_given_up": 4}
+
+
+def test_ctx_switches_of_threads_come_and_gone() -> None:
+    """A step's context switches: a thread alive throughout counts its growth,
+    one new since the start counts whole, one gone by the end is missing; a
+    live process's own view is read from /proc."""
+    assert bench_fs.ctx_switch_delta({1: 10, 2: 5, 3: 7}, {1: 15, 2: 5, 4: 3}) == 5 + 0 + 3
+    assert bench_fs.ctx_switch_delta({}, {}) == 0
+    view = bench_fs.process_ctx_switches(os.getpid())
+    assert os.getpid() in view and all(n >= 0 for n in view.values())
+    assert bench_fs.process_ctx_switches(2 ** 22 + 12345) == {}  # (no such process)
 
 
 def test_failing_mount_is_one_line_and_cleans_up(tmp_path: Path) -> None:
