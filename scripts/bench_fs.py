@@ -725,13 +725,13 @@ STEP_FUNCS: dict[str, Callable[[Target, Config, Path], dict[str, float]]] = {
 # are flattened by index (journal.preflushes.0: the first member's), devices by
 # label (which may hold a dot: devices.ssd.a.io...).
 CTL_COUNTER = re.compile(
-    r"^(data\.[a-z_]+|journal\.(commits|flush_commits|entries|degraded_entries|ring_write_errors|"
+    r"^(data\.(?!(write_points|blocks_reserved|abandoned_reads|late_writes|repairs_waiting)$)[a-z_]+|journal\.(commits|flush_commits|entries|degraded_entries|ring_write_errors|"
     r"flushes_given_up|rewritten_ordered|flush_entries|unordered_entries|bytes|keys|preflushes\.[0-9]+|"
     r"space_waits|room_waits|reserve_entries|reclaim_calls|caller_entries|flushes_late|"
     r"ring_writes_late|rings_passed_stalling)|"
     r"btree\.(lookups|inserts|deletes|commits|cache_hits|cache_misses|evictions|node_reads|node_writes|"
     r"node_write_bytes|checkpoints|reserved_buckets|returned_buckets|hole_slots|corrupt_reads|merges_given_up)|"
-    r"alloc\.(frees|fallbacks|checkpoints)|posix\.(?!open_inodes)[a-z_]+|"
+    r"alloc\.(frees|fallbacks|checkpoints)|posix\.(?!(open_inodes|inode_locks_now|buffers_now)$)[a-z_]+|"
     r"devices\.[^.]+(\.(?!fault\.)[^.]+)?\.io\.[^.]+\.(errors|[a-z]+\.(ops|bytes)))$")
 
 

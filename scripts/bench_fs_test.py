@@ -201,14 +201,17 @@ def test_ctl_counters_of_labelled_members() -> None:
                             for label in ("ssd.a", "dev1")],
                 "journal": {"preflushes": flushes, "next_seq": seq, "unordered_entries": seq,
                             "flushes_late": seq, "flushes_out": seq, "rings_passed_stalling": seq},
-                "btree": {"merges_given_up": seq, "unwritten_nodes": seq}}
+                "btree": {"merges_given_up": seq, "unwritten_nodes": seq},
+                "data": {"late_writes": seq, "abandoned_reads": seq, "write_points": seq, "hedged": seq},
+                "posix": {"inode_locks_now": seq, "open_inodes": seq, "writes_direct": seq}}
 
     delta = bench_fs.ctl_delta(ctl(10, [1, 2], 5), ctl(30, [4, 2], 9))
     assert delta == {
         "devices.dev1.io.foreground_write.write.bytes": 81920, "devices.dev1.io.foreground_write.write.ops": 20,
         "devices.ssd.a.io.foreground_write.write.bytes": 81920, "devices.ssd.a.io.foreground_write.write.ops": 20,
         "journal.preflushes.0": 3, "journal.unordered_entries": 4,
-        "journal.flushes_late": 4, "journal.rings_passed_stalling": 4, "btree.merges_given_up": 4}
+        "journal.flushes_late": 4, "journal.rings_passed_stalling": 4, "btree.merges_given_up": 4,
+        "data.hedged": 4, "posix.writes_direct": 4}  # (gauges and levels left out)
 
 
 def test_ctx_switches_of_threads_come_and_gone() -> None:

@@ -256,11 +256,18 @@ void UringDevice::CompletionLoop() {
       std::lock_guard<std::mutex> lock(mu_);
       in_flight_--;
       bool data_op = req->op == IoOp::kRead || req->op == IoOp::kWrite;
-      if (res == -EAGAIN || res == -EINTR || res == -ECANCELED) {
-        // Transient: resubmit as is. ECANCELED: io_uring's worker had not
-        // started it when the thread that submitted it exited (a request
-        // handed to the kernel's worker pool -- a buffered one, or a direct
-        // one that would have blocked -- belongs to its submitter's task).
+      if (res == -EAGAIN || res == -EINTR || (res == -ECANCELED && req->dev.u1 == 0)) {
+        // Transient: resubmit as is (the part not done yet). ECANCELED:
+        // io_uring's worker had not started it when the thread that
+        // submitted it exited (a request handed to the kernel's worker pool
+        // -- a buffered one, or a direct one that would have blocked --
+        // belongs to its submitter's task); sent again from here, a thread
+        // that lives as long as the device, so a second ECANCELED is not
+        // that (io_uring could not start a worker at all) and fails it.
+        // (A retry the kernel runs as task work of an exited submitter
+        // fails EFAULT instead: not told apart, it fails the request; the
+        // mount's submitting threads live as long as it.)
+        if (res == -ECANCELED) req->dev.u1 = 1;
         finished = false;
         stats_.resubmits++;
       } else if (res < 0) {
