@@ -335,9 +335,8 @@ class Journal {
   // it said nothing of its durability, so nothing else changes). The
   // writer's (or Stop's).
   void NoteLateIos();
-  // Members whose slot (flush_slots_ or write_slots_) holds an I/O given
-  // up late that is still out.
-  // (late_only: those given up late; else any in flight.)
+  // Members whose slot (flush_slots_ or write_slots_) has an I/O still
+  // out; with late_only, only those given up late.
   dev::DevMask SlotsOut(const IoSlot* slots, bool late_only = false) const;
   // When every live ring is held (6c-2), or with `any` when some is: waits
   // (mu_ dropped) up to 50 ms for a late ring write to end, notes the
