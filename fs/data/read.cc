@@ -355,8 +355,9 @@ bool DataPath::ReadCopies(const IoContext& ctx, const Extent& e, u64 lo, u64 hi,
       if (hedge) ctr_.hedged.FetchAdd(1, MemOrder::kRelaxed);
       deadline = hedging && next < n ? platform::NowNs() + bound[c] : platform::kForever;
       // (Never inline: a member that stalls would hold this thread inside
-      // Submit, past any hedge.)
-      store_->devs().member(p.dev)->queue().Submit(&k.io);
+      // Submit, past any hedge. As a flight: this thread may reap it itself
+      // in tfs_plat_wait_io, below.)
+      store_->devs().member(p.dev)->queue().SubmitFlight(&k.io);
       return;
     }
   };
@@ -404,7 +405,7 @@ bool DataPath::ReadCopies(const IoContext& ctx, const Extent& e, u64 lo, u64 hi,
       if (out_now > 0 && next >= n) deadline = platform::kForever;
       continue;
     }
-    tfs_plat_wait(f->events.Address(), ev, deadline == platform::kForever ? platform::kForever : deadline - now);
+    tfs_plat_wait_io(f->events.Address(), ev, deadline == platform::kForever ? platform::kForever : deadline - now);
   }
   if (!served) {
     for (u32 i = 0; i < n; i++)

@@ -96,8 +96,9 @@ Status DataPath::WriteCopies(const IoContext& ctx, const Space* sp, u32 copies, 
   const u64 start = platform::NowNs();
   for (u32 c = 0; c < copies; c++) since[c] = start;
   // (Never inline: a member that stalls would hold this thread inside
-  // Submit, past any bound.)
-  for (u32 c = 0; c < copies; c++) store_->devs().member(f->copies[c].dev)->queue().Submit(&f->copies[c].io);
+  // Submit, past any bound. As a flight: this thread may reap its copies
+  // itself in tfs_plat_wait_io, below.)
+  for (u32 c = 0; c < copies; c++) store_->devs().member(f->copies[c].dev)->queue().SubmitFlight(&f->copies[c].io);
   u32 out = copies;
   bool written = false;  // some copy is on its member
   while (out > 0) {
@@ -138,7 +139,7 @@ Status DataPath::WriteCopies(const IoContext& ctx, const Space* sp, u32 copies, 
       }
       continue;
     }
-    tfs_plat_wait(f->events.Address(), ev, deadline == platform::kForever ? platform::kForever : deadline - now);
+    tfs_plat_wait_io(f->events.Address(), ev, deadline == platform::kForever ? platform::kForever : deadline - now);
   }
   // Freed now (a late copy that completed meanwhile: its space back), or
   // left to the completions of its late copies (late_writes; Reap(true)).

@@ -119,13 +119,17 @@ void IoQueue::Dispatch(IntrusiveList<Io, &Io::link>* ready) {
   while (Io* io = ready->PopFront()) bdev_->Submit(&io->req);
 }
 
-void IoQueue::Submit(Io* io, bool waiting) {
+void IoQueue::Submit(Io* io, bool waiting) { SubmitAs(io, waiting ? IoRequest::kInline : 0); }
+
+void IoQueue::SubmitFlight(Io* io) { SubmitAs(io, IoRequest::kWaited); }
+
+void IoQueue::SubmitAs(Io* io, u8 own_flag) {
   TFS_MAY_SLEEP("IoQueue::Submit");  // (a completion hands its next I/O to work)
   io->queue = this;
   io->req.done = OnComplete;
   io->req.caller_data = io;
   io->fua_phase = 0;
-  io->req.flags &= u8(~IoRequest::kInline);
+  io->req.flags &= u8(~(IoRequest::kInline | IoRequest::kWaited));
   if (io->req.op == IoOp::kWrite && (io->req.flags & IoRequest::kFua) &&
       !bdev_->Info().supports_fua) {
     io->req.flags &= u8(~IoRequest::kFua);
@@ -140,9 +144,10 @@ void IoQueue::Submit(Io* io, bool waiting) {
     TakeRunnable(&ready);
   }
   // A waiting submitter's own request, dispatched here in its own thread (not
-  // queued for a completion to dispatch later), may run inline in the device.
-  // It goes last, so the others in `ready` are not held up behind it.
-  if (waiting) {
+  // queued for a completion to dispatch later), may run inline in the device
+  // (kInline) or go to the thread's own completion context (kWaited). It
+  // goes last, so the others in `ready` are not held up behind it.
+  if (own_flag != 0) {
     bool mine = false;
     IntrusiveList<Io, &Io::link> others;
     while (Io* r = ready.PopFront()) {
@@ -154,7 +159,7 @@ void IoQueue::Submit(Io* io, bool waiting) {
     }
     Dispatch(&others);
     if (mine) {
-      io->req.flags |= IoRequest::kInline;
+      io->req.flags |= own_flag;
       bdev_->Submit(&io->req);
     }
     return;
@@ -211,7 +216,7 @@ void IoQueue::Complete(Io* io, Status st) {
       }
     }
   }
-  io->req.flags &= u8(~IoRequest::kInline);  // (a flush continuing it runs from here)
+  io->req.flags &= u8(~(IoRequest::kInline | IoRequest::kWaited));  // (a flush continuing it runs from here)
   bool continue_as_flush = st.ok() && io->fua_phase == 1;
   IntrusiveList<Io, &Io::link> ready;
   bool kick = false;  // deferred_ has I/Os for dispatch_work_

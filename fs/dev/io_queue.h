@@ -183,6 +183,11 @@ class IoQueue {
   // started here goes to the device with IoRequest::kInline, and the device may
   // do it before Submit returns.
   void Submit(Io* io, bool waiting = false);
+  // Submit for one I/O of a flight the caller waits for next, in this thread,
+  // with tfs_plat_wait_io (among others, with a deadline): never inline, but
+  // an io started here goes to the device with IoRequest::kWaited (the
+  // thread may reap it itself while it waits).
+  void SubmitFlight(Io* io);
   // Readahead admission: starts `io` (class kReadahead) only if the device is idle
   // enough; otherwise returns kNotAdmitted and `done` is never called.
   Status SubmitReadahead(Io* io);
@@ -202,6 +207,9 @@ class IoQueue {
   void ReadStats(IoOrigin origin, OriginStats* out) const;
 
  private:
+  // Submit's work; `own_flag` (kInline, kWaited or 0) marks `io` when it is
+  // dispatched here, in the caller's thread.
+  void SubmitAs(Io* io, u8 own_flag);
   static void OnComplete(IoRequest* req, Status st);
   void Complete(Io* io, Status st);
   // The deferred work: sends deferred_ to the device (process context).

@@ -516,5 +516,42 @@ TEST(IoQueueTest, WaitingSubmitterMarksItsOwnRequestInline) {
   EXPECT_EQ(t.completed, (std::vector<int>{1, 2, 3}));
 }
 
+// A flight's copy (SubmitFlight) goes to the device marked kWaited -- never
+// kInline -- when it is dispatched in the submitter's thread; one queued
+// behind a full device (dispatched later by a completion, in another
+// thread) is not, and the flag does not outlive the request.
+TEST(IoQueueTest, FlightCopiesDispatchedInTheirThreadAreMarkedWaited) {
+  ManualDevice dev;
+  IoQueue q;
+  QueueConfig c = SmallConfig();
+  c.max_in_flight = 1;
+  c.reserved = 0;
+  ASSERT_TRUE(q.Init(&dev, c).ok());
+  Tracker t;
+  auto plain = MakeIo(&t, 1, IoOp::kWrite, IoOrigin::kForegroundWrite, IoClass::kForegroundSync);
+  q.Submit(&plain->io);
+  auto queued = MakeIo(&t, 2, IoOp::kWrite, IoOrigin::kForegroundWrite, IoClass::kForegroundSync);
+  q.SubmitFlight(&queued->io);  // queued: the device is full
+  ASSERT_EQ(dev.pending(), 1u);
+  dev.CompleteNext();  // dispatches the queued one from this "completion"
+  auto first = MakeIo(&t, 3, IoOp::kRead, IoOrigin::kForegroundRead, IoClass::kForegroundSync);
+  dev.CompleteNext();
+  q.SubmitFlight(&first->io);  // dispatched at once
+  dev.CompleteAll();
+  const std::vector<IoRequest> log = dev.log();
+  ASSERT_EQ(log.size(), 3u);
+  EXPECT_FALSE(log[0].flags & (IoRequest::kWaited | IoRequest::kInline));
+  EXPECT_FALSE(log[1].flags & (IoRequest::kWaited | IoRequest::kInline));
+  EXPECT_TRUE(log[2].flags & IoRequest::kWaited);
+  EXPECT_FALSE(log[2].flags & IoRequest::kInline);
+  EXPECT_FALSE(first->io.req.flags & IoRequest::kWaited);
+  // A request submitted again plainly after a flight carries no stale mark.
+  q.Submit(&first->io);
+  dev.CompleteAll();
+  ASSERT_EQ(dev.log().size(), 4u);
+  EXPECT_FALSE(dev.log()[3].flags & IoRequest::kWaited);
+  EXPECT_EQ(t.completed, (std::vector<int>{1, 2, 3, 3}));
+}
+
 }  // namespace
 }  // namespace tfs::dev

@@ -71,6 +71,14 @@ struct IoRequest {
   // plain syscall in that thread, `done` called before Submit returns) instead
   // of handing it to another thread and back. A hint; devices may ignore it.
   static constexpr u8 kInline = 2;
+  // The submitter waits for this request next in the thread that calls
+  // Submit(), with tfs_plat_wait_io, among other requests and with a
+  // deadline (a flight's copy). A device may give it to that thread's own
+  // completion context (userspace: the thread's ring), where the waiter
+  // reaps it: `done` then runs in that thread inside tfs_plat_wait_io (or
+  // in another thread). Never done inside Submit(). A hint; devices may
+  // ignore it.
+  static constexpr u8 kWaited = 4;
 
   IoOp op = IoOp::kRead;
   u8 flags = 0;

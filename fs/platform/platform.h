@@ -70,6 +70,13 @@ void tfs_plat_free(void* ptr);
 int tfs_plat_wait(const u32* word, u32 expected, u64 timeout_ns);
 // Wake up to `count` waiters on `word` (count <= 0: all of them).
 void tfs_plat_wake(const u32* word, int count);
+// tfs_plat_wait for a thread that waits for its own I/O submitted with
+// IoRequest::kWaited (a flight's copies): the same contract, and meanwhile
+// the calling thread may reap such I/O and run its completions itself
+// (userspace: the thread's own io_uring, userspace/platform/thread_ring.h;
+// where the platform has no such thing, a plain tfs_plat_wait). Any
+// tfs_plat_wake of `word` still ends the wait. Callers hold no SpinLock.
+int tfs_plat_wait_io(const u32* word, u32 expected, u64 timeout_ns);
 
 // --- time ---------------------------------------------------------------------
 u64 tfs_plat_now_ns(void);  // monotonic clock, nanoseconds

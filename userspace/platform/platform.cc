@@ -19,6 +19,7 @@
 #include "platform/platform.h"
 #include "userspace/platform/huge_arena.h"
 #include "userspace/platform/log.h"
+#include "userspace/platform/thread_ring.h"
 
 namespace tfs {
 namespace {
@@ -73,9 +74,17 @@ int tfs_plat_wait(const u32* word, u32 expected, u64 timeout_ns) {
   return 0;  // woken, value already changed (EAGAIN) or interrupted (EINTR)
 }
 
+int tfs_plat_wait_io(const u32* word, u32 expected, u64 timeout_ns) {
+  int rc = 0;
+  if (tfs::userspace::ThreadRingWait(word, expected, timeout_ns, &rc)) return rc;
+  return tfs_plat_wait(word, expected, timeout_ns);
+}
+
 void tfs_plat_wake(const u32* word, int count) {
   syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, count <= 0 ? INT32_MAX : count, nullptr,
           nullptr, 0);
+  // A thread waiting in tfs_plat_wait_io may sleep on its ring, not the futex.
+  tfs::userspace::ThreadRingWake(word);
 }
 
 u64 tfs_plat_now_ns(void) {

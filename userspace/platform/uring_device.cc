@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "platform/platform.h"
+#include "userspace/platform/thread_ring.h"
 
 namespace tfs::userspace {
 namespace {
@@ -152,20 +153,85 @@ void UringDevice::Submit(IoRequest* req) {
     if (req->op == IoOp::kWrite) memcpy(bounce, req->buf, req->length);
     req->dev.ptr = bounce;
   }
+  const bool inline_io = may_inline && (req->flags & IoRequest::kInline);
+  const bool waited = data_op && !inline_io && (req->flags & IoRequest::kWaited);
   {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.submitted++;
     outstanding_++;
     if (req->dev.ptr != nullptr) stats_.bounced++;
-    if (!(may_inline && (req->flags & IoRequest::kInline))) {
+    if (!inline_io && !waited) {
       Enqueue(req);
       return;
     }
-    stats_.inline_ios++;
+    if (inline_io) stats_.inline_ios++;
+  }
+  if (waited) {
+    // The submitter reaps it from its own ring while it waits: no other
+    // thread is woken for it (thread_ring.h).
+    if (io_uring_sqe* sqe = ThreadRingGetSqe()) {
+      PrepIo(sqe, req);
+      ThreadRingSubmit(sqe, RingDone, this, req);
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.waited_ios++;
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.waited_shared++;
+    Enqueue(req);
+    return;
   }
   // The submitter waits for it in this thread anyway: a plain syscall here
   // saves handing it to the completion thread and back (two wake-ups).
   Complete(req, InlineIo(req));
+}
+
+void UringDevice::RingDone(void* owner, IoRequest* req, int res) {
+  auto* dev = static_cast<UringDevice*>(owner);
+  Status st;
+  bool finished;
+  {
+    std::lock_guard<std::mutex> lock(dev->mu_);
+    finished = dev->TakeResult(req, res, &st);
+    // The rest (a short transfer, a transient failure) on the shared ring:
+    // its waiter may have left, and the thread that reaped this need not
+    // be the one that waits.
+    if (!finished) dev->Enqueue(req);
+  }
+  if (finished) dev->Complete(req, st);
+}
+
+bool UringDevice::TakeResult(IoRequest* req, int res, Status* st) {
+  const bool data_op = req->op == IoOp::kRead || req->op == IoOp::kWrite;
+  if (res == -EAGAIN || res == -EINTR || (res == -ECANCELED && req->dev.u1 == 0)) {
+    // Transient: resubmit as is (the part not done yet). ECANCELED:
+    // io_uring's worker had not started it when the thread that submitted
+    // it exited (a request handed to the kernel's worker pool -- a buffered
+    // one, or a direct one that would have blocked -- belongs to its
+    // submitter's task); sent again on the shared ring, whose submitters
+    // are the callers and the completion thread, so a second ECANCELED is
+    // not that (io_uring could not start a worker at all) and fails it.
+    // (A retry the kernel runs as task work of an exited submitter fails
+    // EFAULT instead: not told apart, it fails the request; the mount's
+    // submitting threads live as long as it.)
+    if (res == -ECANCELED) req->dev.u1 = 1;
+    stats_.resubmits++;
+    return false;
+  }
+  if (res < 0) {
+    *st = Status::FromErrno(res);
+  } else if (data_op) {
+    if (res == 0) {
+      *st = Err::kIo;  // end of file inside the device: the backing file shrank
+    } else {
+      req->dev.u0 += uint64_t(res);
+      if (req->dev.u0 < req->length) {
+        stats_.resubmits++;
+        return false;
+      }
+    }
+  }
+  return true;
 }
 
 Status UringDevice::InlineIo(IoRequest* req) {
@@ -211,6 +277,18 @@ void UringDevice::Enqueue(IoRequest* req) {
 void UringDevice::PrepSqe(IoRequest* req) {
   io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
   TFS_BUG_ON(sqe == nullptr);  // in_flight_ <= depth_ == the SQ size
+  PrepIo(sqe, req);
+  io_uring_sqe_set_data(sqe, req);
+  in_flight_++;
+  int rc;
+  do {
+    rc = io_uring_submit(&ring_);
+  } while (rc == -EINTR || rc == -EAGAIN || rc == -EBUSY);
+  // Any other failure leaves the SQE in the ring; the next submit retries it.
+  if (rc < 0) platform::Log(platform::LogLevel::kWarn, "%s: io_uring_submit: %s", path_.c_str(), strerror(-rc));
+}
+
+void UringDevice::PrepIo(io_uring_sqe* sqe, IoRequest* req) const {
   uint64_t done = req->dev.u0;
   char* base = static_cast<char*>(req->dev.ptr != nullptr ? req->dev.ptr : req->buf);
   switch (req->op) {
@@ -229,14 +307,6 @@ void UringDevice::PrepSqe(IoRequest* req) {
                               req->offset, req->length);
       break;
   }
-  io_uring_sqe_set_data(sqe, req);
-  in_flight_++;
-  int rc;
-  do {
-    rc = io_uring_submit(&ring_);
-  } while (rc == -EINTR || rc == -EAGAIN || rc == -EBUSY);
-  // Any other failure leaves the SQE in the ring; the next submit retries it.
-  if (rc < 0) platform::Log(platform::LogLevel::kWarn, "%s: io_uring_submit: %s", path_.c_str(), strerror(-rc));
 }
 
 void UringDevice::CompletionLoop() {
@@ -250,39 +320,12 @@ void UringDevice::CompletionLoop() {
     io_uring_cqe_seen(&ring_, cqe);
     if (req == nullptr) return;  // shutdown sentinel
 
-    bool finished = true;
+    bool finished;
     Status st;
     {
       std::lock_guard<std::mutex> lock(mu_);
       in_flight_--;
-      bool data_op = req->op == IoOp::kRead || req->op == IoOp::kWrite;
-      if (res == -EAGAIN || res == -EINTR || (res == -ECANCELED && req->dev.u1 == 0)) {
-        // Transient: resubmit as is (the part not done yet). ECANCELED:
-        // io_uring's worker had not started it when the thread that
-        // submitted it exited (a request handed to the kernel's worker pool
-        // -- a buffered one, or a direct one that would have blocked --
-        // belongs to its submitter's task); sent again from here, a thread
-        // that lives as long as the device, so a second ECANCELED is not
-        // that (io_uring could not start a worker at all) and fails it.
-        // (A retry the kernel runs as task work of an exited submitter
-        // fails EFAULT instead: not told apart, it fails the request; the
-        // mount's submitting threads live as long as it.)
-        if (res == -ECANCELED) req->dev.u1 = 1;
-        finished = false;
-        stats_.resubmits++;
-      } else if (res < 0) {
-        st = Status::FromErrno(res);
-      } else if (data_op) {
-        if (res == 0) {
-          st = Err::kIo;  // end of file inside the device: the backing file shrank
-        } else {
-          req->dev.u0 += uint64_t(res);
-          if (req->dev.u0 < req->length) {
-            finished = false;
-            stats_.resubmits++;
-          }
-        }
-      }
+      finished = TakeResult(req, res, &st);
       if (!finished) {
         Enqueue(req);
       }

@@ -7,6 +7,13 @@
 // requests' callbacks -- no thread per request. Callbacks run on that thread with no
 // device lock held and may Submit() again.
 //
+// A kWaited request (a flight's copy, IoRequest::kWaited) goes on the
+// submitting thread's own ring instead (thread_ring.h): that thread reaps it
+// while it waits in tfs_plat_wait_io (the janitor when it does not), so the
+// completion wakes no other thread. Its callback then runs in that thread,
+// with no device lock held. Without a thread ring (setup refused, full) it
+// goes on the shared ring.
+//
 // O_DIRECT is used when the file system or device accepts it (checked with a real
 // aligned read at open); then the logical block size is the device's (block
 // devices) or 4096 (files), and unaligned caller buffers are bounced through an
@@ -45,6 +52,8 @@ struct UringStats {
   uint64_t resubmits = 0;   // short transfers continued; transient failures (EAGAIN, EINTR, ECANCELED) sent again
   uint64_t queued_max = 0;  // deepest FIFO seen outside the ring
   uint64_t inline_ios = 0;  // kInline requests done in the submitter's thread
+  uint64_t waited_ios = 0;  // kWaited requests sent on the submitter's own ring (thread_ring.h)
+  uint64_t waited_shared = 0;  // kWaited requests sent on the shared ring (no thread ring, or it was full)
 };
 
 class UringDevice final : public BlockDevice {
@@ -69,6 +78,14 @@ class UringDevice final : public BlockDevice {
   // Caller holds mu_.
   void Enqueue(IoRequest* req);
   void PrepSqe(IoRequest* req);
+  // Fills `sqe` for what is left of `req` (dev.u0 bytes done).
+  void PrepIo(io_uring_sqe* sqe, IoRequest* req) const;
+  // Judges a completion's result: true when `req` is finished (*st set),
+  // false when it must be sent again (a transient failure, a short
+  // transfer: dev.u0 advanced). Caller holds mu_.
+  bool TakeResult(IoRequest* req, int res, Status* st);
+  // A completion from a thread ring (ThreadRingSubmit's done).
+  static void RingDone(void* owner, IoRequest* req, int res);
   void CompletionLoop();
   void Complete(IoRequest* req, Status st);
   // Does a kInline read, write or flush in the calling thread.

@@ -1,0 +1,433 @@
+// Thread rings (see thread_ring.h for the contract).
+//
+// A ring's state is guarded by its lock `mu`, except its submission side
+// (only the owner submits) and the registry links (the bucket's lock). The
+// owner sets `owner_waiting` while it sleeps on the ring; the janitor reaps a
+// ring only while it is in the janitor's epoll set (`in_janitor`), and only
+// when the owner is not waiting on it. Only the janitor frees a ring (after
+// its owner exited and nothing is left on it): an epoll event it already took
+// for a ring never names freed memory.
+#include "userspace/platform/thread_ring.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+#include "platform/platform.h"
+
+namespace tfs::userspace {
+namespace {
+
+constexpr uint64_t kWakeTag = ~uint64_t(0);  // user_data of the poll on wake_fd
+
+struct Slot {
+  RingDoneFn done = nullptr;
+  void* owner = nullptr;
+  IoRequest* req = nullptr;
+  int next_free = -1;
+};
+
+struct Ring {
+  io_uring ring{};
+  int wake_fd = -1;  // written by ThreadRingWake, polled by the ring (kWakeTag)
+  int cq_fd = -1;    // registered with the ring: signalled per completion (janitor)
+  std::mutex mu;
+  Slot slots[kThreadRingDepth];
+  int free_head = 0;
+  unsigned out = 0;            // requests submitted and not reaped
+  bool owner_waiting = false;  // the owner sleeps on the ring or reaps it
+  bool in_janitor = false;     // cq_fd is in the janitor's epoll set
+  bool poll_armed = false;     // a poll on wake_fd is in the ring
+  bool orphaned = false;       // the owner exited
+  int pending_slot = -1;       // between GetSqe and Submit (owner only)
+  // Registry links (the bucket's lock).
+  const uint32_t* waiting_word = nullptr;
+  Ring* bucket_next = nullptr;
+  // All rings (g_all_mu): reachable for leak checkers while the kernel holds them.
+  Ring* all_prev = nullptr;
+  Ring* all_next = nullptr;
+};
+
+struct Stats {
+  std::atomic<uint64_t> rings{0}, rings_refused{0}, submitted{0}, reaped_by_owner{0},
+      reaped_by_janitor{0}, wakes{0}, full{0}, handed_over{0};
+};
+Stats g_stats;
+
+std::mutex g_all_mu;
+Ring* g_all = nullptr;
+
+// --- the registry of ring waiters, by word ---------------------------------
+struct alignas(64) Bucket {
+  std::atomic<uint32_t> n{0};  // ring waiters registered here
+  std::mutex mu;
+  Ring* head = nullptr;
+};
+constexpr unsigned kBuckets = 64;
+Bucket g_buckets[kBuckets];
+
+Bucket& BucketOf(const uint32_t* word) {
+  return g_buckets[(uintptr_t(word) * 0x9E3779B97F4A7C15ull) >> 58];
+}
+
+void Register(Ring* r, const uint32_t* word) {
+  Bucket& b = BucketOf(word);
+  {
+    std::lock_guard<std::mutex> lock(b.mu);
+    r->waiting_word = word;
+    r->bucket_next = b.head;
+    b.head = r;
+    b.n.fetch_add(1, std::memory_order_seq_cst);
+  }
+  // Pairs with ThreadRingWake's fence: either the waker sees this entry, or
+  // the caller's next load of the word sees the waker's store.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+void Deregister(Ring* r) {
+  Bucket& b = BucketOf(r->waiting_word);
+  std::lock_guard<std::mutex> lock(b.mu);
+  for (Ring** p = &b.head; *p != nullptr; p = &(*p)->bucket_next) {
+    if (*p == r) {
+      *p = r->bucket_next;
+      break;
+    }
+  }
+  r->bucket_next = nullptr;
+  r->waiting_word = nullptr;
+  b.n.fetch_sub(1, std::memory_order_relaxed);
+}
+
+// --- the janitor -------------------------------------------------------------
+struct Janitor {
+  int epfd = -1;
+};
+Janitor* g_janitor = nullptr;  // never freed: rings may be handed over until exit
+std::once_flag g_janitor_once;
+
+void JanitorLoop(Janitor* j);
+
+bool StartJanitor() {
+  std::call_once(g_janitor_once, [] {
+    auto* j = new Janitor();
+    j->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (j->epfd < 0) {
+      platform::Log(platform::LogLevel::kWarn, "thread rings: epoll_create1: %s (flights use the shared rings)",
+                    strerror(errno));
+      delete j;
+      return;
+    }
+    std::thread t([j] {
+      pthread_setname_np(pthread_self(), "tfs-ring-janitor");
+      JanitorLoop(j);
+    });
+    t.detach();
+    g_janitor = j;
+  });
+  return g_janitor != nullptr;
+}
+
+// Caller holds r->mu.
+void JanitorWatch(Ring* r, bool on) {
+  if (r->in_janitor == on) return;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = r;
+  int rc = epoll_ctl(g_janitor->epfd, on ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, r->cq_fd, &ev);
+  // Neither can fail for a valid eventfd and set (ENOMEM aside): a ring the
+  // janitor cannot watch would keep its orphans unreaped, silently.
+  TFS_BUG_ON(rc != 0);
+  r->in_janitor = on;
+}
+
+// Takes what completed off `r` (caller holds r->mu) into `out`; returns how many.
+struct Reaped {
+  Slot slot;
+  int res;
+};
+unsigned TakeCompletions(Ring* r, Reaped* out) {
+  unsigned n = 0;
+  unsigned seen = 0;
+  unsigned head;
+  io_uring_cqe* cqe;
+  io_uring_for_each_cqe(&r->ring, head, cqe) {
+    seen++;
+    uint64_t tag = io_uring_cqe_get_data64(cqe);
+    if (tag == kWakeTag) {
+      uint64_t v;
+      (void)!read(r->wake_fd, &v, sizeof v);  // (nonblocking: drains the wakes)
+      r->poll_armed = false;
+      continue;
+    }
+    TFS_BUG_ON(tag >= kThreadRingDepth);
+    Slot& s = r->slots[tag];
+    out[n].slot = s;
+    out[n].res = cqe->res;
+    n++;
+    s = Slot{};
+    s.next_free = r->free_head;
+    r->free_head = int(tag);
+    r->out--;
+  }
+  io_uring_cq_advance(&r->ring, seen);
+  return n;
+}
+
+void RunCompletions(const Reaped* done, unsigned n) {
+  for (unsigned i = 0; i < n; i++) done[i].slot.done(done[i].slot.owner, done[i].slot.req, done[i].res);
+}
+
+void FreeRing(Ring* r) {
+  {
+    std::lock_guard<std::mutex> lock(g_all_mu);
+    if (r->all_prev != nullptr) r->all_prev->all_next = r->all_next;
+    else g_all = r->all_next;
+    if (r->all_next != nullptr) r->all_next->all_prev = r->all_prev;
+  }
+  io_uring_queue_exit(&r->ring);  // (cancels the poll on wake_fd)
+  close(r->wake_fd);
+  close(r->cq_fd);
+  delete r;
+}
+
+void JanitorLoop(Janitor* j) {
+  Reaped done[kThreadRingDepth];
+  for (;;) {
+    epoll_event evs[16];
+    int n = epoll_wait(j->epfd, evs, 16, -1);
+    if (n < 0) {
+      TFS_BUG_ON(errno != EINTR);
+      continue;
+    }
+    for (int i = 0; i < n; i++) {
+      auto* r = static_cast<Ring*>(evs[i].data.ptr);
+      uint64_t v;
+      (void)!read(r->cq_fd, &v, sizeof v);  // (nonblocking: resets the count)
+      unsigned got = 0;
+      bool free_it = false;
+      {
+        std::lock_guard<std::mutex> lock(r->mu);
+        if (r->owner_waiting || !r->in_janitor) continue;  // the owner reaps it now
+        got = TakeCompletions(r, done);
+        if (r->out == 0) {
+          JanitorWatch(r, false);
+          free_it = r->orphaned;
+        }
+      }
+      g_stats.reaped_by_janitor.fetch_add(got, std::memory_order_relaxed);
+      RunCompletions(done, got);
+      if (free_it) {
+        g_stats.handed_over.fetch_add(1, std::memory_order_relaxed);
+        FreeRing(r);
+      }
+    }
+  }
+}
+
+// --- the calling thread's ring ------------------------------------------------
+Ring* NewRing() {
+  if (!StartJanitor()) return nullptr;
+  auto* r = new Ring();
+  io_uring_params p{};
+  p.flags = IORING_SETUP_CQSIZE;
+  p.cq_entries = 2 * kThreadRingDepth;
+  int rc = io_uring_queue_init_params(kThreadRingDepth, &r->ring, &p);
+  if (rc < 0) {
+    platform::Log(platform::LogLevel::kWarn, "thread ring: io_uring setup: %s (this thread's flights use the shared rings)",
+                  strerror(-rc));
+    delete r;
+    return nullptr;
+  }
+  r->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  r->cq_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (r->wake_fd < 0 || r->cq_fd < 0 || io_uring_register_eventfd(&r->ring, r->cq_fd) < 0) {
+    platform::Log(platform::LogLevel::kWarn, "thread ring: eventfd: %s (this thread's flights use the shared rings)",
+                  strerror(errno));
+    io_uring_queue_exit(&r->ring);
+    if (r->wake_fd >= 0) close(r->wake_fd);
+    if (r->cq_fd >= 0) close(r->cq_fd);
+    delete r;
+    return nullptr;
+  }
+  for (unsigned i = 0; i < kThreadRingDepth; i++) r->slots[i].next_free = i + 1 < kThreadRingDepth ? int(i + 1) : -1;
+  r->free_head = 0;
+  std::lock_guard<std::mutex> lock(g_all_mu);
+  r->all_next = g_all;
+  if (g_all != nullptr) g_all->all_prev = r;
+  g_all = r;
+  return r;
+}
+
+// The calling thread's ring: made on first use, handed to the janitor when
+// the thread exits.
+struct ThreadRingHolder {
+  Ring* ring = nullptr;
+  bool tried = false;
+  ~ThreadRingHolder() {
+    if (ring == nullptr) return;
+    // Always the janitor's to free (it may hold an epoll event for it).
+    std::lock_guard<std::mutex> lock(ring->mu);
+    ring->orphaned = true;
+    JanitorWatch(ring, true);
+    uint64_t one = 1;
+    (void)!write(ring->cq_fd, &one, sizeof one);  // (under the lock: the janitor frees it after)
+  }
+};
+thread_local ThreadRingHolder tl_ring;
+
+Ring* MyRing(bool create) {
+  if (tl_ring.ring == nullptr && create && !tl_ring.tried) {
+    tl_ring.tried = true;
+    tl_ring.ring = NewRing();
+    (tl_ring.ring != nullptr ? g_stats.rings : g_stats.rings_refused).fetch_add(1, std::memory_order_relaxed);
+  }
+  return tl_ring.ring;
+}
+
+}  // namespace
+
+io_uring_sqe* ThreadRingGetSqe() {
+  Ring* r = MyRing(true);
+  if (r == nullptr) return nullptr;
+  TFS_BUG_ON(r->pending_slot >= 0);
+  {
+    std::lock_guard<std::mutex> lock(r->mu);
+    if (r->free_head < 0) {
+      g_stats.full.fetch_add(1, std::memory_order_relaxed);
+      return nullptr;
+    }
+    r->pending_slot = r->free_head;
+    r->free_head = r->slots[r->pending_slot].next_free;
+    r->out++;
+  }
+  io_uring_sqe* sqe = io_uring_get_sqe(&r->ring);
+  if (sqe == nullptr) {
+    // Every SQE is sent at once, so the SQ (kThreadRingDepth) fills only
+    // after failed submits: the shared ring then.
+    std::lock_guard<std::mutex> lock(r->mu);
+    r->slots[r->pending_slot].next_free = r->free_head;
+    r->free_head = r->pending_slot;
+    r->pending_slot = -1;
+    r->out--;
+    g_stats.full.fetch_add(1, std::memory_order_relaxed);
+  }
+  return sqe;
+}
+
+void ThreadRingSubmit(io_uring_sqe* sqe, RingDoneFn done, void* owner, IoRequest* req) {
+  Ring* r = tl_ring.ring;
+  TFS_BUG_ON(r == nullptr || r->pending_slot < 0);
+  const int s = r->pending_slot;
+  r->pending_slot = -1;
+  // (Not under the lock: the slot is reserved, and no reaper reads it before
+  // its completion, which the submit below orders after these stores.)
+  r->slots[s].done = done;
+  r->slots[s].owner = owner;
+  r->slots[s].req = req;
+  io_uring_sqe_set_data64(sqe, uint64_t(s));
+  int rc;
+  do {
+    rc = io_uring_submit(&r->ring);
+  } while (rc == -EINTR || rc == -EAGAIN || rc == -EBUSY);
+  // Any other failure leaves the SQE in the ring; the next submit (the
+  // owner's wait) sends it.
+  if (rc < 0) platform::Log(platform::LogLevel::kWarn, "thread ring: io_uring_submit: %s", strerror(-rc));
+  g_stats.submitted.fetch_add(1, std::memory_order_relaxed);
+}
+
+bool ThreadRingWait(const uint32_t* word, uint32_t expected, uint64_t timeout_ns, int* rc) {
+  Ring* r = MyRing(false);
+  if (r == nullptr) return false;
+  bool arm = false;
+  {
+    std::lock_guard<std::mutex> lock(r->mu);
+    if (r->out == 0) return false;
+    r->owner_waiting = true;
+    JanitorWatch(r, false);
+    arm = !r->poll_armed;
+    r->poll_armed = true;
+  }
+  if (arm) {
+    io_uring_sqe* sqe = io_uring_get_sqe(&r->ring);
+    if (sqe == nullptr) {
+      // The SQ filled after failed submits: without the wake poll a wake
+      // from elsewhere would not reach this wait, so a plain one, and the
+      // janitor reaps the ring meanwhile.
+      std::lock_guard<std::mutex> lock(r->mu);
+      r->poll_armed = false;
+      r->owner_waiting = false;
+      JanitorWatch(r, true);
+      return false;
+    } else {
+      io_uring_prep_poll_add(sqe, r->wake_fd, POLLIN);
+      io_uring_sqe_set_data64(sqe, kWakeTag);
+      // (On its own: an enter that submits returns the count it sent, not
+      // the wait's timeout. Armed once; again only after a wake.)
+      io_uring_submit(&r->ring);
+    }
+  }
+  Register(r, word);
+  *rc = 0;
+  if (__atomic_load_n(word, __ATOMIC_SEQ_CST) == expected) {
+    __kernel_timespec ts;
+    __kernel_timespec* tsp = nullptr;
+    if (timeout_ns != ~uint64_t(0)) {
+      ts.tv_sec = int64_t(timeout_ns / 1000000000ull);
+      ts.tv_nsec = int64_t(timeout_ns % 1000000000ull);
+      tsp = &ts;
+    }
+    io_uring_cqe* cqe = nullptr;
+    int w = tsp != nullptr ? io_uring_wait_cqe_timeout(&r->ring, &cqe, tsp) : io_uring_wait_cqe(&r->ring, &cqe);
+    if (w == -ETIME) *rc = -ETIMEDOUT;
+  }
+  Deregister(r);
+  Reaped done[kThreadRingDepth];
+  unsigned got;
+  {
+    std::lock_guard<std::mutex> lock(r->mu);
+    got = TakeCompletions(r, done);
+    r->owner_waiting = false;
+    if (r->out > 0) JanitorWatch(r, true);  // what is left: the janitor's while this thread is elsewhere
+  }
+  g_stats.reaped_by_owner.fetch_add(got, std::memory_order_relaxed);
+  RunCompletions(done, got);
+  return true;
+}
+
+void ThreadRingWake(const uint32_t* word) {
+  // Pairs with Register's fence (the waker stored to the word before this call).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  Bucket& b = BucketOf(word);
+  if (b.n.load(std::memory_order_relaxed) == 0) return;
+  std::lock_guard<std::mutex> lock(b.mu);
+  for (Ring* r = b.head; r != nullptr; r = r->bucket_next) {
+    if (r->waiting_word != word) continue;
+    uint64_t one = 1;
+    (void)!write(r->wake_fd, &one, sizeof one);
+    g_stats.wakes.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+ThreadRingStats GetThreadRingStats() {
+  ThreadRingStats s;
+  s.rings = g_stats.rings.load(std::memory_order_relaxed);
+  s.rings_refused = g_stats.rings_refused.load(std::memory_order_relaxed);
+  s.submitted = g_stats.submitted.load(std::memory_order_relaxed);
+  s.reaped_by_owner = g_stats.reaped_by_owner.load(std::memory_order_relaxed);
+  s.reaped_by_janitor = g_stats.reaped_by_janitor.load(std::memory_order_relaxed);
+  s.wakes = g_stats.wakes.load(std::memory_order_relaxed);
+  s.full = g_stats.full.load(std::memory_order_relaxed);
+  s.handed_over = g_stats.handed_over.load(std::memory_order_relaxed);
+  for (Bucket& b : g_buckets) s.waiting += b.n.load(std::memory_order_relaxed);
+  return s;
+}
+
+}  // namespace tfs::userspace

@@ -1,0 +1,79 @@
+// Thread rings: each thread that waits for a flight's I/O (IoRequest::kWaited,
+// tfs_plat_wait_io) gets its own small io_uring, so that the kernel's
+// completion work runs in the thread that waits for it anyway and nothing is
+// handed to another thread and back (docs/design/copies.md, "Step 7b").
+//
+// - A device takes an SQE from the calling thread's ring (ThreadRingGetSqe),
+//   fills it and submits it (ThreadRingSubmit) naming the function that
+//   completes it. Only the ring's owner thread submits: no submission lock.
+// - The owner reaps its ring while it waits (ThreadRingWait, under
+//   tfs_plat_wait_io): the completion functions then run in the owner's
+//   thread. They must obey the completion rules (no sleeping).
+// - Any tfs_plat_wake of the word a ring waiter sleeps on reaches it: the
+//   waiter registers the word, and the wake writes an eventfd the ring polls
+//   (ThreadRingWake). A request of the flight sent elsewhere (a queue that
+//   dispatched it later from another thread; the shared ring) still wakes it.
+// - Requests left on a ring whose owner is not waiting on it (a late write
+//   copy, a hedge's loser, or an owner that has exited) are reaped at once by
+//   the janitor thread ("tfs-ring-janitor"), woken by an eventfd registered
+//   for the ring's completions: until a completion is reaped its member's
+//   queue counts the request in flight, and a request left unreaped would
+//   make a healthy member look slow or stalled.
+// - Two consumers of a ring's completions (owner, janitor) take the ring's
+//   lock to reap; the owner sleeps outside it. A thread that exits hands its
+//   ring to the janitor, which closes it once nothing is left on it.
+//
+// Without io_uring for a thread (setup refused), ThreadRingGetSqe returns null
+// and the device uses its shared ring.
+#ifndef TFS_USERSPACE_PLATFORM_THREAD_RING_H_
+#define TFS_USERSPACE_PLATFORM_THREAD_RING_H_
+
+#include <liburing.h>
+
+#include <cstdint>
+
+#include "platform/block_device.h"
+
+namespace tfs::userspace {
+
+// Completes `req` with the result of its SQE (cqe->res): called once, in the
+// thread that reaped it (the owner in ThreadRingWait, or the janitor).
+using RingDoneFn = void (*)(void* owner, IoRequest* req, int res);
+
+// Requests one thread's ring holds at most (its CQ is twice that: never overflows).
+inline constexpr unsigned kThreadRingDepth = 64;
+
+// An SQE of the calling thread's ring for one request, or null: no ring for
+// this thread (setup refused), or kThreadRingDepth requests already on it.
+// Every non-null SQE must be passed to ThreadRingSubmit before the next call.
+io_uring_sqe* ThreadRingGetSqe();
+// Sends the SQE from ThreadRingGetSqe; `done(owner, req, res)` completes it.
+void ThreadRingSubmit(io_uring_sqe* sqe, RingDoneFn done, void* owner, IoRequest* req);
+
+// tfs_plat_wait_io's work: if the calling thread has requests on its ring,
+// sleeps on the ring while *word == expected (at most `timeout_ns`, ~0 =
+// forever), reaps what completed and runs their completions here, sets *rc
+// (0, or -ETIMEDOUT when the time ran out) and returns true. False when the
+// thread has nothing on its ring (the caller does a plain tfs_plat_wait).
+bool ThreadRingWait(const uint32_t* word, uint32_t expected, uint64_t timeout_ns, int* rc);
+// tfs_plat_wake's part: wakes the ring waiters sleeping on `word` (cheap
+// when there are none: a fence and a load).
+void ThreadRingWake(const uint32_t* word);
+
+// Process-wide counters (tests, `UringDevice::Stats`'s neighbours).
+struct ThreadRingStats {
+  uint64_t rings = 0;           // rings created (one per thread that used one)
+  uint64_t rings_refused = 0;   // threads whose io_uring setup failed (shared ring used)
+  uint64_t submitted = 0;       // requests sent on thread rings
+  uint64_t reaped_by_owner = 0; // completions reaped by the ring's own thread
+  uint64_t reaped_by_janitor = 0;  // completions reaped by the janitor
+  uint64_t wakes = 0;           // ring waiters woken through their eventfd by a wake
+  uint64_t full = 0;            // GetSqe refused: the ring held kThreadRingDepth requests
+  uint64_t handed_over = 0;     // rings of exited threads closed by the janitor
+  uint64_t waiting = 0;         // gauge: threads registered as ring waiters now
+};
+ThreadRingStats GetThreadRingStats();
+
+}  // namespace tfs::userspace
+
+#endif  // TFS_USERSPACE_PLATFORM_THREAD_RING_H_
