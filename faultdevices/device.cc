@@ -48,6 +48,7 @@ struct FaultDevice::Op {
   uint64_t stall_event = 0;
   bool timeout_armed = false;  // its timeout event is scheduled and has not started
   uint64_t timeout_event = 0;  // that event's Timer id
+  bool queued = false;  // waited in slot_queue_: admitted later, in another thread
   std::vector<SectorRun> patches;  // cached read: newest cached data at admission
   Op* prev = nullptr;  // in-flight list
   Op* next = nullptr;
@@ -210,6 +211,7 @@ void FaultDevice::Submit(IoRequest* req) {
     stats_.by_origin[int(req->origin)][int(req->op)].bytes += bytes;
     uint32_t slots = profile_.queue.max_in_flight;
     if (slots != 0 && (in_flight_ >= slots || !slot_queue_.empty())) {
+      op->queued = true;
       slot_queue_.push_back(op);
       stats_.slot_waits++;
       return;
@@ -268,6 +270,11 @@ void FaultDevice::Admit(Op* op, uint64_t now, Actions& act) {
     op->below = IoRequest{};
     op->below.op = r.op;
     op->below.flags = r.flags;
+    // An op that waited for a slot is admitted in whatever thread finished
+    // the op before it, not in its submitter's: the hints that promise the
+    // submitter waits in this thread (a blocking syscall right in Submit,
+    // the thread's own ring) must not reach the backing device.
+    if (op->queued) op->below.flags &= uint8_t(~(IoRequest::kInline | IoRequest::kWaited));
     op->below.origin = r.origin;
     op->below.offset = r.offset;
     op->below.length = r.length;

@@ -12,10 +12,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <mutex>
 
 #include "faultdevices/control.h"
 #include "faultdevices/loadgen.h"
 #include "faultdevices/testing.h"
+#include "userspace/platform/mem_device.h"
 
 namespace faultdev {
 namespace {
@@ -482,6 +484,74 @@ TEST(FaultDevice, PowerCutWithALongSlotQueueDoesNotRecurse) {
   b.Wait();
   for (size_t i = 0; i < b.size(); i++) ASSERT_EQ(b[i].status, tfs::Status(Err::kIo)) << i;
   EXPECT_EQ(t.dev->Stats().powered_off_failures, uint64_t(kQueued));
+}
+
+// A backing device that records the flags of what reaches it.
+class FlagLog final : public tfs::BlockDevice {
+ public:
+  FlagLog() : mem_(Options()) {}
+  void Submit(tfs::IoRequest* req) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      flags_.push_back(req->flags);
+    }
+    mem_.Submit(req);
+  }
+  const tfs::BlockDeviceInfo& Info() const override { return mem_.Info(); }
+  const char* Name() const override { return "flaglog"; }
+  std::vector<uint8_t> flags() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return flags_;
+  }
+
+ private:
+  static tfs::userspace::MemDeviceOptions Options() {
+    tfs::userspace::MemDeviceOptions o;
+    o.size = 1 << 20;
+    o.threaded = false;
+    return o;
+  }
+  tfs::userspace::MemDevice mem_;
+  std::mutex mu_;
+  std::vector<uint8_t> flags_;
+};
+
+// An op that waited for one of the profile's slots is admitted by whatever
+// thread finished the op before it (here the delay's timer): the promises of
+// kInline and kWaited -- "the submitter waits in this very thread" -- do not
+// hold there, and must not reach the backing device (a blocking syscall in
+// the timer's thread; a request on a ring nobody reaps).
+TEST(FaultDeviceTest, OpsAdmittedLaterDropTheSubmitterThreadHints) {
+  auto log = std::make_unique<FlagLog>();
+  FlagLog* seen = log.get();
+  std::string error;
+  auto dev = FaultDevice::Open(MustParse("[delay]\nall_ms = 5\n[queue]\nmax_in_flight = 1\n"), std::move(log), &error);
+  ASSERT_TRUE(dev != nullptr) << error;
+  struct Req {
+    tfs::IoRequest req;
+    char buf[512];
+    std::promise<tfs::Status> done;
+  };
+  Req a, b;
+  for (Req* r : {&a, &b}) {
+    r->req.op = IoOp::kRead;
+    r->req.flags = tfs::IoRequest::kInline | tfs::IoRequest::kWaited;
+    r->req.length = 512;
+    r->req.buf = r->buf;
+    r->req.caller_data = r;
+    r->req.done = [](tfs::IoRequest* q, tfs::Status st) { static_cast<Req*>(q->caller_data)->done.set_value(st); };
+  }
+  auto fa = a.done.get_future();
+  auto fb = b.done.get_future();
+  dev->Submit(&a.req);  // admitted at once, in this thread
+  dev->Submit(&b.req);  // waits for the slot: admitted when `a` finishes
+  EXPECT_TRUE(fa.get().ok());
+  EXPECT_TRUE(fb.get().ok());
+  const std::vector<uint8_t> f = seen->flags();
+  ASSERT_EQ(f.size(), 2u);
+  EXPECT_EQ(f[0], tfs::IoRequest::kInline | tfs::IoRequest::kWaited);
+  EXPECT_EQ(f[1], 0u);
+  EXPECT_EQ(dev->Stats().slot_waits, 1u);
 }
 
 // Connects to a unix socket and stays silent; returns the fd (-1 on failure).

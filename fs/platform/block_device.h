@@ -77,7 +77,9 @@ struct IoRequest {
   // completion context (userspace: the thread's ring), where the waiter
   // reaps it: `done` then runs in that thread inside tfs_plat_wait_io (or
   // in another thread). Never done inside Submit(). A hint; devices may
-  // ignore it.
+  // ignore it. A wrapper device that forwards a request later, from another
+  // thread than the submitter's, must clear kInline and kWaited in what it
+  // forwards (the thread that would then do or own the I/O is not waiting).
   static constexpr u8 kWaited = 4;
 
   IoOp op = IoOp::kRead;

@@ -25,6 +25,13 @@ void WriteMember(void* ctx, u32 member, JsonOut& w) {
   } else {
     w.Null();
   }
+  userspace::JsonWriter io;
+  w.Key("io");
+  if (c->members->WriteIo(dev, io)) {
+    w.Raw(io.str());
+  } else {
+    w.Null();
+  }
 }
 
 }  // namespace

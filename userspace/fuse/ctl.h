@@ -42,6 +42,10 @@ class MemberControl {
   // Writes that member's fault state as one JSON value; false (nothing
   // written) if it has no fault device.
   virtual bool WriteFault(const BlockDevice* dev, userspace::JsonWriter& w) = 0;
+  // Writes that member's device I/O counters (the io_uring device's, and the
+  // daemon's thread rings) as one JSON object; false (nothing written) if
+  // unknown.
+  virtual bool WriteIo(const BlockDevice* dev, userspace::JsonWriter& w) = 0;
   // Runs "MEMBER COMMAND ARGS"; returns the one-line reply.
   virtual std::string FaultCommand(const std::string& line) = 0;
 };

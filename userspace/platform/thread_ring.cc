@@ -127,6 +127,7 @@ bool StartJanitor() {
     }
     std::thread t([j] {
       pthread_setname_np(pthread_self(), "tfs-ring-janitor");
+      ThreadRingNever();
       JanitorLoop(j);
     });
     t.detach();
@@ -293,6 +294,8 @@ Ring* MyRing(bool create) {
 }
 
 }  // namespace
+
+void ThreadRingNever() { tl_ring.tried = true; }
 
 io_uring_sqe* ThreadRingGetSqe() {
   Ring* r = MyRing(true);

@@ -47,6 +47,12 @@ inline constexpr unsigned kThreadRingDepth = 64;
 // this thread (setup refused), or kThreadRingDepth requests already on it.
 // Every non-null SQE must be passed to ThreadRingSubmit before the next call.
 io_uring_sqe* ThreadRingGetSqe();
+// Marks the calling thread as one that never waits for its own I/O (a
+// device's completion thread; the janitor is one): ThreadRingGetSqe returns
+// null there, so a kWaited request that reaches it by mistake (a wrapper
+// that forwarded it from another thread) goes to the shared ring instead of
+// a ring nobody reaps.
+void ThreadRingNever();
 // Sends the SQE from ThreadRingGetSqe; `done(owner, req, res)` completes it.
 void ThreadRingSubmit(io_uring_sqe* sqe, RingDoneFn done, void* owner, IoRequest* req);
 

@@ -97,6 +97,7 @@ Status UringDevice::Init(const std::string& path, const UringOptions& options) {
   ring_ready_ = true;
   reaper_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "tfs-uring");  // (per-thread views: top -H, /proc/PID/task)
+    ThreadRingNever();  // (it never waits for its own I/O: a ring here would go unreaped)
     CompletionLoop();
   });
   return Status::Ok();

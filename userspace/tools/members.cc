@@ -8,6 +8,7 @@
 
 #include "faultdevices/control.h"
 #include "sb/superblock.h"
+#include "userspace/platform/thread_ring.h"
 #include "userspace/tools/common.h"
 #include "userspace/util/json.h"
 
@@ -116,7 +117,11 @@ bool Members::Open(const std::string& cmd, const std::vector<std::string>& paths
   devs_.clear();
   faults_.assign(paths.size(), nullptr);
   shared_.assign(paths.size(), false);
-  for (auto& d : devs) devs_.push_back(std::move(d));
+  urings_.clear();
+  for (auto& d : devs) {
+    urings_.push_back(d.get());
+    devs_.push_back(std::move(d));
+  }
   for (const FaultSpec& spec : specs) {
     const int i = Find(spec.member);
     if (i < 0) {
@@ -217,6 +222,39 @@ int Members::IndexOf(const BlockDevice* d) const {
 std::string MemberControls::Path(const BlockDevice* dev) {
   const int i = members_->IndexOf(dev);
   return i >= 0 ? members_->path(size_t(i)) : "";
+}
+
+bool MemberControls::WriteIo(const BlockDevice* dev, userspace::JsonWriter& w) {
+  const int i = members_->IndexOf(dev);
+  if (i < 0) return false;
+  const userspace::UringStats s = members_->uring(size_t(i))->Stats();
+  const userspace::ThreadRingStats t = userspace::GetThreadRingStats();
+  w.BeginObject();
+  w.BoolField("direct", members_->uring(size_t(i))->direct());
+  w.UintField("submitted", s.submitted);
+  w.UintField("completed", s.completed);
+  w.UintField("errors", s.errors);
+  w.UintField("bounced", s.bounced);
+  w.UintField("resubmits", s.resubmits);
+  w.UintField("queued_max", s.queued_max);
+  w.UintField("inline_ios", s.inline_ios);
+  w.UintField("waited_ios", s.waited_ios);
+  w.UintField("waited_shared", s.waited_shared);
+  // The daemon's thread rings (all members together: a ring serves every
+  // member its thread waits on; docs/design/copies.md, "Step 7b").
+  w.Key("thread_rings");
+  w.BeginObject();
+  w.UintField("rings", t.rings);
+  w.UintField("rings_refused", t.rings_refused);
+  w.UintField("submitted", t.submitted);
+  w.UintField("reaped_by_owner", t.reaped_by_owner);
+  w.UintField("reaped_by_janitor", t.reaped_by_janitor);
+  w.UintField("wakes", t.wakes);
+  w.UintField("full", t.full);
+  w.UintField("handed_over", t.handed_over);
+  w.EndObject();
+  w.EndObject();
+  return true;
 }
 
 bool MemberControls::WriteFault(const BlockDevice* dev, userspace::JsonWriter& w) {

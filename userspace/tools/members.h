@@ -27,6 +27,7 @@
 #include "faultdevices/profile.h"
 #include "platform/block_device.h"
 #include "userspace/fuse/ctl.h"
+#include "userspace/platform/uring_device.h"
 
 namespace CLI {
 class App;
@@ -78,6 +79,8 @@ class Members {
   std::vector<BlockDevice*> Raw() const;
   // Null for a member without --fault.
   faultdev::FaultDevice* fault(size_t i) const { return faults_[i]; }
+  // The io_uring device at the bottom of member `i` (under its fault device, if any).
+  userspace::UringDevice* uring(size_t i) const { return urings_[i]; }
   const std::string& path(size_t i) const { return paths_[i]; }
   const std::string& label(size_t i) const { return labels_[i]; }
   // The member `name` names (label or path), or -1.
@@ -101,6 +104,7 @@ class Members {
 
   std::vector<std::unique_ptr<BlockDevice>> devs_;
   std::vector<faultdev::FaultDevice*> faults_;
+  std::vector<userspace::UringDevice*> urings_;
   std::vector<std::string> paths_, labels_;
   std::vector<bool> shared_;       // on the shared power supply
   std::mutex shared_mu_;           // one shared cut (or power-on) at a time
@@ -114,6 +118,7 @@ class MemberControls final : public fuse::MemberControl {
   explicit MemberControls(Members* members) : members_(members) {}
   std::string Path(const BlockDevice* dev) override;
   bool WriteFault(const BlockDevice* dev, userspace::JsonWriter& w) override;
+  bool WriteIo(const BlockDevice* dev, userspace::JsonWriter& w) override;
   std::string FaultCommand(const std::string& line) override;
 
  private:
