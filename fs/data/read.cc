@@ -203,6 +203,9 @@ void DataPath::Reap(bool writes) {
 }
 
 void DataPath::LeaveFlight(Flight* f, bool settled) {
+  // This thread waits for no more of the flight's copies: what is still out
+  // (a late copy, a hedge's loser) is reaped elsewhere from now on.
+  tfs_plat_io_leave();
   // Every copy's completion taken: each is past its stores, at most a wake
   // and its reference away -- waited for a little (review helper-74:
   // leaving at once counted such a flight abandoned and left it on the reap

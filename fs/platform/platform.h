@@ -77,6 +77,10 @@ void tfs_plat_wake(const u32* word, int count);
 // where the platform has no such thing, a plain tfs_plat_wait). Any
 // tfs_plat_wake of `word` still ends the wait. Callers hold no SpinLock.
 int tfs_plat_wait_io(const u32* word, u32 expected, u64 timeout_ns);
+// The calling thread is done waiting for its kWaited I/O (a flight's end):
+// what is still out is reaped elsewhere from now on (userspace: the ring
+// goes to the janitor). Every flight that submitted kWaited I/O ends with it.
+void tfs_plat_io_leave(void);
 
 // --- time ---------------------------------------------------------------------
 u64 tfs_plat_now_ns(void);  // monotonic clock, nanoseconds

@@ -26,8 +26,8 @@ void WriteMember(void* ctx, u32 member, JsonOut& w) {
     w.Null();
   }
   userspace::JsonWriter io;
-  w.Key("io");
-  if (c->members->WriteIo(dev, io)) {
+  w.Key("uring");  // (not "io": the core's own per-origin counters)
+  if (c->members->WriteUring(dev, io)) {
     w.Raw(io.str());
   } else {
     w.Null();

@@ -45,7 +45,7 @@ class MemberControl {
   // Writes that member's device I/O counters (the io_uring device's, and the
   // daemon's thread rings) as one JSON object; false (nothing written) if
   // unknown.
-  virtual bool WriteIo(const BlockDevice* dev, userspace::JsonWriter& w) = 0;
+  virtual bool WriteUring(const BlockDevice* dev, userspace::JsonWriter& w) = 0;
   // Runs "MEMBER COMMAND ARGS"; returns the one-line reply.
   virtual std::string FaultCommand(const std::string& line) = 0;
 };

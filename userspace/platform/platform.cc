@@ -80,6 +80,8 @@ int tfs_plat_wait_io(const u32* word, u32 expected, u64 timeout_ns) {
   return tfs_plat_wait(word, expected, timeout_ns);
 }
 
+void tfs_plat_io_leave(void) { tfs::userspace::ThreadRingLeave(); }
+
 void tfs_plat_wake(const u32* word, int count) {
   syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, count <= 0 ? INT32_MAX : count, nullptr,
           nullptr, 0);

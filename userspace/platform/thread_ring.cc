@@ -26,7 +26,8 @@
 namespace tfs::userspace {
 namespace {
 
-constexpr uint64_t kWakeTag = ~uint64_t(0);  // user_data of the poll on wake_fd
+// user_data of the poll on wake_fd (not ~0: liburing's own timeout tag)
+constexpr uint64_t kWakeTag = ~uint64_t(0) - 1;
 
 struct Slot {
   RingDoneFn done = nullptr;
@@ -42,7 +43,7 @@ struct Ring {
   std::mutex mu;
   Slot slots[kThreadRingDepth];
   int free_head = 0;
-  unsigned out = 0;            // requests submitted and not reaped
+  std::atomic<unsigned> out{0};  // requests submitted and not reaped (changed under mu)
   bool owner_waiting = false;  // the owner sleeps on the ring or reaps it
   bool in_janitor = false;     // cq_fd is in the janitor's epoll set
   bool poll_armed = false;     // a poll on wake_fd is in the ring
@@ -275,11 +276,14 @@ struct ThreadRingHolder {
   ~ThreadRingHolder() {
     if (ring == nullptr) return;
     // Always the janitor's to free (it may hold an epoll event for it).
-    std::lock_guard<std::mutex> lock(ring->mu);
-    ring->orphaned = true;
-    JanitorWatch(ring, true);
+    Ring* r = ring;
+    ring = nullptr;  // (a later thread-local destructor doing I/O gets no ring)
+    tried = true;
+    std::lock_guard<std::mutex> lock(r->mu);
+    r->orphaned = true;
+    JanitorWatch(r, true);
     uint64_t one = 1;
-    (void)!write(ring->cq_fd, &one, sizeof one);  // (under the lock: the janitor frees it after)
+    (void)!write(r->cq_fd, &one, sizeof one);  // (under the lock: the janitor frees it after)
   }
 };
 thread_local ThreadRingHolder tl_ring;
@@ -358,24 +362,35 @@ bool ThreadRingWait(const uint32_t* word, uint32_t expected, uint64_t timeout_ns
     arm = !r->poll_armed;
     r->poll_armed = true;
   }
+  bool sent = true;
   if (arm) {
     io_uring_sqe* sqe = io_uring_get_sqe(&r->ring);
-    if (sqe == nullptr) {
-      // The SQ filled after failed submits: without the wake poll a wake
-      // from elsewhere would not reach this wait, so a plain one, and the
-      // janitor reaps the ring meanwhile.
-      std::lock_guard<std::mutex> lock(r->mu);
-      r->poll_armed = false;
-      r->owner_waiting = false;
-      JanitorWatch(r, true);
-      return false;
-    } else {
+    if (sqe != nullptr) {
       io_uring_prep_poll_add(sqe, r->wake_fd, POLLIN);
       io_uring_sqe_set_data64(sqe, kWakeTag);
-      // (On its own: an enter that submits returns the count it sent, not
-      // the wait's timeout. Armed once; again only after a wake.)
-      io_uring_submit(&r->ring);
     }
+    sent = sqe != nullptr;
+  }
+  // The poll, and any SQE a failed submit left (the wait below sends
+  // nothing). On its own: an enter that submits returns the count it sent,
+  // not the wait's timeout. The poll is armed once; again after each wake.
+  if (sent && io_uring_sq_ready(&r->ring) > 0) {
+    int s;
+    do {
+      s = io_uring_submit(&r->ring);
+    } while (s == -EINTR || s == -EAGAIN);
+    sent = s >= 0;
+  }
+  if (!sent) {
+    // Without the wake poll a wake from elsewhere would not reach a ring
+    // wait: a plain one, and the janitor reaps the ring meanwhile.
+    std::lock_guard<std::mutex> lock(r->mu);
+    if (arm && io_uring_sq_ready(&r->ring) == 0) r->poll_armed = false;
+    r->owner_waiting = false;
+    uint64_t v;
+    (void)!read(r->cq_fd, &v, sizeof v);
+    JanitorWatch(r, true);
+    return false;
   }
   Register(r, word);
   *rc = 0;
@@ -397,12 +412,30 @@ bool ThreadRingWait(const uint32_t* word, uint32_t expected, uint64_t timeout_ns
   {
     std::lock_guard<std::mutex> lock(r->mu);
     got = TakeCompletions(r, done);
+    // (Not the janitor's yet: the flight waits again, or leaves with
+    // ThreadRingLeave.)
     r->owner_waiting = false;
-    if (r->out > 0) JanitorWatch(r, true);  // what is left: the janitor's while this thread is elsewhere
   }
   g_stats.reaped_by_owner.fetch_add(got, std::memory_order_relaxed);
   RunCompletions(done, got);
   return true;
+}
+
+void ThreadRingLeave() {
+  Ring* r = tl_ring.ring;
+  if (r == nullptr || r->out.load(std::memory_order_relaxed) == 0) return;
+  std::lock_guard<std::mutex> lock(r->mu);
+  if (r->out == 0 || r->in_janitor) return;
+  // The count of completions this thread reaped itself: not the janitor's
+  // to wake for.
+  uint64_t v;
+  (void)!read(r->cq_fd, &v, sizeof v);
+  JanitorWatch(r, true);
+}
+
+bool ThreadRingBusy() {
+  Ring* r = tl_ring.ring;
+  return r != nullptr && r->out.load(std::memory_order_relaxed) != 0;
 }
 
 void ThreadRingWake(const uint32_t* word) {

@@ -13,12 +13,16 @@
 //   waiter registers the word, and the wake writes an eventfd the ring polls
 //   (ThreadRingWake). A request of the flight sent elsewhere (a queue that
 //   dispatched it later from another thread; the shared ring) still wakes it.
-// - Requests left on a ring whose owner is not waiting on it (a late write
-//   copy, a hedge's loser, or an owner that has exited) are reaped at once by
-//   the janitor thread ("tfs-ring-janitor"), woken by an eventfd registered
-//   for the ring's completions: until a completion is reaped its member's
-//   queue counts the request in flight, and a request left unreaped would
-//   make a healthy member look slow or stalled.
+// - Requests left on a ring when its owner leaves the flight
+//   (ThreadRingLeave: a late write copy, a hedge's loser) or exits are reaped
+//   by the janitor thread ("tfs-ring-janitor") as soon as they complete,
+//   woken by an eventfd registered for the ring's completions: until a
+//   completion is reaped its member's queue counts the request in flight,
+//   and a request left unreaped would make a healthy member look slow or
+//   stalled. (A completion is posted by io_uring task work of the owner
+//   thread: while the ring has requests out, the owner does no inline I/O,
+//   which could hold it in an uninterruptible sleep -- UringDevice sends
+//   such I/O on its shared ring instead.)
 // - Two consumers of a ring's completions (owner, janitor) take the ring's
 //   lock to reap; the owner sleeps outside it. A thread that exits hands its
 //   ring to the janitor, which closes it once nothing is left on it.
@@ -62,6 +66,13 @@ void ThreadRingSubmit(io_uring_sqe* sqe, RingDoneFn done, void* owner, IoRequest
 // (0, or -ETIMEDOUT when the time ran out) and returns true. False when the
 // thread has nothing on its ring (the caller does a plain tfs_plat_wait).
 bool ThreadRingWait(const uint32_t* word, uint32_t expected, uint64_t timeout_ns, int* rc);
+// tfs_plat_io_leave's work: the calling thread waits for none of its ring's
+// requests any more; those still out become the janitor's.
+void ThreadRingLeave();
+// True if the calling thread has requests on its ring: it must not sleep
+// uninterruptibly for long (an inline syscall on a device that may stall),
+// or their completions -- io_uring task work of this thread -- wait for it.
+bool ThreadRingBusy();
 // tfs_plat_wake's part: wakes the ring waiters sleeping on `word` (cheap
 // when there are none: a fence and a load).
 void ThreadRingWake(const uint32_t* word);

@@ -37,6 +37,13 @@ void AwaitOrDie(const char* what, F cond) {
   abort();
 }
 
+// Every ring made so far has been handed over and closed (each test's
+// threads have exited; the test's main thread never makes one).
+bool AllRingsClosed() {
+  const ThreadRingStats s = GetThreadRingStats();
+  return s.rings == s.handed_over;
+}
+
 struct Pipe {
   Pipe() { EXPECT_EQ(pipe2(fd, O_CLOEXEC), 0); }
   ~Pipe() {
@@ -122,8 +129,10 @@ TEST(ThreadRingTest, OrphansAreReapedByTheJanitorAndExitedRingsClosed) {
     owner = pthread_self();
     ASSERT_TRUE(r.Send(p.fd[0]));
     uint32_t never = 0;
-    // Leaves the wait at the timeout with the read still out: an orphan.
+    // Leaves the wait at the timeout, and the flight, with the read still
+    // out: an orphan.
     EXPECT_EQ(tfs_plat_wait_io(&never, 0, 1000000), -ETIMEDOUT);
+    tfs_plat_io_leave();
     left_wait = true;
     while (!release.load()) usleep(1000);  // elsewhere, not reaping its ring
   });
@@ -135,7 +144,7 @@ TEST(ThreadRingTest, OrphansAreReapedByTheJanitorAndExitedRingsClosed) {
   EXPECT_GE(GetThreadRingStats().reaped_by_janitor, s0.reaped_by_janitor + 1);
   release = true;
   t.join();
-  AwaitOrDie("the exited thread's ring was closed", [&] { return GetThreadRingStats().handed_over > s0.handed_over; });
+  AwaitOrDie("the exited thread's ring was closed", [] { return AllRingsClosed(); });
 }
 
 // A thread that exits with a request still on its ring: the request still
@@ -154,7 +163,8 @@ TEST(ThreadRingTest, AThreadExitingWithARequestOutHandsItOver) {
   p.Put(8);
   AwaitOrDie("the orphan of an exited thread completed", [&] { return r.finished(); });
   EXPECT_TRUE(r.res.load() == 8 || r.res.load() == -ECANCELED) << r.res.load();
-  AwaitOrDie("its ring was closed", [&] { return GetThreadRingStats().handed_over > s0.handed_over; });
+  AwaitOrDie("its ring was closed", [] { return AllRingsClosed(); });
+  EXPECT_GT(GetThreadRingStats().handed_over, s0.handed_over);
 }
 
 // A ring holds kThreadRingDepth requests; the next GetSqe says no (the device
@@ -300,8 +310,17 @@ TEST(ThreadRingTest, ManyWaitersWithDeadlinesLoseNoCompletion) {
           if (now_word - before >= 2 || now >= deadline) break;
           (void)tfs_plat_wait_io(&words[t], now_word, deadline - now);
         }
+        tfs_plat_io_leave();  // (what is left: the janitor's)
       }
-      // Exits now, maybe with requests still on its ring.
+      // Waits (plainly) for what it left behind before it exits: a request
+      // of an exited thread may come back failed (thread_ring.h), which
+      // AThreadExitingWithARequestOutHandsItOver covers.
+      const uint32_t all = 2 * kRounds;
+      for (;;) {
+        const uint32_t w = __atomic_load_n(&words[t], __ATOMIC_ACQUIRE);
+        if (w == all) break;
+        (void)tfs_plat_wait(&words[t], w, ~0ull);
+      }
     });
   }
   for (auto& th : ts) th.join();
@@ -326,6 +345,35 @@ TEST(ThreadRingTest, ManyWaitersWithDeadlinesLoseNoCompletion) {
   }
   devs[0].reset();  // (waits for anything still out: nothing)
   devs[1].reset();
+  AwaitOrDie("every ring closed", [] { return AllRingsClosed(); });
+}
+
+// While the thread has requests on its ring, its single waited I/O is not
+// done inline (an uninterruptible syscall would hold their completions --
+// its task work -- for as long as it lasts): it goes on the shared ring.
+TEST(ThreadRingTest, NoInlineIoWhileTheThreadsRingHasRequestsOut) {
+  ScratchFile f(1 << 20);
+  auto opened = UringDevice::Open(f.path());
+  ASSERT_TRUE(opened.ok());
+  std::unique_ptr<UringDevice> dev = std::move(opened).value();
+  Pipe p;
+  PipeRead r;
+  std::thread t([&] {
+    std::vector<uint8_t> buf(4096);
+    ASSERT_TRUE(SyncIo(*dev, IoOp::kRead, 0, buf.data(), buf.size(), IoRequest::kInline).ok());
+    EXPECT_EQ(dev->Stats().inline_ios, 1u);
+    ASSERT_TRUE(r.Send(p.fd[0]));
+    EXPECT_TRUE(ThreadRingBusy());
+    ASSERT_TRUE(SyncIo(*dev, IoOp::kRead, 0, buf.data(), buf.size(), IoRequest::kInline).ok());
+    EXPECT_EQ(dev->Stats().inline_ios, 1u);  // (the shared ring's)
+    p.Put(8);
+    r.Await();
+    EXPECT_FALSE(ThreadRingBusy());
+    ASSERT_TRUE(SyncIo(*dev, IoOp::kRead, 0, buf.data(), buf.size(), IoRequest::kInline).ok());
+    EXPECT_EQ(dev->Stats().inline_ios, 2u);
+  });
+  t.join();
+  AwaitOrDie("every ring closed", [] { return AllRingsClosed(); });
 }
 
 }  // namespace

@@ -154,7 +154,10 @@ void UringDevice::Submit(IoRequest* req) {
     if (req->op == IoOp::kWrite) memcpy(bounce, req->buf, req->length);
     req->dev.ptr = bounce;
   }
-  const bool inline_io = may_inline && (req->flags & IoRequest::kInline);
+  // (Not inline while this thread has requests on its own ring: their
+  // completions are its task work, held while it sleeps in a syscall that a
+  // stalling device may make long -- thread_ring.h.)
+  const bool inline_io = may_inline && (req->flags & IoRequest::kInline) && !ThreadRingBusy();
   const bool waited = data_op && !inline_io && (req->flags & IoRequest::kWaited);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -210,8 +213,9 @@ bool UringDevice::TakeResult(IoRequest* req, int res, Status* st) {
     // it exited (a request handed to the kernel's worker pool -- a buffered
     // one, or a direct one that would have blocked -- belongs to its
     // submitter's task); sent again on the shared ring, whose submitters
-    // are the callers and the completion thread, so a second ECANCELED is
-    // not that (io_uring could not start a worker at all) and fails it.
+    // are threads that live as long as the device or wait for what they
+    // send, so a second ECANCELED is not that (io_uring could not start a
+    // worker at all) and fails it.
     // (A retry the kernel runs as task work of an exited submitter fails
     // EFAULT instead: not told apart, it fails the request; the mount's
     // submitting threads live as long as it.)

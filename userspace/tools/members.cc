@@ -224,7 +224,7 @@ std::string MemberControls::Path(const BlockDevice* dev) {
   return i >= 0 ? members_->path(size_t(i)) : "";
 }
 
-bool MemberControls::WriteIo(const BlockDevice* dev, userspace::JsonWriter& w) {
+bool MemberControls::WriteUring(const BlockDevice* dev, userspace::JsonWriter& w) {
   const int i = members_->IndexOf(dev);
   if (i < 0) return false;
   const userspace::UringStats s = members_->uring(size_t(i))->Stats();

@@ -118,7 +118,7 @@ class MemberControls final : public fuse::MemberControl {
   explicit MemberControls(Members* members) : members_(members) {}
   std::string Path(const BlockDevice* dev) override;
   bool WriteFault(const BlockDevice* dev, userspace::JsonWriter& w) override;
-  bool WriteIo(const BlockDevice* dev, userspace::JsonWriter& w) override;
+  bool WriteUring(const BlockDevice* dev, userspace::JsonWriter& w) override;
   std::string FaultCommand(const std::string& line) override;
 
  private:
