@@ -59,7 +59,7 @@ struct Ring {
 
 struct Stats {
   std::atomic<uint64_t> rings{0}, rings_refused{0}, submitted{0}, reaped_by_owner{0},
-      reaped_by_janitor{0}, wakes{0}, full{0}, handed_over{0};
+      reaped_by_janitor{0}, wakes{0}, full{0}, handed_over{0}, unwatched{0};
 };
 Stats g_stats;
 
@@ -144,9 +144,16 @@ void JanitorWatch(Ring* r, bool on) {
   ev.events = EPOLLIN;
   ev.data.ptr = r;
   int rc = epoll_ctl(g_janitor->epfd, on ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, r->cq_fd, &ev);
-  // Neither can fail for a valid eventfd and set (ENOMEM aside): a ring the
-  // janitor cannot watch would keep its orphans unreaped, silently.
-  TFS_BUG_ON(rc != 0);
+  if (rc != 0 && on) {
+    // ENOMEM, or ENOSPC (fs.epoll.max_user_watches): not a crash. The ring
+    // stays its owner's -- its next wait reaps it -- and says so, since
+    // its leftovers now wait for that (g_stats.unwatched).
+    g_stats.unwatched.fetch_add(1, std::memory_order_relaxed);
+    platform::Log(platform::LogLevel::kWarn,
+                  "thread ring: epoll_ctl: %s (its leftovers are reaped at its thread's next wait)", strerror(errno));
+    return;
+  }
+  TFS_BUG_ON(rc != 0);  // (DEL of a watched eventfd: cannot fail)
   r->in_janitor = on;
 }
 
@@ -279,11 +286,30 @@ struct ThreadRingHolder {
     Ring* r = ring;
     ring = nullptr;  // (a later thread-local destructor doing I/O gets no ring)
     tried = true;
-    std::lock_guard<std::mutex> lock(r->mu);
-    r->orphaned = true;
-    JanitorWatch(r, true);
-    uint64_t one = 1;
-    (void)!write(r->cq_fd, &one, sizeof one);  // (under the lock: the janitor frees it after)
+    {
+      std::lock_guard<std::mutex> lock(r->mu);
+      r->orphaned = true;
+      JanitorWatch(r, true);
+      if (r->in_janitor) {
+        uint64_t one = 1;
+        (void)!write(r->cq_fd, &one, sizeof one);  // (under the lock: the janitor frees it after)
+        return;
+      }
+    }
+    // The janitor's epoll refused it (logged): this thread reaps what is
+    // left before it goes, and the ring, empty, is left allocated (only the
+    // janitor frees rings).
+    Reaped done[kThreadRingDepth];
+    while (r->out.load() != 0) {
+      io_uring_cqe* cqe = nullptr;
+      (void)io_uring_wait_cqe(&r->ring, &cqe);
+      unsigned got;
+      {
+        std::lock_guard<std::mutex> lock(r->mu);
+        got = TakeCompletions(r, done);
+      }
+      RunCompletions(done, got);
+    }
   }
 };
 thread_local ThreadRingHolder tl_ring;
@@ -362,14 +388,18 @@ bool ThreadRingWait(const uint32_t* word, uint32_t expected, uint64_t timeout_ns
     arm = !r->poll_armed;
     r->poll_armed = true;
   }
+  // poll_armed: the poll is in the ring, or prepared in its SQ (sent by the
+  // submit below, or failing that by a later one, before any ring sleep).
   bool sent = true;
+  bool no_poll = false;
   if (arm) {
     io_uring_sqe* sqe = io_uring_get_sqe(&r->ring);
     if (sqe != nullptr) {
       io_uring_prep_poll_add(sqe, r->wake_fd, POLLIN);
       io_uring_sqe_set_data64(sqe, kWakeTag);
     }
-    sent = sqe != nullptr;
+    no_poll = sqe == nullptr;
+    sent = !no_poll;
   }
   // The poll, and any SQE a failed submit left (the wait below sends
   // nothing). On its own: an enter that submits returns the count it sent,
@@ -385,7 +415,7 @@ bool ThreadRingWait(const uint32_t* word, uint32_t expected, uint64_t timeout_ns
     // Without the wake poll a wake from elsewhere would not reach a ring
     // wait: a plain one, and the janitor reaps the ring meanwhile.
     std::lock_guard<std::mutex> lock(r->mu);
-    if (arm && io_uring_sq_ready(&r->ring) == 0) r->poll_armed = false;
+    if (no_poll) r->poll_armed = false;
     r->owner_waiting = false;
     uint64_t v;
     (void)!read(r->cq_fd, &v, sizeof v);
@@ -462,6 +492,7 @@ ThreadRingStats GetThreadRingStats() {
   s.wakes = g_stats.wakes.load(std::memory_order_relaxed);
   s.full = g_stats.full.load(std::memory_order_relaxed);
   s.handed_over = g_stats.handed_over.load(std::memory_order_relaxed);
+  s.unwatched = g_stats.unwatched.load(std::memory_order_relaxed);
   for (Bucket& b : g_buckets) s.waiting += b.n.load(std::memory_order_relaxed);
   return s;
 }

@@ -87,6 +87,7 @@ struct ThreadRingStats {
   uint64_t wakes = 0;           // ring waiters woken through their eventfd by a wake
   uint64_t full = 0;            // GetSqe refused: the ring held kThreadRingDepth requests
   uint64_t handed_over = 0;     // rings of exited threads closed by the janitor
+  uint64_t unwatched = 0;       // hand-overs the janitor's epoll refused (left to the owner)
   uint64_t waiting = 0;         // gauge: threads registered as ring waiters now
 };
 ThreadRingStats GetThreadRingStats();

@@ -252,6 +252,7 @@ bool MemberControls::WriteUring(const BlockDevice* dev, userspace::JsonWriter& w
   w.UintField("wakes", t.wakes);
   w.UintField("full", t.full);
   w.UintField("handed_over", t.handed_over);
+  w.UintField("unwatched", t.unwatched);
   w.EndObject();
   w.EndObject();
   return true;
