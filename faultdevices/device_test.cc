@@ -517,7 +517,7 @@ class FlagLog final : public tfs::BlockDevice {
 };
 
 // An op that waited for one of the profile's slots is admitted by whatever
-// thread finished the op before it (here the delay's timer): the promises of
+// thread finished the op before it (here the one that ends the stall): the promises of
 // kInline and kWaited -- "the submitter waits in this very thread" -- do not
 // hold there, and must not reach the backing device (a blocking syscall in
 // the timer's thread; a request on a ring nobody reaps).
@@ -525,7 +525,7 @@ TEST(FaultDeviceTest, OpsAdmittedLaterDropTheSubmitterThreadHints) {
   auto log = std::make_unique<FlagLog>();
   FlagLog* seen = log.get();
   std::string error;
-  auto dev = FaultDevice::Open(MustParse("[delay]\nall_ms = 5\n[queue]\nmax_in_flight = 1\n"), std::move(log), &error);
+  auto dev = FaultDevice::Open(MustParse("[queue]\nmax_in_flight = 1\n"), std::move(log), &error);
   ASSERT_TRUE(dev != nullptr) << error;
   struct Req {
     tfs::IoRequest req;
@@ -543,15 +543,17 @@ TEST(FaultDeviceTest, OpsAdmittedLaterDropTheSubmitterThreadHints) {
   }
   auto fa = a.done.get_future();
   auto fb = b.done.get_future();
+  dev->StallFor(3600'000'000'000u);  // (`a` cannot finish before `b` queues, however slow this thread)
   dev->Submit(&a.req);  // admitted at once, in this thread
   dev->Submit(&b.req);  // waits for the slot: admitted when `a` finishes
+  ASSERT_EQ(dev->Stats().slot_waits, 1u);
+  dev->Unstall();
   EXPECT_TRUE(fa.get().ok());
   EXPECT_TRUE(fb.get().ok());
   const std::vector<uint8_t> f = seen->flags();
   ASSERT_EQ(f.size(), 2u);
   EXPECT_EQ(f[0], tfs::IoRequest::kInline | tfs::IoRequest::kWaited);
   EXPECT_EQ(f[1], 0u);
-  EXPECT_EQ(dev->Stats().slot_waits, 1u);
 }
 
 // Connects to a unix socket and stays silent; returns the fd (-1 on failure).

@@ -59,7 +59,12 @@ class GateDevice final : public BlockDevice {
       closed_ = false;
       go.swap(parked_);
     }
-    for (IoRequest* r : go) inner_->Submit(r);
+    for (IoRequest* r : go) {
+      // Sent from this thread, not the submitter's: not inline, not its ring
+      // (platform/block_device.h, kWaited).
+      r->flags &= u8(~(IoRequest::kInline | IoRequest::kWaited));
+      inner_->Submit(r);
+    }
   }
   void Fail(bool on) {
     std::lock_guard<std::mutex> l(mu_);

@@ -76,7 +76,8 @@ struct IoRequest {
   // deadline (a flight's copy). A device may give it to that thread's own
   // completion context (userspace: the thread's ring), where the waiter
   // reaps it: `done` then runs in that thread inside tfs_plat_wait_io (or
-  // in another thread). Never done inside Submit(). A hint; devices may
+  // in another thread). Never reaped inside Submit() (a request the device
+  // refuses -- bad input, no memory -- still completes there). A hint; devices may
   // ignore it. A wrapper device that forwards a request later, from another
   // thread than the submitter's, must clear kInline and kWaited in what it
   // forwards (the thread that would then do or own the I/O is not waiting).

@@ -543,8 +543,9 @@ def test_replicated_writes_go_on_the_writers_own_rings(tmp_path: Path) -> None:
         for d in devs:
             assert "io" in d and "queued" in d, d  # (the core's keys, beside the front end's)
             io = d["uring"]
-            assert io["waited_ios"] + io["waited_shared"] > 0, d
-            assert io["completed"] <= io["submitted"], d
+            # (One writer, queues far from full: every copy is dispatched
+            # in the writing thread, onto its ring.)
+            assert io["waited_ios"] > 0, d
         rings = devs[0]["uring"]["thread_rings"]
         assert rings["rings"] >= 1 and rings["rings_refused"] == 0, rings
         assert rings["submitted"] >= sum(d["uring"]["waited_ios"] for d in devs), rings

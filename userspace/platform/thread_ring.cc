@@ -157,6 +157,20 @@ void JanitorWatch(Ring* r, bool on) {
   r->in_janitor = on;
 }
 
+// Hands `r` (requests out, its owner not waiting) to the janitor: its
+// completion eventfd emptied of the counts of completions the owner reaped
+// itself, then re-signalled if a completion is already posted and not yet
+// reaped (its signal went with the emptying). Caller holds r->mu.
+void HandToJanitor(Ring* r) {
+  uint64_t v;
+  (void)!read(r->cq_fd, &v, sizeof v);
+  JanitorWatch(r, true);
+  if (io_uring_cq_ready(&r->ring) != 0) {
+    uint64_t one = 1;
+    (void)!write(r->cq_fd, &one, sizeof one);
+  }
+}
+
 // Takes what completed off `r` (caller holds r->mu) into `out`; returns how many.
 struct Reaped {
   Slot slot;
@@ -249,6 +263,12 @@ Ring* NewRing() {
   p.flags = IORING_SETUP_CQSIZE;
   p.cq_entries = 2 * kThreadRingDepth;
   int rc = io_uring_queue_init_params(kThreadRingDepth, &r->ring, &p);
+  if (rc == 0 && !(p.features & IORING_FEAT_EXT_ARG)) {
+    // (Before 5.11 a timed wait is a timeout SQE of liburing's own, whose
+    // completion would land among the slots': no thread rings there.)
+    io_uring_queue_exit(&r->ring);
+    rc = -EOPNOTSUPP;
+  }
   if (rc < 0) {
     platform::Log(platform::LogLevel::kWarn, "thread ring: io_uring setup: %s (this thread's flights use the shared rings)",
                   strerror(-rc));
@@ -301,8 +321,7 @@ struct ThreadRingHolder {
     // janitor frees rings).
     Reaped done[kThreadRingDepth];
     while (r->out.load() != 0) {
-      io_uring_cqe* cqe = nullptr;
-      (void)io_uring_wait_cqe(&r->ring, &cqe);
+      (void)io_uring_submit_and_wait(&r->ring, 1);  // (sends what a failed submit left)
       unsigned got;
       {
         std::lock_guard<std::mutex> lock(r->mu);
@@ -367,11 +386,12 @@ void ThreadRingSubmit(io_uring_sqe* sqe, RingDoneFn done, void* owner, IoRequest
   r->slots[s].req = req;
   io_uring_sqe_set_data64(sqe, uint64_t(s));
   int rc;
+  int tries = 0;
   do {
     rc = io_uring_submit(&r->ring);
-  } while (rc == -EINTR || rc == -EAGAIN || rc == -EBUSY);
-  // Any other failure leaves the SQE in the ring; the next submit (the
-  // owner's wait) sends it.
+  } while ((rc == -EINTR || rc == -EAGAIN || rc == -EBUSY) && ++tries < 100);
+  // A failure leaves the SQE in the ring; the owner's next wait sends it
+  // before it sleeps (or falls back to short plain waits until it can).
   if (rc < 0) platform::Log(platform::LogLevel::kWarn, "thread ring: io_uring_submit: %s", strerror(-rc));
   g_stats.submitted.fetch_add(1, std::memory_order_relaxed);
 }
@@ -413,14 +433,19 @@ bool ThreadRingWait(const uint32_t* word, uint32_t expected, uint64_t timeout_ns
   }
   if (!sent) {
     // Without the wake poll a wake from elsewhere would not reach a ring
-    // wait: a plain one, and the janitor reaps the ring meanwhile.
-    std::lock_guard<std::mutex> lock(r->mu);
-    if (no_poll) r->poll_armed = false;
-    r->owner_waiting = false;
-    uint64_t v;
-    (void)!read(r->cq_fd, &v, sizeof v);
-    JanitorWatch(r, true);
-    return false;
+    // wait: a plain one, the janitor reaping the ring meanwhile -- and short
+    // (1 ms), so that the caller comes back and the submit of what the SQ
+    // still holds (maybe this flight's own copies) is tried again.
+    {
+      std::lock_guard<std::mutex> lock(r->mu);
+      if (no_poll) r->poll_armed = false;
+      r->owner_waiting = false;
+      HandToJanitor(r);
+    }
+    const uint64_t kRetryNs = 1000000;
+    const int w = tfs_plat_wait(word, expected, timeout_ns < kRetryNs ? timeout_ns : kRetryNs);
+    *rc = w == -ETIMEDOUT && timeout_ns <= kRetryNs ? -ETIMEDOUT : 0;
+    return true;
   }
   Register(r, word);
   *rc = 0;
@@ -456,11 +481,14 @@ void ThreadRingLeave() {
   if (r == nullptr || r->out.load(std::memory_order_relaxed) == 0) return;
   std::lock_guard<std::mutex> lock(r->mu);
   if (r->out == 0 || r->in_janitor) return;
-  // The count of completions this thread reaped itself: not the janitor's
-  // to wake for.
-  uint64_t v;
-  (void)!read(r->cq_fd, &v, sizeof v);
-  JanitorWatch(r, true);
+  HandToJanitor(r);
+}
+
+unsigned ThreadRingPosted() {
+  Ring* r = tl_ring.ring;
+  if (r == nullptr) return 0;
+  std::lock_guard<std::mutex> lock(r->mu);
+  return io_uring_cq_ready(&r->ring);
 }
 
 bool ThreadRingBusy() {

@@ -15,7 +15,9 @@
 //   dispatched it later from another thread; the shared ring) still wakes it.
 // - Requests left on a ring when its owner leaves the flight
 //   (ThreadRingLeave: a late write copy, a hedge's loser) or exits are reaped
-//   by the janitor thread ("tfs-ring-janitor") as soon as they complete,
+//   by the janitor thread ("tfs-ring-janitor") as soon as they complete
+//   (unless the janitor's epoll refuses the ring: `unwatched`, logged; then
+//   at the owner's next wait),
 //   woken by an eventfd registered for the ring's completions: until a
 //   completion is reaped its member's queue counts the request in flight,
 //   and a request left unreaped would make a healthy member look slow or
@@ -48,7 +50,8 @@ using RingDoneFn = void (*)(void* owner, IoRequest* req, int res);
 inline constexpr unsigned kThreadRingDepth = 64;
 
 // An SQE of the calling thread's ring for one request, or null: no ring for
-// this thread (setup refused), or kThreadRingDepth requests already on it.
+// this thread (setup refused, or ThreadRingNever), kThreadRingDepth
+// requests already on it, or its SQ full of SQEs failed submits left.
 // Every non-null SQE must be passed to ThreadRingSubmit before the next call.
 io_uring_sqe* ThreadRingGetSqe();
 // Marks the calling thread as one that never waits for its own I/O (a
@@ -63,8 +66,11 @@ void ThreadRingSubmit(io_uring_sqe* sqe, RingDoneFn done, void* owner, IoRequest
 // tfs_plat_wait_io's work: if the calling thread has requests on its ring,
 // sleeps on the ring while *word == expected (at most `timeout_ns`, ~0 =
 // forever), reaps what completed and runs their completions here, sets *rc
-// (0, or -ETIMEDOUT when the time ran out) and returns true. False when the
-// thread has nothing on its ring (the caller does a plain tfs_plat_wait).
+// (0, or -ETIMEDOUT when the time ran out) and returns true. (If it cannot
+// send what its SQ holds or arm its wake poll, it hands the ring to the
+// janitor and does a plain wait of at most 1 ms instead: the caller comes
+// back and it tries again.) False when the thread has nothing on its ring
+// (the caller does a plain tfs_plat_wait).
 bool ThreadRingWait(const uint32_t* word, uint32_t expected, uint64_t timeout_ns, int* rc);
 // tfs_plat_io_leave's work: the calling thread waits for none of its ring's
 // requests any more; those still out become the janitor's.
@@ -73,6 +79,8 @@ void ThreadRingLeave();
 // uninterruptibly for long (an inline syscall on a device that may stall),
 // or their completions -- io_uring task work of this thread -- wait for it.
 bool ThreadRingBusy();
+// Completions posted on the calling thread's ring and not reaped yet (tests).
+unsigned ThreadRingPosted();
 // tfs_plat_wake's part: wakes the ring waiters sleeping on `word` (cheap
 // when there are none: a fence and a load).
 void ThreadRingWake(const uint32_t* word);

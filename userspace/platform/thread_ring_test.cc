@@ -147,6 +147,29 @@ TEST(ThreadRingTest, OrphansAreReapedByTheJanitorAndExitedRingsClosed) {
   AwaitOrDie("the exited thread's ring was closed", [] { return AllRingsClosed(); });
 }
 
+// A flight that ends with a completion already posted on its ring but not
+// reaped: the janitor still takes it (emptying the completion eventfd at the
+// hand-over had thrown its signal away: review helper-85).
+TEST(ThreadRingTest, ALeftoverPostedBeforeTheFlightEndsIsReaped) {
+  Pipe p;
+  PipeRead r;
+  std::atomic<bool> release{false};
+  std::thread t([&] {
+    ASSERT_TRUE(r.Send(p.fd[0]));
+    p.Put(8);
+    // Posted (by this thread's task work, run on its next return from the
+    // kernel) and not reaped: this thread never waits on its ring here.
+    AwaitOrDie("the completion was posted", [] { return ThreadRingPosted() == 1; });
+    tfs_plat_io_leave();
+    while (!release.load()) usleep(1000);  // elsewhere
+  });
+  AwaitOrDie("the janitor reaped the posted leftover", [&] { return r.finished(); });
+  EXPECT_EQ(r.res.load(), 8);
+  release = true;
+  t.join();
+  AwaitOrDie("every ring closed", [] { return AllRingsClosed(); });
+}
+
 // A thread that exits with a request still on its ring: the request still
 // completes (its data, or ECANCELED when the kernel cancelled it with the
 // task), reaped by the janitor, which then closes the ring.
@@ -316,11 +339,7 @@ TEST(ThreadRingTest, ManyWaitersWithDeadlinesLoseNoCompletion) {
       // of an exited thread may come back failed (thread_ring.h), which
       // AThreadExitingWithARequestOutHandsItOver covers.
       const uint32_t all = 2 * kRounds;
-      for (;;) {
-        const uint32_t w = __atomic_load_n(&words[t], __ATOMIC_ACQUIRE);
-        if (w == all) break;
-        (void)tfs_plat_wait(&words[t], w, ~0ull);
-      }
+      AwaitOrDie("a thread's leftovers completed", [&] { return __atomic_load_n(&words[t], __ATOMIC_ACQUIRE) == all; });
     });
   }
   for (auto& th : ts) th.join();

@@ -175,9 +175,12 @@ void UringDevice::Submit(IoRequest* req) {
     // thread is woken for it (thread_ring.h).
     if (io_uring_sqe* sqe = ThreadRingGetSqe()) {
       PrepIo(sqe, req);
+      {
+        // (Counted first: once sent, its completion may be reaped at once.)
+        std::lock_guard<std::mutex> lock(mu_);
+        stats_.waited_ios++;
+      }
       ThreadRingSubmit(sqe, RingDone, this, req);
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.waited_ios++;
       return;
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -217,8 +220,10 @@ bool UringDevice::TakeResult(IoRequest* req, int res, Status* st) {
     // send, so a second ECANCELED is not that (io_uring could not start a
     // worker at all) and fails it.
     // (A retry the kernel runs as task work of an exited submitter fails
-    // EFAULT instead: not told apart, it fails the request; the mount's
-    // submitting threads live as long as it.)
+    // EFAULT instead: not told apart, it fails the request. Rare: it needs
+    // a thread that exits with a request out whose first try the kernel
+    // retries; the FUSE daemon's workers wait for their flights' copies
+    // or leave them only when their member is stalling.)
     if (res == -ECANCELED) req->dev.u1 = 1;
     stats_.resubmits++;
     return false;
