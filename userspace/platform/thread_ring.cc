@@ -29,6 +29,17 @@ namespace {
 // user_data of the poll on wake_fd (not ~0: liburing's own timeout tag)
 constexpr uint64_t kWakeTag = ~uint64_t(0) - 1;
 
+// The rings' eventfds are nonblocking: a read empties the count (or finds
+// none), a write adds one.
+void DrainEventfd(int fd) {
+  uint64_t v;
+  (void)!read(fd, &v, sizeof v);
+}
+void SignalEventfd(int fd) {
+  uint64_t one = 1;
+  (void)!write(fd, &one, sizeof one);
+}
+
 struct Slot {
   RingDoneFn done = nullptr;
   void* owner = nullptr;
@@ -57,11 +68,10 @@ struct Ring {
   Ring* all_next = nullptr;
 };
 
-struct Stats {
-  std::atomic<uint64_t> rings{0}, rings_refused{0}, submitted{0}, reaped_by_owner{0},
-      reaped_by_janitor{0}, wakes{0}, full{0}, handed_over{0}, unwatched{0};
+struct LiveStats {
+  TFS_COUNTER_ATOMICS(TFS_THREAD_RING_COUNTERS)
 };
-Stats g_stats;
+LiveStats g_stats;
 
 std::mutex g_all_mu;
 Ring* g_all = nullptr;
@@ -148,7 +158,7 @@ void JanitorWatch(Ring* r, bool on) {
     // ENOMEM, or ENOSPC (fs.epoll.max_user_watches): not a crash. The ring
     // stays its owner's -- its next wait reaps it -- and says so, since
     // its leftovers now wait for that (g_stats.unwatched).
-    g_stats.unwatched.fetch_add(1, std::memory_order_relaxed);
+    Bump(g_stats.unwatched);
     platform::Log(platform::LogLevel::kWarn,
                   "thread ring: epoll_ctl: %s (its leftovers are reaped at its thread's next wait)", strerror(errno));
     return;
@@ -162,13 +172,18 @@ void JanitorWatch(Ring* r, bool on) {
 // itself, then re-signalled if a completion is already posted and not yet
 // reaped (its signal went with the emptying). Caller holds r->mu.
 void HandToJanitor(Ring* r) {
-  uint64_t v;
-  (void)!read(r->cq_fd, &v, sizeof v);
+  DrainEventfd(r->cq_fd);
   JanitorWatch(r, true);
-  if (io_uring_cq_ready(&r->ring) != 0) {
-    uint64_t one = 1;
-    (void)!write(r->cq_fd, &one, sizeof one);
-  }
+  if (io_uring_cq_ready(&r->ring) != 0) SignalEventfd(r->cq_fd);
+}
+
+// Puts slot `i` back on the free list: its request is no longer on the ring.
+// Caller holds r->mu.
+void FreeSlot(Ring* r, int i) {
+  r->slots[i] = Slot{};
+  r->slots[i].next_free = r->free_head;
+  r->free_head = i;
+  r->out--;
 }
 
 // Takes what completed off `r` (caller holds r->mu) into `out`; returns how many.
@@ -185,20 +200,15 @@ unsigned TakeCompletions(Ring* r, Reaped* out) {
     seen++;
     uint64_t tag = io_uring_cqe_get_data64(cqe);
     if (tag == kWakeTag) {
-      uint64_t v;
-      (void)!read(r->wake_fd, &v, sizeof v);  // (nonblocking: drains the wakes)
+      DrainEventfd(r->wake_fd);
       r->poll_armed = false;
       continue;
     }
     TFS_BUG_ON(tag >= kThreadRingDepth);
-    Slot& s = r->slots[tag];
-    out[n].slot = s;
+    out[n].slot = r->slots[tag];
     out[n].res = cqe->res;
     n++;
-    s = Slot{};
-    s.next_free = r->free_head;
-    r->free_head = int(tag);
-    r->out--;
+    FreeSlot(r, int(tag));
   }
   io_uring_cq_advance(&r->ring, seen);
   return n;
@@ -232,8 +242,7 @@ void JanitorLoop(Janitor* j) {
     }
     for (int i = 0; i < n; i++) {
       auto* r = static_cast<Ring*>(evs[i].data.ptr);
-      uint64_t v;
-      (void)!read(r->cq_fd, &v, sizeof v);  // (nonblocking: resets the count)
+      DrainEventfd(r->cq_fd);
       unsigned got = 0;
       bool free_it = false;
       {
@@ -245,10 +254,10 @@ void JanitorLoop(Janitor* j) {
           free_it = r->orphaned;
         }
       }
-      g_stats.reaped_by_janitor.fetch_add(got, std::memory_order_relaxed);
+      Bump(g_stats.reaped_by_janitor, got);
       RunCompletions(done, got);
       if (free_it) {
-        g_stats.handed_over.fetch_add(1, std::memory_order_relaxed);
+        Bump(g_stats.handed_over);
         FreeRing(r);
       }
     }
@@ -311,8 +320,7 @@ struct ThreadRingHolder {
       r->orphaned = true;
       JanitorWatch(r, true);
       if (r->in_janitor) {
-        uint64_t one = 1;
-        (void)!write(r->cq_fd, &one, sizeof one);  // (under the lock: the janitor frees it after)
+        SignalEventfd(r->cq_fd);  // (under the lock: the janitor frees it after)
         return;
       }
     }
@@ -337,7 +345,7 @@ Ring* MyRing(bool create) {
   if (tl_ring.ring == nullptr && create && !tl_ring.tried) {
     tl_ring.tried = true;
     tl_ring.ring = NewRing();
-    (tl_ring.ring != nullptr ? g_stats.rings : g_stats.rings_refused).fetch_add(1, std::memory_order_relaxed);
+    Bump(tl_ring.ring != nullptr ? g_stats.rings : g_stats.rings_refused);
   }
   return tl_ring.ring;
 }
@@ -353,7 +361,7 @@ io_uring_sqe* ThreadRingGetSqe() {
   {
     std::lock_guard<std::mutex> lock(r->mu);
     if (r->free_head < 0) {
-      g_stats.full.fetch_add(1, std::memory_order_relaxed);
+      Bump(g_stats.full);
       return nullptr;
     }
     r->pending_slot = r->free_head;
@@ -365,11 +373,9 @@ io_uring_sqe* ThreadRingGetSqe() {
     // Every SQE is sent at once, so the SQ (kThreadRingDepth) fills only
     // after failed submits: the shared ring then.
     std::lock_guard<std::mutex> lock(r->mu);
-    r->slots[r->pending_slot].next_free = r->free_head;
-    r->free_head = r->pending_slot;
+    FreeSlot(r, r->pending_slot);
     r->pending_slot = -1;
-    r->out--;
-    g_stats.full.fetch_add(1, std::memory_order_relaxed);
+    Bump(g_stats.full);
   }
   return sqe;
 }
@@ -393,7 +399,7 @@ void ThreadRingSubmit(io_uring_sqe* sqe, RingDoneFn done, void* owner, IoRequest
   // A failure leaves the SQE in the ring; the owner's next wait sends it
   // before it sleeps (or falls back to short plain waits until it can).
   if (rc < 0) platform::Log(platform::LogLevel::kWarn, "thread ring: io_uring_submit: %s", strerror(-rc));
-  g_stats.submitted.fetch_add(1, std::memory_order_relaxed);
+  Bump(g_stats.submitted);
 }
 
 bool ThreadRingWait(const uint32_t* word, uint32_t expected, uint64_t timeout_ns, int* rc) {
@@ -471,7 +477,7 @@ bool ThreadRingWait(const uint32_t* word, uint32_t expected, uint64_t timeout_ns
     // ThreadRingLeave.)
     r->owner_waiting = false;
   }
-  g_stats.reaped_by_owner.fetch_add(got, std::memory_order_relaxed);
+  Bump(g_stats.reaped_by_owner, got);
   RunCompletions(done, got);
   return true;
 }
@@ -504,23 +510,14 @@ void ThreadRingWake(const uint32_t* word) {
   std::lock_guard<std::mutex> lock(b.mu);
   for (Ring* r = b.head; r != nullptr; r = r->bucket_next) {
     if (r->waiting_word != word) continue;
-    uint64_t one = 1;
-    (void)!write(r->wake_fd, &one, sizeof one);
-    g_stats.wakes.fetch_add(1, std::memory_order_relaxed);
+    SignalEventfd(r->wake_fd);
+    Bump(g_stats.wakes);
   }
 }
 
 ThreadRingStats GetThreadRingStats() {
   ThreadRingStats s;
-  s.rings = g_stats.rings.load(std::memory_order_relaxed);
-  s.rings_refused = g_stats.rings_refused.load(std::memory_order_relaxed);
-  s.submitted = g_stats.submitted.load(std::memory_order_relaxed);
-  s.reaped_by_owner = g_stats.reaped_by_owner.load(std::memory_order_relaxed);
-  s.reaped_by_janitor = g_stats.reaped_by_janitor.load(std::memory_order_relaxed);
-  s.wakes = g_stats.wakes.load(std::memory_order_relaxed);
-  s.full = g_stats.full.load(std::memory_order_relaxed);
-  s.handed_over = g_stats.handed_over.load(std::memory_order_relaxed);
-  s.unwatched = g_stats.unwatched.load(std::memory_order_relaxed);
+  TFS_COUNTER_LOAD(TFS_THREAD_RING_COUNTERS, g_stats, s);
   for (Bucket& b : g_buckets) s.waiting += b.n.load(std::memory_order_relaxed);
   return s;
 }

@@ -39,6 +39,7 @@
 #include <cstdint>
 
 #include "platform/block_device.h"
+#include "util/counters.h"
 
 namespace tfs::userspace {
 
@@ -85,18 +86,22 @@ unsigned ThreadRingPosted();
 // when there are none: a fence and a load).
 void ThreadRingWake(const uint32_t* word);
 
-// Process-wide counters (tests, `UringDevice::Stats`'s neighbours).
+// Process-wide counters (tests, tierfs ctl's devices[].uring.thread_rings;
+// util/counters.h).
+#define TFS_THREAD_RING_COUNTERS(X, A)                                                       \
+  X(rings, counter, "rings created (one per thread that used one)")                          \
+  X(rings_refused, counter, "threads whose io_uring setup failed (shared ring used)")        \
+  X(submitted, counter, "requests sent on thread rings")                                     \
+  X(reaped_by_owner, counter, "completions reaped by the ring's own thread")                 \
+  X(reaped_by_janitor, counter, "completions reaped by the janitor")                         \
+  X(wakes, counter, "ring waiters woken through their eventfd by a wake")                    \
+  X(full, counter, "GetSqe refused: the ring held kThreadRingDepth requests, or its SQ was full") \
+  X(handed_over, counter, "rings of exited threads closed by the janitor")                   \
+  X(unwatched, counter, "hand-overs the janitor's epoll refused (left to the owner)")         \
+  X(waiting, level, "threads registered as ring waiters now")
+
 struct ThreadRingStats {
-  uint64_t rings = 0;           // rings created (one per thread that used one)
-  uint64_t rings_refused = 0;   // threads whose io_uring setup failed (shared ring used)
-  uint64_t submitted = 0;       // requests sent on thread rings
-  uint64_t reaped_by_owner = 0; // completions reaped by the ring's own thread
-  uint64_t reaped_by_janitor = 0;  // completions reaped by the janitor
-  uint64_t wakes = 0;           // ring waiters woken through their eventfd by a wake
-  uint64_t full = 0;            // GetSqe refused: the ring held kThreadRingDepth requests
-  uint64_t handed_over = 0;     // rings of exited threads closed by the janitor
-  uint64_t unwatched = 0;       // hand-overs the janitor's epoll refused (left to the owner)
-  uint64_t waiting = 0;         // gauge: threads registered as ring waiters now
+  TFS_COUNTER_FIELDS(TFS_THREAD_RING_COUNTERS)
 };
 ThreadRingStats GetThreadRingStats();
 

@@ -35,6 +35,7 @@
 #include <thread>
 
 #include "platform/block_device.h"
+#include "util/counters.h"
 
 namespace tfs::userspace {
 
@@ -44,16 +45,20 @@ struct UringOptions {
   unsigned queue_depth = 64;  // requests in flight in the ring
 };
 
+// The device's counters (kept under its lock; util/counters.h).
+#define TFS_URING_COUNTERS(X, A)                                                                 \
+  X(submitted, counter, "requests accepted by Submit()")                                         \
+  X(completed, counter, "callbacks called (counted just before each call)")                      \
+  X(errors, counter, "callbacks called with an error")                                           \
+  X(bounced, counter, "requests that needed an aligned bounce buffer")                           \
+  X(resubmits, counter, "short transfers continued; transient failures (EAGAIN, EINTR, ECANCELED) sent again") \
+  X(queued_max, level, "deepest FIFO seen outside the ring")                                     \
+  X(inline_ios, counter, "kInline requests done in the submitter's thread")                      \
+  X(waited_ios, counter, "kWaited requests sent on the submitter's own ring (thread_ring.h)")     \
+  X(waited_shared, counter, "kWaited requests sent on the shared ring (no thread ring, or it was full)")
+
 struct UringStats {
-  uint64_t submitted = 0;   // requests accepted by Submit()
-  uint64_t completed = 0;   // callbacks called (counted just before each call)
-  uint64_t errors = 0;      // callbacks called with an error
-  uint64_t bounced = 0;     // requests that needed an aligned bounce buffer
-  uint64_t resubmits = 0;   // short transfers continued; transient failures (EAGAIN, EINTR, ECANCELED) sent again
-  uint64_t queued_max = 0;  // deepest FIFO seen outside the ring
-  uint64_t inline_ios = 0;  // kInline requests done in the submitter's thread
-  uint64_t waited_ios = 0;  // kWaited requests sent on the submitter's own ring (thread_ring.h)
-  uint64_t waited_shared = 0;  // kWaited requests sent on the shared ring (no thread ring, or it was full)
+  TFS_COUNTER_FIELDS(TFS_URING_COUNTERS)
 };
 
 class UringDevice final : public BlockDevice {

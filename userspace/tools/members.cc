@@ -231,28 +231,12 @@ bool MemberControls::WriteUring(const BlockDevice* dev, userspace::JsonWriter& w
   const userspace::ThreadRingStats t = userspace::GetThreadRingStats();
   w.BeginObject();
   w.BoolField("direct", members_->uring(size_t(i))->direct());
-  w.UintField("submitted", s.submitted);
-  w.UintField("completed", s.completed);
-  w.UintField("errors", s.errors);
-  w.UintField("bounced", s.bounced);
-  w.UintField("resubmits", s.resubmits);
-  w.UintField("queued_max", s.queued_max);
-  w.UintField("inline_ios", s.inline_ios);
-  w.UintField("waited_ios", s.waited_ios);
-  w.UintField("waited_shared", s.waited_shared);
+  TFS_COUNTER_JSON(TFS_URING_COUNTERS, w, s);
   // The daemon's thread rings (all members together: a ring serves every
   // member its thread waits on; docs/design/copies.md, "Step 7b").
   w.Key("thread_rings");
   w.BeginObject();
-  w.UintField("rings", t.rings);
-  w.UintField("rings_refused", t.rings_refused);
-  w.UintField("submitted", t.submitted);
-  w.UintField("reaped_by_owner", t.reaped_by_owner);
-  w.UintField("reaped_by_janitor", t.reaped_by_janitor);
-  w.UintField("wakes", t.wakes);
-  w.UintField("full", t.full);
-  w.UintField("handed_over", t.handed_over);
-  w.UintField("unwatched", t.unwatched);
+  TFS_COUNTER_JSON(TFS_THREAD_RING_COUNTERS, w, t);
   w.EndObject();
   w.EndObject();
   return true;
