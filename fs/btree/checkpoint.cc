@@ -22,6 +22,7 @@
 #include "btree/internal.h"
 
 #include "dev/io_queue.h"
+#include "util/bits.h"
 #include "util/sort.h"
 
 namespace tfs::btree {
@@ -123,14 +124,8 @@ Status ReadRoots(dev::DeviceSet& devs, const sb::Superblock& sb, Roots* out, Dia
 
 namespace {
 
-// Writes the roots block to every member holding btree nodes that is not
-// missing or failed. At format every member must take it; a checkpoint's
-// (`tolerant`) goes on when a member's write fails with a device error --
-// the member is marked failed (5c-3) and the next roots blocks say it is
-// stale -- as long as one member took it.
-Status WriteRootsBlock(dev::DeviceSet& devs, const sb::Superblock& sb, const Roots& roots, bool tolerant) {
-  auto* r = static_cast<RootsFormat*>(platform::Alloc(kRootsSlotSize, 4096, true));
-  if (r == nullptr) return Err::kNoMemory;
+// The roots block's bytes for `roots` (a kRootsSlotSize buffer, zeroed).
+void FillRootsBlock(RootsFormat* r, const sb::Superblock& sb, const Roots& roots) {
   r->magic.set(kRootsMagic);
   r->version.set(kRootsVersion);
   r->nroots.set(kNrBtreeIds);
@@ -146,29 +141,25 @@ Status WriteRootsBlock(dev::DeviceSet& devs, const sb::Superblock& sb, const Roo
   r->degraded_nodes.set(roots.degraded_nodes);
   MemCopy(r->roots, roots.roots, sizeof(r->roots));
   r->csum.set(platform::Crc32cSkippingField(r, kRootsSlotSize, __builtin_offsetof(RootsFormat, csum)));
-  const u64 off = kRootsOffset + (roots.gen & 1) * kRootsSlotSize;
-  Status first;
-  u32 taken = 0, unmarked = 0;
-  for (u32 m = 0; m < sb.nr_members; m++) {
-    // (A degraded mount's missing member, and one failed while mounted, is
-    // behind from now on: when it returns, ReadRoots marks it stale.)
+}
+
+u64 RootsSlotOffset(u64 gen) { return kRootsOffset + (gen & 1) * kRootsSlotSize; }
+
+// At format: writes the roots block to every member holding btree nodes,
+// one after another; every one must take it. (A checkpoint's goes out in
+// parallel and may go on without a member: TreeOps::WriteRoots.)
+Status WriteRootsBlock(dev::DeviceSet& devs, const sb::Superblock& sb, const Roots& roots) {
+  auto* r = static_cast<RootsFormat*>(platform::Alloc(kRootsSlotSize, 4096, true));
+  if (r == nullptr) return Err::kNoMemory;
+  FillRootsBlock(r, sb, roots);
+  Status st;
+  for (u32 m = 0; m < sb.nr_members && st.ok(); m++) {
     if (!HoldsBtree(sb, m) || ((devs.unavailable() >> m) & 1) != 0) continue;
-    Status st = dev::QueueSyncIo(devs.member(m)->queue(), IoOp::kWrite, off, r, kRootsSlotSize, IoRequest::kFua,
-                                 IoOrigin::kBtree);
-    if (st.ok()) {
-      taken++;
-      continue;
-    }
-    if (first.ok()) first = st;
-    if (tolerant) {
-      devs.MarkFailed(m, st);
-      if (((devs.failed() >> m) & 1) != 0) continue;  // (marked: the block goes on without it)
-    }
-    unmarked++;  // (an error that marks nothing, or the last member: as before)
+    st = dev::QueueSyncIo(devs.member(m)->queue(), IoOp::kWrite, RootsSlotOffset(roots.gen), r, kRootsSlotSize,
+                          IoRequest::kFua, IoOrigin::kBtree);
   }
   platform::Free(r);
-  if (tolerant && taken > 0 && unmarked == 0) return Status::Ok();
-  return first.ok() && taken == 0 ? Status(Err::kIo) : first;
+  return st;
 }
 
 }  // namespace
@@ -178,9 +169,9 @@ Status FormatRoots(dev::DeviceSet& devs, const sb::Superblock& sb) {
   roots.gen = 1;
   for (u32 t = 0; t < kNrBtreeIds; t++) roots.roots[t] = EmptyPtr(u8(t));
   // Both slots, so that no stale block from an earlier filesystem survives.
-  TFS_TRY(WriteRootsBlock(devs, sb, roots, false));
+  TFS_TRY(WriteRootsBlock(devs, sb, roots));
   roots.gen = kFormatRootsGen;
-  return WriteRootsBlock(devs, sb, roots, false);
+  return WriteRootsBlock(devs, sb, roots);
 }
 
 // ---------------------------------------------------------------------------
@@ -307,7 +298,7 @@ u32 TreeOps::BestMember(Impl* im, dev::DevMask skip, bool durable_only) {
   u32 best = kNoMember;
   bool best_durable = false;
   u64 best_room = 0;
-  for (u32 m : dev::Bits(im->target & ~skip & ~im->devs->unavailable())) {
+  for (u32 m : dev::Bits(im->target & ~skip & ~im->devs->unavailable() & ~im->copy_set_avoid)) {
     if (m >= im->sb.nr_members) continue;
     const bool durable = im->sb.members[m].durability > 0;
     if (durable_only && !durable) continue;
@@ -333,9 +324,12 @@ dev::DevMask TreeOps::CopySetMask(const Impl* im) {
 // gives, then members with nonzero durability, until their durability
 // reaches metadata_replicas (at most kMaxNodeCopies). Fewer when the
 // target has fewer: each node is then degraded (AllocSlot counts it).
+// Held members (a late I/O out: 6c-3) only when no other is left.
 void TreeOps::ChooseCopySet(Impl* im) {
   im->copy_set_n = 0;
   im->copy_set_refused = 0;
+  im->copy_set_avoid = im->held_members;
+  if (BestMember(im, 0, false) == kNoMember) im->copy_set_avoid = 0;
   u32 durability = 0;
   u32 m = BestMember(im, 0, false);
   while (m != kNoMember && im->copy_set_n < kMaxNodeCopies) {
@@ -614,7 +608,6 @@ void TreeOps::FreeCopySlot(Impl* im, const NodeCopy& c, Vector<alloc::BucketRef>
   if (m >= im->sb.nr_members || b >= im->live[m].size() || im->live[m][b] == 0) return;
   Impl::SlotPool& p = im->pool[m];
   const alloc::Bucket bk = im->alloc->Get(m, b);
-  const bool open = IsOpenLocked(im, m, b);
   // (Without memory for the hole the slot stays unused until the bucket goes.)
   // Holes only on the metadata target: nodes that spilled elsewhere drain
   // back as they are rewritten, and a bucket they spilled to goes with its
@@ -628,17 +621,27 @@ void TreeOps::FreeCopySlot(Impl* im, const NodeCopy& c, Vector<alloc::BucketRef>
     p.bad.PopBack();
     bad = true;
   }
-  if (--im->live[m][b] != 0 || (open && in_target && p.open_next < im->slots_per_bucket)) {
-    if (bk.state == alloc::BucketState::kBtree && in_target && !bad)
-      p.holes.PushBack(Impl::Hole{bk.gen, c.offset}).IgnoreError();
-    NoteAvailLocked(im, m);
-    return;
-  }
+  if (!DropLiveLocked(im, m, b, frees) && bk.state == alloc::BucketState::kBtree && in_target && !bad)
+    p.holes.PushBack(Impl::Hole{bk.gen, c.offset}).IgnoreError();
+  NoteAvailLocked(im, m);
+}
+// One live slot of member m's bucket b fewer (a node's copy, or a late
+// write's hold: 6c-3). True when that emptied the bucket, which is then
+// no longer open and goes on `frees` (without: stays allocated, for the
+// next mount to free); false while it holds a node or is being filled.
+// slot_mu held; the caller purges the holes.
+bool TreeOps::DropLiveLocked(Impl* im, u32 m, u64 b, Vector<alloc::BucketRef>* frees) {
+  Impl::SlotPool& p = im->pool[m];
+  const bool open = IsOpenLocked(im, m, b);
+  const bool in_target = (im->target & (dev::DevMask(1) << m)) != 0;
+  if (--im->live[m][b] != 0 || (open && in_target && p.open_next < im->slots_per_bucket)) return false;
   if (open) p.open_valid = false;
   im->holes_stale = true;
   NoteAvailLocked(im, m);
+  const alloc::Bucket bk = im->alloc->Get(m, b);
   if (bk.state == alloc::BucketState::kBtree && frees != nullptr)
     frees->PushBack(alloc::BucketRef{m, b, bk.gen}).IgnoreError();  // (without memory: the next mount frees it)
+  return true;
 }
 void TreeOps::PurgeHoles(Impl* im) {
   MutexLock l(im->slot_mu);
@@ -660,9 +663,6 @@ void TreeOps::ReleaseOpenBucket(Impl* im) {
   FreeBuckets(im, frees);
 }
 
-// ---------------------------------------------------------------------------
-// Checkpoints.
-
 struct TreeOps::Job {
   CachedNode* node;
   Tree* tree;
@@ -673,6 +673,448 @@ struct TreeOps::Job {
   bool installed;
   bool rewrite;  // a copy failed to write: dirtied after the roots block
 };
+
+// ---------------------------------------------------------------------------
+// Phase 3's I/Os (docs/design/copies.md, "Step 6c-3"): a checkpoint's node
+// writes, flushes and roots writes, all in one batch, submitted never
+// inline and waited for with deadlines, so that one on a stalling member
+// can be given up past its late bound. What a given-up I/O reads (the
+// images, the roots block) stays with its batch until it completes.
+
+enum : u8 { kPhaseWrite = 0, kPhaseFlush = 1, kPhaseRoots = 2 };
+
+struct PhaseIo {
+  dev::Io io;
+  void* im = nullptr;     // the Btrees::Impl (PhaseDone's wake)
+  Atomic<i32> err{0};
+  Atomic<u32> busy{0};    // submitted and not completed (the completion's)
+  u32 member = 0;
+  u32 job = 0;            // a write's job (its copies are adjacent in the batch)
+  u8 kind = kPhaseWrite;
+  u8 seen = 0;            // its completion taken into account (the checkpoint's)
+  u8 late = 0;            // given up while out (the checkpoint's; ReapLate's)
+  u8 noted = 0;           // a late one's end noted (ReapLate)
+  u8 holds = 0;           // a late write holds its bucket (one live slot more) until it ends
+  u8 owns_buf = 0;        // frees io.req.buf with the batch (a job's first copy: its image)
+};
+
+struct PhaseBatch {
+  PhaseIo* ios = nullptr;  // n of cap constructed
+  u32 n = 0;
+  u32 cap = 0;
+  u8* roots_buf = nullptr;
+  PhaseBatch* next = nullptr;  // on Impl::late_batches
+};
+
+// Completion context: stores the result and wakes; phase_out's decrement
+// is the last touch (Close waits for it), after which the batch may be
+// freed.
+void TreeOps::PhaseDone(dev::Io* io, Status st) {
+  auto* p = static_cast<PhaseIo*>(io->caller_data);
+  auto* im = static_cast<Impl*>(p->im);
+  p->err.Store(i32(st.code()), MemOrder::kRelaxed);
+  p->busy.Store(0, MemOrder::kRelease);
+  im->phase_events.FetchAdd(1, MemOrder::kAcqRel);
+  tfs_plat_wake(im->phase_events.Address(), 0);
+  im->phase_out.FetchSub(1, MemOrder::kAcqRel);
+}
+
+PhaseBatch* TreeOps::NewBatch(Impl*, u32 cap) {
+  auto* b = static_cast<PhaseBatch*>(platform::Alloc(sizeof(PhaseBatch), alignof(PhaseBatch), false));
+  if (b == nullptr) return nullptr;
+  new (b) PhaseBatch();
+  b->ios = static_cast<PhaseIo*>(platform::Alloc(sizeof(PhaseIo) * (cap > 0 ? cap : 1), alignof(PhaseIo), false));
+  if (b->ios == nullptr) {
+    b->~PhaseBatch();
+    platform::Free(b);
+    return nullptr;
+  }
+  b->cap = cap;
+  return b;
+}
+
+PhaseIo* TreeOps::AddIo(Impl* im, PhaseBatch* b, u8 kind, u32 member, IoOp op, u64 offset, void* buf, u32 bytes,
+                        u8 flags) {
+  TFS_BUG_ON(b->n >= b->cap);
+  PhaseIo* p = new (&b->ios[b->n++]) PhaseIo();
+  p->im = im;
+  p->kind = kind;
+  p->member = member;
+  dev::Io& io = p->io;
+  io.req.op = op;
+  io.req.origin = IoOrigin::kBtree;
+  io.req.flags = flags;
+  io.req.offset = offset;
+  io.req.length = bytes;
+  io.req.buf = buf;
+  io.cls = dev::IoClass::kBtree;
+  io.done = PhaseDone;
+  io.caller_data = p;
+  return p;
+}
+
+// Never inline: a stalling member would hold the checkpoint inside Submit.
+void TreeOps::SubmitPhaseIo(Impl* im, PhaseIo* p) {
+  p->busy.Store(1, MemOrder::kRelease);
+  im->phase_out.FetchAdd(1, MemOrder::kAcqRel);
+  im->devs->member(p->member)->queue().Submit(&p->io);
+}
+
+// Every I/O of b has completed.
+void TreeOps::FreeBatch(Impl*, PhaseBatch* b) {
+  for (u32 i = 0; i < b->n; i++) {
+    if (b->ios[i].owns_buf) platform::Free(b->ios[i].io.req.buf);
+    b->ios[i].~PhaseIo();
+  }
+  platform::Free(b->ios);
+  platform::Free(b->roots_buf);
+  b->~PhaseBatch();
+  platform::Free(b);
+}
+
+// The late I/Os that ended: a late write's bucket hold dropped (its bucket
+// freed if that emptied it), an error marking its member failed (5c-3); a
+// batch whose I/Os all ended freed. held_members and the gauges from those
+// still out. ckpt_mu held, reclaim commits allowed (the frees).
+void TreeOps::ReapLate(Impl* im) {
+  Vector<alloc::BucketRef> frees;
+  dev::DevMask held = 0;
+  u64 out = 0;
+  PhaseBatch** link = &im->late_batches;
+  while (*link != nullptr) {
+    PhaseBatch* b = *link;
+    bool busy = false;
+    for (u32 i = 0; i < b->n; i++) {
+      PhaseIo& p = b->ios[i];
+      if (p.busy.Load(MemOrder::kAcquire) != 0) {
+        busy = true;
+        if (p.late) {
+          held |= dev::DevMask(1) << p.member;
+          out++;
+        }
+        continue;
+      }
+      if (!p.late || p.noted) continue;
+      p.noted = 1;
+      if (p.holds) {
+        MutexLock l(im->slot_mu);
+        const u64 bucket = im->sb.BucketOf(p.io.req.offset);
+        if (bucket < im->live[p.member].size() && im->live[p.member][bucket] > 0)
+          DropLiveLocked(im, p.member, bucket, &frees);
+      }
+      const Status st = Status(Err(p.err.Load(MemOrder::kRelaxed)));
+      if (!st.ok()) im->devs->MarkFailed(p.member, st);
+    }
+    if (busy) {
+      link = &b->next;
+    } else {
+      *link = b->next;
+      FreeBatch(im, b);
+    }
+  }
+  FreeBuckets(im, frees);
+  if (!frees.empty()) PurgeHoles(im);
+  im->held_members = held;
+  im->ctr.late_node_ios.Store(out, MemOrder::kRelaxed);
+  im->ctr.held_members.Store(PopCount(held), MemOrder::kRelaxed);
+}
+
+// Until every late I/O has ended (an unmount's checkpoints: Close).
+void TreeOps::WaitLate(Impl* im) {
+  for (;;) {
+    const u32 ev = im->phase_events.Load(MemOrder::kAcquire);  // (before looking: an end meanwhile wakes)
+    ReapLate(im);
+    if (im->late_batches == nullptr) return;
+    tfs_plat_wait(im->phase_events.Address(), ev, 100 * platform::kNsPerMs);
+  }
+}
+
+// Whether member m's copies may be given up now: every node with a copy
+// there has another copy, on a member not given up, written and flushed.
+// The writes are b's first nwrites I/Os, each job's copies adjacent.
+bool TreeOps::CanGiveUp(Impl*, const PhaseBatch* b, u32 nwrites, u32 m, dev::DevMask gave_up,
+                        dev::DevMask flushed_ok) {
+  for (u32 i = 0; i < nwrites;) {
+    const u32 job = b->ios[i].job;
+    bool there = false, safe = false;
+    for (; i < nwrites && b->ios[i].job == job; i++) {
+      const PhaseIo& p = b->ios[i];
+      const dev::DevMask bit = dev::DevMask(1) << p.member;
+      if (p.member == m) {
+        there = true;
+      } else if ((gave_up & bit) == 0 && (flushed_ok & bit) != 0 && p.seen && p.err.Load(MemOrder::kRelaxed) == 0) {
+        safe = true;
+      }
+    }
+    if (there && !safe) return false;
+  }
+  return true;
+}
+
+// One write per copy of each image, all in flight at once, then a flush of
+// each member once its writes have ended. A copy counts once its write and
+// its member's flush succeeded; a node with at least one keeps its failed
+// copies' names (a read of one fails its checks and falls back) and is
+// rewritten by the next checkpoint (Job::rewrite); a node with none fails
+// the checkpoint. With may_give_up, a member that is stalling (dev::
+// Stalling) with a write or its flush out past its late bound is given up
+// (*gave_up) once every node with a copy there has one written and flushed
+// elsewhere: its copies count as failed but mark nothing, their slots are
+// never holes (Impl::SlotPool::bad), and a write still out holds its
+// bucket. The images become the batch's.
+Status TreeOps::WriteNodeCopies(Impl* im, Vector<Job>& jobs, PhaseBatch* b, bool may_give_up,
+                                dev::DevMask* gave_up_out) {
+  dev::DevMask written = 0;
+  u32 left[dev::kMaxDevices] = {};  // writes not ended, per member
+  for (usize ji = 0; ji < jobs.size(); ji++) {
+    Job& j = jobs[ji];
+    const u32 n = PtrCopies(j.dst);
+    for (u32 c = 0; c < n; c++) {
+      const NodeCopy at = PtrCopy(j.dst, c);
+      PhaseIo* p = AddIo(im, b, kPhaseWrite, at.member, IoOp::kWrite, at.offset, j.img, j.bytes, 0);
+      p->job = u32(ji);
+      p->owns_buf = c == 0;
+      written |= dev::DevMask(1) << at.member;
+      left[at.member]++;
+      im->ctr.node_writes.FetchAdd(1, MemOrder::kRelaxed);
+      im->ctr.node_write_bytes.FetchAdd(j.bytes, MemOrder::kRelaxed);
+    }
+    if (n > 0) j.img = nullptr;  // (the batch's: FreeBatch)
+  }
+  const u32 nwrites = b->n;
+  u64 since[dev::kMaxDevices] = {};
+  u64 bound[dev::kMaxDevices] = {};
+  const u64 start = platform::NowNs();
+  for (u32 m : dev::Bits(written)) {
+    since[m] = start;
+    bound[m] = dev::LateBoundNs(im->devs->member(m)->queue().GetReadState(/*p99=*/false));
+  }
+  // (A member marked failed after the copy set was chosen still gets this
+  // checkpoint's copies and flush: a node whose only copy is there would
+  // otherwise fail the checkpoint -- review helper-72. Its later
+  // checkpoints leave it out.)
+  for (u32 i = 0; i < nwrites; i++) SubmitPhaseIo(im, &b->ios[i]);
+  PhaseIo* flush[dev::kMaxDevices] = {};
+  Status flush_error[dev::kMaxDevices];
+  dev::DevMask flushed_ok = 0, flush_failed = 0, gave_up = 0, ended = 0, blocked = 0;
+  u32 first_open = 0;  // writes before it are all seen or late
+  for (;;) {
+    const u32 ev = im->phase_events.Load(MemOrder::kAcquire);  // (before looking)
+    bool all_before = true;
+    for (u32 i = first_open; i < nwrites; i++) {
+      PhaseIo& p = b->ios[i];
+      if (!p.seen && !p.late && p.busy.Load(MemOrder::kAcquire) == 0) {
+        p.seen = 1;
+        left[p.member]--;
+      }
+      if (!p.seen && !p.late) all_before = false;
+      if (all_before) first_open = i + 1;
+    }
+    for (u32 m : dev::Bits(written & ~gave_up & ~ended)) {
+      if (flush[m] == nullptr) {
+        if (left[m] != 0) continue;
+        flush[m] = AddIo(im, b, kPhaseFlush, m, IoOp::kFlush, 0, nullptr, 0, 0);
+        since[m] = platform::NowNs();  // (the flush's bound from its submission)
+        SubmitPhaseIo(im, flush[m]);
+        continue;
+      }
+      if (flush[m]->busy.Load(MemOrder::kAcquire) != 0) continue;
+      flush[m]->seen = 1;
+      ended |= dev::DevMask(1) << m;
+      const Status fst = Status(Err(flush[m]->err.Load(MemOrder::kRelaxed)));
+      if (fst.ok()) {
+        flushed_ok |= dev::DevMask(1) << m;
+      } else {
+        flush_failed |= dev::DevMask(1) << m;
+        flush_error[m] = fst;
+      }
+    }
+    const dev::DevMask pending = written & ~gave_up & ~ended;
+    if (pending == 0) break;
+    u64 deadline = platform::kForever;
+    if (may_give_up)
+      for (u32 m : dev::Bits(pending & ~blocked)) deadline = Min(deadline, since[m] + bound[m]);
+    const u64 now = platform::NowNs();
+    if (now < deadline) {
+      tfs_plat_wait(im->phase_events.Address(), ev,
+                    deadline == platform::kForever ? platform::kForever : deadline - now);
+      blocked = 0;  // (what a member waited for may have ended: looked at again)
+      continue;
+    }
+    for (u32 m : dev::Bits(pending & ~blocked)) {
+      if (now < since[m] + bound[m]) continue;
+      // Past its bound but not stalling: its queue may simply not have sent
+      // the request yet (its bound starts again).
+      if (!dev::Stalling(im->devs->member(m)->queue().GetReadState(/*p99=*/false))) {
+        since[m] = now;
+        continue;
+      }
+      // A node whose other copies are not durable yet waits for them.
+      if (!CanGiveUp(im, b, nwrites, m, gave_up, flushed_ok)) {
+        blocked |= dev::DevMask(1) << m;
+        continue;
+      }
+      gave_up |= dev::DevMask(1) << m;
+      for (u32 i = 0; i < nwrites; i++) {
+        PhaseIo& p = b->ios[i];
+        if (p.member != m || p.seen) continue;
+        p.late = 1;
+        p.holds = 1;
+        MutexLock l(im->slot_mu);
+        im->live[m][im->sb.BucketOf(p.io.req.offset)]++;  // (its slot's bucket stays: ReapLate)
+      }
+      if (flush[m] != nullptr && !flush[m]->seen) {
+        flush[m]->late = 1;
+        im->ctr.node_flushes_late.FetchAdd(1, MemOrder::kRelaxed);
+      }
+    }
+  }
+  *gave_up_out = gave_up;
+  Status st;
+  u32 copy_errors = 0, late_copies = 0;
+  NodeCopy first_bad{};
+  Status first_bad_st;
+  u32 first_late_member = 0;
+  for (u32 k = 0; k < nwrites;) {
+    Job& j = jobs[b->ios[k].job];
+    u32 good = 0;
+    bool on_failed = false;  // a good copy on a member marked failed by now
+    Status job_error;
+    for (u32 c = 0; c < PtrCopies(j.dst); c++, k++) {
+      const NodeCopy at = PtrCopy(j.dst, c);
+      const dev::DevMask bit = dev::DevMask(1) << at.member;
+      if ((gave_up & bit) != 0) {  // (not a failure of the member: nothing marked)
+        if (late_copies++ == 0) first_late_member = at.member;
+        j.rewrite = true;
+        MutexLock l(im->slot_mu);  // (never a hole: FreeCopySlot)
+        im->pool[at.member].bad.PushBack(at.offset).IgnoreError();  // (without memory: it may be)
+        continue;
+      }
+      Status cst = Status(Err(b->ios[k].err.Load(MemOrder::kRelaxed)));
+      if (cst.ok() && (flush_failed & bit) != 0) cst = flush_error[at.member];
+      if (cst.ok()) {
+        good++;
+        if (((im->devs->failed() >> at.member) & 1) != 0) on_failed = true;
+        continue;
+      }
+      if (job_error.ok()) job_error = cst;
+      im->devs->MarkFailed(at.member, cst);  // (its write or its flush; the rewrite skips it: 5c-3)
+      if (copy_errors++ == 0) {
+        first_bad = at;
+        first_bad_st = cst;
+      }
+      {
+        MutexLock l(im->slot_mu);  // (never a hole again: FreeCopySlot)
+        im->pool[at.member].bad.PushBack(at.offset).IgnoreError();  // (without memory: it may be)
+      }
+    }
+    if (good == 0 && st.ok()) st = job_error;  // (no copy of this node is durable)
+    // (A copy on a member marked meanwhile is durable but out of every
+    // roots block from now on: the node is rewritten on the members left
+    // too -- review helper-73.)
+    if (good < PtrCopies(j.dst) || on_failed) j.rewrite = true;
+  }
+  if (st.ok() && copy_errors > 0) {
+    im->ctr.node_copy_write_errors.FetchAdd(copy_errors, MemOrder::kRelaxed);
+    platform::Log(platform::LogLevel::kError,
+                  "btree: %u node cop%s failed to write (the first on member %u at %llu: %s); those nodes keep their "
+                  "other copies, and the next checkpoint rewrites them",
+                  copy_errors, copy_errors == 1 ? "y" : "ies", first_bad.member,
+                  (unsigned long long)first_bad.offset, first_bad_st.Message());
+  }
+  if (late_copies > 0) {
+    im->ctr.node_copies_late.FetchAdd(late_copies, MemOrder::kRelaxed);
+    char more[64];
+    if (im->late_log.Admit(10 * platform::kNsPerSec, more, sizeof(more)))
+      platform::Log(platform::LogLevel::kWarn,
+                    "btree: member %u is stalling: %u node cop%s given up past its late bound (the nodes keep their "
+                    "other copies; the next checkpoint rewrites them, without it while its writes are out)%s",
+                    first_late_member, late_copies, late_copies == 1 ? "y" : "ies", more);
+  }
+  return st;
+}
+
+// The roots block to every member holding btree nodes that is not
+// unavailable, held (a late I/O out) or in `gave_up` (copies given up in
+// this checkpoint): those keep their older block, all at once,
+// with FUA. A write that fails with a device error marks its member failed
+// (5c-3: the next roots blocks say it is stale) and the block goes on
+// without it as long as one member took it. With may_give_up, once one
+// member took the block, a write on a stalling member past its late bound
+// is given up (the member held until it ends).
+Status TreeOps::WriteRoots(Impl* im, const Roots& roots, PhaseBatch* b, bool may_give_up, dev::DevMask gave_up) {
+  b->roots_buf = static_cast<u8*>(platform::Alloc(kRootsSlotSize, 4096, true));
+  if (b->roots_buf == nullptr) return Err::kNoMemory;
+  FillRootsBlock(reinterpret_cast<RootsFormat*>(b->roots_buf), im->sb, roots);
+  dev::DevMask targets = 0;
+  for (u32 m = 0; m < im->sb.nr_members; m++)
+    if (HoldsBtree(im->sb, m) && ((im->devs->unavailable() >> m) & 1) == 0) targets |= dev::DevMask(1) << m;
+  if ((targets & ~gave_up & ~im->held_members) == 0 && (targets & im->held_members) != 0)
+    WaitLate(im);  // (every member able to take it is held: wait for them)
+  targets &= ~gave_up & ~im->held_members;
+  PhaseIo* w[dev::kMaxDevices] = {};
+  u64 since[dev::kMaxDevices] = {};
+  u64 bound[dev::kMaxDevices] = {};
+  const u64 start = platform::NowNs();
+  for (u32 m : dev::Bits(targets)) {
+    w[m] = AddIo(im, b, kPhaseRoots, m, IoOp::kWrite, RootsSlotOffset(roots.gen), b->roots_buf, kRootsSlotSize,
+                 IoRequest::kFua);
+    since[m] = start;
+    bound[m] = dev::LateBoundNs(im->devs->member(m)->queue().GetReadState(/*p99=*/false));
+  }
+  for (u32 m : dev::Bits(targets)) SubmitPhaseIo(im, w[m]);
+  dev::DevMask pending = targets, took = 0, late = 0;
+  while (pending != 0) {
+    const u32 ev = im->phase_events.Load(MemOrder::kAcquire);
+    for (u32 m : dev::Bits(pending)) {
+      if (w[m]->busy.Load(MemOrder::kAcquire) != 0) continue;
+      w[m]->seen = 1;
+      pending &= ~(dev::DevMask(1) << m);
+      if (w[m]->err.Load(MemOrder::kRelaxed) == 0 && ((im->devs->failed() >> m) & 1) == 0)
+        took |= dev::DevMask(1) << m;
+    }
+    if (pending == 0) break;
+    u64 deadline = platform::kForever;
+    if (may_give_up && took != 0)
+      for (u32 m : dev::Bits(pending)) deadline = Min(deadline, since[m] + bound[m]);
+    const u64 now = platform::NowNs();
+    if (now < deadline) {
+      tfs_plat_wait(im->phase_events.Address(), ev,
+                    deadline == platform::kForever ? platform::kForever : deadline - now);
+      continue;
+    }
+    for (u32 m : dev::Bits(pending)) {
+      if (now < since[m] + bound[m]) continue;
+      if (!dev::Stalling(im->devs->member(m)->queue().GetReadState(/*p99=*/false))) {
+        since[m] = now;
+        continue;
+      }
+      w[m]->late = 1;
+      late |= dev::DevMask(1) << m;
+      pending &= ~(dev::DevMask(1) << m);
+      im->ctr.roots_writes_late.FetchAdd(1, MemOrder::kRelaxed);
+    }
+  }
+  Status first;
+  u32 taken = 0, unmarked = 0;
+  for (u32 m : dev::Bits(targets & ~late)) {
+    const Status st = Status(Err(w[m]->err.Load(MemOrder::kRelaxed)));
+    if (st.ok()) {
+      taken++;
+      continue;
+    }
+    if (first.ok()) first = st;
+    im->devs->MarkFailed(m, st);
+    if (((im->devs->failed() >> m) & 1) != 0) continue;  // (marked: the block goes on without it)
+    unmarked++;  // (an error that marks nothing, or the last member: as before)
+  }
+  if (taken > 0 && unmarked == 0) return Status::Ok();
+  return first.ok() && taken == 0 ? Status(Err::kIo) : first;
+}
+
+// ---------------------------------------------------------------------------
+// Checkpoints.
+
 
 // Takes the image of n (which must not change meanwhile) into a new job.
 Status TreeOps::TakeImage(Impl* im, Tree& t, CachedNode* n, Vector<Job>* jobs) {
@@ -788,6 +1230,14 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
     bool final;
     ~Reserved() { ReturnReserved(im, !final); }
   } reserved{im, final};
+  // Earlier checkpoints' late I/Os that ended are let go (6c-3); an
+  // unmount's checkpoints wait for every one, and give nothing up.
+  const bool may_give_up = !final && !im->closing;
+  if (may_give_up) {
+    ReapLate(im);
+  } else {
+    WaitLate(im);
+  }
   ChooseCopySet(im);
   if (final) TFS_TRY(ReserveAhead(im));
   u64 covered;
@@ -910,117 +1360,30 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
       break;
     }
   }
+  // A stale mark this mount made for copies given up (late_stale) ends
+  // with the next roots block the member takes: every node with such a
+  // copy was rewritten by the checkpoint after the one that gave it up
+  // (Job::rewrite), so no pointer this one reaches names it.
+  dev::DevMask clear = im->late_stale & ~im->held_members & ~im->devs->unavailable();
+  dev::DevMask new_late_stale = 0;
   // Nothing new since the last roots block: write nothing.
   if (st.ok() && jobs.empty() && to_free.empty() && kept.empty() && covered <= roots_out->journal_seq &&
-      !im->roots_changed) {
+      !im->roots_changed && clear == 0) {
     return Status::Ok();
   }
   // Phase 3, no locks: write-ahead (the journal holds everything the images
-  // contain), node writes, flush, roots block.
+  // contain), node writes, flushes, the roots block -- each I/O in the
+  // batch (WriteNodeCopies, WriteRoots).
   if (st.ok() && im->journal != nullptr) st = im->journal->Flush();
-  // One write per copy of each image, all in flight at once, then a flush
-  // of each member written. A copy counts once its write and its member's
-  // flush succeeded; a node with at least one keeps its failed copies' names
-  // (a read of one fails its checks and falls back) and is rewritten by the
-  // next checkpoint (rewrite, below); a node with none fails the checkpoint.
-  dev::DevMask written = 0;
   usize nwrites = 0;
   for (const Job& j : jobs) nwrites += PtrCopies(j.dst);
-  dev::LatchedIo* ws = nullptr;
-  if (st.ok() && nwrites > 0) {
-    ws = static_cast<dev::LatchedIo*>(platform::Alloc(sizeof(dev::LatchedIo) * nwrites, 16, false));
-    if (ws == nullptr) st = Err::kNoMemory;
+  PhaseBatch* batch = nullptr;
+  if (st.ok()) {
+    batch = NewBatch(im, u32(nwrites) + 2 * im->sb.nr_members);
+    if (batch == nullptr) st = Err::kNoMemory;
   }
-  if (st.ok() && nwrites > 0) {
-    Latch latch(static_cast<u32>(nwrites));
-    usize k = 0;
-    for (const Job& j : jobs) {
-      for (u32 c = 0; c < PtrCopies(j.dst); c++, k++) {
-        const NodeCopy at = PtrCopy(j.dst, c);
-        dev::LatchedIo* w = new (&ws[k]) dev::LatchedIo();
-        w->latch = &latch;
-        dev::Io& io = w->io;
-        io.req.op = IoOp::kWrite;
-        io.req.origin = IoOrigin::kBtree;
-        io.req.offset = at.offset;
-        io.req.length = j.bytes;
-        io.req.buf = j.img;
-        io.cls = dev::IoClass::kBtree;
-        io.done = dev::LatchedIo::Done;
-        io.caller_data = w;
-        written |= dev::DevMask(1) << at.member;
-        im->ctr.node_writes.FetchAdd(1, MemOrder::kRelaxed);
-        im->ctr.node_write_bytes.FetchAdd(j.bytes, MemOrder::kRelaxed);
-      }
-    }
-    // (A member marked failed after the copy set was chosen still gets
-    // this checkpoint's copies and flush: a node whose only copy is there
-    // would otherwise fail the checkpoint -- review helper-72. Its later
-    // checkpoints leave it out.)
-    k = 0;
-    for (const Job& j : jobs)
-      for (u32 c = 0; c < PtrCopies(j.dst); c++, k++)
-        im->devs->member(PtrCopy(j.dst, c).member)->queue().Submit(&ws[k].io);
-    latch.Wait();
-  }
-  dev::DevMask flush_failed = 0;
-  Status flush_error;
-  for (u32 m = 0; m < im->sb.nr_members && st.ok(); m++) {
-    if ((written & (dev::DevMask(1) << m)) == 0) continue;
-    Status fst = dev::QueueSyncIo(im->devs->member(m)->queue(), IoOp::kFlush, 0, nullptr, 0, 0, IoOrigin::kBtree);
-    if (!fst.ok()) {
-      flush_failed |= dev::DevMask(1) << m;
-      if (flush_error.ok()) flush_error = fst;
-    }
-  }
-  u32 copy_errors = 0;
-  NodeCopy first_bad{};
-  Status first_bad_st;
-  if (st.ok() && nwrites > 0) {
-    usize k = 0;
-    for (Job& j : jobs) {
-      u32 good = 0;
-      bool on_failed = false;  // a good copy on a member marked failed by now
-      Status job_error;
-      for (u32 c = 0; c < PtrCopies(j.dst); c++, k++) {
-        const NodeCopy at = PtrCopy(j.dst, c);
-        Status cst = ws[k].status();
-        if (cst.ok() && (flush_failed & (dev::DevMask(1) << at.member)) != 0) cst = flush_error;
-        if (cst.ok()) {
-          good++;
-          if (((im->devs->failed() >> at.member) & 1) != 0) on_failed = true;
-          continue;
-        }
-        if (job_error.ok()) job_error = cst;
-        im->devs->MarkFailed(at.member, cst);  // (its write or its flush; the rewrite skips it: 5c-3)
-        if (copy_errors++ == 0) {
-          first_bad = at;
-          first_bad_st = cst;
-        }
-        {
-          MutexLock l(im->slot_mu);  // (never a hole again: FreeCopySlot)
-          im->pool[at.member].bad.PushBack(at.offset).IgnoreError();  // (without memory: it may be)
-        }
-      }
-      if (good == 0 && st.ok()) st = job_error;  // (no copy of this node is durable)
-      // (A copy on a member marked meanwhile is durable but out of every
-      // roots block from now on: the node is rewritten on the members left
-      // too -- review helper-73.)
-      j.rewrite = good < PtrCopies(j.dst) || on_failed;
-    }
-  }
-  if (ws != nullptr) {
-    for (usize i = 0; i < nwrites; i++) ws[i].~LatchedIo();
-    platform::Free(ws);
-  }
-  if (st.ok() && copy_errors > 0) {
-    im->ctr.node_copy_write_errors.FetchAdd(copy_errors, MemOrder::kRelaxed);
-    platform::Log(platform::LogLevel::kError,
-                  "btree: %u node cop%s failed to write (the first on member %u at %llu: %s); those nodes keep their "
-                  "other copies, and the next checkpoint rewrites them",
-                  copy_errors, copy_errors == 1 ? "y" : "ies", first_bad.member,
-                  (unsigned long long)first_bad.offset, first_bad_st.Message());
-  }
+  dev::DevMask gave_up = 0;
+  if (st.ok()) st = WriteNodeCopies(im, jobs, batch, may_give_up, &gave_up);
   if (st.ok()) {
     // Every job is installed (its pointer reached by the trees, or on
     // to_free when its node died meanwhile); to_free holds every pointer
@@ -1043,7 +1406,27 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
       if (roots.stale_since[m] == 0) roots.stale_since[m] = roots.gen;
       roots.stale_until[m] = roots.gen;
     }
-    st = WriteRootsBlock(*im->devs, im->sb, roots, true);
+    // A member with copies given up in this checkpoint may lack some of
+    // this gen's (marked as a failed one is: a mount that reads this block
+    // knows it); a mark this mount made so (late_stale) ends with a block
+    // that reaches none of them and goes to the member (clear, above).
+    clear &= ~gave_up & ~im->devs->unavailable();
+    for (u32 m : dev::Bits(clear)) roots.stale_since[m] = roots.stale_until[m] = 0;
+    for (u32 m : dev::Bits(gave_up)) {
+      if (roots.stale_since[m] == 0) {
+        roots.stale_since[m] = roots.gen;
+        new_late_stale |= dev::DevMask(1) << m;
+      }
+      roots.stale_until[m] = roots.gen;
+    }
+    st = WriteRoots(im, roots, batch, may_give_up, gave_up);
+  }
+  if (batch != nullptr) {
+    // What is still out was given up: the batch stays until it ends
+    // (ReapLate, at the next checkpoint's start or Close).
+    batch->next = im->late_batches;
+    im->late_batches = batch;
+    ReapLate(im);
   }
   for (Job& j : jobs) {
     platform::Free(j.img);
@@ -1059,6 +1442,7 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
   }
   *roots_out = roots;
   im->roots_changed = false;
+  im->late_stale = (im->late_stale & ~clear) | new_late_stale;
   im->dropped_ptrs.Clear();
   im->degraded_reachable.Store(roots.degraded_nodes, MemOrder::kRelaxed);
   im->stale_members.Store(StaleMask(roots), MemOrder::kRelaxed);  // (a failed member's: 5c-3)
@@ -1191,6 +1575,14 @@ void Btrees::ReclaimHook(void* self, u64) {
 Status Btrees::Checkpoint() {
   if (impl_ == nullptr) return Err::kInvalidArgument;
   return TreeOps::RunCheckpoint(impl_, &roots_);
+}
+
+void Btrees::WaitLateIos() {
+  if (impl_ == nullptr) return;
+  MutexLock ck(impl_->ckpt_mu);
+  impl_->reclaim_ok.FetchAdd(1, MemOrder::kRelaxed);  // (the frees of buckets the late writes held)
+  TreeOps::WaitLate(impl_);
+  impl_->reclaim_ok.FetchSub(1, MemOrder::kRelaxed);
 }
 
 void Btrees::ClearStaleMembers(u64 mask) {

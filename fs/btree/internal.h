@@ -83,6 +83,10 @@ inline bool Droppable(const Status& st) { return StatusIsCorrupt(st) && st.code(
 
 inline bool HoldsBtree(const sb::Superblock& sb, u32 m) { return (sb.members[m].data_allowed & sb::kDataBtree) != 0; }
 
+// A checkpoint's phase-3 I/Os and what they read (checkpoint.cc).
+struct PhaseIo;
+struct PhaseBatch;
+
 struct Btrees::Tree {
   u8 id = 0;
   RwLock lock;
@@ -188,6 +192,7 @@ struct Btrees::Impl {
   u8 copy_set[kMaxNodeCopies] = {};
   u32 copy_set_n = 0;
   dev::DevMask copy_set_refused = 0;  // members the allocator refused a bucket this checkpoint
+  dev::DevMask copy_set_avoid = 0;    // members BestMember passes over (held_members, or none)
   u32 wanted_durability = 1;  // metadata_replicas
   Mutex seq_mu;  // rng (NewSeq: committers creating nodes, never behind slot_mu's allocations)
   u64 rng = 0;
@@ -201,6 +206,28 @@ struct Btrees::Impl {
   // The gen the running checkpoint's roots block will have: each image it
   // takes records it (NodeHeader::gen). Under ckpt_mu.
   u64 image_gen = 0;
+  // Step 6c-3 (docs/design/copies.md): the node writes, flushes and roots
+  // writes a checkpoint gave up on a stalling member and that are still out,
+  // in the batches (PhaseBatch, checkpoint.cc) that hold what they read; reaped at
+  // each checkpoint's start (ReapLate) and waited for by Close. Under
+  // ckpt_mu, but for the two atomics: phase_events (bumped by every phase-3
+  // completion: the checkpoint sleeps on it) and phase_out (phase-3 I/Os
+  // submitted and not completed: a completion's last touch, Close waits
+  // for 0).
+  PhaseBatch* late_batches = nullptr;
+  Atomic<u32> phase_events{0};
+  Atomic<u32> phase_out{0};
+  // Members with a late I/O still out (as of the last ReapLate): left out
+  // of the copy set and of the roots writes until it completes.
+  dev::DevMask held_members = 0;
+  // Members the roots block marks stale for copies given up (stale_since
+  // was 0 then): a later roots block written to the member (not held,
+  // nothing given up) clears the mark, the given-up copies' nodes being
+  // rewritten by then.
+  dev::DevMask late_stale = 0;
+  // Set by Close: its checkpoints give nothing up (an unmount waits out a
+  // stall, as the journal's Stop does).
+  bool closing = false;
   // Nonzero while a checkpoint holds ckpt_mu, and from the start of Close:
   // when reclaim commits may be made with a journal attached (a cheap check,
   // not of the calling thread: Transaction::Commit).
@@ -244,6 +271,7 @@ struct Btrees::Impl {
   // NoteRepair's warnings: at most one line per 10 s (a read-only mount reads
   // a node past its bad copy again after every eviction).
   LogLimit repair_log;
+  LogLimit late_log;  // 6c-3's node copies given up: one line per 10 s
   u64 s_dropped = 0, s_scanned = 0, s_copies = 0, s_recovered = 0;
 };
 
@@ -358,6 +386,19 @@ class TreeOps {
   static u64 CheckpointSlots(Impl* im);
   static void PublishNeed(Impl* im);
   struct Job;
+  // Phase 3 (step 6c-3): the I/Os in batches, given up late on a stalling member.
+  static void PhaseDone(dev::Io* io, Status st);
+  static PhaseBatch* NewBatch(Impl* im, u32 cap);
+  static PhaseIo* AddIo(Impl* im, PhaseBatch* b, u8 kind, u32 member, IoOp op, u64 offset, void* buf, u32 bytes,
+                        u8 flags);
+  static void SubmitPhaseIo(Impl* im, PhaseIo* p);
+  static void FreeBatch(Impl* im, PhaseBatch* b);
+  static void ReapLate(Impl* im);
+  static void WaitLate(Impl* im);
+  static bool CanGiveUp(Impl* im, const PhaseBatch* b, u32 nwrites, u32 m, dev::DevMask gave_up,
+                        dev::DevMask flushed_ok);
+  static Status WriteNodeCopies(Impl* im, Vector<Job>& jobs, PhaseBatch* b, bool may_give_up, dev::DevMask* gave_up);
+  static Status WriteRoots(Impl* im, const Roots& roots, PhaseBatch* b, bool may_give_up, dev::DevMask gave_up);
   static void NoteAvailLocked(Impl* im, u32 m);
   static bool IsOpenLocked(Impl* im, u32 m, u64 b);
   static bool HoleValidLocked(Impl* im, u32 m, const Impl::Hole& h);
@@ -378,6 +419,7 @@ class TreeOps {
   static void FindHoles(Impl* im, Vector<u64>* used);
   static void FreeSlot(Impl* im, const NodePtrFormat& p, Vector<alloc::BucketRef>* frees);
   static void FreeCopySlot(Impl* im, const NodeCopy& c, Vector<alloc::BucketRef>* frees);
+  static bool DropLiveLocked(Impl* im, u32 m, u64 b, Vector<alloc::BucketRef>* frees);
   static void FreeBuckets(Impl* im, const Vector<alloc::BucketRef>& frees);
   static void PurgeHoles(Impl* im);
   static void ReleaseOpenBucket(Impl* im);

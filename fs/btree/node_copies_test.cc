@@ -34,6 +34,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "btree/format.h"
@@ -1012,6 +1013,272 @@ TEST(NodeCopiesTest, ADroppedDegradedNodeLeavesTheCount) {
 
 // Three members, two copies wanted: two copies a node, on distinct
 // members, and the need declared on all three (any may be chosen).
+// Step 6c-3 (docs/design/copies.md): the checkpoint does not wait out a
+// stalling member. GateDevice parks member 1's requests; the queue then
+// sees them at the device past the member's late bound (250 ms at least),
+// i.e. stalling. No timing is asserted: a give-up needs the park, and a
+// wait (the only other outcome) shows up as the checkpoint not returning.
+
+// The last round that set key k, rounds r0..r3 having set keys that are
+// multiples of 1, 2, 3, 5 (as many rounds as `rounds`).
+u32 LastOf(u32 k, u32 rounds) {
+  const u32 every[] = {1, 2, 3, 5};
+  u32 last = 0;
+  for (u32 r = 0; r < rounds; r++)
+    if (k % every[r] == 0) last = r;
+  return last;
+}
+auto Rounds(u32 rounds) {
+  return [rounds](u32 k) { return LastOf(k, rounds); };
+}
+
+// Member 1's node writes parked (its roots block not): the checkpoint
+// gives them up once member 0's copies are written and flushed, and
+// succeeds -- every node rewritten next time, member 1 not failed but
+// stale in the roots block, held (the next checkpoint writes nothing
+// there, its nodes degraded), the parked writes' buckets never freed
+// while they are out, however often the nodes are rewritten. A power cut
+// meanwhile: every key read (member 1's copies fall back), fsck -y clears
+// the mark. Released: the next checkpoint lets the late writes go, member
+// 1 takes copies and the roots block again and the mark ends; everything
+// whole and clean after the unmount.
+TEST(NodeCopiesTest, AStallingMembersNodeWritesAreGivenUpAndTheNodesRewrittenWithoutIt) {
+  Members ms(2);
+  ASSERT_TRUE(ms.Format(2).ok());
+  testing::GateDevice gate(ms.devs[1].get(), IoOp::kWrite, IoOrigin::kBtree);
+  gate.GateFrom(kRootsOffset + 2 * kRootsSlotSize);
+  std::unique_ptr<Members> cut;
+  {
+    Store e;
+    ASSERT_TRUE(ms.Open(&e, false, {ms.devs[0].get(), &gate}, /*no_writer=*/true).ok());
+    SetKeys(e, kKeys, 1, 0);
+    ASSERT_TRUE(e.btrees().Checkpoint().ok());
+    SetKeys(e, kKeys, 2, 1);
+    gate.Close();
+    Status st = e.btrees().Checkpoint();
+    ASSERT_TRUE(st.ok()) << st.Message();
+    const std::vector<u64> parked = gate.ParkedOffsets();
+    ASSERT_FALSE(parked.empty());
+    // (Those past the queue's slots wait in it: out as well.)
+    Stats s = e.btrees().GetStats();
+    const u64 late = s.node_copies_late;
+    EXPECT_GE(late, parked.size());
+    EXPECT_EQ(s.late_node_ios, late);
+    EXPECT_EQ(s.held_members, 1u);
+    EXPECT_EQ(s.node_copy_write_errors, 0u);
+    EXPECT_EQ(e.devs().failed(), 0u);  // (a stall is no failure)
+    EXPECT_EQ(e.btrees().roots().stale_since[1], e.btrees().roots().gen);
+    EXPECT_EQ(e.btrees().roots().stale_since[0], 0u);
+    EXPECT_EQ(e.btrees().GetStats().stale_members, 1u);
+    // Held: the rewrites (and a new round) go to member 0 alone, nothing
+    // more is parked, and the parked writes' buckets stay the btree's.
+    const u64 degraded_before = s.degraded_nodes;
+    for (u32 round = 2; round <= 3; round++) {
+      SetKeys(e, kKeys, 3, 2);  // (twice: the second a rewrite of the same values)
+      st = e.btrees().Checkpoint();
+      ASSERT_TRUE(st.ok()) << st.Message();
+    }
+    EXPECT_EQ(gate.ParkedOffsets().size(), parked.size());
+    s = e.btrees().GetStats();
+    EXPECT_GT(s.degraded_nodes, degraded_before);
+    EXPECT_EQ(s.node_copies_late, late);
+    EXPECT_EQ(s.late_node_ios, late);
+    EXPECT_GT(e.btrees().roots().degraded_on[0], 0u);
+    for (u64 off : parked) {
+      const alloc::Bucket bk = e.alloc().Get(1, e.sb().BucketOf(off));
+      EXPECT_EQ(bk.state, alloc::BucketState::kBtree) << "the bucket of a late write at " << off << " was freed";
+    }
+    EXPECT_NE(e.btrees().roots().stale_since[1], 0u);
+    cut = ms.AfterPowerCut();
+    // Released: let go at the next checkpoint's start; member 1 back in.
+    gate.Open();
+    e.btrees().WaitLateIos();  // (the released I/Os' completions)
+    SetKeys(e, kKeys, 5, 3);
+    st = e.btrees().Checkpoint();
+    ASSERT_TRUE(st.ok()) << st.Message();
+    s = e.btrees().GetStats();
+    EXPECT_EQ(s.late_node_ios, 0u);
+    EXPECT_EQ(s.held_members, 0u);
+    EXPECT_EQ(e.btrees().roots().stale_since[1], 0u);
+    EXPECT_EQ(e.btrees().GetStats().stale_members, 0u);
+    EXPECT_EQ(e.devs().failed(), 0u);
+    ASSERT_TRUE(e.Close().ok());
+  }
+  const Walk w = ExpectWholeAndClean(ms, Rounds(4));
+  EXPECT_EQ(StaleMembers(ms), 0u);
+  EXPECT_GT(w.by_copies[2], 0u);
+  // The cut: member 1 stale (from the block on member 0), every key read.
+  EXPECT_EQ(StaleMembers(*cut), 2u);
+  {
+    Store e;
+    ASSERT_TRUE(cut->Open(&e).ok());
+    ExpectKeys(e, kKeys, Rounds(3));
+    ASSERT_TRUE(e.Close().ok());
+  }
+  std::string out;
+  EXPECT_EQ(cut->Check(&out, /*repair=*/true), fsck::kExitClean) << out;
+  EXPECT_EQ(StaleMembers(*cut), 0u);
+  ExpectWholeAndClean(*cut, Rounds(3));
+}
+
+// Member 1's flushes parked: its copies are written but never flushed;
+// given up as its writes would be (counted a late flush), the member held
+// and stale; released, everything as before.
+TEST(NodeCopiesTest, AStallingMembersFlushIsGivenUpLikeItsWrites) {
+  Members ms(2);
+  ASSERT_TRUE(ms.Format(2).ok());
+  testing::GateDevice gate(ms.devs[1].get(), IoOp::kFlush, IoOrigin::kBtree);
+  {
+    Store e;
+    ASSERT_TRUE(ms.Open(&e, false, {ms.devs[0].get(), &gate}, /*no_writer=*/true).ok());
+    SetKeys(e, kKeys, 1, 0);
+    ASSERT_TRUE(e.btrees().Checkpoint().ok());
+    SetKeys(e, kKeys, 2, 1);
+    gate.Close();
+    const Status st = e.btrees().Checkpoint();
+    ASSERT_TRUE(st.ok()) << st.Message();
+    EXPECT_EQ(gate.parked(), 1u);
+    const Stats s = e.btrees().GetStats();
+    EXPECT_EQ(s.node_flushes_late, 1u);
+    EXPECT_GT(s.node_copies_late, 0u);
+    EXPECT_EQ(s.late_node_ios, 1u);
+    EXPECT_EQ(s.held_members, 1u);
+    EXPECT_EQ(e.devs().failed(), 0u);
+    EXPECT_EQ(e.btrees().roots().stale_since[1], e.btrees().roots().gen);
+    SetKeys(e, kKeys, 3, 2);
+    ASSERT_TRUE(e.btrees().Checkpoint().ok());
+    EXPECT_EQ(gate.parked(), 1u);  // (held: no second flush)
+    gate.Open();
+    e.btrees().WaitLateIos();  // (the released I/Os' completions)
+    SetKeys(e, kKeys, 5, 3);
+    ASSERT_TRUE(e.btrees().Checkpoint().ok());
+    EXPECT_EQ(e.btrees().GetStats().held_members, 0u);
+    EXPECT_EQ(e.btrees().GetStats().node_flushes_late, 1u);
+    EXPECT_EQ(e.btrees().roots().stale_until[1], 0u);
+    EXPECT_EQ(e.btrees().roots().stale_since[1], 0u);
+    ASSERT_TRUE(e.Close().ok());
+  }
+  ExpectWholeAndClean(ms, Rounds(4));
+  EXPECT_EQ(StaleMembers(ms), 0u);
+}
+
+// Member 1's roots write parked: once member 0 took the block it is given
+// up, member 1 held (no roots write there while one is out: both slots
+// alternate) and not stale (its copies were written and flushed); the next
+// checkpoint writes nodes and the block without it. A cut meanwhile: the
+// mount finds member 1's block older (stale from then), every key read.
+TEST(NodeCopiesTest, AStallingMembersRootsWriteIsGivenUpOnceAnotherTookTheBlock) {
+  Members ms(2);
+  ASSERT_TRUE(ms.Format(2).ok());
+  testing::GateDevice gate(ms.devs[1].get(), IoOp::kWrite, IoOrigin::kBtree);
+  gate.GateFrom(kRootsOffset, kRootsOffset + 2 * kRootsSlotSize);
+  std::unique_ptr<Members> cut;
+  {
+    Store e;
+    ASSERT_TRUE(ms.Open(&e, false, {ms.devs[0].get(), &gate}, /*no_writer=*/true).ok());
+    SetKeys(e, kKeys, 1, 0);
+    ASSERT_TRUE(e.btrees().Checkpoint().ok());
+    SetKeys(e, kKeys, 2, 1);
+    gate.Close();
+    ASSERT_TRUE(e.btrees().Checkpoint().ok());
+    EXPECT_EQ(gate.parked(), 1u);
+    Stats s = e.btrees().GetStats();
+    EXPECT_EQ(s.roots_writes_late, 1u);
+    EXPECT_EQ(s.node_copies_late, 0u);
+    EXPECT_EQ(s.held_members, 1u);
+    EXPECT_EQ(e.btrees().roots().stale_since[1], 0u);
+    const u64 degraded_before = s.degraded_nodes;
+    SetKeys(e, kKeys, 3, 2);
+    ASSERT_TRUE(e.btrees().Checkpoint().ok());
+    EXPECT_EQ(gate.parked(), 1u);
+    EXPECT_GT(e.btrees().GetStats().degraded_nodes, degraded_before);
+    cut = ms.AfterPowerCut();
+    gate.Open();
+    e.btrees().WaitLateIos();  // (the released I/Os' completions)
+    SetKeys(e, kKeys, 5, 3);
+    ASSERT_TRUE(e.btrees().Checkpoint().ok());
+    s = e.btrees().GetStats();
+    EXPECT_EQ(s.held_members, 0u);
+    EXPECT_EQ(s.late_node_ios, 0u);
+    ASSERT_TRUE(e.Close().ok());
+  }
+  ExpectWholeAndClean(ms, Rounds(4));
+  EXPECT_EQ(StaleMembers(ms), 0u);
+  EXPECT_EQ(StaleMembers(*cut), 2u);
+  {
+    Store e;
+    ASSERT_TRUE(cut->Open(&e).ok());
+    ExpectKeys(e, kKeys, Rounds(3));
+    ASSERT_TRUE(e.Close().ok());
+  }
+}
+
+// Nothing is given up that would leave a node without a durable copy:
+// member 1's node writes parked and member 0's flushes failing (member 0
+// marked failed), the checkpoint waits for member 1's writes and succeeds
+// with them once released. And an unmount during a stall waits for the
+// late writes (nothing freed under them), then is clean.
+TEST(NodeCopiesTest, ACheckpointWaitsForALateCopyThatIsANodesLastAndCloseWaitsForLateWrites) {
+  Members ms(2);
+  ASSERT_TRUE(ms.Format(2).ok());
+  testing::GateDevice gate1(ms.devs[1].get(), IoOp::kWrite, IoOrigin::kBtree);
+  gate1.GateFrom(kRootsOffset + 2 * kRootsSlotSize);
+  testing::GateDevice gate0(ms.devs[0].get(), IoOp::kFlush, IoOrigin::kBtree);
+  {
+    Store e;
+    ASSERT_TRUE(ms.Open(&e, false, {&gate0, &gate1}, /*no_writer=*/true).ok());
+    SetKeys(e, kKeys, 1, 0);
+    ASSERT_TRUE(e.btrees().Checkpoint().ok());
+    SetKeys(e, kKeys, 2, 1);
+    gate1.Close();
+    gate0.Fail(true);
+    std::atomic<bool> done{false};
+    Status st;
+    std::thread t([&] {
+      st = e.btrees().Checkpoint();
+      done = true;
+    });
+    // Past member 1's late bound (the checkpoint cannot end before the
+    // release whatever the timing: no copy of those nodes is durable).
+    while (gate1.parked() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    EXPECT_FALSE(done.load());
+    gate1.Open();
+    t.join();
+    ASSERT_TRUE(st.ok()) << st.Message();
+    EXPECT_EQ(e.btrees().GetStats().node_copies_late, 0u);
+    EXPECT_EQ(e.devs().failed(), 1u);  // (member 0's flush)
+    ASSERT_TRUE(e.Close().ok());
+  }
+  // (Member 0 failed: a remount sees it stale; fsck -y verifies it.)
+  std::string out;
+  EXPECT_EQ(ms.Check(&out, /*repair=*/true), fsck::kExitClean) << out;
+  ExpectWholeAndClean(ms, Rounds(2));
+  // The unmount: member 1's node writes given up, then Close during the
+  // stall -- it returns only once they are released, and is clean.
+  {
+    Store e;
+    ASSERT_TRUE(ms.Open(&e, false, {ms.devs[0].get(), &gate1}, /*no_writer=*/true).ok());
+    SetKeys(e, kKeys, 3, 2);
+    gate1.Close();
+    ASSERT_TRUE(e.btrees().Checkpoint().ok());
+    ASSERT_GT(e.btrees().GetStats().late_node_ios, 0u);
+    std::atomic<bool> done{false};
+    Status st;
+    std::thread t([&] {
+      st = e.Close();
+      done = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_FALSE(done.load());
+    gate1.Open();
+    t.join();
+    ASSERT_TRUE(st.ok()) << st.Message();
+  }
+  ExpectWholeAndClean(ms, Rounds(3));
+  EXPECT_EQ(StaleMembers(ms), 0u);
+}
+
 TEST(NodeCopiesTest, ThreeMembersTwoCopiesEachNodeHasTwo) {
   Members ms(3);
   ASSERT_TRUE(ms.Format(2).ok());

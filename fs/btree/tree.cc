@@ -495,6 +495,13 @@ Status Btrees::Close(bool* settled) {
   }
   TreeOps::DropMergeQueue(im);
   im->reclaim_ok.FetchAdd(1, MemOrder::kRelaxed);  // nothing else commits now (never taken back)
+  {
+    // Checkpoints' late I/Os (6c-3): waited for (an unmount waits out a
+    // stall, as the journal's Stop does); the unmount's give nothing up.
+    MutexLock ck(im->ckpt_mu);
+    im->closing = true;
+    TreeOps::WaitLate(im);
+  }
   Status st;
   // Nothing commits any more, so these checkpoints cover every journal entry
   // (a clean filesystem is mounted without replay). Each checkpoint's own
@@ -546,6 +553,12 @@ Status Btrees::Close(bool* settled) {
     if (t.root != nullptr) FreeSubtree(t.root);
     t.root = nullptr;
   }
+  {
+    MutexLock ck(im->ckpt_mu);
+    TreeOps::WaitLate(im);  // (none: the checkpoints above waited; a failed one may have left one)
+  }
+  // A completion's last touch of im (PhaseDone) is phase_out's decrement.
+  while (im->phase_out.Load(MemOrder::kAcquire) != 0) platform::SleepNs(platform::kNsPerMs);
   platform::Delete(im);
   impl_ = nullptr;
   return st;

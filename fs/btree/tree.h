@@ -143,6 +143,11 @@ struct Options {
   X(node_copy_retries, counter, "node copies that failed a read (I/O or checks) before another copy served") \
   X(node_repairs, counter, "nodes dirtied to be rewritten because a copy failed while another served") \
   X(node_copy_write_errors, counter, "node copies whose write or flush failed while another copy was written") \
+  X(node_copies_late, counter, "node copies a checkpoint gave up on a stalling member past its late bound (the node kept its other copies; rewritten)") \
+  X(node_flushes_late, counter, "flushes a checkpoint gave up on a stalling member past its late bound") \
+  X(roots_writes_late, counter, "roots block writes given up on a stalling member once another member took the block") \
+  X(late_node_ios, gauge, "node writes, flushes and roots writes given up and still out (as of the last checkpoint's start)") \
+  X(held_members, gauge, "members left out of checkpoints' copy sets and roots writes while a late I/O there is out") \
   X(node_writes, counter, "nodes written")                                                          \
   X(node_write_bytes, counter, "bytes of nodes written")                                            \
   X(checkpoints, counter, "checkpoints done")                                                       \
@@ -494,6 +499,10 @@ class Btrees {
   // Writes every dirty node and a new roots block. Safe to call concurrently with
   // everything else; one checkpoint runs at a time.
   Status Checkpoint();
+  // Waits until every node write, flush and roots write a checkpoint gave
+  // up on a stalling member (docs/design/copies.md, "Step 6c-3") has ended,
+  // and lets them go (what Close and every checkpoint's start do; tests).
+  void WaitLateIos();
   // fsck -y, once every copy of every node on the members in `mask` has been
   // verified or rewritten: the next roots block no longer calls them stale
   // (Roots::stale_since; the next Checkpoint writes one even with nothing

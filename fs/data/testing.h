@@ -94,6 +94,13 @@ class GateDevice final : public BlockDevice {
     std::lock_guard<std::mutex> l(mu_);
     return failed_;
   }
+  // The offsets of the requests parked now.
+  std::vector<u64> ParkedOffsets() {
+    std::lock_guard<std::mutex> l(mu_);
+    std::vector<u64> v;
+    for (const IoRequest* r : parked_) v.push_back(r->offset);
+    return v;
+  }
 
  private:
   BlockDevice* inner_;
