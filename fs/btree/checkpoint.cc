@@ -100,8 +100,10 @@ Status ReadRoots(dev::DeviceSet& devs, const sb::Superblock& sb, Roots* out, Dia
   // only the copies of that one checkpoint. (A degraded open's missing
   // member is not read: member_gen 0, never marked.) The window is the gens
   // it missed, up to the newest: every later checkpoint writes every member
-  // not marked failed, or fails, so copies of nodes written after it were
-  // written (an earlier window is widened to cover both); one marked failed
+  // not marked failed, or fails -- or leaves out a held one (6c-3), whose
+  // copies none of its pointers name, or marks it stale itself -- so copies
+  // of nodes written after it were written (an earlier window is widened
+  // to cover both); one marked failed
   // (5c-3) is written nothing more, and every later roots block carries its
   // window up to its own gen.
   for (u32 m = 0; found && m < sb.nr_members; m++) {
@@ -324,12 +326,16 @@ dev::DevMask TreeOps::CopySetMask(const Impl* im) {
 // gives, then members with nonzero durability, until their durability
 // reaches metadata_replicas (at most kMaxNodeCopies). Fewer when the
 // target has fewer: each node is then degraded (AllocSlot counts it).
-// Held members (a late I/O out: 6c-3) only when no other is left.
+// Held members (a late I/O out: 6c-3) only when no other is left, or no
+// other with nonzero durability where one of them has it.
 void TreeOps::ChooseCopySet(Impl* im) {
   im->copy_set_n = 0;
   im->copy_set_refused = 0;
+  im->copy_set_avoid = 0;
+  const bool durable_any = BestMember(im, 0, true) != kNoMember;
   im->copy_set_avoid = im->held_members;
-  if (BestMember(im, 0, false) == kNoMember) im->copy_set_avoid = 0;
+  if (BestMember(im, 0, false) == kNoMember || (durable_any && BestMember(im, 0, true) == kNoMember))
+    im->copy_set_avoid = 0;
   u32 durability = 0;
   u32 m = BestMember(im, 0, false);
   while (m != kNoMember && im->copy_set_n < kMaxNodeCopies) {
@@ -533,8 +539,7 @@ void TreeOps::CloseOpenLocked(Impl* im, u32 m, Vector<alloc::BucketRef>* frees) 
   p.open_valid = false;
   const u64 b = p.open_bucket.bucket;
   if (im->live[m][b] == 0) {
-    alloc::Bucket bk = im->alloc->Get(m, b);
-    if (bk.state == alloc::BucketState::kBtree) frees->PushBack(alloc::BucketRef{m, b, bk.gen}).IgnoreError();
+    if (!HeldLocked(im, m, b)) FreeEmptyLocked(im, m, b, frees);  // (held: when its late writes end)
     im->holes_stale = true;
   }
   NoteAvailLocked(im, m);  // (the open bucket's rest is gone)
@@ -625,11 +630,12 @@ void TreeOps::FreeCopySlot(Impl* im, const NodeCopy& c, Vector<alloc::BucketRef>
     p.holes.PushBack(Impl::Hole{bk.gen, c.offset}).IgnoreError();
   NoteAvailLocked(im, m);
 }
-// One live slot of member m's bucket b fewer (a node's copy, or a late
-// write's hold: 6c-3). True when that emptied the bucket, which is then
-// no longer open and goes on `frees` (without: stays allocated, for the
-// next mount to free); false while it holds a node or is being filled.
-// slot_mu held; the caller purges the holes.
+// One live slot of member m's bucket b fewer. True when that emptied the
+// bucket: no longer open, it goes on `frees` (without: stays allocated,
+// for the next mount to free) -- or, while a late node write holds it
+// (6c-3), when the last of those ends (ReleaseHoldLocked); false while it
+// holds a node or is being filled. slot_mu held; the caller purges the
+// holes.
 bool TreeOps::DropLiveLocked(Impl* im, u32 m, u64 b, Vector<alloc::BucketRef>* frees) {
   Impl::SlotPool& p = im->pool[m];
   const bool open = IsOpenLocked(im, m, b);
@@ -638,10 +644,38 @@ bool TreeOps::DropLiveLocked(Impl* im, u32 m, u64 b, Vector<alloc::BucketRef>* f
   if (open) p.open_valid = false;
   im->holes_stale = true;
   NoteAvailLocked(im, m);
+  if (!HeldLocked(im, m, b)) FreeEmptyLocked(im, m, b, frees);
+  return true;
+}
+// Member m's bucket b, empty and not open, goes on `frees` if it is still
+// the btree's. slot_mu held.
+void TreeOps::FreeEmptyLocked(Impl* im, u32 m, u64 b, Vector<alloc::BucketRef>* frees) {
   const alloc::Bucket bk = im->alloc->Get(m, b);
   if (bk.state == alloc::BucketState::kBtree && frees != nullptr)
     frees->PushBack(alloc::BucketRef{m, b, bk.gen}).IgnoreError();  // (without memory: the next mount frees it)
-  return true;
+}
+// Whether a late node write (6c-3) holds member m's bucket b: it may
+// still land there, so the bucket is not freed. slot_mu held.
+bool TreeOps::HeldLocked(Impl* im, u32 m, u64 b) {
+  const Vector<u64>& held = im->pool[m].held;
+  for (usize i = 0; i < held.size(); i++)
+    if (held[i] == b) return true;
+  return false;
+}
+// A late node write on member m's bucket b ended: its hold goes, and the
+// bucket with it if nothing else holds it and it emptied meanwhile (no
+// live node, not open). slot_mu held; the caller purges the holes.
+void TreeOps::ReleaseHoldLocked(Impl* im, u32 m, u64 b, Vector<alloc::BucketRef>* frees) {
+  Vector<u64>& held = im->pool[m].held;
+  for (usize i = 0; i < held.size(); i++) {
+    if (held[i] != b) continue;
+    held[i] = held.back();
+    held.PopBack();
+    break;
+  }
+  if (HeldLocked(im, m, b) || b >= im->live[m].size() || im->live[m][b] != 0 || IsOpenLocked(im, m, b)) return;
+  im->holes_stale = true;
+  FreeEmptyLocked(im, m, b, frees);
 }
 void TreeOps::PurgeHoles(Impl* im) {
   MutexLock l(im->slot_mu);
@@ -798,9 +832,7 @@ void TreeOps::ReapLate(Impl* im) {
       p.noted = 1;
       if (p.holds) {
         MutexLock l(im->slot_mu);
-        const u64 bucket = im->sb.BucketOf(p.io.req.offset);
-        if (bucket < im->live[p.member].size() && im->live[p.member][bucket] > 0)
-          DropLiveLocked(im, p.member, bucket, &frees);
+        ReleaseHoldLocked(im, p.member, im->sb.BucketOf(p.io.req.offset), &frees);
       }
       const Status st = Status(Err(p.err.Load(MemOrder::kRelaxed)));
       if (!st.ok()) im->devs->MarkFailed(p.member, st);
@@ -830,9 +862,10 @@ void TreeOps::WaitLate(Impl* im) {
 }
 
 // Whether member m's copies may be given up now: every node with a copy
-// there has another copy, on a member not given up, written and flushed.
+// there has another copy, on a member not given up and not unavailable
+// (failed: it gets no roots block), written and flushed.
 // The writes are b's first nwrites I/Os, each job's copies adjacent.
-bool TreeOps::CanGiveUp(Impl*, const PhaseBatch* b, u32 nwrites, u32 m, dev::DevMask gave_up,
+bool TreeOps::CanGiveUp(Impl* im, const PhaseBatch* b, u32 nwrites, u32 m, dev::DevMask gave_up,
                         dev::DevMask flushed_ok) {
   for (u32 i = 0; i < nwrites;) {
     const u32 job = b->ios[i].job;
@@ -842,7 +875,8 @@ bool TreeOps::CanGiveUp(Impl*, const PhaseBatch* b, u32 nwrites, u32 m, dev::Dev
       const dev::DevMask bit = dev::DevMask(1) << p.member;
       if (p.member == m) {
         there = true;
-      } else if ((gave_up & bit) == 0 && (flushed_ok & bit) != 0 && p.seen && p.err.Load(MemOrder::kRelaxed) == 0) {
+      } else if ((gave_up & bit) == 0 && (flushed_ok & bit) != 0 && (im->devs->unavailable() & bit) == 0 &&
+                 p.seen && p.err.Load(MemOrder::kRelaxed) == 0) {
         safe = true;
       }
     }
@@ -954,15 +988,27 @@ Status TreeOps::WriteNodeCopies(Impl* im, Vector<Job>& jobs, PhaseBatch* b, bool
         blocked |= dev::DevMask(1) << m;
         continue;
       }
-      gave_up |= dev::DevMask(1) << m;
-      for (u32 i = 0; i < nwrites; i++) {
-        PhaseIo& p = b->ios[i];
-        if (p.member != m || p.seen) continue;
-        p.late = 1;
-        p.holds = 1;
+      // Each write still out holds its bucket until it ends (ReapLate):
+      // else the rewrite frees the slot, the bucket goes to data, and the
+      // late write lands on it. (Without memory for the holds: waited for.)
+      u32 out = 0;
+      for (u32 i = 0; i < nwrites; i++) out += b->ios[i].member == m && !b->ios[i].seen ? 1 : 0;
+      {
         MutexLock l(im->slot_mu);
-        im->live[m][im->sb.BucketOf(p.io.req.offset)]++;  // (its slot's bucket stays: ReapLate)
+        Vector<u64>& held = im->pool[m].held;
+        if (!held.Reserve(held.size() + out).ok()) {
+          blocked |= dev::DevMask(1) << m;
+          continue;
+        }
+        for (u32 i = 0; i < nwrites; i++) {
+          PhaseIo& p = b->ios[i];
+          if (p.member != m || p.seen) continue;
+          p.late = 1;
+          p.holds = 1;
+          held.PushBack(im->sb.BucketOf(p.io.req.offset)).IgnoreError();  // (reserved above)
+        }
       }
+      gave_up |= dev::DevMask(1) << m;
       if (flush[m] != nullptr && !flush[m]->seen) {
         flush[m]->late = 1;
         im->ctr.node_flushes_late.FetchAdd(1, MemOrder::kRelaxed);
@@ -983,14 +1029,17 @@ Status TreeOps::WriteNodeCopies(Impl* im, Vector<Job>& jobs, PhaseBatch* b, bool
     for (u32 c = 0; c < PtrCopies(j.dst); c++, k++) {
       const NodeCopy at = PtrCopy(j.dst, c);
       const dev::DevMask bit = dev::DevMask(1) << at.member;
-      if ((gave_up & bit) != 0) {  // (not a failure of the member: nothing marked)
+      const PhaseIo& p = b->ios[k];
+      if ((gave_up & bit) != 0 && (p.late || p.err.Load(MemOrder::kRelaxed) == 0)) {
+        // Given up (not a failure of the member: nothing marked). One that
+        // had ended with an error is counted as every failed write, below.
         if (late_copies++ == 0) first_late_member = at.member;
         j.rewrite = true;
         MutexLock l(im->slot_mu);  // (never a hole: FreeCopySlot)
         im->pool[at.member].bad.PushBack(at.offset).IgnoreError();  // (without memory: it may be)
         continue;
       }
-      Status cst = Status(Err(b->ios[k].err.Load(MemOrder::kRelaxed)));
+      Status cst = Status(Err(p.err.Load(MemOrder::kRelaxed)));
       if (cst.ok() && (flush_failed & bit) != 0) cst = flush_error[at.member];
       if (cst.ok()) {
         good++;
@@ -1032,6 +1081,34 @@ Status TreeOps::WriteNodeCopies(Impl* im, Vector<Job>& jobs, PhaseBatch* b, bool
                     first_late_member, late_copies, late_copies == 1 ? "y" : "ies", more);
   }
   return st;
+}
+
+// Member m, given up in this checkpoint, is needed after all (no other
+// member took the roots block): waits for its I/Os in b to end, then, if
+// every node write there succeeded, flushes it and writes the roots block
+// there, each waited for (no deadline). True if it took the block; an
+// error marks it failed.
+bool TreeOps::TakeBack(Impl* im, PhaseBatch* b, u32 m, u64 gen) {
+  for (;;) {
+    const u32 ev = im->phase_events.Load(MemOrder::kAcquire);
+    bool busy = false;
+    for (u32 i = 0; i < b->n && !busy; i++)
+      busy = b->ios[i].member == m && b->ios[i].busy.Load(MemOrder::kAcquire) != 0;
+    if (!busy) break;
+    tfs_plat_wait(im->phase_events.Address(), ev, 100 * platform::kNsPerMs);
+  }
+  for (u32 i = 0; i < b->n; i++) {
+    const PhaseIo& p = b->ios[i];
+    if (p.member == m && p.kind == kPhaseWrite && p.err.Load(MemOrder::kRelaxed) != 0) return false;  // (ReapLate marks it)
+  }
+  im->ctr.late_taken_back.FetchAdd(1, MemOrder::kRelaxed);
+  dev::IoQueue& q = im->devs->member(m)->queue();
+  Status st = dev::QueueSyncIo(q, IoOp::kFlush, 0, nullptr, 0, 0, IoOrigin::kBtree);
+  if (st.ok())
+    st = dev::QueueSyncIo(q, IoOp::kWrite, RootsSlotOffset(gen), b->roots_buf, kRootsSlotSize, IoRequest::kFua,
+                          IoOrigin::kBtree);
+  if (!st.ok()) im->devs->MarkFailed(m, st);
+  return st.ok();
 }
 
 // The roots block to every member holding btree nodes that is not
@@ -1107,6 +1184,13 @@ Status TreeOps::WriteRoots(Impl* im, const Roots& roots, PhaseBatch* b, bool may
     im->devs->MarkFailed(m, st);
     if (((im->devs->failed() >> m) & 1) != 0) continue;  // (marked: the block goes on without it)
     unmarked++;  // (an error that marks nothing, or the last member: as before)
+  }
+  // No member took the block (each failed it, or failed since its copies
+  // were flushed): a member given up in this checkpoint is taken back --
+  // waited for, whatever the stall, as before 6c-3.
+  for (u32 m : dev::Bits(gave_up & ~im->devs->unavailable())) {
+    if (taken > 0) break;
+    if (TakeBack(im, b, m, roots.gen)) taken++;
   }
   if (taken > 0 && unmarked == 0) return Status::Ok();
   return first.ok() && taken == 0 ? Status(Err::kIo) : first;

@@ -176,6 +176,9 @@ struct Btrees::Impl {
     // when the node's rewrite frees them (a bad sector would fail every
     // node given it), unused until their bucket empties. Few: a plain list.
     Vector<u64> bad;
+    // Buckets a late node write (6c-3) may still land in, one entry per
+    // write: never freed while listed (ReleaseHoldLocked).
+    Vector<u64> held;
     // Slots the next node images can take here without a new bucket: the
     // holes, the rest of the open bucket and the reserved buckets; and of
     // them, the reserved buckets' (PublishNeed declares them as held).
@@ -398,6 +401,7 @@ class TreeOps {
   static bool CanGiveUp(Impl* im, const PhaseBatch* b, u32 nwrites, u32 m, dev::DevMask gave_up,
                         dev::DevMask flushed_ok);
   static Status WriteNodeCopies(Impl* im, Vector<Job>& jobs, PhaseBatch* b, bool may_give_up, dev::DevMask* gave_up);
+  static bool TakeBack(Impl* im, PhaseBatch* b, u32 m, u64 gen);
   static Status WriteRoots(Impl* im, const Roots& roots, PhaseBatch* b, bool may_give_up, dev::DevMask gave_up);
   static void NoteAvailLocked(Impl* im, u32 m);
   static bool IsOpenLocked(Impl* im, u32 m, u64 b);
@@ -420,6 +424,9 @@ class TreeOps {
   static void FreeSlot(Impl* im, const NodePtrFormat& p, Vector<alloc::BucketRef>* frees);
   static void FreeCopySlot(Impl* im, const NodeCopy& c, Vector<alloc::BucketRef>* frees);
   static bool DropLiveLocked(Impl* im, u32 m, u64 b, Vector<alloc::BucketRef>* frees);
+  static void FreeEmptyLocked(Impl* im, u32 m, u64 b, Vector<alloc::BucketRef>* frees);
+  static bool HeldLocked(Impl* im, u32 m, u64 b);
+  static void ReleaseHoldLocked(Impl* im, u32 m, u64 b, Vector<alloc::BucketRef>* frees);
   static void FreeBuckets(Impl* im, const Vector<alloc::BucketRef>& frees);
   static void PurgeHoles(Impl* im);
   static void ReleaseOpenBucket(Impl* im);

@@ -260,6 +260,16 @@ void FillTwoCopies(Members& ms) {
   ASSERT_TRUE(e.Close().ok());
 }
 
+// Opens e over `devs` (no writer thread), writes round 0 (every key) and
+// checkpoints it, then sets round 1 (every other key): dirty nodes for the
+// next checkpoint.
+void OpenWithRound1(Members& ms, Store* e, std::vector<BlockDevice*> devs) {
+  ASSERT_TRUE(ms.Open(e, false, std::move(devs), /*no_writer=*/true).ok());
+  SetKeys(*e, kKeys, 1, 0);
+  ASSERT_TRUE(e->btrees().Checkpoint().ok());
+  SetKeys(*e, kKeys, 2, 1);
+}
+
 TEST(NodeCopiesTest, EveryNodeHasACopyOnEachSsdAndEachCopyIsTheNode) {
   Members ms(2);
   ASSERT_TRUE(ms.Format(2).ok());
@@ -479,10 +489,7 @@ TEST(NodeCopiesTest, AMemberThatMissedTheRootsBlockIsStaleUntilFsckRewritesIt) {
   std::unique_ptr<Members> cut;
   {
     Store e;
-    ASSERT_TRUE(ms.Open(&e, false, {ms.devs[0].get(), &gate}, /*no_writer=*/true).ok());
-    SetKeys(e, kKeys, 1, 0);
-    ASSERT_TRUE(e.btrees().Checkpoint().ok());
-    SetKeys(e, kKeys, 2, 1);
+    ASSERT_NO_FATAL_FAILURE(OpenWithRound1(ms, &e, {ms.devs[0].get(), &gate}));
     gate.Fail(true);
     EXPECT_TRUE(e.btrees().Checkpoint().ok());
     EXPECT_GT(gate.failed(), 1u);  // node copies (not the roots block: member 1 was marked failed)
@@ -1011,13 +1018,59 @@ TEST(NodeCopiesTest, ADroppedDegradedNodeLeavesTheCount) {
   ASSERT_TRUE(e.Close().ok());
 }
 
-// Three members, two copies wanted: two copies a node, on distinct
-// members, and the need declared on all three (any may be chosen).
 // Step 6c-3 (docs/design/copies.md): the checkpoint does not wait out a
 // stalling member. GateDevice parks member 1's requests; the queue then
 // sees them at the device past the member's late bound (250 ms at least),
 // i.e. stalling. No timing is asserted: a give-up needs the park, and a
 // wait (the only other outcome) shows up as the checkpoint not returning.
+
+// A writable open of ms reads every key k with round last(k)'s value.
+template <typename Last>
+void ExpectKeysOn(Members& ms, Last last) {
+  Store e;
+  ASSERT_TRUE(ms.Open(&e).ok());
+  ExpectKeys(e, kKeys, last);
+  ASSERT_TRUE(e.Close().ok());
+}
+
+// Runs a checkpoint while `gate` parks requests. One that has not returned
+// within 60 s waited out the park (a give-up that never came): a failure,
+// and the gate is opened so that the test ends rather than hangs.
+Status CheckpointPast(Store& e, testing::GateDevice& gate) {
+  std::atomic<bool> done{false};
+  Status st;
+  std::thread t([&] {
+    st = e.btrees().Checkpoint();
+    done = true;
+  });
+  for (int i = 0; i < 6000 && !done; i++) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (!done) {
+    ADD_FAILURE() << "the checkpoint waited for the parked requests";
+    gate.Open();
+  }
+  t.join();
+  return st;
+}
+
+// Until pred() holds, for at most 60 s (a failure then: the test ends
+// rather than hangs).
+template <typename Pred>
+void AwaitOrFail(Pred pred, const char* what) {
+  for (int i = 0; i < 6000 && !pred(); i++) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (!pred()) ADD_FAILURE() << "never happened: " << what;
+}
+
+// The newest gen of a valid-looking roots slot on member m (0: none).
+u64 RootsGenOn(Members& ms, u32 m) {
+  std::vector<u8> raw(2 * kRootsSlotSize);
+  ms.devs[m]->ReadRaw(kRootsOffset, raw.data(), raw.size());
+  u64 gen = 0;
+  for (u32 slot = 0; slot < 2; slot++) {
+    const auto* r = reinterpret_cast<const RootsFormat*>(raw.data() + slot * kRootsSlotSize);
+    if (r->magic.get() == kRootsMagic) gen = std::max<u64>(gen, r->gen.get());
+  }
+  return gen;
+}
 
 // The last round that set key k, rounds r0..r3 having set keys that are
 // multiples of 1, 2, 3, 5 (as many rounds as `rounds`).
@@ -1050,12 +1103,9 @@ TEST(NodeCopiesTest, AStallingMembersNodeWritesAreGivenUpAndTheNodesRewrittenWit
   std::unique_ptr<Members> cut;
   {
     Store e;
-    ASSERT_TRUE(ms.Open(&e, false, {ms.devs[0].get(), &gate}, /*no_writer=*/true).ok());
-    SetKeys(e, kKeys, 1, 0);
-    ASSERT_TRUE(e.btrees().Checkpoint().ok());
-    SetKeys(e, kKeys, 2, 1);
+    ASSERT_NO_FATAL_FAILURE(OpenWithRound1(ms, &e, {ms.devs[0].get(), &gate}));
     gate.Close();
-    Status st = e.btrees().Checkpoint();
+    Status st = CheckpointPast(e, gate);
     ASSERT_TRUE(st.ok()) << st.Message();
     const std::vector<u64> parked = gate.ParkedOffsets();
     ASSERT_FALSE(parked.empty());
@@ -1071,14 +1121,18 @@ TEST(NodeCopiesTest, AStallingMembersNodeWritesAreGivenUpAndTheNodesRewrittenWit
     EXPECT_EQ(e.btrees().roots().stale_since[0], 0u);
     EXPECT_EQ(e.btrees().GetStats().stale_members, 1u);
     // Held: the rewrites (and a new round) go to member 0 alone, nothing
-    // more is parked, and the parked writes' buckets stay the btree's.
+    // more is parked, no roots block reaches member 1, and the parked
+    // writes' buckets stay the btree's.
     const u64 degraded_before = s.degraded_nodes;
+    const u64 gen_on_1 = RootsGenOn(ms, 1);
     for (u32 round = 2; round <= 3; round++) {
       SetKeys(e, kKeys, 3, 2);  // (twice: the second a rewrite of the same values)
-      st = e.btrees().Checkpoint();
+      st = CheckpointPast(e, gate);
       ASSERT_TRUE(st.ok()) << st.Message();
     }
     EXPECT_EQ(gate.ParkedOffsets().size(), parked.size());
+    EXPECT_EQ(RootsGenOn(ms, 1), gen_on_1);
+    EXPECT_GT(RootsGenOn(ms, 0), gen_on_1);
     s = e.btrees().GetStats();
     EXPECT_GT(s.degraded_nodes, degraded_before);
     EXPECT_EQ(s.node_copies_late, late);
@@ -1109,12 +1163,7 @@ TEST(NodeCopiesTest, AStallingMembersNodeWritesAreGivenUpAndTheNodesRewrittenWit
   EXPECT_GT(w.by_copies[2], 0u);
   // The cut: member 1 stale (from the block on member 0), every key read.
   EXPECT_EQ(StaleMembers(*cut), 2u);
-  {
-    Store e;
-    ASSERT_TRUE(cut->Open(&e).ok());
-    ExpectKeys(e, kKeys, Rounds(3));
-    ASSERT_TRUE(e.Close().ok());
-  }
+  ExpectKeysOn(*cut, Rounds(3));
   std::string out;
   EXPECT_EQ(cut->Check(&out, /*repair=*/true), fsck::kExitClean) << out;
   EXPECT_EQ(StaleMembers(*cut), 0u);
@@ -1130,12 +1179,9 @@ TEST(NodeCopiesTest, AStallingMembersFlushIsGivenUpLikeItsWrites) {
   testing::GateDevice gate(ms.devs[1].get(), IoOp::kFlush, IoOrigin::kBtree);
   {
     Store e;
-    ASSERT_TRUE(ms.Open(&e, false, {ms.devs[0].get(), &gate}, /*no_writer=*/true).ok());
-    SetKeys(e, kKeys, 1, 0);
-    ASSERT_TRUE(e.btrees().Checkpoint().ok());
-    SetKeys(e, kKeys, 2, 1);
+    ASSERT_NO_FATAL_FAILURE(OpenWithRound1(ms, &e, {ms.devs[0].get(), &gate}));
     gate.Close();
-    const Status st = e.btrees().Checkpoint();
+    const Status st = CheckpointPast(e, gate);
     ASSERT_TRUE(st.ok()) << st.Message();
     EXPECT_EQ(gate.parked(), 1u);
     const Stats s = e.btrees().GetStats();
@@ -1146,7 +1192,7 @@ TEST(NodeCopiesTest, AStallingMembersFlushIsGivenUpLikeItsWrites) {
     EXPECT_EQ(e.devs().failed(), 0u);
     EXPECT_EQ(e.btrees().roots().stale_since[1], e.btrees().roots().gen);
     SetKeys(e, kKeys, 3, 2);
-    ASSERT_TRUE(e.btrees().Checkpoint().ok());
+    ASSERT_TRUE(CheckpointPast(e, gate).ok());
     EXPECT_EQ(gate.parked(), 1u);  // (held: no second flush)
     gate.Open();
     e.btrees().WaitLateIos();  // (the released I/Os' completions)
@@ -1175,12 +1221,9 @@ TEST(NodeCopiesTest, AStallingMembersRootsWriteIsGivenUpOnceAnotherTookTheBlock)
   std::unique_ptr<Members> cut;
   {
     Store e;
-    ASSERT_TRUE(ms.Open(&e, false, {ms.devs[0].get(), &gate}, /*no_writer=*/true).ok());
-    SetKeys(e, kKeys, 1, 0);
-    ASSERT_TRUE(e.btrees().Checkpoint().ok());
-    SetKeys(e, kKeys, 2, 1);
+    ASSERT_NO_FATAL_FAILURE(OpenWithRound1(ms, &e, {ms.devs[0].get(), &gate}));
     gate.Close();
-    ASSERT_TRUE(e.btrees().Checkpoint().ok());
+    ASSERT_TRUE(CheckpointPast(e, gate).ok());
     EXPECT_EQ(gate.parked(), 1u);
     Stats s = e.btrees().GetStats();
     EXPECT_EQ(s.roots_writes_late, 1u);
@@ -1189,7 +1232,7 @@ TEST(NodeCopiesTest, AStallingMembersRootsWriteIsGivenUpOnceAnotherTookTheBlock)
     EXPECT_EQ(e.btrees().roots().stale_since[1], 0u);
     const u64 degraded_before = s.degraded_nodes;
     SetKeys(e, kKeys, 3, 2);
-    ASSERT_TRUE(e.btrees().Checkpoint().ok());
+    ASSERT_TRUE(CheckpointPast(e, gate).ok());
     EXPECT_EQ(gate.parked(), 1u);
     EXPECT_GT(e.btrees().GetStats().degraded_nodes, degraded_before);
     cut = ms.AfterPowerCut();
@@ -1205,12 +1248,7 @@ TEST(NodeCopiesTest, AStallingMembersRootsWriteIsGivenUpOnceAnotherTookTheBlock)
   ExpectWholeAndClean(ms, Rounds(4));
   EXPECT_EQ(StaleMembers(ms), 0u);
   EXPECT_EQ(StaleMembers(*cut), 2u);
-  {
-    Store e;
-    ASSERT_TRUE(cut->Open(&e).ok());
-    ExpectKeys(e, kKeys, Rounds(3));
-    ASSERT_TRUE(e.Close().ok());
-  }
+  ExpectKeysOn(*cut, Rounds(3));
 }
 
 // Nothing is given up that would leave a node without a durable copy:
@@ -1226,10 +1264,7 @@ TEST(NodeCopiesTest, ACheckpointWaitsForALateCopyThatIsANodesLastAndCloseWaitsFo
   testing::GateDevice gate0(ms.devs[0].get(), IoOp::kFlush, IoOrigin::kBtree);
   {
     Store e;
-    ASSERT_TRUE(ms.Open(&e, false, {&gate0, &gate1}, /*no_writer=*/true).ok());
-    SetKeys(e, kKeys, 1, 0);
-    ASSERT_TRUE(e.btrees().Checkpoint().ok());
-    SetKeys(e, kKeys, 2, 1);
+    ASSERT_NO_FATAL_FAILURE(OpenWithRound1(ms, &e, {&gate0, &gate1}));
     gate1.Close();
     gate0.Fail(true);
     std::atomic<bool> done{false};
@@ -1238,10 +1273,11 @@ TEST(NodeCopiesTest, ACheckpointWaitsForALateCopyThatIsANodesLastAndCloseWaitsFo
       st = e.btrees().Checkpoint();
       done = true;
     });
-    // Past member 1's late bound (the checkpoint cannot end before the
+    // Past member 1's late bound (at most dev::kLateMaxNs, 1 s: the
+    // checkpoint has looked at giving it up; it cannot end before the
     // release whatever the timing: no copy of those nodes is durable).
-    while (gate1.parked() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    AwaitOrFail([&] { return gate1.parked() != 0 || done.load(); }, "member 1's writes parked");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1200));
     EXPECT_FALSE(done.load());
     gate1.Open();
     t.join();
@@ -1261,7 +1297,7 @@ TEST(NodeCopiesTest, ACheckpointWaitsForALateCopyThatIsANodesLastAndCloseWaitsFo
     ASSERT_TRUE(ms.Open(&e, false, {ms.devs[0].get(), &gate1}, /*no_writer=*/true).ok());
     SetKeys(e, kKeys, 3, 2);
     gate1.Close();
-    ASSERT_TRUE(e.btrees().Checkpoint().ok());
+    ASSERT_TRUE(CheckpointPast(e, gate1).ok());
     ASSERT_GT(e.btrees().GetStats().late_node_ios, 0u);
     std::atomic<bool> done{false};
     Status st;
@@ -1279,6 +1315,51 @@ TEST(NodeCopiesTest, ACheckpointWaitsForALateCopyThatIsANodesLastAndCloseWaitsFo
   EXPECT_EQ(StaleMembers(ms), 0u);
 }
 
+// Member 1 given up (its node writes parked), then member 0 fails the
+// roots block: no member took it, so member 1 is taken back -- its late
+// writes waited for (released here), flushed, the block written there --
+// and the checkpoint succeeds with member 0 marked failed; every key reads
+// after a remount, and fsck -y leaves everything clean.
+TEST(NodeCopiesTest, AGivenUpMemberIsTakenBackWhenNoOtherTookTheRootsBlock) {
+  Members ms(2);
+  ASSERT_TRUE(ms.Format(2).ok());
+  testing::GateDevice gate1(ms.devs[1].get(), IoOp::kWrite, IoOrigin::kBtree);
+  gate1.GateFrom(kRootsOffset + 2 * kRootsSlotSize);
+  testing::GateDevice gate0(ms.devs[0].get(), IoOp::kWrite, IoOrigin::kBtree);
+  gate0.GateFrom(kRootsOffset, kRootsOffset + 2 * kRootsSlotSize);
+  {
+    Store e;
+    ASSERT_NO_FATAL_FAILURE(OpenWithRound1(ms, &e, {&gate0, &gate1}));
+    gate1.Close();
+    gate0.Fail(true);
+    std::atomic<bool> done{false};
+    Status st;
+    std::thread t([&] {
+      st = e.btrees().Checkpoint();
+      done = true;
+    });
+    // Given up (counted as the node writes end), then waited for again.
+    AwaitOrFail([&] { return e.btrees().GetStats().node_copies_late != 0 || done.load(); }, "a give-up");
+    AwaitOrFail([&] { return gate0.failed() != 0 || done.load(); }, "member 0's roots write");
+    EXPECT_FALSE(done.load());
+    gate1.Open();
+    t.join();
+    ASSERT_TRUE(st.ok()) << st.Message();
+    const Stats s = e.btrees().GetStats();
+    EXPECT_EQ(s.late_taken_back, 1u);
+    EXPECT_GT(s.node_copies_late, 0u);
+    EXPECT_EQ(e.devs().failed(), 1u);
+    EXPECT_EQ(RootsGenOn(ms, 1), e.btrees().roots().gen);
+    gate0.Fail(false);
+    ASSERT_TRUE(e.Close().ok());
+  }
+  std::string out;
+  EXPECT_EQ(ms.Check(&out, /*repair=*/true), fsck::kExitClean) << out;
+  ExpectWholeAndClean(ms, Rounds(2));
+}
+
+// Three members, two copies wanted: two copies a node, on distinct
+// members, and the need declared on all three (any may be chosen).
 TEST(NodeCopiesTest, ThreeMembersTwoCopiesEachNodeHasTwo) {
   Members ms(3);
   ASSERT_TRUE(ms.Format(2).ok());

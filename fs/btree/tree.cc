@@ -553,11 +553,10 @@ Status Btrees::Close(bool* settled) {
     if (t.root != nullptr) FreeSubtree(t.root);
     t.root = nullptr;
   }
-  {
-    MutexLock ck(im->ckpt_mu);
-    TreeOps::WaitLate(im);  // (none: the checkpoints above waited; a failed one may have left one)
-  }
-  // A completion's last touch of im (PhaseDone) is phase_out's decrement.
+  // (No late I/O is left: the wait above, and the checkpoints since gave
+  // nothing up.) A completion's last touch of im (PhaseDone) is
+  // phase_out's decrement.
+  TFS_BUG_ON(im->late_batches != nullptr);
   while (im->phase_out.Load(MemOrder::kAcquire) != 0) platform::SleepNs(platform::kNsPerMs);
   platform::Delete(im);
   impl_ = nullptr;
