@@ -728,7 +728,7 @@ struct PhaseIo {
   u8 seen = 0;            // its completion taken into account (the checkpoint's)
   u8 late = 0;            // given up while out (the checkpoint's; ReapLate's)
   u8 noted = 0;           // a late one's end noted (ReapLate)
-  u8 holds = 0;           // a late write holds its bucket (one live slot more) until it ends
+  u8 holds = 0;           // a late write holds its bucket (SlotPool::held) until it ends
   u8 owns_buf = 0;        // frees io.req.buf with the batch (a job's first copy: its image)
 };
 
@@ -835,7 +835,11 @@ void TreeOps::ReapLate(Impl* im) {
         ReleaseHoldLocked(im, p.member, im->sb.BucketOf(p.io.req.offset), &frees);
       }
       const Status st = Status(Err(p.err.Load(MemOrder::kRelaxed)));
-      if (!st.ok()) im->devs->MarkFailed(p.member, st);
+      if (!st.ok() && !im->devs->MarkFailed(p.member, st) && ((im->devs->failed() >> p.member) & 1) == 0)
+        platform::Log(platform::LogLevel::kWarn,
+                      "btree: a late node %s on member %u failed (%s); not marked failed (the last member for btree "
+                      "nodes): its copies there were given up already",
+                      p.kind == kPhaseFlush ? "flush" : "write", p.member, st.Message());
     }
     if (busy) {
       link = &b->next;
@@ -991,12 +995,16 @@ Status TreeOps::WriteNodeCopies(Impl* im, Vector<Job>& jobs, PhaseBatch* b, bool
       // Each write still out holds its bucket until it ends (ReapLate):
       // else the rewrite frees the slot, the bucket goes to data, and the
       // late write lands on it. (Without memory for the holds: waited for.)
-      u32 out = 0;
-      for (u32 i = 0; i < nwrites; i++) out += b->ios[i].member == m && !b->ios[i].seen ? 1 : 0;
+      u32 out = 0, there = 0;
+      for (u32 i = 0; i < nwrites; i++) {
+        out += b->ios[i].member == m && !b->ios[i].seen ? 1 : 0;
+        there += b->ios[i].member == m ? 1 : 0;
+      }
       {
         MutexLock l(im->slot_mu);
         Vector<u64>& held = im->pool[m].held;
-        if (!held.Reserve(held.size() + out).ok()) {
+        Vector<u64>& bad = im->pool[m].bad;  // (every copy there: never a hole, below)
+        if (!held.Reserve(held.size() + out).ok() || !bad.Reserve(bad.size() + there).ok()) {
           blocked |= dev::DevMask(1) << m;
           continue;
         }
@@ -1036,7 +1044,7 @@ Status TreeOps::WriteNodeCopies(Impl* im, Vector<Job>& jobs, PhaseBatch* b, bool
         if (late_copies++ == 0) first_late_member = at.member;
         j.rewrite = true;
         MutexLock l(im->slot_mu);  // (never a hole: FreeCopySlot)
-        im->pool[at.member].bad.PushBack(at.offset).IgnoreError();  // (without memory: it may be)
+        im->pool[at.member].bad.PushBack(at.offset).IgnoreError();  // (reserved at the give-up)
         continue;
       }
       Status cst = Status(Err(p.err.Load(MemOrder::kRelaxed)));
@@ -1083,12 +1091,17 @@ Status TreeOps::WriteNodeCopies(Impl* im, Vector<Job>& jobs, PhaseBatch* b, bool
   return st;
 }
 
-// Member m, given up in this checkpoint, is needed after all (no other
-// member took the roots block): waits for its I/Os in b to end, then, if
-// every node write there succeeded, flushes it and writes the roots block
-// there, each waited for (no deadline). True if it took the block; an
-// error marks it failed.
-bool TreeOps::TakeBack(Impl* im, PhaseBatch* b, u32 m, u64 gen) {
+// Member m, given up in this checkpoint or held, is needed after all (no
+// other member took the roots block): waits for every late I/O (an older
+// roots write to m among them: the same slot) and for m's I/Os in b, then,
+// if every node write and flush there succeeded, flushes m and writes the
+// roots block there, each waited for (no deadline). Its copies of this
+// gen then durable, the stale mark this checkpoint gave it (`unmark`)
+// goes from the block. True if it took the block; an error marks it
+// failed. (No roots write of b is out: one is given up only once another
+// member took the block, so the buffer may be filled again.)
+bool TreeOps::TakeBack(Impl* im, PhaseBatch* b, u32 m, Roots* roots, dev::DevMask unmark) {
+  WaitLate(im);
   for (;;) {
     const u32 ev = im->phase_events.Load(MemOrder::kAcquire);
     bool busy = false;
@@ -1097,16 +1110,21 @@ bool TreeOps::TakeBack(Impl* im, PhaseBatch* b, u32 m, u64 gen) {
     if (!busy) break;
     tfs_plat_wait(im->phase_events.Address(), ev, 100 * platform::kNsPerMs);
   }
+  if (((im->devs->unavailable() >> m) & 1) != 0) return false;  // (a late I/O's error marked it)
   for (u32 i = 0; i < b->n; i++) {
     const PhaseIo& p = b->ios[i];
-    if (p.member == m && p.kind == kPhaseWrite && p.err.Load(MemOrder::kRelaxed) != 0) return false;  // (ReapLate marks it)
+    if (p.member == m && p.kind != kPhaseRoots && p.err.Load(MemOrder::kRelaxed) != 0) return false;  // (ReapLate marks it)
   }
   im->ctr.late_taken_back.FetchAdd(1, MemOrder::kRelaxed);
+  if (((unmark >> m) & 1) != 0) {
+    roots->stale_since[m] = roots->stale_until[m] = 0;
+    FillRootsBlock(reinterpret_cast<RootsFormat*>(b->roots_buf), im->sb, *roots);
+  }
   dev::IoQueue& q = im->devs->member(m)->queue();
   Status st = dev::QueueSyncIo(q, IoOp::kFlush, 0, nullptr, 0, 0, IoOrigin::kBtree);
   if (st.ok())
-    st = dev::QueueSyncIo(q, IoOp::kWrite, RootsSlotOffset(gen), b->roots_buf, kRootsSlotSize, IoRequest::kFua,
-                          IoOrigin::kBtree);
+    st = dev::QueueSyncIo(q, IoOp::kWrite, RootsSlotOffset(roots->gen), b->roots_buf, kRootsSlotSize,
+                          IoRequest::kFua, IoOrigin::kBtree);
   if (!st.ok()) im->devs->MarkFailed(m, st);
   return st.ok();
 }
@@ -1119,22 +1137,33 @@ bool TreeOps::TakeBack(Impl* im, PhaseBatch* b, u32 m, u64 gen) {
 // without it as long as one member took it. With may_give_up, once one
 // member took the block, a write on a stalling member past its late bound
 // is given up (the member held until it ends).
-Status TreeOps::WriteRoots(Impl* im, const Roots& roots, PhaseBatch* b, bool may_give_up, dev::DevMask gave_up) {
+Status TreeOps::WriteRoots(Impl* im, Roots* roots, PhaseBatch* b, bool may_give_up, dev::DevMask gave_up,
+                           dev::DevMask unmark, dev::DevMask* taken_back) {
+  *taken_back = 0;
   b->roots_buf = static_cast<u8*>(platform::Alloc(kRootsSlotSize, 4096, true));
   if (b->roots_buf == nullptr) return Err::kNoMemory;
-  FillRootsBlock(reinterpret_cast<RootsFormat*>(b->roots_buf), im->sb, roots);
+  FillRootsBlock(reinterpret_cast<RootsFormat*>(b->roots_buf), im->sb, *roots);
   dev::DevMask targets = 0;
   for (u32 m = 0; m < im->sb.nr_members; m++)
     if (HoldsBtree(im->sb, m) && ((im->devs->unavailable() >> m) & 1) == 0) targets |= dev::DevMask(1) << m;
-  if ((targets & ~gave_up & ~im->held_members) == 0 && (targets & im->held_members) != 0)
-    WaitLate(im);  // (every member able to take it is held: wait for them)
+  // Every member able to take the block held (or every durable one, where
+  // a held one is): their late I/Os are waited for first.
+  auto durable = [im](dev::DevMask mask) {
+    for (u32 m : dev::Bits(mask))
+      if (im->sb.members[m].durability > 0) return true;
+    return false;
+  };
+  const dev::DevMask held = targets & im->held_members;
+  const dev::DevMask free_targets = targets & ~gave_up & ~im->held_members;
+  if (held != 0 && (free_targets == 0 || (durable(held) && !durable(free_targets)))) WaitLate(im);
+  const dev::DevMask fallback = (gave_up | held) & targets;
   targets &= ~gave_up & ~im->held_members;
   PhaseIo* w[dev::kMaxDevices] = {};
   u64 since[dev::kMaxDevices] = {};
   u64 bound[dev::kMaxDevices] = {};
   const u64 start = platform::NowNs();
   for (u32 m : dev::Bits(targets)) {
-    w[m] = AddIo(im, b, kPhaseRoots, m, IoOp::kWrite, RootsSlotOffset(roots.gen), b->roots_buf, kRootsSlotSize,
+    w[m] = AddIo(im, b, kPhaseRoots, m, IoOp::kWrite, RootsSlotOffset(roots->gen), b->roots_buf, kRootsSlotSize,
                  IoRequest::kFua);
     since[m] = start;
     bound[m] = dev::LateBoundNs(im->devs->member(m)->queue().GetReadState(/*p99=*/false));
@@ -1186,11 +1215,13 @@ Status TreeOps::WriteRoots(Impl* im, const Roots& roots, PhaseBatch* b, bool may
     unmarked++;  // (an error that marks nothing, or the last member: as before)
   }
   // No member took the block (each failed it, or failed since its copies
-  // were flushed): a member given up in this checkpoint is taken back --
-  // waited for, whatever the stall, as before 6c-3.
-  for (u32 m : dev::Bits(gave_up & ~im->devs->unavailable())) {
+  // were flushed): a member given up in this checkpoint, or held, is taken
+  // back -- waited for, whatever the stall, as before 6c-3.
+  for (u32 m : dev::Bits(fallback)) {
     if (taken > 0) break;
-    if (TakeBack(im, b, m, roots.gen)) taken++;
+    if (((im->devs->unavailable() >> m) & 1) != 0 || !TakeBack(im, b, m, roots, unmark)) continue;
+    taken++;
+    *taken_back |= dev::DevMask(1) << m;
   }
   if (taken > 0 && unmarked == 0) return Status::Ok();
   return first.ok() && taken == 0 ? Status(Err::kIo) : first;
@@ -1503,7 +1534,9 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
       }
       roots.stale_until[m] = roots.gen;
     }
-    st = WriteRoots(im, roots, batch, may_give_up, gave_up);
+    dev::DevMask taken_back = 0;
+    st = WriteRoots(im, &roots, batch, may_give_up, gave_up, new_late_stale, &taken_back);
+    new_late_stale &= ~taken_back;
   }
   if (batch != nullptr) {
     // What is still out was given up: the batch stays until it ends

@@ -401,8 +401,9 @@ class TreeOps {
   static bool CanGiveUp(Impl* im, const PhaseBatch* b, u32 nwrites, u32 m, dev::DevMask gave_up,
                         dev::DevMask flushed_ok);
   static Status WriteNodeCopies(Impl* im, Vector<Job>& jobs, PhaseBatch* b, bool may_give_up, dev::DevMask* gave_up);
-  static bool TakeBack(Impl* im, PhaseBatch* b, u32 m, u64 gen);
-  static Status WriteRoots(Impl* im, const Roots& roots, PhaseBatch* b, bool may_give_up, dev::DevMask gave_up);
+  static bool TakeBack(Impl* im, PhaseBatch* b, u32 m, Roots* roots, dev::DevMask unmark);
+  static Status WriteRoots(Impl* im, Roots* roots, PhaseBatch* b, bool may_give_up, dev::DevMask gave_up,
+                           dev::DevMask unmark, dev::DevMask* taken_back);
   static void NoteAvailLocked(Impl* im, u32 m);
   static bool IsOpenLocked(Impl* im, u32 m, u64 b);
   static bool HoleValidLocked(Impl* im, u32 m, const Impl::Hole& h);

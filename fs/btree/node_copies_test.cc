@@ -1350,12 +1350,84 @@ TEST(NodeCopiesTest, AGivenUpMemberIsTakenBackWhenNoOtherTookTheRootsBlock) {
     EXPECT_GT(s.node_copies_late, 0u);
     EXPECT_EQ(e.devs().failed(), 1u);
     EXPECT_EQ(RootsGenOn(ms, 1), e.btrees().roots().gen);
+    // (Its copies waited for and flushed: the block it alone holds does not
+    // call it stale for them.)
+    EXPECT_EQ(e.btrees().roots().stale_since[1], 0u);
     gate0.Fail(false);
     ASSERT_TRUE(e.Close().ok());
   }
   std::string out;
   EXPECT_EQ(ms.Check(&out, /*repair=*/true), fsck::kExitClean) << out;
   ExpectWholeAndClean(ms, Rounds(2));
+}
+
+// Member 1 held (its roots write given up), then member 0 fails the next
+// roots block: member 1 is taken back -- its late roots write waited for
+// (released here), the block written there -- and the checkpoint
+// succeeds.
+TEST(NodeCopiesTest, AHeldMemberIsTakenBackWhenNoOtherTookTheRootsBlock) {
+  Members ms(2);
+  ASSERT_TRUE(ms.Format(2).ok());
+  testing::GateDevice gate1(ms.devs[1].get(), IoOp::kWrite, IoOrigin::kBtree);
+  gate1.GateFrom(kRootsOffset, kRootsOffset + 2 * kRootsSlotSize);
+  testing::GateDevice gate0(ms.devs[0].get(), IoOp::kWrite, IoOrigin::kBtree);
+  gate0.GateFrom(kRootsOffset, kRootsOffset + 2 * kRootsSlotSize);
+  {
+    Store e;
+    ASSERT_NO_FATAL_FAILURE(OpenWithRound1(ms, &e, {&gate0, &gate1}));
+    gate1.Close();
+    ASSERT_TRUE(CheckpointPast(e, gate1).ok());
+    ASSERT_EQ(e.btrees().GetStats().held_members, 1u);
+    SetKeys(e, kKeys, 3, 2);
+    gate0.Fail(true);
+    std::atomic<bool> done{false};
+    Status st;
+    std::thread t([&] {
+      st = e.btrees().Checkpoint();
+      done = true;
+    });
+    AwaitOrFail([&] { return gate0.failed() != 0 || done.load(); }, "member 0's roots write");
+    EXPECT_FALSE(done.load());
+    gate1.Open();
+    t.join();
+    ASSERT_TRUE(st.ok()) << st.Message();
+    EXPECT_EQ(e.btrees().GetStats().late_taken_back, 1u);
+    EXPECT_EQ(e.devs().failed(), 1u);
+    EXPECT_EQ(RootsGenOn(ms, 1), e.btrees().roots().gen);
+    gate0.Fail(false);
+    ASSERT_TRUE(e.Close().ok());
+  }
+  std::string out;
+  EXPECT_EQ(ms.Check(&out, /*repair=*/true), fsck::kExitClean) << out;
+  ExpectWholeAndClean(ms, Rounds(3));
+}
+
+// Member 1's node writes given up, then ending in an error: the member is
+// marked failed when they are let go (5c-3), and the filesystem goes on
+// with member 0; fsck -y then verifies member 1, everything clean.
+TEST(NodeCopiesTest, ALateWriteThatFailsMarksItsMemberFailed) {
+  Members ms(2);
+  ASSERT_TRUE(ms.Format(2).ok());
+  testing::GateDevice gate(ms.devs[1].get(), IoOp::kWrite, IoOrigin::kBtree);
+  gate.GateFrom(kRootsOffset + 2 * kRootsSlotSize);
+  {
+    Store e;
+    ASSERT_NO_FATAL_FAILURE(OpenWithRound1(ms, &e, {ms.devs[0].get(), &gate}));
+    gate.Close();
+    ASSERT_TRUE(CheckpointPast(e, gate).ok());
+    ASSERT_GT(e.btrees().GetStats().late_node_ios, 0u);
+    EXPECT_EQ(e.devs().failed(), 0u);
+    gate.OpenFailing();
+    e.btrees().WaitLateIos();
+    EXPECT_EQ(e.devs().failed(), 2u);
+    EXPECT_EQ(e.btrees().GetStats().late_node_ios, 0u);
+    SetKeys(e, kKeys, 3, 2);
+    ASSERT_TRUE(e.btrees().Checkpoint().ok());
+    ASSERT_TRUE(e.Close().ok());
+  }
+  std::string out;
+  EXPECT_EQ(ms.Check(&out, /*repair=*/true), fsck::kExitClean) << out;
+  ExpectWholeAndClean(ms, Rounds(3));
 }
 
 // Three members, two copies wanted: two copies a node, on distinct

@@ -66,6 +66,17 @@ class GateDevice final : public BlockDevice {
       inner_->Submit(r);
     }
   }
+  // Opens the gate, completing what it parked with an I/O error instead
+  // of sending it (a stalled request that ends failing).
+  void OpenFailing() {
+    std::vector<IoRequest*> go;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      closed_ = false;
+      go.swap(parked_);
+    }
+    for (IoRequest* r : go) r->done(r, Status(Err::kIo));
+  }
   void Fail(bool on) {
     std::lock_guard<std::mutex> l(mu_);
     failing_ = on;
