@@ -835,11 +835,14 @@ void TreeOps::ReapLate(Impl* im) {
         ReleaseHoldLocked(im, p.member, im->sb.BucketOf(p.io.req.offset), &frees);
       }
       const Status st = Status(Err(p.err.Load(MemOrder::kRelaxed)));
-      if (!st.ok() && !im->devs->MarkFailed(p.member, st) && ((im->devs->failed() >> p.member) & 1) == 0)
+      char more[64];
+      if (!st.ok() && !im->devs->MarkFailed(p.member, st) && ((im->devs->failed() >> p.member) & 1) == 0 &&
+          im->late_log.Admit(10 * platform::kNsPerSec, more, sizeof(more)))
         platform::Log(platform::LogLevel::kWarn,
-                      "btree: a late node %s on member %u failed (%s); not marked failed (the last member for btree "
-                      "nodes): its copies there were given up already",
-                      p.kind == kPhaseFlush ? "flush" : "write", p.member, st.Message());
+                      "btree: a late %s on member %u failed (%s) and did not mark it failed (the last member for its "
+                      "role, or not a device error); what it wrote was given up already%s",
+                      p.kind == kPhaseFlush ? "flush" : p.kind == kPhaseRoots ? "roots block write" : "node write",
+                      p.member, st.Message(), more);
     }
     if (busy) {
       link = &b->next;
@@ -867,10 +870,12 @@ void TreeOps::WaitLate(Impl* im) {
 
 // Whether member m's copies may be given up now: every node with a copy
 // there has another copy, on a member not given up and not unavailable
-// (failed: it gets no roots block), written and flushed.
+// (failed: it gets no roots block) -- and of nonzero durability if m's is
+// -- written and flushed.
 // The writes are b's first nwrites I/Os, each job's copies adjacent.
 bool TreeOps::CanGiveUp(Impl* im, const PhaseBatch* b, u32 nwrites, u32 m, dev::DevMask gave_up,
                         dev::DevMask flushed_ok) {
+  const u32 durable_m = im->sb.members[m].durability;
   for (u32 i = 0; i < nwrites;) {
     const u32 job = b->ios[i].job;
     bool there = false, safe = false;
@@ -880,7 +885,8 @@ bool TreeOps::CanGiveUp(Impl* im, const PhaseBatch* b, u32 nwrites, u32 m, dev::
       if (p.member == m) {
         there = true;
       } else if ((gave_up & bit) == 0 && (flushed_ok & bit) != 0 && (im->devs->unavailable() & bit) == 0 &&
-                 p.seen && p.err.Load(MemOrder::kRelaxed) == 0) {
+                 (durable_m == 0 || im->sb.members[p.member].durability > 0) && p.seen &&
+                 p.err.Load(MemOrder::kRelaxed) == 0) {
         safe = true;
       }
     }
@@ -1091,42 +1097,54 @@ Status TreeOps::WriteNodeCopies(Impl* im, Vector<Job>& jobs, PhaseBatch* b, bool
   return st;
 }
 
+// The members of `mask` with nonzero durability.
+dev::DevMask TreeOps::DurableMask(const Impl* im, dev::DevMask mask) {
+  dev::DevMask out = 0;
+  for (u32 m : dev::Bits(mask))
+    if (m < im->sb.nr_members && im->sb.members[m].durability > 0) out |= dev::DevMask(1) << m;
+  return out;
+}
+
+// Whether member m has an I/O out in b or in a late batch.
+bool TreeOps::MemberBusy(Impl* im, const PhaseBatch* b, u32 m) {
+  for (u32 i = 0; i < b->n; i++)
+    if (b->ios[i].member == m && b->ios[i].busy.Load(MemOrder::kAcquire) != 0) return true;
+  for (const PhaseBatch* l = im->late_batches; l != nullptr; l = l->next)
+    for (u32 i = 0; i < l->n; i++)
+      if (l->ios[i].member == m && l->ios[i].busy.Load(MemOrder::kAcquire) != 0) return true;
+  return false;
+}
+
 // Member m, given up in this checkpoint or held, is needed after all (no
-// other member took the roots block): waits for every late I/O (an older
-// roots write to m among them: the same slot) and for m's I/Os in b, then,
-// if every node write and flush there succeeded, flushes m and writes the
-// roots block there, each waited for (no deadline). Its copies of this
-// gen then durable, the stale mark this checkpoint gave it (`unmark`)
-// goes from the block. True if it took the block; an error marks it
+// other member took the roots block) and has no I/O out any more (an older
+// roots write to it among them: the same slot): if every node write and
+// flush of it in b succeeded, flushes it and writes the roots block there,
+// each waited for (no deadline). Its copies of this gen then durable, the
+// stale mark they gave it (`unmark`) goes from the block it takes. True if
+// it took the block (*roots is then that block's); an error marks it
 // failed. (No roots write of b is out: one is given up only once another
 // member took the block, so the buffer may be filled again.)
 bool TreeOps::TakeBack(Impl* im, PhaseBatch* b, u32 m, Roots* roots, dev::DevMask unmark) {
-  WaitLate(im);
-  for (;;) {
-    const u32 ev = im->phase_events.Load(MemOrder::kAcquire);
-    bool busy = false;
-    for (u32 i = 0; i < b->n && !busy; i++)
-      busy = b->ios[i].member == m && b->ios[i].busy.Load(MemOrder::kAcquire) != 0;
-    if (!busy) break;
-    tfs_plat_wait(im->phase_events.Address(), ev, 100 * platform::kNsPerMs);
-  }
-  if (((im->devs->unavailable() >> m) & 1) != 0) return false;  // (a late I/O's error marked it)
   for (u32 i = 0; i < b->n; i++) {
     const PhaseIo& p = b->ios[i];
     if (p.member == m && p.kind != kPhaseRoots && p.err.Load(MemOrder::kRelaxed) != 0) return false;  // (ReapLate marks it)
   }
-  im->ctr.late_taken_back.FetchAdd(1, MemOrder::kRelaxed);
-  if (((unmark >> m) & 1) != 0) {
-    roots->stale_since[m] = roots->stale_until[m] = 0;
-    FillRootsBlock(reinterpret_cast<RootsFormat*>(b->roots_buf), im->sb, *roots);
-  }
+  Roots next = *roots;
+  if (((unmark >> m) & 1) != 0) next.stale_since[m] = next.stale_until[m] = 0;
+  FillRootsBlock(reinterpret_cast<RootsFormat*>(b->roots_buf), im->sb, next);
   dev::IoQueue& q = im->devs->member(m)->queue();
   Status st = dev::QueueSyncIo(q, IoOp::kFlush, 0, nullptr, 0, 0, IoOrigin::kBtree);
   if (st.ok())
-    st = dev::QueueSyncIo(q, IoOp::kWrite, RootsSlotOffset(roots->gen), b->roots_buf, kRootsSlotSize,
+    st = dev::QueueSyncIo(q, IoOp::kWrite, RootsSlotOffset(next.gen), b->roots_buf, kRootsSlotSize,
                           IoRequest::kFua, IoOrigin::kBtree);
-  if (!st.ok()) im->devs->MarkFailed(m, st);
-  return st.ok();
+  if (!st.ok()) {
+    im->devs->MarkFailed(m, st);
+    FillRootsBlock(reinterpret_cast<RootsFormat*>(b->roots_buf), im->sb, *roots);
+    return false;
+  }
+  *roots = next;
+  im->ctr.late_taken_back.FetchAdd(1, MemOrder::kRelaxed);
+  return true;
 }
 
 // The roots block to every member holding btree nodes that is not
@@ -1143,21 +1161,26 @@ Status TreeOps::WriteRoots(Impl* im, Roots* roots, PhaseBatch* b, bool may_give_
   b->roots_buf = static_cast<u8*>(platform::Alloc(kRootsSlotSize, 4096, true));
   if (b->roots_buf == nullptr) return Err::kNoMemory;
   FillRootsBlock(reinterpret_cast<RootsFormat*>(b->roots_buf), im->sb, *roots);
-  dev::DevMask targets = 0;
-  for (u32 m = 0; m < im->sb.nr_members; m++)
-    if (HoldsBtree(im->sb, m) && ((im->devs->unavailable() >> m) & 1) == 0) targets |= dev::DevMask(1) << m;
+  auto able = [im] {
+    dev::DevMask mask = 0;
+    for (u32 m = 0; m < im->sb.nr_members; m++)
+      if (HoldsBtree(im->sb, m) && ((im->devs->unavailable() >> m) & 1) == 0) mask |= dev::DevMask(1) << m;
+    return mask;
+  };
+  const dev::DevMask durable_mask = DurableMask(im, able());
+  dev::DevMask targets = able();
   // Every member able to take the block held (or every durable one, where
   // a held one is): their late I/Os are waited for first.
-  auto durable = [im](dev::DevMask mask) {
-    for (u32 m : dev::Bits(mask))
-      if (im->sb.members[m].durability > 0) return true;
-    return false;
-  };
   const dev::DevMask held = targets & im->held_members;
   const dev::DevMask free_targets = targets & ~gave_up & ~im->held_members;
-  if (held != 0 && (free_targets == 0 || (durable(held) && !durable(free_targets)))) WaitLate(im);
-  const dev::DevMask fallback = (gave_up | held) & targets;
+  if (held != 0 && (free_targets == 0 || ((held & durable_mask) != 0 && (free_targets & durable_mask) == 0))) {
+    WaitLate(im);
+    targets = able();  // (a late I/O's error may have marked one failed)
+  }
   targets &= ~gave_up & ~im->held_members;
+  // The block counts as taken once a member of nonzero durability took it
+  // (any member, when none has durability).
+  const dev::DevMask counted = durable_mask != 0 ? durable_mask : ~dev::DevMask(0);
   PhaseIo* w[dev::kMaxDevices] = {};
   u64 since[dev::kMaxDevices] = {};
   u64 bound[dev::kMaxDevices] = {};
@@ -1176,7 +1199,7 @@ Status TreeOps::WriteRoots(Impl* im, Roots* roots, PhaseBatch* b, bool may_give_
       if (w[m]->busy.Load(MemOrder::kAcquire) != 0) continue;
       w[m]->seen = 1;
       pending &= ~(dev::DevMask(1) << m);
-      if (w[m]->err.Load(MemOrder::kRelaxed) == 0 && ((im->devs->failed() >> m) & 1) == 0)
+      if (w[m]->err.Load(MemOrder::kRelaxed) == 0 && ((im->devs->failed() >> m) & 1) == 0 && ((counted >> m) & 1) != 0)
         took |= dev::DevMask(1) << m;
     }
     if (pending == 0) break;
@@ -1216,12 +1239,23 @@ Status TreeOps::WriteRoots(Impl* im, Roots* roots, PhaseBatch* b, bool may_give_
   }
   // No member took the block (each failed it, or failed since its copies
   // were flushed): a member given up in this checkpoint, or held, is taken
-  // back -- waited for, whatever the stall, as before 6c-3.
-  for (u32 m : dev::Bits(fallback)) {
-    if (taken > 0) break;
-    if (((im->devs->unavailable() >> m) & 1) != 0 || !TakeBack(im, b, m, roots, unmark)) continue;
+  // back -- the first whose I/Os end, waited for whatever the stall, as
+  // before 6c-3.
+  dev::DevMask left = (gave_up | held) & ~targets;
+  while (taken == 0 && (left &= ~im->devs->unavailable()) != 0) {
+    const u32 ev = im->phase_events.Load(MemOrder::kAcquire);
+    u32 ready = kNoMember;
+    for (u32 m : dev::Bits(left))
+      if (ready == kNoMember && !MemberBusy(im, b, m)) ready = m;
+    if (ready == kNoMember) {
+      tfs_plat_wait(im->phase_events.Address(), ev, 100 * platform::kNsPerMs);
+      continue;
+    }
+    left &= ~(dev::DevMask(1) << ready);
+    ReapLate(im);  // (an error among its late I/Os marks it failed)
+    if (((im->devs->unavailable() >> ready) & 1) != 0 || !TakeBack(im, b, ready, roots, unmark)) continue;
     taken++;
-    *taken_back |= dev::DevMask(1) << m;
+    *taken_back |= dev::DevMask(1) << ready;
   }
   if (taken > 0 && unmarked == 0) return Status::Ok();
   return first.ok() && taken == 0 ? Status(Err::kIo) : first;
@@ -1497,7 +1531,7 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
     batch = NewBatch(im, u32(nwrites) + 2 * im->sb.nr_members);
     if (batch == nullptr) st = Err::kNoMemory;
   }
-  dev::DevMask gave_up = 0;
+  dev::DevMask gave_up = 0, taken_back = 0;
   if (st.ok()) st = WriteNodeCopies(im, jobs, batch, may_give_up, &gave_up);
   if (st.ok()) {
     // Every job is installed (its pointer reached by the trees, or on
@@ -1534,9 +1568,14 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
       }
       roots.stale_until[m] = roots.gen;
     }
-    dev::DevMask taken_back = 0;
-    st = WriteRoots(im, &roots, batch, may_give_up, gave_up, new_late_stale, &taken_back);
+    st = WriteRoots(im, &roots, batch, may_give_up, gave_up, new_late_stale | (im->late_stale & gave_up),
+                    &taken_back);
     new_late_stale &= ~taken_back;
+    // A member marked failed meanwhile (its roots write) holds copies out
+    // of every roots block from now on: their nodes are rewritten too.
+    for (Job& j : jobs)
+      for (u32 c = 0; c < PtrCopies(j.dst); c++)
+        if (((im->devs->failed() >> PtrCopy(j.dst, c).member) & 1) != 0) j.rewrite = true;
   }
   if (batch != nullptr) {
     // What is still out was given up: the batch stays until it ends
@@ -1559,7 +1598,7 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
   }
   *roots_out = roots;
   im->roots_changed = false;
-  im->late_stale = (im->late_stale & ~clear) | new_late_stale;
+  im->late_stale = (im->late_stale & ~clear & ~taken_back) | new_late_stale;
   im->dropped_ptrs.Clear();
   im->degraded_reachable.Store(roots.degraded_nodes, MemOrder::kRelaxed);
   im->stale_members.Store(StaleMask(roots), MemOrder::kRelaxed);  // (a failed member's: 5c-3)

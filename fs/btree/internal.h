@@ -401,6 +401,8 @@ class TreeOps {
   static bool CanGiveUp(Impl* im, const PhaseBatch* b, u32 nwrites, u32 m, dev::DevMask gave_up,
                         dev::DevMask flushed_ok);
   static Status WriteNodeCopies(Impl* im, Vector<Job>& jobs, PhaseBatch* b, bool may_give_up, dev::DevMask* gave_up);
+  static bool MemberBusy(Impl* im, const PhaseBatch* b, u32 m);
+  static dev::DevMask DurableMask(const Impl* im, dev::DevMask mask);
   static bool TakeBack(Impl* im, PhaseBatch* b, u32 m, Roots* roots, dev::DevMask unmark);
   static Status WriteRoots(Impl* im, Roots* roots, PhaseBatch* b, bool may_give_up, dev::DevMask gave_up,
                            dev::DevMask unmark, dev::DevMask* taken_back);

@@ -1060,17 +1060,18 @@ void AwaitOrFail(Pred pred, const char* what) {
   if (!pred()) ADD_FAILURE() << "never happened: " << what;
 }
 
-// The newest gen of a valid-looking roots slot on member m (0: none).
-u64 RootsGenOn(Members& ms, u32 m) {
+// The newest valid-looking roots slot on member m (gen 0: none).
+RootsFormat RootsOn(Members& ms, u32 m) {
   std::vector<u8> raw(2 * kRootsSlotSize);
   ms.devs[m]->ReadRaw(kRootsOffset, raw.data(), raw.size());
-  u64 gen = 0;
+  RootsFormat best{};
   for (u32 slot = 0; slot < 2; slot++) {
     const auto* r = reinterpret_cast<const RootsFormat*>(raw.data() + slot * kRootsSlotSize);
-    if (r->magic.get() == kRootsMagic) gen = std::max<u64>(gen, r->gen.get());
+    if (r->magic.get() == kRootsMagic && r->gen.get() > best.gen.get()) memcpy(&best, r, sizeof(best));
   }
-  return gen;
+  return best;
 }
+u64 RootsGenOn(Members& ms, u32 m) { return RootsOn(ms, m).gen.get(); }
 
 // The last round that set key k, rounds r0..r3 having set keys that are
 // multiples of 1, 2, 3, 5 (as many rounds as `rounds`).
@@ -1353,6 +1354,7 @@ TEST(NodeCopiesTest, AGivenUpMemberIsTakenBackWhenNoOtherTookTheRootsBlock) {
     // (Its copies waited for and flushed: the block it alone holds does not
     // call it stale for them.)
     EXPECT_EQ(e.btrees().roots().stale_since[1], 0u);
+    EXPECT_EQ(RootsOn(ms, 1).stale_since[1].get(), 0u);
     gate0.Fail(false);
     ASSERT_TRUE(e.Close().ok());
   }
@@ -1361,9 +1363,10 @@ TEST(NodeCopiesTest, AGivenUpMemberIsTakenBackWhenNoOtherTookTheRootsBlock) {
   ExpectWholeAndClean(ms, Rounds(2));
 }
 
-// Member 1 held (its roots write given up), then member 0 fails the next
-// roots block: member 1 is taken back -- its late roots write waited for
-// (released here), the block written there -- and the checkpoint
+// Member 1 held (its roots write given up), then, two checkpoints on
+// (the block's slot the late write's), member 0 fails the roots block:
+// member 1 is taken back -- its late roots write waited for (released
+// here) before the block goes to the same slot -- and the checkpoint
 // succeeds.
 TEST(NodeCopiesTest, AHeldMemberIsTakenBackWhenNoOtherTookTheRootsBlock) {
   Members ms(2);
@@ -1379,6 +1382,9 @@ TEST(NodeCopiesTest, AHeldMemberIsTakenBackWhenNoOtherTookTheRootsBlock) {
     ASSERT_TRUE(CheckpointPast(e, gate1).ok());
     ASSERT_EQ(e.btrees().GetStats().held_members, 1u);
     SetKeys(e, kKeys, 3, 2);
+    ASSERT_TRUE(CheckpointPast(e, gate1).ok());  // (held: member 0 alone)
+    ASSERT_EQ(gate1.parked(), 1u);
+    SetKeys(e, kKeys, 5, 3);
     gate0.Fail(true);
     std::atomic<bool> done{false};
     Status st;
@@ -1393,13 +1399,13 @@ TEST(NodeCopiesTest, AHeldMemberIsTakenBackWhenNoOtherTookTheRootsBlock) {
     ASSERT_TRUE(st.ok()) << st.Message();
     EXPECT_EQ(e.btrees().GetStats().late_taken_back, 1u);
     EXPECT_EQ(e.devs().failed(), 1u);
-    EXPECT_EQ(RootsGenOn(ms, 1), e.btrees().roots().gen);
+    EXPECT_EQ(RootsGenOn(ms, 1), e.btrees().roots().gen);  // (the newer write landed last)
     gate0.Fail(false);
     ASSERT_TRUE(e.Close().ok());
   }
   std::string out;
   EXPECT_EQ(ms.Check(&out, /*repair=*/true), fsck::kExitClean) << out;
-  ExpectWholeAndClean(ms, Rounds(3));
+  ExpectWholeAndClean(ms, Rounds(4));
 }
 
 // Member 1's node writes given up, then ending in an error: the member is
