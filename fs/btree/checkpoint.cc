@@ -1264,7 +1264,6 @@ Status TreeOps::WriteRoots(Impl* im, Roots* roots, PhaseBatch* b, bool may_give_
 // ---------------------------------------------------------------------------
 // Checkpoints.
 
-
 // Takes the image of n (which must not change meanwhile) into a new job.
 Status TreeOps::TakeImage(Impl* im, Tree& t, CachedNode* n, Vector<Job>* jobs) {
   Job j;
@@ -1579,7 +1578,7 @@ Status TreeOps::RunCheckpoint(Impl* im, Roots* roots_out, bool final) {
   }
   if (batch != nullptr) {
     // What is still out was given up: the batch stays until it ends
-    // (ReapLate, at the next checkpoint's start or Close).
+    // (ReapLate: at each checkpoint's start and end, WaitLateIos, Close).
     batch->next = im->late_batches;
     im->late_batches = batch;
     ReapLate(im);
