@@ -211,8 +211,9 @@ struct Btrees::Impl {
   u64 image_gen = 0;
   // Step 6c-3 (docs/design/copies.md): the node writes, flushes and roots
   // writes a checkpoint gave up on a stalling member and that are still out,
-  // in the batches (PhaseBatch, checkpoint.cc) that hold what they read; reaped at
-  // each checkpoint's start (ReapLate) and waited for by Close. Under
+  // in the batches (PhaseBatch, checkpoint.cc) that hold what they read;
+  // reaped at each checkpoint's start and end (ReapLate) and waited for by
+  // Close (WaitLate). Under
   // ckpt_mu, but for the two atomics: phase_events (bumped by every phase-3
   // completion: the checkpoint sleeps on it) and phase_out (phase-3 I/Os
   // submitted and not completed: a completion's last touch, Close waits

@@ -147,7 +147,7 @@ struct Options {
   X(node_flushes_late, counter, "flushes a checkpoint gave up on a stalling member past its late bound") \
   X(roots_writes_late, counter, "roots block writes given up on a stalling member once another member took the block") \
   X(late_taken_back, counter, "members given up in a checkpoint and waited for after all: no other member took the roots block") \
-  X(late_node_ios, gauge, "node writes, flushes and roots writes given up and still out (as of the last checkpoint's start)") \
+  X(late_node_ios, gauge, "node writes, flushes and roots writes given up and still out (as of the checkpoints' last look)") \
   X(held_members, gauge, "members left out of checkpoints' copy sets and roots writes while a late I/O there is out") \
   X(node_writes, counter, "nodes written")                                                          \
   X(node_write_bytes, counter, "bytes of nodes written")                                            \
