@@ -1060,6 +1060,27 @@ void AwaitOrFail(Pred pred, const char* what) {
   if (!pred()) ADD_FAILURE() << "never happened: " << what;
 }
 
+// Runs `op` (a checkpoint, a close) in another thread that must wait for
+// what `parked` holds: once ready() holds (or op returned) and `settle_ms`
+// more have passed, op must not have returned -- it cannot, whatever the
+// timing, before the release -- then parked is opened and op's result
+// returned.
+template <typename Op, typename Ready>
+Status RunWaitingFor(testing::GateDevice& parked, Op op, Ready ready, const char* what, int settle_ms = 0) {
+  std::atomic<bool> done{false};
+  Status st;
+  std::thread t([&] {
+    st = op();
+    done = true;
+  });
+  AwaitOrFail([&] { return ready() || done.load(); }, what);
+  if (settle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
+  EXPECT_FALSE(done.load()) << "it did not wait for the parked requests";
+  parked.Open();
+  t.join();
+  return st;
+}
+
 // The newest valid-looking roots slot on member m (gen 0: none).
 RootsFormat RootsOn(Members& ms, u32 m) {
   std::vector<u8> raw(2 * kRootsSlotSize);
@@ -1268,20 +1289,12 @@ TEST(NodeCopiesTest, ACheckpointWaitsForALateCopyThatIsANodesLastAndCloseWaitsFo
     ASSERT_NO_FATAL_FAILURE(OpenWithRound1(ms, &e, {&gate0, &gate1}));
     gate1.Close();
     gate0.Fail(true);
-    std::atomic<bool> done{false};
-    Status st;
-    std::thread t([&] {
-      st = e.btrees().Checkpoint();
-      done = true;
-    });
     // Past member 1's late bound (at most dev::kLateMaxNs, 1 s: the
-    // checkpoint has looked at giving it up; it cannot end before the
-    // release whatever the timing: no copy of those nodes is durable).
-    AwaitOrFail([&] { return gate1.parked() != 0 || done.load(); }, "member 1's writes parked");
-    std::this_thread::sleep_for(std::chrono::milliseconds(1200));
-    EXPECT_FALSE(done.load());
-    gate1.Open();
-    t.join();
+    // checkpoint has looked at giving it up; no copy of those nodes is
+    // durable elsewhere).
+    const Status st = RunWaitingFor(
+        gate1, [&] { return e.btrees().Checkpoint(); }, [&] { return gate1.parked() != 0; },
+        "member 1's writes parked", 1200);
     ASSERT_TRUE(st.ok()) << st.Message();
     EXPECT_EQ(e.btrees().GetStats().node_copies_late, 0u);
     EXPECT_EQ(e.devs().failed(), 1u);  // (member 0's flush)
@@ -1300,16 +1313,8 @@ TEST(NodeCopiesTest, ACheckpointWaitsForALateCopyThatIsANodesLastAndCloseWaitsFo
     gate1.Close();
     ASSERT_TRUE(CheckpointPast(e, gate1).ok());
     ASSERT_GT(e.btrees().GetStats().late_node_ios, 0u);
-    std::atomic<bool> done{false};
-    Status st;
-    std::thread t([&] {
-      st = e.Close();
-      done = true;
-    });
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    EXPECT_FALSE(done.load());
-    gate1.Open();
-    t.join();
+    const Status st = RunWaitingFor(
+        gate1, [&] { return e.Close(); }, [] { return true; }, "", 300);
     ASSERT_TRUE(st.ok()) << st.Message();
   }
   ExpectWholeAndClean(ms, Rounds(3));
@@ -1333,18 +1338,12 @@ TEST(NodeCopiesTest, AGivenUpMemberIsTakenBackWhenNoOtherTookTheRootsBlock) {
     ASSERT_NO_FATAL_FAILURE(OpenWithRound1(ms, &e, {&gate0, &gate1}));
     gate1.Close();
     gate0.Fail(true);
-    std::atomic<bool> done{false};
-    Status st;
-    std::thread t([&] {
-      st = e.btrees().Checkpoint();
-      done = true;
-    });
-    // Given up (counted as the node writes end), then waited for again.
-    AwaitOrFail([&] { return e.btrees().GetStats().node_copies_late != 0 || done.load(); }, "a give-up");
-    AwaitOrFail([&] { return gate0.failed() != 0 || done.load(); }, "member 0's roots write");
-    EXPECT_FALSE(done.load());
-    gate1.Open();
-    t.join();
+    // Given up (counted as the node writes end), then waited for again
+    // once member 0 failed the roots block.
+    const Status st = RunWaitingFor(
+        gate1, [&] { return e.btrees().Checkpoint(); },
+        [&] { return e.btrees().GetStats().node_copies_late != 0 && gate0.failed() != 0; },
+        "a give-up, then member 0's roots write");
     ASSERT_TRUE(st.ok()) << st.Message();
     const Stats s = e.btrees().GetStats();
     EXPECT_EQ(s.late_taken_back, 1u);
@@ -1386,16 +1385,9 @@ TEST(NodeCopiesTest, AHeldMemberIsTakenBackWhenNoOtherTookTheRootsBlock) {
     ASSERT_EQ(gate1.parked(), 1u);
     SetKeys(e, kKeys, 5, 3);
     gate0.Fail(true);
-    std::atomic<bool> done{false};
-    Status st;
-    std::thread t([&] {
-      st = e.btrees().Checkpoint();
-      done = true;
-    });
-    AwaitOrFail([&] { return gate0.failed() != 0 || done.load(); }, "member 0's roots write");
-    EXPECT_FALSE(done.load());
-    gate1.Open();
-    t.join();
+    const Status st = RunWaitingFor(
+        gate1, [&] { return e.btrees().Checkpoint(); }, [&] { return gate0.failed() != 0; },
+        "member 0's roots write");
     ASSERT_TRUE(st.ok()) << st.Message();
     EXPECT_EQ(e.btrees().GetStats().late_taken_back, 1u);
     EXPECT_EQ(e.devs().failed(), 1u);
