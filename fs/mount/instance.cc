@@ -1,6 +1,7 @@
 // mount::Instance: the bring-up and take-down order of one mount (instance.h).
 //
-// Up: the store, the data path on it, then posix. Down: posix, the data path,
+// Up: the store, the data path on it, posix, then the background engines.
+// Down: the engines (each ends the step it is in), posix, the data path,
 // then the store. A stage that
 // fails on the way up closes what came before it, so a failed Open leaves the
 // members as a read-only open would (the store's close marks them clean only
@@ -55,6 +56,7 @@ Status Instance::Close(CloseTimes* times) {
   if (!open_) return Status::Ok();
   open_ = false;
   const u64 t0 = platform::NowNs();
+  engines_.StopAll();
   const Status posix_st = fs_.Unmount();
   const u64 t1 = platform::NowNs();
   data_.Close();

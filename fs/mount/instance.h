@@ -5,8 +5,8 @@
 // they come up and go down in: the persistent store (devices, superblock,
 // allocator, journal, btrees: store/store.h), then the data path (extents,
 // space accounting, write points: data/data.h), then posix (the namespace,
-// which borrows the data path) and -- with their issues -- the background
-// engines (bg/), which borrow it too. Close() takes them down in reverse and
+// which borrows the data path) and the background engines (bg/engine.h),
+// which borrow it too. Close() takes them down in reverse and
 // leaves the filesystem clean. cmd_mount, the tests and the kernel glue call this instead
 // of writing the order out themselves (docs/design/core.md, step 2).
 //
@@ -23,6 +23,7 @@
 #ifndef TFS_MOUNT_INSTANCE_H_
 #define TFS_MOUNT_INSTANCE_H_
 
+#include "bg/engine.h"
 #include "data/data.h"
 #include "platform/block_device.h"
 #include "posix/fs.h"
@@ -62,12 +63,16 @@ class Instance {
   store::Store& store() { return store_; }
   data::DataPath& data() { return data_; }
   posix::Filesystem& fs() { return fs_; }
+  // The background engines (their switches: mount/control.h). An engine
+  // whose work is not built yet has no thread ("off"); its switch works.
+  bg::Engines& engines() { return engines_; }
 
  private:
   // Members in bring-up order (destroyed in reverse).
   store::Store store_;
   data::DataPath data_;
   posix::Filesystem fs_;
+  bg::Engines engines_;
   bool open_ = false;
   bool used_ = false;  // Open was called (see above)
 };

@@ -2,6 +2,7 @@
 #include "mount/stats.h"
 
 #include "alloc/allocator.h"
+#include "bg/engine.h"
 #include "btree/tree.h"
 #include "data/data.h"
 #include "dev/device_set.h"
@@ -222,6 +223,19 @@ Status WriteStats(Instance& inst, JsonOut& w, const MemberExtras* extras) {
   w.BeginObject();
   TFS_COUNTER_JSON(TFS_WBUF_COUNTERS, w, p);
   w.EndObject();
+  w.EndObject();
+
+  // The background engines: each one's state and counters (bg/engine.h).
+  w.Key("engines");
+  w.BeginObject();
+  for (u32 i = 0; i < bg::kEngineCount; i++) {
+    const bg::Engine& e = inst.engines().get(bg::EngineId(i));
+    w.Key(bg::EngineName(bg::EngineId(i)));
+    w.BeginObject();
+    w.StringField("state", bg::EngineStateName(e.State()));
+    TFS_COUNTER_JSON(TFS_ENGINE_COUNTERS, w, e.GetStats());
+    w.EndObject();
+  }
   w.EndObject();
   w.EndObject();
   return Status::Ok();

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "bg/engine.h"
 #include "mount/testing.h"
 #include "util/counters.h"
 
@@ -33,6 +34,7 @@ constexpr CounterInfo kPosix[] = {TFS_COUNTER_INFO(TFS_POSIX_COUNTERS)};
 constexpr CounterInfo kWbuf[] = {TFS_COUNTER_INFO(TFS_WBUF_COUNTERS)};
 constexpr CounterInfo kQueue[] = {TFS_COUNTER_INFO(TFS_QUEUE_COUNTERS)};
 constexpr CounterInfo kWork[] = {TFS_COUNTER_INFO(TFS_WORK_COUNTERS)};
+constexpr CounterInfo kEngine[] = {TFS_COUNTER_INFO(TFS_ENGINE_COUNTERS)};
 
 // The text from the last `"group":{` to its closing brace: the top-level
 // groups follow the devices, whose I/O by origin has keys of the same names
@@ -86,6 +88,11 @@ TEST(StatsTest, EveryCounterOfEveryTableIsInTheDocument) {
   ExpectRows(Group(doc, "posix"), kPosix, "posix");
   ExpectRows(Group(doc, "write_buffer"), kWbuf, "write_buffer");
   ExpectRows(Group(doc, "work"), kWork, "work");
+  // (The engines come last: rfind finds theirs, not the devices' origins.)
+  for (const char* e : {"reconcile", "promote", "copygc"}) {
+    ExpectRows(Group(Group(doc, "engines"), e), kEngine, e);
+    EXPECT_NE(Group(Group(doc, "engines"), e).find(R"("state":"off")"), std::string::npos) << e;
+  }
   // The queue's rows inside the member's own object (from its index to the
   // front end's field that closes it).
   const size_t member = doc.find(R"({"index":0,)");

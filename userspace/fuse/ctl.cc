@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "mount/control.h"
 #include "mount/stats.h"
 
 namespace tfs::fuse {
@@ -48,6 +49,12 @@ Status CtlStats(mount::Instance& inst, MemberControl* members, std::string* out)
   if (!w.complete()) return Err::kInternal;  // never hand out a malformed document
   out->assign(buf.data(), sink.size());
   return Status::Ok();
+}
+
+std::string CtlCommand(mount::Instance& inst, const std::string& line) {
+  char reply[256];
+  (void)mount::RunControl(inst, line.data(), line.size(), reply, sizeof(reply));  // (the reply says it)
+  return reply;
 }
 
 }  // namespace tfs::fuse

@@ -12,6 +12,10 @@
 //   kCtlFault: in, "MEMBER COMMAND ARGS" (NUL-terminated); out, the one-line
 //   reply of the member's fault device ("ok ...", "error: ...", or for `stats`
 //   its JSON). The ioctl itself fails only when the mount has no such channel.
+//
+//   kCtlCommand: in, a control line ("pause all"); out, the core's one-line
+//   reply ("ok ..." or "error: ...": fs/mount/control.h). The ioctl itself
+//   does not fail.
 #ifndef TFS_USERSPACE_FUSE_CTL_H_
 #define TFS_USERSPACE_FUSE_CTL_H_
 
@@ -28,6 +32,7 @@ namespace tfs::fuse {
 inline constexpr unsigned kCtlMax = 16000;
 inline constexpr unsigned kCtlStats = _IOR('T', 0x01, char[kCtlMax]);
 inline constexpr unsigned kCtlFault = _IOWR('T', 0x02, char[kCtlMax]);
+inline constexpr unsigned kCtlCommand = _IOWR('T', 0x03, char[kCtlMax]);
 
 // What the front end knows of the members beyond the store: where they are
 // and, in the lab, the fault devices under them (userspace/tools/members.h).
@@ -53,6 +58,9 @@ class MemberControl {
 // The kCtlStats reply of an open instance into *out; `members` may be null.
 // kNoSpace when it would be longer than kCtlMax - 1 bytes.
 Status CtlStats(mount::Instance& inst, MemberControl* members, std::string* out);
+
+// The kCtlCommand reply to `line` (the core's: mount::RunControl).
+std::string CtlCommand(mount::Instance& inst, const std::string& line);
 
 }  // namespace tfs::fuse
 

@@ -224,7 +224,7 @@ def test_mounted_fault_devices_through_ctl(tmp_path: Path) -> None:
         assert_one_line_error(ctl(mnt, "fault", "hdd.b", "error", "read", "1T+4K"), 1, "outside the device")
         assert_one_line_error(ctl(mnt, "fault", "hdd.b", "frob"), 2, "unknown command 'frob'")
         assert_one_line_error(ctl(mnt, "fault"), 2, "usage: fault MEMBER COMMAND")
-        assert_one_line_error(ctl(mnt, "pause"), 2, "unknown command 'pause'")
+        assert_one_line_error(ctl(mnt, "frob"), 2, "unknown command 'frob' (pause, resume, fault)")
 
         proc = ctl(mnt, "fault", "hdd.b", "powercut", "7")
         assert proc.returncode == 0 and "power cut" in proc.stdout, proc.stderr
@@ -235,8 +235,36 @@ def test_mounted_fault_devices_through_ctl(tmp_path: Path) -> None:
         assert (mnt / "fast").stat().st_size == 1 << 20
 
 
+@needs_fuse
+def test_ctl_pauses_and_resumes_the_engines(tmp_path: Path) -> None:
+    """The background engines' switches (fs/mount/control.h): the lab's
+    control arm runs `tierfs ctl MNT pause all`."""
+    with fault_mount(tmp_path) as (_, mnt):
+        def engines() -> dict[str, Any]:
+            proc = ctl(mnt)
+            assert proc.returncode == 0, proc.stderr
+            return json.loads(proc.stdout)["engines"]
+
+        assert sorted(engines()) == ["copygc", "promote", "reconcile"]
+        assert not any(e["paused"] for e in engines().values())
+        proc = ctl(mnt, "pause", "all")
+        assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ok paused: reconcile promote copygc\n", "")
+        assert all(e["paused"] and e["pauses"] == 1 for e in engines().values())
+        proc = ctl(mnt, "resume", "copygc")
+        assert (proc.returncode, proc.stdout) == (0, "ok resumed: copygc\n"), proc.stderr
+        assert {n: e["paused"] for n, e in engines().items()} == {
+            "reconcile": True, "promote": True, "copygc": False}
+        assert_one_line_error(ctl(mnt, "pause"), 2, "pause: usage: pause ENGINE...")
+        assert_one_line_error(ctl(mnt, "resume", "all", "mover"), 2,
+                              "resume: unknown engine 'mover' (reconcile, promote, copygc, all)")
+        assert engines()["reconcile"]["paused"] is True, "a refused line changes nothing"
+        assert ctl(mnt, "resume", "all").returncode == 0
+        assert not any(e["paused"] for e in engines().values())
+
+
 def test_ctl_fault_on_something_else(tmp_path: Path) -> None:
     assert_one_line_error(ctl(tmp_path, "fault", "hdd.b", "stall", "1"), 1, "not a tierfs mount")
+    assert_one_line_error(ctl(tmp_path, "pause", "all"), 1, "not the root of a mounted tierfs filesystem")
 
 
 @needs_fuse

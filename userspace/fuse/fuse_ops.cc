@@ -550,6 +550,12 @@ void RemoveXattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
   Reply(req, st);
 }
 
+// A ctl command's one-line reply (kCtlFault, kCtlCommand), NUL included.
+void ReplyLine(fuse_req_t req, std::string reply, size_t out_bufsz) {
+  if (reply.size() + 1 > out_bufsz) reply = "error: the reply does not fit the ioctl's buffer";
+  fuse_reply_ioctl(req, 0, reply.c_str(), reply.size() + 1);
+}
+
 // tierfs ctl (ctl.h): only on the root directory.
 void Ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file_info*, unsigned flags,
            const void* in_buf, size_t in_bufsz, size_t out_bufsz) {
@@ -600,15 +606,18 @@ void Ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file_in
     if (!st.ok()) return Reply(req, st);
     return (void)fuse_reply_ioctl(req, 0, nullptr, 0);
   }
-  if ((cmd != kCtlStats && cmd != kCtlFault) || ino != FUSE_ROOT_ID) return (void)fuse_reply_err(req, ENOTTY);
+  if ((cmd != kCtlStats && cmd != kCtlFault && cmd != kCtlCommand) || ino != FUSE_ROOT_ID)
+    return (void)fuse_reply_err(req, ENOTTY);
   Context* c = Ctx(req);
+  if (cmd == kCtlCommand) {
+    const char* in = static_cast<const char*>(in_buf);
+    return ReplyLine(req, CtlCommand(*c->instance, std::string(in, strnlen(in, in_bufsz))), out_bufsz);
+  }
   if (cmd == kCtlFault) {
     if (c->members == nullptr) return (void)fuse_reply_err(req, ENOTTY);
     const char* in = static_cast<const char*>(in_buf);
     const std::string line(in, strnlen(in, in_bufsz));
-    std::string reply = c->members->FaultCommand(line);
-    if (reply.size() + 1 > out_bufsz) reply = "error: the reply does not fit the ioctl's buffer";
-    return (void)fuse_reply_ioctl(req, 0, reply.c_str(), reply.size() + 1);
+    return ReplyLine(req, c->members->FaultCommand(line), out_bufsz);
   }
   std::string json;
   const Status st = CtlStats(*c->instance, c->members, &json);
