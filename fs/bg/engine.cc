@@ -125,8 +125,8 @@ void Engine::Run() {
     const u32 seq = seq_.Load();
     if (stop_.Load()) break;
     if (paused_.Load()) {
-      Bump(ctr_.paused_looks);
       state_.Store(u8(EngineState::kPaused));
+      Bump(ctr_.paused_looks);
       (void)tfs_plat_wait(seq_.Address(), seq, platform::kForever);
       continue;
     }
@@ -138,9 +138,14 @@ void Engine::Run() {
       (void)tfs_plat_wait(seq_.Address(), seq, wait_until != 0 ? wait_until - now : platform::kForever);
       continue;
     }
+    // Running, then the switches again: a Pause (or Stop) that returned
+    // before this store is seen here, and no step starts after it; one
+    // after it finds kRunning and says "pausing" (both sequentially
+    // consistent).
+    state_.Store(u8(EngineState::kRunning));
+    if (paused_.Load() || stop_.Load()) continue;
     seen = seq;
     wait_until = 0;
-    state_.Store(u8(EngineState::kRunning));
     const Step step = work_.step(work_.ctx);
     const u64 end = platform::NowNs();
     Bump(ctr_.steps);
@@ -154,11 +159,22 @@ void Engine::Run() {
         break;
       case Step::kWait:
         Bump(ctr_.waits);
-        wait_until = end + (step.wait_ns != 0 ? step.wait_ns : 1);
+        // (Saturated: a wait "forever" is a deadline that never comes, not
+        // one that wrapped into the past -- or to 0, "no deadline".)
+        wait_until = step.wait_ns >= platform::kForever - 1 - end ? platform::kForever - 1
+                                                                  : end + Max<u64>(step.wait_ns, 1);
         break;
     }
   }
   state_.Store(u8(EngineState::kStopped));
+}
+
+Engines::Engines() {
+  for (Budget& b : budgets_) b.Init(BudgetConfig{}, [](void* self) { static_cast<Engines*>(self)->WakeAll(); }, this);
+}
+
+void Engines::WakeAll() {
+  for (Engine& e : engines_) e.Wake();
 }
 
 void Engines::Pause(u32 mask) {

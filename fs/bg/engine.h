@@ -15,6 +15,8 @@
 #ifndef TFS_BG_ENGINE_H_
 #define TFS_BG_ENGINE_H_
 
+#include "bg/budget.h"
+#include "dev/device_set.h"
 #include "platform/atomic.h"
 #include "platform/platform.h"
 #include "platform/types.h"
@@ -51,8 +53,9 @@ struct Step {
 };
 
 // An engine's work: `step(ctx)` on the engine's thread, with nothing locked.
-// A step is bounded (Stop and Pause wait for the one running) and reports
-// its own errors (counted and logged by the work: an engine only schedules).
+// A step is bounded (Stop waits for the one running; after a Pause it ends
+// on its own) and reports its own errors (counted and logged by the work:
+// an engine only schedules).
 struct Work {
   Step (*step)(void* ctx) = nullptr;
   void* ctx = nullptr;
@@ -73,7 +76,7 @@ const char* EngineStateName(EngineState s);
   X(steps, counter, "steps of work run")                                                                  \
   X(step_ns, counter, "nanoseconds spent in steps")                                                       \
   X(wakes, counter, "wakes asked for (new work, room, a member back, a resume)")                          \
-  X(sleeps, counter, "times the engine went to sleep with nothing to do")                                 \
+  X(sleeps, counter, "steps that found nothing to do (it sleeps, unless woken meanwhile)")                \
   X(waits, counter, "timed waits: work that could not go yet (a busy destination)")                       \
   X(paused_looks, counter, "looks that found the engine paused (the pause itself, then each wake)")        \
   X(pauses, counter, "pause commands that paused it (a paused engine's pause is not counted)")            \
@@ -109,6 +112,7 @@ class Engine {
   bool Resume();
 
   bool paused() const { return paused_.Load(MemOrder::kAcquire); }
+  bool stopping() const { return stop_.Load(MemOrder::kAcquire); }
   EngineState State() const;
   EngineStats GetStats() const;
 
@@ -128,19 +132,30 @@ class Engine {
   } ctr_;
 };
 
-// The engines of one mount, by EngineId.
+// The engines of one mount, by EngineId, and the members' background
+// budgets they share (budget.h; a refused engine is woken by the release
+// that makes room: WakeAll).
 class Engines {
  public:
+  Engines();
+  Engines(const Engines&) = delete;
+  Engines& operator=(const Engines&) = delete;
+
   Engine& get(EngineId id) { return engines_[u32(id)]; }
   const Engine& get(EngineId id) const { return engines_[u32(id)]; }
+  Budget& budget(u32 member) { return budgets_[member]; }
+  const Budget& budget(u32 member) const { return budgets_[member]; }
   // Pause or resume every engine in `mask` (EngineMask's bits).
   void Pause(u32 mask);
   void Resume(u32 mask);
+  // Wakes every engine (completion-safe).
+  void WakeAll();
   // Stops them all (unmount), idempotent.
   void StopAll();
 
  private:
   Engine engines_[kEngineCount];
+  Budget budgets_[dev::kMaxDevices];
 };
 
 }  // namespace tfs::bg

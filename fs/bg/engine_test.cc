@@ -192,8 +192,7 @@ TEST(EngineTest, PausedDuringAStepItEndsAndNoOtherStarts) {
   EXPECT_EQ(e.State(), EngineState::kPausing);
   w.hold = false;
   w.release = true;
-  ASSERT_TRUE(WaitUntil([&] { return e.GetStats().paused_looks >= 1; }));
-  EXPECT_EQ(e.State(), EngineState::kPaused);
+  ASSERT_TRUE(WaitUntil([&] { return e.GetStats().paused_looks >= 1 && e.State() == EngineState::kPaused; }));
   EXPECT_EQ(w.calls, 1) << "the step said kMore, but the engine is paused";
   EXPECT_EQ(w.taken, 1);
   EXPECT_FALSE(e.GetStats().running);
@@ -218,14 +217,18 @@ TEST(EngineTest, AWaitLooksAgainWithoutAWake) {
   e.Stop();
 }
 
-// While waiting, a wake runs the step at once (long before the deadline).
+// While waiting, a wake runs the step at once (long before the deadline);
+// a wait "forever" (kForever ns) does not wrap into a deadline passed.
 TEST(EngineTest, AWakeEndsAWaitEarly) {
   TestWork w;
-  w.script = {Step::WaitFor(3600ull * 1'000'000'000)};
+  w.script = {Step::WaitFor(3600ull * 1'000'000'000), Step::WaitFor(platform::kForever)};
   w.available = 1;
   Engine e;
   ASSERT_TRUE(e.Start(w.work(), "tfs-test").ok());
   ASSERT_TRUE(WaitUntil([&] { return e.State() == EngineState::kWaiting; }));
+  e.Wake();
+  ASSERT_TRUE(WaitUntil([&] { return w.calls == 2 && e.State() == EngineState::kWaiting; }));
+  EXPECT_EQ(e.GetStats().steps, 2u) << "a wrapped deadline would have run it again";
   e.Wake();
   ASSERT_TRUE(WaitUntil([&] { return w.taken == 1 && e.State() == EngineState::kIdle; }));
   e.Stop();
@@ -262,7 +265,9 @@ TEST(EngineTest, StopJoinsASleepingAPausedAndARunningEngine) {
       e.Stop();
       stopped = true;
     });
-    // (Stop cannot return while the step is held; it is released only now.)
+    // Released once Stop has said so: the step's kMore must not start
+    // another. (Stop cannot return while the step is held.)
+    ASSERT_TRUE(WaitUntil([&] { return e.stopping(); }));
     EXPECT_FALSE(stopped.load());
     w.hold = false;
     w.release = true;

@@ -205,9 +205,10 @@ void IoQueue::OnComplete(IoRequest* req, Status st) {
 void IoQueue::Complete(Io* io, Status st) {
   u64 now = platform::NowNs();
   const IoOp op = io->req.op;
+  if (op == IoOp::kWrite) io->flush_gen = 0;  // (FUA or failed: nothing for a flush to cover)
   if (st.ok()) {
     if (op == IoOp::kWrite && !(io->req.flags & IoRequest::kFua)) {
-      write_gen_.FetchAdd(1, MemOrder::kAcqRel);
+      io->flush_gen = write_gen_.FetchAdd(1, MemOrder::kAcqRel) + 1;
     } else if (op == IoOp::kFlush) {
       // Covers every write that had completed when the flush was dispatched.
       u64 covered = io->flush_gen;
@@ -263,6 +264,7 @@ void IoQueue::Complete(Io* io, Status st) {
     io->req.op = IoOp::kWrite;
     io->req.flags |= IoRequest::kFua;
     io->fua_phase = 0;
+    io->flush_gen = 0;  // (a FUA write's, as the caller submitted it)
   }
   Dispatch(&ready);
   io->done(io, st);

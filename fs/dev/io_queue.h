@@ -73,7 +73,10 @@ struct Io {
   IoQueue* queue = nullptr;
   u64 enqueue_ns = 0;
   u64 dispatch_ns = 0;
-  u64 flush_gen = 0;  // flush: the write generation it covers
+  // A flush: the write generation it covers. A volatile write, once it
+  // completed: its own generation (Covered() says when a flush has covered
+  // it); a FUA write (emulated or not) or a failed one: 0.
+  u64 flush_gen = 0;
   u8 fua_phase = 0;   // FUA on a device without FUA: 1 = write part, 2 = flush part
 };
 
@@ -203,6 +206,12 @@ class IoQueue {
   bool HasDurabilityDebt() const {
     return write_gen_.Load(MemOrder::kAcquire) != flushed_gen_.Load(MemOrder::kAcquire);
   }
+  // Whether a flush that covers the write whose completion gave it `gen`
+  // (Io::flush_gen) has completed -- a flush dispatched after that write
+  // completed, anyone's. Always true for 0. The background engines' batches
+  // send a flush only when this says they must (docs/design/tiering.md,
+  // step 22-2).
+  bool Covered(u64 gen) const { return flushed_gen_.Load(MemOrder::kAcquire) >= gen; }
   // Copies the counters of one origin (histograms included) under the lock.
   void ReadStats(IoOrigin origin, OriginStats* out) const;
 

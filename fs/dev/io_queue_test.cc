@@ -391,6 +391,47 @@ TEST(IoQueueTest, DurabilityDebtIsClearedOnlyByAFlushThatCoversTheWrites) {
   EXPECT_FALSE(q.HasDurabilityDebt());
 }
 
+// A write's generation (Io::flush_gen) is covered by a flush dispatched
+// after the write completed -- not by one dispatched before, even if that
+// one completes later; FUA and failed writes have none (0: covered).
+TEST(IoQueueTest, AWriteIsCoveredByAFlushDispatchedAfterItCompleted) {
+  ManualDevice dev;
+  IoQueue q;
+  ASSERT_TRUE(q.Init(&dev, SmallConfig()).ok());
+  Tracker t;
+  auto w1 = MakeIo(&t, 1, IoOp::kWrite, IoOrigin::kReconcile, IoClass::kBackground);
+  q.Submit(&w1->io);
+  auto early = MakeIo(&t, 2, IoOp::kFlush, IoOrigin::kJournal, IoClass::kJournal);
+  q.Submit(&early->io);  // dispatched before w1 completes
+  ASSERT_TRUE(dev.CompleteNext());  // w1
+  const u64 g1 = w1->io.flush_gen;
+  EXPECT_NE(g1, 0u);
+  EXPECT_FALSE(q.Covered(g1));
+  ASSERT_TRUE(dev.CompleteNext());  // the early flush: it does not cover w1
+  EXPECT_FALSE(q.Covered(g1));
+  auto w2 = MakeIo(&t, 3, IoOp::kWrite, IoOrigin::kReconcile, IoClass::kBackground);
+  q.Submit(&w2->io);
+  ASSERT_TRUE(dev.CompleteNext());
+  const u64 g2 = w2->io.flush_gen;
+  EXPECT_GT(g2, g1);
+  auto f = MakeIo(&t, 4, IoOp::kFlush, IoOrigin::kReconcile, IoClass::kBackground);
+  q.Submit(&f->io);  // covers w1 and w2
+  auto w3 = MakeIo(&t, 5, IoOp::kWrite, IoOrigin::kReconcile, IoClass::kBackground);
+  q.Submit(&w3->io);
+  ASSERT_TRUE(dev.CompleteNext());  // the flush
+  ASSERT_TRUE(dev.CompleteNext());  // w3, after it
+  EXPECT_TRUE(q.Covered(g1));
+  EXPECT_TRUE(q.Covered(g2));
+  EXPECT_FALSE(q.Covered(w3->io.flush_gen));
+  // FUA: durable at completion; its Io says 0 (covered), reused Ios too.
+  w1->io.flush_gen = 99;
+  w1->io.req.flags = IoRequest::kFua;
+  q.Submit(&w1->io);
+  ASSERT_TRUE(dev.CompleteNext());
+  EXPECT_EQ(w1->io.flush_gen, 0u);
+  EXPECT_TRUE(q.Covered(0));
+}
+
 TEST(IoQueueTest, FuaIsEmulatedWithWriteAndFlush) {
   ManualDevice dev(1 << 20, /*supports_fua=*/false);
   IoQueue q;
@@ -411,6 +452,7 @@ TEST(IoQueueTest, FuaIsEmulatedWithWriteAndFlush) {
   // The caller gets its request back as it submitted it.
   EXPECT_EQ(w->io.req.op, IoOp::kWrite);
   EXPECT_NE(w->io.req.flags & IoRequest::kFua, 0);
+  EXPECT_EQ(w->io.flush_gen, 0u) << "a FUA write: nothing for a flush to cover";
 }
 
 TEST(IoQueueTest, StallDetectedWhileNothingCompletes) {

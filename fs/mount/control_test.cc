@@ -70,7 +70,7 @@ TEST_F(ControlTest, PauseAndResumeEnginesByNameOrAll) {
   EXPECT_NE(doc.find(R"("engines":{"reconcile":{"state":"off","steps":0,)"), std::string::npos) << doc;
   EXPECT_NE(doc.find(R"("pauses":1,"resumes":0,"paused":true,"running":false},"promote":)"), std::string::npos)
       << doc;
-  EXPECT_NE(doc.find(R"("resumes":0,"paused":true,"running":false}}})"), std::string::npos) << doc;
+  EXPECT_NE(doc.find(R"("resumes":0,"paused":true,"running":false}},"budget":[)"), std::string::npos) << doc;
 
   r = Send(*inst_, "  resume\tcopygc   reconcile ");
   ASSERT_TRUE(r.st.ok()) << r.text;
@@ -106,20 +106,31 @@ TEST_F(ControlTest, ABadLineIsRefusedWholeAndChangesNothing) {
     EXPECT_EQ(r.text, c.reply) << c.line;
     EXPECT_EQ(PausedMask(*inst_), 0u) << c.line << ": changed something";
   }
-  // A long token is quoted cut; too many tokens is a usage error.
+  // A long word is quoted cut; anything not printable is '?', and every
+  // byte up to a space separates words: a reply is one line.
   Reply r = Send(*inst_, "pause " + std::string(300, 'z'));
   EXPECT_EQ(r.text, "error: unknown engine '" + std::string(32, 'z') + "' (reconcile, promote, copygc, all)");
-  std::string many = "pause";
-  for (int i = 0; i < 20; i++) many += " all";
-  r = Send(*inst_, many);
-  EXPECT_EQ(r.st.code(), Err::kInvalidArgument);
-  EXPECT_EQ(r.text.rfind("error: usage: pause ENGINE...", 0), 0u) << r.text;
+  r = Send(*inst_, "pause x\ny\rz");
+  EXPECT_EQ(r.text, "error: unknown engine 'x' (reconcile, promote, copygc, all)");
+  r = Send(*inst_, "pause all \x7f\xc3\xa9t\x1b");
+  EXPECT_EQ(r.text, "error: unknown engine '???t' (reconcile, promote, copygc, all)");
   EXPECT_EQ(PausedMask(*inst_), 0u);
-  // Bytes after a NUL, or beyond len, are not read as part of the line.
+  // As many words as anyone sends, repeated names included.
+  std::string many = "pause";
+  for (int i = 0; i < 200; i++) many += i % 2 ? " reconcile" : " copygc";
+  r = Send(*inst_, many, 4096);
+  EXPECT_TRUE(r.st.ok()) << r.text;
+  EXPECT_EQ(r.text, "ok paused: reconcile copygc");
+  ASSERT_TRUE(Send(*inst_, "resume all").st.ok());
+  // The line ends at its first NUL within len; nothing past len is read.
   const char nul[] = "pause all\0frob";
   std::vector<char> buf(128);
+  EXPECT_EQ(RunControl(*inst_, nul, sizeof(nul) - 1, buf.data(), buf.size()).code(), Err::kOk);
+  EXPECT_STREQ(buf.data(), "ok paused: reconcile promote copygc");
+  ASSERT_TRUE(Send(*inst_, "resume all").st.ok());
   EXPECT_EQ(RunControl(*inst_, nul, 5, buf.data(), buf.size()).code(), Err::kInvalidArgument);
   EXPECT_STREQ(buf.data(), "error: usage: pause ENGINE... (ENGINE: reconcile, promote, copygc, all)");
+  EXPECT_EQ(PausedMask(*inst_), 0u);
 }
 
 TEST_F(ControlTest, RepliesAreCutToTheirBuffer) {

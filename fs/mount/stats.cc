@@ -237,6 +237,16 @@ Status WriteStats(Instance& inst, JsonOut& w, const MemberExtras* extras) {
     w.EndObject();
   }
   w.EndObject();
+  // The members' background budgets the engines share (bg/budget.h), in
+  // member order.
+  w.Key("budget");
+  w.BeginArray();
+  for (u32 i = 0; i < store.devs().size(); i++) {
+    w.BeginObject();
+    TFS_COUNTER_JSON(TFS_BUDGET_COUNTERS, w, inst.engines().budget(i).GetStats());
+    w.EndObject();
+  }
+  w.EndArray();
   w.EndObject();
   return Status::Ok();
 }

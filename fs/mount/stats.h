@@ -7,7 +7,8 @@
 // and what the front end adds: its path, its fault device); "work" (the
 // members' deferred work: platform/work.h); "journal", "btree", "alloc" (per member bucket states and reserves, per tier totals,
 // the allocator's counters), "data", "posix" (with "write_buffer"), "engines"
-// (each background engine's state and counters: bg/engine.h). Every
+// (each background engine's state and counters: bg/engine.h), "budget" (the
+// members' background budgets: bg/budget.h). Every
 // group's fields come from its subsystem's counter table (util/counters.h), so
 // a counter added there shows up here.
 //

@@ -35,6 +35,7 @@ constexpr CounterInfo kWbuf[] = {TFS_COUNTER_INFO(TFS_WBUF_COUNTERS)};
 constexpr CounterInfo kQueue[] = {TFS_COUNTER_INFO(TFS_QUEUE_COUNTERS)};
 constexpr CounterInfo kWork[] = {TFS_COUNTER_INFO(TFS_WORK_COUNTERS)};
 constexpr CounterInfo kEngine[] = {TFS_COUNTER_INFO(TFS_ENGINE_COUNTERS)};
+constexpr CounterInfo kBudget[] = {TFS_COUNTER_INFO(TFS_BUDGET_COUNTERS)};
 
 // The text from the last `"group":{` to its closing brace: the top-level
 // groups follow the devices, whose I/O by origin has keys of the same names
@@ -93,6 +94,12 @@ TEST(StatsTest, EveryCounterOfEveryTableIsInTheDocument) {
     ExpectRows(Group(Group(doc, "engines"), e), kEngine, e);
     EXPECT_NE(Group(Group(doc, "engines"), e).find(R"("state":"off")"), std::string::npos) << e;
   }
+  // One member: one budget, whole (8 I/Os), nothing out; the document's last group.
+  const size_t budget = doc.rfind(R"("budget":[{)");
+  ASSERT_NE(budget, std::string::npos) << doc;
+  ExpectRows(doc.substr(budget), kBudget, "budget");
+  EXPECT_EQ(doc.substr(budget + 10), R"({"admitted":0,"refused_busy":0,"refused_stalling":0,"lowered":0,"raised":0,)"
+                                     R"("ios":0,"bytes":0,"limit":8}]})");
   // The queue's rows inside the member's own object (from its index to the
   // front end's field that closes it).
   const size_t member = doc.find(R"({"index":0,)");

@@ -66,7 +66,11 @@ void tfs_plat_free(void* ptr);
 // --- wait and wake ------------------------------------------------------------
 // Sleep while *word == expected, until woken or `timeout_ns` passes (~0 = forever).
 // Returns 0 when woken (or the word already differed), -ETIMEDOUT on timeout.
-// Spurious wake-ups are allowed: callers re-check their condition.
+// Spurious wake-ups are allowed: callers re-check their condition. *word is
+// compared after a full barrier (a futex's compare does, and so does the
+// kernel's wait_var_event, whose set_current_state is one): a store the
+// caller made before the call is visible to a waker before the compare
+// (bg::Engine::Wake skips the wake call for a thread not asleep on it).
 int tfs_plat_wait(const u32* word, u32 expected, u64 timeout_ns);
 // Wake up to `count` waiters on `word` (count <= 0: all of them).
 void tfs_plat_wake(const u32* word, int count);

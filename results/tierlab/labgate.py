@@ -574,6 +574,17 @@ def _ci_text(lo: float | None, hi: float | None) -> str:
     return f"[{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "n/a"
 
 
+def engines_working(ld: LabDir) -> bool:
+    """Whether any run's start snapshot shows a background engine with a
+    thread (state other than `off`: docs/usage.md, `engines`)."""
+    for r in ld.a + ld.b:
+        engines = (r.ctl.get("start") or {}).get("engines") or {}
+        for e in engines.values():
+            if isinstance(e, dict) and e.get("state", "off") != "off":
+                return True
+    return False
+
+
 def build_report(ld: LabDir, res: dict[str, Any]) -> tuple[Doc, dict[str, Any]]:
     from tierlab import plots
 
@@ -591,6 +602,10 @@ def build_report(ld: LabDir, res: dict[str, Any]) -> tuple[Doc, dict[str, Any]]:
         d.p(f"Note: `tierfs ctl MNT pause all` is not available in this build "
             f"(\"{pause[0]['reply']}\"): the control arm ran the profile's background workload "
             "unpaused, so active and control are the same configuration (an A/A comparison).")
+    elif pause and not engines_working(ld):
+        d.p("Note: the control arm paused the background engines, but no engine has work in "
+            "this build (every engine's state was `off` at the start edge), so active and "
+            "control are the same configuration (an A/A comparison).")
     d.h(verdict_line(res).replace("gate: ", "Gate: ", 1))
     if overrides_line(res):
         d.p(f"**{overrides_line(res)}** (the profile that ran had other bounds).")

@@ -294,3 +294,32 @@ def test_spill_criterion_needs_user_data_on_the_slow_members_in_every_run(tmp_pa
     assert "p03-active 0 B" in c["text"]
     assert all(x["criterion"] != "spill" for x in evaluate(
         synthetic_pair_dir(tmp_path / "off", hdd_during=spilled))["criteria"])
+
+
+def test_report_says_when_the_control_arm_is_the_active_arm(tmp_path: Path) -> None:
+    """The "A/A comparison" note: when `pause all` failed, and when it worked
+    but no engine had work (every engine `off` at the start edge); none once
+    an engine runs."""
+    def pair_with(rc: int, state: str | None) -> str:
+        d = synthetic_pair_dir(tmp_path / f"d{rc}{state}", hdd_during=ALLOWED_ONLY)
+        for run_dir in (d / "runs").iterdir():
+            info = json.loads((run_dir / "run.json").read_text())
+            if info["arm"] == "control":
+                info["pause"] = {"rc": rc, "reply": "ok paused: reconcile promote copygc" if rc == 0
+                                 else "tierfs ctl: unknown command 'pause' (fault)"}
+                (run_dir / "run.json").write_text(json.dumps(info))
+            if state is not None:
+                p = run_dir / "ctl-start.json"
+                doc = json.loads(p.read_text())
+                doc["engines"] = {"reconcile": {"state": state, "paused": False},
+                                  "promote": {"state": "off"}, "budget": [{"limit": 8}]}
+                p.write_text(json.dumps(doc))
+        assert labgate.report_dir(d, tmp_path / f"out{rc}{state}", []) == 0
+        return (tmp_path / f"out{rc}{state}" / "report.md").read_text()
+
+    md = pair_with(1, None)
+    assert "is not available in this build" in md and "A/A comparison" in md
+    md = pair_with(0, "off")
+    assert "no engine has work in this build" in md and "A/A comparison" in md
+    md = pair_with(0, "idle")
+    assert "A/A comparison" not in md

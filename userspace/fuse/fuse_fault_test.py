@@ -247,6 +247,8 @@ def test_ctl_pauses_and_resumes_the_engines(tmp_path: Path) -> None:
 
         assert sorted(engines()) == ["copygc", "promote", "reconcile"]
         assert not any(e["paused"] for e in engines().values())
+        doc = json.loads(ctl(mnt).stdout)
+        assert [b["limit"] for b in doc["budget"]] == [8] * len(doc["devices"]), doc["budget"]
         proc = ctl(mnt, "pause", "all")
         assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ok paused: reconcile promote copygc\n", "")
         assert all(e["paused"] and e["pauses"] == 1 for e in engines().values())
