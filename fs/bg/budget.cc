@@ -53,19 +53,23 @@ Budget::Verdict Budget::Admit(u64 bytes, const dev::ReadState& rs) {
   return Verdict::kAdmitted;
 }
 
-void Budget::Release(u64 bytes) {
+void Budget::Release(u64 bytes) { GiveBack(bytes, /*completed=*/true); }
+
+void Budget::Cancel(u64 bytes) { GiveBack(bytes, /*completed=*/false); }
+
+void Budget::GiveBack(u64 bytes, bool completed) {
   bool wake;
   {
     SpinGuard l(mu_);
     TFS_BUG_ON(ios_ == 0 || bytes_ < bytes);
     ios_--;
     bytes_ -= bytes;
-    if (window_ < ~u32(0)) window_++;
-    if (since_cut_ < ~u32(0)) since_cut_++;
+    if (completed && window_ < ~u32(0)) window_++;
+    if (completed && since_cut_ < ~u32(0)) since_cut_++;
     wake = refused_;
     refused_ = false;
   }
-  if (wake && wake_ != nullptr) wake_(wake_ctx_);
+  if (wake && wake_ != nullptr) wake_(wake_ctx_);  // (after the lock: the callback may take its own)
 }
 
 BudgetStats Budget::GetStats() const {

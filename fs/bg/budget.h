@@ -9,7 +9,9 @@
 // the data path's choice of a copy reads it): stalling -> 0; slow (its
 // oldest request at the device past half its late bound) -> halved, at
 // most once per completion seen since the last cut; healthy -> one more
-// after each `limit` completions, up to max_ios; back from 0 at 1.
+// after each `limit` completions, up to max_ios. A look that finds it no
+// longer stalling (slow or healthy) restarts it at 1. The limit moves only
+// at an Admit: the ctl document shows it as of the last admission.
 //
 // Thread safety: every method from any thread. Release may run in a
 // completion (a SpinLock, counts, and the wake callback -- which must obey
@@ -34,7 +36,7 @@ struct BudgetConfig {
   X(refused_busy, counter, "admissions refused: the member had its limit out")                 \
   X(refused_stalling, counter, "admissions refused: the member was stalling")                  \
   X(lowered, counter, "times the limit was cut (halved on a slow member, to 0 on a stalling one)") \
-  X(raised, counter, "times the limit grew by one (a healthy member, a window of completions)") \
+  X(raised, counter, "times the limit grew by one (a window of completions; back from a stall)") \
   X(ios, level, "background I/Os out now")                                                     \
   X(bytes, level, "their bytes")                                                               \
   X(limit, level, "the current limit on I/Os out")
@@ -61,8 +63,12 @@ class Budget {
   // One background I/O of `bytes` on the member whose read state is `rs`
   // (read just before). Adapts the limit, then admits or refuses.
   Verdict Admit(u64 bytes, const dev::ReadState& rs);
-  // An admitted I/O completed (or was never sent).
+  // An admitted I/O completed: its budget back, the completion counted
+  // toward the limit's growth.
   void Release(u64 bytes);
+  // An admitted I/O that was never sent (the move's other member refused):
+  // its budget back, no completion counted -- the member answered nothing.
+  void Cancel(u64 bytes);
 
   BudgetStats GetStats() const;
 
@@ -70,6 +76,8 @@ class Budget {
   BudgetConfig config_;
   void (*wake_)(void*) = nullptr;
   void* wake_ctx_ = nullptr;
+
+  void GiveBack(u64 bytes, bool completed);
 
   mutable SpinLock mu_;
   u32 ios_ TFS_GUARDED_BY(mu_) = 0;

@@ -145,5 +145,44 @@ TEST_F(BudgetTest, ASlowMemberHalvesOncePerCompletionAndAHealthyOneGrowsBack) {
   EXPECT_EQ(Limit(), 4u) << "never past max_ios";
 }
 
+// Back from a stall at 1 on any look that is not stalling, a slow one
+// included (a member that stays slow must not stay at 0: nothing would wake
+// an engine waiting for it).
+TEST_F(BudgetTest, ASlowLookAfterAStallRestartsAtOne) {
+  EXPECT_EQ(b_.Admit(4096, StalledQuiet()), Verdict::kStalling);
+  EXPECT_EQ(Limit(), 0u);
+  ASSERT_EQ(b_.Admit(4096, Slow()), Verdict::kAdmitted);
+  EXPECT_EQ(Limit(), 1u);
+  EXPECT_EQ(b_.Admit(4096, Slow()), Verdict::kBusy);
+  b_.Release(4096);
+  EXPECT_EQ(b_.GetStats().raised, 1u);
+}
+
+// An I/O given back unsent (Cancel) is no completion: the limit neither
+// grows nor may be cut again for it; it still wakes a refused engine.
+TEST_F(BudgetTest, ACancelIsNoCompletion) {
+  ASSERT_EQ(b_.Admit(4096, Slow()), Verdict::kAdmitted);  // 4 -> 2
+  EXPECT_EQ(Limit(), 2u);
+  ASSERT_EQ(b_.Admit(4096, Slow()), Verdict::kAdmitted);
+  EXPECT_EQ(b_.Admit(4096, Slow()), Verdict::kBusy);
+  b_.Cancel(4096);
+  EXPECT_EQ(woken_.n, 1) << "room back: the refused engine is woken";
+  b_.Cancel(4096);
+  ASSERT_EQ(b_.Admit(4096, Slow()), Verdict::kAdmitted);
+  EXPECT_EQ(Limit(), 2u) << "no completion since the cut: not cut again";
+  b_.Cancel(4096);
+  // Healthy: with no completions at this limit, no growth either.
+  for (int i = 0; i < 10; i++) {
+    ASSERT_EQ(b_.Admit(4096, Healthy()), Verdict::kAdmitted);
+    b_.Cancel(4096);
+  }
+  EXPECT_EQ(Limit(), 2u);
+  const BudgetStats s = b_.GetStats();
+  EXPECT_EQ(s.ios, 0u);
+  EXPECT_EQ(s.bytes, 0u);
+  EXPECT_EQ(s.raised, 0u);
+  EXPECT_EQ(s.lowered, 1u);
+}
+
 }  // namespace
 }  // namespace tfs::bg

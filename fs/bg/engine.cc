@@ -135,7 +135,11 @@ void Engine::Run() {
     const bool due = wait_until != 0 && now >= wait_until;
     if (!woken && !due) {
       state_.Store(u8(wait_until != 0 ? EngineState::kWaiting : EngineState::kIdle));
-      (void)tfs_plat_wait(seq_.Address(), seq, wait_until != 0 ? wait_until - now : platform::kForever);
+      // (A saturated deadline waits forever: no huge finite timeout for a
+      // platform to convert.)
+      const u64 wait_ns =
+          wait_until == 0 || wait_until == platform::kForever - 1 ? platform::kForever : wait_until - now;
+      (void)tfs_plat_wait(seq_.Address(), seq, wait_ns);
       continue;
     }
     // Running, then the switches again: a Pause (or Stop) that returned

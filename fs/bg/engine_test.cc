@@ -278,6 +278,30 @@ TEST(EngineTest, StopJoinsASleepingAPausedAndARunningEngine) {
   }
 }
 
+// The engines' budgets are wired to wake them: the release that makes
+// room after a refusal wakes every engine (a refused engine sleeps until
+// then).
+TEST(EngineTest, ABudgetsReleaseAfterARefusalWakesTheEngines) {
+  Engines all;
+  TestWork w;
+  ASSERT_TRUE(all.get(EngineId::kCopygc).Start(w.work(), "tfs-test").ok());
+  ASSERT_TRUE(WaitUntil([&] { return all.get(EngineId::kCopygc).State() == EngineState::kIdle; }));
+  dev::ReadState healthy;
+  healthy.ewma_ns = 1'000'000;
+  Budget& b = all.budget(3);
+  const u64 limit = b.GetStats().limit;
+  ASSERT_GT(limit, 0u);
+  for (u64 i = 0; i < limit; i++) ASSERT_EQ(b.Admit(4096, healthy), Budget::Verdict::kAdmitted);
+  ASSERT_EQ(b.Admit(4096, healthy), Budget::Verdict::kBusy);
+  EXPECT_EQ(all.get(EngineId::kReconcile).GetStats().wakes, 0u);
+  b.Release(4096);
+  for (u32 i = 0; i < kEngineCount; i++) EXPECT_EQ(all.get(EngineId(i)).GetStats().wakes, 1u) << i;
+  // The running engine looked again: one more step, with nothing to do.
+  ASSERT_TRUE(WaitUntil([&] { return w.calls == 2; }));
+  for (u64 i = 1; i < limit; i++) b.Release(4096);
+  all.StopAll();
+}
+
 TEST(EngineTest, EnginesPauseAndResumeByMask) {
   Engines all;
   all.Pause(1u << u32(EngineId::kPromote));

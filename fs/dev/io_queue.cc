@@ -260,11 +260,11 @@ void IoQueue::Complete(Io* io, Status st) {
     if (!defer_) bdev_->Submit(&io->req);
     return;
   }
-  if (io->fua_phase == 2) {
+  if (io->fua_phase != 0) {  // (done, or its write part failed: back as the caller submitted it)
     io->req.op = IoOp::kWrite;
     io->req.flags |= IoRequest::kFua;
     io->fua_phase = 0;
-    io->flush_gen = 0;  // (a FUA write's, as the caller submitted it)
+    io->flush_gen = 0;  // (a FUA write's)
   }
   Dispatch(&ready);
   io->done(io, st);

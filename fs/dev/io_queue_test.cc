@@ -453,6 +453,23 @@ TEST(IoQueueTest, FuaIsEmulatedWithWriteAndFlush) {
   EXPECT_EQ(w->io.req.op, IoOp::kWrite);
   EXPECT_NE(w->io.req.flags & IoRequest::kFua, 0);
   EXPECT_EQ(w->io.flush_gen, 0u) << "a FUA write: nothing for a flush to cover";
+  // Its write part failing: the caller gets it back as submitted too, and
+  // sent again it is a FUA write again (write, then flush).
+  q.Submit(&w->io);
+  ASSERT_TRUE(dev.CompleteNext(Status(Err::kIo)));
+  ASSERT_EQ(t.completed.size(), 2u);
+  EXPECT_EQ(w->io.req.op, IoOp::kWrite);
+  EXPECT_NE(w->io.req.flags & IoRequest::kFua, 0);
+  EXPECT_EQ(w->io.flush_gen, 0u);
+  q.Submit(&w->io);
+  ASSERT_TRUE(dev.CompleteNext());
+  EXPECT_EQ(t.completed.size(), 2u) << "the write part; its flush follows";
+  ASSERT_TRUE(dev.CompleteNext());
+  ASSERT_EQ(t.completed.size(), 3u);
+  log = dev.log();
+  ASSERT_EQ(log.size(), 5u);
+  EXPECT_EQ(log[3].op, IoOp::kWrite);
+  EXPECT_EQ(log[4].op, IoOp::kFlush);
 }
 
 TEST(IoQueueTest, StallDetectedWhileNothingCompletes) {

@@ -574,15 +574,22 @@ def _ci_text(lo: float | None, hi: float | None) -> str:
     return f"[{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "n/a"
 
 
-def engines_working(ld: LabDir) -> bool:
+def engines_working(ld: LabDir) -> bool | None:
     """Whether any run's start snapshot shows a background engine with a
-    thread (state other than `off`: docs/usage.md, `engines`)."""
+    thread (state other than `off`: docs/usage.md, `engines`); None when no
+    start snapshot has engines to look at (an older build, a run without
+    its snapshot)."""
+    seen = False
     for r in ld.a + ld.b:
-        engines = (r.ctl.get("start") or {}).get("engines") or {}
+        engines = (r.ctl.get("start") or {}).get("engines")
+        if not isinstance(engines, dict):
+            continue
         for e in engines.values():
-            if isinstance(e, dict) and e.get("state", "off") != "off":
-                return True
-    return False
+            if isinstance(e, dict):
+                seen = True
+                if e.get("state", "off") != "off":
+                    return True
+    return False if seen else None
 
 
 def build_report(ld: LabDir, res: dict[str, Any]) -> tuple[Doc, dict[str, Any]]:
@@ -602,7 +609,7 @@ def build_report(ld: LabDir, res: dict[str, Any]) -> tuple[Doc, dict[str, Any]]:
         d.p(f"Note: `tierfs ctl MNT pause all` is not available in this build "
             f"(\"{pause[0]['reply']}\"): the control arm ran the profile's background workload "
             "unpaused, so active and control are the same configuration (an A/A comparison).")
-    elif pause and not engines_working(ld):
+    elif pause and engines_working(ld) is False:
         d.p("Note: the control arm paused the background engines, but no engine has work in "
             "this build (every engine's state was `off` at the start edge), so active and "
             "control are the same configuration (an A/A comparison).")

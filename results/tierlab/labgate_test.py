@@ -312,7 +312,8 @@ def test_report_says_when_the_control_arm_is_the_active_arm(tmp_path: Path) -> N
                 p = run_dir / "ctl-start.json"
                 doc = json.loads(p.read_text())
                 doc["engines"] = {"reconcile": {"state": state, "paused": False},
-                                  "promote": {"state": "off"}, "budget": [{"limit": 8}]}
+                                  "promote": {"state": "off"}}
+                doc["budget"] = [{"limit": 8}]
                 p.write_text(json.dumps(doc))
         assert labgate.report_dir(d, tmp_path / f"out{rc}{state}", []) == 0
         return (tmp_path / f"out{rc}{state}" / "report.md").read_text()
@@ -322,4 +323,6 @@ def test_report_says_when_the_control_arm_is_the_active_arm(tmp_path: Path) -> N
     md = pair_with(0, "off")
     assert "no engine has work in this build" in md and "A/A comparison" in md
     md = pair_with(0, "idle")
+    assert "A/A comparison" not in md
+    md = pair_with(0, None)  # (no engines in the snapshots: nothing to say)
     assert "A/A comparison" not in md
