@@ -926,13 +926,9 @@ Status TreeOps::WriteNodeCopies(Impl* im, Vector<Job>& jobs, PhaseBatch* b, bool
     if (n > 0) j.img = nullptr;  // (the batch's: FreeBatch)
   }
   const u32 nwrites = b->n;
-  u64 since[dev::kMaxDevices] = {};
-  u64 bound[dev::kMaxDevices] = {};
+  dev::LateWatch<dev::kMaxDevices> watch;  // per member: its writes, then its flush
   const u64 start = platform::NowNs();
-  for (u32 m : dev::Bits(written)) {
-    since[m] = start;
-    bound[m] = dev::LateBoundNs(im->devs->member(m)->queue().GetReadState(/*p99=*/false));
-  }
+  for (u32 m : dev::Bits(written)) watch.Start(m, im->devs->member(m)->queue(), start);
   // (A member marked failed after the copy set was chosen still gets this
   // checkpoint's copies and flush: a node whose only copy is there would
   // otherwise fail the checkpoint -- review helper-72. Its later
@@ -958,7 +954,7 @@ Status TreeOps::WriteNodeCopies(Impl* im, Vector<Job>& jobs, PhaseBatch* b, bool
       if (flush[m] == nullptr) {
         if (left[m] != 0) continue;
         flush[m] = AddIo(im, b, kPhaseFlush, m, IoOp::kFlush, 0, nullptr, 0, 0);
-        since[m] = platform::NowNs();  // (the flush's bound from its submission)
+        watch.Restart(m, platform::NowNs());  // (the flush's bound from its submission)
         SubmitPhaseIo(im, flush[m]);
         continue;
       }
@@ -975,9 +971,7 @@ Status TreeOps::WriteNodeCopies(Impl* im, Vector<Job>& jobs, PhaseBatch* b, bool
     }
     const dev::DevMask pending = written & ~gave_up & ~ended;
     if (pending == 0) break;
-    u64 deadline = platform::kForever;
-    if (may_give_up)
-      for (u32 m : dev::Bits(pending & ~blocked)) deadline = Min(deadline, since[m] + bound[m]);
+    const u64 deadline = may_give_up ? watch.Deadline(pending & ~blocked) : platform::kForever;
     const u64 now = platform::NowNs();
     if (now < deadline) {
       tfs_plat_wait(im->phase_events.Address(), ev,
@@ -985,14 +979,7 @@ Status TreeOps::WriteNodeCopies(Impl* im, Vector<Job>& jobs, PhaseBatch* b, bool
       blocked = 0;  // (what a member waited for may have ended: looked at again)
       continue;
     }
-    for (u32 m : dev::Bits(pending & ~blocked)) {
-      if (now < since[m] + bound[m]) continue;
-      // Past its bound but not stalling: its queue may simply not have sent
-      // the request yet (its bound starts again).
-      if (!dev::Stalling(im->devs->member(m)->queue().GetReadState(/*p99=*/false))) {
-        since[m] = now;
-        continue;
-      }
+    for (u32 m : dev::Bits(watch.Late(pending & ~blocked, now))) {
       // A node whose other copies are not durable yet waits for them.
       if (!CanGiveUp(im, b, nwrites, m, gave_up, flushed_ok)) {
         blocked |= dev::DevMask(1) << m;
@@ -1182,14 +1169,12 @@ Status TreeOps::WriteRoots(Impl* im, Roots* roots, PhaseBatch* b, bool may_give_
   // (any member, when none has durability).
   const dev::DevMask counted = durable_mask != 0 ? durable_mask : ~dev::DevMask(0);
   PhaseIo* w[dev::kMaxDevices] = {};
-  u64 since[dev::kMaxDevices] = {};
-  u64 bound[dev::kMaxDevices] = {};
+  dev::LateWatch<dev::kMaxDevices> watch;
   const u64 start = platform::NowNs();
   for (u32 m : dev::Bits(targets)) {
     w[m] = AddIo(im, b, kPhaseRoots, m, IoOp::kWrite, RootsSlotOffset(roots->gen), b->roots_buf, kRootsSlotSize,
                  IoRequest::kFua);
-    since[m] = start;
-    bound[m] = dev::LateBoundNs(im->devs->member(m)->queue().GetReadState(/*p99=*/false));
+    watch.Start(m, im->devs->member(m)->queue(), start);
   }
   for (u32 m : dev::Bits(targets)) SubmitPhaseIo(im, w[m]);
   dev::DevMask pending = targets, took = 0, late = 0;
@@ -1203,21 +1188,14 @@ Status TreeOps::WriteRoots(Impl* im, Roots* roots, PhaseBatch* b, bool may_give_
         took |= dev::DevMask(1) << m;
     }
     if (pending == 0) break;
-    u64 deadline = platform::kForever;
-    if (may_give_up && took != 0)
-      for (u32 m : dev::Bits(pending)) deadline = Min(deadline, since[m] + bound[m]);
+    const u64 deadline = may_give_up && took != 0 ? watch.Deadline(pending) : platform::kForever;
     const u64 now = platform::NowNs();
     if (now < deadline) {
       tfs_plat_wait(im->phase_events.Address(), ev,
                     deadline == platform::kForever ? platform::kForever : deadline - now);
       continue;
     }
-    for (u32 m : dev::Bits(pending)) {
-      if (now < since[m] + bound[m]) continue;
-      if (!dev::Stalling(im->devs->member(m)->queue().GetReadState(/*p99=*/false))) {
-        since[m] = now;
-        continue;
-      }
+    for (u32 m : dev::Bits(watch.Late(pending, now))) {
       w[m]->late = 1;
       late |= dev::DevMask(1) << m;
       pending &= ~(dev::DevMask(1) << m);

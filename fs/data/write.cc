@@ -73,8 +73,7 @@ Status DataPath::WriteCopies(const IoContext& ctx, const Space* sp, u32 copies, 
   }
   const bool may_leave =
       late_copies_ && f->data != nullptr && ctr_.late_writes.Load(MemOrder::kRelaxed) < kMaxLateWrites;
-  u64 bound[kMaxPtrs];
-  u64 since[kMaxPtrs];  // when each copy's bound started (re-armed while its member is not stalling)
+  dev::LateWatch<kMaxPtrs> watch;  // per copy
   for (u32 c = 0; c < copies; c++) {
     Flight::Copy& k = f->copies[c];
     k.flight = f;
@@ -89,12 +88,11 @@ Status DataPath::WriteCopies(const IoContext& ctx, const Space* sp, u32 copies, 
     k.io.cls = ctx.io_class;
     k.io.done = FlightCopyDone;
     k.io.caller_data = &k;
-    bound[c] = dev::LateBoundNs(store_->devs().member(k.dev)->queue().GetReadState(/*p99=*/false));
   }
   f->submitted = copies;
   f->refs.FetchAdd(copies, MemOrder::kAcqRel);
   const u64 start = platform::NowNs();
-  for (u32 c = 0; c < copies; c++) since[c] = start;
+  for (u32 c = 0; c < copies; c++) watch.Start(c, store_->devs().member(f->copies[c].dev)->queue(), start);
   // (Never inline: a member that stalls would hold this thread inside
   // Submit, past any bound. As a flight: this thread may reap its copies
   // itself in tfs_plat_wait_io, below.)
@@ -118,18 +116,15 @@ Status DataPath::WriteCopies(const IoContext& ctx, const Space* sp, u32 copies, 
     // member is stalling (its oldest request past the bound, or a stall):
     // a busy member's queue may simply not have sent it yet -- its bound
     // starts again.
-    u64 deadline = platform::kForever;
-    for (u32 c = 0; c < copies && written && may_leave; c++)
-      if (!f->copies[c].seen) deadline = Min(deadline, since[c] + bound[c]);
+    u32 open = 0;  // copies not seen
+    for (u32 c = 0; c < copies; c++) open |= f->copies[c].seen ? 0 : 1u << c;
+    const u64 deadline = written && may_leave ? watch.Deadline(open) : platform::kForever;
     const u64 now = platform::NowNs();
     if (now >= deadline) {
-      for (u32 c = 0; c < copies; c++) {
+      u32 out_now = 0;  // (one that completed since the look above is seen next time round)
+      for (u32 c = 0; c < copies; c++) out_now |= f->copies[c].done.Load(MemOrder::kAcquire) != 0 ? 0 : 1u << c;
+      for (u32 c : dev::Bits(watch.Late(open & out_now, now))) {
         Flight::Copy& k = f->copies[c];
-        if (k.seen || k.done.Load(MemOrder::kAcquire) != 0 || now < since[c] + bound[c]) continue;
-        if (!Stalling(k.dev)) {
-          since[c] = now;
-          continue;
-        }
         k.late = true;
         k.seen = true;  // (the writer is done with it; its completion is Reap(true)'s)
         late[c] = true;

@@ -153,6 +153,43 @@ inline u64 LateBoundNs(const ReadState& rs) { return ScaledBoundNs(rs.ewma_ns, 8
 // member's queue may simply not have sent a request yet: that is not one).
 inline bool Stalling(const ReadState& rs) { return rs.stalled || rs.oldest_ns > LateBoundNs(rs); }
 
+class IoQueue;
+
+// The late-bound watch of up to N I/Os out on members (6c): what each
+// waiter that may leave an I/O behind runs -- a replicated write's copies
+// (data/write.cc), the journal's ring writes and pre-flushes
+// (journal.cc), the checkpoint's node copies, flushes and roots writes
+// (btree/checkpoint.cc). Slot i watches one I/O (or a member's batch)
+// from Start, against its member's late bound read then; the waiter
+// sleeps until Deadline() of the slots it may give up, then asks Late()
+// which of them it may. Not thread-safe (one waiter's stack).
+template <u32 N>
+class LateWatch {
+ public:
+  static_assert(N <= 32, "slots are a u32 mask");
+  // Slot i's I/O on `queue` went out at `now` (or its bound starts again).
+  void Start(u32 i, const IoQueue& queue, u64 now);
+  void Restart(u32 i, u64 now) { since_[i] = now; }
+  // The nearest bound's end among the slots in `mask` (started ones);
+  // kForever for none.
+  u64 Deadline(u32 mask) const {
+    u64 d = ~u64(0);
+    for (u32 i = 0; i < N; i++)
+      if (((mask >> i) & 1) != 0 && queue_[i] != nullptr && since_[i] + bound_[i] < d) d = since_[i] + bound_[i];
+    return d;
+  }
+  // The slots of `mask` past their bound at `now` whose member is
+  // Stalling: those the waiter may leave behind. A slot past its bound
+  // whose member is not stalling starts its bound again: a busy member's
+  // queue may simply not have sent the I/O yet.
+  u32 Late(u32 mask, u64 now);
+
+ private:
+  const IoQueue* queue_[N] = {};
+  u64 since_[N] = {};
+  u64 bound_[N] = {};
+};
+
 // A queue's state and counters now (util/counters.h; State() fills them).
 #define TFS_QUEUE_COUNTERS(X, A)                                        \
   X(in_flight, gauge, "requests at the device")                         \
@@ -296,6 +333,26 @@ Status SubmitAndWait(IoQueue& queue, Io* io);
 // The same for a request built from its parts, with the origin's default class.
 Status QueueSyncIo(IoQueue& queue, IoOp op, u64 offset, void* buf, u64 length, u8 flags,
                    IoOrigin origin);
+
+template <u32 N>
+void LateWatch<N>::Start(u32 i, const IoQueue& queue, u64 now) {
+  queue_[i] = &queue;
+  since_[i] = now;
+  bound_[i] = LateBoundNs(queue.GetReadState(/*p99=*/false));
+}
+
+template <u32 N>
+u32 LateWatch<N>::Late(u32 mask, u64 now) {
+  u32 late = 0;
+  for (u32 i = 0; i < N; i++) {
+    if (((mask >> i) & 1) == 0 || queue_[i] == nullptr || now < since_[i] + bound_[i]) continue;
+    if (Stalling(queue_[i]->GetReadState(/*p99=*/false)))
+      late |= 1u << i;
+    else
+      since_[i] = now;
+  }
+  return late;
+}
 
 }  // namespace tfs::dev
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -430,6 +431,42 @@ TEST(IoQueueTest, AWriteIsCoveredByAFlushDispatchedAfterItCompleted) {
   ASSERT_TRUE(dev.CompleteNext());
   EXPECT_EQ(w1->io.flush_gen, 0u);
   EXPECT_TRUE(q.Covered(0));
+}
+
+// LateWatch (6c's rule, one helper): slots not started have no deadline;
+// a slot past its bound on a member that is not stalling starts its bound
+// again; one on a stalling member is late. The clock is the caller's: the
+// test hands it times, and waits only for the queue's own stall to show.
+TEST(IoQueueTest, LateWatchLeavesOnlyWhatAStallingMemberHolds) {
+  ManualDevice quiet_dev, stuck_dev;
+  IoQueue quiet, stuck;
+  ASSERT_TRUE(quiet.Init(&quiet_dev, SmallConfig()).ok());
+  ASSERT_TRUE(stuck.Init(&stuck_dev, SmallConfig()).ok());
+  LateWatch<4> watch;
+  EXPECT_EQ(watch.Deadline(0xf), platform::kForever) << "nothing started";
+  watch.Start(0, quiet, 1000);
+  watch.Start(2, stuck, 5000);
+  // No service time known yet: the bound is kLateMaxNs.
+  EXPECT_EQ(watch.Deadline(0xf), 1000 + kLateMaxNs);
+  EXPECT_EQ(watch.Deadline(1u << 2), 5000 + kLateMaxNs);
+  EXPECT_EQ(watch.Late(0xf, 1000 + kLateMaxNs - 1), 0u) << "before the bound";
+  // Past the bound, nothing stalling: both bounds start again from then.
+  const u64 t1 = 6000 + kLateMaxNs;
+  EXPECT_EQ(watch.Late(0xf, t1), 0u);
+  EXPECT_EQ(watch.Deadline(0xf), t1 + kLateMaxNs);
+  // One request held at `stuck`'s device until its queue calls it a stall.
+  Tracker t;
+  auto w = MakeIo(&t, 1, IoOp::kWrite, IoOrigin::kReconcile, IoClass::kBackground);
+  stuck.Submit(&w->io);
+  const u64 give_up_at = platform::NowNs() + 60 * platform::kNsPerSec;
+  while (!Stalling(stuck.GetReadState(false)) && platform::NowNs() < give_up_at) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(Stalling(stuck.GetReadState(false)));
+  const u64 t2 = t1 + kLateMaxNs;
+  EXPECT_EQ(watch.Late(0xf, t2), 1u << 2) << "only the stalling member's slot";
+  EXPECT_EQ(watch.Late(1u << 0, t2), 0u);
+  stuck_dev.CompleteAll();
 }
 
 TEST(IoQueueTest, FuaIsEmulatedWithWriteAndFlush) {

@@ -810,8 +810,7 @@ void Journal::WriteRings(Buf* buf, u32 bytes, u8 flags, const u32* members, cons
   NoteLateIos();
   *late = 0;
   DevMask mask = 0;
-  u64 bound[dev::kMaxDevices] = {};
-  u64 since[dev::kMaxDevices] = {};
+  dev::LateWatch<dev::kMaxDevices> watch;  // (one ring alone is never left: not watched)
   const u64 start = platform::NowNs();
   // Never inline when another ring could take the entry: a stalled member
   // would hold this thread inside Submit; one ring alone may be.
@@ -824,8 +823,7 @@ void Journal::WriteRings(Buf* buf, u32 bytes, u8 flags, const u32* members, cons
     PrepareIo(&slot.io, IoOp::kWrite, offsets[k], buf->data, bytes, flags);
     slot.io.done = SlotDone;
     slot.io.caller_data = &slot;
-    if (n > 1) bound[m] = dev::LateBoundNs(devs_->member(m)->queue().GetReadState(/*p99=*/false));
-    since[m] = start;
+    if (n > 1) watch.Start(m, devs_->member(m)->queue(), start);
     mask |= DevMask(1) << m;
     SubmitInSlot(devs_, m, &slot.io, &slot.err, &slot.busy, &slots_busy_, /*waiting=*/n == 1);
   }
@@ -843,22 +841,16 @@ void Journal::WriteRings(Buf* buf, u32 bytes, u8 flags, const u32* members, cons
     // Once a ring took the entry, the others are waited for up to their
     // members' late bounds; past it, one is given up if its member is
     // stalling (else its bound starts again).
-    u64 deadline = platform::kForever;
-    if (took != 0 && *late == 0)
-      for (u32 m : dev::Bits(pending)) deadline = Min(deadline, since[m] + bound[m]);
+    const u64 deadline = took != 0 && *late == 0 ? watch.Deadline(pending) : platform::kForever;
     const u64 now = platform::NowNs();
     if (now >= deadline) {
-      for (u32 m : dev::Bits(pending)) {
-        if (*late != 0 || now < since[m] + bound[m]) continue;
-        if (!dev::Stalling(devs_->member(m)->queue().GetReadState(/*p99=*/false))) {
-          since[m] = now;
-          continue;
-        }
+      for (u32 m : dev::Bits(watch.Late(pending, now))) {
+        if (*late != 0) continue;
         // The write reads buf's bytes until it completes: they become its
         // slot's, and buf gets a fresh copy (none: waited for).
         u8* fresh = static_cast<u8*>(platform::Alloc(config_.max_entry_bytes, kJournalBlock));
         if (fresh == nullptr) {
-          since[m] = now;
+          watch.Restart(m, now);
           continue;
         }
         MemCopy(fresh, buf->data, bytes);
@@ -900,12 +892,10 @@ Status Journal::PreFlush(DevMask want, DevMask needed, DevMask* given_up, DevMas
   // Those that may be left are never done inline (a stalled member would
   // hold this thread inside Submit); the last needed one may be.
   const DevMask leavable = may_leave && *late == 0 ? mask & ~needed & ~again : 0;
-  u64 since[dev::kMaxDevices] = {};
-  u64 bound[dev::kMaxDevices] = {};
+  dev::LateWatch<dev::kMaxDevices> watch;
   const u64 start = platform::NowNs();
   for (u32 i : dev::Bits(leavable)) {
-    bound[i] = dev::LateBoundNs(devs_->member(i)->queue().GetReadState(/*p99=*/false));
-    since[i] = start;
+    watch.Start(i, devs_->member(i)->queue(), start);
     SubmitFlush(i, /*waiting=*/false);
   }
   const DevMask rest = mask & ~leavable & ~again;
@@ -938,17 +928,11 @@ Status Journal::PreFlush(DevMask want, DevMask needed, DevMask* given_up, DevMas
     // A leavable flush past its bound is given up only while its member
     // is stalling: a busy member's queue may simply not have sent it yet
     // (its bound starts again).
-    u64 deadline = platform::kForever;
-    if (*late == 0)
-      for (u32 i : dev::Bits(pending & leavable)) deadline = Min(deadline, since[i] + bound[i]);
+    const u64 deadline = *late == 0 ? watch.Deadline(pending & leavable) : platform::kForever;
     const u64 now = platform::NowNs();
     if (now >= deadline) {
-      for (u32 i : dev::Bits(pending & leavable)) {
-        if (*late != 0 || now < since[i] + bound[i]) continue;
-        if (!dev::Stalling(devs_->member(i)->queue().GetReadState(/*p99=*/false))) {
-          since[i] = now;
-          continue;
-        }
+      for (u32 i : dev::Bits(watch.Late(pending & leavable, now))) {
+        if (*late != 0) continue;
         flush_slots_[i].late.Store(1, MemOrder::kRelaxed);
         *late = DevMask(1) << i;
         pending &= ~*late;
