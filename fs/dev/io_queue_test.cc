@@ -462,10 +462,16 @@ TEST(IoQueueTest, LateWatchLeavesOnlyWhatAStallingMemberHolds) {
   while (!Stalling(stuck.GetReadState(false)) && platform::NowNs() < give_up_at) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  ASSERT_TRUE(Stalling(stuck.GetReadState(false)));
+  EXPECT_TRUE(Stalling(stuck.GetReadState(false)));
   const u64 t2 = t1 + kLateMaxNs;
   EXPECT_EQ(watch.Late(0xf, t2), 1u << 2) << "only the stalling member's slot";
-  EXPECT_EQ(watch.Late(1u << 0, t2), 0u);
+  EXPECT_EQ(watch.Deadline(1u << 0), t2 + kLateMaxNs) << "the quiet member's bound started again";
+  EXPECT_EQ(watch.Deadline(1u << 2), t1 + kLateMaxNs) << "the late one's did not";
+  // A stalling member's slot within its bound is not late: Restart moves the bound.
+  watch.Restart(2, t2);
+  EXPECT_EQ(watch.Deadline(1u << 2), t2 + kLateMaxNs);
+  EXPECT_EQ(watch.Late(1u << 2, t2 + kLateMaxNs - 1), 0u);
+  EXPECT_EQ(watch.Late(1u << 2, t2 + kLateMaxNs), 1u << 2);
   stuck_dev.CompleteAll();
 }
 
