@@ -5,8 +5,10 @@
 // thread, sleeps when it says there is nothing to do, and never polls.
 //
 // The engines sit beside posix on the data path (docs/design/core.md's
-// layers): mount::Instance starts them after posix has mounted and stops
-// them before it unmounts; nothing below them knows they exist.
+// layers): mount::Instance owns them, starts each after posix has mounted
+// -- once its work exists (22-4 on; until then none has a thread) -- and
+// stops them all before posix unmounts; nothing below them knows they
+// exist.
 //
 // Thread safety: Wake may be called from anywhere, a completion and the data
 // path's commit hook included: it takes no lock and never sleeps. Pause,

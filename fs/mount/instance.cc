@@ -1,6 +1,7 @@
 // mount::Instance: the bring-up and take-down order of one mount (instance.h).
 //
-// Up: the store, the data path on it, posix, then the background engines.
+// Up: the store, the data path on it, posix, then the background engines
+// (none has work to start yet: bg/engine.h).
 // Down: the engines (each ends the step it is in), posix, the data path,
 // then the store. A stage that
 // fails on the way up closes what came before it, so a failed Open leaves the
