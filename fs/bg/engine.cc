@@ -58,7 +58,7 @@ const char* EngineStateName(EngineState s) {
 }
 
 Status Engine::Start(const Work& work, const char* name) {
-  TFS_BUG_ON(started_.Load() || work.step == nullptr);
+  TFS_BUG_ON(EngineState(state_.Load()) != EngineState::kOff || work.step == nullptr);
   work_ = work;
   stop_.Store(false);
   state_.Store(u8(EngineState::kRunning));  // (until the thread's first look)
@@ -67,14 +67,17 @@ Status Engine::Start(const Work& work, const char* name) {
     state_.Store(u8(EngineState::kOff));
     return st;
   }
-  started_.Store(true);
   return Status::Ok();
+}
+
+void Engine::Kick() {
+  seq_.FetchAdd(1);
+  tfs_plat_wake(seq_.Address(), 0);
 }
 
 void Engine::Stop() {
   stop_.Store(true);
-  seq_.FetchAdd(1);
-  tfs_plat_wake(seq_.Address(), 0);
+  Kick();
   thread_.Join();
   state_.Store(u8(EngineState::kStopped));
 }
@@ -88,16 +91,14 @@ void Engine::Wake() {
 bool Engine::Pause() {
   if (paused_.Exchange(true)) return false;
   Bump(ctr_.pauses);
-  seq_.FetchAdd(1);
-  tfs_plat_wake(seq_.Address(), 0);
+  Kick();
   return true;
 }
 
 bool Engine::Resume() {
   if (!paused_.Exchange(false)) return false;
   Bump(ctr_.resumes);
-  seq_.FetchAdd(1);
-  tfs_plat_wake(seq_.Address(), 0);
+  Kick();
   return true;
 }
 
@@ -112,7 +113,7 @@ EngineStats Engine::GetStats() const {
   EngineStats s;
   TFS_COUNTER_LOAD(TFS_ENGINE_COUNTERS, ctr_, s);
   s.paused = paused() ? 1 : 0;
-  s.running = EngineState(state_.Load()) == EngineState::kRunning && started_.Load() ? 1 : 0;
+  s.running = EngineState(state_.Load()) == EngineState::kRunning ? 1 : 0;
   return s;
 }
 

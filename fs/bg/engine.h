@@ -99,7 +99,7 @@ class Engine {
 
   // Starts the thread (named `name`, e.g. "tfs-reconcile") running `work`;
   // it looks for work once at once. kAgain/kNoMemory if the thread does not
-  // start (the engine stays off). Once per engine.
+  // start (the engine stays off). Once per engine (an engine off).
   Status Start(const Work& work, const char* name);
   // Ends the thread: the step running (if any) finishes, no other starts.
   // Idempotent; an engine never started is only marked stopped.
@@ -121,13 +121,14 @@ class Engine {
  private:
   static void ThreadMain(void* self);
   void Run();
+  // Bumps the sequence and wakes the thread, whatever it is doing.
+  void Kick();
 
   Work work_;
   platform::Thread thread_;
   Atomic<u32> seq_{0};  // bumped by Wake/Pause/Resume/Stop; the thread sleeps on it
   Atomic<bool> paused_{false};
   Atomic<bool> stop_{false};
-  Atomic<bool> started_{false};
   Atomic<u8> state_{u8(EngineState::kOff)};  // what the thread is doing (kRunning, kIdle, ...)
   struct Live {
     TFS_COUNTER_ATOMICS(TFS_ENGINE_COUNTERS)

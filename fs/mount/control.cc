@@ -14,6 +14,7 @@ namespace tfs::mount {
 namespace {
 
 constexpr usize kQuoteMax = 32;
+constexpr const char* kEngineList = "reconcile, promote, copygc, all";
 
 struct Word {
   const char* p = nullptr;
@@ -83,7 +84,7 @@ Status RunControl(Instance& inst, const char* line, usize len, char* reply, usiz
   u32 words = 0;
   while (NextWord(line, len, &at, &w)) {
     const u32 m = bg::EngineMask(w.p, w.n);
-    if (m == 0) return RefuseWord(reply, cap, "unknown engine", w, "reconcile, promote, copygc, all");
+    if (m == 0) return RefuseWord(reply, cap, "unknown engine", w, kEngineList);
     mask |= m;
     words++;
   }
