@@ -51,6 +51,14 @@ enum BtreeId : u8 {
   kNrBtreeIds = 8,
 };
 
+// Inode numbers -- the first word of a key in the inodes, dirents, extents
+// and xattrs btrees, a directory entry's target, a backpointer's owner --
+// stay below 2^56: the reconcile index keeps its destination in a key's top
+// byte (docs/design/tiering.md, step 22-3). A format rule: the parsers refuse
+// a number past it, the mount refuses an inode key past it, the inode
+// allocator gives ENOSPC at it, fsck deletes what is past it.
+inline constexpr u64 kInoLimit = u64(1) << 56;
+
 // Key types. 0 is never valid. Numbers are on disk: never reuse.
 enum KeyType : u8 {
   kKeyInvalid = 0,

@@ -31,7 +31,7 @@ Status ParseBackpointer(const btree::Pos& pos, const u8* value, u32 len, Backpoi
   const u32 blocks = f.blocks.get();
   const u64 end = f.end.get();
   if (f.flags != 0 || f.reserved[0] != 0 || f.reserved[1] != 0 || f.reserved[2] != 0 || blocks == 0 ||
-      blocks > kMaxExtentBlocks || end < blocks)
+      blocks > kMaxExtentBlocks || end < blocks || f.ino.get() >= btree::kInoLimit)
     return Err::kCorrupt;
   Backpointer bp;
   bp.dev = u32(pos.inode);

@@ -68,8 +68,8 @@ struct Backpointer {
 
 // kCorrupt unless `value` is exactly a backpointer value at `pos`: a key of
 // kBtreeBackpointers with a member index below 256 (and a block that fits
-// the key), 24 bytes, blocks 1..kMaxExtentBlocks, end >= blocks, flags and
-// reserved bytes zero.
+// the key), 24 bytes, blocks 1..kMaxExtentBlocks, end >= blocks, an owner
+// below btree::kInoLimit, flags and reserved bytes zero.
 Status ParseBackpointer(const btree::Pos& pos, const u8* value, u32 len, Backpointer* out);
 // bp's value (what ParseBackpointer accepts for bp.pos()).
 BackpointerFormat BuildBackpointer(const Backpointer& bp);

@@ -99,6 +99,17 @@ TEST(BackpointerFormatTest, HostileValuesAreCorrupt) {
   EXPECT_EQ(parse(bp.pos(), with(kMaxExtentBlocks + 1, 1000)).code(), Err::kCorrupt);  // more than an extent holds
   EXPECT_EQ(parse(bp.pos(), with(10, 9)).code(), Err::kCorrupt);                      // starts before block 0
   EXPECT_TRUE(parse(bp.pos(), with(kMaxExtentBlocks, kMaxExtentBlocks)).ok());
+  // An owner past the inode numbers' limit.
+  for (const u64 ino : {btree::kInoLimit, ~u64(0)}) {
+    Backpointer b = bp;
+    b.ino = ino;
+    EXPECT_EQ(parse(bp.pos(), Bytes(b)).code(), Err::kCorrupt) << ino;
+  }
+  {
+    Backpointer b = bp;
+    b.ino = btree::kInoLimit - 1;
+    EXPECT_TRUE(parse(bp.pos(), Bytes(b)).ok());
+  }
   // Another tree, or a member no pointer can name.
   btree::Pos p = bp.pos();
   p.btree_id = btree::kBtreeExtents;

@@ -63,7 +63,8 @@ Status ParseExtent(const btree::Pos& pos, const u8* value, u32 len, Extent* out)
   MemCopy(&h, value, sizeof(h));
   const u32 blocks = h.blocks.get();
   if (h.version != kExtentVersion || (h.flags & ~kExtentUnwritten) != 0 || h.reserved != 0 ||
-      !AllZero(h.reserved2, sizeof(h.reserved2)) || h.nr_ptrs > kMaxPtrs || blocks == 0 || pos.offset < blocks)
+      !AllZero(h.reserved2, sizeof(h.reserved2)) || h.nr_ptrs > kMaxPtrs || blocks == 0 || pos.offset < blocks ||
+      pos.inode >= btree::kInoLimit)
     return Err::kCorrupt;
   Extent e;
   e.ino = pos.inode;

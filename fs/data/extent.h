@@ -111,7 +111,8 @@ struct Extent {
   }
 };
 
-// kCorrupt unless `value` is exactly a valid extent ending at pos.offset:
+// kCorrupt unless `value` is exactly a valid extent ending at pos.offset, of
+// an inode number below btree::kInoLimit:
 // version 2; flags 0 or unwritten (nr_ptrs 0, blocks <= kMaxUnwrittenBlocks,
 // the header alone); else 1..kMaxPtrs pointers on distinct members, at least
 // one not cached, no unknown flag; a compressed pointer with stored_blocks

@@ -423,6 +423,16 @@ TEST(ExtentTest, EveryRuleRefusesHostileValues) {
   EXPECT_TRUE(u.Parse().ok());
   EXPECT_EQ(u.Parse(2), Status(Err::kCorrupt));
   EXPECT_EQ(Sample().Parse(2), Status(Err::kCorrupt));
+  // An inode number past the limit (btree::kInoLimit); the one below it is fine.
+  {
+    Sample s;
+    Extent x;
+    for (const u64 ino : {btree::kInoLimit, ~u64(0)})
+      EXPECT_EQ(ParseExtent(btree::Pos{btree::kBtreeExtents, ino, 8}, s.v.data(), u32(s.v.size()), &x),
+                Status(Err::kCorrupt))
+          << ino;
+    EXPECT_TRUE(ParseExtent(btree::Pos{btree::kBtreeExtents, btree::kInoLimit - 1, 8}, s.v.data(), u32(s.v.size()), &x).ok());
+  }
   // Nothing invalid is built either.
   Sample b;
   Extent bad = b.e;

@@ -278,7 +278,7 @@ class NamespaceCheck {
     for (; st.ok() && it.Valid(); st = it.Next()) {
       const Pos p = it.pos();
       if (p.inode == 0) {
-        if (it.val_bytes() != 8 || p.offset < posix::kRootIno) {
+        if (it.val_bytes() != 8 || p.offset < posix::kRootIno || p.offset >= btree::kInoLimit) {
           Problem("namespace: bad orphan key: orphan key %llu", (unsigned long long)p.offset);
           if (repair_) {
             TFS_TRY(DeleteKey(p));
@@ -289,15 +289,16 @@ class NamespaceCheck {
         TFS_TRY(orphans_.PushBack(p.offset));
         continue;
       }
-      if (p.inode == ~u64(0)) {
-        // No number follows it: the mount would have to wrap onto inodes
-        // in use, and refuses (posix's Mount). An inode there goes like a
-        // corrupt one: its names, data and xattrs follow in the later scans.
-        Problem("namespace: key (2^64-1, %llu) of the inodes btree: no inode number follows it (the mount refuses it)",
-                (unsigned long long)p.offset);
+      if (p.inode >= btree::kInoLimit) {
+        // Inode numbers stay below 2^56 (btree::kInoLimit; the mount refuses
+        // a key past it). An inode there goes like a corrupt one: its names,
+        // data and xattrs follow in the later scans.
+        Problem("namespace: key (%llu, %llu) of the inodes btree: inode numbers stay below 2^56 (the mount refuses it)",
+                (unsigned long long)p.inode, (unsigned long long)p.offset);
         if (repair_) {
           TFS_TRY(DeleteKey(p));
-          Repaired(1, "namespace: deleted key (2^64-1, %llu) of the inodes btree%s", (unsigned long long)p.offset,
+          Repaired(1, "namespace: deleted key (%llu, %llu) of the inodes btree%s", (unsigned long long)p.inode,
+                   (unsigned long long)p.offset,
                    p.offset == 0 ? " (an inode record: its names, data and xattrs follow)" : "");
         }
         continue;
@@ -405,7 +406,8 @@ class NamespaceCheck {
       const bool dir = id == btree::kBtreeDirents;
       btree::Iterator it(&t_, id);
       Status st = it.SeekToFirst();
-      while (st.ok() && it.Valid()) {
+      // (Keys past the limit are left to the later scans: no inode can own them.)
+      while (st.ok() && it.Valid() && it.pos().inode < btree::kInoLimit) {
         const u64 ino = it.pos().inode;
         bool known = ino <= posix::kRootIno || FindAny(ino) != nullptr;
         for (usize i = had; i < inodes_.size() && !known; i++) known = inodes_[i].ino == ino;
@@ -430,7 +432,6 @@ class NamespaceCheck {
                      dir ? "entries" : "extents", xattrs != 0 ? "; its unreachable xattrs deleted" : "");
           }
         }
-        if (ino == ~u64(0)) break;
         st = it.Seek(Pos{id, ino + 1, 0});
       }
       TFS_TRY(st);
@@ -457,15 +458,14 @@ class NamespaceCheck {
     u64 last = inodes_.empty() ? posix::kRootIno : Max(posix::kRootIno, inodes_[inodes_.size() - 1].ino);
     const u8 ids[4] = {btree::kBtreeInodes, btree::kBtreeDirents, btree::kBtreeExtents, btree::kBtreeXattrs};
     for (u8 id : ids) {
-      // Keys at 2^64-1 left aside: no inode can own them (the inodes scan
-      // deleted that number's inode keys; the later scans delete its
-      // entries, extents and xattrs as a missing inode's), and the number
-      // after it would wrap onto the root.
+      // Keys at 2^56 and past left aside: no inode can own them (the inodes
+      // scan deleted those numbers' inode keys; the later scans delete their
+      // entries, extents and xattrs as a missing inode's).
       btree::Iterator it(&t_, id);
-      TFS_TRY(it.SeekForPrev(Pos{id, ~u64(0) - 1, ~u64(0)}));
+      TFS_TRY(it.SeekForPrev(Pos{id, btree::kInoLimit - 1, ~u64(0)}));
       if (it.Valid()) last = Max(last, it.pos().inode);
     }
-    if (last >= ~u64(0) - 1) return Err::kNoSpace;  // (2^64-2 in use: no number left)
+    if (last >= btree::kInoLimit - 1) return Err::kNoSpace;  // (2^56-1 in use: no number left)
     return Max(last + 1, posix::kFirstIno);
   }
 

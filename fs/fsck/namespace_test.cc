@@ -834,31 +834,40 @@ TEST(FsckRepairTest, EachDamageIsRepaired) {
        [](Fixture& f) { f.Poke(btree::Pos{btree::kBtreeInodes, f.file, 1}, "junk", 4); },
        "stray key in the inodes btree", "deleted key",
        [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
-      {"key at inode number 2^64-1",  // (a target's chunk: the mount refuses any key there)
+      {"key at inode number 2^64-1",  // (a target's chunk: the mount refuses any key past 2^56)
        [](Fixture& f) { f.Poke(btree::Pos{btree::kBtreeInodes, ~u64(0), 1}, "abcd", 4); },
-       "key (2^64-1, 1) of the inodes btree: no inode number follows it", "deleted key (2^64-1, 1)",
+       "key (18446744073709551615, 1) of the inodes btree: inode numbers stay below 2^56",
+       "deleted key (18446744073709551615, 1)", [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
+      {"orphan key past the limit",
+       [](Fixture& f) {
+         const u64 ino = btree::kInoLimit;
+         f.Poke(btree::Pos{btree::kBtreeInodes, 0, btree::kInoLimit}, &ino, 8);
+       },
+       "bad orphan key", "deleted orphan key 72057594037927936",
        [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
-      {"key at 2^64-1 while a directory needs /lost+found",  // (its number: not after 2^64-1, wrapped onto 2)
+      {"keys past 2^56 while a directory needs /lost+found",  // (its number: below the limit, after the rest)
        [](Fixture& f) {
          f.Poke(btree::Pos{btree::kBtreeDirents, posix::kRootIno, f.Slot(posix::kRootIno, "dir")}, nullptr, 0);
-         f.Poke(btree::Pos{btree::kBtreeXattrs, ~u64(0), 5}, "junk", 4);
+         f.Poke(btree::Pos{btree::kBtreeXattrs, btree::kInoLimit, 5}, "junk", 4);
+         f.Poke(btree::Pos{btree::kBtreeExtents, btree::kInoLimit + 7, 9}, "junk", 4);
+         f.Poke(btree::Pos{btree::kBtreeDirents, ~u64(0), 5}, "junk", 4);
        },
        "unreachable directory", "as /lost+found/#",
        [](Fixture& f, Filesystem& fs) {
          const u64 lf = LostFound(fs);
          EXPECT_GT(lf, f.sub);
-         EXPECT_LT(lf, ~u64(0));
+         EXPECT_LT(lf, btree::kInoLimit);
          EXPECT_EQ(LookupIno(fs, lf, Hash(f.dir)), f.dir);
          EXPECT_EQ(Fixture::Names(fs, f.dir), f.DirNames());
          ExpectFixtureFile(fs, f);
        }},
-      {"inode record at number 2^64-1 named by an entry",
+      {"inode record at number 2^56 named by an entry",
        [](Fixture& f) {
          const posix::InodeFormat rec = f.Inode(f.file);  // (a valid record, a file's)
-         f.PutEntry(posix::kRootIno, "last", ~u64(0), posix::kDtReg);  // (mounts: before the record)
-         f.Poke(btree::Pos{btree::kBtreeInodes, ~u64(0), 0}, &rec, sizeof(rec));
+         f.PutEntry(posix::kRootIno, "last", btree::kInoLimit, posix::kDtReg);
+         f.Poke(btree::Pos{btree::kBtreeInodes, btree::kInoLimit, 0}, &rec, sizeof(rec));
        },
-       "key (2^64-1, 0) of the inodes btree", "(an inode record: its names, data and xattrs follow)",
+       "key (72057594037927936, 0) of the inodes btree", "(an inode record: its names, data and xattrs follow)",
        [](Fixture& f, Filesystem& fs) { ExpectFixtureIntact(fs, f); }},
       {"duplicate name",
        [](Fixture& f) { f.PutEntry(posix::kRootIno, "sym", f.in_dir.at("f2"), posix::kDtReg); },

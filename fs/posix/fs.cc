@@ -109,10 +109,10 @@ Filesystem::~Filesystem() {
 i64 Filesystem::Now() const { return platform::RealTimeNs(); }
 
 Result<u64> Filesystem::AllocIno() {
-  // Never 2^64-1 (the mount refuses a key there: no number follows it) nor
-  // past it (the numbers would wrap onto the root and the inodes in use).
+  // Never 2^56 or past it (btree::kInoLimit: the mount refuses a key there),
+  // nor wrapped onto the root and the inodes in use.
   const u64 ino = next_ino_.FetchAdd(1, MemOrder::kRelaxed);
-  if (ino == ~u64(0) || ino < kFirstIno) {
+  if (ino >= btree::kInoLimit || ino < kFirstIno) {
     next_ino_.Store(~u64(0), MemOrder::kRelaxed);  // (stays spent: a wrapped counter must not come back)
     return Err::kNoSpace;
   }
@@ -351,11 +351,11 @@ Status Filesystem::Mount(store::Store* store, data::DataPath* data, const Option
     // reused within a mount.
     TFS_TRY(it.SeekToLast());
     const u64 last = it.Valid() ? it.pos().inode : 0;
-    if (last == ~u64(0)) {
-      // (Only a hostile key gets there: the next number would wrap onto
-      // inodes in use.)
+    if (last >= btree::kInoLimit) {
+      // (Only a hostile key gets there: inode numbers stay below 2^56.)
       platform::Log(platform::LogLevel::kError,
-                    "posix: an inode key at number 2^64-1 leaves no inode number to give; run 'tierfs fsck'");
+                    "posix: an inode key at number %llu, past the limit of 2^56; run 'tierfs fsck'",
+                    (unsigned long long)last);
       return Status(Err::kCorrupt);
     }
     next_ino_.Store(Max(last + 1, kFirstIno), MemOrder::kRelaxed);

@@ -617,40 +617,43 @@ TEST(PosixTest, TheInodeCountIsKeptAndTheMountWalksNoInode) {
   ASSERT_TRUE(m.fs.Release(open).ok());
 }
 
-// A key at inode number 2^64-1 (only a hostile image has one) leaves no
-// next number: the mount refuses as corrupt instead of wrapping onto the
-// inodes in use.
-TEST(PosixTest, AnInodeKeyAtTheLastNumberIsRefused) {
-  Mounted m;
-  ASSERT_TRUE(Mkfile(m.fs, kRootIno, "f").ok());
-  {
-    btree::Transaction tx(&m.store->btrees());
-    u8 v[4] = {'a', 'b', 'c', 'd'};
-    ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeInodes, ~u64(0), 1}, v, sizeof(v)).ok());  // (a target's chunk)
-    ASSERT_TRUE(tx.Commit().ok());
+// A key at inode number 2^56 or past it (btree::kInoLimit; only a hostile
+// image has one) breaks the format's rule: the mount refuses as corrupt
+// instead of numbering new inodes past it (or wrapping onto the inodes in use).
+TEST(PosixTest, AnInodeKeyPastTheLimitIsRefused) {
+  for (const u64 at : {btree::kInoLimit, ~u64(0)}) {
+    SCOPED_TRACE(at);
+    Mounted m;
+    ASSERT_TRUE(Mkfile(m.fs, kRootIno, "f").ok());
+    {
+      btree::Transaction tx(&m.store->btrees());
+      u8 v[4] = {'a', 'b', 'c', 'd'};
+      ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeInodes, at, 1}, v, sizeof(v)).ok());  // (a target's chunk)
+      ASSERT_TRUE(tx.Commit().ok());
+    }
+    m.Unmount();
+    store::Store s;
+    ASSERT_TRUE(testing::OpenStore(&s, m.devs, m.store_options).ok());
+    data::DataPath d;
+    ASSERT_TRUE(d.Open(&s).ok());
+    Filesystem fs;
+    EXPECT_EQ(fs.Mount(&s, &d, m.fs_options).code(), Err::kCorrupt);
+    d.Close();
+    EXPECT_TRUE(s.Close().ok());
+    m.store.reset();  // (nothing left for m's destructor to unmount)
   }
-  m.Unmount();
-  store::Store s;
-  ASSERT_TRUE(testing::OpenStore(&s, m.devs, m.store_options).ok());
-  data::DataPath d;
-  ASSERT_TRUE(d.Open(&s).ok());
-  Filesystem fs;
-  EXPECT_EQ(fs.Mount(&s, &d, m.fs_options).code(), Err::kCorrupt);
-  d.Close();
-  EXPECT_TRUE(s.Close().ok());
-  m.store.reset();  // (nothing left for m's destructor to unmount)
 }
 
-// Inode numbers end at 2^64-2: with a key there (only a hostile image, or
-// 2^64 creates, gets one) the mount goes on, and a create gets ENOSPC
-// rather than 2^64-1 -- which the next mount would refuse -- or a number
-// wrapped onto the root. The image still mounts after.
-TEST(PosixTest, InodeNumbersEndBeforeTheLastNumber) {
+// Inode numbers end at 2^56-1: with a key there (only a hostile image, or
+// 2^56 creates, gets one) the mount goes on, and a create gets ENOSPC
+// rather than 2^56 -- which the next mount would refuse. The image still
+// mounts after.
+TEST(PosixTest, InodeNumbersEndBeforeTheLimit) {
   Mounted m;
   {
     btree::Transaction tx(&m.store->btrees());
     u8 v[4] = {'a', 'b', 'c', 'd'};
-    ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeInodes, ~u64(0) - 1, 1}, v, sizeof(v)).ok());  // (a target's chunk)
+    ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeInodes, btree::kInoLimit - 1, 1}, v, sizeof(v)).ok());  // (a target's chunk)
     ASSERT_TRUE(tx.Commit().ok());
   }
   m.Unmount();

@@ -59,7 +59,9 @@ Status ParseNamedEntry(u8 btree_id, const u8* v, u32 len, DirentFormat* out, con
   }
   if (out->name_len == 0 || len != sizeof(DirentFormat) + out->name_len + out->value_len.get()) return Err::kCorrupt;
   if (btree_id == btree::kBtreeDirents) {
-    if (out->ino.get() == 0 || out->type == kDtUnknown || out->value_len.get() != 0) return Err::kCorrupt;
+    if (out->ino.get() == 0 || out->ino.get() >= btree::kInoLimit || out->type == kDtUnknown ||
+        out->value_len.get() != 0)
+      return Err::kCorrupt;
     return Status::Ok();
   }
   if (out->ino.get() != 0) return Err::kCorrupt;

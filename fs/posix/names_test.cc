@@ -92,6 +92,18 @@ TEST_F(NamesTest, ADamagedKeyFailsAProbeOrIsWalkedPast) {
   EXPECT_EQ(e.free, kFirstSlot + 3);  // the gap, not the damaged slot
 }
 
+// An entry naming an inode number past the limit (btree::kInoLimit) does
+// not parse; the last number below it does.
+TEST(NamesFormatTest, AnEntryPastTheInodeLimitIsCorrupt) {
+  for (const u64 ino : {btree::kInoLimit - 1, btree::kInoLimit, ~u64(0)}) {
+    u8 v[kDirentMax];
+    const u32 len = BuildDirent(v, ino, kDtReg, "a", 1);
+    DirentFormat d;
+    const char* name = nullptr;
+    EXPECT_EQ(ParseNamedEntry(btree::kBtreeDirents, v, len, &d, &name).ok(), ino < btree::kInoLimit) << ino;
+  }
+}
+
 TEST_F(NamesTest, ARemovalKeepsChainsWholeAndStopsAtADamagedKey) {
   const std::vector<std::string> n = NamesHomedFirst(3);
   // The next slot in use: a tombstone.
