@@ -75,25 +75,10 @@ Status DataPath::Open(store::Store* store) {
   journal_members_ = 0;
   for (u32 m = 0; m < sb.nr_members; m++)
     if (sb.members[m].journal_nbuckets > 0) journal_members_ |= dev::DevMask(1) << m;
-  // The targets, once: the superblock's options do not change while mounted.
-  // One that names nothing is no preference (the fallback: every member).
-  const char* names[] = {sb.options.foreground_target, sb.options.background_target, sb.options.promote_target};
-  for (u32 k = 0; k < 3; k++) {
-    auto t = store->devs().ResolveTarget(names[k]);
-    targets_[k] = t.ok() ? t.value() : 0;
-  }
-  // Each member's group, for kGroup targets (files' options), and what a
-  // copy on it counts for (replicas).
-  const dev::DeviceSet& devs = store->devs();
-  data_replicas_ = sb.options.data_replicas;
-  durable_ = 0;
-  for (u32 m = 0; m < devs.size(); m++) {
-    durability_[m] = m < sb.nr_members ? sb.members[m].durability : 0;
-    if (durability_[m] > 0) durable_ |= dev::DevMask(1) << m;
-    groups_[m] = 0;
-    for (u32 i = 0; i < devs.size(); i++)
-      if (StrEqual(devs.member(i)->group(), devs.member(m)->group())) groups_[m] |= dev::DevMask(1) << i;
-  }
+  // The targets, the groups (kGroup targets: files' options), what a copy
+  // on each member counts for (replicas), once: the superblock's options
+  // and the members do not change while mounted.
+  BuildMemberTable(store->devs(), sb, &members_);
   alloc::Allocator& a = store->alloc();
   for (u32 d = 0; d < a.members(); d++) {
     TFS_TRY(pending_[d].Resize(a.nbuckets(d)));

@@ -94,6 +94,7 @@
 #include "btree/tree.h"
 #include "data/extent.h"
 #include "data/io_context.h"
+#include "data/policy.h"
 #include "platform/atomic.h"
 #include "platform/sync.h"
 #include "store/store.h"
@@ -315,21 +316,30 @@ class DataPath {
 
   bool open() const { return store_ != nullptr; }
   store::Store* store() const { return store_; }
+  // The members as Open found them (policy.h): what extents' policies are
+  // read against.
+  const MemberTable& members() const { return members_; }
 
   // Writes `nblocks` whole blocks at file block `first` for `ctx` (its
   // target's write point, its origin, class and watermark) and queues their
   // extents into tx, replacing whatever the range held; compressed where zstd
-  // saves a block if `compress`.
+  // saves a block if `compress`. The extents have the unset policy (tests;
+  // posix writes through Prepare and QueuePrepared).
   Status QueueWrite(const IoContext& ctx, btree::Transaction* tx, u64 ino, u64 first, const u8* blocks,
                     u32 nblocks, Delta* delta, bool compress = false);
   // QueueWrite in two steps (see Prepared). Delta collects both; a Prepare
   // that fails, or whose transaction does not commit, is undone by Abort.
   Status Prepare(const IoContext& ctx, u64 ino, u64 first, const u8* blocks, u32 nblocks, bool compress,
                  Prepared* out, Delta* delta);
-  Status QueuePrepared(btree::Transaction* tx, const Prepared& p, Delta* delta);
+  // QueuePrepared stamps `policy` (the file's options as they are when the
+  // transaction is queued: under the inode's lock, not Prepare's earlier
+  // read) into every extent it queues, keeping the flags Prepare set
+  // (kPolicyIncompressible: compression was asked for and zstd saved
+  // nothing). A policy changes no value's length.
+  Status QueuePrepared(btree::Transaction* tx, const Prepared& p, const Policy& policy, Delta* delta);
   // QueuePrepared for a caller that has queued the punch of p's blocks itself
   // (in the same transaction: a truncate's punch from p's first block on).
-  Status QueuePreparedOverPunch(btree::Transaction* tx, const Prepared& p);
+  Status QueuePreparedOverPunch(btree::Transaction* tx, const Prepared& p, const Policy& policy);
   // Queues the removal of the blocks in [first, end) (holes afterwards).
   // With max_keys (a batch of a truncate, punch or free; the caller commits
   // and calls again for the rest): at most max_keys extents, and it stops
@@ -808,11 +818,9 @@ class DataPath {
   btree::Btrees* trees_ = nullptr;
   u64 bucket_blocks_ = 0;
   dev::DevMask journal_members_ = 0;  // members holding a journal ring
-  dev::DevMask targets_[kTargetKinds] = {};  // the superblock's targets, resolved at Open (0: none)
-  dev::DevMask groups_[dev::kMaxDevices] = {};  // per member: the members of its group (kGroup targets)
-  u8 durability_[dev::kMaxDevices] = {};  // per member: the copies it counts as (sb; 0: cache only)
-  dev::DevMask durable_ = 0;              // members of nonzero durability (further copies go there only)
-  u32 data_replicas_ = 1;                 // the filesystem's copies (sb options.data_replicas)
+  // The members, their groups and durability, the superblock's targets and
+  // data_replicas: built at Open (further copies go to durable members only).
+  MemberTable members_;
   // The write points: entries [0, nr_wps_) are set (published with release)
   // and stay until Close; wps_mu_ serializes adding one. Every key
   // (WritePointTarget) in every class fits; the last kIoClassCount entries

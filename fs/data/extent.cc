@@ -63,13 +63,18 @@ Status ParseExtent(const btree::Pos& pos, const u8* value, u32 len, Extent* out)
   MemCopy(&h, value, sizeof(h));
   const u32 blocks = h.blocks.get();
   if (h.version != kExtentVersion || (h.flags & ~kExtentUnwritten) != 0 || h.reserved != 0 ||
-      !AllZero(h.reserved2, sizeof(h.reserved2)) || h.nr_ptrs > kMaxPtrs || blocks == 0 || pos.offset < blocks ||
-      pos.inode >= btree::kInoLimit)
+      h.nr_ptrs > kMaxPtrs || blocks == 0 || pos.offset < blocks || pos.inode >= btree::kInoLimit)
     return Err::kCorrupt;
   Extent e;
   e.ino = pos.inode;
   e.end = pos.offset;
   e.start = pos.offset - blocks;
+  e.policy.fg_target = h.policy.fg_target.get();
+  e.policy.bg_target = h.policy.bg_target.get();
+  e.policy.replicas = h.policy.replicas;
+  e.policy.compression = h.policy.compression;
+  e.policy.flags = h.policy.flags;
+  e.policy.reserved = h.policy.reserved;
   e.unwritten = h.flags == kExtentUnwritten;
   e.nr_ptrs = h.nr_ptrs;
   u64 need = kHeaderBytes + u64(e.nr_ptrs) * kPtrBytes;
@@ -112,6 +117,12 @@ Result<u32> BuildExtent(const Extent& e, u8* buf) {
   h.flags = e.unwritten ? kExtentUnwritten : 0;
   h.nr_ptrs = u8(e.nr_ptrs);
   h.blocks.set(blocks);
+  h.policy.fg_target.set(e.policy.fg_target);
+  h.policy.bg_target.set(e.policy.bg_target);
+  h.policy.replicas = e.policy.replicas;
+  h.policy.compression = e.policy.compression;
+  h.policy.flags = e.policy.flags;
+  h.policy.reserved = e.policy.reserved;
   MemCopy(buf, &h, sizeof(h));
   for (u32 i = 0; i < e.nr_ptrs; i++) {
     const Extent::Ptr& p = e.ptrs[i];

@@ -44,15 +44,39 @@ inline constexpr u8 kPtrCompressed = 2;    // ExtentPtr::flags: a zstd blob with
 // On disk: ExtentFormat, then nr_ptrs ExtentPtr, then Le32 crc[blocks] iff
 // some pointer is not compressed (one crc32c per 4 KiB block, shared by every
 // plain copy: they hold the same bytes).
+struct PolicyFormat {  // 8 bytes: the options the extent was written under (data/policy.h)
+  Le16 fg_target;      // a target code (policy.h); 0: the filesystem's
+  Le16 bg_target;
+  u8 replicas;         // 0: the filesystem's data_replicas
+  u8 compression;      // 0: the filesystem's; kCompressNone, kCompressZstd
+  u8 flags;            // kPolicyIncompressible
+  u8 reserved;
+};
+static_assert(sizeof(PolicyFormat) == 8, "extent policy size");
+
 struct ExtentFormat {  // 16 bytes
   u8 version;      // kExtentVersion
   u8 flags;        // 0 or kExtentUnwritten
   u8 nr_ptrs;      // 1..kMaxPtrs; 0 if unwritten
   u8 reserved;
   Le32 blocks;     // 1..kMaxExtentBlocks (unwritten: ..kMaxUnwrittenBlocks; compressed: see ExtentPtr)
-  u8 reserved2[8];
+  PolicyFormat policy;  // any bytes parse: PolicyOf (data/policy.h) reads them (sb kSbExtentPolicy)
 };
 static_assert(sizeof(ExtentFormat) == 16, "extent header size");
+
+// PolicyFormat in host order, as stored (nothing checked: PolicyOf's job).
+struct Policy {
+  u16 fg_target = 0;
+  u16 bg_target = 0;
+  u8 replicas = 0;
+  u8 compression = 0;
+  u8 flags = 0;
+  u8 reserved = 0;
+  bool operator==(const Policy& o) const {
+    return fg_target == o.fg_target && bg_target == o.bg_target && replicas == o.replicas &&
+           compression == o.compression && flags == o.flags && reserved == o.reserved;
+  }
+};
 
 struct ExtentPtr {  // 32 bytes
   u8 dev;
@@ -86,6 +110,7 @@ struct Extent {
   u64 ino = 0;
   u64 start = 0;  // first file block
   u64 end = 0;    // one past the last
+  Policy policy;  // kept by every build and edit below (BuildUnwritten: 0)
   bool unwritten = false;  // then nr_ptrs is 0 and crcs null
   u32 nr_ptrs = 0;
   Ptr ptrs[kMaxPtrs] = {};
@@ -115,7 +140,8 @@ struct Extent {
 // an inode number below btree::kInoLimit:
 // version 2; flags 0 or unwritten (nr_ptrs 0, blocks <= kMaxUnwrittenBlocks,
 // the header alone); else 1..kMaxPtrs pointers on distinct members, at least
-// one not cached, no unknown flag; a compressed pointer with stored_blocks
+// one not cached, no unknown flag (the policy bytes are not checked here:
+// any parse, and PolicyOf reads them); a compressed pointer with stored_blocks
 // 1..16, blob_offset + blocks <= stored_blocks and 0 < disk_bytes <
 // stored_blocks * 4096; a plain one with blob_offset + blocks <= 128 (a plain
 // blob is at most kMaxExtentBlocks) and stored_blocks, disk_bytes and crc

@@ -244,7 +244,7 @@ void DataPath::OrderCopies(const Extent& e, u8* order, u64* bound) const {
   Rank r[kMaxPtrs];
   const u64 now = platform::NowNs();
   const dev::DevMask gone = store_->devs().unavailable();
-  const dev::DevMask fast = targets_[u32(TargetKind::kForeground)] | targets_[u32(TargetKind::kPromote)];
+  const dev::DevMask fast = members_.fg_target | members_.promote_target;
   const u32 n = Min<u32>(e.nr_ptrs, kMaxPtrs);
   for (u32 c = 0; c < n; c++) {
     order[c] = u8(c);

@@ -236,7 +236,7 @@ Status DataPath::QueueReplacePtr(btree::Transaction* tx, const Replacement& r, D
     // Sole when the other copies count for nothing (5c-3).
     u32 others = 0;
     for (u32 i = 0; i < x.nr_ptrs; i++)
-      if (i != c && !x.ptrs[i].cached) others += durability_[x.ptrs[i].dev % dev::kMaxDevices];
+      if (i != c && !x.ptrs[i].cached) others += members_.durability[x.ptrs[i].dev % dev::kMaxDevices];
     if (others == 0) delta->sole |= dev::DevMask(1) << r.now.dev;
   }
   // The bad copy's blocks leave its bucket (the new copy's count comes from

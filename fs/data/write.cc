@@ -208,14 +208,14 @@ Status DataPath::KeepWritten(const IoContext& ctx, const Space* sp, u32 copies, 
     p.gen = sp[c].ref.gen;
     p.offset = sp[c].offset;
     delta->deps |= dev::DevMask(1) << sp[c].ref.dev;
-    durability += durability_[sp[c].ref.dev];
+    durability += members_.durability[sp[c].ref.dev];
   }
   if (x->nr_ptrs == 0) return first_error;
   // A member is sole when the other copies count for nothing: one pointer,
   // or the others all on cache-only members (durability 0) -- losing its
   // copy loses the data's every counted copy.
   for (u32 i = 0; i < x->nr_ptrs; i++) {
-    const u32 own = durability_[x->ptrs[i].dev];
+    const u32 own = members_.durability[x->ptrs[i].dev];
     if (durability - own == 0) delta->sole |= dev::DevMask(1) << x->ptrs[i].dev;
   }
   // Its sectors join the total of the set its copies are on.
@@ -233,7 +233,7 @@ Status DataPath::QueueWrite(const IoContext& ctx, btree::Transaction* tx, u64 in
   Prepared* p = platform::New<Prepared>();
   if (p == nullptr) return Err::kNoMemory;
   Status st = Prepare(ctx, ino, first, blocks, nblocks, compress, p, delta);
-  if (st.ok()) st = QueuePrepared(tx, *p, delta);
+  if (st.ok()) st = QueuePrepared(tx, *p, Policy{}, delta);
   platform::Delete(p);
   return st;
 }
@@ -251,18 +251,26 @@ Result<u64> DataPath::UnwrittenBlocks(u64 ino, u64 first, u64 end) {
   return n;
 }
 
-Status DataPath::QueuePrepared(btree::Transaction* tx, const Prepared& p, Delta* delta) {
+Status DataPath::QueuePrepared(btree::Transaction* tx, const Prepared& p, const Policy& policy, Delta* delta) {
   if (store_ == nullptr || p.blocks == 0) return Err::kInvalidArgument;
   TFS_TRY(QueuePunch(tx, p.ino, p.first, p.first + p.blocks, delta));
-  return QueuePreparedOverPunch(tx, p);
+  return QueuePreparedOverPunch(tx, p, policy);
 }
 
-Status DataPath::QueuePreparedOverPunch(btree::Transaction* tx, const Prepared& p) {
+Status DataPath::QueuePreparedOverPunch(btree::Transaction* tx, const Prepared& p, const Policy& policy) {
   if (store_ == nullptr || p.blocks == 0) return Err::kInvalidArgument;
   for (const Prepared::Item& item : p.items) {
     Extent e;
     TFS_TRY(ParseExtent(ExtentPos(p.ino, item.end), item.value, item.len, &e));
-    TFS_TRY(tx->Set(ExtentPos(p.ino, item.end), item.value, item.len));
+    // The policy of the caller's inode as it is now (under its lock), with
+    // what Prepare learnt of the blocks (kPolicyIncompressible). The same
+    // length: the journal bounds do not change.
+    const u8 learnt = e.policy.flags;
+    e.policy = policy;
+    e.policy.flags |= learnt;
+    u8 value[kExtentValueMax];
+    const u32 len = TFS_TRY(BuildExtent(e, value));
+    TFS_TRY(tx->Set(ExtentPos(p.ino, item.end), value, len));
     TFS_TRY(QueueBackpointers(tx, store_->sb(), nullptr, &e));
     TFS_TRY(QueueDataCheck(tx, item));
   }
@@ -352,6 +360,8 @@ Status DataPath::Prepare(const IoContext& ctx, u64 ino, u64 first, const u8* blo
     Extent x;
     x.start = first + done;
     x.end = x.start + got;
+    // Plain although compression was asked for: zstd saved nothing here.
+    if (compress) x.policy.flags = kPolicyIncompressible;
     TFS_TRY(KeepWritten(ctx, sp, copies, per, late, first_change, got, delta, &x));
     x.crcs = crcs;
     TFS_TRY(p->items.PushBack(Prepared::Item{}));
@@ -428,7 +438,7 @@ Result<usize> DataPath::PreparedJournalBytes(const Prepared& p, const Delta& del
   // Measured, not restated: p queued into a transaction of its own.
   btree::Transaction scratch(trees_);
   const usize room = scratch.Room();
-  TFS_TRY(QueuePreparedOverPunch(&scratch, p));
+  TFS_TRY(QueuePreparedOverPunch(&scratch, p, Policy{}));  // (a policy changes no length)
   // (The accounting keys: the delta's sets, a set per item at most, the
   // reserved total.)
   return room - scratch.Room() +

@@ -31,7 +31,7 @@ Target DataPath::WritePointTarget(Target t) const {
   if (t.kind != TargetKind::kMember && t.kind != TargetKind::kGroup) return Target{t.kind, 0};
   const u32 member = t.member % dev::kMaxDevices;
   if (t.kind == TargetKind::kMember) return Target{TargetKind::kMember, u8(member)};
-  const dev::DevMask group = groups_[member];
+  const dev::DevMask group = members_.group[member];
   if (group == 0) return Target{TargetKind::kMember, u8(member)};  // (no such member: its mask is its own bit)
   const u32 first = u32(__builtin_ctz(group));
   const bool alone = (group & (group - 1)) == 0;
@@ -88,7 +88,7 @@ bool DataPath::WritePointBucket(const IoContext& ctx, alloc::BucketRef* out) {
 u32 DataPath::Wanted(const IoContext& ctx) const {
   // data_replicas is the foreground write path's default; any other writer
   // (promote, copygc, reconcile) writes one copy unless it asks for more.
-  const u32 dflt = ctx.origin == IoOrigin::kForegroundWrite ? data_replicas_ : 1;
+  const u32 dflt = ctx.origin == IoOrigin::kForegroundWrite ? members_.data_replicas : 1;
   const u32 r = ctx.replicas != 0 ? ctx.replicas : dflt;
   return Max<u32>(1, Min<u32>(r, kMaxPtrs));
 }
@@ -108,9 +108,14 @@ Status DataPath::Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole
     MutexLock l(wp.mu);
     // The write point's target (ctx's, or the foreground's after a fallback).
     const u32 member = wp.target.member % dev::kMaxDevices;
-    dev::DevMask target = targets_[u32(wp.target.kind) % kTargetKinds];  // (0 for kMember, kGroup)
-    if (wp.target.kind == TargetKind::kMember) target = dev::DevMask(1) << member;
-    if (wp.target.kind == TargetKind::kGroup) target = groups_[member];
+    dev::DevMask target = 0;
+    switch (wp.target.kind) {
+      case TargetKind::kForeground: target = members_.fg_target; break;
+      case TargetKind::kBackground: target = members_.bg_target; break;
+      case TargetKind::kPromote: target = members_.promote_target; break;
+      case TargetKind::kMember: target = dev::DevMask(1) << member; break;
+      case TargetKind::kGroup: target = members_.group[member]; break;
+    }
     // (target_only: no member but the target's, even for the first copy.)
     const dev::DevMask all = ctx.target_only && target != 0 ? target : store_->devs().all();
     // Never a member missing or marked failed (5c-3): not even an open
@@ -120,7 +125,7 @@ Status DataPath::Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole
     // none: no preference) that count as a copy. Never the fallback: a
     // replica must not put a slow member the target leaves out on the
     // foreground path.
-    const dev::DevMask further = (target != 0 ? target : all) & durable_;
+    const dev::DevMask further = (target != 0 ? target : all) & members_.durable;
     // Members stalling now (6c) get no copy of a replicated write while
     // another member may take it: the write neither waits for them nor
     // piles more requests on them. (A one-copy write goes where it always
@@ -224,7 +229,7 @@ Status DataPath::Reserve(const IoContext& ctx, u32 want, u64 covered, bool whole
       }
       chosen[nchosen++] = pick;
       used |= bit(wp.slots[pick]);
-      durability += durability_[wp.slots[pick].ref.dev];
+      durability += members_.durability[wp.slots[pick].ref.dev];
     }
     MutexLock a(acct_mu_);
     // The reservations of others must still fit in what stays free: the

@@ -1314,7 +1314,7 @@ TEST(CopiesTest, ReplayChecksEveryCopysDataAfterACut) {
     p[0].items[0].len = len.value();
     lost = x[1].ptrs[0];
     btree::Transaction tx(&m.store->btrees());
-    ASSERT_TRUE(m.data.QueuePrepared(&tx, p[0], &delta).ok());
+    ASSERT_TRUE(m.data.QueuePrepared(&tx, p[0], data::Policy{}, &delta).ok());
     ASSERT_TRUE(m.data.Commit(Copies::On(0), &tx, delta, journal::CommitMode::kFlush).ok());
     images = userspace::MemDevice::SnapshotDurable({t.mems[0].get(), t.mems[1].get()});
   });
@@ -1343,4 +1343,74 @@ TEST(CopiesTest, ReplayChecksEveryCopysDataAfterACut) {
 }
 
 }  // namespace
+// The extent's policy (data/policy.h) and its superblock feature
+// (kSbExtentPolicy): a policy this filesystem can hold checks clean and
+// keeps the feature; one it cannot (a target naming no member) is reported
+// and reset to unset by -y -- the extent and its data kept; with no policy
+// left, -y clears the feature (a note), and the feature missing while an
+// extent records a policy is an error -y repairs.
+TEST(CopiesTest, FsckResetsABadPolicyAndTheFeatureFollowsThePolicies) {
+  Copies t(std::vector<CopySpec>{});
+  auto flag = [&] {
+    sb::Superblock s;
+    EXPECT_TRUE(sb::Read(*t.Member(0), &s).ok());
+    return (s.flags & sb::kSbExtentPolicy) != 0;
+  };
+  auto drop_flag = [&] {
+    for (u32 m = 0; m < t.members(); m++) {
+      sb::Superblock s;
+      ASSERT_TRUE(sb::Read(*t.Member(m), &s).ok());
+      s.flags &= u16(~sb::kSbExtentPolicy);
+      s.seq++;
+      ASSERT_TRUE(sb::Write(*t.Member(m), s, u16(m)).ok());
+    }
+  };
+  auto policy = [&] {
+    data::Policy p;
+    t.WithFs([&](testing::MountedFs& m) {
+      std::vector<u8> v;
+      p = Copies::ExtentOf(m, t.ino, &v).policy;
+    });
+    return p;
+  };
+  const data::Policy good{u16(data::kTargetMember + 0), 0, 1, data::kCompressNone, data::kPolicyIncompressible, 0};
+  t.EditExtent([&](data::Extent& e) { e.policy = good; });
+  EXPECT_TRUE(flag());  // (the mounts record it)
+  auto [r1, out1] = t.Fsck(true);
+  EXPECT_EQ(r1.exit_code, fsck::kExitClean) << out1;
+  EXPECT_EQ(out1.find("extent-policy flag"), std::string::npos) << out1;
+  EXPECT_TRUE(flag());
+  EXPECT_EQ(policy(), good);
+
+  // A target code naming no member (one member here): reset, data kept.
+  t.EditExtent([&](data::Extent& e) { e.policy.bg_target = data::kTargetMember + 7; });
+  fsck::fixture::ExpectReportedRepairedClean(t, "records a policy this filesystem cannot hold",
+                                             "reset the policy of the extent");
+  EXPECT_EQ(policy(), data::Policy{});
+  t.WithFs([&](testing::MountedFs& m) {
+    std::string back(t.content.size(), '\0');
+    ASSERT_EQ(m.fs.Read(t.ino, 0, back.data(), u32(back.size())).value(), back.size());
+    EXPECT_TRUE(back == t.content);
+  });
+
+  // No policy left: -y clears the feature and says so; the next mount sets it.
+  auto [r2, out2] = t.Fsck(true);
+  EXPECT_EQ(r2.exit_code, fsck::kExitClean) << out2;
+  EXPECT_NE(out2.find("cleared the extent-policy flag, which nothing uses"), std::string::npos) << out2;
+  EXPECT_FALSE(flag());
+
+  // The feature lost while a policy exists: an error, -y sets it.
+  t.EditExtent([&](data::Extent& e) { e.policy = good; });
+  drop_flag();
+  auto [r3, out3] = t.Fsck(false);
+  EXPECT_EQ(r3.exit_code, fsck::kExitUncorrected) << out3;
+  EXPECT_NE(out3.find("the extent-policy flag is missing"), std::string::npos) << out3;
+  EXPECT_FALSE(flag()) << "fsck -n wrote";
+  auto [r4, out4] = t.Fsck(true);
+  EXPECT_EQ(r4.exit_code, fsck::kExitRepaired) << out4;
+  EXPECT_NE(out4.find("set the extent-policy flag"), std::string::npos) << out4;
+  EXPECT_TRUE(flag());
+  EXPECT_EQ(t.Fsck(false).first.exit_code, fsck::kExitClean);
+}
+
 }  // namespace tfs

@@ -840,7 +840,8 @@ void ReportDroppedNodes(store::Store& e, const Options& opt, bool roots_rebuilt,
 // needs keeps older builds off for nothing; every read-write mount sets it,
 // so that is the normal state, not a finding -- -y clears it and says so
 // (the downgrade path). -y leaves kSbCapsFlagged set exactly when the flags
-// are in use: the check has flagged every capability.
+// are in use: the check has flagged every capability. kSbExtentPolicy goes
+// the same way with the extents that record a policy.
 void FeatureFlags(store::Store& e, const Options& opt, u16 had, const FeatureUse& use, Ctx& c) {
   const u16 needed = use.in_use || use.upgraded ? posix::kSbFeatures : u16(0);
   if (use.in_use && (had & sb::kSbXattrChunks) == 0) {
@@ -854,12 +855,26 @@ void FeatureFlags(store::Store& e, const Options& opt, u16 had, const FeatureUse
     }
   } else if (opt.repair && use.upgraded) {
     c.Line("superblock: recorded that every security.capability is flagged (the upgrade above)");
-  } else if (opt.repair && (had & ~needed) != 0) {
+  } else if (opt.repair && (had & ~needed & posix::kSbFeatures) != 0) {
     c.report->notes++;
     c.Line("superblock: cleared the chunked-xattrs flag, which nothing uses (no chunked xattr, no inode flagged "
            "for security.capability): builds before it can mount the filesystem until the next read-write mount");
   }
-  if (opt.repair) e.SetFeatures(needed);
+  // The extents' policies (sb::kSbExtentPolicy), the same way.
+  if (use.extent_policy && (had & sb::kSbExtentPolicy) == 0) {
+    c.report->errors++;
+    c.Line("superblock: the extent-policy flag is missing, but extents record policies (a build before them would "
+           "call those extents corrupt)%s", opt.repair ? "" : "; 'tierfs fsck -y' sets it");
+    if (opt.repair) {
+      c.report->repaired++;
+      c.Line("superblock: set the extent-policy flag");
+    }
+  } else if (opt.repair && !use.extent_policy && (had & sb::kSbExtentPolicy) != 0) {
+    c.report->notes++;
+    c.Line("superblock: cleared the extent-policy flag, which nothing uses (no extent records a policy): builds "
+           "before it can mount the filesystem until the next read-write mount");
+  }
+  if (opt.repair) e.SetFeatures(u16(needed | (use.extent_policy ? sb::kSbExtentPolicy : 0)));
 }
 
 }  // namespace
@@ -921,7 +936,7 @@ Report Check(BlockDevice* const* bdevs, u32 count, const Options& opt, EmitFn em
     oo.rebuild_roots = true;
     // As every read-write open for posix: its repairs use posix's formats.
     // The end of the check clears what nothing needs (FeatureFlags).
-    oo.features = sb::kSbXattrChunks;  // (kSbCapsFlagged: once the check has flagged every capability)
+    oo.features = sb::kSbXattrChunks | sb::kSbExtentPolicy;  // (kSbCapsFlagged: once the check has flagged every capability)
   }
   auto rep_owned = platform::Owned<store::OpenReport>::Make();  // (the kernel's frame limit: off the stack)
   if (!rep_owned) return no_memory();

@@ -133,6 +133,7 @@ class NamespaceCheck {
     if (st.ok()) {
       use->in_use = feature_keys_ != 0;
       use->upgraded = upgraded_;
+      use->extent_policy = policy_extents_ != 0;
     }
     return st.ok();
   }
@@ -1153,6 +1154,7 @@ class NamespaceCheck {
     const sb::Superblock& sbk = e_.sb();
     alloc::Allocator& a = e_.alloc();
     for (u32 d = 0; d < a.members(); d++) TFS_TRY(used_[d].Resize(a.nbuckets(d)));
+    data::BuildMemberTable(e_.devs(), sbk, &members_);
     btree::Iterator xt(&t_, btree::kBtreeExtents);
     u64 prev_ino = 0, prev_end = 0;
     Status st = xt.SeekToFirst();
@@ -1179,6 +1181,23 @@ class NamespaceCheck {
         }
         continue;
       }
+      // The policy it was written under (data/policy.h): bytes this
+      // filesystem cannot hold read as unset; -y writes them unset.
+      data::Policy policy;
+      if (!data::PolicyOf(x, members_, &policy)) {
+        Problem("data: the extent of inode %llu at blocks [%llu, %llu) records a policy this filesystem cannot "
+                "hold (read as the filesystem's options)", ino, start, end);
+        if (repair_) {
+          x.policy = data::Policy{};
+          const u32 len = TFS_TRY(data::BuildExtent(x, buf_));
+          TFS_TRY(data::ParseExtent(p, buf_, len, &x));
+          Transaction tx(&t_);
+          TFS_TRY(tx.Set(p, buf_, len));
+          TFS_TRY(Commit(tx));
+          Repaired(1, "data: reset the policy of the extent of inode %llu at blocks [%llu, %llu)", ino, start, end);
+        }
+      }
+      if (!(x.policy == data::Policy{})) policy_extents_++;
       // Each copy: inside one bucket (else `outside`), and in a user bucket
       // of its generation (else `stale`) -- unless there is no table to check
       // that against; a cached copy of another generation is a stale cached
@@ -1790,6 +1809,8 @@ class NamespaceCheck {
   // What needs posix::kSbFeatures: chunked values (with their chunk keys)
   // and inodes with kInodeFlagCaps (or a capability xattr, which gets it).
   u64 feature_keys_ = 0;
+  u64 policy_extents_ = 0;  // extents with a nonzero policy (sb::kSbExtentPolicy), as the repairs left them
+  data::MemberTable members_;  // what the extents' policies are read against (ScanExtents)
   const u16 had_;          // the superblock's features before the open
   bool upgraded_ = false;  // -y flagged capabilities of a filesystem from before them
   XattrInode x_;                 // the inode whose xattr keys are streaming

@@ -47,6 +47,7 @@ struct Ctx {
 struct FeatureUse {
   bool in_use = false;    // chunked xattr values or kInodeFlagCaps (as the repairs left them)
   bool upgraded = false;  // -y flagged capabilities of a filesystem without kSbCapsFlagged
+  bool extent_policy = false;  // an extent records a nonzero policy (sb::kSbExtentPolicy; as the repairs left them)
 };
 bool CheckNamespace(store::Store& e, const Options& opt, Ctx& c, u16 had, FeatureUse* use);
 

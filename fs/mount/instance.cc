@@ -28,7 +28,8 @@ Status Instance::Open(BlockDevice* const* bdevs, u32 count, const Options& optio
   used_ = true;
   // (posix's mount records its incompatible features in the superblock:
   // kSbXattrChunks before it writes anything of them, kSbCapsFlagged once it
-  // has flagged an older filesystem's capabilities.)
+  // has flagged an older filesystem's capabilities, kSbExtentPolicy before a
+  // write stamps an extent's policy.)
   TFS_TRY(store_.Open(bdevs, count, options.store, diag, report));
   // The data path checks the buckets' counts against the extents (and frees
   // the buckets a crash left unreferenced) before anything reads or writes

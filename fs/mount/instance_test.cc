@@ -22,6 +22,7 @@ TEST(InstanceTest, OpenServesPosixAndCloseLeavesItClean) {
     // A read-write mount records posix's incompatible features (format
     // does not): older builds refuse the filesystem from now on.
     EXPECT_EQ(inst->store().sb().flags & posix::kSbFeatures, posix::kSbFeatures);
+    EXPECT_NE(inst->store().sb().flags & sb::kSbExtentPolicy, 0);
     EXPECT_EQ(inst->Open(&b, 1, Options{}, &diag).code(), Err::kBusy);
     auto f = inst->fs().Mknod(posix::kRootIno, "f", 1, posix::kModeReg | 0644, 0, posix::Caller{});
     ASSERT_TRUE(f.ok());
@@ -38,7 +39,7 @@ TEST(InstanceTest, OpenServesPosixAndCloseLeavesItClean) {
   store::OpenReport rep;
   ASSERT_TRUE(inst->Open(&b, 1, Options{}, &diag, &rep).ok()) << diag.text;
   EXPECT_TRUE(rep.was_clean);
-  EXPECT_EQ(rep.features, posix::kSbFeatures);  // as the first mount left it
+  EXPECT_EQ(rep.features, posix::kSbFeatures | sb::kSbExtentPolicy);  // as the first mount left it
   auto f = inst->fs().Lookup(posix::kRootIno, "f", 1);
   ASSERT_TRUE(f.ok());
   char buf[8] = {};

@@ -105,9 +105,9 @@ Result<Attr> Filesystem::SetAttrs(u64 ino, const SetAttr& set) {
         st = data_->QueuePunch(&tx, ino, punch_from, ~u64(0), &tail_delta, kBatchExtents, reserve, &more);
         // (PunchPast left what this batch takes, by the same bound: never.)
         if (st.ok() && more) st = Err::kTooBig;
-        if (st.ok() && tail != nullptr) st = data_->QueuePreparedOverPunch(&tx, *tail);
+        if (st.ok() && tail != nullptr) st = data_->QueuePreparedOverPunch(&tx, *tail, ExtentPolicy(f));
       } else if (tail != nullptr) {
-        st = data_->QueuePrepared(&tx, *tail, &tail_delta);
+        st = data_->QueuePrepared(&tx, *tail, ExtentPolicy(f), &tail_delta);
       }
       if (st.ok()) {
         f.sectors.set(u64(i64(f.sectors.get()) + tail_delta.sectors));
@@ -143,7 +143,7 @@ Status Filesystem::CommitData(u64 ino, const data::Prepared* p, data::Delta* del
   Transaction tx(trees_);
   Status st = locked.status();
   if (st.ok()) st = ReadInode(ino, &f);
-  if (st.ok() && p != nullptr) st = data_->QueuePrepared(&tx, *p, delta);
+  if (st.ok() && p != nullptr) st = data_->QueuePrepared(&tx, *p, ExtentPolicy(f), delta);
   if (st.ok()) {
     f.size.set(Max(f.size.get(), min_size));
     f.sectors.set(u64(i64(f.sectors.get()) + delta->sectors));

@@ -338,6 +338,8 @@ Status Filesystem::Mount(store::Store* store, data::DataPath* data, const Option
     // kSbCapsFlagged only once every flag is durable (the superblock's own
     // write is FUA, the flags' commits are not), and only if every inode
     // could be flagged (a damaged one is fsck's: the next mount tries again).
+    if (!store->read_only() && (store->sb().flags & sb::kSbExtentPolicy) == 0)
+      TFS_TRY(store->AddFeatures(sb::kSbExtentPolicy));  // (before a write stamps a policy: ExtentPolicy)
     if (!store->read_only() && (store->sb().flags & kSbFeatures) != kSbFeatures) {
       TFS_TRY(store->AddFeatures(sb::kSbXattrChunks));
       bool complete = false;

@@ -604,6 +604,10 @@ class Filesystem {
   // if it has one (opts.h), else at the filesystem's, wanting f's replicas if
   // set, else the filesystem's data_replicas.
   data::IoContext WriteContext(const InodeFormat& f) const;
+  // The policy f's new extents record (data/policy.h): its options that are
+  // set and valid, target codes canonical; 0 (the filesystem's) for the rest.
+  // Taken from the inode read under the inode lock, where QueuePrepared runs.
+  data::Policy ExtentPolicy(const InodeFormat& f) const;
   // The "tierfs." xattrs (opts.cc): a set (or with `remove` an unset) of an
   // option under the inode lock; a get from the committed inode; the set
   // options' names appended at buf + at (returns the new end; cap 0: sizes

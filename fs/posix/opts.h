@@ -28,6 +28,7 @@
 #define TFS_POSIX_OPTS_H_
 
 #include "data/io_context.h"
+#include "data/policy.h"
 #include "dev/device_set.h"
 #include "posix/format.h"
 #include "util/status.h"
@@ -58,6 +59,10 @@ inline constexpr u16 kOptTargetGroup = 0x100;   // | m: the group of member m
 inline constexpr u8 kOptReplicasMax = 4;
 inline constexpr u8 kOptCompressNone = 1;
 inline constexpr u8 kOptCompressZstd = 2;
+// The values extents record in their policy (data/policy.h) are these.
+static_assert(kOptTargetMember == data::kTargetMember && kOptTargetGroup == data::kTargetGroup, "target codes");
+static_assert(kOptCompressNone == data::kCompressNone && kOptCompressZstd == data::kCompressZstd, "compression");
+static_assert(kOptReplicasMax == data::kPolicyReplicasMax, "replicas");
 // The longest value text: a label (dev::kLabelMax with its NUL).
 inline constexpr u32 kOptTextMax = dev::kLabelMax;
 

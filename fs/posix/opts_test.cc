@@ -122,6 +122,7 @@ struct Placement {
   std::set<u32> members;
   u32 extents = 0;
   u32 compressed = 0;
+  std::vector<data::Policy> policies;  // each extent's, in order
 };
 Placement Extents(store::Store& s, u64 ino) {
   Placement p;
@@ -131,6 +132,7 @@ Placement Extents(store::Store& s, u64 ino) {
     data::Extent e;
     EXPECT_TRUE(data::ParseExtent(it.pos(), it.value(), it.val_bytes(), &e).ok());
     p.extents++;
+    p.policies.push_back(e.policy);
     bool compressed = false;
     for (u32 i = 0; i < e.nr_ptrs; i++) {
       p.members.insert(e.ptrs[i].dev);
@@ -630,6 +632,68 @@ TEST(InodeOptsTest, CompressionOptionDecidesNewData) {
   std::string back(text.size(), '\0');
   ASSERT_EQ(all.fs.Read(n, 0, back.data(), u32(back.size())).value(), text.size());
   EXPECT_TRUE(back == text);
+}
+
+// Every extent records the options its file had when the extent was
+// committed (data/policy.h): targets as canonical codes, replicas,
+// compression, and whether zstd saved nothing on its blocks. A file without
+// options records the unset policy; an option changed later reaches the
+// extents written after (the tail of a truncate too), not the earlier ones.
+// The mount recorded the superblock feature first.
+TEST(InodeOptsTest, ExtentsRecordThePolicyTheyWereWrittenUnder) {
+  ThreeFs m;
+  EXPECT_NE(m.store->sb().flags & sb::kSbExtentPolicy, 0);
+  const u32 b = m.Member("hdd.b");
+  const u32 c = m.Member("hdd.c");
+  const u64 f = Mkfile(m.fs, kRootIno, "f");
+  const u64 plain = Mkfile(m.fs, kRootIno, "plain");
+  const u64 noise = Mkfile(m.fs, kRootIno, "noise");
+  ASSERT_TRUE(Set(m.fs, f, "tierfs.foreground_target", "hdd").ok());
+  ASSERT_TRUE(Set(m.fs, f, "tierfs.background_target", "hdd.c").ok());
+  ASSERT_TRUE(Set(m.fs, f, "tierfs.replicas", "2").ok());
+  ASSERT_TRUE(Set(m.fs, f, "tierfs.compression", "zstd").ok());
+  ASSERT_TRUE(Set(m.fs, noise, "tierfs.compression", "zstd").ok());
+  const std::string text = Text(256 << 10);
+  std::string random(256 << 10, 'r');
+  u32 x = 2203;
+  for (char& ch : random) ch = char((x = x * 1103515245u + 12345u) >> 23);
+  ASSERT_TRUE(m.fs.Write(f, 0, text.data(), u32(text.size()), Filesystem::kWriteDirect).ok());
+  ASSERT_TRUE(m.fs.Write(plain, 0, text.data(), u32(text.size()), Filesystem::kWriteDirect).ok());
+  ASSERT_TRUE(m.fs.OpenInode(noise).ok());  // (buffered: the write-out's path)
+  ASSERT_TRUE(m.fs.Write(noise, 0, random.data(), u32(random.size())).ok());
+  ASSERT_TRUE(m.fs.Release(noise).ok());
+  const data::Policy want{u16(data::kTargetGroup | std::min(b, c)), u16(data::kTargetMember + c), 2,
+                          data::kCompressZstd, 0, 0};
+  const Placement pf = Extents(*m.store, f);
+  ASSERT_GT(pf.extents, 0u);
+  EXPECT_EQ(pf.compressed, pf.extents);
+  for (const data::Policy& p : pf.policies) EXPECT_EQ(p, want);
+  for (const data::Policy& p : Extents(*m.store, plain).policies) EXPECT_EQ(p, data::Policy{});
+  const Placement pn = Extents(*m.store, noise);
+  ASSERT_GT(pn.extents, 0u);
+  EXPECT_EQ(pn.compressed, 0u);
+  for (const data::Policy& p : pn.policies)
+    EXPECT_EQ(p, (data::Policy{0, 0, 0, data::kCompressZstd, data::kPolicyIncompressible, 0}));
+  // A later change: the earlier extents keep theirs; the tail block a
+  // truncate rewrites, and a new write, record the new one.
+  ASSERT_TRUE(Remove(m.fs, f, "tierfs.background_target").ok());
+  ASSERT_TRUE(Set(m.fs, f, "tierfs.replicas", "1").ok());
+  SetAttr shrink;
+  shrink.valid = kSetSize;
+  shrink.size = (128 << 10) + 100;
+  ASSERT_TRUE(m.fs.SetAttrs(f, shrink).ok());
+  data::Policy now = want;
+  now.bg_target = 0;
+  now.replicas = 1;
+  now.flags = data::kPolicyIncompressible;  // (one block: compressing it cannot save a block)
+  const Placement after = Extents(*m.store, f);
+  ASSERT_GE(after.extents, 2u);
+  EXPECT_EQ(after.policies.back(), now) << "the rewritten tail block";
+  EXPECT_EQ(after.policies.front(), want);
+  ASSERT_TRUE(m.fs.Write(plain, 0, text.data(), 8192, Filesystem::kWriteDirect).ok());
+  m.Remount();
+  EXPECT_EQ(Extents(*m.store, f).policies.back(), now);
+  EXPECT_EQ(Extents(*m.store, plain).policies.front(), data::Policy{});
 }
 
 // A stored value this filesystem cannot hold (damage: fsck clears it) is

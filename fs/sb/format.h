@@ -68,8 +68,15 @@ inline constexpr u16 kSbXattrChunks = 1 << 2;
 // first). Until then a mount redoes that (a cut in between leaves some
 // flagged, some not: not corruption).
 inline constexpr u16 kSbCapsFlagged = 1 << 3;
+// An incompatible feature: extents may record a nonzero policy in their
+// header's bytes 8..15 (data/extent.h, data/policy.h), which builds before
+// it refuse as corrupt (and their fsck would delete: data lost). posix's
+// read-write mount records it before it writes an extent; fsck -y's open
+// too, and fsck -y clears it when no extent has a policy (the downgrade
+// path).
+inline constexpr u16 kSbExtentPolicy = 1 << 5;
 // The incompatible feature bits (what OpenOptions::features may name).
-inline constexpr u16 kSbFeatureFlags = kSbXattrChunks | kSbCapsFlagged;
+inline constexpr u16 kSbFeatureFlags = kSbXattrChunks | kSbCapsFlagged | kSbExtentPolicy;
 // A repair of the space accounting (fsck -y's accounting pass: the buckets'
 // counts set from the extents) is under way: set durably before its first
 // repair, cleared by the unmount of the fsck run whose pass finished (after

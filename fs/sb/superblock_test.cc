@@ -100,14 +100,14 @@ TEST(SuperblockTest, LostDataRecordSetsItsFlag) {
 // older build's view of those).
 TEST(SuperblockTest, KnownFlagsDecodeAndUnknownOnesAreRefused) {
   Superblock sb = MakeSb(2);
-  sb.flags = kSbClean | kSbXattrChunks | kSbCapsFlagged | kSbAcctRepair;
+  sb.flags = kSbClean | kSbXattrChunks | kSbCapsFlagged | kSbAcctRepair | kSbExtentPolicy;
   std::vector<u8> buf(kSbSize);
   Encode(sb, 0, buf.data());
   Superblock out;
   Diag d;
   ASSERT_TRUE(Decode(buf.data(), kDevSize, &out, &d).ok()) << d.text;
-  EXPECT_EQ(out.flags, kSbClean | kSbXattrChunks | kSbCapsFlagged | kSbAcctRepair);
-  sb.flags = kSbClean | u16(1u << 5);  // the first bit no build knows
+  EXPECT_EQ(out.flags, kSbClean | kSbXattrChunks | kSbCapsFlagged | kSbAcctRepair | kSbExtentPolicy);
+  sb.flags = kSbClean | u16(1u << 6);  // the first bit no build knows
   Encode(sb, 0, buf.data());
   EXPECT_TRUE(Decode(buf.data(), kDevSize, &out, &d).Is(ErrorClass::kCorrupt));
   EXPECT_NE(std::string(d.text).find("flags"), std::string::npos) << d.text;
