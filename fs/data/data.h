@@ -725,9 +725,8 @@ class DataPath {
   // per extent: it grows as they are found), with the crcs the read needs
   // copied into `crcs` (end - first of them at most).
   Status FindPieces(u64 ino, u64 first, u64 end, Vector<Piece>* pieces, u8* crcs);
-  // Adds the journal data check of a prepared item's new blob to `tx`; of
-  // each copy of e (just written whole, e.g. a repair's new copy).
-  Status QueueDataCheck(btree::Transaction* tx, const Prepared::Item& item);
+  // Adds the journal data check of each copy of e to `tx` (its blobs just
+  // written whole: a prepared item's, a repair's new copy).
   Status QueueDataChecks(btree::Transaction* tx, const Extent& e);
   // Extent commits' applies to the tree, per stripe of inodes (see ReadBlocks):
   // odd while one is applying its keys (btree::Transaction::SetApplySeq), bumped

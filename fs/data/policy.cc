@@ -26,8 +26,9 @@ void BuildMemberTable(const dev::DeviceSet& devs, const sb::Superblock& sb, Memb
 }
 
 u16 CanonicalTarget(const MemberTable& t, u16 code) {
-  if (code >= kTargetMember && code < kTargetMember + t.count) return code;
-  if ((code & ~u16(0xff)) == kTargetGroup && (code & 0xff) < t.count) {
+  const u32 count = Min<u32>(t.count, dev::kMaxDevices);
+  if (code >= kTargetMember && code < kTargetMember + count) return code;
+  if ((code & ~u16(0xff)) == kTargetGroup && (code & 0xff) < count) {
     const dev::DevMask g = t.group[code & 0xff];
     if (g != 0) return u16(kTargetGroup | __builtin_ctz(g));
   }
@@ -59,7 +60,7 @@ bool PolicyOf(const Extent& e, const MemberTable& t, Policy* out) {
 u8 DestOf(const MemberTable& t, dev::DevMask members) {
   if (members == 0) return kDestAny;
   const u32 low = u32(__builtin_ctz(members));
-  if (low >= t.count) return kDestAny;
+  if (low >= Min<u32>(t.count, dev::kMaxDevices)) return kDestAny;
   if ((members & (members - 1)) == 0) return u8(kDestMember + low);
   return t.group[low] == members ? u8(kDestGroup + low) : kDestAny;
 }
@@ -118,18 +119,21 @@ Work ReconcileOf(const MemberTable& t, const Extent& e) {
     w.reasons = u8(kWorkDurability | extra);
     w.dest = DestOf(t, fg);
     w.members = on_f;
+  } else if (surplus) {
+    // Alone, before any compression: a surplus copy is not rewritten to be
+    // dropped next, and the change that frees its member never waits for
+    // room there (never parked).
+    w.reasons = kWorkCacheOnly;
+    w.dest = kDestNoIo;
   } else if (compress) {  // (durability work, if any, is stuck: it waits for the member table)
     // Each plain copy rewritten compressed on its own member.
-    w.reasons = extra;
+    w.reasons = kWorkCompress;
     w.dest = DestOf(t, plain);
     w.members = plain;
   } else if (durab) {
     w.reasons = kWorkDurability;
     w.dest = u8(DestOf(t, fg) | kDestStuck);
     w.members = on_f;
-  } else if (surplus) {
-    w.reasons = kWorkCacheOnly;
-    w.dest = kDestNoIo;
   }
   return w;
 }

@@ -95,8 +95,11 @@ bool PolicyOf(const Extent& e, const MemberTable& t, Policy* out);
 //                   of durability 0 once W is met -- it becomes cached,
 //                   with no I/O.
 // The destination (Work::dest, the index key's top byte): B's code when
-// placement is due, else F's for durability work, else the plain copies'
-// members for compression; kDestNoIo for cache-only work alone. Durability work F cannot take (every durable
+// placement is due (the move also does compression and cache-only work
+// that is due), else F's for durability work (likewise); else cache-only
+// work goes alone, kDestNoIo, before any compression (a surplus copy is not
+// rewritten to be dropped next); else the plain copies' members for
+// compression. Durability work F cannot take (every durable
 // member of F already holds a copy: replicas above what the members can
 // hold) is *stuck* -- the key's kDestStuck bit, read by no engine until the
 // member table changes -- unless other work is due, which then goes alone.

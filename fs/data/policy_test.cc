@@ -228,11 +228,22 @@ TEST(ReconcileTest, CompressionEndsWhenZstdSavedNothing) {
   e.policy = Policy{};
   e.policy.compression = kCompressNone;  // the file's option over the filesystem's
   EXPECT_EQ(ReconcileOf(t, e).reasons, 0);
-  // With a placement due, the move writes compressed copies.
+  // With a placement due, the move writes compressed copies; then the ssd
+  // copy is surplus, and made cached alone -- not rewritten compressed to be
+  // dropped next, nor keyed under the ssd (parked when the ssd is full).
   t.bg_target = 0b10;
   w = ReconcileOf(t, On({{0, false}}, c));
   EXPECT_EQ(w.reasons, kWorkPlacement | kWorkCompress);
   EXPECT_EQ(w.dest, kDestMember + 1);
+  Extent moved = On({{0, false}, {1, false}}, c);
+  moved.ptrs[1].compressed = true;
+  moved.ptrs[1].stored_blocks = 4;
+  moved.ptrs[1].disk_bytes = 100;
+  w = ReconcileOf(t, moved);
+  EXPECT_EQ(w.reasons, kWorkCacheOnly);
+  EXPECT_EQ(w.dest, kDestNoIo);
+  moved.ptrs[0].cached = true;
+  EXPECT_EQ(ReconcileOf(t, moved).reasons, 0);
 }
 
 TEST(ReconcileTest, ABadPolicyIsReadAsUnsetAndSaidSo) {
@@ -257,6 +268,23 @@ TEST(ReconcileTest, DestinationCodesNameMembersByTheirSet) {
   EXPECT_EQ(DestOf(t, 0b11111), kDestAny);
   EXPECT_EQ(DestOf(t, 0), kDestAny);
   EXPECT_EQ(DestOf(t, dev::DevMask(1) << 7), kDestAny);  // past the members
+  // 32 members, the last in a group with the first: every code fits.
+  MemberTable big;
+  big.count = 32;
+  for (u32 m = 0; m < 32; m++) big.group[m] = dev::DevMask(1) << m;
+  big.group[0] = big.group[31] = (dev::DevMask(1) << 31) | 1;
+  EXPECT_EQ(DestOf(big, dev::DevMask(1) << 31), kDestMember + 31);
+  EXPECT_EQ(DestOf(big, big.group[31]), kDestGroup + 0);
+  EXPECT_EQ(DestOf(big, ~dev::DevMask(0)), kDestAny);
+  EXPECT_EQ(CanonicalTarget(big, u16(kTargetMember + 31)), kTargetMember + 31);
+  EXPECT_EQ(CanonicalTarget(big, u16(kTargetMember + 32)), 0);
+  EXPECT_EQ(CanonicalTarget(big, u16(kTargetGroup | 31)), kTargetGroup | 0);
+  EXPECT_EQ(TargetMembers(big, u16(kTargetGroup | 31)), big.group[0]);
+  EXPECT_EQ(CanonicalTarget(big, u16(kTargetGroup | 32)), 0);
+  big.count = 40;  // (a table past the members' limit is read as 32)
+  EXPECT_EQ(CanonicalTarget(big, u16(kTargetMember + 35)), 0);
+  EXPECT_EQ(CanonicalTarget(big, u16(kTargetGroup | 35)), 0);
+  EXPECT_EQ(DestOf(big, dev::DevMask(1) << 31), kDestMember + 31);
 }
 
 // A model of the engine (step 22-4 builds the real one): one step of the
@@ -429,7 +457,13 @@ TEST(ReconcileTest, DoingTheWorkAlwaysEndsInNothingOrStuck) {
         EXPECT_EQ(w.reasons, kWorkDurability) << round;
         ended = true;
         ended_stuck++;
+        max_steps = std::max(max_steps, step);
         break;
+      }
+      // Cache-only work is never behind a destination unless a move that
+      // does I/O anyway carries it.
+      if ((w.reasons & (kWorkPlacement | kWorkDurability)) == 0 && (w.reasons & kWorkCacheOnly) != 0) {
+        EXPECT_EQ(w.reasons, kWorkCacheOnly) << round;
       }
       if (w.reasons == kWorkCacheOnly) {
         EXPECT_EQ(w.dest, kDestNoIo) << round;

@@ -272,15 +272,9 @@ Status DataPath::QueuePreparedOverPunch(btree::Transaction* tx, const Prepared& 
     const u32 len = TFS_TRY(BuildExtent(e, value));
     TFS_TRY(tx->Set(ExtentPos(p.ino, item.end), value, len));
     TFS_TRY(QueueBackpointers(tx, store_->sb(), nullptr, &e));
-    TFS_TRY(QueueDataCheck(tx, item));
+    TFS_TRY(QueueDataChecks(tx, e));  // (e.crcs: the item's, as written)
   }
   return Status::Ok();
-}
-
-Status DataPath::QueueDataCheck(btree::Transaction* tx, const Prepared::Item& item) {
-  Extent e;
-  TFS_TRY(ParseExtent(ExtentPos(0, item.end), item.value, item.len, &e));
-  return QueueDataChecks(tx, e);
 }
 
 Status DataPath::QueueDataChecks(btree::Transaction* tx, const Extent& e) {

@@ -1342,7 +1342,6 @@ TEST(CopiesTest, ReplayChecksEveryCopysDataAfterACut) {
   EXPECT_TRUE(s.Close().ok());
 }
 
-}  // namespace
 // The extent's policy (data/policy.h) and its superblock feature
 // (kSbExtentPolicy): a policy this filesystem can hold checks clean and
 // keeps the feature; one it cannot (a target naming no member) is reported
@@ -1412,5 +1411,7 @@ TEST(CopiesTest, FsckResetsABadPolicyAndTheFeatureFollowsThePolicies) {
   EXPECT_TRUE(flag());
   EXPECT_EQ(t.Fsck(false).first.exit_code, fsck::kExitClean);
 }
+
+}  // namespace
 
 }  // namespace tfs

@@ -38,8 +38,11 @@
 //    when it has a security.capability xattr (without kSbCapsFlagged an
 //    unflagged one is an older build's: a note); the superblock's
 //    kSbXattrChunks is set if anything needs it (-y clears it when nothing
-//    does).
-//    File data: extents parse, belong to regular files,
+//    does). Inode numbers stay below 2^56 (btree::kInoLimit): keys past it
+//    are deleted.
+//    File data: extents parse, belong to regular files, record a policy
+//    this filesystem can hold (else reset to unset; kSbExtentPolicy set
+//    exactly when one records a policy, as kSbXattrChunks),
 //    do not overlap, and every pointer (copy) points inside a user bucket of
 //    its generation (a bad one is dropped if a good copy is left -- a good
 //    cached one promoted if no other is -- else the extent is deleted; a

@@ -1197,7 +1197,6 @@ class NamespaceCheck {
           Repaired(1, "data: reset the policy of the extent of inode %llu at blocks [%llu, %llu)", ino, start, end);
         }
       }
-      if (!(x.policy == data::Policy{})) policy_extents_++;
       // Each copy: inside one bucket (else `outside`), and in a user bucket
       // of its generation (else `stale`) -- unless there is no table to check
       // that against; a cached copy of another generation is a stale cached
@@ -1307,6 +1306,7 @@ class NamespaceCheck {
                    ino, start, end, (unsigned long long)dropped);
         }
       }
+      if (!(x.policy == data::Policy{})) policy_extents_++;  // (kept: the repairs above did not delete it)
       prev_ino = p.inode;
       prev_end = x.end;
       r->data_sectors += (x.end - x.start) * kSectorsPerBlock;  // (reservations count too)
@@ -1809,7 +1809,8 @@ class NamespaceCheck {
   // What needs posix::kSbFeatures: chunked values (with their chunk keys)
   // and inodes with kInodeFlagCaps (or a capability xattr, which gets it).
   u64 feature_keys_ = 0;
-  u64 policy_extents_ = 0;  // extents with a nonzero policy (sb::kSbExtentPolicy), as the repairs left them
+  u64 policy_extents_ = 0;  // extents with a nonzero policy (sb::kSbExtentPolicy) the repairs kept (an
+                            // overlap trimmed away later may leave it one high: the flag stays a run longer)
   data::MemberTable members_;  // what the extents' policies are read against (ScanExtents)
   const u16 had_;          // the superblock's features before the open
   bool upgraded_ = false;  // -y flagged capabilities of a filesystem from before them

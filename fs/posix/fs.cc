@@ -53,10 +53,10 @@ Result<u64> CountInodeRecords(btree::Btrees* trees) {
   Iterator it(trees, btree::kBtreeInodes, 1024);
   u64 n = 0;
   Status st;
-  // (Not a symlink target's chunk, nor a key at 2^64-1: no inode is there --
-  // the mount refuses such a key, fsck deletes it.)
-  for (st = it.Seek(InodePos(1)); st.ok() && it.Valid(); st = it.Next())
-    n += it.pos().offset == 0 && it.pos().inode != ~u64(0);
+  // (Not a symlink target's chunk, nor a key at 2^56 or past it: no inode
+  // is there -- the mount refuses such a key, fsck deletes it.)
+  for (st = it.Seek(InodePos(1)); st.ok() && it.Valid() && it.pos().inode < btree::kInoLimit; st = it.Next())
+    n += it.pos().offset == 0;
   TFS_TRY(st);
   return n;
 }
@@ -319,11 +319,29 @@ Status Filesystem::Mount(store::Store* store, data::DataPath* data, const Option
   compress_all_ = store->sb().options.compression == sb::CompressionType::kZstd;
   next_gen_.Store(u32(u64(Now()) / platform::kNsPerSec), MemOrder::kRelaxed);
   Status st = [&]() -> Status {
-    // Orphans a crash left: inodes unlinked while open, or not yet freed whole.
+    // Inode numbers stay below 2^56: the last inode key (orphan keys sort
+    // first) says whether one is past it -- before anything is written.
     Iterator it(trees_, btree::kBtreeInodes);
+    TFS_TRY(it.SeekToLast());
+    if (it.Valid() && it.pos().inode >= btree::kInoLimit) {
+      // (Only a hostile key gets there.)
+      platform::Log(platform::LogLevel::kError,
+                    "posix: an inode key at number %llu, past the limit of 2^56; run 'tierfs fsck'",
+                    (unsigned long long)it.pos().inode);
+      return Status(Err::kCorrupt);
+    }
+    // Orphans a crash left: inodes unlinked while open, or not yet freed whole.
     TFS_TRY(it.Seek(OrphanPos(1)));
     Vector<u64> orphans;
-    for (; it.Valid() && it.pos().inode == 0; TFS_TRY(it.Next())) TFS_TRY(orphans.PushBack(it.pos().offset));
+    for (; it.Valid() && it.pos().inode == 0; TFS_TRY(it.Next())) {
+      if (it.pos().offset >= btree::kInoLimit) {
+        platform::Log(platform::LogLevel::kError,
+                      "posix: an orphan key names inode %llu, past the limit of 2^56; run 'tierfs fsck'",
+                      (unsigned long long)it.pos().offset);
+        return Status(Err::kCorrupt);
+      }
+      TFS_TRY(orphans.PushBack(it.pos().offset));
+    }
     if (store->read_only() && !orphans.empty()) {
       // (No name reaches them: a writable mount frees them.)
       platform::Log(platform::LogLevel::kInfo, "posix: %llu orphan inode%s left for a writable mount to free",
@@ -348,18 +366,10 @@ Status Filesystem::Mount(store::Store* store, data::DataPath* data, const Option
       if (complete) TFS_TRY(store->AddFeatures(sb::kSbCapsFlagged));
     }
     // The next number: past the last inode's (its record or a symlink
-    // target's chunk; orphan keys sort first) -- one seek, not a walk; the
-    // inodes in use are the accounting's count (statfs). Numbers are not
-    // reused within a mount.
+    // target's chunk) -- one seek, not a walk; the inodes in use are the
+    // accounting's count (statfs). Numbers are not reused within a mount.
     TFS_TRY(it.SeekToLast());
     const u64 last = it.Valid() ? it.pos().inode : 0;
-    if (last >= btree::kInoLimit) {
-      // (Only a hostile key gets there: inode numbers stay below 2^56.)
-      platform::Log(platform::LogLevel::kError,
-                    "posix: an inode key at number %llu, past the limit of 2^56; run 'tierfs fsck'",
-                    (unsigned long long)last);
-      return Status(Err::kCorrupt);
-    }
     next_ino_.Store(Max(last + 1, kFirstIno), MemOrder::kRelaxed);
     InodeFormat root;
     Status rs = ReadInode(kRootIno, &root);

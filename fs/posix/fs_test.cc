@@ -619,16 +619,21 @@ TEST(PosixTest, TheInodeCountIsKeptAndTheMountWalksNoInode) {
 
 // A key at inode number 2^56 or past it (btree::kInoLimit; only a hostile
 // image has one) breaks the format's rule: the mount refuses as corrupt
-// instead of numbering new inodes past it (or wrapping onto the inodes in use).
+// instead of numbering new inodes past it (or wrapping onto the inodes in
+// use) -- and an orphan key naming such a number, before it frees anything.
 TEST(PosixTest, AnInodeKeyPastTheLimitIsRefused) {
-  for (const u64 at : {btree::kInoLimit, ~u64(0)}) {
-    SCOPED_TRACE(at);
+  const btree::Pos keys[] = {{btree::kBtreeInodes, btree::kInoLimit, 1},  // (a target's chunk)
+                             {btree::kBtreeInodes, ~u64(0), 1},
+                             {btree::kBtreeInodes, 0, btree::kInoLimit}};  // (an orphan key)
+  for (const btree::Pos& at : keys) {
+    SCOPED_TRACE(at.inode);
+    SCOPED_TRACE(at.offset);
     Mounted m;
     ASSERT_TRUE(Mkfile(m.fs, kRootIno, "f").ok());
     {
       btree::Transaction tx(&m.store->btrees());
-      u8 v[4] = {'a', 'b', 'c', 'd'};
-      ASSERT_TRUE(tx.Set(btree::Pos{btree::kBtreeInodes, at, 1}, v, sizeof(v)).ok());  // (a target's chunk)
+      u8 v[8] = {'a', 'b', 'c', 'd', 0, 0, 0, 0};
+      ASSERT_TRUE(tx.Set(at, v, sizeof(v)).ok());
       ASSERT_TRUE(tx.Commit().ok());
     }
     m.Unmount();
