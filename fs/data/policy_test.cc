@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "data/data.h"
+#include "data/reconcile.h"
 #include "mount/testing.h"
 
 namespace tfs::data {
@@ -446,6 +447,9 @@ TEST(ReconcileTest, DoingTheWorkAlwaysEndsInNothingOrStuck) {
       const Work w = ReconcileOf(t, e);
       trace += Describe(e) + " -> reasons " + std::to_string(w.reasons) + " dest " + std::to_string(w.dest) + "\n";
       ASSERT_FALSE(w.policy_bad) << round;
+      // Every work ReconcileOf names is a key the index can hold.
+      ReconcileKey key;
+      EXPECT_EQ(ReconcileKeyOf(t, e, 1, &key), w.reasons != 0) << round;
       if (w.reasons == 0) {
         ended = true;
         ended_done++;

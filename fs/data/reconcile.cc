@@ -13,7 +13,11 @@ bool ValidKey(const ReconcileKey& k) {
   const bool stuck = (k.dest & kDestStuck) != 0;
   if (code == kDestCookie || code > kDestLast || k.ino == 0 || k.ino > kInoMask || k.end == 0) return false;
   if (k.reasons == 0 || (k.reasons & ~kWorkKnown) != 0) return false;
-  if (stuck && (code == kDestNoIo || k.reasons != kWorkDurability)) return false;
+  if (stuck && k.reasons != kWorkDurability) return false;
+  // Cache-only work rides a move that does I/O, or goes alone without a
+  // destination (ReconcileOf never makes it otherwise).
+  const bool io = (k.reasons & (kWorkPlacement | kWorkDurability)) != 0;
+  if ((k.reasons & kWorkCacheOnly) != 0 && !io && (k.reasons != kWorkCacheOnly || code != kDestNoIo)) return false;
   if (code == kDestNoIo && k.reasons != kWorkCacheOnly) return false;
   return true;
 }

@@ -8,9 +8,10 @@
 //          kDest* code, bit 7 stuck); ino < 2^56 (btree::kInoLimit); end:
 //          the extent's key offset
 //   value  ReconcileFormat (8 bytes): the reasons (kWork* bits), reserved
-//          bytes (0), since (seconds of the real-time clock when the key's
-//          work began: a write restarts it; an edit that leaves the work
-//          as it was keeps it)
+//          bytes (0), since (seconds of the real-time clock when the key was
+//          set: a write restarts it, as does any edit that moves the key --
+//          a new end, another destination; an edit that keeps the key's
+//          position and work keeps it)
 //
 // This file is the one that knows those bytes. Step 22-3d-1 (this file)
 // builds the codec and QueueReconcile, tested; 22-3d-2 calls QueueReconcile
@@ -61,12 +62,12 @@ inline btree::Pos ReconcileRangeLast(u8 dest) {
   return btree::Pos{btree::kBtreeReconcile, (u64(dest) << 56) | (btree::kInoLimit - 1), ~u64(0)};
 }
 
-// kCorrupt unless (pos, value) is a work key: of kBtreeReconcile, a dest
-// code 1..kDestLast (0 is the cookies', step 22-3e), stuck only on a code
-// below kDestNoIo and only for durability work alone, kDestNoIo only for
-// cache-only work alone; an inode 1..2^56-1; an end of at least 1; 8
-// bytes, reasons nonzero with no unknown bit, reserved bytes zero. Any
-// since is valid.
+// kCorrupt unless (pos, value) is a work key as ReconcileOf makes them: of
+// kBtreeReconcile, a dest code 1..kDestLast (0 is the cookies', step
+// 22-3e), stuck only for durability work alone, cache-only work either
+// with placement or durability work or alone on kDestNoIo (and kDestNoIo
+// only for it); an inode 1..2^56-1; an end of at least 1; 8 bytes, reasons
+// nonzero with no unknown bit, reserved bytes zero. Any since is valid.
 Status ParseReconcile(const btree::Pos& pos, const u8* value, u32 len, ReconcileKey* out);
 // k's value (what ParseReconcile accepts for k.pos()).
 ReconcileFormat BuildReconcile(const ReconcileKey& k);
@@ -81,7 +82,18 @@ bool ReconcileKeyOf(const MemberTable& t, const Extent& e, u32 since, ReconcileK
 // old's key deleted unless now's is at its position, now's key set unless
 // old's is the same work (same position and reasons: its since kept).
 // A new key's since is `now_s`. *policy_bad as ReconcileKeyOf (either
-// extent's). At most one delete and one set.
+// extent's). At most one delete and one set; kTooBig as Transaction::Set.
+//
+// The order of calls in one transaction matters, unlike backpointers'
+// (keyed by member blocks, never shared by two live extents): keys are
+// positioned by the extent's end, which an old extent and a new one may
+// share, and the later of a delete and a set of one position wins. So the
+// deletes of what an edit removes go before the sets of what it adds (the
+// write path's punch before its new extents), and an edit that cuts an
+// extent in two pairs the old extent with the piece that keeps its end.
+// old's key is computed under today's table: a change of the table (22-9)
+// or of the filesystem's options must re-key the index before extents are
+// edited under it (22-3e's cookies), else fsck's check finds a stray key.
 Status QueueReconcile(btree::Transaction* tx, const MemberTable& t, const Extent* old, const Extent* now, u32 now_s,
                       bool* policy_bad = nullptr);
 

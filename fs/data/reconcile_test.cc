@@ -74,7 +74,10 @@ TEST(ReconcileKeyTest, RoundTripsAndRefusesHostileBytes) {
   const Case cases[] = {
       {"cookie code", [](ReconcileKey& x, ReconcileFormat&) { x.dest = kDestCookie; }},
       {"code past the last", [](ReconcileKey& x, ReconcileFormat&) { x.dest = kDestLast + 1; }},
-      {"stuck code past the last", [](ReconcileKey& x, ReconcileFormat&) { x.dest = kDestStuck | 0x7f; }},
+      {"stuck code past the last", [](ReconcileKey& x, ReconcileFormat& v) {
+         x.dest = kDestStuck | (kDestLast + 1);
+         v.reasons = kWorkDurability;
+       }},
       {"inode 0", [](ReconcileKey& x, ReconcileFormat&) { x.ino = 0; }},
       {"end 0", [](ReconcileKey& x, ReconcileFormat&) { x.end = 0; }},
       {"no reason", [](ReconcileKey&, ReconcileFormat& v) { v.reasons = 0; }},
@@ -84,7 +87,11 @@ TEST(ReconcileKeyTest, RoundTripsAndRefusesHostileBytes) {
       {"no-I/O with placement", [](ReconcileKey& x, ReconcileFormat&) { x.dest = kDestNoIo; }},
       {"stuck no-I/O", [](ReconcileKey& x, ReconcileFormat& v) {
          x.dest = kDestNoIo | kDestStuck;
-         v.reasons = kWorkCacheOnly;
+         v.reasons = kWorkDurability;
+       }},
+      {"cache-only on a member", [](ReconcileKey&, ReconcileFormat& v) { v.reasons = kWorkCacheOnly; }},
+      {"compression with cache-only, no move", [](ReconcileKey&, ReconcileFormat& v) {
+         v.reasons = kWorkCompress | kWorkCacheOnly;
        }},
   };
   for (const Case& c : cases) {
@@ -108,18 +115,28 @@ TEST(ReconcileKeyTest, RoundTripsAndRefusesHostileBytes) {
   edge.dest = kDestNoIo;
   edge.reasons = kWorkCacheOnly;
   EXPECT_TRUE(parse(edge, BuildReconcile(edge)).ok());
-  // Random bytes never crash, and what parses rebuilds to the same bytes.
+  // Random bytes (biased towards valid ones) never crash, and what parses
+  // rebuilds to the same bytes.
   std::mt19937 rng(223);
+  u32 parsed = 0;
   for (int i = 0; i < 20000; i++) {
-    btree::Pos p{btree::kBtreeReconcile, (u64(rng()) << 32) | rng(), rng() % 4};
+    const u64 dest = rng() % 2 == 0 ? rng() % 0x100 : 1 + rng() % kDestLast;
+    btree::Pos p{btree::kBtreeReconcile, (dest << 56) | ((u64(rng()) << 32 | rng()) & (btree::kInoLimit - 1)),
+                 rng() % 4};
     ReconcileFormat v;
     u8* b = reinterpret_cast<u8*>(&v);
     for (u32 j = 0; j < sizeof(v); j++) b[j] = u8(rng() % 3 == 0 ? 0 : rng());
+    if (rng() % 2 == 0) {
+      v.reasons = u8(rng() % 16);
+      v.reserved[0] = v.reserved[1] = v.reserved[2] = 0;
+    }
     if (!ParseReconcile(p, b, sizeof(v), &out).ok()) continue;
+    parsed++;
     EXPECT_TRUE(out.pos() == p);
     const ReconcileFormat back = BuildReconcile(out);
     EXPECT_EQ(memcmp(&back, &v, sizeof(v)), 0);
   }
+  EXPECT_GT(parsed, 1000u);  // (the round trip ran)
 }
 
 TEST(ReconcileKeyTest, AnExtentsKeyIsItsWorkAtItsPosition) {
@@ -138,6 +155,10 @@ TEST(ReconcileKeyTest, AnExtentsKeyIsItsWorkAtItsPosition) {
   e.policy.reserved = 9;  // unreadable: the filesystem's options, and said so
   ASSERT_TRUE(ReconcileKeyOf(t, e, 1, &k, &bad));
   EXPECT_TRUE(bad);
+  // No key can hold inode 0 or one past the limit (the parsers refuse such
+  // extents before they get here).
+  for (const u64 ino : {u64(0), btree::kInoLimit, ~u64(0)})
+    EXPECT_FALSE(ReconcileKeyOf(t, On(ino, 40, {{0, false}}), 1, &k)) << ino;
 }
 
 // QueueReconcile on a throwaway filesystem's trees, read back by committing.
@@ -228,6 +249,18 @@ TEST_F(QueueReconcileTest, QueuesExactlyTheChangeAndKeepsTheAgeOfTheSameWork) {
 // A delete of an extent and a set of a new one at the same position in one
 // transaction (a foreground overwrite: the punch, then the write) leave the
 // new key, its age restarted -- the set after the delete wins.
+TEST_F(QueueReconcileTest, AnUnreadablePolicyIsReported) {
+  Extent a = On(5, 40, {{0, false}});
+  a.policy.flags = 0x80;
+  btree::Transaction tx(&store_.btrees());
+  bool bad = false;
+  ASSERT_TRUE(QueueReconcile(&tx, t_, nullptr, &a, 1, &bad).ok());
+  EXPECT_TRUE(bad);
+  bad = false;
+  ASSERT_TRUE(QueueReconcile(&tx, t_, &a, nullptr, 1, &bad).ok());
+  EXPECT_TRUE(bad);
+}
+
 TEST_F(QueueReconcileTest, AnOverwriteRestartsTheAge) {
   const Extent a = On(5, 40, {{0, false}});
   EXPECT_EQ(Apply(nullptr, &a, 100), 1u);
