@@ -12,6 +12,7 @@
 
 #include "data/data.h"
 #include "data/reconcile.h"
+#include "data/testing.h"
 #include "mount/testing.h"
 
 namespace tfs::data {
@@ -124,34 +125,12 @@ TEST(PolicyTest, TheDataPathBuildsTheTableFromTheStore) {
 
 // --- ReconcileOf (step 22-3c) -----------------------------------------------
 
-// Members "ssd" (0) and "hdd" (1), each a group of one, durability 1; the
-// filesystem's foreground target ssd, background target hdd, one copy.
-MemberTable TwoTier() {
-  MemberTable t;
-  t.count = 2;
-  t.group[0] = 0b01;
-  t.group[1] = 0b10;
-  t.durability[0] = t.durability[1] = 1;
-  t.durable = 0b11;
-  t.fg_target = 0b01;
-  t.bg_target = 0b10;
-  return t;
-}
+MemberTable TwoTier() { return testing::TwoTierTable(); }
 
 std::vector<u8> Crcs16() { return std::vector<u8>(4 * 16, 0x5a); }
 
 Extent On(std::initializer_list<std::pair<u8, bool>> ptrs, const std::vector<u8>& crcs, u32 blocks = 4) {
-  Extent e;
-  e.ino = 7;
-  e.start = 0;
-  e.end = blocks;
-  for (const auto& [dev, cached] : ptrs) {
-    Extent::Ptr& p = e.ptrs[e.nr_ptrs++];
-    p.dev = dev;
-    p.cached = cached;
-  }
-  e.crcs = crcs.data();
-  return e;
+  return testing::ExtentOn(7, blocks, blocks, ptrs, crcs.data());
 }
 
 TEST(ReconcileTest, ADemotionIsPlacementThenACacheOnlyChangeThenNothing) {

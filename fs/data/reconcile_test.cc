@@ -12,39 +12,18 @@
 #include <random>
 #include <vector>
 
+#include "data/testing.h"
 #include "mount/testing.h"
 
 namespace tfs::data {
 namespace {
 
-// "ssd" (0) and "hdd" (1), groups of one, durability 1; foreground ssd,
-// background hdd, one copy.
-MemberTable TwoTier() {
-  MemberTable t;
-  t.count = 2;
-  t.group[0] = 0b01;
-  t.group[1] = 0b10;
-  t.durability[0] = t.durability[1] = 1;
-  t.durable = 0b11;
-  t.fg_target = 0b01;
-  t.bg_target = 0b10;
-  return t;
-}
+MemberTable TwoTier() { return testing::TwoTierTable(); }
 
 const std::vector<u8> kCrcs(4 * 16, 0x5a);
 
 Extent On(u64 ino, u64 end, std::initializer_list<std::pair<u8, bool>> ptrs) {
-  Extent e;
-  e.ino = ino;
-  e.start = end - 4;
-  e.end = end;
-  for (const auto& [dev, cached] : ptrs) {
-    Extent::Ptr& p = e.ptrs[e.nr_ptrs++];
-    p.dev = dev;
-    p.cached = cached;
-  }
-  e.crcs = kCrcs.data();
-  return e;
+  return testing::ExtentOn(ino, end, 4, ptrs, kCrcs.data());
 }
 
 TEST(ReconcileKeyTest, RoundTripsAndRefusesHostileBytes) {

@@ -9,10 +9,13 @@
 #define TFS_DATA_TESTING_H_
 
 #include <atomic>
+#include <initializer_list>
+#include <utility>
 #include <mutex>
 #include <vector>
 
 #include "alloc/allocator.h"
+#include "data/policy.h"
 #include "platform/block_device.h"
 
 namespace tfs::testing {
@@ -187,6 +190,38 @@ class SinkTap {
   std::atomic<u64> pass_{0};
   std::atomic<bool> failing_{false};
 };
+
+// The policy and reconcile tests' filesystem: members "ssd" (0) and "hdd"
+// (1), each a group of one, durability 1; foreground target ssd,
+// background target hdd, one copy.
+inline data::MemberTable TwoTierTable() {
+  data::MemberTable t;
+  t.count = 2;
+  t.group[0] = 0b01;
+  t.group[1] = 0b10;
+  t.durability[0] = t.durability[1] = 1;
+  t.durable = 0b11;
+  t.fg_target = 0b01;
+  t.bg_target = 0b10;
+  return t;
+}
+
+// An extent of inode `ino`, blocks [end - blocks, end), with plain copies
+// (member, cached) in order and `crcs` (blocks of them) as their crcs.
+inline data::Extent ExtentOn(u64 ino, u64 end, u32 blocks, std::initializer_list<std::pair<u8, bool>> copies,
+                             const u8* crcs) {
+  data::Extent e;
+  e.ino = ino;
+  e.start = end - blocks;
+  e.end = end;
+  for (const auto& [dev, cached] : copies) {
+    data::Extent::Ptr& p = e.ptrs[e.nr_ptrs++];
+    p.dev = dev;
+    p.cached = cached;
+  }
+  e.crcs = crcs;
+  return e;
+}
 
 }  // namespace tfs::testing
 
