@@ -373,15 +373,12 @@ Result<u32> Filesystem::ListOptions(const InodeFormat& f, char* buf, u32 cap, u3
 
 data::Policy Filesystem::ExtentPolicy(const InodeFormat& f) const {
   const u32 members = store_->devs().size();
-  auto value = [&](InodeOpt o) -> u16 {
-    const u16 v = GetOpt(f, o);
-    return OptValid(o, v, members) ? v : 0;
-  };
   data::Policy p;
-  p.fg_target = data::CanonicalTarget(data_->members(), value(kOptForegroundTarget));
-  p.bg_target = data::CanonicalTarget(data_->members(), value(kOptBackgroundTarget));
-  p.replicas = u8(value(kOptReplicas));
-  p.compression = u8(value(kOptCompression));
+  // (CanonicalTarget is 0 for a code naming no member: OptValid's rule.)
+  p.fg_target = data::CanonicalTarget(data_->members(), GetOpt(f, kOptForegroundTarget));
+  p.bg_target = data::CanonicalTarget(data_->members(), GetOpt(f, kOptBackgroundTarget));
+  p.replicas = Replicas(f, members);
+  p.compression = OptValid(kOptCompression, f.compression, members) ? f.compression : 0;
   return p;
 }
 

@@ -54,15 +54,12 @@ inline constexpr u32 kOptXattrPrefixLen = sizeof(kOptXattrPrefix) - 1;
 inline constexpr char kOptInheritedXattr[] = "tierfs.inherited";
 
 // Stored values.
-inline constexpr u16 kOptTargetMember = 1;      // + m: member m (1..kMaxDevices)
-inline constexpr u16 kOptTargetGroup = 0x100;   // | m: the group of member m
-inline constexpr u8 kOptReplicasMax = 4;
-inline constexpr u8 kOptCompressNone = 1;
-inline constexpr u8 kOptCompressZstd = 2;
-// The values extents record in their policy (data/policy.h) are these.
-static_assert(kOptTargetMember == data::kTargetMember && kOptTargetGroup == data::kTargetGroup, "target codes");
-static_assert(kOptCompressNone == data::kCompressNone && kOptCompressZstd == data::kCompressZstd, "compression");
-static_assert(kOptReplicasMax == data::kPolicyReplicasMax, "replicas");
+// (The values extents record in their policy are these: data/policy.h.)
+inline constexpr u16 kOptTargetMember = data::kTargetMember;  // + m: member m (1..kMaxDevices)
+inline constexpr u16 kOptTargetGroup = data::kTargetGroup;    // | m: the group of member m
+inline constexpr u8 kOptReplicasMax = data::kPolicyReplicasMax;
+inline constexpr u8 kOptCompressNone = data::kCompressNone;
+inline constexpr u8 kOptCompressZstd = data::kCompressZstd;
 // The longest value text: a label (dev::kLabelMax with its NUL).
 inline constexpr u32 kOptTextMax = dev::kLabelMax;
 
